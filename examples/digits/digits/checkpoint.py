@@ -1,0 +1,163 @@
+"""Checkpoints: atomic writes, keep-last-N, and RNG states stored as plain tensors.
+
+Everything saved loads with ``torch.load(weights_only=True)``: numpy's and Python's RNG states
+are converted to tensors, lists and numbers first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import tempfile
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^ckpt_(\d{6,})\.pt$")
+REQUIRED_KEYS = ("model", "optimizer", "scheduler", "step", "epoch", "batch_in_epoch", "rng")
+
+
+def checkpoint_path(ckpt_dir: str, step: int) -> str:
+    """The file name of the checkpoint taken after ``step``."""
+    return os.path.join(ckpt_dir, f"ckpt_{step:06d}.pt")
+
+
+def list_checkpoints(ckpt_dir: str) -> list[tuple[int, str]]:
+    """(step, path) of every checkpoint file in ``ckpt_dir``, oldest first."""
+    if not os.path.isdir(ckpt_dir):
+        return []
+    found = []
+    for name in os.listdir(ckpt_dir):
+        match = _NAME.match(name)
+        if match:
+            found.append((int(match.group(1)), os.path.join(ckpt_dir, name)))
+    return sorted(found)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(state: dict[str, Any], ckpt_dir: str, step: int, keep_last: int) -> str:
+    """Write ``state`` atomically as the checkpoint of ``step`` and prune old checkpoints.
+
+    The file is written under a temporary name in the same directory, fsynced, renamed over the
+    final name and the directory fsynced: a crash at any moment leaves either the complete new
+    checkpoint or none, never a truncated one.
+    """
+    os.makedirs(ckpt_dir, exist_ok=True)
+    final = checkpoint_path(ckpt_dir, step)
+    fd, tmp = tempfile.mkstemp(dir=ckpt_dir, prefix=".ckpt_", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(ckpt_dir)
+    _prune(ckpt_dir, step, keep_last)
+    return final
+
+
+def _prune(ckpt_dir: str, step: int, keep_last: int) -> None:
+    # Checkpoints newer than this one belong to an abandoned run (a fresh start over an old
+    # directory, or a resume from an older checkpoint): a later --resume must not pick them.
+    ours = []
+    for other_step, path in list_checkpoints(ckpt_dir):
+        if other_step > step:
+            log.warning("removing %s: it is newer than this run's step %d", path, step)
+            os.unlink(path)
+        else:
+            ours.append(path)
+    for path in ours[:-keep_last] if keep_last > 0 else []:
+        os.unlink(path)
+
+
+def remove_stale_temp_files(ckpt_dir: str) -> None:
+    """Delete temporary files left behind by a save that was killed half-way."""
+    if not os.path.isdir(ckpt_dir):
+        return
+    for name in os.listdir(ckpt_dir):
+        if name.startswith(".ckpt_") and name.endswith(".tmp"):
+            log.info("removing the partial checkpoint %s", name)
+            os.unlink(os.path.join(ckpt_dir, name))
+
+
+def load_checkpoint(path: str) -> dict[str, Any]:
+    """Load a checkpoint; raise ValueError when it is unreadable or incomplete."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"{path} does not load: {exc}") from exc
+    missing = [key for key in REQUIRED_KEYS if key not in state]
+    if missing:
+        raise ValueError(f"{path} lacks {missing}")
+    return state
+
+
+def latest_valid_checkpoint(ckpt_dir: str) -> str | None:
+    """The newest checkpoint in ``ckpt_dir`` that loads, or None when there is none."""
+    for step, path in reversed(list_checkpoints(ckpt_dir)):
+        try:
+            load_checkpoint(path)
+        except ValueError as exc:
+            log.warning("skipping the checkpoint of step %d: %s", step, exc)
+            continue
+        return path
+    return None
+
+
+def capture_rng_state(device: torch.device) -> dict[str, Any]:
+    """This process's torch, numpy, python (and CUDA) RNG states as checkpoint-safe values."""
+    _, keys, pos, has_gauss, cached_gaussian = np.random.get_state()  # type: ignore[misc]
+    version, internal, gauss_next = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "python": {
+            "version": int(version),
+            "internal": torch.tensor(internal, dtype=torch.int64),
+            "gauss_next": [] if gauss_next is None else [float(gauss_next)],
+        },
+    }
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    """Restore the RNG states captured by :func:`capture_rng_state`."""
+    torch.set_rng_state(state["torch"])
+    np_state = state["numpy"]
+    np.random.set_state(
+        (
+            "MT19937",
+            np_state["keys"].numpy().astype(np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["cached_gaussian"],
+        )
+    )
+    py_state = state["python"]
+    gauss_next = py_state["gauss_next"][0] if py_state["gauss_next"] else None
+    random.setstate((py_state["version"], tuple(py_state["internal"].tolist()), gauss_next))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)

@@ -1,0 +1,170 @@
+"""The pytest entry point of trainguard (``pytest11``): options, markers, hooks, summary.
+
+Hooks only: the work is done by the library (``trainguard.*``) and the session object in
+:mod:`trainguard.plugins.session`. Nothing here imports torch; tests that use a marker needing it
+(``seeded``) import it when they run.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from typing import Any
+
+import pytest
+from trainguard.plugins.markers import MARKERS, validate_marker
+from trainguard.plugins.session import (
+    SEED_EXPLICIT_PROPERTY,
+    SEED_PROPERTY,
+    SESSION_KEY,
+    SeededFailure,
+    TrainguardSession,
+    get_session,
+)
+
+from trainguard.errors import ConfigError, UsageError
+from trainguard.settings import OPTIONS, resolve
+
+_DETERMINISTIC_KEY = pytest.StashKey[Any]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Register every setting as a ``--trainguard-*`` flag and a ``trainguard_*`` ini key."""
+    group = parser.getgroup("trainguard", "trainguard (training-code checks)")
+    for opt in OPTIONS:
+        help_text = f"{opt.help} [env {opt.env}; ini {opt.ini}; default {opt.default!r}]"
+        group.addoption(opt.flag, dest=opt.ini, default=None, metavar=opt.metavar, help=help_text)
+        parser.addini(opt.ini, help=opt.help, default=None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Resolve settings (CLI > env > ini > default), register markers, create the session."""
+    for spec in MARKERS.values():
+        config.addinivalue_line("markers", spec.line)
+    cli = {opt.name: config.getoption(opt.ini) for opt in OPTIONS}
+    ini = {opt.name: config.getini(opt.ini) for opt in OPTIONS}
+    try:
+        settings = resolve(cli=cli, ini=ini, environ=os.environ)
+    except ConfigError as exc:
+        raise pytest.UsageError(f"trainguard: {exc}") from None
+    config.stash[SESSION_KEY] = TrainguardSession(settings=settings)
+    config.pluginmanager.register(_SessionRecorder(config), "trainguard-recorder")
+
+
+class _SessionRecorder:
+    """Hooks that need the config but receive none (registered per session, xdist-style)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Record failed seeded tests with their reproduction command. Under xdist this runs on
+        the controller too: user_properties travel with the report."""
+        if not report.failed or report.when == "teardown":
+            return
+        props = dict(report.user_properties)
+        if SEED_PROPERTY not in props:
+            return
+        seed = int(props[SEED_PROPERTY])
+        get_session(self.config).seeded_failures.append(
+            SeededFailure(report.nodeid, seed, _reproduce(report.nodeid, seed, props))
+        )
+
+
+def _reproduce(nodeid: str, seed: int, props: dict[str, Any]) -> str:
+    command = f"pytest {shlex.quote(nodeid)}"
+    if not props.get(SEED_EXPLICIT_PROPERTY):
+        command += f" --trainguard-seed={seed}"
+    return command
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Validate trainguard markers, skip for missing GPUs, seed before any fixture runs."""
+    for name in MARKERS:
+        for marker in item.iter_markers(name):
+            try:
+                validate_marker(name, marker.args, marker.kwargs)
+            except UsageError as exc:
+                pytest.fail(f"{item.nodeid}: {exc}", pytrace=False)
+
+    gpu_marker = item.get_closest_marker("gpu")
+    if gpu_marker is not None:
+        needed = validate_marker("gpu", gpu_marker.args, gpu_marker.kwargs).arguments["count"]
+        from trainguard.devices import gpu_inventory
+
+        inventory = gpu_inventory()
+        if inventory.count < needed:
+            pytest.skip(f"needs {needed} GPU(s), found {inventory.count} ({inventory.how})")
+
+    seeded = item.get_closest_marker("seeded")
+    if seeded is not None:
+        settings = get_session(item.config).settings
+        explicit = validate_marker("seeded", seeded.args, seeded.kwargs).arguments["seed"]
+        seed = settings.seed if explicit is None else explicit
+        item.user_properties.append((SEED_PROPERTY, seed))
+        item.user_properties.append((SEED_EXPLICIT_PROPERTY, explicit is not None))
+        from trainguard.seeding import deterministic_mode, seed_everything
+
+        seed_everything(seed)
+        if settings.deterministic:
+            context = deterministic_mode(True)
+            context.__enter__()
+            item.stash[_DETERMINISTIC_KEY] = context
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Leave deterministic mode entered for a seeded test (restores the previous state)."""
+    context = item.stash.get(_DETERMINISTIC_KEY, None)
+    if context is not None:
+        del item.stash[_DETERMINISTIC_KEY]
+        context.__exit__(None, None, None)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
+    """Add the seed to a failed seeded test's report section so it shows next to the failure."""
+    if call.when != "call" or call.excinfo is None:
+        return
+    props = dict(item.user_properties)
+    if SEED_PROPERTY in props:
+        seed = int(props[SEED_PROPERTY])
+        item.add_report_section(
+            "call", "trainguard", f"seeded with {seed}; reproduce: {_reproduce(item.nodeid, seed, props)}"
+        )
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The ``trainguard`` section: check verdicts, report paths, how to reproduce failures."""
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None:
+        return
+    lines: list[str] = []
+    for nodeid, result in session.check_results:
+        lines.append(f"{result.status.upper():7} {result.name}: {result.summary}  [{nodeid}]")
+        if result.reproduce and not result.ok:
+            lines.append(f"        reproduce: {result.reproduce}")
+    for failure in session.seeded_failures:
+        lines.append(f"FAILED  {failure.nodeid} (seed {failure.seed}); reproduce: {failure.reproduce}")
+    for path in session.report_paths:
+        lines.append(f"report: {path}")
+    if lines:
+        terminalreporter.write_sep("=", "trainguard")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Write the session report when ``--trainguard-report-json`` is set (controller only)."""
+    config = session.config
+    if hasattr(config, "workerinput"):
+        return
+    state = config.stash.get(SESSION_KEY, None)
+    if state is None or state.settings.report_json is None:
+        return
+    from trainguard.report import Report
+
+    report = Report(job="pytest-session", checks=[r for _, r in state.check_results])
+    path = report.write(state.settings.report_json)
+    state.report_paths.append(str(path))

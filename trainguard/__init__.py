@@ -1,0 +1,99 @@
+"""trainguard: test ML training code before it spends days of GPU time.
+
+``import trainguard`` is cheap: it never imports torch, ray or mlflow. The names below are
+resolved on first use, so the pytest plugin (which imports this package) keeps pytest's start-up
+fast and torch-free.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from trainguard._version import __version__
+from trainguard.errors import (
+    CheckFailed,
+    ConfigError,
+    RankFailure,
+    TrainguardAssertionError,
+    TrainguardError,
+    UsageError,
+)
+
+# public name -> module that defines it (imported lazily)
+_LAZY: dict[str, str] = {
+    # seeding
+    "seed_everything": "trainguard.seeding",
+    "deterministic_mode": "trainguard.seeding",
+    "seed_worker": "trainguard.seeding",
+    "make_generator": "trainguard.seeding",
+    # unit assertions
+    "assert_finite": "trainguard.assertions",
+    "assert_tensor_meta": "trainguard.assertions",
+    "assert_grads_flow": "trainguard.assertions",
+    "assert_loss_connected": "trainguard.assertions",
+    "assert_batch_independent": "trainguard.assertions",
+    "assert_can_overfit": "trainguard.assertions",
+    "assert_step_updates": "trainguard.assertions",
+    "assert_equivalent": "trainguard.assertions",
+    # job file and report
+    "load_config": "trainguard.config",
+    "JobFile": "trainguard.config",
+    "Report": "trainguard.report",
+    "CheckResult": "trainguard.report",
+}
+
+__all__ = [
+    "CheckFailed",
+    "CheckResult",
+    "ConfigError",
+    "JobFile",
+    "RankFailure",
+    "Report",
+    "TrainguardAssertionError",
+    "TrainguardError",
+    "UsageError",
+    "__version__",
+    "assert_batch_independent",
+    "assert_can_overfit",
+    "assert_equivalent",
+    "assert_finite",
+    "assert_grads_flow",
+    "assert_loss_connected",
+    "assert_step_updates",
+    "assert_tensor_meta",
+    "deterministic_mode",
+    "load_config",
+    "make_generator",
+    "seed_everything",
+    "seed_worker",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trainguard' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from trainguard.assertions import (
+        assert_batch_independent,
+        assert_can_overfit,
+        assert_equivalent,
+        assert_finite,
+        assert_grads_flow,
+        assert_loss_connected,
+        assert_step_updates,
+        assert_tensor_meta,
+    )
+    from trainguard.config import JobFile, load_config
+    from trainguard.report import CheckResult, Report
+    from trainguard.seeding import deterministic_mode, make_generator, seed_everything, seed_worker

@@ -1,0 +1,97 @@
+"""The report contract: what every check produces, written atomically as JSON.
+
+``{"trainguard_version", "job", "status": "passed"|"failed", "checks": [{"name", "status",
+"summary", "evidence", "duration_s"}], ...}`` -- CI and every later check read this shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from trainguard._internal.atomic import atomic_write_text
+from trainguard._version import __version__
+
+__all__ = ["REPORT_SCHEMA_VERSION", "CheckResult", "CheckStatus", "Report", "load_report"]
+
+REPORT_SCHEMA_VERSION = 1
+
+CheckStatus = Literal["passed", "failed", "error", "skipped"]
+_STATUSES = ("passed", "failed", "error", "skipped")
+
+
+@dataclass
+class CheckResult:
+    """Outcome of one check: a verdict, one line for people, and the evidence behind it."""
+
+    name: str
+    status: CheckStatus
+    summary: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+    reproduce: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in _STATUSES:
+            raise ValueError(f"status must be one of {_STATUSES}, got {self.status!r}")
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("passed", "skipped")
+
+
+@dataclass
+class Report:
+    """All check results of one ``trainguard check`` run or pytest session."""
+
+    job: str
+    checks: list[CheckResult] = field(default_factory=list)
+    job_file: str | None = None
+    created_at: float = field(default_factory=time.time)
+    host: str = field(default_factory=socket.gethostname)
+    trainguard_version: str = __version__
+    schema_version: int = REPORT_SCHEMA_VERSION
+
+    @property
+    def status(self) -> Literal["passed", "failed"]:
+        """``passed`` when no check failed or errored."""
+        return "passed" if all(c.ok for c in self.checks) else "failed"
+
+    def add(self, result: CheckResult) -> CheckResult:
+        self.checks.append(result)
+        return result
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False, default=_json_default) + "\n"
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write the report atomically (temp file, fsync, rename)."""
+        return atomic_write_text(path, self.to_json())
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item"):  # numpy / torch scalars
+        return value.item()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return repr(value)
+
+
+def load_report(path: str | os.PathLike[str]) -> Report:
+    """Read a report written by :meth:`Report.write`."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    data.pop("status", None)
+    checks = [CheckResult(**c) for c in data.pop("checks", [])]
+    return Report(checks=checks, **data)

@@ -1,0 +1,74 @@
+"""Run directories: ``.trainguard/runs/<time>-<job>-<label>/`` next to the job file.
+
+``.trainguard/`` is the only place trainguard writes inside a user's repository; it carries its
+own ``.gitignore`` so nothing in it is ever committed by accident. Only the newest ``keep`` run
+directories of a job are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+from trainguard._internal.atomic import atomic_write_text
+
+__all__ = ["ensure_state_dir", "new_run_dir", "prune_runs"]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def ensure_state_dir(state_dir: Path) -> Path:
+    """Create ``.trainguard/`` with a ``.gitignore`` that ignores everything in it."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    ignore = state_dir / ".gitignore"
+    if not ignore.exists():
+        atomic_write_text(ignore, "# written by trainguard: run outputs, never commit them\n*\n")
+    return state_dir
+
+
+def _slug(text: str) -> str:
+    return _UNSAFE.sub("-", text).strip("-")[:60] or "run"
+
+
+def new_run_dir(state_dir: Path, job: str, label: str, *, keep: int = 20) -> Path:
+    """Create a fresh, unique run directory and prune old ones of the same job."""
+    runs = ensure_state_dir(state_dir) / "runs"
+    runs.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    prefix = f"{stamp}-{_slug(job)}-{_slug(label)}"
+    for attempt in range(1000):
+        candidate = runs / (prefix if attempt == 0 else f"{prefix}-{attempt}")
+        try:
+            candidate.mkdir()  # atomic: two pytest-xdist workers never share one
+        except FileExistsError:
+            continue
+        prune_runs(runs, _slug(job), keep=keep, protect=candidate)
+        return candidate
+    raise RuntimeError(f"could not create a unique run directory under {runs}")
+
+
+def prune_runs(runs: Path, job_slug: str, *, keep: int, protect: Path | None = None) -> list[Path]:
+    """Delete all but the newest ``keep`` run directories of one job; returns the deleted."""
+    pattern = re.compile(rf"^\d{{8}}-\d{{6}}-{re.escape(job_slug)}-")
+    mine = [p for p in runs.iterdir() if p.is_dir() and pattern.match(p.name)]
+    mine.sort(key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
+    deleted = []
+    for old in mine[keep:]:
+        if protect is not None and old == protect:
+            continue
+        with contextlib.suppress(OSError):
+            shutil.rmtree(old)
+            deleted.append(old)
+    return deleted
+
+
+def relpath(path: Path, start: Path | None = None) -> str:
+    """``path`` relative to ``start`` (default: cwd) when it is below it, else absolute."""
+    try:
+        return str(path.relative_to(start or Path(os.getcwd())))
+    except ValueError:
+        return str(path)
