@@ -381,12 +381,19 @@ def _key_path(loc: tuple[int | str, ...]) -> str:
 def _allowed_keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
     """The keys the schema accepts at the mapping that holds ``loc``."""
     current: Any = model
+    in_mapping = False
     for item in loc[:-1]:
+        if isinstance(item, str) and (item in _BRANCH_NAMES or item.startswith("function-")):
+            continue
+        if in_mapping:  # a user-chosen key of a mapping field (a metric name), not a schema key
+            in_mapping = False
+            continue
         if not (isinstance(current, type) and issubclass(current, BaseModel)):
             return []
         field = current.model_fields.get(str(item))
         if field is None:
             return []
+        in_mapping = getattr(field.annotation, "__origin__", None) is dict
         current = _model_of(field.annotation)
     if isinstance(current, type) and issubclass(current, BaseModel):
         return list(current.model_fields)

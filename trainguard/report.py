@@ -56,6 +56,7 @@ class Report:
     host: str = field(default_factory=socket.gethostname)
     trainguard_version: str = __version__
     schema_version: int = REPORT_SCHEMA_VERSION
+    path: str | None = field(default=None, compare=False)  # where write() last put it
 
     @property
     def status(self) -> Literal["passed", "failed"]:
@@ -68,6 +69,7 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data.pop("path")
         data["status"] = self.status
         return data
 
@@ -76,7 +78,9 @@ class Report:
 
     def write(self, path: str | os.PathLike[str]) -> Path:
         """Write the report atomically (temp file, fsync, rename)."""
-        return atomic_write_text(path, self.to_json())
+        written = atomic_write_text(path, self.to_json())
+        self.path = str(written)
+        return written
 
 
 def _json_default(value: Any) -> Any:

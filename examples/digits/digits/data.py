@@ -83,13 +83,25 @@ def load_split(data_dir: str | None = None) -> DigitsSplit:
     )
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """The splitmix64 finaliser: a bijection on 64-bit ints that scrambles every bit."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)
+
+
 def sample_seed(seed: int, epoch: int, index: int) -> int:
     """A well-mixed 64-bit seed for one sample's augmentation in one epoch."""
-    return int(np.random.SeedSequence((seed, epoch, index)).generate_state(1, dtype=np.uint64)[0])
+    x = _mix64((seed + 0x9E3779B97F4A7C15) & _MASK64)
+    x = _mix64((x + epoch) & _MASK64)
+    return _mix64((x + index) & _MASK64)
 
 
 class AugmentedDigits(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Digits images with a random 1-pixel shift and gaussian noise, then standardised.
+    """Standardised digits images, each randomly shifted by up to ``max_shift`` pixels and noised.
 
     Each sample draws its augmentation from its own generator seeded by (seed, epoch, index),
     so a sample looks the same whichever worker, rank or resumed run loads it.
@@ -97,7 +109,7 @@ class AugmentedDigits(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     Args:
         images: ``[N, 8, 8]`` images scaled to [0, 1].
         labels: ``[N]`` class labels.
-        mean, std: Statistics used to standardise the augmented image.
+        mean, std: Statistics used to standardise the images.
         seed: Base seed of the augmentation.
         noise_std: Std of the additive noise, in [0, 1] pixel units (0 disables it).
         max_shift: Largest shift in pixels along each axis (0 disables it).
@@ -114,12 +126,15 @@ class AugmentedDigits(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         noise_std: float = 0.05,
         max_shift: int = 1,
     ) -> None:
-        self.images = images
+        if max_shift < 0 or noise_std < 0:
+            raise ValueError(f"max_shift and noise_std must be >= 0, got {max_shift} and {noise_std}")
+        # Standardised once, with a border of background pixels: a shifted image is a crop.
+        m = max_shift
+        self.padded = torch.nn.functional.pad((images - mean) / std, (m, m, m, m), value=-mean / std)
         self.labels = labels
-        self.mean = mean
-        self.std = std
+        self.size = images.shape[1:]
+        self.scaled_noise_std = noise_std / std
         self.seed = seed
-        self.noise_std = noise_std
         self.max_shift = max_shift
         self.epoch = 0
 
@@ -128,28 +143,17 @@ class AugmentedDigits(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return len(self.images)
+        return len(self.labels)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        image = self.images[index]
-        if self.max_shift or self.noise_std:
-            g = torch.Generator().manual_seed(sample_seed(self.seed, self.epoch, index))
-            if self.max_shift:
-                dy, dx = torch.randint(-self.max_shift, self.max_shift + 1, (2,), generator=g).tolist()
-                image = shift(image, dy, dx)
-            if self.noise_std:
-                image = image + self.noise_std * torch.randn(image.shape, generator=g)
-        return ((image - self.mean) / self.std).reshape(-1), self.labels[index]
-
-
-def shift(image: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
-    """Shift a 2-D image by (dy, dx) pixels, filling the uncovered border with zeros."""
-    h, w = image.shape
-    out = torch.zeros_like(image)
-    out[max(dy, 0) : h + min(dy, 0), max(dx, 0) : w + min(dx, 0)] = image[
-        max(-dy, 0) : h + min(-dy, 0), max(-dx, 0) : w + min(-dx, 0)
-    ]
-    return out
+        m = self.max_shift
+        h, w = self.size
+        g = torch.Generator().manual_seed(sample_seed(self.seed, self.epoch, index))
+        top, left = torch.randint(0, 2 * m + 1, (2,), generator=g).tolist() if m else (0, 0)
+        image = self.padded[index, top : top + h, left : left + w]  # shifted by (m - top, m - left)
+        if self.scaled_noise_std:
+            image = image + self.scaled_noise_std * torch.randn(h, w, generator=g)
+        return image.reshape(-1), self.labels[index]
 
 
 class ResumableDistributedSampler(DistributedSampler):  # type: ignore[type-arg]

@@ -1,0 +1,90 @@
+"""The check registry: check name -> the function that runs it on a job.
+
+``trainguard check`` and the pytest items collected from a job file both go through
+:func:`run_check`, so a check behaves the same from the CLI and from pytest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from trainguard.config import CheckSpec, JobFile
+from trainguard.report import CheckResult, Report
+from trainguard.runner import JobRunner
+
+__all__ = ["available_checks", "check", "run_check", "run_checks"]
+
+
+def _registry() -> dict[str, Callable[[JobRunner, Any], CheckResult]]:
+    from trainguard.equivalence import run_determinism
+    from trainguard.smoke import run_smoke
+
+    return {"smoke": run_smoke, "determinism": run_determinism}
+
+
+def available_checks() -> list[str]:
+    """Names of the checks this version can run."""
+    return list(_registry())
+
+
+def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
+    """Run one check; a check this version cannot run yet is reported as skipped, with why."""
+    func = _registry().get(name)
+    if func is None:
+        return CheckResult(
+            name,
+            "skipped",
+            f"the {name} check is configured but not available in this trainguard version "
+            f"(available: {', '.join(available_checks())})",
+        )
+    started = time.monotonic()
+    result = func(runner, spec)
+    result.duration_s = result.duration_s or time.monotonic() - started
+    return result
+
+
+def run_checks(
+    job_file: JobFile,
+    runner: JobRunner,
+    *,
+    only: Iterable[str] | None = None,
+    on_result: Callable[[CheckResult], None] | None = None,
+) -> Report:
+    """Run the job file's checks (or ``only`` those) and collect a report."""
+    report = Report(job=job_file.job.name, job_file=str(job_file.path))
+    for name, spec in job_file.enabled_checks(only):
+        result = report.add(run_check(runner, name, spec))
+        if on_result is not None:
+            on_result(result)
+    return report
+
+
+def check(
+    config: str | Any,
+    *,
+    only: Iterable[str] | None = None,
+    seed: int | None = None,
+    report_json: str | None = None,
+    echo: Callable[[int, str, str], None] | None = None,
+    on_result: Callable[[CheckResult], None] | None = None,
+) -> Report:
+    """Load a job file, run its checks, write the report; the library form of
+    ``trainguard check``. Settings come from ``TRAINGUARD_*`` env vars and their defaults."""
+    import dataclasses
+    import os
+    from pathlib import Path
+
+    from trainguard.config import load_config
+    from trainguard.settings import resolve
+
+    job_file = load_config(config)
+    settings = resolve(environ=os.environ)
+    if seed is not None:
+        settings = dataclasses.replace(settings, seed=seed)
+    runner = JobRunner(job_file, settings, echo=echo)
+    report = run_checks(job_file, runner, only=only, on_result=on_result)
+    target = Path(report_json) if report_json else job_file.state_dir / "report.json"
+    report.write(target)
+    return report

@@ -1,0 +1,271 @@
+"""The ``trainguard`` command.
+
+Exit codes: 0 every check passed, 1 a check failed, 2 usage or job-file error, 130 interrupted.
+Bad input is a one-paragraph message naming the file, the key and the fix -- never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from trainguard._version import __version__
+from trainguard.errors import ConfigError, TrainguardError
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own exit code is 2 as well
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="trainguard",
+        description="Test ML training code before it spends days of GPU time.",
+        epilog="Settings also come from TRAINGUARD_* environment variables "
+        "(see docs/markers-and-options.md).",
+    )
+    parser.add_argument("--version", action="version", version=f"trainguard {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    check = sub.add_parser(
+        "check",
+        help="run the checks of a job file (trainguard.yaml)",
+        description="Run the checks configured in a job file and write a JSON report. "
+        "Exit 0 when every check passed, 1 when one failed, 2 on a usage or job-file error.",
+    )
+    check.add_argument("config", metavar="CONFIG", help="job file, or a directory holding trainguard.yaml")
+    check.add_argument(
+        "--only",
+        metavar="NAME",
+        action="append",
+        help="run only this check (repeatable): smoke, canary, determinism, resume, parallel",
+    )
+    check.add_argument(
+        "--report-json",
+        metavar="PATH",
+        help="where to write the report (default: .trainguard/report.json next to the job file)",
+    )
+    check.add_argument("--seed", type=int, metavar="N", help="seed for the runs (default: TRAINGUARD_SEED or 0)")
+    check.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
+    check.add_argument("-q", "--quiet", action="store_true", help="print only the verdict lines")
+
+    init = sub.add_parser(
+        "init",
+        help="scaffold a trainguard.yaml and a test file for an existing training script",
+        description="Write a trainguard.yaml (and tests/test_trainguard_job.py) for an existing "
+        "training script. Asks for what the flags leave open when run in a terminal; with "
+        "--yes (or without a terminal) it asks nothing and uses the defaults shown.",
+    )
+    init.add_argument("script", metavar="SCRIPT", help="the training script, e.g. train.py")
+    init.add_argument("--dir", default=".", help="where to write the files (default: .)")
+    init.add_argument("--name", help="job name (default: the script's name)")
+    init.add_argument("--steps-flag", default="--steps", help="the script's flag for the number of steps (default: --steps)")
+    init.add_argument("--ckpt-flag", default="--ckpt-dir", help="its flag for the checkpoint directory (default: --ckpt-dir)")
+    init.add_argument("--seed-flag", default="--seed", help="its flag for the seed (default: --seed)")
+    init.add_argument("--resume-flag", default="--resume", help="its flag to resume from the latest checkpoint (default: --resume)")
+    init.add_argument(
+        "--loss-regex",
+        default=r"step (?P<step>\d+) loss (?P<value>\S+)",
+        help=r"regex matching its loss lines, with named groups step and value (default: 'step (?P<step>\d+) loss (?P<value>\S+)')",
+    )
+    init.add_argument("--world-size", type=int, default=1, help="ranks to launch (default: 1)")
+    init.add_argument("-y", "--yes", action="store_true", help="ask nothing; use the flags and defaults")
+    init.add_argument("--force", action="store_true", help="overwrite existing files")
+
+    sub.add_parser("version", help="print the trainguard version", description="Print the trainguard version.")
+    return parser
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM (a CI runner cancelling us) gets the same clean teardown as Ctrl-C
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        if args.command == "version":
+            print(f"trainguard {__version__}")
+            return EXIT_OK
+        if args.command == "check":
+            return _cmd_check(args)
+        if args.command == "init":
+            return _cmd_init(args)
+        parser.error(f"unknown command {args.command!r}")
+        return EXIT_USAGE
+    except ConfigError as exc:
+        print(f"trainguard: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except TrainguardError as exc:
+        print(f"trainguard: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except FileNotFoundError as exc:
+        print(f"trainguard: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("trainguard: interrupted; every process it started has been stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from trainguard.checks import check
+    from trainguard.report import CheckResult
+
+    def echo(rank: int, stream: str, line: str) -> None:
+        print(f"[rank{rank} {stream}] {line}", file=sys.stderr)
+
+    def show(result: CheckResult) -> None:
+        print(f"{result.status.upper():7} {result.name}: {result.summary} ({result.duration_s:.1f} s)")
+        if not result.ok and not args.quiet:
+            for key in ("first_divergent_step", "reason", "stderr_tail", "likely_causes", "run_dir"):
+                if result.evidence.get(key):
+                    value = result.evidence[key]
+                    if isinstance(value, list):
+                        value = "\n" + "\n".join(f"- {v}" for v in value)
+                    print(textwrap.indent(f"{key}: {value}", "        "))
+            if result.reproduce:
+                print(f"        reproduce: {result.reproduce}")
+        sys.stdout.flush()
+
+    report = check(
+        args.config,
+        only=args.only,
+        seed=args.seed,
+        report_json=args.report_json,
+        echo=echo if args.verbose else None,
+        on_result=show,
+    )
+    if not report.checks:
+        print("no checks configured: add a `checks:` section (see docs/config.md)")
+    print(f"{report.status.upper()}: {len(report.checks)} check(s); report: {_rel(report.path)}")
+    return EXIT_OK if report.status == "passed" else EXIT_FAILED
+
+
+def _rel(path: str | None) -> str:
+    if path is None:
+        return "(not written)"
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return path
+
+
+_YAML_TEMPLATE = """\
+# trainguard job file: describes an existing training job and the checks to run on it.
+# Reference: docs/config.md. Run: trainguard check {yaml_name}
+job:
+  name: {name}
+  command: {command}
+  resume_args: {resume}
+  world_size: {world_size}
+  cwd: .
+  env: {{OMP_NUM_THREADS: "1"}}
+  metrics:
+    loss: '{loss_regex}'
+  timeout: 600
+  stall_timeout: 60
+checks:
+  smoke: {{steps: 5}}
+  determinism: {{steps: 20}}
+  resume: {{steps: 40, after_step: 25}}
+"""
+
+_TEST_TEMPLATE = '''\
+"""trainguard checks of the {name} job, run by pytest (written by `trainguard init`)."""
+
+from pathlib import Path
+
+import pytest
+
+import trainguard.checks
+
+JOB_FILE = Path(__file__).resolve().parent.parent / "{yaml_name}"
+
+
+@pytest.mark.smoke
+def test_smoke(tmp_path):
+    report = trainguard.checks.check(JOB_FILE, only=["smoke"], report_json=str(tmp_path / "r.json"))
+    assert report.status == "passed", report.checks[0].summary
+
+
+@pytest.mark.determinism
+def test_determinism(tmp_path):
+    report = trainguard.checks.check(JOB_FILE, only=["determinism"], report_json=str(tmp_path / "r.json"))
+    assert report.status == "passed", report.checks[0].summary
+'''
+
+
+def _ask(question: str, default: str, interactive: bool) -> str:
+    if not interactive:
+        return default
+    answer = input(f"{question} [{default}]: ").strip()
+    return answer or default
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    from trainguard.config import parse_config
+
+    target_dir = Path(args.dir)
+    script = Path(args.script)
+    if not (target_dir / script).is_file() and not script.is_file():
+        raise ConfigError(
+            f"training script {args.script!r} not found in {target_dir.resolve()}; pass the "
+            "path of your existing script (relative to --dir)"
+        )
+    interactive = not args.yes and sys.stdin.isatty()
+    name = args.name or _ask("job name", script.stem, interactive)
+    steps_flag = _ask("flag for the number of steps", args.steps_flag, interactive)
+    ckpt_flag = _ask("flag for the checkpoint directory", args.ckpt_flag, interactive)
+    seed_flag = _ask("flag for the seed", args.seed_flag, interactive)
+    resume_flag = _ask("flag to resume from the latest checkpoint", args.resume_flag, interactive)
+    command = f"python {script.as_posix()} {steps_flag} {{steps}} {ckpt_flag} {{checkpoint_dir}} {seed_flag} {{seed}}"
+    yaml_name = "trainguard.yaml"
+    yaml_path = target_dir / yaml_name
+    test_path = target_dir / "tests" / "test_trainguard_job.py"
+    for path in (yaml_path, test_path):
+        if path.exists() and not args.force:
+            raise ConfigError(f"{path} already exists; pass --force to overwrite it")
+    text = _YAML_TEMPLATE.format(
+        yaml_name=yaml_name,
+        name=name,
+        command=_yaml_str(command),
+        resume=_yaml_str(resume_flag),
+        world_size=args.world_size,
+        loss_regex=args.loss_regex.replace("'", "''"),
+    )
+    from trainguard._internal.atomic import atomic_write_text
+
+    parse_config(text, path=yaml_path)  # what we write must load; a bad --loss-regex stops here
+    atomic_write_text(yaml_path, text)
+    test_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(test_path, _TEST_TEMPLATE.format(name=name, yaml_name=yaml_name))
+    print(f"wrote {yaml_path} and {test_path}")
+    print(f"next: trainguard check {yaml_path}   (or: pytest {test_path})")
+    return EXIT_OK
+
+
+def _yaml_str(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Launching rank processes with the torchrun contract, watching them, tearing them down."""
+
+from trainguard.launch.launcher import (
+    Launcher,
+    LaunchSpec,
+    RankExit,
+    RankProcess,
+    RunResult,
+    launch,
+)
+from trainguard.launch.metrics import MetricParser, MetricPoint, trajectory
+from trainguard.launch.ports import reserve_port
+
+__all__ = [
+    "LaunchSpec",
+    "Launcher",
+    "MetricParser",
+    "MetricPoint",
+    "RankExit",
+    "RankProcess",
+    "RunResult",
+    "launch",
+    "reserve_port",
+    "trajectory",
+]

@@ -1,0 +1,537 @@
+"""trainguard's own torchrun-compatible launcher.
+
+It starts ``world_size`` rank processes of a command with the torchrun environment contract,
+each in its own process group, captures every rank's output to files under the run directory,
+parses metric lines as they arrive, and watches the ranks:
+
+* a rank that exits non-zero or dies by a signal stops the whole group at once (SIGTERM, then
+  SIGKILL after ``grace_period``) -- the others would otherwise wait in a collective until their
+  own timeouts (30 minutes by default in NCCL);
+* no new metric line for ``stall_timeout`` seconds is a hang: each rank's CPU activity, state and
+  stack (py-spy) are collected as evidence, then the group is torn down. CPU time is not taken
+  as progress: NCCL busy-polls inside a stuck collective;
+* ``timeout`` bounds the whole attempt.
+
+Nothing outlives :meth:`Launcher.run`: Ctrl-C, an exception or a deadline all end in the same
+teardown of every process group (DataLoader workers included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal
+
+import psutil
+
+from trainguard.launch.metrics import JsonlTail, MetricParser, MetricPoint, trajectory
+from trainguard.launch.ports import reserve_port
+
+__all__ = ["LaunchSpec", "Launcher", "RankExit", "RankProcess", "RunResult", "launch"]
+
+Outcome = Literal["ok", "failed", "hung", "timeout", "stopped", "interrupted"]
+
+_POLL_S = 0.05
+_TAIL_LINES = 30
+
+
+@dataclass
+class LaunchSpec:
+    """What to launch and how to watch it."""
+
+    argv: Sequence[str]
+    run_dir: Path
+    world_size: int = 1
+    cwd: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    metric_regexes: Mapping[str, str] = field(default_factory=dict)
+    metric_files: Mapping[str, str] = field(default_factory=dict)  # name -> path ({rank} ok)
+    timeout: float = 600.0
+    stall_timeout: float | None = 60.0
+    grace_period: float = 5.0
+    restart_count: int = 0
+    max_restarts: int = 0
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    echo: Callable[[int, str, str], None] | None = None  # (rank, stream, line) live
+    label: str = "attempt-0"
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """How one rank ended."""
+
+    rank: int
+    pid: int
+    returncode: int | None  # None: still running when torn down (then killed)
+    signal: str | None = None  # e.g. "SIGKILL" when killed by a signal
+    killed_by_trainguard: bool = False
+
+    @property
+    def describe(self) -> str:
+        if self.signal:
+            who = " (sent by trainguard)" if self.killed_by_trainguard else ""
+            return f"killed by {self.signal}{who}"
+        return f"exit code {self.returncode}"
+
+
+@dataclass
+class RunResult:
+    """Everything one attempt produced; ``outcome`` says how it ended."""
+
+    outcome: Outcome
+    argv: list[str]
+    run_dir: Path
+    world_size: int
+    port: int
+    exits: list[RankExit]
+    points: list[MetricPoint]
+    duration_s: float
+    first_metric_s: float | None
+    reason: str = ""
+    failed_rank: int | None = None
+    stderr_tail: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    detected_after_s: float | None = None  # death/hang -> detection latency
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok"
+
+    def trajectory(self, name: str = "loss") -> dict[int, float]:
+        return trajectory(self.points, name)
+
+    def log_path(self, rank: int, stream: str = "stderr") -> Path:
+        return self.run_dir / f"rank{rank}.{stream}.log"
+
+    @property
+    def last_step(self) -> int | None:
+        steps = [p.step for p in self.points]
+        return max(steps) if steps else None
+
+
+@dataclass
+class RankProcess:
+    """A live rank: fault injectors target it by rank (``launcher.ranks[1].pid``)."""
+
+    rank: int
+    popen: subprocess.Popen[bytes]
+    stdout_log: Path
+    stderr_log: Path
+    stderr_tail: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+def _python_argv(argv: Sequence[str]) -> list[str]:
+    """``python``/``python3`` at the front means this interpreter (the user's venv)."""
+    out = list(argv)
+    if out and out[0] in ("python", "python3"):
+        out[0] = sys.executable
+    return out
+
+
+def _signal_name(returncode: int | None) -> str | None:
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+class Launcher:
+    """Runs one attempt of a multi-rank job. Use :meth:`run` (blocking) or ``with`` + start/wait.
+
+    ``on_metric`` callbacks run on the monitor thread for every parsed metric point; they may
+    call :meth:`kill_rank` or :meth:`stop` (the resume check kills the job right after a step).
+    """
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        if spec.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {spec.world_size}")
+        self.spec = spec
+        self.ranks: list[RankProcess] = []
+        self.points: list[MetricPoint] = []
+        self.on_metric: list[Callable[[MetricPoint, Launcher], None]] = []
+        self._events: queue.Queue[tuple[str, int, str, float]] = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._t0 = 0.0
+        self._killed: set[int] = set()
+        self._stop_reason: str | None = None
+        self._port = None
+
+    # -- control from callbacks / injectors ------------------------------------------------
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    def kill_rank(self, rank: int, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to one rank's process (not its group: a fault, not a teardown)."""
+        proc = self.ranks[rank].popen
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, sig)
+
+    def stop(self, reason: str, sig: int = signal.SIGKILL) -> None:
+        """End the attempt now on purpose (e.g. the resume check's kill after a step)."""
+        self._stop_reason = reason
+        for rp in self.ranks:
+            self._killed.add(rp.rank)
+            _signal_group(rp.popen, sig)
+
+    # -- running ---------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        """Start the ranks, watch them until they end, tear everything down, return the result."""
+        spec = self.spec
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        reservation = reserve_port()
+        self._port = reservation.port
+        self._t0 = time.monotonic()
+        try:
+            self._start(reservation.port)
+            return self._monitor(reservation.port)
+        finally:  # Ctrl-C and exceptions included: nothing outlives run()
+            self._teardown()
+            reservation.release()
+
+    def _env_for(self, rank: int, port: int) -> dict[str, str]:
+        spec = self.spec
+        env = dict(os.environ)
+        env.update(spec.env)
+        env.update(
+            {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(spec.world_size),
+                "LOCAL_WORLD_SIZE": str(spec.world_size),
+                "GROUP_RANK": "0",
+                "ROLE_RANK": str(rank),
+                "ROLE_NAME": "default",
+                "ROLE_WORLD_SIZE": str(spec.world_size),
+                "GROUP_WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "TORCHELASTIC_RESTART_COUNT": str(spec.restart_count),
+                "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+                "TORCHELASTIC_RUN_ID": spec.run_id,
+                "TRAINGUARD_RUN_DIR": str(spec.run_dir),
+                "PYTHONUNBUFFERED": "1",  # metric lines must arrive as they are printed
+            }
+        )
+        return env
+
+    def _start(self, port: int) -> None:
+        spec = self.spec
+        argv = _python_argv(spec.argv)
+        for rank in range(spec.world_size):
+            out_log = spec.run_dir / f"rank{rank}.stdout.log"
+            err_log = spec.run_dir / f"rank{rank}.stderr.log"
+            try:
+                popen = subprocess.Popen(
+                    argv,
+                    cwd=spec.cwd,
+                    env=self._env_for(rank, port),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # own process group: teardown reaches its children
+                )
+            except OSError as exc:
+                self._teardown()
+                raise FileNotFoundError(
+                    f"cannot start the job command {argv[0]!r} in {spec.cwd}: {exc.strerror}. "
+                    "Fix job.command (is the program installed and on PATH?)"
+                ) from None
+            rp = RankProcess(rank, popen, out_log, err_log)
+            self.ranks.append(rp)
+            for stream_name, pipe, log in (("stdout", popen.stdout, out_log), ("stderr", popen.stderr, err_log)):
+                assert pipe is not None
+                thread = threading.Thread(
+                    target=self._pump,
+                    args=(rp, stream_name, pipe, log),
+                    name=f"trainguard-rank{rank}-{stream_name}",
+                    daemon=True,
+                )
+                thread.start()
+                self._threads.append(thread)
+
+    def _pump(self, rp: RankProcess, stream: str, pipe: IO[bytes], log: Path) -> None:
+        """Copy one stream to its log file line by line and hand each line to the monitor."""
+        with open(log, "ab") as sink:
+            for raw in iter(pipe.readline, b""):
+                sink.write(raw)
+                sink.flush()
+                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                if stream == "stderr":
+                    rp.stderr_tail.append(line)
+                    del rp.stderr_tail[:-_TAIL_LINES]
+                self._events.put((stream, rp.rank, line, self.elapsed()))
+        pipe.close()
+
+    def _monitor(self, port: int) -> RunResult:
+        spec = self.spec
+        parser = MetricParser(spec.metric_regexes)
+        tails = [
+            JsonlTail(self._metric_path(path, rank), [name], rank=rank)
+            for name, path in spec.metric_files.items()
+            for rank in range(spec.world_size)
+        ]
+        first_metric: float | None = None
+        last_progress = 0.0
+        deadline = spec.timeout
+        outcome: Outcome | None = None
+        reason = ""
+        failed_rank: int | None = None
+        detected_after: float | None = None
+        evidence: dict[str, Any] = {}
+        exit_seen_at: dict[int, float] = {}
+
+        def handle(points: list[MetricPoint]) -> None:
+            nonlocal first_metric, last_progress
+            for point in points:
+                self.points.append(point)
+                if first_metric is None:
+                    first_metric = point.t
+                last_progress = max(last_progress, point.t)
+                for callback in list(self.on_metric):
+                    callback(point, self)
+
+        while True:
+            # drain output lines
+            try:
+                while True:
+                    stream, rank, line, t = self._events.get(timeout=_POLL_S)
+                    if spec.echo is not None:
+                        spec.echo(rank, stream, line)
+                    handle(parser.parse(line, rank=rank, t=t))
+            except queue.Empty:
+                pass
+            now = self.elapsed()
+            for tail in tails:
+                handle(tail.poll(now))
+
+            codes = [rp.popen.poll() for rp in self.ranks]
+            for rp, code in zip(self.ranks, codes):
+                if code is not None and rp.rank not in exit_seen_at:
+                    exit_seen_at[rp.rank] = now
+            if self._stop_reason is not None:
+                outcome, reason = "stopped", self._stop_reason
+                break
+            bad = [
+                (rp, code)
+                for rp, code in zip(self.ranks, codes)
+                if code is not None and code != 0 and rp.rank not in self._killed
+            ]
+            if bad:
+                rp, code = min(bad, key=lambda item: exit_seen_at[item[0].rank])
+                failed_rank = rp.rank
+                name = _signal_name(code)
+                how = f"killed by {name}" if name else f"exited with code {code}"
+                outcome, reason = "failed", f"rank {rp.rank} {how}"
+                detected_after = now - exit_seen_at[rp.rank]
+                break
+            if all(code is not None for code in codes):
+                outcome = "ok"
+                break
+            if now > deadline:
+                outcome = "timeout"
+                reason = f"the run exceeded its timeout of {spec.timeout:g} s"
+                evidence["ranks"] = _rank_activity(self.ranks)
+                break
+            since = now - max(last_progress, 0.0)
+            if spec.stall_timeout is not None and since > spec.stall_timeout:
+                outcome = "hung"
+                what = "metric line" if first_metric is not None else "metric line since launch"
+                reason = f"no new {what} for {since:.1f} s (stall_timeout {spec.stall_timeout:g} s)"
+                detected_after = since - spec.stall_timeout
+                evidence["ranks"] = _rank_activity(self.ranks)
+                evidence["stacks"] = _dump_stacks(self.ranks)
+                break
+
+        # the pipes close once the processes (and their children holding them) are gone
+        self._teardown()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        # lines printed just before the end
+        while True:
+            try:
+                stream, rank, line, t = self._events.get_nowait()
+            except queue.Empty:
+                break
+            if spec.echo is not None:
+                spec.echo(rank, stream, line)
+            handle(parser.parse(line, rank=rank, t=t))
+        for tail in tails:
+            handle(tail.poll(self.elapsed()))
+
+        exits = []
+        for rp in self.ranks:
+            code = rp.popen.returncode
+            exits.append(
+                RankExit(
+                    rank=rp.rank,
+                    pid=rp.pid,
+                    returncode=code,
+                    signal=_signal_name(code),
+                    killed_by_trainguard=rp.rank in self._killed,
+                )
+            )
+        tail_rank = failed_rank if failed_rank is not None else 0
+        stderr_tail = "\n".join(self.ranks[tail_rank].stderr_tail) if self.ranks else ""
+        return RunResult(
+            outcome=outcome or "failed",
+            argv=_python_argv(spec.argv),
+            run_dir=spec.run_dir,
+            world_size=spec.world_size,
+            port=port,
+            exits=exits,
+            points=list(self.points),
+            duration_s=self.elapsed(),
+            first_metric_s=first_metric,
+            reason=reason,
+            failed_rank=failed_rank,
+            stderr_tail=stderr_tail,
+            evidence=evidence,
+            detected_after_s=detected_after,
+        )
+
+    def _metric_path(self, template: str, rank: int) -> Path:
+        path = Path(template.replace("{rank}", str(rank)))
+        return path if path.is_absolute() else (self.spec.cwd or Path.cwd()) / path
+
+    def _teardown(self) -> None:
+        """SIGTERM every rank's process group, SIGKILL what is left after the grace period."""
+        alive = [rp for rp in self.ranks if rp.popen.poll() is None or _group_alive(rp.popen.pid)]
+        if not alive:
+            return
+        for rp in alive:
+            if rp.popen.poll() is None:
+                self._killed.add(rp.rank)
+            _signal_group(rp.popen, signal.SIGTERM)
+        deadline = time.monotonic() + self.spec.grace_period
+        while time.monotonic() < deadline:
+            if all(rp.popen.poll() is not None and not _group_alive(rp.popen.pid) for rp in alive):
+                break
+            time.sleep(_POLL_S)
+        for rp in alive:
+            _signal_group(rp.popen, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                rp.popen.wait(timeout=5)
+
+
+def _signal_group(popen: subprocess.Popen[bytes], sig: int) -> None:
+    """Signal the rank's whole process group (its DataLoader workers and helpers too)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, sig)
+    # a SIGSTOPped process never acts on SIGTERM; let it run so it can die
+    if sig == signal.SIGTERM:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(popen.pid, signal.SIGCONT)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # zombies count as gone: only our own un-reaped rank can be one, and wait() reaps it
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def _rank_activity(ranks: list[RankProcess], sample_s: float = 0.5) -> list[dict[str, Any]]:
+    """CPU use over a short window and process state per rank: evidence for a hang report.
+
+    A rank burning 100% CPU is not necessarily making progress (NCCL busy-polls); a rank in
+    state 'stopped' (SIGSTOP) or 'sleeping' with no CPU is waiting on something.
+    """
+    procs: dict[int, psutil.Process] = {}
+    before: dict[int, float] = {}
+    for rp in ranks:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(rp.pid)
+            times = proc.cpu_times()
+            procs[rp.rank] = proc
+            before[rp.rank] = times.user + times.system
+    time.sleep(sample_s)
+    out = []
+    for rp in ranks:
+        entry: dict[str, Any] = {"rank": rp.rank, "pid": rp.pid}
+        proc = procs.get(rp.rank)
+        if proc is None:
+            entry["state"] = "gone"
+        else:
+            try:
+                times = proc.cpu_times()
+                entry["state"] = proc.status()
+                entry["cpu_percent"] = round(
+                    100 * (times.user + times.system - before[rp.rank]) / sample_s, 1
+                )
+                entry["threads"] = proc.num_threads()
+            except psutil.Error:
+                entry["state"] = "gone"
+        out.append(entry)
+    return out
+
+
+def _dump_stacks(ranks: list[RankProcess], timeout: float = 15.0) -> dict[str, str]:
+    """Python stacks of every rank via py-spy (needs root or ptrace rights here).
+
+    ``--nonblocking`` reads a SIGSTOPped process too. Without py-spy the report says so; a
+    script that calls ``faulthandler.register(signal.SIGUSR1)`` still prints its stacks to its
+    stderr log when it gets SIGUSR1.
+    """
+    pyspy = shutil.which("py-spy") or _sibling_script("py-spy")
+    stacks: dict[str, str] = {}
+    for rp in ranks:
+        if rp.popen.poll() is not None:
+            stacks[str(rp.rank)] = f"(exited with {rp.popen.returncode} before the dump)"
+            continue
+        if pyspy is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rp.pid, signal.SIGUSR1)  # only acts when the script registered faulthandler
+            stacks[str(rp.rank)] = "(py-spy not installed: `pip install py-spy` for stack dumps)"
+            continue
+        try:
+            done = subprocess.run(
+                [pyspy, "dump", "--pid", str(rp.pid), "--nonblocking"],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+            stacks[str(rp.rank)] = (done.stdout or done.stderr).strip()[-8000:]
+        except subprocess.TimeoutExpired:
+            stacks[str(rp.rank)] = f"(py-spy dump timed out after {timeout:g} s)"
+    return stacks
+
+
+def _sibling_script(name: str) -> str | None:
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else None
+
+
+def launch(spec: LaunchSpec) -> RunResult:
+    """Run one attempt of ``spec`` to the end (see :class:`Launcher`)."""
+    return Launcher(spec).run()

@@ -1,0 +1,77 @@
+"""Rendezvous ports: a fresh one per attempt, never handed to two launchers at once.
+
+The kernel's ephemeral port (bind to 0) is unique at the moment of the bind, but it is free
+again once we close the probe socket. Under pytest-xdist two workers could then pick the same
+port. A reservation file per port (created with O_EXCL, holding our pid) closes that window
+across processes; a reservation whose pid is gone is stale and taken over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import psutil
+
+__all__ = ["PortReservation", "reserve_port"]
+
+_DIR = Path(tempfile.gettempdir()) / "trainguard-ports"
+
+
+class PortReservation:
+    """A TCP port reserved for one launch attempt; release() (or ``with``) frees it."""
+
+    def __init__(self, port: int, marker: Path) -> None:
+        self.port = port
+        self._marker = marker
+
+    def release(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._marker.unlink()
+
+    def __enter__(self) -> PortReservation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"PortReservation(port={self.port})"
+
+
+def _probe_free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _take(marker: Path) -> bool:
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        try:
+            owner = int(marker.read_text().strip() or "0")
+        except (OSError, ValueError):
+            return False
+        if owner and psutil.pid_exists(owner):
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            marker.unlink()  # stale: its owner died without releasing
+        return _take(marker)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(str(os.getpid()))
+    return True
+
+
+def reserve_port(host: str = "127.0.0.1", *, attempts: int = 50) -> PortReservation:
+    """Reserve a free TCP port on ``host`` for a rendezvous store."""
+    _DIR.mkdir(parents=True, exist_ok=True)
+    for _ in range(attempts):
+        port = _probe_free_port(host)
+        marker = _DIR / str(port)
+        if _take(marker):
+            return PortReservation(port, marker)
+    raise RuntimeError(f"could not reserve a free port on {host} after {attempts} attempts")

@@ -1,0 +1,136 @@
+"""Running a job file's command: placeholders, run directories, shared reference runs.
+
+:class:`JobRunner` turns "run the job for 20 steps with seed 0 on 2 ranks" into a
+:class:`~trainguard.launch.LaunchSpec` and launches it in a fresh run directory. Checks that need
+the same uninterrupted run (determinism's first run, resume's reference) share it through
+:meth:`JobRunner.reference`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainguard.config import JobFile, MetricFile
+from trainguard.launch import Launcher, LaunchSpec, MetricPoint, RunResult
+from trainguard.rundir import new_run_dir
+from trainguard.settings import Settings
+
+__all__ = ["JobRunner", "RunRequest"]
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """The parameters of one run; equal requests give interchangeable reference runs."""
+
+    steps: int
+    seed: int
+    world_size: int
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    timeout: float | None = None
+
+    @classmethod
+    def make(
+        cls,
+        *,
+        steps: int,
+        seed: int,
+        world_size: int,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> RunRequest:
+        return cls(steps, seed, world_size, tuple(args), tuple(sorted((env or {}).items())), timeout)
+
+
+@dataclass
+class JobRunner:
+    """Launches runs of one job file."""
+
+    job_file: JobFile
+    settings: Settings = field(default_factory=Settings)
+    echo: Callable[[int, str, str], None] | None = None
+    _references: dict[RunRequest, RunResult] = field(default_factory=dict)
+
+    def placeholders(self, request: RunRequest, run_dir: Path, checkpoint_dir: Path | None) -> dict[str, object]:
+        job = self.job_file.job
+        values: dict[str, object] = {
+            "steps": request.steps,
+            "seed": request.seed,
+            "world_size": request.world_size,
+            "run_dir": str(run_dir),
+            "batch_size": job.batch_size if job.batch_size is not None else "",
+        }
+        if checkpoint_dir is None:
+            checkpoint_dir = Path(job.checkpoint_dir.format_map(values))
+            if not checkpoint_dir.is_absolute():
+                checkpoint_dir = self.job_file.cwd / checkpoint_dir
+        values["checkpoint_dir"] = str(checkpoint_dir)
+        return values
+
+    def run(
+        self,
+        request: RunRequest,
+        *,
+        label: str,
+        resume: bool = False,
+        checkpoint_dir: Path | None = None,
+        on_metric: Callable[[MetricPoint, Launcher], None] | None = None,
+        restart_count: int = 0,
+    ) -> RunResult:
+        """Launch one run in a new run directory (``checkpoint_dir`` given: reuse that one)."""
+        job = self.job_file.job
+        run_dir = new_run_dir(
+            self.job_file.state_dir, job.name, label, keep=self.settings.keep_runs
+        )
+        values = self.placeholders(request, run_dir, checkpoint_dir)
+        Path(str(values["checkpoint_dir"])).mkdir(parents=True, exist_ok=True)
+        argv = self.job_file.argv(values, extra_args=request.args, resume=resume)
+        env = {k: v.format_map(values) for k, v in job.env.items()}
+        env.update({k: v.format_map(values) for k, v in request.env})
+        scale = self.settings.timeout_scale
+        timeout = (request.timeout or job.timeout) * scale
+        regexes = {n: s for n, s in job.metrics.items() if isinstance(s, str)}
+        files = {
+            n: s.file.replace("{rank}", "\0").format_map(values).replace("\0", "{rank}")
+            for n, s in job.metrics.items()
+            if isinstance(s, MetricFile)
+        }
+        spec = LaunchSpec(
+            argv=argv,
+            run_dir=run_dir,
+            world_size=request.world_size,
+            cwd=self.job_file.cwd,
+            env=env,
+            metric_regexes=regexes,
+            metric_files=files,
+            timeout=timeout,
+            stall_timeout=job.stall_timeout * scale,
+            max_restarts=job.max_restarts,
+            restart_count=restart_count,
+            echo=self.echo,
+            label=label,
+        )
+        launcher = Launcher(spec)
+        if on_metric is not None:
+            launcher.on_metric.append(on_metric)
+        result = launcher.run()
+        result.evidence.setdefault("checkpoint_dir", str(values["checkpoint_dir"]))
+        return result
+
+    def reference(self, request: RunRequest) -> RunResult:
+        """An uninterrupted run for ``request``, launched once and shared between checks."""
+        if request not in self._references:
+            self._references[request] = self.run(request, label="reference")
+        return self._references[request]
+
+    def command_line(self, request: RunRequest, *, resume: bool = False) -> str:
+        """The job's command as a person would type it (for 'reproduce:' lines)."""
+        values = self.placeholders(request, Path("<run_dir>"), None)
+        argv = self.job_file.argv(values, extra_args=request.args, resume=resume)
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in request.env)
+        launcher = f"WORLD_SIZE={request.world_size} " if request.world_size > 1 else ""
+        return (env + " " if env else "") + launcher + shlex.join(argv)
