@@ -7,11 +7,14 @@ Hooks only: the work is done by the library (``trainguard.*``) and the session o
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
+from trainguard.plugins.collect import CHECK_RESULT_PROPERTY, collect_job_file
 from trainguard.plugins.markers import MARKERS, validate_marker
 from trainguard.plugins.session import (
     SEED_EXPLICIT_PROPERTY,
@@ -58,11 +61,18 @@ class _SessionRecorder:
         self.config = config
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Record failed seeded tests with their reproduction command. Under xdist this runs on
-        the controller too: user_properties travel with the report."""
+        """Record check verdicts and failed seeded tests with their reproduction command. Under
+        xdist this runs on the controller too: user_properties travel with the report."""
+        props = dict(report.user_properties)
+        if report.when == "call" or (report.when == "setup" and report.skipped):
+            raw = props.get(CHECK_RESULT_PROPERTY)
+            if raw is not None:
+                from trainguard.report import CheckResult
+
+                result = CheckResult(**json.loads(raw))
+                get_session(self.config).check_results.append((report.nodeid, result))
         if not report.failed or report.when == "teardown":
             return
-        props = dict(report.user_properties)
         if SEED_PROPERTY not in props:
             return
         seed = int(props[SEED_PROPERTY])
@@ -76,6 +86,12 @@ def _reproduce(nodeid: str, seed: int, props: dict[str, Any]) -> str:
     if not props.get(SEED_EXPLICIT_PROPERTY):
         command += f" --trainguard-seed={seed}"
     return command
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """Collect ``trainguard.yaml`` / ``*.trainguard.yaml`` as one item per check (switch off
+    with ``trainguard_collect_yaml = false``)."""
+    return collect_job_file(file_path, parent)
 
 
 @pytest.hookimpl(tryfirst=True)

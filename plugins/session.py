@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -37,6 +38,8 @@ class TrainguardSession:
     seeded_failures: list[SeededFailure] = field(default_factory=list)
     check_results: list[tuple[str, CheckResult]] = field(default_factory=list)
     report_paths: list[str] = field(default_factory=list)
+    #: one JobRunner per job file in this process: checks of one job share reference runs
+    runners: dict[str, Any] = field(default_factory=dict)
 
 
 SESSION_KEY = pytest.StashKey[TrainguardSession]()

@@ -1,0 +1,112 @@
+"""Collecting job files as pytest items: one item per configured check, zero Python to write.
+
+``trainguard.yaml`` and ``*.trainguard.yaml`` become a collector; each check becomes an item
+carrying the check's marker (``pytest -m resume`` selects resume checks). Reference runs are
+shared between the checks of one job file within a pytest process.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trainguard.plugins.session import get_session
+
+from trainguard.errors import ConfigError
+
+__all__ = ["CHECK_RESULT_PROPERTY", "CheckItem", "JobFileCollector"]
+
+#: user_property carrying a check's result to the xdist controller (as JSON)
+CHECK_RESULT_PROPERTY = "trainguard_check_result"
+
+#: extra markers per check beyond the one named like it
+_EXTRA_MARKERS = {"parallel": ("ddp",)}
+
+
+class JobFileCollector(pytest.File):
+    """A ``trainguard.yaml``: yields one :class:`CheckItem` per configured check."""
+
+    def collect(self) -> Iterator[pytest.Item]:
+        from trainguard.config import load_config
+
+        job_file = load_config(self.path)
+        for name, _spec in job_file.enabled_checks():
+            item = CheckItem.from_parent(self, name=name, check_name=name)
+            item.add_marker(name)
+            for extra in _EXTRA_MARKERS.get(name, ()):
+                item.add_marker(extra)
+            yield item
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, ConfigError):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+
+class CheckFailedError(Exception):
+    """Raised by a check item whose check failed; its message is the whole report."""
+
+
+class CheckItem(pytest.Item):
+    """One check of one job file."""
+
+    def __init__(self, *, check_name: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.check_name = check_name
+
+    def runtest(self) -> None:
+        from trainguard.checks import run_check
+        from trainguard.config import load_config
+        from trainguard.runner import JobRunner
+
+        session = get_session(self.config)
+        key = str(self.path)
+        runner = session.runners.get(key)
+        if runner is None:
+            runner = JobRunner(load_config(self.path), session.settings)
+            session.runners[key] = runner
+        spec = getattr(runner.job_file.checks, self.check_name)
+        result = run_check(runner, self.check_name, spec)
+        from dataclasses import asdict
+
+        self.user_properties.append((CHECK_RESULT_PROPERTY, json.dumps(asdict(result), default=str)))
+        if result.status == "skipped":
+            pytest.skip(result.summary)
+        if not result.ok:
+            raise CheckFailedError(_render(result))
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        if isinstance(excinfo.value, (CheckFailedError, ConfigError)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"trainguard {self.check_name}: {self.path.name}"
+
+
+def _render(result: Any) -> str:
+    lines = [f"trainguard {result.name} {result.status}: {result.summary}"]
+    for key, value in result.evidence.items():
+        if value in (None, [], {}, ""):
+            continue
+        text = json.dumps(value, default=str) if not isinstance(value, str) else value
+        if len(text) > 2000:
+            text = text[:2000] + " ..."
+        lines.append(f"  {key}: {text}")
+    if result.reproduce:
+        lines.append(f"  reproduce: {result.reproduce}")
+    return "\n".join(lines)
+
+
+def collect_job_file(file_path: Path, parent: pytest.Collector) -> JobFileCollector | None:
+    """The ``pytest_collect_file`` implementation (the plugin calls it when collection is on)."""
+    from trainguard.config import is_job_file_name
+
+    if not is_job_file_name(file_path.name):
+        return None
+    if not get_session(parent.config).settings.collect_yaml:
+        return None
+    return JobFileCollector.from_parent(parent, path=file_path)
