@@ -18,10 +18,15 @@ __all__ = ["available_checks", "check", "run_check", "run_checks"]
 
 
 def _registry() -> dict[str, Callable[[JobRunner, Any], CheckResult]]:
-    from trainguard.equivalence import run_determinism
+    from trainguard.equivalence import run_determinism, run_parallel, run_resume
     from trainguard.smoke import run_smoke
 
-    return {"smoke": run_smoke, "determinism": run_determinism}
+    return {
+        "smoke": run_smoke,
+        "determinism": run_determinism,
+        "resume": run_resume,
+        "parallel": run_parallel,
+    }
 
 
 def available_checks() -> list[str]:

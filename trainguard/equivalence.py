@@ -7,17 +7,26 @@ first divergent step, the largest absolute and relative difference, and the like
 from __future__ import annotations
 
 import math
+import signal
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from trainguard.config import DeterminismCheck
-from trainguard.launch import RunResult
+from trainguard.checkpoints import compare_checkpoint_dirs
+from trainguard.config import DeterminismCheck, ParallelCheck, ResumeCheck
+from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.report import CheckResult
-from trainguard.runner import JobRunner, RunRequest
+from trainguard.runner import JobRunner
 
-__all__ = ["TrajectoryDiff", "compare_trajectories", "run_determinism"]
+__all__ = [
+    "TrajectoryDiff",
+    "compare_trajectories",
+    "run_determinism",
+    "run_parallel",
+    "run_resume",
+]
 
 NONDETERMINISM_CAUSES = (
     "an unseeded RNG (python random, numpy, torch, a DataLoader generator or worker seeds)",
@@ -125,14 +134,7 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
     default, ``rtol``/``atol`` when set)."""
     started = time.monotonic()
     job = runner.job_file.job
-    request = RunRequest.make(
-        steps=spec.steps,
-        seed=spec.seed if spec.seed is not None else runner.settings.seed,
-        world_size=job.world_size,
-        args=spec.args,
-        env=spec.env,
-        timeout=spec.timeout,
-    )
+    request = runner.request_for(spec)
     reproduce = f"run twice and diff: {runner.command_line(request)}"
     first = runner.reference(request)
     if not first.ok:
@@ -194,3 +196,186 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
         )
     evidence["likely_causes"] = list(NONDETERMINISM_CAUSES)
     return CheckResult("determinism", "failed", summary, evidence, duration, reproduce)
+
+
+RESUME_CAUSES = (
+    "optimizer state not saved or not restored (Adam moments restart from zero)",
+    "LR scheduler state not saved (the schedule restarts from warm-up)",
+    "RNG states not restored (dropout masks and augmentation differ after the resume)",
+    "data position reset (the resumed run re-reads the epoch from its first batch)",
+    "the checkpoint written before the optimizer step or with stale values",
+)
+
+PARALLEL_CAUSES = (
+    "each rank reads the same shard (no DistributedSampler, or set_epoch not called)",
+    "gradients summed instead of averaged across ranks (all_reduce without dividing by world size)",
+    "the per-rank batch is not global_batch / world_size",
+    "dropout or augmentation RNG differs per rank (pass args that disable it for this check)",
+    "BatchNorm statistics computed per rank (use SyncBatchNorm or compare without BatchNorm)",
+)
+
+
+def _progress_metric(runner: JobRunner) -> str:
+    metrics = runner.job_file.job.metrics
+    return "loss" if "loss" in metrics else next(iter(metrics))
+
+
+def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
+    """Reference run of ``steps``; a second run SIGKILLed right after ``after_step``; resumed in
+    new processes with ``resume_args``; the resumed steps must equal the reference's."""
+    started = time.monotonic()
+    metric = _progress_metric(runner)
+    request = runner.request_for(spec)
+    reproduce = (
+        f"{runner.command_line(request)}  # kill -9 after step {spec.after_step}, then: "
+        f"{runner.command_line(request, resume=True)}"
+    )
+    reference = runner.reference(request)
+    if not reference.ok:
+        return _failed_run("resume", reference, started, reproduce)
+
+    def kill_after(point: MetricPoint, launcher: Launcher) -> None:
+        if point.name == metric and point.step >= spec.after_step:
+            launcher.stop(f"SIGKILL after step {point.step}", signal.SIGKILL)
+
+    interrupted = runner.run(request, label="resume-killed", on_metric=kill_after)
+    killed_at = interrupted.last_step
+    if interrupted.outcome != "stopped":
+        if interrupted.ok:
+            why = (
+                f"the run finished ({killed_at} steps) before trainguard saw step "
+                f"{spec.after_step} of `{metric}`; check job.metrics.{metric}"
+            )
+        else:
+            why = f"the run failed before step {spec.after_step}: {interrupted.reason}"
+        return CheckResult(
+            "resume", "error", why, {"stderr_tail": interrupted.stderr_tail}, time.monotonic() - started, reproduce
+        )
+    checkpoint_dir = Path(interrupted.evidence["checkpoint_dir"])
+    resumed = runner.run(request, label="resume-resumed", resume=True, checkpoint_dir=checkpoint_dir)
+    if not resumed.ok:
+        return _failed_run("resume", resumed, started, reproduce)
+
+    expected = reference.trajectory(metric)
+    actual = resumed.trajectory(metric)
+    evidence: dict[str, Any] = {
+        "after_step": spec.after_step,
+        "killed_after_step": killed_at,
+        "run_dirs": {
+            "reference": str(reference.run_dir),
+            "killed": str(interrupted.run_dir),
+            "resumed": str(resumed.run_dir),
+        },
+    }
+    if not actual:
+        return CheckResult(
+            "resume", "failed", f"the resumed run printed no `{metric}` line", evidence,
+            time.monotonic() - started, reproduce,
+        )
+    first_step = min(actual)
+    resumed_from = first_step - 1
+    lost = max(0, (killed_at or spec.after_step) - resumed_from)
+    evidence.update({"resumed_from_step": resumed_from, "steps_lost": lost})
+    diff = compare_trajectories(
+        actual, expected, metric=metric, steps=range(first_step, spec.steps + 1),
+        rtol=spec.rtol, atol=spec.atol,
+    )
+    evidence["trajectory"] = diff.as_evidence()
+    state = compare_checkpoint_dirs(
+        Path(resumed.evidence["checkpoint_dir"]), Path(reference.evidence["checkpoint_dir"]),
+        rtol=spec.rtol, atol=spec.atol,
+    )
+    evidence["state"] = state.as_evidence()
+    problems: list[str] = []
+    if resumed_from == 0:
+        problems.append(
+            "the resumed run started again from step 1: no usable checkpoint, all "
+            f"{killed_at} steps of progress lost (does the job checkpoint before it exits, "
+            "and does resume_args make it load the latest one?)"
+        )
+    if spec.max_lost_steps is not None and lost > spec.max_lost_steps:
+        problems.append(f"{lost} steps of progress lost (max_lost_steps {spec.max_lost_steps})")
+    if not diff.ok:
+        if diff.first_divergent_step is not None:
+            a, b = diff.first_values or (math.nan, math.nan)
+            problems.append(
+                f"{metric} diverges from the uninterrupted run at step {diff.first_divergent_step} "
+                f"(resumed {a!r} vs reference {b!r}; max abs diff {diff.max_abs_diff:.3g}, "
+                f"max rel diff {diff.max_rel_diff:.3g})"
+            )
+        else:
+            problems.append(f"the resumed run is missing steps {diff.missing_in_actual[:5]}")
+    if state.compared and not state.ok:
+        keys = ", ".join(k for k, _ in state.differing[:5])
+        more = f" and {len(state.differing) - 5} more" if len(state.differing) > 5 else ""
+        problems.append(f"final checkpoints differ in {keys}{more}")
+    duration = time.monotonic() - started
+    if problems:
+        evidence["likely_causes"] = list(RESUME_CAUSES)
+        return CheckResult("resume", "failed", "; ".join(problems), evidence, duration, reproduce)
+    state_note = (
+        f", final checkpoints equal ({Path(state.files[0]).name})" if state.compared and state.files
+        else f" (state not compared: {state.reason})"
+    )
+    return CheckResult(
+        "resume",
+        "passed",
+        f"killed after step {killed_at}, resumed from step {resumed_from} ({lost} steps lost); "
+        f"steps {first_step}-{spec.steps} match the uninterrupted run{state_note}",
+        evidence,
+        duration,
+        reproduce,
+    )
+
+
+def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
+    """The job at ``world_size`` N vs 1 rank with the same global batch: the per-step mean of
+    the ranks' metric must match the single rank's within ``rtol``/``atol``."""
+    started = time.monotonic()
+    metric = _progress_metric(runner)
+    single = runner.request_for(spec, world_size=1)
+    multi = runner.request_for(spec, world_size=spec.world_size)
+    reproduce = f"compare: {runner.command_line(single)}  vs  {runner.command_line(multi)}"
+    one = runner.reference(single)
+    if not one.ok:
+        return _failed_run("parallel", one, started, reproduce)
+    many = runner.reference(multi)
+    if not many.ok:
+        return _failed_run("parallel", many, started, reproduce)
+    diff = compare_trajectories(
+        many.trajectory(metric), one.trajectory(metric), metric=metric, rtol=spec.rtol, atol=spec.atol
+    )
+    ranks_reporting = sorted({p.rank for p in many.points if p.name == metric})
+    evidence: dict[str, Any] = {
+        "world_size": spec.world_size,
+        "ranks_reporting": ranks_reporting,
+        "tolerance": {"rtol": spec.rtol, "atol": spec.atol},
+        "trajectory": diff.as_evidence(),
+        "run_dirs": {"1": str(one.run_dir), str(spec.world_size): str(many.run_dir)},
+    }
+    duration = time.monotonic() - started
+    if diff.compared_steps == 0:
+        return CheckResult(
+            "parallel", "failed", f"no `{metric}` steps to compare", evidence, duration, reproduce
+        )
+    if diff.ok:
+        return CheckResult(
+            "parallel",
+            "passed",
+            f"{spec.world_size} ranks match 1 rank on {diff.compared_steps} steps of {metric} "
+            f"(max abs diff {diff.max_abs_diff:.3g}, rtol {spec.rtol:g}, atol {spec.atol:g})",
+            evidence,
+            duration,
+            reproduce,
+        )
+    evidence["likely_causes"] = list(PARALLEL_CAUSES)
+    if diff.first_divergent_step is None:
+        summary = f"the {spec.world_size}-rank run is missing steps {diff.missing_in_actual[:5]}"
+    else:
+        a, b = diff.first_values or (math.nan, math.nan)
+        summary = (
+            f"{spec.world_size} ranks diverge from 1 rank at step {diff.first_divergent_step} "
+            f"({metric} {a!r} vs {b!r}; max abs diff {diff.max_abs_diff:.3g}, "
+            f"tolerance rtol {spec.rtol:g} atol {spec.atol:g})"
+        )
+    return CheckResult("parallel", "failed", summary, evidence, duration, reproduce)

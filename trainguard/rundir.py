@@ -34,19 +34,25 @@ def _slug(text: str) -> str:
     return _UNSAFE.sub("-", text).strip("-")[:60] or "run"
 
 
+def _job_slug(job: str) -> str:
+    # No "-" in the job part: it ends the job name, so pruning job "mlp" never matches the runs
+    # of job "mlp-large" ("<time>-mlp_large-<label>").
+    return _slug(job).replace("-", "_")
+
+
 def new_run_dir(state_dir: Path, job: str, label: str, *, keep: int = 20) -> Path:
     """Create a fresh, unique run directory and prune old ones of the same job."""
     runs = ensure_state_dir(state_dir) / "runs"
     runs.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    prefix = f"{stamp}-{_slug(job)}-{_slug(label)}"
+    prefix = f"{stamp}-{_job_slug(job)}-{_slug(label)}"
     for attempt in range(1000):
         candidate = runs / (prefix if attempt == 0 else f"{prefix}-{attempt}")
         try:
             candidate.mkdir()  # atomic: two pytest-xdist workers never share one
         except FileExistsError:
             continue
-        prune_runs(runs, _slug(job), keep=keep, protect=candidate)
+        prune_runs(runs, _job_slug(job), keep=keep, protect=candidate)
         return candidate
     raise RuntimeError(f"could not create a unique run directory under {runs}")
 

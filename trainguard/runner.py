@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainguard.config import JobFile, MetricFile
+from trainguard.config import CheckSpec, JobFile, MetricFile
 from trainguard.launch import Launcher, LaunchSpec, MetricPoint, RunResult
 from trainguard.rundir import new_run_dir
 from trainguard.settings import Settings
@@ -120,6 +120,17 @@ class JobRunner:
         result = launcher.run()
         result.evidence.setdefault("checkpoint_dir", str(values["checkpoint_dir"]))
         return result
+
+    def request_for(self, spec: CheckSpec, *, world_size: int | None = None) -> RunRequest:
+        """The run a check spec asks for (its steps, seed, args, env, timeout)."""
+        return RunRequest.make(
+            steps=spec.steps,
+            seed=spec.seed if spec.seed is not None else self.settings.seed,
+            world_size=world_size if world_size is not None else self.job_file.job.world_size,
+            args=spec.args,
+            env=spec.env,
+            timeout=spec.timeout,
+        )
 
     def reference(self, request: RunRequest) -> RunResult:
         """An uninterrupted run for ``request``, launched once and shared between checks."""

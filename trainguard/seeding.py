@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -146,6 +147,14 @@ def _capture_fp32_precision() -> dict[str, str]:
     return values
 
 
+def _inductor_deterministic() -> bool | None:
+    # Only read when torch.compile's config is already loaded: importing it takes seconds, and
+    # until it is loaded it holds its default, which use_deterministic_algorithms keeps in step.
+    config = sys.modules.get("torch._inductor.config")
+    value = getattr(config, "deterministic", None)
+    return value if isinstance(value, bool) else None
+
+
 def _legacy_or_none(getter: Any) -> Any:
     # torch >= 2.9 raises when the legacy TF32 getters are read after a user mixed the legacy and
     # the fp32_precision APIs; that state cannot be read, only preserved via the fine-grained
@@ -180,6 +189,7 @@ class DeterministicState:
     cudnn_allow_tf32: bool | None
     float32_matmul_precision: str | None
     fp32_precision: dict[str, str] = field(default_factory=dict)
+    inductor_deterministic: bool | None = None
 
     @classmethod
     def capture(cls) -> DeterministicState:
@@ -195,6 +205,7 @@ class DeterministicState:
             cudnn_allow_tf32=_legacy_or_none(lambda: bool(torch.backends.cudnn.allow_tf32)),
             float32_matmul_precision=_legacy_or_none(torch.get_float32_matmul_precision),
             fp32_precision=_capture_fp32_precision(),
+            inductor_deterministic=_inductor_deterministic(),
         )
 
     def restore(self) -> None:
@@ -202,6 +213,10 @@ class DeterministicState:
         import torch
 
         torch.use_deterministic_algorithms(self.deterministic_algorithms, warn_only=self.warn_only)
+        # use_deterministic_algorithms also sets torch.compile's flag to the same value; a value
+        # the user set on its own is put back after it.
+        if self.inductor_deterministic is not None:
+            sys.modules["torch._inductor.config"].deterministic = self.inductor_deterministic
         if self.cublas_workspace_config is None:
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
         else:
@@ -238,10 +253,13 @@ def set_deterministic(enabled: bool = True, *, warn_only: bool = False) -> Deter
     """Switch deterministic mode on (or off) for the rest of the process.
 
     Enabling sets ``torch.use_deterministic_algorithms(True, warn_only=warn_only)`` (ops without a
-    deterministic kernel raise, or only warn), ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` when unset,
+    deterministic kernel raise, or only warn; torch also sets the flag of the same name in
+    ``torch._inductor.config`` for compiled code, importing that config the first time, which takes
+    a few seconds),
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` when unset,
     ``cudnn.deterministic = True``, ``cudnn.benchmark = False`` (autotuning may pick a different
-    kernel each run) and TF32 off for matmuls and convolutions. Disabling only turns the first
-    three back off; benchmark and TF32 stay as they are.
+    kernel each run) and TF32 off for matmuls and convolutions. Disabling turns deterministic
+    algorithms and ``cudnn.deterministic`` off and leaves the other settings as they are.
 
     Returns the state before the change; pass it to ``DeterministicState.restore`` to undo.
     Prefer the ``deterministic_mode()`` context manager, which does that for you.

@@ -8,7 +8,7 @@ from typing import Any
 
 from trainguard.config import SmokeCheck
 from trainguard.report import CheckResult
-from trainguard.runner import JobRunner, RunRequest
+from trainguard.runner import JobRunner
 
 __all__ = ["run_smoke"]
 
@@ -25,14 +25,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
     started = time.monotonic()
     job_file = runner.job_file
     job = job_file.job
-    request = RunRequest.make(
-        steps=spec.steps,
-        seed=spec.seed if spec.seed is not None else runner.settings.seed,
-        world_size=job.world_size,
-        args=spec.args,
-        env=spec.env,
-        timeout=spec.timeout,
-    )
+    request = runner.request_for(spec)
     reproduce = runner.command_line(request)
     result = runner.run(request, label="smoke")
     problems: list[str] = []

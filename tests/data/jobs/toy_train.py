@@ -1,0 +1,153 @@
+"""A fake training script for trainguard's own tests: pure Python, no torch, fast.
+
+It behaves like a real training job as trainguard sees one: it reads the torchrun environment
+(RANK, WORLD_SIZE, ...), prints ``step {n} loss {x:.6f}`` once per step, writes a checkpoint
+every ``--ckpt-every`` steps and can resume from the newest one. The loss is a decaying curve
+plus noise from an RNG seeded with ``--seed`` and the rank, so two runs with the same seed
+print identical lines.
+
+Flags plant one defect each, so a test can show that trainguard catches it:
+
+--nondet                      the noise RNG is unseeded (determinism must fail)
+--die-rank R --die-step K     rank R exits 3 at step K with a message on stderr
+--hang-rank R --hang-step K   rank R stops at step K (SIGSTOP, or sleeps with --hang-mode sleep)
+--no-ckpt                     never writes a checkpoint
+--skip-step K                 trains step K but prints no line for it
+--spawn-child                 starts a grandchild that sleeps 600 s (teardown must reap it)
+--jsonl-dir D                 metrics go to D/metrics-rank{RANK}.jsonl instead of stdout
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TORCHRUN_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TRAINGUARD_RUN_DIR",
+)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ckpt-dir", default=None)
+    p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
+    p.add_argument("--tag", default="", help="free text; tests put a unique marker here")
+    p.add_argument("--print-env", action="store_true", help="print the torchrun variables as JSON")
+    p.add_argument("--nondet", action="store_true")
+    p.add_argument("--die-rank", type=int, default=None)
+    p.add_argument("--die-step", type=int, default=None)
+    p.add_argument("--hang-rank", type=int, default=None)
+    p.add_argument("--hang-step", type=int, default=None)
+    p.add_argument("--hang-mode", choices=("stop", "sleep"), default="stop")
+    p.add_argument("--no-ckpt", action="store_true")
+    p.add_argument("--skip-step", type=int, action="append", default=[])
+    p.add_argument("--spawn-child", action="store_true")
+    p.add_argument("--jsonl-dir", default=None)
+    return p.parse_args()
+
+
+def checkpoint_path(ckpt_dir: Path, rank: int, step: int) -> Path:
+    return ckpt_dir / f"rank{rank}-step{step:06d}.json"
+
+
+def save_checkpoint(ckpt_dir: Path, rank: int, step: int, rng: random.Random) -> None:
+    # temp file + rename: a run killed mid-write never leaves a torn checkpoint behind
+    target = checkpoint_path(ckpt_dir, rank, step)
+    tmp = target.with_name("." + target.name + ".tmp")
+    tmp.write_text(json.dumps({"step": step, "rng": rng.getstate()}))
+    os.replace(tmp, target)
+
+
+def load_latest(ckpt_dir: Path, rank: int) -> tuple[int, random.Random] | None:
+    found = sorted(ckpt_dir.glob(f"rank{rank}-step*.json"))
+    if not found:
+        return None
+    data = json.loads(found[-1].read_text())
+    version, internal, gauss = data["rng"]
+    rng = random.Random()
+    rng.setstate((version, tuple(internal), gauss))
+    return int(data["step"]), rng
+
+
+def main() -> int:
+    args = parse_args()
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    print(f"toy_train: rank {rank}/{world_size} starting (tag {args.tag})", flush=True)
+    if args.print_env:
+        print("env " + json.dumps({k: os.environ.get(k) for k in TORCHRUN_VARS}), flush=True)
+
+    if args.spawn_child:
+        # stays in our process group, like a DataLoader worker: only a group teardown reaches it
+        subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)", f"grandchild-{args.tag}"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else None
+    if ckpt_dir is not None:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    start = 1
+    rng = random.Random() if args.nondet else random.Random(args.seed * 1000 + rank)
+    if args.resume and ckpt_dir is not None:
+        loaded = load_latest(ckpt_dir, rank)
+        if loaded is not None:
+            last, rng = loaded
+            start = last + 1
+            print(f"toy_train: rank {rank} resumed after step {last}", flush=True)
+
+    jsonl = None
+    if args.jsonl_dir:
+        Path(args.jsonl_dir).mkdir(parents=True, exist_ok=True)
+        jsonl = open(Path(args.jsonl_dir) / f"metrics-rank{rank}.jsonl", "a")  # noqa: SIM115
+
+    for step in range(start, args.steps + 1):
+        if args.sleep:
+            time.sleep(args.sleep)
+        if rank == args.die_rank and step == args.die_step:
+            print(f"toy_train: rank {rank}: planted failure at step {step}", file=sys.stderr, flush=True)
+            return 3
+        if rank == args.hang_rank and step == args.hang_step:
+            print(f"toy_train: rank {rank}: hanging at step {step}", file=sys.stderr, flush=True)
+            if args.hang_mode == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            while True:
+                time.sleep(3600)
+        loss = 2.0 * math.exp(-0.05 * step) + 0.01 * rng.random()
+        if step not in args.skip_step:
+            if jsonl is not None:
+                jsonl.write(json.dumps({"step": step, "loss": loss}) + "\n")
+                jsonl.flush()
+            else:
+                print(f"step {step} loss {loss:.6f}", flush=True)
+        if ckpt_dir is not None and not args.no_ckpt and step % args.ckpt_every == 0:
+            save_checkpoint(ckpt_dir, rank, step, rng)
+    print(f"toy_train: rank {rank} done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

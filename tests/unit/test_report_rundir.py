@@ -1,0 +1,408 @@
+"""The report contract, atomic writes, run directories and the GPU inventory."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import os
+import re
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainguard._internal.atomic import atomic_write_bytes, atomic_write_text
+from trainguard._version import __version__
+from trainguard.devices import gpu_inventory
+from trainguard.report import REPORT_SCHEMA_VERSION, CheckResult, Report, load_report
+from trainguard.rundir import ensure_state_dir, new_run_dir, prune_runs
+
+REPORT_KEYS = {
+    "trainguard_version",
+    "schema_version",
+    "job",
+    "job_file",
+    "status",
+    "checks",
+    "created_at",
+    "host",
+}
+CHECK_KEYS = {"name", "status", "summary", "evidence", "duration_s", "reproduce"}
+
+
+def result(status: str, name: str = "smoke") -> CheckResult:
+    return CheckResult(name=name, status=status, summary=f"{name} {status}")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# Report contract
+# --------------------------------------------------------------------------------------------
+
+
+def test_report_json_has_the_contract_keys() -> None:
+    report = Report(job="mlp", job_file="trainguard.yaml")
+    report.add(
+        CheckResult(
+            name="smoke",
+            status="passed",
+            summary="5 steps in 1.2 s",
+            evidence={"steps": 5},
+            duration_s=1.25,
+            reproduce="trainguard check --only smoke",
+        )
+    )
+    data = json.loads(report.to_json())
+    assert set(data) == REPORT_KEYS
+    assert data["trainguard_version"] == __version__
+    assert data["schema_version"] == REPORT_SCHEMA_VERSION == 1
+    assert data["job"] == "mlp"
+    assert data["status"] == "passed"
+    assert data["checks"] == [
+        {
+            "name": "smoke",
+            "status": "passed",
+            "summary": "5 steps in 1.2 s",
+            "evidence": {"steps": 5},
+            "duration_s": 1.25,
+            "reproduce": "trainguard check --only smoke",
+        }
+    ]
+    assert set(data["checks"][0]) == CHECK_KEYS
+
+
+@pytest.mark.parametrize(
+    ("statuses", "expected"),
+    [
+        ((), "passed"),
+        (("passed",), "passed"),
+        (("skipped",), "passed"),
+        (("passed", "skipped", "passed"), "passed"),
+        (("failed",), "failed"),
+        (("error",), "failed"),
+        (("passed", "skipped", "failed"), "failed"),
+        (("skipped", "error", "passed"), "failed"),
+    ],
+)
+def test_report_status(statuses: tuple[str, ...], expected: str) -> None:
+    report = Report(job="mlp", checks=[result(s, f"c{i}") for i, s in enumerate(statuses)])
+    assert report.status == expected
+    assert report.to_dict()["status"] == expected
+
+
+@pytest.mark.parametrize(("status", "ok"), [("passed", True), ("skipped", True), ("failed", False), ("error", False)])
+def test_check_result_ok(status: str, ok: bool) -> None:
+    assert result(status).ok is ok
+
+
+@pytest.mark.parametrize("status", ["ok", "PASSED", "fail", ""])
+def test_check_result_rejects_unknown_status(status: str) -> None:
+    with pytest.raises(ValueError, match="status must be one of"):
+        result(status)
+
+
+def test_evidence_with_paths_numpy_and_tuples_serializes() -> None:
+    import torch
+
+    report = Report(job="mlp")
+    report.add(
+        CheckResult(
+            name="determinism",
+            status="failed",
+            summary="diverged at step 3",
+            evidence={
+                "dir": Path("/tmp/run"),
+                "max_diff": np.float32(0.5),
+                "steps": np.int64(3),
+                "loss": torch.tensor(1.5),
+                "shape": (2, 3),
+                "ranks": {1},
+                "other": object(),
+            },
+        )
+    )
+    evidence = json.loads(report.to_json())["checks"][0]["evidence"]
+    assert evidence["dir"] == "/tmp/run"
+    assert evidence["max_diff"] == 0.5
+    assert evidence["steps"] == 3
+    assert evidence["loss"] == 1.5
+    assert evidence["shape"] == [2, 3]
+    assert evidence["ranks"] == [1]
+    assert evidence["other"].startswith("<object object")
+
+
+def test_write_then_load_round_trips(tmp_path: Path) -> None:
+    report = Report(job="mlp", job_file="/p/trainguard.yaml", created_at=1700000000.123456)
+    report.add(CheckResult("smoke", "passed", "ok", {"steps": 5, "losses": [2.5, 2.25]}, 0.5))
+    report.add(CheckResult("resume", "failed", "diverged", {"step": 26}, 3.0, "trainguard check --only resume"))
+    path = report.write(tmp_path / "sub" / "report.json")
+
+    assert path == tmp_path / "sub" / "report.json"
+    assert path.read_text(encoding="utf-8") == report.to_json()
+    loaded = load_report(path)
+    assert loaded == report
+    assert loaded.status == "failed"
+    assert loaded.checks[1].reproduce == "trainguard check --only resume"
+    assert loaded.to_json() == report.to_json()
+
+
+def test_write_replaces_previous_report(tmp_path: Path) -> None:
+    path = tmp_path / "report.json"
+    Report(job="first").write(path)
+    Report(job="second").write(path)
+    assert json.loads(path.read_text())["job"] == "second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+
+
+# --------------------------------------------------------------------------------------------
+# Atomic writes
+# --------------------------------------------------------------------------------------------
+
+
+def test_failed_rename_leaves_old_content_and_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "report.json"
+    Report(job="old").write(path)
+    old = path.read_bytes()
+
+    def refuse(src: str, dst: str) -> None:
+        assert Path(src).parent == tmp_path  # the temp file lives next to the target
+        assert Path(src).read_bytes() != old  # and already holds the new content
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(OSError, match="disk on fire"):
+        Report(job="new").write(path)
+    monkeypatch.undo()
+
+    assert path.read_bytes() == old
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_failed_fsync_leaves_old_content_and_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "data.txt"
+    atomic_write_text(path, "old")
+
+    def fail(fd: int) -> None:
+        raise OSError("I/O error")
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(OSError, match="I/O error"):
+        atomic_write_text(path, "new")
+    monkeypatch.undo()
+
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["data.txt"]
+
+
+def test_interrupt_during_write_removes_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "data.bin"
+
+    def interrupt(src: str, dst: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_bytes(path, b"x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_write_creates_parent_directories(tmp_path: Path) -> None:
+    path = atomic_write_bytes(tmp_path / "a" / "b" / "c.bin", b"\x00\x01")
+    assert path.read_bytes() == b"\x00\x01"
+
+
+def test_atomic_write_to_a_directory_path_fails_cleanly(tmp_path: Path) -> None:
+    target = tmp_path / "taken"
+    target.mkdir()
+    with pytest.raises(OSError):
+        atomic_write_text(target, "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+# --------------------------------------------------------------------------------------------
+# Run directories
+# --------------------------------------------------------------------------------------------
+
+
+def test_new_run_dir_layout_and_gitignore(tmp_path: Path) -> None:
+    state = tmp_path / "proj" / ".trainguard"
+    run = new_run_dir(state, "mlp", "smoke")
+
+    assert run.is_dir() and list(run.iterdir()) == []
+    assert run.parent == state / "runs"
+    assert re.fullmatch(r"\d{8}-\d{6}-mlp-+smoke", run.name), run.name
+    ignore = state / ".gitignore"
+    assert ignore.is_file()
+    assert "*" in ignore.read_text().splitlines()
+
+
+def test_gitignore_is_not_overwritten(tmp_path: Path) -> None:
+    state = tmp_path / ".trainguard"
+    state.mkdir()
+    (state / ".gitignore").write_text("*\n!keep.txt\n")
+    ensure_state_dir(state)
+    assert (state / ".gitignore").read_text() == "*\n!keep.txt\n"
+
+
+def test_unsafe_job_names_are_slugged(tmp_path: Path) -> None:
+    run = new_run_dir(tmp_path / ".trainguard", "../my job/x", "a b:c")
+    assert run.parent == tmp_path / ".trainguard" / "runs"
+    assert "/" not in run.name and " " not in run.name and ":" not in run.name
+    assert "my" in run.name and "job" in run.name and "a-b-c" in run.name
+
+
+def test_run_dirs_are_unique_under_concurrency(tmp_path: Path) -> None:
+    state = tmp_path / ".trainguard"
+    threads_n, per_thread = 16, 8
+    barrier = threading.Barrier(threads_n)
+    made: list[Path] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        try:
+            barrier.wait()
+            for _ in range(per_thread):
+                run = new_run_dir(state, "mlp", "smoke", keep=1000)
+                with lock:
+                    made.append(run)
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(threads_n)]
+    try:
+        for t in threads:
+            t.start()
+    finally:
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors
+    assert len(made) == threads_n * per_thread
+    assert len(set(made)) == len(made)
+    assert all(p.is_dir() for p in made)
+    assert (state / ".gitignore").is_file()
+
+
+def _make_runs(state: Path, job: str, n: int, start: float) -> list[Path]:
+    """n run directories of ``job`` with increasing mtimes (oldest first)."""
+    made = []
+    for i in range(n):
+        path = new_run_dir(state, job, f"check{i}", keep=1000)
+        os.utime(path, (start + i, start + i))
+        made.append(path)
+    return made
+
+
+def test_prune_keeps_the_newest_n_of_that_job_only(tmp_path: Path) -> None:
+    state = tmp_path / ".trainguard"
+    runs = state / "runs"
+    start = time.time() - 1000
+    mine = _make_runs(state, "mlp", 5, start)
+    other = _make_runs(state, "cnn", 4, start - 500)
+    longer = _make_runs(state, "mlp-large", 3, start - 500)  # starts like "mlp": another job
+    stray = runs / "notes"
+    stray.mkdir()
+
+    deleted = prune_runs(runs, "mlp", keep=2)
+
+    assert sorted(deleted) == sorted(mine[:3])
+    assert sorted(p for p in runs.iterdir()) == sorted([*mine[3:], *other, *longer, stray])
+
+
+def test_prune_never_deletes_the_protected_dir(tmp_path: Path) -> None:
+    mine = _make_runs(tmp_path, "mlp", 3, time.time() - 100)
+    deleted = prune_runs(tmp_path / "runs", "mlp", keep=1, protect=mine[0])
+    assert deleted == [mine[1]]
+    assert mine[0].is_dir() and mine[2].is_dir()
+
+
+def test_new_run_dir_prunes_old_runs_of_the_same_job(tmp_path: Path) -> None:
+    state = tmp_path / ".trainguard"
+    old = _make_runs(state, "mlp", 3, time.time() - 1000)
+    other = new_run_dir(state, "mlp-large", "smoke", keep=1)
+    run = new_run_dir(state, "mlp", "smoke", keep=2)
+    assert sorted(p for p in (state / "runs").iterdir()) == sorted([old[2], other, run])
+
+
+def test_run_dirs_of_jobs_sharing_a_prefix_are_kept_apart(tmp_path: Path) -> None:
+    state = tmp_path / ".trainguard"
+    big = [new_run_dir(state, "mlp-large", f"c{i}", keep=5) for i in range(3)]
+    small = [new_run_dir(state, "mlp", f"c{i}", keep=1) for i in range(3)]
+    assert all(p.is_dir() for p in big)
+    assert [p for p in small if p.is_dir()] == [small[-1]]
+
+
+# --------------------------------------------------------------------------------------------
+# GPU inventory
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("visible", ["", "-1", " ", "-1,-1"])
+def test_cuda_visible_devices_hiding_everything(monkeypatch: pytest.MonkeyPatch, visible: str) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    inventory = gpu_inventory()
+    assert inventory.count == 0
+    assert f"CUDA_VISIBLE_DEVICES={visible!r} hides every device" == inventory.how
+
+
+def _fake_torch(count: int) -> types.ModuleType:
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(device_count=lambda: count)  # type: ignore[attr-defined]
+    return torch
+
+
+def test_torch_count_is_limited_by_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(4))  # torch imported: asked directly
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2")
+    inventory = gpu_inventory()
+    assert inventory.count == 2
+    assert "torch.cuda.device_count()" in inventory.how
+    assert "limited by CUDA_VISIBLE_DEVICES='0,2'" in inventory.how
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert gpu_inventory().count == 4
+
+
+def _fake_pynvml(count: int | None) -> types.ModuleType:
+    nvml = types.ModuleType("pynvml")
+    nvml.__spec__ = importlib.machinery.ModuleSpec("pynvml", None)
+
+    class NVMLError(Exception):
+        pass
+
+    def init() -> None:
+        if count is None:
+            raise NVMLError("Driver Not Loaded")
+
+    nvml.NVMLError = NVMLError  # type: ignore[attr-defined]
+    nvml.nvmlInit = init  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetCount = lambda: count  # type: ignore[attr-defined]
+    nvml.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
+    return nvml
+
+
+def test_nvml_counts_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(3))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert gpu_inventory().count == 3
+    assert gpu_inventory().how == "NVML"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert gpu_inventory().count == 1
+    assert "torch" not in sys.modules
+
+
+def test_nvml_unavailable_counts_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(None))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    inventory = gpu_inventory()
+    assert inventory.count == 0
+    assert "NVML unavailable (Driver Not Loaded)" in inventory.how
