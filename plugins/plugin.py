@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from trainguard.plugins.collect import CHECK_RESULT_PROPERTY, collect_job_file
+from trainguard.plugins.ddp import CHILD_ENV, ChildRecorder, parent_call
 from trainguard.plugins.markers import MARKERS, validate_marker
 from trainguard.plugins.session import (
     SEED_EXPLICIT_PROPERTY,
@@ -52,6 +53,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"trainguard: {exc}") from None
     config.stash[SESSION_KEY] = TrainguardSession(settings=settings)
     config.pluginmanager.register(_SessionRecorder(config), "trainguard-recorder")
+    if os.environ.get(CHILD_ENV):
+        config.pluginmanager.register(ChildRecorder(), "trainguard-ddp-child")
 
 
 class _SessionRecorder:
@@ -111,7 +114,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
         inventory = gpu_inventory()
         if inventory.count < needed:
-            pytest.skip(f"needs {needed} GPU(s), found {inventory.count} ({inventory.how})")
+            # _use_item_location: -rs shows the test's file and line (as skip markers do), not
+            # this hook's
+            raise pytest.skip.Exception(
+                f"needs {needed} GPU(s), found {inventory.count} ({inventory.how})",
+                _use_item_location=True,
+            )
 
     seeded = item.get_closest_marker("seeded")
     if seeded is not None:
@@ -127,6 +135,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             context = deterministic_mode(True)
             context.__enter__()
             item.stash[_DETERMINISTIC_KEY] = context
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """``@pytest.mark.ddp``: run the test on N rank processes instead of here (inside a rank,
+    :class:`~trainguard.plugins.ddp.ChildRecorder` wraps the call in a process group)."""
+    if pyfuncitem.get_closest_marker("ddp") is None or os.environ.get(CHILD_ENV):
+        return None
+    parent_call(pyfuncitem)
+    return True  # the ranks ran the test; it is not called again here
 
 
 @pytest.hookimpl(trylast=True)

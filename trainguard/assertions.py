@@ -133,7 +133,9 @@ def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if _is_namedtuple(value):
         return type(value)(*(_map_tensors(child, fn) for child in value))
     if _is_dataclass_instance(value):
-        changes = {f.name: _map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value)}
+        changes = {
+            f.name: _map_tensors(getattr(value, f.name), fn) for f in dataclasses.fields(value)
+        }
         return dataclasses.replace(value, **changes)
     if isinstance(value, (list, tuple)):
         return type(value)(_map_tensors(child, fn) for child in value)
@@ -386,7 +388,8 @@ def assert_tensor_meta(
             want in (None, -1) or want == got for want, got in zip(expected_shape, actual)
         )
         if not matches:
-            spec = tuple("*" if d in (None, -1) else d for d in expected_shape)
+            spec = ", ".join("*" if d in (None, -1) else str(d) for d in expected_shape)
+            spec = f"({spec},)" if len(expected_shape) == 1 else f"({spec})"
             problems.append(f"shape {actual}, expected {spec} (* = any size)")
     if dtype is not None and t.dtype != dtype:
         problems.append(f"dtype {t.dtype}, expected {dtype}")
@@ -652,8 +655,10 @@ def assert_batch_independent(
             f"assert_batch_independent found no tensor in batch (type={_type_name(batch)})"
         )
     first = tensors[0][1]
-    if isinstance(batch_dim, bool) or not isinstance(batch_dim, int) or not (
-        -first.dim() <= batch_dim < first.dim()
+    if (
+        isinstance(batch_dim, bool)
+        or not isinstance(batch_dim, int)
+        or not (-first.dim() <= batch_dim < first.dim())
     ):
         raise UsageError(
             f"Expected a dimension of the first batch tensor (shape {tuple(first.shape)}) for "
@@ -933,8 +938,12 @@ def assert_can_overfit(
         )
     opt = _make_optimizer(optimizer, params, lr)
     opt_label = (
-        f"optimizer {optimizer!r}, lr={lr}" if isinstance(optimizer, str) else f"optimizer {opt}"
+        f"optimizer {optimizer!r}, lr={lr}"
+        if isinstance(optimizer, str)
+        else f"optimizer {_type_name(opt)} from the factory"
     )
+    total = sum(1 for _ in trained.parameters())
+    opt_label += f", {len(params)} of {total} parameter tensors trainable"
 
     def compute_loss() -> torch.Tensor:
         loss = loss_fn(_call_model(trained, inputs), targets)
@@ -1017,9 +1026,7 @@ def _call_loss_fn(fn: Callable[..., Any], model: torch.nn.Module) -> Any:
 def _why_not_updated(
     param: torch.nn.Parameter, optimizer: torch.optim.Optimizer, tolerance: float
 ) -> str:
-    group = next(
-        (g for g in optimizer.param_groups if any(q is param for q in g["params"])), None
-    )
+    group = next((g for g in optimizer.param_groups if any(q is param for q in g["params"])), None)
     if group is None:
         return (
             "not in any optimizer param group (the optimizer was built from a subset of the "
@@ -1106,7 +1113,9 @@ def assert_step_updates(
         elif not change > tolerance:
             stuck.append(f"  - {name}: {_why_not_updated(param, optimizer, tolerance)}")
     if stuck or moved:
-        lines = [f"assert_step_updates: one optimizer step of {_type_name(optimizer)} on {_type_name(model)}"]
+        lines = [
+            f"assert_step_updates: one optimizer step of {_type_name(optimizer)} on {_type_name(model)}"
+        ]
         if stuck:
             lines.append(f"left {len(stuck)} trainable parameters unchanged:")
             lines += stuck
@@ -1215,7 +1224,9 @@ def _tree_differences(
     ):
         diff = abs(actual - expected)
         if not diff <= atol + rtol * abs(expected):
-            out.append((path, f"{actual!r} ({a_name}) != {expected!r} ({b_name}), abs diff {_fmt(diff)}"))
+            out.append(
+                (path, f"{actual!r} ({a_name}) != {expected!r} ({b_name}), abs diff {_fmt(diff)}")
+            )
         return 1
     try:
         equal = bool(actual == expected)
@@ -1294,7 +1305,9 @@ def assert_equivalent(
     rtol_ = _check_tolerance(rtol, "rtol", "assert_equivalent")
     atol_ = _check_tolerance(atol, "atol", "assert_equivalent")
     if not (
-        isinstance(names, (tuple, list)) and len(names) == 2 and all(isinstance(n, str) for n in names)
+        isinstance(names, (tuple, list))
+        and len(names) == 2
+        and all(isinstance(n, str) for n in names)
     ):
         raise UsageError(f"Expected two strings for names, got names={names!r}")
     if not (callable(fn_a) and callable(fn_b)):

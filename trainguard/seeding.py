@@ -216,7 +216,8 @@ class DeterministicState:
         # use_deterministic_algorithms also sets torch.compile's flag to the same value; a value
         # the user set on its own is put back after it.
         if self.inductor_deterministic is not None:
-            sys.modules["torch._inductor.config"].deterministic = self.inductor_deterministic
+            inductor_config: Any = sys.modules["torch._inductor.config"]
+            inductor_config.deterministic = self.inductor_deterministic
         if self.cublas_workspace_config is None:
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
         else:
@@ -337,11 +338,51 @@ def make_generator(seed: int) -> torch.Generator:
     return generator
 
 
+# rng_state() holds only tuples, ints, floats, strings and tensors, so a checkpoint containing it
+# loads with torch.load(weights_only=True) (the default since torch 2.6); NumPy's state is a
+# tuple around a uint32 array, which that loader refuses.
+def _numpy_state_to_portable(state: Any) -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    name, keys, pos, has_gauss, cached_gaussian = state
+    return {
+        "bit_generator": str(name),
+        "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached_gaussian),
+    }
+
+
+def _numpy_state_from_portable(state: Any) -> Any:
+    import numpy as np
+
+    if not isinstance(state, Mapping):
+        return state  # a tuple straight from np.random.get_state()
+    keys = state["keys"]
+    keys = keys.numpy() if hasattr(keys, "numpy") else np.asarray(keys)
+    return (
+        state["bit_generator"],
+        keys.astype(np.uint32),
+        state["pos"],
+        state["has_gauss"],
+        state["cached_gaussian"],
+    )
+
+
+def _python_state_from_portable(state: Any) -> Any:
+    # random.setstate wants tuples; a state that went through JSON or YAML comes back as lists.
+    version, internal, gauss_next = state
+    return (version, tuple(internal), gauss_next)
+
+
 def rng_state() -> dict[str, Any]:
     """The state of every global RNG: ``{"python", "numpy", "torch", "cuda"}``.
 
     ``"cuda"`` is a list with one state per CUDA device (empty without CUDA). Restore it with
-    ``set_rng_state``; it survives ``torch.save`` for checkpoints::
+    ``set_rng_state``. It holds only tuples, numbers, strings and tensors, so it can go into a
+    checkpoint that ``torch.load(..., weights_only=True)`` reads back::
 
         state = rng_state()
         a = torch.rand(2)
@@ -353,7 +394,7 @@ def rng_state() -> dict[str, Any]:
 
     return {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": _numpy_state_to_portable(np.random.get_state()),
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
@@ -383,6 +424,6 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
                 f"sees {torch.cuda.device_count()}; restore it with the same CUDA_VISIBLE_DEVICES"
             )
         torch.cuda.set_rng_state_all(cuda_states)
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    random.setstate(_python_state_from_portable(state["python"]))
+    np.random.set_state(_numpy_state_from_portable(state["numpy"]))
     torch.set_rng_state(state["torch"])

@@ -126,6 +126,14 @@ OPTIONS: tuple[Option, ...] = (
         "N",
     ),
     Option(
+        "ddp_timeout",
+        "Seconds a @pytest.mark.ddp test may run on its ranks before their stacks are dumped "
+        "and they are torn down.",
+        120.0,
+        _parse_positive_float,
+        "SECONDS",
+    ),
+    Option(
         "timeout_scale",
         "Multiply every job timeout and stall timeout by this factor (slow CI machines).",
         1.0,
@@ -146,6 +154,7 @@ class Settings:
     collect_yaml: bool = True
     report_json: Path | None = None
     keep_runs: int = 20
+    ddp_timeout: float = 120.0
     timeout_scale: float = 1.0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 

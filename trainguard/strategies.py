@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 import torch
@@ -49,14 +50,18 @@ _NUMPY_DTYPES: dict[torch.dtype, type[np.generic]] = {
     torch.float32: np.float32,
     torch.float64: np.float64,
 }
-_FLOAT_WIDTHS = {torch.float16: 16, torch.bfloat16: 32, torch.float32: 32, torch.float64: 64}
+_FLOAT_WIDTHS: dict[torch.dtype, Literal[16, 32, 64]] = {
+    torch.float16: 16,
+    torch.bfloat16: 32,
+    torch.float32: 32,
+    torch.float64: 64,
+}
 _DEFAULT_RANGE = (-10, 10)
 
 
 def _fail_type(argname: str, expected: str, value: object) -> UsageError:
     return UsageError(
-        f"Expected {expected} for {argname}, got {argname}={value!r} "
-        f"(type={type(value).__name__})"
+        f"Expected {expected} for {argname}, got {argname}={value!r} (type={type(value).__name__})"
     )
 
 
@@ -259,9 +264,7 @@ def classification_batches(
     tensors((0, *features), dtype=dtype, min_value=min_value, max_value=max_value)
 
     def pair(size: int) -> SearchStrategy[tuple[torch.Tensor, torch.Tensor]]:
-        inputs = tensors(
-            (size, *features), dtype=dtype, min_value=min_value, max_value=max_value
-        )
+        inputs = tensors((size, *features), dtype=dtype, min_value=min_value, max_value=max_value)
         labels = tensors((size,), dtype=torch.int64, min_value=0, max_value=classes - 1)
         return st.tuples(inputs, labels)
 

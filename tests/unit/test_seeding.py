@@ -75,8 +75,9 @@ def test_seed_is_remembered_and_exported_to_children():
     # A child process inherits PYTHONHASHSEED, so str hashes are stable across runs.
     code = "print(hash('trainguard'))"
     runs = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        .stdout.strip()
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.strip()
         for _ in range(2)
     }
     assert len(runs) == 1
@@ -314,10 +315,21 @@ def test_rng_state_survives_torch_save(tmp_path):
     path = tmp_path / "rng.pt"
     torch.save(state, path)
     expected = _draws()
-    set_rng_state(torch.load(path, weights_only=False))
+    set_rng_state(torch.load(path, weights_only=True))  # no pickled NumPy objects inside
     got = _draws()
     assert expected[:2] == got[:2]
     assert torch.equal(expected[2], got[2])
+
+
+def test_set_rng_state_accepts_raw_numpy_state_and_listified_python_state():
+    state = rng_state()
+    state["numpy"] = np.random.get_state()
+    version, internal, gauss = state["python"]
+    state["python"] = [version, list(internal), gauss]  # as after a JSON round trip
+    expected = _draws()
+    set_rng_state(state)
+    got = _draws()
+    assert expected[:2] == got[:2]
 
 
 @pytest.mark.parametrize("bad", [{}, {"python": None}, [1, 2], None])

@@ -311,10 +311,12 @@ class Launcher:
                     callback(point, self)
 
         while True:
-            # drain output lines
+            # drain output lines for at most one poll interval: a job printing more often than
+            # that must not keep the monitor from checking exits, deadlines and stalls
+            drain_until = time.monotonic() + _POLL_S
             try:
-                while True:
-                    stream, rank, line, t = self._events.get(timeout=_POLL_S)
+                while (wait := drain_until - time.monotonic()) > 0:
+                    stream, rank, line, t = self._events.get(timeout=wait)
                     if spec.echo is not None:
                         spec.echo(rank, stream, line)
                     handle(parser.parse(line, rank=rank, t=t))
@@ -351,6 +353,7 @@ class Launcher:
                 outcome = "timeout"
                 reason = f"the run exceeded its timeout of {spec.timeout:g} s"
                 evidence["ranks"] = _rank_activity(self.ranks)
+                evidence["stacks"] = _dump_stacks(self.ranks)
                 break
             since = now - max(last_progress, 0.0)
             if spec.stall_timeout is not None and since > spec.stall_timeout:

@@ -53,7 +53,10 @@ def _take(marker: Path) -> bool:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         try:
-            owner = int(marker.read_text().strip() or "0")
+            text = marker.read_text().strip()
+            if not text:
+                return False  # its creator is between the O_EXCL create and writing its pid
+            owner = int(text)
         except (OSError, ValueError):
             return False
         if owner and psutil.pid_exists(owner):

@@ -96,15 +96,15 @@ def main() -> int:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     print(f"toy_train: rank {rank}/{world_size} starting (tag {args.tag})", flush=True)
     if args.print_env:
-        print("env " + json.dumps({k: os.environ.get(k) for k in TORCHRUN_VARS}), flush=True)
+        env = {k: os.environ.get(k) for k in TORCHRUN_VARS}
+        print("env " + json.dumps({**env, "executable": sys.executable}), flush=True)
 
     if args.spawn_child:
-        # stays in our process group, like a DataLoader worker: only a group teardown reaches it
+        # Like a DataLoader worker: it stays in our process group and holds our stdout/stderr
+        # pipes open, so only a teardown of the whole group ends it and closes the pipes.
         subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(600)", f"grandchild-{args.tag}"],
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
         )
 
     ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else None

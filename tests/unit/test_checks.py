@@ -1,0 +1,316 @@
+"""Trajectory comparison, the determinism and smoke checks on real toy jobs, the check registry
+and the report contract.
+
+The jobs are ``tests/data/jobs/*.trainguard.yaml`` copied into a temporary directory (checks
+write ``.trainguard/`` next to the job file). Each planted defect must be caught, with the
+evidence a person needs to act on it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+import trainguard.checks as checks_module
+from trainguard._version import __version__
+from trainguard.checks import available_checks, check, run_check, run_checks
+from trainguard.config import DeterminismCheck, load_config
+from trainguard.equivalence import NONDETERMINISM_CAUSES, compare_trajectories, run_determinism
+from trainguard.report import CheckResult
+from trainguard.runner import JobRunner
+from trainguard.settings import Settings
+from trainguard.smoke import run_smoke
+
+JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
+
+
+@pytest.fixture
+def jobs(tmp_path: Path) -> Path:
+    """A private copy of the toy jobs (their run directories land next to the job files)."""
+    return Path(shutil.copytree(JOBS, tmp_path / "jobs"))
+
+
+def runner_for(jobs: Path, name: str, **settings: object) -> JobRunner:
+    return JobRunner(load_config(jobs / f"{name}.trainguard.yaml"), Settings(**settings))  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# compare_trajectories
+# --------------------------------------------------------------------------------------------
+
+
+def test_identical_trajectories_match_exactly() -> None:
+    traj = {1: 1.0, 2: 0.5, 3: 0.25}
+    diff = compare_trajectories(dict(traj), traj)
+    assert diff.ok
+    assert diff.compared_steps == 3
+    assert diff.first_divergent_step is None
+    assert diff.max_abs_diff == 0.0 and diff.max_rel_diff == 0.0
+    assert diff.missing_in_actual == [] and diff.missing_in_expected == []
+
+
+def test_exact_comparison_names_the_first_divergent_step() -> None:
+    expected = {3: 0.3, 1: 1.0, 2: 0.5, 4: 0.2}  # insertion order is not step order
+    actual = {1: 1.0, 2: 0.5 + 1e-12, 3: 0.4, 4: 0.2}
+    diff = compare_trajectories(actual, expected, metric="loss")
+    assert not diff.ok
+    assert diff.first_divergent_step == 2
+    assert diff.first_values == (0.5 + 1e-12, 0.5)  # (actual, expected)
+    assert diff.max_abs_diff == pytest.approx(0.1)
+    assert diff.max_rel_diff == pytest.approx(0.1 / 0.3)
+    evidence = diff.as_evidence()
+    assert evidence["metric"] == "loss"
+    assert evidence["first_divergent_step"] == 2
+    assert evidence["values_at_first_divergence"] == [0.5 + 1e-12, 0.5]
+
+
+def test_tolerances_accept_small_differences_only() -> None:
+    expected = {1: 1.0, 2: 100.0}
+    actual = {1: 1.0 + 1e-7, 2: 100.0 + 5e-5}
+    assert not compare_trajectories(actual, expected).ok
+    assert compare_trajectories(actual, expected, rtol=1e-6).ok  # 5e-5 <= 1e-6 * 100
+    assert compare_trajectories(actual, expected, atol=1e-6).first_divergent_step == 2
+    assert compare_trajectories(actual, expected, atol=1e-3).ok
+    # relative tolerance is taken on the expected value
+    diff = compare_trajectories({1: 2.0}, {1: 1.0}, rtol=0.99)
+    assert diff.first_divergent_step == 1
+
+
+def test_missing_steps_fail_and_are_listed() -> None:
+    expected = {1: 1.0, 2: 0.9, 3: 0.8, 4: 0.7}
+    actual = {1: 1.0, 3: 0.8, 5: 0.1}  # step 5 is extra: not judged
+    diff = compare_trajectories(actual, expected)
+    assert not diff.ok
+    assert diff.first_divergent_step is None
+    assert diff.missing_in_actual == [2, 4]
+    assert diff.compared_steps == 2
+    assert diff.as_evidence()["missing_steps"] == [2, 4]
+
+
+def test_explicit_steps_restrict_the_comparison() -> None:
+    expected = {1: 1.0, 2: 0.9, 3: 0.8}
+    actual = {1: 5.0, 2: 0.9, 3: 0.8}
+    assert compare_trajectories(actual, expected, steps=[2, 3]).ok
+    diff = compare_trajectories(actual, expected, steps=range(2, 6))
+    assert diff.ok  # steps the reference never printed are not the actual run's fault
+    assert diff.missing_in_expected == [4, 5]
+    assert diff.compared_steps == 2
+
+
+def test_nan_equals_nan_but_not_a_number() -> None:
+    nan = math.nan
+    same = compare_trajectories({1: 1.0, 2: nan}, {1: 1.0, 2: nan})
+    assert same.ok and same.compared_steps == 2
+    assert not math.isnan(same.max_abs_diff)
+
+    diff = compare_trajectories({1: 1.0, 2: nan, 3: 0.5}, {1: 1.0, 2: 0.7, 3: 0.5}, rtol=1.0, atol=1.0)
+    assert diff.first_divergent_step == 2
+    assert not math.isnan(diff.max_abs_diff)
+    assert compare_trajectories({1: 0.7}, {1: nan}, atol=10.0).first_divergent_step == 1
+
+
+def test_infinities_must_match_exactly() -> None:
+    inf = math.inf
+    assert compare_trajectories({1: inf}, {1: inf}).ok
+    assert compare_trajectories({1: -inf}, {1: inf}, atol=1e300).first_divergent_step == 1
+    assert compare_trajectories({1: 1e308}, {1: inf}, rtol=1.0).first_divergent_step == 1
+
+
+# --------------------------------------------------------------------------------------------
+# The determinism check
+# --------------------------------------------------------------------------------------------
+
+
+def test_determinism_passes_on_the_clean_toy_job(jobs: Path) -> None:
+    runner = runner_for(jobs, "toy")
+    spec = runner.job_file.checks.determinism
+    assert spec is not None
+    result = run_determinism(runner, spec)
+
+    assert result.status == "passed", result.summary
+    assert result.summary == "two runs with seed 0 match on all 8 steps of loss"
+    (metric,) = result.evidence["metrics"]
+    assert metric["compared_steps"] == 8 and metric["first_divergent_step"] is None
+    first, second = result.evidence["run_dirs"]
+    assert first != second and Path(first).is_dir() and Path(second).is_dir()
+    assert result.duration_s > 0
+    assert "likely_causes" not in result.evidence
+
+
+def test_determinism_fails_on_an_unseeded_rng_naming_the_step_and_causes(jobs: Path) -> None:
+    runner = runner_for(jobs, "nondet", seed=7)
+    spec = runner.job_file.checks.determinism
+    assert spec is not None
+    result = run_determinism(runner, spec)
+
+    assert result.status == "failed"
+    assert result.summary.startswith("loss differs from step 1 on (")
+    assert "with the same seed 7" in result.summary
+    (metric,) = result.evidence["metrics"]
+    assert metric["first_divergent_step"] == 1
+    a, b = metric["values_at_first_divergence"]
+    assert a != b
+    assert result.evidence["likely_causes"] == list(NONDETERMINISM_CAUSES)
+    assert any("unseeded RNG" in cause for cause in result.evidence["likely_causes"])
+    assert result.reproduce is not None
+    assert result.reproduce.startswith("run twice and diff: WORLD_SIZE=2 python toy_train.py")
+    assert "--seed 7" in result.reproduce and "--nondet" in result.reproduce
+
+
+def test_determinism_reports_a_job_that_does_not_complete_as_an_error(jobs: Path) -> None:
+    job_file = load_config(jobs / "die.trainguard.yaml")
+    runner = JobRunner(job_file, Settings())
+    result = run_determinism(runner, DeterminismCheck(steps=5))
+    assert result.status == "error"
+    assert result.summary == "the job did not complete: rank 1 exited with code 3"
+    assert result.evidence["failed_rank"] == 1
+    assert "planted failure at step 3" in result.evidence["stderr_tail"]
+
+
+def test_determinism_with_jsonl_metrics(jobs: Path) -> None:
+    runner = runner_for(jobs, "jsonl")
+    spec = runner.job_file.checks.determinism
+    assert spec is not None
+    result = run_determinism(runner, spec)
+    assert result.status == "passed", result.summary
+    assert result.evidence["metrics"][0]["compared_steps"] == 6
+
+
+# --------------------------------------------------------------------------------------------
+# The smoke check
+# --------------------------------------------------------------------------------------------
+
+
+def smoke(jobs: Path, name: str) -> CheckResult:
+    runner = runner_for(jobs, name)
+    spec = runner.job_file.checks.smoke
+    assert spec is not None
+    return run_smoke(runner, spec)
+
+
+def test_smoke_passes_on_the_clean_job(jobs: Path) -> None:
+    result = smoke(jobs, "toy")
+    assert result.status == "passed", result.summary
+    assert "5 steps in" in result.summary
+    assert "metrics for every step, 2 checkpoint file(s)" in result.summary
+    evidence = result.evidence
+    assert evidence["outcome"] == "ok"
+    assert evidence["exits"] == ["exit code 0", "exit code 0"]
+    assert evidence["metric_steps_seen"] == 5
+    assert sorted(Path(p).name for p in evidence["checkpoint_files"]) == [
+        "rank0-step000005.json",
+        "rank1-step000005.json",
+    ]
+    stages = evidence["stages"]
+    assert 0 < stages["launch_to_first_metric_s"] <= stages["total_s"]
+    assert stages["first_to_last_metric_s"] >= 0 and stages["last_metric_to_exit_s"] >= 0
+    assert result.reproduce is not None
+    assert result.reproduce.startswith("WORLD_SIZE=2 python toy_train.py --steps 5 --seed 0 ")
+
+
+def test_smoke_fails_when_a_rank_dies(jobs: Path) -> None:
+    result = smoke(jobs, "die")
+    assert result.status == "failed"
+    assert "the job did not complete: rank 1 exited with code 3" in result.summary
+    assert result.evidence["outcome"] == "failed"
+    assert result.evidence["exits"][1] == "exit code 3"
+    assert "planted failure at step 3" in result.evidence["stderr_tail"]
+    assert "--die-rank 1" in (result.reproduce or "")
+
+
+def test_smoke_names_a_step_without_a_metric_line(jobs: Path) -> None:
+    result = smoke(jobs, "skip")
+    assert result.status == "failed"
+    assert "no `loss` line for step(s) [3]" in result.summary
+    assert "did not complete" not in result.summary
+    assert result.evidence["metric_steps_seen"] == 4
+
+
+def test_smoke_fails_when_no_checkpoint_is_written(jobs: Path) -> None:
+    result = smoke(jobs, "nockpt")
+    assert result.status == "failed"
+    assert "no checkpoint was written to" in result.summary
+    assert result.evidence["checkpoint_files"] == []
+    assert result.evidence["outcome"] == "ok"
+
+
+def test_smoke_does_not_ask_for_checkpoints_a_job_is_not_given(jobs: Path) -> None:
+    text = (jobs / "nockpt.trainguard.yaml").read_text().replace(" --ckpt-dir {checkpoint_dir}", "")
+    (jobs / "plain.trainguard.yaml").write_text(text)
+    result = smoke(jobs, "plain")
+    assert result.status == "passed", result.summary
+
+
+# --------------------------------------------------------------------------------------------
+# Registry, run_checks and the report contract
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_configured_check_this_version_cannot_run_is_skipped_with_the_reason(
+    jobs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = checks_module._registry
+    # canary is configured below; whether or not a later version implements it, this one lacks it
+    monkeypatch.setattr(checks_module, "_registry", lambda: {k: v for k, v in real().items() if k != "canary"})
+    text = (jobs / "toy.trainguard.yaml").read_text() + "  canary: {steps: 10}\n"
+    path = jobs / "canary.trainguard.yaml"
+    path.write_text(text)
+    job_file = load_config(path)
+    runner = JobRunner(job_file, Settings())
+
+    assert "canary" not in available_checks()
+    assert job_file.checks.canary is not None
+    result = run_check(runner, "canary", job_file.checks.canary)
+    assert result.status == "skipped"
+    assert result.ok  # a skipped check does not fail the report
+    assert result.summary.startswith(
+        "the canary check is configured but not available in this trainguard version (available: smoke, "
+    )
+
+    seen: list[str] = []
+    report = run_checks(job_file, runner, only=["canary", "smoke"], on_result=lambda r: seen.append(r.name))
+    assert seen == ["smoke", "canary"]  # run order, not the order asked for
+    assert [c.status for c in report.checks] == ["passed", "skipped"]
+    assert report.status == "passed"
+
+
+def test_check_writes_the_report_contract(jobs: Path, tmp_path: Path) -> None:
+    target = tmp_path / "out" / "report.json"
+    report = check(jobs / "toy.trainguard.yaml", only=["smoke"], seed=3, report_json=str(target))
+
+    assert report.path == str(target)
+    data = json.loads(target.read_text())
+    assert data["trainguard_version"] == __version__
+    assert data["job"] == "toy"
+    assert data["status"] == "passed"
+    assert data["job_file"] == str((jobs / "toy.trainguard.yaml").resolve())
+    (entry,) = data["checks"]
+    assert {"name", "status", "summary", "evidence", "duration_s"} <= set(entry)
+    assert entry["name"] == "smoke" and entry["status"] == "passed"
+    assert isinstance(entry["evidence"], dict) and entry["evidence"]["steps"] == 5
+    assert entry["duration_s"] > 0
+    assert "--seed 3" in entry["reproduce"]
+
+
+def test_check_reports_a_failure_and_defaults_next_to_the_job_file(jobs: Path) -> None:
+    report = check(jobs / "nondet.trainguard.yaml")
+    default = jobs / ".trainguard" / "report.json"
+    assert report.path == str(default)
+    data = json.loads(default.read_text())
+    assert data["status"] == "failed"
+    (entry,) = data["checks"]
+    assert entry["name"] == "determinism" and entry["status"] == "failed"
+    assert entry["evidence"]["metrics"][0]["first_divergent_step"] == 1
+
+
+def test_check_of_an_unknown_name_is_a_config_error_naming_the_file(jobs: Path) -> None:
+    from trainguard.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"toy\.trainguard\.yaml: unknown check name\(s\) bogus"):
+        check(jobs / "toy.trainguard.yaml", only=["bogus"])
+    assert not (jobs / ".trainguard" / "report.json").exists()
+
