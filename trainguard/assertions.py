@@ -1323,3 +1323,23 @@ def assert_equivalent(
     message = _close_tree_message(out_a, out_b, rtol_, atol_, "output", labels)
     if message is not None:
         _fail(f"assert_equivalent: {labels[0]} and {labels[1]} disagree; {message}")
+
+
+def tree_differences(
+    actual: Any,
+    expected: Any,
+    *,
+    rtol: float,
+    atol: float,
+    labels: tuple[str, str] = ("actual", "expected"),
+) -> list[tuple[str, str]]:
+    """Every differing entry of two nested structures as ``(dotted key, what differs)``.
+
+    The non-raising core of :func:`assert_close_tree`, for reports that list differences
+    rather than fail (e.g. the resume check comparing final checkpoints: ``optimizer.state.3.exp_avg``).
+    """
+    rtol_ = _check_tolerance(rtol, "rtol", "tree_differences")
+    atol_ = _check_tolerance(atol, "atol", "tree_differences")
+    differences: list[tuple[_Path, str]] = []
+    _tree_differences(actual, expected, (), rtol_, atol_, labels, differences)
+    return [(_render_path("", path, dotted=True).lstrip("."), what) for path, what in differences]

@@ -93,9 +93,24 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+#: init options whose values are themselves flags ("--steps-flag --max-steps")
+_FLAG_VALUED = ("--steps-flag", "--ckpt-flag", "--seed-flag", "--resume-flag")
+
+
+def _join_flag_values(argv: Sequence[str]) -> list[str]:
+    # argparse reads a value starting with "-" as the next option and fails with "expected one
+    # argument"; "--steps-flag=--max-steps" is what it accepts.
+    out: list[str] = []
+    tokens = iter(argv)
+    for token in tokens:
+        value = next(tokens, None) if token in _FLAG_VALUED else None
+        out.append(token if value is None else f"{token}={value}")
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_flag_values(sys.argv[1:] if argv is None else argv))
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE

@@ -9,16 +9,17 @@ the same uninterrupted run (determinism's first run, resume's reference) share i
 from __future__ import annotations
 
 import shlex
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainguard.config import CheckSpec, JobFile, MetricFile
-from trainguard.launch import Launcher, LaunchSpec, MetricPoint, RunResult
+from trainguard.launch import Launcher, LaunchSpec, MetricPoint, RunResult, trajectory
 from trainguard.rundir import new_run_dir
 from trainguard.settings import Settings
 
-__all__ = ["JobRunner", "RunRequest"]
+__all__ = ["JobRunner", "RunRequest", "SupervisedRun"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,35 @@ class RunRequest:
         timeout: float | None = None,
     ) -> RunRequest:
         return cls(steps, seed, world_size, tuple(args), tuple(sorted((env or {}).items())), timeout)
+
+
+@dataclass
+class SupervisedRun:
+    """All attempts of one logical run under the restart policy."""
+
+    attempts: list[RunResult]
+    run_dir: Path
+    checkpoint_dir: Path
+
+    @property
+    def final(self) -> RunResult:
+        return self.attempts[-1]
+
+    @property
+    def ok(self) -> bool:
+        return self.final.ok
+
+    @property
+    def restarts(self) -> int:
+        return len(self.attempts) - 1
+
+    @property
+    def points(self) -> list[MetricPoint]:
+        """Metric points of every attempt in order (a re-run step's latest value wins)."""
+        return [p for attempt in self.attempts for p in attempt.points]
+
+    def trajectory(self, name: str = "loss") -> dict[int, float]:
+        return trajectory(self.points, name)
 
 
 @dataclass
@@ -82,11 +112,66 @@ class JobRunner:
         restart_count: int = 0,
     ) -> RunResult:
         """Launch one run in a new run directory (``checkpoint_dir`` given: reuse that one)."""
-        job = self.job_file.job
         run_dir = new_run_dir(
-            self.job_file.state_dir, job.name, label, keep=self.settings.keep_runs
+            self.job_file.state_dir, self.job_file.job.name, label, keep=self.settings.keep_runs
         )
         values = self.placeholders(request, run_dir, checkpoint_dir)
+        return self._launch(
+            request, values, run_dir, label=label, resume=resume, on_metric=on_metric,
+            restart_count=restart_count,
+        )
+
+    def supervise(
+        self,
+        request: RunRequest,
+        *,
+        label: str,
+        max_restarts: int | None = None,
+        backoff_s: float = 1.0,
+        on_metric: Callable[[MetricPoint, Launcher], None] | None = None,
+        restart_on: tuple[str, ...] = ("failed", "hung"),
+    ) -> SupervisedRun:
+        """Run with the restart policy: when an attempt fails (a rank died or hung), restart the
+        whole group from the latest checkpoint with ``resume_args``, in new processes on a fresh
+        rendezvous port, up to ``max_restarts`` times (default ``job.max_restarts``), waiting
+        ``backoff_s`` (doubling, at most 30 s) between attempts. Every attempt is recorded; all
+        attempts of one logical run share its ``{run_dir}`` and checkpoint directory, each with
+        its own ``attempt-N/`` log directory. ``on_metric`` callbacks see the attempt number as
+        ``launcher.spec.restart_count``."""
+        limit = self.job_file.job.max_restarts if max_restarts is None else max_restarts
+        run_dir = new_run_dir(
+            self.job_file.state_dir, self.job_file.job.name, label, keep=self.settings.keep_runs
+        )
+        values = self.placeholders(request, run_dir, None)
+        attempts: list[RunResult] = []
+        delay = backoff_s
+        for attempt in range(limit + 1):
+            if attempt:
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+            result = self._launch(
+                request, values, run_dir / f"attempt-{attempt}", label=f"{label}-{attempt}",
+                resume=attempt > 0, on_metric=on_metric, restart_count=attempt,
+                max_restarts=limit,
+            )
+            attempts.append(result)
+            if result.outcome not in restart_on:
+                break
+        return SupervisedRun(attempts, run_dir, Path(str(values["checkpoint_dir"])))
+
+    def _launch(
+        self,
+        request: RunRequest,
+        values: dict[str, object],
+        log_dir: Path,
+        *,
+        label: str,
+        resume: bool,
+        on_metric: Callable[[MetricPoint, Launcher], None] | None,
+        restart_count: int,
+        max_restarts: int | None = None,
+    ) -> RunResult:
+        job = self.job_file.job
         Path(str(values["checkpoint_dir"])).mkdir(parents=True, exist_ok=True)
         argv = self.job_file.argv(values, extra_args=request.args, resume=resume)
         env = {k: v.format_map(values) for k, v in job.env.items()}
@@ -101,7 +186,7 @@ class JobRunner:
         }
         spec = LaunchSpec(
             argv=argv,
-            run_dir=run_dir,
+            run_dir=log_dir,
             world_size=request.world_size,
             cwd=self.job_file.cwd,
             env=env,
@@ -109,7 +194,7 @@ class JobRunner:
             metric_files=files,
             timeout=timeout,
             stall_timeout=job.stall_timeout * scale,
-            max_restarts=job.max_restarts,
+            max_restarts=job.max_restarts if max_restarts is None else max_restarts,
             restart_count=restart_count,
             echo=self.echo,
             label=label,
@@ -143,5 +228,9 @@ class JobRunner:
         values = self.placeholders(request, Path("<run_dir>"), None)
         argv = self.job_file.argv(values, extra_args=request.args, resume=resume)
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in request.env)
-        launcher = f"WORLD_SIZE={request.world_size} " if request.world_size > 1 else ""
-        return (env + " " if env else "") + launcher + shlex.join(argv)
+        prefix = env + " " if env else ""
+        if request.world_size > 1:
+            if argv and argv[0] in ("python", "python3"):
+                return prefix + shlex.join(["torchrun", f"--nproc-per-node={request.world_size}", *argv[1:]])
+            return prefix + f"(on {request.world_size} ranks with the torchrun environment) " + shlex.join(argv)
+        return prefix + shlex.join(argv)

@@ -20,10 +20,12 @@ import argparse
 import logging
 import math
 import os
+import random
 import sys
 import time
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -143,10 +145,6 @@ def configure_determinism(args: argparse.Namespace, device: torch.device) -> Non
 
 
 def seed_everything(seed: int) -> None:
-    import random
-
-    import numpy as np
-
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -202,6 +200,8 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
         "training %d steps: world size %d, %d samples per rank per step, %d steps per epoch",
         args.steps, world_size, local_batch, steps_per_epoch,
     )
+    if step >= args.steps:
+        log.info("the checkpoint is at step %d and --steps is %d: nothing to do", step, args.steps)
     started = time.perf_counter()
     while step < args.steps:
         train_set.set_epoch(epoch)

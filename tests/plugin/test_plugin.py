@@ -38,6 +38,7 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for opt in OPTIONS:
         monkeypatch.delenv(opt.env, raising=False)
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
 
 
 def _draws(stdout: str) -> dict[str, str]:
@@ -354,22 +355,8 @@ def test_failing_seeded_tests_show_how_to_reproduce(pytester: pytest.Pytester) -
     assert "test_explicit_seed --trainguard-seed" not in summary
 
 
-def test_passing_run_has_no_trainguard_section(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(
-        test_ok="""
-        import pytest
-
-        @pytest.mark.seeded(seed=1)
-        def test_ok():
-            pass
-        """
-    )
-    result = pytester.runpytest_subprocess()
-    result.assert_outcomes(passed=1)
-    result.stdout.no_fnmatch_line("*= trainguard =*")
-
-
 def test_seeded_marker_seeds_before_fixtures_and_every_test(pytester: pytest.Pytester) -> None:
+    # One run for everything seeding does (each run that imports torch costs seconds).
     pytester.makeconftest(
         """
         import pytest
@@ -415,85 +402,80 @@ def test_seeded_marker_seeds_before_fixtures_and_every_test(pytester: pytest.Pyt
             print("DRAW other", x.tolist())
             assert torch.equal(x, expected(2))
 
+        @pytest.mark.seeded
+        def test_marker_without_seed_uses_the_setting():
+            assert torch.equal(torch.rand(4), expected(21))
+
         @pytest.mark.seeded(seed=5)
         def test_tg_seed_follows_the_marker(tg_seed):
             assert tg_seed == 5
-        """
-    )
-    result = pytester.runpytest_subprocess("-s", "-p", "no:randomly")
-    result.assert_outcomes(passed=6)
-    draws = _draws(result.stdout.str())
-    assert draws["a"] == draws["b"] == draws["fixture"]
-    assert draws["other"] != draws["a"]
 
+        def test_tg_seed_follows_the_setting(tg_seed):
+            assert tg_seed == 21
+            assert torch.equal(torch.rand(4), expected(21))
 
-def test_tg_generator_is_seeded_and_leaves_the_global_rng_alone(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(
-        test_gen="""
-        import torch
-
-        def test_generator(tg_generator, tg_seed):
-            assert tg_seed == 13
+        @pytest.mark.seeded(seed=13)
+        def test_tg_generator_is_seeded_and_leaves_the_global_rng_alone(tg_generator):
             state = torch.get_rng_state()
             x = torch.rand(3, generator=tg_generator)
             assert torch.equal(torch.get_rng_state(), state)
             assert torch.equal(x, torch.rand(3, generator=torch.Generator().manual_seed(13)))
         """
     )
-    result = pytester.runpytest_subprocess("--trainguard-seed=13")
-    result.assert_outcomes(passed=1)
+    result = pytester.runpytest_subprocess("-s", "-p", "no:randomly", "--trainguard-seed=21")
+    result.assert_outcomes(passed=9)
+    draws = _draws(result.stdout.str())
+    assert draws["a"] == draws["b"] == draws["fixture"]
+    assert draws["other"] != draws["a"]
+    # passing seeded tests leave no trainguard section behind
+    result.stdout.no_fnmatch_line("*= trainguard =*")
 
 
-def test_tg_deterministic_is_on_inside_and_restored_after(pytester: pytest.Pytester) -> None:
+def test_deterministic_mode_is_on_inside_and_restored_after(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # tg_deterministic always; seeded tests and tg_seed only with the deterministic setting
+    monkeypatch.setenv("TRAINGUARD_DETERMINISTIC", "1")
     pytester.makepyfile(
         test_det="""
         import os
+        import pytest
         import torch
 
-        def test_before():
-            assert not torch.are_deterministic_algorithms_enabled()
-            assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+        def off():
+            return (
+                not torch.are_deterministic_algorithms_enabled()
+                and not torch.backends.cudnn.deterministic
+                and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+            )
 
-        def test_inside(tg_deterministic):
+        def test_before():
+            assert off()
+
+        def test_fixture(tg_deterministic):
             assert torch.are_deterministic_algorithms_enabled()
             assert torch.backends.cudnn.deterministic
             assert os.environ["CUBLAS_WORKSPACE_CONFIG"]
 
-        def test_after():
-            assert not torch.are_deterministic_algorithms_enabled()
-            assert not torch.backends.cudnn.deterministic
-            assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
-        """
-    )
-    result = pytester.runpytest_subprocess("-p", "no:randomly")
-    result.assert_outcomes(passed=3)
-
-
-def test_deterministic_option_covers_seeded_tests_and_restores(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("TRAINGUARD_DETERMINISTIC", "1")
-    pytester.makepyfile(
-        test_det="""
-        import pytest
-        import torch
+        def test_after_fixture():
+            assert off()
 
         @pytest.mark.seeded(seed=1)
         def test_seeded():
             assert torch.are_deterministic_algorithms_enabled()
 
-        def test_plain_after():
-            assert not torch.are_deterministic_algorithms_enabled()
+        def test_after_seeded():
+            assert off()
 
-        def test_fixture(tg_seed):
+        def test_tg_seed(tg_seed):
             assert torch.are_deterministic_algorithms_enabled()
 
-        def test_plain_last():
-            assert not torch.are_deterministic_algorithms_enabled()
+        def test_after_tg_seed():
+            assert off()
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:randomly")
-    result.assert_outcomes(passed=4)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-v")
+    result.assert_outcomes(passed=7)
 
 
 def test_fixtures_without_the_plugin_explain_themselves(pytester: pytest.Pytester) -> None:
@@ -586,16 +568,15 @@ def test_xdist_runs_seeded_tests_and_reports_on_the_controller(pytester: pytest.
     pytester.makepyfile(
         test_dist="""
         import pytest
-        import torch
-
-        def expected(seed):
-            torch.manual_seed(seed)
-            return torch.rand(2)
 
         @pytest.mark.parametrize("i", range(4))
         @pytest.mark.seeded(seed=1)
         def test_seeded(i):
-            assert torch.equal(torch.rand(2), expected(1))
+            import torch  # here, not at the top: the controller need not import it
+
+            x = torch.rand(2)
+            torch.manual_seed(1)
+            assert torch.equal(x, torch.rand(2))
 
         @pytest.mark.seeded(seed=7)
         def test_fails():

@@ -1,0 +1,162 @@
+"""Job files collected by pytest: one item per check, selected by marker, reported in a
+``trainguard`` terminal-summary section -- in a real pytest subprocess, with and without xdist.
+
+The plugin is loaded through its ``pytest11`` entry point, as in a user's project.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from trainguard.settings import OPTIONS
+
+pytestmark = pytest.mark.timeout(120)
+
+JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings from the developer's shell must not leak into the inner runs."""
+    for opt in OPTIONS:
+        monkeypatch.delenv(opt.env, raising=False)
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    """A user project: the toy script, its clean job as ``trainguard.yaml``, an empty ini."""
+    shutil.copy(JOBS / "toy_train.py", pytester.path / "toy_train.py")
+    shutil.copy(JOBS / "toy.trainguard.yaml", pytester.path / "trainguard.yaml")
+    pytester.makeini("[pytest]\n")
+    return pytester
+
+
+def add_job(pytester: pytest.Pytester, name: str) -> Path:
+    return Path(shutil.copy(JOBS / f"{name}.trainguard.yaml", pytester.path / f"{name}.trainguard.yaml"))
+
+
+def test_each_check_is_one_item(project: pytest.Pytester) -> None:
+    add_job(project, "nondet")
+    result = project.runpytest_subprocess("--collect-only", "-q")
+    result.stdout.fnmatch_lines(
+        [
+            "nondet.trainguard.yaml::determinism",
+            "trainguard.yaml::smoke",
+            "trainguard.yaml::determinism",
+            "*3 tests collected*",
+        ]
+    )
+    assert result.ret == 0
+
+
+def test_a_marker_selects_only_its_check(project: pytest.Pytester) -> None:
+    result = project.runpytest_subprocess("-m", "determinism", "-v")
+    result.stdout.fnmatch_lines(["trainguard.yaml::determinism PASSED*"])
+    result.stdout.no_fnmatch_line("*::smoke*")
+    result.assert_outcomes(passed=1, deselected=1)
+
+
+def test_passing_checks_are_listed_in_the_trainguard_summary(project: pytest.Pytester) -> None:
+    result = project.runpytest_subprocess()
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*= trainguard =*",
+            "PASSED  smoke: 5 steps in * [[]trainguard.yaml::smoke[]]",
+            "PASSED  determinism: two runs with seed 0 match on all 8 steps of loss  [[]trainguard.yaml::determinism[]]",
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "switch",
+    [["-o", "trainguard_collect_yaml=false"], ["--trainguard-collect-yaml=0"]],
+    ids=["ini", "flag"],
+)
+def test_collection_can_be_switched_off(project: pytest.Pytester, switch: list[str]) -> None:
+    result = project.runpytest_subprocess("--collect-only", "-q", *switch)
+    result.stdout.fnmatch_lines(["*no tests collected*"])
+    result.stdout.no_fnmatch_line("*trainguard.yaml::*")
+
+
+def test_collection_switched_off_in_the_ini_file(project: pytest.Pytester) -> None:
+    project.makeini("[pytest]\ntrainguard_collect_yaml = false\n")
+    result = project.runpytest_subprocess("--collect-only", "-q")
+    result.stdout.fnmatch_lines(["*no tests collected*"])
+    # the command line wins over the ini file
+    again = project.runpytest_subprocess("--collect-only", "-q", "--trainguard-collect-yaml=1")
+    again.stdout.fnmatch_lines(["trainguard.yaml::smoke", "*2 tests collected*"])
+
+
+def test_an_invalid_job_file_is_a_collection_error_without_a_traceback(project: pytest.Pytester) -> None:
+    path = project.path / "trainguard.yaml"
+    path.write_text(path.read_text().replace("world_size: 2", "world_size: 0"))
+    result = project.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # collection errors stop the session
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR collecting trainguard.yaml*",
+            f"{path}: job.world_size: expected a value >= 1, got 0*",
+        ]
+    )
+    output = result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in output
+    assert "config.py" not in output and "collect.py" not in output
+    assert "raise " not in output
+
+
+def test_a_failing_determinism_check_shows_the_step_and_how_to_reproduce(project: pytest.Pytester) -> None:
+    (project.path / "trainguard.yaml").unlink()
+    add_job(project, "nondet")
+    result = project.runpytest_subprocess()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ trainguard determinism: nondet.trainguard.yaml _*",
+            "trainguard determinism failed: loss differs from step 1 on (*) with the same seed 0",
+            '*"first_divergent_step": 1*',
+            "*likely_causes*unseeded RNG*",
+            "  reproduce: run twice and diff: WORLD_SIZE=2 python toy_train.py --steps 6 --seed 0 *--nondet",
+            "*= trainguard =*",
+            "FAILED  determinism: loss differs from step 1 *  [[]nondet.trainguard.yaml::determinism[]]",
+            "        reproduce: run twice and diff: *",
+            "*1 failed*",
+        ]
+    )
+    assert "Traceback" not in result.stdout.str()
+
+
+def test_the_seed_setting_reaches_the_runs(project: pytest.Pytester) -> None:
+    result = project.runpytest_subprocess("-m", "determinism", "--trainguard-seed=11")
+    result.assert_outcomes(passed=1, deselected=1)
+    result.stdout.fnmatch_lines(["PASSED  determinism: two runs with seed 11 match on all 8 steps*"])
+
+
+def test_xdist_workers_report_verdicts_to_the_controller(project: pytest.Pytester) -> None:
+    pytest.importorskip("xdist")
+    add_job(project, "nondet")
+    add_job(project, "die")
+    result = project.runpytest_subprocess("-n", "2")
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(["*= trainguard =*"])
+    summary = result.stdout.str().split("= trainguard =", 1)[1]
+    for line in (
+        "PASSED  smoke: 5 steps in",
+        "PASSED  determinism: two runs with seed 0 match",
+        "FAILED  determinism: loss differs from step 1",
+        "FAILED  smoke: the job did not complete: rank 1 exited with code 3",
+    ):
+        assert line in summary, line
+    assert summary.count("reproduce: ") == 2
+    for nodeid in (
+        "trainguard.yaml::smoke",
+        "trainguard.yaml::determinism",
+        "nondet.trainguard.yaml::determinism",
+        "die.trainguard.yaml::smoke",
+    ):
+        assert f"[{nodeid}]" in summary, nodeid
