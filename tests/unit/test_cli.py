@@ -75,7 +75,8 @@ def test_check_exits_1_on_a_nondeterministic_job_and_says_how_to_reproduce(jobs:
     assert "FAILED  determinism: loss differs from step 1 on (" in done.stdout
     assert "with the same seed 5" in done.stdout
     assert "unseeded RNG" in done.stdout
-    assert "reproduce: run twice and diff: WORLD_SIZE=2 python toy_train.py --steps 6 --seed 5" in done.stdout
+    assert "reproduce: run twice and diff: " in done.stdout
+    assert "toy_train.py --steps 6 --seed 5 " in done.stdout
     assert done.stdout.rstrip().splitlines()[-1].startswith("FAILED: 1 check(s); report: ")
     assert report.is_file()
     assert "Traceback" not in done.stderr
