@@ -23,6 +23,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -51,26 +52,39 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """Parse and check the command line (--batch-size against WORLD_SIZE too)."""
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--steps", type=int, default=600, help="total optimizer steps (spans epochs)")
     p.add_argument("--batch-size", type=int, default=64, help="global batch size, split over ranks")
     p.add_argument("--lr", type=float, default=1e-2, help="peak learning rate")
     p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a fraction of --lr")
-    p.add_argument("--warmup-steps", type=int, default=10, help="linear warmup before the cosine decay")
+    p.add_argument(
+        "--warmup-steps", type=int, default=10, help="linear warmup before the cosine decay"
+    )
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--grad-clip", type=float, default=1.0, help="max gradient norm (0 disables)")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--depth", type=int, default=2, help="number of hidden layers")
     p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--noise-std", type=float, default=0.05, help="augmentation: gaussian pixel noise")
+    p.add_argument(
+        "--noise-std", type=float, default=0.05, help="augmentation: gaussian pixel noise"
+    )
     p.add_argument("--max-shift", type=int, default=1, help="augmentation: random shift in pixels")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes per rank")
-    p.add_argument("--data-dir", default=os.path.join(HERE, "data"), help="where the data set is cached")
+    p.add_argument(
+        "--num-workers", type=int, default=0, help="DataLoader worker processes per rank"
+    )
+    p.add_argument(
+        "--data-dir", default=os.path.join(HERE, "data"), help="where the data set is cached"
+    )
     p.add_argument("--ckpt-dir", default=None, help="checkpoint directory (none: no checkpoints)")
     p.add_argument("--ckpt-every", type=int, default=5, help="checkpoint every N steps")
     p.add_argument("--keep-last", type=int, default=2, help="checkpoints to keep")
-    p.add_argument("--resume", action="store_true", help="continue from the latest valid checkpoint")
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the latest valid checkpoint"
+    )
     p.add_argument("--eval-every", type=int, default=20, help="validate every N steps (rank 0)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument(
@@ -83,6 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error(f"--steps must be at least 1, got {args.steps}")
+    for flag in ("ckpt_every", "eval_every", "keep_last"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     if args.resume and not args.ckpt_dir:
         p.error("--resume needs --ckpt-dir")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -94,7 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float):  # type: ignore[no-untyped-def]
+def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float) -> Callable[[int], float]:
     """LR multiplier: linear warmup to 1, then cosine decay to ``min_ratio`` at ``total_steps``."""
 
     def factor(step: int) -> float:  # step 0 is the first optimizer step
@@ -134,24 +151,26 @@ def setup_distributed(args: argparse.Namespace) -> tuple[int, int, torch.device]
     return rank, world_size, device
 
 
-def configure_determinism(args: argparse.Namespace, device: torch.device) -> None:
+def configure_determinism(args: argparse.Namespace) -> None:
+    """Fix the thread count and, with --deterministic, allow deterministic kernels only."""
     # A fixed thread count: results of CPU kernels may depend on how work is split over threads.
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if args.deterministic:
-        if device.type == "cuda":
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        # cuBLAS reads this when it creates its first handle: set it before any CUDA work.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
 
 
 def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
 
 
 def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.device) -> None:
-    configure_determinism(args, device)
+    """Train for --steps optimizer steps, resuming first with --resume."""
     seed_everything(args.seed + rank)  # distinct dropout per rank; DDP copies rank 0's weights
 
     split = load_split(args.data_dir)
@@ -172,11 +191,15 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
     )
     steps_per_epoch = sampler.num_samples // local_batch
     if steps_per_epoch == 0:
-        raise SystemExit(f"--batch-size {args.batch_size} is larger than the train set ({len(train_set)})")
+        raise SystemExit(
+            f"--batch-size {args.batch_size} is larger than the train set ({len(train_set)})"
+        )
 
     model = DigitsMLP(hidden=args.hidden, depth=args.depth, dropout=args.dropout).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    scheduler = LambdaLR(optimizer, warmup_cosine(min(args.warmup_steps, args.steps), args.steps, args.min_lr_ratio))
+    scheduler = LambdaLR(
+        optimizer, warmup_cosine(min(args.warmup_steps, args.steps), args.steps, args.min_lr_ratio)
+    )
 
     step, epoch, batch_in_epoch = 0, 0, 0
     rng_to_restore: dict[str, Any] | None = None
@@ -188,7 +211,13 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
             scheduler.load_state_dict(state["scheduler"])
             step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
             rng_to_restore = state["rng"][rank] if len(state["rng"]) == world_size else None
-            log.info("resumed at step %d (epoch %d, batch %d of %d)", step, epoch, batch_in_epoch, steps_per_epoch)
+            log.info(
+                "resumed at step %d (epoch %d, batch %d of %d)",
+                step,
+                epoch,
+                batch_in_epoch,
+                steps_per_epoch,
+            )
     if rank == 0 and args.ckpt_dir:
         remove_stale_temp_files(args.ckpt_dir)
 
@@ -198,7 +227,10 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
         restore_rng_state(rng_to_restore, device)
     log.info(
         "training %d steps: world size %d, %d samples per rank per step, %d steps per epoch",
-        args.steps, world_size, local_batch, steps_per_epoch,
+        args.steps,
+        world_size,
+        local_batch,
+        steps_per_epoch,
     )
     if step >= args.steps:
         log.info("the checkpoint is at step %d and --steps is %d: nothing to do", step, args.steps)
@@ -220,7 +252,10 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
             pin_memory=device.type == "cuda",
         )
         for images, labels in loader:
-            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            images, labels = (
+                images.to(device, non_blocking=True),
+                labels.to(device, non_blocking=True),
+            )
             lr = scheduler.get_last_lr()[0]
             loss = F.cross_entropy(ddp_model(images), labels)
             optimizer.zero_grad(set_to_none=True)
@@ -238,7 +273,18 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
             if rank == 0 and (step % args.eval_every == 0 or step == args.steps):
                 val = evaluate(model, val_images, val_labels)
             if args.ckpt_dir and (step % args.ckpt_every == 0 or step == args.steps):
-                checkpoint(args, model, optimizer, scheduler, step, epoch, batch_in_epoch, rank, world_size, device)
+                checkpoint(
+                    args,
+                    model,
+                    optimizer,
+                    scheduler,
+                    step,
+                    epoch,
+                    batch_in_epoch,
+                    rank,
+                    world_size,
+                    device,
+                )
             # Printed after the checkpoint: whoever reads "step N" may rely on checkpoint N.
             print(f"step {step} loss {loss.item():.6f} lr {lr:.6e}", flush=True)
             if val is not None:
@@ -269,11 +315,15 @@ def resume_state(args: argparse.Namespace, rank: int, world_size: int) -> dict[s
         )
     for name in ("steps", "seed"):
         if saved.get(name, getattr(args, name)) != getattr(args, name):
-            log.warning("%s was trained with --%s %s, now %s", path, name, saved[name], getattr(args, name))
+            log.warning(
+                "%s was trained with --%s %s, now %s", path, name, saved[name], getattr(args, name)
+            )
     if len(state["rng"]) != world_size:
         log.warning(
             "%s was written by %d ranks, now %d: RNG states are not restored",
-            path, len(state["rng"]), world_size,
+            path,
+            len(state["rng"]),
+            world_size,
         )
     if rank == 0:
         log.info("resuming from %s", path)
@@ -308,7 +358,12 @@ def checkpoint(
             "epoch": epoch,
             "batch_in_epoch": batch_in_epoch,  # batches of `epoch` already trained on
             "rng": gathered,
-            "config": {"batch_size": args.batch_size, "steps": args.steps, "seed": args.seed, "world_size": world_size},
+            "config": {
+                "batch_size": args.batch_size,
+                "steps": args.steps,
+                "seed": args.seed,
+                "world_size": world_size,
+            },
         }
         path = save_checkpoint(state, args.ckpt_dir, step, args.keep_last)
         log.debug("saved %s", path)
@@ -317,6 +372,7 @@ def checkpoint(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point: set up logging and the process group, train, always leave the group."""
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(
@@ -324,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(),
         format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s",
     )
+    configure_determinism(args)
     rank, world_size, device = setup_distributed(args)
     try:
         train(args, rank, world_size, device)

@@ -11,8 +11,8 @@ import re
 import sys
 
 import pytest
-
 from trainguard.plugins.markers import MARKERS
+
 from trainguard.settings import OPTIONS
 
 pytestmark = pytest.mark.timeout(120)
@@ -69,7 +69,11 @@ def test_pytest_markers_lists_every_marker_with_its_signature(pytester: pytest.P
     assert result.ret == 0
     for signature in MARKER_SIGNATURES:
         result.stdout.fnmatch_lines([f"@pytest.mark.{signature}: *"])
-    result.stdout.fnmatch_lines(["@pytest.mark.fault(kind, **params): a fault-injection drill: kind is one of kill_rank, hang, oom, disk_full, network*"])
+    result.stdout.fnmatch_lines(
+        [
+            "@pytest.mark.fault(kind, **params): a fault-injection drill: kind is one of kill_rank, hang, oom, disk_full, network*"
+        ]
+    )
 
 
 def test_every_marker_runs_clean_under_strict_markers(
@@ -113,7 +117,13 @@ def test_every_marker_runs_clean_under_strict_markers(
     # test_ddp is collected (so its marker is checked) but not run: it would launch ranks,
     # which tests/distributed covers
     result = runpytest(
-        pytester, "--strict-markers", "-W", "error::pytest.PytestUnknownMarkWarning", "-rs", "-k", "not ddp"
+        pytester,
+        "--strict-markers",
+        "-W",
+        "error::pytest.PytestUnknownMarkWarning",
+        "-rs",
+        "-k",
+        "not ddp",
     )
     result.assert_outcomes(passed=3, skipped=1, deselected=1)
     assert "Unknown" not in result.stdout.str() + result.stderr.str()
@@ -204,7 +214,9 @@ def test_bad_marker_arguments_fail_the_test_with_a_clear_message(pytester: pytes
     assert "UsageError" not in out
 
 
-def test_gpu_marker_skips_with_the_reason(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_marker_skips_with_the_reason(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     pytester.makepyfile(
         test_gpu="""
@@ -286,7 +298,11 @@ def test_seed_precedence_through_pytest(
     ],
 )
 def test_invalid_option_value_is_a_usage_error(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, where: str, spelled: str, source: str
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+    spelled: str,
+    source: str,
 ) -> None:
     pytester.makepyfile(test_x="def test_x(): pass")
     args: list[str] = []
@@ -309,7 +325,9 @@ def test_invalid_boolean_option_names_the_flag(pytester: pytest.Pytester) -> Non
     result = runpytest(pytester, "--trainguard-deterministic=maybe")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
-        ["ERROR: trainguard: --trainguard-deterministic: invalid value 'maybe'*expected one of 1/0, true/false, yes/no, on/off*"]
+        [
+            "ERROR: trainguard: --trainguard-deterministic: invalid value 'maybe'*expected one of 1/0, true/false, yes/no, on/off*"
+        ]
     )
     assert "Traceback" not in result.stderr.str()
 
@@ -355,7 +373,9 @@ def test_failing_seeded_tests_show_how_to_reproduce(pytester: pytest.Pytester) -
         ]
     )
     # the failure itself carries the seed too
-    result.stdout.fnmatch_lines(["*seeded with 7; reproduce: pytest test_repro.py::test_explicit_seed"])
+    result.stdout.fnmatch_lines(
+        ["*seeded with 7; reproduce: pytest test_repro.py::test_explicit_seed"]
+    )
     summary = result.stdout.str().split("= trainguard =")[1].split("short test summary info")[0]
     assert "test_passes" not in summary
     assert "test_unseeded_failure" not in summary
@@ -504,7 +524,15 @@ def test_report_json_option_writes_the_report(pytester: pytest.Pytester) -> None
     result.assert_outcomes(passed=1)
     path = pytester.path / "out" / "report.json"
     data = json.loads(path.read_text(encoding="utf-8"))
-    assert set(data) >= {"trainguard_version", "schema_version", "job", "status", "checks", "created_at", "host"}
+    assert set(data) >= {
+        "trainguard_version",
+        "schema_version",
+        "job",
+        "status",
+        "checks",
+        "created_at",
+        "host",
+    }
     assert data["job"] == "pytest-session"
     assert data["status"] == "passed"
     assert data["checks"] == []
@@ -599,7 +627,10 @@ def test_xdist_runs_seeded_tests_and_reports_on_the_controller(pytester: pytest.
     out = result.stdout.str()
     assert "= trainguard =" in out
     summary = out.split("= trainguard =")[1].split("short test summary info")[0]
-    assert "FAILED  test_dist.py::test_fails (seed 7); reproduce: pytest test_dist.py::test_fails\n" in summary
+    assert (
+        "FAILED  test_dist.py::test_fails (seed 7); reproduce: pytest test_dist.py::test_fails\n"
+        in summary
+    )
     assert (
         "FAILED  test_dist.py::test_fixture_fails (seed 11); "
         "reproduce: pytest test_dist.py::test_fixture_fails --trainguard-seed=11"

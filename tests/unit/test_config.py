@@ -106,7 +106,9 @@ def test_full_document_loads_every_section(tmp_path: Path) -> None:
 
 
 def test_string_command_is_split_like_a_shell() -> None:
-    jf = parse_config(doc({"command": "python 'my train.py' --steps {steps} --ckpt-dir {checkpoint_dir}"}))
+    jf = parse_config(
+        doc({"command": "python 'my train.py' --steps {steps} --ckpt-dir {checkpoint_dir}"})
+    )
     assert jf.job.command == [
         "python",
         "my train.py",
@@ -128,7 +130,14 @@ def test_list_command_is_kept_token_for_token() -> None:
 def test_env_scalars_become_strings() -> None:
     env = {"THREADS": 1, "LR": 0.5, "ON": True, "OFF": False, "NAME": "x", "DIR": "{run_dir}"}
     jf = parse_config(doc({"env": env}, checks={"smoke": {"env": {"N": 3}}}))
-    assert jf.job.env == {"THREADS": "1", "LR": "0.5", "ON": "1", "OFF": "0", "NAME": "x", "DIR": "{run_dir}"}
+    assert jf.job.env == {
+        "THREADS": "1",
+        "LR": "0.5",
+        "ON": "1",
+        "OFF": "0",
+        "NAME": "x",
+        "DIR": "{run_dir}",
+    }
     assert jf.checks.smoke is not None and jf.checks.smoke.env == {"N": "3"}
 
 
@@ -142,13 +151,13 @@ def test_null_check_means_enabled_with_defaults(name: str) -> None:
     assert spec is not None
     assert [n for n, _ in jf.enabled_checks()] == [name]
     if name != "resume":
-        assert spec == type(spec)()  # every field at its default
+        assert spec == type(spec).model_validate({})  # every field at its default
 
 
 def test_smoke_written_bare_in_yaml_is_enabled_with_defaults() -> None:
     text = doc() + "checks:\n  smoke:\n"
     jf = parse_config(text)
-    assert jf.checks.smoke == SmokeCheck()
+    assert jf.checks.smoke == SmokeCheck.model_validate({})
     assert jf.checks.smoke.steps == 5
     assert jf.checks.canary is None
 
@@ -159,13 +168,17 @@ def test_no_checks_section_means_no_checks() -> None:
 
 
 def test_metric_file_source_and_its_rank_placeholder() -> None:
-    jf = parse_config(doc({"metrics": {"loss": {"file": "{run_dir}/m-{rank}.jsonl"}, "acc": LOSS_REGEX}}))
+    jf = parse_config(
+        doc({"metrics": {"loss": {"file": "{run_dir}/m-{rank}.jsonl"}, "acc": LOSS_REGEX}})
+    )
     assert jf.job.metrics["loss"] == MetricFile(file="{run_dir}/m-{rank}.jsonl")
     assert jf.job.metrics["acc"] == LOSS_REGEX
 
 
 def test_rank_placeholder_is_only_for_metric_files() -> None:
-    err = config_error(doc({"command": "python t.py --steps {steps} --ckpt-dir {checkpoint_dir} --r {rank}"}))
+    err = config_error(
+        doc({"command": "python t.py --steps {steps} --ckpt-dir {checkpoint_dir} --r {rank}"})
+    )
     assert "unknown placeholder {rank}" in str(err)
 
 
@@ -181,7 +194,17 @@ def test_argv_appends_resume_args_then_extra_args() -> None:
     plain = jf.argv({**values, "seed": 9}, extra_args=["--x={seed}"])
     resumed = jf.argv({**values, "seed": 9}, extra_args=["--x={seed}"], resume=True)
     assert plain == ["python", "train.py", "--steps", "3", "--ckpt-dir", "ck", "--x=9"]
-    assert resumed == ["python", "train.py", "--steps", "3", "--ckpt-dir", "ck", "--resume-from", "ck", "--x=9"]
+    assert resumed == [
+        "python",
+        "train.py",
+        "--steps",
+        "3",
+        "--ckpt-dir",
+        "ck",
+        "--resume-from",
+        "ck",
+        "--x=9",
+    ]
 
 
 def test_doubled_braces_are_literal() -> None:
@@ -192,7 +215,12 @@ def test_doubled_braces_are_literal() -> None:
 def test_enabled_checks_follow_run_order_not_document_order() -> None:
     checks = {"parallel": None, "resume": {"after_step": 2}, "smoke": None, "determinism": None}
     jf = parse_config(doc(checks=checks))
-    assert [name for name, _ in jf.enabled_checks()] == ["smoke", "determinism", "resume", "parallel"]
+    assert [name for name, _ in jf.enabled_checks()] == [
+        "smoke",
+        "determinism",
+        "resume",
+        "parallel",
+    ]
     assert [name for name, _ in jf.enabled_checks(["parallel", "smoke"])] == ["smoke", "parallel"]
     assert jf.enabled_checks([]) == jf.enabled_checks()  # empty means "all"
     name, spec = jf.enabled_checks(["resume"])[0]
@@ -315,13 +343,22 @@ ERRORS = [
     pytest.param(
         doc({"nmae": "x"}, drop=("name",)),
         "job.nmae",
-        ["unknown key 'nmae'", "(did you mean 'name'?)", "allowed here: name, command,", "job.name: required key is missing"],
+        [
+            "unknown key 'nmae'",
+            "(did you mean 'name'?)",
+            "allowed here: name, command,",
+            "job.name: required key is missing",
+        ],
         id="unknown-job-key-typo",
     ),
     pytest.param(
         doc(checks={"smoek": None}),
         "checks.smoek",
-        ["unknown key 'smoek'", "(did you mean 'smoke'?)", "allowed here: smoke, canary, determinism, resume, parallel"],
+        [
+            "unknown key 'smoek'",
+            "(did you mean 'smoke'?)",
+            "allowed here: smoke, canary, determinism, resume, parallel",
+        ],
         id="unknown-check-typo",
     ),
     pytest.param(
@@ -351,7 +388,10 @@ ERRORS = [
     pytest.param(
         doc({"world_size": "2"}),
         "job.world_size",
-        ["expected an integer, got '2' (str)", "Fix: the number of ranks to launch, e.g. `world_size: 2`"],
+        [
+            "expected an integer, got '2' (str)",
+            "Fix: the number of ranks to launch, e.g. `world_size: 2`",
+        ],
         id="world-size-string",
     ),
     pytest.param(
@@ -411,7 +451,10 @@ ERRORS = [
     pytest.param(
         doc({"env": ["A=1"]}),
         "job.env",
-        ["expected a mapping of variable name to value, got ['A=1'] (list)", 'Fix: a mapping such as `env: {OMP_NUM_THREADS: "1"}`'],
+        [
+            "expected a mapping of variable name to value, got ['A=1'] (list)",
+            'Fix: a mapping such as `env: {OMP_NUM_THREADS: "1"}`',
+        ],
         id="env-list",
     ),
     pytest.param(
@@ -501,7 +544,12 @@ ERRORS = [
     pytest.param(
         doc({"metrics": {}}),
         "job.metrics",
-        ["must not be empty", "Fix: map metric names to a regex", "(?P<step>", "{file: metrics.jsonl}"],
+        [
+            "must not be empty",
+            "Fix: map metric names to a regex",
+            "(?P<step>",
+            "{file: metrics.jsonl}",
+        ],
         id="metrics-empty",
     ),
     pytest.param(
@@ -513,7 +561,10 @@ ERRORS = [
     pytest.param(
         doc({"metrics": {"loss": r"step (\d+) loss (?P<value>\S+)"}}),
         "job.metrics.loss",
-        ["lacks the named group(s) step (it has: ['value'])", r"write them as (?P<step>\d+) and (?P<value>\S+)"],
+        [
+            "lacks the named group(s) step (it has: ['value'])",
+            r"write them as (?P<step>\d+) and (?P<value>\S+)",
+        ],
         id="regex-without-step-group",
     ),
     pytest.param(
@@ -537,7 +588,12 @@ ERRORS = [
     pytest.param(
         doc({"command": "python t.py --steps {steps} --ckpt-dir {checkpoint_dri}"}),
         "job.command[5]",
-        ["unknown placeholder {checkpoint_dri}", "(did you mean {checkpoint_dir}?)", "known: {batch_size}, {checkpoint_dir}, {run_dir}, {seed}, {steps}, {world_size}", "write a literal brace as {{ or }}"],
+        [
+            "unknown placeholder {checkpoint_dri}",
+            "(did you mean {checkpoint_dir}?)",
+            "known: {batch_size}, {checkpoint_dir}, {run_dir}, {seed}, {steps}, {world_size}",
+            "write a literal brace as {{ or }}",
+        ],
         id="unknown-placeholder-in-command",
     ),
     pytest.param(
@@ -579,19 +635,29 @@ ERRORS = [
     pytest.param(
         doc({"command": "python train.py --ckpt-dir {checkpoint_dir}"}, checks={"smoke": None}),
         "checks.smoke.steps",
-        ["the check runs 5 steps but job.command has no {steps} placeholder", "Fix: pass it to your script, e.g. add `--steps {steps}` to job.command"],
+        [
+            "the check runs 5 steps but job.command has no {steps} placeholder",
+            "Fix: pass it to your script, e.g. add `--steps {steps}` to job.command",
+        ],
         id="check-without-steps",
     ),
     pytest.param(
         doc(drop=("resume_args",), checks={"resume": {"after_step": 5}}),
         "job.resume_args",
-        ["checks.resume needs to know how to resume the job", 'Fix: set job.resume_args to the flags that make the script resume, e.g. "--resume"'],
+        [
+            "checks.resume needs to know how to resume the job",
+            'Fix: set job.resume_args to the flags that make the script resume, e.g. "--resume"',
+        ],
         id="resume-without-resume-args",
     ),
     pytest.param(
         doc({"command": "python train.py --steps {steps}"}, checks={"resume": {"after_step": 5}}),
         "job.command",
-        ["checks.resume needs the job to write checkpoints", "Fix: pass {checkpoint_dir} to the script", "--ckpt-dir {checkpoint_dir}"],
+        [
+            "checks.resume needs the job to write checkpoints",
+            "Fix: pass {checkpoint_dir} to the script",
+            "--ckpt-dir {checkpoint_dir}",
+        ],
         id="resume-without-checkpoint-dir",
     ),
     pytest.param(
@@ -609,19 +675,30 @@ ERRORS = [
     pytest.param(
         doc(checks={"resume": None}),
         "checks.resume.after_step",
-        ["required key is missing", "Fix: the step after which the run is killed, e.g. `after_step: 25`"],
+        [
+            "required key is missing",
+            "Fix: the step after which the run is killed, e.g. `after_step: 25`",
+        ],
         id="resume-without-after-step",
     ),
     pytest.param(
         doc({"metrics": {"acc": LOSS_REGEX}}, checks={"canary": None}),
         "job.metrics",
-        ["checks.canary judges the `loss` metric, but job.metrics has none (it has: acc)", "Fix: add loss: 'step (?P<step>"],
+        [
+            "checks.canary judges the `loss` metric, but job.metrics has none (it has: acc)",
+            "Fix: add loss: 'step (?P<step>",
+        ],
         id="canary-without-loss",
     ),
     pytest.param(
-        doc({"command": "python t.py --steps {steps} --bs {batch_size} --ckpt-dir {checkpoint_dir}"}),
+        doc(
+            {"command": "python t.py --steps {steps} --bs {batch_size} --ckpt-dir {checkpoint_dir}"}
+        ),
         "job.batch_size",
-        ["the command uses {batch_size} but job.batch_size is not set", "Fix: add `batch_size: 32`"],
+        [
+            "the command uses {batch_size} but job.batch_size is not set",
+            "Fix: add `batch_size: 32`",
+        ],
         id="batch-size-placeholder-without-batch-size",
     ),
     pytest.param(
@@ -633,7 +710,10 @@ ERRORS = [
     pytest.param(
         "checks: {}\n",
         "job",
-        ["required key is missing", "Fix: add a `job:` mapping with at least `name`, `command` and `metrics`"],
+        [
+            "required key is missing",
+            "Fix: add a `job:` mapping with at least `name`, `command` and `metrics`",
+        ],
         id="job-missing",
     ),
     pytest.param(
@@ -683,7 +763,14 @@ def test_cross_check_problems_are_reported_together() -> None:
         checks={"canary": None, "resume": {"after_step": 2}},
     )
     message = str(config_error(text))
-    for key in ("job.batch_size", "checks.canary.steps", "checks.resume.steps", "job.resume_args", "job.command", "job.metrics"):
+    for key in (
+        "job.batch_size",
+        "checks.canary.steps",
+        "checks.resume.steps",
+        "job.resume_args",
+        "job.command",
+        "job.metrics",
+    ):
         assert f"\n  {key}: " in message
 
 
@@ -742,16 +829,42 @@ def test_empty_file(text: str) -> None:
 
 yaml_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=12,
 )
 
 # Keys the schema knows, so mutations often land on something the validators look at.
 schema_words = st.sampled_from(
-    ["job", "checks", "name", "command", "metrics", "loss", "file", "steps", "after_step", "env",
-     "args", "world_size", "resume_args", "smoke", "canary", "resume", "parallel", "determinism",
-     "{steps}", "{checkpoint_dir}", "{batch_size}", "{", "}", "(?P<step>", "batch_size", "seed"]
+    [
+        "job",
+        "checks",
+        "name",
+        "command",
+        "metrics",
+        "loss",
+        "file",
+        "steps",
+        "after_step",
+        "env",
+        "args",
+        "world_size",
+        "resume_args",
+        "smoke",
+        "canary",
+        "resume",
+        "parallel",
+        "determinism",
+        "{steps}",
+        "{checkpoint_dir}",
+        "{batch_size}",
+        "{",
+        "}",
+        "(?P<step>",
+        "batch_size",
+        "seed",
+    ]
 )
 
 
@@ -806,7 +919,9 @@ def test_fuzz_mutated_documents_raise_only_config_error(
 
 
 yaml_ish_text = st.text(
-    alphabet=st.sampled_from(list("jobnamecommandmetricsloss:{}[]-?!&*#|>'\"\n\t ,.0123456789%@`\\")),
+    alphabet=st.sampled_from(
+        list("jobnamecommandmetricsloss:{}[]-?!&*#|>'\"\n\t ,.0123456789%@`\\")
+    ),
     max_size=80,
 )
 

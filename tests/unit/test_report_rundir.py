@@ -93,7 +93,9 @@ def test_report_status(statuses: tuple[str, ...], expected: str) -> None:
     assert report.to_dict()["status"] == expected
 
 
-@pytest.mark.parametrize(("status", "ok"), [("passed", True), ("skipped", True), ("failed", False), ("error", False)])
+@pytest.mark.parametrize(
+    ("status", "ok"), [("passed", True), ("skipped", True), ("failed", False), ("error", False)]
+)
 def test_check_result_ok(status: str, ok: bool) -> None:
     assert result(status).ok is ok
 
@@ -137,7 +139,11 @@ def test_evidence_with_paths_numpy_and_tuples_serializes() -> None:
 def test_write_then_load_round_trips(tmp_path: Path) -> None:
     report = Report(job="mlp", job_file="/p/trainguard.yaml", created_at=1700000000.123456)
     report.add(CheckResult("smoke", "passed", "ok", {"steps": 5, "losses": [2.5, 2.25]}, 0.5))
-    report.add(CheckResult("resume", "failed", "diverged", {"step": 26}, 3.0, "trainguard check --only resume"))
+    report.add(
+        CheckResult(
+            "resume", "failed", "diverged", {"step": 26}, 3.0, "trainguard check --only resume"
+        )
+    )
     path = report.write(tmp_path / "sub" / "report.json")
 
     assert path == tmp_path / "sub" / "report.json"
@@ -201,7 +207,9 @@ def test_failed_fsync_leaves_old_content_and_no_temp_file(
     assert [p.name for p in tmp_path.iterdir()] == ["data.txt"]
 
 
-def test_interrupt_during_write_removes_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupt_during_write_removes_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "data.bin"
 
     def interrupt(src: str, dst: str) -> None:
@@ -345,7 +353,9 @@ def test_run_dirs_of_jobs_sharing_a_prefix_are_kept_apart(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("visible", ["", "-1", " ", "-1,-1"])
-def test_cuda_visible_devices_hiding_everything(monkeypatch: pytest.MonkeyPatch, visible: str) -> None:
+def test_cuda_visible_devices_hiding_everything(
+    monkeypatch: pytest.MonkeyPatch, visible: str
+) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     inventory = gpu_inventory()
     assert inventory.count == 0

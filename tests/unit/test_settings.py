@@ -17,7 +17,11 @@ VALUES: dict[str, tuple[tuple[str, Any], tuple[str, Any], tuple[str, Any]]] = {
     "seed": (("5", 5), ("4", 4), ("3", 3)),
     "deterministic": (("yes", True), ("off", False), ("1", True)),
     "collect_yaml": (("0", False), ("true", True), ("no", False)),
-    "report_json": (("cli.json", Path("cli.json")), ("env.json", Path("env.json")), ("ini.json", Path("ini.json"))),
+    "report_json": (
+        ("cli.json", Path("cli.json")),
+        ("env.json", Path("env.json")),
+        ("ini.json", Path("ini.json")),
+    ),
     "keep_runs": (("7", 7), ("6", 6), ("5", 5)),
     "timeout_scale": (("2.5", 2.5), ("3", 3.0), ("0.5", 0.5)),
 }
@@ -107,9 +111,13 @@ def test_booleans_false(text: str) -> None:
     assert settings.sources["collect_yaml"] == "environment"
 
 
-def test_report_json_path_expands_home_and_empty_means_none(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_report_json_path_expands_home_and_empty_means_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert resolve(environ={"TRAINGUARD_REPORT_JSON": "~/r.json"}).report_json == tmp_path / "r.json"
+    assert (
+        resolve(environ={"TRAINGUARD_REPORT_JSON": "~/r.json"}).report_json == tmp_path / "r.json"
+    )
     assert resolve(environ={"TRAINGUARD_REPORT_JSON": "  "}).report_json is None
 
 

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from digits.data import AugmentedDigits, DigitsSplit, ResumableDistributedSampler, load_split, seed_worker
+from digits.data import (
+    AugmentedDigits,
+    DigitsSplit,
+    ResumableDistributedSampler,
+    load_split,
+    seed_worker,
+)
 from digits.model import DigitsMLP
 
 __all__ = [

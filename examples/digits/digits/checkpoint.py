@@ -10,7 +10,6 @@ import logging
 import os
 import random
 import re
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -56,9 +55,9 @@ def save_checkpoint(state: dict[str, Any], ckpt_dir: str, step: int, keep_last: 
     """
     os.makedirs(ckpt_dir, exist_ok=True)
     final = checkpoint_path(ckpt_dir, step)
-    fd, tmp = tempfile.mkstemp(dir=ckpt_dir, prefix=".ckpt_", suffix=".tmp")
+    tmp = os.path.join(ckpt_dir, f".{os.path.basename(final)}.{os.getpid()}.tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())

@@ -6,7 +6,6 @@ import itertools
 import logging
 import os
 import random
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -39,7 +38,7 @@ class DigitsSplit:
 
 
 def _load_arrays(data_dir: str | None) -> tuple[np.ndarray, np.ndarray]:
-    """Return (images [1797, 8, 8] in 0..16, labels [1797]), cached as .npz in ``data_dir``.
+    """Return (images [1797, 8, 8] with values 0..16, labels [1797]), cached in ``data_dir``.
 
     Importing scikit-learn costs more than a short training run, so the arrays are cached after
     the first load. The cache is written atomically, so concurrent ranks may both write it.
@@ -52,16 +51,19 @@ def _load_arrays(data_dir: str | None) -> tuple[np.ndarray, np.ndarray]:
     from sklearn.datasets import load_digits  # slow import: only when the cache is missing
 
     digits = load_digits()
-    images, labels = digits.images.astype(np.float32), digits.target.astype(np.int64)
+    # The pixels are small integers: uint8 stores them exactly.
+    images, labels = digits.images.astype(np.uint8), digits.target.astype(np.uint8)
     if cache:
+        tmp = f"{cache}.{os.getpid()}.tmp"
         try:
             os.makedirs(data_dir, exist_ok=True)  # type: ignore[arg-type]
-            fd, tmp = tempfile.mkstemp(dir=data_dir, prefix=".digits_", suffix=".npz")
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, images=images, labels=labels)
+            with open(tmp, "wb") as f:
+                np.savez_compressed(f, images=images, labels=labels)
             os.replace(tmp, cache)
         except OSError as exc:  # a read-only checkout still trains, only slower to start
             log.warning("could not cache the digits data in %s: %s", data_dir, exc)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     return images, labels
 
 
@@ -70,8 +72,8 @@ def load_split(data_dir: str | None = None) -> DigitsSplit:
     images, labels = _load_arrays(data_dir)
     order = np.random.RandomState(SPLIT_SEED).permutation(len(images))
     val_idx, train_idx = order[:NUM_VAL], order[NUM_VAL:]
-    scaled = torch.from_numpy(images / 16.0).float()
-    targets = torch.from_numpy(labels).long()
+    scaled = torch.from_numpy(images.astype(np.float32) / 16.0)
+    targets = torch.from_numpy(labels.astype(np.int64))
     train = scaled[train_idx]
     return DigitsSplit(
         train_images=train,
@@ -127,10 +129,14 @@ class AugmentedDigits(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         max_shift: int = 1,
     ) -> None:
         if max_shift < 0 or noise_std < 0:
-            raise ValueError(f"max_shift and noise_std must be >= 0, got {max_shift} and {noise_std}")
+            raise ValueError(
+                f"max_shift and noise_std must be >= 0, got {max_shift} and {noise_std}"
+            )
         # Standardised once, with a border of background pixels: a shifted image is a crop.
         m = max_shift
-        self.padded = torch.nn.functional.pad((images - mean) / std, (m, m, m, m), value=-mean / std)
+        self.padded = torch.nn.functional.pad(
+            (images - mean) / std, (m, m, m, m), value=-mean / std
+        )
         self.labels = labels
         self.size = images.shape[1:]
         self.scaled_noise_std = noise_std / std

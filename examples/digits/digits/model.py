@@ -36,7 +36,12 @@ class DigitsMLP(nn.Module):
         layers: list[nn.Module] = []
         width = in_features
         for _ in range(depth):
-            layers += [nn.Linear(width, hidden), nn.LayerNorm(hidden), nn.GELU(), nn.Dropout(dropout)]
+            layers += [
+                nn.Linear(width, hidden),
+                nn.LayerNorm(hidden),
+                nn.GELU(),
+                nn.Dropout(dropout),
+            ]
             width = hidden
         self.body = nn.Sequential(*layers)
         self.head = nn.Linear(width, num_classes)

@@ -50,10 +50,14 @@ def batch(tg_generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
 def test_logits_have_the_expected_shape_and_are_finite(model, batch):
     images, _ = batch
     logits = model(images)
-    assert_tensor_meta(logits, shape=(BATCH, CLASSES), dtype=torch.float32, device="cpu", name="logits")
+    assert_tensor_meta(
+        logits, shape=(BATCH, CLASSES), dtype=torch.float32, device="cpu", name="logits"
+    )
     assert_finite(logits, name="logits")
     # The model also takes the images unflattened, as [batch, 8, 8].
-    assert_tensor_meta(model.eval()(images.view(BATCH, 8, 8)), shape=(BATCH, CLASSES), name="logits")
+    assert_tensor_meta(
+        model.eval()(images.view(BATCH, 8, 8)), shape=(BATCH, CLASSES), name="logits"
+    )
 
 
 def test_every_parameter_gets_a_gradient(model, batch):
@@ -77,7 +81,9 @@ def test_samples_do_not_leak_into_each_other(model, batch):
 def test_can_overfit_one_batch(tg_seed, tg_deterministic, batch):
     model = DigitsMLP(dropout=0.0)
     # 16 random images with random labels: memorising them takes well under 50 AdamW steps.
-    assert_can_overfit(model, batch, F.cross_entropy, steps=50, lr=1e-2, optimizer="adamw", min_relative_drop=0.99)
+    assert_can_overfit(
+        model, batch, F.cross_entropy, steps=50, lr=1e-2, optimizer="adamw", min_relative_drop=0.99
+    )
 
 
 def test_one_adamw_step_updates_every_parameter(model, batch):
@@ -95,7 +101,9 @@ def test_eval_mode_only_switches_dropout_off(model, batch):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     with torch.no_grad():
-        assert_equivalent(model.eval(), no_dropout.train(), images, rtol=0.0, atol=0.0, names=("eval", "p=0"))
+        assert_equivalent(
+            model.eval(), no_dropout.train(), images, rtol=0.0, atol=0.0, names=("eval", "p=0")
+        )
         # ... and eval mode is repeatable call to call.
         assert_equivalent(model, model, images, rtol=0.0, atol=0.0)
 
