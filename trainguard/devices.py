@@ -29,8 +29,13 @@ def gpu_inventory() -> GpuInventory:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     limit: int | None = None
     if visible is not None:
-        entries = [e for e in visible.split(",") if e.strip() and e.strip() != "-1"]
-        limit = len(entries)
+        # CUDA stops at the first invalid entry: "0,-1,1" exposes only device 0
+        limit = 0
+        for entry in visible.split(","):
+            entry = entry.strip()
+            if not entry or entry == "-1":
+                break
+            limit += 1
         if limit == 0:
             return GpuInventory(0, f"CUDA_VISIBLE_DEVICES={visible!r} hides every device")
     count: int | None = None

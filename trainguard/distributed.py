@@ -175,13 +175,15 @@ def _fingerprint(t: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _check_same_on_every_rank(entries: list[tuple[str, torch.Tensor]], device: torch.device) -> None:
+def _check_same_on_every_rank(
+    entries: list[tuple[str, torch.Tensor]], device: torch.device, caller: str, seed: int
+) -> None:
     """Raise (on every rank alike) when the ranks hold different weights or batches."""
     count = torch.tensor([len(entries), -len(entries)], dtype=torch.int64, device=device)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     if int(count[0]) != -int(count[1]):
         raise TrainguardAssertionError(
-            f"ddp_gradient_diff: the ranks built models with different numbers of parameters and "
+            f"{caller}: the ranks built models with different numbers of parameters and "
             f"buffers (between {-int(count[1])} and {int(count[0])}); model_factory must build "
             "the same model on every rank"
         )
@@ -197,16 +199,18 @@ def _check_same_on_every_rank(entries: list[tuple[str, torch.Tensor]], device: t
     first = names[0]
     if first.startswith("global_batch"):
         raise TrainguardAssertionError(
-            f"ddp_gradient_diff: the ranks were given different global batches ({first} differs "
+            f"{caller}: the ranks were given different global batches ({first} differs "
             "first); every rank must pass the same global_batch (build it from a fixed seed, not "
-            "from this rank's data loader): each rank takes its own shard of it"
+            "from this rank's data loader): each rank takes its own shard of it\n"
+            + _reproduce_ddp(seed, dist.get_world_size())
         )
     raise TrainguardAssertionError(
-        f"ddp_gradient_diff: the ranks built different initial weights; first differing: {first}"
+        f"{caller}: the ranks built different initial weights; first differing: {first}"
         + (f" (also {', '.join(names[1:6])}{', ...' if len(names) > 6 else ''})" if names[1:] else "")
         + ". model_factory must build identical replicas on every rank after the same seed: do "
         "not seed with the rank, or broadcast rank 0's weights before training (DDP does that "
-        "when it wraps the model; a hand-written sync does not, so the replicas would drift apart)"
+        "when it wraps the model; a hand-written sync does not, so the replicas would drift apart)\n"
+        + _reproduce_ddp(seed, dist.get_world_size())
     )
 
 
@@ -304,7 +308,7 @@ def _compare_gradients(
         for path, leaf in _leaves(full)
         if isinstance(leaf, torch.Tensor)
     ]
-    _check_same_on_every_rank(entries, device)
+    _check_same_on_every_rank(entries, device, caller, seed)
 
     size = _batch_size(full)
     if size % world_size:
@@ -411,7 +415,8 @@ def ddp_gradient_diff(
 
         @pytest.mark.ddp(world_size=2)
         def test_sync():
-            x, y = torch.randn(8, 4), torch.randn(8, 1)
+            g = torch.Generator().manual_seed(0)  # the same global batch on every rank
+            x, y = torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
             diffs = ddp_gradient_diff(lambda: nn.Linear(4, 1), F.mse_loss, (x, y),
                                       grad_sync=allreduce_mean)
             assert max(diffs.values()) < 1e-6
@@ -516,7 +521,8 @@ def assert_ddp_gradients_match(
 
         @pytest.mark.ddp(world_size=2)
         def test_allreduce_mean_matches_single_process():
-            x, y = torch.randn(8, 4), torch.randn(8, 1)
+            g = torch.Generator().manual_seed(0)
+            x, y = torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
             assert_ddp_gradients_match(make_model, F.mse_loss, (x, y), grad_sync=allreduce_mean)
     """
     caller = "assert_ddp_gradients_match"
@@ -817,6 +823,10 @@ def _listed(prefix: str, differences: list[tuple[str, str]]) -> list[str]:
     return lines
 
 
+def _entries(count: int) -> str:
+    return "1 entry" if count == 1 else f"{count} entries"
+
+
 def _fix_for(name: str) -> str:
     if name == RNG:
         return (
@@ -965,13 +975,13 @@ def assert_state_roundtrip(
         lines.append(
             f"assert_state_roundtrip: component {name!r} does not survive save -> load: "
             f"after {steps} steps, a new process that loaded the checkpoint holds a different "
-            f"{name} state ({len(diffs)} entries differ, restored vs original):"
+            f"{name} state ({_entries(len(diffs))} differ, restored vs original):"
         )
         lines += _listed(name, diffs)
         if broken[1:]:
             lines.append(
                 "other components that differ: "
-                + ", ".join(f"{n!r} ({len(d)} entries)" for n, d in broken[1:])
+                + ", ".join(f"{n!r} ({_entries(len(d))})" for n, d in broken[1:])
             )
         survived = [n for n in order if n not in {b[0] for b in broken}]
         lines.append(f"components that survive: {', '.join(survived) if survived else '(none)'}")
@@ -984,7 +994,7 @@ def assert_state_roundtrip(
         )
     if next_diffs:
         lines.append(
-            f"the next step diverges ({len(next_diffs)} entries differ: 'output' is step()'s return "
+            f"the next step diverges ({_entries(len(next_diffs))} differ: 'output' is step()'s return "
             "value, the others the components' state after the step):"
         )
         lines += _listed("next", next_diffs)

@@ -14,6 +14,8 @@ import shutil
 import time
 from pathlib import Path
 
+import psutil
+
 from trainguard._internal.atomic import atomic_write_text
 
 __all__ = ["ensure_state_dir", "new_run_dir", "prune_runs"]
@@ -52,19 +54,35 @@ def new_run_dir(state_dir: Path, job: str, label: str, *, keep: int = 20) -> Pat
             candidate.mkdir()  # atomic: two pytest-xdist workers never share one
         except FileExistsError:
             continue
+        (candidate / _OWNER).write_text(str(os.getpid()))
         prune_runs(runs, _job_slug(job), keep=keep, protect=candidate)
         return candidate
     raise RuntimeError(f"could not create a unique run directory under {runs}")
 
 
+_OWNER = ".owner"  # pid of the process that created the run directory
+
+
+def _owned_by_live_process(run_dir: Path) -> bool:
+    """A run directory whose creator is still alive may still be in use (a reference run shared
+    between checks, another xdist worker's run): never pruned."""
+    try:
+        pid = int((run_dir / _OWNER).read_text().strip())
+    except (OSError, ValueError):
+        return False
+    return pid != 0 and psutil.pid_exists(pid)
+
+
 def prune_runs(runs: Path, job_slug: str, *, keep: int, protect: Path | None = None) -> list[Path]:
-    """Delete all but the newest ``keep`` run directories of one job; returns the deleted."""
+    """Delete all but the newest ``keep`` run directories of one job; returns the deleted.
+
+    Directories whose creating process is still alive are kept (they may be in use)."""
     pattern = re.compile(rf"^\d{{8}}-\d{{6}}-{re.escape(job_slug)}-")
     mine = [p for p in runs.iterdir() if p.is_dir() and pattern.match(p.name)]
-    mine.sort(key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
+    mine.sort(key=lambda p: (p.name[:15], p.stat().st_mtime, p.name), reverse=True)
     deleted = []
     for old in mine[keep:]:
-        if protect is not None and old == protect:
+        if (protect is not None and old == protect) or _owned_by_live_process(old):
             continue
         with contextlib.suppress(OSError):
             shutil.rmtree(old)

@@ -184,6 +184,8 @@ def resolve(
         for source, spelled, raw in candidates:
             if raw is None or (isinstance(raw, (list, tuple)) and not raw):
                 continue
+            if source == "environment" and isinstance(raw, str) and not raw.strip():
+                continue  # VAR= (empty) reads as unset, as most tools treat it
             values[opt.name] = _parse(opt, raw, source, spelled)
             sources[opt.name] = source
             break

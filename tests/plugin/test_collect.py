@@ -41,7 +41,9 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
 
 
 def add_job(pytester: pytest.Pytester, name: str) -> Path:
-    return Path(shutil.copy(JOBS / f"{name}.trainguard.yaml", pytester.path / f"{name}.trainguard.yaml"))
+    return Path(
+        shutil.copy(JOBS / f"{name}.trainguard.yaml", pytester.path / f"{name}.trainguard.yaml")
+    )
 
 
 def test_each_check_is_one_item(project: pytest.Pytester) -> None:
@@ -88,10 +90,14 @@ def test_the_command_line_overrides_collection_switched_off_in_the_ini_file(
 ) -> None:
     project.makeini(INI + "trainguard_collect_yaml = false\n")
     result = project.runpytest_subprocess("--collect-only", "-q", "--trainguard-collect-yaml=1")
-    result.stdout.fnmatch_lines(["trainguard.yaml::smoke", "trainguard.yaml::determinism", "*2 tests collected*"])
+    result.stdout.fnmatch_lines(
+        ["trainguard.yaml::smoke", "trainguard.yaml::determinism", "*2 tests collected*"]
+    )
 
 
-def test_an_invalid_job_file_is_a_collection_error_without_a_traceback(project: pytest.Pytester) -> None:
+def test_an_invalid_job_file_is_a_collection_error_without_a_traceback(
+    project: pytest.Pytester,
+) -> None:
     path = project.path / "trainguard.yaml"
     path.write_text(path.read_text().replace("world_size: 2", "world_size: 0"))
     result = project.runpytest_subprocess()
@@ -108,7 +114,9 @@ def test_an_invalid_job_file_is_a_collection_error_without_a_traceback(project: 
     assert "raise " not in output
 
 
-def test_a_failing_determinism_check_shows_the_step_and_how_to_reproduce(project: pytest.Pytester) -> None:
+def test_a_failing_determinism_check_shows_the_step_and_how_to_reproduce(
+    project: pytest.Pytester,
+) -> None:
     (project.path / "trainguard.yaml").unlink()
     add_job(project, "nondet")
     result = project.runpytest_subprocess()

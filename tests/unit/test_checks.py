@@ -107,7 +107,9 @@ def test_nan_equals_nan_but_not_a_number() -> None:
     assert same.ok and same.compared_steps == 2
     assert not math.isnan(same.max_abs_diff)
 
-    diff = compare_trajectories({1: 1.0, 2: nan, 3: 0.5}, {1: 1.0, 2: 0.7, 3: 0.5}, rtol=1.0, atol=1.0)
+    diff = compare_trajectories(
+        {1: 1.0, 2: nan, 3: 0.5}, {1: 1.0, 2: 0.7, 3: 0.5}, rtol=1.0, atol=1.0
+    )
     assert diff.first_divergent_step == 2
     assert not math.isnan(diff.max_abs_diff)
     assert compare_trajectories({1: 0.7}, {1: nan}, atol=10.0).first_divergent_step == 1
@@ -165,7 +167,7 @@ def test_determinism_fails_on_an_unseeded_rng_naming_the_step_and_causes(jobs: P
 def test_determinism_reports_a_job_that_does_not_complete_as_an_error(jobs: Path) -> None:
     job_file = load_config(jobs / "die.trainguard.yaml")
     runner = JobRunner(job_file, Settings())
-    result = run_determinism(runner, DeterminismCheck(steps=5))
+    result = run_determinism(runner, DeterminismCheck.model_validate({"steps": 5}))
     assert result.status == "error"
     assert result.summary == "the job did not complete: rank 1 exited with code 3"
     assert result.evidence["failed_rank"] == 1
@@ -256,7 +258,9 @@ def test_a_configured_check_this_version_cannot_run_is_skipped_with_the_reason(
 ) -> None:
     real = checks_module._registry
     # canary is configured below; whether or not a later version implements it, this one lacks it
-    monkeypatch.setattr(checks_module, "_registry", lambda: {k: v for k, v in real().items() if k != "canary"})
+    monkeypatch.setattr(
+        checks_module, "_registry", lambda: {k: v for k, v in real().items() if k != "canary"}
+    )
     text = (jobs / "toy.trainguard.yaml").read_text() + "  canary: {steps: 10}\n"
     path = jobs / "canary.trainguard.yaml"
     path.write_text(text)
@@ -273,7 +277,9 @@ def test_a_configured_check_this_version_cannot_run_is_skipped_with_the_reason(
     )
 
     seen: list[str] = []
-    report = run_checks(job_file, runner, only=["canary", "smoke"], on_result=lambda r: seen.append(r.name))
+    report = run_checks(
+        job_file, runner, only=["canary", "smoke"], on_result=lambda r: seen.append(r.name)
+    )
     assert seen == ["smoke", "canary"]  # run order, not the order asked for
     assert [c.status for c in report.checks] == ["passed", "skipped"]
     assert report.status == "passed"
@@ -314,4 +320,3 @@ def test_check_of_an_unknown_name_is_a_config_error_naming_the_file(jobs: Path) 
     with pytest.raises(ConfigError, match=r"toy\.trainguard\.yaml: unknown check name\(s\) bogus"):
         check(jobs / "toy.trainguard.yaml", only=["bogus"])
     assert not (jobs / ".trainguard" / "report.json").exists()
-

@@ -26,7 +26,9 @@ _SCRIPT = Path(sys.executable).parent / "trainguard"
 TRAINGUARD = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "trainguard.cli"]
 
 
-def run_cli(*args: str | Path, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str | Path, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
     return subprocess.run(
         [*TRAINGUARD, *map(str, args)],
@@ -63,12 +65,16 @@ def test_check_exits_0_when_every_check_passes(jobs: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("PASSED  smoke: 5 steps in")
-    assert lines[1].startswith("PASSED  determinism: two runs with seed 0 match on all 8 steps of loss")
+    assert lines[1].startswith(
+        "PASSED  determinism: two runs with seed 0 match on all 8 steps of loss"
+    )
     assert lines[-1] == "PASSED: 2 check(s); report: .trainguard/report.json"
     assert (jobs / ".trainguard" / "report.json").is_file()
 
 
-def test_check_exits_1_on_a_nondeterministic_job_and_says_how_to_reproduce(jobs: Path, tmp_path: Path) -> None:
+def test_check_exits_1_on_a_nondeterministic_job_and_says_how_to_reproduce(
+    jobs: Path, tmp_path: Path
+) -> None:
     report = tmp_path / "report.json"
     done = run_cli("check", jobs / "nondet.trainguard.yaml", "--seed", "5", "--report-json", report)
     assert done.returncode == 1, done.stdout + done.stderr
@@ -104,7 +110,9 @@ def test_check_of_a_missing_file_exits_2_naming_it(tmp_path: Path) -> None:
 
 
 def test_check_of_a_directory_without_a_job_file_exits_2(tmp_path: Path) -> None:
-    assert_usage_error(run_cli("check", tmp_path), str(tmp_path), "no trainguard.yaml or trainguard.yml")
+    assert_usage_error(
+        run_cli("check", tmp_path), str(tmp_path), "no trainguard.yaml or trainguard.yml"
+    )
 
 
 def test_check_of_invalid_yaml_exits_2_naming_file_and_line(tmp_path: Path) -> None:
@@ -122,7 +130,9 @@ def test_check_of_an_invalid_value_exits_2_naming_the_key(jobs: Path) -> None:
 def test_check_of_an_unknown_key_suggests_the_right_one(jobs: Path) -> None:
     path = jobs / "toy.trainguard.yaml"
     path.write_text(path.read_text().replace("world_size: 2", "world_sise: 2"))
-    assert_usage_error(run_cli("check", path), str(path), "unknown key 'world_sise'", "did you mean 'world_size'")
+    assert_usage_error(
+        run_cli("check", path), str(path), "unknown key 'world_sise'", "did you mean 'world_size'"
+    )
 
 
 def test_check_with_an_unknown_only_name_exits_2(jobs: Path) -> None:
@@ -133,7 +143,9 @@ def test_check_with_an_unknown_only_name_exits_2(jobs: Path) -> None:
 
 def test_bad_arguments_exit_2_with_usage() -> None:
     done = run_cli("check")
-    assert_usage_error(done, "usage: trainguard check", "the following arguments are required: CONFIG")
+    assert_usage_error(
+        done, "usage: trainguard check", "the following arguments are required: CONFIG"
+    )
     assert_usage_error(run_cli("frobnicate"), "invalid choice: 'frobnicate'")
     assert_usage_error(run_cli("check", "x.yaml", "--seed", "abc"), "invalid int value: 'abc'")
 
@@ -142,7 +154,11 @@ def test_an_invalid_setting_in_the_environment_exits_2(jobs: Path) -> None:
     env = {**os.environ, "TRAINGUARD_TIMEOUT_SCALE": "fast"}
     done = subprocess.run(
         [*TRAINGUARD, "check", str(jobs / "toy.trainguard.yaml")],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert_usage_error(done, "TRAINGUARD_TIMEOUT_SCALE", "'fast'")
 
@@ -159,8 +175,19 @@ def test_an_invalid_setting_in_the_environment_exits_2(jobs: Path) -> None:
         (("check",), ("CONFIG", "--only", "--report-json", "--seed", "--verbose", "--quiet")),
         (
             ("init",),
-            ("SCRIPT", "--dir", "--name", "--steps-flag", "--ckpt-flag", "--seed-flag",
-             "--resume-flag", "--loss-regex", "--world-size", "--yes", "--force"),
+            (
+                "SCRIPT",
+                "--dir",
+                "--name",
+                "--steps-flag",
+                "--ckpt-flag",
+                "--seed-flag",
+                "--resume-flag",
+                "--loss-regex",
+                "--world-size",
+                "--yes",
+                "--force",
+            ),
         ),
         (("version",), ("Print the trainguard version",)),
     ],
@@ -212,8 +239,14 @@ def test_init_writes_a_job_file_that_loads_and_runs(project: Path) -> None:
     assert job_file.job.name == "toyjob"
     assert job_file.job.world_size == 2
     assert job_file.job.command == [
-        "python", "toy_train.py", "--steps", "{steps}", "--ckpt-dir", "{checkpoint_dir}",
-        "--seed", "{seed}",
+        "python",
+        "toy_train.py",
+        "--steps",
+        "{steps}",
+        "--ckpt-dir",
+        "{checkpoint_dir}",
+        "--seed",
+        "{seed}",
     ]
     assert job_file.job.resume_args == ["--resume"]
     assert [name for name, _ in job_file.enabled_checks()] == ["smoke", "determinism", "resume"]
@@ -229,14 +262,33 @@ def test_init_writes_a_job_file_that_loads_and_runs(project: Path) -> None:
 
 def test_init_takes_custom_flags_and_regex(project: Path) -> None:
     done = run_cli(
-        "init", "toy_train.py", "--dir", project, "--yes",
-        "--steps-flag", "--max-steps", "--ckpt-flag", "--out", "--seed-flag", "--rng",
-        "--resume-flag", "--continue", "--loss-regex", r"it (?P<step>\d+): (?P<value>\S+) 'x'",
+        "init",
+        "toy_train.py",
+        "--dir",
+        project,
+        "--yes",
+        "--steps-flag",
+        "--max-steps",
+        "--ckpt-flag",
+        "--out",
+        "--seed-flag",
+        "--rng",
+        "--resume-flag",
+        "--continue",
+        "--loss-regex",
+        r"it (?P<step>\d+): (?P<value>\S+) 'x'",
     )
     assert done.returncode == 0, done.stderr
     job = load_config(project / "trainguard.yaml").job
     assert job.name == "toy_train"
-    assert job.command[2:] == ["--max-steps", "{steps}", "--out", "{checkpoint_dir}", "--rng", "{seed}"]
+    assert job.command[2:] == [
+        "--max-steps",
+        "{steps}",
+        "--out",
+        "{checkpoint_dir}",
+        "--rng",
+        "{seed}",
+    ]
     assert job.resume_args == ["--continue"]
     assert job.metrics["loss"] == r"it (?P<step>\d+): (?P<value>\S+) 'x'"
 
@@ -250,7 +302,9 @@ def test_init_refuses_to_overwrite_without_force(project: Path) -> None:
     assert_usage_error(again, str(yaml_path), "already exists; pass --force to overwrite it")
     assert load_config(yaml_path).job.name == "edited"
 
-    forced = run_cli("init", "toy_train.py", "--dir", project, "--yes", "--name", "other", "--force")
+    forced = run_cli(
+        "init", "toy_train.py", "--dir", project, "--yes", "--name", "other", "--force"
+    )
     assert forced.returncode == 0, forced.stderr
     assert load_config(yaml_path).job.name == "other"
 
@@ -315,7 +369,7 @@ def test_interrupt_exits_130_and_leaves_no_process_of_the_job(
 
         sent = time.monotonic()
         cli.send_signal(sig)
-        stdout, _ = cli.communicate(timeout=30)
+        cli.communicate(timeout=30)
         took = time.monotonic() - sent
     finally:
         if cli.poll() is None:

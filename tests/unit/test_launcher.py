@@ -8,8 +8,10 @@ nothing the scenario started outlives it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,13 +26,28 @@ from typing import Any
 import psutil
 import pytest
 
-from trainguard.launch import Launcher, LaunchSpec, MetricParser, MetricPoint, RunResult, launch
-from trainguard.launch import ports
+import trainguard.launch.launcher as launcher_module
+from trainguard.launch import (
+    Launcher,
+    LaunchSpec,
+    MetricParser,
+    MetricPoint,
+    RunResult,
+    launch,
+    ports,
+)
 from trainguard.launch.metrics import JsonlTail, trajectory
 
 TOY = Path(__file__).resolve().parents[1] / "data" / "jobs" / "toy_train.py"
 LOSS = r"step (?P<step>\d+) loss (?P<value>\S+)"
-TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+TORCHRUN_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -68,36 +85,37 @@ def marker() -> str:
     return f"tg-launcher-test-{uuid.uuid4().hex}"
 
 
-class Census:
-    """Counts a scenario's grandchildren while it runs: proof they were there to be reaped.
+def spawned_grandchildren(run_dir: Path) -> list[int]:
+    """Pids of the grandchildren the ranks reported starting (``--spawn-child``)."""
+    pids = []
+    for log in sorted(run_dir.glob("rank*.stdout.log")):
+        pids += [int(m) for m in re.findall(r"spawned grandchild (\d+)", log.read_text())]
+    return pids
 
-    Its :meth:`on_metric` goes first in a launcher's callbacks; every metric point of a rank
-    comes after that rank started its grandchild, so the count reaches one per rank.
-    """
 
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-        self.grandchildren = 0
-
-    def on_metric(self, point: MetricPoint, launcher: Launcher) -> None:
-        alive = len(_alive_with(f"grandchild-{self.marker}"))
-        self.grandchildren = max(self.grandchildren, alive)
+def assert_gone(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            status = psutil.Process(pid).status()
+        except psutil.NoSuchProcess:
+            continue
+        assert status == psutil.STATUS_ZOMBIE, f"grandchild {pid} is still {status}"
 
 
 @pytest.fixture
-def no_orphans(marker: str) -> Iterator[Census]:
+def no_orphans(marker: str) -> Iterator[None]:
     """Asserts after the test that no process of the scenario survives (and kills any that do,
     so one failing test does not leak into the next)."""
     before = _live_children()
-    yield Census(marker)
+    yield
     survivors = _alive_with(marker)
     new_children = _live_children() - before
     for proc in survivors:
-        try:
+        with contextlib.suppress(psutil.Error):
             proc.kill()
-        except psutil.Error:
-            pass
-    assert not survivors, f"processes outlived the launcher: {[p.info['cmdline'] for p in survivors]}"
+    assert not survivors, (
+        f"processes outlived the launcher: {[p.info['cmdline'] for p in survivors]}"
+    )
     assert not new_children, f"child processes of the test outlived the launcher: {new_children}"
 
 
@@ -127,7 +145,7 @@ def spec_for(
 
 
 def test_clean_two_rank_run_gets_torchrun_env_logs_and_metric_points(
-    tmp_path: Path, marker: str, no_orphans: Census
+    tmp_path: Path, marker: str, no_orphans: None
 ) -> None:
     echoed: list[tuple[int, str, str]] = []
     spec = spec_for(
@@ -204,8 +222,12 @@ def test_python_at_the_front_of_argv_means_this_interpreter(tmp_path: Path) -> N
 
 
 def test_a_command_that_cannot_start_is_a_clear_error(tmp_path: Path) -> None:
-    spec = LaunchSpec(argv=["trainguard-no-such-program-xyz", "--steps", "1"], run_dir=tmp_path / "r")
-    with pytest.raises(FileNotFoundError, match="cannot start the job command 'trainguard-no-such-program-xyz'"):
+    spec = LaunchSpec(
+        argv=["trainguard-no-such-program-xyz", "--steps", "1"], run_dir=tmp_path / "r"
+    )
+    with pytest.raises(
+        FileNotFoundError, match="cannot start the job command 'trainguard-no-such-program-xyz'"
+    ):
         launch(spec)
 
 
@@ -221,17 +243,24 @@ def test_world_size_below_one_is_rejected(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_dying_rank_fails_the_attempt_fast_and_tears_down_the_others(
-    tmp_path: Path, marker: str, no_orphans: Census
+    tmp_path: Path, marker: str, no_orphans: None
 ) -> None:
     # the healthy rank alone would run 3000 * 0.02 s = 60 s
     spec = spec_for(
-        tmp_path, marker, "--steps", "3000", "--sleep", "0.02", "--die-rank", "1", "--die-step", "5",
+        tmp_path,
+        marker,
+        "--steps",
+        "3000",
+        "--sleep",
+        "0.02",
+        "--die-rank",
+        "1",
+        "--die-step",
+        "5",
         "--spawn-child",
     )
-    launcher = Launcher(spec)
-    launcher.on_metric.append(no_orphans.on_metric)
     started = time.monotonic()
-    result = launcher.run()
+    result = launch(spec)
     wall = time.monotonic() - started
 
     assert result.outcome == "failed"
@@ -247,11 +276,13 @@ def test_dying_rank_fails_the_attempt_fast_and_tears_down_the_others(
     assert wall < 10.0
     assert result.detected_after_s is not None and result.detected_after_s < 1.0
     assert max(p.step for p in result.points if p.rank == 0) < 500
-    assert no_orphans.grandchildren == 2
+    grandchildren = spawned_grandchildren(spec.run_dir)
+    assert 1 <= len(grandchildren) <= 2  # rank 1's for sure; rank 0's unless it started late
+    assert_gone(grandchildren)
 
 
 def test_a_sigkilled_rank_is_reported_by_signal_name(
-    tmp_path: Path, marker: str, no_orphans: Census
+    tmp_path: Path, marker: str, no_orphans: None
 ) -> None:
     spec = spec_for(tmp_path, marker, "--steps", "3000", "--sleep", "0.02")
     launcher = Launcher(spec)
@@ -278,26 +309,36 @@ def test_a_sigkilled_rank_is_reported_by_signal_name(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("mode", "state"), [("stop", "stopped"), ("sleep", "sleeping")])
 def test_a_hung_rank_is_detected_with_state_and_stack_evidence(
-    tmp_path: Path, marker: str, no_orphans: Census, mode: str, state: str
+    tmp_path: Path, marker: str, no_orphans: None, mode: str, state: str
 ) -> None:
     spec = spec_for(
         tmp_path,
         marker,
-        "--steps", "10", "--sleep", "0.02", "--hang-rank", "1", "--hang-step", "3",
-        "--hang-mode", mode, "--spawn-child",
+        "--steps",
+        "10",
+        "--sleep",
+        "0.02",
+        "--hang-rank",
+        "1",
+        "--hang-step",
+        "3",
+        "--hang-mode",
+        mode,
+        "--spawn-child",
         stall_timeout=2.0,
     )
-    launcher = Launcher(spec)
-    launcher.on_metric.append(no_orphans.on_metric)
-    result = launcher.run()
+    result = launch(spec)
 
     assert result.outcome == "hung", result.reason
-    assert "no new metric line for" in result.reason
-    assert "stall_timeout 2 s" in result.reason
+    assert result.reason.startswith("no new metric line for ")
     ranks = {entry["rank"]: entry for entry in result.evidence["ranks"]}
     assert ranks[1]["state"] == state
     assert ranks[1]["pid"] == result.exits[1].pid
-    assert "1" in result.evidence["stacks"] and result.evidence["stacks"]["1"].strip()
+    stack = result.evidence["stacks"]["1"]
+    if launcher_module.shutil.which("py-spy") or launcher_module._sibling_script("py-spy"):
+        assert "toy_train.py" in stack, stack  # py-spy read the stopped/sleeping rank's stack
+    else:
+        assert "py-spy not installed" in stack
     # rank 0 finished its 10 steps; rank 1 stopped after printing step 2
     assert max(p.step for p in result.points if p.rank == 1) == 2
     assert result.exits[0].returncode == 0
@@ -305,14 +346,56 @@ def test_a_hung_rank_is_detected_with_state_and_stack_evidence(
     assert result.detected_after_s is not None and result.detected_after_s < 1.0
     # 2 s stall + 0.5 s activity sample + stack dump + teardown: far from a 60 s default
     assert result.duration_s < 20.0
-    assert no_orphans.grandchildren == 2
+    grandchildren = spawned_grandchildren(spec.run_dir)
+    assert len(grandchildren) == 2
+    assert_gone(grandchildren)
 
 
 @pytest.mark.timeout(60)
-def test_an_attempt_past_its_timeout_is_ended(tmp_path: Path, marker: str, no_orphans: Census) -> None:
+@pytest.mark.parametrize("faulthandler", [False, True])
+def test_without_py_spy_only_a_rank_that_handles_sigusr1_gets_it(
+    tmp_path: Path,
+    marker: str,
+    no_orphans: None,
+    monkeypatch: pytest.MonkeyPatch,
+    faulthandler: bool,
+) -> None:
+    # SIGUSR1's default action is to terminate: sent to a rank that did not register a handler
+    # it would kill the rank (its exit then reads "killed by SIGUSR1", not by trainguard) and
+    # fire whatever a job may have bound to SIGUSR1 (checkpoint-on-preemption handlers).
+    monkeypatch.setattr(launcher_module.shutil, "which", lambda name: None)
+    monkeypatch.setattr(launcher_module, "_sibling_script", lambda name: None)
+    flags = ["--steps", "10", "--sleep", "0.02", "--hang-rank", "1", "--hang-step", "3"]
+    flags += ["--hang-mode", "sleep"] + (["--faulthandler"] if faulthandler else [])
+    spec = spec_for(tmp_path, marker, *flags, stall_timeout=1.0)
+    result = launch(spec)
+
+    assert result.outcome == "hung", result.reason
+    assert "py-spy not installed" in result.evidence["stacks"]["1"]
+    hung = result.exits[1]
+    assert hung.killed_by_trainguard and hung.signal == "SIGTERM", hung
+    stderr = result.log_path(1).read_text()
+    if faulthandler:
+        assert "SIGUSR1 sent: see its stderr log" in result.evidence["stacks"]["1"]
+        assert "toy_train.py" in stderr and "in main" in stderr  # the whole faulthandler dump
+    else:
+        assert "SIGUSR1" not in result.evidence["stacks"]["1"]
+
+
+@pytest.mark.timeout(60)
+def test_an_attempt_past_its_timeout_is_ended(
+    tmp_path: Path, marker: str, no_orphans: None
+) -> None:
     spec = spec_for(
-        tmp_path, marker, "--steps", "3000", "--sleep", "0.02", "--spawn-child",
-        timeout=1.5, stall_timeout=None,
+        tmp_path,
+        marker,
+        "--steps",
+        "3000",
+        "--sleep",
+        "0.02",
+        "--spawn-child",
+        timeout=1.5,
+        stall_timeout=None,
     )
     result = launch(spec)
 
@@ -322,11 +405,17 @@ def test_an_attempt_past_its_timeout_is_ended(tmp_path: Path, marker: str, no_or
     assert all(e.killed_by_trainguard for e in result.exits)
     assert result.points, "the ranks made progress before the deadline"
     assert 1.5 <= result.duration_s < 10.0
+    assert_gone(spawned_grandchildren(spec.run_dir))
 
 
-def test_no_metric_line_since_launch_is_a_hang_too(tmp_path: Path, marker: str, no_orphans: Census) -> None:
+def test_no_metric_line_since_launch_is_a_hang_too(
+    tmp_path: Path, marker: str, no_orphans: None
+) -> None:
     spec = spec_for(
-        tmp_path, marker, world_size=1, stall_timeout=1.0,
+        tmp_path,
+        marker,
+        world_size=1,
+        stall_timeout=1.0,
         argv=["python", "-c", "import time; time.sleep(60)", marker],
     )
     result = launch(spec)
@@ -344,22 +433,29 @@ def _printed_steps(run_dir: Path) -> int:
     """The newest step any rank has printed so far, from the logs (ahead of the monitor's queue)."""
     steps = [0]
     for log in run_dir.glob("rank*.stdout.log"):
-        steps += [int(line.split()[1]) for line in log.read_text().splitlines() if line.startswith("step ")]
+        steps += [
+            int(line.split()[1])
+            for line in log.read_text().splitlines()
+            if line.startswith("step ")
+        ]
     return max(steps)
 
 
-def test_stop_from_on_metric_after_step_k(tmp_path: Path, marker: str, no_orphans: Census) -> None:
+def test_stop_from_on_metric_after_step_k(tmp_path: Path, marker: str, no_orphans: None) -> None:
     after_step = 4
     spec = spec_for(tmp_path, marker, "--steps", "3000", "--sleep", "0.02", "--spawn-child")
     launcher = Launcher(spec)
     printed_at_stop: list[int] = []
+    reporting: set[int] = set()
 
     def stop_after(point: MetricPoint, running: Launcher) -> None:
-        if point.step == after_step and not printed_at_stop:
+        reporting.add(point.rank)
+        # both ranks up (and their grandchildren), as in a real job killed mid-training
+        if point.step >= after_step and reporting == {0, 1} and not printed_at_stop:
             printed_at_stop.append(_printed_steps(spec.run_dir))
             running.stop(f"resume drill: killed after step {after_step}")
 
-    launcher.on_metric.extend([no_orphans.on_metric, stop_after])
+    launcher.on_metric.append(stop_after)
     result = launcher.run()
 
     assert result.outcome == "stopped"
@@ -369,14 +465,17 @@ def test_stop_from_on_metric_after_step_k(tmp_path: Path, marker: str, no_orphan
     assert all(e.killed_by_trainguard and e.signal == "SIGKILL" for e in result.exits)
     # The ranks run ahead of the monitor by the lines still queued when it sees step 4 (a few
     # under load); once stop() is called they are killed: at most a step or two more.
+    assert result.last_step is not None
     assert after_step <= printed_at_stop[0] <= result.last_step <= printed_at_stop[0] + 2
-    assert result.duration_s < 10.0
-    assert no_orphans.grandchildren == 2
+    assert result.duration_s < 15.0
+    grandchildren = spawned_grandchildren(spec.run_dir)
+    assert len(grandchildren) == 2
+    assert_gone(grandchildren)
 
 
 @pytest.mark.parametrize("error", [RuntimeError("callback bug"), KeyboardInterrupt()])
 def test_an_exception_in_a_callback_propagates_after_teardown(
-    tmp_path: Path, marker: str, no_orphans: Census, error: BaseException
+    tmp_path: Path, marker: str, no_orphans: None, error: BaseException
 ) -> None:
     spec = spec_for(tmp_path, marker, "--steps", "3000", "--sleep", "0.02", "--spawn-child")
     launcher = Launcher(spec)
@@ -387,28 +486,30 @@ def test_an_exception_in_a_callback_propagates_after_teardown(
         if point.step >= 3 and reporting == {0, 1}:  # both ranks (and grandchildren) are up
             raise error
 
-    launcher.on_metric.extend([no_orphans.on_metric, explode])
+    launcher.on_metric.append(explode)
     started = time.monotonic()
     with pytest.raises(type(error)):
         launcher.run()
     assert time.monotonic() - started < 15.0
-    assert no_orphans.grandchildren == 2
+    grandchildren = spawned_grandchildren(spec.run_dir)
+    assert len(grandchildren) == 2
+    assert_gone(grandchildren)
     # the port reservation was released on the way out
     assert not (ports._DIR / str(launcher._port)).exists()
 
 
 def test_grandchildren_of_a_clean_run_are_reaped(
-    tmp_path: Path, marker: str, no_orphans: Census
+    tmp_path: Path, marker: str, no_orphans: None
 ) -> None:
     # the ranks exit 0 while the grandchildren they started would sleep for 600 s
     spec = spec_for(tmp_path, marker, "--steps", "3", "--sleep", "0.02", "--spawn-child")
-    launcher = Launcher(spec)
-    launcher.on_metric.append(no_orphans.on_metric)
-    result = launcher.run()
+    result = launch(spec)
     assert result.outcome == "ok"
     assert [e.returncode for e in result.exits] == [0, 0]
     assert result.duration_s < 10.0  # the grandchildren hold the pipes; teardown closes them
-    assert no_orphans.grandchildren == 2
+    grandchildren = spawned_grandchildren(spec.run_dir)
+    assert len(grandchildren) == 2
+    assert_gone(grandchildren)
 
 
 # --------------------------------------------------------------------------------------------
@@ -448,16 +549,27 @@ def test_jsonl_tail_waits_for_the_newline_of_a_partial_line(tmp_path: Path) -> N
         handle.write(b'{"step": 4, "loss": 0.75, "acc": 0.9}\n')
     both = JsonlTail(path, ["loss", "acc"], rank=0).poll(3.0)
     assert [(p.name, p.step) for p in both] == [
-        ("loss", 1), ("loss", 2), ("acc", 3), ("loss", 4), ("acc", 4)
+        ("loss", 1),
+        ("loss", 2),
+        ("acc", 3),
+        ("loss", 4),
+        ("acc", 4),
     ]
 
 
 def test_jsonl_metric_files_are_followed_per_rank(
-    tmp_path: Path, marker: str, no_orphans: Census
+    tmp_path: Path, marker: str, no_orphans: None
 ) -> None:
     metrics_dir = tmp_path / "metrics"
     spec = spec_for(
-        tmp_path, marker, "--steps", "6", "--sleep", "0.02", "--jsonl-dir", str(metrics_dir),
+        tmp_path,
+        marker,
+        "--steps",
+        "6",
+        "--sleep",
+        "0.02",
+        "--jsonl-dir",
+        str(metrics_dir),
         metric_regexes={},
         metric_files={"loss": "metrics/metrics-rank{rank}.jsonl"},  # relative to cwd
         cwd=tmp_path,
@@ -509,7 +621,9 @@ def test_reserve_port_returns_a_bindable_port_and_release_frees_it(port_dir: Pat
     reservation.release()  # twice is fine
 
 
-def test_concurrent_threads_never_share_a_port(port_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_concurrent_threads_never_share_a_port(
+    port_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a pool much smaller than the demand forces collisions on every other probe
     pool = list(range(41000, 41040))
     rng_lock = threading.Lock()
@@ -610,7 +724,9 @@ def test_a_stale_reservation_of_a_dead_pid_is_taken_over(
         assert (port_dir / "43001").read_text() == str(os.getpid())
 
 
-def test_a_reservation_of_a_live_process_is_respected(port_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reservation_of_a_live_process_is_respected(
+    port_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     port_dir.mkdir()
     (port_dir / "43002").write_text(str(os.getppid()))  # alive: our parent
     probes = iter([43002, 43003])
@@ -620,7 +736,9 @@ def test_a_reservation_of_a_live_process_is_respected(port_dir: Path, monkeypatc
     assert (port_dir / "43002").read_text() == str(os.getppid())
 
 
-def test_a_reservation_being_written_is_not_taken_over(port_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reservation_being_written_is_not_taken_over(
+    port_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Between its O_EXCL create and writing its pid, another process's marker is empty. Taking
     # it over as "stale" would hand the same port to two launchers.
     port_dir.mkdir()
@@ -632,9 +750,13 @@ def test_a_reservation_being_written_is_not_taken_over(port_dir: Path, monkeypat
     assert (port_dir / "43004").exists()
 
 
-def test_reserve_port_gives_up_with_a_clear_error(port_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reserve_port_gives_up_with_a_clear_error(
+    port_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     port_dir.mkdir()
     (port_dir / "43006").write_text(str(os.getpid()))
     monkeypatch.setattr(ports, "_probe_free_port", lambda host: 43006)
-    with pytest.raises(RuntimeError, match="could not reserve a free port on 127.0.0.1 after 3 attempts"):
+    with pytest.raises(
+        RuntimeError, match=r"could not reserve a free port on 127\.0\.0\.1 after 3 attempts"
+    ):
         ports.reserve_port(attempts=3)

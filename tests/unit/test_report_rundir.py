@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib.machinery
 import json
 import os
+import subprocess
 import re
+import stat
 import sys
 import threading
 import time
@@ -226,6 +228,25 @@ def test_atomic_write_creates_parent_directories(tmp_path: Path) -> None:
     assert path.read_bytes() == b"\x00\x01"
 
 
+@pytest.mark.skipif(not hasattr(os, "fchmod"), reason="POSIX file modes")
+def test_atomic_write_gives_a_new_file_the_mode_open_would(tmp_path: Path) -> None:
+    # mkstemp's 0o600 would lock out a CI uploader or another user reading reports/checkpoints
+    (tmp_path / "plain.txt").write_text("x")
+    expected = stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode)
+    path = atomic_write_text(tmp_path / "report.json", "{}")
+    assert stat.S_IMODE(path.stat().st_mode) == expected
+
+
+@pytest.mark.skipif(not hasattr(os, "fchmod"), reason="POSIX file modes")
+def test_atomic_write_keeps_the_mode_of_the_file_it_replaces(tmp_path: Path) -> None:
+    path = tmp_path / "report.json"
+    path.write_text("old")
+    path.chmod(0o640)
+    atomic_write_text(path, "new")
+    assert path.read_text() == "new"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
 def test_atomic_write_to_a_directory_path_fails_cleanly(tmp_path: Path) -> None:
     target = tmp_path / "taken"
     target.mkdir()
@@ -243,7 +264,8 @@ def test_new_run_dir_layout_and_gitignore(tmp_path: Path) -> None:
     state = tmp_path / "proj" / ".trainguard"
     run = new_run_dir(state, "mlp", "smoke")
 
-    assert run.is_dir() and list(run.iterdir()) == []
+    assert run.is_dir() and [p.name for p in run.iterdir()] == [".owner"]
+    assert (run / ".owner").read_text() == str(os.getpid())
     assert run.parent == state / "runs"
     assert re.fullmatch(r"\d{8}-\d{6}-mlp-+smoke", run.name), run.name
     ignore = state / ".gitignore"
@@ -298,14 +320,31 @@ def test_run_dirs_are_unique_under_concurrency(tmp_path: Path) -> None:
     assert (state / ".gitignore").is_file()
 
 
-def _make_runs(state: Path, job: str, n: int, start: float) -> list[Path]:
-    """n run directories of ``job`` with increasing mtimes (oldest first)."""
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def _make_runs(state: Path, job: str, n: int, start: float, *, finished: bool = True) -> list[Path]:
+    """n run directories of ``job`` with increasing mtimes (oldest first); ``finished``: their
+    creating process is gone (as after an earlier session), so they may be pruned."""
     made = []
+    dead = _dead_pid()
     for i in range(n):
         path = new_run_dir(state, job, f"check{i}", keep=1000)
+        if finished:
+            (path / ".owner").write_text(str(dead))
         os.utime(path, (start + i, start + i))
         made.append(path)
     return made
+
+
+def test_prune_keeps_run_dirs_of_a_live_process(tmp_path: Path) -> None:
+    # a reference run shared between checks of this session, or another xdist worker's run
+    live = _make_runs(tmp_path, "mlp", 3, time.time() - 100, finished=False)
+    assert prune_runs(tmp_path / "runs", "mlp", keep=1) == []
+    assert all(p.is_dir() for p in live)
 
 
 def test_prune_keeps_the_newest_n_of_that_job_only(tmp_path: Path) -> None:
@@ -341,10 +380,11 @@ def test_new_run_dir_prunes_old_runs_of_the_same_job(tmp_path: Path) -> None:
 
 def test_run_dirs_of_jobs_sharing_a_prefix_are_kept_apart(tmp_path: Path) -> None:
     state = tmp_path / ".trainguard"
-    big = [new_run_dir(state, "mlp-large", f"c{i}", keep=5) for i in range(3)]
-    small = [new_run_dir(state, "mlp", f"c{i}", keep=1) for i in range(3)]
+    big = _make_runs(state, "mlp-large", 3, time.time() - 100)
+    small = _make_runs(state, "mlp", 3, time.time() - 50)
+    newest = new_run_dir(state, "mlp", "c3", keep=1)
     assert all(p.is_dir() for p in big)
-    assert [p for p in small if p.is_dir()] == [small[-1]]
+    assert [p for p in [*small, newest] if p.is_dir()] == [newest]
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ VALUES: dict[str, tuple[tuple[str, Any], tuple[str, Any], tuple[str, Any]]] = {
         ("ini.json", Path("ini.json")),
     ),
     "keep_runs": (("7", 7), ("6", 6), ("5", 5)),
+    "ddp_timeout": (("30", 30.0), ("45.5", 45.5), ("60", 60.0)),
     "timeout_scale": (("2.5", 2.5), ("3", 3.0), ("0.5", 0.5)),
 }
 
@@ -104,7 +105,7 @@ def test_booleans_true(text: str) -> None:
     assert resolve(environ={"TRAINGUARD_DETERMINISTIC": text}).deterministic is True
 
 
-@pytest.mark.parametrize("text", ["0", "false", "False", "no", "NO", "off", "Off", ""])
+@pytest.mark.parametrize("text", ["0", "false", "False", "no", "NO", "off", "Off"])
 def test_booleans_false(text: str) -> None:
     settings = resolve(environ={"TRAINGUARD_COLLECT_YAML": text})
     assert settings.collect_yaml is False
@@ -134,6 +135,7 @@ BAD = [
     ("timeout_scale", "-2", "expected a number > 0"),
     ("timeout_scale", "nan", "expected a number > 0"),
     ("timeout_scale", "fast", "could not convert string to float"),
+    ("ddp_timeout", "0", "expected a number > 0"),
 ]
 
 
@@ -191,3 +193,9 @@ def test_docs_contain_the_options_table_verbatim() -> None:
     assert options_table() in DOC.read_text(encoding="utf-8"), (
         f"{DOC.name} is out of date: paste trainguard.settings.options_table() into it"
     )
+
+
+def test_empty_environment_value_reads_as_unset() -> None:
+    settings = resolve(environ={"TRAINGUARD_SEED": "", "TRAINGUARD_COLLECT_YAML": " "}, ini={"seed": "4"})
+    assert settings.seed == 4 and settings.sources["seed"] == "ini file"
+    assert settings.collect_yaml is True and settings.sources["collect_yaml"] == "default"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -21,6 +23,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
+            if hasattr(os, "fchmod"):  # POSIX
+                os.fchmod(handle.fileno(), _mode_for(target))
             os.fsync(handle.fileno())
         os.replace(tmp, target)
     except BaseException:
@@ -34,6 +38,22 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
 def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> Path:
     """Text flavour of :func:`atomic_write_bytes`."""
     return atomic_write_bytes(path, text.encode(encoding))
+
+
+def _mode_for(target: Path) -> int:
+    # mkstemp creates 0o600 files; a report or checkpoint should get the mode open() would give
+    # (the old file's, else 0o666 minus the umask), or a CI uploader or another user cannot read it.
+    try:
+        return stat.S_IMODE(target.stat().st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+@functools.cache
+def _umask() -> int:
+    mask = os.umask(0o022)  # the umask can only be read by setting it; put it straight back
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -59,6 +59,8 @@ class LaunchSpec:
     metric_files: Mapping[str, str] = field(default_factory=dict)  # name -> path ({rank} ok)
     timeout: float = 600.0
     stall_timeout: float | None = 60.0
+    #: the stall limit before the first metric line (imports, rendezvous); None: stall_timeout
+    startup_timeout: float | None = None
     grace_period: float = 5.0
     restart_count: int = 0
     max_restarts: int = 0
@@ -356,11 +358,14 @@ class Launcher:
                 evidence["stacks"] = _dump_stacks(self.ranks)
                 break
             since = now - max(last_progress, 0.0)
-            if spec.stall_timeout is not None and since > spec.stall_timeout:
+            limit = spec.stall_timeout
+            if first_metric is None and spec.startup_timeout is not None:
+                limit = spec.startup_timeout
+            if limit is not None and since > limit:
                 outcome = "hung"
                 what = "metric line" if first_metric is not None else "metric line since launch"
-                reason = f"no new {what} for {since:.1f} s (stall_timeout {spec.stall_timeout:g} s)"
-                detected_after = since - spec.stall_timeout
+                reason = f"no new {what} for {since:.1f} s (limit {limit:g} s)"
+                detected_after = since - limit
                 evidence["ranks"] = _rank_activity(self.ranks)
                 evidence["stacks"] = _dump_stacks(self.ranks)
                 break
@@ -507,14 +512,19 @@ def _dump_stacks(ranks: list[RankProcess], timeout: float = 15.0) -> dict[str, s
     """
     pyspy = shutil.which("py-spy") or _sibling_script("py-spy")
     stacks: dict[str, str] = {}
+    signalled = False
     for rp in ranks:
         if rp.popen.poll() is not None:
             stacks[str(rp.rank)] = f"(exited with {rp.popen.returncode} before the dump)"
             continue
         if pyspy is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(rp.pid, signal.SIGUSR1)  # only acts when the script registered faulthandler
             stacks[str(rp.rank)] = "(py-spy not installed: `pip install py-spy` for stack dumps)"
+            # SIGUSR1's default action terminates: send it only to a rank that handles it
+            if _handles_signal(rp.pid, signal.SIGUSR1):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rp.pid, signal.SIGUSR1)
+                    signalled = True
+                stacks[str(rp.rank)] += "; SIGUSR1 sent: see its stderr log"
             continue
         try:
             done = subprocess.run(
@@ -527,7 +537,21 @@ def _dump_stacks(ranks: list[RankProcess], timeout: float = 15.0) -> dict[str, s
             stacks[str(rp.rank)] = (done.stdout or done.stderr).strip()[-8000:]
         except subprocess.TimeoutExpired:
             stacks[str(rp.rank)] = f"(py-spy dump timed out after {timeout:g} s)"
+    if signalled:
+        time.sleep(0.5)  # the teardown that follows must not cut the faulthandler dumps short
     return stacks
+
+
+def _handles_signal(pid: int, sig: int) -> bool:
+    """Whether ``pid`` installed a handler for ``sig`` (Linux: SigCgt in /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
 
 
 def _sibling_script(name: str) -> str | None:

@@ -15,11 +15,13 @@ Flags plant one defect each, so a test can show that trainguard catches it:
 --skip-step K                 trains step K but prints no line for it
 --spawn-child                 starts a grandchild that sleeps 600 s (teardown must reap it)
 --jsonl-dir D                 metrics go to D/metrics-rank{RANK}.jsonl instead of stdout
+--faulthandler                SIGUSR1 prints every thread's stack to stderr (faulthandler)
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import math
 import os
@@ -64,6 +66,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skip-step", type=int, action="append", default=[])
     p.add_argument("--spawn-child", action="store_true")
     p.add_argument("--jsonl-dir", default=None)
+    p.add_argument("--faulthandler", action="store_true")
     return p.parse_args()
 
 
@@ -92,6 +95,8 @@ def load_latest(ckpt_dir: Path, rank: int) -> tuple[int, random.Random] | None:
 
 def main() -> int:
     args = parse_args()
+    if args.faulthandler:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     print(f"toy_train: rank {rank}/{world_size} starting (tag {args.tag})", flush=True)
@@ -102,10 +107,11 @@ def main() -> int:
     if args.spawn_child:
         # Like a DataLoader worker: it stays in our process group and holds our stdout/stderr
         # pipes open, so only a teardown of the whole group ends it and closes the pipes.
-        subprocess.Popen(
+        child = subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(600)", f"grandchild-{args.tag}"],
             stdin=subprocess.DEVNULL,
         )
+        print(f"toy_train: rank {rank} spawned grandchild {child.pid}", flush=True)
 
     ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else None
     if ckpt_dir is not None:
@@ -128,7 +134,11 @@ def main() -> int:
         if args.sleep:
             time.sleep(args.sleep)
         if rank == args.die_rank and step == args.die_step:
-            print(f"toy_train: rank {rank}: planted failure at step {step}", file=sys.stderr, flush=True)
+            print(
+                f"toy_train: rank {rank}: planted failure at step {step}",
+                file=sys.stderr,
+                flush=True,
+            )
             return 3
         if rank == args.hang_rank and step == args.hang_step:
             print(f"toy_train: rank {rank}: hanging at step {step}", file=sys.stderr, flush=True)
