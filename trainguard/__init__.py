@@ -36,6 +36,10 @@ _LAZY: dict[str, str] = {
     "assert_can_overfit": "trainguard.assertions",
     "assert_step_updates": "trainguard.assertions",
     "assert_equivalent": "trainguard.assertions",
+    # distributed (in-process ranks)
+    "ddp_gradient_diff": "trainguard.distributed",
+    "assert_ddp_gradients_match": "trainguard.distributed",
+    "assert_state_roundtrip": "trainguard.distributed",
     # job file and report
     "load_config": "trainguard.config",
     "JobFile": "trainguard.config",
@@ -56,12 +60,15 @@ __all__ = [
     "__version__",
     "assert_batch_independent",
     "assert_can_overfit",
+    "assert_ddp_gradients_match",
     "assert_equivalent",
     "assert_finite",
     "assert_grads_flow",
     "assert_loss_connected",
+    "assert_state_roundtrip",
     "assert_step_updates",
     "assert_tensor_meta",
+    "ddp_gradient_diff",
     "deterministic_mode",
     "load_config",
     "make_generator",
@@ -95,5 +102,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         assert_tensor_meta,
     )
     from trainguard.config import JobFile, load_config
+    from trainguard.distributed import (
+        assert_ddp_gradients_match,
+        assert_state_roundtrip,
+        ddp_gradient_diff,
+    )
     from trainguard.report import CheckResult, Report
     from trainguard.seeding import deterministic_mode, make_generator, seed_everything, seed_worker

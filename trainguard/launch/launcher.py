@@ -43,6 +43,7 @@ __all__ = ["LaunchSpec", "Launcher", "RankExit", "RankProcess", "RunResult", "la
 Outcome = Literal["ok", "failed", "hung", "timeout", "stopped", "interrupted"]
 
 _POLL_S = 0.05
+_SCAN_S = 0.5  # how often the process tree of every rank is recorded
 _TAIL_LINES = 30
 
 
@@ -172,8 +173,11 @@ class Launcher:
         self._threads: list[threading.Thread] = []
         self._t0 = 0.0
         self._killed: set[int] = set()
+        # every descendant seen so far: a launcher such as torchrun puts its workers in their
+        # own sessions, out of reach of the rank's process group
+        self._descendants: dict[int, psutil.Process] = {}
+        self._last_scan = 0.0
         self._stop_reason: str | None = None
-        self._port = None
 
     # -- control from callbacks / injectors ------------------------------------------------
 
@@ -327,6 +331,9 @@ class Launcher:
             now = self.elapsed()
             for tail in tails:
                 handle(tail.poll(now))
+            if now - self._last_scan > _SCAN_S:
+                self._scan_descendants()
+                self._last_scan = now
 
             codes = [rp.popen.poll() for rp in self.ranks]
             for rp, code in zip(self.ranks, codes):
@@ -421,24 +428,57 @@ class Launcher:
         path = Path(template.replace("{rank}", str(rank)))
         return path if path.is_absolute() else (self.spec.cwd or Path.cwd()) / path
 
+    def _scan_descendants(self) -> None:
+        for rp in self.ranks:
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(rp.pid).children(recursive=True):
+                    self._descendants.setdefault(child.pid, child)
+
+    def _live_descendants(self) -> list[psutil.Process]:
+        # psutil.Process remembers its create time: a recycled pid is not mistaken for ours
+        return [p for p in self._descendants.values() if _running(p)]
+
     def _teardown(self) -> None:
-        """SIGTERM every rank's process group, SIGKILL what is left after the grace period."""
+        """SIGTERM every rank's process group and every descendant seen, SIGKILL what is left
+        after the grace period."""
+        self._scan_descendants()
         alive = [rp for rp in self.ranks if rp.popen.poll() is None or _group_alive(rp.popen.pid)]
-        if not alive:
+        strays = self._live_descendants()
+        if not alive and not strays:
             return
         for rp in alive:
             if rp.popen.poll() is None:
                 self._killed.add(rp.rank)
             _signal_group(rp.popen, signal.SIGTERM)
+        _signal_all(strays, signal.SIGTERM)
         deadline = time.monotonic() + self.spec.grace_period
         while time.monotonic() < deadline:
-            if all(rp.popen.poll() is not None and not _group_alive(rp.popen.pid) for rp in alive):
+            if all(
+                rp.popen.poll() is not None and not _group_alive(rp.popen.pid) for rp in alive
+            ) and not self._live_descendants():
                 break
             time.sleep(_POLL_S)
         for rp in alive:
             _signal_group(rp.popen, signal.SIGKILL)
+        _signal_all(self._live_descendants(), signal.SIGKILL)
+        for rp in alive:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 rp.popen.wait(timeout=5)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal_all(procs: list[psutil.Process], sig: int) -> None:
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(sig)
+            if sig == signal.SIGTERM:
+                proc.send_signal(signal.SIGCONT)
 
 
 def _signal_group(popen: subprocess.Popen[bytes], sig: int) -> None:
