@@ -220,6 +220,20 @@ def _progress_metric(runner: JobRunner) -> str:
     return "loss" if "loss" in metrics else next(iter(metrics))
 
 
+def _by_component(keys: list[str]) -> str:
+    """``model (6 keys), optimizer (12 keys), scheduler (last_epoch, _step_count)``: the
+    top-level component tells what was not saved or restored; its keys when they are few."""
+    groups: dict[str, list[str]] = {}
+    for key in keys:
+        head, _, rest = key.partition(".")
+        groups.setdefault(head, []).append(rest or head)
+    parts = []
+    for head, rest in groups.items():
+        shown = f"{', '.join(rest)}" if len(rest) <= 3 else f"{len(rest)} keys"
+        parts.append(f"{head} ({shown})")
+    return ", ".join(parts)
+
+
 def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     """Reference run of ``steps``; a second run SIGKILLed right after ``after_step``; resumed in
     new processes with ``resume_args``; the resumed steps must equal the reference's."""
@@ -306,9 +320,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         else:
             problems.append(f"the resumed run is missing steps {diff.missing_in_actual[:5]}")
     if state.compared and not state.ok:
-        keys = ", ".join(k for k, _ in state.differing[:5])
-        more = f" and {len(state.differing) - 5} more" if len(state.differing) > 5 else ""
-        problems.append(f"final checkpoints differ in {keys}{more}")
+        problems.append(f"final checkpoints differ in {_by_component([k for k, _ in state.differing])}")
     duration = time.monotonic() - started
     if problems:
         evidence["likely_causes"] = list(RESUME_CAUSES)

@@ -40,14 +40,6 @@ from trainguard.launch.metrics import JsonlTail, trajectory
 
 TOY = Path(__file__).resolve().parents[1] / "data" / "jobs" / "toy_train.py"
 LOSS = r"step (?P<step>\d+) loss (?P<value>\S+)"
-TORCHRUN_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
 
 
 # --------------------------------------------------------------------------------------------
