@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from trainguard.plugins.markers import validate_marker
 
 __all__ = ["CHILD_ENV", "child_call", "parent_call"]
@@ -46,8 +45,9 @@ def _choose_backend(requested: str | None, world_size: int) -> tuple[str, str | 
 
 def parent_call(item: pytest.Function) -> None:
     """Launch ``world_size`` rank processes running this one test and judge their outcomes."""
-    from trainguard.launch import LaunchSpec, Launcher
     from trainguard.plugins.session import get_session
+
+    from trainguard.launch import Launcher, LaunchSpec
 
     marker = item.get_closest_marker("ddp")
     assert marker is not None

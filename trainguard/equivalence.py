@@ -181,7 +181,11 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
             duration,
             reproduce,
         )
-    worst = min(bad, key=lambda d: d.first_divergent_step or 0)
+    # a metric that really diverges says more than one that only misses steps
+    worst = min(
+        bad,
+        key=lambda d: (d.first_divergent_step is None, d.first_divergent_step or 0),
+    )
     if worst.first_divergent_step is None:
         summary = (
             f"{worst.metric}: the second run is missing steps {worst.missing_in_actual[:5]} "

@@ -20,7 +20,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from trainguard.launch import LaunchSpec, Launcher, reserve_port
+from trainguard.launch import Launcher, LaunchSpec, reserve_port
 
 SCRIPT = textwrap.dedent(
     """
@@ -62,9 +62,9 @@ def death_latency(script: Path, root: Path, n: int) -> list[float]:
         launcher = Launcher(_spec(script, root / f"kill{i}", 10_000))
         killed_at: list[float] = []
 
-        def cb(point, l, killed_at=killed_at):
+        def cb(point, launcher, killed_at=killed_at):
             if point.step == 5 and not killed_at:
-                os.kill(l.ranks[1].pid, signal.SIGKILL)
+                os.kill(launcher.ranks[1].pid, signal.SIGKILL)
                 killed_at.append(time.monotonic())
 
         launcher.on_metric.append(cb)
@@ -83,9 +83,9 @@ def hang_latency(script: Path, root: Path, n: int, stall: float) -> list[float]:
         launcher = Launcher(_spec(script, root / f"hang{i}", 10_000, stall=stall))
         stopped_at: list[float] = []
 
-        def cb(point, l, stopped_at=stopped_at):
+        def cb(point, launcher, stopped_at=stopped_at):
             if point.step == 5 and not stopped_at:
-                os.kill(l.ranks[1].pid, signal.SIGSTOP)
+                os.kill(launcher.ranks[1].pid, signal.SIGSTOP)
                 stopped_at.append(time.monotonic())
 
         launcher.on_metric.append(cb)

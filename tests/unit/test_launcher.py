@@ -266,7 +266,7 @@ def test_dying_rank_fails_the_attempt_fast_and_tears_down_the_others(
     rank1_last = max(p.t for p in result.points if p.rank == 1)
     assert result.duration_s - rank1_last < 5.0, result.duration_s
     assert wall < 10.0
-    assert result.detected_after_s is not None and result.detected_after_s < 1.0
+    assert result.detected_after_s is None  # a death is timed by the benchmark, from the kill
     assert max(p.step for p in result.points if p.rank == 0) < 500
     grandchildren = spawned_grandchildren(spec.run_dir)
     assert 1 <= len(grandchildren) <= 2  # rank 1's for sure; rank 0's unless it started late

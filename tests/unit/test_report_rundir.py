@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib.machinery
 import json
 import os
-import subprocess
 import re
 import stat
+import subprocess
 import sys
 import threading
 import time

@@ -353,7 +353,8 @@ class Launcher:
                 name = _signal_name(code)
                 how = f"killed by {name}" if name else f"exited with code {code}"
                 outcome, reason = "failed", f"rank {rp.rank} {how}"
-                detected_after = now - exit_seen_at[rp.rank]
+                # the death itself is not observable here (tests/benchmarks measure it from
+                # the kill); what is known is that it was seen within one poll interval
                 break
             if all(code is not None for code in codes):
                 outcome = "ok"

@@ -61,8 +61,15 @@ def _take(marker: Path) -> bool:
             return False
         if owner and psutil.pid_exists(owner):
             return False
+        # Stale: its owner died without releasing. Two processes may both see that; renaming
+        # is atomic, so only one of them removes the stale file, and O_EXCL then decides.
+        aside = marker.with_name(f"{marker.name}.stale.{os.getpid()}")
+        try:
+            os.rename(marker, aside)
+        except FileNotFoundError:
+            return False  # someone else took it over first
         with contextlib.suppress(FileNotFoundError):
-            marker.unlink()  # stale: its owner died without releasing
+            aside.unlink()
         return _take(marker)
     with os.fdopen(fd, "w") as handle:
         handle.write(str(os.getpid()))
