@@ -72,13 +72,13 @@ class _SessionRecorder:
             if raw is not None:
                 from trainguard.report import CheckResult
 
-                result = CheckResult(**json.loads(raw))
+                result = CheckResult(**json.loads(str(raw)))
                 get_session(self.config).check_results.append((report.nodeid, result))
         if not report.failed or report.when == "teardown":
             return
         if SEED_PROPERTY not in props:
             return
-        seed = int(props[SEED_PROPERTY])
+        seed = int(str(props[SEED_PROPERTY]))
         get_session(self.config).seeded_failures.append(
             SeededFailure(report.nodeid, seed, _reproduce(report.nodeid, seed, props))
         )
@@ -163,7 +163,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return
     props = dict(item.user_properties)
     if SEED_PROPERTY in props:
-        seed = int(props[SEED_PROPERTY])
+        seed = int(str(props[SEED_PROPERTY]))
         item.add_report_section(
             "call", "trainguard", f"seeded with {seed}; reproduce: {_reproduce(item.nodeid, seed, props)}"
         )

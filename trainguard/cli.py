@@ -14,6 +14,7 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 from trainguard._version import __version__
 from trainguard.errors import ConfigError, TrainguardError
@@ -24,7 +25,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own exit code is 2 as well
+    def error(self, message: str) -> NoReturn:  # argparse's own exit code is 2 as well
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 

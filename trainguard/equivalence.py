@@ -232,8 +232,8 @@ def _by_component(keys: list[str]) -> str:
         head, _, rest = key.partition(".")
         groups.setdefault(head, []).append(rest or head)
     parts = []
-    for head, rest in groups.items():
-        shown = f"{', '.join(rest)}" if len(rest) <= 3 else f"{len(rest)} keys"
+    for head, members in groups.items():
+        shown = ", ".join(members) if len(members) <= 3 else f"{len(members)} keys"
         parts.append(f"{head} ({shown})")
     return ", ".join(parts)
 
