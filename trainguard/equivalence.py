@@ -17,6 +17,7 @@ from typing import Any
 from trainguard.checkpoints import compare_checkpoint_dirs
 from trainguard.config import DeterminismCheck, ParallelCheck, ResumeCheck
 from trainguard.launch import Launcher, MetricPoint, RunResult
+from trainguard.launch.metrics import aligned_trajectories
 from trainguard.report import CheckResult
 from trainguard.runner import JobRunner
 
@@ -144,13 +145,11 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
         return _failed_run("determinism", second, started, reproduce)
     diffs = []
     for metric in job.metrics:
-        expected = first.trajectory(metric)
+        actual, expected = aligned_trajectories(second.points, first.points, metric)
         if not expected:
             continue
         diffs.append(
-            compare_trajectories(
-                second.trajectory(metric), expected, metric=metric, rtol=spec.rtol, atol=spec.atol
-            )
+            compare_trajectories(actual, expected, metric=metric, rtol=spec.rtol, atol=spec.atol)
         )
     evidence: dict[str, Any] = {
         "seed": request.seed,
@@ -274,8 +273,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     if not resumed.ok:
         return _failed_run("resume", resumed, started, reproduce)
 
-    expected = reference.trajectory(metric)
-    actual = resumed.trajectory(metric)
+    actual, expected = aligned_trajectories(resumed.points, reference.points, metric)
     evidence: dict[str, Any] = {
         "after_step": spec.after_step,
         "killed_after_step": killed_at,

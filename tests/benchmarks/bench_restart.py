@@ -26,7 +26,7 @@ from pathlib import Path
 from trainguard.config import parse_config
 from trainguard.equivalence import compare_trajectories
 from trainguard.launch import Launcher, MetricPoint, reserve_port
-from trainguard.launch.metrics import MetricParser, trajectory
+from trainguard.launch.metrics import MetricParser, aligned_trajectories, trajectory
 from trainguard.runner import JobRunner, RunRequest
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
@@ -48,7 +48,7 @@ def ours(root: Path, runs: int) -> None:
     job_file = parse_config(JOB, path=root / "trainguard.yaml")
     runner = JobRunner(job_file)
     request = RunRequest.make(steps=STEPS, seed=0, world_size=2)
-    reference = runner.reference(request).trajectory("loss")
+    reference = runner.reference(request)
     recovered, latencies = 0, []
     for i in range(runs):
         killed_at: list[float] = []
@@ -62,7 +62,8 @@ def ours(root: Path, runs: int) -> None:
                 first_after.append(time.monotonic())
 
         run = runner.supervise(request, label=f"bench{i}", backoff_s=0.0, on_metric=inject)
-        diff = compare_trajectories(run.trajectory("loss"), reference, metric="loss")
+        actual, expected = aligned_trajectories(run.points, reference.points, "loss")
+        diff = compare_trajectories(actual, expected, metric="loss")
         ok = run.ok and run.restarts == 1 and diff.ok
         recovered += ok
         if killed_at and first_after:

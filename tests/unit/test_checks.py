@@ -320,3 +320,26 @@ def test_check_of_an_unknown_name_is_a_config_error_naming_the_file(jobs: Path) 
     with pytest.raises(ConfigError, match=r"toy\.trainguard\.yaml: unknown check name\(s\) bogus"):
         check(jobs / "toy.trainguard.yaml", only=["bogus"])
     assert not (jobs / ".trainguard" / "report.json").exists()
+
+
+def test_aligned_trajectories_compare_a_partly_printed_step_on_its_ranks_only() -> None:
+    """Rank 1 printed step 25 and was killed before rank 0 printed it: that step is compared on
+    rank 1 alone, not as a false divergence; a real difference is still caught."""
+    from trainguard.launch import MetricPoint as P
+    from trainguard.launch.metrics import aligned_trajectories
+
+    reference = [P("loss", 25, 1.0, 0, 0.0), P("loss", 25, 3.0, 1, 0.0), P("loss", 26, 2.0, 0, 0.0), P("loss", 26, 2.5, 1, 0.0)]
+    recovered = [P("loss", 25, 3.0, 1, 0.0), P("loss", 26, 2.0, 0, 0.0), P("loss", 26, 2.5, 1, 0.0)]
+    actual, expected = aligned_trajectories(recovered, reference)
+    assert compare_trajectories(actual, expected).ok
+    # the plain per-step means would have called step 25 divergent (3.0 vs 2.0)
+    from trainguard.launch import trajectory
+
+    assert not compare_trajectories(trajectory(recovered), trajectory(reference)).ok
+    wrong = [P("loss", 25, 3.5, 1, 0.0), *recovered[1:]]
+    actual, expected = aligned_trajectories(wrong, reference)
+    assert compare_trajectories(actual, expected).first_divergent_step == 25
+    # N ranks vs 1 rank: plain means
+    single = [P("loss", 25, 2.0, 0, 0.0), P("loss", 26, 2.25, 0, 0.0)]
+    actual, expected = aligned_trajectories(reference, single)
+    assert actual == {25: 2.0, 26: 2.25} and expected == {25: 2.0, 26: 2.25}

@@ -90,6 +90,21 @@ class JsonlTail:
         return points
 
 
+def per_rank(points: Iterable[MetricPoint], name: str = "loss") -> dict[int, dict[int, float]]:
+    """``{step: {rank: value}}`` of one metric; a step printed twice by the same rank (a
+    restarted attempt re-running it) keeps the latest value."""
+    per_step: dict[int, dict[int, float]] = defaultdict(dict)
+    for p in points:
+        if p.name == name:
+            per_step[p.step][p.rank] = p.value
+    return dict(per_step)
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return math.fsum(values) / len(values)
+
+
 def trajectory(points: Iterable[MetricPoint], name: str = "loss") -> dict[int, float]:
     """Per-step value of one metric: the mean over the ranks that printed it.
 
@@ -97,12 +112,28 @@ def trajectory(points: Iterable[MetricPoint], name: str = "loss") -> dict[int, f
     rank 0 both give one value per step. When a step was printed twice by the same rank (a
     restarted attempt re-running it), the latest value wins.
     """
-    per_step: dict[int, dict[int, float]] = defaultdict(dict)
-    for p in points:
-        if p.name == name:
-            per_step[p.step][p.rank] = p.value
-    out = {}
-    for step in sorted(per_step):
-        values = list(per_step[step].values())
-        out[step] = math.fsum(values) / len(values)
-    return out
+    steps = per_rank(points, name)
+    return {step: _mean(steps[step].values()) for step in sorted(steps)}
+
+
+def aligned_trajectories(
+    actual: Iterable[MetricPoint], expected: Iterable[MetricPoint], name: str = "loss"
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Trajectories of two runs made comparable step by step.
+
+    A step that only some ranks printed (the last step of an attempt whose other ranks were torn
+    down before printing it) is compared on those ranks only: the expected value is the mean over
+    the same ranks. Runs with different rank sets (N ranks vs 1) compare their plain means.
+    """
+    a_steps, e_steps = per_rank(actual, name), per_rank(expected, name)
+    a_out: dict[int, float] = {}
+    e_out: dict[int, float] = {}
+    for step in sorted(set(a_steps) | set(e_steps)):
+        a, e = a_steps.get(step), e_steps.get(step)
+        if a is not None and e is not None and len(e) > 1 and set(a) < set(e):
+            e_out[step] = _mean(e[r] for r in a)
+        elif e is not None:
+            e_out[step] = _mean(e.values())
+        if a is not None:
+            a_out[step] = _mean(a.values())
+    return a_out, e_out
