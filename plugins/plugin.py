@@ -91,6 +91,14 @@ def _reproduce(nodeid: str, seed: int, props: dict[str, Any]) -> str:
     return command
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that use ``tg_canary`` carry the ``canary`` marker (``pytest -m canary``)."""
+    for item in items:
+        if "tg_canary" in getattr(item, "fixturenames", ()):
+            item.add_marker("canary")
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     """Collect ``trainguard.yaml`` / ``*.trainguard.yaml`` as one item per check (switch off
     with ``trainguard_collect_yaml = false``)."""

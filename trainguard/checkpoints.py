@@ -7,6 +7,7 @@ arbitrary code runs); one that needs full unpickling is reported, not loaded.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,10 +45,14 @@ def load_checkpoint(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
+        # torch's message is long; the class it refused is what a person needs
+        refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        what = f"a pickled {refused.group(1)}" if refused else str(exc).splitlines()[0]
         raise ValueError(
-            f"{path} cannot be loaded with weights_only=True (it holds objects other than "
-            f"tensors and plain containers: {str(exc).splitlines()[0]}). Save plain state "
-            "dicts (tensors, numbers, strings, lists, dicts) so checkpoints load safely"
+            f"{path} cannot be loaded with weights_only=True: it needs full unpickling (it holds "
+            f"{what}, not only tensors and plain containers). Save plain state dicts (tensors, "
+            "numbers, strings, lists, dicts; e.g. vars(args) instead of args) so checkpoints "
+            "load safely"
         ) from None
     except (RuntimeError, OSError, EOFError) as exc:
         raise ValueError(f"{path} is not a loadable torch checkpoint: {exc}") from None

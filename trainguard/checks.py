@@ -18,11 +18,13 @@ __all__ = ["available_checks", "check", "run_check", "run_checks"]
 
 
 def _registry() -> dict[str, Callable[[JobRunner, Any], CheckResult]]:
+    from trainguard.canary import run_canary
     from trainguard.equivalence import run_determinism, run_parallel, run_resume
     from trainguard.smoke import run_smoke
 
     return {
         "smoke": run_smoke,
+        "canary": run_canary,
         "determinism": run_determinism,
         "resume": run_resume,
         "parallel": run_parallel,

@@ -200,6 +200,28 @@ class CanaryCheck(CheckSpec):
     max_memory_mb: float | None = Field(None, gt=0)
     min_loss_drop: float = Field(0.2, ge=0, lt=1)
     spike_factor: float = Field(10.0, gt=1)
+    #: a validation metric (a name in job.metrics) that must fall by ``min_val_drop`` too
+    val_metric: str | None = Field(None, min_length=1)
+    min_val_drop: float = Field(0.1, ge=0, lt=1)
+    #: a gradient-norm metric (a name in job.metrics) whose every value must lie in
+    #: ``grad_norm_range``
+    grad_norm: str | None = Field(None, min_length=1)
+    grad_norm_range: list[float] | None = None
+
+    @model_validator(mode="after")
+    def _grad_norm_range_is_an_interval(self) -> CanaryCheck:
+        bounds = self.grad_norm_range
+        if bounds is not None and (len(bounds) != 2 or not 0 <= bounds[0] <= bounds[1]):
+            raise ValueError(
+                f"grad_norm_range must be [low, high] with 0 <= low <= high, got {bounds!r}; "
+                "e.g. `grad_norm_range: [0.0, 100.0]`"
+            )
+        if (bounds is None) != (self.grad_norm is None):
+            raise ValueError(
+                "grad_norm and grad_norm_range go together: name the metric "
+                "(`grad_norm: grad_norm`) and its allowed range (`grad_norm_range: [0.0, 100.0]`)"
+            )
+        return self
 
 
 class DeterminismCheck(CheckSpec):
@@ -661,4 +683,15 @@ def _cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
                 f"(it has: {', '.join(job.metrics)}). Fix: add {_DEFAULT_REGEX_HINT}",
             )
         )
+    if checks.canary is not None:
+        for key in ("val_metric", "grad_norm"):
+            name = getattr(checks.canary, key)
+            if name is not None and name not in job.metrics:
+                problems.append(
+                    (
+                        f"checks.canary.{key}",
+                        f"{name!r} is not one of job.metrics (it has: {', '.join(job.metrics)}). "
+                        f"Fix: add a `{name}` regex to job.metrics or name one of those",
+                    )
+                )
     return problems

@@ -32,6 +32,7 @@ class RunRequest:
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     timeout: float | None = None
+    max_rss_mb: float | None = None  # per rank's process tree; the launcher stops the run above
 
     @classmethod
     def make(
@@ -43,8 +44,12 @@ class RunRequest:
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        max_rss_mb: float | None = None,
     ) -> RunRequest:
-        return cls(steps, seed, world_size, tuple(args), tuple(sorted((env or {}).items())), timeout)
+        return cls(
+            steps, seed, world_size, tuple(args), tuple(sorted((env or {}).items())), timeout,
+            max_rss_mb,
+        )
 
 
 @dataclass
@@ -198,6 +203,7 @@ class JobRunner:
             restart_count=restart_count,
             echo=self.echo,
             label=label,
+            max_rss_mb=request.max_rss_mb,
         )
         launcher = Launcher(spec)
         if on_metric is not None:

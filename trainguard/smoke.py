@@ -1,16 +1,31 @@
-"""The smoke check: the job end to end for a few steps, every stage accounted for."""
+"""The smoke check: the job end to end for a few steps, every stage accounted for.
+
+Stages, each timed in the evidence: launch -> first metric line, training (first -> last metric
+line), exit, loading the checkpoint it wrote (``weights_only=True``), and a resume from that
+checkpoint in new processes (``job.resume_args``) that must start right after the
+checkpoint's step.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import time
 from pathlib import Path
 from typing import Any
 
+from trainguard.checkpoints import find_checkpoints, load_checkpoint
 from trainguard.config import SmokeCheck
 from trainguard.report import CheckResult
-from trainguard.runner import JobRunner
+from trainguard.runner import JobRunner, RunRequest
 
-__all__ = ["run_smoke"]
+__all__ = ["checkpoint_step", "run_smoke"]
+
+#: extra steps the resume stage asks for beyond the first run's
+RESUME_EXTRA_STEPS = 2
+
+_STEP_IN_NAME = re.compile(r"(?:step|iter|it|ckpt|checkpoint)[_-]?0*(\d+)", re.IGNORECASE)
+_LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
 
 
 def _checkpoint_files(directory: Path) -> list[Path]:
@@ -19,14 +34,35 @@ def _checkpoint_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file() and not p.name.startswith("."))
 
 
+def checkpoint_step(path: Path, state: Any = None) -> int | None:
+    """The training step a checkpoint was taken at: its ``step`` key when the loaded ``state``
+    has an integer one, else the number after ``step``/``iter``/``ckpt`` in the file name, else
+    the last number in the name; None when there is none."""
+    step: Any = state.get("step") if isinstance(state, dict) else None
+    if isinstance(step, int) and not isinstance(step, bool):
+        return step
+    if hasattr(step, "item"):  # a 0-d tensor
+        try:
+            return int(step.item())
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    match = _STEP_IN_NAME.search(path.stem) or _LAST_NUMBER.search(path.stem)
+    return int(match.group(1)) if match else None
+
+
 def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
-    """Passes when the job exits 0 within its limit, printed a metric for every step and (when
-    it is given ``{checkpoint_dir}``) wrote a checkpoint there."""
+    """Passes when the job exits 0 within its limit, printed a metric for every step, (when it
+    is given ``{checkpoint_dir}``) wrote a checkpoint there that loads with
+    ``weights_only=True``, and (when ``job.resume_args`` is set) resumes from it in new
+    processes at the step after the checkpoint's."""
     started = time.monotonic()
     job_file = runner.job_file
     job = job_file.job
     request = runner.request_for(spec)
+    resume_request = dataclasses.replace(request, steps=spec.steps + RESUME_EXTRA_STEPS)
     reproduce = runner.command_line(request)
+    if job.resume_args:
+        reproduce += f"  # then: {runner.command_line(resume_request, resume=True)}"
     result = runner.run(request, label="smoke")
     problems: list[str] = []
     stages: dict[str, Any] = {
@@ -54,7 +90,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
     files = _checkpoint_files(checkpoint_dir)
     if uses_checkpoints and result.ok and not files:
         problems.append(f"no checkpoint was written to {checkpoint_dir}")
-    evidence = {
+    evidence: dict[str, Any] = {
         "steps": spec.steps,
         "outcome": result.outcome,
         "exits": [e.describe for e in result.exits],
@@ -65,6 +101,28 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
     }
     if not result.ok:
         evidence["stderr_tail"] = result.stderr_tail
+
+    resume_note = ""
+    if not problems and files:
+        ckpt_step, load_problem = _load_stage(files, checkpoint_dir, stages, evidence)
+        if load_problem is not None:
+            problems.append(load_problem)
+        elif not job.resume_args:
+            stages["resume"] = "skipped: job.resume_args is empty, so the job cannot be resumed"
+        else:
+            if ckpt_step is None:
+                ckpt_step = result.last_step  # no step in the file: the last one printed
+                evidence["checkpoint_step_from"] = "the first run's last printed step"
+            resume_problem = _resume_stage(
+                runner, resume_request, checkpoint_dir, metric, ckpt_step, stages, evidence
+            )
+            if resume_problem is not None:
+                problems.append(resume_problem)
+            else:
+                resume_note = f"; resumed from the checkpoint of step {ckpt_step} at step {evidence['resume']['first_step']}"
+    elif not problems and not uses_checkpoints:
+        stages["checkpoint_load"] = stages["resume"] = "skipped: the job is not given {checkpoint_dir}"
+
     duration = time.monotonic() - started
     if problems:
         return CheckResult("smoke", "failed", "; ".join(problems), evidence, duration, reproduce)
@@ -72,8 +130,85 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
         "smoke",
         "passed",
         f"{spec.steps} steps in {result.duration_s:.1f} s, metrics for every step"
-        + (f", {len(files)} checkpoint file(s)" if files else ""),
+        + (f", {len(files)} checkpoint file(s)" if files else "")
+        + resume_note,
         evidence,
         duration,
         reproduce,
     )
+
+
+def _load_stage(
+    files: list[Path], checkpoint_dir: Path, stages: dict[str, Any], evidence: dict[str, Any]
+) -> tuple[int | None, str | None]:
+    """Load the newest torch checkpoint; (its step, the problem or None)."""
+    torch_files = find_checkpoints(checkpoint_dir)
+    if not torch_files:
+        # e.g. JSON or safetensors files: not loadable here, but their names may give the step
+        newest = max(files, key=lambda p: (p.stat().st_mtime, p.name))
+        stages["checkpoint_load"] = (
+            f"skipped: no file with a torch suffix (.pt, .pth, .ckpt, .bin, .tar) among "
+            f"{len(files)} file(s)"
+        )
+        evidence["checkpoint"] = {"file": str(newest), "step": checkpoint_step(newest)}
+        return checkpoint_step(newest), None
+    newest = torch_files[-1]
+    t0 = time.monotonic()
+    try:
+        state = load_checkpoint(newest)
+    except ValueError as exc:
+        stages["checkpoint_load_s"] = round(time.monotonic() - t0, 3)
+        evidence["checkpoint"] = {"file": str(newest), "loaded": False}
+        return None, f"the checkpoint does not load: {exc}"
+    stages["checkpoint_load_s"] = round(time.monotonic() - t0, 3)
+    step = checkpoint_step(newest, state)
+    evidence["checkpoint"] = {
+        "file": str(newest),
+        "loaded": True,
+        "step": step,
+        "keys": sorted(str(k) for k in state)[:20] if isinstance(state, dict) else None,
+    }
+    return step, None
+
+
+def _resume_stage(
+    runner: JobRunner,
+    request: RunRequest,
+    checkpoint_dir: Path,
+    metric: str,
+    ckpt_step: int | None,
+    stages: dict[str, Any],
+    evidence: dict[str, Any],
+) -> str | None:
+    """Resume in new processes with ``resume_args`` for a few more steps; the problem or None."""
+    resumed = runner.run(request, label="smoke-resume", resume=True, checkpoint_dir=checkpoint_dir)
+    stages["resume_s"] = round(resumed.duration_s, 3)
+    printed = resumed.trajectory(metric)
+    first = min(printed) if printed else None
+    evidence["resume"] = {
+        "checkpoint_step": ckpt_step,
+        "steps": request.steps,
+        "first_step": first,
+        "last_step": max(printed) if printed else None,
+        "outcome": resumed.outcome,
+        "run_dir": str(resumed.run_dir),
+    }
+    if not resumed.ok:
+        evidence["resume"]["stderr_tail"] = resumed.stderr_tail
+        return f"the resumed run did not complete: {resumed.reason}"
+    if first is None:
+        return f"the resumed run printed no `{metric}` line"
+    if ckpt_step is not None and first != ckpt_step + 1:
+        if first == 1:
+            return (
+                f"the resumed run started again from step 1 instead of step {ckpt_step + 1} (the "
+                f"checkpoint is of step {ckpt_step}): does job.resume_args make the job load the "
+                "latest checkpoint in {checkpoint_dir}?"
+            )
+        return (
+            f"the resumed run started at step {first}, expected step {ckpt_step + 1} (right "
+            f"after the checkpoint of step {ckpt_step})"
+        )
+    if max(printed) < request.steps:
+        return f"the resumed run stopped at step {max(printed)}, not at step {request.steps}"
+    return None

@@ -10,7 +10,10 @@ parses metric lines as they arrive, and watches the ranks:
 * no new metric line for ``stall_timeout`` seconds is a hang: each rank's CPU activity, state and
   stack (py-spy) are collected as evidence, then the group is torn down. CPU time is not taken
   as progress: NCCL busy-polls inside a stuck collective;
-* ``timeout`` bounds the whole attempt.
+* ``timeout`` bounds the whole attempt;
+* every rank's process tree is sampled every 0.5 s: its resident memory (and, with
+  nvidia-ml-py and a GPU, its GPU memory) peaks are kept per rank, and ``max_rss_mb`` stops
+  the run as soon as one rank's tree holds more.
 
 Nothing outlives :meth:`Launcher.run`: Ctrl-C, an exception or a deadline all end in the same
 teardown of every process group (DataLoader workers included).
@@ -68,6 +71,9 @@ class LaunchSpec:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     echo: Callable[[int, str, str], None] | None = None  # (rank, stream, line) live
     label: str = "attempt-0"
+    #: stop the run ("failed") once one rank's process tree (the rank and every descendant)
+    #: holds more resident memory than this, in MB; sampled every ``_SCAN_S`` seconds
+    max_rss_mb: float | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,12 @@ class RunResult:
     stderr_tail: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)
     detected_after_s: float | None = None  # death/hang -> detection latency
+    #: peak resident memory per rank of the rank's process tree (DataLoader workers included;
+    #: pages shared between them are counted once per process), sampled every 0.5 s
+    peak_rss_mb: dict[int, float] = field(default_factory=dict)
+    #: peak GPU memory per rank (its tree's processes on every GPU); only with nvidia-ml-py
+    #: installed and a GPU present
+    peak_gpu_mb: dict[int, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -176,8 +188,11 @@ class Launcher:
         # every descendant seen so far: a launcher such as torchrun puts its workers in their
         # own sessions, out of reach of the rank's process group
         self._descendants: dict[int, psutil.Process] = {}
-        self._last_scan = 0.0
+        self._last_scan = -_SCAN_S  # the first scan (and memory sample) right after the start
         self._stop_reason: str | None = None
+        self._peak_rss_mb: dict[int, float] = {}
+        self._peak_gpu_mb: dict[int, float] = {}
+        self._gpu: _GpuMemory | None = None
 
     # -- control from callbacks / injectors ------------------------------------------------
 
@@ -207,12 +222,15 @@ class Launcher:
         reservation = reserve_port()
         self._port = reservation.port
         self._t0 = time.monotonic()
+        self._gpu = _GpuMemory.open()
         try:
             self._start(reservation.port)
             return self._monitor(reservation.port)
         finally:  # Ctrl-C and exceptions included: nothing outlives run()
             self._teardown()
             reservation.release()
+            if self._gpu is not None:
+                self._gpu.close()
 
     def _env_for(self, rank: int, port: int) -> dict[str, str]:
         spec = self.spec
@@ -331,8 +349,9 @@ class Launcher:
             now = self.elapsed()
             for tail in tails:
                 handle(tail.poll(now))
+            over_limit: tuple[int, float] | None = None
             if now - self._last_scan > _SCAN_S:
-                self._scan_descendants()
+                over_limit = self._sample_memory(self._scan_descendants())
                 self._last_scan = now
 
             codes = [rp.popen.poll() for rp in self.ranks]
@@ -341,6 +360,18 @@ class Launcher:
                     exit_seen_at[rp.rank] = now
             if self._stop_reason is not None:
                 outcome, reason = "stopped", self._stop_reason
+                break
+            if over_limit is not None:
+                failed_rank, used = over_limit
+                limit_mb = spec.max_rss_mb or 0.0
+                outcome = "failed"
+                reason = (
+                    f"rank {failed_rank}'s processes used {used:.0f} MB of memory (RSS), "
+                    f"{used - limit_mb:.0f} MB over the limit of {limit_mb:g} MB"
+                )
+                evidence["memory_limit"] = {
+                    "rank": failed_rank, "rss_mb": round(used, 1), "limit_mb": limit_mb,
+                }
                 break
             bad = [
                 (rp, code)
@@ -423,17 +454,44 @@ class Launcher:
             stderr_tail=stderr_tail,
             evidence=evidence,
             detected_after_s=detected_after,
+            peak_rss_mb=dict(self._peak_rss_mb),
+            peak_gpu_mb=dict(self._peak_gpu_mb),
         )
 
     def _metric_path(self, template: str, rank: int) -> Path:
         path = Path(template.replace("{rank}", str(rank)))
         return path if path.is_absolute() else (self.spec.cwd or Path.cwd()) / path
 
-    def _scan_descendants(self) -> None:
+    def _scan_descendants(self) -> dict[int, list[psutil.Process]]:
+        """Record every rank's descendants; return each live rank's tree (rank first)."""
+        trees: dict[int, list[psutil.Process]] = {}
         for rp in self.ranks:
             with contextlib.suppress(psutil.Error):
-                for child in psutil.Process(rp.pid).children(recursive=True):
+                root = psutil.Process(rp.pid)
+                children = root.children(recursive=True)
+                for child in children:
                     self._descendants.setdefault(child.pid, child)
+                trees[rp.rank] = [root, *children]
+        return trees
+
+    def _sample_memory(self, trees: dict[int, list[psutil.Process]]) -> tuple[int, float] | None:
+        """Update the per-rank peaks; (rank, MB) of the first rank over ``max_rss_mb``."""
+        over: tuple[int, float] | None = None
+        gpu_by_pid = self._gpu.used_mb_by_pid() if self._gpu is not None else {}
+        for rank, procs in trees.items():
+            rss = 0
+            for proc in procs:
+                with contextlib.suppress(psutil.Error):  # exited between the scan and now
+                    rss += proc.memory_info().rss
+            rss_mb = rss / 2**20
+            self._peak_rss_mb[rank] = round(max(self._peak_rss_mb.get(rank, 0.0), rss_mb), 1)
+            if gpu_by_pid:
+                gpu_mb = sum(gpu_by_pid.get(p.pid, 0.0) for p in procs)
+                self._peak_gpu_mb[rank] = round(max(self._peak_gpu_mb.get(rank, 0.0), gpu_mb), 1)
+            limit = self.spec.max_rss_mb
+            if limit is not None and rss_mb > limit and over is None:
+                over = (rank, rss_mb)
+        return over
 
     def _live_descendants(self) -> list[psutil.Process]:
         # psutil.Process remembers its create time: a recycled pid is not mistaken for ours
@@ -465,6 +523,45 @@ class Launcher:
         for rp in alive:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 rp.popen.wait(timeout=5)
+
+
+class _GpuMemory:
+    """GPU memory per process through NVML (nvidia-ml-py); absent without it or without GPUs."""
+
+    def __init__(self, nvml: Any, handles: list[Any]) -> None:
+        self._nvml = nvml
+        self._handles = handles
+
+    @classmethod
+    def open(cls) -> _GpuMemory | None:
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+        except Exception:  # not installed, no driver, no GPU: memory is reported as RSS only
+            return None
+        try:
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except Exception:
+            handles = []
+        if not handles:
+            with contextlib.suppress(Exception):
+                pynvml.nvmlShutdown()
+            return None
+        return cls(pynvml, handles)
+
+    def used_mb_by_pid(self) -> dict[int, float]:
+        used: dict[int, float] = {}
+        for handle in self._handles:
+            with contextlib.suppress(Exception):
+                for info in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    if info.usedGpuMemory is not None:  # None: not visible from here
+                        used[info.pid] = used.get(info.pid, 0.0) + info.usedGpuMemory / 2**20
+        return used
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._nvml.nvmlShutdown()
 
 
 def _running(proc: psutil.Process) -> bool:
