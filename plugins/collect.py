@@ -8,6 +8,7 @@ shared between the checks of one job file within a pytest process.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,8 @@ class CheckItem(pytest.Item):
         key = str(self.path)
         runner = session.runners.get(key)
         if runner is None:
-            runner = JobRunner(load_config(self.path), session.settings)
+            job_file = load_config(self.path)
+            runner = JobRunner(job_file, session.settings, tracker=_session_tracker(self.config, job_file))
             session.runners[key] = runner
         spec = getattr(runner.job_file.checks, self.check_name)
         result = run_check(runner, self.check_name, spec)
@@ -85,6 +87,30 @@ class CheckItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, f"trainguard {self.check_name}: {self.path.name}"
+
+
+def _session_tracker(config: pytest.Config, job_file: Any) -> Any:
+    """The session's tracker for ``job_file``'s store, opened on first use and closed (flushed
+    within its bound) when pytest unconfigures; None when tracking is off."""
+    import sys
+
+    from trainguard.tracking import open_tracker, store_for, tracking_enabled
+
+    session = get_session(config)
+    if not tracking_enabled(session.settings.tracking):
+        return None
+    uri, _ = store_for(job_file)
+    if uri not in session.trackers:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        tracker = open_tracker(
+            job_file, session.settings, run_name=f"pytest session {worker}".strip(),
+            tags={"trainguard.xdist_worker": worker} if worker else None,
+            warn=lambda text: print(text, file=sys.stderr),
+        )
+        session.trackers[uri] = tracker
+        if tracker is not None:
+            config.add_cleanup(tracker.shutdown)
+    return session.trackers[uri]
 
 
 def _render(result: Any) -> str:

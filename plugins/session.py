@@ -40,6 +40,8 @@ class TrainguardSession:
     report_paths: list[str] = field(default_factory=list)
     #: one JobRunner per job file in this process: checks of one job share reference runs
     runners: dict[str, Any] = field(default_factory=dict)
+    #: one trainguard.tracking.Tracker per tracking store, opened by the first check item using it
+    trackers: dict[str, Any] = field(default_factory=dict)
 
 
 SESSION_KEY = pytest.StashKey[TrainguardSession]()

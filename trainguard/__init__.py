@@ -74,10 +74,13 @@ __all__ = [
     "make_generator",
     "seed_everything",
     "seed_worker",
+    "track",
 ]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "track":  # the training-loop helper module (trainguard.track.log(...))
+        return importlib.import_module("trainguard.track")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'trainguard' has no attribute {name!r}")
@@ -87,10 +90,11 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | {"track"})
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from trainguard import track
     from trainguard.assertions import (
         assert_batch_independent,
         assert_can_overfit,

@@ -46,9 +46,13 @@ def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
             f"the {name} check is configured but not available in this trainguard version "
             f"(available: {', '.join(available_checks())})",
         )
+    from trainguard.tracking import track_check
+
     started = time.monotonic()
-    result = func(runner, spec)
-    result.duration_s = result.duration_s or time.monotonic() - started
+    with track_check(runner, name, spec) as record:
+        result = func(runner, spec)
+        result.duration_s = result.duration_s or time.monotonic() - started
+        record(result)
     return result
 
 
@@ -90,8 +94,17 @@ def check(
     settings = resolve(environ=os.environ)
     if seed is not None:
         settings = dataclasses.replace(settings, seed=seed)
-    runner = JobRunner(job_file, settings, echo=echo)
-    report = run_checks(job_file, runner, only=only, on_result=on_result)
-    target = Path(report_json) if report_json else job_file.state_dir / "report.json"
-    report.write(target)
+    from trainguard.tracking import open_tracker
+
+    tracker = open_tracker(job_file, settings, run_name=f"trainguard check {job_file.job.name}")
+    runner = JobRunner(job_file, settings, echo=echo, tracker=tracker)
+    try:
+        report = run_checks(job_file, runner, only=only, on_result=on_result)
+        target = Path(report_json) if report_json else job_file.state_dir / "report.json"
+        report.write(target)
+        if tracker is not None and tracker.session is not None:
+            tracker.log_artifact(tracker.session, target, "report")
+    finally:
+        if tracker is not None:
+            tracker.close()
     return report

@@ -13,11 +13,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainguard.config import CheckSpec, JobFile, MetricFile
 from trainguard.launch import Launcher, LaunchSpec, MetricPoint, RunResult, trajectory
 from trainguard.rundir import new_run_dir
 from trainguard.settings import Settings
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.tracking import Tracker
 
 __all__ = ["JobRunner", "RunRequest", "SupervisedRun"]
 
@@ -88,6 +92,8 @@ class JobRunner:
     job_file: JobFile
     settings: Settings = field(default_factory=Settings)
     echo: Callable[[int, str, str], None] | None = None
+    #: logs every launched run to MLflow (see trainguard.tracking); None: tracking off
+    tracker: Tracker | None = None
     _references: dict[RunRequest, RunResult] = field(default_factory=dict)
 
     def placeholders(self, request: RunRequest, run_dir: Path, checkpoint_dir: Path | None) -> dict[str, object]:
@@ -121,10 +127,13 @@ class JobRunner:
             self.job_file.state_dir, self.job_file.job.name, label, keep=self.settings.keep_runs
         )
         values = self.placeholders(request, run_dir, checkpoint_dir)
-        return self._launch(
+        tracked = self._track_start(request, label, resume)
+        result = self._launch(
             request, values, run_dir, label=label, resume=resume, on_metric=on_metric,
             restart_count=restart_count,
         )
+        self._track_attempt(tracked, result, restart_count, final=True)
+        return result
 
     def supervise(
         self,
@@ -150,6 +159,7 @@ class JobRunner:
         values = self.placeholders(request, run_dir, None)
         attempts: list[RunResult] = []
         delay = backoff_s
+        tracked = self._track_start(request, label, False)  # all attempts share one tracked run
         for attempt in range(limit + 1):
             if attempt:
                 time.sleep(delay)
@@ -160,9 +170,26 @@ class JobRunner:
                 max_restarts=limit,
             )
             attempts.append(result)
-            if result.outcome not in restart_on:
+            last = result.outcome not in restart_on or attempt == limit
+            self._track_attempt(tracked, result, attempt, final=last)
+            if last:
                 break
         return SupervisedRun(attempts, run_dir, Path(str(values["checkpoint_dir"])))
+
+    def _track_start(self, request: RunRequest, label: str, resume: bool) -> object:
+        if self.tracker is None:
+            return None
+        from trainguard.tracking import start_launch
+
+        return start_launch(self, request, label=label, command=self.command_line(request, resume=resume))
+
+    def _track_attempt(self, tracked: object, result: RunResult, attempt: int, *, final: bool) -> None:
+        if self.tracker is None or tracked is None:
+            return
+        from trainguard.tracking import RunHandle, log_attempt
+
+        assert isinstance(tracked, RunHandle)
+        log_attempt(self, tracked, result, attempt, final=final)
 
     def _launch(
         self,

@@ -60,6 +60,17 @@ def _parse_positive_float(text: str) -> float:
     return value
 
 
+def _parse_tracking(text: str) -> str:
+    low = text.strip().lower()
+    if low in ("on", "off", "auto"):
+        return low
+    if low in _TRUE:
+        return "on"
+    if low in _FALSE:
+        return "off"
+    raise ValueError("expected on, off or auto")
+
+
 def _parse_path(text: str) -> Path | None:
     return Path(text).expanduser() if text.strip() else None
 
@@ -140,6 +151,15 @@ OPTIONS: tuple[Option, ...] = (
         _parse_positive_float,
         "FACTOR",
     ),
+    Option(
+        "tracking",
+        "Log every run trainguard launches to MLflow: on, off, or auto (on when mlflow is "
+        "installed). The store is MLFLOW_TRACKING_URI when set, else .trainguard/mlflow.db next "
+        "to the job file.",
+        "auto",
+        _parse_tracking,
+        "on|off|auto",
+    ),
 )
 
 _BY_NAME = {opt.name: opt for opt in OPTIONS}
@@ -156,6 +176,7 @@ class Settings:
     keep_runs: int = 20
     ddp_timeout: float = 120.0
     timeout_scale: float = 1.0
+    tracking: str = "auto"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 

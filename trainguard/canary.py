@@ -1,0 +1,346 @@
+"""The canary check: the real job on real data learns, within strict limits.
+
+One run of ``steps`` steps, bounded by ``max_seconds`` (the run's timeout) and ``max_memory_mb``
+(per rank's process tree, enforced live by the launcher). Its loss must be finite at every step,
+fall by ``min_loss_drop`` and never spike. Losses are noisy, so no single step decides anything:
+
+* the drop compares the **median** of an early window of steps with the median of a late window
+  (window = max(3, 10% of the steps)): one lucky or unlucky batch moves neither;
+* a spike is a value above ``spike_factor`` x the median of the window of steps before it (the
+  steps before it, for the first steps), so an explosion at step 2 is caught as well as one late
+  in the run.
+
+Every limit that is hit fails the check and says by how much.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.config import CanaryCheck
+from trainguard.launch import Launcher, MetricPoint, RunResult
+from trainguard.report import CheckResult
+from trainguard.runner import JobRunner
+
+__all__ = [
+    "LossVerdict",
+    "first_non_finite",
+    "first_out_of_range",
+    "first_spike",
+    "judge_loss",
+    "run_canary",
+    "window_size",
+]
+
+NOT_LEARNING_CAUSES = (
+    "parameters never updated (optimizer.step() missing, or an optimizer built over no or "
+    "frozen parameters)",
+    "a learning rate of 0, or a schedule stuck at 0",
+    "the loss computed on detached outputs or labels that do not match the inputs",
+)
+
+
+def window_size(steps: int) -> int:
+    """Steps per early/late window: max(3, 10% of ``steps``, rounded up)."""
+    return max(3, math.ceil(0.1 * steps))
+
+
+def _span(steps: Sequence[int]) -> str:
+    return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
+
+
+def first_non_finite(values: Mapping[int, float]) -> tuple[int, float] | None:
+    """(step, value) of the first NaN or infinite value, in step order."""
+    for step in sorted(values):
+        if not math.isfinite(values[step]):
+            return step, values[step]
+    return None
+
+
+def first_out_of_range(values: Mapping[int, float], low: float, high: float) -> tuple[int, float] | None:
+    """(step, value) of the first value outside ``[low, high]`` (NaN counts as outside)."""
+    for step in sorted(values):
+        value = values[step]
+        if not low <= value <= high:
+            return step, value
+    return None
+
+
+def first_spike(
+    values: Mapping[int, float], factor: float, window: int
+) -> tuple[int, float, float, str] | None:
+    """(step, value, reference median, reference steps) of the first value above ``factor`` x
+    the median of the ``window`` finite values before it (fewer at the start of the run).
+
+    Only positive references are judged: "10x the median" means nothing around zero or below.
+    """
+    steps = sorted(values)
+    for i in range(1, len(steps)):
+        value = values[steps[i]]
+        if not math.isfinite(value):
+            continue  # reported as non-finite, not as a spike
+        before = [s for s in steps[max(0, i - window) : i] if math.isfinite(values[s])]
+        if not before:
+            continue
+        reference = statistics.median(values[s] for s in before)
+        if reference > 0 and value > factor * reference:
+            return steps[i], value, reference, _span(before)
+    return None
+
+
+@dataclass
+class LossVerdict:
+    """What the loss statistics say about one trajectory; ``problems`` empty means learning."""
+
+    metric: str
+    steps_seen: int
+    window: int
+    min_drop: float
+    early_steps: str | None = None
+    late_steps: str | None = None
+    early_median: float | None = None
+    late_median: float | None = None
+    drop: float | None = None
+    first_non_finite: tuple[int, float] | None = None
+    spike: tuple[int, float, float, str] | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_evidence(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "steps_seen": self.steps_seen,
+            "window": self.window,
+            "early_steps": self.early_steps,
+            "early_median": self.early_median,
+            "late_steps": self.late_steps,
+            "late_median": self.late_median,
+            "drop": None if self.drop is None else round(self.drop, 4),
+            "min_drop": self.min_drop,
+            "first_non_finite": list(self.first_non_finite) if self.first_non_finite else None,
+            "spike": (
+                {"step": self.spike[0], "value": self.spike[1], "reference_median": self.spike[2],
+                 "reference_steps": self.spike[3]}
+                if self.spike else None
+            ),
+        }
+
+
+def judge_loss(
+    values: Mapping[int, float],
+    *,
+    min_drop: float,
+    spike_factor: float | None = 10.0,
+    window: int | None = None,
+    metric: str = "loss",
+    option: str = "min_loss_drop",
+) -> LossVerdict:
+    """Judge a per-step trajectory: finite everywhere, no spike above ``spike_factor`` x the
+    running median (``None``: not checked), and a relative drop of at least ``min_drop``
+    between the median of the first ``window`` and of the last ``window`` values (default
+    :func:`window_size` of the number of values)."""
+    steps = sorted(values)
+    size = window if window is not None else window_size(len(steps))
+    verdict = LossVerdict(metric, len(steps), size, min_drop)
+    if not steps:
+        verdict.problems.append(f"the job printed no `{metric}` value")
+        return verdict
+    verdict.first_non_finite = first_non_finite(values)
+    finite_prefix = {
+        s: values[s] for s in steps
+        if verdict.first_non_finite is None or s < verdict.first_non_finite[0]
+    }
+    if spike_factor is not None:
+        verdict.spike = first_spike(finite_prefix, spike_factor, size)
+    if verdict.spike is not None:
+        step, value, reference, ref_steps = verdict.spike
+        verdict.problems.append(
+            f"{metric} spiked at step {step}: {value:.4g} is {value / reference:.1f}x the median "
+            f"{reference:.4g} of steps {ref_steps} (spike_factor {spike_factor:g}); a learning "
+            "rate too high, or a bad batch?"
+        )
+    if verdict.first_non_finite is not None:
+        step, value = verdict.first_non_finite
+        verdict.problems.append(
+            f"{metric} is {value} at step {step} (the first non-finite value"
+            + (f"; finite up to step {max(finite_prefix)})" if finite_prefix else ")")
+        )
+        return verdict  # medians of a trajectory with NaN in it mean nothing
+    if len(steps) < 2 * size:
+        verdict.problems.append(
+            f"only {len(steps)} `{metric}` value(s): comparing an early and a late window of "
+            f"{size} steps needs at least {2 * size}; raise checks.canary.steps"
+        )
+        return verdict
+    early, late = steps[:size], steps[-size:]
+    verdict.early_steps, verdict.late_steps = _span(early), _span(late)
+    verdict.early_median = statistics.median(values[s] for s in early)
+    verdict.late_median = statistics.median(values[s] for s in late)
+    scale = abs(verdict.early_median)
+    verdict.drop = (verdict.early_median - verdict.late_median) / scale if scale else 0.0
+    if verdict.drop < min_drop:
+        how = (
+            f"fell by only {verdict.drop:.1%}" if verdict.drop > 0
+            else f"did not fall (changed by {-verdict.drop:+.1%})"
+        )
+        verdict.problems.append(
+            f"{metric} {how}: median {verdict.early_median:.4g} over steps {verdict.early_steps} "
+            f"-> {verdict.late_median:.4g} over steps {verdict.late_steps}; {option} is "
+            f"{min_drop:.0%}"
+        )
+    return verdict
+
+
+def _limit_problem(result: RunResult, spec: CanaryCheck, scale: float) -> str | None:
+    """The limit the run hit, by how much; None when it hit none."""
+    if result.outcome == "stopped":
+        return f"limit steps ({spec.steps}) exceeded: {result.reason}; does job.command pass {{steps}} to the script?"
+    if "memory_limit" in result.evidence:
+        return f"limit max_memory_mb ({spec.max_memory_mb:g}) exceeded: {result.reason}"
+    if spec.max_seconds is None or result.outcome != "timeout":
+        return None
+    # TRAINGUARD_TIMEOUT_SCALE (slow CI runners) scales this limit like every timeout
+    limit_s = spec.max_seconds * scale
+    scaled = f" x timeout scale {scale:g} = {limit_s:g} s" if scale != 1 else ""
+    loss = result.trajectory("loss")
+    done = max(loss) if loss else 0
+    text = (
+        f"limit max_seconds ({spec.max_seconds:g}{scaled}) exceeded: the run was stopped after "
+        f"{result.duration_s:.1f} s "
+        + (f"at step {done} of {spec.steps}" if done else "before its first step")
+    )
+    times = sorted(p.t for p in result.points if p.name == "loss")
+    if len(times) >= 2 and done:
+        per_step = (times[-1] - times[0]) / (len(times) - 1)
+        needed = times[-1] + (spec.steps - done) * per_step
+        text += (
+            f"; at its pace ({per_step:.2f} s per step) it needed about {needed:.0f} s, "
+            f"{needed - limit_s:.0f} s over"
+        )
+    return text
+
+
+def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
+    """Run the job for ``steps`` steps within ``max_seconds`` and ``max_memory_mb``; its loss
+    must stay finite, never spike above ``spike_factor`` x its running median and fall by
+    ``min_loss_drop`` (median of an early window vs a late one); ``val_metric`` must fall by
+    ``min_val_drop`` and ``grad_norm`` stay inside ``grad_norm_range`` when configured."""
+    started = time.monotonic()
+    request = dataclasses.replace(
+        runner.request_for(spec),
+        timeout=spec.max_seconds if spec.max_seconds is not None else spec.timeout,
+        max_rss_mb=spec.max_memory_mb,
+    )
+    reproduce = runner.command_line(request)
+
+    def steps_limit(point: MetricPoint, launcher: Launcher) -> None:
+        if point.name == "loss" and point.step > spec.steps:
+            launcher.stop(f"the job printed step {point.step}, past the limit of {spec.steps} steps")
+
+    result = runner.run(request, label="canary", on_metric=steps_limit)
+    limit_s = (request.timeout or runner.job_file.job.timeout) * runner.settings.timeout_scale
+    loss = judge_loss(
+        result.trajectory("loss"),
+        min_drop=spec.min_loss_drop,
+        spike_factor=spec.spike_factor,
+        window=window_size(spec.steps),
+    )
+    evidence: dict[str, Any] = {
+        "steps": spec.steps,
+        "outcome": result.outcome,
+        "duration_s": round(result.duration_s, 2),
+        "launch_to_first_metric_s": (
+            None if result.first_metric_s is None else round(result.first_metric_s, 2)
+        ),
+        "last_step": result.last_step,
+        "limits": {
+            "steps": spec.steps,
+            "max_seconds": spec.max_seconds,
+            "max_memory_mb": spec.max_memory_mb,
+            "run_timeout_s": limit_s,
+        },
+        "peak_rss_mb": {str(r): mb for r, mb in sorted(result.peak_rss_mb.items())},
+        "loss": loss.as_evidence(),
+        "run_dir": str(result.run_dir),
+    }
+    if result.peak_gpu_mb:
+        evidence["peak_gpu_mb"] = {str(r): mb for r, mb in sorted(result.peak_gpu_mb.items())}
+    problems: list[str] = []
+    limit = _limit_problem(result, spec, runner.settings.timeout_scale)
+    if limit is not None:
+        problems.append(limit)
+        evidence.update({k: v for k, v in result.evidence.items() if k != "stacks"})
+    elif not result.ok:
+        problems.append(f"the job did not complete: {result.reason}")
+    if not result.ok:
+        evidence["stderr_tail"] = result.stderr_tail
+        if limit is None:
+            # a job that raises on a NaN or exploded loss: what it printed says why
+            problems += [p for p in loss.problems if p.startswith(("loss is ", "loss spiked"))]
+    else:
+        problems += loss.problems
+        if loss.drop is not None and loss.drop < spec.min_loss_drop and not loss.spike:
+            evidence["likely_causes"] = list(NOT_LEARNING_CAUSES)
+        if spec.val_metric is not None:
+            val_values = result.trajectory(spec.val_metric)
+            val = judge_loss(
+                val_values,
+                min_drop=spec.min_val_drop,
+                spike_factor=None,
+                window=max(1, min(3, len(val_values) // 2)),
+                metric=spec.val_metric,
+                option="min_val_drop",
+            )
+            evidence["val"] = val.as_evidence()
+            problems += val.problems
+        if spec.grad_norm is not None and spec.grad_norm_range is not None:
+            low, high = spec.grad_norm_range
+            norms = result.trajectory(spec.grad_norm)
+            outside = first_out_of_range(norms, low, high)
+            evidence["grad_norm"] = {
+                "metric": spec.grad_norm, "range": [low, high], "steps_seen": len(norms),
+                "min": min(norms.values()) if norms else None,
+                "max": max(norms.values()) if norms else None,
+            }
+            if not norms:
+                problems.append(f"the job printed no `{spec.grad_norm}` value (checks.canary.grad_norm)")
+            elif outside is not None:
+                step, value = outside
+                problems.append(
+                    f"{spec.grad_norm} is {value:.4g} at step {step}, outside grad_norm_range "
+                    f"[{low:g}, {high:g}]"
+                )
+    duration = time.monotonic() - started
+    if problems:
+        return CheckResult("canary", "failed", "; ".join(problems), evidence, duration, reproduce)
+    assert loss.drop is not None  # no problem: the windows were compared
+    peak = max(result.peak_rss_mb.values(), default=None)
+    memory = (
+        f"peak RSS {peak:.0f} MB" + (f" of {spec.max_memory_mb:g}" if spec.max_memory_mb else "")
+        if peak is not None else "RSS not sampled"
+    )
+    seconds = f"{result.duration_s:.1f} s" + (f" of {limit_s:g}" if spec.max_seconds else "")
+    val_evidence = evidence.get("val")
+    val_note = (
+        f"; {spec.val_metric} fell {val_evidence['drop']:.0%}"
+        if val_evidence and val_evidence["drop"] is not None else ""
+    )
+    return CheckResult(
+        "canary",
+        "passed",
+        f"loss fell {loss.drop:.0%} (median {loss.early_median:.4g} over steps {loss.early_steps} "
+        f"-> {loss.late_median:.4g} over steps {loss.late_steps}; min {spec.min_loss_drop:.0%}), "
+        f"finite, no spike{val_note}; {spec.steps} steps in {seconds}, {memory}",
+        evidence,
+        duration,
+        reproduce,
+    )
