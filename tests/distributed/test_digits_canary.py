@@ -7,16 +7,18 @@ workers, a few seconds, most of it importing torch), and every failure must name
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from trainguard.checks import check
 from trainguard.report import CheckResult
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
+if TYPE_CHECKING:
+    from conftest import PatchedExample
+
 
 # Measured on 2 cores: the clean job's loss falls ~56% over 30 steps (median of steps 1-3 vs
 # 28-30), peak RSS ~316 MB, ~5.5 s (4 s of it before the first step).
@@ -37,17 +39,6 @@ checks:
 """
 
 
-def _copy_example(tmp_path: Path, patches: dict[str, tuple[str, str]], job_file: str = JOB_FILE) -> Path:
-    """A copy of the example with each ``{file: (old, new)}`` replacement applied once."""
-    root = tmp_path / "digits"
-    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns(".trainguard", "__pycache__"))
-    for name, (old, new) in patches.items():
-        path = root / name
-        text = path.read_text()
-        assert text.count(old) == 1, f"planted patch no longer applies to {name}: {old!r}"
-        path.write_text(text.replace(old, new))
-    (root / "trainguard.yaml").write_text(job_file)
-    return root
 
 
 def _only(root: Path, tmp_path: Path, name: str) -> CheckResult:
@@ -63,9 +54,12 @@ def _only(root: Path, tmp_path: Path, name: str) -> CheckResult:
 
 @pytest.mark.canary
 def test_clean_example_passes_the_canary_through_the_fixture(
-    tmp_path: Path, tg_canary: Callable[..., CheckResult], request: pytest.FixtureRequest
+    tmp_path: Path,
+    tg_canary: Callable[..., CheckResult],
+    request: pytest.FixtureRequest,
+    patched_example: PatchedExample,
 ) -> None:
-    root = _copy_example(tmp_path, {})
+    root = patched_example({}, JOB_FILE)
     result = tg_canary(root / "trainguard.yaml", val_metric="val_loss", min_val_drop=0.05)
     assert request.node.get_closest_marker("canary") is not None
     loss = result.evidence["loss"]
@@ -118,7 +112,9 @@ CANARY_BUGS: dict[str, tuple[dict[str, tuple[str, str]], str, list[str]]] = {
 
 @pytest.mark.canary
 @pytest.mark.parametrize("bug", sorted(CANARY_BUGS))
-def test_canary_catches_planted_defect(tmp_path: Path, bug: str) -> None:
+def test_canary_catches_planted_defect(
+    tmp_path: Path, patched_example: PatchedExample, bug: str
+) -> None:
     patches, setting, expected = CANARY_BUGS[bug]
     canary_line = "  canary: {steps: 30, max_seconds: 60, max_memory_mb: 1000, min_loss_drop: 0.3}"
     if setting:
@@ -128,7 +124,7 @@ def test_canary_catches_planted_defect(tmp_path: Path, bug: str) -> None:
     else:
         job_file = JOB_FILE
     assert canary_line in JOB_FILE
-    root = _copy_example(tmp_path, patches, job_file)
+    root = patched_example(patches, job_file)
     result = _only(root, tmp_path, "canary")
     assert result.status == "failed", result.summary
     for text in expected:
@@ -146,8 +142,10 @@ def test_canary_catches_planted_defect(tmp_path: Path, bug: str) -> None:
 
 
 @pytest.mark.smoke
-def test_clean_example_passes_smoke_with_every_stage_timed(tmp_path: Path) -> None:
-    result = _only(_copy_example(tmp_path, {}), tmp_path, "smoke")
+def test_clean_example_passes_smoke_with_every_stage_timed(
+    tmp_path: Path, patched_example: PatchedExample
+) -> None:
+    result = _only(patched_example({}, JOB_FILE), tmp_path, "smoke")
     assert result.status == "passed", result.summary
     assert result.summary.endswith(
         "metrics for every step, 1 checkpoint file(s); resumed from the checkpoint of step 5 at step 6"
@@ -179,9 +177,11 @@ SMOKE_BUGS = {
 
 @pytest.mark.smoke
 @pytest.mark.parametrize("bug", sorted(SMOKE_BUGS))
-def test_smoke_catches_planted_defect(tmp_path: Path, bug: str) -> None:
+def test_smoke_catches_planted_defect(
+    tmp_path: Path, patched_example: PatchedExample, bug: str
+) -> None:
     patches, expected = SMOKE_BUGS[bug]
-    result = _only(_copy_example(tmp_path, patches), tmp_path, "smoke")
+    result = _only(patched_example(patches, JOB_FILE), tmp_path, "smoke")
     assert result.status == "failed", result.summary
     for text in expected:
         assert text in result.summary, result.summary

@@ -7,14 +7,16 @@ moves the patched line makes these tests fail loudly instead of silently testing
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from trainguard.checks import check
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
+if TYPE_CHECKING:
+    from conftest import PatchedExample
+
 
 # Few steps keep the runs short; the epoch is 23 steps, so a kill after step 7 resumes mid-epoch
 # from the checkpoint of step 5 (ckpt every 5): lost progress and data position both matter.
@@ -35,24 +37,15 @@ checks:
 """
 
 
-def _copy_example(tmp_path: Path, patches: dict[str, tuple[str, str]]) -> Path:
-    """A copy of the example with each ``{file: (old, new)}`` replacement applied once."""
-    root = tmp_path / "digits"
-    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns(".trainguard", "__pycache__"))
-    for name, (old, new) in patches.items():
-        path = root / name
-        text = path.read_text()
-        assert text.count(old) == 1, f"planted patch no longer applies to {name}: {old!r}"
-        path.write_text(text.replace(old, new))
-    (root / "trainguard.yaml").write_text(JOB_FILE)
-    return root
 
 
 @pytest.mark.resume
 @pytest.mark.parallel
 @pytest.mark.determinism
-def test_clean_example_passes_determinism_resume_and_parallel(tmp_path: Path) -> None:
-    root = _copy_example(tmp_path, {})
+def test_clean_example_passes_determinism_resume_and_parallel(
+    tmp_path: Path, patched_example: PatchedExample
+) -> None:
+    root = patched_example({}, JOB_FILE)
     report = check(root, report_json=str(tmp_path / "report.json"))
     by_name = {c.name: c for c in report.checks}
     assert report.status == "passed", [(c.name, c.summary) for c in report.checks]
@@ -95,9 +88,11 @@ RESUME_BUGS = {
 
 @pytest.mark.resume
 @pytest.mark.parametrize("bug", sorted(RESUME_BUGS))
-def test_resume_check_catches_planted_bug(tmp_path: Path, bug: str) -> None:
+def test_resume_check_catches_planted_bug(
+    tmp_path: Path, patched_example: PatchedExample, bug: str
+) -> None:
     patches, expected = RESUME_BUGS[bug]
-    root = _copy_example(tmp_path, patches)
+    root = patched_example(patches, JOB_FILE)
     report = check(root, only=["resume"], report_json=str(tmp_path / "report.json"))
     result = report.checks[0]
     assert result.status == "failed", result.summary
@@ -107,13 +102,15 @@ def test_resume_check_catches_planted_bug(tmp_path: Path, bug: str) -> None:
 
 
 @pytest.mark.parallel
-def test_parallel_check_catches_ranks_reading_the_same_shard(tmp_path: Path) -> None:
-    root = _copy_example(
-        tmp_path,
+def test_parallel_check_catches_ranks_reading_the_same_shard(
+    tmp_path: Path, patched_example: PatchedExample
+) -> None:
+    root = patched_example(
         {"train.py": (
             "train_set, num_replicas=world_size, rank=rank, shuffle=True",
             "train_set, num_replicas=1, rank=0, shuffle=True  # planted",
         )},
+        JOB_FILE,
     )
     report = check(root, only=["parallel"], report_json=str(tmp_path / "report.json"))
     result = report.checks[0]

@@ -1,0 +1,36 @@
+"""Shared fixtures of the multi-process tests."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
+
+PatchedExample = Callable[[dict[str, tuple[str, str]], str], Path]
+
+
+@pytest.fixture
+def patched_example(tmp_path: Path) -> PatchedExample:
+    """Make a private copy of examples/digits with planted bugs and a job file of the test's own.
+
+    ``patched_example({file: (old, new)}, job_yaml)`` applies each replacement exactly once: a
+    change to the example that moves a patched line fails the test loudly instead of silently
+    testing nothing. The shipped script itself is never modified.
+    """
+
+    def make(patches: dict[str, tuple[str, str]], job_file: str) -> Path:
+        root = tmp_path / "digits"
+        shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns(".trainguard", "__pycache__"))
+        for name, (old, new) in patches.items():
+            path = root / name
+            text = path.read_text()
+            assert text.count(old) == 1, f"planted patch no longer applies to {name}: {old!r}"
+            path.write_text(text.replace(old, new))
+        (root / "trainguard.yaml").write_text(job_file)
+        return root
+
+    return make
