@@ -109,8 +109,20 @@ def _session_tracker(config: pytest.Config, job_file: Any) -> Any:
         )
         session.trackers[uri] = tracker
         if tracker is not None:
+            # flushed at session finish: an xdist worker may be stopped before unconfigure
+            config.pluginmanager.register(_TrackerCloser(tracker))
             config.add_cleanup(tracker.shutdown)
     return session.trackers[uri]
+
+
+class _TrackerCloser:
+    """Closes one tracker when the pytest session finishes (a plugin registered on first use)."""
+
+    def __init__(self, tracker: Any) -> None:
+        self.tracker = tracker
+
+    def pytest_sessionfinish(self) -> None:
+        self.tracker.shutdown()
 
 
 def _render(result: Any) -> str:

@@ -64,6 +64,9 @@ EXPERIMENT = "trainguard"
 _MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100
 #: seconds :meth:`Tracker.close` waits for the queue to drain by default
 FLUSH_TIMEOUT_S = 10.0
+#: seconds :meth:`Tracker.close` waits for mlflow to be imported and the client created, before
+#: the flush bound starts
+CONNECT_TIMEOUT_S = 60.0
 #: per-request timeout for a tracking server (the writer retries on its own, so MLflow's retries
 #: with backoff, which could block for minutes, are turned off unless the user set them)
 _HTTP_TIMEOUT_S = "5"
@@ -211,6 +214,7 @@ class Tracker:
         if tracking_uri.startswith(("http://", "https://")):
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", _HTTP_TIMEOUT_S)
+            os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # per ended run
         self._thread = threading.Thread(target=self._loop, name="trainguard-tracking", daemon=True)
         self._thread.start()
 
@@ -298,6 +302,11 @@ class Tracker:
             self._sampled.clear()
             self._closing = True
             self._cond.notify_all()
+        # importing mlflow (seconds on a loaded machine) is local work, not the store's: the
+        # bound starts once the client exists
+        connect_deadline = started + CONNECT_TIMEOUT_S
+        while self._client is None and self._thread.is_alive() and time.monotonic() < connect_deadline:
+            self._thread.join(0.05)
         self._thread.join(timeout)
         if self._thread.is_alive():
             with self._cond:

@@ -37,6 +37,7 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Settings from the developer's shell must not leak into the inner runs."""
     for opt in OPTIONS:
         monkeypatch.delenv(opt.env, raising=False)
+    monkeypatch.setenv("TRAINGUARD_TRACKING", "off")  # tracking has its own tests
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
 

@@ -30,6 +30,7 @@ def run_cli(
     *args: str | Path, cwd: Path | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    env["TRAINGUARD_TRACKING"] = "off"  # tracking has its own tests (tests/unit/test_tracking.py)
     return subprocess.run(
         [*TRAINGUARD, *map(str, args)],
         cwd=cwd,
