@@ -128,10 +128,14 @@ class JobRunner:
         )
         values = self.placeholders(request, run_dir, checkpoint_dir)
         tracked = self._track_start(request, label, resume)
-        result = self._launch(
-            request, values, run_dir, label=label, resume=resume, on_metric=on_metric,
-            restart_count=restart_count,
-        )
+        try:
+            result = self._launch(
+                request, values, run_dir, label=label, resume=resume, on_metric=on_metric,
+                restart_count=restart_count,
+            )
+        except BaseException:
+            self._track_abort(tracked)
+            raise
         self._track_attempt(tracked, result, restart_count, final=True)
         return result
 
@@ -164,11 +168,15 @@ class JobRunner:
             if attempt:
                 time.sleep(delay)
                 delay = min(delay * 2, 30.0)
-            result = self._launch(
-                request, values, run_dir / f"attempt-{attempt}", label=f"{label}-{attempt}",
-                resume=attempt > 0, on_metric=on_metric, restart_count=attempt,
-                max_restarts=limit,
-            )
+            try:
+                result = self._launch(
+                    request, values, run_dir / f"attempt-{attempt}", label=f"{label}-{attempt}",
+                    resume=attempt > 0, on_metric=on_metric, restart_count=attempt,
+                    max_restarts=limit,
+                )
+            except BaseException:
+                self._track_abort(tracked)
+                raise
             attempts.append(result)
             last = result.outcome not in restart_on or attempt == limit
             self._track_attempt(tracked, result, attempt, final=last)
@@ -190,6 +198,13 @@ class JobRunner:
 
         assert isinstance(tracked, RunHandle)
         log_attempt(self, tracked, result, attempt, final=final)
+
+    def _track_abort(self, tracked: object) -> None:
+        """End the tracked run of a launch that raised (e.g. KeyboardInterrupt) as KILLED."""
+        from trainguard.tracking import RunHandle
+
+        if self.tracker is not None and isinstance(tracked, RunHandle):
+            self.tracker.end_run(tracked, "KILLED")
 
     def _launch(
         self,

@@ -339,6 +339,10 @@ class Tracker:
     # -- the writer thread --------------------------------------------------------------------
 
     def _loop(self) -> None:
+        # lowest CPU priority for this thread (Linux: per thread): importing mlflow and writing
+        # must not take cores from the ranks
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         delay = 0.2
         next_sample = time.monotonic()
         while True:
@@ -395,6 +399,8 @@ class Tracker:
         for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
             if logging.getLogger(name).level == logging.NOTSET:  # "Creating initial tables" noise
                 logging.getLogger(name).setLevel(logging.WARNING)
+        # mlflow's own SQLAlchemy deprecation warning says nothing to trainguard's users
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"mlflow\.store")
         from mlflow import MlflowClient
 
         with _store_lock(self.tracking_uri):

@@ -1,0 +1,359 @@
+"""MLflow tracking: what a check logs, where, and that a dead store never stalls or fails it.
+
+Real stores only: sqlite files in tmp_path, and one real ``mlflow server`` on loopback per test
+session (read back through its REST API).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mlflow")
+
+import trainguard.tracking as tracking
+from trainguard.checks import check
+from trainguard.launch import MetricPoint
+from trainguard.tracking import Tracker, TrackingWarning, metric_rows
+
+pytestmark = pytest.mark.timeout(180)
+
+JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
+
+
+@pytest.fixture
+def jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private copy of the toy jobs, tracking on, the working directory elsewhere (to prove
+    nothing lands in it), and MLflow's HTTP retries bounded without leaking into other tests."""
+    monkeypatch.setenv("TRAINGUARD_TRACKING", "on")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    monkeypatch.setenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    return Path(shutil.copytree(JOBS, tmp_path / "jobs"))
+
+
+def runs_by_kind(uri: str) -> dict[str, list[Any]]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("trainguard")
+    assert exp is not None
+    out: dict[str, list[Any]] = {}
+    for run in client.search_runs([exp.experiment_id]):
+        out.setdefault(run.data.tags.get("trainguard.kind", ""), []).append(run)
+    return out
+
+
+def no_writer_threads() -> bool:
+    return not any(t.name == "trainguard-tracking" and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_check_is_a_child_run_of_the_session_with_its_launches_nested(jobs: Path) -> None:
+    from mlflow import MlflowClient
+
+    report = check(jobs / "toy.trainguard.yaml", only=["smoke"], seed=3)
+    assert report.status == "passed"
+    assert no_writer_threads()
+    uri = f"sqlite:///{jobs / '.trainguard' / 'mlflow.db'}"
+    runs = runs_by_kind(uri)
+    (session,) = runs["session"]
+    (check_run,) = runs["check"]
+    launches = runs["launch"]
+    assert {r.info.run_name for r in launches} == {"smoke", "smoke-resume"}
+    assert check_run.data.tags["mlflow.parentRunId"] == session.info.run_id
+    assert all(r.data.tags["mlflow.parentRunId"] == check_run.info.run_id for r in launches)
+    assert all(r.info.status == "FINISHED" for r in [session, check_run, *launches])
+    assert check_run.data.tags["trainguard.status"] == "passed"
+    assert check_run.data.tags["trainguard.check"] == "smoke"
+    assert session.data.tags["trainguard.version"]
+
+    (smoke,) = [r for r in launches if r.info.run_name == "smoke"]
+    assert smoke.data.params["world_size"] == "2"
+    assert smoke.data.params["seed"] == "3"
+    assert smoke.data.params["steps"] == "5"
+    assert smoke.data.params["check"] == "smoke"
+    assert "toy_train.py" in smoke.data.params["command"]
+    assert smoke.data.tags["attempt"] == "0"
+    client = MlflowClient(uri)
+    history = {m.step: m.value for m in client.get_metric_history(smoke.info.run_id, "loss")}
+    assert sorted(history) == [1, 2, 3, 4, 5]
+    rank0 = {m.step: m.value for m in client.get_metric_history(smoke.info.run_id, "loss/rank0")}
+    rank1 = {m.step: m.value for m in client.get_metric_history(smoke.info.run_id, "loss/rank1")}
+    assert history[5] == pytest.approx((rank0[5] + rank1[5]) / 2)
+
+    def artifacts(run: Any, path: str | None = None) -> set[str]:
+        return {a.path for a in client.list_artifacts(run.info.run_id, path)}
+
+    assert "logs/attempt-0/rank1.stderr.log" in artifacts(smoke, "logs/attempt-0")
+    assert "job/toy.trainguard.yaml" in artifacts(smoke, "job")
+    assert "result.json" in artifacts(check_run)
+    assert {"environment.json", "report", "job"} <= artifacts(session)
+    env = json.loads(client.download_artifacts(session.info.run_id, "environment.json", str(jobs)) and
+                     (jobs / "environment.json").read_text())
+    assert env["python"] == sys.version.split()[0]
+    assert any(p.lower().startswith("mlflow==") for p in env["packages"])
+    assert (jobs / ".trainguard" / "mlartifacts").is_dir()
+    assert list(Path.cwd().iterdir()) == []  # never ./mlflow.db or ./mlruns
+
+
+def test_tracking_off_writes_nothing(jobs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINGUARD_TRACKING", "off")
+    assert check(jobs / "toy.trainguard.yaml", only=["smoke"]).status == "passed"
+    state = jobs / ".trainguard"
+    assert not (state / "mlflow.db").exists()
+    assert not (state / "mlartifacts").exists()
+    assert list(Path.cwd().iterdir()) == []
+
+
+def test_mlflow_tracking_uri_is_honoured(jobs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert check(jobs / "nondet.trainguard.yaml").status == "failed"
+    assert not (jobs / ".trainguard" / "mlflow.db").exists()
+    runs = runs_by_kind(uri)
+    (check_run,) = runs["check"]
+    assert check_run.data.tags["trainguard.status"] == "failed"
+    assert check_run.info.status == "FAILED"
+    assert runs["session"][0].info.status == "FAILED"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_a_dead_tracking_server_neither_stalls_nor_fails_the_check(
+    jobs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tracking, "FLUSH_TIMEOUT_S", 2.0)
+    monkeypatch.setenv("TRAINGUARD_TRACKING", "off")
+    started = time.monotonic()
+    assert check(jobs / "toy.trainguard.yaml", only=["smoke"]).status == "passed"
+    untracked = time.monotonic() - started
+
+    monkeypatch.setenv("TRAINGUARD_TRACKING", "on")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
+    started = time.monotonic()
+    with pytest.warns(TrackingWarning, match=r"item\(s\) not written to http://127\.0\.0\.1.*run 'smoke'"):
+        report = check(jobs / "toy.trainguard.yaml", only=["smoke"])
+    tracked = time.monotonic() - started
+    assert report.status == "passed"
+    # the check's own time + the 2 s flush bound; a wide margin for a loaded CI machine
+    assert tracked < untracked + 2.0 + 15.0, (tracked, untracked)
+    assert no_writer_threads()
+
+
+class FlakyClient:
+    """Stands in for MlflowClient: down for the first ``down`` calls, then records batches."""
+
+    def __init__(self, down: int) -> None:
+        self.down = down
+        self.metrics: list[tuple[str, float, int]] = []
+
+    def log_batch(self, run_id: str, metrics: Any = (), params: Any = (), tags: Any = ()) -> None:
+        if self.down > 0:
+            self.down -= 1
+            raise ConnectionError("tracking server down")
+        self.metrics.extend((m.key, m.value, m.step) for m in metrics)
+
+
+def test_nothing_is_lost_while_the_store_recovers_within_the_bound() -> None:
+    tracker = Tracker("fake://store", flush_timeout=20.0)
+    client = FlakyClient(down=3)
+    tracker._client = client
+    handle = tracker.attach("run-1")
+    started = time.monotonic()
+    for step in range(2500):  # returns at once: queued, not written
+        tracker.log_metrics(handle, [("loss", float(step), step, 0)])
+    assert time.monotonic() - started < 1.0
+    result = tracker.close()
+    assert result.complete, result
+    assert [m[2] for m in client.metrics] == list(range(2500))  # each once, in order
+    assert no_writer_threads()
+
+
+def test_metric_rows_log_the_mean_and_each_rank() -> None:
+    points = [MetricPoint("loss", 1, 1.0, 0, 0.1), MetricPoint("loss", 1, 3.0, 1, 0.2),
+              MetricPoint("loss", 2, 5.0, 0, 0.3)]
+    rows = {(k, s): v for k, v, s, _ in metric_rows(points, 2, 0)}
+    assert rows == {("loss", 1): 2.0, ("loss/rank0", 1): 1.0, ("loss/rank1", 1): 3.0,
+                    ("loss", 2): 5.0, ("loss/rank0", 2): 5.0}
+    assert {k for k, *_ in metric_rows(points[:1], 1, 0)} == {"loss"}
+
+
+def test_restarts_of_one_logical_run_share_one_run_with_the_attempt_tag(jobs: Path) -> None:
+    from mlflow import MlflowClient
+
+    from trainguard.config import load_config
+    from trainguard.runner import JobRunner
+    from trainguard.settings import Settings
+
+    job_file = load_config(jobs / "die.trainguard.yaml")
+    uri, artifacts = tracking.default_store(job_file.state_dir)
+    tracker = Tracker(uri, artifact_location=artifacts)
+    tracker.session = tracker.start_run("session")
+    runner = JobRunner(job_file, Settings(), tracker=tracker)
+    request = runner.request_for(job_file.checks.smoke)
+    supervised = runner.supervise(request, label="drill", max_restarts=1, backoff_s=0.0)
+    assert tracker.close().complete
+    assert supervised.restarts == 1
+    (launch,) = runs_by_kind(uri)["launch"]
+    assert launch.data.tags["attempt"] == "1"
+    assert launch.data.tags["attempt.0.outcome"] == "failed"
+    client = MlflowClient(uri)
+    assert {a.path for a in client.list_artifacts(launch.info.run_id, "logs")} == {
+        "logs/attempt-0", "logs/attempt-1"}
+
+
+def test_track_helper_logs_from_rank_zero_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow import MlflowClient
+
+    from trainguard import track
+
+    for var in ("TRAINGUARD_MLFLOW_RUN_ID", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "RANK"):
+        monkeypatch.delenv(var, raising=False)
+    track.log(0, loss=1.0)  # no run id: a no-op
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = track.init("my-loop", tracking_uri=uri)
+    assert run_id and os.environ["TRAINGUARD_MLFLOW_RUN_ID"] == run_id
+    # a worker spawned now would inherit these variables
+    assert os.environ["MLFLOW_TRACKING_URI"] == uri
+    monkeypatch.setenv("RANK", "1")
+    track.log(0, loss=99.0)  # not rank 0: dropped
+    monkeypatch.setenv("RANK", "0")
+    started = time.monotonic()
+    for step in range(200):
+        track.log(step, loss=1.0 / (step + 1))
+    assert time.monotonic() - started < 1.0
+    track.flush()
+    history = MlflowClient(uri).get_metric_history(run_id, "loss")
+    assert sorted(m.step for m in history) == list(range(200))
+    assert 99.0 not in {m.value for m in history}
+    assert no_writer_threads()
+
+
+def test_a_pytest_session_under_xdist_is_one_parent_run_per_worker(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two xdist workers create the shared sqlite schema at once (under the file lock)."""
+    from trainguard.settings import OPTIONS
+
+    for opt in OPTIONS:
+        monkeypatch.delenv(opt.env, raising=False)
+    monkeypatch.setenv("TRAINGUARD_TRACKING", "on")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    shutil.copy(JOBS / "toy_train.py", pytester.path / "toy_train.py")
+    shutil.copy(JOBS / "toy.trainguard.yaml", pytester.path / "trainguard.yaml")
+    pytester.makeini("[pytest]\naddopts = -p no:hypothesispytest\n")
+    result = pytester.runpytest_subprocess("-n", "2")
+    result.assert_outcomes(passed=2)
+    runs = runs_by_kind(f"sqlite:///{pytester.path / '.trainguard' / 'mlflow.db'}")
+    sessions = {r.info.run_id: r for r in runs["session"]}
+    assert {r.data.tags["trainguard.check"] for r in runs["check"]} == {"smoke", "determinism"}
+    assert all(r.data.tags["mlflow.parentRunId"] in sessions for r in runs["check"])
+    assert {r.data.tags["trainguard.status"] for r in runs["check"]} == {"passed"}
+    assert all(r.info.run_name.startswith("pytest session") for r in sessions.values())
+
+
+# ------------------------------------------------------------------------------------------------
+# the real MLflow server
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``mlflow server`` on loopback (one per test session), in its own process group: stopping
+    only the server would leave its huey consumers behind."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed in the finally below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root / 'server.db'}",
+         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.flush()
+                pytest.fail("mlflow server did not start within 90 s:\n"
+                            + (root / "server.log").read_text(errors="replace")[-3000:])
+            time.sleep(0.3)
+        yield url
+    finally:
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()
+
+
+def rest(url: str, endpoint: str, body: dict[str, Any] | None = None, **query: str) -> Any:
+    full = f"{url}/api/2.0/mlflow/{endpoint}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(full, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def test_checks_are_readable_from_a_real_mlflow_server(
+    mlflow_server: str, jobs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    started = time.monotonic()
+    assert check(jobs / "toy.trainguard.yaml", only=["smoke"]).status == "passed"
+    print(f"check against the server: {time.monotonic() - started:.2f} s")
+    assert not (jobs / ".trainguard" / "mlflow.db").exists()
+    exp = rest(mlflow_server, "experiments/get-by-name", experiment_name="trainguard")["experiment"]
+    runs = rest(mlflow_server, "runs/search", {"experiment_ids": [exp["experiment_id"]]})["runs"]
+
+    def tags(run: dict[str, Any]) -> dict[str, str]:
+        return {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+
+    by_name = {run["info"]["run_name"]: run for run in runs if tags(run).get("trainguard.kind") != "check"}
+    (check_run,) = [run for run in runs if tags(run).get("trainguard.kind") == "check"]
+    smoke = by_name["smoke"]
+    assert tags(check_run)["trainguard.status"] == "passed"
+    assert tags(smoke)["mlflow.parentRunId"] == check_run["info"]["run_id"]
+    history = rest(mlflow_server, "metrics/get-history", run_id=smoke["info"]["run_id"], metric_key="loss")
+    assert sorted(m["step"] for m in history["metrics"]) == [1, 2, 3, 4, 5]
+    files = rest(mlflow_server, "artifacts/list", run_id=smoke["info"]["run_id"], path="logs/attempt-0")
+    assert "logs/attempt-0/rank0.stdout.log" in {f["path"] for f in files["files"]}
+
+
+def test_importing_trainguard_and_its_plugin_never_imports_mlflow() -> None:
+    code = ("import sys, trainguard, trainguard.plugins.plugin, trainguard.tracking, trainguard.track; "
+            "trainguard.track.log(0, loss=1.0); assert 'mlflow' not in sys.modules, 'mlflow imported'")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRAINGUARD_MLFLOW_RUN_ID", "MLFLOW_RUN_ID")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
