@@ -100,6 +100,7 @@ def check(
     runner = JobRunner(job_file, settings, echo=echo, tracker=tracker)
     try:
         report = run_checks(job_file, runner, only=only, on_result=on_result)
+        report.tracking_uri = tracker.tracking_uri if tracker is not None else None
         target = Path(report_json) if report_json else job_file.state_dir / "report.json"
         report.write(target)
         if tracker is not None and tracker.session is not None:

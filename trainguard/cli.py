@@ -173,6 +173,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if not report.checks:
         print("no checks configured: add a `checks:` section (see docs/config.md)")
     print(f"{report.status.upper()}: {len(report.checks)} check(s); report: {_rel(report.path)}")
+    if report.tracking_uri and not args.quiet:
+        print(f"MLflow runs: mlflow ui --backend-store-uri {report.tracking_uri}")
     return EXIT_OK if report.status == "passed" else EXIT_FAILED
 
 

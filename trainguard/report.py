@@ -56,6 +56,8 @@ class Report:
     host: str = field(default_factory=socket.gethostname)
     trainguard_version: str = __version__
     schema_version: int = REPORT_SCHEMA_VERSION
+    #: where the MLflow runs of this report went (None: tracking was off)
+    tracking_uri: str | None = None
     path: str | None = field(default=None, compare=False)  # where write() last put it
 
     @property

@@ -24,6 +24,7 @@ from trainguard.report import REPORT_SCHEMA_VERSION, CheckResult, Report, load_r
 from trainguard.rundir import ensure_state_dir, new_run_dir, prune_runs
 
 REPORT_KEYS = {
+    "tracking_uri",
     "trainguard_version",
     "schema_version",
     "job",

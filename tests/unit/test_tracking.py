@@ -72,6 +72,7 @@ def test_a_check_is_a_child_run_of_the_session_with_its_launches_nested(jobs: Pa
     assert report.status == "passed"
     assert no_writer_threads()
     uri = f"sqlite:///{jobs / '.trainguard' / 'mlflow.db'}"
+    assert report.tracking_uri == uri  # the CLI prints it with the `mlflow ui` command
     runs = runs_by_kind(uri)
     (session,) = runs["session"]
     (check_run,) = runs["check"]
@@ -115,7 +116,8 @@ def test_a_check_is_a_child_run_of_the_session_with_its_launches_nested(jobs: Pa
 
 def test_tracking_off_writes_nothing(jobs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAINGUARD_TRACKING", "off")
-    assert check(jobs / "toy.trainguard.yaml", only=["smoke"]).status == "passed"
+    report = check(jobs / "toy.trainguard.yaml", only=["smoke"])
+    assert report.status == "passed" and report.tracking_uri is None
     state = jobs / ".trainguard"
     assert not (state / "mlflow.db").exists()
     assert not (state / "mlartifacts").exists()
