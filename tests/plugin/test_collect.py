@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.settings import OPTIONS
-
 pytestmark = pytest.mark.timeout(120)
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
@@ -20,16 +18,6 @@ JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 #: The inner projects do not use Hypothesis; its plugin alone costs ~2 s per inner run when
 #: bytecode is not cached (PYTHONDONTWRITEBYTECODE).
 INI = "[pytest]\naddopts = -p no:hypothesispytest\n"
-
-
-@pytest.fixture(autouse=True)
-def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Settings from the developer's shell must not leak into the inner runs."""
-    for opt in OPTIONS:
-        monkeypatch.delenv(opt.env, raising=False)
-    monkeypatch.setenv("TRAINGUARD_TRACKING", "off")  # tracking has its own tests
-    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
-    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
 
 
 @pytest.fixture

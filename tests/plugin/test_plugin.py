@@ -32,16 +32,6 @@ MARKER_SIGNATURES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Settings from the developer's shell must not leak into the inner runs."""
-    for opt in OPTIONS:
-        monkeypatch.delenv(opt.env, raising=False)
-    monkeypatch.setenv("TRAINGUARD_TRACKING", "off")  # tracking has its own tests
-    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-
-
 def runpytest(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     """``pytest`` in a subprocess, the plugin loaded by its entry point as in a user's project.
 
