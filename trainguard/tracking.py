@@ -62,8 +62,10 @@ __all__ = [
 EXPERIMENT = "trainguard"
 #: MLflow's per-request limits for log_batch
 _MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100
-#: seconds :meth:`Tracker.close` waits for the queue to drain by default
+#: seconds :meth:`Tracker.close` waits for the next write to finish by default: a store that keeps
+#: accepting writes is waited for (up to ``FLUSH_CAP_FACTOR`` times this), one that stops is not
 FLUSH_TIMEOUT_S = 10.0
+FLUSH_CAP_FACTOR = 6
 #: seconds :meth:`Tracker.close` waits for mlflow to be imported and the client created, before
 #: the flush bound starts
 CONNECT_TIMEOUT_S = 60.0
@@ -211,6 +213,7 @@ class Tracker:
         self._client: Any = None
         self._experiment_id: str | None = None
         self._sampled: list[RunHandle] = []
+        self._progress_at = time.monotonic()
         if tracking_uri.startswith(("http://", "https://")):
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", _HTTP_TIMEOUT_S)
@@ -307,7 +310,20 @@ class Tracker:
         connect_deadline = started + CONNECT_TIMEOUT_S
         while self._client is None and self._thread.is_alive() and time.monotonic() < connect_deadline:
             self._thread.join(0.05)
-        self._thread.join(timeout)
+        # the writer ran at low priority so as not to slow the ranks; now the run is over and
+        # the caller waits on it (raising a priority needs privileges: best effort)
+        if self._thread.native_id:
+            with contextlib.suppress(OSError, AttributeError):
+                os.setpriority(os.PRIO_PROCESS, self._thread.native_id, 0)
+        # the bound is on progress: wait while writes keep completing, at most FLUSH_CAP_FACTOR x
+        connected = time.monotonic()
+        self._progress_at = max(self._progress_at, connected)
+        cap = connected + timeout * FLUSH_CAP_FACTOR
+        while self._thread.is_alive():
+            now = time.monotonic()
+            if now >= cap or now - self._progress_at >= timeout:
+                break
+            self._thread.join(min(0.1, cap - now))
         if self._thread.is_alive():
             with self._cond:
                 self._abandon = True
@@ -323,7 +339,8 @@ class Tracker:
             shown = "; ".join(unwritten[:8]) + (f"; and {len(unwritten) - 8} more" if len(unwritten) > 8 else "")
             self.warn(
                 f"trainguard tracking: {len(unwritten)} item(s) not written to {self.tracking_uri} "
-                f"within {timeout:g} s (last error: {self.last_error or 'none'}): {shown}. "
+                f"(gave up after {result.seconds:.0f} s: no write finished for {timeout:g} s, or the "
+                f"{timeout * FLUSH_CAP_FACTOR:g} s cap was reached; last error: {self.last_error or 'none'}): {shown}. "
                 "The checks are unaffected and their run directories hold the logs; start the "
                 "tracking server or set TRAINGUARD_TRACKING=off"
             )
@@ -339,10 +356,10 @@ class Tracker:
     # -- the writer thread --------------------------------------------------------------------
 
     def _loop(self) -> None:
-        # lowest CPU priority for this thread (Linux: per thread): importing mlflow and writing
+        # low CPU priority for this thread (Linux: per thread): importing mlflow and writing
         # must not take cores from the ranks
         with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         delay = 0.2
         next_sample = time.monotonic()
         while True:
@@ -381,6 +398,7 @@ class Tracker:
             with self._cond:
                 if self._ops and self._ops[0] is op:
                     self._ops.popleft()
+                self._progress_at = time.monotonic()
 
     def _merge_metrics(self, head: _Op) -> None:
         """Fold the metric ops queued right behind ``head`` (same run) into it (lock held)."""

@@ -193,6 +193,40 @@ def test_nothing_is_lost_while_the_store_recovers_within_the_bound() -> None:
     assert no_writer_threads()
 
 
+class SlowClient:
+    """Stands in for MlflowClient: every batch takes ``delay`` seconds (a slow, live server)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.batches = 0
+
+    def log_batch(self, run_id: str, metrics: Any = (), params: Any = (), tags: Any = ()) -> None:
+        time.sleep(self.delay)
+        self.batches += 1
+
+
+def test_a_slow_store_that_keeps_writing_is_waited_for_and_a_stuck_one_is_not() -> None:
+    tracker = Tracker("fake://store", flush_timeout=0.5)
+    slow = SlowClient(delay=0.15)
+    tracker._client = slow
+    handle = tracker.attach("run-1")
+    for i in range(12):  # 12 separate batches (params are not merged): ~1.8 s in all, > the bound
+        tracker.log_params(handle, {f"p{i}": i})
+    result = tracker.close()
+    assert result.complete, result
+    assert slow.batches == 12
+
+    tracker = Tracker("fake://store", flush_timeout=0.5)
+    stuck = SlowClient(delay=2.0)  # a write far longer than the bound: the queue behind it is dropped
+    tracker._client = stuck
+    handle = tracker.attach("run-1")
+    tracker.log_params(handle, {"p": 1})
+    tracker.log_params(handle, {"q": 2})
+    with pytest.warns(TrackingWarning, match=r"1 item\(s\) not written.*no write finished for 0.5 s"):
+        result = tracker.close()
+    assert result.unwritten == ["1 params of 'run-1'"] and stuck.batches == 1
+
+
 def test_metric_rows_log_the_mean_and_each_rank() -> None:
     points = [MetricPoint("loss", 1, 1.0, 0, 0.1), MetricPoint("loss", 1, 3.0, 1, 0.2),
               MetricPoint("loss", 2, 5.0, 0, 0.3)]
