@@ -22,6 +22,7 @@ teardown of every process group (DataLoader workers included).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import shutil
@@ -74,6 +75,9 @@ class LaunchSpec:
     #: stop the run ("failed") once one rank's process tree (the rank and every descendant)
     #: holds more resident memory than this, in MB; sampled every ``_SCAN_S`` seconds
     max_rss_mb: float | None = None
+    #: run in each rank's child process after fork, before exec, with the rank (e.g. a fault
+    #: drill joins the rank to its own memory cgroup here, so all its memory is charged there)
+    preexec: Callable[[int], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -273,6 +277,7 @@ class Launcher:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,  # own process group: teardown reaches its children
+                    preexec_fn=None if spec.preexec is None else functools.partial(spec.preexec, rank),
                 )
             except OSError as exc:
                 self._teardown()

@@ -1,0 +1,122 @@
+"""The contract between a drill and the fault it injects.
+
+A drill (:mod:`trainguard.drills`) runs a small supervised run of the user's job and drives one
+:class:`Fault` through its life:
+
+1. :meth:`Fault.setup` once, before the first attempt: mount a tmpfs, create cgroups, start a
+   proxy. It may change where checkpoints go (:attr:`FaultContext.checkpoint_dir`) and raises
+   :class:`FaultUnavailable` when this machine cannot host the real fault (not root, no cgroup
+   controller, ...); the drill then runs the documented fallback or skips, saying why.
+2. :meth:`Fault.launch_env` and :meth:`Fault.preexec` shape every rank's process of every attempt
+   (e.g. the start-up hook on PYTHONPATH, joining a cgroup before exec).
+3. :meth:`Fault.inject` once, on the launcher's monitor thread, as soon as the target rank has
+   printed step ``after_step`` (first attempt only). It must return quickly (start a thread for
+   anything slow).
+4. :meth:`Fault.clear` when the fault should end: after ``duration`` seconds when one is set, and
+   always before a verification run (e.g. the fail_clean resume run without the fault).
+5. :meth:`Fault.teardown` always, in ``finally`` (Ctrl-C included): unmount, delete cgroups, stop
+   servers. Idempotent.
+
+:meth:`Fault.evidence` says what happened (mode that ran, counters read, fallbacks) and
+:meth:`Fault.classify` names how a failed attempt ended for the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trainguard.errors import TrainguardError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.launch import Launcher, RunResult
+
+__all__ = ["Fault", "FaultContext", "FaultUnavailable"]
+
+
+class FaultUnavailable(TrainguardError):
+    """This machine cannot inject the real fault (the message says why and what would allow it)."""
+
+
+@dataclass
+class FaultContext:
+    """What a fault knows about the drill it serves."""
+
+    #: a directory the fault owns for this drill (trigger files, logs, its own state)
+    work_dir: Path
+    #: the checkpoint directory every attempt of the drill uses; :meth:`Fault.setup` may replace it
+    #: (disk_full puts it on a size-limited tmpfs)
+    checkpoint_dir: Path
+    world_size: int
+    #: the job's environment for the ranks (after placeholders), for faults that wrap services
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class Fault:
+    """Base class of every fault kind; subclasses set :attr:`kind` and override the hooks they need.
+
+    ``params`` are the fault's own parameters from the drill spec (validated by the subclass's
+    :meth:`validate`); ``rank``/``after_step``/``duration`` say where and when.
+    """
+
+    kind: ClassVar[str] = ""
+    #: parameters this fault accepts, with their defaults (documented in docs/faults.md)
+    defaults: ClassVar[Mapping[str, Any]] = {}
+
+    def __init__(
+        self,
+        params: Mapping[str, Any] | None = None,
+        *,
+        rank: int = 0,
+        after_step: int = 1,
+        duration: float | None = None,
+    ) -> None:
+        self.params: dict[str, Any] = {**self.defaults, **(params or {})}
+        self.rank = rank
+        self.after_step = after_step
+        self.duration = duration
+        self.injected_at: float | None = None  # launcher elapsed seconds at injection
+        self.cleared_at: float | None = None
+
+    @classmethod
+    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """Problems with ``params`` as ``(key, message with the fix)`` pairs; empty when valid."""
+        unknown = sorted(set(params) - set(cls.defaults))
+        return [(key, f"unknown parameter for fault {cls.kind!r}; expected one of "
+                 f"{', '.join(sorted(cls.defaults)) or '(none)'}") for key in unknown]
+
+    def setup(self, ctx: FaultContext) -> None:
+        """Prepare the real fault before the first attempt (may raise :class:`FaultUnavailable`)."""
+
+    def launch_env(self, ctx: FaultContext) -> dict[str, str]:
+        """Environment variables for every rank of every attempt."""
+        return {}
+
+    def preexec(self, rank: int) -> None:
+        """Runs in each rank's child process before exec (keep it async-signal-safe-ish: no locks,
+        no logging; write to files under /sys or /proc only)."""
+
+    @property
+    def needs_preexec(self) -> bool:
+        return type(self).preexec is not Fault.preexec
+
+    def inject(self, launcher: Launcher) -> None:
+        """Inject the fault now (the target rank has just printed step ``after_step``)."""
+        raise NotImplementedError
+
+    def clear(self) -> None:
+        """End the fault (idempotent)."""
+
+    def teardown(self) -> None:
+        """Release everything :meth:`setup`/:meth:`inject` created (idempotent, never raises)."""
+
+    def evidence(self) -> dict[str, Any]:
+        """What happened, for the report (mode that ran, counters, fallbacks used)."""
+        return {"fault": self.kind, "rank": self.rank, "after_step": self.after_step,
+                "injected_at_s": self.injected_at, "cleared_at_s": self.cleared_at}
+
+    def classify(self, result: RunResult) -> str:
+        """How a failed attempt ended, in words (e.g. 'killed by the kernel OOM killer')."""
+        return result.reason or result.outcome
