@@ -1,0 +1,24 @@
+"""Ray Train jobs under trainguard: the user's ``train_func`` run with ``TorchTrainer``.
+
+trainguard launches :mod:`trainguard.raytrain.driver` as the job's command (one process, the Ray
+driver); the driver connects to Ray (``RAY_ADDRESS``, or a private local instance), runs the
+user's function with ``TorchTrainer`` and prints every ``ray.train.report`` of world rank 0 as a
+metric line, so every check and drill built on the launcher works for Ray Train jobs unchanged.
+See docs/ray-train.md.
+"""
+
+from __future__ import annotations
+
+__all__ = ["REPORT_PREFIX", "WORKER_PREFIX", "metric_regex"]
+
+#: the line a worker prints for each ``ray.train.report`` (world rank 0 only)
+REPORT_PREFIX = "trainguard-report"
+#: the line every worker prints once at start (fault drills find the worker's pid by rank)
+WORKER_PREFIX = "trainguard-worker"
+
+
+def metric_regex(name: str) -> str:
+    """The regex that reads metric ``name`` from the driver's report lines."""
+    import re
+
+    return rf"{REPORT_PREFIX} step=(?P<step>\d+)\b.*\s{re.escape(name)}=(?P<value>\S+)"

@@ -1,0 +1,143 @@
+"""The Ray driver trainguard launches for a ``ray_train`` job (``python -m trainguard.raytrain.driver``).
+
+It imports nothing of the user's until a Ray worker runs their function: each worker first wraps
+``ray.train.report`` so that world rank 0 prints ``trainguard-report step=N name=value ...``
+(Ray forwards worker output to the driver, whose stdout the launcher reads), then calls the user's
+``train_func(config)`` unchanged. Exit code 0 when the fit finished, 1 when it raised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+from trainguard.raytrain import REPORT_PREFIX, WORKER_PREFIX
+
+_SPEC_KEY = "__trainguard__"
+
+
+def _import_func(target: str) -> Any:
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    func = module
+    for part in attr.split("."):
+        func = getattr(func, part)
+    return func
+
+
+def _format(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return repr(float(value)) if isinstance(value, float) and not math.isfinite(value) else str(value)
+
+
+def _worker_entry(config: dict[str, Any]) -> Any:
+    """Runs in every Ray Train worker: wrap ``ray.train.report``, then call the user's function."""
+    import ray.train
+
+    config = dict(config)
+    spec = config.pop(_SPEC_KEY)
+    context = ray.train.get_context()
+    rank = context.get_world_rank()
+    print(f"{WORKER_PREFIX} rank={rank} pid={os.getpid()}", file=sys.stderr, flush=True)
+    original = ray.train.report
+    step_key = spec["step_key"]
+    counter = {"n": 0}
+
+    def report(metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        result = original(metrics, *args, **kwargs)  # checkpoint first: "step N" means it exists
+        counter["n"] += 1
+        if rank == 0:
+            step = metrics.get(step_key, counter["n"])
+            fields = " ".join(
+                f"{k}={text}" for k, v in metrics.items() if k != step_key and (text := _format(v)) is not None
+            )
+            print(f"{REPORT_PREFIX} step={int(step)} {fields}", flush=True)
+        return result
+
+    ray.train.report = report
+    func = _import_func(spec["train_func"])
+    takes_config = bool(inspect.signature(func).parameters)
+    return func(config) if takes_config else func()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainguard.raytrain.driver")
+    p.add_argument("--train-func", required=True)
+    p.add_argument("--config", default="{}", help="train_loop_config as JSON")
+    p.add_argument("--num-workers", type=int, default=1)
+    p.add_argument("--use-gpu", action="store_true")
+    p.add_argument("--resources-per-worker", default=None, help="JSON")
+    p.add_argument("--storage-path", required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--max-failures", type=int, default=0)
+    p.add_argument("--step-key", default="step")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray instance")
+    args = p.parse_args(argv)
+
+    # every report line matters: Ray's log deduplication would fold similar lines, and its
+    # colour codes would wrap them
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    config = json.loads(args.config)
+    config[_SPEC_KEY] = {"train_func": args.train_func, "step_key": args.step_key}
+    # the user's modules must be importable in the workers: the driver's cwd and PYTHONPATH
+    entries = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+    pythonpath = os.pathsep.join(dict.fromkeys(os.path.abspath(e) for e in entries if e))
+    env_vars = {"PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1"}
+    for name in ("OMP_NUM_THREADS", "TRAINGUARD_FAULT_HOOK", "MLFLOW_TRACKING_URI", "TRAINGUARD_MLFLOW_RUN_ID"):
+        if name in os.environ:
+            env_vars[name] = os.environ[name]
+    temp_dir = None
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars}, log_to_driver=True)
+    else:
+        # a private instance in a short private temp dir: a stale /tmp/ray session cannot interfere
+        temp_dir = tempfile.mkdtemp(prefix="tgray-", dir="/tmp")
+        ray.init(
+            address="local", num_cpus=args.num_cpus or max(2, args.num_workers + 1),
+            object_store_memory=128 * 1024 * 1024, include_dashboard=False, _temp_dir=temp_dir,
+            runtime_env={"env_vars": env_vars}, log_to_driver=True,
+        )
+    try:
+        trainer = TorchTrainer(
+            _worker_entry,
+            train_loop_config=config,
+            scaling_config=ScalingConfig(
+                num_workers=args.num_workers, use_gpu=args.use_gpu,
+                resources_per_worker=json.loads(args.resources_per_worker) if args.resources_per_worker else None,
+            ),
+            run_config=RunConfig(
+                name=args.name, storage_path=os.path.abspath(args.storage_path),
+                failure_config=FailureConfig(max_failures=args.max_failures),
+            ),
+        )
+        try:
+            result = trainer.fit()
+        except Exception as exc:  # Ray Train raises TrainingFailedError with the workers' errors
+            print(f"trainguard: the Ray Train fit failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            return 1
+        if getattr(result, "error", None):
+            print(f"trainguard: the Ray Train fit failed: {result.error}", file=sys.stderr, flush=True)
+            return 1
+        return 0
+    finally:
+        ray.shutdown()
+        if temp_dir:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
