@@ -1,0 +1,93 @@
+"""The gate's decision: every required check, every capability rule, every threshold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from trainguard.gate.policy import Capabilities, GatePolicy, decide
+from trainguard.report import CheckResult, Report
+
+NO_ROOT = Capabilities(gpus=0, root=False, ray=True)
+
+
+def report(*results: CheckResult) -> Report:
+    return Report(job="toy", checks=list(results))
+
+
+def passed(name: str, **evidence: Any) -> CheckResult:
+    return CheckResult(name, "passed", f"{name} fine", evidence=evidence)
+
+
+def sizing(efficiency: float = 0.9, cost: float = 100.0, hours: float = 5.0) -> dict[str, Any]:
+    return {"recommended": 4, "recommendation": "4 GPUs meet the deadline",
+            "candidates": [{"gpus": 4, "efficiency": efficiency, "cost": cost, "hours_with_failures": hours}]}
+
+
+def policy(**data: Any) -> GatePolicy:
+    return GatePolicy.model_validate({"require": ["smoke", "canary", "drills"], **data})
+
+
+def test_everything_passed_promotes_and_says_why() -> None:
+    decision = decide(report(passed("smoke"), passed("canary"), passed("drill:kill")), policy(), NO_ROOT)
+    assert decision.promoted and decision.reasons == []
+    assert any("drill:kill passed" in note for note in decision.notes)
+
+
+def test_a_failed_required_check_blocks_naming_it() -> None:
+    failing = CheckResult("canary", "failed", "loss fell 2% (min 30%)")
+    decision = decide(report(passed("smoke"), failing, passed("drill:kill")), policy(), NO_ROOT)
+    assert decision.verdict == "block"
+    assert decision.reasons == ["canary failed: loss fell 2% (min 30%)"]
+
+
+def test_a_required_check_that_is_not_configured_blocks_with_the_fix() -> None:
+    decision = decide(report(passed("smoke"), passed("canary")), policy(), NO_ROOT,
+                      configured=["smoke", "canary"])
+    assert decision.verdict == "block"
+    assert "required check drills is not configured" in decision.reasons[0]
+    assert "gate.require" in decision.reasons[0]
+
+
+@pytest.mark.parametrize(("rule", "verdict"), [("skip", "promote"), ("block", "block")])
+def test_a_skip_for_a_missing_capability_follows_the_policy(rule: str, verdict: str) -> None:
+    skipped = CheckResult("drill:disk", "skipped", "needs root to mount a tmpfs", evidence={"needs": "root"})
+    decision = decide(report(passed("smoke"), passed("canary"), skipped),
+                      policy(on_missing={"root": rule}), NO_ROOT)
+    assert decision.verdict == verdict
+    text = " ".join(decision.notes + decision.reasons)
+    assert "gate.on_missing.root" in text
+
+
+def test_fallbacks_that_ran_are_listed() -> None:
+    drill = passed("drill:disk", fallbacks=["disk_full ran in hook mode (not root)"])
+    decision = decide(report(passed("smoke"), passed("canary"), drill), policy(), NO_ROOT)
+    assert decision.promoted
+    assert decision.fallbacks == ["drill:disk: disk_full ran in hook mode (not root)"]
+
+
+def test_thresholds_judge_the_recommended_world_size() -> None:
+    checks = report(passed("smoke"), passed("canary"), passed("drill:kill"))
+    strict = policy(thresholds={"min_scaling_efficiency": 0.8, "max_cost": 500, "max_predicted_hours": 10})
+    assert decide(checks, strict, NO_ROOT, sizing=sizing()).promoted
+    blocked = decide(checks, strict, NO_ROOT, sizing=sizing(efficiency=0.6, cost=900.0))
+    assert blocked.verdict == "block"
+    assert any("scaling efficiency 0.60 at 4 GPUs is below the minimum 0.80" in r for r in blocked.reasons)
+    assert any("predicted cost 900.00" in r for r in blocked.reasons)
+    assert decide(checks, strict, NO_ROOT).verdict == "block"  # thresholds but no sizing
+
+
+def test_no_recommended_size_blocks_with_the_sizing_reason() -> None:
+    checks = report(passed("smoke"), passed("canary"), passed("drill:kill"))
+    none = {"recommended": None, "recommendation": "no world size meets the 2 h deadline", "candidates": []}
+    decision = decide(checks, policy(), NO_ROOT, sizing=none)
+    assert decision.verdict == "block" and "2 h deadline" in decision.reasons[0]
+
+
+def test_the_policy_rejects_unknown_checks_and_keys() -> None:
+    with pytest.raises(ValidationError):
+        GatePolicy.model_validate({"require": ["smok"]})
+    with pytest.raises(ValidationError):
+        GatePolicy.model_validate({"thresholds": {"max_costs": 3}})

@@ -1,0 +1,227 @@
+"""The promotion gate's policy (``gate:`` in the job file) and its decision.
+
+:func:`decide` reads the results of the checks the gate ran (a :class:`~trainguard.report.Report`),
+the sizing of the profile when there is one, and what this machine can do
+(:class:`Capabilities`), and returns ``promote`` or ``block`` with every reason. It runs nothing:
+running the checks is :func:`trainguard.gate.run.run_gate`'s job, so the decision is a pure
+function that is tested on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainguard.report import CheckResult, Report
+
+__all__ = [
+    "GATE_CHECKS",
+    "Capabilities",
+    "Decision",
+    "GatePolicy",
+    "Thresholds",
+    "decide",
+]
+
+#: what ``gate.require`` may name; ``drills`` means every configured drill
+GATE_CHECKS = ("smoke", "canary", "determinism", "resume", "parallel", "drills", "profile")
+
+MissingRule = Literal["skip", "block"]
+GateCheck = Literal["smoke", "canary", "determinism", "resume", "parallel", "drills", "profile"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Thresholds(_Model):
+    """Limits on the profile's prediction for the recommended world size."""
+
+    #: lowest scaling efficiency allowed at the recommended world size (0..1)
+    min_scaling_efficiency: float | None = Field(None, gt=0, le=1)
+    #: the predicted full run's cost, in the currency of ``target.price_per_gpu_hour``
+    max_cost: float | None = Field(None, ge=0)
+    #: the predicted full run's wall-clock hours (failures included)
+    max_predicted_hours: float | None = Field(None, gt=0)
+
+
+class OnMissing(_Model):
+    """What a capability this machine lacks means: ``skip`` the checks that need it (the report
+    lists them) or ``block`` promotion."""
+
+    gpu: MissingRule = "skip"
+    root: MissingRule = "skip"
+    ray: MissingRule = "skip"
+
+
+_ALL: tuple[GateCheck, ...] = ("smoke", "canary", "determinism", "resume", "parallel", "drills", "profile")
+
+
+class GatePolicy(_Model):
+    """``gate:`` -- which checks must pass before the job may be promoted, and limits."""
+
+    require: list[GateCheck] = Field(default_factory=lambda: list(_ALL))
+    thresholds: Thresholds = Field(default_factory=lambda: Thresholds.model_validate({}))
+    on_missing: OnMissing = Field(default_factory=lambda: OnMissing.model_validate({}))
+    #: a promoted report older than this (seconds) is stale for ``trainguard submit``
+    max_report_age: float = Field(24 * 3600.0, gt=0)
+    #: where ``--submit`` sends a promoted job: ``ray`` (Jobs API) or ``slurm`` (sbatch)
+    queue: Literal["ray", "slurm"] = "ray"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What this machine can do, as far as the checks care."""
+
+    gpus: int
+    root: bool
+    ray: bool
+
+    @classmethod
+    def probe(cls) -> Capabilities:
+        """Look: GPUs (trainguard.devices), root (euid 0), Ray installed (find_spec)."""
+        import importlib.util
+
+        from trainguard.devices import gpu_inventory
+
+        try:
+            gpus = gpu_inventory().count
+        except Exception:  # no driver, no NVML: no GPUs
+            gpus = 0
+        return cls(
+            gpus=gpus,
+            root=hasattr(os, "geteuid") and os.geteuid() == 0,
+            ray=importlib.util.find_spec("ray") is not None and shutil.which("ray") is not None,
+        )
+
+    def missing(self) -> list[str]:
+        return [name for name, have in (("gpu", self.gpus > 0), ("root", self.root), ("ray", self.ray)) if not have]
+
+
+@dataclass
+class Decision:
+    """The gate's verdict and everything behind it."""
+
+    verdict: Literal["promote", "block"]
+    reasons: list[str] = field(default_factory=list)  # why it is blocked (empty on promote)
+    notes: list[str] = field(default_factory=list)  # what passed, skips allowed by policy
+    fallbacks: list[str] = field(default_factory=list)  # every fallback that ran
+    recommended_world_size: int | None = None
+
+    @property
+    def promoted(self) -> bool:
+        return self.verdict == "promote"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "reasons": list(self.reasons),
+            "notes": list(self.notes),
+            "fallbacks": list(self.fallbacks),
+            "recommended_world_size": self.recommended_world_size,
+        }
+
+
+def _results_for(name: str, checks: Iterable[CheckResult]) -> list[CheckResult]:
+    if name == "drills":
+        return [c for c in checks if c.name.startswith("drill:")]
+    return [c for c in checks if c.name == name]
+
+
+def _needed_capability(result: CheckResult) -> str | None:
+    """The capability a skipped check lacked (``evidence["needs"]``, else read from its summary)."""
+    needs = result.evidence.get("needs")
+    if isinstance(needs, str):
+        return needs
+    text = result.summary.lower()
+    for capability, words in (("root", ("root", "cgroup", "tmpfs", "mount")),
+                              ("gpu", ("gpu", "cuda")), ("ray", ("ray",))):
+        if any(word in text for word in words):
+            return capability
+    return None
+
+
+def _fallbacks(result: CheckResult) -> list[str]:
+    found = result.evidence.get("fallbacks") or result.evidence.get("fallback") or []
+    if isinstance(found, str):
+        found = [found]
+    out = [f"{result.name}: {item}" for item in found]
+    fault = result.evidence.get("fault_evidence") or {}
+    if isinstance(fault, Mapping) and fault.get("fallback"):
+        out.append(f"{result.name}: {fault['fallback']}")
+    return out
+
+
+def decide(
+    report: Report,
+    policy: GatePolicy,
+    capabilities: Capabilities,
+    *,
+    sizing: Mapping[str, Any] | None = None,
+    configured: Iterable[str] = GATE_CHECKS,
+) -> Decision:
+    """``promote`` when every required check passed (or was skipped for a capability the policy
+    lets go) and the sizing meets every threshold; otherwise ``block`` with every reason.
+    ``configured`` names the checks the job file configures (a required check it lacks blocks:
+    nothing can vouch for it)."""
+    decision = Decision("promote")
+    configured = set(configured)
+    for name in policy.require:
+        results = _results_for(name, report.checks)
+        if not results:
+            why = "is not configured in the job file" if name not in configured else "did not run"
+            decision.reasons.append(f"required check {name} {why}; add it under `checks:` or drop it from gate.require")
+            continue
+        for result in results:
+            decision.fallbacks += _fallbacks(result)
+            if result.status == "passed":
+                decision.notes.append(f"{result.name} passed: {result.summary}")
+            elif result.status == "skipped":
+                capability = _needed_capability(result)
+                rule = getattr(policy.on_missing, capability) if capability else "block"
+                if rule == "skip":
+                    decision.notes.append(f"{result.name} skipped (allowed by gate.on_missing.{capability}): {result.summary}")
+                else:
+                    where = f"gate.on_missing.{capability} is block" if capability else "no policy allows this skip"
+                    decision.reasons.append(f"{result.name} was skipped ({where}): {result.summary}")
+            else:
+                decision.reasons.append(f"{result.name} {result.status}: {result.summary}")
+    if sizing is not None:
+        _judge_sizing(sizing, policy.thresholds, decision)
+    elif any(v is not None for v in policy.thresholds.model_dump().values()):
+        decision.reasons.append("gate.thresholds are set but there is no profile sizing to judge them; "
+                                "configure checks.profile and target:")
+    if decision.reasons:
+        decision.verdict = "block"
+    return decision
+
+
+def _judge_sizing(sizing: Mapping[str, Any], limits: Thresholds, decision: Decision) -> None:
+    recommended = sizing.get("recommended")
+    decision.recommended_world_size = recommended
+    if recommended is None:
+        decision.reasons.append(f"the sizing recommends no world size: {sizing.get('recommendation', 'no reason given')}")
+        return
+    candidate = next((c for c in sizing.get("candidates", []) if c.get("gpus") == recommended), None)
+    if candidate is None:
+        decision.reasons.append(f"the sizing recommends {recommended} GPUs but has no prediction for them")
+        return
+    checks = (
+        ("min_scaling_efficiency", "efficiency", lambda v, lim: v >= lim, "scaling efficiency {v:.2f} at {n} GPUs is below the minimum {lim:.2f}"),
+        ("max_cost", "cost", lambda v, lim: v <= lim, "predicted cost {v:,.2f} at {n} GPUs exceeds the maximum {lim:,.2f}"),
+        ("max_predicted_hours", "hours_with_failures", lambda v, lim: v <= lim, "predicted {v:.1f} h at {n} GPUs exceeds the maximum {lim:.1f} h"),
+    )
+    for key, field_name, ok, message in checks:
+        limit = getattr(limits, key)
+        value = candidate.get(field_name)
+        if limit is None or value is None:
+            continue
+        if ok(value, limit):
+            decision.notes.append(f"gate.thresholds.{key}: {field_name} {value:.3g} within {limit:g}")
+        else:
+            decision.reasons.append(message.format(v=value, lim=limit, n=recommended))
