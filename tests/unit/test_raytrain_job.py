@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 from pydantic import ValidationError
 
 from trainguard.raytrain import metric_regex
-from trainguard.raytrain.job import RayScaling, driver_argv, render_config
+from trainguard.raytrain.job import RayScaling, render_config
 
 
 def test_a_lone_placeholder_keeps_its_type_and_others_are_formatted() -> None:
@@ -17,19 +16,6 @@ def test_a_lone_placeholder_keeps_its_type_and_others_are_formatted() -> None:
     rendered = render_config(config, {"steps": 40, "seed": 7})
     assert rendered == {"steps": 40, "tag": "run-7", "nested": {"seeds": [7, 3]}, "lr": 0.1}
     assert render_config({"text": "{{literal}}"}, {}) == {"text": "{literal}"}
-
-
-def test_driver_argv_carries_scaling_storage_and_failures() -> None:
-    argv = driver_argv(
-        train_func="mod:fn", config={"steps": 5}, scaling=RayScaling(use_gpu=True, resources_per_worker={"CPU": 2}),
-        num_workers=4, storage_path="/ckpt", name="job", max_failures=2,
-    )
-    flags = dict(zip(argv[3::2], argv[4::2], strict=False))
-    assert argv[1:3] == ["-m", "trainguard.raytrain.driver"]
-    assert flags["--num-workers"] == "4" and flags["--max-failures"] == "2"
-    assert json.loads(flags["--config"]) == {"steps": 5}
-    assert "--use-gpu" in argv
-    assert json.loads(argv[argv.index("--resources-per-worker") + 1]) == {"CPU": 2.0}
 
 
 def test_scaling_rejects_unknown_keys_and_bad_counts() -> None:

@@ -20,6 +20,7 @@ import tempfile
 from typing import Any
 
 from trainguard.raytrain import REPORT_PREFIX, WORKER_PREFIX
+from trainguard.raytrain.job import render_config
 
 _SPEC_KEY = "__trainguard__"
 
@@ -80,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", required=True)
     p.add_argument("--max-failures", type=int, default=0)
     p.add_argument("--step-key", default="step")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run-dir", default="")
+    p.add_argument("--batch-size", default="")
+    p.add_argument("--resume", action="store_true", help="continue the run in --storage-path/--name")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray instance")
     args = p.parse_args(argv)
 
@@ -91,7 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    config = json.loads(args.config)
+    values: dict[str, object] = {
+        "steps": args.steps, "seed": args.seed, "world_size": args.num_workers,
+        "checkpoint_dir": args.storage_path, "run_dir": args.run_dir,
+        "batch_size": int(args.batch_size) if args.batch_size.isdigit() else args.batch_size,
+    }
+    config = render_config(json.loads(args.config), values)
+    experiment = os.path.join(os.path.abspath(args.storage_path), args.name)
+    if not args.resume and os.path.isdir(experiment) and any(n.startswith("checkpoint_") for n in os.listdir(experiment)):
+        # Ray Train would silently continue that run: a fresh run must start fresh
+        print(f"trainguard: {experiment} already holds checkpoints of a run; pass --resume to continue "
+              "it or use another --storage-path", file=sys.stderr, flush=True)
+        return 2
     config[_SPEC_KEY] = {"train_func": args.train_func, "step_key": args.step_key}
     # the user's modules must be importable in the workers: the driver's cwd and PYTHONPATH
     entries = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]

@@ -19,14 +19,18 @@ V2 resumes); ``job.max_restarts`` becomes ``FailureConfig(max_failures=...)``.
 from __future__ import annotations
 
 import json
+import re
 import string
-import sys
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["RayScaling", "driver_argv", "render_config"]
+__all__ = ["RAY_KEYS", "RayScaling", "expand_ray_job", "render_config"]
+
+#: job keys that only a ``ray_train`` job has
+RAY_KEYS = ("train_func", "config", "scaling")
+_TRAIN_FUNC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 class RayScaling(BaseModel):
@@ -59,28 +63,78 @@ def render_config(config: Mapping[str, Any], values: Mapping[str, object]) -> di
     return {k: _render(v, values) for k, v in config.items()}
 
 
-def driver_argv(
-    *,
-    train_func: str,
-    config: Mapping[str, Any],
-    scaling: RayScaling,
-    num_workers: int,
-    storage_path: str,
-    name: str,
-    max_failures: int,
-) -> list[str]:
-    """The driver's command line for one fit."""
-    argv = [
-        sys.executable, "-m", "trainguard.raytrain.driver",
-        "--train-func", train_func,
-        "--config", json.dumps(dict(config), sort_keys=True),
-        "--num-workers", str(num_workers),
-        "--storage-path", storage_path,
-        "--name", name,
-        "--max-failures", str(max_failures),
+def _placeholder_problems(value: Any, key: str, known: tuple[str, ...]) -> list[str]:
+    if isinstance(value, str):
+        try:
+            names = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
+        except ValueError as exc:
+            return [f"{key}: {value!r}: {exc}; write a literal brace as {{{{ or }}}}"]
+        return [f"{key}: unknown placeholder {{{n}}} in {value!r}; known: "
+                + ", ".join(f"{{{k}}}" for k in known) for n in names if n not in known]
+    if isinstance(value, Mapping):
+        return [p for k, v in value.items() for p in _placeholder_problems(v, f"{key}.{k}", known)]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _placeholder_problems(v, f"{key}[{i}]", known)]
+    return []
+
+
+def expand_ray_job(data: Mapping[str, Any], placeholders: tuple[str, ...]) -> dict[str, Any]:
+    """A ``kind: ray_train`` job mapping rewritten as the command job trainguard launches: the
+    driver with the job's function, config, scaling and failure budget; ``world_size`` from
+    ``scaling.num_workers``; ``metrics: [loss, ...]`` (names of reported keys) as report-line
+    regexes. Raises ValueError naming the key and the fix."""
+    from trainguard.raytrain import metric_regex
+
+    problems: list[str] = []
+    for key in ("command", "resume_args", "world_size"):
+        if key in data:
+            problems.append(f"job.{key}: a ray_train job has no {key} (trainguard runs the function "
+                            "with TorchTrainer; set scaling.num_workers for the workers); remove it")
+    train_func = data.get("train_func")
+    if not isinstance(train_func, str) or not _TRAIN_FUNC.match(train_func):
+        problems.append(f"job.train_func: expected 'module:function' (importable from job.cwd), "
+                        f"got {train_func!r}; e.g. `train_func: \"train:train_func\"`")
+    config = data.get("config", {})
+    if not isinstance(config, Mapping):
+        problems.append(f"job.config: expected a mapping (Ray Train's train_loop_config), got {config!r}")
+        config = {}
+    problems += _placeholder_problems(dict(config), "job.config", placeholders)
+    try:
+        scaling = RayScaling.model_validate(data.get("scaling") or {})
+    except ValueError as exc:
+        first = str(exc).splitlines()
+        problems.append(f"job.scaling: {' '.join(first[1:3]).strip() or first[0]}; keys: num_workers, "
+                        "use_gpu, resources_per_worker")
+        scaling = RayScaling.model_validate({})
+    metrics = data.get("metrics")
+    if isinstance(metrics, list):
+        if not all(isinstance(m, str) and m for m in metrics):
+            problems.append(f"job.metrics: expected names of reported keys, got {metrics!r}")
+        else:
+            metrics = {m: metric_regex(m) for m in metrics}
+    if problems:
+        raise ValueError("; ".join(problems))
+    out = {k: v for k, v in data.items() if k not in ("kind", *RAY_KEYS)}
+    # the config travels as JSON inside one argument; its own placeholders are filled by the
+    # driver (typed: "{steps}" stays an int), so its braces are escaped from the command's
+    escaped = json.dumps(dict(config), sort_keys=True).replace("{", "{{").replace("}", "}}")
+    out["command"] = [
+        "python", "-m", "trainguard.raytrain.driver",
+        "--train-func", str(train_func), "--config", escaped,
+        "--steps", "{steps}", "--seed", "{seed}", "--num-workers", "{world_size}",
+        "--storage-path", "{checkpoint_dir}", "--run-dir", "{run_dir}",
+        "--name", str(data.get("name", "job")), "--max-failures", str(data.get("max_restarts", 0)),
     ]
+    if "batch_size" in data:
+        out["command"] += ["--batch-size", "{batch_size}"]
     if scaling.use_gpu:
-        argv.append("--use-gpu")
+        out["command"].append("--use-gpu")
     if scaling.resources_per_worker:
-        argv += ["--resources-per-worker", json.dumps(scaling.resources_per_worker, sort_keys=True)]
-    return argv
+        out["command"] += ["--resources-per-worker",
+                           json.dumps(scaling.resources_per_worker, sort_keys=True).replace("{", "{{").replace("}", "}}")]
+    out["kind"] = "ray_train"
+    out["resume_args"] = ["--resume"]
+    out["world_size"] = scaling.num_workers
+    if metrics is not None:
+        out["metrics"] = metrics
+    return out
