@@ -32,3 +32,45 @@ def test_the_metric_regex_reads_a_forwarded_report_line() -> None:
     other = re.search(metric_regex("val_loss"), line)
     assert other and other.group("value") == "0.9"
     assert re.search(metric_regex("acc"), line) is None
+
+
+RAY_JOB = """
+job:
+  name: rj
+  kind: ray_train
+  train_func: "train:train_func"
+  config: {steps: "{steps}", lr: 0.1}
+  scaling: {num_workers: 3}
+  metrics: [loss]
+checks:
+  smoke: {steps: 4}
+"""
+
+
+def test_a_ray_train_job_becomes_the_driver_command() -> None:
+    from trainguard.config import parse_config
+
+    job = parse_config(RAY_JOB, path="/x/trainguard.yaml").job
+    assert job.kind == "ray_train" and job.world_size == 3
+    assert job.command[1:3] == ["-m", "trainguard.raytrain.driver"] and job.resume_args == ["--resume"]
+    assert "{steps}" in job.command and "{checkpoint_dir}" in job.command
+    assert re.search(job.metrics["loss"], "trainguard-report step=3 loss=0.5")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("train_func: \"train:train_func\"", "train_func: train.py"), "job.train_func: expected 'module:function'"),
+        (("lr: 0.1", "lr: \"{learning_rate}\""), "unknown placeholder {learning_rate}"),
+        (("scaling: {num_workers: 3}", "scaling: {workers: 3}"), "job.scaling"),
+        (("metrics: [loss]", "metrics: [loss]\n  command: python x.py"), "a ray_train job has no command"),
+        (("kind: ray_train", "kind: command"), "belong to a Ray Train job; add `kind: ray_train`"),
+    ],
+)
+def test_ray_train_mistakes_are_named_with_the_fix(change: tuple[str, str], message: str) -> None:
+    from trainguard.config import parse_config
+    from trainguard.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        parse_config(RAY_JOB.replace(*change), path="/x/trainguard.yaml")
+    assert message in str(info.value)
