@@ -1,4 +1,5 @@
-"""Collecting job files as pytest items: one item per configured check, zero Python to write.
+"""Collecting job files as pytest items: one item per configured check (and one per fault drill,
+``drill:<name>``, marked ``fault``), zero Python to write.
 
 ``trainguard.yaml`` and ``*.trainguard.yaml`` become a collector; each check becomes an item
 carrying the check's marker (``pytest -m resume`` selects resume checks). Reference runs are
@@ -8,7 +9,6 @@ shared between the checks of one job file within a pytest process.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,8 +34,12 @@ class JobFileCollector(pytest.File):
         from trainguard.config import load_config
 
         job_file = load_config(self.path)
-        for name, _spec in job_file.enabled_checks():
+        for name, spec in job_file.enabled_checks():
             item = CheckItem.from_parent(self, name=name, check_name=name)
+            if name.startswith("drill:"):  # a drill: `pytest -m fault` selects it
+                item.add_marker(pytest.mark.fault(getattr(spec, "fault", "")))
+                yield item
+                continue
             item.add_marker(name)
             for extra in _EXTRA_MARKERS.get(name, ()):
                 item.add_marker(extra)
@@ -70,7 +74,7 @@ class CheckItem(pytest.Item):
             job_file = load_config(self.path)
             runner = JobRunner(job_file, session.settings, tracker=_session_tracker(self.config, job_file))
             session.runners[key] = runner
-        spec = getattr(runner.job_file.checks, self.check_name)
+        spec = dict(runner.job_file.enabled_checks())[self.check_name]
         result = run_check(runner, self.check_name, spec)
         from dataclasses import asdict
 
@@ -90,39 +94,10 @@ class CheckItem(pytest.Item):
 
 
 def _session_tracker(config: pytest.Config, job_file: Any) -> Any:
-    """The session's tracker for ``job_file``'s store, opened on first use and closed (flushed
-    within its bound) when pytest unconfigures; None when tracking is off."""
-    import sys
+    """The session's tracker for ``job_file``'s store (see :mod:`trainguard.plugins.tracking`)."""
+    from trainguard.plugins.tracking import session_tracker
 
-    from trainguard.tracking import open_tracker, store_for, tracking_enabled
-
-    session = get_session(config)
-    if not tracking_enabled(session.settings.tracking):
-        return None
-    uri, _ = store_for(job_file)
-    if uri not in session.trackers:
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-        tracker = open_tracker(
-            job_file, session.settings, run_name=f"pytest session {worker}".strip(),
-            tags={"trainguard.xdist_worker": worker} if worker else None,
-            warn=lambda text: print(text, file=sys.stderr),
-        )
-        session.trackers[uri] = tracker
-        if tracker is not None:
-            # flushed at session finish: an xdist worker may be stopped before unconfigure
-            config.pluginmanager.register(_TrackerCloser(tracker))
-            config.add_cleanup(tracker.shutdown)
-    return session.trackers[uri]
-
-
-class _TrackerCloser:
-    """Closes one tracker when the pytest session finishes (a plugin registered on first use)."""
-
-    def __init__(self, tracker: Any) -> None:
-        self.tracker = tracker
-
-    def pytest_sessionfinish(self) -> None:
-        self.tracker.shutdown()
+    return session_tracker(config, job_file)
 
 
 def _render(result: Any) -> str:

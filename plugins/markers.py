@@ -84,7 +84,8 @@ def fault(kind: str, **params: Any) -> None:
 
 
 def profile() -> None:
-    """a throughput/scaling profile of the job."""
+    """a throughput/scaling profile of the job: `checks.profile` items carry it, `pytest -m profile`
+    selects them (docs/profiling.md)."""
 
 
 def gpu(count: int = 1) -> None:

@@ -198,15 +198,27 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Write the session report when ``--trainguard-report-json`` is set (controller only)."""
+    """Write the session report when ``--trainguard-report-json`` is set (controller only), then
+    log it to the MLflow session run(s) and flush (see :mod:`trainguard.plugins.tracking`)."""
     config = session.config
-    if hasattr(config, "workerinput"):
-        return
     state = config.stash.get(SESSION_KEY, None)
-    if state is None or state.settings.report_json is None:
+    if state is None:
         return
-    from trainguard.report import Report
+    path = None
+    if not hasattr(config, "workerinput") and state.settings.report_json is not None:
+        from trainguard.report import Report
 
-    report = Report(job="pytest-session", checks=[r for _, r in state.check_results])
-    path = report.write(state.settings.report_json)
-    state.report_paths.append(str(path))
+        report = Report(job="pytest-session", checks=[r for _, r in state.check_results])
+        path = report.write(state.settings.report_json)
+        state.report_paths.append(str(path))
+    from trainguard.plugins.tracking import finish_session
+
+    finish_session(config, path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist controller: hand each worker the registry of the shared MLflow session run."""
+    from trainguard.plugins.tracking import configure_node
+
+    configure_node(node)

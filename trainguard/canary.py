@@ -11,6 +11,9 @@ fall by ``min_loss_drop`` and never spike. Losses are noisy, so no single step d
   in the run.
 
 Every limit that is hit fails the check and says by how much.
+
+With a saved baseline (trainguard.baseline, docs/baselines.md) the run must also stay inside the
+band around the baseline's trajectory; ``--save-baseline`` makes a passing run the new baseline.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.baseline import canary_baseline
 from trainguard.config import CanaryCheck
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.report import CheckResult
@@ -319,9 +323,23 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
                     f"{spec.grad_norm} is {value:.4g} at step {step}, outside grad_norm_range "
                     f"[{low:g}, {high:g}]"
                 )
+    baseline_note = ""
+    if result.ok and loss.first_non_finite is None:
+        outcome = canary_baseline(runner, spec, request, result, canary_ok=not problems)
+        evidence["baseline"] = outcome.evidence
+        if outcome.plots:
+            evidence["plots"] = [*evidence.get("plots", []), *outcome.plots]
+        problems += outcome.problems
+        baseline_note = f"; {outcome.note}" if outcome.note else ""
+    elif runner.settings.save_baseline:
+        evidence["baseline"] = {"status": "not_saved", "reason": "the canary failed: a failing run is no baseline"}
+        baseline_note = "; baseline not saved (the canary failed)"
     duration = time.monotonic() - started
     if problems:
-        return CheckResult("canary", "failed", "; ".join(problems), evidence, duration, reproduce)
+        summary = "; ".join(problems)
+        if baseline_note.startswith("; baseline not saved"):
+            summary += baseline_note
+        return CheckResult("canary", "failed", summary, evidence, duration, reproduce)
     assert loss.drop is not None  # no problem: the windows were compared
     peak = max(result.peak_rss_mb.values(), default=None)
     memory = (
@@ -339,7 +357,7 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
         "passed",
         f"loss fell {loss.drop:.0%} (median {loss.early_median:.4g} over steps {loss.early_steps} "
         f"-> {loss.late_median:.4g} over steps {loss.late_steps}; min {spec.min_loss_drop:.0%}), "
-        f"finite, no spike{val_note}; {spec.steps} steps in {seconds}, {memory}",
+        f"finite, no spike{val_note}; {spec.steps} steps in {seconds}, {memory}{baseline_note}",
         evidence,
         duration,
         reproduce,

@@ -19,7 +19,9 @@ __all__ = ["available_checks", "check", "run_check", "run_checks"]
 
 def _registry() -> dict[str, Callable[[JobRunner, Any], CheckResult]]:
     from trainguard.canary import run_canary
+    from trainguard.drills import run_drill
     from trainguard.equivalence import run_determinism, run_parallel, run_resume
+    from trainguard.profiling.check import run_profile_check
     from trainguard.smoke import run_smoke
 
     return {
@@ -28,6 +30,8 @@ def _registry() -> dict[str, Callable[[JobRunner, Any], CheckResult]]:
         "determinism": run_determinism,
         "resume": run_resume,
         "parallel": run_parallel,
+        "profile": run_profile_check,
+        "drill": run_drill,  # every entry of checks.drills runs as "drill:<name>"
     }
 
 
@@ -38,7 +42,7 @@ def available_checks() -> list[str]:
 
 def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
     """Run one check; a check this version cannot run yet is reported as skipped, with why."""
-    func = _registry().get(name)
+    func = _registry().get("drill" if name.startswith("drill:") else name)
     if func is None:
         return CheckResult(
             name,
@@ -80,9 +84,13 @@ def check(
     report_json: str | None = None,
     echo: Callable[[int, str, str], None] | None = None,
     on_result: Callable[[CheckResult], None] | None = None,
+    save_baseline: bool | None = None,
 ) -> Report:
     """Load a job file, run its checks, write the report; the library form of
-    ``trainguard check``. Settings come from ``TRAINGUARD_*`` env vars and their defaults."""
+    ``trainguard check``. Settings come from ``TRAINGUARD_*`` env vars and their defaults.
+
+    ``save_baseline=True`` makes a passing canary this machine's new baseline (docs/baselines.md);
+    it needs the canary among the checks run (a :class:`ConfigError` says so otherwise)."""
     import dataclasses
     import os
     from pathlib import Path
@@ -94,6 +102,18 @@ def check(
     settings = resolve(environ=os.environ)
     if seed is not None:
         settings = dataclasses.replace(settings, seed=seed)
+    if save_baseline is not None:
+        settings = dataclasses.replace(settings, save_baseline=save_baseline)
+    if settings.save_baseline and "canary" not in {n for n, _ in job_file.enabled_checks(only)}:
+        from trainguard.errors import ConfigError
+
+        why = ("the job file has no checks.canary" if job_file.checks.canary is None
+               else f"--only {' '.join(only or ())} leaves it out")
+        raise ConfigError(
+            f"--save-baseline saves the canary's trajectory, but the canary is not run ({why}); "
+            "run `trainguard check CONFIG --only canary --save-baseline`",
+            path=str(job_file.path),
+        )
     from trainguard.tracking import open_tracker
 
     tracker = open_tracker(job_file, settings, run_name=f"trainguard check {job_file.job.name}")

@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--only",
         metavar="NAME",
         action="append",
-        help="run only this check (repeatable): smoke, canary, determinism, resume, parallel",
+        help="run only this check (repeatable): smoke, canary, determinism, resume, parallel, "
+        "drills (all drills), drill:NAME (one drill)",
     )
     check.add_argument(
         "--report-json",
@@ -59,8 +60,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="where to write the report (default: .trainguard/report.json next to the job file)",
     )
     check.add_argument("--seed", type=int, metavar="N", help="seed for the runs (default: TRAINGUARD_SEED or 0)")
+    check.add_argument(
+        "--save-baseline",
+        action="store_true",
+        default=None,
+        help="save the canary's trajectory as this machine's baseline instead of comparing it "
+        "with the saved one (canary only; see docs/baselines.md)",
+    )
     check.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
     check.add_argument("-q", "--quiet", action="store_true", help="print only the verdict lines")
+
+    drill = sub.add_parser(
+        "drill",
+        help="run the fault drills of a job file (checks.drills)",
+        description="Inject each drill's real fault (kill_rank, hang, oom, disk_full, network) "
+        "into a small run of the job and judge what follows (recover, fail_clean, continue; "
+        "docs/drills.md). Exit 0 when every drill passed or was skipped, 1 when one failed, "
+        "2 on a usage or job-file error.",
+    )
+    drill.add_argument("config", metavar="CONFIG", help="job file, or a directory holding trainguard.yaml")
+    drill.add_argument("--only", metavar="NAME", action="append", help="run only this drill (repeatable)")
+    drill.add_argument(
+        "--report-json",
+        metavar="PATH",
+        help="where to write the report (default: .trainguard/drills-report.json next to the job file)",
+    )
+    drill.add_argument("--seed", type=int, metavar="N", help="seed for the runs (default: TRAINGUARD_SEED or 0)")
+    drill.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
 
     init = sub.add_parser(
         "init",
@@ -85,7 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("-y", "--yes", action="store_true", help="ask nothing; use the flags and defaults")
     init.add_argument("--force", action="store_true", help="overwrite existing files")
 
+    from trainguard.profiling import cli as profile_cli
+
+    profile_cli.add_parser(sub)
     sub.add_parser("version", help="print the trainguard version", description="Print the trainguard version.")
+    from trainguard.faults.toxiproxy import standalone as toxiproxy_standalone
+
+    toxiproxy_standalone.add_parser(sub)
     return parser
 
 
@@ -124,6 +156,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_check(args)
         if args.command == "init":
             return _cmd_init(args)
+        if args.command == "profile":
+            from trainguard.profiling import cli as profile_cli
+
+            return profile_cli.run(args)
+        if args.command == "drill":
+            return _cmd_drill(args)
+        if args.command == "toxiproxy-server":
+            from trainguard.faults.toxiproxy import standalone as toxiproxy_standalone
+
+            return toxiproxy_standalone.run(args)
         parser.error(f"unknown command {args.command!r}")
         return EXIT_USAGE
     except ConfigError as exc:
@@ -152,7 +194,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     def show(result: CheckResult) -> None:
         print(f"{result.status.upper():7} {result.name}: {result.summary} ({result.duration_s:.1f} s)")
         if not result.ok and not args.quiet:
-            for key in ("first_divergent_step", "reason", "stderr_tail", "likely_causes", "run_dir"):
+            for key in ("first_divergent_step", "reason", "stderr_tail", "likely_causes", "run_dir", "plots"):
                 if result.evidence.get(key):
                     value = result.evidence[key]
                     if isinstance(value, list):
@@ -169,12 +211,40 @@ def _cmd_check(args: argparse.Namespace) -> int:
         report_json=args.report_json,
         echo=echo if args.verbose else None,
         on_result=show,
+        save_baseline=args.save_baseline,
     )
     if not report.checks:
         print("no checks configured: add a `checks:` section (see docs/config.md)")
     print(f"{report.status.upper()}: {len(report.checks)} check(s); report: {_rel(report.path)}")
     if report.tracking_uri and not args.quiet:
         print(f"MLflow runs: mlflow ui --backend-store-uri {report.tracking_uri}")
+    return EXIT_OK if report.status == "passed" else EXIT_FAILED
+
+
+def _cmd_drill(args: argparse.Namespace) -> int:
+    from trainguard.drills import drill
+    from trainguard.report import CheckResult
+
+    def echo(rank: int, stream: str, line: str) -> None:
+        print(f"[rank{rank} {stream}] {line}", file=sys.stderr)
+
+    def show(result: CheckResult) -> None:
+        print(f"{result.status.upper():7} {result.name}: {result.summary} ({result.duration_s:.1f} s)")
+        if not result.ok:
+            for key in ("likely_causes", "drill_dir"):
+                value = result.evidence.get(key)
+                if value:
+                    text = "\n" + "\n".join(f"- {v}" for v in value) if isinstance(value, list) else value
+                    print(textwrap.indent(f"{key}: {text}", "        "))
+            if result.reproduce:
+                print(f"        reproduce: {result.reproduce}")
+        sys.stdout.flush()
+
+    report = drill(
+        args.config, only=args.only, report_json=args.report_json, seed=args.seed,
+        echo=echo if args.verbose else None, on_result=show,
+    )
+    print(f"{report.status.upper()}: {len(report.checks)} drill(s); report: {_rel(report.path)}")
     return EXIT_OK if report.status == "passed" else EXIT_FAILED
 
 

@@ -27,7 +27,7 @@ import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
@@ -42,12 +42,15 @@ __all__ = [
     "CheckSpec",
     "Checks",
     "DeterminismCheck",
+    "DrillSpec",
     "Job",
     "JobFile",
     "MetricFile",
     "ParallelCheck",
+    "ProfileCheck",
     "ResumeCheck",
     "SmokeCheck",
+    "Target",
     "is_job_file_name",
     "load_config",
     "parse_config",
@@ -61,7 +64,7 @@ JOB_FILE_NAMES = ("trainguard.yaml", "trainguard.yml")
 PLACEHOLDERS = ("steps", "checkpoint_dir", "seed", "world_size", "run_dir", "batch_size")
 
 #: Check names in the order ``trainguard check`` runs them.
-CHECK_NAMES = ("smoke", "canary", "determinism", "resume", "parallel")
+CHECK_NAMES = ("smoke", "canary", "determinism", "resume", "parallel", "profile")
 
 _DEFAULT_REGEX_HINT = "loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'"
 
@@ -159,7 +162,9 @@ MetricSource = Annotated[str | MetricFile, BeforeValidator(_to_metric_source)]
 
 
 class Job(_Model):
-    """``job:`` -- the training job as the user runs it today."""
+    """``job:`` -- the training job as the user runs it today: a command (``kind: command``,
+    the default) or a Ray Train function (``kind: ray_train``, docs/ray-train.md), which is
+    rewritten here into the command of trainguard's Ray driver."""
 
     name: str = Field(min_length=1)
     command: Argv = Field(min_length=1)
@@ -174,6 +179,23 @@ class Job(_Model):
     timeout: float = Field(600.0, gt=0)
     stall_timeout: float = Field(60.0, gt=0)
     max_restarts: int = Field(0, ge=0)
+    kind: Literal["command", "ray_train"] = "command"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ray_train_as_command(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") == "ray_train":
+            from trainguard.raytrain.job import expand_ray_job
+
+            return expand_ray_job(data, PLACEHOLDERS)
+        if isinstance(data, dict) and data.get("kind", "command") == "command":
+            from trainguard.raytrain.job import RAY_KEYS
+
+            stray = [k for k in RAY_KEYS if k in data]
+            if stray:
+                raise ValueError(f"{', '.join(stray)} belong to a Ray Train job; add `kind: ray_train` "
+                                 "or remove them")
+        return data
 
 
 class CheckSpec(_Model):
@@ -207,6 +229,12 @@ class CanaryCheck(CheckSpec):
     #: ``grad_norm_range``
     grad_norm: str | None = Field(None, min_length=1)
     grad_norm_range: list[float] | None = None
+    #: the saved trajectory the run must stay near (docs/baselines.md): ``latest`` (the newest
+    #: baseline of this machine saved for the same run), ``off``, or a baseline file's path
+    #: (relative to the job file)
+    baseline: str = Field("latest", min_length=1)
+    #: half-width of the baseline band, relative to the baseline's smoothed value
+    baseline_tolerance: float = Field(0.2, gt=0, le=10)
 
     @model_validator(mode="after")
     def _grad_norm_range_is_an_interval(self) -> CanaryCheck:
@@ -260,9 +288,198 @@ class ParallelCheck(CheckSpec):
     atol: float = Field(1e-5, ge=0)
 
 
+class ProfileCheck(CheckSpec):
+    """``checks.profile``: a short run per world size; step times, throughput, memory, scaling
+    (see docs/profiling.md)."""
+
+    steps: int = Field(30, ge=2)
+    world_sizes: list[int] = Field(default_factory=lambda: [1, 2], min_length=1)
+    #: steps at the start of each run left out of the step-time statistics
+    warmup_steps: int = Field(5, ge=0)
+    #: weak: the global batch grows with the ranks; strong: the global batch stays fixed
+    scaling: Literal["weak", "strong"] = "strong"
+    #: samples in one step at world size 1 (weak scaling: times the ranks); default: the batch
+    samples_per_step: int | None = Field(None, ge=1)
+    #: the {batch_size} at world size 1 (weak scaling: times the ranks); default: job.batch_size
+    batch_size: int | None = Field(None, ge=1)
+    #: the metric whose lines mark the end of a step (default: loss, else the first metric)
+    step_metric: str | None = Field(None, min_length=1)
+    #: a metric with the seconds a step waited for input data (the input-pipeline stall)
+    data_wait_metric: str | None = Field(None, min_length=1)
+    #: a metric with the seconds a checkpoint write took (default: found from the checkpoint dir)
+    checkpoint_metric: str | None = Field(None, min_length=1)
+    #: regressions against the stored baseline that fail the check, e.g. "throughput:-5%"
+    compare: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _sizes_and_warmup(self) -> ProfileCheck:
+        if len(set(self.world_sizes)) != len(self.world_sizes) or min(self.world_sizes) < 1:
+            raise ValueError(
+                f"world_sizes must be distinct positive rank counts, got {self.world_sizes!r}; "
+                "e.g. `world_sizes: [1, 2, 4]`"
+            )
+        if self.warmup_steps + 2 > self.steps:
+            raise ValueError(
+                f"warmup_steps ({self.warmup_steps}) leaves fewer than 2 measured steps of "
+                f"{self.steps}; raise steps or lower warmup_steps"
+            )
+        return self
+
+
+class Target(_Model):
+    """``target:`` -- the full run a profile sizes: its length, budget and failure rate."""
+
+    steps: int | None = Field(None, ge=1)
+    samples: int | None = Field(None, ge=1)
+    tokens: int | None = Field(None, ge=1)
+    #: tokens in one sample (needed with ``tokens``)
+    tokens_per_sample: int | None = Field(None, ge=1)
+    max_gpus: int = Field(8, ge=1)
+    price_per_gpu_hour: float = Field(0.0, ge=0)
+    deadline_hours: float | None = Field(None, gt=0)
+    min_efficiency: float = Field(0.7, gt=0, le=1)
+    #: mean time between failures of one GPU (the job's: this divided by its GPUs)
+    mtbf_hours: float = Field(50_000.0, gt=0)
+    #: the job's MTBF for given GPU counts, overriding mtbf_hours / N, e.g. {8: 500}
+    mtbf_hours_by_gpus: dict[int, float] = Field(default_factory=dict)
+    max_lost_minutes: float = Field(10.0, gt=0)
+    #: memory one rank may use, in MB (default: the GPU's memory, or host memory / ranks)
+    memory_budget_mb: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_length(self) -> Target:
+        given = [k for k in ("steps", "samples", "tokens") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give the full run's length as exactly one of steps, samples or tokens "
+                f"(got {', '.join(given) or 'none'}); e.g. `target: {{steps: 100000}}`"
+            )
+        if self.tokens is not None and self.tokens_per_sample is None:
+            raise ValueError("target.tokens needs tokens_per_sample, e.g. `tokens_per_sample: 2048`")
+        return self
+
+
+_DRILL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _to_fault_kind(value: Any) -> Any:
+    from trainguard.faults.registry import FAULT_CLASSES
+
+    if isinstance(value, str) and value not in FAULT_CLASSES:
+        close = difflib.get_close_matches(value, list(FAULT_CLASSES), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ValueError(
+            f"unknown fault {value!r}{hint}; expected one of {', '.join(FAULT_CLASSES)}"
+        )
+    return value
+
+
+class DrillSpec(CheckSpec):
+    """One entry of ``checks.drills``: a real fault injected into a small run of the job and
+    what must follow (docs/drills.md). Options of another expectation than the drill's are
+    rejected, so a typo never silently weakens a drill."""
+
+    name: str = Field(min_length=1)
+    fault: Annotated[str, BeforeValidator(_to_fault_kind)]
+    steps: int = Field(20, ge=2)
+    #: the rank the fault hits and the step after which it is injected (default: steps // 2)
+    rank: int = Field(0, ge=0)
+    after_step: int = Field(ge=1)
+    #: seconds until the fault is cleared (None: it lasts until the attempt ends)
+    duration: float | None = Field(None, gt=0)
+    #: ranks to launch (default: job.world_size)
+    world_size: int | None = Field(None, ge=1)
+    #: the launcher's stall limit for this drill (default: job.stall_timeout)
+    stall_timeout: float | None = Field(None, gt=0)
+    #: the fault's own parameters (each fault documents its own; validated by its class)
+    params: dict[str, Any] = Field(default_factory=dict)
+    #: default per fault: kill_rank/hang recover, oom/disk_full fail_clean, network continue
+    expect: Literal["recover", "fail_clean", "continue"] | None = None
+    # recover
+    max_restarts: int | None = Field(None, ge=0)
+    max_lost_steps: int | None = Field(None, ge=0)
+    rtol: float = Field(0.0, ge=0)
+    atol: float = Field(0.0, ge=0)
+    # fail_clean
+    deadline: float | None = Field(None, gt=0)
+    # continue
+    min_rate: float | None = Field(None, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_after_step(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "after_step" not in data:
+            steps = data.get("steps", 20)
+            if isinstance(steps, int) and not isinstance(steps, bool):
+                data = {**data, "after_step": max(1, steps // 2)}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DrillSpec:
+        if not _DRILL_NAME.match(self.name):
+            raise ValueError(
+                f"drill name {self.name!r} may hold only letters, digits, '_', '.' and '-' "
+                "(it names the drill in reports, `--only` and pytest ids); e.g. `name: kill-rank1`"
+            )
+        if self.after_step >= self.steps:
+            raise ValueError(
+                f"after_step ({self.after_step}) must be smaller than steps ({self.steps}) so "
+                "the job has steps left after the fault"
+            )
+        own = {"recover": ("max_restarts", "max_lost_steps"),
+               "fail_clean": ("deadline", "max_lost_steps"), "continue": ("min_rate",)}
+        expect = self.expectation
+        foreign = [
+            key for other, keys in own.items() if other != expect for key in keys
+            if key not in own[expect] and getattr(self, key) is not None
+        ]
+        if foreign:
+            raise ValueError(
+                f"{' and '.join(foreign)} {'does' if len(foreign) == 1 else 'do'} not apply to "
+                f"`expect: {expect}`; remove it or set "
+                "the expectation it belongs to (max_restarts: recover; deadline: fail_clean; "
+                "min_rate: continue; max_lost_steps: recover or fail_clean)"
+            )
+        if expect == "continue" and self.duration is None:
+            raise ValueError(
+                "`expect: continue` compares the step rate during the fault with the rate "
+                "before it and checks the job after the fault ends: set `duration` (seconds)"
+            )
+        return self
+
+    @property
+    def expectation(self) -> str:
+        """``expect``, or the fault's default (:data:`trainguard.faults.registry.DEFAULT_EXPECT`)."""
+        from trainguard.faults.registry import DEFAULT_EXPECT
+
+        return self.expect or DEFAULT_EXPECT[self.fault]
+
+    @property
+    def restart_limit(self) -> int:
+        """Restarts the drill allows: ``max_restarts`` (default 1) for recover, else 0."""
+        if self.expectation != "recover":
+            return 0
+        return 1 if self.max_restarts is None else self.max_restarts
+
+    @property
+    def deadline_s(self) -> float:
+        """fail_clean: seconds after the fault by which the job must have exited (default 60)."""
+        return 60.0 if self.deadline is None else self.deadline
+
+    @property
+    def rate_floor(self) -> float:
+        """continue: the lowest allowed step rate during the fault as a fraction of the rate
+        before it (default 0.5)."""
+        return 0.5 if self.min_rate is None else self.min_rate
+
+
 def _null_means_defaults(value: Any) -> Any:
     # ``smoke:`` with nothing after it reads as "enabled, with defaults".
     return {} if value is None else value
+
+
+def _null_means_list(value: Any) -> Any:
+    return [] if value is None else value
 
 
 class Checks(_Model):
@@ -273,11 +490,15 @@ class Checks(_Model):
     determinism: Annotated[DeterminismCheck | None, BeforeValidator(_null_means_defaults)] = None
     resume: Annotated[ResumeCheck | None, BeforeValidator(_null_means_defaults)] = None
     parallel: Annotated[ParallelCheck | None, BeforeValidator(_null_means_defaults)] = None
+    profile: Annotated[ProfileCheck | None, BeforeValidator(_null_means_defaults)] = None
+    #: fault drills (docs/drills.md); they run after the checks above, each as ``drill:<name>``
+    drills: Annotated[list[DrillSpec], BeforeValidator(_null_means_list)] = Field(default_factory=list)
 
 
 class _Document(_Model):
     job: Job
     checks: Checks = Field(default_factory=Checks)
+    target: Target | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -292,6 +513,8 @@ class JobFile:
     path: Path
     job: Job
     checks: Checks
+    #: the full run a profile sizes (``target:``); None when absent
+    target: Target | None = None
 
     @property
     def base_dir(self) -> Path:
@@ -311,11 +534,15 @@ class JobFile:
     def enabled_checks(self, only: Iterable[str] | None = None) -> list[tuple[str, CheckSpec]]:
         """The configured checks in run order, restricted to ``only`` when given."""
         wanted = set(only) if only else None
+        drills = self._selected_drills(wanted)
+        if wanted:
+            wanted -= {"drills"} | {n for n in wanted if n.startswith("drill:")}
         if wanted:
             unknown = sorted(wanted - set(CHECK_NAMES))
             if unknown:
                 raise ConfigError(
-                    f"unknown check name(s) {', '.join(unknown)}; known: {', '.join(CHECK_NAMES)}",
+                    f"unknown check name(s) {', '.join(unknown)}; known: {', '.join(CHECK_NAMES)}"
+                    ", drills, drill:<name>",
                     path=str(self.path),
                 )
             absent = sorted(n for n in wanted if getattr(self.checks, n) is None)
@@ -330,7 +557,24 @@ class JobFile:
             spec = getattr(self.checks, name)
             if spec is not None and (wanted is None or name in wanted):
                 out.append((name, spec))
-        return out
+        return out + [(f"drill:{d.name}", d) for d in drills]
+
+    def _selected_drills(self, wanted: set[str] | None) -> list[DrillSpec]:
+        """Drills named in ``wanted`` (``drills``: all, ``drill:NAME``: one); all when None."""
+        drills = list(self.checks.drills)
+        if wanted is None:
+            return drills
+        names = {n.partition(":")[2] for n in wanted if n.startswith("drill:")}
+        unknown = sorted(names - {d.name for d in drills})
+        if unknown or ("drills" in wanted and not drills):
+            have = ", ".join(d.name for d in drills) or "none configured"
+            raise ConfigError(
+                f"drill(s) {', '.join(unknown) or 'drills'} requested but not in checks.drills "
+                f"(drills here: {have}); add an entry such as "
+                "`drills: [{name: kill, fault: kill_rank, rank: 1}]`",
+                path=str(self.path),
+            )
+        return [d for d in drills if "drills" in wanted or d.name in names]
 
     def render(self, tokens: Iterable[str], values: Mapping[str, object]) -> list[str]:
         """Fill placeholders in each token (tokens were split before filling, so a value with
@@ -406,6 +650,8 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[st
     in_mapping = False
     for item in loc[:-1]:
         if isinstance(item, str) and (item in _BRANCH_NAMES or item.startswith("function-")):
+            continue
+        if isinstance(item, int):  # an item of a list (checks.drills[0]): same schema
             continue
         if in_mapping:  # a user-chosen key of a mapping field (a metric name), not a schema key
             in_mapping = False
@@ -488,7 +734,7 @@ def _format_validation_error(exc: ValidationError) -> list[tuple[str, str]]:
         else:
             msg = _describe(error)
             fix = _FIX.get(key)
-            if fix:
+            if fix and not (loc == ("job",) and error["type"] == "value_error"):  # ray_train: own fix
                 msg += f". Fix: {fix}"
         problems.append((key, msg))
     return problems
@@ -578,7 +824,7 @@ def parse_config(text: str, *, path: str | os.PathLike[str] = "trainguard.yaml")
     except ValidationError as exc:
         problems = _format_validation_error(exc)
         raise _config_error(where, problems) from None
-    job_file = JobFile(path=Path(path).resolve(), job=doc.job, checks=doc.checks)
+    job_file = JobFile(path=Path(path).resolve(), job=doc.job, checks=doc.checks, target=doc.target)
     problems = _cross_checks(job_file)
     if problems:
         raise _config_error(where, problems)
@@ -633,9 +879,9 @@ def _cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
             scan(f"job.metrics.{metric}.file", source.file, known | {"rank"})
     for name, spec in job_file.enabled_checks():
         for i, token in enumerate(spec.args):
-            scan(f"checks.{name}.args[{i}]", token, known)
+            scan(f"{_check_key(job_file, name)}.args[{i}]", token, known)
         for var, val in spec.env.items():
-            scan(f"checks.{name}.env.{var}", val, known)
+            scan(f"{_check_key(job_file, name)}.env.{var}", val, known)
 
     command_text = " ".join(job.command) + " " + " ".join(job.resume_args)
     env_text = " ".join(job.env.values())
@@ -651,7 +897,7 @@ def _cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
         if "{steps}" not in command_text and not any("{steps}" in a for a in spec.args):
             problems.append(
                 (
-                    f"checks.{name}.steps",
+                    f"{_check_key(job_file, name)}.steps",
                     f"the check runs {spec.steps} steps but job.command has no {{steps}} "
                     "placeholder, so trainguard cannot choose the run length. Fix: pass it to "
                     "your script, e.g. add `--steps {steps}` to job.command",
@@ -694,4 +940,87 @@ def _cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
                         f"Fix: add a `{name}` regex to job.metrics or name one of those",
                     )
                 )
+    if checks.profile is not None:
+        problems += _profile_problems(job_file, checks.profile, used)
+    problems += _drill_problems(job_file, command_text, env_text)
+    return problems
+
+
+def _check_key(job_file: JobFile, name: str) -> str:
+    """``checks.resume`` for a check, ``checks.drills[2]`` for the drill ``drill:<name>``."""
+    if name.startswith("drill:"):
+        for i, drill in enumerate(job_file.checks.drills):
+            if f"drill:{drill.name}" == name:
+                return f"checks.drills[{i}]"
+    return f"checks.{name}"
+
+
+def _drill_problems(job_file: JobFile, command_text: str, env_text: str) -> list[tuple[str, str]]:
+    """Unique names, ranks that exist, what recover/fail_clean need, each fault's parameters."""
+    from trainguard.faults.registry import FaultNotInstalled, fault_class
+
+    job = job_file.job
+    problems: list[tuple[str, str]] = []
+    seen: dict[str, int] = {}
+    for i, drill in enumerate(job_file.checks.drills):
+        key = f"checks.drills[{i}]"
+        if drill.name in seen:
+            problems.append((f"{key}.name", f"duplicate drill name {drill.name!r} (also "
+                             f"checks.drills[{seen[drill.name]}]); give each drill its own name"))
+        seen.setdefault(drill.name, i)
+        world_size = drill.world_size or job.world_size
+        if drill.rank >= world_size:
+            problems.append((f"{key}.rank", f"rank {drill.rank} does not exist in a run of "
+                             f"{world_size} rank(s); use 0..{world_size - 1} or set world_size"))
+        if drill.expectation in ("recover", "fail_clean"):
+            if not job.resume_args:
+                problems.append((f"{key}.expect", f"`expect: {drill.expectation}` resumes the job "
+                                 "from its latest checkpoint. Fix: set job.resume_args, e.g. "
+                                 '"--resume"'))
+            if "{checkpoint_dir}" not in command_text + " " + env_text:
+                problems.append((f"{key}.expect", f"`expect: {drill.expectation}` needs the job to "
+                                 "checkpoint where trainguard can find it. Fix: pass "
+                                 "{checkpoint_dir} to the script, e.g. `--ckpt-dir {checkpoint_dir}`"))
+        try:
+            cls = fault_class(drill.fault)
+        except FaultNotInstalled:
+            continue  # reported when the drill runs; the rest of the file stays usable
+        for param, message in cls.validate(drill.params):
+            problems.append((f"{key}.params.{param}", message))
+    return problems
+
+
+def _profile_problems(job_file: JobFile, spec: ProfileCheck, used: set[str]) -> list[tuple[str, str]]:
+    """What ``checks.profile`` needs: known metric names and a way to count samples."""
+    job = job_file.job
+    problems: list[tuple[str, str]] = []
+    for key in ("step_metric", "data_wait_metric", "checkpoint_metric"):
+        name = getattr(spec, key)
+        if name is not None and name not in job.metrics:
+            problems.append(
+                (
+                    f"checks.profile.{key}",
+                    f"{name!r} is not one of job.metrics (it has: {', '.join(job.metrics)}). "
+                    f"Fix: add a `{name}` regex to job.metrics or name one of those",
+                )
+            )
+    batch = spec.batch_size or job.batch_size
+    if spec.samples_per_step is None and batch is None:
+        problems.append(
+            (
+                "checks.profile.samples_per_step",
+                "the profile counts samples per second but knows neither samples_per_step nor "
+                "a batch size. Fix: set `samples_per_step: 64` (the global batch) or "
+                "job.batch_size with a {batch_size} placeholder in the command",
+            )
+        )
+    if spec.scaling == "weak" and spec.samples_per_step is None and "batch_size" not in used:
+        problems.append(
+            (
+                "checks.profile.scaling",
+                "weak scaling grows the global batch with the ranks, but the command has no "
+                "{batch_size} placeholder to pass it. Fix: add `--batch-size {batch_size}` to "
+                "job.command (or checks.profile.args), or use `scaling: strong`",
+            )
+        )
     return problems

@@ -131,7 +131,7 @@ class JobRunner:
         try:
             result = self._launch(
                 request, values, run_dir, label=label, resume=resume, on_metric=on_metric,
-                restart_count=restart_count,
+                restart_count=restart_count, tracked=tracked,
             )
         except BaseException:
             self._track_abort(tracked)
@@ -148,6 +148,11 @@ class JobRunner:
         backoff_s: float = 1.0,
         on_metric: Callable[[MetricPoint, Launcher], None] | None = None,
         restart_on: tuple[str, ...] = ("failed", "hung"),
+        extra_env: Mapping[str, str] | None = None,
+        preexec: Callable[[int], None] | None = None,
+        checkpoint_dir: Path | None = None,
+        stall_timeout: float | None = None,
+        startup_timeout: float | None = None,
     ) -> SupervisedRun:
         """Run with the restart policy: when an attempt fails (a rank died or hung), restart the
         whole group from the latest checkpoint with ``resume_args``, in new processes on a fresh
@@ -155,12 +160,14 @@ class JobRunner:
         ``backoff_s`` (doubling, at most 30 s) between attempts. Every attempt is recorded; all
         attempts of one logical run share its ``{run_dir}`` and checkpoint directory, each with
         its own ``attempt-N/`` log directory. ``on_metric`` callbacks see the attempt number as
-        ``launcher.spec.restart_count``."""
+        ``launcher.spec.restart_count``. Fault drills pass ``extra_env`` and ``preexec`` (for
+        every rank of every attempt), their own ``checkpoint_dir``, ``stall_timeout`` and
+        ``startup_timeout`` (the stall limit before the first metric line)."""
         limit = self.job_file.job.max_restarts if max_restarts is None else max_restarts
         run_dir = new_run_dir(
             self.job_file.state_dir, self.job_file.job.name, label, keep=self.settings.keep_runs
         )
-        values = self.placeholders(request, run_dir, None)
+        values = self.placeholders(request, run_dir, checkpoint_dir)
         attempts: list[RunResult] = []
         delay = backoff_s
         tracked = self._track_start(request, label, False)  # all attempts share one tracked run
@@ -172,7 +179,8 @@ class JobRunner:
                 result = self._launch(
                     request, values, run_dir / f"attempt-{attempt}", label=f"{label}-{attempt}",
                     resume=attempt > 0, on_metric=on_metric, restart_count=attempt,
-                    max_restarts=limit,
+                    max_restarts=limit, extra_env=extra_env, preexec=preexec,
+                    stall_timeout=stall_timeout, startup_timeout=startup_timeout, tracked=tracked,
                 )
             except BaseException:
                 self._track_abort(tracked)
@@ -206,6 +214,17 @@ class JobRunner:
         if self.tracker is not None and isinstance(tracked, RunHandle):
             self.tracker.end_run(tracked, "KILLED")
 
+    def _track_hooks(
+        self, tracked: object, world_size: int, log_dir: Path
+    ) -> tuple[dict[str, str], Callable[[MetricPoint, Launcher], None] | None]:
+        """The launch run's id for ``trainguard.track`` in the ranks, and the live metric stream."""
+        if self.tracker is None or tracked is None:
+            return {}, None
+        from trainguard.tracking import RunHandle, launch_hooks
+
+        assert isinstance(tracked, RunHandle)
+        return launch_hooks(self, tracked, world_size, log_dir)
+
     def _launch(
         self,
         request: RunRequest,
@@ -217,12 +236,20 @@ class JobRunner:
         on_metric: Callable[[MetricPoint, Launcher], None] | None,
         restart_count: int,
         max_restarts: int | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        preexec: Callable[[int], None] | None = None,
+        stall_timeout: float | None = None,
+        startup_timeout: float | None = None,
+        tracked: object = None,
     ) -> RunResult:
         job = self.job_file.job
         Path(str(values["checkpoint_dir"])).mkdir(parents=True, exist_ok=True)
         argv = self.job_file.argv(values, extra_args=request.args, resume=resume)
         env = {k: v.format_map(values) for k, v in job.env.items()}
         env.update({k: v.format_map(values) for k, v in request.env})
+        env.update(extra_env or {})
+        track_env, live_metrics = self._track_hooks(tracked, request.world_size, log_dir)
+        env = {**track_env, **env}  # the job's own environment wins
         scale = self.settings.timeout_scale
         timeout = (request.timeout or job.timeout) * scale
         regexes = {n: s for n, s in job.metrics.items() if isinstance(s, str)}
@@ -234,20 +261,25 @@ class JobRunner:
         spec = LaunchSpec(
             argv=argv,
             run_dir=log_dir,
-            world_size=request.world_size,
+            # a Ray Train job is one driver process; its workers are Ray's (request.world_size)
+            world_size=1 if job.kind == "ray_train" else request.world_size,
             cwd=self.job_file.cwd,
             env=env,
             metric_regexes=regexes,
             metric_files=files,
             timeout=timeout,
-            stall_timeout=job.stall_timeout * scale,
+            stall_timeout=(stall_timeout or job.stall_timeout) * scale,
+            startup_timeout=startup_timeout * scale if startup_timeout else None,
             max_restarts=job.max_restarts if max_restarts is None else max_restarts,
             restart_count=restart_count,
             echo=self.echo,
             label=label,
             max_rss_mb=request.max_rss_mb,
+            preexec=preexec,
         )
         launcher = Launcher(spec)
+        if live_metrics is not None:
+            launcher.on_metric.append(live_metrics)
         if on_metric is not None:
             launcher.on_metric.append(on_metric)
         result = launcher.run()
@@ -277,7 +309,7 @@ class JobRunner:
         argv = self.job_file.argv(values, extra_args=request.args, resume=resume)
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in request.env)
         prefix = env + " " if env else ""
-        if request.world_size > 1:
+        if request.world_size > 1 and self.job_file.job.kind == "command":
             if argv and argv[0] in ("python", "python3"):
                 return prefix + shlex.join(["torchrun", f"--nproc-per-node={request.world_size}", *argv[1:]])
             return prefix + f"(on {request.world_size} ranks with the torchrun environment) " + shlex.join(argv)

@@ -160,6 +160,14 @@ OPTIONS: tuple[Option, ...] = (
         _parse_tracking,
         "on|off|auto",
     ),
+    Option(
+        "save_baseline",
+        "Save the canary's trajectory as this machine's new baseline (docs/baselines.md) "
+        "instead of comparing it with the saved one; only a run that passes is saved.",
+        False,
+        _parse_bool,
+        "BOOL",
+    ),
 )
 
 _BY_NAME = {opt.name: opt for opt in OPTIONS}
@@ -177,6 +185,7 @@ class Settings:
     ddp_timeout: float = 120.0
     timeout_scale: float = 1.0
     tracking: str = "auto"
+    save_baseline: bool = False
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 

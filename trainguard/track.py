@@ -1,10 +1,12 @@
 """``trainguard.track``: log metrics from your own training loop to one MLflow run, from any rank.
 
 MLflow's fluent API keeps the active run inside the process that started it, so the workers a
-launcher spawns cannot log to it. Here the launcher (or rank 0 before spawning) calls
-:func:`init`, which creates the run and puts its id in the environment
-(``TRAINGUARD_MLFLOW_RUN_ID``, ``MLFLOW_RUN_ID``, ``MLFLOW_TRACKING_URI``); workers inherit it and
-call :func:`log`. Only rank 0 (``RANK`` unset or ``0``) writes; on other ranks, without a run id,
+launcher spawns cannot log to it. Here the run id travels through the environment: jobs that
+trainguard launches get their launch run's id (``TRAINGUARD_MLFLOW_RUN_ID``, or
+``TRAINGUARD_MLFLOW_RUN_ID_FILE`` naming a file that holds it once the run exists) and store
+(``TRAINGUARD_MLFLOW_TRACKING_URI``); elsewhere the launcher (or rank 0 before spawning) calls
+:func:`init`, which creates a run and exports ``TRAINGUARD_MLFLOW_RUN_ID``, ``MLFLOW_RUN_ID`` and
+``MLFLOW_TRACKING_URI``. Workers inherit them and call :func:`log`. Only rank 0 (``RANK`` unset or ``0``) writes; on other ranks, without a run id,
 or without mlflow, every call is a no-op. Writes are batched by a background thread and never
 block the training loop; :func:`flush` (also run at exit, bounded) drains them::
 
@@ -27,6 +29,10 @@ __all__ = ["RUN_ID_ENV", "flush", "init", "log", "run_id"]
 
 #: the environment variable carrying the run id to workers (MLFLOW_RUN_ID is read too)
 RUN_ID_ENV = "TRAINGUARD_MLFLOW_RUN_ID"
+#: a file holding the run id once it exists (trainguard launched the job before its run existed)
+RUN_ID_FILE_ENV = "TRAINGUARD_MLFLOW_RUN_ID_FILE"
+#: the store trainguard's launch run is in (MLFLOW_TRACKING_URI is read after it)
+TRACKING_URI_ENV = "TRAINGUARD_MLFLOW_TRACKING_URI"
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
@@ -60,7 +66,7 @@ def init(
         from mlflow import MlflowClient
     except ImportError:
         return None
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///.trainguard/mlflow.db"
+    uri = tracking_uri or _uri()
     if uri.startswith("sqlite:///"):
         os.makedirs(os.path.dirname(os.path.abspath(uri[len("sqlite:///"):])), exist_ok=True)
     client = MlflowClient(uri)
@@ -73,23 +79,35 @@ def init(
     return rid
 
 
+def _uri() -> str:
+    return (os.environ.get(TRACKING_URI_ENV) or os.environ.get("MLFLOW_TRACKING_URI")
+            or "sqlite:///.trainguard/mlflow.db")
+
+
 def _tracker() -> Any:
     """The process's writer for the run in the environment (None: this process does not log)."""
     rid = run_id()
-    if rid is None or _rank() != 0:
+    id_file = None if rid else os.environ.get(RUN_ID_FILE_ENV) or None
+    key = rid or (f"file:{id_file}" if id_file else None)
+    if key is None or _rank() != 0:
         return None
     with _lock:
-        if _state.get("run_id") != rid:
+        if _state.get("run_id") != key:
             import importlib.util
 
             if importlib.util.find_spec("mlflow") is None:
-                _state.update(run_id=rid, tracker=None, handle=None)
+                _state.update(run_id=key, tracker=None, handle=None)
                 return None
-            from trainguard.tracking import Tracker
+            from pathlib import Path
 
-            uri = os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///.trainguard/mlflow.db"
-            tracker = Tracker(uri, sample_interval=3600.0)
-            _state.update(run_id=rid, tracker=tracker, handle=tracker.attach(rid))
+            from trainguard.tracking import RunHandle, Tracker
+
+            tracker = Tracker(_uri(), sample_interval=3600.0)
+            if rid:
+                handle = tracker.attach(rid)
+            else:  # the writer reads the id from the file once trainguard has written it
+                handle = RunHandle("launch run", id_file=Path(str(id_file)))
+            _state.update(run_id=key, tracker=tracker, handle=handle)
             if not _state.get("atexit"):
                 atexit.register(flush)
                 _state["atexit"] = True

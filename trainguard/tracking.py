@@ -24,6 +24,7 @@ import fcntl
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import threading
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "EXPERIMENT",
     "FlushResult",
+    "LiveMetrics",
     "RunHandle",
     "Tracker",
     "TrackingWarning",
@@ -69,6 +71,16 @@ FLUSH_CAP_FACTOR = 6
 #: seconds :meth:`Tracker.close` waits for mlflow to be imported and the client created, before
 #: the flush bound starts
 CONNECT_TIMEOUT_S = 60.0
+#: seconds metrics wait in the queue to be written together (one ``log_batch`` per interval while
+#: a job runs, instead of one per printed line)
+METRIC_BATCH_S = 1.0
+#: seconds a launch waits for its MLflow run to exist before starting the ranks; past it the
+#: ranks get a file to read the run id from once the writer has created the run
+LAUNCH_RUN_WAIT_S = 2.0
+#: environment variables :mod:`trainguard.track` reads in the ranks of a launched job
+RUN_ID_ENV = "TRAINGUARD_MLFLOW_RUN_ID"
+RUN_ID_FILE_ENV = "TRAINGUARD_MLFLOW_RUN_ID_FILE"
+TRACKING_URI_ENV = "TRAINGUARD_MLFLOW_TRACKING_URI"
 #: per-request timeout for a tracking server (the writer retries on its own, so MLflow's retries
 #: with backoff, which could block for minutes, are turned off unless the user set them)
 _HTTP_TIMEOUT_S = "5"
@@ -133,9 +145,12 @@ def open_tracker(
     environ: Mapping[str, str] | None = None,
     tags: Mapping[str, str] | None = None,
     warn: Callable[[str], None] | None = None,
+    shared: str | os.PathLike[str] | None = None,
 ) -> Tracker | None:
     """A started :class:`Tracker` for ``job_file`` with its session run created, or None when
-    tracking is off. ``MLFLOW_TRACKING_URI`` (when set) wins over the default store."""
+    tracking is off. ``MLFLOW_TRACKING_URI`` (when set) wins over the default store. ``shared``:
+    the registry file of a session run several processes share (pytest-xdist workers), see
+    :meth:`Tracker.start_run`."""
     if not tracking_enabled(settings.tracking):
         return None
     uri, artifacts = store_for(job_file, environ)
@@ -144,6 +159,7 @@ def open_tracker(
         run_name,
         tags={"trainguard.job": job_file.job.name, "trainguard.kind": "session", **(tags or {})},
         params={"job_file": str(job_file.path), "job": job_file.job.name},
+        shared=shared,
     )
     tracker.log_artifact(tracker.session, job_file.path, "job")
     tracker.set_tags(tracker.session, lambda: git_tags(job_file.cwd))
@@ -166,14 +182,28 @@ class RunHandle:
     #: set while a run's processes are alive: the writer samples system metrics into it
     sampling_since: float | None = None
     created: threading.Event = field(default_factory=threading.Event, repr=False)
+    #: a session run shared by several processes (pytest-xdist workers): the JSON registry file
+    #: mapping tracking URI -> run id; the first process creates the run, the others join it
+    shared: str | None = None
+    #: True when this process joined a shared run another process created
+    joined: bool = False
+    #: files the writer writes the run id into once the run exists (ranks launched before that
+    #: read it from there); a handle made for a rank resolves its run id from ``id_file``
+    id_files: list[Path] = field(default_factory=list, repr=False)
+    id_file: Path | None = None
+    #: per attempt: (attempt, metric points), for the loss-curve plot of a launch run
+    history: list[tuple[int, list[MetricPoint]]] = field(default_factory=list, repr=False)
+    #: the live metric stream of the attempt running now (see :class:`LiveMetrics`)
+    live: LiveMetrics | None = field(default=None, repr=False)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Op:
-    kind: str  # create | params | tags | metrics | artifact | text | end
+    kind: str  # create | params | tags | metrics | artifact | text | plot | end
     handle: RunHandle
     payload: Any
     what: str
+    queued_at: float = field(default_factory=time.monotonic)
 
 
 class Tracker:
@@ -192,6 +222,7 @@ class Tracker:
         experiment: str = EXPERIMENT,
         flush_timeout: float | None = None,
         sample_interval: float = 1.0,
+        metric_interval: float = METRIC_BATCH_S,
         warn: Callable[[str], None] | None = None,
     ) -> None:
         self.tracking_uri = tracking_uri
@@ -199,6 +230,7 @@ class Tracker:
         self.experiment = experiment
         self.flush_timeout = FLUSH_TIMEOUT_S if flush_timeout is None else flush_timeout
         self.sample_interval = sample_interval
+        self.metric_interval = metric_interval
         self.warn = warn or (lambda text: warnings.warn(text, TrackingWarning, stacklevel=3))
         self.session: RunHandle | None = None
         self.session_failed = False
@@ -229,7 +261,9 @@ class Tracker:
                 self.errors.append(f"{op.what}: logged after the tracker was closed")
                 return
             self._ops.append(op)
-            self._cond.notify()
+            if op.kind != "metrics":
+                # metrics wait to be batched: the writer picks them up when it next wakes
+                self._cond.notify()
 
     def start_run(
         self,
@@ -238,9 +272,12 @@ class Tracker:
         parent: RunHandle | None = None,
         tags: Mapping[str, str] | None = None,
         params: Mapping[str, Any] | None = None,
+        shared: str | os.PathLike[str] | None = None,
     ) -> RunHandle:
-        """Create a run (nested under ``parent``), with tags and params; returns its handle."""
-        handle = RunHandle(name, parent)
+        """Create a run (nested under ``parent``), with tags and params; returns its handle.
+        ``shared``: a registry file several processes share; the first to get there creates the
+        run, the others join it (and write no params, tags or text artifacts to it)."""
+        handle = RunHandle(name, parent, shared=None if shared is None else str(shared))
         all_tags = {"trainguard.version": __version__, **(tags or {})}
         self._put(_Op("create", handle, all_tags, f"run {name!r}"))
         if params:
@@ -272,6 +309,10 @@ class Tracker:
     def log_text(self, handle: RunHandle, text: str | Callable[[], str], artifact_file: str) -> None:
         self._put(_Op("text", handle, (text, artifact_file), f"artifact {artifact_file} of {handle.name!r}"))
 
+    def log_generated(self, handle: RunHandle, make: Callable[[], Path | None], artifact_path: str) -> None:
+        """Log the file ``make()`` writes (called by the writer, e.g. a plot; None: nothing)."""
+        self._put(_Op("plot", handle, (make, artifact_path), f"{artifact_path}/ of {handle.name!r}"))
+
     def end_run(self, handle: RunHandle, status: str = "FINISHED") -> None:
         """Mark the run ended (FINISHED, FAILED or KILLED)."""
         self.stop_sampling(handle)
@@ -297,7 +338,7 @@ class Tracker:
         writer. What was not written by then is dropped and named in a :class:`TrackingWarning`."""
         if self.flush_result is not None:
             return self.flush_result
-        if self.session is not None:
+        if self.session is not None and self.session.shared is None:  # a shared one: the pytest controller ends it
             self.end_run(self.session, "FAILED" if self.session_failed else "FINISHED")
         timeout = self.flush_timeout if timeout is None else timeout
         started = time.monotonic()
@@ -305,16 +346,18 @@ class Tracker:
             self._sampled.clear()
             self._closing = True
             self._cond.notify_all()
+        # the writer ran at low priority so as not to slow the ranks; now the run is over and
+        # the caller waits on it, also for the mlflow import when that has not finished (at
+        # nice 10 on a loaded machine it takes minutes); raising a priority needs privileges:
+        # best effort
+        if self._thread.native_id:
+            with contextlib.suppress(OSError, AttributeError):
+                os.setpriority(os.PRIO_PROCESS, self._thread.native_id, 0)
         # importing mlflow (seconds on a loaded machine) is local work, not the store's: the
         # bound starts once the client exists
         connect_deadline = started + CONNECT_TIMEOUT_S
         while self._client is None and self._thread.is_alive() and time.monotonic() < connect_deadline:
             self._thread.join(0.05)
-        # the writer ran at low priority so as not to slow the ranks; now the run is over and
-        # the caller waits on it (raising a priority needs privileges: best effort)
-        if self._thread.native_id:
-            with contextlib.suppress(OSError, AttributeError):
-                os.setpriority(os.PRIO_PROCESS, self._thread.native_id, 0)
         # the bound is on progress: wait while writes keep completing, at most FLUSH_CAP_FACTOR x
         connected = time.monotonic()
         self._progress_at = max(self._progress_at, connected)
@@ -363,16 +406,17 @@ class Tracker:
         delay = 0.2
         next_sample = time.monotonic()
         while True:
-            op = None
             with self._cond:
                 if self._abandon or (self._closing and not self._ops):
                     return
-                if not self._ops:
-                    self._cond.wait(max(0.0, next_sample - time.monotonic()) or self.sample_interval)
-                if self._ops:
-                    op = self._ops[0]
-                    if op.kind == "metrics":
-                        self._merge_metrics(op)
+                op = self._next_op()
+                if op is None:
+                    wake = next_sample
+                    if self._ops:  # young metrics only: wake when the oldest is due
+                        wake = min(wake, self._ops[0].queued_at + self.metric_interval)
+                    if wake > time.monotonic():
+                        self._cond.wait(wake - time.monotonic())
+                    op = self._next_op()
             if time.monotonic() >= next_sample:
                 next_sample = time.monotonic() + self.sample_interval
                 self._sample()
@@ -396,9 +440,29 @@ class Tracker:
                     continue
             delay = 0.2
             with self._cond:
-                if self._ops and self._ops[0] is op:
-                    self._ops.popleft()
+                for i, queued in enumerate(self._ops):
+                    if queued is op:
+                        del self._ops[i]
+                        break
                 self._progress_at = time.monotonic()
+
+    def _next_op(self) -> _Op | None:
+        """The op to write next (lock held): a run creation first (a launch waits for its run to
+        exist, and creations depend on nothing but earlier creations); then in order, except that
+        metrics wait up to ``metric_interval`` to be written in one batch."""
+        if not self._ops:
+            return None
+        for op in self._ops:
+            if op.kind == "create":
+                return op
+        head = self._ops[0]
+        if head.kind == "metrics":
+            self._merge_metrics(head)
+            young = time.monotonic() - head.queued_at < self.metric_interval
+            if (young and not self._closing and len(head.payload) < _MAX_METRICS
+                    and all(op.kind == "metrics" for op in self._ops)):
+                return None
+        return head
 
     def _merge_metrics(self, head: _Op) -> None:
         """Fold the metric ops queued right behind ``head`` (same run) into it (lock held)."""
@@ -442,19 +506,31 @@ class Tracker:
 
     def _apply(self, op: _Op) -> None:
         handle = op.handle
+        client = self._connect()
+        if handle.run_id is None and handle.id_file is not None:
+            # a rank's handle on the launch run: the launching process writes the id once the
+            # run exists (transient until then: retried, and named at close if it never comes)
+            with contextlib.suppress(OSError):
+                handle.run_id = handle.id_file.read_text().strip() or None
+            if handle.run_id is None:
+                raise _Pending(f"the run id is not in {handle.id_file} yet")
+            handle.created.set()
         if op.kind != "create" and handle.run_id is None:
             self.errors.append(f"{op.what}: its run was not created ({handle.failed})")
             return
-        client = self._connect()
+        if handle.joined and op.kind in ("params", "tags", "text"):
+            return  # a shared run's creator wrote those
         if op.kind == "create":
             tags = dict(op.payload)
             if handle.parent is not None:
                 if handle.parent.run_id is None:
                     raise _Permanent(f"parent run {handle.parent.name!r} was not created")
                 tags["mlflow.parentRunId"] = handle.parent.run_id
-            run = client.create_run(self._experiment(), run_name=handle.name, tags=tags)
-            handle.run_id = run.info.run_id
-            handle.created.set()
+            if handle.shared is not None:
+                self._create_shared(handle, tags)
+            else:
+                run = client.create_run(self._experiment(), run_name=handle.name, tags=tags)
+                self._created(handle, run.info.run_id)
         elif op.kind == "params":
             from mlflow.entities import Param
 
@@ -489,8 +565,43 @@ class Tracker:
             if callable(text):
                 op.payload = (text := text(), artifact_file)
             client.log_text(handle.run_id, text, artifact_file)
+        elif op.kind == "plot":
+            make, artifact_path = op.payload
+            made = make()
+            op.payload = (lambda: made, artifact_path)  # a retry uploads, it does not redraw
+            if made is not None and Path(made).exists():
+                client.log_artifact(handle.run_id, str(made), artifact_path)
         elif op.kind == "end":
             client.set_terminated(handle.run_id, op.payload)
+
+    def _created(self, handle: RunHandle, run_id: str) -> None:
+        """Publish a new run's id: to the handle, and to the files ranks read it from."""
+        with self._cond:
+            handle.run_id = run_id
+            files = list(handle.id_files)
+        handle.created.set()
+        for path in files:
+            with contextlib.suppress(OSError):
+                _write_atomic(path, run_id)
+
+    def _create_shared(self, handle: RunHandle, tags: dict[str, str]) -> None:
+        """Create the run, or join the one another process already created for this store."""
+        assert handle.shared is not None
+        registry = Path(handle.shared)
+        with _file_lock(registry.with_name(registry.name + ".lock")):
+            try:
+                known = json.loads(registry.read_text())
+            except (OSError, ValueError):
+                known = {}
+            run_id = known.get(self.tracking_uri)
+            if run_id:
+                handle.joined = True
+                self._created(handle, run_id)
+                return
+            run = self._connect().create_run(self._experiment(), run_name=handle.name, tags=tags)
+            known[self.tracking_uri] = run.info.run_id
+            _write_atomic(registry, json.dumps(known, indent=2))
+        self._created(handle, run.info.run_id)
 
     def _sample(self) -> None:
         with self._cond:
@@ -510,6 +621,10 @@ class Tracker:
 
 class _Permanent(Exception):
     """An operation that can never succeed (retrying would not help)."""
+
+
+class _Pending(Exception):
+    """An operation that cannot be done yet (retried)."""
 
 
 def _permanent(exc: BaseException) -> bool:
@@ -535,12 +650,25 @@ def _store_lock(uri: str) -> Iterator[None]:
         return
     db = Path(uri[len("sqlite:///"):])
     db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "a+") as fh:
+    with _file_lock(db.with_name(db.name + ".lock")):
+        yield
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with open(path, "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _param_text(value: Any) -> str:
@@ -579,28 +707,48 @@ def _system_metrics() -> dict[str, float]:
     return out
 
 
-def _gpu_metrics() -> dict[str, float]:
-    try:
-        import pynvml  # type: ignore[import-not-found,unused-ignore]
+#: pynvml once initialised (None: not tried yet; False: unavailable here, never retried)
+_NVML: Any = None
 
-        pynvml.nvmlInit()
-    except Exception:
+
+def _nvml() -> Any:
+    """pynvml, initialised once per process (NVML stays initialised: it is reference counted
+    and cheap to keep; initialising it per sample is not), or None without it or a driver."""
+    global _NVML
+    if _NVML is None:
+        try:
+            import pynvml  # type: ignore[import-not-found,unused-ignore]
+
+            pynvml.nvmlInit()
+            _NVML = pynvml
+        except Exception:
+            _NVML = False
+    return _NVML or None
+
+
+def _gpu_metrics() -> dict[str, float]:
+    """Per GPU: utilization %, memory used (MB), power (W), temperature (C), via pynvml."""
+    nvml = _nvml()
+    if nvml is None:
         return {}
     out: dict[str, float] = {}
     try:
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            with contextlib.suppress(Exception):
-                out[f"system/gpu{i}/utilization_percent"] = float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
-            with contextlib.suppress(Exception):
-                out[f"system/gpu{i}/memory_mb"] = pynvml.nvmlDeviceGetMemoryInfo(h).used / 2**20
-            with contextlib.suppress(Exception):
-                out[f"system/gpu{i}/power_w"] = pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0
-            with contextlib.suppress(Exception):
-                out[f"system/gpu{i}/temperature_c"] = float(pynvml.nvmlDeviceGetTemperature(h, 0))
-    finally:
+        count = nvml.nvmlDeviceGetCount()
+    except Exception:
+        return out
+    for i in range(count):
+        try:
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+        except Exception:
+            continue
         with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
+            out[f"system/gpu{i}/utilization_percent"] = float(nvml.nvmlDeviceGetUtilizationRates(h).gpu)
+        with contextlib.suppress(Exception):
+            out[f"system/gpu{i}/memory_mb"] = nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20
+        with contextlib.suppress(Exception):
+            out[f"system/gpu{i}/power_w"] = nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
+        with contextlib.suppress(Exception):
+            out[f"system/gpu{i}/temperature_c"] = float(nvml.nvmlDeviceGetTemperature(h, 0))
     return out
 
 
@@ -629,14 +777,14 @@ def git_tags(directory: Path, timeout: float = 5.0) -> dict[str, str]:
 
 def environment_snapshot() -> dict[str, Any]:
     """Python, torch, CUDA, NCCL, GPU models and installed packages. torch is not imported for
-    this (its version comes from package metadata; CUDA and NCCL versions only when torch is
-    already imported in this process); GPU models come from pynvml when present."""
+    this: its version comes from package metadata and the CUDA version it was built with from
+    its ``version.py`` (or from torch itself when already imported); NCCL from torch when
+    imported, else the ``nvidia-nccl-*`` wheel torch depends on; GPU models from pynvml (or
+    ``nvidia-smi``) when present."""
     import importlib.metadata as md
 
-    packages = sorted(
-        {f"{d.metadata['Name']}=={d.version}" for d in md.distributions() if d.metadata["Name"]},
-        key=str.lower,
-    )
+    dists = {d.metadata["Name"]: d.version for d in md.distributions() if d.metadata["Name"]}
+    packages = sorted({f"{name}=={version}" for name, version in dists.items()}, key=str.lower)
     snap: dict[str, Any] = {
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
@@ -655,21 +803,45 @@ def environment_snapshot() -> dict[str, Any]:
         snap["cuda"] = getattr(torch.version, "cuda", None)
         with contextlib.suppress(Exception):
             snap["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
+    elif snap["torch"] is not None:
+        snap["cuda"] = _torch_built_with_cuda()
+    if snap["nccl"] is None:
+        snap["nccl"] = next((v for n, v in sorted(dists.items()) if n.lower().startswith("nvidia-nccl")), None)
+    nvml = _nvml()
+    if nvml is not None:
+        with contextlib.suppress(Exception):
             snap["gpus"] = [
-                str(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
-                for i in range(pynvml.nvmlDeviceGetCount())
+                _text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i)))
+                for i in range(nvml.nvmlDeviceGetCount())
             ]
-            snap["cuda_driver"] = pynvml.nvmlSystemGetCudaDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        pass
+        with contextlib.suppress(Exception):
+            snap["cuda_driver"] = nvml.nvmlSystemGetCudaDriverVersion()
+        with contextlib.suppress(Exception):
+            snap["nvidia_driver"] = _text(nvml.nvmlSystemGetDriverVersion())
+    elif shutil.which("nvidia-smi"):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10, check=True).stdout
+            snap["gpus"] = [line.strip() for line in out.splitlines() if line.strip()]
     return snap
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _torch_built_with_cuda() -> str | None:
+    """The CUDA version torch was built with, read from ``torch/version.py`` (no torch import)."""
+    import importlib.util
+    import re
+
+    with contextlib.suppress(Exception):
+        spec = importlib.util.find_spec("torch")
+        if spec is not None and spec.submodule_search_locations:
+            text = (Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text()
+            found = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+            return found.group(1) if found else None
+    return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -707,6 +879,9 @@ def track_check(runner: JobRunner, name: str, spec: CheckSpec) -> Iterator[Calla
         tracker.set_tags(handle, {"trainguard.status": result.status, "trainguard.summary": result.summary[:5000]})
         tracker.log_metrics(handle, [("duration_s", result.duration_s, 0, int(time.time() * 1000))])
         tracker.log_text(handle, lambda: json.dumps(asdict(result), indent=2, default=str), "result.json")
+        plots = result.evidence.get("plots", [])  # the contract: checks put plot paths here
+        for plot in [plots] if isinstance(plots, (str, os.PathLike)) else plots or []:
+            tracker.log_artifact(handle, plot, "plots")
         if not result.ok:
             tracker.session_failed = True
         tracker.end_run(handle, "FINISHED" if result.ok else "FAILED")
@@ -746,13 +921,81 @@ def start_launch(runner: JobRunner, request: RunRequest, *, label: str, command:
     return handle
 
 
+class LiveMetrics:
+    """Streams one attempt's metric points into its launch run while the ranks run (an
+    ``on_metric`` callback of the launcher; the writer batches them): ``name/rank{r}`` as each
+    rank prints a step, and ``name`` (the mean) once every rank has printed it. At the end
+    :func:`log_attempt` logs only the rows not streamed (e.g. the mean of a step some rank never
+    reached), so the attempt's record is complete and no row is logged twice."""
+
+    def __init__(self, tracker: Tracker, handle: RunHandle, world_size: int) -> None:
+        self.tracker = tracker
+        self.handle = handle
+        self.world_size = world_size
+        self.sent: set[tuple[str, int]] = set()
+        self._pending: dict[tuple[str, int], dict[int, float]] = {}
+
+    def on_metric(self, point: MetricPoint, launcher: Any) -> None:
+        now_ms = int(time.time() * 1000)
+        rows: list[tuple[str, float, int, int]] = []
+        if self.world_size > 1:
+            key = (f"{point.name}/rank{point.rank}", point.step)
+            if key not in self.sent:
+                self.sent.add(key)
+                rows.append((key[0], point.value, point.step, now_ms))
+        ranks = self._pending.setdefault((point.name, point.step), {})
+        ranks.setdefault(point.rank, point.value)
+        if len(ranks) >= self.world_size and (point.name, point.step) not in self.sent:
+            self.sent.add((point.name, point.step))
+            del self._pending[(point.name, point.step)]
+            rows.append((point.name, sum(ranks.values()) / len(ranks), point.step, now_ms))
+        self.tracker.log_metrics(self.handle, rows)
+
+
+def launch_hooks(
+    runner: JobRunner, handle: RunHandle | None, world_size: int, run_dir: Path
+) -> tuple[dict[str, str], Callable[[MetricPoint, Any], None] | None]:
+    """What one attempt of a tracked launch needs: the environment that lets
+    :mod:`trainguard.track` in the ranks log into the launch run, and the live metric callback.
+
+    The launch run is created by the writer thread: this waits at most ``LAUNCH_RUN_WAIT_S`` for
+    it (never longer: a slow store must not stall the check). Past that the ranks get
+    ``TRAINGUARD_MLFLOW_RUN_ID_FILE`` instead, a file the writer fills in once the run exists
+    (rank 0's writer reads it off its training loop's path); the tag ``trainguard.run_id_env``
+    records which way the id went (``env`` or ``file``)."""
+    tracker: Tracker | None = getattr(runner, "tracker", None)
+    if tracker is None or handle is None:
+        return {}, None
+    env = {TRACKING_URI_ENV: tracker.tracking_uri}
+    handle.created.wait(LAUNCH_RUN_WAIT_S)
+    with tracker._cond:
+        run_id = handle.run_id
+        if run_id is None:
+            id_file = Path(run_dir) / "mlflow_run_id"
+            handle.id_files.append(id_file)
+    if run_id is None:
+        id_file.parent.mkdir(parents=True, exist_ok=True)
+    if run_id is not None:
+        env[RUN_ID_ENV] = run_id
+    else:
+        env[RUN_ID_FILE_ENV] = str(id_file)
+    tracker.set_tags(handle, {"trainguard.run_id_env": "env" if run_id else "file"})
+    handle.live = LiveMetrics(tracker, handle, world_size)
+    return env, handle.live.on_metric
+
+
 def log_attempt(runner: JobRunner, handle: RunHandle | None, result: RunResult, attempt: int, *, final: bool) -> None:
-    """Log one attempt's metrics (per rank and their mean, by step), outcome and rank logs."""
+    """Log one attempt's metrics (per rank and their mean, by step; what was not streamed live),
+    outcome and rank logs; after the final attempt, the loss-curve plot of all attempts."""
     tracker: Tracker | None = getattr(runner, "tracker", None)
     if tracker is None or handle is None:
         return
     started_ms = int((time.time() - result.duration_s) * 1000)
-    tracker.log_metrics(handle, metric_rows(result.points, result.world_size, started_ms))
+    sent = handle.live.sent if handle.live is not None else set()
+    handle.live = None
+    rows = metric_rows(result.points, result.world_size, started_ms)
+    tracker.log_metrics(handle, [row for row in rows if (row[0], row[2]) not in sent])
+    handle.history.append((attempt, list(result.points)))
     end_ms = int(time.time() * 1000)
     tracker.log_metrics(handle, [
         *((f"peak_rss_mb/rank{r}", v, attempt, end_ms) for r, v in sorted(result.peak_rss_mb.items())),
@@ -770,7 +1013,57 @@ def log_attempt(runner: JobRunner, handle: RunHandle | None, result: RunResult, 
         for stream in ("stdout", "stderr"):
             tracker.log_artifact(handle, result.log_path(rank, stream), f"logs/attempt-{attempt}")
     if final:
+        history = list(handle.history)
+        target = Path(result.run_dir) / "plots" / "loss.png"
+        tracker.log_generated(handle, lambda: plot_metrics(history, result.world_size, target, title=handle.name),
+                              "plots")
         tracker.end_run(handle, "FINISHED" if result.ok else "FAILED")
+
+
+def plot_metrics(
+    history: Sequence[tuple[int, Sequence[MetricPoint]]], world_size: int, target: Path, *, title: str = ""
+) -> Path | None:
+    """Draw the loss curve(s) of a launch run into ``target`` (PNG): one panel per metric whose
+    name contains ``loss`` (else the first metric), one line per attempt (and per rank when
+    several). Returns None when there is nothing to draw. matplotlib is imported here (the
+    writer thread calls it), through its object API: no pyplot, no global backend switch."""
+    names = sorted({p.name for _, points in history for p in points})
+    if not names:
+        return None
+    shown = [n for n in names if "loss" in n.lower()][:4] or names[:1]
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(7, 3.2 * len(shown)), dpi=100)
+    FigureCanvasAgg(fig)
+    for i, name in enumerate(shown):
+        ax = fig.add_subplot(len(shown), 1, i + 1)
+        for n, (attempt, points) in enumerate(history):
+            by_rank: dict[int, dict[int, float]] = {}
+            for p in points:
+                if p.name == name:
+                    by_rank.setdefault(p.rank, {})[p.step] = p.value
+            for rank, values in sorted(by_rank.items()):
+                steps = sorted(values)
+                label = f"attempt {attempt}" + (f" rank {rank}" if world_size > 1 else "")
+                # a colour per rank, a line style per attempt: a restarted attempt that re-runs
+                # steps stays visible next to the one before it
+                ax.plot(steps, [values[s] for s in steps], color=f"C{rank % 10}",
+                        linestyle=("-", "--", ":", "-.")[(len(history) - 1 - n) % 4],
+                        marker="." if len(steps) < 50 else None, linewidth=1.2, alpha=0.9, label=label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("step")
+        ax.set_ylabel(name)
+        ax.grid(True, alpha=0.3)
+        if len(history) > 1 or world_size > 1:
+            ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target)
+    return target
 
 
 def metric_rows(points: Sequence[MetricPoint], world_size: int, started_ms: int) -> list[tuple[str, float, int, int]]:

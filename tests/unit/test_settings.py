@@ -26,6 +26,7 @@ VALUES: dict[str, tuple[tuple[str, Any], tuple[str, Any], tuple[str, Any]]] = {
     "ddp_timeout": (("30", 30.0), ("45.5", 45.5), ("60", 60.0)),
     "timeout_scale": (("2.5", 2.5), ("3", 3.0), ("0.5", 0.5)),
     "tracking": (("on", "on"), ("OFF", "off"), ("auto", "auto")),
+    "save_baseline": (("1", True), ("no", False), ("yes", True)),
 }
 
 

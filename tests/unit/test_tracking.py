@@ -287,30 +287,6 @@ def test_track_helper_logs_from_rank_zero_only(tmp_path: Path, monkeypatch: pyte
     assert no_writer_threads()
 
 
-def test_a_pytest_session_under_xdist_is_one_parent_run_per_worker(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Two xdist workers create the shared sqlite schema at once (under the file lock)."""
-    from trainguard.settings import OPTIONS
-
-    for opt in OPTIONS:
-        monkeypatch.delenv(opt.env, raising=False)
-    monkeypatch.setenv("TRAINGUARD_TRACKING", "on")
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
-    shutil.copy(JOBS / "toy_train.py", pytester.path / "toy_train.py")
-    shutil.copy(JOBS / "toy.trainguard.yaml", pytester.path / "trainguard.yaml")
-    pytester.makeini("[pytest]\naddopts = -p no:hypothesispytest\n")
-    result = pytester.runpytest_subprocess("-n", "2")
-    result.assert_outcomes(passed=2)
-    runs = runs_by_kind(f"sqlite:///{pytester.path / '.trainguard' / 'mlflow.db'}")
-    sessions = {r.info.run_id: r for r in runs["session"]}
-    assert {r.data.tags["trainguard.check"] for r in runs["check"]} == {"smoke", "determinism"}
-    assert all(r.data.tags["mlflow.parentRunId"] in sessions for r in runs["check"])
-    assert {r.data.tags["trainguard.status"] for r in runs["check"]} == {"passed"}
-    assert all(r.info.run_name.startswith("pytest session") for r in sessions.values())
-
-
 # ------------------------------------------------------------------------------------------------
 # the real MLflow server
 
@@ -393,3 +369,258 @@ def test_importing_trainguard_and_its_plugin_never_imports_mlflow() -> None:
             "trainguard.track.log(0, loss=1.0); assert 'mlflow' not in sys.modules, 'mlflow imported'")
     env = {k: v for k, v in os.environ.items() if k not in ("TRAINGUARD_MLFLOW_RUN_ID", "MLFLOW_RUN_ID")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
+
+
+# ------------------------------------------------------------------------------------------------
+# launched jobs logging into their launch run, live metrics, plots (one store for the module)
+
+TRACK_TRAIN = '''\
+"""A toy job that logs from its own loop with trainguard.track (rank 0 writes)."""
+import argparse
+import os
+import time
+
+from trainguard import track
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=5)
+p.add_argument("--sleep", type=float, default=0.0)
+p.add_argument("--ckpt-dir", default=None)
+args = p.parse_args()
+rank = int(os.environ["RANK"])
+for step in range(1, args.steps + 1):
+    time.sleep(args.sleep)
+    print(f"step {step} loss {2.0 / step + 0.01 * rank:.6f}", flush=True)
+    track.log(step, grad_norm=10.0 + step + 1000 * rank)  # rank 1's values must never arrive
+track.flush()
+'''
+
+TRACK_JOB = '''\
+job:
+  name: tracked
+  command: "python track_train.py --steps {steps} --ckpt-dir {checkpoint_dir} --sleep 0.02"
+  world_size: 2
+  env: {OMP_NUM_THREADS: "1"}
+  metrics:
+    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
+  timeout: 120
+  stall_timeout: 60
+checks:
+  smoke: {steps: 6}
+'''
+
+
+@pytest.fixture(scope="module")
+def track_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A job that calls trainguard.track, with one sqlite store shared by this module's tests."""
+    from trainguard.config import load_config
+
+    root = tmp_path_factory.mktemp("tracked")
+    (root / "track_train.py").write_text(TRACK_TRAIN)
+    (root / "trainguard.yaml").write_text(TRACK_JOB)
+    with pytest.MonkeyPatch.context() as mp:
+        for var in ("TRAINGUARD_MLFLOW_RUN_ID", "TRAINGUARD_MLFLOW_RUN_ID_FILE", "MLFLOW_RUN_ID",
+                    "MLFLOW_TRACKING_URI", "TRAINGUARD_MLFLOW_TRACKING_URI"):
+            mp.delenv(var, raising=False)
+        yield load_config(root / "trainguard.yaml")
+
+
+def tracked_runner(job_file: Any) -> Any:
+    from trainguard.runner import JobRunner
+    from trainguard.settings import Settings
+
+    uri, artifacts = tracking.default_store(job_file.state_dir)
+    tracker = Tracker(uri, artifact_location=artifacts)
+    tracker.session = tracker.start_run("session")
+    return JobRunner(job_file, Settings(), tracker=tracker)
+
+
+def launch_run(uri: str, parent_id: str | None, name: str) -> Any:
+    """The run named ``name`` (under ``parent_id`` when given), or None."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("trainguard")
+    assert exp is not None
+    query = f"attributes.run_name = '{name}'"
+    if parent_id is not None:
+        query += f" and tags.mlflow.parentRunId = '{parent_id}'"
+    found = client.search_runs([exp.experiment_id], query)
+    return found[0] if found else None
+
+
+def test_a_launched_job_logs_into_its_launch_run_through_track(track_job: Any) -> None:
+    from mlflow import MlflowClient
+
+    from trainguard.report import CheckResult
+    from trainguard.runner import RunRequest
+    from trainguard.tracking import plot_metrics, track_check
+
+    runner = tracked_runner(track_job)
+    tracker = runner.tracker
+    assert tracker.session.created.wait(120)  # the store exists: the launch run is made at once
+    with track_check(runner, "smoke", track_job.checks.smoke) as record:
+        result = runner.run(RunRequest.make(steps=6, seed=0, world_size=2), label="tracked")
+        assert result.ok, result.reason
+        plot = plot_metrics([(0, result.points)], 2, track_job.state_dir / "check-plot.png", title="smoke")
+        record(CheckResult("smoke", "passed", "ok", evidence={"plots": [str(plot)]}))
+    assert tracker.close().complete
+    client = MlflowClient(tracker.tracking_uri)
+    check_run = launch_run(tracker.tracking_uri, tracker.session.run_id, "smoke")
+    run = launch_run(tracker.tracking_uri, check_run.info.run_id, "tracked")
+    assert run is not None
+    print("run id passed by", run.data.tags["trainguard.run_id_env"])
+    assert run.data.tags["trainguard.run_id_env"] in ("env", "file")
+    history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "grad_norm")}
+    assert history == {step: 10.0 + step for step in range(1, 7)}  # rank 0's, each step once
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == list(range(1, 7))
+    # plots: the launch run's loss curve, and the check result's evidence plots on the check run
+    assert "plots/loss.png" in {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
+    assert "plots/check-plot.png" in {a.path for a in client.list_artifacts(check_run.info.run_id, "plots")}
+    png = Path(client.download_artifacts(run.info.run_id, "plots/loss.png", str(track_job.state_dir)))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_job_launched_before_its_run_exists_gets_the_id_through_a_file(
+    track_job: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store is locked (as by another xdist worker creating its schema) past the launch's
+    wait: the job starts at once and its rank 0 logs into the run once the writer made it."""
+    import fcntl
+
+    from mlflow import MlflowClient
+
+    from trainguard.runner import RunRequest
+
+    monkeypatch.setattr(tracking, "LAUNCH_RUN_WAIT_S", 0.2)
+    lock_path = track_job.state_dir / "mlflow.db.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        runner = tracked_runner(track_job)
+        timer = threading.Timer(3.0, fcntl.flock, (lock, fcntl.LOCK_UN))
+        timer.start()
+        started = time.monotonic()
+        try:
+            result = runner.run(RunRequest.make(steps=6, seed=0, world_size=2), label="late")
+        finally:
+            timer.join()
+        assert result.ok, result.reason
+    assert time.monotonic() - started < 60
+    tracker = runner.tracker
+    assert tracker.close().complete
+    run = launch_run(tracker.tracking_uri, tracker.session.run_id, "late")
+    assert run.data.tags["trainguard.run_id_env"] == "file"
+    history = MlflowClient(tracker.tracking_uri).get_metric_history(run.info.run_id, "grad_norm")
+    assert sorted((m.step, m.value) for m in history) == [(s, 10.0 + s) for s in range(1, 7)]
+
+
+def test_metrics_are_in_the_store_while_the_job_runs(track_job: Any) -> None:
+    """A second client sees the loss of a slow job before it ends; at the end each step's rows
+    are there exactly once (streamed live, the rest logged after the attempt, nothing twice)."""
+    from mlflow import MlflowClient
+
+    from trainguard.runner import RunRequest
+
+    runner = tracked_runner(track_job)
+    tracker = runner.tracker
+    assert tracker.session.created.wait(120)
+    steps = 30
+    reader = MlflowClient(tracker.tracking_uri)  # as `mlflow ui` would read the store
+    seen: list[int] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            run = launch_run(tracker.tracking_uri, tracker.session.run_id, "live")
+            if run is not None:
+                seen.append(len(reader.get_metric_history(run.info.run_id, "loss")))
+            done.wait(0.3)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        request = RunRequest.make(steps=steps, seed=0, world_size=2, args=["--sleep", "0.25"])
+        result = runner.run(request, label="live")
+    finally:
+        done.set()
+        watcher.join()
+    assert result.ok, result.reason
+    assert max(seen, default=0) >= 5, seen  # while the ranks ran (7.5 s at 0.25 s a step)
+    assert tracker.close().complete
+    run = launch_run(tracker.tracking_uri, tracker.session.run_id, "live")
+    for key in ("loss", "loss/rank0", "loss/rank1"):
+        assert sorted(m.step for m in reader.get_metric_history(run.info.run_id, key)) == list(range(1, steps + 1))
+    assert reader.get_metric_history(run.info.run_id, "system/rss_mb")
+
+
+def test_live_rows_and_the_rows_logged_after_the_attempt_are_disjoint_and_complete() -> None:
+    from trainguard.tracking import LiveMetrics
+
+    tracker = Tracker("fake://store")
+    client = FlakyClient(down=0)
+    tracker._client = client
+    handle = tracker.attach("run-1")
+    live = LiveMetrics(tracker, handle, world_size=2)
+    points = [MetricPoint("loss", 1, 1.0, 0, 0.1), MetricPoint("loss", 1, 3.0, 1, 0.2),
+              MetricPoint("loss", 2, 5.0, 0, 0.3)]  # rank 1 died before printing step 2
+    for p in points:
+        live.on_metric(p, None)
+    after = [row for row in metric_rows(points, 2, 0) if (row[0], row[2]) not in live.sent]
+    assert [(k, v, s) for k, v, s, _ in after] == [("loss", 5.0, 2)]  # the mean of what arrived
+    tracker.log_metrics(handle, after)
+    assert tracker.close().complete
+    logged = sorted((k, s, v) for k, v, s in client.metrics)
+    assert logged == sorted((k, s, v) for k, v, s, _ in metric_rows(points, 2, 0))  # each row once
+
+
+class FakeNvml:
+    """Stands in for pynvml (no NVIDIA driver on this CI machine): two GPUs with fixed readings."""
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+        return type("Rates", (), {"gpu": 50 + h})()
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        return type("Mem", (), {"used": (h + 1) * 2**30})()
+
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
+        return 300_000  # mW
+
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
+        return 60
+
+    def nvmlDeviceGetName(self, h: int) -> bytes:
+        return b"NVIDIA H100 80GB HBM3"
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return 12040
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "550.54.15"
+
+
+def test_system_metrics_and_environment_include_gpus_when_nvml_is_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata as md
+
+    monkeypatch.setattr(tracking, "_NVML", FakeNvml())
+    metrics = tracking._system_metrics()
+    assert metrics["system/gpu1/utilization_percent"] == 51.0
+    assert metrics["system/gpu1/memory_mb"] == 2048.0
+    assert metrics["system/gpu0/power_w"] == 300.0
+    assert metrics["system/gpu0/temperature_c"] == 60.0
+    assert metrics["system/rss_mb"] > 0
+    env = tracking.environment_snapshot()
+    assert env["gpus"] == ["NVIDIA H100 80GB HBM3"] * 2
+    assert env["cuda_driver"] == 12040 and env["nvidia_driver"] == "550.54.15"
+    assert env["python"] == sys.version.split()[0]
+    assert env["torch"] == md.version("torch")
+    assert "cuda" in env and "nccl" in env
+    assert any(p.startswith("torch==") for p in env["packages"])
+    monkeypatch.setattr(tracking, "_NVML", False)  # no NVML here: no GPU metrics, no error
+    assert not any(k.startswith("system/gpu") for k in tracking._system_metrics())

@@ -17,8 +17,9 @@ A drill (:mod:`trainguard.drills`) runs a small supervised run of the user's job
 5. :meth:`Fault.teardown` always, in ``finally`` (Ctrl-C included): unmount, delete cgroups, stop
    servers. Idempotent.
 
-:meth:`Fault.evidence` says what happened (mode that ran, counters read, fallbacks) and
-:meth:`Fault.classify` names how a failed attempt ended for the report.
+:meth:`Fault.evidence` says what happened (mode that ran, counters read, fallbacks),
+:meth:`Fault.classify` names how a failed attempt ended for the report, and
+:meth:`Fault.verify_continue` adds the fault's own checks to an ``expect: continue`` drill.
 """
 
 from __future__ import annotations
@@ -120,3 +121,10 @@ class Fault:
     def classify(self, result: RunResult) -> str:
         """How a failed attempt ended, in words (e.g. 'killed by the kernel OOM killer')."""
         return result.reason or result.outcome
+
+    def verify_continue(self, result: RunResult) -> list[str]:
+        """Extra checks of an ``expect: continue`` drill once the job has completed (after
+        :meth:`clear`, before :meth:`teardown`): one sentence per problem, e.g. the network fault
+        checks that every metric the job printed (``result.points``) reached the tracking
+        store. Default: none."""
+        return []

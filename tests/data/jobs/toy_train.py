@@ -16,6 +16,11 @@ Flags plant one defect each, so a test can show that trainguard catches it:
 --spawn-child                 starts a grandchild that sleeps 600 s (teardown must reap it)
 --jsonl-dir D                 metrics go to D/metrics-rank{RANK}.jsonl instead of stdout
 --faulthandler                SIGUSR1 prints every thread's stack to stderr (faulthandler)
+--ckpt-at-exit-only           checkpoints only after the last step (a kill loses all progress)
+
+--sync-dir D makes every step end in a barrier of all ranks (files under D, like a collective):
+a rank waits for its peers' step; --sync-timeout T makes it raise after T s waiting (a collective
+timeout); T 0 waits forever, which is the defect "hangs when a peer dies, without a timeout".
 """
 
 from __future__ import annotations
@@ -67,6 +72,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--spawn-child", action="store_true")
     p.add_argument("--jsonl-dir", default=None)
     p.add_argument("--faulthandler", action="store_true")
+    p.add_argument("--ckpt-at-exit-only", action="store_true")
+    p.add_argument("--sync-dir", default=None)
+    p.add_argument("--sync-timeout", type=float, default=0.0, help="0: wait for peers forever")
     return p.parse_args()
 
 
@@ -91,6 +99,21 @@ def load_latest(ckpt_dir: Path, rank: int) -> tuple[int, random.Random] | None:
     rng = random.Random()
     rng.setstate((version, tuple(internal), gauss))
     return int(data["step"]), rng
+
+
+def barrier(sync_dir: Path, rank: int, world_size: int, step: int, timeout: float) -> None:
+    """Wait until every rank has reached ``step`` (per attempt: TORCHELASTIC_RUN_ID)."""
+    where = sync_dir / os.environ.get("TORCHELASTIC_RUN_ID", "run")
+    where.mkdir(parents=True, exist_ok=True)
+    (where / f"step{step}.rank{rank}").touch()
+    started = time.monotonic()
+    while not all((where / f"step{step}.rank{r}").exists() for r in range(world_size)):
+        if timeout and time.monotonic() - started > timeout:
+            raise RuntimeError(
+                f"toy_train: rank {rank}: collective timed out after {timeout:g} s waiting for "
+                f"peers at step {step}"
+            )
+        time.sleep(0.005)
 
 
 def main() -> int:
@@ -147,13 +170,16 @@ def main() -> int:
             while True:
                 time.sleep(3600)
         loss = 2.0 * math.exp(-0.05 * step) + 0.01 * rng.random()
+        if args.sync_dir:
+            barrier(Path(args.sync_dir), rank, world_size, step, args.sync_timeout)
         if step not in args.skip_step:
             if jsonl is not None:
                 jsonl.write(json.dumps({"step": step, "loss": loss}) + "\n")
                 jsonl.flush()
             else:
                 print(f"step {step} loss {loss:.6f}", flush=True)
-        if ckpt_dir is not None and not args.no_ckpt and step % args.ckpt_every == 0:
+        due = step == args.steps if args.ckpt_at_exit_only else step % args.ckpt_every == 0
+        if ckpt_dir is not None and not args.no_ckpt and due:
             save_checkpoint(ckpt_dir, rank, step, rng)
     print(f"toy_train: rank {rank} done", flush=True)
     return 0

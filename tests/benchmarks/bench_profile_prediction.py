@@ -1,0 +1,83 @@
+"""Profile prediction accuracy (not a CI test): profile the digits example (its shipped
+``checks.profile``: 30 steps at 1 and 2 ranks), predict the wall-clock of a run ``--factor``
+times longer from it, then run that and compare.
+
+    .venv/bin/python tests/benchmarks/bench_profile_prediction.py [--factor 5] [--sizes 1,2]
+
+Reported per world size: predicted and measured wall-clock (launch to exit) and the
+prediction error, and the same for the steps alone (first step line to last, which leaves out
+the start-up whose cost on a shared machine varies from run to run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from trainguard.config import load_config
+from trainguard.profiling.measure import measure_size
+from trainguard.profiling.sizing import predict_duration_s
+from trainguard.runner import JobRunner
+from trainguard.settings import Settings
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--factor", type=int, default=5)
+    parser.add_argument("--sizes", default="1,2")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tg-bench-profile-") as tmp:
+        root = Path(tmp) / "digits"
+        shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns(".trainguard", "__pycache__"))
+        job_file = load_config(root)
+        spec = job_file.checks.profile
+        assert spec is not None, "examples/digits/trainguard.yaml has no checks.profile"
+        runner = JobRunner(job_file, Settings())
+        long_steps = spec.steps * args.factor
+        for n in sizes:
+            short, _ = measure_size(runner, spec, n, seed=0)
+            assert short.step is not None and short.startup_s is not None, short.reason
+            predicted = predict_duration_s(short.startup_s, short.step.mean_s, long_steps, short.tail_s or 0.0)
+            predicted_steps = (long_steps - 1) * short.step.mean_s
+            # the long run: same job, same measurement, warm-up as in the profile
+            long, result = measure_size(runner, spec, n, seed=0, steps=long_steps, label=f"long-n{n}")
+            assert result.ok, result.reason
+            arrivals = sorted(p.t for p in result.points if p.rank == 0 and p.name == "loss")
+            actual_steps = arrivals[-1] - arrivals[0]
+            row = {
+                "world_size": n,
+                "profile_steps": spec.steps,
+                "long_steps": long_steps,
+                "profile_startup_s": short.startup_s,
+                "profile_mean_step_s": round(short.step.mean_s, 5),
+                "predicted_s": round(predicted, 2),
+                "actual_s": round(result.duration_s, 2),
+                "error": round((predicted - result.duration_s) / result.duration_s, 4),
+                "predicted_steps_s": round(predicted_steps, 2),
+                "actual_steps_s": round(actual_steps, 2),
+                "steps_error": round((predicted_steps - actual_steps) / actual_steps, 4),
+                "long_startup_s": long.startup_s,
+            }
+            rows.append(row)
+            print(
+                f"{n} rank(s): {long_steps} steps predicted {predicted:.1f} s, took "
+                f"{result.duration_s:.1f} s (error {row['error']:+.1%}); steps alone predicted "
+                f"{predicted_steps:.1f} s, took {actual_steps:.1f} s (error {row['steps_error']:+.1%}); "
+                f"start-up {short.startup_s:.1f} s in the profile, {long.startup_s:.1f} s in the long run",
+                flush=True,
+            )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

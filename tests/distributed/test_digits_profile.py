@@ -1,0 +1,112 @@
+"""The profile of the shipped example end to end: real runs at 1 and 2 ranks, the reports
+written, the numbers sane; and (slow) a planted slowdown the baseline comparison must catch
+while a clean re-run passes."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from trainguard.checks import check
+from trainguard.config import load_config
+from trainguard.profiling.check import profile_job
+from trainguard.runner import JobRunner
+from trainguard.settings import Settings
+
+if TYPE_CHECKING:
+    from conftest import PatchedExample
+
+JOB_FILE = """\
+job:
+  name: digits-profile
+  command: "python train.py --steps {steps} --ckpt-dir {checkpoint_dir} --seed {seed}"
+  env: {OMP_NUM_THREADS: "1"}
+  metrics:
+    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
+  timeout: 120
+  stall_timeout: 60
+checks:
+  profile:
+    steps: %(steps)d
+    warmup_steps: 2
+    world_sizes: %(sizes)s
+    samples_per_step: 64
+target: {steps: 100000, max_gpus: 4, price_per_gpu_hour: 2.0, deadline_hours: 48}
+"""
+
+
+@pytest.mark.profile
+def test_profile_of_the_example_writes_sane_reports(tmp_path: Path, patched_example: PatchedExample) -> None:
+    root = patched_example({}, JOB_FILE % {"steps": 12, "sizes": "[1, 2]"})
+    report = check(root, only=["profile"], report_json=str(tmp_path / "report.json"))
+    result = report.checks[0]
+    assert result.status == "passed", result.summary
+    assert "2 ranks give" in result.summary and "measured on CPU" in result.summary
+
+    latest = root / ".trainguard" / "profile"
+    data = json.loads((latest / "latest.json").read_text())
+    assert Path(data["reports"]["html"]).is_file() and (latest / "latest.md").is_file()
+    assert data["device"] == "cpu" and "CPU" in data["measured_on"]
+    for size in data["sizes"]:
+        step = size["step"]
+        assert size["outcome"] == "ok"
+        assert step["count"] == 10 and step["warmup_steps"] == 2  # steps 3..12
+        assert 0 < step["p50_s"] <= step["p90_s"] <= step["p99_s"] < 10
+        assert size["throughput_sps"] == pytest.approx(64 / step["mean_s"])
+        assert 0 < size["startup_s"] < 120
+        assert len(size["peak_rss_mb"]) == size["world_size"]
+        assert all(50 < mb < 4000 for mb in size["peak_rss_mb"].values())
+        assert all(pct > 0 for pct in size["cpu_util_pct"].values())
+        # train.py checkpoints after steps 5, 10 and the last one
+        assert size["checkpoint"]["steps"] == [5, 10, 12], size["checkpoint"]
+        assert size["checkpoint"]["bytes_per_write"] > 10_000
+        assert len(size["loss"]) == 12
+    table = data["scaling"]["table"]
+    assert table["1"]["efficiency"] == 1.0 and 0 < table["2"]["efficiency"] <= 1.5
+    assert data["scaling"]["fit"]["chosen"] == "amdahl"  # 2 sizes: never the unvalidated USL
+    sizing = data["sizing"]
+    assert [c["gpus"] for c in sizing["candidates"]] == [1, 2, 3, 4]
+    assert all(c["extrapolated"] == (c["gpus"] > 2) for c in sizing["candidates"])
+    assert sizing["recommendation"]
+
+    html = (latest / "latest.html").read_text()
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+    assert len(images) == 4  # step times, scaling, cost, loss
+    assert all(img.startswith("iVBORw0KGgo") for img in images)  # PNG signature
+    assert "measured on CPU" in html.lower() or "Measured on CPU" in html
+
+
+_SLOWDOWN = (
+    "            # Printed after the checkpoint: whoever reads \"step N\" may rely on checkpoint N.\n",
+    "            time.sleep(0.1)  # planted: a slower step\n"
+    "            # Printed after the checkpoint: whoever reads \"step N\" may rely on checkpoint N.\n",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.profile
+def test_compare_catches_a_planted_slowdown_and_passes_a_clean_rerun(
+    tmp_path: Path, patched_example: PatchedExample
+) -> None:
+    root = patched_example({}, JOB_FILE % {"steps": 20, "sizes": "[1]"})
+    job_file = load_config(root)
+    assert job_file.checks.profile is not None
+    spec = job_file.checks.profile
+    saved, _ = profile_job(JobRunner(job_file, Settings()), spec, save=True)
+    assert saved.saved_path is not None
+
+    train = root / "train.py"
+    clean_text = train.read_text()
+    assert clean_text.count(_SLOWDOWN[0]) == 1
+    train.write_text(clean_text.replace(*_SLOWDOWN))
+    slow, _ = profile_job(JobRunner(job_file, Settings()), spec, compare=["p50_step_time:+50%"])
+    assert [r.regressed for r in slow.regressions] == [True], [r.describe() for r in slow.regressions]
+    assert slow.baseline_path == saved.saved_path
+
+    train.write_text(clean_text)
+    clean, _ = profile_job(JobRunner(job_file, Settings()), spec, compare=["p50_step_time:+50%"])
+    assert [r.regressed for r in clean.regressions] == [False], [r.describe() for r in clean.regressions]

@@ -1,0 +1,82 @@
+"""MLflow tracking of a pytest session: one session run across pytest-xdist workers, with the
+checks nested under it and the session's report logged to it (a real sqlite store)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mlflow")
+pytest.importorskip("xdist")
+
+pytestmark = pytest.mark.timeout(240)
+
+JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
+
+
+def runs_by_kind(uri: str) -> dict[str, list[Any]]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("trainguard")
+    assert exp is not None
+    out: dict[str, list[Any]] = {}
+    for run in client.search_runs([exp.experiment_id]):
+        out.setdefault(run.data.tags.get("trainguard.kind", ""), []).append(run)
+    return out
+
+
+def artifact_json(uri: str, run_id: str, path: str, dest: Path) -> Any:
+    from mlflow import MlflowClient
+
+    return json.loads(Path(MlflowClient(uri).download_artifacts(run_id, path, str(dest))).read_text())
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """The toy job as ``trainguard.yaml`` (checks smoke and determinism), tracking on."""
+    monkeypatch.setenv("TRAINGUARD_TRACKING", "on")
+    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "TRAINGUARD_MLFLOW_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    shutil.copy(JOBS / "toy_train.py", pytester.path / "toy_train.py")
+    shutil.copy(JOBS / "toy.trainguard.yaml", pytester.path / "trainguard.yaml")
+    pytester.makeini("[pytest]\naddopts = -p no:hypothesispytest\n")
+    return pytester
+
+
+def test_xdist_workers_share_one_session_run_that_holds_the_verdicts(project: pytest.Pytester) -> None:
+    uri = f"sqlite:///{project.path / '.trainguard' / 'mlflow.db'}"
+    result = project.runpytest_subprocess("-n", "2")  # smoke and determinism, one per worker
+    result.assert_outcomes(passed=2)
+    runs = runs_by_kind(uri)
+    (session,) = runs["session"]
+    assert session.info.run_name == "pytest session"
+    assert session.info.status == "FINISHED"
+    assert session.data.tags["trainguard.status"] == "passed"
+    assert session.data.tags["trainguard.xdist_workers"] == "2"
+    checks = runs["check"]
+    assert sorted(r.data.tags["trainguard.check"] for r in checks) == ["determinism", "smoke"]
+    assert {r.data.tags["mlflow.parentRunId"] for r in checks} == {session.info.run_id}
+    check_ids = {r.info.run_id for r in checks}
+    assert runs["launch"] and all(r.data.tags["mlflow.parentRunId"] in check_ids for r in runs["launch"])
+    # no --trainguard-report-json: the controller logs a summary of every worker's verdicts
+    summary = artifact_json(uri, session.info.run_id, "report/pytest-summary.json", project.path / "dl")
+    assert summary["status"] == "passed"
+    assert sorted((c["name"], c["status"]) for c in summary["checks"]) == [
+        ("determinism", "passed"), ("smoke", "passed")]
+    assert not (project.path / "mlruns").exists() and not (project.path / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_the_report_json_is_logged_to_the_session_run_without_xdist_too(project: pytest.Pytester) -> None:
+    uri = f"sqlite:///{project.path / '.trainguard' / 'mlflow.db'}"
+    result = project.runpytest_subprocess("-p", "no:xdist", "-k", "smoke", "--trainguard-report-json=out.json")
+    result.assert_outcomes(passed=1, deselected=1)
+    (session,) = runs_by_kind(uri)["session"]
+    assert session.info.status == "FINISHED" and session.data.tags["trainguard.status"] == "passed"
+    report = artifact_json(uri, session.info.run_id, "report/out.json", project.path / "dl")
+    assert [c["name"] for c in report["checks"]] == ["smoke"]

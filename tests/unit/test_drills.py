@@ -1,0 +1,309 @@
+"""Fault drills without processes: the drill spec in the job file, the fault registry, and each
+expectation's verdict on recorded attempts (the end-to-end drills on real ranks are in
+tests/distributed/test_drills_e2e.py)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trainguard.plugins.markers import FAULT_KINDS
+
+import trainguard.faults.registry as registry
+from trainguard.config import DrillSpec, parse_config
+from trainguard.drills import (
+    _Context,
+    _Injection,
+    _judge_continue,
+    _judge_fail_clean,
+    _judge_recover,
+    make_drill,
+)
+from trainguard.errors import ConfigError
+from trainguard.faults.base import Fault
+from trainguard.faults.hang import HangFault
+from trainguard.faults.kill import KillRankFault
+from trainguard.faults.registry import DEFAULT_EXPECT, FAULT_CLASSES, FaultNotInstalled, fault_class
+from trainguard.launch import MetricPoint, RankExit, RunResult
+from trainguard.runner import RunRequest, SupervisedRun
+
+HEAD = r"""
+job:
+  name: toy
+  command: "python toy_train.py --steps {steps} --ckpt-dir {checkpoint_dir}"
+  resume_args: "--resume"
+  world_size: 2
+  metrics: {loss: 'step (?P<step>\d+) loss (?P<value>\S+)'}
+checks:
+  drills:
+"""
+
+
+def load(*entries: str, head: str = HEAD) -> Any:
+    return parse_config(head + "".join(f"    - {e}\n" for e in entries), path="/jobs/t.trainguard.yaml")
+
+
+def problem(*entries: str, head: str = HEAD) -> str:
+    with pytest.raises(ConfigError) as info:
+        load(*entries, head=head)
+    return str(info.value)
+
+
+# -- the drill spec ------------------------------------------------------------------------------
+
+
+def test_defaults_per_fault_and_after_step_in_the_middle() -> None:
+    jf = load("{name: k, fault: kill_rank, rank: 1}", "{name: h, fault: hang, steps: 9}",
+              "{name: o, fault: oom, rank: 1}")
+    kill, hang, oom = jf.checks.drills
+    assert (kill.expectation, kill.restart_limit, kill.after_step, kill.steps) == ("recover", 1, 10, 20)
+    assert (hang.expectation, hang.after_step) == ("recover", 4)
+    assert (oom.expectation, oom.restart_limit, oom.deadline_s) == ("fail_clean", 0, 60.0)
+    net = DrillSpec.model_validate({"name": "n", "fault": "network", "duration": 2.0})
+    assert (net.expectation, net.rate_floor) == ("continue", 0.5)
+
+
+def test_drills_run_after_the_checks_and_are_selected_by_name() -> None:
+    jf = load("{name: a, fault: kill_rank}", "{name: b, fault: hang}",
+              head=HEAD.replace("checks:\n", "checks:\n  smoke: {steps: 3}\n"))
+    assert [n for n, _ in jf.enabled_checks()] == ["smoke", "drill:a", "drill:b"]
+    assert [n for n, _ in jf.enabled_checks(["drill:b"])] == ["drill:b"]
+    assert [n for n, _ in jf.enabled_checks(["drills"])] == ["drill:a", "drill:b"]
+    assert [n for n, _ in jf.enabled_checks(["smoke"])] == ["smoke"]
+    with pytest.raises(ConfigError, match=r"drill\(s\) c requested but not in checks.drills \(drills here: a, b\)"):
+        jf.enabled_checks(["drill:c"])
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ("{name: a, fault: kil_rank}", "checks.drills[0].fault: unknown fault 'kil_rank' (did you mean 'kill_rank'?); expected one of kill_rank, hang, oom, disk_full, network"),
+        ("{name: a, fault: hang, rank: 2}", "checks.drills[0].rank: rank 2 does not exist in a run of 2 rank(s)"),
+        ("{name: a, fault: hang, after_step: 20}", "after_step (20) must be smaller than steps (20)"),
+        ("{name: a, fault: hang, deadline: 5}", "deadline does not apply to `expect: recover`"),
+        ("{name: a, fault: kill_rank, expect: continue, duration: 1, max_restarts: 2}", "max_restarts does not apply to `expect: continue`"),
+        ("{name: a, fault: network}", "`expect: continue` compares the step rate"),
+        ("{name: a, fault: hang, expect: recovr}", "checks.drills[0].expect: Input should be 'recover', 'fail_clean' or 'continue'"),
+        ("{name: 'a b', fault: hang}", "drill name 'a b' may hold only letters"),
+        ("{name: a, fault: hang, stall_timout: 3}", "checks.drills[0].stall_timout: unknown key 'stall_timout' (did you mean 'stall_timeout'?)"),
+        ("{name: a, fault: kill_rank, params: {signal: SIGHUP}}", "checks.drills[0].params.signal: expected one of SIGKILL, SIGTERM, SIGINT, got 'SIGHUP'"),
+        ("{name: a, fault: hang, params: {seconds: 3}}", "checks.drills[0].params.seconds: unknown parameter for fault 'hang'"),
+        ("{name: a, fault: hang, args: '--x {stepz}'}", "checks.drills[0].args[1]: unknown placeholder {stepz}"),
+    ],
+)
+def test_each_bad_drill_names_the_key_and_the_fix(entry: str, expected: str) -> None:
+    assert expected in problem(entry)
+
+
+def test_duplicate_names_and_missing_resume_args_are_reported_together() -> None:
+    head = HEAD.replace('  resume_args: "--resume"\n', "")
+    text = problem("{name: a, fault: hang}", "{name: a, fault: kill_rank, expect: fail_clean}", head=head)
+    assert "checks.drills[1].name: duplicate drill name 'a' (also checks.drills[0])" in text
+    assert "checks.drills[0].expect: `expect: recover` resumes the job" in text
+    assert "checks.drills[1].expect: `expect: fail_clean` resumes the job" in text
+
+
+def test_continue_needs_no_resume_args() -> None:
+    head = HEAD.replace('  resume_args: "--resume"\n', "")
+    (spec,) = load("{name: p, fault: hang, expect: continue, duration: 1, min_rate: 0}", head=head).checks.drills
+    assert spec.rate_floor == 0.0
+
+
+def test_make_drill_splits_fields_from_fault_params() -> None:
+    jf = load("{name: a, fault: hang}")
+    spec = make_drill(jf, {"name": "t", "fault": "kill_rank", "rank": 1, "signal": "SIGTERM", "steps": 8})
+    assert (spec.rank, spec.steps, spec.after_step, spec.params) == (1, 8, 4, {"signal": "SIGTERM"})
+    with pytest.raises(ConfigError, match=r"drill.params.signal: expected one of SIGKILL"):
+        make_drill(jf, {"name": "t", "fault": "kill_rank", "signal": "SIGSEGV"})
+    with pytest.raises(ConfigError, match=r"drill.rank: rank 5 does not exist"):
+        make_drill(jf, {"name": "t", "fault": "hang", "rank": 5})
+
+
+# -- the registry ------------------------------------------------------------------------------
+
+
+def test_registry_covers_every_marker_kind_with_a_default_expectation() -> None:
+    assert set(FAULT_CLASSES) == set(FAULT_KINDS) == set(DEFAULT_EXPECT)
+    assert all(":" in target for target in FAULT_CLASSES.values())
+    assert fault_class("kill_rank") is KillRankFault
+    assert fault_class("hang") is HangFault
+
+
+def test_a_kind_whose_module_is_missing_is_reported_in_words(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(registry.FAULT_CLASSES, "oom", "trainguard.faults.not_written_yet:OomFault")
+    with pytest.raises(FaultNotInstalled, match=r"fault 'oom' is not available in this installation: importing trainguard.faults.not_written_yet failed"):
+        fault_class("oom")
+    # the job file still loads (the other checks stay usable); the drill itself reports the error
+    job = tmp_path / "t.trainguard.yaml"
+    job.write_text(HEAD + "    - {name: o, fault: oom}\n")
+    from trainguard.config import load_config
+    from trainguard.drills import run_drill
+    from trainguard.runner import JobRunner
+
+    jf = load_config(job)
+    result = run_drill(JobRunner(jf), jf.checks.drills[0])
+    assert result.status == "error"
+    assert "fault 'oom' is not available in this installation" in result.summary
+    assert not (tmp_path / ".trainguard").exists()  # nothing was launched
+
+
+def test_fault_contract_defaults() -> None:
+    fault = KillRankFault({"signal": "SIGTERM"}, rank=1, after_step=3)
+    assert fault.signal.name == "SIGTERM" and not fault.needs_preexec
+    assert Fault.verify_continue(fault, _result("ok", [])) == []
+    assert KillRankFault.validate({"signal": "SIGKILL"}) == []
+
+
+# -- verdicts on recorded attempts -------------------------------------------------------------
+
+
+def _points(steps: range, *, t0: float = 1.0, dt: float = 0.1, ranks: int = 2, value: float | None = None,
+            ) -> list[MetricPoint]:
+    return [
+        MetricPoint("loss", s, value if value is not None else 1.0 / s, r, t0 + (s - steps.start) * dt)
+        for s in steps for r in range(ranks)
+    ]
+
+
+def _result(outcome: str, points: list[MetricPoint], *, failed_rank: int | None = None, duration: float = 5.0,
+            codes: tuple[int | None, int | None] = (0, 0), run_dir: Path = Path("/nonexistent")) -> RunResult:
+    exits = [RankExit(r, 100 + r, c, "SIGKILL" if c == -9 else None) for r, c in enumerate(codes)]
+    return RunResult(outcome, ["python"], run_dir, 2, 0, exits, points, duration, 1.0,  # type: ignore[arg-type]
+                     reason="" if outcome == "ok" else f"rank {failed_rank} died",
+                     failed_rank=failed_rank, evidence={"checkpoint_dir": "/nonexistent"})
+
+
+def _context(spec: DrillSpec, attempts: list[RunResult], *, injected_at: float | None = 1.55,
+             runner: Any = None, fault: Fault | None = None) -> _Context:
+    fault = fault or KillRankFault(spec.params, rank=spec.rank, after_step=spec.after_step)
+    fault.injected_at = injected_at
+    info = _Injection(watch_rank=spec.rank, injected_step=spec.after_step if injected_at else None)
+    reference = _result("ok", _points(range(1, spec.steps + 1)))
+    return _Context(runner, spec, fault, info, SupervisedRun(attempts, Path("/x"), Path("/nonexistent")),
+                    reference, RunRequest.make(steps=spec.steps, seed=0, world_size=2), "loss",
+                    Path("/nonexistent"), 5.0)
+
+
+KILL = DrillSpec.model_validate({"name": "k", "fault": "kill_rank", "rank": 1, "steps": 12, "after_step": 6})
+
+
+def test_recover_passes_when_the_restart_resumes_and_matches() -> None:
+    attempts = [_result("failed", _points(range(1, 7)), failed_rank=1, codes=(-15, -9)),
+                _result("ok", _points(range(6, 13)))]
+    status, summary, evidence = _judge_recover(_context(KILL, attempts))
+    assert status == "passed", summary
+    assert "recovered with 1 restart(s), 1 step(s) lost" in summary
+    assert evidence["lost_steps"] == 1 and evidence["resumes"][0]["resumed_from_step"] == 5
+
+
+def test_recover_catches_a_restart_from_scratch_even_when_the_numbers_match() -> None:
+    attempts = [_result("failed", _points(range(1, 7)), failed_rank=1), _result("ok", _points(range(1, 13)))]
+    status, summary, evidence = _judge_recover(_context(KILL, attempts))
+    assert status == "failed"
+    assert "began again at step 1: no usable checkpoint, all progress lost" in summary
+    assert evidence["lost_steps"] == 6 and evidence["likely_causes"]
+
+
+def test_recover_enforces_max_lost_steps_and_the_trajectory() -> None:
+    spec = KILL.model_copy(update={"max_lost_steps": 0})
+    diverged = _points(range(4, 13))
+    diverged[-1] = MetricPoint("loss", 12, 9.0, 1, diverged[-1].t)
+    attempts = [_result("failed", _points(range(1, 7)), failed_rank=1), _result("ok", diverged)]
+    status, summary, _ = _judge_recover(_context(spec, attempts))
+    assert status == "failed"
+    assert "3 steps of progress lost (max_lost_steps 0)" in summary
+    assert "loss of the recovered run diverges from the uninterrupted run at step 12" in summary
+
+
+def test_recover_fails_when_the_restarts_run_out_and_errors_when_never_injected() -> None:
+    attempts = [_result("failed", _points(range(1, 7)), failed_rank=1),
+                _result("failed", _points(range(6, 8)), failed_rank=0)]
+    status, summary, _ = _judge_recover(_context(KILL, attempts))
+    assert status == "failed" and "did not recover: after 1 restart(s) (max_restarts 1)" in summary
+    status, summary, _ = _judge_recover(_context(KILL, [_result("ok", _points(range(1, 13)))], injected_at=None))
+    assert status == "error" and "the fault was never injected" in summary
+
+
+def test_a_fault_that_struck_after_the_last_step_is_an_error_not_a_pass() -> None:
+    # the monitor read "step 6" late: the rank had printed all 12 steps before the kill landed
+    done = [MetricPoint("loss", s, 1.0 / s, r, 1.0 + 0.01 * s) for s in range(1, 13) for r in range(2)]
+    attempts = [_result("failed", done, failed_rank=1), _result("ok", [])]
+    status, summary, evidence = _judge_recover(_context(KILL, attempts))
+    assert status == "error"
+    assert "the fault came too late to test anything: rank 1 had already printed its last step (12)" in summary
+    assert evidence["watched_rank_step_at_injection"] == 12
+
+
+class _VerifyRunner:
+    """Hands the fail_clean judge a recorded verification run (the real one is tested e2e)."""
+
+    def __init__(self, result: RunResult) -> None:
+        self.result = result
+        self.calls: list[dict[str, Any]] = []
+
+    def run(self, request: RunRequest, **kwargs: Any) -> RunResult:
+        self.calls.append(kwargs)
+        return self.result
+
+
+FAIL = DrillSpec.model_validate({"name": "f", "fault": "hang", "rank": 1, "steps": 12, "after_step": 6,
+                                 "expect": "fail_clean", "deadline": 5})
+
+
+def test_fail_clean_passes_on_a_prompt_error_exit_and_an_intact_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "rank0.stderr.log").write_text("RuntimeError: collective timed out\n")
+    first = _result("failed", _points(range(1, 7)), failed_rank=0, codes=(1, -15), run_dir=tmp_path)
+    runner = _VerifyRunner(_result("ok", _points(range(6, 13))))
+    c = _context(FAIL, [first], runner=runner)
+    c.info.first_exit = (0, 1, 1.55 + 3.0)
+    status, summary, evidence = _judge_fail_clean(c)
+    assert status == "passed", summary
+    assert runner.calls == [{"label": "drill-f-verify", "resume": True, "checkpoint_dir": Path("/nonexistent")}]
+    assert evidence["exit_after_s"] == 3.0 and evidence["checkpoint"] == {"intact": True, "resumed_from_step": 5}
+
+
+def test_fail_clean_catches_a_hang_a_late_exit_a_silent_exit_and_a_lost_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "rank0.stderr.log").write_text("")
+    hung = _result("hung", _points(range(1, 7)), codes=(-15, -15), run_dir=tmp_path)
+    c = _context(FAIL, [hung], runner=_VerifyRunner(_result("ok", _points(range(1, 13)))))
+    status, summary, _ = _judge_fail_clean(c)
+    assert status == "failed"
+    assert "the job hung: trainguard's stall detection ended it" in summary
+    assert "the resume run started again from step 1" in summary
+
+    late = _result("failed", _points(range(1, 7)), failed_rank=0, codes=(3, -15), run_dir=tmp_path)
+    c = _context(FAIL, [late], runner=_VerifyRunner(_result("ok", _points(range(6, 13)))))
+    c.info.first_exit = (0, 3, 1.55 + 9.0)
+    status, summary, _ = _judge_fail_clean(c)
+    assert "exited 9.0 s after the fault, later than the deadline of 5 s" in summary
+    assert "rank 0 exited with code 3 but wrote no error to stderr after the fault" in summary
+
+
+def test_continue_judges_the_rate_during_the_fault_and_the_faults_own_check() -> None:
+    spec = DrillSpec.model_validate({"name": "n", "fault": "hang", "steps": 30, "after_step": 10,
+                                     "expect": "continue", "duration": 1.0, "min_rate": 0.5})
+
+    class Lossy(HangFault):
+        def verify_continue(self, result: RunResult) -> list[str]:
+            return ["3 of 30 loss values never reached the tracking store"]
+
+    # 10 steps/s before; during [2.0, 3.0] only 2 steps: 20% of the rate before
+    points = [MetricPoint("loss", s, 1.0 / s, 0, 1.0 + 0.1 * s) for s in range(1, 11)]
+    points += [MetricPoint("loss", s, 1.0 / s, 0, 2.0 + 0.5 * (s - 10)) for s in range(11, 13)]
+    points += [MetricPoint("loss", s, 1.0 / s, 0, 3.0 + 0.1 * (s - 12)) for s in range(13, 31)]
+    fault = Lossy({}, rank=0, after_step=10, duration=1.0)
+    c = _context(spec, [_result("ok", points)], injected_at=2.0, fault=fault)
+    fault.cleared_at = 3.0
+    c.reference.points[:] = [p for p in c.reference.points if p.rank == 0]
+    status, summary, evidence = _judge_continue(c)
+    assert status == "failed"
+    assert "the step rate during the fault fell to 20% of the rate before" in summary
+    assert "3 of 30 loss values never reached the tracking store" in summary
+    assert math.isclose(evidence["step_rate"]["during_over_before"], 0.2, abs_tol=0.01)
+    relaxed = spec.model_copy(update={"min_rate": 0.1})
+    c.spec = relaxed
+    fault.verify_continue = lambda result: []  # type: ignore[method-assign]
+    status, summary, _ = _judge_continue(c)
+    assert status == "passed", summary

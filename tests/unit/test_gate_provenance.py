@@ -1,0 +1,124 @@
+"""Report provenance and staleness against a real git repository in a temp dir."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from trainguard._version import __version__
+from trainguard.gate.provenance import Provenance, file_sha256, git_state, provenance_for, staleness
+
+
+def _git(repo: Path, *args: str) -> str:
+    proc = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30, check=True
+    )
+    return proc.stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A committed job: project/job/trainguard.yaml + train.py in a fresh repository."""
+    root = tmp_path / "project"
+    job = root / "job"
+    job.mkdir(parents=True)
+    _git(root, "init", "-q")
+    _git(root, "config", "user.email", "t@example.invalid")
+    _git(root, "config", "user.name", "t")
+    (job / "trainguard.yaml").write_text("job:\n  name: toy\n  command: [python, train.py]\n")
+    (job / "train.py").write_text("print('step 1 loss 1.0')\n")
+    _git(root, "add", ".")
+    _git(root, "commit", "-q", "-m", "init")
+    return job / "trainguard.yaml"
+
+
+def test_record_of_a_clean_committed_job(repo: Path) -> None:
+    record = provenance_for(repo, now=1000.0)
+    assert record.job_file == str(repo.resolve())
+    assert record.job_file_sha256 == file_sha256(repo) and len(record.job_file_sha256) == 64
+    assert record.git_commit == _git(repo.parent, "rev-parse", "HEAD")
+    assert record.git_dirty is False and record.git_changes_sha256 is None
+    assert record.trainguard_version == __version__ and record.created_at == 1000.0
+    # round trip through the report's JSON
+    again = Provenance.from_dict(json.loads(json.dumps(record.to_dict())))
+    assert again == record
+    assert staleness(again, repo, max_age=3600, now=1000.0 + 60) == []
+
+
+def test_trainguard_state_dir_does_not_make_the_tree_dirty(repo: Path) -> None:
+    state = repo.parent / ".trainguard"
+    state.mkdir()
+    (state / "gate-report.json").write_text("{}")  # the report itself lives here
+    (state / "runs").mkdir()
+    (state / "runs" / "log.txt").write_text("x")
+    assert git_state(repo.parent).dirty is False
+
+
+def test_changed_job_file_is_stale_and_says_which_field(repo: Path) -> None:
+    record = provenance_for(repo)
+    repo.write_text(repo.read_text() + "  world_size: 2\n")
+    reasons = staleness(record, repo, max_age=None)
+    assert any(r.startswith("job file changed:") for r in reasons)
+    assert any(r.startswith("git dirty state changed: the working tree is dirty now") for r in reasons)
+    assert not any("commit" in r for r in reasons)
+
+
+def test_new_commit_is_stale(repo: Path) -> None:
+    record = provenance_for(repo)
+    (repo.parent / "train.py").write_text("print('step 1 loss 0.5')\n")
+    _git(repo.parent.parent, "commit", "-q", "-am", "tweak")
+    reasons = staleness(record, repo, max_age=None)
+    assert len(reasons) == 1 and reasons[0].startswith("git commit changed")
+    assert record.git_commit is not None and record.git_commit[:12] in reasons[0]
+
+
+def test_dirty_report_is_fresh_only_while_the_same_changes_are_there(repo: Path) -> None:
+    train = repo.parent / "train.py"
+    train.write_text("print('uncommitted')\n")
+    (repo.parent / "new_module.py").write_text("X = 1\n")  # untracked, not ignored
+    record = provenance_for(repo)
+    assert record.git_dirty is True and record.git_changes_sha256
+    assert staleness(record, repo, max_age=None) == []  # the same uncommitted code
+    (repo.parent / "new_module.py").write_text("X = 2\n")
+    assert staleness(record, repo, max_age=None) == [
+        "uncommitted changes differ: the working tree was dirty when the report was made and "
+        "has other uncommitted changes now"
+    ]
+    _git(repo.parent.parent, "add", ".")
+    _git(repo.parent.parent, "commit", "-q", "-m", "commit it")
+    reasons = staleness(record, repo, max_age=None)
+    assert any(r.startswith("git commit changed") for r in reasons)
+    assert any("the working tree is clean now, it was dirty" in r for r in reasons)
+
+
+def test_age_and_version(repo: Path) -> None:
+    record = provenance_for(repo, now=time.time() - 3 * 3600)
+    assert staleness(record, repo, max_age=4 * 3600) == []
+    assert staleness(record, repo, max_age=2 * 3600) == [
+        "the report is 3.0 h old, over gate.max_report_age (2.0 h)"
+    ]
+    older = replace(record, trainguard_version="0.0.1")
+    assert staleness(older, repo, max_age=None) == [
+        f"trainguard version changed: 0.0.1 made the report, {__version__} is installed"
+    ]
+
+
+def test_job_outside_git_and_broken_records(tmp_path: Path) -> None:
+    job = tmp_path / "trainguard.yaml"
+    job.write_text("job: {}\n")
+    record = provenance_for(job)
+    assert (record.git_commit, record.git_dirty) == (None, None)
+    assert staleness(record.to_dict(), job, max_age=None) == []
+    broken = record.to_dict()
+    del broken["job_file_sha256"]
+    assert staleness(broken, job, max_age=None) == [
+        "the report's provenance is unusable (provenance record lacks job_file_sha256); "
+        "run the gate again"
+    ]
+    broken = {**record.to_dict(), "git_dirty": "no"}
+    assert "provenance.git_dirty has the wrong type" in staleness(broken, job, max_age=None)[0]

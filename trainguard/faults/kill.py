@@ -1,0 +1,64 @@
+"""``kill_rank``: a rank dies by a signal right after step ``after_step``.
+
+The real thing: :meth:`Launcher.kill_rank` sends the signal to the rank's own process (not its
+process group), as the kernel's OOM killer, a node failure or a pre-empting scheduler would. The
+launcher's watchdog sees the death within one poll interval and tears the group down.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trainguard.faults.base import Fault
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.launch import Launcher, RunResult
+
+__all__ = ["KILL_SIGNALS", "KillRankFault"]
+
+#: signals a kill_rank drill may send: SIGKILL (a hard death: nothing runs in the rank),
+#: SIGTERM (a scheduler's polite stop), SIGINT (Ctrl-C: KeyboardInterrupt in Python)
+KILL_SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT")
+
+
+class KillRankFault(Fault):
+    """Send ``signal`` (default SIGKILL) to rank ``rank`` after step ``after_step``."""
+
+    kind: ClassVar[str] = "kill_rank"
+    defaults: ClassVar[Mapping[str, Any]] = {"signal": "SIGKILL"}
+
+    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        self.pid: int | None = None
+        self.sent: str | None = None
+
+    @classmethod
+    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+        problems = super().validate(params)
+        sig = params.get("signal", "SIGKILL")
+        if sig not in KILL_SIGNALS:
+            problems.append(
+                ("signal", f"expected one of {', '.join(KILL_SIGNALS)}, got {sig!r}; "
+                 "e.g. `params: {signal: SIGTERM}`")
+            )
+        return problems
+
+    @property
+    def signal(self) -> signal.Signals:
+        return signal.Signals[str(self.params["signal"])]
+
+    def inject(self, launcher: Launcher) -> None:
+        self.pid = launcher.ranks[self.rank].pid
+        launcher.kill_rank(self.rank, self.signal)
+        self.sent = self.signal.name
+
+    def evidence(self) -> dict[str, Any]:
+        return {**super().evidence(), "signal": self.params["signal"], "pid": self.pid,
+                "sent": self.sent is not None}
+
+    def classify(self, result: RunResult) -> str:
+        if result.failed_rank == self.rank:
+            return f"rank {self.rank} died of the injected {self.params['signal']} ({result.reason})"
+        return super().classify(result)

@@ -1,0 +1,475 @@
+"""``network``: a Toxiproxy toxic (or the proxy going down) on the job's TCP connections to a service.
+
+The job's traffic to a service goes through a proxy that speaks the Toxiproxy HTTP API: a real
+Toxiproxy when ``TOXIPROXY_URL`` is set (staging), trainguard's embedded one otherwise
+(:mod:`trainguard.faults.toxiproxy`). After step ``after_step`` the toxic is added -- it applies to
+the connections already open too -- and :meth:`NetworkFault.clear` removes it.
+
+Targets:
+
+* ``service: mlflow`` -- trainguard starts a real ``mlflow server`` on loopback (sqlite store in the
+  drill's work dir, its own process group, all of which is stopped in teardown), puts the proxy in
+  front and points the job's ``MLFLOW_TRACKING_URI`` at the proxy;
+* ``upstream: host:port`` -- any service the job reaches; the proxied ``host:port`` is given to the
+  job in the environment variable named by ``env`` (default ``TRAINGUARD_PROXY_ADDR``) and is
+  :meth:`NetworkFault.placeholders` ``proxy_addr`` for job files.
+
+``down: true`` disables the proxy instead of adding a toxic: its listener closes and open
+connections are dropped until the fault is cleared. See docs/faults-network.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, ClassVar
+
+from trainguard.errors import UsageError
+from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
+from trainguard.faults.toxiproxy.client import (
+    TOXIPROXY_URL_ENV,
+    ToxiproxyClient,
+    ToxiproxyError,
+    open_toxiproxy,
+)
+from trainguard.faults.toxiproxy.server import format_hostport, split_hostport
+from trainguard.faults.toxiproxy.toxics import DIRECTIONS, TOXIC_ATTRIBUTES
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.launch import Launcher, RunResult
+
+__all__ = ["SERVICES", "LocalMlflowServer", "NetworkFault"]
+
+#: services trainguard can host behind the proxy
+SERVICES = ("mlflow",)
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MLFLOW_STARTUP_S = 180.0
+
+
+class LocalMlflowServer:
+    """A real ``mlflow server`` on 127.0.0.1 with a sqlite store under ``root``.
+
+    It runs in its own session (process group): MLflow's server leaves huey consumer processes
+    behind when only its main process is stopped, so :meth:`stop` signals the whole group and waits
+    until no process of it is left.
+    """
+
+    def __init__(self, root: Path, *, startup_timeout: float = _MLFLOW_STARTUP_S) -> None:
+        self.root = Path(root)
+        self.startup_timeout = startup_timeout
+        self.port: int | None = None
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.started_in_s: float | None = None
+        self._reservation: Any = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return format_hostport("127.0.0.1", self.port or 0)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "mlflow-server.log"
+
+    def start(self) -> LocalMlflowServer:
+        """Start the server and wait until ``/health`` answers (FaultUnavailable otherwise)."""
+        if importlib.util.find_spec("mlflow") is None:
+            raise FaultUnavailable(
+                "the network fault's `service: mlflow` needs MLflow in the job's environment: "
+                "pip install 'trainguard[tracking]'"
+            )
+        from trainguard.launch.ports import reserve_port
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._reservation = reserve_port()
+        self.port = self._reservation.port
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        started = time.monotonic()
+        try:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "mlflow", "server",
+                 "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+                 "--artifacts-destination", str(self.root / "mlartifacts"),
+                 "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+                cwd=self.root, stdout=self._log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+                # MLflow's job runner (huey consumers) serves no tracking call: 7 fewer processes
+                # and a start several times faster; a user's own setting wins
+                env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ},
+            )
+            deadline = started + self.startup_timeout
+            while not self._healthy():
+                if self.popen.poll() is not None or time.monotonic() > deadline:
+                    why = (f"exited with code {self.popen.returncode}"
+                           if self.popen.poll() is not None
+                           else f"did not answer within {self.startup_timeout:g} s")
+                    raise FaultUnavailable(
+                        f"the MLflow server for the network fault {why}; its log "
+                        f"({self.log_path}) ends with:\n{self._log_tail()}"
+                    )
+                time.sleep(0.2)
+        except BaseException:
+            self.stop()
+            raise
+        self.started_in_s = time.monotonic() - started
+        return self
+
+    def _api(self, endpoint: str, body: dict[str, Any]) -> Any:
+        request = urllib.request.Request(
+            f"{self.url}/api/2.0/mlflow/{endpoint}", data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def _get(self, endpoint: str, **query: str) -> Any:
+        url = f"{self.url}/api/2.0/mlflow/{endpoint}?{urllib.parse.urlencode(query)}"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return json.loads(resp.read())
+
+    def logged_steps(self) -> dict[str, set[int]]:
+        """Metric key -> every step logged for it, over all runs of all experiments."""
+        experiments = self._api("experiments/search", {"max_results": 1000}).get("experiments", [])
+        ids = [e["experiment_id"] for e in experiments]
+        steps: dict[str, set[int]] = {}
+        token = None
+        while ids:
+            body: dict[str, Any] = {"experiment_ids": ids, "max_results": 1000}
+            if token:
+                body["page_token"] = token
+            answer = self._api("runs/search", body)
+            for run in answer.get("runs", []):
+                run_id = run["info"]["run_id"]
+                for metric in run.get("data", {}).get("metrics", []):
+                    history = self._get("metrics/get-history", run_id=run_id,
+                                        metric_key=metric["key"], max_results="100000")
+                    steps.setdefault(metric["key"], set()).update(
+                        int(m.get("step", 0)) for m in history.get("metrics", []))
+            token = answer.get("next_page_token")
+            if not token:
+                break
+        return steps
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def _log_tail(self, chars: int = 2000) -> str:
+        if self._log is not None:
+            self._log.flush()
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-chars:]
+        return "(no log)"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server's whole process group (idempotent)."""
+        popen, self.popen = self.popen, None
+        if popen is not None:
+            pgid = popen.pid  # start_new_session: the server leads its own group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while _group_alive(pgid) and time.monotonic() < deadline:
+                popen.poll()  # reap the leader, or the group never looks empty
+                time.sleep(0.05)
+            if _group_alive(pgid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL cannot be ignored
+                popen.wait(timeout)
+        if self._reservation is not None:
+            self._reservation.release()
+            self._reservation = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> LocalMlflowServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover
+        return True
+    return True
+
+
+class NetworkFault(Fault):
+    """A toxic on the job's connections to a service, through a Toxiproxy-compatible proxy."""
+
+    kind: ClassVar[str] = "network"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "toxic": None,  # latency, bandwidth, slow_close, timeout, reset_peer, slicer, limit_data
+        "attributes": {},
+        "stream": "downstream",
+        "toxicity": 1.0,
+        "service": None,  # "mlflow"
+        "upstream": None,  # "host:port"
+        "env": "TRAINGUARD_PROXY_ADDR",
+        "down": False,
+    }
+
+    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        self.client: ToxiproxyClient | None = None
+        self.mlflow: LocalMlflowServer | None = None
+        self.proxy_name = f"trainguard-{uuid.uuid4().hex[:10]}"
+        self.proxy_address: str | None = None
+        self.upstream_address: str | None = None
+        self.toxic_name: str | None = None
+        self.toxic_answer: dict[str, Any] | None = None
+        self.server_version: str | None = None
+        self.inject_api_ms: float | None = None
+        self.errors: list[str] = []
+        self._launcher: Launcher | None = None
+        self._stack = contextlib.ExitStack()
+        self._active = False
+
+    # -- validation ---------------------------------------------------------------------------
+
+    @classmethod
+    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+        problems = super().validate(params)
+        p = {**cls.defaults, **params}
+        toxic, down = p["toxic"], p["down"]
+        if not isinstance(down, bool):
+            problems.append(("down", f"expected true or false, got {down!r}"))
+        if down and toxic is not None:
+            problems.append(("toxic", "give either `toxic` (a toxic on the connections) or "
+                             "`down: true` (the proxy disabled), not both"))
+        elif not down and toxic is None:
+            problems.append(("toxic", "missing: name the toxic, one of "
+                             f"{', '.join(t for t in TOXIC_ATTRIBUTES if t != 'noop')}, "
+                             "e.g. `toxic: latency, attributes: {latency: 500}`; or set `down: true`"))
+        elif toxic is not None and toxic not in TOXIC_ATTRIBUTES:
+            problems.append(("toxic", f"unknown toxic {toxic!r}; expected one of "
+                             f"{', '.join(TOXIC_ATTRIBUTES)}"))
+        attributes = p["attributes"]
+        if not isinstance(attributes, Mapping):
+            problems.append(("attributes", f"expected a mapping of attribute: integer, got "
+                             f"{attributes!r}"))
+        elif toxic in TOXIC_ATTRIBUTES:
+            known = TOXIC_ATTRIBUTES[toxic]
+            for key, value in attributes.items():
+                if key not in known:
+                    problems.append((f"attributes.{key}", f"not an attribute of the {toxic} "
+                                     f"toxic; expected {', '.join(known) or '(none)'}"))
+                elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    problems.append((f"attributes.{key}", f"expected a non-negative integer "
+                                     f"(ms, bytes or KB/s: see docs/faults-network.md), got {value!r}"))
+        if str(p["stream"]).lower() not in DIRECTIONS:
+            problems.append(("stream", f"expected upstream or downstream, got {p['stream']!r}"))
+        toxicity = p["toxicity"]
+        if (not isinstance(toxicity, (int, float)) or isinstance(toxicity, bool)
+                or not 0.0 <= float(toxicity) <= 1.0):
+            problems.append(("toxicity", f"expected a number from 0 to 1, got {toxicity!r}"))
+        service, upstream = p["service"], p["upstream"]
+        if (service is None) == (upstream is None):
+            problems.append(("service", "give exactly one target: `service: mlflow` (trainguard "
+                             "hosts it) or `upstream: host:port` (a service your job reaches)"))
+        if service is not None and service not in SERVICES:
+            problems.append(("service", f"unknown service {service!r}; expected one of "
+                             f"{', '.join(SERVICES)}, or use `upstream: host:port`"))
+        if upstream is not None:
+            try:
+                split_hostport(str(upstream))
+            except ValueError:
+                problems.append(("upstream", f"expected host:port, e.g. 127.0.0.1:6379, got "
+                                 f"{upstream!r}"))
+        if not isinstance(p["env"], str) or not _ENV_NAME.match(p["env"]):
+            problems.append(("env", f"expected an environment variable name, got {p['env']!r}"))
+        return problems
+
+    # -- the contract -------------------------------------------------------------------------
+
+    def setup(self, ctx: FaultContext) -> None:
+        """Start (or reach) the Toxiproxy server, the MLflow service if asked, and the proxy."""
+        problems = self.validate({k: v for k, v in self.params.items() if k in self.defaults})
+        if problems:
+            raise UsageError("invalid network fault parameters: "
+                             + "; ".join(f"{key}: {message}" for key, message in problems))
+        try:
+            self.client = self._stack.enter_context(open_toxiproxy())
+            self.server_version = str(self.client.version().get("version"))
+            if self.params["service"] == "mlflow":
+                self.mlflow = LocalMlflowServer(Path(ctx.work_dir) / "mlflow")
+                self._stack.callback(self.mlflow.stop)
+                self.mlflow.start()
+                self.upstream_address = self.mlflow.address
+            else:
+                self.upstream_address = str(self.params["upstream"])
+            proxy = self.client.create_proxy(self.proxy_name, self.upstream_address)
+            self._stack.callback(self._delete_proxy)
+            self.proxy_address = self.client.proxy_address(proxy)
+        except ToxiproxyError as exc:
+            self.teardown()
+            raise FaultUnavailable(f"the network fault's proxy could not be set up: {exc}") from None
+        except BaseException:
+            self.teardown()
+            raise
+
+    def placeholders(self) -> dict[str, str]:
+        """``{proxy_addr}`` for a job file's command or env (available after :meth:`setup`)."""
+        return {"proxy_addr": self.proxy_address or ""}
+
+    def launch_env(self, ctx: FaultContext) -> dict[str, str]:
+        if self.proxy_address is None:
+            return {}
+        if self.params["service"] == "mlflow":
+            return {"MLFLOW_TRACKING_URI": f"http://{self.proxy_address}"}
+        return {str(self.params["env"]): self.proxy_address}
+
+    def inject(self, launcher: Launcher) -> None:
+        """Add the toxic (or disable the proxy): one API call on loopback, a few ms."""
+        if self.client is None:
+            raise FaultUnavailable("NetworkFault.inject() before setup()")
+        self._launcher = launcher
+        started = time.monotonic()
+        try:
+            if self.params["down"]:
+                self.client.set_enabled(self.proxy_name, False)
+            else:
+                stream = str(self.params["stream"])
+                self.toxic_name = f"trainguard_{self.params['toxic']}_{stream}"
+                self.toxic_answer = self.client.add_toxic(
+                    self.proxy_name, str(self.params["toxic"]), dict(self.params["attributes"]),
+                    stream=stream, toxicity=float(self.params["toxicity"]), name=self.toxic_name,
+                )
+        except ToxiproxyError as exc:
+            self.errors.append(f"inject: {exc}")
+            raise
+        self.inject_api_ms = (time.monotonic() - started) * 1000
+        self.injected_at = launcher.elapsed()
+        self._active = True
+
+    def clear(self) -> None:
+        """Remove the toxic (or enable the proxy again); idempotent."""
+        if not self._active or self.client is None:
+            return
+        self._active = False
+        try:
+            if self.params["down"]:
+                self.client.set_enabled(self.proxy_name, True)
+            elif self.toxic_name is not None:
+                self.client.remove_toxic(self.proxy_name, self.toxic_name)
+        except ToxiproxyError as exc:
+            self.errors.append(f"clear: {exc}")
+            raise
+        finally:
+            if self._launcher is not None:
+                self.cleared_at = self._launcher.elapsed()
+
+    def teardown(self) -> None:
+        """Delete the proxy, stop the MLflow server and the embedded Toxiproxy (never raises)."""
+        self._active = False
+        try:
+            self._stack.close()
+        except Exception as exc:  # teardown must not mask the drill's own outcome
+            self.errors.append(f"teardown: {exc}")
+        self._stack = contextlib.ExitStack()
+
+    def _delete_proxy(self) -> None:
+        if self.client is not None:
+            with contextlib.suppress(ToxiproxyError):
+                self.client.delete_proxy(self.proxy_name)
+
+    # -- reporting ----------------------------------------------------------------------------
+
+    def _target(self) -> str:
+        if self.params["service"]:
+            return f"the {self.params['service']} server"
+        return f"upstream {self.params['upstream']}"
+
+    def _what(self) -> str:
+        if self.params["down"]:
+            return "proxy-down"
+        attrs = ", ".join(f"{k}={v}" for k, v in dict(self.params["attributes"]).items())
+        return f"{self.params['toxic']}({attrs}) {self.params['stream']}"
+
+    def evidence(self) -> dict[str, Any]:
+        client = self.client
+        server = None
+        if client is not None:
+            server = ("embedded (trainguard)" if client.started_here
+                      else f"real Toxiproxy at {client.url} (from {TOXIPROXY_URL_ENV})")
+        return {
+            **super().evidence(),
+            "toxic": None if self.params["down"] else self.params["toxic"],
+            "down": bool(self.params["down"]),
+            "attributes": dict(self.params["attributes"]),
+            "stream": self.params["stream"],
+            "toxicity": self.params["toxicity"],
+            "target": self._target(),
+            "upstream": self.upstream_address,
+            "proxy": self.proxy_address,
+            "toxiproxy": server,
+            "toxiproxy_version": self.server_version,
+            "toxic_applied": self.toxic_answer,
+            "inject_api_ms": None if self.inject_api_ms is None else round(self.inject_api_ms, 2),
+            "mlflow_started_in_s": (None if self.mlflow is None or self.mlflow.started_in_s is None
+                                    else round(self.mlflow.started_in_s, 2)),
+            "errors": list(self.errors),
+        }
+
+    def verify_continue(self, result: RunResult) -> list[str]:
+        """For ``service: mlflow``: every step of every metric the job printed (on the lowest
+        rank that printed it) must be in the MLflow store, in some run -- logged through the
+        proxy during or after the fault, nothing dropped. Read from the server directly."""
+        if self.mlflow is None or self.mlflow.port is None:
+            return []
+        printed: dict[str, dict[int, set[int]]] = {}
+        for point in result.points:
+            printed.setdefault(point.name, {}).setdefault(point.rank, set()).add(point.step)
+        try:
+            stored = self.mlflow.logged_steps()
+        except (OSError, ValueError) as exc:
+            return [f"the MLflow store at {self.mlflow.url} could not be read to check that every "
+                    f"metric arrived: {exc}"]
+        if printed and not stored:
+            return [f"the job logged no metric to MLflow (MLFLOW_TRACKING_URI=http://"
+                    f"{self.proxy_address}): nothing arrived in the tracking store"]
+        problems = []
+        for name, by_rank in sorted(printed.items()):
+            steps = by_rank[min(by_rank)]
+            missing = sorted(steps - stored.get(name, set()))
+            if missing:
+                shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+                problems.append(f"{len(missing)} of {len(steps)} steps of metric {name!r} printed "
+                                f"by the job never reached the MLflow store (steps {shown})")
+        return problems
+
+    def classify(self, result: RunResult) -> str:
+        what, target = self._what(), self._target()
+        if result.outcome == "hung":
+            return (f"the job stopped making progress under the {what} fault on {target}: its "
+                    f"calls to it block (no timeout?) -- {result.reason}")
+        if result.outcome == "failed":
+            return f"the job failed under the {what} fault on {target}: {result.reason}"
+        return super().classify(result)

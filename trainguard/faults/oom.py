@@ -1,0 +1,278 @@
+"""The ``oom`` fault: a rank runs out of memory for real, and the report says how it ended.
+
+Modes (``mode`` parameter; ``auto``, the default, runs ``cgroup`` where memory cgroups are usable
+and ``rlimit`` elsewhere; :meth:`OomFault.evidence` says which ran and why):
+
+* ``cgroup`` (root): every rank is put in its own memory cgroup before it execs; after step k
+  the target's limit is set just above its usage and the start-up hook's ballast allocates past
+  it, so the kernel's OOM killer SIGKILLs the rank. Evidence: the cgroup's failcnt / oom_kill.
+* ``rlimit``: after step k the target's RLIMIT_AS is set (prlimit) to its address space plus
+  ``headroom_mb`` and the hook's ballast takes all but ``slack_mb`` of it: the job's next
+  sizeable allocation fails in the job's own code (torch: ``RuntimeError: DefaultCPUAllocator:
+  can't allocate memory``; Python: ``MemoryError``). Not set at exec: the job could not start.
+* ``raise``: the hook raises ``torch.OutOfMemoryError`` in the rank's main thread after step k,
+  to test the job's own OOM handling.
+* ``gpu``: the hook caps the rank's CUDA caching allocator with
+  ``torch.cuda.set_per_process_memory_fraction`` just above what it reserved and fills the rest:
+  the next allocation raises ``torch.OutOfMemoryError: CUDA out of memory``.
+
+See docs/faults-memory-and-disk.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import shutil
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
+from trainguard.faults.cgroups import MemoryCgroups
+from trainguard.faults.hook import hook_env, pull_trigger, read_events
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.launch import Launcher, RunResult
+
+__all__ = ["OomFault"]
+
+MODES = ("auto", "cgroup", "rlimit", "raise", "gpu")
+_HOOK_MODE = {"cgroup": "ballast", "rlimit": "rlimit", "raise": "raise", "gpu": "gpu"}
+
+
+class OomFault(Fault):
+    """Real memory exhaustion of rank ``rank`` after step ``after_step``."""
+
+    kind: ClassVar[str] = "oom"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "mode": "auto",
+        "headroom_mb": 32,  # the limit is set this far above the rank's usage at injection
+        "chunk_mb": 8,  # ballast allocation size
+        "max_ballast_mb": 2048,  # safety net: the ballast never holds more than this
+        "slack_mb": 4,  # rlimit: address space the ballast leaves for the job to trip over
+    }
+
+    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        self.mode_ran: str | None = None
+        self.fallback: str | None = None
+        self.cgroups: MemoryCgroups | None = None
+        self.limit_bytes: int | None = None
+        self.problems: list[str] = []
+        self._ctx: FaultContext | None = None
+        self._elapsed: Callable[[], float] | None = None
+        self._thread: threading.Thread | None = None
+        self._target_pid: int | None = None
+        self._rlimit_before: tuple[int, int] | None = None
+
+    @classmethod
+    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+        problems = super().validate(params)
+        mode = params.get("mode", "auto")
+        if mode not in MODES:
+            problems.append(("mode", f"got {mode!r}; expected one of {', '.join(MODES)}"))
+        for key in ("headroom_mb", "chunk_mb", "max_ballast_mb", "slack_mb"):
+            value = params.get(key, cls.defaults[key])
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                problems.append((key, f"got {value!r}; expected a positive number of MB"))
+        return problems
+
+    # -- paths -------------------------------------------------------------------------------
+
+    @property
+    def trigger(self) -> Path:
+        assert self._ctx is not None, "setup() first"
+        return self._ctx.work_dir / "oom.trigger"
+
+    @property
+    def events_path(self) -> Path:
+        assert self._ctx is not None, "setup() first"
+        return self._ctx.work_dir / "oom-hook-events.jsonl"
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def setup(self, ctx: FaultContext) -> None:
+        self._ctx = ctx
+        ctx.work_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.trigger.unlink()
+        mode = self.params["mode"]
+        if mode in ("auto", "cgroup"):
+            try:
+                cgroups = MemoryCgroups(ctx.world_size)
+                cgroups.create()
+                self.cgroups, self.mode_ran = cgroups, "cgroup"
+            except FaultUnavailable as exc:
+                if mode == "cgroup":
+                    raise
+                self.mode_ran, self.fallback = "rlimit", f"cgroup mode unavailable: {exc}"
+        elif mode == "gpu":
+            if not (Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi")):
+                raise FaultUnavailable(
+                    "oom mode gpu needs an NVIDIA GPU (no /dev/nvidia0, no nvidia-smi); use "
+                    "mode: cgroup or rlimit on CPU machines"
+                )
+            self.mode_ran = "gpu"
+        else:
+            self.mode_ran = mode
+
+    def launch_env(self, ctx: FaultContext) -> dict[str, str]:
+        assert self.mode_ran is not None, "setup() first"
+        spec = {
+            "fault": "oom",
+            "mode": _HOOK_MODE[self.mode_ran],
+            "rank": self.rank,
+            "trigger": str(self.trigger),
+            "events": str(self.events_path),
+            "step": self.after_step,
+            "chunk_mb": self.params["chunk_mb"],
+            "max_mb": self.params["headroom_mb"] + self.params["max_ballast_mb"],
+            "slack_mb": self.params["slack_mb"],
+            "headroom_mb": self.params["headroom_mb"],
+        }
+        return hook_env(spec, ctx.env)
+
+    def preexec(self, rank: int) -> None:
+        if self.cgroups is not None:
+            # a failure cannot be reported from here; inject() checks the rank is inside
+            with contextlib.suppress(OSError):
+                self.cgroups.join(rank)
+
+    def inject(self, launcher: Launcher) -> None:
+        self.injected_at = launcher.elapsed()
+        self._elapsed = launcher.elapsed
+        self._target_pid = launcher.ranks[self.rank].pid
+        self._thread = threading.Thread(
+            target=self._inject, args=(self._target_pid,), name="trainguard-oom", daemon=True
+        )
+        self._thread.start()
+
+    def _inject(self, pid: int) -> None:
+        headroom = int(self.params["headroom_mb"] * 2**20)
+        try:
+            if self.mode_ran == "cgroup":
+                assert self.cgroups is not None
+                if pid not in self.cgroups.pids(self.rank):
+                    self.problems.append(
+                        f"rank {self.rank} (pid {pid}) is not in its cgroup "
+                        f"{self.cgroups.path(self.rank)}: the fault was not injected"
+                    )
+                    return
+                self.limit_bytes = self.cgroups.set_limit_above_usage(self.rank, headroom)
+            elif self.mode_ran == "rlimit":
+                soft, hard = resource.prlimit(pid, resource.RLIMIT_AS)
+                self._rlimit_before = (soft, hard)
+                limit = _vm_size(pid) + headroom
+                if hard != resource.RLIM_INFINITY:
+                    limit = min(limit, hard)
+                resource.prlimit(pid, resource.RLIMIT_AS, (limit, hard))
+                self.limit_bytes = limit
+            pull_trigger(self.trigger, pid)
+        except (OSError, ValueError) as exc:  # the rank died meanwhile, or the kernel said no
+            self.problems.append(f"injecting oom ({self.mode_ran}) failed: {exc}")
+
+    def clear(self) -> None:
+        if self.cleared_at is None and self.injected_at is not None and self._elapsed:
+            self.cleared_at = self._elapsed()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self._ctx is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.trigger.unlink()
+        if self.cgroups is not None:
+            self.cgroups.lift_limit(self.rank)
+            with contextlib.suppress(OSError):
+                self.cgroups.counters(self.rank)
+        if self._rlimit_before is not None and self._target_pid is not None:
+            with contextlib.suppress(OSError):
+                resource.prlimit(self._target_pid, resource.RLIMIT_AS, self._rlimit_before)
+            self._rlimit_before = None
+
+    def teardown(self) -> None:
+        try:
+            self.clear()
+        finally:
+            if self.cgroups is not None:
+                self.problems.extend(self.cgroups.teardown())
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def hook_events(self) -> list[dict[str, Any]]:
+        return read_events(self.events_path) if self._ctx is not None else []
+
+    def evidence(self) -> dict[str, Any]:
+        out = super().evidence()
+        events = self.hook_events()
+        names = [e.get("event") for e in events]
+        out.update(
+            mode=self.params["mode"],
+            mode_ran=self.mode_ran,
+            hook_armed="armed" in names,
+            hook_fired="triggered" in names,
+            hook_events=[{k: v for k, v in e.items() if k not in ("argv",)} for e in events][-10:],
+        )
+        if self.fallback:
+            out["fallback"] = self.fallback
+        if self.limit_bytes is not None:
+            out["limit_mb"] = round(self.limit_bytes / 2**20, 1)
+        if self.cgroups is not None:
+            out["cgroup"] = str(self.cgroups.path(self.rank))
+            out["cgroup_version"] = self.cgroups.version
+            counters = self._counters()
+            if counters is not None:
+                out["cgroup_counters"] = counters.as_dict()
+        if self.problems:
+            out["problems"] = list(self.problems)
+        return out
+
+    def _counters(self) -> Any:
+        if self.cgroups is None:
+            return None
+        with contextlib.suppress(OSError):
+            self.cgroups.counters(self.rank)
+        return self.cgroups.last_counters.get(self.rank)
+
+    def classify(self, result: RunResult) -> str:
+        exit_ = next((e for e in result.exits if e.rank == self.rank), None)
+        stderr = _stderr_of(result, self.rank)
+        counters = self._counters()
+        fired = any(e.get("event") == "triggered" for e in self.hook_events())
+        if exit_ is not None and exit_.signal == "SIGKILL" and not exit_.killed_by_trainguard:
+            if counters is not None and (counters.oom_kill or 0) > 0:
+                return (f"killed by the kernel OOM killer (SIGKILL; cgroup oom_kill="
+                        f"{counters.oom_kill}, failcnt={counters.failcnt})")
+            return "killed by SIGKILL, not counted as an OOM kill in its cgroup"
+        if exit_ is not None and exit_.returncode == 0:
+            if fired:
+                return "handled by the job (it kept going and exited 0)"
+            return "the fault never fired (the job ended before the trigger, or the hook was not loaded)"
+        if "CUDA out of memory" in stderr:
+            return "CUDA OOM (torch.OutOfMemoryError: CUDA out of memory)"
+        if "DefaultCPUAllocator" in stderr or "can't allocate memory" in stderr:
+            return "allocator error (RuntimeError DefaultCPUAllocator: can't allocate memory)"
+        if "OutOfMemoryError" in stderr:
+            return "torch.OutOfMemoryError raised (not handled by the job)"
+        if "MemoryError" in stderr:
+            return "Python MemoryError raised (not handled by the job)"
+        if exit_ is not None and exit_.signal and not exit_.killed_by_trainguard:
+            return f"killed by {exit_.signal}"
+        return result.reason or result.outcome
+
+
+def _vm_size(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _stderr_of(result: RunResult, rank: int, max_bytes: int = 16384) -> str:
+    """The end of ``rank``'s stderr log (the whole traceback), or the launcher's tail."""
+    try:
+        with open(result.log_path(rank), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return result.stderr_tail

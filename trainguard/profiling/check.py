@@ -1,0 +1,91 @@
+"""The ``profile`` check: profile, size, compare, write the reports, return a CheckResult.
+
+The check fails when a world size did not run (or printed too few steps to time) or when a
+``compare`` expression found a regression against this machine's latest profile baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from trainguard.config import ProfileCheck
+from trainguard.profiling.compare import parse_regressions
+from trainguard.profiling.profile import Profile, run_profile
+from trainguard.profiling.render import write_reports
+from trainguard.report import CheckResult
+from trainguard.runner import JobRunner
+
+__all__ = ["profile_job", "run_profile_check", "summarise"]
+
+
+def profile_job(
+    runner: JobRunner,
+    spec: ProfileCheck,
+    *,
+    compare: Sequence[str] = (),
+    save: bool | None = None,
+    world_sizes: list[int] | None = None,
+) -> tuple[Profile, dict[str, str]]:
+    """Run the profile (``spec.compare`` plus ``compare`` expressions), write every report.
+    ``save`` defaults to the ``save_baseline`` setting. Bad expressions raise before any run."""
+    checks = parse_regressions([*spec.compare, *compare])
+    job_file = runner.job_file
+    profile = run_profile(
+        runner, spec, target=job_file.target, compare=checks,
+        save=runner.settings.save_baseline if save is None else save, world_sizes=world_sizes,
+    )
+    paths = write_reports(profile.to_dict(), profile.run_dir, job_file.state_dir / "profile")
+    tracker = runner.tracker
+    if tracker is not None:
+        handle = getattr(tracker, "current_check", None) or getattr(tracker, "session", None)
+        if handle is not None:
+            for kind in ("json", "markdown", "html"):
+                tracker.log_artifact(handle, paths[kind], "profile")
+    return profile, paths
+
+
+def summarise(profile: Profile) -> tuple[str, str]:
+    """(status, one line) of a profile."""
+    parts = []
+    if profile.phrase:
+        parts.append(profile.phrase)
+    for s in profile.ok_sizes:
+        if len(profile.ok_sizes) == 1 and s.step is not None:
+            parts.append(f"{s.throughput_sps:.1f} samples/s, p50 step {s.step.p50_s * 1000:.1f} ms")
+    if profile.sizing is not None:
+        rec = profile.sizing.recommended
+        unit = "GPU(s)" if profile.device == "gpu" else "rank(s)"
+        parts.append(f"sizing: {rec} {unit} recommended" if rec else "sizing: no size meets the target")
+    if profile.device == "cpu":
+        parts.append("measured on CPU")
+    problems = [f"world size {s.world_size} {s.outcome}: {s.reason}" for s in profile.failed_sizes]
+    problems += [r.describe() for r in profile.regressed]
+    if problems:
+        return "failed", "; ".join(problems)
+    return "passed", "; ".join(parts) or "profiled"
+
+
+def run_profile_check(runner: JobRunner, spec: ProfileCheck) -> CheckResult:
+    """The registry entry of ``checks.profile``."""
+    profile, paths = profile_job(runner, spec)
+    status, summary = summarise(profile)
+    evidence: dict[str, Any] = {
+        "report_html": paths["html"],
+        "report_json": paths["json"],
+        "scaling": profile.phrase,
+        "throughput_sps": {s.world_size: s.throughput_sps for s in profile.ok_sizes},
+        "p50_step_s": {s.world_size: s.step.p50_s for s in profile.ok_sizes if s.step},
+        "run_dir": str(profile.run_dir),
+    }
+    if profile.regressions:
+        evidence["compare"] = [r.describe() for r in profile.regressions]
+    if profile.sizing is not None:
+        evidence["recommendation"] = profile.sizing.recommendation
+    if profile.failed_sizes:
+        bad = profile.failed_sizes[0]
+        evidence["reason"] = bad.reason
+    result = CheckResult("profile", status, summary, evidence)  # type: ignore[arg-type]
+    if status == "failed":
+        result.reproduce = f"trainguard profile {runner.job_file.path}"
+    return result

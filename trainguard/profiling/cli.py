@@ -1,0 +1,120 @@
+"""``trainguard profile CONFIG [--compare EXPR ...] [--save]`` (added to the main CLI)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``profile`` subcommand to ``trainguard``'s subparsers."""
+    p = sub.add_parser(
+        "profile",
+        help="profile a job at several world sizes and write the sizing report",
+        description="Run the job briefly at each world size of checks.profile (defaults: 30 steps "
+        "at 1 and 2 ranks), measure step times, throughput, memory and scaling, size the full run "
+        "of the `target:` section, and write JSON, Markdown and HTML reports "
+        "(.trainguard/profile/latest.*). Exit 0 when every size ran and no --compare expression "
+        "found a regression, 1 otherwise, 2 on a usage or job-file error. See docs/profiling.md.",
+    )
+    p.add_argument("config", metavar="CONFIG", help="job file, or a directory holding trainguard.yaml")
+    p.add_argument(
+        "--compare",
+        metavar="EXPR",
+        action="append",
+        default=[],
+        help="fail on a regression against this machine's latest saved profile, e.g. "
+        "'p50_step_time:+10%%' or 'throughput@2:-5%%' (repeatable; also checks.profile.compare)",
+    )
+    p.add_argument("--save", action="store_true", help="save this profile as this machine's baseline")
+    p.add_argument(
+        "--world-sizes", metavar="N,N", help="override checks.profile.world_sizes, e.g. 1,2,4"
+    )
+    p.add_argument("--seed", type=int, metavar="N", help="seed for the runs (default: TRAINGUARD_SEED or 0)")
+    p.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``trainguard profile``; returns the exit code."""
+    import dataclasses
+
+    from trainguard.config import ProfileCheck, load_config
+    from trainguard.config import _profile_problems as profile_problems
+    from trainguard.errors import ConfigError
+    from trainguard.profiling.check import profile_job, summarise
+    from trainguard.profiling.compare import RegressionExpressionError, parse_regressions
+    from trainguard.runner import JobRunner
+    from trainguard.settings import resolve
+    from trainguard.tracking import open_tracker
+
+    job_file = load_config(args.config)
+    spec = job_file.checks.profile
+    if spec is None:
+        spec = ProfileCheck.model_validate({})
+        problems = profile_problems(job_file, spec, set())
+        if problems:
+            key, msg = problems[0]
+            raise ConfigError(f"{msg} (add a `checks.profile:` section)", path=str(job_file.path), key=key)
+        print("no checks.profile in the job file: using the defaults (30 steps at 1 and 2 ranks)")
+    try:
+        parse_regressions([*spec.compare, *args.compare])  # bad expressions stop before any run
+    except RegressionExpressionError as exc:
+        print(f"trainguard: error: {exc}", file=sys.stderr)
+        return 2
+    sizes = None
+    if args.world_sizes:
+        try:
+            sizes = sorted({int(v) for v in args.world_sizes.split(",") if v.strip()})
+        except ValueError:
+            sizes = []
+        if not sizes or min(sizes) < 1:
+            print(f"trainguard: error: --world-sizes {args.world_sizes!r}: expected positive "
+                  "integers separated by commas, e.g. 1,2,4", file=sys.stderr)
+            return 2
+    settings = resolve(environ=os.environ)
+    if args.seed is not None:
+        settings = dataclasses.replace(settings, seed=args.seed)
+
+    def echo(rank: int, stream: str, line: str) -> None:
+        print(f"[rank{rank} {stream}] {line}", file=sys.stderr)
+
+    tracker = open_tracker(job_file, settings, run_name=f"trainguard profile {job_file.job.name}")
+    runner = JobRunner(job_file, settings, echo=echo if args.verbose else None, tracker=tracker)
+    try:
+        profile, paths = profile_job(runner, spec, compare=args.compare, save=args.save, world_sizes=sizes)
+    finally:
+        if tracker is not None:
+            tracker.close()
+    status, summary = summarise(profile)
+    for s in profile.sizes:
+        if s.step is not None and s.throughput_sps is not None:
+            print(
+                f"  {s.world_size} rank(s): p50 {s.step.p50_s * 1000:.1f} ms, p90 "
+                f"{s.step.p90_s * 1000:.1f} ms, p99 {s.step.p99_s * 1000:.1f} ms per step, "
+                f"{s.throughput_sps:.1f} samples/s, startup {s.startup_s or 0:.1f} s"
+                + (f" [oversubscribed: {s.oversubscribed}]" if s.oversubscribed else "")
+            )
+        else:
+            print(f"  {s.world_size} rank(s): {s.outcome}: {s.reason}")
+    for r in profile.regressions:
+        print(f"  compare: {r.describe()}")
+    if profile.sizing is not None:
+        print(f"  sizing: {profile.sizing.recommendation}")
+    for note in profile.notes:
+        print(f"  note: {note}")
+    if profile.saved_path:
+        print(f"  saved baseline: {_rel(profile.saved_path)}")
+    print(f"{status.upper()}: {summary}")
+    print(f"report: {_rel(paths['html'])} (also {_rel(paths['latest_html'])})")
+    return 0 if status == "passed" else 1
+
+
+def _rel(path: str) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return path

@@ -1,0 +1,386 @@
+"""Profiling a job: one short run per world size, measured from the outside.
+
+Each run goes through :class:`~trainguard.runner.JobRunner` like every other check. While it
+runs, trainguard watches it without touching the job's code:
+
+* step times from the arrival times of rank 0's step lines (warm-up steps excluded);
+* CPU utilisation of every rank's process tree (psutil) and GPU utilisation (NVML, when
+  nvidia-ml-py and a GPU are present), sampled every 0.5 s;
+* checkpoint writes: the checkpoint directory is listed at every step line, so a step that
+  made a file appear or grow is a checkpoint step, and the checkpoint cost is how much longer
+  those steps took than the others (or a job-printed metric, ``checkpoint_metric``);
+* the input-pipeline stall share from a job-printed data-wait metric (``data_wait_metric``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from trainguard.config import JobFile, ProfileCheck
+from trainguard.launch import Launcher, MetricPoint, RunResult
+from trainguard.profiling.stats import StepStats, percentile, step_stats
+from trainguard.runner import JobRunner, RunRequest
+
+__all__ = ["SizeProfile", "batch_size_for", "measure_size", "samples_per_step_for", "step_metric_of"]
+
+_SAMPLE_S = 0.5
+
+
+@dataclass
+class SizeProfile:
+    """What one run at one world size measured."""
+
+    world_size: int
+    outcome: str
+    reason: str
+    run_dir: str
+    samples_per_step: int
+    batch_size: int | None
+    steps: int
+    device: str  # "gpu" when a rank held GPU memory, else "cpu"
+    oversubscribed: str | None  # why, when ranks outnumber cores/devices
+    duration_s: float
+    startup_s: float | None  # launch -> the first step line of rank 0
+    tail_s: float | None  # the last step line -> every rank exited
+    step: StepStats | None
+    throughput_sps: float | None  # samples per second over the measured steps
+    peak_rss_mb: dict[int, float] = field(default_factory=dict)
+    peak_gpu_mb: dict[int, float] = field(default_factory=dict)
+    cpu_util_pct: dict[int, float] = field(default_factory=dict)  # % of one core, per rank tree
+    gpu_util_pct: float | None = None
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+    data_wait_share: float | None = None
+    loss: dict[int, float] = field(default_factory=dict)  # rank 0's loss curve
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok" and self.step is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["step"] = self.step.to_dict() if self.step is not None else None
+        for key in ("peak_rss_mb", "peak_gpu_mb", "cpu_util_pct", "loss"):
+            data[key] = {str(k): v for k, v in getattr(self, key).items()}
+        return data
+
+
+def step_metric_of(job_file: JobFile, spec: ProfileCheck) -> str:
+    """The metric whose lines end a step: ``spec.step_metric``, else ``loss``, else the first."""
+    if spec.step_metric:
+        return spec.step_metric
+    return "loss" if "loss" in job_file.job.metrics else next(iter(job_file.job.metrics))
+
+
+def batch_size_for(job_file: JobFile, spec: ProfileCheck, world_size: int) -> int | None:
+    """The {batch_size} at ``world_size``: fixed (strong scaling) or times the ranks (weak)."""
+    base = spec.batch_size or job_file.job.batch_size
+    if base is None:
+        return None
+    return base * world_size if spec.scaling == "weak" else base
+
+
+def samples_per_step_for(job_file: JobFile, spec: ProfileCheck, world_size: int) -> int:
+    """Global samples per step at ``world_size`` (weak scaling: the base times the ranks)."""
+    if spec.samples_per_step is not None:
+        base = spec.samples_per_step
+        return base * world_size if spec.scaling == "weak" else base
+    batch = batch_size_for(job_file, spec, world_size)
+    if batch is None:  # config validation prevents this
+        raise ValueError("checks.profile needs samples_per_step or a batch size")
+    return batch
+
+
+def oversubscription(world_size: int, device: str, gpus: int) -> str | None:
+    """Why ``world_size`` ranks are more than this machine has, or None."""
+    if device == "gpu":
+        if world_size > gpus:
+            return f"{world_size} ranks on {gpus} GPU(s): ranks share devices"
+        return None
+    cores = psutil.cpu_count(logical=True) or 1
+    if world_size > cores:
+        return f"{world_size} ranks on {cores} CPU core(s): ranks share cores"
+    return None
+
+
+class _ResourceSampler:
+    """Samples CPU time of every rank's process tree and GPU utilisation in a thread."""
+
+    def __init__(self) -> None:
+        self._launcher: Launcher | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # (pid, create_time) -> the latest CPU seconds seen, per rank: an exited DataLoader
+        # worker keeps what it used
+        self._cpu: dict[int, dict[tuple[int, float], float]] = {}
+        self._first: tuple[float, dict[int, float]] | None = None
+        self._last: tuple[float, dict[int, float]] | None = None
+        self._gpu_samples: list[float] = []
+        self._nvml: Any = None
+        self._handles: list[Any] = []
+
+    def attach(self, launcher: Launcher) -> None:
+        if self._thread is not None:
+            return
+        self._launcher = launcher
+        self._open_nvml()
+        self._thread = threading.Thread(target=self._loop, name="trainguard-profile-sampler", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._nvml is not None:
+            with contextlib.suppress(Exception):
+                self._nvml.nvmlShutdown()
+
+    def _open_nvml(self) -> None:
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            self._handles = [
+                pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
+            ]
+            self._nvml = pynvml
+        except Exception:  # no nvidia-ml-py, no driver, no GPU: CPU figures only
+            self._nvml, self._handles = None, []
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(_SAMPLE_S)
+
+    def _sample(self) -> None:
+        launcher = self._launcher
+        assert launcher is not None
+        now = time.monotonic()
+        totals: dict[int, float] = {}
+        for rp in list(launcher.ranks):
+            seen = self._cpu.setdefault(rp.rank, {})
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(rp.pid)
+                for proc in [root, *root.children(recursive=True)]:
+                    with contextlib.suppress(psutil.Error):
+                        times = proc.cpu_times()
+                        seen[(proc.pid, proc.create_time())] = times.user + times.system
+            totals[rp.rank] = sum(seen.values())
+        if self._first is None:
+            self._first = (now, totals)
+        self._last = (now, totals)
+        if self._nvml is not None and self._handles:
+            with contextlib.suppress(Exception):
+                rates = [self._nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self._handles]
+                self._gpu_samples.append(max(float(r) for r in rates))
+
+    def cpu_util_pct(self) -> dict[int, float]:
+        """Mean CPU use per rank tree while sampled, in % of one core."""
+        if self._first is None or self._last is None or self._last[0] <= self._first[0]:
+            return {}
+        (t0, first), (t1, last) = self._first, self._last
+        return {
+            rank: round(100.0 * (last[rank] - first.get(rank, 0.0)) / (t1 - t0), 1)
+            for rank in last
+        }
+
+    def gpu_util_pct(self) -> float | None:
+        return round(sum(self._gpu_samples) / len(self._gpu_samples), 1) if self._gpu_samples else None
+
+
+class _CheckpointWatcher:
+    """Lists the checkpoint directory at each step line; remembers which steps wrote files."""
+
+    def __init__(self) -> None:
+        self.directory: Path | None = None
+        self._files: dict[str, tuple[int, int]] = {}
+        self.writes: dict[int, int] = {}  # step -> bytes written or grown
+
+    def _snapshot(self) -> dict[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        if self.directory is None:
+            return out
+        for root, _dirs, files in os.walk(self.directory):
+            for name in files:
+                if name.startswith(".") or name.endswith(".tmp"):
+                    continue  # temp files of an atomic write in progress
+                with contextlib.suppress(OSError):
+                    st = os.stat(os.path.join(root, name))
+                    out[os.path.join(root, name)] = (st.st_size, st.st_mtime_ns)
+        return out
+
+    def start(self, directory: Path) -> None:
+        self.directory = directory
+        self._files = self._snapshot()
+
+    def at_step(self, step: int) -> None:
+        files = self._snapshot()
+        grown = 0
+        changed = False
+        for path, (size, mtime) in files.items():
+            old = self._files.get(path)
+            if old is None or old[1] != mtime:
+                changed = True
+                grown += size if old is None else max(0, size - old[0])
+        self._files = files
+        if changed:
+            self.writes[step] = grown
+
+
+def measure_size(
+    runner: JobRunner,
+    spec: ProfileCheck,
+    world_size: int,
+    *,
+    seed: int,
+    gpus: int = 0,
+    steps: int | None = None,
+    label: str | None = None,
+) -> tuple[SizeProfile, RunResult]:
+    """Run the job once at ``world_size`` ranks and measure it (see the module docstring)."""
+    job_file = runner.job_file
+    batch = batch_size_for(job_file, spec, world_size)
+    sized = runner
+    if batch is not None and batch != job_file.job.batch_size:
+        job = job_file.job.model_copy(update={"batch_size": batch})
+        sized = JobRunner(
+            dataclasses.replace(job_file, job=job), runner.settings, echo=runner.echo,
+            tracker=runner.tracker,
+        )
+    n_steps = steps or spec.steps
+    request = RunRequest.make(
+        steps=n_steps, seed=seed, world_size=world_size, args=spec.args, env=spec.env,
+        timeout=spec.timeout,
+    )
+    step_name = step_metric_of(job_file, spec)
+    sampler = _ResourceSampler()
+    watcher = _CheckpointWatcher()
+    arrivals: dict[int, float] = {}
+
+    def on_metric(point: MetricPoint, launcher: Launcher) -> None:
+        sampler.attach(launcher)
+        if watcher.directory is None:
+            watcher.start(_checkpoint_dir(launcher, sized, request))
+        if point.rank == 0 and point.name == step_name:
+            arrivals.setdefault(point.step, point.t)
+            watcher.at_step(point.step)
+
+    try:
+        result = sized.run(request, label=label or f"profile-n{world_size}", on_metric=on_metric)
+    finally:
+        sampler.close()
+    return _summarise(job_file, spec, world_size, batch, result, arrivals, watcher, sampler, gpus), result
+
+
+def _checkpoint_dir(launcher: Launcher, runner: JobRunner, request: RunRequest) -> Path:
+    # the runner passes the checkpoint directory to the job through its placeholders; for
+    # {run_dir}-relative ones it is under the launch's run directory
+    values = runner.placeholders(request, launcher.spec.run_dir, None)
+    return Path(str(values["checkpoint_dir"]))
+
+
+def _summarise(
+    job_file: JobFile,
+    spec: ProfileCheck,
+    world_size: int,
+    batch: int | None,
+    result: RunResult,
+    arrivals: dict[int, float],
+    watcher: _CheckpointWatcher,
+    sampler: _ResourceSampler,
+    gpus: int,
+) -> SizeProfile:
+    samples = samples_per_step_for(job_file, spec, world_size)
+    device = "gpu" if any(v > 0 for v in result.peak_gpu_mb.values()) else "cpu"
+    stats: StepStats | None = None
+    reason = result.reason
+    with contextlib.suppress(ValueError):
+        stats = step_stats(arrivals, spec.warmup_steps)
+    if stats is None and result.ok:
+        reason = (
+            f"only {len(arrivals)} step line(s) of {step_metric_of(job_file, spec)!r} from rank 0: "
+            "too few to time steps after the warm-up"
+        )
+    throughput = samples / stats.mean_s if stats is not None and stats.mean_s > 0 else None
+    last = max(arrivals.values()) if arrivals else None
+    first = min(arrivals.values()) if arrivals else None
+    loss_name = "loss" if "loss" in job_file.job.metrics else step_metric_of(job_file, spec)
+    loss = {p.step: p.value for p in result.points if p.rank == 0 and p.name == loss_name}
+    return SizeProfile(
+        world_size=world_size,
+        outcome=result.outcome if stats is not None or not result.ok else "failed",
+        reason=reason,
+        run_dir=str(result.run_dir),
+        samples_per_step=samples,
+        batch_size=batch,
+        steps=len(arrivals),
+        device=device,
+        oversubscribed=oversubscription(world_size, device, gpus),
+        duration_s=round(result.duration_s, 3),
+        startup_s=round(first, 3) if first is not None else None,
+        tail_s=round(result.duration_s - last, 3) if last is not None else None,
+        step=stats,
+        throughput_sps=throughput,
+        peak_rss_mb=dict(result.peak_rss_mb),
+        peak_gpu_mb=dict(result.peak_gpu_mb),
+        cpu_util_pct=sampler.cpu_util_pct(),
+        gpu_util_pct=sampler.gpu_util_pct(),
+        checkpoint=_checkpoint_cost(spec, result, stats, watcher),
+        data_wait_share=_data_wait_share(spec, result, stats),
+        loss=loss,
+    )
+
+
+def _checkpoint_cost(
+    spec: ProfileCheck, result: RunResult, stats: StepStats | None, watcher: _CheckpointWatcher
+) -> dict[str, Any]:
+    """Seconds one checkpoint write costs, from a job-printed metric or from the step times."""
+    if spec.checkpoint_metric:
+        values = [p.value for p in result.points if p.rank == 0 and p.name == spec.checkpoint_metric]
+        if values:
+            return {
+                "detected_by": f"metric {spec.checkpoint_metric}",
+                "writes": len(values),
+                "cost_s": sum(values) / len(values),
+                "every_steps": None,
+            }
+    if stats is None or not watcher.writes:
+        return {"detected_by": "checkpoint directory", "writes": 0, "cost_s": None, "every_steps": None}
+    with_ckpt = [d for s, d in stats.durations.items() if s in watcher.writes]
+    without = [d for s, d in stats.durations.items() if s not in watcher.writes]
+    cost = None
+    if with_ckpt and without:
+        # medians: an epoch boundary or an eval step among either group would skew a mean
+        cost = max(0.0, percentile(with_ckpt, 50) - percentile(without, 50))
+    steps = sorted(watcher.writes)
+    gaps = [b - a for a, b in itertools.pairwise(steps)]
+    return {
+        "detected_by": "checkpoint directory",
+        "writes": len(steps),
+        "steps": steps,
+        "cost_s": cost,
+        "bytes_per_write": int(sum(watcher.writes.values()) / len(steps)),
+        "every_steps": int(percentile(gaps, 50)) if gaps else None,
+    }
+
+
+def _data_wait_share(spec: ProfileCheck, result: RunResult, stats: StepStats | None) -> float | None:
+    """Share of the measured step time rank 0 spent waiting for input data."""
+    if not spec.data_wait_metric or stats is None:
+        return None
+    waits = {
+        p.step: p.value for p in result.points if p.rank == 0 and p.name == spec.data_wait_metric
+    }
+    measured = [s for s in stats.durations if s in waits]
+    total = sum(stats.durations[s] for s in measured)
+    return sum(waits[s] for s in measured) / total if total > 0 else None
+
