@@ -493,7 +493,10 @@ def _judge_recover(c: _Context) -> tuple[CheckStatus, str, dict[str, Any]]:
                 + (f", first step {recovery:.1f} s after the fault" if recovery is not None else ""))
     if not run.restarts:
         restarts = "the job completed without needing a restart"
-    return "passed", f"{what}; {restarts}; all {diff.compared_steps} steps match the uninterrupted run", evidence
+    state = evidence.get("checkpoint", {})
+    same = ", final checkpoints equal" if state.get("compared") else ""
+    return ("passed", f"{what}; {restarts}; all {diff.compared_steps} steps match the "
+            f"uninterrupted run{same}", evidence)
 
 
 def _judge_fail_clean(c: _Context) -> tuple[CheckStatus, str, dict[str, Any]]:

@@ -239,6 +239,9 @@ class Tracker:
         self.last_error: str | None = None
         self.flush_result: FlushResult | None = None
         self._ops: deque[_Op] = deque()
+        #: queued ops by kind ("create", "metrics", other kinds under "other"), so choosing the
+        #: next op does not scan the queue
+        self._counts: dict[str, int] = {"create": 0, "metrics": 0, "other": 0}
         self._cond = threading.Condition()
         self._closing = False
         self._abandon = False
@@ -261,6 +264,7 @@ class Tracker:
                 self.errors.append(f"{op.what}: logged after the tracker was closed")
                 return
             self._ops.append(op)
+            self._count(op, 1)
             if op.kind != "metrics":
                 # metrics wait to be batched: the writer picks them up when it next wakes
                 self._cond.notify()
@@ -376,6 +380,7 @@ class Tracker:
         with self._cond:
             unwritten = [op.what for op in self._ops]
             self._ops.clear()
+            self._counts = dict.fromkeys(self._counts, 0)
         result = FlushResult(time.monotonic() - started, unwritten, list(self.errors))
         self.flush_result = result
         if unwritten:
@@ -443,6 +448,7 @@ class Tracker:
                 for i, queued in enumerate(self._ops):
                     if queued is op:
                         del self._ops[i]
+                        self._count(op, -1)
                         break
                 self._progress_at = time.monotonic()
 
@@ -452,17 +458,21 @@ class Tracker:
         metrics wait up to ``metric_interval`` to be written in one batch."""
         if not self._ops:
             return None
-        for op in self._ops:
-            if op.kind == "create":
-                return op
+        if self._counts["create"]:
+            for op in self._ops:
+                if op.kind == "create":
+                    return op
         head = self._ops[0]
         if head.kind == "metrics":
             self._merge_metrics(head)
             young = time.monotonic() - head.queued_at < self.metric_interval
-            if (young and not self._closing and len(head.payload) < _MAX_METRICS
-                    and all(op.kind == "metrics" for op in self._ops)):
+            if young and not self._closing and len(head.payload) < _MAX_METRICS and not self._counts["other"]:
                 return None
         return head
+
+    def _count(self, op: _Op, delta: int) -> None:
+        kind = op.kind if op.kind in ("create", "metrics") else "other"
+        self._counts[kind] += delta
 
     def _merge_metrics(self, head: _Op) -> None:
         """Fold the metric ops queued right behind ``head`` (same run) into it (lock held)."""
@@ -472,6 +482,7 @@ class Tracker:
                 break
             head.payload.extend(nxt.payload)
             del self._ops[1]
+            self._count(nxt, -1)
 
     def _connect(self) -> Any:
         if self._client is not None:
@@ -615,8 +626,10 @@ class Tracker:
             with self._cond:
                 if self._closing:
                     return
-                self._ops.append(_Op("metrics", h, [(k, v, step, now_ms) for k, v in values.items()],
-                                     f"system metrics of {h.name!r}"))
+                op = _Op("metrics", h, [(k, v, step, now_ms) for k, v in values.items()],
+                         f"system metrics of {h.name!r}")
+                self._ops.append(op)
+                self._count(op, 1)
 
 
 class _Permanent(Exception):

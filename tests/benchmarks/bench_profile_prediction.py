@@ -45,8 +45,11 @@ def main() -> int:
         for n in sizes:
             short, _ = measure_size(runner, spec, n, seed=0)
             assert short.step is not None and short.startup_s is not None, short.reason
-            predicted = predict_duration_s(short.startup_s, short.step.mean_s, long_steps, short.tail_s or 0.0)
-            predicted_steps = (long_steps - 1) * short.step.mean_s
+            predicted = predict_duration_s(
+                short.startup_s, short.step.mean_s, long_steps, short.tail_s or 0.0,
+                warmup_s=short.warmup_s or 0.0, warmup_steps=spec.warmup_steps,
+            )
+            predicted_steps = predicted - short.startup_s - (short.tail_s or 0.0)
             # the long run: same job, same measurement, warm-up as in the profile
             long, result = measure_size(runner, spec, n, seed=0, steps=long_steps, label=f"long-n{n}")
             assert result.ok, result.reason

@@ -55,6 +55,19 @@ def echo(conn: socket.socket) -> None:
             conn.sendall(data)
 
 
+def delayed_echo(delay_s: float) -> Callable[[socket.socket], None]:
+    """The noise floor: an echo that sleeps ``delay_s`` (time.sleep) before each answer."""
+
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            while data := conn.recv(65536):
+                time.sleep(delay_s)
+                conn.sendall(data)
+
+    return handle
+
+
 def source(total: int) -> Callable[[socket.socket], None]:
     block = memoryview(b"x" * (1 << 20))
 
@@ -131,6 +144,7 @@ def main() -> None:
     args = parser.parse_args()
 
     echo_sock, echo_addr = serve(echo)
+    control_sock, control_addr = serve(delayed_echo(args.latency / 1000))
     source_sock, source_addr = serve(source(args.mb * 1_000_000))
     with standalone_server() as url:
         client = ToxiproxyClient(url)
@@ -154,6 +168,12 @@ def main() -> None:
               f"p5 {pct(errors, 0.05):+.3f}, p95 {pct(errors, 0.95):+.3f}, max |error| "
               f"{max(absolute):.3f} ms; {within:.1%} within +/-2 ms")
 
+        control = [t - statistics.median(direct) - args.latency for t in rtts(control_addr, args.pings)]
+        print(f"control (no proxy: an echo sleeping {args.latency} ms): error median "
+              f"{statistics.median(control):+.3f} ms, p95 {pct(control, 0.95):+.3f}, max "
+              f"{max(abs(c) for c in control):.3f} ms; "
+              f"{sum(abs(c) <= 2.0 for c in control) / len(control):.1%} within +/-2 ms")
+
         rates: dict[str, list[float]] = {"direct": [], "proxied": []}
         for i in range(args.repeats):
             order = ("direct", "proxied") if i % 2 == 0 else ("proxied", "direct")
@@ -164,6 +184,7 @@ def main() -> None:
               f"proxied {[round(r) for r in rates['proxied']]} MB/s; medians {d:.0f} vs {p:.0f} MB/s "
               f"(proxied/direct {p / d:.2f})")
     echo_sock.close()
+    control_sock.close()
     source_sock.close()
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
@@ -25,6 +25,9 @@ from trainguard.config import load_config
 from trainguard.drills import drill, run_drill
 from trainguard.report import CheckResult
 from trainguard.runner import JobRunner
+
+if TYPE_CHECKING:
+    from conftest import PatchedExample
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -112,6 +115,7 @@ def test_hang_recover_detects_the_stall_dumps_stacks_and_restarts(tmp_path: Path
         assert 1 in first["stacks_dumped"], first["stacks"]
     assert 1.5 < result.evidence["detected_after_s"] < 6.0
     assert result.evidence["restarts"] == 1
+    assert result.evidence["fault_evidence"]["state_after_stop"] == "stopped"
     no_stopped_leftovers(result)
 
 
@@ -198,3 +202,45 @@ def test_the_digits_example_drills(tmp_path: Path) -> None:
     assert report.checks, "the example has no drills"
     for result in report.checks:
         assert result.status == "passed", f"{result.name}: {result.summary}"
+
+
+DIGITS_JOB = r"""
+job:
+  name: digits-drills
+  command: "python train.py --steps {steps} --ckpt-dir {checkpoint_dir} --seed {seed}"
+  resume_args: "--resume"
+  world_size: 2
+  env: {OMP_NUM_THREADS: "1"}
+  metrics: {loss: 'step (?P<step>\d+) loss (?P<value>\S+)'}
+  timeout: 180
+  stall_timeout: 60
+checks:
+  drills:
+    - {name: kill, fault: kill_rank, rank: 1, steps: 60, after_step: 22}
+    - {name: hang, fault: hang, rank: 1, steps: 60, after_step: 22, expect: fail_clean, deadline: 30}
+"""
+
+_EVERY_5 = "if args.ckpt_dir and (step % args.ckpt_every == 0 or step == args.steps):"
+_INIT = 'dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")'
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("patches", "name", "status", "expected"),
+    [
+        # checkpoints only at exit: kill_rank recover loses all progress
+        ({"train.py": (_EVERY_5, "if args.ckpt_dir and step == args.steps:")}, "kill", "failed", "all progress lost"),
+        ({}, "kill", "passed", "all 60 steps match the uninterrupted run, final checkpoints equal"),
+        # the shipped script has no collective timeout: gloo waits 30 min for the stopped peer
+        ({}, "hang", "failed", "the job hung"),
+        ({"train.py": (_INIT, _INIT[:-1] + ", timeout=__import__('datetime').timedelta(seconds=10))")},
+         "hang", "passed", "error reported; resumed from checkpoint step"),
+    ],
+    ids=["kill-exit-only-ckpt", "kill-clean", "hang-no-timeout", "hang-with-timeout"],
+)
+def test_digits_drills_on_the_real_torch_job(
+    patched_example: PatchedExample, patches: dict[str, tuple[str, str]], name: str, status: str, expected: str
+) -> None:
+    root = patched_example(patches, DIGITS_JOB)
+    result = run(root / "trainguard.yaml", name)
+    assert result.status == status and expected in result.summary, result.summary

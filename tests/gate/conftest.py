@@ -26,7 +26,9 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def ray_head() -> Iterator[LocalRay]:
     """A started :class:`LocalRay` (its ``.cluster`` is the ``RayCluster``)."""
-    pytest.importorskip("ray.job_submission", reason="needs ray[default] (pip install trainguard[ray])")
+    pytest.importorskip(
+        "ray.job_submission", reason="needs ray[default] (pip install trainguard[ray])"
+    )
     head = LocalRay(num_gpus=0, use_ray_address=False, start_timeout=180)
     before = {p.pid for p in running_ray_processes()}
     head.start()

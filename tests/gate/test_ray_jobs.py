@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.gate.local_ray import LocalRay, RayStartError, running_ray_processes
+from trainguard.gate.local_ray import LocalRay, RayCluster, RayStartError, running_ray_processes
 from trainguard.gate.queue import SubmissionError, SubmissionSpec
-from trainguard.gate.ray_jobs import RayJobsBackend
+from trainguard.gate.ray_jobs import ClusterResources, RayJobsBackend
 
 
 def _workdir(tmp_path: Path, body: str) -> Path:
@@ -50,6 +50,30 @@ def test_no_cluster_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RAY_API_SERVER_ADDRESS", raising=False)
     with pytest.raises(SubmissionError, match=r"set RAY_ADDRESS .* or start an embedded head"):
         RayJobsBackend()
+
+
+def test_entrypoint_resources_per_launcher(tmp_path: Path) -> None:
+    """torchrun holds every rank's resources on one node; a direct driver holds at most 1 CPU
+    and its workers' GPUs are checked against the whole cluster."""
+    backend = RayJobsBackend(RayCluster("127.0.0.1:1", "http://127.0.0.1:1", owned=False))
+    spec = SubmissionSpec(
+        entrypoint=["python", "t.py"], job_name="j", working_dir=tmp_path, num_gpus=1,
+        num_cpus=2, world_size=4, resume_args=["--resume"], resume=True,
+    )  # fmt: skip
+    command, cpus, gpus = backend.entrypoint(spec)
+    assert command == "torchrun --nproc-per-node=4 --standalone t.py --resume"
+    assert (cpus, gpus) == (8, 4)
+    spec.launcher = "direct"
+    assert backend.entrypoint(spec) == ("python t.py --resume", 1.0, 0.0)
+    two_nodes = ClusterResources([{"CPU": 8, "GPU": 2}, {"CPU": 8, "GPU": 2}])
+    assert backend._infeasible(spec, 1.0, 0.0, two_nodes) is None  # 4 GPUs in all
+    spec.world_size = 8
+    assert "8 worker(s) x 1 GPU = 8 GPU, but the cluster has 4 GPU" in str(
+        backend._infeasible(spec, 1.0, 0.0, two_nodes)
+    )
+    spec.launcher, spec.nodes = "torchrun", 2
+    with pytest.raises(SubmissionError, match="torchrun job on 2 nodes cannot be one Ray Jobs"):
+        backend.entrypoint(spec)
 
 
 # ------------------------------------------------------------------------------------------
@@ -139,7 +163,9 @@ def test_tiny_job_succeeds_with_metadata_and_logs(ray_head: LocalRay, tmp_path: 
 def test_failing_job_is_reported_failed(ray_head: LocalRay, tmp_path: Path) -> None:
     work = _workdir(tmp_path, "import sys\nprint('boom')\nsys.exit(3)\n")
     backend = RayJobsBackend(ray_head.cluster, pending_timeout=120)
-    submitted = backend.submit(SubmissionSpec(entrypoint=["python", "job.py"], job_name="bad", working_dir=work))
+    submitted = backend.submit(
+        SubmissionSpec(entrypoint=["python", "job.py"], job_name="bad", working_dir=work)
+    )
     assert submitted.job_id
     final = backend.wait(submitted.job_id, timeout=180)
     assert final.status == "failed", final.message
@@ -153,7 +179,9 @@ def test_gpu_job_on_cpu_cluster_is_refused_before_submission(
 ) -> None:
     work = _workdir(tmp_path, "print('never runs')\n")
     backend = RayJobsBackend(ray_head.cluster)
-    spec = SubmissionSpec(entrypoint=["python", "job.py"], job_name="gpu", working_dir=work, num_gpus=1, world_size=2)
+    spec = SubmissionSpec(
+        entrypoint=["python", "job.py"], job_name="gpu", working_dir=work, num_gpus=1, world_size=2
+    )
     t0 = time.monotonic()
     result = backend.submit(spec)
     elapsed = time.monotonic() - t0
@@ -172,7 +200,9 @@ def test_gpu_job_left_pending_is_detected_within_the_bound(
     """An autoscaling cluster skips the pre-check; the PENDING watch must still end it."""
     work = _workdir(tmp_path, "print('never runs')\n")
     backend = RayJobsBackend(ray_head.cluster, check_resources=False, pending_timeout=3)
-    spec = SubmissionSpec(entrypoint=["python", "job.py"], job_name="gpu-watch", working_dir=work, num_gpus=1)
+    spec = SubmissionSpec(
+        entrypoint=["python", "job.py"], job_name="gpu-watch", working_dir=work, num_gpus=1
+    )
     t0 = time.monotonic()
     result = backend.submit(spec)
     elapsed = time.monotonic() - t0

@@ -18,6 +18,16 @@ pytestmark = pytest.mark.timeout(240)
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _mlflow_client_loaded(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Import MlflowClient's whole store stack before pytester snapshots ``sys.modules``: it
+    drops the modules a test imported, and a second test re-importing half of sqlalchemy fails
+    with "'InternalTraversal' object is not callable"."""
+    from mlflow import MlflowClient
+
+    MlflowClient(f"sqlite:///{tmp_path_factory.mktemp('mlflow-warm') / 'warm.db'}").search_experiments()
+
+
 def runs_by_kind(uri: str) -> dict[str, list[Any]]:
     from mlflow import MlflowClient
 

@@ -173,3 +173,14 @@ def test_pull_trigger_names_the_target_process(tmp_path: Path) -> None:
     assert (tmp_path / "t").read_text() == "1234"
     pull_trigger(tmp_path / "u")
     assert (tmp_path / "u").read_text() == ""
+
+
+def test_an_oom_trigger_naming_another_process_never_fires(tmp_path: Path) -> None:
+    """A restarted attempt finds the first attempt's trigger: it names a dead pid, not its own."""
+    trigger = tmp_path / "t"
+    pull_trigger(trigger, 1)
+    oom = {"fault": "oom", "mode": "raise", "rank": None, "trigger": str(trigger),
+           "events": str(tmp_path / "oom.jsonl")}
+    done = _run("import time; time.sleep(0.3); print('survived')", hook_env(oom))
+    assert done.returncode == 0 and done.stdout.strip() == "survived", done.stderr
+    assert [e["event"] for e in read_events(tmp_path / "oom.jsonl")] == ["armed"]

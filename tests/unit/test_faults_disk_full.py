@@ -225,6 +225,7 @@ _INTERRUPTED = textwrap.dedent(
             fault.teardown()
     else:
         print("mounted", flush=True)
+        sys.stdin.readline()
         sys.exit(3)  # no teardown: the atexit safety net unmounts
     """
 )
@@ -234,13 +235,17 @@ _INTERRUPTED = textwrap.dedent(
 @pytest.mark.parametrize("how", ["finally", "atexit"])
 def test_ctrl_c_and_exit_unmount(tmp_path: Path, how: str) -> None:
     proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED, str(tmp_path), how],
-                            stdout=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "mounted"
         assert harness.our_mounts()
         if how == "finally":
             proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
+        else:
+            assert proc.stdin is not None
+            proc.stdin.write("exit\n")
+            proc.stdin.flush()
+        assert proc.wait(timeout=30) != 0
     finally:
         proc.kill()
         proc.wait()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -124,6 +125,23 @@ def test_raise_mode_handled_by_the_job(tmp_path: Path) -> None:
     # one batch skipped, the rest ran
     assert len({p.step for p in drive.result.points}) == 5
     harness.assert_nothing_left(drive.tag)
+
+
+def test_without_root_auto_falls_back_to_rlimit_and_cgroup_mode_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    ctx = FaultContext(work_dir=tmp_path, checkpoint_dir=tmp_path / "ckpt", world_size=1)
+    fault = OomFault()
+    fault.setup(ctx)
+    try:
+        assert fault.mode_ran == "rlimit" and fault.cgroups is None
+        assert "need root" in fault.evidence()["fallback"]
+        assert json.loads(fault.launch_env(ctx)["TRAINGUARD_FAULT_HOOK"])["mode"] == "rlimit"
+    finally:
+        fault.teardown()
+    with pytest.raises(FaultUnavailable, match="need root"):
+        OomFault({"mode": "cgroup"}).setup(ctx)
 
 
 def test_gpu_mode_is_unavailable_without_a_gpu(tmp_path: Path) -> None:

@@ -64,7 +64,9 @@ def test_changed_job_file_is_stale_and_says_which_field(repo: Path) -> None:
     repo.write_text(repo.read_text() + "  world_size: 2\n")
     reasons = staleness(record, repo, max_age=None)
     assert any(r.startswith("job file changed:") for r in reasons)
-    assert any(r.startswith("git dirty state changed: the working tree is dirty now") for r in reasons)
+    assert any(
+        r.startswith("git dirty state changed: the working tree is dirty now") for r in reasons
+    )
     assert not any("commit" in r for r in reasons)
 
 

@@ -115,7 +115,9 @@ def test_slurm_time_rounds_up_to_minutes() -> None:
 def test_script_directives_from_the_sized_spec(tmp_path: Path) -> None:
     backend = SlurmBackend(tmp_path, margin=0.25, min_margin_s=600, signal_lead_s=300)
     script = backend.render(_spec(tmp_path))
-    directives = [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH")]
+    directives = [
+        line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH")
+    ]
     # 3 h predicted + 25 % margin (45 min) + the 5 min signal lead = 3 h 50 min
     assert "--time=03:50:00" in directives
     assert "--nodes=2" in directives and "--gpus-per-node=4" in directives
@@ -282,7 +284,9 @@ def test_sbatch_refusal_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Mon
         tmp_path, stdout="", code=1, stderr="sbatch: error: Invalid account or account/partition"
     )
     monkeypatch.setenv("PATH", str(bin_dir))
-    with pytest.raises(SubmissionError, match=r"sbatch refused .*digits.sbatch \(exit 1\): .*Invalid account"):
+    with pytest.raises(
+        SubmissionError, match=r"sbatch refused .*digits.sbatch \(exit 1\): .*Invalid account"
+    ):
         SlurmBackend(tmp_path).submit(_spec(tmp_path))
 
 

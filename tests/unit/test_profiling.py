@@ -224,6 +224,8 @@ def test_checkpoint_interval_young_daly_and_the_cap() -> None:
 
 def test_predict_duration() -> None:
     assert predict_duration_s(5.0, 0.1, 101, 2.0) == pytest.approx(5 + 10 + 2)
+    # warm-up as measured (steps 2..5 took 1.2 s), then 96 steps at the mean
+    assert predict_duration_s(5.0, 0.1, 101, 2.0, warmup_s=1.2, warmup_steps=5) == pytest.approx(5 + 1.2 + 9.6 + 2)
 
 
 def _inputs(n: int, thr: float) -> SizeInputs:

@@ -624,3 +624,28 @@ def test_system_metrics_and_environment_include_gpus_when_nvml_is_there(monkeypa
     assert any(p.startswith("torch==") for p in env["packages"])
     monkeypatch.setattr(tracking, "_NVML", False)  # no NVML here: no GPU metrics, no error
     assert not any(k.startswith("system/gpu") for k in tracking._system_metrics())
+
+
+def test_metrics_streamed_point_by_point_are_written_in_a_few_batches() -> None:
+    """One log_batch per ``metric_interval``, not one per printed line (the writer's CPU)."""
+    tracker = Tracker("fake://store", metric_interval=0.5)
+    client = FlakyClient(down=0)
+    batches: list[int] = []
+    log_batch = client.log_batch
+
+    def counting(run_id: str, metrics: Any = (), params: Any = (), tags: Any = ()) -> None:
+        batches.append(len(metrics))
+        log_batch(run_id, metrics, params, tags)
+
+    client.log_batch = counting  # type: ignore[method-assign]
+    tracker._client = client
+    handle = tracker.attach("run-1")
+    started = time.monotonic()
+    for step in range(150):  # 1.5 s of a job printing every 10 ms
+        tracker.log_metrics(handle, [("loss", 1.0 / (step + 1), step, 0)])
+        time.sleep(0.01)
+    mid = len(batches)
+    assert tracker.close().complete
+    assert [m[2] for m in client.metrics] == list(range(150))
+    assert 1 <= mid <= 2 + int((time.monotonic() - started) / 0.5), batches  # streamed, batched
+    assert len(batches) <= mid + 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -45,9 +46,14 @@ class HangFault(Fault):
         with contextlib.suppress(psutil.Error):
             self._proc = psutil.Process(pid)  # remembers its start time: no recycled-pid mix-up
         launcher.kill_rank(self.rank, signal.SIGSTOP)
-        with contextlib.suppress(psutil.Error):
-            if self._proc is not None:
-                self.state_after = self._proc.status()
+        # evidence that the stop took: signal delivery is asynchronous, wait at most 0.1 s
+        for _ in range(10):
+            with contextlib.suppress(psutil.Error):
+                if self._proc is not None:
+                    self.state_after = self._proc.status()
+            if self.state_after == psutil.STATUS_STOPPED:
+                break
+            time.sleep(0.01)
 
     def clear(self) -> None:
         self._continue()

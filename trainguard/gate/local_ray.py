@@ -120,7 +120,9 @@ def external_cluster() -> RayCluster | None:
     return RayCluster(address=address, jobs_address=jobs, owned=False)
 
 
-def running_ray_processes(head_temp_dir: str | os.PathLike[str] | None = None) -> list[psutil.Process]:
+def running_ray_processes(
+    head_temp_dir: str | os.PathLike[str] | None = None,
+) -> list[psutil.Process]:
     """Ray processes on this machine: all of them, or only those of the embedded head whose
     temp dir is ``head_temp_dir`` (its command line names the dir, or its environment carries
     ``TRAINGUARD_RAY_HEAD``). Used to prove nothing was left behind."""
@@ -151,7 +153,7 @@ class LocalRay:
     ...     JobSubmissionClient(cluster.jobs_address, headers=cluster.auth_headers())
 
     Args:
-        num_cpus: CPUs the head offers; default: the machine's logical CPUs.
+        num_cpus: CPUs the head offers; default: the CPUs this process may run on.
         num_gpus: GPUs the head offers; default: Ray's own detection.
         object_store_mb: shared-memory object store size (bounded; Ray's default is 30% of RAM).
         dashboard: start the dashboard (the Jobs API needs it; ~0.3 GB more memory).
@@ -183,7 +185,7 @@ class LocalRay:
                 f"object_store_mb must be >= {_MIN_OBJECT_STORE_MB} (Ray's minimum is 75 MiB), "
                 f"got {object_store_mb}"
             )
-        self.num_cpus = num_cpus if num_cpus is not None else (os.cpu_count() or 1)
+        self.num_cpus = num_cpus if num_cpus is not None else _usable_cpus()
         self.num_gpus = num_gpus
         self.object_store_mb = object_store_mb
         self.dashboard = dashboard
@@ -222,8 +224,8 @@ class LocalRay:
 
     def start(self) -> RayCluster:
         """Start the head (or attach to ``RAY_ADDRESS``) and return where it is."""
-        if self.cluster is not None:
-            return self.cluster
+        if self.cluster is not None and (not self.cluster.owned or self._popen is not None):
+            return self.cluster  # already running (a stopped head is started afresh)
         if self.use_ray_address:
             external = external_cluster()
             if external is not None:
@@ -420,6 +422,14 @@ class LocalRay:
                 info = proc.memory_full_info()
                 total += getattr(info, "pss", info.rss)
         return total / 2**20
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (the affinity mask, not the host's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _ray_cli() -> list[str]:

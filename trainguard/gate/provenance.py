@@ -126,8 +126,15 @@ def git_state(directory: str | os.PathLike[str], timeout: float = 10.0) -> GitSt
     if not status.strip():
         return GitState(commit.strip(), False, None)
     digest = hashlib.sha256()
-    digest.update(git("-C", str(root), "diff", "HEAD", "--binary", "--", ".", _EXCLUDE, text=False) or b"")
-    untracked = git("-C", str(root), "ls-files", "--others", "--exclude-standard", "-z", "--", ".", _EXCLUDE) or ""
+    digest.update(
+        git("-C", str(root), "diff", "HEAD", "--binary", "--", ".", _EXCLUDE, text=False) or b""
+    )
+    untracked = (
+        git(
+            "-C", str(root), "ls-files", "--others", "--exclude-standard", "-z", "--", ".", _EXCLUDE
+        )
+        or ""
+    )
     for name in sorted(n for n in untracked.split("\0") if n):
         digest.update(name.encode() + b"\0")
         try:

@@ -58,9 +58,7 @@ class ClusterResources:
         return any(n.get("CPU", 0.0) >= cpus and n.get("GPU", 0.0) >= gpus for n in self.nodes)
 
     def describe(self) -> str:
-        per_node = ", ".join(
-            f"{n.get('CPU', 0):g} CPU/{n.get('GPU', 0):g} GPU" for n in self.nodes
-        )
+        per_node = ", ".join(f"{n.get('CPU', 0):g} CPU/{n.get('GPU', 0):g} GPU" for n in self.nodes)
         return f"{len(self.nodes)} alive node(s): {per_node or 'none'}"
 
 
@@ -178,7 +176,11 @@ class RayJobsBackend:
                 )
             if spec.world_size > 1:  # one rank runs as is, as trainguard's runner does
                 argv = torchrun_argv(argv, nproc_per_node=spec.world_size)
-            return shlex.join(argv), spec.num_cpus * spec.world_size, spec.num_gpus * spec.world_size
+            return (
+                shlex.join(argv),
+                spec.num_cpus * spec.world_size,
+                spec.num_gpus * spec.world_size,
+            )
         return shlex.join(argv), min(spec.num_cpus, 1.0), 0.0
 
     def submit(self, spec: SubmissionSpec) -> Submission:

@@ -123,7 +123,9 @@ class SlurmBackend:
         directives += self.extra_directives
         labels = spec.labels()
         if "trainguard.gate_report" in labels:
-            directives.append(f"--comment=trainguard gate report {labels['trainguard.gate_report']}")
+            directives.append(
+                f"--comment=trainguard gate report {labels['trainguard.gate_report']}"
+            )
 
         if spec.launcher == "torchrun" and (spec.world_size > 1 or spec.nodes > 1):
             argv = torchrun_argv(

@@ -52,6 +52,7 @@ class SizeProfile:
     duration_s: float
     startup_s: float | None  # launch -> the first step line of rank 0
     tail_s: float | None  # the last step line -> every rank exited
+    warmup_s: float | None  # the first step line -> the last warm-up step's line
     step: StepStats | None
     throughput_sps: float | None  # samples per second over the measured steps
     peak_rss_mb: dict[int, float] = field(default_factory=dict)
@@ -328,6 +329,7 @@ def _summarise(
         duration_s=round(result.duration_s, 3),
         startup_s=round(first, 3) if first is not None else None,
         tail_s=round(result.duration_s - last, 3) if last is not None else None,
+        warmup_s=_warmup_s(arrivals, spec.warmup_steps),
         step=stats,
         throughput_sps=throughput,
         peak_rss_mb=dict(result.peak_rss_mb),
@@ -338,6 +340,14 @@ def _summarise(
         data_wait_share=_data_wait_share(spec, result, stats),
         loss=loss,
     )
+
+
+def _warmup_s(arrivals: dict[int, float], warmup_steps: int) -> float | None:
+    if not arrivals:
+        return None
+    first = min(arrivals)
+    end = arrivals.get(max(warmup_steps, first))
+    return round(end - arrivals[first], 3) if end is not None else None
 
 
 def _checkpoint_cost(

@@ -264,6 +264,8 @@ def _size(profile: Profile, target: Target, runner: JobRunner, spec: ProfileChec
             startup_s=s.startup_s or 0.0,
             tail_s=s.tail_s or 0.0,
             checkpoint_cost_s=s.checkpoint.get("cost_s"),
+            warmup_s=s.warmup_s or 0.0,
+            warmup_steps=spec.warmup_steps,
             peak_mem_mb=max(mem.values()) if mem else None,
         )
     gpu_total = _gpu_memory_mb() if profile.device == "gpu" else None

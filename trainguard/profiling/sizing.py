@@ -30,10 +30,21 @@ def checkpoint_interval_s(cost_s: float, mtbf_s: float, max_lost_s: float) -> tu
     return daly, "Young/Daly sqrt(2 x checkpoint cost x MTBF)"
 
 
-def predict_duration_s(startup_s: float, mean_step_s: float, steps: int, tail_s: float = 0.0) -> float:
-    """Wall-clock of a run of ``steps`` steps: start-up to the first step, the remaining steps at
-    the measured mean (checkpoint and eval steps included at the job's own cadence), the exit."""
-    return startup_s + max(0, steps - 1) * mean_step_s + tail_s
+def predict_duration_s(
+    startup_s: float,
+    mean_step_s: float,
+    steps: int,
+    tail_s: float = 0.0,
+    *,
+    warmup_s: float = 0.0,
+    warmup_steps: int = 0,
+) -> float:
+    """Wall-clock of a run of ``steps`` steps: start-up to the first step line, the warm-up steps
+    as measured (``warmup_s`` from the first step line to the last warm-up one), the remaining
+    steps at the measured mean (checkpoint and eval steps included at the job's own cadence),
+    the exit."""
+    counted = max(warmup_steps, 1)  # the first step's duration is part of the start-up
+    return startup_s + warmup_s + max(0, steps - counted) * mean_step_s + tail_s
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,8 @@ class SizeInputs:
     tail_s: float
     checkpoint_cost_s: float | None
     peak_mem_mb: float | None  # the largest rank's peak (GPU memory on GPU, else RSS)
+    warmup_s: float = 0.0  # first step line -> the last warm-up step's line
+    warmup_steps: int = 0
 
 
 @dataclass
@@ -133,7 +146,10 @@ def size_run(
         steps = _target_steps(target, sps)
         step_time = sps / thr
         efficiency = (thr / base_thr) / (n / base)
-        seconds = predict_duration_s(near.startup_s, step_time, steps, near.tail_s)
+        seconds = predict_duration_s(
+            near.startup_s, step_time, steps, near.tail_s, warmup_s=near.warmup_s,
+            warmup_steps=near.warmup_steps,
+        )
         mtbf_h = target.mtbf_hours_by_gpus.get(n, target.mtbf_hours / n)
         cost_s = near.checkpoint_cost_s
         every_s: float | None = None

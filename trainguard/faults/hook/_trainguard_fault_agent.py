@@ -87,6 +87,7 @@ class Agent:
         self._dir = os.path.realpath(spec["dir"]) if spec.get("dir") else None
         self._tracked_files: weakref.WeakSet[Any] = weakref.WeakSet()
         self._tracked_fds: dict[int, tuple[int, int]] = {}
+        self._lock = threading.Lock()  # the job's threads open files while the poll thread fills
         self._real: dict[str, Any] = {}
 
     # -- arming ----------------------------------------------------------------------------
@@ -261,7 +262,8 @@ class Agent:
                     agent._to_dev_full(fd, path, "os.open")
                 else:
                     st = os.fstat(fd)
-                    agent._tracked_fds[fd] = (st.st_dev, st.st_ino)
+                    with agent._lock:
+                        agent._tracked_fds[fd] = (st.st_dev, st.st_ino)
             return fd
 
         def os_close(fd: int) -> None:
@@ -282,7 +284,8 @@ class Agent:
         if self.triggered():
             self._to_dev_full(f.fileno(), path, "open")
         else:
-            self._tracked_files.add(f)
+            with self._lock:
+                self._tracked_files.add(f)
 
     def _to_dev_full(self, fd: int, path: Any, via: str) -> None:
         """Point ``fd`` at /dev/full: the file was created/truncated for real; every write to it
@@ -295,17 +298,19 @@ class Agent:
         self.event("enospc", path=os.fsdecode(path), via=via)
 
     def _fill_open_files(self) -> None:
-        for f in list(self._tracked_files):
+        with self._lock:
+            files, fds = list(self._tracked_files), dict(self._tracked_fds)
+            self._tracked_files = weakref.WeakSet()
+            self._tracked_fds.clear()
+        for f in files:
             with contextlib.suppress(OSError, ValueError):
                 if not f.closed:
                     self._to_dev_full(f.fileno(), getattr(f, "name", "?"), "already open")
-        for fd, ident in list(self._tracked_fds.items()):
+        for fd, ident in fds.items():
             with contextlib.suppress(OSError):
                 st = os.fstat(fd)
                 if (st.st_dev, st.st_ino) == ident:
                     self._to_dev_full(fd, f"fd {fd}", "already open (os.open)")
-        self._tracked_files = weakref.WeakSet()
-        self._tracked_fds.clear()
 
     def _patch_torch(self, torch: Any) -> None:
         serialization = sys.modules.get("torch.serialization")

@@ -91,6 +91,24 @@ def format_hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+async def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on the first address of ``host`` (IPv4 first), like Go's net.Listen:
+    one socket, so port 0 gives one port even for a name with several addresses."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, address = sorted(infos, key=lambda info: info[0] != socket.AF_INET)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def _sockname(sock: socket.socket) -> str:
     name = sock.getsockname()
     return format_hostport(str(name[0]), int(name[1]))
@@ -330,17 +348,9 @@ class _Proxy:
             host, port = split_hostport(self.listen)
         except ValueError as exc:
             raise ApiError(f"listen tcp {self.listen}: address {self.listen}: {exc}", 500) from None
-        loop = asyncio.get_running_loop()
         try:
-            infos = await loop.getaddrinfo(host or DEFAULT_HOST, port, type=socket.SOCK_STREAM,
-                                           flags=socket.AI_PASSIVE)
-            family, _, _, _, address = sorted(infos, key=lambda i: i[0] != socket.AF_INET)[0]
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock = await _bind(host or DEFAULT_HOST, port)
             try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(address)
-                sock.listen(128)
-                sock.setblocking(False)
                 self._server = await asyncio.start_server(self._accept, sock=sock,
                                                           limit=_STREAM_LIMIT)
             except BaseException:
@@ -485,9 +495,12 @@ class ToxiproxyServer:
 
     async def start(self) -> None:
         self._lock = asyncio.Lock()
-        self._server = await asyncio.start_server(self._client, self.host, self.port,
-                                                  reuse_address=True)
-        sock = self._server.sockets[0]
+        sock = await _bind(self.host, self.port)
+        try:
+            self._server = await asyncio.start_server(self._client, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
         self.port = int(sock.getsockname()[1])
 
     async def stop(self) -> None:
