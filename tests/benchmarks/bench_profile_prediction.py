@@ -2,7 +2,7 @@
 ``checks.profile``: 30 steps at 1 and 2 ranks), predict the wall-clock of a run ``--factor``
 times longer from it, then run that and compare.
 
-    .venv/bin/python tests/benchmarks/bench_profile_prediction.py [--factor 5] [--sizes 1,2]
+    .venv/bin/python tests/benchmarks/bench_profile_prediction.py [--factor 5] [--sizes 1,2] [--repeats 1]
 
 Reported per world size: predicted and measured wall-clock (launch to exit) and the
 prediction error, and the same for the steps alone (first step line to last, which leaves out
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -30,6 +31,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--factor", type=int, default=5)
     parser.add_argument("--sizes", default="1,2")
+    parser.add_argument("--repeats", type=int, default=1, help="profile/long-run pairs per size")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -42,7 +44,7 @@ def main() -> int:
         assert spec is not None, "examples/digits/trainguard.yaml has no checks.profile"
         runner = JobRunner(job_file, Settings())
         long_steps = spec.steps * args.factor
-        for n in sizes:
+        for n in [n for n in sizes for _ in range(args.repeats)]:
             short, _ = measure_size(runner, spec, n, seed=0)
             assert short.step is not None and short.startup_s is not None, short.reason
             predicted = predict_duration_s(
@@ -77,6 +79,15 @@ def main() -> int:
                 f"start-up {short.startup_s:.1f} s in the profile, {long.startup_s:.1f} s in the long run",
                 flush=True,
             )
+    for n in sizes:
+        errors = sorted(abs(r["error"]) for r in rows if r["world_size"] == n)
+        steps_errors = sorted(abs(r["steps_error"]) for r in rows if r["world_size"] == n)
+        actual = [r["actual_steps_s"] for r in rows if r["world_size"] == n]
+        print(
+            f"{n} rank(s), {len(errors)} pair(s): |error| median {statistics.median(errors):.1%} "
+            f"(max {errors[-1]:.1%}); steps alone median {statistics.median(steps_errors):.1%} "
+            f"(max {steps_errors[-1]:.1%}); the long runs' steps took {min(actual):.1f}-{max(actual):.1f} s"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     return 0

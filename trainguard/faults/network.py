@@ -110,7 +110,7 @@ class LocalMlflowServer:
                  "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
                 cwd=self.root, stdout=self._log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
-                # MLflow's job runner (huey consumers) serves no tracking call: 7 fewer processes
+                # MLflow's job runner (huey consumers) serves no tracking call: 8 fewer processes
                 # and a start several times faster; a user's own setting wins
                 env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ},
             )
