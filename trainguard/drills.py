@@ -149,7 +149,8 @@ class _Driver:
                 if done:
                     rank, code = done[0]
                     info.first_exit = (rank, code, launcher.elapsed())
-            if fail_clean and info.first_exit is None and since > spec.deadline_s:
+            if (fail_clean and info.first_exit is None and not info.stopped_at_deadline
+                    and since > spec.deadline_s):
                 info.stopped_at_deadline = True
                 launcher.stop(
                     f"no rank exited within the drill's deadline of {spec.deadline_s:g} s "

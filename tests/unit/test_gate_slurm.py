@@ -19,12 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.config import load_config
 from trainguard.errors import UsageError
 from trainguard.gate.queue import (
     QueueBackend,
     SubmissionError,
     SubmissionSpec,
     get_backend,
+    spec_from_job,
     torchrun_argv,
 )
 from trainguard.gate.slurm import SlurmBackend, slurm_time
@@ -81,6 +83,19 @@ def test_backend_factory(tmp_path: Path) -> None:
     assert isinstance(backend, SlurmBackend) and isinstance(backend, QueueBackend)
     with pytest.raises(UsageError, match="unknown queue backend 'pbs'; expected one of ray, slurm"):
         get_backend("pbs")
+
+
+def test_spec_from_a_job_file_fills_placeholders() -> None:
+    job_file = load_config(Path(__file__).parents[1] / "data" / "jobs" / "toy.trainguard.yaml")
+    values = {"steps": 500, "seed": 0, "checkpoint_dir": "/ckpt/toy", "run_dir": "/runs/1"}
+    spec = spec_from_job(
+        job_file, values, world_size=4, num_gpus=1, time_limit_s=600, gate_report="/r.json"
+    )
+    assert spec.entrypoint[:4] == ["python", "toy_train.py", "--steps", "500"]
+    assert "/ckpt/toy" in spec.entrypoint and "/runs/1" in spec.entrypoint
+    assert spec.resume_args == ["--resume"] and spec.env == {"OMP_NUM_THREADS": "1"}
+    assert (spec.job_name, spec.world_size, spec.working_dir) == ("toy", 4, job_file.cwd)
+    assert spec_from_job(job_file, values).world_size == 2  # the job's own
 
 
 # ------------------------------------------------------------------------------------------

@@ -13,9 +13,14 @@ import re
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from trainguard.errors import TrainguardError, UsageError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+    from trainguard.config import JobFile
 
 __all__ = [
     "BACKENDS",
@@ -25,6 +30,7 @@ __all__ = [
     "SubmissionSpec",
     "SubmissionStatus",
     "get_backend",
+    "spec_from_job",
     "torchrun_argv",
 ]
 
@@ -233,3 +239,41 @@ def torchrun_argv(
         if rdzv_id:
             head.append(f"--rdzv-id={rdzv_id}")
     return [*head, *argv[1:]]
+
+
+def spec_from_job(
+    job_file: JobFile,
+    values: Mapping[str, object],
+    *,
+    world_size: int | None = None,
+    nodes: int = 1,
+    num_gpus: float = 0.0,
+    num_cpus: float = 1.0,
+    time_limit_s: float | None = None,
+    gate_report: str | None = None,
+    mlflow_run_id: str | None = None,
+    extra_args: Iterable[str] = (),
+    metadata: Mapping[str, str] | None = None,
+) -> SubmissionSpec:
+    """The spec of a job file's production run: its ``command`` (+ ``extra_args``), ``env`` and
+    ``resume_args`` with the placeholders filled from ``values`` (``steps``, ``checkpoint_dir``,
+    ... as the runner's ``placeholders()`` gives them), run in the job's ``cwd``, at the sized
+    resources. ``world_size`` defaults to the job's own."""
+    job = job_file.job
+    world = world_size or job.world_size
+    filled = {**dict(values), "world_size": world}
+    return SubmissionSpec(
+        entrypoint=job_file.argv(filled, extra_args=extra_args),
+        job_name=job.name,
+        working_dir=job_file.cwd,
+        env={k: str(v) for k, v in zip(job.env, job_file.render(job.env.values(), filled))},
+        num_gpus=num_gpus,
+        num_cpus=num_cpus,
+        world_size=world,
+        nodes=nodes,
+        time_limit_s=time_limit_s,
+        resume_args=job_file.render(job.resume_args, filled),
+        gate_report=gate_report,
+        mlflow_run_id=mlflow_run_id,
+        metadata=dict(metadata or {}),
+    )
