@@ -93,6 +93,11 @@ def gpu(count: int = 1) -> None:
     _expect_int("gpu", "count", count, minimum=1)
 
 
+def ray() -> None:
+    """needs Ray (`pip install trainguard[ray]`) and starts a real local Ray head or fit; select
+    with `-m ray` (docs/ray-train.md)."""
+
+
 def slow() -> None:
     """long-running: long matrices, repeated drills, benchmarks (deselect with -m 'not slow')."""
 
@@ -125,7 +130,7 @@ class MarkerSpec:
 
 MARKERS: dict[str, MarkerSpec] = {
     fn.__name__: MarkerSpec(fn.__name__, fn)
-    for fn in (seeded, smoke, canary, determinism, resume, parallel, ddp, fault, profile, gpu, slow)
+    for fn in (seeded, smoke, canary, determinism, resume, parallel, ddp, fault, profile, gpu, ray, slow)
 }
 
 

@@ -204,6 +204,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = config.stash.get(SESSION_KEY, None)
     if state is None:
         return
+    for runner in state.runners.values():  # e.g. the embedded Ray head of a ray_train job
+        runner.close()
     path = None
     if not hasattr(config, "workerinput") and state.settings.report_json is not None:
         from trainguard.report import Report

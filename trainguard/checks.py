@@ -126,6 +126,7 @@ def check(
         if tracker is not None and tracker.session is not None:
             tracker.log_artifact(tracker.session, target, "report")
     finally:
+        runner.close()
         if tracker is not None:
             tracker.close()
     return report

@@ -1004,16 +1004,6 @@ def _profile_problems(job_file: JobFile, spec: ProfileCheck, used: set[str]) -> 
                     f"Fix: add a `{name}` regex to job.metrics or name one of those",
                 )
             )
-    batch = spec.batch_size or job.batch_size
-    if spec.samples_per_step is None and batch is None:
-        problems.append(
-            (
-                "checks.profile.samples_per_step",
-                "the profile counts samples per second but knows neither samples_per_step nor "
-                "a batch size. Fix: set `samples_per_step: 64` (the global batch) or "
-                "job.batch_size with a {batch_size} placeholder in the command",
-            )
-        )
     if spec.scaling == "weak" and spec.samples_per_step is None and "batch_size" not in used:
         problems.append(
             (

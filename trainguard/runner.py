@@ -21,6 +21,7 @@ from trainguard.rundir import new_run_dir
 from trainguard.settings import Settings
 
 if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.gate.local_ray import LocalRay
     from trainguard.tracking import Tracker
 
 __all__ = ["JobRunner", "RunRequest", "SupervisedRun"]
@@ -95,6 +96,26 @@ class JobRunner:
     #: logs every launched run to MLflow (see trainguard.tracking); None: tracking off
     tracker: Tracker | None = None
     _references: dict[RunRequest, RunResult] = field(default_factory=dict)
+    #: the embedded Ray head a ray_train job's runs share (started on first use; see close())
+    _ray: LocalRay | None = field(default=None, repr=False)
+
+    def ray_env(self) -> dict[str, str]:
+        """For a ``ray_train`` job: the environment that points its driver at Ray --
+        ``RAY_ADDRESS`` when set (a real cluster), else one embedded local head shared by every
+        run of this runner (starting Ray once instead of per run). Empty for command jobs."""
+        if self.job_file.job.kind != "ray_train":
+            return {}
+        if self._ray is None:
+            from trainguard.gate.local_ray import LocalRay
+
+            self._ray = LocalRay(dashboard=False)
+        return self._ray.start().client_env()
+
+    def close(self) -> None:
+        """Stop what this runner started for its runs (the embedded Ray head). Idempotent."""
+        if self._ray is not None:
+            self._ray.stop()
+            self._ray = None
 
     def placeholders(self, request: RunRequest, run_dir: Path, checkpoint_dir: Path | None) -> dict[str, object]:
         job = self.job_file.job
@@ -245,7 +266,8 @@ class JobRunner:
         job = self.job_file.job
         Path(str(values["checkpoint_dir"])).mkdir(parents=True, exist_ok=True)
         argv = self.job_file.argv(values, extra_args=request.args, resume=resume)
-        env = {k: v.format_map(values) for k, v in job.env.items()}
+        env = self.ray_env()
+        env.update({k: v.format_map(values) for k, v in job.env.items()})
         env.update({k: v.format_map(values) for k, v in request.env})
         env.update(extra_env or {})
         track_env, live_metrics = self._track_hooks(tracked, request.world_size, log_dir)

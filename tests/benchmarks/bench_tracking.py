@@ -112,6 +112,12 @@ def main() -> None:
                 for key, b, a in (("ranks", before[0], after[0]), ("self", before[1], after[1])):
                     cpu[key][tracked].append(a.ru_utime + a.ru_stime - b.ru_utime - b.ru_stime)
                 cpu["writer"][tracked].append(after[2] - before[2])
+                if tracker is not None and tracker is warm:
+                    # what the writer does after a run (rank logs, the plot) must not overlap
+                    # the next run, tracked or not
+                    deadline = time.monotonic() + 120
+                    while tracker._ops and time.monotonic() < deadline:
+                        time.sleep(0.1)
                 steps = intervals(result.points, args.warmup)
                 medians[tracked] = statistics.median(steps)
                 per_run[tracked].append(medians[tracked])

@@ -17,12 +17,6 @@ import pytest
 from trainguard.gate.local_ray import LocalRay, running_ray_processes
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "ray: needs ray[default]; starts a real local Ray head (select with -m ray)"
-    )
-
-
 @pytest.fixture(scope="session")
 def ray_head() -> Iterator[LocalRay]:
     """A started :class:`LocalRay` (its ``.cluster`` is the ``RayCluster``)."""

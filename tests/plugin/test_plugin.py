@@ -28,6 +28,7 @@ MARKER_SIGNATURES = [
     "fault(kind, **params)",
     "profile",
     "gpu(count=1)",
+    "ray",
     "slow",
 ]
 

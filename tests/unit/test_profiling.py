@@ -289,7 +289,6 @@ def test_config_profile_and_target() -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ("checks:\n  profile: {world_sizes: [1, 2]}\n", "samples_per_step"),
         ("checks:\n  profile: {samples_per_step: 8, steps: 5, warmup_steps: 4}\n", "warmup_steps"),
         ("checks:\n  profile: {samples_per_step: 8, world_sizes: [2, 2]}\n", "distinct"),
         ("checks:\n  profile: {samples_per_step: 8, step_metric: tokens}\n", "not one of job.metrics"),
@@ -363,3 +362,18 @@ def test_fit_recovers_retrograde_usl_with_spare_points() -> None:
     fit = fit_scaling(thr)
     assert fit.chosen == "usl" and fit.usl is not None and not fit.usl.unvalidated
     assert (fit.usl.sigma, fit.usl.kappa) == (pytest.approx(1.0), pytest.approx(0.2))
+
+
+def test_bare_profile_counts_steps_and_weak_scaling_grows_the_batch() -> None:
+    from trainguard.profiling.measure import batch_size_for, samples_per_step_for, throughput_unit
+
+    bare = parse_config(_JOB + "checks:\n  profile:\n")
+    assert bare.checks.profile is not None
+    assert throughput_unit(bare, bare.checks.profile) == "steps/s"
+    assert samples_per_step_for(bare, bare.checks.profile, 4) == 1
+    weak_job = _JOB.replace("--steps {steps}", "--steps {steps} --batch-size {batch_size}")
+    weak = parse_config(weak_job.replace("  metrics:", "  batch_size: 16\n  metrics:")
+                        + "checks:\n  profile: {scaling: weak}\n")
+    spec = weak.checks.profile
+    assert spec is not None and throughput_unit(weak, spec) == "samples/s"
+    assert batch_size_for(weak, spec, 4) == 64 and samples_per_step_for(weak, spec, 4) == 64

@@ -546,7 +546,8 @@ def test_metrics_are_in_the_store_while_the_job_runs(track_job: Any) -> None:
         done.set()
         watcher.join()
     assert result.ok, result.reason
-    assert max(seen, default=0) >= 5, seen  # while the ranks ran (7.5 s at 0.25 s a step)
+    # while the ranks ran (7.5 s at 0.25 s a step): a thinned live view, one row per 2 s
+    assert max(seen, default=0) >= 2, seen
     assert tracker.close().complete
     run = launch_run(tracker.tracking_uri, tracker.session.run_id, "live")
     for key in ("loss", "loss/rank0", "loss/rank1"):
@@ -561,13 +562,15 @@ def test_live_rows_and_the_rows_logged_after_the_attempt_are_disjoint_and_comple
     client = FlakyClient(down=0)
     tracker._client = client
     handle = tracker.attach("run-1")
-    live = LiveMetrics(tracker, handle, world_size=2)
+    live = LiveMetrics(tracker, handle, world_size=2, interval=0.0)
     points = [MetricPoint("loss", 1, 1.0, 0, 0.1), MetricPoint("loss", 1, 3.0, 1, 0.2),
               MetricPoint("loss", 2, 5.0, 0, 0.3)]  # rank 1 died before printing step 2
     for p in points:
         live.on_metric(p, None)
+    assert live.sent == {("loss", 1)}  # live: the mean of the last step every rank printed
     after = [row for row in metric_rows(points, 2, 0) if (row[0], row[2]) not in live.sent]
-    assert [(k, v, s) for k, v, s, _ in after] == [("loss", 5.0, 2)]  # the mean of what arrived
+    assert sorted((k, s, v) for k, v, s, _ in after) == [  # the rest, after the attempt
+        ("loss", 2, 5.0), ("loss/rank0", 1, 1.0), ("loss/rank0", 2, 5.0), ("loss/rank1", 1, 3.0)]
     tracker.log_metrics(handle, after)
     assert tracker.close().complete
     logged = sorted((k, s, v) for k, v, s in client.metrics)

@@ -52,7 +52,7 @@ def summarise(profile: Profile) -> tuple[str, str]:
         parts.append(profile.phrase)
     for s in profile.ok_sizes:
         if len(profile.ok_sizes) == 1 and s.step is not None:
-            parts.append(f"{s.throughput_sps:.1f} samples/s, p50 step {s.step.p50_s * 1000:.1f} ms")
+            parts.append(f"{s.throughput_sps:.1f} {profile.unit}, p50 step {s.step.p50_s * 1000:.1f} ms")
     if profile.sizing is not None:
         rec = profile.sizing.recommended
         unit = "GPU(s)" if profile.device == "gpu" else "rank(s)"

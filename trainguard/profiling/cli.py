@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"  {s.world_size} rank(s): p50 {s.step.p50_s * 1000:.1f} ms, p90 "
                 f"{s.step.p90_s * 1000:.1f} ms, p99 {s.step.p99_s * 1000:.1f} ms per step, "
-                f"{s.throughput_sps:.1f} samples/s, startup {s.startup_s or 0:.1f} s"
+                f"{s.throughput_sps:.1f} {profile.unit}, startup {s.startup_s or 0:.1f} s"
                 + (f" [oversubscribed: {s.oversubscribed}]" if s.oversubscribed else "")
             )
         else:

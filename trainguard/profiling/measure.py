@@ -31,7 +31,14 @@ from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.profiling.stats import StepStats, percentile, step_stats
 from trainguard.runner import JobRunner, RunRequest
 
-__all__ = ["SizeProfile", "batch_size_for", "measure_size", "samples_per_step_for", "step_metric_of"]
+__all__ = [
+    "SizeProfile",
+    "batch_size_for",
+    "measure_size",
+    "samples_per_step_for",
+    "step_metric_of",
+    "throughput_unit",
+]
 
 _SAMPLE_S = 0.5
 
@@ -96,9 +103,14 @@ def samples_per_step_for(job_file: JobFile, spec: ProfileCheck, world_size: int)
         base = spec.samples_per_step
         return base * world_size if spec.scaling == "weak" else base
     batch = batch_size_for(job_file, spec, world_size)
-    if batch is None:  # config validation prevents this
-        raise ValueError("checks.profile needs samples_per_step or a batch size")
-    return batch
+    # neither known: throughput counts steps (see throughput_unit)
+    return batch if batch is not None else 1
+
+
+def throughput_unit(job_file: JobFile, spec: ProfileCheck) -> str:
+    """``samples/s``, or ``steps/s`` when neither samples_per_step nor a batch size is known."""
+    known = spec.samples_per_step is not None or batch_size_for(job_file, spec, 1) is not None
+    return "samples/s" if known else "steps/s"
 
 
 def oversubscription(world_size: int, device: str, gpus: int) -> str | None:

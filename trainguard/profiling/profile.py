@@ -28,6 +28,7 @@ from trainguard.profiling.measure import (
     measure_size,
     samples_per_step_for,
     step_metric_of,
+    throughput_unit,
 )
 from trainguard.profiling.sizing import SizeInputs, Sizing, size_run
 from trainguard.profiling.stats import ScalingFit, fit_scaling, phrase_scaling, scaling_table
@@ -59,6 +60,7 @@ class Profile:
     regressions: list[Regression] = field(default_factory=list)
     baseline_path: str | None = None
     saved_path: str | None = None
+    unit: str = "samples/s"
     created_at: str = field(
         default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     )
@@ -105,6 +107,7 @@ class Profile:
             "job_file": self.job_file,
             "run_dir": str(self.run_dir),
             "device": self.device,
+            "throughput_unit": self.unit,
             "measured_on": self.measured_on(),
             "machine": self.machine,
             "commit": self.commit,
@@ -213,8 +216,13 @@ def run_profile(
     profile = Profile(
         job=job_file.job.name, job_file=str(job_file.path), spec=spec, sizes=sizes,
         run_dir=run_dir, device=device, machine=machine,
-        commit={"id": commit, "dirty": dirty},
+        commit={"id": commit, "dirty": dirty}, unit=throughput_unit(job_file, spec),
     )
+    if profile.unit == "steps/s":
+        profile.notes.append(
+            "neither checks.profile.samples_per_step nor a batch size is set: throughput is in "
+            "steps per second (set samples_per_step for samples per second)"
+        )
     profile.notes.append(
         f"step times exclude the first {spec.warmup_steps} step(s) of each run (warm-up) and "
         f"come from the arrival times of rank 0's {step_metric_of(job_file, spec)!r} lines"

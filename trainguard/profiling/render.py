@@ -104,7 +104,7 @@ def plot_scaling(data: dict[str, Any]) -> bytes | None:
     top = max([*measured.values(), *(p["fit_sps"] for p in preds.values())])
     ax1.set_ylim(0, top * 1.35)
     ax1.set_xlabel("world size")
-    ax1.set_ylabel("samples / s")
+    ax1.set_ylabel(data.get("throughput_unit", "samples/s"))
     ax1.set_title(f"Throughput ({scaling['kind']} scaling)", fontsize=10)
     ax1.legend(fontsize=7)
     ax1.grid(alpha=0.3)
@@ -165,7 +165,8 @@ def plot_cost(data: dict[str, Any]) -> bytes | None:
     ax2.set_ylabel("wall-clock (h)")
     ax2.legend(fontsize=7, loc="upper center")
     rec = sizing.get("recommended")
-    title = f"Predicted full run; recommended: {rec} GPU(s)" if rec else "Predicted full run; no size meets every constraint"
+    unit = "GPU(s)" if data.get("device") == "gpu" else "rank(s), measured on CPU"
+    title = f"Predicted full run; recommended: {rec} {unit}" if rec else "Predicted full run; no size meets every constraint"
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, axis="y")
     return _png(fig)
@@ -182,6 +183,11 @@ def render_plots(data: dict[str, Any]) -> dict[str, bytes]:
         if png is not None:
             out[name] = png
     return out
+
+
+def _columns(data: dict[str, Any]) -> list[tuple[str, str]]:
+    unit = data.get("throughput_unit", "samples/s")
+    return [(key, unit if key == "throughput" else title) for key, title in _COLUMNS]
 
 
 def _rows(data: dict[str, Any]) -> list[dict[str, str]]:
@@ -228,7 +234,7 @@ def _context(data: dict[str, Any]) -> dict[str, Any]:
     return {
         "d": data,
         "rows": _rows(data),
-        "columns": _COLUMNS,
+        "columns": _columns(data),
         "models": models,
         "fmt": _fmt,
         "sizing": data.get("sizing"),
@@ -305,7 +311,7 @@ img { max-width: 100%; border: 1px solid #eee; margin: 0.4em 0; }
 {% if sizing %}<h2>Sizing the full run</h2>
 <p class="{{ 'ok' if sizing.recommended else 'bad' }}">{{ "Recommended: " if sizing.recommended else "" }}{{ sizing.recommendation }}</p>
 <p class="meta">Target: {% for k, v in sizing.target.items() if v not in (None, {}, []) %}{{ k }} = {{ v }}{% if not loop.last %}, {% endif %}{% endfor %}. Memory budget per rank: {{ fmt(sizing.memory_budget_mb, 5) }} MB ({{ sizing.memory_budget_source }}).</p>
-<table><tr><th>GPUs</th><th>source</th><th>samples/s</th><th>efficiency</th><th>steps</th><th>wall-clock h</th><th>expected failures</th><th>GPU-hours</th><th>cost</th><th>checkpoint every</th><th>memory headroom MB</th><th>feasible</th></tr>
+<table><tr><th>GPUs</th><th>source</th><th>{{ d.get("throughput_unit", "samples/s") }}</th><th>efficiency</th><th>steps</th><th>wall-clock h</th><th>expected failures</th><th>GPU-hours</th><th>cost</th><th>checkpoint every</th><th>memory headroom MB</th><th>feasible</th></tr>
 {% for c in sizing.candidates %}<tr{% if c.gpus == sizing.recommended %} style="background:#eef6ee;font-weight:bold"{% endif %}><td>{{ c.gpus }}</td><td>{{ "extrapolated" if c.extrapolated else "measured" }}</td><td>{{ fmt(c.throughput_sps, 4) }}</td><td>{{ "%.0f%%"|format(c.efficiency * 100) }}</td><td>{{ c.steps }}</td><td>{{ fmt(c.hours_with_failures) }}</td><td>{{ fmt(c.expected_failures, 2) }}</td><td>{{ fmt(c.gpu_hours) }}</td><td>{{ "%.2f"|format(c.cost) }}</td><td>{% if c.checkpoint_every_s %}{{ "%.1f"|format(c.checkpoint_every_s / 60) }} min / {{ c.checkpoint_every_steps }} steps{% else %}-{% endif %}</td><td>{{ fmt(c.memory_headroom_mb, 5) }}</td><td>{{ "yes" if c.feasible else c.why_not|join("; ") }}</td></tr>
 {% endfor %}</table>
 {% if sizing.candidates %}<p class="meta">Checkpoint interval: {{ sizing.candidates[0].checkpoint_rule }} (MTBF of the job = per-GPU MTBF / GPUs unless configured per count).</p>{% endif %}

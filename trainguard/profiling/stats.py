@@ -114,7 +114,7 @@ def phrase_scaling(table: Mapping[int, Mapping[str, float]], scaling: Scaling, u
         who = f"{n} {unit}" if i == 0 else str(n)
         parts.append(f"{who} give {speedup:.2f}x ({eff:.0%} efficient)")
     if not parts:
-        return f"only {base} {unit} measured: no scaling figure"
+        return f"only world size {base} measured: no scaling figure"
     against = "" if base == 1 else f" relative to {base}"
     return ", ".join(parts) + f" ({scaling} scaling{against})"
 
@@ -281,7 +281,12 @@ def fit_scaling(throughput: Mapping[int, float]) -> ScalingFit:
             f"{len(others)} size(s) beyond the base: the USL's 2 parameters would fit them "
             "exactly (a zero residual is no evidence), so the 1-parameter Amdahl law is used"
         )
-        if amdahl.unvalidated:
+        if amdahl.unvalidated and amdahl.rms_residual > 1e-9:
+            why += (
+                f"; it cannot follow a speed-up below 1x (rms residual {amdahl.rms_residual:.3f}), "
+                "so its predictions stay flat -- measure a third world size to test the fit"
+            )
+        elif amdahl.unvalidated:
             why += "; it too fits exactly -- measure a third world size to test the fit"
     elif usl.rms_residual < 0.7 * amdahl.rms_residual:
         chosen = "usl"
