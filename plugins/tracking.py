@@ -40,6 +40,8 @@ def _warn(text: str) -> None:
 def configure_node(node: Any) -> None:
     """The controller's ``pytest_configure_node``: give the worker the session's registry file."""
     config = node.config
+    if get_session(config).settings.tracking == "off":
+        return
     registry = config.stash.get(_REGISTRY, None)
     if registry is None:
         registry = str(Path(tempfile.mkdtemp(prefix="trainguard-mlflow-")) / "sessions.json")

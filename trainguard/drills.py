@@ -651,7 +651,7 @@ def drill(
     from trainguard.config import load_config
 
     job_file = load_config(config)
-    names = [f"drill:{n}" for n in only] if only else ["drills"]
+    names = [n if n.startswith("drill:") else f"drill:{n}" for n in only] if only else ["drills"]
     target = report_json or str(job_file.state_dir / "drills-report.json")
     return check(job_file.path, only=names, seed=seed, report_json=target, echo=echo,
                  on_result=on_result)

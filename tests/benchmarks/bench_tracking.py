@@ -1,10 +1,20 @@
 """Tracking overhead (not a CI test): a job's step time with MLflow tracking on vs off, as a ratio
 measured in one process, interleaved to cancel drift in the machine's load.
 
-    .venv/bin/python tests/benchmarks/bench_tracking.py [--pairs 6] [--steps 150] [--ranks 1]
-        [--tracker warm|cold] [--json out.json]
+    .venv/bin/python tests/benchmarks/bench_tracking.py blocks [--steps 3000] [--block-s 4]
+    .venv/bin/python tests/benchmarks/bench_tracking.py runs [--pairs 6] [--steps 150]
+        [--tracker warm|cold]
+    (both: [--ranks 1] [--json out.json])
 
-Each pair launches the digits example twice, once untracked and once tracked (the order
+``blocks`` (the low-noise one): one long run of the digits example with tracking switched on and
+off every ``--block-s`` seconds (the live metric stream and the system-metric sampling into a
+launch run of a connected tracker, exactly what a tracked launch does while its ranks run).
+Adjacent on/off blocks are seconds apart, so the machine's load drifts little between them; the
+ratio is the median over adjacent block pairs of the blocks' mean step times (throughput) and,
+separately, of their median step times. What tracking does after an attempt (per-rank rows,
+logs, the plot) happens when the ranks are gone and is not in a step time.
+
+``runs``: each pair launches the digits example twice, once untracked and once tracked (the order
 alternates between pairs). A run's step time is the median interval between consecutive ``loss``
 lines of rank 0 after ``--warmup`` steps (robust to the odd slow step); a pair's ratio is its
 tracked step time over its untracked one. Reported: the median of the pair ratios with their
@@ -69,15 +79,112 @@ def quartiles(values: list[float]) -> tuple[float, float, float, float, float]:
     return min(values), q1, q2, q3, max(values)
 
 
+def blocks(args: argparse.Namespace) -> dict[str, Any]:
+    """One run, tracking toggled every ``block_s`` seconds; ratios of adjacent blocks."""
+    from trainguard.tracking import LiveMetrics
+
+    with tempfile.TemporaryDirectory(prefix="bench-tracking-") as tmp:
+        project = Path(shutil.copytree(EXAMPLE, Path(tmp) / "digits", ignore=shutil.ignore_patterns(".trainguard")))
+        job_file = load_config(project / "trainguard.yaml")
+        uri, artifacts = default_store(job_file.state_dir / "store")
+        tracker = Tracker(uri, artifact_location=artifacts)
+        tracker.session = tracker.start_run("bench")
+        handle = tracker.start_run("bench-blocks", parent=tracker.session)
+        assert handle.created.wait(300), "the store did not open"
+        live = LiveMetrics(tracker, handle, args.ranks)
+        state = {"on": False, "block": 0, "until": 0.0}
+        blocks_seen: list[tuple[int, bool]] = []
+        step_block: dict[int, int] = {}
+
+        def toggle(point: MetricPoint, launcher: Any) -> None:
+            if point.name != "loss" or point.rank != 0:
+                if state["on"]:
+                    live.on_metric(point, launcher)
+                return
+            now = time.monotonic()
+            if point.step > args.warmup and now >= state["until"]:
+                state["on"] = not state["on"]
+                state["block"] += 1
+                state["until"] = now + args.block_s
+                blocks_seen.append((int(state["block"]), bool(state["on"])))
+                (tracker.start_sampling if state["on"] else tracker.stop_sampling)(handle)
+            step_block[point.step] = int(state["block"])
+            if state["on"]:
+                live.on_metric(point, launcher)
+
+        runner = JobRunner(job_file, Settings())
+        request = RunRequest.make(steps=args.steps, seed=0, world_size=args.ranks,
+                                  args=["--num-workers", "0", "--ckpt-every", "50"], timeout=3600)
+        writer_before = thread_cpu_s(tracker)
+        result = runner.run(request, label="bench", on_metric=toggle)
+        writer_cpu = thread_cpu_s(tracker) - writer_before
+        assert result.ok, result.reason
+        flushed = tracker.close()
+        assert flushed.complete, flushed
+    times = {p.step: p.t for p in result.points if p.name == "loss" and p.rank == 0}
+    per_block: dict[int, list[float]] = {}
+    for step, t in sorted(times.items()):
+        if step - 1 in times and step_block.get(step, 0) and step_block.get(step - 1) == step_block[step]:
+            per_block.setdefault(step_block[step], []).append(t - times[step - 1])
+    on_of = dict(blocks_seen)
+    mean_ratios: list[float] = []
+    median_ratios: list[float] = []
+    numbers = sorted(b for b in per_block if len(per_block[b]) >= 5)
+    for a, b in itertools.pairwise(numbers):
+        if b != a + 1:
+            continue
+        on, off = (per_block[a], per_block[b]) if on_of[a] else (per_block[b], per_block[a])
+        mean_ratios.append(statistics.fmean(on) / statistics.fmean(off))
+        median_ratios.append(statistics.median(on) / statistics.median(off))
+    on_steps = [x for blk, xs in per_block.items() if on_of.get(blk) for x in xs]
+    off_steps = [x for blk, xs in per_block.items() if not on_of.get(blk) for x in xs]
+    mlo, mq1, mmed, mq3, mhi = quartiles(mean_ratios)
+    dlo, dq1, dmed, dq3, dhi = quartiles(median_ratios)
+    out = {
+        "mode": "blocks", "steps": args.steps, "ranks": args.ranks, "block_s": args.block_s,
+        "blocks": len(numbers), "adjacent_pairs": len(mean_ratios),
+        "step_ms_mean_on": round(statistics.fmean(on_steps) * 1000, 3),
+        "step_ms_mean_off": round(statistics.fmean(off_steps) * 1000, 3),
+        "step_ms_median_on": round(statistics.median(on_steps) * 1000, 3),
+        "step_ms_median_off": round(statistics.median(off_steps) * 1000, 3),
+        "ratio_of_means": {"median": round(mmed, 4), "quartiles": [round(mq1, 4), round(mq3, 4)],
+                           "range": [round(mlo, 4), round(mhi, 4)]},
+        "ratio_of_medians": {"median": round(dmed, 4), "quartiles": [round(dq1, 4), round(dq3, 4)],
+                             "range": [round(dlo, 4), round(dhi, 4)]},
+        "writer_cpu_s": round(writer_cpu, 3), "run_s": round(result.duration_s, 1),
+        "flush_s": round(flushed.seconds, 2),
+    }
+    print(f"blocks: {args.steps} steps on {args.ranks} rank(s), {len(numbers)} blocks of {args.block_s:g} s, "
+          f"{len(mean_ratios)} adjacent on/off pairs")
+    print(f"step time on: mean {out['step_ms_mean_on']} ms, median {out['step_ms_median_on']} ms; "
+          f"off: mean {out['step_ms_mean_off']} ms, median {out['step_ms_median_off']} ms")
+    print(f"ratio on/off of block means: median {mmed:.4f} ({(mmed - 1) * 100:+.2f}%), quartiles "
+          f"{mq1:.4f}..{mq3:.4f}, range {mlo:.4f}..{mhi:.4f}")
+    print(f"ratio on/off of block medians: median {dmed:.4f} ({(dmed - 1) * 100:+.2f}%), quartiles "
+          f"{dq1:.4f}..{dq3:.4f}, range {dlo:.4f}..{dhi:.4f}")
+    print(f"writer thread CPU: {writer_cpu:.3f} s over the {result.duration_s:.0f} s run "
+          f"({writer_cpu / result.duration_s * 100:.2f}% of one core, half of it tracking on)")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("mode", nargs="?", choices=("blocks", "runs"), default="blocks")
+    parser.add_argument("--block-s", type=float, default=4.0)
     parser.add_argument("--pairs", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=None, help="default: 3000 (blocks), 150 (runs)")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--tracker", choices=("warm", "cold"), default="warm")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args()
+    if args.mode == "blocks":
+        args.steps = args.steps or 3000
+        numbers = blocks(args)
+        if args.json is not None:
+            args.json.write_text(json.dumps(numbers, indent=2))
+        return
+    args.steps = args.steps or 150
     with tempfile.TemporaryDirectory(prefix="bench-tracking-") as tmp:
         project = Path(shutil.copytree(EXAMPLE, Path(tmp) / "digits", ignore=shutil.ignore_patterns(".trainguard")))
         job_file = load_config(project / "trainguard.yaml")

@@ -17,6 +17,10 @@ Flags plant one defect each, so a test can show that trainguard catches it:
 --jsonl-dir D                 metrics go to D/metrics-rank{RANK}.jsonl instead of stdout
 --faulthandler                SIGUSR1 prints every thread's stack to stderr (faulthandler)
 --ckpt-at-exit-only           checkpoints only after the last step (a kill loses all progress)
+--ckpt-inplace                writes each checkpoint straight to its final name (a failed write
+                              leaves a torn checkpoint that a resume then reads)
+--swallow-oom                 catches MemoryError / torch.OutOfMemoryError in the training loop
+                              and carries on (an OOM that never ends the job)
 
 --sync-dir D makes every step end in a barrier of all ranks (files under D, like a collective):
 a rank waits for its peers' step; --sync-timeout T makes it raise after T s waiting (a collective
@@ -73,6 +77,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--jsonl-dir", default=None)
     p.add_argument("--faulthandler", action="store_true")
     p.add_argument("--ckpt-at-exit-only", action="store_true")
+    p.add_argument("--ckpt-inplace", action="store_true")
+    p.add_argument("--swallow-oom", action="store_true")
     p.add_argument("--sync-dir", default=None)
     p.add_argument("--sync-timeout", type=float, default=0.0, help="0: wait for peers forever")
     return p.parse_args()
@@ -82,9 +88,13 @@ def checkpoint_path(ckpt_dir: Path, rank: int, step: int) -> Path:
     return ckpt_dir / f"rank{rank}-step{step:06d}.json"
 
 
-def save_checkpoint(ckpt_dir: Path, rank: int, step: int, rng: random.Random) -> None:
+def save_checkpoint(ckpt_dir: Path, rank: int, step: int, rng: random.Random, inplace: bool = False) -> None:
     # temp file + rename: a run killed mid-write never leaves a torn checkpoint behind
     target = checkpoint_path(ckpt_dir, rank, step)
+    if inplace:  # the defect: open(target, "w") truncates first, a failed write leaves it torn
+        with open(target, "w") as f:
+            f.write(json.dumps({"step": step, "rng": rng.getstate()}))
+        return
     tmp = target.with_name("." + target.name + ".tmp")
     tmp.write_text(json.dumps({"step": step, "rng": rng.getstate()}))
     os.replace(tmp, target)
@@ -155,7 +165,12 @@ def main() -> int:
 
     for step in range(start, args.steps + 1):
         if args.sleep:
-            time.sleep(args.sleep)
+            try:
+                time.sleep(args.sleep)
+            except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+                if not args.swallow_oom or not ("OutOfMemory" in type(exc).__name__ or isinstance(exc, MemoryError)):
+                    raise
+                print(f"toy_train: rank {rank}: caught {type(exc).__name__}; carrying on", file=sys.stderr, flush=True)
         if rank == args.die_rank and step == args.die_step:
             print(
                 f"toy_train: rank {rank}: planted failure at step {step}",
@@ -180,7 +195,7 @@ def main() -> int:
                 print(f"step {step} loss {loss:.6f}", flush=True)
         due = step == args.steps if args.ckpt_at_exit_only else step % args.ckpt_every == 0
         if ckpt_dir is not None and not args.no_ckpt and due:
-            save_checkpoint(ckpt_dir, rank, step, rng)
+            save_checkpoint(ckpt_dir, rank, step, rng, inplace=args.ckpt_inplace)
     print(f"toy_train: rank {rank} done", flush=True)
     return 0
 

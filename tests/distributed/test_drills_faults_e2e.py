@@ -1,0 +1,151 @@
+"""Drills of the oom, disk_full and network faults on real processes, through ``run_drill``.
+
+Each fault: the clean job passes its drill AND a planted defect is caught --
+
+* oom (fail_clean): the kernel (cgroup) or the allocator ends the rank, the job fails cleanly and
+  resumes from its checkpoint; a job that swallows the OOM and carries on is caught;
+* disk_full (fail_clean, hook mode: deterministic): a job that writes checkpoints atomically
+  keeps the previous one; a job that overwrites in place leaves a torn checkpoint the resume
+  trips over;
+* network (continue, a ``timeout`` toxic that holds the job's requests on their way to the
+  service): a job whose calls have a timeout keeps training; one without a timeout stalls for as
+  long as the service does.
+
+The jobs are pure Python (tests/data/jobs/toy_train.py, tests/data/faults/http_job.py): a drill
+costs seconds. The fault-level behaviour (cgroup counters, tmpfs filler, every toxic) is tested in
+tests/unit/test_faults_*.py, test_fault_hook.py and test_network_fault.py.
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.config import load_config
+from trainguard.drills import run_drill
+from trainguard.report import CheckResult
+from trainguard.runner import JobRunner
+
+pytestmark = pytest.mark.timeout(240)
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+TOY = """
+job:
+  name: toy-faults
+  command: "python {script} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --sleep 0.1"
+  resume_args: "--resume"
+  world_size: 2
+  metrics:
+    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
+  timeout: 60
+  stall_timeout: 30
+checks:
+  drills:
+"""
+
+HTTP = """
+job:
+  name: http-faults
+  command: "python {script} --steps {{steps}} --ckpt-dir {{checkpoint_dir}} --sleep 0.05"
+  resume_args: "--resume"
+  env: {{TRAINGUARD_PROXY_ADDR: "{service}"}}
+  metrics:
+    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
+  timeout: 60
+  stall_timeout: 30
+checks:
+  drills:
+"""
+
+
+def run(tmp_path: Path, template: str, drill: str, **fmt: Any) -> CheckResult:
+    path = tmp_path / "trainguard.yaml"
+    path.write_text(template.format(**fmt) + f"    - {drill}\n")
+    job = load_config(path)
+    runner = JobRunner(job)
+    try:
+        return run_drill(runner, job.checks.drills[0])
+    finally:
+        runner.close()
+
+
+def toy(tmp_path: Path, drill: str) -> CheckResult:
+    return run(tmp_path, TOY, drill, script=DATA / "jobs" / "toy_train.py")
+
+
+@pytest.mark.parametrize("defect", [False, True], ids=["clean", "swallows-oom"])
+def test_oom_fail_clean(tmp_path: Path, defect: bool) -> None:
+    if defect:  # the job's own code sees the error: the start-up hook raises it at step 7
+        result = toy(tmp_path, "{name: oom, fault: oom, rank: 1, steps: 14, after_step: 7, "
+                     "expect: fail_clean, deadline: 6, params: {mode: raise}, args: --swallow-oom}")
+        assert result.status == "failed", result.summary
+        assert "exit" in result.summary or "hung" in result.summary
+        return
+    result = toy(tmp_path, "{name: oom, fault: oom, rank: 1, steps: 14, after_step: 7, "
+                 "expect: fail_clean, deadline: 20}")
+    assert result.status == "passed", result.summary
+    fault = result.evidence["fault_evidence"]
+    assert fault["mode_ran"] in ("cgroup", "rlimit")
+    assert result.evidence["checkpoint"]["intact"] and result.evidence["checkpoint"]["resumed_from_step"] == 5
+
+
+@pytest.mark.parametrize("defect", [False, True], ids=["atomic", "in-place"])
+def test_disk_full_fail_clean(tmp_path: Path, defect: bool) -> None:
+    drill = ("{name: disk, fault: disk_full, rank: 0, steps: 14, after_step: 7, expect: fail_clean, "
+             "deadline: 20, params: {mode: hook}" + (", args: --ckpt-inplace}" if defect else "}"))
+    result = toy(tmp_path, drill)
+    assert result.evidence["fault_evidence"]["mode_ran"] == "hook"
+    if defect:
+        assert result.status == "failed", result.summary
+        assert result.evidence["checkpoint"]["intact"] is False, result.evidence["checkpoint"]
+        return
+    assert result.status == "passed", result.summary
+    assert "No space left on device" in result.evidence["failed_rank_stderr_after_fault"]
+    assert result.evidence["checkpoint"] == {"intact": True, "resumed_from_step": 5}
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def service() -> Iterator[str]:
+    """The service the job calls every step (a real HTTP server on loopback)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@pytest.mark.parametrize("defect", [False, True], ids=["with-timeout", "no-timeout"])
+def test_network_continue(tmp_path: Path, service: str, defect: bool) -> None:
+    drill = ("{name: net, fault: network, steps: 40, after_step: 10, duration: 2, expect: continue, "
+             "min_rate: 0.1, params: {toxic: timeout, stream: upstream, attributes: {timeout: 0}, upstream: '" + service
+             + "'}, args: " + ("'--timeout 0'" if defect else "'--timeout 0.2'") + "}")
+    result = run(tmp_path, HTTP, drill, script=DATA / "faults" / "http_job.py", service=service)
+    rates = result.evidence["step_rate"]
+    if defect:
+        assert result.status == "failed", result.summary
+        assert "step rate during the fault fell" in result.summary
+        return
+    assert result.status == "passed", result.summary
+    assert rates["during_over_before"] >= 0.1
+    assert result.evidence["fault_evidence"]["toxic"] == "timeout"
