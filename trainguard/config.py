@@ -33,6 +33,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from trainguard.errors import ConfigError
+from trainguard.gate.policy import GatePolicy
 
 __all__ = [
     "CHECK_NAMES",
@@ -499,6 +500,7 @@ class _Document(_Model):
     job: Job
     checks: Checks = Field(default_factory=Checks)
     target: Target | None = None
+    gate: GatePolicy | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -515,6 +517,8 @@ class JobFile:
     checks: Checks
     #: the full run a profile sizes (``target:``); None when absent
     target: Target | None = None
+    #: the promotion gate's policy (``gate:``); None when absent (the defaults apply)
+    gate: GatePolicy | None = None
 
     @property
     def base_dir(self) -> Path:
@@ -824,7 +828,7 @@ def parse_config(text: str, *, path: str | os.PathLike[str] = "trainguard.yaml")
     except ValidationError as exc:
         problems = _format_validation_error(exc)
         raise _config_error(where, problems) from None
-    job_file = JobFile(path=Path(path).resolve(), job=doc.job, checks=doc.checks, target=doc.target)
+    job_file = JobFile(path=Path(path).resolve(), job=doc.job, checks=doc.checks, target=doc.target, gate=doc.gate)
     problems = _cross_checks(job_file)
     if problems:
         raise _config_error(where, problems)

@@ -996,7 +996,8 @@ def launch_hooks(
     if tracker is None or handle is None:
         return {}, None
     env = {TRACKING_URI_ENV: tracker.tracking_uri}
-    handle.created.wait(LAUNCH_RUN_WAIT_S)
+    if tracker.last_error is None:  # a store that is failing is not waited for at every launch
+        handle.created.wait(LAUNCH_RUN_WAIT_S)
     with tracker._cond:
         run_id = handle.run_id
         if run_id is None:

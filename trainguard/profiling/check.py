@@ -82,6 +82,7 @@ def run_profile_check(runner: JobRunner, spec: ProfileCheck) -> CheckResult:
         evidence["compare"] = [r.describe() for r in profile.regressions]
     if profile.sizing is not None:
         evidence["recommendation"] = profile.sizing.recommendation
+        evidence["sizing"] = profile.sizing.to_dict()  # the gate judges its thresholds on this
     if profile.failed_sizes:
         bad = profile.failed_sizes[0]
         evidence["reason"] = bad.reason

@@ -1,0 +1,373 @@
+"""``trainguard gate``: run the required checks, decide promote or block, write the report, submit.
+
+The gate runs every check the job file configures (smoke, canary, determinism, resume, parallel,
+profile, drills) in one session -- one MLflow parent run, shared reference runs -- then
+:func:`trainguard.gate.policy.decide` turns the results, the profile's sizing and this machine's
+capabilities into ``promote`` or ``block`` with every reason. The gate report (JSON for machines,
+Markdown for a PR comment, a self-contained HTML page) is written atomically under
+``.trainguard/gate/``; it carries the provenance (:mod:`trainguard.gate.provenance`) that
+``trainguard submit`` checks before it submits a promoted report later.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard._internal.atomic import atomic_write_text
+from trainguard._version import __version__
+from trainguard.config import JobFile, load_config
+from trainguard.errors import TrainguardError, UsageError
+from trainguard.gate.policy import Capabilities, Decision, GatePolicy, decide
+from trainguard.report import CheckResult, Report
+
+__all__ = ["GATE_REPORT_VERSION", "GateReport", "StaleReport", "run_gate", "submit_report", "write_gate_report"]
+
+GATE_REPORT_VERSION = 1
+
+
+class StaleReport(TrainguardError):
+    """A gate report that no longer describes the job (or was not promoted): not submitted."""
+
+
+@dataclass
+class GateReport:
+    """Everything the gate decided and why (the JSON written to ``.trainguard/gate/``)."""
+
+    job: str
+    job_file: str
+    decision: Decision
+    report: Report
+    provenance: dict[str, Any]
+    capabilities: dict[str, Any]
+    policy: dict[str, Any]
+    sizing: dict[str, Any] | None = None
+    submission: dict[str, Any] | None = None
+    tracking_uri: str | None = None
+    mlflow_session_run_id: str | None = None
+    created_at: float = field(default_factory=time.time)
+    duration_s: float = 0.0
+    paths: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def promoted(self) -> bool:
+        return self.decision.promoted
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gate_report_version": GATE_REPORT_VERSION,
+            "trainguard_version": __version__,
+            "job": self.job,
+            "job_file": self.job_file,
+            "verdict": self.decision.verdict,
+            "decision": self.decision.to_dict(),
+            "checks": self.report.to_dict()["checks"],
+            "provenance": self.provenance,
+            "capabilities": self.capabilities,
+            "policy": self.policy,
+            "sizing": self.sizing,
+            "submission": self.submission,
+            "tracking_uri": self.tracking_uri,
+            "mlflow_session_run_id": self.mlflow_session_run_id,
+            "created_at": self.created_at,
+            "duration_s": round(self.duration_s, 1),
+            "reports": self.paths,
+        }
+
+
+def _sizing_of(report: Report) -> dict[str, Any] | None:
+    profile = next((c for c in report.checks if c.name == "profile"), None)
+    sizing = profile.evidence.get("sizing") if profile is not None else None
+    return sizing if isinstance(sizing, dict) else None
+
+
+def _configured(job_file: JobFile) -> list[str]:
+    names = [n for n, _ in job_file.enabled_checks() if not n.startswith("drill:")]
+    return names + (["drills"] if job_file.checks.drills else [])
+
+
+def run_gate(
+    config: str | os.PathLike[str] | JobFile,
+    *,
+    submit: bool = False,
+    seed: int | None = None,
+    echo: Callable[[int, str, str], None] | None = None,
+    on_start: Callable[[str], None] | None = None,
+    on_result: Callable[[CheckResult], None] | None = None,
+    submit_wait_s: float = 30.0,
+) -> GateReport:
+    """Run the gate on a job file: every configured check, the decision, the report (written),
+    and -- with ``submit`` and a ``promote`` -- the submission to ``gate.queue``."""
+    from trainguard.checks import run_check
+    from trainguard.gate.provenance import provenance_for
+    from trainguard.runner import JobRunner
+    from trainguard.settings import resolve
+    from trainguard.tracking import open_tracker
+
+    started = time.monotonic()
+    job_file = config if isinstance(config, JobFile) else load_config(config)
+    policy = job_file.gate or GatePolicy.model_validate({})
+    settings = resolve(environ=os.environ)
+    if seed is not None:
+        settings = dataclasses.replace(settings, seed=seed)
+    capabilities = Capabilities.probe()
+    tracker = open_tracker(job_file, settings, run_name=f"trainguard gate {job_file.job.name}")
+    runner = JobRunner(job_file, settings, echo=echo, tracker=tracker)
+    report = Report(job=job_file.job.name, job_file=str(job_file.path))
+    try:
+        for name, spec in job_file.enabled_checks():
+            if on_start is not None:
+                on_start(name)
+            result = report.add(run_check(runner, name, spec))
+            if on_result is not None:
+                on_result(result)
+        sizing = _sizing_of(report)
+        decision = decide(report, policy, capabilities, sizing=sizing, configured=_configured(job_file))
+        gate = GateReport(
+            job=job_file.job.name,
+            job_file=str(job_file.path),
+            decision=decision,
+            report=report,
+            provenance=provenance_for(job_file).to_dict(),
+            capabilities=dataclasses.asdict(capabilities),
+            policy=policy.model_dump(),
+            sizing=sizing,
+            tracking_uri=tracker.tracking_uri if tracker is not None else None,
+        )
+        if tracker is not None and tracker.session is not None:
+            tracker.set_tags(tracker.session, {"trainguard.gate": decision.verdict,
+                                               "trainguard.kind": "gate"})
+            tracker.session_failed = not decision.promoted
+            gate.mlflow_session_run_id = tracker.session.run_id
+        if submit and decision.promoted:
+            gate.submission = _submit(job_file, gate, policy, runner, wait_s=submit_wait_s)
+        elif submit:
+            gate.submission = {"status": "not_submitted", "message": "blocked: nothing was submitted"}
+        gate.duration_s = time.monotonic() - started
+        write_gate_report(gate, job_file.state_dir / "gate")
+        if tracker is not None and tracker.session is not None:
+            for kind in ("json", "markdown", "html"):
+                tracker.log_artifact(tracker.session, gate.paths[kind], "gate")
+    finally:
+        runner.close()
+        if tracker is not None:
+            tracker.close()
+    return gate
+
+
+# -- submission -----------------------------------------------------------------------------
+
+
+def _production_spec(job_file: JobFile, gate: dict[str, Any], report_path: str | None) -> Any:
+    """The sized production run: the recommended world size, the target's steps, the predicted
+    wall-clock as the time limit."""
+    from trainguard.gate.queue import spec_from_job
+    from trainguard.runner import JobRunner, RunRequest
+
+    sizing = gate.get("sizing") or {}
+    world = sizing.get("recommended") or job_file.job.world_size
+    candidate = next((c for c in sizing.get("candidates", []) if c.get("gpus") == world), {})
+    steps = (job_file.target.steps if job_file.target is not None and job_file.target.steps else None) \
+        or candidate.get("steps") or 1
+    request = RunRequest.make(steps=int(steps), seed=0, world_size=int(world))
+    run_dir = job_file.state_dir / "production"
+    values = JobRunner(job_file).placeholders(request, run_dir, None)
+    hours = candidate.get("hours_with_failures")
+    on_gpu = (gate.get("capabilities") or {}).get("gpus", 0) > 0
+    return spec_from_job(
+        job_file, values, world_size=int(world), num_gpus=1.0 if on_gpu else 0.0, num_cpus=1.0,
+        time_limit_s=float(hours) * 3600 if hours else None, gate_report=report_path,
+        mlflow_run_id=gate.get("mlflow_session_run_id"),
+    )
+
+
+def _submit_spec(spec: Any, queue: str, job_file: JobFile, *, wait_s: float) -> dict[str, Any]:
+    from trainguard.gate.local_ray import LocalRay, external_cluster
+    from trainguard.gate.queue import get_backend
+
+    if queue == "slurm":
+        submission = get_backend("slurm", script_dir=job_file.state_dir / "slurm").submit(spec)
+        return submission.to_dict()
+    if external_cluster() is not None:
+        return get_backend("ray").submit(spec).to_dict()
+    # no RAY_ADDRESS: an embedded head, for a dry run of the submission path on this machine;
+    # the job lives only as long as the head, which stops when the gate ends
+    with LocalRay(dashboard=True) as cluster:
+        backend = get_backend("ray", cluster=cluster, pending_timeout=min(wait_s, 60.0))
+        submission = backend.submit(spec)
+        if submission.job_id and not submission.terminal and wait_s > 0:
+            submission = backend.wait(submission.job_id, wait_s)  # type: ignore[attr-defined]
+        out = submission.to_dict()
+        out["note"] = (f"submitted to an embedded local Ray head (no RAY_ADDRESS) and watched for "
+                       f"{wait_s:g} s; the head stops with the gate. Set RAY_ADDRESS to submit to a "
+                       "real cluster")
+        return out
+
+
+def _submit(job_file: JobFile, gate: GateReport, policy: GatePolicy, runner: Any, *, wait_s: float) -> dict[str, Any]:
+    path = str(job_file.state_dir / "gate" / "latest.json")
+    try:
+        spec = _production_spec(job_file, gate.to_dict(), path)
+        return _submit_spec(spec, policy.queue, job_file, wait_s=wait_s)
+    except TrainguardError as exc:
+        return {"status": "not_submitted", "message": str(exc)}
+
+
+def submit_report(path: str | os.PathLike[str], *, wait_s: float = 30.0, queue: str | None = None) -> dict[str, Any]:
+    """``trainguard submit REPORT``: submit the job a promoted, fresh gate report describes.
+    Raises :class:`StaleReport` naming every reason when the report is blocked or stale."""
+    from trainguard.gate.provenance import staleness
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such gate report; run `trainguard gate CONFIG` first") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path}: not a gate report ({exc}); pass .trainguard/gate/latest.json") from None
+    if not isinstance(data, dict) or data.get("gate_report_version") != GATE_REPORT_VERSION:
+        raise UsageError(f"{path}: not a gate report of version {GATE_REPORT_VERSION}; "
+                         "run `trainguard gate CONFIG` again")
+    if data.get("verdict") != "promote":
+        reasons = "; ".join(data.get("decision", {}).get("reasons", [])) or "no reason recorded"
+        raise StaleReport(f"{path}: the gate blocked this job ({reasons}); fix it and run "
+                          "`trainguard gate` again -- a blocked report is never submitted")
+    job_file = load_config(data["job_file"])
+    policy = job_file.gate or GatePolicy.model_validate({})
+    reasons = staleness(data["provenance"], job_file, max_age=policy.max_report_age)
+    if reasons:
+        raise StaleReport(f"{path} is stale: " + "; ".join(reasons) + ". Run `trainguard gate "
+                          f"{job_file.path}` again")
+    spec = _production_spec(job_file, data, str(path))
+    return _submit_spec(spec, queue or policy.queue, job_file, wait_s=wait_s)
+
+
+# -- the report files -----------------------------------------------------------------------
+
+_MARKDOWN = """\
+# trainguard gate: {{ verdict | upper }} -- {{ job }}
+
+{% if reasons %}**Blocked because:**
+{% for r in reasons %}- {{ r }}
+{% endfor %}{% else %}Every required check passed{% if sizing %} and the sizing meets every threshold{% endif %}.
+{% endif %}
+| check | status | summary |
+|---|---|---|
+{% for c in checks %}| {{ c.name }} | {{ c.status }} | {{ c.summary | replace("|", "/") }} |
+{% endfor %}
+{% if recommendation %}**Sizing:** {{ recommendation }}
+{% endif %}{% if fallbacks %}
+**Fallbacks that ran:**
+{% for f in fallbacks %}- {{ f }}
+{% endfor %}{% endif %}{% if notes %}
+<details><summary>Notes</summary>
+
+{% for n in notes %}- {{ n }}
+{% endfor %}
+</details>
+{% endif %}
+Machine: {{ machine }}. Provenance: {{ provenance }}. {{ duration }} s.
+"""
+
+_HTML = """<!doctype html>
+<html><head><meta charset="utf-8"><title>trainguard gate: {{ verdict }} -- {{ job }}</title>
+<style>
+body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222;padding:0 1em}
+.banner{padding:1em 1.4em;border-radius:8px;font-size:1.4em;font-weight:600}
+.promote{background:#e6f4ea;color:#0b6b2b}.block{background:#fdecea;color:#a4161a}
+table{border-collapse:collapse;width:100%;margin:1em 0}td,th{border-bottom:1px solid #ddd;padding:.4em .6em;text-align:left;vertical-align:top;font-size:.92em}
+.passed{color:#0b6b2b}.failed,.error{color:#a4161a}.skipped{color:#8a6d00}
+img{max-width:100%;border:1px solid #eee;margin:.5em 0}.meta{color:#666;font-size:.9em}
+</style></head><body>
+<div class="banner {{ verdict }}">{{ verdict | upper }} &mdash; {{ job }}</div>
+<p class="meta">{{ job_file }} &middot; {{ machine }} &middot; {{ created }} &middot; {{ duration }} s &middot; trainguard {{ version }}</p>
+{% if reasons %}<h2>Why it is blocked</h2><ul>{% for r in reasons %}<li>{{ r }}</li>{% endfor %}</ul>{% endif %}
+<h2>Checks</h2><table><tr><th>check</th><th>status</th><th>summary</th><th>s</th></tr>
+{% for c in checks %}<tr><td>{{ c.name }}</td><td class="{{ c.status }}">{{ c.status }}</td><td>{{ c.summary }}</td><td>{{ "%.1f" % c.duration_s }}</td></tr>{% endfor %}
+</table>
+{% if recommendation %}<h2>Sizing</h2><p>{{ recommendation }}</p>{% endif %}
+{% if candidates %}<table><tr><th>GPUs</th><th>efficiency</th><th>hours</th><th>GPU-hours</th><th>cost</th><th>checkpoint every</th><th></th></tr>
+{% for c in candidates %}<tr><td>{{ c.gpus }}{% if c.extrapolated %} (extrapolated){% endif %}</td><td>{{ "%.2f" % c.efficiency }}</td><td>{{ "%.2f" % c.hours_with_failures }}</td><td>{{ "%.1f" % c.gpu_hours }}</td><td>{{ "%.2f" % c.cost }}</td><td>{{ c.checkpoint_every_steps or "-" }} steps</td><td>{{ "; ".join(c.why_not) }}</td></tr>{% endfor %}
+</table>{% endif %}
+{% for title, image in images %}<h3>{{ title }}</h3><img alt="{{ title }}" src="data:image/png;base64,{{ image }}">{% endfor %}
+{% if fallbacks %}<h2>Fallbacks that ran</h2><ul>{% for f in fallbacks %}<li>{{ f }}</li>{% endfor %}</ul>{% endif %}
+{% if submission %}<h2>Submission</h2><pre>{{ submission }}</pre>{% endif %}
+<h2>Notes</h2><ul>{% for n in notes %}<li>{{ n }}</li>{% endfor %}</ul>
+<h2>Provenance</h2><pre>{{ provenance }}</pre>
+{% if tracking_uri %}<p class="meta">MLflow: <code>mlflow ui --backend-store-uri {{ tracking_uri }}</code></p>{% endif %}
+</body></html>
+"""
+
+
+def _images(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """(title, base64 PNG) of every plot: the profile's (step times, scaling, loss, cost) and
+    each check's own (e.g. the canary's baseline band)."""
+    out: list[tuple[str, str]] = []
+    for check in data["checks"]:
+        evidence = check.get("evidence") or {}
+        if check["name"] == "profile" and evidence.get("report_json"):
+            try:
+                from trainguard.profiling.render import PLOTS, render_plots
+
+                profile = json.loads(Path(evidence["report_json"]).read_text(encoding="utf-8"))
+                for key, png in render_plots(profile).items():
+                    out.append((f"profile: {PLOTS.get(key, key)}", base64.b64encode(png).decode("ascii")))
+            except (OSError, ValueError, KeyError, ImportError):
+                pass
+        for plot in evidence.get("plots") or []:
+            try:
+                out.append((f"{check['name']}: {Path(plot).stem.replace('_', ' ')}",
+                            base64.b64encode(Path(plot).read_bytes()).decode("ascii")))
+            except OSError:
+                pass
+    return out
+
+
+def _context(data: dict[str, Any]) -> dict[str, Any]:
+    decision = data["decision"]
+    sizing = data.get("sizing") or {}
+    caps = data["capabilities"]
+    prov = data["provenance"]
+    commit = prov.get("git_commit")
+    return {
+        "verdict": data["verdict"], "job": data["job"], "job_file": data["job_file"],
+        "reasons": decision["reasons"], "notes": decision["notes"], "fallbacks": decision["fallbacks"],
+        "checks": data["checks"], "sizing": bool(sizing), "recommendation": sizing.get("recommendation"),
+        "candidates": sizing.get("candidates", []),
+        "machine": f"{caps['gpus']} GPU(s), {'root' if caps['root'] else 'not root'}, "
+                   f"{'Ray' if caps['ray'] else 'no Ray'}",
+        "provenance": f"job file sha256 {prov['job_file_sha256'][:12]}, commit "
+                      f"{commit[:12] if commit else 'none'}{' (dirty)' if prov.get('git_dirty') else ''}",
+        "duration": data["duration_s"], "version": data["trainguard_version"],
+        "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(data["created_at"])),
+        "submission": json.dumps(data["submission"], indent=2, default=str) if data.get("submission") else None,
+        "tracking_uri": data.get("tracking_uri"),
+    }
+
+
+def write_gate_report(gate: GateReport, out_dir: Path) -> dict[str, str]:
+    """Write ``gate-<stamp>.{json,md,html}`` and ``latest.{json,md,html}`` into ``out_dir``,
+    each atomically; sets and returns ``gate.paths``."""
+    import jinja2
+
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(gate.created_at))
+    gate.paths = {
+        "json": str(out_dir / "latest.json"), "markdown": str(out_dir / "latest.md"),
+        "html": str(out_dir / "latest.html"), "json_stamped": str(out_dir / f"gate-{stamp}.json"),
+    }
+    data = gate.to_dict()
+    context = _context(data)
+    text_md = jinja2.Environment(autoescape=False, undefined=jinja2.StrictUndefined).from_string(_MARKDOWN).render(**context)
+    html_env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    text_html = html_env.from_string(_HTML).render(**context, images=_images(data))
+    text_json = json.dumps(data, indent=2, default=str) + "\n"
+    for key, text in (("json", text_json), ("json_stamped", text_json), ("markdown", text_md), ("html", text_html)):
+        atomic_write_text(gate.paths[key], text)
+    return gate.paths
+
