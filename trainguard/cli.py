@@ -88,6 +88,34 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--seed", type=int, metavar="N", help="seed for the runs (default: TRAINGUARD_SEED or 0)")
     drill.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
 
+    gate = sub.add_parser(
+        "gate",
+        help="run every configured check and decide: promote or block (the pre-submit gate)",
+        description="Run every check the job file configures (smoke, canary, determinism, resume, "
+        "parallel, profile, drills), decide promote or block by the `gate:` policy, and write the "
+        "gate report (JSON, Markdown, HTML) to .trainguard/gate/. Exit 0 on promote, 1 on block, "
+        "2 on a usage or job-file error. See docs/gate.md.",
+    )
+    gate.add_argument("config", metavar="CONFIG", help="job file, or a directory holding trainguard.yaml")
+    gate.add_argument("--submit", action="store_true",
+                      help="on promote, submit the sized job to gate.queue (ray: RAY_ADDRESS or an embedded head; slurm: sbatch)")
+    gate.add_argument("--seed", type=int, metavar="N", help="seed for the runs (default: TRAINGUARD_SEED or 0)")
+    gate.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
+    gate.add_argument("-q", "--quiet", action="store_true", help="no progress display: one line per check (CI logs)")
+
+    submit = sub.add_parser(
+        "submit",
+        help="submit the job of a promoted gate report (refuses a blocked or stale one)",
+        description="Submit the job a promoted gate report describes to its queue. Refuses a "
+        "blocked report and a stale one (the job file, its repository's commit or dirty state, or "
+        "the trainguard version changed, or it is older than gate.max_report_age). Exit 0 when "
+        "submitted, 1 when refused or the queue rejected it, 2 on a usage error.",
+    )
+    submit.add_argument("report", metavar="REPORT", help="the gate report, e.g. .trainguard/gate/latest.json")
+    submit.add_argument("--queue", choices=("ray", "slurm"), help="override gate.queue")
+    submit.add_argument("--wait", type=float, default=30.0, metavar="S",
+                        help="seconds to watch the submitted job's status (default: 30)")
+
     init = sub.add_parser(
         "init",
         help="scaffold a trainguard.yaml and a test file for an existing training script",
@@ -162,6 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return profile_cli.run(args)
         if args.command == "drill":
             return _cmd_drill(args)
+        if args.command == "gate":
+            return _cmd_gate(args)
+        if args.command == "submit":
+            return _cmd_submit(args)
         if args.command == "toxiproxy-server":
             from trainguard.faults.toxiproxy import standalone as toxiproxy_standalone
 
@@ -219,6 +251,67 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if report.tracking_uri and not args.quiet:
         print(f"MLflow runs: mlflow ui --backend-store-uri {report.tracking_uri}")
     return EXIT_OK if report.status == "passed" else EXIT_FAILED
+
+
+def _cmd_gate(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from rich.console import Console
+
+    from trainguard.gate.run import run_gate
+    from trainguard.report import CheckResult
+
+    console = Console(highlight=False, soft_wrap=True)
+    live = console.is_terminal and not args.quiet
+    status = console.status("starting the gate") if live else contextlib.nullcontext()
+
+    def echo(rank: int, stream: str, line: str) -> None:
+        print(f"[rank{rank} {stream}] {line}", file=sys.stderr)
+
+    with status as spinner:
+
+        def on_start(name: str) -> None:
+            if spinner is not None:
+                spinner.update(f"running {name} ...")
+            elif not args.quiet:
+                print(f"running {name} ...", flush=True)
+
+        def show(result: CheckResult) -> None:
+            colour = {"passed": "green", "failed": "red", "error": "red", "skipped": "yellow"}[result.status]
+            console.print(f"[{colour}]{result.status.upper():7}[/] {result.name}: {result.summary} "
+                          f"({result.duration_s:.1f} s)", markup=True)
+
+        gate = run_gate(args.config, submit=args.submit, seed=args.seed,
+                        echo=echo if args.verbose else None, on_start=on_start, on_result=show)
+    verdict = gate.decision.verdict.upper()
+    console.print(f"[bold {'green' if gate.promoted else 'red'}]{verdict}[/]: {gate.job} "
+                  f"({gate.duration_s:.0f} s)", markup=True)
+    for reason in gate.decision.reasons:
+        console.print(f"  - {reason}", markup=False)
+    for fallback in gate.decision.fallbacks:
+        console.print(f"  fallback: {fallback}", markup=False)
+    if gate.submission:
+        console.print(f"submission: {gate.submission.get('status')}: {gate.submission.get('message', '')}", markup=False)
+    console.print(f"report: {_rel(gate.paths['html'])} (also {_rel(gate.paths['json'])}, "
+                  f"{_rel(gate.paths['markdown'])})", markup=False)
+    if gate.tracking_uri:
+        console.print(f"MLflow runs: mlflow ui --backend-store-uri {gate.tracking_uri}", markup=False)
+    return EXIT_OK if gate.promoted else EXIT_FAILED
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from trainguard.gate.run import submit_report
+
+    submission = submit_report(args.report, wait_s=args.wait, queue=args.queue)
+    print(f"submission: {submission.get('status')}: {submission.get('message', '')}")
+    if submission.get("job_id"):
+        print(f"job id: {submission['job_id']}")
+    for name, link in (submission.get("links") or {}).items():
+        print(f"{name}: {link}")
+    if submission.get("note"):
+        print(submission["note"])
+    accepted = submission.get("job_id") and submission.get("status") not in ("unschedulable", "not_submitted", "failed")
+    return EXIT_OK if accepted else EXIT_FAILED
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:

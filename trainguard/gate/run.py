@@ -12,6 +12,7 @@ Markdown for a PR comment, a self-contained HTML page) is written atomically und
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import os
@@ -135,7 +136,7 @@ def run_gate(
             job_file=str(job_file.path),
             decision=decision,
             report=report,
-            provenance=provenance_for(job_file).to_dict(),
+            provenance=provenance_for(job_file.path).to_dict(),
             capabilities=dataclasses.asdict(capabilities),
             policy=policy.model_dump(),
             sizing=sizing,
@@ -173,7 +174,7 @@ def _production_spec(job_file: JobFile, gate: dict[str, Any], report_path: str |
 
     sizing = gate.get("sizing") or {}
     world = sizing.get("recommended") or job_file.job.world_size
-    candidate = next((c for c in sizing.get("candidates", []) if c.get("gpus") == world), {})
+    candidate: dict[str, Any] = next((c for c in sizing.get("candidates", []) if c.get("gpus") == world), {})
     steps = (job_file.target.steps if job_file.target is not None and job_file.target.steps else None) \
         or candidate.get("steps") or 1
     request = RunRequest.make(steps=int(steps), seed=0, world_size=int(world))
@@ -240,9 +241,9 @@ def submit_report(path: str | os.PathLike[str], *, wait_s: float = 30.0, queue: 
                           "`trainguard gate` again -- a blocked report is never submitted")
     job_file = load_config(data["job_file"])
     policy = job_file.gate or GatePolicy.model_validate({})
-    reasons = staleness(data["provenance"], job_file, max_age=policy.max_report_age)
-    if reasons:
-        raise StaleReport(f"{path} is stale: " + "; ".join(reasons) + ". Run `trainguard gate "
+    stale = staleness(data["provenance"], job_file.path, max_age=policy.max_report_age)
+    if stale:
+        raise StaleReport(f"{path} is stale: " + "; ".join(stale) + ". Run `trainguard gate "
                           f"{job_file.path}` again")
     spec = _production_spec(job_file, data, str(path))
     return _submit_spec(spec, queue or policy.queue, job_file, wait_s=wait_s)
@@ -321,11 +322,9 @@ def _images(data: dict[str, Any]) -> list[tuple[str, str]]:
             except (OSError, ValueError, KeyError, ImportError):
                 pass
         for plot in evidence.get("plots") or []:
-            try:
+            with contextlib.suppress(OSError):
                 out.append((f"{check['name']}: {Path(plot).stem.replace('_', ' ')}",
                             base64.b64encode(Path(plot).read_bytes()).decode("ascii")))
-            except OSError:
-                pass
     return out
 
 

@@ -1,0 +1,105 @@
+"""``trainguard gate`` and ``trainguard submit`` end to end on the toy job (real processes).
+
+The gate promotes the clean job and blocks a planted defect (an unseeded RNG fails the required
+determinism check), writes JSON/Markdown/HTML atomically, and ``submit`` refuses a blocked report
+and a stale one (the job file changed after the gate) and submits a fresh promoted one (Slurm:
+sbatch is a clearly named stand-in script here; Slurm cannot run on this machine).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from trainguard.cli import main
+
+pytestmark = pytest.mark.timeout(240)
+
+JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
+
+JOB = """
+job:
+  name: toy-gate
+  command: "python toy_train.py --steps {steps} --seed {seed} --ckpt-dir {checkpoint_dir} --sleep 0.02"
+  resume_args: "--resume"
+  world_size: 2
+  metrics:
+    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
+  timeout: 60
+  stall_timeout: 20
+checks:
+  smoke: {steps: 5}
+  determinism: {steps: 8}
+  drills:
+    - {name: kill, fault: kill_rank, rank: 1, steps: 12, after_step: 6}
+gate:
+  require: [smoke, determinism, drills]
+  queue: slurm
+"""
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Path:
+    shutil.copy(JOBS / "toy_train.py", tmp_path / "toy_train.py")
+    path = tmp_path / "trainguard.yaml"
+    path.write_text(JOB)
+    return path
+
+
+def fake_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """fake-sbatch: a stand-in for Slurm's sbatch (impossible here) that records its arguments."""
+    bin_dir = tmp_path / "fake-sbatch-bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {tmp_path}/sbatch-args.txt\necho 4242\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    return tmp_path / "sbatch-args.txt"
+
+
+def test_the_gate_promotes_the_clean_job_and_submit_checks_freshness(
+    job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert main(["gate", str(job), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "PROMOTE: toy-gate" in out and "report: " in out
+    gate_dir = tmp_path / ".trainguard" / "gate"
+    data = json.loads((gate_dir / "latest.json").read_text())
+    assert data["verdict"] == "promote" and data["decision"]["reasons"] == []
+    assert [c["name"] for c in data["checks"]] == ["smoke", "determinism", "drill:kill"]
+    assert data["provenance"]["job_file_sha256"]
+    assert "PROMOTE" in (gate_dir / "latest.html").read_text()
+    assert "# trainguard gate: PROMOTE" in (gate_dir / "latest.md").read_text()
+
+    args_file = fake_sbatch(tmp_path, monkeypatch)
+    assert main(["submit", str(gate_dir / "latest.json"), "--wait", "0"]) == 0
+    assert "job id: 4242" in capsys.readouterr().out
+    script = Path(args_file.read_text().split()[-1]).read_text()
+    assert "--requeue" in script and "toy_train.py" in script
+
+    job.write_text(job.read_text().replace("--sleep 0.02", "--sleep 0.03"))  # the job changed
+    assert main(["submit", str(gate_dir / "latest.json")]) == 1
+    err = capsys.readouterr().err
+    assert "is stale" in err and "job file" in err
+
+
+def test_the_gate_blocks_a_failed_required_check_and_submit_refuses_it(
+    job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job.write_text(job.read_text().replace("--sleep 0.02", "--sleep 0.02 --nondet"))  # planted
+    assert main(["gate", str(job), "-q", "--submit"]) == 1
+    out = capsys.readouterr().out
+    assert "BLOCK: toy-gate" in out and "determinism failed" in out
+    data = json.loads((tmp_path / ".trainguard" / "gate" / "latest.json").read_text())
+    assert data["verdict"] == "block"
+    assert data["submission"]["status"] == "not_submitted"
+    assert main(["submit", str(tmp_path / ".trainguard" / "gate" / "latest.json")]) == 1
+    assert "the gate blocked this job" in capsys.readouterr().err
+
+
+def test_gate_policy_errors_name_the_key(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job.write_text(job.read_text().replace("require: [smoke, determinism, drills]", "require: [smoke, determinsm]"))
+    assert main(["gate", str(job)]) == 2
+    assert "gate.require" in capsys.readouterr().err
