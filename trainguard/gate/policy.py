@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -96,7 +98,8 @@ class Capabilities:
         return cls(
             gpus=gpus,
             root=hasattr(os, "geteuid") and os.geteuid() == 0,
-            ray=importlib.util.find_spec("ray") is not None and shutil.which("ray") is not None,
+            ray=importlib.util.find_spec("ray") is not None
+            and (shutil.which("ray") is not None or (Path(sys.executable).parent / "ray").exists()),
         )
 
     def missing(self) -> list[str]:
