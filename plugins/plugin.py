@@ -191,6 +191,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         lines.append(f"FAILED  {failure.nodeid} (seed {failure.seed}); reproduce: {failure.reproduce}")
     for path in session.report_paths:
         lines.append(f"report: {path}")
+    lines += session.gate_lines
     if lines:
         terminalreporter.write_sep("=", "trainguard")
         for line in lines:
@@ -206,6 +207,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     for runner in state.runners.values():  # e.g. the embedded Ray head of a ray_train job
         runner.close()
+    if not hasattr(config, "workerinput"):
+        from trainguard.plugins.gate import judge_gates
+
+        if not judge_gates(config, state) and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a blocked gate fails the run
     path = None
     if not hasattr(config, "workerinput") and state.settings.report_json is not None:
         from trainguard.report import Report

@@ -42,6 +42,8 @@ class TrainguardSession:
     runners: dict[str, Any] = field(default_factory=dict)
     #: one trainguard.tracking.Tracker per tracking store, opened by the first check item using it
     trackers: dict[str, Any] = field(default_factory=dict)
+    #: the terminal-summary lines of the gate verdicts (job files with a ``gate:`` section)
+    gate_lines: list[str] = field(default_factory=list)
 
 
 SESSION_KEY = pytest.StashKey[TrainguardSession]()

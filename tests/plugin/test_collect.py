@@ -150,3 +150,21 @@ def test_xdist_workers_report_verdicts_to_the_controller(project: pytest.Pyteste
         "die.trainguard.yaml::smoke",
     ):
         assert f"[{nodeid}]" in summary, nodeid
+
+
+@pytest.mark.parametrize("required", [["smoke", "determinism"], ["smoke", "determinism", "canary"]])
+def test_the_gate_verdict_is_in_the_summary_and_a_block_fails_the_run(
+    project: pytest.Pytester, required: list[str]
+) -> None:
+    job = project.path / "trainguard.yaml"
+    job.write_text(job.read_text() + f"gate:\n  require: [{', '.join(required)}]\n")
+    result = project.runpytest_subprocess()
+    if "canary" in required:  # required but not configured: nothing vouches for it
+        result.stdout.fnmatch_lines(["GATE    toy: BLOCK  [[]trainguard.yaml[]]",
+                                     "        - required check canary is not configured*"])
+        assert result.ret == 1  # every item passed; the gate's block carries the exit code
+    else:
+        result.stdout.fnmatch_lines(["GATE    toy: PROMOTE  [[]trainguard.yaml[]]"])
+        assert result.ret == 0
+    partial = project.runpytest_subprocess("-m", "smoke")
+    partial.stdout.fnmatch_lines(["GATE    toy: not judged: this session did not run determinism*"])
