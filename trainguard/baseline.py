@@ -70,6 +70,7 @@ __all__ = [
     "rolling_median",
     "save_baseline",
     "smoothing_window",
+    "write_numbered",
 ]
 
 #: Version of the baseline file format; files of another version are refused, not guessed at.
@@ -262,10 +263,10 @@ def save_baseline(
     }
     payload = (json.dumps(data, indent=2, allow_nan=True) + "\n").encode()
     suffix = (commit[:12] if commit else "nogit") + ("_dirty" if dirty else "")
-    return _write_numbered(target_dir, suffix, payload)
+    return write_numbered(target_dir, suffix, payload)
 
 
-def _write_numbered(directory: Path, suffix: str, payload: bytes) -> Path:
+def write_numbered(directory: Path, suffix: str, payload: bytes) -> Path:
     """Write ``payload`` as ``<NNNN>_<suffix>.json`` with the next free number, atomically.
 
     The content goes to a temp file (fsynced) that is then hard-linked to the final name: a link

@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
-from trainguard.faults.hook import hook_env, pull_trigger, read_events
+from trainguard.faults.base import FaultContext, FaultUnavailable
+from trainguard.faults.hook import HookFault, hook_env, pull_trigger, rank_stderr
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
@@ -48,7 +48,7 @@ _TORCH_WRITE_FAILURES = ("PytorchStreamWriter failed", "file write failed", "une
                          "inline_container.cc", "basic_ios::clear")
 
 
-class DiskFullFault(Fault):
+class DiskFullFault(HookFault):
     """The checkpoint directory's disk is full from step ``after_step`` on."""
 
     kind: ClassVar[str] = "disk_full"
@@ -65,7 +65,7 @@ class DiskFullFault(Fault):
         self.filler: Filler | None = None
         self.filler_stats: dict[str, Any] = {}
         self.problems: list[str] = []
-        self._ctx: FaultContext | None = None
+        self._ctx = None
         self._elapsed: Callable[[], float] | None = None
 
     @classmethod
@@ -79,23 +79,11 @@ class DiskFullFault(Fault):
             problems.append(("size_mb", f"got {size!r}; expected a whole number of MB >= 1"))
         return problems
 
-    @property
-    def trigger(self) -> Path:
-        assert self._ctx is not None, "setup() first"
-        return self._ctx.work_dir / "disk_full.trigger"
-
-    @property
-    def events_path(self) -> Path:
-        assert self._ctx is not None, "setup() first"
-        return self._ctx.work_dir / "disk_full-hook-events.jsonl"
 
     # -- life cycle --------------------------------------------------------------------------
 
     def setup(self, ctx: FaultContext) -> None:
-        self._ctx = ctx
-        ctx.work_dir.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.trigger.unlink()
+        self._prepare(ctx)
         mode = self.params["mode"]
         if mode == "hook":
             self.mode_ran = "hook"
@@ -172,9 +160,6 @@ class DiskFullFault(Fault):
 
     # -- reporting ---------------------------------------------------------------------------
 
-    def hook_events(self) -> list[dict[str, Any]]:
-        return read_events(self.events_path) if self._ctx is not None else []
-
     def evidence(self) -> dict[str, Any]:
         out = super().evidence()
         out.update(mode=self.params["mode"], mode_ran=self.mode_ran,
@@ -196,7 +181,7 @@ class DiskFullFault(Fault):
     def classify(self, result: RunResult) -> str:
         ranks = [self.rank, *[r for r in range(result.world_size) if r != self.rank]]
         for rank in ranks:
-            text = _stderr_of(result, rank)
+            text = rank_stderr(result, rank)
             torch_line = next((ln for ln in text.splitlines()
                                if any(m in ln for m in _TORCH_WRITE_FAILURES)), None)
             if torch_line is not None:
@@ -346,11 +331,3 @@ def _unmount_leftovers() -> None:
         unmount(Path(point))
 
 
-def _stderr_of(result: RunResult, rank: int, max_bytes: int = 16384) -> str:
-    try:
-        with open(result.log_path(rank), "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
-            return f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return result.stderr_tail if rank == (result.failed_rank or 0) else ""

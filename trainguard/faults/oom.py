@@ -30,9 +30,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
+from trainguard.faults.base import FaultContext, FaultUnavailable
 from trainguard.faults.cgroups import MemoryCgroups
-from trainguard.faults.hook import hook_env, pull_trigger, read_events
+from trainguard.faults.hook import HookFault, hook_env, pull_trigger, rank_stderr
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
@@ -43,7 +43,7 @@ MODES = ("auto", "cgroup", "rlimit", "raise", "gpu")
 _HOOK_MODE = {"cgroup": "ballast", "rlimit": "rlimit", "raise": "raise", "gpu": "gpu"}
 
 
-class OomFault(Fault):
+class OomFault(HookFault):
     """Real memory exhaustion of rank ``rank`` after step ``after_step``."""
 
     kind: ClassVar[str] = "oom"
@@ -62,7 +62,7 @@ class OomFault(Fault):
         self.cgroups: MemoryCgroups | None = None
         self.limit_bytes: int | None = None
         self.problems: list[str] = []
-        self._ctx: FaultContext | None = None
+        self._ctx = None
         self._elapsed: Callable[[], float] | None = None
         self._thread: threading.Thread | None = None
         self._target_pid: int | None = None
@@ -80,25 +80,10 @@ class OomFault(Fault):
                 problems.append((key, f"got {value!r}; expected a positive number of MB"))
         return problems
 
-    # -- paths -------------------------------------------------------------------------------
-
-    @property
-    def trigger(self) -> Path:
-        assert self._ctx is not None, "setup() first"
-        return self._ctx.work_dir / "oom.trigger"
-
-    @property
-    def events_path(self) -> Path:
-        assert self._ctx is not None, "setup() first"
-        return self._ctx.work_dir / "oom-hook-events.jsonl"
-
     # -- life cycle --------------------------------------------------------------------------
 
     def setup(self, ctx: FaultContext) -> None:
-        self._ctx = ctx
-        ctx.work_dir.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.trigger.unlink()
+        self._prepare(ctx)
         mode = self.params["mode"]
         if mode in ("auto", "cgroup"):
             try:
@@ -200,9 +185,6 @@ class OomFault(Fault):
 
     # -- reporting ---------------------------------------------------------------------------
 
-    def hook_events(self) -> list[dict[str, Any]]:
-        return read_events(self.events_path) if self._ctx is not None else []
-
     def evidence(self) -> dict[str, Any]:
         out = super().evidence()
         events = self.hook_events()
@@ -237,7 +219,7 @@ class OomFault(Fault):
 
     def classify(self, result: RunResult) -> str:
         exit_ = next((e for e in result.exits if e.rank == self.rank), None)
-        stderr = _stderr_of(result, self.rank)
+        stderr = rank_stderr(result, self.rank)
         counters = self._counters()
         fired = any(e.get("event") == "triggered" for e in self.hook_events())
         if exit_ is not None and exit_.signal == "SIGKILL" and not exit_.killed_by_trainguard:
@@ -267,12 +249,3 @@ def _vm_size(pid: int) -> int:
         return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _stderr_of(result: RunResult, rank: int, max_bytes: int = 16384) -> str:
-    """The end of ``rank``'s stderr log (the whole traceback), or the launcher's tail."""
-    try:
-        with open(result.log_path(rank), "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
-            return f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return result.stderr_tail

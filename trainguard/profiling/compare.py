@@ -239,7 +239,7 @@ def profile_baselines_dir(state_dir: Path, machine: str | None = None) -> Path:
 
 def save_profile_baseline(state_dir: Path, job_dir: Path, profile: Mapping[str, Any]) -> Path:
     """Store ``profile`` (its JSON form) as this machine's next baseline; returns the path."""
-    from trainguard.baseline import _write_numbered
+    from trainguard.baseline import write_numbered
 
     directory = profile_baselines_dir(state_dir)
     directory.mkdir(parents=True, exist_ok=True)
@@ -255,7 +255,7 @@ def save_profile_baseline(state_dir: Path, job_dir: Path, profile: Mapping[str, 
     }
     payload = (json.dumps(data, indent=2, default=str) + "\n").encode()
     suffix = (commit[:12] if commit else "nogit") + ("_dirty" if dirty else "")
-    return _write_numbered(directory, suffix, payload)
+    return write_numbered(directory, suffix, payload)
 
 
 def load_profile_baseline(path: str | Path) -> dict[str, Any]:

@@ -10,13 +10,19 @@ See docs/faults-memory-and-disk.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ENV_SPEC", "HOOK_DIR", "hook_env", "pull_trigger", "read_events"]
+from trainguard.faults.base import Fault, FaultContext
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.launch import RunResult
+
+__all__ = ["ENV_SPEC", "HOOK_DIR", "HookFault", "hook_env", "pull_trigger", "rank_stderr", "read_events"]
 
 ENV_SPEC = "TRAINGUARD_FAULT_HOOK"
 #: the directory that goes first on the ranks' PYTHONPATH
@@ -56,3 +62,42 @@ def read_events(path: Path) -> list[dict[str, Any]]:
         except ValueError:
             continue  # a line cut short by a kill
     return events
+
+
+class HookFault(Fault):
+    """A fault that acts through the start-up hook: its trigger file and the hook's event log
+    live in the drill's work directory, named after the fault's kind."""
+
+    _ctx: FaultContext | None = None
+
+    @property
+    def trigger(self) -> Path:
+        assert self._ctx is not None, "setup() first"
+        return self._ctx.work_dir / f"{self.kind}.trigger"
+
+    @property
+    def events_path(self) -> Path:
+        assert self._ctx is not None, "setup() first"
+        return self._ctx.work_dir / f"{self.kind}-hook-events.jsonl"
+
+    def _prepare(self, ctx: FaultContext) -> None:
+        """Remember the context, create the work dir, remove a trigger left by an earlier run."""
+        self._ctx = ctx
+        ctx.work_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.trigger.unlink()
+
+    def hook_events(self) -> list[dict[str, Any]]:
+        return read_events(self.events_path) if self._ctx is not None else []
+
+
+def rank_stderr(result: RunResult, rank: int, max_bytes: int = 16384) -> str:
+    """The end of ``rank``'s stderr log (a whole traceback); the launcher's tail when the log is
+    gone and ``rank`` is the one that failed."""
+    try:
+        with open(result.log_path(rank), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return result.stderr_tail if rank == (result.failed_rank or 0) else ""
