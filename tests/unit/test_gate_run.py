@@ -103,3 +103,20 @@ def test_gate_policy_errors_name_the_key(job: Path, capsys: pytest.CaptureFixtur
     job.write_text(job.read_text().replace("require: [smoke, determinism, drills]", "require: [smoke, determinsm]"))
     assert main(["gate", str(job)]) == 2
     assert "gate.require" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_gate_submit_to_an_embedded_ray_head(job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ray.job_submission", reason="needs ray[default]")
+    from trainguard.gate.local_ray import running_ray_processes
+
+    before = {p.pid for p in running_ray_processes()}
+    job.write_text(job.read_text().replace("queue: slurm", "queue: ray"))
+    assert main(["gate", str(job), "-q", "--submit"]) == 0
+    data = json.loads((tmp_path / ".trainguard" / "gate" / "latest.json").read_text())
+    submission = data["submission"]
+    assert submission["backend"] == "ray" and submission["job_id"], submission
+    assert submission["status"] in ("SUCCEEDED", "RUNNING", "succeeded", "running", "submitted"), submission
+    assert "embedded local Ray head" in submission["note"]
+    assert not {p.pid for p in running_ray_processes()} - before, "Ray processes left behind"
