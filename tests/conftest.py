@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import http.server
+import threading
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 
 
@@ -10,3 +15,30 @@ def _tracking_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """MLflow tracking is tested by tests/unit/test_tracking.py (which turns it on); elsewhere it
     would only add its import and flush time to every check."""
     monkeypatch.setenv("TRAINGUARD_TRACKING", "off")
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"hello"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def http_service() -> Iterator[str]:
+    """A tiny real HTTP service on loopback (``host:port``) answering ``hello``: the upstream a
+    job calls, for the network fault's tests."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

@@ -18,9 +18,6 @@ tests/unit/test_faults_*.py, test_fault_hook.py and test_network_fault.py.
 
 from __future__ import annotations
 
-import http.server
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,29 +107,10 @@ def test_disk_full_fail_clean(tmp_path: Path, defect: bool) -> None:
     assert result.evidence["checkpoint"] == {"intact": True, "resumed_from_step": 5}
 
 
-class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def service() -> Iterator[str]:
-    """The service the job calls every step (a real HTTP server on loopback)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+def service(http_service: str) -> str:
+    """The job's upstream: a real HTTP service on loopback (tests/conftest.py)."""
+    return http_service
 
 
 @pytest.mark.parametrize("defect", [False, True], ids=["with-timeout", "no-timeout"])

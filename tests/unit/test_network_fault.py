@@ -8,14 +8,11 @@ and cleared a few steps later, as a drill does. The MLflow target starts a real 
 
 from __future__ import annotations
 
-import http.server
 import re
 import statistics
 import sys
 import textwrap
-import threading
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,30 +72,10 @@ REGEXES = {
 }
 
 
-class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = b"hello"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def service() -> Iterator[str]:
-    """A tiny HTTP service on loopback: the job's upstream."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+def service(http_service: str) -> str:
+    """The job's upstream: a real HTTP service on loopback (tests/conftest.py)."""
+    return http_service
 
 
 def run_with_fault(fault: NetworkFault, tmp_path: Path, *, steps: int, clear_after: int,
