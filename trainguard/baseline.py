@@ -67,6 +67,7 @@ __all__ = [
     "machine_id",
     "machine_info",
     "plot_bands",
+    "read_versioned_json",
     "rolling_median",
     "save_baseline",
     "smoothing_window",
@@ -305,24 +306,43 @@ def how_to_save(job_file: JobFile) -> str:
     return _HOW_TO_SAVE.format(job=_rel(job_file.path))
 
 
-def load_baseline(path: str | os.PathLike[str]) -> Baseline:
-    """Read and validate a baseline file; :class:`BaselineError` says what is wrong with it."""
+def read_versioned_json(
+    path: str | os.PathLike[str],
+    *,
+    kind: str,
+    version: int,
+    error: type[TrainguardError],
+    what: str,
+    kind_name: str,
+    version_label: str,
+    fix: str,
+) -> dict[str, Any]:
+    """A baseline document: readable JSON with ``"kind": kind`` and ``"format_version": version``;
+    otherwise ``error`` naming the file, what is wrong and ``fix``. Shared by the canary's and
+    the profile's baselines."""
     target = Path(path)
     try:
         data = json.loads(target.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise BaselineError(f"{target}: no such baseline file") from None
+        raise error(f"{target}: no such {what}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BaselineError(f"{target}: not a readable baseline file ({exc}); delete it or "
-                            "save a new one") from None
-    if not isinstance(data, dict) or data.get("kind") != _KIND:
-        raise BaselineError(f"{target}: not a trainguard canary baseline (no \"kind\": \"{_KIND}\")")
-    version = data.get("format_version")
-    if version != FORMAT_VERSION:
-        raise BaselineError(
-            f"{target} has baseline format version {version!r}; trainguard {__version__} reads "
-            f"version {FORMAT_VERSION}. Save a new baseline with this version"
+        raise error(f"{target}: not a readable {what} ({exc}); delete it or {fix}") from None
+    if not isinstance(data, dict) or data.get("kind") != kind:
+        raise error(f"{target}: not a {kind_name} (no \"kind\": \"{kind}\")")
+    if data.get("format_version") != version:
+        raise error(
+            f"{target} has {version_label} format version {data.get('format_version')!r}; trainguard "
+            f"{__version__} reads version {version}. {fix[0].upper()}{fix[1:]}"
         )
+    return data
+
+
+def load_baseline(path: str | os.PathLike[str]) -> Baseline:
+    """Read and validate a baseline file; :class:`BaselineError` says what is wrong with it."""
+    target = Path(path)
+    data = read_versioned_json(target, kind=_KIND, version=FORMAT_VERSION, error=BaselineError,
+                               what="baseline file", kind_name="trainguard canary baseline",
+                               version_label="baseline", fix="save a new baseline with this version")
     trajectories = data.get("trajectories")
     if not isinstance(trajectories, dict) or not isinstance(trajectories.get("loss"), list):
         raise BaselineError(f"{target}: holds no `loss` trajectory; save a new baseline")

@@ -260,22 +260,12 @@ def save_profile_baseline(state_dir: Path, job_dir: Path, profile: Mapping[str, 
 
 def load_profile_baseline(path: str | Path) -> dict[str, Any]:
     """A saved profile baseline file (the whole document; its profile under ``profile``)."""
-    target = Path(path)
-    try:
-        data = json.loads(target.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ProfileBaselineError(f"{target}: no such profile baseline") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProfileBaselineError(f"{target}: not a readable profile baseline ({exc}); delete it "
-                                   "or save a new one with `trainguard profile CONFIG --save`") from None
-    if not isinstance(data, dict) or data.get("kind") != _KIND:
-        raise ProfileBaselineError(f"{target}: not a trainguard profile baseline")
-    if data.get("format_version") != PROFILE_FORMAT_VERSION:
-        raise ProfileBaselineError(
-            f"{target} has profile format version {data.get('format_version')!r}; this trainguard "
-            f"reads {PROFILE_FORMAT_VERSION}. Save a new one with `trainguard profile CONFIG --save`"
-        )
-    return data
+    from trainguard.baseline import read_versioned_json
+
+    return read_versioned_json(path, kind=_KIND, version=PROFILE_FORMAT_VERSION, error=ProfileBaselineError,
+                               what="profile baseline", kind_name="trainguard profile baseline",
+                               version_label="profile",
+                               fix="save a new one with `trainguard profile CONFIG --save`")
 
 
 def latest_profile_baseline(state_dir: Path) -> dict[str, Any] | None:
