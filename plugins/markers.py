@@ -83,9 +83,18 @@ def fault(kind: str, **params: Any) -> None:
             _expect_int("fault", key, params[key], minimum=0)
 
 
-def profile() -> None:
-    """a throughput/scaling profile of the job: `checks.profile` items carry it, `pytest -m profile`
-    selects them (docs/profiling.md)."""
+def profile(max_data_wait: float | None = None, min_throughput: float | None = None) -> None:
+    """a throughput/scaling profile: `checks.profile` items carry it, `pytest -m profile` selects
+    them; on a test using `tg_profile`, the limits its in-process loop profile must meet (share
+    of step time waiting for input, samples/s) (docs/profiling.md)."""
+    for arg, value in (("max_data_wait", max_data_wait), ("min_throughput", min_throughput)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise UsageError(f"@pytest.mark.profile: {arg} must be a number >= 0, got {arg}={value!r}")
+    if max_data_wait is not None and max_data_wait > 1:
+        raise UsageError(f"@pytest.mark.profile: max_data_wait is a share of the step time (0-1), "
+                         f"got max_data_wait={max_data_wait!r}")
 
 
 def gpu(count: int = 1) -> None:

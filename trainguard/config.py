@@ -44,6 +44,7 @@ __all__ = [
     "Checks",
     "DeterminismCheck",
     "DrillSpec",
+    "HeadroomSearch",
     "Job",
     "JobFile",
     "MetricFile",
@@ -289,6 +290,58 @@ class ParallelCheck(CheckSpec):
     atol: float = Field(1e-5, ge=0)
 
 
+class HeadroomSearch(_Model):
+    """``checks.profile.headroom``: the largest batch that fits a memory budget per rank, found by
+    real short runs with {batch_size} filled: doubling from ``start`` until a run runs out of
+    memory (or ``max`` passes), then a binary search (docs/profiling.md, "Memory headroom")."""
+
+    #: the first batch tried (the global batch, as {batch_size})
+    start: int = Field(16, ge=1)
+    #: the largest batch tried; passing it ends the search ("max reached")
+    max: int = Field(4096, ge=1)
+    #: memory one rank may use, in MB. CPU: enforced by a memory cgroup per rank (default: 50% of
+    #: the available host memory / world_size); GPU: default the device's memory
+    memory_budget_mb: float | None = Field(None, gt=0)
+    #: share of the budget kept free: the safe batch is the largest whose fitted peak memory is
+    #: at most (1 - margin) x budget (and no larger than the largest passing batch)
+    margin: float = Field(0.2, ge=0, lt=1)
+    #: steps per probe run
+    steps: int = Field(5, ge=1)
+    #: ranks per probe run
+    world_size: int = Field(1, ge=1)
+    #: probes at most (growth and bisection together)
+    max_probes: int = Field(12, ge=2)
+    #: the bisection stops when first failing - largest passing <= resolution x largest passing
+    resolution: float = Field(0.05, gt=0, lt=1)
+    #: every batch tried is a multiple of this (default: world_size)
+    multiple_of: int | None = Field(None, ge=1)
+    #: how the CPU budget is enforced: auto (cgroup as root, else rlimit), cgroup, rlimit
+    #: (RLIMIT_AS: address space, not resident memory)
+    enforce: Literal["auto", "cgroup", "rlimit"] = "auto"
+    #: seconds one probe may take (default: the profile's timeout, else job.timeout)
+    timeout: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _range(self) -> HeadroomSearch:
+        if self.start > self.max:
+            raise ValueError(
+                f"start ({self.start}) must not exceed max ({self.max}); e.g. "
+                "`headroom: {start: 16, max: 4096}`"
+            )
+        step = self.step
+        if self.start % step:
+            raise ValueError(
+                f"start ({self.start}) must be a multiple of multiple_of ({step}; default: "
+                f"world_size); e.g. `start: {max(step, self.start // step * step)}`"
+            )
+        return self
+
+    @property
+    def step(self) -> int:
+        """The batch granularity: ``multiple_of``, default ``world_size``."""
+        return self.multiple_of or self.world_size
+
+
 class ProfileCheck(CheckSpec):
     """``checks.profile``: a short run per world size; step times, throughput, memory, scaling
     (see docs/profiling.md)."""
@@ -311,6 +364,8 @@ class ProfileCheck(CheckSpec):
     checkpoint_metric: str | None = Field(None, min_length=1)
     #: regressions against the stored baseline that fail the check, e.g. "throughput:-5%"
     compare: list[str] = Field(default_factory=list)
+    #: the batch-size / memory headroom search (optional; needs {batch_size} in the command)
+    headroom: HeadroomSearch | None = None
 
     @model_validator(mode="after")
     def _sizes_and_warmup(self) -> ProfileCheck:
@@ -1008,6 +1063,16 @@ def _profile_problems(job_file: JobFile, spec: ProfileCheck, used: set[str]) -> 
                     f"Fix: add a `{name}` regex to job.metrics or name one of those",
                 )
             )
+    if spec.headroom is not None and "batch_size" not in used:
+        problems.append(
+            (
+                "checks.profile.headroom",
+                "the memory headroom search runs the job at growing batch sizes, but the command "
+                "has no {batch_size} placeholder to pass them. Fix: add `--batch-size "
+                "{batch_size}` (your script's flag) to job.command or checks.profile.args, or "
+                "remove checks.profile.headroom",
+            )
+        )
     if spec.scaling == "weak" and spec.samples_per_step is None and "batch_size" not in used:
         problems.append(
             (

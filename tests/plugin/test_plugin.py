@@ -26,7 +26,7 @@ MARKER_SIGNATURES = [
     "parallel",
     "ddp(world_size=2, backend=None)",
     "fault(kind, **params)",
-    "profile",
+    "profile(max_data_wait=None, min_throughput=None)",
     "gpu(count=1)",
     "ray",
     "slow",
