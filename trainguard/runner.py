@@ -98,6 +98,9 @@ class JobRunner:
     _references: dict[RunRequest, RunResult] = field(default_factory=dict)
     #: the embedded Ray head a ray_train job's runs share (started on first use; see close())
     _ray: LocalRay | None = field(default=None, repr=False)
+    #: the loss curve of every run launched through :meth:`run` (label, world size, step -> loss),
+    #: in launch order: the profile's report plots the checks' curves next to its own
+    curves: list[dict[str, object]] = field(default_factory=list, repr=False)
 
     def ray_env(self) -> dict[str, str]:
         """For a ``ray_train`` job: the environment that points its driver at Ray --
@@ -158,7 +161,18 @@ class JobRunner:
             self._track_abort(tracked)
             raise
         self._track_attempt(tracked, result, restart_count, final=True)
+        self._record_curve(label, request, result)
         return result
+
+    def _record_curve(self, label: str, request: RunRequest, result: RunResult) -> None:
+        metrics = self.job_file.job.metrics
+        name = "loss" if "loss" in metrics else next(iter(metrics), None)
+        if name is None or len(self.curves) >= 32:
+            return
+        curve = trajectory(result.points, name)
+        if curve:
+            self.curves.append({"label": label, "world_size": request.world_size, "metric": name,
+                                "outcome": result.outcome, "values": curve})
 
     def supervise(
         self,

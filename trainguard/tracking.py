@@ -1010,6 +1010,8 @@ def launch_hooks(
     else:
         env[RUN_ID_FILE_ENV] = str(id_file)
     tracker.set_tags(handle, {"trainguard.run_id_env": "env" if run_id else "file"})
+    if runner.job_file.job.kind == "ray_train":
+        return env, None  # the workers' designated writer streams the metrics (trainguard.raytrain.tracking)
     handle.live = LiveMetrics(tracker, handle, world_size)
     return env, handle.live.on_metric
 
@@ -1024,6 +1026,13 @@ def log_attempt(runner: JobRunner, handle: RunHandle | None, result: RunResult, 
     sent = handle.live.sent if handle.live is not None else set()
     handle.live = None
     rows = metric_rows(result.points, result.world_size, started_ms)
+    if runner.job_file.job.kind == "ray_train":  # the workers' writer logged what it could: the rest
+        from trainguard.raytrain.tracking import reconcile
+
+        rows, writer_tags, note = reconcile(result, rows)
+        tracker.set_tags(handle, writer_tags)
+        if note:
+            tracker.warn(note)
     tracker.log_metrics(handle, [row for row in rows if (row[0], row[2]) not in sent])
     handle.history.append((attempt, list(result.points)))
     end_ms = int(time.time() * 1000)

@@ -26,16 +26,24 @@ def profile_job(
     compare: Sequence[str] = (),
     save: bool | None = None,
     world_sizes: list[int] | None = None,
+    headroom: bool | None = None,
 ) -> tuple[Profile, dict[str, str]]:
     """Run the profile (``spec.compare`` plus ``compare`` expressions), write every report.
-    ``save`` defaults to the ``save_baseline`` setting. Bad expressions raise before any run."""
+    ``save`` defaults to the ``save_baseline`` setting; ``headroom=False`` skips the memory
+    headroom search of ``spec.headroom``. Bad expressions raise before any run."""
     checks = parse_regressions([*spec.compare, *compare])
     job_file = runner.job_file
     profile = run_profile(
         runner, spec, target=job_file.target, compare=checks,
         save=runner.settings.save_baseline if save is None else save, world_sizes=world_sizes,
+        headroom=headroom,
     )
-    paths = write_reports(profile.to_dict(), profile.run_dir, job_file.state_dir / "profile")
+    data = profile.to_dict()
+    data["check_curves"] = [
+        {**c, "values": {str(k): v for k, v in c["values"].items()}}  # type: ignore[union-attr]
+        for c in runner.curves if not str(c["label"]).startswith(("profile", "headroom"))
+    ]
+    paths = write_reports(data, profile.run_dir, job_file.state_dir / "profile")
     tracker = runner.tracker
     if tracker is not None:
         handle = getattr(tracker, "current_check", None) or getattr(tracker, "session", None)
@@ -57,10 +65,14 @@ def summarise(profile: Profile) -> tuple[str, str]:
         rec = profile.sizing.recommended
         unit = "GPU(s)" if profile.device == "gpu" else "rank(s)"
         parts.append(f"sizing: {rec} {unit} recommended" if rec else "sizing: no size meets the target")
+    if profile.headroom is not None and not profile.headroom.failed:
+        parts.append(profile.headroom.summary())
     if profile.device == "cpu":
         parts.append("measured on CPU")
     problems = [f"world size {s.world_size} {s.outcome}: {s.reason}" for s in profile.failed_sizes]
     problems += [r.describe() for r in profile.regressed]
+    if profile.headroom is not None and profile.headroom.failed:
+        problems.append(profile.headroom.summary())
     if problems:
         return "failed", "; ".join(problems)
     return "passed", "; ".join(parts) or "profiled"
@@ -80,6 +92,10 @@ def run_profile_check(runner: JobRunner, spec: ProfileCheck) -> CheckResult:
     }
     if profile.regressions:
         evidence["compare"] = [r.describe() for r in profile.regressions]
+    if profile.headroom is not None:
+        evidence["headroom"] = {
+            k: v for k, v in profile.headroom.to_dict().items() if k not in ("probes", "notes")
+        }
     if profile.sizing is not None:
         evidence["recommendation"] = profile.sizing.recommendation
         evidence["sizing"] = profile.sizing.to_dict()  # the gate judges its thresholds on this

@@ -34,6 +34,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--world-sizes", metavar="N,N", help="override checks.profile.world_sizes, e.g. 1,2,4"
     )
+    p.add_argument(
+        "--headroom", action=argparse.BooleanOptionalAction, default=None,
+        help="run (or with --no-headroom skip) the batch-size / memory headroom search of "
+        "checks.profile.headroom (default: run it when configured)",
+    )
     p.add_argument("--seed", type=int, metavar="N", help="seed for the runs (default: TRAINGUARD_SEED or 0)")
     p.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
 
@@ -60,6 +65,12 @@ def run(args: argparse.Namespace) -> int:
             key, msg = problems[0]
             raise ConfigError(f"{msg} (add a `checks.profile:` section)", path=str(job_file.path), key=key)
         print("no checks.profile in the job file: using the defaults (30 steps at 1 and 2 ranks)")
+    if args.headroom and spec.headroom is None:
+        raise ConfigError(
+            "--headroom needs a `headroom:` section under checks.profile (and {batch_size} in "
+            "job.command), e.g. `headroom: {start: 16, max: 4096, memory_budget_mb: 2000}`",
+            path=str(job_file.path), key="checks.profile.headroom",
+        )
     try:
         parse_regressions([*spec.compare, *args.compare])  # bad expressions stop before any run
     except RegressionExpressionError as exc:
@@ -85,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
     tracker = open_tracker(job_file, settings, run_name=f"trainguard profile {job_file.job.name}")
     runner = JobRunner(job_file, settings, echo=echo if args.verbose else None, tracker=tracker)
     try:
-        profile, paths = profile_job(runner, spec, compare=args.compare, save=args.save, world_sizes=sizes)
+        profile, paths = profile_job(
+            runner, spec, compare=args.compare, save=args.save, world_sizes=sizes,
+            headroom=args.headroom,
+        )
     finally:
         if tracker is not None:
             tracker.close()
@@ -102,6 +116,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {s.world_size} rank(s): {s.outcome}: {s.reason}")
     for r in profile.regressions:
         print(f"  compare: {r.describe()}")
+    if profile.headroom is not None:
+        for pr in profile.headroom.probes:
+            peak = f"{pr.peak_mb:.0f} MB" if pr.peak_mb is not None else "-"
+            print(f"  headroom probe: batch {pr.batch_size}: {pr.outcome} (peak {peak}, "
+                  f"{pr.duration_s:.1f} s){'' if pr.outcome == 'pass' else ': ' + pr.detail}")
+        print(f"  {profile.headroom.summary()}")
     if profile.sizing is not None:
         print(f"  sizing: {profile.sizing.recommendation}")
     for note in profile.notes:

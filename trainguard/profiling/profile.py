@@ -23,6 +23,7 @@ from trainguard.profiling.compare import (
     latest_profile_baseline,
     save_profile_baseline,
 )
+from trainguard.profiling.headroom import Headroom, run_headroom
 from trainguard.profiling.measure import (
     SizeProfile,
     measure_size,
@@ -61,6 +62,8 @@ class Profile:
     baseline_path: str | None = None
     saved_path: str | None = None
     unit: str = "samples/s"
+    #: the batch-size / memory headroom search (checks.profile.headroom); None when not run
+    headroom: Headroom | None = None
     created_at: str = field(
         default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     )
@@ -127,6 +130,7 @@ class Profile:
                 "predictions": {str(k): v for k, v in self.predictions(upto).items()},
             },
             "sizing": self.sizing.to_dict() if self.sizing is not None else None,
+            "headroom": self.headroom.to_dict() if self.headroom is not None else None,
             "compare": {
                 "baseline": self.baseline_path,
                 "results": [
@@ -197,9 +201,12 @@ def run_profile(
     compare: list[RegressionCheck] | None = None,
     save: bool = False,
     world_sizes: list[int] | None = None,
+    headroom: bool | None = None,
 ) -> Profile:
-    """Profile the runner's job at each world size, fit, size against ``target``, compare with
-    this machine's latest profile baseline (``compare``), optionally save it as the new one."""
+    """Profile the runner's job at each world size, search the memory headroom
+    (``spec.headroom``; ``headroom=False`` skips it, True needs it configured), fit, size against
+    ``target``, compare with this machine's latest profile baseline (``compare``), optionally
+    save it as the new one."""
     from trainguard.baseline import git_state, machine_info
 
     job_file = runner.job_file
@@ -234,6 +241,10 @@ def run_profile(
             profile.notes.append(f"world size {s.world_size} was oversubscribed: {s.oversubscribed}")
         if not s.ok:
             profile.notes.append(f"world size {s.world_size} did not profile: {s.outcome}: {s.reason}")
+    if spec.headroom is not None and headroom is not False:
+        gpu_total = _gpu_memory_mb() if device == "gpu" else None
+        profile.headroom = run_headroom(runner, spec, device=device, gpu_total_mb=gpu_total)
+        profile.notes += [f"headroom: {n}" for n in profile.headroom.notes]
     ok = profile.ok_sizes
     throughput = {s.world_size: s.throughput_sps for s in ok if s.throughput_sps}
     if throughput:
@@ -279,9 +290,13 @@ def _size(profile: Profile, target: Target, runner: JobRunner, spec: ProfileChec
     gpu_total = _gpu_memory_mb() if profile.device == "gpu" else None
     host_total = psutil.virtual_memory().total / 2**20
 
+    searched = profile.headroom
+
     def budget(n: int) -> tuple[float | None, str]:
         if target.memory_budget_mb is not None:
             return target.memory_budget_mb, "target.memory_budget_mb"
+        if searched is not None and searched.budget_source.startswith("checks.profile.headroom"):
+            return searched.budget_mb, searched.budget_source
         if gpu_total is not None:
             return gpu_total, "the GPU's memory"
         return host_total / n, f"host memory / {n} rank(s) (CPU run)"
@@ -295,10 +310,19 @@ def _size(profile: Profile, target: Target, runner: JobRunner, spec: ProfileChec
             )
         if s.oversubscribed:
             limits.append(f"this machine: {s.oversubscribed} (the measured scaling is the machine's)")
-    return size_run(
+    sizing = size_run(
         target, measured, profile.fit,
         samples_per_step=lambda n: samples_per_step_for(runner.job_file, spec, n),
         device=profile.device, memory_budget_mb=budget, extra_limits=limits,
         unit="GPU(s)" if profile.device == "gpu" else "rank(s)",
     )
+    if searched is not None:
+        sizing.batch_headroom = {
+            "summary": searched.summary(), "budget_mb": searched.budget_mb,
+            "profile_batch": searched.profile_batch, "headroom_mb": searched.headroom_mb,
+            "peak_mb": searched.peak_at_profile_batch_mb, "peak_source": searched.peak_source,
+            "largest_pass": searched.largest_pass, "safe_batch": searched.safe_batch,
+            "world_size": searched.world_size,
+        }
+    return sizing
 

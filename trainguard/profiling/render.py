@@ -22,8 +22,9 @@ __all__ = ["PLOTS", "render_html", "render_markdown", "write_reports"]
 PLOTS = {
     "step_times": "Step-time distribution",
     "scaling": "Throughput and efficiency vs world size",
-    "loss": "Loss curves of the profile runs",
+    "loss": "Loss curves of the profile runs and the checks",
     "cost": "Predicted cost and wall-clock vs GPUs",
+    "headroom": "Peak memory per rank vs batch size (headroom search)",
 }
 
 
@@ -125,19 +126,38 @@ def plot_scaling(data: dict[str, Any]) -> bytes | None:
 
 
 def plot_loss(data: dict[str, Any]) -> bytes | None:
+    """The profile runs' loss curves, and beside them those of the checks that ran before the
+    profile in the same session (``data["check_curves"]``)."""
     sizes = [s for s in data["sizes"] if s.get("loss")]
-    if not sizes:
+    checks = [c for c in data.get("check_curves") or [] if c.get("values")]
+    if not sizes and not checks:
         return None
-    fig = _figure(height=3.0)
-    ax = fig.subplots()
-    for i, s in enumerate(sizes):
-        pts = sorted((int(k), v) for k, v in s["loss"].items())
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], color=f"C{i}", label=f"{s['world_size']} rank(s)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (rank 0)")
-    ax.set_title("Loss during the profile runs", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    fig = _figure(width=11.0 if checks else 7.5, height=3.2)
+    axes = fig.subplots(1, 2) if sizes and checks else [fig.subplots()]
+    if sizes:
+        ax = axes[0]
+        for i, s in enumerate(sizes):
+            pts = sorted((int(k), v) for k, v in s["loss"].items())
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=f"C{i}", label=f"{s['world_size']} rank(s)")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (rank 0)")
+        ax.set_title("Profile runs", fontsize=10)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    if checks:
+        ax = axes[-1]
+        for i, c in enumerate(checks):
+            pts = sorted((int(k), float(v)) for k, v in c["values"].items())
+            failed = c.get("outcome") not in (None, "ok")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=f"C{i % 10}",
+                    linestyle="--" if failed else "-", linewidth=1.1, alpha=0.85,
+                    label=f"{c['label']} ({c['world_size']} rank{'s' if c['world_size'] != 1 else ''})"
+                    + (f", {c['outcome']}" if failed else ""))
+        ax.set_xlabel("step")
+        ax.set_ylabel(checks[0].get("metric", "loss"))
+        ax.set_title("Runs of the checks in this session", fontsize=10)
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(alpha=0.3)
     return _png(fig)
 
 
@@ -172,7 +192,46 @@ def plot_cost(data: dict[str, Any]) -> bytes | None:
     return _png(fig)
 
 
-_PLOTTERS = {"step_times": plot_step_times, "scaling": plot_scaling, "loss": plot_loss, "cost": plot_cost}
+def plot_headroom(data: dict[str, Any]) -> bytes | None:
+    """Peak memory of every probe vs its batch (passes, OOMs, other failures), the fitted line,
+    the budget and the budget less the margin."""
+    search = data.get("headroom")
+    if not search or not search.get("probes"):
+        return None
+    fig = _figure(height=3.4)
+    ax = fig.subplots()
+    budget = search["budget_mb"]
+    marks = {"pass": ("o", "C0", "passed"), "oom": ("x", "C3", "out of memory"),
+             "error": ("s", "C7", "other failure")}
+    for outcome, (marker, color, label) in marks.items():
+        pts = [p for p in search["probes"] if p["outcome"] == outcome]
+        if pts:
+            # an OOM probe is drawn at the budget when it left no peak: it reached it
+            ys = [p["peak_mb"] if p["peak_mb"] is not None else budget for p in pts]
+            ax.plot([p["batch_size"] for p in pts], ys, marker, color=color, markersize=8, label=label)
+    batches = [p["batch_size"] for p in search["probes"]]
+    fit = search.get("fit")
+    if fit:
+        xs = [0, max(batches) * 1.05]
+        ax.plot(xs, [fit["fixed_mb"] + fit["per_sample_mb"] * x for x in xs], "-", color="C1",
+                linewidth=1, label=f"fit: {fit['fixed_mb']:.0f} MB + {fit['per_sample_mb']:.3g} MB/sample")
+    ax.axhline(budget, color="C3", linestyle="--", label=f"budget {budget:.0f} MB")
+    ax.axhline(budget * (1 - search["margin"]), color="C2", linestyle=":",
+               label=f"budget less {search['margin']:.0%} margin")
+    if search.get("safe_batch"):
+        ax.axvline(search["safe_batch"], color="C2", linewidth=1, alpha=0.6)
+        ax.text(search["safe_batch"], budget * 0.04, f" safe {search['safe_batch']}", color="C2", fontsize=8)
+    ax.set_ylim(0, budget * 1.15)
+    ax.set_xlabel("batch size ({batch_size})")
+    ax.set_ylabel(f"peak MB per rank ({search['enforcement']})")
+    ax.set_title(f"Headroom search on {search['device'].upper()}: {search['stopped'].replace('_', ' ')}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+_PLOTTERS = {"step_times": plot_step_times, "scaling": plot_scaling, "loss": plot_loss, "cost": plot_cost,
+             "headroom": plot_headroom}
 
 
 def render_plots(data: dict[str, Any]) -> dict[str, bytes]:
@@ -268,6 +327,15 @@ Measured on {{ d.measured_on }}. Scaling: **{{ d.scaling.phrase or "not measured
 {% for l in sizing.limits %}- {{ l }}
 {% endfor %}{% endif %}
 {% endif %}
+{% if d.headroom %}
+### Memory headroom
+**{{ d.headroom.summary }}** ({{ d.headroom.reason }}). Budget {{ fmt(d.headroom.budget_mb, 5) }} MB per rank ({{ d.headroom.budget_source }}), enforced by {{ d.headroom.enforcement }}{% if d.headroom.fallback %} (fallback: {{ d.headroom.fallback }}){% endif %}; {{ d.headroom.world_size }} rank(s) per probe. Safe batch: {{ d.headroom.safe_rule }}.{% if d.headroom.fit %} Fit: {{ fmt(d.headroom.fit.fixed_mb, 4) }} MB + {{ fmt(d.headroom.fit.per_sample_mb, 4) }} MB/sample (rms {{ fmt(d.headroom.fit.rms_mb, 3) }} MB).{% endif %}
+
+| batch | outcome | peak MB/rank | peak RSS MB | peak GPU MB | seconds | how it ended |
+|---|---|---|---|---|---|---|
+{% for p in d.headroom.probes %}| {{ p.batch_size }} | {{ p.outcome }} | {{ fmt(p.peak_mb, 5) }} | {{ fmt(p.peak_rss_mb, 5) }} | {{ fmt(p.peak_gpu_mb, 5) }} | {{ fmt(p.duration_s) }} | {{ p.detail }} |
+{% endfor %}
+{% endif %}
 {% if compare.results %}
 ### Compared with {{ compare.baseline }}
 {% for r in compare.results %}- {{ r.text }}
@@ -317,6 +385,14 @@ img { max-width: 100%; border: 1px solid #eee; margin: 0.4em 0; }
 {% if sizing.candidates %}<p class="meta">Checkpoint interval: {{ sizing.candidates[0].checkpoint_rule }} (MTBF of the job = per-GPU MTBF / GPUs unless configured per count).</p>{% endif %}
 {% if sizing.limits %}<h2>What limits scaling</h2><ul>{% for l in sizing.limits %}<li>{{ l }}</li>{% endfor %}</ul>{% endif %}
 {% if images.cost %}<img alt="{{ titles.cost }}" src="data:image/png;base64,{{ images.cost }}">{% endif %}
+{% endif %}
+{% if d.headroom %}<h2>Memory headroom</h2>
+<p class="{{ 'bad' if d.headroom.failed else 'ok' }}">{{ d.headroom.summary }}</p>
+<p class="meta">{{ d.headroom.reason }}. Budget {{ fmt(d.headroom.budget_mb, 5) }} MB per rank ({{ d.headroom.budget_source }}), enforced by {{ d.headroom.enforcement }}{% if d.headroom.fallback %} &mdash; fallback: {{ d.headroom.fallback }}{% endif %}; {{ d.headroom.world_size }} rank(s) per probe, {{ d.headroom.probes|length }} probe(s) in {{ fmt(d.headroom.duration_s) }} s. Safe batch: {{ d.headroom.safe_rule }}.{% if d.headroom.fit %} Fit: {{ fmt(d.headroom.fit.fixed_mb, 4) }} MB + {{ fmt(d.headroom.fit.per_sample_mb, 4) }} MB/sample (rms {{ fmt(d.headroom.fit.rms_mb, 3) }} MB).{% endif %}{% if d.headroom.headroom_mb is not none %} At the profile's batch {{ d.headroom.profile_batch }}: peak {{ fmt(d.headroom.peak_at_profile_batch_mb, 5) }} MB ({{ d.headroom.peak_source }}), headroom {{ fmt(d.headroom.headroom_mb, 5) }} MB per rank.{% endif %}</p>
+<table><tr><th>batch</th><th>outcome</th><th>peak MB/rank</th><th>peak RSS MB</th><th>peak GPU MB</th><th>seconds</th><th>how it ended</th></tr>
+{% for p in d.headroom.probes %}<tr><td>{{ p.batch_size }}</td><td class="{{ '' if p.outcome == 'pass' else 'bad' }}">{{ p.outcome }}</td><td>{{ fmt(p.peak_mb, 5) }}</td><td>{{ fmt(p.peak_rss_mb, 5) }}</td><td>{{ fmt(p.peak_gpu_mb, 5) }}</td><td>{{ fmt(p.duration_s) }}</td><td>{{ p.detail }}</td></tr>
+{% endfor %}</table>
+{% if images.headroom %}<img alt="{{ titles.headroom }}" src="data:image/png;base64,{{ images.headroom }}">{% endif %}
 {% endif %}
 {% if images.loss %}<h2>{{ titles.loss }}</h2><img alt="{{ titles.loss }}" src="data:image/png;base64,{{ images.loss }}">{% endif %}
 {% if compare.results %}<h2>Compared with the baseline</h2><p class="meta">{{ compare.baseline }}</p><ul>

@@ -98,6 +98,9 @@ class Sizing:
     device: str
     memory_budget_mb: float | None
     memory_budget_source: str
+    #: memory headroom per rank at the profile's batch from the headroom search (its budget,
+    #: peak, headroom, largest and safe batch); None when no search ran
+    batch_headroom: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

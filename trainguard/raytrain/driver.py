@@ -52,6 +52,9 @@ def _worker_entry(config: dict[str, Any]) -> Any:
     original = ray.train.report
     step_key = spec["step_key"]
     counter = {"n": 0}
+    from trainguard.raytrain.tracking import writer_from_env
+
+    writer = writer_from_env(rank)  # the designated MLflow writer: world rank 0 only
 
     def report(metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         result = original(metrics, *args, **kwargs)  # checkpoint first: "step N" means it exists
@@ -62,12 +65,18 @@ def _worker_entry(config: dict[str, Any]) -> Any:
                 f"{k}={text}" for k, v in metrics.items() if k != step_key and (text := _format(v)) is not None
             )
             print(f"{REPORT_PREFIX} step={int(step)} {fields}", flush=True)
+            if writer is not None:
+                writer.log(int(step), {k: v for k, v in metrics.items() if k != step_key})
         return result
 
     ray.train.report = report
     func = _import_func(spec["train_func"])
     takes_config = bool(inspect.signature(func).parameters)
-    return func(config) if takes_config else func()
+    try:
+        return func(config) if takes_config else func()
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,9 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     entries = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     pythonpath = os.pathsep.join(dict.fromkeys(os.path.abspath(e) for e in entries if e))
     env_vars = {"PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1"}
-    for name in ("OMP_NUM_THREADS", "TRAINGUARD_FAULT_HOOK", "MLFLOW_TRACKING_URI", "TRAINGUARD_MLFLOW_RUN_ID"):
+    for name in ("OMP_NUM_THREADS", "TRAINGUARD_FAULT_HOOK"):
         if name in os.environ:
             env_vars[name] = os.environ[name]
+    from trainguard.raytrain.tracking import worker_env
+
+    env_vars.update(worker_env())  # the MLflow run id, store and run dir for the designated writer
     temp_dir = None
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars}, log_to_driver=True)
