@@ -251,6 +251,7 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
             launcher.stop(f"the job printed step {point.step}, past the limit of {spec.steps} steps")
 
     result = runner.run(request, label="canary", on_metric=steps_limit)
+    runner.offer_reference(request, result)  # determinism/resume/parallel of the same run reuse it
     limit_s = (request.timeout or runner.job_file.job.timeout) * runner.settings.timeout_scale
     loss = judge_loss(
         result.trajectory("loss"),

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from trainguard.checkpoints import compare_checkpoint_dirs
 from trainguard.config import DrillSpec, JobFile
@@ -44,6 +44,9 @@ from trainguard.report import CheckResult, CheckStatus, Report
 from trainguard.rundir import new_run_dir
 from trainguard.runner import JobRunner, RunRequest, SupervisedRun
 
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.faults.ray_workers import RayWorkerTracker, WorkerSighting
+
 __all__ = ["DRILL_CAUSES", "drill", "make_drill", "run_drill", "run_drills"]
 
 #: seconds between a failed attempt and the restart (the agent's backoff; kept short here)
@@ -52,6 +55,10 @@ RESTART_BACKOFF_S = 0.5
 #: whole deadline to exit by itself before trainguard's own hang detection would step in
 _DEADLINE_MARGIN_S = 5.0
 _WATCH_S = 0.02
+#: faults that kill a Ray Train worker process: Ray Train sees the death itself, so for a
+#: ray_train job `expect: recover` means its FailureConfig restarts the worker group inside the
+#: same fit (trainguard does not restart the driver); a hang it does not see (docs/ray-train.md)
+RAY_RECOVERED_FAULTS = ("kill_rank", "oom")
 _ERROR_WORDS = re.compile(r"error|exception|traceback|fatal|abort|killed|timed? ?out", re.I)
 
 DRILL_CAUSES = {
@@ -88,14 +95,21 @@ class _Injection:
     stderr_offsets: dict[int, int] = field(default_factory=dict)
     run_dir: Path | None = None
     errors: list[str] = field(default_factory=list)
+    #: a ray_train job: the driver's stderr, read for the workers' pids (attempt 0)
+    tracker: RayWorkerTracker | None = None
+    ray_workers_at_injection: dict[int, int] = field(default_factory=dict)
+    #: launcher elapsed time of the first metric point after Ray Train restarted the workers
+    ray_first_step_after_restart_t: float | None = None
 
 
 class _Driver:
     """Injects the fault once, clears it after ``duration``, watches the first attempt's ranks
     (first exit, fail_clean deadline) on a thread of its own, never blocking the monitor."""
 
-    def __init__(self, fault: Fault, spec: DrillSpec, metric: str, watch_rank: int) -> None:
+    def __init__(self, fault: Fault, spec: DrillSpec, metric: str, watch_rank: int,
+                 ray_world_size: int | None = None) -> None:
         self.fault = fault
+        self.ray_world_size = ray_world_size  # set for a ray_train job: its ranks are Ray workers
         self.spec = spec
         self.metric = metric
         self.info = _Injection(watch_rank=watch_rank)
@@ -109,6 +123,8 @@ class _Driver:
             if info.first_step_after_restart_mono is None and point.name == self.metric:
                 info.first_step_after_restart_mono = time.monotonic()
             return
+        if self.ray_world_size is not None:
+            self._ray_point(point, launcher)
         if (
             info.injected_mono is not None
             or point.name != self.metric
@@ -123,9 +139,15 @@ class _Driver:
         at = launcher.elapsed()
         info.injected_mono = time.monotonic()
         info.injected_step = point.step
-        info.target_exited_before = launcher.ranks[self.fault.rank].popen.poll() is not None
+        target = launcher
+        if info.tracker is not None:  # the fault's ranks are the Ray workers, by their pids
+            from trainguard.faults.ray_workers import RayWorkerLauncher
+
+            target = cast(Launcher, RayWorkerLauncher(launcher, info.tracker, self.ray_world_size or 1))
+            info.ray_workers_at_injection = info.tracker.pids()
         try:
-            self.fault.inject(launcher)
+            info.target_exited_before = target.ranks[self.fault.rank].popen.poll() is not None
+            self.fault.inject(target)
         except Exception as exc:  # the monitor thread must go on; the verdict reports it
             info.errors.append(f"inject() raised {type(exc).__name__}: {exc}")
         if self.fault.injected_at is None:
@@ -135,11 +157,30 @@ class _Driver:
         )
         self._thread.start()
 
+    def _ray_point(self, point: MetricPoint, launcher: Launcher) -> None:
+        """Attempt 0 of a ray_train job: follow its workers; note the first step after Ray
+        Train restarted them (a worker line read after the fault)."""
+        info = self.info
+        if info.tracker is None:
+            from trainguard.faults.ray_workers import RayWorkerTracker
+
+            info.tracker = RayWorkerTracker(launcher.ranks[0].stderr_log, clock=launcher.elapsed)
+        info.tracker.poll()  # stamp the worker lines when they come, not at the injection
+        injected = self.fault.injected_at
+        if (injected is None or info.ray_first_step_after_restart_t is not None
+                or point.name != self.metric):
+            return
+        if _new_workers(info, injected):
+            info.ray_first_step_after_restart_t = point.t
+            info.first_step_after_restart_mono = time.monotonic()
+
     def _watch(self, launcher: Launcher) -> None:
         info, spec = self.info, self.spec
         assert info.injected_mono is not None
         fail_clean = spec.expectation == "fail_clean"
         while not self._stop.wait(_WATCH_S):
+            if info.tracker is not None:
+                info.tracker.poll()  # stamps worker and controller lines as they come
             since = time.monotonic() - info.injected_mono
             if spec.duration is not None and self.fault.cleared_at is None and since >= spec.duration:
                 self.clear(launcher.elapsed())
@@ -157,6 +198,10 @@ class _Driver:
                     "after the fault"
                 )
             attempt_over = all(code is not None for _, code in codes)
+            if attempt_over and info.tracker is not None:
+                # a Ray worker is out of the launcher's teardown: a stopped one must go on (and
+                # die with its job) before the next attempt wants its CPUs
+                self.clear(launcher.elapsed())
             if attempt_over and (spec.duration is None or self.fault.cleared_at is not None):
                 return
 
@@ -303,16 +348,20 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
     drill_dir = new_run_dir(job_file.state_dir, job_file.job.name, f"drill-{spec.name}",
                             keep=runner.settings.keep_runs)
     values = runner.placeholders(request, drill_dir, drill_dir / "checkpoints")
+    ray_job = job_file.job.kind == "ray_train"
     ctx = FaultContext(
         work_dir=drill_dir / "fault",
         checkpoint_dir=drill_dir / "checkpoints",
         world_size=request.world_size,
         env={**{k: v.format_map(values) for k, v in job_file.job.env.items()},
              **{k: v.format_map(values) for k, v in request.env}},
+        ray_train=ray_job,
     )
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    driver = _Driver(fault, spec, metric, watch_rank)
+    driver = _Driver(fault, spec, metric, watch_rank, request.world_size if ray_job else None)
+    # Ray Train recovers a dead worker itself (FailureConfig): trainguard must not restart too
+    ray_recover = ray_job and spec.expectation == "recover" and spec.fault in RAY_RECOVERED_FAULTS
     stall = spec.stall_timeout or job_file.job.stall_timeout
     if spec.expectation == "fail_clean":
         stall = max(stall, spec.deadline_s + _DEADLINE_MARGIN_S)
@@ -325,11 +374,11 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
         run = runner.supervise(
             request,
             label=f"drill-{spec.name}",
-            max_restarts=spec.restart_limit,
+            max_restarts=0 if ray_recover else spec.restart_limit,
             backoff_s=RESTART_BACKOFF_S,
             on_metric=driver.on_metric,
             extra_env=fault.launch_env(ctx),
-            preexec=fault.preexec if fault.needs_preexec else None,
+            preexec=fault.preexec if fault.needs_preexec and not ray_job else None,
             checkpoint_dir=ctx.checkpoint_dir,
             stall_timeout=stall,
             # a short drill stall limit must not cut the job's start-up (imports, rendezvous)
@@ -337,8 +386,8 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
         )
         driver.finish()
         driver.clear()
-        judge = {"recover": _judge_recover, "fail_clean": _judge_fail_clean,
-                 "continue": _judge_continue}[spec.expectation]
+        judge = {"recover": _judge_ray_recover if ray_recover else _judge_recover,
+                 "fail_clean": _judge_fail_clean, "continue": _judge_continue}[spec.expectation]
         status, summary, evidence = judge(
             _Context(runner, spec, fault, driver.info, run, reference, request, metric,
                      ctx.checkpoint_dir, stall * runner.settings.timeout_scale)
@@ -500,6 +549,119 @@ def _judge_recover(c: _Context) -> tuple[CheckStatus, str, dict[str, Any]]:
             f"uninterrupted run{same}", evidence)
 
 
+def _new_workers(info: _Injection, injected: float) -> list[WorkerSighting]:
+    """Ray workers that started after the fault (not those alive when it struck)."""
+    if info.tracker is None:
+        return []
+    old = set(info.ray_workers_at_injection.values())
+    return [s for s in info.tracker.started_after(injected) if s.pid not in old]
+
+
+def _ray_restart(c: _Context) -> dict[str, Any]:
+    """What Ray Train did after the fault, read from the driver's stderr (times in seconds after
+    the fault, as trainguard read the lines): the controller's first notice, the restart, the
+    new workers' pids, the first step after it, and the steps lost."""
+    info, injected = c.info, c.fault.injected_at
+    tracker = info.tracker
+    out: dict[str, Any] = {"max_failures": c.runner.job_file.job.max_restarts,
+                           "workers_at_fault": info.ray_workers_at_injection}
+    if tracker is None or injected is None:
+        return out
+    new = _new_workers(info, injected)
+    groups = sorted({s.pid for s in new if s.rank == 0})
+    out["restarts"] = len(groups)
+    out["workers_after"] = {s.rank: s.pid for s in new}
+    notice = tracker.controller_after(injected)
+    if notice is not None:
+        out["failure_noticed_after_s"] = round(notice[0] - injected, 3)
+        out["failure_notice"] = notice[1][:300]
+    restart = tracker.restart_notice_after(injected)
+    if restart is not None:
+        out["restart_started_after_s"] = round(restart[0] - injected, 3)
+    if new:
+        first_new = min(s.t for s in new)
+        out["workers_up_after_s"] = round(first_new - injected, 3)
+        points = [p for p in c.run.attempts[0].points if p.name == c.metric]
+        before = [p.step for p in points if p.t < first_new]
+        after = [p.step for p in points if p.t >= first_new]
+        if after:
+            done = max(before, default=0)
+            resumed_from = min(after) - 1
+            out["resume"] = {"last_step_before": done, "resumed_from_step": resumed_from,
+                             "lost": max(0, done - resumed_from)}
+    if info.ray_first_step_after_restart_t is not None:
+        out["first_step_after_s"] = round(info.ray_first_step_after_restart_t - injected, 3)
+    return out
+
+
+def _judge_ray_recover(c: _Context) -> tuple[CheckStatus, str, dict[str, Any]]:
+    """recover for a ray_train job whose worker died: Ray Train's FailureConfig must restart the
+    worker group from the latest reported checkpoint inside the same fit."""
+    skipped = _not_injected(c)
+    if skipped:
+        return skipped
+    evidence = _common_evidence(c)
+    spec, run = c.spec, c.run
+    ray = _ray_restart(c)
+    evidence["ray"] = ray
+    if "failure_noticed_after_s" in ray:
+        evidence["detected_after_s"] = ray["failure_noticed_after_s"]
+    resume = ray.get("resume")
+    lost = resume["lost"] if resume else None
+    evidence.update({"lost_steps": lost, "resumes": [resume] if resume else [],
+                     "restarts": ray.get("restarts", 0)})
+    if ray.get("first_step_after_s") is not None:
+        evidence["fault_to_first_step_after_restart_s"] = ray["first_step_after_s"]
+    diff = _trajectory(c, run.points, range(1, spec.steps + 1))
+    evidence["trajectory"] = diff.as_evidence()
+    max_failures = ray["max_failures"]
+    problems: list[str] = []
+    if not run.ok:
+        why = ("job.max_restarts is 0, so Ray Train's FailureConfig(max_failures=0) fails the fit "
+               "on the first worker failure: set job.max_restarts >= 1" if max_failures == 0 else
+               f"FailureConfig(max_failures={max_failures}) did not bring it back")
+        problems.append(f"Ray Train did not recover: {c.fault.classify(run.final)}; {why}")
+    elif not ray.get("restarts"):
+        problems.append("the fit completed but no new worker group started after the fault "
+                        "(was the worker really hit? see fault_evidence)")
+    if ray.get("restarts", 0) > spec.restart_limit:
+        problems.append(f"Ray Train restarted the worker group {ray['restarts']} times "
+                        f"(max_restarts {spec.restart_limit})")
+    if resume and resume["resumed_from_step"] == 0 and resume["last_step_before"] > 0:
+        problems.append(
+            "the restarted worker group began again at step 1: all progress lost (does the "
+            "function report checkpoints with ray.train.report(..., checkpoint=...) and load "
+            "ray.train.get_checkpoint() at start?)"
+        )
+    if spec.max_lost_steps is not None and lost is not None and lost > spec.max_lost_steps:
+        problems.append(f"{lost} steps of progress lost (max_lost_steps {spec.max_lost_steps})")
+    if run.ok:
+        problem = _diff_problem(c.metric, diff, "recovered run")
+        if problem:
+            problems.append(problem)
+        state = compare_checkpoint_dirs(c.checkpoint_dir, Path(c.reference.evidence["checkpoint_dir"]),
+                                        rtol=spec.rtol, atol=spec.atol)
+        evidence["checkpoint"] = state.as_evidence()
+        if state.compared and not state.ok:
+            keys = ", ".join(k for k, _ in state.differing[:5])
+            problems.append(f"the final checkpoint differs from the uninterrupted run's ({keys})")
+    what = f"{spec.fault} on the Ray worker of rank {spec.rank} after step {c.info.injected_step}"
+    if problems:
+        evidence["likely_causes"] = [
+            "job.max_restarts (Ray Train's FailureConfig(max_failures)) is 0 or too small",
+            *DRILL_CAUSES["recover"],
+        ]
+        return "failed", f"{what}: " + "; ".join(problems), evidence
+    timing = ", ".join(f"{label} {ray[key]:.1f} s" for label, key in (
+        ("failure seen after", "failure_noticed_after_s"), ("new workers after", "workers_up_after_s"),
+        ("first step after", "first_step_after_s")) if ray.get(key) is not None)
+    same = ", final checkpoints equal" if evidence.get("checkpoint", {}).get("compared") else ""
+    return ("passed", f"{what}: Ray Train's FailureConfig(max_failures={max_failures}) restarted the "
+            f"worker group {ray['restarts']} time(s) in the same fit ({timing}), resumed from "
+            f"step {resume['resumed_from_step'] if resume else '?'}, {lost} step(s) lost; all "
+            f"{diff.compared_steps} steps match the uninterrupted run{same}", evidence)
+
+
 def _judge_fail_clean(c: _Context) -> tuple[CheckStatus, str, dict[str, Any]]:
     skipped = _not_injected(c)
     if skipped:
@@ -513,7 +675,11 @@ def _judge_fail_clean(c: _Context) -> tuple[CheckStatus, str, dict[str, Any]]:
         exit_after = info.first_exit[2] - c.fault.injected_at
         evidence["exit_after_s"] = round(exit_after, 3)
     if first.ok:
-        problems.append("the job completed (exit 0) despite the fault; expected it to fail")
+        problems.append("the job completed (exit 0) despite the fault; expected it to fail"
+                        + (f" (Ray Train's FailureConfig(max_failures={c.runner.job_file.job.max_restarts})"
+                           " restarted the worker group: for this job use `expect: recover`, or "
+                           "job.max_restarts 0)" if c.runner.job_file.job.kind == "ray_train"
+                           and c.runner.job_file.job.max_restarts else ""))
     elif info.stopped_at_deadline:
         problems.append(f"the job hung: no rank exited within {spec.deadline_s:g} s of the fault "
                         "(trainguard stopped it at the deadline)")

@@ -137,10 +137,15 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
     job = runner.job_file.job
     request = runner.request_for(spec)
     reproduce = f"run twice and diff: {runner.command_line(request)}"
+    runner.prefetch(request)  # the two runs are independent: their start-ups may overlap
+    try:
+        second = runner.run(request, label="determinism-repeat")
+    except BaseException:
+        runner.stop_background("the determinism check was interrupted")
+        raise
     first = runner.reference(request)
     if not first.ok:
         return _failed_run("determinism", first, started, reproduce)
-    second = runner.run(request, label="determinism-repeat")
     if not second.ok:
         return _failed_run("determinism", second, started, reproduce)
     diffs = []
@@ -350,10 +355,15 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
     single = runner.request_for(spec, world_size=1)
     multi = runner.request_for(spec, world_size=spec.world_size)
     reproduce = f"compare: {runner.command_line(single)}  vs  {runner.command_line(multi)}"
-    one = runner.reference(single)
+    runner.prefetch(multi)
+    try:
+        one = runner.reference(single)
+    except BaseException:
+        runner.stop_background("the parallel check was interrupted")
+        raise
+    many = runner.reference(multi)
     if not one.ok:
         return _failed_run("parallel", one, started, reproduce)
-    many = runner.reference(multi)
     if not many.ok:
         return _failed_run("parallel", many, started, reproduce)
     diff = compare_trajectories(

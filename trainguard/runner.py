@@ -8,9 +8,12 @@ the same uninterrupted run (determinism's first run, resume's reference) share i
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -101,6 +104,9 @@ class JobRunner:
     #: the loss curve of every run launched through :meth:`run` (label, world size, step -> loss),
     #: in launch order: the profile's report plots the checks' curves next to its own
     curves: list[dict[str, object]] = field(default_factory=list, repr=False)
+    _pending: dict[RunRequest, Future[RunResult]] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _inflight: set[Launcher] = field(default_factory=set, repr=False)
 
     def ray_env(self) -> dict[str, str]:
         """For a ``ray_train`` job: the environment that points its driver at Ray --
@@ -115,7 +121,9 @@ class JobRunner:
         return self._ray.start().client_env()
 
     def close(self) -> None:
-        """Stop what this runner started for its runs (the embedded Ray head). Idempotent."""
+        """Stop what this runner started for its runs (background reference runs, the embedded
+        Ray head). Idempotent."""
+        self.stop_background("the runner was closed")
         if self._ray is not None:
             self._ray.stop()
             self._ray = None
@@ -152,6 +160,7 @@ class JobRunner:
         )
         values = self.placeholders(request, run_dir, checkpoint_dir)
         tracked = self._track_start(request, label, resume)
+        launched = time.monotonic()
         try:
             result = self._launch(
                 request, values, run_dir, label=label, resume=resume, on_metric=on_metric,
@@ -161,10 +170,10 @@ class JobRunner:
             self._track_abort(tracked)
             raise
         self._track_attempt(tracked, result, restart_count, final=True)
-        self._record_curve(label, request, result)
+        self._record_curve(label, request, result, (launched, time.monotonic()))
         return result
 
-    def _record_curve(self, label: str, request: RunRequest, result: RunResult) -> None:
+    def _record_curve(self, label: str, request: RunRequest, result: RunResult, span: tuple[float, float]) -> None:
         metrics = self.job_file.job.metrics
         name = "loss" if "loss" in metrics else next(iter(metrics), None)
         if name is None or len(self.curves) >= 32:
@@ -172,7 +181,7 @@ class JobRunner:
         curve = trajectory(result.points, name)
         if curve:
             self.curves.append({"label": label, "world_size": request.world_size, "metric": name,
-                                "outcome": result.outcome, "values": curve})
+                                "outcome": result.outcome, "values": curve, "span": span})
 
     def supervise(
         self,
@@ -318,7 +327,14 @@ class JobRunner:
             launcher.on_metric.append(live_metrics)
         if on_metric is not None:
             launcher.on_metric.append(on_metric)
-        result = launcher.run()
+        if threading.current_thread() is not threading.main_thread():
+            with self._lock:
+                self._inflight.add(launcher)
+        try:
+            result = launcher.run()
+        finally:
+            with self._lock:
+                self._inflight.discard(launcher)
         result.evidence.setdefault("checkpoint_dir", str(values["checkpoint_dir"]))
         return result
 
@@ -333,11 +349,72 @@ class JobRunner:
             timeout=spec.timeout,
         )
 
+    @staticmethod
+    def _reference_key(request: RunRequest) -> RunRequest:
+        # limits are not what a run computes: a run that finished within any limits is the
+        # uninterrupted run of its steps, seed, world size, args and env
+        return dataclasses.replace(request, timeout=None, max_rss_mb=None)
+
     def reference(self, request: RunRequest) -> RunResult:
-        """An uninterrupted run for ``request``, launched once and shared between checks."""
-        if request not in self._references:
-            self._references[request] = self.run(request, label="reference")
-        return self._references[request]
+        """An uninterrupted run for ``request``, launched once and shared between checks (one
+        started by :meth:`prefetch` or offered by :meth:`offer_reference` counts)."""
+        key = self._reference_key(request)
+        with self._lock:
+            if key in self._references:
+                return self._references[key]
+            pending = self._pending.get(key)
+        if pending is not None:
+            try:
+                return pending.result()
+            except BaseException:
+                self.stop_background("interrupted while waiting for a reference run")
+                raise
+        result = self.run(request, label="reference")
+        with self._lock:
+            return self._references.setdefault(key, result)
+
+    def offer_reference(self, request: RunRequest, result: RunResult) -> None:
+        """Keep ``result`` as the reference of ``request`` when it completed and none is kept
+        yet (the canary's run is the uninterrupted run of its request)."""
+        if result.ok:
+            with self._lock:
+                self._references.setdefault(self._reference_key(request), result)
+
+    def prefetch(self, request: RunRequest) -> None:
+        """Start the reference run of ``request`` in the background (when none is kept or
+        running): the check launches its own run meanwhile, and :meth:`reference` waits for it.
+        On a machine with spare cores two start-ups overlap; every check joins what it started
+        (through :meth:`reference`) before it returns, so timing-sensitive checks run alone."""
+        if self.job_file.job.kind == "ray_train":
+            return  # two fits would queue for the same Ray CPUs: run them one after the other
+        key = self._reference_key(request)
+        with self._lock:
+            if key in self._references or key in self._pending:
+                return
+            future: Future[RunResult] = Future()
+            self._pending[key] = future
+
+        def work() -> None:
+            try:
+                result = self.run(request, label="reference")
+            except BaseException as exc:  # handed to whoever waits in reference()
+                future.set_exception(exc)
+            else:
+                with self._lock:
+                    self._references.setdefault(key, result)
+                future.set_result(result)
+            finally:
+                with self._lock:
+                    self._pending.pop(key, None)
+
+        threading.Thread(target=work, name=f"trainguard-reference-{request.world_size}", daemon=True).start()
+
+    def stop_background(self, reason: str) -> None:
+        """Stop every run still launched by a :meth:`prefetch` thread (Ctrl-C, a failed check)."""
+        with self._lock:
+            running = list(self._inflight)
+        for launcher in running:
+            launcher.stop(reason)
 
     def command_line(self, request: RunRequest, *, resume: bool = False) -> str:
         """The job's command as a person would type it (for 'reproduce:' lines)."""

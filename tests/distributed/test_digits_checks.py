@@ -50,7 +50,8 @@ def test_clean_example_passes_determinism_resume_and_parallel(
     by_name = {c.name: c for c in report.checks}
     assert report.status == "passed", [(c.name, c.summary) for c in report.checks]
     resume = by_name["resume"].evidence
-    assert resume["resumed_from_step"] == 5 and resume["steps_lost"] == 2
+    # killed after step 7 (a loaded machine may let step 8 or 9 through before the kill lands)
+    assert resume["resumed_from_step"] == 5 and 2 <= resume["steps_lost"] <= 4
     # printed losses are rounded: the state comparison must have run, key by key
     assert resume["state"]["compared"] is True and resume["state"]["differing_keys"] == []
     assert by_name["parallel"].evidence["trajectory"]["max_abs_diff"] < 1e-5

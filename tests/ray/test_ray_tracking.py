@@ -192,15 +192,36 @@ def ray_job(tmp_path: Path, extra_env: str = "") -> Path:
     return job
 
 
-def launch_run(job: Path) -> tuple[str, Any]:
+def tracked_run(job: Path, steps: int = 8) -> tuple[Any, list[str], str, Any]:
+    """One launch of the job with tracking on (one fit): its result, the tracking warnings, the
+    store's URI and the launch run."""
+    import os
+
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{job.parent / '.trainguard' / 'mlflow.db'}"
-    client = MlflowClient(uri)
+    from trainguard.config import load_config
+    from trainguard.runner import JobRunner, RunRequest
+    from trainguard.settings import resolve
+    from trainguard.tracking import open_tracker
+
+    job_file = load_config(job)
+    settings = resolve(environ=os.environ)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tracker = open_tracker(job_file, settings, run_name="ray tracking test")
+        assert tracker is not None
+        runner = JobRunner(job_file, settings, tracker=tracker)
+        try:
+            result = runner.run(RunRequest.make(steps=steps, seed=0, world_size=2), label="tracked")
+        finally:
+            runner.close()
+            flushed = tracker.close()
+    assert flushed.complete, flushed
+    client = MlflowClient(tracker.tracking_uri)
     exp = client.get_experiment_by_name("trainguard")
     assert exp is not None
     (run,) = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("trainguard.kind") == "launch"]
-    return uri, run
+    return result, [str(w.message) for w in caught], tracker.tracking_uri, run
 
 
 @pytest.fixture
@@ -212,41 +233,32 @@ def tracking_on(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.ray
 @pytest.mark.usefixtures("tracking_on")
 def test_workers_log_every_reported_step_exactly_once(tmp_path: Path) -> None:
-    from trainguard.checks import check
-
     job = ray_job(tmp_path)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        report = check(job)
-    (smoke,) = report.checks
-    assert smoke.status == "passed", smoke.summary
-    uri, run = launch_run(job)
+    result, caught, uri, run = tracked_run(job)
+    assert result.ok, result.reason
     tags = run.data.tags
     print(f"\nwriter: {tags.get('trainguard.ray_writer.written_rows')} rows written by world rank 0, "
-          f"{tags.get('trainguard.ray_writer.backfilled_rows')} by the launcher")
+          f"{tags.get('trainguard.ray_writer.backfilled_rows')} by the launcher; fit {result.duration_s:.1f} s")
     assert tags["trainguard.ray_writer"] == "world rank 0"
     assert tags["trainguard.ray_writer.written_rows"] == "8" and tags["trainguard.ray_writer.dropped_rows"] == "0"
     assert tags["trainguard.ray_writer.backfilled_rows"] == "0"  # nothing logged twice
     steps = Counter(s for s, _ in history(uri, run.info.run_id, "loss"))
     assert steps == Counter(range(1, 9)), steps  # every reported step, exactly once
-    assert not [w for w in caught if "Ray workers' writer" in str(w.message)]
+    assert not [w for w in caught if "Ray workers' writer" in w]
+    summary = read_summary(result.run_dir)
+    assert summary is not None and summary.closed and summary.run_id == run.info.run_id
 
 
 @pytest.mark.ray
 @pytest.mark.usefixtures("tracking_on")
 def test_workers_that_cannot_reach_the_store_do_not_stop_training(tmp_path: Path, dead_port: int) -> None:
     """Planted defect: the job points its workers at a tracking server that is down."""
-    from trainguard.checks import check
-
     job = ray_job(tmp_path, f'TRAINGUARD_MLFLOW_TRACKING_URI: "http://127.0.0.1:{dead_port}"')
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        report = check(job)
-    (smoke,) = report.checks
-    assert smoke.status == "passed", smoke.summary  # training finished
-    notes = [str(w.message) for w in caught if "Ray workers' writer" in str(w.message)]
-    assert notes and "dropped 8 metric row(s) of 8 step(s)" in notes[0], [str(w.message) for w in caught]
-    uri, run = launch_run(job)
+    result, caught, uri, run = tracked_run(job)
+    assert result.ok, result.reason  # training finished
+    notes = [w for w in caught if "Ray workers' writer" in w]
+    assert notes and "dropped 8 metric row(s) of 8 step(s)" in notes[0], caught
+    print(f"\n{notes[0]}\nfit {result.duration_s:.1f} s")
     assert run.data.tags["trainguard.ray_writer.dropped_rows"] == "8"
     assert run.data.tags["trainguard.ray_writer.backfilled_rows"] == "8"
     steps = Counter(s for s, _ in history(uri, run.info.run_id, "loss"))

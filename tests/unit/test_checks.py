@@ -343,3 +343,67 @@ def test_aligned_trajectories_compare_a_partly_printed_step_on_its_ranks_only() 
     single = [P("loss", 25, 2.0, 0, 0.0), P("loss", 26, 2.25, 0, 0.0)]
     actual, expected = aligned_trajectories(reference, single)
     assert actual == {25: 2.0, 26: 2.25} and expected == {25: 2.0, 26: 2.25}
+
+
+# --------------------------------------------------------------------------------------------
+# Shared and prefetched reference runs
+# --------------------------------------------------------------------------------------------
+
+
+def test_determinism_overlaps_its_two_runs_and_shares_the_first(jobs: Path) -> None:
+    runner = runner_for(jobs, "toy")
+    spec = runner.job_file.checks.determinism
+    assert spec is not None
+    result = run_determinism(runner, spec)
+    assert result.status == "passed", result.summary
+    reference = runner.reference(runner.request_for(spec))  # kept: no third launch
+    labels = [str(c["label"]) for c in runner.curves]
+    assert sorted(labels) == ["determinism-repeat", "reference"], labels
+    spans = {str(c["label"]): c["span"] for c in runner.curves}
+    (ref_start, ref_end), (rep_start, rep_end) = spans["reference"], spans["determinism-repeat"]
+    # the reference ran in the background while the repeat ran: their lifetimes overlap
+    assert ref_start < rep_end and rep_start < ref_end, spans
+    assert reference.ok
+
+
+def test_a_completed_run_offered_as_reference_is_reused_whatever_its_limits(jobs: Path) -> None:
+    import dataclasses
+
+    runner = runner_for(jobs, "toy")
+    request = runner.request_for(runner.job_file.checks.determinism)  # type: ignore[arg-type]
+    limited = dataclasses.replace(request, timeout=30.0, max_rss_mb=4000.0)
+    canary_like = runner.run(limited, label="canary")
+    assert canary_like.ok, canary_like.reason
+    runner.offer_reference(limited, canary_like)
+    assert runner.reference(request) is canary_like
+    assert [c["label"] for c in runner.curves] == ["canary"]  # nothing else launched
+
+
+def test_a_failed_run_is_never_kept_as_a_reference(jobs: Path) -> None:
+    runner = runner_for(jobs, "die")
+    spec = runner.job_file.checks.smoke
+    assert spec is not None
+    request = runner.request_for(spec)
+    failed = runner.run(request, label="canary")
+    assert not failed.ok
+    runner.offer_reference(request, failed)
+    assert runner.reference(request) is not failed
+
+
+def test_stop_background_ends_a_prefetched_run(jobs: Path) -> None:
+    import time
+
+    runner = runner_for(jobs, "long")
+    spec = next(s for _, s in runner.job_file.enabled_checks(None))
+    request = runner.request_for(spec)
+    runner.prefetch(request)
+    deadline = time.monotonic() + 30
+    while not runner._inflight and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert runner._inflight, "the prefetched run never started"
+    started = time.monotonic()
+    runner.close()
+    result = runner.reference(request)
+    assert result.outcome == "stopped" and time.monotonic() - started < 15
+    assert "closed" in (result.reason or "")
+    assert not runner._inflight

@@ -64,7 +64,7 @@ def test_planted_slow_collate_is_caught() -> None:
     _, prof = profile_loop(fn, loader, samples_per_step=BATCH)
     assert prof.data_wait_share is not None and prof.data_wait_share > 0.4, prof.describe()
     assert prof.data_wait_p50_s is not None and prof.data_wait_p50_s >= SLOW_COLLATE_S * 0.9
-    with pytest.raises(InputStalled, match="input pipeline stall.*collate_fn"):
+    with pytest.raises(InputStalled, match=r"input pipeline stall.*collate_fn"):
         prof.assert_input_not_stalled(0.25)
 
 

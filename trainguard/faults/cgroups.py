@@ -112,6 +112,12 @@ class MemoryCgroups:
         finally:
             os.close(fd)
 
+    def move(self, rank: int, pid: int) -> None:
+        """Move a running process (a Ray worker: not a child of ours) into ``rank``'s cgroup.
+        Its earlier charges stay behind (v1 without move_charge_at_immigrate, v2 always): the
+        limit set just above the cgroup's usage then bounds what it allocates from now on."""
+        _write(self.path(rank) / "cgroup.procs", str(pid))
+
     def pids(self, rank: int) -> list[int]:
         try:
             text = (self.path(rank) / "cgroup.procs").read_text()

@@ -33,6 +33,7 @@ class KillRankFault(Fault):
         super().__init__(params, **kwargs)
         self.pid: int | None = None
         self.sent: str | None = None
+        self.ray_worker = False  # the target was a Ray Train worker (a ray_train job)
 
     @classmethod
     def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -50,15 +51,23 @@ class KillRankFault(Fault):
         return signal.Signals[str(self.params["signal"])]
 
     def inject(self, launcher: Launcher) -> None:
+        from trainguard.faults.ray_workers import RayWorkerLauncher
+
+        self.ray_worker = isinstance(launcher, RayWorkerLauncher)
         self.pid = launcher.ranks[self.rank].pid
         launcher.kill_rank(self.rank, self.signal)
         self.sent = self.signal.name
 
     def evidence(self) -> dict[str, Any]:
         return {**super().evidence(), "signal": self.params["signal"], "pid": self.pid,
-                "sent": self.sent is not None}
+                "sent": self.sent is not None, "ray_worker": self.ray_worker}
 
     def classify(self, result: RunResult) -> str:
+        if self.ray_worker:
+            how = (f"the Ray worker of rank {self.rank} (pid {self.pid}) died of the injected "
+                   f"{self.params['signal']}")
+            return f"{how}; the fit completed" if result.ok else \
+                f"{how}; the fit failed ({result.reason or result.outcome})"
         if result.failed_rank == self.rank:
             return f"rank {self.rank} died of the injected {self.params['signal']} ({result.reason})"
         return super().classify(result)

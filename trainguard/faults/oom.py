@@ -67,6 +67,7 @@ class OomFault(HookFault):
         self._thread: threading.Thread | None = None
         self._target_pid: int | None = None
         self._rlimit_before: tuple[int, int] | None = None
+        self._ray_train = False
 
     @classmethod
     def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -84,6 +85,7 @@ class OomFault(HookFault):
 
     def setup(self, ctx: FaultContext) -> None:
         self._prepare(ctx)
+        self._ray_train = ctx.ray_train
         mode = self.params["mode"]
         if mode in ("auto", "cgroup"):
             try:
@@ -109,7 +111,9 @@ class OomFault(HookFault):
         spec = {
             "fault": "oom",
             "mode": _HOOK_MODE[self.mode_ran],
-            "rank": self.rank,
+            # a Ray worker has no RANK when the hook starts: every worker arms, and the trigger
+            # names the target's pid (a restarted worker group is never hit)
+            "rank": None if ctx.ray_train else self.rank,
             "trigger": str(self.trigger),
             "events": str(self.events_path),
             "step": self.after_step,
@@ -121,7 +125,7 @@ class OomFault(HookFault):
         return hook_env(spec, ctx.env)
 
     def preexec(self, rank: int) -> None:
-        if self.cgroups is not None:
+        if self.cgroups is not None and not self._ray_train:
             # a failure cannot be reported from here; inject() checks the rank is inside
             with contextlib.suppress(OSError):
                 self.cgroups.join(rank)
@@ -140,6 +144,8 @@ class OomFault(HookFault):
         try:
             if self.mode_ran == "cgroup":
                 assert self.cgroups is not None
+                if self._ray_train:  # a Ray worker: not ours to join at exec, joins now
+                    self.cgroups.move(self.rank, pid)
                 if pid not in self.cgroups.pids(self.rank):
                     self.problems.append(
                         f"rank {self.rank} (pid {pid}) is not in its cgroup "
@@ -218,6 +224,8 @@ class OomFault(HookFault):
         return self.cgroups.last_counters.get(self.rank)
 
     def classify(self, result: RunResult) -> str:
+        if self._ray_train:
+            return self._classify_ray(result)
         exit_ = next((e for e in result.exits if e.rank == self.rank), None)
         stderr = rank_stderr(result, self.rank)
         counters = self._counters()
@@ -242,6 +250,22 @@ class OomFault(HookFault):
         if exit_ is not None and exit_.signal and not exit_.killed_by_trainguard:
             return f"killed by {exit_.signal}"
         return result.reason or result.outcome
+
+    def _classify_ray(self, result: RunResult) -> str:
+        """How a Ray Train job's driver ended after its worker ran out of memory."""
+        counters = self._counters()
+        if counters is not None and (counters.oom_kill or 0) > 0:
+            how = (f"the Ray worker of rank {self.rank} was killed by the kernel OOM killer "
+                   f"(cgroup oom_kill={counters.oom_kill}, failcnt={counters.failcnt})")
+        else:
+            stderr = rank_stderr(result, 0)
+            how = next((f"the Ray worker of rank {self.rank} raised {name}" for name in
+                        ("torch.OutOfMemoryError", "OutOfMemoryError", "MemoryError",
+                         "DefaultCPUAllocator") if name in stderr),
+                       f"the Ray worker of rank {self.rank} ran out of memory")
+        if result.ok:
+            return f"{how}; the fit completed"
+        return f"{how}; the fit failed ({result.reason or result.outcome})"
 
 
 def _vm_size(pid: int) -> int:

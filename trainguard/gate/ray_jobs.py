@@ -215,7 +215,9 @@ class RayJobsBackend:
                 evidence=evidence,
             )
 
-        runtime_env: dict[str, Any] = {"working_dir": str(spec.working_dir)}
+        # trainguard's state (run dirs, checkpoints, the MLflow store) is not the job's code
+        runtime_env: dict[str, Any] = {"working_dir": str(spec.working_dir),
+                                       "excludes": [".trainguard", "__pycache__"]}
         if spec.env:
             runtime_env["env_vars"] = dict(spec.env)
         t0 = time.monotonic()

@@ -182,11 +182,60 @@ def _production_spec(job_file: JobFile, gate: dict[str, Any], report_path: str |
     values = JobRunner(job_file).placeholders(request, run_dir, None)
     hours = candidate.get("hours_with_failures")
     on_gpu = (gate.get("capabilities") or {}).get("gpus", 0) > 0
-    return spec_from_job(
+    spec = spec_from_job(
         job_file, values, world_size=int(world), num_gpus=1.0 if on_gpu else 0.0, num_cpus=1.0,
         time_limit_s=float(hours) * 3600 if hours else None, gate_report=report_path,
         mlflow_run_id=gate.get("mlflow_session_run_id"),
     )
+    return _ray_train_spec(job_file, spec) if job_file.job.kind == "ray_train" else spec
+
+
+def _ray_train_spec(job_file: JobFile, spec: Any) -> Any:
+    """A ``ray_train`` job's production run: one Ray Job whose entrypoint is trainguard's driver
+    (``--num-workers`` = the recommended world size, already in its command), launched as is
+    (``direct``: the driver asks Ray for its workers), each worker's resources from
+    ``job.scaling`` (``use_gpu`` -> 1 GPU unless ``resources_per_worker`` says otherwise).
+    Relative ``PYTHONPATH`` entries of ``job.env`` are made absolute against ``job.cwd`` (the
+    entrypoint runs in Ray's copy of the working dir, where ``../x`` would not resolve)."""
+    command = list(job_file.job.command)
+    per_worker: dict[str, float] = {}
+    if "--resources-per-worker" in command:
+        with contextlib.suppress(IndexError, ValueError):
+            text = command[command.index("--resources-per-worker") + 1].replace("{{", "{").replace("}}", "}")
+            per_worker = {k: float(v) for k, v in json.loads(text).items()}
+    use_gpu = "--use-gpu" in command
+    env = dict(spec.env)
+    if env.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(
+            str((job_file.cwd / entry).resolve()) if entry and not os.path.isabs(entry) else entry
+            for entry in env["PYTHONPATH"].split(os.pathsep)
+        )
+    return dataclasses.replace(
+        spec, launcher="direct", env=env,
+        num_gpus=per_worker.get("GPU", 1.0) if use_gpu else 0.0,
+        num_cpus=per_worker.get("CPU", 1.0),
+        metadata={**spec.metadata, "trainguard.kind": "ray_train", "trainguard.num_workers": str(spec.world_size)},
+    )
+
+
+def _production_run(runner: Any, spec: Any, wait_s: float = 10.0) -> Any:
+    """With tracking on: an MLflow run for the submitted production run (nested under the gate's
+    session run) whose id goes to the job (``TRAINGUARD_MLFLOW_RUN_ID``/``_TRACKING_URI``: a
+    ``ray_train`` job's designated worker writer logs into it) and into the Ray Job's metadata."""
+    tracker = getattr(runner, "tracker", None)
+    if tracker is None or tracker.session is None:
+        return spec
+    handle = tracker.start_run(
+        f"production {spec.job_name}", parent=tracker.session,
+        tags={"trainguard.kind": "production", "trainguard.job": spec.job_name},
+        params={"command": " ".join(spec.rank_argv()), "world_size": spec.world_size},
+    )
+    if not handle.created.wait(wait_s) or handle.run_id is None:
+        return spec
+    env = {**spec.env, "TRAINGUARD_MLFLOW_RUN_ID": handle.run_id,
+           "TRAINGUARD_MLFLOW_TRACKING_URI": tracker.tracking_uri}
+    return dataclasses.replace(spec, env=env, metadata={**spec.metadata,
+                                                        "trainguard.mlflow_production_run_id": handle.run_id})
 
 
 def _submit_spec(spec: Any, queue: str, job_file: JobFile, *, wait_s: float) -> dict[str, Any]:
@@ -215,7 +264,7 @@ def _submit_spec(spec: Any, queue: str, job_file: JobFile, *, wait_s: float) -> 
 def _submit(job_file: JobFile, gate: GateReport, policy: GatePolicy, runner: Any, *, wait_s: float) -> dict[str, Any]:
     path = str(job_file.state_dir / "gate" / "latest.json")
     try:
-        spec = _production_spec(job_file, gate.to_dict(), path)
+        spec = _production_run(runner, _production_spec(job_file, gate.to_dict(), path))
         return _submit_spec(spec, policy.queue, job_file, wait_s=wait_s)
     except TrainguardError as exc:
         return {"status": "not_submitted", "message": str(exc)}

@@ -40,7 +40,8 @@ def profile_job(
     )
     data = profile.to_dict()
     data["check_curves"] = [
-        {**c, "values": {str(k): v for k, v in c["values"].items()}}  # type: ignore[union-attr]
+        {**{k: v for k, v in c.items() if k != "span"},
+         "values": {str(k): v for k, v in c["values"].items()}}  # type: ignore[union-attr]
         for c in runner.curves if not str(c["label"]).startswith(("profile", "headroom"))
     ]
     paths = write_reports(data, profile.run_dir, job_file.state_dir / "profile")

@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import os
 import resource
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -40,7 +41,7 @@ from typing import Any, Literal
 import psutil
 
 from trainguard.config import HeadroomSearch, ProfileCheck
-from trainguard.launch import RunResult
+from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.runner import JobRunner, RunRequest
 
 __all__ = [
@@ -80,9 +81,10 @@ class Probe:
     batch_size: int
     outcome: ProbeOutcome
     detail: str  # how it ended, in words
-    peak_mb: float | None = None  # the largest rank's peak in the budget's terms
-    peak_rss_mb: float | None = None
+    peak_mb: float | None = None  # the largest rank's peak in the budget's terms (see below)
+    peak_rss_mb: float | None = None  # resident memory of the rank's process tree
     peak_gpu_mb: float | None = None
+    cgroup_peak_mb: float | None = None  # the cgroup's max_usage (page cache included)
     duration_s: float = 0.0
     steps: int = 0  # step lines rank 0 printed
     run_dir: str | None = None
@@ -270,6 +272,75 @@ def _last_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
+class _PeakSampler:
+    """Samples every 0.05 s, per rank, the anonymous memory charged to its cgroup (what the
+    kernel cannot reclaim; the cgroup's own max_usage also counts page cache, which depends on
+    what earlier runs left cached) and the resident memory of its process tree (once the first
+    metric line names the ranks' pids)."""
+
+    _EVERY_S = 0.05
+
+    def __init__(self, cgroups: Any, world_size: int) -> None:
+        self._cgroups = cgroups
+        self._world_size = world_size
+        self._launcher: Launcher | None = None
+        self.anon: dict[int, int] = {}
+        self.rss: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="trainguard-headroom", daemon=True)
+
+    def __enter__(self) -> _PeakSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def on_metric(self, point: MetricPoint, launcher: Launcher) -> None:
+        self._launcher = launcher
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self._EVERY_S)
+
+    def _sample(self) -> None:
+        if self._cgroups is not None:
+            for rank in range(self._world_size):
+                stat = _read_stat(self._cgroups.path(rank) / "memory.stat")
+                anon = stat.get("total_rss", stat.get("rss", stat.get("anon")))
+                if anon is not None:
+                    self.anon[rank] = max(self.anon.get(rank, 0), anon)
+        launcher = self._launcher
+        if launcher is not None:
+            for rp in list(launcher.ranks):
+                with contextlib.suppress(psutil.Error):
+                    root = psutil.Process(rp.pid)
+                    total = 0
+                    for proc in [root, *root.children(recursive=True)]:
+                        with contextlib.suppress(psutil.Error):
+                            total += proc.memory_info().rss
+                    self.rss[rp.rank] = max(self.rss.get(rp.rank, 0), total)
+
+
+def _read_stat(path: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                with contextlib.suppress(ValueError):
+                    out[key] = int(value)
+    except OSError:
+        pass
+    return out
+
+
+def _mb(values: list[float]) -> float | None:
+    return round(max(values) / 2**20, 1) if values else None
+
+
 @dataclass
 class _Enforcement:
     """How the budget is held: the mode, why a fallback ran, the budget in bytes."""
@@ -346,7 +417,9 @@ def _probe_once(
             preexec = cap
 
         started = time.monotonic()
-        run = sized.supervise(request, label=f"headroom-b{batch}", max_restarts=0, preexec=preexec)
+        with _PeakSampler(cgroups, search.world_size) as sampler:
+            run = sized.supervise(request, label=f"headroom-b{batch}", max_restarts=0,
+                                  preexec=preexec, on_metric=sampler.on_metric)
         duration = time.monotonic() - started
         result = run.final
         kills: dict[int, int] = {}
@@ -354,24 +427,25 @@ def _probe_once(
         if cgroups is not None:
             counters = {r: cgroups.counters(r) for r in range(search.world_size)}
             kills = {r: c.oom_kill or 0 for r, c in counters.items()}
-            peaks = [c.peak_bytes for c in counters.values() if c.peak_bytes]
-            cgroup_peak = round(max(peaks) / 2**20, 1) if peaks else None
+            cgroup_peak = _mb([c.peak_bytes for c in counters.values() if c.peak_bytes])
     finally:
         if cgroups is not None:
             cgroups.teardown()
     outcome, detail = classify_probe(result, kills)
-    rss = max(result.peak_rss_mb.values()) if result.peak_rss_mb else None
+    rss = _mb([v * 2**20 for v in result.peak_rss_mb.values()] + list(sampler.rss.values()))
     gpu = max(result.peak_gpu_mb.values()) if result.peak_gpu_mb else None
     if enforcement.mode == "cgroup" and cgroup_peak is None and outcome == "pass":
         outcome, detail = "error", "no rank was charged to its memory cgroup: the budget was not enforced"
-    peak = {"cgroup": cgroup_peak, "rlimit": rss, "gpu": gpu}[enforcement.mode]
+    anon = _mb(list(sampler.anon.values())) or cgroup_peak
+    peak = {"cgroup": anon, "rlimit": rss, "gpu": gpu}[enforcement.mode]
     steps = len({p.step for p in result.points if p.rank == 0 and p.name == step_metric})
     if outcome == "pass" and steps < search.steps:
         outcome, detail = "error", (f"exited 0 after {steps} of {search.steps} step line(s) of "
                                     f"{step_metric!r}: did it train at this batch?")
     return Probe(
         batch_size=batch, outcome=outcome, detail=detail, peak_mb=peak, peak_rss_mb=rss,
-        peak_gpu_mb=gpu, duration_s=round(duration, 2), steps=steps, run_dir=str(run.run_dir),
+        peak_gpu_mb=gpu, cgroup_peak_mb=cgroup_peak, duration_s=round(duration, 2), steps=steps,
+        run_dir=str(run.run_dir),
     )
 
 
@@ -484,7 +558,8 @@ def run_headroom(
         notes.append(f"GPU: the budget of {budget_mb:.0f} MB is applied when choosing the safe "
                      f"batch; what the probes ran under is the device's {gpu_total_mb:.0f} MB")
     if enforcement.mode == "cgroup":
-        notes.append("peaks are the memory cgroup's max_usage (exact; page cache included)")
+        notes.append("peak = the most anonymous memory charged to a rank's cgroup, sampled every "
+                     "0.05 s (the cgroup's max_usage, in the probe table, also counts page cache)")
     elif enforcement.mode == "rlimit":
         notes.append("RLIMIT_AS limits address space, which exceeds resident memory (mapped "
                      "libraries, allocator arenas): the batch found is a lower bound")

@@ -15,6 +15,7 @@ batches works if it is wrapped in one). See docs/profiling.md, "In-process loops
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
@@ -26,7 +27,7 @@ import psutil
 
 from trainguard.profiling.stats import StepStats, step_stats
 
-__all__ = ["LoopProfile", "InputStalled", "profile_loop"]
+__all__ = ["InputStalled", "LoopProfile", "profile_loop"]
 
 #: the prefix torch.utils.data.DataLoader gives its per-batch profiler ranges
 DATALOADER_EVENT = "enumerate(DataLoader)#"
@@ -103,10 +104,8 @@ def _rss_mb() -> float:
         proc = psutil.Process(os.getpid())
         total = proc.memory_info().rss
         for child in proc.children(recursive=True):  # DataLoader workers
-            try:
+            with contextlib.suppress(psutil.Error):
                 total += child.memory_info().rss
-            except psutil.Error:
-                pass
         return total / 2**20
     except psutil.Error:
         return 0.0
@@ -141,10 +140,8 @@ def profile_loop(
         result = fn(*args, **kwargs)
     wall = time.perf_counter() - start
     peak_rss = max(rss_before, _rss_mb())
-    try:
+    with contextlib.suppress(psutil.Error):
         peak_rss = max(peak_rss, psutil.Process(os.getpid()).memory_full_info().rss / 2**20)
-    except psutil.Error:
-        pass
     peak_gpu = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
 
     nexts = sorted(

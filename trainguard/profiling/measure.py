@@ -10,6 +10,13 @@ runs, trainguard watches it without touching the job's code:
   made a file appear or grow is a checkpoint step, and the checkpoint cost is how much longer
   those steps took than the others (or a job-printed metric, ``checkpoint_metric``);
 * the input-pipeline stall share from a job-printed data-wait metric (``data_wait_metric``).
+
+A ``ray_train`` job (``world_size`` = ``num_workers``) is one launched driver whose workers are
+Ray's processes, not the driver's children: they are found by the ``trainguard-worker rank=R
+pid=P`` line each prints (read from the driver's stderr log while it runs), and CPU and peak RSS
+are those of each worker's process tree, by world rank. Step lines are the driver's report lines
+(world rank 0's ``ray.train.report``), the startup is launch -> first report (Ray start-up and
+the worker group included), and the checkpoint directory watched is the fit's storage path.
 """
 
 from __future__ import annotations
@@ -125,11 +132,43 @@ def oversubscription(world_size: int, device: str, gpus: int) -> str | None:
     return None
 
 
-class _ResourceSampler:
-    """Samples CPU time of every rank's process tree and GPU utilisation in a thread."""
+class _RayWorkers:
+    """The pids of a Ray Train fit's workers, by world rank, from the ``trainguard-worker`` lines
+    in the driver's stderr log (read incrementally; a restarted worker replaces its rank's pid)."""
 
     def __init__(self) -> None:
+        self.log: Path | None = None
+        self.pids: dict[int, int] = {}
+        self._offset = 0
+        self._partial = b""
+
+    def poll(self) -> dict[int, int]:
+        if self.log is None:
+            return self.pids
+        import re
+
+        from trainguard.raytrain import WORKER_PREFIX
+
+        with contextlib.suppress(OSError), open(self.log, "rb") as fh:
+            fh.seek(self._offset)
+            data = self._partial + fh.read()
+            self._offset = fh.tell()
+            *lines, self._partial = data.split(b"\n")
+            for line in lines:
+                found = re.search(rf"{WORKER_PREFIX} rank=(\d+) pid=(\d+)", line.decode("utf-8", "replace"))
+                if found:
+                    self.pids[int(found[1])] = int(found[2])
+        return self.pids
+
+
+class _ResourceSampler:
+    """Samples CPU time of every rank's process tree and GPU utilisation in a thread (for a Ray
+    Train job: of every worker's tree, see :class:`_RayWorkers`, and their peak RSS)."""
+
+    def __init__(self, ray: bool = False) -> None:
         self._launcher: Launcher | None = None
+        self._ray = _RayWorkers() if ray else None
+        self.peak_rss_mb: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # (pid, create_time) -> the latest CPU seconds seen, per rank: an exited DataLoader
@@ -145,6 +184,8 @@ class _ResourceSampler:
         if self._thread is not None:
             return
         self._launcher = launcher
+        if self._ray is not None and launcher.ranks:
+            self._ray.log = launcher.ranks[0].stderr_log
         self._open_nvml()
         self._thread = threading.Thread(target=self._loop, name="trainguard-profile-sampler", daemon=True)
         self._thread.start()
@@ -179,15 +220,21 @@ class _ResourceSampler:
         assert launcher is not None
         now = time.monotonic()
         totals: dict[int, float] = {}
-        for rp in list(launcher.ranks):
-            seen = self._cpu.setdefault(rp.rank, {})
+        roots = (dict(self._ray.poll()) if self._ray is not None
+                 else {rp.rank: rp.pid for rp in list(launcher.ranks)})
+        for rank, pid in roots.items():
+            seen = self._cpu.setdefault(rank, {})
+            rss = 0
             with contextlib.suppress(psutil.Error):
-                root = psutil.Process(rp.pid)
+                root = psutil.Process(pid)
                 for proc in [root, *root.children(recursive=True)]:
                     with contextlib.suppress(psutil.Error):
                         times = proc.cpu_times()
                         seen[(proc.pid, proc.create_time())] = times.user + times.system
-            totals[rp.rank] = sum(seen.values())
+                        rss += proc.memory_info().rss if self._ray is not None else 0
+            totals[rank] = sum(seen.values())
+            if rss:
+                self.peak_rss_mb[rank] = round(max(self.peak_rss_mb.get(rank, 0.0), rss / 2**20), 1)
         if self._first is None:
             self._first = (now, totals)
         self._last = (now, totals)
@@ -275,7 +322,7 @@ def measure_size(
         timeout=spec.timeout,
     )
     step_name = step_metric_of(job_file, spec)
-    sampler = _ResourceSampler()
+    sampler = _ResourceSampler(ray=job_file.job.kind == "ray_train")
     watcher = _CheckpointWatcher()
     arrivals: dict[int, float] = {}
 
@@ -344,7 +391,8 @@ def _summarise(
         warmup_s=_warmup_s(arrivals, spec.warmup_steps),
         step=stats,
         throughput_sps=throughput,
-        peak_rss_mb=dict(result.peak_rss_mb),
+        # a Ray Train job: the workers' trees (the launcher's figure is the driver's alone)
+        peak_rss_mb=dict(sampler.peak_rss_mb) if job_file.job.kind == "ray_train" else dict(result.peak_rss_mb),
         peak_gpu_mb=dict(result.peak_gpu_mb),
         cpu_util_pct=sampler.cpu_util_pct(),
         gpu_util_pct=sampler.gpu_util_pct(),

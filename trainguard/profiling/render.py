@@ -297,6 +297,7 @@ def _context(data: dict[str, Any]) -> dict[str, Any]:
         "models": models,
         "fmt": _fmt,
         "sizing": data.get("sizing"),
+        "hr": data.get("headroom"),
         "compare": {"baseline": None, "results": [], **(data.get("compare") or {})},
     }
 
@@ -323,17 +324,19 @@ Measured on {{ d.measured_on }}. Scaling: **{{ d.scaling.phrase or "not measured
 |---|---|---|---|---|---|---|---|---|
 {% for c in sizing.candidates %}| {{ c.gpus }} | {{ "extrapolated" if c.extrapolated else "measured" }} | {{ "%.0f%%"|format(c.efficiency * 100) }} | {{ fmt(c.hours_with_failures) }} | {{ fmt(c.gpu_hours) }} | {{ "%.2f"|format(c.cost) }} | {% if c.checkpoint_every_s %}{{ "%.1f"|format(c.checkpoint_every_s / 60) }} min ({{ c.checkpoint_every_steps }} steps){% else %}-{% endif %} | {{ fmt(c.memory_headroom_mb, 5) }} | {{ "yes" if c.feasible else c.why_not|join("; ") }} |
 {% endfor %}
+{% if sizing.get("batch_headroom") %}Memory headroom per rank: {{ sizing.batch_headroom.summary }}.
+{% endif %}
 {% if sizing.limits %}What limits scaling:
 {% for l in sizing.limits %}- {{ l }}
 {% endfor %}{% endif %}
 {% endif %}
-{% if d.headroom %}
+{% if hr %}
 ### Memory headroom
-**{{ d.headroom.summary }}** ({{ d.headroom.reason }}). Budget {{ fmt(d.headroom.budget_mb, 5) }} MB per rank ({{ d.headroom.budget_source }}), enforced by {{ d.headroom.enforcement }}{% if d.headroom.fallback %} (fallback: {{ d.headroom.fallback }}){% endif %}; {{ d.headroom.world_size }} rank(s) per probe. Safe batch: {{ d.headroom.safe_rule }}.{% if d.headroom.fit %} Fit: {{ fmt(d.headroom.fit.fixed_mb, 4) }} MB + {{ fmt(d.headroom.fit.per_sample_mb, 4) }} MB/sample (rms {{ fmt(d.headroom.fit.rms_mb, 3) }} MB).{% endif %}
+**{{ hr.summary }}** ({{ hr.reason }}). Budget {{ fmt(hr.budget_mb, 5) }} MB per rank ({{ hr.budget_source }}), enforced by {{ hr.enforcement }}{% if hr.fallback %} (fallback: {{ hr.fallback }}){% endif %}; {{ hr.world_size }} rank(s) per probe. Safe batch: {{ hr.safe_rule }}.{% if hr.fit %} Fit: {{ fmt(hr.fit.fixed_mb, 4) }} MB + {{ fmt(hr.fit.per_sample_mb, 4) }} MB/sample (rms {{ fmt(hr.fit.rms_mb, 3) }} MB).{% endif %}
 
 | batch | outcome | peak MB/rank | peak RSS MB | peak GPU MB | seconds | how it ended |
 |---|---|---|---|---|---|---|
-{% for p in d.headroom.probes %}| {{ p.batch_size }} | {{ p.outcome }} | {{ fmt(p.peak_mb, 5) }} | {{ fmt(p.peak_rss_mb, 5) }} | {{ fmt(p.peak_gpu_mb, 5) }} | {{ fmt(p.duration_s) }} | {{ p.detail }} |
+{% for p in hr.probes %}| {{ p.batch_size }} | {{ p.outcome }} | {{ fmt(p.peak_mb, 5) }} | {{ fmt(p.peak_rss_mb, 5) }} | {{ fmt(p.peak_gpu_mb, 5) }} | {{ fmt(p.duration_s) }} | {{ p.detail }} |
 {% endfor %}
 {% endif %}
 {% if compare.results %}
@@ -379,6 +382,7 @@ img { max-width: 100%; border: 1px solid #eee; margin: 0.4em 0; }
 {% if sizing %}<h2>Sizing the full run</h2>
 <p class="{{ 'ok' if sizing.recommended else 'bad' }}">{{ "Recommended: " if sizing.recommended else "" }}{{ sizing.recommendation }}</p>
 <p class="meta">Target: {% for k, v in sizing.target.items() if v not in (None, {}, []) %}{{ k }} = {{ v }}{% if not loop.last %}, {% endif %}{% endfor %}. Memory budget per rank: {{ fmt(sizing.memory_budget_mb, 5) }} MB ({{ sizing.memory_budget_source }}).</p>
+{% if sizing.get("batch_headroom") %}<p>Memory headroom per rank: {{ sizing.batch_headroom.summary }}.</p>{% endif %}
 <table><tr><th>GPUs</th><th>source</th><th>{{ d.get("throughput_unit", "samples/s") }}</th><th>efficiency</th><th>steps</th><th>wall-clock h</th><th>expected failures</th><th>GPU-hours</th><th>cost</th><th>checkpoint every</th><th>memory headroom MB</th><th>feasible</th></tr>
 {% for c in sizing.candidates %}<tr{% if c.gpus == sizing.recommended %} style="background:#eef6ee;font-weight:bold"{% endif %}><td>{{ c.gpus }}</td><td>{{ "extrapolated" if c.extrapolated else "measured" }}</td><td>{{ fmt(c.throughput_sps, 4) }}</td><td>{{ "%.0f%%"|format(c.efficiency * 100) }}</td><td>{{ c.steps }}</td><td>{{ fmt(c.hours_with_failures) }}</td><td>{{ fmt(c.expected_failures, 2) }}</td><td>{{ fmt(c.gpu_hours) }}</td><td>{{ "%.2f"|format(c.cost) }}</td><td>{% if c.checkpoint_every_s %}{{ "%.1f"|format(c.checkpoint_every_s / 60) }} min / {{ c.checkpoint_every_steps }} steps{% else %}-{% endif %}</td><td>{{ fmt(c.memory_headroom_mb, 5) }}</td><td>{{ "yes" if c.feasible else c.why_not|join("; ") }}</td></tr>
 {% endfor %}</table>
@@ -386,13 +390,13 @@ img { max-width: 100%; border: 1px solid #eee; margin: 0.4em 0; }
 {% if sizing.limits %}<h2>What limits scaling</h2><ul>{% for l in sizing.limits %}<li>{{ l }}</li>{% endfor %}</ul>{% endif %}
 {% if images.cost %}<img alt="{{ titles.cost }}" src="data:image/png;base64,{{ images.cost }}">{% endif %}
 {% endif %}
-{% if d.headroom %}<h2>Memory headroom</h2>
-<p class="{{ 'bad' if d.headroom.failed else 'ok' }}">{{ d.headroom.summary }}</p>
-<p class="meta">{{ d.headroom.reason }}. Budget {{ fmt(d.headroom.budget_mb, 5) }} MB per rank ({{ d.headroom.budget_source }}), enforced by {{ d.headroom.enforcement }}{% if d.headroom.fallback %} &mdash; fallback: {{ d.headroom.fallback }}{% endif %}; {{ d.headroom.world_size }} rank(s) per probe, {{ d.headroom.probes|length }} probe(s) in {{ fmt(d.headroom.duration_s) }} s. Safe batch: {{ d.headroom.safe_rule }}.{% if d.headroom.fit %} Fit: {{ fmt(d.headroom.fit.fixed_mb, 4) }} MB + {{ fmt(d.headroom.fit.per_sample_mb, 4) }} MB/sample (rms {{ fmt(d.headroom.fit.rms_mb, 3) }} MB).{% endif %}{% if d.headroom.headroom_mb is not none %} At the profile's batch {{ d.headroom.profile_batch }}: peak {{ fmt(d.headroom.peak_at_profile_batch_mb, 5) }} MB ({{ d.headroom.peak_source }}), headroom {{ fmt(d.headroom.headroom_mb, 5) }} MB per rank.{% endif %}</p>
+{% if hr %}<h2>Memory headroom</h2>
+<p class="{{ 'bad' if hr.failed else 'ok' }}">{{ hr.summary }}</p>
+<p class="meta">{{ hr.reason }}. Budget {{ fmt(hr.budget_mb, 5) }} MB per rank ({{ hr.budget_source }}), enforced by {{ hr.enforcement }}{% if hr.fallback %} &mdash; fallback: {{ hr.fallback }}{% endif %}; {{ hr.world_size }} rank(s) per probe, {{ hr.probes|length }} probe(s) in {{ fmt(hr.duration_s) }} s. Safe batch: {{ hr.safe_rule }}.{% if hr.fit %} Fit: {{ fmt(hr.fit.fixed_mb, 4) }} MB + {{ fmt(hr.fit.per_sample_mb, 4) }} MB/sample (rms {{ fmt(hr.fit.rms_mb, 3) }} MB).{% endif %}{% if hr.headroom_mb is not none %} At the profile's batch {{ hr.profile_batch }}: peak {{ fmt(hr.peak_at_profile_batch_mb, 5) }} MB ({{ hr.peak_source }}), headroom {{ fmt(hr.headroom_mb, 5) }} MB per rank.{% endif %}</p>
 <table><tr><th>batch</th><th>outcome</th><th>peak MB/rank</th><th>peak RSS MB</th><th>peak GPU MB</th><th>seconds</th><th>how it ended</th></tr>
-{% for p in d.headroom.probes %}<tr><td>{{ p.batch_size }}</td><td class="{{ '' if p.outcome == 'pass' else 'bad' }}">{{ p.outcome }}</td><td>{{ fmt(p.peak_mb, 5) }}</td><td>{{ fmt(p.peak_rss_mb, 5) }}</td><td>{{ fmt(p.peak_gpu_mb, 5) }}</td><td>{{ fmt(p.duration_s) }}</td><td>{{ p.detail }}</td></tr>
+{% for p in hr.probes %}<tr><td>{{ p.batch_size }}</td><td class="{{ '' if p.outcome == 'pass' else 'bad' }}">{{ p.outcome }}</td><td>{{ fmt(p.peak_mb, 5) }}</td><td>{{ fmt(p.peak_rss_mb, 5) }}</td><td>{{ fmt(p.peak_gpu_mb, 5) }}</td><td>{{ fmt(p.duration_s) }}</td><td>{{ p.detail }}</td></tr>
 {% endfor %}</table>
-{% if images.headroom %}<img alt="{{ titles.headroom }}" src="data:image/png;base64,{{ images.headroom }}">{% endif %}
+{% if images.get("headroom") %}<img alt="{{ titles.headroom }}" src="data:image/png;base64,{{ images.headroom }}">{% endif %}
 {% endif %}
 {% if images.loss %}<h2>{{ titles.loss }}</h2><img alt="{{ titles.loss }}" src="data:image/png;base64,{{ images.loss }}">{% endif %}
 {% if compare.results %}<h2>Compared with the baseline</h2><p class="meta">{{ compare.baseline }}</p><ul>

@@ -48,7 +48,9 @@ def _worker_entry(config: dict[str, Any]) -> Any:
     spec = config.pop(_SPEC_KEY)
     context = ray.train.get_context()
     rank = context.get_world_rank()
-    print(f"{WORKER_PREFIX} rank={rank} pid={os.getpid()}", file=sys.stderr, flush=True)
+    # node: a fault drill signals the pid only on its own machine (trainguard.faults.ray_workers)
+    node = ray.util.get_node_ip_address()
+    print(f"{WORKER_PREFIX} rank={rank} pid={os.getpid()} node={node}", file=sys.stderr, flush=True)
     original = ray.train.report
     step_key = spec["step_key"]
     counter = {"n": 0}
@@ -129,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainguard.raytrain.tracking import worker_env
 
     env_vars.update(worker_env())  # the MLflow run id, store and run dir for the designated writer
+    # the fault hook's "first process" mark belongs to this driver, not to the workers a private
+    # Ray instance would start with this environment
+    os.environ.pop("TRAINGUARD_FAULT_HOOK_PID", None)
     temp_dir = None
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars}, log_to_driver=True)

@@ -1,0 +1,112 @@
+"""Fault drills on a Ray Train job, on a real local Ray: the faults hit real Ray worker processes.
+
+The job is tests/data/jobs/toy_ray.py (2 workers, a gloo all-reduce per step, a checkpoint every
+3 steps). One embedded Ray head serves the whole module and one uninterrupted reference run is
+shared by every drill (the runners of the planted-defect variants reuse it: a run that is never
+interrupted does not depend on the defect), so each drill costs one fit.
+
+Default run: kill_rank (`expect: recover`) -- Ray Train's FailureConfig restarts the worker group
+inside the same fit and the trajectory matches the reference -- and its planted defect,
+``max_restarts: 0`` (FailureConfig(max_failures=0)), which must fail the drill. Slow: hang
+(trainguard's stall detection, then a resumed fit), oom (a real cgroup OOM kill) and disk_full
+(a real ENOSPC on the storage path), each clean case with a planted defect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from trainguard.config import load_config
+from trainguard.drills import run_drill
+from trainguard.gate.local_ray import running_ray_processes
+from trainguard.launch import RunResult
+from trainguard.report import CheckResult
+from trainguard.runner import JobRunner, RunRequest
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+pytest.importorskip("ray.train", reason="needs ray[train] (pip install trainguard[ray])")
+
+JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
+STEPS = 16
+JOB = """
+job:
+  name: toy-ray
+  kind: ray_train
+  train_func: "toy_ray:train_func"
+  config: {{steps: "{{steps}}", seed: "{{seed}}", ckpt_every: 3, sleep: 0.25{extra}}}
+  scaling: {{num_workers: 2, resources_per_worker: {{CPU: 1}}}}
+  cwd: {cwd}
+  env: {{OMP_NUM_THREADS: "1"}}
+  metrics: [loss]
+  max_restarts: {max_restarts}
+  timeout: 300
+  stall_timeout: 120
+checks:
+  drills:
+    - {drill}
+"""
+
+Drill = Callable[..., CheckResult]
+
+
+def ray_pids() -> set[int]:
+    return {p.pid for p in running_ray_processes()}
+
+
+@pytest.fixture(scope="module")
+def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
+    """``drill(spec, max_restarts=1, extra="")`` runs one drill of the toy job on the module's
+    Ray head; every runner shares the head and the uninterrupted reference runs."""
+    before = ray_pids()
+    references: dict[RunRequest, RunResult] = {}
+    runners: list[JobRunner] = []
+
+    def run(spec: str, *, max_restarts: int = 1, extra: str = "") -> CheckResult:
+        folder = tmp_path_factory.mktemp("job")
+        path = folder / "trainguard.yaml"
+        path.write_text(JOB.format(cwd=JOBS, max_restarts=max_restarts, drill=spec,
+                                   extra=f", {extra}" if extra else ""))
+        job = load_config(path)
+        shared = runners[0]._ray if runners else None
+        runner = JobRunner(job, _references=references, _ray=shared)
+        runners.append(runner)
+        return run_drill(runner, job.checks.drills[0])
+
+    try:
+        yield run
+    finally:
+        if runners:
+            runners[0].close()  # the head they share
+        left = ray_pids() - before
+        assert not left, f"Ray processes left behind: {sorted(left)}"
+
+
+def test_kill_rank_recovers_through_ray_trains_failure_config(drill: Drill) -> None:
+    result = drill(f"{{name: kill, fault: kill_rank, rank: 1, steps: {STEPS}, after_step: 8, "
+                   "max_lost_steps: 4}")
+    assert result.status == "passed", result.summary
+    ev = result.evidence
+    ray = ev["ray"]
+    assert ray["restarts"] == 1 and ray["max_failures"] == 1
+    assert ev["restarts"] == 1 and len(ev["attempts"]) == 1  # inside one fit: no trainguard restart
+    killed = ev["fault_evidence"]["pid"]
+    assert ev["fault_evidence"]["ray_worker"] and killed == ray["workers_at_fault"][1]
+    assert killed not in ray["workers_after"].values()
+    assert 0 <= ev["lost_steps"] <= 4
+    assert ray["resume"]["resumed_from_step"] % 3 == 0 and ray["resume"]["resumed_from_step"] > 0
+    assert ev["trajectory"]["compared_steps"] == STEPS
+    assert 0 < ray["failure_noticed_after_s"] <= ray["first_step_after_s"]
+    assert "restarted the worker group 1 time(s) in the same fit" in result.summary
+
+
+def test_kill_rank_with_max_failures_0_fails_the_drill(drill: Drill) -> None:
+    result = drill(f"{{name: kill, fault: kill_rank, rank: 1, steps: {STEPS}, after_step: 8}}",
+                   max_restarts=0)
+    assert result.status == "failed", result.summary
+    assert "Ray Train did not recover" in result.summary
+    assert "FailureConfig(max_failures=0)" in result.summary
+    assert result.evidence["attempts"][0]["outcome"] == "failed"
+    assert result.evidence["ray"].get("restarts", 0) == 0
