@@ -89,6 +89,26 @@ class SupervisedRun:
         return trajectory(self.points, name)
 
 
+_warmed = threading.Event()
+
+
+def _warm_torch_import() -> None:
+    """Import torch in a background thread while the first run starts: the checks load its
+    checkpoints in this process later, and the import (2-3 s of one core) then overlaps the
+    ranks' own start-up instead of following it."""
+    if _warmed.is_set():
+        return
+    _warmed.set()
+
+    def work() -> None:
+        import contextlib
+
+        with contextlib.suppress(Exception):
+            import torch  # noqa: F401
+
+    threading.Thread(target=work, name="trainguard-import-torch", daemon=True).start()
+
+
 @dataclass
 class JobRunner:
     """Launches runs of one job file."""
@@ -159,6 +179,7 @@ class JobRunner:
             self.job_file.state_dir, self.job_file.job.name, label, keep=self.settings.keep_runs
         )
         values = self.placeholders(request, run_dir, checkpoint_dir)
+        _warm_torch_import()
         tracked = self._track_start(request, label, resume)
         launched = time.monotonic()
         try:

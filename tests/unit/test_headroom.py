@@ -200,3 +200,15 @@ def test_reports_show_the_probe_table_the_plot_and_the_headroom_per_rank() -> No
     # the page's other plots need sizes measured; this test is about the headroom section
     html = render_html(data, {**{k: b"png" for k in PLOTS}, **plots})
     assert "Memory headroom" in html and "headroom search" in html
+
+
+def test_cli_headroom_flag_without_a_headroom_section_is_a_config_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainguard.cli import main
+
+    path = tmp_path / "job.trainguard.yaml"
+    path.write_text((JOB % (" --bs {batch_size}", "{}")).replace("    headroom: {}\n", "    steps: 5\n"))
+    assert main(["profile", str(path), "--headroom"]) == 2
+    err = capsys.readouterr().err
+    assert "checks.profile.headroom" in err and "--headroom needs a `headroom:` section" in err

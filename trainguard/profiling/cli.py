@@ -58,6 +58,12 @@ def run(args: argparse.Namespace) -> int:
 
     job_file = load_config(args.config)
     spec = job_file.checks.profile
+    if args.headroom and (spec is None or spec.headroom is None):
+        raise ConfigError(
+            "--headroom needs a `headroom:` section under checks.profile (and {batch_size} in "
+            "job.command), e.g. `headroom: {start: 16, max: 4096, memory_budget_mb: 2000}`",
+            path=str(job_file.path), key="checks.profile.headroom",
+        )
     if spec is None:
         spec = ProfileCheck.model_validate({})
         problems = profile_problems(job_file, spec, set())
@@ -65,12 +71,6 @@ def run(args: argparse.Namespace) -> int:
             key, msg = problems[0]
             raise ConfigError(f"{msg} (add a `checks.profile:` section)", path=str(job_file.path), key=key)
         print("no checks.profile in the job file: using the defaults (30 steps at 1 and 2 ranks)")
-    if args.headroom and spec.headroom is None:
-        raise ConfigError(
-            "--headroom needs a `headroom:` section under checks.profile (and {batch_size} in "
-            "job.command), e.g. `headroom: {start: 16, max: 4096, memory_budget_mb: 2000}`",
-            path=str(job_file.path), key="checks.profile.headroom",
-        )
     try:
         parse_regressions([*spec.compare, *args.compare])  # bad expressions stop before any run
     except RegressionExpressionError as exc:
