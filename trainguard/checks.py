@@ -54,7 +54,17 @@ def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
 
     started = time.monotonic()
     with track_check(runner, name, spec) as record:
-        result = func(runner, spec)
+        if name.startswith("drill:") and getattr(spec, "expectation", "continue") != "continue":
+            # the drill compares with an uninterrupted run: start it while the fault run starts
+            # up (a `continue` drill measures step rates, so nothing may run beside it)
+            world_size = getattr(spec, "world_size", None) or runner.job_file.job.world_size
+            runner.prefetch(runner.request_for(spec, world_size=world_size))
+        try:
+            result = func(runner, spec)
+        except BaseException:
+            runner.stop_background(f"the {name} check ended with an exception")
+            raise
+        runner.join_background()  # nothing a check started outlives it
         result.duration_s = result.duration_s or time.monotonic() - started
         record(result)
     return result

@@ -421,14 +421,26 @@ class JobRunner:
             except BaseException as exc:  # handed to whoever waits in reference()
                 future.set_exception(exc)
             else:
-                with self._lock:
-                    self._references.setdefault(key, result)
+                if result.outcome != "stopped":  # stopped by stop_background: not a reference
+                    with self._lock:
+                        self._references.setdefault(key, result)
                 future.set_result(result)
             finally:
                 with self._lock:
                     self._pending.pop(key, None)
 
         threading.Thread(target=work, name=f"trainguard-reference-{request.world_size}", daemon=True).start()
+
+    def join_background(self) -> None:
+        """Wait for every background reference run (checks call this before they return)."""
+        with self._lock:
+            pending = list(self._pending.values())
+        for future in pending:
+            try:
+                future.result()
+            except BaseException:
+                self.stop_background("interrupted while waiting for a reference run")
+                raise
 
     def stop_background(self, reason: str) -> None:
         """Stop every run still launched by a :meth:`prefetch` thread (Ctrl-C, a failed check)."""

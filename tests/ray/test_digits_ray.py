@@ -4,14 +4,18 @@
 driver; the checks are the same as for a command job. One embedded Ray head serves all runs of
 a check session and is stopped at its end (no Ray process may be left).
 
-Default run: smoke, determinism and resume in one session (6 fits; determinism's first run is
-resume's reference). Slow: the planted defect -- a train_func that ignores
-``ray.train.get_checkpoint()`` -- must fail the resume check.
+Default run: smoke, determinism, resume and parallel in one session, with MLflow tracking on
+(7 fits: determinism's first 2-worker run is resume's reference and parallel's 2-worker run, so
+parallel adds only its 1-worker fit); every launch run must hold every reported step exactly once
+(the workers' designated writer and the launcher share it, docs/ray-train.md). Slow: the canary;
+the planted defects -- a train_func that ignores ``ray.train.get_checkpoint()`` must fail the
+resume check, one whose workers train on different data must fail the parallel check.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -28,17 +32,18 @@ checks:
   smoke: {steps: 6}
   determinism: {steps: 12}
   resume: {steps: 12, after_step: 6}
+  parallel: {steps: 12, world_size: 2}
 """
 
 
-def copy_examples(tmp_path: Path) -> Path:
+def copy_examples(tmp_path: Path, checks: str = CHECKS) -> Path:
     """Both example folders (the Ray one imports the digits package by a relative path)."""
     ignore = shutil.ignore_patterns(".trainguard", "__pycache__")
     shutil.copytree(EXAMPLES / "digits", tmp_path / "digits", ignore=ignore)
     shutil.copytree(EXAMPLES / "digits_ray", tmp_path / "digits_ray", ignore=ignore)
     job = tmp_path / "digits_ray" / "trainguard.yaml"
     text = job.read_text()
-    job.write_text(text[: text.index("checks:")] + CHECKS.lstrip("\n"))
+    job.write_text(text[: text.index("checks:")] + checks.lstrip("\n"))
     return job
 
 
@@ -46,15 +51,64 @@ def ray_pids() -> set[int]:
     return {p.pid for p in running_ray_processes()}
 
 
-def test_smoke_determinism_and_resume_of_a_ray_train_function(tmp_path: Path) -> None:
+def test_smoke_determinism_resume_and_parallel_of_a_ray_train_function(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("TRAINGUARD_TRACKING", "on")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     job = copy_examples(tmp_path)
     before = ray_pids()
     report = check(job)
-    assert [c.name for c in report.checks] == ["smoke", "determinism", "resume"]
+    assert [c.name for c in report.checks] == ["smoke", "determinism", "resume", "parallel"]
     for result in report.checks:
         assert result.status == "passed", f"{result.name}: {result.summary}"
     assert "resumed from the checkpoint of step 6 at step 7" in report.checks[0].summary
+    assert "2 ranks match 1 rank on 12 steps of loss" in report.checks[3].summary
     assert not ray_pids() - before, "Ray processes left behind"
+    # tracking: each launch run (the killed one of resume included) has each step once
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{job.parent / '.trainguard' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("trainguard")
+    assert exp is not None
+    launches = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("trainguard.kind") == "launch"]
+    written = backfilled = 0
+    for run in launches:
+        steps = Counter(m.step for m in client.get_metric_history(run.info.run_id, "loss"))
+        assert steps and set(steps.values()) == {1}, (run.info.run_name, steps)
+        assert run.data.tags["trainguard.ray_writer"] == "world rank 0", run.data.tags
+        written += int(run.data.tags["trainguard.ray_writer.written_rows"])
+        backfilled += int(run.data.tags["trainguard.ray_writer.backfilled_rows"])
+    print(f"\n{len(launches)} launch runs: {written} rows written by the workers' writer, "
+          f"{backfilled} by the launcher")
+    assert len(launches) == 7 and written > 0
+
+
+@pytest.mark.slow
+def test_canary_of_a_ray_train_function(tmp_path: Path) -> None:
+    job = copy_examples(tmp_path, "checks:\n  canary: {steps: 40, max_seconds: 240, min_loss_drop: 0.3}\n")
+    report = check(job)
+    (canary,) = report.checks
+    print(f"\n{canary.summary} ({canary.duration_s:.1f} s)")
+    assert canary.status == "passed", canary.summary
+
+
+@pytest.mark.slow
+def test_workers_on_different_data_fail_parallel(tmp_path: Path) -> None:
+    """Planted defect: each worker shuffles with its own seed, so 2 workers no longer see the
+    batches 1 worker sees."""
+    job = copy_examples(tmp_path, "checks:\n  parallel: {steps: 12, world_size: 2}\n")
+    code = tmp_path / "digits_ray" / "ray_digits.py"
+    text = code.read_text()
+    planted = text.replace("shuffle=True,\n                                          seed=seed,",
+                           "shuffle=True,\n                                          seed=seed + rank,")
+    assert planted != text
+    code.write_text(planted)
+    report = check(job)
+    (parallel,) = report.checks
+    assert parallel.status == "failed", parallel.summary
+    assert "2 ranks diverge from 1 rank at step" in parallel.summary
 
 
 @pytest.mark.slow

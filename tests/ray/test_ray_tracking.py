@@ -114,7 +114,7 @@ def test_a_store_that_is_down_never_blocks_and_the_drops_are_counted(tmp_path: P
     assert logging_s < 3 and close_s < 3  # never waited on the dead store (the close bound: 1 s)
     assert summary.written_rows == 0 and summary.dropped_rows == 50 and summary.dropped_steps == set(range(1, 51))
     assert out.getvalue().count("WARNING") == 1  # warned once
-    assert "dropped=50" in out.getvalue()
+    assert "dropped=50" in out.getvalue() and "the store was unreachable (" in summary.reason
 
 
 def test_a_hung_store_is_bounded_by_the_queue_and_the_close_timeout(tmp_path: Path, silent_server: int) -> None:
@@ -258,6 +258,7 @@ def test_workers_that_cannot_reach_the_store_do_not_stop_training(tmp_path: Path
     assert result.ok, result.reason  # training finished
     notes = [w for w in caught if "Ray workers' writer" in w]
     assert notes and "dropped 8 metric row(s) of 8 step(s)" in notes[0], caught
+    assert "the store was unreachable (" in notes[0]
     print(f"\n{notes[0]}\nfit {result.duration_s:.1f} s")
     assert run.data.tags["trainguard.ray_writer.dropped_rows"] == "8"
     assert run.data.tags["trainguard.ray_writer.backfilled_rows"] == "8"

@@ -208,7 +208,7 @@ def test_cli_headroom_flag_without_a_headroom_section_is_a_config_error(
     from trainguard.cli import main
 
     path = tmp_path / "job.trainguard.yaml"
-    path.write_text((JOB % (" --bs {batch_size}", "{}")).replace("    headroom: {}\n", "    steps: 5\n"))
+    path.write_text((JOB % (" --bs {batch_size}", "{}")).replace("    headroom: {}\n", "    steps: 10\n"))
     assert main(["profile", str(path), "--headroom"]) == 2
     err = capsys.readouterr().err
     assert "checks.profile.headroom" in err and "--headroom needs a `headroom:` section" in err

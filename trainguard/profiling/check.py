@@ -41,7 +41,7 @@ def profile_job(
     data = profile.to_dict()
     data["check_curves"] = [
         {**{k: v for k, v in c.items() if k != "span"},
-         "values": {str(k): v for k, v in c["values"].items()}}  # type: ignore[union-attr]
+         "values": {str(k): v for k, v in c["values"].items()}}  # type: ignore[attr-defined]
         for c in runner.curves if not str(c["label"]).startswith(("profile", "headroom"))
     ]
     paths = write_reports(data, profile.run_dir, job_file.state_dir / "profile")

@@ -274,8 +274,10 @@ class WorkerWriter:
         with self._cond:
             if self._thread.is_alive():
                 self._stopped = self._stopped or f"the store did not take the last rows within {timeout:g} s"
+            why = self._stopped or (f"the store was unreachable ({self.last_error})" if self.last_error
+                                    else "the writer was closed")
             for step, rows in self._pending:
-                self._drop(step, len(rows), self._stopped or "the writer was closed")
+                self._drop(step, len(rows), why)
             self._pending.clear()
             self._pending_rows = 0
             self.summary.closed = True
