@@ -95,6 +95,7 @@ class _Injection:
     stderr_offsets: dict[int, int] = field(default_factory=dict)
     run_dir: Path | None = None
     errors: list[str] = field(default_factory=list)
+    inject_failed: str | None = None  # what Fault.inject raised: nothing was tested
     #: a ray_train job: the driver's stderr, read for the workers' pids (attempt 0)
     tracker: RayWorkerTracker | None = None
     ray_workers_at_injection: dict[int, int] = field(default_factory=dict)
@@ -150,6 +151,7 @@ class _Driver:
             self.fault.inject(target)
         except Exception as exc:  # the monitor thread must go on; the verdict reports it
             info.errors.append(f"inject() raised {type(exc).__name__}: {exc}")
+            info.inject_failed = f"{type(exc).__name__}: {exc}"
         if self.fault.injected_at is None:
             self.fault.injected_at = at
         self._thread = threading.Thread(
@@ -460,6 +462,9 @@ def _not_injected(c: _Context) -> tuple[CheckStatus, str, dict[str, Any]] | None
                 f"{c.info.watch_rank} printed step {c.spec.after_step} of `{c.metric}`",
                 _common_evidence(c))
     evidence = _common_evidence(c)
+    if c.info.inject_failed is not None:
+        return ("error", f"the fault could not be injected after step {c.info.injected_step}: "
+                f"{c.info.inject_failed}", evidence)
     reached = evidence["watched_rank_step_at_injection"]
     if c.info.target_exited_before or (reached is not None and reached >= c.spec.steps):
         where = (f"rank {c.spec.rank} had already exited" if c.info.target_exited_before

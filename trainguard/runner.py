@@ -127,6 +127,14 @@ class JobRunner:
     _pending: dict[RunRequest, Future[RunResult]] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _inflight: set[Launcher] = field(default_factory=set, repr=False)
+    _parent: JobRunner | None = field(default=None, repr=False)
+
+    def sibling(self, job_file: JobFile) -> JobRunner:
+        """A runner of a variant of this job file (another batch size, say) with the same
+        settings, echo and tracker that shares this runner's embedded Ray head."""
+        other = JobRunner(job_file, self.settings, echo=self.echo, tracker=self.tracker)
+        other._parent = self
+        return other
 
     def ray_env(self) -> dict[str, str]:
         """For a ``ray_train`` job: the environment that points its driver at Ray --
@@ -134,6 +142,8 @@ class JobRunner:
         run of this runner (starting Ray once instead of per run). Empty for command jobs."""
         if self.job_file.job.kind != "ray_train":
             return {}
+        if self._parent is not None:
+            return self._parent.ray_env()
         if self._ray is None:
             from trainguard.gate.local_ray import LocalRay
 

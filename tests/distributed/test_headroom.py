@@ -81,8 +81,9 @@ def test_search_under_a_real_cgroup_budget_finds_the_known_boundary(tmp_path: Pa
     assert hr.stopped == "bracketed", hr.reason
     assert hr.fit is not None
     # the job holds exactly 1 MB per sample plus an interpreter of a few MB
-    assert hr.fit.per_sample_mb == pytest.approx(1.0, rel=0.05)
-    assert 2 < hr.fit.fixed_mb < 40
+    peaks = [(p.batch_size, p.outcome, p.peak_mb, p.cgroup_peak_mb) for p in hr.probes]
+    assert hr.fit.per_sample_mb == pytest.approx(1.0, rel=0.05), peaks
+    assert 2 < hr.fit.fixed_mb < 40, peaks
     known = (200 - hr.fit.fixed_mb) / hr.fit.per_sample_mb
     assert hr.largest_pass is not None and hr.first_fail is not None
     assert hr.largest_pass <= known + 2 and hr.first_fail >= known - 2
@@ -152,3 +153,32 @@ def test_the_rlimit_fallback_finds_the_boundary_and_is_named(tmp_path: Path) -> 
     # address space = the interpreter's mappings (tens of MB) + 1 MB per sample
     assert hr.largest_pass is not None and 120 <= hr.largest_pass < 240
     assert hr.first_fail is not None and hr.first_fail - hr.largest_pass <= max(1, 0.05 * hr.largest_pass)
+
+
+def test_no_headroom_flag_skips_the_search(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainguard.cli import main
+
+    path = _job(tmp_path, "{start: 16, max: 64, memory_budget_mb: 400, steps: 2}")
+    assert main(["profile", str(path), "--no-headroom"]) == 0
+    assert "headroom:" not in capsys.readouterr().out
+    data = json.loads((tmp_path / ".trainguard" / "profile" / "latest.json").read_text())
+    assert data["headroom"] is None and not list((tmp_path / ".trainguard" / "runs").glob("*headroom*"))
+
+
+@pytest.mark.slow
+@needs_cgroups
+def test_the_digits_example_search_brackets_a_real_torch_oom(tmp_path: Path) -> None:
+    """examples/digits/headroom.trainguard.yaml as shipped (7 probes, ~80-140 s here)."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "digits"
+    root = Path(shutil.copytree(example, tmp_path / "digits",
+                                ignore=shutil.ignore_patterns(".trainguard", "__pycache__")))
+    job_file = load_config(root / "headroom.trainguard.yaml")
+    assert job_file.checks.profile is not None
+    hr = run_headroom(JobRunner(job_file, Settings()), job_file.checks.profile)
+    assert hr.enforcement == "cgroup" and hr.stopped == "bracketed", hr.reason
+    assert all(p.outcome in ("pass", "oom") for p in hr.probes), [p.detail for p in hr.probes]
+    assert hr.largest_pass is not None and hr.first_fail is not None
+    assert 128 <= hr.largest_pass < hr.first_fail <= 1024
+    assert hr.fit is not None and hr.fit.per_sample_mb > 0.1  # activations grow with the batch
+    assert hr.safe_batch is not None and hr.safe_batch <= hr.largest_pass
+    assert hr.headroom_mb is not None and 0 < hr.headroom_mb < 500

@@ -52,15 +52,10 @@ checks:
 Drill = Callable[..., CheckResult]
 
 
-def ray_pids() -> set[int]:
-    return {p.pid for p in running_ray_processes()}
-
-
 @pytest.fixture(scope="module")
 def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
     """``drill(spec, max_restarts=1, extra="")`` runs one drill of the toy job on the module's
     Ray head; every runner shares the head and the uninterrupted reference runs."""
-    before = ray_pids()
     references: dict[RunRequest, RunResult] = {}
     runners: list[JobRunner] = []
 
@@ -78,15 +73,28 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
     try:
         yield run
     finally:
+        head = runners[0]._ray if runners else None
+        temp = head.cluster.temp_dir if head is not None and head.cluster is not None else None
         if runners:
             runners[0].close()  # the head they share
-        left = ray_pids() - before
-        assert not left, f"Ray processes left behind: {sorted(left)}"
+        if temp is not None:  # every process of our head and of the drills' fits is gone
+            left = running_ray_processes(temp)
+            assert not left, f"Ray processes left behind: {[p.pid for p in left]}"
+
+
+def show(result: CheckResult) -> None:
+    """The verdict and the measured times (shown with pytest -rA)."""
+    ev = result.evidence
+    print(result.status, result.summary)
+    keys = ("detected_after_s", "lost_steps", "restarts", "fault_to_first_step_after_restart_s",
+            "exit_after_s", "resumed_from_step", "ray")
+    print({k: ev[k] for k in keys if k in ev}, f"duration {result.duration_s:.1f} s")
 
 
 def test_kill_rank_recovers_through_ray_trains_failure_config(drill: Drill) -> None:
     result = drill(f"{{name: kill, fault: kill_rank, rank: 1, steps: {STEPS}, after_step: 8, "
                    "max_lost_steps: 4}")
+    show(result)
     assert result.status == "passed", result.summary
     ev = result.evidence
     ray = ev["ray"]
@@ -105,8 +113,74 @@ def test_kill_rank_recovers_through_ray_trains_failure_config(drill: Drill) -> N
 def test_kill_rank_with_max_failures_0_fails_the_drill(drill: Drill) -> None:
     result = drill(f"{{name: kill, fault: kill_rank, rank: 1, steps: {STEPS}, after_step: 8}}",
                    max_restarts=0)
+    show(result)
     assert result.status == "failed", result.summary
     assert "Ray Train did not recover" in result.summary
     assert "FailureConfig(max_failures=0)" in result.summary
     assert result.evidence["attempts"][0]["outcome"] == "failed"
     assert result.evidence["ray"].get("restarts", 0) == 0
+
+
+@pytest.mark.slow
+def test_hang_is_detected_by_trainguard_and_the_fit_resumed(drill: Drill) -> None:
+    spec = f"{{name: hang, fault: hang, rank: 1, steps: {STEPS}, after_step: 8, stall_timeout: 15}}"
+    result = drill(spec)
+    show(result)
+    assert result.status == "passed", result.summary
+    ev = result.evidence
+    first = ev["attempts"][0]
+    assert first["outcome"] == "hung" and ev["restarts"] == 1
+    assert ev["fault_evidence"]["state_after_stop"] == "stopped"
+    assert 0 < ev["lost_steps"] <= 4
+    # planted defect: a function that ignores ray.train.get_checkpoint() starts again at step 1
+    defect = drill(spec, extra="ignore_checkpoint: true")
+    show(defect)
+    assert defect.status == "failed" and "all progress lost" in defect.summary
+
+
+@pytest.mark.slow
+def test_oom_kills_the_worker_in_its_cgroup_and_the_fit_fails_cleanly(drill: Drill) -> None:
+    spec = (f"{{name: oom, fault: oom, rank: 1, steps: {STEPS}, after_step: 8, expect: fail_clean, "
+            "params: {mode: cgroup}}")
+    result = drill(spec, max_restarts=0)
+    show(result)
+    if result.status == "skipped":
+        pytest.skip(result.summary)
+    assert result.status == "passed", result.summary
+    fault = result.evidence["fault_evidence"]
+    assert fault["mode_ran"] == "cgroup" and fault["cgroup_counters"]["oom_kill"] >= 1
+    assert "killed by the kernel OOM killer" in result.summary
+    assert result.evidence["checkpoint"]["intact"]
+    # planted defect: the checkpoint cannot be resumed (the function ignores it)
+    defect = drill(spec, max_restarts=0, extra="ignore_checkpoint: true")
+    show(defect)
+    assert defect.status == "failed" and "started again from step 1" in defect.summary
+
+
+@pytest.mark.slow
+def test_oom_with_max_failures_recovers_in_the_same_fit(drill: Drill) -> None:
+    spec = (f"{{name: oom-recover, fault: oom, rank: 0, steps: {STEPS}, after_step: 8, "
+            "expect: recover, params: {mode: cgroup}}")
+    result = drill(spec, max_restarts=1)
+    show(result)
+    if result.status == "skipped":
+        pytest.skip(result.summary)
+    assert result.status == "passed", result.summary
+    assert result.evidence["ray"]["restarts"] == 1
+
+
+@pytest.mark.slow
+def test_disk_full_on_the_storage_path_fails_cleanly_and_resumes(drill: Drill) -> None:
+    spec = (f"{{name: disk, fault: disk_full, steps: {STEPS}, after_step: 7, expect: fail_clean, "
+            "params: {mode: tmpfs, size_mb: 16}}")
+    result = drill(spec, max_restarts=0)
+    show(result)
+    if result.status == "skipped":
+        pytest.skip(result.summary)
+    assert result.status == "passed", result.summary
+    assert "ENOSPC" in result.summary or "No space left" in str(result.evidence)
+    assert result.evidence["checkpoint"]["intact"]
+    # planted defect: checkpoint errors caught and training goes on without checkpoints
+    defect = drill(spec, max_restarts=0, extra="swallow_checkpoint_errors: true")
+    show(defect)
+    assert defect.status == "failed" and "completed (exit 0) despite the fault" in defect.summary

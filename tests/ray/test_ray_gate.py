@@ -60,6 +60,7 @@ def test_the_production_run_of_a_ray_train_job_is_the_driver_at_the_sized_worker
     assert spec.launcher == "direct" and spec.world_size == 4
     assert (spec.num_gpus, spec.num_cpus) == (0.5, 2.0)  # per worker, from job.scaling
     assert spec.env["PYTHONPATH"] == str((tmp_path / "digits").resolve())  # ../digits, absolute
+    assert spec.env["RAY_OVERRIDE_JOB_RUNTIME_ENV"] == "1"  # the driver's ray.init adds env_vars
     assert spec.time_limit_s == 7200
     assert spec.labels() == {"trainguard.job": "digits-ray", "trainguard.gate_report": "/r/latest.json",
                              "trainguard.mlflow_run_id": "run-1", "trainguard.kind": "ray_train",
@@ -78,7 +79,7 @@ def test_gate_profiles_and_submits_a_ray_train_job(tmp_path: Path, monkeypatch: 
     pytest.importorskip("ray.job_submission", reason="needs ray[default] (pip install trainguard[ray])")
     from mlflow import MlflowClient
 
-    from trainguard.gate.local_ray import running_ray_processes
+    from trainguard.gate.local_ray import running_ray_processes, stopped_head_processes
     from trainguard.gate.run import run_gate
 
     monkeypatch.setenv("TRAINGUARD_TRACKING", "on")
@@ -123,4 +124,4 @@ def test_gate_profiles_and_submits_a_ray_train_job(tmp_path: Path, monkeypatch: 
     assert meta["trainguard.mlflow_production_run_id"] == production.info.run_id
     steps = Counter(m.step for m in client.get_metric_history(production.info.run_id, "loss"))
     assert steps == Counter(range(1, 11)), steps
-    assert not {p.pid for p in running_ray_processes()} - before, "Ray processes left behind"
+    assert not stopped_head_processes(before), f"Ray processes left behind: {stopped_head_processes(before)}"

@@ -3,9 +3,10 @@ the launch run with trainguard's launcher without logging a step twice.
 
 The writer itself is tested in this process against real stores (a sqlite file; a closed port and
 a server that never answers for a store that is down). Two tests run a real 2-worker fit on a
-real local Ray (one each, marker ``ray``): a clean one, and one whose workers cannot reach the
-store -- training must still pass and trainguard must report the dropped rows and log the steps
-itself, each exactly once.
+real local Ray (one fit each, marker ``ray``): a clean one (slow: the default run of
+test_digits_ray.py checks every launch of its 7 fits the same way), and one whose workers cannot
+reach the store -- training must still pass and trainguard must report the dropped rows and log
+the steps itself, each exactly once.
 """
 
 from __future__ import annotations
@@ -85,11 +86,11 @@ def test_writer_logs_every_step_once_in_batches(tmp_path: Path) -> None:
         writer.log(step, {"loss": 1.0 / step, "lr": 0.01, "note": "text", "flag": True, "bad key!": 1.0})
     per_call_us = (time.perf_counter() - t0) / 300 * 1e6
     summary = writer.close()
-    print(f"\nlog(): {per_call_us:.0f} us per call; {writer.requests} log_batch request(s) in "
-          f"{writer.write_seconds:.2f} s for {summary.written_rows} rows")
+    print(f"\nlog(): {per_call_us:.0f} us per call; {summary.requests} log_batch request(s) in "
+          f"{summary.write_s:.2f} s for {summary.written_rows} rows")
     assert summary.written_rows == 600 and summary.dropped_rows == 0
     assert summary.written_steps == set(range(1, 301)) and summary.keys == {"loss", "lr"}
-    assert writer.requests <= 10  # batched: 1000 rows a request at most
+    assert summary.requests <= 10  # batched: 1000 rows a request at most
     assert per_call_us < 2000  # only enqueues
     loss = history(uri, run_id, "loss")
     assert sorted(s for s, _ in loss) == list(range(1, 301))  # every step, once
@@ -231,6 +232,7 @@ def tracking_on(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # the default run checks the same on every launch of tests/ray/test_digits_ray.py
 @pytest.mark.usefixtures("tracking_on")
 def test_workers_log_every_reported_step_exactly_once(tmp_path: Path) -> None:
     job = ray_job(tmp_path)

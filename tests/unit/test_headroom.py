@@ -212,3 +212,19 @@ def test_cli_headroom_flag_without_a_headroom_section_is_a_config_error(
     assert main(["profile", str(path), "--headroom"]) == 2
     err = capsys.readouterr().err
     assert "checks.profile.headroom" in err and "--headroom needs a `headroom:` section" in err
+
+
+def test_without_root_auto_enforcement_falls_back_to_rlimit_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from trainguard.config import HeadroomSearch
+    from trainguard.faults.base import FaultUnavailable
+    from trainguard.profiling.headroom import _choose_enforcement
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    chosen = _choose_enforcement(HeadroomSearch(), "cpu", 100.0)
+    assert chosen.mode == "rlimit" and chosen.budget_bytes == 100 * 2**20
+    assert chosen.fallback is not None and "need root" in chosen.fallback and "RLIMIT_AS" in chosen.fallback
+    with pytest.raises(FaultUnavailable, match="need root"):
+        _choose_enforcement(HeadroomSearch(enforce="cgroup"), "cpu", 100.0)
+    assert _choose_enforcement(HeadroomSearch(), "gpu", 100.0).mode == "gpu"

@@ -335,6 +335,31 @@ def test_reports_render_with_embedded_plots() -> None:
     assert "| 2 | ok |" in md and "unvalidated" in md
 
 
+def test_reports_render_without_the_plots_the_data_does_not_allow() -> None:
+    data = _report_data()
+    for s in data["sizes"]:
+        s["loss"] = {}
+    plots = render_plots(data)
+    assert "loss" not in plots
+    html = render_html(data, plots)  # a missing plot is left out, not an error
+    assert html.count("data:image/png;base64,") == len(plots)
+
+
+def test_the_loss_plot_shows_the_checks_runs_beside_the_profile_runs() -> None:
+    data = _report_data()
+    data["check_curves"] = [
+        {"label": "canary", "world_size": 1, "metric": "loss", "outcome": "ok", "values": {"1": 2.0, "2": 1.0}},
+        {"label": "resume-killed", "world_size": 1, "metric": "loss", "outcome": "stopped", "values": {"1": 2.0}},
+    ]
+    with_checks = render_plots(data)["loss"]
+    data["check_curves"] = []
+    assert render_plots(data)["loss"] != with_checks
+    for s in data["sizes"]:
+        s["loss"] = {}
+    data["check_curves"] = [{"label": "canary", "world_size": 1, "values": {"1": 2.0, "2": 1.0}}]
+    assert "loss" in render_plots(data)  # the checks' curves alone still make the plot
+
+
 def test_cli_rejects_bad_expressions_before_running(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from trainguard.cli import main
 

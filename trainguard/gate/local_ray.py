@@ -40,6 +40,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -49,7 +50,9 @@ import psutil
 from trainguard.errors import TrainguardError
 from trainguard.launch.ports import PortReservation, reserve_port
 
-__all__ = ["LocalRay", "RayCluster", "RayStartError", "ray_version", "running_ray_processes"]
+__all__ = [
+    "LocalRay", "RayCluster", "RayStartError", "ray_version", "running_ray_processes", "stopped_head_processes",
+]
 
 #: process names of a Ray node; what a leftover check looks for
 RAY_PROCESS_NAMES = ("raylet", "gcs_server", "dashboard", "ray::", "log_monitor", "monitor.py")
@@ -143,6 +146,28 @@ def running_ray_processes(
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
+    return found
+
+
+def stopped_head_processes(before: Iterable[int] = ()) -> list[psutil.Process]:
+    """Processes (not in ``before``) of embedded heads that have been stopped: their private
+    temp dir (``TRAINGUARD_RAY_HEAD``, or a ``/tmp/tg-ray-*`` dir in the command line) is gone.
+    On a machine where other sessions start and stop their own heads meanwhile, these -- not
+    every new Ray process -- are what a stop left behind."""
+    import re
+
+    skip = set(before)
+    found = []
+    for proc in running_ray_processes():
+        if proc.pid in skip:
+            continue
+        try:
+            head = proc.environ().get("TRAINGUARD_RAY_HEAD")
+            dirs = [head] if head else re.findall(r"/tmp/tg-ray-\w+", " ".join(proc.cmdline()))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if dirs and not all(os.path.exists(d) for d in dirs):
+            found.append(proc)
     return found
 
 

@@ -204,7 +204,9 @@ def _ray_train_spec(job_file: JobFile, spec: Any) -> Any:
             text = command[command.index("--resources-per-worker") + 1].replace("{{", "{").replace("}}", "}")
             per_worker = {k: float(v) for k, v in json.loads(text).items()}
     use_gpu = "--use-gpu" in command
-    env = dict(spec.env)
+    # the driver's ray.init(runtime_env=...) repeats some of the job's env_vars (PYTHONPATH, the
+    # tracking ids): Ray refuses overlapping keys unless told that the driver's win (same values)
+    env = {**spec.env, "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}
     if env.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.pathsep.join(
             str((job_file.cwd / entry).resolve()) if entry and not os.path.isabs(entry) else entry

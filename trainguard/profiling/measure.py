@@ -312,10 +312,7 @@ def measure_size(
     sized = runner
     if batch is not None and batch != job_file.job.batch_size:
         job = job_file.job.model_copy(update={"batch_size": batch})
-        sized = JobRunner(
-            dataclasses.replace(job_file, job=job), runner.settings, echo=runner.echo,
-            tracker=runner.tracker,
-        )
+        sized = runner.sibling(dataclasses.replace(job_file, job=job))  # shares the Ray head
     n_steps = steps or spec.steps
     request = RunRequest.make(
         steps=n_steps, seed=seed, world_size=world_size, args=spec.args, env=spec.env,

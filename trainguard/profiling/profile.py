@@ -241,6 +241,8 @@ def run_profile(
             profile.notes.append(f"world size {s.world_size} was oversubscribed: {s.oversubscribed}")
         if not s.ok:
             profile.notes.append(f"world size {s.world_size} did not profile: {s.outcome}: {s.reason}")
+    if headroom and spec.headroom is None:
+        raise ValueError("headroom=True needs checks.profile.headroom configured")
     if spec.headroom is not None and headroom is not False:
         gpu_total = _gpu_memory_mb() if device == "gpu" else None
         profile.headroom = run_headroom(runner, spec, device=device, gpu_total_mb=gpu_total)

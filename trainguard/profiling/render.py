@@ -201,13 +201,13 @@ def plot_headroom(data: dict[str, Any]) -> bytes | None:
     fig = _figure(height=3.4)
     ax = fig.subplots()
     budget = search["budget_mb"]
-    marks = {"pass": ("o", "C0", "passed"), "oom": ("x", "C3", "out of memory"),
+    marks = {"pass": ("o", "C0", "passed"), "oom": ("x", "C3", "out of memory (at the budget)"),
              "error": ("s", "C7", "other failure")}
     for outcome, (marker, color, label) in marks.items():
         pts = [p for p in search["probes"] if p["outcome"] == outcome]
         if pts:
-            # an OOM probe is drawn at the budget when it left no peak: it reached it
-            ys = [p["peak_mb"] if p["peak_mb"] is not None else budget for p in pts]
+            # an OOM probe reached the budget by definition; its sampled peak may be lower
+            ys = [budget if outcome == "oom" or p["peak_mb"] is None else p["peak_mb"] for p in pts]
             ax.plot([p["batch_size"] for p in pts], ys, marker, color=color, markersize=8, label=label)
     batches = [p["batch_size"] for p in search["probes"]]
     fit = search.get("fit")
@@ -372,8 +372,8 @@ img { max-width: 100%; border: 1px solid #eee; margin: 0.4em 0; }
 {% for r in rows %}<tr>{% for key, title in columns %}<td>{{ r[key] }}</td>{% endfor %}</tr>
 {% endfor %}</table></div>
 <p class="meta">{{ d.settings.steps }} steps per run, the first {{ d.settings.warmup_steps }} excluded as warm-up; {{ d.scaling.kind }} scaling.</p>
-{% if images.step_times %}<h2>{{ titles.step_times }}</h2><img alt="{{ titles.step_times }}" src="data:image/png;base64,{{ images.step_times }}">{% endif %}
-{% if images.scaling %}<h2>{{ titles.scaling }}</h2><img alt="{{ titles.scaling }}" src="data:image/png;base64,{{ images.scaling }}">{% endif %}
+{% if images.get("step_times") %}<h2>{{ titles.step_times }}</h2><img alt="{{ titles.step_times }}" src="data:image/png;base64,{{ images.step_times }}">{% endif %}
+{% if images.get("scaling") %}<h2>{{ titles.scaling }}</h2><img alt="{{ titles.scaling }}" src="data:image/png;base64,{{ images.scaling }}">{% endif %}
 {% if models %}<h2>Scaling model</h2>
 <p>Relative throughput C(N) = N / (1 + &sigma;(N&minus;1) + &kappa;N(N&minus;1)); Amdahl is &kappa; = 0. {{ d.scaling.fit.why }}.</p>
 <table><tr><th>model</th><th>&sigma;</th><th>&kappa;</th><th>rms residual</th><th>residuals by size</th><th>note</th></tr>
@@ -388,7 +388,7 @@ img { max-width: 100%; border: 1px solid #eee; margin: 0.4em 0; }
 {% endfor %}</table>
 {% if sizing.candidates %}<p class="meta">Checkpoint interval: {{ sizing.candidates[0].checkpoint_rule }} (MTBF of the job = per-GPU MTBF / GPUs unless configured per count).</p>{% endif %}
 {% if sizing.limits %}<h2>What limits scaling</h2><ul>{% for l in sizing.limits %}<li>{{ l }}</li>{% endfor %}</ul>{% endif %}
-{% if images.cost %}<img alt="{{ titles.cost }}" src="data:image/png;base64,{{ images.cost }}">{% endif %}
+{% if images.get("cost") %}<img alt="{{ titles.cost }}" src="data:image/png;base64,{{ images.cost }}">{% endif %}
 {% endif %}
 {% if hr %}<h2>Memory headroom</h2>
 <p class="{{ 'bad' if hr.failed else 'ok' }}">{{ hr.summary }}</p>
@@ -398,7 +398,7 @@ img { max-width: 100%; border: 1px solid #eee; margin: 0.4em 0; }
 {% endfor %}</table>
 {% if images.get("headroom") %}<img alt="{{ titles.headroom }}" src="data:image/png;base64,{{ images.headroom }}">{% endif %}
 {% endif %}
-{% if images.loss %}<h2>{{ titles.loss }}</h2><img alt="{{ titles.loss }}" src="data:image/png;base64,{{ images.loss }}">{% endif %}
+{% if images.get("loss") %}<h2>{{ titles.loss }}</h2><img alt="{{ titles.loss }}" src="data:image/png;base64,{{ images.loss }}">{% endif %}
 {% if compare.results %}<h2>Compared with the baseline</h2><p class="meta">{{ compare.baseline }}</p><ul>
 {% for r in compare.results %}<li class="{{ 'bad' if r.regressed else '' }}">{{ r.text }}</li>{% endfor %}</ul>{% endif %}
 {% if d.saved_baseline %}<p>Saved as this machine's baseline: {{ d.saved_baseline }}</p>{% endif %}

@@ -131,6 +131,8 @@ class WorkerSummary:
     closed: bool = False
     reason: str = ""
     writers: int = 1  # several when Ray Train restarted the workers inside one fit
+    requests: int = 0  # log_batch requests made (the writer's overhead, with write_s)
+    write_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -138,7 +140,7 @@ class WorkerSummary:
             "written_rows": self.written_rows, "dropped_rows": self.dropped_rows,
             "written_steps": _ranges(self.written_steps), "dropped_steps": _ranges(self.dropped_steps),
             "keys": sorted(self.keys), "closed": self.closed, "reason": self.reason,
-            "writers": self.writers,
+            "writers": self.writers, "requests": self.requests, "write_s": round(self.write_s, 3),
         }
 
     @classmethod
@@ -150,6 +152,7 @@ class WorkerSummary:
             dropped_steps=_unranges(data.get("dropped_steps", [])),
             keys=set(data.get("keys", [])), closed=bool(data.get("closed", False)),
             reason=str(data.get("reason", "")), writers=int(data.get("writers", 1)),
+            requests=int(data.get("requests", 0)), write_s=float(data.get("write_s", 0.0)),
         )
 
     def line(self) -> str:
@@ -213,8 +216,6 @@ class WorkerWriter:
         self.out = out
         self.summary = WorkerSummary(run_id=run_id, tracking_uri=tracking_uri)
         self._merge_previous()
-        self.requests = 0
-        self.write_seconds = 0.0
         self.last_error: str | None = None
         self._driver = _parse_driver(driver)
         self._pending: deque[tuple[int, list[tuple[str, float, int]]]] = deque()
@@ -309,6 +310,7 @@ class WorkerWriter:
             s.written_rows, s.dropped_rows = old.written_rows, old.dropped_rows
             s.written_steps, s.dropped_steps, s.keys = old.written_steps, old.dropped_steps, old.keys
             s.reason, s.writers = old.reason, old.writers + 1
+            s.requests, s.write_s = old.requests, old.write_s
 
     def _save(self) -> None:
         if self.summary_path is None:
@@ -447,8 +449,9 @@ class WorkerWriter:
             text = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
             return f"permanent: {text}" if _permanent(exc) else text
         finally:
-            self.requests += 1
-            self.write_seconds += time.monotonic() - started
+            with self._cond:
+                self.summary.requests += 1
+                self.summary.write_s += time.monotonic() - started
         with self._cond:
             self.summary.written_rows += sum(len(rows) for _, rows in batch)
             self.summary.written_steps.update(step for step, _ in batch)
@@ -514,6 +517,8 @@ def reconcile(
         "trainguard.ray_writer.written_rows": str(summary.written_rows),
         "trainguard.ray_writer.dropped_rows": str(summary.dropped_rows),
         "trainguard.ray_writer.backfilled_rows": str(len(left)),
+        "trainguard.ray_writer.requests": str(summary.requests),
+        "trainguard.ray_writer.write_s": f"{summary.write_s:.3f}",
     }
     note = None
     if summary.dropped_rows:

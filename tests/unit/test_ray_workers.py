@@ -1,0 +1,80 @@
+"""Finding a Ray Train job's workers from the driver's stderr log (no Ray needed: the log is
+written here as the driver writes it, the processes are real)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainguard.faults.ray_workers import (
+    RayWorkerLauncher,
+    RayWorkerTracker,
+    WorkerNotHere,
+    ensure_local,
+)
+
+LINES = """\
+(TrainController pid=10) Attempting to start training worker group of size 2 with the following resources
+(RayTrainWorker pid=21) trainguard-worker rank=0 pid=21 node=127.0.0.1
+(RayTrainWorker pid=21) trainguard-worker rank=0 pid=21 node=127.0.0.1
+(RayTrainWorker pid=22) trainguard-worker rank=1 pid=22 node=127.0.0.1
+"""
+
+
+def test_tracker_reads_worker_lines_once_with_the_time_it_read_them(tmp_path: Path) -> None:
+    log = tmp_path / "rank0.stderr.log"
+    now = [1.0]
+    tracker = RayWorkerTracker(log, clock=lambda: now[0])
+    assert tracker.poll() == []  # no log yet
+    log.write_text(LINES + "(RayTrainWorker pid=31) trainguard-worker rank=0 pi")  # a partial line
+    seen = tracker.poll()
+    assert [(s.rank, s.pid, s.node, s.t) for s in seen] == [(0, 21, "127.0.0.1", 1.0), (1, 22, "127.0.0.1", 1.0)]
+    assert tracker.controller_after(0.5) is not None and tracker.restart_notice_after(0.5) is not None
+    now[0] = 2.0
+    with open(log, "a") as f:  # the rest of the line: a restarted worker group
+        f.write("d=31 node=127.0.0.1\n(TrainController pid=10) Attempting to start training worker group\n"
+                "(RayTrainWorker pid=32) trainguard-worker rank=1 pid=32\n")
+    assert tracker.pids() == {0: 31, 1: 32}
+    assert [s.pid for s in tracker.started_after(1.5)] == [31, 32]
+    assert tracker.latest(1) is not None and tracker.latest(1).node is None  # an older driver's line
+    restart = tracker.restart_notice_after(1.5)
+    assert restart is not None and restart[0] == 2.0
+
+
+def test_the_fault_sees_the_workers_as_ranks_and_signals_the_latest_pid(tmp_path: Path) -> None:
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        log = tmp_path / "rank0.stderr.log"
+        log.write_text(f"trainguard-worker rank=0 pid={worker.pid} node=127.0.0.1\n")
+        view = RayWorkerLauncher(_FakeDriver(log), RayWorkerTracker(log), world_size=2)  # type: ignore[arg-type]
+        with pytest.raises(WorkerNotHere, match="rank=1"):
+            view.ranks  # noqa: B018 -- rank 1 never printed its line
+        log.write_text(log.read_text() + f"trainguard-worker rank=1 pid={worker.pid} node=127.0.0.1\n")
+        assert view.ranks[1].pid == worker.pid and view.ranks[1].popen.poll() is None
+        # not a Ray worker process: refused, nothing sent
+        with pytest.raises(WorkerNotHere, match="not a Ray worker process"):
+            view.kill_rank(1, signal.SIGKILL)
+        assert worker.poll() is None
+    finally:
+        worker.kill()
+        worker.wait()
+    assert RayWorkerLauncher(_FakeDriver(log), RayWorkerTracker(log), 2).ranks[1].popen.poll() == -9
+
+
+def test_a_worker_on_another_node_is_refused() -> None:
+    with pytest.raises(WorkerNotHere, match="runs on another node"):
+        ensure_local(1, "203.0.113.9", rank=1)
+
+
+class _FakeDriver:
+    """The two things RayWorkerLauncher takes from the real launcher."""
+
+    def __init__(self, log: Path) -> None:
+        self.ranks = [type("Rank", (), {"stderr_log": log})()]
+
+    def elapsed(self) -> float:
+        return 0.0
