@@ -147,7 +147,8 @@ class _Driver:
             target = cast(Launcher, RayWorkerLauncher(launcher, info.tracker, self.ray_world_size or 1))
             info.ray_workers_at_injection = info.tracker.pids()
         try:
-            info.target_exited_before = target.ranks[self.fault.rank].popen.poll() is not None
+            with contextlib.suppress(OSError):  # a Ray worker elsewhere: the fault says if it cares
+                info.target_exited_before = target.ranks[self.fault.rank].popen.poll() is not None
             self.fault.inject(target)
         except Exception as exc:  # the monitor thread must go on; the verdict reports it
             info.errors.append(f"inject() raised {type(exc).__name__}: {exc}")

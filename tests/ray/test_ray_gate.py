@@ -73,6 +73,25 @@ def test_the_production_run_of_a_ray_train_job_is_the_driver_at_the_sized_worker
     assert shlex.split(command) == argv and (cpus, gpus) == (1.0, 0.0)  # the driver only; not torchrun
 
 
+def test_ray_checkpoint_steps_come_from_rays_own_record(tmp_path: Path) -> None:
+    """Ray 2.60's checkpoint_manager_snapshot.json (its shape, trimmed): which checkpoint
+    directory came with which report."""
+    from trainguard.profiling.measure import _ray_checkpoint_writes
+
+    assert _ray_checkpoint_writes(tmp_path) is None
+    run = tmp_path / "digits-ray"
+    results = []
+    for step, name in ((5, "checkpoint_2026-11-22_09-13-31.930407"), (10, "checkpoint_2026-11-22_09-13-40.1")):
+        (run / name).mkdir(parents=True)
+        (run / name / "state.pt").write_bytes(b"x" * (100 * step))
+        results.append({"version": 0, "checkpoint_dir_name": name, "metrics": {"step": step, "loss": 1.0}})
+    results.append({"version": 0, "checkpoint_dir_name": "gone", "metrics": {"loss": 0.5}})  # no step key
+    (run / "checkpoint_manager_snapshot.json").write_text(json.dumps({
+        "ray_version": "2.60.0", "checkpoint_results": results, "checkpoint_report_indices": [4, 9, 11],
+        "current_report_index": 12}))
+    assert _ray_checkpoint_writes(tmp_path) == {5: 500, 10: 1000, 12: 0}
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_gate_profiles_and_submits_a_ray_train_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,7 +120,8 @@ def test_gate_profiles_and_submits_a_ray_train_job(tmp_path: Path, monkeypatch: 
         assert set(size["peak_rss_mb"]) == workers, size["peak_rss_mb"]  # the workers, by world rank
         assert all(100 < mb < 4000 for mb in size["peak_rss_mb"].values())
         assert set(size["cpu_util_pct"]) == workers
-        assert size["checkpoint"]["writes"] >= 2 and size["checkpoint"]["steps"][:2] == [5, 10]
+        assert size["checkpoint"]["steps"] == [5, 10, 12]  # ckpt_every 5 and the last step, from Ray's record
+        assert size["checkpoint"]["bytes_per_write"] > 100_000
         assert size["startup_s"] > 1
     assert gate.promoted, data["decision"]
     recommended = data["sizing"]["recommended"]

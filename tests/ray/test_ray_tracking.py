@@ -87,7 +87,8 @@ def test_writer_logs_every_step_once_in_batches(tmp_path: Path) -> None:
     per_call_us = (time.perf_counter() - t0) / 300 * 1e6
     summary = writer.close()
     print(f"\nlog(): {per_call_us:.0f} us per call; {summary.requests} log_batch request(s) in "
-          f"{summary.write_s:.2f} s for {summary.written_rows} rows")
+          f"{summary.write_s:.2f} s ({summary.cpu_s:.2f} s CPU of the writer "
+          f"thread) for {summary.written_rows} rows")
     assert summary.written_rows == 600 and summary.dropped_rows == 0
     assert summary.written_steps == set(range(1, 301)) and summary.keys == {"loss", "lr"}
     assert summary.requests <= 10  # batched: 1000 rows a request at most
@@ -239,7 +240,8 @@ def test_workers_log_every_reported_step_exactly_once(tmp_path: Path) -> None:
     result, caught, uri, run = tracked_run(job)
     assert result.ok, result.reason
     tags = run.data.tags
-    print(f"\nwriter: {tags.get('trainguard.ray_writer.written_rows')} rows written by world rank 0, "
+    print(f"\nwriter: {tags.get('trainguard.ray_writer.written_rows')} rows written by world rank 0 in "
+          f"{tags.get('trainguard.ray_writer.requests')} requests ({tags.get('trainguard.ray_writer.cpu_s')} s CPU), "
           f"{tags.get('trainguard.ray_writer.backfilled_rows')} by the launcher; fit {result.duration_s:.1f} s")
     assert tags["trainguard.ray_writer"] == "world rank 0"
     assert tags["trainguard.ray_writer.written_rows"] == "8" and tags["trainguard.ray_writer.dropped_rows"] == "0"

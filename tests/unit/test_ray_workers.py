@@ -40,29 +40,35 @@ def test_tracker_reads_worker_lines_once_with_the_time_it_read_them(tmp_path: Pa
                 "(RayTrainWorker pid=32) trainguard-worker rank=1 pid=32\n")
     assert tracker.pids() == {0: 31, 1: 32}
     assert [s.pid for s in tracker.started_after(1.5)] == [31, 32]
-    assert tracker.latest(1) is not None and tracker.latest(1).node is None  # an older driver's line
+    latest = tracker.latest(1)
+    assert latest is not None and latest.node is None  # a line without node= (an older driver)
     restart = tracker.restart_notice_after(1.5)
     assert restart is not None and restart[0] == 2.0
 
 
 def test_the_fault_sees_the_workers_as_ranks_and_signals_the_latest_pid(tmp_path: Path) -> None:
-    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    other = subprocess.Popen(sleep)  # not a Ray worker
+    worker = subprocess.Popen([*sleep, "ray::RayTrainWorker"])  # named as Ray names its workers
     try:
         log = tmp_path / "rank0.stderr.log"
-        log.write_text(f"trainguard-worker rank=0 pid={worker.pid} node=127.0.0.1\n")
+        log.write_text(f"trainguard-worker rank=0 pid={other.pid} node=127.0.0.1\n")
         view = RayWorkerLauncher(_FakeDriver(log), RayWorkerTracker(log), world_size=2)  # type: ignore[arg-type]
         with pytest.raises(WorkerNotHere, match="rank=1"):
             view.ranks  # noqa: B018 -- rank 1 never printed its line
         log.write_text(log.read_text() + f"trainguard-worker rank=1 pid={worker.pid} node=127.0.0.1\n")
         assert view.ranks[1].pid == worker.pid and view.ranks[1].popen.poll() is None
-        # not a Ray worker process: refused, nothing sent
+        # a pid that is not a Ray worker process here (another node's pid, reused): refused
         with pytest.raises(WorkerNotHere, match="not a Ray worker process"):
-            view.kill_rank(1, signal.SIGKILL)
-        assert worker.poll() is None
+            view.kill_rank(0, signal.SIGKILL)
+        assert other.poll() is None
+        view.kill_rank(1, signal.SIGKILL)
+        assert worker.wait(timeout=10) == -signal.SIGKILL
+        assert view.ranks[1].popen.poll() == -signal.SIGKILL
     finally:
-        worker.kill()
-        worker.wait()
-    assert RayWorkerLauncher(_FakeDriver(log), RayWorkerTracker(log), 2).ranks[1].popen.poll() == -9
+        for proc in (other, worker):
+            proc.kill()
+            proc.wait()
 
 
 def test_a_worker_on_another_node_is_refused() -> None:

@@ -153,15 +153,28 @@ class _WorkerProcess:
         return self.returncode
 
 
-@dataclass
 class _WorkerRank:
-    """``launcher.ranks[R]`` of a Ray Train job: the Ray worker of world rank R."""
+    """``launcher.ranks[R]`` of a Ray Train job: the Ray worker of world rank R. Its ``pid`` (and
+    ``popen``) exist only for a worker on this machine: a pid from another node would name an
+    unrelated local process, so reading it raises :class:`WorkerNotHere` instead."""
 
-    rank: int
-    pid: int
-    node: str | None
-    popen: _WorkerProcess
-    stderr_log: Path
+    def __init__(self, rank: int, pid: int, node: str | None, stderr_log: Path) -> None:
+        self.rank = rank
+        self.node = node
+        self.stderr_log = stderr_log
+        self._pid = pid
+        self._popen: _WorkerProcess | None = None
+
+    @property
+    def pid(self) -> int:
+        ensure_local(self._pid, self.node, self.rank)
+        return self._pid
+
+    @property
+    def popen(self) -> _WorkerProcess:
+        if self._popen is None:
+            self._popen = _WorkerProcess(self.pid)
+        return self._popen
 
 
 class RayWorkerLauncher:
@@ -190,14 +203,12 @@ class RayWorkerLauncher:
                     f"({self.tracker.log}): the Ray worker of rank {rank} has not started, or its "
                     "output does not reach the driver (ray.init(log_to_driver=True))"
                 )
-            out.append(_WorkerRank(rank, seen.pid, seen.node, _WorkerProcess(seen.pid),
-                                   self._launcher.ranks[0].stderr_log))
+            out.append(_WorkerRank(rank, seen.pid, seen.node, self._launcher.ranks[0].stderr_log))
         return out
 
     def kill_rank(self, rank: int, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to the Ray worker process of world rank ``rank``."""
         worker = self.ranks[rank]
-        ensure_local(worker.pid, worker.node, rank)
         if worker.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker.pid, sig)

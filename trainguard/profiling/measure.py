@@ -16,7 +16,8 @@ Ray's processes, not the driver's children: they are found by the ``trainguard-w
 pid=P`` line each prints (read from the driver's stderr log while it runs), and CPU and peak RSS
 are those of each worker's process tree, by world rank. Step lines are the driver's report lines
 (world rank 0's ``ray.train.report``), the startup is launch -> first report (Ray start-up and
-the worker group included), and the checkpoint directory watched is the fit's storage path.
+the worker group included), and the checkpoint steps are read from Ray's record in the fit's
+storage path (which checkpoint came with which report), not from the directory's changes.
 """
 
 from __future__ import annotations
@@ -335,7 +336,38 @@ def measure_size(
         result = sized.run(request, label=label or f"profile-n{world_size}", on_metric=on_metric)
     finally:
         sampler.close()
+    if job_file.job.kind == "ray_train" and watcher.directory is not None:
+        ray_writes = _ray_checkpoint_writes(watcher.directory)
+        if ray_writes is not None:
+            watcher.writes = ray_writes
     return _summarise(job_file, spec, world_size, batch, result, arrivals, watcher, sampler, gpus), result
+
+
+def _ray_checkpoint_writes(storage: Path) -> dict[int, int] | None:
+    """step -> bytes of each checkpoint a Ray Train fit wrote, from Ray's own record in the
+    storage path (``<name>/checkpoint_manager_snapshot.json``: each checkpoint's directory and
+    the metrics reported with it). Listing the directory at each report line would misplace
+    them: the lines reach the driver late, and Ray rewrites its snapshot after every checkpoint.
+    None when there is no such record."""
+    import json
+
+    writes: dict[int, int] = {}
+    found = False
+    for snapshot in storage.glob("*/checkpoint_manager_snapshot.json"):
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            data = json.loads(snapshot.read_text())
+            indices = data.get("checkpoint_report_indices") or []
+            for i, entry in enumerate(data.get("checkpoint_results") or []):
+                step = (entry.get("metrics") or {}).get("step")
+                if not isinstance(step, (int, float)):
+                    step = indices[i] + 1 if i < len(indices) else None  # the n-th report
+                if step is None:
+                    continue
+                directory = snapshot.parent / str(entry.get("checkpoint_dir_name", ""))
+                size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) if directory.is_dir() else 0
+                writes[int(step)] = size
+                found = True
+    return writes if found else None
 
 
 def _checkpoint_dir(launcher: Launcher, runner: JobRunner, request: RunRequest) -> Path:
