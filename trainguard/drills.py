@@ -26,6 +26,7 @@ import contextlib
 import math
 import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -191,7 +192,9 @@ class _Driver:
             if info.first_exit is None:
                 done = [(rank, code) for rank, code in codes if code is not None]
                 if done:
-                    rank, code = done[0]
+                    # two exits seen in one poll: the launcher's teardown SIGTERMs the others
+                    # after the first death, so a rank ended by SIGTERM came second
+                    rank, code = min(done, key=lambda rc: (rc[1] == -signal.SIGTERM, rc[0]))
                     info.first_exit = (rank, code, launcher.elapsed())
             if (fail_clean and info.first_exit is None and not info.stopped_at_deadline
                     and since > spec.deadline_s):

@@ -1029,7 +1029,7 @@ def log_attempt(runner: JobRunner, handle: RunHandle | None, result: RunResult, 
     if runner.job_file.job.kind == "ray_train":  # the workers' writer logged what it could: the rest
         from trainguard.raytrain.tracking import reconcile
 
-        rows, writer_tags, note = reconcile(result, rows)
+        rows, writer_tags, note = reconcile(result, rows, handle.run_id)
         tracker.set_tags(handle, writer_tags)
         if note:
             tracker.warn(note)

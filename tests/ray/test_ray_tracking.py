@@ -174,6 +174,8 @@ def test_reconcile_logs_only_the_steps_the_writer_did_not(tmp_path: Path) -> Non
     assert [r[2] for r in left] == [5, 6]
     assert tags["trainguard.ray_writer.dropped_rows"] == "2" and tags["trainguard.ray_writer.backfilled_rows"] == "2"
     assert note is not None and "dropped 2 metric row(s)" in note and "store down" in note
+    left, tags, _ = reconcile(result, rows, run_id="another-run")  # it wrote elsewhere: log all
+    assert left == rows and tags["trainguard.ray_writer"] == "none"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -388,6 +388,13 @@ class WorkerWriter:
         # fresh worker) and writing must not take cores from training
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        # import mlflow and open the store now, while training starts, not at the first flush
+        cpu = time.thread_time()
+        with contextlib.suppress(Exception):
+            if not self._stopped:  # e.g. a file store on another machine: never opened
+                self._connect()
+        with self._cond:
+            self.summary.cpu_s += time.thread_time() - cpu
         delay = 0.2
         while True:
             with self._cond:
@@ -513,12 +520,15 @@ def read_summary(run_dir: str | os.PathLike[str], stderr_log: str | os.PathLike[
 
 
 def reconcile(
-    result: RunResult, rows: Sequence[tuple[str, float, int, int]]
+    result: RunResult, rows: Sequence[tuple[str, float, int, int]], run_id: str | None = None
 ) -> tuple[list[tuple[str, float, int, int]], dict[str, str], str | None]:
-    """For a ``ray_train`` launch run: the launcher's metric rows that the workers' writer did
-    not write (so no step is logged twice), tags describing the writer, and a warning when it
-    dropped rows (None otherwise)."""
+    """For a ``ray_train`` launch run (``run_id``): the launcher's metric rows that the workers'
+    writer did not write (so no step is logged twice), tags describing the writer, and a warning
+    when it dropped rows (None otherwise). A writer that logged into another run (the job's env
+    named one) counts as none."""
     summary = read_summary(result.run_dir, result.log_path(0, "stderr"))
+    if summary is not None and run_id and summary.run_id and summary.run_id != run_id:
+        summary = None
     if summary is None:
         return list(rows), {"trainguard.ray_writer": "none", "trainguard.ray_writer.backfilled_rows": str(len(rows))}, None
     keys = summary.keys
