@@ -114,6 +114,7 @@ def test_kill_rank_recovers_through_ray_trains_failure_config(drill: Drill) -> N
     assert "restarted the worker group 1 time(s) in the same fit" in result.summary
 
 
+@pytest.mark.slow  # the default run's Ray budget (~6 fits) holds the clean kill drill only
 def test_kill_rank_with_max_failures_0_fails_the_drill(drill: Drill) -> None:
     result = drill(f"{{name: kill, fault: kill_rank, rank: 1, steps: {STEPS}, after_step: 8}}",
                    max_restarts=0)

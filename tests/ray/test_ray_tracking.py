@@ -256,6 +256,7 @@ def test_workers_log_every_reported_step_exactly_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a Ray fit: the default run's Ray budget is spent on tests/ray/test_digits_ray.py
 @pytest.mark.usefixtures("tracking_on")
 def test_workers_that_cannot_reach_the_store_do_not_stop_training(tmp_path: Path, dead_port: int) -> None:
     """Planted defect: the job points its workers at a tracking server that is down."""
