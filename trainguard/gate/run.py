@@ -367,8 +367,15 @@ def _images(data: dict[str, Any]) -> list[tuple[str, str]]:
             try:
                 from trainguard.profiling.render import PLOTS, render_plots
 
-                profile = json.loads(Path(evidence["report_json"]).read_text(encoding="utf-8"))
-                for key, png in render_plots(profile).items():
+                # the profile wrote its plots next to its report: embed those (rendering them
+                # again costs seconds of matplotlib); render only what is missing
+                run_dir = Path(evidence.get("run_dir") or "")
+                saved = {key: run_dir / f"{key}.png" for key in PLOTS}
+                pngs = {key: path.read_bytes() for key, path in saved.items() if evidence.get("run_dir") and path.is_file()}
+                if not pngs:
+                    profile = json.loads(Path(evidence["report_json"]).read_text(encoding="utf-8"))
+                    pngs = render_plots(profile)
+                for key, png in pngs.items():
                     out.append((f"profile: {PLOTS.get(key, key)}", base64.b64encode(png).decode("ascii")))
             except (OSError, ValueError, KeyError, ImportError):
                 pass
