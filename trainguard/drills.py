@@ -783,6 +783,7 @@ def _judge_continue(c: _Context) -> tuple[CheckStatus, str, dict[str, Any]]:
         problems += c.fault.verify_continue(final)
     except Exception as exc:
         problems.append(f"the fault's own check raised {type(exc).__name__}: {exc}")
+    evidence["fault_evidence"] = c.fault.evidence()  # with what its own check found
     what = f"{spec.fault} on rank {spec.rank} after step {c.info.injected_step} for {spec.duration:g} s"
     if problems:
         evidence["likely_causes"] = list(DRILL_CAUSES["continue"])

@@ -95,6 +95,7 @@ def show(result: CheckResult) -> None:
     print({k: ev[k] for k in keys if k in ev}, f"duration {result.duration_s:.1f} s")
 
 
+@pytest.mark.slow  # the default run's kill drill runs on the Ray example (tests/ray/test_digits_ray.py)
 def test_kill_rank_recovers_through_ray_trains_failure_config(drill: Drill) -> None:
     result = drill(f"{{name: kill, fault: kill_rank, rank: 1, steps: {STEPS}, after_step: 8, "
                    "max_lost_steps: 4}")

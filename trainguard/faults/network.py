@@ -9,7 +9,11 @@ Targets:
 
 * ``service: mlflow`` -- trainguard starts a real ``mlflow server`` on loopback (sqlite store in the
   drill's work dir, its own process group, all of which is stopped in teardown), puts the proxy in
-  front and points the job's ``MLFLOW_TRACKING_URI`` at the proxy;
+  front and points the job's ``MLFLOW_TRACKING_URI`` at the proxy. For a ``kind: ray_train`` job
+  it also creates the drill's run on that server and points the Ray workers' designated writer
+  (:mod:`trainguard.raytrain.tracking`) at it through the proxy: ``TRAINGUARD_MLFLOW_TRACKING_URI``,
+  ``TRAINGUARD_MLFLOW_RUN_ID`` and ``TRAINGUARD_TRACKING=on`` (the drill's runs only; they win
+  over the session's own tracking environment, which may be off);
 * ``upstream: host:port`` -- any service the job reaches; the proxied ``host:port`` is given to the
   job in the environment variable named by ``env`` (default ``TRAINGUARD_PROXY_ADDR``) and is
   :meth:`NetworkFault.placeholders` ``proxy_addr`` for job files.
@@ -29,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
@@ -50,10 +55,15 @@ from trainguard.faults.toxiproxy.toxics import DIRECTIONS, TOXIC_ATTRIBUTES
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
 
-__all__ = ["SERVICES", "LocalMlflowServer", "NetworkFault"]
+__all__ = ["RAY_WRITER_ENV", "SERVICES", "LocalMlflowServer", "NetworkFault"]
 
 #: services trainguard can host behind the proxy
 SERVICES = ("mlflow",)
+#: what ``service: mlflow`` adds for a ``ray_train`` job: the Ray workers' designated writer logs
+#: into the drill's run through the proxy (names from :mod:`trainguard.raytrain.tracking`)
+RAY_WRITER_ENV = ("TRAINGUARD_MLFLOW_TRACKING_URI", "TRAINGUARD_MLFLOW_RUN_ID", "TRAINGUARD_TRACKING")
+#: the experiment the drill's run is created in (on the drill's own MLflow server)
+DRILL_EXPERIMENT = "trainguard-drills"
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MLFLOW_STARTUP_S = 180.0
@@ -144,6 +154,39 @@ class LocalMlflowServer:
         with urllib.request.urlopen(url, timeout=10) as resp:
             return json.loads(resp.read())
 
+    def create_run(self, run_name: str, experiment: str = DRILL_EXPERIMENT) -> str:
+        """A new run in ``experiment`` (created when missing), made on the server directly, not
+        through the proxy; returns its id."""
+        try:
+            experiment_id = self._api("experiments/create", {"name": experiment})["experiment_id"]
+        except urllib.error.HTTPError as exc:
+            if exc.code != 400:  # RESOURCE_ALREADY_EXISTS
+                raise
+            experiment_id = self._get("experiments/get-by-name",
+                                      experiment_name=experiment)["experiment"]["experiment_id"]
+        run = self._api("runs/create", {
+            "experiment_id": experiment_id, "run_name": run_name,
+            "start_time": int(time.time() * 1000),
+            "tags": [{"key": "trainguard.kind", "value": "drill"}],
+        })
+        return str(run["run"]["info"]["run_id"])
+
+    def end_run(self, run_id: str, status: str = "FINISHED") -> None:
+        """Mark ``run_id`` ended (the drill is over)."""
+        self._api("runs/update", {"run_id": run_id, "status": status,
+                                  "end_time": int(time.time() * 1000)})
+
+    def _history(self, run_id: str, key: str) -> set[int]:
+        history = self._get("metrics/get-history", run_id=run_id, metric_key=key,
+                            max_results="100000")
+        return {int(m.get("step", 0)) for m in history.get("metrics", [])}
+
+    def run_steps(self, run_id: str) -> dict[str, set[int]]:
+        """Metric key -> every step logged for it in the run ``run_id``."""
+        run = self._get("runs/get", run_id=run_id)["run"]
+        return {m["key"]: self._history(run_id, m["key"])
+                for m in run.get("data", {}).get("metrics", [])}
+
     def logged_steps(self) -> dict[str, set[int]]:
         """Metric key -> every step logged for it, over all runs of all experiments."""
         experiments = self._api("experiments/search", {"max_results": 1000}).get("experiments", [])
@@ -158,10 +201,8 @@ class LocalMlflowServer:
             for run in answer.get("runs", []):
                 run_id = run["info"]["run_id"]
                 for metric in run.get("data", {}).get("metrics", []):
-                    history = self._get("metrics/get-history", run_id=run_id,
-                                        metric_key=metric["key"], max_results="100000")
                     steps.setdefault(metric["key"], set()).update(
-                        int(m.get("step", 0)) for m in history.get("metrics", []))
+                        self._history(run_id, metric["key"]))
             token = answer.get("next_page_token")
             if not token:
                 break
@@ -211,6 +252,31 @@ class LocalMlflowServer:
         self.stop()
 
 
+def _printed_steps(result: RunResult) -> dict[str, dict[int, set[int]]]:
+    """Metric name -> rank -> the steps the job printed."""
+    printed: dict[str, dict[int, set[int]]] = {}
+    for point in result.points:
+        printed.setdefault(point.name, {}).setdefault(point.rank, set()).add(point.step)
+    return printed
+
+
+def _missing(printed: dict[str, dict[int, set[int]]],
+             stored: Mapping[str, set[int]]) -> list[tuple[str, set[int], list[int]]]:
+    """(name, steps printed by the lowest rank that printed it, those not stored) per metric
+    with missing steps."""
+    out = []
+    for name, by_rank in sorted(printed.items()):
+        steps = by_rank[min(by_rank)]
+        missing = sorted(steps - stored.get(name, set()))
+        if missing:
+            out.append((name, steps, missing))
+    return out
+
+
+def _shown(steps: list[int]) -> str:
+    return ", ".join(map(str, steps[:10])) + (" ..." if len(steps) > 10 else "")
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -248,6 +314,10 @@ class NetworkFault(Fault):
         self.server_version: str | None = None
         self.inject_api_ms: float | None = None
         self.errors: list[str] = []
+        #: ``service: mlflow`` on a ``ray_train`` job: the run the workers' writer logs into
+        self.drill_run_id: str | None = None
+        #: what :meth:`verify_continue` found for a ``ray_train`` job (the writer, the run's steps)
+        self.ray_writer: dict[str, Any] = {}
         self._launcher: Launcher | None = None
         self._stack = contextlib.ExitStack()
         self._active = False
@@ -328,12 +398,31 @@ class NetworkFault(Fault):
             proxy = self.client.create_proxy(self.proxy_name, self.upstream_address)
             self._stack.callback(self._delete_proxy)
             self.proxy_address = self.client.proxy_address(proxy)
+            if self.mlflow is not None and ctx.ray_train:
+                self._create_drill_run(ctx)
         except ToxiproxyError as exc:
             self.teardown()
             raise FaultUnavailable(f"the network fault's proxy could not be set up: {exc}") from None
         except BaseException:
             self.teardown()
             raise
+
+    def _create_drill_run(self, ctx: FaultContext) -> None:
+        """The run a ``ray_train`` job's designated writer logs into during the drill."""
+        assert self.mlflow is not None
+        mlflow = self.mlflow
+        try:
+            self.drill_run_id = mlflow.create_run(f"drill-{Path(ctx.work_dir).parent.name}")
+        except (OSError, ValueError, KeyError) as exc:
+            raise FaultUnavailable(f"the network fault could not create the drill's run on its "
+                                   f"MLflow server ({mlflow.url}): {exc}") from None
+        run_id = self.drill_run_id
+
+        def end() -> None:  # before the server stops (the stack unwinds in reverse)
+            with contextlib.suppress(OSError, ValueError):
+                mlflow.end_run(run_id)
+
+        self._stack.callback(end)
 
     def placeholders(self) -> dict[str, str]:
         """``{proxy_addr}`` for a job file's command or env (available after :meth:`setup`)."""
@@ -343,7 +432,14 @@ class NetworkFault(Fault):
         if self.proxy_address is None:
             return {}
         if self.params["service"] == "mlflow":
-            return {"MLFLOW_TRACKING_URI": f"http://{self.proxy_address}"}
+            url = f"http://{self.proxy_address}"
+            env = {"MLFLOW_TRACKING_URI": url}
+            if self.drill_run_id is not None:
+                # a ray_train job: its workers' designated writer logs through the proxy into the
+                # drill's run, even when the session's tracking is off (the runner lets this win
+                # over its own tracking environment)
+                env.update(dict(zip(RAY_WRITER_ENV, (url, self.drill_run_id, "on"), strict=True)))
+            return env
         return {str(self.params["env"]): self.proxy_address}
 
     def inject(self, launcher: Launcher) -> None:
@@ -435,18 +531,22 @@ class NetworkFault(Fault):
             "inject_api_ms": None if self.inject_api_ms is None else round(self.inject_api_ms, 2),
             "mlflow_started_in_s": (None if self.mlflow is None or self.mlflow.started_in_s is None
                                     else round(self.mlflow.started_in_s, 2)),
+            **({"drill_run_id": self.drill_run_id} if self.drill_run_id else {}),
+            **({"ray_writer": dict(self.ray_writer)} if self.ray_writer else {}),
             "errors": list(self.errors),
         }
 
     def verify_continue(self, result: RunResult) -> list[str]:
         """For ``service: mlflow``: every step of every metric the job printed (on the lowest
         rank that printed it) must be in the MLflow store, in some run -- logged through the
-        proxy during or after the fault, nothing dropped. Read from the server directly."""
+        proxy during or after the fault, nothing dropped. Read from the server directly. For a
+        ``ray_train`` job: in the drill's run, and the workers' writer must have run and dropped
+        no row (:meth:`writer_problems`)."""
         if self.mlflow is None or self.mlflow.port is None:
             return []
-        printed: dict[str, dict[int, set[int]]] = {}
-        for point in result.points:
-            printed.setdefault(point.name, {}).setdefault(point.rank, set()).add(point.step)
+        if self.drill_run_id is not None:
+            return self._verify_ray_writer(result)
+        printed = _printed_steps(result)
         try:
             stored = self.mlflow.logged_steps()
         except (OSError, ValueError) as exc:
@@ -455,14 +555,53 @@ class NetworkFault(Fault):
         if printed and not stored:
             return [f"the job logged no metric to MLflow (MLFLOW_TRACKING_URI=http://"
                     f"{self.proxy_address}): nothing arrived in the tracking store"]
+        return [f"{len(missing)} of {len(steps)} steps of metric {name!r} printed by the job never "
+                f"reached the MLflow store (steps {_shown(missing)})"
+                for name, steps, missing in _missing(printed, stored)]
+
+    def writer_problems(self, result: RunResult) -> list[str]:
+        """A ``ray_train`` job: what the workers' designated writer recorded (its summary in the
+        attempt's run directory, or its line on the driver's stderr) -- it must have run, logged
+        into the drill's run and dropped nothing. Fills :attr:`ray_writer`."""
+        from trainguard.raytrain.tracking import SUMMARY_FILE, read_summary
+
+        summary = read_summary(result.run_dir, result.log_path(0, "stderr"))
+        if summary is None:
+            self.ray_writer["writer"] = None
+            return [f"the Ray workers' designated MLflow writer (world rank 0) never ran: no "
+                    f"{SUMMARY_FILE} in {result.run_dir} and no `trainguard-tracking` line on the "
+                    "driver's stderr (mlflow missing in the workers? the workers' environment "
+                    "without TRAINGUARD_MLFLOW_RUN_ID?)"]
+        self.ray_writer["writer"] = {k: v for k, v in summary.to_dict().items()
+                                     if k not in ("written_steps", "dropped_steps")}
         problems = []
-        for name, by_rank in sorted(printed.items()):
-            steps = by_rank[min(by_rank)]
-            missing = sorted(steps - stored.get(name, set()))
-            if missing:
-                shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
-                problems.append(f"{len(missing)} of {len(steps)} steps of metric {name!r} printed "
-                                f"by the job never reached the MLflow store (steps {shown})")
+        if summary.run_id and summary.run_id != self.drill_run_id:
+            problems.append(f"the Ray workers' writer logged into run {summary.run_id}, not the "
+                            f"drill's run {self.drill_run_id}")
+        if summary.dropped_rows:
+            steps = sorted(summary.dropped_steps)
+            problems.append(f"the Ray workers' writer dropped {summary.dropped_rows} metric row(s) "
+                            f"of {len(steps)} step(s) (steps {_shown(steps)}): "
+                            f"{summary.reason or 'no reason recorded'}")
+        return problems
+
+    def _verify_ray_writer(self, result: RunResult) -> list[str]:
+        """``service: mlflow`` on a ``ray_train`` job: the writer ran and dropped nothing, and
+        every reported step of every metric is in the drill's run (read from the server)."""
+        assert self.mlflow is not None and self.drill_run_id is not None
+        problems = self.writer_problems(result)
+        printed = _printed_steps(result)
+        try:
+            stored = self.mlflow.run_steps(self.drill_run_id)
+        except (OSError, ValueError, KeyError) as exc:
+            return [*problems, f"the drill's MLflow run {self.drill_run_id} at {self.mlflow.url} "
+                    f"could not be read to check that every metric arrived: {exc}"]
+        self.ray_writer["stored_steps"] = {k: len(v) for k, v in sorted(stored.items())}
+        self.ray_writer["reported_steps"] = {k: len(v[min(v)]) for k, v in sorted(printed.items())}
+        problems += [f"{len(missing)} of {len(steps)} steps of metric {name!r} reported by the Ray "
+                     f"workers never reached the drill's MLflow run {self.drill_run_id} "
+                     f"(steps {_shown(missing)})"
+                     for name, steps, missing in _missing(printed, stored)]
         return problems
 
     def classify(self, result: RunResult) -> str:

@@ -11,7 +11,10 @@ training.
 Config keys: ``steps``, ``seed``, ``ckpt_every`` (3), ``sleep`` (seconds per step, 0.2),
 ``ballast_mb`` (memory each worker holds, 0), and planted defects: ``ignore_checkpoint`` (never
 resume), ``swallow_checkpoint_errors`` (a failed checkpoint report is caught and training goes
-on without it).
+on without it), ``sync_mlflow`` (rank 0 logs the loss with MLflow's fluent API,
+``mlflow.log_metric``, inside the loop: a synchronous call to the store at
+``MLFLOW_TRACKING_URI`` each step, so a slow tracking server slows training; the network drill
+must catch it -- only when ``MLFLOW_TRACKING_URI`` is set, so no ``./mlruns`` is written here).
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ def train_func(config: dict[str, Any]) -> None:
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     ballast = bytearray(int(config.get("ballast_mb", 0)) * 2**20)  # noqa: F841 -- held on purpose
+    sync_mlflow = bool(config.get("sync_mlflow")) and rank == 0 and bool(os.environ.get("MLFLOW_TRACKING_URI"))
+    if sync_mlflow:
+        import mlflow
 
     step, weight = 0, 1.0
     checkpoint = None if config.get("ignore_checkpoint") else ray.train.get_checkpoint()
@@ -72,3 +78,5 @@ def train_func(config: dict[str, Any]) -> None:
                     ray.train.report(metrics)
         else:
             ray.train.report(metrics)
+        if sync_mlflow:
+            mlflow.log_metric("loss", loss, step=step)  # the defect: blocks on the store
