@@ -3,7 +3,7 @@
 A real local Ray, a real ``mlflow server`` and trainguard's Toxiproxy-compatible proxy in front
 of it. The drill (``fault: network, service: mlflow``) points the Ray workers' designated writer
 (world rank 0, :mod:`trainguard.raytrain.tracking`) at the proxied server and a run it created
-there -- with the session's tracking off, as tests/conftest.py sets it -- adds 2 s of latency to
+there -- with the session's tracking off, as tests/conftest.py sets it -- adds 3 s of latency to
 every answer after step 8 for ``duration`` seconds, and expects ``continue``:
 
 * clean (tests/data/jobs/toy_ray.py as is): the writer logs from a background thread, so the
@@ -54,9 +54,9 @@ job:
   stall_timeout: 120
 checks:
   drills:
-    - {{name: slow-tracking, fault: network, steps: 40, after_step: 8, duration: 6,
+    - {{name: slow-tracking, fault: network, steps: 40, after_step: 8, duration: 8,
         expect: continue, min_rate: {min_rate},
-        params: {{service: mlflow, toxic: latency, attributes: {{latency: 2000}}}}}}
+        params: {{service: mlflow, toxic: latency, attributes: {{latency: 3000}}}}}}
 """
 
 Drill = Callable[[str], CheckResult]
