@@ -306,6 +306,21 @@ def _new_stderr(result: RunResult, info: _Injection, rank: int) -> str:
     return ""
 
 
+def _recovered_run_problems(c: _Context, spec: DrillSpec, diff: TrajectoryDiff, evidence: dict[str, Any]) -> list[str]:
+    """A recovered run must match the uninterrupted one: its trajectory and its final checkpoint."""
+    problems = []
+    problem = _diff_problem(c.metric, diff, "recovered run")
+    if problem:
+        problems.append(problem)
+    state = compare_checkpoint_dirs(c.checkpoint_dir, Path(c.reference.evidence["checkpoint_dir"]),
+                                    rtol=spec.rtol, atol=spec.atol)
+    evidence["checkpoint"] = state.as_evidence()
+    if state.compared and not state.ok:
+        keys = ", ".join(k for k, _ in state.differing[:5])
+        problems.append(f"the final checkpoint differs from the uninterrupted run's ({keys})")
+    return problems
+
+
 def _diff_problem(metric: str, diff: TrajectoryDiff, what: str) -> str | None:
     if diff.ok:
         return None
@@ -527,15 +542,7 @@ def _judge_recover(c: _Context) -> tuple[CheckStatus, str, dict[str, Any]]:
     if spec.max_lost_steps is not None and lost > spec.max_lost_steps:
         problems.append(f"{lost} steps of progress lost (max_lost_steps {spec.max_lost_steps})")
     if run.ok:
-        problem = _diff_problem(c.metric, diff, "recovered run")
-        if problem:
-            problems.append(problem)
-        state = compare_checkpoint_dirs(c.checkpoint_dir, Path(c.reference.evidence["checkpoint_dir"]),
-                                        rtol=spec.rtol, atol=spec.atol)
-        evidence["checkpoint"] = state.as_evidence()
-        if state.compared and not state.ok:
-            keys = ", ".join(k for k, _ in state.differing[:5])
-            problems.append(f"the final checkpoint differs from the uninterrupted run's ({keys})")
+        problems += _recovered_run_problems(c, spec, diff, evidence)
     first = run.attempts[0]
     detected = evidence["detected_after_s"]
     what = (f"{spec.fault} on rank {spec.rank} after step {c.info.injected_step}: "
@@ -645,15 +652,7 @@ def _judge_ray_recover(c: _Context) -> tuple[CheckStatus, str, dict[str, Any]]:
     if spec.max_lost_steps is not None and lost is not None and lost > spec.max_lost_steps:
         problems.append(f"{lost} steps of progress lost (max_lost_steps {spec.max_lost_steps})")
     if run.ok:
-        problem = _diff_problem(c.metric, diff, "recovered run")
-        if problem:
-            problems.append(problem)
-        state = compare_checkpoint_dirs(c.checkpoint_dir, Path(c.reference.evidence["checkpoint_dir"]),
-                                        rtol=spec.rtol, atol=spec.atol)
-        evidence["checkpoint"] = state.as_evidence()
-        if state.compared and not state.ok:
-            keys = ", ".join(k for k, _ in state.differing[:5])
-            problems.append(f"the final checkpoint differs from the uninterrupted run's ({keys})")
+        problems += _recovered_run_problems(c, spec, diff, evidence)
     what = f"{spec.fault} on the Ray worker of rank {spec.rank} after step {c.info.injected_step}"
     if problems:
         evidence["likely_causes"] = [

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import resource
 import threading
 import time
@@ -41,6 +40,7 @@ from typing import Any, Literal
 import psutil
 
 from trainguard.config import HeadroomSearch, ProfileCheck
+from trainguard.faults.hook import rank_stderr
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.runner import JobRunner, RunRequest
 
@@ -242,11 +242,11 @@ def classify_probe(result: RunResult, oom_kills: dict[int, int] | None = None) -
     if result.outcome in ("hung", "timeout", "interrupted", "stopped"):
         return "error", f"{result.outcome}: {result.reason}"
     for rank in _rank_order(result):
-        text = _stderr_end(result, rank)
+        text = rank_stderr(result, rank)
         for needle, name in _OOM_TEXT:
             if needle in text:
                 return "oom", f"rank {rank}: {name}"
-    last = _last_line(_stderr_end(result, result.failed_rank or 0))
+    last = _last_line(rank_stderr(result, result.failed_rank or 0))
     detail = result.reason or result.outcome
     return "error", f"{detail}" + (f" ({last})" if last else "")
 
@@ -257,14 +257,6 @@ def _rank_order(result: RunResult) -> list[int]:
     return ([first] if first is not None else []) + [r for r in ranks if r != first]
 
 
-def _stderr_end(result: RunResult, rank: int, max_bytes: int = 16384) -> str:
-    try:
-        with open(result.log_path(rank), "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
-            return f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return result.stderr_tail if rank == (result.failed_rank or 0) else ""
 
 
 def _last_line(text: str) -> str:
