@@ -138,16 +138,23 @@ def search_batch(
     def stop(stopped: Stopped, reason: str) -> SearchOutcome:
         return SearchOutcome(probes, lo, hi, stopped, reason)
 
-    batch = max(_round_down(start, step), step)
-    while True:
+    def try_batch(batch: int, where: str) -> SearchOutcome | str:
+        """Probe ``batch``: its outcome ("ok"/"oom"), or the outcome that ends the search."""
         if len(probes) >= max_probes:
-            return stop("probe_limit", f"probe limit ({max_probes}) reached while growing the batch")
+            return stop("probe_limit", f"probe limit ({max_probes}) reached {where}")
         result = probe(batch)
         probes.append(result)
         if result.outcome == "error":
             return stop("other_failure", f"batch {batch} failed for a reason other than memory: "
                         f"{result.detail}")
-        if result.outcome == "oom":
+        return result.outcome
+
+    batch = max(_round_down(start, step), step)
+    while True:
+        outcome = try_batch(batch, "while growing the batch")
+        if isinstance(outcome, SearchOutcome):
+            return outcome
+        if outcome == "oom":
             hi = batch
             break
         lo = batch
@@ -161,14 +168,10 @@ def search_batch(
         mid = _round_down((lo + hi) / 2, step)
         if mid <= lo:
             break
-        if len(probes) >= max_probes:
-            return stop("probe_limit", f"probe limit ({max_probes}) reached between {lo} and {hi}")
-        result = probe(mid)
-        probes.append(result)
-        if result.outcome == "error":
-            return stop("other_failure", f"batch {mid} failed for a reason other than memory: "
-                        f"{result.detail}")
-        if result.outcome == "oom":
+        outcome = try_batch(mid, f"between {lo} and {hi}")
+        if isinstance(outcome, SearchOutcome):
+            return outcome
+        if outcome == "oom":
             hi = mid
         else:
             lo = mid
