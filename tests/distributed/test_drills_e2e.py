@@ -77,8 +77,8 @@ def no_stopped_leftovers(result: CheckResult) -> None:
 def test_kill_rank_recover_passes_on_the_clean_job_and_catches_exit_only_checkpoints(tmp_path: Path) -> None:
     path = job_file(
         tmp_path,
-        "{name: kill, fault: kill_rank, rank: 1, steps: 12, after_step: 6, max_lost_steps: 5}",
-        "{name: kill-exit-ckpt, fault: kill_rank, rank: 1, steps: 12, after_step: 6, args: --ckpt-at-exit-only}",
+        "{name: kill, fault: kill_rank, rank: 1, steps: 24, after_step: 6, max_lost_steps: 5}",
+        "{name: kill-exit-ckpt, fault: kill_rank, rank: 1, steps: 24, after_step: 6, args: --ckpt-at-exit-only}",
     )
     clean = run(path, "kill")
     assert clean.status == "passed", clean.summary
@@ -87,7 +87,7 @@ def test_kill_rank_recover_passes_on_the_clean_job_and_catches_exit_only_checkpo
     assert ev["first_exit"] == {"rank": 1, "returncode": -9}
     assert ev["attempts"][0]["outcome"] == "failed" and ev["attempts"][0]["failed_rank"] == 1
     assert 0 <= ev["detected_after_s"] < 2.0  # the watchdog polls every 50 ms; wide margin
-    assert ev["trajectory"]["compared_steps"] == 12 and ev["trajectory"]["first_divergent_step"] is None
+    assert ev["trajectory"]["compared_steps"] == 24 and ev["trajectory"]["first_divergent_step"] is None
     assert ev["step_rate"]["before"] > 0 and ev["step_rate"]["after_restart"] > 0
     assert "recovered with 1 restart(s)" in clean.summary
 
@@ -102,7 +102,7 @@ def test_hang_recover_detects_the_stall_dumps_stacks_and_restarts(tmp_path: Path
     # --sync-timeout 0: the peer waits without a timeout; trainguard's stall detection must act
     path = job_file(
         tmp_path,
-        "{name: hang, fault: hang, rank: 1, steps: 12, after_step: 6, stall_timeout: 2, args: --sync-timeout 0}",
+        "{name: hang, fault: hang, rank: 1, steps: 24, after_step: 6, stall_timeout: 2, args: --sync-timeout 0}",
     )
     result = run(path, "hang")
     assert result.status == "passed", result.summary
@@ -122,8 +122,8 @@ def test_hang_recover_detects_the_stall_dumps_stacks_and_restarts(tmp_path: Path
 def test_hang_fail_clean_passes_with_a_collective_timeout_and_catches_a_job_without_one(tmp_path: Path) -> None:
     path = job_file(
         tmp_path,
-        "{name: timeout, fault: hang, rank: 1, steps: 12, after_step: 6, expect: fail_clean, deadline: 8}",
-        "{name: no-timeout, fault: hang, rank: 1, steps: 12, after_step: 6, expect: fail_clean, "
+        "{name: timeout, fault: hang, rank: 1, steps: 24, after_step: 6, expect: fail_clean, deadline: 8}",
+        "{name: no-timeout, fault: hang, rank: 1, steps: 24, after_step: 6, expect: fail_clean, "
         "deadline: 4, args: --sync-timeout 0}",
     )
     clean = run(path, "timeout")
@@ -142,7 +142,7 @@ def test_hang_fail_clean_passes_with_a_collective_timeout_and_catches_a_job_with
 
 
 def test_the_drill_command_and_library(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = job_file(tmp_path, "{name: kill, fault: kill_rank, rank: 0, steps: 10, after_step: 6, params: {signal: SIGTERM}}")
+    path = job_file(tmp_path, "{name: kill, fault: kill_rank, rank: 0, steps: 24, after_step: 6, params: {signal: SIGTERM}}")
     assert main(["drill", str(path), "--only", "kill"]) == 0
     out = capsys.readouterr().out
     assert "PASSED  drill:kill: kill_rank on rank 0 after step 6" in out
@@ -156,20 +156,20 @@ def test_the_drill_command_and_library(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_drills_from_pytest_items_and_the_fault_marker(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
-    job_file(pytester.path, "{name: kill, fault: kill_rank, rank: 1, steps: 10, after_step: 6}")
+    job_file(pytester.path, "{name: kill, fault: kill_rank, rank: 1, steps: 24, after_step: 6}")
     shutil.move(pytester.path / "drills.trainguard.yaml", pytester.path / "trainguard.yaml")
     pytester.makeini("[pytest]\naddopts = -p no:hypothesispytest\n")
     pytester.makepyfile(
         test_user="""
         import pytest
 
-        @pytest.mark.fault("kill_rank", rank=1, steps=10, after_step=6, signal="SIGINT")
+        @pytest.mark.fault("kill_rank", rank=1, steps=24, after_step=6, signal="SIGINT")
         def test_survives_ctrl_c(tg_drill):
             result = tg_drill("trainguard.yaml", max_lost_steps=4)
             assert result.evidence["restarts"] == 1
             assert result.evidence["fault_evidence"]["signal"] == "SIGINT"
 
-        @pytest.mark.fault("kill_rank", rank=1, steps=10, after_step=6)
+        @pytest.mark.fault("kill_rank", rank=1, steps=24, after_step=6)
         def test_catches_exit_only_checkpoints(tg_drill):
             result = tg_drill("trainguard.yaml", args=["--ckpt-at-exit-only"], must_pass=False)
             assert result.status == "failed" and "all progress lost" in result.summary

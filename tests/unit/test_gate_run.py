@@ -34,7 +34,7 @@ checks:
   smoke: {steps: 5}
   determinism: {steps: 8}
   drills:
-    - {name: kill, fault: kill_rank, rank: 1, steps: 12, after_step: 6}
+    - {name: kill, fault: kill_rank, rank: 1, steps: 24, after_step: 6}
 gate:
   require: [smoke, determinism, drills]
   queue: slurm
