@@ -22,7 +22,7 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,7 @@ from trainguard.baseline import canary_baseline
 from trainguard.config import CanaryCheck
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.report import CheckResult
-from trainguard.runner import JobRunner
+from trainguard.runner import JobRunner, RunRequest
 
 __all__ = [
     "LossVerdict",
@@ -233,24 +233,37 @@ def _limit_problem(result: RunResult, spec: CanaryCheck, scale: float) -> str | 
     return text
 
 
+def canary_request(runner: JobRunner, spec: CanaryCheck) -> RunRequest:
+    """The canary's run: its steps and seed, its time and memory limits."""
+    return dataclasses.replace(
+        runner.request_for(spec),
+        timeout=spec.max_seconds if spec.max_seconds is not None else spec.timeout,
+        max_rss_mb=spec.max_memory_mb,
+    )
+
+
+def canary_on_metric(spec: CanaryCheck) -> Callable[[MetricPoint, Launcher], None]:
+    """Stops a job that runs past the canary's steps (it ignored ``--steps``)."""
+
+    def steps_limit(point: MetricPoint, launcher: Launcher) -> None:
+        if point.name == "loss" and point.step > spec.steps:
+            launcher.stop(f"the job printed step {point.step}, past the limit of {spec.steps} steps")
+
+    return steps_limit
+
+
 def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
     """Run the job for ``steps`` steps within ``max_seconds`` and ``max_memory_mb``; its loss
     must stay finite, never spike above ``spike_factor`` x its running median and fall by
     ``min_loss_drop`` (median of an early window vs a late one); ``val_metric`` must fall by
     ``min_val_drop`` and ``grad_norm`` stay inside ``grad_norm_range`` when configured."""
     started = time.monotonic()
-    request = dataclasses.replace(
-        runner.request_for(spec),
-        timeout=spec.max_seconds if spec.max_seconds is not None else spec.timeout,
-        max_rss_mb=spec.max_memory_mb,
-    )
+    request = canary_request(runner, spec)
     reproduce = runner.command_line(request)
-
-    def steps_limit(point: MetricPoint, launcher: Launcher) -> None:
-        if point.name == "loss" and point.step > spec.steps:
-            launcher.stop(f"the job printed step {point.step}, past the limit of {spec.steps} steps")
-
-    result = runner.run(request, label="canary", on_metric=steps_limit)
+    # started early beside the checks before it (trainguard.checks.lane_plan), else now
+    result = runner.take_ahead("canary", request)
+    if result is None:
+        result = runner.run(request, label="canary", on_metric=canary_on_metric(spec))
     runner.offer_reference(request, result)  # determinism/resume/parallel of the same run reuse it
     limit_s = (request.timeout or runner.job_file.job.timeout) * runner.settings.timeout_scale
     loss = judge_loss(
@@ -276,6 +289,8 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
         "peak_rss_mb": {str(r): mb for r, mb in sorted(result.peak_rss_mb.items())},
         "loss": loss.as_evidence(),
         "run_dir": str(result.run_dir),
+        # the run may have started beside the check before it: its time is not an idle figure
+        **({"started_ahead": result.evidence["started_ahead"]} if "started_ahead" in result.evidence else {}),
     }
     if result.peak_gpu_mb:
         evidence["peak_gpu_mb"] = {str(r): mb for r, mb in sorted(result.peak_gpu_mb.items())}

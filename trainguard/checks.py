@@ -7,14 +7,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from trainguard.config import CheckSpec, JobFile
 from trainguard.report import CheckResult, Report
-from trainguard.runner import JobRunner
+from trainguard.runner import AheadRun, JobRunner
 
-__all__ = ["available_checks", "check", "run_check", "run_checks"]
+__all__ = ["available_checks", "check", "lane_plan", "run_check", "run_checks", "run_in_order"]
+
+#: checks whose runs are not timed against anything: runs of later checks may start beside them
+#: (the profile and the drills measure speed and detection latency, so they run alone)
+LANE_CHECKS = ("smoke", "canary", "determinism", "resume", "parallel")
 
 
 def _registry() -> dict[str, Callable[[JobRunner, Any], CheckResult]]:
@@ -53,6 +57,7 @@ def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
     from trainguard.tracking import track_check
 
     started = time.monotonic()
+    runner.current_check = name
     with track_check(runner, name, spec) as record:
         if name.startswith("drill:") and getattr(spec, "expectation", "continue") != "continue":
             # the drill compares with an uninterrupted run: start it while the fault run starts
@@ -70,6 +75,52 @@ def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
     return result
 
 
+def lane_plan(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) -> list[AheadRun]:
+    """The runs of later checks that can start early, beside the checks before them: the
+    canary's run and determinism's second run (independent runs of a known request, not timed
+    against anything). Only when some check runs before the one that needs it."""
+    from trainguard.canary import canary_on_metric, canary_request
+
+    names = [n for n, _ in checks]
+    plan: list[AheadRun] = []
+    for position, (name, spec) in enumerate(checks):
+        if position == 0 or any(n not in LANE_CHECKS for n in names[:position]):
+            continue
+        if name == "canary":
+            request = canary_request(runner, spec)  # type: ignore[arg-type]
+            plan.append(AheadRun("canary", request, "canary", on_metric=canary_on_metric(spec)))  # type: ignore[arg-type]
+        elif name == "determinism":
+            plan.append(AheadRun("determinism", runner.request_for(spec), "determinism-repeat"))
+    return plan
+
+
+def run_in_order(
+    runner: JobRunner,
+    checks: Sequence[tuple[str, CheckSpec]],
+    report: Report,
+    *,
+    on_start: Callable[[str], None] | None = None,
+    on_result: Callable[[CheckResult], None] | None = None,
+) -> Report:
+    """Run ``checks`` one after the other into ``report``, with the runs of :func:`lane_plan`
+    started in the runner's background lane; the lane is closed before the first check that
+    measures speed (and at the end, whatever happens)."""
+    runner.current_check = checks[0][0] if checks else None  # what the lane's first run is beside
+    runner.start_lane(lane_plan(runner, checks))
+    try:
+        for name, spec in checks:
+            if name not in LANE_CHECKS:
+                runner.close_lane()
+            if on_start is not None:
+                on_start(name)
+            result = report.add(run_check(runner, name, spec))
+            if on_result is not None:
+                on_result(result)
+    finally:
+        runner.close_lane()
+    return report
+
+
 def run_checks(
     job_file: JobFile,
     runner: JobRunner,
@@ -79,11 +130,7 @@ def run_checks(
 ) -> Report:
     """Run the job file's checks (or ``only`` those) and collect a report."""
     report = Report(job=job_file.job.name, job_file=str(job_file.path))
-    for name, spec in job_file.enabled_checks(only):
-        result = report.add(run_check(runner, name, spec))
-        if on_result is not None:
-            on_result(result)
-    return report
+    return run_in_order(runner, job_file.enabled_checks(only), report, on_result=on_result)
 
 
 def check(

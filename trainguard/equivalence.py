@@ -139,7 +139,8 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
     reproduce = f"run twice and diff: {runner.command_line(request)}"
     runner.prefetch(request)  # the two runs are independent: their start-ups may overlap
     try:
-        second = runner.run(request, label="determinism-repeat")
+        # the second run may have started early beside the checks before this one (lane_plan)
+        second = runner.take_ahead("determinism", request) or runner.run(request, label="determinism-repeat")
     except BaseException:
         runner.stop_background("the determinism check was interrupted")
         raise
@@ -163,6 +164,9 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
         "metrics": [d.as_evidence() for d in diffs],
         "run_dirs": [str(first.run_dir), str(second.run_dir)],
     }
+    for run in (first, second):
+        if "started_ahead" in run.evidence:
+            evidence.setdefault("started_ahead", {})[str(run.run_dir)] = run.evidence["started_ahead"]
     duration = time.monotonic() - started
     if not diffs:
         return CheckResult(

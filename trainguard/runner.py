@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainguard.gate.local_ray import LocalRay
     from trainguard.tracking import Tracker
 
-__all__ = ["JobRunner", "RunRequest", "SupervisedRun"]
+__all__ = ["AheadRun", "JobRunner", "RunRequest", "SupervisedRun"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,22 @@ class SupervisedRun:
 _warmed = threading.Event()
 
 
+@dataclass
+class AheadRun:
+    """A run a later check will need, started early in the runner's background lane (see
+    :meth:`JobRunner.start_lane`): ``check`` takes it with :meth:`JobRunner.take_ahead`."""
+
+    check: str
+    request: RunRequest
+    label: str
+    on_metric: Callable[[MetricPoint, Launcher], None] | None = None
+    #: its result; None when the lane was closed before it started
+    future: Future[RunResult | None] = field(default_factory=Future, repr=False)
+    tracked: object = field(default=None, repr=False)  # its MLflow launch run, re-nested on take
+    #: the check running in the foreground when this run started (the report says so)
+    beside: str | None = None
+
+
 def _warm_torch_import() -> None:
     """Import torch in a background thread while the first run starts: the checks load its
     checkpoints in this process later, and the import (2-3 s of one core) then overlaps the
@@ -128,6 +144,11 @@ class JobRunner:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _inflight: set[Launcher] = field(default_factory=set, repr=False)
     _parent: JobRunner | None = field(default=None, repr=False)
+    _lane: list[AheadRun] = field(default_factory=list, repr=False)
+    _lane_closed: threading.Event = field(default_factory=threading.Event, repr=False)
+    _lane_thread: threading.Thread | None = field(default=None, repr=False)
+    #: the check running in the foreground (set by :func:`trainguard.checks.run_check`)
+    current_check: str | None = None
 
     def sibling(self, job_file: JobFile) -> JobRunner:
         """A runner of a variant of this job file (another batch size, say) with the same
@@ -153,6 +174,7 @@ class JobRunner:
     def close(self) -> None:
         """Stop what this runner started for its runs (background reference runs, the embedded
         Ray head). Idempotent."""
+        self.close_lane()
         self.stop_background("the runner was closed")
         if self._ray is not None:
             self._ray.stop()
@@ -183,6 +205,7 @@ class JobRunner:
         checkpoint_dir: Path | None = None,
         on_metric: Callable[[MetricPoint, Launcher], None] | None = None,
         restart_count: int = 0,
+        ahead: AheadRun | None = None,
     ) -> RunResult:
         """Launch one run in a new run directory (``checkpoint_dir`` given: reuse that one)."""
         run_dir = new_run_dir(
@@ -190,7 +213,9 @@ class JobRunner:
         )
         values = self.placeholders(request, run_dir, checkpoint_dir)
         _warm_torch_import()
-        tracked = self._track_start(request, label, resume)
+        tracked = self._track_start(request, label, resume, ahead_of=ahead.check if ahead else None)
+        if ahead is not None:
+            ahead.tracked = tracked
         launched = time.monotonic()
         try:
             result = self._launch(
@@ -267,12 +292,13 @@ class JobRunner:
                 break
         return SupervisedRun(attempts, run_dir, Path(str(values["checkpoint_dir"])))
 
-    def _track_start(self, request: RunRequest, label: str, resume: bool) -> object:
+    def _track_start(self, request: RunRequest, label: str, resume: bool, ahead_of: str | None = None) -> object:
         if self.tracker is None:
             return None
         from trainguard.tracking import start_launch
 
-        return start_launch(self, request, label=label, command=self.command_line(request, resume=resume))
+        return start_launch(self, request, label=label, command=self.command_line(request, resume=resume),
+                            ahead_of=ahead_of)
 
     def _track_attempt(self, tracked: object, result: RunResult, attempt: int, *, final: bool) -> None:
         if self.tracker is None or tracked is None:
@@ -458,6 +484,71 @@ class JobRunner:
             running = list(self._inflight)
         for launcher in running:
             launcher.stop(reason)
+
+    def start_lane(self, runs: Sequence[AheadRun]) -> None:
+        """Launch ``runs`` one after the other in one background thread while the checks before
+        the ones that need them run in the foreground (on a 2-core machine two start-ups overlap
+        well; a third would only queue). Each is taken by its check with :meth:`take_ahead`;
+        :meth:`close_lane` stops what nobody took. Only for runs that are not timing-sensitive:
+        the checks that measure speed (profile, drills) must not start before the lane is closed.
+        A ``ray_train`` job's fits would queue for the same Ray CPUs: no lane for those."""
+        if not runs or self.job_file.job.kind == "ray_train":
+            return
+        if self._lane_thread is not None:
+            raise RuntimeError("the runner's lane was already started")
+        self._lane = list(runs)
+
+        def work() -> None:
+            for item in self._lane:
+                if self._lane_closed.is_set():
+                    item.future.set_result(None)
+                    continue
+                item.beside = self.current_check
+                try:
+                    result = self.run(item.request, label=item.label, on_metric=item.on_metric, ahead=item)
+                except BaseException as exc:  # handed to the check that takes it
+                    item.future.set_exception(exc)
+                else:
+                    item.future.set_result(result)
+
+        self._lane_thread = threading.Thread(target=work, name="trainguard-lane", daemon=True)
+        self._lane_thread.start()
+
+    def take_ahead(self, check: str, request: RunRequest) -> RunResult | None:
+        """The run started ahead for ``check`` with exactly ``request`` (waiting for it to end),
+        or None when none was (or it was stopped before it could finish: run it now)."""
+        item = next((i for i in self._lane if i.check == check and i.request == request), None)
+        if item is None:
+            return None
+        self._lane.remove(item)
+        try:
+            result = item.future.result()
+        except BaseException:
+            self.close_lane()
+            raise
+        if result is None or (result.outcome == "stopped" and self._lane_closed.is_set()):
+            return None
+        from trainguard.tracking import adopt_launch
+
+        adopt_launch(self, item.tracked)
+        result.evidence["started_ahead"] = {
+            "beside": item.beside,
+            "note": "launched in the background while the check before it ran",
+        }
+        return result
+
+    def close_lane(self) -> None:
+        """Stop the lane's runs that no check took and wait for its thread (idempotent)."""
+        self._lane_closed.set()
+        thread = self._lane_thread
+        if thread is None:
+            return
+        with self._lock:
+            running = list(self._inflight)
+        for launcher in running:
+            if threading.current_thread() is not thread:
+                launcher.stop("the checks that needed this run are not running")
+        thread.join(timeout=60)
 
     def command_line(self, request: RunRequest, *, resume: bool = False) -> str:
         """The job's command as a person would type it (for 'reproduce:' lines)."""

@@ -915,17 +915,23 @@ def _is_dataclass(value: Any) -> bool:
     return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
-def start_launch(runner: JobRunner, request: RunRequest, *, label: str, command: str) -> RunHandle | None:
-    """Create the launch run of one logical run (before its first attempt) and start sampling."""
+def start_launch(
+    runner: JobRunner, request: RunRequest, *, label: str, command: str, ahead_of: str | None = None
+) -> RunHandle | None:
+    """Create the launch run of one logical run (before its first attempt) and start sampling.
+    ``ahead_of``: a run started early for that check (see :meth:`JobRunner.start_lane`); it is
+    nested under the session until the check takes it (:func:`adopt_launch`)."""
     tracker: Tracker | None = getattr(runner, "tracker", None)
     if tracker is None:
         return None
     job = runner.job_file.job
+    check = ahead_of or (tracker.current_check.name if tracker.current_check else None)
     handle = tracker.start_run(
         label,
-        parent=tracker.current_check or tracker.session,
+        parent=tracker.session if ahead_of else tracker.current_check or tracker.session,
         tags={"trainguard.kind": "launch", "trainguard.job": job.name,
-              **({"trainguard.check": tracker.current_check.name} if tracker.current_check else {})},
+              **({"trainguard.check": check} if check else {}),
+              **({"trainguard.started_ahead": "true"} if ahead_of else {})},
         params={
             "job": job.name,
             "command": command,
@@ -933,12 +939,22 @@ def start_launch(runner: JobRunner, request: RunRequest, *, label: str, command:
             "seed": request.seed,
             "steps": request.steps,
             "args": " ".join(request.args) or None,
-            "check": tracker.current_check.name if tracker.current_check else None,
+            "check": check,
         },
     )
     tracker.log_artifact(handle, runner.job_file.path, "job")
     tracker.start_sampling(handle)
     return handle
+
+
+def adopt_launch(runner: JobRunner, handle: object) -> None:
+    """Nest a launch run started ahead (:func:`start_launch` ``ahead_of``) under the check that
+    takes it, the one running now."""
+    tracker: Tracker | None = getattr(runner, "tracker", None)
+    check = tracker.current_check if tracker is not None else None
+    if tracker is None or check is None or not isinstance(handle, RunHandle):
+        return
+    tracker.set_tags(handle, lambda: {"mlflow.parentRunId": check.run_id} if check.run_id else {})
 
 
 class LiveMetrics:

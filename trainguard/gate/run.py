@@ -106,7 +106,7 @@ def run_gate(
 ) -> GateReport:
     """Run the gate on a job file: every configured check, the decision, the report (written),
     and -- with ``submit`` and a ``promote`` -- the submission to ``gate.queue``."""
-    from trainguard.checks import run_check
+    from trainguard.checks import run_in_order
     from trainguard.gate.provenance import provenance_for
     from trainguard.runner import JobRunner
     from trainguard.settings import resolve
@@ -123,12 +123,7 @@ def run_gate(
     runner = JobRunner(job_file, settings, echo=echo, tracker=tracker)
     report = Report(job=job_file.job.name, job_file=str(job_file.path))
     try:
-        for name, spec in job_file.enabled_checks():
-            if on_start is not None:
-                on_start(name)
-            result = report.add(run_check(runner, name, spec))
-            if on_result is not None:
-                on_result(result)
+        run_in_order(runner, job_file.enabled_checks(), report, on_start=on_start, on_result=on_result)
         sizing = _sizing_of(report)
         decision = decide(report, policy, capabilities, sizing=sizing, configured=_configured(job_file))
         gate = GateReport(

@@ -1,0 +1,114 @@
+"""The runner's background lane: runs of later checks (the canary's, determinism's second) start
+beside the checks before them, are taken by the check that needs them, nested under it in
+MLflow, and stopped when nobody takes them -- and nothing that measures speed runs beside them.
+
+Real toy jobs (tests/data/jobs/toy_train.py), a real MLflow sqlite store for the nesting.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import runs_by_kind
+from trainguard.checks import check, lane_plan, run_checks
+from trainguard.config import load_config
+from trainguard.runner import AheadRun, JobRunner
+from trainguard.settings import Settings
+
+pytestmark = pytest.mark.timeout(180)
+
+JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
+
+CHECKS = """
+  canary: {steps: 8, min_loss_drop: 0.1, max_seconds: 60}
+  profile: {steps: 6, warmup_steps: 1, world_sizes: [1]}
+"""
+
+
+@pytest.fixture
+def jobs(tmp_path: Path) -> Path:
+    root = Path(shutil.copytree(JOBS, tmp_path / "jobs"))
+    toy = root / "toy.trainguard.yaml"
+    toy.write_text(toy.read_text() + CHECKS)  # smoke 5, determinism 8 steps, canary, profile
+    return root
+
+
+def spans(runner: JobRunner) -> dict[str, tuple[float, float]]:
+    return {str(c["label"]): c["span"] for c in runner.curves}  # type: ignore[misc]
+
+
+def test_the_plan_takes_runs_of_later_checks_that_are_not_timed() -> None:
+    job_file = load_config(JOBS / "toy.trainguard.yaml")
+    runner = JobRunner(job_file, Settings())
+    from trainguard.config import CanaryCheck, DeterminismCheck, ProfileCheck, SmokeCheck
+
+    smoke, canary, determinism = SmokeCheck(steps=5), CanaryCheck(steps=8, max_seconds=30), DeterminismCheck(steps=8)
+    plan = lane_plan(runner, [("smoke", smoke), ("canary", canary), ("determinism", determinism)])
+    assert [(a.check, a.label, a.request.steps) for a in plan] == [
+        ("canary", "canary", 8), ("determinism", "determinism-repeat", 8)]
+    assert plan[0].request.timeout is not None  # the canary's run keeps its limits
+    # the first check has nothing to overlap with; nothing starts behind a timed check
+    only = lane_plan(runner, [("canary", canary), ("determinism", determinism)])
+    assert [a.check for a in only] == ["determinism"]
+    assert lane_plan(runner, [("profile", ProfileCheck()), ("canary", canary)]) == []
+
+
+def test_later_checks_take_the_runs_started_beside_smoke(jobs: Path) -> None:
+    job_file = load_config(jobs / "toy.trainguard.yaml")
+    runner = JobRunner(job_file, Settings())
+    try:
+        report = run_checks(job_file, runner)
+    finally:
+        runner.close()
+    assert report.status == "passed", [(c.name, c.summary) for c in report.checks]
+    by_name = {c.name: c for c in report.checks}
+    canary, determinism = by_name["canary"], by_name["determinism"]
+    assert canary.evidence["started_ahead"]["beside"] == "smoke"
+    assert any(v["beside"] in ("smoke", "canary") for v in determinism.evidence["started_ahead"].values())
+    labels = [str(c["label"]) for c in runner.curves]
+    # no extra launch: determinism's first run is the canary's, its second the lane's
+    assert sorted(labels) == sorted(["smoke", "smoke-resume", "canary", "determinism-repeat",
+                                     "profile-n1"]), labels
+    times = spans(runner)
+    assert times["canary"][0] < times["smoke"][1], times  # launched before smoke's run ended
+    # the profile measures speed: it started after every lane run had ended
+    assert times["profile-n1"][0] >= max(times["canary"][1], times["determinism-repeat"][1]), times
+
+
+def test_closing_the_lane_stops_a_run_nobody_took(jobs: Path) -> None:
+    runner = JobRunner(load_config(jobs / "long.trainguard.yaml"), Settings())
+    spec = runner.job_file.checks.smoke
+    assert spec is not None
+    request = runner.request_for(spec)
+    runner.start_lane([AheadRun("canary", request, "canary")])
+    deadline = time.monotonic() + 30
+    while not runner._inflight and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert runner._inflight, "the lane's run never started"
+    started = time.monotonic()
+    runner.close()
+    assert time.monotonic() - started < 20
+    assert not runner._inflight
+    assert runner.take_ahead("canary", request) is None  # stopped: a check would run it again
+    assert runner._lane_thread is not None and not runner._lane_thread.is_alive()
+
+
+def test_a_run_taken_by_its_check_is_nested_under_that_check_in_mlflow(
+    jobs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINGUARD_TRACKING", "on")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    report = check(jobs / "toy.trainguard.yaml", only=["smoke", "canary"])
+    assert report.status == "passed"
+    runs = runs_by_kind(f"sqlite:///{jobs / '.trainguard' / 'mlflow.db'}")
+    checks = {r.data.tags["trainguard.check"]: r for r in runs["check"]}
+    (canary_launch,) = [r for r in runs["launch"] if r.info.run_name == "canary"]
+    assert canary_launch.data.tags["trainguard.started_ahead"] == "true"
+    assert canary_launch.data.tags["trainguard.check"] == "canary"
+    assert canary_launch.data.tags["mlflow.parentRunId"] == checks["canary"].info.run_id
+    smoke_launches = [r for r in runs["launch"] if r.info.run_name.startswith("smoke")]
+    assert {r.data.tags["mlflow.parentRunId"] for r in smoke_launches} == {checks["smoke"].info.run_id}
