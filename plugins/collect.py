@@ -2,8 +2,10 @@
 ``drill:<name>``, marked ``fault``), zero Python to write.
 
 ``trainguard.yaml`` and ``*.trainguard.yaml`` become a collector; each check becomes an item
-carrying the check's marker (``pytest -m resume`` selects resume checks). Reference runs are
-shared between the checks of one job file within a pytest process.
+carrying the check's marker (``pytest -m resume`` selects resume checks). A ``profile`` check
+with a ``headroom:`` search also carries ``slow`` (its probes take minutes: ``-m "not slow"``
+deselects it). Reference runs are shared between the checks of one job file within a pytest
+process.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class JobFileCollector(pytest.File):
     """A ``trainguard.yaml``: yields one :class:`CheckItem` per configured check."""
 
     def collect(self) -> Iterator[pytest.Item]:
-        from trainguard.config import load_config
+        from trainguard.config import ProfileCheck, load_config
 
         job_file = load_config(self.path)
         for name, spec in job_file.enabled_checks():
@@ -43,6 +45,8 @@ class JobFileCollector(pytest.File):
             item.add_marker(name)
             for extra in _EXTRA_MARKERS.get(name, ()):
                 item.add_marker(extra)
+            if isinstance(spec, ProfileCheck) and spec.headroom is not None:  # many probe runs
+                item.add_marker("slow")
             yield item
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]) -> Any:  # type: ignore[override]

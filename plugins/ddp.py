@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from trainguard.plugins.markers import validate_marker
 
-__all__ = ["CHILD_ENV", "child_call", "parent_call"]
+__all__ = ["CHILD_ENV", "child_call", "parent_call", "request_parent_fixtures"]
 
 #: set in a rank's environment: this pytest process is one rank of a ddp test
 CHILD_ENV = "TRAINGUARD_DDP_CHILD"
@@ -43,6 +43,16 @@ def _choose_backend(requested: str | None, world_size: int) -> tuple[str, str | 
     return requested or "gloo", None
 
 
+def request_parent_fixtures(item: pytest.Item) -> None:
+    """Make a ``ddp`` test also request the fixtures :func:`parent_call` uses
+    (``tmp_path_factory``, for the ranks' run directory), so pytest sets them up with the
+    test's own (called at collection, from ``pytest_collection_modifyitems``)."""
+    if not isinstance(item, pytest.Function) or item.get_closest_marker("ddp") is None:
+        return
+    if "tmp_path_factory" not in item.fixturenames:
+        item.fixturenames.append("tmp_path_factory")
+
+
 def parent_call(item: pytest.Function) -> None:
     """Launch ``world_size`` rank processes running this one test and judge their outcomes."""
     from trainguard.plugins.session import get_session
@@ -57,7 +67,9 @@ def parent_call(item: pytest.Function) -> None:
     if skip:
         pytest.skip(skip)
     settings = get_session(item.config).settings
-    run_dir = Path(item.config._tmp_path_factory.mktemp("ddp", numbered=True))  # type: ignore[attr-defined]
+    factory = item.funcargs["tmp_path_factory"]  # requested by request_parent_fixtures
+    assert isinstance(factory, pytest.TempPathFactory)
+    run_dir = factory.mktemp("ddp", numbered=True)
     config = item.config
     argv = [
         sys.executable, "-m", "pytest", item.nodeid,

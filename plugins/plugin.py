@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from trainguard.plugins.collect import CHECK_RESULT_PROPERTY, collect_job_file
-from trainguard.plugins.ddp import CHILD_ENV, ChildRecorder, parent_call
+from trainguard.plugins.ddp import CHILD_ENV, ChildRecorder, parent_call, request_parent_fixtures
 from trainguard.plugins.markers import MARKERS, validate_marker
 from trainguard.plugins.session import (
     SEED_EXPLICIT_PROPERTY,
@@ -93,10 +93,12 @@ def _reproduce(nodeid: str, seed: int, props: dict[str, Any]) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that use ``tg_canary`` carry the ``canary`` marker (``pytest -m canary``)."""
+    """Tests that use ``tg_canary`` carry the ``canary`` marker (``pytest -m canary``); ``ddp``
+    tests request the fixtures their launch uses."""
     for item in items:
         if "tg_canary" in getattr(item, "fixturenames", ()):
             item.add_marker("canary")
+        request_parent_fixtures(item)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:

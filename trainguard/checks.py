@@ -77,8 +77,9 @@ def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
 
 def lane_plan(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) -> list[AheadRun]:
     """The runs of later checks that can start early, beside the checks before them: the
-    canary's run and determinism's second run (independent runs of a known request, not timed
-    against anything). Only when some check runs before the one that needs it."""
+    canary's run, determinism's second run and parallel's N-rank run (independent runs of a
+    known request, not timed against anything). Only when some check runs before the one that
+    needs it, and only behind checks of :data:`LANE_CHECKS`."""
     from trainguard.canary import canary_on_metric, canary_request
 
     names = [n for n, _ in checks]
@@ -91,6 +92,9 @@ def lane_plan(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) -> lis
             plan.append(AheadRun("canary", request, "canary", on_metric=canary_on_metric(spec)))  # type: ignore[arg-type]
         elif name == "determinism":
             plan.append(AheadRun("determinism", runner.request_for(spec), "determinism-repeat"))
+        elif name == "parallel":  # its N-rank run; the check runs the 1-rank one meanwhile
+            multi = runner.request_for(spec, world_size=spec.world_size)  # type: ignore[attr-defined]
+            plan.append(AheadRun("parallel", multi, "reference"))
     return plan
 
 

@@ -359,13 +359,22 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
     single = runner.request_for(spec, world_size=1)
     multi = runner.request_for(spec, world_size=spec.world_size)
     reproduce = f"compare: {runner.command_line(single)}  vs  {runner.command_line(multi)}"
-    runner.prefetch(multi)
+    # the N-rank run may have started early beside the checks before this one (lane_plan)
+    ahead = runner.ahead_started("parallel", multi)
+    if not ahead:
+        runner.take_ahead("parallel", multi)  # not started yet: this check runs it itself
+        runner.prefetch(multi)
+    taken = None
     try:
         one = runner.reference(single)
+        if ahead:
+            taken = runner.take_ahead("parallel", multi)
+            if taken is not None:
+                runner.offer_reference(multi, taken)
     except BaseException:
         runner.stop_background("the parallel check was interrupted")
         raise
-    many = runner.reference(multi)
+    many = taken if taken is not None else runner.reference(multi)
     if not one.ok:
         return _failed_run("parallel", one, started, reproduce)
     if not many.ok:
@@ -381,6 +390,8 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
         "trajectory": diff.as_evidence(),
         "run_dirs": {"1": str(one.run_dir), str(spec.world_size): str(many.run_dir)},
     }
+    if "started_ahead" in many.evidence:
+        evidence["started_ahead"] = {str(spec.world_size): many.evidence["started_ahead"]}
     duration = time.monotonic() - started
     if diff.compared_steps == 0:
         return CheckResult(

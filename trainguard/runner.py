@@ -106,6 +106,8 @@ class AheadRun:
     tracked: object = field(default=None, repr=False)  # its MLflow launch run, re-nested on take
     #: the check running in the foreground when this run started (the report says so)
     beside: str | None = None
+    #: queued -> running -> done; "claimed": its check came first and runs it itself
+    state: str = "queued"
 
 
 def _warm_torch_import() -> None:
@@ -497,12 +499,15 @@ class JobRunner:
         if self._lane_thread is not None:
             raise RuntimeError("the runner's lane was already started")
         self._lane = list(runs)
+        items = list(runs)
 
         def work() -> None:
-            for item in self._lane:
-                if self._lane_closed.is_set():
-                    item.future.set_result(None)
-                    continue
+            for item in items:
+                with self._lock:
+                    if self._lane_closed.is_set() or item.state == "claimed":
+                        item.future.set_result(None)
+                        continue
+                    item.state = "running"
                 item.beside = self.current_check
                 try:
                     result = self.run(item.request, label=item.label, on_metric=item.on_metric, ahead=item)
@@ -510,17 +515,29 @@ class JobRunner:
                     item.future.set_exception(exc)
                 else:
                     item.future.set_result(result)
+                finally:
+                    item.state = "done"
 
         self._lane_thread = threading.Thread(target=work, name="trainguard-lane", daemon=True)
         self._lane_thread.start()
 
+    def ahead_started(self, check: str, request: RunRequest) -> bool:
+        """Whether the lane has started (or finished) a run for ``check`` with ``request``."""
+        return any(i.check == check and i.request == request and i.state in ("running", "done")
+                   for i in self._lane)
+
     def take_ahead(self, check: str, request: RunRequest) -> RunResult | None:
         """The run started ahead for ``check`` with exactly ``request`` (waiting for it to end),
-        or None when none was (or it was stopped before it could finish: run it now)."""
-        item = next((i for i in self._lane if i.check == check and i.request == request), None)
-        if item is None:
-            return None
-        self._lane.remove(item)
+        or None when there is none, the lane has not started it yet (it never will: the check
+        runs it now) or it was stopped before it could finish."""
+        with self._lock:
+            item = next((i for i in self._lane if i.check == check and i.request == request), None)
+            if item is None:
+                return None
+            self._lane.remove(item)
+            if item.state == "queued":
+                item.state = "claimed"
+                return None
         try:
             result = item.future.result()
         except BaseException:

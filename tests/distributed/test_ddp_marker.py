@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import psutil
 import pytest
 
@@ -72,4 +75,10 @@ def test_ddp_marker_end_to_end(pytester: pytest.Pytester) -> None:
     )
     # the rank-0 failure text must not be blamed on rank 0
     assert "rank 0 failed" not in result.stdout.str()
+    # each launch's logs live in a numbered ddp<N> directory under the session's basetemp
+    # (pytester passes --basetemp=<pytester.path>/runpytest-<N>)
+    logs = [Path(p) for p in re.findall(r"^logs: (\S+)$", result.stdout.str(), re.M)]
+    assert len(logs) == 2, logs
+    for log in logs:
+        assert re.fullmatch(r"ddp\d+", log.name) and log.parent.parent == pytester.path, log
     assert _hang_sleepers() == [], "a hung rank outlived its test"

@@ -84,6 +84,27 @@ def test_the_command_line_overrides_collection_switched_off_in_the_ini_file(
     )
 
 
+def test_a_profile_with_a_headroom_search_is_marked_slow(project: pytest.Pytester) -> None:
+    """Its probes take minutes (examples/digits/headroom.trainguard.yaml: ~100 s), so
+    ``-m "not slow"`` leaves it out; a profile without the search is not slow."""
+    headroom = (JOBS / "memory.trainguard.yaml").read_text()
+    plain = headroom.replace("    headroom: {start: 16, max: 1024, memory_budget_mb: 200, steps: 3}\n", "")
+    assert plain != headroom
+    (project.path / "headroom.trainguard.yaml").write_text(headroom)
+    (project.path / "plain.trainguard.yaml").write_text(plain)
+
+    slow = project.runpytest_subprocess("--collect-only", "-q", "-m", "slow")
+    slow.stdout.fnmatch_lines(["headroom.trainguard.yaml::profile", "*1/4 tests collected (3 deselected)*"])
+    assert "plain.trainguard.yaml" not in slow.stdout.str()
+
+    fast = project.runpytest_subprocess("--collect-only", "-q", "-m", "not slow")
+    fast.stdout.fnmatch_lines(["plain.trainguard.yaml::profile", "*3/4 tests collected (1 deselected)*"])
+    assert "headroom.trainguard.yaml" not in fast.stdout.str()
+
+    profiles = project.runpytest_subprocess("--collect-only", "-q", "-m", "profile")
+    profiles.stdout.fnmatch_lines(["*2/4 tests collected (2 deselected)*"])  # still a profile
+
+
 def test_an_invalid_job_file_is_a_collection_error_without_a_traceback(
     project: pytest.Pytester,
 ) -> None:

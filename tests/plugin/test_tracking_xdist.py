@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import runs_by_kind
+
 pytest.importorskip("mlflow")
 pytest.importorskip("xdist")
 
@@ -26,18 +28,6 @@ def _mlflow_client_loaded(tmp_path_factory: pytest.TempPathFactory) -> None:
     from mlflow import MlflowClient
 
     MlflowClient(f"sqlite:///{tmp_path_factory.mktemp('mlflow-warm') / 'warm.db'}").search_experiments()
-
-
-def runs_by_kind(uri: str) -> dict[str, list[Any]]:
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name("trainguard")
-    assert exp is not None
-    out: dict[str, list[Any]] = {}
-    for run in client.search_runs([exp.experiment_id]):
-        out.setdefault(run.data.tags.get("trainguard.kind", ""), []).append(run)
-    return out
 
 
 def artifact_json(uri: str, run_id: str, path: str, dest: Path) -> Any:

@@ -8,7 +8,6 @@ Every test proves its teardown: no mount, no process left (``/proc/mounts`` is r
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import signal
@@ -17,26 +16,14 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from tests.helpers import load_fault_harness
 from trainguard.faults import FaultContext, FaultUnavailable
 from trainguard.faults.disk_full import DiskFullFault, Filler, is_mounted, mount_tmpfs, unmount
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "faults"
-
-
-def _load_harness() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tg_fault_harness", DATA / "harness.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("tg_fault_harness", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-harness = _load_harness()
+harness = load_fault_harness()
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 
 

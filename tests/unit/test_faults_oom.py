@@ -8,34 +8,21 @@ Every test proves its teardown: no cgroup, no process left.
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from tests.helpers import load_fault_harness
 from trainguard.faults import FaultContext, FaultUnavailable
 from trainguard.faults.cgroups import MemoryCgroups
 from trainguard.faults.oom import OomFault
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "faults"
-
-
-def _load_harness() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tg_fault_harness", DATA / "harness.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("tg_fault_harness", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-harness = _load_harness()
+harness = load_fault_harness()
 
 
 def _cgroups_usable() -> bool:

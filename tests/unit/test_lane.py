@@ -25,6 +25,7 @@ JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 
 CHECKS = """
   canary: {steps: 8, min_loss_drop: 0.1, max_seconds: 60}
+  parallel: {steps: 6, world_size: 2, rtol: 0.05}  # the toy loss has 1% per-rank noise
   profile: {steps: 6, warmup_steps: 1, world_sizes: [1]}
 """
 
@@ -44,12 +45,14 @@ def spans(runner: JobRunner) -> dict[str, tuple[float, float]]:
 def test_the_plan_takes_runs_of_later_checks_that_are_not_timed() -> None:
     job_file = load_config(JOBS / "toy.trainguard.yaml")
     runner = JobRunner(job_file, Settings())
-    from trainguard.config import CanaryCheck, DeterminismCheck, ProfileCheck, SmokeCheck
+    from trainguard.config import CanaryCheck, DeterminismCheck, ParallelCheck, ProfileCheck, SmokeCheck
 
     smoke, canary, determinism = SmokeCheck(steps=5), CanaryCheck(steps=8, max_seconds=30), DeterminismCheck(steps=8)
-    plan = lane_plan(runner, [("smoke", smoke), ("canary", canary), ("determinism", determinism)])
-    assert [(a.check, a.label, a.request.steps) for a in plan] == [
-        ("canary", "canary", 8), ("determinism", "determinism-repeat", 8)]
+    parallel = ParallelCheck(steps=6, world_size=2)
+    plan = lane_plan(runner, [("smoke", smoke), ("canary", canary), ("determinism", determinism),
+                              ("parallel", parallel)])
+    assert [(a.check, a.label, a.request.steps, a.request.world_size) for a in plan] == [
+        ("canary", "canary", 8, 2), ("determinism", "determinism-repeat", 8, 2), ("parallel", "reference", 6, 2)]
     assert plan[0].request.timeout is not None  # the canary's run keeps its limits
     # the first check has nothing to overlap with; nothing starts behind a timed check
     only = lane_plan(runner, [("canary", canary), ("determinism", determinism)])
@@ -71,12 +74,16 @@ def test_later_checks_take_the_runs_started_beside_smoke(jobs: Path) -> None:
     assert any(v["beside"] in ("smoke", "canary") for v in determinism.evidence["started_ahead"].values())
     labels = [str(c["label"]) for c in runner.curves]
     # no extra launch: determinism's first run is the canary's, its second the lane's
+    # parallel: its 2-rank run came from the lane, its 1-rank run was launched by the check
     assert sorted(labels) == sorted(["smoke", "smoke-resume", "canary", "determinism-repeat",
-                                     "profile-n1"]), labels
+                                     "reference", "reference", "profile-n1"]), labels
+    assert by_name["parallel"].status == "passed"
+    assert "started_ahead" in by_name["parallel"].evidence
     times = spans(runner)
     assert times["canary"][0] < times["smoke"][1], times  # launched before smoke's run ended
-    # the profile measures speed: it started after every lane run had ended
-    assert times["profile-n1"][0] >= max(times["canary"][1], times["determinism-repeat"][1]), times
+    # the profile measures speed: it started after every run of the others had ended
+    ends = [c["span"][1] for c in runner.curves if c["label"] != "profile-n1"]  # type: ignore[index]
+    assert times["profile-n1"][0] >= max(ends), times
 
 
 def test_closing_the_lane_stops_a_run_nobody_took(jobs: Path) -> None:

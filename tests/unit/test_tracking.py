@@ -26,6 +26,7 @@ import pytest
 pytest.importorskip("mlflow")
 
 import trainguard.tracking as tracking
+from tests.helpers import runs_by_kind
 from trainguard.checks import check
 from trainguard.launch import MetricPoint
 from trainguard.tracking import Tracker, TrackingWarning, metric_rows
@@ -47,18 +48,6 @@ def jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")
     return Path(shutil.copytree(JOBS, tmp_path / "jobs"))
-
-
-def runs_by_kind(uri: str) -> dict[str, list[Any]]:
-    from mlflow import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name("trainguard")
-    assert exp is not None
-    out: dict[str, list[Any]] = {}
-    for run in client.search_runs([exp.experiment_id]):
-        out.setdefault(run.data.tags.get("trainguard.kind", ""), []).append(run)
-    return out
 
 
 def no_writer_threads() -> bool:

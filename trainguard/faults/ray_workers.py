@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import socket
 import threading
@@ -31,14 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from trainguard.raytrain import WORKER_PREFIX
+from trainguard.raytrain import WORKER_PREFIX, parse_worker_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher
 
 __all__ = ["RayWorkerLauncher", "RayWorkerTracker", "WorkerNotHere", "WorkerSighting"]
 
-_WORKER_LINE = re.compile(rf"{WORKER_PREFIX} rank=(\d+) pid=(\d+)(?: node=(\S+))?")
 #: the Ray Train controller's log lines, forwarded to the driver with this prefix
 _CONTROLLER = "(TrainController"
 _RESTARTING = "Attempting to start training worker group"
@@ -90,12 +88,11 @@ class RayWorkerTracker:
             new: list[WorkerSighting] = []
             for raw in lines:
                 line = raw.decode("utf-8", errors="replace")
-                match = _WORKER_LINE.search(line)
-                if match:
-                    rank, pid = int(match.group(1)), int(match.group(2))
-                    if (rank, pid) not in self._seen:  # Ray may forward a line twice
-                        self._seen.add((rank, pid))
-                        new.append(WorkerSighting(rank, pid, match.group(3), now))
+                worker = parse_worker_line(line)
+                if worker is not None:
+                    if (worker.rank, worker.pid) not in self._seen:  # Ray may forward a line twice
+                        self._seen.add((worker.rank, worker.pid))
+                        new.append(WorkerSighting(worker.rank, worker.pid, worker.node, now))
                 elif line.lstrip().startswith(_CONTROLLER):
                     self.controller_lines.append((now, line.strip()))
             self.sightings.extend(new)

@@ -146,9 +146,7 @@ class _RayWorkers:
     def poll(self) -> dict[int, int]:
         if self.log is None:
             return self.pids
-        import re
-
-        from trainguard.raytrain import WORKER_PREFIX
+        from trainguard.raytrain import parse_worker_line
 
         with contextlib.suppress(OSError), open(self.log, "rb") as fh:
             fh.seek(self._offset)
@@ -156,9 +154,9 @@ class _RayWorkers:
             self._offset = fh.tell()
             *lines, self._partial = data.split(b"\n")
             for line in lines:
-                found = re.search(rf"{WORKER_PREFIX} rank=(\d+) pid=(\d+)", line.decode("utf-8", "replace"))
-                if found:
-                    self.pids[int(found[1])] = int(found[2])
+                worker = parse_worker_line(line.decode("utf-8", "replace"))
+                if worker is not None:
+                    self.pids[worker.rank] = worker.pid
         return self.pids
 
 

@@ -9,16 +9,34 @@ See docs/ray-train.md.
 
 from __future__ import annotations
 
-__all__ = ["REPORT_PREFIX", "WORKER_PREFIX", "metric_regex"]
+import re
+from typing import NamedTuple
+
+__all__ = ["REPORT_PREFIX", "WORKER_PREFIX", "WorkerLine", "metric_regex", "parse_worker_line"]
 
 #: the line a worker prints for each ``ray.train.report`` (world rank 0 only)
 REPORT_PREFIX = "trainguard-report"
 #: the line every worker prints once at start (fault drills find the worker's pid by rank)
 WORKER_PREFIX = "trainguard-worker"
+_WORKER_LINE = re.compile(rf"{WORKER_PREFIX} rank=(\d+) pid=(\d+)(?: node=(\S+))?")
+
+
+class WorkerLine(NamedTuple):
+    """A parsed ``trainguard-worker rank=R pid=P node=IP`` line (``node`` None when absent)."""
+
+    rank: int
+    pid: int
+    node: str | None
+
+
+def parse_worker_line(line: str) -> WorkerLine | None:
+    """The worker line found anywhere in ``line`` (Ray prefixes forwarded lines), or None."""
+    found = _WORKER_LINE.search(line)
+    if found is None:
+        return None
+    return WorkerLine(int(found[1]), int(found[2]), found[3])
 
 
 def metric_regex(name: str) -> str:
     """The regex that reads metric ``name`` from the driver's report lines."""
-    import re
-
     return rf"{REPORT_PREFIX} step=(?P<step>\d+)\b.*\s{re.escape(name)}=(?P<value>\S+)"

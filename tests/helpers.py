@@ -1,0 +1,42 @@
+"""Helpers shared by several test files: ``from tests.helpers import ...``.
+
+Importable under ``--import-mode=importlib`` because pytest registers ``tests`` (the rootdir-relative
+package of the test modules) as a namespace package; not a test module, so never collected.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+__all__ = ["load_fault_harness", "runs_by_kind"]
+
+_FAULT_DATA = Path(__file__).resolve().parent / "data" / "faults"
+
+
+def load_fault_harness() -> ModuleType:
+    """tests/data/faults/harness.py as module ``tg_fault_harness`` (drives one fault through its
+    life on real rank processes; the scans proving nothing was left behind)."""
+    spec = importlib.util.spec_from_file_location("tg_fault_harness", _FAULT_DATA / "harness.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("tg_fault_harness", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def runs_by_kind(uri: str) -> dict[str, list[Any]]:
+    """The runs of the ``trainguard`` experiment in the MLflow store at ``uri``, by their
+    ``trainguard.kind`` tag (session, check, launch)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("trainguard")
+    assert exp is not None
+    out: dict[str, list[Any]] = {}
+    for run in client.search_runs([exp.experiment_id]):
+        out.setdefault(run.data.tags.get("trainguard.kind", ""), []).append(run)
+    return out
