@@ -45,7 +45,13 @@ def spans(runner: JobRunner) -> dict[str, tuple[float, float]]:
 def test_the_plan_takes_runs_of_later_checks_that_are_not_timed() -> None:
     job_file = load_config(JOBS / "toy.trainguard.yaml")
     runner = JobRunner(job_file, Settings())
-    from trainguard.config import CanaryCheck, DeterminismCheck, ParallelCheck, ProfileCheck, SmokeCheck
+    from trainguard.config import (
+        CanaryCheck,
+        DeterminismCheck,
+        ParallelCheck,
+        ProfileCheck,
+        SmokeCheck,
+    )
 
     smoke, canary, determinism = SmokeCheck(steps=5), CanaryCheck(steps=8, max_seconds=30), DeterminismCheck(steps=8)
     parallel = ParallelCheck(steps=6, world_size=2)
