@@ -2,7 +2,7 @@
 ``checks.profile``: 30 steps at 1 and 2 ranks), predict the wall-clock of a run ``--factor``
 times longer from it, then run that and compare.
 
-    .venv/bin/python tests/benchmarks/bench_profile_prediction.py [--factor 5] [--sizes 1,2] [--repeats 1]
+    .venv/bin/python tests/benchmarks/bench_profile_prediction.py [--factor 5] [--sizes 1,2] [--repeats 1] [--noise]
 
 Reported per world size: predicted and measured wall-clock (launch to exit) and the
 prediction error, and the same for the steps alone (first step line to last, which leaves out
@@ -32,6 +32,9 @@ def main() -> int:
     parser.add_argument("--factor", type=int, default=5)
     parser.add_argument("--sizes", default="1,2")
     parser.add_argument("--repeats", type=int, default=1, help="profile/long-run pairs per size")
+    parser.add_argument("--noise", action="store_true",
+                        help="run each long run twice: how well one long run predicts its own repeat "
+                             "is the machine's noise floor, the best any prediction can do")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -71,18 +74,29 @@ def main() -> int:
                 "steps_error": round((predicted_steps - actual_steps) / actual_steps, 4),
                 "long_startup_s": long.startup_s,
             }
+            if args.noise:
+                _, again = measure_size(runner, spec, n, seed=0, steps=long_steps, label=f"long-n{n}-again")
+                assert again.ok, again.reason
+                row["repeat_s"] = round(again.duration_s, 2)
+                row["repeat_error"] = round((result.duration_s - again.duration_s) / again.duration_s, 4)
             rows.append(row)
             print(
                 f"{n} rank(s): {long_steps} steps predicted {predicted:.1f} s, took "
                 f"{result.duration_s:.1f} s (error {row['error']:+.1%}); steps alone predicted "
                 f"{predicted_steps:.1f} s, took {actual_steps:.1f} s (error {row['steps_error']:+.1%}); "
-                f"start-up {short.startup_s:.1f} s in the profile, {long.startup_s:.1f} s in the long run",
+                f"start-up {short.startup_s:.1f} s in the profile, {long.startup_s:.1f} s in the long run"
+                + (f"; the same long run again took {row['repeat_s']:.1f} s ({row['repeat_error']:+.1%})"
+                   if args.noise else ""),
                 flush=True,
             )
     for n in sizes:
         errors = sorted(abs(r["error"]) for r in rows if r["world_size"] == n)
         steps_errors = sorted(abs(r["steps_error"]) for r in rows if r["world_size"] == n)
         actual = [r["actual_steps_s"] for r in rows if r["world_size"] == n]
+        if args.noise:
+            floor = sorted(abs(r["repeat_error"]) for r in rows if r["world_size"] == n)
+            print(f"{n} rank(s): noise floor (a long run predicting its own repeat) |error| median "
+                  f"{statistics.median(floor):.1%} (max {floor[-1]:.1%})")
         print(
             f"{n} rank(s), {len(errors)} pair(s): |error| median {statistics.median(errors):.1%} "
             f"(max {errors[-1]:.1%}); steps alone median {statistics.median(steps_errors):.1%} "
