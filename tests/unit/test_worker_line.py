@@ -7,13 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainguard.profiling.measure import _RayWorkers
-from trainguard.raytrain import WORKER_PREFIX, WorkerLine, parse_worker_line
+from trainguard.raytrain import WORKER_PREFIX, WorkerLine, format_worker_line, parse_worker_line
 
 
 def test_a_forwarded_worker_line_is_parsed_with_and_without_node() -> None:
     line = f"(RayTrainWorker pid=21, ip=10.0.0.5) {WORKER_PREFIX} rank=3 pid=21 node=10.0.0.5"
     assert parse_worker_line(line) == WorkerLine(rank=3, pid=21, node="10.0.0.5")
     assert parse_worker_line(f"{WORKER_PREFIX} rank=0 pid=7") == WorkerLine(0, 7, None)
+    # what the driver's workers print reads back
+    assert parse_worker_line(format_worker_line(2, 4242, "127.0.0.1")) == WorkerLine(2, 4242, "127.0.0.1")
 
 
 def test_other_lines_are_not_worker_lines() -> None:

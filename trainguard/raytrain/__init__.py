@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-__all__ = ["REPORT_PREFIX", "WORKER_PREFIX", "WorkerLine", "metric_regex", "parse_worker_line"]
+__all__ = ["REPORT_PREFIX", "WORKER_PREFIX", "WorkerLine", "format_worker_line", "metric_regex", "parse_worker_line"]
 
 #: the line a worker prints for each ``ray.train.report`` (world rank 0 only)
 REPORT_PREFIX = "trainguard-report"
@@ -27,6 +27,11 @@ class WorkerLine(NamedTuple):
     rank: int
     pid: int
     node: str | None
+
+
+def format_worker_line(rank: int, pid: int, node: str) -> str:
+    """The line a worker prints at start; :func:`parse_worker_line` reads it back."""
+    return f"{WORKER_PREFIX} rank={rank} pid={pid} node={node}"
 
 
 def parse_worker_line(line: str) -> WorkerLine | None:

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from typing import Any
 
-from trainguard.raytrain import REPORT_PREFIX, WORKER_PREFIX
+from trainguard.raytrain import REPORT_PREFIX, format_worker_line
 from trainguard.raytrain.job import render_config
 
 _SPEC_KEY = "__trainguard__"
@@ -50,7 +50,7 @@ def _worker_entry(config: dict[str, Any]) -> Any:
     rank = context.get_world_rank()
     # node: a fault drill signals the pid only on its own machine (trainguard.faults.ray_workers)
     node = ray.util.get_node_ip_address()
-    print(f"{WORKER_PREFIX} rank={rank} pid={os.getpid()} node={node}", file=sys.stderr, flush=True)
+    print(format_worker_line(rank, os.getpid(), node), file=sys.stderr, flush=True)
     original = ray.train.report
     step_key = spec["step_key"]
     counter = {"n": 0}
