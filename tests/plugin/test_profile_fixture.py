@@ -17,8 +17,9 @@ from torch.utils.data import DataLoader, TensorDataset, default_collate
 def make(slow):
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(128 * 16, 64, generator=g), torch.randint(0, 10, (128 * 16,), generator=g)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
-                                torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+    h = 128 if slow else 1024  # the stalled loop's own steps stay short even on a loaded machine
+    model = torch.nn.Sequential(torch.nn.Linear(64, h), torch.nn.ReLU(), torch.nn.Linear(h, h),
+                                torch.nn.ReLU(), torch.nn.Linear(h, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     def collate(items):
         time.sleep(0.05)
