@@ -12,7 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["load_fault_harness", "runs_by_kind"]
+__all__ = ["load_fault_harness", "runs_by_kind", "wait_for_a_background_run"]
 
 _FAULT_DATA = Path(__file__).resolve().parent / "data" / "faults"
 
@@ -40,3 +40,14 @@ def runs_by_kind(uri: str) -> dict[str, list[Any]]:
     for run in client.search_runs([exp.experiment_id]):
         out.setdefault(run.data.tags.get("trainguard.kind", ""), []).append(run)
     return out
+
+
+def wait_for_a_background_run(runner: Any, timeout: float = 30.0) -> None:
+    """Wait until a run the runner launched in a background thread (a prefetched reference, the
+    lane's) has its launcher registered, i.e. is really running."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not runner._inflight and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert runner._inflight, "the background run never started"

@@ -558,14 +558,16 @@ class JobRunner:
         """Stop the lane's runs that no check took and wait for its thread (idempotent)."""
         self._lane_closed.set()
         thread = self._lane_thread
-        if thread is None:
+        if thread is None or thread is threading.current_thread():
             return
-        with self._lock:
-            running = list(self._inflight)
-        for launcher in running:
-            if threading.current_thread() is not thread:
+        # a run between its start and its launcher's registration is caught on a later pass
+        deadline = time.monotonic() + 60
+        while thread.is_alive() and time.monotonic() < deadline:
+            with self._lock:
+                running = list(self._inflight)
+            for launcher in running:
                 launcher.stop("the checks that needed this run are not running")
-        thread.join(timeout=60)
+            thread.join(timeout=0.2)
 
     def command_line(self, request: RunRequest, *, resume: bool = False) -> str:
         """The job's command as a person would type it (for 'reproduce:' lines)."""

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import trainguard.checks as checks_module
+from tests.helpers import wait_for_a_background_run
 from trainguard._version import __version__
 from trainguard.checks import available_checks, check, run_check, run_checks
 from trainguard.config import DeterminismCheck, load_config
@@ -397,10 +398,7 @@ def test_stop_background_ends_a_prefetched_run(jobs: Path) -> None:
     spec = next(s for _, s in runner.job_file.enabled_checks(None))
     request = runner.request_for(spec)
     runner.prefetch(request)
-    deadline = time.monotonic() + 30
-    while not runner._inflight and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert runner._inflight, "the prefetched run never started"
+    wait_for_a_background_run(runner)
     started = time.monotonic()
     runner.close()
     result = runner.reference(request)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import runs_by_kind
+from tests.helpers import runs_by_kind, wait_for_a_background_run
 from trainguard.checks import check, lane_plan, run_checks
 from trainguard.config import load_config
 from trainguard.runner import AheadRun, JobRunner
@@ -98,10 +98,7 @@ def test_closing_the_lane_stops_a_run_nobody_took(jobs: Path) -> None:
     assert spec is not None
     request = runner.request_for(spec)
     runner.start_lane([AheadRun("canary", request, "canary")])
-    deadline = time.monotonic() + 30
-    while not runner._inflight and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert runner._inflight, "the lane's run never started"
+    wait_for_a_background_run(runner)
     started = time.monotonic()
     runner.close()
     assert time.monotonic() - started < 20
