@@ -335,7 +335,7 @@ def test_a_hung_rank_is_detected_with_state_and_stack_evidence(
     assert max(p.step for p in result.points if p.rank == 1) == 2
     assert result.exits[0].returncode == 0
     assert result.exits[1].killed_by_trainguard
-    assert result.detected_after_s is not None and result.detected_after_s < 1.0
+    assert result.detected_after_s is not None and result.detected_after_s < 3.0  # past the limit; polls every 50 ms
     # 2 s stall + 0.5 s activity sample + stack dump + teardown: far from a 60 s default
     assert result.duration_s < 20.0
     grandchildren = spawned_grandchildren(spec.run_dir)
