@@ -81,20 +81,19 @@ def lane_plan(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) -> lis
     known request, not timed against anything). Only when some check runs before the one that
     needs it, and only behind checks of :data:`LANE_CHECKS`."""
     from trainguard.canary import canary_on_metric, canary_request
+    from trainguard.config import CanaryCheck, DeterminismCheck, ParallelCheck
 
     names = [n for n, _ in checks]
     plan: list[AheadRun] = []
-    for position, (name, spec) in enumerate(checks):
+    for position, (_, spec) in enumerate(checks):
         if position == 0 or any(n not in LANE_CHECKS for n in names[:position]):
             continue
-        if name == "canary":
-            request = canary_request(runner, spec)  # type: ignore[arg-type]
-            plan.append(AheadRun("canary", request, "canary", on_metric=canary_on_metric(spec)))  # type: ignore[arg-type]
-        elif name == "determinism":
+        if isinstance(spec, CanaryCheck):
+            plan.append(AheadRun("canary", canary_request(runner, spec), "canary", on_metric=canary_on_metric(spec)))
+        elif isinstance(spec, DeterminismCheck):
             plan.append(AheadRun("determinism", runner.request_for(spec), "determinism-repeat"))
-        elif name == "parallel":  # its N-rank run; the check runs the 1-rank one meanwhile
-            multi = runner.request_for(spec, world_size=spec.world_size)  # type: ignore[attr-defined]
-            plan.append(AheadRun("parallel", multi, "reference"))
+        elif isinstance(spec, ParallelCheck):  # its N-rank run; the check runs the 1-rank one meanwhile
+            plan.append(AheadRun("parallel", runner.request_for(spec, world_size=spec.world_size), "reference"))
     return plan
 
 
