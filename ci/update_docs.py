@@ -2,7 +2,7 @@
 
 docs/markers-and-options.md holds the options table between
 ``<!-- options-table:start -->`` and ``<!-- options-table:end -->``; tests check it matches
-``trainguard.settings.options_table()``.
+``trainguard.config.settings.options_table()``.
 
 Usage: python ci/update_docs.py
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from trainguard.settings import options_table
+from trainguard.config.settings import options_table
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "markers-and-options.md"
 START, END = "<!-- options-table:start -->", "<!-- options-table:end -->"

@@ -67,9 +67,9 @@ class CheckItem(pytest.Item):
         self.check_name = check_name
 
     def runtest(self) -> None:
-        from trainguard.checks import run_check
         from trainguard.config import load_config
-        from trainguard.runner import JobRunner
+        from trainguard.run.runner import JobRunner
+        from trainguard.session import run_check
 
         session = get_session(self.config)
         key = str(self.path)

@@ -29,7 +29,7 @@ _RESULT_NAME = "rank{rank}.result.json"
 
 def _choose_backend(requested: str | None, world_size: int) -> tuple[str, str | None]:
     """(backend, skip reason or None). nccl needs one GPU per rank."""
-    from trainguard.devices import gpu_inventory
+    from trainguard._internal.machine import gpu_inventory
 
     if requested in (None, "nccl"):
         inventory = gpu_inventory()

@@ -26,8 +26,8 @@ from trainguard.plugins.session import (
     get_session,
 )
 
+from trainguard.config.settings import OPTIONS, resolve
 from trainguard.errors import ConfigError, UsageError
-from trainguard.settings import OPTIONS, resolve
 
 _DETERMINISTIC_KEY = pytest.StashKey[Any]()
 
@@ -120,7 +120,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     gpu_marker = item.get_closest_marker("gpu")
     if gpu_marker is not None:
         needed = validate_marker("gpu", gpu_marker.args, gpu_marker.kwargs).arguments["count"]
-        from trainguard.devices import gpu_inventory
+        from trainguard._internal.machine import gpu_inventory
 
         inventory = gpu_inventory()
         if inventory.count < needed:
@@ -138,7 +138,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         seed = settings.seed if explicit is None else explicit
         item.user_properties.append((SEED_PROPERTY, seed))
         item.user_properties.append((SEED_EXPLICIT_PROPERTY, explicit is not None))
-        from trainguard.seeding import deterministic_mode, seed_everything
+        from trainguard.unit.seeding import deterministic_mode, seed_everything
 
         seed_everything(seed)
         if settings.deterministic:

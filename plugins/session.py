@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from trainguard.config.settings import Settings
 from trainguard.report import CheckResult
-from trainguard.settings import Settings
 
 __all__ = [
     "SEED_EXPLICIT_PROPERTY",

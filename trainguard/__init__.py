@@ -23,23 +23,23 @@ from trainguard.errors import (
 # public name -> module that defines it (imported lazily)
 _LAZY: dict[str, str] = {
     # seeding
-    "seed_everything": "trainguard.seeding",
-    "deterministic_mode": "trainguard.seeding",
-    "seed_worker": "trainguard.seeding",
-    "make_generator": "trainguard.seeding",
+    "seed_everything": "trainguard.unit.seeding",
+    "deterministic_mode": "trainguard.unit.seeding",
+    "seed_worker": "trainguard.unit.seeding",
+    "make_generator": "trainguard.unit.seeding",
     # unit assertions
-    "assert_finite": "trainguard.assertions",
-    "assert_tensor_meta": "trainguard.assertions",
-    "assert_grads_flow": "trainguard.assertions",
-    "assert_loss_connected": "trainguard.assertions",
-    "assert_batch_independent": "trainguard.assertions",
-    "assert_can_overfit": "trainguard.assertions",
-    "assert_step_updates": "trainguard.assertions",
-    "assert_equivalent": "trainguard.assertions",
+    "assert_finite": "trainguard.unit.assertions",
+    "assert_tensor_meta": "trainguard.unit.assertions",
+    "assert_grads_flow": "trainguard.unit.assertions",
+    "assert_loss_connected": "trainguard.unit.assertions",
+    "assert_batch_independent": "trainguard.unit.assertions",
+    "assert_can_overfit": "trainguard.unit.assertions",
+    "assert_step_updates": "trainguard.unit.assertions",
+    "assert_equivalent": "trainguard.unit.assertions",
     # distributed (in-process ranks)
-    "ddp_gradient_diff": "trainguard.distributed",
-    "assert_ddp_gradients_match": "trainguard.distributed",
-    "assert_state_roundtrip": "trainguard.distributed",
+    "ddp_gradient_diff": "trainguard.unit.distributed",
+    "assert_ddp_gradients_match": "trainguard.unit.distributed",
+    "assert_state_roundtrip": "trainguard.unit.distributed",
     # job file and report
     "load_config": "trainguard.config",
     "JobFile": "trainguard.config",
@@ -79,8 +79,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "track":  # the training-loop helper module (trainguard.track.log(...))
-        return importlib.import_module("trainguard.track")
+    if name == "track":  # the training-loop helper module (trainguard.tracking.track.log(...))
+        return importlib.import_module("trainguard.tracking.track")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'trainguard' has no attribute {name!r}")
@@ -95,7 +95,9 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from trainguard import track
-    from trainguard.assertions import (
+    from trainguard.config import JobFile, load_config
+    from trainguard.report import CheckResult, Report
+    from trainguard.unit.assertions import (
         assert_batch_independent,
         assert_can_overfit,
         assert_equivalent,
@@ -105,11 +107,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         assert_step_updates,
         assert_tensor_meta,
     )
-    from trainguard.config import JobFile, load_config
-    from trainguard.distributed import (
+    from trainguard.unit.distributed import (
         assert_ddp_gradients_match,
         assert_state_roundtrip,
         ddp_gradient_diff,
     )
-    from trainguard.report import CheckResult, Report
-    from trainguard.seeding import deterministic_mode, make_generator, seed_everything, seed_worker
+    from trainguard.unit.seeding import (
+        deterministic_mode,
+        make_generator,
+        seed_everything,
+        seed_worker,
+    )

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from trainguard.config import load_config
 from trainguard.drills import make_drill, run_drill
-from trainguard.runner import JobRunner
+from trainguard.run.runner import JobRunner
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
 

@@ -19,10 +19,10 @@ import tempfile
 from pathlib import Path
 
 from trainguard.config import load_config
+from trainguard.config.settings import Settings
 from trainguard.profiling.measure import measure_size
 from trainguard.profiling.sizing import predict_duration_s
-from trainguard.runner import JobRunner
-from trainguard.settings import Settings
+from trainguard.run.runner import JobRunner
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
 

@@ -23,11 +23,11 @@ import threading
 import time
 from pathlib import Path
 
+from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config import parse_config
-from trainguard.equivalence import compare_trajectories
 from trainguard.launch import Launcher, MetricPoint, reserve_port
 from trainguard.launch.metrics import MetricParser, aligned_trajectories, trajectory
-from trainguard.runner import JobRunner, RunRequest
+from trainguard.run.runner import JobRunner, RunRequest
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
 STEPS, KILL_AFTER = 40, 25

@@ -47,9 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.config import load_config
+from trainguard.config.settings import Settings
 from trainguard.launch import MetricPoint
-from trainguard.runner import JobRunner, RunRequest
-from trainguard.settings import Settings
+from trainguard.run.runner import JobRunner, RunRequest
 from trainguard.tracking import Tracker, default_store
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from trainguard.baseline import load_baseline, machine_id
-from trainguard.checks import check
+from trainguard.checks.baseline import load_baseline, machine_id
 from trainguard.report import CheckResult
+from trainguard.session import check
 
 if TYPE_CHECKING:
     from conftest import PatchedExample

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from trainguard.checks import check
 from trainguard.report import CheckResult
+from trainguard.session import check
 
 if TYPE_CHECKING:
     from conftest import PatchedExample

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from trainguard.checks import check
+from trainguard.session import check
 
 if TYPE_CHECKING:
     from conftest import PatchedExample

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from trainguard.checks import check
 from trainguard.config import load_config
+from trainguard.config.settings import Settings
 from trainguard.profiling.check import profile_job
-from trainguard.runner import JobRunner
-from trainguard.settings import Settings
+from trainguard.run.runner import JobRunner
+from trainguard.session import check
 
 if TYPE_CHECKING:
     from conftest import PatchedExample

@@ -24,7 +24,7 @@ from trainguard.cli import main
 from trainguard.config import load_config
 from trainguard.drills import drill, run_drill
 from trainguard.report import CheckResult
-from trainguard.runner import JobRunner
+from trainguard.run.runner import JobRunner
 
 if TYPE_CHECKING:
     from conftest import PatchedExample

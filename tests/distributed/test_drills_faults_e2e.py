@@ -26,7 +26,7 @@ import pytest
 from trainguard.config import load_config
 from trainguard.drills import run_drill
 from trainguard.report import CheckResult
-from trainguard.runner import JobRunner
+from trainguard.run.runner import JobRunner
 
 pytestmark = pytest.mark.timeout(240)
 

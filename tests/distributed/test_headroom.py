@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from trainguard.config import load_config
+from trainguard.config.settings import Settings
 from trainguard.faults.base import FaultUnavailable
 from trainguard.faults.cgroups import MemoryCgroups
 from trainguard.profiling.check import profile_job, summarise
 from trainguard.profiling.headroom import run_headroom
-from trainguard.runner import JobRunner
-from trainguard.settings import Settings
+from trainguard.run.runner import JobRunner
 
 JOBS = Path(__file__).resolve().parent.parent / "data" / "jobs"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.distributed import assert_state_roundtrip
 from trainguard.errors import TrainguardAssertionError, UsageError
+from trainguard.unit.distributed import assert_state_roundtrip
 
 JOBS = str(Path(__file__).parent / "roundtrip_jobs")
 
@@ -58,7 +58,7 @@ def test_a_checkpoint_without_the_rng_is_caught() -> None:
     assert "components that survive: model, optimizer, scheduler, scaler, data" in message
     # dropout draws different masks, so the loss of the next step differs
     assert "  next.output: 1 of 1 elements differ" in message
-    assert "fix: save trainguard.seeding.rng_state()" in message
+    assert "fix: save trainguard.unit.seeding.rng_state()" in message
 
 
 def test_arguments_are_checked_before_any_process_starts() -> None:

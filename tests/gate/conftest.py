@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from trainguard.gate.local_ray import LocalRay, running_ray_processes
+from trainguard.raytrain.local_ray import LocalRay, running_ray_processes
 
 
 @pytest.fixture(scope="session")

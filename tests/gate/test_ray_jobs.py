@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.gate.local_ray import LocalRay, RayCluster, RayStartError, running_ray_processes
-from trainguard.gate.queue import SubmissionError, SubmissionSpec
-from trainguard.gate.ray_jobs import ClusterResources, RayJobsBackend
+from trainguard.queue.base import SubmissionError, SubmissionSpec
+from trainguard.queue.ray_jobs import ClusterResources, RayJobsBackend
+from trainguard.raytrain.local_ray import LocalRay, RayCluster, RayStartError, running_ray_processes
 
 
 def _workdir(tmp_path: Path, body: str) -> Path:
@@ -234,7 +234,7 @@ def test_start_timeout_leaves_nothing_behind() -> None:
 
 CTRL_C_DRIVER = """\
 import sys, time
-from trainguard.gate.local_ray import LocalRay
+from trainguard.raytrain.local_ray import LocalRay
 with LocalRay(num_gpus=0, dashboard=False, use_ray_address=False, start_timeout=180) as cluster:
     print("ready", cluster.temp_dir, flush=True)
     time.sleep(600)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainguard.settings import OPTIONS
+from trainguard.config.settings import OPTIONS
 
 
 @pytest.fixture(autouse=True)

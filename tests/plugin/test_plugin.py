@@ -13,7 +13,7 @@ import sys
 import pytest
 from trainguard.plugins.markers import MARKERS
 
-from trainguard.settings import OPTIONS
+from trainguard.config.settings import OPTIONS
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.checks import check
-from trainguard.gate.local_ray import running_ray_processes, stopped_head_processes
+from trainguard.raytrain.local_ray import running_ray_processes, stopped_head_processes
+from trainguard.session import check
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 pytest.importorskip("ray.train", reason="needs ray[train] (pip install trainguard[ray])")

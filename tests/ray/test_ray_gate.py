@@ -65,8 +65,8 @@ def test_the_production_run_of_a_ray_train_job_is_the_driver_at_the_sized_worker
     assert spec.labels() == {"trainguard.job": "digits-ray", "trainguard.gate_report": "/r/latest.json",
                              "trainguard.mlflow_run_id": "run-1", "trainguard.kind": "ray_train",
                              "trainguard.num_workers": "4"}
-    from trainguard.gate.local_ray import RayCluster
-    from trainguard.gate.ray_jobs import RayJobsBackend
+    from trainguard.queue.ray_jobs import RayJobsBackend
+    from trainguard.raytrain.local_ray import RayCluster
 
     backend = RayJobsBackend(RayCluster("127.0.0.1:1", "http://127.0.0.1:1", owned=False))
     command, cpus, gpus = backend.entrypoint(spec)
@@ -98,8 +98,8 @@ def test_gate_profiles_and_submits_a_ray_train_job(tmp_path: Path, monkeypatch: 
     pytest.importorskip("ray.job_submission", reason="needs ray[default] (pip install trainguard[ray])")
     from mlflow import MlflowClient
 
-    from trainguard.gate.local_ray import running_ray_processes, stopped_head_processes
     from trainguard.gate.run import run_gate
+    from trainguard.raytrain.local_ray import running_ray_processes, stopped_head_processes
 
     monkeypatch.setenv("TRAINGUARD_TRACKING", "on")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

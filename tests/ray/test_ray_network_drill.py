@@ -30,9 +30,9 @@ import pytest
 
 from trainguard.config import load_config
 from trainguard.drills import run_drill
-from trainguard.gate.local_ray import running_ray_processes
+from trainguard.raytrain.local_ray import running_ray_processes
 from trainguard.report import CheckResult
-from trainguard.runner import JobRunner
+from trainguard.run.runner import JobRunner
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(900)]
 pytest.importorskip("ray.train", reason="needs ray[train] (pip install trainguard[ray])")

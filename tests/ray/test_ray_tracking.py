@@ -204,8 +204,8 @@ def tracked_run(job: Path, steps: int = 8) -> tuple[Any, list[str], str, Any]:
     from mlflow import MlflowClient
 
     from trainguard.config import load_config
-    from trainguard.runner import JobRunner, RunRequest
-    from trainguard.settings import resolve
+    from trainguard.config.settings import resolve
+    from trainguard.run.runner import JobRunner, RunRequest
     from trainguard.tracking import open_tracker
 
     job_file = load_config(job)

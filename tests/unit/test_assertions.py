@@ -1,4 +1,4 @@
-"""Tests for trainguard.assertions: each check catches its planted defect and passes clean code."""
+"""Tests for trainguard.unit.assertions: each check catches its planted defect and passes clean code."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainguard import seeding
-from trainguard.assertions import (
+from trainguard.errors import TrainguardAssertionError, UsageError
+from trainguard.unit import seeding
+from trainguard.unit.assertions import (
     assert_batch_independent,
     assert_can_overfit,
     assert_close_tree,
@@ -23,7 +24,6 @@ from trainguard.assertions import (
     assert_step_updates,
     assert_tensor_meta,
 )
-from trainguard.errors import TrainguardAssertionError, UsageError
 
 
 @pytest.fixture(autouse=True)

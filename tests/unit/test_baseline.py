@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-import trainguard.baseline as bl
-from trainguard.baseline import (
+import trainguard.checks.baseline as bl
+from trainguard.checks.baseline import (
     FORMAT_VERSION,
     BaselineError,
     build_band,
@@ -29,11 +29,11 @@ from trainguard.baseline import (
     save_baseline,
     smoothing_window,
 )
-from trainguard.checks import check
 from trainguard.cli import main as cli_main
 from trainguard.config import load_config, parse_config
 from trainguard.errors import ConfigError
-from trainguard.runner import RunRequest
+from trainguard.run.runner import RunRequest
+from trainguard.session import check
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 TOY = JOBS / "toy_train.py"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.canary import (
+from trainguard.checks.canary import (
     first_non_finite,
     first_out_of_range,
     first_spike,
@@ -26,9 +26,9 @@ from trainguard.canary import (
     window_size,
 )
 from trainguard.config import load_config
+from trainguard.config.settings import Settings
 from trainguard.launch import LaunchSpec, launch
-from trainguard.runner import JobRunner
-from trainguard.settings import Settings
+from trainguard.run.runner import JobRunner
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 TOY = JOBS / "toy_train.py"
@@ -357,7 +357,7 @@ def test_tg_canary_passes_fails_with_the_summary_and_marks_tests_canary(pytester
 
 
 def test_checkpoint_step_from_the_state_or_the_file_name() -> None:
-    from trainguard.smoke import checkpoint_step
+    from trainguard.checks.smoke import checkpoint_step
 
     assert checkpoint_step(Path("ckpt_000005.pt"), {"step": 7}) == 7  # the key wins
     assert checkpoint_step(Path("ckpt_000005.pt"), {"model": {}}) == 5
@@ -368,7 +368,7 @@ def test_checkpoint_step_from_the_state_or_the_file_name() -> None:
 
 
 def test_smoke_resumes_the_toy_job_and_skips_the_load_of_non_torch_files(tmp_path: Path) -> None:
-    from trainguard.smoke import run_smoke
+    from trainguard.checks.smoke import run_smoke
 
     shutil.copytree(JOBS, tmp_path / "jobs")
     job_file = load_config(tmp_path / "jobs" / "toy.trainguard.yaml")
@@ -383,7 +383,7 @@ def test_smoke_resumes_the_toy_job_and_skips_the_load_of_non_torch_files(tmp_pat
 
 
 def test_smoke_without_resume_args_skips_the_resume_and_says_so(tmp_path: Path) -> None:
-    from trainguard.smoke import run_smoke
+    from trainguard.checks.smoke import run_smoke
 
     shutil.copytree(JOBS, tmp_path / "jobs")
     path = tmp_path / "jobs" / "toy.trainguard.yaml"

@@ -15,16 +15,20 @@ from pathlib import Path
 
 import pytest
 
-import trainguard.checks as checks_module
+import trainguard.session.orchestrate as checks_module
 from tests.helpers import wait_for_a_background_run
 from trainguard._version import __version__
-from trainguard.checks import available_checks, check, run_check, run_checks
+from trainguard.checks.equivalence import (
+    NONDETERMINISM_CAUSES,
+    compare_trajectories,
+    run_determinism,
+)
+from trainguard.checks.smoke import run_smoke
 from trainguard.config import DeterminismCheck, load_config
-from trainguard.equivalence import NONDETERMINISM_CAUSES, compare_trajectories, run_determinism
+from trainguard.config.settings import Settings
 from trainguard.report import CheckResult
-from trainguard.runner import JobRunner
-from trainguard.settings import Settings
-from trainguard.smoke import run_smoke
+from trainguard.run.runner import JobRunner
+from trainguard.session import available_checks, check, run_check, run_checks
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 

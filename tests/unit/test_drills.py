@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from trainguard.plugins.markers import FAULT_KINDS
 
-import trainguard.faults.registry as registry
+import trainguard.config.faults as registry
 from trainguard.config import DrillSpec, parse_config
-from trainguard.drills import (
+from trainguard.config.faults import DEFAULT_EXPECT, FAULT_CLASSES, FaultNotInstalled, fault_class
+from trainguard.drills.driver import (
     _Context,
     _Injection,
     _judge_continue,
@@ -25,9 +26,8 @@ from trainguard.errors import ConfigError
 from trainguard.faults.base import Fault
 from trainguard.faults.hang import HangFault
 from trainguard.faults.kill import KillRankFault
-from trainguard.faults.registry import DEFAULT_EXPECT, FAULT_CLASSES, FaultNotInstalled, fault_class
 from trainguard.launch import MetricPoint, RankExit, RunResult
-from trainguard.runner import RunRequest, SupervisedRun
+from trainguard.run.runner import RunRequest, SupervisedRun
 
 HEAD = r"""
 job:
@@ -140,7 +140,7 @@ def test_a_kind_whose_module_is_missing_is_reported_in_words(monkeypatch: pytest
     job.write_text(HEAD + "    - {name: o, fault: oom}\n")
     from trainguard.config import load_config
     from trainguard.drills import run_drill
-    from trainguard.runner import JobRunner
+    from trainguard.run.runner import JobRunner
 
     jf = load_config(job)
     result = run_drill(JobRunner(jf), jf.checks.drills[0])

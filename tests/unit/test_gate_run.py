@@ -109,7 +109,7 @@ def test_gate_policy_errors_name_the_key(job: Path, capsys: pytest.CaptureFixtur
 @pytest.mark.ray
 def test_gate_submit_to_an_embedded_ray_head(job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("ray.job_submission", reason="needs ray[default]")
-    from trainguard.gate.local_ray import running_ray_processes
+    from trainguard.raytrain.local_ray import running_ray_processes
 
     before = {p.pid for p in running_ray_processes()}
     job.write_text(job.read_text().replace("queue: slurm", "queue: ray"))

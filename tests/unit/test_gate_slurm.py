@@ -21,7 +21,7 @@ import pytest
 
 from trainguard.config import load_config
 from trainguard.errors import UsageError
-from trainguard.gate.queue import (
+from trainguard.queue.base import (
     QueueBackend,
     SubmissionError,
     SubmissionSpec,
@@ -29,7 +29,7 @@ from trainguard.gate.queue import (
     spec_from_job,
     torchrun_argv,
 )
-from trainguard.gate.slurm import SlurmBackend, slurm_time
+from trainguard.queue.slurm import SlurmBackend, slurm_time
 
 # ------------------------------------------------------------------------------------------
 # the spec

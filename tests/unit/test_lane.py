@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import runs_by_kind, wait_for_a_background_run
-from trainguard.checks import check, lane_plan, run_checks
 from trainguard.config import load_config
-from trainguard.runner import AheadRun, JobRunner
-from trainguard.settings import Settings
+from trainguard.config.settings import Settings
+from trainguard.run.runner import AheadRun, JobRunner
+from trainguard.session import check, lane_plan, run_checks
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.faults.ray_workers import (
+from trainguard.raytrain.workers import (
     RayWorkerLauncher,
     RayWorkerTracker,
     WorkerNotHere,

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from trainguard._internal.atomic import atomic_write_bytes, atomic_write_text
+from trainguard._internal.machine import gpu_inventory
 from trainguard._version import __version__
-from trainguard.devices import gpu_inventory
+from trainguard.launch.rundir import ensure_state_dir, new_run_dir, prune_runs
 from trainguard.report import REPORT_SCHEMA_VERSION, CheckResult, Report, load_report
-from trainguard.rundir import ensure_state_dir, new_run_dir, prune_runs
 
 REPORT_KEYS = {
     "tracking_uri",

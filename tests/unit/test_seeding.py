@@ -1,4 +1,4 @@
-"""Tests for trainguard.seeding: seeding, deterministic mode, worker seeding, RNG state."""
+"""Tests for trainguard.unit.seeding: seeding, deterministic mode, worker seeding, RNG state."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from trainguard import seeding
 from trainguard.errors import UsageError
-from trainguard.seeding import (
+from trainguard.unit import seeding
+from trainguard.unit.seeding import (
     CUBLAS_WORKSPACE_CONFIG,
     DeterministicState,
     current_seed,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from trainguard.config.settings import OPTIONS, Settings, get_option, options_table, resolve
 from trainguard.errors import ConfigError
-from trainguard.settings import OPTIONS, Settings, get_option, options_table, resolve
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "markers-and-options.md"
 
@@ -193,7 +193,7 @@ def test_docs_contain_the_options_table_verbatim() -> None:
     """docs/markers-and-options.md is generated from OPTIONS: regenerate it when this fails."""
     assert DOC.is_file(), f"{DOC} is missing; it must contain settings.options_table()"
     assert options_table() in DOC.read_text(encoding="utf-8"), (
-        f"{DOC.name} is out of date: paste trainguard.settings.options_table() into it"
+        f"{DOC.name} is out of date: paste trainguard.config.settings.options_table() into it"
     )
 
 

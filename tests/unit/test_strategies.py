@@ -1,4 +1,4 @@
-"""Property tests for trainguard.strategies: shapes, dtypes and ranges are honoured."""
+"""Property tests for trainguard.unit.strategies: shapes, dtypes and ranges are honoured."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainguard.assertions import assert_batch_independent, assert_finite
 from trainguard.errors import UsageError
-from trainguard.strategies import (
+from trainguard.unit.assertions import assert_batch_independent, assert_finite
+from trainguard.unit.strategies import (
     batch_shapes,
     batches,
     classification_batches,

@@ -25,10 +25,10 @@ import pytest
 
 pytest.importorskip("mlflow")
 
-import trainguard.tracking as tracking
+import trainguard.tracking.tracker as tracking
 from tests.helpers import runs_by_kind
-from trainguard.checks import check
 from trainguard.launch import MetricPoint
+from trainguard.session import check
 from trainguard.tracking import Tracker, TrackingWarning, metric_rows
 
 pytestmark = pytest.mark.timeout(180)
@@ -234,8 +234,8 @@ def test_restarts_of_one_logical_run_share_one_run_with_the_attempt_tag(jobs: Pa
     from mlflow import MlflowClient
 
     from trainguard.config import load_config
-    from trainguard.runner import JobRunner
-    from trainguard.settings import Settings
+    from trainguard.config.settings import Settings
+    from trainguard.run.runner import JobRunner
 
     job_file = load_config(jobs / "die.trainguard.yaml")
     uri, artifacts = tracking.default_store(job_file.state_dir)
@@ -257,7 +257,7 @@ def test_restarts_of_one_logical_run_share_one_run_with_the_attempt_tag(jobs: Pa
 def test_track_helper_logs_from_rank_zero_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow import MlflowClient
 
-    from trainguard import track
+    from trainguard.tracking import track
 
     for var in ("TRAINGUARD_MLFLOW_RUN_ID", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "RANK"):
         monkeypatch.delenv(var, raising=False)
@@ -361,8 +361,8 @@ def test_checks_are_readable_from_a_real_mlflow_server(
 
 
 def test_importing_trainguard_and_its_plugin_never_imports_mlflow() -> None:
-    code = ("import sys, trainguard, trainguard.plugins.plugin, trainguard.tracking, trainguard.track; "
-            "trainguard.track.log(0, loss=1.0); assert 'mlflow' not in sys.modules, 'mlflow imported'")
+    code = ("import sys, trainguard, trainguard.plugins.plugin, trainguard.tracking, trainguard.tracking.track; "
+            "trainguard.tracking.track.log(0, loss=1.0); assert 'mlflow' not in sys.modules, 'mlflow imported'")
     env = {k: v for k, v in os.environ.items() if k not in ("TRAINGUARD_MLFLOW_RUN_ID", "MLFLOW_RUN_ID")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=60)
 
@@ -371,12 +371,12 @@ def test_importing_trainguard_and_its_plugin_never_imports_mlflow() -> None:
 # launched jobs logging into their launch run, live metrics, plots (one store for the module)
 
 TRACK_TRAIN = '''\
-"""A toy job that logs from its own loop with trainguard.track (rank 0 writes)."""
+"""A toy job that logs from its own loop with trainguard.tracking.track (rank 0 writes)."""
 import argparse
 import os
 import time
 
-from trainguard import track
+from trainguard.tracking import track
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=5)
@@ -408,7 +408,7 @@ checks:
 
 @pytest.fixture(scope="module")
 def track_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A job that calls trainguard.track, with one sqlite store shared by this module's tests."""
+    """A job that calls trainguard.tracking.track, with one sqlite store shared by this module's tests."""
     from trainguard.config import load_config
 
     root = tmp_path_factory.mktemp("tracked")
@@ -422,8 +422,8 @@ def track_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def tracked_runner(job_file: Any) -> Any:
-    from trainguard.runner import JobRunner
-    from trainguard.settings import Settings
+    from trainguard.config.settings import Settings
+    from trainguard.run.runner import JobRunner
 
     uri, artifacts = tracking.default_store(job_file.state_dir)
     tracker = Tracker(uri, artifact_location=artifacts)
@@ -449,7 +449,7 @@ def test_a_launched_job_logs_into_its_launch_run_through_track(track_job: Any) -
     from mlflow import MlflowClient
 
     from trainguard.report import CheckResult
-    from trainguard.runner import RunRequest
+    from trainguard.run.runner import RunRequest
     from trainguard.tracking import plot_metrics, track_check
 
     runner = tracked_runner(track_job)
@@ -486,7 +486,7 @@ def test_a_job_launched_before_its_run_exists_gets_the_id_through_a_file(
 
     from mlflow import MlflowClient
 
-    from trainguard.runner import RunRequest
+    from trainguard.run.runner import RunRequest
 
     monkeypatch.setattr(tracking, "LAUNCH_RUN_WAIT_S", 0.2)
     lock_path = track_job.state_dir / "mlflow.db.lock"
@@ -516,7 +516,7 @@ def test_metrics_are_in_the_store_while_the_job_runs(track_job: Any, monkeypatch
     are there exactly once (streamed live, the rest logged after the attempt, nothing twice)."""
     from mlflow import MlflowClient
 
-    from trainguard.runner import RunRequest
+    from trainguard.run.runner import RunRequest
 
     monkeypatch.setattr(tracking, "LIVE_INTERVAL_S", 1.0)  # a live point a second (default 5 s)
     runner = tracked_runner(track_job)

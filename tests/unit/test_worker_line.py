@@ -1,6 +1,6 @@
 """The one parser of the ``trainguard-worker rank=R pid=P node=IP`` line a Ray Train worker
 prints, and the profiler's reader of the driver's log that uses it (the fault drills' reader,
-:class:`~trainguard.faults.ray_workers.RayWorkerTracker`, is tested in test_ray_workers.py)."""
+:class:`~trainguard.raytrain.workers.RayWorkerTracker`, is tested in test_ray_workers.py)."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ class FaultContext:
     env: dict[str, str] = field(default_factory=dict)
     #: a ``kind: ray_train`` job: the ranks are Ray Train workers, not children of the launched
     #: process (the driver); :meth:`Fault.inject` gets a
-    #: :class:`~trainguard.faults.ray_workers.RayWorkerLauncher` whose ``ranks`` are the workers,
+    #: :class:`~trainguard.raytrain.workers.RayWorkerLauncher` whose ``ranks`` are the workers,
     #: :meth:`Fault.preexec` is not used, and the start-up hook reaches the workers through the
     #: driver's ``runtime_env`` (without a ``RANK`` at start-up: target them by pid)
     ray_train: bool = False

@@ -51,7 +51,7 @@ class KillRankFault(Fault):
         return signal.Signals[str(self.params["signal"])]
 
     def inject(self, launcher: Launcher) -> None:
-        from trainguard.faults.ray_workers import RayWorkerLauncher
+        from trainguard.raytrain.workers import RayWorkerLauncher
 
         self.ray_worker = isinstance(launcher, RayWorkerLauncher)
         self.pid = launcher.ranks[self.rank].pid

@@ -86,10 +86,10 @@ class Capabilities:
 
     @classmethod
     def probe(cls) -> Capabilities:
-        """Look: GPUs (trainguard.devices), root (euid 0), Ray installed (find_spec)."""
+        """Look: GPUs (trainguard._internal.machine), root (euid 0), Ray installed (find_spec)."""
         import importlib.util
 
-        from trainguard.devices import gpu_inventory
+        from trainguard._internal.machine import gpu_inventory
 
         try:
             gpus = gpu_inventory().count

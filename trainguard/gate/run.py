@@ -106,10 +106,10 @@ def run_gate(
 ) -> GateReport:
     """Run the gate on a job file: every configured check, the decision, the report (written),
     and -- with ``submit`` and a ``promote`` -- the submission to ``gate.queue``."""
-    from trainguard.checks import run_in_order
+    from trainguard.config.settings import resolve
     from trainguard.gate.provenance import provenance_for
-    from trainguard.runner import JobRunner
-    from trainguard.settings import resolve
+    from trainguard.run.runner import JobRunner
+    from trainguard.session import run_in_order
     from trainguard.tracking import open_tracker
 
     started = time.monotonic()
@@ -164,8 +164,8 @@ def run_gate(
 def _production_spec(job_file: JobFile, gate: dict[str, Any], report_path: str | None) -> Any:
     """The sized production run: the recommended world size, the target's steps, the predicted
     wall-clock as the time limit."""
-    from trainguard.gate.queue import spec_from_job
-    from trainguard.runner import JobRunner, RunRequest
+    from trainguard.queue.base import spec_from_job
+    from trainguard.run.runner import JobRunner, RunRequest
 
     sizing = gate.get("sizing") or {}
     world = sizing.get("recommended") or job_file.job.world_size
@@ -236,8 +236,8 @@ def _production_run(runner: Any, spec: Any, wait_s: float = 10.0) -> Any:
 
 
 def _submit_spec(spec: Any, queue: str, job_file: JobFile, *, wait_s: float) -> dict[str, Any]:
-    from trainguard.gate.local_ray import LocalRay, external_cluster
-    from trainguard.gate.queue import get_backend
+    from trainguard.queue.base import get_backend
+    from trainguard.raytrain.local_ray import LocalRay, external_cluster
 
     if queue == "slurm":
         submission = get_backend("slurm", script_dir=job_file.state_dir / "slurm").submit(spec)

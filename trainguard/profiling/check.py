@@ -14,7 +14,7 @@ from trainguard.profiling.compare import parse_regressions
 from trainguard.profiling.profile import Profile, run_profile
 from trainguard.profiling.render import write_reports
 from trainguard.report import CheckResult
-from trainguard.runner import JobRunner
+from trainguard.run.runner import JobRunner
 
 __all__ = ["profile_job", "run_profile_check", "summarise"]
 

@@ -5,7 +5,7 @@ A profile is saved as versioned JSON per machine and commit::
     .trainguard/profile/baselines/<machine-id>/<NNNN>_<commit>[_dirty].json
 
 (the same naming and atomic, never-overwriting write as the canary baselines of
-:mod:`trainguard.baseline`, whose machine-id and git helpers are reused). ``--compare``
+:mod:`trainguard.checks.baseline`, whose machine-id and git helpers are reused). ``--compare``
 expressions such as ``p50_step_time:+10%`` or ``throughput@2:-5%`` are parsed once by
 :func:`parse_regressions` into :class:`RegressionCheck` objects, used by the CLI, the check
 and pytest alike. The sign says which way is bad: ``+10%`` fails when the value grew by more
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard._version import __version__
-from trainguard.baseline import baseline_files, git_state, machine_id, machine_info
+from trainguard.checks.baseline import baseline_files, git_state, machine_id, machine_info
 from trainguard.errors import TrainguardError
 
 __all__ = [
@@ -239,7 +239,7 @@ def profile_baselines_dir(state_dir: Path, machine: str | None = None) -> Path:
 
 def save_profile_baseline(state_dir: Path, job_dir: Path, profile: Mapping[str, Any]) -> Path:
     """Store ``profile`` (its JSON form) as this machine's next baseline; returns the path."""
-    from trainguard.baseline import write_numbered
+    from trainguard.checks.baseline import write_numbered
 
     directory = profile_baselines_dir(state_dir)
     directory.mkdir(parents=True, exist_ok=True)
@@ -260,7 +260,7 @@ def save_profile_baseline(state_dir: Path, job_dir: Path, profile: Mapping[str, 
 
 def load_profile_baseline(path: str | Path) -> dict[str, Any]:
     """A saved profile baseline file (the whole document; its profile under ``profile``)."""
-    from trainguard.baseline import read_versioned_json
+    from trainguard.checks.baseline import read_versioned_json
 
     return read_versioned_json(path, kind=_KIND, version=PROFILE_FORMAT_VERSION, error=ProfileBaselineError,
                                what="profile baseline", kind_name="trainguard profile baseline",

@@ -42,7 +42,7 @@ import psutil
 from trainguard.config import HeadroomSearch, ProfileCheck
 from trainguard.faults.hook import rank_stderr
 from trainguard.launch import Launcher, MetricPoint, RunResult
-from trainguard.runner import JobRunner, RunRequest
+from trainguard.run.runner import JobRunner, RunRequest
 
 __all__ = [
     "DEFAULT_BUDGET_SHARE",

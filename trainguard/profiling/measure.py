@@ -1,6 +1,6 @@
 """Profiling a job: one short run per world size, measured from the outside.
 
-Each run goes through :class:`~trainguard.runner.JobRunner` like every other check. While it
+Each run goes through :class:`~trainguard.run.runner.JobRunner` like every other check. While it
 runs, trainguard watches it without touching the job's code:
 
 * step times from the arrival times of rank 0's step lines (warm-up steps excluded);
@@ -37,7 +37,7 @@ import psutil
 from trainguard.config import JobFile, ProfileCheck
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.profiling.stats import StepStats, percentile, step_stats
-from trainguard.runner import JobRunner, RunRequest
+from trainguard.run.runner import JobRunner, RunRequest
 
 __all__ = [
     "SizeProfile",

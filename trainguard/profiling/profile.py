@@ -16,6 +16,7 @@ import psutil
 
 from trainguard._version import __version__
 from trainguard.config import ProfileCheck, Target
+from trainguard.launch.rundir import new_run_dir
 from trainguard.profiling.compare import (
     Regression,
     RegressionCheck,
@@ -33,8 +34,7 @@ from trainguard.profiling.measure import (
 )
 from trainguard.profiling.sizing import SizeInputs, Sizing, size_run
 from trainguard.profiling.stats import ScalingFit, fit_scaling, phrase_scaling, scaling_table
-from trainguard.rundir import new_run_dir
-from trainguard.runner import JobRunner
+from trainguard.run.runner import JobRunner
 
 __all__ = ["Profile", "run_profile"]
 
@@ -207,7 +207,7 @@ def run_profile(
     (``spec.headroom``; ``headroom=False`` skips it, True needs it configured), fit, size against
     ``target``, compare with this machine's latest profile baseline (``compare``), optionally
     save it as the new one."""
-    from trainguard.baseline import git_state, machine_info
+    from trainguard.checks.baseline import git_state, machine_info
 
     job_file = runner.job_file
     seed = spec.seed if spec.seed is not None else runner.settings.seed

@@ -48,7 +48,7 @@ def _worker_entry(config: dict[str, Any]) -> Any:
     spec = config.pop(_SPEC_KEY)
     context = ray.train.get_context()
     rank = context.get_world_rank()
-    # node: a fault drill signals the pid only on its own machine (trainguard.faults.ray_workers)
+    # node: a fault drill signals the pid only on its own machine (trainguard.raytrain.workers)
     node = ray.util.get_node_ip_address()
     print(format_worker_line(rank, os.getpid(), node), file=sys.stderr, flush=True)
     original = ray.train.report

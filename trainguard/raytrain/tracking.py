@@ -322,7 +322,7 @@ class WorkerWriter:
         if self.summary_path is None:
             return
         with contextlib.suppress(OSError):
-            from trainguard.tracking import _write_atomic
+            from trainguard.tracking.tracker import _write_atomic
 
             with self._cond:
                 text = json.dumps(self.summary.to_dict(), indent=1)
@@ -354,7 +354,7 @@ class WorkerWriter:
             import logging
             import warnings
 
-            from trainguard.tracking import _store_lock
+            from trainguard.tracking.tracker import _store_lock
 
             for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
                 logging.getLogger(name).setLevel(logging.WARNING)
@@ -461,7 +461,7 @@ class WorkerWriter:
 
             client.log_batch(run_id, metrics=[Metric(k, v, ts, step) for step, rows in batch for k, v, ts in rows])
         except Exception as exc:
-            from trainguard.tracking import _permanent
+            from trainguard.tracking.tracker import _permanent
 
             text = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
             return f"permanent: {text}" if _permanent(exc) else text

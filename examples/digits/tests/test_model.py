@@ -23,7 +23,7 @@ from trainguard import (
     assert_tensor_meta,
     seed_everything,
 )
-from trainguard.strategies import classification_batches
+from trainguard.unit.strategies import classification_batches
 
 from digits.model import DigitsMLP
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainguard.seeding import rng_state, set_rng_state
+from trainguard.unit.seeding import rng_state, set_rng_state
 
 # fixed data, independent of the global RNG (which belongs to the training state under test)
 _DATA = torch.Generator().manual_seed(1234)

@@ -48,12 +48,12 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
 
     from trainguard.config import ProfileCheck, load_config
-    from trainguard.config import _profile_problems as profile_problems
+    from trainguard.config.schema import _profile_problems as profile_problems
+    from trainguard.config.settings import resolve
     from trainguard.errors import ConfigError
     from trainguard.profiling.check import profile_job, summarise
     from trainguard.profiling.compare import RegressionExpressionError, parse_regressions
-    from trainguard.runner import JobRunner
-    from trainguard.settings import resolve
+    from trainguard.run.runner import JobRunner
     from trainguard.tracking import open_tracker
 
     job_file = load_config(args.config)

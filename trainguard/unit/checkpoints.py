@@ -86,7 +86,7 @@ def compare_checkpoint_dirs(
 ) -> StateComparison:
     """Compare the newest checkpoint of ``actual_dir`` with the same-named file of
     ``expected_dir`` (else its newest), tensor by tensor, naming every differing key."""
-    from trainguard.assertions import tree_differences
+    from trainguard.unit.assertions import tree_differences
 
     actual = find_checkpoints(actual_dir)
     expected = find_checkpoints(expected_dir)

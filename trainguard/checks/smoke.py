@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainguard.checkpoints import find_checkpoints, load_checkpoint
 from trainguard.config import SmokeCheck
 from trainguard.report import CheckResult
-from trainguard.runner import JobRunner, RunRequest
+from trainguard.run.runner import JobRunner, RunRequest
+from trainguard.unit.checkpoints import find_checkpoints, load_checkpoint
 
 __all__ = ["checkpoint_step", "run_smoke"]
 

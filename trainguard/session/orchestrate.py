@@ -12,7 +12,7 @@ from typing import Any
 
 from trainguard.config import CheckSpec, JobFile
 from trainguard.report import CheckResult, Report
-from trainguard.runner import AheadRun, JobRunner
+from trainguard.run.runner import AheadRun, JobRunner
 
 __all__ = ["available_checks", "check", "lane_plan", "run_check", "run_checks", "run_in_order"]
 
@@ -22,11 +22,11 @@ LANE_CHECKS = ("smoke", "canary", "determinism", "resume", "parallel")
 
 
 def _registry() -> dict[str, Callable[[JobRunner, Any], CheckResult]]:
-    from trainguard.canary import run_canary
+    from trainguard.checks.canary import run_canary
+    from trainguard.checks.equivalence import run_determinism, run_parallel, run_resume
+    from trainguard.checks.smoke import run_smoke
     from trainguard.drills import run_drill
-    from trainguard.equivalence import run_determinism, run_parallel, run_resume
     from trainguard.profiling.check import run_profile_check
-    from trainguard.smoke import run_smoke
 
     return {
         "smoke": run_smoke,
@@ -80,7 +80,7 @@ def lane_plan(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) -> lis
     canary's run, determinism's second run and parallel's N-rank run (independent runs of a
     known request, not timed against anything). Only when some check runs before the one that
     needs it, and only behind checks of :data:`LANE_CHECKS`."""
-    from trainguard.canary import canary_on_metric, canary_request
+    from trainguard.checks.canary import canary_on_metric, canary_request
     from trainguard.config import CanaryCheck, DeterminismCheck, ParallelCheck
 
     names = [n for n, _ in checks]
@@ -156,7 +156,7 @@ def check(
     from pathlib import Path
 
     from trainguard.config import load_config
-    from trainguard.settings import resolve
+    from trainguard.config.settings import resolve
 
     job_file = load_config(config)
     settings = resolve(environ=os.environ)

@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("-y", "--yes", action="store_true", help="ask nothing; use the flags and defaults")
     init.add_argument("--force", action="store_true", help="overwrite existing files")
 
-    from trainguard.profiling import cli as profile_cli
+    from trainguard.cli import profile as profile_cli
 
     profile_cli.add_parser(sub)
     sub.add_parser("version", help="print the trainguard version", description="Print the trainguard version.")
@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "init":
             return _cmd_init(args)
         if args.command == "profile":
-            from trainguard.profiling import cli as profile_cli
+            from trainguard.cli import profile as profile_cli
 
             return profile_cli.run(args)
         if args.command == "drill":
@@ -217,8 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from trainguard.checks import check
     from trainguard.report import CheckResult
+    from trainguard.session import check
 
     def echo(rank: int, stream: str, line: str) -> None:
         print(f"[rank{rank} {stream}] {line}", file=sys.stderr)
@@ -377,20 +377,20 @@ from pathlib import Path
 
 import pytest
 
-import trainguard.checks
+import trainguard.session
 
 JOB_FILE = Path(__file__).resolve().parent.parent / "{yaml_name}"
 
 
 @pytest.mark.smoke
 def test_smoke(tmp_path):
-    report = trainguard.checks.check(JOB_FILE, only=["smoke"], report_json=str(tmp_path / "r.json"))
+    report = trainguard.session.check(JOB_FILE, only=["smoke"], report_json=str(tmp_path / "r.json"))
     assert report.status == "passed", report.checks[0].summary
 
 
 @pytest.mark.determinism
 def test_determinism(tmp_path):
-    report = trainguard.checks.check(JOB_FILE, only=["determinism"], report_json=str(tmp_path / "r.json"))
+    report = trainguard.session.check(JOB_FILE, only=["determinism"], report_json=str(tmp_path / "r.json"))
     assert report.status == "passed", report.checks[0].summary
 '''
 

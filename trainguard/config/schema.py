@@ -419,7 +419,7 @@ _DRILL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 def _to_fault_kind(value: Any) -> Any:
-    from trainguard.faults.registry import FAULT_CLASSES
+    from trainguard.config.faults import FAULT_CLASSES
 
     if isinstance(value, str) and value not in FAULT_CLASSES:
         close = difflib.get_close_matches(value, list(FAULT_CLASSES), n=1)
@@ -505,8 +505,8 @@ class DrillSpec(CheckSpec):
 
     @property
     def expectation(self) -> str:
-        """``expect``, or the fault's default (:data:`trainguard.faults.registry.DEFAULT_EXPECT`)."""
-        from trainguard.faults.registry import DEFAULT_EXPECT
+        """``expect``, or the fault's default (:data:`trainguard.config.faults.DEFAULT_EXPECT`)."""
+        from trainguard.config.faults import DEFAULT_EXPECT
 
         return self.expect or DEFAULT_EXPECT[self.fault]
 
@@ -1016,7 +1016,7 @@ def _check_key(job_file: JobFile, name: str) -> str:
 
 def _drill_problems(job_file: JobFile, command_text: str, env_text: str) -> list[tuple[str, str]]:
     """Unique names, ranks that exist, what recover/fail_clean need, each fault's parameters."""
-    from trainguard.faults.registry import FaultNotInstalled, fault_class
+    from trainguard.config.faults import FaultNotInstalled, fault_class
 
     job = job_file.job
     problems: list[tuple[str, str]] = []

@@ -22,7 +22,7 @@ import subprocess
 from pathlib import Path
 
 from trainguard._internal.atomic import atomic_write_text
-from trainguard.gate.queue import Submission, SubmissionError, SubmissionSpec, torchrun_argv
+from trainguard.queue.base import Submission, SubmissionError, SubmissionSpec, torchrun_argv
 
 __all__ = ["SlurmBackend", "slurm_time"]
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.checkpoints import compare_checkpoint_dirs
 from trainguard.config import DeterminismCheck, ParallelCheck, ResumeCheck
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories
 from trainguard.report import CheckResult
-from trainguard.runner import JobRunner
+from trainguard.run.runner import JobRunner
+from trainguard.unit.checkpoints import compare_checkpoint_dirs
 
 __all__ = [
     "TrajectoryDiff",

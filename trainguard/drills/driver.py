@@ -34,19 +34,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from trainguard.checkpoints import compare_checkpoint_dirs
+from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories
 from trainguard.config import DrillSpec, JobFile
-from trainguard.equivalence import TrajectoryDiff, compare_trajectories
+from trainguard.config.faults import FaultNotInstalled, fault_class
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
-from trainguard.faults.registry import FaultNotInstalled, fault_class
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories
+from trainguard.launch.rundir import new_run_dir
 from trainguard.report import CheckResult, CheckStatus, Report
-from trainguard.rundir import new_run_dir
-from trainguard.runner import JobRunner, RunRequest, SupervisedRun
+from trainguard.run.runner import JobRunner, RunRequest, SupervisedRun
+from trainguard.unit.checkpoints import compare_checkpoint_dirs
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainguard.faults.ray_workers import RayWorkerTracker, WorkerSighting
+    from trainguard.raytrain.workers import RayWorkerTracker, WorkerSighting
 
 __all__ = ["DRILL_CAUSES", "drill", "make_drill", "run_drill", "run_drills"]
 
@@ -143,7 +143,7 @@ class _Driver:
         info.injected_step = point.step
         target = launcher
         if info.tracker is not None:  # the fault's ranks are the Ray workers, by their pids
-            from trainguard.faults.ray_workers import RayWorkerLauncher
+            from trainguard.raytrain.workers import RayWorkerLauncher
 
             target = cast(Launcher, RayWorkerLauncher(launcher, info.tracker, self.ray_world_size or 1))
             info.ray_workers_at_injection = info.tracker.pids()
@@ -166,7 +166,7 @@ class _Driver:
         Train restarted them (a worker line read after the fault)."""
         info = self.info
         if info.tracker is None:
-            from trainguard.faults.ray_workers import RayWorkerTracker
+            from trainguard.raytrain.workers import RayWorkerTracker
 
             info.tracker = RayWorkerTracker(launcher.ranks[0].stderr_log, clock=launcher.elapsed)
         info.tracker.poll()  # stamp the worker lines when they come, not at the injection
@@ -799,8 +799,8 @@ def run_drills(
     on_result: Callable[[CheckResult], None] | None = None,
 ) -> list[CheckResult]:
     """Run ``specs`` (default: every drill of the runner's job file), each through
-    :func:`trainguard.checks.run_check` (tracked like any check)."""
-    from trainguard.checks import run_check
+    :func:`trainguard.session.run_check` (tracked like any check)."""
+    from trainguard.session import run_check
 
     results = []
     for spec in runner.job_file.checks.drills if specs is None else specs:
@@ -822,8 +822,8 @@ def drill(
 ) -> Report:
     """Run a job file's drills (or ``only`` those names) and write the report (default
     ``.trainguard/drills-report.json``); the library form of ``trainguard drill``."""
-    from trainguard.checks import check
     from trainguard.config import load_config
+    from trainguard.session import check
 
     job_file = load_config(config)
     names = [n if n.startswith("drill:") else f"drill:{n}" for n in only] if only else ["drills"]
@@ -838,7 +838,7 @@ def make_drill(job_file: JobFile, fields: dict[str, Any]) -> DrillSpec:
     drills: a :class:`~trainguard.errors.ConfigError` names every problem."""
     from pydantic import ValidationError
 
-    from trainguard.config import _config_error, _drill_problems, _format_validation_error
+    from trainguard.config.schema import _config_error, _drill_problems, _format_validation_error
 
     known = set(DrillSpec.model_fields)
     spec_fields = {k: v for k, v in fields.items() if k in known}

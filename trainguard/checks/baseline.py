@@ -48,7 +48,7 @@ from trainguard.errors import TrainguardError
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.config import CanaryCheck, JobFile
     from trainguard.launch import RunResult
-    from trainguard.runner import JobRunner, RunRequest
+    from trainguard.run.runner import JobRunner, RunRequest
 
 __all__ = [
     "FORMAT_VERSION",

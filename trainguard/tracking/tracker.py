@@ -41,10 +41,10 @@ from trainguard.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.config import CheckSpec, JobFile
+    from trainguard.config.settings import Settings
     from trainguard.launch import MetricPoint, RunResult
     from trainguard.report import CheckResult
-    from trainguard.runner import JobRunner, RunRequest
-    from trainguard.settings import Settings
+    from trainguard.run.runner import JobRunner, RunRequest
 
 __all__ = [
     "EXPERIMENT",
@@ -83,7 +83,7 @@ LIVE_INTERVAL_S = 5.0
 #: seconds a launch waits for its MLflow run to exist before starting the ranks; past it the
 #: ranks get a file to read the run id from once the writer has created the run
 LAUNCH_RUN_WAIT_S = 2.0
-#: environment variables :mod:`trainguard.track` reads in the ranks of a launched job
+#: environment variables :mod:`trainguard.tracking.track` reads in the ranks of a launched job
 RUN_ID_ENV = "TRAINGUARD_MLFLOW_RUN_ID"
 RUN_ID_FILE_ENV = "TRAINGUARD_MLFLOW_RUN_ID_FILE"
 TRACKING_URI_ENV = "TRAINGUARD_MLFLOW_TRACKING_URI"
@@ -296,7 +296,7 @@ class Tracker:
         return handle
 
     def attach(self, run_id: str) -> RunHandle:
-        """A handle on an existing run (the ``trainguard.track`` helper logs into one)."""
+        """A handle on an existing run (the ``trainguard.tracking.track`` helper logs into one)."""
         handle = RunHandle(run_id, run_id=run_id)
         handle.created.set()
         return handle
@@ -1001,7 +1001,7 @@ def launch_hooks(
     runner: JobRunner, handle: RunHandle | None, world_size: int, run_dir: Path
 ) -> tuple[dict[str, str], Callable[[MetricPoint, Any], None] | None]:
     """What one attempt of a tracked launch needs: the environment that lets
-    :mod:`trainguard.track` in the ranks log into the launch run, and the live metric callback.
+    :mod:`trainguard.tracking.track` in the ranks log into the launch run, and the live metric callback.
 
     The launch run is created by the writer thread: this waits at most ``LAUNCH_RUN_WAIT_S`` for
     it (never longer: a slow store must not stall the check). Past that the ranks get

@@ -12,7 +12,7 @@ fall by ``min_loss_drop`` and never spike. Losses are noisy, so no single step d
 
 Every limit that is hit fails the check and says by how much.
 
-With a saved baseline (trainguard.baseline, docs/baselines.md) the run must also stay inside the
+With a saved baseline (trainguard.checks.baseline, docs/baselines.md) the run must also stay inside the
 band around the baseline's trajectory; ``--save-baseline`` makes a passing run the new baseline.
 """
 
@@ -26,11 +26,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.baseline import canary_baseline
+from trainguard.checks.baseline import canary_baseline
 from trainguard.config import CanaryCheck
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.report import CheckResult
-from trainguard.runner import JobRunner, RunRequest
+from trainguard.run.runner import JobRunner, RunRequest
 
 __all__ = [
     "LossVerdict",
@@ -260,7 +260,7 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
     started = time.monotonic()
     request = canary_request(runner, spec)
     reproduce = runner.command_line(request)
-    # started early beside the checks before it (trainguard.checks.lane_plan), else now
+    # started early beside the checks before it (trainguard.session.lane_plan), else now
     result = runner.take_ahead("canary", request)
     if result is None:
         result = runner.run(request, label="canary", on_metric=canary_on_metric(spec))

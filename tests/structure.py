@@ -1,0 +1,262 @@
+"""Reads trainguard's own imports (ast only, nothing is executed) and measures its structure.
+
+Used by ``tests/unit/test_structure.py`` (which fails on what this finds) and runnable as a script
+for the numbers: ``python tests/structure.py``.
+
+Every import counts: module level, inside functions, under ``TYPE_CHECKING``, and
+``importlib.import_module("trainguard...")`` with a literal name (a lazy import is still an
+import). ``plugins/`` and ``fixtures/`` are read as ``trainguard.plugins`` and
+``trainguard.fixtures``, the packages they are installed as.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# installed package -> source folder (pyproject.toml's package-dir)
+SOURCES = {
+    "trainguard": ROOT / "trainguard",
+    "trainguard.plugins": ROOT / "plugins",
+    "trainguard.fixtures": ROOT / "fixtures",
+}
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    is_package: bool
+    tree: ast.Module
+    lines: int
+    # (imported module, imported name or None, line)
+    imports: list[tuple[str, str | None, int]] = field(default_factory=list)
+    # (module alias target, private attribute, line): `mod._name` on an imported module
+    private_attrs: list[tuple[str, str, int]] = field(default_factory=list)
+
+
+def _module_name(package: str, folder: Path, path: Path) -> tuple[str, bool]:
+    rel = path.relative_to(folder).with_suffix("")
+    parts = list(rel.parts)
+    is_package = parts[-1] == "__init__"
+    if is_package:
+        parts = parts[:-1]
+    return ".".join([package, *parts]), is_package
+
+
+def load_modules() -> dict[str, Module]:
+    """Every module of the installed package, parsed."""
+    modules: dict[str, Module] = {}
+    for package, folder in SOURCES.items():
+        for path in sorted(folder.rglob("*.py")):
+            if package == "trainguard" and any(
+                path.is_relative_to(other) for other in SOURCES.values() if other != folder
+            ):
+                continue
+            name, is_package = _module_name(package, folder, path)
+            text = path.read_text(encoding="utf-8")
+            modules[name] = Module(
+                name, path, is_package, ast.parse(text, str(path)), len(text.splitlines())
+            )
+    for module in modules.values():
+        _read_imports(module, modules)
+    return modules
+
+
+def _resolve_relative(module: Module, level: int, target: str | None) -> str:
+    base = module.name.split(".")
+    if not module.is_package:
+        base = base[:-1]
+    if level > 1:
+        base = base[: -(level - 1)]
+    return ".".join([*base, target] if target else base)
+
+
+def _read_imports(module: Module, modules: dict[str, Module]) -> None:
+    aliases: dict[str, str] = {}  # local name -> trainguard module it stands for
+    for node in ast.walk(module.tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "trainguard":
+                    module.imports.append((alias.name, None, node.lineno))
+                    if alias.asname:
+                        aliases[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            source = (
+                _resolve_relative(module, node.level, node.module) if node.level else node.module
+            )
+            if not source or source.split(".")[0] != "trainguard":
+                continue
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                if submodule in modules:  # `from pkg import submodule`
+                    module.imports.append((submodule, None, node.lineno))
+                    aliases[alias.asname or alias.name] = submodule
+                else:
+                    module.imports.append((source, alias.name, node.lineno))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute | ast.Name)
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+            == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and node.args[0].value.startswith("trainguard")
+        ):
+            module.imports.append((node.args[0].value, None, node.lineno))
+    for node in ast.walk(module.tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            module.private_attrs.append((aliases[node.value.id], node.attr, node.lineno))
+
+
+def _target(modules: dict[str, Module], imported: str) -> str | None:
+    """The trainguard module an import names (a missing one: its nearest existing parent)."""
+    name = imported
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def edges(modules: dict[str, Module]) -> dict[str, set[str]]:
+    """module -> the trainguard modules it imports (itself excluded)."""
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for module in modules.values():
+        for imported, _name, _line in module.imports:
+            target = _target(modules, imported)
+            if target and target != module.name:
+                graph[module.name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+
+    def visit(start: str) -> None:  # iterative, so a deep graph cannot hit the recursion limit
+        nonlocal counter
+        work: list[tuple[str, Iterator[str]]] = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_module_part(module: str) -> str | None:
+    """The first private segment of a dotted module name, `_internal` excepted."""
+    for part in module.split(".")[1:]:
+        if _is_private(part) and part != "_internal":
+            return part
+    return None
+
+
+def _owner(module: str) -> str:
+    """The package a private module belongs to (the part before its private segment)."""
+    parts = module.split(".")
+    for i, part in enumerate(parts[1:], start=1):
+        if _is_private(part) and part != "_internal":
+            return ".".join(parts[:i])
+    return module
+
+
+def private_imports(modules: dict[str, Module]) -> list[str]:
+    """Private names taken from another module: `from a import _x`, `a._x`, `import a._mod`.
+
+    Public names of the `_internal` package are fine; so is a private module used by its own
+    package (``trainguard.faults.hook`` running its ``_trainguard_fault_agent``).
+    """
+    found = []
+    for module in modules.values():
+        for imported, name, line in module.imports:
+            where = f"{module.path.relative_to(ROOT)}:{line}"
+            if name is not None and _is_private(name):
+                found.append(f"{where}: {name} from {imported}")
+            private_part = _private_module_part(imported)
+            if private_part and not module.name.startswith(_owner(imported)):
+                found.append(f"{where}: private module {imported}")
+        for imported, attr, line in module.private_attrs:
+            found.append(f"{module.path.relative_to(ROOT)}:{line}: {imported}.{attr}")
+    return found
+
+
+def long_files(modules: dict[str, Module], limit: int) -> list[tuple[str, int]]:
+    return sorted(
+        ((str(m.path.relative_to(ROOT)), m.lines) for m in modules.values() if m.lines > limit),
+        key=lambda item: -item[1],
+    )
+
+
+def main() -> None:
+    modules = load_modules()
+    graph = edges(modules)
+    found_cycles = cycles(graph)
+    private = private_imports(modules)
+    library = {n: m for n, m in modules.items() if not n.startswith(("trainguard.plugins",
+                                                                    "trainguard.fixtures"))}
+    print(f"modules: {len(modules)}, import edges: {sum(len(v) for v in graph.values())}")
+    print(f"import cycles (strongly connected components): {len(found_cycles)}")
+    for component in found_cycles:
+        print("  ", " <-> ".join(component))
+    print(f"private names imported across modules: {len(private)}")
+    for line in private:
+        print("  ", line)
+    for limit in (600, 700):
+        over = long_files(library, limit)
+        print(f"library files over {limit} lines: {len(over)}")
+        if limit == 600:
+            for path, lines in over:
+                print(f"   {lines:5d} {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

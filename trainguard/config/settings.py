@@ -1,0 +1,259 @@
+"""trainguard's settings: one table, three spellings, one precedence.
+
+Each setting ``name`` is the flag ``--trainguard-name`` (dashes), the ini key ``trainguard_name``
+and the environment variable ``TRAINGUARD_NAME``. Precedence: command line > environment > ini
+file > default. The pytest plugin and the CLI both resolve settings through :func:`resolve`, and
+docs/markers-and-options.md is generated from :data:`OPTIONS` (tests check it is up to date).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from trainguard.errors import ConfigError
+
+__all__ = ["OPTIONS", "Option", "Settings", "options_table", "resolve"]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _parse_int(text: str) -> int:
+    return int(text.strip())
+
+
+def _parse_float(text: str) -> float:
+    return float(text.strip())
+
+
+def _parse_seed(text: str) -> int:
+    value = int(text.strip())
+    if not 0 <= value <= 2**32 - 1:
+        raise ValueError("expected an integer between 0 and 2**32-1")
+    return value
+
+
+def _parse_positive_int(text: str) -> int:
+    value = int(text.strip())
+    if value < 1:
+        raise ValueError("expected an integer >= 1")
+    return value
+
+
+def _parse_positive_float(text: str) -> float:
+    value = float(text.strip())
+    if not value > 0:
+        raise ValueError("expected a number > 0")
+    return value
+
+
+def _parse_tracking(text: str) -> str:
+    low = text.strip().lower()
+    if low in ("on", "off", "auto"):
+        return low
+    if low in _TRUE:
+        return "on"
+    if low in _FALSE:
+        return "off"
+    raise ValueError("expected on, off or auto")
+
+
+def _parse_path(text: str) -> Path | None:
+    return Path(text).expanduser() if text.strip() else None
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting. ``help`` is the single text used by the flag, the ini key and the docs."""
+
+    name: str
+    help: str
+    default: Any
+    parse: Callable[[str], Any]
+    metavar: str = "VALUE"
+
+    @property
+    def flag(self) -> str:
+        return "--trainguard-" + self.name.replace("_", "-")
+
+    @property
+    def ini(self) -> str:
+        return "trainguard_" + self.name
+
+    @property
+    def env(self) -> str:
+        return "TRAINGUARD_" + self.name.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "seed",
+        "Seed for @pytest.mark.seeded tests without an explicit seed, the tg_seed fixture and "
+        "the {seed} of job runs.",
+        0,
+        _parse_seed,
+        "N",
+    ),
+    Option(
+        "deterministic",
+        "Run @pytest.mark.seeded tests and tg_seed in deterministic mode "
+        "(torch.use_deterministic_algorithms, cuDNN and cuBLAS settings).",
+        False,
+        _parse_bool,
+        "BOOL",
+    ),
+    Option(
+        "collect_yaml",
+        "Collect trainguard.yaml and *.trainguard.yaml files as test items (one per check).",
+        True,
+        _parse_bool,
+        "BOOL",
+    ),
+    Option(
+        "report_json",
+        "Write the session's trainguard report (JSON) to this path.",
+        None,
+        _parse_path,
+        "PATH",
+    ),
+    Option(
+        "keep_runs",
+        "Run directories kept under .trainguard/runs/ per job; older ones are deleted.",
+        20,
+        _parse_positive_int,
+        "N",
+    ),
+    Option(
+        "ddp_timeout",
+        "Seconds a @pytest.mark.ddp test may run on its ranks before their stacks are dumped "
+        "and they are torn down.",
+        120.0,
+        _parse_positive_float,
+        "SECONDS",
+    ),
+    Option(
+        "timeout_scale",
+        "Multiply every job timeout and stall timeout by this factor (slow CI machines).",
+        1.0,
+        _parse_positive_float,
+        "FACTOR",
+    ),
+    Option(
+        "tracking",
+        "Log every run trainguard launches to MLflow: on, off, or auto (on when mlflow is "
+        "installed). The store is MLFLOW_TRACKING_URI when set, else .trainguard/mlflow.db next "
+        "to the job file.",
+        "auto",
+        _parse_tracking,
+        "on|off|auto",
+    ),
+    Option(
+        "save_baseline",
+        "Save the canary's trajectory as this machine's new baseline (docs/baselines.md) "
+        "instead of comparing it with the saved one; only a run that passes is saved.",
+        False,
+        _parse_bool,
+        "BOOL",
+    ),
+)
+
+_BY_NAME = {opt.name: opt for opt in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved settings; ``sources`` records where each value came from."""
+
+    seed: int = 0
+    deterministic: bool = False
+    collect_yaml: bool = True
+    report_json: Path | None = None
+    keep_runs: int = 20
+    ddp_timeout: float = 120.0
+    timeout_scale: float = 1.0
+    tracking: str = "auto"
+    save_baseline: bool = False
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+
+def resolve(
+    *,
+    cli: Mapping[str, Any] | None = None,
+    ini: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Resolve every option: CLI > environment > ini > default.
+
+    ``cli`` and ``ini`` map option names to raw values (None = not given); CLI values may
+    already be typed. Invalid values raise :class:`ConfigError` naming where the value came from.
+    """
+    cli = cli or {}
+    ini = ini or {}
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for opt in OPTIONS:
+        candidates = (
+            ("command line", opt.flag, cli.get(opt.name)),
+            ("environment", opt.env, environ.get(opt.env)),
+            ("ini file", opt.ini, ini.get(opt.name)),
+        )
+        for source, spelled, raw in candidates:
+            if raw is None or (isinstance(raw, (list, tuple)) and not raw):
+                continue
+            if source == "environment" and isinstance(raw, str) and not raw.strip():
+                continue  # VAR= (empty) reads as unset, as most tools treat it
+            values[opt.name] = _parse(opt, raw, source, spelled)
+            sources[opt.name] = source
+            break
+        else:
+            values[opt.name] = opt.default
+            sources[opt.name] = "default"
+    return Settings(**values, sources=sources)
+
+
+def _parse(opt: Option, raw: Any, source: str, spelled: str) -> Any:
+    if not isinstance(raw, str):
+        raw = str(raw)
+    try:
+        return opt.parse(raw)
+    except ValueError as exc:
+        raise ConfigError(
+            f"invalid value {raw!r} for {spelled} (from the {source}): {exc}. "
+            f"Fix the {source} value; the default is {opt.default!r}",
+            key=spelled,
+        ) from None
+
+
+def get_option(name: str) -> Option:
+    """The :class:`Option` called ``name``."""
+    return _BY_NAME[name]
+
+
+def options_table() -> str:
+    """Markdown table of every option (the reference in docs/markers-and-options.md)."""
+    rows = [
+        "| flag | ini key | env var | default | what it does |",
+        "|---|---|---|---|---|",
+    ]
+    for opt in OPTIONS:
+        rows.append(
+            f"| `{opt.flag}` | `{opt.ini}` | `{opt.env}` | `{opt.default!r}` | {opt.help} |"
+        )
+    return "\n".join(rows)
+
+
+assert {f.name for f in fields(Settings)} - {"sources"} == set(_BY_NAME), "Settings out of sync"

@@ -1,0 +1,21 @@
+"""A trainguard session: a job file's checks run in order on one runner, one tracker, closed in one place."""
+
+from __future__ import annotations
+
+from trainguard.session.orchestrate import (
+    available_checks,
+    check,
+    lane_plan,
+    run_check,
+    run_checks,
+    run_in_order,
+)
+
+__all__ = [
+    "available_checks",
+    "check",
+    "lane_plan",
+    "run_check",
+    "run_checks",
+    "run_in_order",
+]
