@@ -34,7 +34,6 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainguard._internal.atomic import _fsync_dir, _umask, atomic_write_bytes
+from trainguard._internal.gitstate import git_state
 from trainguard._version import __version__
 from trainguard.errors import TrainguardError
 
@@ -146,24 +146,6 @@ def baseline_files(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def git_state(directory: Path, timeout: float = 5.0) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the git repository holding ``directory``; (None, None) outside one."""
-
-    def git(*args: str) -> str | None:
-        try:
-            proc = subprocess.run(["git", "-C", str(directory), *args], capture_output=True,
-                                  text=True, timeout=timeout)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return proc.stdout.strip() if proc.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    if not commit:
-        return None, None
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return commit, None if status is None else bool(status)
-
-
 def request_fields(request: RunRequest) -> dict[str, Any]:
     """The request as stored in a baseline (``env`` for information, not compared)."""
     return {
@@ -242,7 +224,8 @@ def save_baseline(
     return its path. ``directory`` defaults to :func:`baselines_dir` of the job's state dir."""
     target_dir = directory or baselines_dir(job_file.state_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
-    commit, dirty = git_state(job_file.cwd)
+    git = git_state(job_file.cwd)
+    commit, dirty = git.commit, git.dirty
     data: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "kind": _KIND,

@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
+from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_TRACKING_URI
 from trainguard.errors import UsageError
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.faults.toxiproxy.client import (
@@ -61,7 +62,7 @@ __all__ = ["RAY_WRITER_ENV", "SERVICES", "LocalMlflowServer", "NetworkFault"]
 SERVICES = ("mlflow",)
 #: what ``service: mlflow`` adds for a ``ray_train`` job: the Ray workers' designated writer logs
 #: into the drill's run through the proxy (names from :mod:`trainguard.raytrain.tracking`)
-RAY_WRITER_ENV = ("TRAINGUARD_MLFLOW_TRACKING_URI", "TRAINGUARD_MLFLOW_RUN_ID", "TRAINGUARD_TRACKING")
+RAY_WRITER_ENV = (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID, "TRAINGUARD_TRACKING")
 #: the experiment the drill's run is created in (on the drill's own MLflow server)
 DRILL_EXPERIMENT = "trainguard-drills"
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard._internal.atomic import atomic_write_text
+from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_TRACKING_URI
 from trainguard._version import __version__
 from trainguard.config import JobFile, load_config
 from trainguard.errors import TrainguardError, UsageError
@@ -229,8 +230,8 @@ def _production_run(runner: Any, spec: Any, wait_s: float = 10.0) -> Any:
     )
     if not handle.created.wait(wait_s) or handle.run_id is None:
         return spec
-    env = {**spec.env, "TRAINGUARD_MLFLOW_RUN_ID": handle.run_id,
-           "TRAINGUARD_MLFLOW_TRACKING_URI": tracker.tracking_uri}
+    env = {**spec.env, MLFLOW_RUN_ID: handle.run_id,
+           MLFLOW_TRACKING_URI: tracker.tracking_uri}
     return dataclasses.replace(spec, env=env, metadata={**spec.metadata,
                                                         "trainguard.mlflow_production_run_id": handle.run_id})
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard._internal.gitstate import git_state
 from trainguard._version import __version__
-from trainguard.checks.baseline import baseline_files, git_state, machine_id, machine_info
+from trainguard.checks.baseline import baseline_files, machine_id, machine_info
 from trainguard.errors import TrainguardError
 
 __all__ = [
@@ -243,7 +244,8 @@ def save_profile_baseline(state_dir: Path, job_dir: Path, profile: Mapping[str, 
 
     directory = profile_baselines_dir(state_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    commit, dirty = git_state(job_dir)
+    git = git_state(job_dir)
+    commit, dirty = git.commit, git.dirty
     data = {
         "format_version": PROFILE_FORMAT_VERSION,
         "kind": _KIND,

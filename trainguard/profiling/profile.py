@@ -207,13 +207,15 @@ def run_profile(
     (``spec.headroom``; ``headroom=False`` skips it, True needs it configured), fit, size against
     ``target``, compare with this machine's latest profile baseline (``compare``), optionally
     save it as the new one."""
-    from trainguard.checks.baseline import git_state, machine_info
+    from trainguard._internal.gitstate import git_state
+    from trainguard.checks.baseline import machine_info
 
     job_file = runner.job_file
     seed = spec.seed if spec.seed is not None else runner.settings.seed
     gpu_names = _gpus()
     machine = machine_info() | {"gpus": gpu_names}
-    commit, dirty = git_state(job_file.cwd)
+    git = git_state(job_file.cwd)
+    commit, dirty = git.commit, git.dirty
     run_dir = new_run_dir(job_file.state_dir, job_file.job.name, "profile", keep=runner.settings.keep_runs)
     sizes: list[SizeProfile] = []
     for n in sorted(world_sizes or spec.world_sizes):

@@ -22,6 +22,7 @@ import subprocess
 from pathlib import Path
 
 from trainguard._internal.atomic import atomic_write_text
+from trainguard._internal.envvars import MLFLOW_RUN_ID
 from trainguard.queue.base import Submission, SubmissionError, SubmissionSpec, torchrun_argv
 
 __all__ = ["SlurmBackend", "slurm_time"]
@@ -145,7 +146,7 @@ class SlurmBackend:
         env_lines = [f"export {k}={q(v)}" for k, v in sorted(spec.env.items())]
         for key, value in (
             ("TRAINGUARD_GATE_REPORT", labels.get("trainguard.gate_report")),
-            ("TRAINGUARD_MLFLOW_RUN_ID", labels.get("trainguard.mlflow_run_id")),
+            (MLFLOW_RUN_ID, labels.get("trainguard.mlflow_run_id")),
             ("MLFLOW_RUN_ID", labels.get("trainguard.mlflow_run_id")),
         ):
             if value:

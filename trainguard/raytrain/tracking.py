@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_RUN_ID_FILE, MLFLOW_TRACKING_URI
+
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import RunResult
 
@@ -65,9 +67,9 @@ SUMMARY_PREFIX = "trainguard-tracking"
 DRIVER_ENV = "TRAINGUARD_RAY_DRIVER"
 #: the environment the driver passes on to every worker (tracking and the run directory)
 WORKER_ENV_VARS = (
-    "TRAINGUARD_MLFLOW_RUN_ID",
-    "TRAINGUARD_MLFLOW_RUN_ID_FILE",
-    "TRAINGUARD_MLFLOW_TRACKING_URI",
+    MLFLOW_RUN_ID,
+    MLFLOW_RUN_ID_FILE,
+    MLFLOW_TRACKING_URI,
     "TRAINGUARD_TRACKING",
     "TRAINGUARD_RUN_DIR",
     "MLFLOW_TRACKING_URI",
@@ -97,8 +99,8 @@ def writer_from_env(rank: int, environ: Mapping[str, str] | None = None) -> Work
     environ = os.environ if environ is None else environ
     if rank != 0 or environ.get("TRAINGUARD_TRACKING", "").strip().lower() == "off":
         return None
-    run_id = environ.get("TRAINGUARD_MLFLOW_RUN_ID") or None
-    id_file = None if run_id else environ.get("TRAINGUARD_MLFLOW_RUN_ID_FILE") or None
+    run_id = environ.get(MLFLOW_RUN_ID) or None
+    id_file = None if run_id else environ.get(MLFLOW_RUN_ID_FILE) or None
     if run_id is None and id_file is None:
         return None
     import importlib.util
@@ -107,7 +109,7 @@ def writer_from_env(rank: int, environ: Mapping[str, str] | None = None) -> Work
         print(f"{SUMMARY_PREFIX}: mlflow is not installed in the Ray workers; the launcher logs "
               "the reported metrics instead", file=sys.stderr, flush=True)
         return None
-    uri = (environ.get("TRAINGUARD_MLFLOW_TRACKING_URI") or environ.get("MLFLOW_TRACKING_URI")
+    uri = (environ.get(MLFLOW_TRACKING_URI) or environ.get("MLFLOW_TRACKING_URI")
            or "sqlite:///.trainguard/mlflow.db")
     run_dir = environ.get("TRAINGUARD_RUN_DIR")
     return WorkerWriter(

@@ -25,14 +25,16 @@ import threading
 import time
 from typing import Any
 
+from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_RUN_ID_FILE, MLFLOW_TRACKING_URI
+
 __all__ = ["RUN_ID_ENV", "flush", "init", "log", "run_id"]
 
 #: the environment variable carrying the run id to workers (MLFLOW_RUN_ID is read too)
-RUN_ID_ENV = "TRAINGUARD_MLFLOW_RUN_ID"
+RUN_ID_ENV = MLFLOW_RUN_ID
 #: a file holding the run id once it exists (trainguard launched the job before its run existed)
-RUN_ID_FILE_ENV = "TRAINGUARD_MLFLOW_RUN_ID_FILE"
+RUN_ID_FILE_ENV = MLFLOW_RUN_ID_FILE
 #: the store trainguard's launch run is in (MLFLOW_TRACKING_URI is read after it)
-TRACKING_URI_ENV = "TRAINGUARD_MLFLOW_TRACKING_URI"
+TRACKING_URI_ENV = MLFLOW_TRACKING_URI
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}

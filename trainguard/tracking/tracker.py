@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_RUN_ID_FILE, MLFLOW_TRACKING_URI
+from trainguard._internal.gitstate import git_state
 from trainguard._version import __version__
 from trainguard.errors import ConfigError
 
@@ -84,9 +86,9 @@ LIVE_INTERVAL_S = 5.0
 #: ranks get a file to read the run id from once the writer has created the run
 LAUNCH_RUN_WAIT_S = 2.0
 #: environment variables :mod:`trainguard.tracking.track` reads in the ranks of a launched job
-RUN_ID_ENV = "TRAINGUARD_MLFLOW_RUN_ID"
-RUN_ID_FILE_ENV = "TRAINGUARD_MLFLOW_RUN_ID_FILE"
-TRACKING_URI_ENV = "TRAINGUARD_MLFLOW_TRACKING_URI"
+RUN_ID_ENV = MLFLOW_RUN_ID
+RUN_ID_FILE_ENV = MLFLOW_RUN_ID_FILE
+TRACKING_URI_ENV = MLFLOW_TRACKING_URI
 #: per-request timeout for a tracking server (the writer retries on its own, so MLflow's retries
 #: with backoff, which could block for minutes, are turned off unless the user set them)
 _HTTP_TIMEOUT_S = "5"
@@ -772,26 +774,15 @@ def _gpu_metrics() -> dict[str, float]:
     return out
 
 
-def git_tags(directory: Path, timeout: float = 5.0) -> dict[str, str]:
+def git_tags(directory: Path) -> dict[str, str]:
     """``git.commit`` and ``git.dirty`` of the repository holding ``directory`` (empty when it is
-    not in one or git is missing)."""
-
-    def git(*args: str) -> str | None:
-        try:
-            proc = subprocess.run(
-                ["git", "-C", str(directory), *args], capture_output=True, text=True, timeout=timeout
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return proc.stdout if proc.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    if commit is None:
+    not in one or git is missing); dirty as everywhere else (:func:`trainguard._internal.gitstate.git_state`)."""
+    state = git_state(directory)
+    if state.commit is None:
         return {}
-    tags = {"git.commit": commit.strip(), "mlflow.source.git.commit": commit.strip()}
-    status = git("status", "--porcelain")
-    if status is not None:
-        tags["git.dirty"] = "true" if status.strip() else "false"
+    tags = {"git.commit": state.commit, "mlflow.source.git.commit": state.commit}
+    if state.dirty is not None:
+        tags["git.dirty"] = "true" if state.dirty else "false"
     return tags
 
 
