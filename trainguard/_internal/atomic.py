@@ -31,7 +31,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     return target
 
 
@@ -46,17 +46,17 @@ def _mode_for(target: Path) -> int:
     try:
         return stat.S_IMODE(target.stat().st_mode)
     except OSError:
-        return 0o666 & ~_umask()
+        return 0o666 & ~current_umask()
 
 
 @functools.cache
-def _umask() -> int:
+def current_umask() -> int:
     mask = os.umask(0o022)  # the umask can only be read by setting it; put it straight back
     os.umask(mask)
     return mask
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     # Not every filesystem lets a directory be opened for fsync (some network mounts);
     # the rename itself already happened, so this is best effort.
     with contextlib.suppress(OSError):

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainguard._internal.atomic import _fsync_dir, _umask, atomic_write_bytes
+from trainguard._internal.atomic import fsync_dir, current_umask, atomic_write_bytes
 from trainguard._internal.gitstate import git_state
 from trainguard._version import __version__
 from trainguard.errors import TrainguardError
@@ -262,7 +262,7 @@ def write_numbered(directory: Path, suffix: str, payload: bytes) -> Path:
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()
-            os.fchmod(handle.fileno(), 0o666 & ~_umask())
+            os.fchmod(handle.fileno(), 0o666 & ~current_umask())
             os.fsync(handle.fileno())
         existing = baseline_files(directory)
         number = int(_NAME.match(existing[-1].name).group(1)) + 1 if existing else 1  # type: ignore[union-attr]
@@ -273,7 +273,7 @@ def write_numbered(directory: Path, suffix: str, payload: bytes) -> Path:
             except FileExistsError:
                 number += 1
                 continue
-            _fsync_dir(directory)
+            fsync_dir(directory)
             return target
         raise BaselineError(f"{directory}: could not find a free baseline number near {number}")
     finally:
