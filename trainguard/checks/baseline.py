@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainguard._internal.atomic import fsync_dir, current_umask, atomic_write_bytes
+from trainguard._internal.atomic import atomic_write_bytes, current_umask, fsync_dir
 from trainguard._internal.gitstate import git_state
 from trainguard._version import __version__
 from trainguard.errors import TrainguardError
