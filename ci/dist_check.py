@@ -46,7 +46,7 @@ def build_wheel(out_dir: Path) -> Path:
 
 def source_files() -> set[str]:
     """Every module of the source tree, as the wheel should name it (catches a subpackage
-    missing from pyproject's explicit package list)."""
+    that setup.py's discovery misses)."""
     root = Path(__file__).resolve().parent.parent
     mapping = {"trainguard": "trainguard", "plugins": "trainguard/plugins", "fixtures": "trainguard/fixtures"}
     out = set()

@@ -48,13 +48,111 @@ def _module_name(package: str, folder: Path, path: Path) -> tuple[str, bool]:
     return ".".join([package, *parts]), is_package
 
 
-def load_modules() -> dict[str, Module]:
-    """Every module of the installed package, parsed."""
+#: the layers, lowest first (docs/architecture.md): a module may import its own layer and lower
+#: ones, never a higher one. A package prefix names every module under it.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("foundation", ("trainguard._internal", "trainguard.errors", "trainguard.report",
+                    "trainguard._version")),
+    ("launch", ("trainguard.launch",)),
+    ("unit", ("trainguard.unit",)),
+    ("raytrain", ("trainguard.raytrain",)),
+    ("config", ("trainguard.config",)),
+    ("run", ("trainguard.run",)),
+    ("tracking", ("trainguard.tracking",)),
+    ("checks", ("trainguard.checks",)),
+    ("faults", ("trainguard.faults",)),
+    ("drills", ("trainguard.drills",)),
+    ("profiling", ("trainguard.profiling",)),
+    ("session", ("trainguard.session",)),
+    ("queue", ("trainguard.queue",)),
+    ("gate", ("trainguard.gate",)),
+    ("cli", ("trainguard.cli",)),
+    ("pytest", ("trainguard.plugins", "trainguard.fixtures")),
+]
+
+#: the public API (``trainguard/__init__.py``) and the old module paths kept as thin re-export
+#: modules (docs/architecture.md): they stand above every layer
+REEXPORT_MODULES = frozenset({
+    "trainguard",
+    "trainguard.assertions",
+    "trainguard.distributed",
+    "trainguard.runner",
+    "trainguard.seeding",
+    "trainguard.settings",
+    "trainguard.strategies",
+    "trainguard.track",
+    "trainguard.gate.local_ray",
+    "trainguard.gate.queue",
+    "trainguard.gate.ray_jobs",
+})
+
+#: a package whose documented functions moved to a higher layer forwards them there on first
+#: use (a module ``__getattr__``): the only upward imports allowed
+COMPAT_FORWARDS: dict[str, frozenset[str]] = {
+    "trainguard.checks": frozenset({"trainguard.session"}),
+    "trainguard.drills": frozenset({"trainguard.session"}),
+}
+
+#: runs inside the user's training process on the standard library alone (start-up hook)
+STDLIB_ONLY = frozenset({
+    "trainguard.faults.hook._trainguard_fault_agent",
+    "trainguard.faults.hook.sitecustomize",
+})
+
+
+def layer_of(module: str) -> int | None:
+    """The index in :data:`LAYERS` of ``module`` (None for an unplaced module)."""
+    best: tuple[int, int] | None = None  # (prefix length, layer)
+    for index, (_name, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (
+                best is None or len(prefix) > best[0]
+            ):
+                best = (len(prefix), index)
+    return None if best is None else best[1]
+
+
+def upward_imports(modules: dict[str, Module]) -> list[str]:
+    """Imports of a higher layer (re-export modules and the listed forwards excepted)."""
+    found = []
+    for module in modules.values():
+        if module.name in REEXPORT_MODULES:
+            continue
+        own = layer_of(module.name)
+        for imported, _name, line in module.imports:
+            target = _target(modules, imported)
+            if target is None or target == module.name:
+                continue
+            if target in COMPAT_FORWARDS.get(module.name, ()) or any(
+                target.startswith(f + ".") for f in COMPAT_FORWARDS.get(module.name, ())
+            ):
+                continue
+            if target in REEXPORT_MODULES:
+                found.append(f"{_rel(module.path)}:{line}: {module.name} imports the "
+                             f"re-export module {target} (import the defining module)")
+                continue
+            theirs = layer_of(target)
+            if own is not None and theirs is not None and theirs > own:
+                found.append(f"{_rel(module.path)}:{line}: {module.name} "
+                             f"({LAYERS[own][0]}) imports {target} ({LAYERS[theirs][0]})")
+    return found
+
+
+def unplaced(modules: dict[str, Module]) -> list[str]:
+    """Modules in no layer and not a re-export module."""
+    return sorted(n for n in modules if n not in REEXPORT_MODULES and layer_of(n) is None)
+
+
+def load_modules(sources: dict[str, Path] | None = None) -> dict[str, Module]:
+    """Every module of the installed package (or of ``sources``: package -> folder), parsed."""
+    sources = SOURCES if sources is None else sources
     modules: dict[str, Module] = {}
-    for package, folder in SOURCES.items():
+    for package, folder in sources.items():
         for path in sorted(folder.rglob("*.py")):
-            if package == "trainguard" and any(
-                path.is_relative_to(other) for other in SOURCES.values() if other != folder
+            if any(
+                path.is_relative_to(other)
+                for other in sources.values()
+                if other != folder and other.is_relative_to(folder)
             ):
                 continue
             name, is_package = _module_name(package, folder, path)
@@ -65,6 +163,10 @@ def load_modules() -> dict[str, Module]:
     for module in modules.values():
         _read_imports(module, modules)
     return modules
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def _resolve_relative(module: Module, level: int, target: str | None) -> str:
@@ -218,20 +320,20 @@ def private_imports(modules: dict[str, Module]) -> list[str]:
     found = []
     for module in modules.values():
         for imported, name, line in module.imports:
-            where = f"{module.path.relative_to(ROOT)}:{line}"
+            where = f"{_rel(module.path)}:{line}"
             if name is not None and _is_private(name):
                 found.append(f"{where}: {name} from {imported}")
             private_part = _private_module_part(imported)
             if private_part and not module.name.startswith(_owner(imported)):
                 found.append(f"{where}: private module {imported}")
         for imported, attr, line in module.private_attrs:
-            found.append(f"{module.path.relative_to(ROOT)}:{line}: {imported}.{attr}")
+            found.append(f"{_rel(module.path)}:{line}: {imported}.{attr}")
     return found
 
 
 def long_files(modules: dict[str, Module], limit: int) -> list[tuple[str, int]]:
     return sorted(
-        ((str(m.path.relative_to(ROOT)), m.lines) for m in modules.values() if m.lines > limit),
+        ((_rel(m.path), m.lines) for m in modules.values() if m.lines > limit),
         key=lambda item: -item[1],
     )
 
@@ -250,6 +352,11 @@ def main() -> None:
     print(f"private names imported across modules: {len(private)}")
     for line in private:
         print("  ", line)
+    upward = upward_imports(modules)
+    print(f"imports of a higher layer: {len(upward)}")
+    for line in upward:
+        print("  ", line)
+    print(f"modules in no layer: {unplaced(modules)}")
     for limit in (600, 700):
         over = long_files(library, limit)
         print(f"library files over {limit} lines: {len(over)}")

@@ -28,18 +28,18 @@ _LAZY: dict[str, str] = {
     "seed_worker": "trainguard.unit.seeding",
     "make_generator": "trainguard.unit.seeding",
     # unit assertions
-    "assert_finite": "trainguard.unit.assertions",
-    "assert_tensor_meta": "trainguard.unit.assertions",
-    "assert_grads_flow": "trainguard.unit.assertions",
-    "assert_loss_connected": "trainguard.unit.assertions",
-    "assert_batch_independent": "trainguard.unit.assertions",
-    "assert_can_overfit": "trainguard.unit.assertions",
-    "assert_step_updates": "trainguard.unit.assertions",
-    "assert_equivalent": "trainguard.unit.assertions",
-    # distributed (in-process ranks)
-    "ddp_gradient_diff": "trainguard.unit.distributed",
-    "assert_ddp_gradients_match": "trainguard.unit.distributed",
-    "assert_state_roundtrip": "trainguard.unit.distributed",
+    "assert_finite": "trainguard.unit.outputs",
+    "assert_tensor_meta": "trainguard.unit.outputs",
+    "assert_grads_flow": "trainguard.unit.gradients",
+    "assert_loss_connected": "trainguard.unit.gradients",
+    "assert_batch_independent": "trainguard.unit.batches",
+    "assert_can_overfit": "trainguard.unit.training",
+    "assert_step_updates": "trainguard.unit.training",
+    "assert_equivalent": "trainguard.unit.equivalence",
+    # distributed (in-process ranks) and the training-state round trip
+    "ddp_gradient_diff": "trainguard.unit.ddp",
+    "assert_ddp_gradients_match": "trainguard.unit.ddp",
+    "assert_state_roundtrip": "trainguard.unit.roundtrip",
     # job file and report
     "load_config": "trainguard.config",
     "JobFile": "trainguard.config",
@@ -97,24 +97,16 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from trainguard import track
     from trainguard.config import JobFile, load_config
     from trainguard.report import CheckResult, Report
-    from trainguard.unit.assertions import (
-        assert_batch_independent,
-        assert_can_overfit,
-        assert_equivalent,
-        assert_finite,
-        assert_grads_flow,
-        assert_loss_connected,
-        assert_step_updates,
-        assert_tensor_meta,
-    )
-    from trainguard.unit.distributed import (
-        assert_ddp_gradients_match,
-        assert_state_roundtrip,
-        ddp_gradient_diff,
-    )
+    from trainguard.unit.batches import assert_batch_independent
+    from trainguard.unit.ddp import assert_ddp_gradients_match, ddp_gradient_diff
+    from trainguard.unit.equivalence import assert_equivalent
+    from trainguard.unit.gradients import assert_grads_flow, assert_loss_connected
+    from trainguard.unit.outputs import assert_finite, assert_tensor_meta
+    from trainguard.unit.roundtrip import assert_state_roundtrip
     from trainguard.unit.seeding import (
         deterministic_mode,
         make_generator,
         seed_everything,
         seed_worker,
     )
+    from trainguard.unit.training import assert_can_overfit, assert_step_updates

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from trainguard.unit.assertions import (
-    assert_batch_independent,
-    assert_can_overfit,
-    assert_close_tree,
-    assert_equivalent,
-    assert_finite,
-    assert_grads_flow,
-    assert_loss_connected,
-    assert_step_updates,
-    assert_tensor_meta,
-)
+from trainguard.unit.batches import assert_batch_independent
+from trainguard.unit.equivalence import assert_close_tree, assert_equivalent
+from trainguard.unit.gradients import assert_grads_flow, assert_loss_connected
+from trainguard.unit.outputs import assert_finite, assert_tensor_meta
+from trainguard.unit.training import assert_can_overfit, assert_step_updates
 
 __all__ = [
     "assert_batch_independent",

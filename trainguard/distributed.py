@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from trainguard.unit.distributed import (
-    RNG,
-    assert_ddp_gradients_match,
-    assert_state_roundtrip,
-    ddp_gradient_diff,
-)
+from trainguard.unit.ddp import assert_ddp_gradients_match, ddp_gradient_diff
+from trainguard.unit.roundtrip import RNG, assert_state_roundtrip
 
 __all__ = [
     "RNG",

@@ -6,6 +6,8 @@ failure also says how to reproduce it (the seed, the command).
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "CheckFailed",
     "ConfigError",
@@ -49,8 +51,21 @@ class TrainguardAssertionError(TrainguardError, AssertionError):
 
 
 class CheckFailed(TrainguardError):
-    """A check on a training job found a defect (the job ran, its behaviour is wrong)."""
+    """A check on a training job found a defect, or could not run (an error).
+
+    Raised by :meth:`trainguard.report.Report.raise_for_failures` and
+    :meth:`~trainguard.report.CheckResult.raise_for_status`, and by a job-file check collected
+    by pytest; ``results`` holds the :class:`~trainguard.report.CheckResult` of each."""
+
+    def __init__(self, message: str, *, results: tuple[Any, ...] = ()) -> None:
+        self.results = results
+        super().__init__(message)
 
 
 class RankFailure(TrainguardError):
-    """A rank of a launched job died or hung."""
+    """A rank of a launched job died or hung: raised by
+    :meth:`trainguard.launch.RunResult.raise_for_ranks`; ``result`` is that run's result."""
+
+    def __init__(self, message: str, *, result: Any = None) -> None:
+        self.result = result
+        super().__init__(message)

@@ -16,13 +16,15 @@ from typing import Any, Literal
 
 from trainguard._internal.atomic import atomic_write_text
 from trainguard._version import __version__
+from trainguard.errors import CheckFailed
 
-__all__ = ["REPORT_SCHEMA_VERSION", "CheckResult", "CheckStatus", "Report", "load_report"]
+__all__ = ["REPORT_SCHEMA_VERSION", "STATUSES", "CheckResult", "CheckStatus", "Report", "load_report"]
 
 REPORT_SCHEMA_VERSION = 1
 
+#: the one status vocabulary of checks, drills and reports (the values written to report JSON)
 CheckStatus = Literal["passed", "failed", "error", "skipped"]
-_STATUSES = ("passed", "failed", "error", "skipped")
+STATUSES: tuple[CheckStatus, ...] = ("passed", "failed", "error", "skipped")
 
 
 @dataclass
@@ -37,12 +39,23 @@ class CheckResult:
     reproduce: str | None = None
 
     def __post_init__(self) -> None:
-        if self.status not in _STATUSES:
-            raise ValueError(f"status must be one of {_STATUSES}, got {self.status!r}")
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
 
     @property
     def ok(self) -> bool:
+        """True when the check passed or was skipped (neither failed nor errored)."""
         return self.status in ("passed", "skipped")
+
+    def raise_for_status(self) -> None:
+        """Raise :class:`~trainguard.errors.CheckFailed` unless the check passed or was skipped."""
+        if not self.ok:
+            raise CheckFailed(self.render(), results=(self,))
+
+    def render(self) -> str:
+        """The verdict for people: ``name status: summary`` and how to reproduce it."""
+        text = f"{self.name} {self.status}: {self.summary}"
+        return text + (f"\nreproduce: {self.reproduce}" if self.reproduce else "")
 
 
 @dataclass
@@ -64,6 +77,17 @@ class Report:
     def status(self) -> Literal["passed", "failed"]:
         """``passed`` when no check failed or errored."""
         return "passed" if all(c.ok for c in self.checks) else "failed"
+
+    def raise_for_failures(self) -> None:
+        """Raise :class:`~trainguard.errors.CheckFailed` naming every check that failed or
+        errored (the library form of a non-zero ``trainguard check`` exit)."""
+        bad = [c for c in self.checks if not c.ok]
+        if bad:
+            raise CheckFailed(
+                f"{len(bad)} of {len(self.checks)} check(s) of {self.job} did not pass:\n"
+                + "\n".join(c.render() for c in bad),
+                results=tuple(bad),
+            )
 
     def add(self, result: CheckResult) -> CheckResult:
         self.checks.append(result)

@@ -6,6 +6,7 @@ from trainguard.config.settings import (
     OPTIONS,
     Option,
     Settings,
+    get_option,
     options_table,
     resolve,
 )
@@ -14,6 +15,7 @@ __all__ = [
     "OPTIONS",
     "Option",
     "Settings",
+    "get_option",
     "options_table",
     "resolve",
 ]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainguard.errors import UsageError
-from trainguard.unit.distributed import ddp_gradient_diff
+from trainguard.unit.ddp import ddp_gradient_diff
 
 pytest_plugins = ["pytester"]
 
@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from trainguard.unit.distributed import assert_ddp_gradients_match, ddp_gradient_diff
+from trainguard.unit.ddp import assert_ddp_gradients_match, ddp_gradient_diff
 from trainguard.errors import TrainguardAssertionError, UsageError
 
 

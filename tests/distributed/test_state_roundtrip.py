@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.errors import TrainguardAssertionError, UsageError
-from trainguard.unit.distributed import assert_state_roundtrip
+from trainguard.unit.roundtrip import assert_state_roundtrip
 
 JOBS = str(Path(__file__).parent / "roundtrip_jobs")
 

@@ -81,7 +81,7 @@ def test_thresholds_judge_the_recommended_world_size() -> None:
 
 def test_no_recommended_size_blocks_with_the_sizing_reason() -> None:
     checks = report(passed("smoke"), passed("canary"), passed("drill:kill"))
-    none = {"recommended": None, "recommendation": "no world size meets the 2 h deadline", "candidates": []}
+    none: dict[str, Any] = {"recommended": None, "recommendation": "no world size meets the 2 h deadline", "candidates": []}
     decision = decide(checks, policy(), NO_ROOT, sizing=none)
     assert decision.verdict == "block" and "2 h deadline" in decision.reasons[0]
 

@@ -21,11 +21,11 @@ import pytest
 
 from trainguard.config import load_config
 from trainguard.errors import UsageError
+from trainguard.queue.backends import get_backend
 from trainguard.queue.base import (
     QueueBackend,
     SubmissionError,
     SubmissionSpec,
-    get_backend,
     spec_from_job,
     torchrun_argv,
 )

@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 import pytest
 
-import trainguard.launch.launcher as launcher_module
+import trainguard.launch.hang_evidence as hang_evidence_module
 from trainguard.launch import (
     Launcher,
     LaunchSpec,
@@ -327,7 +327,7 @@ def test_a_hung_rank_is_detected_with_state_and_stack_evidence(
     assert ranks[1]["state"] == state
     assert ranks[1]["pid"] == result.exits[1].pid
     stack = result.evidence["stacks"]["1"]
-    if launcher_module.shutil.which("py-spy") or launcher_module._sibling_script("py-spy"):
+    if hang_evidence_module.shutil.which("py-spy") or hang_evidence_module.sibling_script("py-spy"):
         assert "toy_train.py" in stack, stack  # py-spy read the stopped/sleeping rank's stack
     else:
         assert "py-spy not installed" in stack
@@ -355,8 +355,8 @@ def test_without_py_spy_only_a_rank_that_handles_sigusr1_gets_it(
     # SIGUSR1's default action is to terminate: sent to a rank that did not register a handler
     # it would kill the rank (its exit then reads "killed by SIGUSR1", not by trainguard) and
     # fire whatever a job may have bound to SIGUSR1 (checkpoint-on-preemption handlers).
-    monkeypatch.setattr(launcher_module.shutil, "which", lambda name: None)
-    monkeypatch.setattr(launcher_module, "_sibling_script", lambda name: None)
+    monkeypatch.setattr(hang_evidence_module.shutil, "which", lambda name: None)
+    monkeypatch.setattr(hang_evidence_module, "sibling_script", lambda name: None)
     flags = ["--steps", "10", "--sleep", "0.02", "--hang-rank", "1", "--hang-step", "3"]
     flags += ["--hang-mode", "sleep"] + (["--faulthandler"] if faulthandler else [])
     spec = spec_for(tmp_path, marker, *flags, stall_timeout=1.0)

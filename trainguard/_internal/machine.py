@@ -1,14 +1,20 @@
-"""What accelerators this process can see, without importing torch when it can be avoided."""
+"""This machine: its identity (the directory of its baselines, the facts stored with them) and
+the accelerators this process can see, without importing torch when it can be avoided."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import os
+import platform
+import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-__all__ = ["GpuInventory", "gpu_inventory"]
+__all__ = ["GpuInventory", "gpu_inventory", "machine_id", "machine_info"]
 
 
 @dataclass(frozen=True)
@@ -61,3 +67,40 @@ def gpu_inventory() -> GpuInventory:
     if limit is not None and count > limit:
         count, how = limit, f"{how}, limited by CUDA_VISIBLE_DEVICES={visible!r}"
     return GpuInventory(count, how)
+
+
+def machine_id() -> str:
+    """``<system>-<python implementation>-<major.minor>-<cpu arch>``, e.g.
+    ``Linux-CPython-3.11-x86_64``: the directory of this machine's baselines (pytest-benchmark's
+    scheme, with the CPU architecture for the bitness)."""
+    major, minor, _ = platform.python_version_tuple()
+    parts = (platform.system() or "unknown", platform.python_implementation(), f"{major}.{minor}",
+             platform.machine() or "unknown")
+    return "-".join(re.sub(r"[^A-Za-z0-9_.]+", "_", p) for p in parts)
+
+
+def _cpu_model() -> str | None:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or None
+
+
+def machine_info() -> dict[str, Any]:
+    """What is known about this machine, stored in each baseline (informational)."""
+    info: dict[str, Any] = {
+        "id": machine_id(),
+        "node": platform.node(),
+        "system": platform.system(),
+        "release": platform.release(),
+        "machine": platform.machine(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "torch": None,
+    }
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        info["torch"] = importlib.metadata.version("torch")
+    return info

@@ -1,49 +1,67 @@
-"""The job file: its schema, loading it and reporting what is wrong with it (docs/config.md)."""
+"""The job file: its schema, loading it and reporting what is wrong with it (docs/config.md).
+
+The sections' models are in :mod:`~trainguard.config.schema` (``job:``, ``target:`` and the
+loaded :class:`JobFile`), :mod:`~trainguard.config.checks` (``checks:``) and
+:mod:`~trainguard.config.gate` (``gate:``), all on one base, :class:`ConfigModel`;
+:mod:`~trainguard.config.loading` reads a file and :mod:`~trainguard.config.problems` words
+what is wrong with it. Settings (flags, ini keys, environment) are in
+:mod:`~trainguard.config.settings`, the fault-kind table in :mod:`~trainguard.config.faults`.
+"""
 
 from __future__ import annotations
 
-from trainguard.config.schema import (
+from trainguard._internal.model import ConfigModel
+from trainguard.config.checks import (
     CHECK_NAMES,
-    JOB_FILE_NAMES,
-    PLACEHOLDERS,
     CanaryCheck,
     Checks,
     CheckSpec,
     DeterminismCheck,
     DrillSpec,
     HeadroomSearch,
-    Job,
-    JobFile,
-    MetricFile,
     ParallelCheck,
     ProfileCheck,
     ResumeCheck,
     SmokeCheck,
-    Target,
-    is_job_file_name,
-    load_config,
-    parse_config,
 )
+from trainguard.config.gate import GATE_CHECKS, GatePolicy, OnMissing, Thresholds
+from trainguard.config.loading import JOB_FILE_NAMES, is_job_file_name, load_config, parse_config
+from trainguard.config.problems import (
+    config_error,
+    drill_problems,
+    format_validation_error,
+    profile_problems,
+)
+from trainguard.config.schema import PLACEHOLDERS, Job, JobFile, MetricFile, Target
 
 __all__ = [
     "CHECK_NAMES",
+    "GATE_CHECKS",
     "JOB_FILE_NAMES",
     "PLACEHOLDERS",
     "CanaryCheck",
     "CheckSpec",
     "Checks",
+    "ConfigModel",
     "DeterminismCheck",
     "DrillSpec",
+    "GatePolicy",
     "HeadroomSearch",
     "Job",
     "JobFile",
     "MetricFile",
+    "OnMissing",
     "ParallelCheck",
     "ProfileCheck",
     "ResumeCheck",
     "SmokeCheck",
     "Target",
+    "Thresholds",
+    "config_error",
+    "drill_problems",
+    "format_validation_error",
     "is_job_file_name",
     "load_config",
     "parse_config",
+    "profile_problems",
 ]

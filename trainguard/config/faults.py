@@ -8,17 +8,16 @@ reported in words, not as an ImportError traceback. This module imports nothing 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from trainguard.errors import TrainguardError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from trainguard.faults.base import Fault
 
 __all__ = [
     "DEFAULT_EXPECT",
     "EXPECTATIONS",
     "FAULT_CLASSES",
+    "FaultClass",
     "FaultNotInstalled",
     "fault_class",
 ]
@@ -45,11 +44,32 @@ DEFAULT_EXPECT: dict[str, str] = {
 }
 
 
+class FaultClass(Protocol):
+    """A fault class as this layer sees it (:class:`trainguard.faults.base.Fault` and its
+    subclasses): the job file validates a drill's ``params`` with it, and the drill driver
+    constructs the fault from it. Defined here so the config layer never imports the faults one."""
+
+    def __call__(
+        self,
+        params: Mapping[str, Any] | None = None,
+        *,
+        rank: int = 0,
+        after_step: int = 1,
+        duration: float | None = None,
+    ) -> Any:
+        """A fault of this kind for one drill."""
+        ...
+
+    def validate(self, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """Problems with ``params`` as ``(key, message with the fix)`` pairs; empty when valid."""
+        ...
+
+
 class FaultNotInstalled(TrainguardError):
     """A known fault kind whose implementation cannot be imported here."""
 
 
-def fault_class(kind: str) -> type[Fault]:
+def fault_class(kind: str) -> FaultClass:
     """The class injecting ``kind``; ``KeyError`` for an unknown kind (the config layer reports
     it with the list of kinds), :class:`FaultNotInstalled` when its module cannot be imported."""
     target = FAULT_CLASSES[kind]

@@ -16,7 +16,7 @@ from typing import Any
 
 from trainguard.errors import ConfigError
 
-__all__ = ["OPTIONS", "Option", "Settings", "options_table", "resolve"]
+__all__ = ["OPTIONS", "Option", "Settings", "get_option", "options_table", "resolve"]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -29,14 +29,6 @@ def _parse_bool(text: str) -> bool:
     if low in _FALSE:
         return False
     raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
-
-
-def _parse_int(text: str) -> int:
-    return int(text.strip())
-
-
-def _parse_float(text: str) -> float:
-    return float(text.strip())
 
 
 def _parse_seed(text: str) -> int:
@@ -87,14 +79,17 @@ class Option:
 
     @property
     def flag(self) -> str:
+        """The command-line flag, ``--trainguard-<name>`` (dashes)."""
         return "--trainguard-" + self.name.replace("_", "-")
 
     @property
     def ini(self) -> str:
+        """The ini-file key, ``trainguard_<name>``."""
         return "trainguard_" + self.name
 
     @property
     def env(self) -> str:
+        """The environment variable, ``TRAINGUARD_<NAME>``."""
         return "TRAINGUARD_" + self.name.upper()
 
 

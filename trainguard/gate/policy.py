@@ -4,7 +4,8 @@
 the sizing of the profile when there is one, and what this machine can do
 (:class:`Capabilities`), and returns ``promote`` or ``block`` with every reason. It runs nothing:
 running the checks is :func:`trainguard.gate.run.run_gate`'s job, so the decision is a pure
-function that is tested on its own.
+function that is tested on its own. The policy's schema lives with the job file's
+(:mod:`trainguard.config.gate`); its names stay importable from here.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from trainguard.config import GATE_CHECKS, GatePolicy, Thresholds
 from trainguard.report import CheckResult, Report
 
 __all__ = [
@@ -29,51 +29,6 @@ __all__ = [
     "Thresholds",
     "decide",
 ]
-
-#: what ``gate.require`` may name; ``drills`` means every configured drill
-GATE_CHECKS = ("smoke", "canary", "determinism", "resume", "parallel", "drills", "profile")
-
-MissingRule = Literal["skip", "block"]
-GateCheck = Literal["smoke", "canary", "determinism", "resume", "parallel", "drills", "profile"]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class Thresholds(_Model):
-    """Limits on the profile's prediction for the recommended world size."""
-
-    #: lowest scaling efficiency allowed at the recommended world size (0..1)
-    min_scaling_efficiency: float | None = Field(None, gt=0, le=1)
-    #: the predicted full run's cost, in the currency of ``target.price_per_gpu_hour``
-    max_cost: float | None = Field(None, ge=0)
-    #: the predicted full run's wall-clock hours (failures included)
-    max_predicted_hours: float | None = Field(None, gt=0)
-
-
-class OnMissing(_Model):
-    """What a capability this machine lacks means: ``skip`` the checks that need it (the report
-    lists them) or ``block`` promotion."""
-
-    gpu: MissingRule = "skip"
-    root: MissingRule = "skip"
-    ray: MissingRule = "skip"
-
-
-_ALL: tuple[GateCheck, ...] = ("smoke", "canary", "determinism", "resume", "parallel", "drills", "profile")
-
-
-class GatePolicy(_Model):
-    """``gate:`` -- which checks must pass before the job may be promoted, and limits."""
-
-    require: list[GateCheck] = Field(default_factory=lambda: list(_ALL))
-    thresholds: Thresholds = Field(default_factory=lambda: Thresholds.model_validate({}))
-    on_missing: OnMissing = Field(default_factory=lambda: OnMissing.model_validate({}))
-    #: a promoted report older than this (seconds) is stale for ``trainguard submit``
-    max_report_age: float = Field(24 * 3600.0, gt=0)
-    #: where ``--submit`` sends a promoted job: ``ray`` (Jobs API) or ``slurm`` (sbatch)
-    queue: Literal["ray", "slurm"] = "ray"
 
 
 @dataclass(frozen=True)
@@ -103,6 +58,7 @@ class Capabilities:
         )
 
     def missing(self) -> list[str]:
+        """The capabilities this machine lacks, as ``gate.on_missing`` names them."""
         return [name for name, have in (("gpu", self.gpus > 0), ("root", self.root), ("ray", self.ray)) if not have]
 
 
@@ -118,9 +74,11 @@ class Decision:
 
     @property
     def promoted(self) -> bool:
+        """True when the verdict is ``promote``."""
         return self.verdict == "promote"
 
     def to_dict(self) -> dict[str, Any]:
+        """The decision as plain JSON data (the gate report's ``decision``)."""
         return {
             "verdict": self.verdict,
             "reasons": list(self.reasons),

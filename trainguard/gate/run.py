@@ -237,7 +237,7 @@ def _production_run(runner: Any, spec: Any, wait_s: float = 10.0) -> Any:
 
 
 def _submit_spec(spec: Any, queue: str, job_file: JobFile, *, wait_s: float) -> dict[str, Any]:
-    from trainguard.queue.base import get_backend
+    from trainguard.queue.backends import get_backend
     from trainguard.raytrain.local_ray import LocalRay, external_cluster
 
     if queue == "slurm":

@@ -16,7 +16,8 @@ parses metric lines as they arrive, and watches the ranks:
   the run as soon as one rank's tree holds more.
 
 Nothing outlives :meth:`Launcher.run`: Ctrl-C, an exception or a deadline all end in the same
-teardown of every process group (DataLoader workers included).
+teardown of every process group (DataLoader workers included). Signalling the groups lives in
+:mod:`trainguard.launch.procs`, the hang evidence in :mod:`trainguard.launch.hang_evidence`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import contextlib
 import functools
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import sys
@@ -39,8 +39,17 @@ from typing import IO, Any, Literal
 
 import psutil
 
+from trainguard.launch.hang_evidence import dump_stacks, rank_activity
 from trainguard.launch.metrics import JsonlTail, MetricParser, MetricPoint, trajectory
 from trainguard.launch.ports import reserve_port
+from trainguard.launch.procs import (
+    GpuMemory,
+    RankProcess,
+    group_alive,
+    process_running,
+    signal_all,
+    signal_group,
+)
 
 __all__ = ["LaunchSpec", "Launcher", "RankExit", "RankProcess", "RunResult", "launch"]
 
@@ -139,21 +148,6 @@ class RunResult:
         return max(steps) if steps else None
 
 
-@dataclass
-class RankProcess:
-    """A live rank: fault injectors target it by rank (``launcher.ranks[1].pid``)."""
-
-    rank: int
-    popen: subprocess.Popen[bytes]
-    stdout_log: Path
-    stderr_log: Path
-    stderr_tail: list[str] = field(default_factory=list)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-
 def _python_argv(argv: Sequence[str]) -> list[str]:
     """``python``/``python3`` at the front means this interpreter (the user's venv)."""
     out = list(argv)
@@ -196,7 +190,7 @@ class Launcher:
         self._stop_reason: str | None = None
         self._peak_rss_mb: dict[int, float] = {}
         self._peak_gpu_mb: dict[int, float] = {}
-        self._gpu: _GpuMemory | None = None
+        self._gpu: GpuMemory | None = None
 
     # -- control from callbacks / injectors ------------------------------------------------
 
@@ -215,7 +209,7 @@ class Launcher:
         self._stop_reason = reason
         for rp in self.ranks:
             self._killed.add(rp.rank)
-            _signal_group(rp.popen, sig)
+            signal_group(rp.popen, sig)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -226,7 +220,7 @@ class Launcher:
         reservation = reserve_port()
         self._port = reservation.port
         self._t0 = time.monotonic()
-        self._gpu = _GpuMemory.open()
+        self._gpu = GpuMemory.open()
         try:
             self._start(reservation.port)
             return self._monitor(reservation.port)
@@ -398,8 +392,8 @@ class Launcher:
             if now > deadline:
                 outcome = "timeout"
                 reason = f"the run exceeded its timeout of {spec.timeout:g} s"
-                evidence["ranks"] = _rank_activity(self.ranks)
-                evidence["stacks"] = _dump_stacks(self.ranks)
+                evidence["ranks"] = rank_activity(self.ranks)
+                evidence["stacks"] = dump_stacks(self.ranks)
                 break
             since = now - max(last_progress, 0.0)
             limit = spec.stall_timeout
@@ -410,8 +404,8 @@ class Launcher:
                 what = "metric line" if first_metric is not None else "metric line since launch"
                 reason = f"no new {what} for {since:.1f} s (limit {limit:g} s)"
                 detected_after = since - limit
-                evidence["ranks"] = _rank_activity(self.ranks)
-                evidence["stacks"] = _dump_stacks(self.ranks)
+                evidence["ranks"] = rank_activity(self.ranks)
+                evidence["stacks"] = dump_stacks(self.ranks)
                 break
 
         # the pipes close once the processes (and their children holding them) are gone
@@ -500,206 +494,34 @@ class Launcher:
 
     def _live_descendants(self) -> list[psutil.Process]:
         # psutil.Process remembers its create time: a recycled pid is not mistaken for ours
-        return [p for p in self._descendants.values() if _running(p)]
+        return [p for p in self._descendants.values() if process_running(p)]
 
     def _teardown(self) -> None:
         """SIGTERM every rank's process group and every descendant seen, SIGKILL what is left
         after the grace period."""
         self._scan_descendants()
-        alive = [rp for rp in self.ranks if rp.popen.poll() is None or _group_alive(rp.popen.pid)]
+        alive = [rp for rp in self.ranks if rp.popen.poll() is None or group_alive(rp.popen.pid)]
         strays = self._live_descendants()
         if not alive and not strays:
             return
         for rp in alive:
             if rp.popen.poll() is None:
                 self._killed.add(rp.rank)
-            _signal_group(rp.popen, signal.SIGTERM)
-        _signal_all(strays, signal.SIGTERM)
+            signal_group(rp.popen, signal.SIGTERM)
+        signal_all(strays, signal.SIGTERM)
         deadline = time.monotonic() + self.spec.grace_period
         while time.monotonic() < deadline:
             if all(
-                rp.popen.poll() is not None and not _group_alive(rp.popen.pid) for rp in alive
+                rp.popen.poll() is not None and not group_alive(rp.popen.pid) for rp in alive
             ) and not self._live_descendants():
                 break
             time.sleep(_POLL_S)
         for rp in alive:
-            _signal_group(rp.popen, signal.SIGKILL)
-        _signal_all(self._live_descendants(), signal.SIGKILL)
+            signal_group(rp.popen, signal.SIGKILL)
+        signal_all(self._live_descendants(), signal.SIGKILL)
         for rp in alive:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 rp.popen.wait(timeout=5)
-
-
-class _GpuMemory:
-    """GPU memory per process through NVML (nvidia-ml-py); absent without it or without GPUs."""
-
-    def __init__(self, nvml: Any, handles: list[Any]) -> None:
-        self._nvml = nvml
-        self._handles = handles
-
-    @classmethod
-    def open(cls) -> _GpuMemory | None:
-        try:
-            import pynvml  # type: ignore[import-not-found]
-
-            pynvml.nvmlInit()
-        except Exception:  # not installed, no driver, no GPU: memory is reported as RSS only
-            return None
-        try:
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        except Exception:
-            handles = []
-        if not handles:
-            with contextlib.suppress(Exception):
-                pynvml.nvmlShutdown()
-            return None
-        return cls(pynvml, handles)
-
-    def used_mb_by_pid(self) -> dict[int, float]:
-        used: dict[int, float] = {}
-        for handle in self._handles:
-            with contextlib.suppress(Exception):
-                for info in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                    if info.usedGpuMemory is not None:  # None: not visible from here
-                        used[info.pid] = used.get(info.pid, 0.0) + info.usedGpuMemory / 2**20
-        return used
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._nvml.nvmlShutdown()
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _signal_all(procs: list[psutil.Process], sig: int) -> None:
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            proc.send_signal(sig)
-            if sig == signal.SIGTERM:
-                proc.send_signal(signal.SIGCONT)
-
-
-def _signal_group(popen: subprocess.Popen[bytes], sig: int) -> None:
-    """Signal the rank's whole process group (its DataLoader workers and helpers too)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(popen.pid, sig)
-    # a SIGSTOPped process never acts on SIGTERM; let it run so it can die
-    if sig == signal.SIGTERM:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(popen.pid, signal.SIGCONT)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # zombies count as gone: only our own un-reaped rank can be one, and wait() reaps it
-    for proc in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return False
-
-
-def _rank_activity(ranks: list[RankProcess], sample_s: float = 0.5) -> list[dict[str, Any]]:
-    """CPU use over a short window and process state per rank: evidence for a hang report.
-
-    A rank burning 100% CPU is not necessarily making progress (NCCL busy-polls); a rank in
-    state 'stopped' (SIGSTOP) or 'sleeping' with no CPU is waiting on something.
-    """
-    procs: dict[int, psutil.Process] = {}
-    before: dict[int, float] = {}
-    for rp in ranks:
-        with contextlib.suppress(psutil.Error):
-            proc = psutil.Process(rp.pid)
-            times = proc.cpu_times()
-            procs[rp.rank] = proc
-            before[rp.rank] = times.user + times.system
-    time.sleep(sample_s)
-    out = []
-    for rp in ranks:
-        entry: dict[str, Any] = {"rank": rp.rank, "pid": rp.pid}
-        proc = procs.get(rp.rank)
-        if proc is None:
-            entry["state"] = "gone"
-        else:
-            try:
-                times = proc.cpu_times()
-                entry["state"] = proc.status()
-                entry["cpu_percent"] = round(
-                    100 * (times.user + times.system - before[rp.rank]) / sample_s, 1
-                )
-                entry["threads"] = proc.num_threads()
-            except psutil.Error:
-                entry["state"] = "gone"
-        out.append(entry)
-    return out
-
-
-def _dump_stacks(ranks: list[RankProcess], timeout: float = 15.0) -> dict[str, str]:
-    """Python stacks of every rank via py-spy (needs root or ptrace rights here).
-
-    ``--nonblocking`` reads a SIGSTOPped process too. Without py-spy the report says so; a
-    script that calls ``faulthandler.register(signal.SIGUSR1)`` still prints its stacks to its
-    stderr log when it gets SIGUSR1.
-    """
-    pyspy = shutil.which("py-spy") or _sibling_script("py-spy")
-    stacks: dict[str, str] = {}
-    signalled = False
-    for rp in ranks:
-        if rp.popen.poll() is not None:
-            stacks[str(rp.rank)] = f"(exited with {rp.popen.returncode} before the dump)"
-            continue
-        if pyspy is None:
-            stacks[str(rp.rank)] = "(py-spy not installed: `pip install py-spy` for stack dumps)"
-            # SIGUSR1's default action terminates: send it only to a rank that handles it
-            if _handles_signal(rp.pid, signal.SIGUSR1):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(rp.pid, signal.SIGUSR1)
-                    signalled = True
-                stacks[str(rp.rank)] += "; SIGUSR1 sent: see its stderr log"
-            continue
-        try:
-            done = subprocess.run(
-                [pyspy, "dump", "--pid", str(rp.pid), "--nonblocking"],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-            )
-            stacks[str(rp.rank)] = (done.stdout or done.stderr).strip()[-8000:]
-        except subprocess.TimeoutExpired:
-            stacks[str(rp.rank)] = f"(py-spy dump timed out after {timeout:g} s)"
-    if signalled:
-        time.sleep(0.5)  # the teardown that follows must not cut the faulthandler dumps short
-    return stacks
-
-
-def _handles_signal(pid: int, sig: int) -> bool:
-    """Whether ``pid`` installed a handler for ``sig`` (Linux: SigCgt in /proc/PID/status)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    for line in status.splitlines():
-        if line.startswith("SigCgt:"):
-            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    return False
-
-
-def _sibling_script(name: str) -> str | None:
-    candidate = Path(sys.executable).parent / name
-    return str(candidate) if candidate.exists() else None
 
 
 def launch(spec: LaunchSpec) -> RunResult:

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from trainguard._internal.gitstate import git_state
+from trainguard._internal.machine import machine_id, machine_info
 from trainguard._version import __version__
-from trainguard.checks.baseline import baseline_files, machine_id, machine_info
+from trainguard.checks.baseline import baseline_files
 from trainguard.errors import TrainguardError
 
 __all__ = [

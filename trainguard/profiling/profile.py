@@ -208,7 +208,7 @@ def run_profile(
     ``target``, compare with this machine's latest profile baseline (``compare``), optionally
     save it as the new one."""
     from trainguard._internal.gitstate import git_state
-    from trainguard.checks.baseline import machine_info
+    from trainguard._internal.machine import machine_info
 
     job_file = runner.job_file
     seed = spec.seed if spec.seed is not None else runner.settings.seed

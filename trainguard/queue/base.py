@@ -3,7 +3,8 @@
 A backend takes a :class:`SubmissionSpec` (what to run, with which resources, linked to which
 gate report and MLflow run) and returns a :class:`Submission` (job id, status, links, and the
 reason when it was not or cannot be scheduled). Backends: ``ray`` (Ray Jobs API,
-:mod:`trainguard.queue.ray_jobs`) and ``slurm`` (an sbatch script, :mod:`trainguard.queue.slurm`).
+:mod:`trainguard.queue.ray_jobs`) and ``slurm`` (an sbatch script, :mod:`trainguard.queue.slurm`),
+picked by name with :func:`trainguard.queue.backends.get_backend`.
 """
 
 from __future__ import annotations
@@ -23,13 +24,12 @@ if TYPE_CHECKING:
     from trainguard.config import JobFile
 
 __all__ = [
-    "BACKENDS",
+    "TERMINAL_STATUSES",
     "QueueBackend",
     "Submission",
     "SubmissionError",
     "SubmissionSpec",
     "SubmissionStatus",
-    "get_backend",
     "spec_from_job",
     "torchrun_argv",
 ]
@@ -49,6 +49,7 @@ SubmissionStatus = Literal[
     "not_submitted",
     "unknown",
 ]
+#: the statuses after which a job's state no longer changes
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "stopped", "unschedulable", "not_submitted"})
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -127,6 +128,7 @@ class SubmissionSpec:
 
     @property
     def ranks_per_node(self) -> int:
+        """Ranks each node runs (``world_size`` spread evenly over ``nodes``)."""
         return self.world_size // self.nodes
 
     @property
@@ -136,6 +138,7 @@ class SubmissionSpec:
 
     @property
     def cpus_per_node(self) -> int:
+        """Whole CPUs one node must have (at least one)."""
         return max(1, math.ceil(self.num_cpus * self.ranks_per_node))
 
     def rank_argv(self) -> list[str]:
@@ -175,9 +178,11 @@ class Submission:
 
     @property
     def terminal(self) -> bool:
+        """True when the job's state will not change any more."""
         return self.status in TERMINAL_STATUSES
 
     def to_dict(self) -> dict[str, Any]:
+        """The submission as plain JSON-ready data."""
         return asdict(self)
 
 
@@ -194,26 +199,6 @@ class QueueBackend(Protocol):
     def status(self, job_id: str) -> Submission:
         """The job's current state as the queue reports it."""
         ...
-
-
-BACKENDS = ("ray", "slurm")
-
-
-def get_backend(name: str, **options: Any) -> QueueBackend:
-    """The backend called ``name`` (``"ray"`` or ``"slurm"``), built with ``options``.
-
-    ``ray``: :class:`~trainguard.queue.ray_jobs.RayJobsBackend` (``cluster=``, ``pending_timeout=``,
-    ...); ``slurm``: :class:`~trainguard.queue.slurm.SlurmBackend` (``script_dir=``, ...).
-    """
-    if name == "ray":
-        from trainguard.queue.ray_jobs import RayJobsBackend
-
-        return RayJobsBackend(**options)
-    if name == "slurm":
-        from trainguard.queue.slurm import SlurmBackend
-
-        return SlurmBackend(**options)
-    raise UsageError(f"unknown queue backend {name!r}; expected one of {', '.join(BACKENDS)}")
 
 
 def torchrun_argv(

@@ -24,7 +24,9 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from trainguard._internal.model import ConfigModel
 
 __all__ = ["RAY_KEYS", "RayScaling", "expand_ray_job", "render_config"]
 
@@ -33,10 +35,8 @@ RAY_KEYS = ("train_func", "config", "scaling")
 _TRAIN_FUNC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
-class RayScaling(BaseModel):
+class RayScaling(ConfigModel):
     """``job.scaling`` of a ``ray_train`` job: Ray Train's ``ScalingConfig``."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     num_workers: int = Field(1, ge=1)
     use_gpu: bool = False

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHECKPOINT_SUFFIXES", "StateComparison", "compare_checkpoint_dirs", "find_checkpoints", "load_checkpoint"]
+__all__ = [
+    "CHECKPOINT_SUFFIXES",
+    "StateComparison",
+    "compare_checkpoint_dirs",
+    "find_checkpoints",
+    "load_checkpoint",
+]
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".tar")
 
@@ -86,7 +92,7 @@ def compare_checkpoint_dirs(
 ) -> StateComparison:
     """Compare the newest checkpoint of ``actual_dir`` with the same-named file of
     ``expected_dir`` (else its newest), tensor by tensor, naming every differing key."""
-    from trainguard.unit.assertions import tree_differences
+    from trainguard.unit.equivalence import tree_differences
 
     actual = find_checkpoints(actual_dir)
     expected = find_checkpoints(expected_dir)
@@ -101,5 +107,7 @@ def compare_checkpoint_dirs(
         e_state = load_checkpoint(e_path)
     except ValueError as exc:
         return StateComparison(False, str(exc), (str(a_path), str(e_path)))
-    differing = tree_differences(a_state, e_state, rtol=rtol, atol=atol, labels=("resumed", "reference"))
+    differing = tree_differences(
+        a_state, e_state, rtol=rtol, atol=atol, labels=("resumed", "reference")
+    )
     return StateComparison(True, "", (str(a_path), str(e_path)), differing)

@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers only
 __all__ = [
     "CUBLAS_WORKSPACE_CONFIG",
     "DeterministicState",
+    "check_seed",
     "current_seed",
     "deterministic_mode",
     "make_generator",
@@ -70,7 +71,8 @@ _FP32_PRECISION_PATHS = (
 _current_seed: int | None = None
 
 
-def _check_seed(seed: object, argname: str = "seed") -> int:
+def check_seed(seed: object, argname: str = "seed") -> int:
+    """``seed`` if it is an int in ``[0, 2**32)`` (what every RNG accepts), else ``UsageError``."""
     # bool is an int subclass; seed=True is always a mistake.
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MAX_SEED:
         raise UsageError(
@@ -113,7 +115,7 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> int:
     import torch
 
     global _current_seed
-    _check_seed(seed)
+    check_seed(seed)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # seeds the CPU generator and, lazily, every CUDA device
@@ -332,7 +334,7 @@ def make_generator(seed: int) -> torch.Generator:
     """
     import torch
 
-    _check_seed(seed)
+    check_seed(seed)
     generator = torch.Generator()
     generator.manual_seed(seed)
     return generator

@@ -1,0 +1,148 @@
+"""The package's structure stays as built (docs/architecture.md): read from its imports with
+``ast`` (nothing is executed; imports inside functions, under ``TYPE_CHECKING`` and through
+``importlib.import_module("trainguard...")`` count).
+
+The fault hook's agent and its ``sitecustomize`` run inside the user's training process: they
+import the standard library and (inside a function, where the job has it) the job's own torch,
+never a trainguard module, and are checked for exactly that.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import structure  # noqa: E402  (tests/structure.py, also a script: python tests/structure.py)
+
+#: the longest a library module may be
+MAX_LINES = 700
+
+
+@pytest.fixture(scope="module")
+def modules() -> dict[str, structure.Module]:
+    return structure.load_modules()
+
+
+def test_every_module_is_in_a_layer(modules: dict[str, structure.Module]) -> None:
+    assert structure.unplaced(modules) == [], (
+        "add the new package to structure.LAYERS and to docs/architecture.md"
+    )
+
+
+def test_no_import_cycles(modules: dict[str, structure.Module]) -> None:
+    assert structure.cycles(structure.edges(modules)) == []
+
+
+def test_no_private_name_is_imported_from_another_module(
+    modules: dict[str, structure.Module],
+) -> None:
+    assert structure.private_imports(modules) == [], (
+        "make the name public (documented, in __all__) or move it to trainguard/_internal/"
+    )
+
+
+def test_layers_import_only_downward(modules: dict[str, structure.Module]) -> None:
+    assert structure.upward_imports(modules) == [], (
+        "move the code to the right layer, or have the lower layer define a Protocol the higher "
+        "one implements (docs/architecture.md)"
+    )
+
+
+def test_no_library_module_is_longer_than_the_limit(modules: dict[str, structure.Module]) -> None:
+    library = {
+        name: module
+        for name, module in modules.items()
+        if not name.startswith(("trainguard.plugins", "trainguard.fixtures"))
+    }
+    assert structure.long_files(library, MAX_LINES) == []
+
+
+def test_reexport_modules_only_reexport(modules: dict[str, structure.Module]) -> None:
+    """An old module path is a docstring, imports and ``__all__``: no code of its own."""
+    thick = []
+    for name in sorted(structure.REEXPORT_MODULES - {"trainguard"}):
+        for node in modules[name].tree.body:
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+                continue  # the docstring
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
+                "__all__"
+            ]:
+                continue
+            thick.append(f"{name}:{node.lineno}: {type(node).__name__}")
+    assert thick == []
+
+
+def test_the_fault_agent_imports_only_the_standard_library_and_the_jobs_torch(
+    modules: dict[str, structure.Module],
+) -> None:
+    for name in structure.STDLIB_ONLY:
+        imported = set()
+        for node in ast.walk(modules[name].tree):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+        assert imported <= set(sys.stdlib_module_names) | {"__future__", "torch"}, (name, imported)
+
+
+# --- the checks themselves, on a planted package -----------------------------------------------
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> dict[str, structure.Module]:
+    root = tmp_path / "trainguard"
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return structure.load_modules({"trainguard": root})
+
+
+def test_a_cycle_through_a_function_level_or_type_checking_import_is_found(
+    tmp_path: Path,
+) -> None:
+    found = _package(tmp_path, {
+        "__init__.py": "",
+        "a.py": "def f():\n    from trainguard.b import g\n",
+        "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainguard import c\n",
+        "c.py": "import importlib\nimportlib.import_module('trainguard.a')\n",
+        "d.py": "from trainguard.a import f\n",
+    })
+    assert structure.cycles(structure.edges(found)) == [["trainguard.a", "trainguard.b", "trainguard.c"]]
+
+
+def test_private_names_across_modules_are_found_but_public_internal_names_are_not(
+    tmp_path: Path,
+) -> None:
+    found = _package(tmp_path, {
+        "__init__.py": "",
+        "_internal/__init__.py": "",
+        "_internal/atomic.py": "def write(): ...\ndef _fsync(): ...\n",
+        "a.py": "def _helper(): ...\n",
+        "b.py": "from trainguard.a import _helper\nfrom trainguard._internal.atomic import write\n",
+        "c.py": "import trainguard.a as a\na._helper()\n",
+        "d.py": "from trainguard._internal.atomic import _fsync\n",
+    })
+    problems = structure.private_imports(found)
+    assert len(problems) == 3, problems
+    assert any("_helper from trainguard.a" in p for p in problems)
+    assert any("trainguard.a._helper" in p for p in problems)
+    assert any("_fsync from trainguard._internal.atomic" in p for p in problems)
+
+
+def test_an_import_of_a_higher_layer_is_found(tmp_path: Path) -> None:
+    found = _package(tmp_path, {
+        "__init__.py": "",
+        "config/__init__.py": "",
+        "config/schema.py": "def load():\n    from trainguard.gate.policy import decide\n",
+        "gate/__init__.py": "",
+        "gate/policy.py": "from trainguard.config.schema import load\ndef decide(): ...\n",
+    })
+    problems = structure.upward_imports(found)
+    assert len(problems) == 1 and "trainguard.config.schema (config) imports trainguard.gate.policy (gate)" in problems[0]

@@ -1,0 +1,364 @@
+"""What is wrong with a job file, in words: every problem with its key path and the fix.
+
+:func:`format_validation_error` turns pydantic's errors into ``(key, message)`` pairs (an
+unknown key names the allowed ones and the closest match), :func:`cross_checks` finds what the
+schema alone cannot -- placeholders, and what each configured check and drill needs from the
+job -- and :func:`config_error` reports all of them at once as one
+:class:`~trainguard.errors.ConfigError`, one per line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import string
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from trainguard.config.checks import ProfileCheck
+from trainguard.config.faults import FaultNotInstalled, fault_class
+from trainguard.config.schema import PLACEHOLDERS, JobDocument, JobFile, MetricFile
+from trainguard.errors import ConfigError
+
+__all__ = [
+    "config_error",
+    "cross_checks",
+    "drill_problems",
+    "format_validation_error",
+    "profile_problems",
+]
+
+_DEFAULT_REGEX_HINT = "loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'"
+
+def _placeholders_in(template: str) -> list[str]:
+    """Field names used in a format template; raises ValueError on malformed braces."""
+    names = []
+    for _, field, _, _ in string.Formatter().parse(template):
+        if field is not None:
+            names.append(field)
+    return names
+
+
+_FIX: dict[str, str] = {
+    "job": "add a `job:` mapping with at least `name`, `command` and `metrics`",
+    "job.name": "give the job a short name, e.g. `name: mlp`",
+    "job.command": 'the command that trains, e.g. "python train.py --steps {steps}"',
+    "job.metrics": f"map metric names to a regex, e.g. {_DEFAULT_REGEX_HINT}, or to {{file: metrics.jsonl}}",
+    "job.world_size": "the number of ranks to launch, e.g. `world_size: 2`",
+    "job.timeout": "seconds one run may take, e.g. `timeout: 600`",
+    "job.stall_timeout": "seconds without a new metric line before the run counts as hung",
+    "job.env": "a mapping such as `env: {OMP_NUM_THREADS: \"1\"}`",
+    "checks.resume.after_step": "the step after which the run is killed, e.g. `after_step: 25`",
+}
+
+
+# pydantic names union branches and validators in error locations; they are not user keys
+_BRANCH_NAMES = frozenset({"str", "MetricFile", "list[str]", "dict[str,str]"})
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        # pydantic adds the union/validator branch name to some locations; not a user key
+        if isinstance(item, str) and (item in _BRANCH_NAMES or item.startswith("function-")):
+            continue
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + item)
+    return "".join(parts) or "<top level>"
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the schema accepts at the mapping that holds ``loc``."""
+    current: Any = model
+    in_mapping = False
+    for item in loc[:-1]:
+        if isinstance(item, str) and (item in _BRANCH_NAMES or item.startswith("function-")):
+            continue
+        if isinstance(item, int):  # an item of a list (checks.drills[0]): same schema
+            continue
+        if in_mapping:  # a user-chosen key of a mapping field (a metric name), not a schema key
+            in_mapping = False
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return []
+        field = current.model_fields.get(str(item))
+        if field is None:
+            return []
+        in_mapping = getattr(field.annotation, "__origin__", None) is dict
+        current = _model_of(field.annotation)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def _model_of(annotation: Any) -> Any:
+    for candidate in getattr(annotation, "__args__", ()) or (annotation,):
+        inner = _model_of(candidate) if getattr(candidate, "__args__", None) else candidate
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            return inner
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    metadata = getattr(annotation, "__metadata__", None)
+    if metadata is not None:
+        return _model_of(annotation.__origin__)
+    return None
+
+
+def _describe(error: Any) -> str:
+    kind = error["type"]
+    value = error.get("input")
+    got = f"{value!r} ({type(value).__name__})"
+    if kind == "missing":
+        return "required key is missing"
+    if kind in ("value_error", "assertion_error"):
+        return str(error["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    expected = {
+        "int_type": "an integer",
+        "int_from_float": "a whole number",
+        "float_type": "a number",
+        "string_type": "a string",
+        "bool_type": "true or false",
+        "dict_type": "a mapping",
+        "list_type": "a list",
+        "model_type": "a mapping",
+        "model_attributes_type": "a mapping",
+        "dict_attributes_type": "a mapping",
+    }.get(kind)
+    if expected:
+        return f"expected {expected}, got {got}"
+    ctx = error.get("ctx") or {}
+    bounds = {
+        "greater_than_equal": (">=", "ge"),
+        "greater_than": (">", "gt"),
+        "less_than_equal": ("<=", "le"),
+        "less_than": ("<", "lt"),
+    }
+    if kind in bounds:
+        sym, key = bounds[kind]
+        return f"expected a value {sym} {ctx.get(key)}, got {value!r}"
+    if kind in ("too_short", "string_too_short"):
+        return f"must not be empty, got {value!r}"
+    return f"{error['msg']} (got {got})"
+
+def format_validation_error(exc: ValidationError) -> list[tuple[str, str]]:
+    """pydantic's errors for a job file (or one of its sections) as ``(key path, message with
+    the fix)`` pairs, in the order pydantic found them."""
+    problems: list[tuple[str, str]] = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        if loc and loc[-1] == "str" and isinstance(error.get("input"), dict):
+            continue  # the str branch of "regex or {file: ...}"; the mapping branch reports it
+        key = _key_path(loc)
+        if error["type"] == "extra_forbidden":
+            allowed = _allowed_keys(JobDocument, loc)
+            unknown = str(loc[-1])
+            close = difflib.get_close_matches(unknown, allowed, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            msg = f"unknown key '{unknown}'{hint}; allowed here: {', '.join(allowed)}"
+        else:
+            msg = _describe(error)
+            fix = _FIX.get(key)
+            if fix and not (loc == ("job",) and error["type"] == "value_error"):  # ray_train: own fix
+                msg += f". Fix: {fix}"
+        problems.append((key, msg))
+    return problems
+
+
+def config_error(where: str, problems: list[tuple[str, str]]) -> ConfigError:
+    """One :class:`~trainguard.errors.ConfigError` for the file ``where`` naming every
+    ``(key, message)`` problem: the key itself for one problem, one line each for several."""
+    if len(problems) == 1:
+        key, msg = problems[0]
+        return ConfigError(msg, path=where, key=key)
+    lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)
+    return ConfigError(f"{len(problems)} problems:\n{lines}", path=where)
+
+
+def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
+    """Placeholders and what each configured check needs from the job."""
+    job, checks = job_file.job, job_file.checks
+    problems: list[tuple[str, str]] = []
+    known = set(PLACEHOLDERS)
+    used: set[str] = set()
+
+    def scan(key: str, template: str, allowed: set[str]) -> None:
+        try:
+            names = _placeholders_in(template)
+        except ValueError as exc:
+            problems.append((key, f"{template!r}: {exc}; write a literal brace as {{{{ or }}}}"))
+            return
+        for name in names:
+            if name not in allowed:
+                hint = difflib.get_close_matches(name, sorted(allowed), n=1)
+                extra = f" (did you mean {{{hint[0]}}}?)" if hint else ""
+                problems.append(
+                    (
+                        key,
+                        f"unknown placeholder {{{name}}} in {template!r}{extra}; known: "
+                        + ", ".join(f"{{{p}}}" for p in sorted(allowed))
+                        + "; write a literal brace as {{ or }}",
+                    )
+                )
+            else:
+                used.add(name)
+
+    for i, token in enumerate(job.command):
+        scan(f"job.command[{i}]", token, known)
+    for i, token in enumerate(job.resume_args):
+        scan(f"job.resume_args[{i}]", token, known)
+    for var, val in job.env.items():
+        scan(f"job.env.{var}", val, known)
+    scan("job.checkpoint_dir", job.checkpoint_dir, known - {"checkpoint_dir"})
+    for metric, source in job.metrics.items():
+        if isinstance(source, MetricFile):
+            scan(f"job.metrics.{metric}.file", source.file, known | {"rank"})
+    for name, spec in job_file.enabled_checks():
+        for i, token in enumerate(spec.args):
+            scan(f"{_check_key(job_file, name)}.args[{i}]", token, known)
+        for var, val in spec.env.items():
+            scan(f"{_check_key(job_file, name)}.env.{var}", val, known)
+
+    command_text = " ".join(job.command) + " " + " ".join(job.resume_args)
+    env_text = " ".join(job.env.values())
+    if "batch_size" in used and job.batch_size is None:
+        problems.append(
+            (
+                "job.batch_size",
+                "the command uses {batch_size} but job.batch_size is not set. "
+                "Fix: add `batch_size: 32` (the global batch size) under job",
+            )
+        )
+    for name, spec in job_file.enabled_checks():
+        if "{steps}" not in command_text and not any("{steps}" in a for a in spec.args):
+            problems.append(
+                (
+                    f"{_check_key(job_file, name)}.steps",
+                    f"the check runs {spec.steps} steps but job.command has no {{steps}} "
+                    "placeholder, so trainguard cannot choose the run length. Fix: pass it to "
+                    "your script, e.g. add `--steps {steps}` to job.command",
+                )
+            )
+    if checks.resume is not None:
+        if not job.resume_args:
+            problems.append(
+                (
+                    "job.resume_args",
+                    "checks.resume needs to know how to resume the job. Fix: set "
+                    'job.resume_args to the flags that make the script resume, e.g. "--resume"',
+                )
+            )
+        if "{checkpoint_dir}" not in command_text + " " + env_text:
+            problems.append(
+                (
+                    "job.command",
+                    "checks.resume needs the job to write checkpoints where trainguard can find "
+                    "them. Fix: pass {checkpoint_dir} to the script, e.g. `--ckpt-dir "
+                    "{checkpoint_dir}` in job.command or `CKPT_DIR: \"{checkpoint_dir}\"` in job.env",
+                )
+            )
+    if checks.canary is not None and "loss" not in job.metrics:
+        problems.append(
+            (
+                "job.metrics",
+                "checks.canary judges the `loss` metric, but job.metrics has none "
+                f"(it has: {', '.join(job.metrics)}). Fix: add {_DEFAULT_REGEX_HINT}",
+            )
+        )
+    if checks.canary is not None:
+        for key in ("val_metric", "grad_norm"):
+            name = getattr(checks.canary, key)
+            if name is not None and name not in job.metrics:
+                problems.append(
+                    (
+                        f"checks.canary.{key}",
+                        f"{name!r} is not one of job.metrics (it has: {', '.join(job.metrics)}). "
+                        f"Fix: add a `{name}` regex to job.metrics or name one of those",
+                    )
+                )
+    if checks.profile is not None:
+        problems += profile_problems(job_file, checks.profile, used)
+    problems += drill_problems(job_file, command_text, env_text)
+    return problems
+
+
+def _check_key(job_file: JobFile, name: str) -> str:
+    """``checks.resume`` for a check, ``checks.drills[2]`` for the drill ``drill:<name>``."""
+    if name.startswith("drill:"):
+        for i, drill in enumerate(job_file.checks.drills):
+            if f"drill:{drill.name}" == name:
+                return f"checks.drills[{i}]"
+    return f"checks.{name}"
+
+def drill_problems(job_file: JobFile, command_text: str, env_text: str) -> list[tuple[str, str]]:
+    """Unique names, ranks that exist, what recover/fail_clean need, each fault's parameters.
+
+    ``command_text`` and ``env_text`` are the job's command (with its resume args) and env values
+    joined by spaces, where the placeholders a drill needs are looked for."""
+    job = job_file.job
+    problems: list[tuple[str, str]] = []
+    seen: dict[str, int] = {}
+    for i, drill in enumerate(job_file.checks.drills):
+        key = f"checks.drills[{i}]"
+        if drill.name in seen:
+            problems.append((f"{key}.name", f"duplicate drill name {drill.name!r} (also "
+                             f"checks.drills[{seen[drill.name]}]); give each drill its own name"))
+        seen.setdefault(drill.name, i)
+        world_size = drill.world_size or job.world_size
+        if drill.rank >= world_size:
+            problems.append((f"{key}.rank", f"rank {drill.rank} does not exist in a run of "
+                             f"{world_size} rank(s); use 0..{world_size - 1} or set world_size"))
+        if drill.expectation in ("recover", "fail_clean"):
+            if not job.resume_args:
+                problems.append((f"{key}.expect", f"`expect: {drill.expectation}` resumes the job "
+                                 "from its latest checkpoint. Fix: set job.resume_args, e.g. "
+                                 '"--resume"'))
+            if "{checkpoint_dir}" not in command_text + " " + env_text:
+                problems.append((f"{key}.expect", f"`expect: {drill.expectation}` needs the job to "
+                                 "checkpoint where trainguard can find it. Fix: pass "
+                                 "{checkpoint_dir} to the script, e.g. `--ckpt-dir {checkpoint_dir}`"))
+        try:
+            cls = fault_class(drill.fault)
+        except FaultNotInstalled:
+            continue  # reported when the drill runs; the rest of the file stays usable
+        for param, message in cls.validate(drill.params):
+            problems.append((f"{key}.params.{param}", message))
+    return problems
+
+def profile_problems(job_file: JobFile, spec: ProfileCheck, used: set[str]) -> list[tuple[str, str]]:
+    """What ``checks.profile`` needs: known metric names and a way to count samples.
+
+    ``used`` names the placeholders the job's command uses (``batch_size`` matters here)."""
+    job = job_file.job
+    problems: list[tuple[str, str]] = []
+    for key in ("step_metric", "data_wait_metric", "checkpoint_metric"):
+        name = getattr(spec, key)
+        if name is not None and name not in job.metrics:
+            problems.append(
+                (
+                    f"checks.profile.{key}",
+                    f"{name!r} is not one of job.metrics (it has: {', '.join(job.metrics)}). "
+                    f"Fix: add a `{name}` regex to job.metrics or name one of those",
+                )
+            )
+    if spec.headroom is not None and "batch_size" not in used:
+        problems.append(
+            (
+                "checks.profile.headroom",
+                "the memory headroom search runs the job at growing batch sizes, but the command "
+                "has no {batch_size} placeholder to pass them. Fix: add `--batch-size "
+                "{batch_size}` (your script's flag) to job.command or checks.profile.args, or "
+                "remove checks.profile.headroom",
+            )
+        )
+    if spec.scaling == "weak" and spec.samples_per_step is None and "batch_size" not in used:
+        problems.append(
+            (
+                "checks.profile.scaling",
+                "weak scaling grows the global batch with the ranks, but the command has no "
+                "{batch_size} placeholder to pass it. Fix: add `--batch-size {batch_size}` to "
+                "job.command (or checks.profile.args), or use `scaling: strong`",
+            )
+        )
+    return problems

@@ -1,0 +1,81 @@
+"""Value coercions of the job file, with messages a person can act on.
+
+A command is written as a string (split like a POSIX shell would) or a list of strings; env
+values may be YAML scalars (``OMP_NUM_THREADS: 1``) and become strings; a metric regex must
+compile and name the groups ``step`` and ``value``. :data:`Argv` and :data:`Env` are the
+annotated types the section models use.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
+
+__all__ = ["Argv", "Env", "check_regex"]
+
+
+def _to_argv(value: Any) -> list[str]:
+    """A command is a string (split like a POSIX shell would) or a list of strings."""
+    if isinstance(value, str):
+        try:
+            return shlex.split(value)
+        except ValueError as exc:  # unbalanced quotes
+            raise ValueError(f"cannot split {value!r} like a shell would ({exc})") from None
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    if isinstance(value, list):
+        bad = next(v for v in value if not isinstance(v, str))
+        raise ValueError(
+            f"expected a list of strings, but item {bad!r} is {type(bad).__name__}; quote it"
+        )
+    raise ValueError(
+        f"expected a string or a list of strings, got {value!r} ({type(value).__name__})"
+    )
+
+
+def _to_env(value: Any) -> dict[str, str]:
+    """Env values may be written as YAML scalars (``OMP_NUM_THREADS: 1``); they become strings."""
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"expected a mapping of variable name to value, got {value!r} ({type(value).__name__})"
+        )
+    out: dict[str, str] = {}
+    for key, val in value.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"variable names must be non-empty strings, got {key!r}")
+        if isinstance(val, bool):
+            out[key] = "1" if val else "0"
+        elif isinstance(val, (str, int, float)):
+            out[key] = str(val)
+        else:
+            raise ValueError(
+                f"value of {key} must be a string or number, got {val!r} ({type(val).__name__})"
+            )
+    return out
+
+
+
+def check_regex(value: str) -> str:
+    """``value`` when it is a metric regex with the named groups ``step`` and ``value``;
+    ``ValueError`` naming what is wrong and the fix otherwise."""
+    try:
+        pattern = re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"{value!r} is not a valid regular expression: {exc}") from None
+    missing = [g for g in ("step", "value") if g not in pattern.groupindex]
+    if missing:
+        have = sorted(pattern.groupindex) or "none"
+        raise ValueError(
+            f"regex {value!r} lacks the named group(s) {', '.join(missing)} (it has: {have}); "
+            "write them as (?P<step>\\d+) and (?P<value>\\S+)"
+        )
+    return value
+
+
+#: a command: a string split like a shell would, or a list of strings
+Argv = Annotated[list[str], BeforeValidator(_to_argv)]
+#: environment variables: scalar values become strings
+Env = Annotated[dict[str, str], BeforeValidator(_to_env)]

@@ -1,0 +1,115 @@
+"""Evidence of a hang: each rank's CPU activity and state, and its Python stacks.
+
+Collected by the launcher when no metric line arrived for ``stall_timeout`` seconds, before the
+ranks are torn down. CPU time is not progress: NCCL busy-polls inside a stuck collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from trainguard.launch.procs import RankProcess
+
+__all__ = ["dump_stacks", "handles_signal", "rank_activity", "sibling_script"]
+
+
+def rank_activity(ranks: list[RankProcess], sample_s: float = 0.5) -> list[dict[str, Any]]:
+    """CPU use over a short window and process state per rank: evidence for a hang report.
+
+    A rank burning 100% CPU is not necessarily making progress (NCCL busy-polls); a rank in
+    state 'stopped' (SIGSTOP) or 'sleeping' with no CPU is waiting on something.
+    """
+    procs: dict[int, psutil.Process] = {}
+    before: dict[int, float] = {}
+    for rp in ranks:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(rp.pid)
+            times = proc.cpu_times()
+            procs[rp.rank] = proc
+            before[rp.rank] = times.user + times.system
+    time.sleep(sample_s)
+    out = []
+    for rp in ranks:
+        entry: dict[str, Any] = {"rank": rp.rank, "pid": rp.pid}
+        proc = procs.get(rp.rank)
+        if proc is None:
+            entry["state"] = "gone"
+        else:
+            try:
+                times = proc.cpu_times()
+                entry["state"] = proc.status()
+                entry["cpu_percent"] = round(
+                    100 * (times.user + times.system - before[rp.rank]) / sample_s, 1
+                )
+                entry["threads"] = proc.num_threads()
+            except psutil.Error:
+                entry["state"] = "gone"
+        out.append(entry)
+    return out
+
+
+def dump_stacks(ranks: list[RankProcess], timeout: float = 15.0) -> dict[str, str]:
+    """Python stacks of every rank via py-spy (needs root or ptrace rights here).
+
+    ``--nonblocking`` reads a SIGSTOPped process too. Without py-spy the report says so; a
+    script that calls ``faulthandler.register(signal.SIGUSR1)`` still prints its stacks to its
+    stderr log when it gets SIGUSR1.
+    """
+    pyspy = shutil.which("py-spy") or sibling_script("py-spy")
+    stacks: dict[str, str] = {}
+    signalled = False
+    for rp in ranks:
+        if rp.popen.poll() is not None:
+            stacks[str(rp.rank)] = f"(exited with {rp.popen.returncode} before the dump)"
+            continue
+        if pyspy is None:
+            stacks[str(rp.rank)] = "(py-spy not installed: `pip install py-spy` for stack dumps)"
+            # SIGUSR1's default action terminates: send it only to a rank that handles it
+            if handles_signal(rp.pid, signal.SIGUSR1):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rp.pid, signal.SIGUSR1)
+                    signalled = True
+                stacks[str(rp.rank)] += "; SIGUSR1 sent: see its stderr log"
+            continue
+        try:
+            done = subprocess.run(
+                [pyspy, "dump", "--pid", str(rp.pid), "--nonblocking"],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+            stacks[str(rp.rank)] = (done.stdout or done.stderr).strip()[-8000:]
+        except subprocess.TimeoutExpired:
+            stacks[str(rp.rank)] = f"(py-spy dump timed out after {timeout:g} s)"
+    if signalled:
+        time.sleep(0.5)  # the teardown that follows must not cut the faulthandler dumps short
+    return stacks
+
+
+def handles_signal(pid: int, sig: int) -> bool:
+    """Whether ``pid`` installed a handler for ``sig`` (Linux: SigCgt in /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+def sibling_script(name: str) -> str | None:
+    """The path of console script ``name`` installed next to this interpreter, or None."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else None
