@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 import trainguard.launch.hang_evidence as hang_evidence_module
+from trainguard.errors import RankFailure
 from trainguard.launch import (
     Launcher,
     LaunchSpec,
@@ -752,3 +753,16 @@ def test_reserve_port_gives_up_with_a_clear_error(
         RuntimeError, match=r"could not reserve a free port on 127\.0\.0\.1 after 3 attempts"
     ):
         ports.reserve_port(attempts=3)
+
+
+def test_raise_for_ranks_names_the_dead_rank_and_passes_a_clean_run(tmp_path: Path) -> None:
+    dying = Launcher(LaunchSpec(
+        argv=[sys.executable, "-c", "import os, sys; sys.exit(3 if os.environ['RANK'] == '1' else 0)"],
+        run_dir=tmp_path / "dying", world_size=2, timeout=60,
+    )).run()
+    with pytest.raises(RankFailure, match=r"the toy run failed \(rank 1\)") as failure:
+        dying.raise_for_ranks("the toy run")
+    assert failure.value.result is dying and str(dying.run_dir) in str(failure.value)
+    clean = Launcher(LaunchSpec(argv=[sys.executable, "-c", "pass"], run_dir=tmp_path / "clean",
+                                timeout=60)).run()
+    clean.raise_for_ranks()  # every rank exited 0: nothing raised

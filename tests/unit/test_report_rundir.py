@@ -20,6 +20,7 @@ import pytest
 from trainguard._internal.atomic import atomic_write_bytes, atomic_write_text
 from trainguard._internal.machine import gpu_inventory
 from trainguard._version import __version__
+from trainguard.errors import CheckFailed
 from trainguard.launch.rundir import ensure_state_dir, new_run_dir, prune_runs
 from trainguard.report import REPORT_SCHEMA_VERSION, CheckResult, Report, load_report
 
@@ -457,3 +458,20 @@ def test_nvml_unavailable_counts_zero(monkeypatch: pytest.MonkeyPatch) -> None:
     inventory = gpu_inventory()
     assert inventory.count == 0
     assert "NVML unavailable (Driver Not Loaded)" in inventory.how
+
+
+def test_raise_for_failures_names_every_check_that_did_not_pass_and_passes_a_clean_report() -> None:
+    report = Report(job="toy")
+    report.add(CheckResult("smoke", "passed", "ok"))
+    report.add(CheckResult("canary", "skipped", "no baseline"))
+    report.raise_for_failures()  # passed and skipped: nothing raised
+    report.checks[0].raise_for_status()
+    failed = report.add(CheckResult("resume", "failed", "step 26 differs", reproduce="trainguard check --only resume"))
+    report.add(CheckResult("drill:kill", "error", "the fault came too late"))
+    with pytest.raises(CheckFailed, match=r"2 of 4 check\(s\) of toy did not pass") as failure:
+        report.raise_for_failures()
+    assert "resume failed: step 26 differs" in str(failure.value)
+    assert "reproduce: trainguard check --only resume" in str(failure.value)
+    assert [r.name for r in failure.value.results] == ["resume", "drill:kill"]
+    with pytest.raises(CheckFailed, match="resume failed"):
+        failed.raise_for_status()

@@ -39,6 +39,7 @@ from typing import IO, Any, Literal
 
 import psutil
 
+from trainguard.errors import RankFailure
 from trainguard.launch.hang_evidence import dump_stacks, rank_activity
 from trainguard.launch.metrics import JsonlTail, MetricParser, MetricPoint, trajectory
 from trainguard.launch.ports import reserve_port
@@ -134,7 +135,21 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
+        """True when every rank exited 0 in time."""
         return self.outcome == "ok"
+
+    def raise_for_ranks(self, what: str = "the run") -> None:
+        """Raise :class:`~trainguard.errors.RankFailure` unless every rank exited 0 in time:
+        how the attempt ended, the first failed rank, its stderr tail and where the logs are."""
+        if self.ok:
+            return
+        rank = f" (rank {self.failed_rank})" if self.failed_rank is not None else ""
+        tail = f"\nits stderr:\n{self.stderr_tail}" if self.stderr_tail else ""
+        raise RankFailure(
+            f"{what} {self.outcome}{rank}: {self.reason or 'no reason recorded'}; "
+            f"logs: {self.run_dir}{tail}",
+            result=self,
+        )
 
     def trajectory(self, name: str = "loss") -> dict[int, float]:
         return trajectory(self.points, name)

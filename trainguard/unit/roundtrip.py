@@ -276,11 +276,8 @@ def _run_process(
             f"assert_state_roundtrip: the {role} process ({what}) raised "
             f"{error['type']}: {error['message']}\n{error['traceback'].rstrip()}"
         )
-    if not result.ok:
-        raise TrainguardAssertionError(
-            f"assert_state_roundtrip: the {role} process ({what}) failed: {result.reason}\n"
-            f"its stderr:\n{result.stderr_tail}"
-        )
+    # died without recording an error (a signal, a crash in native code): not an assertion
+    result.raise_for_ranks(f"assert_state_roundtrip: the {role} process ({what})")
     try:
         loaded = load_checkpoint(Path(spec["result"]))
     except ValueError as exc:
