@@ -47,8 +47,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``trainguard profile``; returns the exit code."""
     import dataclasses
 
-    from trainguard.config import ProfileCheck, load_config
-    from trainguard.config.schema import _profile_problems as profile_problems
+    from trainguard.config import ProfileCheck, load_config, profile_problems
     from trainguard.config.settings import resolve
     from trainguard.errors import ConfigError
     from trainguard.profiling.check import profile_job, summarise

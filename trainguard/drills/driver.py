@@ -838,7 +838,7 @@ def make_drill(job_file: JobFile, fields: dict[str, Any]) -> DrillSpec:
     drills: a :class:`~trainguard.errors.ConfigError` names every problem."""
     from pydantic import ValidationError
 
-    from trainguard.config.schema import _config_error, _drill_problems, _format_validation_error
+    from trainguard.config import config_error, drill_problems, format_validation_error
 
     known = set(DrillSpec.model_fields)
     spec_fields = {k: v for k, v in fields.items() if k in known}
@@ -848,12 +848,12 @@ def make_drill(job_file: JobFile, fields: dict[str, Any]) -> DrillSpec:
         spec = DrillSpec.model_validate({**spec_fields, "params": params})
     except ValidationError as exc:
         problems = [(f"drill.{key}" if key != "<top level>" else "drill", msg)
-                    for key, msg in _format_validation_error(exc)]
-        raise _config_error(where, problems) from None
+                    for key, msg in format_validation_error(exc)]
+        raise config_error(where, problems) from None
     probe = JobFile(job_file.path, job_file.job, job_file.checks.model_copy(update={"drills": [spec]}))
     command_text = " ".join(job_file.job.command) + " " + " ".join(job_file.job.resume_args)
     env_text = " ".join(job_file.job.env.values())
-    problems = _drill_problems(probe, command_text, env_text)
+    problems = drill_problems(probe, command_text, env_text)
     if problems:
-        raise _config_error(where, [(k.replace("checks.drills[0]", "drill"), m) for k, m in problems])
+        raise config_error(where, [(k.replace("checks.drills[0]", "drill"), m) for k, m in problems])
     return spec
