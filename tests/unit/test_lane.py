@@ -104,7 +104,8 @@ def test_closing_the_lane_stops_a_run_nobody_took(jobs: Path) -> None:
     assert time.monotonic() - started < 20
     assert not runner._inflight
     assert runner.take_ahead("canary", request) is None  # stopped: a check would run it again
-    assert runner._lane_thread is not None and not runner._lane_thread.is_alive()
+    lane_thread = runner.scheduling.lane_thread
+    assert lane_thread is not None and not lane_thread.is_alive()
 
 
 def test_a_run_taken_by_its_check_is_nested_under_that_check_in_mlflow(

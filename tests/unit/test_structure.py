@@ -28,20 +28,12 @@ MAX_LINES = 700
 KNOWN_CYCLES = [
     ["trainguard.drills", "trainguard.drills.driver", "trainguard.session",
      "trainguard.session.orchestrate"],
-    ["trainguard.raytrain.tracking", "trainguard.run.runner", "trainguard.tracking",
-     "trainguard.tracking.tracker"],
 ]
-KNOWN_PRIVATE = {  # (file, name)
-    ("trainguard/raytrain/tracking.py", "_write_atomic"),
-    ("trainguard/raytrain/tracking.py", "_store_lock"),
-    ("trainguard/raytrain/tracking.py", "_permanent"),
-}
+KNOWN_PRIVATE: set[tuple[str, str]] = set()  # (file, name)
 KNOWN_UPWARD = {  # (importer, imported)
     ("trainguard.drills.driver", "trainguard.session"),
-    ("trainguard.raytrain.tracking", "trainguard.tracking.tracker"),
-    ("trainguard.run.runner", "trainguard.tracking"),
 }
-KNOWN_LONG = {"trainguard/tracking/tracker.py": 1127, "trainguard/drills/driver.py": 859}
+KNOWN_LONG = {"trainguard/drills/driver.py": 859}
 
 
 @pytest.fixture(scope="module")

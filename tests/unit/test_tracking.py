@@ -25,6 +25,9 @@ import pytest
 
 pytest.importorskip("mlflow")
 
+import trainguard.tracking.runs as runs
+import trainguard.tracking.store as store
+import trainguard.tracking.system as system
 import trainguard.tracking.tracker as tracking
 from tests.helpers import runs_by_kind
 from trainguard.launch import MetricPoint
@@ -238,7 +241,7 @@ def test_restarts_of_one_logical_run_share_one_run_with_the_attempt_tag(jobs: Pa
     from trainguard.run.runner import JobRunner
 
     job_file = load_config(jobs / "die.trainguard.yaml")
-    uri, artifacts = tracking.default_store(job_file.state_dir)
+    uri, artifacts = store.default_store(job_file.state_dir)
     tracker = Tracker(uri, artifact_location=artifacts)
     tracker.session = tracker.start_run("session")
     runner = JobRunner(job_file, Settings(), tracker=tracker)
@@ -425,7 +428,7 @@ def tracked_runner(job_file: Any) -> Any:
     from trainguard.config.settings import Settings
     from trainguard.run.runner import JobRunner
 
-    uri, artifacts = tracking.default_store(job_file.state_dir)
+    uri, artifacts = store.default_store(job_file.state_dir)
     tracker = Tracker(uri, artifact_location=artifacts)
     tracker.session = tracker.start_run("session")
     return JobRunner(job_file, Settings(), tracker=tracker)
@@ -518,7 +521,7 @@ def test_metrics_are_in_the_store_while_the_job_runs(track_job: Any, monkeypatch
 
     from trainguard.run.runner import RunRequest
 
-    monkeypatch.setattr(tracking, "LIVE_INTERVAL_S", 1.0)  # a live point a second (default 5 s)
+    monkeypatch.setattr(runs, "LIVE_INTERVAL_S", 1.0)  # a live point a second (default 5 s)
     runner = tracked_runner(track_job)
     tracker = runner.tracker
     assert tracker.session.created.wait(120)
@@ -608,22 +611,22 @@ class FakeNvml:
 def test_system_metrics_and_environment_include_gpus_when_nvml_is_there(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.metadata as md
 
-    monkeypatch.setattr(tracking, "_NVML", FakeNvml())
-    metrics = tracking._system_metrics()
+    monkeypatch.setattr(system, "_NVML", FakeNvml())
+    metrics = system.system_metrics()
     assert metrics["system/gpu1/utilization_percent"] == 51.0
     assert metrics["system/gpu1/memory_mb"] == 2048.0
     assert metrics["system/gpu0/power_w"] == 300.0
     assert metrics["system/gpu0/temperature_c"] == 60.0
     assert metrics["system/rss_mb"] > 0
-    env = tracking.environment_snapshot()
+    env = system.environment_snapshot()
     assert env["gpus"] == ["NVIDIA H100 80GB HBM3"] * 2
     assert env["cuda_driver"] == 12040 and env["nvidia_driver"] == "550.54.15"
     assert env["python"] == sys.version.split()[0]
     assert env["torch"] == md.version("torch")
     assert "cuda" in env and "nccl" in env
     assert any(p.startswith("torch==") for p in env["packages"])
-    monkeypatch.setattr(tracking, "_NVML", False)  # no NVML here: no GPU metrics, no error
-    assert not any(k.startswith("system/gpu") for k in tracking._system_metrics())
+    monkeypatch.setattr(system, "_NVML", False)  # no NVML here: no GPU metrics, no error
+    assert not any(k.startswith("system/gpu") for k in system.system_metrics())
 
 
 def test_metrics_streamed_point_by_point_are_written_in_a_few_batches() -> None:

@@ -359,22 +359,15 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
     single = runner.request_for(spec, world_size=1)
     multi = runner.request_for(spec, world_size=spec.world_size)
     reproduce = f"compare: {runner.command_line(single)}  vs  {runner.command_line(multi)}"
-    # the N-rank run may have started early beside the checks before this one (lane_plan)
-    ahead = runner.ahead_started("parallel", multi)
-    if not ahead:
-        runner.take_ahead("parallel", multi)  # not started yet: this check runs it itself
-        runner.prefetch(multi)
-    taken = None
+    # the N-rank run: started early beside the checks before this one (lane_plan), else now in
+    # the background while the 1-rank run runs in the foreground
+    pending = runner.run_for(multi, "parallel")
     try:
         one = runner.reference(single)
-        if ahead:
-            taken = runner.take_ahead("parallel", multi)
-            if taken is not None:
-                runner.offer_reference(multi, taken)
+        many = pending.result()
     except BaseException:
         runner.stop_background("the parallel check was interrupted")
         raise
-    many = taken if taken is not None else runner.reference(multi)
     if not one.ok:
         return _failed_run("parallel", one, started, reproduce)
     if not many.ok:

@@ -220,7 +220,8 @@ def _production_run(runner: Any, spec: Any, wait_s: float = 10.0) -> Any:
     """With tracking on: an MLflow run for the submitted production run (nested under the gate's
     session run) whose id goes to the job (``TRAINGUARD_MLFLOW_RUN_ID``/``_TRACKING_URI``: a
     ``ray_train`` job's designated worker writer logs into it) and into the Ray Job's metadata."""
-    tracker = getattr(runner, "tracker", None)
+    from trainguard.tracking import tracker_of
+    tracker = tracker_of(runner)
     if tracker is None or tracker.session is None:
         return spec
     handle = tracker.start_run(

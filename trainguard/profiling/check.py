@@ -15,6 +15,7 @@ from trainguard.profiling.profile import Profile, run_profile
 from trainguard.profiling.render import write_reports
 from trainguard.report import CheckResult
 from trainguard.run.runner import JobRunner
+from trainguard.tracking import tracker_of
 
 __all__ = ["profile_job", "run_profile_check", "summarise"]
 
@@ -45,9 +46,9 @@ def profile_job(
         for c in runner.curves if not str(c["label"]).startswith(("profile", "headroom"))
     ]
     paths = write_reports(data, profile.run_dir, job_file.state_dir / "profile")
-    tracker = runner.tracker
+    tracker = tracker_of(runner)
     if tracker is not None:
-        handle = getattr(tracker, "current_check", None) or getattr(tracker, "session", None)
+        handle = tracker.check_run or tracker.session
         if handle is not None:
             for kind in ("json", "markdown", "html"):
                 tracker.log_artifact(handle, paths[kind], "profile")

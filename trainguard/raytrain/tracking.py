@@ -42,7 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from trainguard._internal.atomic import atomic_write_text
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_RUN_ID_FILE, MLFLOW_TRACKING_URI
+from trainguard._internal.locks import store_lock
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import RunResult
@@ -51,8 +53,10 @@ __all__ = [
     "DRIVER_ENV",
     "SUMMARY_FILE",
     "SUMMARY_PREFIX",
+    "PermanentWriteError",
     "WorkerSummary",
     "WorkerWriter",
+    "is_permanent_error",
     "read_summary",
     "reconcile",
     "worker_env",
@@ -82,6 +86,31 @@ CLOSE_TIMEOUT_S = 10.0
 MAX_QUEUED_ROWS = 50_000
 _BATCH = 1000  # MLflow's per-request limit of metrics in log_batch
 _NAME = re.compile(r"^[\w\-. /:]{1,250}$")  # what every MLflow store accepts as a metric key
+#: MLflow error codes of requests that can never succeed (retrying would not help)
+_PERMANENT_CODES = frozenset({
+    "INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
+    "INVALID_STATE", "PERMISSION_DENIED", "UNAUTHENTICATED",
+})
+
+
+class PermanentWriteError(Exception):
+    """A tracking write that can never succeed (retrying would not help)."""
+
+
+def is_permanent_error(exc: BaseException) -> bool:
+    """Whether a failed MLflow write failed for good (a bad request, a missing file, a
+    :class:`PermanentWriteError`) rather than for now (the store unreachable or locked): the
+    writers retry only the latter. Shared by the worker writer here and
+    :mod:`trainguard.tracking`'s writer."""
+    if isinstance(exc, (PermanentWriteError, OSError)) and not isinstance(exc, ConnectionError):
+        return isinstance(exc, (PermanentWriteError, FileNotFoundError))
+    try:
+        from mlflow.exceptions import MlflowException
+    except ImportError:  # pragma: no cover
+        return True
+    if isinstance(exc, MlflowException):
+        return getattr(exc, "error_code", "") in _PERMANENT_CODES
+    return False
 
 
 def worker_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -324,11 +353,9 @@ class WorkerWriter:
         if self.summary_path is None:
             return
         with contextlib.suppress(OSError):
-            from trainguard.tracking.tracker import _write_atomic
-
             with self._cond:
                 text = json.dumps(self.summary.to_dict(), indent=1)
-            _write_atomic(self.summary_path, text)
+            atomic_write_text(self.summary_path, text)
 
     def _local_store_elsewhere(self) -> str | None:
         """A file store (sqlite, ./mlruns) on the driver's machine cannot be written from a
@@ -356,14 +383,12 @@ class WorkerWriter:
             import logging
             import warnings
 
-            from trainguard.tracking.tracker import _store_lock
-
             for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
                 logging.getLogger(name).setLevel(logging.WARNING)
             warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"mlflow\.store")
             from mlflow import MlflowClient
 
-            with _store_lock(self.tracking_uri):
+            with store_lock(self.tracking_uri):
                 self._client = MlflowClient(self.tracking_uri)
         return self._client
 
@@ -463,10 +488,8 @@ class WorkerWriter:
 
             client.log_batch(run_id, metrics=[Metric(k, v, ts, step) for step, rows in batch for k, v, ts in rows])
         except Exception as exc:
-            from trainguard.tracking.tracker import _permanent
-
             text = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
-            return f"permanent: {text}" if _permanent(exc) else text
+            return f"permanent: {text}" if is_permanent_error(exc) else text
         finally:
             with self._cond:
                 self.summary.requests += 1

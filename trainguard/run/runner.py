@@ -1,19 +1,19 @@
-"""Running a job file's command: placeholders, run directories, shared reference runs.
+"""Running a job file's command: placeholders, run directories, restarts.
 
 :class:`JobRunner` turns "run the job for 20 steps with seed 0 on 2 ranks" into a
-:class:`~trainguard.launch.LaunchSpec` and launches it in a fresh run directory. Checks that need
-the same uninterrupted run (determinism's first run, resume's reference) share it through
-:meth:`JobRunner.reference`.
+:class:`~trainguard.launch.LaunchSpec` and launches it in a fresh run directory
+(:meth:`JobRunner.run`), or runs it under the restart policy (:meth:`JobRunner.supervise`). Checks
+that need the same uninterrupted run share it through its :class:`~trainguard.run.scheduling.RunScheduler`
+(:meth:`JobRunner.reference`, :meth:`JobRunner.run_for`, the lane). Every launch is reported to
+the runner's :class:`~trainguard.run.observer.RunObserver` (MLflow tracking, when on).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,42 +22,14 @@ from trainguard.config import CheckSpec, JobFile, MetricFile
 from trainguard.config.settings import Settings
 from trainguard.launch import Launcher, LaunchSpec, MetricPoint, RunResult, trajectory
 from trainguard.launch.rundir import new_run_dir
+from trainguard.run.observer import MetricCallback, NullObserver, ObserverSource, RunObserver
+from trainguard.run.request import RunRequest
+from trainguard.run.scheduling import AheadRun, PendingRun, RunScheduler
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.raytrain.local_ray import LocalRay
-    from trainguard.tracking import Tracker
 
 __all__ = ["AheadRun", "JobRunner", "RunRequest", "SupervisedRun"]
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    """The parameters of one run; equal requests give interchangeable reference runs."""
-
-    steps: int
-    seed: int
-    world_size: int
-    args: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
-    timeout: float | None = None
-    max_rss_mb: float | None = None  # per rank's process tree; the launcher stops the run above
-
-    @classmethod
-    def make(
-        cls,
-        *,
-        steps: int,
-        seed: int,
-        world_size: int,
-        args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-        max_rss_mb: float | None = None,
-    ) -> RunRequest:
-        return cls(
-            steps, seed, world_size, tuple(args), tuple(sorted((env or {}).items())), timeout,
-            max_rss_mb,
-        )
 
 
 @dataclass
@@ -70,14 +42,17 @@ class SupervisedRun:
 
     @property
     def final(self) -> RunResult:
+        """The last attempt."""
         return self.attempts[-1]
 
     @property
     def ok(self) -> bool:
+        """Whether the last attempt completed."""
         return self.final.ok
 
     @property
     def restarts(self) -> int:
+        """How many times the run was restarted."""
         return len(self.attempts) - 1
 
     @property
@@ -86,28 +61,11 @@ class SupervisedRun:
         return [p for attempt in self.attempts for p in attempt.points]
 
     def trajectory(self, name: str = "loss") -> dict[int, float]:
+        """Step -> value of metric ``name`` over every attempt."""
         return trajectory(self.points, name)
 
 
 _warmed = threading.Event()
-
-
-@dataclass
-class AheadRun:
-    """A run a later check will need, started early in the runner's background lane (see
-    :meth:`JobRunner.start_lane`): ``check`` takes it with :meth:`JobRunner.take_ahead`."""
-
-    check: str
-    request: RunRequest
-    label: str
-    on_metric: Callable[[MetricPoint, Launcher], None] | None = None
-    #: its result; None when the lane was closed before it started
-    future: Future[RunResult | None] = field(default_factory=Future, repr=False)
-    tracked: object = field(default=None, repr=False)  # its MLflow launch run, re-nested on take
-    #: the check running in the foreground when this run started (the report says so)
-    beside: str | None = None
-    #: queued -> running -> done; "claimed": its check came first and runs it itself
-    state: str = "queued"
 
 
 def _warm_torch_import() -> None:
@@ -134,28 +92,42 @@ class JobRunner:
     job_file: JobFile
     settings: Settings = field(default_factory=Settings)
     echo: Callable[[int, str, str], None] | None = None
-    #: logs every launched run to MLflow (see trainguard.tracking); None: tracking off
-    tracker: Tracker | None = None
-    _references: dict[RunRequest, RunResult] = field(default_factory=dict)
+    #: what records the runs (a :class:`trainguard.tracking.Tracker`): the runner reports to
+    #: ``tracker.run_observer()``; None: tracking off
+    tracker: ObserverSource | None = None
+    #: what the runner reports its launches to; left as the default :class:`NullObserver`, it is
+    #: the tracker's observer when a tracker is given
+    observer: RunObserver = field(default_factory=NullObserver)
     #: the embedded Ray head a ray_train job's runs share (started on first use; see close())
     _ray: LocalRay | None = field(default=None, repr=False)
     #: the loss curve of every run launched through :meth:`run` (label, world size, step -> loss),
     #: in launch order: the profile's report plots the checks' curves next to its own
     curves: list[dict[str, object]] = field(default_factory=list, repr=False)
-    _pending: dict[RunRequest, Future[RunResult]] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: launchers of the runs started off the main thread (stopped by stop_background/close_lane)
     _inflight: set[Launcher] = field(default_factory=set, repr=False)
     _parent: JobRunner | None = field(default=None, repr=False)
-    _lane: list[AheadRun] = field(default_factory=list, repr=False)
-    _lane_closed: threading.Event = field(default_factory=threading.Event, repr=False)
-    _lane_thread: threading.Thread | None = field(default=None, repr=False)
-    #: the check running in the foreground (set by :func:`trainguard.session.run_check`)
+    #: the name of the check running in the foreground (set by
+    #: :func:`trainguard.session.run_check`); a lane run records it as what it ran beside
     current_check: str | None = None
+    #: the reference cache, background prefetch and lane of this runner's runs
+    scheduling: RunScheduler = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.tracker is not None and isinstance(self.observer, NullObserver):
+            self.observer = self.tracker.run_observer()
+        self.scheduling = RunScheduler(
+            self._run_scheduled, lock=self._lock, inflight=self._inflight,
+            # a ray_train job's fits would queue for the same Ray CPUs: one after the other
+            background=lambda: self.job_file.job.kind != "ray_train",
+            current_check=lambda: self.current_check,
+            adopt=lambda tracked: self.observer.launch_adopted(tracked),
+        )
 
     def sibling(self, job_file: JobFile) -> JobRunner:
         """A runner of a variant of this job file (another batch size, say) with the same
-        settings, echo and tracker that shares this runner's embedded Ray head."""
-        other = JobRunner(job_file, self.settings, echo=self.echo, tracker=self.tracker)
+        settings, echo, tracker and observer that shares this runner's embedded Ray head."""
+        other = JobRunner(job_file, self.settings, echo=self.echo, tracker=self.tracker, observer=self.observer)
         other._parent = self
         return other
 
@@ -183,6 +155,8 @@ class JobRunner:
             self._ray = None
 
     def placeholders(self, request: RunRequest, run_dir: Path, checkpoint_dir: Path | None) -> dict[str, object]:
+        """The values of the job's placeholders (``{steps}``, ``{seed}``, ``{world_size}``,
+        ``{run_dir}``, ``{batch_size}``, ``{checkpoint_dir}``) for one run."""
         job = self.job_file.job
         values: dict[str, object] = {
             "steps": request.steps,
@@ -295,38 +269,23 @@ class JobRunner:
         return SupervisedRun(attempts, run_dir, Path(str(values["checkpoint_dir"])))
 
     def _track_start(self, request: RunRequest, label: str, resume: bool, ahead_of: str | None = None) -> object:
-        if self.tracker is None:
-            return None
-        from trainguard.tracking import start_launch
-
-        return start_launch(self, request, label=label, command=self.command_line(request, resume=resume),
-                            ahead_of=ahead_of)
+        return self.observer.launch_started(
+            self.job_file, request, label=label, command=self.command_line(request, resume=resume), ahead_of=ahead_of
+        )
 
     def _track_attempt(self, tracked: object, result: RunResult, attempt: int, *, final: bool) -> None:
-        if self.tracker is None or tracked is None:
-            return
-        from trainguard.tracking import RunHandle, log_attempt
-
-        assert isinstance(tracked, RunHandle)
-        log_attempt(self, tracked, result, attempt, final=final)
+        self.observer.attempt_finished(self.job_file, tracked, result, attempt, final=final)
 
     def _track_abort(self, tracked: object) -> None:
-        """End the tracked run of a launch that raised (e.g. KeyboardInterrupt) as KILLED."""
-        from trainguard.tracking import RunHandle
-
-        if self.tracker is not None and isinstance(tracked, RunHandle):
-            self.tracker.end_run(tracked, "KILLED")
+        """End the observed run of a launch that raised (e.g. KeyboardInterrupt)."""
+        self.observer.launch_aborted(tracked)
 
     def _track_hooks(
         self, tracked: object, world_size: int, log_dir: Path
-    ) -> tuple[dict[str, str], Callable[[MetricPoint, Launcher], None] | None]:
-        """The launch run's id for ``trainguard.tracking.track`` in the ranks, and the live metric stream."""
-        if self.tracker is None or tracked is None:
-            return {}, None
-        from trainguard.tracking import RunHandle, launch_hooks
-
-        assert isinstance(tracked, RunHandle)
-        return launch_hooks(self, tracked, world_size, log_dir)
+    ) -> tuple[dict[str, str], MetricCallback | None]:
+        """The observer's environment for the ranks (the launch run's id for
+        ``trainguard.tracking.track``) and its live metric callback."""
+        return self.observer.attempt_env(self.job_file, tracked, world_size, log_dir)
 
     def _launch(
         self,
@@ -408,166 +367,58 @@ class JobRunner:
             timeout=spec.timeout,
         )
 
-    @staticmethod
-    def _reference_key(request: RunRequest) -> RunRequest:
-        # limits are not what a run computes: a run that finished within any limits is the
-        # uninterrupted run of its steps, seed, world size, args and env
-        return dataclasses.replace(request, timeout=None, max_rss_mb=None)
+    # -- scheduling (see trainguard.run.scheduling) -------------------------------------------
+
+    def _run_scheduled(
+        self, request: RunRequest, *, label: str, on_metric: MetricCallback | None = None,
+        ahead: AheadRun | None = None,
+    ) -> RunResult:
+        return self.run(request, label=label, on_metric=on_metric, ahead=ahead)
+
+    def run_for(self, request: RunRequest, check: str) -> PendingRun:
+        """Start getting the run ``check`` needs for ``request`` (the lane's, a kept reference or
+        one launched now); ``.result()`` waits for it. See :meth:`RunScheduler.run_for`."""
+        return self.scheduling.run_for(request, check)
 
     def reference(self, request: RunRequest) -> RunResult:
-        """An uninterrupted run for ``request``, launched once and shared between checks (one
-        started by :meth:`prefetch` or offered by :meth:`offer_reference` counts)."""
-        key = self._reference_key(request)
-        with self._lock:
-            if key in self._references:
-                return self._references[key]
-            pending = self._pending.get(key)
-        if pending is not None:
-            try:
-                return pending.result()
-            except BaseException:
-                self.stop_background("interrupted while waiting for a reference run")
-                raise
-        result = self.run(request, label="reference")
-        with self._lock:
-            return self._references.setdefault(key, result)
+        """An uninterrupted run for ``request``, launched once and shared between checks (see
+        :meth:`RunScheduler.reference`)."""
+        return self.scheduling.reference(request)
 
     def offer_reference(self, request: RunRequest, result: RunResult) -> None:
-        """Keep ``result`` as the reference of ``request`` when it completed and none is kept
-        yet (the canary's run is the uninterrupted run of its request)."""
-        if result.ok:
-            with self._lock:
-                self._references.setdefault(self._reference_key(request), result)
+        """Keep ``result`` as the reference of ``request`` when it completed and none is kept yet."""
+        self.scheduling.offer_reference(request, result)
 
     def prefetch(self, request: RunRequest) -> None:
-        """Start the reference run of ``request`` in the background (when none is kept or
-        running): the check launches its own run meanwhile, and :meth:`reference` waits for it.
-        On a machine with spare cores two start-ups overlap; every check joins what it started
-        (through :meth:`reference`) before it returns, so timing-sensitive checks run alone."""
-        if self.job_file.job.kind == "ray_train":
-            return  # two fits would queue for the same Ray CPUs: run them one after the other
-        key = self._reference_key(request)
-        with self._lock:
-            if key in self._references or key in self._pending:
-                return
-            future: Future[RunResult] = Future()
-            self._pending[key] = future
-
-        def work() -> None:
-            try:
-                result = self.run(request, label="reference")
-            except BaseException as exc:  # handed to whoever waits in reference()
-                future.set_exception(exc)
-            else:
-                if result.outcome != "stopped":  # stopped by stop_background: not a reference
-                    with self._lock:
-                        self._references.setdefault(key, result)
-                future.set_result(result)
-            finally:
-                with self._lock:
-                    self._pending.pop(key, None)
-
-        threading.Thread(target=work, name=f"trainguard-reference-{request.world_size}", daemon=True).start()
+        """Start the reference run of ``request`` in the background (see
+        :meth:`RunScheduler.prefetch`)."""
+        self.scheduling.prefetch(request)
 
     def join_background(self) -> None:
         """Wait for every background reference run (checks call this before they return)."""
-        with self._lock:
-            pending = list(self._pending.values())
-        for future in pending:
-            try:
-                future.result()
-            except BaseException:
-                self.stop_background("interrupted while waiting for a reference run")
-                raise
+        self.scheduling.join_background()
 
     def stop_background(self, reason: str) -> None:
-        """Stop every run still launched by a :meth:`prefetch` thread (Ctrl-C, a failed check)."""
-        with self._lock:
-            running = list(self._inflight)
-        for launcher in running:
-            launcher.stop(reason)
+        """Stop every run launched off the main thread (Ctrl-C, a failed check)."""
+        self.scheduling.stop_background(reason)
 
     def start_lane(self, runs: Sequence[AheadRun]) -> None:
-        """Launch ``runs`` one after the other in one background thread while the checks before
-        the ones that need them run in the foreground (on a 2-core machine two start-ups overlap
-        well; a third would only queue). Each is taken by its check with :meth:`take_ahead`;
-        :meth:`close_lane` stops what nobody took. Only for runs that are not timing-sensitive:
-        the checks that measure speed (profile, drills) must not start before the lane is closed.
-        A ``ray_train`` job's fits would queue for the same Ray CPUs: no lane for those."""
-        if not runs or self.job_file.job.kind == "ray_train":
-            return
-        if self._lane_thread is not None:
-            raise RuntimeError("the runner's lane was already started")
-        self._lane = list(runs)
-        items = list(runs)
-
-        def work() -> None:
-            for item in items:
-                with self._lock:
-                    if self._lane_closed.is_set() or item.state == "claimed":
-                        item.future.set_result(None)
-                        continue
-                    item.state = "running"
-                item.beside = self.current_check
-                try:
-                    result = self.run(item.request, label=item.label, on_metric=item.on_metric, ahead=item)
-                except BaseException as exc:  # handed to the check that takes it
-                    item.future.set_exception(exc)
-                else:
-                    item.future.set_result(result)
-                finally:
-                    item.state = "done"
-
-        self._lane_thread = threading.Thread(target=work, name="trainguard-lane", daemon=True)
-        self._lane_thread.start()
+        """Launch the runs of later checks one after the other in the background (see
+        :meth:`RunScheduler.start_lane`); no lane for a ``ray_train`` job."""
+        self.scheduling.start_lane(runs)
 
     def ahead_started(self, check: str, request: RunRequest) -> bool:
         """Whether the lane has started (or finished) a run for ``check`` with ``request``."""
-        return any(i.check == check and i.request == request and i.state in ("running", "done")
-                   for i in self._lane)
+        return self.scheduling.ahead_started(check, request)
 
     def take_ahead(self, check: str, request: RunRequest) -> RunResult | None:
-        """The run started ahead for ``check`` with exactly ``request`` (waiting for it to end),
-        or None when there is none, the lane has not started it yet (it never will: the check
-        runs it now) or it was stopped before it could finish."""
-        with self._lock:
-            item = next((i for i in self._lane if i.check == check and i.request == request), None)
-            if item is None:
-                return None
-            self._lane.remove(item)
-            if item.state == "queued":
-                item.state = "claimed"
-                return None
-        try:
-            result = item.future.result()
-        except BaseException:
-            self.close_lane()
-            raise
-        if result is None or (result.outcome == "stopped" and self._lane_closed.is_set()):
-            return None
-        from trainguard.tracking import adopt_launch
-
-        adopt_launch(self, item.tracked)
-        result.evidence["started_ahead"] = {
-            "beside": item.beside,
-            "note": "launched in the background while the check before it ran",
-        }
-        return result
+        """The run started ahead for ``check`` with exactly ``request``, or None (see
+        :meth:`RunScheduler.take_ahead`)."""
+        return self.scheduling.take_ahead(check, request)
 
     def close_lane(self) -> None:
         """Stop the lane's runs that no check took and wait for its thread (idempotent)."""
-        self._lane_closed.set()
-        thread = self._lane_thread
-        if thread is None or thread is threading.current_thread():
-            return
-        # a run between its start and its launcher's registration is caught on a later pass
-        deadline = time.monotonic() + 60
-        while thread.is_alive() and time.monotonic() < deadline:
-            with self._lock:
-                running = list(self._inflight)
-            for launcher in running:
-                launcher.stop("the checks that needed this run are not running")
-            thread.join(timeout=0.2)
+        self.scheduling.close_lane()
 
     def command_line(self, request: RunRequest, *, resume: bool = False) -> str:
         """The job's command as a person would type it (for 'reproduce:' lines)."""

@@ -102,7 +102,8 @@ def _tracker() -> Any:
                 return None
             from pathlib import Path
 
-            from trainguard.tracking import RunHandle, Tracker
+            from trainguard.tracking.runs import RunHandle
+            from trainguard.tracking.tracker import Tracker
 
             tracker = Tracker(_uri(), sample_interval=3600.0)
             if rid:
