@@ -87,7 +87,8 @@ REEXPORT_MODULES = frozenset({
 })
 
 #: a package whose documented functions moved to a higher layer forwards them there on first
-#: use (a module ``__getattr__``): the only upward imports allowed
+#: use: the only upward imports allowed, and only inside the package's module-level
+#: ``__getattr__`` (so importing the package never imports the higher layer)
 COMPAT_FORWARDS: dict[str, frozenset[str]] = {
     "trainguard.checks": frozenset({"trainguard.session"}),
     "trainguard.drills": frozenset({"trainguard.session"}),
@@ -112,6 +113,16 @@ def layer_of(module: str) -> int | None:
     return None if best is None else best[1]
 
 
+def forward_lines(module: Module) -> set[int]:
+    """The lines of ``module``'s module-level ``__getattr__`` (where a forward may import)."""
+    return {
+        line
+        for node in module.tree.body
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
+        for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)
+    }
+
+
 def upward_imports(modules: dict[str, Module]) -> list[str]:
     """Imports of a higher layer (re-export modules and the listed forwards excepted)."""
     found = []
@@ -123,10 +134,10 @@ def upward_imports(modules: dict[str, Module]) -> list[str]:
             target = _target(modules, imported)
             if target is None or target == module.name:
                 continue
-            if target in COMPAT_FORWARDS.get(module.name, ()) or any(
-                target.startswith(f + ".") for f in COMPAT_FORWARDS.get(module.name, ())
+            if line in forward_lines(module) and any(
+                target == f or target.startswith(f + ".") for f in COMPAT_FORWARDS.get(module.name, ())
             ):
-                continue
+                continue  # a forward, resolved on first use: nothing runs it at import time
             if target in REEXPORT_MODULES:
                 found.append(f"{_rel(module.path)}:{line}: {module.name} imports the "
                              f"re-export module {target} (import the defining module)")

@@ -14,13 +14,13 @@ from trainguard.plugins.markers import FAULT_KINDS
 import trainguard.config.faults as registry
 from trainguard.config import DrillSpec, parse_config
 from trainguard.config.faults import DEFAULT_EXPECT, FAULT_CLASSES, FaultNotInstalled, fault_class
-from trainguard.drills.driver import (
-    _Context,
-    _Injection,
-    _judge_continue,
-    _judge_fail_clean,
-    _judge_recover,
-    make_drill,
+from trainguard.drills.driver import make_drill
+from trainguard.drills.judges import (
+    DrillContext,
+    Injection,
+    judge_continue,
+    judge_fail_clean,
+    judge_recover,
 )
 from trainguard.errors import ConfigError
 from trainguard.faults.base import Fault
@@ -176,12 +176,12 @@ def _result(outcome: str, points: list[MetricPoint], *, failed_rank: int | None 
 
 
 def _context(spec: DrillSpec, attempts: list[RunResult], *, injected_at: float | None = 1.55,
-             runner: Any = None, fault: Fault | None = None) -> _Context:
+             runner: Any = None, fault: Fault | None = None) -> DrillContext:
     fault = fault or KillRankFault(spec.params, rank=spec.rank, after_step=spec.after_step)
     fault.injected_at = injected_at
-    info = _Injection(watch_rank=spec.rank, injected_step=spec.after_step if injected_at else None)
+    info = Injection(watch_rank=spec.rank, injected_step=spec.after_step if injected_at else None)
     reference = _result("ok", _points(range(1, spec.steps + 1)))
-    return _Context(runner, spec, fault, info, SupervisedRun(attempts, Path("/x"), Path("/nonexistent")),
+    return DrillContext(runner, spec, fault, info, SupervisedRun(attempts, Path("/x"), Path("/nonexistent")),
                     reference, RunRequest.make(steps=spec.steps, seed=0, world_size=2), "loss",
                     Path("/nonexistent"), 5.0)
 
@@ -192,7 +192,7 @@ KILL = DrillSpec.model_validate({"name": "k", "fault": "kill_rank", "rank": 1, "
 def test_recover_passes_when_the_restart_resumes_and_matches() -> None:
     attempts = [_result("failed", _points(range(1, 7)), failed_rank=1, codes=(-15, -9)),
                 _result("ok", _points(range(6, 13)))]
-    status, summary, evidence = _judge_recover(_context(KILL, attempts))
+    status, summary, evidence = judge_recover(_context(KILL, attempts))
     assert status == "passed", summary
     assert "recovered with 1 restart(s), 1 step(s) lost" in summary
     assert evidence["lost_steps"] == 1 and evidence["resumes"][0]["resumed_from_step"] == 5
@@ -200,7 +200,7 @@ def test_recover_passes_when_the_restart_resumes_and_matches() -> None:
 
 def test_recover_catches_a_restart_from_scratch_even_when_the_numbers_match() -> None:
     attempts = [_result("failed", _points(range(1, 7)), failed_rank=1), _result("ok", _points(range(1, 13)))]
-    status, summary, evidence = _judge_recover(_context(KILL, attempts))
+    status, summary, evidence = judge_recover(_context(KILL, attempts))
     assert status == "failed"
     assert "began again at step 1: no usable checkpoint, all progress lost" in summary
     assert evidence["lost_steps"] == 6 and evidence["likely_causes"]
@@ -211,7 +211,7 @@ def test_recover_enforces_max_lost_steps_and_the_trajectory() -> None:
     diverged = _points(range(4, 13))
     diverged[-1] = MetricPoint("loss", 12, 9.0, 1, diverged[-1].t)
     attempts = [_result("failed", _points(range(1, 7)), failed_rank=1), _result("ok", diverged)]
-    status, summary, _ = _judge_recover(_context(spec, attempts))
+    status, summary, _ = judge_recover(_context(spec, attempts))
     assert status == "failed"
     assert "3 steps of progress lost (max_lost_steps 0)" in summary
     assert "loss of the recovered run diverges from the uninterrupted run at step 12" in summary
@@ -220,9 +220,9 @@ def test_recover_enforces_max_lost_steps_and_the_trajectory() -> None:
 def test_recover_fails_when_the_restarts_run_out_and_errors_when_never_injected() -> None:
     attempts = [_result("failed", _points(range(1, 7)), failed_rank=1),
                 _result("failed", _points(range(6, 8)), failed_rank=0)]
-    status, summary, _ = _judge_recover(_context(KILL, attempts))
+    status, summary, _ = judge_recover(_context(KILL, attempts))
     assert status == "failed" and "did not recover: after 1 restart(s) (max_restarts 1)" in summary
-    status, summary, _ = _judge_recover(_context(KILL, [_result("ok", _points(range(1, 13)))], injected_at=None))
+    status, summary, _ = judge_recover(_context(KILL, [_result("ok", _points(range(1, 13)))], injected_at=None))
     assert status == "error" and "the fault was never injected" in summary
 
 
@@ -230,7 +230,7 @@ def test_a_fault_that_struck_after_the_last_step_is_an_error_not_a_pass() -> Non
     # the monitor read "step 6" late: the rank had printed all 12 steps before the kill landed
     done = [MetricPoint("loss", s, 1.0 / s, r, 1.0 + 0.01 * s) for s in range(1, 13) for r in range(2)]
     attempts = [_result("failed", done, failed_rank=1), _result("ok", [])]
-    status, summary, evidence = _judge_recover(_context(KILL, attempts))
+    status, summary, evidence = judge_recover(_context(KILL, attempts))
     assert status == "error"
     assert "the fault came too late to test anything: rank 1 had already printed its last step (12)" in summary
     assert evidence["watched_rank_step_at_injection"] == 12
@@ -258,7 +258,7 @@ def test_fail_clean_passes_on_a_prompt_error_exit_and_an_intact_checkpoint(tmp_p
     runner = _VerifyRunner(_result("ok", _points(range(6, 13))))
     c = _context(FAIL, [first], runner=runner)
     c.info.first_exit = (0, 1, 1.55 + 3.0)
-    status, summary, evidence = _judge_fail_clean(c)
+    status, summary, evidence = judge_fail_clean(c)
     assert status == "passed", summary
     assert runner.calls == [{"label": "drill-f-verify", "resume": True, "checkpoint_dir": Path("/nonexistent")}]
     assert evidence["exit_after_s"] == 3.0 and evidence["checkpoint"] == {"intact": True, "resumed_from_step": 5}
@@ -268,7 +268,7 @@ def test_fail_clean_catches_a_hang_a_late_exit_a_silent_exit_and_a_lost_checkpoi
     (tmp_path / "rank0.stderr.log").write_text("")
     hung = _result("hung", _points(range(1, 7)), codes=(-15, -15), run_dir=tmp_path)
     c = _context(FAIL, [hung], runner=_VerifyRunner(_result("ok", _points(range(1, 13)))))
-    status, summary, _ = _judge_fail_clean(c)
+    status, summary, _ = judge_fail_clean(c)
     assert status == "failed"
     assert "the job hung: trainguard's stall detection ended it" in summary
     assert "the resume run started again from step 1" in summary
@@ -276,7 +276,7 @@ def test_fail_clean_catches_a_hang_a_late_exit_a_silent_exit_and_a_lost_checkpoi
     late = _result("failed", _points(range(1, 7)), failed_rank=0, codes=(3, -15), run_dir=tmp_path)
     c = _context(FAIL, [late], runner=_VerifyRunner(_result("ok", _points(range(6, 13)))))
     c.info.first_exit = (0, 3, 1.55 + 9.0)
-    status, summary, _ = _judge_fail_clean(c)
+    status, summary, _ = judge_fail_clean(c)
     assert "exited 9.0 s after the fault, later than the deadline of 5 s" in summary
     assert "rank 0 exited with code 3 but wrote no error to stderr after the fault" in summary
 
@@ -297,7 +297,7 @@ def test_continue_judges_the_rate_during_the_fault_and_the_faults_own_check() ->
     c = _context(spec, [_result("ok", points)], injected_at=2.0, fault=fault)
     fault.cleared_at = 3.0
     c.reference.points[:] = [p for p in c.reference.points if p.rank == 0]
-    status, summary, evidence = _judge_continue(c)
+    status, summary, evidence = judge_continue(c)
     assert status == "failed"
     assert "the step rate during the fault fell to 20% of the rate before" in summary
     assert "3 of 30 loss values never reached the tracking store" in summary
@@ -305,5 +305,5 @@ def test_continue_judges_the_rate_during_the_fault_and_the_faults_own_check() ->
     relaxed = spec.model_copy(update={"min_rate": 0.1})
     c.spec = relaxed
     fault.verify_continue = lambda result: []  # type: ignore[method-assign]
-    status, summary, _ = _judge_continue(c)
+    status, summary, _ = judge_continue(c)
     assert status == "passed", summary

@@ -315,8 +315,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
-    from trainguard.drills import drill
     from trainguard.report import CheckResult
+    from trainguard.session import drill
 
     def echo(rank: int, stream: str, line: str) -> None:
         print(f"[rank{rank} {stream}] {line}", file=sys.stderr)

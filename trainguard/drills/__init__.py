@@ -1,14 +1,15 @@
-"""Fault drills: a real fault injected into a small run of the job, and the judgement of what followed (docs/drills.md)."""
+"""Fault drills: a real fault injected into a small run of the job, and the judgement of what
+followed (docs/drills.md). :mod:`~trainguard.drills.driver` drives the fault around the run;
+:mod:`~trainguard.drills.judges` judges it. ``drill`` and ``run_drills`` run drills as tracked
+checks of a session: they live in :mod:`trainguard.session.drills` and are forwarded from here on
+first use (their documented path)."""
 
 from __future__ import annotations
 
-from trainguard.drills.driver import (
-    DRILL_CAUSES,
-    drill,
-    make_drill,
-    run_drill,
-    run_drills,
-)
+from typing import Any
+
+from trainguard.drills.driver import make_drill, run_drill
+from trainguard.drills.judges import DRILL_CAUSES
 
 __all__ = [
     "DRILL_CAUSES",
@@ -17,3 +18,12 @@ __all__ = [
     "run_drill",
     "run_drills",
 ]
+
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("drill", "run_drills"):
+        from trainguard.session.drills import drill, run_drills
+
+        return drill if name == "drill" else run_drills
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -69,7 +69,7 @@ class Fault:
     """
 
     kind: ClassVar[str] = ""
-    #: parameters this fault accepts, with their defaults (documented in docs/faults.md)
+    #: parameters this fault accepts, with their defaults (documented in docs/faults-memory-and-disk.md, docs/faults-network.md, docs/drills.md)
     defaults: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(

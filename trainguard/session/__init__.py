@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trainguard.session.drills import drill, run_drills
 from trainguard.session.orchestrate import (
     available_checks,
     check,
@@ -14,8 +15,10 @@ from trainguard.session.orchestrate import (
 __all__ = [
     "available_checks",
     "check",
+    "drill",
     "lane_plan",
     "run_check",
     "run_checks",
+    "run_drills",
     "run_in_order",
 ]

@@ -25,7 +25,7 @@ def _registry() -> dict[str, Callable[[JobRunner, Any], CheckResult]]:
     from trainguard.checks.canary import run_canary
     from trainguard.checks.equivalence import run_determinism, run_parallel, run_resume
     from trainguard.checks.smoke import run_smoke
-    from trainguard.drills import run_drill
+    from trainguard.drills.driver import run_drill
     from trainguard.profiling.check import run_profile_check
 
     return {

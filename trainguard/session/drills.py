@@ -1,0 +1,49 @@
+"""Drills run as checks of a session: tracked like any check, into a report (the library form of
+``trainguard drill``). The driver and the judges live in :mod:`trainguard.drills`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+
+from trainguard.config import DrillSpec, load_config
+from trainguard.report import CheckResult, Report
+from trainguard.run.runner import JobRunner
+from trainguard.session.orchestrate import check, run_check
+
+__all__ = ["drill", "run_drills"]
+
+
+def run_drills(
+    runner: JobRunner,
+    specs: Iterable[DrillSpec] | None = None,
+    *,
+    on_result: Callable[[CheckResult], None] | None = None,
+) -> list[CheckResult]:
+    """Run ``specs`` (default: every drill of the runner's job file), each through
+    :func:`trainguard.session.run_check` (tracked like any check)."""
+    results = []
+    for spec in runner.job_file.checks.drills if specs is None else specs:
+        outcome = run_check(runner, f"drill:{spec.name}", spec)
+        results.append(outcome)
+        if on_result is not None:
+            on_result(outcome)
+    return results
+
+
+def drill(
+    config: str | os.PathLike[str],
+    *,
+    only: Iterable[str] | None = None,
+    report_json: str | None = None,
+    seed: int | None = None,
+    echo: Callable[[int, str, str], None] | None = None,
+    on_result: Callable[[CheckResult], None] | None = None,
+) -> Report:
+    """Run a job file's drills (or ``only`` those names) and write the report (default
+    ``.trainguard/drills-report.json``); the library form of ``trainguard drill``."""
+    job_file = load_config(config)
+    names = [n if n.startswith("drill:") else f"drill:{n}" for n in only] if only else ["drills"]
+    target = report_json or str(job_file.state_dir / "drills-report.json")
+    return check(job_file.path, only=names, seed=seed, report_json=target, echo=echo,
+                 on_result=on_result)
