@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from trainguard.plugins.session import get_session
 
-from trainguard.errors import ConfigError
+from trainguard.errors import CheckFailed, ConfigError
 
 __all__ = ["CHECK_RESULT_PROPERTY", "CheckItem", "JobFileCollector"]
 
@@ -55,10 +55,6 @@ class JobFileCollector(pytest.File):
         return super().repr_failure(excinfo)
 
 
-class CheckFailedError(Exception):
-    """Raised by a check item whose check failed; its message is the whole report."""
-
-
 class CheckItem(pytest.Item):
     """One check of one job file."""
 
@@ -67,17 +63,12 @@ class CheckItem(pytest.Item):
         self.check_name = check_name
 
     def runtest(self) -> None:
+        from trainguard.plugins.tracking import runner_for
+
         from trainguard.config import load_config
-        from trainguard.run.runner import JobRunner
         from trainguard.session import run_check
 
-        session = get_session(self.config)
-        key = str(self.path)
-        runner = session.runners.get(key)
-        if runner is None:
-            job_file = load_config(self.path)
-            runner = JobRunner(job_file, session.settings, tracker=_session_tracker(self.config, job_file))
-            session.runners[key] = runner
+        runner = runner_for(self.config, load_config(self.path))
         spec = dict(runner.job_file.enabled_checks())[self.check_name]
         result = run_check(runner, self.check_name, spec)
         from dataclasses import asdict
@@ -86,22 +77,15 @@ class CheckItem(pytest.Item):
         if result.status == "skipped":
             pytest.skip(result.summary)
         if not result.ok:
-            raise CheckFailedError(_render(result))
+            raise CheckFailed(_render(result), results=(result,))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
-        if isinstance(excinfo.value, (CheckFailedError, ConfigError)):
+        if isinstance(excinfo.value, (CheckFailed, ConfigError)):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, f"trainguard {self.check_name}: {self.path.name}"
-
-
-def _session_tracker(config: pytest.Config, job_file: Any) -> Any:
-    """The session's tracker for ``job_file``'s store (see :mod:`trainguard.plugins.tracking`)."""
-    from trainguard.plugins.tracking import session_tracker
-
-    return session_tracker(config, job_file)
 
 
 def _render(result: Any) -> str:

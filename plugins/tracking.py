@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from trainguard.plugins.session import TrainguardSession, get_session
 
-__all__ = ["REGISTRY_KEY", "configure_node", "finish_session", "session_tracker"]
+__all__ = ["REGISTRY_KEY", "configure_node", "finish_session", "runner_for", "session_tracker"]
 
 #: the workerinput key naming the registry file (tracking URI -> session run id)
 REGISTRY_KEY = "trainguard_tracking_registry"
@@ -47,6 +47,21 @@ def configure_node(node: Any) -> None:
         registry = str(Path(tempfile.mkdtemp(prefix="trainguard-mlflow-")) / "sessions.json")
         config.stash[_REGISTRY] = registry
     node.workerinput[REGISTRY_KEY] = registry
+
+
+def runner_for(config: pytest.Config, job_file: Any) -> Any:
+    """The pytest session's :class:`~trainguard.run.runner.JobRunner` of ``job_file`` (one per
+    job file per process, so its checks share reference runs), reporting to the session's tracker
+    of the job's store whichever item or fixture asks first; closed at session end."""
+    from trainguard.run.runner import JobRunner
+
+    session = get_session(config)
+    key = str(job_file.path)
+    runner = session.runners.get(key)
+    if runner is None:
+        runner = JobRunner(job_file, session.settings, tracker=session_tracker(config, job_file))
+        session.runners[key] = runner
+    return runner
 
 
 def session_tracker(config: pytest.Config, job_file: Any) -> Any:

@@ -80,3 +80,24 @@ def test_the_report_json_is_logged_to_the_session_run_without_xdist_too(project:
     assert session.info.status == "FINISHED" and session.data.tags["trainguard.status"] == "passed"
     report = artifact_json(uri, session.info.run_id, "report/out.json", project.path / "dl")
     assert [c["name"] for c in report["checks"]] == ["smoke"]
+
+
+def test_a_fixture_first_then_a_collected_item_both_track_into_the_session_run(
+    project: pytest.Pytester,
+) -> None:
+    """One runner per job file, always with the session's tracker: which of the fixture or the
+    collected item asks for it first must not decide whether the job's runs are tracked."""
+    uri = f"sqlite:///{project.path / '.trainguard' / 'mlflow.db'}"
+    project.makepyfile(test_a_canary="""
+        def test_canary_first(tg_canary):
+            tg_canary("trainguard.yaml", steps=8, min_loss_drop=0.0)
+    """)  # collected before trainguard.yaml, so the fixture opens the job's runner
+    result = project.runpytest_subprocess("-p", "no:xdist", "-k", "canary_first or smoke")
+    result.assert_outcomes(passed=2, deselected=1)
+    runs = runs_by_kind(uri)
+    (session,) = runs["session"]
+    checks = {r.data.tags["trainguard.check"]: r for r in runs["check"]}
+    assert sorted(checks) == ["canary", "smoke"]
+    assert {r.data.tags["mlflow.parentRunId"] for r in checks.values()} == {session.info.run_id}
+    parents = {r.data.tags["mlflow.parentRunId"] for r in runs["launch"]}
+    assert {checks["canary"].info.run_id, checks["smoke"].info.run_id} <= parents

@@ -45,15 +45,11 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``trainguard profile``; returns the exit code."""
-    import dataclasses
-
     from trainguard.config import ProfileCheck, load_config, profile_problems
-    from trainguard.config.settings import resolve
     from trainguard.errors import ConfigError
     from trainguard.profiling.check import profile_job, summarise
     from trainguard.profiling.compare import RegressionExpressionError, parse_regressions
-    from trainguard.run.runner import JobRunner
-    from trainguard.tracking import open_tracker
+    from trainguard.session import open_session, session_settings
 
     job_file = load_config(args.config)
     spec = job_file.checks.profile
@@ -85,23 +81,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"trainguard: error: --world-sizes {args.world_sizes!r}: expected positive "
                   "integers separated by commas, e.g. 1,2,4", file=sys.stderr)
             return 2
-    settings = resolve(environ=os.environ)
-    if args.seed is not None:
-        settings = dataclasses.replace(settings, seed=args.seed)
+    settings = session_settings(seed=args.seed)
 
     def echo(rank: int, stream: str, line: str) -> None:
         print(f"[rank{rank} {stream}] {line}", file=sys.stderr)
 
-    tracker = open_tracker(job_file, settings, run_name=f"trainguard profile {job_file.job.name}")
-    runner = JobRunner(job_file, settings, echo=echo if args.verbose else None, tracker=tracker)
-    try:
+    with open_session(job_file, settings, command="profile", echo=echo if args.verbose else None) as session:
         profile, paths = profile_job(
-            runner, spec, compare=args.compare, save=args.save, world_sizes=sizes,
+            session.runner, spec, compare=args.compare, save=args.save, world_sizes=sizes,
             headroom=args.headroom,
         )
-    finally:
-        if tracker is not None:
-            tracker.close()
     status, summary = summarise(profile)
     for s in profile.sizes:
         if s.step is not None and s.throughput_sps is not None:

@@ -107,24 +107,18 @@ def run_gate(
 ) -> GateReport:
     """Run the gate on a job file: every configured check, the decision, the report (written),
     and -- with ``submit`` and a ``promote`` -- the submission to ``gate.queue``."""
-    from trainguard.config.settings import resolve
     from trainguard.gate.provenance import provenance_for
-    from trainguard.run.runner import JobRunner
-    from trainguard.session import run_in_order
-    from trainguard.tracking import open_tracker
+    from trainguard.session import open_session, run_in_order, session_settings
 
     started = time.monotonic()
     job_file = config if isinstance(config, JobFile) else load_config(config)
     policy = job_file.gate or GatePolicy.model_validate({})
-    settings = resolve(environ=os.environ)
-    if seed is not None:
-        settings = dataclasses.replace(settings, seed=seed)
+    settings = session_settings(seed=seed)
     capabilities = Capabilities.probe()
-    tracker = open_tracker(job_file, settings, run_name=f"trainguard gate {job_file.job.name}")
-    runner = JobRunner(job_file, settings, echo=echo, tracker=tracker)
     report = Report(job=job_file.job.name, job_file=str(job_file.path))
-    try:
-        run_in_order(runner, job_file.enabled_checks(), report, on_start=on_start, on_result=on_result)
+    with open_session(job_file, settings, command="gate", echo=echo) as session:
+        tracker = session.tracker
+        run_in_order(session.runner, job_file.enabled_checks(), report, on_start=on_start, on_result=on_result)
         sizing = _sizing_of(report)
         decision = decide(report, policy, capabilities, sizing=sizing, configured=_configured(job_file))
         gate = GateReport(
@@ -136,7 +130,7 @@ def run_gate(
             capabilities=dataclasses.asdict(capabilities),
             policy=policy.model_dump(),
             sizing=sizing,
-            tracking_uri=tracker.tracking_uri if tracker is not None else None,
+            tracking_uri=session.tracking_uri,
         )
         if tracker is not None and tracker.session is not None:
             tracker.set_tags(tracker.session, {"trainguard.gate": decision.verdict,
@@ -144,18 +138,13 @@ def run_gate(
             tracker.session_failed = not decision.promoted
             gate.mlflow_session_run_id = tracker.session.run_id
         if submit and decision.promoted:
-            gate.submission = _submit(job_file, gate, policy, runner, wait_s=submit_wait_s)
+            gate.submission = _submit(job_file, gate, policy, session.runner, wait_s=submit_wait_s)
         elif submit:
             gate.submission = {"status": "not_submitted", "message": "blocked: nothing was submitted"}
         gate.duration_s = time.monotonic() - started
         write_gate_report(gate, job_file.state_dir / "gate")
-        if tracker is not None and tracker.session is not None:
-            for kind in ("json", "markdown", "html"):
-                tracker.log_artifact(tracker.session, gate.paths[kind], "gate")
-    finally:
-        runner.close()
-        if tracker is not None:
-            tracker.close()
+        for kind in ("json", "markdown", "html"):
+            session.log_artifact(gate.paths[kind], "gate")
     return gate
 
 

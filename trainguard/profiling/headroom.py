@@ -379,8 +379,7 @@ def _probe_once(
     """One real run at ``batch`` under the budget; torn down (processes, cgroups) before return."""
     job_file = runner.job_file
     job = job_file.job.model_copy(update={"batch_size": batch})
-    sized = JobRunner(dataclasses.replace(job_file, job=job), runner.settings, echo=runner.echo,
-                      tracker=runner.tracker)
+    sized = runner.sibling(dataclasses.replace(job_file, job=job))
     request = RunRequest.make(
         steps=search.steps, seed=seed, world_size=search.world_size, args=spec.args,
         env=spec.env, timeout=search.timeout or spec.timeout,

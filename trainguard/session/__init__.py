@@ -11,14 +11,18 @@ from trainguard.session.orchestrate import (
     run_checks,
     run_in_order,
 )
+from trainguard.session.session import Session, open_session, session_settings
 
 __all__ = [
+    "Session",
     "available_checks",
     "check",
     "drill",
     "lane_plan",
+    "open_session",
     "run_check",
     "run_checks",
     "run_drills",
     "run_in_order",
+    "session_settings",
 ]

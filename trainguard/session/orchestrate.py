@@ -151,19 +151,13 @@ def check(
 
     ``save_baseline=True`` makes a passing canary this machine's new baseline (docs/baselines.md);
     it needs the canary among the checks run (a :class:`ConfigError` says so otherwise)."""
-    import dataclasses
-    import os
     from pathlib import Path
 
     from trainguard.config import load_config
-    from trainguard.config.settings import resolve
+    from trainguard.session.session import open_session, session_settings
 
     job_file = load_config(config)
-    settings = resolve(environ=os.environ)
-    if seed is not None:
-        settings = dataclasses.replace(settings, seed=seed)
-    if save_baseline is not None:
-        settings = dataclasses.replace(settings, save_baseline=save_baseline)
+    settings = session_settings(seed=seed, save_baseline=save_baseline)
     if settings.save_baseline and "canary" not in {n for n, _ in job_file.enabled_checks(only)}:
         from trainguard.errors import ConfigError
 
@@ -174,19 +168,10 @@ def check(
             "run `trainguard check CONFIG --only canary --save-baseline`",
             path=str(job_file.path),
         )
-    from trainguard.tracking import open_tracker
-
-    tracker = open_tracker(job_file, settings, run_name=f"trainguard check {job_file.job.name}")
-    runner = JobRunner(job_file, settings, echo=echo, tracker=tracker)
-    try:
-        report = run_checks(job_file, runner, only=only, on_result=on_result)
-        report.tracking_uri = tracker.tracking_uri if tracker is not None else None
+    with open_session(job_file, settings, command="check", echo=echo) as session:
+        report = run_checks(job_file, session.runner, only=only, on_result=on_result)
+        report.tracking_uri = session.tracking_uri
         target = Path(report_json) if report_json else job_file.state_dir / "report.json"
         report.write(target)
-        if tracker is not None and tracker.session is not None:
-            tracker.log_artifact(tracker.session, target, "report")
-    finally:
-        runner.close()
-        if tracker is not None:
-            tracker.close()
+        session.log_artifact(target, "report")
     return report
