@@ -34,11 +34,12 @@ class JobFileCollector(pytest.File):
 
     def collect(self) -> Iterator[pytest.Item]:
         from trainguard.config import ProfileCheck, load_config
+        from trainguard.report import CheckId
 
         job_file = load_config(self.path)
         for name, spec in job_file.enabled_checks():
             item = CheckItem.from_parent(self, name=name, check_name=name)
-            if name.startswith("drill:"):  # a drill: `pytest -m fault` selects it
+            if CheckId.parse(name).is_drill:  # a drill: `pytest -m fault` selects it
                 item.add_marker(pytest.mark.fault(getattr(spec, "fault", "")))
                 yield item
                 continue

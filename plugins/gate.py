@@ -39,7 +39,7 @@ def judge_gates(config: pytest.Config, state: TrainguardSession) -> bool:
 def _judge(config: pytest.Config, rel: str, results: list[CheckResult], state: TrainguardSession) -> bool:
     from trainguard.config import load_config
     from trainguard.errors import ConfigError
-    from trainguard.gate.policy import Capabilities, decide
+    from trainguard.gate.policy import Capabilities, configured_checks, decide, sizing_of
     from trainguard.report import Report
 
     try:
@@ -48,19 +48,16 @@ def _judge(config: pytest.Config, rel: str, results: list[CheckResult], state: T
         return True  # its items already reported the error
     if job_file.gate is None:
         return True
-    ran = {r.name for r in results} | ({"drills"} if any(r.name.startswith("drill:") for r in results) else set())
-    configured = [n for n, _ in job_file.enabled_checks() if not n.startswith("drill:")]
-    configured += ["drills"] if job_file.checks.drills else []
+    ran = {r.name for r in results} | ({"drills"} if any(r.check_id.is_drill for r in results) else set())
+    configured = configured_checks(job_file)
     missing = [n for n in job_file.gate.require if n in configured and n not in ran]
     if missing:
         state.gate_lines.append(f"GATE    {job_file.job.name}: not judged: this session did not run "
                                 f"{', '.join(missing)} (run them all, or `trainguard gate {rel}`)")
         return True
     report = Report(job=job_file.job.name, checks=list(results))
-    profile = next((r for r in results if r.name == "profile"), None)
-    sizing = profile.evidence.get("sizing") if profile is not None else None
-    decision = decide(report, job_file.gate, Capabilities.probe(),
-                      sizing=sizing if isinstance(sizing, dict) else None, configured=configured)
+    decision = decide(report, job_file.gate, Capabilities.probe(), sizing=sizing_of(report),
+                      configured=configured)
     state.gate_lines.append(f"GATE    {job_file.job.name}: {decision.verdict.upper()}  [{rel}]")
     state.gate_lines += [f"        - {reason}" for reason in decision.reasons]
     return decision.promoted

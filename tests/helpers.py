@@ -51,3 +51,21 @@ def wait_for_a_background_run(runner: Any, timeout: float = 30.0) -> None:
     while not runner._inflight and time.monotonic() < deadline:
         time.sleep(0.05)
     assert runner._inflight, "the background run never started"
+
+
+def make_sizing(recommended: int | None = 4, recommendation: str = "4 GPUs meet the deadline",
+                **candidate: Any) -> Any:
+    """A :class:`~trainguard.profiling.sizing.Sizing` recommending ``recommended`` GPUs with one
+    candidate of that size (``candidate`` overrides its fields), none without a recommendation."""
+    from trainguard.profiling.sizing import Candidate, Sizing
+
+    fields: dict[str, Any] = {
+        "gpus": recommended or 1, "extrapolated": False, "throughput_sps": 100.0, "efficiency": 0.9,
+        "steps": 1000, "step_time_s": 0.1, "hours": 5.0, "mtbf_hours": 1000.0,
+        "checkpoint_every_s": None, "checkpoint_every_steps": None, "checkpoint_rule": "",
+        "expected_failures": 0.0, "hours_with_failures": 5.0, "gpu_hours": 20.0, "cost": 100.0,
+        "memory_headroom_mb": None, "feasible": True, **candidate,
+    }
+    return Sizing(target={}, candidates=[Candidate(**fields)] if recommended else [],
+                  recommended=recommended, recommendation=recommendation, limits=[], device="gpu",
+                  memory_budget_mb=None, memory_budget_source="")

@@ -18,13 +18,62 @@ from trainguard._internal.atomic import atomic_write_text
 from trainguard._version import __version__
 from trainguard.errors import CheckFailed
 
-__all__ = ["REPORT_SCHEMA_VERSION", "STATUSES", "CheckResult", "CheckStatus", "Report", "load_report"]
+__all__ = [
+    "REPORT_SCHEMA_VERSION",
+    "STATUSES",
+    "CheckId",
+    "CheckResult",
+    "CheckStatus",
+    "Report",
+    "load_report",
+]
 
 REPORT_SCHEMA_VERSION = 1
 
 #: the one status vocabulary of checks, drills and reports (the values written to report JSON)
 CheckStatus = Literal["passed", "failed", "error", "skipped"]
 STATUSES: tuple[CheckStatus, ...] = ("passed", "failed", "error", "skipped")
+
+
+@dataclass(frozen=True)
+class CheckId:
+    """Which check a result, a pytest item or ``--only`` names: a plain check (``smoke``,
+    ``canary``, ``profile``, ...) or one drill of ``checks.drills``. Its text form, ``str(id)``,
+    is the name written to reports: the check's name, or ``drill:<drill name>``.
+
+    >>> CheckId.parse("drill:kill_rank1")
+    CheckId(check='drill', drill='kill_rank1')
+    >>> str(CheckId.of_drill("kill_rank1")), CheckId.parse("smoke").is_drill
+    ('drill:kill_rank1', False)
+    """
+
+    #: the check's name; ``"drill"`` for a drill
+    check: str
+    #: the drill's name (only for a drill)
+    drill: str | None = None
+
+    DRILL_PREFIX = "drill:"
+
+    @classmethod
+    def parse(cls, text: str | CheckId) -> CheckId:
+        """The id a report name (or ``--only`` value) stands for."""
+        if isinstance(text, CheckId):
+            return text
+        if text.startswith(cls.DRILL_PREFIX):
+            return cls("drill", text[len(cls.DRILL_PREFIX):])
+        return cls(text)
+
+    @classmethod
+    def of_drill(cls, name: str) -> CheckId:
+        """The id of the drill called ``name``."""
+        return cls("drill", name)
+
+    @property
+    def is_drill(self) -> bool:
+        return self.drill is not None
+
+    def __str__(self) -> str:
+        return f"{self.DRILL_PREFIX}{self.drill}" if self.drill is not None else self.check
 
 
 @dataclass
@@ -46,6 +95,11 @@ class CheckResult:
     def ok(self) -> bool:
         """True when the check passed or was skipped (neither failed nor errored)."""
         return self.status in ("passed", "skipped")
+
+    @property
+    def check_id(self) -> CheckId:
+        """What :attr:`name` names: a plain check or a drill."""
+        return CheckId.parse(self.name)
 
     def raise_for_status(self) -> None:
         """Raise :class:`~trainguard.errors.CheckFailed` unless the check passed or was skipped."""

@@ -261,10 +261,10 @@ def test_smoke_does_not_ask_for_checkpoints_a_job_is_not_given(jobs: Path) -> No
 def test_a_configured_check_this_version_cannot_run_is_skipped_with_the_reason(
     jobs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = checks_module._registry
+    real = checks_module.check_registry
     # canary is configured below; whether or not a later version implements it, this one lacks it
     monkeypatch.setattr(
-        checks_module, "_registry", lambda: {k: v for k, v in real().items() if k != "canary"}
+        checks_module, "check_registry", lambda: {k: v for k, v in real().items() if k != "canary"}
     )
     text = (jobs / "toy.trainguard.yaml").read_text() + "  canary: {steps: 10}\n"
     path = jobs / "canary.trainguard.yaml"

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from trainguard.gate.policy import Capabilities, GatePolicy, decide
-from trainguard.report import CheckResult, Report
+from tests.helpers import make_sizing
+from trainguard.gate.policy import Capabilities, GatePolicy, decide, sizing_of
+from trainguard.profiling.sizing import Sizing
+from trainguard.report import CheckResult, Report, load_report
 
 NO_ROOT = Capabilities(gpus=0, root=False, ray=True)
 
@@ -21,9 +25,8 @@ def passed(name: str, **evidence: Any) -> CheckResult:
     return CheckResult(name, "passed", f"{name} fine", evidence=evidence)
 
 
-def sizing(efficiency: float = 0.9, cost: float = 100.0, hours: float = 5.0) -> dict[str, Any]:
-    return {"recommended": 4, "recommendation": "4 GPUs meet the deadline",
-            "candidates": [{"gpus": 4, "efficiency": efficiency, "cost": cost, "hours_with_failures": hours}]}
+def sizing(efficiency: float = 0.9, cost: float = 100.0, hours: float = 5.0) -> Sizing:
+    return make_sizing(efficiency=efficiency, cost=cost, hours=hours, hours_with_failures=hours)
 
 
 def policy(**data: Any) -> GatePolicy:
@@ -81,9 +84,19 @@ def test_thresholds_judge_the_recommended_world_size() -> None:
 
 def test_no_recommended_size_blocks_with_the_sizing_reason() -> None:
     checks = report(passed("smoke"), passed("canary"), passed("drill:kill"))
-    none: dict[str, Any] = {"recommended": None, "recommendation": "no world size meets the 2 h deadline", "candidates": []}
+    none = dataclasses.replace(sizing(), recommended=None, candidates=[],
+                               recommendation="no world size meets the 2 h deadline")
     decision = decide(checks, policy(), NO_ROOT, sizing=none)
     assert decision.verdict == "block" and "2 h deadline" in decision.reasons[0]
+
+
+def test_the_sizing_travels_through_the_report_as_json_and_comes_back_equal(tmp_path: Path) -> None:
+    profile = CheckResult("profile", "passed", "sized", {"sizing": sizing(efficiency=0.7).to_dict()})
+    path = tmp_path / "report.json"
+    report(passed("smoke"), profile).write(path)
+    read = load_report(path)
+    assert sizing_of(read) == sizing(efficiency=0.7)
+    assert sizing_of(report(passed("smoke"))) is None
 
 
 def test_the_policy_rejects_unknown_checks_and_keys() -> None:

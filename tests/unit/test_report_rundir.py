@@ -475,3 +475,18 @@ def test_raise_for_failures_names_every_check_that_did_not_pass_and_passes_a_cle
     assert [r.name for r in failure.value.results] == ["resume", "drill:kill"]
     with pytest.raises(CheckFailed, match="resume failed"):
         failed.raise_for_status()
+
+
+def test_a_check_id_names_a_plain_check_or_a_drill_and_writes_the_report_name() -> None:
+    from trainguard.report import CheckId
+
+    drill = CheckId.parse("drill:kill_rank1")
+    assert drill.is_drill and drill.check == "drill" and drill.drill == "kill_rank1"
+    assert str(drill) == "drill:kill_rank1" and drill == CheckId.of_drill("kill_rank1")
+    smoke = CheckId.parse("smoke")
+    assert not smoke.is_drill and smoke.drill is None and str(smoke) == "smoke"
+    assert CheckId.parse(drill) is drill
+    # a drill named with a colon keeps it; the report name round-trips
+    assert str(CheckId.parse("drill:a:b")) == "drill:a:b" and CheckId.parse("drill:a:b").drill == "a:b"
+    assert CheckResult("drill:kill", "passed", "ok").check_id == CheckId.of_drill("kill")
+    assert not CheckResult("profile", "passed", "ok").check_id.is_drill

@@ -32,7 +32,7 @@ from trainguard.config.problems import (
     format_validation_error,
     profile_problems,
 )
-from trainguard.config.schema import PLACEHOLDERS, Job, JobFile, MetricFile, Target
+from trainguard.config.schema import PLACEHOLDERS, Job, JobFile, JobKind, MetricFile, Target
 
 __all__ = [
     "CHECK_NAMES",
@@ -49,6 +49,7 @@ __all__ = [
     "HeadroomSearch",
     "Job",
     "JobFile",
+    "JobKind",
     "MetricFile",
     "OnMissing",
     "ParallelCheck",

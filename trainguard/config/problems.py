@@ -19,6 +19,7 @@ from trainguard.config.checks import ProfileCheck
 from trainguard.config.faults import FaultNotInstalled, fault_class
 from trainguard.config.schema import PLACEHOLDERS, JobDocument, JobFile, MetricFile
 from trainguard.errors import ConfigError
+from trainguard.report import CheckId
 
 __all__ = [
     "config_error",
@@ -285,9 +286,10 @@ def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
 
 def _check_key(job_file: JobFile, name: str) -> str:
     """``checks.resume`` for a check, ``checks.drills[2]`` for the drill ``drill:<name>``."""
-    if name.startswith("drill:"):
+    check_id = CheckId.parse(name)
+    if check_id.is_drill:
         for i, drill in enumerate(job_file.checks.drills):
-            if f"drill:{drill.name}" == name:
+            if drill.name == check_id.drill:
                 return f"checks.drills[{i}]"
     return f"checks.{name}"
 

@@ -33,12 +33,14 @@ from trainguard.config.gate import GatePolicy
 from trainguard.config.values import Argv, Env, check_regex
 from trainguard.errors import ConfigError
 from trainguard.raytrain.job import RAY_KEYS, expand_ray_job
+from trainguard.report import CheckId
 
 __all__ = [
     "PLACEHOLDERS",
     "Job",
     "JobDocument",
     "JobFile",
+    "JobKind",
     "MetricFile",
     "MetricSource",
     "Target",
@@ -48,6 +50,9 @@ __all__ = [
 #: Placeholders trainguard fills in ``job.command``, ``job.resume_args``, check ``args``,
 #: env values and metric file paths.
 PLACEHOLDERS = ("steps", "checkpoint_dir", "seed", "world_size", "run_dir", "batch_size")
+
+#: how a job's ranks are started (``job.kind``)
+JobKind = Literal["command", "ray_train"]
 
 
 class MetricFile(ConfigModel):
@@ -88,7 +93,15 @@ class Job(ConfigModel):
     timeout: float = Field(600.0, gt=0)
     stall_timeout: float = Field(60.0, gt=0)
     max_restarts: int = Field(0, ge=0)
-    kind: Literal["command", "ray_train"] = "command"
+    #: ``command``: trainguard launches ``command`` once per rank (torchrun's contract);
+    #: ``ray_train``: one Ray Train driver whose workers are the ranks (docs/ray-train.md)
+    kind: JobKind = "command"
+
+    @property
+    def is_ray_train(self) -> bool:
+        """Whether the ranks are Ray Train workers behind one driver process (the question
+        every layer asks of the kind, answered here once)."""
+        return self.kind == "ray_train"
 
     @model_validator(mode="before")
     @classmethod
@@ -182,7 +195,7 @@ class JobFile:
         wanted = set(only) if only else None
         drills = self._selected_drills(wanted)
         if wanted:
-            wanted -= {"drills"} | {n for n in wanted if n.startswith("drill:")}
+            wanted -= {"drills"} | {n for n in wanted if CheckId.parse(n).is_drill}
         if wanted:
             unknown = sorted(wanted - set(CHECK_NAMES))
             if unknown:
@@ -203,14 +216,14 @@ class JobFile:
             spec = getattr(self.checks, name)
             if spec is not None and (wanted is None or name in wanted):
                 out.append((name, spec))
-        return out + [(f"drill:{d.name}", d) for d in drills]
+        return out + [(str(CheckId.of_drill(d.name)), d) for d in drills]
 
     def _selected_drills(self, wanted: set[str] | None) -> list[DrillSpec]:
         """Drills named in ``wanted`` (``drills``: all, ``drill:NAME``: one); all when None."""
         drills = list(self.checks.drills)
         if wanted is None:
             return drills
-        names = {n.partition(":")[2] for n in wanted if n.startswith("drill:")}
+        names = {d for d in (CheckId.parse(n).drill for n in wanted) if d is not None}
         unknown = sorted(names - {d.name for d in drills})
         if unknown or ("drills" in wanted and not drills):
             have = ", ".join(d.name for d in drills) or "none configured"

@@ -40,7 +40,7 @@ from trainguard.drills.judges import (
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.launch import Launcher, MetricPoint
 from trainguard.launch.rundir import new_run_dir
-from trainguard.report import CheckResult, CheckStatus
+from trainguard.report import CheckId, CheckResult, CheckStatus
 from trainguard.run.runner import JobRunner, RunRequest
 
 __all__ = ["RAY_RECOVERED_FAULTS", "RESTART_BACKOFF_S", "Driver", "make_drill", "run_drill"]
@@ -197,7 +197,7 @@ def _request(runner: JobRunner, spec: DrillSpec) -> RunRequest:
 def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
     """Run one drill and judge it; the result is named ``drill:<name>``."""
     started = time.monotonic()
-    name = f"drill:{spec.name}"
+    name = str(CheckId.of_drill(spec.name))
     job_file = runner.job_file
     reproduce = f"trainguard drill {job_file.path} --only {spec.name}"
     base: dict[str, Any] = {
@@ -230,7 +230,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
     drill_dir = new_run_dir(job_file.state_dir, job_file.job.name, f"drill-{spec.name}",
                             keep=runner.settings.keep_runs)
     values = runner.placeholders(request, drill_dir, drill_dir / "checkpoints")
-    ray_job = job_file.job.kind == "ray_train"
+    ray_job = job_file.job.is_ray_train
     ctx = FaultContext(
         work_dir=drill_dir / "fault",
         checkpoint_dir=drill_dir / "checkpoints",

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trainguard.config import GATE_CHECKS, GatePolicy, Thresholds
-from trainguard.report import CheckResult, Report
+from trainguard.config import GATE_CHECKS, GatePolicy, JobFile, Thresholds
+from trainguard.profiling.sizing import Sizing
+from trainguard.report import CheckId, CheckResult, Report
 
 __all__ = [
     "GATE_CHECKS",
@@ -27,7 +28,9 @@ __all__ = [
     "Decision",
     "GatePolicy",
     "Thresholds",
+    "configured_checks",
     "decide",
+    "sizing_of",
 ]
 
 
@@ -88,9 +91,23 @@ class Decision:
         }
 
 
+def sizing_of(report: Report) -> Sizing | None:
+    """The sizing of the report's profile check (None without one, or when it sized nothing)."""
+    profile = next((c for c in report.checks if c.name == "profile"), None)
+    data = profile.evidence.get("sizing") if profile is not None else None
+    return Sizing.from_dict(data) if isinstance(data, dict) else None
+
+
+def configured_checks(job_file: JobFile) -> list[str]:
+    """The gate's names of what ``job_file`` configures: its checks, and ``drills`` for all its
+    drills together (what ``gate.require`` names)."""
+    names = [n for n, _ in job_file.enabled_checks() if not CheckId.parse(n).is_drill]
+    return names + (["drills"] if job_file.checks.drills else [])
+
+
 def _results_for(name: str, checks: Iterable[CheckResult]) -> list[CheckResult]:
     if name == "drills":
-        return [c for c in checks if c.name.startswith("drill:")]
+        return [c for c in checks if c.check_id.is_drill]
     return [c for c in checks if c.name == name]
 
 
@@ -123,7 +140,7 @@ def decide(
     policy: GatePolicy,
     capabilities: Capabilities,
     *,
-    sizing: Mapping[str, Any] | None = None,
+    sizing: Sizing | None = None,
     configured: Iterable[str] = GATE_CHECKS,
 ) -> Decision:
     """``promote`` when every required check passed (or was skipped for a capability the policy
@@ -162,13 +179,13 @@ def decide(
     return decision
 
 
-def _judge_sizing(sizing: Mapping[str, Any], limits: Thresholds, decision: Decision) -> None:
-    recommended = sizing.get("recommended")
+def _judge_sizing(sizing: Sizing, limits: Thresholds, decision: Decision) -> None:
+    recommended = sizing.recommended
     decision.recommended_world_size = recommended
     if recommended is None:
-        decision.reasons.append(f"the sizing recommends no world size: {sizing.get('recommendation', 'no reason given')}")
+        decision.reasons.append(f"the sizing recommends no world size: {sizing.recommendation or 'no reason given'}")
         return
-    candidate = next((c for c in sizing.get("candidates", []) if c.get("gpus") == recommended), None)
+    candidate = sizing.candidate(recommended)
     if candidate is None:
         decision.reasons.append(f"the sizing recommends {recommended} GPUs but has no prediction for them")
         return
@@ -179,7 +196,7 @@ def _judge_sizing(sizing: Mapping[str, Any], limits: Thresholds, decision: Decis
     )
     for key, field_name, ok, message in checks:
         limit = getattr(limits, key)
-        value = candidate.get(field_name)
+        value = getattr(candidate, field_name)
         if limit is None or value is None:
             continue
         if ok(value, limit):

@@ -27,7 +27,15 @@ from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_TRACKING_URI
 from trainguard._version import __version__
 from trainguard.config import JobFile, load_config
 from trainguard.errors import TrainguardError, UsageError
-from trainguard.gate.policy import Capabilities, Decision, GatePolicy, decide
+from trainguard.gate.policy import (
+    Capabilities,
+    Decision,
+    GatePolicy,
+    configured_checks,
+    decide,
+    sizing_of,
+)
+from trainguard.profiling.sizing import Sizing
 from trainguard.report import CheckResult, Report
 
 __all__ = ["GATE_REPORT_VERSION", "GateReport", "StaleReport", "run_gate", "submit_report", "write_gate_report"]
@@ -50,7 +58,7 @@ class GateReport:
     provenance: dict[str, Any]
     capabilities: dict[str, Any]
     policy: dict[str, Any]
-    sizing: dict[str, Any] | None = None
+    sizing: Sizing | None = None
     submission: dict[str, Any] | None = None
     tracking_uri: str | None = None
     mlflow_session_run_id: str | None = None
@@ -74,7 +82,7 @@ class GateReport:
             "provenance": self.provenance,
             "capabilities": self.capabilities,
             "policy": self.policy,
-            "sizing": self.sizing,
+            "sizing": self.sizing.to_dict() if self.sizing is not None else None,
             "submission": self.submission,
             "tracking_uri": self.tracking_uri,
             "mlflow_session_run_id": self.mlflow_session_run_id,
@@ -82,17 +90,6 @@ class GateReport:
             "duration_s": round(self.duration_s, 1),
             "reports": self.paths,
         }
-
-
-def _sizing_of(report: Report) -> dict[str, Any] | None:
-    profile = next((c for c in report.checks if c.name == "profile"), None)
-    sizing = profile.evidence.get("sizing") if profile is not None else None
-    return sizing if isinstance(sizing, dict) else None
-
-
-def _configured(job_file: JobFile) -> list[str]:
-    names = [n for n, _ in job_file.enabled_checks() if not n.startswith("drill:")]
-    return names + (["drills"] if job_file.checks.drills else [])
 
 
 def run_gate(
@@ -119,8 +116,8 @@ def run_gate(
     with open_session(job_file, settings, command="gate", echo=echo) as session:
         tracker = session.tracker
         run_in_order(session.runner, job_file.enabled_checks(), report, on_start=on_start, on_result=on_result)
-        sizing = _sizing_of(report)
-        decision = decide(report, policy, capabilities, sizing=sizing, configured=_configured(job_file))
+        sizing = sizing_of(report)
+        decision = decide(report, policy, capabilities, sizing=sizing, configured=configured_checks(job_file))
         gate = GateReport(
             job=job_file.job.name,
             job_file=str(job_file.path),
@@ -157,22 +154,22 @@ def _production_spec(job_file: JobFile, gate: dict[str, Any], report_path: str |
     from trainguard.queue.base import spec_from_job
     from trainguard.run.runner import JobRunner, RunRequest
 
-    sizing = gate.get("sizing") or {}
-    world = sizing.get("recommended") or job_file.job.world_size
-    candidate: dict[str, Any] = next((c for c in sizing.get("candidates", []) if c.get("gpus") == world), {})
+    sizing = Sizing.from_dict(gate["sizing"]) if gate.get("sizing") else None
+    world = (sizing.recommended if sizing is not None else None) or job_file.job.world_size
+    candidate = sizing.candidate(world) if sizing is not None else None
     steps = (job_file.target.steps if job_file.target is not None and job_file.target.steps else None) \
-        or candidate.get("steps") or 1
+        or (candidate.steps if candidate is not None else None) or 1
     request = RunRequest.make(steps=int(steps), seed=0, world_size=int(world))
     run_dir = job_file.state_dir / "production"
     values = JobRunner(job_file).placeholders(request, run_dir, None)
-    hours = candidate.get("hours_with_failures")
+    hours = candidate.hours_with_failures if candidate is not None else None
     on_gpu = (gate.get("capabilities") or {}).get("gpus", 0) > 0
     spec = spec_from_job(
         job_file, values, world_size=int(world), num_gpus=1.0 if on_gpu else 0.0, num_cpus=1.0,
         time_limit_s=float(hours) * 3600 if hours else None, gate_report=report_path,
         mlflow_run_id=gate.get("mlflow_session_run_id"),
     )
-    return _ray_train_spec(job_file, spec) if job_file.job.kind == "ray_train" else spec
+    return _ray_train_spec(job_file, spec) if job_file.job.is_ray_train else spec
 
 
 def _ray_train_spec(job_file: JobFile, spec: Any) -> Any:
@@ -282,6 +279,12 @@ def submit_report(path: str | os.PathLike[str], *, wait_s: float = 30.0, queue: 
     if stale:
         raise StaleReport(f"{path} is stale: " + "; ".join(stale) + ". Run `trainguard gate "
                           f"{job_file.path}` again")
+    try:
+        if data.get("sizing"):
+            Sizing.from_dict(data["sizing"])
+    except ValueError as exc:
+        raise UsageError(f"{path}: {exc}: not a sizing trainguard wrote; run `trainguard gate "
+                         f"{job_file.path}` again") from None
     spec = _production_spec(job_file, data, str(path))
     return _submit_spec(spec, queue or policy.queue, job_file, wait_s=wait_s)
 

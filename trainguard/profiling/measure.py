@@ -318,7 +318,7 @@ def measure_size(
         timeout=spec.timeout,
     )
     step_name = step_metric_of(job_file, spec)
-    sampler = _ResourceSampler(ray=job_file.job.kind == "ray_train")
+    sampler = _ResourceSampler(ray=job_file.job.is_ray_train)
     watcher = _CheckpointWatcher()
     arrivals: dict[int, float] = {}
 
@@ -334,7 +334,7 @@ def measure_size(
         result = sized.run(request, label=label or f"profile-n{world_size}", on_metric=on_metric)
     finally:
         sampler.close()
-    if job_file.job.kind == "ray_train" and watcher.directory is not None:
+    if job_file.job.is_ray_train and watcher.directory is not None:
         ray_writes = _ray_checkpoint_writes(watcher.directory)
         if ray_writes is not None:
             watcher.writes = ray_writes
@@ -419,7 +419,7 @@ def _summarise(
         step=stats,
         throughput_sps=throughput,
         # a Ray Train job: the workers' trees (the launcher's figure is the driver's alone)
-        peak_rss_mb=dict(sampler.peak_rss_mb) if job_file.job.kind == "ray_train" else dict(result.peak_rss_mb),
+        peak_rss_mb=dict(sampler.peak_rss_mb) if job_file.job.is_ray_train else dict(result.peak_rss_mb),
         peak_gpu_mb=dict(result.peak_gpu_mb),
         cpu_util_pct=sampler.cpu_util_pct(),
         gpu_util_pct=sampler.gpu_util_pct(),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from trainguard.config import Target
@@ -103,10 +103,30 @@ class Sizing:
     batch_headroom: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form (the profile check's ``evidence["sizing"]``, the gate report's ``sizing``)."""
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Sizing:
+        """The sizing :meth:`to_dict` wrote (read back from a report); ValueError naming what
+        is missing when ``data`` is not one."""
+        candidates = [_from_dict(Candidate, c, f"sizing.candidates[{i}]")
+                      for i, c in enumerate(data.get("candidates") or [])]
+        return _from_dict(cls, {**data, "candidates": candidates}, "sizing")
 
     def candidate(self, gpus: int) -> Candidate | None:
         return next((c for c in self.candidates if c.gpus == gpus), None)
+
+
+def _from_dict(cls: Any, data: Any, where: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where} is {type(data).__name__}, not an object")
+    known = {f.name: f for f in fields(cls)}
+    required = [n for n, f in known.items() if f.default is MISSING and f.default_factory is MISSING]
+    missing = [n for n in required if n not in data]
+    if missing:
+        raise ValueError(f"{where} lacks {', '.join(missing)}")
+    return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def _nearest(measured: Mapping[int, SizeInputs], n: int) -> SizeInputs:

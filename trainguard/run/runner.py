@@ -119,7 +119,7 @@ class JobRunner:
         self.scheduling = RunScheduler(
             self._run_scheduled, lock=self._lock, inflight=self._inflight,
             # a ray_train job's fits would queue for the same Ray CPUs: one after the other
-            background=lambda: self.job_file.job.kind != "ray_train",
+            background=lambda: not self.job_file.job.is_ray_train,
             current_check=lambda: self.current_check,
             adopt=lambda tracked: self.observer.launch_adopted(tracked),
         )
@@ -135,7 +135,7 @@ class JobRunner:
         """For a ``ray_train`` job: the environment that points its driver at Ray --
         ``RAY_ADDRESS`` when set (a real cluster), else one embedded local head shared by every
         run of this runner (starting Ray once instead of per run). Empty for command jobs."""
-        if self.job_file.job.kind != "ray_train":
+        if not self.job_file.job.is_ray_train:
             return {}
         if self._parent is not None:
             return self._parent.ray_env()
@@ -325,7 +325,7 @@ class JobRunner:
             argv=argv,
             run_dir=log_dir,
             # a Ray Train job is one driver process; its workers are Ray's (request.world_size)
-            world_size=1 if job.kind == "ray_train" else request.world_size,
+            world_size=1 if job.is_ray_train else request.world_size,
             cwd=self.job_file.cwd,
             env=env,
             metric_regexes=regexes,

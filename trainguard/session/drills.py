@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Iterable
 
 from trainguard.config import DrillSpec, load_config
-from trainguard.report import CheckResult, Report
+from trainguard.report import CheckId, CheckResult, Report
 from trainguard.run.runner import JobRunner
 from trainguard.session.orchestrate import check, run_check
 
@@ -24,7 +24,7 @@ def run_drills(
     :func:`trainguard.session.run_check` (tracked like any check)."""
     results = []
     for spec in runner.job_file.checks.drills if specs is None else specs:
-        outcome = run_check(runner, f"drill:{spec.name}", spec)
+        outcome = run_check(runner, str(CheckId.of_drill(spec.name)), spec)
         results.append(outcome)
         if on_result is not None:
             on_result(outcome)
@@ -43,7 +43,7 @@ def drill(
     """Run a job file's drills (or ``only`` those names) and write the report (default
     ``.trainguard/drills-report.json``); the library form of ``trainguard drill``."""
     job_file = load_config(config)
-    names = [n if n.startswith("drill:") else f"drill:{n}" for n in only] if only else ["drills"]
+    names = [n if CheckId.parse(n).is_drill else str(CheckId.of_drill(n)) for n in only] if only else ["drills"]
     target = report_json or str(job_file.state_dir / "drills-report.json")
     return check(job_file.path, only=names, seed=seed, report_json=target, echo=echo,
                  on_result=on_result)

@@ -11,17 +11,27 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from trainguard.config import CheckSpec, JobFile
-from trainguard.report import CheckResult, Report
+from trainguard.report import CheckId, CheckResult, Report
 from trainguard.run.runner import AheadRun, JobRunner
 
-__all__ = ["available_checks", "check", "lane_plan", "run_check", "run_checks", "run_in_order"]
+__all__ = [
+    "available_checks",
+    "check",
+    "check_registry",
+    "lane_plan",
+    "run_check",
+    "run_checks",
+    "run_in_order",
+]
 
 #: checks whose runs are not timed against anything: runs of later checks may start beside them
 #: (the profile and the drills measure speed and detection latency, so they run alone)
 LANE_CHECKS = ("smoke", "canary", "determinism", "resume", "parallel")
 
 
-def _registry() -> dict[str, Callable[[JobRunner, Any], CheckResult]]:
+def check_registry() -> dict[str, Callable[[JobRunner, Any], CheckResult]]:
+    """Check name -> the function that runs it (``"drill"`` runs every ``drill:<name>``). A new
+    check is added here (docs/architecture.md, "Adding things")."""
     from trainguard.checks.canary import run_canary
     from trainguard.checks.equivalence import run_determinism, run_parallel, run_resume
     from trainguard.checks.smoke import run_smoke
@@ -41,12 +51,13 @@ def _registry() -> dict[str, Callable[[JobRunner, Any], CheckResult]]:
 
 def available_checks() -> list[str]:
     """Names of the checks this version can run."""
-    return list(_registry())
+    return list(check_registry())
 
 
 def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
     """Run one check; a check this version cannot run yet is reported as skipped, with why."""
-    func = _registry().get("drill" if name.startswith("drill:") else name)
+    check_id = CheckId.parse(name)
+    func = check_registry().get(check_id.check)
     if func is None:
         return CheckResult(
             name,
@@ -59,7 +70,7 @@ def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
     started = time.monotonic()
     runner.current_check = name
     with track_check(runner, name, spec) as record:
-        if name.startswith("drill:") and getattr(spec, "expectation", "continue") != "continue":
+        if check_id.is_drill and getattr(spec, "expectation", "continue") != "continue":
             # the drill compares with an uninterrupted run: start it while the fault run starts
             # up (a `continue` drill measures step rates, so nothing may run beside it)
             world_size = getattr(spec, "world_size", None) or runner.job_file.job.world_size

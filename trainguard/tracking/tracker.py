@@ -288,7 +288,7 @@ class TrackingObserver:
         else:
             env[RUN_ID_ENV] = run_id
         tracker.set_tags(handle, {"trainguard.run_id_env": "env" if run_id else "file"})
-        if job_file.job.kind == "ray_train":
+        if job_file.job.is_ray_train:
             return env, None  # the workers' designated writer streams the metrics (trainguard.raytrain.tracking)
         handle.live = LiveMetrics(tracker, handle, world_size)
         return env, handle.live.on_metric
@@ -307,7 +307,7 @@ class TrackingObserver:
         sent = handle.live.sent if handle.live is not None else set()
         handle.live = None
         rows = metric_rows(result.points, result.world_size, started_ms)
-        if job_file.job.kind == "ray_train":  # the workers' writer logged what it could: the rest
+        if job_file.job.is_ray_train:  # the workers' writer logged what it could: the rest
             rows, writer_tags, note = reconcile(result, rows, handle.run_id)
             tracker.set_tags(handle, writer_tags)
             if note:
