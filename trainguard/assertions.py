@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainguard.unit.batches import assert_batch_independent
-from trainguard.unit.equivalence import assert_close_tree, assert_equivalent
+from trainguard.unit.equivalence import assert_close_tree, assert_equivalent, tree_differences
 from trainguard.unit.gradients import assert_grads_flow, assert_loss_connected
 from trainguard.unit.outputs import assert_finite, assert_tensor_meta
 from trainguard.unit.training import assert_can_overfit, assert_step_updates
@@ -18,4 +18,5 @@ __all__ = [
     "assert_loss_connected",
     "assert_step_updates",
     "assert_tensor_meta",
+    "tree_differences",
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from trainguard.tracking.track import (
     RUN_ID_ENV,
+    RUN_ID_FILE_ENV,
+    TRACKING_URI_ENV,
     flush,
     init,
     log,
@@ -12,6 +14,8 @@ from trainguard.tracking.track import (
 
 __all__ = [
     "RUN_ID_ENV",
+    "RUN_ID_FILE_ENV",
+    "TRACKING_URI_ENV",
     "flush",
     "init",
     "log",

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-_FORWARDED = ("available_checks", "check", "lane_plan", "run_check", "run_checks", "run_in_order")
+_FORWARDED = (
+    "LANE_CHECKS",
+    "available_checks",
+    "check",
+    "lane_plan",
+    "run_check",
+    "run_checks",
+    "run_in_order",
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -32,7 +32,15 @@ from trainguard.config.problems import (
     format_validation_error,
     profile_problems,
 )
-from trainguard.config.schema import PLACEHOLDERS, Job, JobFile, JobKind, MetricFile, Target
+from trainguard.config.schema import (
+    PLACEHOLDERS,
+    Job,
+    JobFile,
+    JobKind,
+    MetricFile,
+    Target,
+    render_placeholders,
+)
 
 __all__ = [
     "CHECK_NAMES",
@@ -65,4 +73,5 @@ __all__ = [
     "load_config",
     "parse_config",
     "profile_problems",
+    "render_placeholders",
 ]

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainguard.drills.driver import make_drill, run_drill
+from trainguard.drills.driver import RAY_RECOVERED_FAULTS, RESTART_BACKOFF_S, make_drill, run_drill
 from trainguard.drills.judges import DRILL_CAUSES
 
 __all__ = [
     "DRILL_CAUSES",
+    "RAY_RECOVERED_FAULTS",
+    "RESTART_BACKOFF_S",
     "drill",
     "make_drill",
     "run_drill",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainguard.config import GATE_CHECKS, GatePolicy, JobFile, Thresholds
+from trainguard.config.gate import OnMissing
 from trainguard.profiling.sizing import Sizing
 from trainguard.report import CheckId, CheckResult, Report
 
@@ -27,6 +28,7 @@ __all__ = [
     "Capabilities",
     "Decision",
     "GatePolicy",
+    "OnMissing",
     "Thresholds",
     "configured_checks",
     "decide",

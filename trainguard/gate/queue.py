@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from trainguard.queue.backends import BACKENDS, get_backend
 from trainguard.queue.base import (
+    TERMINAL_STATUSES,
     QueueBackend,
     Submission,
     SubmissionError,
@@ -16,6 +17,7 @@ from trainguard.queue.base import (
 
 __all__ = [
     "BACKENDS",
+    "TERMINAL_STATUSES",
     "QueueBackend",
     "Submission",
     "SubmissionError",
