@@ -4,15 +4,16 @@ Each fault: the clean job passes its drill AND a planted defect is caught --
 
 * oom (fail_clean): the kernel (cgroup) or the allocator ends the rank, the job fails cleanly and
   resumes from its checkpoint; a job that swallows the OOM and carries on is caught;
-* disk_full (fail_clean, hook mode: deterministic): a job that writes checkpoints atomically
-  keeps the previous one; a job that overwrites in place leaves a torn checkpoint the resume
-  trips over;
+* disk_full (fail_clean; the FUSE layer and the hook mode, both deterministic): a job that
+  writes checkpoints atomically keeps the previous one, at 4 KB to 50 MB; a job that overwrites
+  in place leaves a torn checkpoint the resume trips over;
 * network (continue, a ``timeout`` toxic that holds the job's requests on their way to the
   service): a job whose calls have a timeout keeps training; one without a timeout stalls for as
-  long as the service does.
+  long as the service does; a fast job that ends its steps inside the fault window has continued
+  if it exits within the deadline of its last step.
 
 The jobs are pure Python (tests/data/jobs/toy_train.py, tests/data/faults/http_job.py): a drill
-costs seconds. The fault-level behaviour (cgroup counters, tmpfs filler, every toxic) is tested in
+costs seconds. The fault-level behaviour (cgroup counters, the FUSE layer, every toxic) is tested in
 tests/unit/test_faults_*.py, test_fault_hook.py and test_network_fault.py.
 """
 
@@ -25,6 +26,7 @@ import pytest
 
 from trainguard.config import load_config
 from trainguard.drills import run_drill
+from trainguard.faults.fusefs import fuse_unavailable
 from trainguard.report import CheckResult
 from trainguard.run.runner import JobRunner
 
@@ -92,19 +94,39 @@ def test_oom_fail_clean(tmp_path: Path, defect: bool) -> None:
     assert result.evidence["checkpoint"]["intact"] and result.evidence["checkpoint"]["resumed_from_step"] == 5
 
 
-@pytest.mark.parametrize("defect", [False, True], ids=["atomic", "in-place"])
-def test_disk_full_fail_clean(tmp_path: Path, defect: bool) -> None:
-    drill = ("{name: disk, fault: disk_full, rank: 0, steps: 14, after_step: 7, expect: fail_clean, "
-             "deadline: 20, params: {mode: hook}" + (", args: --ckpt-inplace}" if defect else "}"))
-    result = toy(tmp_path, drill)
-    assert result.evidence["fault_evidence"]["mode_ran"] == "hook"
-    if defect:
+_SIZES_KB = {"4KB": 4, "100KB": 100, "1MB": 1024, "50MB": 51200}
+
+
+def _disk_full(tmp_path: Path, writer: str, mode: str, args: str) -> None:
+    """The drill after step 7 of 14: an atomic writer fails clean and resumes from step 5, an
+    in-place writer leaves a torn checkpoint the resume trips over."""
+    args += " --ckpt-inplace" if writer == "in-place" else ""
+    params = "" if mode == "auto" else f", params: {{mode: {mode}}}"
+    result = toy(tmp_path, "{name: disk, fault: disk_full, rank: 0, steps: 14, after_step: 7, "
+                 f"expect: fail_clean, deadline: 20, args: '{args}'{params}}}")
+    ran = mode if mode != "auto" else ("fuse" if fuse_unavailable() is None else "hook")
+    assert result.evidence["fault_evidence"]["mode_ran"] == ran
+    if writer == "in-place":
         assert result.status == "failed", result.summary
         assert result.evidence["checkpoint"]["intact"] is False, result.evidence["checkpoint"]
         return
     assert result.status == "passed", result.summary
     assert "No space left on device" in result.evidence["failed_rank_stderr_after_fault"]
     assert result.evidence["checkpoint"] == {"intact": True, "resumed_from_step": 5}
+
+
+@pytest.mark.parametrize("writer", ["atomic", "in-place"])
+def test_disk_full_fail_clean_hook_mode(tmp_path: Path, writer: str) -> None:
+    _disk_full(tmp_path, writer, "hook", "--sleep 0.1")
+
+
+@pytest.mark.parametrize("size", ["4KB", pytest.param("100KB", marks=pytest.mark.slow),
+                                  pytest.param("1MB", marks=pytest.mark.slow), "50MB"])
+@pytest.mark.parametrize("writer", ["atomic", "in-place"])
+def test_disk_full_at_any_checkpoint_size(tmp_path: Path, writer: str, size: str) -> None:
+    """The default mode on one checkpoint file replaced by every save (a rename over it frees
+    its space, which a filler racing the job for a small disk gave back too often)."""
+    _disk_full(tmp_path, writer, "auto", f"--ckpt-keep-one --ckpt-size-kb {_SIZES_KB[size]}")
 
 
 @pytest.fixture
@@ -127,3 +149,25 @@ def test_network_continue(tmp_path: Path, service: str, defect: bool) -> None:
     assert result.status == "passed", result.summary
     assert rates["during_over_before"] >= 0.1
     assert result.evidence["fault_evidence"]["toxic"] == "timeout"
+
+
+@pytest.mark.parametrize("defect", [False, True], ids=["bounded-flush", "unbounded-flush"])
+def test_network_continue_when_the_steps_end_inside_the_fault(tmp_path: Path, service: str, defect: bool) -> None:
+    """A fast job whose tracking calls run in the background finishes its steps early in the
+    fault window: the rate counts only the time it still had steps to do, and it has continued
+    if it exits within ``deadline`` of its last step; a shutdown that waits for the service
+    does not."""
+    flush = "--timeout 0 --flush-timeout 0" if defect else "--timeout 0.3 --flush-timeout 1"
+    drill = ("{name: net, fault: network, steps: 40, after_step: 10, duration: 8, expect: continue, "
+             "deadline: 3, params: {toxic: timeout, stream: upstream, attributes: {timeout: 0}, upstream: '"
+             + service + f"'}}, args: '--background --sleep 0.02 {flush}'}}")
+    result = run(tmp_path, HTTP, drill, script=DATA / "faults" / "http_job.py", service=service)
+    rates = result.evidence["step_rate"]
+    assert rates["during_until_last_step"] is True, rates  # all 40 steps inside the 8 s window
+    if defect:
+        assert result.status == "failed", result.summary
+        assert "after its last step" in result.summary, result.summary
+        return
+    assert result.status == "passed", result.summary
+    assert rates["during_over_before"] >= 0.5, rates
+    assert result.evidence["exit_after_last_step_s"] < 3

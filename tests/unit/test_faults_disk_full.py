@@ -1,12 +1,13 @@
 """The disk_full fault on real rank processes: a job that overwrites its checkpoint in place
 ends with a corrupt latest checkpoint, a job that writes temp + fsync + rename keeps the previous
-one intact -- in hook mode (deterministic) and on a real, size-limited tmpfs kept full.
+one intact -- in hook mode and through the FUSE layer (both deterministic).
 
 Every test proves its teardown: no mount, no process left (``/proc/mounts`` is read).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -15,16 +16,19 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import load_fault_harness
-from trainguard.faults import FaultContext, FaultUnavailable
-from trainguard.faults.disk_full import DiskFullFault, Filler, is_mounted, mount_tmpfs, unmount
+from trainguard.faults import FaultContext, FaultUnavailable, disk_full
+from trainguard.faults.disk_full import DiskFullFault
+from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
 
 harness = load_fault_harness()
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+_NO_FUSE = fuse_unavailable()
+fuse_only = pytest.mark.skipif(_NO_FUSE is not None, reason=f"no FUSE layer here: {_NO_FUSE}")
 
 
 def latest_step(ckpt_dir: Path) -> int | str:
@@ -109,89 +113,98 @@ def test_hook_mode_torch_save_atomic_keeps_the_previous_checkpoint(tmp_path: Pat
     assert _torch_drive(tmp_path, "atomic") == 2
 
 
-# -- tmpfs mode: a real full filesystem --------------------------------------------------------
+# -- fuse mode: the kernel answers the job's own writes ------------------------------------------
 
 
-@root_only
-def test_tmpfs_mode_in_place_vs_atomic(tmp_path: Path) -> None:
-    drives = {}
-    for writer in ("inplace", "atomic"):
-        fault = DiskFullFault({"mode": "tmpfs", "size_mb": 4}, rank=0, after_step=2)
-
-        def during(f: DiskFullFault, ctx: FaultContext) -> dict[str, object]:
-            return {"mounted": f.mount_point is not None and is_mounted(f.mount_point)}
-
-        def after(f: DiskFullFault, ctx: FaultContext, result: object) -> dict[str, object]:
-            return {"latest": latest_step(ctx.checkpoint_dir)}  # before the unmount
-
-        # a 512 KB checkpoint written in 32 KB pieces, 5 ms apart (a real one takes seconds)
-        drive = harness.drive(
-            fault, tmp_path / writer, "ckpt_job.py",
-            _args(writer, "--size-kb", "512", "--chunk-kb", "32", "--chunk-sleep", "0.005"),
-            during=during, after=after,
-        )
-        assert drive.during["mounted"] and drive.evidence["mode_ran"] == "tmpfs"
-        assert drive.evidence["filler"]["filled_mb"] > 2
-        assert drive.result.outcome == "failed"
-        assert drive.classification.startswith("ENOSPC: OSError errno 28"), drive.classification
-        drives[writer] = drive
-        harness.assert_nothing_left(drive.tag)
-    assert drives["atomic"].during["latest"] == 2
-    assert str(drives["inplace"].during["latest"]).startswith("corrupt"), drives["inplace"].during
-    # the filler took back what the in-place writer's truncation freed
-    assert drives["inplace"].evidence["filler"]["takebacks"] >= 1
+def _read_latest(f: DiskFullFault, ctx: FaultContext, result: object) -> dict[str, object]:
+    return {"latest": latest_step(ctx.checkpoint_dir)}  # through the layer, before the unmount
 
 
-@root_only
-def test_keeping_the_disk_full_is_what_exposes_an_in_place_overwrite(tmp_path: Path) -> None:
-    """The fact behind the filler: a one-off fill lets an in-place overwrite of the same size
-    through (its truncation frees exactly what it needs); a filler that keeps taking space back
-    does not."""
-    point = tmp_path / "mnt"
-    mount_tmpfs(point, 2)
+@fuse_only
+@pytest.mark.parametrize("writer", ["inplace", "atomic"])
+def test_fuse_mode_in_place_vs_atomic(tmp_path: Path, writer: str) -> None:
+    fault = DiskFullFault({"mode": "fuse"}, rank=0, after_step=2)
+
+    def during(f: DiskFullFault, ctx: FaultContext) -> dict[str, object]:
+        return {"mounted": f.layer is not None and bool(harness.our_mounts())}
+
+    drive = harness.drive(fault, tmp_path, "ckpt_job.py", _args(writer, "--size-kb", "512"),
+                          during=during, after=_read_latest)
+    assert drive.during["mounted"] and drive.evidence["mode_ran"] == "fuse"
+    assert drive.result.outcome == "failed"
+    assert drive.classification.startswith("ENOSPC: OSError errno 28"), drive.classification
+    assert drive.evidence["enospc_calls"] >= 1
+    if writer == "atomic":
+        assert drive.during["latest"] == 2
+    else:
+        assert str(drive.during["latest"]).startswith("corrupt"), drive.during
+    harness.assert_nothing_left(drive.tag)
+
+
+@fuse_only
+def test_fuse_layer_fails_every_write_however_much_space_is_freed(tmp_path: Path) -> None:
+    """What a racing filler of a small disk could not promise: after the trigger no write
+    succeeds, whatever the job freed first (rename over a file, delete, truncate)."""
+    layer = FuseLayer(tmp_path / "back", tmp_path / "mnt", policy="disk_full", state_dir=tmp_path)
+    layer.mount()
     try:
-        ckpt = point / "ckpt.bin"
-        ckpt.write_bytes(b"a" * (256 << 10))
-        once = Filler(point)
-        once.start()
-        assert once.wait_full()
-        once.stop(free=False)  # a one-off fill: the filler file stays, nobody takes space back
-        with open(ckpt, "wb") as f:
-            f.write(b"b" * (256 << 10))  # succeeds: the truncation freed the space
-        assert ckpt.stat().st_size == 256 << 10
-        once.stop()
+        mnt = layer.point
+        (mnt / "old.bin").write_bytes(b"a" * (1 << 20))
+        (mnt / "new.bin").write_bytes(b"b" * (1 << 20))
+        layer.arm()
 
-        keeper = Filler(point)
-        keeper.start()
-        assert keeper.wait_full()
-        with pytest.raises(OSError) as info, open(ckpt, "wb") as f:
-            time.sleep(0.05)  # the truncation's space is taken back within a few ms
-            f.write(b"c" * (256 << 10))
-        assert info.value.errno == 28
-        assert ckpt.stat().st_size < 256 << 10
-        keeper.stop()
-        assert keeper.takebacks >= 1 and not keeper.path.exists()
+        def refused(action: Callable[[], object]) -> int:
+            with pytest.raises(OSError) as info:
+                action()
+            return info.value.errno
+
+        os.replace(mnt / "new.bin", mnt / "old.bin")  # frees 1 MB
+        assert refused(lambda: (mnt / "x.bin").write_bytes(b"x" * 4096)) == errno.ENOSPC
+        os.unlink(mnt / "old.bin")  # frees the rest
+        assert refused(lambda: (mnt / "y.bin").write_bytes(b"y")) == errno.ENOSPC
+        assert refused(lambda: os.mkdir(mnt / "checkpoint-10")) == errno.ENOSPC
+        with open(mnt / "z.bin", "wb") as handle:  # creating an empty file still works (ext4)
+            assert refused(lambda: os.write(handle.fileno(), b"z")) == errno.ENOSPC
+        assert refused(lambda: os.truncate(mnt / "z.bin", 100)) == errno.ENOSPC
+        assert os.statvfs(mnt).f_bavail == 0
+        layer.disarm()
+        (mnt / "after.bin").write_bytes(b"ok")  # a cleared fault is a working disk again
+        events = layer.read_events()
+        assert {e["op"] for e in events} == {"write", "mkdir", "truncate_grow"}
     finally:
-        assert unmount(point) is None
-    assert not is_mounted(point) and not point.exists()
+        assert layer.unmount() is None
+    assert not harness.our_mounts() and not (tmp_path / "mnt").exists()
+    assert sorted(p.name for p in (tmp_path / "back").iterdir()) == ["after.bin", "x.bin", "y.bin", "z.bin"]
 
 
-@root_only
-def test_auto_mode_mounts_as_root_and_teardown_is_idempotent(tmp_path: Path) -> None:
+@fuse_only
+def test_auto_mode_mounts_the_layer_and_teardown_is_idempotent(tmp_path: Path) -> None:
     fault = DiskFullFault(rank=0, after_step=1)
     ctx = FaultContext(work_dir=tmp_path / "w", checkpoint_dir=tmp_path / "ckpt", world_size=1)
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "step-0.ckpt").write_bytes(b"kept")
     fault.setup(ctx)
     try:
-        assert fault.mode_ran == "tmpfs" and fault.mount_point is not None
-        assert is_mounted(fault.mount_point)
-        assert ctx.checkpoint_dir == fault.mount_point / "checkpoints"
+        assert fault.mode_ran == "fuse" and fault.layer is not None
+        assert ctx.checkpoint_dir == fault.layer.point and harness.our_mounts()
         assert (ctx.checkpoint_dir / "step-0.ckpt").read_bytes() == b"kept"
         assert fault.launch_env(ctx) == {}
     finally:
         fault.teardown()
     fault.teardown()
+    assert not harness.our_mounts()
+    assert (tmp_path / "ckpt" / "step-0.ckpt").read_bytes() == b"kept"  # the data stays
+
+
+@fuse_only
+def test_tmpfs_mode_runs_the_fuse_layer_and_says_so(tmp_path: Path) -> None:
+    fault = DiskFullFault({"mode": "tmpfs", "size_mb": 4}, rank=0, after_step=1)
+    ctx = FaultContext(work_dir=tmp_path / "w", checkpoint_dir=tmp_path / "ckpt", world_size=1)
+    fault.setup(ctx)
+    try:
+        assert fault.mode_ran == "fuse" and "replaced by fuse" in fault.evidence()["note"]
+    finally:
+        fault.teardown()
     assert not harness.our_mounts()
 
 
@@ -202,7 +215,7 @@ _INTERRUPTED = textwrap.dedent(
     from trainguard.faults import FaultContext
     from trainguard.faults.disk_full import DiskFullFault
     work = Path(sys.argv[1])
-    fault = DiskFullFault({"mode": "tmpfs", "size_mb": 1})
+    fault = DiskFullFault({"mode": "fuse"})
     fault.setup(FaultContext(work_dir=work, checkpoint_dir=work / "ckpt", world_size=1))
     if sys.argv[2] == "finally":
         try:
@@ -213,14 +226,16 @@ _INTERRUPTED = textwrap.dedent(
     else:
         print("mounted", flush=True)
         sys.stdin.readline()
-        sys.exit(3)  # no teardown: the atexit safety net unmounts
+        sys.exit(3)  # no teardown: the atexit safety net unmounts (or, SIGKILLed, the daemon)
     """
 )
 
 
-@root_only
-@pytest.mark.parametrize("how", ["finally", "atexit"])
-def test_ctrl_c_and_exit_unmount(tmp_path: Path, how: str) -> None:
+@fuse_only
+@pytest.mark.parametrize("how", ["finally", "atexit", "sigkill"])
+def test_ctrl_c_exit_and_kill_unmount(tmp_path: Path, how: str) -> None:
+    """Ctrl-C runs the teardown, a plain exit the atexit net; a SIGKILLed trainguard leaves no
+    mount either: the daemon sees its parent gone and leaves."""
     proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED, str(tmp_path), how],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -228,6 +243,8 @@ def test_ctrl_c_and_exit_unmount(tmp_path: Path, how: str) -> None:
         assert harness.our_mounts()
         if how == "finally":
             proc.send_signal(signal.SIGINT)
+        elif how == "sigkill":
+            proc.kill()
         else:
             assert proc.stdin is not None
             proc.stdin.write("exit\n")
@@ -236,25 +253,30 @@ def test_ctrl_c_and_exit_unmount(tmp_path: Path, how: str) -> None:
     finally:
         proc.kill()
         proc.wait()
+    deadline = time.monotonic() + 10
+    while harness.our_mounts() and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not harness.our_mounts()
-    assert not (tmp_path / "disk-full-tmpfs").exists()
+    assert not harness.processes_with(f"{tmp_path}/w")
 
 
 def test_non_root_falls_back_to_hook_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What a non-root user gets (the euid trainguard checks before trying to mount)."""
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    disk_full._fuse_unavailable.cache_clear()
     fault = DiskFullFault()
     ctx = FaultContext(work_dir=tmp_path / "w", checkpoint_dir=tmp_path / "c", world_size=1)
-    fault.setup(ctx)
     try:
+        fault.setup(ctx)
         assert fault.mode_ran == "hook" and "needs root" in (fault.fallback or "")
         assert ctx.checkpoint_dir == tmp_path / "c"
         assert sorted(fault.launch_env(ctx)) == ["PYTHONPATH", "TRAINGUARD_FAULT_HOOK"]
-        assert fault.evidence()["fallback"].startswith("tmpfs mode unavailable")
+        assert fault.evidence()["fallback"].startswith("fuse mode unavailable")
         with pytest.raises(FaultUnavailable, match="root"):
-            DiskFullFault({"mode": "tmpfs"}).setup(ctx)
+            DiskFullFault({"mode": "fuse"}).setup(ctx)
     finally:
         fault.teardown()
+        disk_full._fuse_unavailable.cache_clear()
     assert not harness.our_mounts()
 
 

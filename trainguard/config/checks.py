@@ -255,7 +255,7 @@ class DrillSpec(CheckSpec):
     max_lost_steps: int | None = Field(None, ge=0)
     rtol: float = Field(0.0, ge=0)
     atol: float = Field(0.0, ge=0)
-    # fail_clean
+    # fail_clean: exit within this of the fault; continue: exit within this of the last step
     deadline: float | None = Field(None, gt=0)
     # continue
     min_rate: float | None = Field(None, ge=0)
@@ -282,18 +282,18 @@ class DrillSpec(CheckSpec):
                 "the job has steps left after the fault"
             )
         own = {"recover": ("max_restarts", "max_lost_steps"),
-               "fail_clean": ("deadline", "max_lost_steps"), "continue": ("min_rate",)}
+               "fail_clean": ("deadline", "max_lost_steps"), "continue": ("min_rate", "deadline")}
         expect = self.expectation
-        foreign = [
+        foreign = list(dict.fromkeys(
             key for other, keys in own.items() if other != expect for key in keys
             if key not in own[expect] and getattr(self, key) is not None
-        ]
+        ))
         if foreign:
             raise ValueError(
                 f"{' and '.join(foreign)} {'does' if len(foreign) == 1 else 'do'} not apply to "
                 f"`expect: {expect}`; remove it or set "
-                "the expectation it belongs to (max_restarts: recover; deadline: fail_clean; "
-                "min_rate: continue; max_lost_steps: recover or fail_clean)"
+                "the expectation it belongs to (max_restarts: recover; deadline: fail_clean or "
+                "continue; min_rate: continue; max_lost_steps: recover or fail_clean)"
             )
         if expect == "continue" and self.duration is None:
             raise ValueError(
@@ -316,7 +316,8 @@ class DrillSpec(CheckSpec):
 
     @property
     def deadline_s(self) -> float:
-        """fail_clean: seconds after the fault by which the job must have exited (default 60)."""
+        """fail_clean: seconds after the fault by which the job must have exited; continue:
+        seconds after its last step (default 60)."""
         return 60.0 if self.deadline is None else self.deadline
 
     @property

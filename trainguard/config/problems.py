@@ -46,6 +46,8 @@ _FIX: dict[str, str] = {
     "job.command": 'the command that trains, e.g. "python train.py --steps {steps}"',
     "job.metrics": f"map metric names to a regex, e.g. {_DEFAULT_REGEX_HINT}, or to {{file: metrics.jsonl}}",
     "job.world_size": "the number of ranks to launch, e.g. `world_size: 2`",
+    "job.distributed_env": "true (the default: RANK, WORLD_SIZE, ... as torchrun sets them) or "
+                           "false (one process started as a plain script)",
     "job.timeout": "seconds one run may take, e.g. `timeout: 600`",
     "job.stall_timeout": "seconds without a new metric line before the run counts as hung",
     "job.env": "a mapping such as `env: {OMP_NUM_THREADS: \"1\"}`",
@@ -281,7 +283,27 @@ def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
     if checks.profile is not None:
         problems += profile_problems(job_file, checks.profile, used)
     problems += drill_problems(job_file, command_text, env_text)
+    if not job.distributed_env:
+        problems += _one_process_problems(job_file)
     return problems
+
+
+def _one_process_problems(job_file: JobFile) -> list[tuple[str, str]]:
+    """``distributed_env: false`` launches one plain process: nothing may ask for more ranks."""
+    job, checks = job_file.job, job_file.checks
+    fix = ("a job launched without the distributed environment (job.distributed_env: false) "
+           "runs as one process")
+    asks: list[tuple[str, int]] = [("job.world_size", job.world_size)]
+    if checks.parallel is not None:
+        asks.append(("checks.parallel.world_size", checks.parallel.world_size))
+    if checks.profile is not None:
+        asks.append(("checks.profile.world_sizes", max(checks.profile.world_sizes)))
+        if checks.profile.headroom is not None:
+            asks.append(("checks.profile.headroom.world_size", checks.profile.headroom.world_size))
+    asks += [(f"checks.drills[{i}].world_size", d.world_size or 1) for i, d in enumerate(checks.drills)]
+    return [(key, f"{fix}, but this asks for {n} ranks. Fix: use 1 (and remove checks.parallel), "
+             "or drop `distributed_env: false` if the script can run under torchrun")
+            for key, n in asks if n > 1]
 
 
 def _check_key(job_file: JobFile, name: str) -> str:

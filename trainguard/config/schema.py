@@ -93,6 +93,9 @@ class Job(ConfigModel):
     timeout: float = Field(600.0, gt=0)
     stall_timeout: float = Field(60.0, gt=0)
     max_restarts: int = Field(0, ge=0)
+    #: False: a one-process job started as a plain script, without the torchrun environment
+    #: (RANK, WORLD_SIZE, MASTER_ADDR, ...), for scripts that go distributed when they see it
+    distributed_env: bool = True
     #: ``command``: trainguard launches ``command`` once per rank (torchrun's contract);
     #: ``ray_train``: one Ray Train driver whose workers are the ranks (docs/ray-train.md)
     kind: JobKind = "command"

@@ -265,6 +265,10 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
             stall_timeout=stall,
             # a short drill stall limit must not cut the job's start-up (imports, rendezvous)
             startup_timeout=max(stall, job_file.job.stall_timeout),
+            # continue: a job that did its steps may take up to the deadline to exit (a bounded
+            # flush of what the fault held back) without being called hung
+            shutdown_timeout=(spec.deadline_s + _DEADLINE_MARGIN_S
+                              if spec.expectation == "continue" else None),
         )
         driver.finish()
         driver.clear()

@@ -132,6 +132,11 @@ def _rate(points: list[MetricPoint], start: float | None = None, end: float | No
     return (points[-1].step - points[0].step) / (points[-1].t - points[0].t)
 
 
+def _last_step_time(points: list[MetricPoint], steps: int) -> float | None:
+    """When the job printed its last step (``steps``), or None if it never did."""
+    return next((p.t for p in points if p.step >= steps), None)
+
+
 def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -213,11 +218,21 @@ def _common_evidence(c: DrillContext) -> dict[str, Any]:
     injected, cleared = c.fault.injected_at, c.fault.cleared_at
     before = [p for p in watched if injected is None or p.t <= injected]
     during_end = cleared if cleared is not None else first.duration_s
+    # the rate during the fault counts only the time the job still had steps to do: a job that
+    # finished its steps inside the window (and then waited, say, to flush) did not slow down
+    last_step_t = _last_step_time(watched, c.spec.steps)
+    steps_done_in_window = (injected is not None and last_step_t is not None
+                            and injected < last_step_t <= during_end)
+    if steps_done_in_window and last_step_t is not None:
+        during_end = last_step_t
     rates: dict[str, Any] = {
         "unit": f"steps/s of rank {c.info.watch_rank}",
         "before": _round(_rate(before[1:] if len(before) > 2 else before)),  # step 1 pays start-up
         "during": _round(_rate(watched, injected, during_end)) if injected is not None else None,
     }
+    if steps_done_in_window:
+        rates["during_until_last_step"] = True
+        rates["last_step_at_s"] = _round(last_step_t)
     if cleared is not None:
         rates["after_clear"] = _round(_rate([p for p in watched if p.t > cleared]))
     if c.run.restarts:
@@ -542,6 +557,13 @@ def judge_continue(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
         if problem:
             problems.append(problem)
     rates = evidence["step_rate"]
+    if rates.get("during_until_last_step") and final.ok and not c.run.restarts:
+        lingered = final.duration_s - rates["last_step_at_s"]
+        evidence["exit_after_last_step_s"] = _round(lingered)
+        if lingered > spec.deadline_s:
+            problems.append(f"the job did all {spec.steps} steps during the fault but exited only "
+                            f"{lingered:.1f} s after its last step (deadline {spec.deadline_s:g} s): "
+                            "its shutdown blocks on the fault")
     before, during = rates.get("before"), rates.get("during")
     ratio = during / before if before and during is not None else None
     rates["during_over_before"] = _round(ratio)

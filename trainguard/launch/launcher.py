@@ -61,6 +61,29 @@ _SCAN_S = 0.5  # how often the process tree of every rank is recorded
 _TAIL_LINES = 30
 
 
+#: what torchrun sets for each rank (and a launch with ``distributed_env=False`` leaves unset)
+TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                "ROLE_NAME", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID")
+#: a one-process job that died here was setting up torch.distributed (or a device per rank)
+_DIST_INIT_MARKERS = ("init_process_group", "torch.cuda.set_device", "ProcessGroupNCCL",
+                      "NCCL", "c10d", "rendezvous", "MASTER_ADDR", "DistributedDataParallel",
+                      "Torch not compiled with CUDA enabled", "Found no NVIDIA driver",
+                      "TCPStore")
+
+DISTRIBUTED_ENV_HINT = (
+    "a one-process job died while setting up torch.distributed: trainguard sets RANK, "
+    "WORLD_SIZE and MASTER_ADDR as torchrun does, so scripts that check for them take their "
+    "distributed (often CUDA-only) branch; if the job runs as a plain `python train.py`, set "
+    "`job.distributed_env: false` (docs/launcher.md)"
+)
+
+
+def distributed_env_hint(stderr: str) -> str | None:
+    """The hint for a one-process run that died in distributed set-up, from its stderr."""
+    return DISTRIBUTED_ENV_HINT if any(m in stderr for m in _DIST_INIT_MARKERS) else None
+
+
 @dataclass
 class LaunchSpec:
     """What to launch and how to watch it."""
@@ -76,6 +99,10 @@ class LaunchSpec:
     stall_timeout: float | None = 60.0
     #: the stall limit before the first metric line (imports, rendezvous); None: stall_timeout
     startup_timeout: float | None = None
+    #: the stall limit once a rank printed ``final_step`` (flushing, saving at exit); None:
+    #: stall_timeout
+    shutdown_timeout: float | None = None
+    final_step: int | None = None
     grace_period: float = 5.0
     restart_count: int = 0
     max_restarts: int = 0
@@ -85,6 +112,9 @@ class LaunchSpec:
     #: stop the run ("failed") once one rank's process tree (the rank and every descendant)
     #: holds more resident memory than this, in MB; sampled every ``_SCAN_S`` seconds
     max_rss_mb: float | None = None
+    #: set the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, ...) for every rank; False:
+    #: one process started as a plain script, with none of it (inherited values removed too)
+    distributed_env: bool = True
     #: run in each rank's child process after fork, before exec, with the rank (e.g. a fault
     #: drill joins the rank to its own memory cgroup here, so all its memory is charged there)
     preexec: Callable[[int], None] | None = None
@@ -249,6 +279,11 @@ class Launcher:
         spec = self.spec
         env = dict(os.environ)
         env.update(spec.env)
+        if not spec.distributed_env:
+            for name in TORCHRUN_ENV:
+                env.pop(name, None)
+            env.update({"TRAINGUARD_RUN_DIR": str(spec.run_dir), "PYTHONUNBUFFERED": "1"})
+            return env
         env.update(
             {
                 "RANK": str(rank),
@@ -329,6 +364,7 @@ class Launcher:
             for rank in range(spec.world_size)
         ]
         first_metric: float | None = None
+        finished = False  # a rank printed the final step
         last_progress = 0.0
         deadline = spec.timeout
         outcome: Outcome | None = None
@@ -339,11 +375,13 @@ class Launcher:
         exit_seen_at: dict[int, float] = {}
 
         def handle(points: list[MetricPoint]) -> None:
-            nonlocal first_metric, last_progress
+            nonlocal first_metric, last_progress, finished
             for point in points:
                 self.points.append(point)
                 if first_metric is None:
                     first_metric = point.t
+                if spec.final_step is not None and point.step >= spec.final_step:
+                    finished = True
                 last_progress = max(last_progress, point.t)
                 for callback in list(self.on_metric):
                     callback(point, self)
@@ -414,10 +452,16 @@ class Launcher:
             limit = spec.stall_timeout
             if first_metric is None and spec.startup_timeout is not None:
                 limit = spec.startup_timeout
+            elif finished and spec.shutdown_timeout is not None:
+                limit = max(limit or 0.0, spec.shutdown_timeout)
             if limit is not None and since > limit:
                 outcome = "hung"
-                what = "metric line" if first_metric is not None else "metric line since launch"
-                reason = f"no new {what} for {since:.1f} s (limit {limit:g} s)"
+                if first_metric is None:
+                    reason = f"no new metric line since launch for {since:.1f} s (limit {limit:g} s)"
+                elif finished:
+                    reason = f"no exit {since:.1f} s after the last step (limit {limit:g} s)"
+                else:
+                    reason = f"no new metric line for {since:.1f} s (limit {limit:g} s)"
                 detected_after = since - limit
                 evidence["ranks"] = rank_activity(self.ranks)
                 evidence["stacks"] = dump_stacks(self.ranks)
@@ -453,6 +497,12 @@ class Launcher:
             )
         tail_rank = failed_rank if failed_rank is not None else 0
         stderr_tail = "\n".join(self.ranks[tail_rank].stderr_tail) if self.ranks else ""
+        if (outcome == "failed" and spec.world_size == 1 and spec.distributed_env
+                and first_metric is None):
+            hint = distributed_env_hint(stderr_tail)
+            if hint:
+                reason = f"{reason}; {hint}"
+                evidence["hint"] = hint
         return RunResult(
             outcome=outcome or "failed",
             argv=_python_argv(spec.argv),

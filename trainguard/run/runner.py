@@ -229,6 +229,7 @@ class JobRunner:
         checkpoint_dir: Path | None = None,
         stall_timeout: float | None = None,
         startup_timeout: float | None = None,
+        shutdown_timeout: float | None = None,
     ) -> SupervisedRun:
         """Run with the restart policy: when an attempt fails (a rank died or hung), restart the
         whole group from the latest checkpoint with ``resume_args``, in new processes on a fresh
@@ -237,8 +238,9 @@ class JobRunner:
         attempts of one logical run share its ``{run_dir}`` and checkpoint directory, each with
         its own ``attempt-N/`` log directory. ``on_metric`` callbacks see the attempt number as
         ``launcher.spec.restart_count``. Fault drills pass ``extra_env`` and ``preexec`` (for
-        every rank of every attempt), their own ``checkpoint_dir``, ``stall_timeout`` and
-        ``startup_timeout`` (the stall limit before the first metric line)."""
+        every rank of every attempt), their own ``checkpoint_dir``, ``stall_timeout``,
+        ``startup_timeout`` (the stall limit before the first metric line) and
+        ``shutdown_timeout`` (the stall limit after the last step)."""
         limit = self.job_file.job.max_restarts if max_restarts is None else max_restarts
         run_dir = new_run_dir(
             self.job_file.state_dir, self.job_file.job.name, label, keep=self.settings.keep_runs
@@ -256,7 +258,8 @@ class JobRunner:
                     request, values, run_dir / f"attempt-{attempt}", label=f"{label}-{attempt}",
                     resume=attempt > 0, on_metric=on_metric, restart_count=attempt,
                     max_restarts=limit, extra_env=extra_env, preexec=preexec,
-                    stall_timeout=stall_timeout, startup_timeout=startup_timeout, tracked=tracked,
+                    stall_timeout=stall_timeout, startup_timeout=startup_timeout,
+                    shutdown_timeout=shutdown_timeout, tracked=tracked,
                 )
             except BaseException:
                 self._track_abort(tracked)
@@ -302,6 +305,7 @@ class JobRunner:
         preexec: Callable[[int], None] | None = None,
         stall_timeout: float | None = None,
         startup_timeout: float | None = None,
+        shutdown_timeout: float | None = None,
         tracked: object = None,
     ) -> RunResult:
         job = self.job_file.job
@@ -333,12 +337,15 @@ class JobRunner:
             timeout=timeout,
             stall_timeout=(stall_timeout or job.stall_timeout) * scale,
             startup_timeout=startup_timeout * scale if startup_timeout else None,
+            shutdown_timeout=shutdown_timeout * scale if shutdown_timeout else None,
+            final_step=request.steps,
             max_restarts=job.max_restarts if max_restarts is None else max_restarts,
             restart_count=restart_count,
             echo=self.echo,
             label=label,
             max_rss_mb=request.max_rss_mb,
             preexec=preexec,
+            distributed_env=job.distributed_env,
         )
         launcher = Launcher(spec)
         if live_metrics is not None:

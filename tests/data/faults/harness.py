@@ -95,12 +95,12 @@ def processes_with(tag: str) -> list[psutil.Process]:
     return found
 
 
-def our_mounts(source: str = "trainguard-disk-full") -> list[str]:
-    """tmpfs mounts of the disk_full fault made by this test process (under pytest-xdist, the
-    other worker's mounts are under its own ``popen-gwN`` temp dir and not ours to judge)."""
+def our_mounts(sources: tuple[str, ...] = ("trainguard-fuse", "trainguard-disk-full")) -> list[str]:
+    """FUSE layers and tmpfs mounts of the faults made by this test process (under pytest-xdist,
+    the other worker's mounts are under its own ``popen-gwN`` temp dir and not ours to judge)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     return [line for line in Path("/proc/mounts").read_text().splitlines()
-            if line.split()[0] == source and (worker is None or f"/popen-{worker}/" in line.split()[1])]
+            if line.split()[0] in sources and (worker is None or f"/popen-{worker}/" in line.split()[1])]
 
 
 def our_cgroups() -> list[Path]:

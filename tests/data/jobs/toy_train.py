@@ -19,6 +19,8 @@ Flags plant one defect each, so a test can show that trainguard catches it:
 --ckpt-at-exit-only           checkpoints only after the last step (a kill loses all progress)
 --ckpt-inplace                writes each checkpoint straight to its final name (a failed write
                               leaves a torn checkpoint that a resume then reads)
+--ckpt-keep-one               one checkpoint file per rank, replaced by every save (with
+                              --ckpt-size-kb N its size: a rename over it frees its space)
 --swallow-oom                 catches MemoryError / torch.OutOfMemoryError in the training loop
                               and carries on (an OOM that never ends the job)
 
@@ -78,25 +80,34 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--faulthandler", action="store_true")
     p.add_argument("--ckpt-at-exit-only", action="store_true")
     p.add_argument("--ckpt-inplace", action="store_true")
+    p.add_argument("--ckpt-size-kb", type=int, default=0, help="pad each checkpoint to about this size")
+    p.add_argument("--ckpt-keep-one", action="store_true", help="one checkpoint file, replaced by each save")
     p.add_argument("--swallow-oom", action="store_true")
     p.add_argument("--sync-dir", default=None)
     p.add_argument("--sync-timeout", type=float, default=0.0, help="0: wait for peers forever")
     return p.parse_args()
 
 
-def checkpoint_path(ckpt_dir: Path, rank: int, step: int) -> Path:
+def checkpoint_path(ckpt_dir: Path, rank: int, step: int, keep_one: bool = False) -> Path:
+    if keep_one:  # one file, replaced by every save (its old space is freed by the rename)
+        return ckpt_dir / f"rank{rank}-step-latest.json"
     return ckpt_dir / f"rank{rank}-step{step:06d}.json"
 
 
-def save_checkpoint(ckpt_dir: Path, rank: int, step: int, rng: random.Random, inplace: bool = False) -> None:
-    # temp file + rename: a run killed mid-write never leaves a torn checkpoint behind
-    target = checkpoint_path(ckpt_dir, rank, step)
+def save_checkpoint(ckpt_dir: Path, rank: int, step: int, rng: random.Random, inplace: bool = False,
+                    size_kb: int = 0, keep_one: bool = False) -> None:
+    # temp file + fsync + rename: a run killed mid-write never leaves a torn checkpoint behind
+    target = checkpoint_path(ckpt_dir, rank, step, keep_one)
+    text = json.dumps({"step": step, "rng": rng.getstate(), "pad": "x" * (size_kb * 1024)})
     if inplace:  # the defect: open(target, "w") truncates first, a failed write leaves it torn
         with open(target, "w") as f:
-            f.write(json.dumps({"step": step, "rng": rng.getstate()}))
+            f.write(text)
         return
     tmp = target.with_name("." + target.name + ".tmp")
-    tmp.write_text(json.dumps({"step": step, "rng": rng.getstate()}))
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, target)
 
 
@@ -195,7 +206,8 @@ def main() -> int:
                 print(f"step {step} loss {loss:.6f}", flush=True)
         due = step == args.steps if args.ckpt_at_exit_only else step % args.ckpt_every == 0
         if ckpt_dir is not None and not args.no_ckpt and due:
-            save_checkpoint(ckpt_dir, rank, step, rng, inplace=args.ckpt_inplace)
+            save_checkpoint(ckpt_dir, rank, step, rng, inplace=args.ckpt_inplace,
+                            size_kb=args.ckpt_size_kb, keep_one=args.ckpt_keep_one)
     print(f"toy_train: rank {rank} done", flush=True)
     return 0
 

@@ -1,0 +1,355 @@
+"""A FUSE layer over a directory that fails the job's own system calls on demand.
+
+:class:`FuseLayer` mounts a passthrough file system (a daemon process running
+:func:`serve`) at a mount point, backed by a real directory. While its trigger file exists the
+layer applies a *policy* to every call the kernel forwards, from any process and any language
+(torch.save's C++ writer, safetensors' Rust writer, ``cp``): the ``disk_full`` policy fails
+every call that would take space with ENOSPC — ``write``, ``fallocate``, growing ``truncate``,
+``mkdir`` — whatever the job frees first (a rename over a file, a delete, a truncation), which
+a real, racing filler of a small disk cannot promise. Calls that take no space (open, create of
+an empty file, read, rename, unlink, shrinking truncate) pass, as on a full ext4 disk.
+
+The daemon is ``python -m trainguard.faults.fusefs``; it needs root, ``/dev/fuse``, the libfuse shared library (Debian: ``libfuse3-3``) and the ``mfusepy`` package.
+:func:`fuse_unavailable` says which is missing. The daemon leaves the mount when its parent dies
+(no orphaned mount), and :meth:`FuseLayer.unmount` stops it (lazily when busy).
+See docs/faults-memory-and-disk.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["POLICIES", "FuseLayer", "fuse_unavailable", "serve"]
+
+#: what each policy fails while armed: the operation -> errno
+POLICIES: dict[str, dict[str, int]] = {
+    "disk_full": {"write": errno.ENOSPC, "fallocate": errno.ENOSPC, "truncate_grow": errno.ENOSPC,
+                  "mkdir": errno.ENOSPC, "setxattr": errno.ENOSPC, "mknod": errno.ENOSPC},
+}
+MOUNT_TIMEOUT_S = 15.0
+_MAX_EVENTS = 200  # events written per operation kind (the count goes on)
+_live: set[str] = set()
+
+
+def fuse_unavailable() -> str | None:
+    """Why a FUSE layer cannot be mounted here, or None when it can."""
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse on this machine"
+    if os.geteuid() != 0:
+        return "mounting the FUSE layer needs root"
+    done = subprocess.run([sys.executable, "-c", "import mfusepy"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        if "ModuleNotFoundError" in last:
+            return "the mfusepy package is not installed (pip install mfusepy)"
+        return f"libfuse could not be loaded ({last[:200]}); install libfuse3 (Debian: libfuse3-3)"
+    return None
+
+
+def _mounted(point: Path) -> bool:
+    target = os.path.realpath(point)
+    try:
+        lines = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    return any(len(f) > 2 and f[1] == target and f[2].startswith("fuse") for f in (ln.split() for ln in lines))
+
+
+class FuseLayer:
+    """A passthrough FUSE mount of ``backing`` at ``point`` with ``policy`` applied while armed."""
+
+    def __init__(self, backing: Path, point: Path, *, policy: str, state_dir: Path) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown FUSE policy {policy!r}; expected one of {', '.join(POLICIES)}")
+        self.backing, self.point, self.policy = backing, point, policy
+        self.trigger = state_dir / f"fuse-{policy}.armed"
+        self.events = state_dir / f"fuse-{policy}.events.jsonl"
+        self.log = state_dir / f"fuse-{policy}.daemon.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def mount(self) -> None:
+        """Start the daemon and wait until the mount is live (RuntimeError saying why not)."""
+        self.point.mkdir(parents=True, exist_ok=True)
+        self.backing.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "trainguard.faults.fusefs", str(self.backing), str(self.point),
+                "--policy", self.policy, "--trigger", str(self.trigger), "--events", str(self.events),
+                "--parent", str(os.getpid())]
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         start_new_session=True)
+        _live.add(str(self.point))
+        deadline = time.monotonic() + MOUNT_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if _mounted(self.point):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        why = self._log_tail() or f"no mount after {MOUNT_TIMEOUT_S:g} s"
+        self.unmount()
+        raise RuntimeError(f"the FUSE daemon did not mount {self.point}: {why}")
+
+    def arm(self) -> None:
+        self.trigger.write_text(str(time.time()))
+
+    def disarm(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.trigger.unlink()
+
+    def read_events(self) -> list[dict[str, Any]]:
+        out = []
+        with contextlib.suppress(OSError), open(self.events, encoding="utf-8") as handle:
+            for line in handle:
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+        return out
+
+    def unmount(self) -> str | None:
+        """Unmount (lazily when busy), stop the daemon; the problem, if any."""
+        self.disarm()
+        problem = None
+        if _mounted(self.point):
+            for argv in (["fusermount3", "-u", str(self.point)], ["umount", str(self.point)],
+                         ["umount", "-l", str(self.point)]):
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                    subprocess.run(argv, capture_output=True, timeout=30, check=False)
+                if not _mounted(self.point):
+                    break
+            else:
+                problem = f"{self.point} is still mounted after umount -l"
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+            self.proc = None
+        _live.discard(str(self.point))
+        with contextlib.suppress(OSError):
+            self.point.rmdir()
+        return problem
+
+    def _log_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            lines = self.log.read_text(errors="replace").strip().splitlines()
+            return " | ".join(lines[-3:])[:400]
+        return ""
+
+
+@atexit.register
+def _unmount_leftovers() -> None:
+    # a drill's finally unmounts; this covers an interpreter that exits some other way
+    for point in list(_live):
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(["umount", "-l", point], capture_output=True, timeout=30, check=False)
+        _live.discard(point)
+
+
+# -- the daemon ---------------------------------------------------------------------------------
+
+
+def _operations(backing: str, policy: dict[str, int], trigger: str, events: str) -> Any:
+    import mfusepy as fuse  # the daemon only: trainguard imports without it
+
+    counts: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def deny(op: str, path: str, **extra: Any) -> None:
+        code = policy.get(op)
+        if code is None or not os.path.exists(trigger):
+            return
+        with lock:
+            counts[op] = counts.get(op, 0) + 1
+            if counts[op] <= _MAX_EVENTS:
+                record = {"event": errno.errorcode[code].lower(), "op": op, "path": path,
+                          "t": time.time(), "n": counts[op], **extra}
+                with contextlib.suppress(OSError), open(events, "a", encoding="utf-8") as out:
+                    out.write(json.dumps(record) + "\n")
+        raise fuse.FuseOSError(code)
+
+    def real(path: str) -> str:
+        return os.path.join(backing, path.lstrip("/"))
+
+    def oserror(exc: OSError) -> Any:
+        return fuse.FuseOSError(exc.errno or errno.EIO)
+
+    class Passthrough(fuse.Operations):  # type: ignore[misc]
+        use_ns = True
+
+        def __call__(self, op: str, *args: Any) -> Any:
+            try:
+                return getattr(self, op)(*args)
+            except fuse.FuseOSError:
+                raise
+            except OSError as exc:
+                raise oserror(exc) from None
+
+        def access(self, path: str, amode: int) -> int:
+            if not os.access(real(path), amode):
+                raise fuse.FuseOSError(errno.EACCES)
+            return 0
+
+        def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+            st = os.fstat(fh) if fh is not None and fh > 0 else os.lstat(real(path))
+            keys = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks", "st_ino")
+            out: dict[str, Any] = {k: getattr(st, k) for k in keys}
+            out.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns, st_ctime=st.st_ctime_ns)
+            return out
+
+        def readdir(self, path: str, fh: int) -> list[str]:
+            return [".", "..", *os.listdir(real(path))]
+
+        def readlink(self, path: str) -> str:
+            return os.readlink(real(path))
+
+        def mkdir(self, path: str, mode: int) -> int:
+            deny("mkdir", path)
+            os.mkdir(real(path), mode)
+            return 0
+
+        def mknod(self, path: str, mode: int, dev: int) -> int:
+            deny("mknod", path)
+            os.mknod(real(path), mode, dev)
+            return 0
+
+        def rmdir(self, path: str) -> int:
+            os.rmdir(real(path))
+            return 0
+
+        def unlink(self, path: str) -> int:
+            os.unlink(real(path))
+            return 0
+
+        def symlink(self, target: str, source: str) -> int:
+            os.symlink(source, real(target))
+            return 0
+
+        def link(self, target: str, source: str) -> int:
+            os.link(real(source), real(target))
+            return 0
+
+        def rename(self, old: str, new: str, flags: int = 0) -> int:
+            os.rename(real(old), real(new))
+            return 0
+
+        def chmod(self, path: str, mode: int, fh: int | None = None) -> int:
+            os.chmod(real(path), mode)
+            return 0
+
+        def chown(self, path: str, uid: int, gid: int, fh: int | None = None) -> int:
+            os.chown(real(path), uid, gid)
+            return 0
+
+        def utimens(self, path: str, times: tuple[int, int] | None = None, fh: int | None = None) -> int:
+            os.utime(real(path), ns=times) if times else os.utime(real(path))
+            return 0
+
+        def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+            target: int | str = fh if fh is not None and fh > 0 else real(path)
+            size = os.fstat(target).st_size if isinstance(target, int) else os.stat(target).st_size
+            if length > size:
+                deny("truncate_grow", path or "", length=length)
+            os.truncate(target, length)
+            return 0
+
+        def open(self, path: str, flags: int) -> int:
+            return os.open(real(path), flags)
+
+        def create(self, path: str, mode: int, fi: Any = None) -> int:
+            return os.open(real(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+
+        def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+            return os.pread(fh, size, offset)
+
+        def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+            deny("write", path, bytes=len(data))
+            return os.pwrite(fh, data, offset)
+
+        def fallocate(self, path: str, mode: int, offset: int, size: int, fh: int) -> int:
+            deny("fallocate", path, bytes=size)
+            os.posix_fallocate(fh, offset, size)
+            return 0
+
+        def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
+            deny("setxattr", path)
+            os.setxattr(real(path), name, value, options)
+            return 0
+
+        def statfs(self, path: str) -> dict[str, Any]:
+            st = os.statvfs(real(path))
+            out = {k: getattr(st, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree",
+                                                "f_bavail", "f_files", "f_ffree", "f_favail",
+                                                "f_flag", "f_namemax")}
+            if "write" in policy and os.path.exists(trigger):
+                out.update(f_bfree=0, f_bavail=0)  # df agrees with the writes: the disk is full
+            return out
+
+        def flush(self, path: str, fh: int) -> int:
+            return 0
+
+        def release(self, path: str, fh: int) -> int:
+            os.close(fh)
+            return 0
+
+        def fsync(self, path: str, datasync: int, fh: int) -> int:
+            if datasync:
+                os.fdatasync(fh)
+            else:
+                os.fsync(fh)
+            return 0
+
+    return fuse, Passthrough()
+
+
+def serve(argv: list[str] | None = None) -> int:
+    """The daemon: mount, serve until unmounted or the parent is gone."""
+    parser = argparse.ArgumentParser(prog="python -m trainguard.faults.fusefs")
+    parser.add_argument("backing")
+    parser.add_argument("point")
+    parser.add_argument("--policy", choices=sorted(POLICIES), required=True)
+    parser.add_argument("--trigger", required=True)
+    parser.add_argument("--events", required=True)
+    parser.add_argument("--parent", type=int, default=0)
+    args = parser.parse_args(argv)
+    fuse, ops = _operations(os.path.realpath(args.backing), POLICIES[args.policy], args.trigger,
+                            args.events)
+
+    def watch_parent() -> None:  # never an orphaned mount: leave when trainguard is gone
+        while True:
+            time.sleep(0.5)
+            if args.parent and not _alive(args.parent):
+                subprocess.run(["umount", "-l", args.point], capture_output=True, timeout=30, check=False)
+                os._exit(0)
+
+    threading.Thread(target=watch_parent, daemon=True).start()
+    fuse.FUSE(ops, args.point, foreground=True, allow_other=True, nothreads=False,
+              fsname="trainguard-fuse")
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(serve())
