@@ -402,3 +402,29 @@ def test_bare_profile_counts_steps_and_weak_scaling_grows_the_batch() -> None:
     spec = weak.checks.profile
     assert spec is not None and throughput_unit(weak, spec) == "samples/s"
     assert batch_size_for(weak, spec, 4) == 64 and samples_per_step_for(weak, spec, 4) == 64
+
+
+def test_a_checkpoint_written_after_a_late_read_line_goes_to_the_step_printed_after_it(tmp_path: Path) -> None:
+    """The monitor can hand step lines 3, 4 and 5 over in one burst after the job wrote the
+    checkpoint of step 5: the write belongs to step 5 (its line was read after the file was
+    written), not to step 3 whose line was read before."""
+    import os
+    import time
+
+    from trainguard.profiling.measure import _CheckpointWatcher
+
+    watcher = _CheckpointWatcher()
+    watcher.start(tmp_path)
+    now = time.time()
+    line_3, line_4, line_5 = now - 3.0, now - 2.0, now - 0.5
+    ckpt = tmp_path / "step_5.pt"
+    ckpt.write_bytes(b"x" * 1000)
+    os.utime(ckpt, (now - 1.0, now - 1.0))  # written between the reads of lines 4 and 5
+    for step, read_at in ((3, line_3), (4, line_4), (5, line_5)):
+        watcher.at_step(step, read_at)
+    assert watcher.writes == {5: 1000}
+
+    rewritten = tmp_path / "step_5.pt"
+    rewritten.write_bytes(b"x" * 1500)  # a later save grows it, read at once
+    watcher.at_step(6, time.time() + 1.0)
+    assert watcher.writes == {5: 1000, 6: 500}

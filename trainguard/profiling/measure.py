@@ -281,13 +281,24 @@ class _CheckpointWatcher:
         self.directory = directory
         self._files = self._snapshot()
 
-    def at_step(self, step: int) -> None:
+    def at_step(self, step: int, printed_at: float | None = None) -> None:
+        """List the directory for the line of ``step``, read at wall time ``printed_at``.
+
+        The monitor may hand lines over late (a burst after a memory scan), when the job has
+        already written later checkpoints: a file modified after the line was read belongs to a
+        later step, so it is left for the step line read after it."""
         files = self._snapshot()
         grown = 0
         changed = False
-        for path, (size, mtime) in files.items():
+        for path, (size, mtime) in list(files.items()):
             old = self._files.get(path)
             if old is None or old[1] != mtime:
+                if printed_at is not None and mtime / 1e9 > printed_at:
+                    if old is None:
+                        del files[path]
+                    else:
+                        files[path] = old
+                    continue
                 changed = True
                 grown += size if old is None else max(0, size - old[0])
         self._files = files
@@ -328,7 +339,8 @@ def measure_size(
             watcher.start(_checkpoint_dir(launcher, sized, request))
         if point.rank == 0 and point.name == step_name:
             arrivals.setdefault(point.step, point.t)
-            watcher.at_step(point.step)
+            # point.t is when the line was read (launch clock); the files carry wall times
+            watcher.at_step(point.step, time.time() - (launcher.elapsed() - point.t))
 
     try:
         result = sized.run(request, label=label or f"profile-n{world_size}", on_metric=on_metric)
