@@ -96,8 +96,9 @@ COMPAT_FORWARDS: dict[str, frozenset[str]] = {
 
 #: runs inside the user's training process on the standard library alone (start-up hook)
 STDLIB_ONLY = frozenset({
-    "trainguard.faults.hook._trainguard_fault_agent",
-    "trainguard.faults.hook.sitecustomize",
+    "trainguard.launch.hook._trainguard_fault_agent",
+    "trainguard.launch.hook._trainguard_run_agent",
+    "trainguard.launch.hook.sitecustomize",
 })
 
 
@@ -326,7 +327,7 @@ def private_imports(modules: dict[str, Module]) -> list[str]:
     """Private names taken from another module: `from a import _x`, `a._x`, `import a._mod`.
 
     Public names of the `_internal` package are fine; so is a private module used by its own
-    package (``trainguard.faults.hook`` running its ``_trainguard_fault_agent``).
+    package (``trainguard.launch.hook`` running its ``_trainguard_fault_agent``).
     """
     found = []
     for module in modules.values():

@@ -60,29 +60,34 @@ def test_clean_example_passes_determinism_resume_and_parallel(
 RESUME_BUGS = {
     "optimizer_state_not_restored": (
         {"train.py": ('optimizer.load_state_dict(state["optimizer"])', "pass  # planted")},
-        ["final checkpoints differ in", "optimizer ("],
+        ["final checkpoints differ in", "optimizer (", "Most likely optimizer state"],
+        "optimizer",
     ),
     "scheduler_not_restored": (
         {"train.py": ('scheduler.load_state_dict(state["scheduler"])', "pass  # planted")},
-        ["scheduler (last_epoch, _step_count"],
+        ["scheduler (", "Most likely LR scheduler state"],
+        "scheduler",
     ),
     "rng_not_restored": (
         {"train.py": ("    if rng_to_restore is not None:\n", "    if False:  # planted\n")},
-        ["diverges"],
+        ["diverges", "Most likely RNG states"],
+        "rng",
     ),
     "data_position_reset_on_resume": (
         {"train.py": (
             "sampler.set_start_index(batch_in_epoch * local_batch)",
             "sampler.set_start_index(0)  # planted",
         )},
-        ["diverges"],
+        ["diverges", "Most likely data position", "trained on the samples of step 1"],
+        "data_position",
     ),
     "checkpoint_only_at_exit": (
         {"train.py": (
             "(step % args.ckpt_every == 0 or step == args.steps)",
             "(step == args.steps)",
         )},
-        ["started again from step 1", "all 7 steps of progress lost"],
+        ["started again from step 1", "all 7 steps of progress lost", "Most likely no checkpoint written"],
+        "no_checkpoint",
     ),
 }
 
@@ -92,7 +97,7 @@ RESUME_BUGS = {
 def test_resume_check_catches_planted_bug(
     tmp_path: Path, patched_example: PatchedExample, bug: str
 ) -> None:
-    patches, expected = RESUME_BUGS[bug]
+    patches, expected, cause = RESUME_BUGS[bug]
     root = patched_example(patches, JOB_FILE)
     report = check(root, only=["resume"], report_json=str(tmp_path / "report.json"))
     result = report.checks[0]
@@ -100,6 +105,9 @@ def test_resume_check_catches_planted_bug(
     for text in expected:
         assert text in result.summary, result.summary
     assert result.reproduce and "--resume" in result.reproduce
+    # the cause the evidence shows is named first, with that evidence
+    first = result.evidence["diagnosis"][0]
+    assert first["key"] == cause and first["evidence"], result.evidence["diagnosis"]
 
 
 @pytest.mark.parallel
@@ -117,4 +125,5 @@ def test_parallel_check_catches_ranks_reading_the_same_shard(
     result = report.checks[0]
     assert result.status == "failed", result.summary
     assert "2 ranks diverge from 1 rank at step 1" in result.summary
-    assert any("same shard" in cause for cause in result.evidence["likely_causes"])
+    assert "same shard" in result.evidence["likely_causes"][0]
+    assert "trained on the same first batch" in result.evidence["samples"]

@@ -576,7 +576,8 @@ ERRORS = [
     pytest.param(
         doc({"metrics": {"loss": 5}}),
         "job.metrics.loss",
-        ["expected a regex string or {file: path.jsonl}, got 5 (int)"],
+        ["expected a regex string or a mapping ({file: path.jsonl}, {regex: ..., step: count} or "
+         "{trainer: huggingface}), got 5 (int)"],
         id="metric-source-int",
     ),
     pytest.param(

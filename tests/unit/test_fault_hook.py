@@ -12,7 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from trainguard.faults.hook import ENV_SPEC, HOOK_DIR, hook_env, pull_trigger, read_events
+from trainguard.faults.hook import pull_trigger, read_events
+from trainguard.launch.hook import ENV_SPEC, HOOK_DIR, hook_env
 
 PROBE = textwrap.dedent(
     """

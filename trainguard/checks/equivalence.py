@@ -14,12 +14,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.checks.diagnosis import (
+    LR_METRIC,
+    ResumeFacts,
+    data_order_note,
+    diagnose_resume,
+    explain,
+    read_inventory,
+    resume_diagnosis,
+    shared_shard_note,
+)
 from trainguard.config import DeterminismCheck, ParallelCheck, ResumeCheck
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories
+from trainguard.launch.samples import read_samples
 from trainguard.report import CheckResult
-from trainguard.run.runner import JobRunner
-from trainguard.unit.checkpoints import compare_checkpoint_dirs
+from trainguard.run.runner import JobRunner, RunRequest
+from trainguard.unit.checkpoints import (
+    compare_checkpoint_dirs,
+    describe_candidates,
+    latest_complete_checkpoint,
+)
 
 __all__ = [
     "TrajectoryDiff",
@@ -206,17 +221,19 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
             f"({b!r} then {a!r}; max abs diff {worst.max_abs_diff:.3g}) with the same seed "
             f"{request.seed}"
         )
-    evidence["likely_causes"] = list(NONDETERMINISM_CAUSES)
+    causes = list(NONDETERMINISM_CAUSES)
+    note = data_order_note(read_samples(first.run_dir).get(0, []), read_samples(second.run_dir).get(0, []))
+    if note is not None:
+        evidence["samples"] = note
+        if "not the cause" in note:
+            causes = [c for c in causes if not c.startswith("data order")]
+        else:  # the data order differs: say so first
+            summary += f". Most likely the data order: {note}"
+            causes = [c for c in causes if c.startswith(("data order", "an unseeded"))] + [
+                c for c in causes if not c.startswith(("data order", "an unseeded"))]
+    evidence["likely_causes"] = causes
     return CheckResult("determinism", "failed", summary, evidence, duration, reproduce)
 
-
-RESUME_CAUSES = (
-    "optimizer state not saved or not restored (Adam moments restart from zero)",
-    "LR scheduler state not saved (the schedule restarts from warm-up)",
-    "RNG states not restored (dropout masks and augmentation differ after the resume)",
-    "data position reset (the resumed run re-reads the epoch from its first batch)",
-    "the checkpoint written before the optimizer step or with stale values",
-)
 
 PARALLEL_CAUSES = (
     "each rank reads the same shard (no DistributedSampler, or set_epoch not called)",
@@ -232,18 +249,15 @@ def _progress_metric(runner: JobRunner) -> str:
     return "loss" if "loss" in metrics else next(iter(metrics))
 
 
-def _by_component(keys: list[str]) -> str:
-    """``model (6 keys), optimizer (12 keys), scheduler (last_epoch, _step_count)``: the
-    top-level component tells what was not saved or restored; its keys when they are few."""
-    groups: dict[str, list[str]] = {}
-    for key in keys:
-        head, _, rest = key.partition(".")
-        groups.setdefault(head, []).append(rest or head)
-    parts = []
-    for head, members in groups.items():
-        shown = ", ".join(members) if len(members) <= 3 else f"{len(members)} keys"
-        parts.append(f"{head} ({shown})")
-    return ", ".join(parts)
+def _resume_reproduce(runner: JobRunner, request: RunRequest, after_step: int,
+                      latest: Path | None = None) -> str:
+    """Both commands of a resume, runnable as printed in a fresh directory; ``latest``: the
+    checkpoint the killed run left, relative to its checkpoint directory (the same name in the
+    fresh one is what ``{latest_checkpoint}`` then names)."""
+    return (
+        f"{runner.command_line(request)}  # kill -9 after step {after_step}, then: "
+        f"{runner.command_line(request, resume=True, latest_checkpoint=latest)}"
+    )
 
 
 def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
@@ -252,10 +266,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     started = time.monotonic()
     metric = _progress_metric(runner)
     request = runner.request_for(spec)
-    reproduce = (
-        f"{runner.command_line(request)}  # kill -9 after step {spec.after_step}, then: "
-        f"{runner.command_line(request, resume=True)}"
-    )
+    reproduce = _resume_reproduce(runner, request, spec.after_step)
     reference = runner.reference(request)
     if not reference.ok:
         return _failed_run("resume", reference, started, reproduce)
@@ -278,6 +289,23 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
             "resume", "error", why, {"stderr_tail": interrupted.stderr_tail}, time.monotonic() - started, reproduce
         )
     checkpoint_dir = Path(interrupted.evidence["checkpoint_dir"])
+    latest = latest_complete_checkpoint(checkpoint_dir)
+    if latest is not None:
+        reproduce = _resume_reproduce(runner, request, spec.after_step, latest.relative_to(checkpoint_dir))
+    elif runner.resumes_from_latest:  # {latest_checkpoint} would name nothing: not launched
+        causes = diagnose_resume(ResumeFacts(0))
+        return CheckResult(
+            "resume", "failed",
+            f"no complete checkpoint under {checkpoint_dir} to resume from (the killed run wrote: "
+            f"{describe_candidates(checkpoint_dir)}): all {killed_at} steps of progress lost; does "
+            f"the job checkpoint before step {killed_at}?",
+            {"killed_after_step": killed_at, "checkpoint_dir": str(checkpoint_dir),
+             "stderr_tail": interrupted.stderr_tail, "likely_causes": [c.text for c in causes],
+             "diagnosis": [c.as_evidence() for c in causes]},
+            time.monotonic() - started, reproduce,
+        )
+    # what the resumed run will load, read before it writes newer checkpoints beside it
+    inventory = read_inventory(latest if latest is not None else checkpoint_dir)
     resumed = runner.run(request, label="resume-resumed", resume=True, checkpoint_dir=checkpoint_dir)
     if not resumed.ok:
         return _failed_run("resume", resumed, started, reproduce)
@@ -301,6 +329,8 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     resumed_from = first_step - 1
     lost = max(0, (killed_at or spec.after_step) - resumed_from)
     evidence.update({"resumed_from_step": resumed_from, "steps_lost": lost})
+    if "resumed_from" in resumed.evidence:
+        evidence["resumed_from_checkpoint"] = resumed.evidence["resumed_from"]
     diff = compare_trajectories(
         actual, expected, metric=metric, steps=range(first_step, spec.steps + 1),
         rtol=spec.rtol, atol=spec.atol,
@@ -331,11 +361,22 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         else:
             problems.append(f"the resumed run is missing steps {diff.missing_in_actual[:5]}")
     if state.compared and not state.ok:
-        problems.append(f"final checkpoints differ in {_by_component([k for k, _ in state.differing])}")
+        problems.append(f"final checkpoints differ in {state.summary()}")
     duration = time.monotonic() - started
     if problems:
-        evidence["likely_causes"] = list(RESUME_CAUSES)
-        return CheckResult("resume", "failed", "; ".join(problems), evidence, duration, reproduce)
+        facts = ResumeFacts(
+            resumed_from, first_divergent_step=diff.first_divergent_step, checkpoint=inventory,
+            final_state=state, lr=_lr_divergence(runner, resumed, reference, first_step, spec),
+        )
+        causes, found = resume_diagnosis(
+            reference_dir=reference.run_dir, resumed_dir=resumed.run_dir, world_size=request.world_size,
+            steps=spec.steps, facts=facts,
+        )
+        evidence.update(found)
+        evidence["likely_causes"] = [c.text for c in causes if not c.ruled_out]
+        why = explain(causes)
+        summary = "; ".join(problems) + (f". {why[0].upper()}{why[1:]}" if why else "")
+        return CheckResult("resume", "failed", summary, evidence, time.monotonic() - started, reproduce)
     state_note = (
         f", final checkpoints equal ({Path(state.files[0]).name})" if state.compared and state.files
         else f" (state not compared: {state.reason})"
@@ -349,6 +390,21 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         duration,
         reproduce,
     )
+
+
+def _lr_divergence(
+    runner: JobRunner, resumed: RunResult, reference: RunResult, first_step: int, spec: ResumeCheck
+) -> tuple[int | None, str] | None:
+    """Where a learning-rate metric the job prints first differs after the resume."""
+    name = next((m for m in runner.job_file.job.metrics if LR_METRIC.match(m)), None)
+    if name is None:
+        return None
+    actual, expected = aligned_trajectories(resumed.points, reference.points, name)
+    if not actual:
+        return None
+    diff = compare_trajectories(actual, expected, metric=name, steps=range(first_step, spec.steps + 1),
+                                rtol=max(spec.rtol, 1e-6), atol=spec.atol)
+    return diff.first_divergent_step, name
 
 
 def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
@@ -401,6 +457,10 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
             reproduce,
         )
     evidence["likely_causes"] = list(PARALLEL_CAUSES)
+    shared = shared_shard_note(read_samples(many.run_dir))
+    if shared is not None:  # decisive: put the shard cause first with what shows it
+        evidence["samples"] = shared
+        evidence["likely_causes"] = [PARALLEL_CAUSES[0] + f": {shared}", *PARALLEL_CAUSES[1:]]
     if diff.first_divergent_step is None:
         summary = f"the {spec.world_size}-rank run is missing steps {diff.missing_in_actual[:5]}"
     else:
@@ -410,4 +470,6 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
             f"({metric} {a!r} vs {b!r}; max abs diff {diff.max_abs_diff:.3g}, "
             f"tolerance rtol {spec.rtol:g} atol {spec.atol:g})"
         )
+    if shared is not None:
+        summary += f". Most likely {shared}"
     return CheckResult("parallel", "failed", summary, evidence, duration, reproduce)

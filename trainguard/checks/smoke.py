@@ -17,7 +17,11 @@ from typing import Any
 from trainguard.config import SmokeCheck
 from trainguard.report import CheckResult
 from trainguard.run.runner import JobRunner, RunRequest
-from trainguard.unit.checkpoints import find_checkpoints, load_checkpoint
+from trainguard.unit.checkpoints import (
+    CHECKPOINT_SUFFIXES,
+    latest_complete_checkpoint,
+    read_checkpoint,
+)
 
 __all__ = ["checkpoint_step", "run_smoke"]
 
@@ -84,6 +88,11 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
             f"(check job.metrics.{metric} against the job's output in {result.run_dir})"
         )
     checkpoint_dir = Path(result.evidence["checkpoint_dir"])
+    latest = latest_complete_checkpoint(checkpoint_dir)
+    if job.resume_args and latest is not None:  # the checkpoint's own name in the line's directory
+        resume_line = runner.command_line(resume_request, resume=True,
+                                          latest_checkpoint=latest.relative_to(checkpoint_dir))
+        reproduce = f"{runner.command_line(request)}  # then: {resume_line}"
     uses_checkpoints = any(
         "{checkpoint_dir}" in t for t in [*job.command, *job.resume_args, *job.env.values()]
     )
@@ -141,33 +150,40 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
 def _load_stage(
     files: list[Path], checkpoint_dir: Path, stages: dict[str, Any], evidence: dict[str, Any]
 ) -> tuple[int | None, str | None]:
-    """Load the newest torch checkpoint; (its step, the problem or None)."""
-    torch_files = find_checkpoints(checkpoint_dir)
-    if not torch_files:
-        # e.g. JSON or safetensors files: not loadable here, but their names may give the step
-        newest = max(files, key=lambda p: (p.stat().st_mtime, p.name))
+    """Read the newest complete checkpoint (a file or a checkpoint directory, every file of it
+    that loads safely); (its step, the problem or None)."""
+    newest = latest_complete_checkpoint(checkpoint_dir)
+    if newest is None:
+        # e.g. JSON files only: not loadable here, but their names may give the step
+        last = max(files, key=lambda p: (p.stat().st_mtime, p.name))
         stages["checkpoint_load"] = (
-            f"skipped: no file with a torch suffix (.pt, .pth, .ckpt, .bin, .tar) among "
-            f"{len(files)} file(s)"
+            f"skipped: no file with a torch suffix ({', '.join(CHECKPOINT_SUFFIXES)}), nor a "
+            f".safetensors file or checkpoint directory, among {len(files)} file(s)"
         )
-        evidence["checkpoint"] = {"file": str(newest), "step": checkpoint_step(newest)}
-        return checkpoint_step(newest), None
-    newest = torch_files[-1]
+        evidence["checkpoint"] = {"file": str(last), "step": checkpoint_step(last)}
+        return checkpoint_step(last), None
     t0 = time.monotonic()
-    try:
-        state = load_checkpoint(newest)
-    except ValueError as exc:
-        stages["checkpoint_load_s"] = round(time.monotonic() - t0, 3)
-        evidence["checkpoint"] = {"file": str(newest), "loaded": False}
-        return None, f"the checkpoint does not load: {exc}"
+    contents = read_checkpoint(newest)
     stages["checkpoint_load_s"] = round(time.monotonic() - t0, 3)
+    state = contents.parts.get("")
+    if state is None:  # a directory: the Trainer's state names the step
+        trainer_state = contents.parts.get("trainer_state.json")
+        if isinstance(trainer_state, dict):
+            state = {"step": trainer_state.get("global_step")}
+    elif isinstance(state, dict) and "step" not in state and "global_step" in state:
+        state = {**state, "step": state["global_step"]}  # Lightning's .ckpt
+    evidence["checkpoint"] = {"file": str(newest), "loaded": bool(contents.parts)}
+    if contents.skipped:
+        evidence["checkpoint"]["skipped"] = contents.skipped
+    if not contents.parts:
+        why = "; ".join(f"{name}: {reason}" for name, reason in contents.skipped.items())
+        return None, f"the checkpoint does not load: {newest} ({why})"
     step = checkpoint_step(newest, state)
-    evidence["checkpoint"] = {
-        "file": str(newest),
-        "loaded": True,
+    evidence["checkpoint"].update({
         "step": step,
-        "keys": sorted(str(k) for k in state)[:20] if isinstance(state, dict) else None,
-    }
+        "keys": (sorted(str(k) for k in state)[:20] if isinstance(state, dict) and "" in contents.parts
+                 else contents.files[:20]),
+    })
     return step, None
 
 

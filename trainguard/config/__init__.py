@@ -38,6 +38,8 @@ from trainguard.config.schema import (
     JobFile,
     JobKind,
     MetricFile,
+    MetricRegex,
+    MetricTrainer,
     Target,
     render_placeholders,
 )
@@ -59,6 +61,8 @@ __all__ = [
     "JobFile",
     "JobKind",
     "MetricFile",
+    "MetricRegex",
+    "MetricTrainer",
     "OnMissing",
     "ParallelCheck",
     "ProfileCheck",

@@ -17,7 +17,15 @@ from pydantic import BaseModel, ValidationError
 
 from trainguard.config.checks import ProfileCheck
 from trainguard.config.faults import FaultNotInstalled, fault_class
-from trainguard.config.schema import PLACEHOLDERS, JobDocument, JobFile, MetricFile
+from trainguard.config.schema import (
+    PLACEHOLDERS,
+    RESUME_PLACEHOLDERS,
+    JobDocument,
+    JobFile,
+    MetricFile,
+    MetricRegex,
+    MetricTrainer,
+)
 from trainguard.errors import ConfigError
 from trainguard.report import CheckId
 
@@ -44,7 +52,10 @@ _FIX: dict[str, str] = {
     "job": "add a `job:` mapping with at least `name`, `command` and `metrics`",
     "job.name": "give the job a short name, e.g. `name: mlp`",
     "job.command": 'the command that trains, e.g. "python train.py --steps {steps}"',
-    "job.metrics": f"map metric names to a regex, e.g. {_DEFAULT_REGEX_HINT}, or to {{file: metrics.jsonl}}",
+    "job.metrics": f"map metric names to a regex, e.g. {_DEFAULT_REGEX_HINT}, or to {{file: metrics.jsonl}}, "
+                   "{regex: ..., step: count} or {trainer: huggingface} (docs/metrics.md)",
+    "job.record_samples": "true (the default: the start-up hook records each DataLoader batch's "
+                          "sample indices) or false",
     "job.world_size": "the number of ranks to launch, e.g. `world_size: 2`",
     "job.distributed_env": "true (the default: RANK, WORLD_SIZE, ... as torchrun sets them) or "
                            "false (one process started as a plain script)",
@@ -56,7 +67,11 @@ _FIX: dict[str, str] = {
 
 
 # pydantic names union branches and validators in error locations; they are not user keys
-_BRANCH_NAMES = frozenset({"str", "MetricFile", "list[str]", "dict[str,str]"})
+_BRANCH_NAMES = frozenset({"str", "MetricFile", "MetricRegex", "MetricTrainer", "list[str]", "dict[str,str]"})
+#: the models behind branch names: the keys allowed under a metric source are its form's
+_BRANCH_MODELS: dict[str, type[BaseModel]] = {
+    "MetricFile": MetricFile, "MetricRegex": MetricRegex, "MetricTrainer": MetricTrainer,
+}
 
 
 def _key_path(loc: tuple[int | str, ...]) -> str:
@@ -77,6 +92,9 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[st
     current: Any = model
     in_mapping = False
     for item in loc[:-1]:
+        if isinstance(item, str) and item in _BRANCH_MODELS:
+            current, in_mapping = _BRANCH_MODELS[item], False
+            continue
         if isinstance(item, str) and (item in _BRANCH_NAMES or item.startswith("function-")):
             continue
         if isinstance(item, int):  # an item of a list (checks.drills[0]): same schema
@@ -184,6 +202,8 @@ def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
     job, checks = job_file.job, job_file.checks
     problems: list[tuple[str, str]] = []
     known = set(PLACEHOLDERS)
+    # {latest_checkpoint} exists only when a run resumes: everywhere but resume_args it is refused
+    fresh = known - set(RESUME_PLACEHOLDERS)
     used: set[str] = set()
 
     def scan(key: str, template: str, allowed: set[str]) -> None:
@@ -193,7 +213,12 @@ def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
             problems.append((key, f"{template!r}: {exc}; write a literal brace as {{{{ or }}}}"))
             return
         for name in names:
-            if name not in allowed:
+            if name in RESUME_PLACEHOLDERS and name not in allowed:
+                problems.append((key, f"{{{name}}} in {template!r}: only a resumed run has a latest "
+                                 "checkpoint (the newest complete one under {checkpoint_dir}), so it "
+                                 "belongs in job.resume_args, e.g. `resume_args: "
+                                 "\"--resume_from_checkpoint {latest_checkpoint}\"`"))
+            elif name not in allowed:
                 hint = difflib.get_close_matches(name, sorted(allowed), n=1)
                 extra = f" (did you mean {{{hint[0]}}}?)" if hint else ""
                 problems.append(
@@ -208,20 +233,27 @@ def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
                 used.add(name)
 
     for i, token in enumerate(job.command):
-        scan(f"job.command[{i}]", token, known)
+        scan(f"job.command[{i}]", token, fresh)
     for i, token in enumerate(job.resume_args):
         scan(f"job.resume_args[{i}]", token, known)
     for var, val in job.env.items():
-        scan(f"job.env.{var}", val, known)
-    scan("job.checkpoint_dir", job.checkpoint_dir, known - {"checkpoint_dir"})
+        scan(f"job.env.{var}", val, fresh)
+    scan("job.checkpoint_dir", job.checkpoint_dir, fresh - {"checkpoint_dir"})
     for metric, source in job.metrics.items():
         if isinstance(source, MetricFile):
-            scan(f"job.metrics.{metric}.file", source.file, known | {"rank"})
+            scan(f"job.metrics.{metric}.file", source.file, fresh | {"rank"})
+        if isinstance(source, MetricTrainer) and job.is_ray_train:
+            problems.append((
+                f"job.metrics.{metric}",
+                f"`{{trainer: {source.trainer}}}` is recorded by the start-up hook of `kind: command` jobs "
+                "only; a ray_train job's metrics are the keys it passes to ray.train.report, e.g. "
+                "`metrics: [loss]` (docs/ray-train.md)",
+            ))
     for name, spec in job_file.enabled_checks():
         for i, token in enumerate(spec.args):
-            scan(f"{_check_key(job_file, name)}.args[{i}]", token, known)
+            scan(f"{_check_key(job_file, name)}.args[{i}]", token, fresh)
         for var, val in spec.env.items():
-            scan(f"{_check_key(job_file, name)}.env.{var}", val, known)
+            scan(f"{_check_key(job_file, name)}.env.{var}", val, fresh)
 
     command_text = " ".join(job.command) + " " + " ".join(job.resume_args)
     env_text = " ".join(job.env.values())

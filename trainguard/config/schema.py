@@ -20,36 +20,46 @@ This module holds ``job:`` and ``target:`` (``checks:`` is in :mod:`trainguard.c
 
 from __future__ import annotations
 
+import difflib
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
 from trainguard._internal.model import ConfigModel
 from trainguard.config.checks import CHECK_NAMES, Checks, CheckSpec, DrillSpec
 from trainguard.config.gate import GatePolicy
-from trainguard.config.values import Argv, Env, check_regex
+from trainguard.config.values import Argv, Env, check_regex, compile_regex
 from trainguard.errors import ConfigError
 from trainguard.raytrain.job import RAY_KEYS, expand_ray_job
 from trainguard.report import CheckId
 
 __all__ = [
     "PLACEHOLDERS",
+    "RESUME_PLACEHOLDERS",
+    "TRAINERS",
     "Job",
     "JobDocument",
     "JobFile",
     "JobKind",
     "MetricFile",
+    "MetricRegex",
     "MetricSource",
+    "MetricTrainer",
     "Target",
     "render_placeholders",
 ]
 
 #: Placeholders trainguard fills in ``job.command``, ``job.resume_args``, check ``args``,
 #: env values and metric file paths.
-PLACEHOLDERS = ("steps", "checkpoint_dir", "seed", "world_size", "run_dir", "batch_size")
+PLACEHOLDERS = ("steps", "checkpoint_dir", "seed", "world_size", "run_dir", "batch_size",
+                "latest_checkpoint")
+#: known only when a run resumes (the newest complete checkpoint under its checkpoint
+#: directory), so allowed in ``job.resume_args`` only
+RESUME_PLACEHOLDERS = ("latest_checkpoint",)
 
 #: how a job's ranks are started (``job.kind``)
 JobKind = Literal["command", "ray_train"]
@@ -61,18 +71,132 @@ class MetricFile(ConfigModel):
     file: str = Field(min_length=1)
 
 
+class MetricRegex(ConfigModel):
+    """Metrics read from output lines whose step is implicit: ``step: count`` (the n-th matching
+    line of a rank is step ``n * every``) or taken from another named group (``step:
+    global_step`` reads ``(?P<global_step>\\d+)``). Without ``step``: the regex's ``step`` group
+    when it has one, else ``count``."""
+
+    regex: str = Field(min_length=1)
+    step: str | None = Field(None, min_length=1)
+    every: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _groups(self) -> MetricRegex:
+        pattern = compile_regex(self.regex)
+        check_regex(self.regex, ("value",))
+        groups = sorted(pattern.groupindex)
+        if self.step == "value":
+            raise ValueError("`step: value` would read the step from the value group; name the group "
+                             "that holds the step, or write `step: count` to count matching lines")
+        if self.step not in (None, "count") and self.step not in pattern.groupindex:
+            close = difflib.get_close_matches(self.step, [*groups, "count"], n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ValueError(
+                f"step: {self.step!r} names no group of regex {self.regex!r}{hint} (its groups: "
+                f"{', '.join(groups)}); write `step: count` to count matching lines, or name the group "
+                "holding the step, e.g. (?P<global_step>\\d+) with `step: global_step`"
+            )
+        if self.every != 1 and self.step_group != "count":
+            raise ValueError(
+                f"every: {self.every} applies to `step: count` only (here the step comes from group "
+                f"'{self.step_group}'); remove `every` or write `step: count`"
+            )
+        return self
+
+    @property
+    def step_group(self) -> str:
+        """``"count"`` or the name of the group holding the step (``step`` left out resolved)."""
+        if self.step is not None:
+            return self.step
+        return "step" if "step" in re.compile(self.regex).groupindex else "count"
+
+
+#: the trainers whose metrics trainguard's start-up hook records (``{trainer: ...}``)
+TRAINERS = ("huggingface", "lightning")
+#: what people also call them, for the "did you mean" of an unknown trainer
+_TRAINER_ALIASES = {
+    "hf": "huggingface", "transformers": "huggingface", "hugging_face": "huggingface",
+    "hugging-face": "huggingface", "pl": "lightning", "pytorch_lightning": "lightning",
+    "pytorch-lightning": "lightning", "lightning.pytorch": "lightning",
+}
+
+
+class MetricTrainer(ConfigModel):
+    """Metrics a trainer computes, recorded inside each rank by trainguard's start-up hook
+    (docs/metrics.md). ``key``: the name the trainer logs (default: the metric's own name);
+    ``loss`` is the training loss of each optimizer step at full precision."""
+
+    trainer: str
+    key: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _known_trainer(self) -> MetricTrainer:
+        if self.trainer not in TRAINERS:
+            close = _TRAINER_ALIASES.get(self.trainer.lower()) or next(
+                iter(difflib.get_close_matches(self.trainer.lower(), TRAINERS, n=1, cutoff=0.5)), None
+            )
+            hint = f" (did you mean '{close}'?)" if close else ""
+            raise ValueError(f"unknown trainer {self.trainer!r}{hint}; known: {', '.join(TRAINERS)}")
+        return self
+
+    def key_for(self, name: str) -> str:
+        """The trainer's key the metric ``name`` reads."""
+        return self.key or name
+
+
+_SOURCE_KEYS = {"file": "MetricFile", "regex": "MetricRegex", "trainer": "MetricTrainer"}
+_SOURCE_FORMS = "a regex string or a mapping ({file: path.jsonl}, {regex: ..., step: count} or {trainer: huggingface})"
+
+
 def _to_metric_source(value: Any) -> Any:
     if isinstance(value, str):
         return check_regex(value)
     if isinstance(value, dict):
-        return value  # validated as MetricFile
-    raise ValueError(
-        f"expected a regex string or {{file: path.jsonl}}, got {value!r} ({type(value).__name__})"
-    )
+        given = [k for k in _SOURCE_KEYS if k in value]
+        if len(given) > 1:
+            raise ValueError(f"give one of {', '.join(given)}, not several; one metric has one source")
+        if not given and _closest_form(value) is None:
+            raise ValueError(f"a metric mapping needs `file`, `regex` or `trainer`, got keys "
+                             f"{', '.join(str(k) for k in value) or 'none'}")
+        return value
+    if isinstance(value, (MetricFile, MetricRegex, MetricTrainer)):
+        return value
+    raise ValueError(f"expected {_SOURCE_FORMS}, got {value!r} ({type(value).__name__})")
 
 
-#: a metric's source: a regex over the job's output lines, or a JSONL file
-MetricSource = Annotated[str | MetricFile, BeforeValidator(_to_metric_source)]
+def _closest_form(value: dict[Any, Any]) -> str | None:
+    """The form whose keys a mapping without `file`/`regex`/`trainer` comes closest to (a typo:
+    that form then reports the unknown key with its "did you mean")."""
+    forms: dict[str, type[ConfigModel]] = {
+        "MetricFile": MetricFile, "MetricRegex": MetricRegex, "MetricTrainer": MetricTrainer,
+    }
+    fields = {f: tag for tag, model in forms.items() for f in model.model_fields}
+    for key in value:
+        close = difflib.get_close_matches(str(key), list(fields), n=1)
+        if close:
+            return fields[close[0]]
+    return None
+
+
+def _metric_source_tag(value: Any) -> str:
+    """Which form a (pre-validated) metric source is: pydantic validates only that branch."""
+    if isinstance(value, dict):
+        given = [tag for key, tag in _SOURCE_KEYS.items() if key in value]
+        return given[0] if given else _closest_form(value) or "MetricFile"
+    return type(value).__name__
+
+
+#: a metric's source: a regex over the job's output lines (with a step group, or a mapping with
+#: an implicit step), a JSONL file, or a trainer's own values recorded by the start-up hook
+MetricSource = Annotated[
+    Annotated[str, Tag("str")]
+    | Annotated[MetricFile, Tag("MetricFile")]
+    | Annotated[MetricRegex, Tag("MetricRegex")]
+    | Annotated[MetricTrainer, Tag("MetricTrainer")],
+    Discriminator(_metric_source_tag),
+    BeforeValidator(_to_metric_source),
+]
 
 
 class Job(ConfigModel):
@@ -96,6 +220,9 @@ class Job(ConfigModel):
     #: False: a one-process job started as a plain script, without the torchrun environment
     #: (RANK, WORLD_SIZE, MASTER_ADDR, ...), for scripts that go distributed when they see it
     distributed_env: bool = True
+    #: record the sample indices of every DataLoader batch of each rank's main process through
+    #: the start-up hook (``command`` jobs; docs/metrics.md)
+    record_samples: bool = True
     #: ``command``: trainguard launches ``command`` once per rank (torchrun's contract);
     #: ``ray_train``: one Ray Train driver whose workers are the ranks (docs/ray-train.md)
     kind: JobKind = "command"
@@ -110,7 +237,7 @@ class Job(ConfigModel):
     @classmethod
     def _ray_train_as_command(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("kind") == "ray_train":
-            return expand_ray_job(data, PLACEHOLDERS)
+            return expand_ray_job(data, tuple(p for p in PLACEHOLDERS if p not in RESUME_PLACEHOLDERS))
         if isinstance(data, dict) and data.get("kind", "command") == "command":
             stray = [k for k in RAY_KEYS if k in data]
             if stray:

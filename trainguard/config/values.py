@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
-__all__ = ["Argv", "Env", "check_regex"]
+__all__ = ["Argv", "Env", "check_regex", "compile_regex"]
 
 
 def _to_argv(value: Any) -> list[str]:
@@ -58,21 +58,35 @@ def _to_env(value: Any) -> dict[str, str]:
 
 
 
-def check_regex(value: str) -> str:
-    """``value`` when it is a metric regex with the named groups ``step`` and ``value``;
-    ``ValueError`` naming what is wrong and the fix otherwise."""
-    try:
-        pattern = re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"{value!r} is not a valid regular expression: {exc}") from None
-    missing = [g for g in ("step", "value") if g not in pattern.groupindex]
+#: how each named group of a metric regex is usually written
+_GROUP_FORMS = {"step": r"(?P<step>\d+)", "value": r"(?P<value>\S+)"}
+
+
+def check_regex(value: str, groups: tuple[str, ...] = ("step", "value")) -> str:
+    """``value`` when it is a metric regex with the named ``groups`` (``step`` and ``value``,
+    or ``value`` alone for a source whose step is given apart); ``ValueError`` naming what is
+    wrong and the fix otherwise."""
+    pattern = compile_regex(value)
+    missing = [g for g in groups if g not in pattern.groupindex]
     if missing:
         have = sorted(pattern.groupindex) or "none"
+        forms = " and ".join(_GROUP_FORMS[g] for g in groups)
+        hint = ""
+        if "step" in missing:
+            hint = "; for lines without a step write `{regex: '...', step: count}` (docs/metrics.md)"
         raise ValueError(
             f"regex {value!r} lacks the named group(s) {', '.join(missing)} (it has: {have}); "
-            "write them as (?P<step>\\d+) and (?P<value>\\S+)"
+            f"write {'them' if len(groups) > 1 else 'it'} as {forms}{hint}"
         )
     return value
+
+
+def compile_regex(value: str) -> re.Pattern[str]:
+    """``value`` compiled; ``ValueError`` with the position of the mistake otherwise."""
+    try:
+        return re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"{value!r} is not a valid regular expression: {exc}") from None
 
 
 #: a command: a string split like a shell would, or a list of strings

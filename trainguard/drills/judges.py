@@ -195,8 +195,7 @@ def _recovered_run_problems(c: DrillContext, spec: DrillSpec, diff: TrajectoryDi
                                     rtol=spec.rtol, atol=spec.atol)
     evidence["checkpoint"] = state.as_evidence()
     if state.compared and not state.ok:
-        keys = ", ".join(k for k, _ in state.differing[:5])
-        problems.append(f"the final checkpoint differs from the uninterrupted run's ({keys})")
+        problems.append(f"the final checkpoint differs from the uninterrupted run's in {state.summary()}")
     return problems
 
 

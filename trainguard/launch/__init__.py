@@ -8,12 +8,13 @@ from trainguard.launch.launcher import (
     RunResult,
     launch,
 )
-from trainguard.launch.metrics import MetricParser, MetricPoint, trajectory
+from trainguard.launch.metrics import LineMetric, MetricParser, MetricPoint, trajectory
 from trainguard.launch.ports import reserve_port
 
 __all__ = [
     "LaunchSpec",
     "Launcher",
+    "LineMetric",
     "MetricParser",
     "MetricPoint",
     "RankExit",

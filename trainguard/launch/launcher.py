@@ -41,7 +41,7 @@ import psutil
 
 from trainguard.errors import RankFailure
 from trainguard.launch.hang_evidence import dump_stacks, rank_activity
-from trainguard.launch.metrics import JsonlTail, MetricParser, MetricPoint, trajectory
+from trainguard.launch.metrics import JsonlTail, LineMetric, MetricParser, MetricPoint, trajectory
 from trainguard.launch.ports import reserve_port
 from trainguard.launch.procs import (
     GpuMemory,
@@ -93,7 +93,8 @@ class LaunchSpec:
     world_size: int = 1
     cwd: Path | None = None
     env: Mapping[str, str] = field(default_factory=dict)
-    metric_regexes: Mapping[str, str] = field(default_factory=dict)
+    #: name -> a regex with ``step`` and ``value`` groups, or a LineMetric (implicit steps)
+    metric_regexes: Mapping[str, str | LineMetric] = field(default_factory=dict)
     metric_files: Mapping[str, str] = field(default_factory=dict)  # name -> path ({rank} ok)
     timeout: float = 600.0
     stall_timeout: float | None = 60.0

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["JsonlTail", "MetricParser", "MetricPoint", "trajectory"]
+__all__ = ["JsonlTail", "LineMetric", "MetricParser", "MetricPoint", "trajectory"]
 
 
 @dataclass(frozen=True)
@@ -31,23 +31,49 @@ def _to_float(text: str) -> float | None:
         return None
 
 
-class MetricParser:
-    """Applies each metric's regex (named groups ``step`` and ``value``) to output lines."""
+@dataclass(frozen=True)
+class LineMetric:
+    """A metric read from output lines whose step may be implicit.
 
-    def __init__(self, regexes: Mapping[str, str]) -> None:
-        self._patterns = [(name, re.compile(rx)) for name, rx in regexes.items()]
+    ``regex`` has a ``value`` group. ``step`` is ``"count"`` (the n-th matching line of a rank is
+    step ``n * every``, n from 1, counted from the launch of the attempt) or the name of the
+    group holding the step.
+    """
+
+    regex: str
+    step: str = "step"
+    every: int = 1
+
+
+class MetricParser:
+    """Applies each metric's regex to output lines: a plain string has the named groups ``step``
+    and ``value``; a :class:`LineMetric` names its step group or counts matching lines, per rank
+    (one parser per launch attempt, so a restarted attempt counts from 1 again)."""
+
+    def __init__(self, regexes: Mapping[str, str | LineMetric]) -> None:
+        self._patterns = [
+            (name, re.compile(rx.regex if isinstance(rx, LineMetric) else rx),
+             rx if isinstance(rx, LineMetric) else LineMetric(rx))
+            for name, rx in regexes.items()
+        ]
+        self._counts: dict[tuple[str, int], int] = defaultdict(int)
 
     def parse(self, line: str, *, rank: int, t: float) -> list[MetricPoint]:
         points = []
-        for name, pattern in self._patterns:
+        for name, pattern, metric in self._patterns:
             match = pattern.search(line)
             if match is None:
                 continue
+            if metric.step == "count":
+                # a matching line is a step whether or not its value parses
+                self._counts[name, rank] += 1
+                step = self._counts[name, rank] * metric.every
+            else:
+                try:
+                    step = int(match.group(metric.step))
+                except (TypeError, ValueError):
+                    continue
             value = _to_float(match.group("value"))
-            try:
-                step = int(match.group("step"))
-            except ValueError:
-                continue
             if value is None:
                 # "nan"/"inf" parse as floats; anything else is not a number we can judge
                 continue

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from trainguard.errors import TrainguardError, UsageError
+from trainguard.unit.checkpoints import latest_complete_checkpoint
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -247,6 +248,10 @@ def spec_from_job(
     job = job_file.job
     world = world_size or job.world_size
     filled = {**dict(values), "world_size": world}
+    if "latest_checkpoint" not in filled and "checkpoint_dir" in filled:
+        # resolved when the spec is built: a resubmission resumes from what is newest now
+        latest = latest_complete_checkpoint(Path(str(filled["checkpoint_dir"])))
+        filled["latest_checkpoint"] = str(latest or filled["checkpoint_dir"])
     return SubmissionSpec(
         entrypoint=job_file.argv(filled, extra_args=extra_args),
         job_name=job.name,

@@ -10,7 +10,9 @@ the runner's :class:`~trainguard.run.observer.RunObserver` (MLflow tracking, whe
 
 from __future__ import annotations
 
+import re
 import shlex
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,18 +20,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainguard.config import CheckSpec, JobFile, MetricFile
+from trainguard.config import CheckSpec, JobFile, MetricFile, MetricRegex
 from trainguard.config.settings import Settings
-from trainguard.launch import Launcher, LaunchSpec, MetricPoint, RunResult, trajectory
+from trainguard.launch import Launcher, LaunchSpec, LineMetric, MetricPoint, RunResult, trajectory
+from trainguard.launch.hook import METRICS_DIR, SAMPLES_DIR, run_hook_env
 from trainguard.launch.rundir import new_run_dir
 from trainguard.run.observer import MetricCallback, NullObserver, ObserverSource, RunObserver
 from trainguard.run.request import RunRequest
 from trainguard.run.scheduling import AheadRun, PendingRun, RunScheduler
+from trainguard.unit.checkpoints import describe_candidates, latest_complete_checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.raytrain.local_ray import LocalRay
 
-__all__ = ["AheadRun", "JobRunner", "RunRequest", "SupervisedRun"]
+__all__ = ["AheadRun", "JobRunner", "RunRequest", "SupervisedRun", "repro_dir"]
 
 
 @dataclass
@@ -63,6 +67,13 @@ class SupervisedRun:
     def trajectory(self, name: str = "loss") -> dict[int, float]:
         """Step -> value of metric ``name`` over every attempt."""
         return trajectory(self.points, name)
+
+
+def repro_dir(job_name: str) -> Path:
+    """The run directory a reproduce line uses when it has no run of its own to point at:
+    ``trainguard-repro-<job>`` in the system temp directory."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", job_name).strip("-") or "job"
+    return Path(tempfile.gettempdir()) / f"trainguard-repro-{safe}"
 
 
 _warmed = threading.Event()
@@ -310,6 +321,7 @@ class JobRunner:
     ) -> RunResult:
         job = self.job_file.job
         Path(str(values["checkpoint_dir"])).mkdir(parents=True, exist_ok=True)
+        values, resume, resumed_from = self._resume_values(values, resume)
         argv = self.job_file.argv(values, extra_args=request.args, resume=resume)
         env = self.ray_env()
         env.update({k: v.format_map(values) for k, v in job.env.items()})
@@ -319,12 +331,8 @@ class JobRunner:
         env = {**track_env, **env}  # the job's own environment wins
         scale = self.settings.timeout_scale
         timeout = (request.timeout or job.timeout) * scale
-        regexes = {n: s for n, s in job.metrics.items() if isinstance(s, str)}
-        files = {
-            n: s.file.replace("{rank}", "\0").format_map(values).replace("\0", "{rank}")
-            for n, s in job.metrics.items()
-            if isinstance(s, MetricFile)
-        }
+        regexes, files, hook_env = self._metric_sources(values, log_dir, env)
+        env.update(hook_env)
         spec = LaunchSpec(
             argv=argv,
             run_dir=log_dir,
@@ -361,7 +369,64 @@ class JobRunner:
             with self._lock:
                 self._inflight.discard(launcher)
         result.evidence.setdefault("checkpoint_dir", str(values["checkpoint_dir"]))
+        if resumed_from:
+            result.evidence["resumed_from"] = resumed_from
         return result
+
+    @property
+    def resumes_from_latest(self) -> bool:
+        """Whether ``job.resume_args`` names ``{latest_checkpoint}``: a resume needs a complete
+        checkpoint to name."""
+        return any("{latest_checkpoint}" in t for t in self.job_file.job.resume_args)
+
+    def _resume_values(
+        self, values: dict[str, object], resume: bool
+    ) -> tuple[dict[str, object], bool, str]:
+        """The placeholder values of one launch with ``{latest_checkpoint}`` filled, looked up
+        now (each restart of a supervised run gets the newest one). No complete checkpoint: the
+        launch starts afresh without ``resume_args``, as an agent would; the third item says
+        what was resumed from (or why not)."""
+        if not (resume and self.resumes_from_latest):
+            return values, resume, ""
+        directory = Path(str(values["checkpoint_dir"]))
+        latest = latest_complete_checkpoint(directory)
+        if latest is None:
+            return values, False, (f"nothing: no complete checkpoint under {directory} "
+                                   f"({describe_candidates(directory)}), so it started afresh "
+                                   "without resume_args")
+        return {**values, "latest_checkpoint": str(latest)}, True, str(latest)
+
+    def _metric_sources(
+        self, values: Mapping[str, object], log_dir: Path, env: Mapping[str, str]
+    ) -> tuple[dict[str, str | LineMetric], dict[str, str], dict[str, str]]:
+        """The launcher's metric regexes and files for one attempt, and the environment that
+        puts the start-up hook's run agent on the ranks (trainer metrics, sample indices) when
+        the job needs it: a ``command`` job with a ``{trainer: ...}`` source or
+        ``record_samples``. The agent writes under the attempt's own directory, so a restarted
+        attempt's records are its own; ``env`` (a drill's fault hook included) keeps its
+        PYTHONPATH entries after the hook's."""
+        job = self.job_file.job
+        regexes: dict[str, str | LineMetric] = {}
+        files: dict[str, str] = {}
+        trainers: dict[str, dict[str, str]] = {}
+        for name, source in job.metrics.items():
+            if isinstance(source, str):
+                regexes[name] = source
+            elif isinstance(source, MetricRegex):
+                regexes[name] = LineMetric(source.regex, source.step_group, source.every)
+            elif isinstance(source, MetricFile):
+                files[name] = source.file.replace("{rank}", "\0").format_map(values).replace("\0", "{rank}")
+            else:
+                trainers.setdefault(source.trainer, {})[name] = source.key_for(name)
+                files[name] = str(log_dir / METRICS_DIR / "rank{rank}.jsonl")
+        if job.is_ray_train or not (trainers or job.record_samples):
+            return regexes, files, {}
+        spec = {
+            "metrics_dir": str(log_dir / METRICS_DIR),
+            "samples_dir": str(log_dir / SAMPLES_DIR) if job.record_samples else None,
+            **trainers,
+        }
+        return regexes, files, run_hook_env(spec, env)
 
     def request_for(self, spec: CheckSpec, *, world_size: int | None = None) -> RunRequest:
         """The run a check spec asks for (its steps, seed, args, env, timeout)."""
@@ -427,14 +492,39 @@ class JobRunner:
         """Stop the lane's runs that no check took and wait for its thread (idempotent)."""
         self.scheduling.close_lane()
 
-    def command_line(self, request: RunRequest, *, resume: bool = False) -> str:
-        """The job's command as a person would type it (for 'reproduce:' lines)."""
-        values = self.placeholders(request, Path("<run_dir>"), None)
+    def command_line(
+        self,
+        request: RunRequest,
+        *,
+        resume: bool = False,
+        run_dir: Path | None = None,
+        checkpoint_dir: Path | None = None,
+        latest_checkpoint: Path | str | None = None,
+    ) -> str:
+        """The job's command as a person would type it, runnable as printed (for 'reproduce:'
+        lines): ``cd`` to the job's directory, create the checkpoint directory, the job's and the
+        check's environment, the command (through ``torchrun`` on several ranks). Placeholders
+        are real paths: ``run_dir``/``checkpoint_dir`` when given (the failing run's own), else
+        under :func:`repro_dir`; ``{latest_checkpoint}`` the given one (a relative path: inside
+        the line's checkpoint directory, e.g. the name of the checkpoint a killed run left), else
+        the newest complete checkpoint in that directory (else the directory itself)."""
+        job = self.job_file.job
+        values = self.placeholders(request, run_dir or repro_dir(job.name), checkpoint_dir)
+        if resume and self.resumes_from_latest:
+            directory = Path(str(values["checkpoint_dir"]))
+            latest = directory / latest_checkpoint if latest_checkpoint else latest_complete_checkpoint(directory)
+            values["latest_checkpoint"] = str(latest if latest is not None else directory)
         argv = self.job_file.argv(values, extra_args=request.args, resume=resume)
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in request.env)
-        prefix = env + " " if env else ""
-        if request.world_size > 1 and self.job_file.job.kind == "command":
+        pairs = [*job.env.items(), *request.env]
+        env = " ".join(f"{k}={shlex.quote(v.format_map(values))}" for k, v in pairs)
+        prefix = f"cd {shlex.quote(str(self.job_file.cwd))} && "
+        uses_dir = any("{checkpoint_dir}" in t for t in [*job.command, *job.resume_args, *job.env.values()])
+        if uses_dir:
+            prefix += f"mkdir -p {shlex.quote(str(values['checkpoint_dir']))} && "
+        prefix += env + " " if env else ""
+        if request.world_size > 1 and job.kind == "command":
+            launcher = ["torchrun", f"--nproc-per-node={request.world_size}"]
             if argv and argv[0] in ("python", "python3"):
-                return prefix + shlex.join(["torchrun", f"--nproc-per-node={request.world_size}", *argv[1:]])
-            return prefix + f"(on {request.world_size} ranks with the torchrun environment) " + shlex.join(argv)
+                return prefix + shlex.join([*launcher, *argv[1:]])
+            return prefix + shlex.join([*launcher, "--no-python", *argv])
         return prefix + shlex.join(argv)

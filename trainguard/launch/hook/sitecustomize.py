@@ -1,13 +1,17 @@
-"""trainguard's start-up hook: Python runs this at start-up in every rank of a fault drill.
+"""trainguard's start-up hook: Python runs this at start-up in every rank trainguard launches
+with the hook (fault drills; command jobs recording trainer metrics or sample indices).
 
-A drill puts this directory first on the ranks' PYTHONPATH, so ``site`` imports this module as
+trainguard puts this directory first on the ranks' PYTHONPATH, so ``site`` imports this module as
 ``sitecustomize``. It
 
 1. runs the ``sitecustomize`` that would have run without us (the next one on ``sys.path``: a
    distribution's or a virtual environment's), so the job starts as it always does;
-2. reads the fault spec from ``TRAINGUARD_FAULT_HOOK`` and does nothing else without it;
-3. arms the fault through ``_trainguard_fault_agent`` (standard library only, loaded by path: the
-   job's interpreter need not have trainguard installed). torch is never imported here.
+2. arms the fault through ``_trainguard_fault_agent`` when ``TRAINGUARD_FAULT_HOOK`` holds its
+   spec;
+3. installs ``_trainguard_run_agent`` when ``TRAINGUARD_RUN_HOOK`` holds its spec.
+
+Each agent is standard library only and loaded by path (the job's interpreter need not have
+trainguard installed); without its variable it is not even loaded. torch is never imported here.
 """
 
 from __future__ import annotations
@@ -42,25 +46,27 @@ def _chain() -> None:
               f"{type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-def _arm() -> None:
-    raw = os.environ.get("TRAINGUARD_FAULT_HOOK")
+def _load(env_var: str, module: str, failure: str) -> None:
+    """Load the agent ``module`` from this directory and hand it the spec in ``env_var``."""
+    raw = os.environ.get(env_var)
     if not raw:
         return
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_trainguard_fault_agent.py")
-    spec = importlib.util.spec_from_file_location("_trainguard_fault_agent", path)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), module + ".py")
+    spec = importlib.util.spec_from_file_location(module, path)
     if spec is None or spec.loader is None:
         return
     agent = importlib.util.module_from_spec(spec)
-    sys.modules["_trainguard_fault_agent"] = agent
+    sys.modules[module] = agent
     try:
         spec.loader.exec_module(agent)
         agent.install(raw)
     except Exception as exc:  # a broken spec must not stop the job: say it on stderr
-        print(f"trainguard fault hook not armed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"{failure}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-if __name__ == "sitecustomize":  # not when imported as trainguard.faults.hook.sitecustomize
+if __name__ == "sitecustomize":  # not when imported as trainguard.launch.hook.sitecustomize
     _chain()
-    _arm()
+    _load("TRAINGUARD_FAULT_HOOK", "_trainguard_fault_agent", "trainguard fault hook not armed")
+    _load("TRAINGUARD_RUN_HOOK", "_trainguard_run_agent", "trainguard run hook not installed")

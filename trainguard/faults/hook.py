@@ -1,9 +1,9 @@
-"""The start-up hook faults use to act inside a rank's Python process.
+"""Faults that act inside a rank's Python process through trainguard's start-up hook.
 
-:func:`hook_env` returns the environment that puts this directory first on a rank's PYTHONPATH
-(so its ``sitecustomize.py`` runs at start-up, chaining any existing one) and hands it the fault
-spec in ``TRAINGUARD_FAULT_HOOK``. The fault fires when the drill creates the spec's trigger file
-(:func:`pull_trigger`), which the armed process polls every 15 ms.
+The hook itself lives in :mod:`trainguard.launch.hook` (its directory goes first on a rank's
+PYTHONPATH; :func:`hook_env` hands it the fault spec in ``TRAINGUARD_FAULT_HOOK``). The fault
+fires when the drill creates the spec's trigger file (:func:`pull_trigger`), which the armed
+process polls every 15 ms.
 
 See docs/faults-memory-and-disk.md.
 """
@@ -13,33 +13,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainguard.faults.base import Fault, FaultContext
+from trainguard.launch.hook import ENV_SPEC, HOOK_DIR, hook_env
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import RunResult
 
 __all__ = ["ENV_SPEC", "HOOK_DIR", "HookFault", "hook_env", "pull_trigger", "rank_stderr", "read_events"]
-
-ENV_SPEC = "TRAINGUARD_FAULT_HOOK"
-#: the directory that goes first on the ranks' PYTHONPATH
-HOOK_DIR = Path(__file__).resolve().parent
-
-
-def hook_env(spec: Mapping[str, Any], base_env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """PYTHONPATH (the hook first, then the job's own entries) and the spec for the ranks.
-
-    ``base_env`` is the job's environment; its PYTHONPATH (or this process's) is kept after ours.
-    """
-    if "trigger" not in spec:
-        raise ValueError("a fault hook spec needs a 'trigger' file path")
-    env = base_env if base_env is not None else os.environ
-    existing = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    parts = [str(HOOK_DIR), *[p for p in existing.split(os.pathsep) if p and p != str(HOOK_DIR)]]
-    return {"PYTHONPATH": os.pathsep.join(parts), ENV_SPEC: json.dumps(dict(spec))}
 
 
 def pull_trigger(path: Path, pid: int | None = None) -> None:

@@ -1,0 +1,52 @@
+"""A fake trainer for trainguard's own tests (pure Python, fast) that checkpoints and resumes as the
+Hugging Face Trainer does: every ``--save-every`` steps a ``checkpoint-N/`` directory under
+``--output-dir`` whose ``trainer_state.json`` is written last; it resumes only from the directory
+``--resume-from PATH`` names (what ``{latest_checkpoint}`` fills) and prints that path.
+
+``--die-at K`` (repeatable): exit 3 at step K, once per K (a marker file remembers it), so a
+restarted attempt goes past it. ``--no-save``: never checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--resume-from", default=None)
+    p.add_argument("--save-every", type=int, default=2)
+    p.add_argument("--sleep", type=float, default=0.05)
+    p.add_argument("--die-at", type=int, action="append", default=[])
+    p.add_argument("--no-save", action="store_true")
+    args = p.parse_args()
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    start = 0
+    if args.resume_from is not None:
+        print(f"resuming from {args.resume_from}", flush=True)
+        start = json.loads((Path(args.resume_from) / "trainer_state.json").read_text())["global_step"]
+    for step in range(start + 1, args.steps + 1):
+        marker = out / f"died-at-{step}"
+        if step in args.die_at and not marker.exists():
+            marker.touch()
+            print(f"dying at step {step}", file=sys.stderr, flush=True)
+            return 3
+        if step % args.save_every == 0 and not args.no_save:
+            folder = out / f"checkpoint-{step}"
+            folder.mkdir(exist_ok=True)
+            (folder / "weights.json").write_text(json.dumps({"w": 1.0 / step}))
+            (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        print(f"step {step} loss {1.0 / step:.6f}", flush=True)
+        time.sleep(args.sleep)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Diagnosis of a failed resume: the causes ranked by evidence, the one the evidence shows first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainguard.checks.diagnosis import (
+    ResumeFacts,
+    data_order_note,
+    diagnose_resume,
+    explain,
+    framework_warnings,
+    sample_replay,
+    shared_shard_note,
+)
+from trainguard.launch.samples import SampleBatch
+from trainguard.unit.checkpoints import CheckpointInventory, StateComparison
+
+FULL = {"model": ["model.w"], "optimizer": ["optimizer.state.0.exp_avg"], "scheduler": ["scheduler.last_epoch"],
+        "rng": ["rng.torch"], "data": ["sampler.position"], "counters": ["step"]}
+
+
+def _inventory(*lacking: str, **details: str) -> CheckpointInventory:
+    return CheckpointInventory(Path("/ck/step_5.pt"), files=["step_5.pt"],
+                               components={k: v for k, v in FULL.items() if k not in lacking}, details=details)
+
+
+def _epochs(n_batches: int, order: list[list[int]]) -> list[SampleBatch]:
+    """Batches of one loader over passes: ``order[e]`` the indices of pass e, cut in batches of 2."""
+    out = []
+    for e, indices in enumerate(order):
+        for b in range(n_batches):
+            out.append(SampleBatch(0, "TensorDataset(8)", e, b, indices[2 * b:2 * b + 2]))
+    return out
+
+
+EPOCH0 = [3, 1, 7, 0, 5, 2, 6, 4]
+EPOCH1 = [6, 0, 2, 5, 1, 4, 7, 3]
+REFERENCE = _epochs(4, [EPOCH0, EPOCH1])  # 8 steps, a batch each
+
+
+def _resumed(from_step: int, order: list[int], start: int) -> list[SampleBatch]:
+    return [SampleBatch(0, "TensorDataset(8)", 0, b, order[2 * b:2 * b + 2]) for b in range(start, 4)]
+
+
+def _top(facts: ResumeFacts) -> str:
+    return diagnose_resume(facts)[0].key
+
+
+def test_a_resumed_step_that_replays_the_epoch_start_names_the_data_position_with_the_samples() -> None:
+    # resumed from step 6 (next: batch 2 of epoch 1) but the sampler restarts the epoch at batch 0
+    replay = sample_replay(REFERENCE, _resumed(6, EPOCH1, 0), resumed_from=6, steps=8)
+    assert replay is not None and not replay.same and replay.matched_step == 5
+    assert "the resumed step 7 trained on the samples of step 5" in replay.sentence()
+    causes = diagnose_resume(ResumeFacts(6, first_divergent_step=7, checkpoint=_inventory(), replay=replay))
+    assert causes[0].key == "data_position" and "samples of step 5" in causes[0].evidence[0]
+    assert explain(causes).startswith("most likely data position not saved")
+
+
+def test_the_same_samples_rule_the_data_position_out() -> None:
+    replay = sample_replay(REFERENCE, _resumed(6, EPOCH1, 2), resumed_from=6, steps=8)
+    assert replay is not None and replay.same
+    causes = diagnose_resume(ResumeFacts(6, first_divergent_step=7, checkpoint=_inventory(), replay=replay))
+    assert causes[-1].key == "data_position" and causes[-1].ruled_out
+
+
+def test_a_reshuffled_order_without_rng_in_the_checkpoint_names_the_rng_first() -> None:
+    other = [0, 1, 2, 3, 4, 5, 6, 7]  # no step of the reference drew these pairs
+    replay = sample_replay(REFERENCE, _resumed(6, other, 2), resumed_from=6, steps=8)
+    assert replay is not None and replay.matched_step is None
+    causes = diagnose_resume(ResumeFacts(6, first_divergent_step=7, checkpoint=_inventory("rng"), replay=replay))
+    assert causes[0].key == "rng"
+    assert any("holds no RNG state" in e for e in causes[0].evidence)
+
+
+def test_a_checkpoint_without_rng_state_puts_rng_before_the_generic_causes() -> None:
+    # nanoGPT: model, optimizer, iter_num; no RNG, no DataLoader to record
+    causes = diagnose_resume(ResumeFacts(5, first_divergent_step=6, checkpoint=_inventory("rng", "scheduler", "data")))
+    assert causes[0].key == "rng"
+    order = [c.key for c in causes]
+    assert order.index("optimizer") > order.index("data_position")  # it holds optimizer state
+
+
+def test_final_state_counters_name_the_optimizer_and_the_scheduler() -> None:
+    optimizer = StateComparison(True, differing=[("model.w", "differs"), ("optimizer.state.0.exp_avg", "differs"),
+                                                 ("optimizer.state.0.step", "resumed 7.0 vs reference 12.0")],
+                                by_component={"model": ["model.w"],
+                                              "optimizer": ["optimizer.state.0.exp_avg", "optimizer.state.0.step"]})
+    causes = diagnose_resume(ResumeFacts(5, first_divergent_step=6, checkpoint=_inventory(), final_state=optimizer))
+    assert causes[0].key == "optimizer" and "7.0 vs reference 12.0" in causes[0].evidence[0]
+
+    scheduler = StateComparison(True, differing=[("scheduler.last_epoch", "7 vs 12")],
+                                by_component={"scheduler": ["scheduler.last_epoch"]})
+    assert _top(ResumeFacts(5, first_divergent_step=6, checkpoint=_inventory(), final_state=scheduler)) == "scheduler"
+
+
+def test_an_lr_metric_decides_the_scheduler_either_way() -> None:
+    assert _top(ResumeFacts(5, first_divergent_step=6, lr=(6, "lr"))) == "scheduler"
+    causes = diagnose_resume(ResumeFacts(5, first_divergent_step=6, lr=(None, "lr")))
+    assert next(c for c in causes if c.key == "scheduler").ruled_out
+
+
+def test_no_checkpoint_before_the_kill_comes_first() -> None:
+    assert _top(ResumeFacts(0, first_divergent_step=1, checkpoint=None)) == "no_checkpoint"
+
+
+def test_without_evidence_the_order_is_the_generic_one_and_nothing_is_claimed() -> None:
+    causes = diagnose_resume(ResumeFacts(5, first_divergent_step=6))
+    assert all(c.strength == 0 for c in causes) and explain(causes) == ""
+
+
+def test_framework_warnings_pass_on_the_lines_that_name_a_cause() -> None:
+    lines = [
+        "Epoch 0:  40%|####      | 4/10",
+        "UserWarning: You're resuming from a checkpoint that ended before the epoch ended and your "
+        "dataloader is not resumable. This can cause unreliable results if further training is done.",
+        "some unrelated warning about tokenizers parallelism",
+    ]
+    found = framework_warnings(lines)
+    assert [k for k, _ in found] == ["data_position"]
+    causes = diagnose_resume(ResumeFacts(5, first_divergent_step=6, warnings=found))
+    assert causes[0].key == "data_position" and "not resumable" in causes[0].evidence[0]
+    assert framework_warnings(["all good", "step 5 loss 1.0"]) == []
+
+
+def test_determinism_and_parallel_notes_from_the_samples() -> None:
+    shuffled = _epochs(4, [EPOCH1, EPOCH0])
+    note = data_order_note(REFERENCE, shuffled)
+    assert note is not None and "different samples from batch 1" in note
+    same = data_order_note(REFERENCE, list(REFERENCE))
+    assert same is not None and "not the cause" in same
+
+    assert shared_shard_note({0: REFERENCE, 1: list(REFERENCE)}) is not None
+    assert shared_shard_note({0: REFERENCE, 1: shuffled}) is None

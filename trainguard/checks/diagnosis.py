@@ -1,0 +1,440 @@
+"""Why an equivalence check failed: causes ranked by what the runs left behind.
+
+A failed resume names the step where the trajectories part; which piece of state was lost is a
+separate question, answered here from evidence, most likely first:
+
+* what the checkpoint the resumed run loaded holds and lacks (RNG states, optimizer moments,
+  scheduler, data position, step counters), read by :func:`trainguard.unit.checkpoints.checkpoint_inventory`;
+* the sample indices each step consumed (recorded in the ranks by the start-up hook,
+  :func:`trainguard.launch.samples.read_samples`): a resumed step that trained on the samples of
+  an earlier step is said outright;
+* where the divergence starts: at the first resumed step (state missing at the boundary) or
+  later (an epoch boundary: the sampler's epoch or generator);
+* a learning-rate metric the job prints, compared step by step;
+* the framework's own warnings on the resumed run's stderr.
+
+Each :class:`Cause` carries its evidence; a cause the evidence rules out is kept, marked, at the
+end, so the report says what was checked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.launch.samples import SampleBatch
+    from trainguard.unit.checkpoints import CheckpointInventory, StateComparison
+
+__all__ = [
+    "LR_METRIC",
+    "Cause",
+    "ResumeFacts",
+    "SampleReplay",
+    "data_order_note",
+    "diagnose_resume",
+    "explain",
+    "first_different_batch",
+    "framework_warnings",
+    "rank_causes",
+    "read_inventory",
+    "resume_diagnosis",
+    "same_samples_across_ranks",
+    "sample_replay",
+    "shared_shard_note",
+    "stderr_lines",
+]
+
+#: strength of the evidence for a cause: decisive, strong, suggestive, none, ruled out
+DECISIVE, STRONG, SUGGESTIVE, NONE, RULED_OUT = 3, 2, 1, 0, -1
+_WORDS = {DECISIVE: "decisive", STRONG: "strong", SUGGESTIVE: "suggestive", NONE: "no evidence either way",
+          RULED_OUT: "ruled out"}
+
+RESUME_CAUSE_TEXT = {
+    "no_checkpoint": "no checkpoint written before the kill (checkpoint only at exit?)",
+    "data_position": "data position not saved or not restored (the resumed run re-reads batches "
+    "it already trained on, or the sampler restarts its epoch)",
+    "rng": "RNG states not saved or not restored (shuffling, dropout and augmentation draw "
+    "differently after the resume)",
+    "optimizer": "optimizer state not saved or not restored (Adam moments restart from zero)",
+    "scheduler": "LR scheduler state not saved or not restored (the schedule restarts)",
+    "stale_checkpoint": "the checkpoint written before the optimizer step or with stale values",
+}
+
+#: the framework's own words on stderr that point at a cause (case-insensitive)
+_WARNING_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("data_position", re.compile(r"not resumable|dataloader.*(?:resum|restart)|(?:resum|restart).*dataloader"
+                                 r"|ended before the epoch ended|sampler.*(?:resum|state)", re.I)),
+    ("scheduler", re.compile(r"lr_scheduler|scheduler.*(?:state|resum|restor)", re.I)),
+    ("optimizer", re.compile(r"optimizer.*(?:state|resum|restor|not found|missing)", re.I)),
+    ("rng", re.compile(r"rng.?state|random state|seed.*(?:resum|restor)", re.I)),
+)
+_WARNING_LINE = re.compile(r"warn|could not|cannot|not found|missing|skipp", re.I)
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One possible cause, how strongly the evidence points at it, and that evidence."""
+
+    key: str
+    text: str
+    strength: int
+    evidence: tuple[str, ...] = ()
+
+    @property
+    def ruled_out(self) -> bool:
+        return self.strength < 0
+
+    def as_evidence(self) -> dict[str, Any]:
+        return {"cause": self.text, "key": self.key, "evidence_strength": _WORDS[max(-1, min(3, self.strength))],
+                "evidence": list(self.evidence)}
+
+    def phrase(self) -> str:
+        return f"{self.text}: {'; '.join(self.evidence)}" if self.evidence else self.text
+
+
+@dataclass
+class _Tally:
+    strength: dict[str, int] = field(default_factory=dict)
+    evidence: dict[str, list[str]] = field(default_factory=dict)
+    ruled_out: set[str] = field(default_factory=set)
+
+    def add(self, key: str, points: int, why: str) -> None:
+        self.strength[key] = self.strength.get(key, 0) + points
+        self.evidence.setdefault(key, []).append(why)
+
+    def rule_out(self, key: str, why: str) -> None:
+        self.ruled_out.add(key)
+        self.evidence.setdefault(key, []).append(why)
+
+
+def rank_causes(tally: _Tally, texts: Mapping[str, str]) -> list[Cause]:
+    """Causes by strength, most likely first; ruled-out ones last; ties keep ``texts``' order."""
+    order = list(texts)
+    causes = []
+    for key in order:
+        strength = RULED_OUT if key in tally.ruled_out else min(DECISIVE, tally.strength.get(key, NONE))
+        causes.append(Cause(key, texts[key], strength, tuple(tally.evidence.get(key, ()))))
+    return sorted(causes, key=lambda c: (-c.strength, order.index(c.key)))
+
+
+# -- samples -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampleReplay:
+    """What the first resumed step trained on, next to what the reference trained on there."""
+
+    resumed_step: int
+    expected_step: int
+    #: the reference step whose samples the resumed step trained on; None when none matched
+    matched_step: int | None
+    first_indices: tuple[int, ...]
+    same: bool  # the resumed step's samples are the reference's at that step
+
+    def sentence(self) -> str:
+        shown = ", ".join(map(str, self.first_indices[:8])) + (", ..." if len(self.first_indices) > 8 else "")
+        if self.same:
+            return f"the resumed step {self.resumed_step} trained on the same samples as the reference ([{shown}])"
+        if self.matched_step is not None:
+            return (f"the resumed step {self.resumed_step} trained on the samples of step {self.matched_step} "
+                    f"([{shown}]), not those of step {self.expected_step}")
+        return (f"the resumed step {self.resumed_step} trained on samples [{shown}], which no step of the "
+                f"reference drew in that order (the reference's step {self.expected_step} drew others)")
+
+
+def _training_batches(batches: Sequence[SampleBatch], like: str | None = None) -> list[tuple[int, ...]]:
+    """The batches of the loader that trained (the most batches; ``like``: the same dataset)."""
+    by_loader: dict[int, list[SampleBatch]] = {}
+    for b in batches:
+        by_loader.setdefault(b.loader, []).append(b)
+    candidates = [v for v in by_loader.values() if like is None or v[0].dataset == like]
+    if not candidates:
+        return []
+    chosen = max(candidates, key=len)
+    return [tuple(b.indices) for b in chosen]
+
+
+def _dataset_of(batches: Sequence[SampleBatch]) -> str | None:
+    by_loader: dict[int, list[SampleBatch]] = {}
+    for b in batches:
+        by_loader.setdefault(b.loader, []).append(b)
+    return max(by_loader.values(), key=len)[0].dataset if by_loader else None
+
+
+def sample_replay(
+    reference: Sequence[SampleBatch], resumed: Sequence[SampleBatch], *, resumed_from: int, steps: int
+) -> SampleReplay | None:
+    """Compare the first batch the resumed run drew with the reference's batches of one rank.
+
+    ``steps``: how many optimizer steps the reference ran (its batches per step follow from the
+    count: gradient accumulation draws several)."""
+    dataset = _dataset_of(reference)
+    ref = _training_batches(reference)
+    res = _training_batches(resumed, like=dataset)
+    if not ref or not res or steps <= 0:
+        return None
+    per_step = max(1, round(len(ref) / steps))
+    expected_batch = resumed_from * per_step
+    if expected_batch >= len(ref):
+        return None
+    first = res[0]
+    step = resumed_from + 1
+    if first == ref[expected_batch]:
+        return SampleReplay(step, step, step, first, True)
+    matched = next((i for i, b in enumerate(ref) if b == first), None)
+    return SampleReplay(step, step, None if matched is None else matched // per_step + 1, first, False)
+
+
+def same_samples_across_ranks(batches: Mapping[int, Sequence[SampleBatch]]) -> tuple[int, ...] | None:
+    """The ranks' first training batches when two or more ranks drew the same indices."""
+    firsts = {rank: _training_batches(b)[:1] for rank, b in batches.items()}
+    seen: dict[tuple[int, ...], int] = {}
+    for rank, first in sorted(firsts.items()):
+        if first:
+            if first[0] in seen:
+                return first[0]
+            seen[first[0]] = rank
+    return None
+
+
+# -- stderr ------------------------------------------------------------------------------------
+
+
+def framework_warnings(lines: Iterable[str], *, limit: int = 5) -> list[tuple[str, str]]:
+    """``(cause key, line)`` for warning lines that name a cause, in order, at most ``limit``."""
+    found: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for raw in lines:
+        line = raw.strip()
+        if not line or line in seen or not _WARNING_LINE.search(line):
+            continue
+        for key, pattern in _WARNING_PATTERNS:
+            if pattern.search(line):
+                found.append((key, line[:300]))
+                seen.add(line)
+                break
+        if len(found) >= limit:
+            break
+    return found
+
+
+def stderr_lines(run_dir: Path, world_size: int, *, max_bytes: int = 2_000_000) -> list[str]:
+    """The stderr lines of every rank of a run (the last ``max_bytes`` of each log)."""
+    lines: list[str] = []
+    for rank in range(world_size):
+        path = run_dir / f"rank{rank}.stderr.log"
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(0, 2)
+                size = handle.tell()
+                handle.seek(max(0, size - max_bytes))
+                lines += handle.read().decode("utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+    return lines
+
+
+# -- resume ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ResumeFacts:
+    """What is known after a failed resume, each piece optional."""
+
+    resumed_from: int
+    first_divergent_step: int | None = None
+    #: the checkpoint the resumed run loaded (read before it ran)
+    checkpoint: CheckpointInventory | None = None
+    final_state: StateComparison | None = None
+    #: (first divergent step or None, metric name) of a learning-rate metric, when the job prints one
+    lr: tuple[int | None, str] | None = None
+    replay: SampleReplay | None = None
+    warnings: list[tuple[str, str]] = field(default_factory=list)
+    epoch_steps: int | None = None  # steps per epoch, when known
+
+
+def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
+    """The causes of a failed resume, most likely first, each with its evidence."""
+    t = _Tally()
+    boundary = facts.resumed_from + 1
+    if facts.resumed_from == 0:
+        t.add("no_checkpoint", DECISIVE, "the resumed run started again from step 1: the killed run "
+              "left no checkpoint it could load")
+    replay = facts.replay
+    ckpt = facts.checkpoint
+    if replay is not None:
+        if replay.same:
+            t.rule_out("data_position", replay.sentence())
+        elif replay.matched_step is not None:
+            t.add("data_position", DECISIVE, replay.sentence())
+        else:
+            t.add("data_position", SUGGESTIVE, replay.sentence())
+            if ckpt is not None and not ckpt.has("rng"):
+                t.add("rng", STRONG, "the data order after the resume differs and the checkpoint holds "
+                      "no RNG state to restore the shuffle from")
+    if ckpt is not None:
+        name = Path(str(ckpt.path)).name
+        for key, component in (("rng", "rng"), ("optimizer", "optimizer"), ("scheduler", "scheduler"),
+                               ("data_position", "data")):
+            if not ckpt.has(component):
+                points = STRONG if key in ("rng", "optimizer") else SUGGESTIVE
+                t.add(key, points, f"{name} holds no {_COMPONENT_WORDS[component]}")
+        detail = ckpt.details.get("optimizer", "")
+        if ckpt.has("optimizer") and "no per-parameter state" in detail:
+            t.add("optimizer", STRONG, f"{name}: optimizer {detail}")
+    if facts.lr is not None:
+        lr_step, lr_name = facts.lr
+        if lr_step is None:
+            t.rule_out("scheduler", f"{lr_name} matches the uninterrupted run at every step")
+        elif lr_step <= boundary:
+            t.add("scheduler", DECISIVE, f"{lr_name} differs from step {lr_step} on, the first resumed step")
+        else:
+            t.add("scheduler", SUGGESTIVE, f"{lr_name} differs from step {lr_step} on")
+    step = facts.first_divergent_step
+    # a loss is computed before its step's update: lost optimizer or scheduler state shows one
+    # step after the boundary, lost data position or RNG at the boundary itself
+    if step is not None and facts.resumed_from > 0 and step > boundary + 1:
+        agree = step - boundary
+        later = f"the trajectories agree for {agree} resumed step{'s' if agree > 1 else ''} and part at step {step}"
+        if facts.epoch_steps and step % facts.epoch_steps in (1, 0):
+            later += " (an epoch boundary)"
+        t.add("data_position", SUGGESTIVE, later)
+        t.add("rng", SUGGESTIVE, later)
+        if "optimizer" not in t.ruled_out:
+            t.add("optimizer", -1, "lost optimizer moments show within a step of the resume, not later")
+    for key, why in _specific_differences(facts.final_state):
+        t.add(key, STRONG, why)
+    for key, line in facts.warnings:
+        t.add(key, STRONG, f"the framework warned: {line}")
+    return rank_causes(t, RESUME_CAUSE_TEXT)
+
+
+#: a key whose value counts steps: equal in both runs unless that component restarted
+_COUNTER = re.compile(r"(?:^|\.)(?:step|_step_count|last_epoch|global_step|iteration)$")
+
+
+def _specific_differences(state: StateComparison | None) -> list[tuple[str, str]]:
+    """Differences between the final checkpoints that point at one cause.
+
+    After any divergence the weights and the optimizer's moments differ; step counters, the
+    scheduler and the RNG states do not (the same steps draw the same numbers and count the
+    same), unless that component was not restored."""
+    if state is None or not getattr(state, "compared", False):
+        return []
+    by_component: Mapping[str, list[str]] = getattr(state, "by_component", {}) or {}
+    what = dict(state.differing)
+    out: list[tuple[str, str]] = []
+    counters = [k for k, _ in state.differing if "optim" in k.lower() and _COUNTER.search(k)]
+    if counters:
+        out.append(("optimizer", f"the final optimizer step counts differ ({counters[0]}: {what.get(counters[0], '')})"))
+    if by_component.get("scheduler"):
+        key = by_component["scheduler"][0]
+        out.append(("scheduler", f"the final scheduler state differs ({key}: {what.get(key, '')})"))
+    if by_component.get("rng"):
+        key = by_component["rng"][0]
+        out.append(("rng", f"the final RNG states differ ({key}); the same steps draw the same "
+                    "numbers unless the RNG was not restored"))
+    return out
+
+
+_COMPONENT_WORDS = {
+    "rng": "RNG state (torch, numpy, python random)",
+    "optimizer": "optimizer state",
+    "scheduler": "LR scheduler state",
+    "data": "data position (sampler or dataloader state)",
+}
+
+
+def explain(causes: Sequence[Cause]) -> str:
+    """``most likely: <cause> (<evidence>)`` for the summary line; empty without evidence."""
+    best = [c for c in causes if c.strength > NONE]
+    if not best:
+        return ""
+    top = best[0]
+    return f"most likely {top.text.split(' (')[0]}: {'; '.join(top.evidence[:2])}"
+
+
+def first_different_batch(
+    first: Sequence[SampleBatch], second: Sequence[SampleBatch]
+) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
+    """``(batch number, first run's indices, second run's)`` where two runs' training batches
+    first differ; None when they drew the same samples in the same order."""
+    a, b = _training_batches(first), _training_batches(second)
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i, x, y
+    return None
+
+
+def _shown(indices: Sequence[int]) -> str:
+    return "[" + ", ".join(map(str, indices[:8])) + (", ...]" if len(indices) > 8 else "]")
+
+
+def data_order_note(first: Sequence[SampleBatch], second: Sequence[SampleBatch]) -> str | None:
+    """For a failed determinism check: whether the two runs drew the same samples."""
+    if not _training_batches(first) or not _training_batches(second):
+        return None
+    diff = first_different_batch(first, second)
+    if diff is None:
+        return "both runs drew the same samples in the same order: the data order is not the cause"
+    i, x, y = diff
+    return (f"the two runs drew different samples from batch {i + 1} on ({_shown(x)} vs {_shown(y)}): "
+            "the data order is not seeded (shuffle generator, sampler seed or worker order)")
+
+
+def shared_shard_note(batches: Mapping[int, Sequence[SampleBatch]]) -> str | None:
+    """For a failed parallel check: two ranks that trained on the same samples."""
+    same = same_samples_across_ranks(batches)
+    if same is None:
+        return None
+    return (f"ranks {', '.join(str(r) for r in sorted(batches))} trained on the same first batch "
+            f"{_shown(same)}: each rank reads the same shard")
+
+
+#: metric names that carry the learning rate
+LR_METRIC = re.compile(r"^(?:lr|learning_rate|.*[._-]lr)$", re.I)
+
+
+def read_inventory(checkpoint: Path) -> CheckpointInventory | None:
+    """What a checkpoint (or the newest complete one of a folder) holds; None when it cannot be
+    read (the diagnosis then goes without it)."""
+    from trainguard.unit.checkpoints import checkpoint_inventory
+
+    try:
+        inventory = checkpoint_inventory(checkpoint)
+    except (OSError, ValueError, RuntimeError):
+        return None
+    return inventory if inventory.files else None
+
+
+def resume_diagnosis(
+    *,
+    reference_dir: Path,
+    resumed_dir: Path,
+    world_size: int,
+    steps: int,
+    facts: ResumeFacts,
+) -> tuple[list[Cause], dict[str, Any]]:
+    """Complete ``facts`` with what the runs left (sample records, stderr warnings) and rank
+    the causes; also the evidence to report (the checkpoint's inventory, the replay)."""
+    from trainguard.launch.samples import read_samples
+
+    reference, resumed = read_samples(reference_dir), read_samples(resumed_dir)
+    if facts.replay is None and reference.get(0) and resumed.get(0) and facts.resumed_from > 0:
+        facts.replay = sample_replay(reference[0], resumed[0], resumed_from=facts.resumed_from, steps=steps)
+    if not facts.warnings:
+        facts.warnings = framework_warnings(stderr_lines(resumed_dir, world_size))
+    causes = diagnose_resume(facts)
+    evidence: dict[str, Any] = {"diagnosis": [c.as_evidence() for c in causes]}
+    if facts.checkpoint is not None:
+        evidence["resumed_checkpoint"] = facts.checkpoint.as_evidence()
+        evidence["resumed_checkpoint"]["summary"] = facts.checkpoint.summary()
+    if facts.replay is not None:
+        evidence["samples"] = facts.replay.sentence()
+    if facts.warnings:
+        evidence["framework_warnings"] = [line for _, line in facts.warnings]
+    return causes, evidence

@@ -1,0 +1,74 @@
+"""trainguard's start-up hook: what runs inside a rank's Python process, before the job's code.
+
+This directory goes first on a rank's PYTHONPATH, so Python imports its ``sitecustomize.py`` at
+start-up (which chains any existing one). Two agents live here, each loaded by file path and
+each inert unless its environment variable holds a JSON spec:
+
+* ``_trainguard_fault_agent.py`` (``TRAINGUARD_FAULT_HOOK``, :func:`hook_env`): arms one fault
+  of a drill (docs/faults-memory-and-disk.md);
+* ``_trainguard_run_agent.py`` (``TRAINGUARD_RUN_HOOK``, :func:`run_hook_env`): records the
+  training loss of Hugging Face and Lightning Trainers and the sample indices of each DataLoader
+  batch (docs/metrics.md).
+
+Both may be active in one process; they share the one PYTHONPATH entry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ENV_RUN_SPEC",
+    "ENV_SPEC",
+    "HOOK_DIR",
+    "METRICS_DIR",
+    "SAMPLES_DIR",
+    "hook_env",
+    "hook_pythonpath",
+    "run_hook_env",
+]
+
+#: the fault agent's spec (a drill's fault)
+ENV_SPEC = "TRAINGUARD_FAULT_HOOK"
+#: the run agent's spec (trainer metrics, sample indices)
+ENV_RUN_SPEC = "TRAINGUARD_RUN_HOOK"
+#: the directory that goes first on the ranks' PYTHONPATH
+HOOK_DIR = Path(__file__).resolve().parent
+#: under a run directory: the run agent's trainer metrics, ``rank{rank}.jsonl``
+METRICS_DIR = "trainguard-metrics"
+#: under a run directory: the run agent's sample indices, ``rank{rank}.jsonl``
+SAMPLES_DIR = "trainguard-samples"
+
+
+def hook_pythonpath(base_env: Mapping[str, str] | None = None) -> str:
+    """PYTHONPATH with the hook directory first, then the entries ``base_env`` (else this
+    process's environment) already has, the hook's own entry not repeated."""
+    env = base_env if base_env is not None else os.environ
+    existing = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    parts = [str(HOOK_DIR), *[p for p in existing.split(os.pathsep) if p and p != str(HOOK_DIR)]]
+    return os.pathsep.join(parts)
+
+
+def hook_env(spec: Mapping[str, Any], base_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """PYTHONPATH (the hook first, then the job's own entries) and the fault spec for the ranks.
+
+    ``base_env`` is the job's environment; its PYTHONPATH (or this process's) is kept after ours.
+    """
+    if "trigger" not in spec:
+        raise ValueError("a fault hook spec needs a 'trigger' file path")
+    return {"PYTHONPATH": hook_pythonpath(base_env), ENV_SPEC: json.dumps(dict(spec))}
+
+
+def run_hook_env(spec: Mapping[str, Any], base_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """PYTHONPATH (the hook first) and the run agent's spec for the ranks.
+
+    Spec keys: ``metrics_dir`` (where each rank writes ``rank{RANK}.jsonl``), ``huggingface`` and
+    ``lightning`` (metric name -> the trainer's key, ``loss`` being the per-step training loss),
+    ``samples_dir`` (None: sample indices not recorded). A drill's fault spec in ``base_env``
+    keeps working: both agents load from the same directory.
+    """
+    return {"PYTHONPATH": hook_pythonpath(base_env), ENV_RUN_SPEC: json.dumps(dict(spec))}

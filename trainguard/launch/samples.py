@@ -1,0 +1,78 @@
+"""The sample indices each DataLoader batch of a run consumed, as the start-up hook recorded them.
+
+For every command job with ``job.record_samples`` (the default), trainguard's run agent
+(:mod:`trainguard.launch.hook`) writes ``{run_dir}/trainguard-samples/rank{rank}.jsonl`` from each
+rank's main process: one line per batch a DataLoader iterator yielded,
+``{"loader": k, "dataset": "<class>(<len>)", "iter": e, "batch": n, "indices": [...]}``.
+:func:`read_samples` reads them back. See docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.launch.hook import SAMPLES_DIR
+
+__all__ = ["SAMPLES_DIR", "SampleBatch", "read_samples"]
+
+_RANK_FILE = re.compile(r"rank(\d+)\.jsonl")
+
+
+@dataclass(frozen=True)
+class SampleBatch:
+    """One batch a DataLoader iterator yielded in a rank's main process."""
+
+    #: the k-th distinct DataLoader object of the process (from 0)
+    loader: int
+    #: the dataset's class and length, e.g. ``"TensorDataset(512)"``
+    dataset: str
+    #: the e-th iterator (pass, usually an epoch) created on that loader (from 0)
+    iter: int
+    #: the batch's number within that iterator (from 0)
+    batch: int
+    #: the dataset indices the batch holds, in order
+    indices: list[Any] = field(default_factory=list)
+
+
+def _batch(obj: Any) -> SampleBatch | None:
+    if not isinstance(obj, dict):
+        return None
+    try:
+        return SampleBatch(
+            loader=int(obj["loader"]), dataset=str(obj.get("dataset", "")), iter=int(obj["iter"]),
+            batch=int(obj["batch"]), indices=list(obj.get("indices") or []),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def read_samples(run_dir: Path) -> dict[int, list[SampleBatch]]:
+    """Rank -> the batches its main process consumed, in order; ``{}`` when nothing was recorded
+    (``job.record_samples: false``, a job without DataLoaders, a ``ray_train`` job). A line cut
+    short by a kill is skipped."""
+    folder = Path(run_dir) / SAMPLES_DIR
+    out: dict[int, list[SampleBatch]] = {}
+    if not folder.is_dir():
+        return out
+    for path in sorted(folder.iterdir()):
+        match = _RANK_FILE.fullmatch(path.name)
+        if match is None:
+            continue
+        batches = []
+        try:
+            lines = path.read_bytes().splitlines()
+        except OSError:
+            continue
+        for raw in lines:
+            try:
+                batch = _batch(json.loads(raw))
+            except ValueError:
+                continue
+            if batch is not None:
+                batches.append(batch)
+        out[int(match.group(1))] = batches
+    return dict(sorted(out.items()))

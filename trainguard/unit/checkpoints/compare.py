@@ -1,0 +1,153 @@
+"""Comparing the final checkpoints of two runs, key by key, summarised by component."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.unit.checkpoints.files import read_checkpoint, resolve_checkpoint
+from trainguard.unit.checkpoints.state import (
+    COMPONENTS,
+    Entry,
+    classify_path,
+    describe_keys,
+    flatten_state,
+)
+
+__all__ = ["StateComparison", "compare_checkpoint_dirs"]
+
+
+@dataclass
+class StateComparison:
+    """Result of comparing the final checkpoints of two runs.
+
+    ``differing``: (key, what differs) for every state key that differs (or is in one run only);
+    ``by_component``: component -> those keys; ``metadata_differing``: keys whose values are paths
+    or times and differ (reported apart, never a failure); ``skipped``: file -> why not read."""
+
+    compared: bool
+    reason: str = ""
+    files: tuple[str, str] | None = None
+    differing: list[tuple[str, str]] = field(default_factory=list)
+    by_component: dict[str, list[str]] = field(default_factory=dict)
+    metadata_differing: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    #: how many state keys were compared
+    compared_keys: int = 0
+    _described: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.differing
+
+    def summary(self) -> str:
+        """The differing state by component, in :data:`COMPONENTS` order:
+        ``optimizer (12 keys: exp_avg, exp_avg_sq of 6 params), scheduler (last_epoch)``."""
+        return ", ".join(f"{c} ({self._described.get(c) or len(self.by_component[c])})"
+                         for c in COMPONENTS if self.by_component.get(c))
+
+    def as_evidence(self) -> dict[str, Any]:
+        evidence: dict[str, Any] = {
+            "compared": self.compared,
+            "reason": self.reason,
+            "files": list(self.files) if self.files else None,
+            "compared_keys": self.compared_keys,
+            "differing_keys": [k for k, _ in self.differing][:50],
+            "differences": [f"{k}: {what}" for k, what in self.differing][:20],
+            "by_component": {c: keys[:20] for c, keys in self.by_component.items()},
+            "summary": self.summary(),
+        }
+        if self.metadata_differing:
+            evidence["metadata_differing"] = self.metadata_differing[:20]
+        if self.skipped:
+            evidence["skipped"] = self.skipped
+        return evidence
+
+
+def _entries(path: Path, roots: tuple[str, ...]) -> tuple[dict[str, Entry], dict[str, str], list[str]]:
+    contents = read_checkpoint(path)
+    entries: dict[str, Entry] = {}
+    for part, state in contents.parts.items():
+        for entry in flatten_state(state, part, roots):
+            entries[entry.key] = entry
+    return entries, contents.skipped, contents.files
+
+
+def _roots(*dirs: Path) -> tuple[str, ...]:
+    """The directories whose appearance in a string value makes it a path: the two checkpoint
+    directories and the run directories around them."""
+    roots = {str(d.resolve()) for d in dirs} | {str(d.resolve().parent) for d in dirs}
+    return tuple(sorted(r for r in roots if len(r) > 1))
+
+
+def compare_checkpoint_dirs(
+    actual_dir: Path,
+    expected_dir: Path,
+    *,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+    labels: tuple[str, str] = ("resumed", "reference"),
+) -> StateComparison:
+    """Compare the newest complete checkpoint under ``actual_dir`` with the same-named one under
+    ``expected_dir`` (else its newest), every file of it, value by value.
+
+    Directories (Hugging Face ``checkpoint-N``, DCP, several files) compare file by file; files
+    that cannot be read safely (``training_args.bin``) are skipped by name and the rest still
+    compared. Paths and times go to ``metadata_differing``, never to ``differing``."""
+    from trainguard.unit.equivalence import tree_differences
+
+    actual_dir, expected_dir = Path(actual_dir), Path(expected_dir)
+    actual = resolve_checkpoint(actual_dir)
+    if actual is None:
+        return StateComparison(False, f"the {labels[0]} run left no complete checkpoint to compare")
+    expected = None
+    if actual.is_relative_to(actual_dir) and actual != actual_dir:
+        same = expected_dir / actual.relative_to(actual_dir)
+        expected = same if same.exists() else None
+    expected = expected or resolve_checkpoint(expected_dir)
+    if expected is None:
+        return StateComparison(False, f"the {labels[1]} run left no complete checkpoint to compare")
+    files = (str(actual), str(expected))
+    roots = _roots(actual_dir, expected_dir)
+    a_entries, a_skipped, a_files = _entries(actual, roots)
+    e_entries, e_skipped, e_files = _entries(expected, roots)
+    skipped = {**e_skipped, **a_skipped}
+    if not a_files or not e_files:
+        which = labels[0] if not a_files else labels[1]
+        return StateComparison(False, f"nothing in the {which} run's checkpoint could be read safely ("
+                               + "; ".join(f"{k}: {v}" for k, v in skipped.items()) + ")",
+                               files, skipped=skipped)
+    result = StateComparison(True, "", files, skipped=skipped)
+    grouped: dict[str, list[tuple[Entry, int]]] = {}
+
+    def differs(entry: Entry, what: str) -> None:
+        if entry.metadata:
+            result.metadata_differing.append(entry.key)
+            return
+        component, index = classify_path(entry.part, entry.segments)
+        result.differing.append((entry.key, what))
+        result.by_component.setdefault(component, []).append(entry.key)
+        grouped.setdefault(component, []).append((entry, index))
+
+    for part in sorted(set(a_files) ^ set(e_files)):
+        only = labels[0] if part in a_files else labels[1]
+        differs(Entry(part, (), None), f"file only in the {only} run's checkpoint")
+    for key, e_entry in e_entries.items():
+        a_entry = a_entries.get(key)
+        if a_entry is None:
+            if e_entry.part in a_files:
+                differs(e_entry, f"missing in {labels[0]}")
+            continue
+        if a_entry.metadata or e_entry.metadata:
+            if tree_differences(a_entry.value, e_entry.value, rtol=0.0, atol=0.0, labels=labels):
+                result.metadata_differing.append(key)
+            continue
+        result.compared_keys += 1
+        for _, what in tree_differences(a_entry.value, e_entry.value, rtol=rtol, atol=atol, labels=labels):
+            differs(a_entry, what)
+    for key, a_entry in a_entries.items():
+        if key not in e_entries and a_entry.part in e_files:
+            differs(a_entry, f"only in {labels[0]}, not in {labels[1]}")
+    result._described = {c: describe_keys(c, entries) for c, entries in grouped.items()}
+    return result
