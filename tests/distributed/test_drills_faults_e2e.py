@@ -109,6 +109,9 @@ def _disk_full(tmp_path: Path, writer: str, mode: str, args: str) -> None:
     if writer == "in-place":
         assert result.status == "failed", result.summary
         assert result.evidence["checkpoint"]["intact"] is False, result.evidence["checkpoint"]
+        # the cause the evidence shows comes first: the torn checkpoint, with the write it hit
+        assert "in place" in result.evidence["likely_causes"][0], result.evidence["likely_causes"]
+        assert "Most likely a checkpoint overwritten in place" in result.summary
         return
     assert result.status == "passed", result.summary
     assert "No space left on device" in result.evidence["failed_rank_stderr_after_fault"]

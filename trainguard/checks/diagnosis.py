@@ -264,6 +264,9 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
     if facts.resumed_from == 0:
         t.add("no_checkpoint", DECISIVE, "the resumed run started again from step 1: the killed run "
               "left no checkpoint it could load")
+    else:
+        t.rule_out("no_checkpoint", f"the resumed run went on from step {facts.resumed_from}: it "
+                   "loaded a checkpoint")
     replay = facts.replay
     ckpt = facts.checkpoint
     if replay is not None:

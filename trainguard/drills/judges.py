@@ -532,11 +532,29 @@ def judge_fail_clean(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]
     what = (f"{spec.fault} on rank {spec.rank} after step {info.injected_step}: {how}"
             + (f" {exit_after:.2f} s after the fault" if exit_after is not None and not first.ok else ""))
     if problems:
-        evidence["likely_causes"] = list(DRILL_CAUSES["fail_clean"])
-        return "failed", f"{what}; " + "; ".join(problems), evidence
+        evidence["likely_causes"] = _fail_clean_causes(first, info, evidence)
+        torn = (evidence.get("checkpoint") or {}).get("intact") is False
+        return "failed", f"{what}; " + "; ".join(problems) + (
+            f". Most likely {evidence['likely_causes'][0]}" if torn else ""), evidence
     return ("passed", f"{what} (deadline {spec.deadline_s:g} s), error reported; resumed from "
             f"checkpoint step {evidence['resumed_from_step']} with the fault removed and matched the "
             "uninterrupted run", evidence)
+
+
+def _fail_clean_causes(first: RunResult, info: Any, evidence: dict[str, Any]) -> list[str]:
+    """The fail_clean causes, the one the evidence shows first (with that evidence)."""
+    hang, swallowed, torn = DRILL_CAUSES["fail_clean"]
+    checkpoint = evidence.get("checkpoint") or {}
+    if checkpoint.get("intact") is False:
+        why = checkpoint.get("why") or (
+            "the resume from it started again from step 1" if checkpoint.get("resumed_from_step") == 0
+            else "the run resumed from it does not match the uninterrupted run")
+        written = [p for p in (evidence.get("fault_evidence") or {}).get("enospc_paths", []) if isinstance(p, str)]
+        where = f"; the fault hit a write to {', '.join(written[:2])}" if written else ""
+        return [f"{torn} ({why}{where})", swallowed, hang]
+    if first.ok:
+        return [swallowed, torn, hang]
+    return [hang, swallowed, torn]
 
 
 def judge_continue(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
