@@ -433,3 +433,31 @@ def test_a_dcp_entry_that_needs_full_unpickling_is_skipped_by_name(tmp_path: Pat
     contents = read_checkpoint(tmp_path / "step-1")
     assert torch.equal(contents.parts[""]["model"]["w"], torch.ones(2))
     assert "TrainingArgumentsLike" in contents.skipped["args"]
+
+
+def _finished_run(output_dir: Path, train_loss: float, step_loss: float = 2.25) -> None:
+    """What run_clm.py leaves at the end: the final save, save_state and the results files."""
+    hf_checkpoint(output_dir, 10)
+    final = output_dir / "checkpoint-10"
+    for item in final.iterdir():
+        item.rename(output_dir / item.name)
+    final.rmdir()
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    state["log_history"] = [{"loss": step_loss, "step": 10},
+                            {"step": 10, "train_loss": train_loss, "train_runtime": 3.2, "total_flos": 10.0}]
+    (output_dir / "trainer_state.json").write_text(json.dumps(state))
+    for name in ("train_results.json", "all_results.json"):
+        (output_dir / name).write_text(json.dumps({"train_loss": train_loss, "train_runtime": 3.2}))
+
+
+def test_the_run_summary_of_a_resumed_trainer_is_reported_apart_not_as_state(tmp_path: Path) -> None:
+    # a resumed run averages only the steps it trained: its train_loss differs after an exact resume
+    _finished_run(tmp_path / "resumed", train_loss=6.0029)
+    _finished_run(tmp_path / "reference", train_loss=6.0065)
+    state = compare_checkpoint_dirs(tmp_path / "resumed", tmp_path / "reference")
+    assert state.compared and state.ok, state.differing
+    assert {"all_results.json:train_loss", "train_results.json:train_loss",
+            "trainer_state.json:log_history.1.train_loss"} <= set(state.metadata_differing)
+    # a per-step loss in the log is state: a difference there still counts
+    _finished_run(tmp_path / "other", train_loss=6.0065, step_loss=2.5)
+    assert not compare_checkpoint_dirs(tmp_path / "other", tmp_path / "reference").ok

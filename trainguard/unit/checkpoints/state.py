@@ -9,6 +9,7 @@ differ between two correct runs in two directories; they are metadata, kept apar
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,7 +169,20 @@ def flatten_state(state: Any, part: str = "", roots: tuple[str, ...] = ()) -> li
         out.append(Entry(part, segments, value, _is_metadata(segments, value, roots)))
 
     walk(state, ())
-    return out
+    if _RUN_SUMMARY_FILE.search(part):  # a report of the process's own run, not state
+        return [dataclasses.replace(e, metadata=True) for e in out]
+    return [dataclasses.replace(e, metadata=True) if not e.metadata and _run_summary(e.segments) else e
+            for e in out]
+
+
+#: files a trainer writes to report a run (the Trainer's ``all_results.json``, ``train_results.json``)
+_RUN_SUMMARY_FILE = re.compile(r"(?:^|[/:])(?:all|train|eval|test|predict)_results\.json$")
+
+
+def _run_summary(segments: tuple[str, ...]) -> bool:
+    """The average loss of the process's own run in a log (a resumed run averages only the steps
+    it trained): it differs after any resume, exact or not."""
+    return "log_history" in segments and segments[-1] == "train_loss"
 
 
 def _file_hint(part: str) -> str | None:
