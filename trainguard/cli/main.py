@@ -12,7 +12,6 @@ import signal
 import sys
 import textwrap
 from collections.abc import Sequence
-from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
@@ -116,28 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--wait", type=float, default=30.0, metavar="S",
                         help="seconds to watch the submitted job's status (default: 30)")
 
-    init = sub.add_parser(
-        "init",
-        help="scaffold a trainguard.yaml and a test file for an existing training script",
-        description="Write a trainguard.yaml (and tests/test_trainguard_job.py) for an existing "
-        "training script. Asks for what the flags leave open when run in a terminal; with "
-        "--yes (or without a terminal) it asks nothing and uses the defaults shown.",
-    )
-    init.add_argument("script", metavar="SCRIPT", help="the training script, e.g. train.py")
-    init.add_argument("--dir", default=".", help="where to write the files (default: .)")
-    init.add_argument("--name", help="job name (default: the script's name)")
-    init.add_argument("--steps-flag", default="--steps", help="the script's flag for the number of steps (default: --steps)")
-    init.add_argument("--ckpt-flag", default="--ckpt-dir", help="its flag for the checkpoint directory (default: --ckpt-dir)")
-    init.add_argument("--seed-flag", default="--seed", help="its flag for the seed (default: --seed)")
-    init.add_argument("--resume-flag", default="--resume", help="its flag to resume from the latest checkpoint (default: --resume)")
-    init.add_argument(
-        "--loss-regex",
-        default=r"step (?P<step>\d+) loss (?P<value>\S+)",
-        help=r"regex matching its loss lines, with named groups step and value (default: 'step (?P<step>\d+) loss (?P<value>\S+)')",
-    )
-    init.add_argument("--world-size", type=int, default=1, help="ranks to launch (default: 1)")
-    init.add_argument("-y", "--yes", action="store_true", help="ask nothing; use the flags and defaults")
-    init.add_argument("--force", action="store_true", help="overwrite existing files")
+    from trainguard.cli import init as init_cli
+
+    init_cli.add_parser(sub)
 
     from trainguard.cli import profile as profile_cli
 
@@ -154,24 +134,11 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-#: init options whose values are themselves flags ("--steps-flag --max-steps")
-_FLAG_VALUED = ("--steps-flag", "--ckpt-flag", "--seed-flag", "--resume-flag")
-
-
-def _join_flag_values(argv: Sequence[str]) -> list[str]:
-    # argparse reads a value starting with "-" as the next option and fails with "expected one
-    # argument"; "--steps-flag=--max-steps" is what it accepts.
-    out: list[str] = []
-    tokens = iter(argv)
-    for token in tokens:
-        value = next(tokens, None) if token in _FLAG_VALUED else None
-        out.append(token if value is None else f"{token}={value}")
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    from trainguard.cli import init as init_cli
+
     parser = build_parser()
-    args = parser.parse_args(_join_flag_values(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(init_cli.join_flag_values(sys.argv[1:] if argv is None else argv))
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
@@ -183,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check":
             return _cmd_check(args)
         if args.command == "init":
-            return _cmd_init(args)
+            return init_cli.run(args)
         if args.command == "profile":
             from trainguard.cli import profile as profile_cli
 
@@ -348,104 +315,6 @@ def _rel(path: str | None) -> str:
         return os.path.relpath(path)
     except ValueError:
         return path
-
-
-_YAML_TEMPLATE = """\
-# trainguard job file: describes an existing training job and the checks to run on it.
-# Reference: docs/config.md. Run: trainguard check {yaml_name}
-job:
-  name: {name}
-  command: {command}
-  resume_args: {resume}
-  world_size: {world_size}
-  cwd: .
-  env: {{OMP_NUM_THREADS: "1"}}
-  metrics:
-    loss: '{loss_regex}'
-  timeout: 600
-  stall_timeout: 60
-checks:
-  smoke: {{steps: 5}}
-  determinism: {{steps: 20}}
-  resume: {{steps: 40, after_step: 25}}
-"""
-
-_TEST_TEMPLATE = '''\
-"""trainguard checks of the {name} job, run by pytest (written by `trainguard init`)."""
-
-from pathlib import Path
-
-import pytest
-
-import trainguard.session
-
-JOB_FILE = Path(__file__).resolve().parent.parent / "{yaml_name}"
-
-
-@pytest.mark.smoke
-def test_smoke(tmp_path):
-    report = trainguard.session.check(JOB_FILE, only=["smoke"], report_json=str(tmp_path / "r.json"))
-    assert report.status == "passed", report.checks[0].summary
-
-
-@pytest.mark.determinism
-def test_determinism(tmp_path):
-    report = trainguard.session.check(JOB_FILE, only=["determinism"], report_json=str(tmp_path / "r.json"))
-    assert report.status == "passed", report.checks[0].summary
-'''
-
-
-def _ask(question: str, default: str, interactive: bool) -> str:
-    if not interactive:
-        return default
-    answer = input(f"{question} [{default}]: ").strip()
-    return answer or default
-
-
-def _cmd_init(args: argparse.Namespace) -> int:
-    from trainguard.config import parse_config
-
-    target_dir = Path(args.dir)
-    script = Path(args.script)
-    if not (target_dir / script).is_file() and not script.is_file():
-        raise ConfigError(
-            f"training script {args.script!r} not found in {target_dir.resolve()}; pass the "
-            "path of your existing script (relative to --dir)"
-        )
-    interactive = not args.yes and sys.stdin.isatty()
-    name = args.name or _ask("job name", script.stem, interactive)
-    steps_flag = _ask("flag for the number of steps", args.steps_flag, interactive)
-    ckpt_flag = _ask("flag for the checkpoint directory", args.ckpt_flag, interactive)
-    seed_flag = _ask("flag for the seed", args.seed_flag, interactive)
-    resume_flag = _ask("flag to resume from the latest checkpoint", args.resume_flag, interactive)
-    command = f"python {script.as_posix()} {steps_flag} {{steps}} {ckpt_flag} {{checkpoint_dir}} {seed_flag} {{seed}}"
-    yaml_name = "trainguard.yaml"
-    yaml_path = target_dir / yaml_name
-    test_path = target_dir / "tests" / "test_trainguard_job.py"
-    for path in (yaml_path, test_path):
-        if path.exists() and not args.force:
-            raise ConfigError(f"{path} already exists; pass --force to overwrite it")
-    text = _YAML_TEMPLATE.format(
-        yaml_name=yaml_name,
-        name=name,
-        command=_yaml_str(command),
-        resume=_yaml_str(resume_flag),
-        world_size=args.world_size,
-        loss_regex=args.loss_regex.replace("'", "''"),
-    )
-    from trainguard._internal.atomic import atomic_write_text
-
-    parse_config(text, path=yaml_path)  # what we write must load; a bad --loss-regex stops here
-    atomic_write_text(yaml_path, text)
-    test_path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(test_path, _TEST_TEMPLATE.format(name=name, yaml_name=yaml_name))
-    print(f"wrote {yaml_path} and {test_path}")
-    print(f"next: trainguard check {yaml_path}   (or: pytest {test_path})")
-    return EXIT_OK
-
-
-def _yaml_str(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 if __name__ == "__main__":  # pragma: no cover
