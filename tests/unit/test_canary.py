@@ -395,3 +395,41 @@ def test_smoke_without_resume_args_skips_the_resume_and_says_so(tmp_path: Path) 
     assert result.evidence["stages"]["resume"] == (
         "skipped: job.resume_args is empty, so the job cannot be resumed"
     )
+
+
+# a nanoGPT-like loop: it saves `iter_num` at the top of an iteration, before that iteration's
+# update, so a resume runs that iteration again; --forget ignores the checkpoint
+NEXT_STEP_JOB = '''
+import argparse, os, torch
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int); p.add_argument("--out"); p.add_argument("--resume", action="store_true")
+p.add_argument("--forget", action="store_true")
+a = p.parse_args()
+path = os.path.join(a.out, "ckpt.pt")
+start = torch.load(path, weights_only=True)["iter_num"] if a.resume and not a.forget else 1
+for i in range(start, a.steps + 1):
+    if i % 5 == 0:
+        torch.save({"iter_num": i, "w": torch.ones(3) * i}, path)
+    print(f"iter {i}: loss {1.0 / i:.6f}", flush=True)
+'''
+
+
+@pytest.mark.parametrize("forget", [False, True], ids=["resumes-at-its-step", "restarts-at-1"])
+def test_smoke_accepts_a_checkpoint_that_names_the_step_to_run_next(tmp_path: Path, forget: bool) -> None:
+    from trainguard.checks.smoke import run_smoke
+
+    (tmp_path / "train.py").write_text(NEXT_STEP_JOB)
+    (tmp_path / "trainguard.yaml").write_text(
+        f"job:\n  name: next-step\n  command: '{sys.executable} train.py --steps {{steps}} --out {{checkpoint_dir}}'\n"
+        f"  resume_args: '--resume{' --forget' if forget else ''}'\n  distributed_env: false\n"
+        "  metrics: {loss: 'iter (?P<step>\\d+): loss (?P<value>\\S+)'}\n  timeout: 60\n"
+        "checks:\n  smoke: {steps: 6}\n"
+    )
+    job_file = load_config(tmp_path / "trainguard.yaml")
+    assert job_file.checks.smoke is not None
+    result = run_smoke(JobRunner(job_file, Settings()), job_file.checks.smoke)
+    if forget:
+        assert result.status == "failed" and "started again from step 1" in result.summary, result.summary
+        return
+    assert result.status == "passed", result.summary
+    assert result.summary.endswith("resumed from the checkpoint of step 5 at step 5")

@@ -170,8 +170,10 @@ def _load_stage(
         trainer_state = contents.parts.get("trainer_state.json")
         if isinstance(trainer_state, dict):
             state = {"step": trainer_state.get("global_step")}
-    elif isinstance(state, dict) and "step" not in state and "global_step" in state:
-        state = {**state, "step": state["global_step"]}  # Lightning's .ckpt
+    elif isinstance(state, dict) and "step" not in state:
+        counter = next((k for k in ("global_step", "iter_num", "iteration") if k in state), None)
+        if counter is not None:  # Lightning's .ckpt; nanoGPT's ckpt.pt
+            state = {**state, "step": state[counter]}
     evidence["checkpoint"] = {"file": str(newest), "loaded": bool(contents.parts)}
     if contents.skipped:
         evidence["checkpoint"]["skipped"] = contents.skipped
@@ -214,7 +216,13 @@ def _resume_stage(
         return f"the resumed run did not complete: {resumed.reason}"
     if first is None:
         return f"the resumed run printed no `{metric}` line"
-    if ckpt_step is not None and first != ckpt_step + 1:
+    # a step counter in a checkpoint counts the steps done (resume at step+1) or names the step
+    # to run next (nanoGPT saves iter_num at the top of its iteration: resume at step); without
+    # one in the file the step is the last one printed, and any later start than step 1 resumed
+    guessed = "checkpoint_step_from" in evidence
+    allowed = range(2, ckpt_step + 2) if guessed and ckpt_step is not None else (
+        (ckpt_step, ckpt_step + 1) if ckpt_step is not None else ())
+    if ckpt_step is not None and first not in allowed:
         if first == 1:
             return (
                 f"the resumed run started again from step 1 instead of step {ckpt_step + 1} (the "
