@@ -461,3 +461,22 @@ def test_the_run_summary_of_a_resumed_trainer_is_reported_apart_not_as_state(tmp
     # a per-step loss in the log is state: a difference there still counts
     _finished_run(tmp_path / "other", train_loss=6.0065, step_loss=2.5)
     assert not compare_checkpoint_dirs(tmp_path / "other", tmp_path / "reference").ok
+
+
+def test_a_configuration_string_the_resume_changes_is_reported_apart(tmp_path: Path) -> None:
+    # nanoGPT saves its config with the state; the resumed run's says init_from="resume"
+    model = {"w": torch.ones(2)}
+    torch.save({"model": model, "iter_num": 10, "config": {"init_from": "resume", "n_layer": 2}},
+               tmp_path / "resumed.pt")
+    torch.save({"model": model, "iter_num": 10, "config": {"init_from": "scratch", "n_layer": 2}},
+               tmp_path / "reference.pt")
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    (tmp_path / "resumed.pt").rename(tmp_path / "a" / "ckpt.pt")
+    (tmp_path / "reference.pt").rename(tmp_path / "b" / "ckpt.pt")
+    state = compare_checkpoint_dirs(tmp_path / "a", tmp_path / "b")
+    assert state.compared and state.ok, state.differing
+    assert state.metadata_differing == ["config.init_from"]
+    # a number of the configuration still counts
+    torch.save({"model": model, "iter_num": 10, "config": {"init_from": "scratch", "n_layer": 3}},
+               tmp_path / "b" / "ckpt.pt")
+    assert not compare_checkpoint_dirs(tmp_path / "a", tmp_path / "b").ok

@@ -171,7 +171,7 @@ def flatten_state(state: Any, part: str = "", roots: tuple[str, ...] = ()) -> li
     walk(state, ())
     if _RUN_SUMMARY_FILE.search(part):  # a report of the process's own run, not state
         return [dataclasses.replace(e, metadata=True) for e in out]
-    return [dataclasses.replace(e, metadata=True) if not e.metadata and _run_summary(e.segments) else e
+    return [dataclasses.replace(e, metadata=True) if not e.metadata and _run_summary(e.segments, e.value) else e
             for e in out]
 
 
@@ -179,10 +179,18 @@ def flatten_state(state: Any, part: str = "", roots: tuple[str, ...] = ()) -> li
 _RUN_SUMMARY_FILE = re.compile(r"(?:^|[/:])(?:all|train|eval|test|predict)_results\.json$")
 
 
-def _run_summary(segments: tuple[str, ...]) -> bool:
+#: containers of the run's configuration as saved with the state (nanoGPT's ``config``)
+_CONFIG = frozenset({"config", "args", "hparams", "hyper_parameters", "hyperparameters", "cfg", "training_args"})
+
+
+def _run_summary(segments: tuple[str, ...], value: Any = None) -> bool:
     """The average loss of the process's own run in a log (a resumed run averages only the steps
-    it trained): it differs after any resume, exact or not."""
-    return "log_history" in segments and segments[-1] == "train_loss"
+    it trained), or a string/flag of the saved configuration (the resume itself changes some:
+    nanoGPT's ``config.init_from`` is "resume" in the resumed run): they differ after any
+    resume, exact or not."""
+    if "log_history" in segments and segments[-1] == "train_loss":
+        return True
+    return bool(segments) and segments[0] in _CONFIG and isinstance(value, (str, bool))
 
 
 def _file_hint(part: str) -> str | None:
