@@ -69,3 +69,12 @@ def make_sizing(recommended: int | None = 4, recommendation: str = "4 GPUs meet 
     return Sizing(target={}, candidates=[Candidate(**fields)] if recommended else [],
                   recommended=recommended, recommendation=recommendation, limits=[], device="gpu",
                   memory_budget_mb=None, memory_budget_source="")
+
+
+def only_check(root: Path, name: str) -> Any:
+    """Run one check (or ``drill:<name>``) of the job file in ``root``; its CheckResult."""
+    from trainguard.session import check
+
+    report = check(root, only=[name], report_json=str(root / "report.json"))
+    assert len(report.checks) == 1, [c.name for c in report.checks]
+    return report.checks[0]

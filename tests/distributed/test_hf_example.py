@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.report import CheckResult
+from tests.helpers import only_check
 from trainguard.session import check
 
 # find_spec, not importorskip: importing the framework here would cost seconds of collection
@@ -65,12 +65,6 @@ def example_copy(tmp_path: Path, checks: str, args: str = "", resume_args: str =
         JOB_FILE.format(args=args, resume_args=resume_args, checks=checks)
     )
     return root
-
-
-def only_check(root: Path, name: str) -> CheckResult:
-    report = check(root, only=[name], report_json=str(root / "report.json"))
-    assert len(report.checks) == 1, [c.name for c in report.checks]
-    return report.checks[0]
 
 
 @pytest.mark.resume

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import only_check
 from trainguard.launch.samples import read_samples
-from trainguard.report import CheckResult
 from trainguard.session import check
 
 # find_spec, not importorskip: importing the framework here would cost seconds of collection
@@ -63,12 +63,6 @@ def example_copy(tmp_path: Path, checks: str, args: str = "") -> Path:
                                 ignore=shutil.ignore_patterns(".trainguard", "__pycache__")))
     (root / "trainguard.yaml").write_text(JOB_FILE.format(args=args, checks=checks))
     return root
-
-
-def only_check(root: Path, name: str) -> CheckResult:
-    report = check(root, only=[name], report_json=str(root / "report.json"))
-    assert len(report.checks) == 1, [c.name for c in report.checks]
-    return report.checks[0]
 
 
 @pytest.mark.resume
