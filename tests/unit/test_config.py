@@ -559,6 +559,12 @@ ERRORS = [
         id="bad-regex",
     ),
     pytest.param(
+        doc({"metrics": {"loss": r"step (?P<step>\d+) loss (?P<value>\S+)a{4294967296}"}}),
+        "job.metrics.loss",
+        ["is not a usable regular expression", "the repetition number is too large"],
+        id="regex-repetition-overflow",
+    ),
+    pytest.param(
         doc({"metrics": {"loss": r"step (\d+) loss (?P<value>\S+)"}}),
         "job.metrics.loss",
         [

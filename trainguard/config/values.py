@@ -87,6 +87,8 @@ def compile_regex(value: str) -> re.Pattern[str]:
         return re.compile(value)
     except re.error as exc:
         raise ValueError(f"{value!r} is not a valid regular expression: {exc}") from None
+    except (OverflowError, RecursionError, MemoryError) as exc:  # a{4294967296}, deep nesting
+        raise ValueError(f"{value!r} is not a usable regular expression: {exc}") from None
 
 
 #: a command: a string split like a shell would, or a list of strings
