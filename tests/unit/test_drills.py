@@ -307,3 +307,14 @@ def test_continue_judges_the_rate_during_the_fault_and_the_faults_own_check() ->
     fault.verify_continue = lambda result: []  # type: ignore[method-assign]
     status, summary, _ = judge_continue(c)
     assert status == "passed", summary
+
+
+def test_a_fault_whose_own_rules_raise_still_gives_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault class (ours or a plugin's) tripping over a value it did not expect: the key and
+    the exception in words, never a traceback."""
+    def broken(cls: type, params: Any) -> list[tuple[str, str]]:
+        raise TypeError("unhashable type: 'list'")
+
+    monkeypatch.setattr(KillRankFault, "validate", classmethod(broken))
+    text = problem("{name: k, fault: kill_rank, rank: 1, after_step: 3, steps: 8, params: {x: [1]}}")
+    assert "checks.drills[0].params: could not be checked (TypeError: unhashable type: 'list')" in text

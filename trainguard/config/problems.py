@@ -378,8 +378,13 @@ def drill_problems(job_file: JobFile, command_text: str, env_text: str) -> list[
             cls = fault_class(drill.fault)
         except FaultNotInstalled:
             continue  # reported when the drill runs; the rest of the file stays usable
-        for param, message in cls.validate(drill.params):
-            problems.append((f"{key}.params.{param}", message))
+        try:
+            found = cls.validate(drill.params)
+        except Exception as exc:  # a fault's own rules tripped over a value: still a clear error
+            found = [("", f"could not be checked ({type(exc).__name__}: {str(exc)[:200]}); see the "
+                      f"{drill.fault} fault's parameters in the docs")]
+        for param, message in found:
+            problems.append((f"{key}.params{'.' + param if param else ''}", message))
     return problems
 
 def profile_problems(job_file: JobFile, spec: ProfileCheck, used: set[str]) -> list[tuple[str, str]]:

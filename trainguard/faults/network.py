@@ -288,6 +288,16 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+#: the largest toxic attribute (Toxiproxy's attributes are 32-bit integers)
+_MAX_ATTRIBUTE = 2**31 - 1
+
+
+def _brief(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a value in an error message, not all of it."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 class NetworkFault(Fault):
     """A toxic on the job's connections to a service, through a Toxiproxy-compatible proxy."""
 
@@ -339,28 +349,28 @@ class NetworkFault(Fault):
             problems.append(("toxic", "missing: name the toxic, one of "
                              f"{', '.join(t for t in TOXIC_ATTRIBUTES if t != 'noop')}, "
                              "e.g. `toxic: latency, attributes: {latency: 500}`; or set `down: true`"))
-        elif toxic is not None and toxic not in TOXIC_ATTRIBUTES:
-            problems.append(("toxic", f"unknown toxic {toxic!r}; expected one of "
+        elif toxic is not None and (not isinstance(toxic, str) or toxic not in TOXIC_ATTRIBUTES):
+            problems.append(("toxic", f"unknown toxic {_brief(toxic)}; expected one of "
                              f"{', '.join(TOXIC_ATTRIBUTES)}"))
         attributes = p["attributes"]
         if not isinstance(attributes, Mapping):
             problems.append(("attributes", f"expected a mapping of attribute: integer, got "
                              f"{attributes!r}"))
-        elif toxic in TOXIC_ATTRIBUTES:
+        elif isinstance(toxic, str) and toxic in TOXIC_ATTRIBUTES:
             known = TOXIC_ATTRIBUTES[toxic]
             for key, value in attributes.items():
                 if key not in known:
                     problems.append((f"attributes.{key}", f"not an attribute of the {toxic} "
                                      f"toxic; expected {', '.join(known) or '(none)'}"))
-                elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                    problems.append((f"attributes.{key}", f"expected a non-negative integer "
-                                     f"(ms, bytes or KB/s: see docs/faults-network.md), got {value!r}"))
+                elif not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_ATTRIBUTE:
+                    problems.append((f"attributes.{key}", f"expected an integer from 0 to {_MAX_ATTRIBUTE} "
+                                     f"(ms, bytes or KB/s: see docs/faults-network.md), got {_brief(value)}"))
         if str(p["stream"]).lower() not in DIRECTIONS:
             problems.append(("stream", f"expected upstream or downstream, got {p['stream']!r}"))
         toxicity = p["toxicity"]
         if (not isinstance(toxicity, (int, float)) or isinstance(toxicity, bool)
-                or not 0.0 <= float(toxicity) <= 1.0):
-            problems.append(("toxicity", f"expected a number from 0 to 1, got {toxicity!r}"))
+                or not 0 <= toxicity <= 1):  # no float(): a 400-digit int would overflow
+            problems.append(("toxicity", f"expected a number from 0 to 1, got {_brief(toxicity)}"))
         service, upstream = p["service"], p["upstream"]
         if (service is None) == (upstream is None):
             problems.append(("service", "give exactly one target: `service: mlflow` (trainguard "
