@@ -795,6 +795,21 @@ def test_duplicate_top_level_keys_are_rejected() -> None:
     assert "first defined on line 1" in message
 
 
+def test_yaml_merge_keys_merge_and_explicit_keys_win() -> None:
+    text = doc({"command": "python t.py --steps {steps} --ckpt {checkpoint_dir}", "resume_args": "--resume"}) + (
+        "checks:\n"
+        "  determinism: &short {steps: 4, rtol: 0.001}\n"
+        "  resume: {<<: *short, steps: 8, after_step: 3}\n"
+    )
+    job_file = parse_config(text, path="jobs/trainguard.yaml")
+    assert job_file.checks.resume is not None
+    assert (job_file.checks.resume.steps, job_file.checks.resume.rtol, job_file.checks.resume.after_step) == (8, 0.001, 3)
+    # a key written twice by hand next to a merge is still a duplicate
+    message = str(config_error(doc() + "checks:\n  determinism: &s {steps: 4}\n"
+                               "  resume: {<<: *s, after_step: 3, after_step: 4}\n"))
+    assert "duplicate key 'after_step'" in message
+
+
 def test_yaml_syntax_error_names_the_line() -> None:
     text = "job:\n  name: mlp\n  command: [python, train.py\n  metrics: {}\n"
     message = str(config_error(text, path="x/trainguard.yaml"))

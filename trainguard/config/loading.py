@@ -29,6 +29,9 @@ def is_job_file_name(name: str) -> bool:
     return name in JOB_FILE_NAMES or name.endswith((".trainguard.yaml", ".trainguard.yml"))
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that rejects duplicate keys (PyYAML silently keeps the last one)."""
 
@@ -36,6 +39,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:  # `<<: *defaults`: PyYAML merges it below; explicit keys win
+            continue
         key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
         try:
             hash(key)
