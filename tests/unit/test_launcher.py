@@ -222,6 +222,10 @@ def test_a_command_that_cannot_start_is_a_clear_error(tmp_path: Path) -> None:
         FileNotFoundError, match="cannot start the job command 'trainguard-no-such-program-xyz'"
     ):
         launch(spec)
+    # a missing working directory is named as such, with the key to fix (not job.command)
+    gone = LaunchSpec(argv=[sys.executable, "-c", "pass"], run_dir=tmp_path / "r2", cwd=tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match=r"working directory .*nope does not exist\. Fix job\.cwd"):
+        launch(gone)
 
 
 def test_world_size_below_one_is_rejected(tmp_path: Path) -> None:

@@ -326,6 +326,12 @@ class Launcher:
                 )
             except OSError as exc:
                 self._teardown()
+                if spec.cwd is not None and not Path(spec.cwd).is_dir():
+                    raise FileNotFoundError(
+                        f"cannot start the job: its working directory {spec.cwd} "
+                        f"{'is not a directory' if Path(spec.cwd).exists() else 'does not exist'}. "
+                        "Fix job.cwd (relative to the job file's directory)"
+                    ) from None
                 raise FileNotFoundError(
                     f"cannot start the job command {argv[0]!r} in {spec.cwd}: {exc.strerror}. "
                     "Fix job.command (is the program installed and on PATH?)"
