@@ -127,3 +127,21 @@ def test_parallel_check_catches_ranks_reading_the_same_shard(
     assert "2 ranks diverge from 1 rank at step 1" in result.summary
     assert "same shard" in result.evidence["likely_causes"][0]
     assert "trained on the same first batch" in result.evidence["samples"]
+
+
+@pytest.mark.determinism
+def test_determinism_names_an_unseeded_data_order_with_the_samples(
+    tmp_path: Path, patched_example: PatchedExample
+) -> None:
+    root = patched_example(
+        {"train.py": (
+            "shuffle=True, seed=args.seed, drop_last=True",
+            "shuffle=True, seed=int.from_bytes(os.urandom(4), 'little'), drop_last=True  # planted",
+        )},
+        JOB_FILE,
+    )
+    report = check(root, only=["determinism"], report_json=str(tmp_path / "report.json"))
+    result = report.checks[0]
+    assert result.status == "failed", result.summary
+    assert "Most likely the data order: the two runs drew different samples from batch 1 on" in result.summary
+    assert result.evidence["likely_causes"][0].startswith("data order from an unordered source")

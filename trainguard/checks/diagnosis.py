@@ -254,7 +254,6 @@ class ResumeFacts:
     lr: tuple[int | None, str] | None = None
     replay: SampleReplay | None = None
     warnings: list[tuple[str, str]] = field(default_factory=list)
-    epoch_steps: int | None = None  # steps per epoch, when known
 
 
 def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
@@ -303,8 +302,6 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
     if step is not None and facts.resumed_from > 0 and step > boundary + 1:
         agree = step - boundary
         later = f"the trajectories agree for {agree} resumed step{'s' if agree > 1 else ''} and part at step {step}"
-        if facts.epoch_steps and step % facts.epoch_steps in (1, 0):
-            later += " (an epoch boundary)"
         t.add("data_position", SUGGESTIVE, later)
         t.add("rng", SUGGESTIVE, later)
         if "optimizer" not in t.ruled_out:

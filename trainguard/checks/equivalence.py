@@ -20,6 +20,7 @@ from trainguard.checks.diagnosis import (
     data_order_note,
     diagnose_resume,
     explain,
+    first_different_batch,
     read_inventory,
     resume_diagnosis,
     shared_shard_note,
@@ -222,15 +223,16 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
             f"{request.seed}"
         )
     causes = list(NONDETERMINISM_CAUSES)
-    note = data_order_note(read_samples(first.run_dir).get(0, []), read_samples(second.run_dir).get(0, []))
+    drawn = read_samples(first.run_dir).get(0, []), read_samples(second.run_dir).get(0, [])
+    note = data_order_note(*drawn)
     if note is not None:
         evidence["samples"] = note
-        if "not the cause" in note:
-            causes = [c for c in causes if not c.startswith("data order")]
+        unseeded, unordered = NONDETERMINISM_CAUSES[0], NONDETERMINISM_CAUSES[2]
+        if first_different_batch(*drawn) is None:  # the same samples: not the data order
+            causes.remove(unordered)
         else:  # the data order differs: say so first
             summary += f". Most likely the data order: {note}"
-            causes = [c for c in causes if c.startswith(("data order", "an unseeded"))] + [
-                c for c in causes if not c.startswith(("data order", "an unseeded"))]
+            causes = [unordered, unseeded, *(c for c in causes if c not in (unordered, unseeded))]
     evidence["likely_causes"] = causes
     return CheckResult("determinism", "failed", summary, evidence, duration, reproduce)
 
