@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trainguard._internal.atomic import atomic_write_text
+from trainguard._internal.atomic import atomic_write_text, write_or_fallback
 from trainguard._version import __version__
 from trainguard.errors import CheckFailed
 
@@ -126,6 +126,9 @@ class Report:
     #: where the MLflow runs of this report went (None: tracking was off)
     tracking_uri: str | None = None
     path: str | None = field(default=None, compare=False)  # where write() last put it
+    #: why write() could not put the report where it was asked (then ``path`` is the fallback
+    #: file, or None when nothing took it); None when it was written as asked
+    write_problem: str | None = field(default=None, compare=False)
 
     @property
     def status(self) -> Literal["passed", "failed"]:
@@ -150,6 +153,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("path")
+        data.pop("write_problem")
         data["status"] = self.status
         return data
 
@@ -157,10 +161,22 @@ class Report:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False, default=_json_default) + "\n"
 
     def write(self, path: str | os.PathLike[str]) -> Path:
-        """Write the report atomically (temp file, fsync, rename)."""
+        """Write the report atomically (temp file, fsync, rename); an OSError is raised."""
         written = atomic_write_text(path, self.to_json())
-        self.path = str(written)
+        self.path, self.write_problem = str(written), None
         return written
+
+    def save(self, path: str | os.PathLike[str]) -> Path | None:
+        """:meth:`write` that never loses the report: a failing write (read-only, full disk, a
+        directory, ...) is said on stderr (the path and the errno in words) and the report goes
+        to a fallback file under the temp directory
+        (:func:`~trainguard._internal.atomic.write_or_fallback`). :attr:`path` and
+        :attr:`write_problem` say where it is and why. None when no place took it: print
+        :meth:`to_json` then."""
+        outcome = write_or_fallback(path, self.to_json(), what="the report")
+        self.path = None if outcome.path is None else str(outcome.path)
+        self.write_problem = outcome.problem
+        return outcome.path
 
 
 def _json_default(value: Any) -> Any:

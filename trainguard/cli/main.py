@@ -1,6 +1,7 @@
 """The ``trainguard`` command.
 
-Exit codes: 0 every check passed, 1 a check failed, 2 usage or job-file error, 130 interrupted.
+Exit codes: 0 every check passed, 1 a check failed, 2 usage or job-file error, 130 interrupted
+(SIGINT, Ctrl-C), 143 terminated (SIGTERM).
 Bad input is a one-paragraph message naming the file, the key and the fix -- never a traceback.
 """
 
@@ -13,14 +14,19 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from types import FrameType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from trainguard._version import __version__
 from trainguard.errors import ConfigError, TrainguardError
 
+if TYPE_CHECKING:
+    from trainguard.report import Report
+
 __all__ = ["main"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+#: SIGTERM (a CI runner cancelling the job): 128 + 15, as a shell reports a process it ended
+EXIT_TERMINATED = 143
 
 
 class _Parser(argparse.ArgumentParser):
@@ -129,9 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so every ``finally`` tears down the same way; exits 143."""
+
+
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     # SIGTERM (a CI runner cancelling us) gets the same clean teardown as Ctrl-C
-    raise KeyboardInterrupt
+    raise _Terminated
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -176,9 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"trainguard: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("trainguard: interrupted; every process it started has been stopped", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        what = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
+        print(f"trainguard: {what}; every process it started has been stopped", file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(exc, _Terminated) else EXIT_INTERRUPTED
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -214,6 +225,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     )
     if not report.checks:
         print("no checks configured: add a `checks:` section (see docs/config.md)")
+    _print_unwritten(report)
     print(f"{report.status.upper()}: {len(report.checks)} check(s); report: {_rel(report.path)}")
     if report.tracking_uri and not args.quiet:
         print(f"MLflow runs: mlflow ui --backend-store-uri {report.tracking_uri}")
@@ -304,17 +316,26 @@ def _cmd_drill(args: argparse.Namespace) -> int:
         args.config, only=args.only, report_json=args.report_json, seed=args.seed,
         echo=echo if args.verbose else None, on_result=show,
     )
+    _print_unwritten(report)
     print(f"{report.status.upper()}: {len(report.checks)} drill(s); report: {_rel(report.path)}")
     return EXIT_OK if report.status == "passed" else EXIT_FAILED
+
+
+def _print_unwritten(report: Report) -> None:
+    # no file took the report (its directory and every fallback failed): the result stays
+    # on stdout, never lost
+    if report.path is None and report.write_problem is not None:
+        print(report.to_json(), end="")
 
 
 def _rel(path: str | None) -> str:
     if path is None:
         return "(not written)"
     try:
-        return os.path.relpath(path)
+        rel = os.path.relpath(path)
     except ValueError:
         return path
+    return path if rel.startswith("..") else rel  # a fallback under /tmp: said as it is
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -168,6 +169,8 @@ def check(
     from trainguard.session.session import open_session, session_settings
 
     job_file = load_config(config)
+    if report_json:
+        _check_report_path(report_json)  # before any check spends its time
     settings = session_settings(seed=seed, save_baseline=save_baseline)
     if settings.save_baseline and "canary" not in {n for n, _ in job_file.enabled_checks(only)}:
         from trainguard.errors import ConfigError
@@ -183,6 +186,22 @@ def check(
         report = run_checks(job_file, session.runner, only=only, on_result=on_result)
         report.tracking_uri = session.tracking_uri
         target = Path(report_json) if report_json else job_file.state_dir / "report.json"
-        report.write(target)
-        session.log_artifact(target, "report")
+        written = report.save(target)  # a failing write falls back and says so; never lost
+        if written is not None:
+            session.log_artifact(written, "report")
     return report
+
+
+def _check_report_path(report_json: str | os.PathLike[str]) -> None:
+    """A ``--report-json`` that cannot be written is a usage error before anything runs."""
+    from trainguard._internal.atomic import unwritable_reason
+    from trainguard.errors import ConfigError
+
+    reason = unwritable_reason(report_json)
+    if reason is not None:
+        raise ConfigError(
+            f"cannot write the report to {report_json}: {reason}. Name a file in a writable "
+            "directory (or leave --report-json out: .trainguard/report.json next to the job "
+            "file)",
+            key="--report-json",
+        )
