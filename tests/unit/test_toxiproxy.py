@@ -181,15 +181,16 @@ def test_version_and_unknown_routes(tp: EmbeddedToxiproxy) -> None:
     status, body, headers = api(tp, "GET", "/version")
     assert status == 200 and body["version"] == API_VERSION and "trainguard" in body
     assert headers["content-type"].startswith("application/json")
+    # every error is Toxiproxy's JSON error body (Toxiproxy's router answers these in plain text)
     status, body, _ = api(tp, "GET", "/nope")
-    assert status == 404 and body == "404 page not found\n"
-    status, _, _ = api(tp, "PUT", "/proxies")
-    assert status == 405
+    assert status == 404 and body == {"error": "404 page not found", "status": 404}
+    status, body, headers = api(tp, "PUT", "/proxies")
+    assert status == 405 and body["status"] == 405 and headers["allow"] == "GET, POST"
     status, _, _ = api(tp, "GET", "/reset")
     assert status == 405
     # Toxiproxy refuses browsers (a web page must not drive the proxies)
     status, body, _ = api(tp, "GET", "/proxies", headers={"User-Agent": "Mozilla/5.0"})
-    assert status == 403 and "not allowed" in body
+    assert status == 403 and body == {"error": "User agent not allowed", "status": 403}
 
 
 def test_proxy_endpoints(tp: EmbeddedToxiproxy, echo: TcpServer) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import logging
 import random
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -19,8 +19,21 @@ from trainguard._version import __version__
 from trainguard.faults.toxiproxy.addresses import (
     DEFAULT_HOST,
     DEFAULT_PORT,
+    AddressError,
     bind_listener,
     format_hostport,
+    listen_address,
+    resolve,
+    split_hostport,
+)
+from trainguard.faults.toxiproxy.httpio import (
+    MAX_HEADER_BYTES,
+    HttpError,
+    Request,
+    encode_response,
+    error_body,
+    loads_strict,
+    read_request,
 )
 from trainguard.faults.toxiproxy.proxy import Proxy
 from trainguard.faults.toxiproxy.toxics import (
@@ -35,8 +48,10 @@ from trainguard.faults.toxiproxy.toxics import (
     ApiError,
     ToxicSpec,
     bad_request_body,
+    brief,
     missing_field,
     parse_attributes,
+    parse_toxicity,
 )
 
 __all__ = ["API_VERSION", "ToxiproxyServer"]
@@ -44,26 +59,20 @@ __all__ = ["API_VERSION", "ToxiproxyServer"]
 #: the Toxiproxy release whose HTTP API this server implements (answered by ``GET /version``)
 API_VERSION = "2.6.0"
 
-_MAX_BODY = 1 << 20
-_IDLE_TIMEOUT_S = 60.0  # Toxiproxy's API IdleTimeout
-_READ_TIMEOUT_S = 15.0  # ... and ReadTimeout
+_WRITE_TIMEOUT_S = 30.0  # Toxiproxy's API WriteTimeout
+_LINGER_S = 5.0  # after an error answer, how long the rest of a request is read and dropped
 
-_Response = tuple[int, Any]  # (status, JSON body | None | raw bytes)
-
-_REASONS = {
-    200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request", 403: "Forbidden",
-    404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
-    500: "Internal Server Error",
-}
+_Response = tuple[int, Any]  # (status, JSON body | None)
+_log = logging.getLogger(__name__)
 
 
 def _body_object(body: bytes, what: str = "object") -> Any:
     if not body.strip():
         raise bad_request_body("EOF")
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad_request_body(str(exc)) from None
+        data = loads_strict(body)
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise bad_request_body(str(exc)[:200]) from None
     if what == "object" and not isinstance(data, dict):
         raise bad_request_body(f"expected a JSON object, got {type(data).__name__}")
     if what == "array" and not isinstance(data, list):
@@ -78,17 +87,23 @@ def _field(data: dict[str, Any], key: str, kind: type | tuple[type, ...], defaul
     ok = isinstance(value, kind) and not (kind in (int, float, (int, float)) and isinstance(value, bool))
     if not ok:
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise bad_request_body(f"field {key!r} must be {names}, got {value!r}")
+        raise bad_request_body(f"field {key!r} must be {names}, got {brief(value)}", field=key)
     return value
 
 
 class ToxiproxyServer:
-    """A Toxiproxy-compatible server on the running asyncio loop (``await start()``/``stop()``)."""
+    """A Toxiproxy-compatible server on the running asyncio loop (``await start()``/``stop()``).
+
+    Proxies listen on loopback addresses only unless ``allow_remote_listen`` (a ``listen`` such
+    as ``0.0.0.0:0`` or a LAN address is refused with a 400): the API has no authentication, so
+    by default it cannot be used to expose a loopback-only service to the network.
+    """
 
     def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, allow_remote_listen: bool = False) -> None:
         self.host = host
         self.port = port
+        self.allow_remote_listen = allow_remote_listen
         self.rng = random.Random(seed)
         self.proxies: dict[str, Proxy] = {}
         self._server: asyncio.Server | None = None
@@ -100,7 +115,8 @@ class ToxiproxyServer:
         self._lock = asyncio.Lock()
         sock = await bind_listener(self.host, self.port)
         try:
-            self._server = await asyncio.start_server(self._client, sock=sock)
+            self._server = await asyncio.start_server(self._client, sock=sock,
+                                                      limit=MAX_HEADER_BYTES)
         except BaseException:
             sock.close()
             raise
@@ -128,101 +144,92 @@ class ToxiproxyServer:
         if task is not None:
             self._clients.add(task)
         try:
-            while await self._one_request(reader, writer):
-                pass
-        except (ConnectionError, OSError, asyncio.IncompleteReadError, asyncio.TimeoutError,
-                asyncio.LimitOverrunError, ValueError, asyncio.CancelledError):
-            pass
+            await self._serve_connection(reader, writer)
+        except (asyncio.CancelledError, ConnectionError, OSError, asyncio.TimeoutError):
+            pass  # the server is stopping, the client went away or never read its answer
+        except Exception:  # never left to asyncio ("Unhandled exception in client_connected_cb")
+            _log.debug("Toxiproxy API connection failed", exc_info=True)
         finally:
             if task is not None:
                 self._clients.discard(task)
-            writer.close()
+            writer.transport.abort()
 
-    async def _one_request(self, reader: asyncio.StreamReader,
-                           writer: asyncio.StreamWriter) -> bool:
-        line = await asyncio.wait_for(reader.readline(), _IDLE_TIMEOUT_S)
-        if not line.strip():
-            return False
-        parts = line.decode("latin-1").split()
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            await self._respond(writer, 400, b"400 Bad Request\n", keep=False, text=True)
-            return False
-        method, target, version = parts
-        headers: dict[str, str] = {}
-        while True:
-            raw = await asyncio.wait_for(reader.readline(), _READ_TIMEOUT_S)
-            if raw in (b"\r\n", b"\n", b""):
-                break
-            key, _, value = raw.decode("latin-1").partition(":")
-            headers[key.strip().lower()] = value.strip()
-            if len(headers) > 100:
-                await self._respond(writer, 400, b"400 Bad Request\n", keep=False, text=True)
-                return False
-        conn_header = headers.get("connection", "").lower()
-        keep = ("close" not in conn_header) if version == "HTTP/1.1" else ("keep-alive" in conn_header)
-        if headers.get("expect", "").lower() == "100-continue":
+    async def _serve_connection(self, reader: asyncio.StreamReader,
+                                writer: asyncio.StreamWriter) -> None:
+        def send_continue() -> None:
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        body = b""
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            while True:
-                size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                        pass
-                    break
-                body += await asyncio.wait_for(reader.readexactly(size), _READ_TIMEOUT_S)
-                await reader.readline()
-                if len(body) > _MAX_BODY:
-                    break
-        elif headers.get("content-length"):
-            length = int(headers["content-length"])
-            if length > _MAX_BODY:
-                await self._respond(writer, 413, b"413 Payload Too Large\n", keep=False, text=True)
-                return False
-            body = await asyncio.wait_for(reader.readexactly(length), _READ_TIMEOUT_S)
-        if len(body) > _MAX_BODY:
-            await self._respond(writer, 413, b"413 Payload Too Large\n", keep=False, text=True)
-            return False
-        if headers.get("user-agent", "").startswith("Mozilla/"):
-            # as Toxiproxy: a web page must not drive the API from a browser
-            await self._respond(writer, 403, b"User agent not allowed\n", keep=keep, text=True)
-            return keep
-        status, payload = await self.dispatch(method, target, body)
-        await self._respond(writer, status, payload, keep=keep)
-        return keep
 
-    async def _respond(self, writer: asyncio.StreamWriter, status: int, payload: Any, *,
-                       keep: bool, text: bool = False) -> None:
-        headers = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}"]
-        if status == 204:
-            data = b""
-        else:
-            if isinstance(payload, bytes):
-                data = payload
-            else:
-                data = json.dumps(payload).encode() + (b"\n" if status >= 400 else b"")
-                text = False
-            ctype = "text/plain; charset=utf-8" if text else "application/json"
-            headers.append(f"Content-Type: {ctype}")
-            headers.append(f"Content-Length: {len(data)}")
-        if not keep:
-            headers.append("Connection: close")
-        writer.write(("\r\n".join(headers) + "\r\n\r\n").encode("latin-1") + data)
-        await writer.drain()
+        while True:
+            try:
+                request = await read_request(reader, send_continue)
+            except HttpError as exc:
+                await self._send(writer, exc.status, error_body(exc.status, exc.message), keep=False)
+                await self._linger(reader, writer)
+                return
+            if request is None:
+                return
+            try:
+                status, payload, headers = await self._answer(request)
+            except Exception as exc:  # a bug of this server: answered, never a dropped connection
+                _log.debug("Toxiproxy API request failed", exc_info=True)
+                status, headers = 500, {}
+                payload = error_body(500, f"internal error: {type(exc).__name__}: {brief(str(exc), 200)}")
+            await self._send(writer, status, payload, keep=request.keep_alive, headers=headers)
+            if not request.keep_alive:
+                writer.close()
+                return
+
+    async def _answer(self, request: Request) -> tuple[int, Any, dict[str, str]]:
+        if request.headers.get("user-agent", "").startswith("Mozilla/"):
+            # as Toxiproxy: a web page must not drive the API from a browser
+            return 403, error_body(403, "User agent not allowed"), {}
+        target = request.target
+        if not target.startswith("/") and not target.lower().startswith(("http://", "https://")):
+            return 400, error_body(400, f"malformed request target {brief(target)}; expected a "
+                                        "path such as /proxies"), {}
+        try:
+            path = urllib.parse.urlsplit(target).path
+        except ValueError as exc:
+            return 400, error_body(400, f"malformed request target {brief(target)}: {exc}"), {}
+        route = self._route([urllib.parse.unquote(s) for s in path.split("/")[1:]])
+        if route is None:
+            return 404, error_body(404, "404 page not found"), {}
+        handlers, args = route
+        handler = handlers.get(request.method.upper())
+        if handler is None:
+            allowed = ", ".join(handlers)
+            return 405, error_body(405, f"method {brief(request.method)} not allowed here; "
+                                        f"use {allowed}"), {"Allow": allowed}
+        status, payload = await self._call(handler, args, request.body)
+        return status, payload, {}
+
+    async def _send(self, writer: asyncio.StreamWriter, status: int, payload: Any, *,
+                    keep: bool, headers: dict[str, str] | None = None) -> None:
+        writer.write(encode_response(status, payload, keep=keep, headers=headers))
+        await asyncio.wait_for(writer.drain(), _WRITE_TIMEOUT_S)
+
+    @staticmethod
+    async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """After an error answer to a request not read to its end: stop writing and drop what
+        the client still sends for a while, so closing does not reset the connection (a TCP RST
+        would discard the answer before the client reads it). Nothing read is kept."""
+        if writer.can_write_eof():
+            writer.write_eof()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _LINGER_S
+        while (left := deadline - loop.time()) > 0:
+            if not await asyncio.wait_for(reader.read(1 << 16), left):
+                return
 
     # -- routing ------------------------------------------------------------------------------
 
     async def dispatch(self, method: str, target: str, body: bytes) -> _Response:
-        """Answer one API request: ``(status, JSON-able body or raw bytes)``."""
-        path = urllib.parse.urlsplit(target).path
-        segments = [urllib.parse.unquote(s) for s in path.split("/")[1:]]
-        route = self._route(segments)
-        if route is None:
-            return 404, b"404 page not found\n"
-        handlers, args = route
-        handler = handlers.get(method.upper())
-        if handler is None:
-            return 405, b""
+        """Answer one API request: ``(status, JSON-able body)`` (for tests and tools)."""
+        status, payload, _ = await self._answer(Request(method, target, "HTTP/1.1", body=body))
+        return status, payload
+
+    async def _call(self, handler: Callable[..., Awaitable[_Response]], args: tuple[str, ...],
+                    body: bytes) -> _Response:
         assert self._lock is not None
         async with self._lock:  # one change at a time, as Toxiproxy's collection locks do
             try:
@@ -273,6 +280,32 @@ class ToxiproxyServer:
         """``GET /proxies``."""
         return 200, {name: proxy.to_json() for name, proxy in self.proxies.items()}
 
+    async def _check_listen(self, listen: str) -> None:
+        """400 unless ``listen`` is a ``host:port`` that resolves, and a loopback address when
+        this server does not allow others (checked again when the proxy binds)."""
+        try:
+            host, port = split_hostport(listen)
+            await listen_address(host or DEFAULT_HOST, port,
+                                 loopback_only=not self.allow_remote_listen)
+        except AddressError as exc:
+            raise ApiError(f"bad listen address: {exc}", 400, field="listen") from None
+
+    @staticmethod
+    async def _check_upstream(upstream: str) -> None:
+        """400 unless ``upstream`` is a ``host:port`` that resolves now (within a few seconds):
+        a typo is refused at once instead of closing every connection later."""
+        try:
+            host, port = split_hostport(upstream)
+            if port == 0:
+                raise AddressError(f"{brief(upstream)}: port 0 cannot be connected to")
+            await resolve(host or DEFAULT_HOST, port)
+        except AddressError as exc:
+            raise ApiError(f"bad upstream address: {exc}; expected host:port of the service, "
+                           "e.g. 127.0.0.1:6379", 400, field="upstream") from None
+
+    def _new_proxy(self, name: str, listen: str, upstream: str) -> Proxy:
+        return Proxy(name, listen, upstream, self.rng, loopback_only=not self.allow_remote_listen)
+
     async def proxy_create(self, body: bytes) -> _Response:
         """``POST /proxies``."""
         data = _body_object(body)
@@ -286,7 +319,9 @@ class ToxiproxyServer:
             raise missing_field("upstream")
         if name in self.proxies:
             raise ApiError(*PROXY_EXISTS)
-        proxy = Proxy(name, listen, upstream, self.rng)
+        await self._check_listen(listen)
+        await self._check_upstream(upstream)
+        proxy = self._new_proxy(name, listen, upstream)
         if enabled:
             await proxy.start()
         self.proxies[name] = proxy
@@ -295,40 +330,55 @@ class ToxiproxyServer:
     async def populate(self, body: bytes) -> _Response:
         """``POST /populate``: create or replace the proxies of a JSON array."""
         try:
-            items = _body_object(body, "array")
-            wanted: list[tuple[Proxy, bool]] = []
-            seen: set[str] = set()
-            for i, item in enumerate(items, start=1):
-                if not isinstance(item, dict):
-                    raise bad_request_body(f"proxy {i} must be a JSON object, got {item!r}")
-                name = _field(item, "name", str, "")
-                upstream = _field(item, "upstream", str, "")
-                if not name:
-                    raise missing_field(f"name at proxy {i}")
-                if not upstream:
-                    raise missing_field(f"upstream at proxy {i}")
-                if name in seen:
-                    raise ApiError(f"duplicate proxy name {name!r}", 500)
-                seen.add(name)
-                listen = _field(item, "listen", str, "") or format_hostport(DEFAULT_HOST, 0)
-                wanted.append((Proxy(name, listen, upstream, self.rng),
-                               _field(item, "enabled", bool, True)))
-            result = []
-            for proxy, enabled in wanted:
-                existing = self.proxies.get(proxy.name)
-                if existing is not None:
-                    if existing.listen == proxy.listen and existing.upstream == proxy.upstream:
-                        result.append(existing)
-                        continue
-                    await existing.stop()
-                    del self.proxies[proxy.name]
-                if enabled:
-                    await proxy.start()
-                self.proxies[proxy.name] = proxy
-                result.append(proxy)
+            result = await self.populate_proxies(_body_object(body, "array"))
         except ApiError as exc:
             return exc.status, {**exc.body(), "proxies": None}
         return 201, {"proxies": [p.to_json() for p in result]}
+
+    async def populate_proxies(self, items: list[Any]) -> list[Proxy]:
+        """Create or replace the proxies described by ``items`` (``/populate``'s body, also the
+        standalone server's ``--config``); every item is checked before anything changes. An
+        :class:`ApiError` names the item (``index``, from 1) and its ``field``."""
+        wanted: list[tuple[Proxy, bool]] = []
+        seen: set[str] = set()
+        for i, item in enumerate(items, start=1):
+            try:
+                wanted.append(await self._populate_item(item, i, seen))
+            except ApiError as exc:
+                exc.index = i
+                raise
+        result = []
+        for proxy, enabled in wanted:
+            existing = self.proxies.get(proxy.name)
+            if existing is not None:
+                if existing.listen == proxy.listen and existing.upstream == proxy.upstream:
+                    result.append(existing)
+                    continue
+                await existing.stop()
+                del self.proxies[proxy.name]
+            if enabled:
+                await proxy.start()
+            self.proxies[proxy.name] = proxy
+            result.append(proxy)
+        return result
+
+    async def _populate_item(self, item: Any, i: int, seen: set[str]) -> tuple[Proxy, bool]:
+        if not isinstance(item, dict):
+            raise bad_request_body(f"proxy {i} must be a JSON object, got {brief(item)}")
+        name = _field(item, "name", str, "")
+        upstream = _field(item, "upstream", str, "")
+        if not name:
+            raise missing_field(f"name at proxy {i}")
+        if not upstream:
+            raise missing_field(f"upstream at proxy {i}")
+        if name in seen:
+            raise ApiError(f"duplicate proxy name {brief(name)}", 500, field="name")
+        seen.add(name)
+        listen = _field(item, "listen", str, "") or format_hostport(DEFAULT_HOST, 0)
+        enabled = _field(item, "enabled", bool, True)
+        await self._check_listen(listen)
+        await self._check_upstream(upstream)
+        return self._new_proxy(name, listen, upstream), enabled
 
     async def proxy_show(self, name: str, body: bytes) -> _Response:
         """``GET /proxies/{name}``."""
@@ -341,6 +391,10 @@ class ToxiproxyServer:
         listen = _field(data, "listen", str, proxy.listen) or proxy.listen
         upstream = _field(data, "upstream", str, proxy.upstream) or proxy.upstream
         enabled = _field(data, "enabled", bool, proxy.enabled)
+        if listen != proxy.listen:
+            await self._check_listen(listen)
+        if upstream != proxy.upstream:
+            await self._check_upstream(upstream)
         if listen != proxy.listen or upstream != proxy.upstream:
             await proxy.stop()
             proxy.listen, proxy.upstream = listen, upstream
@@ -367,7 +421,8 @@ class ToxiproxyServer:
         proxy = self._get(name)
         data = _body_object(body)
         stream = _field(data, "stream", str, "downstream")
-        toxicity = float(_field(data, "toxicity", (int, float), 1.0))
+        toxicity = parse_toxicity(data.get("toxicity", 1.0) if data.get("toxicity") is not None
+                                  else 1.0)
         toxic_name = _field(data, "name", str, "")
         toxic_type = _field(data, "type", str, "")
         direction = stream.lower()
@@ -404,7 +459,8 @@ class ToxiproxyServer:
         data = _body_object(body)
         updated = ToxicSpec(
             name=spec.name, type=spec.type, stream=spec.stream, direction=spec.direction,
-            toxicity=float(_field(data, "toxicity", (int, float), spec.toxicity)),
+            toxicity=parse_toxicity(data["toxicity"] if data.get("toxicity") is not None
+                                    else spec.toxicity),
             attributes=parse_attributes(spec.type, data.get("attributes"), spec.attributes),
         )
         proxy.update_toxic(updated)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from trainguard.faults.toxiproxy.addresses import (
     DEFAULT_HOST,
+    AddressError,
     bind_listener,
     sockname,
     split_hostport,
@@ -238,12 +239,15 @@ class _Connection:
 class Proxy:
     """One named proxy: its listener, its toxic chains and the connections it holds open."""
 
-    def __init__(self, name: str, listen: str, upstream: str, rng: random.Random) -> None:
+    def __init__(self, name: str, listen: str, upstream: str, rng: random.Random, *,
+                 loopback_only: bool = True) -> None:
         self.name = name
         self.listen = listen
         self.upstream = upstream
         self.enabled = False
         self.rng = rng
+        #: refuse to listen on a non-loopback address (the server's ``allow_remote_listen``)
+        self.loopback_only = loopback_only
         self.chains: dict[Direction, list[ToxicSpec]] = {"upstream": [], "downstream": []}
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
@@ -274,21 +278,22 @@ class Proxy:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Listen (no-op when enabled); an :class:`ApiError` (500) when it cannot bind."""
+        """Listen (no-op when enabled); an :class:`ApiError`: 400 when ``listen`` is malformed,
+        does not resolve or is not loopback while only loopback is allowed, 500 (as Toxiproxy)
+        when it cannot be bound."""
         if self.enabled:
             return
         try:
             host, port = split_hostport(self.listen)
-        except ValueError as exc:
-            raise ApiError(f"listen tcp {self.listen}: address {self.listen}: {exc}", 500) from None
-        try:
-            sock = await bind_listener(host or DEFAULT_HOST, port)
+            sock = await bind_listener(host or DEFAULT_HOST, port, loopback_only=self.loopback_only)
             try:
                 self._server = await asyncio.start_server(self._accept, sock=sock,
                                                           limit=_STREAM_LIMIT)
             except BaseException:
                 sock.close()
                 raise
+        except AddressError as exc:
+            raise ApiError(f"bad listen address: {exc}", 400, field="listen") from None
         except OSError as exc:
             raise ApiError(f"listen tcp {self.listen}: {exc.strerror or exc}", 500) from None
         self.listen = sockname(sock)
@@ -332,8 +337,9 @@ class Proxy:
             return
         try:
             host, port = split_hostport(self.upstream)
-            upstream = await asyncio.wait_for(
-                asyncio.open_connection(host, port, limit=_STREAM_LIMIT), _UPSTREAM_CONNECT_TIMEOUT_S
+            upstream = await asyncio.wait_for(  # no host: this machine, as Go's net.Dial
+                asyncio.open_connection(host or DEFAULT_HOST, port, limit=_STREAM_LIMIT),
+                _UPSTREAM_CONNECT_TIMEOUT_S,
             )
         except (OSError, ValueError, asyncio.TimeoutError):
             writer.close()  # as Toxiproxy: the client is closed when the upstream cannot be reached

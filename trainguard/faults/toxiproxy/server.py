@@ -12,7 +12,9 @@ open when a toxic is added, updated or removed.
 * ``trainguard toxiproxy-server [--host 127.0.0.1] [--port 8474]`` runs one standalone.
 
 Everything binds 127.0.0.1 unless told otherwise; a proxy whose ``listen`` has no host
-(``":8080"``) binds 127.0.0.1 too (Toxiproxy would bind every interface).
+(``":8080"``) binds 127.0.0.1 too (Toxiproxy would bind every interface), and a proxy asked to
+listen on any other than a loopback address is refused (400) unless the server was started with
+``allow_remote_listen=True`` (``--allow-remote-listen``): the API has no authentication.
 
 The parts: :mod:`~trainguard.faults.toxiproxy.addresses` (defaults, ``host:port``),
 :mod:`~trainguard.faults.toxiproxy.proxy` (listeners, connections, toxic chains),
@@ -54,11 +56,14 @@ class EmbeddedToxiproxy:
     ...     client = ToxiproxyClient(server.url)  # or toxiproxy-python, curl, ...
 
     ``stop()`` (called by ``__exit__``) closes the API, every proxy and every proxied connection
-    and joins the thread; it is idempotent.
+    and joins the thread; it is idempotent. Proxies may listen on loopback addresses only,
+    unless ``allow_remote_listen`` (to let clients on other hosts reach them).
     """
 
-    def __init__(self, host: str = DEFAULT_HOST, port: int = 0, *, seed: int | None = None) -> None:
-        self.server = ToxiproxyServer(host, port, seed=seed)
+    def __init__(self, host: str = DEFAULT_HOST, port: int = 0, *, seed: int | None = None,
+                 allow_remote_listen: bool = False) -> None:
+        self.server = ToxiproxyServer(host, port, seed=seed,
+                                      allow_remote_listen=allow_remote_listen)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()

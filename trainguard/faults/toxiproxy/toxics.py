@@ -38,8 +38,10 @@ __all__ = [
     "Chunk",
     "Stage",
     "ToxicSpec",
+    "brief",
     "make_stage",
     "parse_attributes",
+    "parse_toxicity",
 ]
 
 #: every toxic type and its integer attributes, in Toxiproxy's JSON order
@@ -58,20 +60,24 @@ DIRECTIONS = ("upstream", "downstream")
 
 
 class ApiError(Exception):
-    """An error answered by the API as ``{"error": message, "status": status}``."""
+    """An error answered by the API as ``{"error": message, "status": status}``; ``field`` names
+    the request's key it is about and ``index`` the item of a ``/populate`` list (from 1), when
+    known."""
 
-    def __init__(self, message: str, status: int) -> None:
+    def __init__(self, message: str, status: int, *, field: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        self.field = field
+        self.index: int | None = None
 
     def body(self) -> dict[str, Any]:
         return {"error": self.message, "status": self.status}
 
 
 # Toxiproxy's error values (api.go), reused so messages match the real server's
-def bad_request_body(detail: str) -> ApiError:
-    return ApiError(f"bad request body: {detail}", 400)
+def bad_request_body(detail: str, *, field: str | None = None) -> ApiError:
+    return ApiError(f"bad request body: {detail}", 400, field=field)
 
 
 def missing_field(detail: str) -> ApiError:
@@ -86,8 +92,37 @@ TOXIC_EXISTS = ("toxic already exists", 409)
 TOXIC_NOT_FOUND = ("toxic not found", 404)
 
 
+#: Toxiproxy's attributes are Go int64s and its toxicity a float32: values outside are refused
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def brief(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for messages that echo what a client sent."""
+    if _is_int(value) and value.bit_length() > 200:
+        return f"a {len(str(abs(value)))}-digit integer"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def parse_toxicity(value: Any) -> float:
+    """A toxic's ``toxicity`` from a request: a finite number (a float32 in Toxiproxy); values
+    above 1 always apply and below 0 never, as in Toxiproxy. 400 ``bad request body`` otherwise."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and _is_int(value):
+        ok = abs(value) <= _FLOAT32_MAX
+    if ok:
+        number = float(value)
+        ok = number == number and abs(number) <= _FLOAT32_MAX  # not NaN, not infinite
+    if not ok:
+        raise bad_request_body("toxicity must be a finite number (the share of connections affected, "
+                               f"0 to 1), got {brief(value)}",
+                               field="toxicity")
+    return number
 
 
 def parse_attributes(
@@ -104,14 +139,17 @@ def parse_attributes(
         return attrs
     if not isinstance(raw, dict):
         raise bad_request_body(
-            f"attributes must be a JSON object, got {type(raw).__name__} {raw!r}"
+            f"attributes must be a JSON object, got {type(raw).__name__} {brief(raw)}",
+            field="attributes",
         )
     for name in names:
         if name in raw:
             value = raw[name]
-            if not _is_int(value):
+            if not _is_int(value) or not _INT64[0] <= value <= _INT64[1]:
                 raise bad_request_body(
-                    f"attribute {name!r} of a {toxic_type} toxic must be an integer, got {value!r}"
+                    f"attribute {name!r} of a {toxic_type} toxic must be an integer from "
+                    f"{_INT64[0]} to {_INT64[1]}, got {brief(value)}",
+                    field=f"attributes.{name}",
                 )
             attrs[name] = value
     return attrs
