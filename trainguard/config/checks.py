@@ -15,7 +15,7 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from trainguard._internal.model import ConfigModel
 from trainguard.config.faults import DEFAULT_EXPECT, FAULT_CLASSES
-from trainguard.config.values import Argv, Env
+from trainguard.config.values import MAX_SECONDS, MAX_WORLD_SIZE, Argv, Env
 
 __all__ = [
     "CHECK_NAMES",
@@ -41,7 +41,7 @@ class CheckSpec(ConfigModel):
     steps: int = Field(ge=1)
     args: Argv = Field(default_factory=list)
     env: Env = Field(default_factory=dict)
-    timeout: float | None = Field(None, gt=0)
+    timeout: float | None = Field(None, gt=0, le=MAX_SECONDS)
     seed: int | None = Field(None, ge=0, le=2**32 - 1)
 
 
@@ -120,7 +120,7 @@ class ParallelCheck(CheckSpec):
     """``checks.parallel``: N ranks train like 1 rank on the same global batch."""
 
     steps: int = Field(20, ge=1)
-    world_size: int = Field(2, ge=2)
+    world_size: int = Field(2, ge=2, le=MAX_WORLD_SIZE)
     rtol: float = Field(1e-4, ge=0)
     atol: float = Field(1e-5, ge=0)
 
@@ -143,7 +143,7 @@ class HeadroomSearch(ConfigModel):
     #: steps per probe run
     steps: int = Field(5, ge=1)
     #: ranks per probe run
-    world_size: int = Field(1, ge=1)
+    world_size: int = Field(1, ge=1, le=MAX_WORLD_SIZE)
     #: probes at most (growth and bisection together)
     max_probes: int = Field(12, ge=2)
     #: the bisection stops when first failing - largest passing <= resolution x largest passing
@@ -154,7 +154,7 @@ class HeadroomSearch(ConfigModel):
     #: (RLIMIT_AS: address space, not resident memory)
     enforce: Literal["auto", "cgroup", "rlimit"] = "auto"
     #: seconds one probe may take (default: the profile's timeout, else job.timeout)
-    timeout: float | None = Field(None, gt=0)
+    timeout: float | None = Field(None, gt=0, le=MAX_SECONDS)
 
     @model_validator(mode="after")
     def _range(self) -> HeadroomSearch:
@@ -182,7 +182,7 @@ class ProfileCheck(CheckSpec):
     (see docs/profiling.md)."""
 
     steps: int = Field(30, ge=2)
-    world_sizes: list[int] = Field(default_factory=lambda: [1, 2], min_length=1)
+    world_sizes: list[Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)]] = Field(default_factory=lambda: [1, 2], min_length=1)
     #: steps at the start of each run left out of the step-time statistics
     warmup_steps: int = Field(5, ge=0)
     #: weak: the global batch grows with the ranks; strong: the global batch stays fixed
@@ -243,9 +243,9 @@ class DrillSpec(CheckSpec):
     #: seconds until the fault is cleared (None: it lasts until the attempt ends)
     duration: float | None = Field(None, gt=0)
     #: ranks to launch (default: job.world_size)
-    world_size: int | None = Field(None, ge=1)
+    world_size: int | None = Field(None, ge=1, le=MAX_WORLD_SIZE)
     #: the launcher's stall limit for this drill (default: job.stall_timeout)
-    stall_timeout: float | None = Field(None, gt=0)
+    stall_timeout: float | None = Field(None, gt=0, le=MAX_SECONDS)
     #: the fault's own parameters (each fault documents its own; validated by its class)
     params: dict[str, Any] = Field(default_factory=dict)
     #: default per fault: kill_rank/hang recover, oom/disk_full fail_clean, network continue

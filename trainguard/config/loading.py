@@ -8,6 +8,7 @@ naming the file and every problem (:mod:`trainguard.config.problems`).
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,50 @@ def is_job_file_name(name: str) -> bool:
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+
+#: a job file is a page of YAML; a bigger file is a mistake (a log pasted in, the wrong file)
+#: and would take seconds per megabyte to parse
+MAX_FILE_BYTES = 1_000_000
+#: values a document may hold once its aliases are expanded: nine levels of nine aliases fit in
+#: 687 bytes and expand to 9**9, which no validator should walk
+MAX_VALUES = 100_000
+
+
+class _TooBig(Exception):
+    pass
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many values ``root`` holds with every alias expanded, counted once per node (aliases
+    share their node); raises :class:`_TooBig` past :data:`MAX_VALUES` or on an alias that
+    contains itself."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise _TooBig("an alias refers to a mapping or list that contains it (a recursive alias)")
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            children: list[yaml.Node] = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            children = []
+        for child in children:
+            total += size(child)
+            if total > MAX_VALUES:
+                raise _TooBig(f"it holds more than {MAX_VALUES:,} values once its aliases are expanded "
+                              "(nested *aliases multiply); write the values out or use fewer aliases")
+        active.discard(key)
+        sizes[key] = total
+        return total
+
+    return size(root)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -65,6 +110,20 @@ _UniqueKeyLoader.add_constructor(
 )
 
 
+def _load_yaml(text: str) -> Any:
+    """The one document in ``text``, built only after its size with aliases expanded is known
+    to be bounded."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()  # type: ignore[no-untyped-call]
+        if node is None:
+            return None
+        _expanded_size(node)
+        return loader.construct_document(node)  # type: ignore[no-untyped-call]
+    finally:
+        loader.dispose()  # type: ignore[no-untyped-call]
+
+
 def load_config(path: str | os.PathLike[str]) -> JobFile:
     """Load and validate a job file (or the ``trainguard.yaml`` inside a directory)."""
     target = Path(path)
@@ -80,22 +139,41 @@ def load_config(path: str | os.PathLike[str]) -> JobFile:
                 path=str(target),
             )
     try:
-        text = target.read_text(encoding="utf-8")
+        info = target.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError("not a regular file (a device, pipe or socket); pass the path of your "
+                              "job file (e.g. trainguard.yaml)", path=str(target))
+        if info.st_size > MAX_FILE_BYTES:
+            raise ConfigError(f"the file is {info.st_size:,} bytes; a job file is at most "
+                              f"{MAX_FILE_BYTES:,} (is this the right file?)", path=str(target))
+        with open(target, encoding="utf-8") as handle:
+            text = handle.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(
             "file not found; pass the path of your job file (e.g. trainguard.yaml)",
             path=str(target),
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read the file: {exc}", path=str(target)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"the file is not UTF-8 text (byte {exc.start}: {exc.reason}); save it as "
+                          "UTF-8", path=str(target)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the file: {exc.strerror or exc}", path=str(target)) from None
     return parse_config(text, path=target)
 
 
 def parse_config(text: str, *, path: str | os.PathLike[str] = "trainguard.yaml") -> JobFile:
     """Validate the text of a job file; ``path`` is used for messages and relative paths."""
     where = str(path)
+    if len(text) > MAX_FILE_BYTES:
+        raise ConfigError(f"the text is {len(text):,} characters; a job file is at most "
+                          f"{MAX_FILE_BYTES:,} (is this the right file?)", path=where)
+    if "\0" in text:
+        raise ConfigError(f"the file holds a NUL byte at offset {text.index(chr(0))} (binary data?); a job "
+                          "file is YAML text", path=where)
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        data = _load_yaml(text)
+    except _TooBig as exc:
+        raise ConfigError(f"the YAML cannot be used: {exc}", path=where) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

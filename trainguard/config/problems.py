@@ -26,6 +26,7 @@ from trainguard.config.schema import (
     MetricRegex,
     MetricTrainer,
 )
+from trainguard.config.values import brief
 from trainguard.errors import ConfigError
 from trainguard.report import CheckId
 
@@ -39,14 +40,24 @@ __all__ = [
 
 _DEFAULT_REGEX_HINT = "loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'"
 
-def _placeholders_in(template: str) -> list[str]:
-    """Field names used in a format template; raises ValueError on malformed braces."""
-    names = []
-    for _, field, _, _ in string.Formatter().parse(template):
+def _placeholders_in(template: str) -> list[tuple[str, str]]:
+    """``(field name, what follows it)`` for each field of a format template (``{run_dir:d}``
+    -> ``("run_dir", ":d")``); raises ValueError on malformed braces."""
+    fields = []
+    for _, field, spec, conversion in string.Formatter().parse(template):
         if field is not None:
-            names.append(field)
-    return names
+            fields.append((field, (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")))
+    return fields
 
+
+def _field(text: str) -> str:
+    """A placeholder's name as written, or cut and quoted when it is long or unprintable."""
+    return text if len(text) <= 40 and text.isprintable() else brief(text, 40)
+
+
+#: at most this many problems are listed, each cut to this many characters (a message is read
+#: by a person; a 50 MB value or a thousand generated keys must not make a 50 MB message)
+_MAX_PROBLEMS, _MAX_PROBLEM_CHARS = 25, 1500
 
 _FIX: dict[str, str] = {
     "job": "add a `job:` mapping with at least `name`, `command` and `metrics`",
@@ -130,7 +141,7 @@ def _model_of(annotation: Any) -> Any:
 def _describe(error: Any) -> str:
     kind = error["type"]
     value = error.get("input")
-    got = f"{value!r} ({type(value).__name__})"
+    got = f"{brief(value)} ({type(value).__name__})"
     if kind == "missing":
         return "required key is missing"
     if kind in ("value_error", "assertion_error"):
@@ -158,10 +169,12 @@ def _describe(error: Any) -> str:
     }
     if kind in bounds:
         sym, key = bounds[kind]
-        return f"expected a value {sym} {ctx.get(key)}, got {value!r}"
+        return f"expected a value {sym} {ctx.get(key)}, got {brief(value)}"
     if kind in ("too_short", "string_too_short"):
-        return f"must not be empty, got {value!r}"
-    return f"{error['msg']} (got {got})"
+        return f"must not be empty, got {brief(value)}"
+    if kind in ("too_long", "string_too_long"):
+        return f"is too long ({ctx.get('max_length')} at most), got {brief(value)}"
+    return f"{brief(error['msg'], 200)} (got {got})"
 
 def format_validation_error(exc: ValidationError) -> list[tuple[str, str]]:
     """pydantic's errors for a job file (or one of its sections) as ``(key path, message with
@@ -190,11 +203,17 @@ def format_validation_error(exc: ValidationError) -> list[tuple[str, str]]:
 def config_error(where: str, problems: list[tuple[str, str]]) -> ConfigError:
     """One :class:`~trainguard.errors.ConfigError` for the file ``where`` naming every
     ``(key, message)`` problem: the key itself for one problem, one line each for several."""
-    if len(problems) == 1:
-        key, msg = problems[0]
+    cut = [(_cut(key, 200), _cut(msg, _MAX_PROBLEM_CHARS)) for key, msg in problems[:_MAX_PROBLEMS]]
+    if len(cut) == 1:
+        key, msg = cut[0]
         return ConfigError(msg, path=where, key=key)
-    lines = "\n".join(f"  {key}: {msg}" for key, msg in problems)
-    return ConfigError(f"{len(problems)} problems:\n{lines}", path=where)
+    lines = "\n".join(f"  {key}: {msg}" for key, msg in cut)
+    more = f"\n  ... and {len(problems) - len(cut)} more" if len(problems) > len(cut) else ""
+    return ConfigError(f"{len(problems)} problems:\n{lines}{more}", path=where)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
@@ -208,13 +227,17 @@ def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
 
     def scan(key: str, template: str, allowed: set[str]) -> None:
         try:
-            names = _placeholders_in(template)
+            fields = _placeholders_in(template)
         except ValueError as exc:
-            problems.append((key, f"{template!r}: {exc}; write a literal brace as {{{{ or }}}}"))
+            problems.append((key, f"{brief(template)}: {exc}; write a literal brace as {{{{ or }}}}"))
             return
-        for name in names:
-            if name in RESUME_PLACEHOLDERS and name not in allowed:
-                problems.append((key, f"{{{name}}} in {template!r}: only a resumed run has a latest "
+        for name, tail in fields:
+            if tail:  # {run_dir:d}, {seed!z}: str.format would apply it to the value at launch
+                problems.append((key, f"{{{_field(name)}{_field(tail)}}} in {brief(template)}: "
+                                 "placeholders take no format spec or conversion (trainguard fills "
+                                 f"them as text); write {{{_field(name)}}}"))
+            elif name in RESUME_PLACEHOLDERS and name not in allowed:
+                problems.append((key, f"{{{name}}} in {brief(template)}: only a resumed run has a latest "
                                  "checkpoint (the newest complete one under {checkpoint_dir}), so it "
                                  "belongs in job.resume_args, e.g. `resume_args: "
                                  "\"--resume_from_checkpoint {latest_checkpoint}\"`"))
@@ -224,7 +247,7 @@ def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
                 problems.append(
                     (
                         key,
-                        f"unknown placeholder {{{name}}} in {template!r}{extra}; known: "
+                        f"unknown placeholder {{{_field(name)}}} in {brief(template)}{extra}; known: "
                         + ", ".join(f"{{{p}}}" for p in sorted(allowed))
                         + "; write a literal brace as {{ or }}",
                     )

@@ -32,7 +32,16 @@ from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 from trainguard._internal.model import ConfigModel
 from trainguard.config.checks import CHECK_NAMES, Checks, CheckSpec, DrillSpec
 from trainguard.config.gate import GatePolicy
-from trainguard.config.values import Argv, Env, check_regex, compile_regex
+from trainguard.config.values import (
+    MAX_SECONDS,
+    MAX_WORLD_SIZE,
+    Argv,
+    Env,
+    PathText,
+    Text,
+    check_regex,
+    compile_regex,
+)
 from trainguard.errors import ConfigError
 from trainguard.raytrain.job import RAY_KEYS, expand_ray_job
 from trainguard.report import CheckId
@@ -68,7 +77,7 @@ JobKind = Literal["command", "ray_train"]
 class MetricFile(ConfigModel):
     """Metrics read from a JSONL file: one object per line with ``step`` and metric keys."""
 
-    file: str = Field(min_length=1)
+    file: PathText = Field(min_length=1)
 
 
 class MetricRegex(ConfigModel):
@@ -204,18 +213,18 @@ class Job(ConfigModel):
     the default) or a Ray Train function (``kind: ray_train``, docs/ray-train.md), which is
     rewritten here into the command of trainguard's Ray driver."""
 
-    name: str = Field(min_length=1)
+    name: Text = Field(min_length=1, max_length=200)
     command: Argv = Field(min_length=1)
     resume_args: Argv = Field(default_factory=list)
-    world_size: int = Field(1, ge=1)
-    cwd: str = "."
+    world_size: int = Field(1, ge=1, le=MAX_WORLD_SIZE)
+    cwd: PathText = "."
     env: Env = Field(default_factory=dict)
     metrics: dict[str, MetricSource] = Field(min_length=1)
-    checkpoint_dir: str = "{run_dir}/checkpoints"
+    checkpoint_dir: PathText = Field("{run_dir}/checkpoints", min_length=1)
     seed: int = Field(0, ge=0, le=2**32 - 1)
     batch_size: int | None = Field(None, ge=1)
-    timeout: float = Field(600.0, gt=0)
-    stall_timeout: float = Field(60.0, gt=0)
+    timeout: float = Field(600.0, gt=0, le=MAX_SECONDS)
+    stall_timeout: float = Field(60.0, gt=0, le=MAX_SECONDS)
     max_restarts: int = Field(0, ge=0)
     #: False: a one-process job started as a plain script, without the torchrun environment
     #: (RANK, WORLD_SIZE, MASTER_ADDR, ...), for scripts that go distributed when they see it

@@ -19,6 +19,7 @@ V2 resumes); ``job.max_restarts`` becomes ``FailureConfig(max_failures=...)``.
 from __future__ import annotations
 
 import json
+import math
 import re
 import string
 from collections.abc import Mapping
@@ -26,6 +27,7 @@ from typing import Any
 
 from pydantic import Field
 
+from trainguard._internal.limits import MAX_WORLD_SIZE, brief
 from trainguard._internal.model import ConfigModel
 
 __all__ = ["RAY_KEYS", "RayScaling", "expand_ray_job", "render_config"]
@@ -38,7 +40,7 @@ _TRAIN_FUNC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 class RayScaling(ConfigModel):
     """``job.scaling`` of a ``ray_train`` job: Ray Train's ``ScalingConfig``."""
 
-    num_workers: int = Field(1, ge=1)
+    num_workers: int = Field(1, ge=1, le=MAX_WORLD_SIZE)
     use_gpu: bool = False
     resources_per_worker: dict[str, float] | None = None
 
@@ -65,17 +67,51 @@ def render_config(config: Mapping[str, Any], values: Mapping[str, object]) -> di
 
 def _placeholder_problems(value: Any, key: str, known: tuple[str, ...]) -> list[str]:
     if isinstance(value, str):
+        if "\0" in value:
+            return [f"{key}: {brief(value)} holds a NUL byte (\\0), which no command-line argument "
+                    "can carry; remove it"]
         try:
-            names = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
+            fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(value) if f is not None]
         except ValueError as exc:
-            return [f"{key}: {value!r}: {exc}; write a literal brace as {{{{ or }}}}"]
-        return [f"{key}: unknown placeholder {{{n}}} in {value!r}; known: "
-                + ", ".join(f"{{{k}}}" for k in known) for n in names if n not in known]
+            return [f"{key}: {brief(value)}: {exc}; write a literal brace as {{{{ or }}}}"]
+        problems = []
+        for name, spec, conv in fields:
+            if spec or conv:
+                problems.append(f"{key}: {{{name}{'!' + conv if conv else ''}{':' + spec if spec else ''}}} in "
+                                f"{brief(value)}: placeholders take no format spec or conversion; "
+                                f"write {{{name}}}")
+            elif name not in known:
+                problems.append(f"{key}: unknown placeholder {{{name if len(name) <= 40 and name.isprintable() else brief(name, 40)}}} in {brief(value)}; known: "
+                                + ", ".join(f"{{{k}}}" for k in known))
+        return problems
     if isinstance(value, Mapping):
         return [p for k, v in value.items() for p in _placeholder_problems(v, f"{key}.{k}", known)]
     if isinstance(value, list):
         return [p for i, v in enumerate(value) for p in _placeholder_problems(v, f"{key}[{i}]", known)]
     return []
+
+
+def _json_problems(value: Any, key: str) -> list[str]:
+    """What in ``job.config`` cannot travel to the workers as JSON: dates, binary, sets, non-text
+    keys, NaN and infinities (YAML reads `2024-01-01` as a date and `!!binary` as bytes)."""
+    if isinstance(value, bool) or value is None or isinstance(value, (str, int)):
+        return []
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [
+            f"{key}: {value!r} is not a number JSON can carry to the workers; write a finite number "
+            "or quote it as text"]
+    if isinstance(value, Mapping):
+        out = []
+        for k, v in value.items():
+            if not isinstance(k, str):
+                out.append(f"{key}: key {brief(k, 40)} ({type(k).__name__}) must be text; quote it")
+                continue
+            out += _json_problems(v, f"{key}.{k}")
+        return out
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _json_problems(v, f"{key}[{i}]")]
+    return [f"{key}: {brief(value, 40)} is a {type(value).__name__}, which cannot travel to the workers as "
+            "JSON; quote it as text (e.g. \"2024-01-01\") or write a number, list or mapping"]
 
 
 def expand_ray_job(data: Mapping[str, Any], placeholders: tuple[str, ...]) -> dict[str, Any]:
@@ -93,11 +129,12 @@ def expand_ray_job(data: Mapping[str, Any], placeholders: tuple[str, ...]) -> di
     train_func = data.get("train_func")
     if not isinstance(train_func, str) or not _TRAIN_FUNC.match(train_func):
         problems.append(f"job.train_func: expected 'module:function' (importable from job.cwd), "
-                        f"got {train_func!r}; e.g. `train_func: \"train:train_func\"`")
+                        f"got {brief(train_func)}; e.g. `train_func: \"train:train_func\"`")
     config = data.get("config", {})
     if not isinstance(config, Mapping):
-        problems.append(f"job.config: expected a mapping (Ray Train's train_loop_config), got {config!r}")
+        problems.append(f"job.config: expected a mapping (Ray Train's train_loop_config), got {brief(config)}")
         config = {}
+    problems += _json_problems(dict(config), "job.config")
     problems += _placeholder_problems(dict(config), "job.config", placeholders)
     try:
         scaling = RayScaling.model_validate(data.get("scaling") or {})
@@ -109,7 +146,7 @@ def expand_ray_job(data: Mapping[str, Any], placeholders: tuple[str, ...]) -> di
     metrics = data.get("metrics")
     if isinstance(metrics, list):
         if not all(isinstance(m, str) and m for m in metrics):
-            problems.append(f"job.metrics: expected names of reported keys, got {metrics!r}")
+            problems.append(f"job.metrics: expected names of reported keys, got {brief(metrics)}")
         else:
             metrics = {m: metric_regex(m) for m in metrics}
     if problems:

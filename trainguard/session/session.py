@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.config import JobFile
+from trainguard.config.preflight import preflight
 from trainguard.config.settings import Settings, resolve
 from trainguard.run.runner import JobRunner
 from trainguard.tracking import Tracker, open_tracker
@@ -70,7 +71,9 @@ def open_session(
     echo: Callable[[int, str, str], None] | None = None,
 ) -> Iterator[Session]:
     """Open the tracker (its session run named ``trainguard <command> <job>``) and a runner that
-    reports to it; close both on the way out, the runner first (its last runs are logged)."""
+    reports to it; close both on the way out, the runner first (its last runs are logged).
+    Nothing starts before :func:`~trainguard.config.preflight.preflight` has passed."""
+    preflight(job_file)
     tracker = open_tracker(job_file, settings, run_name=f"trainguard {command} {job_file.job.name}")
     try:
         runner = JobRunner(job_file, settings, echo=echo, tracker=tracker)

@@ -1,0 +1,249 @@
+"""The plan of a job file's checks, made without launching anything (``trainguard validate``).
+
+:func:`make_plan` loads and validates the job file as a launch would
+(:func:`~trainguard.config.load_config`, then :func:`~trainguard.config.preflight.preflight`),
+and lists the runs each check will launch, the uninterrupted reference runs two checks share
+(equal requests are launched once), the runs started early beside earlier checks, the drills and
+an estimate of the time: the last report's durations when there is one, and always the worst
+case, each run's timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.config import CanaryCheck, CheckSpec, DrillSpec, JobFile, ParallelCheck, load_config
+from trainguard.config.checks import DeterminismCheck, ProfileCheck, ResumeCheck, SmokeCheck
+from trainguard.config.preflight import preflight
+from trainguard.config.settings import Settings
+from trainguard.run.request import RunRequest
+
+__all__ = ["CheckPlan", "Plan", "PlannedRun", "make_plan"]
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One launch a check makes: what it is for, its length and ranks, and whether it is an
+    uninterrupted reference run (launched once for every check that asks for the same one)."""
+
+    label: str
+    steps: int
+    world_size: int
+    timeout_s: float
+    reference: RunRequest | None = None
+
+    def describe(self) -> str:
+        return f"{self.label}: {self.steps} steps x {self.world_size} rank(s)"
+
+
+@dataclass
+class CheckPlan:
+    """The runs of one check, and what the last report says it took."""
+
+    name: str
+    runs: list[PlannedRun]
+    note: str = ""
+    last_duration_s: float | None = None
+
+
+@dataclass
+class Plan:
+    """What ``trainguard check`` (or ``drill``, ``gate``) would launch for a job file."""
+
+    job_file: JobFile
+    checks: list[CheckPlan]
+    #: runs of later checks started in the background beside earlier ones
+    ahead: list[str] = field(default_factory=list)
+    #: where the "last time" durations come from (None: no earlier report here)
+    history: str | None = None
+
+    @property
+    def launches(self) -> int:
+        """Distinct runs launched: a reference run two checks ask for counts once."""
+        seen: set[RunRequest] = set()
+        count = 0
+        for check in self.checks:
+            for run in check.runs:
+                if run.reference is not None:
+                    if run.reference in seen:
+                        continue
+                    seen.add(run.reference)
+                count += 1
+        return count
+
+    def shared(self) -> list[tuple[str, list[str]]]:
+        """Each reference run asked for by more than one check, with those checks."""
+        users: dict[RunRequest, list[str]] = {}
+        labels: dict[RunRequest, str] = {}
+        for check in self.checks:
+            for run in check.runs:
+                if run.reference is not None:
+                    users.setdefault(run.reference, []).append(check.name)
+                    labels[run.reference] = f"{run.steps} steps x {run.world_size} rank(s)"
+        return [(labels[r], names) for r, names in users.items() if len(set(names)) > 1]
+
+    @property
+    def worst_case_s(self) -> float:
+        """Every run to its timeout, one after the other (shared runs once)."""
+        seen: set[RunRequest] = set()
+        total = 0.0
+        for check in self.checks:
+            for run in check.runs:
+                if run.reference is not None:
+                    if run.reference in seen:
+                        continue
+                    seen.add(run.reference)
+                total += run.timeout_s
+        return total
+
+    @property
+    def estimate_s(self) -> float | None:
+        """The sum of the last report's durations of these checks, when every one has one."""
+        known = [c.last_duration_s for c in self.checks]
+        if not known or any(d is None for d in known):
+            return None
+        return sum(d for d in known if d is not None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "job": self.job_file.job.name,
+            "job_file": str(self.job_file.path),
+            "valid": True,
+            "checks": [
+                {"name": c.name, "note": c.note, "last_duration_s": c.last_duration_s,
+                 "runs": [{"label": r.label, "steps": r.steps, "world_size": r.world_size,
+                           "timeout_s": r.timeout_s, "shared_reference": r.reference is not None}
+                          for r in c.runs]}
+                for c in self.checks
+            ],
+            "launches": self.launches,
+            "shared_references": [{"run": run, "checks": names} for run, names in self.shared()],
+            "started_ahead": self.ahead,
+            "estimate_s": self.estimate_s,
+            "estimate_from": self.history,
+            "worst_case_s": self.worst_case_s,
+        }
+
+    def lines(self) -> list[str]:
+        """The plan as a person reads it."""
+        job = self.job_file.job
+        out = [f"job {job.name} ({job.kind}, {job.world_size} rank(s)), working directory {self.job_file.cwd}"]
+        if not self.checks:
+            out.append("no checks configured: add a `checks:` section (see docs/config.md)")
+        for check in self.checks:
+            took = f"; took {check.last_duration_s:.0f} s last time" if check.last_duration_s is not None else ""
+            out.append(f"  {check.name}: {len(check.runs)} run(s){took}")
+            if check.note:
+                out.append(f"      {check.note}")
+            for run in check.runs:
+                share = " (reference run, shared)" if run.reference is not None else ""
+                out.append(f"      - {run.describe()}{share}")
+        for shape, names in self.shared():
+            out.append(f"shared: the reference run of {shape} is launched once for {', '.join(names)}")
+        for ahead in self.ahead:
+            out.append(f"started early, beside the checks before it: {ahead}")
+        estimate = self.estimate_s
+        guess = (f"about {_minutes(estimate)} (the last report: {self.history})" if estimate is not None
+                 else "unknown until it has run once here (no earlier report for these checks)")
+        out.append(f"{self.launches} launch(es); time: {guess}; at most {_minutes(self.worst_case_s)} "
+                   "if every run went to its timeout")
+        return out
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def make_plan(config: str | Path | JobFile, settings: Settings, *, only: Iterable[str] | None = None) -> Plan:
+    """Load, validate and preflight ``config``; the plan of the checks ``only`` names (all when
+    None). Raises :class:`~trainguard.errors.ConfigError` for anything a launch would trip on."""
+    job_file = config if isinstance(config, JobFile) else load_config(config)
+    preflight(job_file)
+    enabled = job_file.enabled_checks(only)
+    history, durations = _last_durations(job_file)
+    checks = [CheckPlan(name, *_runs(job_file, name, spec, settings), last_duration_s=durations.get(name))
+              for name, spec in enabled]
+    names = [n for n, _ in enabled]
+    lane = ("smoke", "canary", "determinism", "resume", "parallel")
+    ahead = []
+    for position, (name, _) in enumerate(enabled):
+        if position and name in ("canary", "determinism", "parallel") and all(n in lane for n in names[:position]):
+            ahead.append({"canary": "the canary's run", "determinism": "determinism's second run",
+                          "parallel": "parallel's N-rank run"}[name])
+    if job_file.job.is_ray_train:
+        ahead = []  # a ray_train job has no background lane
+    return Plan(job_file, checks, ahead, history if durations else None)
+
+
+def _runs(job_file: JobFile, name: str, spec: CheckSpec, settings: Settings) -> tuple[list[PlannedRun], str]:
+    job = job_file.job
+    timeout = spec.timeout if spec.timeout is not None else job.timeout
+    seed = spec.seed if spec.seed is not None else settings.seed
+
+    def run(label: str, world_size: int = job.world_size, *, reference: bool = False,
+            steps: int = spec.steps) -> PlannedRun:
+        request = RunRequest.make(steps=steps, seed=seed, world_size=world_size, args=spec.args,
+                                  env=spec.env, timeout=spec.timeout)
+        return PlannedRun(label, steps, world_size, timeout, request if reference else None)
+
+    if isinstance(spec, CanaryCheck):
+        return [run("canary run")], "loss must fall by min_loss_drop, with no spike or NaN"
+    if isinstance(spec, DeterminismCheck):
+        return [run("reference", reference=True), run("repeat, same seed")], "the two must match"
+    if isinstance(spec, ResumeCheck):
+        return ([run("reference", reference=True), run(f"killed after step {spec.after_step}"),
+                 run("resumed from its checkpoint")],
+                "the resumed trajectory must match the reference after the kill")
+    if isinstance(spec, ParallelCheck):
+        return ([run("1 rank", 1, reference=True), run(f"{spec.world_size} ranks", spec.world_size)],
+                "N ranks must train like one")
+    if isinstance(spec, ProfileCheck):
+        runs = [run(f"timed, {n} rank(s)", n) for n in spec.world_sizes]
+        if spec.headroom is not None:
+            runs += [run(f"memory probe {i + 1}", spec.headroom.world_size, steps=spec.headroom.steps)
+                     for i in range(spec.headroom.max_probes)]
+        return runs, "step times and scaling per world size" + (
+            "; the headroom search makes at most max_probes probes" if spec.headroom else "")
+    if isinstance(spec, DrillSpec):
+        world_size = spec.world_size or job.world_size
+        fault = (f"fault {spec.fault} on rank {spec.rank} after step {spec.after_step}, "
+                 f"expect {spec.expectation}")
+        runs = [run("reference", world_size, reference=True), run("with the fault", world_size)]
+        if spec.expectation in ("recover", "fail_clean"):
+            runs.append(run("resumed after the fault", world_size))
+        return runs, fault
+    if isinstance(spec, SmokeCheck):
+        return [run("smoke run")], "the job runs end to end and its metrics are read"
+    return [run(name)], ""
+
+
+def _last_durations(job_file: JobFile) -> tuple[str, dict[str, float]]:
+    """Check name -> seconds, from the newest report next to the job file (check, drills or
+    gate), when one is readable."""
+    state = job_file.state_dir
+    candidates = [state / "report.json", state / "drills-report.json", state / "gate" / "latest.json"]
+    durations: dict[str, float] = {}
+    used: list[str] = []
+    for path in sorted((p for p in candidates if p.is_file()), key=lambda p: p.stat().st_mtime):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        checks = data.get("checks") if isinstance(data, dict) else None
+        if isinstance(data, dict) and checks is None and isinstance(data.get("report"), dict):
+            checks = data["report"].get("checks")
+        if not isinstance(checks, list):
+            continue
+        for item in checks:
+            if isinstance(item, dict) and isinstance(item.get("name"), str):
+                seconds = item.get("duration_s")
+                if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0:
+                    durations[item["name"]] = float(seconds)
+                    if str(path) not in used:
+                        used.append(str(path))
+    return ", ".join(used), durations
