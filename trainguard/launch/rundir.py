@@ -16,7 +16,8 @@ from pathlib import Path
 
 import psutil
 
-from trainguard._internal.atomic import atomic_write_text
+from trainguard._internal.atomic import atomic_write_text, fallback_dir, os_error_text, warn
+from trainguard.errors import TrainguardError
 
 __all__ = ["ensure_state_dir", "new_run_dir", "prune_runs"]
 
@@ -42,10 +43,44 @@ def _job_slug(job: str) -> str:
     return _slug(job).replace("-", "_")
 
 
+#: state directories that could not take a run directory, and where their runs went instead
+_MOVED: dict[Path, Path] = {}
+
+
 def new_run_dir(state_dir: Path, job: str, label: str, *, keep: int = 20) -> Path:
-    """Create a fresh, unique run directory and prune old ones of the same job."""
-    runs = ensure_state_dir(state_dir) / "runs"
-    runs.mkdir(exist_ok=True)
+    """Create a fresh, unique run directory and prune old ones of the same job.
+
+    When ``state_dir`` cannot take it (a read-only ``.trainguard/``, a full disk), that is said
+    once on stderr, naming the directory and the errno, and the run directories of this process
+    go to ``runs/`` of the temp-directory fallback (:func:`fallback_dir`) instead."""
+    moved = _MOVED.get(state_dir)
+    if moved is None:
+        try:
+            runs = ensure_state_dir(state_dir) / "runs"
+            runs.mkdir(exist_ok=True)
+            return _new_in(runs, job, label, keep=keep)
+        except OSError as exc:
+            why = os_error_text(exc)
+        base = fallback_dir()
+        if base is None:
+            raise TrainguardError(
+                f"cannot create a run directory under {state_dir}: {why}, and no temp "
+                "directory takes one either; free space there or make it writable"
+            ) from None
+        moved = _MOVED[state_dir] = base / "runs"
+        warn(f"cannot create a run directory under {state_dir}: {why}; run directories go "
+             f"to {moved} instead")
+    try:
+        moved.mkdir(parents=True, exist_ok=True)
+        return _new_in(moved, job, label, keep=keep)
+    except OSError as exc:
+        raise TrainguardError(
+            f"cannot create a run directory under {state_dir} nor under {moved}: "
+            f"{os_error_text(exc)}; free space there or make it writable"
+        ) from None
+
+
+def _new_in(runs: Path, job: str, label: str, *, keep: int) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     prefix = f"{stamp}-{_job_slug(job)}-{_slug(label)}"
     for attempt in range(1000):
@@ -54,7 +89,11 @@ def new_run_dir(state_dir: Path, job: str, label: str, *, keep: int = 20) -> Pat
             candidate.mkdir()  # atomic: two pytest-xdist workers never share one
         except FileExistsError:
             continue
-        (candidate / _OWNER).write_text(str(os.getpid()))
+        try:
+            (candidate / _OWNER).write_text(str(os.getpid()))
+        except OSError:
+            shutil.rmtree(candidate, ignore_errors=True)  # a full disk takes the name only
+            raise
         prune_runs(runs, _job_slug(job), keep=keep, protect=candidate)
         return candidate
     raise RuntimeError(f"could not create a unique run directory under {runs}")

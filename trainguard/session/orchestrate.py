@@ -189,6 +189,8 @@ def check(
         written = report.save(target)  # a failing write falls back and says so; never lost
         if written is not None:
             session.log_artifact(written, "report")
+    if session.tracker is not None and session.tracker.unwritable:
+        report.tracking_uri = None  # the closed tracker said why; the store is not advertised
     return report
 
 

@@ -201,7 +201,15 @@ class Tracker(StoreWriter):
         unwritten, seconds = self.drain(timeout)
         result = FlushResult(seconds, unwritten, list(self.errors))
         self.flush_result = result
-        if unwritten:
+        if self.unwritable is not None:
+            self.warn(
+                f"trainguard tracking: the MLflow store {self.tracking_uri} cannot be written: "
+                f"{self.unwritable}; tracking stopped there ({len(unwritten) + self.dropped} "
+                "item(s) not logged). The checks and their verdicts are unaffected and their run "
+                "directories hold the logs; free space or make the store writable, point "
+                "MLFLOW_TRACKING_URI elsewhere, or set TRAINGUARD_TRACKING=off"
+            )
+        elif unwritten:
             shown = "; ".join(unwritten[:8]) + (f"; and {len(unwritten) - 8} more" if len(unwritten) > 8 else "")
             self.warn(
                 f"trainguard tracking: {len(unwritten)} item(s) not written to {self.tracking_uri} "

@@ -12,6 +12,7 @@ in ``errors``. Between writes it samples system metrics into the runs being samp
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import threading
@@ -22,14 +23,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard._internal.atomic import atomic_write_text
+from trainguard._internal.atomic import atomic_write_text, os_error_text, unwritable_reason
 from trainguard._internal.locks import file_lock, store_lock
 from trainguard.raytrain.tracking import PermanentWriteError, is_permanent_error
 from trainguard.tracking.runs import LIVE_INTERVAL_S, RunHandle
 from trainguard.tracking.store import EXPERIMENT
 from trainguard.tracking.system import system_metrics
 
-__all__ = ["CONNECT_TIMEOUT_S", "FLUSH_CAP_FACTOR", "HTTP_TIMEOUT_S", "METRIC_BATCH_S", "StoreWriter"]
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "FLUSH_CAP_FACTOR",
+    "HTTP_TIMEOUT_S",
+    "METRIC_BATCH_S",
+    "StoreWriter",
+    "local_store_path",
+    "store_unwritable",
+]
 
 #: MLflow's per-request limits for log_batch
 _MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100
@@ -45,6 +54,55 @@ FLUSH_CAP_FACTOR = 6
 #: seconds :meth:`StoreWriter.drain` waits for mlflow to be imported and the client created, before
 #: the flush bound starts
 CONNECT_TIMEOUT_S = 60.0
+
+
+#: errnos that mean a local store cannot take writes until someone frees space or remounts
+_DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.ENOTDIR}
+#: what sqlite says for the same, and the errno it stands for (None: ask the file system)
+_SQLITE_DISK_ERRORS = {"database or disk is full": errno.ENOSPC, "readonly database": None,
+                       "unable to open database file": None, "disk i/o error": None}
+
+
+def local_store_path(tracking_uri: str) -> Path | None:
+    """The file of a local sqlite store (``sqlite:///path``); None for a server or others."""
+    if tracking_uri.startswith("sqlite:///"):
+        return Path(tracking_uri[len("sqlite:///"):])
+    return None
+
+
+def store_unwritable(exc: BaseException, tracking_uri: str) -> str | None:
+    """Why a local store cannot be written, when ``exc`` (or what it wraps) is a full disk, a
+    read-only file system or a refused file: the errno in words (``No space left on device
+    (ENOSPC)``). None for anything else (a server, a locked database: retried)."""
+    db = local_store_path(tracking_uri)
+    if db is None:
+        return None
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno in _DISK_ERRNOS:
+            return os_error_text(cause)
+        text = str(cause).lower()
+        for phrase, code in _SQLITE_DISK_ERRORS.items():
+            if phrase in text:
+                if code is not None:
+                    return os_error_text(OSError(code, os.strerror(code)))
+                return _disk_state(db) or (f"sqlite says {phrase!r}" if phrase != "disk i/o error"
+                                           else None)
+        cause = getattr(cause, "orig", None) or cause.__cause__ or cause.__context__
+    return None
+
+
+def _disk_state(db: Path) -> str | None:
+    # sqlite names no errno: a full or read-only file system under the store says which
+    reason = unwritable_reason(db, example="mlflow.db")
+    if reason is not None:
+        return reason
+    with contextlib.suppress(OSError):
+        if os.statvfs(db.parent).f_bavail == 0:
+            return os_error_text(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    return None
 
 
 @dataclass(eq=False)
@@ -83,6 +141,10 @@ class StoreWriter:
         self.metric_interval = metric_interval
         self.errors: list[str] = []
         self.last_error: str | None = None
+        #: why a local store cannot be written (full disk, read-only, ...): tracking stopped
+        self.unwritable: str | None = None
+        #: writes dropped after the store was found unwritable
+        self.dropped = 0
         self._ops: deque[_Op] = deque()
         #: queued ops by kind ("create", "metrics", other kinds under "other"), so choosing the
         #: next op does not scan the queue
@@ -107,6 +169,9 @@ class StoreWriter:
         """Queue one write (never blocks); ``what`` names it in errors and warnings."""
         op = _Op(kind, handle, payload, what)
         with self._cond:
+            if self.unwritable is not None:  # nothing more is kept in memory for a dead store
+                self.dropped += 1
+                return
             if self._closing:
                 self.errors.append(f"{op.what}: logged after the tracker was closed")
                 return
@@ -215,6 +280,10 @@ class StoreWriter:
             except Exception as exc:
                 text = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
                 self.last_error = text
+                unwritable = store_unwritable(exc, self.tracking_uri)
+                if unwritable is not None:
+                    self._stop_on_unwritable(unwritable)
+                    return
                 if is_permanent_error(exc):
                     self.errors.append(f"{op.what}: {text}")
                     if op.kind == "create":
@@ -234,6 +303,18 @@ class StoreWriter:
                         self._count(op, -1)
                         break
                 self._progress_at = time.monotonic()
+
+    def _stop_on_unwritable(self, why: str) -> None:
+        """A local store on a full or read-only disk: stop writing (the queue is dropped and
+        counted, nothing waits for a run to be created) instead of retrying until the flush
+        bound; :meth:`Tracker.close` says so once."""
+        with self._cond:
+            self.unwritable = why
+            for op in self._ops:
+                if op.kind == "create":
+                    op.handle.failed = f"the store cannot be written: {why}"
+                    op.handle.created.set()
+            self._cond.notify_all()
 
     def _next_op(self) -> _Op | None:
         """The op to write next (lock held): a run creation first (a launch waits for its run to
