@@ -23,6 +23,7 @@ VALUES: dict[str, tuple[tuple[str, Any], tuple[str, Any], tuple[str, Any]]] = {
         ("ini.json", Path("ini.json")),
     ),
     "keep_runs": (("7", 7), ("6", 6), ("5", 5)),
+    "rank_log_mb": (("8", 8.0), ("0", 0.0), ("2.5", 2.5)),
     "ddp_timeout": (("30", 30.0), ("45.5", 45.5), ("60", 60.0)),
     "timeout_scale": (("2.5", 2.5), ("3", 3.0), ("0.5", 0.5)),
     "tracking": (("on", "on"), ("OFF", "off"), ("auto", "auto")),

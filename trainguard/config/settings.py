@@ -67,6 +67,16 @@ def _parse_path(text: str) -> Path | None:
     return Path(text).expanduser() if text.strip() else None
 
 
+def _parse_log_mb(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1_000_000:  # NaN fails too
+        raise ValueError("expected a number of MB from 0 (no cap) to 1000000")
+    return value
+
+
 @dataclass(frozen=True)
 class Option:
     """One setting. ``help`` is the single text used by the flag, the ini key and the docs."""
@@ -132,6 +142,15 @@ OPTIONS: tuple[Option, ...] = (
         "N",
     ),
     Option(
+        "rank_log_mb",
+        "The most each rank's stdout and stderr log file in a run directory keeps, in MB: "
+        "the first and the last half; the bytes between are dropped behind a marker line and "
+        "counted in the report (logs_truncated). Metric parsing still sees every line. 0: no cap.",
+        64.0,
+        _parse_log_mb,
+        "MB",
+    ),
+    Option(
         "ddp_timeout",
         "Seconds a @pytest.mark.ddp test may run on its ranks before their stacks are dumped "
         "and they are torn down.",
@@ -177,6 +196,7 @@ class Settings:
     collect_yaml: bool = True
     report_json: Path | None = None
     keep_runs: int = 20
+    rank_log_mb: float = 64.0
     ddp_timeout: float = 120.0
     timeout_scale: float = 1.0
     tracking: str = "auto"

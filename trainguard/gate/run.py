@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard._internal.atomic import atomic_write_text
+from trainguard._internal.atomic import write_or_fallback
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_TRACKING_URI
 from trainguard._version import __version__
 from trainguard.config import JobFile, load_config
@@ -399,7 +399,12 @@ def _context(data: dict[str, Any]) -> dict[str, Any]:
 
 def write_gate_report(gate: GateReport, out_dir: Path) -> dict[str, str]:
     """Write ``gate-<stamp>.{json,md,html}`` and ``latest.{json,md,html}`` into ``out_dir``,
-    each atomically; sets and returns ``gate.paths``."""
+    each atomically; sets and returns ``gate.paths``.
+
+    A file that cannot be written there (read-only, full disk) is said on stderr with the errno
+    and goes to the temp-directory fallback, whose path ``gate.paths`` then holds
+    (:func:`~trainguard._internal.atomic.write_or_fallback`); with no place at all, the JSON
+    report is printed on stdout: a decision is never lost."""
     import jinja2
 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(gate.created_at))
@@ -414,6 +419,10 @@ def write_gate_report(gate: GateReport, out_dir: Path) -> dict[str, str]:
     text_html = html_env.from_string(_HTML).render(**context, images=_images(data))
     text_json = json.dumps(data, indent=2, default=str) + "\n"
     for key, text in (("json", text_json), ("json_stamped", text_json), ("markdown", text_md), ("html", text_html)):
-        atomic_write_text(gate.paths[key], text)
+        written = write_or_fallback(gate.paths[key], text, what=f"the gate report ({key})")
+        if written.path is not None:
+            gate.paths[key] = str(written.path)
+        elif key == "json":
+            print(text_json, end="", flush=True)  # nowhere took it: the decision stays on stdout
     return gate.paths
 

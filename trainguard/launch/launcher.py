@@ -51,6 +51,7 @@ from trainguard.launch.procs import (
     signal_all,
     signal_group,
 )
+from trainguard.launch.ranklog import RankLog, log_evidence
 
 __all__ = ["LaunchSpec", "Launcher", "RankExit", "RankProcess", "RunResult", "launch"]
 
@@ -59,6 +60,14 @@ Outcome = Literal["ok", "failed", "hung", "timeout", "stopped", "interrupted"]
 _POLL_S = 0.05
 _SCAN_S = 0.5  # how often the process tree of every rank is recorded
 _TAIL_LINES = 30
+#: the longest line handed to the parser at once (a longer one arrives in pieces): a rank that
+#: prints without newlines must not fill the memory
+_MAX_LINE = 64 * 1024
+#: lines waiting for the monitor, at most: a rank that prints faster than they are parsed waits
+#: on its pipe instead of filling the memory (no line is lost)
+_MAX_QUEUED = 4096
+#: the default cap of each rank's stdout and stderr log file (setting ``rank_log_mb``)
+RANK_LOG_MB = 64.0
 
 
 #: what torchrun sets for each rank (and a launch with ``distributed_env=False`` leaves unset)
@@ -119,6 +128,10 @@ class LaunchSpec:
     #: run in each rank's child process after fork, before exec, with the rank (e.g. a fault
     #: drill joins the rank to its own memory cgroup here, so all its memory is charged there)
     preexec: Callable[[int], None] | None = None
+    #: the most each rank's stdout and stderr log file keeps, in MB: the first and the last
+    #: half, the bytes between dropped behind a marker (None or 0: no cap). Parsing sees every
+    #: line either way.
+    log_limit_mb: float | None = RANK_LOG_MB
 
 
 @dataclass(frozen=True)
@@ -225,7 +238,8 @@ class Launcher:
         self.ranks: list[RankProcess] = []
         self.points: list[MetricPoint] = []
         self.on_metric: list[Callable[[MetricPoint, Launcher], None]] = []
-        self._events: queue.Queue[tuple[str, int, str, float]] = queue.Queue()
+        self._events: queue.Queue[tuple[str, int, str, float]] = queue.Queue(_MAX_QUEUED)
+        self._logs: list[RankLog] = []
         self._threads: list[threading.Thread] = []
         self._t0 = 0.0
         self._killed: set[int] = set()
@@ -350,17 +364,24 @@ class Launcher:
                 self._threads.append(thread)
 
     def _pump(self, rp: RankProcess, stream: str, pipe: IO[bytes], log: Path) -> None:
-        """Copy one stream to its log file line by line and hand each line to the monitor."""
-        with open(log, "ab") as sink:
-            for raw in iter(pipe.readline, b""):
+        """Copy one stream to its log file line by line and hand each line to the monitor.
+
+        The log is capped (``log_limit_mb``) and a failing write (a full disk) only stops the
+        log, never this thread: the pipe is drained to the end, so the rank never blocks on it."""
+        limit = self.spec.log_limit_mb
+        sink = RankLog(log, int(limit * 2**20) if limit else None)
+        self._logs.append(sink)
+        try:
+            for raw in iter(lambda: pipe.readline(_MAX_LINE), b""):
                 sink.write(raw)
-                sink.flush()
                 line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
                 if stream == "stderr":
-                    rp.stderr_tail.append(line)
+                    rp.stderr_tail.append(line[:2000])
                     del rp.stderr_tail[:-_TAIL_LINES]
                 self._events.put((stream, rp.rank, line, self.elapsed()))
-        pipe.close()
+        finally:
+            sink.close()
+            pipe.close()
 
     def _monitor(self, port: int) -> RunResult:
         spec = self.spec
@@ -474,16 +495,18 @@ class Launcher:
                 evidence["stacks"] = dump_stacks(self.ranks)
                 break
 
-        # the pipes close once the processes (and their children holding them) are gone
+        # the pipes close once the processes (and their children holding them) are gone; the
+        # lines printed just before the end are parsed meanwhile (a full queue holds the pumps)
         self._teardown()
-        for thread in self._threads:
-            thread.join(timeout=5)
-        # lines printed just before the end
+        join_until = time.monotonic() + 5
         while True:
+            alive = any(thread.is_alive() for thread in self._threads)
             try:
-                stream, rank, line, t = self._events.get_nowait()
+                stream, rank, line, t = self._events.get(timeout=_POLL_S if alive else 0)
             except queue.Empty:
-                break
+                if not alive or time.monotonic() > join_until:
+                    break
+                continue
             if spec.echo is not None:
                 spec.echo(rank, stream, line)
             handle(parser.parse(line, rank=rank, t=t))
@@ -502,6 +525,7 @@ class Launcher:
                     killed_by_trainguard=rp.rank in self._killed,
                 )
             )
+        reason = log_evidence(self._logs, spec.run_dir, outcome, reason, evidence)
         tail_rank = failed_rank if failed_rank is not None else 0
         stderr_tail = "\n".join(self.ranks[tail_rank].stderr_tail) if self.ranks else ""
         if (outcome == "failed" and spec.world_size == 1 and spec.distributed_env

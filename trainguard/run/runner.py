@@ -354,6 +354,7 @@ class JobRunner:
             max_rss_mb=request.max_rss_mb,
             preexec=preexec,
             distributed_env=job.distributed_env,
+            log_limit_mb=self.settings.rank_log_mb or None,
         )
         launcher = Launcher(spec)
         if live_metrics is not None:
