@@ -148,7 +148,7 @@ def test_bad_arguments_exit_2_with_usage() -> None:
         done, "usage: trainguard check", "the following arguments are required: CONFIG"
     )
     assert_usage_error(run_cli("frobnicate"), "invalid choice: 'frobnicate'")
-    assert_usage_error(run_cli("check", "x.yaml", "--seed", "abc"), "invalid int value: 'abc'")
+    assert_usage_error(run_cli("check", "x.yaml", "--seed", "abc"), "argument --seed: invalid seed 'abc'")
 
 
 def test_an_invalid_setting_in_the_environment_exits_2(jobs: Path) -> None:

@@ -126,19 +126,24 @@ def test_report_json_path_expands_home_and_empty_means_none(
 
 
 BAD = [
-    ("seed", "abc", "invalid literal for int()"),
+    ("seed", "abc", "expected an integer between 0 and 2**32-1 (as job.seed)"),
     ("seed", "-1", "expected an integer between 0 and 2**32-1"),
     ("seed", str(2**32), "expected an integer between 0 and 2**32-1"),
-    ("seed", "1.5", "invalid literal for int()"),
+    ("seed", str(2**70), "expected an integer between 0 and 2**32-1"),  # issue 13, item 14
+    ("seed", "1.5", "expected an integer between 0 and 2**32-1"),
     ("deterministic", "maybe", "expected one of 1/0, true/false, yes/no, on/off"),
     ("collect_yaml", "2", "expected one of 1/0, true/false, yes/no, on/off"),
-    ("keep_runs", "0", "expected an integer >= 1"),
-    ("keep_runs", "many", "invalid literal for int()"),
-    ("timeout_scale", "0", "expected a number > 0"),
+    ("keep_runs", "0", "expected an integer from 1 to 1000000"),
+    ("keep_runs", "many", "expected an integer from 1 to 1000000"),
+    ("keep_runs", "9" * 30, "expected an integer from 1 to 1000000"),
+    ("timeout_scale", "0", "expected a number > 0 and at most 1000"),
     ("timeout_scale", "-2", "expected a number > 0"),
     ("timeout_scale", "nan", "expected a number > 0"),
-    ("timeout_scale", "fast", "could not convert string to float"),
-    ("ddp_timeout", "0", "expected a number > 0"),
+    ("timeout_scale", "inf", "expected a number > 0 and at most 1000"),  # waits overflow
+    ("timeout_scale", "1e300", "expected a number > 0 and at most 1000"),
+    ("timeout_scale", "fast", "expected a number > 0"),
+    ("ddp_timeout", "0", "expected a number > 0 and at most 604800"),
+    ("ddp_timeout", "Infinity", "expected a number > 0 and at most 604800"),
 ]
 
 

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trainguard._internal.limits import MAX_WORLD_SIZE
+from trainguard.cli.args import nonempty_path, positive_int, text
 from trainguard.errors import ConfigError
 
 __all__ = ["FLAG_VALUED", "KINDS", "add_parser", "join_flag_values", "run"]
@@ -62,25 +64,28 @@ def add_parser(sub: Any) -> None:
         "override what it detects. In a terminal it asks for what the flags leave open; with "
         "--yes (or without a terminal) it asks nothing.",
     )
-    init.add_argument("script", metavar="SCRIPT", help="the training script, e.g. train.py")
-    init.add_argument("--dir", default=".", help="where to write the files (default: .)")
-    init.add_argument("--name", help="job name (default: the script's name)")
+    init.add_argument("script", metavar="SCRIPT", type=nonempty_path,
+                      help="the training script, e.g. train.py (a name starting with - after --)")
+    init.add_argument("--dir", default=".", type=nonempty_path, help="where to write the files (default: .)")
+    init.add_argument("--name", type=text, help="job name (default: the script's name)")
     init.add_argument("--kind", choices=KINDS,
                       help="the kind of script, instead of the one detected")
-    init.add_argument("--steps-flag", help="the script's flag for the number of steps (default: "
+    init.add_argument("--steps-flag", type=text, help="the script's flag for the number of steps (default: "
                       "detected, e.g. --max_steps; --steps when none is found)")
-    init.add_argument("--ckpt-flag", help="its flag for the checkpoint directory (default: detected, "
+    init.add_argument("--ckpt-flag", type=text, help="its flag for the checkpoint directory (default: detected, "
                       "e.g. --output_dir)")
-    init.add_argument("--seed-flag", help="its flag for the seed (default: detected)")
-    init.add_argument("--resume-flag", help="the arguments that make it resume from the latest "
+    init.add_argument("--seed-flag", type=text, help="its flag for the seed (default: detected)")
+    init.add_argument("--resume-flag", type=text, help="the arguments that make it resume from the latest "
                       "checkpoint (default: detected, e.g. --resume or "
                       "'--resume_from_checkpoint {latest_checkpoint}')")
     init.add_argument(
         "--loss-regex",
+        type=text,
         help=r"regex matching its loss lines, with named groups step and value (default: derived "
         r"from the line the script prints its loss with, else 'step (?P<step>\d+) loss (?P<value>\S+)')",
     )
-    init.add_argument("--world-size", type=int, default=1, help="ranks to launch (default: 1)")
+    init.add_argument("--world-size", type=positive_int(MAX_WORLD_SIZE), default=1,
+                      help=f"ranks to launch, 1 to {MAX_WORLD_SIZE} (default: 1)")
     init.add_argument("-y", "--yes", action="store_true", help="ask nothing; use the flags and what was detected")
     init.add_argument("--force", action="store_true", help="overwrite existing files")
 
@@ -95,6 +100,12 @@ def join_flag_values(argv: Sequence[str]) -> list[str]:
         value = next(tokens, None) if token in FLAG_VALUED else None
         out.append(token if value is None else f"{token}={value}")
     return out
+
+
+def _in_docstring(text: str) -> str:
+    """``text`` as it can stand inside the test file's docstring: escaped like a Python string
+    literal (quotes, backslashes, line breaks), so any job name gives a file that compiles."""
+    return repr(text)[1:-1].replace('"', '\\"')
 
 
 def _ask(question: str, default: str, interactive: bool) -> str:
@@ -178,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  TODO: {todo}")
     atomic_write_text(yaml_path, text)
     test_path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(test_path, _TEST_TEMPLATE.format(name=draft.name, yaml_name=yaml_name))
+    atomic_write_text(test_path, _TEST_TEMPLATE.format(name=_in_docstring(draft.name), yaml_name=yaml_name))
     print(f"wrote {yaml_path} and {test_path}")
     print(f"next: trainguard check {yaml_path}   (or: pytest {test_path})")
     return 0

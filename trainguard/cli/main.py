@@ -17,6 +17,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
 from trainguard._version import __version__
+from trainguard.cli.args import SEED_HELP, nonempty_path, seconds, seed
 from trainguard.errors import ConfigError, TrainguardError
 
 if TYPE_CHECKING:
@@ -51,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the checks configured in a job file and write a JSON report. "
         "Exit 0 when every check passed, 1 when one failed, 2 on a usage or job-file error.",
     )
-    check.add_argument("config", metavar="CONFIG", help="job file, or a directory holding trainguard.yaml")
+    check.add_argument("config", metavar="CONFIG", type=nonempty_path,
+                       help="job file, or a directory holding trainguard.yaml")
     check.add_argument(
         "--only",
         metavar="NAME",
@@ -62,9 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--report-json",
         metavar="PATH",
+        type=nonempty_path,
         help="where to write the report (default: .trainguard/report.json next to the job file)",
     )
-    check.add_argument("--seed", type=int, metavar="N", help="seed for the runs (default: TRAINGUARD_SEED or 0)")
+    check.add_argument("--seed", type=seed, metavar="N", help=SEED_HELP)
     check.add_argument(
         "--save-baseline",
         action="store_true",
@@ -72,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="save the canary's trajectory as this machine's baseline instead of comparing it "
         "with the saved one (canary only; see docs/baselines.md)",
     )
-    check.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
-    check.add_argument("-q", "--quiet", action="store_true", help="print only the verdict lines")
+    loudness = check.add_mutually_exclusive_group()
+    loudness.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
+    loudness.add_argument("-q", "--quiet", action="store_true", help="print only the verdict lines")
 
     drill = sub.add_parser(
         "drill",
@@ -83,14 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
         "docs/drills.md). Exit 0 when every drill passed or was skipped, 1 when one failed, "
         "2 on a usage or job-file error.",
     )
-    drill.add_argument("config", metavar="CONFIG", help="job file, or a directory holding trainguard.yaml")
+    drill.add_argument("config", metavar="CONFIG", type=nonempty_path,
+                       help="job file, or a directory holding trainguard.yaml")
     drill.add_argument("--only", metavar="NAME", action="append", help="run only this drill (repeatable)")
     drill.add_argument(
         "--report-json",
         metavar="PATH",
+        type=nonempty_path,
         help="where to write the report (default: .trainguard/drills-report.json next to the job file)",
     )
-    drill.add_argument("--seed", type=int, metavar="N", help="seed for the runs (default: TRAINGUARD_SEED or 0)")
+    drill.add_argument("--seed", type=seed, metavar="N", help=SEED_HELP)
     drill.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
 
     gate = sub.add_parser(
@@ -101,12 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
         "gate report (JSON, Markdown, HTML) to .trainguard/gate/. Exit 0 on promote, 1 on block, "
         "2 on a usage or job-file error. See docs/gate.md.",
     )
-    gate.add_argument("config", metavar="CONFIG", help="job file, or a directory holding trainguard.yaml")
+    gate.add_argument("config", metavar="CONFIG", type=nonempty_path,
+                      help="job file, or a directory holding trainguard.yaml")
     gate.add_argument("--submit", action="store_true",
                       help="on promote, submit the sized job to gate.queue (ray: RAY_ADDRESS or an embedded head; slurm: sbatch)")
-    gate.add_argument("--seed", type=int, metavar="N", help="seed for the runs (default: TRAINGUARD_SEED or 0)")
-    gate.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
-    gate.add_argument("-q", "--quiet", action="store_true", help="no progress display: one line per check (CI logs)")
+    gate.add_argument("--seed", type=seed, metavar="N", help=SEED_HELP)
+    gate_loudness = gate.add_mutually_exclusive_group()
+    gate_loudness.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
+    gate_loudness.add_argument("-q", "--quiet", action="store_true",
+                               help="no progress display: one line per check (CI logs)")
 
     submit = sub.add_parser(
         "submit",
@@ -116,10 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
         "the trainguard version changed, or it is older than gate.max_report_age). Exit 0 when "
         "submitted, 1 when refused or the queue rejected it, 2 on a usage error.",
     )
-    submit.add_argument("report", metavar="REPORT", help="the gate report, e.g. .trainguard/gate/latest.json")
+    submit.add_argument("report", metavar="REPORT", type=nonempty_path,
+                        help="the gate report, e.g. .trainguard/gate/latest.json")
     submit.add_argument("--queue", choices=("ray", "slurm"), help="override gate.queue")
-    submit.add_argument("--wait", type=float, default=30.0, metavar="S",
-                        help="seconds to watch the submitted job's status (default: 30)")
+    submit.add_argument("--wait", type=seconds, default=30.0, metavar="S",
+                        help="seconds to watch the submitted job's status, 0 to 86400 (default: 30)")
 
     from trainguard.cli import init as init_cli
 
@@ -228,7 +238,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     _print_unwritten(report)
     print(f"{report.status.upper()}: {len(report.checks)} check(s); report: {_rel(report.path)}")
     if report.tracking_uri and not args.quiet:
-        print(f"MLflow runs: mlflow ui --backend-store-uri {report.tracking_uri}")
+        from trainguard.tracking.store import ui_command
+
+        print(f"MLflow runs: {ui_command(report.tracking_uri)}")
     return EXIT_OK if report.status == "passed" else EXIT_FAILED
 
 
@@ -274,7 +286,9 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     console.print(f"report: {_rel(gate.paths['html'])} (also {_rel(gate.paths['json'])}, "
                   f"{_rel(gate.paths['markdown'])})", markup=False)
     if gate.tracking_uri:
-        console.print(f"MLflow runs: mlflow ui --backend-store-uri {gate.tracking_uri}", markup=False)
+        from trainguard.tracking.store import ui_command
+
+        console.print(f"MLflow runs: {ui_command(gate.tracking_uri)}", markup=False)
     return EXIT_OK if gate.promoted else EXIT_FAILED
 
 

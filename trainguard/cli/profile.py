@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Any
 
+from trainguard.cli.args import SEED_HELP, nonempty_path, seed, world_sizes
+
 __all__ = ["add_parser", "run"]
 
 
@@ -21,7 +23,8 @@ def add_parser(sub: Any) -> None:
         "(.trainguard/profile/latest.*). Exit 0 when every size ran and no --compare expression "
         "found a regression, 1 otherwise, 2 on a usage or job-file error. See docs/profiling.md.",
     )
-    p.add_argument("config", metavar="CONFIG", help="job file, or a directory holding trainguard.yaml")
+    p.add_argument("config", metavar="CONFIG", type=nonempty_path,
+                   help="job file, or a directory holding trainguard.yaml")
     p.add_argument(
         "--compare",
         metavar="EXPR",
@@ -32,14 +35,15 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--save", action="store_true", help="save this profile as this machine's baseline")
     p.add_argument(
-        "--world-sizes", metavar="N,N", help="override checks.profile.world_sizes, e.g. 1,2,4"
+        "--world-sizes", metavar="N,N", type=world_sizes,
+        help="override checks.profile.world_sizes, e.g. 1,2,4"
     )
     p.add_argument(
         "--headroom", action=argparse.BooleanOptionalAction, default=None,
         help="run (or with --no-headroom skip) the batch-size / memory headroom search of "
         "checks.profile.headroom (default: run it when configured)",
     )
-    p.add_argument("--seed", type=int, metavar="N", help="seed for the runs (default: TRAINGUARD_SEED or 0)")
+    p.add_argument("--seed", type=seed, metavar="N", help=SEED_HELP)
     p.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
 
 
@@ -71,16 +75,7 @@ def run(args: argparse.Namespace) -> int:
     except RegressionExpressionError as exc:
         print(f"trainguard: error: {exc}", file=sys.stderr)
         return 2
-    sizes = None
-    if args.world_sizes:
-        try:
-            sizes = sorted({int(v) for v in args.world_sizes.split(",") if v.strip()})
-        except ValueError:
-            sizes = []
-        if not sizes or min(sizes) < 1:
-            print(f"trainguard: error: --world-sizes {args.world_sizes!r}: expected positive "
-                  "integers separated by commas, e.g. 1,2,4", file=sys.stderr)
-            return 2
+    sizes = args.world_sizes  # checked by argparse (trainguard.cli.args.world_sizes)
     settings = session_settings(seed=args.seed)
 
     def echo(rank: int, stream: str, line: str) -> None:

@@ -28,6 +28,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from trainguard.config.scriptscan import ScriptFacts, ScriptKind, ScriptOption
 
 __all__ = ["SAVE_EVERY", "InitChoices", "JobDraft", "draft_job", "installed_training_arguments",
@@ -135,12 +137,12 @@ def draft_job(facts: ScriptFacts, script: str, choices: InitChoices | None = Non
     kind = facts.kind
     path = Path(script)
     draft = JobDraft(kind=kind, evidence=facts.evidence,
-                     name=choices.name or path.stem, command=["python", path.as_posix()],
+                     name=choices.name or path.stem, command=["python", _script_token(path.as_posix())],
                      world_size=choices.world_size)
     if kind == "configurator":
         draft.cwd = path.parent.as_posix() if path.parent != Path() else "."
-        draft.command = ["python", path.name]
-    builder = _Builder(facts, draft, choices)
+        draft.command = ["python", _script_token(path.name)]
+    builder = _Builder(facts, draft, choices, path.name)
     if kind == "huggingface" and facts.hf_cli:
         builder.huggingface_cli(hf_fields)
     elif kind == "lightning" and facts.lightning_cli:
@@ -156,9 +158,9 @@ def draft_job(facts: ScriptFacts, script: str, choices: InitChoices | None = Non
 
 
 class _Builder:
-    def __init__(self, facts: ScriptFacts, draft: JobDraft, choices: InitChoices) -> None:
+    def __init__(self, facts: ScriptFacts, draft: JobDraft, choices: InitChoices, script: str) -> None:
         self.facts, self.draft, self.choices = facts, draft, choices
-        self.script = Path(draft.command[1]).name
+        self.script = script
         self.eq = draft.kind == "configurator"  # --key=value
 
     # ---- helpers ------------------------------------------------------------------------------
@@ -468,6 +470,14 @@ class _Builder:
 # --------------------------------------------------------------------------------------------
 
 
+def _script_token(path: str) -> str:
+    """The script's path as a command token: ``./`` before a leading dash (else python reads
+    ``-x.py`` as its own options) and braces doubled (the command's placeholders are
+    ``str.format`` fields: ``my{1}.py`` is a name, not a placeholder)."""
+    token = f"./{path}" if path.startswith("-") else path
+    return token.replace("{", "{{").replace("}", "}}")
+
+
 def _token(text: str) -> str:
     """A command token as a shell would read it, quoted only when it must be."""
     return text if re.fullmatch(r"[\w@%+=:,./{}\-]+", text) else shlex.quote(text)
@@ -485,16 +495,36 @@ def _pairs(tokens: list[str]) -> list[str]:
 
 
 def _double_quoted(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """``text`` as a YAML double-quoted scalar that loads back exactly: quotes, backslashes,
+    line breaks and every character YAML cannot hold raw are escaped (PyYAML's own emitter)."""
+    emitted = yaml.safe_dump(text, default_style='"', allow_unicode=True, width=2**31 - 1)
+    return emitted.removesuffix("\n...\n").rstrip("\n")
+
+
+def _one_line(text: str) -> str:
+    """``text`` fit for a YAML comment: line breaks and the characters YAML refuses anywhere in
+    a file written as Python escapes, so a script named ``a\nb.py`` cannot end the comment."""
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+#: what a YAML comment cannot hold raw: control characters (YAML refuses them), line breaks
+#: (YAML 1.1 counts NEL, U+2028 and U+2029 too), the byte-order mark, surrogates
+_UNPRINTABLE = re.compile(
+    "[^\t\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]"
+)
 
 
 def _single_quoted(text: str) -> str:
+    """``text`` single-quoted (a regex reads best without doubled backslashes); double-quoted
+    with escapes when it holds what a single-quoted scalar cannot keep (a line break)."""
+    if _one_line(text) != text:
+        return _double_quoted(text)
     return "'" + text.replace("'", "''") + "'"
 
 
 def _comment(text: str, indent: str, width: int = 98) -> list[str]:
     lines, line = [], ""
-    for word in text.split(" "):
+    for word in _one_line(text).split(" "):
         if line and len(indent) + 2 + len(line) + 1 + len(word) > width:
             lines.append(line)
             line = word
@@ -522,7 +552,7 @@ def kind_words(kind: ScriptKind) -> str:
 def render_job_file(draft: JobDraft, yaml_name: str = "trainguard.yaml") -> str:
     """The YAML text of ``draft``: the job, its checks, and every guess and TODO as comments."""
     out = [
-        f"# trainguard job file for {draft.command[1]}, written by `trainguard init`.",
+        f"# trainguard job file for {_one_line(draft.command[1])}, written by `trainguard init`.",
         *_comment(f"Detected: {kind_words(draft.kind)} ({draft.evidence}). Each guess is said "
                   "next to what it sets; check them. Reference: docs/config.md.", ""),
         f"# Run: trainguard check {yaml_name}",
@@ -534,7 +564,7 @@ def render_job_file(draft: JobDraft, yaml_name: str = "trainguard.yaml") -> str:
     for note in draft.command_notes:
         out += _comment(note, "  ")
     command = " ".join(_token(t) for t in draft.command)
-    if len(command) <= 88:
+    if len(command) <= 88 or _one_line(command) != command:  # a folded scalar holds no escapes
         out.append(f"  command: {_double_quoted(command)}")
     else:
         out.append("  command: >-")

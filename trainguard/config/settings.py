@@ -8,6 +8,7 @@ docs/markers-and-options.md is generated from :data:`OPTIONS` (tests check it is
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -17,6 +18,13 @@ from typing import Any
 from trainguard.errors import ConfigError
 
 __all__ = ["OPTIONS", "Option", "Settings", "get_option", "options_table", "resolve"]
+
+#: the largest count a setting takes (``keep_runs``)
+MAX_COUNT = 1_000_000
+#: the longest time a setting gives in seconds (a week, as a job file's timeouts)
+MAX_SECONDS = 7 * 24 * 3600.0
+#: the largest ``timeout_scale``
+MAX_TIMEOUT_SCALE = 1000.0
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -31,25 +39,40 @@ def _parse_bool(text: str) -> bool:
     raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
 
 
-def _parse_seed(text: str) -> int:
-    value = int(text.strip())
-    if not 0 <= value <= 2**32 - 1:
-        raise ValueError("expected an integer between 0 and 2**32-1")
+def _integer(text: str, low: int, high: int, words: str) -> int:
+    """``text`` as an integer in [low, high]; ``ValueError`` saying ``words`` otherwise (int()'s
+    own message would repeat the whole text, maybe thousands of digits)."""
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError(f"expected {words}") from None
+    if not low <= value <= high:
+        raise ValueError(f"expected {words}")
     return value
+
+
+def _parse_seed(text: str) -> int:
+    return _integer(text, 0, 2**32 - 1, "an integer between 0 and 2**32-1 (as job.seed)")
 
 
 def _parse_positive_int(text: str) -> int:
-    value = int(text.strip())
-    if value < 1:
-        raise ValueError("expected an integer >= 1")
-    return value
+    return _integer(text, 1, MAX_COUNT, f"an integer from 1 to {MAX_COUNT}")
 
 
-def _parse_positive_float(text: str) -> float:
-    value = float(text.strip())
-    if not value > 0:
-        raise ValueError("expected a number > 0")
-    return value
+def _positive_float(maximum: float) -> Callable[[str], float]:
+    """A parser of a number > 0 and at most ``maximum`` (so never NaN or infinite: a timeout of
+    1e300 s overflows every wait it reaches)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            value = math.nan
+        if not 0 < value <= maximum:  # NaN fails both comparisons
+            raise ValueError(f"expected a number > 0 and at most {maximum:g}")
+        return value
+
+    return parse
 
 
 def _parse_tracking(text: str) -> str:
@@ -64,6 +87,8 @@ def _parse_tracking(text: str) -> str:
 
 
 def _parse_path(text: str) -> Path | None:
+    if "\0" in text:
+        raise ValueError("a path cannot hold a NUL byte")
     return Path(text).expanduser() if text.strip() else None
 
 
@@ -155,14 +180,14 @@ OPTIONS: tuple[Option, ...] = (
         "Seconds a @pytest.mark.ddp test may run on its ranks before their stacks are dumped "
         "and they are torn down.",
         120.0,
-        _parse_positive_float,
+        _positive_float(MAX_SECONDS),
         "SECONDS",
     ),
     Option(
         "timeout_scale",
         "Multiply every job timeout and stall timeout by this factor (slow CI machines).",
         1.0,
-        _parse_positive_float,
+        _positive_float(MAX_TIMEOUT_SCALE),
         "FACTOR",
     ),
     Option(
@@ -247,10 +272,15 @@ def _parse(opt: Option, raw: Any, source: str, spelled: str) -> Any:
         return opt.parse(raw)
     except ValueError as exc:
         raise ConfigError(
-            f"invalid value {raw!r} for {spelled} (from the {source}): {exc}. "
+            f"invalid value {_shown(raw)} for {spelled} (from the {source}): {exc}. "
             f"Fix the {source} value; the default is {opt.default!r}",
             key=spelled,
         ) from None
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """``text`` as a message repeats it: quoted, cut to ``limit`` characters."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
 
 
 def get_option(name: str) -> Option:

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from trainguard._internal.atomic import write_or_fallback
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_TRACKING_URI
 from trainguard._version import __version__
 from trainguard.config import JobFile, load_config
-from trainguard.errors import TrainguardError, UsageError
+from trainguard.errors import ConfigError, TrainguardError
 from trainguard.gate.policy import (
     Capabilities,
     Decision,
@@ -37,8 +38,17 @@ from trainguard.gate.policy import (
 )
 from trainguard.profiling.sizing import Sizing
 from trainguard.report import CheckResult, Report
+from trainguard.tracking.store import ui_command
 
-__all__ = ["GATE_REPORT_VERSION", "GateReport", "StaleReport", "run_gate", "submit_report", "write_gate_report"]
+__all__ = [
+    "GATE_REPORT_VERSION",
+    "GateReport",
+    "StaleReport",
+    "read_gate_report",
+    "run_gate",
+    "submit_report",
+    "write_gate_report",
+]
 
 GATE_REPORT_VERSION = 1
 
@@ -257,36 +267,153 @@ def _submit(job_file: JobFile, gate: GateReport, policy: GatePolicy, runner: Any
 
 def submit_report(path: str | os.PathLike[str], *, wait_s: float = 30.0, queue: str | None = None) -> dict[str, Any]:
     """``trainguard submit REPORT``: submit the job a promoted, fresh gate report describes.
-    Raises :class:`StaleReport` naming every reason when the report is blocked or stale."""
+    Raises :class:`StaleReport` naming every reason when the report is blocked or stale, and
+    :class:`ConfigError` (a usage error) when ``path`` is not a gate report
+    (:func:`read_gate_report`)."""
     from trainguard.gate.provenance import staleness
 
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such gate report; run `trainguard gate CONFIG` first") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{path}: not a gate report ({exc}); pass .trainguard/gate/latest.json") from None
-    if not isinstance(data, dict) or data.get("gate_report_version") != GATE_REPORT_VERSION:
-        raise UsageError(f"{path}: not a gate report of version {GATE_REPORT_VERSION}; "
-                         "run `trainguard gate CONFIG` again")
-    if data.get("verdict") != "promote":
-        reasons = "; ".join(data.get("decision", {}).get("reasons", [])) or "no reason recorded"
+    data = read_gate_report(path)
+    if data["verdict"] != "promote":
+        reasons = "; ".join(data["decision"]["reasons"]) or "no reason recorded"
         raise StaleReport(f"{path}: the gate blocked this job ({reasons}); fix it and run "
                           "`trainguard gate` again -- a blocked report is never submitted")
-    job_file = load_config(data["job_file"])
+    try:
+        job_file = load_config(data["job_file"])
+    except ConfigError as exc:
+        raise ConfigError(f"the job file this report was made from cannot be loaded ({exc}); run "
+                          "`trainguard gate CONFIG` again on the job file", path=str(path),
+                          key="job_file") from None
     policy = job_file.gate or GatePolicy.model_validate({})
     stale = staleness(data["provenance"], job_file.path, max_age=policy.max_report_age)
     if stale:
         raise StaleReport(f"{path} is stale: " + "; ".join(stale) + ". Run `trainguard gate "
                           f"{job_file.path}` again")
-    try:
-        if data.get("sizing"):
-            Sizing.from_dict(data["sizing"])
-    except ValueError as exc:
-        raise UsageError(f"{path}: {exc}: not a sizing trainguard wrote; run `trainguard gate "
-                         f"{job_file.path}` again") from None
     spec = _production_spec(job_file, data, str(path))
     return _submit_spec(spec, queue or policy.queue, job_file, wait_s=wait_s)
+
+
+#: the largest file :func:`read_gate_report` reads (a gate report is a few kilobytes)
+MAX_GATE_REPORT_BYTES = 16 * 2**20
+#: what ``trainguard submit`` reads of a gate report: key -> (expected types, in words);
+#: checked once, in :func:`read_gate_report`
+_REPORT_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
+    "verdict": ((str,), "promote or block"),
+    "decision": ((dict,), "an object with the decision's reasons"),
+    "job_file": ((str,), "the path of the job file"),
+    "provenance": ((dict,), "an object (the provenance record)"),
+    "sizing": ((dict, type(None)), "an object or null"),
+    "capabilities": ((dict, type(None)), "an object or null"),
+    "mlflow_session_run_id": ((str, type(None)), "a string or null"),
+}
+
+
+def read_gate_report(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The gate report at ``path`` (``.trainguard/gate/latest.json``), read and checked in one
+    place: every key :func:`submit_report` uses is there with its type. Anything else -- no such
+    file, a directory, not JSON, truncated, a JSON list, a missing or mistyped key -- raises
+    :class:`ConfigError` naming the file and the key and saying what to do (the CLI's exit 2)."""
+    fix = "run `trainguard gate CONFIG` to write one, then pass .trainguard/gate/latest.json"
+    where = str(path)
+    try:
+        # a regular file only (never /dev/zero or a FIFO), read up to a bound: a gate report is
+        # kilobytes, a file past the bound is not one
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as stream:  # a FIFO: no wait
+            mode = os.fstat(stream.fileno()).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(path)
+            if not stat.S_ISREG(mode):
+                raise ConfigError(f"not a regular file, not a gate report; {fix}", path=where)
+            raw = stream.read(MAX_GATE_REPORT_BYTES + 1)
+        if len(raw) > MAX_GATE_REPORT_BYTES:
+            raise ConfigError(f"over {MAX_GATE_REPORT_BYTES // 2**20} MiB, not a gate report; {fix}",
+                              path=where)
+        text = raw.decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"no such gate report; {fix}", path=where) from None
+    except IsADirectoryError:
+        raise ConfigError(f"is a directory, not a gate report; {fix}", path=where) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"not a gate report (not UTF-8 text); {fix}", path=where) from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the gate report ({exc.__class__.__name__}: "
+                          f"{_cut(str(exc))}); {fix}", path=where) from None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError; [[[[... nests
+        raise ConfigError(f"not a gate report: not valid JSON ({_cut(str(exc))}; truncated?); "
+                          f"{fix}", path=where) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"not a gate report: the file holds a JSON {_json_type(data)}, not an "
+                          f"object; {fix}", path=where)
+    if data.get("gate_report_version") != GATE_REPORT_VERSION:
+        raise ConfigError(f"not a gate report of version {GATE_REPORT_VERSION} (found "
+                          f"{_cut(repr(data.get('gate_report_version')))}); run `trainguard gate "
+                          "CONFIG` again", path=where, key="gate_report_version")
+    again = "the report is not one trainguard wrote, or it was edited; run `trainguard gate CONFIG` again"
+    for key, (types, words) in _REPORT_KEYS.items():
+        if key not in data:
+            if type(None) in types:
+                continue
+            raise ConfigError(f"missing; expected {words}: {again}", path=where, key=key)
+        if not isinstance(data[key], types):
+            raise ConfigError(f"is a JSON {_json_type(data[key])} ({_cut(repr(data[key]))}), "
+                              f"expected {words}: {again}", path=where, key=key)
+    if data["verdict"] not in ("promote", "block"):
+        raise ConfigError(f"is {_cut(repr(data['verdict']))}, expected promote or block: {again}",
+                          path=where, key="verdict")
+    reasons = data["decision"].get("reasons", [])
+    if not isinstance(reasons, list) or not all(isinstance(r, str) for r in reasons):
+        raise ConfigError(f"is {_cut(repr(reasons))}, expected a list of strings: {again}",
+                          path=where, key="decision.reasons")
+    data["decision"]["reasons"] = reasons
+    if not data["job_file"].strip() or "\0" in data["job_file"]:
+        raise ConfigError(f"is {_cut(repr(data['job_file']))}, expected the path of the job file: "
+                          f"{again}", path=where, key="job_file")
+    from trainguard.gate.provenance import Provenance
+
+    try:
+        Provenance.from_dict(data["provenance"])
+    except ValueError as exc:
+        raise ConfigError(f"{_cut(str(exc))}: {again}", path=where, key="provenance") from None
+    gpus = (data.get("capabilities") or {}).get("gpus", 0)
+    if isinstance(gpus, bool) or not isinstance(gpus, (int, float)):
+        raise ConfigError(f"is {_cut(repr(gpus))}, expected a number: {again}", path=where,
+                          key="capabilities.gpus")
+    if data.get("sizing"):
+        _check_sizing(data["sizing"], where, again)
+    return data
+
+
+def _check_sizing(sizing: dict[str, Any], where: str, again: str) -> None:
+    """The sizing's fields the production run reads: the recommended size and, per candidate,
+    its size, steps and hours."""
+    try:
+        Sizing.from_dict(sizing)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{_cut(str(exc))}: {again}", path=where, key="sizing") from None
+    fields: list[tuple[str, Any, tuple[type, ...]]] = [
+        ("sizing.recommended", sizing.get("recommended"), (int, type(None)))]
+    for i, candidate in enumerate(sizing.get("candidates") or []):
+        fields += [(f"sizing.candidates[{i}].gpus", candidate.get("gpus"), (int,)),
+                   (f"sizing.candidates[{i}].steps", candidate.get("steps"), (int,)),
+                   (f"sizing.candidates[{i}].hours_with_failures", candidate.get("hours_with_failures"),
+                    (int, float))]
+    for key, value, types in fields:
+        if isinstance(value, bool) or not isinstance(value, types) or (
+                isinstance(value, (int, float)) and not 0 <= value < 1e12):
+            raise ConfigError(f"is {_cut(repr(value))}, expected a number >= 0: {again}",
+                              path=where, key=key)
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number",
+             float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _cut(text: str, limit: int = 120) -> str:
+    """``text`` cut to ``limit`` characters: a message never echoes a whole file."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 # -- the report files -----------------------------------------------------------------------
@@ -341,7 +468,7 @@ img{max-width:100%;border:1px solid #eee;margin:.5em 0}.meta{color:#666;font-siz
 {% if submission %}<h2>Submission</h2><pre>{{ submission }}</pre>{% endif %}
 <h2>Notes</h2><ul>{% for n in notes %}<li>{{ n }}</li>{% endfor %}</ul>
 <h2>Provenance</h2><pre>{{ provenance }}</pre>
-{% if tracking_uri %}<p class="meta">MLflow: <code>mlflow ui --backend-store-uri {{ tracking_uri }}</code></p>{% endif %}
+{% if tracking_uri %}<p class="meta">MLflow: <code>{{ mlflow_ui }}</code></p>{% endif %}
 </body></html>
 """
 
@@ -394,6 +521,7 @@ def _context(data: dict[str, Any]) -> dict[str, Any]:
         "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(data["created_at"])),
         "submission": json.dumps(data["submission"], indent=2, default=str) if data.get("submission") else None,
         "tracking_uri": data.get("tracking_uri"),
+        "mlflow_ui": ui_command(data["tracking_uri"]) if data.get("tracking_uri") else None,
     }
 
 

@@ -28,7 +28,13 @@ from trainguard.tracking.runs import (
     metric_rows,
     plot_metrics,
 )
-from trainguard.tracking.store import EXPERIMENT, default_store, store_for, tracking_enabled
+from trainguard.tracking.store import (
+    EXPERIMENT,
+    default_store,
+    store_for,
+    tracking_enabled,
+    ui_command,
+)
 from trainguard.tracking.system import environment_snapshot, git_tags
 from trainguard.tracking.tracker import (
     FLUSH_TIMEOUT_S,
@@ -75,4 +81,5 @@ __all__ = [
     "track_check",
     "tracker_of",
     "tracking_enabled",
+    "ui_command",
 ]

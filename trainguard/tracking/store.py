@@ -8,6 +8,7 @@ schema creation in a shared sqlite store is :func:`trainguard._internal.locks.st
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,7 +18,7 @@ from trainguard.errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.config import JobFile
 
-__all__ = ["EXPERIMENT", "default_store", "store_for", "tracking_enabled"]
+__all__ = ["EXPERIMENT", "default_store", "store_for", "tracking_enabled", "ui_command"]
 
 #: the experiment every trainguard run is logged to
 EXPERIMENT = "trainguard"
@@ -38,6 +39,12 @@ def store_for(job_file: JobFile, environ: Mapping[str, str] | None = None) -> tu
     if environ.get("MLFLOW_TRACKING_URI", "").strip():
         return environ["MLFLOW_TRACKING_URI"].strip(), None
     return default_store(job_file.state_dir)
+
+
+def ui_command(tracking_uri: str) -> str:
+    """The shell command that opens the MLflow UI on ``tracking_uri``, the URI quoted for a POSIX
+    shell (a job under ``my dir's/`` gives a path with a space and a quote)."""
+    return f"mlflow ui --backend-store-uri {shlex.quote(tracking_uri)}"
 
 
 def tracking_enabled(mode: str) -> bool:
