@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from trainguard.plugins.session import (
     get_session,
 )
 
-from trainguard.config.settings import OPTIONS, resolve
+from trainguard.config.settings import OPTIONS, get_option, resolve
 from trainguard.errors import ConfigError, UsageError
 
 _DETERMINISTIC_KEY = pytest.StashKey[Any]()
@@ -51,6 +52,14 @@ def pytest_configure(config: pytest.Config) -> None:
         settings = resolve(cli=cli, ini=ini, environ=os.environ)
     except ConfigError as exc:
         raise pytest.UsageError(f"trainguard: {exc}") from None
+    if settings.report_json is not None and not hasattr(config, "workerinput"):
+        from trainguard._internal.atomic import unwritable_reason
+
+        reason = unwritable_reason(settings.report_json)
+        if reason is not None:  # said before any test spends its time, not after all of them
+            raise pytest.UsageError(
+                f"trainguard: {get_option('report_json').flag}: cannot write the report to "
+                f"{settings.report_json}: {reason}. Name a file in a writable directory")
     config.stash[SESSION_KEY] = TrainguardSession(settings=settings)
     config.pluginmanager.register(_SessionRecorder(config), "trainguard-recorder")
     if os.environ.get(CHILD_ENV):
@@ -219,8 +228,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         from trainguard.report import Report
 
         report = Report(job="pytest-session", checks=[r for _, r in state.check_results])
-        path = report.write(state.settings.report_json)
-        state.report_paths.append(str(path))
+        path = report.save(state.settings.report_json)  # a failing write falls back, said
+        if path is None:
+            sys.stdout.write(report.to_json())  # nowhere took it: the results stay on stdout
+        state.report_paths.append(f"{path or '(not written; printed above)'}"
+                                  + (f" ({report.write_problem})" if report.write_problem else ""))
     from trainguard.plugins.tracking import finish_session
 
     finish_session(config, path)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainguard._internal.atomic import current_umask, fsync_dir
+from trainguard._internal.atomic import current_umask, fallback_dir, fsync_dir, os_error_text, warn
 from trainguard._internal.gitstate import git_state
 from trainguard._internal.machine import machine_id, machine_info
 from trainguard._version import __version__
@@ -208,6 +208,17 @@ def save_baseline(
     payload = (json.dumps(data, indent=2, allow_nan=True) + "\n").encode()
     suffix = (commit[:12] if commit else "nogit") + ("_dirty" if dirty else "")
     return write_numbered(target_dir, suffix, payload)
+
+
+def _save_aside(job_file: JobFile, request: RunRequest, trajectories: Mapping[str, Mapping[int, float]]) -> Path | None:
+    """The baseline saved under the temp-directory fallback (None: not there either)."""
+    base = fallback_dir()
+    if base is None:
+        return None
+    try:
+        return save_baseline(job_file, request, trajectories, directory=base / "baselines" / machine_id())
+    except (OSError, BaselineError):
+        return None
 
 
 def write_numbered(directory: Path, suffix: str, payload: bytes) -> Path:
@@ -402,12 +413,23 @@ def canary_baseline(
             saved = save_baseline(job_file, request, trajectories,
                                   extra={"run": {"run_dir": str(result.run_dir),
                                                  "duration_s": round(result.duration_s, 2)}})
-        except (OSError, BaselineError) as exc:
+        except BaselineError as exc:
             where = baselines_dir(job_file.state_dir)
             return BaselineOutcome(
                 {"status": "not_saved", "reason": str(exc)},
                 problems=[f"could not save the baseline in {where}: {exc}; make that directory "
                           "writable (or free space) and save again"],
+            )
+        except OSError as exc:  # read-only, full disk: the trajectory is kept aside, never lost
+            where = baselines_dir(job_file.state_dir)
+            aside = _save_aside(job_file, request, trajectories)
+            text = f"could not save the baseline in {where}: {os_error_text(exc)}; " + (
+                f"it was saved to {aside} instead: copy that file into {where} to use it"
+                if aside else "make that directory writable (or free space) and save again")
+            warn(text)
+            return BaselineOutcome(
+                {"status": "not_saved", "reason": text, **({"saved_aside": str(aside)} if aside else {})},
+                problems=[text],
             )
         outcome = BaselineOutcome(
             {"status": "saved", "path": str(saved), "machine_id": machine_id(),

@@ -196,6 +196,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"trainguard: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:  # a file trainguard itself had to write (read-only, full disk, ...)
+        from trainguard._internal.atomic import os_error_text
+
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"trainguard: error: {where}{os_error_text(exc)}; free space there or make it "
+              "writable", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt as exc:
         what = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
         print(f"trainguard: {what}; every process it started has been stopped", file=sys.stderr)

@@ -77,11 +77,20 @@ def _take(marker: Path) -> bool:
 
 
 def reserve_port(host: str = "127.0.0.1", *, attempts: int = 50) -> PortReservation:
-    """Reserve a free TCP port on ``host`` for a rendezvous store."""
-    _DIR.mkdir(parents=True, exist_ok=True)
+    """Reserve a free TCP port on ``host`` for a rendezvous store.
+
+    The markers live in the temp directory; when it cannot take one (full, read-only), the port
+    is only probed free, as torchrun does: a launch never fails on the marker alone."""
     for _ in range(attempts):
         port = _probe_free_port(host)
         marker = _DIR / str(port)
-        if _take(marker):
+        try:
+            _DIR.mkdir(parents=True, exist_ok=True)
+            taken = _take(marker)
+        except OSError:
+            with contextlib.suppress(OSError):
+                marker.unlink()  # an empty marker a full disk left behind
+            return PortReservation(port, marker)
+        if taken:
             return PortReservation(port, marker)
     raise RuntimeError(f"could not reserve a free port on {host} after {attempts} attempts")

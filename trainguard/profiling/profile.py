@@ -14,6 +14,7 @@ from typing import Any
 
 import psutil
 
+from trainguard._internal.atomic import fallback_dir, os_error_text, warn
 from trainguard._version import __version__
 from trainguard.config import ProfileCheck, Target
 from trainguard.launch.rundir import new_run_dir
@@ -22,6 +23,7 @@ from trainguard.profiling.compare import (
     RegressionCheck,
     compare_profiles,
     latest_profile_baseline,
+    profile_baselines_dir,
     save_profile_baseline,
 )
 from trainguard.profiling.headroom import Headroom, run_headroom
@@ -271,8 +273,29 @@ def run_profile(
         if profile.failed_sizes:
             profile.notes.append("baseline not saved: a world size failed to profile")
         else:
-            profile.saved_path = str(save_profile_baseline(job_file.state_dir, job_file.cwd, profile.to_dict()))
+            profile.saved_path = _save_baseline(profile, job_file.state_dir, job_file.cwd)
     return profile
+
+
+def _save_baseline(profile: Profile, state_dir: Path, job_dir: Path) -> str | None:
+    """Save the profile as this machine's baseline; on a read-only or full disk, under the
+    temp-directory fallback instead, said in a note (and on stderr): never lost."""
+    try:
+        return str(save_profile_baseline(state_dir, job_dir, profile.to_dict()))
+    except OSError as exc:
+        why = os_error_text(exc)
+    aside = None
+    base = fallback_dir()
+    if base is not None:
+        with contextlib.suppress(OSError):
+            aside = save_profile_baseline(base, job_dir, profile.to_dict())
+    where = profile_baselines_dir(state_dir)
+    note = f"could not save the profile baseline in {where}: {why}; " + (
+        f"it was saved to {aside} instead: copy that file into {where} to use it" if aside
+        else "make that directory writable (or free space) and save again")
+    warn(note)
+    profile.notes.append(note)
+    return None if aside is None else str(aside)
 
 
 def _size(profile: Profile, target: Target, runner: JobRunner, spec: ProfileCheck) -> Sizing:

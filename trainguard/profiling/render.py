@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from trainguard._internal.atomic import atomic_write_bytes, atomic_write_text
+from trainguard._internal.atomic import write_or_fallback
 
 __all__ = ["PLOTS", "render_html", "render_markdown", "write_reports"]
 
@@ -432,7 +432,10 @@ def render_html(data: dict[str, Any], plots: dict[str, bytes]) -> str:
 
 def write_reports(data: dict[str, Any], run_dir: Path, latest_dir: Path) -> dict[str, str]:
     """Write profile.{json,md,html} (and the PNGs) into ``run_dir`` and latest.{json,md,html}
-    into ``latest_dir``, each atomically. Returns the paths by kind."""
+    into ``latest_dir``, each atomically. Returns the paths by kind. A file that cannot be
+    written there (read-only, full disk) is said on stderr and goes to the temp-directory
+    fallback, whose path is returned instead
+    (:func:`~trainguard._internal.atomic.write_or_fallback`)."""
     plots = render_plots(data)
     paths = {
         "json": str(run_dir / "profile.json"),
@@ -447,8 +450,10 @@ def write_reports(data: dict[str, Any], run_dir: Path, latest_dir: Path) -> dict
     text_md = render_markdown(data)
     text_html = render_html(data, plots)
     for name, png in plots.items():
-        atomic_write_bytes(run_dir / f"{name}.png", png)
+        write_or_fallback(run_dir / f"{name}.png", png, what=f"the profile plot {name}")
     for kind, text in (("json", text_json), ("markdown", text_md), ("html", text_html)):
-        atomic_write_text(paths[kind], text)
-        atomic_write_text(paths[f"latest_{kind}"], text)
+        for key in (kind, f"latest_{kind}"):
+            written = write_or_fallback(paths[key], text, what=f"the profile report ({kind})")
+            if written.path is not None:
+                paths[key] = str(written.path)
     return paths
