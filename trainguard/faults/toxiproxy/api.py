@@ -372,7 +372,7 @@ class ToxiproxyServer:
         if not upstream:
             raise missing_field(f"upstream at proxy {i}")
         if name in seen:
-            raise ApiError(f"duplicate proxy name {brief(name)}", 500, field="name")
+            raise ApiError(f"duplicate proxy name {brief(name)}", 400, field="name")
         seen.add(name)
         listen = _field(item, "listen", str, "") or format_hostport(DEFAULT_HOST, 0)
         enabled = _field(item, "enabled", bool, True)

@@ -146,9 +146,10 @@ async def read_request(reader: asyncio.StreamReader,
 
 async def _read_rest(reader: asyncio.StreamReader, first: bytes, budget: _Budget,
                      send_continue: Callable[[], None] | None) -> Request:
-    parts = first.decode("latin-1").rstrip("\r\n").split(" ")
+    line = first.decode("latin-1").rstrip("\r\n")
+    parts = line.split(" ")
     if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not _VERSION.fullmatch(parts[2]):
-        raise HttpError(400, f"malformed request line {_cut(first.decode('latin-1'))}; "
+        raise HttpError(400, f"malformed request line {_cut(line)}; "
                              "expected e.g. GET /proxies HTTP/1.1")
     method, target, version = parts
     if not target or any(c in target for c in "\x00\t\r"):
