@@ -396,3 +396,71 @@ def test_a_file_that_is_not_python_exits_2_naming_the_line(tmp_path: Path) -> No
     assert not (tmp_path / "trainguard.yaml").exists()
     with pytest.raises(ConfigError, match="never runs it"):
         scan_script("x = (", "t.py")
+
+
+# --------------------------------------------------------------------------------------------
+# odd names: what init writes loads back exactly and runs (issue 13, item 13)
+# --------------------------------------------------------------------------------------------
+
+_TOY = Path(__file__).resolve().parents[1] / "data" / "jobs" / "toy_train.py"
+
+ODD_NAMES = [
+    "my train", "it's", 'say "hi"', "a #b", "key: value", "-lead", "--double", "ünïcødé 训练",
+    "{steps}", "back\\slash", "tab\there", "line\nbreak", "sep\u2028arator", "  padded  ",
+    "emoji 🚀", "del\x7f", "trailing #", "&*!|;$(x)`y`",
+]
+
+
+def init_in_process(directory: Path, script: str, *flags: str,
+                    capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from trainguard.cli import main
+
+    try:
+        code = main(["init", "--dir", str(directory), "--yes", "--force", *flags, "--", script])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_an_odd_job_name_and_script_name_load_back_exactly(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = f"{name}.py"
+    (tmp_path / script).write_text(_TOY.read_text())
+    code, out, err = init_in_process(tmp_path, script, f"--name={name}", capsys=capsys)  # = for "-lead"
+    assert code == 0, out + err
+    job = load_config(tmp_path / "trainguard.yaml").job
+    assert job.name == name
+    shown = f"./{script}" if script.startswith("-") else script
+    assert job.command[:2] == ["python", shown.replace("{", "{{").replace("}", "}}")]
+    from trainguard.config.schema import render_placeholders
+
+    assert render_placeholders(job.command[1], {}) == shown  # a brace is not a placeholder
+    test_file = tmp_path / "tests" / "test_trainguard_job.py"
+    module = compile(test_file.read_text(encoding="utf-8"), str(test_file), "exec")
+    assert module.co_consts[0] == f"trainguard checks of the {name} job, run by pytest (written by `trainguard init`)."
+
+
+def test_the_written_command_runs_a_script_with_a_space_a_quote_a_hash_and_a_leading_dash(
+    tmp_path: Path,
+) -> None:
+    script = "-my train's #1 {x}.py"
+    (tmp_path / script).write_text(_TOY.read_text())
+    done = run_cli("init", "--dir", tmp_path, "--yes", "--name", "a #b", "--", script)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = (tmp_path / "trainguard.yaml").read_text(encoding="utf-8")
+    assert "python './-my train'\"'\"'s #1 {{x}}.py'" in text  # one shell word
+    run = run_cli("check", tmp_path / "trainguard.yaml", "--only", "smoke")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.startswith("PASSED  smoke: 5 steps in")
+
+
+def test_a_script_name_that_is_not_utf8_is_refused_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = init_in_process(tmp_path, "bad\udcff.py", capsys=capsys)
+    assert code == 2 and "argument SCRIPT" in err and "not UTF-8" in err
+    assert not (tmp_path / "trainguard.yaml").exists()
