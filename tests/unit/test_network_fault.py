@@ -9,6 +9,7 @@ and cleared a few steps later, as a drill does. The MLflow target starts a real 
 from __future__ import annotations
 
 import re
+import socket
 import statistics
 import sys
 import textwrap
@@ -183,6 +184,8 @@ def test_launch_env_and_placeholders(service: str, tmp_path: Path) -> None:
     ({"toxic": ["latency"], "upstream": "127.0.0.1:1"}, "toxic"),
     ({"toxic": "latency", "toxicity": 10**400, "upstream": "127.0.0.1:1"}, "toxicity"),
     ({"toxic": "latency", "attributes": {"latency": 10**400}, "upstream": "127.0.0.1:1"}, "attributes.latency"),
+    ({"toxic": "latency", "upstream": "127.0.0.1:1", "listen": 8080}, "listen"),
+    ({"toxic": "latency", "upstream": "127.0.0.1:1", "listen": "0.0.0.0"}, "listen"),
 ])
 def test_validate_names_the_key_and_the_fix(params: dict[str, Any], key: str) -> None:
     problems = NetworkFault.validate(params)
@@ -200,6 +203,37 @@ def test_valid_params_have_no_problems() -> None:
     assert NetworkFault.validate({"toxic": "bandwidth", "attributes": {"rate": 10},
                                   "stream": "upstream", "toxicity": 0.5, "service": "mlflow"}) == []
     assert NetworkFault.validate({"down": True, "upstream": "[::1]:5000"}) == []
+    assert NetworkFault.validate({"down": True, "upstream": "[::1]:5000", "listen": "10.0.0.5:0"}) == []
+
+
+def _lan_address() -> str | None:
+    """An address of this machine that is not loopback, or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # UDP: nothing is sent
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") else address
+
+
+def test_listen_param_puts_the_proxy_on_a_lan_address(service: str, tmp_path: Path) -> None:
+    """`listen` is the drill's explicit opt-in to a non-loopback proxy (the embedded server
+    refuses one otherwise): ranks on other hosts get an address they can reach."""
+    lan = _lan_address()
+    if lan is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    fault = NetworkFault({"toxic": "latency", "attributes": {"latency": 1}, "upstream": service,
+                          "listen": f"{lan}:0"})
+    ctx = FaultContext(work_dir=tmp_path, checkpoint_dir=tmp_path, world_size=1)
+    fault.setup(ctx)
+    try:
+        address = fault.launch_env(ctx)["TRAINGUARD_PROXY_ADDR"]
+        assert address.startswith(f"{lan}:") and address == fault.evidence()["proxy"]
+        with urllib.request.urlopen(f"http://{address}/", timeout=5) as resp:
+            assert resp.read() == b"hello"
+    finally:
+        fault.teardown()
 
 
 def _descendants() -> set[int]:

@@ -27,7 +27,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainguard.cli.main import main as cli_main
-from trainguard.faults.toxiproxy import EmbeddedToxiproxy, ToxiproxyClient, ToxiproxyError
+from trainguard.faults.toxiproxy import (
+    TOXIC_ATTRIBUTES,
+    EmbeddedToxiproxy,
+    ToxiproxyClient,
+    ToxiproxyError,
+)
 
 # --------------------------------------------------------------------------------------------
 # Helpers
@@ -335,6 +340,41 @@ def test_keep_alive_survives_errors_the_server_can_answer_in_place(tp: EmbeddedT
     responses = parse_all(raw)
     assert [status for status, _, _ in responses] == [404, 400, 200, 400], raw
     assert "connection" not in responses[1][1] and responses[3][1]["connection"] == "close"
+
+
+def test_toxics_at_the_limits_of_their_attributes_keep_the_proxy_working(
+        tp: EmbeddedToxiproxy, caplog: pytest.LogCaptureFixture) -> None:
+    """Every toxic with every attribute at int64's ends (accepted, as Toxiproxy does) added,
+    updated and removed on an open connection: nothing raised in the proxy, which still echoes."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(64)
+        client = ToxiproxyClient(tp.url, timeout=10)
+        host, port = client.proxy_address(client.create_proxy(
+            "edge", f"127.0.0.1:{server.getsockname()[1]}")).rsplit(":", 1)
+        with caplog.at_level(logging.DEBUG):
+            for value in (2**63 - 1, -(2**63)):
+                for toxic, names in TOXIC_ATTRIBUTES.items():
+                    with socket.create_connection((host, int(port)), timeout=5) as sock:
+                        accepted, _ = server.accept()
+                        with accepted:
+                            attributes = dict.fromkeys(names, value)
+                            client.add_toxic("edge", toxic, attributes, stream="upstream", name="x")
+                            client.add_toxic("edge", toxic, attributes, name="y")
+                            with contextlib.suppress(OSError):
+                                sock.sendall(b"d" * 300_000)
+                                accepted.sendall(b"u" * 300_000)
+                            client.update_toxic("edge", "x", attributes, toxicity=0.5)
+                            client.remove_toxic("edge", "x")
+                            client.remove_toxic("edge", "y")
+            with socket.create_connection((host, int(port)), timeout=5) as sock:
+                accepted, _ = server.accept()
+                with accepted:
+                    sock.sendall(b"ping")
+                    assert accepted.recv(4) == b"ping"
+        logged = [r for r in caplog.records if r.levelno >= logging.WARNING
+                  or r.name.startswith("trainguard.faults.toxiproxy")]
+        assert not logged, [f"{r.name}: {r.getMessage()}" for r in logged]
 
 
 # --------------------------------------------------------------------------------------------

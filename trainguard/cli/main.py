@@ -8,6 +8,7 @@ Bad input is a one-paragraph message naming the file, the key and the fix -- nev
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -149,9 +150,19 @@ class _Terminated(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C so every ``finally`` tears down the same way; exits 143."""
 
 
+_received: list[int] = []  # the signals main() has received, first one first
+
+
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    # SIGTERM (a CI runner cancelling us) gets the same clean teardown as Ctrl-C
-    raise _Terminated
+    # SIGTERM (a CI runner cancelling us) gets the same clean teardown as Ctrl-C. Only the first
+    # signal interrupts: a second Ctrl-C (or a runner's repeated SIGTERM) arriving while the
+    # teardown runs would cut it short and leave ranks, mounts or cgroups behind
+    _received.append(signum)
+    if len(_received) > 1:
+        with contextlib.suppress(OSError):
+            os.write(2, b"trainguard: still stopping what it started (each step has a deadline)\n")
+        return
+    raise _Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -162,7 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    _received.clear()
+    # a signal the shell set to be ignored (`nohup`, a background job's SIGINT) stays ignored
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         if args.command == "version":
             print(f"trainguard {__version__}")
@@ -204,11 +218,13 @@ def main(argv: Sequence[str] | None = None) -> int:
               "writable", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as exc:
-        what = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
+        terminated = isinstance(exc, _Terminated) or _received[:1] == [signal.SIGTERM]
+        what = "terminated (SIGTERM)" if terminated else "interrupted"
         print(f"trainguard: {what}; every process it started has been stopped", file=sys.stderr)
-        return EXIT_TERMINATED if isinstance(exc, _Terminated) else EXIT_INTERRUPTED
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:

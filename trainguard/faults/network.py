@@ -311,6 +311,9 @@ class NetworkFault(Fault):
         "upstream": None,  # "host:port"
         "env": "TRAINGUARD_PROXY_ADDR",
         "down": False,
+        # where the proxy listens; another than loopback (this machine's LAN address) lets ranks
+        # on other hosts reach it, and is allowed on the embedded server for this drill only
+        "listen": None,
     }
 
     def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
@@ -386,6 +389,15 @@ class NetworkFault(Fault):
                                  f"{upstream!r}"))
         if not isinstance(p["env"], str) or not _ENV_NAME.match(p["env"]):
             problems.append(("env", f"expected an environment variable name, got {p['env']!r}"))
+        listen = p["listen"]
+        if listen is not None:
+            try:
+                if not isinstance(listen, str):
+                    raise ValueError(listen)
+                split_hostport(listen)
+            except ValueError:
+                problems.append(("listen", "expected host:port where the proxy listens, e.g. "
+                                 f"10.0.0.5:0 (this machine's address, any port), got {_brief(listen)}"))
         return problems
 
     # -- the contract -------------------------------------------------------------------------
@@ -397,7 +409,9 @@ class NetworkFault(Fault):
             raise UsageError("invalid network fault parameters: "
                              + "; ".join(f"{key}: {message}" for key, message in problems))
         try:
-            self.client = self._stack.enter_context(open_toxiproxy())
+            listen = self.params["listen"]
+            self.client = self._stack.enter_context(
+                open_toxiproxy(allow_remote_listen=listen is not None))
             self.server_version = str(self.client.version().get("version"))
             if self.params["service"] == "mlflow":
                 self.mlflow = LocalMlflowServer(Path(ctx.work_dir) / "mlflow")
@@ -406,7 +420,8 @@ class NetworkFault(Fault):
                 self.upstream_address = self.mlflow.address
             else:
                 self.upstream_address = str(self.params["upstream"])
-            proxy = self.client.create_proxy(self.proxy_name, self.upstream_address)
+            proxy = self.client.create_proxy(self.proxy_name, self.upstream_address,
+                                             listen=listen or "127.0.0.1:0")
             self._stack.callback(self._delete_proxy)
             self.proxy_address = self.client.proxy_address(proxy)
             if self.mlflow is not None and ctx.ray_train:

@@ -203,9 +203,11 @@ class ToxiproxyClient:
 
 
 @contextlib.contextmanager
-def open_toxiproxy(url: str | None = None, *, timeout: float = 10.0) -> Iterator[ToxiproxyClient]:
+def open_toxiproxy(url: str | None = None, *, timeout: float = 10.0,
+                   allow_remote_listen: bool = False) -> Iterator[ToxiproxyClient]:
     """A client of the real Toxiproxy at ``url`` (default: ``$TOXIPROXY_URL``) or, when neither
-    is set, of an embedded one started on a free loopback port and stopped on exit.
+    is set, of an embedded one started on a free loopback port and stopped on exit; that one
+    lets proxies listen on non-loopback addresses only with ``allow_remote_listen``.
 
     The client's ``started_here`` says which: True for the embedded server started here.
     """
@@ -221,7 +223,7 @@ def open_toxiproxy(url: str | None = None, *, timeout: float = 10.0) -> Iterator
             ) from None
         yield client
         return
-    embedded = EmbeddedToxiproxy()
+    embedded = EmbeddedToxiproxy(allow_remote_listen=allow_remote_listen)
     embedded.start()
     try:
         yield ToxiproxyClient(embedded.url, timeout=timeout, started_here=True)

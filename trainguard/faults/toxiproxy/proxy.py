@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import socket
 import struct
@@ -37,6 +38,7 @@ _READ_SIZE = 256 * 1024
 _STREAM_LIMIT = 256 * 1024  # StreamReader pauses the socket above twice this
 _QUEUE_CHUNKS = 1024  # chunks a link reads ahead of its toxics (Toxiproxy's latency buffer)
 _UPSTREAM_CONNECT_TIMEOUT_S = 10.0
+_log = logging.getLogger(__name__)
 
 #: which way data flows through a link: client -> upstream, or upstream -> client
 Direction = Literal["upstream", "downstream"]
@@ -326,6 +328,9 @@ class Proxy:
             await self._serve(reader, writer)
         except asyncio.CancelledError:
             # stopped on purpose; asyncio's stream callback logs a cancelled handler as an error
+            writer.transport.abort()
+        except Exception:  # a bug here drops this connection only, never logged by asyncio
+            _log.debug("proxy %s: connection failed", self.name, exc_info=True)
             writer.transport.abort()
         finally:
             if task is not None:
