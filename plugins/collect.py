@@ -34,9 +34,11 @@ class JobFileCollector(pytest.File):
 
     def collect(self) -> Iterator[pytest.Item]:
         from trainguard.config import ProfileCheck, load_config
+        from trainguard.config.preflight import preflight
         from trainguard.report import CheckId
 
         job_file = load_config(self.path)
+        preflight(job_file)  # what a launch needs here (cwd, paths), as `trainguard validate`
         for name, spec in job_file.enabled_checks():
             item = CheckItem.from_parent(self, name=name, check_name=name)
             if CheckId.parse(name).is_drill:  # a drill: `pytest -m fault` selects it
