@@ -9,8 +9,10 @@ things must not follow from a rank's output:
   goes on draining the pipe; the launcher says in the run's reason that the run directory's
   disk is full;
 * **a rank that prints gigabytes fills the disk.** With a ``limit``, the file keeps the first
-  half of it, then a rolling last half: two segment files written in turn, joined behind a marker
-  line saying how many bytes were dropped when the log is closed (:attr:`RankLog.dropped`).
+  half of it, then a rolling last half: two segment files of up to half the limit written in
+  turn (so at most 1.5 times the limit is on disk while the rank runs), and when the log is
+  closed the last half joined behind a marker line saying how many bytes were dropped
+  (:attr:`RankLog.dropped`); the kept tail starts at a line.
 """
 
 from __future__ import annotations
@@ -26,10 +28,6 @@ from trainguard._internal.atomic import os_error_text
 
 __all__ = ["RankLog", "disk_full_at", "log_evidence", "truncation_marker"]
 
-#: how many bytes of a log are copied at a time when the tail is joined to the head
-_COPY = 1 << 20
-
-
 def truncation_marker(dropped: int, head: int, tail: int) -> bytes:
     """The line that stands where a capped log dropped bytes."""
     return (f"\n[trainguard: {dropped} bytes of this log dropped here; it keeps the first {head} "
@@ -43,8 +41,8 @@ class RankLog:
         self.path = path
         self.limit = limit if limit else None
         self.head_limit = (self.limit + 1) // 2 if self.limit else 0
-        #: each of the two tail segments holds at most this; the kept tail is one or both
-        self.segment_limit = max(1, (self.limit - self.head_limit) // 2) if self.limit else 0
+        #: the most the kept tail holds; each of the two tail segments holds about this much
+        self.tail_limit = self.limit - self.head_limit if self.limit else 0
         #: bytes the rank printed on this stream
         self.total = 0
         #: bytes in the head (the file itself)
@@ -91,7 +89,7 @@ class RankLog:
             self.lost += len(raw)
 
     def _to_tail(self, raw: bytes) -> None:
-        if not self._segments or self._segment_size + len(raw) > self.segment_limit:
+        if not self._segments or self._segment_size + len(raw) > max(1, self.tail_limit):
             self._rotate()
         self._segments[-1][1].write(raw)
         self._segment_size += len(raw)
@@ -113,19 +111,16 @@ class RankLog:
         for _, handle in segments:
             with contextlib.suppress(OSError):
                 handle.close()
-        try:
-            kept = sum(p.stat().st_size for p, _ in segments)
-        except OSError:
-            kept = 0
-        self.dropped = max(0, self.total - self.lost - self.head - kept)
+        kept = 0
         if self._file is not None:
             try:
+                tail = self._tail(segments)
+                kept = sum(len(chunk) for chunk in tail)
+                self.dropped = max(0, self.total - self.lost - self.head - kept)
                 if self.dropped:
                     self._file.write(truncation_marker(self.dropped, self.head, kept))
-                for seg, _ in segments:
-                    with open(seg, "rb") as src:
-                        while chunk := src.read(_COPY):
-                            self._file.write(chunk)
+                for chunk in tail:
+                    self._file.write(chunk)
                 self._file.flush()
             except OSError as exc:
                 self.error = self.error or os_error_text(exc)
@@ -135,6 +130,21 @@ class RankLog:
         for seg, _ in segments:
             with contextlib.suppress(OSError):
                 os.unlink(seg)
+
+    def _tail(self, segments: list[tuple[Path, IO[bytes]]]) -> list[bytes]:
+        """The last ``tail_limit`` bytes of the segments (oldest first), from a line start."""
+        if not segments:
+            return []
+        newest = segments[-1][0].read_bytes()
+        if len(segments) == 1 or len(newest) >= self.tail_limit:
+            return [newest]
+        need = self.tail_limit - len(newest)
+        with open(segments[0][0], "rb") as older:
+            older.seek(0, os.SEEK_END)
+            older.seek(max(0, older.tell() - need))
+            part = older.read(need)
+        cut = part.find(b"\n")
+        return [part[cut + 1:] if cut >= 0 else part, newest]
 
     def summary(self) -> dict[str, object]:
         """What the report says about this log: bytes printed, kept, dropped by the cap, lost to
