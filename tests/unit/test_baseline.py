@@ -358,3 +358,37 @@ def test_a_baseline_that_cannot_be_written_fails_the_save_with_the_fix(tmp_path:
     assert result.status == "failed"
     assert result.summary.startswith(f"could not save the baseline in {tmp_path / '.trainguard' / 'baselines'}")
     assert result.evidence["baseline"]["status"] == "not_saved"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only tmpfs needs root")
+def test_a_baseline_on_a_read_only_disk_is_saved_aside_and_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """issue 13, item 9: the trajectory a --save-baseline run computed is never lost."""
+    import tempfile
+
+    from trainguard._internal.atomic import fallback_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the fallback, in here
+    (tmp_path / "tmp").mkdir()
+    fallback_dir.cache_clear()
+    monkeypatch.setattr(bl, "fallback_dir", fallback_dir)
+    job = _toy(tmp_path)
+    baselines = tmp_path / ".trainguard" / "baselines"
+    baselines.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(baselines)],
+                             capture_output=True, timeout=30, check=False)
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        result = check(job, only=["canary"], report_json=str(tmp_path / "r.json"), save_baseline=True).checks[0]
+    finally:
+        subprocess.run(["umount", "-l", str(baselines)], capture_output=True, timeout=30, check=False)
+    where = bl.baselines_dir(tmp_path / ".trainguard")
+    assert result.status == "failed"
+    assert result.summary.startswith(
+        f"could not save the baseline in {where}: Read-only file system (EROFS); it was saved to ")
+    aside = Path(result.evidence["baseline"]["saved_aside"])
+    assert f"it was saved to {aside} instead: copy that file into {where} to use it" in result.summary
+    assert load_baseline(aside).request["steps"] == 40 and aside.is_relative_to(tmp_path / "tmp")
+    fallback_dir.cache_clear()

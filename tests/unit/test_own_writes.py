@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard._internal.atomic import unwritable_reason, write_or_fallback
+from trainguard._internal.atomic import fallback_dir, unwritable_reason, write_or_fallback
 from trainguard.launch import Launcher, LaunchSpec
 from trainguard.launch.ranklog import RankLog
 
@@ -65,6 +65,18 @@ def run_cli(*args: str | Path, cwd: Path, tmp: Path, timeout: float = 120,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
+@pytest.fixture(autouse=True)
+def private_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """This process's fallback directory inside the test's own (never the machine's /tmp)."""
+    import tempfile
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    fallback_dir.cache_clear()
+    yield tmp_path / "tmp"
+    fallback_dir.cache_clear()
+
+
 @pytest.fixture
 def jobs(tmp_path: Path) -> Path:
     """The toy jobs, with the smoke check's checkpoints outside ``.trainguard/`` (so a read-only
@@ -94,6 +106,7 @@ def test_a_failing_write_says_the_path_and_errno_and_falls_back(
         written = write_or_fallback(target, "x" * 10_000, what="the report", say=said.append)
         assert not target.exists()
     assert written.fell_back and written.path is not None and written.path.read_text() == "x" * 10_000
+    assert written.path.is_relative_to(tmp_path / "tmp")
     assert said == [written.problem]
     assert f"cannot write the report to {target}: {errno_words}; wrote it to {written.path} instead" == said[0]
 
@@ -112,7 +125,7 @@ def test_an_unwritable_target_is_named_before_anything_runs(tmp_path: Path, path
     reason = unwritable_reason(tmp_path if path == "DIR" else path)
     assert reason is not None and needle in reason
     assert unwritable_reason(tmp_path / "new" / "dir" / "report.json") is None
-    assert list(tmp_path.iterdir()) == []  # the probe left nothing behind
+    assert [p.name for p in tmp_path.iterdir()] == ["tmp"]  # the probe left nothing behind
 
 
 # -- trainguard check: the report ------------------------------------------------------------
@@ -267,3 +280,39 @@ def test_a_rank_log_without_a_cap_keeps_everything(tmp_path: Path) -> None:
     log.close()
     assert (tmp_path / "r.log").stat().st_size == 100_000 and not log.truncated
     assert log.summary() == {"path": str(tmp_path / "r.log"), "bytes": 100_000}
+
+
+# -- the gate's reports and pytest's report ------------------------------------------------------
+
+
+@needs_root
+def test_the_gate_reports_on_a_read_only_disk_go_to_the_fallback(tmp_path: Path) -> None:
+    import dataclasses
+
+    from trainguard.config.gate import GatePolicy
+    from trainguard.gate.policy import Capabilities, Decision
+    from trainguard.gate.provenance import provenance_for
+    from trainguard.gate.run import GateReport, write_gate_report
+    from trainguard.report import CheckResult, Report
+
+    job = JOBS / "toy.trainguard.yaml"
+    report = Report(job="toy", checks=[CheckResult("smoke", "passed", "5 steps")])
+    gate = GateReport(job="toy", job_file=str(job), decision=Decision("promote"), report=report,
+                      provenance=provenance_for(job).to_dict(),
+                      capabilities=dataclasses.asdict(Capabilities.probe()),
+                      policy=GatePolicy.model_validate({}).model_dump())
+    with tmpfs(tmp_path / "gate", read_only=True) as out:
+        paths = write_gate_report(gate, out)
+    for key in ("json", "json_stamped", "markdown", "html"):
+        assert paths[key].startswith(str(tmp_path / "tmp")) and Path(paths[key]).is_file(), key
+    assert json.loads(Path(paths["json"]).read_text())["verdict"] == "promote"
+
+
+def test_pytest_refuses_an_unwritable_report_json_before_any_test(tmp_path: Path) -> None:
+    (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                           "--trainguard-report-json", "/proc/x/report.json", "test_one.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 4, done.stdout + done.stderr  # pytest's usage error
+    assert "--trainguard-report-json: cannot write the report to /proc/x/report.json" in done.stderr
+    assert "1 passed" not in done.stdout and "Traceback" not in done.stderr
