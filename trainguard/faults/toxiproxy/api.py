@@ -143,8 +143,10 @@ class ToxiproxyServer:
         task = asyncio.current_task()
         if task is not None:
             self._clients.add(task)
+        answered = False
         try:
             await self._serve_connection(reader, writer)
+            answered = True
         except (asyncio.CancelledError, ConnectionError, OSError, asyncio.TimeoutError):
             pass  # the server is stopping, the client went away or never read its answer
         except Exception:  # never left to asyncio ("Unhandled exception in client_connected_cb")
@@ -152,7 +154,11 @@ class ToxiproxyServer:
         finally:
             if task is not None:
                 self._clients.discard(task)
-            writer.transport.abort()
+            if answered:  # let the last answer leave; a client that never reads it is dropped
+                writer.close()
+                asyncio.get_running_loop().call_later(_WRITE_TIMEOUT_S, writer.transport.abort)
+            else:
+                writer.transport.abort()
 
     async def _serve_connection(self, reader: asyncio.StreamReader,
                                 writer: asyncio.StreamWriter) -> None:
@@ -174,9 +180,9 @@ class ToxiproxyServer:
                 _log.debug("Toxiproxy API request failed", exc_info=True)
                 status, headers = 500, {}
                 payload = error_body(500, f"internal error: {type(exc).__name__}: {brief(str(exc), 200)}")
-            await self._send(writer, status, payload, keep=request.keep_alive, headers=headers)
+            await self._send(writer, status, payload, keep=request.keep_alive, headers=headers,
+                             head=request.method == "HEAD")
             if not request.keep_alive:
-                writer.close()
                 return
 
     async def _answer(self, request: Request) -> tuple[int, Any, dict[str, str]]:
@@ -204,8 +210,8 @@ class ToxiproxyServer:
         return status, payload, {}
 
     async def _send(self, writer: asyncio.StreamWriter, status: int, payload: Any, *,
-                    keep: bool, headers: dict[str, str] | None = None) -> None:
-        writer.write(encode_response(status, payload, keep=keep, headers=headers))
+                    keep: bool, headers: dict[str, str] | None = None, head: bool = False) -> None:
+        writer.write(encode_response(status, payload, keep=keep, headers=headers, head=head))
         await asyncio.wait_for(writer.drain(), _WRITE_TIMEOUT_S)
 
     @staticmethod

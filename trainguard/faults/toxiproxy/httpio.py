@@ -262,9 +262,10 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 
 
 def encode_response(status: int, payload: Any, *, keep: bool,
-                    headers: dict[str, str] | None = None) -> bytes:
+                    headers: dict[str, str] | None = None, head: bool = False) -> bytes:
     """The bytes of one answer: ``payload`` as strict JSON (``None``: no body); a payload that
-    is not strict JSON (NaN, Infinity) becomes a 500 error body instead."""
+    is not strict JSON (NaN, Infinity) becomes a 500 error body instead. ``head``: the answer to
+    a HEAD request, its headers without the body."""
     lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}"]
     data = b""
     if status != 204 and payload is not None:
@@ -282,7 +283,7 @@ def encode_response(status: int, payload: Any, *, keep: bool,
         lines.append(f"{name}: {value}")
     if not keep:
         lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else data)
 
 
 def _cut(text: str, limit: int = 80) -> str:
