@@ -32,6 +32,7 @@ from trainguard.faults.toxiproxy import (
     EmbeddedToxiproxy,
     ToxiproxyClient,
     ToxiproxyError,
+    httpio,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -340,6 +341,20 @@ def test_keep_alive_survives_errors_the_server_can_answer_in_place(tp: EmbeddedT
     responses = parse_all(raw)
     assert [status for status, _, _ in responses] == [404, 400, 200, 400], raw
     assert "connection" not in responses[1][1] and responses[3][1]["connection"] == "close"
+
+
+def test_a_request_not_finished_in_time_gets_a_408(tp: EmbeddedToxiproxy,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that starts a request and stalls (slowloris) is answered 408 once the read
+    deadline passes (15 s, Toxiproxy's ReadTimeout; shortened here) and the server goes on."""
+    monkeypatch.setattr(httpio, "READ_TIMEOUT_S", 0.5)
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", tp.port), timeout=10) as sock:
+        sock.sendall(b"POST /proxies HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+        raw = read_to_eof(sock)  # without closing our side
+    assert_error(raw, 408, "not complete within 0.5 s")
+    assert time.monotonic() - started < 8
+    assert_serving(tp)
 
 
 def test_head_gets_headers_only(tp: EmbeddedToxiproxy) -> None:
