@@ -442,12 +442,15 @@ def test_cli_host_that_is_not_this_machines_is_a_usage_error(capsys: pytest.Capt
     ('[{"name": "a", "upstream": "127.0.0.1:1"}, {"name": "a", "upstream": "127.0.0.1:2"}]',
      ["entry 2 ('a'): name", "duplicate"]),
     ('{"name": "not a list"}', ["expected a JSON list of proxies"]),
+    ("/dev/zero", ["over 16 MiB"]),
+    ("/", ["cannot read it"]),
     ("\xff\xfe", ["not valid JSON"]),
 ])
 def test_cli_config_errors_name_the_file_entry_and_key(tmp_path: Path, config: str, words: list[str],
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "proxies.json"
-    path.write_bytes(config.encode("latin-1"))
+    path = Path(config) if config.startswith("/") else tmp_path / "proxies.json"
+    if not config.startswith("/"):
+        path.write_bytes(config.encode("latin-1"))
     assert cli_main(["toxiproxy-server", "--port", "0", "--config", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path}: " in err, err

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import ConfigError
-from trainguard.faults.toxiproxy.addresses import AddressError
+from trainguard.faults.toxiproxy.addresses import RESOLVE_TIMEOUT_S, AddressError
 from trainguard.faults.toxiproxy.httpio import loads_strict
 from trainguard.faults.toxiproxy.server import DEFAULT_HOST, DEFAULT_PORT, EmbeddedToxiproxy
 from trainguard.faults.toxiproxy.toxics import ApiError, brief
@@ -32,6 +32,7 @@ CONFIG_KEYS: dict[str, tuple[type, str]] = {
     "listen": (str, 'a "host:port" string'),
     "enabled": (bool, "true or false"),
 }
+MAX_CONFIG_BYTES = 16 << 20
 _EXAMPLE = '[{"name": "redis", "listen": "127.0.0.1:26379", "upstream": "127.0.0.1:6379"}]'
 
 
@@ -47,13 +48,23 @@ def _host(text: str) -> str:
     if not text or "\0" in text:
         raise argparse.ArgumentTypeError(f"expected an address of this machine, e.g. "
                                          f"{DEFAULT_HOST}, got {brief(text)}")
-    try:
-        socket.getaddrinfo(text, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except (OSError, ValueError) as exc:  # gaierror, an IDNA label too long
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    outcome: list[str | None] = []
+
+    def lookup() -> None:
+        try:
+            socket.getaddrinfo(text, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            outcome.append(None)
+        except (OSError, ValueError) as exc:  # gaierror, an IDNA label too long
+            outcome.append(exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc))
+
+    thread = threading.Thread(target=lookup, name="trainguard-resolve", daemon=True)
+    thread.start()
+    thread.join(RESOLVE_TIMEOUT_S)  # a resolver that does not answer is not waited for
+    reason = outcome[0] if outcome else f"no answer within {RESOLVE_TIMEOUT_S:g} s"
+    if reason is not None:
         raise argparse.ArgumentTypeError(
             f"{brief(text)} does not resolve ({reason}); give an address of this machine, "
-            f"e.g. {DEFAULT_HOST} (this machine only) or 0.0.0.0 (every interface)") from None
+            f"e.g. {DEFAULT_HOST} (this machine only) or 0.0.0.0 (every interface)")
     return text
 
 
@@ -82,7 +93,12 @@ def load_config(path: str) -> list[dict[str, Any]]:
     """The proxies of a ``--config`` file, each checked: ConfigError naming the file, the entry
     and the key otherwise."""
     try:
-        data = loads_strict(Path(path).read_bytes())
+        with Path(path).open("rb") as file:
+            raw = file.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"over {MAX_CONFIG_BYTES // (1 << 20)} MiB: not a list of proxies",
+                              path=path)
+        data = loads_strict(raw)
     except OSError as exc:
         raise ConfigError(f"cannot read it: {exc.strerror or exc}", path=path) from None
     except ValueError as exc:
