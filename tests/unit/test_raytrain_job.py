@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -74,3 +75,38 @@ def test_ray_train_mistakes_are_named_with_the_fix(change: tuple[str, str], mess
     with pytest.raises(ConfigError) as info:
         parse_config(RAY_JOB.replace(*change), path="/x/trainguard.yaml")
     assert message in str(info.value)
+
+
+PACE = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+
+
+def test_trainguards_own_ray_gets_ray_trains_fast_pace_unless_the_user_set_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded head's processes and its drivers get RAY_TRAIN_DEFAULTS; a value in the
+    environment is kept as the user's; a real cluster (RAY_ADDRESS) gets nothing. (The value
+    reaching Ray Train's controller and workers: tests/ray/test_ray_pace.py.)"""
+    from trainguard.raytrain import RAY_TRAIN_DEFAULTS, ray_train_defaults
+    from trainguard.raytrain.local_ray import LocalRay, RayCluster, external_cluster
+
+    assert float(RAY_TRAIN_DEFAULTS[PACE]) <= 0.5  # Ray's own default is 2 s
+    for key in RAY_TRAIN_DEFAULTS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    owned = RayCluster(address="127.0.0.1:1", jobs_address=None, owned=True, auth_token="t")
+    head = LocalRay(num_cpus=1, dashboard=False, use_ray_address=False)
+    assert {k: owned.client_env()[k] for k in RAY_TRAIN_DEFAULTS} == RAY_TRAIN_DEFAULTS
+    assert {k: head.head_env(tmp_path, "t")[k] for k in RAY_TRAIN_DEFAULTS} == RAY_TRAIN_DEFAULTS
+
+    monkeypatch.setenv(PACE, "2")  # the user asks for Ray's own pace: theirs stands
+    assert ray_train_defaults({PACE: "2"}) == {k: v for k, v in RAY_TRAIN_DEFAULTS.items() if k != PACE}
+    assert PACE not in owned.client_env()  # the driver inherits the user's 2 from the environment
+    assert head.head_env(tmp_path, "t")[PACE] == "2"
+    # extra_env, trainguard's own override, is applied last
+    assert LocalRay(extra_env={PACE: "1"}).head_env(tmp_path, None)[PACE] == "1"
+
+    monkeypatch.delenv(PACE)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # a real cluster: nothing of ours is set
+    real = external_cluster()
+    assert real is not None and not real.owned
+    assert not any(key.startswith("RAY_TRAIN_") for key in real.client_env())

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from typing import Any
 
-from trainguard.raytrain import REPORT_PREFIX, format_worker_line
+from trainguard.raytrain import REPORT_PREFIX, format_worker_line, ray_train_defaults
 from trainguard.raytrain.job import render_config
 
 _SPEC_KEY = "__trainguard__"
@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars}, log_to_driver=True)
     else:
+        # trainguard's own instance: Ray Train's pace for short fits unless the environment sets
+        # it (its processes inherit this environment; Ray Train hands it to its controller)
+        os.environ.update(ray_train_defaults(os.environ))
         # a private instance in a short private temp dir: a stale /tmp/ray session cannot interfere
         temp_dir = tempfile.mkdtemp(prefix="tgray-", dir="/tmp")
         ray.init(

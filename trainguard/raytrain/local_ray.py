@@ -22,7 +22,11 @@ Never ``ray stop``: it kills every Ray process on the machine, including other u
 We stop only the processes we started (the process group, the descendants we saw, anything
 whose command line names our temp dir) and verify none remains.
 
-``RAY_ADDRESS`` set (and not ``local``): a real cluster; nothing is started or stopped.
+Ray Train's pace: the head's processes, and the drivers through :meth:`RayCluster.client_env`,
+get :data:`trainguard.raytrain.RAY_TRAIN_DEFAULTS` (a 0.25 s controller poll instead of Ray's
+2 s) unless the environment sets them.
+
+``RAY_ADDRESS`` set (and not ``local``): a real cluster; nothing is started, stopped or set.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import psutil
 
 from trainguard.errors import TrainguardError
 from trainguard.launch.ports import PortReservation, reserve_port
+from trainguard.raytrain import ray_train_defaults
 
 __all__ = [
     "LocalRay", "RayCluster", "RayStartError", "ray_version", "running_ray_processes", "stopped_head_processes",
@@ -101,6 +106,9 @@ class RayCluster:
         this process before the first ``import ray`` (Ray reads the auth mode once)."""
         env = {"RAY_ADDRESS": self.address}
         if self.owned:
+            # trainguard's own head: Ray Train's pace for short fits, unless this process's
+            # environment sets it (a job's `env` is applied after this and wins too)
+            env.update(ray_train_defaults(os.environ))
             if self.auth_token:
                 env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.auth_token)
             else:
@@ -299,24 +307,7 @@ class LocalRay:
         if self.num_gpus is not None:
             argv += ["--num-gpus", str(self.num_gpus)]
 
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-        for key in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
-            env.pop(key, None)
-        venv_bin = str(Path(sys.executable).parent)
-        env.update(
-            # job entrypoints run `python`/`torchrun` from this interpreter's environment
-            PATH=os.pathsep.join([venv_bin, env.get("PATH", os.defpath)]),
-            # inherited by every process of the head (workers rename themselves ray::IDLE, so
-            # their command line no longer names the temp dir): how stop() finds them all
-            TRAINGUARD_RAY_HEAD=str(self._temp_dir),
-            RAY_USAGE_STATS_ENABLED="0",
-            RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",  # a test head has nothing to drain
-            RAY_AUTH_MODE="token" if token else "disabled",
-        )
-        if token:
-            env["RAY_AUTH_TOKEN"] = token
-        env.update(self.extra_env)
-
+        env = self.head_env(self._temp_dir, token)
         log_path = self._temp_dir / "ray-start.log"
         with open(log_path, "wb") as log:
             self._popen = subprocess.Popen(
@@ -341,6 +332,34 @@ class LocalRay:
         )
         self._wait_ready(cluster, log_path)
         return cluster
+
+    def head_env(self, temp_dir: Path, token: str | None) -> dict[str, str]:
+        """The environment of the ``ray start`` process, which every process of the head
+        inherits: this process's, without ``RAY_ADDRESS`` and Ray auth settings, plus the
+        head's own (temp dir marker, auth token, usage stats off, no drain wait), the
+        :data:`~trainguard.raytrain.RAY_TRAIN_DEFAULTS` this environment does not set, and
+        ``extra_env``."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        for key in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+            env.pop(key, None)
+        venv_bin = str(Path(sys.executable).parent)
+        env.update(
+            # job entrypoints run `python`/`torchrun` from this interpreter's environment
+            PATH=os.pathsep.join([venv_bin, env.get("PATH", os.defpath)]),
+            # inherited by every process of the head (workers rename themselves ray::IDLE, so
+            # their command line no longer names the temp dir): how stop() finds them all
+            TRAINGUARD_RAY_HEAD=str(temp_dir),
+            RAY_USAGE_STATS_ENABLED="0",
+            RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",  # a test head has nothing to drain
+            RAY_AUTH_MODE="token" if token else "disabled",
+        )
+        if token:
+            env["RAY_AUTH_TOKEN"] = token
+        # Ray Train's pace for short fits (a Ray Job's driver on this head gets it too); a
+        # driver's own value still wins: Ray Train hands the driver's to its controller and workers
+        env.update(ray_train_defaults(env))
+        env.update(self.extra_env)
+        return env
 
     def _wait_ready(self, cluster: RayCluster, log_path: Path) -> None:
         assert self._popen is not None
