@@ -384,8 +384,8 @@ def test_toxics_at_the_limits_of_their_attributes_keep_the_proxy_working(
                             client.add_toxic("edge", toxic, attributes, stream="upstream", name="x")
                             client.add_toxic("edge", toxic, attributes, name="y")
                             with contextlib.suppress(OSError):
-                                sock.sendall(b"d" * 300_000)
-                                accepted.sendall(b"u" * 300_000)
+                                sock.sendall(b"d" * 20_000)
+                                accepted.sendall(b"u" * 20_000)
                             client.update_toxic("edge", "x", attributes, toxicity=0.5)
                             client.remove_toxic("edge", "x")
                             client.remove_toxic("edge", "y")
