@@ -85,7 +85,9 @@ class EmbeddedToxiproxy:
         return f"http://{format_hostport(self.host, self.port)}"
 
     def start(self, timeout: float = 10.0) -> EmbeddedToxiproxy:
-        """Bind and serve; raises OSError when the address cannot be bound."""
+        """Bind and serve; raises OSError when the address cannot be bound, and
+        :class:`~trainguard.faults.toxiproxy.addresses.AddressError` (a ValueError) when the host
+        does not resolve."""
         if self._thread is not None:
             return self
         self._loop = asyncio.new_event_loop()
