@@ -318,7 +318,7 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_undecodable_file(tmp_path: Path) -> None:
     path = tmp_path / "trainguard.yaml"
     path.write_bytes(b"job:\n  name: \xff\xfe\n")
-    with pytest.raises(ConfigError, match="not UTF-8 text .*save it as UTF-8"):
+    with pytest.raises(ConfigError, match=r"not UTF-8 text .*save it as UTF-8"):
         load_config(path)
 
 

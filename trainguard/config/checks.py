@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from trainguard._internal.model import ConfigModel
-from trainguard.config.faults import DEFAULT_EXPECT, FAULT_CLASSES
+from trainguard.config.faults import DEFAULT_EXPECT, EXPECTATION_FAULTS, FAULT_CLASSES
 from trainguard.config.values import MAX_SECONDS, MAX_WORLD_SIZE, Argv, Env
 
 __all__ = [
@@ -248,8 +248,9 @@ class DrillSpec(CheckSpec):
     stall_timeout: float | None = Field(None, gt=0, le=MAX_SECONDS)
     #: the fault's own parameters (each fault documents its own; validated by its class)
     params: dict[str, Any] = Field(default_factory=dict)
-    #: default per fault: kill_rank/hang recover, oom/disk_full fail_clean, network continue
-    expect: Literal["recover", "fail_clean", "continue"] | None = None
+    #: default per fault: kill_rank/hang recover, oom/disk_full fail_clean, network continue,
+    #: preempt save_and_exit
+    expect: Literal["recover", "fail_clean", "continue", "save_and_exit"] | None = None
     # recover
     max_restarts: int | None = Field(None, ge=0)
     max_lost_steps: int | None = Field(None, ge=0)
@@ -282,8 +283,15 @@ class DrillSpec(CheckSpec):
                 "the job has steps left after the fault"
             )
         own = {"recover": ("max_restarts", "max_lost_steps"),
-               "fail_clean": ("deadline", "max_lost_steps"), "continue": ("min_rate", "deadline")}
+               "fail_clean": ("deadline", "max_lost_steps"), "continue": ("min_rate", "deadline"),
+               "save_and_exit": ("max_lost_steps",)}
         expect = self.expectation
+        allowed = EXPECTATION_FAULTS.get(expect)
+        if allowed is not None and self.fault not in allowed:
+            raise ValueError(
+                f"`expect: {expect}` judges a {' or '.join(allowed)} drill (a notice, then the kill); "
+                f"for a {self.fault} drill use recover, fail_clean or continue"
+            )
         foreign = list(dict.fromkeys(
             key for other, keys in own.items() if other != expect for key in keys
             if key not in own[expect] and getattr(self, key) is not None
@@ -293,7 +301,7 @@ class DrillSpec(CheckSpec):
                 f"{' and '.join(foreign)} {'does' if len(foreign) == 1 else 'do'} not apply to "
                 f"`expect: {expect}`; remove it or set "
                 "the expectation it belongs to (max_restarts: recover; deadline: fail_clean or "
-                "continue; min_rate: continue; max_lost_steps: recover or fail_clean)"
+                "continue; min_rate: continue; max_lost_steps: recover, fail_clean or save_and_exit)"
             )
         if expect == "continue" and self.duration is None:
             raise ValueError(

@@ -16,6 +16,7 @@ from trainguard.errors import TrainguardError
 __all__ = [
     "DEFAULT_EXPECT",
     "EXPECTATIONS",
+    "EXPECTATION_FAULTS",
     "FAULT_CLASSES",
     "FaultClass",
     "FaultNotInstalled",
@@ -29,10 +30,14 @@ FAULT_CLASSES: dict[str, str] = {
     "oom": "trainguard.faults.oom:OomFault",
     "disk_full": "trainguard.faults.disk_full:DiskFullFault",
     "network": "trainguard.faults.network:NetworkFault",
+    "preempt": "trainguard.faults.preempt:PreemptFault",
 }
 
 #: what a drill expects of the job, in docs/drills.md
-EXPECTATIONS = ("recover", "fail_clean", "continue")
+EXPECTATIONS = ("recover", "fail_clean", "continue", "save_and_exit")
+
+#: expectations only some faults can be judged by (others: every fault)
+EXPECTATION_FAULTS: dict[str, tuple[str, ...]] = {"save_and_exit": ("preempt",)}
 
 #: the expectation a drill of each kind has when its spec names none
 DEFAULT_EXPECT: dict[str, str] = {
@@ -41,6 +46,7 @@ DEFAULT_EXPECT: dict[str, str] = {
     "oom": "fail_clean",
     "disk_full": "fail_clean",
     "network": "continue",
+    "preempt": "save_and_exit",
 }
 
 

@@ -174,7 +174,7 @@ def _describe(error: Any) -> str:
         return f"must not be empty, got {brief(value)}"
     if kind in ("too_long", "string_too_long"):
         return f"is too long ({ctx.get('max_length')} at most), got {brief(value)}"
-    return f"{brief(error['msg'], 200)} (got {got})"
+    return f"{str(error['msg'])[:300]} (got {got})"
 
 def format_validation_error(exc: ValidationError) -> list[tuple[str, str]]:
     """pydantic's errors for a job file (or one of its sections) as ``(key path, message with
@@ -388,7 +388,7 @@ def drill_problems(job_file: JobFile, command_text: str, env_text: str) -> list[
         if drill.rank >= world_size:
             problems.append((f"{key}.rank", f"rank {drill.rank} does not exist in a run of "
                              f"{world_size} rank(s); use 0..{world_size - 1} or set world_size"))
-        if drill.expectation in ("recover", "fail_clean"):
+        if drill.expectation in ("recover", "fail_clean", "save_and_exit"):
             if not job.resume_args:
                 problems.append((f"{key}.expect", f"`expect: {drill.expectation}` resumes the job "
                                  "from its latest checkpoint. Fix: set job.resume_args, e.g. "

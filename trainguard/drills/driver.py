@@ -37,6 +37,7 @@ from trainguard.drills.judges import (
     judge_for,
     new_workers,
 )
+from trainguard.drills.save_and_exit import judge_save_and_exit
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.launch import Launcher, MetricPoint
 from trainguard.launch.rundir import new_run_dir
@@ -247,6 +248,8 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
     stall = spec.stall_timeout or job_file.job.stall_timeout
     if spec.expectation == "fail_clean":
         stall = max(stall, spec.deadline_s + _DEADLINE_MARGIN_S)
+    if spec.expectation == "save_and_exit":  # the job saves in silence for up to the grace
+        stall = max(stall, float(fault.params.get("grace", 0.0)) + _DEADLINE_MARGIN_S)
     try:
         try:
             fault.setup(ctx)
@@ -272,7 +275,8 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
         )
         driver.finish()
         driver.clear()
-        judge = judge_for(spec.expectation, ray_recover=ray_recover)
+        judge = (judge_save_and_exit if spec.expectation == "save_and_exit"
+                 else judge_for(spec.expectation, ray_recover=ray_recover))
         status, summary, evidence = judge(
             DrillContext(runner, spec, fault, driver.info, run, reference, request, metric,
                      ctx.checkpoint_dir, stall * runner.settings.timeout_scale)

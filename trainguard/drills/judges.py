@@ -42,12 +42,17 @@ __all__ = [
     "Injection",
     "Judge",
     "attempt_evidence",
+    "common_evidence",
+    "diff_problem",
     "judge_continue",
     "judge_fail_clean",
     "judge_for",
     "judge_ray_recover",
     "judge_recover",
+    "new_stderr",
     "new_workers",
+    "not_injected",
+    "trajectory_diff",
 ]
 
 _ERROR_WORDS = re.compile(r"error|exception|traceback|fatal|abort|killed|timed? ?out", re.I)
@@ -177,7 +182,7 @@ def _detected_after(result: RunResult, info: Injection, fault: Fault, stall_limi
     return round(result.duration_s - fault.injected_at, 3)
 
 
-def _new_stderr(result: RunResult, info: Injection, rank: int) -> str:
+def new_stderr(result: RunResult, info: Injection, rank: int) -> str:
     """What ``rank`` wrote to stderr after the fault was injected."""
     with contextlib.suppress(OSError), open(result.log_path(rank), "rb") as handle:
         handle.seek(info.stderr_offsets.get(rank, 0))
@@ -188,7 +193,7 @@ def _new_stderr(result: RunResult, info: Injection, rank: int) -> str:
 def _recovered_run_problems(c: DrillContext, spec: DrillSpec, diff: TrajectoryDiff, evidence: dict[str, Any]) -> list[str]:
     """A recovered run must match the uninterrupted one: its trajectory and its final checkpoint."""
     problems = []
-    problem = _diff_problem(c.metric, diff, "recovered run")
+    problem = diff_problem(c.metric, diff, "recovered run")
     if problem:
         problems.append(problem)
     state = compare_checkpoint_dirs(c.checkpoint_dir, Path(c.reference.evidence["checkpoint_dir"]),
@@ -199,7 +204,7 @@ def _recovered_run_problems(c: DrillContext, spec: DrillSpec, diff: TrajectoryDi
     return problems
 
 
-def _diff_problem(metric: str, diff: TrajectoryDiff, what: str) -> str | None:
+def diff_problem(metric: str, diff: TrajectoryDiff, what: str) -> str | None:
     if diff.ok:
         return None
     if diff.first_divergent_step is not None:
@@ -211,7 +216,7 @@ def _diff_problem(metric: str, diff: TrajectoryDiff, what: str) -> str | None:
     return f"the {what} is missing steps {diff.missing_in_actual[:5]} of the uninterrupted run"
 
 
-def _common_evidence(c: DrillContext) -> dict[str, Any]:
+def common_evidence(c: DrillContext) -> dict[str, Any]:
     first = c.run.attempts[0]
     watched = _points(first, c.metric, c.info.watch_rank)
     injected, cleared = c.fault.injected_at, c.fault.cleared_at
@@ -258,15 +263,15 @@ def _common_evidence(c: DrillContext) -> dict[str, Any]:
     return evidence
 
 
-def _not_injected(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]] | None:
+def not_injected(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]] | None:
     """An error verdict when the fault never struck the running job (so nothing was tested)."""
     first = c.run.attempts[0]
     if c.fault.injected_at is None:
         how = "finished" if first.ok else f"ended ({first.reason or first.outcome})"
         return ("error", f"the fault was never injected: the first attempt {how} before rank "
                 f"{c.info.watch_rank} printed step {c.spec.after_step} of `{c.metric}`",
-                _common_evidence(c))
-    evidence = _common_evidence(c)
+                common_evidence(c))
+    evidence = common_evidence(c)
     if c.info.inject_failed is not None:
         return ("error", f"the fault could not be injected after step {c.info.injected_step}: "
                 f"{c.info.inject_failed}", evidence)
@@ -281,7 +286,7 @@ def _not_injected(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]] | 
     return None
 
 
-def _trajectory(c: DrillContext, points: Iterable[MetricPoint], steps: range) -> TrajectoryDiff:
+def trajectory_diff(c: DrillContext, points: Iterable[MetricPoint], steps: range) -> TrajectoryDiff:
     actual, expected = aligned_trajectories(list(points), c.reference.points, c.metric)
     return compare_trajectories(actual, expected, metric=c.metric, steps=steps,
                                 rtol=c.spec.rtol, atol=c.spec.atol)
@@ -304,14 +309,14 @@ def _lost_steps(c: DrillContext) -> tuple[int, list[dict[str, Any]], bool]:
 
 
 def judge_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
-    skipped = _not_injected(c)
+    skipped = not_injected(c)
     if skipped:
         return skipped
-    evidence = _common_evidence(c)
+    evidence = common_evidence(c)
     spec, run = c.spec, c.run
     lost, per_restart, from_scratch = _lost_steps(c)
     evidence.update({"lost_steps": lost, "resumes": per_restart})
-    diff = _trajectory(c, run.points, range(1, spec.steps + 1))
+    diff = trajectory_diff(c, run.points, range(1, spec.steps + 1))
     evidence["trajectory"] = diff.as_evidence()
     problems: list[str] = []
     if not run.ok:
@@ -399,10 +404,10 @@ def _ray_restart(c: DrillContext) -> dict[str, Any]:
 def judge_ray_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
     """recover for a ray_train job whose worker died: Ray Train's FailureConfig must restart the
     worker group from the latest reported checkpoint inside the same fit."""
-    skipped = _not_injected(c)
+    skipped = not_injected(c)
     if skipped:
         return skipped
-    evidence = _common_evidence(c)
+    evidence = common_evidence(c)
     spec, run = c.spec, c.run
     ray = _ray_restart(c)
     evidence["ray"] = ray
@@ -414,7 +419,7 @@ def judge_ray_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]
                      "restarts": ray.get("restarts", 0)})
     if ray.get("first_step_after_s") is not None:
         evidence["fault_to_first_step_after_restart_s"] = ray["first_step_after_s"]
-    diff = _trajectory(c, run.points, range(1, spec.steps + 1))
+    diff = trajectory_diff(c, run.points, range(1, spec.steps + 1))
     evidence["trajectory"] = diff.as_evidence()
     max_failures = ray["max_failures"]
     problems: list[str] = []
@@ -457,10 +462,10 @@ def judge_ray_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]
 
 
 def judge_fail_clean(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
-    skipped = _not_injected(c)
+    skipped = not_injected(c)
     if skipped:
         return skipped
-    evidence = _common_evidence(c)
+    evidence = common_evidence(c)
     spec, info = c.spec, c.info
     first = c.run.attempts[0]
     problems: list[str] = []
@@ -488,7 +493,7 @@ def judge_fail_clean(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]
     if first.outcome == "failed" and first.failed_rank is not None:
         rank = first.failed_rank
         exit_info = next((e for e in first.exits if e.rank == rank), None)
-        text = _new_stderr(first, info, rank)
+        text = new_stderr(first, info, rank)
         evidence["failed_rank_stderr_after_fault"] = text[-1500:]
         if exit_info is not None and exit_info.signal:
             evidence["error_reported"] = f"rank {rank} died of {exit_info.signal} (no chance to write)"
@@ -511,7 +516,7 @@ def judge_fail_clean(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]
         resumed_from = min(steps) - 1 if steps else None
         lost = max(0, done - resumed_from) if resumed_from is not None else None
         evidence.update({"resumed_from_step": resumed_from, "lost_steps": lost})
-        diff = _trajectory(c, verify.points, range((resumed_from or 0) + 1, spec.steps + 1))
+        diff = trajectory_diff(c, verify.points, range((resumed_from or 0) + 1, spec.steps + 1))
         evidence["trajectory"] = diff.as_evidence()
         intact = True
         if resumed_from is None:
@@ -521,7 +526,7 @@ def judge_fail_clean(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]
             problems.append("the resume run started again from step 1: no usable checkpoint from "
                             f"before the fault (the job had reached step {done})")
             intact = False
-        problem = _diff_problem(c.metric, diff, "run resumed from the checkpoint")
+        problem = diff_problem(c.metric, diff, "run resumed from the checkpoint")
         if problem:
             problems.append(problem)
             intact = False
@@ -558,19 +563,19 @@ def _fail_clean_causes(first: RunResult, info: Any, evidence: dict[str, Any]) ->
 
 
 def judge_continue(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
-    skipped = _not_injected(c)
+    skipped = not_injected(c)
     if skipped:
         return skipped
-    evidence = _common_evidence(c)
+    evidence = common_evidence(c)
     spec, run = c.spec, c.run
     problems: list[str] = []
     final = run.final
     if not final.ok:
         problems.append(f"the job did not run through the fault: {c.fault.classify(final)}")
-    diff = _trajectory(c, run.points, range(1, spec.steps + 1))
+    diff = trajectory_diff(c, run.points, range(1, spec.steps + 1))
     evidence["trajectory"] = diff.as_evidence()
     if final.ok:
-        problem = _diff_problem(c.metric, diff, "run under the fault")
+        problem = diff_problem(c.metric, diff, "run under the fault")
         if problem:
             problems.append(problem)
     rates = evidence["step_rate"]

@@ -24,6 +24,13 @@ Flags plant one defect each, so a test can show that trainguard catches it:
 --swallow-oom                 catches MemoryError / torch.OutOfMemoryError in the training loop
                               and carries on (an OOM that never ends the job)
 
+--on-notice MODE              what SIGTERM / SIGUSR1 (a scheduler's notice) does: die (Python's
+                              default), save (finish the step, agree on it through --sync-dir,
+                              checkpoint atomically, exit 0), ignore (SIG_IGN: train on until the
+                              SIGKILL), save-slow-inplace (save in place, slower than any grace:
+                              the SIGKILL tears it), rank0-saves (the other ranks exit at once,
+                              rank 0 waits for them in a barrier before it saves)
+
 --sync-dir D makes every step end in a barrier of all ranks (files under D, like a collective):
 a rank waits for its peers' step; --sync-timeout T makes it raise after T s waiting (a collective
 timeout); T 0 waits forever, which is the defect "hangs when a peer dies, without a timeout".
@@ -83,6 +90,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ckpt-size-kb", type=int, default=0, help="pad each checkpoint to about this size")
     p.add_argument("--ckpt-keep-one", action="store_true", help="one checkpoint file, replaced by each save")
     p.add_argument("--swallow-oom", action="store_true")
+    p.add_argument("--on-notice", choices=("die", "save", "ignore", "save-slow-inplace", "rank0-saves"),
+                   default="die")
     p.add_argument("--sync-dir", default=None)
     p.add_argument("--sync-timeout", type=float, default=0.0, help="0: wait for peers forever")
     return p.parse_args()
@@ -122,11 +131,15 @@ def load_latest(ckpt_dir: Path, rank: int) -> tuple[int, random.Random] | None:
     return int(data["step"]), rng
 
 
-def barrier(sync_dir: Path, rank: int, world_size: int, step: int, timeout: float) -> None:
-    """Wait until every rank has reached ``step`` (per attempt: TORCHELASTIC_RUN_ID)."""
+def barrier(sync_dir: Path, rank: int, world_size: int, step: int, timeout: float, flag: bool = False) -> bool:
+    """Wait until every rank has reached ``step`` (per attempt: TORCHELASTIC_RUN_ID); True when
+    any rank came with ``flag`` set (an all-reduce of the flag, like a real job's stop flag)."""
     where = sync_dir / os.environ.get("TORCHELASTIC_RUN_ID", "run")
     where.mkdir(parents=True, exist_ok=True)
-    (where / f"step{step}.rank{rank}").touch()
+    mark = where / f"step{step}.rank{rank}"
+    tmp = mark.with_name("." + mark.name)
+    tmp.write_text("1" if flag else "")
+    os.replace(tmp, mark)
     started = time.monotonic()
     while not all((where / f"step{step}.rank{r}").exists() for r in range(world_size)):
         if timeout and time.monotonic() - started > timeout:
@@ -135,6 +148,14 @@ def barrier(sync_dir: Path, rank: int, world_size: int, step: int, timeout: floa
                 f"peers at step {step}"
             )
         time.sleep(0.005)
+    return any((where / f"step{step}.rank{r}").read_text() == "1" for r in range(world_size))
+
+
+NOTICE: list[int] = []
+
+
+def _on_notice(signum: int, frame: object) -> None:
+    NOTICE.append(signum)
 
 
 def main() -> int:
@@ -156,6 +177,13 @@ def main() -> int:
             stdin=subprocess.DEVNULL,
         )
         print(f"toy_train: rank {rank} spawned grandchild {child.pid}", flush=True)
+
+    if args.on_notice == "ignore":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    elif args.on_notice != "die":
+        signal.signal(signal.SIGTERM, _on_notice)
+        signal.signal(signal.SIGUSR1, _on_notice)
 
     ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else None
     if ckpt_dir is not None:
@@ -196,8 +224,9 @@ def main() -> int:
             while True:
                 time.sleep(3600)
         loss = 2.0 * math.exp(-0.05 * step) + 0.01 * rng.random()
+        stop = bool(NOTICE)
         if args.sync_dir:
-            barrier(Path(args.sync_dir), rank, world_size, step, args.sync_timeout)
+            stop = barrier(Path(args.sync_dir), rank, world_size, step, args.sync_timeout, stop)
         if step not in args.skip_step:
             if jsonl is not None:
                 jsonl.write(json.dumps({"step": step, "loss": loss}) + "\n")
@@ -208,7 +237,30 @@ def main() -> int:
         if ckpt_dir is not None and not args.no_ckpt and due:
             save_checkpoint(ckpt_dir, rank, step, rng, inplace=args.ckpt_inplace,
                             size_kb=args.ckpt_size_kb, keep_one=args.ckpt_keep_one)
+        if stop and ckpt_dir is not None:
+            return _save_on_notice(args, ckpt_dir, rank, world_size, step, rng)
     print(f"toy_train: rank {rank} done", flush=True)
+    return 0
+
+
+def _save_on_notice(args: argparse.Namespace, ckpt_dir: Path, rank: int, world_size: int, step: int,
+                    rng: random.Random) -> int:
+    """The notice came: save this step's state the way ``--on-notice`` says, then exit."""
+    if args.on_notice == "rank0-saves":
+        if rank != 0:
+            print(f"toy_train: rank {rank} exits on the notice without waiting", flush=True)
+            return 0
+        if args.sync_dir:  # rank 0 waits for peers that have left: a collective with no one
+            barrier(Path(args.sync_dir), rank, world_size, -step, 0.0)
+    if args.on_notice == "save-slow-inplace":
+        target = checkpoint_path(ckpt_dir, rank, step)
+        with open(target, "w") as f:  # truncates in place, then a slow write
+            f.write('{"step": ')
+            f.flush()
+            time.sleep(3600)
+        return 0
+    save_checkpoint(ckpt_dir, rank, step, rng)
+    print(f"toy_train: rank {rank} saved step {step} on the notice and exits", flush=True)
     return 0
 
 

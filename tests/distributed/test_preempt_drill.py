@@ -1,0 +1,95 @@
+"""Pre-emption drills (``fault: preempt``, ``expect: save_and_exit``) on real processes.
+
+The scheduler's notice (SIGTERM; or SIGUSR1 then SIGTERM) goes to every rank of the 2-rank toy
+job (tests/data/jobs/toy_train.py, no torch: seconds per drill) after step k, SIGKILL after the
+grace. The clean job agrees on a stop step through its barrier, saves atomically and exits;
+each planted defect must fail with its cause named first:
+
+* ``ignore``: SIGTERM ignored, the job trains on until the SIGKILL;
+* ``save-slow-inplace``: a save on the notice written in place and slower than the grace (torn);
+* ``rank0-saves``: the other ranks leave at once while rank 0 waits for them before it saves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard.drills import drill
+from trainguard.report import CheckResult
+
+pytestmark = pytest.mark.timeout(240)
+
+JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
+
+JOB = """
+job:
+  name: toy-preempt
+  command: "python {script} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --sleep 0.08 --sync-dir {{run_dir}}/sync"
+  resume_args: "--resume"
+  world_size: 2
+  env: {{OMP_NUM_THREADS: "1"}}
+  metrics:
+    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
+  timeout: 60
+  stall_timeout: 20
+checks:
+  drills:
+    - {{name: clean, fault: preempt, steps: 30, after_step: 6, params: {{grace: 2}}, args: ["--on-notice", "save"]}}
+    - {{name: slurm, fault: preempt, steps: 30, after_step: 6, params: {{style: slurm, grace: 2, lead: 0.5}}, args: ["--on-notice", "save"]}}
+    - {{name: ignored, fault: preempt, steps: 30, after_step: 6, params: {{grace: 1}}, args: ["--on-notice", "ignore"]}}
+    - {{name: torn, fault: preempt, steps: 30, after_step: 6, params: {{grace: 1}}, args: ["--on-notice", "save-slow-inplace"]}}
+    - {{name: rank0-alone, fault: preempt, steps: 30, after_step: 6, params: {{grace: 1}}, args: ["--on-notice", "rank0-saves"]}}
+"""
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
+    """Every drill of the job file once (they share the uninterrupted reference run)."""
+    path = tmp_path_factory.mktemp("preempt") / "preempt.trainguard.yaml"
+    path.write_text(JOB.format(script=JOBS / "toy_train.py"))
+    only = ["clean", "ignored", "torn", "rank0-alone"]
+    report = drill(str(path), only=only)
+    return {c.name.removeprefix("drill:"): c for c in report.checks}
+
+
+def test_a_job_that_saves_on_the_notice_passes_with_the_times_measured(results: dict[str, CheckResult]) -> None:
+    result = results["clean"]
+    assert result.status == "passed", result.summary
+    timeline = result.evidence["preemption"]
+    # notice -> checkpoint complete -> every rank gone, all inside the grace
+    assert 0 <= timeline["checkpoint_complete_after_notice_s"] <= timeline["exit_after_notice_s"] < 2
+    assert result.evidence["fault_evidence"]["killed_at_grace"] == []
+    assert result.evidence["resumed_from_step"] >= result.evidence["injected_after_step"]
+
+
+def test_a_job_that_ignores_the_notice_is_killed_and_its_lost_progress_counted(results: dict[str, CheckResult]) -> None:
+    result = results["ignored"]
+    assert result.status == "failed"
+    assert "did not exit within the 1 s grace" in result.summary
+    assert result.evidence["likely_causes"][0].startswith("no handler for the notice")
+    assert result.evidence["fault_evidence"]["killed_at_grace"] == [0, 1]
+    assert result.evidence["lost_steps"] >= 1
+
+
+def test_a_save_on_the_notice_written_in_place_is_torn(results: dict[str, CheckResult]) -> None:
+    result = results["torn"]
+    assert result.status == "failed"
+    assert result.evidence["likely_causes"][0].startswith("the save on the notice is not atomic")
+
+
+def test_rank0_saving_alone_while_the_others_leave_fails_on_agreement(results: dict[str, CheckResult]) -> None:
+    result = results["rank0-alone"]
+    assert result.status == "failed"
+    assert result.evidence["fault_evidence"]["killed_at_grace"] == [0]
+    assert result.evidence["likely_causes"][0].startswith("the ranks do not agree on the step")
+
+
+@pytest.mark.slow
+def test_slurm_style_sends_usr1_first(tmp_path: Path) -> None:
+    path = tmp_path / "preempt.trainguard.yaml"
+    path.write_text(JOB.format(script=JOBS / "toy_train.py"))
+    result = drill(str(path), only=["slurm"]).checks[0]
+    assert result.status == "passed", result.summary
+    assert result.evidence["fault_evidence"]["signals_sent"][0]["signal"] == "SIGUSR1"

@@ -1,0 +1,162 @@
+"""The ``save_and_exit`` expectation of a pre-emption drill (``fault: preempt``).
+
+After the scheduler's notice the job must, within the grace:
+
+* exit on every rank by itself (a rank still running at the end of the grace is killed by the
+  scheduler: whatever it did since its last periodic checkpoint is lost, and the report counts
+  it);
+* leave a complete checkpoint written after the notice (found by
+  :func:`~trainguard.unit.checkpoints.latest_complete_checkpoint`, its newest file written after
+  the notice): the report gives notice -> checkpoint complete -> last rank's exit;
+* resume from it: a run resumed with the fault removed starts no earlier than the step the
+  notice came after (``max_lost_steps``, default 0, allows fewer) and matches the uninterrupted
+  run from there.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from trainguard.drills.judges import (
+    DrillContext,
+    attempt_evidence,
+    common_evidence,
+    diff_problem,
+    not_injected,
+    trajectory_diff,
+)
+from trainguard.report import CheckStatus
+from trainguard.unit.checkpoints import latest_complete_checkpoint
+
+__all__ = ["SAVE_AND_EXIT_CAUSES", "judge_save_and_exit"]
+
+#: what usually makes a job fail a pre-emption drill, most frequent first
+SAVE_AND_EXIT_CAUSES = {
+    "ignored": "no handler for the notice: SIGTERM (or Slurm's SIGUSR1) is ignored or caught and "
+               "forgotten, so the job trains on until the SIGKILL and loses everything since its "
+               "last periodic checkpoint",
+    "no_agreement": "the ranks do not agree on the step to stop at (no all-reduce of the stop flag): "
+                    "rank 0 saves in a collective the others have left, or they exit while it saves",
+    "torn": "the save on the notice is not atomic (written in place, no temp file + fsync + rename): "
+            "the SIGKILL at the end of the grace tears it",
+    "slow": "the save takes longer than the grace: checkpoint less state, save asynchronously, or "
+            "ask the scheduler for a longer grace (terminationGracePeriodSeconds, --signal lead)",
+}
+
+
+def _newest_checkpoint(directory: Path) -> Path | None:
+    """The newest complete checkpoint under ``directory``; for a layout
+    :func:`latest_complete_checkpoint` does not know (per-rank JSON files, say), the newest file
+    that is not a temporary (hidden, ``.tmp``, ``.partial``)."""
+    found = latest_complete_checkpoint(directory)
+    if found is not None:
+        return found
+    newest: tuple[float, Path] | None = None
+    for root, _, files in os.walk(directory):
+        for name in files:
+            if name.startswith(".") or name.endswith((".tmp", ".partial", ".lock")):
+                continue
+            path = Path(root) / name
+            try:
+                mtime = path.stat().st_mtime
+            except OSError:
+                continue
+            if newest is None or mtime > newest[0]:
+                newest = (mtime, path)
+    return newest[1] if newest is not None else None
+
+
+def _newest_write(path: Path) -> float | None:
+    """The latest modification time of a checkpoint file or of any file in a checkpoint directory."""
+    try:
+        if path.is_file():
+            return path.stat().st_mtime
+        times = [os.stat(os.path.join(root, f)).st_mtime for root, _, files in os.walk(path) for f in files]
+    except OSError:
+        return None
+    return max(times, default=None)
+
+
+def judge_save_and_exit(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
+    skipped = not_injected(c)
+    if skipped:
+        return skipped
+    evidence = common_evidence(c)
+    spec, fault, first = c.spec, c.fault, c.run.attempts[0]
+    grace = float(fault.params.get("grace", 30.0))
+    notice_wall = getattr(fault, "notice_wall", None)
+    exits: dict[int, float] = dict(getattr(fault, "exits", {}))
+    killed: list[int] = list(getattr(fault, "killed_at_grace", []))
+    problems: list[str] = []
+    causes: list[str] = []
+    timeline: dict[str, Any] = {"grace_s": grace}
+    done = max((p.step for p in first.points if p.name == c.metric), default=0)
+    timeline["last_step_before_exit"] = done
+    if exits:
+        timeline["exit_after_notice_s"] = max(exits.values())
+    if first.ok and done >= spec.steps and not killed:
+        return ("error", f"the job did all {spec.steps} steps within the {grace:g} s grace after the notice "
+                "(after step {noticed}), so the drill tested nothing; give it more steps after "
+                "after_step, or a shorter grace".replace("{noticed}", str(c.info.injected_step)), evidence)
+    if killed:
+        problems.append(f"rank(s) {', '.join(map(str, killed))} did not exit within the {grace:g} s grace "
+                        "and were killed (SIGKILL) by the scheduler")
+    # a complete checkpoint written after the notice
+    latest = _newest_checkpoint(c.checkpoint_dir)
+    written = _newest_write(latest) if latest is not None else None
+    if latest is not None and written is not None and notice_wall is not None:
+        timeline["checkpoint"] = str(latest)
+        timeline["checkpoint_complete_after_notice_s"] = round(written - notice_wall, 3)
+    fresh = latest is not None and written is not None and notice_wall is not None and written >= notice_wall
+    if not fresh:
+        older = f" (the newest complete one, {latest.name}, predates it)" if latest is not None else ""
+        problems.append(f"no complete checkpoint was written after the notice{older}")
+    evidence["preemption"] = timeline
+    # the resume from the latest complete checkpoint, fault removed
+    verify = c.runner.run(c.request, label=f"drill-{spec.name}-verify", resume=True,
+                          checkpoint_dir=c.checkpoint_dir)
+    evidence["verification"] = attempt_evidence(verify, fault)
+    noticed_at = c.info.injected_step or 0
+    allowed = spec.max_lost_steps or 0
+    resumed_from: int | None = None
+    if not verify.ok:
+        problems.append(f"the run resumed from the latest checkpoint failed: {verify.reason}")
+    else:
+        steps = [p.step for p in verify.points if p.name == c.metric]
+        resumed_from = min(steps) - 1 if steps else None
+        if resumed_from is None:
+            problems.append(f"the resumed run printed no `{c.metric}` line")
+        else:
+            lost_since_notice = max(0, noticed_at - resumed_from)
+            evidence.update({"resumed_from_step": resumed_from, "lost_steps": max(0, done - resumed_from),
+                             "lost_steps_before_notice": lost_since_notice})
+            if lost_since_notice > allowed:
+                problems.append(f"the resume started after step {resumed_from}, {lost_since_notice} step(s) "
+                                f"before the notice (after step {noticed_at}): progress from before the "
+                                f"notice was lost (max_lost_steps {allowed})")
+            diff = trajectory_diff(c, verify.points, range(resumed_from + 1, spec.steps + 1))
+            evidence["trajectory"] = diff.as_evidence()
+            problem = diff_problem(c.metric, diff, "run resumed after the pre-emption")
+            if problem:
+                problems.append(problem)
+    signals = " then ".join(s["signal"] for s in getattr(fault, "sent", [])[:2]) or "the notice"
+    what = f"{signals} to every rank after step {noticed_at} (grace {grace:g} s)"
+    if problems:
+        torn = not verify.ok or (resumed_from is not None and "diverges" in " ".join(problems))
+        ignored, agree, slow = (SAVE_AND_EXIT_CAUSES[k] for k in ("ignored", "no_agreement", "slow"))
+        if killed and len(killed) < len(exits):  # some ranks left, the others were stuck
+            causes = [agree, ignored, slow]
+        elif killed:  # no rank exited by itself
+            causes = [ignored, agree, slow]
+        if torn:
+            causes = [SAVE_AND_EXIT_CAUSES["torn"], *causes]
+        if not causes:
+            causes = [agree, SAVE_AND_EXIT_CAUSES["torn"]]
+        evidence["likely_causes"] = causes
+        return "failed", f"{what}: " + "; ".join(problems) + f". Most likely {causes[0]}", evidence
+    t = timeline
+    return ("passed", f"{what}: checkpoint complete {t.get('checkpoint_complete_after_notice_s', 0):.2f} s "
+            f"and every rank exited {t.get('exit_after_notice_s', 0):.2f} s after the notice; resumed after "
+            f"step {resumed_from} and matched the uninterrupted run", evidence)
