@@ -57,9 +57,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
         reason = unwritable_reason(settings.report_json)
         if reason is not None:  # said before any test spends its time, not after all of them
+            source = settings.sources["report_json"]  # name it as the user wrote it
             raise pytest.UsageError(
-                f"trainguard: {get_option('report_json').flag}: cannot write the report to "
-                f"{settings.report_json}: {reason}. Name a file in a writable directory")
+                f"trainguard: {get_option('report_json').spelling(source)}: cannot write the report "
+                f"to {settings.report_json} (from the {source}): {reason}. Name a file in a "
+                "writable directory")
     config.stash[SESSION_KEY] = TrainguardSession(settings=settings)
     config.pluginmanager.register(_SessionRecorder(config), "trainguard-recorder")
     if os.environ.get(CHILD_ENV):

@@ -236,6 +236,30 @@ def test_the_seed_setting_follows_the_same_rule_in_a_real_pytest(tmp_path: Path)
     assert done.returncode == 0, done.stdout + done.stderr  # the env wins over the bad ini value
 
 
+def test_an_unwritable_report_path_from_the_ini_file_names_the_ini_key(tmp_path: Path) -> None:
+    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntrainguard_report_json = /proc/x.json\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 4 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert "trainguard_report_json: cannot write the report to /proc/x.json (from the ini file)" in done.stderr
+
+
+@pytest.mark.parametrize("argv", [["check", "x.yaml", "--only=--"], ["check", "x.yaml", "--report-json=--"],
+                                  ["submit", "r.json", "--wait=--"], ["init", "x.py", "--name=--"]])
+def test_an_option_given_a_lone_dashdash_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse hands ``--only=--`` an empty list (not a string); it crashed the check."""
+    code, _, err = run_main(argv, capsys)
+    option = argv[2].partition("=")[0]
+    assert code == 2 and f"argument {option}: expected one argument" in err, err
+
+
+def test_dashdash_after_the_options_still_ends_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main(["check", "--", str(tmp_path / "missing.yaml")], capsys)
+    assert code == 2 and "missing.yaml: file not found" in err, err
+
+
 # --------------------------------------------------------------------------------------------
 # the printed `mlflow ui` line (item 15)
 # --------------------------------------------------------------------------------------------

@@ -10,9 +10,19 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-__all__ = ["MAX_WAIT_S", "SEED_HELP", "nonempty_path", "positive_int", "seconds", "seed", "text", "world_sizes"]
+__all__ = [
+    "MAX_WAIT_S",
+    "SEED_HELP",
+    "dashdash_value",
+    "nonempty_path",
+    "positive_int",
+    "seconds",
+    "seed",
+    "text",
+    "world_sizes",
+]
 
 #: the help of every subcommand's ``--seed``
 SEED_HELP = "seed for the runs, 0 to 2**32-1 as job.seed (default: TRAINGUARD_SEED or 0)"
@@ -22,6 +32,20 @@ MAX_WAIT_S = 86400.0
 
 def _shown(text: str, limit: int = 60) -> str:
     return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
+
+
+def dashdash_value(argv: Sequence[str]) -> str | None:
+    """The usage error for an option written ``--opt=--`` in ``argv`` (before a lone ``--``),
+    else None. argparse (3.11) strips the ``--`` and hands the option an empty list instead of a
+    string, without calling its type: ``--only=--`` crashed the check it reached."""
+    for token in argv:
+        if token == "--":
+            return None
+        option, equals, value = token.partition("=")
+        if option.startswith("-") and equals and value == "--":
+            return (f"argument {option}: expected one argument ('{token}': '--' is read as the end "
+                    "of the options, not as a value)")
+    return None
 
 
 def seed(text: str) -> int:

@@ -18,7 +18,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
 from trainguard._version import __version__
-from trainguard.cli.args import SEED_HELP, nonempty_path, seconds, seed
+from trainguard.cli.args import SEED_HELP, dashdash_value, nonempty_path, seconds, seed
 from trainguard.errors import ConfigError, TrainguardError
 
 if TYPE_CHECKING:
@@ -169,7 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trainguard.cli import init as init_cli
 
     parser = build_parser()
-    args = parser.parse_args(init_cli.join_flag_values(sys.argv[1:] if argv is None else argv))
+    tokens = init_cli.join_flag_values(sys.argv[1:] if argv is None else argv)
+    if (refused := dashdash_value(tokens)) is not None:
+        parser.error(refused)
+    args = parser.parse_args(tokens)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE

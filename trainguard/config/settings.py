@@ -127,6 +127,11 @@ class Option:
         """The environment variable, ``TRAINGUARD_<NAME>``."""
         return "TRAINGUARD_" + self.name.upper()
 
+    def spelling(self, source: str) -> str:
+        """How the value from ``source`` (a :attr:`Settings.sources` value: ``command line``,
+        ``environment``, ``ini file``) was written: the flag, the variable or the ini key."""
+        return {"command line": self.flag, "environment": self.env, "ini file": self.ini}.get(source, self.flag)
+
 
 OPTIONS: tuple[Option, ...] = (
     Option(

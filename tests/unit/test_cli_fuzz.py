@@ -1,0 +1,395 @@
+"""Generated misuse of the ``trainguard`` command, its ``TRAINGUARD_*`` variables and its
+``trainguard_*`` ini keys: every outcome a clean exit with a message naming what was wrong --
+never a traceback, never stuck (issue 13).
+
+- argv: every subcommand with generated arguments -- unknown flags, flags without their value,
+  values of the wrong type, huge and negative numbers, NaN, empty strings, odd unicode (no NUL:
+  a real argv cannot hold one), paths that do not exist, directories, files of garbage, bad YAML,
+  reports that are not gate reports -- through ``trainguard.cli.main.main(argv)`` in-process,
+  with generated ``TRAINGUARD_*`` variables set. Nothing expensive can start: the only loadable
+  job file has no checks and runs ``true``; ``profile`` and ``gate`` never get it;
+  ``toxiproxy-server`` always ends with a ``--config`` that cannot be read, so it never serves;
+  ``init`` writes only under this test's directory.
+- settings: generated values for every setting from the command line, the environment and the
+  ini file through :func:`trainguard.config.settings.resolve`;
+- a real ``pytest`` (the plugin loads through its ``pytest11`` entry point) with generated ini
+  values and ``TRAINGUARD_*`` variables: exit 0 or pytest's usage error naming the key.
+
+A few hundred examples by default, thousands under ``-m slow``; an example past
+:data:`EXAMPLE_LIMIT_S` fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import string
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trainguard.cli.main import main
+from trainguard.config.settings import OPTIONS, Settings, resolve
+from trainguard.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(600)
+
+#: one example may take this long (the issue's bound for a stuck example is 60 s)
+EXAMPLE_LIMIT_S = 30
+#: no message may be longer than this (an argument may be long)
+MAX_MESSAGE = 20_000
+
+REGEX = r"step (?P<step>\d+) loss (?P<value>\S+)"
+
+#: the files the generated arguments name, made once per test under its directory
+FILES: dict[str, bytes | None] = {
+    "missing.yaml": None,
+    "garbage.yaml": b"\x00\xff\xfe garbage \x80\x81",
+    "bad.yaml": b"job: [unclosed\n  - : :\n",
+    "list.yaml": b"- 1\n- 2\n",
+    "unknown.yaml": b"job: {name: x, command: 'true', metrics: {loss: 'x'}, bogus: 1}\n",
+    "nochecks.yaml": (
+        f"job: {{name: fuzz, command: 'true', metrics: {{loss: '{REGEX}'}}}}\n".encode()
+    ),
+    "report-list.json": b"[1, 2, 3]",
+    "report-trunc.json": b'{"gate_report_version": 1, "verdict": "prom',
+    "report-decision.json": b'{"gate_report_version": 1, "verdict": "promote", "decision": "x"}',
+    "report-blocked.json": (
+        b'{"gate_report_version": 1, "verdict": "block", "decision": {"reasons": ["r"]}, '
+        b'"job_file": "x.yaml", "provenance": {}}'
+    ),
+    "toxi-bad.json": b"{not json",
+    "script.py": b"import argparse\np = argparse.ArgumentParser()\np.add_argument('--steps')\n",
+    "broken.py": b"def broken(:\n",
+    "dir": None,  # a directory holding a bad trainguard.yaml (made below)
+    "emptydir": None,
+    "initdir": None,  # init's --dir: a script to scaffold (never a CONFIG: init writes a job there)
+}
+#: the files a run may load: profile and gate never get them (they would run)
+RUNNABLE = {"nochecks.yaml", "initdir"}
+
+SUBCOMMAND_FLAGS: dict[str, list[str]] = {
+    "check": ["--only", "--report-json", "--seed", "--save-baseline", "-v", "-q", "--verbose", "--quiet"],
+    "drill": ["--only", "--report-json", "--seed", "-v"],
+    "gate": ["--submit", "--seed", "-v", "-q"],
+    "profile": ["--compare", "--save", "--world-sizes", "--headroom", "--no-headroom", "--seed", "-v"],
+    "validate": [],
+    "submit": ["--queue", "--wait"],
+    "init": ["--dir", "--name", "--kind", "--steps-flag", "--ckpt-flag", "--seed-flag", "--resume-flag",
+             "--loss-regex", "--world-size", "-y", "--yes", "--force"],
+    "toxiproxy-server": ["--host", "--port", "--seed"],
+    "version": [],
+}
+
+# text a user could type: no NUL (argv cannot hold one) and no lone surrogates except a few
+odd_text = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40
+)
+numbers = st.one_of(
+    st.integers(-(2**80), 2**80).map(str),
+    st.sampled_from(["nan", "NaN", "inf", "-inf", "1e400", "-0", "0x10", "1_000", "٣", "²", " 7 ",
+                     "4294967295", "4294967296", str(2**70), "9" * 5000, "1.5", "-1", "0", ""]),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+)
+
+
+def values(tmp: Path) -> st.SearchStrategy[str]:
+    """A value for a flag: a number, odd text, an option-like word or a path of :data:`FILES`."""
+    paths = st.sampled_from([str(tmp / name) for name in FILES if name not in RUNNABLE])
+    return st.one_of(numbers, odd_text, paths,
+                     st.sampled_from(["-", "--", "-x", "--bogus", "=", "smoke", "drill:x", "ray", "slurm",
+                                      "p50_step_time:+10%", "throughput@2:-5%", "x:y:z", "1,2", ",,",
+                                      "{steps}", "a b", "~", "."]))
+
+
+#: values that get past argparse more often, per flag (the rest of a run is then exercised)
+PLAUSIBLE: dict[str, list[str]] = {
+    "--only": ["smoke", "canary", "determinism", "resume", "parallel", "profile", "drills", "drill:kill",
+               "bogus", ""],
+    "--seed": ["0", "7", "4294967295", "4294967296", "-1", str(2**70)],
+    "--report-json": ["r.json", "sub/dir/r.json", "", ".", "/proc/x.json", "/dev/null/x.json"],
+    "--wait": ["0", "30", "86400", "86401", "-5", "nan", "inf"],
+    "--queue": ["ray", "slurm", "pbs"],
+    "--world-sizes": ["1,2", "1", "0", "1,99999", ",", "a,b", "2,2,2"],
+    "--compare": ["p50_step_time:+10%", "throughput@2:-5%", "bogus", "p50_step_time:+nan%", ""],
+    "--kind": ["huggingface", "lightning", "configurator", "argparse", "plain"],
+    "--world-size": ["1", "2", "1024", "1025", "0", "-3"],
+    "--port": ["0", "8474", "65535", "65536", "99999", "-1"],
+    "--host": ["127.0.0.1", "::1", "0.0.0.0", "localhost", "no such host", ""],
+}
+#: flags that take no value
+SWITCHES = {"--save-baseline", "-v", "-q", "--verbose", "--quiet", "--submit", "--save", "--headroom",
+            "--no-headroom", "-y", "--yes", "--force"}
+
+
+def _positional(draw: st.DrawFn, command: str, tmp: Path) -> list[str]:
+    if command in ("check", "drill", "validate"):
+        return [draw(st.sampled_from([str(tmp / n) for n in FILES if n != "initdir"]))]
+    if command in ("gate", "profile", "submit"):
+        return [draw(st.sampled_from([str(tmp / n) for n in FILES if n not in RUNNABLE]))]
+    if command == "init":
+        return [draw(st.sampled_from(["script.py", "broken.py", "missing.py", str(tmp / "script.py"), ""]))]
+    return []
+
+
+@st.composite
+def argvs(draw: st.DrawFn, tmp: Path) -> list[str]:
+    """A generated ``trainguard`` command line that cannot start anything expensive: mostly
+    well-formed (the positional, then flags with values, odd or plausible), sometimes chaos
+    (tokens in any order, flags without values, unknown flags, --, -h)."""
+    command = draw(st.sampled_from([*SUBCOMMAND_FLAGS, *SUBCOMMAND_FLAGS, "bogus", "", "-h", "--version"]))
+    if command not in SUBCOMMAND_FLAGS:
+        return [command, *draw(st.lists(values(tmp), max_size=2))]
+    structured = draw(st.integers(0, 9)) < 7
+    tokens: list[str] = []
+    flags = SUBCOMMAND_FLAGS[command] if structured else [*SUBCOMMAND_FLAGS[command], "--unknown", "-Z",
+                                                         "--see", "--", "-h"]
+    for _ in range(draw(st.integers(0, 4))):
+        flag = draw(st.sampled_from(flags)) if flags else "--unknown"
+        if flag == "-h" and draw(st.booleans()):  # help exits 0: not too often
+            continue
+        if command == "init" and flag == "--dir":
+            # init writes into --dir: only this test's directories, or odd names relative to it
+            value = draw(st.one_of(st.sampled_from([str(tmp / "initdir"), ""]),
+                                   odd_text.filter(lambda t: not t.startswith(("/", "~")) and ".." not in t)))
+            tokens += [f"{flag}={value}"]
+            continue
+        if flag in SWITCHES and structured:
+            tokens.append(flag)
+            continue
+        if structured or draw(st.integers(0, 3)):  # chaos: sometimes no value
+            value = draw(st.one_of(values(tmp), st.sampled_from(PLAUSIBLE.get(flag, ["x"]))))
+            tokens += [f"{flag}={value}"] if value.startswith("-") or draw(st.booleans()) else [flag, value]
+        else:
+            tokens.append(flag)
+    positional = _positional(draw, command, tmp)
+    if draw(st.integers(0, 9)) == 0:
+        positional = []  # the required argument left out
+    argv = [command, *positional, *tokens] if structured else \
+        [command, *draw(st.permutations([*tokens, *positional]))]
+    if command == "init" and not any(a.startswith("--dir") for a in argv):
+        argv.insert(1, f"--dir={tmp / 'initdir'}")
+    if command == "toxiproxy-server":
+        # a --config it cannot read, last (it wins over any generated one): never serves
+        argv += ["--config", str(tmp / draw(st.sampled_from(["missing.yaml", "toxi-bad.json", "dir"])))]
+    return argv
+
+
+@st.composite
+def environments(draw: st.DrawFn) -> dict[str, str]:
+    """``TRAINGUARD_*`` variables with generated values (``TRACKING`` kept off: no MLflow)."""
+    env: dict[str, str] = {}
+    if draw(st.integers(0, 2)):  # most examples: no variable set
+        return env
+    for opt in OPTIONS:
+        if opt.name != "tracking" and draw(st.integers(0, 3)) == 0:
+            env[opt.env] = draw(st.one_of(numbers, odd_text, st.sampled_from(["1", "true", "off", "x"])))
+    return env
+
+
+@contextlib.contextmanager
+def _limit(seconds: int) -> Iterator[None]:
+    """Fail an example that runs past ``seconds`` (a stuck one), from a real timer."""
+
+    def expired(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"one example ran past {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    saved = {k: v for k, v in os.environ.items() if k.startswith("TRAINGUARD_")}
+    for key in saved:
+        del os.environ[key]
+    os.environ.update({**env, "TRAINGUARD_TRACKING": "off"})
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k.startswith("TRAINGUARD_")]:
+            del os.environ[key]
+        os.environ.update(saved)
+
+
+def _named(err: str, argv: list[str], env: dict[str, str]) -> bool:
+    """Whether an error message names what was wrong: an argument (argparse says "argument",
+    "arguments" or "invalid choice"), a file of the command line, or a variable that was set."""
+    if any(w in err for w in ("argument", "invalid choice", "required")):
+        return True
+    names = [a.partition("=")[0] if a.startswith("-") else a for a in argv if len(a) > 2]
+    names += [Path(a).name for a in argv if "/" in a] + list(env)
+    short = [f"error: {a}:" for a in argv] + [repr(a) for a in argv]  # "0" named as `0:` or `'0'`
+    return any(n in err for n in [*names, *short] if n.strip())
+
+
+def _run_main(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    previous = Path.cwd()
+    os.chdir(cwd)
+    try:
+        with _limit(EXAMPLE_LIMIT_S), _environment(env), contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exc:  # argparse: usage errors, --help, --version
+                code = exc.code if isinstance(exc.code, int) else 2
+    finally:
+        os.chdir(previous)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _make_files(tmp: Path) -> None:
+    for name, content in FILES.items():
+        if name.endswith("dir"):
+            (tmp / name).mkdir(exist_ok=True)
+        elif content is not None:
+            (tmp / name).write_bytes(content)
+    (tmp / "dir" / "trainguard.yaml").write_bytes(FILES["bad.yaml"] or b"")
+    (tmp / "initdir" / "script.py").write_bytes(FILES["script.py"] or b"")
+
+
+def _fuzz_argv(tmp_path_factory: pytest.TempPathFactory, examples: int) -> dict[int, int]:
+    tmp = tmp_path_factory.mktemp("cli-fuzz")
+    _make_files(tmp)
+    work = tmp / "cwd"
+    work.mkdir()
+    codes: dict[int, int] = {}
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(argv=argvs(tmp), env=environments())
+    def property_(argv: list[str], env: dict[str, str]) -> None:
+        code, out, err = _run_main(argv, env, work)
+        shown = f"argv={argv!r} env={env!r}\nstdout: {out[-2000:]}\nstderr: {err[-2000:]}"
+        assert "Traceback" not in out + err, shown
+        assert code in (0, 1, 2), shown
+        assert len(err) < MAX_MESSAGE, shown
+        if code:
+            assert "error" in err and _named(err, argv, env), shown
+        codes[code] = codes.get(code, 0) + 1
+
+    property_()
+    return codes
+
+
+def test_generated_command_lines_exit_cleanly_naming_the_argument(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    codes = _fuzz_argv(tmp_path_factory, 300)
+    print("exit codes:", codes)
+    assert codes.get(2, 0) >= 100 and codes.get(0, 0) >= 1, codes  # both outcomes occur
+
+
+@pytest.mark.slow
+def test_generated_command_lines_many(tmp_path_factory: pytest.TempPathFactory) -> None:
+    codes = _fuzz_argv(tmp_path_factory, 4000)
+    print("exit codes:", codes)
+    assert codes.get(2, 0) and codes.get(0, 0), codes
+
+
+# --------------------------------------------------------------------------------------------
+# settings: command line, environment, ini file
+# --------------------------------------------------------------------------------------------
+
+
+def _fuzz_settings(examples: int) -> dict[str, int]:
+    counts = {"settings": 0, "error": 0}
+    raw = st.one_of(numbers, odd_text, st.text(max_size=20), st.sampled_from(["on", "auto", "1", "no"]))
+    layer = st.dictionaries(st.sampled_from([o.name for o in OPTIONS]), raw, max_size=4)
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(cli=layer, ini=layer, env=st.dictionaries(st.sampled_from([o.env for o in OPTIONS]), raw, max_size=4))
+    def property_(cli: dict[str, str], ini: dict[str, str], env: dict[str, str]) -> None:
+        with _limit(EXAMPLE_LIMIT_S):
+            try:
+                result = resolve(cli=cli, ini=ini, environ=env)
+            except ConfigError as exc:
+                message = str(exc)
+                spellings = {o.flag for o in OPTIONS} | {o.ini for o in OPTIONS} | {o.env for o in OPTIONS}
+                assert exc.key in spellings and message.startswith(f"{exc.key}: "), message
+                assert "Fix the " in message and len(message) < 1000, message
+                counts["error"] += 1
+                return
+        assert isinstance(result, Settings)
+        assert 0 <= result.seed <= 2**32 - 1
+        assert 0 < result.timeout_scale <= 1000 and 0 < result.ddp_timeout <= 7 * 24 * 3600
+        assert result.tracking in ("on", "off", "auto")
+        counts["settings"] += 1
+
+    property_()
+    return counts
+
+
+def test_generated_settings_resolve_or_name_the_key() -> None:
+    counts = _fuzz_settings(400)
+    print(counts)
+    assert counts["settings"] >= 20 and counts["error"] >= 100, counts
+
+
+@pytest.mark.slow
+def test_generated_settings_many() -> None:
+    counts = _fuzz_settings(5000)
+    assert counts["settings"] and counts["error"], counts
+
+
+# a value an ini file can hold on one line: printable, no comment or continuation characters
+ini_text = st.text(alphabet=string.ascii_letters + string.digits + " .-+_:/~@", max_size=25).map(str.strip)
+
+
+def _fuzz_pytest(tmp_path_factory: pytest.TempPathFactory, examples: int) -> dict[int, int]:
+    tmp = tmp_path_factory.mktemp("pytest-fuzz")
+    (tmp / "test_x.py").write_text("def test_x(tg_seed):\n    assert 0 <= tg_seed < 2**32\n")
+    codes: dict[int, int] = {}
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(ini=st.dictionaries(st.sampled_from([o.ini for o in OPTIONS if o.name != "tracking"]),
+                               st.one_of(ini_text, numbers.filter(lambda t: "\n" not in t and t.strip() == t)),
+                               min_size=1, max_size=3),
+           env=st.dictionaries(st.sampled_from([o.env for o in OPTIONS if o.name != "tracking"]),
+                               ini_text, max_size=1))
+    def property_(ini: dict[str, str], env: dict[str, str]) -> None:
+        (tmp / "pytest.ini").write_text("[pytest]\n" + "".join(f"{k} = {v}\n" for k, v in ini.items()))
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", str(tmp)],
+            cwd=tmp, env={**base_env, **env, "TRAINGUARD_TRACKING": "off"}, capture_output=True,
+            text=True, timeout=60, check=False,
+        )
+        shown = f"ini={ini!r} env={env!r}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        assert "Traceback" not in done.stdout + done.stderr, shown
+        assert done.returncode in (0, 4), shown  # 4: pytest's usage error
+        if done.returncode == 4:
+            assert any(k in done.stderr for k in [*ini, *env]), shown
+        codes[done.returncode] = codes.get(done.returncode, 0) + 1
+
+    property_()
+    return codes
+
+
+def test_a_real_pytest_with_generated_ini_keys_and_variables(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    print(_fuzz_pytest(tmp_path_factory, 3))
+
+
+@pytest.mark.slow
+def test_a_real_pytest_with_generated_ini_keys_and_variables_many(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    print(_fuzz_pytest(tmp_path_factory, 40))
