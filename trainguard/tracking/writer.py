@@ -82,6 +82,8 @@ def store_unwritable(exc: BaseException, tracking_uri: str) -> str | None:
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         if isinstance(cause, OSError) and cause.errno in _DISK_ERRNOS:
+            if cause.filename and not _within(Path(os.fsdecode(cause.filename)), db.parent):
+                return None  # another file (a run directory's): not the store
             return os_error_text(cause)
         text = str(cause).lower()
         for phrase, code in _SQLITE_DISK_ERRORS.items():
@@ -92,6 +94,13 @@ def store_unwritable(exc: BaseException, tracking_uri: str) -> str | None:
                                            else None)
         cause = getattr(cause, "orig", None) or cause.__cause__ or cause.__context__
     return None
+
+
+def _within(path: Path, directory: Path) -> bool:
+    try:
+        return Path(os.path.abspath(path)).is_relative_to(os.path.abspath(directory))
+    except (TypeError, ValueError):
+        return False
 
 
 def _disk_state(db: Path) -> str | None:
@@ -442,7 +451,10 @@ class StoreWriter:
             client.log_text(handle.run_id, text, artifact_file)
         elif op.kind == "plot":
             make, artifact_path = op.payload
-            made = make()
+            try:
+                made = make()
+            except OSError as exc:  # the run directory's disk, not the store: drawn never
+                raise PermanentWriteError(f"the plot could not be written: {os_error_text(exc)}") from None
             op.payload = (lambda: made, artifact_path)  # a retry uploads, it does not redraw
             if made is not None and Path(made).exists():
                 client.log_artifact(handle.run_id, str(made), artifact_path)
