@@ -118,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _rel(path: str) -> str:
     try:
-        return os.path.relpath(path)
+        rel = os.path.relpath(path)
     except ValueError:
         return path
+    return path if rel.startswith("..") else rel  # a fallback under /tmp: said as it is
