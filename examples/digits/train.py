@@ -8,6 +8,11 @@ After every optimizer step each rank prints ``step N loss L lr R`` (L is that ra
 own micro-batch); rank 0 also prints ``step N val_loss V`` every --eval-every steps. Everything
 else is logged to stderr.
 
+A scheduler's notice -- SIGTERM (Kubernetes, and Slurm at the time limit) or SIGUSR1 (Slurm's
+``--signal=USR1@lead``) -- makes every rank finish its current step, agree on it (an all-reduce
+of the stop flag, so no rank stops a step earlier than the others), checkpoint it and exit 0
+well inside the grace. A second notice does not interrupt the save.
+
 --batch-size is the global batch: each of the WORLD_SIZE ranks trains on batch_size / WORLD_SIZE
 samples per step, and the ranks' micro-batches together are exactly the batch a single process
 would draw, so a run on N ranks matches a run on 1 (with --dropout 0: dropout masks are drawn
@@ -21,6 +26,7 @@ import logging
 import math
 import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -109,6 +115,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"of WORLD_SIZE={world_size}; try --batch-size {max(1, args.batch_size // world_size) * world_size}"
         )
     return args
+
+
+class Notice:
+    """Set by SIGTERM / SIGUSR1: stop after the current step (the handler only sets a flag;
+    the save happens in the training loop, between steps, where the state is consistent)."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._on)
+
+    def _on(self, signum: int, frame: object) -> None:
+        if self.signal is None:
+            self.signal = signum
+
+    def agreed(self, world_size: int, device: torch.device) -> bool:
+        """Whether any rank got the notice: every rank stops after the same step."""
+        if world_size == 1:
+            return self.signal is not None
+        flag = torch.tensor([1 if self.signal is not None else 0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float) -> Callable[[int], float]:
@@ -235,6 +265,9 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
     if step >= args.steps:
         log.info("the checkpoint is at step %d and --steps is %d: nothing to do", step, args.steps)
     started = time.perf_counter()
+    notice = Notice()
+    if args.ckpt_dir:
+        notice.install()
     while step < args.steps:
         train_set.set_epoch(epoch)
         sampler.set_epoch(epoch)
@@ -290,6 +323,12 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
             if val is not None:
                 print(f"step {step} val_loss {val[0]:.6f}", flush=True)
                 log.info("step %d val accuracy %.4f", step, val[1])
+            if args.ckpt_dir and step < args.steps and notice.agreed(world_size, device):
+                if step % args.ckpt_every:  # not saved above
+                    checkpoint(args, model, optimizer, scheduler, step, epoch, batch_in_epoch, rank,
+                               world_size, device)
+                log.warning("notice received (signal %s): saved step %d, exiting", notice.signal, step)
+                return
             if step >= args.steps:
                 break
     log.info("done: %d steps in %.2fs", step, time.perf_counter() - started)

@@ -93,3 +93,11 @@ def test_slurm_style_sends_usr1_first(tmp_path: Path) -> None:
     result = drill(str(path), only=["slurm"]).checks[0]
     assert result.status == "passed", result.summary
     assert result.evidence["fault_evidence"]["signals_sent"][0]["signal"] == "SIGUSR1"
+
+
+@pytest.mark.slow
+def test_the_digits_example_saves_on_the_notice_in_both_styles() -> None:
+    """examples/digits/drills.trainguard.yaml: train.py's Notice handler passes both drills."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "digits" / "drills.trainguard.yaml"
+    report = drill(str(example), only=["preempt", "preempt-slurm"])
+    assert [c.status for c in report.checks] == ["passed", "passed"], [c.summary for c in report.checks]
