@@ -129,6 +129,9 @@ class Report:
     #: why write() could not put the report where it was asked (then ``path`` is the fallback
     #: file, or None when nothing took it); None when it was written as asked
     write_problem: str | None = field(default=None, compare=False)
+    #: True when a signal (Ctrl-C, SIGTERM) ended the run before every check ran: the report
+    #: holds the checks that had finished
+    interrupted: bool = False
 
     @property
     def status(self) -> Literal["passed", "failed"]:

@@ -227,7 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     finally:
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            # after a signal the process is on its way out (exit handlers unmount, remove
+            # cgroups): a later one is ignored, not let kill it there (Python's finalization
+            # puts the default handlers back, but leaves an ignored signal ignored)
+            signal.signal(sig, signal.SIG_IGN if _received else handler)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:

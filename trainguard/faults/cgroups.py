@@ -18,6 +18,7 @@ memory controller can be enabled for it. Needs root (or a delegated cgroup subtr
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import os
@@ -28,10 +29,11 @@ from pathlib import Path
 
 from trainguard.faults.base import FaultUnavailable
 
-__all__ = ["CgroupCounters", "MemoryCgroups"]
+__all__ = ["CgroupCounters", "MemoryCgroups", "remove_stale"]
 
 _UNLIMITED_V1 = "-1"
 _UNLIMITED_V2 = "max"
+_PREFIX = "trainguard-"
 
 
 @dataclass
@@ -72,7 +74,7 @@ class MemoryCgroups:
             self.version, self.base, self.home = version, root, root
         else:
             self.version, self.base, self.home = _locate()
-        self.parent = self.base / f"trainguard-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.parent = self.base / f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._procs_files: list[bytes] = []
         self.created = False
         self.last_counters: dict[int, CgroupCounters] = {}
@@ -80,12 +82,16 @@ class MemoryCgroups:
     # -- life cycle ----------------------------------------------------------------------------
 
     def create(self) -> None:
-        """Make the parent and one cgroup per rank (FaultUnavailable when the kernel refuses)."""
+        """Make the parent and one cgroup per rank (FaultUnavailable when the kernel refuses).
+        Empty cgroups a trainguard that no longer runs left here (SIGKILLed mid-drill) are
+        removed first."""
+        remove_stale(self.base)
         try:
             if self.version == 2:
                 _enable_memory(self.base)
             self.parent.mkdir()
             self.created = True
+            _live.add(self)
             if self.version == 2:
                 _enable_memory(self.parent)
             for rank in range(self.world_size):
@@ -97,6 +103,9 @@ class MemoryCgroups:
                 "Run the drill as root (or with a delegated cgroup subtree), or use the oom "
                 "fault's mode: rlimit"
             ) from None
+        except BaseException:  # Ctrl-C, SIGTERM between two mkdirs: nothing stays behind
+            self.teardown()
+            raise
         procs = "cgroup.procs"
         self._procs_files = [os.fsencode(self.path(r) / procs) for r in range(self.world_size)]
 
@@ -218,6 +227,8 @@ class MemoryCgroups:
             self.created = False
         except OSError as exc:
             problems.append(f"{self.parent}: {exc.strerror}")
+        if not self.created:
+            _live.discard(self)
         return problems
 
     # -- internals ---------------------------------------------------------------------------
@@ -242,6 +253,43 @@ class MemoryCgroups:
         if _has_swap() and (d / "memory.memsw.limit_in_bytes").exists():
             with contextlib.suppress(OSError):
                 _write(d / "memory.memsw.limit_in_bytes", value)
+
+
+#: cgroups made and not removed yet; what a teardown cut short left is removed at exit
+_live: set[MemoryCgroups] = set()
+
+
+@atexit.register
+def _remove_leftovers() -> None:
+    for cgroups in list(_live):
+        cgroups.teardown(timeout=2.0)
+
+
+def remove_stale(base: Path) -> list[Path]:
+    """Remove the ``trainguard-<pid>-*`` cgroups under ``base`` whose trainguard process is gone
+    and that hold no process (a SIGKILLed trainguard never ran its teardown); the removed."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for parent in base.glob(f"{_PREFIX}*-*"):
+            pid = parent.name[len(_PREFIX):].split("-", 1)[0]
+            if not pid.isdigit() or _process_exists(int(pid)) or not parent.is_dir():
+                continue
+            with contextlib.suppress(OSError):  # EBUSY: a process is still inside; left alone
+                for child in [c for c in parent.iterdir() if c.is_dir()]:
+                    child.rmdir()
+                parent.rmdir()
+                removed.append(parent)
+    return removed
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _write(path: Path, value: str) -> None:

@@ -92,12 +92,12 @@ class DiskFullFault(HookFault):
         if why is None:
             layer = FuseLayer(ctx.checkpoint_dir, ctx.work_dir / "disk-full-fuse",
                               policy="disk_full", state_dir=ctx.work_dir)
+            self.layer = layer  # before the mount: a signal during it still reaches teardown()
             try:
                 layer.mount()
             except RuntimeError as exc:
-                why = str(exc)
+                self.layer, why = None, str(exc)
             else:
-                self.layer = layer
                 ctx.checkpoint_dir = layer.point  # the job writes through the layer
                 self.mode_ran = "fuse"
                 return

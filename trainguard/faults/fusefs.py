@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard._internal.signals import signals_deferred
+
 __all__ = ["POLICIES", "FuseLayer", "fuse_unavailable", "serve"]
 
 #: what each policy fails while armed: the operation -> errno
@@ -87,17 +89,22 @@ class FuseLayer:
         argv = [sys.executable, "-m", "trainguard.faults.fusefs", str(self.backing), str(self.point),
                 "--policy", self.policy, "--trigger", str(self.trigger), "--events", str(self.events),
                 "--parent", str(os.getpid())]
-        with open(self.log, "wb") as log:
+        # a signal inside Popen would leave a daemon no unmount() knows of
+        with open(self.log, "wb") as log, signals_deferred():
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                          start_new_session=True)
-        _live.add(str(self.point))
+            _live.add(str(self.point))
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if _mounted(self.point):
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.02)
+        try:
+            while time.monotonic() < deadline:
+                if _mounted(self.point):
+                    return
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.02)
+        except BaseException:  # Ctrl-C, SIGTERM while the daemon mounts: the caller has no layer
+            self.unmount()
+            raise
         why = self._log_tail() or f"no mount after {MOUNT_TIMEOUT_S:g} s"
         self.unmount()
         raise RuntimeError(f"the FUSE daemon did not mount {self.point}: {why}")
@@ -131,6 +138,10 @@ class FuseLayer:
             else:
                 problem = f"{self.point} is still mounted after umount -l"
         if self.proc is not None:
+            if problem is None and not _mounted(self.point) and self.proc.poll() is None:
+                # not mounted (yet): a daemon still starting would mount after we looked
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -138,6 +149,12 @@ class FuseLayer:
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
             self.proc = None
+            if _mounted(self.point):  # it mounted meanwhile, or died and left its mount
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                    subprocess.run(["umount", "-l", str(self.point)], capture_output=True, timeout=30,
+                                   check=False)
+                if _mounted(self.point):
+                    problem = f"{self.point} is still mounted after umount -l"
         _live.discard(str(self.point))
         with contextlib.suppress(OSError):
             self.point.rmdir()

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_TRACKING_URI
+from trainguard._internal.signals import signals_deferred
 from trainguard.errors import UsageError
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.faults.toxiproxy.client import (
@@ -114,17 +115,18 @@ class LocalMlflowServer:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         started = time.monotonic()
         try:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "mlflow", "server",
-                 "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-                 "--artifacts-destination", str(self.root / "mlartifacts"),
-                 "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
-                cwd=self.root, stdout=self._log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-                # MLflow's job runner (huey consumers) serves no tracking call: 8 fewer processes
-                # and a start several times faster; a user's own setting wins
-                env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ},
-            )
+            with signals_deferred():  # a signal inside Popen would leave a server stop() never sees
+                self.popen = subprocess.Popen(
+                    [sys.executable, "-m", "mlflow", "server",
+                     "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+                     "--artifacts-destination", str(self.root / "mlartifacts"),
+                     "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+                    cwd=self.root, stdout=self._log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, start_new_session=True,
+                    # MLflow's job runner (huey consumers) serves no tracking call: 8 fewer processes
+                    # and a start several times faster; a user's own setting wins
+                    env={"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ},
+                )
             deadline = started + self.startup_timeout
             while not self._healthy():
                 if self.popen.poll() is not None or time.monotonic() > deadline:

@@ -39,6 +39,7 @@ from typing import IO, Any, Literal
 
 import psutil
 
+from trainguard._internal.signals import signals_deferred
 from trainguard.errors import RankFailure
 from trainguard.launch.hang_evidence import dump_stacks, rank_activity
 from trainguard.launch.metrics import JsonlTail, LineMetric, MetricParser, MetricPoint, trajectory
@@ -328,16 +329,20 @@ class Launcher:
             out_log = spec.run_dir / f"rank{rank}.stdout.log"
             err_log = spec.run_dir / f"rank{rank}.stderr.log"
             try:
-                popen = subprocess.Popen(
-                    argv,
-                    cwd=spec.cwd,
-                    env=self._env_for(rank, port),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,  # own process group: teardown reaches its children
-                    preexec_fn=None if spec.preexec is None else functools.partial(spec.preexec, rank),
-                )
+                # a Ctrl-C inside Popen (after the fork) or before the append would leave a rank
+                # no teardown knows of: the signal waits until the rank is recorded
+                with signals_deferred():
+                    popen = subprocess.Popen(
+                        argv,
+                        cwd=spec.cwd,
+                        env=self._env_for(rank, port),
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        start_new_session=True,  # own process group: teardown reaches its children
+                        preexec_fn=None if spec.preexec is None else functools.partial(spec.preexec, rank),
+                    )
+                    self.ranks.append(RankProcess(rank, popen, out_log, err_log))
             except OSError as exc:
                 self._teardown()
                 if spec.cwd is not None and not Path(spec.cwd).is_dir():
@@ -350,8 +355,7 @@ class Launcher:
                     f"cannot start the job command {argv[0]!r} in {spec.cwd}: {exc.strerror}. "
                     "Fix job.command (is the program installed and on PATH?)"
                 ) from None
-            rp = RankProcess(rank, popen, out_log, err_log)
-            self.ranks.append(rp)
+            rp = self.ranks[-1]
             for stream_name, pipe, log in (("stdout", popen.stdout, out_log), ("stderr", popen.stderr, err_log)):
                 assert pipe is not None
                 thread = threading.Thread(

@@ -51,6 +51,7 @@ from types import TracebackType
 
 import psutil
 
+from trainguard._internal.signals import signals_deferred
 from trainguard.errors import TrainguardError
 from trainguard.launch.ports import PortReservation, reserve_port
 from trainguard.raytrain import ray_train_defaults
@@ -309,7 +310,7 @@ class LocalRay:
 
         env = self.head_env(self._temp_dir, token)
         log_path = self._temp_dir / "ray-start.log"
-        with open(log_path, "wb") as log:
+        with open(log_path, "wb") as log, signals_deferred():  # never a head without its Popen
             self._popen = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,

@@ -160,7 +160,7 @@ class JobRunner:
         """Stop what this runner started for its runs (background reference runs, the embedded
         Ray head). Idempotent."""
         self.close_lane()
-        self.stop_background("the runner was closed")
+        self.scheduling.stop_and_wait("the runner was closed")
         if self._ray is not None:
             self._ray.stop()
             self._ray = None

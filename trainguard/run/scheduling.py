@@ -20,6 +20,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -213,6 +214,23 @@ class RunScheduler:
             running = list(self._inflight)
         for launcher in running:
             launcher.stop(reason)
+
+    def stop_and_wait(self, reason: str, timeout: float = 30.0) -> None:
+        """Stop every background reference run and wait (at most ``timeout`` s) until each has
+        torn its ranks down. Their threads are daemons: one still in its run when the
+        interpreter exits (Ctrl-C, SIGTERM) would never reach its teardown, and its ranks would
+        outlive trainguard. A run between its start and its registration is stopped on a later
+        pass."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                pending = list(self._pending.values())
+            if not pending:
+                return
+            self.stop_background(reason)
+            if time.monotonic() > deadline:
+                return
+            futures.wait(pending, timeout=0.1)
 
     # -- the lane -----------------------------------------------------------------------------
 

@@ -182,10 +182,17 @@ def check(
             "run `trainguard check CONFIG --only canary --save-baseline`",
             path=str(job_file.path),
         )
+    target = Path(report_json) if report_json else job_file.state_dir / "report.json"
+    report = Report(job=job_file.job.name, job_file=str(job_file.path))
     with open_session(job_file, settings, command="check", echo=echo) as session:
-        report = run_checks(job_file, session.runner, only=only, on_result=on_result)
         report.tracking_uri = session.tracking_uri
-        target = Path(report_json) if report_json else job_file.state_dir / "report.json"
+        try:
+            run_in_order(session.runner, job_file.enabled_checks(only), report, on_result=on_result)
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the checks that finished keep their report
+            if report.checks:
+                report.interrupted = True
+                report.save(target)
+            raise
         written = report.save(target)  # a failing write falls back and says so; never lost
         if written is not None:
             session.log_artifact(written, "report")
