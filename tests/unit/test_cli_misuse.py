@@ -270,3 +270,17 @@ def test_the_mlflow_ui_line_is_shell_quoted() -> None:
     line = ui_command(uri)
     assert shlex.split(line) == ["mlflow", "ui", "--backend-store-uri", uri]
     assert ui_command("sqlite:////tmp/plain/mlflow.db").endswith(" sqlite:////tmp/plain/mlflow.db")
+
+
+def test_a_path_that_is_not_utf8_is_printed_escaped_under_a_strict_locale(tmp_path: Path) -> None:
+    """A directory named with a byte that is not UTF-8 (a lone surrogate in Python) and a strict
+    stdout (en_US.UTF-8): the report path is printed escaped, not a UnicodeEncodeError."""
+    job_dir = Path(os.fsdecode(bytes(tmp_path) + b"/job\xffdir"))
+    job_dir.mkdir()
+    (job_dir / "trainguard.yaml").write_text(JOB)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    env.update(TRAINGUARD_TRACKING="off", PYTHONIOENCODING="utf-8:strict")
+    done = subprocess.run([sys.executable, "-m", "trainguard.cli", "check", job_dir.name], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, errors="replace", timeout=60, check=False)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert "report: job\\udcffdir/.trainguard/report.json" in done.stdout

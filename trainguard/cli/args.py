@@ -22,6 +22,7 @@ __all__ = [
     "seed",
     "text",
     "world_sizes",
+    "written_path",
 ]
 
 #: the help of every subcommand's ``--seed``
@@ -95,10 +96,19 @@ def positive_int(maximum: int | None = None) -> Callable[[str], int]:
 
 
 def nonempty_path(value: str) -> str:
-    """A path argument: not empty, without a NUL byte (a file system can name neither), UTF-8."""
+    """A path argument: not empty and without a NUL byte (a file system can name neither). Bytes
+    that are not UTF-8 are fine: Linux names files with any bytes."""
     if not value.strip():
         raise argparse.ArgumentTypeError("an empty path: name a file or directory")
-    return text(value)
+    if "\0" in value:
+        raise argparse.ArgumentTypeError(f"invalid value {_shown(value)}: it holds a NUL byte")
+    return value
+
+
+def written_path(value: str) -> str:
+    """A path trainguard writes into a file it makes (``init``'s script and directory): a
+    :func:`nonempty_path` that is also :func:`text`."""
+    return text(nonempty_path(value))
 
 
 def text(value: str) -> str:

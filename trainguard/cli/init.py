@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard._internal.limits import MAX_WORLD_SIZE
-from trainguard.cli.args import nonempty_path, positive_int, text
+from trainguard.cli.args import positive_int, text, written_path
 from trainguard.errors import ConfigError
 
 __all__ = ["FLAG_VALUED", "KINDS", "add_parser", "join_flag_values", "run"]
@@ -64,9 +64,9 @@ def add_parser(sub: Any) -> None:
         "override what it detects. In a terminal it asks for what the flags leave open; with "
         "--yes (or without a terminal) it asks nothing.",
     )
-    init.add_argument("script", metavar="SCRIPT", type=nonempty_path,
+    init.add_argument("script", metavar="SCRIPT", type=written_path,
                       help="the training script, e.g. train.py (a name starting with - after --)")
-    init.add_argument("--dir", default=".", type=nonempty_path, help="where to write the files (default: .)")
+    init.add_argument("--dir", default=".", type=written_path, help="where to write the files (default: .)")
     init.add_argument("--name", type=text, help="job name (default: the script's name)")
     init.add_argument("--kind", choices=KINDS,
                       help="the kind of script, instead of the one detected")

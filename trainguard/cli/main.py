@@ -168,6 +168,7 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     from trainguard.cli import init as init_cli
 
+    _escape_unencodable_output()
     parser = build_parser()
     tokens = init_cli.join_flag_values(sys.argv[1:] if argv is None else argv)
     if (refused := dashdash_value(tokens)) is not None:
@@ -231,6 +232,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             # cgroups): a later one is ignored, not let kill it there (Python's finalization
             # puts the default handlers back, but leaves an ignored signal ignored)
             signal.signal(sig, signal.SIG_IGN if _received else handler)
+
+
+def _escape_unencodable_output() -> None:
+    """Print what the terminal cannot encode escaped (``\\udcff``), not raise: a path may hold
+    bytes that are not UTF-8 (they reach Python as lone surrogates), and under a strict locale
+    (en_US.UTF-8) printing it would end the command with a UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            with contextlib.suppress(ValueError, OSError):  # a stream that cannot change: leave it
+                stream.reconfigure(errors="backslashreplace")
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
