@@ -28,6 +28,9 @@ from trainguard._internal.atomic import os_error_text
 
 __all__ = ["RankLog", "disk_full_at", "log_evidence", "truncation_marker"]
 
+#: how many bytes of the kept tail are copied (or searched for a line start) at a time
+_COPY = 1 << 20
+
 def truncation_marker(dropped: int, head: int, tail: int) -> bytes:
     """The line that stands where a capped log dropped bytes."""
     return (f"\n[trainguard: {dropped} bytes of this log dropped here; it keeps the first {head} "
@@ -111,16 +114,19 @@ class RankLog:
         for _, handle in segments:
             with contextlib.suppress(OSError):
                 handle.close()
-        kept = 0
         if self._file is not None:
             try:
                 tail = self._tail(segments)
-                kept = sum(len(chunk) for chunk in tail)
+                kept = sum(size for _, _, size in tail)
                 self.dropped = max(0, self.total - self.lost - self.head - kept)
                 if self.dropped:
                     self._file.write(truncation_marker(self.dropped, self.head, kept))
-                for chunk in tail:
-                    self._file.write(chunk)
+                for seg, offset, size in tail:  # copied in pieces: the memory stays small
+                    with open(seg, "rb") as src:
+                        src.seek(offset)
+                        while size > 0 and (chunk := src.read(min(_COPY, size))):
+                            self._file.write(chunk)
+                            size -= len(chunk)
                 self._file.flush()
             except OSError as exc:
                 self.error = self.error or os_error_text(exc)
@@ -131,20 +137,24 @@ class RankLog:
             with contextlib.suppress(OSError):
                 os.unlink(seg)
 
-    def _tail(self, segments: list[tuple[Path, IO[bytes]]]) -> list[bytes]:
-        """The last ``tail_limit`` bytes of the segments (oldest first), from a line start."""
+    def _tail(self, segments: list[tuple[Path, IO[bytes]]]) -> list[tuple[Path, int, int]]:
+        """``(segment, offset, size)`` of the last ``tail_limit`` bytes of the segments (oldest
+        first), starting at a line."""
         if not segments:
             return []
-        newest = segments[-1][0].read_bytes()
-        if len(segments) == 1 or len(newest) >= self.tail_limit:
-            return [newest]
-        need = self.tail_limit - len(newest)
-        with open(segments[0][0], "rb") as older:
-            older.seek(0, os.SEEK_END)
-            older.seek(max(0, older.tell() - need))
-            part = older.read(need)
-        cut = part.find(b"\n")
-        return [part[cut + 1:] if cut >= 0 else part, newest]
+        newest = segments[-1][0]
+        newest_size = newest.stat().st_size
+        if len(segments) == 1 or newest_size >= self.tail_limit:
+            return [(newest, 0, newest_size)]
+        older = segments[0][0]
+        older_size = older.stat().st_size
+        offset = max(0, older_size - (self.tail_limit - newest_size))
+        with open(older, "rb") as src:
+            src.seek(offset)
+            cut = src.read(min(_COPY, older_size - offset)).find(b"\n")
+        if cut >= 0:
+            offset += cut + 1
+        return [(older, offset, older_size - offset), (newest, 0, newest_size)]
 
     def summary(self) -> dict[str, object]:
         """What the report says about this log: bytes printed, kept, dropped by the cap, lost to
