@@ -160,6 +160,20 @@ def test_check_with_a_read_only_state_dir_runs_and_says_where_everything_went(jo
     assert json.loads(aside.read_text())["checks"][0]["evidence"]["run_dir"].startswith(str(tmp_path / "tmp"))
 
 
+@needs_root
+def test_drill_with_a_read_only_state_dir_keeps_its_report(jobs: Path, tmp_path: Path) -> None:
+    """The default drills report is no usage error when .trainguard/ is read-only: it falls back."""
+    job = jobs / "toy.trainguard.yaml"
+    job.write_text(job.read_text() + "  drills:\n    - {name: kill1, fault: kill_rank, rank: 1, after_step: 2}\n")
+    with tmpfs(jobs / ".trainguard", read_only=True):
+        done = run_cli("drill", job.name, cwd=jobs, tmp=tmp_path / "tmp")
+    assert done.returncode in (0, 1) and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert f"cannot write the report to {jobs / '.trainguard' / 'drills-report.json'}: {EROFS}" in done.stderr
+    [aside] = fallback_reports(tmp_path / "tmp")
+    assert aside.name == "drills-report.json" and done.stdout.splitlines()[-1].endswith(f"report: {aside}")
+    assert [c["name"] for c in json.loads(aside.read_text())["checks"]] == ["drill:kill1"]
+
+
 @pytest.mark.parametrize("where", ["a directory", "/proc/x/report.json"])
 def test_a_bad_report_json_is_a_usage_error_before_any_check_runs(jobs: Path, tmp_path: Path, where: str) -> None:
     target = str(tmp_path) if where == "a directory" else where

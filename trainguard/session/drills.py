@@ -44,6 +44,7 @@ def drill(
     ``.trainguard/drills-report.json``); the library form of ``trainguard drill``."""
     job_file = load_config(config)
     names = [n if CheckId.parse(n).is_drill else str(CheckId.of_drill(n)) for n in only] if only else ["drills"]
-    target = report_json or str(job_file.state_dir / "drills-report.json")
-    return check(job_file.path, only=names, seed=seed, report_json=target, echo=echo,
-                 on_result=on_result)
+    # the default place is not checked up front: a read-only .trainguard/ falls back, it is no
+    # usage error (a --report-json the user named is)
+    return check(job_file.path, only=names, seed=seed, report_json=report_json, echo=echo,
+                 on_result=on_result, report_name="drills-report.json")

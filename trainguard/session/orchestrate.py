@@ -157,9 +157,11 @@ def check(
     echo: Callable[[int, str, str], None] | None = None,
     on_result: Callable[[CheckResult], None] | None = None,
     save_baseline: bool | None = None,
+    report_name: str = "report.json",
 ) -> Report:
-    """Load a job file, run its checks, write the report; the library form of
-    ``trainguard check``. Settings come from ``TRAINGUARD_*`` env vars and their defaults.
+    """Load a job file, run its checks, write the report (``report_json``, else ``report_name``
+    in ``.trainguard/``); the library form of ``trainguard check``. Settings come from
+    ``TRAINGUARD_*`` env vars and their defaults.
 
     ``save_baseline=True`` makes a passing canary this machine's new baseline (docs/baselines.md);
     it needs the canary among the checks run (a :class:`ConfigError` says so otherwise)."""
@@ -182,7 +184,7 @@ def check(
             "run `trainguard check CONFIG --only canary --save-baseline`",
             path=str(job_file.path),
         )
-    target = Path(report_json) if report_json else job_file.state_dir / "report.json"
+    target = Path(report_json) if report_json else job_file.state_dir / report_name
     report = Report(job=job_file.job.name, job_file=str(job_file.path))
     with open_session(job_file, settings, command="check", echo=echo) as session:
         report.tracking_uri = session.tracking_uri
