@@ -403,9 +403,10 @@ def test_stop_background_ends_a_prefetched_run(jobs: Path) -> None:
     request = runner.request_for(spec)
     runner.prefetch(request)
     wait_for_a_background_run(runner)
+    (pending,) = runner.scheduling._pending.values()
     started = time.monotonic()
-    runner.close()
-    result = runner.reference(request)
+    runner.close()  # stops the background run and waits for its teardown
+    result = pending.result(timeout=15)
     assert result.outcome == "stopped" and time.monotonic() - started < 15
     assert "closed" in (result.reason or "")
     assert not runner._inflight
