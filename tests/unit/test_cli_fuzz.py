@@ -28,6 +28,7 @@ import signal
 import string
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -393,3 +394,67 @@ def test_a_real_pytest_with_generated_ini_keys_and_variables_many(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     print(_fuzz_pytest(tmp_path_factory, 40))
+
+
+# --------------------------------------------------------------------------------------------
+# init: generated names and flags; what it writes loads back exactly
+# --------------------------------------------------------------------------------------------
+
+# a file name: no "/" or NUL, not "." or "..", at most 255 bytes in UTF-8 (with ".py")
+file_names = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00/"),
+                     min_size=1, max_size=40).filter(
+    lambda t: t not in (".", "..") and len(t.encode()) <= 240)
+
+
+def _fuzz_init(tmp_path_factory: pytest.TempPathFactory, examples: int) -> dict[str, int]:
+    from trainguard.config import load_config
+    from trainguard.config.schema import render_placeholders
+
+    tmp = tmp_path_factory.mktemp("init-fuzz")
+    source = (FILES["script.py"] or b"") + b"print(f'step 1 loss 0.5')\n"
+    counts = {"written": 0, "error": 0}
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(script=file_names, name=st.one_of(st.none(), odd_text),
+           flags=st.lists(st.tuples(st.sampled_from(["--steps-flag", "--ckpt-flag", "--seed-flag",
+                                                      "--resume-flag", "--loss-regex", "--kind"]),
+                                    st.one_of(odd_text, values(tmp))), max_size=2))
+    def property_(script: str, name: str | None, flags: list[tuple[str, str]]) -> None:
+        directory = Path(tempfile.mkdtemp(dir=tmp))
+        (directory / f"{script}.py").write_bytes(source)
+        argv = ["init", f"--dir={directory}", "--yes"]
+        argv += [f"--name={name}"] if name is not None else []
+        argv += [f"{flag}={value}" for flag, value in flags]
+        code, out, err = _run_main([*argv, "--", f"{script}.py"], {}, directory)
+        shown = f"argv={argv!r} script={script!r}\nstdout: {out[-2000:]}\nstderr: {err[-2000:]}"
+        assert "Traceback" not in out + err and code in (0, 2), shown
+        if code == 2:
+            assert "error" in err and _named(err, [*argv, script], {}), shown
+            assert not (directory / "trainguard.yaml").exists(), shown  # nothing half-written
+            counts["error"] += 1
+            return
+        job = load_config(directory / "trainguard.yaml").job
+        assert job.name == (name or script), shown
+        shown_script = f"./{script}.py" if script.startswith("-") else f"{script}.py"
+        assert render_placeholders(job.command[1], {}) == shown_script, shown
+        test_file = directory / "tests" / "test_trainguard_job.py"
+        compile(test_file.read_text(encoding="utf-8"), str(test_file), "exec")
+        counts["written"] += 1
+
+    property_()
+    return counts
+
+
+def test_init_writes_what_loads_back_for_generated_names_and_flags(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    counts = _fuzz_init(tmp_path_factory, 80)
+    print(counts)
+    assert counts["written"] >= 20 and counts["error"] >= 5, counts
+
+
+@pytest.mark.slow
+def test_init_generated_many(tmp_path_factory: pytest.TempPathFactory) -> None:
+    counts = _fuzz_init(tmp_path_factory, 2000)
+    assert counts["written"] and counts["error"], counts
