@@ -330,3 +330,19 @@ def test_pytest_refuses_an_unwritable_report_json_before_any_test(tmp_path: Path
     assert done.returncode == 4, done.stdout + done.stderr  # pytest's usage error
     assert "--trainguard-report-json: cannot write the report to /proc/x/report.json" in done.stderr
     assert "1 passed" not in done.stdout and "Traceback" not in done.stderr
+
+
+@needs_root
+def test_track_init_on_a_full_store_disk_leaves_the_training_untracked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("mlflow")
+    from trainguard.tracking import track
+
+    for name in ("TRAINGUARD_MLFLOW_RUN_ID", "MLFLOW_RUN_ID", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    with tmpfs(tmp_path / "store", fill=True) as store:
+        uri = f"sqlite:///{store / 'mlflow.db'}"
+        assert track.init("train", tracking_uri=uri) is None
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"trainguard tracking: the MLflow store {uri} cannot be written: {ENOSPC}; this run is not tracked")

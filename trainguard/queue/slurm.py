@@ -21,7 +21,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from trainguard._internal.atomic import atomic_write_text
+from trainguard._internal.atomic import write_or_fallback
 from trainguard._internal.envvars import MLFLOW_RUN_ID
 from trainguard.queue.base import Submission, SubmissionError, SubmissionSpec, torchrun_argv
 
@@ -198,11 +198,15 @@ class SlurmBackend:
         return "\n".join(lines)
 
     def write_script(self, spec: SubmissionSpec) -> Path:
-        """Write the script atomically to ``script_dir/<job_name>.sbatch``."""
-        path = self.script_dir / f"{spec.job_name}.sbatch"
-        atomic_write_text(path, self.render(spec))
-        path.chmod(0o755)
-        return path
+        """Write the script atomically to ``script_dir/<job_name>.sbatch`` (where that fails,
+        to the temp-directory fallback, said on stderr; a :class:`SubmissionError` when no
+        place takes it)."""
+        written = write_or_fallback(self.script_dir / f"{spec.job_name}.sbatch", self.render(spec),
+                                    what="the sbatch script")
+        if written.path is None:
+            raise SubmissionError(written.problem or f"cannot write {written.requested}")
+        written.path.chmod(0o755)
+        return written.path
 
     # -- submit / status -------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -69,12 +70,23 @@ def init(
     except ImportError:
         return None
     uri = tracking_uri or _uri()
-    if uri.startswith("sqlite:///"):
-        os.makedirs(os.path.dirname(os.path.abspath(uri[len("sqlite:///"):])), exist_ok=True)
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
-    rid: str = client.create_run(exp_id, run_name=run_name).info.run_id
+    try:
+        if uri.startswith("sqlite:///"):
+            os.makedirs(os.path.dirname(os.path.abspath(uri[len("sqlite:///"):])), exist_ok=True)
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+        rid: str = client.create_run(exp_id, run_name=run_name).info.run_id
+    except Exception as exc:
+        from trainguard.tracking.writer import store_unwritable
+
+        why = store_unwritable(exc, uri)
+        if why is None:
+            raise
+        # a full or read-only disk under a local store must not stop the training
+        print(f"trainguard tracking: the MLflow store {uri} cannot be written: {why}; this run "
+              "is not tracked", file=sys.stderr, flush=True)
+        return None
     os.environ[RUN_ID_ENV] = rid
     os.environ["MLFLOW_RUN_ID"] = rid
     os.environ["MLFLOW_TRACKING_URI"] = uri
