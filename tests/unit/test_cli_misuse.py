@@ -284,3 +284,19 @@ def test_a_path_that_is_not_utf8_is_printed_escaped_under_a_strict_locale(tmp_pa
                           env=env, capture_output=True, text=True, errors="replace", timeout=60, check=False)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
     assert "report: job\\udcffdir/.trainguard/report.json" in done.stdout
+
+
+@pytest.mark.slow  # MLflow's import and store creation: several seconds
+def test_check_prints_an_mlflow_ui_line_that_a_shell_reads_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_dir = tmp_path / "my dir's"
+    job_dir.mkdir()
+    (job_dir / "trainguard.yaml").write_text(JOB)
+    monkeypatch.setenv("TRAINGUARD_TRACKING", "on")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    code, out, _ = run_main(["check", str(job_dir)], capsys)
+    assert code == 0, out
+    (line,) = [x for x in out.splitlines() if x.startswith("MLflow runs: ")]
+    uri = f"sqlite:///{job_dir / '.trainguard' / 'mlflow.db'}"
+    assert shlex.split(line.removeprefix("MLflow runs: ")) == ["mlflow", "ui", "--backend-store-uri", uri]
