@@ -313,7 +313,7 @@ def test_the_gate_reports_on_a_read_only_disk_go_to_the_fallback(tmp_path: Path)
     report = Report(job="toy", checks=[CheckResult("smoke", "passed", "5 steps")])
     gate = GateReport(job="toy", job_file=str(job), decision=Decision("promote"), report=report,
                       provenance=provenance_for(job).to_dict(),
-                      capabilities=dataclasses.asdict(Capabilities.probe()),
+                      capabilities=dataclasses.asdict(Capabilities(gpus=0, root=True, ray=False)),
                       policy=GatePolicy.model_validate({}).model_dump())
     with tmpfs(tmp_path / "gate", read_only=True) as out:
         paths = write_gate_report(gate, out)
