@@ -464,3 +464,33 @@ def test_a_script_name_that_is_not_utf8_is_refused_naming_it(
     code, _, err = init_in_process(tmp_path, "bad\udcff.py", capsys=capsys)
     assert code == 2 and "argument SCRIPT" in err and "not UTF-8" in err
     assert not (tmp_path / "trainguard.yaml").exists()
+
+
+def test_end_of_input_at_a_question_exits_2_writing_nothing(tmp_path: Path) -> None:
+    """Interactive init in a real terminal (a pty): Ctrl-D at the first question."""
+    import pty
+
+    (tmp_path / "train.py").write_text(_TOY.read_text())
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    try:
+        proc = subprocess.Popen([*TRAINGUARD, "init", "train.py", "--dir", str(tmp_path)], stdin=follower,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        os.close(follower)
+        follower = -1
+        os.write(leader, b"\x04")  # Ctrl-D: input() reads end of file
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(leader)
+        if follower >= 0:
+            os.close(follower)
+    assert proc.returncode == 2 and "Traceback" not in err, out + err
+    assert "(end of input): nothing written" in err
+    assert not (tmp_path / "trainguard.yaml").exists()
+
+
+def test_a_script_nested_past_the_parser_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "deep.py").write_text("x = " + "+".join(["1"] * 200_000) + "\n")
+    done = run_cli("init", "deep.py", "--dir", tmp_path, "--yes")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "deep.py: cannot read the training script: its code nests too deeply" in done.stderr

@@ -19,11 +19,13 @@ from trainguard._internal.limits import MAX_WORLD_SIZE
 from trainguard.cli.args import positive_int, text, written_path
 from trainguard.errors import ConfigError
 
-__all__ = ["FLAG_VALUED", "KINDS", "add_parser", "join_flag_values", "run"]
+__all__ = ["FLAG_VALUED", "KINDS", "MAX_SCRIPT_BYTES", "add_parser", "join_flag_values", "run"]
 
 #: the kinds ``--kind`` names (``trainguard.config.scriptscan.ScriptKind`` but ``plain``; not
 #: imported from there, so that building the parser stays cheap)
 KINDS = ("huggingface", "lightning", "configurator", "argparse")
+#: the largest script init reads (a training script is kilobytes; its AST is built in memory)
+MAX_SCRIPT_BYTES = 16 * 2**20
 #: init options whose values are themselves flags ("--steps-flag --max-steps")
 FLAG_VALUED = ("--steps-flag", "--ckpt-flag", "--seed-flag", "--resume-flag")
 
@@ -111,7 +113,12 @@ def _in_docstring(text: str) -> str:
 def _ask(question: str, default: str, interactive: bool) -> str:
     if not interactive:
         return default
-    answer = input(f"{question} [{default}]: ").strip()
+    try:
+        answer = input(f"{question} [{default}]: ").strip()
+    except EOFError:  # Ctrl-D, or a terminal that closed: stop, as Ctrl-C does, writing nothing
+        print(file=sys.stderr)
+        raise ConfigError(f"no answer to {question!r} (end of input): nothing written; run init "
+                          "again, or pass --yes to take what it detected") from None
     return answer or default
 
 
@@ -145,6 +152,10 @@ def run(args: argparse.Namespace) -> int:
     target_dir = Path(args.dir)
     source_path, script = _script_paths(args.script, target_dir)
     try:
+        if source_path.stat().st_size > MAX_SCRIPT_BYTES:
+            raise ConfigError(f"the script is over {MAX_SCRIPT_BYTES // 2**20} MB: not a training "
+                              "script init can read; write the job file by hand (docs/config.md)",
+                              path=str(source_path))
         source = source_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read the training script: {exc}", path=str(source_path)) from None

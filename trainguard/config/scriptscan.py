@@ -126,15 +126,17 @@ def scan_script(source: str, path: str = "train.py", kind: ScriptKind | None = N
     ``kind`` overrides the kind it would detect (its options are then read as that kind's).
 
     Raises :class:`~trainguard.errors.ConfigError` when the text is not Python."""
+    fix = ("trainguard init reads the script's source (it never runs it); pass a Python file, or "
+           "write the job file by hand (docs/config.md)")
     try:
         tree = ast.parse(source, filename=path)
+        return _Scanner(tree, source, path).facts(kind)
     except SyntaxError as exc:
-        raise ConfigError(
-            f"cannot read the training script: line {exc.lineno}: {exc.msg}. trainguard init "
-            "reads the script's source (it never runs it); pass a Python file, or write the job "
-            "file by hand (docs/config.md)", path=path,
-        ) from None
-    return _Scanner(tree, source, path).facts(kind)
+        where = f"line {exc.lineno}: " if exc.lineno else ""
+        raise ConfigError(f"cannot read the training script: {where}{exc.msg}. {fix}", path=path) from None
+    except (RecursionError, MemoryError):  # 200000 terms in one expression, 100000 nested '-'
+        raise ConfigError(f"cannot read the training script: its code nests too deeply for Python's "
+                          f"parser. {fix}", path=path) from None
 
 
 # --------------------------------------------------------------------------------------------
