@@ -111,6 +111,19 @@ def test_a_failing_write_says_the_path_and_errno_and_falls_back(
     assert f"cannot write the report to {target}: {errno_words}; wrote it to {written.path} instead" == said[0]
 
 
+def test_the_fallback_never_follows_a_planted_link(tmp_path: Path, private_fallback: Path) -> None:
+    """A shared /tmp: another user's link at trainguard-<uid> must not receive root's reports."""
+    (tmp_path / "elsewhere").mkdir()
+    (private_fallback / f"trainguard-{os.getuid()}").symlink_to(tmp_path / "elsewhere")
+    here = fallback_dir()
+    try:
+        assert here is not None and not here.is_relative_to(private_fallback)
+        assert list((tmp_path / "elsewhere").iterdir()) == []
+    finally:
+        if here is not None:
+            shutil.rmtree(here, ignore_errors=True)
+
+
 def test_a_write_that_works_is_not_moved(tmp_path: Path) -> None:
     written = write_or_fallback(tmp_path / "a" / "r.json", b"{}", what="the report", say=None)
     assert written.path == tmp_path / "a" / "r.json" and written.problem is None

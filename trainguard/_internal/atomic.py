@@ -146,6 +146,9 @@ def fallback_dir() -> Path | None:
         try:
             base = root / f"trainguard-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
             base.mkdir(mode=0o700, parents=True, exist_ok=True)
+            owner = os.lstat(base)
+            if not stat.S_ISDIR(owner.st_mode) or (hasattr(os, "getuid") and owner.st_uid != os.getuid()):
+                continue  # a link or another user's directory in a shared /tmp: not ours to fill
             here = Path(tempfile.mkdtemp(prefix=f"unwritten-{stamp}-", dir=base))
             fd, probe = tempfile.mkstemp(dir=here)
             try:
