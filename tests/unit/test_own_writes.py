@@ -57,9 +57,9 @@ def tmpfs(point: Path, *, size: str = "64k", read_only: bool = False, fill: bool
 
 
 def run_cli(*args: str | Path, cwd: Path, tmp: Path, timeout: float = 120,
-            tracking: str = "off") -> subprocess.CompletedProcess[str]:
+            tracking: str = "off", **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINGUARD_", "MLFLOW_"))}
-    env.update({"TRAINGUARD_TRACKING": tracking, "TMPDIR": str(tmp)})
+    env.update({"TRAINGUARD_TRACKING": tracking, "TMPDIR": str(tmp), **extra})
     tmp.mkdir(parents=True, exist_ok=True)
     return subprocess.run([*TRAINGUARD, *map(str, args)], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout, check=False)
@@ -307,6 +307,56 @@ def test_a_rank_log_without_a_cap_keeps_everything(tmp_path: Path) -> None:
     log.close()
     assert (tmp_path / "r.log").stat().st_size == 100_000 and not log.truncated
     assert log.summary() == {"path": str(tmp_path / "r.log"), "bytes": 100_000}
+
+
+_FILLING_JOB = """\
+job:
+  name: fill
+  command: "python fill.py {steps}"
+  metrics:
+    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
+  timeout: 60
+checks:
+  smoke: {steps: 5}
+"""
+_FILL = """\
+import os, sys
+try:  # the job fills its run directory's disk and goes on
+    with open(os.path.join(os.environ["TRAINGUARD_RUN_DIR"], "blob"), "wb") as f:
+        f.write(b"0" * (4 << 20))
+except OSError:
+    pass
+for step in range(1, int(sys.argv[1]) + 1):
+    print("x" * 2000)
+    print(f"step {step} loss {1 / step}", flush=True)
+"""
+
+
+@needs_root
+def test_a_check_that_passes_on_a_full_run_dir_disk_says_so_in_its_verdict(tmp_path: Path) -> None:
+    (tmp_path / "fill.py").write_text(_FILL)
+    (tmp_path / "fill.trainguard.yaml").write_text(_FILLING_JOB)
+    with tmpfs(tmp_path / ".trainguard", size="1m"):
+        done = run_cli("check", "fill.trainguard.yaml", cwd=tmp_path, tmp=tmp_path / "tmp")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("PASSED  smoke: 5 steps in ") and "; the run directory " in first
+    assert f"is on a full or failing disk ({ENOSPC}): 1 rank log(s) could not be written" in first
+    [aside] = fallback_reports(tmp_path / "tmp")
+    [disk] = json.loads(aside.read_text())["checks"][0]["evidence"]["run_dir_disk"]
+    assert disk["error"] == ENOSPC and disk["path"].startswith(str(tmp_path / ".trainguard" / "runs"))
+
+
+def test_a_capped_log_is_in_the_checks_evidence(tmp_path: Path) -> None:
+    (tmp_path / "fill.py").write_text(_FILL)
+    (tmp_path / "fill.trainguard.yaml").write_text(_FILLING_JOB)
+    done = run_cli("check", "fill.trainguard.yaml", "--report-json", tmp_path / "r.json", cwd=tmp_path,
+                   tmp=tmp_path / "tmp", TRAINGUARD_RANK_LOG_MB="0.004")  # 4 KiB a log
+    assert done.returncode == 0, done.stdout + done.stderr
+    [run] = json.loads((tmp_path / "r.json").read_text())["checks"][0]["evidence"]["logs_truncated"]
+    [log] = run["logs"]
+    assert log["path"].endswith("rank0.stdout.log") and log["dropped_bytes"] > 4000
+    assert Path(log["path"]).stat().st_size < 4300
 
 
 # -- the gate's reports and pytest's report ------------------------------------------------------

@@ -114,6 +114,9 @@ class JobRunner:
     #: the loss curve of every run launched through :meth:`run` (label, world size, step -> loss),
     #: in launch order: the profile's report plots the checks' curves next to its own
     curves: list[dict[str, object]] = field(default_factory=list, repr=False)
+    #: what the launcher said about the logs of each run: capped (``logs_truncated``) or on a
+    #: full disk (``run_dir_disk``); see :meth:`take_log_notes`
+    log_notes: list[dict[str, object]] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: launchers of the runs started off the main thread (stopped by stop_background/close_lane)
     _inflight: set[Launcher] = field(default_factory=set, repr=False)
@@ -134,6 +137,13 @@ class JobRunner:
             current_check=lambda: self.current_check,
             adopt=lambda tracked: self.observer.launch_adopted(tracked),
         )
+
+    def take_log_notes(self) -> list[dict[str, object]]:
+        """The log notes recorded since the last call (:func:`trainguard.session.run_check`
+        moves them into the evidence of the check that ran those runs)."""
+        with self._lock:
+            notes, self.log_notes = self.log_notes, []
+        return notes
 
     def sibling(self, job_file: JobFile) -> JobRunner:
         """A runner of a variant of this job file (another batch size, say) with the same
@@ -370,6 +380,11 @@ class JobRunner:
             with self._lock:
                 self._inflight.discard(launcher)
         result.evidence.setdefault("checkpoint_dir", str(values["checkpoint_dir"]))
+        notes: dict[str, object] = {k: result.evidence[k] for k in ("logs_truncated", "run_dir_disk")
+                                    if k in result.evidence}
+        if notes:
+            with self._lock:
+                self.log_notes.append({"run_dir": str(result.run_dir), **notes})
         if resumed_from:
             result.evidence["resumed_from"] = resumed_from
         return result

@@ -83,8 +83,23 @@ def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
             raise
         runner.join_background()  # nothing a check started outlives it
         result.duration_s = result.duration_s or time.monotonic() - started
+        _attach_log_notes(runner, result)
         record(result)
     return result
+
+
+def _attach_log_notes(runner: JobRunner, result: CheckResult) -> None:
+    """The check's evidence says which of its runs' logs were capped, and which runs had a full
+    disk under their run directory (the launcher's ``logs_truncated`` / ``run_dir_disk``)."""
+    notes = runner.take_log_notes()
+    for key in ("logs_truncated", "run_dir_disk"):
+        found = [note[key] if key == "run_dir_disk" else {"run_dir": note["run_dir"], "logs": note[key]}
+                 for note in notes if key in note]
+        if found:  # a failed run's evidence may hold its own already (copied by the check)
+            result.evidence[key] = found
+    full = result.evidence.get("run_dir_disk")
+    if isinstance(full, list) and "full or failing disk" not in result.summary:
+        result.summary += f"; {full[0]['note']}"  # a verdict that stands, said with it
 
 
 def lane_plan(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) -> list[AheadRun]:
