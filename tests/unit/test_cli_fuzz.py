@@ -458,3 +458,84 @@ def test_init_writes_what_loads_back_for_generated_names_and_flags(
 def test_init_generated_many(tmp_path_factory: pytest.TempPathFactory) -> None:
     counts = _fuzz_init(tmp_path_factory, 2000)
     assert counts["written"] and counts["error"], counts
+
+
+# --------------------------------------------------------------------------------------------
+# init: generated script sources (what scriptscan reads), the job drafted from each loads
+# --------------------------------------------------------------------------------------------
+
+_ident = st.text(alphabet=string.ascii_lowercase + string.digits + "_-.", max_size=12)
+_literal = st.one_of(
+    st.integers(-(10**30), 10**30).map(str), st.text(max_size=10).map(repr),
+    st.sampled_from(["None", "True", "int", "float", "str", "lambda: 1", "[1, 2]", "{'a': 1}", "f'{x}'",
+                     "...", "b'x'", "1j", "x.y", "*a", "**k"]),
+)
+
+
+def _call(func: str) -> st.SearchStrategy[str]:
+    argument = st.one_of(_ident.map(lambda n: repr("--" + n)), _ident.map(lambda n: repr("-" + n)),
+                         _ident.map(repr), _literal)
+    keyword = st.tuples(st.sampled_from(["type", "default", "dest", "action", "required", "help", "nargs",
+                                         "choices", "metavar", "const"]), _literal)
+    return st.builds(lambda args, kws: f"{func}({', '.join(args + [f'{k}={v}' for k, v in kws])})",
+                     st.lists(argument, max_size=3), st.lists(keyword, max_size=3))
+
+
+script_lines = st.one_of(
+    *[_call(f) for f in ("parser.add_argument", "p.add_argument", "argparse.ArgumentParser", "HfArgumentParser",
+                         "print", "logger.info", "trainer.train", "Trainer", "TrainingArguments", "LightningCLI",
+                         "exec", "globals().update", "torch.save", "dist.init_process_group",
+                         "torch.cuda.set_device", "os.environ.get", "self.log")],
+    st.sampled_from([
+        "import argparse", "import torch", "from transformers import Trainer, HfArgumentParser, TrainingArguments",
+        "import lightning as L", "from lightning.pytorch.cli import LightningCLI",
+        "exec(open('configurator.py').read())", "globals()[k] = v", "args = parser.parse_args()",
+        "parser = argparse.ArgumentParser()", "if int(os.environ.get('RANK', -1)) != -1:\n    torch.cuda.set_device(0)",
+        "for step in range(args.steps):\n    print(f'step {step} loss {loss:.4f}')", "print('step %d loss %f' % (s, l))",
+        "print('step {} loss {}'.format(s, l))", "init_from = 'scratch'\nif init_from == 'resume':\n    pass",
+        "max_iters = 5000", "out_dir = 'out'", "seed = 1337", "device = 'cuda'", "compile = True",
+        "@dataclass\nclass Args:\n    steps: int = 1\n    model: str = None",
+        "if a is None and b is None:\n    raise ValueError", "def f(:", "x = (",
+        "trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)", "print(f'{x!r:>{w}}')",
+        "print(f'loss: {loss.item():{fmt}}')", "print(f'{step=} {loss=}')",
+    ]),
+)
+
+
+def _fuzz_sources(examples: int) -> dict[str, int]:
+    from trainguard.config import parse_config
+    from trainguard.config.scaffold import InitChoices, draft_job, render_job_file
+    from trainguard.config.scriptscan import scan_script
+
+    counts = {"drafted": 0, "not python": 0}
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(lines=st.lists(script_lines, max_size=12),
+           kind=st.sampled_from([None, "huggingface", "lightning", "configurator", "argparse"]))
+    def property_(lines: list[str], kind: Any) -> None:
+        source = "\n".join(lines) + "\n"
+        with _limit(EXAMPLE_LIMIT_S):
+            try:
+                facts = scan_script(source, "t.py", kind=kind)
+            except ConfigError as exc:
+                assert str(exc).startswith("t.py: cannot read the training script"), str(exc)
+                counts["not python"] += 1
+                return
+            parse_config(render_job_file(draft_job(facts, "t.py", InitChoices())))  # loads: no error
+        counts["drafted"] += 1
+
+    property_()
+    return counts
+
+
+def test_init_drafts_a_loadable_job_from_generated_scripts() -> None:
+    counts = _fuzz_sources(150)
+    print(counts)
+    assert counts["drafted"] >= 40 and counts["not python"] >= 10, counts
+
+
+@pytest.mark.slow
+def test_init_generated_scripts_many() -> None:
+    counts = _fuzz_sources(3000)
+    assert counts["drafted"] and counts["not python"], counts
