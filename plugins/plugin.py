@@ -229,7 +229,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not hasattr(config, "workerinput") and state.settings.report_json is not None:
         from trainguard.report import Report
 
-        report = Report(job="pytest-session", checks=[r for _, r in state.check_results])
+        report = Report(job="pytest-session", checks=[r for _, r in state.check_results],
+                        interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)  # Ctrl-C: what finished
         path = report.save(state.settings.report_json)  # a failing write falls back, said
         if path is None:
             sys.stdout.write(report.to_json())  # nowhere took it: the results stay on stdout

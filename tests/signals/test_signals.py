@@ -13,6 +13,7 @@ by a guessed delay. The default run has the three most telling points; ``-m slow
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
@@ -98,10 +99,12 @@ def test_sigint_during_a_hang_drill(tmp_path: Path, watch: Watch) -> None:
 
 
 def test_ctrl_c_of_pytest_n2(tmp_path: Path, watch: Watch) -> None:
-    """Ctrl-C of ``pytest -n 2`` collecting a job file: pytest's own code 2, nothing left."""
-    toy_job(tmp_path, DRILLS)
+    """Ctrl-C of ``pytest -n 2`` collecting a job file: pytest's own code 2, nothing left (one
+    worker in the hang drill, the other in the disk_full drill, or about to be)."""
+    toy_job(tmp_path, "  drills:\n" + "\n".join(line for line in DRILLS.splitlines()
+                                                if "name: hang" in line or "name: disk" in line))
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    w = watch([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "-q", str(tmp_path)],
+    w = watch([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-n", "2", "-q", str(tmp_path)],
               env={"TRAINGUARD_TRACKING": "off"})
     w.wait_for("a stopped rank or the disk_full layer armed", lambda: stopped_rank(w) or armed_disk(w), timeout=120)
     finish(w, signal.SIGINT, group=True, expect=2)
@@ -258,16 +261,26 @@ def test_signal_during_the_gate(tmp_path: Path, watch: Watch, sig: int) -> None:
     w = watch(trainguard("gate", str(job)), env={"TRAINGUARD_TRACKING": "on"})
     w.wait_for("the disk_full fault armed or a stopped rank", lambda: armed_disk(w) or stopped_rank(w), timeout=150)
     finish(w, sig, group=sig == signal.SIGINT)
+    # the checks that finished, in a blocked gate report (never submitted) that says why
+    gate = json.loads((tmp_path / ".trainguard" / "gate" / "latest.json").read_text())
+    assert gate["verdict"] == "block" and "interrupted" in gate["decision"]["reasons"][0], gate["decision"]
+    assert {c["name"]: c["status"] for c in gate["checks"]}["smoke"] == "passed"
 
 
 @pytest.mark.slow
 def test_ctrl_c_of_pytest(tmp_path: Path, watch: Watch) -> None:
     toy_job(tmp_path, DRILLS)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    w = watch([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path)],
+    w = watch([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-q", str(tmp_path),
+               "--trainguard-report-json", str(tmp_path / "session.json")],
               env={"TRAINGUARD_TRACKING": "off"})
     w.wait_for("a stopped rank", lambda: stopped_rank(w), timeout=120)
     finish(w, signal.SIGINT, group=True, expect=2)
+    # the items that finished before the hang drill (smoke, the kill drill) are in the report
+    session = json.loads((tmp_path / "session.json").read_text())
+    assert session["interrupted"] is True
+    statuses = {c["name"]: c["status"] for c in session["checks"]}
+    assert sorted(statuses) == ["drill:kill", "smoke"] and statuses["smoke"] == "passed", statuses
 
 
 @pytest.mark.slow

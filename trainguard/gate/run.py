@@ -125,20 +125,33 @@ def run_gate(
     report = Report(job=job_file.job.name, job_file=str(job_file.path))
     with open_session(job_file, settings, command="gate", echo=echo) as session:
         tracker = session.tracker
-        run_in_order(session.runner, job_file.enabled_checks(), report, on_start=on_start, on_result=on_result)
-        sizing = sizing_of(report)
-        decision = decide(report, policy, capabilities, sizing=sizing, configured=configured_checks(job_file))
-        gate = GateReport(
-            job=job_file.job.name,
-            job_file=str(job_file.path),
-            decision=decision,
-            report=report,
-            provenance=provenance_for(job_file.path).to_dict(),
-            capabilities=dataclasses.asdict(capabilities),
-            policy=policy.model_dump(),
-            sizing=sizing,
-            tracking_uri=session.tracking_uri,
-        )
+
+        def assemble(decision: Decision) -> GateReport:
+            return GateReport(
+                job=job_file.job.name,
+                job_file=str(job_file.path),
+                decision=decision,
+                report=report,
+                provenance=provenance_for(job_file.path).to_dict(),
+                capabilities=dataclasses.asdict(capabilities),
+                policy=policy.model_dump(),
+                sizing=sizing_of(report),
+                tracking_uri=session.tracking_uri,
+            )
+
+        try:
+            run_in_order(session.runner, job_file.enabled_checks(), report, on_start=on_start, on_result=on_result)
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the finished checks kept, in a blocked report
+            report.interrupted = True
+            stopped = assemble(Decision("block", [
+                f"interrupted (Ctrl-C or SIGTERM) after {len(report.checks)} check(s); run "
+                "`trainguard gate` again to decide"]))
+            stopped.duration_s = time.monotonic() - started
+            write_gate_report(stopped, job_file.state_dir / "gate")
+            raise
+        decision = decide(report, policy, capabilities, sizing=sizing_of(report),
+                          configured=configured_checks(job_file))
+        gate = assemble(decision)
         if tracker is not None and tracker.session is not None:
             tracker.set_tags(tracker.session, {"trainguard.gate": decision.verdict,
                                                "trainguard.kind": "gate"})
