@@ -494,3 +494,18 @@ def test_a_script_nested_past_the_parser_exits_2(tmp_path: Path) -> None:
     done = run_cli("init", "deep.py", "--dir", tmp_path, "--yes")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "deep.py: cannot read the training script: its code nests too deeply" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "named"),
+    [("--loss-regex=(", "--loss-regex: '(' is not a valid regular expression"),
+     ("--loss-regex=step (?P<step>\\d+)", "--loss-regex: regex"),
+     ("--steps-flag={bogus}", "--steps-flag/--ckpt-flag/--seed-flag: unknown placeholder {bogus}")],
+)
+def test_a_flag_that_makes_the_job_file_invalid_is_named(
+    flag: str, named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "train.py").write_text(_TOY.read_text())
+    code, _, err = init_in_process(tmp_path, "train.py", flag, capsys=capsys)
+    assert code == 2 and named in err and "nothing written" in err, err
+    assert not (tmp_path / "trainguard.yaml").exists()

@@ -110,6 +110,17 @@ def _in_docstring(text: str) -> str:
     return repr(text)[1:-1].replace('"', '\\"')
 
 
+#: the option of init that sets each part of the job file, named in its errors
+_FLAG_FOR_KEY = (("job.metrics", "--loss-regex"), ("job.resume_args", "--resume-flag"),
+                 ("job.command", "--steps-flag/--ckpt-flag/--seed-flag"), ("job.name", "--name"),
+                 ("job.world_size", "--world-size"))
+
+
+def _flag_for(key: str | None) -> str | None:
+    """The init option that wrote the job file's ``key`` (None for a part no option sets)."""
+    return next((flag for prefix, flag in _FLAG_FOR_KEY if key and key.startswith(prefix)), key)
+
+
 def _ask(question: str, default: str, interactive: bool) -> str:
     if not interactive:
         return default
@@ -191,7 +202,11 @@ def run(args: argparse.Namespace) -> int:
         if path.exists() and not args.force:
             raise ConfigError(f"{path} already exists; pass --force to overwrite it")
     text = render_job_file(draft, yaml_name)
-    parse_config(text, path=yaml_path)  # what we write must load; a bad --loss-regex stops here
+    try:
+        parse_config(text, path=yaml_path)  # what we write must load; a bad --loss-regex stops here
+    except ConfigError as exc:
+        raise ConfigError(f"{exc.detail} (in {yaml_path}'s {exc.key or 'text'}); nothing written",
+                          key=_flag_for(exc.key)) from None
     if not interactive:
         print(f"{script}: {kind_words(draft.kind)} ({draft.evidence})")
     for guess in draft.guesses:
