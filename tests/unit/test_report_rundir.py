@@ -34,6 +34,7 @@ REPORT_KEYS = {
     "checks",
     "created_at",
     "host",
+    "interrupted",
 }
 CHECK_KEYS = {"name", "status", "summary", "evidence", "duration_s", "reproduce"}
 
