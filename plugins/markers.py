@@ -17,7 +17,7 @@ from trainguard.errors import UsageError
 __all__ = ["FAULT_KINDS", "MARKERS", "MarkerSpec", "validate_marker"]
 
 #: Faults the drills know (docs/faults.md).
-FAULT_KINDS = ("kill_rank", "hang", "oom", "disk_full", "network", "preempt")
+FAULT_KINDS = ("kill_rank", "hang", "oom", "disk_full", "network", "preempt", "nan")
 _BACKENDS = (None, "gloo", "nccl", "mpi", "ucc")
 
 
@@ -72,7 +72,7 @@ def ddp(world_size: int = 2, backend: str | None = None) -> None:
 
 
 def fault(kind: str, **params: Any) -> None:
-    """a fault-injection drill: kind is one of kill_rank, hang, oom, disk_full, network;
+    """a fault-injection drill: kind is one of kill_rank, hang, oom, disk_full, network, preempt, nan;
     params as in the job file's checks.drills entries."""
     if kind not in FAULT_KINDS:
         raise UsageError(

@@ -97,6 +97,7 @@ COMPAT_FORWARDS: dict[str, frozenset[str]] = {
 #: runs inside the user's training process on the standard library alone (start-up hook)
 STDLIB_ONLY = frozenset({
     "trainguard.launch.hook._trainguard_fault_agent",
+    "trainguard.launch.hook._trainguard_nan_agent",
     "trainguard.launch.hook._trainguard_run_agent",
     "trainguard.launch.hook.sitecustomize",
 })

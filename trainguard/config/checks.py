@@ -249,14 +249,15 @@ class DrillSpec(CheckSpec):
     #: the fault's own parameters (each fault documents its own; validated by its class)
     params: dict[str, Any] = Field(default_factory=dict)
     #: default per fault: kill_rank/hang recover, oom/disk_full fail_clean, network continue,
-    #: preempt save_and_exit
-    expect: Literal["recover", "fail_clean", "continue", "save_and_exit"] | None = None
+    #: preempt save_and_exit, nan handle_nonfinite
+    expect: Literal["recover", "fail_clean", "continue", "save_and_exit", "handle_nonfinite"] | None = None
     # recover
     max_restarts: int | None = Field(None, ge=0)
     max_lost_steps: int | None = Field(None, ge=0)
     rtol: float = Field(0.0, ge=0)
     atol: float = Field(0.0, ge=0)
-    # fail_clean: exit within this of the fault; continue: exit within this of the last step
+    # fail_clean (and handle_nonfinite's policy stop): exit within this of the fault; continue:
+    # exit within this of the last step
     deadline: float | None = Field(None, gt=0)
     # continue
     min_rate: float | None = Field(None, ge=0)
@@ -284,12 +285,12 @@ class DrillSpec(CheckSpec):
             )
         own = {"recover": ("max_restarts", "max_lost_steps"),
                "fail_clean": ("deadline", "max_lost_steps"), "continue": ("min_rate", "deadline"),
-               "save_and_exit": ("max_lost_steps",)}
+               "save_and_exit": ("max_lost_steps",), "handle_nonfinite": ("deadline",)}
         expect = self.expectation
         allowed = EXPECTATION_FAULTS.get(expect)
         if allowed is not None and self.fault not in allowed:
             raise ValueError(
-                f"`expect: {expect}` judges a {' or '.join(allowed)} drill (a notice, then the kill); "
+                f"`expect: {expect}` judges a {' or '.join(allowed)} drill; "
                 f"for a {self.fault} drill use recover, fail_clean or continue"
             )
         foreign = list(dict.fromkeys(
@@ -300,8 +301,13 @@ class DrillSpec(CheckSpec):
             raise ValueError(
                 f"{' and '.join(foreign)} {'does' if len(foreign) == 1 else 'do'} not apply to "
                 f"`expect: {expect}`; remove it or set "
-                "the expectation it belongs to (max_restarts: recover; deadline: fail_clean or "
-                "continue; min_rate: continue; max_lost_steps: recover, fail_clean or save_and_exit)"
+                "the expectation it belongs to (max_restarts: recover; deadline: fail_clean, "
+                "continue or handle_nonfinite; min_rate: continue; max_lost_steps: recover, fail_clean or save_and_exit)"
+            )
+        if expect == "handle_nonfinite" and self.deadline is not None and self.params.get("policy") == "skip":
+            raise ValueError(
+                "deadline applies to `params.policy: stop` (seconds after the NaN by which the job "
+                "must have exited); a `policy: skip` job must complete: remove deadline"
             )
         if expect == "continue" and self.duration is None:
             raise ValueError(
@@ -324,8 +330,8 @@ class DrillSpec(CheckSpec):
 
     @property
     def deadline_s(self) -> float:
-        """fail_clean: seconds after the fault by which the job must have exited; continue:
-        seconds after its last step (default 60)."""
+        """fail_clean and handle_nonfinite (policy stop): seconds after the fault by which the
+        job must have exited; continue: seconds after its last step (default 60)."""
         return 60.0 if self.deadline is None else self.deadline
 
     @property

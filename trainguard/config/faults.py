@@ -31,13 +31,14 @@ FAULT_CLASSES: dict[str, str] = {
     "disk_full": "trainguard.faults.disk_full:DiskFullFault",
     "network": "trainguard.faults.network:NetworkFault",
     "preempt": "trainguard.faults.preempt:PreemptFault",
+    "nan": "trainguard.faults.nan:NanFault",
 }
 
 #: what a drill expects of the job, in docs/drills.md
-EXPECTATIONS = ("recover", "fail_clean", "continue", "save_and_exit")
+EXPECTATIONS = ("recover", "fail_clean", "continue", "save_and_exit", "handle_nonfinite")
 
 #: expectations only some faults can be judged by (others: every fault)
-EXPECTATION_FAULTS: dict[str, tuple[str, ...]] = {"save_and_exit": ("preempt",)}
+EXPECTATION_FAULTS: dict[str, tuple[str, ...]] = {"save_and_exit": ("preempt",), "handle_nonfinite": ("nan",)}
 
 #: the expectation a drill of each kind has when its spec names none
 DEFAULT_EXPECT: dict[str, str] = {
@@ -47,6 +48,7 @@ DEFAULT_EXPECT: dict[str, str] = {
     "disk_full": "fail_clean",
     "network": "continue",
     "preempt": "save_and_exit",
+    "nan": "handle_nonfinite",
 }
 
 

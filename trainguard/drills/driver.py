@@ -37,6 +37,7 @@ from trainguard.drills.judges import (
     judge_for,
     new_workers,
 )
+from trainguard.drills.nonfinite import judge_handle_nonfinite, must_stop
 from trainguard.drills.save_and_exit import judge_save_and_exit
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.launch import Launcher, MetricPoint
@@ -135,7 +136,7 @@ class Driver:
     def _watch(self, launcher: Launcher) -> None:
         info, spec = self.info, self.spec
         assert info.injected_mono is not None
-        fail_clean = spec.expectation == "fail_clean"
+        fail_clean = spec.expectation == "fail_clean" or must_stop(spec)  # exit by the deadline
         while not self._stop.wait(_WATCH_S):
             if info.tracker is not None:
                 info.tracker.poll()  # stamps worker and controller lines as they come
@@ -246,7 +247,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
     # Ray Train recovers a dead worker itself (FailureConfig): trainguard must not restart too
     ray_recover = ray_job and spec.expectation == "recover" and spec.fault in RAY_RECOVERED_FAULTS
     stall = spec.stall_timeout or job_file.job.stall_timeout
-    if spec.expectation == "fail_clean":
+    if spec.expectation == "fail_clean" or must_stop(spec):
         stall = max(stall, spec.deadline_s + _DEADLINE_MARGIN_S)
     if spec.expectation == "save_and_exit":  # the job saves in silence for up to the grace
         stall = max(stall, float(fault.params.get("grace", 0.0)) + _DEADLINE_MARGIN_S)
@@ -275,8 +276,8 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
         )
         driver.finish()
         driver.clear()
-        judge = (judge_save_and_exit if spec.expectation == "save_and_exit"
-                 else judge_for(spec.expectation, ray_recover=ray_recover))
+        own_judge = {"save_and_exit": judge_save_and_exit, "handle_nonfinite": judge_handle_nonfinite}
+        judge = own_judge.get(spec.expectation) or judge_for(spec.expectation, ray_recover=ray_recover)
         status, summary, evidence = judge(
             DrillContext(runner, spec, fault, driver.info, run, reference, request, metric,
                      ctx.checkpoint_dir, stall * runner.settings.timeout_scale)

@@ -44,6 +44,7 @@ __all__ = [
     "attempt_evidence",
     "common_evidence",
     "diff_problem",
+    "exit_problems",
     "judge_continue",
     "judge_fail_clean",
     "judge_for",
@@ -461,11 +462,11 @@ def judge_ray_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]
             f"{diff.compared_steps} steps match the uninterrupted run{same}", evidence)
 
 
-def judge_fail_clean(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
-    skipped = not_injected(c)
-    if skipped:
-        return skipped
-    evidence = common_evidence(c)
+def exit_problems(c: DrillContext, evidence: dict[str, Any]) -> list[str]:
+    """What is wrong with how the first attempt ended, for a job that must exit non-zero by
+    itself within ``deadline`` of the fault with an error on stderr (or dead of a signal): one
+    sentence per problem. Fills ``exit_after_s``, ``failed_rank_stderr_after_fault`` and
+    ``error_reported`` in ``evidence``."""
     spec, info = c.spec, c.info
     first = c.run.attempts[0]
     problems: list[str] = []
@@ -502,6 +503,18 @@ def judge_fail_clean(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]
         else:
             problems.append(f"rank {rank} exited with code {exit_info.returncode if exit_info else '?'} "
                             "but wrote no error to stderr after the fault")
+    return problems
+
+
+def judge_fail_clean(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
+    skipped = not_injected(c)
+    if skipped:
+        return skipped
+    evidence = common_evidence(c)
+    spec, info = c.spec, c.info
+    first = c.run.attempts[0]
+    problems = exit_problems(c, evidence)
+    exit_after = evidence.get("exit_after_s")
     # the latest checkpoint must be intact: resume from it with the fault removed
     verify = c.runner.run(c.request, label=f"drill-{spec.name}-verify", resume=True,
                           checkpoint_dir=c.checkpoint_dir)

@@ -5,13 +5,13 @@ interpreter need not have trainguard installed) when ``TRAINGUARD_FAULT_HOOK`` h
 Nothing here imports torch eagerly; torch is touched only when the fault fires or when the job
 imports it itself.
 
-Spec keys: ``fault`` (oom | disk_full), ``mode``, ``rank`` (int, or null for every rank),
+Spec keys: ``fault`` (oom | disk_full | nan), ``mode``, ``rank`` (int, or null for every rank),
 ``trigger`` (a file the drill creates once the target rank printed step ``step``; for oom its
 content is the target's pid, so a restarted attempt never fires), ``events`` (a JSONL file this
 agent appends to), ``step``, and per mode: ``dir`` (disk_full), ``chunk_mb``, ``max_mb``,
-``slack_mb``, ``headroom_mb``.
+``slack_mb``, ``headroom_mb``; ``target`` and ``value`` (nan: ``_trainguard_nan_agent.py``).
 
-oom arms only in the first Python process of the rank (it records its pid in
+oom and nan arm only in the first Python process of the rank (it records its pid in
 ``TRAINGUARD_FAULT_HOOK_PID``): DataLoader workers and spawned children inherit the hook inert.
 disk_full arms in every Python process of the rank: a full disk is full for a checkpoint writer
 in a child process too.
@@ -60,7 +60,7 @@ def install(raw_spec: str) -> Agent | None:
     target = spec.get("rank")
     if target is not None and os.environ.get("RANK", "0") != str(target):
         return None
-    if spec.get("fault") == "oom":
+    if spec.get("fault") in ("oom", "nan"):
         owner = os.environ.get(ENV_PID)
         if owner and owner != str(os.getpid()):
             return None  # a child of the armed process (DataLoader worker, spawn child): inert
@@ -89,10 +89,16 @@ class Agent:
         self._tracked_fds: dict[int, tuple[int, int]] = {}
         self._lock = threading.Lock()  # the job's threads open files while the poll thread fills
         self._real: dict[str, Any] = {}
+        self.numerics: Any = None  # nan: the NanHook of _trainguard_nan_agent.py
 
     # -- arming ----------------------------------------------------------------------------
 
     def arm(self) -> None:
+        if self.fault == "nan":  # acts in torch's loss functions and backward: no poll thread
+            self.numerics = _sibling("_trainguard_nan_agent").NanHook(self)
+            self.event("armed", fault=self.fault, target=self.numerics.target, argv=sys.argv[:3])
+            self._when_torch_imported()
+            return
         if self.fault == "oom" and self.mode == "raise":
             # a Python signal handler always runs in the main thread, between bytecodes, and a
             # blocking call (sleep, a wait on a socket) is interrupted for it; an async exception
@@ -275,6 +281,10 @@ class Agent:
         io.open = open  # pathlib, os.fdopen and tempfile look it up here
         os.open = os_open  # type: ignore[assignment]
         os.close = os_close
+        self._when_torch_imported()
+
+    def _when_torch_imported(self) -> None:
+        """Patch torch now if the job has imported it, else the moment it does."""
         if "torch" in sys.modules:
             self._patch_torch(sys.modules["torch"])
         else:
@@ -313,6 +323,9 @@ class Agent:
                     self._to_dev_full(fd, f"fd {fd}", "already open (os.open)")
 
     def _patch_torch(self, torch: Any) -> None:
+        if self.numerics is not None:
+            self.numerics.patch(torch)
+            return
         serialization = sys.modules.get("torch.serialization")
         real_save = getattr(torch, "save", None)
         if real_save is None or getattr(real_save, "_trainguard_hook", False):
@@ -371,7 +384,7 @@ class _PatchingLoader(importlib.abc.Loader):
         try:
             self._agent._patch_torch(module)
         except Exception as exc:
-            self._agent.event("error", error=f"patching torch.save: {exc}")
+            self._agent.event("error", error=f"patching torch ({self._agent.fault}): {exc}")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
@@ -391,6 +404,20 @@ def _fails_writes_flags(flags: int) -> bool:
         return True
     created = bool(flags & os.O_CREAT and flags & os.O_EXCL)  # tempfile's files
     return access == os.O_RDWR and (bool(flags & os.O_TRUNC) or created)
+
+
+def _sibling(name: str) -> Any:
+    """The hook directory's module ``name``, loaded by file path (as sitecustomize loads us)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _vm_size() -> int:

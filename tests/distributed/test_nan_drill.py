@@ -1,0 +1,98 @@
+"""Numerics drills (``fault: nan``, ``expect: handle_nonfinite``) on real ranks.
+
+A NaN (or Inf) goes into rank 1's loss or gradients through the start-up hook, inside the
+unmodified 2-rank torch DDP job tests/data/jobs/nan_train.py (gloo, CPU), at the step after
+``after_step``. The clean jobs pass (stop: every rank raises; skip: every rank skips the step and
+goes on); each planted defect must fail with its cause named first and the step and rank named:
+
+* ``--on-nonfinite ignore``: nothing is checked, every later loss is NaN;
+* ``--check local-loss``: each rank checks only its own loss, so rank 1's NaN gradient reaches
+  every rank through DDP's all-reduce unnoticed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard.drills import drill
+from trainguard.report import CheckResult
+
+pytestmark = pytest.mark.timeout(240)
+
+JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
+
+
+def _job_file(tmp: Path) -> Path:
+    path = tmp / "nan.trainguard.yaml"
+    text = (JOBS / "nan.trainguard.yaml").read_text()
+    path.write_text(text.replace("python nan_train.py", f"python {JOBS / 'nan_train.py'}"))
+    return path
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
+    """The default drills of the job file, once."""
+    path = _job_file(tmp_path_factory.mktemp("nan"))
+    report = drill(str(path), only=["nan-stop", "nan-skip", "nan-train-on", "nan-spread"])
+    return {c.name.removeprefix("drill:"): c for c in report.checks}
+
+
+def _put(result: CheckResult) -> dict:
+    put = result.evidence["numerics"]["put_into"]
+    # the trigger is pulled when rank 1 prints step 3; the job's output is read with a lag
+    assert put["rank"] == 1 and 4 <= put["step"] <= 6, put
+    assert "put into rank 1's" in result.summary and f"at step {put['step']}" in result.summary
+    return put
+
+
+def test_a_job_that_stops_on_the_nan_passes(results: dict[str, CheckResult]) -> None:
+    result = results["nan-stop"]
+    assert result.status == "passed", result.summary
+    put = _put(result)
+    assert put["via"] == "torch.nn.functional.mse_loss"
+    assert "FloatingPointError" in result.evidence["failed_rank_stderr_after_fault"]
+    assert result.evidence["exit_after_s"] < 20
+
+
+def test_a_job_that_skips_the_step_goes_on_with_finite_losses(results: dict[str, CheckResult]) -> None:
+    result = results["nan-skip"]
+    assert result.status == "passed", result.summary
+    put = _put(result)
+    numerics = result.evidence["numerics"]
+    # rank 1 printed its NaN loss for the skipped step; nothing after it is non-finite
+    assert numerics["first_nonfinite"] == {"step": put["step"], "rank": 1, "metric": "loss", "value": "nan"}
+    assert numerics["later_nonfinite_points"] == 0 and not numerics["reached_every_rank"]
+
+
+def test_a_job_that_trains_on_after_the_nan_fails(results: dict[str, CheckResult]) -> None:
+    result = results["nan-train-on"]
+    assert result.status == "failed"
+    put = _put(result)
+    assert "the job did not stop: it completed (exit 0)" in result.summary
+    assert "it trained on after the non-finite value" in result.summary
+    assert result.evidence["likely_causes"][0].startswith("no check for non-finite values")
+    numerics = result.evidence["numerics"]
+    assert numerics["later_nonfinite_steps"] == list(range(put["step"] + 1, 9))
+
+
+def test_a_nan_gradient_spread_by_the_all_reduce_is_reported_on_every_rank(results: dict[str, CheckResult]) -> None:
+    result = results["nan-spread"]
+    assert result.status == "failed"
+    put = _put(result)
+    numerics = result.evidence["numerics"]
+    assert numerics["reached_every_rank"] and numerics["reached_ranks"] == [0, 1]
+    # rank 1's own loss was finite at the step that took the NaN gradient: nothing noticed
+    assert all(e["first_step"] == put["step"] + 1 for e in numerics["nonfinite_by_rank"].values())
+    assert "reached every rank" in result.summary
+    assert result.evidence["likely_causes"][0].startswith("the check reads only the loss")
+
+
+@pytest.mark.slow
+def test_an_inf_in_the_gradients_is_skipped_by_a_job_that_checks_the_gradient_norm(tmp_path: Path) -> None:
+    result = drill(str(_job_file(tmp_path)), only=["inf-grads-skip"]).checks[0]
+    assert result.status == "passed", result.summary
+    put = _put(result)
+    assert (put["target"], put["value"]) == ("grads", "inf")
+    assert result.evidence["numerics"]["first_nonfinite"] is None

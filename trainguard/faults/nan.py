@@ -1,0 +1,137 @@
+"""The ``nan`` fault: a NaN (or Inf) put into one rank's loss or gradients, from inside the
+process, through the start-up hook (docs/faults-numerics.md).
+
+After the target rank has printed step ``after_step`` the drill pulls the hook's trigger, and the
+rank's next training step takes the value (``_trainguard_nan_agent.py`` in
+:mod:`trainguard.launch.hook`):
+
+* ``target: loss`` (default): the next loss a ``torch.nn.functional`` loss function (or a
+  ``torch.nn`` ``*Loss`` module) computes with autograd on comes back multiplied by ``value``; a
+  loss computed by hand takes it at ``backward()``;
+* ``target: grads``: the next backward fills every parameter's gradient with ``value`` before it
+  is accumulated, so before DDP's all-reduce and ``optimizer.step()``.
+
+``policy`` says what the job is meant to do about it (``stop`` or ``skip``), judged by the
+``handle_nonfinite`` expectation (:mod:`trainguard.drills.nonfinite`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trainguard.faults.base import FaultContext, FaultUnavailable
+from trainguard.faults.hook import HookFault, hook_env, pull_trigger
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.launch import Launcher, RunResult
+
+__all__ = ["NAN_POLICIES", "NAN_TARGETS", "NAN_VALUES", "NanFault"]
+
+#: what the job is meant to do about a non-finite value
+NAN_POLICIES = ("stop", "skip")
+#: where the value goes in
+NAN_TARGETS = ("loss", "grads")
+#: the value put in
+NAN_VALUES = ("nan", "inf", "-inf")
+
+
+def _value_name(value: Any) -> str | None:
+    """``nan``, ``inf`` or ``-inf`` for a string or a YAML float (``.nan``, ``.inf``); else None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, str) and value.strip().lower() in NAN_VALUES:
+        return value.strip().lower()
+    return None
+
+
+class NanFault(HookFault):
+    """A non-finite value in rank ``rank``'s loss or gradients at the step after ``after_step``."""
+
+    kind: ClassVar[str] = "nan"
+    defaults: ClassVar[Mapping[str, Any]] = {"policy": "stop", "target": "loss", "value": "nan"}
+
+    @classmethod
+    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+        problems = super().validate(params)
+        for key, allowed, example in (
+            ("policy", NAN_POLICIES, "`policy: skip` (the job skips the step and goes on) or "
+                                     "`policy: stop` (it exits non-zero with an error)"),
+            ("target", NAN_TARGETS, "`target: grads`"),
+        ):
+            value = params.get(key, cls.defaults[key])
+            if value not in allowed:
+                problems.append((key, f"expected one of {', '.join(allowed)}, got {str(value)[:40]!r}; "
+                                 f"e.g. {example}"))
+        if _value_name(params.get("value", "nan")) is None:
+            problems.append(("value", f"expected one of {', '.join(NAN_VALUES)}, got "
+                             f"{str(params.get('value'))[:40]!r}; e.g. `value: inf`"))
+        return problems
+
+    @property
+    def policy(self) -> str:
+        return str(self.params["policy"])
+
+    @property
+    def target(self) -> str:
+        return str(self.params["target"])
+
+    @property
+    def value(self) -> str:
+        return _value_name(self.params["value"]) or "nan"
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def setup(self, ctx: FaultContext) -> None:
+        if ctx.ray_train:
+            raise FaultUnavailable(
+                "the nan fault finds its rank by RANK when the start-up hook loads, which a Ray "
+                "Train worker does not have yet; drill numerics on a command job (torchrun-style)"
+            )
+        self._prepare(ctx)
+
+    def launch_env(self, ctx: FaultContext) -> dict[str, str]:
+        spec = {"fault": "nan", "rank": self.rank, "trigger": str(self.trigger),
+                "events": str(self.events_path), "step": self.after_step,
+                "target": self.target, "value": self.value}
+        return hook_env(spec, ctx.env)
+
+    def inject(self, launcher: Launcher) -> None:
+        self.injected_at = launcher.elapsed()
+        pull_trigger(self.trigger)
+
+    def clear(self) -> None:
+        """One value, once: the hook disarms itself; no later run takes it."""
+        if self._ctx is not None:
+            with contextlib.suppress(OSError):
+                self.trigger.unlink()
+
+    def teardown(self) -> None:
+        self.clear()
+
+    # -- what happened -------------------------------------------------------------------------
+
+    def injection(self) -> dict[str, Any] | None:
+        """The hook's ``injected`` event (rank, step, via, target, value), or None."""
+        return next((e for e in self.hook_events() if e.get("event") == "injected"), None)
+
+    def evidence(self) -> dict[str, Any]:
+        events = self.hook_events()
+        armed = sorted({int(e["rank"]) for e in events if e.get("event") == "armed"
+                        and str(e.get("rank", "")).isdigit()})
+        out = {**super().evidence(), "policy": self.policy, "target": self.target,
+               "value": self.value, "hook_armed_in_ranks": armed,
+               "torch_patched": any(e.get("event") == "torch_patched" for e in events),
+               "injection": self.injection()}
+        errors = [e.get("error") for e in events if e.get("event") == "error"]
+        if errors:
+            out["hook_errors"] = errors
+        return out
+
+    def classify(self, result: RunResult) -> str:
+        injected = self.injection()
+        where = (f" after the {self.value} put into rank {self.rank}'s {self.target} at step "
+                 f"{injected.get('step') or '?'}") if injected else ""
+        return f"{result.reason or result.outcome}{where}"
