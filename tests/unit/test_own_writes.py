@@ -79,13 +79,8 @@ def private_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
 
 @pytest.fixture
 def jobs(tmp_path: Path) -> Path:
-    """The toy jobs, with the smoke check's checkpoints outside ``.trainguard/`` (so a read-only
-    ``.trainguard/`` is about trainguard's own files only)."""
-    copy = Path(shutil.copytree(JOBS, tmp_path / "jobs", ignore=shutil.ignore_patterns(".trainguard")))
-    text = (copy / "toy.trainguard.yaml").read_text()
-    (copy / "toy.trainguard.yaml").write_text(
-        text.replace("  timeout: 60\n", f"  timeout: 60\n  checkpoint_dir: {tmp_path}/ckpt/{{seed}}\n"))
-    return copy
+    """A private copy of the toy jobs (their checkpoints in the run directory, the default)."""
+    return Path(shutil.copytree(JOBS, tmp_path / "jobs", ignore=shutil.ignore_patterns(".trainguard")))
 
 
 def fallback_reports(tmp: Path) -> list[Path]:

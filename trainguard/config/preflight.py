@@ -74,7 +74,11 @@ def preflight_problems(job_file: JobFile) -> list[tuple[str, str]]:
                 render_placeholders(token, {**values, "rank": 0})
             except (ValueError, KeyError, IndexError, AttributeError, TypeError, OverflowError) as exc:
                 problems.append((key, f"{brief(token)} cannot be filled in at launch: {exc}"))
-    problems += _directory_problems("job.checkpoint_dir", Path(str(values["checkpoint_dir"])))
+    checkpoint_dir = Path(os.path.abspath(str(values["checkpoint_dir"])))
+    # under .trainguard/ (the default `{run_dir}/checkpoints`) it is trainguard's own directory:
+    # when .trainguard/ is read-only or full, run directories move to a fallback, said then
+    if not checkpoint_dir.is_relative_to(os.path.abspath(job_file.state_dir)):
+        problems += _directory_problems("job.checkpoint_dir", checkpoint_dir)
     return problems
 
 
