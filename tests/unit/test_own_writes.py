@@ -404,3 +404,19 @@ def test_track_init_on_a_full_store_disk_leaves_the_training_untracked(
         assert track.init("train", tracking_uri=uri) is None
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"trainguard tracking: the MLflow store {uri} cannot be written: {ENOSPC}; this run is not tracked")
+
+
+@needs_root
+def test_pytest_keeps_its_report_when_the_report_disk_is_full(tmp_path: Path) -> None:
+    (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "TRAINGUARD_TRACKING": "off"}
+    with tmpfs(tmp_path / "full", fill=True) as full:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                               "--trainguard-report-json", str(full / "r.json"), "test_one.py"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0 and "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    [aside] = sorted((tmp_path / "tmp").glob("trainguard-*/unwritten-*/full/r.json"))
+    assert f"report: {aside} (cannot write the report to {full / 'r.json'}: {ENOSPC}; wrote it to {aside} instead)" \
+        in done.stdout
+    assert json.loads(aside.read_text())["job"] == "pytest-session"
