@@ -770,3 +770,33 @@ def test_raise_for_ranks_names_the_dead_rank_and_passes_a_clean_run(tmp_path: Pa
     clean = Launcher(LaunchSpec(argv=[sys.executable, "-c", "pass"], run_dir=tmp_path / "clean",
                                 timeout=60)).run()
     clean.raise_for_ranks()  # every rank exited 0: nothing raised
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("collective_timeout", [False, True])
+def test_a_rank_that_exits_0_early_is_named_not_a_generic_hang(
+    tmp_path: Path, marker: str, no_orphans: None, collective_timeout: bool
+) -> None:
+    """Rank 1 leaves the loop at step 3 with exit code 0 (a shorter data shard); rank 0 waits for
+    it at its next barrier. Without a collective timeout the silence is a hang whose reason names
+    the early exit first; with one, rank 0's failure says whom it waited for."""
+    flags = ["--steps", "10", "--sleep", "0.02", "--sync-dir", str(tmp_path / "sync"),
+             "--exit-early-rank", "1", "--exit-early-step", "3"]
+    if collective_timeout:
+        flags += ["--sync-timeout", "1"]
+    result = launch(spec_for(tmp_path, marker, *flags, stall_timeout=2.0))
+    early = result.evidence["early_exit"]
+    assert early["rank"] == 1 and early["last_step"] == 2 and early["waiting_ranks"] == [0], early
+    if collective_timeout:
+        assert result.outcome == "failed" and result.failed_rank == 0, result.reason
+        assert "after rank 1 had exited 0 (after its step 2)" in result.reason
+    else:
+        assert result.outcome == "hung", result.reason
+        assert result.reason.startswith("rank 1 exited 0 after its step 2"), result.reason
+        assert "uneven data across ranks" in result.reason
+
+
+@pytest.mark.timeout(60)
+def test_ranks_that_all_finish_are_not_an_early_exit(tmp_path: Path, marker: str, no_orphans: None) -> None:
+    result = launch(spec_for(tmp_path, marker, "--steps", "5", "--sync-dir", str(tmp_path / "sync")))
+    assert result.ok and "early_exit" not in result.evidence

@@ -20,7 +20,39 @@ import psutil
 
 from trainguard.launch.procs import RankProcess
 
-__all__ = ["dump_stacks", "handles_signal", "rank_activity", "sibling_script"]
+__all__ = ["EARLY_EXIT_CAUSES", "describe_early_exit", "dump_stacks", "early_exit", "handles_signal", "rank_activity", "sibling_script"]
+
+#: what usually makes a rank leave the training loop early while its peers go on
+EARLY_EXIT_CAUSES = ("uneven data across ranks (a shard with fewer batches: use "
+                     "DistributedSampler(drop_last=True), the same number of batches on every rank, "
+                     "or DDP's join() context)", "a rank-dependent break, return or sys.exit(0) in the loop")
+
+
+def early_exit(exit_codes: dict[int, int | None], exited_at: dict[int, float],
+               last_steps: dict[int, int], alive: list[int]) -> dict[str, Any] | None:
+    """The first rank that exited 0 while others (``alive``) still ran, as evidence: its rank,
+    last step, when it left, and who was left waiting. None when no rank did.
+
+    A rank that leaves early with exit code 0 is not a failure to the launcher (nothing to tear
+    down for), but its peers then wait for it in their next collective: what looks like a hang
+    has this cause, and the report names it first."""
+    early = sorted((t, r) for r, t in exited_at.items() if exit_codes.get(r) == 0)
+    if not early or not alive:
+        return None
+    t, rank = early[0]
+    return {"rank": rank, "last_step": last_steps.get(rank), "exited_at_s": round(t, 3),
+            "waiting_ranks": sorted(alive), "others_last_step": {r: last_steps.get(r) for r in sorted(alive)},
+            "likely_causes": list(EARLY_EXIT_CAUSES)}
+
+
+def describe_early_exit(found: dict[str, Any]) -> str:
+    """One sentence for a run's reason."""
+    step = found["last_step"]
+    after = f"after its step {step}" if step is not None else "before its first step"
+    waiting = ", ".join(map(str, found["waiting_ranks"]))
+    return (f"rank {found['rank']} exited 0 {after} ({found['exited_at_s']:.1f} s into the run) while "
+            f"rank(s) {waiting} went on: they wait for it in a collective. Most likely "
+            f"{EARLY_EXIT_CAUSES[0]}")
 
 
 def rank_activity(ranks: list[RankProcess], sample_s: float = 0.5) -> list[dict[str, Any]]:

@@ -41,7 +41,12 @@ import psutil
 
 from trainguard._internal.signals import signals_deferred
 from trainguard.errors import RankFailure
-from trainguard.launch.hang_evidence import dump_stacks, rank_activity
+from trainguard.launch.hang_evidence import (
+    describe_early_exit,
+    dump_stacks,
+    early_exit,
+    rank_activity,
+)
 from trainguard.launch.metrics import JsonlTail, LineMetric, MetricParser, MetricPoint, trajectory
 from trainguard.launch.ports import reserve_port
 from trainguard.launch.procs import (
@@ -468,6 +473,11 @@ class Launcher:
                 name = _signal_name(code)
                 how = f"killed by {name}" if name else f"exited with code {code}"
                 outcome, reason = "failed", f"rank {rp.rank} {how}"
+                left = self._early_exit(codes, exit_seen_at, [rp.rank])
+                if left is not None and left["exited_at_s"] < exit_seen_at[rp.rank]:
+                    evidence["early_exit"] = left
+                    reason += (f" after rank {left['rank']} had exited 0 (after its step "
+                               f"{left['last_step']}): it waited for it in a collective")
                 # the death itself is not observable here (tests/benchmarks measure it from
                 # the kill); what is known is that it was seen within one poll interval
                 break
@@ -494,6 +504,10 @@ class Launcher:
                     reason = f"no exit {since:.1f} s after the last step (limit {limit:g} s)"
                 else:
                     reason = f"no new metric line for {since:.1f} s (limit {limit:g} s)"
+                left = self._early_exit(codes, exit_seen_at, [rp.rank for rp, c in zip(self.ranks, codes) if c is None])
+                if left is not None:  # the cause of the silence, named first
+                    evidence["early_exit"] = left
+                    reason = f"{describe_early_exit(left)} ({reason})"
                 detected_after = since - limit
                 evidence["ranks"] = rank_activity(self.ranks)
                 evidence["stacks"] = dump_stacks(self.ranks)
@@ -556,6 +570,13 @@ class Launcher:
             peak_rss_mb=dict(self._peak_rss_mb),
             peak_gpu_mb=dict(self._peak_gpu_mb),
         )
+
+    def _early_exit(self, codes: Sequence[int | None], exited_at: dict[int, float],
+                    alive: list[int]) -> dict[str, Any] | None:
+        last: dict[int, int] = {}
+        for point in self.points:
+            last[point.rank] = max(last.get(point.rank, point.step), point.step)
+        return early_exit({rp.rank: code for rp, code in zip(self.ranks, codes)}, exited_at, last, alive)
 
     def _metric_path(self, template: str, rank: int) -> Path:
         path = Path(template.replace("{rank}", str(rank)))

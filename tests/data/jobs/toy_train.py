@@ -24,6 +24,8 @@ Flags plant one defect each, so a test can show that trainguard catches it:
 --swallow-oom                 catches MemoryError / torch.OutOfMemoryError in the training loop
                               and carries on (an OOM that never ends the job)
 
+--exit-early-rank R --exit-early-step K  rank R leaves the loop and exits 0 at step K (a shard with
+                              fewer batches): its peers wait for it at the next barrier
 --on-notice MODE              what SIGTERM / SIGUSR1 (a scheduler's notice) does: die (Python's
                               default), save (finish the step, agree on it through --sync-dir,
                               checkpoint atomically, exit 0), ignore (SIG_IGN: train on until the
@@ -90,6 +92,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ckpt-size-kb", type=int, default=0, help="pad each checkpoint to about this size")
     p.add_argument("--ckpt-keep-one", action="store_true", help="one checkpoint file, replaced by each save")
     p.add_argument("--swallow-oom", action="store_true")
+    p.add_argument("--exit-early-rank", type=int, default=None)
+    p.add_argument("--exit-early-step", type=int, default=None)
     p.add_argument("--on-notice", choices=("die", "save", "ignore", "save-slow-inplace", "rank0-saves"),
                    default="die")
     p.add_argument("--sync-dir", default=None)
@@ -217,6 +221,9 @@ def main() -> int:
                 flush=True,
             )
             return 3
+        if rank == args.exit_early_rank and step == args.exit_early_step:
+            print(f"toy_train: rank {rank} has no more data at step {step}", flush=True)
+            return 0
         if rank == args.hang_rank and step == args.hang_step:
             print(f"toy_train: rank {rank}: hanging at step {step}", file=sys.stderr, flush=True)
             if args.hang_mode == "stop":
