@@ -168,6 +168,7 @@ def test_check_with_a_read_only_state_dir_runs_and_says_where_everything_went(jo
     assert json.loads(aside.read_text())["checks"][0]["evidence"]["run_dir"].startswith(str(tmp_path / "tmp"))
 
 
+@pytest.mark.slow  # a real drill (3-4 s); the report path it takes is check()'s, tested above
 @needs_root
 def test_drill_with_a_read_only_state_dir_keeps_its_report(jobs: Path, tmp_path: Path) -> None:
     """The default drills report is no usage error when .trainguard/ is read-only: it falls back."""
