@@ -23,7 +23,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.signals.watching import HTTP_JOB, Watched, report_checks, toy_job, trainguard
+from tests.signals.watching import (
+    HTTP_JOB,
+    TOY,
+    Watched,
+    listening_ports,
+    report_checks,
+    toy_job,
+    trainguard,
+)
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("signals")]
 
@@ -230,18 +238,16 @@ def test_signal_during_the_mlflow_server_start(tmp_path: Path, watch: Watch, htt
     job = network_job(tmp_path, http_service, target="service: mlflow")
     w = watch(trainguard("drill", str(job)))
     w.wait_for("the MLflow server starting", lambda: any(
-        "mlflow" in " ".join(p.cmdline()) and "server" in " ".join(p.cmdline())
-        for p in w.descendants() if _cmdline_ok(p)))
+        "mlflow" in " ".join(_cmdline(p)) and "server" in " ".join(_cmdline(p)) for p in w.descendants()))
     time.sleep(1.0)
     finish(w, sig)
 
 
-def _cmdline_ok(proc: psutil.Process) -> bool:
+def _cmdline(proc: psutil.Process) -> list[str]:
     try:
-        proc.cmdline()
+        return proc.cmdline()
     except psutil.Error:
-        return False
-    return True
+        return []
 
 
 @pytest.mark.slow
@@ -300,3 +306,44 @@ def test_a_second_signal_does_not_cut_the_teardown_short(tmp_path: Path, watch: 
     leftovers = w.leftovers()
     assert not leftovers, f"left behind: {leftovers}\n{w.text()[-3000:]}"
     assert code == EXIT[sig], w.text()[-3000:]
+
+
+RAY_JOB = """\
+job:
+  name: sig-ray
+  kind: ray_train
+  train_func: "toy_ray:train_func"
+  config: {{steps: "{{steps}}", seed: "{{seed}}", ckpt_every: 3, sleep: 0.25}}
+  scaling: {{num_workers: 2, resources_per_worker: {{CPU: 1}}}}
+  cwd: {cwd}
+  env: {{OMP_NUM_THREADS: "1"}}
+  metrics: [loss]
+  timeout: 300
+  stall_timeout: 120
+checks:
+  smoke: {{steps: 40}}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_during_a_ray_train_fit(tmp_path: Path, watch: Watch, sig: int) -> None:
+    """The embedded Ray head (GCS, raylet, dashboard agents, the Train workers) goes with it."""
+    pytest.importorskip("ray.train")
+    job = tmp_path / "trainguard.yaml"
+    job.write_text(RAY_JOB.format(cwd=TOY.parent))
+    w = watch(trainguard("check", str(job)))
+    w.wait_for("Ray Train workers", lambda: any("RayTrainWorker" in " ".join(_cmdline(p)) for p in w.descendants()),
+               timeout=180)
+    time.sleep(2.0)  # the fit is under way
+    finish(w, sig, group=sig == signal.SIGINT)
+
+
+def test_sigterm_stops_the_toxiproxy_server(tmp_path: Path, watch: Watch) -> None:
+    """``trainguard toxiproxy-server`` ends on SIGTERM as on Ctrl-C (exit 0: stopping is how a
+    server ends), its API and proxies' listeners closed."""
+    w = watch(trainguard("toxiproxy-server", "--port", "0"))
+    w.wait_for("the API listening", lambda: w.ports, timeout=60)
+    finish(w, signal.SIGTERM, expect=0)
+    assert w.ports and not (w.ports & listening_ports())

@@ -26,6 +26,7 @@ from trainguard.report import REPORT_SCHEMA_VERSION, CheckResult, Report, load_r
 
 REPORT_KEYS = {
     "tracking_uri",
+    "interrupted",
     "trainguard_version",
     "schema_version",
     "job",
