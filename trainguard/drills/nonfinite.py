@@ -127,6 +127,12 @@ def judge_handle_nonfinite(c: DrillContext) -> tuple[CheckStatus, str, dict[str,
     injection_of = getattr(fault, "injection", None)
     injection = injection_of() if callable(injection_of) else None
     ranks = sorted({p.rank for p in c.reference.points}) or list(range(c.request.world_size))
+    own_nan = [p for p in c.reference.points if not math.isfinite(p.value)]
+    if own_nan:
+        return ("error", f"the uninterrupted run printed non-finite values by itself (`{own_nan[0].name}` "
+                f"{own_nan[0].value} at step {own_nan[0].step} on rank {own_nan[0].rank}), so the drill "
+                "cannot tell the injected value from the job's own; fix the job (or its seed) first",
+                evidence)
     if injection is None:
         armed = (evidence.get("fault_evidence") or {}).get("hook_armed_in_ranks")
         why = ("the start-up hook did not arm in rank " f"{spec.rank} (is the job a Python process "
