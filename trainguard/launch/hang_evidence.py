@@ -36,8 +36,18 @@ def early_exit(exit_codes: dict[int, int | None], exited_at: dict[int, float],
     A rank that leaves early with exit code 0 is not a failure to the launcher (nothing to tear
     down for), but its peers then wait for it in their next collective: what looks like a hang
     has this cause, and the report names it first."""
-    early = sorted((t, r) for r, t in exited_at.items() if exit_codes.get(r) == 0)
-    if not early or not alive:
+    if not alive:
+        return None
+    furthest = max((last_steps[r] for r in alive if r in last_steps), default=None)
+
+    def left_early(rank: int) -> bool:
+        # it left no further than the ranks still running: they can be waiting for it (a rank
+        # that finished its steps while a peer fell behind or hung is not the cause)
+        step = last_steps.get(rank)
+        return step is None or furthest is None or step <= furthest
+
+    early = sorted((t, r) for r, t in exited_at.items() if exit_codes.get(r) == 0 and left_early(r))
+    if not early:
         return None
     t, rank = early[0]
     return {"rank": rank, "last_step": last_steps.get(rank), "exited_at_s": round(t, 3),
