@@ -12,6 +12,7 @@ import os
 import platform
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -350,7 +351,23 @@ def test_save_baseline_without_the_canary_is_a_usage_error(
               save_baseline=True)
 
 
-def test_a_baseline_that_cannot_be_written_fails_the_save_with_the_fix(tmp_path: Path) -> None:
+@pytest.fixture
+def private_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The fallback directory a failed save writes to, inside the test's own (not /tmp)."""
+    import tempfile
+
+    from trainguard._internal.atomic import fallback_dir
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    fallback_dir.cache_clear()
+    yield tmp_path / "tmp"
+    fallback_dir.cache_clear()
+
+
+def test_a_baseline_that_cannot_be_written_fails_the_save_with_the_fix(
+    tmp_path: Path, private_fallback: Path
+) -> None:
     job = _toy(tmp_path)
     (tmp_path / ".trainguard").mkdir()
     (tmp_path / ".trainguard" / "baselines").write_text("a file where the directory should be")
@@ -361,18 +378,8 @@ def test_a_baseline_that_cannot_be_written_fails_the_save_with_the_fix(tmp_path:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only tmpfs needs root")
-def test_a_baseline_on_a_read_only_disk_is_saved_aside_and_said(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_baseline_on_a_read_only_disk_is_saved_aside_and_said(tmp_path: Path, private_fallback: Path) -> None:
     """issue 13, item 9: the trajectory a --save-baseline run computed is never lost."""
-    import tempfile
-
-    from trainguard._internal.atomic import fallback_dir
-
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the fallback, in here
-    (tmp_path / "tmp").mkdir()
-    fallback_dir.cache_clear()
-    monkeypatch.setattr(bl, "fallback_dir", fallback_dir)
     job = _toy(tmp_path)
     baselines = tmp_path / ".trainguard" / "baselines"
     baselines.mkdir(parents=True)
@@ -390,5 +397,4 @@ def test_a_baseline_on_a_read_only_disk_is_saved_aside_and_said(
         f"could not save the baseline in {where}: Read-only file system (EROFS); it was saved to ")
     aside = Path(result.evidence["baseline"]["saved_aside"])
     assert f"it was saved to {aside} instead: copy that file into {where} to use it" in result.summary
-    assert load_baseline(aside).request["steps"] == 40 and aside.is_relative_to(tmp_path / "tmp")
-    fallback_dir.cache_clear()
+    assert load_baseline(aside).request["steps"] == 40 and aside.is_relative_to(private_fallback)
