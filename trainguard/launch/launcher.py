@@ -518,13 +518,16 @@ class Launcher:
         self._teardown()
         join_until = time.monotonic() + 5
         while True:
-            alive = any(thread.is_alive() for thread in self._threads)
-            try:
-                stream, rank, line, t = self._events.get(timeout=_POLL_S if alive else 0)
+            now = time.monotonic()
+            waiting = now < join_until and any(thread.is_alive() for thread in self._threads)
+            try:  # past the wait, what is queued is still parsed (a bounded while more)
+                stream, rank, line, t = self._events.get(timeout=_POLL_S if waiting else 0)
             except queue.Empty:
-                if not alive or time.monotonic() > join_until:
-                    break
-                continue
+                if waiting:
+                    continue
+                break
+            if now > join_until + 5:
+                break  # a pipe something outside the ranks keeps writing to
             if spec.echo is not None:
                 spec.echo(rank, stream, line)
             handle(parser.parse(line, rank=rank, t=t))
