@@ -313,7 +313,8 @@ def test_generated_command_lines_many(tmp_path_factory: pytest.TempPathFactory) 
 
 def _fuzz_settings(examples: int) -> dict[str, int]:
     counts = {"settings": 0, "error": 0}
-    raw = st.one_of(numbers, odd_text, st.text(max_size=20), st.sampled_from(["on", "auto", "1", "no"]))
+    raw = st.one_of(numbers, odd_text, st.text(max_size=20),
+                    st.sampled_from(["on", "auto", "1", "no", "~", "~0", "~root/r.json", "~/r.json", "~x~/y"]))
     layer = st.dictionaries(st.sampled_from([o.name for o in OPTIONS]), raw, max_size=4)
 
     @settings(max_examples=examples, deadline=None, database=None, derandomize=True,

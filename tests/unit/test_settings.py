@@ -144,6 +144,8 @@ BAD = [
     ("timeout_scale", "fast", "expected a number > 0"),
     ("ddp_timeout", "0", "expected a number > 0 and at most 604800"),
     ("ddp_timeout", "Infinity", "expected a number > 0 and at most 604800"),
+    ("report_json", "~0", "cannot expand '~0': no such user's home directory"),  # found by the fuzz
+    ("report_json", "~no-such-user-tg/r.json", "cannot expand '~no-such-user-tg'"),
 ]
 
 

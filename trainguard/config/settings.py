@@ -89,7 +89,13 @@ def _parse_tracking(text: str) -> str:
 def _parse_path(text: str) -> Path | None:
     if "\0" in text:
         raise ValueError("a path cannot hold a NUL byte")
-    return Path(text).expanduser() if text.strip() else None
+    if not text.strip():
+        return None
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # ~nosuchuser, or ~ without a HOME
+        raise ValueError(f"cannot expand {text.split('/')[0]!r}: no such user's home directory; "
+                         "write the path in full") from None
 
 
 def _parse_log_mb(text: str) -> float:
