@@ -14,7 +14,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from trainguard._internal.model import ConfigModel
-from trainguard.config.faults import DEFAULT_EXPECT, EXPECTATION_FAULTS, FAULT_CLASSES
+from trainguard.config.faults import (
+    DEFAULT_EXPECT,
+    EXPECTATION_FAULTS,
+    FAULT_CLASSES,
+    KIND_EXPECTATIONS,
+)
 from trainguard.config.values import MAX_SECONDS, MAX_WORLD_SIZE, Argv, Env
 
 __all__ = [
@@ -293,6 +298,12 @@ class DrillSpec(CheckSpec):
                 f"`expect: {expect}` judges a {' or '.join(allowed)} drill; "
                 f"for a {self.fault} drill use recover, fail_clean or continue"
             )
+        kinds = KIND_EXPECTATIONS.get((self.fault, str(self.params.get("kind"))))
+        if kinds is not None and expect not in kinds:
+            raise ValueError(
+                f"a {self.fault} drill of `params.kind: {self.params.get('kind')}` is judged by "
+                f"{' or '.join(kinds)}, not {expect}; set `expect: {kinds[0]}` or another kind"
+            )
         foreign = list(dict.fromkeys(
             key for other, keys in own.items() if other != expect for key in keys
             if key not in own[expect] and getattr(self, key) is not None
@@ -319,7 +330,8 @@ class DrillSpec(CheckSpec):
     @property
     def expectation(self) -> str:
         """``expect``, or the fault's default (:data:`trainguard.config.faults.DEFAULT_EXPECT`)."""
-        return self.expect or DEFAULT_EXPECT[self.fault]
+        kinds = KIND_EXPECTATIONS.get((self.fault, str(self.params.get("kind"))))
+        return self.expect or (kinds[0] if kinds else DEFAULT_EXPECT[self.fault])
 
     @property
     def restart_limit(self) -> int:

@@ -18,6 +18,7 @@ __all__ = [
     "EXPECTATIONS",
     "EXPECTATION_FAULTS",
     "FAULT_CLASSES",
+    "KIND_EXPECTATIONS",
     "FaultClass",
     "FaultNotInstalled",
     "fault_class",
@@ -32,6 +33,8 @@ FAULT_CLASSES: dict[str, str] = {
     "network": "trainguard.faults.network:NetworkFault",
     "preempt": "trainguard.faults.preempt:PreemptFault",
     "nan": "trainguard.faults.nan:NanFault",
+    "storage": "trainguard.faults.storage:StorageFault",
+    "kill_during_save": "trainguard.faults.kill_during_save:KillDuringSaveFault",
 }
 
 #: what a drill expects of the job, in docs/drills.md
@@ -39,6 +42,16 @@ EXPECTATIONS = ("recover", "fail_clean", "continue", "save_and_exit", "handle_no
 
 #: expectations only some faults can be judged by (others: every fault)
 EXPECTATION_FAULTS: dict[str, tuple[str, ...]] = {"save_and_exit": ("preempt",), "handle_nonfinite": ("nan",)}
+
+#: a fault's own kinds (its ``params.kind``) judged by some expectations only; the first is the
+#: default when the spec names none
+KIND_EXPECTATIONS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("storage", "slow"): ("continue",),
+    ("storage", "corrupt"): ("fail_clean", "recover"),
+    ("storage", "eio_read"): ("fail_clean", "recover"),
+    ("storage", "eio_write"): ("fail_clean", "recover"),
+    ("storage", "fsync"): ("fail_clean", "recover"),
+}
 
 #: the expectation a drill of each kind has when its spec names none
 DEFAULT_EXPECT: dict[str, str] = {
@@ -49,6 +62,8 @@ DEFAULT_EXPECT: dict[str, str] = {
     "network": "continue",
     "preempt": "save_and_exit",
     "nan": "handle_nonfinite",
+    "storage": "fail_clean",
+    "kill_during_save": "recover",
 }
 
 

@@ -9,6 +9,23 @@ every call that would take space with ENOSPC — ``write``, ``fallocate``, growi
 a real, racing filler of a small disk cannot promise. Calls that take no space (open, create of
 an empty file, read, rename, unlink, shrinking truncate) pass, as on a full ext4 disk.
 
+The ``rules`` policy takes what to do from the trigger file itself (JSON, written by
+:meth:`FuseLayer.arm`; the daemon re-reads it when it changes), for the ``storage`` and
+``kill_during_save`` faults:
+
+* ``errno``: operation -> errno (``{"write": 5}``: every write fails with EIO; operations:
+  ``write``, ``read``, ``fsync`` (fsync, fdatasync and a directory's fsync), ``fallocate``,
+  ``truncate_grow``, ``mkdir``, ``mknod``, ``setxattr``);
+* ``latency_ms``: operation -> milliseconds added before the call is served (``delayed`` events
+  carry the seconds added and the running total);
+* ``hold``: ``{"op": "write", "pid": P, "max_s": S}``: the first such call from process ``P`` or
+  one of its descendants (any process when ``pid`` is null) blocks inside the daemon and is
+  recorded (``held``: path, the caller's pid and thread id from ``fuse_get_context``) until the
+  trigger changes or is removed, or ``S`` seconds pass; it then fails with EIO (the data never
+  reached the disk);
+* ``paths``: when given, only calls on these paths (relative to the mount, ``/a/b``; a directory
+  covers what is under it) are touched.
+
 The daemon is ``python -m trainguard.faults.fusefs``; it needs root, ``/dev/fuse``, the libfuse shared library (Debian: ``libfuse3-3``) and the ``mfusepy`` package.
 :func:`fuse_unavailable` says which is missing. The daemon leaves the mount when its parent dies
 (no orphaned mount), and :meth:`FuseLayer.unmount` stops it (lazily when busy).
@@ -33,13 +50,17 @@ from typing import Any
 
 from trainguard._internal.signals import signals_deferred
 
-__all__ = ["POLICIES", "FuseLayer", "fuse_unavailable", "serve"]
+__all__ = ["POLICIES", "RULE_OPS", "FuseLayer", "fuse_unavailable", "serve"]
 
 #: what each policy fails while armed: the operation -> errno
+#: (``rules``: none fixed; the trigger file's JSON says, see the module's docstring)
 POLICIES: dict[str, dict[str, int]] = {
     "disk_full": {"write": errno.ENOSPC, "fallocate": errno.ENOSPC, "truncate_grow": errno.ENOSPC,
                   "mkdir": errno.ENOSPC, "setxattr": errno.ENOSPC, "mknod": errno.ENOSPC},
+    "rules": {},
 }
+#: the operations a ``rules`` trigger may name
+RULE_OPS = ("write", "read", "fsync", "fallocate", "truncate_grow", "mkdir", "mknod", "setxattr")
 MOUNT_TIMEOUT_S = 15.0
 _MAX_EVENTS = 200  # events written per operation kind (the count goes on)
 _live: set[str] = set()
@@ -109,8 +130,19 @@ class FuseLayer:
         self.unmount()
         raise RuntimeError(f"the FUSE daemon did not mount {self.point}: {why}")
 
-    def arm(self) -> None:
-        self.trigger.write_text(str(time.time()))
+    def arm(self, rules: dict[str, Any] | None = None) -> None:
+        """Arm the policy; for ``rules``, what to do (written atomically: the daemon never reads
+        half a rule)."""
+        if self.policy != "rules":
+            self.trigger.write_text(str(time.time()))
+            return
+        unknown = [op for key in ("errno", "latency_ms") for op in (rules or {}).get(key, {})
+                   if op not in RULE_OPS]
+        if unknown:
+            raise ValueError(f"unknown FUSE operation(s) {unknown}; expected {', '.join(RULE_OPS)}")
+        tmp = self.trigger.with_name(self.trigger.name + ".tmp")
+        tmp.write_text(json.dumps({**(rules or {}), "armed_at": time.time()}))
+        os.replace(tmp, self.trigger)
 
     def disarm(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -179,24 +211,106 @@ def _unmount_leftovers() -> None:
 # -- the daemon ---------------------------------------------------------------------------------
 
 
-def _operations(backing: str, policy: dict[str, int], trigger: str, events: str) -> Any:
+def _tgid(tid: int) -> int:
+    """The process (thread group) of thread ``tid``, as fuse_get_context names a thread."""
+    with contextlib.suppress(OSError, ValueError), open(f"/proc/{tid}/status") as status:
+        for line in status:
+            if line.startswith("Tgid:"):
+                return int(line.split()[1])
+    return tid
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    for _ in range(16):
+        if pid == ancestor:
+            return True
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                pid = next(int(ln.split()[1]) for ln in status if ln.startswith("PPid:"))
+        except (OSError, ValueError, StopIteration):
+            return False
+        if pid <= 1:
+            return False
+    return False
+
+
+def _operations(backing: str, policy: dict[str, int] | None, trigger: str, events: str) -> Any:
+    """The passthrough operations; ``policy`` None: the ``rules`` policy (the trigger's JSON)."""
     import mfusepy as fuse  # the daemon only: trainguard imports without it
 
     counts: dict[str, int] = {}
+    totals: dict[str, float] = {}
     lock = threading.Lock()
+    cache: dict[str, Any] = {"key": None, "rules": None, "held": None}
 
-    def deny(op: str, path: str, **extra: Any) -> None:
-        code = policy.get(op)
-        if code is None or not os.path.exists(trigger):
+    def record(op: str, event: str, path: str, **extra: Any) -> None:
+        with lock:
+            counts[op + event] = n = counts.get(op + event, 0) + 1
+            if n <= _MAX_EVENTS or event == "held":
+                line = {"event": event, "op": op, "path": path, "t": time.time(), "n": n, **extra}
+                with contextlib.suppress(OSError), open(events, "a", encoding="utf-8") as out:
+                    out.write(json.dumps(line) + "\n")
+
+    def armed() -> tuple[Any, dict[str, Any]] | None:
+        try:
+            st = os.stat(trigger)
+        except OSError:
+            return None
+        if policy is not None:
+            return None, {"errno": policy}
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if cache["key"] != key:
+            try:
+                with open(trigger, encoding="utf-8") as handle:
+                    rules = json.load(handle)
+            except (OSError, ValueError):
+                return None
+            cache.update(key=key, rules=rules if isinstance(rules, dict) else {})
+        return key, cache["rules"]
+
+    def hold(op: str, path: str, key: Any, spec: dict[str, Any]) -> None:
+        _, _, tid = fuse.fuse_get_context()
+        pid = _tgid(tid)
+        target = spec.get("pid")
+        if target is not None and not _descends_from(pid, int(target)):
             return
         with lock:
-            counts[op] = counts.get(op, 0) + 1
-            if counts[op] <= _MAX_EVENTS:
-                record = {"event": errno.errorcode[code].lower(), "op": op, "path": path,
-                          "t": time.time(), "n": counts[op], **extra}
-                with contextlib.suppress(OSError), open(events, "a", encoding="utf-8") as out:
-                    out.write(json.dumps(record) + "\n")
-        raise fuse.FuseOSError(code)
+            if cache["held"] == key:  # one call held per arming
+                return
+            cache["held"] = key
+        record(op, "held", path, pid=pid, tid=tid)
+        started = time.monotonic()
+        limit = float(spec.get("max_s", 120.0))
+        while time.monotonic() - started < limit:
+            now = armed()
+            if now is None or now[0] != key:
+                break
+            time.sleep(0.005)
+        record(op, "released", path, pid=pid, after_s=round(time.monotonic() - started, 3),
+               caller_alive=_alive(pid))
+        raise fuse.FuseOSError(errno.EIO)
+
+    def deny(op: str, path: str, **extra: Any) -> None:
+        now = armed()
+        if now is None:
+            return
+        key, rules = now
+        paths = rules.get("paths")
+        if paths and not any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths):
+            return
+        spec = rules.get("hold")
+        if isinstance(spec, dict) and spec.get("op", "write") == op:
+            hold(op, path, key, spec)
+        delay = (rules.get("latency_ms") or {}).get(op)
+        if delay:
+            time.sleep(float(delay) / 1000.0)
+            with lock:
+                totals[op] = total = totals.get(op, 0.0) + float(delay) / 1000.0
+            record(op, "delayed", path, added_s=float(delay) / 1000.0, total_s=round(total, 3), **extra)
+        code = (rules.get("errno") or {}).get(op)
+        if code:
+            record(op, errno.errorcode.get(int(code), "e" + str(code)).lower(), path, **extra)
+            raise fuse.FuseOSError(int(code))
 
     def real(path: str) -> str:
         return os.path.join(backing, path.lstrip("/"))
@@ -290,6 +404,7 @@ def _operations(backing: str, policy: dict[str, int], trigger: str, events: str)
             return os.open(real(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
 
         def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+            deny("read", path, bytes=size)
             return os.pread(fh, size, offset)
 
         def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
@@ -311,7 +426,7 @@ def _operations(backing: str, policy: dict[str, int], trigger: str, events: str)
             out = {k: getattr(st, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree",
                                                 "f_bavail", "f_files", "f_ffree", "f_favail",
                                                 "f_flag", "f_namemax")}
-            if "write" in policy and os.path.exists(trigger):
+            if policy is not None and "write" in policy and os.path.exists(trigger):
                 out.update(f_bfree=0, f_bavail=0)  # df agrees with the writes: the disk is full
             return out
 
@@ -323,10 +438,15 @@ def _operations(backing: str, policy: dict[str, int], trigger: str, events: str)
             return 0
 
         def fsync(self, path: str, datasync: int, fh: int) -> int:
+            deny("fsync", path, datasync=bool(datasync))
             if datasync:
                 os.fdatasync(fh)
             else:
                 os.fsync(fh)
+            return 0
+
+        def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
+            deny("fsync", path, directory=True)
             return 0
 
     return fuse, Passthrough()
@@ -342,8 +462,8 @@ def serve(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", required=True)
     parser.add_argument("--parent", type=int, default=0)
     args = parser.parse_args(argv)
-    fuse, ops = _operations(os.path.realpath(args.backing), POLICIES[args.policy], args.trigger,
-                            args.events)
+    fuse, ops = _operations(os.path.realpath(args.backing), POLICIES[args.policy] or None,
+                            args.trigger, args.events)
 
     def watch_parent() -> None:  # never an orphaned mount: leave when trainguard is gone
         while True:

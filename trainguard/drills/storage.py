@@ -1,0 +1,213 @@
+"""The judges of storage drills that strike the resume, and of ``kill_during_save``.
+
+``storage`` with ``kind: corrupt`` or ``kind: eio_read``: the run is stopped after step k, the
+newest complete checkpoint is struck (a byte flipped, or its reads failing with EIO), and the job
+resumes. It must never resume silently from the struck checkpoint:
+
+* ``fail_clean``: a resume run (the fault in place) exits non-zero with an error on stderr
+  within ``deadline``, without training from the struck checkpoint;
+* ``recover``: trainguard restarts the job (at most ``max_restarts`` times); it completes having
+  fallen back to an older good checkpoint (resumed from a step older than the struck one) and
+  matches the uninterrupted run from there.
+
+A resume that starts right after the struck checkpoint's step and trains on has loaded it: the
+drill fails and names the flipped file (or the file whose reads failed).
+
+``kill_during_save``: ``recover`` or ``fail_clean`` as for any fault, once the fault really
+caught a checkpoint write (else an error verdict: nothing was tested); the report adds the held
+write, the latest complete checkpoint at the kill and the step the resume started after.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from trainguard.config import DrillSpec
+from trainguard.drills.judges import (
+    DrillContext,
+    Judge,
+    attempt_evidence,
+    common_evidence,
+    judge_for,
+    not_injected,
+    trajectory_diff,
+)
+from trainguard.faults.base import Fault
+from trainguard.faults.hook import rank_stderr
+from trainguard.launch import RunResult
+from trainguard.report import CheckStatus
+
+__all__ = ["STORAGE_CAUSES", "judge_kill_during_save", "judge_storage_resume", "storage_judge"]
+
+_ERROR_WORDS = re.compile(r"error|exception|traceback|fatal|abort|corrupt|checksum|mismatch", re.I)
+
+STORAGE_CAUSES = {
+    "silent": "no integrity check on load: the checkpoint carries no checksum (or the loader never "
+              "compares it), so a flipped byte is trained on",
+    "no_fallback": "the loader takes only the newest checkpoint: on a bad one it fails instead of "
+                   "falling back to the previous good one",
+    "scratch": "a load error is caught and the job starts from step 0, silently dropping its progress",
+}
+
+
+def storage_judge(spec: DrillSpec, fault: Fault) -> Judge | None:
+    """The judge of a storage drill that strikes the resume, or of kill_during_save; None for
+    the others (the expectation's own judge)."""
+    if spec.fault == "kill_during_save":
+        return judge_kill_during_save
+    if spec.fault == "storage" and fault.params.get("kind") in ("corrupt", "eio_read") \
+            and spec.expectation in ("fail_clean", "recover"):
+        return judge_storage_resume
+    return None
+
+
+def _resumed_from(result: RunResult, metric: str) -> int | None:
+    steps = [p.step for p in result.points if p.name == metric]
+    return min(steps) - 1 if steps else None
+
+
+def _error_line(text: str) -> str | None:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return next((ln for ln in reversed(lines) if _ERROR_WORDS.search(ln)), lines[-1] if lines else None)
+
+
+def judge_storage_resume(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
+    skipped = not_injected(c)
+    if skipped:
+        return skipped
+    evidence = common_evidence(c)
+    spec, fault = c.spec, c.fault
+    kind = str(fault.params.get("kind"))
+    target: dict[str, Any] = dict(getattr(fault, "target", {}) or {})
+    evidence["struck"] = target
+    if not target.get("checkpoint") or (kind == "corrupt" and "offset" not in target):
+        why = "; ".join(getattr(fault, "problems", [])) or "no checkpoint was struck"
+        return "error", f"storage {kind} after step {c.info.injected_step}: {why}", evidence
+    step = target.get("step")
+    named = target.get("file") or (target.get("files") or [target["checkpoint"]])[0]
+    how = (f"byte {target.get('offset')} of {named} flipped ({target.get('byte_before')} -> "
+           f"{target.get('byte_after')})" if kind == "corrupt"
+           else f"reads of {target['checkpoint']} failing with EIO")
+    what = f"storage {kind} after step {c.info.injected_step}: run stopped, {how} (checkpoint of step {step})"
+    problems: list[str] = []
+    causes: list[str] = []
+
+    def loaded_struck(resumed: int | None) -> bool:
+        return resumed is not None and resumed > 0 and (step is None or resumed >= step)
+
+    if spec.expectation == "fail_clean":
+        rearm = getattr(fault, "arm", None)
+        if kind == "eio_read" and callable(rearm):
+            rearm()  # the resume run reads through the failing layer
+        try:
+            resume = c.runner.run(c.request, label=f"drill-{spec.name}-resume", resume=True,
+                                  checkpoint_dir=c.checkpoint_dir)
+        finally:
+            fault.clear()
+        evidence["resume_run"] = attempt_evidence(resume, fault)
+        resumed = _resumed_from(resume, c.metric)
+        evidence["resumed_from_step"] = resumed
+        failed_rank = resume.failed_rank if resume.failed_rank is not None else 0
+        text = rank_stderr(resume, failed_rank)
+        error = _error_line(text)
+        evidence["resume_error"] = error
+        if loaded_struck(resumed):
+            problems.append(f"the resume loaded the struck checkpoint ({named}) and trained on from "
+                            f"step {resumed}" + ("" if resume.ok else f" before failing ({resume.reason})"))
+            causes = [STORAGE_CAUSES["silent"], STORAGE_CAUSES["no_fallback"]]
+        elif resume.ok and resumed == 0:
+            problems.append("the resume started again from step 1 and completed: the struck checkpoint "
+                            "was dropped silently with all progress")
+            causes = [STORAGE_CAUSES["scratch"]]
+        elif resume.ok:
+            problems.append(f"the resume fell back to the checkpoint of step {resumed} and completed; "
+                            "expected it to fail loudly (for a job that falls back, use `expect: recover`)")
+        elif resume.outcome != "failed":
+            problems.append(f"the resume run ended as {resume.outcome}: {resume.reason}")
+        elif resume.duration_s > spec.deadline_s:
+            problems.append(f"the resume failed only after {resume.duration_s:.1f} s (deadline {spec.deadline_s:g} s)")
+        elif not (error and _ERROR_WORDS.search(error)):
+            problems.append("the resume exited non-zero but wrote no error to stderr")
+        if problems:
+            evidence["likely_causes"] = causes or list(STORAGE_CAUSES.values())
+            return "failed", f"{what}; " + "; ".join(problems), evidence
+        return ("passed", f"{what}; the resume failed loudly in {resume.duration_s:.1f} s: "
+                f"{(error or '')[:200]}", evidence)
+
+    # recover: trainguard restarted the job with the fault in place
+    run = c.run
+    resumes: list[dict[str, Any]] = []
+    for attempt in run.attempts[1:]:
+        resumed = _resumed_from(attempt, c.metric)
+        resumes.append({"resumed_from_step": resumed, "outcome": attempt.outcome,
+                        "classified": None if attempt.ok else fault.classify(attempt)})
+        if loaded_struck(resumed):
+            problems.append(f"restart {len(resumes)} loaded the struck checkpoint ({named}) and trained "
+                            f"on from step {resumed}")
+            causes = [STORAGE_CAUSES["silent"], STORAGE_CAUSES["no_fallback"]]
+        elif resumed == 0:
+            problems.append(f"restart {len(resumes)} began again at step 1: all progress dropped "
+                            "instead of falling back to an older checkpoint")
+            causes = [STORAGE_CAUSES["scratch"], STORAGE_CAUSES["no_fallback"]]
+    evidence["resumes"] = resumes
+    final = run.final
+    if not run.restarts:
+        problems.append("trainguard did not restart the job (max_restarts 0?)")
+    elif not final.ok and not problems:
+        problems.append(f"did not recover: every restart failed ({fault.classify(final)}); the job "
+                        "does not fall back to an older checkpoint (if failing loudly is what it "
+                        "should do, use `expect: fail_clean`)")
+        causes = [STORAGE_CAUSES["no_fallback"]]
+    last_resume: int | None = resumes[-1]["resumed_from_step"] if resumes else None
+    evidence["resumed_from_step"] = last_resume
+    if final.ok and last_resume is not None and not problems:
+        diff = trajectory_diff(c, final.points, range(last_resume + 1, spec.steps + 1))
+        evidence["trajectory"] = diff.as_evidence()
+        if not diff.ok:
+            problems.append(f"{c.metric} of the run resumed from step {last_resume} does not match the "
+                            f"uninterrupted run (first divergent step {diff.first_divergent_step})")
+        if spec.max_lost_steps is not None and step is not None and step - last_resume > spec.max_lost_steps:
+            problems.append(f"{step - last_resume} steps lost falling back (max_lost_steps {spec.max_lost_steps})")
+    if problems:
+        evidence["likely_causes"] = causes or list(STORAGE_CAUSES.values())
+        return "failed", f"{what}; " + "; ".join(problems), evidence
+    return ("passed", f"{what}; the job fell back to the checkpoint of step {last_resume}, older than "
+            f"the struck one, and matches the uninterrupted run from there", evidence)
+
+
+def judge_kill_during_save(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
+    held = getattr(c.fault, "held", None)
+    if c.fault.injected_at is not None and held is None:
+        evidence = common_evidence(c)
+        waited = getattr(c.fault, "waited_s", None)
+        return ("error", f"kill_during_save: rank {c.spec.rank} wrote nothing under the checkpoint "
+                f"directory within {waited if waited is not None else '?'} s after step "
+                f"{c.info.injected_step}, so no save was caught: give the drill more steps after "
+                "after_step (a checkpoint must fall among them) or a longer params.wait", evidence)
+    status, summary, evidence = judge_for(c.spec.expectation)(c)
+    if held is None:
+        return status, summary, evidence
+    latest = getattr(c.fault, "latest_complete", {}) or {}
+    save = {"held_write": held, "latest_complete_at_kill": latest,
+            "kill_to_exit_s": getattr(c.fault, "kill_to_exit_s", None)}
+    resumed = evidence.get("resumed_from_step")
+    if resumed is None and evidence.get("resumes"):
+        resumed = evidence["resumes"][0].get("resumed_from_step")
+    save["resumed_from_step"] = resumed
+    recovery = evidence.get("fault_to_first_step_after_restart_s")
+    if recovery is not None:
+        save["kill_to_first_step_after_resume_s"] = recovery
+    evidence["save"] = save
+    where = f"killed while writing {held.get('path')}"
+    summary = re.sub(r"^kill_during_save on rank (\d+)", rf"kill_during_save on rank \1 ({where})", summary)
+    if status == "failed":
+        evidence.setdefault("likely_causes", [])
+        evidence["likely_causes"] = [
+            "the checkpoint is written in place (no temp file + fsync + rename): the kill leaves the "
+            "newest checkpoint torn and the resume loads it",
+            "the 'latest' pointer (a symlink, marker file or index) is updated before the data is "
+            "durable: it names a checkpoint that was never completed",
+            *[x for x in evidence["likely_causes"] if "in place" not in x],
+        ]
+    return status, summary, evidence

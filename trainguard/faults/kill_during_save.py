@@ -1,0 +1,167 @@
+"""``kill_during_save``: rank ``rank`` is killed (SIGKILL) while it writes a checkpoint.
+
+A passthrough FUSE layer (:mod:`trainguard.faults.fusefs`, policy ``rules``) lies over the
+checkpoint directory from the start. After step ``after_step`` the fault arms a *hold*: the first
+write under the checkpoint directory by the rank's process (or a process it started: a
+DataLoader worker, a saver thread's process) blocks inside the layer's daemon, which records the
+file and the caller's pid (``fuse_get_context``). The fault then sends SIGKILL to that process
+and to the rank, and releases the held write with EIO. A process blocked in a FUSE request that
+the daemon has already taken dies only when the daemon answers (the kernel waits for the reply
+uninterruptibly): so the kill goes first, the release second, and the write's data never reaches
+the disk, whichever writer made it (torch.save's C++ writer included). The drill then resumes:
+``recover`` (trainguard restarts the group from the latest checkpoint) or ``fail_clean``.
+
+Without root, /dev/fuse, libfuse or mfusepy the drill is skipped with the reason.
+See docs/faults-memory-and-disk.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
+from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
+from trainguard.faults.storage import newest_checkpoint_files
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.launch import Launcher, RunResult
+
+__all__ = ["KillDuringSaveFault"]
+
+_POLL_S = 0.005
+
+
+class KillDuringSaveFault(Fault):
+    """SIGKILL rank ``rank`` while its first checkpoint write after ``after_step`` is in flight."""
+
+    kind: ClassVar[str] = "kill_during_save"
+    #: wait: seconds after step k for the rank's next checkpoint write
+    defaults: ClassVar[Mapping[str, Any]] = {"wait": 60.0}
+
+    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        self.layer: FuseLayer | None = None
+        self.backing: Path | None = None
+        self.held: dict[str, Any] | None = None
+        self.killed: list[int] = []
+        self.kill_to_exit_s: float | None = None
+        self.latest_complete: dict[str, Any] = {}
+        self.waited_s: float | None = None
+        self.problems: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+        problems = super().validate(params)
+        wait = params.get("wait", 60.0)
+        if (isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait)
+                or not 0 < wait <= 3600):
+            problems.append(("wait", "expected the seconds to wait after after_step for the rank's "
+                             "next checkpoint write, more than 0 and at most 3600, e.g. `wait: 30`"))
+        return problems
+
+    def setup(self, ctx: FaultContext) -> None:
+        why = fuse_unavailable()
+        if why is None:
+            layer = FuseLayer(ctx.checkpoint_dir, ctx.work_dir / "save-fuse", policy="rules",
+                              state_dir=ctx.work_dir)
+            self.layer = layer
+            try:
+                layer.mount()
+            except RuntimeError as exc:
+                self.layer, why = None, str(exc)
+            else:
+                self.backing = ctx.checkpoint_dir
+                ctx.checkpoint_dir = layer.point
+                return
+        raise FaultUnavailable(f"{why}; kill_during_save holds the rank's checkpoint write in a FUSE "
+                               "layer over the checkpoint directory (root, /dev/fuse, libfuse3, mfusepy)")
+
+    def inject(self, launcher: Launcher) -> None:
+        assert self.layer is not None
+        self.injected_at = launcher.elapsed()
+        pid = launcher.ranks[self.rank].pid
+        self.layer.arm({"hold": {"op": "write", "pid": pid, "max_s": float(self.params["wait"]) + 30}})
+        self._thread = threading.Thread(target=self._follow, args=(launcher, pid),
+                                        name="trainguard-kill-during-save", daemon=True)
+        self._thread.start()
+
+    def _follow(self, launcher: Launcher, pid: int) -> None:
+        assert self.layer is not None
+        started = time.monotonic()
+        wait = float(self.params["wait"])
+        rp = launcher.ranks[self.rank]
+        while not self._stop.wait(_POLL_S):
+            held = next((e for e in self.layer.read_events() if e.get("event") == "held"), None)
+            if held is not None:
+                break
+            if rp.popen.poll() is not None or time.monotonic() - started > wait:
+                self.waited_s = round(time.monotonic() - started, 3)
+                self.layer.disarm()
+                return
+        else:
+            return
+        self.waited_s = round(time.monotonic() - started, 3)
+        self.held = {"path": held.get("path"), "pid": held.get("pid"), "tid": held.get("tid"),
+                     "rank_pid": pid, "held_after_s": self.waited_s}
+        caller = int(held.get("pid") or pid)
+        killed_at = time.monotonic()
+        if caller != pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(caller, signal.SIGKILL)
+        launcher.kill_rank(self.rank, signal.SIGKILL)
+        self.killed = [self.rank]
+        self.layer.disarm()  # the daemon answers: the killed caller dies inside its write
+        while rp.popen.poll() is None and time.monotonic() - killed_at < 10:
+            time.sleep(_POLL_S)
+        self.kill_to_exit_s = round(time.monotonic() - killed_at, 3)
+        if self.backing is not None:
+            found, step, _ = newest_checkpoint_files(self.backing, self.rank)
+            self.latest_complete = {"checkpoint": None if found is None else found.name, "step": step}
+
+    def clear(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=15)
+        if self.layer is not None:
+            self.layer.disarm()
+
+    def teardown(self) -> None:
+        try:
+            self.clear()
+        finally:
+            if self.layer is not None:
+                problem = self.layer.unmount()
+                if problem:
+                    self.problems.append(problem)
+
+    def evidence(self) -> dict[str, Any]:
+        out = {**super().evidence(), "mechanism": "fuse: a hold on the rank's first checkpoint write",
+               "held_write": self.held, "killed": self.killed, "kill_to_exit_s": self.kill_to_exit_s,
+               "waited_for_write_s": self.waited_s,
+               "latest_complete_at_kill": self.latest_complete or None}
+        if self.layer is not None:
+            released = [e for e in self.layer.read_events() if e.get("event") == "released"]
+            if released:
+                out["held_for_s"] = released[0].get("after_s")
+        if self.problems:
+            out["problems"] = list(self.problems)
+        return out
+
+    def classify(self, result: RunResult) -> str:
+        if self.held is not None and result.failed_rank == self.rank:
+            return (f"rank {self.rank} killed (SIGKILL) while writing {self.held['path']} under the "
+                    "checkpoint directory")
+        if self.held is None and self.waited_s is not None:
+            return (f"rank {self.rank} wrote nothing under the checkpoint directory within "
+                    f"{self.waited_s:g} s after step {self.after_step}")
+        return result.reason or result.outcome

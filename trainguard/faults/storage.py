@@ -1,0 +1,323 @@
+"""``storage``: the checkpoint directory's storage misbehaves from step ``after_step`` on.
+
+``params.kind`` says how (docs/faults-memory-and-disk.md):
+
+* ``eio_write``: every write under the checkpoint directory fails with EIO;
+* ``fsync``: fsync and fdatasync (of a file or the directory) fail with EIO;
+* ``slow``: ``latency_ms`` added to every write (``op: write``) or fsync (``op: fsync``); the
+  report gives the job's step times before and during, the checkpoint stall and the seconds the
+  layer added (its share of the time);
+* ``eio_read``: the run is stopped (SIGKILL to every rank) after step k, then every read of the
+  newest complete checkpoint's files fails with EIO, for the resume (a bad sector under the
+  latest checkpoint);
+* ``corrupt``: the run is stopped (SIGKILL to every rank) after step k, then one bit of one byte
+  of the newest complete checkpoint (its largest file, ``offset`` or the middle) is flipped on
+  disk, then the job resumes.
+
+Mechanism: a passthrough FUSE layer (:mod:`trainguard.faults.fusefs`, policy ``rules``) over the
+checkpoint directory for every kind but ``corrupt``, which writes the flipped byte straight into
+the backing file. The kernel forwards every call of every writer to the layer (torch.save's C++
+writer, safetensors, ``cp``), which a Python-level hook cannot fail. Without root, /dev/fuse,
+libfuse or mfusepy those kinds are skipped with the reason (there is no fallback: a Python-level
+hook would miss torch.save's own writes). ``corrupt`` needs none of it.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import math
+import os
+import signal
+import statistics
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
+from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
+from trainguard.unit.checkpoints import latest_complete_checkpoint
+from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.launch import Launcher, RunResult
+
+__all__ = ["RESUME_KINDS", "STORAGE_KINDS", "StorageFault", "newest_checkpoint_files", "stop_all_ranks"]
+
+STORAGE_KINDS = ("eio_write", "eio_read", "fsync", "slow", "corrupt")
+#: kinds that stop the run after step k and strike the resume
+RESUME_KINDS = ("eio_read", "corrupt")
+_RULES = {"eio_write": {"errno": {"write": errno.EIO}}, "fsync": {"errno": {"fsync": errno.EIO}}}
+
+
+def newest_checkpoint_files(directory: Path, rank: int = 0) -> tuple[Path | None, int | None, list[Path]]:
+    """The newest complete checkpoint under ``directory``: (its path, its step, its files, the
+    largest first). A layout :func:`latest_complete_checkpoint` does not know (per-rank JSON files,
+    say) is read by name: the highest step in a non-temporary file name, then the newest write;
+    its files are those of that step (``rank``'s own first among equals)."""
+    found = latest_complete_checkpoint(directory)
+    if found is not None:
+        files = [found] if found.is_file() else [p for p in found.rglob("*") if p.is_file()]
+        files.sort(key=lambda p: -p.stat().st_size)
+        return found, step_in_name(found.name), files
+    candidates: list[tuple[int, float, Path]] = []
+    for root, _, names in os.walk(directory):
+        for name in names:
+            if is_temp_name(name) or name.endswith(".lock"):
+                continue
+            path = Path(root) / name
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            if not path.is_symlink():
+                candidates.append((step_in_name(name) or -1, st.st_mtime, path))
+    if not candidates:
+        return None, None, []
+    step, _, newest = max(candidates, key=lambda c: (c[0], c[1]))
+    same = [c[2] for c in candidates if c[0] == step] if step >= 0 else [newest]
+    same.sort(key=lambda p: (-p.stat().st_size, f"rank{rank}" not in p.name, p.name))
+    return newest, (step if step >= 0 else None), same
+
+
+def stop_all_ranks(launcher: Launcher, timeout: float = 5.0) -> list[int]:
+    """SIGKILL every running rank and wait (at most ``timeout``) until they are gone: the machine
+    went away. The ranks it killed."""
+    alive = [rp.rank for rp in launcher.ranks if rp.popen.poll() is None]
+    for rank in alive:
+        launcher.kill_rank(rank, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(rp.popen.poll() is None for rp in launcher.ranks):
+        time.sleep(0.005)
+    return alive
+
+
+class StorageFault(Fault):
+    """EIO on write, read or fsync, added latency, or a flipped byte under the checkpoint dir."""
+
+    kind: ClassVar[str] = "storage"
+    defaults: ClassVar[Mapping[str, Any]] = {"kind": None, "latency_ms": None, "op": None, "offset": None}
+
+    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        self.layer: FuseLayer | None = None
+        self.backing: Path | None = None
+        self.mechanism: str | None = None
+        self.problems: list[str] = []
+        self.rules: dict[str, Any] | None = None
+        self.stopped_ranks: list[int] = []
+        self.target: dict[str, Any] = {}  # eio_read / corrupt: the checkpoint struck
+        self.armed_wall: float | None = None
+        self.cleared_wall: float | None = None
+        self.elapsed_offset: float | None = None  # time.time() - launcher.elapsed()
+        self.slow: dict[str, Any] = {}
+
+    @classmethod
+    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+        problems = super().validate(params)
+        kind = params.get("kind")
+        if kind not in STORAGE_KINDS:
+            problems.append(("kind", f"expected one of {', '.join(STORAGE_KINDS)}, got "
+                             f"{str(kind)[:40]!r}; e.g. `params: {{kind: eio_write}}`"))
+            return problems
+        for key in ("latency_ms", "op"):
+            if kind != "slow" and params.get(key) is not None:
+                problems.append((key, "applies to `kind: slow` only; remove it or set `kind: slow`"))
+        if kind == "slow":
+            latency = params.get("latency_ms")
+            if (isinstance(latency, bool) or not isinstance(latency, (int, float))
+                    or not math.isfinite(latency) or not 0 < latency <= 60000):
+                problems.append(("latency_ms", "expected the milliseconds added to each call, more "
+                                 "than 0 and at most 60000, e.g. `latency_ms: 200`"))
+            if params.get("op", "write") not in (None, "write", "fsync"):
+                problems.append(("op", f"expected write or fsync, got {str(params['op'])[:40]!r}"))
+        offset = params.get("offset")
+        if offset is not None and kind != "corrupt":
+            problems.append(("offset", "applies to `kind: corrupt` only; remove it"))
+        elif offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0):
+            problems.append(("offset", "expected the byte offset in the checkpoint's largest file "
+                             "(a whole number >= 0), or leave it out for the middle of the file"))
+        return problems
+
+    @property
+    def storage_kind(self) -> str:
+        return str(self.params["kind"])
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def setup(self, ctx: FaultContext) -> None:
+        self.backing = ctx.checkpoint_dir
+        if self.storage_kind == "corrupt":
+            self.mechanism = "direct: the byte is flipped in the checkpoint file on disk"
+            return
+        why = fuse_unavailable()
+        if why is None:
+            layer = FuseLayer(ctx.checkpoint_dir, ctx.work_dir / "storage-fuse", policy="rules",
+                              state_dir=ctx.work_dir)
+            self.layer = layer  # before the mount: a signal during it still reaches teardown()
+            try:
+                layer.mount()
+            except RuntimeError as exc:
+                self.layer, why = None, str(exc)
+            else:
+                ctx.checkpoint_dir = layer.point
+                self.mechanism = "fuse: a passthrough FUSE layer over the checkpoint directory"
+                return
+        raise FaultUnavailable(
+            f"{why}; storage kind {self.storage_kind} needs a FUSE layer over the checkpoint "
+            "directory (root, /dev/fuse, libfuse3 and mfusepy): a Python-level hook would miss "
+            "torch.save's own writes")
+
+    def inject(self, launcher: Launcher) -> None:
+        self.injected_at = launcher.elapsed()
+        self.elapsed_offset = time.time() - self.injected_at
+        kind = self.storage_kind
+        if kind in RESUME_KINDS:
+            self.stopped_ranks = stop_all_ranks(launcher)
+            self._strike_latest()
+            return
+        if kind == "slow":
+            on = self.params.get("op") or "write"
+            self.rules = {"latency_ms": {on: float(self.params["latency_ms"])}}
+        else:
+            self.rules = dict(_RULES[kind])
+        self.arm()
+
+    def arm(self) -> None:
+        """(Re-)arm the layer's rules: the resume judge re-arms an ``eio_read`` drill's rules for
+        its own resume run after :meth:`clear`."""
+        if self.layer is not None and self.rules is not None:
+            self.layer.arm(self.rules)
+            self.armed_wall = self.armed_wall or time.time()
+
+    def _strike_latest(self) -> None:
+        assert self.backing is not None
+        found, step, files = newest_checkpoint_files(self.backing, self.rank)
+        if found is None or not files:
+            self.problems.append(f"no complete checkpoint under {self.backing} when the run was "
+                                 "stopped: nothing to strike (does the job checkpoint before after_step?)")
+            return
+        self.target = {"checkpoint": str(found), "step": step,
+                       "files": [str(p) for p in files[:20]]}
+        if self.storage_kind == "eio_read":
+            self.rules = {"errno": {"read": errno.EIO},
+                          "paths": ["/" + p.relative_to(self.backing).as_posix() for p in files]}
+            self.arm()
+            return
+        largest = files[0]
+        size = largest.stat().st_size
+        if size == 0:
+            self.problems.append(f"{largest} is empty: no byte to flip")
+            return
+        offset = self.params.get("offset")
+        offset = size // 2 if offset is None else min(int(offset), size - 1)
+        with open(largest, "r+b") as handle:
+            handle.seek(offset)
+            before = handle.read(1)
+            after = bytes([before[0] ^ 0x01])
+            handle.seek(offset)
+            handle.write(after)
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.target.update(file=str(largest), offset=offset, size=size,
+                           byte_before=before.hex(), byte_after=after.hex())
+
+    def clear(self) -> None:
+        if self.layer is not None:
+            self.layer.disarm()
+            if self.armed_wall is not None and self.cleared_wall is None:
+                self.cleared_wall = time.time()
+
+    def teardown(self) -> None:
+        try:
+            self.clear()
+        finally:
+            if self.layer is not None:
+                problem = self.layer.unmount()
+                if problem:
+                    self.problems.append(problem)
+
+    # -- reporting ---------------------------------------------------------------------------
+
+    def layer_events(self, *names: str) -> list[dict[str, Any]]:
+        if self.layer is None:
+            return []
+        return [e for e in self.layer.read_events() if not names or e.get("event") in names]
+
+    def evidence(self) -> dict[str, Any]:
+        out = {**super().evidence(), "kind": self.storage_kind, "mechanism": self.mechanism}
+        if self.rules is not None:
+            out["rules"] = {k: v for k, v in self.rules.items() if k != "paths"}
+        if self.stopped_ranks:
+            out["stopped_ranks"] = self.stopped_ranks
+        if self.target:
+            out["target"] = dict(self.target)
+        eio = self.layer_events("eio")
+        if self.layer is not None:
+            out["eio_calls"] = len(eio)
+            out["eio_paths"] = sorted({f"{e.get('path')} ({e.get('op')})" for e in eio})[:10]
+            out["backing_dir"] = str(self.layer.backing)
+        if self.slow:
+            out["slow_storage"] = dict(self.slow)
+        if self.problems:
+            out["problems"] = list(self.problems)
+        return out
+
+    def classify(self, result: RunResult) -> str:
+        from trainguard.faults.hook import rank_stderr
+
+        for rank in [self.rank, *[r for r in range(result.world_size) if r != self.rank]]:
+            text = rank_stderr(result, rank)
+            line = next((ln.strip() for ln in reversed(text.splitlines())
+                         if "Input/output error" in ln or "[Errno 5]" in ln), None)
+            if line is not None:
+                return f"EIO on rank {rank}: {line[:200]}"
+        killed = {e.rank for e in result.exits if e.signal == "SIGKILL"}
+        if self.stopped_ranks and killed and killed <= set(self.stopped_ranks):
+            return (f"stopped by the drill (SIGKILL to rank(s) {', '.join(map(str, self.stopped_ranks))}) "
+                    f"to strike the checkpoint of step {self.target.get('step')}")
+        if result.ok:
+            return f"handled by the job (it completed despite {self.storage_kind})"
+        return result.reason or result.outcome
+
+    def verify_continue(self, result: RunResult) -> list[str]:
+        """slow: the step times before and during, the checkpoint stall and the layer's seconds."""
+        if self.storage_kind != "slow" or self.injected_at is None:
+            return []
+        delayed = self.layer_events("delayed")
+        offset = self.elapsed_offset or 0.0
+        start = self.injected_at
+        end = (self.cleared_wall - offset) if self.cleared_wall is not None else result.duration_s
+        ranks = sorted({p.rank for p in result.points})
+        watched = self.rank if self.rank in ranks else (ranks[0] if ranks else self.rank)
+        names = [p.name for p in result.points if p.rank == watched]
+        metric = "loss" if "loss" in names else (names[0] if names else "loss")
+        points = sorted((p for p in result.points if p.rank == watched and p.name == metric),
+                        key=lambda p: p.step)
+        gaps = [(b.step, b.t - a.t, b.t) for a, b in itertools.pairwise(points) if b.step == a.step + 1]
+        before = [g for _, g, t in gaps if t <= start][1:]  # the first gap pays start-up
+        during = [(s, g) for s, g, t in gaps if start < t <= end]
+        typical = statistics.median(before) if before else None
+        added = sum(float(e.get("added_s", 0.0)) for e in delayed
+                    if start <= float(e.get("t", 0.0)) - offset <= end)
+        window = max(end - start, 1e-9)
+        out: dict[str, Any] = {
+            "latency_ms": self.params["latency_ms"], "op": self.params.get("op") or "write",
+            "step_time_before_s": None if typical is None else round(typical, 4),
+            "step_time_during_s": round(statistics.median([g for _, g in during]), 4) if during else None,
+            "slowest_step_during": None,
+            "layer_delayed_calls": len(delayed),
+            "layer_added_s": round(added, 3),
+            "layer_share_of_time": round(added / window, 3),
+            "window_s": round(window, 3),
+        }
+        if during:
+            step, worst = max(during, key=lambda sg: sg[1])
+            out["slowest_step_during"] = {"step": step, "seconds": round(worst, 4)}
+            if typical is not None:
+                out["checkpoint_stall_s"] = round(max(0.0, worst - typical), 4)
+                stalls = [max(0.0, g - typical) for _, g in during]
+                out["stall_share_of_step_time"] = round(sum(stalls) / max(sum(g for _, g in during), 1e-9), 3)
+        self.slow = out
+        return []
