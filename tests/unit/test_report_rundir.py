@@ -35,7 +35,6 @@ REPORT_KEYS = {
     "checks",
     "created_at",
     "host",
-    "interrupted",
 }
 CHECK_KEYS = {"name", "status", "summary", "evidence", "duration_s", "reproduce"}
 
