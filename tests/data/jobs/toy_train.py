@@ -24,6 +24,10 @@ Flags plant one defect each, so a test can show that trainguard catches it:
 --swallow-oom                 catches MemoryError / torch.OutOfMemoryError in the training loop
                               and carries on (an OOM that never ends the job)
 
+--workers N                   N data-loading worker processes (children, like a DataLoader's); step s
+                              waits for worker s % N's item; a dead worker is noticed within 0.1 s
+                              (an error, as PyTorch's DataLoader raises)
+--worker-timeout 0            the defect: waits for a dead worker's item forever (no liveness check)
 --exit-early-rank R --exit-early-step K  rank R leaves the loop and exits 0 at step K (a shard with
                               fewer batches): its peers wait for it at the next barrier
 --on-notice MODE              what SIGTERM / SIGUSR1 (a scheduler's notice) does: die (Python's
@@ -92,6 +96,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ckpt-size-kb", type=int, default=0, help="pad each checkpoint to about this size")
     p.add_argument("--ckpt-keep-one", action="store_true", help="one checkpoint file, replaced by each save")
     p.add_argument("--swallow-oom", action="store_true")
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--worker-timeout", type=float, default=5.0, help="0: wait for a worker forever")
     p.add_argument("--exit-early-rank", type=int, default=None)
     p.add_argument("--exit-early-step", type=int, default=None)
     p.add_argument("--on-notice", choices=("die", "save", "ignore", "save-slow-inplace", "rank0-saves"),
@@ -155,6 +161,35 @@ def barrier(sync_dir: Path, rank: int, world_size: int, step: int, timeout: floa
     return any((where / f"step{step}.rank{r}").read_text() == "1" for r in range(world_size))
 
 
+def _produce(queue: object, index: int) -> None:
+    """A data-loading worker: its items, forever (the rank's loop takes one per step)."""
+    n = 0
+    while True:
+        queue.put((index, n))  # type: ignore[attr-defined]
+        n += 1
+
+
+def next_item(queues: list, procs: list, step: int, timeout: float) -> object:
+    """The item of step ``step`` from worker ``step % N``; with a timeout, a dead worker is an
+    error (as PyTorch's DataLoader reports one), without one the wait never ends."""
+    import queue as queue_module
+
+    index = step % len(queues)
+    if not timeout:
+        return queues[index].get()
+    waited = 0.0
+    while True:
+        try:
+            return queues[index].get(timeout=0.1)
+        except queue_module.Empty:
+            waited += 0.1
+            if not procs[index].is_alive():
+                raise RuntimeError(f"toy_train: data worker {index} (pid {procs[index].pid}) exited "
+                                   f"unexpectedly with exit code {procs[index].exitcode}") from None
+            if waited > timeout:
+                raise RuntimeError(f"toy_train: data worker {index} gave nothing for {timeout:g} s") from None
+
+
 NOTICE: list[int] = []
 
 
@@ -201,6 +236,17 @@ def main() -> int:
             start = last + 1
             print(f"toy_train: rank {rank} resumed after step {last}", flush=True)
 
+    queues: list = []
+    procs: list = []
+    if args.workers:
+        import multiprocessing
+
+        mp = multiprocessing.get_context("fork")
+        queues = [mp.Queue(maxsize=2) for _ in range(args.workers)]
+        procs = [mp.Process(target=_produce, args=(q, i), daemon=True) for i, q in enumerate(queues)]
+        for proc in procs:
+            proc.start()
+
     jsonl = None
     if args.jsonl_dir:
         Path(args.jsonl_dir).mkdir(parents=True, exist_ok=True)
@@ -230,6 +276,8 @@ def main() -> int:
                 os.kill(os.getpid(), signal.SIGSTOP)
             while True:
                 time.sleep(3600)
+        if queues:
+            next_item(queues, procs, step, args.worker_timeout)
         loss = 2.0 * math.exp(-0.05 * step) + 0.01 * rng.random()
         stop = bool(NOTICE)
         if args.sync_dir:

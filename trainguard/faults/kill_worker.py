@@ -1,0 +1,99 @@
+"""``kill_worker``: a DataLoader worker of rank ``rank`` dies by a signal after step ``after_step``.
+
+Data-loading workers are child processes of a rank (PyTorch's DataLoader with ``num_workers >
+0``); the kernel's OOM killer picks them often, since they hold copies of the dataset. The rank
+itself is still alive, so nothing outside it notices: the job must notice by itself. PyTorch's
+DataLoader raises ``RuntimeError: DataLoader worker (pid(s) ...) exited unexpectedly`` in the
+rank within a second or two; a loader of its own that waits on a queue without a timeout or a
+liveness check hangs forever. The default expectation is ``fail_clean``: exit with an error,
+checkpoint intact (``recover`` proves the restart too).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import psutil
+
+from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
+from trainguard.faults.kill import KILL_SIGNALS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.launch import Launcher, RunResult
+
+__all__ = ["KillWorkerFault"]
+
+#: how long inject() looks for a worker (one may be between two epochs' loaders)
+_FIND_S = 1.0
+
+
+class KillWorkerFault(Fault):
+    """Send ``signal`` (default SIGKILL) to the ``worker``-th child process of rank ``rank``."""
+
+    kind: ClassVar[str] = "kill_worker"
+    defaults: ClassVar[Mapping[str, Any]] = {"signal": "SIGKILL", "worker": 0}
+
+    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        self.pid: int | None = None
+        self.cmdline: str | None = None
+        self.workers_seen = 0
+
+    @classmethod
+    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+        problems = super().validate(params)
+        sig = params.get("signal", "SIGKILL")
+        if sig not in KILL_SIGNALS:
+            problems.append(("signal", f"expected one of {', '.join(KILL_SIGNALS)}, got {str(sig)[:40]!r}"))
+        worker = params.get("worker", 0)
+        if isinstance(worker, bool) or not isinstance(worker, int) or not 0 <= worker < 1024:
+            problems.append(("worker", f"expected the index of the worker among the rank's child processes "
+                             f"(0 = the oldest), 0 to 1023, got {str(worker)[:40]!r}"))
+        return problems
+
+    def setup(self, ctx: FaultContext) -> None:
+        if ctx.ray_train:
+            raise FaultUnavailable("kill_worker finds a rank's DataLoader workers among the children of the "
+                                   "rank's process; a ray_train job's workers are Ray actors (use kill_rank)")
+
+    def inject(self, launcher: Launcher) -> None:
+        rank_pid = launcher.ranks[self.rank].pid
+        index = int(self.params["worker"])
+        deadline = time.monotonic() + _FIND_S
+        children: list[psutil.Process] = []
+        while True:
+            try:
+                children = sorted(psutil.Process(rank_pid).children(recursive=False),
+                                  key=lambda p: (p.create_time(), p.pid))
+            except psutil.Error:
+                children = []
+            if len(children) > index or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        self.workers_seen = len(children)
+        if len(children) <= index:
+            raise RuntimeError(f"rank {self.rank} (pid {rank_pid}) has {len(children)} child process(es), so "
+                               f"there is no worker {index} to kill: DataLoader workers need num_workers > 0")
+        target = children[index]
+        self.pid = target.pid
+        try:
+            self.cmdline = " ".join(target.cmdline())[:200]
+            target.send_signal(signal.Signals[str(self.params["signal"])])
+        except psutil.NoSuchProcess:
+            raise RuntimeError(f"worker {index} of rank {self.rank} (pid {target.pid}) exited before the "
+                               "signal: the loader was between epochs; move after_step") from None
+
+    def evidence(self) -> dict[str, Any]:
+        return {**super().evidence(), "signal": self.params["signal"], "worker": self.params["worker"],
+                "worker_pid": self.pid, "worker_cmdline": self.cmdline, "workers_seen": self.workers_seen}
+
+    def classify(self, result: RunResult) -> str:
+        what = f"DataLoader worker {self.params['worker']} of rank {self.rank} (pid {self.pid}) was killed"
+        if result.outcome == "hung":
+            return f"{what}, and the rank then hung ({result.reason}): it waits for the dead worker's batch"
+        if result.failed_rank == self.rank:
+            return f"{what}; rank {self.rank} failed ({result.reason})"
+        return f"{what}; {super().classify(result)}"
