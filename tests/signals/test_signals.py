@@ -347,3 +347,20 @@ def test_sigterm_stops_the_toxiproxy_server(tmp_path: Path, watch: Watch) -> Non
     w.wait_for("the API listening", lambda: w.ports, timeout=60)
     finish(w, signal.SIGTERM, expect=0)
     assert w.ports and not (w.ports & listening_ports())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trial", range(12))
+def test_a_signal_at_a_random_moment(tmp_path: Path, watch: Watch, trial: int) -> None:
+    """The points above are chosen; these are not: SIGINT or SIGTERM at a random moment of a
+    check running smoke, determinism (with a lane run beside it) and every drill."""
+    import random
+
+    rng = random.Random(trial)
+    sig = rng.choice([signal.SIGINT, signal.SIGTERM])
+    job = toy_job(tmp_path, DRILLS.replace("  drills:", "  determinism: {steps: 20}\n  drills:"))
+    w = watch(trainguard("check", str(job)))
+    time.sleep(rng.uniform(0.5, 25.0))
+    if w.popen.poll() is not None:
+        pytest.skip("the check ended before the signal")
+    finish(w, sig, group=sig == signal.SIGINT, expect=(EXIT[sig], -sig))
