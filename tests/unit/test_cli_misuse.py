@@ -96,6 +96,7 @@ def test_a_valid_promoted_report_is_submitted(
         ({"job_file": None}, ["job_file: missing"]),
         ({"provenance": None}, ["provenance: missing"]),
         ({"provenance": {"job_file": "x"}}, ["provenance: provenance record lacks job_file_sha256"]),
+        ({"provenance": "NAN"}, ["provenance.created_at: is nan, expected a time in seconds"]),
         ({"job_file": ""}, ["job_file: is ''"]),
         ({"capabilities": {"gpus": "all"}}, ["capabilities.gpus: is 'all', expected a number"]),
         ({"sizing": {"recommended": 2}}, ["sizing: sizing lacks"]),
@@ -112,6 +113,8 @@ def test_a_mistyped_or_incomplete_report_exits_2_naming_the_key(
     for key, value in change.items():
         if value is None and key in ("job_file", "provenance"):
             del data[key]
+    if data.get("provenance") == "NAN":  # JSON's NaN, which json.loads reads: never stale
+        data["provenance"] = {**promoted["provenance"], "created_at": float("nan")}
     report = write_report(tmp_path, data)
     code, _, err = run_main(["submit", str(report)], capsys)
     assert code == 2, err

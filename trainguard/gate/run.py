@@ -15,6 +15,7 @@ import base64
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import stat
 import time
@@ -385,9 +386,12 @@ def read_gate_report(path: str | os.PathLike[str]) -> dict[str, Any]:
     from trainguard.gate.provenance import Provenance
 
     try:
-        Provenance.from_dict(data["provenance"])
+        created = Provenance.from_dict(data["provenance"]).created_at
     except ValueError as exc:
         raise ConfigError(f"{_cut(str(exc))}: {again}", path=where, key="provenance") from None
+    if not math.isfinite(created):  # NaN would pass every age comparison: never stale
+        raise ConfigError(f"is {created!r}, expected a time in seconds: {again}", path=where,
+                          key="provenance.created_at")
     gpus = (data.get("capabilities") or {}).get("gpus", 0)
     if isinstance(gpus, bool) or not isinstance(gpus, (int, float)):
         raise ConfigError(f"is {_cut(repr(gpus))}, expected a number: {again}", path=where,
