@@ -41,8 +41,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
 
 def _put(result: CheckResult) -> dict:
     put = result.evidence["numerics"]["put_into"]
-    # the trigger is pulled when rank 1 prints step 3; the job's output is read with a lag
-    assert put["rank"] == 1 and 4 <= put["step"] <= 6, put
+    # the trigger is pulled when rank 1 prints step 3; the job's output is read with a lag (a
+    # step or two of 0.1 s here, more on an overloaded machine)
+    assert put["rank"] == 1 and 4 <= put["step"] <= 9, put
     assert "put into rank 1's" in result.summary and f"at step {put['step']}" in result.summary
     return put
 
@@ -74,7 +75,7 @@ def test_a_job_that_trains_on_after_the_nan_fails(results: dict[str, CheckResult
     assert "it trained on after the non-finite value" in result.summary
     assert result.evidence["likely_causes"][0].startswith("no check for non-finite values")
     numerics = result.evidence["numerics"]
-    assert numerics["later_nonfinite_steps"] == list(range(put["step"] + 1, 9))
+    assert numerics["later_nonfinite_steps"] == list(range(put["step"] + 1, 11))
 
 
 def test_a_nan_gradient_spread_by_the_all_reduce_is_reported_on_every_rank(results: dict[str, CheckResult]) -> None:
@@ -96,3 +97,23 @@ def test_an_inf_in_the_gradients_is_skipped_by_a_job_that_checks_the_gradient_no
     put = _put(result)
     assert (put["target"], put["value"]) == ("grads", "inf")
     assert result.evidence["numerics"]["first_nonfinite"] is None
+
+
+@pytest.mark.slow
+def test_the_unmodified_digits_example_takes_the_nan_and_trains_on() -> None:
+    """examples/digits/train.py has no check for non-finite values: the NaN goes in through its
+    F.cross_entropy (loss) and its DDP backward (grads), and both drills fail naming it."""
+    from trainguard.config import load_config
+    from trainguard.drills.driver import make_drill, run_drill
+    from trainguard.run.runner import JobRunner
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "digits" / "drills.trainguard.yaml"
+    job_file = load_config(example)
+    for fields, via in [({"policy": "stop", "deadline": 20}, "torch.nn.functional.cross_entropy"),
+                        ({"policy": "skip", "target": "grads"}, "backward (parameter gradients")]:
+        spec = make_drill(job_file, {"name": "nan", "fault": "nan", "rank": 1, "world_size": 2, "steps": 14,
+                                     "after_step": 4, **fields})
+        result = run_drill(JobRunner(job_file), spec)
+        assert result.status == "failed", result.summary
+        numerics = result.evidence["numerics"]
+        assert numerics["put_into"]["via"].startswith(via) and numerics["reached_every_rank"]
