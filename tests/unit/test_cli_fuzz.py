@@ -18,8 +18,12 @@ never a traceback, never stuck (issue 13).
 - init: generated script names, job names and flags (what it writes loads back exactly), and
   generated script sources (scanned, or refused as not Python; the drafted job always loads).
 
-By default 300 command lines, 400 settings, 2 real pytest runs, 80 init runs and 150 scripts
-(about 12 s); under ``-m slow`` 4000, 5000, 40, 2000 and 3000. An example past
+- submit: a promoted gate report with generated values at every key it reads (types, NaN,
+  huge numbers, nesting, keys removed): submitted (to a stand-in sbatch that refuses), refused
+  as blocked or stale (exit 1), or exit 2 naming the report file and the key.
+
+By default 300 command lines, 400 settings, 2 real pytest runs, 80 init runs, 150 scripts and
+60 reports (about 15 s); under ``-m slow`` 4000, 5000, 40, 2000, 3000 and 2000. An example past
 :data:`EXAMPLE_LIMIT_S` fails.
 """
 
@@ -544,3 +548,104 @@ def test_init_drafts_a_loadable_job_from_generated_scripts() -> None:
 def test_init_generated_scripts_many() -> None:
     counts = _fuzz_sources(3000)
     assert counts["drafted"] and counts["not python"], counts
+
+
+# --------------------------------------------------------------------------------------------
+# trainguard submit: generated gate reports
+# --------------------------------------------------------------------------------------------
+
+_json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=8)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+    max_leaves=6,
+)
+#: where a report mutation lands: every key submit reads, and some of their parts
+_REPORT_PATHS: list[tuple[str | int, ...]] = [
+    ("verdict",), ("decision",), ("decision", "reasons"), ("job_file",), ("provenance",),
+    ("provenance", "created_at"), ("provenance", "job_file_sha256"), ("provenance", "git_commit"),
+    ("provenance", "git_dirty"), ("capabilities",), ("capabilities", "gpus"), ("sizing",),
+    ("sizing", "recommended"), ("sizing", "candidates"), ("sizing", "candidates", 0),
+    ("sizing", "candidates", 0, "gpus"), ("sizing", "candidates", 0, "steps"),
+    ("sizing", "candidates", 0, "hours_with_failures"), ("sizing", "target"), ("mlflow_session_run_id",),
+    ("gate_report_version",),
+]
+_SIZING = {
+    "target": {}, "recommended": 2, "recommendation": "2 GPUs", "limits": [], "device": "cpu",
+    "memory_budget_mb": None, "memory_budget_source": "",
+    "candidates": [{"gpus": 2, "extrapolated": False, "throughput_sps": 1.0, "efficiency": 1.0, "steps": 100,
+                    "step_time_s": 0.1, "hours": 1.0, "mtbf_hours": 100.0, "checkpoint_every_s": None,
+                    "checkpoint_every_steps": None, "checkpoint_rule": "", "expected_failures": 0.0,
+                    "hours_with_failures": 1.0, "gpu_hours": 2.0, "cost": 0.0, "memory_headroom_mb": None,
+                    "feasible": True, "why_not": []}],
+}
+
+
+def _fuzz_reports(tmp_path_factory: pytest.TempPathFactory, examples: int) -> dict[int, int]:
+    import json
+
+    from trainguard.gate.provenance import provenance_for
+
+    tmp = tmp_path_factory.mktemp("submit-fuzz")
+    job = tmp / "trainguard.yaml"
+    job.write_text(f"job: {{name: toy, command: 'true', metrics: {{loss: '{REGEX}'}}}}\ngate: {{queue: slurm}}\n")
+    # fake-sbatch: a stand-in for Slurm's sbatch (Slurm cannot run here) that refuses every job
+    bin_dir = tmp / "fake-sbatch-bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: fake-sbatch refuses' >&2\nexit 1\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    base = {"gate_report_version": 1, "job": "toy", "job_file": str(job), "verdict": "promote",
+            "decision": {"verdict": "promote", "reasons": [], "notes": [], "fallbacks": [],
+                         "recommended_world_size": None},
+            "checks": [], "provenance": provenance_for(job).to_dict(),
+            "capabilities": {"gpus": 0, "root": True, "ray": False}, "policy": {}, "sizing": None,
+            "submission": None, "tracking_uri": None, "mlflow_session_run_id": None}
+    codes: dict[int, int] = {}
+    report = tmp / "latest.json"
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(with_sizing=st.booleans(),
+           changes=st.lists(st.tuples(st.sampled_from(_REPORT_PATHS), _json_values, st.booleans()), max_size=3))
+    def property_(with_sizing: bool, changes: list[tuple[tuple[str | int, ...], Any, bool]]) -> None:
+        data: Any = json.loads(json.dumps({**base, "sizing": _SIZING if with_sizing else None}))
+        for path, value, delete in changes:
+            with contextlib.suppress(KeyError, IndexError, TypeError):
+                node = data
+                for key in path[:-1]:
+                    node = node[key]
+                if delete and isinstance(node, dict):
+                    node.pop(path[-1], None)
+                else:
+                    node[path[-1]] = value
+        report.write_text(json.dumps(data))
+        path_env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+        saved = os.environ["PATH"]
+        os.environ.update(path_env)
+        try:
+            code, out, err = _run_main(["submit", str(report), "--wait", "0"], {}, tmp)
+        finally:
+            os.environ["PATH"] = saved
+        shown = f"changes={changes!r}\nstdout: {out[-1500:]}\nstderr: {err[-1500:]}"
+        assert "Traceback" not in out + err and code in (1, 2), shown
+        if code == 2:
+            assert err.startswith(f"trainguard: error: {report}"), shown  # names the file (and key)
+        else:  # refused (blocked, stale) or the stand-in sbatch refused it
+            assert any(w in err for w in ("blocked", "stale", "sbatch refused")) or "submission: " in out, shown
+        codes[code] = codes.get(code, 0) + 1
+
+    property_()
+    return codes
+
+
+def test_generated_gate_reports_are_submitted_or_refused_naming_the_key(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    codes = _fuzz_reports(tmp_path_factory, 60)
+    print(codes)
+    assert codes.get(1, 0) >= 3 and codes.get(2, 0) >= 20, codes
+
+
+@pytest.mark.slow
+def test_generated_gate_reports_many(tmp_path_factory: pytest.TempPathFactory) -> None:
+    codes = _fuzz_reports(tmp_path_factory, 2000)
+    assert codes.get(1) and codes.get(2), codes
