@@ -35,6 +35,8 @@ FAULT_CLASSES: dict[str, str] = {
     "nan": "trainguard.faults.nan:NanFault",
     "storage": "trainguard.faults.storage:StorageFault",
     "kill_during_save": "trainguard.faults.kill_during_save:KillDuringSaveFault",
+    "kill_worker": "trainguard.faults.kill_worker:KillWorkerFault",
+    "slow_rank": "trainguard.faults.slow_rank:SlowRankFault",
 }
 
 #: what a drill expects of the job, in docs/drills.md
@@ -64,6 +66,8 @@ DEFAULT_EXPECT: dict[str, str] = {
     "nan": "handle_nonfinite",
     "storage": "fail_clean",
     "kill_during_save": "recover",
+    "kill_worker": "fail_clean",
+    "slow_rank": "continue",
 }
 
 

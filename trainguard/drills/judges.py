@@ -601,12 +601,15 @@ def judge_continue(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
                             "its shutdown blocks on the fault")
     before, during = rates.get("before"), rates.get("during")
     ratio = during / before if before and during is not None else None
+    # a fault that slows the job on purpose (slow_rank) sets its own floor when the drill gives none
+    floor = spec.min_rate if spec.min_rate is not None else getattr(c.fault, "min_rate_default", spec.rate_floor)
+    rates["min_rate"] = floor
     rates["during_over_before"] = _round(ratio)
     if ratio is None:
         evidence["rate_note"] = "too few steps before the fault to measure the rate"
-    elif ratio < spec.rate_floor:
+    elif ratio < floor:
         problems.append(f"the step rate during the fault fell to {ratio:.0%} of the rate before "
-                        f"({during:.2f} vs {before:.2f} steps/s; min_rate {spec.rate_floor:g})")
+                        f"({during:.2f} vs {before:.2f} steps/s; min_rate {floor:g})")
     try:
         problems += c.fault.verify_continue(final)
     except Exception as exc:

@@ -21,9 +21,18 @@ Flags plant one defect each, so a test can show that trainguard catches it:
                               leaves a torn checkpoint that a resume then reads)
 --ckpt-keep-one               one checkpoint file per rank, replaced by every save (with
                               --ckpt-size-kb N its size: a rename over it frees its space)
+--latest-pointer-first        updates a "latest" symlink (rank{R}-latest) to the new checkpoint
+                              before writing it (the pointer names data that is not durable
+                              yet); --resume then follows the pointer
+--ckpt-verify MODE            what a resume does with a checkpoint it cannot read or whose
+                              checksum (written with each save) does not match: none (loads the
+                              newest and trusts it: a flipped digit is trained on), fail (exits 1
+                              naming it), fallback (the newest step every rank's file of which
+                              reads and verifies), scratch (the defect: starts again from step 1)
 --swallow-oom                 catches MemoryError / torch.OutOfMemoryError in the training loop
                               and carries on (an OOM that never ends the job)
 
+--work-ms N                   N ms of CPU work per step (a busy loop: a CPU quota slows it, a sleep not)
 --workers N                   N data-loading worker processes (children, like a DataLoader's); step s
                               waits for worker s % N's item; a dead worker is noticed within 0.1 s
                               (an error, as PyTorch's DataLoader raises)
@@ -46,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import hashlib
 import json
 import math
 import os
@@ -96,6 +106,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ckpt-size-kb", type=int, default=0, help="pad each checkpoint to about this size")
     p.add_argument("--ckpt-keep-one", action="store_true", help="one checkpoint file, replaced by each save")
     p.add_argument("--swallow-oom", action="store_true")
+    p.add_argument("--latest-pointer-first", action="store_true")
+    p.add_argument("--ckpt-verify", choices=("none", "fail", "fallback", "scratch"), default="none")
+    p.add_argument("--work-ms", type=float, default=0.0)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--worker-timeout", type=float, default=5.0, help="0: wait for a worker forever")
     p.add_argument("--exit-early-rank", type=int, default=None)
@@ -113,11 +126,25 @@ def checkpoint_path(ckpt_dir: Path, rank: int, step: int, keep_one: bool = False
     return ckpt_dir / f"rank{rank}-step{step:06d}.json"
 
 
+def _checksum(step: int, rng_state: object) -> str:
+    return hashlib.sha256(json.dumps([step, rng_state]).encode()).hexdigest()
+
+
 def save_checkpoint(ckpt_dir: Path, rank: int, step: int, rng: random.Random, inplace: bool = False,
-                    size_kb: int = 0, keep_one: bool = False) -> None:
+                    size_kb: int = 0, keep_one: bool = False, checksum: bool = False,
+                    pointer_first: bool = False) -> None:
     # temp file + fsync + rename: a run killed mid-write never leaves a torn checkpoint behind
     target = checkpoint_path(ckpt_dir, rank, step, keep_one)
-    text = json.dumps({"step": step, "rng": rng.getstate(), "pad": "x" * (size_kb * 1024)})
+    data: dict[str, object] = {"step": step, "rng": rng.getstate(), "pad": "x" * (size_kb * 1024)}
+    if checksum:
+        data["sha256"] = _checksum(step, json.loads(json.dumps(data["rng"])))
+    text = json.dumps(data)
+    if pointer_first:  # the defect: "latest" names the new checkpoint before it is written
+        link = ckpt_dir / f"rank{rank}-latest"
+        tmp_link = ckpt_dir / f".rank{rank}-latest.tmp"
+        tmp_link.unlink(missing_ok=True)
+        os.symlink(target.name, tmp_link)
+        os.replace(tmp_link, link)
     if inplace:  # the defect: open(target, "w") truncates first, a failed write leaves it torn
         with open(target, "w") as f:
             f.write(text)
@@ -130,11 +157,44 @@ def save_checkpoint(ckpt_dir: Path, rank: int, step: int, rng: random.Random, in
     os.replace(tmp, target)
 
 
-def load_latest(ckpt_dir: Path, rank: int) -> tuple[int, random.Random] | None:
-    found = sorted(ckpt_dir.glob(f"rank{rank}-step*.json"))
+def _read(path: Path, verify: bool) -> dict:
+    data = json.loads(path.read_text())
+    if verify and data.get("sha256") != _checksum(data["step"], data["rng"]):
+        raise ValueError(f"checksum mismatch in {path}: the checkpoint is corrupt")
+    return data
+
+
+def load_latest(ckpt_dir: Path, rank: int, verify: str = "none", world_size: int = 1) -> tuple[int, random.Random] | None:
+    link = ckpt_dir / f"rank{rank}-latest"
+    if link.is_symlink():  # --latest-pointer-first: trust the pointer
+        found = [ckpt_dir / os.readlink(link)]
+    else:
+        found = sorted(ckpt_dir.glob(f"rank{rank}-step*.json"))
     if not found:
         return None
-    data = json.loads(found[-1].read_text())
+    if verify == "none":
+        data = json.loads(found[-1].read_text())
+    elif verify == "fail":
+        try:
+            data = _read(found[-1], True)
+        except (OSError, ValueError) as exc:
+            print(f"toy_train: rank {rank}: cannot resume from {found[-1].name}: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
+    else:
+        data = None
+        for path in reversed(found):  # the newest step whose every rank's file reads and verifies
+            try:
+                every = [_read(path.with_name(path.name.replace(f"rank{rank}-", f"rank{r}-")), True)
+                         for r in range(world_size)]
+            except (OSError, ValueError) as exc:
+                if verify == "scratch":  # the defect: drop everything, start again
+                    return None
+                print(f"toy_train: rank {rank}: skipping {path.name}: {exc}", file=sys.stderr, flush=True)
+                continue
+            data = every[rank]
+            break
+        if data is None:
+            return None
     version, internal, gauss = data["rng"]
     rng = random.Random()
     rng.setstate((version, tuple(internal), gauss))
@@ -230,7 +290,7 @@ def main() -> int:
     start = 1
     rng = random.Random() if args.nondet else random.Random(args.seed * 1000 + rank)
     if args.resume and ckpt_dir is not None:
-        loaded = load_latest(ckpt_dir, rank)
+        loaded = load_latest(ckpt_dir, rank, args.ckpt_verify, world_size)
         if loaded is not None:
             last, rng = loaded
             start = last + 1
@@ -278,6 +338,10 @@ def main() -> int:
                 time.sleep(3600)
         if queues:
             next_item(queues, procs, step, args.worker_timeout)
+        if args.work_ms:
+            busy_until = time.process_time() + args.work_ms / 1000
+            while time.process_time() < busy_until:
+                pass
         loss = 2.0 * math.exp(-0.05 * step) + 0.01 * rng.random()
         stop = bool(NOTICE)
         if args.sync_dir:
@@ -291,7 +355,8 @@ def main() -> int:
         due = step == args.steps if args.ckpt_at_exit_only else step % args.ckpt_every == 0
         if ckpt_dir is not None and not args.no_ckpt and due:
             save_checkpoint(ckpt_dir, rank, step, rng, inplace=args.ckpt_inplace,
-                            size_kb=args.ckpt_size_kb, keep_one=args.ckpt_keep_one)
+                            size_kb=args.ckpt_size_kb, keep_one=args.ckpt_keep_one,
+                            checksum=args.ckpt_verify != "none", pointer_first=args.latest_pointer_first)
         if stop and ckpt_dir is not None:
             return _save_on_notice(args, ckpt_dir, rank, world_size, step, rng)
     print(f"toy_train: rank {rank} done", flush=True)

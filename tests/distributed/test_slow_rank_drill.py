@@ -1,0 +1,66 @@
+"""``fault: slow_rank``: one rank throttled to a fraction of a CPU (a real cgroup CPU quota).
+
+The toy job (tests/data/jobs/toy_train.py, no torch) does ``--work-ms`` of CPU work per step and
+ends every step in a barrier of both ranks (``--sync-dir``), so the whole job runs at the slowed
+rank's pace, as synchronous training does. The clean job rides the throttle out; the planted one
+has a collective timeout shorter than a slowed step and fails, with the timeout named.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from trainguard.drills import drill
+from trainguard.report import CheckResult
+
+pytestmark = [pytest.mark.timeout(240),
+              pytest.mark.skipif(os.geteuid() != 0, reason="a CPU cgroup needs root")]
+
+JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
+
+JOB = """
+job:
+  name: toy-slow
+  command: "python {script} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --work-ms 20 --sync-dir {{run_dir}}/sync"
+  resume_args: "--resume"
+  world_size: 2
+  env: {{OMP_NUM_THREADS: "1"}}
+  metrics:
+    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
+  timeout: 60
+  stall_timeout: 20
+checks:
+  drills:
+    - {{name: slow, fault: slow_rank, rank: 1, steps: 60, after_step: 10, duration: 1.5, params: {{fraction: 0.1}}}}
+    - {{name: slow-timeout, fault: slow_rank, rank: 1, steps: 60, after_step: 10, duration: 1.5, params: {{fraction: 0.05}}, args: "--sync-timeout 0.25"}}
+"""
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
+    path = tmp_path_factory.mktemp("slow") / "slow.trainguard.yaml"
+    path.write_text(JOB.format(script=JOBS / "toy_train.py"))
+    return {c.name.removeprefix("drill:"): c for c in drill(str(path)).checks}
+
+
+def test_the_job_runs_at_the_slowed_ranks_pace_and_completes(results: dict[str, CheckResult]) -> None:
+    result = results["slow"]
+    assert result.status == "passed", result.summary
+    fault = result.evidence["fault_evidence"]
+    assert fault["mechanism"] == "cgroup cpu quota" and fault["pids_throttled"]
+    assert fault["throttling"].get("nr_throttled", 0) > 0  # the quota bit
+    rates = result.evidence["step_rate"]
+    assert rates["during"] < rates["before"]  # the whole job slowed down, not only rank 1
+    per_rank = fault["rank_step_rates"]
+    assert set(per_rank) == {0, 1} and per_rank[0]["during"] < per_rank[0]["before"]
+    assert rates["min_rate"] == 0.05  # fraction 0.1 x margin 0.5
+
+
+def test_a_collective_timeout_shorter_than_a_slowed_step_fails_with_the_timeout_named(
+        results: dict[str, CheckResult]) -> None:
+    result = results["slow-timeout"]
+    assert result.status == "failed", result.summary
+    assert "collective timed out" in result.summary and "shorter than a slowed step" in result.summary
