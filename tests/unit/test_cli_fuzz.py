@@ -13,7 +13,8 @@ never a traceback, never stuck (issue 13).
 - settings: generated values for every setting from the command line, the environment and the
   ini file through :func:`trainguard.config.settings.resolve`;
 - a real ``pytest`` (the plugin loads through its ``pytest11`` entry point) with generated ini
-  values and ``TRAINGUARD_*`` variables: exit 0 or pytest's usage error naming the key.
+  values, ``TRAINGUARD_*`` variables and ``--trainguard-*`` flags: exit 0 or pytest's usage
+  error naming the key.
 
 - init: generated script names, job names and flags (what it writes loads back exactly), and
   generated script sources (scanned, or refused as not Python; the drafted job always loads).
@@ -373,19 +374,22 @@ def _fuzz_pytest(tmp_path_factory: pytest.TempPathFactory, examples: int) -> dic
                                st.one_of(ini_text, numbers.filter(lambda t: "\n" not in t and t.strip() == t)),
                                min_size=1, max_size=3),
            env=st.dictionaries(st.sampled_from([o.env for o in OPTIONS if o.name != "tracking"]),
-                               ini_text, max_size=1))
-    def property_(ini: dict[str, str], env: dict[str, str]) -> None:
+                               ini_text, max_size=1),
+           flags=st.dictionaries(st.sampled_from([o.flag for o in OPTIONS if o.name != "tracking"]),
+                                 st.one_of(ini_text, numbers), max_size=1))
+    def property_(ini: dict[str, str], env: dict[str, str], flags: dict[str, str]) -> None:
         (tmp / "pytest.ini").write_text("[pytest]\n" + "".join(f"{k} = {v}\n" for k, v in ini.items()))
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", str(tmp)],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+             *[f"{k}={v}" for k, v in flags.items()], str(tmp)],
             cwd=tmp, env={**base_env, **env, "TRAINGUARD_TRACKING": "off"}, capture_output=True,
             text=True, timeout=60, check=False,
         )
-        shown = f"ini={ini!r} env={env!r}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        shown = f"ini={ini!r} env={env!r} flags={flags!r}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
         assert "Traceback" not in done.stdout + done.stderr, shown
         assert done.returncode in (0, 4), shown  # 4: pytest's usage error
         if done.returncode == 4:
-            assert any(k in done.stderr for k in [*ini, *env]), shown
+            assert any(k in done.stderr for k in [*ini, *env, *flags]), shown
         codes[done.returncode] = codes.get(done.returncode, 0) + 1
 
     property_()
