@@ -303,3 +303,16 @@ def test_check_prints_an_mlflow_ui_line_that_a_shell_reads_back(
     (line,) = [x for x in out.splitlines() if x.startswith("MLflow runs: ")]
     uri = f"sqlite:///{job_dir / '.trainguard' / 'mlflow.db'}"
     assert shlex.split(line.removeprefix("MLflow runs: ")) == ["mlflow", "ui", "--backend-store-uri", uri]
+
+
+@pytest.mark.parametrize("bad", [-1, 2**70, True, 1.5])
+def test_the_library_refuses_a_seed_out_of_range(bad: Any, tmp_path: Path) -> None:
+    """``trainguard.session.check(..., seed=...)``, the library form of ``--seed``: same rule."""
+    from trainguard.errors import ConfigError
+    from trainguard.session import check, session_settings
+
+    (tmp_path / "trainguard.yaml").write_text(JOB)
+    with pytest.raises(ConfigError, match=r"seed: invalid seed .*between 0 and 2\*\*32-1"):
+        check(tmp_path, seed=bad)
+    assert not (tmp_path / ".trainguard" / "report.json").exists()
+    assert session_settings(seed=4294967295, environ={}).seed == 4294967295

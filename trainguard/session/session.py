@@ -19,6 +19,7 @@ from pathlib import Path
 from trainguard.config import JobFile
 from trainguard.config.preflight import preflight
 from trainguard.config.settings import Settings, resolve
+from trainguard.errors import ConfigError
 from trainguard.run.runner import JobRunner
 from trainguard.tracking import Tracker, open_tracker
 
@@ -36,6 +37,10 @@ def session_settings(
     ``save_baseline`` (a CLI flag wins over the environment)."""
     settings = resolve(environ=os.environ if environ is None else environ)
     if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= 2**32 - 1:
+            # the rule of job.seed, TRAINGUARD_SEED and `--seed` (the CLI checks its flag first)
+            raise ConfigError(f"invalid seed {seed!r}: expected an integer between 0 and 2**32-1",
+                              key="seed")
         settings = dataclasses.replace(settings, seed=seed)
     if save_baseline is not None:
         settings = dataclasses.replace(settings, save_baseline=save_baseline)
