@@ -21,6 +21,7 @@ write, the latest complete checkpoint at the kill and the step the resume starte
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from trainguard.config import DrillSpec
@@ -37,6 +38,7 @@ from trainguard.faults.base import Fault
 from trainguard.faults.hook import rank_stderr
 from trainguard.launch import RunResult
 from trainguard.report import CheckStatus
+from trainguard.unit.checkpoints.files import is_temp_name
 
 __all__ = ["STORAGE_CAUSES", "judge_kill_during_save", "judge_storage_resume", "storage_judge"]
 
@@ -60,6 +62,17 @@ def storage_judge(spec: DrillSpec, fault: Fault) -> Judge | None:
             and spec.expectation in ("fail_clean", "recover"):
         return judge_storage_resume
     return None
+
+
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)(?!\d)", re.I)
+
+
+def _resumed_by_rank(result: RunResult, metric: str) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for p in result.points:
+        if p.name == metric:
+            out[p.rank] = min(out.get(p.rank, p.step), p.step)
+    return {rank: first - 1 for rank, first in out.items()}
 
 
 def _resumed_from(result: RunResult, metric: str) -> int | None:
@@ -93,8 +106,17 @@ def judge_storage_resume(c: DrillContext) -> tuple[CheckStatus, str, dict[str, A
     problems: list[str] = []
     causes: list[str] = []
 
-    def loaded_struck(resumed: int | None) -> bool:
-        return resumed is not None and resumed > 0 and (step is None or resumed >= step)
+    # per-rank files (``rank3`` in the name): only their own rank loads them
+    struck_files = [target["file"]] if kind == "corrupt" else list(target.get("files") or [])
+    owners = {int(m.group(1)) for f in struck_files for m in [_RANK_IN_NAME.search(Path(f).name)] if m}
+    if len(owners) != len(struck_files):
+        owners = set()  # one checkpoint for every rank
+
+    def loaded_struck(result: RunResult) -> bool:
+        for rank, resumed in _resumed_by_rank(result, c.metric).items():
+            if (not owners or rank in owners) and resumed > 0 and (step is None or resumed >= step):
+                return True
+        return False
 
     if spec.expectation == "fail_clean":
         rearm = getattr(fault, "arm", None)
@@ -106,14 +128,15 @@ def judge_storage_resume(c: DrillContext) -> tuple[CheckStatus, str, dict[str, A
         finally:
             fault.clear()
         evidence["resume_run"] = attempt_evidence(resume, fault)
+        evidence["fault_evidence"] = fault.evidence()  # with the resume's EIO calls
         resumed = _resumed_from(resume, c.metric)
         evidence["resumed_from_step"] = resumed
         failed_rank = resume.failed_rank if resume.failed_rank is not None else 0
         text = rank_stderr(resume, failed_rank)
         error = _error_line(text)
         evidence["resume_error"] = error
-        if loaded_struck(resumed):
-            problems.append(f"the resume loaded the struck checkpoint ({named}) and trained on from "
+        if loaded_struck(resume):
+            problems.append(f"the resume loaded the struck checkpoint ({named}) and trained on after "
                             f"step {resumed}" + ("" if resume.ok else f" before failing ({resume.reason})"))
             causes = [STORAGE_CAUSES["silent"], STORAGE_CAUSES["no_fallback"]]
         elif resume.ok and resumed == 0:
@@ -142,9 +165,9 @@ def judge_storage_resume(c: DrillContext) -> tuple[CheckStatus, str, dict[str, A
         resumed = _resumed_from(attempt, c.metric)
         resumes.append({"resumed_from_step": resumed, "outcome": attempt.outcome,
                         "classified": None if attempt.ok else fault.classify(attempt)})
-        if loaded_struck(resumed):
+        if loaded_struck(attempt):
             problems.append(f"restart {len(resumes)} loaded the struck checkpoint ({named}) and trained "
-                            f"on from step {resumed}")
+                            f"on after step {resumed}")
             causes = [STORAGE_CAUSES["silent"], STORAGE_CAUSES["no_fallback"]]
         elif resumed == 0:
             problems.append(f"restart {len(resumes)} began again at step 1: all progress dropped "
@@ -195,6 +218,14 @@ def judge_kill_during_save(c: DrillContext) -> tuple[CheckStatus, str, dict[str,
     if resumed is None and evidence.get("resumes"):
         resumed = evidence["resumes"][0].get("resumed_from_step")
     save["resumed_from_step"] = resumed
+    if len(c.run.attempts) > 1:  # where the killed rank itself started again
+        mine = [p.step for p in c.run.attempts[1].points if p.name == c.metric and p.rank == c.spec.rank]
+        save["killed_rank_resumed_from_step"] = min(mine) - 1 if mine else None
+        complete = latest.get("step")
+        if mine and complete is not None and min(mine) - 1 > complete and status == "passed":
+            status = "failed"
+            summary += (f"; rank {c.spec.rank} resumed after step {min(mine) - 1}, newer than its last "
+                        f"complete checkpoint (step {complete}): it loaded the write the kill cut short")
     recovery = evidence.get("fault_to_first_step_after_restart_s")
     if recovery is not None:
         save["kill_to_first_step_after_resume_s"] = recovery
@@ -203,11 +234,11 @@ def judge_kill_during_save(c: DrillContext) -> tuple[CheckStatus, str, dict[str,
     summary = re.sub(r"^kill_during_save on rank (\d+)", rf"kill_during_save on rank \1 ({where})", summary)
     if status == "failed":
         evidence.setdefault("likely_causes", [])
-        evidence["likely_causes"] = [
-            "the checkpoint is written in place (no temp file + fsync + rename): the kill leaves the "
-            "newest checkpoint torn and the resume loads it",
-            "the 'latest' pointer (a symlink, marker file or index) is updated before the data is "
-            "durable: it names a checkpoint that was never completed",
-            *[x for x in evidence["likely_causes"] if "in place" not in x],
-        ]
+        inplace = ("the checkpoint is written in place (no temp file + fsync + rename): the kill "
+                   f"left {held.get('path')} torn, the newest file, and the resume loads it")
+        pointer = ("the 'latest' pointer (a symlink, marker file or index) is updated before the data "
+                   "is durable: it names a checkpoint the kill left unwritten")
+        held_name = str(held.get("path") or "").rsplit("/", 1)[-1]
+        ranked = [pointer, inplace] if is_temp_name(held_name) else [inplace, pointer]
+        evidence["likely_causes"] = [*ranked, *[x for x in evidence["likely_causes"] if "in place" not in x]]
     return status, summary, evidence

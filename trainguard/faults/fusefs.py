@@ -306,7 +306,8 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
             time.sleep(float(delay) / 1000.0)
             with lock:
                 totals[op] = total = totals.get(op, 0.0) + float(delay) / 1000.0
-            record(op, "delayed", path, added_s=float(delay) / 1000.0, total_s=round(total, 3), **extra)
+            record(op, "delayed", path, added_s=float(delay) / 1000.0, total_s=round(total, 3),
+                   pid=_tgid(fuse.fuse_get_context()[2]), **extra)
         code = (rules.get("errno") or {}).get(op)
         if code:
             record(op, errno.errorcode.get(int(code), "e" + str(code)).lower(), path, **extra)

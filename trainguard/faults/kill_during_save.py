@@ -125,7 +125,7 @@ class KillDuringSaveFault(Fault):
             time.sleep(_POLL_S)
         self.kill_to_exit_s = round(time.monotonic() - killed_at, 3)
         if self.backing is not None:
-            found, step, _ = newest_checkpoint_files(self.backing, self.rank)
+            found, step, _ = newest_checkpoint_files(self.backing, self.rank, own_rank=True)
             self.latest_complete = {"checkpoint": None if found is None else found.name, "step": step}
 
     def clear(self) -> None:
@@ -158,9 +158,16 @@ class KillDuringSaveFault(Fault):
         return out
 
     def classify(self, result: RunResult) -> str:
-        if self.held is not None and result.failed_rank == self.rank:
+        from trainguard.faults.hook import rank_stderr
+
+        killed = any(e.rank == self.rank and e.signal == "SIGKILL" for e in result.exits)
+        if self.held is not None and killed and result.failed_rank == self.rank:
             return (f"rank {self.rank} killed (SIGKILL) while writing {self.held['path']} under the "
                     "checkpoint directory")
+        if not result.ok and result.failed_rank is not None:
+            lines = [ln.strip() for ln in rank_stderr(result, result.failed_rank).splitlines() if ln.strip()]
+            if lines:
+                return f"{result.reason or result.outcome}: {lines[-1][:200]}"
         if self.held is None and self.waited_s is not None:
             return (f"rank {self.rank} wrote nothing under the checkpoint directory within "
                     f"{self.waited_s:g} s after step {self.after_step}")

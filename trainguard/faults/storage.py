@@ -28,6 +28,7 @@ import errno
 import itertools
 import math
 import os
+import re
 import signal
 import statistics
 import time
@@ -51,11 +52,13 @@ RESUME_KINDS = ("eio_read", "corrupt")
 _RULES = {"eio_write": {"errno": {"write": errno.EIO}}, "fsync": {"errno": {"fsync": errno.EIO}}}
 
 
-def newest_checkpoint_files(directory: Path, rank: int = 0) -> tuple[Path | None, int | None, list[Path]]:
+def newest_checkpoint_files(directory: Path, rank: int = 0, *, own_rank: bool = False
+                            ) -> tuple[Path | None, int | None, list[Path]]:
     """The newest complete checkpoint under ``directory``: (its path, its step, its files, the
     largest first). A layout :func:`latest_complete_checkpoint` does not know (per-rank JSON files,
     say) is read by name: the highest step in a non-temporary file name, then the newest write;
-    its files are those of that step (``rank``'s own first among equals)."""
+    its files are those of that step (``rank``'s own first among equals; with ``own_rank``, of
+    per-rank files, ``rank{rank}`` in the name, only ``rank``'s own)."""
     found = latest_complete_checkpoint(directory)
     if found is not None:
         files = [found] if found.is_file() else [p for p in found.rglob("*") if p.is_file()]
@@ -71,8 +74,11 @@ def newest_checkpoint_files(directory: Path, rank: int = 0) -> tuple[Path | None
                 st = path.lstat()
             except OSError:
                 continue
-            if not path.is_symlink():
+            if not path.is_symlink() and st.st_size > 0:  # an empty file is a torn write
                 candidates.append((step_in_name(name) or -1, st.st_mtime, path))
+    mine = [c for c in candidates if re.search(rf"rank{rank}(?!\d)", c[2].name)]
+    if own_rank and mine:
+        candidates = mine
     if not candidates:
         return None, None, []
     step, _, newest = max(candidates, key=lambda c: (c[0], c[1]))
@@ -299,8 +305,11 @@ class StorageFault(Fault):
         before = [g for _, g, t in gaps if t <= start][1:]  # the first gap pays start-up
         during = [(s, g) for s, g, t in gaps if start < t <= end]
         typical = statistics.median(before) if before else None
-        added = sum(float(e.get("added_s", 0.0)) for e in delayed
-                    if start <= float(e.get("t", 0.0)) - offset <= end)
+        per_pid: dict[Any, float] = {}
+        for e in delayed:
+            if start <= float(e.get("t", 0.0)) - offset <= end:
+                per_pid[e.get("pid")] = per_pid.get(e.get("pid"), 0.0) + float(e.get("added_s", 0.0))
+        added = max(per_pid.values(), default=0.0)  # the ranks wait in parallel: the slowest one's
         window = max(end - start, 1e-9)
         out: dict[str, Any] = {
             "latency_ms": self.params["latency_ms"], "op": self.params.get("op") or "write",
@@ -309,6 +318,8 @@ class StorageFault(Fault):
             "slowest_step_during": None,
             "layer_delayed_calls": len(delayed),
             "layer_added_s": round(added, 3),
+            "layer_added_s_all_processes": round(sum(per_pid.values()), 3),
+            "layer_processes": len(per_pid),
             "layer_share_of_time": round(added / window, 3),
             "window_s": round(window, 3),
         }

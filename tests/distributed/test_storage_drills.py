@@ -1,0 +1,175 @@
+"""Storage drills (``fault: storage``) and a kill during the save (``fault: kill_during_save``)
+on real processes through a real FUSE layer over the checkpoint directory (issue 14, items 2-3).
+
+The 2-rank toy job (tests/data/jobs/toy_train.py, no torch) checkpoints every 5 steps as one
+JSON file per rank. Each clean job must pass and each planted defect must fail, naming why:
+
+* ``corrupt``: the run is stopped after step 11 and one bit of a digit of the step-10 checkpoint
+  (byte 40: the RNG state) is flipped on disk. Clean: ``--ckpt-verify fail`` (a checksum: the resume exits 1 naming the file) or
+  ``fallback`` (the resume falls back to step 5). Planted: no check, the resume trains on from
+  the flipped checkpoint, which the report names.
+* ``eio_write`` / ``fsync``: EIO from step 7 on. Clean: the atomic writer (temp + fsync + rename)
+  fails loudly and the step-5 checkpoint resumes. Planted: ``--ckpt-inplace`` (a torn step-10
+  file; it never fsyncs, so it runs through a failing fsync without noticing).
+* ``eio_read``: the run is stopped after step 11, then reads of the step-10 files fail. Clean:
+  the resume fails loudly. Planted: ``--ckpt-verify scratch`` starts again from step 1.
+* ``slow``: 100 ms per write for 1.2 s: the checkpoint stall is reported and the rate holds;
+  planted: a checkpoint every step on slow storage.
+* ``kill_during_save``: rank 0's step-10 write is held in the layer and the rank killed. Clean:
+  the atomic writer resumes from step 5. Planted: ``--ckpt-inplace`` (the torn file is the newest)
+  and ``--latest-pointer-first`` (the "latest" symlink names a checkpoint never written).
+
+Every drill here needs root and FUSE; without them they are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard.drills import drill
+from trainguard.faults.fusefs import fuse_unavailable
+from trainguard.report import CheckResult
+
+pytestmark = pytest.mark.timeout(300)
+
+JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
+_WHY = fuse_unavailable()
+needs_fuse = pytest.mark.skipif(_WHY is not None, reason=f"no FUSE layer here: {_WHY}")
+
+JOB = """
+job:
+  name: toy-storage
+  command: "python {script} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --sleep 0.05"
+  resume_args: "--resume"
+  world_size: 2
+  env: {{OMP_NUM_THREADS: "1"}}
+  metrics:
+    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
+  timeout: 60
+  stall_timeout: 20
+checks:
+  drills:
+    - {{name: corrupt-checked, fault: storage, steps: 30, after_step: 11, params: {{kind: corrupt, offset: 40}}, args: ["--ckpt-verify", "fail"]}}
+    - {{name: corrupt-fallback, fault: storage, expect: recover, steps: 30, after_step: 11, params: {{kind: corrupt, offset: 40}}, args: ["--ckpt-verify", "fallback"]}}
+    - {{name: corrupt-silent, fault: storage, steps: 30, after_step: 11, params: {{kind: corrupt, offset: 40}}}}
+    - {{name: eio-write, fault: storage, steps: 16, after_step: 7, params: {{kind: eio_write}}}}
+    - {{name: eio-write-inplace, fault: storage, steps: 16, after_step: 7, params: {{kind: eio_write}}, args: ["--ckpt-inplace"]}}
+    - {{name: fsync, fault: storage, steps: 16, after_step: 7, params: {{kind: fsync}}}}
+    - {{name: fsync-inplace, fault: storage, steps: 16, after_step: 7, params: {{kind: fsync}}, args: ["--ckpt-inplace"]}}
+    - {{name: eio-read, fault: storage, steps: 30, after_step: 11, params: {{kind: eio_read}}}}
+    - {{name: eio-read-scratch, fault: storage, steps: 30, after_step: 11, params: {{kind: eio_read}}, args: ["--ckpt-verify", "scratch"]}}
+    - {{name: slow, fault: storage, steps: 40, after_step: 8, duration: 1.2, params: {{kind: slow, latency_ms: 100}}}}
+    - {{name: slow-every-step, fault: storage, steps: 40, after_step: 8, duration: 1.2, params: {{kind: slow, latency_ms: 100}}, args: ["--ckpt-every", "1"]}}
+    - {{name: kill-save, fault: kill_during_save, steps: 16, after_step: 7}}
+    - {{name: kill-save-inplace, fault: kill_during_save, steps: 16, after_step: 7, args: ["--ckpt-inplace"]}}
+    - {{name: kill-save-pointer, fault: kill_during_save, steps: 16, after_step: 7, args: ["--latest-pointer-first"]}}
+"""
+
+DEFAULT = ["corrupt-checked", "corrupt-silent", "eio-write", "eio-write-inplace", "slow",
+           "kill-save", "kill-save-inplace", "kill-save-pointer"]
+SLOW = ["corrupt-fallback", "fsync", "fsync-inplace", "eio-read", "eio-read-scratch", "slow-every-step"]
+
+
+def _run(tmp: Path, only: list[str]) -> dict[str, CheckResult]:
+    path = tmp / "storage.trainguard.yaml"
+    path.write_text(JOB.format(script=JOBS / "toy_train.py"))
+    report = drill(str(path), only=only)
+    return {c.name.removeprefix("drill:"): c for c in report.checks}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
+    return _run(tmp_path_factory.mktemp("storage"), DEFAULT)
+
+
+@pytest.fixture(scope="module")
+def more(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
+    return _run(tmp_path_factory.mktemp("storage-more"), SLOW)
+
+
+@needs_fuse
+def test_a_checksummed_job_fails_loudly_on_a_flipped_byte(results: dict[str, CheckResult]) -> None:
+    result = results["corrupt-checked"]
+    assert result.status == "passed", result.summary
+    struck = result.evidence["struck"]
+    assert struck["step"] in (10, 15) and struck["byte_before"] != struck["byte_after"]  # 15: read late
+    assert "checksum mismatch" in result.evidence["resume_error"]
+    assert result.evidence["fault_evidence"]["mechanism"].startswith("direct")
+
+
+@needs_fuse
+def test_a_job_that_trains_on_from_a_flipped_checkpoint_fails_with_the_file_named(
+        results: dict[str, CheckResult]) -> None:
+    result = results["corrupt-silent"]
+    assert result.status == "failed", result.summary
+    flipped = Path(result.evidence["struck"]["file"]).name
+    assert "loaded the struck checkpoint" in result.summary and flipped in result.summary
+    assert result.evidence["resumed_from_step"] == result.evidence["struck"]["step"]
+    assert result.evidence["likely_causes"][0].startswith("no integrity check on load")
+
+
+@needs_fuse
+def test_eio_on_write_fails_an_atomic_writer_loudly_and_tears_an_in_place_one(
+        results: dict[str, CheckResult]) -> None:
+    clean, torn = results["eio-write"], results["eio-write-inplace"]
+    assert clean.status == "passed", clean.summary
+    assert "EIO on rank" in clean.summary and clean.evidence["resumed_from_step"] == 5
+    assert clean.evidence["fault_evidence"]["mechanism"].startswith("fuse")
+    assert clean.evidence["fault_evidence"]["eio_calls"] >= 1
+    assert torn.status == "failed", torn.summary
+    assert torn.evidence["checkpoint"]["intact"] is False
+
+
+@needs_fuse
+def test_slow_storage_reports_the_checkpoint_stall_and_the_rate_holds(results: dict[str, CheckResult]) -> None:
+    result = results["slow"]
+    assert result.status == "passed", result.summary
+    slow = result.evidence["fault_evidence"]["slow_storage"]
+    assert slow["layer_delayed_calls"] >= 2 and slow["layer_added_s"] >= 0.2
+    assert slow["checkpoint_stall_s"] >= 0.08  # one 100 ms write in the step that saves
+    assert slow["layer_processes"] == 2 and 0 < slow["layer_share_of_time"] < 0.5
+
+
+@needs_fuse
+def test_a_kill_during_an_atomic_save_resumes_from_the_last_complete_checkpoint(
+        results: dict[str, CheckResult]) -> None:
+    result = results["kill-save"]
+    assert result.status == "passed", result.summary
+    save = result.evidence["save"]
+    assert save["held_write"]["path"].startswith("/.rank0-step000010.json")
+    assert save["latest_complete_at_kill"]["step"] == 5 and save["resumed_from_step"] == 5
+    assert "killed while writing" in result.summary
+
+
+@needs_fuse
+@pytest.mark.parametrize("name", ["kill-save-inplace", "kill-save-pointer"])
+def test_a_kill_during_a_non_atomic_save_fails(results: dict[str, CheckResult], name: str) -> None:
+    result = results[name]
+    assert result.status == "failed", result.summary
+    assert "did not recover" in result.summary
+    held = result.evidence["save"]["held_write"]["path"]
+    assert held == "/rank0-step000010.json" if name.endswith("inplace") else held.startswith("/.rank0")
+
+
+@needs_fuse
+@pytest.mark.slow
+def test_a_job_that_falls_back_to_an_older_checkpoint_recovers(more: dict[str, CheckResult]) -> None:
+    result = more["corrupt-fallback"]
+    assert result.status == "passed", result.summary
+    assert result.evidence["resumed_from_step"] == result.evidence["struck"]["step"] - 5
+
+
+@needs_fuse
+@pytest.mark.slow
+def test_fsync_and_read_errors(more: dict[str, CheckResult]) -> None:
+    assert more["fsync"].status == "passed", more["fsync"].summary
+    assert more["fsync-inplace"].status == "failed"
+    assert "completed (exit 0) despite the fault" in more["fsync-inplace"].summary
+    assert more["eio-read"].status == "passed", more["eio-read"].summary
+    assert "Input/output error" in more["eio-read"].evidence["resume_error"]
+    scratch = more["eio-read-scratch"]
+    assert scratch.status == "failed" and "started again from step 1" in scratch.summary
+    every = more["slow-every-step"]
+    assert every.status == "failed" and "step rate during the fault fell" in every.summary
