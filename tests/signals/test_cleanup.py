@@ -4,7 +4,9 @@
 * the cgroups of a SIGKILLed trainguard (no teardown ran) are removed by the next oom fault
   that creates cgroups, and only those: a live trainguard's and a busy one stay;
 * a runner closed while a reference run goes on in the background returns only once its ranks
-  are gone, so an interpreter that exits right after (Ctrl-C) leaves none behind.
+  are gone, so an interpreter that exits right after (Ctrl-C) leaves none behind;
+* a signal inside ``subprocess.Popen`` (after the fork) waits until the rank is recorded
+  (:func:`trainguard._internal.signals.signals_deferred`), so the teardown reaches it.
 """
 
 from __future__ import annotations
@@ -170,3 +172,60 @@ def test_a_closed_runner_leaves_no_background_rank(tmp_path: Path) -> None:
     for proc in survivors:
         proc.kill()
     assert survivors == [], [p.info["cmdline"] for p in survivors]
+
+
+def test_signals_deferred_delivers_the_signal_after_the_block() -> None:
+    """A real SIGINT and SIGTERM sent inside the block: the block runs to its end, then the
+    handlers that were in place get them (here: KeyboardInterrupt, and a recorded SIGTERM)."""
+    from trainguard._internal.signals import signals_deferred
+
+    seen: list[str] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append("SIGTERM handler"))
+    try:
+        with pytest.raises(KeyboardInterrupt), signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # a handler would have run by now
+            seen.append("end of the block")
+        assert seen == ["end of the block"]  # SIGINT first: its KeyboardInterrupt ends delivery
+        with signals_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            seen.append("second block")
+        assert seen == ["end of the block", "second block", "SIGTERM handler"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+STARTS = """\
+import os, random, signal, sys, time
+from pathlib import Path
+from trainguard.launch import Launcher, LaunchSpec
+
+# SIGINT at a random moment of the start of 6 ranks, 15 times: every rank started is stopped
+root = Path(sys.argv[1])
+rng = random.Random(0)
+for trial in range(15):
+    spec = LaunchSpec(argv=[sys.executable, "-c", "import time; time.sleep(60)", f"startrank-{root}"],
+                      run_dir=root / f"run{trial}", world_size=6, timeout=30, grace_period=1.0)
+    signal.setitimer(signal.ITIMER_REAL, rng.uniform(0.001, 0.05))
+    signal.signal(signal.SIGALRM, lambda *a: os.kill(os.getpid(), signal.SIGINT))
+    try:
+        Launcher(spec).run()
+    except KeyboardInterrupt:
+        pass
+    signal.setitimer(signal.ITIMER_REAL, 0)
+print("done")
+"""
+
+
+def test_ctrl_c_while_ranks_start_leaves_none(tmp_path: Path) -> None:
+    """Ctrl-C at random moments of the start of 6 ranks (some land inside Popen, after the
+    fork): no rank is left. Without :func:`signals_deferred` around the launcher's Popen, 6 were
+    left (of 15 starts), no Popen object to tear them down."""
+    done = run_python(STARTS.replace("sys.argv[1]", repr(str(tmp_path))), tmp_path, timeout=110)
+    assert "done" in done.stdout, done.stdout + done.stderr
+    survivors = [p for p in psutil.process_iter(["cmdline"]) if f"startrank-{tmp_path}" in " ".join(p.info["cmdline"] or [])]
+    for proc in survivors:
+        proc.kill()
+    assert survivors == [], len(survivors)

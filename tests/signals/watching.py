@@ -32,7 +32,7 @@ TOY = DATA / "jobs" / "toy_train.py"
 HTTP_JOB = DATA / "faults" / "http_job.py"
 #: the file systems trainguard mounts (FUSE layer, tmpfs of the disk_full fault)
 OUR_FS = ("trainguard-fuse", "trainguard-disk-full")
-CGROUP_ROOTS = tuple(Path("/sys/fs/cgroup") / d for d in ("memory", "cpu", "unified", ""))
+CGROUP_ROOT = Path("/sys/fs/cgroup")  # every hierarchy under it: memory, cpu, the unified one
 GRACE_S = 3.0  # what may still be exiting after trainguard itself has exited
 
 TOY_JOB = """\
@@ -223,14 +223,12 @@ def mounts_under(root: Path) -> list[str]:
 
 
 def cgroups_of(pid: int) -> list[Path]:
-    """The ``trainguard-<pid>-*`` cgroups (and their children) the process ``pid`` created."""
+    """The ``trainguard-<pid>-*`` cgroups the process ``pid`` created (their rank cgroups are
+    inside)."""
     found: list[Path] = []
-    for root in CGROUP_ROOTS:
-        if not root.is_dir():
-            continue
-        with contextlib.suppress(OSError):
-            found += [p for p in root.rglob(f"trainguard-{pid}-*") if p.is_dir()]
-    return sorted(set(found))
+    with contextlib.suppress(OSError):
+        found = [p for p in CGROUP_ROOT.rglob(f"trainguard-{pid}-*") if p.is_dir()]
+    return sorted(found)
 
 
 def listening_ports() -> set[int]:
