@@ -76,7 +76,7 @@ class NanHook:
         """Wrap torch's loss functions and ``torch.autograd.backward``; count optimizer steps."""
         functional = torch.nn.functional
         wrapped = []
-        for name in dir(functional):
+        for name in dir(functional) if self.target == "loss" else ():  # grads: left as they are
             real = getattr(functional, name)
             if is_loss_function(name) and callable(real) and not getattr(real, "_trainguard_hook", False):
                 setattr(functional, name, self._loss_function(real, name))
