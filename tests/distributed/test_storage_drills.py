@@ -13,7 +13,7 @@ JSON file per rank. Each clean job must pass and each planted defect must fail, 
   file; it never fsyncs, so it runs through a failing fsync without noticing).
 * ``eio_read``: the run is stopped after step 11, then reads of the step-10 files fail. Clean:
   the resume fails loudly. Planted: ``--ckpt-verify scratch`` starts again from step 1.
-* ``slow``: 100 ms per write for 1.2 s: the checkpoint stall is reported and the rate holds;
+* ``slow``: 100 ms per write for 0.6 s: the checkpoint stall is reported and the rate holds;
   planted: a checkpoint every step on slow storage.
 * ``kill_during_save``: rank 0's step-10 write is held in the layer and the rank killed. Clean:
   the atomic writer resumes from step 5. Planted: ``--ckpt-inplace`` (the torn file is the newest)
@@ -51,25 +51,27 @@ job:
   stall_timeout: 20
 checks:
   drills:
-    - {{name: corrupt-checked, fault: storage, steps: 30, after_step: 11, params: {{kind: corrupt, offset: 40}}, args: ["--ckpt-verify", "fail"]}}
-    - {{name: corrupt-fallback, fault: storage, expect: recover, steps: 30, after_step: 11, params: {{kind: corrupt, offset: 40}}, args: ["--ckpt-verify", "fallback"]}}
-    - {{name: corrupt-silent, fault: storage, steps: 30, after_step: 11, params: {{kind: corrupt, offset: 40}}}}
-    - {{name: eio-write, fault: storage, steps: 16, after_step: 7, params: {{kind: eio_write}}}}
-    - {{name: eio-write-inplace, fault: storage, steps: 16, after_step: 7, params: {{kind: eio_write}}, args: ["--ckpt-inplace"]}}
-    - {{name: fsync, fault: storage, steps: 16, after_step: 7, params: {{kind: fsync}}}}
-    - {{name: fsync-inplace, fault: storage, steps: 16, after_step: 7, params: {{kind: fsync}}, args: ["--ckpt-inplace"]}}
-    - {{name: eio-read, fault: storage, steps: 30, after_step: 11, params: {{kind: eio_read}}}}
-    - {{name: eio-read-scratch, fault: storage, steps: 30, after_step: 11, params: {{kind: eio_read}}, args: ["--ckpt-verify", "scratch"]}}
-    - {{name: slow, fault: storage, steps: 40, after_step: 8, duration: 1.2, params: {{kind: slow, latency_ms: 100}}}}
-    - {{name: slow-every-step, fault: storage, steps: 40, after_step: 8, duration: 1.2, params: {{kind: slow, latency_ms: 100}}, args: ["--ckpt-every", "1"]}}
-    - {{name: kill-save, fault: kill_during_save, steps: 16, after_step: 7}}
-    - {{name: kill-save-inplace, fault: kill_during_save, steps: 16, after_step: 7, args: ["--ckpt-inplace"]}}
-    - {{name: kill-save-pointer, fault: kill_during_save, steps: 16, after_step: 7, args: ["--latest-pointer-first"]}}
+    - {{name: corrupt-checked, fault: storage, steps: 24, after_step: 11, params: {{kind: corrupt, offset: 40}}, args: ["--ckpt-verify", "fail"]}}
+    - {{name: corrupt-fallback, fault: storage, expect: recover, steps: 24, after_step: 11, params: {{kind: corrupt, offset: 40}}, args: ["--ckpt-verify", "fallback"]}}
+    - {{name: corrupt-silent, fault: storage, steps: 24, after_step: 11, params: {{kind: corrupt, offset: 40}}}}
+    - {{name: eio-write, fault: storage, steps: 24, after_step: 7, params: {{kind: eio_write}}}}
+    - {{name: eio-write-inplace, fault: storage, steps: 24, after_step: 7, params: {{kind: eio_write}}, args: ["--ckpt-inplace"]}}
+    - {{name: fsync, fault: storage, steps: 24, after_step: 7, params: {{kind: fsync}}}}
+    - {{name: fsync-inplace, fault: storage, steps: 24, after_step: 7, params: {{kind: fsync}}, args: ["--ckpt-inplace"]}}
+    - {{name: eio-read, fault: storage, steps: 24, after_step: 11, params: {{kind: eio_read}}}}
+    - {{name: eio-read-scratch, fault: storage, steps: 24, after_step: 11, params: {{kind: eio_read}}, args: ["--ckpt-verify", "scratch"]}}
+    - {{name: slow, fault: storage, steps: 24, after_step: 6, duration: 0.6, params: {{kind: slow, latency_ms: 100}}}}
+    - {{name: slow-every-step, fault: storage, steps: 24, after_step: 6, duration: 0.6, params: {{kind: slow, latency_ms: 100}}, args: ["--ckpt-every", "1"]}}
+    - {{name: kill-save, fault: kill_during_save, steps: 24, after_step: 7}}
+    - {{name: kill-save-inplace, fault: kill_during_save, steps: 24, after_step: 7, args: ["--ckpt-inplace"]}}
+    - {{name: kill-save-pointer, fault: kill_during_save, steps: 24, after_step: 7, args: ["--latest-pointer-first"]}}
 """
 
-DEFAULT = ["corrupt-checked", "corrupt-silent", "eio-write", "eio-write-inplace", "slow",
-           "kill-save", "kill-save-inplace", "kill-save-pointer"]
-SLOW = ["corrupt-fallback", "fsync", "fsync-inplace", "eio-read", "eio-read-scratch", "slow-every-step"]
+#: the default run: a clean job and planted defects of each fault, sharing four reference runs
+DEFAULT = ["corrupt-checked", "corrupt-silent", "eio-write", "slow", "kill-save", "kill-save-inplace",
+           "kill-save-pointer"]
+SLOW = ["corrupt-fallback", "eio-write-inplace", "fsync", "fsync-inplace", "eio-read", "eio-read-scratch",
+        "slow-every-step"]
 
 
 def _run(tmp: Path, only: list[str]) -> dict[str, CheckResult]:
@@ -111,15 +113,13 @@ def test_a_job_that_trains_on_from_a_flipped_checkpoint_fails_with_the_file_name
 
 
 @needs_fuse
-def test_eio_on_write_fails_an_atomic_writer_loudly_and_tears_an_in_place_one(
+def test_eio_on_write_fails_an_atomic_writer_loudly(
         results: dict[str, CheckResult]) -> None:
-    clean, torn = results["eio-write"], results["eio-write-inplace"]
+    clean = results["eio-write"]
     assert clean.status == "passed", clean.summary
     assert "EIO on rank" in clean.summary and clean.evidence["resumed_from_step"] == 5
     assert clean.evidence["fault_evidence"]["mechanism"].startswith("fuse")
     assert clean.evidence["fault_evidence"]["eio_calls"] >= 1
-    assert torn.status == "failed", torn.summary
-    assert torn.evidence["checkpoint"]["intact"] is False
 
 
 @needs_fuse
@@ -127,7 +127,7 @@ def test_slow_storage_reports_the_checkpoint_stall_and_the_rate_holds(results: d
     result = results["slow"]
     assert result.status == "passed", result.summary
     slow = result.evidence["fault_evidence"]["slow_storage"]
-    assert slow["layer_delayed_calls"] >= 2 and slow["layer_added_s"] >= 0.2
+    assert slow["layer_delayed_calls"] >= 2 and slow["layer_added_s"] >= 0.1  # a save of each rank
     assert slow["checkpoint_stall_s"] >= 0.08  # one 100 ms write in the step that saves
     assert slow["layer_processes"] == 2 and 0 < slow["layer_share_of_time"] < 0.5
 
@@ -163,7 +163,10 @@ def test_a_job_that_falls_back_to_an_older_checkpoint_recovers(more: dict[str, C
 
 @needs_fuse
 @pytest.mark.slow
-def test_fsync_and_read_errors(more: dict[str, CheckResult]) -> None:
+def test_fsync_and_read_errors_and_a_torn_in_place_write(more: dict[str, CheckResult]) -> None:
+    torn = more["eio-write-inplace"]
+    assert torn.status == "failed", torn.summary
+    assert torn.evidence["checkpoint"]["intact"] is False
     assert more["fsync"].status == "passed", more["fsync"].summary
     assert more["fsync-inplace"].status == "failed"
     assert "completed (exit 0) despite the fault" in more["fsync-inplace"].summary
