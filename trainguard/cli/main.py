@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trainguard.cli import profile as profile_cli
 
     profile_cli.add_parser(sub)
+    from trainguard.cli import validate as validate_cli
+
+    validate_cli.add_parser(sub)
     sub.add_parser("version", help="print the trainguard version", description="Print the trainguard version.")
     from trainguard.faults.toxiproxy import standalone as toxiproxy_standalone
 
@@ -193,6 +196,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from trainguard.cli import profile as profile_cli
 
             return profile_cli.run(args)
+        if args.command == "validate":
+            from trainguard.cli import validate as validate_cli
+
+            return validate_cli.run(args)
         if args.command == "drill":
             return _cmd_drill(args)
         if args.command == "gate":

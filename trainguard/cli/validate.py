@@ -11,6 +11,8 @@ import argparse
 import json
 from typing import Any
 
+from trainguard.cli.args import nonempty_path
+
 __all__ = ["add_parser", "run"]
 
 
@@ -23,7 +25,8 @@ def add_parser(sub: Any) -> None:
         "(checks, the runs they launch, shared runs, drills, an estimate of the time) and launch "
         "nothing. Exit 0 when valid, 2 with every problem named when not (docs/cli.md).",
     )
-    validate.add_argument("config", metavar="CONFIG", help="job file, or a directory holding trainguard.yaml")
+    validate.add_argument("config", metavar="CONFIG", type=nonempty_path,
+                          help="job file, or a directory holding trainguard.yaml")
     validate.add_argument("--only", metavar="NAME", action="append",
                           help="plan only this check (repeatable), as `trainguard check --only`")
     validate.add_argument("--json", action="store_true", help="print the plan as JSON")
