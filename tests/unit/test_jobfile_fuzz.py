@@ -387,3 +387,11 @@ def test_accepted_files_launch(tmp_path_factory: pytest.TempPathFactory) -> None
 
     property_()
     assert len(launched) == 6
+
+
+def test_a_baseline_path_with_an_unknown_user_is_named(tmp_path: Path) -> None:
+    (tmp_path / "trainguard.yaml").write_text(
+        f"job: {{name: x, command: 'true {{steps}}', metrics: {{loss: '{REGEX}'}}}}\n"
+        "checks: {canary: {steps: 2, baseline: '~nouser-trainguard/x.json'}}\n")
+    with pytest.raises(ConfigError, match=r"checks\.canary\.baseline: .*~user in it does not exist"):
+        make_plan(tmp_path, resolve(environ={}))

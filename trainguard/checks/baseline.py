@@ -317,7 +317,11 @@ def find_baseline(job_file: JobFile, setting: str, request: Mapping[str, Any]) -
     file, which must exist and fit.
     """
     if setting != "latest":
-        path = Path(setting).expanduser()
+        try:
+            path = Path(setting).expanduser()
+        except RuntimeError:  # ~someone who is not a user here
+            raise BaselineError(f"checks.canary.baseline: {setting[:200]!r}: the ~user in it does not exist "
+                                "here; write the baseline file's path") from None
         baseline = load_baseline(path if path.is_absolute() else job_file.base_dir / path)
         differs = baseline.mismatch(request)
         if differs:

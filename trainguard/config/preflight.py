@@ -79,6 +79,13 @@ def preflight_problems(job_file: JobFile) -> list[tuple[str, str]]:
     # when .trainguard/ is read-only or full, run directories move to a fallback, said then
     if not checkpoint_dir.is_relative_to(os.path.abspath(job_file.state_dir)):
         problems += _directory_problems("job.checkpoint_dir", checkpoint_dir)
+    canary = job_file.checks.canary
+    if canary is not None and canary.baseline not in ("latest", "off"):
+        try:
+            Path(canary.baseline).expanduser()
+        except RuntimeError:
+            problems.append(("checks.canary.baseline", f"{brief(canary.baseline)}: the ~user in it does not exist "
+                             "here. Fix: the baseline file's path, `latest` or `off`"))
     return problems
 
 
