@@ -227,8 +227,8 @@ def judge_kill_during_save(c: DrillContext) -> tuple[CheckStatus, str, dict[str,
             summary += (f"; rank {c.spec.rank} resumed after step {min(mine) - 1}, newer than its last "
                         f"complete checkpoint (step {complete}): it loaded the write the kill cut short")
     recovery = evidence.get("fault_to_first_step_after_restart_s")
-    if recovery is not None:
-        save["kill_to_first_step_after_resume_s"] = recovery
+    if recovery is not None and held.get("held_after_s") is not None:  # the kill came once held
+        save["kill_to_first_step_after_resume_s"] = round(recovery - float(held["held_after_s"]), 3)
     evidence["save"] = save
     where = f"killed while writing {held.get('path')}"
     summary = re.sub(r"^kill_during_save on rank (\d+)", rf"kill_during_save on rank \1 ({where})", summary)

@@ -63,6 +63,7 @@ POLICIES: dict[str, dict[str, int]] = {
 RULE_OPS = ("write", "read", "fsync", "fallocate", "truncate_grow", "mkdir", "mknod", "setxattr")
 MOUNT_TIMEOUT_S = 15.0
 _MAX_EVENTS = 200  # events written per operation kind (the count goes on)
+_MAX_DELAYED = 100_000
 _live: set[str] = set()
 
 
@@ -246,7 +247,8 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
     def record(op: str, event: str, path: str, **extra: Any) -> None:
         with lock:
             counts[op + event] = n = counts.get(op + event, 0) + 1
-            if n <= _MAX_EVENTS or event == "held":
+            # every delay is written (the stall is summed from them; a sleeping call is slow anyway)
+            if n <= (_MAX_DELAYED if event == "delayed" else _MAX_EVENTS) or event == "held":
                 line = {"event": event, "op": op, "path": path, "t": time.time(), "n": n, **extra}
                 with contextlib.suppress(OSError), open(events, "a", encoding="utf-8") as out:
                     out.write(json.dumps(line) + "\n")
