@@ -149,3 +149,37 @@ def test_the_rules_fail_delay_and_hold_calls_through_a_real_mount(layer: FuseLay
             layer.disarm()
             child.wait(timeout=10)
     assert (layer.backing / "held.json").stat().st_size == 0  # the held data never reached the disk
+
+
+@pytest.mark.parametrize(("kind", "params"), [("storage", {"kind": "eio_write"}), ("kill_during_save", {})])
+def test_without_fuse_the_drill_is_skipped_with_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           kind: str, params: dict[str, Any]) -> None:
+    from trainguard.config.faults import fault_class
+    from trainguard.faults.base import FaultContext, FaultUnavailable
+
+    cls = fault_class(kind)
+    module = __import__(cls.__module__, fromlist=["fuse_unavailable"])
+    monkeypatch.setattr(module, "fuse_unavailable", lambda: "mounting the FUSE layer needs root")
+    fault = cls(params)
+    ctx = FaultContext(work_dir=tmp_path / "w", checkpoint_dir=tmp_path / "c", world_size=1)
+    with pytest.raises(FaultUnavailable, match=r"mounting the FUSE layer needs root; .*FUSE layer"):
+        fault.setup(ctx)
+    assert ctx.checkpoint_dir == tmp_path / "c"  # untouched: nothing mounted
+    fault.teardown()
+
+
+def test_corrupt_needs_no_fuse_and_flips_one_bit_of_the_newest_checkpoint(tmp_path: Path) -> None:
+    from trainguard.faults.base import FaultContext
+    from trainguard.faults.storage import StorageFault
+
+    ckpt = tmp_path / "c"
+    ckpt.mkdir()
+    (ckpt / "ckpt_000005.json").write_text("0123456789")
+    (ckpt / "ckpt_000010.json").write_text("abcdefghij")
+    fault = StorageFault({"kind": "corrupt"})
+    fault.setup(FaultContext(work_dir=tmp_path / "w", checkpoint_dir=ckpt, world_size=1))
+    fault.strike_latest()
+    assert fault.target["step"] == 10 and fault.target["offset"] == 5
+    assert (ckpt / "ckpt_000010.json").read_text() == "abcdegghij"  # f (0x66) -> g (0x67)
+    assert (ckpt / "ckpt_000005.json").read_text() == "0123456789"
+    assert fault.evidence()["mechanism"].startswith("direct")

@@ -181,7 +181,7 @@ class StorageFault(Fault):
         kind = self.storage_kind
         if kind in RESUME_KINDS:
             self.stopped_ranks = stop_all_ranks(launcher)
-            self._strike_latest()
+            self.strike_latest()
             return
         if kind == "slow":
             on = self.params.get("op") or "write"
@@ -197,7 +197,10 @@ class StorageFault(Fault):
             self.layer.arm(self.rules)
             self.armed_wall = self.armed_wall or time.time()
 
-    def _strike_latest(self) -> None:
+    def strike_latest(self) -> None:
+        """eio_read / corrupt, once the ranks are dead: strike the newest complete checkpoint
+        (arm reads of its files to fail, or flip one bit of its largest file); ``target`` says
+        which, ``problems`` why nothing was struck."""
         assert self.backing is not None
         found, step, files = newest_checkpoint_files(self.backing, self.rank)
         if found is None or not files:
