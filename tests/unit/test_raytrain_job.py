@@ -110,3 +110,18 @@ def test_trainguards_own_ray_gets_ray_trains_fast_pace_unless_the_user_set_it(
     real = external_cluster()
     assert real is not None and not real.owned
     assert not any(key.startswith("RAY_TRAIN_") for key in real.client_env())
+
+
+def test_the_driver_ends_without_teardown_but_loses_no_output_and_keeps_its_exit_code() -> None:
+    """The driver skips the interpreter's teardown of torch and Ray (seconds per fit) with
+    os._exit: what it printed is flushed first, even into a pipe (block-buffered)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from trainguard.raytrain.driver import _exit_now\n"
+            "print('trainguard-report step=3 loss=0.5'); sys.stderr.write('last words'); _exit_now(3)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered, as it can be
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 3
+    assert proc.stdout == "trainguard-report step=3 loss=0.5\n" and proc.stderr.endswith("last words")
