@@ -203,11 +203,10 @@ def judge_kill_during_save(c: DrillContext) -> tuple[CheckStatus, str, dict[str,
     held = getattr(c.fault, "held", None)
     if c.fault.injected_at is not None and held is None:
         evidence = common_evidence(c)
-        waited = getattr(c.fault, "waited_s", None)
-        return ("error", f"kill_during_save: rank {c.spec.rank} wrote nothing under the checkpoint "
-                f"directory within {waited if waited is not None else '?'} s after step "
-                f"{c.info.injected_step}, so no save was caught: give the drill more steps after "
-                "after_step (a checkpoint must fall among them) or a longer params.wait", evidence)
+        why = getattr(c.fault, "no_write", None) or "no write under the checkpoint directory was seen"
+        return ("error", f"kill_during_save on rank {c.spec.rank}: {why}, so no save was caught and "
+                "nothing was tested: give the drill more steps after after_step (a checkpoint must "
+                "fall among them) or a longer params.wait", evidence)
     status, summary, evidence = judge_for(c.spec.expectation)(c)
     if held is None:
         return status, summary, evidence

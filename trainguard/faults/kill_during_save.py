@@ -55,6 +55,7 @@ class KillDuringSaveFault(Fault):
         self.kill_to_exit_s: float | None = None
         self.latest_complete: dict[str, Any] = {}
         self.waited_s: float | None = None
+        self.no_write: str | None = None  # why no write was caught
         self.problems: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -106,6 +107,10 @@ class KillDuringSaveFault(Fault):
                 break
             if rp.popen.poll() is not None or time.monotonic() - started > wait:
                 self.waited_s = round(time.monotonic() - started, 3)
+                self.no_write = (f"the rank exited {self.waited_s:g} s after step {self.after_step} without "
+                                 "writing under the checkpoint directory" if rp.popen.poll() is not None
+                                 else f"no write under the checkpoint directory within params.wait "
+                                 f"({wait:g} s) after step {self.after_step}")
                 self.layer.disarm()
                 return
         else:
@@ -147,7 +152,7 @@ class KillDuringSaveFault(Fault):
     def evidence(self) -> dict[str, Any]:
         out = {**super().evidence(), "mechanism": "fuse: a hold on the rank's first checkpoint write",
                "held_write": self.held, "killed": self.killed, "kill_to_exit_s": self.kill_to_exit_s,
-               "waited_for_write_s": self.waited_s,
+               "waited_for_write_s": self.waited_s, "no_write": self.no_write,
                "latest_complete_at_kill": self.latest_complete or None}
         if self.layer is not None:
             released = [e for e in self.layer.read_events() if e.get("event") == "released"]
@@ -168,7 +173,6 @@ class KillDuringSaveFault(Fault):
             lines = [ln.strip() for ln in rank_stderr(result, result.failed_rank).splitlines() if ln.strip()]
             if lines:
                 return f"{result.reason or result.outcome}: {lines[-1][:200]}"
-        if self.held is None and self.waited_s is not None:
-            return (f"rank {self.rank} wrote nothing under the checkpoint directory within "
-                    f"{self.waited_s:g} s after step {self.after_step}")
+        if self.held is None and self.no_write is not None:
+            return f"rank {self.rank}: {self.no_write}"
         return result.reason or result.outcome
