@@ -61,7 +61,28 @@ def storage_judge(spec: DrillSpec, fault: Fault) -> Judge | None:
     if spec.fault == "storage" and fault.params.get("kind") in ("corrupt", "eio_read") \
             and spec.expectation in ("fail_clean", "recover"):
         return judge_storage_resume
+    if spec.fault == "storage":
+        return _storage_named(judge_for(spec.expectation))
     return None
+
+
+def _storage_named(judge: Judge) -> Judge:
+    """The expectation's own judge, its summary naming the storage kind (and for ``slow``, the
+    checkpoint stall and what the layer added)."""
+
+    def run(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
+        status, summary, evidence = judge(c)
+        kind = c.fault.params.get("kind")
+        summary = summary.replace("storage on rank", f"storage {kind} on rank", 1)
+        slow = (evidence.get("fault_evidence") or {}).get("slow_storage") or {}
+        if slow.get("checkpoint_stall_s") is not None:
+            summary += (f"; checkpoint stall {slow['checkpoint_stall_s']:.2f} s (step {slow['slowest_step_during']['step']}"
+                        f", median step {slow['step_time_before_s']:.3f} s before), the layer added "
+                        f"{slow['layer_added_s']:.2f} s ({slow['layer_share_of_time']:.0%} of the "
+                        f"{slow['window_s']:.1f} s under the fault)")
+        return status, summary, evidence
+
+    return run
 
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)(?!\d)", re.I)
