@@ -68,6 +68,9 @@ def test_the_default_expectation_follows_the_kind() -> None:
         ("{name: a, fault: storage, expect: continue, duration: 1, params: {kind: corrupt}}",
          "judged by fail_clean or recover, not continue"),
         ("{name: a, fault: kill_during_save, params: {wait: 0}}", "params.wait: expected the seconds to wait"),
+        ("{name: a, fault: kill_during_save, params: {wait: 1" + "0" * 400 + "}}", "params.wait: expected the seconds"),
+        ("{name: a, fault: storage, duration: 1, params: {kind: slow, latency_ms: 1" + "0" * 400 + "}}",
+         "params.latency_ms: expected the milliseconds"),
         ("{name: a, fault: kill_during_save, params: {signal: SIGTERM}}", "params.signal: unknown parameter for fault 'kill_during_save'"),
     ],
 )
