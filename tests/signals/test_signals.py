@@ -364,3 +364,24 @@ def test_a_signal_at_a_random_moment(tmp_path: Path, watch: Watch, trial: int) -
     if w.popen.poll() is not None:
         pytest.skip("the check ended before the signal")
     finish(w, sig, group=sig == signal.SIGINT, expect=(EXIT[sig], -sig))
+
+
+HEADROOM = """\
+  profile:
+    steps: 10
+    warmup_steps: 2
+    world_sizes: [1]
+    headroom: {start: 8, max: 1024, memory_budget_mb: 500, margin: 0.2, steps: 3}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_during_the_headroom_search(tmp_path: Path, watch: Watch, sig: int) -> None:
+    """While a batch-size probe runs in its memory cgroup (as root)."""
+    job = toy_job(tmp_path, HEADROOM)
+    text = job.read_text().replace("--spawn-child", "--spawn-child --tag bs{batch_size}")
+    job.write_text(text.replace("  world_size: 2\n", "  world_size: 1\n  batch_size: 64\n"))
+    w = watch(trainguard("profile", str(job), "--headroom"))
+    w.wait_for("a probe in its cgroup", lambda: w.cgroups() and w.descendants(), timeout=120)
+    finish(w, sig, group=sig == signal.SIGINT)
