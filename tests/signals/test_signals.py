@@ -1,14 +1,17 @@
 """Real SIGINT and SIGTERM sent to ``trainguard check/drill/profile/gate`` and Ctrl-C to ``pytest``
 (``-n 2`` included) at chosen points -- start-up, a plain run, each fault drill while its fault is
-on, the MLflow server's start -- and then nothing may be left: no process whose parent chain led to
+on, the MLflow server's start, a Ray Train fit, a headroom probe, random moments -- and then
+nothing may be left: no process whose parent chain led to
 the signalled one, no mount under the test's directory, no ``trainguard-<pid>-*`` cgroup, no port
 those processes listened on; the report of the checks that finished before the signal is on disk.
 
 The CLI exits 130 on SIGINT and 143 on SIGTERM; pytest keeps its own code (2 when interrupted).
 The jobs are tests/data/jobs/toy_train.py (pure Python, 2 ranks, each with a grandchild in its
 process group) and tests/data/faults/http_job.py; each point is found by what it leaves on the
-machine (a stopped rank, a cgroup with a limit, an armed FUSE layer, a restart's directory), not
-by a guessed delay. The default run has the three most telling points; ``-m slow`` has them all.
+machine (a stopped rank, a cgroup, an armed FUSE layer, a restart's directory, a rank's step
+line), not by a guessed delay. The default run has the most telling points (SIGTERM in a disk_full
+drill, Ctrl-C in a hang drill, Ctrl-C of ``pytest -n 2``, SIGTERM to toxiproxy-server);
+``-m slow`` has them all. tests/signals/test_cleanup.py has the reproducers of what was fixed.
 """
 
 from __future__ import annotations
