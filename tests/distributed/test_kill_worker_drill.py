@@ -67,6 +67,7 @@ def test_a_loader_that_waits_for_a_dead_worker_forever_fails_as_a_hang(job: Path
     result = run(job, "worker-hangs")
     assert result.status == "failed", result.summary
     assert "the job hung" in result.summary
+    assert result.evidence["likely_causes"][0].startswith("the loader waits for the dead worker's batch")
 
 
 def test_a_rank_without_workers_is_an_error_that_says_so(job: Path) -> None:

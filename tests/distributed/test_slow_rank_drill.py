@@ -64,3 +64,4 @@ def test_a_collective_timeout_shorter_than_a_slowed_step_fails_with_the_timeout_
     result = results["slow-timeout"]
     assert result.status == "failed", result.summary
     assert "collective timed out" in result.summary and "shorter than a slowed step" in result.summary
+    assert result.evidence["likely_causes"][0].startswith("a collective (or step) timeout shorter")

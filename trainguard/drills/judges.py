@@ -550,7 +550,7 @@ def judge_fail_clean(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]
     what = (f"{spec.fault} on rank {spec.rank} after step {info.injected_step}: {how}"
             + (f" {exit_after:.2f} s after the fault" if exit_after is not None and not first.ok else ""))
     if problems:
-        evidence["likely_causes"] = _fail_clean_causes(first, info, evidence)
+        evidence["likely_causes"] = _with_faults_causes(c, first, _fail_clean_causes(first, info, evidence))
         torn = (evidence.get("checkpoint") or {}).get("intact") is False
         return "failed", f"{what}; " + "; ".join(problems) + (
             f". Most likely {evidence['likely_causes'][0]}" if torn else ""), evidence
@@ -617,11 +617,21 @@ def judge_continue(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
     evidence["fault_evidence"] = c.fault.evidence()  # with what its own check found
     what = f"{spec.fault} on rank {spec.rank} after step {c.info.injected_step} for {spec.duration:g} s"
     if problems:
-        evidence["likely_causes"] = list(DRILL_CAUSES["continue"])
+        evidence["likely_causes"] = _with_faults_causes(c, final, list(DRILL_CAUSES["continue"]))
         return "failed", f"{what}: " + "; ".join(problems), evidence
     shown = f"{ratio:.0%} of the rate before" if ratio is not None else "rate not measured"
     return ("passed", f"{what}: the job ran through it ({shown}) and matches the uninterrupted "
             f"run on all {diff.compared_steps} steps", evidence)
+
+
+def _with_faults_causes(c: DrillContext, result: RunResult, causes: list[str]) -> list[str]:
+    """The fault's own causes for what happened (:meth:`Fault.likely_causes`) first, then the
+    expectation's."""
+    try:
+        own = list(c.fault.likely_causes(result))
+    except Exception:  # a fault's own reading must not cost the verdict
+        own = []
+    return [*own, *[x for x in causes if x not in own]]
 
 
 def judge_for(expectation: str, *, ray_recover: bool = False) -> Judge:

@@ -128,6 +128,11 @@ class Fault:
         """How a failed attempt ended, in words (e.g. 'killed by the kernel OOM killer')."""
         return result.reason or result.outcome
 
+    def likely_causes(self, result: RunResult) -> list[str]:
+        """Causes of a failed drill that this fault can read from ``result``, most likely first;
+        the judges put them before their expectation's general ones. Default: none."""
+        return []
+
     def verify_continue(self, result: RunResult) -> list[str]:
         """Extra checks of an ``expect: continue`` drill once the job has completed (after
         :meth:`clear`, before :meth:`teardown`): one sentence per problem, e.g. the network fault

@@ -90,6 +90,16 @@ class KillWorkerFault(Fault):
         return {**super().evidence(), "signal": self.params["signal"], "worker": self.params["worker"],
                 "worker_pid": self.pid, "worker_cmdline": self.cmdline, "workers_seen": self.workers_seen}
 
+    def likely_causes(self, result: RunResult) -> list[str]:
+        if result.ok:
+            return ["the worker's death was caught and ignored: the loader restarted it or skipped its "
+                    "batches, and the job went on without part of its data"]
+        if result.outcome in ("hung", "stopped", "timeout"):  # stopped: at the drill's deadline
+            return ["the loader waits for the dead worker's batch without a timeout or a liveness check "
+                    "(a queue.get() with no timeout; PyTorch's DataLoader checks and raises: use it, or "
+                    "poll the worker with is_alive())"]
+        return []
+
     def classify(self, result: RunResult) -> str:
         what = f"DataLoader worker {self.params['worker']} of rank {self.rank} (pid {self.pid}) was killed"
         if result.outcome == "hung":

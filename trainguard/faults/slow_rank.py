@@ -264,6 +264,15 @@ class SlowRankFault(Fault):
                                      "after": rate(cleared, None) if cleared is not None else None}
         return []
 
+    def likely_causes(self, result: RunResult) -> list[str]:
+        if not result.ok and (self.timeout_line or _TIMEOUT_WORDS.search(result.stderr_tail or "")):
+            return ["a collective (or step) timeout shorter than a slowed step: set it from the slowest "
+                    "step you expect (several times the p99 step time), not the typical one"]
+        if not result.ok:
+            return ["the job treats a slow peer as a failure (a watchdog or heartbeat deadline of its own)"]
+        return ["work that waits on the slowest rank more than once per step (several collectives, or "
+                "a rank-0-only stage the others wait for), so one slow rank costs more than its share"]
+
     def classify(self, result: RunResult) -> str:
         text = result.stderr_tail or ""
         hit = next((line for line in reversed(text.splitlines()) if _TIMEOUT_WORDS.search(line)), None)
