@@ -63,28 +63,27 @@ class KillWorkerFault(Fault):
         rank_pid = launcher.ranks[self.rank].pid
         index = int(self.params["worker"])
         deadline = time.monotonic() + _FIND_S
-        children: list[psutil.Process] = []
-        while True:
+        while True:  # a loader between two epochs: its workers go and new ones come
             try:
                 children = sorted(psutil.Process(rank_pid).children(recursive=False),
                                   key=lambda p: (p.create_time(), p.pid))
             except psutil.Error:
                 children = []
-            if len(children) > index or time.monotonic() > deadline:
-                break
+            self.workers_seen = max(self.workers_seen, len(children))
+            if len(children) > index:
+                target = children[index]
+                try:
+                    self.cmdline = " ".join(target.cmdline())[:200]
+                    target.send_signal(signal.Signals[str(self.params["signal"])])
+                    self.pid = target.pid
+                    return
+                except psutil.NoSuchProcess:
+                    pass  # it ended between the listing and the signal: look again
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rank {self.rank} (pid {rank_pid}) had {self.workers_seen} child "
+                                   f"process(es) at most in {_FIND_S:g} s, so there was no worker {index} "
+                                   "to kill: DataLoader workers need num_workers > 0")
             time.sleep(0.02)
-        self.workers_seen = len(children)
-        if len(children) <= index:
-            raise RuntimeError(f"rank {self.rank} (pid {rank_pid}) has {len(children)} child process(es), so "
-                               f"there is no worker {index} to kill: DataLoader workers need num_workers > 0")
-        target = children[index]
-        self.pid = target.pid
-        try:
-            self.cmdline = " ".join(target.cmdline())[:200]
-            target.send_signal(signal.Signals[str(self.params["signal"])])
-        except psutil.NoSuchProcess:
-            raise RuntimeError(f"worker {index} of rank {self.rank} (pid {target.pid}) exited before the "
-                               "signal: the loader was between epochs; move after_step") from None
 
     def evidence(self) -> dict[str, Any]:
         return {**super().evidence(), "signal": self.params["signal"], "worker": self.params["worker"],
