@@ -36,7 +36,7 @@ job:
   stall_timeout: 20
 checks:
   drills:
-    - {{name: clean, fault: preempt, steps: 30, after_step: 6, params: {{grace: 2}}, args: ["--on-notice", "save"]}}
+    - {{name: clean, fault: preempt, steps: 30, after_step: 6, params: {{grace: 8}}, args: ["--on-notice", "save"]}}
     - {{name: slurm, fault: preempt, steps: 30, after_step: 6, params: {{style: slurm, grace: 2, lead: 0.5}}, args: ["--on-notice", "save"]}}
     - {{name: ignored, fault: preempt, steps: 30, after_step: 6, params: {{grace: 1}}, args: ["--on-notice", "ignore"]}}
     - {{name: torn, fault: preempt, steps: 30, after_step: 6, params: {{grace: 1}}, args: ["--on-notice", "save-slow-inplace"]}}
@@ -59,7 +59,7 @@ def test_a_job_that_saves_on_the_notice_passes_with_the_times_measured(results: 
     assert result.status == "passed", result.summary
     timeline = result.evidence["preemption"]
     # notice -> checkpoint complete -> every rank gone, all inside the grace
-    assert 0 <= timeline["checkpoint_complete_after_notice_s"] <= timeline["exit_after_notice_s"] < 2
+    assert 0 <= timeline["checkpoint_complete_after_notice_s"] <= timeline["exit_after_notice_s"] < 8
     assert result.evidence["fault_evidence"]["killed_at_grace"] == []
     assert result.evidence["resumed_from_step"] >= result.evidence["injected_after_step"]
 
