@@ -35,7 +35,7 @@ job:
 checks:
   drills:
     - {{name: slow, fault: slow_rank, rank: 1, steps: 60, after_step: 10, duration: 1.5, params: {{fraction: 0.1}}}}
-    - {{name: slow-timeout, fault: slow_rank, rank: 1, steps: 60, after_step: 10, duration: 1.5, params: {{fraction: 0.05}}, args: "--sync-timeout 0.25"}}
+    - {{name: slow-timeout, fault: slow_rank, rank: 1, steps: 60, after_step: 10, duration: 1.5, params: {{fraction: 0.01}}, args: "--sync-timeout 1"}}
 """
 
 
