@@ -39,6 +39,9 @@ class Thresholds(ConfigModel):
     max_cost: float | None = Field(None, ge=0)
     #: the predicted full run's wall-clock hours (failures included)
     max_predicted_hours: float | None = Field(None, gt=0)
+    #: the lowest goodput forecast (effective training time ratio, 0 < x <= 1) allowed at the
+    #: recommended world size (docs/profiling.md, "Goodput forecast")
+    min_goodput: float | None = Field(None, gt=0, le=1)
 
 
 class OnMissing(ConfigModel):

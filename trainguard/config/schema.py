@@ -272,6 +272,11 @@ class Target(ConfigModel):
     #: the job's MTBF for given GPU counts, overriding mtbf_hours / N, e.g. {8: 500}
     mtbf_hours_by_gpus: dict[int, float] = Field(default_factory=dict)
     max_lost_minutes: float = Field(10.0, gt=0)
+    #: what one failure costs from the fault to the first new step (detection, requeue, start-up)
+    #: until a recover drill measures it (docs/profiling.md, "Goodput forecast")
+    restart_minutes: float = Field(10.0, ge=0, le=10_000)
+    #: seconds to load a checkpoint on restart (default: as long as the measured save)
+    checkpoint_load_seconds: float | None = Field(None, ge=0, le=1e6)
     #: memory one rank may use, in MB (default: the GPU's memory, or host memory / ranks)
     memory_budget_mb: float | None = Field(None, gt=0)
 

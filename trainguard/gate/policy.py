@@ -20,7 +20,8 @@ from typing import Any, Literal
 
 from trainguard.config import GATE_CHECKS, GatePolicy, JobFile, Thresholds
 from trainguard.config.gate import OnMissing
-from trainguard.profiling.sizing import Sizing
+from trainguard.profiling.goodput import FailureInputs, measured_recovery
+from trainguard.profiling.sizing import Sizing, apply_failure_inputs
 from trainguard.report import CheckId, CheckResult, Report
 
 __all__ = [
@@ -94,10 +95,19 @@ class Decision:
 
 
 def sizing_of(report: Report) -> Sizing | None:
-    """The sizing of the report's profile check (None without one, or when it sized nothing)."""
+    """The sizing of the report's profile check (None without one, or when it sized nothing),
+    its goodput forecast recomputed with what the recover drills of the same report measured
+    (restart cost, steps lost; :func:`~trainguard.profiling.goodput.measured_recovery`)."""
     profile = next((c for c in report.checks if c.name == "profile"), None)
     data = profile.evidence.get("sizing") if profile is not None else None
-    return Sizing.from_dict(data) if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    sizing = Sizing.from_dict(data)
+    if sizing.failure_inputs is None or not sizing.candidates:
+        return sizing
+    inputs = FailureInputs.from_dict(sizing.failure_inputs)
+    measured = measured_recovery(report.checks, inputs)
+    return apply_failure_inputs(sizing, measured) if measured != inputs else sizing
 
 
 def configured_checks(job_file: JobFile) -> list[str]:
@@ -195,6 +205,8 @@ def _judge_sizing(sizing: Sizing, limits: Thresholds, decision: Decision) -> Non
         ("min_scaling_efficiency", "efficiency", lambda v, lim: v >= lim, "scaling efficiency {v:.2f} at {n} GPUs is below the minimum {lim:.2f}"),
         ("max_cost", "cost", lambda v, lim: v <= lim, "predicted cost {v:,.2f} at {n} GPUs exceeds the maximum {lim:,.2f}"),
         ("max_predicted_hours", "hours_with_failures", lambda v, lim: v <= lim, "predicted {v:.1f} h at {n} GPUs exceeds the maximum {lim:.1f} h"),
+        ("min_goodput", "goodput", lambda v, lim: v >= lim, "predicted goodput {v:.1%} at {n} GPUs is below "
+         "gate.thresholds.min_goodput {lim:.1%} (see the sizing's failure inputs and checkpoint interval)"),
     )
     for key, field_name, ok, message in checks:
         limit = getattr(limits, key)

@@ -313,6 +313,8 @@ def _size(profile: Profile, target: Target, runner: JobRunner, spec: ProfileChec
             warmup_s=s.warmup_s or 0.0,
             warmup_steps=spec.warmup_steps,
             peak_mem_mb=max(mem.values()) if mem else None,
+            step_p99_s=s.step.p99_s,
+            step_max_s=s.step.max_s,
         )
     gpu_total = _gpu_memory_mb() if profile.device == "gpu" else None
     host_total = psutil.virtual_memory().total / 2**20

@@ -4,6 +4,10 @@ costs, how often to checkpoint and what limits scaling.
 Inputs are a measured profile (per world size: throughput, step time, startup, memory,
 checkpoint cost; plus the fitted scaling model) and the job file's ``target:`` section. Sizes
 that were not measured are predicted by the fitted model and marked ``extrapolated``.
+
+Failures follow the goodput model of :mod:`trainguard.profiling.goodput`: each size's wall-clock
+with failures, goodput, GPU-hours wasted and the checkpoint interval that maximises goodput.
+:func:`apply_failure_inputs` recomputes them with what the drills of a session measured.
 """
 
 from __future__ import annotations
@@ -14,9 +18,26 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from trainguard.config import Target
+from trainguard.profiling.goodput import (
+    FailureInputs,
+    goodput,
+    interval_curve,
+    optimal_interval_s,
+    wall_clock_s,
+)
 from trainguard.profiling.stats import ScalingFit
+from trainguard.profiling.timeouts import recommend_timeouts
 
-__all__ = ["Candidate", "SizeInputs", "Sizing", "checkpoint_interval_s", "predict_duration_s", "size_run"]
+__all__ = [
+    "Candidate",
+    "SizeInputs",
+    "Sizing",
+    "apply_failure_inputs",
+    "checkpoint_interval_s",
+    "default_failure_inputs",
+    "predict_duration_s",
+    "size_run",
+]
 
 
 def checkpoint_interval_s(cost_s: float, mtbf_s: float, max_lost_s: float) -> tuple[float, str]:
@@ -60,6 +81,8 @@ class SizeInputs:
     peak_mem_mb: float | None  # the largest rank's peak (GPU memory on GPU, else RSS)
     warmup_s: float = 0.0  # first step line -> the last warm-up step's line
     warmup_steps: int = 0
+    step_p99_s: float | None = None
+    step_max_s: float | None = None
 
 
 @dataclass
@@ -84,6 +107,16 @@ class Candidate:
     memory_headroom_mb: float | None
     feasible: bool
     why_not: list[str] = field(default_factory=list)
+    #: the goodput forecast (effective training time ratio, 0..1) at ``checkpoint_every_s``
+    goodput: float | None = None
+    #: GPU-hours that made no new progress: gpus x (wall-clock with failures - without)
+    wasted_gpu_hours: float | None = None
+    #: what the nearest measured size measured: checkpoint save, step tail, start-up
+    checkpoint_cost_s: float | None = None
+    young_daly_s: float | None = None
+    step_p99_s: float | None = None
+    step_max_s: float | None = None
+    startup_s: float | None = None
 
 
 @dataclass
@@ -101,6 +134,13 @@ class Sizing:
     #: memory headroom per rank at the profile's batch from the headroom search (its budget,
     #: peak, headroom, largest and safe batch); None when no search ran
     batch_headroom: dict[str, Any] | None = None
+    #: what one failure costs and where each figure came from (:class:`FailureInputs`)
+    failure_inputs: dict[str, Any] | None = None
+    #: goodput vs checkpoint interval at the recommended (else smallest) size:
+    #: {"gpus": n, "chosen_s": interval, "points": [[interval_s, goodput], ...]}
+    goodput_curve: dict[str, Any] | None = None
+    #: the timeouts the job should use at that size (:func:`recommend_timeouts`)
+    timeouts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (the profile check's ``evidence["sizing"]``, the gate report's ``sizing``)."""
@@ -143,12 +183,14 @@ def size_run(
     memory_budget_mb: Callable[[int], tuple[float | None, str]],
     extra_limits: list[str] | None = None,
     unit: str = "GPU(s)",
+    failure_inputs: FailureInputs | None = None,
 ) -> Sizing:
     """Predict the full run at 1..``target.max_gpus`` ranks and recommend the cheapest size that
     meets the deadline with scaling efficiency >= ``target.min_efficiency`` and fits in memory.
 
     Efficiency is relative to the smallest measured size. Unmeasured sizes use ``fit`` (marked
-    extrapolated); without a fit only measured sizes are candidates."""
+    extrapolated); without a fit only measured sizes are candidates. Failures cost what
+    ``failure_inputs`` says (default: the target's, :func:`default_failure_inputs`)."""
     if not measured:
         raise ValueError("no measured world size to size from")
     base = min(measured)
@@ -174,51 +216,108 @@ def size_run(
             warmup_steps=near.warmup_steps,
         )
         mtbf_h = target.mtbf_hours_by_gpus.get(n, target.mtbf_hours / n)
-        cost_s = near.checkpoint_cost_s
-        every_s: float | None = None
-        every_steps: int | None = None
-        rule = "no checkpoint cost measured: no interval computed"
-        rework_s = near.startup_s  # a restart repeats the start-up at least
-        if cost_s is not None:
-            every_s, rule = checkpoint_interval_s(cost_s, mtbf_h * 3600, target.max_lost_minutes * 60)
-            every_steps = max(1, int(every_s // step_time))
-            rework_s += min(every_s, seconds) / 2
-        failures = seconds / (mtbf_h * 3600)
-        with_failures = seconds + failures * rework_s
-        hours = with_failures / 3600
         budget, _ = memory_budget_mb(n)
         headroom = None
         if budget is not None and near.peak_mem_mb is not None:
             headroom = budget - near.peak_mem_mb
-        why_not = []
-        if efficiency < target.min_efficiency:
-            why_not.append(f"efficiency {efficiency:.0%} < minimum {target.min_efficiency:.0%}")
-        if target.deadline_hours is not None and hours > target.deadline_hours:
-            why_not.append(f"{hours:.2f} h > deadline {target.deadline_hours:g} h")
-        if headroom is not None and headroom < 0:
-            why_not.append(f"needs {-headroom:.0f} MB more memory per rank than the budget")
         candidates.append(
             Candidate(
                 gpus=n, extrapolated=extrapolated, throughput_sps=thr, efficiency=efficiency,
                 steps=steps, step_time_s=step_time, hours=seconds / 3600, mtbf_hours=mtbf_h,
-                checkpoint_every_s=every_s, checkpoint_every_steps=every_steps,
-                checkpoint_rule=rule, expected_failures=failures, hours_with_failures=hours,
-                gpu_hours=hours * n, cost=hours * n * target.price_per_gpu_hour,
-                memory_headroom_mb=headroom, feasible=not why_not, why_not=why_not,
+                checkpoint_every_s=None, checkpoint_every_steps=None, checkpoint_rule="",
+                expected_failures=0.0, hours_with_failures=seconds / 3600, gpu_hours=0.0, cost=0.0,
+                memory_headroom_mb=headroom, feasible=False, checkpoint_cost_s=near.checkpoint_cost_s,
+                step_p99_s=near.step_p99_s, step_max_s=near.step_max_s, startup_s=near.startup_s,
             )
         )
-    recommended, text = _recommend(target, candidates, unit)
     budget_1, source = memory_budget_mb(base)
-    return Sizing(
+    sizing = Sizing(
         target=target.model_dump(),
         candidates=candidates,
-        recommended=recommended,
-        recommendation=text,
+        recommended=None,
+        recommendation="",
         limits=_limits(fit, measured, candidates, target, unit) + list(extra_limits or []),
         device=device,
         memory_budget_mb=budget_1,
         memory_budget_source=source,
     )
+    return apply_failure_inputs(sizing, failure_inputs or default_failure_inputs(target), unit=unit)
+
+
+def default_failure_inputs(target: Target) -> FailureInputs:
+    """What a failure costs before any drill measured it: ``target.restart_minutes`` and
+    ``target.checkpoint_load_seconds`` (default: as long as the save)."""
+    load = target.checkpoint_load_seconds
+    return FailureInputs(
+        restart_s=target.restart_minutes * 60,
+        restart_source=f"default: target.restart_minutes = {target.restart_minutes:g}",
+        load_s=load,
+        load_source=(f"default: target.checkpoint_load_seconds = {load:g}" if load is not None
+                     else "default: as long as the measured checkpoint save"),
+    )
+
+
+def _forecast(c: Candidate, inputs: FailureInputs, target: Target) -> None:
+    """Fill ``c``'s failure figures from the goodput model."""
+    mtbf_s = c.mtbf_hours * 3600
+    work_s = c.hours * 3600
+    save = c.checkpoint_cost_s or 0.0
+    fixed = inputs.fixed_s(c.checkpoint_cost_s)
+    choice = optimal_interval_s(save, mtbf_s, fixed, target.max_lost_minutes * 60, floor_s=c.step_time_s)
+    wall = wall_clock_s(work_s, choice.interval_s, save, mtbf_s, fixed)
+    c.checkpoint_every_s = choice.interval_s
+    c.checkpoint_every_steps = max(1, int(choice.interval_s // c.step_time_s)) if c.step_time_s > 0 else None
+    c.checkpoint_rule = choice.rule if c.checkpoint_cost_s is not None else (
+        "no checkpoint cost measured (0 assumed): interval = the lost-work cap")
+    c.young_daly_s = choice.young_daly_s
+    c.goodput = goodput(choice.interval_s, save, mtbf_s, fixed) if work_s > 0 else 1.0
+    c.expected_failures = wall / mtbf_s
+    c.hours_with_failures = wall / 3600
+    c.gpu_hours = c.hours_with_failures * c.gpus
+    c.cost = c.gpu_hours * target.price_per_gpu_hour
+    c.wasted_gpu_hours = (wall - work_s) / 3600 * c.gpus
+    why_not = []
+    if c.efficiency < target.min_efficiency:
+        why_not.append(f"efficiency {c.efficiency:.0%} < minimum {target.min_efficiency:.0%}")
+    if math.isinf(wall):
+        why_not.append(f"a failure costs more than the {c.mtbf_hours:.3g} h between failures: no progress")
+    elif target.deadline_hours is not None and c.hours_with_failures > target.deadline_hours:
+        why_not.append(f"{c.hours_with_failures:.2f} h > deadline {target.deadline_hours:g} h")
+    if c.memory_headroom_mb is not None and c.memory_headroom_mb < 0:
+        why_not.append(f"needs {-c.memory_headroom_mb:.0f} MB more memory per rank than the budget")
+    c.why_not, c.feasible = why_not, not why_not
+
+
+def apply_failure_inputs(sizing: Sizing, inputs: FailureInputs, *, unit: str | None = None) -> Sizing:
+    """``sizing`` with every candidate's failure figures (wall-clock with failures, goodput,
+    GPU-hours wasted, checkpoint interval), the recommendation, the goodput curve and the
+    timeouts computed from ``inputs`` (in place; returned)."""
+    target = Target.model_validate(sizing.target)
+    unit = unit or ("GPU(s)" if sizing.device == "gpu" else "rank(s)")
+    for c in sizing.candidates:
+        _forecast(c, inputs, target)
+    sizing.failure_inputs = inputs.to_dict()
+    sizing.recommended, sizing.recommendation = _recommend(target, sizing.candidates, unit)
+    shown = sizing.candidate(sizing.recommended) if sizing.recommended else (
+        sizing.candidates[0] if sizing.candidates else None)
+    sizing.goodput_curve, sizing.timeouts = None, []
+    if shown is not None and shown.checkpoint_every_s:
+        save, fixed = shown.checkpoint_cost_s or 0.0, inputs.fixed_s(shown.checkpoint_cost_s)
+        curve = interval_curve(save, shown.mtbf_hours * 3600, fixed,
+                               around_s=(shown.young_daly_s or shown.checkpoint_every_s),
+                               floor_s=shown.step_time_s)
+        sizing.goodput_curve = {"gpus": shown.gpus, "chosen_s": shown.checkpoint_every_s,
+                                "cap_s": target.max_lost_minutes * 60,
+                                "points": [[round(t, 4), round(g, 6)] for t, g in curve]}
+    if shown is not None:
+        load = 0.0 if inputs.load_in_restart else (
+            inputs.load_s if inputs.load_s is not None else shown.checkpoint_cost_s or 0.0)
+        sizing.timeouts = recommend_timeouts(
+            step_p99_s=shown.step_p99_s, step_max_s=shown.step_max_s, save_s=shown.checkpoint_cost_s,
+            load_s=load, startup_s=shown.startup_s, expected_failures=shown.expected_failures,
+            gpus=shown.gpus,
+        )
+    return sizing
 
 
 def _target_steps(target: Target, samples_per_step: int) -> int:
@@ -241,7 +340,8 @@ def _recommend(target: Target, candidates: list[Candidate], unit: str) -> tuple[
         return best.gpus, (
             f"{best.gpus} {unit}{how}: {best.hours_with_failures:.2f} h wall-clock, "
             f"{best.gpu_hours:.2f} {unit.replace('(s)', '')}-hours, cost {best.cost:.2f} at "
-            f"{target.price_per_gpu_hour:g}/GPU-hour, {best.efficiency:.0%} efficient -- the "
+            f"{target.price_per_gpu_hour:g}/GPU-hour, {best.efficiency:.0%} efficient, goodput "
+            f"{best.goodput or 0:.1%} -- the "
             "cheapest size that meets the deadline with enough efficiency"
         )
     if not candidates:
