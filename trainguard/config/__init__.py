@@ -21,6 +21,7 @@ from trainguard.config.checks import (
     HeadroomSearch,
     ParallelCheck,
     ProfileCheck,
+    ReshardCheck,
     ResumeCheck,
     SmokeCheck,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "OnMissing",
     "ParallelCheck",
     "ProfileCheck",
+    "ReshardCheck",
     "ResumeCheck",
     "SmokeCheck",
     "Target",

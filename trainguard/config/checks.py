@@ -32,12 +32,13 @@ __all__ = [
     "HeadroomSearch",
     "ParallelCheck",
     "ProfileCheck",
+    "ReshardCheck",
     "ResumeCheck",
     "SmokeCheck",
 ]
 
 #: Check names in the order ``trainguard check`` runs them.
-CHECK_NAMES = ("smoke", "canary", "determinism", "resume", "parallel", "profile")
+CHECK_NAMES = ("smoke", "canary", "determinism", "resume", "parallel", "reshard", "profile")
 
 
 class CheckSpec(ConfigModel):
@@ -128,6 +129,50 @@ class ParallelCheck(CheckSpec):
     world_size: int = Field(2, ge=2, le=MAX_WORLD_SIZE)
     rtol: float = Field(1e-4, ge=0)
     atol: float = Field(1e-5, ge=0)
+
+
+class ReshardCheck(CheckSpec):
+    """``checks.reshard``: N ranks checkpoint after ``after_step``, M ranks resume from it, and
+    the rest must train like the uninterrupted N-rank run (docs/equivalence.md, "Elastic
+    resume"). Tolerances as ``checks.parallel``: N ranks and M ranks differ by float rounding."""
+
+    steps: int = Field(20, ge=2)
+    after_step: int = Field(ge=1)
+    #: [N, M] pairs: the world size that checkpoints, then the one that resumes
+    pairs: list[Any] = Field(default_factory=lambda: [[2, 1], [1, 2]], min_length=1)
+    rtol: float = Field(1e-4, ge=0)
+    atol: float = Field(1e-5, ge=0)
+
+    @model_validator(mode="after")
+    def _pairs_and_steps(self) -> ReshardCheck:
+        if self.after_step >= self.steps:
+            raise ValueError(
+                f"after_step ({self.after_step}) must be smaller than steps ({self.steps}) "
+                "so there are steps left to compare after the resume"
+            )
+        seen = set()
+        for i, pair in enumerate(self.pairs):
+            ok = (isinstance(pair, (list, tuple)) and len(pair) == 2
+                  and all(isinstance(n, int) and not isinstance(n, bool) for n in pair))
+            if not ok or not all(1 <= n <= MAX_WORLD_SIZE for n in pair):
+                raise ValueError(
+                    f"pairs[{i}] must be [N, M]: the world size that checkpoints and the one that "
+                    f"resumes, each 1..{MAX_WORLD_SIZE}; got {pair!r}; e.g. `pairs: [[2, 1], [1, 2]]`"
+                )
+            if pair[0] == pair[1]:
+                raise ValueError(
+                    f"pairs[{i}] resumes at the world size it checkpointed at ({pair[0]}): that is "
+                    f"checks.resume; use two different sizes, e.g. `[{pair[0]}, {max(1, pair[0] // 2) if pair[0] > 1 else 2}]`"
+                )
+            if tuple(pair) in seen:
+                raise ValueError(f"pairs[{i}] {list(pair)} is listed twice; list each pair once")
+            seen.add(tuple(pair))
+        return self
+
+    @property
+    def world_size_pairs(self) -> list[tuple[int, int]]:
+        """``pairs`` as (N, M) tuples."""
+        return [(int(n), int(m)) for n, m in self.pairs]
 
 
 class HeadroomSearch(ConfigModel):
@@ -370,6 +415,7 @@ class Checks(ConfigModel):
     determinism: Annotated[DeterminismCheck | None, BeforeValidator(_null_means_defaults)] = None
     resume: Annotated[ResumeCheck | None, BeforeValidator(_null_means_defaults)] = None
     parallel: Annotated[ParallelCheck | None, BeforeValidator(_null_means_defaults)] = None
+    reshard: Annotated[ReshardCheck | None, BeforeValidator(_null_means_defaults)] = None
     profile: Annotated[ProfileCheck | None, BeforeValidator(_null_means_defaults)] = None
     #: fault drills (docs/drills.md); they run after the checks above, each as ``drill:<name>``
     drills: Annotated[list[DrillSpec], BeforeValidator(_null_means_list)] = Field(default_factory=list)

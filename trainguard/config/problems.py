@@ -316,6 +316,14 @@ def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
                     "{checkpoint_dir}` in job.command or `CKPT_DIR: \"{checkpoint_dir}\"` in job.env",
                 )
             )
+    if checks.reshard is not None:
+        if not job.resume_args:
+            problems.append(("job.resume_args", "checks.reshard resumes the job at another world size. "
+                             'Fix: set job.resume_args to the flags that make the script resume, e.g. "--resume"'))
+        if "{checkpoint_dir}" not in command_text + " " + env_text:
+            problems.append(("job.command", "checks.reshard needs the job to write checkpoints where "
+                             "trainguard can find them. Fix: pass {checkpoint_dir} to the script, e.g. "
+                             "`--ckpt-dir {checkpoint_dir}` in job.command"))
     if checks.canary is not None and "loss" not in job.metrics:
         problems.append(
             (
@@ -351,6 +359,8 @@ def _one_process_problems(job_file: JobFile) -> list[tuple[str, str]]:
     asks: list[tuple[str, int]] = [("job.world_size", job.world_size)]
     if checks.parallel is not None:
         asks.append(("checks.parallel.world_size", checks.parallel.world_size))
+    if checks.reshard is not None:
+        asks.append(("checks.reshard.pairs", max(max(p) for p in checks.reshard.world_size_pairs)))
     if checks.profile is not None:
         asks.append(("checks.profile.world_sizes", max(checks.profile.world_sizes)))
         if checks.profile.headroom is not None:

@@ -35,6 +35,7 @@ def check_registry() -> dict[str, Callable[[JobRunner, Any], CheckResult]]:
     check is added here (docs/architecture.md, "Adding things")."""
     from trainguard.checks.canary import run_canary
     from trainguard.checks.equivalence import run_determinism, run_parallel, run_resume
+    from trainguard.checks.reshard import run_reshard
     from trainguard.checks.smoke import run_smoke
     from trainguard.drills.driver import run_drill
     from trainguard.profiling.check import run_profile_check
@@ -45,6 +46,7 @@ def check_registry() -> dict[str, Callable[[JobRunner, Any], CheckResult]]:
         "determinism": run_determinism,
         "resume": run_resume,
         "parallel": run_parallel,
+        "reshard": run_reshard,
         "profile": run_profile_check,
         "drill": run_drill,  # every entry of checks.drills runs as "drill:<name>"
     }

@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.config import CanaryCheck, CheckSpec, DrillSpec, JobFile, ParallelCheck, load_config
-from trainguard.config.checks import DeterminismCheck, ProfileCheck, ResumeCheck, SmokeCheck
+from trainguard.config.checks import (
+    DeterminismCheck,
+    ProfileCheck,
+    ReshardCheck,
+    ResumeCheck,
+    SmokeCheck,
+)
 from trainguard.config.preflight import preflight
 from trainguard.config.settings import Settings
 from trainguard.run.request import RunRequest
@@ -202,6 +208,13 @@ def _runs(job_file: JobFile, name: str, spec: CheckSpec, settings: Settings) -> 
     if isinstance(spec, ParallelCheck):
         return ([run("1 rank", 1, reference=True), run(f"{spec.world_size} ranks", spec.world_size)],
                 "N ranks must train like one")
+    if isinstance(spec, ReshardCheck):
+        runs = []
+        for n, m in spec.world_size_pairs:
+            runs += [run(f"{n} rank(s), uninterrupted", n, reference=True),
+                     run(f"{n} rank(s), killed after step {spec.after_step}", n),
+                     run(f"{m} rank(s), resumed from that checkpoint", m)]
+        return runs, "each resume at another world size must train like the uninterrupted run"
     if isinstance(spec, ProfileCheck):
         runs = [run(f"timed, {n} rank(s)", n) for n in spec.world_sizes]
         if spec.headroom is not None:

@@ -1,0 +1,362 @@
+"""Elastic resume (``checks.reshard``): checkpoint at N ranks, resume at M, train like N ranks.
+
+For each ``[N, M]`` pair: the uninterrupted N-rank run (shared with other checks of the same
+request); an N-rank run SIGKILLed right after ``after_step``; M ranks resumed from its checkpoint
+with ``resume_args``. The resumed steps must match the N-rank run within ``rtol``/``atol`` (the
+parallel check's tolerances: N ranks and M ranks differ by float rounding). The job keeps the
+global batch fixed itself: ``{batch_size}`` is the global batch at every world size.
+
+A failure names the first divergent step, the state component that differs in the final
+checkpoints (:func:`trainguard.unit.checkpoints.compare_checkpoint_dirs`), whether the resumed
+ranks together drew the same samples per step as the reference ranks (the sample records,
+:func:`trainguard.launch.samples.read_samples`), and the likely causes, most likely first.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.checks.diagnosis import (
+    DECISIVE,
+    NONE,
+    RULED_OUT,
+    STRONG,
+    SUGGESTIVE,
+    Cause,
+    read_inventory,
+)
+from trainguard.checks.equivalence import compare_trajectories
+from trainguard.config import ReshardCheck
+from trainguard.launch import Launcher, MetricPoint
+from trainguard.launch.samples import SampleBatch, read_samples
+from trainguard.report import CheckResult, CheckStatus
+from trainguard.run.runner import JobRunner
+from trainguard.unit.checkpoints import (
+    CheckpointInventory,
+    compare_checkpoint_dirs,
+    latest_complete_checkpoint,
+)
+
+__all__ = ["RESHARD_CAUSES", "global_batches", "run_reshard", "sample_agreement"]
+
+#: the causes a failed pair is ranked among (key -> text), in the order ties keep
+RESHARD_CAUSES = {
+    "optimizer_shard": "optimizer state sharded (ZeroRedundancyOptimizer, FSDP) and not resharded: "
+    "the checkpoint holds only some ranks' shards, or each rank loads the shard it had at the old size",
+    "sampler_offset": "a sampler offset counted per rank but saved as a global one (or the reverse): "
+    "the resumed ranks re-read or skip samples",
+    "data_order": "a data order that depends on the world size (each rank shuffles its own shard, a "
+    "permutation seeded with the rank, or a shard split that changes with the ranks)",
+    "batch": "the per-rank batch is not the global batch / world size at the new size",
+    "rng": "RNG states saved per rank cannot be restored at another world size (dropout, "
+    "augmentation: pass args that disable them for this check)",
+}
+
+#: components of the final checkpoints whose difference fails a pair; the rest (RNG states per
+#: rank, the world size the job records) may differ between world sizes and are only reported
+TRAINING_STATE = ("model", "optimizer", "scheduler")
+
+_TENSORS = re.compile(r"^(\d+) tensors")
+_OPT_PARAMS = re.compile(r"^state for (\d+) parameters")
+
+
+def _progress_metric(runner: JobRunner) -> str:
+    metrics = runner.job_file.job.metrics
+    return "loss" if "loss" in metrics else next(iter(metrics))
+
+
+# -- samples --------------------------------------------------------------------------------------
+
+
+def _training_loader(batches: Sequence[SampleBatch], dataset: str | None) -> list[SampleBatch]:
+    by_loader: dict[int, list[SampleBatch]] = {}
+    for b in batches:
+        by_loader.setdefault(b.loader, []).append(b)
+    candidates = [v for v in by_loader.values() if dataset is None or v[0].dataset == dataset]
+    return max(candidates, key=len) if candidates else []
+
+
+def global_batches(samples: Mapping[int, Sequence[SampleBatch]], *, first_step: int, steps: int,
+                   dataset: str | None = None) -> dict[int, tuple[Any, ...]]:
+    """Step -> the sorted indices all ranks drew together for it, for a run that trained steps
+    ``first_step``..``steps`` (its training loader: the one with the most batches, of ``dataset``
+    when given). Batches per step follow from the count (gradient accumulation draws several)."""
+    per_rank = {rank: _training_loader(b, dataset) for rank, b in samples.items()}
+    per_rank = {rank: b for rank, b in per_rank.items() if b}
+    count = steps - first_step + 1
+    if not per_rank or count <= 0:
+        return {}
+    per_step = max(1, round(min(len(b) for b in per_rank.values()) / count))
+    out: dict[int, tuple[Any, ...]] = {}
+    for i in range(count):
+        drawn: list[Any] = []
+        for b in per_rank.values():
+            for batch in b[i * per_step:(i + 1) * per_step]:
+                drawn.extend(batch.indices)
+        if not drawn:
+            break
+        out[first_step + i] = tuple(sorted(drawn, key=repr))
+    return out
+
+
+@dataclass(frozen=True)
+class SampleAgreement:
+    """Whether the resumed ranks together drew the samples the reference ranks drew per step."""
+
+    compared_steps: int
+    first_different_step: int | None = None
+    #: the reference step whose samples the first different resumed step drew (None: none)
+    matched_step: int | None = None
+    resumed_size: int = 0
+    reference_size: int = 0
+
+    @property
+    def same(self) -> bool:
+        return self.first_different_step is None
+
+    def sentence(self, n: int, m: int) -> str:
+        if self.same:
+            return (f"the {m} resumed rank(s) drew the same samples per step as the {n} reference "
+                    f"rank(s) on all {self.compared_steps} steps compared")
+        step = self.first_different_step
+        if self.resumed_size != self.reference_size:
+            return (f"at step {step} the {m} resumed rank(s) drew {self.resumed_size} samples together, "
+                    f"the {n} reference rank(s) {self.reference_size}: the global batch changed")
+        if self.matched_step is not None:
+            return (f"at step {step} the {m} resumed rank(s) drew the samples of the reference's step "
+                    f"{self.matched_step}: the data position was restored as a different offset")
+        return (f"at step {step} the {m} resumed rank(s) drew samples that no step of the {n}-rank "
+                "reference drew together: the data order depends on the world size")
+
+
+def sample_agreement(reference: Mapping[int, dict[int, tuple[Any, ...]]] | dict[int, tuple[Any, ...]],
+                     resumed: dict[int, tuple[Any, ...]]) -> SampleAgreement | None:
+    """Compare the global batches of the resumed run with the reference's step by step."""
+    ref = dict(reference)
+    steps = [s for s in sorted(resumed) if s in ref]
+    if not steps:
+        return None
+    for s in steps:
+        if resumed[s] != ref[s]:
+            matched = next((t for t, b in ref.items() if b == resumed[s]), None)
+            return SampleAgreement(len(steps), s, matched, len(resumed[s]), len(ref[s]))
+    return SampleAgreement(len(steps))
+
+
+# -- causes ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class _PairFacts:
+    resumed_from: int
+    first_divergent_step: int | None
+    samples: SampleAgreement | None
+    inventory: CheckpointInventory | None
+    differing: list[str] = field(default_factory=list)
+    rng_warning: bool = False
+
+
+def _shard_coverage(inventory: CheckpointInventory | None) -> tuple[int, int] | None:
+    """(parameters with optimizer state, model tensors) when the checkpoint says both."""
+    if inventory is None:
+        return None
+    model = _TENSORS.match(inventory.details.get("model", ""))
+    opt = _OPT_PARAMS.match(inventory.details.get("optimizer", ""))
+    return (int(opt.group(1)), int(model.group(1))) if model and opt else None
+
+
+def rank_reshard_causes(facts: _PairFacts) -> list[Cause]:
+    """The causes of :data:`RESHARD_CAUSES` by the strength of what the runs left, most likely
+    first, those the evidence rules out last."""
+    strength: dict[str, int] = {}
+    evidence: dict[str, list[str]] = {}
+
+    def add(key: str, points: int, why: str) -> None:
+        strength[key] = points if points == RULED_OUT else max(strength.get(key, NONE), points)
+        evidence.setdefault(key, []).append(why)
+
+    agreement = facts.samples
+    if agreement is not None:
+        if agreement.same:
+            why = f"the resumed ranks drew the reference's samples on all {agreement.compared_steps} steps"
+            for key in ("sampler_offset", "data_order", "batch"):
+                add(key, RULED_OUT, why)
+        elif agreement.resumed_size != agreement.reference_size:
+            add("batch", DECISIVE, f"step {agreement.first_different_step}: {agreement.resumed_size} samples "
+                f"across the resumed ranks vs {agreement.reference_size}")
+        elif agreement.matched_step is not None:
+            add("sampler_offset", DECISIVE, f"resumed step {agreement.first_different_step} drew the samples "
+                f"of the reference's step {agreement.matched_step}")
+        else:
+            add("data_order", STRONG, f"resumed step {agreement.first_different_step} drew samples no "
+                "reference step drew together")
+    coverage = _shard_coverage(facts.inventory)
+    if coverage is not None and coverage[0] < coverage[1]:
+        add("optimizer_shard", DECISIVE, f"the checkpoint the resumed run loaded holds optimizer state "
+            f"for {coverage[0]} parameters of {coverage[1]} model tensors")
+    elif coverage is not None:
+        add("optimizer_shard", NONE, f"the checkpoint holds optimizer state for all {coverage[1]} parameters")
+    if "optimizer" in facts.differing:
+        add("optimizer_shard", SUGGESTIVE, "the final checkpoints differ in the optimizer state")
+    boundary = facts.first_divergent_step is not None and facts.first_divergent_step == facts.resumed_from + 1
+    if boundary and (agreement is None or agreement.same):
+        add("optimizer_shard", SUGGESTIVE, f"the trajectory parts at the first resumed step "
+            f"({facts.first_divergent_step}) with the same samples: state restored at the boundary differs")
+    if facts.rng_warning:
+        add("rng", SUGGESTIVE, "the resumed run's stderr says RNG states were not restored")
+    order = list(RESHARD_CAUSES)
+    causes = [Cause(k, RESHARD_CAUSES[k], strength.get(k, NONE), tuple(evidence.get(k, ()))) for k in order]
+    return sorted(causes, key=lambda c: (-c.strength, order.index(c.key)))
+
+
+def _rng_warning(run_dir: Path, world_size: int) -> bool:
+    pattern = re.compile(r"rng.?states?.*not (?:be )?restored|not restor\w* .*rng", re.I)
+    for rank in range(world_size):
+        try:
+            text = (run_dir / f"rank{rank}.stderr.log").read_text(errors="replace")[-200_000:]
+        except OSError:
+            continue
+        if pattern.search(text):
+            return True
+    return False
+
+
+# -- the check ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Pair:
+    n: int
+    m: int
+    status: CheckStatus  # passed, failed, error
+    summary: str
+    evidence: dict[str, Any]
+    reproduce: str = ""
+
+
+def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str) -> _Pair:
+    name = f"{n}->{m}"
+    old = runner.request_for(spec, world_size=n)
+    new = runner.request_for(spec, world_size=m)
+    reproduce = (f"{runner.command_line(old)}  # kill -9 after step {spec.after_step}, then at {m} "
+                 f"rank(s): {runner.command_line(new, resume=True)}")
+    reference = runner.reference(old)
+    if not reference.ok:
+        return _Pair(n, m, "error", f"{name}: the uninterrupted {n}-rank run did not complete: {reference.reason}",
+                     {"stderr_tail": reference.stderr_tail, "run_dir": str(reference.run_dir)}, reproduce)
+
+    def kill_after(point: MetricPoint, launcher: Launcher) -> None:
+        if point.name == metric and point.step >= spec.after_step:
+            launcher.stop(f"SIGKILL after step {point.step}", signal.SIGKILL)
+
+    killed = runner.run(old, label=f"reshard-{n}to{m}-killed", on_metric=kill_after)
+    if killed.outcome != "stopped":
+        why = (f"the {n}-rank run finished before trainguard saw step {spec.after_step} of `{metric}`"
+               if killed.ok else f"the {n}-rank run failed before step {spec.after_step}: {killed.reason}")
+        return _Pair(n, m, "error", f"{name}: {why}", {"stderr_tail": killed.stderr_tail}, reproduce)
+    checkpoint_dir = Path(killed.evidence["checkpoint_dir"])
+    latest = latest_complete_checkpoint(checkpoint_dir)
+    inventory = read_inventory(latest if latest is not None else checkpoint_dir)
+    resumed = runner.run(new, label=f"reshard-{n}to{m}-resumed", resume=True, checkpoint_dir=checkpoint_dir)
+    evidence: dict[str, Any] = {
+        "killed_after_step": killed.last_step,
+        "run_dirs": {"reference": str(reference.run_dir), "killed": str(killed.run_dir),
+                     "resumed": str(resumed.run_dir)},
+    }
+    if inventory is not None:
+        evidence["resumed_checkpoint"] = inventory.summary()
+    if not resumed.ok:
+        evidence.update({"stderr_tail": resumed.stderr_tail, "reason": resumed.reason})
+        return _Pair(n, m, "failed", f"{name}: the job did not resume at {m} rank(s) from the {n}-rank "
+                     f"checkpoint: {resumed.reason}", evidence, reproduce)
+    # plain means per step: the ranks differ in number, so none of them is "missing" a step
+    actual, expected = resumed.trajectory(metric), reference.trajectory(metric)
+    if not actual:
+        return _Pair(n, m, "failed", f"{name}: the resumed run printed no `{metric}` line", evidence, reproduce)
+    first_step = min(actual)
+    resumed_from = first_step - 1
+    evidence["resumed_from_step"] = resumed_from
+    diff = compare_trajectories(actual, expected, metric=metric, steps=range(first_step, spec.steps + 1),
+                                rtol=spec.rtol, atol=spec.atol)
+    evidence["trajectory"] = diff.as_evidence()
+    state = compare_checkpoint_dirs(Path(resumed.evidence["checkpoint_dir"]),
+                                    Path(reference.evidence["checkpoint_dir"]), rtol=spec.rtol, atol=spec.atol)
+    evidence["state"] = state.as_evidence()
+    differing = [c for c in TRAINING_STATE if state.by_component.get(c)]
+    others = [c for c in state.by_component if c not in TRAINING_STATE]
+    if others:
+        evidence["state_differing_across_world_sizes"] = others  # expected: per-rank RNG, world size
+    ref_samples = read_samples(reference.run_dir)
+    res_samples = read_samples(resumed.run_dir)
+    dataset = next((b[0].dataset for b in ref_samples.values() if b), None)
+    agreement = sample_agreement(
+        global_batches(ref_samples, first_step=1, steps=spec.steps, dataset=dataset),
+        global_batches(res_samples, first_step=first_step, steps=spec.steps, dataset=dataset),
+    )
+    if agreement is not None:
+        evidence["samples"] = agreement.sentence(n, m)
+    problems: list[str] = []
+    if resumed_from == 0:
+        problems.append("the resumed run started again from step 1 (no usable checkpoint, or resume_args "
+                        "does not make it load one)")
+    if diff.first_divergent_step is not None:
+        a, b = diff.first_values or (math.nan, math.nan)
+        problems.append(f"{metric} diverges from the uninterrupted {n}-rank run at step "
+                        f"{diff.first_divergent_step} (resumed at {m}: {a!r} vs {b!r}; max abs diff "
+                        f"{diff.max_abs_diff:.3g}, rtol {spec.rtol:g} atol {spec.atol:g})")
+    elif diff.missing_in_actual:
+        problems.append(f"the resumed run is missing steps {diff.missing_in_actual[:5]}")
+    if differing:
+        problems.append("final checkpoints differ in " + ", ".join(
+            f"{c} ({len(state.by_component[c])} keys)" for c in differing))
+    if not problems:
+        note = f"; {evidence['samples']}" if agreement is not None else " (no sample records)"
+        return _Pair(n, m, "passed", f"{name}: resumed from step {resumed_from}, steps {first_step}-"
+                     f"{spec.steps} match the {n}-rank run (max abs diff {diff.max_abs_diff:.3g}){note}",
+                     evidence, reproduce)
+    facts = _PairFacts(resumed_from, diff.first_divergent_step, agreement, inventory, differing,
+                       _rng_warning(resumed.run_dir, m))
+    causes = rank_reshard_causes(facts)
+    evidence["diagnosis"] = [c.as_evidence() for c in causes]
+    evidence["likely_causes"] = [c.text for c in causes if not c.ruled_out]
+    summary = f"{name}: " + "; ".join(problems)
+    if agreement is not None:
+        summary += f"; {agreement.sentence(n, m)}"
+    top = next((c for c in causes if c.strength > NONE), None)
+    if top is not None:
+        summary += f". Most likely {top.text.split(':')[0]}: {'; '.join(top.evidence[:2])}"
+    return _Pair(n, m, "failed", summary, evidence, reproduce)
+
+
+def run_reshard(runner: JobRunner, spec: ReshardCheck) -> CheckResult:
+    """Each ``[N, M]`` of ``spec.pairs``: checkpoint at N ranks, resume at M, compare with the
+    uninterrupted N-rank run. Passes when every pair does."""
+    started = time.monotonic()
+    metric = _progress_metric(runner)
+    pairs = [_one_pair(runner, spec, n, m, metric) for n, m in spec.world_size_pairs]
+    evidence: dict[str, Any] = {
+        "after_step": spec.after_step,
+        "steps": spec.steps,
+        "tolerance": {"rtol": spec.rtol, "atol": spec.atol},
+        "pairs": {f"{p.n}->{p.m}": {"status": p.status, "summary": p.summary, **p.evidence} for p in pairs},
+    }
+    bad = [p for p in pairs if p.status != "passed"]
+    status: CheckStatus = "passed" if not bad else ("error" if all(p.status == "error" for p in bad) else "failed")
+    if not bad:
+        summary = "; ".join(p.summary for p in pairs)
+    else:
+        summary = "; ".join(p.summary for p in bad)
+        ok = [f"{p.n}->{p.m}" for p in pairs if p.status == "passed"]
+        if ok:
+            summary += f" ({', '.join(ok)} passed)"
+        first = next(p for p in bad if p.status == bad[0].status)
+        evidence["likely_causes"] = first.evidence.get("likely_causes", [])
+    reproduce = (bad[0] if bad else pairs[0]).reproduce
+    return CheckResult("reshard", status, summary, evidence, time.monotonic() - started, reproduce)
