@@ -37,6 +37,7 @@ from trainguard.gate.policy import (
     decide,
     sizing_of,
 )
+from trainguard.profiling.render import failure_rows
 from trainguard.profiling.sizing import Sizing
 from trainguard.report import CheckResult, Report
 from trainguard.tracking.store import ui_command
@@ -447,6 +448,8 @@ _MARKDOWN = """\
 {% for c in checks %}| {{ c.name }} | {{ c.status }} | {{ c.summary | replace("|", "/") }} |
 {% endfor %}
 {% if recommendation %}**Sizing:** {{ recommendation }}
+{% endif %}{% if goodput %}
+**Goodput forecast:** {{ goodput }}
 {% endif %}{% if fallbacks %}
 **Fallbacks that ran:**
 {% for f in fallbacks %}- {{ f }}
@@ -477,9 +480,12 @@ img{max-width:100%;border:1px solid #eee;margin:.5em 0}.meta{color:#666;font-siz
 {% for c in checks %}<tr><td>{{ c.name }}</td><td class="{{ c.status }}">{{ c.status }}</td><td>{{ c.summary }}</td><td>{{ "%.1f" % c.duration_s }}</td></tr>{% endfor %}
 </table>
 {% if recommendation %}<h2>Sizing</h2><p>{{ recommendation }}</p>{% endif %}
-{% if candidates %}<table><tr><th>GPUs</th><th>efficiency</th><th>hours</th><th>GPU-hours</th><th>cost</th><th>checkpoint every</th><th></th></tr>
-{% for c in candidates %}<tr><td>{{ c.gpus }}{% if c.extrapolated %} (extrapolated){% endif %}</td><td>{{ "%.2f" % c.efficiency }}</td><td>{{ "%.2f" % c.hours_with_failures }}</td><td>{{ "%.1f" % c.gpu_hours }}</td><td>{{ "%.2f" % c.cost }}</td><td>{{ c.checkpoint_every_steps or "-" }} steps</td><td>{{ "; ".join(c.why_not) }}</td></tr>{% endfor %}
+{% if candidates %}<table><tr><th>GPUs</th><th>efficiency</th><th>hours</th><th>GPU-hours</th><th>cost</th><th>goodput</th><th>GPU-hours wasted</th><th>checkpoint every</th><th></th></tr>
+{% for c in candidates %}<tr><td>{{ c.gpus }}{% if c.extrapolated %} (extrapolated){% endif %}</td><td>{{ "%.2f" % c.efficiency }}</td><td>{{ "%.2f" % c.hours_with_failures }}</td><td>{{ "%.1f" % c.gpu_hours }}</td><td>{{ "%.2f" % c.cost }}</td><td>{{ "%.2f%%" % (c.goodput * 100) if c.get("goodput") is not none else "-" }}</td><td>{{ "%.3g" % c.wasted_gpu_hours if c.get("wasted_gpu_hours") is not none else "-" }}</td><td>{{ c.checkpoint_every_steps or "-" }} steps</td><td>{{ "; ".join(c.why_not) }}</td></tr>{% endfor %}
 </table>{% endif %}
+{% if goodput %}<p><b>Goodput forecast:</b> {{ goodput }}</p>{% endif %}
+{% if failure_rows %}<table><tr><th>goodput input</th><th>value</th><th>source</th></tr>{% for name, value, source in failure_rows %}<tr><td>{{ name }}</td><td>{{ value }}</td><td>{{ source }}</td></tr>{% endfor %}</table>{% endif %}
+{% if timeouts %}<h3>Recommended timeouts</h3><table><tr><th>setting</th><th>value</th><th>reason</th></tr>{% for t in timeouts %}<tr><td>{{ t.setting }}</td><td>{{ t.value }}</td><td>{{ t.reason }}</td></tr>{% endfor %}</table>{% endif %}
 {% for title, image in images %}<h3>{{ title }}</h3><img alt="{{ title }}" src="data:image/png;base64,{{ image }}">{% endfor %}
 {% if fallbacks %}<h2>Fallbacks that ran</h2><ul>{% for f in fallbacks %}<li>{{ f }}</li>{% endfor %}</ul>{% endif %}
 {% if submission %}<h2>Submission</h2><pre>{{ submission }}</pre>{% endif %}
@@ -508,6 +514,7 @@ def _images(data: dict[str, Any]) -> list[tuple[str, str]]:
                 if not pngs:
                     profile = json.loads(Path(evidence["report_json"]).read_text(encoding="utf-8"))
                     pngs = render_plots(profile)
+                pngs.pop("goodput", None)  # drawn below from the gate's sizing (the drills' inputs)
                 for key, png in pngs.items():
                     out.append((f"profile: {PLOTS.get(key, key)}", base64.b64encode(png).decode("ascii")))
             except (OSError, ValueError, KeyError, ImportError):
@@ -516,7 +523,27 @@ def _images(data: dict[str, Any]) -> list[tuple[str, str]]:
             with contextlib.suppress(OSError):
                 out.append((f"{check['name']}: {Path(plot).stem.replace('_', ' ')}",
                             base64.b64encode(Path(plot).read_bytes()).decode("ascii")))
+    if data.get("sizing"):
+        with contextlib.suppress(ImportError, ValueError, KeyError):
+            from trainguard.profiling.render import PLOTS, plot_goodput
+
+            drawn = plot_goodput({"sizing": data["sizing"],
+                                  "gate_thresholds": (data.get("policy") or {}).get("thresholds")})
+            if drawn is not None:
+                out.append((f"profile: {PLOTS['goodput']}", base64.b64encode(drawn).decode("ascii")))
     return out
+
+
+def _goodput_line(sizing: dict[str, Any], policy: dict[str, Any]) -> str | None:
+    """The recommended size's goodput forecast and the gate's minimum, in one sentence."""
+    chosen = next((c for c in sizing.get("candidates") or [] if c.get("gpus") == sizing.get("recommended")), None)
+    if chosen is None or chosen.get("goodput") is None:
+        return None
+    limit = ((policy or {}).get("thresholds") or {}).get("min_goodput")
+    return (f"{chosen['goodput']:.2%} at {chosen['gpus']} GPU(s): {chosen['expected_failures']:.3g} failures "
+            f"expected, {chosen.get('wasted_gpu_hours') or 0:.3g} GPU-hours wasted, checkpoint every "
+            f"{(chosen.get('checkpoint_every_s') or 0) / 60:.3g} min"
+            + (f" (gate.thresholds.min_goodput {limit:.1%})" if limit else ""))
 
 
 def _context(data: dict[str, Any]) -> dict[str, Any]:
@@ -530,6 +557,9 @@ def _context(data: dict[str, Any]) -> dict[str, Any]:
         "reasons": decision["reasons"], "notes": decision["notes"], "fallbacks": decision["fallbacks"],
         "checks": data["checks"], "sizing": bool(sizing), "recommendation": sizing.get("recommendation"),
         "candidates": sizing.get("candidates", []),
+        "goodput": _goodput_line(sizing, data.get("policy") or {}) if sizing else None,
+        "failure_rows": failure_rows(sizing) if sizing else [],
+        "timeouts": sizing.get("timeouts") or [],
         "machine": f"{caps['gpus']} GPU(s), {'root' if caps['root'] else 'not root'}, "
                    f"{'Ray' if caps['ray'] else 'no Ray'}",
         "provenance": f"job file sha256 {prov['job_file_sha256'][:12]}, commit "

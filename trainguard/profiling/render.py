@@ -16,7 +16,7 @@ from typing import Any
 
 from trainguard._internal.atomic import write_or_fallback
 
-__all__ = ["PLOTS", "render_html", "render_markdown", "write_reports"]
+__all__ = ["PLOTS", "plot_goodput", "render_html", "render_markdown", "write_reports"]
 
 #: plot name -> title, in page order
 PLOTS = {
@@ -24,6 +24,7 @@ PLOTS = {
     "scaling": "Throughput and efficiency vs world size",
     "loss": "Loss curves of the profile runs and the checks",
     "cost": "Predicted cost and wall-clock vs GPUs",
+    "goodput": "Goodput forecast vs world size and vs checkpoint interval",
     "headroom": "Peak memory per rank vs batch size (headroom search)",
 }
 
@@ -192,6 +193,50 @@ def plot_cost(data: dict[str, Any]) -> bytes | None:
     return _png(fig)
 
 
+def plot_goodput(data: dict[str, Any]) -> bytes | None:
+    """Goodput (effective training time ratio) per world size, and vs the checkpoint interval at
+    the recommended size with the chosen interval, Young/Daly's and the lost-work cap."""
+    sizing = data.get("sizing")
+    cands = [c for c in (sizing or {}).get("candidates") or [] if c.get("goodput") is not None]
+    if not sizing or not cands:
+        return None
+    fig = _figure(width=10.0, height=3.4)
+    ax1, ax2 = fig.subplots(1, 2)
+    xs = [c["gpus"] for c in cands]
+    ax1.plot(xs, [c["goodput"] * 100 for c in cands], "o-", color="C0", label="goodput (%)")
+    limit = ((data.get("gate_thresholds") or {}).get("min_goodput"))
+    if limit:
+        ax1.axhline(limit * 100, color="C3", linestyle="--", label="gate.thresholds.min_goodput")
+    low = min(c["goodput"] for c in cands) * 100
+    ax1.set_ylim(max(0.0, min(low, (limit or 1) * 100) - 2), 100.5)
+    ax1.set_xlabel("GPUs")
+    ax1.set_ylabel("goodput (% of wall-clock making progress)")
+    ax1b = ax1.twinx()
+    ax1b.bar(xs, [c["expected_failures"] for c in cands], color="C1", alpha=0.3, label="expected failures")
+    ax1b.set_ylabel("expected failures")
+    ax1.set_title("Goodput at each size's best interval", fontsize=10)
+    ax1.legend(fontsize=7, loc="lower left")
+    ax1.grid(alpha=0.3)
+    curve = sizing.get("goodput_curve")
+    if curve and curve.get("points"):
+        pts = curve["points"]
+        ax2.plot([p[0] / 60 for p in pts], [p[1] * 100 for p in pts], "-", color="C0")
+        ax2.axvline(curve["chosen_s"] / 60, color="C2", label=f"chosen {curve['chosen_s'] / 60:.3g} min")
+        ax2.axvline(curve["cap_s"] / 60, color="C3", linestyle="--", label="max_lost_minutes cap")
+        shown = next((c for c in cands if c["gpus"] == curve["gpus"]), None)
+        if shown is not None and shown.get("young_daly_s"):
+            ax2.axvline(shown["young_daly_s"] / 60, color="grey", linestyle=":", label="Young/Daly")
+        ax2.set_xscale("log")
+        top = max(p[1] for p in pts) * 100
+        ax2.set_ylim(max(0.0, top - 10), top + 0.5)
+        ax2.set_title(f"Goodput vs checkpoint interval at {curve['gpus']} GPU(s)", fontsize=10)
+        ax2.legend(fontsize=7)
+    ax2.set_xlabel("checkpoint interval (min, log)")
+    ax2.set_ylabel("goodput (%)")
+    ax2.grid(alpha=0.3)
+    return _png(fig)
+
+
 def plot_headroom(data: dict[str, Any]) -> bytes | None:
     """Peak memory of every probe vs its batch (passes, OOMs, other failures), the fitted line,
     the budget and the budget less the margin."""
@@ -231,7 +276,7 @@ def plot_headroom(data: dict[str, Any]) -> bytes | None:
 
 
 _PLOTTERS = {"step_times": plot_step_times, "scaling": plot_scaling, "loss": plot_loss, "cost": plot_cost,
-             "headroom": plot_headroom}
+             "goodput": plot_goodput, "headroom": plot_headroom}
 
 
 def render_plots(data: dict[str, Any]) -> dict[str, bytes]:
@@ -287,6 +332,30 @@ _COLUMNS = [
 ]
 
 
+def failure_rows(sizing: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """(input, value, source) of the goodput forecast: checkpoint save, load, restart, lost steps
+    and the MTBF, each measured or default (the reports' inputs table)."""
+    inputs = (sizing or {}).get("failure_inputs")
+    if not sizing or not inputs:
+        return []
+    target = sizing["target"]
+    saves = sorted({c["checkpoint_cost_s"] for c in sizing["candidates"] if c.get("checkpoint_cost_s") is not None})
+    load = ("included in the restart" if inputs.get("load_in_restart") else
+            f"{inputs['load_s']:.3g} s" if inputs.get("load_s") is not None else "= the save")
+    lost = inputs.get("lost_steps")
+    return [
+        ("checkpoint save", ", ".join(f"{v:.3g} s" for v in saves) or "0 s",
+         "measured by the profile (nearest measured size)" if saves else "not measured: 0 assumed"),
+        ("checkpoint load", load, inputs["load_source"]),
+        ("restart (fault -> first new step)", f"{inputs['restart_s']:.4g} s", inputs["restart_source"]),
+        ("lost work per failure", "half an interval" + (f"; drills lost {lost:g} step(s)" if lost is not None else ""),
+         inputs["lost_source"]),
+        ("MTBF", f"{target['mtbf_hours']:g} h per GPU / GPUs" + (f", per count {target['mtbf_hours_by_gpus']}"
+                                                              if target.get("mtbf_hours_by_gpus") else ""),
+         "target.mtbf_hours"),
+    ]
+
+
 def _context(data: dict[str, Any]) -> dict[str, Any]:
     fit = data["scaling"].get("fit") or {}
     models = [fit[k] for k in ("amdahl", "usl") if fit.get(k)]
@@ -297,6 +366,7 @@ def _context(data: dict[str, Any]) -> dict[str, Any]:
         "models": models,
         "fmt": _fmt,
         "sizing": data.get("sizing"),
+        "failure_rows": failure_rows(data.get("sizing")),
         "hr": data.get("headroom"),
         "compare": {"baseline": None, "results": [], **(data.get("compare") or {})},
     }
@@ -324,6 +394,19 @@ Measured on {{ d.measured_on }}. Scaling: **{{ d.scaling.phrase or "not measured
 |---|---|---|---|---|---|---|---|---|
 {% for c in sizing.candidates %}| {{ c.gpus }} | {{ "extrapolated" if c.extrapolated else "measured" }} | {{ "%.0f%%"|format(c.efficiency * 100) }} | {{ fmt(c.hours_with_failures) }} | {{ fmt(c.gpu_hours) }} | {{ "%.2f"|format(c.cost) }} | {% if c.checkpoint_every_s %}{{ "%.1f"|format(c.checkpoint_every_s / 60) }} min ({{ c.checkpoint_every_steps }} steps){% else %}-{% endif %} | {{ fmt(c.memory_headroom_mb, 5) }} | {{ "yes" if c.feasible else c.why_not|join("; ") }} |
 {% endfor %}
+{% if sizing.get("failure_inputs") %}
+**Goodput forecast** (time making new progress / wall-clock, checkpoint interval chosen to maximise it):
+
+| GPUs | goodput | expected failures | wall-clock h with failures | GPU-hours wasted | checkpoint every |
+|---|---|---|---|---|---|
+{% for c in sizing.candidates if c.goodput is not none %}| {{ c.gpus }} | {{ "%.2f%%"|format(c.goodput * 100) }} | {{ fmt(c.expected_failures, 3) }} | {{ fmt(c.hours_with_failures) }} | {{ fmt(c.wasted_gpu_hours, 3) }} | {{ fmt(c.checkpoint_every_s / 60) }} min |
+{% endfor %}
+Inputs: {% for name, value, source in failure_rows %}{{ name }} {{ value }} ({{ source }}){% if not loop.last %}; {% endif %}{% endfor %}.
+{% endif %}
+{% if sizing.get("timeouts") %}
+**Recommended timeouts** at {{ sizing.goodput_curve.gpus if sizing.goodput_curve else "the recommended size" }}:
+{% for t in sizing.timeouts %}- `{{ t.setting }}`: {{ t.value }} -- {{ t.reason }}
+{% endfor %}{% endif %}
 {% if sizing.get("batch_headroom") %}Memory headroom per rank: {{ sizing.batch_headroom.summary }}.
 {% endif %}
 {% if sizing.limits %}What limits scaling:
@@ -389,6 +472,16 @@ img { max-width: 100%; border: 1px solid #eee; margin: 0.4em 0; }
 {% if sizing.candidates %}<p class="meta">Checkpoint interval: {{ sizing.candidates[0].checkpoint_rule }} (MTBF of the job = per-GPU MTBF / GPUs unless configured per count).</p>{% endif %}
 {% if sizing.limits %}<h2>What limits scaling</h2><ul>{% for l in sizing.limits %}<li>{{ l }}</li>{% endfor %}</ul>{% endif %}
 {% if images.get("cost") %}<img alt="{{ titles.cost }}" src="data:image/png;base64,{{ images.cost }}">{% endif %}
+{% if sizing.get("failure_inputs") %}<h2>Goodput forecast</h2>
+<p>Goodput = time making new progress / wall-clock (Meta's ETTR), at each size's checkpoint interval that maximises it (capped by max_lost_minutes).</p>
+<table><tr><th>GPUs</th><th>goodput</th><th>expected failures</th><th>wall-clock h with failures</th><th>GPU-hours wasted</th><th>checkpoint every</th><th>Young/Daly</th></tr>
+{% for c in sizing.candidates if c.goodput is not none %}<tr><td>{{ c.gpus }}</td><td>{{ "%.2f%%"|format(c.goodput * 100) }}</td><td>{{ fmt(c.expected_failures, 3) }}</td><td>{{ fmt(c.hours_with_failures) }}</td><td>{{ fmt(c.wasted_gpu_hours, 3) }}</td><td>{{ fmt(c.checkpoint_every_s / 60) }} min</td><td>{{ fmt(c.young_daly_s / 60 if c.young_daly_s else None) }} min</td></tr>
+{% endfor %}</table>
+<table><tr><th>input</th><th>value</th><th>source</th></tr>{% for name, value, source in failure_rows %}<tr><td>{{ name }}</td><td>{{ value }}</td><td>{{ source }}</td></tr>{% endfor %}</table>
+{% if images.get("goodput") %}<img alt="{{ titles.goodput }}" src="data:image/png;base64,{{ images.goodput }}">{% endif %}
+{% endif %}
+{% if sizing.get("timeouts") %}<h2>Recommended timeouts</h2><table><tr><th>setting</th><th>value</th><th>reason</th></tr>
+{% for t in sizing.timeouts %}<tr><td>{{ t.setting }}</td><td>{{ t.value }}</td><td style="text-align:left">{{ t.reason }}</td></tr>{% endfor %}</table>{% endif %}
 {% endif %}
 {% if hr %}<h2>Memory headroom</h2>
 <p class="{{ 'bad' if hr.failed else 'ok' }}">{{ hr.summary }}</p>
