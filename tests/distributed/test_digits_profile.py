@@ -72,10 +72,22 @@ def test_profile_of_the_example_writes_sane_reports(tmp_path: Path, patched_exam
     assert [c["gpus"] for c in sizing["candidates"]] == [1, 2, 3, 4]
     assert all(c["extrapolated"] == (c["gpus"] > 2) for c in sizing["candidates"])
     assert sizing["recommendation"]
+    # the goodput forecast (docs/profiling.md): every size, the measured checkpoint save, the
+    # target's default restart (no drill in this session), timeouts above the measured tail
+    assert sizing["failure_inputs"]["restart_source"].startswith("default: target.restart_minutes")
+    for c in sizing["candidates"]:
+        assert 0.9 < c["goodput"] < 1 and c["checkpoint_cost_s"] is not None
+        assert c["hours_with_failures"] > c["hours"] and c["wasted_gpu_hours"] > 0
+        assert c["checkpoint_every_s"] <= 600  # target.max_lost_minutes 10 (default)
+    assert sizing["goodput_curve"]["gpus"] == sizing["recommended"]
+    p99 = max(s["step"]["p99_s"] for s in data["sizes"])
+    assert len(sizing["timeouts"]) == 6 and all(t["reason"] for t in sizing["timeouts"])
+    assert all(t["value"] > p99 for t in sizing["timeouts"] if "max_failures" not in t["setting"])
+    assert "**Goodput forecast**" in (latest / "latest.md").read_text()
 
     html = (latest / "latest.html").read_text()
     images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
-    assert len(images) == 4  # step times, scaling, cost, loss
+    assert len(images) == 5  # step times, scaling, cost, goodput, loss
     assert all(img.startswith("iVBORw0KGgo") for img in images)  # PNG signature
     assert "measured on CPU" in html.lower() or "Measured on CPU" in html
 

@@ -183,3 +183,20 @@ def test_min_goodput_out_of_range_is_a_config_error_naming_the_key(tmp_path: Pat
                     f"gate:\n  thresholds: {{min_goodput: {value}}}\n")
     with pytest.raises(ConfigError, match=r"gate\.thresholds\.min_goodput"):
         load_config(path)
+
+
+def test_the_reports_show_the_forecast_its_inputs_the_plot_and_the_timeouts() -> None:
+    from tests.unit.test_profiling import _report_data
+    from trainguard.profiling.render import plot_goodput, render_html, render_markdown, render_plots
+
+    data = _report_data()
+    data["sizing"] = _sizing().to_dict()
+    plots = render_plots(data)
+    assert plots["goodput"].startswith(b"\x89PNG")
+    assert plot_goodput({"sizing": None}) is None
+    md = render_markdown(data)
+    assert "**Goodput forecast**" in md and "default: target.restart_minutes = 10" in md
+    assert "measured by the profile" in md and "`job.stall_timeout (any step watchdog)`" in md
+    html = render_html(data, plots)
+    assert "<h2>Goodput forecast</h2>" in html and "<h2>Recommended timeouts</h2>" in html
+    assert html.count("data:image/png;base64,") == len(plots)
