@@ -44,7 +44,7 @@ from trainguard.unit.checkpoints import (
     latest_complete_checkpoint,
 )
 
-__all__ = ["RESHARD_CAUSES", "global_batches", "run_reshard", "sample_agreement"]
+__all__ = ["RESHARD_CAUSES", "PairFacts", "SampleAgreement", "global_batches", "rank_reshard_causes", "run_reshard", "sample_agreement"]
 
 #: the causes a failed pair is ranked among (key -> text), in the order ties keep
 RESHARD_CAUSES = {
@@ -75,20 +75,23 @@ def _progress_metric(runner: JobRunner) -> str:
 # -- samples --------------------------------------------------------------------------------------
 
 
-def _training_loader(batches: Sequence[SampleBatch], dataset: str | None) -> list[SampleBatch]:
-    by_loader: dict[int, list[SampleBatch]] = {}
-    for b in batches:
-        by_loader.setdefault(b.loader, []).append(b)
-    candidates = [v for v in by_loader.values() if dataset is None or v[0].dataset == dataset]
-    return max(candidates, key=len) if candidates else []
+def _training_batches(batches: Sequence[SampleBatch], dataset: str | None) -> list[SampleBatch]:
+    """The batches of the training data in the order drawn: every loader over ``dataset`` (a
+    job may build a new DataLoader per epoch), default the dataset the most batches came from."""
+    if dataset is None:
+        counts: dict[str, int] = {}
+        for b in batches:
+            counts[b.dataset] = counts.get(b.dataset, 0) + 1
+        dataset = max(counts, key=lambda d: counts[d]) if counts else None
+    return [b for b in batches if b.dataset == dataset]
 
 
 def global_batches(samples: Mapping[int, Sequence[SampleBatch]], *, first_step: int, steps: int,
                    dataset: str | None = None) -> dict[int, tuple[Any, ...]]:
     """Step -> the sorted indices all ranks drew together for it, for a run that trained steps
-    ``first_step``..``steps`` (its training loader: the one with the most batches, of ``dataset``
-    when given). Batches per step follow from the count (gradient accumulation draws several)."""
-    per_rank = {rank: _training_loader(b, dataset) for rank, b in samples.items()}
+    ``first_step``..``steps`` (the batches of ``dataset``, default the one most batches came
+    from). Batches per step follow from the count (gradient accumulation draws several)."""
+    per_rank = {rank: _training_batches(b, dataset) for rank, b in samples.items()}
     per_rank = {rank: b for rank, b in per_rank.items() if b}
     count = steps - first_step + 1
     if not per_rank or count <= 0:
@@ -154,7 +157,9 @@ def sample_agreement(reference: Mapping[int, dict[int, tuple[Any, ...]]] | dict[
 
 
 @dataclass
-class _PairFacts:
+class PairFacts:
+    """What one failed pair left: where it resumed and parted, the samples, the checkpoint."""
+
     resumed_from: int
     first_divergent_step: int | None
     samples: SampleAgreement | None
@@ -172,7 +177,7 @@ def _shard_coverage(inventory: CheckpointInventory | None) -> tuple[int, int] | 
     return (int(opt.group(1)), int(model.group(1))) if model and opt else None
 
 
-def rank_reshard_causes(facts: _PairFacts) -> list[Cause]:
+def rank_reshard_causes(facts: PairFacts) -> list[Cause]:
     """The causes of :data:`RESHARD_CAUSES` by the strength of what the runs left, most likely
     first, those the evidence rules out last."""
     strength: dict[str, int] = {}
@@ -200,7 +205,7 @@ def rank_reshard_causes(facts: _PairFacts) -> list[Cause]:
     coverage = _shard_coverage(facts.inventory)
     if coverage is not None and coverage[0] < coverage[1]:
         add("optimizer_shard", DECISIVE, f"the checkpoint the resumed run loaded holds optimizer state "
-            f"for {coverage[0]} parameters of {coverage[1]} model tensors")
+            f"for {coverage[0]} of its {coverage[1]} model tensors")
     elif coverage is not None:
         add("optimizer_shard", NONE, f"the checkpoint holds optimizer state for all {coverage[1]} parameters")
     if "optimizer" in facts.differing:
@@ -295,7 +300,8 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
         evidence["state_differing_across_world_sizes"] = others  # expected: per-rank RNG, world size
     ref_samples = read_samples(reference.run_dir)
     res_samples = read_samples(resumed.run_dir)
-    dataset = next((b[0].dataset for b in ref_samples.values() if b), None)
+    drawn = _training_batches(next(iter(ref_samples.values()), []), None)
+    dataset = drawn[0].dataset if drawn else None
     agreement = sample_agreement(
         global_batches(ref_samples, first_step=1, steps=spec.steps, dataset=dataset),
         global_batches(res_samples, first_step=first_step, steps=spec.steps, dataset=dataset),
@@ -321,7 +327,7 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
         return _Pair(n, m, "passed", f"{name}: resumed from step {resumed_from}, steps {first_step}-"
                      f"{spec.steps} match the {n}-rank run (max abs diff {diff.max_abs_diff:.3g}){note}",
                      evidence, reproduce)
-    facts = _PairFacts(resumed_from, diff.first_divergent_step, agreement, inventory, differing,
+    facts = PairFacts(resumed_from, diff.first_divergent_step, agreement, inventory, differing,
                        _rng_warning(resumed.run_dir, m))
     causes = rank_reshard_causes(facts)
     evidence["diagnosis"] = [c.as_evidence() for c in causes]

@@ -143,6 +143,15 @@ class ReshardCheck(CheckSpec):
     rtol: float = Field(1e-4, ge=0)
     atol: float = Field(1e-5, ge=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_after_step(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "after_step" not in data:  # default: half way (steps // 2)
+            steps = data.get("steps", 20)
+            if isinstance(steps, int) and not isinstance(steps, bool):
+                data = {**data, "after_step": max(1, steps // 2)}
+        return data
+
     @model_validator(mode="after")
     def _pairs_and_steps(self) -> ReshardCheck:
         if self.after_step >= self.steps:
