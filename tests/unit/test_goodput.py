@@ -198,5 +198,27 @@ def test_the_reports_show_the_forecast_its_inputs_the_plot_and_the_timeouts() ->
     assert "**Goodput forecast**" in md and "default: target.restart_minutes = 10" in md
     assert "measured by the profile" in md and "`job.stall_timeout (any step watchdog)`" in md
     html = render_html(data, plots)
-    assert "<h2>Goodput forecast</h2>" in html and "<h2>Recommended timeouts</h2>" in html
+    assert "<h2>Goodput forecast</h2>" in html and "<h2>Recommended timeouts at 1 rank(s)</h2>" in html
     assert html.count("data:image/png;base64,") == len(plots)
+
+
+def test_the_gate_report_shows_the_goodput_and_the_threshold(tmp_path: Path) -> None:
+    import dataclasses
+
+    from trainguard.gate.policy import Decision
+    from trainguard.gate.run import GateReport, write_gate_report
+
+    sizing = _sizing()
+    gate = GateReport(job="toy", job_file=str(tmp_path / "trainguard.yaml"), decision=Decision("promote"),
+                      report=_gate_report(), sizing=sizing,
+                      provenance={"job_file_sha256": "0" * 64, "git_commit": None},
+                      capabilities=dataclasses.asdict(Capabilities(gpus=0, root=False, ray=False)),
+                      policy=GatePolicy.model_validate({"thresholds": {"min_goodput": 0.9}}).model_dump())
+    paths = write_gate_report(gate, tmp_path / "gate")
+    md = Path(paths["markdown"]).read_text()
+    best = sizing.candidate(sizing.recommended)
+    assert f"**Goodput forecast:** {best.goodput:.2%} at {best.gpus} GPU(s)" in md
+    assert "(gate.thresholds.min_goodput 90.0%)" in md
+    html = Path(paths["html"]).read_text()
+    assert "profile: Goodput forecast vs world size and vs checkpoint interval" in html
+    assert "Recommended timeouts at 1 GPU(s)" in html and "default: target.restart_minutes" in html

@@ -485,7 +485,7 @@ img{max-width:100%;border:1px solid #eee;margin:.5em 0}.meta{color:#666;font-siz
 </table>{% endif %}
 {% if goodput %}<p><b>Goodput forecast:</b> {{ goodput }}</p>{% endif %}
 {% if failure_rows %}<table><tr><th>goodput input</th><th>value</th><th>source</th></tr>{% for name, value, source in failure_rows %}<tr><td>{{ name }}</td><td>{{ value }}</td><td>{{ source }}</td></tr>{% endfor %}</table>{% endif %}
-{% if timeouts %}<h3>Recommended timeouts</h3><table><tr><th>setting</th><th>value</th><th>reason</th></tr>{% for t in timeouts %}<tr><td>{{ t.setting }}</td><td>{{ t.value }}</td><td>{{ t.reason }}</td></tr>{% endfor %}</table>{% endif %}
+{% if timeouts %}<h3>Recommended timeouts at {{ timeouts[0].gpus }} GPU(s)</h3><table><tr><th>setting</th><th>value</th><th>reason</th></tr>{% for t in timeouts %}<tr><td>{{ t.setting }}</td><td>{{ t.value }}</td><td>{{ t.reason }}</td></tr>{% endfor %}</table>{% endif %}
 {% for title, image in images %}<h3>{{ title }}</h3><img alt="{{ title }}" src="data:image/png;base64,{{ image }}">{% endfor %}
 {% if fallbacks %}<h2>Fallbacks that ran</h2><ul>{% for f in fallbacks %}<li>{{ f }}</li>{% endfor %}</ul>{% endif %}
 {% if submission %}<h2>Submission</h2><pre>{{ submission }}</pre>{% endif %}

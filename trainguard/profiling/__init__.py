@@ -1,7 +1,8 @@
 """Throughput and scaling profiles and resource-sizing reports (docs/profiling.md).
 
 ``run_profile`` measures a job at several world sizes; ``trainguard.profiling.sizing`` turns a
-profile and the job file's ``target:`` into a recommendation; ``parse_regressions`` and
+profile and the job file's ``target:`` into a recommendation with a goodput forecast
+(``trainguard.profiling.goodput``) and recommended timeouts; ``parse_regressions`` and
 ``compare_profiles`` judge a profile against this machine's saved baseline.
 
 Names are imported on first use, so ``trainguard --help`` does not load numpy or matplotlib.
@@ -23,7 +24,10 @@ _EXPORTS = {
     "compare_profiles": "compare",
     "parse_regression": "compare",
     "parse_regressions": "compare",
+    "FailureInputs": "goodput",
+    "measured_recovery": "goodput",
     "Sizing": "sizing",
+    "apply_failure_inputs": "sizing",
     "checkpoint_interval_s": "sizing",
     "predict_duration_s": "sizing",
     "size_run": "sizing",
@@ -32,6 +36,7 @@ _EXPORTS = {
     "phrase_scaling": "stats",
     "scaling_table": "stats",
     "step_stats": "stats",
+    "recommend_timeouts": "timeouts",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -404,7 +404,7 @@ Measured on {{ d.measured_on }}. Scaling: **{{ d.scaling.phrase or "not measured
 Inputs: {% for name, value, source in failure_rows %}{{ name }} {{ value }} ({{ source }}){% if not loop.last %}; {% endif %}{% endfor %}.
 {% endif %}
 {% if sizing.get("timeouts") %}
-**Recommended timeouts** at {{ sizing.goodput_curve.gpus if sizing.goodput_curve else "the recommended size" }}:
+**Recommended timeouts** at {{ sizing.timeouts[0].gpus }} {{ "GPU(s)" if d.device == "gpu" else "rank(s)" }}:
 {% for t in sizing.timeouts %}- `{{ t.setting }}`: {{ t.value }} -- {{ t.reason }}
 {% endfor %}{% endif %}
 {% if sizing.get("batch_headroom") %}Memory headroom per rank: {{ sizing.batch_headroom.summary }}.
@@ -480,7 +480,7 @@ img { max-width: 100%; border: 1px solid #eee; margin: 0.4em 0; }
 <table><tr><th>input</th><th>value</th><th>source</th></tr>{% for name, value, source in failure_rows %}<tr><td>{{ name }}</td><td>{{ value }}</td><td>{{ source }}</td></tr>{% endfor %}</table>
 {% if images.get("goodput") %}<img alt="{{ titles.goodput }}" src="data:image/png;base64,{{ images.goodput }}">{% endif %}
 {% endif %}
-{% if sizing.get("timeouts") %}<h2>Recommended timeouts</h2><table><tr><th>setting</th><th>value</th><th>reason</th></tr>
+{% if sizing.get("timeouts") %}<h2>Recommended timeouts at {{ sizing.timeouts[0].gpus }} {{ "GPU(s)" if d.device == "gpu" else "rank(s)" }}</h2><table><tr><th>setting</th><th>value</th><th>reason</th></tr>
 {% for t in sizing.timeouts %}<tr><td>{{ t.setting }}</td><td>{{ t.value }}</td><td style="text-align:left">{{ t.reason }}</td></tr>{% endfor %}</table>{% endif %}
 {% endif %}
 {% if hr %}<h2>Memory headroom</h2>

@@ -341,7 +341,7 @@ def _recommend(target: Target, candidates: list[Candidate], unit: str) -> tuple[
             f"{best.gpus} {unit}{how}: {best.hours_with_failures:.2f} h wall-clock, "
             f"{best.gpu_hours:.2f} {unit.replace('(s)', '')}-hours, cost {best.cost:.2f} at "
             f"{target.price_per_gpu_hour:g}/GPU-hour, {best.efficiency:.0%} efficient, goodput "
-            f"{best.goodput or 0:.1%} -- the "
+            f"{best.goodput or 0:.2%} -- the "
             "cheapest size that meets the deadline with enough efficiency"
         )
     if not candidates:

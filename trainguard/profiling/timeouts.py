@@ -48,8 +48,8 @@ def recommend_timeouts(
     expected_failures: float,
     gpus: int,
 ) -> list[dict[str, Any]]:
-    """The recommended settings: ``{"setting", "value", "reason"}`` each, value in seconds
-    unless the setting says otherwise. Empty without a measured step time."""
+    """The recommended settings at ``gpus``: ``{"setting", "value", "reason", "gpus"}`` each,
+    value in seconds unless the setting says otherwise. Empty without a measured step time."""
     if step_p99_s is None:
         return []
     slow = max(step_p99_s, step_max_s or 0.0)
@@ -61,7 +61,7 @@ def recommend_timeouts(
     restarts = max(1, poisson_quantile(expected_failures))
     lead = max(60, _seconds(MARGIN * base))
     save_text = f"a checkpoint save ({save:.3g} s)" if save_s is not None else "a checkpoint save (not measured)"
-    return [
+    items = [
         {"setting": "job.stall_timeout (any step watchdog)", "value": stall,
          "reason": f"the slowest healthy step (p99 {step_p99_s:.3g} s, max {slow:.3g} s) plus {save_text} "
                    f"fits {MARGIN:g} times over, and it is longer than the collective timeout so a dead "
@@ -85,3 +85,4 @@ def recommend_timeouts(
                    f"slowest) before the time limit: {MARGIN:g} times that, at least 60 s (Slurm's signal "
                    "timing has a 60 s resolution); trainguard's sbatch script uses 300 s"},
     ]
+    return [{**item, "gpus": gpus} for item in items]
