@@ -252,16 +252,21 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
     new = runner.request_for(spec, world_size=m)
     reproduce = (f"{runner.command_line(old)}  # kill -9 after step {spec.after_step}, then at {m} "
                  f"rank(s): {runner.command_line(new, resume=True)}")
-    reference = runner.reference(old)
-    if not reference.ok:
-        return _Pair(n, m, "error", f"{name}: the uninterrupted {n}-rank run did not complete: {reference.reason}",
-                     {"stderr_tail": reference.stderr_tail, "run_dir": str(reference.run_dir)}, reproduce)
+    runner.prefetch(old)  # the uninterrupted run starts up beside the one that is killed
 
     def kill_after(point: MetricPoint, launcher: Launcher) -> None:
         if point.name == metric and point.step >= spec.after_step:
             launcher.stop(f"SIGKILL after step {point.step}", signal.SIGKILL)
 
-    killed = runner.run(old, label=f"reshard-{n}to{m}-killed", on_metric=kill_after)
+    try:
+        killed = runner.run(old, label=f"reshard-{n}to{m}-killed", on_metric=kill_after)
+        reference = runner.reference(old)
+    except BaseException:
+        runner.stop_background("the reshard check was interrupted")
+        raise
+    if not reference.ok:
+        return _Pair(n, m, "error", f"{name}: the uninterrupted {n}-rank run did not complete: {reference.reason}",
+                     {"stderr_tail": reference.stderr_tail, "run_dir": str(reference.run_dir)}, reproduce)
     if killed.outcome != "stopped":
         why = (f"the {n}-rank run finished before trainguard saw step {spec.after_step} of `{metric}`"
                if killed.ok else f"the {n}-rank run failed before step {spec.after_step}: {killed.reason}")
