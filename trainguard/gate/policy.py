@@ -214,6 +214,7 @@ def _judge_sizing(sizing: Sizing, limits: Thresholds, decision: Decision) -> Non
         if limit is None or value is None:
             continue
         if ok(value, limit):
-            decision.notes.append(f"gate.thresholds.{key}: {field_name} {value:.3g} within {limit:g}")
+            shown = f"{value:.2%}" if key == "min_goodput" else f"{value:.3g}"
+            decision.notes.append(f"gate.thresholds.{key}: {field_name} {shown} within {limit:g}")
         else:
             decision.reasons.append(message.format(v=value, lim=limit, n=recommended))
