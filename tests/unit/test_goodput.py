@@ -100,7 +100,8 @@ def test_the_recover_drills_measure_restart_and_lost_steps() -> None:
 
 
 def _sizing() -> Any:
-    measured = {1: SizeInputs(1, 100.0, 64, 10.0, 0.0, 2.0, 900.0, step_p99_s=0.8, step_max_s=1.2),
+    measured = {1: SizeInputs(1, 100.0, 64, 10.0, 0.0, 2.0, 900.0, step_p99_s=0.8, step_max_s=1.2,
+                              checkpoint_every_steps=50),
                 2: SizeInputs(2, 190.0, 64, 10.0, 0.0, 2.0, 900.0, step_p99_s=0.5, step_max_s=0.6)}
     target = Target(samples=7_200_000, max_gpus=4, deadline_hours=48, mtbf_hours=200.0, max_lost_minutes=30)
     return size_run(target, measured, fit_scaling({1: 100.0, 2: 190.0}), samples_per_step=lambda n: 64,
@@ -118,6 +119,11 @@ def test_the_sizing_forecasts_goodput_at_every_size() -> None:
         assert c.goodput == pytest.approx(work / (c.hours_with_failures * 3600))
         assert c.expected_failures == pytest.approx(c.hours_with_failures / c.mtbf_hours)
         assert c.wasted_gpu_hours == pytest.approx(c.gpus * (c.hours_with_failures - c.hours))
+    one = sizing.candidate(1)
+    assert one.job_checkpoint_every_steps == 50  # the job's own cadence, as profiled
+    assert one.goodput_at_job_cadence == pytest.approx(goodput(50 * one.step_time_s, 2.0, one.mtbf_hours * 3600, 602.0))
+    assert one.goodput_at_job_cadence < one.goodput  # 32 s between 2 s saves: 6 % of the time saving
+    assert sizing.candidate(2).goodput_at_job_cadence is None  # not profiled at 2
     goodputs = [c.goodput for c in sizing.candidates]
     assert goodputs == sorted(goodputs, reverse=True)  # more GPUs: more failures
     assert sizing.goodput_curve["gpus"] == sizing.recommended

@@ -315,6 +315,7 @@ def _size(profile: Profile, target: Target, runner: JobRunner, spec: ProfileChec
             peak_mem_mb=max(mem.values()) if mem else None,
             step_p99_s=s.step.p99_s,
             step_max_s=s.step.max_s,
+            checkpoint_every_steps=s.checkpoint.get("every_steps"),
         )
     gpu_total = _gpu_memory_mb() if profile.device == "gpu" else None
     host_total = psutil.virtual_memory().total / 2**20

@@ -343,12 +343,16 @@ def failure_rows(sizing: dict[str, Any] | None) -> list[tuple[str, str, str]]:
     load = ("included in the restart" if inputs.get("load_in_restart") else
             f"{inputs['load_s']:.3g} s" if inputs.get("load_s") is not None else "= the save")
     lost = inputs.get("lost_steps")
+    cadence = next((c["job_checkpoint_every_steps"] for c in sizing["candidates"]
+                    if c.get("job_checkpoint_every_steps")), None)
+    lost_text = "half an interval" + (f"; the job saves every {cadence} steps (half: {cadence / 2:g})"
+                                      if cadence else "")
     return [
         ("checkpoint save", ", ".join(f"{v:.3g} s" for v in saves) or "0 s",
          "measured by the profile (nearest measured size)" if saves else "not measured: 0 assumed"),
         ("checkpoint load", load, inputs["load_source"]),
         ("restart (fault -> first new step)", f"{inputs['restart_s']:.4g} s", inputs["restart_source"]),
-        ("lost work per failure", "half an interval" + (f"; drills lost {lost:g} step(s)" if lost is not None else ""),
+        ("lost work per failure", lost_text + (f"; drills lost {lost:g} step(s)" if lost is not None else ""),
          inputs["lost_source"]),
         ("MTBF", f"{target['mtbf_hours']:g} h per GPU / GPUs" + (f", per count {target['mtbf_hours_by_gpus']}"
                                                               if target.get("mtbf_hours_by_gpus") else ""),
@@ -397,9 +401,9 @@ Measured on {{ d.measured_on }}. Scaling: **{{ d.scaling.phrase or "not measured
 {% if sizing.get("failure_inputs") %}
 **Goodput forecast** (time making new progress / wall-clock, checkpoint interval chosen to maximise it):
 
-| GPUs | goodput | expected failures | wall-clock h with failures | GPU-hours wasted | checkpoint every |
-|---|---|---|---|---|---|
-{% for c in sizing.candidates if c.goodput is not none %}| {{ c.gpus }} | {{ "%.2f%%"|format(c.goodput * 100) }} | {{ fmt(c.expected_failures, 3) }} | {{ fmt(c.hours_with_failures) }} | {{ fmt(c.wasted_gpu_hours, 3) }} | {{ fmt(c.checkpoint_every_s / 60) }} min |
+| GPUs | goodput | expected failures | wall-clock h with failures | GPU-hours wasted | checkpoint every | goodput at the job's own cadence |
+|---|---|---|---|---|---|---|
+{% for c in sizing.candidates if c.goodput is not none %}| {{ c.gpus }} | {{ "%.2f%%"|format(c.goodput * 100) }} | {{ fmt(c.expected_failures, 3) }} | {{ fmt(c.hours_with_failures) }} | {{ fmt(c.wasted_gpu_hours, 3) }} | {{ fmt(c.checkpoint_every_s / 60) }} min | {% if c.get("goodput_at_job_cadence") is not none %}{{ "%.2f%%"|format(c.goodput_at_job_cadence * 100) }} (every {{ c.job_checkpoint_every_steps }} steps){% else %}-{% endif %} |
 {% endfor %}
 Inputs: {% for name, value, source in failure_rows %}{{ name }} {{ value }} ({{ source }}){% if not loop.last %}; {% endif %}{% endfor %}.
 {% endif %}
@@ -474,8 +478,8 @@ img { max-width: 100%; border: 1px solid #eee; margin: 0.4em 0; }
 {% if images.get("cost") %}<img alt="{{ titles.cost }}" src="data:image/png;base64,{{ images.cost }}">{% endif %}
 {% if sizing.get("failure_inputs") %}<h2>Goodput forecast</h2>
 <p>Goodput = time making new progress / wall-clock (Meta's ETTR), at each size's checkpoint interval that maximises it (capped by max_lost_minutes).</p>
-<table><tr><th>GPUs</th><th>goodput</th><th>expected failures</th><th>wall-clock h with failures</th><th>GPU-hours wasted</th><th>checkpoint every</th><th>Young/Daly</th></tr>
-{% for c in sizing.candidates if c.goodput is not none %}<tr><td>{{ c.gpus }}</td><td>{{ "%.2f%%"|format(c.goodput * 100) }}</td><td>{{ fmt(c.expected_failures, 3) }}</td><td>{{ fmt(c.hours_with_failures) }}</td><td>{{ fmt(c.wasted_gpu_hours, 3) }}</td><td>{{ fmt(c.checkpoint_every_s / 60) }} min</td><td>{{ fmt(c.young_daly_s / 60 if c.young_daly_s else None) }} min</td></tr>
+<table><tr><th>GPUs</th><th>goodput</th><th>expected failures</th><th>wall-clock h with failures</th><th>GPU-hours wasted</th><th>checkpoint every</th><th>Young/Daly</th><th>goodput at the job's own cadence</th></tr>
+{% for c in sizing.candidates if c.goodput is not none %}<tr><td>{{ c.gpus }}</td><td>{{ "%.2f%%"|format(c.goodput * 100) }}</td><td>{{ fmt(c.expected_failures, 3) }}</td><td>{{ fmt(c.hours_with_failures) }}</td><td>{{ fmt(c.wasted_gpu_hours, 3) }}</td><td>{{ fmt(c.checkpoint_every_s / 60) }} min</td><td>{{ fmt(c.young_daly_s / 60 if c.young_daly_s else None) }} min</td><td>{% if c.get("goodput_at_job_cadence") is not none %}{{ "%.2f%%"|format(c.goodput_at_job_cadence * 100) }} (every {{ c.job_checkpoint_every_steps }} steps){% else %}-{% endif %}</td></tr>
 {% endfor %}</table>
 <table><tr><th>input</th><th>value</th><th>source</th></tr>{% for name, value, source in failure_rows %}<tr><td>{{ name }}</td><td>{{ value }}</td><td>{{ source }}</td></tr>{% endfor %}</table>
 {% if images.get("goodput") %}<img alt="{{ titles.goodput }}" src="data:image/png;base64,{{ images.goodput }}">{% endif %}

@@ -83,6 +83,8 @@ class SizeInputs:
     warmup_steps: int = 0
     step_p99_s: float | None = None
     step_max_s: float | None = None
+    #: the job's own checkpoint cadence in the profile runs (steps between saves)
+    checkpoint_every_steps: int | None = None
 
 
 @dataclass
@@ -117,6 +119,9 @@ class Candidate:
     step_p99_s: float | None = None
     step_max_s: float | None = None
     startup_s: float | None = None
+    #: the job's own checkpoint cadence as profiled, and the goodput it would give at this size
+    job_checkpoint_every_steps: int | None = None
+    goodput_at_job_cadence: float | None = None
 
 
 @dataclass
@@ -228,6 +233,7 @@ def size_run(
                 expected_failures=0.0, hours_with_failures=seconds / 3600, gpu_hours=0.0, cost=0.0,
                 memory_headroom_mb=headroom, feasible=False, checkpoint_cost_s=near.checkpoint_cost_s,
                 step_p99_s=near.step_p99_s, step_max_s=near.step_max_s, startup_s=near.startup_s,
+                job_checkpoint_every_steps=near.checkpoint_every_steps,
             )
         )
     budget_1, source = memory_budget_mb(base)
@@ -271,6 +277,9 @@ def _forecast(c: Candidate, inputs: FailureInputs, target: Target) -> None:
         "no checkpoint cost measured (0 assumed): interval = the lost-work cap")
     c.young_daly_s = choice.young_daly_s
     c.goodput = goodput(choice.interval_s, save, mtbf_s, fixed) if work_s > 0 else 1.0
+    c.goodput_at_job_cadence = None
+    if c.job_checkpoint_every_steps and c.checkpoint_cost_s is not None and c.step_time_s > 0:
+        c.goodput_at_job_cadence = goodput(c.job_checkpoint_every_steps * c.step_time_s, save, mtbf_s, fixed)
     c.expected_failures = wall / mtbf_s
     c.hours_with_failures = wall / 3600
     c.gpu_hours = c.hours_with_failures * c.gpus
