@@ -127,4 +127,5 @@ def test_digits_with_dropout_fails_and_names_the_rng(tmp_path: Path, patched_exa
     root = patched_example({}, DIGITS.replace("PAIRS", "[[2, 1]]").replace(' args: "ARGS"', ""))
     result, _ = _run(root, tmp_path)
     assert result.status == "failed", result.summary
-    assert any(c.startswith("RNG states saved per rank") for c in result.evidence["likely_causes"][:2])
+    assert result.evidence["likely_causes"][0].startswith("RNG states saved per rank")
+    assert "Most likely RNG states saved per rank cannot be restored at another world size:" in result.summary

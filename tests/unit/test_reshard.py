@@ -117,3 +117,12 @@ def test_causes_rank_the_evidence() -> None:
     assert "2 of its 4 model tensors" in causes[0].phrase()
     ruled = {c.key for c in causes if c.strength == RULED_OUT}
     assert ruled == {"sampler_offset", "data_order", "batch"}  # the same samples: not the data
+
+
+def test_the_jobs_own_rng_warning_outranks_a_boundary_divergence() -> None:
+    full = CheckpointInventory(path=Path("x"), details={
+        "model": "4 tensors, 161 elements", "optimizer": "state for 4 parameters (step, exp_avg)"})
+    same = sample_agreement({1: (1, 2), 2: (3, 4)}, {2: (3, 4)})
+    causes = rank_reshard_causes(PairFacts(1, 2, same, full, ["model", "optimizer"], rng_warning=True))
+    assert [c.key for c in causes[:2]] == ["rng", "optimizer_shard"]
+    assert "for all 4 parameters" in causes[1].phrase()

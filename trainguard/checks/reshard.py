@@ -208,14 +208,12 @@ def rank_reshard_causes(facts: PairFacts) -> list[Cause]:
             f"for {coverage[0]} of its {coverage[1]} model tensors")
     elif coverage is not None:
         add("optimizer_shard", NONE, f"the checkpoint holds optimizer state for all {coverage[1]} parameters")
-    if "optimizer" in facts.differing:
-        add("optimizer_shard", SUGGESTIVE, "the final checkpoints differ in the optimizer state")
     boundary = facts.first_divergent_step is not None and facts.first_divergent_step == facts.resumed_from + 1
     if boundary and (agreement is None or agreement.same):
         add("optimizer_shard", SUGGESTIVE, f"the trajectory parts at the first resumed step "
             f"({facts.first_divergent_step}) with the same samples: state restored at the boundary differs")
     if facts.rng_warning:
-        add("rng", SUGGESTIVE, "the resumed run's stderr says RNG states were not restored")
+        add("rng", STRONG, "the resumed run's stderr says RNG states were not restored")
     order = list(RESHARD_CAUSES)
     causes = [Cause(k, RESHARD_CAUSES[k], strength.get(k, NONE), tuple(evidence.get(k, ()))) for k in order]
     return sorted(causes, key=lambda c: (-c.strength, order.index(c.key)))
@@ -342,7 +340,7 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
         summary += f"; {agreement.sentence(n, m)}"
     top = next((c for c in causes if c.strength > NONE), None)
     if top is not None:
-        summary += f". Most likely {top.text.split(':')[0]}: {'; '.join(top.evidence[:2])}"
+        summary += f". Most likely {top.text.split(':')[0].split(' (')[0]}: {'; '.join(top.evidence[:2])}"
     return _Pair(n, m, "failed", summary, evidence, reproduce)
 
 
