@@ -228,3 +228,21 @@ def test_the_gate_report_shows_the_goodput_and_the_threshold(tmp_path: Path) -> 
     html = Path(paths["html"]).read_text()
     assert "profile: Goodput forecast vs world size and vs checkpoint interval" in html
     assert "Recommended timeouts at 1 GPU(s)" in html and "default: target.restart_minutes" in html
+
+
+def test_a_size_whose_failures_leave_no_progress_is_not_feasible_and_its_report_stays_readable(tmp_path: Path) -> None:
+    import json
+
+    measured = {1: SizeInputs(1, 100.0, 64, 10.0, 0.0, 2.0, 900.0), 2: SizeInputs(2, 190.0, 64, 10.0, 0.0, 2.0, 900.0)}
+    # one GPU fails every 0.3 h: at 2 GPUs every 9 min, less than a 10-minute restart
+    target = Target(steps=100_000, max_gpus=2, mtbf_hours=0.3, restart_minutes=10, min_efficiency=0.5)
+    sizing = size_run(target, measured, fit_scaling({1: 100.0, 2: 190.0}), samples_per_step=lambda n: 64,
+                      device="gpu", memory_budget_mb=lambda n: (1000.0, "test"))
+    two = sizing.candidate(2)
+    assert two.goodput == 0.0 and math.isinf(two.hours_with_failures) and not two.feasible
+    assert any("no progress" in w for w in two.why_not)
+    one = sizing.candidate(1)
+    assert 0 < one.goodput < 0.5 and sizing.recommended == 1, sizing.recommendation
+    from trainguard.gate.run import _check_sizing
+
+    _check_sizing(json.loads(json.dumps(sizing.to_dict())), "report.json", "again")  # no error

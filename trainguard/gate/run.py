@@ -417,8 +417,10 @@ def _check_sizing(sizing: dict[str, Any], where: str, again: str) -> None:
                    (f"sizing.candidates[{i}].hours_with_failures", candidate.get("hours_with_failures"),
                     (int, float))]
     for key, value, types in fields:
+        # a size whose failures leave no progress predicts an infinite wall-clock (never recommended)
+        endless = key.endswith("hours_with_failures") and value == math.inf
         if isinstance(value, bool) or not isinstance(value, types) or (
-                isinstance(value, (int, float)) and not 0 <= value < 1e12):
+                isinstance(value, (int, float)) and not 0 <= value < 1e12 and not endless):
             raise ConfigError(f"is {_cut(repr(value))}, expected a number >= 0: {again}",
                               path=where, key=key)
 
