@@ -12,7 +12,30 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["load_fault_harness", "runs_by_kind", "wait_for_a_background_run"]
+__all__ = ["TOY", "load_fault_harness", "runs_by_kind", "toy_job", "wait_for_a_background_run"]
+
+#: the fake training script of trainguard's own tests (no torch: a run costs a fraction of a second)
+TOY = Path(__file__).resolve().parent / "data" / "jobs" / "toy_train.py"
+
+
+def toy_job(path: Path, name: str, flags: str, drills: list[str], *, world_size: int = 2) -> Path:
+    """Write a job file of the toy job at ``path``: ``flags`` added to its command (placeholders
+    allowed), ``drills`` the flow-style entries of ``checks.drills``; returns ``path``."""
+    entries = "".join(f"    - {d}\n" for d in drills)
+    path.write_text(
+        "job:\n"
+        f"  name: {name}\n"
+        f'  command: "python {TOY} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} {flags}"\n'
+        '  resume_args: "--resume"\n'
+        f"  world_size: {world_size}\n"
+        '  env: {OMP_NUM_THREADS: "1"}\n'
+        "  metrics:\n"
+        "    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'\n"
+        "  timeout: 60\n"
+        "  stall_timeout: 20\n"
+        f"checks:\n  drills:\n{entries}"
+    )
+    return path
 
 _FAULT_DATA = Path(__file__).resolve().parent / "data" / "faults"
 

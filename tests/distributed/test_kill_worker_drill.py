@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import toy_job
 from trainguard.config import load_config
 from trainguard.drills import run_drill
 from trainguard.report import CheckResult
@@ -20,32 +21,17 @@ from trainguard.run.runner import JobRunner
 
 pytestmark = pytest.mark.timeout(240)
 
-JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
-
-JOB = """
-job:
-  name: toy-workers
-  command: "python {script} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --sleep 0.05 --workers 2 --sync-dir {{run_dir}}/sync --sync-timeout 0"
-  resume_args: "--resume"
-  world_size: 2
-  env: {{OMP_NUM_THREADS: "1"}}
-  metrics:
-    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
-  timeout: 60
-  stall_timeout: 20
-checks:
-  drills:
-    - {{name: worker, fault: kill_worker, rank: 1, steps: 16, after_step: 5, deadline: 5}}
-    - {{name: worker-hangs, fault: kill_worker, rank: 1, steps: 16, after_step: 5, deadline: 3, args: "--worker-timeout 0"}}
-    - {{name: no-workers, fault: kill_worker, rank: 1, steps: 16, after_step: 5, args: "--workers 0"}}
-"""
+DRILLS = [
+    "{name: worker, fault: kill_worker, rank: 1, steps: 16, after_step: 5, deadline: 5}",
+    '{name: worker-hangs, fault: kill_worker, rank: 1, steps: 16, after_step: 5, deadline: 3, args: "--worker-timeout 0"}',
+    '{name: no-workers, fault: kill_worker, rank: 1, steps: 16, after_step: 5, args: "--workers 0"}',
+]
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("workers") / "workers.trainguard.yaml"
-    path.write_text(JOB.format(script=JOBS / "toy_train.py"))
-    return path
+    return toy_job(tmp_path_factory.mktemp("workers") / "workers.trainguard.yaml", "toy-workers",
+                   "--sleep 0.05 --workers 2 --sync-dir {run_dir}/sync --sync-timeout 0", DRILLS)
 
 
 def run(path: Path, name: str) -> CheckResult:

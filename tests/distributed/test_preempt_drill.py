@@ -16,39 +16,30 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import toy_job
 from trainguard.drills import drill
 from trainguard.report import CheckResult
 
 pytestmark = pytest.mark.timeout(240)
 
-JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
+DRILLS = [
+    '{name: clean, fault: preempt, steps: 30, after_step: 6, params: {grace: 8}, args: ["--on-notice", "save"]}',
+    '{name: slurm, fault: preempt, steps: 30, after_step: 6, params: {style: slurm, grace: 2, lead: 0.5}, args: ["--on-notice", "save"]}',
+    '{name: ignored, fault: preempt, steps: 30, after_step: 6, params: {grace: 1}, args: ["--on-notice", "ignore"]}',
+    '{name: torn, fault: preempt, steps: 30, after_step: 6, params: {grace: 1}, args: ["--on-notice", "save-slow-inplace"]}',
+    '{name: rank0-alone, fault: preempt, steps: 30, after_step: 6, params: {grace: 1}, args: ["--on-notice", "rank0-saves"]}',
+]
 
-JOB = """
-job:
-  name: toy-preempt
-  command: "python {script} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --sleep 0.08 --sync-dir {{run_dir}}/sync"
-  resume_args: "--resume"
-  world_size: 2
-  env: {{OMP_NUM_THREADS: "1"}}
-  metrics:
-    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
-  timeout: 60
-  stall_timeout: 20
-checks:
-  drills:
-    - {{name: clean, fault: preempt, steps: 30, after_step: 6, params: {{grace: 8}}, args: ["--on-notice", "save"]}}
-    - {{name: slurm, fault: preempt, steps: 30, after_step: 6, params: {{style: slurm, grace: 2, lead: 0.5}}, args: ["--on-notice", "save"]}}
-    - {{name: ignored, fault: preempt, steps: 30, after_step: 6, params: {{grace: 1}}, args: ["--on-notice", "ignore"]}}
-    - {{name: torn, fault: preempt, steps: 30, after_step: 6, params: {{grace: 1}}, args: ["--on-notice", "save-slow-inplace"]}}
-    - {{name: rank0-alone, fault: preempt, steps: 30, after_step: 6, params: {{grace: 1}}, args: ["--on-notice", "rank0-saves"]}}
-"""
+
+def job_file(directory: Path) -> Path:
+    return toy_job(directory / "preempt.trainguard.yaml", "toy-preempt",
+                   "--sleep 0.08 --sync-dir {run_dir}/sync", DRILLS)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
     """Every drill of the job file once (they share the uninterrupted reference run)."""
-    path = tmp_path_factory.mktemp("preempt") / "preempt.trainguard.yaml"
-    path.write_text(JOB.format(script=JOBS / "toy_train.py"))
+    path = job_file(tmp_path_factory.mktemp("preempt"))
     only = ["clean", "ignored", "torn", "rank0-alone"]
     report = drill(str(path), only=only)
     return {c.name.removeprefix("drill:"): c for c in report.checks}
@@ -88,8 +79,7 @@ def test_rank0_saving_alone_while_the_others_leave_fails_on_agreement(results: d
 
 @pytest.mark.slow
 def test_slurm_style_sends_usr1_first(tmp_path: Path) -> None:
-    path = tmp_path / "preempt.trainguard.yaml"
-    path.write_text(JOB.format(script=JOBS / "toy_train.py"))
+    path = job_file(tmp_path)
     result = drill(str(path), only=["slurm"]).checks[0]
     assert result.status == "passed", result.summary
     assert result.evidence["fault_evidence"]["signals_sent"][0]["signal"] == "SIGUSR1"

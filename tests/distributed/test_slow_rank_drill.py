@@ -9,40 +9,27 @@ has a collective timeout shorter than a slowed step and fails, with the timeout 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import toy_job
 from trainguard.drills import drill
 from trainguard.report import CheckResult
 
 pytestmark = [pytest.mark.timeout(240),
               pytest.mark.skipif(os.geteuid() != 0, reason="a CPU cgroup needs root")]
 
-JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
-
-JOB = """
-job:
-  name: toy-slow
-  command: "python {script} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --work-ms 20 --sync-dir {{run_dir}}/sync"
-  resume_args: "--resume"
-  world_size: 2
-  env: {{OMP_NUM_THREADS: "1"}}
-  metrics:
-    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
-  timeout: 60
-  stall_timeout: 20
-checks:
-  drills:
-    - {{name: slow, fault: slow_rank, rank: 1, steps: 60, after_step: 10, duration: 1.5, params: {{fraction: 0.1}}}}
-    - {{name: slow-timeout, fault: slow_rank, rank: 1, steps: 60, after_step: 10, duration: 1.5, params: {{fraction: 0.01}}, args: "--sync-timeout 1"}}
-"""
+DRILLS = [
+    "{name: slow, fault: slow_rank, rank: 1, steps: 60, after_step: 10, duration: 1.5, params: {fraction: 0.1}}",
+    # 50 ms of work at 1% of a CPU: a step of ~5 s, longer than the 3 s collective timeout
+    '{name: slow-timeout, fault: slow_rank, rank: 1, steps: 40, after_step: 10, duration: 4, params: {fraction: 0.01}, args: "--work-ms 50 --sync-timeout 3"}',
+]
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
-    path = tmp_path_factory.mktemp("slow") / "slow.trainguard.yaml"
-    path.write_text(JOB.format(script=JOBS / "toy_train.py"))
+    path = toy_job(tmp_path_factory.mktemp("slow") / "slow.trainguard.yaml", "toy-slow",
+                   "--work-ms 20 --sync-dir {run_dir}/sync", DRILLS)
     return {c.name.removeprefix("drill:"): c for c in drill(str(path)).checks}
 
 

@@ -28,44 +28,32 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import toy_job
 from trainguard.drills import drill
 from trainguard.faults.fusefs import fuse_unavailable
 from trainguard.report import CheckResult
 
 pytestmark = pytest.mark.timeout(300)
 
-JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 _WHY = fuse_unavailable()
 needs_fuse = pytest.mark.skipif(_WHY is not None, reason=f"no FUSE layer here: {_WHY}")
 
-JOB = """
-job:
-  name: toy-storage
-  command: "python {script} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --sleep 0.05"
-  resume_args: "--resume"
-  world_size: 2
-  env: {{OMP_NUM_THREADS: "1"}}
-  metrics:
-    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
-  timeout: 60
-  stall_timeout: 20
-checks:
-  drills:
-    - {{name: corrupt-checked, fault: storage, steps: 24, after_step: 11, params: {{kind: corrupt, offset: 40}}, args: ["--ckpt-verify", "fail"]}}
-    - {{name: corrupt-fallback, fault: storage, expect: recover, steps: 24, after_step: 11, params: {{kind: corrupt, offset: 40}}, args: ["--ckpt-verify", "fallback"]}}
-    - {{name: corrupt-silent, fault: storage, steps: 24, after_step: 11, params: {{kind: corrupt, offset: 40}}}}
-    - {{name: eio-write, fault: storage, steps: 24, after_step: 7, params: {{kind: eio_write}}}}
-    - {{name: eio-write-inplace, fault: storage, steps: 24, after_step: 7, params: {{kind: eio_write}}, args: ["--ckpt-inplace"]}}
-    - {{name: fsync, fault: storage, steps: 24, after_step: 7, params: {{kind: fsync}}}}
-    - {{name: fsync-inplace, fault: storage, steps: 24, after_step: 7, params: {{kind: fsync}}, args: ["--ckpt-inplace"]}}
-    - {{name: eio-read, fault: storage, steps: 24, after_step: 11, params: {{kind: eio_read}}}}
-    - {{name: eio-read-scratch, fault: storage, steps: 24, after_step: 11, params: {{kind: eio_read}}, args: ["--ckpt-verify", "scratch"]}}
-    - {{name: slow, fault: storage, steps: 24, after_step: 6, duration: 0.6, params: {{kind: slow, latency_ms: 100}}}}
-    - {{name: slow-every-step, fault: storage, steps: 24, after_step: 6, duration: 0.6, params: {{kind: slow, latency_ms: 100}}, args: ["--ckpt-every", "1"]}}
-    - {{name: kill-save, fault: kill_during_save, steps: 24, after_step: 7}}
-    - {{name: kill-save-inplace, fault: kill_during_save, steps: 24, after_step: 7, args: ["--ckpt-inplace"]}}
-    - {{name: kill-save-pointer, fault: kill_during_save, steps: 24, after_step: 7, args: ["--latest-pointer-first"]}}
-"""
+DRILLS = [
+    '{name: corrupt-checked, fault: storage, steps: 24, after_step: 11, params: {kind: corrupt, offset: 40}, args: ["--ckpt-verify", "fail"]}',
+    '{name: corrupt-fallback, fault: storage, expect: recover, steps: 24, after_step: 11, params: {kind: corrupt, offset: 40}, args: ["--ckpt-verify", "fallback"]}',
+    '{name: corrupt-silent, fault: storage, steps: 24, after_step: 11, params: {kind: corrupt, offset: 40}}',
+    '{name: eio-write, fault: storage, steps: 24, after_step: 7, params: {kind: eio_write}}',
+    '{name: eio-write-inplace, fault: storage, steps: 24, after_step: 7, params: {kind: eio_write}, args: ["--ckpt-inplace"]}',
+    '{name: fsync, fault: storage, steps: 24, after_step: 7, params: {kind: fsync}}',
+    '{name: fsync-inplace, fault: storage, steps: 24, after_step: 7, params: {kind: fsync}, args: ["--ckpt-inplace"]}',
+    '{name: eio-read, fault: storage, steps: 24, after_step: 11, params: {kind: eio_read}}',
+    '{name: eio-read-scratch, fault: storage, steps: 24, after_step: 11, params: {kind: eio_read}, args: ["--ckpt-verify", "scratch"]}',
+    '{name: slow, fault: storage, steps: 24, after_step: 6, duration: 0.6, params: {kind: slow, latency_ms: 100}}',
+    '{name: slow-every-step, fault: storage, steps: 24, after_step: 6, duration: 0.6, params: {kind: slow, latency_ms: 100}, args: ["--ckpt-every", "1"]}',
+    '{name: kill-save, fault: kill_during_save, steps: 24, after_step: 7}',
+    '{name: kill-save-inplace, fault: kill_during_save, steps: 24, after_step: 7, args: ["--ckpt-inplace"]}',
+    '{name: kill-save-pointer, fault: kill_during_save, steps: 24, after_step: 7, args: ["--latest-pointer-first"]}',
+]
 
 #: the default run: a clean job and planted defects of each fault, sharing four reference runs
 DEFAULT = ["corrupt-checked", "corrupt-silent", "eio-write", "slow", "kill-save", "kill-save-inplace",
@@ -75,8 +63,7 @@ SLOW = ["corrupt-fallback", "eio-write-inplace", "fsync", "fsync-inplace", "eio-
 
 
 def _run(tmp: Path, only: list[str]) -> dict[str, CheckResult]:
-    path = tmp / "storage.trainguard.yaml"
-    path.write_text(JOB.format(script=JOBS / "toy_train.py"))
+    path = toy_job(tmp / "storage.trainguard.yaml", "toy-storage", "--sleep 0.05", DRILLS)
     report = drill(str(path), only=only)
     return {c.name.removeprefix("drill:"): c for c in report.checks}
 
