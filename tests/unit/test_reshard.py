@@ -126,3 +126,15 @@ def test_the_jobs_own_rng_warning_outranks_a_boundary_divergence() -> None:
     causes = rank_reshard_causes(PairFacts(1, 2, same, full, ["model", "optimizer"], rng_warning=True))
     assert [c.key for c in causes[:2]] == ["rng", "optimizer_shard"]
     assert "for all 4 parameters" in causes[1].phrase()
+
+
+def test_the_gate_can_require_reshard_but_does_not_by_default() -> None:
+    from trainguard.gate.policy import Capabilities, GatePolicy, decide
+    from trainguard.report import CheckResult, Report
+
+    assert "reshard" not in GatePolicy.model_validate({}).require
+    policy = GatePolicy.model_validate({"require": ["smoke", "reshard"]})
+    failing = CheckResult("reshard", "failed", "2->1: loss diverges at step 6")
+    decision = decide(Report(job="toy", checks=[CheckResult("smoke", "passed", "ok"), failing]), policy,
+                      Capabilities(gpus=0, root=True, ray=True))
+    assert decision.verdict == "block" and decision.reasons == ["reshard failed: 2->1: loss diverges at step 6"]

@@ -22,12 +22,12 @@ __all__ = [
 ]
 
 #: what ``gate.require`` may name; ``drills`` means every configured drill
-GATE_CHECKS = ("smoke", "canary", "determinism", "resume", "parallel", "drills", "profile")
+GATE_CHECKS = ("smoke", "canary", "determinism", "resume", "parallel", "reshard", "drills", "profile")
 
 #: what a missing capability means for the checks that need it
 MissingRule = Literal["skip", "block"]
 #: a name ``gate.require`` accepts (the entries of :data:`GATE_CHECKS`)
-GateCheck = Literal["smoke", "canary", "determinism", "resume", "parallel", "drills", "profile"]
+GateCheck = Literal["smoke", "canary", "determinism", "resume", "parallel", "reshard", "drills", "profile"]
 
 
 class Thresholds(ConfigModel):
@@ -53,6 +53,8 @@ class OnMissing(ConfigModel):
     ray: MissingRule = "skip"
 
 
+#: the default ``require`` (``reshard`` is required only where a job file names it: a default
+#: that every job file without ``checks.reshard`` would fail to meet)
 _ALL: tuple[GateCheck, ...] = ("smoke", "canary", "determinism", "resume", "parallel", "drills", "profile")
 
 
