@@ -68,19 +68,23 @@ class Plan:
     #: where the "last time" durations come from (None: no earlier report here)
     history: str | None = None
 
-    @property
-    def launches(self) -> int:
-        """Distinct runs launched: a reference run two checks ask for counts once."""
+    def distinct_runs(self) -> list[PlannedRun]:
+        """Every run launched, a reference run that several checks ask for once."""
         seen: set[RunRequest] = set()
-        count = 0
+        out = []
         for check in self.checks:
             for run in check.runs:
                 if run.reference is not None:
                     if run.reference in seen:
                         continue
                     seen.add(run.reference)
-                count += 1
-        return count
+                out.append(run)
+        return out
+
+    @property
+    def launches(self) -> int:
+        """Distinct runs launched: a reference run two checks ask for counts once."""
+        return len(self.distinct_runs())
 
     def shared(self) -> list[tuple[str, list[str]]]:
         """Each reference run asked for by more than one check, with those checks."""
@@ -96,16 +100,7 @@ class Plan:
     @property
     def worst_case_s(self) -> float:
         """Every run to its timeout, one after the other (shared runs once)."""
-        seen: set[RunRequest] = set()
-        total = 0.0
-        for check in self.checks:
-            for run in check.runs:
-                if run.reference is not None:
-                    if run.reference in seen:
-                        continue
-                    seen.add(run.reference)
-                total += run.timeout_s
-        return total
+        return sum(run.timeout_s for run in self.distinct_runs())
 
     @property
     def estimate_s(self) -> float | None:
