@@ -60,6 +60,10 @@ def parallel() -> None:
     """N ranks train like 1 rank on the same global batch."""
 
 
+def reshard() -> None:
+    """a run checkpointed at N ranks and resumed at M matches the uninterrupted N-rank run."""
+
+
 def ddp(world_size: int = 2, backend: str | None = None) -> None:
     """run the test on world_size ranks with an initialized process group (gloo on CPU,
     nccl with GPUs when backend is None)."""
@@ -139,7 +143,7 @@ class MarkerSpec:
 
 MARKERS: dict[str, MarkerSpec] = {
     fn.__name__: MarkerSpec(fn.__name__, fn)
-    for fn in (seeded, smoke, canary, determinism, resume, parallel, ddp, fault, profile, gpu, ray, slow)
+    for fn in (seeded, smoke, canary, determinism, resume, parallel, reshard, ddp, fault, profile, gpu, ray, slow)
 }
 
 

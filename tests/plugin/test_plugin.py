@@ -24,6 +24,7 @@ MARKER_SIGNATURES = [
     "determinism",
     "resume",
     "parallel",
+    "reshard",
     "ddp(world_size=2, backend=None)",
     "fault(kind, **params)",
     "profile(max_data_wait=None, min_throughput=None)",

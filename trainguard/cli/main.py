@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         action="append",
         help="run only this check (repeatable): smoke, canary, determinism, resume, parallel, "
-        "drills (all drills), drill:NAME (one drill)",
+        "reshard, profile, drills (all drills), drill:NAME (one drill)",
     )
     check.add_argument(
         "--report-json",
