@@ -31,10 +31,10 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # determinism), parallel (1: its 2-worker run is determinism's), the kill drill (1: its reference
 # is determinism's too); smoke runs in the slow canary test
 # Ray Train V2's controller drains the workers' reports every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S
-# (2 s by default, so a step takes >= 2 s); the test's heads poll every 0.25 s, which makes a
-# 20-step fit ~4x shorter than a 12-step one at the default and leaves the kill drill 14 steps
-# (~3.5 s) after its trigger for the driver's forwarded output to arrive
-FAST_POLL = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25"}
+# (Ray: 2 s, so a step takes >= 2 s); trainguard's embedded head polls every 0.25 s by default
+# (trainguard.raytrain.RAY_TRAIN_DEFAULTS), which makes a 20-step fit ~4x shorter than a 12-step
+# one at Ray's pace and leaves the kill drill 14 steps (~3.5 s) after its trigger for the
+# driver's forwarded output to arrive
 CHECKS = """
 checks:
   determinism: {steps: 20}
@@ -66,8 +66,7 @@ def test_determinism_resume_parallel_and_a_kill_drill_of_a_ray_train_function(
     pytest.importorskip("mlflow")
     monkeypatch.setenv("TRAINGUARD_TRACKING", "on")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    for key, value in FAST_POLL.items():  # the embedded head (started by check()) inherits it
-        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", raising=False)  # trainguard's default pace
     job = copy_examples(tmp_path)
     before = ray_pids()
     report = check(job)
