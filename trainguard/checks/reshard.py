@@ -139,8 +139,8 @@ class SampleAgreement:
                 "reference drew together: the data order depends on the world size")
 
 
-def sample_agreement(reference: Mapping[int, dict[int, tuple[Any, ...]]] | dict[int, tuple[Any, ...]],
-                     resumed: dict[int, tuple[Any, ...]]) -> SampleAgreement | None:
+def sample_agreement(reference: Mapping[int, tuple[Any, ...]],
+                     resumed: Mapping[int, tuple[Any, ...]]) -> SampleAgreement | None:
     """Compare the global batches of the resumed run with the reference's step by step."""
     ref = dict(reference)
     steps = [s for s in sorted(resumed) if s in ref]
@@ -210,8 +210,9 @@ def rank_reshard_causes(facts: PairFacts) -> list[Cause]:
         add("optimizer_shard", NONE, f"the checkpoint holds optimizer state for all {coverage[1]} parameters")
     boundary = facts.first_divergent_step is not None and facts.first_divergent_step == facts.resumed_from + 1
     if boundary and (agreement is None or agreement.same):
+        samples = " with the same samples" if agreement is not None else ""
         add("optimizer_shard", SUGGESTIVE, f"the trajectory parts at the first resumed step "
-            f"({facts.first_divergent_step}) with the same samples: state restored at the boundary differs")
+            f"({facts.first_divergent_step}){samples}: state restored at the boundary differs")
     if facts.rng_warning:
         add("rng", STRONG, "the resumed run's stderr says RNG states were not restored")
     order = list(RESHARD_CAUSES)
