@@ -365,6 +365,24 @@ def test_checkpoint_step_from_the_state_or_the_file_name() -> None:
     assert checkpoint_step(Path("model-iter_12.pth")) == 12
     assert checkpoint_step(Path("epoch3.pt")) == 3
     assert checkpoint_step(Path("latest.pt")) is None
+    # Ray Train names checkpoint directories by their time: a date is no step (it read as 2026)
+    assert checkpoint_step(Path("checkpoint_2026-11-25_13-01-02.123456")) is None
+    assert checkpoint_step(Path("checkpoint_2026-11-25_13-01-02.123456"), {"step": 6}) == 6
+
+
+def test_a_checkpoint_directory_without_trainer_state_takes_the_step_a_file_in_it_holds(tmp_path: Path) -> None:
+    """The smoke check reads a Ray Train checkpoint directory's step from the state it holds."""
+    import torch
+
+    from trainguard.checks.smoke import _load_stage
+
+    directory = tmp_path / "ck" / "checkpoint_2026-11-25_13-01-02.123456"
+    directory.mkdir(parents=True)
+    torch.save({"model": {"w": torch.ones(2)}, "step": 6}, directory / "state.pt")
+    stages: dict = {}
+    evidence: dict = {}
+    step, problem = _load_stage([directory / "state.pt"], tmp_path / "ck", stages, evidence)
+    assert (step, problem) == (6, None), evidence
 
 
 def test_smoke_resumes_the_toy_job_and_skips_the_load_of_non_torch_files(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ checkpoint's step.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -22,14 +21,13 @@ from trainguard.unit.checkpoints import (
     latest_complete_checkpoint,
     read_checkpoint,
 )
+from trainguard.unit.checkpoints.files import step_in_name
 
 __all__ = ["checkpoint_step", "run_smoke"]
 
 #: extra steps the resume stage asks for beyond the first run's
 RESUME_EXTRA_STEPS = 2
 
-_STEP_IN_NAME = re.compile(r"(?:step|iter|it|ckpt|checkpoint)[_-]?0*(\d+)", re.IGNORECASE)
-_LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
 
 
 def _checkpoint_files(directory: Path) -> list[Path]:
@@ -50,8 +48,19 @@ def checkpoint_step(path: Path, state: Any = None) -> int | None:
             return int(step.item())
         except (TypeError, ValueError, RuntimeError):
             pass
-    match = _STEP_IN_NAME.search(path.stem) or _LAST_NUMBER.search(path.stem)
-    return int(match.group(1)) if match else None
+    return step_in_name(path.name)  # a date in the name (Ray Train's directories) is no step
+
+
+def _state_with_step(parts: dict[str, Any]) -> Any:
+    """Of a checkpoint directory's loaded files, the first mapping with an integer step key
+    (``step``, ``global_step``, ``iter_num``, ``iteration``), as ``{"step": ...}``."""
+    for value in parts.values():
+        if isinstance(value, dict):
+            for key in ("step", "global_step", "iter_num", "iteration"):
+                step = value.get(key)
+                if isinstance(step, int) and not isinstance(step, bool):
+                    return {"step": step}
+    return None
 
 
 def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
@@ -170,6 +179,8 @@ def _load_stage(
         trainer_state = contents.parts.get("trainer_state.json")
         if isinstance(trainer_state, dict):
             state = {"step": trainer_state.get("global_step")}
+        else:  # another directory layout (Ray Train's): a file in it that names its step
+            state = _state_with_step(contents.parts)
     elif isinstance(state, dict) and "step" not in state:
         counter = next((k for k in ("global_step", "iter_num", "iteration") if k in state), None)
         if counter is not None:  # Lightning's .ckpt; nanoGPT's ckpt.pt

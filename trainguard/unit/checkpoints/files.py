@@ -71,6 +71,7 @@ _STEP_IN_NAME = re.compile(r"(?:global_step|step|steps|iter|iteration|it|ckpt|ch
                            re.IGNORECASE)
 _EPOCH_IN_NAME = re.compile(r"epoch[-_=]?0*(\d+)", re.IGNORECASE)
 _LAST_NUMBER = re.compile(r"(\d+)(?!.*\d)")
+_DATE_IN_NAME = re.compile(r"(?<!\d)(?:19|20)\d\d-[01]\d-[0-3]\d(?!\d)")
 _INDEX_SUFFIX = ".index.json"
 
 
@@ -87,8 +88,8 @@ def step_in_name(name: str) -> int | None:
     (``epoch=1-step=20.ckpt`` -> 20, ``checkpoint-500`` -> 500), else after ``epoch``, else the
     last number; None for ``last.ckpt``, ``latest.pt`` and names without a number."""
     stem = name[: -len(Path(name).suffix)] if Path(name).suffix in FILE_SUFFIXES else name
-    if stem.lower().startswith(("last", "latest")):
-        return None
+    if stem.lower().startswith(("last", "latest")) or _DATE_IN_NAME.search(stem):
+        return None  # a date is no step: Ray Train's checkpoint_2026-11-25_13-01-02.123456
     match = _STEP_IN_NAME.search(stem) or _EPOCH_IN_NAME.search(stem) or _LAST_NUMBER.search(stem)
     return int(match.group(1)) if match else None
 
