@@ -59,13 +59,23 @@ def test_bare_reshard_means_the_defaults() -> None:
                                    "Fix: set job.resume_args"]),
     (None, {"command": "python t.py --steps {steps}"}, ["job.command", "Fix: pass {checkpoint_dir}"]),
     (None, {"distributed_env": False}, ["checks.reshard.pairs", "runs as one process", "asks for 2 ranks"]),
+    ({"pairs": [[2, 3], [4, 1]]}, {"batch_size": 64, "command": "python t.py --steps {steps} --ckpt-dir "
+                                   "{checkpoint_dir} --batch-size {batch_size}"},
+     ["checks.reshard.pairs", "(job.batch_size 64)", "but 3 rank(s) cannot split it evenly",
+      "a multiple of 12"]),
 ], ids=["equal-pair", "zero-size", "too-large", "three-sizes", "string-size", "duplicate", "empty",
-        "after-step-at-end", "no-resume-args", "no-checkpoint-dir", "one-process-job"])
+        "after-step-at-end", "no-resume-args", "no-checkpoint-dir", "one-process-job", "uneven-batch"])
 def test_bad_reshard_config_names_the_key_and_the_fix(reshard: Any, job: dict[str, Any], needles: list[str]) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(_doc(reshard, **job))
     for needle in needles:
         assert needle in str(info.value)
+
+
+def test_a_batch_every_world_size_splits_is_accepted() -> None:
+    command = "python t.py --steps {steps} --ckpt-dir {checkpoint_dir} --batch-size {batch_size}"
+    spec = parse_config(_doc({"pairs": [[4, 2], [2, 1]]}, batch_size=64, command=command)).checks.reshard
+    assert spec is not None and spec.world_size_pairs == [(4, 2), (2, 1)]
 
 
 def test_validate_plans_three_runs_per_pair(tmp_path: Any) -> None:

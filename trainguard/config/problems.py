@@ -10,6 +10,7 @@ job -- and :func:`config_error` reports all of them at once as one
 from __future__ import annotations
 
 import difflib
+import math
 import string
 from typing import Any
 
@@ -324,6 +325,15 @@ def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
             problems.append(("job.command", "checks.reshard needs the job to write checkpoints where "
                              "trainguard can find them. Fix: pass {checkpoint_dir} to the script, e.g. "
                              "`--ckpt-dir {checkpoint_dir}` in job.command"))
+        if "batch_size" in used and job.batch_size is not None:
+            sizes = sorted({w for pair in checks.reshard.world_size_pairs for w in pair})
+            uneven = [w for w in sizes if job.batch_size % w]
+            if uneven:
+                lcm = math.lcm(*sizes)
+                problems.append(("checks.reshard.pairs", f"{{batch_size}} is the global batch "
+                                 f"(job.batch_size {job.batch_size}) at every world size, split over the ranks, "
+                                 f"but {', '.join(map(str, uneven))} rank(s) cannot split it evenly. Fix: a "
+                                 f"job.batch_size that is a multiple of {lcm}, or pairs of sizes that divide it"))
     if checks.canary is not None and "loss" not in job.metrics:
         problems.append(
             (
