@@ -64,6 +64,17 @@ def test_the_same_samples_rule_the_data_position_out() -> None:
     assert causes[-1].key == "data_position" and causes[-1].ruled_out
 
 
+def test_a_new_dataloader_per_epoch_is_read_as_one_stream_of_batches() -> None:
+    """A job that builds a DataLoader per epoch: the reference's epochs are two loaders (0, 1)
+    of 4 batches; the resumed run's rest of epoch 1 is its loader 0. Reading only the loader with
+    the most batches compared the resumed batch with epoch 0's and named the wrong cause."""
+    reference = [SampleBatch(e, b.dataset, 0, b.batch, b.indices) for e, b in
+                 ((i // 4, b) for i, b in enumerate(REFERENCE))]
+    resumed = _resumed(6, EPOCH1, 2)  # the right samples: batch 2 of epoch 1
+    replay = sample_replay(reference, resumed, resumed_from=6, steps=8)
+    assert replay is not None and replay.same, replay
+
+
 def test_a_reshuffled_order_without_rng_in_the_checkpoint_names_the_rng_first() -> None:
     other = [0, 1, 2, 3, 4, 5, 6, 7]  # no step of the reference drew these pairs
     replay = sample_replay(REFERENCE, _resumed(6, other, 2), resumed_from=6, steps=8)

@@ -147,22 +147,18 @@ class SampleReplay:
 
 
 def _training_batches(batches: Sequence[SampleBatch], like: str | None = None) -> list[tuple[int, ...]]:
-    """The batches of the loader that trained (the most batches; ``like``: the same dataset)."""
-    by_loader: dict[int, list[SampleBatch]] = {}
-    for b in batches:
-        by_loader.setdefault(b.loader, []).append(b)
-    candidates = [v for v in by_loader.values() if like is None or v[0].dataset == like]
-    if not candidates:
-        return []
-    chosen = max(candidates, key=len)
-    return [tuple(b.indices) for b in chosen]
+    """The batches of the training data in the order drawn: every loader over the dataset most
+    batches came from (``like``: that dataset), since a job may build a new DataLoader per epoch
+    and a resumed run one for the rest of its epoch."""
+    dataset = like if like is not None else _dataset_of(batches)
+    return [tuple(b.indices) for b in batches if b.dataset == dataset]
 
 
 def _dataset_of(batches: Sequence[SampleBatch]) -> str | None:
-    by_loader: dict[int, list[SampleBatch]] = {}
+    counts: dict[str, int] = {}
     for b in batches:
-        by_loader.setdefault(b.loader, []).append(b)
-    return max(by_loader.values(), key=len)[0].dataset if by_loader else None
+        counts[b.dataset] = counts.get(b.dataset, 0) + 1
+    return max(counts, key=lambda d: counts[d]) if counts else None
 
 
 def sample_replay(
