@@ -21,8 +21,9 @@ pytestmark = [pytest.mark.timeout(240),
 
 DRILLS = [
     "{name: slow, fault: slow_rank, rank: 1, steps: 60, after_step: 10, duration: 1.5, params: {fraction: 0.1}}",
-    # 50 ms of work at 1% of a CPU: a step of ~5 s, longer than the 3 s collective timeout
-    '{name: slow-timeout, fault: slow_rank, rank: 1, steps: 40, after_step: 10, duration: 4, params: {fraction: 0.01}, args: "--work-ms 50 --sync-timeout 3"}',
+    # 50 ms of work at 1% of a CPU: a step of ~5 s against a 2 s collective timeout. The fault may
+    # land mid-step (a shorter first wait), so it lasts 10 s: a whole slowed step always follows
+    '{name: slow-timeout, fault: slow_rank, rank: 1, steps: 40, after_step: 10, duration: 10, params: {fraction: 0.01}, args: "--work-ms 50 --sync-timeout 2"}',
 ]
 
 
