@@ -120,12 +120,12 @@ class PreemptFault(Fault):
         assert self.notice_mono is not None
         later = list(self.signals[1:])
         lead = self.lead
-        while not self._stop.wait(_POLL_S):
+        while True:  # look first, then wait: ranks that exit at once are timed, not missed
             since = time.monotonic() - self.notice_mono
             for rp in launcher.ranks:
                 if rp.rank not in self.exits and rp.popen.poll() is not None:
                     self.exits[rp.rank] = round(since, 3)
-            if len(self.exits) == len(launcher.ranks):
+            if len(self.exits) == len(launcher.ranks) or self._stop.is_set():
                 return
             if later and since >= lead:
                 self._send(launcher, later.pop(0))
@@ -142,6 +142,7 @@ class PreemptFault(Fault):
                     if rp.rank not in self.exits and rp.popen.poll() is not None:
                         self.exits[rp.rank] = round(time.monotonic() - self.notice_mono, 3)
                 return
+            self._stop.wait(_POLL_S)
 
     def clear(self) -> None:
         """The schedule ends with the attempt (a verification run gets no signals)."""
