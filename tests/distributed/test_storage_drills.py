@@ -39,20 +39,20 @@ _WHY = fuse_unavailable()
 needs_fuse = pytest.mark.skipif(_WHY is not None, reason=f"no FUSE layer here: {_WHY}")
 
 DRILLS = [
-    '{name: corrupt-checked, fault: storage, steps: 24, after_step: 11, params: {kind: corrupt, offset: 40}, args: ["--ckpt-verify", "fail"]}',
-    '{name: corrupt-fallback, fault: storage, expect: recover, steps: 24, after_step: 11, params: {kind: corrupt, offset: 40}, args: ["--ckpt-verify", "fallback"]}',
-    '{name: corrupt-silent, fault: storage, steps: 24, after_step: 11, params: {kind: corrupt, offset: 40}}',
-    '{name: eio-write, fault: storage, steps: 24, after_step: 7, params: {kind: eio_write}}',
-    '{name: eio-write-inplace, fault: storage, steps: 24, after_step: 7, params: {kind: eio_write}, args: ["--ckpt-inplace"]}',
-    '{name: fsync, fault: storage, steps: 24, after_step: 7, params: {kind: fsync}}',
-    '{name: fsync-inplace, fault: storage, steps: 24, after_step: 7, params: {kind: fsync}, args: ["--ckpt-inplace"]}',
-    '{name: eio-read, fault: storage, steps: 24, after_step: 11, params: {kind: eio_read}}',
-    '{name: eio-read-scratch, fault: storage, steps: 24, after_step: 11, params: {kind: eio_read}, args: ["--ckpt-verify", "scratch"]}',
-    '{name: slow, fault: storage, steps: 24, after_step: 6, duration: 0.6, params: {kind: slow, latency_ms: 100}}',
-    '{name: slow-every-step, fault: storage, steps: 24, after_step: 6, duration: 0.6, params: {kind: slow, latency_ms: 100}, args: ["--ckpt-every", "1"]}',
-    '{name: kill-save, fault: kill_during_save, steps: 24, after_step: 7}',
-    '{name: kill-save-inplace, fault: kill_during_save, steps: 24, after_step: 7, args: ["--ckpt-inplace"]}',
-    '{name: kill-save-pointer, fault: kill_during_save, steps: 24, after_step: 7, args: ["--latest-pointer-first"]}',
+    '{name: corrupt-checked, fault: storage, steps: 40, after_step: 11, params: {kind: corrupt, offset: 40}, args: ["--ckpt-verify", "fail"]}',
+    '{name: corrupt-fallback, fault: storage, expect: recover, steps: 40, after_step: 11, params: {kind: corrupt, offset: 40}, args: ["--ckpt-verify", "fallback"]}',
+    '{name: corrupt-silent, fault: storage, steps: 40, after_step: 11, params: {kind: corrupt, offset: 40}}',
+    '{name: eio-write, fault: storage, steps: 40, after_step: 7, params: {kind: eio_write}}',
+    '{name: eio-write-inplace, fault: storage, steps: 40, after_step: 7, params: {kind: eio_write}, args: ["--ckpt-inplace"]}',
+    '{name: fsync, fault: storage, steps: 40, after_step: 7, params: {kind: fsync}}',
+    '{name: fsync-inplace, fault: storage, steps: 40, after_step: 7, params: {kind: fsync}, args: ["--ckpt-inplace"]}',
+    '{name: eio-read, fault: storage, steps: 40, after_step: 11, params: {kind: eio_read}}',
+    '{name: eio-read-scratch, fault: storage, steps: 40, after_step: 11, params: {kind: eio_read}, args: ["--ckpt-verify", "scratch"]}',
+    '{name: slow, fault: storage, steps: 40, after_step: 6, duration: 0.6, params: {kind: slow, latency_ms: 100}}',
+    '{name: slow-every-step, fault: storage, steps: 40, after_step: 6, duration: 0.6, params: {kind: slow, latency_ms: 100}, args: ["--ckpt-every", "1"]}',
+    '{name: kill-save, fault: kill_during_save, steps: 40, after_step: 7}',
+    '{name: kill-save-inplace, fault: kill_during_save, steps: 40, after_step: 7, args: ["--ckpt-inplace"]}',
+    '{name: kill-save-pointer, fault: kill_during_save, steps: 40, after_step: 7, args: ["--latest-pointer-first"]}',
 ]
 
 #: the default run: a clean job and planted defects of each fault, sharing four reference runs
@@ -83,7 +83,8 @@ def test_a_checksummed_job_fails_loudly_on_a_flipped_byte(results: dict[str, Che
     result = results["corrupt-checked"]
     assert result.status == "passed", result.summary
     struck = result.evidence["struck"]
-    assert struck["step"] in (10, 15) and struck["byte_before"] != struck["byte_after"]  # 15: read late
+    assert struck["step"] >= 10 and struck["step"] % 5 == 0  # 15 or later: step 11 read late
+    assert struck["byte_before"] != struck["byte_after"]
     assert "checksum mismatch" in result.evidence["resume_error"]
     assert result.evidence["fault_evidence"]["mechanism"].startswith("direct")
 
