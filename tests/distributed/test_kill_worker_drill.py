@@ -22,9 +22,9 @@ from trainguard.run.runner import JobRunner
 pytestmark = pytest.mark.timeout(240)
 
 DRILLS = [
-    "{name: worker, fault: kill_worker, rank: 1, steps: 16, after_step: 5, deadline: 5}",
-    '{name: worker-hangs, fault: kill_worker, rank: 1, steps: 16, after_step: 5, deadline: 3, args: "--worker-timeout 0"}',
-    '{name: no-workers, fault: kill_worker, rank: 1, steps: 16, after_step: 5, args: "--workers 0"}',
+    "{name: worker, fault: kill_worker, rank: 1, steps: 30, after_step: 5, deadline: 5}",
+    '{name: worker-hangs, fault: kill_worker, rank: 1, steps: 30, after_step: 5, deadline: 3, args: "--worker-timeout 0"}',
+    '{name: no-workers, fault: kill_worker, rank: 1, steps: 30, after_step: 5, args: "--workers 0"}',
 ]
 
 
