@@ -6,13 +6,16 @@ package of the test modules) as a namespace package; not a test module, so never
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["TOY", "load_fault_harness", "runs_by_kind", "toy_job", "wait_for_a_background_run"]
+__all__ = ["TOY", "load_fault_harness", "runs_by_kind", "time_limit", "toy_job", "wait_for_a_background_run"]
 
 #: the fake training script of trainguard's own tests (no torch: a run costs a fraction of a second)
 TOY = Path(__file__).resolve().parent / "data" / "jobs" / "toy_train.py"
@@ -101,3 +104,20 @@ def only_check(root: Path, name: str) -> Any:
     report = check(root, only=[name], report_json=str(root / "report.json"))
     assert len(report.checks) == 1, [c.name for c in report.checks]
     return report.checks[0]
+
+
+@contextlib.contextmanager
+def time_limit(seconds: int) -> Iterator[None]:
+    """Fail whatever runs past ``seconds`` (a stuck fuzz example) with TimeoutError, from a real
+    timer (SIGALRM: the main thread only)."""
+
+    def expired(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"one example ran past {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

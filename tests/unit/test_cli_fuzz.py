@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import signal
 import string
 import subprocess
 import sys
@@ -46,6 +45,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import time_limit
 from trainguard.cli.main import main
 from trainguard.config.settings import OPTIONS, Settings, resolve
 from trainguard.errors import ConfigError
@@ -205,20 +205,6 @@ def environments(draw: st.DrawFn) -> dict[str, str]:
     return env
 
 
-@contextlib.contextmanager
-def _limit(seconds: int) -> Iterator[None]:
-    """Fail an example that runs past ``seconds`` (a stuck one), from a real timer."""
-
-    def expired(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"one example ran past {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @contextlib.contextmanager
@@ -251,7 +237,7 @@ def _run_main(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str
     previous = Path.cwd()
     os.chdir(cwd)
     try:
-        with _limit(EXAMPLE_LIMIT_S), _environment(env), contextlib.redirect_stdout(out), \
+        with time_limit(EXAMPLE_LIMIT_S), _environment(env), contextlib.redirect_stdout(out), \
                 contextlib.redirect_stderr(err):
             try:
                 code = main(argv)
@@ -326,7 +312,7 @@ def _fuzz_settings(examples: int) -> dict[str, int]:
               suppress_health_check=list(HealthCheck))
     @given(cli=layer, ini=layer, env=st.dictionaries(st.sampled_from([o.env for o in OPTIONS]), raw, max_size=4))
     def property_(cli: dict[str, str], ini: dict[str, str], env: dict[str, str]) -> None:
-        with _limit(EXAMPLE_LIMIT_S):
+        with time_limit(EXAMPLE_LIMIT_S):
             try:
                 result = resolve(cli=cli, ini=ini, environ=env)
             except ConfigError as exc:
@@ -528,7 +514,7 @@ def _fuzz_sources(examples: int) -> dict[str, int]:
            kind=st.sampled_from([None, "huggingface", "lightning", "configurator", "argparse"]))
     def property_(lines: list[str], kind: Any) -> None:
         source = "\n".join(lines) + "\n"
-        with _limit(EXAMPLE_LIMIT_S):
+        with time_limit(EXAMPLE_LIMIT_S):
             try:
                 facts = scan_script(source, "t.py", kind=kind)
             except ConfigError as exc:

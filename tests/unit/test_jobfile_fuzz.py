@@ -17,9 +17,7 @@ import copy
 import io
 import itertools
 import json
-import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import time_limit
 from trainguard.cli.main import main
 from trainguard.config.faults import FAULT_CLASSES
 from trainguard.config.settings import resolve
@@ -199,27 +198,13 @@ def job_texts(draw: st.DrawFn) -> bytes:
     return data
 
 
-@contextlib.contextmanager
-def _limit(seconds: int) -> Iterator[None]:
-    """Fail an example that runs past ``seconds`` (a stuck one), from a real timer."""
-
-    def expired(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"one example ran past {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _try(tmp: Path, data: bytes) -> str:
     """Validate one file; 'plan' or 'error', and fail on anything else."""
     path = tmp / "trainguard.yaml"
     path.write_bytes(data)
-    with _limit(EXAMPLE_LIMIT_S):
+    with time_limit(EXAMPLE_LIMIT_S):
         try:
             plan = make_plan(path, resolve(environ={}))
         except ConfigError as exc:
@@ -299,17 +284,17 @@ def test_an_alias_bomb_and_a_huge_value_are_refused_quickly(tmp_path: Path) -> N
     bomb = "\n".join(levels) + f"\njob: {{name: x, command: 'true {{steps}}', metrics: {{loss: '{REGEX}'}}, world_size: *i}}\n"
     path = tmp_path / "trainguard.yaml"
     path.write_text(bomb)
-    with _limit(20), pytest.raises(ConfigError, match="aliases are expanded") as info:
+    with time_limit(20), pytest.raises(ConfigError, match="aliases are expanded") as info:
         make_plan(path, resolve(environ={}))
     assert len(str(info.value)) < 1000
     path.write_text(f"job: {{name: x, command: 'true {{steps}}', metrics: {{loss: '{REGEX}'}}, "
                     f"world_size: '{'9' * 5_000_000}'}}\n")
-    with _limit(20), pytest.raises(ConfigError) as info:
+    with time_limit(20), pytest.raises(ConfigError) as info:
         make_plan(path, resolve(environ={}))
     assert "at most 1,000,000" in str(info.value) and len(str(info.value)) < 1000
     path.write_text(f"job: {{name: x, command: 'true {{steps}}', metrics: {{loss: '{REGEX}'}}, "
                     f"world_size: '{'9' * 200_000}'}}\n")
-    with _limit(20), pytest.raises(ConfigError, match=r"job\.world_size") as info:
+    with time_limit(20), pytest.raises(ConfigError, match=r"job\.world_size") as info:
         make_plan(path, resolve(environ={}))
     assert len(str(info.value)) < 1000
 
@@ -379,7 +364,7 @@ def test_accepted_files_launch(tmp_path_factory: pytest.TempPathFactory) -> None
         tmp = tmp_path_factory.mktemp("launch")
         (tmp / "harmless.py").write_text(HARMLESS)
         (tmp / "trainguard.yaml").write_text(yaml.safe_dump(doc, allow_unicode=True), encoding="utf-8")
-        with _limit(EXAMPLE_LIMIT_S):
+        with time_limit(EXAMPLE_LIMIT_S):
             make_plan(tmp, resolve(environ={}))
             report = check(str(tmp), only=["smoke"])
         assert report.status == "passed", report.checks[0].summary
