@@ -18,6 +18,7 @@ __all__ = [
     "EXPECTATIONS",
     "EXPECTATION_FAULTS",
     "FAULT_CLASSES",
+    "FAULT_EXPECTATIONS",
     "KIND_EXPECTATIONS",
     "FaultClass",
     "FaultNotInstalled",
@@ -37,6 +38,7 @@ FAULT_CLASSES: dict[str, str] = {
     "kill_during_save": "trainguard.faults.kill_during_save:KillDuringSaveFault",
     "kill_worker": "trainguard.faults.kill_worker:KillWorkerFault",
     "slow_rank": "trainguard.faults.slow_rank:SlowRankFault",
+    "soak": "trainguard.faults.soak:SoakFault",
 }
 
 #: what a drill expects of the job, in docs/drills.md
@@ -44,6 +46,9 @@ EXPECTATIONS = ("recover", "fail_clean", "continue", "save_and_exit", "handle_no
 
 #: expectations only some faults can be judged by (others: every fault)
 EXPECTATION_FAULTS: dict[str, tuple[str, ...]] = {"save_and_exit": ("preempt",), "handle_nonfinite": ("nan",)}
+
+#: faults judged by some expectations only (a soak is judged as one long recover)
+FAULT_EXPECTATIONS: dict[str, tuple[str, ...]] = {"soak": ("recover",)}
 
 #: a fault's own kinds (its ``params.kind``) judged by some expectations only; the first is the
 #: default when the spec names none
@@ -68,6 +73,7 @@ DEFAULT_EXPECT: dict[str, str] = {
     "kill_during_save": "recover",
     "kill_worker": "fail_clean",
     "slow_rank": "continue",
+    "soak": "recover",
 }
 
 
