@@ -18,6 +18,7 @@ from trainguard.config.faults import (
     DEFAULT_EXPECT,
     EXPECTATION_FAULTS,
     FAULT_CLASSES,
+    FAULT_EXPECTATIONS,
     KIND_EXPECTATIONS,
 )
 from trainguard.config.values import MAX_SECONDS, MAX_WORLD_SIZE, Argv, Env
@@ -352,6 +353,10 @@ class DrillSpec(CheckSpec):
                 f"`expect: {expect}` judges a {' or '.join(allowed)} drill; "
                 f"for a {self.fault} drill use recover, fail_clean or continue"
             )
+        judged_by = FAULT_EXPECTATIONS.get(self.fault)
+        if judged_by is not None and expect not in judged_by:
+            raise ValueError(f"a {self.fault} drill is judged by {' or '.join(judged_by)}, not "
+                             f"{expect}; remove `expect` or set `expect: {judged_by[0]}`")
         kinds = KIND_EXPECTATIONS.get((self.fault, str(self.params.get("kind"))))
         if kinds is not None and expect not in kinds:
             raise ValueError(

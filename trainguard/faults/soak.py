@@ -1,0 +1,180 @@
+"""``soak``: a chaos soak -- several faults drawn at random from a seed during one longer run.
+
+A soak drill is a schedule, not a fault of its own: ``(kind, rank, trigger step)`` events drawn
+from ``seed`` (:func:`soak_schedule`), each injected by that kind's own :class:`Fault` when the
+watched rank prints the trigger step, whichever attempt of the run is going then. The drill
+(:mod:`trainguard.drills.soak`) restarts the job after each fault (``max_restarts``) and judges
+the whole run like a recover drill: it completes and matches the uninterrupted run on every step.
+
+The same seed gives the same schedule on every machine (Python's :class:`random.Random` seeded
+with a string is stable across platforms and versions); when a fault strikes, in wall-clock
+time, follows the job's output, which is read with a lag of a step or two.
+
+Parameters (``params`` of a ``fault: soak`` drill):
+
+* ``kinds``: the fault kinds to draw from (default ``[kill_rank]``); any of :data:`SOAK_KINDS`;
+* ``seed``: the schedule's seed (default 0; the ``soak_seed`` setting overrides it);
+* ``every_steps``: the mean number of steps between two faults (a Poisson process in steps);
+  or ``faults``: exactly this many faults, spread at random (not both; default ``every_steps``
+  = steps / 6, about five faults);
+* ``min_gap``: the fewest steps between two faults, and after the last one (default 3), so the job
+  makes progress between them;
+* ``ranks``: the ranks faults may strike (default: every rank);
+* ``fault_params``: each kind's own parameters, e.g. ``{preempt: {grace: 5}}``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trainguard.faults.base import Fault
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.launch import Launcher
+
+__all__ = ["SOAK_KINDS", "SoakEvent", "SoakFault", "soak_schedule"]
+
+#: kinds a soak can draw: each ends the attempt it strikes (the job is then restarted) and needs
+#: nothing set up per fault (a mount, a cgroup) that a second fault of the run would collide with
+SOAK_KINDS = ("kill_rank", "hang", "preempt", "kill_worker")
+#: the most faults one soak may hold
+MAX_SOAK_FAULTS = 1000
+
+
+@dataclass(frozen=True)
+class SoakEvent:
+    """One fault of the schedule: ``kind`` on ``rank`` once the job prints step ``step``."""
+
+    index: int
+    kind: str
+    rank: int
+    step: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def soak_schedule(
+    seed: int,
+    steps: int,
+    world_size: int,
+    *,
+    kinds: Sequence[str] = ("kill_rank",),
+    every_steps: float | None = None,
+    faults: int | None = None,
+    min_gap: int = 3,
+    ranks: Sequence[int] | None = None,
+) -> list[SoakEvent]:
+    """The schedule of a soak: faults by increasing trigger step, at least ``min_gap`` steps
+    apart and ``min_gap`` before the last step. ``ValueError`` when it cannot be drawn (the
+    message says what to change)."""
+    if min_gap < 1:
+        raise ValueError("min_gap must be at least 1")
+    targets = sorted(set(ranks)) if ranks is not None else list(range(world_size))
+    if not targets or not kinds:
+        raise ValueError("a soak needs at least one kind and one rank")
+    rng = random.Random(f"trainguard-soak:{seed}")
+    last = steps - min_gap  # the last trigger step: the job has min_gap steps left after it
+    triggers: list[int] = []
+    if faults is not None:
+        slack = last - min_gap * faults
+        if faults < 1 or slack < 0:
+            raise ValueError(f"{faults} faults at least {min_gap} steps apart do not fit in "
+                             f"{steps} steps; lower `faults` or `min_gap`, or raise `steps`")
+        spots = sorted(rng.randint(0, slack) for _ in range(faults))
+        triggers = [spot + (i + 1) * min_gap for i, spot in enumerate(spots)]
+    else:
+        mean = every_steps if every_steps is not None else steps / 6
+        if mean <= 0:
+            raise ValueError("every_steps must be > 0")
+        step = 0
+        while len(triggers) < MAX_SOAK_FAULTS:
+            step += max(min_gap, round(rng.expovariate(1.0 / mean)))
+            if step > last:
+                break
+            triggers.append(step)
+    return [SoakEvent(i, kinds[rng.randrange(len(kinds))], targets[rng.randrange(len(targets))], step)
+            for i, step in enumerate(triggers)]
+
+
+class SoakFault(Fault):
+    """The ``soak`` entry of the fault registry: its parameters and its schedule; the drill
+    injects the scheduled faults through their own classes (this one injects nothing)."""
+
+    kind: ClassVar[str] = "soak"
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "kinds": ["kill_rank"], "seed": 0, "every_steps": None, "faults": None, "min_gap": 3,
+        "ranks": None, "fault_params": {},
+    }
+
+    @classmethod
+    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+        from trainguard.config.faults import fault_class
+
+        problems = super().validate(params)
+        kinds = params.get("kinds", ["kill_rank"])
+        if (not isinstance(kinds, list) or not kinds
+                or not all(isinstance(k, str) and k in SOAK_KINDS for k in kinds)):
+            problems.append(("kinds", f"expected a list of fault kinds from {', '.join(SOAK_KINDS)}, "
+                             "e.g. `kinds: [kill_rank, preempt]` (faults that end the attempt they strike)"))
+            kinds = []
+        seed = params.get("seed", 0)
+        if not _int(seed) or not 0 <= seed < 2**32:
+            problems.append(("seed", "expected an integer between 0 and 2**32-1, e.g. `seed: 7`"))
+        every, count = params.get("every_steps"), params.get("faults")
+        if every is not None and count is not None:
+            problems.append(("faults", "give `every_steps` (a rate) or `faults` (a count), not both"))
+        if every is not None and (not _number(every) or every <= 0):
+            problems.append(("every_steps", "expected the mean number of steps between two faults "
+                             "(a number > 0), e.g. `every_steps: 15`"))
+        if count is not None and (not _int(count) or not 1 <= count <= MAX_SOAK_FAULTS):
+            problems.append(("faults", f"expected a number of faults from 1 to {MAX_SOAK_FAULTS}"))
+        gap = params.get("min_gap", 3)
+        if not _int(gap) or gap < 1:
+            problems.append(("min_gap", "expected a number of steps >= 1, e.g. `min_gap: 3`"))
+        ranks = params.get("ranks")
+        if ranks is not None and (not isinstance(ranks, list) or not ranks
+                                  or not all(_int(r) and r >= 0 for r in ranks)):
+            problems.append(("ranks", "expected a list of ranks, e.g. `ranks: [0, 1]`"))
+        own = params.get("fault_params", {})
+        if not isinstance(own, dict):
+            problems.append(("fault_params", "expected a mapping of kind -> its parameters, "
+                             "e.g. `fault_params: {preempt: {grace: 5}}`"))
+            own = {}
+        for kind, kind_params in own.items():
+            if kind not in kinds:
+                problems.append((f"fault_params.{kind}", f"{kind!r} is not among `kinds`; add it "
+                                 "there or remove its parameters"))
+            elif not isinstance(kind_params, dict):
+                problems.append((f"fault_params.{kind}", "expected a mapping of that fault's parameters"))
+            else:
+                problems += [(f"fault_params.{kind}.{key}", message)
+                             for key, message in fault_class(kind).validate(kind_params)]
+        return problems
+
+    @classmethod
+    def schedule_of(cls, params: Mapping[str, Any], steps: int, world_size: int,
+                    seed: int | None = None) -> list[SoakEvent]:
+        """The schedule of a drill with these (valid) ``params``; ``seed`` overrides theirs."""
+        merged = {**cls.defaults, **params}
+        return soak_schedule(
+            int(merged["seed"] if seed is None else seed), steps, world_size,
+            kinds=list(merged["kinds"]), every_steps=merged["every_steps"],
+            faults=merged["faults"], min_gap=int(merged["min_gap"]), ranks=merged["ranks"],
+        )
+
+    def inject(self, launcher: Launcher) -> None:
+        raise NotImplementedError("a soak injects its scheduled faults through their own classes "
+                                  "(trainguard.drills.soak)")
