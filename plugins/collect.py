@@ -39,7 +39,17 @@ class JobFileCollector(pytest.File):
 
         job_file = load_config(self.path)
         preflight(job_file)  # what a launch needs here (cwd, paths), as `trainguard validate`
+        settings = get_session(self.config).settings
         for name, spec in job_file.enabled_checks():
+            if getattr(spec, "fault", None) == "soak":  # one item per seed: a replay is one test
+                from trainguard.faults.soak import soak_seeds
+
+                for seed in soak_seeds(spec.params, settings.soak_seed):  # type: ignore[attr-defined]
+                    item = CheckItem.from_parent(self, name=f"{name}[seed={seed}]", check_name=name,
+                                                 soak_seed=seed)
+                    item.add_marker(pytest.mark.fault("soak"))
+                    yield item
+                continue
             item = CheckItem.from_parent(self, name=name, check_name=name)
             if CheckId.parse(name).is_drill:  # a drill: `pytest -m fault` selects it
                 item.add_marker(pytest.mark.fault(getattr(spec, "fault", "")))
@@ -61,9 +71,10 @@ class JobFileCollector(pytest.File):
 class CheckItem(pytest.Item):
     """One check of one job file."""
 
-    def __init__(self, *, check_name: str, **kwargs: Any) -> None:
+    def __init__(self, *, check_name: str, soak_seed: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.check_name = check_name
+        self.soak_seed = soak_seed  # a soak drill's item: the seed it runs with
 
     def runtest(self) -> None:
         from trainguard.plugins.tracking import runner_for
@@ -73,6 +84,8 @@ class CheckItem(pytest.Item):
 
         runner = runner_for(self.config, load_config(self.path))
         spec = dict(runner.job_file.enabled_checks())[self.check_name]
+        if self.soak_seed is not None:
+            spec = spec.model_copy(update={"params": {**spec.params, "seed": self.soak_seed, "seeds": None}})  # type: ignore[attr-defined]
         result = run_check(runner, self.check_name, spec)
         from dataclasses import asdict
 

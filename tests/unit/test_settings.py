@@ -15,6 +15,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "markers-and-options.md"
 #: Per option: raw values for CLI, env and ini (all different) and what each parses to.
 VALUES: dict[str, tuple[tuple[str, Any], tuple[str, Any], tuple[str, Any]]] = {
     "seed": (("5", 5), ("4", 4), ("3", 3)),
+    "soak_seed": (("11", 11), ("12", 12), ("13", 13)),
     "deterministic": (("yes", True), ("off", False), ("1", True)),
     "collect_yaml": (("0", False), ("true", True), ("no", False)),
     "report_json": (

@@ -15,7 +15,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainguard._version import __version__
 from trainguard.cli.args import SEED_HELP, dashdash_value, nonempty_path, seconds, seed
@@ -80,25 +80,25 @@ def build_parser() -> argparse.ArgumentParser:
     loudness.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
     loudness.add_argument("-q", "--quiet", action="store_true", help="print only the verdict lines")
 
-    drill = sub.add_parser(
-        "drill",
+    _drill_parser(
+        sub, "drill", "drill", SEED_HELP,
         help="run the fault drills of a job file (checks.drills)",
         description="Inject each drill's real fault (kill_rank, hang, oom, disk_full, network) "
         "into a small run of the job and judge what follows (recover, fail_clean, continue; "
         "docs/drills.md). Exit 0 when every drill passed or was skipped, 1 when one failed, "
         "2 on a usage or job-file error.",
     )
-    drill.add_argument("config", metavar="CONFIG", type=nonempty_path,
-                       help="job file, or a directory holding trainguard.yaml")
-    drill.add_argument("--only", metavar="NAME", action="append", help="run only this drill (repeatable)")
-    drill.add_argument(
-        "--report-json",
-        metavar="PATH",
-        type=nonempty_path,
-        help="where to write the report (default: .trainguard/drills-report.json next to the job file)",
+    _drill_parser(
+        sub, "soak", "soak",
+        "the schedule's seed for every soak (replays a failing soak; default: each soak's "
+        "params.seed / seeds, or TRAINGUARD_SOAK_SEED)",
+        help="run the chaos soaks of a job file (its `fault: soak` drills)",
+        description="Run the job once for each soak's steps while faults drawn from a seed "
+        "(kind x rank x trigger step) strike it; trainguard restarts it after each, and every "
+        "recovery must match the uninterrupted run (docs/drills.md, \"Chaos soak\"). The "
+        "report holds what each fault cost (restart time, steps lost) and the goodput. Exit 0 "
+        "when every soak passed or was skipped, 1 when one failed, 2 on a usage or job-file error.",
     )
-    drill.add_argument("--seed", type=seed, metavar="N", help=SEED_HELP)
-    drill.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
 
     gate = sub.add_parser(
         "gate",
@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from trainguard.cli import validate as validate_cli
 
             return validate_cli.run(args)
-        if args.command == "drill":
+        if args.command in ("drill", "soak"):
             return _cmd_drill(args)
         if args.command == "gate":
             return _cmd_gate(args)
@@ -354,15 +354,32 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     return EXIT_OK if accepted else EXIT_FAILED
 
 
+def _drill_parser(sub: Any, command: str, what: str, seed_help: str, **texts: str) -> None:
+    """The parser of ``drill`` or ``soak``: a job file, --only, --report-json, --seed, -v."""
+    parser = sub.add_parser(command, **texts)
+    parser.add_argument("config", metavar="CONFIG", type=nonempty_path,
+                        help="job file, or a directory holding trainguard.yaml")
+    parser.add_argument("--only", metavar="NAME", action="append", help=f"run only this {what} (repeatable)")
+    parser.add_argument("--report-json", metavar="PATH", type=nonempty_path,
+                        help=f"where to write the report (default: .trainguard/{what}{'s' if what == 'drill' else ''}"
+                        "-report.json next to the job file)")
+    parser.add_argument("--seed", type=seed, metavar="N", help=seed_help)
+    parser.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
+
+
 def _cmd_drill(args: argparse.Namespace) -> int:
+    from trainguard.drills.soak import soak_lines
     from trainguard.report import CheckResult
-    from trainguard.session import drill
+    from trainguard.session import drill, soak
 
     def echo(rank: int, stream: str, line: str) -> None:
         print(f"[rank{rank} {stream}] {line}", file=sys.stderr)
 
     def show(result: CheckResult) -> None:
         print(f"{result.status.upper():7} {result.name}: {result.summary} ({result.duration_s:.1f} s)")
+        for run in result.evidence.get("runs") or [result.evidence]:  # a soak: what it measured
+            if isinstance(run.get("measured"), dict):
+                print(textwrap.indent(soak_lines(run), "        "))
         if not result.ok:
             for key in ("likely_causes", "drill_dir"):
                 value = result.evidence.get(key)
@@ -373,12 +390,13 @@ def _cmd_drill(args: argparse.Namespace) -> int:
                 print(f"        reproduce: {result.reproduce}")
         sys.stdout.flush()
 
-    report = drill(
+    run = soak if args.command == "soak" else drill
+    report = run(
         args.config, only=args.only, report_json=args.report_json, seed=args.seed,
         echo=echo if args.verbose else None, on_result=show,
     )
     _print_unwritten(report)
-    print(f"{report.status.upper()}: {len(report.checks)} drill(s); report: {_rel(report.path)}")
+    print(f"{report.status.upper()}: {len(report.checks)} {args.command}(s); report: {_rel(report.path)}")
     return EXIT_OK if report.status == "passed" else EXIT_FAILED
 
 

@@ -426,6 +426,11 @@ def drill_problems(job_file: JobFile, command_text: str, env_text: str) -> list[
         except Exception as exc:  # a fault's own rules tripped over a value: still a clear error
             found = [("", f"could not be checked ({type(exc).__name__}: {str(exc)[:200]}); see the "
                       f"{drill.fault} fault's parameters in the docs")]
+        if not found and drill.fault == "soak":  # the schedule must fit the drill's steps
+            try:
+                cls.schedule_of(drill.params, drill.steps, world_size)  # type: ignore[attr-defined]
+            except ValueError as exc:
+                found = [("", str(exc))]
         for param, message in found:
             problems.append((f"{key}.params{'.' + param if param else ''}", message))
     return problems

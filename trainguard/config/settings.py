@@ -149,6 +149,14 @@ OPTIONS: tuple[Option, ...] = (
         "N",
     ),
     Option(
+        "soak_seed",
+        "Seed of every chaos soak's fault schedule (`fault: soak` drills), instead of each "
+        "drill's params.seed: the same seed replays the same faults (kind, rank, step).",
+        None,
+        _parse_seed,
+        "N",
+    ),
+    Option(
         "deterministic",
         "Run @pytest.mark.seeded tests and tg_seed in deterministic mode "
         "(torch.use_deterministic_algorithms, cuDNN and cuBLAS settings).",
@@ -228,6 +236,7 @@ class Settings:
     """Resolved settings; ``sources`` records where each value came from."""
 
     seed: int = 0
+    soak_seed: int | None = None
     deterministic: bool = False
     collect_yaml: bool = True
     report_json: Path | None = None

@@ -43,10 +43,12 @@ from trainguard.drills.storage import storage_judge
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.launch import Launcher, MetricPoint
 from trainguard.launch.rundir import new_run_dir
+from trainguard.raytrain.agent import STATE_TRACKING_ENV, RayAgent, RayAgentError
+from trainguard.raytrain.workers import RayWorkerLauncher, RayWorkerTracker, signal_path
 from trainguard.report import CheckId, CheckResult, CheckStatus
 from trainguard.run.runner import JobRunner, RunRequest
 
-__all__ = ["RAY_RECOVERED_FAULTS", "RESTART_BACKOFF_S", "Driver", "make_drill", "run_drill"]
+__all__ = ["RAY_API_FAULTS", "RAY_RECOVERED_FAULTS", "RESTART_BACKOFF_S", "Driver", "make_drill", "run_drill"]
 
 #: seconds between a failed attempt and the restart (the agent's backoff; kept short here)
 RESTART_BACKOFF_S = 0.5
@@ -57,7 +59,9 @@ _WATCH_S = 0.02
 #: faults that kill a Ray Train worker process: Ray Train sees the death itself, so for a
 #: ray_train job `expect: recover` means its FailureConfig restarts the worker group inside the
 #: same fit (trainguard does not restart the driver); a hang it does not see (docs/ray-train.md)
-RAY_RECOVERED_FAULTS = ("kill_rank", "oom")
+RAY_RECOVERED_FAULTS = ("kill_rank", "oom", "node_loss")
+#: faults that act on a Ray Train job only through Ray's API (a RayAgent), whatever the pid path
+RAY_API_FAULTS = ("node_loss",)
 
 
 class Driver:
@@ -65,9 +69,13 @@ class Driver:
     (first exit, fail_clean deadline) on a thread of its own, never blocking the monitor."""
 
     def __init__(self, fault: Fault, spec: DrillSpec, metric: str, watch_rank: int,
-                 ray_world_size: int | None = None) -> None:
+                 ray_world_size: int | None = None, *, ray_agent: RayAgent | None = None,
+                 ray_run_name: str = "", ray_via_api: bool = False) -> None:
         self.fault = fault
         self.ray_world_size = ray_world_size  # set for a ray_train job: its ranks are Ray workers
+        self.ray_agent = ray_agent
+        self.ray_run_name = ray_run_name
+        self.ray_via_api = ray_via_api
         self.spec = spec
         self.metric = metric
         self.info = Injection(watch_rank=watch_rank)
@@ -98,10 +106,10 @@ class Driver:
         info.injected_mono = time.monotonic()
         info.injected_step = point.step
         target = launcher
-        if info.tracker is not None:  # the fault's ranks are the Ray workers, by their pids
-            from trainguard.raytrain.workers import RayWorkerLauncher
-
-            target = cast(Launcher, RayWorkerLauncher(launcher, info.tracker, self.ray_world_size or 1))
+        if info.tracker is not None:  # the fault's ranks are the Ray workers (by pid, or through Ray)
+            target = cast(Launcher, RayWorkerLauncher(
+                launcher, info.tracker, self.ray_world_size or 1, agent=self.ray_agent,
+                run_name=self.ray_run_name, via_api=self.ray_via_api))
             info.ray_workers_at_injection = info.tracker.pids()
         try:
             with contextlib.suppress(OSError):  # a Ray worker elsewhere: the fault says if it cares
@@ -122,8 +130,6 @@ class Driver:
         Train restarted them (a worker line read after the fault)."""
         info = self.info
         if info.tracker is None:
-            from trainguard.raytrain.workers import RayWorkerTracker
-
             info.tracker = RayWorkerTracker(launcher.ranks[0].stderr_log, clock=launcher.elapsed)
         info.tracker.poll()  # stamp the worker lines when they come, not at the injection
         injected = self.fault.injected_at
@@ -212,6 +218,10 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
         return CheckResult(name, status, summary, {**base, **evidence},
                            time.monotonic() - started, reproduce)
 
+    if spec.fault == "soak":
+        from trainguard.drills.soak import run_soak
+
+        return run_soak(runner, spec)
     try:
         cls = fault_class(spec.fault)
     except FaultNotInstalled as exc:
@@ -244,7 +254,17 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
     )
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    driver = Driver(fault, spec, metric, watch_rank, request.world_size if ray_job else None)
+    via_api = False
+    if ray_job:
+        try:
+            via_api = signal_path() == "api"
+        except ValueError as exc:
+            return result("error", str(exc), {})
+    # trainguard's Ray client (started below): Ray Train's state names the workers, pinned tasks
+    # act on them
+    agent = RayAgent(runner.ray_env()) if ray_job and (via_api or spec.fault in RAY_API_FAULTS) else None
+    driver = Driver(fault, spec, metric, watch_rank, request.world_size if ray_job else None,
+                    ray_agent=agent, ray_run_name=job_file.job.name, ray_via_api=via_api)
     # Ray Train recovers a dead worker itself (FailureConfig): trainguard must not restart too
     ray_recover = ray_job and spec.expectation == "recover" and spec.fault in RAY_RECOVERED_FAULTS
     stall = spec.stall_timeout or job_file.job.stall_timeout
@@ -253,6 +273,13 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
     if spec.expectation == "save_and_exit":  # the job saves in silence for up to the grace
         stall = max(stall, float(fault.params.get("grace", 0.0)) + _DEADLINE_MARGIN_S)
     try:
+        if agent is not None:
+            try:
+                agent.start()
+            except RayAgentError as exc:
+                return result("error", f"{spec.fault} reaches the Ray workers through Ray's API, and "
+                              f"trainguard's Ray client could not connect: {exc}", {})
+            base["ray_api"] = {"agent_start_s": round(agent.start_s or 0.0, 3), "pid_path": not via_api}
         try:
             fault.setup(ctx)
         except FaultUnavailable as exc:
@@ -264,7 +291,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
             max_restarts=0 if ray_recover else spec.restart_limit,
             backoff_s=RESTART_BACKOFF_S,
             on_metric=driver.on_metric,
-            extra_env=fault.launch_env(ctx),
+            extra_env={**fault.launch_env(ctx), **(STATE_TRACKING_ENV if agent is not None else {})},
             preexec=fault.preexec if fault.needs_preexec and not ray_job else None,
             checkpoint_dir=ctx.checkpoint_dir,
             stall_timeout=stall,
@@ -290,6 +317,8 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
         driver.finish()
         with contextlib.suppress(Exception):
             fault.teardown()
+        if agent is not None:  # after the teardown: a stopped worker is continued through Ray
+            agent.stop()
 
 
 

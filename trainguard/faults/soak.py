@@ -13,7 +13,8 @@ time, follows the job's output, which is read with a lag of a step or two.
 Parameters (``params`` of a ``fault: soak`` drill):
 
 * ``kinds``: the fault kinds to draw from (default ``[kill_rank]``); any of :data:`SOAK_KINDS`;
-* ``seed``: the schedule's seed (default 0; the ``soak_seed`` setting overrides it);
+* ``seed``: the schedule's seed (default 0; the ``soak_seed`` setting overrides it); or
+  ``seeds``: several, each its own run (one pytest item per seed, ``drill:NAME[seed=N]``);
 * ``every_steps``: the mean number of steps between two faults (a Poisson process in steps);
   or ``faults``: exactly this many faults, spread at random (not both; default ``every_steps``
   = steps / 6, about five faults);
@@ -36,7 +37,7 @@ from trainguard.faults.base import Fault
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher
 
-__all__ = ["SOAK_KINDS", "SoakEvent", "SoakFault", "soak_schedule"]
+__all__ = ["SOAK_KINDS", "SoakEvent", "SoakFault", "soak_schedule", "soak_seeds"]
 
 #: kinds a soak can draw: each ends the attempt it strikes (the job is then restarted) and needs
 #: nothing set up per fault (a mount, a cgroup) that a second fault of the run would collide with
@@ -109,13 +110,24 @@ def soak_schedule(
             for i, step in enumerate(triggers)]
 
 
+def soak_seeds(params: Mapping[str, Any], setting: int | None) -> list[int]:
+    """The seeds a soak drill runs with: the ``soak_seed`` setting when given (a replay), else
+    ``params.seeds``, else ``[params.seed]`` (0)."""
+    if setting is not None:
+        return [int(setting)]
+    seeds = params.get("seeds")
+    if isinstance(seeds, list) and seeds:
+        return list(dict.fromkeys(int(x) for x in seeds))
+    return [int(params.get("seed", 0))]
+
+
 class SoakFault(Fault):
     """The ``soak`` entry of the fault registry: its parameters and its schedule; the drill
     injects the scheduled faults through their own classes (this one injects nothing)."""
 
     kind: ClassVar[str] = "soak"
     defaults: ClassVar[Mapping[str, Any]] = {
-        "kinds": ["kill_rank"], "seed": 0, "every_steps": None, "faults": None, "min_gap": 3,
+        "kinds": ["kill_rank"], "seed": 0, "seeds": None, "every_steps": None, "faults": None, "min_gap": 3,
         "ranks": None, "fault_params": {},
     }
 
@@ -133,6 +145,11 @@ class SoakFault(Fault):
         seed = params.get("seed", 0)
         if not _int(seed) or not 0 <= seed < 2**32:
             problems.append(("seed", "expected an integer between 0 and 2**32-1, e.g. `seed: 7`"))
+        seeds = params.get("seeds")
+        if seeds is not None and (not isinstance(seeds, list) or not seeds
+                                  or not all(_int(x) and 0 <= x < 2**32 for x in seeds)):
+            problems.append(("seeds", "expected a list of seeds (integers from 0 to 2**32-1), "
+                             "e.g. `seeds: [1, 2, 3]`"))
         every, count = params.get("every_steps"), params.get("faults")
         if every is not None and count is not None:
             problems.append(("faults", "give `every_steps` (a rate) or `faults` (a count), not both"))

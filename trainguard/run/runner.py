@@ -245,6 +245,7 @@ class JobRunner:
         backoff_s: float = 1.0,
         on_metric: Callable[[MetricPoint, Launcher], None] | None = None,
         restart_on: tuple[str, ...] = ("failed", "hung"),
+        restart_if: Callable[[RunResult], bool] | None = None,
         extra_env: Mapping[str, str] | None = None,
         preexec: Callable[[int], None] | None = None,
         checkpoint_dir: Path | None = None,
@@ -261,7 +262,9 @@ class JobRunner:
         ``launcher.spec.restart_count``. Fault drills pass ``extra_env`` and ``preexec`` (for
         every rank of every attempt), their own ``checkpoint_dir``, ``stall_timeout``,
         ``startup_timeout`` (the stall limit before the first metric line) and
-        ``shutdown_timeout`` (the stall limit after the last step)."""
+        ``shutdown_timeout`` (the stall limit after the last step). ``restart_if`` restarts an
+        attempt whose outcome is not in ``restart_on`` too, when it returns True (a soak: a job
+        that saved and exited 0 on a pre-emption notice, steps short of the end)."""
         limit = self.job_file.job.max_restarts if max_restarts is None else max_restarts
         run_dir = new_run_dir(
             self.job_file.state_dir, self.job_file.job.name, label, keep=self.settings.keep_runs
@@ -286,7 +289,8 @@ class JobRunner:
                 self._track_abort(tracked)
                 raise
             attempts.append(result)
-            last = result.outcome not in restart_on or attempt == limit
+            again = result.outcome in restart_on or (restart_if is not None and restart_if(result))
+            last = not again or attempt == limit
             self._track_attempt(tracked, result, attempt, final=last)
             if last:
                 break

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainguard.session.drills import drill, run_drills
+from trainguard.session.drills import drill, run_drills, soak
 from trainguard.session.orchestrate import (
     available_checks,
     check,
@@ -25,4 +25,5 @@ __all__ = [
     "run_drills",
     "run_in_order",
     "session_settings",
+    "soak",
 ]

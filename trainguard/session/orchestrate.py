@@ -175,13 +175,15 @@ def check(
     on_result: Callable[[CheckResult], None] | None = None,
     save_baseline: bool | None = None,
     report_name: str = "report.json",
+    soak_seed: int | None = None,
 ) -> Report:
     """Load a job file, run its checks, write the report (``report_json``, else ``report_name``
     in ``.trainguard/``); the library form of ``trainguard check``. Settings come from
     ``TRAINGUARD_*`` env vars and their defaults.
 
     ``save_baseline=True`` makes a passing canary this machine's new baseline (docs/baselines.md);
-    it needs the canary among the checks run (a :class:`ConfigError` says so otherwise)."""
+    it needs the canary among the checks run (a :class:`ConfigError` says so otherwise).
+    ``soak_seed`` replays every chaos soak with that seed (the ``soak_seed`` setting)."""
     from pathlib import Path
 
     from trainguard.config import load_config
@@ -190,7 +192,7 @@ def check(
     job_file = load_config(config)
     if report_json:
         _check_report_path(report_json)  # before any check spends its time
-    settings = session_settings(seed=seed, save_baseline=save_baseline)
+    settings = session_settings(seed=seed, save_baseline=save_baseline, soak_seed=soak_seed)
     if settings.save_baseline and "canary" not in {n for n, _ in job_file.enabled_checks(only)}:
         from trainguard.errors import ConfigError
 

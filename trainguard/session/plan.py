@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,6 +156,22 @@ class Plan:
         return out
 
 
+def _soak_plan(spec: DrillSpec, world_size: int, setting: int | None,
+               run: Callable[..., PlannedRun]) -> tuple[list[PlannedRun], str]:
+    """A soak: the uninterrupted run, then per seed one run with up to max_restarts restarts;
+    the schedule of each seed, as it will be drawn."""
+    from trainguard.faults.soak import SoakFault, soak_seeds
+
+    runs, words = [run("reference", world_size, reference=True)], []
+    for seed in soak_seeds(spec.params, setting):
+        events = SoakFault.schedule_of(spec.params, spec.steps, world_size, seed)
+        limit = spec.max_restarts if spec.max_restarts is not None else len(events) + 2
+        runs += [run(f"seed {seed}, attempt {i}", world_size) for i in range(min(limit, len(events)) + 1)]
+        shown = ", ".join(f"{e.kind} r{e.rank} @{e.step}" for e in events[:8])
+        words.append(f"seed {seed}: {len(events)} faults ({shown}{', ...' if len(events) > 8 else ''})")
+    return runs, "chaos soak, expect recover every time; " + "; ".join(words)
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
@@ -217,6 +233,8 @@ def _runs(job_file: JobFile, name: str, spec: CheckSpec, settings: Settings) -> 
                      for i in range(spec.headroom.max_probes)]
         return runs, "step times and scaling per world size" + (
             "; the headroom search makes at most max_probes probes" if spec.headroom else "")
+    if isinstance(spec, DrillSpec) and spec.fault == "soak":
+        return _soak_plan(spec, spec.world_size or job.world_size, settings.soak_seed, run)
     if isinstance(spec, DrillSpec):
         world_size = spec.world_size or job.world_size
         fault = (f"fault {spec.fault} on rank {spec.rank} after step {spec.after_step}, "

@@ -31,6 +31,7 @@ def session_settings(
     seed: int | None = None,
     save_baseline: bool | None = None,
     environ: Mapping[str, str] | None = None,
+    soak_seed: int | None = None,
 ) -> Settings:
     """The settings of a session run outside pytest: ``TRAINGUARD_*`` variables (of ``environ``,
     default the process's) over the defaults, then the caller's explicit ``seed`` and
@@ -44,6 +45,8 @@ def session_settings(
         settings = dataclasses.replace(settings, seed=seed)
     if save_baseline is not None:
         settings = dataclasses.replace(settings, save_baseline=save_baseline)
+    if soak_seed is not None:  # `trainguard soak --seed N` (checked by the CLI)
+        settings = dataclasses.replace(settings, soak_seed=soak_seed)
     return settings
 
 

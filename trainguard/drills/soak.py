@@ -1,0 +1,393 @@
+"""The chaos soak: faults drawn from a seed during one longer run, every recovery judged
+(docs/drills.md, "Chaos soak").
+
+A ``fault: soak`` drill draws its schedule (:func:`~trainguard.faults.soak.soak_schedule`: kind x
+rank x trigger step) and runs the job once for ``steps`` steps under the restart policy
+(``max_restarts``, default the number of faults + 2). Each scheduled fault is injected by its own
+class when the watched rank prints the trigger step, in whichever attempt is running; trainguard
+restarts the group from the latest checkpoint after each one (after a pre-emption too: a job
+that saved and exited 0 short of its last step is restarted). The verdict is a recover drill's
+over the whole run: it completes, every fault struck, no restart began again from step 1, at
+most ``max_lost_steps`` steps lost per fault, and every step and the final checkpoint match the
+uninterrupted run.
+
+The soak also measures what the goodput forecast (docs/profiling.md) needs, on the real job:
+per fault the restart cost (fault -> first step of the next attempt) and the steps lost; the
+checkpoint cadence and save time (from the uninterrupted run's step times); and the goodput
+(failure-free wall-clock / the soak's wall-clock). Beside it, the forecast's own prediction for
+the faults that occurred (:func:`forecast_for`), so the model can be checked against the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainguard.checks.equivalence import compare_trajectories
+from trainguard.config import DrillSpec
+from trainguard.config.faults import fault_class
+from trainguard.drills.judges import DRILL_CAUSES, diff_problem
+from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
+from trainguard.faults.soak import SoakEvent, SoakFault, soak_seeds
+from trainguard.launch import Launcher, MetricPoint, RunResult
+from trainguard.launch.metrics import aligned_trajectories
+from trainguard.launch.rundir import new_run_dir
+from trainguard.report import CheckId, CheckResult, CheckStatus
+from trainguard.run.runner import JobRunner, SupervisedRun
+from trainguard.unit.checkpoints import compare_checkpoint_dirs
+from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
+
+__all__ = ["SoakDriver", "forecast_for", "run_soak", "soak_lines"]
+
+_BACKOFF_S = 0.5
+_DEADLINE_MARGIN_S = 5.0
+
+
+@dataclass
+class FaultRecord:
+    """What happened to one scheduled fault."""
+
+    event: SoakEvent
+    fault: Fault
+    attempt: int | None = None
+    injected_mono: float | None = None
+    injected_step: int | None = None
+    first_new_mono: float | None = None
+    first_new_step: int | None = None
+    error: str | None = None
+
+    @property
+    def restart_s(self) -> float | None:
+        if self.injected_mono is None or self.first_new_mono is None:
+            return None
+        return self.first_new_mono - self.injected_mono
+
+
+class SoakDriver:
+    """Injects the schedule's faults in order from the launcher's monitor thread: fault i when
+    the watched rank prints step >= its trigger, once the previous fault's attempt is over (or
+    ``min_gap`` steps on, should that attempt survive it)."""
+
+    def __init__(self, records: list[FaultRecord], metric: str, watch_rank: int, min_gap: int) -> None:
+        self.records = records
+        self.metric = metric
+        self.watch_rank = watch_rank
+        self.min_gap = min_gap
+        self.next = 0
+        self._lock = threading.Lock()
+
+    def on_metric(self, point: MetricPoint, launcher: Launcher) -> None:
+        if point.name != self.metric:
+            return
+        attempt = launcher.spec.restart_count
+        now = time.monotonic()
+        with self._lock:
+            for rec in self.records[:self.next]:  # the first step of a later attempt
+                if rec.first_new_mono is None and rec.attempt is not None and attempt > rec.attempt:
+                    rec.first_new_mono, rec.first_new_step = now, point.step
+            if self.next >= len(self.records) or point.rank != self.watch_rank:
+                return
+            rec = self.records[self.next]
+            if point.step < rec.event.step:
+                return
+            prev = self.records[self.next - 1] if self.next else None
+            if (prev is not None and prev.attempt == attempt and prev.injected_step is not None
+                    and point.step < prev.injected_step + self.min_gap):
+                return  # lines of the attempt the previous fault is ending
+            self.next += 1
+            rec.attempt, rec.injected_mono, rec.injected_step = attempt, now, point.step
+            rec.fault.injected_at = launcher.elapsed()
+        try:
+            rec.fault.inject(launcher)
+        except Exception as exc:  # the monitor goes on; the verdict reports it
+            rec.error = f"inject() raised {type(exc).__name__}: {exc}"
+
+    def finish(self) -> None:
+        for rec in self.records:
+            with contextlib.suppress(Exception):
+                rec.fault.clear()
+
+
+def _step_times(result: RunResult, metric: str, rank: int) -> dict[int, float]:
+    """Seconds each step of ``rank`` took (from the previous step's line), first step left out."""
+    points = sorted((p for p in result.points if p.name == metric and p.rank == rank), key=lambda p: p.step)
+    return {b.step: b.t - a.t for a, b in itertools.pairwise(points) if b.step == a.step + 1}
+
+
+def _checkpoint_steps(reference: RunResult, resumes: list[int]) -> list[int]:
+    """Steps the job checkpointed: the step numbers in the names under the uninterrupted run's
+    checkpoint directory (the job's own cadence), else the steps restarts resumed after."""
+    directory = Path(str(reference.evidence.get("checkpoint_dir", "")))
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for entry in directory.iterdir() if directory.is_dir() else ():
+            step = step_in_name(entry.name)
+            if step is not None and not is_temp_name(entry.name):
+                found.add(step)
+    return sorted(found if len(found) >= 2 else found | {s for s in resumes if s > 0})
+
+
+def _cadence(steps: list[int]) -> int | None:
+    gaps = [b - a for a, b in itertools.pairwise(steps) if b > a]
+    return int(statistics.median(gaps)) if gaps else None
+
+
+def _save_s(times: dict[int, float], ckpt_steps: list[int]) -> float | None:
+    """The save time: median step time at a checkpoint step (the step itself or the next one,
+    whichever holds the save) less the median of the others."""
+    at = [max(times.get(s, 0.0), times.get(s + 1, 0.0)) for s in ckpt_steps if s in times or s + 1 in times]
+    near = {s for c in ckpt_steps for s in (c, c + 1)}
+    rest = [d for s, d in times.items() if s not in near]
+    if not at or not rest:
+        return None
+    return max(0.0, statistics.median(at) - statistics.median(rest))
+
+
+def forecast_for(work_s: float, faults: int, restart_s: float, interval_s: float) -> dict[str, float]:
+    """The goodput model's wall-clock and goodput for ``faults`` failures that occurred, each
+    costing ``restart_s`` and on average half a checkpoint interval of lost work (the
+    failure-free ``work_s`` already holds the job's own saves): docs/profiling.md."""
+    wall = work_s + faults * (restart_s + interval_s / 2)
+    return {"wall_s": round(wall, 3), "goodput": round(work_s / wall, 4) if wall > 0 else 0.0}
+
+
+def _measurements(run: SupervisedRun, records: list[FaultRecord], reference: RunResult,
+                  metric: str, watch_rank: int, wall_s: float) -> dict[str, Any]:
+    # a pre-empted job saves when told to, off its cadence: only the other faults' resumes count
+    resumes = [rec.first_new_step - 1 for rec in records
+               if rec.first_new_step is not None and rec.event.kind != "preempt"]
+    times = _step_times(reference, metric, watch_rank)
+    step_s = statistics.median(times.values()) if times else None
+    ckpt_steps = _checkpoint_steps(reference, resumes)
+    every = _cadence(ckpt_steps)
+    restarts = [r for rec in records if (r := rec.restart_s) is not None]
+    lost = [rec_lost for rec in records if (rec_lost := _lost(run, rec, metric)) is not None]
+    work = reference.duration_s
+    out: dict[str, Any] = {
+        "wall_s": round(wall_s, 3), "failure_free_wall_s": round(work, 3),
+        "goodput": round(work / wall_s, 4) if wall_s > 0 else None,
+        "faults": sum(rec.injected_mono is not None for rec in records),
+        "restart_s": {"median": round(statistics.median(restarts), 3), "mean": round(statistics.mean(restarts), 3),
+                      "max": round(max(restarts), 3)} if restarts else None,
+        "lost_steps": {"total": sum(lost), "mean": round(statistics.mean(lost), 2)} if lost else None,
+        "step_s": round(step_s, 5) if step_s is not None else None,
+        "checkpoint_every_steps": every,
+        "checkpoint_save_s": _round(_save_s(times, ckpt_steps)),
+    }
+    if restarts and step_s is not None and every is not None:
+        restart = statistics.median(restarts)
+        predicted = forecast_for(work, out["faults"], restart, every * step_s)
+        out["forecast"] = {
+            **predicted, "inputs": {"restart_s": round(restart, 3), "interval_s": round(every * step_s, 4),
+                                    "faults": out["faults"], "lost_per_fault": "half an interval"},
+            "wall_error": round(predicted["wall_s"] / wall_s - 1, 4) if wall_s > 0 else None,
+        }
+    return out
+
+
+def soak_lines(evidence: dict[str, Any]) -> str:
+    """What a soak measured, in a few lines (``trainguard soak`` prints them)."""
+    m = evidence["measured"]
+    restart, lost = m.get("restart_s") or {}, m.get("lost_steps") or {}
+    lines = [f"seed {evidence.get('seed')}: {m['faults']} fault(s); restart (fault -> first step) median "
+             f"{restart.get('median', '-')} s, max {restart.get('max', '-')} s; steps lost {lost.get('total', 0)}; "
+             f"checkpoint every {m.get('checkpoint_every_steps') or '-'} steps, save ~{m.get('checkpoint_save_s')} s",
+             f"wall-clock {m['wall_s']:.1f} s vs {m['failure_free_wall_s']:.1f} s failure-free: goodput {m['goodput']}"]
+    forecast = m.get("forecast")
+    if forecast:
+        lines.append(f"the goodput model for these {m['faults']} fault(s): wall-clock {forecast['wall_s']:.1f} s, "
+                     f"goodput {forecast['goodput']} (wall-clock {forecast['wall_error']:+.1%} off)")
+    return "\n".join(lines)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def _lost(run: SupervisedRun, rec: FaultRecord, metric: str) -> int | None:
+    """Steps of progress the fault cost: the last step its attempt printed minus the step the
+    next attempt resumed after."""
+    if rec.attempt is None or rec.first_new_step is None or rec.attempt >= len(run.attempts):
+        return None
+    done = max((p.step for p in run.attempts[rec.attempt].points if p.name == metric), default=0)
+    return max(0, done - (rec.first_new_step - 1))
+
+
+def _record_evidence(run: SupervisedRun, rec: FaultRecord, metric: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {**rec.event.to_dict(), "attempt": rec.attempt,
+                             "injected_after_step": rec.injected_step}
+    if rec.attempt is not None and rec.attempt < len(run.attempts):
+        ended = run.attempts[rec.attempt]
+        entry["attempt_ended"] = ended.outcome if ended.ok else rec.fault.classify(ended)
+    if rec.first_new_step is not None:
+        entry["resumed_from_step"] = rec.first_new_step - 1
+        entry["lost_steps"] = _lost(run, rec, metric)
+    if rec.restart_s is not None:
+        entry["fault_to_first_step_after_restart_s"] = round(rec.restart_s, 3)
+    if rec.error:
+        entry["error"] = rec.error
+    return entry
+
+
+def _judge(spec: DrillSpec, run: SupervisedRun, records: list[FaultRecord], reference: RunResult,
+           metric: str, checkpoint_dir: Path) -> tuple[CheckStatus, list[str], dict[str, Any]]:
+    evidence: dict[str, Any] = {"restarts": run.restarts}
+    missed = [rec.event for rec in records if rec.injected_mono is None]
+    failed_inject = [rec for rec in records if rec.error]
+    actual, expected = aligned_trajectories(run.points, reference.points, metric)
+    diff = compare_trajectories(actual, expected, metric=metric, steps=range(1, spec.steps + 1),
+                                rtol=spec.rtol, atol=spec.atol)
+    evidence["trajectory"] = diff.as_evidence()
+    problems: list[str] = []
+    if not run.ok:
+        final = run.final
+        problems.append(f"did not recover: after {run.restarts} restart(s) (max_restarts "
+                        f"{_limit(spec, records)}) the last attempt ended {final.outcome}: "
+                        f"{final.reason or 'no reason recorded'}")
+    for rec in records:
+        lost = _lost(run, rec, metric)
+        if rec.first_new_step == 1 and rec.injected_step and rec.injected_step > 1:
+            problems.append(f"after fault {rec.event.index} ({rec.event.kind} on rank {rec.event.rank} "
+                            f"after step {rec.injected_step}) the job began again at step 1: no usable "
+                            "checkpoint, all progress lost")
+        elif spec.max_lost_steps is not None and lost is not None and lost > spec.max_lost_steps:
+            problems.append(f"fault {rec.event.index} ({rec.event.kind}) lost {lost} steps "
+                            f"(max_lost_steps {spec.max_lost_steps})")
+    if run.ok:
+        problem = diff_problem(metric, diff, "soaked run")
+        if problem:
+            problems.append(problem)
+        state = compare_checkpoint_dirs(checkpoint_dir, Path(reference.evidence["checkpoint_dir"]),
+                                        rtol=spec.rtol, atol=spec.atol)
+        evidence["checkpoint"] = state.as_evidence()
+        if state.compared and not state.ok:
+            problems.append(f"the final checkpoint differs from the uninterrupted run's in {state.summary()}")
+    if problems:
+        return "failed", problems, evidence
+    if failed_inject or missed:
+        words = [f"fault {r.event.index} ({r.event.kind}) could not be injected: {r.error}" for r in failed_inject]
+        if missed:
+            words.append(f"{len(missed)} scheduled fault(s) never struck (first: {missed[0].kind} at step "
+                         f"{missed[0].step}): the job finished before trainguard read the trigger step "
+                         "(output is read with a lag on a loaded machine); raise `steps` or `min_gap`")
+        return "error", words, evidence
+    return "passed", [], evidence
+
+
+def _limit(spec: DrillSpec, records: list[FaultRecord]) -> int:
+    return spec.max_restarts if spec.max_restarts is not None else len(records) + 2
+
+
+def run_soak(runner: JobRunner, spec: DrillSpec) -> CheckResult:
+    """Run one soak drill and judge it; the result is named ``drill:<name>``. With several
+    ``seeds`` (and no ``soak_seed`` setting) it runs once per seed and passes when every run
+    did; the evidence keeps each run's under ``runs``."""
+    seeds = soak_seeds(spec.params, runner.settings.soak_seed)
+    if len(seeds) == 1:
+        return _run_one(runner, spec, seeds[0])
+    started = time.monotonic()
+    results = [_run_one(runner, spec, seed) for seed in seeds]
+    worst = next((r for status in ("failed", "error", "skipped") for r in results if r.status == status), None)
+    status = worst.status if worst is not None else "passed"
+    summary = "; ".join(f"[{r.evidence['seed']}] {r.status}: {r.summary}" for r in results)
+    return CheckResult(str(CheckId.of_drill(spec.name)), status, summary,
+                       {"fault": "soak", "seeds": seeds, "runs": [r.evidence for r in results]},
+                       time.monotonic() - started, f"trainguard soak {runner.job_file.path} --only {spec.name}")
+
+
+def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
+    started = time.monotonic()
+    job_file = runner.job_file
+    name = str(CheckId.of_drill(spec.name))
+    world_size = spec.world_size or job_file.job.world_size
+    events = SoakFault.schedule_of(spec.params, spec.steps, world_size, seed)
+    reproduce = (f"trainguard soak {job_file.path} --only {spec.name} --seed {seed}  "
+                 f"(pytest: --trainguard-soak-seed {seed})")
+    base: dict[str, Any] = {"fault": "soak", "expect": "recover", "seed": seed, "steps": spec.steps,
+                            "schedule": [e.to_dict() for e in events]}
+
+    def result(status: CheckStatus, summary: str, evidence: dict[str, Any]) -> CheckResult:
+        return CheckResult(name, status, summary, {**base, **evidence}, time.monotonic() - started, reproduce)
+
+    if job_file.job.is_ray_train:
+        return result("skipped", "a soak runs a torchrun-style job (trainguard restarts its ranks); "
+                      "for a ray_train job use kill_rank and node drills, which Ray Train recovers "
+                      "inside one fit", {})
+    if not events:
+        return result("error", f"the schedule of seed {seed} holds no fault in {spec.steps} steps; raise "
+                      "`steps` or lower `every_steps`", {})
+    metrics = job_file.job.metrics
+    metric = "loss" if "loss" in metrics else next(iter(metrics))
+    request = runner.request_for(spec, world_size=world_size)
+    reference = runner.reference(request)
+    if not reference.ok:
+        return result("error", f"the uninterrupted reference run failed, so there is nothing to soak: "
+                      f"{reference.reason}", {"reference_run_dir": str(reference.run_dir)})
+    reporting = sorted({p.rank for p in reference.points if p.name == metric})
+    if not reporting:
+        return result("error", f"the reference run printed no `{metric}` line; check job.metrics.{metric}",
+                      {"reference_run_dir": str(reference.run_dir)})
+    own = dict(spec.params.get("fault_params") or {})
+    records = [FaultRecord(e, fault_class(e.kind)(own.get(e.kind), rank=e.rank, after_step=e.step))
+               for e in events]
+    drill_dir = new_run_dir(job_file.state_dir, job_file.job.name, f"soak-{spec.name}",
+                            keep=runner.settings.keep_runs)
+    values = runner.placeholders(request, drill_dir, drill_dir / "checkpoints")
+    ctx = FaultContext(work_dir=drill_dir / "fault", checkpoint_dir=drill_dir / "checkpoints",
+                       world_size=world_size,
+                       env={**{k: v.format_map(values) for k, v in job_file.job.env.items()},
+                            **{k: v.format_map(values) for k, v in request.env}})
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    driver = SoakDriver(records, metric, reporting[0], int(spec.params.get("min_gap", 3)))
+    stall = spec.stall_timeout or job_file.job.stall_timeout
+    grace = max((float(r.fault.params.get("grace", 0.0)) for r in records if r.event.kind == "preempt"), default=0.0)
+    env: dict[str, str] = {}
+    try:
+        for rec in records:
+            try:
+                rec.fault.setup(ctx)
+            except FaultUnavailable as exc:
+                return result("skipped", f"{rec.event.kind} cannot be injected on this machine: {exc}", {})
+            env.update(rec.fault.launch_env(ctx))
+        soak_started = time.monotonic()
+        run = runner.supervise(
+            request, label=f"soak-{spec.name}", max_restarts=_limit(spec, records), backoff_s=_BACKOFF_S,
+            on_metric=driver.on_metric, extra_env=env, checkpoint_dir=ctx.checkpoint_dir,
+            # a job that saved and exited 0 on a pre-emption notice is restarted like a failed one
+            restart_if=lambda r: r.ok and (r.last_step or 0) < spec.steps,
+            stall_timeout=max(stall, grace + _DEADLINE_MARGIN_S) if grace else stall,
+            startup_timeout=max(stall, job_file.job.stall_timeout),
+        )
+        wall = time.monotonic() - soak_started
+        driver.finish()
+        status, problems, evidence = _judge(spec, run, records, reference, metric, ctx.checkpoint_dir)
+        evidence.update({
+            "faults": [_record_evidence(run, rec, metric) for rec in records],
+            "measured": _measurements(run, records, reference, metric, reporting[0], wall),
+            "drill_dir": str(drill_dir), "reference_run_dir": str(reference.run_dir),
+        })
+        struck = sum(rec.injected_mono is not None for rec in records)
+        kinds = ", ".join(sorted({e.kind for e in events}))
+        what = f"seed {seed}: {struck} of {len(events)} faults ({kinds}) in {spec.steps} steps"
+        if status == "failed":
+            evidence["likely_causes"] = list(DRILL_CAUSES["recover"])
+            return result(status, f"{what}; " + "; ".join(problems), evidence)
+        if status == "error":
+            return result(status, f"{what}; " + "; ".join(problems), evidence)
+        measured = evidence["measured"]
+        return result("passed", f"{what}; recovered every time with {run.restarts} restart(s), "
+                      f"{(measured.get('lost_steps') or {}).get('total', 0)} step(s) lost, goodput "
+                      f"{measured['goodput']:.2f}; all {evidence['trajectory'].get('compared_steps', spec.steps)} "
+                      "steps match the uninterrupted run", evidence)
+    finally:  # Ctrl-C included: nothing is left stopped or running
+        driver.finish()
+        for rec in records:
+            with contextlib.suppress(Exception):
+                rec.fault.teardown()
