@@ -17,7 +17,7 @@ from trainguard.errors import UsageError
 __all__ = ["FAULT_KINDS", "MARKERS", "MarkerSpec", "validate_marker"]
 
 #: Faults the drills know (docs/faults.md).
-FAULT_KINDS = ("kill_rank", "hang", "oom", "disk_full", "network", "preempt", "nan", "storage", "kill_during_save", "kill_worker", "slow_rank")
+FAULT_KINDS = ("kill_rank", "hang", "oom", "disk_full", "network", "preempt", "nan", "storage", "kill_during_save", "kill_worker", "slow_rank", "node_loss")
 _BACKENDS = (None, "gloo", "nccl", "mpi", "ucc")
 
 

@@ -39,6 +39,7 @@ FAULT_CLASSES: dict[str, str] = {
     "kill_worker": "trainguard.faults.kill_worker:KillWorkerFault",
     "slow_rank": "trainguard.faults.slow_rank:SlowRankFault",
     "soak": "trainguard.faults.soak:SoakFault",
+    "node_loss": "trainguard.faults.node_loss:NodeLossFault",
 }
 
 #: what a drill expects of the job, in docs/drills.md
@@ -74,6 +75,7 @@ DEFAULT_EXPECT: dict[str, str] = {
     "kill_worker": "fail_clean",
     "slow_rank": "continue",
     "soak": "recover",
+    "node_loss": "recover",
 }
 
 

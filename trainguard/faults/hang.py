@@ -9,6 +9,9 @@ many seconds: a pause the job should ride out (``expect: continue``).
 
 Nothing is left stopped: :meth:`clear` and :meth:`teardown` send SIGCONT, and the launcher's
 teardown continues every process group it terminates.
+
+A Ray Train worker on a cluster (``RAY_ADDRESS``, or ``TRAINGUARD_RAY_SIGNALS=api``) is stopped and
+continued through Ray: a task pinned to its node signals it (:mod:`trainguard.raytrain.workers`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import psutil
@@ -40,9 +43,28 @@ class HangFault(Fault):
         super().__init__(params, **kwargs)
         self._proc: psutil.Process | None = None
         self.state_after: str | None = None
+        self.pid: int | None = None
+        self.via: str | None = None
+        self.ray_api: dict[str, Any] = {}
+        self._continue_ray: Callable[[], dict[str, Any]] | None = None
 
     def inject(self, launcher: Launcher) -> None:
-        pid = launcher.ranks[self.rank].pid
+        from trainguard.raytrain.workers import RayWorkerLauncher, WorkerNotHere
+
+        if isinstance(launcher, RayWorkerLauncher) and launcher.via_api:
+            self.via = "ray_api"
+            target = launcher.find(self.rank)
+            self.pid = target.pid
+            self._continue_ray = lambda: launcher.signal_target(target, signal.SIGCONT)
+            self.ray_api = launcher.signal_target(target, signal.SIGSTOP)
+            state = self.ray_api.get("state_after")
+            self.state_after = psutil.STATUS_STOPPED if state in ("T", "t") else state
+            if not self.ray_api.get("sent"):
+                raise WorkerNotHere(f"the Ray worker of rank {self.rank} was not stopped: "
+                                    f"{self.ray_api.get('why')}")
+            return
+        self.via = "pid"
+        pid = self.pid = launcher.ranks[self.rank].pid
         with contextlib.suppress(psutil.Error):
             self._proc = psutil.Process(pid)  # remembers its start time: no recycled-pid mix-up
         launcher.kill_rank(self.rank, signal.SIGSTOP)
@@ -62,6 +84,11 @@ class HangFault(Fault):
         self._continue()
 
     def _continue(self) -> None:
+        resume, self._continue_ray = self._continue_ray, None
+        if resume is not None:  # through Ray; a worker Ray already reaped has nothing to continue
+            with contextlib.suppress(OSError):
+                self.ray_api["continued"] = resume()
+            return
         proc = self._proc
         if proc is None:
             return
@@ -70,9 +97,9 @@ class HangFault(Fault):
                 os.kill(proc.pid, signal.SIGCONT)
 
     def evidence(self) -> dict[str, Any]:
-        return {**super().evidence(), "signal": "SIGSTOP",
-                "pid": self._proc.pid if self._proc is not None else None,
-                "state_after_stop": self.state_after}
+        return {**super().evidence(), "signal": "SIGSTOP", "pid": self.pid,
+                "state_after_stop": self.state_after, "via": self.via,
+                **({"ray_api": self.ray_api} if self.ray_api else {})}
 
     def classify(self, result: RunResult) -> str:
         if result.outcome == "hung":

@@ -3,6 +3,11 @@
 The real thing: :meth:`Launcher.kill_rank` sends the signal to the rank's own process (not its
 process group), as the kernel's OOM killer, a node failure or a pre-empting scheduler would. The
 launcher's watchdog sees the death within one poll interval and tears the group down.
+
+A Ray Train worker is reached by its pid on this machine, or -- on a cluster at ``RAY_ADDRESS``,
+or with ``TRAINGUARD_RAY_SIGNALS=api`` -- through Ray: found in Ray Train's state by world rank,
+signalled by a task pinned to its node (:mod:`trainguard.raytrain.workers`); the evidence's
+``via`` says which (``pid`` / ``ray_api``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ class KillRankFault(Fault):
         self.pid: int | None = None
         self.sent: str | None = None
         self.ray_worker = False  # the target was a Ray Train worker (a ray_train job)
+        self.via: str | None = None  # how the signal reached it: "pid" or "ray_api"
+        self.ray_api: dict[str, Any] = {}  # what the pinned task saw (the ray_api path)
 
     @classmethod
     def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -51,16 +58,27 @@ class KillRankFault(Fault):
         return signal.Signals[str(self.params["signal"])]
 
     def inject(self, launcher: Launcher) -> None:
-        from trainguard.raytrain.workers import RayWorkerLauncher
+        from trainguard.raytrain.workers import RayWorkerLauncher, WorkerNotHere
 
         self.ray_worker = isinstance(launcher, RayWorkerLauncher)
+        if isinstance(launcher, RayWorkerLauncher) and launcher.via_api:
+            self.via = "ray_api"
+            self.ray_api = launcher.signal_rank(self.rank, self.signal)
+            self.pid = self.ray_api["pid"]
+            if not self.ray_api.get("sent"):
+                raise WorkerNotHere(f"the Ray worker of rank {self.rank} was not signalled: "
+                                    f"{self.ray_api.get('why')}")
+            self.sent = self.signal.name
+            return
+        self.via = "pid"
         self.pid = launcher.ranks[self.rank].pid
         launcher.kill_rank(self.rank, self.signal)
         self.sent = self.signal.name
 
     def evidence(self) -> dict[str, Any]:
         return {**super().evidence(), "signal": self.params["signal"], "pid": self.pid,
-                "sent": self.sent is not None, "ray_worker": self.ray_worker}
+                "sent": self.sent is not None, "ray_worker": self.ray_worker, "via": self.via,
+                **({"ray_api": self.ray_api} if self.ray_api else {})}
 
     def classify(self, result: RunResult) -> str:
         if self.ray_worker:

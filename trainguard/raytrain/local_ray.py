@@ -196,6 +196,11 @@ class LocalRay:
         use_ray_address: attach to ``RAY_ADDRESS`` when it is set instead of starting a head.
         keep_temp_dir: keep the temp dir (logs) after stopping; it is always kept when a process
             outlived the stop (a failed start puts the log's tail in its error).
+        resources: custom resources the node offers (``ray start --resources``).
+        system_config: Ray's internal settings for the cluster (a head only; e.g. faster
+            node-death detection for tests).
+        join: a head this process should join as a *worker node* (``ray start --address``, the
+            head's auth token) instead of starting a head; see :mod:`trainguard.raytrain.cluster`.
     """
 
     def __init__(
@@ -211,6 +216,9 @@ class LocalRay:
         use_ray_address: bool = True,
         keep_temp_dir: bool = False,
         extra_env: dict[str, str] | None = None,
+        resources: dict[str, float] | None = None,
+        system_config: dict[str, object] | None = None,
+        join: RayCluster | None = None,
     ) -> None:
         if auth not in ("token", "disabled"):
             raise ValueError(f"auth must be 'token' or 'disabled', got {auth!r}")
@@ -229,6 +237,12 @@ class LocalRay:
         self.use_ray_address = use_ray_address
         self.keep_temp_dir = keep_temp_dir
         self.extra_env = dict(extra_env or {})
+        self.resources = dict(resources or {})
+        self.system_config = dict(system_config or {})
+        self.join = join
+        if join is not None and (system_config or dashboard):
+            raise ValueError("a worker node (join=...) takes neither system_config nor a dashboard: "
+                             "both belong to the head")
         self.cluster: RayCluster | None = None
         self.start_s: float | None = None
         self.stop_s: float | None = None
@@ -260,7 +274,7 @@ class LocalRay:
         """Start the head (or attach to ``RAY_ADDRESS``) and return where it is."""
         if self.cluster is not None and (not self.cluster.owned or self._popen is not None):
             return self.cluster  # already running (a stopped head is started afresh)
-        if self.use_ray_address:
+        if self.use_ray_address and self.join is None:
             external = external_cluster()
             if external is not None:
                 self.cluster = external
@@ -281,15 +295,19 @@ class LocalRay:
                  "agent_listen", "agent_grpc", "runtime_env_agent", "metrics"]  # fmt: skip
         self._ports = [reserve_port("127.0.0.1") for _ in names]
         port = {name: res.port for name, res in zip(names, self._ports)}
-        token = secrets.token_hex(24) if self.auth == "token" else None
+        if self.join is not None:
+            token = self.join.auth_token
+            role = ["--address", self.join.address]
+        else:
+            token = secrets.token_hex(24) if self.auth == "token" else None
+            role = ["--head", "--port", str(port["gcs"]),
+                    "--ray-client-server-port", str(port["client_server"])]
 
         argv = [
-            *_ray_cli(), "start", "--head", "--block",
+            *_ray_cli(), "start", *role, "--block",
             "--node-ip-address", "127.0.0.1",
-            "--port", str(port["gcs"]),
             "--object-manager-port", str(port["object_manager"]),
             "--node-manager-port", str(port["node_manager"]),
-            "--ray-client-server-port", str(port["client_server"]),
             "--dashboard-agent-listen-port", str(port["agent_listen"]),
             "--dashboard-agent-grpc-port", str(port["agent_grpc"]),
             "--runtime-env-agent-port", str(port["runtime_env_agent"]),
@@ -300,9 +318,14 @@ class LocalRay:
             "--temp-dir", str(self._temp_dir),
             "--num-cpus", str(self.num_cpus),
             "--object-store-memory", str(self.object_store_mb * 1024 * 1024),
-            "--include-dashboard", "true" if self.dashboard else "false",
             "--disable-usage-stats",
         ]  # fmt: skip
+        if self.join is None:
+            argv += ["--include-dashboard", "true" if self.dashboard else "false"]
+        if self.resources:
+            argv += ["--resources", json.dumps(self.resources)]
+        if self.system_config:
+            argv += ["--system-config", json.dumps(self.system_config)]
         if self.dashboard:
             argv += ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(port["dashboard"])]
         if self.num_gpus is not None:
@@ -320,7 +343,7 @@ class LocalRay:
                 cwd=self._temp_dir,
                 start_new_session=True,  # own process group: one signal reaches every process
             )
-        gcs = f"127.0.0.1:{port['gcs']}"
+        gcs = self.join.address if self.join is not None else f"127.0.0.1:{port['gcs']}"
         jobs = f"http://127.0.0.1:{port['dashboard']}" if self.dashboard else None
         cluster = RayCluster(
             address=gcs,
@@ -384,6 +407,12 @@ class LocalRay:
             f"(a busy machine needs more: LocalRay(start_timeout=...)).\n"
             f"Its log ({log_path}):\n{_tail(log_path)}"
         )
+
+    @property
+    def running(self) -> bool:
+        """True while the ``ray start --block`` process this object started runs (False once it
+        was stopped, or exited: a worker node whose raylet died takes its node down with it)."""
+        return self._popen is not None and self._popen.poll() is None
 
     # -- stop --------------------------------------------------------------------------------
 

@@ -10,9 +10,18 @@ group Ray Train restarts prints new pids, so the latest pid of a rank is its liv
 
 :class:`RayWorkerLauncher` is what a fault's :meth:`~trainguard.faults.base.Fault.inject` sees
 for such a job: the launcher, with ``ranks[R]`` the Ray worker of world rank R and
-:meth:`~RayWorkerLauncher.kill_rank` signalling that worker's process. Signals need the worker
-on this machine: a worker on another node of a real cluster (``RAY_ADDRESS``) is refused with
-the reason (docs/ray-train.md, "Drills on a staging cluster").
+:meth:`~RayWorkerLauncher.kill_rank` signalling that worker's process. Two paths
+(:func:`signal_path`):
+
+* ``pid`` (trainguard's own one-node head): the pid from the worker line, signalled here; a
+  worker on another node is refused with the reason;
+* ``api`` (a cluster at ``RAY_ADDRESS``, or ``TRAINGUARD_RAY_SIGNALS=api``): the worker of world
+  rank R is found in Ray Train's state and signalled by a task pinned to its node, through a
+  :class:`~trainguard.raytrain.agent.RayAgent` -- trainguard needs to run only where the head is
+  reachable. The pid path is then off: ``ranks[R].pid`` raises :class:`WorkerNotHere`, so a fault
+  that only knows pids says so instead of acting on a local process.
+
+docs/ray-train.md, "Drills on a staging cluster".
 """
 
 from __future__ import annotations
@@ -34,8 +43,46 @@ from trainguard.raytrain import WORKER_PREFIX, parse_worker_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher
+    from trainguard.raytrain.agent import RayAgent
 
-__all__ = ["RayWorkerLauncher", "RayWorkerTracker", "WorkerNotHere", "WorkerSighting"]
+__all__ = ["SIGNAL_PATH_ENV", "RayTarget", "RayWorkerLauncher", "RayWorkerTracker", "WorkerNotHere",
+           "WorkerSighting", "signal_path"]
+
+#: ``api`` / ``pid`` / ``auto`` (default): how a drill reaches a Ray Train worker
+SIGNAL_PATH_ENV = "TRAINGUARD_RAY_SIGNALS"
+
+
+def signal_path(environ: dict[str, str] | None = None) -> str:
+    """``api`` or ``pid``: ``TRAINGUARD_RAY_SIGNALS`` when it says which, else ``api`` for a
+    cluster at ``RAY_ADDRESS`` (the workers may be on other nodes) and ``pid`` for trainguard's own
+    one-node head. Raises ValueError naming the variable for another value."""
+    env = os.environ if environ is None else environ
+    value = env.get(SIGNAL_PATH_ENV, "auto").strip().lower() or "auto"
+    if value not in ("auto", "api", "pid"):
+        raise ValueError(f"{SIGNAL_PATH_ENV}={value!r}: expected api (through Ray's API), pid "
+                         "(signal the worker's pid on this machine) or auto; unset it for auto")
+    if value != "auto":
+        return value
+    address = env.get("RAY_ADDRESS", "").strip()
+    return "api" if address and address not in ("local", "auto") else "pid"
+
+
+@dataclass(frozen=True)
+class RayTarget:
+    """The Ray Train worker of one world rank, as Ray Train's state lists it."""
+
+    rank: int
+    actor_id: str
+    node_id: str
+    pid: int
+    node_ip: str = ""
+    attempt_id: str = ""
+    #: Ray core's state of the actor (``ray.util.state.get_actor``), when the dashboard answered
+    actor_state: str | None = None
+
+    def evidence(self) -> dict[str, Any]:
+        return {"world_rank": self.rank, "actor_id": self.actor_id, "node_id": self.node_id,
+                "pid": self.pid, "attempt_id": self.attempt_id, "actor_state": self.actor_state}
 
 #: the Ray Train controller's log lines, forwarded to the driver with this prefix
 _CONTROLLER = "(TrainController"
@@ -155,15 +202,23 @@ class _WorkerRank:
     ``popen``) exist only for a worker on this machine: a pid from another node would name an
     unrelated local process, so reading it raises :class:`WorkerNotHere` instead."""
 
-    def __init__(self, rank: int, pid: int, node: str | None, stderr_log: Path) -> None:
+    def __init__(self, rank: int, pid: int, node: str | None, stderr_log: Path,
+                 pid_path: bool = True) -> None:
         self.rank = rank
         self.node = node
         self.stderr_log = stderr_log
         self._pid = pid
+        self._pid_path = pid_path
         self._popen: _WorkerProcess | None = None
 
     @property
     def pid(self) -> int:
+        if not self._pid_path:
+            raise WorkerNotHere(
+                f"the pid path is off ({SIGNAL_PATH_ENV}=api, or a cluster at RAY_ADDRESS): "
+                f"trainguard reaches the Ray worker of rank {self.rank} only through Ray's API, "
+                "and this fault acts on a local pid"
+            )
         ensure_local(self._pid, self.node, self.rank)
         return self._pid
 
@@ -180,10 +235,15 @@ class RayWorkerLauncher:
     Everything else (``elapsed``, ``spec``, ``stop``, ...) is the real launcher's.
     """
 
-    def __init__(self, launcher: Launcher, tracker: RayWorkerTracker, world_size: int) -> None:
+    def __init__(self, launcher: Launcher, tracker: RayWorkerTracker, world_size: int, *,
+                 agent: RayAgent | None = None, run_name: str = "", via_api: bool = False) -> None:
         self._launcher = launcher
         self.tracker = tracker
         self.world_size = world_size
+        self.agent = agent
+        self.run_name = run_name
+        #: the pid path is off: every signal goes through Ray (:meth:`signal_rank`)
+        self.via_api = via_api and agent is not None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._launcher, name)
@@ -200,15 +260,91 @@ class RayWorkerLauncher:
                     f"({self.tracker.log}): the Ray worker of rank {rank} has not started, or its "
                     "output does not reach the driver (ray.init(log_to_driver=True))"
                 )
-            out.append(_WorkerRank(rank, seen.pid, seen.node, self._launcher.ranks[0].stderr_log))
+            out.append(_WorkerRank(rank, seen.pid, seen.node, self._launcher.ranks[0].stderr_log,
+                                   pid_path=not self.via_api))
         return out
 
     def kill_rank(self, rank: int, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` to the Ray worker process of world rank ``rank``."""
+        """Send ``sig`` to the Ray worker process of world rank ``rank`` (through Ray when the
+        pid path is off)."""
+        if self.via_api:
+            self.signal_rank(rank, sig)
+            return
         worker = self.ranks[rank]
         if worker.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker.pid, sig)
+
+    def _agent(self) -> RayAgent:
+        if self.agent is None:
+            raise WorkerNotHere("no Ray agent: this drill reaches Ray workers by pid only")
+        return self.agent
+
+    def find(self, rank: int) -> RayTarget:
+        """The worker of world rank ``rank`` in the newest running attempt of this job's Train
+        run, from Ray Train's state (WorkerNotHere when the state has none)."""
+        return self._find(rank)[0]
+
+    def _find(self, rank: int) -> tuple[RayTarget, list[dict[str, Any]]]:
+        from trainguard.raytrain.agent import RayAgentError
+
+        try:
+            found = self._agent().request("workers", run_name=self.run_name)
+        except RayAgentError as exc:
+            raise WorkerNotHere(f"Ray's state has no worker of rank {rank}: {exc}") from None
+        for w in found["workers"]:
+            if w["world_rank"] == rank:
+                return RayTarget(rank, w["actor_id"], w["node_id"], int(w["pid"]), w.get("node_ip", ""),
+                                 found["attempt_id"], w.get("actor_state")), found["workers"]
+        raise WorkerNotHere(f"the running Train attempt {found['attempt_id']} has no world rank {rank} "
+                            f"(ranks {[w['world_rank'] for w in found['workers']]})")
+
+    def signal_target(self, target: RayTarget, sig: int) -> dict[str, Any]:
+        """Send ``sig`` to ``target``'s process by a task pinned to its node; what the task saw
+        (``sent``, ``state_after``, ``why`` when nothing was sent)."""
+        from trainguard.raytrain.agent import RayAgentError
+
+        t0 = time.monotonic()
+        try:
+            done = self._agent().request("signal", node_id=target.node_id, pid=target.pid, signal=int(sig))
+        except RayAgentError as exc:
+            raise WorkerNotHere(f"the signal task on node {target.node_id[:12]} failed: {exc}") from None
+        return {**done, "via": "ray_api", "target": target.evidence(),
+                "signal": signal.Signals(sig).name, "took_s": round(time.monotonic() - t0, 3)}
+
+    def signal_rank(self, rank: int, sig: int) -> dict[str, Any]:
+        """:meth:`find` the worker of ``rank``, then :meth:`signal_target` it."""
+        t0 = time.monotonic()
+        target = self.find(rank)
+        found_s = time.monotonic() - t0
+        return {**self.signal_target(target, sig), "lookup_s": round(found_s, 3)}
+
+    def stop_node_of(self, rank: int, sig: int = signal.SIGKILL) -> dict[str, Any]:
+        """Stop the node that runs the worker of ``rank``: a task pinned to it kills its raylet.
+        Refused for the head node (losing it loses the cluster)."""
+        from trainguard.raytrain.agent import RayAgentError
+
+        t0 = time.monotonic()
+        target, workers = self._find(rank)
+        nodes = {n["node_id"]: n for n in self._agent().request("nodes")}
+        node = nodes.get(target.node_id, {})
+        if node.get("head"):
+            raise WorkerNotHere(
+                f"the Ray worker of rank {rank} runs on the head node {target.node_id[:12]}: losing "
+                "the head loses the cluster (GCS, driver, controller); node_loss needs worker nodes "
+                "(a multi-node cluster at RAY_ADDRESS, or trainguard.raytrain.cluster.LocalRayCluster)"
+            )
+        try:
+            done = self._agent().request("stop_node", node_id=target.node_id, signal=int(sig), delay=0.3)
+        except RayAgentError as exc:
+            raise WorkerNotHere(f"the task that stops node {target.node_id[:12]} failed: {exc}") from None
+        if not done.get("sent"):
+            raise WorkerNotHere(f"node {target.node_id[:12]} was not stopped: {done.get('why')}")
+        others = [w for w in workers if w["node_id"] == target.node_id]
+        return {**done, "via": "ray_api", "target": target.evidence(), "signal": signal.Signals(sig).name,
+                "node_resources": node.get("resources", {}),
+                "ranks_on_node": sorted(w["world_rank"] for w in others),
+                "took_s": round(time.monotonic() - t0, 3)}
 
 
 def local_addresses() -> set[str]:

@@ -1,0 +1,97 @@
+"""``node_loss``: the Ray node that runs world rank ``rank``'s worker is lost after step ``after_step``.
+
+The real thing, through Ray (trainguard needs to run only where the head is reachable): the
+worker of world rank ``rank`` is found in Ray Train's state, and a task pinned to its node
+(``NodeAffinitySchedulingStrategy``, zero CPUs) kills that node's raylet -- the task's own parent
+process -- with ``signal`` (SIGKILL: a machine that dies; SIGTERM: the raylet's own shutdown).
+Every worker on the node exits with its raylet, the GCS declares the node dead, and Ray Train
+sees its workers die: with ``job.max_restarts >= 1`` and room left on the other nodes it starts a
+new worker group there from the latest checkpoint (``expect: recover``, the default); with no
+room, or no failure budget, the fit must fail within the drill's deadline (``fail_clean``).
+
+Only a ``kind: ray_train`` job on a cluster with worker nodes can lose one: a worker on the head
+node is refused (losing the head loses the cluster). The node stays down until someone starts it
+again: trainguard does that at :meth:`NodeLossFault.clear` only for a cluster it started itself
+(:class:`trainguard.raytrain.cluster.LocalRayCluster`); on a real cluster the autoscaler or an
+operator brings it back. docs/ray-train.md, "Node loss".
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.launch import Launcher, RunResult
+
+__all__ = ["NODE_LOSS_SIGNALS", "NodeLossFault"]
+
+#: how the raylet is ended: SIGKILL (the node dies), SIGTERM (Ray's own shutdown of the node)
+NODE_LOSS_SIGNALS = ("SIGKILL", "SIGTERM")
+
+
+class NodeLossFault(Fault):
+    """Stop the Ray node of rank ``rank``'s worker after step ``after_step`` (its raylet, through Ray)."""
+
+    kind: ClassVar[str] = "node_loss"
+    defaults: ClassVar[Mapping[str, Any]] = {"signal": "SIGKILL"}
+
+    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        self.stopped: dict[str, Any] = {}
+        self.restarted: list[str] = []
+        self.restart_s: float | None = None
+
+    @classmethod
+    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+        problems = super().validate(params)
+        sig = params.get("signal", "SIGKILL")
+        if sig not in NODE_LOSS_SIGNALS:
+            problems.append(("signal", f"expected one of {', '.join(NODE_LOSS_SIGNALS)}, got {sig!r}; "
+                             "e.g. `params: {signal: SIGTERM}`"))
+        return problems
+
+    def setup(self, ctx: FaultContext) -> None:
+        if not ctx.ray_train:
+            raise FaultUnavailable(
+                "node_loss stops a Ray node, and this job is not `kind: ray_train`; for a command "
+                "job use kill_rank (a rank's death) or a Slurm drill (a node marked down)"
+            )
+
+    def inject(self, launcher: Launcher) -> None:
+        from trainguard.raytrain.workers import RayWorkerLauncher, WorkerNotHere
+
+        if not isinstance(launcher, RayWorkerLauncher):
+            raise WorkerNotHere("node_loss needs the Ray workers of a ray_train job")
+        self.stopped = launcher.stop_node_of(self.rank, signal.Signals[str(self.params["signal"])])
+
+    def clear(self) -> None:
+        """Start the lost node again when it belongs to a cluster trainguard started (nothing on
+        a real cluster): the next fit -- a fail_clean drill's resume -- has its room back."""
+        if not self.stopped or self.restarted:
+            return
+        from trainguard.raytrain.cluster import restart_lost_nodes
+
+        t0 = time.monotonic()
+        self.restarted = restart_lost_nodes(wait_s=10.0)
+        self.restart_s = round(time.monotonic() - t0, 3)
+
+    def evidence(self) -> dict[str, Any]:
+        target = self.stopped.get("target", {})
+        return {**super().evidence(), "signal": self.params["signal"], "via": self.stopped.get("via"),
+                "node_id": target.get("node_id"), "pid": target.get("pid"),
+                "raylet_pid": self.stopped.get("raylet_pid"),
+                "ranks_on_node": self.stopped.get("ranks_on_node"),
+                "node_resources": self.stopped.get("node_resources"),
+                "stop_took_s": self.stopped.get("took_s"),
+                "node_restarted": self.restarted, "node_restart_s": self.restart_s}
+
+    def classify(self, result: RunResult) -> str:
+        node = str(self.stopped.get("target", {}).get("node_id", "?"))[:12]
+        how = f"the Ray node {node} of rank {self.rank}'s worker was lost ({self.params['signal']} to its raylet)"
+        return f"{how}; the fit completed" if result.ok else \
+            f"{how}; the fit failed ({result.reason or result.outcome})"
