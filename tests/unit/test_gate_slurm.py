@@ -138,7 +138,7 @@ def test_script_directives_from_the_sized_spec(tmp_path: Path) -> None:
     assert "--nodes=2" in directives and "--gpus-per-node=4" in directives
     assert "--cpus-per-task=8" in directives and "--ntasks-per-node=1" in directives
     assert "--requeue" in directives and "--signal=B:USR1@300" in directives
-    assert any(d.startswith("--comment=trainguard gate report") for d in directives)
+    assert any(d.startswith('--comment="trainguard gate report ') for d in directives)
     # multi-node torchrun with a c10d rendezvous on the first node; the rest quoted
     assert '--rdzv-endpoint="$MASTER_ADDR:29500"' in script and "--nproc-per-node=4" in script
     assert "'ck pt'" in script and "export OMP_NUM_THREADS=1" in script

@@ -348,6 +348,9 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         print(f"job id: {submission['job_id']}")
     for name, link in (submission.get("links") or {}).items():
         print(f"{name}: {link}")
+    states = (submission.get("evidence") or {}).get("states")
+    if states:  # the states a followed job went through, seconds since the follow began
+        print("states: " + " -> ".join(f"{state} ({at:g} s)" for at, state, _ in states))
     if submission.get("note"):
         print(submission["note"])
     accepted = submission.get("job_id") and submission.get("status") not in ("unschedulable", "not_submitted", "failed")

@@ -253,8 +253,7 @@ def _submit_spec(spec: Any, queue: str, job_file: JobFile, *, wait_s: float) -> 
     from trainguard.raytrain.local_ray import LocalRay, external_cluster
 
     if queue == "slurm":
-        submission = get_backend("slurm", script_dir=job_file.state_dir / "slurm").submit(spec)
-        return submission.to_dict()
+        return _submit_to_slurm(spec, job_file.state_dir / "slurm", wait_s=wait_s)
     if external_cluster() is not None:
         return get_backend("ray").submit(spec).to_dict()
     # no RAY_ADDRESS: an embedded head, for a dry run of the submission path on this machine;
@@ -269,6 +268,28 @@ def _submit_spec(spec: Any, queue: str, job_file: JobFile, *, wait_s: float) -> 
                        f"{wait_s:g} s; the head stops with the gate. Set RAY_ADDRESS to submit to a "
                        "real cluster")
         return out
+
+
+def _submit_to_slurm(spec: Any, script_dir: Path, *, wait_s: float) -> dict[str, Any]:
+    """sbatch the spec, then follow the job for up to ``wait_s`` seconds (to its final state when
+    it ends sooner); the record (submission, states seen, final state) is also written next to
+    the script as ``submission-JOBID.json``."""
+    from trainguard.queue.slurm import SlurmBackend
+
+    backend = SlurmBackend(script_dir)
+    submission = backend.submit(spec)
+    if submission.job_id and wait_s > 0:
+        followed = backend.wait(submission.job_id, wait_s)
+        submission.status = followed.status
+        submission.message = f"{submission.message}; {followed.message}"
+        submission.evidence.update(followed.evidence)
+    out = submission.to_dict()
+    if submission.job_id:
+        record = write_or_fallback(script_dir / f"submission-{submission.job_id}.json",
+                                   json.dumps(out, indent=2, default=str), what="the submission record")
+        if record.path is not None:
+            out["links"]["record"] = str(record.path)
+    return out
 
 
 def _submit(job_file: JobFile, gate: GateReport, policy: GatePolicy, runner: Any, *, wait_s: float) -> dict[str, Any]:

@@ -19,15 +19,26 @@ import os
 import shlex
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from trainguard._internal.atomic import write_or_fallback
 from trainguard._internal.envvars import MLFLOW_RUN_ID
-from trainguard.queue.base import Submission, SubmissionError, SubmissionSpec, torchrun_argv
+from trainguard.queue.base import (
+    Submission,
+    SubmissionError,
+    SubmissionSpec,
+    SubmissionStatus,
+    torchrun_argv,
+)
 
 __all__ = ["SlurmBackend", "slurm_time"]
 
 _RDZV_PORT = 29500
+#: the signals torchrun (torch >= 2.6) turns into a shutdown of its workers: its default four + USR1
+_TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 
 def slurm_time(seconds: float) -> str:
@@ -124,9 +135,10 @@ class SlurmBackend:
         directives += self.extra_directives
         labels = spec.labels()
         if "trainguard.gate_report" in labels:
-            directives.append(
-                f"--comment=trainguard gate report {labels['trainguard.gate_report']}"
-            )
+            # quoted: sbatch splits an #SBATCH line at spaces (unquoted, "gate" was read as a
+            # directive of its own and a real sbatch refused the script)
+            report = labels["trainguard.gate_report"].replace('"', "")
+            directives.append(f'--comment="trainguard gate report {report}"')
 
         if spec.launcher == "torchrun" and (spec.world_size > 1 or spec.nodes > 1):
             argv = torchrun_argv(
@@ -144,6 +156,14 @@ class SlurmBackend:
         always_resume = spec.resume and bool(spec.resume_args)
 
         env_lines = [f"export {k}={q(v)}" for k, v in sorted(spec.env.items())]
+        if argv[:1] == ["torchrun"]:
+            # srun delivers the forwarded USR1 to every process of the step, torchrun included,
+            # whose default action for it is to die: the step then ends (--kill-on-bad-exit) and
+            # takes the ranks down mid-checkpoint (seen on a real slurmctld). Told to handle USR1,
+            # torchrun passes it to its workers and waits for them to exit. torchrun's
+            # --signals-to-handle reads PET_SIGNALS_TO_HANDLE; torch 2.6-2.7 read the other name
+            env_lines += [f"export PET_SIGNALS_TO_HANDLE={_TORCHRUN_SIGNALS}",
+                          f"export TORCHELASTIC_SIGNALS_TO_HANDLE={_TORCHRUN_SIGNALS}"]
         for key, value in (
             ("TRAINGUARD_GATE_REPORT", labels.get("trainguard.gate_report")),
             (MLFLOW_RUN_ID, labels.get("trainguard.mlflow_run_id")),
@@ -164,6 +184,10 @@ class SlurmBackend:
             'MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:-localhost}" '
             '2>/dev/null | head -n 1)"',
             'export MASTER_ADDR="${MASTER_ADDR:-localhost}"',
+            "",
+            "# one line per attempt in the log (appended to on requeue): drills split it here",
+            'echo "trainguard: attempt ${SLURM_RESTART_COUNT:-0} of job ${SLURM_JOB_ID:-?} starts '
+            'on $(hostname) at $(date +%s.%N)"',
             "",
             "# a requeued job (time-limit checkpoint, node failure, preemption) resumes",
             "RESUME_ARGS=()",
@@ -263,45 +287,150 @@ class SlurmBackend:
         )
 
     def status(self, job_id: str) -> Submission:
-        """The job's state from ``squeue`` (``unknown`` without Slurm tools or a record)."""
-        squeue = shutil.which("squeue")
-        if squeue is None:
+        """The job's state: ``scontrol show job`` while the controller holds the record (for
+        ``MinJobAge`` after the end), then ``sacct`` where accounting exists, else ``unknown``.
+        ``evidence`` carries Slurm's own state, ``restarts`` (requeues so far), ``exit_code``,
+        ``reason`` and ``nodes``, and which tool answered (``source``)."""
+        record = self._scontrol_job(job_id)
+        source = "scontrol"
+        if record is None:
+            record, source = self._sacct_job(job_id), "sacct"
+        if record is None:
             return Submission(
                 backend=self.name,
                 status="unknown",
-                message="squeue is not on PATH here",
+                message=(f"Slurm has no record of job {job_id} (scontrol: not in the controller; "
+                         "sacct: no accounting here or no such job)"),
                 job_id=job_id,
             )
+        state = record.get("JobState", "").upper().split(" ")[0].split("+")[0]
+        status = _STATUS.get(state, "unknown")
+        restarts = int(record["Restarts"]) if record.get("Restarts", "").isdigit() else None
+        evidence: dict[str, Any] = {"state": state, "source": source}
+        if restarts is not None:
+            evidence["restarts"] = restarts
+        for key, name in (("ExitCode", "exit_code"), ("Reason", "reason"), ("NodeList", "nodes")):
+            if record.get(key) and record[key] not in ("(null)", "None"):
+                evidence[name] = record[key]
+        message = state.lower()
+        if evidence.get("reason"):
+            message += f" ({evidence['reason']})"
+        return Submission(backend=self.name, status=status, message=message, job_id=job_id,
+                          evidence=evidence)
+
+    def wait(
+        self,
+        job_id: str,
+        timeout: float,
+        *,
+        until: Callable[[Submission], bool] = lambda s: s.terminal,
+        poll_s: float = 1.0,
+    ) -> Submission:
+        """Follow the job: poll :meth:`status` every ``poll_s`` until ``until(status)`` (default:
+        a terminal state) or ``timeout`` seconds; returns the last status either way (never waits
+        longer), its ``evidence["states"]`` the transitions seen (``[seconds, state, restarts]``)
+        and ``evidence["followed_s"]``."""
+        started = time.monotonic()
+        deadline = started + timeout
+        seen: list[list[Any]] = []
+
+        def poll() -> Submission:
+            now = self.status(job_id)
+            mark = [round(time.monotonic() - started, 1), now.evidence.get("state", now.status),
+                    now.evidence.get("restarts")]
+            if not seen or seen[-1][1:] != mark[1:]:
+                seen.append(mark)
+            return now
+
+        state = poll()
+        while not until(state) and time.monotonic() < deadline:
+            time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+            state = poll()
+        state.evidence["states"] = seen
+        state.evidence["followed_s"] = round(time.monotonic() - started, 1)
+        if not state.terminal and not until(state):
+            state.message += (f"; still {state.status} after following it for {timeout:g} s "
+                              f"(follow on with `squeue -j {job_id}` or `scontrol show job {job_id}`)")
+        return state
+
+    def requeue(self, job_id: str) -> None:
+        """``scontrol requeue JOB``: Slurm stops the running job and queues it again (what a
+        preemption with ``PreemptMode=REQUEUE`` does); raises :class:`SubmissionError`."""
+        self._scontrol("requeue", job_id)
+
+    def _scontrol(self, *args: str) -> str:
+        scontrol = shutil.which("scontrol")
+        if scontrol is None:
+            raise SubmissionError("scontrol is not on PATH here; run this on a Slurm login node")
+        try:
+            proc = subprocess.run([scontrol, *args], capture_output=True, text=True,
+                                  timeout=self.submit_timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise SubmissionError(f"scontrol {' '.join(args)} did not answer within "
+                                  f"{self.submit_timeout:g} s; is the controller up (`scontrol ping`)?") from None
+        if proc.returncode:
+            raise SubmissionError(f"scontrol {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def _scontrol_job(self, job_id: str) -> dict[str, str] | None:
+        try:
+            text = self._scontrol("show", "job", "--oneliner", job_id)
+        except SubmissionError:
+            return None
+        return _key_values(text) or None
+
+    def _sacct_job(self, job_id: str) -> dict[str, str] | None:
+        sacct = shutil.which("sacct")
+        if sacct is None:
+            return None
+        fields = ("JobState", "ExitCode", "Restarts", "NodeList", "Reason")
         try:
             proc = subprocess.run(
-                [squeue, "--noheader", "--jobs", job_id, "--format=%T"],
-                capture_output=True,
-                text=True,
-                timeout=self.submit_timeout,
-                stdin=subprocess.DEVNULL,
+                [sacct, "--noheader", "--parsable2", "--allocations", "--jobs", job_id,
+                 "--format=State,ExitCode,Restart,NodeList,Reason"],
+                capture_output=True, text=True, timeout=self.submit_timeout, stdin=subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired:
-            return Submission(
-                backend=self.name, status="unknown", message="squeue timed out", job_id=job_id
-            )
-        state = proc.stdout.strip().upper()
-        status = {
-            "PENDING": "pending",
-            "CONFIGURING": "pending",
-            "REQUEUED": "pending",
-            "RUNNING": "running",
-            "COMPLETING": "running",
-            "COMPLETED": "succeeded",
-            "FAILED": "failed",
-            "TIMEOUT": "failed",
-            "NODE_FAIL": "failed",
-            "OUT_OF_MEMORY": "failed",
-            "CANCELLED": "stopped",
-            "PREEMPTED": "pending",
-        }.get(state, "unknown")
-        return Submission(
-            backend=self.name,
-            status=status,  # type: ignore[arg-type]
-            message=state.lower() or f"squeue has no job {job_id} (finished jobs: sacct)",
-            job_id=job_id,
-        )
+            return None
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode or not lines:
+            return None
+        return dict(zip(fields, lines[-1].split("|")))
+
+
+#: Slurm's job states as submission statuses (a requeued or preempted job is pending again)
+_STATUS: dict[str, SubmissionStatus] = {
+    "PENDING": "pending",
+    "CONFIGURING": "pending",
+    "REQUEUED": "pending",
+    "REQUEUE_FED": "pending",
+    "REQUEUE_HOLD": "pending",
+    "RESV_DEL_HOLD": "pending",
+    "PREEMPTED": "pending",
+    "SUSPENDED": "pending",
+    "RUNNING": "running",
+    "COMPLETING": "running",
+    "RESIZING": "running",
+    "SIGNALING": "running",
+    "STAGE_OUT": "running",
+    "COMPLETED": "succeeded",
+    "FAILED": "failed",
+    "TIMEOUT": "failed",
+    "NODE_FAIL": "failed",
+    "OUT_OF_MEMORY": "failed",
+    "BOOT_FAIL": "failed",
+    "DEADLINE": "failed",
+    "CANCELLED": "stopped",
+    "REVOKED": "stopped",
+}
+
+
+def _key_values(text: str) -> dict[str, str]:
+    """``scontrol show -o``'s ``Key=Value Key=Value`` line as a dict (values without spaces;
+    the few with spaces, like ``Command``, are cut at the first one, which is all we read)."""
+    out: dict[str, str] = {}
+    for token in text.split():
+        key, sep, value = token.partition("=")
+        if sep and key and key not in out:
+            out[key] = value
+    return out
