@@ -356,9 +356,11 @@ class SlurmBackend:
     def requeue(self, job_id: str) -> None:
         """``scontrol requeue JOB``: Slurm stops the running job and queues it again (what a
         preemption with ``PreemptMode=REQUEUE`` does); raises :class:`SubmissionError`."""
-        self._scontrol("requeue", job_id)
+        self.scontrol("requeue", job_id)
 
-    def _scontrol(self, *args: str) -> str:
+    def scontrol(self, *args: str) -> str:
+        """Run ``scontrol ARGS`` (bounded by ``submit_timeout``); its stdout, or a
+        :class:`SubmissionError` naming the command and Slurm's message."""
         scontrol = shutil.which("scontrol")
         if scontrol is None:
             raise SubmissionError("scontrol is not on PATH here; run this on a Slurm login node")
@@ -374,7 +376,7 @@ class SlurmBackend:
 
     def _scontrol_job(self, job_id: str) -> dict[str, str] | None:
         try:
-            text = self._scontrol("show", "job", "--oneliner", job_id)
+            text = self.scontrol("show", "job", "--oneliner", job_id)
         except SubmissionError:
             return None
         return _key_values(text) or None

@@ -1,0 +1,145 @@
+"""Drills whose target is a job on the real local Slurm cluster (trainguard.queue.slurm_drill),
+and the time-limit path for real: USR1 before ``--time`` -> checkpoint -> requeue -> resume.
+
+Default run: a preemption (``scontrol requeue``) of the clean toy job passes; the same drill on a
+job that ignores its checkpoint on restart fails on lost progress. Slow: the node marked DOWN
+(clean and planted) and the time-limit path (1 minute is Slurm's least ``--time``), clean on 1 and
+2 ranks and planted (a job that ignores USR1 must end TIMEOUT, not resumed).
+"""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.slurm.cluster import SlurmCluster
+from trainguard.checks.equivalence import compare_trajectories
+from trainguard.launch.metrics import MetricParser, trajectory
+from trainguard.queue.base import SubmissionSpec
+from trainguard.queue.slurm import SlurmBackend
+from trainguard.queue.slurm_drill import SlurmDrill, read_attempts, run_slurm_drill
+
+TOY = Path(__file__).resolve().parents[1] / "data" / "jobs" / "toy_train.py"
+LOSS = r"step (?P<step>\d+) loss (?P<value>\S+)"
+
+
+def reference(steps: int, world_size: int = 1) -> dict[int, float]:
+    """The uninterrupted run's loss per step (the toy job, run here without Slurm)."""
+    parser = MetricParser({"loss": LOSS})
+    points = []
+    for rank in range(world_size):
+        out = subprocess.run([sys.executable, str(TOY), "--steps", str(steps)], capture_output=True,
+                             text=True, timeout=60, check=True,
+                             env={"RANK": str(rank), "WORLD_SIZE": str(world_size), "PATH": "/usr/bin:/bin"}).stdout
+        points += [p for line in out.splitlines() for p in parser.parse(line, rank=rank, t=0)]
+    return trajectory(points)
+
+
+def submit(tmp_path: Path, name: str, steps: int, sleep: float, *, resume: bool = True,
+           on_notice: str = "save", world_size: int = 1, backend: SlurmBackend | None = None) -> tuple[SlurmBackend, str, Path]:
+    backend = backend or SlurmBackend(tmp_path)
+    python = sys.executable if world_size == 1 else "python"  # torchrun takes the script
+    argv = [python, str(TOY), "--steps", str(steps), "--sleep", str(sleep), "--ckpt-dir",
+            str(tmp_path / "ckpt"), "--ckpt-every", "5", "--on-notice", on_notice]
+    if world_size > 1:  # the ranks agree on the step they save at (the toy's barrier)
+        argv += ["--sync-dir", str(tmp_path / "sync")]
+    spec = SubmissionSpec(entrypoint=argv, job_name=name, working_dir=tmp_path, world_size=world_size,
+                          resume_args=["--resume"] if resume else [], env={"OMP_NUM_THREADS": "1"},
+                          time_limit_s=1.0)
+    sub = backend.submit(spec)
+    assert sub.status == "submitted" and sub.job_id, sub
+    return backend, sub.job_id, Path(sub.links["log"])
+
+
+def drill(name: str, fault: str, steps: int) -> SlurmDrill:
+    return SlurmDrill(name=name, fault=fault, after_step=8, steps=steps, metric_regex=LOSS,  # type: ignore[arg-type]
+                      max_lost_steps=5, timeout_s=150)
+
+
+@pytest.mark.timeout(200)
+def test_a_preempted_job_is_requeued_resumes_and_matches(slurm_env: SlurmCluster, tmp_path: Path) -> None:
+    backend, job_id, log = submit(tmp_path, "preempt-clean", steps=30, sleep=0.1)
+    result = run_slurm_drill(backend, job_id, log, drill("preempt", "requeue", 30), reference(30))
+    ev = result.evidence
+    assert result.status == "passed", (result.summary, ev)
+    assert ev["restarts"] == 1 and ev["state"] == "COMPLETED" and ev["lost_steps"] <= 5
+    assert [a["restart"] for a in ev["attempts"]] == [0, 1]
+    assert ev["trajectory"]["compared_steps"] == 30 and ev["fault_to_first_step_after_restart_s"] > 0
+    print(f"\n{result.summary} ({result.duration_s:.1f} s)")
+
+
+@pytest.mark.timeout(200)
+def test_a_preempted_job_that_ignores_its_checkpoint_fails_on_lost_progress(
+    slurm_env: SlurmCluster, tmp_path: Path
+) -> None:
+    backend, job_id, log = submit(tmp_path, "preempt-scratch", steps=30, sleep=0.1, resume=False)
+    result = run_slurm_drill(backend, job_id, log, drill("preempt-scratch", "requeue", 30), reference(30))
+    assert result.status == "failed", (result.summary, result.evidence)
+    assert "began again at step 1" in result.summary and "steps of progress lost" in result.summary
+    assert result.evidence["attempts"][1]["first_step"] == 1
+    print(f"\n{result.summary} ({result.duration_s:.1f} s)")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("resume", [True, False], ids=["clean", "ignores-checkpoint"])
+def test_a_node_marked_down_requeues_the_job(slurm_env: SlurmCluster, tmp_path: Path, resume: bool) -> None:
+    backend, job_id, log = submit(tmp_path, "node-down", steps=30, sleep=0.1, resume=resume)
+    try:
+        result = run_slurm_drill(backend, job_id, log, drill("node-down", "node_down", 30), reference(30))
+    finally:  # the node is back for the other tests whatever happened
+        slurm_env.run("scontrol", "update", f"NodeName={slurm_env.node}", "State=RESUME", check=False)
+    assert result.evidence["fault_evidence"]["node"] == slurm_env.node
+    print(f"\n{result.summary} ({result.duration_s:.1f} s)")
+    if resume:
+        assert result.status == "passed", (result.summary, result.evidence)
+        assert result.evidence["restarts"] >= 1
+    else:
+        assert result.status == "failed" and "began again at step 1" in result.summary
+
+
+def _time_limited(tmp_path: Path, steps: int, on_notice: str, world_size: int) -> tuple[dict, list, float]:
+    # --time=1 (Slurm's least): predicted 1 s, no margin, USR1 30 s before the limit; the toy
+    # needs steps x 0.5 s > 30 s, so at least one USR1 comes before it is done
+    backend = SlurmBackend(tmp_path, margin=0, min_margin_s=0, signal_lead_s=30, max_requeues=6)
+    started = time.monotonic()
+    backend, job_id, log = submit(tmp_path, f"limit-{on_notice}", steps=steps, sleep=0.5,
+                                  on_notice=on_notice, world_size=world_size, backend=backend)
+    final = backend.wait(job_id, 420, poll_s=1.0)
+    attempts = read_attempts(log, LOSS)
+    return final.evidence, attempts, time.monotonic() - started
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_time_limit_checkpoints_requeues_and_resumes(slurm_env: SlurmCluster, tmp_path: Path,
+                                                          world_size: int) -> None:
+    steps = 80
+    final, attempts, took = _time_limited(tmp_path, steps, "save", world_size)
+    assert final["state"] == "COMPLETED" and final["restarts"] >= 1, final
+    assert "#SBATCH --signal=B:USR1@30" in (tmp_path / "limit-save.sbatch").read_text()
+    points = [p for a in attempts for p in a.points]
+    diff = compare_trajectories(trajectory(points), reference(steps, world_size), steps=range(1, steps + 1))
+    assert diff.ok, diff.as_evidence()
+    for before, after in itertools.pairwise(attempts):  # each attempt resumed where the last saved
+        assert min(p.step for p in after.points) == max(p.step for p in before.points) + 1
+    log = next(tmp_path.glob("slurm-limit-save-*.out")).read_text()
+    assert log.count("USR1 (time limit near)") == final["restarts"]
+    print(f"\ntime limit, {world_size} rank(s): {final['restarts']} requeue(s), "
+          f"{len(attempts)} attempts, COMPLETED in {took:.0f} s; states {final['states']}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_job_that_ignores_usr1_times_out_and_is_not_resumed(slurm_env: SlurmCluster, tmp_path: Path) -> None:
+    final, attempts, took = _time_limited(tmp_path, 400, "ignore", 1)
+    assert final["state"] == "TIMEOUT" and final["restarts"] == 0, final
+    assert len(attempts) == 1 and max(p.step for p in attempts[0].points) < 400
+    print(f"\nignores USR1: {final['state']} after {took:.0f} s, last step "
+          f"{max(p.step for p in attempts[0].points)} of 400, no requeue")
