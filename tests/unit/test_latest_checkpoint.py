@@ -165,3 +165,24 @@ def test_smoke_reads_a_checkpoint_directory_and_resumes_from_it(job: Path) -> No
     # the resume in the reproduce line names that checkpoint in the line's own directory
     assert result.reproduce is not None
     assert result.reproduce.endswith("/trainguard-repro-trainer-dirs/checkpoints/checkpoint-4")
+
+
+def test_the_restart_backoff_starts_over_after_an_attempt_that_made_progress(
+        job: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each fault of a long run (a soak) costs the same wait: the backoff doubles only while
+    attempts make no progress (a crash loop)."""
+    import time
+    import types
+
+    import trainguard.run.runner as runner_module
+
+    waits: list[float] = []
+    # the runner module's own `time` only: the launcher's threads keep the real sleep
+    clock = types.SimpleNamespace(**{n: getattr(time, n) for n in dir(time) if not n.startswith("_")})
+    clock.sleep = waits.append
+    monkeypatch.setattr(runner_module, "time", clock)
+    runner = runner_for(job, "--die-at 5 --die-at 7")
+    run = runner.supervise(RunRequest.make(steps=8, seed=0, world_size=1), label="backoff",
+                           max_restarts=2, backoff_s=0.25)
+    assert run.ok and run.restarts == 2
+    assert waits == [0.25, 0.25]  # the second attempt got past step 5: no doubling

@@ -256,7 +256,8 @@ class JobRunner:
         """Run with the restart policy: when an attempt fails (a rank died or hung), restart the
         whole group from the latest checkpoint with ``resume_args``, in new processes on a fresh
         rendezvous port, up to ``max_restarts`` times (default ``job.max_restarts``), waiting
-        ``backoff_s`` (doubling, at most 30 s) between attempts. Every attempt is recorded; all
+        ``backoff_s`` between attempts (doubling, at most 30 s, while attempts make no progress;
+        back to ``backoff_s`` after one that printed a step beyond every earlier attempt's). Every attempt is recorded; all
         attempts of one logical run share its ``{run_dir}`` and checkpoint directory, each with
         its own ``attempt-N/`` log directory. ``on_metric`` callbacks see the attempt number as
         ``launcher.spec.restart_count``. Fault drills pass ``extra_env`` and ``preexec`` (for
@@ -271,12 +272,16 @@ class JobRunner:
         )
         values = self.placeholders(request, run_dir, checkpoint_dir)
         attempts: list[RunResult] = []
-        delay = backoff_s
+        delay, best = backoff_s, 0
         tracked = self._track_start(request, label, False)  # all attempts share one tracked run
         for attempt in range(limit + 1):
             if attempt:
+                # the backoff doubles while attempts make no progress (a crash loop) and starts
+                # over after one that did: each fault of a long run costs the same
+                reached = attempts[-1].last_step or 0
+                delay = backoff_s if attempt == 1 or reached > best else min(delay * 2, 30.0)
+                best = max(best, reached)
                 time.sleep(delay)
-                delay = min(delay * 2, 30.0)
             try:
                 result = self._launch(
                     request, values, run_dir / f"attempt-{attempt}", label=f"{label}-{attempt}",
