@@ -64,6 +64,7 @@ def test_a_clean_job_recovers_from_every_fault_and_the_soak_measures_each(clean:
     assert 0 < measured["goodput"] < 1
     assert measured["wall_s"] > measured["failure_free_wall_s"]
     assert measured["forecast"]["inputs"]["faults"] == 3
+    assert set(measured["forecast"]["inputs"]["restart_s_by_kind"]) == {"kill_rank", "preempt"}
     assert ev["trajectory"]["compared_steps"] == STEPS
 
     replay = _soak(clean)  # the same seed: the same schedule, the same faults struck, same verdict

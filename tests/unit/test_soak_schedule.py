@@ -134,6 +134,6 @@ def test_the_forecast_for_faults_that_occurred_is_the_models_wall_clock() -> Non
     from trainguard.drills.soak import forecast_for
 
     work, restart, interval, faults = 100.0, 4.0, 2.0, 5
-    predicted = forecast_for(work, faults, restart, interval)["wall_s"]
+    predicted = forecast_for(work, [restart] * faults, interval)["wall_s"]
     # the saves are part of the failure-free work here (save_s 0 in wall_clock_s)
     assert wall_clock_s(work, interval, 0.0, predicted / faults, restart) == pytest.approx(predicted)

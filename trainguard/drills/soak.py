@@ -25,6 +25,7 @@ import itertools
 import statistics
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ from trainguard.run.runner import JobRunner, SupervisedRun
 from trainguard.unit.checkpoints import compare_checkpoint_dirs
 from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
 
-__all__ = ["SoakDriver", "forecast_for", "run_soak", "soak_lines"]
+__all__ = ["FaultRecord", "SoakDriver", "forecast_for", "restart_by_kind", "run_soak", "soak_lines"]
 
 _BACKOFF_S = 0.5
 _DEADLINE_MARGIN_S = 5.0
@@ -149,12 +150,22 @@ def _save_s(times: dict[int, float], ckpt_steps: list[int]) -> float | None:
     return max(0.0, statistics.median(at) - statistics.median(rest))
 
 
-def forecast_for(work_s: float, faults: int, restart_s: float, interval_s: float) -> dict[str, float]:
-    """The goodput model's wall-clock and goodput for ``faults`` failures that occurred, each
-    costing ``restart_s`` and on average half a checkpoint interval of lost work (the
-    failure-free ``work_s`` already holds the job's own saves): docs/profiling.md."""
-    wall = work_s + faults * (restart_s + interval_s / 2)
+def forecast_for(work_s: float, restarts_s: Sequence[float], interval_s: float) -> dict[str, float]:
+    """The goodput model's wall-clock and goodput for the faults that occurred, fault i costing
+    ``restarts_s[i]`` (fault -> first step of the next attempt) and on average half a checkpoint
+    interval of lost work; the failure-free ``work_s`` already holds the job's own saves
+    (docs/profiling.md, "Goodput forecast")."""
+    wall = work_s + sum(restarts_s) + len(restarts_s) * interval_s / 2
     return {"wall_s": round(wall, 3), "goodput": round(work_s / wall, 4) if wall > 0 else 0.0}
+
+
+def restart_by_kind(records: Sequence[FaultRecord]) -> dict[str, float]:
+    """The mean restart cost of each fault kind among ``records`` (those that restarted)."""
+    costs: dict[str, list[float]] = {}
+    for rec in records:
+        if rec.restart_s is not None:
+            costs.setdefault(rec.event.kind, []).append(rec.restart_s)
+    return {kind: statistics.mean(values) for kind, values in sorted(costs.items())}
 
 
 def _measurements(run: SupervisedRun, records: list[FaultRecord], reference: RunResult,
@@ -180,12 +191,15 @@ def _measurements(run: SupervisedRun, records: list[FaultRecord], reference: Run
         "checkpoint_every_steps": every,
         "checkpoint_save_s": _round(_save_s(times, ckpt_steps)),
     }
-    if restarts and step_s is not None and every is not None:
-        restart = statistics.median(restarts)
-        predicted = forecast_for(work, out["faults"], restart, every * step_s)
+    by_kind = restart_by_kind(records)
+    if by_kind and step_s is not None and every is not None:
+        struck = [rec.event.kind for rec in records if rec.injected_mono is not None and rec.event.kind in by_kind]
+        predicted = forecast_for(work, [by_kind[k] for k in struck], every * step_s)
         out["forecast"] = {
-            **predicted, "inputs": {"restart_s": round(restart, 3), "interval_s": round(every * step_s, 4),
-                                    "faults": out["faults"], "lost_per_fault": "half an interval"},
+            **predicted,
+            "inputs": {"restart_s_by_kind": {k: round(v, 3) for k, v in by_kind.items()},
+                       "interval_s": round(every * step_s, 4), "faults": len(struck),
+                       "lost_per_fault": "half an interval"},
             "wall_error": round(predicted["wall_s"] / wall_s - 1, 4) if wall_s > 0 else None,
         }
     return out
@@ -201,8 +215,9 @@ def soak_lines(evidence: dict[str, Any]) -> str:
              f"wall-clock {m['wall_s']:.1f} s vs {m['failure_free_wall_s']:.1f} s failure-free: goodput {m['goodput']}"]
     forecast = m.get("forecast")
     if forecast:
-        lines.append(f"the goodput model for these {m['faults']} fault(s): wall-clock {forecast['wall_s']:.1f} s, "
-                     f"goodput {forecast['goodput']} (wall-clock {forecast['wall_error']:+.1%} off)")
+        lines.append(f"the goodput model for these {forecast['inputs']['faults']} fault(s) at this soak's "
+                     f"restart cost per kind: wall-clock {forecast['wall_s']:.1f} s, goodput "
+                     f"{forecast['goodput']} (wall-clock {forecast['wall_error']:+.1%} off)")
     return "\n".join(lines)
 
 
