@@ -99,6 +99,22 @@ def test_the_recover_drills_measure_restart_and_lost_steps() -> None:
     assert measured_recovery(checks[3:], DEFAULTS) == DEFAULTS
 
 
+def test_a_passed_soak_counts_once_per_seed_with_its_mean_over_faults() -> None:
+    def soak(seed: int, restart: float, lost: float) -> dict[str, Any]:
+        return {"fault": "soak", "seed": seed, "restarts": 5,
+                "measured": {"restart_s": {"median": 1.0, "mean": restart}, "lost_steps": {"total": 9, "mean": lost}}}
+
+    one = CheckResult("drill:chaos", "passed", "ok", evidence=soak(1, 8.0, 2.0))
+    several = CheckResult("drill:chaos2", "passed", "ok", evidence={
+        "fault": "soak", "seeds": [2, 3], "runs": [soak(2, 10.0, 1.0), soak(3, 12.0, 3.0)]})
+    failed = CheckResult("drill:chaos3", "failed", "no", evidence=soak(4, 99.0, 99.0))
+    measured = measured_recovery([one, several, failed, _drill("drill:kill", fault_to_first_step_after_restart_s=4.0,
+                                                                lost_steps=0)], DEFAULTS)
+    assert measured.restart_s == 9.0  # the median of 4, 8, 10, 12
+    assert measured.lost_steps == 1.5  # the median of 0, 2, 1, 3
+    assert "drill:chaos seed 1" in measured.restart_source and "drill:chaos2 seed 3" in measured.restart_source
+
+
 def _sizing() -> Any:
     measured = {1: SizeInputs(1, 100.0, 64, 10.0, 0.0, 2.0, 900.0, step_p99_s=0.8, step_max_s=1.2,
                               checkpoint_every_steps=50),

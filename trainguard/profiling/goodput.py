@@ -148,13 +148,28 @@ def _recover_drills(checks: Iterable[CheckResult]) -> list[CheckResult]:
 def measured_recovery(checks: Iterable[CheckResult], defaults: FailureInputs) -> FailureInputs:
     """``defaults`` with what the passed recover drills among ``checks`` measured: the restart
     cost (median fault -> first step after the restart, which includes loading the checkpoint)
-    and the steps lost per failure (median). Unchanged when no such drill ran."""
+    and the steps lost per failure (median); a passed chaos soak counts as one such drill per
+    seed, with its mean over its faults. Unchanged when no such drill ran."""
+    checks = list(checks)
     drills = _recover_drills(checks)
     restarts = [(c.name, float(c.evidence["fault_to_first_step_after_restart_s"])) for c in drills
                 if isinstance(c.evidence.get("fault_to_first_step_after_restart_s"), (int, float))]
     lost = [(c.name, float(c.evidence["lost_steps"])) for c in drills
             if isinstance(c.evidence.get("lost_steps"), (int, float))
             and not isinstance(c.evidence.get("lost_steps"), bool)]
+    for c in checks:  # a passed chaos soak: the mean over its faults (each run of several seeds)
+        if not (c.check_id.is_drill and c.status == "passed" and c.evidence.get("fault") == "soak"):
+            continue
+        for run in c.evidence.get("runs") or [c.evidence]:
+            measured = run.get("measured") if isinstance(run, Mapping) else None
+            if not isinstance(measured, Mapping):
+                continue
+            label = f"{c.name} seed {run.get('seed')}"
+            restart, gone = measured.get("restart_s"), measured.get("lost_steps")
+            if isinstance(restart, Mapping) and isinstance(restart.get("mean"), (int, float)):
+                restarts.append((label, float(restart["mean"])))
+            if isinstance(gone, Mapping) and isinstance(gone.get("mean"), (int, float)):
+                lost.append((label, float(gone["mean"])))
     out = defaults
     if restarts:
         names = ", ".join(n for n, _ in restarts)
