@@ -262,3 +262,22 @@ def test_a_size_whose_failures_leave_no_progress_is_not_feasible_and_its_report_
     from trainguard.gate.run import _check_sizing
 
     _check_sizing(json.loads(json.dumps(sizing.to_dict())), "report.json", "again")  # no error
+
+
+def test_a_check_report_keeps_the_measured_restart_cost_not_the_default() -> None:
+    """`trainguard check` with a profile and a recover drill: the saved report's sizing is the
+    one the gate would compute (before, it kept target.restart_minutes beside the drill's 4 s)."""
+    from trainguard.report import Report
+    from trainguard.session.orchestrate import _measured_recovery_into_sizing
+
+    report = Report(job="j", job_file="j.yaml")
+    report.checks.append(CheckResult("profile", "passed", "ok", evidence={"sizing": _sizing().to_dict()}))
+    report.checks.append(_drill("drill:kill", fault_to_first_step_after_restart_s=4.0, lost_steps=2))
+    _measured_recovery_into_sizing(report)
+    inputs = report.checks[0].evidence["sizing"]["failure_inputs"]
+    assert inputs["restart_s"] == 4.0 and inputs["restart_source"].startswith("measured")
+    assert sizing_of(report).failure_inputs == inputs  # type: ignore[union-attr]
+    bare = Report(job="j", job_file="j.yaml")
+    bare.checks.append(CheckResult("profile", "passed", "ok", evidence={"sizing": _sizing().to_dict()}))
+    _measured_recovery_into_sizing(bare)
+    assert bare.checks[0].evidence["sizing"]["failure_inputs"]["restart_source"].startswith("default")

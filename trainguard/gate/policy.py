@@ -20,8 +20,7 @@ from typing import Any, Literal
 
 from trainguard.config import GATE_CHECKS, GatePolicy, JobFile, Thresholds
 from trainguard.config.gate import OnMissing
-from trainguard.profiling.goodput import FailureInputs, measured_recovery
-from trainguard.profiling.sizing import Sizing, apply_failure_inputs
+from trainguard.profiling.sizing import Sizing, apply_measured_recovery
 from trainguard.report import CheckId, CheckResult, Report
 
 __all__ = [
@@ -96,18 +95,13 @@ class Decision:
 
 def sizing_of(report: Report) -> Sizing | None:
     """The sizing of the report's profile check (None without one, or when it sized nothing),
-    its goodput forecast recomputed with what the recover drills of the same report measured
-    (restart cost, steps lost; :func:`~trainguard.profiling.goodput.measured_recovery`)."""
+    its goodput forecast recomputed with what the recover drills and soaks of the same report
+    measured (:func:`~trainguard.profiling.sizing.apply_measured_recovery`)."""
     profile = next((c for c in report.checks if c.name == "profile"), None)
     data = profile.evidence.get("sizing") if profile is not None else None
     if not isinstance(data, dict):
         return None
-    sizing = Sizing.from_dict(data)
-    if sizing.failure_inputs is None or not sizing.candidates:
-        return sizing
-    inputs = FailureInputs.from_dict(sizing.failure_inputs)
-    measured = measured_recovery(report.checks, inputs)
-    return apply_failure_inputs(sizing, measured) if measured != inputs else sizing
+    return apply_measured_recovery(Sizing.from_dict(data), report.checks)
 
 
 def configured_checks(job_file: JobFile) -> list[str]:

@@ -13,7 +13,7 @@ with failures, goodput, GPU-hours wasted and the checkpoint interval that maximi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
@@ -22,17 +22,20 @@ from trainguard.profiling.goodput import (
     FailureInputs,
     goodput,
     interval_curve,
+    measured_recovery,
     optimal_interval_s,
     wall_clock_s,
 )
 from trainguard.profiling.stats import ScalingFit
 from trainguard.profiling.timeouts import recommend_timeouts
+from trainguard.report import CheckResult
 
 __all__ = [
     "Candidate",
     "SizeInputs",
     "Sizing",
     "apply_failure_inputs",
+    "apply_measured_recovery",
     "checkpoint_interval_s",
     "default_failure_inputs",
     "predict_duration_s",
@@ -405,3 +408,14 @@ def _limits(
                 out.append(f"one checkpoint costs {share:.1f} steps at {n} rank(s)")
             break
     return out
+
+
+def apply_measured_recovery(sizing: Sizing, checks: Iterable[CheckResult]) -> Sizing:
+    """``sizing`` with its goodput forecast recomputed from what the passed recover drills and
+    chaos soaks among ``checks`` measured (restart cost, steps lost;
+    :func:`~trainguard.profiling.goodput.measured_recovery`); unchanged when none did."""
+    if sizing.failure_inputs is None or not sizing.candidates:
+        return sizing
+    inputs = FailureInputs.from_dict(sizing.failure_inputs)
+    measured = measured_recovery(checks, inputs)
+    return apply_failure_inputs(sizing, measured) if measured != inputs else sizing

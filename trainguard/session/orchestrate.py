@@ -209,6 +209,7 @@ def check(
         report.tracking_uri = session.tracking_uri
         try:
             run_in_order(session.runner, job_file.enabled_checks(only), report, on_result=on_result)
+            _measured_recovery_into_sizing(report)
         except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the checks that finished keep their report
             if report.checks:
                 report.interrupted = True
@@ -220,6 +221,25 @@ def check(
     if session.tracker is not None and session.tracker.unwritable:
         report.tracking_uri = None  # the closed tracker said why; the store is not advertised
     return report
+
+
+def _measured_recovery_into_sizing(report: Report) -> None:
+    """The profile check's sizing, when the same session ran recover drills or soaks, with its
+    goodput forecast recomputed from what they measured (as the gate does), so a saved report
+    never keeps the default restart cost beside a measured one."""
+    from trainguard.profiling.sizing import Sizing, apply_measured_recovery
+
+    profile = next((c for c in report.checks if c.name == "profile"), None)
+    data = profile.evidence.get("sizing") if profile is not None else None
+    if profile is None or not isinstance(data, dict):
+        return
+    try:
+        sizing = Sizing.from_dict(data)
+    except ValueError:
+        return
+    refreshed = apply_measured_recovery(sizing, report.checks)
+    if refreshed.failure_inputs != data.get("failure_inputs"):
+        profile.evidence["sizing"] = refreshed.to_dict()
 
 
 def _check_report_path(report_json: str | os.PathLike[str]) -> None:
