@@ -114,7 +114,7 @@ def render_conf(root: Path, name: str, node: str, ports: tuple[int, int], cpus: 
         "SchedulerParameters=sched_interval=2",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
-        "ReturnToService=2",
+        "ReturnToService=1",  # a node set DOWN stays down until `scontrol update ... RESUME`
         "JobRequeue=1",
         "EnforcePartLimits=ALL",  # sbatch refuses a job over the partition's limits (never pends)
         "MinJobAge=600",
@@ -161,20 +161,41 @@ class SlurmCluster:
 
 
 def our_daemons(root: Path | str) -> list[int]:
-    """Pids of the munged/slurmctld/slurmd (and slurmstepd) processes whose command line names
-    ``root`` (the cluster's directory): what must be gone after a stop."""
+    """Pids of the munged/slurmctld/slurmd processes whose command line names ``root`` (the
+    cluster's directory) and of the slurmstepd processes (a job's batch shell and steps; their
+    command line is ``slurmstepd: [JOB.STEP]``) whose environment names its slurm.conf: what
+    must be gone after a stop."""
+    conf = f"SLURM_CONF={root}/slurm.conf".encode()
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            exe = cmd.split(" ", 1)[0].rsplit("/", 1)[-1].rstrip(":")
+            daemon = exe in DAEMONS and str(root) in cmd
+            if daemon or (exe == "slurmstepd" and conf in (proc / "environ").read_bytes().split(b"\0")):
+                found.append(int(proc.name))
         except OSError:
             continue
-        exe = cmd.split(" ", 1)[0].rsplit("/", 1)[-1]
-        if exe in (*DAEMONS, "slurmstepd") and str(root) in cmd:
-            found.append(int(proc.name))
     return found
+
+
+def _kill_steps(root: Path) -> None:
+    """SIGKILL every slurmstepd of this cluster and the job processes under it (slurmd's stop
+    leaves running steps alone, as Slurm means it to)."""
+    for pid in our_daemons(root):
+        try:
+            stepd = psutil.Process(pid)
+            if not stepd.name().startswith("slurmstepd"):
+                continue
+            tree = [*stepd.children(recursive=True), stepd]
+        except psutil.Error:
+            continue
+        for proc in tree:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(tree, timeout=5)
 
 
 def _alive(pid: int) -> bool:
@@ -274,10 +295,9 @@ def supervise(root: Path) -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _kill_steps(root)  # jobs still running: their steps, then the daemons
         _stop_daemons(procs)
-        for pid in our_daemons(root):  # slurmstepd of jobs still running
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _kill_steps(root)  # a step that started meanwhile
         if not (root / "keep").exists() and not (root / "error.txt").exists():
             shutil.rmtree(root, ignore_errors=True)
 

@@ -9,6 +9,8 @@ Clients reach it only through ``SLURM_CONF`` (set for the session's tests by ``s
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import sys
 from collections.abc import Iterator
@@ -38,10 +40,34 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         assert not left, f"Slurm daemons left behind: {left}"
 
 
-@pytest.fixture
-def slurm_env(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
-    """The cluster, with ``SLURM_CONF`` set for this test and this venv's ``bin`` first on PATH
-    (a job's ``python``/``torchrun`` are this interpreter's, as on a site with the env active)."""
-    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+def _env(cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    return slurm_cluster
+    return cluster
+
+
+@contextlib.contextmanager
+def _node_lock(cluster: SlurmCluster, mode: int) -> Iterator[None]:
+    with open(cluster.root / "node.lock", "a+") as fh:
+        fcntl.flock(fh, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def slurm_env(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[SlurmCluster]:
+    """The cluster, with ``SLURM_CONF`` set for this test and this venv's ``bin`` first on PATH
+    (a job's ``python``/``torchrun`` are this interpreter's, as on a site with the env active).
+    Shares the node with other such tests (xdist), never with a node-down drill."""
+    with _node_lock(slurm_cluster, fcntl.LOCK_SH):
+        yield _env(slurm_cluster, monkeypatch)
+
+
+@pytest.fixture
+def slurm_node_alone(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[SlurmCluster]:
+    """As ``slurm_env``, with the node to itself: a drill that marks it DOWN kills every job on
+    it, so it waits for the other tests' jobs and they wait for it."""
+    with _node_lock(slurm_cluster, fcntl.LOCK_EX):
+        yield _env(slurm_cluster, monkeypatch)

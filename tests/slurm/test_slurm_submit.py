@@ -5,6 +5,7 @@ and record it; the cluster itself leaves nothing behind, Ctrl-C and SIGKILL incl
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.slurm.cluster import SlurmCluster, missing_requirements, our_daemons
@@ -82,7 +84,20 @@ def _start_by_hand(root: Path) -> subprocess.Popen[str]:
     assert "local Slurm cluster up" in first, first
     assert "SLURM_CONF" in proc.stdout.readline()
     assert len(our_daemons(root)) == 3
+    # a job left running: its slurmstepd and its processes must go with the cluster
+    env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
+    job = subprocess.run(["sbatch", "--parsable", f"--output={root.parent}/%j.out", "--wrap",
+                          f"sleep 300 # {root.name}-job"], env=env, capture_output=True, text=True,
+                         timeout=30, check=True).stdout.strip()
+    deadline = time.monotonic() + 30
+    while len(our_daemons(root)) < 4:  # + the batch job's slurmstepd
+        assert time.monotonic() < deadline, f"job {job} never started"
+        time.sleep(0.2)
     return proc
+
+
+def _job_processes(marker: str) -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
 
 
 def _gone(root: Path, within: float) -> float:
@@ -91,6 +106,7 @@ def _gone(root: Path, within: float) -> float:
         time.sleep(0.1)
     assert not our_daemons(root), f"daemons left: {our_daemons(root)}"
     assert not root.exists(), f"{root} left"
+    assert not _job_processes(f"{root.name}-job"), "the job's processes were left"
     return time.monotonic() - t0
 
 

@@ -34,7 +34,7 @@ from trainguard.queue.base import (
     torchrun_argv,
 )
 
-__all__ = ["SlurmBackend", "slurm_time"]
+__all__ = ["SlurmBackend", "key_values", "slurm_time"]
 
 _RDZV_PORT = 29500
 #: the signals torchrun (torch >= 2.6) turns into a shutdown of its workers: its default four + USR1
@@ -379,7 +379,7 @@ class SlurmBackend:
             text = self.scontrol("show", "job", "--oneliner", job_id)
         except SubmissionError:
             return None
-        return _key_values(text) or None
+        return key_values(text) or None
 
     def _sacct_job(self, job_id: str) -> dict[str, str] | None:
         sacct = shutil.which("sacct")
@@ -427,7 +427,7 @@ _STATUS: dict[str, SubmissionStatus] = {
 }
 
 
-def _key_values(text: str) -> dict[str, str]:
+def key_values(text: str) -> dict[str, str]:
     """``scontrol show -o``'s ``Key=Value Key=Value`` line as a dict (values without spaces;
     the few with spaces, like ``Command``, are cut at the first one, which is all we read)."""
     out: dict[str, str] = {}

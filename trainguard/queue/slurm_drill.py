@@ -36,7 +36,7 @@ from trainguard.drills.judges import DRILL_CAUSES, diff_problem
 from trainguard.launch import MetricPoint
 from trainguard.launch.metrics import MetricParser, trajectory
 from trainguard.queue.base import Submission, SubmissionError
-from trainguard.queue.slurm import SlurmBackend
+from trainguard.queue.slurm import SlurmBackend, key_values
 from trainguard.report import CheckResult, CheckStatus
 
 __all__ = ["SLURM_FAULTS", "SlurmAttempt", "SlurmDrill", "read_attempts", "run_slurm_drill"]
@@ -192,9 +192,14 @@ def _inject(backend: SlurmBackend, job_id: str, drill: SlurmDrill, state: Submis
         while backend.status(job_id).status == "running" and time.monotonic() - down_at < 60:
             time.sleep(drill.poll_s)
     finally:
-        backend.scontrol("update", f"NodeName={node}", "State=RESUME")
+        # a site with ReturnToService=2 has already put it back when its slurmd re-registered;
+        # RESUME is refused for a node that is not down
+        node_state = key_values(backend.scontrol("show", "node", "--oneliner", node)).get("State", "")
+        if "DOWN" in node_state or "DRAIN" in node_state:
+            backend.scontrol("update", f"NodeName={node}", "State=RESUME")
     return {"command": f"scontrol update NodeName={node} State=DOWN Reason='{reason}'; then State=RESUME",
-            "node": node, "down_s": round(time.monotonic() - down_at, 2)}
+            "node": node, "node_state_before_resume": node_state,
+            "down_s": round(time.monotonic() - down_at, 2)}
 
 
 def _first_node(backend: SlurmBackend, nodelist: str) -> str:
@@ -222,6 +227,7 @@ def _judge(drill: SlurmDrill, attempts: list[SlurmAttempt], final: Submission,
                                    "last_step": max((p.step for p in a.points), default=None)}
                                   for a in attempts]})
     lost, from_scratch = 0, False
+    unlogged: list[int] = []
     for failed, nxt in itertools.pairwise(attempts):
         done = max((p.step for p in failed.points), default=0)
         steps = [p.step for p in nxt.points]
@@ -229,10 +235,15 @@ def _judge(drill: SlurmDrill, attempts: list[SlurmAttempt], final: Submission,
             resumed_from = min(steps) - 1
             lost += max(0, done - resumed_from)
             from_scratch |= resumed_from == 0 and done > 0
+            # trained and checkpointed (the next attempt resumed after them) but their lines
+            # never reached the log: srun was killed before it forwarded the step's last output
+            unlogged += range(done + 1, resumed_from + 1)
     evidence["lost_steps"] = lost
+    evidence["steps_trained_but_not_in_the_log"] = unlogged
     points = [p for a in attempts for p in a.points]
     diff = compare_trajectories(trajectory(points, drill.metric), reference, metric=drill.metric,
-                                steps=range(1, drill.steps + 1), rtol=drill.rtol, atol=drill.atol)
+                                steps=[s for s in range(1, drill.steps + 1) if s not in unlogged],
+                                rtol=drill.rtol, atol=drill.atol)
     evidence["trajectory"] = diff.as_evidence()
     problems = []
     if final.status != "succeeded":
