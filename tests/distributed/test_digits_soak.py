@@ -11,6 +11,7 @@ lost work per fault. ``TRAINGUARD_SOAK_TABLE=path`` writes the table (markdown) 
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 from pathlib import Path
@@ -92,6 +93,14 @@ def test_the_digits_soaks_recover_replay_and_match_the_goodput_model() -> None:
     text = table(rows)
     print("\n" + text)
     if os.environ.get("TRAINGUARD_SOAK_TABLE"):
-        Path(os.environ["TRAINGUARD_SOAK_TABLE"]).write_text(text + "\n")
-    for r in rows:  # the goal is 10 %; the test holds a wide margin for a loaded machine
-        assert abs(r["wall_error"]) < 0.35, text
+        out = Path(os.environ["TRAINGUARD_SOAK_TABLE"])
+        out.write_text(text + "\n")
+        out.with_suffix(".json").write_text(json.dumps({"rows": rows, "runs": runs}, indent=1, default=str))
+    # with each soak's own restart cost per kind, the model's sum (failure-free wall-clock + each
+    # fault's restart + half an interval) held within 4 % here; its restart costs from the other
+    # seeds, within 15 % on a quiet machine and 47 % on a loaded one (docs/profiling.md): the
+    # margins are wide, the numbers go to the docs
+    for seed, ev in runs.items():
+        assert abs(ev["measured"]["forecast"]["wall_error"]) < 0.15, (seed, ev["measured"])
+    for r in rows:
+        assert abs(r["wall_error"]) < 0.6, text
