@@ -121,3 +121,19 @@ def time_limit(seconds: int) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def copy_digits_ray_example(tmp_path: Path, checks: str) -> Path:
+    """The digits and digits_ray example folders copied to ``tmp_path`` (the Ray one imports
+    the digits package by a relative path), with ``checks`` as digits_ray's ``checks:`` section;
+    returns digits_ray's trainguard.yaml."""
+    import shutil
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    ignore = shutil.ignore_patterns(".trainguard", "__pycache__")
+    shutil.copytree(examples / "digits", tmp_path / "digits", ignore=ignore)
+    shutil.copytree(examples / "digits_ray", tmp_path / "digits_ray", ignore=ignore)
+    job = tmp_path / "digits_ray" / "trainguard.yaml"
+    text = job.read_text()
+    job.write_text(text[: text.index("checks:")] + checks.lstrip("\n"))
+    return job

@@ -14,19 +14,18 @@ resume check, one whose workers train on different data must fail the parallel c
 
 from __future__ import annotations
 
-import shutil
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import copy_digits_ray_example
 from trainguard.raytrain.local_ray import running_ray_processes, stopped_head_processes
 from trainguard.session import check
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 pytest.importorskip("ray.train", reason="needs ray[train] (pip install trainguard[ray])")
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # the default run's budget is ~6 Ray fits: determinism (2), resume (2, its reference shared with
 # determinism), parallel (1: its 2-worker run is determinism's), the kill drill (1: its reference
 # is determinism's too); smoke runs in the slow canary test
@@ -47,13 +46,7 @@ checks:
 
 def copy_examples(tmp_path: Path, checks: str = CHECKS) -> Path:
     """Both example folders (the Ray one imports the digits package by a relative path)."""
-    ignore = shutil.ignore_patterns(".trainguard", "__pycache__")
-    shutil.copytree(EXAMPLES / "digits", tmp_path / "digits", ignore=ignore)
-    shutil.copytree(EXAMPLES / "digits_ray", tmp_path / "digits_ray", ignore=ignore)
-    job = tmp_path / "digits_ray" / "trainguard.yaml"
-    text = job.read_text()
-    job.write_text(text[: text.index("checks:")] + checks.lstrip("\n"))
-    return job
+    return copy_digits_ray_example(tmp_path, checks)
 
 
 def ray_pids() -> set[int]:

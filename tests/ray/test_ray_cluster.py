@@ -127,7 +127,8 @@ def show(result: CheckResult) -> None:
     print({k: ev[k] for k in keys if k in ev}, f"duration {result.duration_s:.1f} s")
     fault = ev.get("fault_evidence", {})
     print({k: fault.get(k) for k in ("via", "pid", "node_id", "raylet_pid", "ranks_on_node",
-                                     "stop_took_s", "node_restarted", "node_restart_s")})
+                                     "stop_took_s", "node_restarted", "node_restart_s")},
+          {k: fault.get("ray_api", {}).get(k) for k in ("lookup", "lookup_s", "took_s")})
 
 
 def assert_through_ray(result: CheckResult, rank: int) -> dict[str, object]:
@@ -232,3 +233,31 @@ def test_a_hung_worker_on_another_node_is_found_by_the_stall_rule_and_ended_thro
     defect = drill(spec, extra="ignore_checkpoint: true")
     show(defect)
     assert defect.status == "failed" and "all progress lost" in defect.summary
+
+
+DIGITS_DRILLS = """
+checks:
+  drills:
+    - {name: kill-worker1, fault: kill_rank, rank: 1, steps: 30, after_step: 6, max_lost_steps: 8}
+    - {name: lose-node-of-worker1, fault: node_loss, rank: 1, steps: 30, after_step: 6, max_lost_steps: 8}
+"""
+
+
+@pytest.mark.slow
+def test_the_digits_ray_example_across_three_nodes(cluster: LocalRayCluster, tmp_path: Path) -> None:
+    """examples/digits_ray unchanged on the cluster: its kill drill and a node-loss drill pass."""
+    from tests.helpers import copy_digits_ray_example
+    from trainguard.session import check
+
+    job = copy_digits_ray_example(tmp_path, DIGITS_DRILLS)
+    t0 = time.monotonic()
+    report = check(job)
+    print(f"\ndigits_ray drills on 3 nodes: {time.monotonic() - t0:.1f} s")
+    assert not cluster.lost(), cluster.lost()
+    for result in report.checks:
+        show(result)
+    for result in report.checks:
+        assert result.status == "passed", f"{result.name}: {result.summary}"
+        assert result.evidence["fault_evidence"]["via"] == "ray_api"
+        assert result.evidence["ray"]["restarts"] == 1
+    assert report.checks[1].evidence["fault_evidence"]["node_restarted"]

@@ -76,6 +76,7 @@ class Driver:
         self.ray_agent = ray_agent
         self.ray_run_name = ray_run_name
         self.ray_via_api = ray_via_api
+        self._ray_view: RayWorkerLauncher | None = None  # the workers as the fault will see them
         self.spec = spec
         self.metric = metric
         self.info = Injection(watch_rank=watch_rank)
@@ -107,9 +108,7 @@ class Driver:
         info.injected_step = point.step
         target = launcher
         if info.tracker is not None:  # the fault's ranks are the Ray workers (by pid, or through Ray)
-            target = cast(Launcher, RayWorkerLauncher(
-                launcher, info.tracker, self.ray_world_size or 1, agent=self.ray_agent,
-                run_name=self.ray_run_name, via_api=self.ray_via_api))
+            target = cast(Launcher, self._ray_view or self._view(launcher))
             info.ray_workers_at_injection = info.tracker.pids()
         try:
             with contextlib.suppress(OSError):  # a Ray worker elsewhere: the fault says if it cares
@@ -132,6 +131,11 @@ class Driver:
         if info.tracker is None:
             info.tracker = RayWorkerTracker(launcher.ranks[0].stderr_log, clock=launcher.elapsed)
         info.tracker.poll()  # stamp the worker lines when they come, not at the injection
+        if self.ray_agent is not None and self._ray_view is None and point.name == self.metric:
+            # Ray's state read once the group trains, so the fault lands right after its step
+            self._ray_view = view = self._view(launcher)
+            threading.Thread(target=view.prefetch, args=(self.fault.rank,), daemon=True,
+                             name="trainguard-ray-prefetch").start()
         injected = self.fault.injected_at
         if (injected is None or info.ray_first_step_after_restart_t is not None
                 or point.name != self.metric):
@@ -139,6 +143,12 @@ class Driver:
         if new_workers(info, injected):
             info.ray_first_step_after_restart_t = point.t
             info.first_step_after_restart_mono = time.monotonic()
+
+    def _view(self, launcher: Launcher) -> RayWorkerLauncher:
+        assert self.info.tracker is not None
+        return RayWorkerLauncher(launcher, self.info.tracker, self.ray_world_size or 1,
+                                 agent=self.ray_agent, run_name=self.ray_run_name,
+                                 via_api=self.ray_via_api)
 
     def _watch(self, launcher: Launcher) -> None:
         info, spec = self.info, self.spec

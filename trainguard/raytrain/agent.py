@@ -11,14 +11,15 @@ What it does, all through Ray's APIs (nothing here needs trainguard on a worker'
   job's ``RunConfig(name)``), from Ray Train's state actor -- the source of the dashboard's
   ``/api/train/v2/runs`` -- which lists each worker's ``world_rank``, ``actor_id``, ``node_id``
   and ``pid`` (the fit's driver needs ``RAY_TRAIN_ENABLE_STATE_TRACKING=1``, which the drill
-  sets); when the dashboard answers, each actor is looked up again with
+  sets); when the dashboard answers, the target rank's actor is looked up again with
   ``ray.util.state.get_actor`` (state, node, pid);
-* ``signal``: a zero-CPU task pinned to the worker's node (``NodeAffinitySchedulingStrategy``,
-  ``soft=False``) sends the signal to the pid there -- after checking that the pid is that node's
-  Ray worker -- and reads the process state back from ``/proc``;
-* ``stop_node``: a task pinned to the node kills the node's raylet (its parent process), which
-  takes the node down: ``ray start --block`` then stops the node's other processes and the
-  workers exit with their raylet. The task answers first and strikes ``delay`` seconds later.
+* ``signal``: a zero-CPU actor pinned to the worker's node (``NodeAffinitySchedulingStrategy``,
+  ``soft=False``; one per node, started by ``warm`` or on first use, owned by the agent) sends the
+  signal to the pid there -- after checking that the pid is that node's Ray worker -- and reads
+  the process state back from ``/proc``;
+* ``stop_node``: the node's actor kills the node's raylet (its parent process), which takes the
+  node down: ``ray start --block`` then stops the node's other processes and the workers exit
+  with their raylet. The actor answers first and strikes ``delay`` seconds later.
 
 Protocol: one JSON request per line on stdin (``{"id", "op", ...}``), one JSON answer per line on
 stdout (``{"id", "ok", "result" | "error"}``); EOF on stdin ends it.
@@ -227,17 +228,54 @@ def _stop_node_here(signum: int, delay: float) -> dict[str, Any]:
     return {**out, "sent": True}
 
 
-def _pinned(fn: Any, node_id: str) -> Any:
+class _NodeHand:
+    """A zero-CPU actor pinned to one node: acts there without starting a process per request
+    (a task would wait for a new Ray worker process, seconds on a busy node)."""
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def signal(self, pid: int, signum: int) -> dict[str, Any]:
+        return _signal_here(pid, signum)
+
+    def stop_node(self, signum: int, delay: float) -> dict[str, Any]:
+        return _stop_node_here(signum, delay)
+
+
+_HANDS: dict[str, Any] = {}
+
+
+def _hand(node_id: str) -> Any:
+    """The node's hand, started on first use (it lives as long as this agent, its owner)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return ray.remote(fn).options(
-        num_cpus=0, max_retries=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-    )
+    hand: Any = _HANDS.get(node_id)
+    if hand is None:
+        hand = ray.remote(_NodeHand).options(
+            num_cpus=0, max_restarts=0, max_task_retries=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+        ).remote()
+        ray.get(hand.ping.remote(), timeout=45)
+        _HANDS[node_id] = hand
+    return hand
 
 
-def _train_workers(run_name: str) -> dict[str, Any]:
+def _on_node(node_id: str, method: str, *args: Any) -> Any:
+    """Call the node's hand; one more try with a new hand when the old one is gone."""
+    import ray
+
+    for last in (False, True):
+        try:
+            return ray.get(getattr(_hand(node_id), method).remote(*args), timeout=45)
+        except ray.exceptions.RayActorError:
+            _HANDS.pop(node_id, None)
+            if last:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _train_workers(run_name: str, rank: int | None = None) -> dict[str, Any]:
     import ray
     from ray.train.v2._internal.state.state_actor import get_state_actor
 
@@ -262,6 +300,8 @@ def _train_workers(run_name: str) -> dict[str, Any]:
     workers = [{"world_rank": w.world_rank, "actor_id": w.actor_id, "node_id": w.node_id,
                 "node_ip": w.node_ip, "pid": w.pid} for w in attempt.workers]
     for w in workers:  # Ray core's view of the same actor, when the dashboard's state API answers
+        if rank is not None and w["world_rank"] != rank:
+            continue
         with contextlib.suppress(Exception):
             from ray.util.state import get_actor
 
@@ -282,19 +322,21 @@ def _nodes() -> list[dict[str, Any]]:
 
 
 def _serve(request: dict[str, Any]) -> Any:
-    import ray
-
     op = request.get("op")
     if op == "workers":
-        return _train_workers(str(request["run_name"]))
+        rank = request.get("rank")
+        return _train_workers(str(request["run_name"]), None if rank is None else int(rank))
     if op == "nodes":
         return _nodes()
+    if op == "warm":
+        return _hand(str(request["node_id"])) is not None  # started and answering
     if op == "signal":
-        task = _pinned(_signal_here, str(request["node_id"]))
-        return ray.get(task.remote(int(request["pid"]), int(request["signal"])), timeout=45)
+        return _on_node(str(request["node_id"]), "signal", int(request["pid"]), int(request["signal"]))
     if op == "stop_node":
-        task = _pinned(_stop_node_here, str(request["node_id"]))
-        return ray.get(task.remote(int(request["signal"]), float(request.get("delay", 0.3))), timeout=45)
+        node_id = str(request["node_id"])
+        done = _on_node(node_id, "stop_node", int(request["signal"]), float(request.get("delay", 0.3)))
+        _HANDS.pop(node_id, None)  # it goes down with its node
+        return done
     raise ValueError(f"unknown op {op!r}")
 
 

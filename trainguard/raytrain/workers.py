@@ -244,6 +244,19 @@ class RayWorkerLauncher:
         self.run_name = run_name
         #: the pid path is off: every signal goes through Ray (:meth:`signal_rank`)
         self.via_api = via_api and agent is not None
+        self._found: dict[int, tuple[RayTarget, list[dict[str, Any]]]] = {}
+        self._nodes: list[dict[str, Any]] | None = None
+        #: how each target was found: "state" (asked at the fault) or "prefetched"
+        self.lookups: list[str] = []
+
+    def prefetch(self, rank: int) -> None:
+        """Read rank ``rank``'s worker and the nodes from Ray's state now (before the fault), so
+        that the fault lands right after its step; :meth:`find` uses it while the worker line of
+        ``rank`` still names the same process. Never raises."""
+        with contextlib.suppress(OSError, KeyError, TypeError):
+            self._found[rank] = found = self._lookup(rank)
+            self._nodes = self._agent().request("nodes")
+            self._agent().request("warm", node_id=found[0].node_id)  # its actor, started now
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._launcher, name)
@@ -286,10 +299,20 @@ class RayWorkerLauncher:
         return self._find(rank)[0]
 
     def _find(self, rank: int) -> tuple[RayTarget, list[dict[str, Any]]]:
+        found = self._found.get(rank)
+        seen = self.tracker.latest(rank)
+        if found is not None and seen is not None and seen.pid == found[0].pid:
+            self.lookups.append("prefetched")
+            return found
+        self.lookups.append("state")
+        self._nodes = None  # the group changed since the prefetch: the nodes may have too
+        return self._lookup(rank)
+
+    def _lookup(self, rank: int) -> tuple[RayTarget, list[dict[str, Any]]]:
         from trainguard.raytrain.agent import RayAgentError
 
         try:
-            found = self._agent().request("workers", run_name=self.run_name)
+            found = self._agent().request("workers", run_name=self.run_name, rank=rank)
         except RayAgentError as exc:
             raise WorkerNotHere(f"Ray's state has no worker of rank {rank}: {exc}") from None
         for w in found["workers"]:
@@ -317,7 +340,8 @@ class RayWorkerLauncher:
         t0 = time.monotonic()
         target = self.find(rank)
         found_s = time.monotonic() - t0
-        return {**self.signal_target(target, sig), "lookup_s": round(found_s, 3)}
+        return {**self.signal_target(target, sig), "lookup_s": round(found_s, 3),
+                "lookup": self.lookups[-1]}
 
     def stop_node_of(self, rank: int, sig: int = signal.SIGKILL) -> dict[str, Any]:
         """Stop the node that runs the worker of ``rank``: a task pinned to it kills its raylet.
@@ -326,7 +350,7 @@ class RayWorkerLauncher:
 
         t0 = time.monotonic()
         target, workers = self._find(rank)
-        nodes = {n["node_id"]: n for n in self._agent().request("nodes")}
+        nodes = {n["node_id"]: n for n in self._nodes or self._agent().request("nodes")}
         node = nodes.get(target.node_id, {})
         if node.get("head"):
             raise WorkerNotHere(
@@ -344,7 +368,7 @@ class RayWorkerLauncher:
         return {**done, "via": "ray_api", "target": target.evidence(), "signal": signal.Signals(sig).name,
                 "node_resources": node.get("resources", {}),
                 "ranks_on_node": sorted(w["world_rank"] for w in others),
-                "took_s": round(time.monotonic() - t0, 3)}
+                "took_s": round(time.monotonic() - t0, 3), "lookup": self.lookups[-1]}
 
 
 def local_addresses() -> set[str]:
