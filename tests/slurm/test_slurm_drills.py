@@ -10,6 +10,7 @@ job that ignores its checkpoint on restart fails on lost progress. Slow: the nod
 from __future__ import annotations
 
 import itertools
+import re
 import subprocess
 import sys
 import time
@@ -131,12 +132,16 @@ def test_the_time_limit_checkpoints_requeues_and_resumes(slurm_env: SlurmCluster
     final, attempts, took = _time_limited(tmp_path, steps, "save", world_size)
     assert final["state"] == "COMPLETED" and final["restarts"] >= 1, final
     assert "#SBATCH --signal=B:USR1@30" in (tmp_path / "limit-save.sbatch").read_text()
-    # the log does not say which rank printed a line: each step's values, as a multiset, must be
-    # the uninterrupted run's (the latest attempt that printed the step wins)
+    # the log does not say which rank printed a line, and two ranks' lines can run into one
+    # ("step 7 loss 0.5step 7 loss 0.6"): each step's values, found anywhere in the attempt's
+    # text, as a multiset, must be the uninterrupted run's (the latest attempt's values win)
     printed: dict[int, list[float]] = {}
-    for attempt in attempts:
-        for step in {p.step for p in attempt.points}:
-            printed[step] = sorted(p.value for p in attempt.points if p.step == step)
+    text = next(tmp_path.glob("slurm-limit-save-*.out")).read_text()
+    for chunk in text.split("trainguard: attempt ")[1:]:
+        found: dict[int, list[float]] = {}
+        for match in re.finditer(r"step (\d+) loss (\d+\.\d{6})", chunk):
+            found.setdefault(int(match[1]), []).append(float(match[2]))
+        printed.update({step: sorted(values) for step, values in found.items()})
     expected = {step: sorted(v) for step, v in per_rank_reference(steps, world_size).items()}
     # a step trained and checkpointed right before the requeue may miss the log: srun ends the
     # step when torchrun exits and drops what it had not forwarded yet (seen with 2 ranks)

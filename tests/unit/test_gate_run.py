@@ -3,7 +3,8 @@
 The gate promotes the clean job and blocks a planted defect (an unseeded RNG fails the required
 determinism check), writes JSON/Markdown/HTML atomically, and ``submit`` refuses a blocked report
 and a stale one (the job file changed after the gate) and submits a fresh promoted one (Slurm:
-sbatch is a clearly named stand-in script here; Slurm cannot run on this machine).
+sbatch is a clearly named stand-in script here, which records its arguments; a real local Slurm
+cluster runs the submitted job in tests/slurm/test_slurm_submit.py).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The Slurm backend and the submission spec: the sbatch script's text, its behaviour under bash
 (USR1 forwarding, requeue, resume args), and sbatch on and off PATH.
 
-Slurm cannot run here, so ``sbatch``, ``srun`` and ``scontrol`` are small stand-in scripts in a
-temp dir on PATH (named ``fake-*`` in their own comments). They record their arguments; the
-srun stand-in runs its command in place of itself (``exec``), so a signal that bash sends to
-"srun" reaches the command as real srun forwards it to its tasks.
+These run without Slurm (fast, and where it is not installed): ``sbatch``, ``srun`` and
+``scontrol`` are small stand-in scripts in a temp dir on PATH (named ``fake-*`` in their own
+comments). They record their arguments; the srun stand-in runs its command in place of itself
+(``exec``), so a signal that bash sends to "srun" reaches the command as real srun forwards it to
+its tasks. The same paths against a real slurmctld: tests/slurm/.
 """
 
 from __future__ import annotations
