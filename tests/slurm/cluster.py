@@ -389,6 +389,10 @@ def shared_cluster(base: Path) -> Iterator[tuple[SlurmCluster, bool]]:
                 stop(cluster)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="a local one-node Slurm cluster (Ctrl-C stops it)")
     parser.add_argument("--supervise", metavar="DIR", help=argparse.SUPPRESS)
@@ -400,8 +404,12 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"cannot start: {why}", file=sys.stderr)
         return 2
+    # set, not inherited: a parent that ignores SIGINT/SIGTERM (a pytest-xdist worker does)
+    # would pass that on, and Ctrl-C would leave the cluster up
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tg-slurm-"))
-    cluster = start(root)
+    cluster = start(root)  # interrupted here: the supervisor sees its only user gone and stops
     print(f"local Slurm cluster up in {cluster.start_s:.1f} s (node {cluster.node}, partition "
           f"{cluster.partition}); in another shell:\n  export SLURM_CONF={cluster.conf}\n"
           "Ctrl-C stops it and removes its directory.", flush=True)

@@ -4,6 +4,7 @@ and record it; the cluster itself leaves nothing behind, Ctrl-C and SIGKILL incl
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -76,9 +77,15 @@ def test_gate_submit_runs_the_promoted_job_on_slurm_to_completed(
           f"submit REPORT -> COMPLETED: {submit_s:.1f} s; states {sub['evidence']['states']}")
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when this test's process dies (an xdist worker killed on Ctrl-C),
+    so the cluster it started stops too."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def _start_by_hand(root: Path) -> subprocess.Popen[str]:
     proc = subprocess.Popen([sys.executable, "-m", "tests.slurm.cluster", "--dir", str(root)],
-                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
     assert proc.stdout is not None
     first = proc.stdout.readline()
     assert "local Slurm cluster up" in first, first
