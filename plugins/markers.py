@@ -17,7 +17,7 @@ from trainguard.errors import UsageError
 __all__ = ["FAULT_KINDS", "MARKERS", "MarkerSpec", "validate_marker"]
 
 #: Faults the drills know (docs/faults.md).
-FAULT_KINDS = ("kill_rank", "hang", "oom", "disk_full", "network", "preempt", "nan", "storage", "kill_during_save", "kill_worker", "slow_rank", "node_loss")
+FAULT_KINDS = ("kill_rank", "hang", "oom", "disk_full", "network", "preempt", "nan", "storage", "kill_during_save", "kill_worker", "slow_rank", "node_loss", "soak")
 _BACKENDS = (None, "gloo", "nccl", "mpi", "ucc")
 
 
@@ -76,7 +76,7 @@ def ddp(world_size: int = 2, backend: str | None = None) -> None:
 
 
 def fault(kind: str, **params: Any) -> None:
-    """a fault-injection drill: kind is one of kill_rank, hang, oom, disk_full, network, preempt, nan;
+    """a fault-injection drill: kind is a fault kind of docs/drills.md (kill_rank, hang, oom, disk_full, network, preempt, nan, storage, kill_during_save, kill_worker, slow_rank, node_loss, or soak);
     params as in the job file's checks.drills entries."""
     if kind not in FAULT_KINDS:
         raise UsageError(
