@@ -111,10 +111,12 @@ def test_a_node_marked_down_requeues_the_job(slurm_node_alone: SlurmCluster, tmp
         assert result.status == "failed" and "began again at step 1" in result.summary
 
 
-def _time_limited(tmp_path: Path, steps: int, on_notice: str, world_size: int) -> tuple[dict, list, float]:
+def _time_limited(tmp_path: Path, steps: int, on_notice: str, world_size: int,
+                  max_requeues: int = 6) -> tuple[dict, list, float]:
     # --time=1 (Slurm's least): predicted 1 s, no margin, USR1 30 s before the limit; the toy
     # needs steps x 0.5 s > 30 s, so at least one USR1 comes before it is done
-    backend = SlurmBackend(tmp_path, margin=0, min_margin_s=0, signal_lead_s=30, max_requeues=6)
+    backend = SlurmBackend(tmp_path, margin=0, min_margin_s=0, signal_lead_s=30,
+                           max_requeues=max_requeues)
     started = time.monotonic()
     backend, job_id, log = submit(tmp_path, f"limit-{on_notice}", steps=steps, sleep=0.5,
                                   on_notice=on_notice, world_size=world_size, backend=backend)
@@ -166,3 +168,12 @@ def test_a_job_that_ignores_usr1_times_out_and_is_not_resumed(slurm_env: SlurmCl
     assert len(attempts) == 1 and max(p.step for p in attempts[0].points) < 400
     print(f"\nignores USR1: {final['state']} after {took:.0f} s, last step "
           f"{max(p.step for p in attempts[0].points)} of 400, no requeue")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_usr1_after_the_last_requeue_ends_failed_not_completed(slurm_env: SlurmCluster, tmp_path: Path) -> None:
+    final, attempts, took = _time_limited(tmp_path, 80, "save", 1, max_requeues=0)
+    assert final["state"] == "FAILED" and final["exit_code"] == "75:0" and final["restarts"] == 0, final
+    assert len(attempts) == 1 and max(p.step for p in attempts[0].points) < 80
+    print(f"\nno requeue left: {final['state']} ({final['exit_code']}) after {took:.0f} s")

@@ -209,7 +209,8 @@ def _fake_bin(tmp_path: Path) -> Path:
     return bin_dir
 
 
-def _run_script(tmp_path: Path, restart_count: int, usr1_after_start: bool) -> tuple[int, str]:
+def _run_script(tmp_path: Path, restart_count: int, usr1_after_start: bool,
+                max_requeues: int = 3) -> tuple[int, str]:
     (tmp_path / "train.py").write_text(TRAIN)
     spec = SubmissionSpec(
         entrypoint=[sys.executable, "train.py", str(tmp_path)],
@@ -218,7 +219,7 @@ def _run_script(tmp_path: Path, restart_count: int, usr1_after_start: bool) -> t
         world_size=1,
         resume_args=["--resume", "--from-latest"],
     )
-    script = SlurmBackend(tmp_path, max_requeues=3).write_script(spec)
+    script = SlurmBackend(tmp_path, max_requeues=max_requeues).write_script(spec)
     env = {
         **os.environ,
         "PATH": f"{_fake_bin(tmp_path)}{os.pathsep}{os.environ['PATH']}",
@@ -252,6 +253,13 @@ def test_usr1_is_forwarded_to_the_step_and_the_job_requeued(tmp_path: Path) -> N
     assert "scontrol requeue 777" in calls
     assert "--resume" not in (tmp_path / "argv.json").read_text()  # a first run does not resume
     assert time.monotonic() - t0 < 20  # the step did not sleep out its 30 s
+
+
+def test_usr1_after_the_last_requeue_fails_the_job_instead_of_completing_it(tmp_path: Path) -> None:
+    code, calls = _run_script(tmp_path, restart_count=0, usr1_after_start=True, max_requeues=0)
+    assert (tmp_path / "checkpoint").read_text() == "final checkpoint"
+    assert "scontrol requeue" not in calls
+    assert code == 75  # Slurm: FAILED with exit code 75, not COMPLETED while unfinished
 
 
 def test_requeued_run_appends_the_resume_args_and_does_not_requeue(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ The script asks for the sized allocation (nodes, GPUs per node, CPUs), a ``--tim
 the predicted wall-clock plus a margin, and ``--requeue``. Slurm sends ``USR1`` to the batch
 shell ``signal_lead_s`` seconds before the limit (``--signal=B:USR1@N``); the script's trap
 forwards it to the job step (srun passes it to every rank) so the job can write a final
-checkpoint, then requeues the job (up to ``max_requeues`` times). A requeued job starts with
+checkpoint, then requeues the job (up to ``max_requeues`` times; after that the script exits 75,
+so Slurm records FAILED, not COMPLETED, for a job stopped unfinished). A requeued job starts with
 ``SLURM_RESTART_COUNT`` > 0 and the script then appends the job's ``resume_args``. The same holds
 for a requeue after a node failure or preemption.
 
@@ -215,6 +216,11 @@ class SlurmBackend:
             f'if [ "$TIME_LIMIT_HIT" -eq 1 ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt {self.max_requeues} ]; then',
             '  echo "trainguard: requeueing job $SLURM_JOB_ID to resume from its checkpoint" >&2',
             '  scontrol requeue "$SLURM_JOB_ID"',
+            'elif [ "$TIME_LIMIT_HIT" -eq 1 ]; then',
+            "  # the job saved and exited 0 on the notice, unfinished: Slurm must not call it COMPLETED",
+            f'  echo "trainguard: time limit near and {self.max_requeues} requeue(s) used: job '
+            '$SLURM_JOB_ID stops unfinished at its checkpoint (resubmit to go on)" >&2',
+            "  RC=75",
             "fi",
             'exit "$RC"',
             "",
