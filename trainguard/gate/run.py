@@ -262,7 +262,7 @@ def _submit_spec(spec: Any, queue: str, job_file: JobFile, *, wait_s: float) -> 
         backend = get_backend("ray", cluster=cluster, pending_timeout=min(wait_s, 60.0))
         submission = backend.submit(spec)
         if submission.job_id and not submission.terminal and wait_s > 0:
-            submission = backend.wait(submission.job_id, wait_s)  # type: ignore[attr-defined]
+            submission = backend.wait(submission.job_id, wait_s)
         out = submission.to_dict()
         out["note"] = (f"submitted to an embedded local Ray head (no RAY_ADDRESS) and watched for "
                        f"{wait_s:g} s; the head stops with the gate. Set RAY_ADDRESS to submit to a "

@@ -201,6 +201,11 @@ class QueueBackend(Protocol):
         """The job's current state as the queue reports it."""
         ...
 
+    def wait(self, job_id: str, timeout: float) -> Submission:
+        """Follow the job until a terminal state or ``timeout`` seconds, whichever comes first;
+        the last status either way (never waits longer)."""
+        ...
+
 
 def torchrun_argv(
     argv: list[str],
