@@ -1,8 +1,9 @@
 """Drills whose target is a job on the real local Slurm cluster (trainguard.queue.slurm_drill),
 and the time-limit path for real: USR1 before ``--time`` -> checkpoint -> requeue -> resume.
 
-Default run: a preemption (``scontrol requeue``) of the clean toy job passes; the same drill on a
-job that ignores its checkpoint on restart fails on lost progress. Slow: the node marked DOWN
+Default run: a preemption (``scontrol requeue``) of the clean toy job through
+``trainguard slurm-drill`` passes; the same drill on a job that ignores its checkpoint on restart
+fails on lost progress. Slow: the same clean drill through the library, the node marked DOWN
 (clean and planted) and the time-limit path (1 minute is Slurm's least ``--time``), clean on 1 and
 2 ranks and planted (a job that ignores USR1 must end TIMEOUT, not resumed).
 """
@@ -10,6 +11,7 @@ job that ignores its checkpoint on restart fails on lost progress. Slow: the nod
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm.cluster import SlurmCluster
+from trainguard.cli import main
 from trainguard.launch.metrics import MetricParser
 from trainguard.queue.base import SubmissionSpec
 from trainguard.queue.slurm import SlurmBackend
@@ -67,6 +70,42 @@ def drill(name: str, fault: str, steps: int) -> SlurmDrill:
                       max_lost_steps=5, timeout_s=150)
 
 
+@pytest.mark.timeout(200)
+def test_slurm_drill_cli_preempts_a_submitted_job_and_it_recovers(
+    slurm_env: SlurmCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`trainguard slurm-drill RECORD`: the record as the gate writes it, the reference the
+    output of an uninterrupted run; exit 0 and the verdict line."""
+    _, job_id, log = submit(tmp_path, "cli-preempt", steps=30, sleep=0.1)
+    record = tmp_path / f"submission-{job_id}.json"
+    record.write_text(json.dumps({"job_id": job_id, "links": {"log": str(log)}}))
+    (tmp_path / "reference.out").write_text(
+        subprocess.run([sys.executable, str(TOY), "--steps", "30"], capture_output=True, text=True,
+                       timeout=60, check=True).stdout)
+    config = tmp_path / "trainguard.yaml"  # the metric is read from the job file
+    config.write_text("job:\n  name: cli-preempt\n  command: python toy_train.py\n"
+                      f"  metrics:\n    loss: '{LOSS}'\n")
+    code = main(["slurm-drill", str(record), "--fault", "requeue", "--after-step", "8", "--steps", "30",
+                 "--reference", str(tmp_path / "reference.out"), "--config", str(config),
+                 "--max-lost-steps", "5", "--report-json", str(tmp_path / "drill.json")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.startswith("PASSED  drill:slurm-requeue: requeue of Slurm job") and "all 30 steps match" in out
+    ev = json.loads((tmp_path / "drill.json").read_text())["evidence"]
+    assert ev["restarts"] == 1 and ev["state"] == "COMPLETED" and ev["lost_steps"] <= 5
+    print(f"\n{out.strip()}")
+
+
+def test_slurm_drill_cli_refuses_a_file_that_is_not_a_record(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "x.json").write_text("{}")
+    code = main(["slurm-drill", str(tmp_path / "x.json"), "--fault", "requeue", "--after-step", "2",
+                 "--steps", "5", "--reference", str(tmp_path / "x.json"), "--metric-regex", LOSS])
+    assert code == 2
+    assert "not a submission record with a job id and a log" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_a_preempted_job_is_requeued_resumes_and_matches(slurm_env: SlurmCluster, tmp_path: Path) -> None:
     backend, job_id, log = submit(tmp_path, "preempt-clean", steps=30, sleep=0.1)

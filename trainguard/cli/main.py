@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trainguard.cli import validate as validate_cli
 
     validate_cli.add_parser(sub)
+    from trainguard.cli import slurm_drill as slurm_drill_cli
+
+    slurm_drill_cli.add_parser(sub)
     sub.add_parser("version", help="print the trainguard version", description="Print the trainguard version.")
     from trainguard.faults.toxiproxy import standalone as toxiproxy_standalone
 
@@ -206,6 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_gate(args)
         if args.command == "submit":
             return _cmd_submit(args)
+        if args.command == "slurm-drill":
+            from trainguard.cli import slurm_drill as slurm_drill_cli
+
+            return slurm_drill_cli.run(args)
         if args.command == "toxiproxy-server":
             from trainguard.faults.toxiproxy import standalone as toxiproxy_standalone
 
