@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 pytest.importorskip("ray.train", reason="needs ray[train] (pip install trainguard[ray])")
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
-STEPS = 30
+STEPS = 40
 JOB = """
 job:
   name: toy-ray-cluster
@@ -126,7 +126,7 @@ def show(result: CheckResult) -> None:
             "exit_after_s", "resumed_from_step", "ray_api")
     print({k: ev[k] for k in keys if k in ev}, f"duration {result.duration_s:.1f} s")
     fault = ev.get("fault_evidence", {})
-    print({k: fault.get(k) for k in ("via", "pid", "node_id", "raylet_pid", "ranks_on_node",
+    print({k: fault.get(k) for k in ("via", "pid", "node_id", "raylet_pid", "ranks_on_node", "lookup",
                                      "stop_took_s", "node_restarted", "node_restart_s")},
           {k: fault.get("ray_api", {}).get(k) for k in ("lookup", "lookup_s", "took_s")})
 

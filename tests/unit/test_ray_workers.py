@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from trainguard.raytrain.workers import (
+    SIGNAL_PATH_ENV,
     RayWorkerLauncher,
     RayWorkerTracker,
     WorkerNotHere,
     ensure_local,
+    signal_path,
 )
 
 LINES = """\
@@ -84,3 +86,45 @@ class _FakeDriver:
 
     def elapsed(self) -> float:
         return 0.0
+
+
+def test_the_signal_path_is_api_for_a_cluster_at_ray_address_and_can_be_chosen() -> None:
+    assert signal_path({}) == "pid"  # trainguard's own one-node head
+    assert signal_path({"RAY_ADDRESS": "local"}) == "pid"
+    assert signal_path({"RAY_ADDRESS": "10.0.0.1:6379"}) == "api"
+    assert signal_path({"RAY_ADDRESS": "10.0.0.1:6379", SIGNAL_PATH_ENV: "pid"}) == "pid"
+    assert signal_path({SIGNAL_PATH_ENV: "API"}) == "api"
+    with pytest.raises(ValueError, match=f"{SIGNAL_PATH_ENV}='ssh'.*unset it for auto"):
+        signal_path({SIGNAL_PATH_ENV: "ssh"})
+
+
+def test_with_the_pid_path_off_no_local_pid_is_signalled(tmp_path: Path) -> None:
+    """`api` mode without a Ray agent: the fault gets WorkerNotHere, the local process lives."""
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "ray::RayTrainWorker"])
+    try:
+        log = tmp_path / "rank0.stderr.log"
+        log.write_text(f"trainguard-worker rank=0 pid={worker.pid} node=127.0.0.1\n")
+        view = RayWorkerLauncher(_FakeDriver(log), RayWorkerTracker(log), world_size=1,  # type: ignore[arg-type]
+                                 via_api=True)
+        assert not view.via_api  # no agent: nothing can go through Ray
+        with pytest.raises(WorkerNotHere, match="no Ray agent"):
+            view.find(0)
+        view.via_api = True  # the pid path off, as with an agent
+        with pytest.raises(WorkerNotHere, match="pid path is off"):
+            view.ranks[0].pid  # noqa: B018
+        with pytest.raises(WorkerNotHere, match="no Ray agent"):
+            view.kill_rank(0, signal.SIGKILL)
+        assert worker.poll() is None
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_node_loss_is_for_ray_train_jobs_and_takes_kill_or_term() -> None:
+    from trainguard.faults.base import FaultContext, FaultUnavailable
+    from trainguard.faults.node_loss import NodeLossFault
+
+    assert NodeLossFault.validate({"signal": "SIGTERM"}) == []
+    assert "expected one of SIGKILL, SIGTERM" in NodeLossFault.validate({"signal": "SIGSTOP"})[0][1]
+    with pytest.raises(FaultUnavailable, match="not `kind: ray_train`"):
+        NodeLossFault().setup(FaultContext(Path("/tmp"), Path("/tmp"), world_size=2))

@@ -87,7 +87,7 @@ class NodeLossFault(Fault):
                 "raylet_pid": self.stopped.get("raylet_pid"),
                 "ranks_on_node": self.stopped.get("ranks_on_node"),
                 "node_resources": self.stopped.get("node_resources"),
-                "stop_took_s": self.stopped.get("took_s"),
+                "stop_took_s": self.stopped.get("took_s"), "lookup": self.stopped.get("lookup"),
                 "node_restarted": self.restarted, "node_restart_s": self.restart_s}
 
     def classify(self, result: RunResult) -> str:

@@ -21,7 +21,7 @@ for such a job: the launcher, with ``ranks[R]`` the Ray worker of world rank R a
   reachable. The pid path is then off: ``ranks[R].pid`` raises :class:`WorkerNotHere`, so a fault
   that only knows pids says so instead of acting on a local process.
 
-docs/ray-train.md, "Drills on a staging cluster".
+docs/ray-train.md, "Drills on a cluster".
 """
 
 from __future__ import annotations
@@ -248,15 +248,23 @@ class RayWorkerLauncher:
         self._nodes: list[dict[str, Any]] | None = None
         #: how each target was found: "state" (asked at the fault) or "prefetched"
         self.lookups: list[str] = []
+        self._prefetch_started = False
+        self._prefetched = threading.Event()
 
     def prefetch(self, rank: int) -> None:
         """Read rank ``rank``'s worker and the nodes from Ray's state now (before the fault), so
         that the fault lands right after its step; :meth:`find` uses it while the worker line of
         ``rank`` still names the same process. Never raises."""
-        with contextlib.suppress(OSError, KeyError, TypeError):
-            self._found[rank] = found = self._lookup(rank)
-            self._nodes = self._agent().request("nodes")
-            self._agent().request("warm", node_id=found[0].node_id)  # its actor, started now
+        self._prefetch_started = True
+        try:
+            # best effort on its own thread (a failure here is a lookup at the fault instead):
+            # RayAgentError, WorkerNotHere, a node that died meanwhile
+            with contextlib.suppress(Exception):
+                self._found[rank] = found = self._lookup(rank)
+                self._nodes = self._agent().request("nodes")
+                self._agent().request("warm", node_id=found[0].node_id)  # its actor, started now
+        finally:
+            self._prefetched.set()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._launcher, name)
@@ -299,6 +307,8 @@ class RayWorkerLauncher:
         return self._find(rank)[0]
 
     def _find(self, rank: int) -> tuple[RayTarget, list[dict[str, Any]]]:
+        if self._prefetch_started:  # a lookup in flight: its answer comes no later than a new one
+            self._prefetched.wait(timeout=30)
         found = self._found.get(rank)
         seen = self.tracker.latest(rank)
         if found is not None and seen is not None and seen.pid == found[0].pid:
@@ -386,9 +396,9 @@ def ensure_local(pid: int, node: str | None, rank: int) -> None:
     if node is not None and node not in local_addresses():
         raise WorkerNotHere(
             f"the Ray worker of rank {rank} ({where}) runs on another node: trainguard can "
-            "signal only processes on its own machine. Run the drill where the workers run "
-            "(a single-node staging cluster, or `trainguard drill` on that node), see "
-            "docs/ray-train.md"
+            "signal only processes on its own machine. Reach it through Ray's API instead "
+            "(TRAINGUARD_RAY_SIGNALS=api), or run the drill where the workers run; see "
+            "docs/ray-train.md, \"Drills on a cluster\""
         )
     try:
         name = " ".join(psutil.Process(pid).cmdline())
