@@ -19,6 +19,7 @@ import pytest
 
 from tests.slurm.cluster import SlurmCluster, missing_requirements, our_daemons
 from trainguard.cli import main
+from trainguard.queue.slurm import SlurmBackend
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,6 +74,9 @@ def test_gate_submit_runs_the_promoted_job_on_slurm_to_completed(
     submit_s = time.monotonic() - t1
     out = capsys.readouterr().out
     assert "submission: succeeded:" in out and "completed" in out and "record: " in out, out
+    # a job the controller never had (or forgot, MinJobAge) and no accounting here: unknown, said so
+    gone = SlurmBackend(tmp_path).status("999999")
+    assert gone.status == "unknown" and "no record of job 999999" in gone.message
     print(f"\ngate --submit (smoke + sbatch + follow to COMPLETED): {gate_s:.1f} s; "
           f"submit REPORT -> COMPLETED: {submit_s:.1f} s; states {sub['evidence']['states']}")
 
