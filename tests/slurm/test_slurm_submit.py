@@ -44,7 +44,7 @@ gate:
 """
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(400)
 def test_gate_submit_runs_the_promoted_job_on_slurm_to_completed(
     slurm_env: SlurmCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -52,7 +52,8 @@ def test_gate_submit_runs_the_promoted_job_on_slurm_to_completed(
     job = tmp_path / "trainguard.yaml"
     job.write_text(JOB)
     t0 = time.monotonic()
-    assert main(["gate", str(job), "--submit", "-q"]) == 0
+    # --wait: the job may queue behind other tests' jobs on the 2-CPU node (it needs both CPUs)
+    assert main(["gate", str(job), "--submit", "--wait", "150", "-q"]) == 0
     gate_s = time.monotonic() - t0
     out = capsys.readouterr().out
     assert "PROMOTE: toy-slurm" in out and "submission: succeeded: submitted toy-slurm to Slurm as job" in out, out
@@ -70,7 +71,7 @@ def test_gate_submit_runs_the_promoted_job_on_slurm_to_completed(
 
     # the same promoted report, later: `trainguard submit` follows it too and prints the record
     t1 = time.monotonic()
-    assert main(["submit", str(tmp_path / ".trainguard" / "gate" / "latest.json"), "--wait", "90"]) == 0
+    assert main(["submit", str(tmp_path / ".trainguard" / "gate" / "latest.json"), "--wait", "150"]) == 0
     submit_s = time.monotonic() - t1
     out = capsys.readouterr().out
     assert "submission: succeeded:" in out and "completed" in out and "record: " in out, out

@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="job file, or a directory holding trainguard.yaml")
     gate.add_argument("--submit", action="store_true",
                       help="on promote, submit the sized job to gate.queue (ray: RAY_ADDRESS or an embedded head; slurm: sbatch)")
+    gate.add_argument("--wait", type=seconds, default=30.0, metavar="S",
+                      help="with --submit: seconds to follow the submitted job's status, 0 to 86400 (default: 30)")
     gate.add_argument("--seed", type=seed, metavar="N", help=SEED_HELP)
     gate_loudness = gate.add_mutually_exclusive_group()
     gate_loudness.add_argument("-v", "--verbose", action="store_true", help="stream every rank's output")
@@ -326,7 +328,7 @@ def _cmd_gate(args: argparse.Namespace) -> int:
             console.print(f"[{colour}]{result.status.upper():7}[/] {result.name}: {result.summary} "
                           f"({result.duration_s:.1f} s)", markup=True)
 
-        gate = run_gate(args.config, submit=args.submit, seed=args.seed,
+        gate = run_gate(args.config, submit=args.submit, seed=args.seed, submit_wait_s=args.wait,
                         echo=echo if args.verbose else None, on_start=on_start, on_result=show)
     verdict = gate.decision.verdict.upper()
     console.print(f"[bold {'green' if gate.promoted else 'red'}]{verdict}[/]: {gate.job} "
