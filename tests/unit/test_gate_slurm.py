@@ -322,4 +322,4 @@ def test_sbatch_absent_returns_the_script(tmp_path: Path, monkeypatch: pytest.Mo
     assert result.status == "not_submitted" and result.job_id is None and not result.accepted
     assert "sbatch is not on PATH" in result.message and "sbatch " + str(tmp_path) in result.message
     assert result.script is not None and result.script.startswith("#!/bin/bash")
-    assert SlurmBackend(tmp_path).status("1").status == "unknown"  # no squeue either
+    assert SlurmBackend(tmp_path).status("1").status == "unknown"  # no scontrol or sacct either
