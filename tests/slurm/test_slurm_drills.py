@@ -195,6 +195,8 @@ def test_the_time_limit_checkpoints_requeues_and_resumes(slurm_env: SlurmCluster
         assert min(p.step for p in after.points) - 1 >= max(p.step for p in before.points)
     log = next(tmp_path.glob("slurm-limit-save-*.out")).read_text()
     assert log.count("USR1 (time limit near)") == final["restarts"]
+    if world_size > 1:  # torchrun handled USR1 (passed it on, waited) instead of dying of it
+        assert "death signal, shutting down workers" in log and "User defined signal 1" not in log
     print(f"\ntime limit, {world_size} rank(s): {final['restarts']} requeue(s), "
           f"{len(attempts)} attempts, COMPLETED in {took:.0f} s; states {final['states']}")
 

@@ -38,7 +38,7 @@ from trainguard.queue.base import (
 __all__ = ["SlurmBackend", "key_values", "slurm_time"]
 
 _RDZV_PORT = 29500
-#: the signals torchrun (torch >= 2.6) turns into a shutdown of its workers: its default four + USR1
+#: the signals torchrun turns into a shutdown of its workers: its default four + USR1
 _TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 
@@ -161,10 +161,10 @@ class SlurmBackend:
             # srun delivers the forwarded USR1 to every process of the step, torchrun included,
             # whose default action for it is to die: the step then ends (--kill-on-bad-exit) and
             # takes the ranks down mid-checkpoint (seen on a real slurmctld). Told to handle USR1,
-            # torchrun passes it to its workers and waits for them to exit. torchrun's
-            # --signals-to-handle reads PET_SIGNALS_TO_HANDLE; torch 2.6-2.7 read the other name
-            env_lines += [f"export PET_SIGNALS_TO_HANDLE={_TORCHRUN_SIGNALS}",
-                          f"export TORCHELASTIC_SIGNALS_TO_HANDLE={_TORCHRUN_SIGNALS}"]
+            # torchrun passes it to its workers and waits for them to exit: its
+            # --signals-to-handle (pytorch/pytorch#160690), which reads PET_SIGNALS_TO_HANDLE;
+            # an older torchrun ignores the variable
+            env_lines.append(f"export PET_SIGNALS_TO_HANDLE={_TORCHRUN_SIGNALS}")
         for key, value in (
             ("TRAINGUARD_GATE_REPORT", labels.get("trainguard.gate_report")),
             (MLFLOW_RUN_ID, labels.get("trainguard.mlflow_run_id")),
