@@ -56,7 +56,9 @@ def test_a_clean_job_recovers_from_every_fault_and_the_soak_measures_each(clean:
     for fault in ev["faults"]:
         assert fault["injected_after_step"] >= fault["step"]
         assert fault["fault_to_first_step_after_restart_s"] > 0
-        assert 0 <= fault["lost_steps"] <= 3 + 2  # a checkpoint every 3 steps, read with a lag
+        # a checkpoint every 3 steps; the rank runs on while trainguard reads its line and injects
+        # (0.05 s steps: a loaded machine lags a few steps); from scratch would lose 9-37 steps
+        assert 0 <= fault["lost_steps"] <= 3 + 5
         assert fault["resumed_from_step"] > 0
     measured = ev["measured"]
     assert measured["faults"] == 3

@@ -324,3 +324,24 @@ def test_a_fault_whose_own_rules_raise_still_gives_a_clear_error(monkeypatch: py
     monkeypatch.setattr(KillRankFault, "validate", classmethod(broken))
     text = problem("{name: k, fault: kill_rank, rank: 1, after_step: 3, steps: 8, params: {x: [1]}}")
     assert "checks.drills[0].params: could not be checked (TypeError: unhashable type: 'list')" in text
+
+
+def test_a_step_checkpointed_and_not_printed_before_the_kill_is_not_missing() -> None:
+    """digits' train.py saves step 105, then prints it; a kill between the two leaves no line for
+    105 while the next attempt resumes after it (found by the chaos soak): not a missing step.
+    A step nobody printed and nobody resumed after stays missing."""
+    from trainguard.drills.judges import judged_steps, unprinted_resumed_steps
+    from trainguard.launch import MetricPoint, RunResult
+
+    def attempt(steps: range) -> RunResult:
+        return RunResult("failed", [], Path("."), 1, 0, [], [MetricPoint("loss", s, 1.0, 0, float(s)) for s in steps],
+                         1.0, None)
+
+    attempts = [attempt(range(1, 105)), attempt(range(106, 111)), attempt(range(110, 121))]
+    assert unprinted_resumed_steps(attempts, "loss") == [105]
+    compared, excused = judged_steps(attempts, "loss", 120)
+    assert excused == [105] and 105 not in compared and len(compared) == 119
+    gap = [attempt(range(1, 50)), attempt(range(51, 61))]  # resumed after 50: excused
+    assert unprinted_resumed_steps(gap, "loss") == [50]
+    hole = [attempt([*range(1, 30), *range(31, 61)])]  # one attempt skipped 30: not excused
+    assert judged_steps(hole, "loss", 60)[1] == []

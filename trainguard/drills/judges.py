@@ -50,10 +50,12 @@ __all__ = [
     "judge_for",
     "judge_ray_recover",
     "judge_recover",
+    "judged_steps",
     "new_stderr",
     "new_workers",
     "not_injected",
     "trajectory_diff",
+    "unprinted_resumed_steps",
 ]
 
 _ERROR_WORDS = re.compile(r"error|exception|traceback|fatal|abort|killed|timed? ?out", re.I)
@@ -287,7 +289,28 @@ def not_injected(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]] | N
     return None
 
 
-def trajectory_diff(c: DrillContext, points: Iterable[MetricPoint], steps: range) -> TrajectoryDiff:
+def unprinted_resumed_steps(attempts: Iterable[RunResult], metric: str) -> list[int]:
+    """Steps no attempt printed that a later attempt resumed right after: the rank checkpointed
+    the step and died before printing it (a job that saves before it logs). The step was done and
+    its state was kept, only its line was lost with the process, so it is not a missing step."""
+    attempts = list(attempts)
+    printed = {p.step for a in attempts for p in a.points if p.name == metric}
+    out = []
+    for later in attempts[1:]:
+        steps = [p.step for p in later.points if p.name == metric]
+        if steps and min(steps) - 1 >= 1 and min(steps) - 1 not in printed:
+            out.append(min(steps) - 1)
+    return sorted(set(out))
+
+
+def judged_steps(attempts: Iterable[RunResult], metric: str, steps: int) -> tuple[list[int], list[int]]:
+    """Steps 1..``steps`` to compare with the uninterrupted run, and those left out (see
+    :func:`unprinted_resumed_steps`)."""
+    excused = unprinted_resumed_steps(attempts, metric)
+    return [s for s in range(1, steps + 1) if s not in excused], excused
+
+
+def trajectory_diff(c: DrillContext, points: Iterable[MetricPoint], steps: Iterable[int]) -> TrajectoryDiff:
     actual, expected = aligned_trajectories(list(points), c.reference.points, c.metric)
     return compare_trajectories(actual, expected, metric=c.metric, steps=steps,
                                 rtol=c.spec.rtol, atol=c.spec.atol)
@@ -317,8 +340,11 @@ def judge_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
     spec, run = c.spec, c.run
     lost, per_restart, from_scratch = _lost_steps(c)
     evidence.update({"lost_steps": lost, "resumes": per_restart})
-    diff = trajectory_diff(c, run.points, range(1, spec.steps + 1))
+    compared, unprinted = judged_steps(run.attempts, c.metric, spec.steps)
+    diff = trajectory_diff(c, run.points, compared)
     evidence["trajectory"] = diff.as_evidence()
+    if unprinted:
+        evidence["trajectory"]["unprinted_resumed_steps"] = unprinted
     problems: list[str] = []
     if not run.ok:
         final = run.final

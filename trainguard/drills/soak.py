@@ -33,7 +33,7 @@ from typing import Any
 from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config import DrillSpec
 from trainguard.config.faults import fault_class
-from trainguard.drills.judges import DRILL_CAUSES, diff_problem
+from trainguard.drills.judges import DRILL_CAUSES, diff_problem, judged_steps
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.faults.soak import SoakEvent, SoakFault, soak_seeds
 from trainguard.launch import Launcher, MetricPoint, RunResult
@@ -273,9 +273,11 @@ def _judge(spec: DrillSpec, run: SupervisedRun, records: list[FaultRecord], refe
     missed = [rec.event for rec in records if rec.injected_mono is None]
     failed_inject = [rec for rec in records if rec.error]
     actual, expected = aligned_trajectories(run.points, reference.points, metric)
-    diff = compare_trajectories(actual, expected, metric=metric, steps=range(1, spec.steps + 1),
-                                rtol=spec.rtol, atol=spec.atol)
+    steps, unprinted = judged_steps(run.attempts, metric, spec.steps)
+    diff = compare_trajectories(actual, expected, metric=metric, steps=steps, rtol=spec.rtol, atol=spec.atol)
     evidence["trajectory"] = diff.as_evidence()
+    if unprinted:  # checkpointed, then the rank died before printing the step: not missing
+        evidence["trajectory"]["unprinted_resumed_steps"] = unprinted
     problems: list[str] = []
     if not run.ok:
         final = run.final
