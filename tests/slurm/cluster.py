@@ -50,11 +50,17 @@ MAX_TIME = "2-00:00:00"
 READY_TIMEOUT_S = 60.0
 
 
+def _tool(name: str) -> str | None:
+    """``name`` on PATH, or in the sbin directories Debian installs the daemons to (a PATH
+    without them, as some CI environments have, must not hide an installed cluster)."""
+    return shutil.which(name, path=f"{os.environ.get('PATH', '')}{os.pathsep}/usr/sbin{os.pathsep}/sbin")
+
+
 def missing_requirements() -> str | None:
     """Why a cluster cannot start here (not root, a package missing), or None."""
     if os.geteuid() != 0:
         return "a local Slurm cluster runs its daemons as root; run the tests as root"
-    absent = [name for name in (*DAEMONS, "sbatch", "squeue", "scontrol") if shutil.which(name) is None]
+    absent = [name for name in (*DAEMONS, "sbatch", "squeue", "scontrol") if _tool(name) is None]
     if absent:
         return (f"{', '.join(absent)} not found: install Debian's packages with "
                 "`apt-get install slurm-wlm munge` (.ci/run does)")
@@ -251,7 +257,7 @@ def supervise(root: Path) -> int:
         deadline = time.monotonic() + READY_TIMEOUT_S
 
         def spawn(name: str, argv: list[str]) -> None:
-            procs[name] = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
+            procs[name] = subprocess.Popen([_tool(name) or name, *argv[1:]], env=env, stdin=subprocess.DEVNULL, stdout=out,
                                            stderr=subprocess.STDOUT)
 
         sock = root / "munge" / "munge.socket"
