@@ -261,3 +261,29 @@ def test_the_digits_ray_example_across_three_nodes(cluster: LocalRayCluster, tmp
         assert result.evidence["fault_evidence"]["via"] == "ray_api"
         assert result.evidence["ray"]["restarts"] == 1
     assert report.checks[1].evidence["fault_evidence"]["node_restarted"]
+
+
+@pytest.mark.slow
+def test_the_cluster_command_writes_its_environment_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """``python -m trainguard.raytrain.cluster``: the cluster a user rehearses node loss on."""
+    import signal
+    import subprocess
+    import sys
+
+    env_file = tmp_path / "cluster.env"
+    proc = subprocess.Popen([sys.executable, "-m", "trainguard.raytrain.cluster", "--env-file",
+                             str(env_file), "--nodes", "1"], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not env_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.25)
+        keys = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+        assert keys["RAY_ADDRESS"].startswith("127.0.0.1:") and keys["RAY_AUTH_MODE"] == "token"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "cluster of 2 nodes up" in err and "left: nothing" in err

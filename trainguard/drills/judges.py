@@ -446,7 +446,16 @@ def judge_ray_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]
                      "restarts": ray.get("restarts", 0)})
     if ray.get("first_step_after_s") is not None:
         evidence["fault_to_first_step_after_restart_s"] = ray["first_step_after_s"]
-    diff = trajectory_diff(c, run.points, range(1, spec.steps + 1))
+    steps = list(range(1, spec.steps + 1))
+    if spec.fault == "node_loss" and resume:
+        # a lost node takes the output its log monitor had not forwarded yet: steps up to the
+        # checkpoint the new group resumed from were done (it exists), only their lines are gone
+        seen = {p.step for p in run.points if p.name == c.metric}
+        unreported = [s for s in range(1, resume["resumed_from_step"] + 1) if s not in seen]
+        if unreported:
+            ray["unreported_steps"] = unreported
+            steps = [s for s in steps if s not in unreported]
+    diff = trajectory_diff(c, run.points, steps)
     evidence["trajectory"] = diff.as_evidence()
     max_failures = ray["max_failures"]
     problems: list[str] = []

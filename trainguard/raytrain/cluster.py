@@ -26,6 +26,7 @@ Ray node (a new node id) with the same resources.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -211,3 +212,54 @@ def restart_lost_nodes(wait_s: float = 0.0) -> list[str]:
         if names or time.monotonic() >= deadline:
             return names
         time.sleep(0.25)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainguard.raytrain.cluster [--env-file PATH]``: start a cluster, write the
+    environment that points a driver (or ``trainguard drill``) at it, and keep it until Ctrl-C or
+    SIGTERM; then stop it with nothing left. A lost node is started again ``--restart-after``
+    seconds after it was lost (an autoscaler's part; the drill's process cannot do it here)."""
+    import argparse
+    import shlex
+    import signal
+
+    from trainguard._internal.atomic import atomic_write_text
+
+    parser = argparse.ArgumentParser(prog="python -m trainguard.raytrain.cluster")
+    parser.add_argument("--env-file", default=None, help="write `KEY=value` lines here (else stdout)")
+    parser.add_argument("--cpus", type=int, default=2, help="CPUs of each worker node (default 2)")
+    parser.add_argument("--nodes", type=int, default=2, help="worker nodes (default 2)")
+    parser.add_argument("--restart-after", type=float, default=30.0,
+                        help="seconds before a lost node is started again (default 30)")
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    cluster = LocalRayCluster([NodeSpec(chr(ord("a") + i), cpus=args.cpus) for i in range(args.nodes)])
+    try:
+        cluster.start()
+        lines = "".join(f"{k}={shlex.quote(v)}\n" for k, v in cluster.client_env().items())
+        if args.env_file:
+            atomic_write_text(args.env_file, lines)
+        else:
+            print(lines, end="", flush=True)
+        print(f"cluster of {args.nodes + 1} nodes up in {cluster.start_s:.1f} s; Ctrl-C stops it",
+              file=sys.stderr, flush=True)
+        lost_since: float | None = None
+        while not stop.wait(1.0):
+            if not cluster.lost():
+                lost_since = None
+            elif lost_since is None:
+                lost_since = time.monotonic()
+            elif time.monotonic() - lost_since >= args.restart_after:
+                print(f"restarting lost node(s) {cluster.restart_lost()}", file=sys.stderr, flush=True)
+                lost_since = None
+    finally:
+        cluster.stop()
+        print(f"stopped in {cluster.stop_s or 0:.1f} s; left: {cluster.leftover or 'nothing'}",
+              file=sys.stderr, flush=True)
+    return 0 if not cluster.leftover else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
