@@ -26,12 +26,15 @@ Ray node (a new node id) with the same resources.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
+
+import psutil
 
 from trainguard.raytrain.local_ray import LocalRay, RayCluster, running_ray_processes
 
@@ -101,6 +104,7 @@ class LocalRayCluster:
         self.restarts: list[tuple[str, float]] = []
         #: what outlived the stop (should be empty): ``pid name`` per process
         self.leftover: list[str] = []
+        self._lock = threading.Lock()  # a drill's thread and its caller may both restart nodes
 
     def __enter__(self) -> LocalRayCluster:
         self.start()
@@ -165,17 +169,18 @@ class LocalRayCluster:
     def restart_lost(self) -> list[str]:
         """Start every lost worker node again (a new Ray node with the same resources); returns
         their names. The old node's leftovers are reaped first."""
-        if self.cluster is None:
-            return []
-        names = self.lost()
-        for name in names:
-            self.nodes[name].stop()  # reaps what the dead node left (its workers exit by themselves)
-        t0 = time.monotonic()
-        if names:
-            self._start_nodes(names)
-            took = time.monotonic() - t0
-            self.restarts += [(name, took) for name in names]
-        return names
+        with self._lock:
+            if self.cluster is None:
+                return []
+            names = self.lost()
+            for name in names:
+                self.nodes[name].stop()  # reaps what the dead node left (its workers exit with it)
+            t0 = time.monotonic()
+            if names:
+                self._start_nodes(names)
+                took = time.monotonic() - t0
+                self.restarts += [(name, took) for name in names]
+            return names
 
     def stop(self) -> None:
         """Stop the worker nodes, then the head; verify nothing of theirs is left. Idempotent."""
@@ -188,7 +193,9 @@ class LocalRayCluster:
             self.head.stop()
             left = [*self.head.leftover, *(x for n in self.nodes.values() for x in n.leftover)]
             for temp in temp_dirs:
-                left += [f"{p.pid} {p.name()}" for p in running_ray_processes(temp)]
+                for proc in running_ray_processes(temp):
+                    with contextlib.suppress(psutil.Error):
+                        left.append(f"{proc.pid} {proc.name()}")
             self.leftover = sorted(set(left))
         finally:
             self.cluster = None
