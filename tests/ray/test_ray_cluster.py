@@ -4,9 +4,12 @@
 there) and worker nodes ``a`` and ``b`` (2 CPUs each), each its own ``ray start``; the module
 points trainguard at it the way a site does (``RAY_ADDRESS`` and the cluster's token in the
 environment), so trainguard runs as it would on a real cluster's head: the drill finds the Train
-worker of world rank r in Ray Train's state and acts on it by a task pinned to its node. The pid
-path is off (``RAY_ADDRESS`` set; ``TRAINGUARD_RAY_SIGNALS=api`` makes it explicit): a fault that
-tried a local pid would raise, and every test asserts the evidence says ``via: ray_api``.
+worker of world rank r in Ray Train's state and acts on it through an actor pinned to its node.
+The pid path is off (``RAY_ADDRESS`` set; ``TRAINGUARD_RAY_SIGNALS=api`` makes it explicit): a
+fault that tried a local pid would raise, and every test asserts the evidence says
+``via: ray_api``. As root the worker nodes also run in pid namespaces of their own, like nodes on
+other machines: the pids Ray reports for their workers name no Ray worker here, so nothing but
+Ray's API could have reached them (the tests assert that too).
 
 The job is tests/data/jobs/toy_ray.py (2 workers x 1 CPU, a gloo all-reduce per step, a checkpoint
 every 3 steps): both workers fit on one worker node, so losing one node leaves room for exactly
@@ -17,16 +20,18 @@ node_loss fault does it when it clears, for a cluster trainguard started; the fi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from trainguard.config import load_config
 from trainguard.drills import run_drill
-from trainguard.raytrain.cluster import LocalRayCluster
+from trainguard.raytrain.cluster import LocalRayCluster, NodeSpec, pid_namespaces_available
 from trainguard.raytrain.local_ray import running_ray_processes
 from trainguard.report import CheckResult
 from trainguard.run.runner import JobRunner
@@ -55,16 +60,20 @@ checks:
 """
 
 Drill = Callable[..., CheckResult]
+#: worker nodes in pid namespaces of their own (root); else why not
+NO_PID_NAMESPACES = pid_namespaces_available()
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalRayCluster]:
     """The three-node cluster, used as trainguard would use a site's (``RAY_ADDRESS``)."""
-    nodes = LocalRayCluster()
+    isolated = NO_PID_NAMESPACES is None
+    nodes = LocalRayCluster([NodeSpec("a", pid_namespace=isolated), NodeSpec("b", pid_namespace=isolated)])
     with pytest.MonkeyPatch.context() as mp:
         try:
             nodes.start()
-            print(f"\ncluster of 3 nodes started in {nodes.start_s:.1f} s")
+            print(f"\ncluster of 3 nodes started in {nodes.start_s:.1f} s; worker nodes in pid "
+                  f"namespaces: {NO_PID_NAMESPACES or 'yes'}")
             for key, value in nodes.client_env().items():
                 mp.setenv(key, value)
             # what trainguard's own head sets (a RAY_ADDRESS cluster gets nothing from trainguard)
@@ -140,6 +149,9 @@ def assert_through_ray(result: CheckResult, rank: int) -> dict[str, object]:
     if workers is not None:  # the judge of Ray Train's recovery read the workers' lines
         assert fault["pid"] == workers[rank], fault
     assert isinstance(fault["pid"], int)
+    if NO_PID_NAMESPACES is None:  # the worker's pid is its node's: no Ray worker here has it
+        with contextlib.suppress(psutil.Error):
+            assert "RayTrainWorker" not in " ".join(psutil.Process(fault["pid"]).cmdline())
     return fault  # type: ignore[no-any-return]
 
 

@@ -15,6 +15,10 @@ worker runs on a worker node, and each worker node offers ``cpus`` CPUs and a cu
 (2 + 2 CPUs, 1 CPU per worker) a 2-worker fit fits on either node alone: losing one node leaves
 room for exactly 2 workers.
 
+``NodeSpec(pid_namespace=True)`` (root) runs a worker node in a pid namespace of its own: the pids
+Ray reports for its workers then name nothing on this machine, so only Ray's API reaches them --
+what trainguard's tests use to prove that drills do not fall back to local pids.
+
 Node death is noticed fast here (``system_config``: the GCS health-checks each raylet every
 0.5 s and declares it dead after 3 misses) -- Ray's defaults take ~15-30 s, docs/ray-train.md.
 
@@ -38,7 +42,8 @@ import psutil
 
 from trainguard.raytrain.local_ray import LocalRay, RayCluster, running_ray_processes
 
-__all__ = ["FAST_NODE_DEATH", "LocalRayCluster", "NodeSpec", "restart_lost_nodes"]
+__all__ = ["FAST_NODE_DEATH", "PID_NAMESPACE", "LocalRayCluster", "NodeSpec", "pid_namespaces_available",
+           "restart_lost_nodes"]
 
 #: the head's Ray settings that make a lost node dead within ~2 s (Ray: 3 s x 5 misses + timeouts)
 FAST_NODE_DEATH: dict[str, object] = {
@@ -51,14 +56,43 @@ _CLUSTERS: list[LocalRayCluster] = []
 _CLUSTERS_LOCK = threading.Lock()
 
 
+#: how a node gets a pid namespace of its own (root only): its processes' pids, which Ray
+#: reports, then name nothing on this machine -- as for a node on another machine. ``unshare
+#: --fork`` ignores SIGTERM (LocalRay signals the node's process group) and passes it on to its
+#: child when it dies; when the node's ``ray start`` (pid 1 there) exits, the kernel ends every
+#: process of the namespace.
+PID_NAMESPACE = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM"]
+
+
+def _pid_namespace(first_pid: int) -> list[str]:
+    """:data:`PID_NAMESPACE` whose pids start after ``first_pid``: two nodes' workers never share
+    a pid (a worker group restarted on the other node is told apart by its pids)."""
+    return [*PID_NAMESPACE, "sh", "-c",
+            f'echo {first_pid} > /proc/sys/kernel/ns_last_pid && exec "$0" "$@"']
+
+
+def pid_namespaces_available() -> str | None:
+    """None when worker nodes can run in pid namespaces here, else why not."""
+    import os
+    import shutil
+
+    if shutil.which("unshare") is None:
+        return "no `unshare` command (util-linux)"
+    if os.geteuid() != 0:
+        return "a new pid namespace needs root (CAP_SYS_ADMIN)"
+    return None
+
+
 @dataclass(frozen=True)
 class NodeSpec:
-    """One worker node: its name, the CPUs it offers and its custom resources (besides
-    ``tg_node_<name>: 1``, which every worker node has)."""
+    """One worker node: its name, the CPUs it offers, its custom resources (besides
+    ``tg_node_<name>: 1``, which every worker node has) and whether it runs in a pid namespace of
+    its own (:data:`PID_NAMESPACE`)."""
 
     name: str
     cpus: int = 2
     resources: dict[str, float] = field(default_factory=dict)
+    pid_namespace: bool = False
 
     def all_resources(self) -> dict[str, float]:
         return {f"tg_node_{self.name}": 1.0, **self.resources}
@@ -88,6 +122,10 @@ class LocalRayCluster:
         names = [w.name for w in workers]
         if len(set(names)) != len(names):
             raise ValueError(f"worker node names must differ, got {names}")
+        why = pid_namespaces_available() if any(w.pid_namespace for w in workers) else None
+        if why is not None:
+            raise ValueError(f"NodeSpec(pid_namespace=True) cannot run here: {why}; use "
+                             "pid_namespace=False")
         self.specs = {w.name: w for w in workers}
         self.head = LocalRay(num_cpus=head_cpus, dashboard=True, object_store_mb=object_store_mb,
                              system_config=FAST_NODE_DEATH if system_config is None else system_config,
@@ -105,6 +143,7 @@ class LocalRayCluster:
         #: what outlived the stop (should be empty): ``pid name`` per process
         self.leftover: list[str] = []
         self._lock = threading.Lock()  # a drill's thread and its caller may both restart nodes
+        self._namespaces = 0  # pid namespaces started (each node start gets its own pid range)
 
     def __enter__(self) -> LocalRayCluster:
         self.start()
@@ -135,7 +174,14 @@ class LocalRayCluster:
         assert self.cluster is not None
         return LocalRay(num_cpus=spec.cpus, dashboard=False, object_store_mb=self.object_store_mb,
                         resources=spec.all_resources(), join=self.cluster,
-                        start_timeout=self.start_timeout, stop_timeout=self.stop_timeout)
+                        start_timeout=self.start_timeout, stop_timeout=self.stop_timeout,
+                        command_prefix=_pid_namespace(self._next_pid(name)) if spec.pid_namespace else None)
+
+    def _next_pid(self, name: str) -> int:
+        """Where the pids of node ``name``'s next namespace start: 4000 apart for each of 7
+        starts in turn (the kernel's pid_max, 32768 by default, bounds a namespace's pids too)."""
+        self._namespaces += 1
+        return 2000 + 4000 * (self._namespaces % 7)
 
     def _start_nodes(self, names: list[str]) -> None:
         errors: list[BaseException] = []

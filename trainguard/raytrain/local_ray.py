@@ -201,6 +201,8 @@ class LocalRay:
             node-death detection for tests).
         join: a head this process should join as a *worker node* (``ray start --address``, the
             head's auth token) instead of starting a head; see :mod:`trainguard.raytrain.cluster`.
+        command_prefix: run ``ray start`` under this command (e.g. ``unshare --pid --fork
+            --mount-proc``: a node whose processes have pids of their own, as on another machine).
     """
 
     def __init__(
@@ -219,6 +221,7 @@ class LocalRay:
         resources: dict[str, float] | None = None,
         system_config: dict[str, object] | None = None,
         join: RayCluster | None = None,
+        command_prefix: list[str] | None = None,
     ) -> None:
         if auth not in ("token", "disabled"):
             raise ValueError(f"auth must be 'token' or 'disabled', got {auth!r}")
@@ -240,6 +243,7 @@ class LocalRay:
         self.resources = dict(resources or {})
         self.system_config = dict(system_config or {})
         self.join = join
+        self.command_prefix = list(command_prefix or [])
         if join is not None and (system_config or dashboard):
             raise ValueError("a worker node (join=...) takes neither system_config nor a dashboard: "
                              "both belong to the head")
@@ -304,7 +308,7 @@ class LocalRay:
                     "--ray-client-server-port", str(port["client_server"])]
 
         argv = [
-            *_ray_cli(), "start", *role, "--block",
+            *self.command_prefix, *_ray_cli(), "start", *role, "--block",
             "--node-ip-address", "127.0.0.1",
             "--object-manager-port", str(port["object_manager"]),
             "--node-manager-port", str(port["node_manager"]),
@@ -429,8 +433,11 @@ class LocalRay:
         t0 = time.monotonic()
         try:
             self._remember_processes()
-            with contextlib.suppress(ProcessLookupError):
-                popen.send_signal(signal.SIGTERM)  # the leader stops its children gracefully
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if self.command_prefix:  # `unshare --fork` ignores SIGTERM: its group gets it
+                    os.killpg(popen.pid, signal.SIGTERM)
+                else:
+                    popen.send_signal(signal.SIGTERM)  # the leader stops its children gracefully
             with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(timeout=self.stop_timeout)
             alive = [p for p in self._seen.values() if _running(p)]
