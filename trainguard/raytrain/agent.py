@@ -206,9 +206,16 @@ def _signal_here(pid: int, signum: int) -> dict[str, Any]:
     if "ray::" not in name and "default_worker" not in name:
         return {**out, "sent": False, "why": f"pid {pid} is not a Ray worker here ({name[:80]!r})"}
     os.kill(pid, signum)
-    for _ in range(20):  # delivery is asynchronous: read the state it took (0.2 s at most)
-        state = _proc_state(pid)
-        if state != out["state_before"] or state is None:
+    # delivery is asynchronous: wait for the state the signal leads to (0.5 s at most)
+    done: set[str | None]
+    if signum == signal.SIGSTOP:
+        done = {"T", "t"}
+    elif signum == signal.SIGCONT:
+        done = {"R", "S", "D", None}
+    else:
+        done = {"Z", "X", None}
+    for _ in range(50):
+        if _proc_state(pid) in done:
             break
         time.sleep(0.01)
     return {**out, "sent": True, "state_after": _proc_state(pid)}
