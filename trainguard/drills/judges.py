@@ -448,10 +448,11 @@ def judge_ray_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]
         evidence["fault_to_first_step_after_restart_s"] = ray["first_step_after_s"]
     steps = list(range(1, spec.steps + 1))
     if spec.fault == "node_loss" and resume:
-        # a lost node takes the output its log monitor had not forwarded yet: steps up to the
-        # checkpoint the new group resumed from were done (it exists), only their lines are gone
+        # a lost node takes the output its log monitor had not forwarded yet: the step the new
+        # group resumed after was done (its checkpoint exists), only its line is gone -- the
+        # within-fit form of unprinted_resumed_steps
         seen = {p.step for p in run.points if p.name == c.metric}
-        unreported = [s for s in range(1, resume["resumed_from_step"] + 1) if s not in seen]
+        unreported = [s for s in [resume["resumed_from_step"]] if s >= 1 and s not in seen]
         if unreported:
             ray["unreported_steps"] = unreported
             steps = [s for s in steps if s not in unreported]
