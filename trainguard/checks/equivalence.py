@@ -328,8 +328,11 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
             time.monotonic() - started, reproduce,
         )
     first_step = min(actual)
-    resumed_from = first_step - 1
-    lost = max(0, (killed_at or spec.after_step) - resumed_from)
+    # from scratch: it began at the uninterrupted run's first step (1, or 0 for a job counting
+    # from 0, as nanoGPT's `iter 0`), and resumed after no step (reported as 0)
+    began_again = first_step <= min(expected, default=1)
+    resumed_from = 0 if began_again else first_step - 1
+    lost = max(0, (killed_at or spec.after_step) - (first_step - 1))
     evidence.update({"resumed_from_step": resumed_from, "steps_lost": lost})
     if "resumed_from" in resumed.evidence:
         evidence["resumed_from_checkpoint"] = resumed.evidence["resumed_from"]
@@ -344,9 +347,9 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     )
     evidence["state"] = state.as_evidence()
     problems: list[str] = []
-    if resumed_from == 0:
+    if began_again:
         problems.append(
-            "the resumed run started again from step 1: no usable checkpoint, all "
+            f"the resumed run started again from step {first_step}: no usable checkpoint, all "
             f"{killed_at} steps of progress lost (does the job checkpoint before it exits, "
             "and does resume_args make it load the latest one?)"
         )

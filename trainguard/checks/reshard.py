@@ -290,7 +290,8 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
     if not actual:
         return _Pair(n, m, "failed", f"{name}: the resumed run printed no `{metric}` line", evidence, reproduce)
     first_step = min(actual)
-    resumed_from = first_step - 1
+    # from scratch: at the uninterrupted run's first step (1, or 0 for a job counting from 0)
+    resumed_from = 0 if first_step <= min(expected, default=1) else first_step - 1
     evidence["resumed_from_step"] = resumed_from
     diff = compare_trajectories(actual, expected, metric=metric, steps=range(first_step, spec.steps + 1),
                                 rtol=spec.rtol, atol=spec.atol)
@@ -314,7 +315,7 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
         evidence["samples"] = agreement.sentence(n, m)
     problems: list[str] = []
     if resumed_from == 0:
-        problems.append("the resumed run started again from step 1 (no usable checkpoint, or resume_args "
+        problems.append(f"the resumed run started again from step {first_step} (no usable checkpoint, or resume_args "
                         "does not make it load one)")
     if diff.first_divergent_step is not None:
         a, b = diff.first_values or (math.nan, math.nan)

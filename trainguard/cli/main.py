@@ -393,7 +393,7 @@ def _cmd_drill(args: argparse.Namespace) -> int:
             if isinstance(run.get("measured"), dict):
                 print(textwrap.indent(soak_lines(run), "        "))
         if not result.ok:
-            for key in ("likely_causes", "drill_dir"):
+            for key in ("likely_causes", "run_dir"):
                 value = result.evidence.get(key)
                 if value:
                     text = "\n" + "\n".join(f"- {v}" for v in value) if isinstance(value, list) else value

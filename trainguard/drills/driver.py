@@ -322,6 +322,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
                      ctx.checkpoint_dir, stall * runner.settings.timeout_scale)
         )
         evidence["drill_dir"] = str(drill_dir)
+        evidence["run_dir"] = str(run.run_dir)  # the attempts' logs (attempt-N/)
         return result(status, summary, evidence)
     finally:  # Ctrl-C included: nothing is left stopped, mounted or running
         driver.finish()

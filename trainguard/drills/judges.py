@@ -28,7 +28,7 @@ from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories
 from trainguard.config import DrillSpec
 from trainguard.faults.base import Fault
 from trainguard.launch import MetricPoint, RunResult
-from trainguard.launch.metrics import aligned_trajectories
+from trainguard.launch.metrics import aligned_trajectories, first_step
 from trainguard.report import CheckStatus
 from trainguard.run.runner import JobRunner, RunRequest, SupervisedRun
 from trainguard.unit.checkpoints import compare_checkpoint_dirs
@@ -319,16 +319,19 @@ def trajectory_diff(c: DrillContext, points: Iterable[MetricPoint], steps: Itera
 def _lost_steps(c: DrillContext) -> tuple[int, list[dict[str, Any]], bool]:
     """Steps of progress lost over all restarts; per restart; whether one restarted from 0."""
     total, per, from_scratch = 0, [], False
+    start = first_step(c.reference.points, c.metric)  # 1, or 0 for a job counting from 0
     for failed, nxt in zip(c.run.attempts, c.run.attempts[1:]):
-        done = max((p.step for p in failed.points if p.name == c.metric), default=0)
+        done = max((p.step for p in failed.points if p.name == c.metric), default=start - 1)
         steps = [p.step for p in nxt.points if p.name == c.metric]
         if not steps:
             continue
         resumed_from = min(steps) - 1
         lost = max(0, done - resumed_from)
         total += lost
-        from_scratch |= resumed_from == 0 and done > 0
-        per.append({"last_step_before": done, "resumed_from_step": resumed_from, "lost": lost})
+        again = min(steps) <= start and done >= start
+        from_scratch |= again
+        per.append({"last_step_before": done, "resumed_from_step": max(resumed_from, 0), "lost": lost,
+                    **({"began_again": True} if again else {})})
     return total, per, from_scratch
 
 
@@ -354,7 +357,8 @@ def judge_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
         )
     if from_scratch:
         problems.append(
-            "the restarted job began again at step 1: no usable checkpoint, all progress lost "
+            f"the restarted job began again at step {first_step(c.reference.points, c.metric)}: "
+            "no usable checkpoint, all progress lost "
             "(does the job checkpoint during the run, and do resume_args load the latest one?)"
         )
     if spec.max_lost_steps is not None and lost > spec.max_lost_steps:
@@ -562,17 +566,19 @@ def judge_fail_clean(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]
         evidence["checkpoint"] = {"intact": False, "why": verify.reason}
     else:
         steps = [p.step for p in verify.points if p.name == c.metric]
+        start = first_step(c.reference.points, c.metric)
         resumed_from = min(steps) - 1 if steps else None
         lost = max(0, done - resumed_from) if resumed_from is not None else None
-        evidence.update({"resumed_from_step": resumed_from, "lost_steps": lost})
+        evidence.update({"resumed_from_step": None if resumed_from is None else max(resumed_from, 0),
+                         "lost_steps": lost})
         diff = trajectory_diff(c, verify.points, range((resumed_from or 0) + 1, spec.steps + 1))
         evidence["trajectory"] = diff.as_evidence()
         intact = True
         if resumed_from is None:
             problems.append(f"the resume run printed no `{c.metric}` line")
             intact = False
-        elif resumed_from == 0:
-            problems.append("the resume run started again from step 1: no usable checkpoint from "
+        elif resumed_from < start:
+            problems.append(f"the resume run started again from step {start}: no usable checkpoint from "
                             f"before the fault (the job had reached step {done})")
             intact = False
         problem = diff_problem(c.metric, diff, "run resumed from the checkpoint")

@@ -37,7 +37,7 @@ from trainguard.drills.judges import DRILL_CAUSES, diff_problem, judged_steps
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.faults.soak import SoakEvent, SoakFault, soak_seeds
 from trainguard.launch import Launcher, MetricPoint, RunResult
-from trainguard.launch.metrics import aligned_trajectories
+from trainguard.launch.metrics import aligned_trajectories, first_step
 from trainguard.launch.rundir import new_run_dir
 from trainguard.report import CheckId, CheckResult, CheckStatus
 from trainguard.run.runner import JobRunner, SupervisedRun
@@ -121,9 +121,10 @@ def _step_times(result: RunResult, metric: str, rank: int) -> dict[int, float]:
     return {b.step: b.t - a.t for a, b in itertools.pairwise(points) if b.step == a.step + 1}
 
 
-def _checkpoint_steps(reference: RunResult, resumes: list[int]) -> list[int]:
+def _checkpoint_steps(reference: RunResult) -> list[int]:
     """Steps the job checkpointed: the step numbers in the names under the uninterrupted run's
-    checkpoint directory (the job's own cadence), else the steps restarts resumed after."""
+    checkpoint directory. Empty when the names carry none (nanoGPT's one `ckpt.pt`): the steps
+    restarts resumed after are multiples of the cadence, not the cadence, so they are not used."""
     directory = Path(str(reference.evidence.get("checkpoint_dir", "")))
     found: set[int] = set()
     with contextlib.suppress(OSError):
@@ -131,7 +132,7 @@ def _checkpoint_steps(reference: RunResult, resumes: list[int]) -> list[int]:
             step = step_in_name(entry.name)
             if step is not None and not is_temp_name(entry.name):
                 found.add(step)
-    return sorted(found if len(found) >= 2 else found | {s for s in resumes if s > 0})
+    return sorted(found)
 
 
 def _cadence(steps: list[int]) -> int | None:
@@ -170,12 +171,9 @@ def restart_by_kind(records: Sequence[FaultRecord]) -> dict[str, float]:
 
 def _measurements(run: SupervisedRun, records: list[FaultRecord], reference: RunResult,
                   metric: str, watch_rank: int, wall_s: float) -> dict[str, Any]:
-    # a pre-empted job saves when told to, off its cadence: only the other faults' resumes count
-    resumes = [rec.first_new_step - 1 for rec in records
-               if rec.first_new_step is not None and rec.event.kind != "preempt"]
     times = _step_times(reference, metric, watch_rank)
     step_s = statistics.median(times.values()) if times else None
-    ckpt_steps = _checkpoint_steps(reference, resumes)
+    ckpt_steps = _checkpoint_steps(reference)
     every = _cadence(ckpt_steps)
     restarts = [r for rec in records if (r := rec.restart_s) is not None]
     lost = [rec_lost for rec in records if (rec_lost := _lost(run, rec, metric)) is not None]
@@ -184,7 +182,7 @@ def _measurements(run: SupervisedRun, records: list[FaultRecord], reference: Run
         "wall_s": round(wall_s, 3), "failure_free_wall_s": round(work, 3),
         "failure_free_basis": startup,
         "goodput": round(work / wall_s, 4) if wall_s > 0 else None,
-        "faults": sum(rec.injected_mono is not None for rec in records),
+        "faults": sum(_struck(rec) for rec in records),
         "restart_s": {"median": round(statistics.median(restarts), 3), "mean": round(statistics.mean(restarts), 3),
                       "max": round(max(restarts), 3)} if restarts else None,
         "lost_steps": {"total": sum(lost), "mean": round(statistics.mean(lost), 2)} if lost else None,
@@ -193,14 +191,18 @@ def _measurements(run: SupervisedRun, records: list[FaultRecord], reference: Run
         "checkpoint_save_s": _round(_save_s(times, ckpt_steps)),
     }
     by_kind = restart_by_kind(records)
-    if by_kind and step_s is not None and every is not None:
-        struck = [rec.event.kind for rec in records if rec.injected_mono is not None and rec.event.kind in by_kind]
-        predicted = forecast_for(work, [by_kind[k] for k in struck], every * step_s)
+    if by_kind and step_s is not None and (every is not None or lost):
+        struck = [rec.event.kind for rec in records if _struck(rec) and rec.event.kind in by_kind]
+        # the model's lost work: half a checkpoint interval; the mean measured when the cadence
+        # is not in the checkpoint names
+        interval = every * step_s if every is not None else 2 * statistics.mean(lost) * step_s
+        predicted = forecast_for(work, [by_kind[k] for k in struck], interval)
         out["forecast"] = {
             **predicted,
             "inputs": {"restart_s_by_kind": {k: round(v, 3) for k, v in by_kind.items()},
-                       "interval_s": round(every * step_s, 4), "faults": len(struck),
-                       "lost_per_fault": "half an interval"},
+                       "interval_s": round(interval, 4), "faults": len(struck),
+                       "lost_per_fault": "half an interval" if every is not None
+                       else "the mean measured (no step in the checkpoint names)"},
             "wall_error": round(predicted["wall_s"] / wall_s - 1, 4) if wall_s > 0 else None,
         }
     return out
@@ -212,7 +214,8 @@ def soak_lines(evidence: dict[str, Any]) -> str:
     restart, lost = m.get("restart_s") or {}, m.get("lost_steps") or {}
     lines = [f"seed {evidence.get('seed')}: {m['faults']} fault(s); restart (fault -> first step) median "
              f"{restart.get('median', '-')} s, max {restart.get('max', '-')} s; steps lost {lost.get('total', 0)}; "
-             f"checkpoint every {m.get('checkpoint_every_steps') or '-'} steps, save ~{m.get('checkpoint_save_s')} s",
+             f"checkpoint every {m.get('checkpoint_every_steps') or '? (no step in the names)'} steps, save "
+             f"{'~' + str(m['checkpoint_save_s']) + ' s' if m.get('checkpoint_save_s') is not None else 'not measured'}",
              f"wall-clock {m['wall_s']:.1f} s vs {m['failure_free_wall_s']:.1f} s failure-free: goodput {m['goodput']}"]
     forecast = m.get("forecast")
     if forecast:
@@ -242,6 +245,11 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
+def _struck(rec: FaultRecord) -> bool:
+    """The fault was injected (not only scheduled, and its injection did not fail)."""
+    return rec.injected_mono is not None and rec.error is None
+
+
 def _lost(run: SupervisedRun, rec: FaultRecord, metric: str) -> int | None:
     """Steps of progress the fault cost: the last step its attempt printed minus the step the
     next attempt resumed after."""
@@ -258,7 +266,7 @@ def _record_evidence(run: SupervisedRun, rec: FaultRecord, metric: str) -> dict[
         ended = run.attempts[rec.attempt]
         entry["attempt_ended"] = ended.outcome if ended.ok else rec.fault.classify(ended)
     if rec.first_new_step is not None:
-        entry["resumed_from_step"] = rec.first_new_step - 1
+        entry["resumed_from_step"] = max(rec.first_new_step - 1, 0)
         entry["lost_steps"] = _lost(run, rec, metric)
     if rec.restart_s is not None:
         entry["fault_to_first_step_after_restart_s"] = round(rec.restart_s, 3)
@@ -270,6 +278,7 @@ def _record_evidence(run: SupervisedRun, rec: FaultRecord, metric: str) -> dict[
 def _judge(spec: DrillSpec, run: SupervisedRun, records: list[FaultRecord], reference: RunResult,
            metric: str, checkpoint_dir: Path) -> tuple[CheckStatus, list[str], dict[str, Any]]:
     evidence: dict[str, Any] = {"restarts": run.restarts}
+    start = first_step(reference.points, metric)  # 1, or 0 for a job counting from 0
     missed = [rec.event for rec in records if rec.injected_mono is None]
     failed_inject = [rec for rec in records if rec.error]
     actual, expected = aligned_trajectories(run.points, reference.points, metric)
@@ -286,10 +295,11 @@ def _judge(spec: DrillSpec, run: SupervisedRun, records: list[FaultRecord], refe
                         f"{final.reason or 'no reason recorded'}")
     for rec in records:
         lost = _lost(run, rec, metric)
-        if rec.first_new_step == 1 and rec.injected_step and rec.injected_step > 1:
+        if (rec.first_new_step is not None and rec.injected_step is not None
+                and rec.first_new_step <= start < rec.injected_step):
             problems.append(f"after fault {rec.event.index} ({rec.event.kind} on rank {rec.event.rank} "
-                            f"after step {rec.injected_step}) the job began again at step 1: no usable "
-                            "checkpoint, all progress lost")
+                            f"after step {rec.injected_step}) the job began again at step {start}: no "
+                            "usable checkpoint, all progress lost")
         elif spec.max_lost_steps is not None and lost is not None and lost > spec.max_lost_steps:
             problems.append(f"fault {rec.event.index} ({rec.event.kind}) lost {lost} steps "
                             f"(max_lost_steps {spec.max_lost_steps})")
@@ -405,9 +415,10 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
         evidence.update({
             "faults": [_record_evidence(run, rec, metric) for rec in records],
             "measured": _measurements(run, records, reference, metric, reporting[0], wall),
-            "drill_dir": str(drill_dir), "reference_run_dir": str(reference.run_dir),
+            "drill_dir": str(drill_dir), "run_dir": str(run.run_dir),  # the attempts' logs
+            "reference_run_dir": str(reference.run_dir),
         })
-        struck = sum(rec.injected_mono is not None for rec in records)
+        struck = sum(_struck(rec) for rec in records)
         kinds = ", ".join(sorted({e.kind for e in events}))
         what = f"seed {seed}: {struck} of {len(events)} faults ({kinds}) in {spec.steps} steps"
         if status == "failed":

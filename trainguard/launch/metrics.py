@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["JsonlTail", "LineMetric", "MetricParser", "MetricPoint", "trajectory"]
+__all__ = ["JsonlTail", "LineMetric", "MetricParser", "MetricPoint", "first_step", "trajectory"]
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,13 @@ def per_rank(points: Iterable[MetricPoint], name: str = "loss") -> dict[int, dic
 def _mean(values: Iterable[float]) -> float:
     values = list(values)
     return math.fsum(values) / len(values)
+
+
+def first_step(points: Iterable[MetricPoint], name: str = "loss") -> int:
+    """The first step a run printed of metric ``name`` (1 when none): jobs count from 1 or, as
+    nanoGPT's ``iter 0``, from 0. A restarted run whose first step is at most the uninterrupted
+    run's first began again from scratch."""
+    return min((p.step for p in points if p.name == name), default=1)
 
 
 def trajectory(points: Iterable[MetricPoint], name: str = "loss") -> dict[int, float]:

@@ -1,0 +1,55 @@
+"""Jobs that count steps from 0 (nanoGPT's `iter 0`): a restart that begins again from scratch
+prints step 0, not step 1. Found on nanoGPT: the recover drill, the soak and the resume check
+passed such a restart as a recovery ("resumed from step -1"), because a fixed-seed job rerun from
+scratch matches the uninterrupted run exactly. Each must fail the planted job that ignores its
+checkpoint, and pass the one that resumes (tests/data/jobs/zero_based_train.py, no torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard.config import load_config
+from trainguard.drills import run_drill
+from trainguard.run.runner import JobRunner
+from trainguard.session import run_check
+
+pytestmark = pytest.mark.timeout(180)
+
+SCRIPT = Path(__file__).resolve().parents[1] / "data" / "jobs" / "zero_based_train.py"
+
+
+def _job(tmp_path: Path, flags: str) -> JobRunner:
+    path = tmp_path / "zero.trainguard.yaml"
+    path.write_text(
+        "job:\n  name: zero\n"
+        f'  command: "python {SCRIPT} --steps {{steps}} --out {{checkpoint_dir}} --seed {{seed}} {flags}"\n'
+        '  resume_args: "--resume"\n  world_size: 1\n'
+        "  metrics: {loss: 'iter (?P<step>\\d+): loss (?P<value>\\S+)'}\n"
+        "  timeout: 60\n  stall_timeout: 10\n"
+        "checks:\n  resume: {steps: 12, after_step: 7}\n  drills:\n"
+        "    - {name: kill, fault: kill_rank, steps: 14, after_step: 7}\n"
+        "    - {name: chaos, fault: soak, steps: 24, params: {faults: 2, min_gap: 5, seed: 3}}\n")
+    return JobRunner(load_config(path))
+
+
+@pytest.mark.parametrize("planted", [False, True], ids=["resumes", "ignores-its-checkpoint"])
+def test_a_restart_from_step_0_is_caught_and_a_real_resume_passes(tmp_path: Path, planted: bool) -> None:
+    runner = _job(tmp_path, "--ignore-ckpt" if planted else "")
+    drills = {d.name: d for d in runner.job_file.checks.drills}
+    resume = run_check(runner, "resume", runner.job_file.checks.resume)
+    kill = run_drill(runner, drills["kill"])
+    soak = run_drill(runner, drills["chaos"])
+    if not planted:
+        for result in (resume, kill, soak):
+            assert result.status == "passed", result.summary
+        assert resume.evidence["resumed_from_step"] >= 6
+        assert soak.evidence["measured"]["checkpoint_every_steps"] is None  # `ckpt.json`: no step
+        assert soak.evidence["measured"]["forecast"]["inputs"]["lost_per_fault"].startswith("the mean measured")
+        return
+    assert resume.status == "failed" and "started again from step 0" in resume.summary, resume.summary
+    assert resume.evidence["resumed_from_step"] == 0
+    assert kill.status == "failed" and "began again at step 0" in kill.summary, kill.summary
+    assert all(r["resumed_from_step"] >= 0 for r in kill.evidence["resumes"])
+    assert soak.status == "failed" and "began again at step 0" in soak.summary, soak.summary
