@@ -345,3 +345,19 @@ def test_a_step_checkpointed_and_not_printed_before_the_kill_is_not_missing() ->
     assert unprinted_resumed_steps(gap, "loss") == [50]
     hole = [attempt([*range(1, 30), *range(31, 61)])]  # one attempt skipped 30: not excused
     assert judged_steps(hole, "loss", 60)[1] == []
+
+
+def test_recover_causes_follow_the_evidence() -> None:
+    """After a restart that resumed from a checkpoint and then diverged (nanoGPT: no RNG state in
+    ckpt.pt), the missing state comes first and "no checkpoint" is ruled out; after a restart from
+    scratch, the missing checkpoint stays first."""
+    from trainguard.checks.equivalence import TrajectoryDiff
+    from trainguard.drills.judges import DRILL_CAUSES, recover_causes
+
+    diverged = TrajectoryDiff(metric="loss", compared_steps=9, first_divergent_step=5, first_values=(1.0, 2.0),
+                              max_abs_diff=1.0, max_rel_diff=0.5, missing_in_actual=[], missing_in_expected=[])
+    resumed = recover_causes([{"resumed_from_step": 4}], diverged)
+    assert resumed[0].startswith("state missing from the checkpoint") and "--only resume" in resumed[0]
+    assert not any(c.startswith("no checkpoint") for c in resumed)
+    scratch = recover_causes([{"resumed_from_step": 0, "began_again": True}], diverged)
+    assert scratch == list(DRILL_CAUSES["recover"])

@@ -54,6 +54,7 @@ __all__ = [
     "new_stderr",
     "new_workers",
     "not_injected",
+    "recover_causes",
     "trajectory_diff",
     "unprinted_resumed_steps",
 ]
@@ -335,6 +336,20 @@ def _lost_steps(c: DrillContext) -> tuple[int, list[dict[str, Any]], bool]:
     return total, per, from_scratch
 
 
+def recover_causes(resumes: list[dict[str, Any]], diff: TrajectoryDiff) -> list[str]:
+    """The recover causes in the order the evidence gives: when every restart resumed from a
+    checkpoint and the run then diverged, the state missing from that checkpoint comes first
+    (and "no checkpoint" is ruled out); the resume check names which state."""
+    causes = list(DRILL_CAUSES["recover"])
+    resumed = bool(resumes) and not any(r.get("began_again") or not r.get("resumed_from_step")
+                                        for r in resumes)
+    if resumed and diff.first_divergent_step is not None:
+        state = next(c for c in causes if c.startswith("state missing"))
+        causes = [state + " -- `trainguard check --only resume` reads the checkpoint and names "
+                  "what is missing"] + [c for c in causes if c is not state and not c.startswith("no checkpoint")]
+    return causes
+
+
 def judge_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
     skipped = not_injected(c)
     if skipped:
@@ -371,7 +386,7 @@ def judge_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
             f"attempt 0 {first.outcome} ({c.fault.classify(first) if not first.ok else 'no failure'}"
             f"{f', detected after {detected:.2f} s' if detected is not None else ''})")
     if problems:
-        evidence["likely_causes"] = list(DRILL_CAUSES["recover"])
+        evidence["likely_causes"] = recover_causes(per_restart, diff)
         return "failed", f"{what}; " + "; ".join(problems), evidence
     recovery = None
     if c.info.injected_mono is not None and c.info.first_step_after_restart_mono is not None:

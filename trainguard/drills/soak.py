@@ -33,7 +33,7 @@ from typing import Any
 from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config import DrillSpec
 from trainguard.config.faults import fault_class
-from trainguard.drills.judges import DRILL_CAUSES, diff_problem, judged_steps
+from trainguard.drills.judges import diff_problem, judged_steps, recover_causes
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.faults.soak import SoakEvent, SoakFault, soak_seeds
 from trainguard.launch import Launcher, MetricPoint, RunResult
@@ -313,6 +313,9 @@ def _judge(spec: DrillSpec, run: SupervisedRun, records: list[FaultRecord], refe
         if state.compared and not state.ok:
             problems.append(f"the final checkpoint differs from the uninterrupted run's in {state.summary()}")
     if problems:
+        resumes = [{"resumed_from_step": max(rec.first_new_step - 1, 0), "began_again": rec.first_new_step <= start}
+                   for rec in records if rec.first_new_step is not None]
+        evidence["likely_causes"] = recover_causes(resumes, diff)
         return "failed", problems, evidence
     if failed_inject or missed:
         words = [f"fault {r.event.index} ({r.event.kind}) could not be injected: {r.error}" for r in failed_inject]
@@ -422,7 +425,6 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
         kinds = ", ".join(sorted({e.kind for e in events}))
         what = f"seed {seed}: {struck} of {len(events)} faults ({kinds}) in {spec.steps} steps"
         if status == "failed":
-            evidence["likely_causes"] = list(DRILL_CAUSES["recover"])
             return result(status, f"{what}; " + "; ".join(problems), evidence)
         if status == "error":
             return result(status, f"{what}; " + "; ".join(problems), evidence)
