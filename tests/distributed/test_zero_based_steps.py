@@ -53,3 +53,14 @@ def test_a_restart_from_step_0_is_caught_and_a_real_resume_passes(tmp_path: Path
     assert kill.status == "failed" and "began again at step 0" in kill.summary, kill.summary
     assert all(r["resumed_from_step"] >= 0 for r in kill.evidence["resumes"])
     assert soak.status == "failed" and "began again at step 0" in soak.summary, soak.summary
+
+
+def test_a_restart_that_crashes_is_told_in_its_own_words(tmp_path: Path) -> None:
+    """A kill before the first checkpoint of a job that cannot start a resume without one (as
+    nanoGPT): the drill names the restart's own error, not the injected SIGKILL."""
+    runner = _job(tmp_path, "--strict-resume")
+    spec = runner.job_file.checks.drills[0].model_copy(update={"after_step": 1})
+    result = run_drill(runner, spec)
+    assert result.status == "failed", result.summary
+    assert "did not recover" in result.summary and "FileNotFoundError" in result.summary, result.summary
+    assert "the last attempt ended: rank 0 died of the injected SIGKILL" not in result.summary

@@ -366,9 +366,13 @@ def judge_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
     problems: list[str] = []
     if not run.ok:
         final = run.final
+        # the fault struck attempt 0 only: a restart that failed failed by itself (nanoGPT's
+        # resume before its first checkpoint: FileNotFoundError), so it is told in its own words
+        ended = c.fault.classify(final) if not run.restarts else (final.reason or final.outcome)
+        last = next((line.strip() for line in reversed(final.stderr_tail.splitlines()) if line.strip()), "")
         problems.append(
             f"did not recover: after {run.restarts} restart(s) (max_restarts {spec.restart_limit}) "
-            f"the last attempt ended: {c.fault.classify(final)}"
+            f"the last attempt ended: {ended}" + (f" ({last[:200]})" if run.restarts and last else "")
         )
     if from_scratch:
         problems.append(

@@ -1,6 +1,7 @@
 """A job that counts its steps from 0, as nanoGPT does (`iter 0: loss ...` through `iter N`), with
 no torch: a checkpoint named without a step (`ckpt.json`, replaced atomically every 3 steps).
-``--ignore-ckpt`` is the planted defect: a resumed run begins again at iter 0."""
+``--ignore-ckpt`` is the planted defect: a resumed run begins again at iter 0. ``--strict-resume``
+is nanoGPT's `--init_from=resume`: without a checkpoint the resumed run dies (FileNotFoundError)."""
 
 import argparse
 import json
@@ -13,19 +14,20 @@ parser.add_argument("--out", required=True)
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--resume", action="store_true")
 parser.add_argument("--ignore-ckpt", action="store_true")
+parser.add_argument("--strict-resume", action="store_true")
 args = parser.parse_args()
 
 os.makedirs(args.out, exist_ok=True)
 path = os.path.join(args.out, "ckpt.json")
 state = {"iter": 0, "w": 1.0 + args.seed}
-if args.resume and not args.ignore_ckpt and os.path.exists(path):
+if args.resume and not args.ignore_ckpt and (args.strict_resume or os.path.exists(path)):
     with open(path) as handle:
         state = json.load(handle)
     state["iter"] += 1
 while state["iter"] <= args.steps:
     state["w"] *= 0.9
     print(f"iter {state['iter']}: loss {state['w']:.6f}", flush=True)
-    if state["iter"] % 3 == 0:
+    if state["iter"] % 3 == 0 and state["iter"] > 0:
         with open(path + ".tmp", "w") as handle:
             json.dump(state, handle)
         os.replace(path + ".tmp", path)
