@@ -28,6 +28,7 @@ DRILLS = [
     '{name: ignored, fault: preempt, steps: 30, after_step: 6, params: {grace: 1}, args: ["--on-notice", "ignore"]}',
     '{name: torn, fault: preempt, steps: 30, after_step: 6, params: {grace: 1}, args: ["--on-notice", "save-slow-inplace"]}',
     '{name: rank0-alone, fault: preempt, steps: 30, after_step: 6, params: {grace: 1}, args: ["--on-notice", "rank0-saves"]}',
+    '{name: died, fault: preempt, steps: 30, after_step: 6, params: {grace: 1}, args: ["--on-notice", "die"]}',
 ]
 
 
@@ -40,7 +41,7 @@ def job_file(directory: Path) -> Path:
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
     """Every drill of the job file once (they share the uninterrupted reference run)."""
     path = job_file(tmp_path_factory.mktemp("preempt"))
-    only = ["clean", "ignored", "torn", "rank0-alone"]
+    only = ["clean", "ignored", "torn", "rank0-alone", "died"]
     report = drill(str(path), only=only)
     return {c.name.removeprefix("drill:"): c for c in report.checks}
 
@@ -68,6 +69,15 @@ def test_a_save_on_the_notice_written_in_place_is_torn(results: dict[str, CheckR
     result = results["torn"]
     assert result.status == "failed"
     assert result.evidence["likely_causes"][0].startswith("the save on the notice is not atomic")
+
+
+def test_a_job_that_dies_of_the_notice_is_named_so_not_torn(results: dict[str, CheckResult]) -> None:
+    """Python's default for SIGTERM (nanoGPT has no handler): the ranks die at once, save nothing."""
+    result = results["died"]
+    assert result.status == "failed"
+    assert result.evidence["likely_causes"][0].startswith("no handler for the notice: the ranks died of the signal")
+    assert result.evidence["died_of_the_notice"] == [0, 1]
+    assert result.evidence["fault_evidence"]["killed_at_grace"] == []
 
 
 def test_rank0_saving_alone_while_the_others_leave_fails_on_agreement(results: dict[str, CheckResult]) -> None:

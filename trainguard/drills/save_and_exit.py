@@ -43,6 +43,8 @@ SAVE_AND_EXIT_CAUSES = {
             "the SIGKILL at the end of the grace tears it",
     "slow": "the save takes longer than the grace: checkpoint less state, save asynchronously, or "
             "ask the scheduler for a longer grace (terminationGracePeriodSeconds, --signal lead)",
+    "died": "no handler for the notice: the ranks died of the signal itself (Python's default for "
+            "SIGTERM and SIGUSR1) and saved nothing; catch it, finish the step, checkpoint, exit 0",
 }
 
 
@@ -144,7 +146,13 @@ def judge_save_and_exit(c: DrillContext) -> tuple[CheckStatus, str, dict[str, An
     signals = " then ".join(s["signal"] for s in getattr(fault, "sent", [])[:2]) or "the notice"
     what = f"{signals} to every rank after step {noticed_at} (grace {grace:g} s)"
     if problems:
-        torn = not verify.ok or (resumed_from is not None and "diverges" in " ".join(problems))
+        died = [e.rank for e in first.exits if e.signal in ("SIGTERM", "SIGUSR1") and not e.killed_by_trainguard]
+        # torn: the resume failed or diverged -- unless the ranks died of the notice and wrote
+        # nothing after it (nanoGPT: no handler), which is no save to tear
+        torn = ((not verify.ok or (resumed_from is not None and "diverges" in " ".join(problems)))
+                and not (died and not fresh))
+        if died:
+            evidence["died_of_the_notice"] = died
         ignored, agree, slow = (SAVE_AND_EXIT_CAUSES[k] for k in ("ignored", "no_agreement", "slow"))
         if killed and len(killed) < len(exits):  # some ranks left, the others were stuck
             causes = [agree, ignored, slow]
@@ -152,6 +160,8 @@ def judge_save_and_exit(c: DrillContext) -> tuple[CheckStatus, str, dict[str, An
             causes = [ignored, agree, slow]
         if torn:
             causes = [SAVE_AND_EXIT_CAUSES["torn"], *causes]
+        if died and not fresh:
+            causes = [SAVE_AND_EXIT_CAUSES["died"], *causes]
         if not causes:
             causes = [agree, SAVE_AND_EXIT_CAUSES["torn"]]
         evidence["likely_causes"] = causes
