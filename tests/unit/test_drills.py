@@ -330,7 +330,7 @@ def test_a_step_checkpointed_and_not_printed_before_the_kill_is_not_missing() ->
     """digits' train.py saves step 105, then prints it; a kill between the two leaves no line for
     105 while the next attempt resumes after it (found by the chaos soak): not a missing step.
     A step nobody printed and nobody resumed after stays missing."""
-    from trainguard.drills.judges import judged_steps, unprinted_resumed_steps
+    from trainguard.drills.steps import judged_steps, unprinted_resumed_steps
     from trainguard.launch import MetricPoint, RunResult
 
     def attempt(steps: range) -> RunResult:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories
 from trainguard.config import DrillSpec
+from trainguard.drills.steps import judged_steps
 from trainguard.faults.base import Fault
 from trainguard.launch import MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories, first_step
@@ -50,13 +51,11 @@ __all__ = [
     "judge_for",
     "judge_ray_recover",
     "judge_recover",
-    "judged_steps",
     "new_stderr",
     "new_workers",
     "not_injected",
     "recover_causes",
     "trajectory_diff",
-    "unprinted_resumed_steps",
 ]
 
 _ERROR_WORDS = re.compile(r"error|exception|traceback|fatal|abort|killed|timed? ?out", re.I)
@@ -288,27 +287,6 @@ def not_injected(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]] | N
                 "lag that grows on a loaded machine); give the drill more steps after after_step",
                 evidence)
     return None
-
-
-def unprinted_resumed_steps(attempts: Iterable[RunResult], metric: str) -> list[int]:
-    """Steps no attempt printed that a later attempt resumed right after: the rank checkpointed
-    the step and died before printing it (a job that saves before it logs). The step was done and
-    its state was kept, only its line was lost with the process, so it is not a missing step."""
-    attempts = list(attempts)
-    printed = {p.step for a in attempts for p in a.points if p.name == metric}
-    out = []
-    for later in attempts[1:]:
-        steps = [p.step for p in later.points if p.name == metric]
-        if steps and min(steps) - 1 >= 1 and min(steps) - 1 not in printed:
-            out.append(min(steps) - 1)
-    return sorted(set(out))
-
-
-def judged_steps(attempts: Iterable[RunResult], metric: str, steps: int) -> tuple[list[int], list[int]]:
-    """Steps 1..``steps`` to compare with the uninterrupted run, and those left out (see
-    :func:`unprinted_resumed_steps`)."""
-    excused = unprinted_resumed_steps(attempts, metric)
-    return [s for s in range(1, steps + 1) if s not in excused], excused
 
 
 def trajectory_diff(c: DrillContext, points: Iterable[MetricPoint], steps: Iterable[int]) -> TrajectoryDiff:

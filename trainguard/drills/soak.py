@@ -33,7 +33,8 @@ from typing import Any
 from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config import DrillSpec
 from trainguard.config.faults import fault_class
-from trainguard.drills.judges import diff_problem, judged_steps, recover_causes
+from trainguard.drills.judges import diff_problem, recover_causes
+from trainguard.drills.steps import judged_steps
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.faults.soak import SoakEvent, SoakFault, soak_seeds
 from trainguard.launch import Launcher, MetricPoint, RunResult
