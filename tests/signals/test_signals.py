@@ -47,8 +47,12 @@ DRILLS = """\
     - {name: kill, fault: kill_rank, rank: 1, steps: 40, after_step: 8, max_lost_steps: 4}
     - {name: hang, fault: hang, rank: 1, steps: 40, after_step: 8, stall_timeout: 20}
     - {name: oom, fault: oom, rank: 1, steps: 40, after_step: 8, expect: fail_clean, deadline: 20}
-    - {name: disk, fault: disk_full, rank: 0, steps: 40, after_step: 8, expect: fail_clean, deadline: 20}
+    - {name: disk, fault: disk_full, rank: 0, steps: 200, after_step: 8, expect: fail_clean, deadline: 20, args: "--ckpt-every 20"}
 """
+# disk: the job ends at its first checkpoint write after the fault armed, so its 200 steps are
+# never run; they keep a fault that a loaded machine arms late inside the run (with 40 steps of
+# 0.1 s the job once ended before the fault armed), and a checkpoint every 20 steps keeps the
+# armed layer in place for up to 2 s, long enough for the tests to see it
 
 
 def runs(tmp_path: Path, pattern: str) -> list[Path]:

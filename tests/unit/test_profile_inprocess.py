@@ -4,7 +4,7 @@ events, on a real loop with a clean input pipeline and one with a planted slow c
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -59,11 +59,32 @@ def test_clean_loop_is_not_stalled() -> None:
     prof.assert_input_not_stalled(0.25)
 
 
-def test_planted_slow_collate_is_caught() -> None:
-    # a small model: its steps stay short of the collate's 50 ms sleep even when a loaded
-    # machine makes the compute 10x slower (a 1024-wide one measured 30% stall under CI load)
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """torch's intra-op threads, 1 for the test: on 2 cores that other processes load, 2 spinning
+    OpenMP threads made a 128-wide step take 220 ms instead of 2 ms (measured beside 8 CPU hogs),
+    enough to bury a 50 ms stall under compute. The sleep is wall time; the compute is what load
+    stretches, and one thread keeps it far below the plant."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_planted_slow_collate_is_caught(one_torch_thread: None) -> None:
+    # a small model on one thread: its steps stay short of the collate's 50 ms sleep on a loaded
+    # machine (measured beside 8 CPU hogs: 96% of the step waiting for input; with 2 threads the
+    # same loop measured 22%, the CI failure this test once had)
     fn, loader = make_loop(slow=True, hidden=128)
     _, prof = profile_loop(fn, loader, samples_per_step=BATCH)
+    # the same loop without the plant, measured beside it: the stall is the plant's, a ratio that
+    # load cannot produce (both loops see the same machine)
+    clean_fn, clean_loader = make_loop(slow=False, hidden=128)
+    _, clean = profile_loop(clean_fn, clean_loader, samples_per_step=BATCH)
+    assert prof.step is not None and clean.step is not None
+    assert prof.step.p50_s > clean.step.p50_s + SLOW_COLLATE_S * 0.9, (prof.describe(), clean.describe())
     assert prof.data_wait_share is not None and prof.data_wait_share > 0.25, prof.describe()  # the limit below
     assert prof.data_wait_p50_s is not None and prof.data_wait_p50_s >= SLOW_COLLATE_S * 0.9
     with pytest.raises(InputStalled, match=r"input pipeline stall.*collate_fn"):

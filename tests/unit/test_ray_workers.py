@@ -128,3 +128,61 @@ def test_node_loss_is_for_ray_train_jobs_and_takes_kill_or_term() -> None:
     assert "expected one of SIGKILL, SIGTERM" in NodeLossFault.validate({"signal": "SIGSTOP"})[0][1]
     with pytest.raises(FaultUnavailable, match="not `kind: ray_train`"):
         NodeLossFault().setup(FaultContext(Path("/tmp"), Path("/tmp"), world_size=2))
+
+
+class _Clock:
+    """A clock the lookups advance: each sleep moves it on (no real waiting in a unit test)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_fault_waits_for_rays_state_to_record_the_worker_group() -> None:
+    """The race a loaded cluster showed: the worker printed its step, the fault asked Ray Train's
+    state, and the attempt was not RUNNING yet. The lookup is asked again until it is."""
+    from trainguard.raytrain.agent import StateNotYet, wait_for_state
+
+    clock, answers = _Clock(), ["not yet", "not yet", "not yet"]
+
+    def lookup() -> dict[str, int]:
+        if answers:
+            answers.pop()
+            raise StateNotYet("the Train run 'r' (RUNNING) has no running worker group now")
+        return {"attempt": 1}
+
+    assert wait_for_state(lookup, 30.0, clock=clock, sleep=clock.sleep) == {"attempt": 1}
+    assert clock.now == pytest.approx(0.75)  # three answers of "not yet", 0.25 s apart
+
+
+def test_a_real_absence_is_still_an_error_after_the_wait() -> None:
+    from trainguard.raytrain.agent import StateNotYet, wait_for_state
+
+    clock = _Clock()
+
+    def never() -> None:
+        raise StateNotYet("no live Train run named 'r' (runs: [])")
+
+    with pytest.raises(LookupError, match=r"no live Train run named 'r' .*asked 121 times over 30 s") as info:
+        wait_for_state(never, 30.0, clock=clock, sleep=clock.sleep)
+    assert not isinstance(info.value, StateNotYet)  # the agent reports it as an absence
+    assert clock.now == pytest.approx(30.0)
+
+
+def test_a_run_that_ended_is_not_waited_for() -> None:
+    from trainguard.raytrain.agent import wait_for_state
+
+    clock, asked = _Clock(), []
+
+    def ended() -> None:
+        asked.append(1)
+        raise LookupError("no live Train run named 'r' (runs: [('r', 'FINISHED')])")
+
+    with pytest.raises(LookupError, match="FINISHED"):
+        wait_for_state(ended, 30.0, clock=clock, sleep=clock.sleep)
+    assert asked == [1] and clock.now == 0.0

@@ -11,7 +11,9 @@ What it does, all through Ray's APIs (nothing here needs trainguard on a worker'
   job's ``RunConfig(name)``), from Ray Train's state actor -- the source of the dashboard's
   ``/api/train/v2/runs`` -- which lists each worker's ``world_rank``, ``actor_id``, ``node_id``
   and ``pid`` (the fit's driver needs ``RAY_TRAIN_ENABLE_STATE_TRACKING=1``, which the drill
-  sets); when the dashboard answers, the target rank's actor is looked up again with
+  sets); the state lags the workers' output (a worker prints steps before its attempt is
+  recorded RUNNING), so the request asks again for ``wait_s`` seconds while the run is live and
+  not yet recorded or has no running group, and only then answers that it is absent; when the dashboard answers, the target rank's actor is looked up again with
   ``ray.util.state.get_actor`` (state, node, pid);
 * ``signal``: a zero-CPU actor pinned to the worker's node (``NodeAffinitySchedulingStrategy``,
   ``soft=False``; one per node, started by ``warm`` or on first use, owned by the agent) sends the
@@ -36,17 +38,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from trainguard._internal.signals import signals_deferred
 from trainguard.errors import TrainguardError
 
-__all__ = ["STATE_TRACKING_ENV", "RayAgent", "RayAgentError"]
+__all__ = ["STATE_TRACKING_ENV", "RayAgent", "RayAgentError", "StateNotYet", "wait_for_state"]
 
 #: the driver's setting that makes Ray Train record its runs' workers in its state actor
 STATE_TRACKING_ENV = {"RAY_TRAIN_ENABLE_STATE_TRACKING": "1"}
 _READY = "trainguard-ray-agent ready"
+T = TypeVar("T")
 
 
 class RayAgentError(TrainguardError):
@@ -282,6 +285,30 @@ def _on_node(node_id: str, method: str, *args: Any) -> Any:
     raise AssertionError("unreachable")
 
 
+class StateNotYet(LookupError):
+    """Ray Train's state has not caught up with a run that is still live: no run of that name is
+    recorded yet, or its newest attempt has no running worker group yet (a worker prints its first
+    steps before the controller records its attempt RUNNING). Worth asking again."""
+
+
+def wait_for_state(lookup: Callable[[], T], wait_s: float, *, interval: float = 0.25,
+                   clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> T:
+    """``lookup()``, asked again every ``interval`` s while it raises :class:`StateNotYet`, for
+    ``wait_s`` s at most; then that absence is real: a LookupError saying how long it was asked.
+    Any other LookupError (a run that ended) is raised at once."""
+    deadline = clock() + wait_s
+    asked = 0
+    while True:
+        asked += 1
+        try:
+            return lookup()
+        except StateNotYet as exc:
+            if clock() >= deadline:
+                raise LookupError(f"{exc} (asked {asked} times over {wait_s:g} s)") from None
+        sleep(interval)
+
+
 def _train_workers(run_name: str, rank: int | None = None) -> dict[str, Any]:
     import ray
     from ray.train.v2._internal.state.state_actor import get_state_actor
@@ -293,15 +320,18 @@ def _train_workers(run_name: str, rank: int | None = None) -> dict[str, Any]:
     get: Any = ray.get  # untyped results: the state actor's pydantic models
     runs = get(actor.get_train_runs.remote(), timeout=30)
     attempts = get(actor.get_train_run_attempts.remote(), timeout=30)
-    live = [r for r in runs.values() if r.name == run_name and not r.status.is_terminal()]
+    named = [r for r in runs.values() if r.name == run_name]
+    live = [r for r in named if not r.status.is_terminal()]
     if not live:
-        raise LookupError(f"no live Train run named {run_name!r} (runs: "
-                          f"{sorted({(r.name, r.status.value) for r in runs.values()})})")
+        # none recorded yet: the controller may not have registered the run; ended: it is gone
+        why = StateNotYet if not named else LookupError
+        raise why(f"no live Train run named {run_name!r} (runs: "
+                  f"{sorted({(r.name, r.status.value) for r in runs.values()})})")
     run = max(live, key=lambda r: r.start_time_ns)
     running = [a for a in attempts.get(run.id, {}).values()
                if a.status.value == "RUNNING" and a.workers]
     if not running:
-        raise LookupError(f"the Train run {run_name!r} ({run.status.value}) has no running "
+        raise StateNotYet(f"the Train run {run_name!r} ({run.status.value}) has no running "
                           "worker group now")
     attempt = max(running, key=lambda a: a.start_time_ns)
     workers = [{"world_rank": w.world_rank, "actor_id": w.actor_id, "node_id": w.node_id,
@@ -332,7 +362,10 @@ def _serve(request: dict[str, Any]) -> Any:
     op = request.get("op")
     if op == "workers":
         rank = request.get("rank")
-        return _train_workers(str(request["run_name"]), None if rank is None else int(rank))
+        return wait_for_state(
+            lambda: _train_workers(str(request["run_name"]), None if rank is None else int(rank)),
+            float(request.get("wait_s", 0.0)),
+        )
     if op == "nodes":
         return _nodes()
     if op == "warm":

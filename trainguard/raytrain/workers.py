@@ -50,6 +50,10 @@ __all__ = ["SIGNAL_PATH_ENV", "RayTarget", "RayWorkerLauncher", "RayWorkerTracke
 
 #: ``api`` / ``pid`` / ``auto`` (default): how a drill reaches a Ray Train worker
 SIGNAL_PATH_ENV = "TRAINGUARD_RAY_SIGNALS"
+#: seconds a fault waits for Ray Train's state to record the worker group whose steps it saw (the
+#: workers print before the controller marks their attempt RUNNING; under load that lag was long
+#: enough to fail a drill); then the absence is an error. Below the agent's request timeout (60 s).
+STATE_WAIT_S = 30.0
 
 
 def signal_path(environ: dict[str, str] | None = None) -> str:
@@ -308,7 +312,7 @@ class RayWorkerLauncher:
 
     def _find(self, rank: int) -> tuple[RayTarget, list[dict[str, Any]]]:
         if self._prefetch_started:  # a lookup in flight: its answer comes no later than a new one
-            self._prefetched.wait(timeout=30)
+            self._prefetched.wait(timeout=STATE_WAIT_S + 15)
         found = self._found.get(rank)
         seen = self.tracker.latest(rank)
         if found is not None and seen is not None and seen.pid == found[0].pid:
@@ -322,7 +326,8 @@ class RayWorkerLauncher:
         from trainguard.raytrain.agent import RayAgentError
 
         try:
-            found = self._agent().request("workers", run_name=self.run_name, rank=rank)
+            found = self._agent().request("workers", run_name=self.run_name, rank=rank,
+                                          wait_s=STATE_WAIT_S)
         except RayAgentError as exc:
             raise WorkerNotHere(f"Ray's state has no worker of rank {rank}: {exc}") from None
         for w in found["workers"]:
