@@ -18,6 +18,8 @@ def make(slow):
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(128 * 16, 64, generator=g), torch.randint(0, 10, (128 * 16,), generator=g)
     h = 128 if slow else 1024  # the stalled loop's own steps stay short even on a loaded machine
+    if slow:  # on one thread: 2 spinning OpenMP threads on 2 loaded cores made its steps 100x longer
+        torch.set_num_threads(1)
     model = torch.nn.Sequential(torch.nn.Linear(64, h), torch.nn.ReLU(), torch.nn.Linear(h, h),
                                 torch.nn.ReLU(), torch.nn.Linear(h, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -286,9 +286,10 @@ def _on_node(node_id: str, method: str, *args: Any) -> Any:
 
 
 class StateNotYet(LookupError):
-    """Ray Train's state has not caught up with a run that is still live: no run of that name is
-    recorded yet, or its newest attempt has no running worker group yet (a worker prints its first
-    steps before the controller records its attempt RUNNING). Worth asking again."""
+    """Ray Train's state has not caught up with a run that is still live: no live run of that name
+    is recorded yet (an ended one of the same name may be: the drill's reference run), or its
+    newest attempt has no running worker group yet (a worker prints its first steps before the
+    controller records its attempt RUNNING). Worth asking again."""
 
 
 def wait_for_state(lookup: Callable[[], T], wait_s: float, *, interval: float = 0.25,
@@ -296,7 +297,7 @@ def wait_for_state(lookup: Callable[[], T], wait_s: float, *, interval: float = 
                    sleep: Callable[[float], None] = time.sleep) -> T:
     """``lookup()``, asked again every ``interval`` s while it raises :class:`StateNotYet`, for
     ``wait_s`` s at most; then that absence is real: a LookupError saying how long it was asked.
-    Any other LookupError (a run that ended) is raised at once."""
+    Any other LookupError (no state actor: tracking is off) is raised at once."""
     deadline = clock() + wait_s
     asked = 0
     while True:
@@ -320,13 +321,12 @@ def _train_workers(run_name: str, rank: int | None = None) -> dict[str, Any]:
     get: Any = ray.get  # untyped results: the state actor's pydantic models
     runs = get(actor.get_train_runs.remote(), timeout=30)
     attempts = get(actor.get_train_run_attempts.remote(), timeout=30)
-    named = [r for r in runs.values() if r.name == run_name]
-    live = [r for r in named if not r.status.is_terminal()]
+    live = [r for r in runs.values() if r.name == run_name and not r.status.is_terminal()]
     if not live:
-        # none recorded yet: the controller may not have registered the run; ended: it is gone
-        why = StateNotYet if not named else LookupError
-        raise why(f"no live Train run named {run_name!r} (runs: "
-                  f"{sorted({(r.name, r.status.value) for r in runs.values()})})")
+        # not recorded yet: the controller may not have registered the run; a run of the same
+        # name that ended is no answer (a drill's reference run has the job's name too)
+        raise StateNotYet(f"no live Train run named {run_name!r} (runs: "
+                          f"{sorted({(r.name, r.status.value) for r in runs.values()})})")
     run = max(live, key=lambda r: r.start_time_ns)
     running = [a for a in attempts.get(run.id, {}).values()
                if a.status.value == "RUNNING" and a.workers]
