@@ -141,6 +141,28 @@ def test_hang_fail_clean_passes_with_a_collective_timeout_and_catches_a_job_with
     no_stopped_leftovers(defect)
 
 
+def test_fail_clean_takes_the_jobs_own_words_and_not_a_progress_bar(tmp_path: Path) -> None:
+    """The timed-out rank says why in French, with none of the words an error report was once
+    looked for in (issue 24): reported. One that writes only a tqdm bar and a warning: not."""
+    path = job_file(
+        tmp_path,
+        "{name: say, fault: hang, rank: 1, steps: 12, after_step: 6, expect: fail_clean, deadline: 8, "
+        "args: --on-sync-timeout say}",
+        "{name: bar, fault: hang, rank: 1, steps: 12, after_step: 6, expect: fail_clean, deadline: 8, "
+        "args: --on-sync-timeout progress}",
+    )
+    runner = JobRunner(load_config(path))  # one reference run for both drills
+    job = load_config(path)
+    said = run_drill(runner, next(d for d in job.checks.drills if d.name == "say"))
+    assert said.status == "passed", said.summary
+    assert said.evidence["error_line"].startswith("toy_train : rang 0 : aucun pair n'a répondu")
+    assert 'error reported ("toy_train : rang 0 : aucun pair' in said.summary
+    bar = run_drill(runner, next(d for d in job.checks.drills if d.name == "bar"))
+    assert bar.status == "failed", bar.summary
+    assert "rank 0 exited with code 1 but wrote no error to stderr after the fault" in bar.summary
+    assert "4.97it/s" in bar.evidence["failed_rank_stderr_after_fault"]
+
+
 def test_the_drill_command_and_library(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = job_file(tmp_path, "{name: kill, fault: kill_rank, rank: 0, steps: 24, after_step: 6, params: {signal: SIGTERM}}")
     assert main(["drill", str(path), "--only", "kill"]) == 0
