@@ -266,6 +266,8 @@ def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
     for metric, source in job.metrics.items():
         if isinstance(source, MetricFile):
             scan(f"job.metrics.{metric}.file", source.file, fresh | {"rank"})
+        if isinstance(source, MetricRegex) and source.step_group == "count" and job.resume_args:
+            problems.append((f"job.metrics.{metric}.step", _counted_resume_problem(source)))
         if isinstance(source, MetricTrainer) and job.is_ray_train:
             problems.append((
                 f"job.metrics.{metric}",
@@ -359,6 +361,18 @@ def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
     if not job.distributed_env:
         problems += _one_process_problems(job_file)
     return problems
+
+
+def _counted_resume_problem(source: MetricRegex) -> str:
+    """Why ``step: count`` and ``job.resume_args`` cannot go together, and the alternatives."""
+    given = "step: count" if source.step == "count" else "no step group (so `step: count`)"
+    return (f"{given} numbers a rank's matching lines from 1 in every launch, but job.resume_args "
+            "is set: a resumed run (smoke's and resume's resume, a drill's restart) continues at "
+            "step k + 1 and would be counted from 1 again, so it could never match the "
+            "uninterrupted run. Fix: read the step from the line (a `(?P<step>\\d+)` group, or "
+            "`step: <group>` naming the group that holds it), use a source that carries the step "
+            "(`{file: metrics.jsonl}` or `{trainer: huggingface}`), or remove job.resume_args "
+            "(and the checks that resume)")
 
 
 def _one_process_problems(job_file: JobFile) -> list[tuple[str, str]]:
