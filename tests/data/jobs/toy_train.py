@@ -29,6 +29,9 @@ Flags plant one defect each, so a test can show that trainguard catches it:
                               newest and trusts it: a flipped digit is trained on), fail (exits 1
                               naming it), fallback (the newest step every rank's file of which
                               reads and verifies), scratch (the defect: starts again from step 1)
+--print-at-exit               holds its metric lines and prints them all after the last step
+                              (a logger flushed at exit): a kill "after step K" lands too late
+--linger S                    sleeps S s after the last step before exiting (a slow teardown)
 --swallow-oom                 catches MemoryError / torch.OutOfMemoryError in the training loop
                               and carries on (an OOM that never ends the job)
 
@@ -110,6 +113,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ckpt-size-kb", type=int, default=0, help="pad each checkpoint to about this size")
     p.add_argument("--ckpt-keep-one", action="store_true", help="one checkpoint file, replaced by each save")
     p.add_argument("--swallow-oom", action="store_true")
+    p.add_argument("--print-at-exit", action="store_true")
+    p.add_argument("--linger", type=float, default=0.0)
     p.add_argument("--latest-pointer-first", action="store_true")
     p.add_argument("--ckpt-verify", choices=("none", "fail", "fallback", "scratch"), default="none")
     p.add_argument("--work-ms", type=float, default=0.0)
@@ -337,6 +342,7 @@ def main() -> int:
         Path(args.jsonl_dir).mkdir(parents=True, exist_ok=True)
         jsonl = open(Path(args.jsonl_dir) / f"metrics-rank{rank}.jsonl", "a")  # noqa: SIM115
 
+    held: list[str] = []  # --print-at-exit: the metric lines not printed yet
     for step in range(start, args.steps + 1):
         if args.sleep:
             try:
@@ -377,7 +383,9 @@ def main() -> int:
                 jsonl.write(json.dumps({"step": step, "loss": loss}) + "\n")
                 jsonl.flush()
             else:
-                print(f"step {step} loss {loss:.6f}", flush=True)
+                held.append(f"step {step} loss {loss:.6f}")
+                if not args.print_at_exit:
+                    print(held.pop(), flush=True)
         due = step == args.steps if args.ckpt_at_exit_only else step % args.ckpt_every == 0
         if ckpt_dir is not None and not args.no_ckpt and due:
             save_checkpoint(ckpt_dir, rank, step, rng, inplace=args.ckpt_inplace,
@@ -385,6 +393,10 @@ def main() -> int:
                             checksum=args.ckpt_verify != "none", pointer_first=args.latest_pointer_first)
         if stop and ckpt_dir is not None:
             return _save_on_notice(args, ckpt_dir, rank, world_size, step, rng)
+    if held:
+        print("\n".join(held), flush=True)
+    if args.linger:
+        time.sleep(args.linger)
     print(f"toy_train: rank {rank} done", flush=True)
     return 0
 
