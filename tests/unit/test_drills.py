@@ -97,6 +97,15 @@ def test_drills_run_after_the_checks_and_are_selected_by_name() -> None:
         ("{name: a, fault: kill_rank, params: {signal: SIGHUP}}", "checks.drills[0].params.signal: expected one of SIGKILL, SIGTERM, SIGINT, got 'SIGHUP'"),
         ("{name: a, fault: hang, params: {seconds: 3}}", "checks.drills[0].params.seconds: unknown parameter for fault 'hang'"),
         ("{name: a, fault: hang, args: '--x {stepz}'}", "checks.drills[0].args[1]: unknown placeholder {stepz}"),
+        # drills that could only be skipped or end in an error are refused (issue 24)
+        ("{name: a, fault: node_loss}", "checks.drills[0].fault: node_loss stops a Ray node, and this job is "
+         "not `kind: ray_train`; for a command job use kill_rank"),
+        ("{name: a, fault: soak, after_step: 5}", "checks.drills[0]: after_step does not apply to a soak"),
+        ("{name: a, fault: soak, duration: 5}", "duration does not apply to a soak"),
+        ("{name: a, fault: soak, params: {ranks: [1, 2, 5]}}", "checks.drills[0].params.ranks: rank(s) 2, 5 do "
+         "not exist in a run of 2 rank(s); use ranks from 0 to 1"),
+        ("{name: a, fault: soak, steps: 6, params: {every_steps: 1000, min_gap: 1, seeds: [1, 2]}}",
+         "checks.drills[0].params.every_steps: the schedule of seed 1 holds no fault in 6 steps"),
     ],
 )
 def test_each_bad_drill_names_the_key_and_the_fix(entry: str, expected: str) -> None:

@@ -297,7 +297,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         from trainguard.tracking.store import ui_command
 
         print(f"MLflow runs: {ui_command(report.tracking_uri)}")
-    return EXIT_OK if report.status == "passed" else EXIT_FAILED
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def _cmd_gate(args: argparse.Namespace) -> int:
@@ -409,7 +409,7 @@ def _cmd_drill(args: argparse.Namespace) -> int:
     )
     _print_unwritten(report)
     print(f"{report.status.upper()}: {len(report.checks)} {args.command}(s); report: {_rel(report.path)}")
-    return EXIT_OK if report.status == "passed" else EXIT_FAILED
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def _print_unwritten(report: Report) -> None:

@@ -435,19 +435,20 @@ def drill_problems(job_file: JobFile, command_text: str, env_text: str) -> list[
             cls = fault_class(drill.fault)
         except FaultNotInstalled:
             continue  # reported when the drill runs; the rest of the file stays usable
+        unavailable = cls.unavailable_for(job.is_ray_train)
+        if unavailable is not None:  # the drill could only be skipped
+            problems.append((f"{key}.fault", f"{unavailable} (job.kind: {job.kind})"))
         try:
             found = cls.validate(drill.params)
         except Exception as exc:  # a fault's own rules tripped over a value: still a clear error
             found = [("", f"could not be checked ({type(exc).__name__}: {str(exc)[:200]}); see the "
                       f"{drill.fault} fault's parameters in the docs")]
-        if not found and drill.fault == "soak":  # the schedule must fit the drill's steps
-            try:
-                cls.schedule_of(drill.params, drill.steps, world_size)  # type: ignore[attr-defined]
-            except ValueError as exc:
-                found = [("", str(exc))]
+        if not found and drill.fault == "soak":  # its schedule: ranks that exist, a fault per seed
+            found = cls.schedule_problems(drill.params, drill.steps, world_size)  # type: ignore[attr-defined]
         for param, message in found:
             problems.append((f"{key}.params{'.' + param if param else ''}", message))
     return problems
+
 
 def profile_problems(job_file: JobFile, spec: ProfileCheck, used: set[str]) -> list[tuple[str, str]]:
     """What ``checks.profile`` needs: known metric names and a way to count samples.
