@@ -174,6 +174,15 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``trainguard ARGS``: the exit code. Its stdout may close early (``| head -1``): the run
+    goes on, writes its report and exits with its own result (:mod:`trainguard.cli.output`)."""
+    from trainguard.cli.output import stdout_outliving_its_reader
+
+    with stdout_outliving_its_reader():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from trainguard.cli import init as init_cli
 
     _escape_unencodable_output()
