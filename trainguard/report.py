@@ -1,7 +1,8 @@
 """The report contract: what every check produces, written atomically as JSON.
 
-``{"trainguard_version", "job", "status": "passed"|"failed", "checks": [{"name", "status",
-"summary", "evidence", "duration_s"}], ...}`` -- CI and every later check read this shape.
+``{"trainguard_version", "job", "status": "passed"|"failed"|"skipped"|"interrupted", "checks":
+[{"name", "status", "summary", "evidence", "duration_s"}], ...}`` -- CI and every later check
+read this shape.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "CheckResult",
     "CheckStatus",
     "Report",
+    "ReportStatus",
     "load_report",
 ]
 
@@ -33,6 +35,10 @@ REPORT_SCHEMA_VERSION = 1
 #: the one status vocabulary of checks, drills and reports (the values written to report JSON)
 CheckStatus = Literal["passed", "failed", "error", "skipped"]
 STATUSES: tuple[CheckStatus, ...] = ("passed", "failed", "error", "skipped")
+#: a whole report's status: ``failed`` (a check failed or errored), ``interrupted`` (a signal
+#: ended the run before every check ran), ``skipped`` (every check was skipped: nothing was
+#: tested) or ``passed``
+ReportStatus = Literal["passed", "failed", "skipped", "interrupted"]
 
 
 @dataclass(frozen=True)
@@ -134,9 +140,23 @@ class Report:
     interrupted: bool = False
 
     @property
-    def status(self) -> Literal["passed", "failed"]:
-        """``passed`` when no check failed or errored."""
-        return "passed" if all(c.ok for c in self.checks) else "failed"
+    def status(self) -> ReportStatus:
+        """``failed`` when a check failed or errored; else ``interrupted`` when a signal ended
+        the run before every check ran (never ``passed``: a check was cut short); else
+        ``skipped`` when every check was skipped (nothing was tested); else ``passed``."""
+        if not all(c.ok for c in self.checks):
+            return "failed"
+        if self.interrupted:
+            return "interrupted"
+        if self.checks and all(c.status == "skipped" for c in self.checks):
+            return "skipped"
+        return "passed"
+
+    @property
+    def ok(self) -> bool:
+        """No check failed or errored and the run was not interrupted (``passed`` or
+        ``skipped``): what a zero exit of ``trainguard check`` means."""
+        return self.status in ("passed", "skipped")
 
     def raise_for_failures(self) -> None:
         """Raise :class:`~trainguard.errors.CheckFailed` naming every check that failed or

@@ -13,6 +13,7 @@ its own job file in the slow test at the end and in tests/benchmarks/bench_drill
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -139,6 +140,48 @@ def test_hang_fail_clean_passes_with_a_collective_timeout_and_catches_a_job_with
     assert "the job hung: no rank exited within 4 s of the fault" in defect.summary
     assert defect.evidence["checkpoint"]["intact"]  # the checkpoint itself was fine
     no_stopped_leftovers(defect)
+
+
+def test_fail_clean_takes_the_jobs_own_words_and_not_a_progress_bar(tmp_path: Path) -> None:
+    """The timed-out rank says why in French, with none of the words an error report was once
+    looked for in (issue 24): reported. One that writes only a tqdm bar and a warning: not."""
+    path = job_file(
+        tmp_path,
+        "{name: say, fault: hang, rank: 1, steps: 12, after_step: 6, expect: fail_clean, deadline: 8, "
+        "args: --on-sync-timeout say}",
+        "{name: bar, fault: hang, rank: 1, steps: 12, after_step: 6, expect: fail_clean, deadline: 8, "
+        "args: --on-sync-timeout progress}",
+    )
+    runner = JobRunner(load_config(path))  # one reference run for both drills
+    job = load_config(path)
+    said = run_drill(runner, next(d for d in job.checks.drills if d.name == "say"))
+    assert said.status == "passed", said.summary
+    assert said.evidence["error_line"].startswith("toy_train : rang 0 : aucun pair n'a répondu")
+    assert 'error reported ("toy_train : rang 0 : aucun pair' in said.summary
+    bar = run_drill(runner, next(d for d in job.checks.drills if d.name == "bar"))
+    assert bar.status == "failed", bar.summary
+    assert "rank 0 exited with code 1 but wrote no error to stderr after the fault" in bar.summary
+    assert "4.97it/s" in bar.evidence["failed_rank_stderr_after_fault"]
+
+
+def test_a_run_whose_only_drill_was_skipped_does_not_say_passed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fault cannot be injected on this machine (as disk_full without FUSE): the drill is
+    skipped, and the run says SKIPPED, not PASSED: nothing was tested (issue 24)."""
+    from trainguard.faults.base import FaultUnavailable
+    from trainguard.faults.kill import KillRankFault
+
+    def unavailable(self: KillRankFault, ctx: object) -> None:
+        raise FaultUnavailable("no way to kill here")
+
+    monkeypatch.setattr(KillRankFault, "setup", unavailable)
+    path = job_file(tmp_path, "{name: kill, fault: kill_rank, rank: 1, steps: 8, after_step: 4}")
+    assert main(["drill", str(path)]) == 0  # a skip fails nothing
+    out = capsys.readouterr().out
+    assert "SKIPPED drill:kill: kill_rank cannot be injected on this machine: no way to kill here" in out
+    assert "SKIPPED: 1 drill(s)" in out and "PASSED" not in out
+    assert json.loads((tmp_path / ".trainguard" / "drills-report.json").read_text())["status"] == "skipped"
 
 
 def test_the_drill_command_and_library(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

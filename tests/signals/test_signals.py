@@ -103,6 +103,8 @@ def test_sigterm_during_a_disk_full_drill_keeps_the_finished_report(tmp_path: Pa
     w.wait_for("the disk_full fault armed", lambda: armed_disk(w))
     finish(w, signal.SIGTERM)
     assert report_checks(tmp_path / ".trainguard" / "report.json") == {"smoke": "passed"}
+    # a check was cut short: never `passed` (issue 24)
+    assert json.loads((tmp_path / ".trainguard" / "report.json").read_text())["status"] == "interrupted"
 
 
 def test_sigint_during_a_hang_drill(tmp_path: Path, watch: Watch) -> None:

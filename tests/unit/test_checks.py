@@ -410,3 +410,71 @@ def test_stop_background_ends_a_prefetched_run(jobs: Path) -> None:
     assert result.outcome == "stopped" and time.monotonic() - started < 15
     assert "closed" in (result.reason or "")
     assert not runner._inflight
+
+
+# --------------------------------------------------------------------------------------------
+# a kill that lands after the run finished
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags", ["--print-at-exit", "--print-at-exit --linger 0.5", ""],
+                         ids=["finished", "killed-in-its-teardown", "clean"])
+def test_a_kill_that_came_too_late_is_said_so_not_a_broken_metric_or_resume(jobs: Path, flags: str) -> None:
+    """A job that prints its lines in a burst at exit shows step after_step only once it has done
+    every step: the SIGKILL lands after it finished (or in its teardown). That tests no resume:
+    an error saying the kill came too late, not "check job.metrics.loss" nor "the resumed run
+    printed no `loss` line" (issue 24). The clean job's kill lands mid-run and passes."""
+    from trainguard.checks.equivalence import run_resume
+    from trainguard.config import ResumeCheck
+
+    path = jobs / "toy.trainguard.yaml"
+    # the ranks step together (a barrier per step): the clean kill leaves both at one checkpoint
+    path.write_text(path.read_text().replace(
+        "--sleep 0.02", f"--sleep 0.02 --sync-dir {{run_dir}}/sync --sync-timeout 10 {flags}"))
+    runner = JobRunner(load_config(path))
+    try:
+        result = run_resume(runner, ResumeCheck(steps=10, after_step=6))
+    finally:
+        runner.close()
+    if not flags:
+        assert result.status == "passed", result.summary
+        return
+    assert result.status == "error", result.summary
+    assert result.summary.startswith("the kill came too late to test a resume: the run had "), result.summary
+    assert "(step 10 of 10 printed) when trainguard read step 6 of `loss`" in result.summary
+    assert "job.metrics" not in result.summary and result.evidence["killed_after_step"] == 10
+
+
+# --------------------------------------------------------------------------------------------
+# the report's status: never passed when nothing was tested or the run was cut short
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_report_status_of_skips_and_interruptions() -> None:
+    from trainguard.report import Report
+
+    passed, skipped = CheckResult("smoke", "passed", ""), CheckResult("drill:k", "skipped", "no cgroups")
+    failed = CheckResult("resume", "failed", "")
+    assert Report("j", [passed, skipped]).status == "passed"
+    assert Report("j", [skipped]).status == "skipped" and Report("j", [skipped]).ok
+    assert Report("j", [passed], interrupted=True).status == "interrupted"
+    assert not Report("j", [passed], interrupted=True).ok
+    assert Report("j", [failed], interrupted=True).status == "failed"
+    assert Report("j", [passed]).to_dict()["status"] == "passed"
+
+
+def test_a_report_written_after_ctrl_c_is_not_passed(jobs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Smoke passes, then Ctrl-C in the next check: the report written on the way out holds smoke
+    and says `interrupted`, never `passed` (issue 24: a CI script reading only `status`)."""
+    real = checks_module.check_registry
+
+    def ctrl_c(runner: JobRunner, spec: object) -> CheckResult:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checks_module, "check_registry", lambda: {**real(), "determinism": ctrl_c})
+    report_path = jobs / "r.json"
+    with pytest.raises(KeyboardInterrupt):
+        check(jobs / "toy.trainguard.yaml", report_json=str(report_path))
+    data = json.loads(report_path.read_text())
+    assert [c["name"] for c in data["checks"]] == ["smoke"] and data["interrupted"] is True
+    assert data["status"] == "interrupted"

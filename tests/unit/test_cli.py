@@ -7,6 +7,7 @@ job-file error (a message naming the file and the key, never a traceback), 130 i
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -87,6 +88,34 @@ def test_check_exits_1_on_a_nondeterministic_job_and_says_how_to_reproduce(
     assert done.stdout.rstrip().splitlines()[-1].startswith("FAILED: 1 check(s); report: ")
     assert report.is_file()
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("flags", "code", "last"), [("", 0, "passed"), (" --nondet", 1, "failed")],
+                         ids=["clean", "nondeterministic"])
+def test_a_stdout_closed_after_the_first_line_stops_nothing(jobs: Path, flags: str, code: int, last: str) -> None:
+    """`trainguard check job | head -1`: the reader leaves after smoke's verdict line; determinism
+    still runs, the report is written and the exit is the checks' own (issue 24: it was 2, the
+    broken pipe blamed on the disk, with no report)."""
+    job = jobs / "toy.trainguard.yaml"
+    job.write_text(job.read_text().replace("--sleep 0.02", "--sleep 0.02" + flags))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_")}
+    env["TRAINGUARD_TRACKING"] = "off"
+    cli = subprocess.Popen([*TRAINGUARD, "check", str(job)], env=env, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert cli.stdout is not None and cli.stderr is not None
+        first = cli.stdout.readline()
+        cli.stdout.close()  # `head -1` exits
+        assert cli.wait(timeout=60) == code, cli.stderr.read()
+        err = cli.stderr.read()
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    assert first.startswith("PASSED  smoke:"), first
+    assert "Broken pipe" not in err and "Traceback" not in err, err
+    report = json.loads((jobs / ".trainguard" / "report.json").read_text())
+    assert [(c["name"], c["status"]) for c in report["checks"]] == [("smoke", "passed"), ("determinism", last)]
 
 
 def test_check_accepts_a_directory_and_verbose_streams_rank_output(jobs: Path) -> None:

@@ -97,6 +97,15 @@ def test_drills_run_after_the_checks_and_are_selected_by_name() -> None:
         ("{name: a, fault: kill_rank, params: {signal: SIGHUP}}", "checks.drills[0].params.signal: expected one of SIGKILL, SIGTERM, SIGINT, got 'SIGHUP'"),
         ("{name: a, fault: hang, params: {seconds: 3}}", "checks.drills[0].params.seconds: unknown parameter for fault 'hang'"),
         ("{name: a, fault: hang, args: '--x {stepz}'}", "checks.drills[0].args[1]: unknown placeholder {stepz}"),
+        # drills that could only be skipped or end in an error are refused (issue 24)
+        ("{name: a, fault: node_loss}", "checks.drills[0].fault: node_loss stops a Ray node, and this job is "
+         "not `kind: ray_train`; for a command job use kill_rank"),
+        ("{name: a, fault: soak, after_step: 5}", "checks.drills[0]: after_step does not apply to a soak"),
+        ("{name: a, fault: soak, duration: 5}", "duration does not apply to a soak"),
+        ("{name: a, fault: soak, params: {ranks: [1, 2, 5]}}", "checks.drills[0].params.ranks: rank(s) 2, 5 do "
+         "not exist in a run of 2 rank(s); use ranks from 0 to 1"),
+        ("{name: a, fault: soak, steps: 6, params: {every_steps: 1000, min_gap: 1, seeds: [1, 2]}}",
+         "checks.drills[0].params.every_steps: the schedule of seed 1 holds no fault in 6 steps"),
     ],
 )
 def test_each_bad_drill_names_the_key_and_the_fix(entry: str, expected: str) -> None:
@@ -285,6 +294,49 @@ def test_fail_clean_catches_a_hang_a_late_exit_a_silent_exit_and_a_lost_checkpoi
     status, summary, _ = judge_fail_clean(c)
     assert "exited 9.0 s after the fault, later than the deadline of 5 s" in summary
     assert "rank 0 exited with code 3 but wrote no error to stderr after the fault" in summary
+
+
+def _fail_clean_on(tmp_path: Path, stderr: str) -> tuple[str, str, dict[str, Any]]:
+    """fail_clean's verdict on a rank 0 that exited 1 three seconds after the fault with
+    ``stderr``, its checkpoint intact."""
+    (tmp_path / "rank0.stderr.log").write_text(stderr)
+    first = _result("failed", _points(range(1, 7)), failed_rank=0, codes=(1, -15), run_dir=tmp_path)
+    c = _context(FAIL, [first], runner=_VerifyRunner(_result("ok", _points(range(6, 13)))))
+    c.metric_lines = (r"step (?P<step>\d+) loss (?P<value>\S+)",)
+    c.info.first_exit = (0, 1, 1.55 + 3.0)
+    return judge_fail_clean(c)
+
+
+TQDM = "".join(f"\r{n * 10:3d}%|{'#' * n}{' ' * (10 - n)}| {n}/10 [00:0{n // 5}<00:01, 4.97it/s]" for n in (0, 5, 10))
+
+
+@pytest.mark.parametrize("said", [
+    "OSError: [Errno 5] Input/output error",  # had "error": passed before too
+    "toy_train : rang 0 : aucun pair n'a répondu en 2 s à l'étape 7, on s'arrête",
+    "rank 0: the other ranks went quiet at step 7; stopping here",
+    "ValueError: []",
+])
+def test_fail_clean_takes_any_line_the_job_wrote_as_its_report_and_shows_it(tmp_path: Path, said: str) -> None:
+    """A job reports its failure in its own words: no word list decides (issue 24)."""
+    status, summary, evidence = _fail_clean_on(tmp_path, f"step 7 loss 0.5\n{TQDM}\n{said}\n"
+                                               "/x/train.py:9: UserWarning: slow\n  warnings.warn('slow')\n")
+    assert status == "passed", summary
+    assert evidence["error_line"] == said and f'error reported ("{said}")' in summary
+
+
+@pytest.mark.parametrize("stderr", [
+    "",  # a silent non-zero exit
+    TQDM + "\n",  # only a progress bar
+    "\x1b[31m" + TQDM + "\x1b[0m\nstep 7 loss 0.5\n/x/train.py:9: UserWarning: peers are slow\n"
+    "  warnings.warn('peers are slow')\nWARNING:root:slow peers\n[W socket.cpp:464] slow\n"
+    "trainguard run hook: the sampler failed (OSError: x); the job goes on\n"
+    "[trainguard: 10 bytes of this log dropped here]\n",  # nothing but noise
+])
+def test_fail_clean_fails_an_exit_that_reported_nothing(tmp_path: Path, stderr: str) -> None:
+    status, summary, evidence = _fail_clean_on(tmp_path, stderr)
+    assert status == "failed"
+    assert "rank 0 exited with code 1 but wrote no error to stderr after the fault" in summary
+    assert "error_line" not in evidence
 
 
 def test_continue_judges_the_rate_during_the_fault_and_the_faults_own_check() -> None:

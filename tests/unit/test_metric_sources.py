@@ -44,6 +44,24 @@ def test_each_metric_source_form_loads(source: str, kind: type, check: tuple | N
     assert job.record_samples is True
 
 
+@pytest.mark.parametrize("source", [r"{regex: 'loss (?P<value>\S+)', step: count}",
+                                    r"{regex: 'loss (?P<value>\S+)'}"])
+def test_counted_steps_and_resume_args_are_refused_at_load(source: str) -> None:
+    """A resumed run counts its lines from 1 again while it continues at step k + 1: smoke and
+    resume would fail a job that resumes exactly, so the pair is refused where it is written
+    (issue 24); without resume_args the same source loads."""
+    with pytest.raises(ConfigError) as info:
+        _job(f"    loss: {source}\n", extra="  resume_args: --resume\n")
+    message = str(info.value)
+    assert "job.metrics.loss.step: " in message and "job.resume_args is set" in message
+    for alternative in ("(?P<step>\\d+)", "`step: <group>`", "{file: metrics.jsonl}", "{trainer: huggingface}",
+                        "remove job.resume_args"):
+        assert alternative in message, (alternative, message)
+    assert _job(f"    loss: {source}\n").metrics["loss"].step_group == "count"
+    stepped = _job(r"    loss: {regex: 'it (?P<step>\d+) loss (?P<value>\S+)'}" + "\n", extra="  resume_args: --resume\n")
+    assert stepped.resume_args == ["--resume"]
+
+
 @pytest.mark.parametrize(("source", "key", "words"), [
     (r"{regex: 'loss (\S+)', step: count}", "job.metrics.loss",
      ["lacks the named group(s) value", r"write it as (?P<value>\S+)"]),

@@ -84,7 +84,8 @@ def test_report_json_has_the_contract_keys() -> None:
     [
         ((), "passed"),
         (("passed",), "passed"),
-        (("skipped",), "passed"),
+        (("skipped",), "skipped"),  # nothing was tested: not passed (issue 24)
+        (("skipped", "skipped"), "skipped"),
         (("passed", "skipped", "passed"), "passed"),
         (("failed",), "failed"),
         (("error",), "failed"),

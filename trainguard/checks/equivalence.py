@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import signal
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,9 +40,11 @@ from trainguard.unit.checkpoints import (
 __all__ = [
     "TrajectoryDiff",
     "compare_trajectories",
+    "kill_after",
     "run_determinism",
     "run_parallel",
     "run_resume",
+    "untested_kill",
 ]
 
 NONDETERMINISM_CAUSES = (
@@ -251,6 +253,42 @@ def _progress_metric(runner: JobRunner) -> str:
     return "loss" if "loss" in metrics else next(iter(metrics))
 
 
+def kill_after(metric: str, after_step: int) -> Callable[[MetricPoint, Launcher], None]:
+    """The metric callback that SIGKILLs the run once it printed ``after_step`` of ``metric``."""
+
+    def kill(point: MetricPoint, launcher: Launcher) -> None:
+        if point.name == metric and point.step >= after_step:
+            launcher.stop(f"SIGKILL after step {point.step}", signal.SIGKILL)
+
+    return kill
+
+
+def untested_kill(killed: RunResult, metric: str, after_step: int, steps: int, what: str = "the run") -> str | None:
+    """Why the run that was to be SIGKILLed right after ``after_step`` (of ``steps``) tests no
+    resume, or None when the kill landed mid-run.
+
+    The kill came too late when the run had already printed its last step (it finished, or was
+    killed in its teardown): its output is read with a lag, and a job that prints its lines in a
+    burst (a logger flushed at exit) shows step ``after_step`` only at the end. That is said as
+    such, not as a broken metric or a failed resume. A run that finished without ever printing
+    ``after_step`` has a metric trainguard cannot read."""
+    reached = max((p.step for p in killed.points if p.name == metric), default=None)
+    late = reached is not None and (reached >= steps or (killed.ok and reached >= after_step))
+    if late:
+        how = "had finished" if killed.ok else "had printed its last step and was exiting"
+        return (f"the kill came too late to test a resume: {what} {how} (step {reached} of {steps} "
+                f"printed) when trainguard read step {after_step} of `{metric}` and sent the SIGKILL (the "
+                "job's output is read with a lag that grows on a loaded machine, and a job that prints "
+                "its lines in a burst shows them only then); give the check more steps after after_step, "
+                "and print each step's line when it is done")
+    if killed.outcome == "stopped":
+        return None
+    if killed.ok:
+        return (f"{what} finished ({reached if reached is not None else 'no'} step(s) of `{metric}`) "
+                f"before trainguard saw step {after_step} of `{metric}`; check job.metrics.{metric}")
+    return f"{what} failed before step {after_step}: {killed.reason}"
+
+
 def _resume_reproduce(runner: JobRunner, request: RunRequest, after_step: int,
                       latest: Path | None = None) -> str:
     """Both commands of a resume, runnable as printed in a fresh directory; ``latest``: the
@@ -273,22 +311,15 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     if not reference.ok:
         return _failed_run("resume", reference, started, reproduce)
 
-    def kill_after(point: MetricPoint, launcher: Launcher) -> None:
-        if point.name == metric and point.step >= spec.after_step:
-            launcher.stop(f"SIGKILL after step {point.step}", signal.SIGKILL)
-
-    interrupted = runner.run(request, label="resume-killed", on_metric=kill_after)
+    interrupted = runner.run(request, label="resume-killed", on_metric=kill_after(metric, spec.after_step))
     killed_at = interrupted.last_step
-    if interrupted.outcome != "stopped":
-        if interrupted.ok:
-            why = (
-                f"the run finished ({killed_at} steps) before trainguard saw step "
-                f"{spec.after_step} of `{metric}`; check job.metrics.{metric}"
-            )
-        else:
-            why = f"the run failed before step {spec.after_step}: {interrupted.reason}"
+    why = untested_kill(interrupted, metric, spec.after_step, spec.steps)
+    if why is not None:
         return CheckResult(
-            "resume", "error", why, {"stderr_tail": interrupted.stderr_tail}, time.monotonic() - started, reproduce
+            "resume", "error", why, {"stderr_tail": interrupted.stderr_tail, "killed_after_step": killed_at,
+                                     "killed_run_outcome": interrupted.outcome,
+                                     "run_dir": str(interrupted.run_dir)},
+            time.monotonic() - started, reproduce
         )
     checkpoint_dir = Path(interrupted.evidence["checkpoint_dir"])
     latest = latest_complete_checkpoint(checkpoint_dir)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import re
-import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,9 +31,8 @@ from trainguard.checks.diagnosis import (
     Cause,
     read_inventory,
 )
-from trainguard.checks.equivalence import compare_trajectories
+from trainguard.checks.equivalence import compare_trajectories, kill_after, untested_kill
 from trainguard.config import ReshardCheck
-from trainguard.launch import Launcher, MetricPoint
 from trainguard.launch.samples import SampleBatch, read_samples
 from trainguard.report import CheckResult, CheckStatus
 from trainguard.run.runner import JobRunner
@@ -253,12 +251,8 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
                  f"rank(s): {runner.command_line(new, resume=True)}")
     runner.prefetch(old)  # the uninterrupted run starts up beside the one that is killed
 
-    def kill_after(point: MetricPoint, launcher: Launcher) -> None:
-        if point.name == metric and point.step >= spec.after_step:
-            launcher.stop(f"SIGKILL after step {point.step}", signal.SIGKILL)
-
     try:
-        killed = runner.run(old, label=f"reshard-{n}to{m}-killed", on_metric=kill_after)
+        killed = runner.run(old, label=f"reshard-{n}to{m}-killed", on_metric=kill_after(metric, spec.after_step))
         reference = runner.reference(old)
     except BaseException:
         runner.stop_background("the reshard check was interrupted")
@@ -266,10 +260,10 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
     if not reference.ok:
         return _Pair(n, m, "error", f"{name}: the uninterrupted {n}-rank run did not complete: {reference.reason}",
                      {"stderr_tail": reference.stderr_tail, "run_dir": str(reference.run_dir)}, reproduce)
-    if killed.outcome != "stopped":
-        why = (f"the {n}-rank run finished before trainguard saw step {spec.after_step} of `{metric}`"
-               if killed.ok else f"the {n}-rank run failed before step {spec.after_step}: {killed.reason}")
-        return _Pair(n, m, "error", f"{name}: {why}", {"stderr_tail": killed.stderr_tail}, reproduce)
+    why = untested_kill(killed, metric, spec.after_step, spec.steps, what=f"the {n}-rank run")
+    if why is not None:
+        return _Pair(n, m, "error", f"{name}: {why}", {"stderr_tail": killed.stderr_tail,
+                                                       "killed_after_step": killed.last_step}, reproduce)
     checkpoint_dir = Path(killed.evidence["checkpoint_dir"])
     latest = latest_complete_checkpoint(checkpoint_dir)
     inventory = read_inventory(latest if latest is not None else checkpoint_dir)

@@ -174,6 +174,15 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``trainguard ARGS``: the exit code. Its stdout may close early (``| head -1``): the run
+    goes on, writes its report and exits with its own result (:mod:`trainguard.cli.output`)."""
+    from trainguard.cli.output import stdout_outliving_its_reader
+
+    with stdout_outliving_its_reader():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from trainguard.cli import init as init_cli
 
     _escape_unencodable_output()
@@ -297,7 +306,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         from trainguard.tracking.store import ui_command
 
         print(f"MLflow runs: {ui_command(report.tracking_uri)}")
-    return EXIT_OK if report.status == "passed" else EXIT_FAILED
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def _cmd_gate(args: argparse.Namespace) -> int:
@@ -409,7 +418,7 @@ def _cmd_drill(args: argparse.Namespace) -> int:
     )
     _print_unwritten(report)
     print(f"{report.status.upper()}: {len(report.checks)} {args.command}(s); report: {_rel(report.path)}")
-    return EXIT_OK if report.status == "passed" else EXIT_FAILED
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def _print_unwritten(report: Report) -> None:

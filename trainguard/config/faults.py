@@ -99,6 +99,11 @@ class FaultClass(Protocol):
         """Problems with ``params`` as ``(key, message with the fix)`` pairs; empty when valid."""
         ...
 
+    def unavailable_for(self, ray_train: bool) -> str | None:
+        """Why the fault cannot strike a job of that kind (``ray_train``), with what to use
+        instead; None when it can."""
+        ...
+
 
 class FaultNotInstalled(TrainguardError):
     """A known fault kind whose implementation cannot be imported here."""

@@ -266,6 +266,8 @@ def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
     for metric, source in job.metrics.items():
         if isinstance(source, MetricFile):
             scan(f"job.metrics.{metric}.file", source.file, fresh | {"rank"})
+        if isinstance(source, MetricRegex) and source.step_group == "count" and job.resume_args:
+            problems.append((f"job.metrics.{metric}.step", _counted_resume_problem(source)))
         if isinstance(source, MetricTrainer) and job.is_ray_train:
             problems.append((
                 f"job.metrics.{metric}",
@@ -361,6 +363,18 @@ def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
     return problems
 
 
+def _counted_resume_problem(source: MetricRegex) -> str:
+    """Why ``step: count`` and ``job.resume_args`` cannot go together, and the alternatives."""
+    given = "step: count" if source.step == "count" else "no step group (so `step: count`)"
+    return (f"{given} numbers a rank's matching lines from 1 in every launch, but job.resume_args "
+            "is set: a resumed run (smoke's and resume's resume, a drill's restart) continues at "
+            "step k + 1 and would be counted from 1 again, so it could never match the "
+            "uninterrupted run. Fix: read the step from the line (a `(?P<step>\\d+)` group, or "
+            "`step: <group>` naming the group that holds it), use a source that carries the step "
+            "(`{file: metrics.jsonl}` or `{trainer: huggingface}`), or remove job.resume_args "
+            "(and the checks that resume)")
+
+
 def _one_process_problems(job_file: JobFile) -> list[tuple[str, str]]:
     """``distributed_env: false`` launches one plain process: nothing may ask for more ranks."""
     job, checks = job_file.job, job_file.checks
@@ -421,19 +435,20 @@ def drill_problems(job_file: JobFile, command_text: str, env_text: str) -> list[
             cls = fault_class(drill.fault)
         except FaultNotInstalled:
             continue  # reported when the drill runs; the rest of the file stays usable
+        unavailable = cls.unavailable_for(job.is_ray_train)
+        if unavailable is not None:  # the drill could only be skipped
+            problems.append((f"{key}.fault", f"{unavailable} (job.kind: {job.kind})"))
         try:
             found = cls.validate(drill.params)
         except Exception as exc:  # a fault's own rules tripped over a value: still a clear error
             found = [("", f"could not be checked ({type(exc).__name__}: {str(exc)[:200]}); see the "
                       f"{drill.fault} fault's parameters in the docs")]
-        if not found and drill.fault == "soak":  # the schedule must fit the drill's steps
-            try:
-                cls.schedule_of(drill.params, drill.steps, world_size)  # type: ignore[attr-defined]
-            except ValueError as exc:
-                found = [("", str(exc))]
+        if not found and drill.fault == "soak":  # its schedule: ranks that exist, a fault per seed
+            found = cls.schedule_problems(drill.params, drill.steps, world_size)  # type: ignore[attr-defined]
         for param, message in found:
             problems.append((f"{key}.params{'.' + param if param else ''}", message))
     return problems
+
 
 def profile_problems(job_file: JobFile, spec: ProfileCheck, used: set[str]) -> list[tuple[str, str]]:
     """What ``checks.profile`` needs: known metric names and a way to count samples.

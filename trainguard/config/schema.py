@@ -242,6 +242,13 @@ class Job(ConfigModel):
         every layer asks of the kind, answered here once)."""
         return self.kind == "ray_train"
 
+    @property
+    def metric_line_regexes(self) -> tuple[str, ...]:
+        """The regexes of the metrics read from the job's output lines (a regex string or
+        ``{regex: ...}``): what a metric line looks like."""
+        return tuple(s if isinstance(s, str) else s.regex for s in self.metrics.values()
+                     if isinstance(s, (str, MetricRegex)))
+
     @model_validator(mode="before")
     @classmethod
     def _ray_train_as_command(cls, data: Any) -> Any:

@@ -319,7 +319,8 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
                  or judge_for(spec.expectation, ray_recover=ray_recover))
         status, summary, evidence = judge(
             DrillContext(runner, spec, fault, driver.info, run, reference, request, metric,
-                     ctx.checkpoint_dir, stall * runner.settings.timeout_scale)
+                     ctx.checkpoint_dir, stall * runner.settings.timeout_scale,
+                     job_file.job.metric_line_regexes)
         )
         evidence["drill_dir"] = str(drill_dir)
         evidence["run_dir"] = str(run.run_dir)  # the attempts' logs (attempt-N/)

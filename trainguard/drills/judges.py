@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from trainguard.drills.steps import judged_steps
 from trainguard.faults.base import Fault
 from trainguard.launch import MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories, first_step
+from trainguard.launch.reported import reported_line
 from trainguard.report import CheckStatus
 from trainguard.run.runner import JobRunner, RunRequest, SupervisedRun
 from trainguard.unit.checkpoints import compare_checkpoint_dirs
@@ -57,8 +57,6 @@ __all__ = [
     "recover_causes",
     "trajectory_diff",
 ]
-
-_ERROR_WORDS = re.compile(r"error|exception|traceback|fatal|abort|killed|timed? ?out", re.I)
 
 DRILL_CAUSES = {
     "recover": (
@@ -120,6 +118,9 @@ class DrillContext:
     metric: str
     checkpoint_dir: Path
     stall_limit: float
+    #: what a metric line of the job looks like (``Job.metric_line_regexes``): such a line on
+    #: stderr after the fault reports nothing
+    metric_lines: tuple[str, ...] = ()
 
 
 def _points(result: RunResult, metric: str, rank: int | None = None) -> list[MetricPoint]:
@@ -502,8 +503,9 @@ def judge_ray_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]
 def exit_problems(c: DrillContext, evidence: dict[str, Any]) -> list[str]:
     """What is wrong with how the first attempt ended, for a job that must exit non-zero by
     itself within ``deadline`` of the fault with an error on stderr (or dead of a signal): one
-    sentence per problem. Fills ``exit_after_s``, ``failed_rank_stderr_after_fault`` and
-    ``error_reported`` in ``evidence``."""
+    sentence per problem. Fills ``exit_after_s``, ``failed_rank_stderr_after_fault``,
+    ``error_reported`` and ``error_line`` (the last line of its stderr after the fault that
+    says something, :func:`trainguard.launch.reported.reported_line`) in ``evidence``."""
     spec, info = c.spec, c.info
     first = c.run.attempts[0]
     problems: list[str] = []
@@ -533,13 +535,17 @@ def exit_problems(c: DrillContext, evidence: dict[str, Any]) -> list[str]:
         exit_info = next((e for e in first.exits if e.rank == rank), None)
         text = new_stderr(first, info, rank)
         evidence["failed_rank_stderr_after_fault"] = text[-1500:]
+        said = reported_line(text, c.metric_lines)
         if exit_info is not None and exit_info.signal:
             evidence["error_reported"] = f"rank {rank} died of {exit_info.signal} (no chance to write)"
-        elif _ERROR_WORDS.search(text):
+        elif said is not None:
             evidence["error_reported"] = "yes"
+            evidence["error_line"] = said[:300]
         else:
             problems.append(f"rank {rank} exited with code {exit_info.returncode if exit_info else '?'} "
-                            "but wrote no error to stderr after the fault")
+                            "but wrote no error to stderr after the fault (nothing but "
+                            + ("metric lines, progress bars, warnings or trainguard's own lines)"
+                               if text.strip() else "an empty stderr)"))
     return problems
 
 
@@ -593,9 +599,16 @@ def judge_fail_clean(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]
         torn = (evidence.get("checkpoint") or {}).get("intact") is False
         return "failed", f"{what}; " + "; ".join(problems) + (
             f". Most likely {evidence['likely_causes'][0]}" if torn else ""), evidence
-    return ("passed", f"{what} (deadline {spec.deadline_s:g} s), error reported; resumed from "
-            f"checkpoint step {evidence['resumed_from_step']} with the fault removed and matched the "
+    return ("passed", f"{what} (deadline {spec.deadline_s:g} s), error reported{_said(evidence)}; "
+            f"resumed from checkpoint step {evidence['resumed_from_step']} with the fault removed and matched the "
             "uninterrupted run", evidence)
+
+
+def _said(evidence: dict[str, Any]) -> str:
+    """`` ('the line')``: the line the failed rank reported, for a summary (nothing when it
+    died of a signal)."""
+    said = evidence.get("error_line")
+    return f" (\"{said[:200]}\")" if said else ""
 
 
 def _fail_clean_causes(first: RunResult, info: Any, evidence: dict[str, Any]) -> list[str]:

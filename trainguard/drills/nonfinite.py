@@ -187,9 +187,10 @@ def judge_handle_nonfinite(c: DrillContext) -> tuple[CheckStatus, str, dict[str,
                 + f". Most likely {causes[0]}", evidence)
     if policy == "stop":
         exit_after = evidence.get("exit_after_s")
+        said = evidence.get("error_line")
         how = (f"rank {first.failed_rank} exited with an error "
                + (f"{exit_after:.2f} s after the fault" if exit_after is not None else "")
-               + f" (deadline {spec.deadline_s:g} s)")
+               + f" (deadline {spec.deadline_s:g} s)" + (f" (\"{said[:200]}\")" if said else ""))
         return "passed", f"{what}: {how}{seen}{spread}", evidence
     later = [p for p in metric_points if p.step > put_step]
     return ("passed", f"{what}: the job went on to step {first.last_step} and all {len(later)} metric "

@@ -363,10 +363,9 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
     def result(status: CheckStatus, summary: str, evidence: dict[str, Any]) -> CheckResult:
         return CheckResult(name, status, summary, {**base, **evidence}, time.monotonic() - started, reproduce)
 
-    if job_file.job.is_ray_train:
-        return result("skipped", "a soak runs a torchrun-style job (trainguard restarts its ranks); "
-                      "for a ray_train job use kill_rank and node drills, which Ray Train recovers "
-                      "inside one fit", {})
+    unavailable = SoakFault.unavailable_for(job_file.job.is_ray_train)
+    if unavailable is not None:
+        return result("skipped", unavailable, {})
     if not events:
         return result("error", f"the schedule of seed {seed} holds no fault in {spec.steps} steps; raise "
                       "`steps` or lower `every_steps`", {})

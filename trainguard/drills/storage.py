@@ -4,8 +4,10 @@
 newest complete checkpoint is struck (a byte flipped, or its reads failing with EIO), and the job
 resumes. It must never resume silently from the struck checkpoint:
 
-* ``fail_clean``: a resume run (the fault in place) exits non-zero with an error on stderr
-  within ``deadline``, without training from the struck checkpoint;
+* ``fail_clean``: a resume run (the fault in place) exits non-zero with an error on stderr (a
+  line that is not a metric line, a progress bar, a warning or trainguard's own:
+  :mod:`trainguard.launch.reported`) within ``deadline``, without training from the struck
+  checkpoint;
 * ``recover``: trainguard restarts the job (at most ``max_restarts`` times); it completes having
   fallen back to an older good checkpoint (resumed from a step older than the struck one) and
   matches the uninterrupted run from there.
@@ -37,12 +39,11 @@ from trainguard.drills.judges import (
 from trainguard.faults.base import Fault
 from trainguard.faults.hook import rank_stderr
 from trainguard.launch import RunResult
+from trainguard.launch.reported import reported_line
 from trainguard.report import CheckStatus
 from trainguard.unit.checkpoints.files import is_temp_name
 
 __all__ = ["STORAGE_CAUSES", "judge_kill_during_save", "judge_storage_resume", "storage_judge"]
-
-_ERROR_WORDS = re.compile(r"error|exception|traceback|fatal|abort|corrupt|checksum|mismatch", re.I)
 
 STORAGE_CAUSES = {
     "silent": "no integrity check on load: the checkpoint carries no checksum (or the loader never "
@@ -101,11 +102,6 @@ def _resumed_from(result: RunResult, metric: str) -> int | None:
     return min(steps) - 1 if steps else None
 
 
-def _error_line(text: str) -> str | None:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return next((ln for ln in reversed(lines) if _ERROR_WORDS.search(ln)), lines[-1] if lines else None)
-
-
 def judge_storage_resume(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
     skipped = not_injected(c)
     if skipped:
@@ -154,7 +150,7 @@ def judge_storage_resume(c: DrillContext) -> tuple[CheckStatus, str, dict[str, A
         evidence["resumed_from_step"] = resumed
         failed_rank = resume.failed_rank if resume.failed_rank is not None else 0
         text = rank_stderr(resume, failed_rank)
-        error = _error_line(text)
+        error = reported_line(text, c.metric_lines)
         evidence["resume_error"] = error
         if loaded_struck(resume):
             problems.append(f"the resume loaded the struck checkpoint ({named}) and trained on after "
@@ -171,8 +167,9 @@ def judge_storage_resume(c: DrillContext) -> tuple[CheckStatus, str, dict[str, A
             problems.append(f"the resume run ended as {resume.outcome}: {resume.reason}")
         elif resume.duration_s > spec.deadline_s:
             problems.append(f"the resume failed only after {resume.duration_s:.1f} s (deadline {spec.deadline_s:g} s)")
-        elif not (error and _ERROR_WORDS.search(error)):
-            problems.append("the resume exited non-zero but wrote no error to stderr")
+        elif error is None:
+            problems.append("the resume exited non-zero but wrote no error to stderr (nothing but metric "
+                            "lines, progress bars, warnings or trainguard's own lines)")
         if problems:
             evidence["likely_causes"] = causes or list(STORAGE_CAUSES.values())
             return "failed", f"{what}; " + "; ".join(problems), evidence

@@ -94,6 +94,20 @@ class Fault:
         return [(key, f"unknown parameter for fault {cls.kind!r}; expected one of "
                  f"{', '.join(sorted(cls.defaults)) or '(none)'}") for key in unknown]
 
+    @classmethod
+    def unavailable_for(cls, ray_train: bool) -> str | None:
+        """Why this fault cannot strike a job of that kind (``ray_train``: a ``kind: ray_train``
+        job, else a command job), with what to use instead; None when it can. ``trainguard
+        validate`` refuses such a drill (it could only be skipped); :meth:`require_job_kind`
+        raises the same words at :meth:`setup`."""
+        return None
+
+    def require_job_kind(self, ctx: FaultContext) -> None:
+        """Raise :class:`FaultUnavailable` when :meth:`unavailable_for` refuses ``ctx``'s job."""
+        why = self.unavailable_for(ctx.ray_train)
+        if why is not None:
+            raise FaultUnavailable(why)
+
     def setup(self, ctx: FaultContext) -> None:
         """Prepare the real fault before the first attempt (may raise :class:`FaultUnavailable`)."""
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import psutil
 
-from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
+from trainguard.faults.base import Fault, FaultContext
 from trainguard.faults.kill import KILL_SIGNALS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -54,10 +54,13 @@ class KillWorkerFault(Fault):
                              f"(0 = the oldest), 0 to 1023, got {str(worker)[:40]!r}"))
         return problems
 
+    @classmethod
+    def unavailable_for(cls, ray_train: bool) -> str | None:
+        return ("kill_worker finds a rank's DataLoader workers among the children of the rank's process; "
+                "a ray_train job's workers are Ray actors (use kill_rank)") if ray_train else None
+
     def setup(self, ctx: FaultContext) -> None:
-        if ctx.ray_train:
-            raise FaultUnavailable("kill_worker finds a rank's DataLoader workers among the children of the "
-                                   "rank's process; a ray_train job's workers are Ray actors (use kill_rank)")
+        self.require_job_kind(ctx)
 
     def inject(self, launcher: Launcher) -> None:
         rank_pid = launcher.ranks[self.rank].pid

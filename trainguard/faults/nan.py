@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from trainguard.faults.base import FaultContext, FaultUnavailable
+from trainguard.faults.base import FaultContext
 from trainguard.faults.hook import HookFault, hook_env, pull_trigger
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -84,12 +84,14 @@ class NanFault(HookFault):
 
     # -- life cycle --------------------------------------------------------------------------
 
-    def setup(self, ctx: FaultContext) -> None:
-        if ctx.ray_train:
-            raise FaultUnavailable(
-                "the nan fault finds its rank by RANK when the start-up hook loads, which a Ray "
+    @classmethod
+    def unavailable_for(cls, ray_train: bool) -> str | None:
+        return ("the nan fault finds its rank by RANK when the start-up hook loads, which a Ray "
                 "Train worker does not have yet; drill numerics on a command job (torchrun-style)"
-            )
+                ) if ray_train else None
+
+    def setup(self, ctx: FaultContext) -> None:
+        self.require_job_kind(ctx)
         self._prepare(ctx)
 
     def launch_env(self, ctx: FaultContext) -> dict[str, str]:

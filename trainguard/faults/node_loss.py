@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
+from trainguard.faults.base import Fault, FaultContext
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
@@ -55,12 +55,15 @@ class NodeLossFault(Fault):
                              "e.g. `params: {signal: SIGTERM}`"))
         return problems
 
+    @classmethod
+    def unavailable_for(cls, ray_train: bool) -> str | None:
+        if ray_train:
+            return None
+        return ("node_loss stops a Ray node, and this job is not `kind: ray_train`; for a command "
+                "job use kill_rank (a rank's death) or a Slurm drill (a node marked down)")
+
     def setup(self, ctx: FaultContext) -> None:
-        if not ctx.ray_train:
-            raise FaultUnavailable(
-                "node_loss stops a Ray node, and this job is not `kind: ray_train`; for a command "
-                "job use kill_rank (a rank's death) or a Slurm drill (a node marked down)"
-            )
+        self.require_job_kind(ctx)
 
     def inject(self, launcher: Launcher) -> None:
         from trainguard.raytrain.workers import RayWorkerLauncher, WorkerNotHere

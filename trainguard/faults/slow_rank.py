@@ -213,10 +213,13 @@ class SlowRankFault(Fault):
         when the drill sets no ``min_rate``."""
         return self.fraction * _MARGIN
 
+    @classmethod
+    def unavailable_for(cls, ray_train: bool) -> str | None:
+        return ("slow_rank throttles a rank's processes by pid, children of the launched command; a "
+                "ray_train job's workers are Ray actors") if ray_train else None
+
     def setup(self, ctx: FaultContext) -> None:
-        if ctx.ray_train:
-            raise FaultUnavailable("slow_rank throttles a rank's processes by pid, children of the launched "
-                                   "command; a ray_train job's workers are Ray actors")
+        self.require_job_kind(ctx)
         self.group = CpuCgroup()
         self.group.create()
 

@@ -182,6 +182,33 @@ class SoakFault(Fault):
         return problems
 
     @classmethod
+    def unavailable_for(cls, ray_train: bool) -> str | None:
+        return ("a soak runs a torchrun-style job (trainguard restarts its ranks); for a ray_train job "
+                "use kill_rank and node_loss drills, which Ray Train recovers inside one fit") if ray_train else None
+
+    @classmethod
+    def schedule_problems(cls, params: Mapping[str, Any], steps: int, world_size: int) -> list[tuple[str, str]]:
+        """What is wrong with the schedules of these (valid) ``params``, as ``(param, message)``:
+        ranks beyond ``world_size`` (a fault could strike no process), a schedule that does not fit
+        ``steps``, or one that holds no fault for a seed of the job file (the soak could only be
+        an error). A seed given at run time (``--seed``) is checked when it runs."""
+        ranks = params.get("ranks") or []
+        beyond = sorted({r for r in ranks if r >= world_size})
+        if beyond:
+            return [("ranks", f"rank(s) {', '.join(map(str, beyond))} do not exist in a run of {world_size} "
+                     f"rank(s); use ranks from 0 to {world_size - 1}, or set the drill's world_size")]
+        for seed in soak_seeds(params, None):
+            try:
+                events = cls.schedule_of(params, steps, world_size, seed)
+            except ValueError as exc:
+                return [("", str(exc))]
+            if not events:
+                return [("every_steps", f"the schedule of seed {seed} holds no fault in {steps} steps "
+                         "(`every_steps` draws how many, which can be none); raise `steps`, lower "
+                         "`every_steps`, or give an exact count with `faults: N`")]
+        return []
+
+    @classmethod
     def schedule_of(cls, params: Mapping[str, Any], steps: int, world_size: int,
                     seed: int | None = None) -> list[SoakEvent]:
         """The schedule of a drill with these (valid) ``params``; ``seed`` overrides theirs."""

@@ -29,6 +29,9 @@ Flags plant one defect each, so a test can show that trainguard catches it:
                               newest and trusts it: a flipped digit is trained on), fail (exits 1
                               naming it), fallback (the newest step every rank's file of which
                               reads and verifies), scratch (the defect: starts again from step 1)
+--print-at-exit               holds its metric lines and prints them all after the last step
+                              (a logger flushed at exit): a kill "after step K" lands too late
+--linger S                    sleeps S s after the last step before exiting (a slow teardown)
 --swallow-oom                 catches MemoryError / torch.OutOfMemoryError in the training loop
                               and carries on (an OOM that never ends the job)
 
@@ -49,6 +52,10 @@ Flags plant one defect each, so a test can show that trainguard catches it:
 --sync-dir D makes every step end in a barrier of all ranks (files under D, like a collective):
 a rank waits for its peers' step; --sync-timeout T makes it raise after T s waiting (a collective
 timeout); T 0 waits forever, which is the defect "hangs when a peer dies, without a timeout".
+--on-sync-timeout MODE        how the timed-out rank then exits 1: raise (a RuntimeError's
+                              traceback), say (one sentence of its own, in French, none of the
+                              words "error", "timeout", ...), silent (writes nothing), progress
+                              (writes only a tqdm bar and a warning: nothing that reports)
 """
 
 from __future__ import annotations
@@ -106,6 +113,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ckpt-size-kb", type=int, default=0, help="pad each checkpoint to about this size")
     p.add_argument("--ckpt-keep-one", action="store_true", help="one checkpoint file, replaced by each save")
     p.add_argument("--swallow-oom", action="store_true")
+    p.add_argument("--print-at-exit", action="store_true")
+    p.add_argument("--linger", type=float, default=0.0)
     p.add_argument("--latest-pointer-first", action="store_true")
     p.add_argument("--ckpt-verify", choices=("none", "fail", "fallback", "scratch"), default="none")
     p.add_argument("--work-ms", type=float, default=0.0)
@@ -117,6 +126,7 @@ def parse_args() -> argparse.Namespace:
                    default="die")
     p.add_argument("--sync-dir", default=None)
     p.add_argument("--sync-timeout", type=float, default=0.0, help="0: wait for peers forever")
+    p.add_argument("--on-sync-timeout", choices=("raise", "say", "silent", "progress"), default="raise")
     return p.parse_args()
 
 
@@ -201,7 +211,8 @@ def load_latest(ckpt_dir: Path, rank: int, verify: str = "none", world_size: int
     return int(data["step"]), rng
 
 
-def barrier(sync_dir: Path, rank: int, world_size: int, step: int, timeout: float, flag: bool = False) -> bool:
+def barrier(sync_dir: Path, rank: int, world_size: int, step: int, timeout: float, flag: bool = False,
+            on_timeout: str = "raise") -> bool:
     """Wait until every rank has reached ``step`` (per attempt: TORCHELASTIC_RUN_ID); True when
     any rank came with ``flag`` set (an all-reduce of the flag, like a real job's stop flag)."""
     where = sync_dir / os.environ.get("TORCHELASTIC_RUN_ID", "run")
@@ -213,12 +224,31 @@ def barrier(sync_dir: Path, rank: int, world_size: int, step: int, timeout: floa
     started = time.monotonic()
     while not all((where / f"step{step}.rank{r}").exists() for r in range(world_size)):
         if timeout and time.monotonic() - started > timeout:
+            if on_timeout != "raise":
+                _exit_on_sync_timeout(on_timeout, rank, step, timeout)
             raise RuntimeError(
                 f"toy_train: rank {rank}: collective timed out after {timeout:g} s waiting for "
                 f"peers at step {step}"
             )
         time.sleep(0.005)
     return any((where / f"step{step}.rank{r}").read_text() == "1" for r in range(world_size))
+
+
+def _exit_on_sync_timeout(mode: str, rank: int, step: int, timeout: float) -> None:
+    """Exit 1 the way ``--on-sync-timeout`` says (after a metric line, as a job's last words)."""
+    if mode == "say":
+        print(f"toy_train : rang {rank} : aucun pair n'a répondu en {timeout:g} s à l'étape {step}, "
+              "on s'arrête", file=sys.stderr, flush=True)
+    elif mode == "progress":
+        import warnings
+
+        for done in range(0, 11, 5):
+            bar = "#" * done + " " * (10 - done)
+            sys.stderr.write(f"\r{done * 10:3d}%|{bar}| {done}/10 [00:0{done // 5}<00:01, 4.97it/s]")
+        sys.stderr.write("\n")
+        warnings.warn("peers are slow", UserWarning, stacklevel=1)
+        sys.stderr.flush()
+    raise SystemExit(1)
 
 
 def _produce(queue: object, index: int) -> None:
@@ -312,6 +342,7 @@ def main() -> int:
         Path(args.jsonl_dir).mkdir(parents=True, exist_ok=True)
         jsonl = open(Path(args.jsonl_dir) / f"metrics-rank{rank}.jsonl", "a")  # noqa: SIM115
 
+    held: list[str] = []  # --print-at-exit: the metric lines not printed yet
     for step in range(start, args.steps + 1):
         if args.sleep:
             try:
@@ -345,13 +376,16 @@ def main() -> int:
         loss = 2.0 * math.exp(-0.05 * step) + 0.01 * rng.random()
         stop = bool(NOTICE)
         if args.sync_dir:
-            stop = barrier(Path(args.sync_dir), rank, world_size, step, args.sync_timeout, stop)
+            stop = barrier(Path(args.sync_dir), rank, world_size, step, args.sync_timeout, stop,
+                           args.on_sync_timeout)
         if step not in args.skip_step:
             if jsonl is not None:
                 jsonl.write(json.dumps({"step": step, "loss": loss}) + "\n")
                 jsonl.flush()
             else:
-                print(f"step {step} loss {loss:.6f}", flush=True)
+                held.append(f"step {step} loss {loss:.6f}")
+                if not args.print_at_exit:
+                    print(held.pop(), flush=True)
         due = step == args.steps if args.ckpt_at_exit_only else step % args.ckpt_every == 0
         if ckpt_dir is not None and not args.no_ckpt and due:
             save_checkpoint(ckpt_dir, rank, step, rng, inplace=args.ckpt_inplace,
@@ -359,6 +393,10 @@ def main() -> int:
                             checksum=args.ckpt_verify != "none", pointer_first=args.latest_pointer_first)
         if stop and ckpt_dir is not None:
             return _save_on_notice(args, ckpt_dir, rank, world_size, step, rng)
+    if held:
+        print("\n".join(held), flush=True)
+    if args.linger:
+        time.sleep(args.linger)
     print(f"toy_train: rank {rank} done", flush=True)
     return 0
 
