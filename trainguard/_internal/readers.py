@@ -34,6 +34,7 @@ __all__ = [
     "OverLimit",
     "ReadLimits",
     "Unreadable",
+    "active_limits",
     "contained",
     "file_kind",
     "list_entries",
@@ -44,6 +45,7 @@ __all__ = [
     "read_text_lines",
     "regular_size",
     "shown_name",
+    "use_limits",
 ]
 
 @dataclass(frozen=True)
@@ -63,6 +65,19 @@ class ReadLimits:
 
 #: the limits when no setting names others
 DEFAULT_LIMITS = ReadLimits()
+_ACTIVE = [DEFAULT_LIMITS]
+
+
+def use_limits(limits: ReadLimits) -> None:
+    """Make ``limits`` those of every read that names none: the runner sets them once from the
+    settings (``read_max_mb``, ``read_max_files``, ``read_timeout``), so every caller, down to
+    a judge comparing checkpoints, reads within the same stated limits."""
+    _ACTIVE[0] = limits
+
+
+def active_limits() -> ReadLimits:
+    """The limits of a read that names none (:func:`use_limits`; else :data:`DEFAULT_LIMITS`)."""
+    return _ACTIVE[0]
 
 
 class Unreadable(ValueError):
@@ -107,9 +122,10 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def regular_size(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> int:
+def regular_size(path: Path, limits: ReadLimits | None = None) -> int:
     """The size of ``path`` after checking, without opening it, that it is a regular file no
     larger than ``limits.max_bytes``; :class:`Unreadable` / :class:`OverLimit` otherwise."""
+    limits = limits or active_limits()
     try:
         info = os.stat(path)
     except OSError as exc:
@@ -123,10 +139,11 @@ def regular_size(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> int:
     return info.st_size
 
 
-def open_regular(path: Path, limits: ReadLimits = DEFAULT_LIMITS, *, root: Path | None = None) -> BinaryIO:
+def open_regular(path: Path, limits: ReadLimits | None = None, *, root: Path | None = None) -> BinaryIO:
     """``path`` opened for reading in binary, when it is a regular file within the limits (and
     inside ``root`` when given). Opened non-blocking and checked again after the open, so a file
     swapped for a FIFO in between is still refused rather than waited on."""
+    limits = limits or active_limits()
     if root is not None:
         path = contained(root, path)
     size = regular_size(path, limits)
@@ -142,8 +159,9 @@ def open_regular(path: Path, limits: ReadLimits = DEFAULT_LIMITS, *, root: Path 
     return os.fdopen(fd, "rb")
 
 
-def read_bytes(path: Path, limits: ReadLimits = DEFAULT_LIMITS, *, root: Path | None = None) -> bytes:
+def read_bytes(path: Path, limits: ReadLimits | None = None, *, root: Path | None = None) -> bytes:
     """The whole of a regular file within ``limits.max_bytes`` (see :func:`open_regular`)."""
+    limits = limits or active_limits()
     with open_regular(path, limits, root=root) as handle:
         data = handle.read(limits.max_bytes + 1)
     if len(data) > limits.max_bytes:  # it grew after the stat
@@ -151,9 +169,10 @@ def read_bytes(path: Path, limits: ReadLimits = DEFAULT_LIMITS, *, root: Path | 
     return data
 
 
-def read_json(path: Path, limits: ReadLimits = DEFAULT_LIMITS, *, root: Path | None = None) -> Any:
+def read_json(path: Path, limits: ReadLimits | None = None, *, root: Path | None = None) -> Any:
     """A JSON file read as data: regular, within the limits, not nested past the parser's
     recursion limit; :class:`Unreadable` saying why otherwise."""
+    limits = limits or active_limits()
     return _parse_json(read_bytes(path, limits, root=root), shown_name(path.name))
 
 
@@ -175,12 +194,13 @@ STREAM_OVER_BYTES = 16 * 1024**2
 _SPACE = re.compile(r"[ \t\n\r]*")
 
 
-def read_json_streaming(path: Path, key: str, limits: ReadLimits = DEFAULT_LIMITS, *,
+def read_json_streaming(path: Path, key: str, limits: ReadLimits | None = None, *,
                         root: Path | None = None, over: int = STREAM_OVER_BYTES) -> Any:
     """A JSON object like :func:`read_json`, except that when the file is larger than ``over``
     bytes the list under ``key`` (the Trainer's ``log_history``) is parsed one item at a time and
     not kept: its value becomes ``"<N entries, not read: ...>"``. A log decides nothing, and
     building it whole costs gigabytes for a long run's ``trainer_state.json``."""
+    limits = limits or active_limits()
     data = read_bytes(path, limits, root=root)
     name = shown_name(path.name)
     if len(data) <= over:
@@ -242,11 +262,12 @@ def _skip_array(text: str, at: int, decoder: json.JSONDecoder, deadline: Deadlin
         at = _SPACE.match(text, at + 1).end()  # type: ignore[union-attr]
 
 
-def read_text_lines(path: Path, limits: ReadLimits = DEFAULT_LIMITS, *, max_line: int = 64 * 1024,
+def read_text_lines(path: Path, limits: ReadLimits | None = None, *, max_line: int = 64 * 1024,
                     root: Path | None = None) -> Iterator[str]:
     """The lines of a text file (a log), one at a time, decoded with undecodable bytes replaced,
     each cut to ``max_line`` characters; at most ``limits.max_bytes`` are read and the reading
     stops at ``limits.seconds``. Regular files only."""
+    limits = limits or active_limits()
     deadline = Deadline(limits, shown_name(path.name))
     with open_regular(path, limits, root=root) as handle:
         left = limits.max_bytes
@@ -262,9 +283,10 @@ def read_text_lines(path: Path, limits: ReadLimits = DEFAULT_LIMITS, *, max_line
             yield raw.decode("utf-8", "replace").rstrip("\r\n")
 
 
-def list_entries(directory: Path, limits: ReadLimits = DEFAULT_LIMITS) -> list[os.DirEntry[str]]:
+def list_entries(directory: Path, limits: ReadLimits | None = None) -> list[os.DirEntry[str]]:
     """The entries of ``directory`` (not following links), sorted by name; :class:`OverLimit`
     when it holds more than ``limits.max_files``."""
+    limits = limits or active_limits()
     entries: list[os.DirEntry[str]] = []
     try:
         with os.scandir(directory) as scan:

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from trainguard._internal.readers import (
-    DEFAULT_LIMITS,
     Deadline,
     OverLimit,
     ReadLimits,
     Unreadable,
+    active_limits,
     contained,
     read_bytes,
     regular_size,
@@ -127,11 +127,12 @@ def numpy_safe_globals() -> list[Any]:
     return allowed
 
 
-def read_dcp_metadata(directory: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Any:
+def read_dcp_metadata(directory: Path, limits: ReadLimits | None = None) -> Any:
     """The ``.metadata`` of a DCP directory (its ``Metadata`` object), unpickled with nothing but
     :data:`DCP_GLOBALS` admitted and every entry checked against the files it names:
     :class:`~trainguard._internal.readers.Unreadable` naming the file and why otherwise
     (:class:`~trainguard._internal.readers.OverLimit` when over a limit)."""
+    limits = limits or active_limits()
     path = directory / ".metadata"
     deadline = Deadline(limits, f"{shown_name(directory.name)}/.metadata")
     metadata_limits = ReadLimits(min(limits.max_bytes, MAX_METADATA_BYTES), limits.max_files, limits.seconds)
@@ -213,11 +214,12 @@ def _tensor_bytes(md: Any, where: str) -> int:
     return numel * dtype.itemsize
 
 
-def read_dcp(directory: Path, limits: ReadLimits = DEFAULT_LIMITS) -> tuple[dict[str, Any], dict[str, str]]:
+def read_dcp(directory: Path, limits: ReadLimits | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """The whole state of a ``torch.distributed.checkpoint`` directory, rebuilt in this process
     without a process group: ``(state, skipped)``, where ``skipped`` names the non-tensor
     entries that load only with full unpickling (they read as a marker string instead).
     :class:`~trainguard._internal.readers.Unreadable` when the directory cannot be read."""
+    limits = limits or active_limits()
     import warnings
 
     import torch

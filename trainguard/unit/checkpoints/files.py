@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from trainguard._internal.readers import (
-    DEFAULT_LIMITS,
     Deadline,
     OverLimit,
     ReadLimits,
     Unreadable,
+    active_limits,
     contained,
     list_entries,
     open_regular,
@@ -145,11 +145,12 @@ def _refusal(exc: Exception) -> str:
     return first[:200] or "an object the safe loader does not rebuild"
 
 
-def load_checkpoint(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Any:
+def load_checkpoint(path: Path, limits: ReadLimits | None = None) -> Any:
     """``torch.load(path, weights_only=True, map_location="cpu")`` (numpy arrays allowed, as
     RNG states hold them) of a regular file within ``limits``; raises ValueError
     (:class:`~trainguard._internal.readers.Unreadable`) naming what was refused when the file
     needs full unpickling, and why when it is not a torch checkpoint."""
+    limits = limits or active_limits()
     import torch
 
     try:
@@ -211,9 +212,10 @@ def _check_tensor_info(path: Path, name: str, info: Any, data_size: int) -> None
                              f"offsets span {offsets[1] - offsets[0]}")
 
 
-def _safetensors_header(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> tuple[int, dict[str, Any]]:
+def _safetensors_header(path: Path, limits: ReadLimits | None = None) -> tuple[int, dict[str, Any]]:
     """(header length, header) of a safetensors file, every entry checked against the file's
     real size; Unreadable when it is not one, is malformed or is shorter than its header says."""
+    limits = limits or active_limits()
     with open_regular(path, limits) as handle:
         size = os.fstat(handle.fileno()).st_size
         head = handle.read(8)
@@ -238,9 +240,10 @@ def _safetensors_header(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> tupl
     return length, header
 
 
-def read_safetensors_file(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+def read_safetensors_file(path: Path, limits: ReadLimits | None = None) -> dict[str, Any]:
     """The tensors of a safetensors file, read by trainguard itself (an 8-byte little-endian
     header length, a JSON header of name -> dtype, shape, byte offsets, then the raw bytes)."""
+    limits = limits or active_limits()
     import torch
 
     length, header = _safetensors_header(path, limits)
@@ -259,9 +262,10 @@ def read_safetensors_file(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> di
     return tensors
 
 
-def load_safetensors(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+def load_safetensors(path: Path, limits: ReadLimits | None = None) -> dict[str, Any]:
     """The tensors of a safetensors file, its header checked first: with the ``safetensors``
     package when it is installed (it comes with transformers), else :func:`read_safetensors_file`."""
+    limits = limits or active_limits()
     _safetensors_header(path, limits)  # a clear error for a torn or malformed file, whichever reader follows
     try:
         from safetensors.torch import load_file
@@ -307,7 +311,18 @@ def is_checkpoint_dir(directory: Path) -> bool:
         return True
     if _HF_DIR.match(directory.name) or any(p.suffix == ".distcp" for p in _files_in(directory)):
         return True
-    return bool(_STEP_DIR.search(directory.name)) and bool(_state_files(directory))
+    # a step-named directory too large to list is one too: reading it says "over the limit"
+    return bool(_STEP_DIR.search(directory.name)) and (bool(_state_files(directory)) or _over_limit(directory))
+
+
+def _over_limit(directory: Path) -> bool:
+    try:
+        list_entries(directory)
+    except OverLimit:
+        return True
+    except Unreadable:
+        return False
+    return False
 
 
 def _files_in(directory: Path) -> list[Path]:
@@ -345,9 +360,10 @@ def _file_problem(path: Path, root: Path | None = None) -> str:
     return ""
 
 
-def _weight_map(index: Path, limits: ReadLimits = DEFAULT_LIMITS) -> dict[str, str]:
+def _weight_map(index: Path, limits: ReadLimits | None = None) -> dict[str, str]:
     """The ``weight_map`` of a shard index (tensor -> shard file name); Unreadable when the
     file is not JSON or the map is not names to names."""
+    limits = limits or active_limits()
     document = read_json(index, limits)
     weight_map = document.get("weight_map") if isinstance(document, dict) else None
     if not isinstance(weight_map, dict) or not all(
@@ -425,7 +441,7 @@ def checkpoint_candidates(directory: Path) -> list[Candidate]:
     for root, dirs, files in os.walk(directory):
         here = Path(root)
         descend = []
-        if len(dirs) + len(files) > DEFAULT_LIMITS.max_files:
+        if len(dirs) + len(files) > active_limits().max_files:
             dirs[:] = []
             continue  # over the limit; read_checkpoint says so when it is asked to read it
         for name in sorted(dirs):
@@ -545,9 +561,10 @@ class CheckpointContents:
             self.skipped[part] = f"unreadable: {why}"
 
 
-def _read_file(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Any:
+def _read_file(path: Path, limits: ReadLimits | None = None) -> Any:
     """One state file by its format; Unreadable (a ValueError) with the reason when it cannot
     be read safely."""
+    limits = limits or active_limits()
     if path.suffix == ".safetensors":
         return load_safetensors(path, limits)
     if path.suffix == ".json":
@@ -605,7 +622,7 @@ def _read_dcp_part(directory: Path, part: str, contents: CheckpointContents, lim
     contents.skipped.update({f"{prefix}{k}": why for k, why in skipped.items()})
 
 
-def read_checkpoint(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> CheckpointContents:
+def read_checkpoint(path: Path, limits: ReadLimits | None = None) -> CheckpointContents:
     """Read a checkpoint (a file or a checkpoint directory) into :class:`CheckpointContents`.
 
     In a directory: every state file (safetensors, shards via their index, torch pickles loaded
@@ -613,6 +630,7 @@ def read_checkpoint(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> Checkpoi
     regular files inside ``path`` are read (links out, FIFOs and devices are refused by name),
     each within ``limits``. A file that cannot be read safely is skipped with its reason
     (``training_args.bin`` by name); the rest is still read."""
+    limits = limits or active_limits()
     contents = CheckpointContents(path)
     deadline = Deadline(limits, shown_name(path.name))
     if not path.is_dir():
