@@ -8,6 +8,7 @@ from trainguard.config.settings import (
     Settings,
     get_option,
     options_table,
+    read_limits,
     resolve,
 )
 
@@ -17,5 +18,6 @@ __all__ = [
     "Settings",
     "get_option",
     "options_table",
+    "read_limits",
     "resolve",
 ]

@@ -29,6 +29,9 @@ VALUES: dict[str, tuple[tuple[str, Any], tuple[str, Any], tuple[str, Any]]] = {
     "timeout_scale": (("2.5", 2.5), ("3", 3.0), ("0.5", 0.5)),
     "tracking": (("on", "on"), ("OFF", "off"), ("auto", "auto")),
     "save_baseline": (("1", True), ("no", False), ("yes", True)),
+    "read_max_mb": (("64", 64.0), ("0.5", 0.5), ("100", 100.0)),
+    "read_max_files": (("10", 10), ("200", 200), ("3", 3)),
+    "read_timeout": (("5", 5.0), ("0.5", 0.5), ("30", 30.0)),
 }
 
 

@@ -186,3 +186,21 @@ def test_corrupt_needs_no_fuse_and_flips_one_bit_of_the_newest_checkpoint(tmp_pa
     assert (ckpt / "ckpt_000010.json").read_text() == "abcdegghij"  # f (0x66) -> g (0x67)
     assert (ckpt / "ckpt_000005.json").read_text() == "0123456789"
     assert fault.evidence()["mechanism"].startswith("direct")
+
+
+def test_corrupt_never_writes_through_a_link_out_of_the_checkpoint(tmp_path: Path) -> None:
+    from trainguard.faults.base import FaultContext
+    from trainguard.faults.storage import StorageFault
+
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"keep me as I am" * 100)
+    ckpt = tmp_path / "c" / "checkpoint-10"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text('{"global_step": 10}')
+    (ckpt / "model.bin").symlink_to(outside)  # the largest file, but a link out
+    (ckpt / "optimizer.pt").write_bytes(b"0123456789")
+    fault = StorageFault({"kind": "corrupt"})
+    fault.setup(FaultContext(work_dir=tmp_path / "w", checkpoint_dir=tmp_path / "c", world_size=1))
+    fault.strike_latest()
+    assert outside.read_bytes() == b"keep me as I am" * 100
+    assert not fault.target.get("file", "").endswith("model.bin")

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from trainguard._internal.readers import ReadLimits
 from trainguard.errors import ConfigError
 
-__all__ = ["OPTIONS", "Option", "Settings", "get_option", "options_table", "resolve"]
+__all__ = ["OPTIONS", "Option", "Settings", "get_option", "options_table", "read_limits", "resolve"]
 
 #: the largest count a setting takes (``keep_runs``)
 MAX_COUNT = 1_000_000
@@ -219,6 +220,31 @@ OPTIONS: tuple[Option, ...] = (
         "on|off|auto",
     ),
     Option(
+        "read_max_mb",
+        "The largest file trainguard reads of those it did not write (checkpoints, Trainer "
+        "state, logs, records), in MB; a larger one is reported as 'skipped: over the limit' and "
+        "a comparison that skipped it is never equal (docs/security.md).",
+        4096.0,
+        _positive_float(1_000_000.0),
+        "MB",
+    ),
+    Option(
+        "read_max_files",
+        "The most entries trainguard lists in one directory it reads (a checkpoint); a larger "
+        "directory is reported as 'skipped: over the limit' (docs/security.md).",
+        10_000,
+        _parse_positive_int,
+        "N",
+    ),
+    Option(
+        "read_timeout",
+        "Seconds one read of a file or checkpoint trainguard did not write may take; a longer "
+        "one stops and is reported as 'skipped: over the limit' (docs/security.md).",
+        120.0,
+        _positive_float(MAX_SECONDS),
+        "SECONDS",
+    ),
+    Option(
         "save_baseline",
         "Save the canary's trajectory as this machine's new baseline (docs/baselines.md) "
         "instead of comparing it with the saved one; only a run that passes is saved.",
@@ -245,6 +271,9 @@ class Settings:
     ddp_timeout: float = 120.0
     timeout_scale: float = 1.0
     tracking: str = "auto"
+    read_max_mb: float = 4096.0
+    read_max_files: int = 10_000
+    read_timeout: float = 120.0
     save_baseline: bool = False
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -301,6 +330,12 @@ def _parse(opt: Option, raw: Any, source: str, spelled: str) -> Any:
 def _shown(text: str, limit: int = 80) -> str:
     """``text`` as a message repeats it: quoted, cut to ``limit`` characters."""
     return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
+
+
+def read_limits(settings: Settings) -> ReadLimits:
+    """The limits on reading files trainguard did not write, from ``read_max_mb``,
+    ``read_max_files`` and ``read_timeout``."""
+    return ReadLimits(int(settings.read_max_mb * 1024 * 1024), settings.read_max_files, settings.read_timeout)
 
 
 def get_option(name: str) -> Option:

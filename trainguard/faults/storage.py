@@ -29,6 +29,7 @@ import itertools
 import os
 import re
 import signal
+import stat
 import statistics
 import time
 from collections.abc import Mapping
@@ -60,7 +61,9 @@ def newest_checkpoint_files(directory: Path, rank: int = 0, *, own_rank: bool = 
     per-rank files, ``rank{rank}`` in the name, only ``rank``'s own)."""
     found = latest_complete_checkpoint(directory)
     if found is not None:
-        files = [found] if found.is_file() else [p for p in found.rglob("*") if p.is_file()]
+        # links are never struck: one may lead out of the checkpoint (the flip would land there)
+        files = [found] if found.is_file() else [p for p in found.rglob("*") if _regular(p)]
+        files = [p for p in files if _regular(p)]
         files.sort(key=lambda p: -p.stat().st_size)
         return found, step_in_name(found.name), files
     candidates: list[tuple[int, float, Path]] = []
@@ -84,6 +87,14 @@ def newest_checkpoint_files(directory: Path, rank: int = 0, *, own_rank: bool = 
     same = [c[2] for c in candidates if c[0] == step] if step >= 0 else [newest]
     same.sort(key=lambda p: (-p.stat().st_size, f"rank{rank}" not in p.name, p.name))
     return newest, (step if step >= 0 else None), same
+
+
+def _regular(path: Path) -> bool:
+    """A regular file that is not a link (lstat: the link itself, never where it leads)."""
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
 
 
 def stop_all_ranks(launcher: Launcher, timeout: float = 5.0) -> list[int]:
@@ -220,7 +231,16 @@ class StorageFault(Fault):
             return
         offset = self.params.get("offset")
         offset = size // 2 if offset is None else min(int(offset), size - 1)
-        with open(largest, "r+b") as handle:
+        try:  # O_NOFOLLOW: a file swapped for a link since it was chosen is not written through
+            fd = os.open(largest, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            self.problems.append(f"{largest} cannot be opened to flip a byte ({exc.strerror}); not struck")
+            return
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            self.problems.append(f"{largest} is not a regular file; not struck")
+            return
+        with os.fdopen(fd, "r+b") as handle:
             handle.seek(offset)
             before = handle.read(1)
             after = bytes([before[0] ^ 0x01])

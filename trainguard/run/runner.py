@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainguard._internal.readers import use_limits
 from trainguard.config import CheckSpec, JobFile, MetricFile, MetricRegex
-from trainguard.config.settings import Settings
+from trainguard.config.settings import Settings, read_limits
 from trainguard.launch import Launcher, LaunchSpec, LineMetric, MetricPoint, RunResult, trajectory
 from trainguard.launch.hook import METRICS_DIR, SAMPLES_DIR, run_hook_env
 from trainguard.launch.rundir import new_run_dir
@@ -128,6 +129,9 @@ class JobRunner:
     scheduling: RunScheduler = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        # every file of the job's runs that trainguard reads (checkpoints, logs) within the
+        # settings' stated limits, whichever layer reads it (docs/security.md)
+        use_limits(read_limits(self.settings))
         if self.tracker is not None and isinstance(self.observer, NullObserver):
             self.observer = self.tracker.run_observer()
         self.scheduling = RunScheduler(

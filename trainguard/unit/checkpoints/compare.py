@@ -6,13 +6,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.unit.checkpoints.files import read_checkpoint, resolve_checkpoint
+from trainguard.unit.checkpoints.files import (
+    CheckpointContents,
+    read_checkpoint,
+    resolve_checkpoint,
+)
 from trainguard.unit.checkpoints.state import (
     COMPONENTS,
     Entry,
     classify_path,
     describe_keys,
-    flatten_state,
+    flatten_parts,
 )
 
 __all__ = ["StateComparison", "compare_checkpoint_dirs"]
@@ -33,19 +37,26 @@ class StateComparison:
     by_component: dict[str, list[str]] = field(default_factory=dict)
     metadata_differing: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    #: the parts not compared because one run's was over a read limit: never counted as equal
+    over_limit: list[str] = field(default_factory=list)
     #: how many state keys were compared
     compared_keys: int = 0
     _described: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
-        return not self.differing
+        """No difference, and nothing left uncompared for a read limit."""
+        return not self.differing and not self.over_limit
 
     def summary(self) -> str:
         """The differing state by component, in :data:`COMPONENTS` order:
         ``optimizer (12 keys: exp_avg, exp_avg_sq of 6 params), scheduler (last_epoch)``."""
-        return ", ".join(f"{c} ({self._described.get(c) or len(self.by_component[c])})"
-                         for c in COMPONENTS if self.by_component.get(c))
+        parts = [f"{c} ({self._described.get(c) or len(self.by_component[c])})"
+                 for c in COMPONENTS if self.by_component.get(c)]
+        if self.over_limit:
+            parts.append(f"{', '.join(self.over_limit[:3])} (not compared: over the read limit, "
+                         "docs/security.md)")
+        return ", ".join(parts)
 
     def as_evidence(self) -> dict[str, Any]:
         evidence: dict[str, Any] = {
@@ -62,16 +73,18 @@ class StateComparison:
             evidence["metadata_differing"] = self.metadata_differing[:20]
         if self.skipped:
             evidence["skipped"] = self.skipped
+        if self.over_limit:
+            evidence["over_limit"] = self.over_limit
         return evidence
 
 
-def _entries(path: Path, roots: tuple[str, ...]) -> tuple[dict[str, Entry], dict[str, str], list[str]]:
+def _entries(path: Path, roots: tuple[str, ...]) -> tuple[dict[str, Entry], CheckpointContents]:
     contents = read_checkpoint(path)
     entries: dict[str, Entry] = {}
-    for part, state in contents.parts.items():
-        for entry in flatten_state(state, part, roots):
+    for flat in flatten_parts(contents, roots).values():
+        for entry in flat:
             entries[entry.key] = entry
-    return entries, contents.skipped, contents.files
+    return entries, contents
 
 
 def _roots(*dirs: Path) -> tuple[str, ...]:
@@ -110,15 +123,17 @@ def compare_checkpoint_dirs(
         return StateComparison(False, f"the {labels[1]} run left no complete checkpoint to compare")
     files = (str(actual), str(expected))
     roots = _roots(actual_dir, expected_dir)
-    a_entries, a_skipped, a_files = _entries(actual, roots)
-    e_entries, e_skipped, e_files = _entries(expected, roots)
-    skipped = {**e_skipped, **a_skipped}
+    a_entries, a_contents = _entries(actual, roots)
+    e_entries, e_contents = _entries(expected, roots)
+    a_files, e_files = a_contents.files, e_contents.files
+    skipped = {**e_contents.skipped, **a_contents.skipped}
+    over_limit = sorted(set(a_contents.over_limit) | set(e_contents.over_limit))
     if not a_files or not e_files:
         which = labels[0] if not a_files else labels[1]
         return StateComparison(False, f"nothing in the {which} run's checkpoint could be read safely ("
                                + "; ".join(f"{k}: {v}" for k, v in skipped.items()) + ")",
-                               files, skipped=skipped)
-    result = StateComparison(True, "", files, skipped=skipped)
+                               files, skipped=skipped, over_limit=over_limit)
+    result = StateComparison(True, "", files, skipped=skipped, over_limit=over_limit)
     grouped: dict[str, list[tuple[Entry, int]]] = {}
 
     def differs(entry: Entry, what: str) -> None:
@@ -131,6 +146,8 @@ def compare_checkpoint_dirs(
         grouped.setdefault(component, []).append((entry, index))
 
     for part in sorted(set(a_files) ^ set(e_files)):
+        if part in over_limit:
+            continue  # not read in one run: over the limit, said apart (never equal, never a difference)
         only = labels[0] if part in a_files else labels[1]
         differs(Entry(part, (), None), f"file only in the {only} run's checkpoint")
     for key, e_entry in e_entries.items():

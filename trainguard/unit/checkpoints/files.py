@@ -15,13 +15,15 @@ A checkpoint is one of
   or ``.safetensors``.
 
 Temporary names of a write in progress (dot-prefixed, ``*.tmp*``, ``tmp*``, ``*.part``) are never
-checkpoints. Everything is read without running code from the files: torch pickles with
-``weights_only=True``, the DCP metadata with an unpickler that admits only its own classes.
+checkpoints. Everything is read without running code from the files (torch pickles with
+``weights_only=True``, the DCP metadata with an unpickler that admits an explicit list of exact
+globals, :mod:`~trainguard.unit.checkpoints.dcp`), and only through
+:mod:`trainguard._internal.readers`: regular files inside the directory named, within
+:class:`~trainguard._internal.readers.ReadLimits` (docs/security.md).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pickle
@@ -31,6 +33,23 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trainguard._internal.readers import (
+    Deadline,
+    OverLimit,
+    ReadLimits,
+    Unreadable,
+    active_limits,
+    contained,
+    list_entries,
+    open_regular,
+    read_bytes,
+    read_json,
+    read_json_streaming,
+    regular_size,
+    shown_name,
+)
+from trainguard.unit.checkpoints.dcp import numpy_safe_globals, read_dcp
 
 __all__ = [
     "CHECKPOINT_SUFFIXES",
@@ -47,8 +66,6 @@ __all__ = [
     "load_checkpoint",
     "load_safetensors",
     "read_checkpoint",
-    "read_dcp",
-    "read_dcp_metadata",
     "read_safetensors_file",
     "resolve_checkpoint",
     "step_in_name",
@@ -112,41 +129,46 @@ def find_checkpoints(directory: Path) -> list[Path]:
     return sorted(files, key=lambda p: (p.stat().st_mtime, p.name))
 
 
-def _numpy_safe_globals() -> list[Any]:
-    """numpy arrays and dtypes: what RNG states saved as ``np.random.get_state()`` hold (plain
-    data; weights_only still refuses everything else)."""
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        return []
-    core = getattr(np, "_core", None) or np.core
-    allowed: list[Any] = [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype]
-    for code in ("u1", "u2", "u4", "u8", "i1", "i2", "i4", "i8", "f2", "f4", "f8", "b1"):
-        allowed.append(type(np.dtype(code)))
-    return allowed
+def _refusal(exc: Exception) -> str:
+    """What torch's weights_only loader refused, in a few words: the global or the opcode it
+    would not run. Torch's own message ends in advice to load with ``weights_only=False``, which
+    would run the file's code; it is never repeated."""
+    text = str(exc)
+    refused = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if refused:
+        return f"the global {refused.group(1)}, which loading would call"
+    operand = re.search(r"Unsupported operand (\S+)", text)
+    if operand:
+        return f"the pickle opcode {operand.group(1)}, which only a full unpickler runs"
+    first = next((line.strip() for line in text.splitlines()
+                  if line.strip() and "weights_only" not in line and "trust" not in line), "")
+    return first[:200] or "an object the safe loader does not rebuild"
 
 
-def load_checkpoint(path: Path) -> Any:
+def load_checkpoint(path: Path, limits: ReadLimits | None = None) -> Any:
     """``torch.load(path, weights_only=True, map_location="cpu")`` (numpy arrays allowed, as
-    RNG states hold them); raises ValueError with a clear message when the file needs full
-    unpickling or is not a torch checkpoint."""
+    RNG states hold them) of a regular file within ``limits``; raises ValueError
+    (:class:`~trainguard._internal.readers.Unreadable`) naming what was refused when the file
+    needs full unpickling, and why when it is not a torch checkpoint."""
+    limits = limits or active_limits()
     import torch
 
     try:
-        with torch.serialization.safe_globals(_numpy_safe_globals()):
-            return torch.load(path, map_location="cpu", weights_only=True)
+        with open_regular(path, limits) as handle, torch.serialization.safe_globals(numpy_safe_globals()):
+            return torch.load(handle, map_location="cpu", weights_only=True)
+    except Unreadable:
+        raise
     except pickle.UnpicklingError as exc:
-        # torch's message is long; the class it refused is what a person needs
-        refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
-        what = f"a pickled {refused.group(1)}" if refused else str(exc).splitlines()[0]
-        raise ValueError(
-            f"{path} cannot be loaded with weights_only=True: it needs full unpickling (it holds "
-            f"{what}, not only tensors and plain containers). Save plain state dicts (tensors, "
-            "numbers, strings, lists, dicts; e.g. vars(args) instead of args) so checkpoints "
-            "load safely"
+        raise Unreadable(
+            f"{shown_name(path)} is refused: it holds {_refusal(exc)}, not only tensors and plain "
+            "containers, and trainguard never runs code from a file. Save plain state dicts "
+            "(tensors, numbers, strings, lists, dicts; e.g. vars(args) instead of args)"
         ) from None
-    except (RuntimeError, OSError, EOFError, ValueError) as exc:
-        raise ValueError(f"{path} is not a loadable torch checkpoint: {exc}") from None
+    except RecursionError:
+        raise Unreadable(f"{shown_name(path)} nests too deep to load") from None
+    except Exception as exc:  # torch raises many kinds for a malformed file
+        raise Unreadable(f"{shown_name(path)} is not a loadable torch checkpoint: "
+                         f"{type(exc).__name__}: {_refusal(exc)}") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -159,165 +181,100 @@ _ST_DTYPES = {
     "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
     "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
 }
+_ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+                "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+#: the largest safetensors header (the format's own limit is 100 MB)
+MAX_SAFETENSORS_HEADER = 100 * 1024**2
 
 
-def _safetensors_header(path: Path) -> tuple[int, dict[str, Any]]:
-    """(header length, header) of a safetensors file; ValueError when it is not one or is
-    shorter than its header says (a torn write)."""
-    size = path.stat().st_size
-    with open(path, "rb") as handle:
+def _check_tensor_info(path: Path, name: str, info: Any, data_size: int) -> None:
+    """One header entry: a known dtype, a shape of non-negative integers, offsets inside the
+    data whose span is the shape's bytes; Unreadable naming the tensor otherwise."""
+    where = f"{shown_name(path.name)}: tensor {shown_name(str(name))[:80]}"
+    if not isinstance(info, dict) or not isinstance(info.get("dtype"), str):
+        raise Unreadable(f"{where} has no dtype")
+    shape, offsets = info.get("shape"), info.get("data_offsets")
+    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        raise Unreadable(f"{where} has a shape that is not a list of non-negative integers")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(n) is int for n in offsets)
+            or not 0 <= offsets[0] <= offsets[1]):
+        raise Unreadable(f"{where} has data offsets {str(offsets)[:60]}, not [start, end]")
+    if offsets[1] > data_size:
+        raise Unreadable(f"{shown_name(path)} is truncated: tensor {shown_name(str(name))[:80]} ends "
+                         f"at data byte {offsets[1]}, the file has {data_size} after its header")
+    itemsize = _ST_ITEMSIZE.get(info["dtype"])
+    if itemsize is not None:
+        numel = 1
+        for n in shape:
+            numel *= n
+        if numel * itemsize != offsets[1] - offsets[0]:
+            raise Unreadable(f"{where}: its shape {shape[:8]} needs {numel * itemsize} bytes, its "
+                             f"offsets span {offsets[1] - offsets[0]}")
+
+
+def _safetensors_header(path: Path, limits: ReadLimits | None = None) -> tuple[int, dict[str, Any]]:
+    """(header length, header) of a safetensors file, every entry checked against the file's
+    real size; Unreadable when it is not one, is malformed or is shorter than its header says."""
+    limits = limits or active_limits()
+    with open_regular(path, limits) as handle:
+        size = os.fstat(handle.fileno()).st_size
         head = handle.read(8)
         if len(head) < 8:
-            raise ValueError(f"{path} is not a safetensors file: {size} bytes, no header")
+            raise Unreadable(f"{shown_name(path)} is not a safetensors file: {size} bytes, no header")
         (length,) = struct.unpack("<Q", head)
         if length > size - 8:
-            raise ValueError(f"{path} is truncated: its header says {length} bytes, the file has {size}")
+            raise Unreadable(f"{shown_name(path)} is truncated: its header says {length} bytes, the file has {size}")
+        if length > MAX_SAFETENSORS_HEADER:
+            raise Unreadable(f"{shown_name(path)}: its header of {length} bytes is over the format's "
+                             f"limit of {MAX_SAFETENSORS_HEADER}")
         try:
             header = json.loads(handle.read(length))
-        except ValueError:
-            raise ValueError(f"{path} is not a safetensors file: its header is not JSON") from None
+        except (ValueError, RecursionError):
+            raise Unreadable(f"{shown_name(path)} is not a safetensors file: its header is not JSON") from None
     if not isinstance(header, dict):
-        raise ValueError(f"{path} is not a safetensors file: its header is not a JSON object")
-    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
-    if 8 + length + end > size:
-        raise ValueError(f"{path} is truncated: its tensors end at byte {8 + length + end}, the file "
-                         f"has {size}")
+        raise Unreadable(f"{shown_name(path)} is not a safetensors file: its header is not a JSON object")
+    data_size = size - 8 - length
+    for name, info in header.items():
+        if name != "__metadata__":
+            _check_tensor_info(path, name, info, data_size)
     return length, header
 
 
-def read_safetensors_file(path: Path) -> dict[str, Any]:
+def read_safetensors_file(path: Path, limits: ReadLimits | None = None) -> dict[str, Any]:
     """The tensors of a safetensors file, read by trainguard itself (an 8-byte little-endian
     header length, a JSON header of name -> dtype, shape, byte offsets, then the raw bytes)."""
+    limits = limits or active_limits()
     import torch
 
-    length, header = _safetensors_header(path)
-    data = path.read_bytes()[8 + length:]
+    length, header = _safetensors_header(path, limits)
+    data = read_bytes(path, limits)[8 + length:]
     tensors: dict[str, Any] = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
         dtype = getattr(torch, _ST_DTYPES.get(info["dtype"], ""), None)
         if dtype is None:
-            raise ValueError(f"{path}: tensor {name} has dtype {info['dtype']}, which this torch lacks")
-        start, end = (int(x) for x in info["data_offsets"])
-        shape = [int(x) for x in info["shape"]]
+            raise Unreadable(f"{shown_name(path)}: tensor {name} has dtype {info['dtype']}, which this torch lacks")
+        start, end = info["data_offsets"]
         chunk = bytearray(data[start:end])
         tensor = torch.frombuffer(chunk, dtype=dtype) if chunk else torch.empty(0, dtype=dtype)
-        tensors[name] = tensor.reshape(shape)
+        tensors[name] = tensor.reshape(info["shape"])
     return tensors
 
 
-def load_safetensors(path: Path) -> dict[str, Any]:
-    """The tensors of a safetensors file: with the ``safetensors`` package when it is installed
-    (it comes with transformers), else :func:`read_safetensors_file`."""
-    _safetensors_header(path)  # a clear error for a torn file, whichever reader follows
+def load_safetensors(path: Path, limits: ReadLimits | None = None) -> dict[str, Any]:
+    """The tensors of a safetensors file, its header checked first: with the ``safetensors``
+    package when it is installed (it comes with transformers), else :func:`read_safetensors_file`."""
+    limits = limits or active_limits()
+    _safetensors_header(path, limits)  # a clear error for a torn or malformed file, whichever reader follows
     try:
         from safetensors.torch import load_file
     except ImportError:
-        return read_safetensors_file(path)
-    return dict(load_file(str(path), device="cpu"))
-
-
-# --------------------------------------------------------------------------------------------
-# torch.distributed.checkpoint
-# --------------------------------------------------------------------------------------------
-
-#: what a DCP ``.metadata`` pickle may name besides the classes of
-#: ``torch.distributed.checkpoint.metadata``
-_DCP_GLOBALS = {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.serialization", "_get_layout"),
-    ("torch", "Size"),
-    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
-    ("pathlib", "PurePosixPath"), ("pathlib", "PureWindowsPath"),
-    ("collections", "OrderedDict"),
-    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"),
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles a DCP ``.metadata`` file and nothing else: its dataclasses, torch dtypes and
-    sizes, paths; any other global is refused (no code from the file runs)."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        import torch
-
-        if module == "torch.distributed.checkpoint.metadata" or (module, name) in _DCP_GLOBALS:
-            found = super().find_class(module, name)
-            if isinstance(found, type) or (module, name) in _DCP_GLOBALS:
-                return found
-        if module == "torch" and isinstance(getattr(torch, name, None),
-                                            (torch.dtype, torch.layout, torch.memory_format)):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"{module}.{name} has no place in a torch.distributed.checkpoint "
-                                     "metadata file; not unpickled")
-
-
-def read_dcp_metadata(directory: Path) -> Any:
-    """The ``.metadata`` of a DCP directory (its ``Metadata`` object), unpickled with nothing
-    but its own classes admitted; ValueError naming the file otherwise."""
-    path = directory / ".metadata"
+        return read_safetensors_file(path, limits)
     try:
-        with open(path, "rb") as handle:
-            return _MetadataUnpickler(handle).load()
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError,
-            ValueError) as exc:
-        raise ValueError(f"{path} is not a torch.distributed.checkpoint metadata file this torch "
-                         f"reads: {exc}") from None
-
-
-def read_dcp(directory: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """The whole state of a ``torch.distributed.checkpoint`` directory, rebuilt in this process
-    without a process group: ``(state, skipped)``, where ``skipped`` names the non-tensor
-    entries that load only with full unpickling (they read as a marker string instead).
-    ValueError when the directory cannot be read."""
-    import warnings
-
-    import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
-    metadata = read_dcp_metadata(directory)
-    skipped: dict[str, str] = {}
-
-    class SafeReader(dcp.FileSystemReader):
-        # no **kwargs: torch then reads no per-rank metadata (there is none to read)
-        def read_metadata(self, *args: Any) -> Any:  # type: ignore[override]
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    class SafePlanner(_EmptyStateDictLoadPlanner):
-        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            fqn = read_item.dest_index.fqn
-            try:
-                with torch.serialization.safe_globals(_numpy_safe_globals()):
-                    obj = torch.load(value, map_location="cpu", weights_only=True)
-            except Exception as exc:
-                refused = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
-                skipped[fqn] = (f"needs full unpickling (a pickled {refused.group(1)})" if refused
-                                else f"does not load with weights_only=True: {str(exc).splitlines()[0]}")
-                obj = "<not read: needs full unpickling>"
-            # the planner places the value; it only ever sees what the safe load produced
-            safe = io.BytesIO()
-            torch.save(obj, safe)
-            safe.seek(0)
-            super().load_bytes(read_item, safe)
-
-    state: dict[str, Any] = {}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # deprecated name; "assuming a single process"
-            dcp.load_state_dict(state, storage_reader=SafeReader(str(directory)),
-                                planner=SafePlanner(), no_dist=True)
-    except (CheckpointException, Exception) as exc:
-        lines = [line for line in str(exc).splitlines() if line.strip()]
-        raise ValueError(f"{directory} does not read as a torch.distributed.checkpoint: "
-                         f"{lines[-1] if lines else type(exc).__name__}") from None
-    return state, skipped
+        return dict(load_file(str(path), device="cpu"))
+    except Exception as exc:  # the package's own errors for what the check let by
+        raise Unreadable(f"{shown_name(path)} is not a readable safetensors file: {str(exc)[:200]}") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -343,11 +300,8 @@ class Candidate:
 
 
 def _state_files(directory: Path) -> list[Path]:
-    try:
-        return sorted(p for p in directory.iterdir() if p.is_file() and not is_temp_name(p.name)
-                      and (p.suffix in FILE_SUFFIXES or p.name.endswith(_INDEX_SUFFIX)))
-    except OSError:
-        return []
+    return [p for p in _files_in(directory) if not is_temp_name(p.name)
+            and (p.suffix in FILE_SUFFIXES or p.name.endswith(_INDEX_SUFFIX))]
 
 
 def is_checkpoint_dir(directory: Path) -> bool:
@@ -357,45 +311,75 @@ def is_checkpoint_dir(directory: Path) -> bool:
         return True
     if _HF_DIR.match(directory.name) or any(p.suffix == ".distcp" for p in _files_in(directory)):
         return True
-    return bool(_STEP_DIR.search(directory.name)) and bool(_state_files(directory))
+    # a step-named directory too large to list is one too: reading it says "over the limit"
+    return bool(_STEP_DIR.search(directory.name)) and (bool(_state_files(directory)) or _over_limit(directory))
+
+
+def _over_limit(directory: Path) -> bool:
+    try:
+        list_entries(directory)
+    except OverLimit:
+        return True
+    except Unreadable:
+        return False
+    return False
 
 
 def _files_in(directory: Path) -> list[Path]:
+    """The regular files of ``directory`` (links to one count; FIFOs and devices do not), sorted;
+    none when it cannot be listed or holds more entries than the default limit."""
     try:
-        return [p for p in directory.iterdir() if p.is_file()]
-    except OSError:
+        return [directory / e.name for e in list_entries(directory) if _is_file(e)]
+    except Unreadable:
         return []
 
 
-def _file_problem(path: Path) -> str:
-    """Why a state file is torn or empty; empty when it looks whole (cheap: headers only)."""
+def _is_file(entry: os.DirEntry[str]) -> bool:
     try:
-        size = path.stat().st_size
-    except OSError as exc:
-        return f"{path.name} cannot be read: {exc.strerror}"
-    if size == 0:
-        return f"{path.name} is empty"
-    if path.suffix == ".safetensors":
-        try:
+        return entry.is_file()
+    except OSError:
+        return False
+
+
+def _file_problem(path: Path, root: Path | None = None) -> str:
+    """Why a state file is torn, empty or not to be read; empty when it looks whole (cheap:
+    headers only). ``root``: the directory it must stay inside."""
+    try:
+        size = regular_size(contained(root, path) if root is not None else path)
+        if size == 0:
+            return f"{shown_name(path.name)} is empty"
+        if path.suffix == ".safetensors":
             _safetensors_header(path)
-        except ValueError as exc:
-            return str(exc).replace(str(path), path.name)
-        return ""
-    if path.suffix in CHECKPOINT_SUFFIXES:
-        with open(path, "rb") as handle:
-            zipped = handle.read(2) == b"PK"
-        if zipped and not zipfile.is_zipfile(path):
-            return f"{path.name} is truncated (a torch zip file without its end record)"
+        elif path.suffix in CHECKPOINT_SUFFIXES:
+            with open_regular(path) as handle:
+                zipped = handle.read(2) == b"PK"
+                if zipped and not zipfile.is_zipfile(handle):
+                    return f"{shown_name(path.name)} is truncated (a torch zip file without its end record)"
+    except Unreadable as exc:
+        return _short_reason(exc, path)
     return ""
 
 
+def _weight_map(index: Path, limits: ReadLimits | None = None) -> dict[str, str]:
+    """The ``weight_map`` of a shard index (tensor -> shard file name); Unreadable when the
+    file is not JSON or the map is not names to names."""
+    limits = limits or active_limits()
+    document = read_json(index, limits)
+    weight_map = document.get("weight_map") if isinstance(document, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        raise Unreadable(f"{shown_name(index.name)} is not a JSON index with a weight_map of "
+                         "tensor names to shard file names")
+    return weight_map
+
+
 def _index_problem(directory: Path) -> str:
-    for index in sorted(directory.glob(f"*{_INDEX_SUFFIX}")):
+    for index in (p for p in _files_in(directory) if p.name.endswith(_INDEX_SUFFIX)):
         try:
-            weight_map = json.loads(index.read_text()).get("weight_map", {})
-        except (OSError, ValueError, AttributeError):
-            return f"{index.name} is not a JSON index"
-        missing = sorted({str(f) for f in weight_map.values()} - {p.name for p in _files_in(directory)})
+            weight_map = _weight_map(index)
+        except Unreadable as exc:
+            return str(exc)
+        missing = sorted(set(weight_map.values()) - {p.name for p in _files_in(directory)})
         if missing:
             return f"{index.name} names {', '.join(missing[:3])}, which {'is' if len(missing) == 1 else 'are'} missing"
     return ""
@@ -406,6 +390,23 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:  # a dangling link, or deleted meanwhile
         return 0.0
+
+
+def _json_problem(path: Path, root: Path) -> str:
+    """Why a JSON file the Trainer writes last is not complete: not a regular file in ``root``,
+    or not a whole object (it must start with ``{`` and end with ``}``). Only its ends are read,
+    so a large ``trainer_state.json`` costs nothing here."""
+    try:
+        with open_regular(path, root=root) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            head = handle.read(64).lstrip()
+            handle.seek(max(0, size - 64))
+            tail = handle.read(64).rstrip()
+    except Unreadable as exc:
+        return str(exc)
+    if not head.startswith(b"{") or not tail.endswith(b"}"):
+        return f"{path.name} is not complete JSON"
+    return ""
 
 
 def _dir_candidate(path: Path) -> Candidate | None:
@@ -424,13 +425,10 @@ def _dir_candidate(path: Path) -> Candidate | None:
         if not state.is_file():
             why = "no trainer_state.json (the Trainer writes it last)"
         else:
-            try:
-                json.loads(state.read_text())
-            except (OSError, ValueError):
-                why = "trainer_state.json is not complete JSON"
+            why = _json_problem(state, path)
     why = why or _index_problem(path)
     if not why:
-        why = next((p for p in map(_file_problem, _state_files(path)) if p), "")
+        why = next((p for p in (_file_problem(f, path) for f in _state_files(path)) if p), "")
     return Candidate(path, "huggingface" if hf else "directory", step, mtime, why)
 
 
@@ -443,8 +441,13 @@ def checkpoint_candidates(directory: Path) -> list[Candidate]:
     for root, dirs, files in os.walk(directory):
         here = Path(root)
         descend = []
+        if len(dirs) + len(files) > active_limits().max_files:
+            dirs[:] = []
+            continue  # over the limit; read_checkpoint says so when it is asked to read it
         for name in sorted(dirs):
             path = here / name
+            if not _inside(directory, path):
+                continue
             if is_temp_name(name):
                 found.append(Candidate(path, "temporary", step_in_name(name), _mtime(path),
                                        "a temporary directory of a save in progress"))
@@ -460,13 +463,21 @@ def checkpoint_candidates(directory: Path) -> list[Candidate]:
             if Path(name).suffix not in FILE_SUFFIXES or name in NOT_STATE:
                 continue
             mtime = _mtime(path)
-            if not mtime:
-                continue  # a dangling link, or deleted meanwhile
+            if not mtime or not _inside(directory, path):
+                continue  # a dangling link, deleted meanwhile, or a link out of the directory
             if is_temp_name(name):
                 found.append(Candidate(path, "temporary", None, mtime, "a temporary file of a save in progress"))
             else:
-                found.append(Candidate(path, "file", step_in_name(name), mtime, _file_problem(path)))
+                found.append(Candidate(path, "file", step_in_name(name), mtime, _file_problem(path, directory)))
     return found
+
+
+def _inside(root: Path, path: Path) -> bool:
+    try:
+        contained(root, path)
+    except Unreadable:
+        return False
+    return True
 
 
 def _newest(candidates: list[Candidate]) -> Candidate | None:
@@ -526,109 +537,147 @@ class CheckpointContents:
     """A checkpoint read into plain values: ``parts`` maps a part name to its loaded state (""
     for a one-file checkpoint or a DCP directory; in a directory, each file's relative path,
     shards under the name of the file they split, e.g. ``model.safetensors``), ``skipped`` the
-    files (or DCP entries) not read and why."""
+    files (or DCP entries) not read and why: ``unreadable: <why>`` for a malformed or refused
+    file, ``skipped: over the limit: <why>`` for one over a :class:`ReadLimits` limit (also
+    listed in ``over_limit``: a comparison that skipped one is never equal)."""
 
     path: Path
     parts: dict[str, Any] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    over_limit: list[str] = field(default_factory=list)
 
     @property
     def files(self) -> list[str]:
         """The parts that were read."""
         return list(self.parts)
 
+    def refuse(self, part: str, exc: Exception, path: Path | None = None) -> None:
+        """Record why ``part`` was not read: over a limit, or unreadable."""
+        why = _short_reason(exc, path) if path is not None else str(exc)
+        if isinstance(exc, OverLimit):
+            self.skipped[part] = f"skipped: over the limit: {why}"
+            self.over_limit.append(part)
+        else:
+            self.skipped[part] = f"unreadable: {why}"
 
-def _read_file(path: Path) -> Any:
-    """One state file by its format; ValueError with the reason when it cannot be read safely."""
+
+def _read_file(path: Path, limits: ReadLimits | None = None) -> Any:
+    """One state file by its format; Unreadable (a ValueError) with the reason when it cannot
+    be read safely."""
+    limits = limits or active_limits()
+    if path.suffix == ".safetensors":
+        return load_safetensors(path, limits)
+    if path.suffix == ".json":
+        if path.name == "trainer_state.json":
+            return read_json_streaming(path, "log_history", limits)
+        return read_json(path, limits)
     problem = _file_problem(path)
     if problem:
-        raise ValueError(problem)
-    if path.suffix == ".safetensors":
-        return load_safetensors(path)
-    if path.suffix == ".json":
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"not readable JSON: {exc}") from None
-    return load_checkpoint(path)
+        raise Unreadable(problem)
+    return load_checkpoint(path, limits)
 
 
 def _short_reason(exc: Exception, path: Path) -> str:
-    return str(exc).replace(f"{path} ", "", 1).replace(str(path), path.name)
+    return str(exc).replace(f"{shown_name(path)} ", "", 1).replace(shown_name(path), shown_name(path.name))
 
 
-def _read_shards(directory: Path, contents: CheckpointContents, consumed: set[Path]) -> None:
+def _read_shards(directory: Path, root: Path, contents: CheckpointContents, consumed: set[str],
+                 limits: ReadLimits) -> None:
     """Shards named by an index (``model.safetensors.index.json``) read as one part named after
     the file they split (``model.safetensors``), so a sharded save compares with an unsharded one."""
-    for index in sorted(directory.glob(f"*{_INDEX_SUFFIX}")):
-        consumed.add(index)
-        rel = index.relative_to(contents.path).as_posix()
+    for index in (p for p in _files_in(directory) if p.name.endswith(_INDEX_SUFFIX)):
+        consumed.add(index.name)
+        rel = _rel(index, root)
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError):
-            contents.skipped[rel] = "not a JSON index with a weight_map"
+            weight_map = _weight_map(contained(root, index), limits)
+        except Unreadable as exc:
+            contents.refuse(rel, exc, index)
             continue
         merged: dict[str, Any] = {}
-        for shard_name in sorted({str(f) for f in weight_map.values()}):
+        for shard_name in sorted(set(weight_map.values())):
             shard = directory / shard_name
-            consumed.add(shard)
+            consumed.add(shard_name)
             try:
-                merged.update(_read_file(shard))
-            except (ValueError, OSError) as exc:
-                contents.skipped[rel] = f"shard {shard_name}: {_short_reason(exc, shard)}"
+                merged.update(_read_file(contained(root, shard), limits))
+            except Unreadable as exc:
+                contents.refuse(rel, Unreadable(f"shard {shown_name(shard_name)}: {_short_reason(exc, shard)}"))
                 merged = {}
                 break
         if merged:
             contents.parts[rel[: -len(_INDEX_SUFFIX)]] = merged
 
 
-def _read_dcp_part(directory: Path, part: str, contents: CheckpointContents) -> None:
+def _rel(path: Path, root: Path) -> str:
+    return shown_name(path.relative_to(root).as_posix())
+
+
+def _read_dcp_part(directory: Path, part: str, contents: CheckpointContents, limits: ReadLimits) -> None:
     prefix = f"{part}:" if part else ""
     try:
-        state, skipped = read_dcp(directory)
-    except ValueError as exc:  # a foreign or torn DCP directory: named, the rest still read
-        contents.skipped[f"{part}/.metadata" if part else ".metadata"] = _short_reason(exc, directory)
+        state, skipped = read_dcp(directory, limits)
+    except Unreadable as exc:  # a foreign, torn or hostile DCP directory: named, the rest still read
+        contents.refuse(f"{part}/.metadata" if part else ".metadata", exc, directory)
         return
     contents.parts[part] = state
     contents.skipped.update({f"{prefix}{k}": why for k, why in skipped.items()})
 
 
-def read_checkpoint(path: Path) -> CheckpointContents:
+def read_checkpoint(path: Path, limits: ReadLimits | None = None) -> CheckpointContents:
     """Read a checkpoint (a file or a checkpoint directory) into :class:`CheckpointContents`.
 
     In a directory: every state file (safetensors, shards via their index, torch pickles loaded
-    with ``weights_only=True``, JSON such as ``trainer_state.json``) and DCP subdirectories. A file
-    that cannot be read safely is skipped with its reason (``training_args.bin`` by name); the
-    rest is still read."""
+    with ``weights_only=True``, JSON such as ``trainer_state.json``) and DCP subdirectories. Only
+    regular files inside ``path`` are read (links out, FIFOs and devices are refused by name),
+    each within ``limits``. A file that cannot be read safely is skipped with its reason
+    (``training_args.bin`` by name); the rest is still read."""
+    limits = limits or active_limits()
     contents = CheckpointContents(path)
-    if path.is_file():
+    deadline = Deadline(limits, shown_name(path.name))
+    if not path.is_dir():
         try:
-            contents.parts[""] = _read_file(path)
-        except (ValueError, OSError) as exc:
-            contents.skipped[path.name] = _short_reason(exc, path)
+            contents.parts[""] = _read_file(path, limits)
+        except Unreadable as exc:
+            contents.refuse(shown_name(path.name), exc, path)
         return contents
-    if (path / ".metadata").is_file():
-        _read_dcp_part(path, "", contents)
+    if (path / ".metadata").exists():
+        _read_dcp_part(path, "", contents, limits)
         return contents
-    for root, dirs, files in os.walk(path):
-        here = Path(root)
-        consumed: set[Path] = set()
-        _read_shards(here, contents, consumed)
-        for name in sorted(dirs):
-            sub = here / name
-            if (sub / ".metadata").is_file() and not is_temp_name(name):
-                _read_dcp_part(sub, sub.relative_to(path).as_posix(), contents)
-        dirs[:] = sorted(d for d in dirs if not is_temp_name(d) and not (here / d / ".metadata").is_file())
-        for name in sorted(files):
-            file = here / name
-            rel = file.relative_to(path).as_posix()
-            if file in consumed or is_temp_name(name) or file.suffix not in (*FILE_SUFFIXES, ".json"):
-                continue
-            if name in NOT_STATE:
-                contents.skipped[rel] = NOT_STATE[name]
-                continue
-            try:
-                contents.parts[rel] = _read_file(file)
-            except (ValueError, OSError) as exc:
-                contents.skipped[rel] = _short_reason(exc, file)
+    pending = [path]
+    while pending:
+        here = pending.pop(0)
+        try:
+            deadline.check()
+            _read_directory(here, path, contents, limits, pending, deadline)
+        except Unreadable as exc:
+            contents.refuse(_rel(here, path) if here != path else ".", exc)
     return contents
+
+
+def _read_directory(here: Path, root: Path, contents: CheckpointContents, limits: ReadLimits,
+                    pending: list[Path], deadline: Deadline) -> None:
+    """The files of one directory of a checkpoint; its subdirectories go to ``pending`` (DCP
+    ones are read here, as one part each)."""
+    entries = list_entries(here, limits)
+    consumed: set[str] = set()
+    _read_shards(here, root, contents, consumed, limits)
+    for entry in entries:
+        deadline.check()
+        name, child = entry.name, here / entry.name
+        if is_temp_name(name) or name in consumed:
+            continue
+        rel = _rel(child, root)
+        if entry.is_dir(follow_symlinks=False):
+            if (child / ".metadata").exists():
+                _read_dcp_part(child, rel, contents, limits)
+            else:
+                pending.append(child)
+            continue
+        if Path(name).suffix not in (*FILE_SUFFIXES, ".json"):
+            continue
+        if name in NOT_STATE:
+            contents.skipped[rel] = NOT_STATE[name]
+            continue
+        try:
+            contents.parts[rel] = _read_file(contained(root, child), limits)
+        except Unreadable as exc:
+            contents.refuse(rel, exc, child)

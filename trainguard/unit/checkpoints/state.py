@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard._internal.readers import OverLimit, Unreadable, shown_name
 from trainguard.unit.checkpoints.files import (
     FILE_SUFFIXES,
+    CheckpointContents,
     read_checkpoint,
     resolve_checkpoint,
 )
@@ -28,6 +30,7 @@ __all__ = [
     "checkpoint_inventory",
     "classify_key",
     "classify_path",
+    "flatten_parts",
     "flatten_state",
     "render_key",
 ]
@@ -142,13 +145,24 @@ def _plain(value: Any) -> Any:
     return value
 
 
+#: the deepest nesting of a checkpoint's values that is read (a real state dict nests < 10 deep)
+MAX_DEPTH = 100
+#: the most values one part of a checkpoint is flattened to
+MAX_ENTRIES = 5_000_000
+
+
 def flatten_state(state: Any, part: str = "", roots: tuple[str, ...] = ()) -> list[Entry]:
     """Every value of a loaded checkpoint part, in order: tensors, numbers, strings and empty
     containers are leaves. A mapping keyed by paths (Lightning's ``best_k_models``) is one
-    metadata leaf. ``roots``: directories whose appearance in a string makes it metadata."""
+    metadata leaf. ``roots``: directories whose appearance in a string makes it metadata.
+    Unreadable past :data:`MAX_DEPTH` levels, OverLimit past :data:`MAX_ENTRIES` values."""
     out: list[Entry] = []
 
     def walk(value: Any, segments: tuple[str, ...]) -> None:
+        if len(segments) > MAX_DEPTH:
+            raise Unreadable(f"{part or 'the checkpoint'} nests deeper than {MAX_DEPTH} levels; not read")
+        if len(out) > MAX_ENTRIES:  # shared references can make a small pickle a huge tree
+            raise OverLimit(f"{part or 'the checkpoint'} holds more than {MAX_ENTRIES} values, over the limit")
         value = _plain(value)
         if isinstance(value, dict):
             keys = [str(k) for k in value]
@@ -386,6 +400,20 @@ def _details(by_component: dict[str, list[tuple[Entry, int]]]) -> dict[str, str]
     return details
 
 
+def flatten_parts(contents: CheckpointContents, roots: tuple[str, ...]) -> dict[str, list[Entry]]:
+    """:func:`flatten_state` of every part of ``contents``; a part too deep or too large is
+    moved to ``contents.skipped`` (and ``over_limit``) instead, the rest still flattened."""
+    flat: dict[str, list[Entry]] = {}
+    for part, state in list(contents.parts.items()):
+        try:
+            flat[part] = flatten_state(state, part, roots)
+        except (Unreadable, RecursionError) as exc:
+            del contents.parts[part]
+            contents.refuse(part or shown_name(contents.path.name),
+                            exc if isinstance(exc, Unreadable) else Unreadable(f"{part} nests too deep"))
+    return flat
+
+
 def checkpoint_inventory(path: Path) -> CheckpointInventory:
     """What the checkpoint at ``path`` holds: a file, a checkpoint directory, or a folder of
     checkpoints (then its newest complete one). Nothing found: an inventory with no files and
@@ -396,10 +424,11 @@ def checkpoint_inventory(path: Path) -> CheckpointInventory:
         return CheckpointInventory(path, skipped={str(path): "no complete checkpoint there"})
     contents = read_checkpoint(resolved)
     roots = tuple(str(p) for p in {resolved.parent, resolved.parent.parent} if len(str(p)) > 1)
+    parts = flatten_parts(contents, roots)
     inventory = CheckpointInventory(resolved, contents.files, dict(contents.skipped))
     by_component: dict[str, list[tuple[Entry, int]]] = {}
-    for part, state in contents.parts.items():
-        for entry in flatten_state(state, part, roots):
+    for entries in parts.values():
+        for entry in entries:
             if entry.metadata:
                 inventory.metadata.append(entry.key)
                 continue

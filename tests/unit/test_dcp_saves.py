@@ -1,0 +1,144 @@
+"""The DCP ``.metadata`` unpickler against real saves and crafted pickles (issue 24, item 1).
+
+Real saves of torch on CPU over gloo (plain DDP state and FSDP2/DTensor state through
+``dcp.save``, and ``dcp.async_save``) must all read; pickles that reach ``os.system`` through a
+dotted name (protocol 4), a plain global (protocol 2) or ``__reduce__``, or that set attributes
+on an admitted class, must run nothing and be reported as unreadable with the global named.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trainguard.unit.checkpoints import (
+    checkpoint_inventory,
+    compare_checkpoint_dirs,
+    read_checkpoint,
+)
+from trainguard.unit.checkpoints.dcp import DCP_GLOBALS
+
+DATA = Path(__file__).parents[1] / "data"
+META = "torch.distributed.checkpoint.metadata"
+
+
+@pytest.fixture(scope="module")
+def real_saves(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """DDP, FSDP2 and async saves made by 2 real ranks over gloo (about 8 s)."""
+    out = tmp_path_factory.mktemp("dcp_saves")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(DATA / "dcp_saves.py"), str(out)],
+        capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2", "async"])
+def test_real_dcp_saves_read_whole(real_saves: Path, kind: str) -> None:
+    contents = read_checkpoint(real_saves / kind)
+    assert contents.skipped == {} and contents.files == [""]
+    state = contents.parts[""]
+    assert {"model", "optim", "step"} <= set(state)
+    inventory = checkpoint_inventory(real_saves / kind)
+    assert inventory.details["model"] == "4 tensors, 212 elements"
+    assert inventory.details["optimizer"].startswith("state for 4 parameters")
+
+
+def test_real_saves_name_only_listed_globals(real_saves: Path) -> None:
+    named: set[tuple[str, str]] = set()
+
+    class Recording(pickle.Unpickler):  # these files were written by this test: safe to load
+        def find_class(self, module: str, name: str) -> object:
+            named.add((module, name))
+            return super().find_class(module, name)
+
+    for kind in ("ddp", "fsdp2", "async"):
+        with open(real_saves / kind / ".metadata", "rb") as handle:
+            Recording(handle).load()
+    assert named <= DCP_GLOBALS
+    assert (META, "Metadata") in named and ("torch.distributed.checkpoint.filesystem", "_StorageInfo") in named
+
+
+def _unicode(text: str) -> bytes:
+    data = text.encode()
+    return b"X" + struct.pack("<I", len(data)) + data  # BINUNICODE
+
+
+def _call(module: str, name: str, arg: str, protocol: int) -> bytes:
+    """A pickle calling ``module.name(arg)``: GLOBAL for protocol 2, STACK_GLOBAL for 4."""
+    if protocol == 2:
+        found = b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+    else:
+        found = _unicode(module) + _unicode(name) + b"\x93"
+    return bytes([0x80, protocol]) + found + _unicode(arg) + b"\x85R."
+
+
+def _attrgetter_chain(command: str) -> bytes:
+    """The gadget of issue 24: ``torch.inspect.attrgetter`` is a *type* reached by a dotted name
+    from the metadata module; with it, ``TensorProperties.__getstate__.__globals__.get('os')``,
+    then ``attrgetter('system')(os)(command)``."""
+    getter = _unicode(META) + _unicode("torch.inspect.attrgetter") + b"\x93"
+    cls = _unicode(META) + _unicode("TensorProperties") + b"\x93"
+    return (b"\x80\x04" + getter + _unicode("__getstate__.__globals__.get") + b"\x85R"
+            + cls + b"\x85R" + _unicode("os") + b"\x85R\x94" + b"0"
+            + getter + _unicode("system") + b"\x85R" + b"h\x00\x85R"
+            + _unicode(command) + b"\x85R.")
+
+
+class _Reduce:
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (os.system, (self.command,))
+
+
+def _gadgets(marker: Path) -> Iterator[tuple[str, bytes]]:
+    touch = f"touch {marker}"
+    yield "protocol 4, a dotted name to a type (attrgetter) and on to os.system", _attrgetter_chain(touch)
+    yield "protocol 4, a dotted name from the metadata module", _call(META, "os.system", touch, 4)
+    yield "protocol 4, a dotted name through a class", _call(META, "Metadata.__init__.__globals__", touch, 4)
+    yield "protocol 2, os.system", _call("os", "system", touch, 2)
+    yield "protocol 2, a dotted name", _call(META, "os.system", touch, 2)
+    yield "protocol 4, builtins.eval", _call("builtins", "eval", f"__import__('os').system({touch!r})", 4)
+    yield "__reduce__, protocol 2", pickle.dumps(_Reduce(touch), protocol=2)
+    yield "__reduce__, protocol 4", pickle.dumps(_Reduce(touch), protocol=4)
+    # BUILD on an admitted class: (None, {"__eq__": set}) would set _StorageInfo.__eq__
+    storage = _unicode("torch.distributed.checkpoint.filesystem") + _unicode("_StorageInfo") + b"\x93"
+    setter = _unicode("builtins") + _unicode("set") + b"\x93"
+    yield "BUILD on a class", b"\x80\x04" + storage + b"N}" + _unicode("__eq__") + setter + b"s\x86b."
+
+
+def test_crafted_metadata_pickles_run_nothing(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    eq_before = _StorageInfo.__eq__
+    marker = tmp_path / "marker"
+    for i, (what, payload) in enumerate(_gadgets(marker)):
+        directory = tmp_path / f"step-{i}"
+        directory.mkdir()
+        (directory / "__0_0.distcp").write_bytes(b"")
+        (directory / ".metadata").write_bytes(payload)
+        contents = read_checkpoint(directory)
+        inventory = checkpoint_inventory(directory)
+        comparison = compare_checkpoint_dirs(directory, directory)
+        assert not marker.exists(), what
+        assert contents.parts == {} and inventory.files == [] and not comparison.compared, what
+        assert contents.skipped[".metadata"].startswith("unreadable: "), what
+        assert "refused" in contents.skipped[".metadata"], (what, contents.skipped)
+    assert _StorageInfo.__eq__ is eq_before
+
+
+def test_a_dotted_name_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / ".metadata").write_bytes(_call(META, "os.system", "true", 4))
+    why = read_checkpoint(tmp_path).skipped[".metadata"]
+    assert f"the global {META}.os.system has no place" in why and "nothing from the file ran" in why
