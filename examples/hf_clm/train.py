@@ -153,6 +153,10 @@ def main(argv: list[str] | None = None, callbacks: list[TrainerCallback] | None 
             callback.trainer = trainer
     result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     log.info("done: %s", result.metrics)
+    # the Trainer leaves its process group to the interpreter's exit, where gloo may abort a rank
+    # ("terminate called without an active exception", pytorch#190489): end it here
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return 0
 
 

@@ -55,6 +55,10 @@ HF_TRAIN = textwrap.dedent(
     if trainer.is_world_process_zero():
         with open(os.path.join(a.out, "log_history.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
+    # a job that leaves its gloo group to the interpreter's exit may abort there ("terminate called
+    # without an active exception", pytorch#190489): it did in 2 of 4 runs on a loaded machine
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     """
 )
 
