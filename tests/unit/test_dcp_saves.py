@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import DCP_METADATA_MODULE, attrgetter_gadget, binunicode, call_gadget
 from trainguard.unit.checkpoints import (
     checkpoint_inventory,
     compare_checkpoint_dirs,
@@ -26,7 +26,7 @@ from trainguard.unit.checkpoints import (
 from trainguard.unit.checkpoints.dcp import DCP_GLOBALS
 
 DATA = Path(__file__).parents[1] / "data"
-META = "torch.distributed.checkpoint.metadata"
+META = DCP_METADATA_MODULE
 
 
 @pytest.fixture(scope="module")
@@ -68,32 +68,6 @@ def test_real_saves_name_only_listed_globals(real_saves: Path) -> None:
     assert (META, "Metadata") in named and ("torch.distributed.checkpoint.filesystem", "_StorageInfo") in named
 
 
-def _unicode(text: str) -> bytes:
-    data = text.encode()
-    return b"X" + struct.pack("<I", len(data)) + data  # BINUNICODE
-
-
-def _call(module: str, name: str, arg: str, protocol: int) -> bytes:
-    """A pickle calling ``module.name(arg)``: GLOBAL for protocol 2, STACK_GLOBAL for 4."""
-    if protocol == 2:
-        found = b"c" + module.encode() + b"\n" + name.encode() + b"\n"
-    else:
-        found = _unicode(module) + _unicode(name) + b"\x93"
-    return bytes([0x80, protocol]) + found + _unicode(arg) + b"\x85R."
-
-
-def _attrgetter_chain(command: str) -> bytes:
-    """The gadget of issue 24: ``torch.inspect.attrgetter`` is a *type* reached by a dotted name
-    from the metadata module; with it, ``TensorProperties.__getstate__.__globals__.get('os')``,
-    then ``attrgetter('system')(os)(command)``."""
-    getter = _unicode(META) + _unicode("torch.inspect.attrgetter") + b"\x93"
-    cls = _unicode(META) + _unicode("TensorProperties") + b"\x93"
-    return (b"\x80\x04" + getter + _unicode("__getstate__.__globals__.get") + b"\x85R"
-            + cls + b"\x85R" + _unicode("os") + b"\x85R\x94" + b"0"
-            + getter + _unicode("system") + b"\x85R" + b"h\x00\x85R"
-            + _unicode(command) + b"\x85R.")
-
-
 class _Reduce:
     def __init__(self, command: str) -> None:
         self.command = command
@@ -104,18 +78,18 @@ class _Reduce:
 
 def _gadgets(marker: Path) -> Iterator[tuple[str, bytes]]:
     touch = f"touch {marker}"
-    yield "protocol 4, a dotted name to a type (attrgetter) and on to os.system", _attrgetter_chain(touch)
-    yield "protocol 4, a dotted name from the metadata module", _call(META, "os.system", touch, 4)
-    yield "protocol 4, a dotted name through a class", _call(META, "Metadata.__init__.__globals__", touch, 4)
-    yield "protocol 2, os.system", _call("os", "system", touch, 2)
-    yield "protocol 2, a dotted name", _call(META, "os.system", touch, 2)
-    yield "protocol 4, builtins.eval", _call("builtins", "eval", f"__import__('os').system({touch!r})", 4)
+    yield "protocol 4, a dotted name to a type (attrgetter) and on to os.system", attrgetter_gadget(touch)
+    yield "protocol 4, a dotted name from the metadata module", call_gadget(META, "os.system", touch, 4)
+    yield "protocol 4, a dotted name through a class", call_gadget(META, "Metadata.__init__.__globals__", touch, 4)
+    yield "protocol 2, os.system", call_gadget("os", "system", touch, 2)
+    yield "protocol 2, a dotted name", call_gadget(META, "os.system", touch, 2)
+    yield "protocol 4, builtins.eval", call_gadget("builtins", "eval", f"__import__('os').system({touch!r})", 4)
     yield "__reduce__, protocol 2", pickle.dumps(_Reduce(touch), protocol=2)
     yield "__reduce__, protocol 4", pickle.dumps(_Reduce(touch), protocol=4)
     # BUILD on an admitted class: (None, {"__eq__": set}) would set _StorageInfo.__eq__
-    storage = _unicode("torch.distributed.checkpoint.filesystem") + _unicode("_StorageInfo") + b"\x93"
-    setter = _unicode("builtins") + _unicode("set") + b"\x93"
-    yield "BUILD on a class", b"\x80\x04" + storage + b"N}" + _unicode("__eq__") + setter + b"s\x86b."
+    storage = binunicode("torch.distributed.checkpoint.filesystem") + binunicode("_StorageInfo") + b"\x93"
+    setter = binunicode("builtins") + binunicode("set") + b"\x93"
+    yield "BUILD on a class", b"\x80\x04" + storage + b"N}" + binunicode("__eq__") + setter + b"s\x86b."
 
 
 def test_crafted_metadata_pickles_run_nothing(tmp_path: Path) -> None:
@@ -139,6 +113,6 @@ def test_crafted_metadata_pickles_run_nothing(tmp_path: Path) -> None:
 
 
 def test_a_dotted_name_is_refused_by_name(tmp_path: Path) -> None:
-    (tmp_path / ".metadata").write_bytes(_call(META, "os.system", "true", 4))
+    (tmp_path / ".metadata").write_bytes(call_gadget(META, "os.system", "true", 4))
     why = read_checkpoint(tmp_path).skipped[".metadata"]
     assert f"the global {META}.os.system has no place" in why and "nothing from the file ran" in why

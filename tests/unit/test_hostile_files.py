@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from tests.helpers import attrgetter_gadget, call_gadget
+
 HERE = Path(__file__).resolve().parents[1]
 #: what a case may grow the reading process by, and take
 MAX_RSS_MB = 400.0
@@ -64,12 +66,10 @@ def build_corpus(root: Path, marker: Path) -> None:
         path.mkdir(parents=True)
         return path
 
-    from tests.unit.test_dcp_saves import _attrgetter_chain, _call
-
     c = _dcp(case("dcp_gadget_p4"))
-    (c / ".metadata").write_bytes(_attrgetter_chain(touch))
+    (c / ".metadata").write_bytes(attrgetter_gadget(touch))
     c = _dcp(case("dcp_gadget_p2"))
-    (c / ".metadata").write_bytes(_call("os", "system", touch, 2))
+    (c / ".metadata").write_bytes(call_gadget("os", "system", touch, 2))
     torch.save({"x": _Reduce(touch)}, case("pt_reduce") / "model.pt")
     _rewrite_storage(_dcp(case("dcp_points_outside")), relative_path="../../outside.bin")
     (root / "dcp_points_outside" / "outside.bin").write_bytes(b"secret" * 100)

@@ -31,6 +31,7 @@ from typing import Any, BinaryIO
 __all__ = [
     "DEFAULT_LIMITS",
     "Deadline",
+    "LineTail",
     "OverLimit",
     "ReadLimits",
     "Unreadable",
@@ -281,6 +282,54 @@ def read_text_lines(path: Path, limits: ReadLimits | None = None, *, max_line: i
                 left -= len(rest)
             deadline.check()
             yield raw.decode("utf-8", "replace").rstrip("\r\n")
+
+
+class LineTail:
+    """Follows a file another process appends to (a job's log, a JSONL metrics file): each
+    :meth:`lines` gives the complete lines added since the last, as bytes without the newline.
+
+    Regular files only (a FIFO or a device is refused by :func:`open_regular`, never waited on);
+    a missing file is not there *yet* (nothing is read). One line at a time is held, cut to
+    ``max_line`` bytes (the rest of a longer line is dropped), so the memory is one line's, never
+    the file's. An incomplete last line waits for its newline. :class:`OverLimit` once the file
+    is over ``limits.max_bytes``; :class:`Unreadable` when it is not a regular file.
+    """
+
+    def __init__(self, path: Path, limits: ReadLimits | None = None, *, max_line: int = 64 * 1024) -> None:
+        self.path = path
+        self.limits = limits
+        self.max_line = max_line
+        #: where the next complete line starts
+        self.offset = 0
+        self._dropping = False  # inside the dropped rest of a long line
+
+    def lines(self, until: float | None = None) -> Iterator[bytes]:
+        """The complete lines added since the last call. ``until`` (a ``time.monotonic()``): stop
+        there and leave the rest for the next call (see :attr:`caught_up`)."""
+        self.caught_up = False
+        try:
+            os.stat(self.path)
+        except FileNotFoundError:
+            self.caught_up = True
+            return
+        except OSError as exc:
+            raise Unreadable(f"{shown_name(self.path.name)} cannot be read: {exc.strerror}") from None
+        with open_regular(self.path, self.limits) as handle:
+            handle.seek(self.offset)
+            while until is None or time.monotonic() < until:
+                raw = handle.readline(self.max_line)
+                if not raw.endswith(b"\n") and len(raw) < self.max_line:
+                    self.caught_up = True  # the end, or an incomplete last line
+                    return
+                self.offset += len(raw)
+                if self._dropping:
+                    self._dropping = not raw.endswith(b"\n")
+                    continue
+                self._dropping = not raw.endswith(b"\n")  # a line longer than max_line: cut
+                yield raw.rstrip(b"\r\n")
+
+    #: whether the last :meth:`lines` read to the end (False: it stopped at ``until``)
+    caught_up = True
 
 
 def list_entries(directory: Path, limits: ReadLimits | None = None) -> list[os.DirEntry[str]]:

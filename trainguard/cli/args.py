@@ -16,6 +16,7 @@ __all__ = [
     "MAX_WAIT_S",
     "SEED_HELP",
     "dashdash_value",
+    "metric_regex",
     "nonempty_path",
     "positive_int",
     "seconds",
@@ -93,6 +94,21 @@ def positive_int(maximum: int | None = None) -> Callable[[str], int]:
 
     parse.__name__ = "positive integer"  # argparse names the type in some messages
     return parse
+
+
+def metric_regex(value: str) -> str:
+    """``--metric-regex RX``: a regular expression with the named groups ``step`` and ``value``
+    (a metric line of a log); a bad pattern or a missing group is the usage error, saying how
+    to write the groups."""
+    from trainguard.config.values import check_regex
+
+    try:
+        return check_regex(value, count_hint=False)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+metric_regex.__name__ = "metric regex"
 
 
 def nonempty_path(value: str) -> str:

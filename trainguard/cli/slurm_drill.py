@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainguard.cli.args import nonempty_path, positive_int, seconds, written_path
+from trainguard.cli.args import metric_regex, nonempty_path, positive_int, seconds, written_path
 from trainguard.errors import ConfigError
 
 __all__ = ["add_parser", "run"]
@@ -40,7 +40,8 @@ def add_parser(sub: Any) -> None:
     how = drill.add_mutually_exclusive_group(required=True)
     how.add_argument("--config", type=nonempty_path, metavar="CONFIG",
                      help="the job file: its job.metrics.loss (else its first metric) is read")
-    how.add_argument("--metric-regex", metavar="RX", help="the metric line, groups step and value")
+    how.add_argument("--metric-regex", metavar="RX", type=metric_regex,
+                     help="the metric line, groups step and value")
     drill.add_argument("--max-lost-steps", type=positive_int(), metavar="M")
     drill.add_argument("--timeout", type=seconds, default=600.0, metavar="S",
                        help="the most seconds to wait for the step, then for the end (default 600)")
@@ -70,29 +71,47 @@ def _metric(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _record(path: str) -> tuple[str, str]:
+    from trainguard._internal.readers import Unreadable, read_json
+
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = read_json(Path(path))
+    except Unreadable as exc:  # a FIFO, too large, nested too deep, not JSON
+        raise ConfigError(f"unreadable: {exc}; pass the .trainguard/slurm/submission-<JOBID>.json "
+                          "the gate wrote", path=path) from None
+    try:
         job_id, log = str(data["job_id"]), str(data["links"]["log"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (KeyError, TypeError, IndexError) as exc:
         raise ConfigError(f"not a submission record with a job id and a log ({type(exc).__name__}: "
                           f"{exc}); pass the .trainguard/slurm/submission-<JOBID>.json the gate "
                           "wrote", path=path) from None
     return job_id, log
 
 
-def run(args: argparse.Namespace) -> int:
+def _reference(path: str, metric: str, regex: str) -> dict[int, float]:
+    """The uninterrupted run's ``{step: value}``, its log read one bounded line at a time."""
+    from trainguard._internal.readers import Unreadable, read_text_lines
     from trainguard.launch.metrics import MetricParser, trajectory
+
+    parser = MetricParser({metric: regex})
+    try:
+        points = [p for line in read_text_lines(Path(path)) for p in parser.parse(line, rank=0, t=0.0)]
+    except Unreadable as exc:
+        raise ConfigError(f"unreadable: {exc}; give the output of an uninterrupted run of the job "
+                          "(a regular file)", path=path) from None
+    reference = trajectory(points, metric)
+    if not reference:
+        raise ConfigError(f"no `{metric}` line matching {regex!r}: give the output of an "
+                          "uninterrupted run of the job", path=path)
+    return reference
+
+
+def run(args: argparse.Namespace) -> int:
     from trainguard.queue.slurm import SlurmBackend
     from trainguard.queue.slurm_drill import SlurmDrill, run_slurm_drill
 
     job_id, log = _record(args.record)
     metric, regex = _metric(args)
-    parser = MetricParser({metric: regex})
-    lines = Path(args.reference).read_text(encoding="utf-8", errors="replace").splitlines()
-    reference = trajectory([p for line in lines for p in parser.parse(line, rank=0, t=0.0)], metric)
-    if not reference:
-        raise ConfigError(f"no `{metric}` line matching {regex!r}: give the output of an "
-                          "uninterrupted run of the job", path=args.reference)
+    reference = _reference(args.reference, metric, regex)
     if args.after_step >= args.steps:
         raise ConfigError(f"--after-step {args.after_step} must be below --steps {args.steps}")
     drill = SlurmDrill(name=f"slurm-{args.fault}", fault=args.fault, after_step=args.after_step,

@@ -88,17 +88,18 @@ def _raise_long(key: str) -> str:
 _GROUP_FORMS = {"step": r"(?P<step>\d+)", "value": r"(?P<value>\S+)"}
 
 
-def check_regex(value: str, groups: tuple[str, ...] = ("step", "value")) -> str:
+def check_regex(value: str, groups: tuple[str, ...] = ("step", "value"), *, count_hint: bool = True) -> str:
     """``value`` when it is a metric regex with the named ``groups`` (``step`` and ``value``,
     or ``value`` alone for a source whose step is given apart); ``ValueError`` naming what is
-    wrong and the fix otherwise."""
+    wrong and the fix otherwise. ``count_hint``: point a regex without ``step`` to ``step:
+    count`` (False where lines without a step cannot be read, as in a Slurm drill)."""
     pattern = compile_regex(value)
     missing = [g for g in groups if g not in pattern.groupindex]
     if missing:
         have = sorted(pattern.groupindex) or "none"
         forms = " and ".join(_GROUP_FORMS[g] for g in groups)
         hint = ""
-        if "step" in missing:
+        if "step" in missing and count_hint:
             hint = "; for lines without a step write `{regex: '...', step: count}` (docs/metrics.md)"
         raise ValueError(
             f"regex {brief(value)} lacks the named group(s) {', '.join(missing)} (it has: {have}); "

@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from trainguard._internal.readers import LineTail, OverLimit, Unreadable, active_limits, shown_name
 from trainguard.checks.equivalence import compare_trajectories
+from trainguard.config.values import check_regex
 from trainguard.drills.judges import DRILL_CAUSES, diff_problem
 from trainguard.launch import MetricPoint
 from trainguard.launch.metrics import MetricParser, trajectory
@@ -39,7 +41,7 @@ from trainguard.queue.base import Submission, SubmissionError
 from trainguard.queue.slurm import SlurmBackend, key_values
 from trainguard.report import CheckResult, CheckStatus
 
-__all__ = ["SLURM_FAULTS", "SlurmAttempt", "SlurmDrill", "read_attempts", "run_slurm_drill"]
+__all__ = ["SLURM_FAULTS", "SlurmAttempt", "SlurmDrill", "check_metric_regex", "read_attempts", "run_slurm_drill"]
 
 #: the faults a drill can inject into a Slurm job
 SLURM_FAULTS = ("requeue", "node_down")
@@ -86,6 +88,7 @@ class SlurmDrill:
         if not 1 <= self.after_step < self.steps:
             raise SubmissionError(f"after_step must be in 1..{self.steps - 1} (steps {self.steps}), "
                                   f"got {self.after_step}")
+        check_metric_regex(self.metric_regex)
 
 
 @dataclass
@@ -99,33 +102,29 @@ class SlurmAttempt:
 
 
 class _LogTail:
-    """Reads the job's log as it grows and splits it into attempts."""
+    """Reads the job's log as it grows, one line at a time through the reader layer (a regular
+    file only, never more than a line in memory), and splits it into attempts."""
 
     def __init__(self, path: Path, metric: str, regex: str) -> None:
         self.path, self.metric, self.regex = path, metric, regex
-        self.offset = 0
-        self.partial = ""
+        self.lines = LineTail(path)
         self.attempts: list[SlurmAttempt] = []
         self.parser = MetricParser({metric: regex})
 
-    def read(self) -> None:
-        try:
-            with open(self.path, encoding="utf-8", errors="replace") as fh:
-                fh.seek(self.offset)
-                text = fh.read()
-                self.offset = fh.tell()
-        except FileNotFoundError:
-            return
-        lines = (self.partial + text).split("\n")
-        self.partial = lines.pop()
+    def read(self, until: float | None = None) -> bool:
+        """Read what the log gained, stopping at ``until`` (a ``time.monotonic()``); whether it
+        read to the end. :class:`Unreadable` when the log is not a regular file or is over the
+        read limit."""
         now = time.monotonic()
-        for line in lines:
+        for raw in self.lines.lines(until):
+            line = raw.decode("utf-8", "replace")
             marker = _ATTEMPT.match(line)
             if marker:
                 self.attempts.append(SlurmAttempt(int(marker["restart"]), marker["host"]))
                 self.parser = MetricParser({self.metric: self.regex})
             elif self.attempts:
                 self.attempts[-1].points += self.parser.parse(line, rank=0, t=now)
+        return self.lines.caught_up
 
     def last_step(self) -> int:
         points = self.attempts[-1].points if self.attempts else []
@@ -133,10 +132,23 @@ class _LogTail:
 
 
 def read_attempts(log: str | Path, metric_regex: str, metric: str = "loss") -> list[SlurmAttempt]:
-    """The attempts in a job's log as it is now (points' ``t``: when it was read)."""
-    tail = _LogTail(Path(log), metric, metric_regex)
-    tail.read()
+    """The attempts in a job's log as it is now (points' ``t``: when it was read), read within
+    the read limits (``read_timeout``: :class:`~trainguard._internal.readers.OverLimit`)."""
+    tail = _LogTail(Path(log), metric, check_metric_regex(metric_regex))
+    seconds = active_limits().seconds
+    if not tail.read(time.monotonic() + seconds):
+        raise OverLimit(f"reading {shown_name(Path(log).name)} took more than {seconds:g} s, over "
+                        "the limit (setting read_timeout)")
     return tail.attempts
+
+
+def check_metric_regex(regex: str) -> str:
+    """``regex`` when it compiles and has the groups ``step`` and ``value`` (a Slurm log's metric
+    line); :class:`SubmissionError` saying what is wrong and how to write it otherwise."""
+    try:
+        return check_regex(regex, count_hint=False)
+    except ValueError as exc:
+        raise SubmissionError(f"metric_regex: {exc}") from None
 
 
 def run_slurm_drill(
@@ -158,7 +170,20 @@ def run_slurm_drill(
                            time.monotonic() - started)
 
     deadline = started + drill.timeout_s
+    try:
+        return _drive(backend, job_id, drill, tail, reference, deadline, evidence, result)
+    except Unreadable as exc:  # a FIFO, a device, over the read limit: never waited on
+        return result("error", f"the job's log {shown_name(str(log))} was not read: {exc}; point "
+                      "the record's links.log at the job's output file (a regular file)")
+
+
+def _drive(backend: SlurmBackend, job_id: str, drill: SlurmDrill, tail: _LogTail,
+           reference: Mapping[int, float], deadline: float, evidence: dict[str, Any],
+           result: Any) -> CheckResult:
+    """Wait for the step, inject, follow the job to its end and judge it; every read of the log
+    stops at ``deadline``."""
     state = backend.status(job_id)
+    tail.read(deadline)
     while tail.last_step() < drill.after_step:
         if state.terminal or time.monotonic() > deadline:
             evidence["state"] = state.evidence
@@ -166,7 +191,7 @@ def run_slurm_drill(
                           f"before it {'ended' if state.terminal else 'timed out'} ({state.message}): "
                           "the fault came too late; give it more steps or an earlier after_step")
         time.sleep(drill.poll_s)
-        tail.read()
+        tail.read(deadline)
         state = backend.status(job_id)
     injected_step = tail.last_step()
     injected = time.monotonic()
@@ -176,7 +201,10 @@ def run_slurm_drill(
         return result("error", f"could not inject {drill.fault}: {exc}")
     evidence["injected_step"] = injected_step
     final = _follow(backend, job_id, tail, deadline)
-    tail.read()
+    seconds = active_limits().seconds
+    if not tail.read(time.monotonic() + seconds):  # the end of the log, which the verdict needs
+        return result("error", f"reading the job's log took more than {seconds:g} s after it ended, "
+                      "over the limit (setting read_timeout)")
     return _judge(drill, tail.attempts, final, reference, injected, evidence, result)
 
 
@@ -212,7 +240,7 @@ def _follow(backend: SlurmBackend, job_id: str, tail: _LogTail, deadline: float)
     state = backend.status(job_id)
     while not state.terminal and time.monotonic() < deadline:
         time.sleep(0.2)
-        tail.read()  # live, so the first step after the restart is timed
+        tail.read(deadline)  # live, so the first step after the restart is timed
         state = backend.status(job_id)
     return state
 
