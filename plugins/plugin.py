@@ -225,12 +225,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
         if not judge_gates(config, state) and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a blocked gate fails the run
+    from trainguard.report import Report
+
+    report = Report(job="pytest-session", checks=[r for _, r in state.check_results],
+                    interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)  # Ctrl-C: what finished
     path = None
     if not hasattr(config, "workerinput") and state.settings.report_json is not None:
-        from trainguard.report import Report
-
-        report = Report(job="pytest-session", checks=[r for _, r in state.check_results],
-                        interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)  # Ctrl-C: what finished
         path = report.save(state.settings.report_json)  # a failing write falls back, said
         if path is None:
             sys.stdout.write(report.to_json())  # nowhere took it: the results stay on stdout
@@ -238,7 +238,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                                   + (f" ({report.write_problem})" if report.write_problem else ""))
     from trainguard.plugins.tracking import finish_session
 
-    finish_session(config, path)
+    finish_session(config, path, report.status)
 
 
 @pytest.hookimpl(optionalhook=True)

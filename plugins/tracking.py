@@ -20,10 +20,13 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from trainguard.plugins.session import TrainguardSession, get_session
+
+if TYPE_CHECKING:
+    from trainguard.report import ReportStatus
 
 __all__ = ["REGISTRY_KEY", "configure_node", "finish_session", "runner_for", "session_tracker"]
 
@@ -87,13 +90,14 @@ def session_tracker(config: pytest.Config, job_file: Any) -> Any:
     return session.trackers[uri]
 
 
-def summary(state: TrainguardSession) -> dict[str, Any]:
-    """The session's check verdicts as a small JSON-able dict (logged when no report is set)."""
+def summary(state: TrainguardSession, status: ReportStatus) -> dict[str, Any]:
+    """The session's check verdicts as a small JSON-able dict (logged when no report is set);
+    ``status`` the session report's (:attr:`trainguard.report.Report.status`)."""
     counts: dict[str, int] = {}
     for _, result in state.check_results:
         counts[result.status] = counts.get(result.status, 0) + 1
     return {
-        "status": "passed" if all(r.ok for _, r in state.check_results) else "failed",
+        "status": status,
         "counts": counts,
         "checks": [
             {"nodeid": nodeid, "name": r.name, "status": r.status, "summary": r.summary,
@@ -103,9 +107,12 @@ def summary(state: TrainguardSession) -> dict[str, Any]:
     }
 
 
-def finish_session(config: pytest.Config, report_path: str | os.PathLike[str] | None) -> None:
+def finish_session(config: pytest.Config, report_path: str | os.PathLike[str] | None,
+                   status: ReportStatus) -> None:
     """At session end: a worker flushes its trackers; the controller (or the only process) logs
-    the report (``report_path``, else :func:`summary`) to each session run and ends it."""
+    the report (``report_path``, else :func:`summary`) to each session run, tags it with the
+    report's ``status`` (``trainguard.status``: failed, interrupted, skipped or passed) and ends
+    it."""
     state = get_session(config)
     trackers = [t for t in state.trackers.values() if t is not None]
     state.trackers.clear()
@@ -113,12 +120,11 @@ def finish_session(config: pytest.Config, report_path: str | os.PathLike[str] | 
         for tracker in trackers:
             tracker.close()
         return
-    text = json.dumps(summary(state), indent=2)
-    failed = not all(r.ok for _, r in state.check_results)
+    text = json.dumps(summary(state, status), indent=2)
     for tracker in trackers:  # no xdist: this process made the session runs
         if tracker.session is not None:
             _log_report(tracker, tracker.session, report_path, text)
-            tracker.set_tags(tracker.session, {"trainguard.status": "failed" if tracker.session_failed else "passed"})
+            tracker.set_tags(tracker.session, {"trainguard.status": _session_status(status, tracker.session_failed)})
         tracker.close()
     registry = config.stash.get(_REGISTRY, None)
     if registry is None:
@@ -135,11 +141,19 @@ def finish_session(config: pytest.Config, report_path: str | os.PathLike[str] | 
             handle = tracker.attach(run_id)
             handle.name = _RUN_NAME
             _log_report(tracker, handle, report_path, text)
-            tracker.set_tags(handle, {"trainguard.status": "failed" if failed else "passed"})
-            tracker.end_run(handle, "FAILED" if failed else "FINISHED")
+            tracker.set_tags(handle, {"trainguard.status": status})
+            tracker.end_run(handle, "FAILED" if status == "failed" else "FINISHED")
             tracker.close()
     finally:
         shutil.rmtree(Path(registry).parent, ignore_errors=True)
+
+
+def _session_status(status: ReportStatus, failed_here: bool) -> ReportStatus:
+    """The status of one store's session run: ``failed`` when one of its checks failed; else the
+    report's, except that another store's failure leaves this one ``passed``."""
+    if failed_here:
+        return "failed"
+    return "passed" if status == "failed" else status
 
 
 def _log_report(tracker: Any, handle: Any, report_path: str | os.PathLike[str] | None, text: str) -> None:
