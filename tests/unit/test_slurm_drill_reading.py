@@ -132,3 +132,36 @@ def test_line_tail_follows_a_growing_file(tmp_path: Path) -> None:
     os.mkfifo(path)
     with pytest.raises(Unreadable, match="a FIFO"):
         list(tail.lines())
+
+
+def test_a_jsonl_metrics_file_is_read_as_data(tmp_path: Path) -> None:
+    from trainguard.launch.metrics import JsonlTail
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "loss": 1.5}\n' + b"[" * 100_000 + b"\n"  # nested too deep
+                     + b'{"step": "x", "loss": 1}\n{"step": 1e999, "loss": 1}\n{"step": [], "loss": 1}\n'
+                     + b'{"step": 2, "loss": 0.5}\n')
+    assert [(p.step, p.value) for p in JsonlTail(path, ["loss"], rank=0).poll(1.0)] == [(1, 1.5), (2, 0.5)]
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    tail = JsonlTail(fifo, ["loss"], rank=0)
+    with time_limit(10):  # the open blocked the launcher's loop for good
+        assert tail.poll(1.0) == []
+    assert tail.unreadable is not None and "a FIFO" in tail.unreadable
+
+
+def test_sample_records_are_read_as_data(tmp_path: Path) -> None:
+    from trainguard.launch.hook import SAMPLES_DIR
+    from trainguard.launch.samples import read_samples
+
+    folder = tmp_path / SAMPLES_DIR
+    folder.mkdir()
+    good = b'{"loader": 0, "iter": 0, "batch": 0, "indices": [3, 1]}\n'
+    (folder / "rank0.jsonl").write_bytes(good + b"[" * 100_000 + b"\n" + good)  # one line nested too deep
+    os.mkfifo(folder / "rank1.jsonl")
+    outside = tmp_path / "elsewhere.jsonl"
+    outside.write_bytes(good)
+    (folder / "rank2.jsonl").symlink_to(outside)
+    with time_limit(10):  # the FIFO's open blocked the check for good
+        samples = read_samples(tmp_path)
+    assert list(samples) == [0] and [b.indices for b in samples[0]] == [[3, 1], [3, 1]]

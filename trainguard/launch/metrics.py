@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from trainguard._internal.readers import LineTail, Unreadable, active_limits
 
 __all__ = ["JsonlTail", "LineMetric", "MetricParser", "MetricPoint", "first_step", "trajectory"]
 
@@ -82,38 +85,47 @@ class MetricParser:
 
 
 class JsonlTail:
-    """Follows a JSONL metrics file as the job appends to it (one object per line with ``step``)."""
+    """Follows a JSONL metrics file as the job appends to it (one object per line with ``step``).
+
+    The file is data (docs/security.md): read through :class:`~trainguard._internal.readers.LineTail`
+    (a regular file only, one bounded line at a time, each poll within the read timeout); a
+    line that is not a JSON object with a ``step`` read as a whole number is skipped. A
+    file that cannot be read (a FIFO, over the read limit) gives no points and its reason is
+    kept in :attr:`unreadable`."""
 
     def __init__(self, path: Path, names: Iterable[str], *, rank: int) -> None:
         self.path = path
         self.names = list(names)
         self.rank = rank
-        self._offset = 0
-        self._partial = b""
+        self._lines = LineTail(path, max_line=_MAX_JSONL_LINE)
+        #: why the file was not read (None while it reads)
+        self.unreadable: str | None = None
 
     def poll(self, t: float) -> list[MetricPoint]:
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read()
-        except FileNotFoundError:
+        if self.unreadable is not None:
             return []
-        self._offset += len(data)
-        data = self._partial + data
-        lines = data.split(b"\n")
-        self._partial = lines.pop()  # an incomplete last line waits for its newline
-        points = []
-        for raw in lines:
-            try:
-                obj = json.loads(raw)
-            except ValueError:
-                continue
-            if not isinstance(obj, dict) or "step" not in obj:
-                continue
-            for name in self.names:
-                if name in obj and isinstance(obj[name], (int, float)):
-                    points.append(MetricPoint(name, int(obj["step"]), float(obj[name]), self.rank, t))
+        points: list[MetricPoint] = []
+        try:
+            for raw in self._lines.lines(until=time.monotonic() + active_limits().seconds):
+                points += self._points(raw, t)
+        except Unreadable as exc:
+            self.unreadable = str(exc)
         return points
+
+    def _points(self, raw: bytes, t: float) -> list[MetricPoint]:
+        try:
+            obj = json.loads(raw)
+            step = int(obj["step"]) if isinstance(obj, dict) else None
+        except (ValueError, RecursionError, KeyError, TypeError, OverflowError):
+            return []  # not JSON, nested too deep, a step that is no whole number
+        if step is None:
+            return []
+        return [MetricPoint(name, step, float(obj[name]), self.rank, t) for name in self.names
+                if isinstance(obj.get(name), (int, float))]
+
+
+#: the longest line of a JSONL metrics file read (a longer one is cut, so skipped)
+_MAX_JSONL_LINE = 1024 * 1024
 
 
 def per_rank(points: Iterable[MetricPoint], name: str = "loss") -> dict[int, dict[int, float]]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard._internal.readers import Unreadable, list_entries, read_text_lines
 from trainguard.launch.hook import SAMPLES_DIR
 
 __all__ = ["SAMPLES_DIR", "SampleBatch", "read_samples"]
@@ -53,26 +54,41 @@ def _batch(obj: Any) -> SampleBatch | None:
 def read_samples(run_dir: Path) -> dict[int, list[SampleBatch]]:
     """Rank -> the batches its main process consumed, in order; ``{}`` when nothing was recorded
     (``job.record_samples: false``, a job without DataLoaders, a ``ray_train`` job). A line cut
-    short by a kill is skipped."""
+    short by a kill is skipped; a record that is not a regular file inside the folder, or is
+    over the read limits, is left out (docs/security.md)."""
     folder = Path(run_dir) / SAMPLES_DIR
     out: dict[int, list[SampleBatch]] = {}
     if not folder.is_dir():
         return out
-    for path in sorted(folder.iterdir()):
-        match = _RANK_FILE.fullmatch(path.name)
-        if match is None:
-            continue
-        batches = []
-        try:
-            lines = path.read_bytes().splitlines()
-        except OSError:
-            continue
-        for raw in lines:
+    try:
+        entries = list_entries(folder)
+    except Unreadable:
+        return out
+    for entry in entries:
+        match = _RANK_FILE.fullmatch(entry.name)
+        batches = _read_batches(folder / entry.name, folder) if match is not None else None
+        if match is not None and batches is not None:
+            out[int(match.group(1))] = batches
+    return dict(sorted(out.items()))
+
+
+def _read_batches(path: Path, folder: Path) -> list[SampleBatch] | None:
+    """The batches of one rank's record, read as data: a regular file inside ``folder``, within
+    the read limits (None when it is not one, or is over a limit); a line that is not a batch,
+    or is nested too deep, is skipped."""
+    batches = []
+    try:
+        for line in read_text_lines(path, max_line=_MAX_RECORD_LINE, root=folder):
             try:
-                batch = _batch(json.loads(raw))
-            except ValueError:
+                batch = _batch(json.loads(line))
+            except (ValueError, RecursionError):
                 continue
             if batch is not None:
                 batches.append(batch)
-        out[int(match.group(1))] = batches
-    return dict(sorted(out.items()))
+    except Unreadable:
+        return None  # a FIFO, a link out, over the limit
+    return batches
+
+
+#: the longest line of a sample record read (a batch's indices); a longer one is cut, so skipped
+_MAX_RECORD_LINE = 16 * 1024 * 1024
