@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
+import os
 import signal
 import struct
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["DCP_METADATA_MODULE", "TOY", "attrgetter_gadget", "binunicode", "call_gadget", "load_fault_harness", "runs_by_kind", "time_limit", "toy_job", "wait_for_a_background_run"]
+__all__ = ["DCP_METADATA_MODULE", "TOY", "attrgetter_gadget", "binunicode", "call_gadget", "load_fault_harness", "read_hostile_corpus", "runs_by_kind", "time_limit", "toy_job", "wait_for_a_background_run"]
 
 #: the fake training script of trainguard's own tests (no torch: a run costs a fraction of a second)
 TOY = Path(__file__).resolve().parent / "data" / "jobs" / "toy_train.py"
@@ -170,3 +173,20 @@ def attrgetter_gadget(command: str) -> bytes:
             + cls + b"\x85R" + binunicode("os") + b"\x85R\x94" + b"0"
             + getter + binunicode("system") + b"\x85R" + b"h\x00\x85R"
             + binunicode(command) + b"\x85R.")
+
+
+def read_hostile_corpus(corpus: Path, max_rss_mb: float, seconds: float) -> list[dict[str, Any]]:
+    """Read every case (directory) of ``corpus`` in a process of its own under the caps
+    (tests/hostile_driver.py) and assert the hostile-file oracle: exit 0 or 1, a report written,
+    under the peak-RSS and the wall-time cap. The driver's rows, one per case."""
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": str(here.parent), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, str(here / "hostile_driver.py"), str(corpus),
+                             str(max_rss_mb), str(seconds)],
+                            capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == len([p for p in corpus.iterdir() if p.is_dir()])
+    bad = [r for r in rows if r["exit"] not in (0, 1) or not r["report"] or r["timed_out"] or r["over_rss"]]
+    assert not bad, (bad, result.stderr[-3000:])
+    return rows

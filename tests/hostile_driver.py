@@ -3,7 +3,8 @@ a wall-time cap; prints one JSON line per case. Used by tests/unit/test_hostile_
 
 ``python tests/hostile_driver.py CORPUS MAX_RSS_MB SECONDS``: every directory of CORPUS is a
 case; a child reads it as trainguard's callers do (the inventory, the comparison of the case with
-itself) and writes ``report.json`` beside it. The parent imports torch once, so a case costs a
+itself; a ``slurm.log`` as ``trainguard slurm-drill`` follows it, a ``metrics.jsonl`` as the
+launcher does, the sample records) and writes ``report.json`` beside it. The parent imports torch once, so a case costs a
 fork, not an interpreter.
 """
 
@@ -18,7 +19,27 @@ from pathlib import Path
 
 import torch  # noqa: F401 - imported once, before the forks
 
+from trainguard._internal.readers import Unreadable
+from trainguard.launch.metrics import JsonlTail
+from trainguard.launch.samples import read_samples
+from trainguard.queue.slurm_drill import read_attempts
 from trainguard.unit.checkpoints import checkpoint_inventory, compare_checkpoint_dirs
+
+LOSS = r"step (?P<step>\d+) loss (?P<value>\S+)"
+
+
+def read_logs(case: Path) -> dict[str, object]:
+    """What the line readers make of the case's logs and records."""
+    logs: dict[str, object] = {"samples": {r: len(b) for r, b in read_samples(case).items()}}
+    if (case / "metrics.jsonl").exists():
+        tail = JsonlTail(case / "metrics.jsonl", ["loss"], rank=0)
+        logs["metrics"] = [len(tail.poll(0.0)), tail.unreadable]
+    if (case / "slurm.log").exists():
+        try:
+            logs["attempts"] = [len(a.points) for a in read_attempts(case / "slurm.log", LOSS)]
+        except Unreadable as exc:
+            logs["attempts"] = f"unreadable: {exc}"
+    return logs
 
 
 def run_case(case: Path, out: Path) -> int:
@@ -26,7 +47,7 @@ def run_case(case: Path, out: Path) -> int:
     inventory = checkpoint_inventory(target)
     comparison = compare_checkpoint_dirs(target, target)
     report = {"inventory": inventory.as_evidence(), "summary": inventory.summary(),
-              "comparison": comparison.as_evidence(), "ok": comparison.ok}
+              "comparison": comparison.as_evidence(), "ok": comparison.ok, "logs": read_logs(case)}
     out.write_text(json.dumps(report))
     return 0 if comparison.ok else 1
 
