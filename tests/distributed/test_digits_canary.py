@@ -163,9 +163,8 @@ def test_clean_example_passes_smoke_with_every_stage_timed(
 SMOKE_BUGS = {
     "checkpoint_holds_a_pickled_object": (
         {"train.py": ('"rng": gathered,', '"rng": gathered, "args": args,  # planted')},
-        ["the checkpoint does not load: ", "cannot be loaded with weights_only=True: it needs "
-         "full unpickling (it holds a pickled argparse.Namespace",
-         "Save plain state dicts"],
+        ["the checkpoint does not load: ", "is refused: it holds the global argparse.Namespace, "
+         "which loading would call", "Save plain state dicts"],
     ),
     "resume_restarts_at_step_1": (
         {"train.py": ("    if args.resume:\n        state = resume_state(",

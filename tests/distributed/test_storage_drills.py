@@ -13,7 +13,7 @@ JSON file per rank. Each clean job must pass and each planted defect must fail, 
   file; it never fsyncs, so it runs through a failing fsync without noticing).
 * ``eio_read``: the run is stopped after step 11, then reads of the step-10 files fail. Clean:
   the resume fails loudly. Planted: ``--ckpt-verify scratch`` starts again from step 1.
-* ``slow``: 100 ms per write for 0.6 s: the checkpoint stall is reported and the rate holds;
+* ``slow``: 300 ms per write for 0.6 s: the checkpoint stall is reported and the rate holds;
   planted: a checkpoint every step on slow storage.
 * ``kill_during_save``: rank 0's step-10 write is held in the layer and the rank killed. Clean:
   the atomic writer resumes from step 5. Planted: ``--ckpt-inplace`` (the torn file is the newest)
@@ -48,7 +48,7 @@ DRILLS = [
     '{name: fsync-inplace, fault: storage, steps: 40, after_step: 7, params: {kind: fsync}, args: ["--ckpt-inplace"]}',
     '{name: eio-read, fault: storage, steps: 40, after_step: 11, params: {kind: eio_read}}',
     '{name: eio-read-scratch, fault: storage, steps: 40, after_step: 11, params: {kind: eio_read}, args: ["--ckpt-verify", "scratch"]}',
-    '{name: slow, fault: storage, steps: 40, after_step: 6, duration: 0.6, params: {kind: slow, latency_ms: 100}}',
+    '{name: slow, fault: storage, steps: 40, after_step: 6, duration: 0.6, params: {kind: slow, latency_ms: 300}}',
     '{name: slow-every-step, fault: storage, steps: 40, after_step: 6, duration: 0.6, params: {kind: slow, latency_ms: 100}, args: ["--ckpt-every", "1"]}',
     '{name: kill-save, fault: kill_during_save, steps: 40, after_step: 7}',
     '{name: kill-save-inplace, fault: kill_during_save, steps: 40, after_step: 7, args: ["--ckpt-inplace"]}',
@@ -115,9 +115,11 @@ def test_slow_storage_reports_the_checkpoint_stall_and_the_rate_holds(results: d
     result = results["slow"]
     assert result.status == "passed", result.summary
     slow = result.evidence["fault_evidence"]["slow_storage"]
-    assert slow["layer_delayed_calls"] >= 2 and slow["layer_added_s"] >= 0.1  # a save of each rank
-    assert slow["checkpoint_stall_s"] >= 0.08  # one 100 ms write in the step that saves
-    assert slow["layer_processes"] == 2 and 0 < slow["layer_share_of_time"] < 0.5
+    assert slow["layer_delayed_calls"] >= 2 and slow["layer_added_s"] >= 0.3  # a save of each rank
+    # the stall is measured from the times trainguard read the step lines, which a loaded machine
+    # shifts by tens of ms (a 100 ms plant once measured 0.037 s): 300 ms leaves 200 ms of margin
+    assert slow["checkpoint_stall_s"] >= 0.1  # one 300 ms write in the step that saves
+    assert slow["layer_processes"] == 2 and 0 < slow["layer_share_of_time"] < 1
 
 
 @needs_fuse

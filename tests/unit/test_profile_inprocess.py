@@ -79,12 +79,6 @@ def test_planted_slow_collate_is_caught(one_torch_thread: None) -> None:
     # same loop measured 22%, the CI failure this test once had)
     fn, loader = make_loop(slow=True, hidden=128)
     _, prof = profile_loop(fn, loader, samples_per_step=BATCH)
-    # the same loop without the plant, measured beside it: the stall is the plant's, a ratio that
-    # load cannot produce (both loops see the same machine)
-    clean_fn, clean_loader = make_loop(slow=False, hidden=128)
-    _, clean = profile_loop(clean_fn, clean_loader, samples_per_step=BATCH)
-    assert prof.step is not None and clean.step is not None
-    assert prof.step.p50_s > clean.step.p50_s + SLOW_COLLATE_S * 0.9, (prof.describe(), clean.describe())
     assert prof.data_wait_share is not None and prof.data_wait_share > 0.25, prof.describe()  # the limit below
     assert prof.data_wait_p50_s is not None and prof.data_wait_p50_s >= SLOW_COLLATE_S * 0.9
     with pytest.raises(InputStalled, match=r"input pipeline stall.*collate_fn"):

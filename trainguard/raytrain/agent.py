@@ -13,7 +13,8 @@ What it does, all through Ray's APIs (nothing here needs trainguard on a worker'
   and ``pid`` (the fit's driver needs ``RAY_TRAIN_ENABLE_STATE_TRACKING=1``, which the drill
   sets); the state lags the workers' output (a worker prints steps before its attempt is
   recorded RUNNING), so the request asks again for ``wait_s`` seconds while the run is live and
-  not yet recorded or has no running group, and only then answers that it is absent; when the dashboard answers, the target rank's actor is looked up again with
+  not yet recorded, has no running group, or (given the ``pid`` that printed the rank's steps)
+  names another process for the rank, and only then answers that it is absent; when the dashboard answers, the target rank's actor is looked up again with
   ``ray.util.state.get_actor`` (state, node, pid);
 * ``signal``: a zero-CPU actor pinned to the worker's node (``NodeAffinitySchedulingStrategy``,
   ``soft=False``; one per node, started by ``warm`` or on first use, owned by the agent) sends the
@@ -310,7 +311,7 @@ def wait_for_state(lookup: Callable[[], T], wait_s: float, *, interval: float = 
         sleep(interval)
 
 
-def _train_workers(run_name: str, rank: int | None = None) -> dict[str, Any]:
+def _train_workers(run_name: str, rank: int | None = None, pid: int | None = None) -> dict[str, Any]:
     import ray
     from ray.train.v2._internal.state.state_actor import get_state_actor
 
@@ -327,13 +328,22 @@ def _train_workers(run_name: str, rank: int | None = None) -> dict[str, Any]:
         # name that ended is no answer (a drill's reference run has the job's name too)
         raise StateNotYet(f"no live Train run named {run_name!r} (runs: "
                           f"{sorted({(r.name, r.status.value) for r in runs.values()})})")
-    run = max(live, key=lambda r: r.start_time_ns)
-    running = [a for a in attempts.get(run.id, {}).values()
-               if a.status.value == "RUNNING" and a.workers]
-    if not running:
+    groups = [(a.start_time_ns, r.start_time_ns, a, r) for r in live for a in attempts.get(r.id, {}).values()
+              if a.status.value == "RUNNING" and a.workers]
+    if not groups:
+        run = max(live, key=lambda r: r.start_time_ns)
         raise StateNotYet(f"the Train run {run_name!r} ({run.status.value}) has no running "
                           "worker group now")
-    attempt = max(running, key=lambda a: a.start_time_ns)
+    if pid is not None and rank is not None:
+        # the group whose worker of ``rank`` is the process that printed the steps: a run of the
+        # same name that ended (the drill's reference) may still be recorded RUNNING for a while
+        mine = [g for g in groups if any(w.world_rank == rank and w.pid == pid for w in g[2].workers)]
+        if not mine:
+            named = sorted({w.pid for g in groups for w in g[2].workers if w.world_rank == rank})
+            raise StateNotYet(f"Ray Train's state names pid(s) {named} for rank {rank} of {run_name!r}, "
+                              f"not the worker that printed its steps (pid {pid})")
+        groups = mine
+    _, _, attempt, run = max(groups, key=lambda g: (g[1], g[0]))
     workers = [{"world_rank": w.world_rank, "actor_id": w.actor_id, "node_id": w.node_id,
                 "node_ip": w.node_ip, "pid": w.pid} for w in attempt.workers]
     for w in workers:  # Ray core's view of the same actor, when the dashboard's state API answers
@@ -362,8 +372,10 @@ def _serve(request: dict[str, Any]) -> Any:
     op = request.get("op")
     if op == "workers":
         rank = request.get("rank")
+        pid = request.get("pid")
         return wait_for_state(
-            lambda: _train_workers(str(request["run_name"]), None if rank is None else int(rank)),
+            lambda: _train_workers(str(request["run_name"]), None if rank is None else int(rank),
+                                   None if pid is None else int(pid)),
             float(request.get("wait_s", 0.0)),
         )
     if op == "nodes":

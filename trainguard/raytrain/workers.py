@@ -326,8 +326,10 @@ class RayWorkerLauncher:
         from trainguard.raytrain.agent import RayAgentError
 
         try:
+            # the process that printed the rank's steps: the state's group must hold it
+            seen = self.tracker.latest(rank)
             found = self._agent().request("workers", run_name=self.run_name, rank=rank,
-                                          wait_s=STATE_WAIT_S)
+                                          pid=None if seen is None else seen.pid, wait_s=STATE_WAIT_S)
         except RayAgentError as exc:
             raise WorkerNotHere(f"Ray's state has no worker of rank {rank}: {exc}") from None
         for w in found["workers"]:
