@@ -231,6 +231,33 @@ def test_tracking_to_a_store_on_a_full_or_read_only_disk_stops_with_one_warning(
     assert "TRAINGUARD_TRACKING=off" in warning and result.unwritten
 
 
+def test_tracking_to_a_store_under_a_non_utf8_directory_stops_at_once_saying_why(tmp_path: Path) -> None:
+    """A directory whose name is not UTF-8 (made by another system): the store's URI cannot name
+    it. Retried as a passing failure, it stalled the end of a check by 70 s (issue 24, item 6)."""
+    pytest.importorskip("mlflow")
+    from trainguard.tracking import Tracker
+
+    store = Path(os.fsdecode(os.fsencode(tmp_path) + b"/job\xff"))
+    store.mkdir()
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    warnings: list[str] = []
+    tracker = Tracker(uri, warn=warnings.append)
+    try:
+        run = tracker.start_run("session", params={"job": "toy"})
+        tracker.log_metrics(run, [("loss", 1.0, 1, 0)])
+        deadline = time.monotonic() + 60
+        while tracker.unwritable is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        started = time.monotonic()
+        result = tracker.close()
+        closing_s = time.monotonic() - started
+    assert tracker.unwritable is not None and "is not UTF-8" in tracker.unwritable
+    assert closing_s < 5 and result.unwritten  # no retries until the flush bound
+    [warning] = warnings
+    assert "MLFLOW_TRACKING_URI" in warning and "TRAINGUARD_TRACKING=off" in warning
+
+
 # -- the run directory (item 10) ---------------------------------------------------------------
 
 

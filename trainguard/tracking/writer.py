@@ -81,6 +81,11 @@ def store_unwritable(exc: BaseException, tracking_uri: str) -> str | None:
     cause: BaseException | None = exc
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
+        if isinstance(cause, UnicodeEncodeError):
+            # a path of bytes that are not UTF-8 (a directory named by another system): the
+            # store's URI cannot name it, now or later (retried, it stalled the end by 70 s)
+            return (f"its path {str(db)!r} is not UTF-8, which an MLflow URI cannot hold; set "
+                    "MLFLOW_TRACKING_URI to a store whose path is, or TRAINGUARD_TRACKING=off")
         if isinstance(cause, OSError) and cause.errno in _DISK_ERRNOS:
             if cause.filename and not _within(Path(os.fsdecode(cause.filename)), db.parent):
                 return None  # another file (a run directory's): not the store
