@@ -129,11 +129,15 @@ def judge_storage_resume(c: DrillContext) -> tuple[CheckStatus, str, dict[str, A
     if len(owners) != len(struck_files):
         owners = set()  # one checkpoint for every rank
 
+    def struck_resume(result: RunResult) -> int | None:
+        """The step a rank that loads the struck file resumed after, when it loaded it (ranks
+        without a barrier may resume from different steps: one that lagged had no newer file)."""
+        found = [resumed for rank, resumed in _resumed_by_rank(result, c.metric).items()
+                 if (not owners or rank in owners) and resumed > 0 and (step is None or resumed >= step)]
+        return max(found) if found else None
+
     def loaded_struck(result: RunResult) -> bool:
-        for rank, resumed in _resumed_by_rank(result, c.metric).items():
-            if (not owners or rank in owners) and resumed > 0 and (step is None or resumed >= step):
-                return True
-        return False
+        return struck_resume(result) is not None
 
     if spec.expectation == "fail_clean":
         rearm = getattr(fault, "arm", None)
@@ -153,8 +157,10 @@ def judge_storage_resume(c: DrillContext) -> tuple[CheckStatus, str, dict[str, A
         error = reported_line(text, c.metric_lines)
         evidence["resume_error"] = error
         if loaded_struck(resume):
+            evidence["struck_resumed_from_step"] = struck_resume(resume)
             problems.append(f"the resume loaded the struck checkpoint ({named}) and trained on after "
-                            f"step {resumed}" + ("" if resume.ok else f" before failing ({resume.reason})"))
+                            f"step {struck_resume(resume)}"
+                            + ("" if resume.ok else f" before failing ({resume.reason})"))
             causes = [STORAGE_CAUSES["silent"], STORAGE_CAUSES["no_fallback"]]
         elif resume.ok and resumed == 0:
             problems.append("the resume started again from step 1 and completed: the struck checkpoint "
