@@ -20,10 +20,12 @@ from typing import Any
 import pytest
 from trainguard.plugins.markers import validate_marker
 
+from trainguard._internal import envvars
+
 __all__ = ["CHILD_ENV", "child_call", "parent_call", "request_parent_fixtures"]
 
 #: set in a rank's environment: this pytest process is one rank of a ddp test
-CHILD_ENV = "TRAINGUARD_DDP_CHILD"
+CHILD_ENV = envvars.DDP_CHILD
 _RESULT_NAME = "rank{rank}.result.json"
 
 
@@ -171,7 +173,7 @@ class ChildRecorder:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" or report.outcome != "passed":
             rank = os.environ.get("RANK", "0")
-            path = Path(os.environ["TRAINGUARD_RUN_DIR"]) / _RESULT_NAME.format(rank=rank)
+            path = Path(os.environ[envvars.RUN_DIR]) / _RESULT_NAME.format(rank=rank)
             previous = json.loads(path.read_text()) if path.exists() else None
             if previous is not None and previous["outcome"] != "passed":
                 return  # keep the first failure (a teardown error after a call failure)

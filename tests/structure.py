@@ -70,29 +70,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pytest", ("trainguard.plugins", "trainguard.fixtures")),
 ]
 
-#: the public API (``trainguard/__init__.py``) and the old module paths kept as thin re-export
-#: modules (docs/architecture.md): they stand above every layer
-REEXPORT_MODULES = frozenset({
-    "trainguard",
-    "trainguard.assertions",
-    "trainguard.distributed",
-    "trainguard.runner",
-    "trainguard.seeding",
-    "trainguard.settings",
-    "trainguard.strategies",
-    "trainguard.track",
-    "trainguard.gate.local_ray",
-    "trainguard.gate.queue",
-    "trainguard.gate.ray_jobs",
-})
-
-#: a package whose documented functions moved to a higher layer forwards them there on first
-#: use: the only upward imports allowed, and only inside the package's module-level
-#: ``__getattr__`` (so importing the package never imports the higher layer)
-COMPAT_FORWARDS: dict[str, frozenset[str]] = {
-    "trainguard.checks": frozenset({"trainguard.session"}),
-    "trainguard.drills": frozenset({"trainguard.session"}),
-}
+#: the curated public API (``trainguard/__init__.py``): it names every layer (lazily), so it
+#: stands above them all. No other module re-exports or forwards (docs/architecture.md, "One path
+#: per name"): :func:`reexport_shims`, :func:`reexported_names` and :func:`forwards` find them.
+PUBLIC_API = "trainguard"
 
 #: runs inside the user's training process on the standard library alone (start-up hook)
 STDLIB_ONLY = frozenset({
@@ -115,34 +96,16 @@ def layer_of(module: str) -> int | None:
     return None if best is None else best[1]
 
 
-def forward_lines(module: Module) -> set[int]:
-    """The lines of ``module``'s module-level ``__getattr__`` (where a forward may import)."""
-    return {
-        line
-        for node in module.tree.body
-        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
-        for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)
-    }
-
-
 def upward_imports(modules: dict[str, Module]) -> list[str]:
-    """Imports of a higher layer (re-export modules and the listed forwards excepted)."""
+    """Imports of a higher layer (the curated API excepted)."""
     found = []
     for module in modules.values():
-        if module.name in REEXPORT_MODULES:
+        if module.name == PUBLIC_API:
             continue
         own = layer_of(module.name)
         for imported, _name, line in module.imports:
             target = _target(modules, imported)
             if target is None or target == module.name:
-                continue
-            if line in forward_lines(module) and any(
-                target == f or target.startswith(f + ".") for f in COMPAT_FORWARDS.get(module.name, ())
-            ):
-                continue  # a forward, resolved on first use: nothing runs it at import time
-            if target in REEXPORT_MODULES:
-                found.append(f"{_rel(module.path)}:{line}: {module.name} imports the "
-                             f"re-export module {target} (import the defining module)")
                 continue
             theirs = layer_of(target)
             if own is not None and theirs is not None and theirs > own:
@@ -151,9 +114,79 @@ def upward_imports(modules: dict[str, Module]) -> list[str]:
     return found
 
 
+def _all_names(module: Module) -> list[str]:
+    for node in module.tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"]:
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return []
+            return [str(v) for v in value]
+    return []
+
+
+def _imported_names(module: Module) -> dict[str, str]:
+    """Name bound at module level by ``from trainguard... import name`` -> the module it names."""
+    bound: dict[str, str] = {}
+    for node in module.tree.body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("trainguard"):
+            for alias in node.names:
+                bound[alias.asname or alias.name] = node.module or ""
+    return bound
+
+
+def reexport_shims(modules: dict[str, Module]) -> list[str]:
+    """Modules (not packages, not the curated API) whose body is only a docstring, imports of
+    trainguard and ``__all__``: an old path kept alive, a second home for names."""
+    found = []
+    for module in modules.values():
+        if module.is_package or module.name == PUBLIC_API:
+            continue
+        body = [n for n in module.tree.body
+                if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+        imports = [n for n in body if isinstance(n, ast.ImportFrom | ast.Import)]
+        rest = [n for n in body if n not in imports and not (
+            isinstance(n, ast.Assign) and [getattr(t, "id", None) for t in n.targets] == ["__all__"])]
+        if imports and not rest and all(
+            isinstance(n, ast.ImportFrom) and (n.module or "").startswith(("trainguard", "__future__"))
+            for n in imports
+        ):
+            found.append(f"{_rel(module.path)}: {module.name} only re-exports")
+    return found
+
+
+def reexported_names(modules: dict[str, Module]) -> list[str]:
+    """Names a module (not a package's ``__init__``, not the curated API) lists in ``__all__``
+    but imports from another trainguard module: a second public home for one name."""
+    found = []
+    for module in modules.values():
+        if module.is_package or module.name == PUBLIC_API:
+            continue
+        bound = _imported_names(module)
+        for name in _all_names(module):
+            if name in bound:
+                found.append(f"{_rel(module.path)}: {module.name} re-exports {name} from {bound[name]}")
+    return found
+
+
+def forwards(modules: dict[str, Module]) -> list[str]:
+    """Module-level ``__getattr__`` that imports trainguard (a forward to another home), outside
+    the curated API."""
+    found = []
+    for module in modules.values():
+        if module.name == PUBLIC_API:
+            continue
+        for node in module.tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+                lines = range(node.lineno, (node.end_lineno or node.lineno) + 1)
+                if any(line in lines for _imported, _name, line in module.imports):
+                    found.append(f"{_rel(module.path)}:{node.lineno}: {module.name}.__getattr__ forwards")
+    return found
+
+
 def unplaced(modules: dict[str, Module]) -> list[str]:
-    """Modules in no layer and not a re-export module."""
-    return sorted(n for n in modules if n not in REEXPORT_MODULES and layer_of(n) is None)
+    """Modules in no layer (the curated API excepted)."""
+    return sorted(n for n in modules if n != PUBLIC_API and layer_of(n) is None)
 
 
 def load_modules(sources: dict[str, Path] | None = None) -> dict[str, Module]:
@@ -370,6 +403,12 @@ def main() -> None:
     for line in upward:
         print("  ", line)
     print(f"modules in no layer: {unplaced(modules)}")
+    for what, found in (("re-export shims", reexport_shims(modules)),
+                        ("names re-exported by a module", reexported_names(modules)),
+                        ("module-level forwards", forwards(modules))):
+        print(f"{what}: {len(found)}")
+        for line in found:
+            print("  ", line)
     for limit in (600, 700):
         over = long_files(library, limit)
         print(f"library files over {limit} lines: {len(over)}")

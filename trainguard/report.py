@@ -12,6 +12,7 @@ import os
 import socket
 import time
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ __all__ = [
     "CheckStatus",
     "Report",
     "ReportStatus",
+    "SkipReason",
     "load_report",
 ]
 
@@ -39,6 +41,30 @@ STATUSES: tuple[CheckStatus, ...] = ("passed", "failed", "error", "skipped")
 #: ended the run before every check ran), ``skipped`` (every check was skipped: nothing was
 #: tested) or ``passed``
 ReportStatus = Literal["passed", "failed", "skipped", "interrupted"]
+
+
+class SkipReason(StrEnum):
+    """Why a check was skipped, as the gate decides on it (``gate.on_missing``): never read from
+    the summary's words. Written to a skipped check's report entry as ``skip_reason``."""
+
+    #: root-level machine features: cgroups, a size-limited tmpfs, FUSE, mounts
+    NEEDS_ROOT = "needs_root"
+    #: an NVIDIA GPU
+    NEEDS_GPU = "needs_gpu"
+    #: Ray (``ray[train]``, a cluster)
+    NEEDS_RAY = "needs_ray"
+    #: this machine cannot host it for another reason (a service that did not start, a missing
+    #: package): no policy allows it
+    UNAVAILABLE = "unavailable"
+    #: the check does not apply to this kind of job (``trainguard validate`` refuses it first)
+    JOB_KIND = "job_kind"
+    #: configured, but this trainguard version has no such check
+    NOT_IN_THIS_VERSION = "not_in_this_version"
+
+    @property
+    def capability(self) -> str | None:
+        """The ``gate.on_missing`` key this reason falls under (None: no policy allows it)."""
+        return self.value.removeprefix("needs_") if self.value.startswith("needs_") else None
 
 
 @dataclass(frozen=True)
@@ -92,10 +118,14 @@ class CheckResult:
     evidence: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
     reproduce: str | None = None
+    #: why it was skipped (only on a skipped result; the report JSON has the key only then)
+    skip_reason: SkipReason | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        if self.skip_reason is not None:
+            self.skip_reason = SkipReason(self.skip_reason)  # a report read back holds the text
 
     @property
     def ok(self) -> bool:
@@ -178,6 +208,11 @@ class Report:
         data.pop("path")
         data.pop("write_problem")
         data["status"] = self.status
+        for check in data["checks"]:
+            if check["skip_reason"] is None:  # the key is a skipped check's alone
+                del check["skip_reason"]
+            else:
+                check["skip_reason"] = str(check["skip_reason"])
         return data
 
     def to_json(self) -> str:

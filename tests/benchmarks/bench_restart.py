@@ -27,7 +27,8 @@ from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config import parse_config
 from trainguard.launch import Launcher, MetricPoint, reserve_port
 from trainguard.launch.metrics import MetricParser, aligned_trajectories, trajectory
-from trainguard.run.runner import JobRunner, RunRequest
+from trainguard.run.request import RunRequest
+from trainguard.run.runner import JobRunner
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
 STEPS, KILL_AFTER = 40, 25

@@ -49,7 +49,8 @@ from typing import Any
 from trainguard.config import load_config
 from trainguard.config.settings import Settings
 from trainguard.launch import MetricPoint
-from trainguard.run.runner import JobRunner, RunRequest
+from trainguard.run.request import RunRequest
+from trainguard.run.runner import JobRunner
 from trainguard.tracking import Tracker, default_store
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from trainguard.checks.baseline import load_baseline, machine_id
+from trainguard._internal.machine import machine_id
+from trainguard.checks.baseline import load_baseline
 from trainguard.report import CheckResult
 from trainguard.session import check
 

@@ -23,9 +23,10 @@ import pytest
 
 from trainguard.cli import main
 from trainguard.config import load_config
-from trainguard.drills import drill, run_drill
+from trainguard.drills import run_drill
 from trainguard.report import CheckResult
 from trainguard.run.runner import JobRunner
+from trainguard.session import drill
 
 if TYPE_CHECKING:
     from conftest import PatchedExample
@@ -171,9 +172,10 @@ def test_a_run_whose_only_drill_was_skipped_does_not_say_passed(
     skipped, and the run says SKIPPED, not PASSED: nothing was tested (issue 24)."""
     from trainguard.faults.base import FaultUnavailable
     from trainguard.faults.kill import KillRankFault
+    from trainguard.report import SkipReason
 
     def unavailable(self: KillRankFault, ctx: object) -> None:
-        raise FaultUnavailable("no way to kill here")
+        raise FaultUnavailable("no way to kill here", needs=SkipReason.NEEDS_GPU)
 
     monkeypatch.setattr(KillRankFault, "setup", unavailable)
     path = job_file(tmp_path, "{name: kill, fault: kill_rank, rank: 1, steps: 8, after_step: 4}")
@@ -181,7 +183,8 @@ def test_a_run_whose_only_drill_was_skipped_does_not_say_passed(
     out = capsys.readouterr().out
     assert "SKIPPED drill:kill: kill_rank cannot be injected on this machine: no way to kill here" in out
     assert "SKIPPED: 1 drill(s)" in out and "PASSED" not in out
-    assert json.loads((tmp_path / ".trainguard" / "drills-report.json").read_text())["status"] == "skipped"
+    saved = json.loads((tmp_path / ".trainguard" / "drills-report.json").read_text())
+    assert saved["status"] == "skipped" and saved["checks"][0]["skip_reason"] == "needs_gpu"
 
 
 def test_the_drill_command_and_library(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

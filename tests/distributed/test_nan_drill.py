@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.drills import drill
 from trainguard.report import CheckResult
+from trainguard.session import drill
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import toy_job
-from trainguard.drills import drill
 from trainguard.report import CheckResult
+from trainguard.session import drill
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -12,7 +12,8 @@ import pytest
 
 from trainguard.config import load_config
 from trainguard.config.settings import Settings
-from trainguard.run.runner import JobRunner, RunRequest
+from trainguard.run.request import RunRequest
+from trainguard.run.runner import JobRunner
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
 

@@ -13,8 +13,8 @@ import os
 import pytest
 
 from tests.helpers import toy_job
-from trainguard.drills import drill
 from trainguard.report import CheckResult
+from trainguard.session import drill
 
 pytestmark = [pytest.mark.timeout(240),
               pytest.mark.skipif(os.geteuid() != 0, reason="a CPU cgroup needs root")]

@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import toy_job
-from trainguard.drills import drill
 from trainguard.faults.fusefs import fuse_unavailable
 from trainguard.report import CheckResult
+from trainguard.session import drill
 
 pytestmark = pytest.mark.timeout(300)
 

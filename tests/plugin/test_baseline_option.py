@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.checks.baseline import machine_id
+from trainguard._internal.machine import machine_id
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -211,7 +211,8 @@ def tracked_run(job: Path, steps: int = 8) -> tuple[Any, list[str], str, Any]:
 
     from trainguard.config import load_config
     from trainguard.config.settings import resolve
-    from trainguard.run.runner import JobRunner, RunRequest
+    from trainguard.run.request import RunRequest
+    from trainguard.run.runner import JobRunner
     from trainguard.tracking import open_tracker
 
     job_file = load_config(job)

@@ -1,4 +1,5 @@
-"""Tests for trainguard.unit.assertions: each check catches its planted defect and passes clean code."""
+"""Tests for the unit assertions (trainguard.unit.outputs, gradients, batches, training,
+equivalence): each check catches its planted defect and passes clean code."""
 
 from __future__ import annotations
 
@@ -13,17 +14,11 @@ from torch import nn
 
 from trainguard.errors import TrainguardAssertionError, UsageError
 from trainguard.unit import seeding
-from trainguard.unit.assertions import (
-    assert_batch_independent,
-    assert_can_overfit,
-    assert_close_tree,
-    assert_equivalent,
-    assert_finite,
-    assert_grads_flow,
-    assert_loss_connected,
-    assert_step_updates,
-    assert_tensor_meta,
-)
+from trainguard.unit.batches import assert_batch_independent
+from trainguard.unit.equivalence import assert_close_tree, assert_equivalent
+from trainguard.unit.gradients import assert_grads_flow, assert_loss_connected
+from trainguard.unit.outputs import assert_finite, assert_tensor_meta
+from trainguard.unit.training import assert_can_overfit, assert_step_updates
 
 
 @pytest.fixture(autouse=True)

@@ -18,22 +18,19 @@ from pathlib import Path
 import pytest
 
 import trainguard.checks.baseline as bl
+from trainguard._internal.machine import machine_id
+from trainguard.checks.band import build_band, compare_to_band, rolling_median, smoothing_window
 from trainguard.checks.baseline import (
     FORMAT_VERSION,
     BaselineError,
-    build_band,
-    compare_to_band,
     find_baseline,
     load_baseline,
-    machine_id,
-    rolling_median,
     save_baseline,
-    smoothing_window,
 )
 from trainguard.cli import main as cli_main
 from trainguard.config import load_config, parse_config
 from trainguard.errors import ConfigError
-from trainguard.run.runner import RunRequest
+from trainguard.run.request import RunRequest
 from trainguard.session import check
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"

@@ -27,7 +27,8 @@ from trainguard.faults.base import Fault
 from trainguard.faults.hang import HangFault
 from trainguard.faults.kill import KillRankFault
 from trainguard.launch import MetricPoint, RankExit, RunResult
-from trainguard.run.runner import RunRequest, SupervisedRun
+from trainguard.run.request import RunRequest
+from trainguard.run.runner import SupervisedRun
 
 HEAD = r"""
 job:

@@ -10,9 +10,10 @@ import pytest
 from pydantic import ValidationError
 
 from tests.helpers import make_sizing
-from trainguard.gate.policy import Capabilities, GatePolicy, decide, sizing_of
+from trainguard.config import GatePolicy
+from trainguard.gate.policy import Capabilities, decide, sizing_of
 from trainguard.profiling.sizing import Sizing
-from trainguard.report import CheckResult, Report, load_report
+from trainguard.report import CheckResult, Report, SkipReason, load_report
 
 NO_ROOT = Capabilities(gpus=0, root=False, ray=True)
 
@@ -56,7 +57,8 @@ def test_a_required_check_that_is_not_configured_blocks_with_the_fix() -> None:
 
 @pytest.mark.parametrize(("rule", "verdict"), [("skip", "promote"), ("block", "block")])
 def test_a_skip_for_a_missing_capability_follows_the_policy(rule: str, verdict: str) -> None:
-    skipped = CheckResult("drill:disk", "skipped", "needs root to mount a tmpfs", evidence={"needs": "root"})
+    skipped = CheckResult("drill:disk", "skipped", "a tmpfs could not be mounted",
+                          skip_reason=SkipReason.NEEDS_ROOT)
     decision = decide(report(passed("smoke"), passed("canary"), skipped),
                       policy(on_missing={"root": rule}), NO_ROOT)
     assert decision.verdict == verdict
@@ -64,8 +66,40 @@ def test_a_skip_for_a_missing_capability_follows_the_policy(rule: str, verdict: 
     assert "gate.on_missing.root" in text
 
 
+@pytest.mark.parametrize(("reason", "capability"), [
+    (SkipReason.NEEDS_ROOT, "root"), (SkipReason.NEEDS_GPU, "gpu"), (SkipReason.NEEDS_RAY, "ray"),
+])
+def test_the_skip_reason_alone_picks_the_rule(reason: SkipReason, capability: str) -> None:
+    """The summary's words play no part: a summary that names root under a GPU reason follows
+    gate.on_missing.gpu."""
+    skipped = CheckResult("drill:x", "skipped", "root cgroup tmpfs mount ray cuda", skip_reason=reason)
+    rules = {"root": "block", "gpu": "block", "ray": "block", capability: "skip"}
+    decision = decide(report(passed("smoke"), passed("canary"), skipped), policy(on_missing=rules), NO_ROOT)
+    assert decision.promoted, decision.reasons
+    assert any(f"gate.on_missing.{capability}" in note for note in decision.notes)
+
+
+@pytest.mark.parametrize("reason", [None, SkipReason.UNAVAILABLE, SkipReason.JOB_KIND,
+                                    SkipReason.NOT_IN_THIS_VERSION])
+def test_a_skip_no_capability_explains_blocks_whatever_its_summary_says(reason: SkipReason | None) -> None:
+    skipped = CheckResult("drill:x", "skipped", "needs root to mount a tmpfs on the gpu", skip_reason=reason)
+    everything = {"root": "skip", "gpu": "skip", "ray": "skip"}
+    decision = decide(report(passed("smoke"), passed("canary"), skipped), policy(on_missing=everything), NO_ROOT)
+    assert decision.verdict == "block"
+    assert "no policy allows this skip" in decision.reasons[0]
+
+
+def test_the_skip_reason_travels_through_the_report_json_on_skipped_checks_only(tmp_path: Path) -> None:
+    skipped = CheckResult("drill:x", "skipped", "no cgroups", skip_reason=SkipReason.NEEDS_ROOT)
+    path = tmp_path / "report.json"
+    report(passed("smoke"), skipped).write(path)
+    entries = load_report(path).to_dict()["checks"]
+    assert "skip_reason" not in entries[0] and entries[1]["skip_reason"] == "needs_root"
+    assert load_report(path).checks[1].skip_reason is SkipReason.NEEDS_ROOT
+
+
 def test_fallbacks_that_ran_are_listed() -> None:
-    drill = passed("drill:disk", fallbacks=["disk_full ran in hook mode (not root)"])
+    drill = passed("drill:disk", fault_evidence={"fallback": "disk_full ran in hook mode (not root)"})
     decision = decide(report(passed("smoke"), passed("canary"), drill), policy(), NO_ROOT)
     assert decision.promoted
     assert decision.fallbacks == ["drill:disk: disk_full ran in hook mode (not root)"]

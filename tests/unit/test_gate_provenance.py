@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from trainguard._internal.gitstate import file_sha256, git_state
 from trainguard._version import __version__
-from trainguard.gate.provenance import Provenance, file_sha256, git_state, provenance_for, staleness
+from trainguard.gate.provenance import Provenance, provenance_for, staleness
 
 
 def _git(repo: Path, *args: str) -> str:

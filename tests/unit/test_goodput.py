@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import make_sizing
-from trainguard.config import Target, load_config
+from trainguard.config import GatePolicy, Target, load_config
 from trainguard.errors import ConfigError
-from trainguard.gate.policy import Capabilities, GatePolicy, decide, sizing_of
+from trainguard.gate.policy import Capabilities, decide, sizing_of
 from trainguard.profiling.goodput import (
     FailureInputs,
     goodput,

@@ -16,7 +16,8 @@ import pytest
 from tests.helpers import runs_by_kind, wait_for_a_background_run
 from trainguard.config import load_config
 from trainguard.config.settings import Settings
-from trainguard.run.runner import AheadRun, JobRunner
+from trainguard.run.runner import JobRunner
+from trainguard.run.scheduling import AheadRun
 from trainguard.session import check, lane_plan, run_checks
 
 pytestmark = pytest.mark.timeout(180)

@@ -21,7 +21,8 @@ from trainguard.checks.equivalence import run_resume
 from trainguard.config import ResumeCheck, load_config, parse_config
 from trainguard.config.settings import Settings
 from trainguard.errors import ConfigError
-from trainguard.run.runner import JobRunner, RunRequest
+from trainguard.run.request import RunRequest
+from trainguard.run.runner import JobRunner
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 

@@ -21,10 +21,12 @@ from trainguard.drills.driver import make_drill
 from trainguard.drills.judges import DrillContext, Injection
 from trainguard.drills.nonfinite import judge_handle_nonfinite, must_stop
 from trainguard.errors import ConfigError
-from trainguard.faults.hook import hook_env, read_events
+from trainguard.faults.hook import read_events
 from trainguard.faults.nan import NanFault
 from trainguard.launch import MetricPoint, RankExit, RunResult
-from trainguard.run.runner import RunRequest, SupervisedRun
+from trainguard.launch.hook import hook_env
+from trainguard.run.request import RunRequest
+from trainguard.run.runner import SupervisedRun
 
 HEAD = r"""
 job:

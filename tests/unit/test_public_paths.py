@@ -1,5 +1,6 @@
-"""Every import the docs, the README and the examples show still works (docs/architecture.md:
-a module that moved keeps its documented path as a re-export or a forward)."""
+"""Every import the docs, the README and the examples show works, from the one path of each name
+(docs/architecture.md, "One path per name"): the module that defines it, its package, or the
+curated ``trainguard`` API. The old paths that re-exported or forwarded names are gone."""
 
 from __future__ import annotations
 
@@ -38,44 +39,39 @@ def _documented_imports() -> list[tuple[str, str, str]]:
 DOCUMENTED = _documented_imports()
 
 
-#: what the docs and examples imported before the layout of issue 11 (they now show the new
-#: paths): each old path must keep working for the code people wrote against it
-BEFORE = [
-    ("trainguard", "track"),
-    ("trainguard.config", "load_config"),
-    ("trainguard.distributed", "assert_ddp_gradients_match"),
-    ("trainguard.distributed", "assert_state_roundtrip"),
-    ("trainguard.faults", "FaultContext"),
-    ("trainguard.faults.disk_full", "DiskFullFault"),
-    ("trainguard.faults.toxiproxy", "open_toxiproxy"),
-    ("trainguard.gate.local_ray", "LocalRay"),
-    ("trainguard.gate.provenance", "staleness"),
-    ("trainguard.gate.queue", "SubmissionSpec"),
-    ("trainguard.gate.queue", "get_backend"),
-    ("trainguard.gate.ray_jobs", "RayJobsBackend"),
-    ("trainguard.gate.policy", "decide"),
-    ("trainguard.launch", "Launcher"),
-    ("trainguard.profiling", "profile_job"),
-    ("trainguard.profiling", "parse_regressions"),
-    ("trainguard.runner", "JobRunner"),
-    ("trainguard.seeding", "deterministic_mode"),
-    ("trainguard.seeding", "rng_state"),
-    ("trainguard.strategies", "classification_batches"),
-    ("trainguard.checks", "check"),
-    ("trainguard.checks", "run_in_order"),
-    ("trainguard.drills", "drill"),
-    ("trainguard.tracking", "LIVE_INTERVAL_S"),
-    ("trainguard.tracking", "LAUNCH_RUN_WAIT_S"),
-]
+#: old path -> where its names live (0.x, nothing released: the shims and forwards were removed)
+MOVED = {
+    "trainguard.runner": "trainguard.run.runner",
+    "trainguard.track": "trainguard.tracking.track (or `from trainguard import track`)",
+    "trainguard.settings": "trainguard.config.settings",
+    "trainguard.seeding": "trainguard.unit.seeding",
+    "trainguard.assertions": "trainguard.unit.outputs, .gradients, .batches, .training, .equivalence",
+    "trainguard.strategies": "trainguard.unit.strategies",
+    "trainguard.distributed": "trainguard.unit.ddp, trainguard.unit.roundtrip",
+    "trainguard.unit.assertions": "trainguard.unit.outputs, .gradients, .batches, .training, .equivalence",
+    "trainguard.unit.distributed": "trainguard.unit.ddp, trainguard.unit.roundtrip",
+    "trainguard.gate.local_ray": "trainguard.raytrain.local_ray",
+    "trainguard.gate.queue": "trainguard.queue.base, trainguard.queue.backends",
+    "trainguard.gate.ray_jobs": "trainguard.queue.ray_jobs",
+}
 
 
 def test_the_docs_show_imports_to_check() -> None:
     assert len(DOCUMENTED) >= 30 and any(module == "trainguard" for _, module, _ in DOCUMENTED)
 
 
-@pytest.mark.parametrize(("module", "name"), BEFORE, ids=lambda v: str(v))
-def test_an_import_documented_before_the_layout_still_works(module: str, name: str) -> None:
-    assert hasattr(importlib.import_module(module), name)
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_an_old_path_is_gone(old: str) -> None:
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
+
+
+def test_the_old_session_forwards_are_gone() -> None:
+    import trainguard.checks
+    import trainguard.drills
+
+    assert not hasattr(trainguard.checks, "check") and not hasattr(trainguard.drills, "drill")
+    assert callable(importlib.import_module("trainguard.session").drill)
 
 
 @pytest.mark.parametrize(("where", "module", "name"), DOCUMENTED, ids=lambda v: str(v))
@@ -83,3 +79,21 @@ def test_a_documented_import_works(where: str, module: str, name: str) -> None:
     imported = importlib.import_module(module)
     if not hasattr(imported, name):
         importlib.import_module(f"{module}.{name}")  # `from pkg import submodule`
+
+
+def _home(module: str, name: str) -> str | None:
+    """The module a documented function or class is defined in (None for constants)."""
+    value = getattr(importlib.import_module(module), name, None)
+    return getattr(value, "__module__", None) if callable(value) else None
+
+
+@pytest.mark.parametrize(("where", "module", "name"), DOCUMENTED, ids=lambda v: str(v))
+def test_the_docs_import_each_name_from_its_home(where: str, module: str, name: str) -> None:
+    """A documented ``from M import N`` names N's defining module, a package above it, or the
+    curated ``trainguard`` API, never a second home."""
+    home = _home(module, name)
+    if home is None or module == "trainguard":
+        return
+    assert home == module or home.startswith(module + "."), (
+        f"{where} imports {name} from {module}; it is defined in {home}: import it from there"
+    )

@@ -20,7 +20,8 @@ from trainguard.faults.base import FaultContext
 from trainguard.faults.network import RAY_WRITER_ENV, NetworkFault
 from trainguard.launch import RunResult
 from trainguard.raytrain.tracking import SUMMARY_FILE, WorkerSummary, writer_from_env
-from trainguard.run.runner import JobRunner, RunRequest
+from trainguard.run.request import RunRequest
+from trainguard.run.runner import JobRunner
 
 MLFLOW = {"service": "mlflow", "toxic": "latency", "attributes": {"latency": 2000}}
 PROXY = "127.0.0.1:47001"

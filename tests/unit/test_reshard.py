@@ -139,7 +139,8 @@ def test_the_jobs_own_rng_warning_outranks_a_boundary_divergence() -> None:
 
 
 def test_the_gate_can_require_reshard_but_does_not_by_default() -> None:
-    from trainguard.gate.policy import Capabilities, GatePolicy, decide
+    from trainguard.config import GatePolicy
+    from trainguard.gate.policy import Capabilities, decide
     from trainguard.report import CheckResult, Report
 
     assert "reshard" not in GatePolicy.model_validate({}).require

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainguard.errors import UsageError
-from trainguard.unit.assertions import assert_batch_independent, assert_finite
+from trainguard.unit.batches import assert_batch_independent
+from trainguard.unit.outputs import assert_finite
 from trainguard.unit.strategies import (
     batch_shapes,
     batches,

@@ -452,7 +452,7 @@ def test_a_launched_job_logs_into_its_launch_run_through_track(track_job: Any) -
     from mlflow import MlflowClient
 
     from trainguard.report import CheckResult
-    from trainguard.run.runner import RunRequest
+    from trainguard.run.request import RunRequest
     from trainguard.tracking import plot_metrics, track_check
 
     runner = tracked_runner(track_job)
@@ -489,7 +489,7 @@ def test_a_job_launched_before_its_run_exists_gets_the_id_through_a_file(
 
     from mlflow import MlflowClient
 
-    from trainguard.run.runner import RunRequest
+    from trainguard.run.request import RunRequest
 
     monkeypatch.setattr(tracking, "LAUNCH_RUN_WAIT_S", 0.2)
     lock_path = track_job.state_dir / "mlflow.db.lock"
@@ -519,7 +519,7 @@ def test_metrics_are_in_the_store_while_the_job_runs(track_job: Any, monkeypatch
     are there exactly once (streamed live, the rest logged after the attempt, nothing twice)."""
     from mlflow import MlflowClient
 
-    from trainguard.run.runner import RunRequest
+    from trainguard.run.request import RunRequest
 
     monkeypatch.setattr(runs, "LIVE_INTERVAL_S", 1.0)  # a live point a second (default 5 s)
     runner = tracked_runner(track_job)

@@ -13,8 +13,8 @@ so two savers never overwrite each other and a reader never sees half a file.
 
 Later canaries compare their run with the **latest** baseline of this machine saved for the same
 request (steps, seed, world size, args), or with the file ``checks.canary.baseline`` names, and
-must stay inside its band (:mod:`trainguard.checks.band`, whose names this module re-exports).
-The machine id and facts come from :mod:`trainguard._internal.machine` (re-exported here too).
+must stay inside its band (:mod:`trainguard.checks.band`). The machine id and facts come from
+:mod:`trainguard._internal.machine`.
 """
 
 from __future__ import annotations
@@ -36,43 +36,30 @@ from trainguard._internal.gitstate import git_state
 from trainguard._internal.machine import machine_id, machine_info
 from trainguard._version import __version__
 from trainguard.checks.band import (
-    Band,
     BandVerdict,
-    Excursion,
     build_band,
     compare_to_band,
     plot_bands,
-    rolling_median,
-    smoothing_window,
 )
 from trainguard.errors import TrainguardError
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.config import CanaryCheck, JobFile
     from trainguard.launch import RunResult
-    from trainguard.run.runner import JobRunner, RunRequest
+    from trainguard.run.request import RunRequest
+    from trainguard.run.runner import JobRunner
 
 __all__ = [
     "FORMAT_VERSION",
     "REQUEST_KEYS",
-    "Band",
-    "BandVerdict",
     "Baseline",
     "BaselineError",
     "BaselineOutcome",
-    "Excursion",
-    "build_band",
     "canary_baseline",
-    "compare_to_band",
     "find_baseline",
     "load_baseline",
-    "machine_id",
-    "machine_info",
-    "plot_bands",
     "read_versioned_json",
-    "rolling_median",
     "save_baseline",
-    "smoothing_window",
     "write_numbered",
 ]
 

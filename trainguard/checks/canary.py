@@ -30,7 +30,8 @@ from trainguard.checks.baseline import canary_baseline
 from trainguard.config import CanaryCheck
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.report import CheckResult
-from trainguard.run.runner import JobRunner, RunRequest
+from trainguard.run.request import RunRequest
+from trainguard.run.runner import JobRunner
 
 __all__ = [
     "LossVerdict",

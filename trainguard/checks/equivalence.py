@@ -30,7 +30,8 @@ from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.samples import read_samples
 from trainguard.report import CheckResult
-from trainguard.run.runner import JobRunner, RunRequest
+from trainguard.run.request import RunRequest
+from trainguard.run.runner import JobRunner
 from trainguard.unit.checkpoints import (
     compare_checkpoint_dirs,
     describe_candidates,

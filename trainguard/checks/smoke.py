@@ -15,7 +15,8 @@ from typing import Any
 
 from trainguard.config import SmokeCheck
 from trainguard.report import CheckResult
-from trainguard.run.runner import JobRunner, RunRequest
+from trainguard.run.request import RunRequest
+from trainguard.run.runner import JobRunner
 from trainguard.unit.checkpoints import (
     CHECKPOINT_SUFFIXES,
     latest_complete_checkpoint,

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
+from trainguard._internal.limits import MAX_SECONDS, MAX_WORLD_SIZE
 from trainguard._internal.model import ConfigModel
 from trainguard.config.faults import (
     DEFAULT_EXPECT,
@@ -21,7 +22,7 @@ from trainguard.config.faults import (
     FAULT_EXPECTATIONS,
     KIND_EXPECTATIONS,
 )
-from trainguard.config.values import MAX_SECONDS, MAX_WORLD_SIZE, Argv, Env
+from trainguard.config.values import Argv, Env
 
 __all__ = [
     "CHECK_NAMES",

@@ -14,9 +14,9 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from trainguard._internal.limits import brief
 from trainguard.config.problems import config_error
 from trainguard.config.schema import JobFile, MetricFile, render_placeholders
-from trainguard.config.values import brief
 
 __all__ = ["preflight", "preflight_problems", "sample_values"]
 

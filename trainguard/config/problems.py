@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from trainguard._internal.limits import brief
 from trainguard.config.checks import ProfileCheck
 from trainguard.config.faults import FaultNotInstalled, fault_class
 from trainguard.config.schema import (
@@ -27,7 +28,6 @@ from trainguard.config.schema import (
     MetricRegex,
     MetricTrainer,
 )
-from trainguard.config.values import brief
 from trainguard.errors import ConfigError
 from trainguard.report import CheckId
 

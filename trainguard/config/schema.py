@@ -29,19 +29,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
+from trainguard._internal.limits import MAX_SECONDS, MAX_WORLD_SIZE
 from trainguard._internal.model import ConfigModel
 from trainguard.config.checks import CHECK_NAMES, Checks, CheckSpec, DrillSpec
 from trainguard.config.gate import GatePolicy
-from trainguard.config.values import (
-    MAX_SECONDS,
-    MAX_WORLD_SIZE,
-    Argv,
-    Env,
-    PathText,
-    Text,
-    check_regex,
-    compile_regex,
-)
+from trainguard.config.values import Argv, Env, PathText, Text, check_regex, compile_regex
 from trainguard.errors import ConfigError
 from trainguard.raytrain.job import RAY_KEYS, expand_ray_job
 from trainguard.report import CheckId

@@ -1,7 +1,7 @@
 """trainguard's settings: one table, three spellings, one precedence.
 
 Each setting ``name`` is the flag ``--trainguard-name`` (dashes), the ini key ``trainguard_name``
-and the environment variable ``TRAINGUARD_NAME``. Precedence: command line > environment > ini
+and the environment variable ``TRAINGUARD_<NAME>``. Precedence: command line > environment > ini
 file > default. The pytest plugin and the CLI both resolve settings through :func:`resolve`, and
 docs/markers-and-options.md is generated from :data:`OPTIONS` (tests check it is up to date).
 """

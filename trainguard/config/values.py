@@ -14,9 +14,9 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
-from trainguard._internal.limits import MAX_SECONDS, MAX_WORLD_SIZE, brief
+from trainguard._internal.limits import brief
 
-__all__ = ["MAX_SECONDS", "MAX_WORLD_SIZE", "Argv", "Env", "PathText", "Text", "brief", "check_regex", "compile_regex", "no_nul"]
+__all__ = ["Argv", "Env", "PathText", "Text", "check_regex", "compile_regex", "no_nul"]
 
 def no_nul(value: str, what: str = "value") -> str:
     """``value`` unless it holds a NUL byte, which no path, argument or environment value can

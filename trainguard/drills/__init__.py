@@ -1,12 +1,9 @@
 """Fault drills: a real fault injected into a small run of the job, and the judgement of what
 followed (docs/drills.md). :mod:`~trainguard.drills.driver` drives the fault around the run;
 :mod:`~trainguard.drills.judges` judges it. ``drill`` and ``run_drills`` run drills as tracked
-checks of a session: they live in :mod:`trainguard.session.drills` and are forwarded from here on
-first use (their documented path)."""
+checks of a session: they live in :mod:`trainguard.session` (``trainguard.session.drill``)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from trainguard.drills.driver import RAY_RECOVERED_FAULTS, RESTART_BACKOFF_S, make_drill, run_drill
 from trainguard.drills.judges import DRILL_CAUSES
@@ -15,17 +12,7 @@ __all__ = [
     "DRILL_CAUSES",
     "RAY_RECOVERED_FAULTS",
     "RESTART_BACKOFF_S",
-    "drill",
     "make_drill",
     "run_drill",
-    "run_drills",
 ]
 
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("drill", "run_drills"):
-        from trainguard.session.drills import drill, run_drills
-
-        return drill if name == "drill" else run_drills
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

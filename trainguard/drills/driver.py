@@ -45,8 +45,9 @@ from trainguard.launch import Launcher, MetricPoint
 from trainguard.launch.rundir import new_run_dir
 from trainguard.raytrain.agent import STATE_TRACKING_ENV, RayAgent, RayAgentError
 from trainguard.raytrain.workers import RayWorkerLauncher, RayWorkerTracker, signal_path
-from trainguard.report import CheckId, CheckResult, CheckStatus
-from trainguard.run.runner import JobRunner, RunRequest
+from trainguard.report import CheckId, CheckResult, CheckStatus, SkipReason
+from trainguard.run.request import RunRequest
+from trainguard.run.runner import JobRunner
 
 __all__ = ["RAY_API_FAULTS", "RAY_RECOVERED_FAULTS", "RESTART_BACKOFF_S", "Driver", "make_drill", "run_drill"]
 
@@ -224,9 +225,10 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
         "after_step": spec.after_step, "duration": spec.duration, "steps": spec.steps,
     }
 
-    def result(status: CheckStatus, summary: str, evidence: dict[str, Any]) -> CheckResult:
+    def result(status: CheckStatus, summary: str, evidence: dict[str, Any],
+               skip_reason: SkipReason | None = None) -> CheckResult:
         return CheckResult(name, status, summary, {**base, **evidence},
-                           time.monotonic() - started, reproduce)
+                           time.monotonic() - started, reproduce, skip_reason)
 
     if spec.fault == "soak":
         from trainguard.drills.soak import run_soak
@@ -294,7 +296,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
             fault.setup(ctx)
         except FaultUnavailable as exc:
             return result("skipped", f"{spec.fault} cannot be injected on this machine: {exc}",
-                          {"fault_evidence": fault.evidence()})
+                          {"fault_evidence": fault.evidence()}, exc.needs)
         run = runner.supervise(
             request,
             label=f"drill-{spec.name}",

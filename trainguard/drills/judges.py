@@ -31,7 +31,8 @@ from trainguard.launch import MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories, first_step
 from trainguard.launch.reported import reported_line
 from trainguard.report import CheckStatus
-from trainguard.run.runner import JobRunner, RunRequest, SupervisedRun
+from trainguard.run.request import RunRequest
+from trainguard.run.runner import JobRunner, SupervisedRun
 from trainguard.unit.checkpoints import compare_checkpoint_dirs
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -40,7 +40,7 @@ from trainguard.faults.soak import SoakEvent, SoakFault, soak_seeds
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories, first_step
 from trainguard.launch.rundir import new_run_dir
-from trainguard.report import CheckId, CheckResult, CheckStatus
+from trainguard.report import CheckId, CheckResult, CheckStatus, SkipReason
 from trainguard.run.runner import JobRunner, SupervisedRun
 from trainguard.unit.checkpoints import compare_checkpoint_dirs
 from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
@@ -360,12 +360,14 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
     base: dict[str, Any] = {"fault": "soak", "expect": "recover", "seed": seed, "steps": spec.steps,
                             "schedule": [e.to_dict() for e in events]}
 
-    def result(status: CheckStatus, summary: str, evidence: dict[str, Any]) -> CheckResult:
-        return CheckResult(name, status, summary, {**base, **evidence}, time.monotonic() - started, reproduce)
+    def result(status: CheckStatus, summary: str, evidence: dict[str, Any],
+               skip_reason: SkipReason | None = None) -> CheckResult:
+        return CheckResult(name, status, summary, {**base, **evidence}, time.monotonic() - started, reproduce,
+                           skip_reason)
 
     unavailable = SoakFault.unavailable_for(job_file.job.is_ray_train)
     if unavailable is not None:
-        return result("skipped", unavailable, {})
+        return result("skipped", unavailable, {}, SkipReason.JOB_KIND)
     if not events:
         return result("error", f"the schedule of seed {seed} holds no fault in {spec.steps} steps; raise "
                       "`steps` or lower `every_steps`", {})
@@ -401,7 +403,8 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
             try:
                 rec.fault.setup(ctx)
             except FaultUnavailable as exc:
-                return result("skipped", f"{rec.event.kind} cannot be injected on this machine: {exc}", {})
+                return result("skipped", f"{rec.event.kind} cannot be injected on this machine: {exc}", {},
+                              exc.needs)
             env.update(rec.fault.launch_env(ctx))
         soak_started = time.monotonic()
         run = runner.supervise(

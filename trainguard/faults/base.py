@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainguard.errors import TrainguardError
+from trainguard.report import SkipReason
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
@@ -38,7 +39,12 @@ __all__ = ["Fault", "FaultContext", "FaultUnavailable"]
 
 
 class FaultUnavailable(TrainguardError):
-    """This machine cannot inject the real fault (the message says why and what would allow it)."""
+    """This machine cannot inject the real fault (the message says why and what would allow it);
+    ``needs`` says what it lacks, as the gate decides on it (the drill is skipped with it)."""
+
+    def __init__(self, message: str, *, needs: SkipReason = SkipReason.UNAVAILABLE) -> None:
+        super().__init__(message)
+        self.needs = needs
 
 
 @dataclass
@@ -106,7 +112,7 @@ class Fault:
         """Raise :class:`FaultUnavailable` when :meth:`unavailable_for` refuses ``ctx``'s job."""
         why = self.unavailable_for(ctx.ray_train)
         if why is not None:
-            raise FaultUnavailable(why)
+            raise FaultUnavailable(why, needs=SkipReason.JOB_KIND)
 
     def setup(self, ctx: FaultContext) -> None:
         """Prepare the real fault before the first attempt (may raise :class:`FaultUnavailable`)."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainguard.faults.base import FaultUnavailable
+from trainguard.report import SkipReason
 
 __all__ = ["CgroupCounters", "MemoryCgroups", "remove_stale"]
 
@@ -101,7 +102,7 @@ class MemoryCgroups:
             raise FaultUnavailable(
                 f"cannot create memory cgroups under {self.base}: {exc.strerror or exc}. "
                 "Run the drill as root (or with a delegated cgroup subtree), or use the oom "
-                "fault's mode: rlimit"
+                "fault's mode: rlimit", needs=SkipReason.NEEDS_ROOT,
             ) from None
         except BaseException:  # Ctrl-C, SIGTERM between two mkdirs: nothing stays behind
             self.teardown()
@@ -386,7 +387,7 @@ def _locate() -> tuple[int, Path, Path]:
     if os.geteuid() != 0:
         raise FaultUnavailable(
             "memory cgroups need root: run the drill as root (or in a container with a "
-            "delegated cgroup), or use the oom fault's mode: rlimit"
+            "delegated cgroup), or use the oom fault's mode: rlimit", needs=SkipReason.NEEDS_ROOT,
         )
     own = _own_cgroups()
     mounts = _mounts()
@@ -412,5 +413,6 @@ def _locate() -> tuple[int, Path, Path]:
         return 2, (mine.parent if mine != Path(point) else Path(point)), mine
     raise FaultUnavailable(
         "no memory cgroup controller is mounted (neither cgroup v1 'memory' nor a cgroup2 "
-        "hierarchy with 'memory' in cgroup.controllers); use the oom fault's mode: rlimit"
+        "hierarchy with 'memory' in cgroup.controllers); use the oom fault's mode: rlimit",
+        needs=SkipReason.NEEDS_ROOT,
     )

@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainguard.faults.base import FaultContext, FaultUnavailable
 from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
-from trainguard.faults.hook import HookFault, hook_env, pull_trigger, rank_stderr
+from trainguard.faults.hook import HookFault, pull_trigger, rank_stderr
+from trainguard.launch.hook import hook_env
+from trainguard.report import SkipReason
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
@@ -102,7 +104,8 @@ class DiskFullFault(HookFault):
                 self.mode_ran = "fuse"
                 return
         if mode != "auto":
-            raise FaultUnavailable(f"{why}; disk_full's mode: hook needs none of it")
+            raise FaultUnavailable(f"{why}; disk_full's mode: hook needs none of it",
+                                       needs=SkipReason.NEEDS_ROOT)
         self.mode_ran, self.fallback = "hook", f"fuse mode unavailable: {why}"
 
     def launch_env(self, ctx: FaultContext) -> dict[str, str]:

@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainguard.faults.base import Fault, FaultContext
-from trainguard.launch.hook import ENV_SPEC, HOOK_DIR, hook_env
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import RunResult
 
-__all__ = ["ENV_SPEC", "HOOK_DIR", "HookFault", "hook_env", "pull_trigger", "rank_stderr", "read_events"]
+__all__ = ["HookFault", "pull_trigger", "rank_stderr", "read_events"]
 
 
 def pull_trigger(path: Path, pid: int | None = None) -> None:

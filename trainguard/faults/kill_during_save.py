@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
 from trainguard.faults.storage import newest_checkpoint_files
+from trainguard.report import SkipReason
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
@@ -83,7 +84,8 @@ class KillDuringSaveFault(Fault):
                 ctx.checkpoint_dir = layer.point
                 return
         raise FaultUnavailable(f"{why}; kill_during_save holds the rank's checkpoint write in a FUSE "
-                               "layer over the checkpoint directory (root, /dev/fuse, libfuse3, mfusepy)")
+                               "layer over the checkpoint directory (root, /dev/fuse, libfuse3, mfusepy)",
+                               needs=SkipReason.NEEDS_ROOT)
 
     def inject(self, launcher: Launcher) -> None:
         assert self.layer is not None

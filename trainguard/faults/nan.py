@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainguard.faults.base import FaultContext
-from trainguard.faults.hook import HookFault, hook_env, pull_trigger
+from trainguard.faults.hook import HookFault, pull_trigger
+from trainguard.launch.hook import hook_env
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult

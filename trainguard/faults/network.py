@@ -41,17 +41,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
+from trainguard._internal import envvars
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_TRACKING_URI
 from trainguard._internal.signals import signals_deferred
 from trainguard.errors import UsageError
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
+from trainguard.faults.toxiproxy.addresses import format_hostport, split_hostport
 from trainguard.faults.toxiproxy.client import (
     TOXIPROXY_URL_ENV,
     ToxiproxyClient,
     ToxiproxyError,
     open_toxiproxy,
 )
-from trainguard.faults.toxiproxy.server import format_hostport, split_hostport
 from trainguard.faults.toxiproxy.toxics import DIRECTIONS, TOXIC_ATTRIBUTES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -311,7 +312,7 @@ class NetworkFault(Fault):
         "toxicity": 1.0,
         "service": None,  # "mlflow"
         "upstream": None,  # "host:port"
-        "env": "TRAINGUARD_PROXY_ADDR",
+        "env": envvars.PROXY_ADDR,
         "down": False,
         # where the proxy listens; another than loopback (this machine's LAN address) lets ranks
         # on other hosts reach it, and is allowed on the embedded server for this drill only

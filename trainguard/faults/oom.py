@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainguard.faults.base import FaultContext, FaultUnavailable
 from trainguard.faults.cgroups import MemoryCgroups
-from trainguard.faults.hook import HookFault, hook_env, pull_trigger, rank_stderr
+from trainguard.faults.hook import HookFault, pull_trigger, rank_stderr
+from trainguard.launch.hook import hook_env
+from trainguard.report import SkipReason
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
@@ -100,7 +102,7 @@ class OomFault(HookFault):
             if not (Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi")):
                 raise FaultUnavailable(
                     "oom mode gpu needs an NVIDIA GPU (no /dev/nvidia0, no nvidia-smi); use "
-                    "mode: cgroup or rlimit on CPU machines"
+                    "mode: cgroup or rlimit on CPU machines", needs=SkipReason.NEEDS_GPU,
                 )
             self.mode_ran = "gpu"
         else:

@@ -31,6 +31,7 @@ import psutil
 
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.faults.cgroups import remove_stale
+from trainguard.report import SkipReason
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
@@ -57,7 +58,8 @@ class CpuCgroup:
             self.path.mkdir()
         except OSError as exc:
             raise FaultUnavailable(f"cannot create a CPU cgroup under {self.base}: {exc.strerror or exc}; "
-                                   "run the drill as root (or with a delegated cgroup subtree)") from None
+                                   "run the drill as root (or with a delegated cgroup subtree)",
+                                   needs=SkipReason.NEEDS_ROOT) from None
         self.created = True
         _live.add(self)
 
@@ -139,7 +141,7 @@ def _locate_cpu() -> tuple[int, Path, Path]:
     """(version, where the cgroup goes, this process's own CPU cgroup) or FaultUnavailable."""
     if os.geteuid() != 0:
         raise FaultUnavailable("throttling a rank's CPU needs a cgroup: run the drill as root (or with a "
-                               "delegated cgroup subtree)")
+                               "delegated cgroup subtree)", needs=SkipReason.NEEDS_ROOT)
     own: dict[str, str] = {}
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/cgroup").read_text().splitlines():
@@ -168,7 +170,8 @@ def _locate_cpu() -> tuple[int, Path, Path]:
         if fstype == "cgroup2" and "cpu" in (Path(point) / "cgroup.controllers").read_text().split():
             mine = inside(root, own.get("", "/"), point)
             return 2, (mine.parent if mine != Path(point) else Path(point)), mine
-    raise FaultUnavailable("no CPU cgroup controller is mounted (cgroup v1 'cpu' or cgroup2 with 'cpu')")
+    raise FaultUnavailable("no CPU cgroup controller is mounted (cgroup v1 'cpu' or cgroup2 with 'cpu')",
+                           needs=SkipReason.NEEDS_ROOT)
 
 
 def _fraction(value: Any) -> float | None:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
+from trainguard.report import SkipReason
 from trainguard.unit.checkpoints import latest_complete_checkpoint
 from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
 
@@ -183,7 +184,7 @@ class StorageFault(Fault):
         raise FaultUnavailable(
             f"{why}; storage kind {self.storage_kind} needs a FUSE layer over the checkpoint "
             "directory (root, /dev/fuse, libfuse3 and mfusepy): a Python-level hook would miss "
-            "torch.save's own writes")
+            "torch.save's own writes", needs=SkipReason.NEEDS_ROOT)
 
     def inject(self, launcher: Launcher) -> None:
         self.injected_at = launcher.elapsed()

@@ -5,7 +5,7 @@ the sizing of the profile when there is one, and what this machine can do
 (:class:`Capabilities`), and returns ``promote`` or ``block`` with every reason. It runs nothing:
 running the checks is :func:`trainguard.gate.run.run_gate`'s job, so the decision is a pure
 function that is tested on its own. The policy's schema lives with the job file's
-(:mod:`trainguard.config.gate`); its names stay importable from here.
+(:mod:`trainguard.config.gate`).
 """
 
 from __future__ import annotations
@@ -19,17 +19,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainguard.config import GATE_CHECKS, GatePolicy, JobFile, Thresholds
-from trainguard.config.gate import OnMissing
 from trainguard.profiling.sizing import Sizing, apply_measured_recovery
 from trainguard.report import CheckId, CheckResult, Report
 
 __all__ = [
-    "GATE_CHECKS",
     "Capabilities",
     "Decision",
-    "GatePolicy",
-    "OnMissing",
-    "Thresholds",
     "configured_checks",
     "decide",
     "sizing_of",
@@ -117,28 +112,12 @@ def _results_for(name: str, checks: Iterable[CheckResult]) -> list[CheckResult]:
     return [c for c in checks if c.name == name]
 
 
-def _needed_capability(result: CheckResult) -> str | None:
-    """The capability a skipped check lacked (``evidence["needs"]``, else read from its summary)."""
-    needs = result.evidence.get("needs")
-    if isinstance(needs, str):
-        return needs
-    text = result.summary.lower()
-    for capability, words in (("root", ("root", "cgroup", "tmpfs", "mount")),
-                              ("gpu", ("gpu", "cuda")), ("ray", ("ray",))):
-        if any(word in text for word in words):
-            return capability
-    return None
-
-
 def _fallbacks(result: CheckResult) -> list[str]:
-    found = result.evidence.get("fallbacks") or result.evidence.get("fallback") or []
-    if isinstance(found, str):
-        found = [found]
-    out = [f"{result.name}: {item}" for item in found]
-    fault = result.evidence.get("fault_evidence") or {}
-    if isinstance(fault, Mapping) and fault.get("fallback"):
-        out.append(f"{result.name}: {fault['fallback']}")
-    return out
+    """The named fallback the check's fault ran instead of the real fault (``fault_evidence``)."""
+    fault = result.evidence.get("fault_evidence")
+    if isinstance(fault, Mapping) and isinstance(fault.get("fallback"), str) and fault["fallback"]:
+        return [f"{result.name}: {fault['fallback']}"]
+    return []
 
 
 def decide(
@@ -166,7 +145,7 @@ def decide(
             if result.status == "passed":
                 decision.notes.append(f"{result.name} passed: {result.summary}")
             elif result.status == "skipped":
-                capability = _needed_capability(result)
+                capability = result.skip_reason.capability if result.skip_reason is not None else None
                 rule = getattr(policy.on_missing, capability) if capability else "block"
                 if rule == "skip":
                     decision.notes.append(f"{result.name} skipped (allowed by gate.on_missing.{capability}): {result.summary}")

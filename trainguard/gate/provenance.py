@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard._internal.gitstate import GitState, file_sha256, git_state
+from trainguard._internal.gitstate import file_sha256, git_state
 from trainguard._version import __version__
 
-__all__ = ["GitState", "Provenance", "file_sha256", "git_state", "provenance_for", "staleness"]
+__all__ = ["Provenance", "provenance_for", "staleness"]
 
 
 @dataclass(frozen=True)

@@ -27,16 +27,9 @@ from typing import Any
 from trainguard._internal.atomic import write_or_fallback
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_TRACKING_URI
 from trainguard._version import __version__
-from trainguard.config import JobFile, load_config
+from trainguard.config import GatePolicy, JobFile, load_config
 from trainguard.errors import ConfigError, TrainguardError
-from trainguard.gate.policy import (
-    Capabilities,
-    Decision,
-    GatePolicy,
-    configured_checks,
-    decide,
-    sizing_of,
-)
+from trainguard.gate.policy import Capabilities, Decision, configured_checks, decide, sizing_of
 from trainguard.profiling.render import failure_rows
 from trainguard.profiling.sizing import Sizing
 from trainguard.report import CheckResult, Report
@@ -177,7 +170,8 @@ def _production_spec(job_file: JobFile, gate: dict[str, Any], report_path: str |
     """The sized production run: the recommended world size, the target's steps, the predicted
     wall-clock as the time limit."""
     from trainguard.queue.base import spec_from_job
-    from trainguard.run.runner import JobRunner, RunRequest
+    from trainguard.run.request import RunRequest
+    from trainguard.run.runner import JobRunner
 
     sizing = Sizing.from_dict(gate["sizing"]) if gate.get("sizing") else None
     world = (sizing.recommended if sizing is not None else None) or job_file.job.world_size

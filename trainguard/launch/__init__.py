@@ -1,15 +1,9 @@
 """Launching rank processes with the torchrun contract, watching them, tearing them down."""
 
-from trainguard.launch.launcher import (
-    Launcher,
-    LaunchSpec,
-    RankExit,
-    RankProcess,
-    RunResult,
-    launch,
-)
+from trainguard.launch.launcher import Launcher, LaunchSpec, RankExit, RunResult, launch
 from trainguard.launch.metrics import LineMetric, MetricParser, MetricPoint, trajectory
 from trainguard.launch.ports import reserve_port
+from trainguard.launch.procs import RankProcess
 
 __all__ = [
     "LaunchSpec",

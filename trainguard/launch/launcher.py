@@ -39,6 +39,7 @@ from typing import IO, Any, Literal
 
 import psutil
 
+from trainguard._internal import envvars
 from trainguard._internal.signals import signals_deferred
 from trainguard.errors import RankFailure
 from trainguard.launch.hang_evidence import (
@@ -59,7 +60,7 @@ from trainguard.launch.procs import (
 )
 from trainguard.launch.ranklog import RankLog, log_evidence
 
-__all__ = ["LaunchSpec", "Launcher", "RankExit", "RankProcess", "RunResult", "launch"]
+__all__ = ["LaunchSpec", "Launcher", "RankExit", "RunResult", "launch"]
 
 Outcome = Literal["ok", "failed", "hung", "timeout", "stopped", "interrupted"]
 
@@ -303,7 +304,7 @@ class Launcher:
         if not spec.distributed_env:
             for name in TORCHRUN_ENV:
                 env.pop(name, None)
-            env.update({"TRAINGUARD_RUN_DIR": str(spec.run_dir), "PYTHONUNBUFFERED": "1"})
+            env.update({envvars.RUN_DIR: str(spec.run_dir), "PYTHONUNBUFFERED": "1"})
             return env
         env.update(
             {
@@ -321,7 +322,7 @@ class Launcher:
                 "TORCHELASTIC_RESTART_COUNT": str(spec.restart_count),
                 "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
                 "TORCHELASTIC_RUN_ID": spec.run_id,
-                "TRAINGUARD_RUN_DIR": str(spec.run_dir),
+                envvars.RUN_DIR: str(spec.run_dir),
                 "PYTHONUNBUFFERED": "1",  # metric lines must arrive as they are printed
             }
         )

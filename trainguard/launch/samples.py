@@ -18,7 +18,7 @@ from typing import Any
 from trainguard._internal.readers import Unreadable, list_entries, read_text_lines
 from trainguard.launch.hook import SAMPLES_DIR
 
-__all__ = ["SAMPLES_DIR", "SampleBatch", "read_samples"]
+__all__ = ["SampleBatch", "read_samples"]
 
 _RANK_FILE = re.compile(r"rank(\d+)\.jsonl")
 

@@ -42,7 +42,8 @@ import psutil
 from trainguard.config import HeadroomSearch, ProfileCheck
 from trainguard.faults.hook import rank_stderr
 from trainguard.launch import Launcher, MetricPoint, RunResult
-from trainguard.run.runner import JobRunner, RunRequest
+from trainguard.run.request import RunRequest
+from trainguard.run.runner import JobRunner
 
 __all__ = [
     "DEFAULT_BUDGET_SHARE",

@@ -37,7 +37,8 @@ import psutil
 from trainguard.config import JobFile, ProfileCheck
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.profiling.stats import StepStats, percentile, step_stats
-from trainguard.run.runner import JobRunner, RunRequest
+from trainguard.run.request import RunRequest
+from trainguard.run.runner import JobRunner
 
 __all__ = [
     "SizeProfile",

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainguard._internal import envvars
 from trainguard._internal.atomic import write_or_fallback
 from trainguard._internal.envvars import MLFLOW_RUN_ID
 from trainguard.queue.base import (
@@ -166,7 +167,7 @@ class SlurmBackend:
             # an older torchrun ignores the variable
             env_lines.append(f"export PET_SIGNALS_TO_HANDLE={_TORCHRUN_SIGNALS}")
         for key, value in (
-            ("TRAINGUARD_GATE_REPORT", labels.get("trainguard.gate_report")),
+            (envvars.GATE_REPORT, labels.get("trainguard.gate_report")),
             (MLFLOW_RUN_ID, labels.get("trainguard.mlflow_run_id")),
             ("MLFLOW_RUN_ID", labels.get("trainguard.mlflow_run_id")),
         ):

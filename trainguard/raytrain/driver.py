@@ -20,6 +20,7 @@ import sys
 import tempfile
 from typing import Any
 
+from trainguard._internal import envvars
 from trainguard.raytrain import REPORT_PREFIX, format_worker_line, ray_train_defaults
 from trainguard.raytrain.job import render_config
 
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     entries = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     pythonpath = os.pathsep.join(dict.fromkeys(os.path.abspath(e) for e in entries if e))
     env_vars = {"PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1"}
-    for name in ("OMP_NUM_THREADS", "TRAINGUARD_FAULT_HOOK"):
+    for name in ("OMP_NUM_THREADS", envvars.FAULT_HOOK):
         if name in os.environ:
             env_vars[name] = os.environ[name]
     from trainguard.raytrain.tracking import worker_env
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     env_vars.update(worker_env())  # the MLflow run id, store and run dir for the designated writer
     # the fault hook's "first process" mark belongs to this driver, not to the workers a private
     # Ray instance would start with this environment
-    os.environ.pop("TRAINGUARD_FAULT_HOOK_PID", None)
+    os.environ.pop(envvars.FAULT_HOOK_PID, None)
     temp_dir = None
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars}, log_to_driver=True)

@@ -51,6 +51,7 @@ from types import TracebackType
 
 import psutil
 
+from trainguard._internal import envvars
 from trainguard._internal.signals import signals_deferred
 from trainguard.errors import TrainguardError
 from trainguard.launch.ports import PortReservation, reserve_port
@@ -151,7 +152,7 @@ def running_ray_processes(
                 text = f"{name} {cmdline}"
                 if any(key in text for key in RAY_PROCESS_NAMES) and "ray" in text:
                     found.append(proc)
-            elif marker in cmdline or proc.environ().get("TRAINGUARD_RAY_HEAD") == marker:
+            elif marker in cmdline or proc.environ().get(envvars.RAY_HEAD) == marker:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -171,7 +172,7 @@ def stopped_head_processes(before: Iterable[int] = ()) -> list[psutil.Process]:
         if proc.pid in skip:
             continue
         try:
-            head = proc.environ().get("TRAINGUARD_RAY_HEAD")
+            head = proc.environ().get(envvars.RAY_HEAD)
             dirs = [head] if head else re.findall(r"/tmp/tg-ray-\w+", " ".join(proc.cmdline()))
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -376,11 +377,11 @@ class LocalRay:
             PATH=os.pathsep.join([venv_bin, env.get("PATH", os.defpath)]),
             # inherited by every process of the head (workers rename themselves ray::IDLE, so
             # their command line no longer names the temp dir): how stop() finds them all
-            TRAINGUARD_RAY_HEAD=str(temp_dir),
             RAY_USAGE_STATS_ENABLED="0",
             RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="0",  # a test head has nothing to drain
             RAY_AUTH_MODE="token" if token else "disabled",
         )
+        env[envvars.RAY_HEAD] = str(temp_dir)
         if token:
             env["RAY_AUTH_TOKEN"] = token
         # Ray Train's pace for short fits (a Ray Job's driver on this head gets it too); a

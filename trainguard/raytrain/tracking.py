@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from trainguard._internal import envvars
 from trainguard._internal.atomic import atomic_write_text
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_RUN_ID_FILE, MLFLOW_TRACKING_URI
 from trainguard._internal.locks import store_lock
@@ -68,14 +69,14 @@ SUMMARY_FILE = "ray_tracking.json"
 #: the stderr line the writer prints when it closes
 SUMMARY_PREFIX = "trainguard-tracking"
 #: ``host:pid`` of the driver, set by the driver for its workers (a writer stops once it exited)
-DRIVER_ENV = "TRAINGUARD_RAY_DRIVER"
+DRIVER_ENV = envvars.RAY_DRIVER
 #: the environment the driver passes on to every worker (tracking and the run directory)
 WORKER_ENV_VARS = (
     MLFLOW_RUN_ID,
     MLFLOW_RUN_ID_FILE,
     MLFLOW_TRACKING_URI,
     "TRAINGUARD_TRACKING",
-    "TRAINGUARD_RUN_DIR",
+    envvars.RUN_DIR,
     "MLFLOW_TRACKING_URI",
 )
 #: seconds rows wait to be written together; MLflow's sqlite store costs ~10 ms per request
@@ -140,7 +141,7 @@ def writer_from_env(rank: int, environ: Mapping[str, str] | None = None) -> Work
         return None
     uri = (environ.get(MLFLOW_TRACKING_URI) or environ.get("MLFLOW_TRACKING_URI")
            or "sqlite:///.trainguard/mlflow.db")
-    run_dir = environ.get("TRAINGUARD_RUN_DIR")
+    run_dir = environ.get(envvars.RUN_DIR)
     return WorkerWriter(
         uri, run_id=run_id, run_id_file=id_file,
         summary_path=Path(run_dir) / SUMMARY_FILE if run_dir else None,

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from trainguard._internal import envvars
 from trainguard.raytrain import WORKER_PREFIX, parse_worker_line
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,7 +50,7 @@ __all__ = ["SIGNAL_PATH_ENV", "RayTarget", "RayWorkerLauncher", "RayWorkerTracke
            "WorkerSighting", "signal_path"]
 
 #: ``api`` / ``pid`` / ``auto`` (default): how a drill reaches a Ray Train worker
-SIGNAL_PATH_ENV = "TRAINGUARD_RAY_SIGNALS"
+SIGNAL_PATH_ENV = envvars.RAY_SIGNALS
 #: seconds a fault waits for Ray Train's state to record the worker group whose steps it saw (the
 #: workers print before the controller marks their attempt RUNNING; under load that lag was long
 #: enough to fail a drill); then the absence is an error. Below the agent's request timeout (60 s).

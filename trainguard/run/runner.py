@@ -34,7 +34,7 @@ from trainguard.unit.checkpoints import describe_candidates, latest_complete_che
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.raytrain.local_ray import LocalRay
 
-__all__ = ["AheadRun", "JobRunner", "RunRequest", "SupervisedRun", "repro_dir"]
+__all__ = ["JobRunner", "SupervisedRun", "repro_dir"]
 
 
 @dataclass
@@ -551,7 +551,7 @@ class JobRunner:
         if uses_dir:
             prefix += f"mkdir -p {shlex.quote(str(values['checkpoint_dir']))} && "
         prefix += env + " " if env else ""
-        if request.world_size > 1 and job.kind == "command":
+        if request.world_size > 1 and not job.is_ray_train:
             launcher = ["torchrun", f"--nproc-per-node={request.world_size}"]
             if argv and argv[0] in ("python", "python3"):
                 return prefix + shlex.join([*launcher, *argv[1:]])

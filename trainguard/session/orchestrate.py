@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from trainguard.config import CheckSpec, JobFile
-from trainguard.report import CheckId, CheckResult, Report
-from trainguard.run.runner import AheadRun, JobRunner
+from trainguard.report import CheckId, CheckResult, Report, SkipReason
+from trainguard.run.runner import JobRunner
+from trainguard.run.scheduling import AheadRun
 
 __all__ = [
     "available_checks",
@@ -67,6 +68,7 @@ def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
             "skipped",
             f"the {name} check is configured but not available in this trainguard version "
             f"(available: {', '.join(available_checks())})",
+            skip_reason=SkipReason.NOT_IN_THIS_VERSION,
         )
     from trainguard.tracking import track_check
 

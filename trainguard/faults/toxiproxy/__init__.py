@@ -6,19 +6,15 @@ named by ``TOXIPROXY_URL`` or, without it, of an embedded server started for the
 
 from __future__ import annotations
 
+from trainguard.faults.toxiproxy.addresses import DEFAULT_HOST, DEFAULT_PORT
+from trainguard.faults.toxiproxy.api import API_VERSION, ToxiproxyServer
 from trainguard.faults.toxiproxy.client import (
     TOXIPROXY_URL_ENV,
     ToxiproxyClient,
     ToxiproxyError,
     open_toxiproxy,
 )
-from trainguard.faults.toxiproxy.server import (
-    API_VERSION,
-    DEFAULT_HOST,
-    DEFAULT_PORT,
-    EmbeddedToxiproxy,
-    ToxiproxyServer,
-)
+from trainguard.faults.toxiproxy.server import EmbeddedToxiproxy
 from trainguard.faults.toxiproxy.toxics import TOXIC_ATTRIBUTES
 
 __all__ = [

@@ -20,7 +20,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from trainguard.errors import TrainguardError
-from trainguard.faults.toxiproxy.server import EmbeddedToxiproxy, format_hostport, split_hostport
+from trainguard.faults.toxiproxy.addresses import format_hostport, split_hostport
+from trainguard.faults.toxiproxy.server import EmbeddedToxiproxy
 
 __all__ = ["TOXIPROXY_URL_ENV", "ToxiproxyClient", "ToxiproxyError", "open_toxiproxy"]
 

@@ -18,8 +18,7 @@ listen on any other than a loopback address is refused (400) unless the server w
 
 The parts: :mod:`~trainguard.faults.toxiproxy.addresses` (defaults, ``host:port``),
 :mod:`~trainguard.faults.toxiproxy.proxy` (listeners, connections, toxic chains),
-:mod:`~trainguard.faults.toxiproxy.api` (the HTTP API) and this module (the thread that runs it);
-this module re-exports the names it always had.
+:mod:`~trainguard.faults.toxiproxy.api` (the HTTP API) and this module (the thread that runs it).
 """
 
 from __future__ import annotations
@@ -32,20 +31,12 @@ from typing import Any
 
 from trainguard.faults.toxiproxy.addresses import (
     DEFAULT_HOST,
-    DEFAULT_PORT,
     format_hostport,
-    split_hostport,
 )
-from trainguard.faults.toxiproxy.api import API_VERSION, ToxiproxyServer
+from trainguard.faults.toxiproxy.api import ToxiproxyServer
 
 __all__ = [
-    "API_VERSION",
-    "DEFAULT_HOST",
-    "DEFAULT_PORT",
     "EmbeddedToxiproxy",
-    "ToxiproxyServer",
-    "format_hostport",
-    "split_hostport",
 ]
 
 

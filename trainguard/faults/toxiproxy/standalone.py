@@ -18,9 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.errors import ConfigError
-from trainguard.faults.toxiproxy.addresses import RESOLVE_TIMEOUT_S, AddressError
+from trainguard.faults.toxiproxy.addresses import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    RESOLVE_TIMEOUT_S,
+    AddressError,
+)
 from trainguard.faults.toxiproxy.httpio import loads_strict
-from trainguard.faults.toxiproxy.server import DEFAULT_HOST, DEFAULT_PORT, EmbeddedToxiproxy
+from trainguard.faults.toxiproxy.server import EmbeddedToxiproxy
 from trainguard.faults.toxiproxy.toxics import ApiError, brief
 
 __all__ = ["add_parser", "run"]

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trainguard._internal import envvars
+
 __all__ = [
     "ENV_RUN_SPEC",
     "ENV_SPEC",
@@ -33,9 +35,9 @@ __all__ = [
 ]
 
 #: the fault agent's spec (a drill's fault)
-ENV_SPEC = "TRAINGUARD_FAULT_HOOK"
+ENV_SPEC = envvars.FAULT_HOOK
 #: the run agent's spec (trainer metrics, sample indices)
-ENV_RUN_SPEC = "TRAINGUARD_RUN_HOOK"
+ENV_RUN_SPEC = envvars.RUN_HOOK
 #: the directory that goes first on the ranks' PYTHONPATH
 HOOK_DIR = Path(__file__).resolve().parent
 #: under a run directory: the run agent's trainer metrics, ``rank{rank}.jsonl``
