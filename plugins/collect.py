@@ -25,42 +25,27 @@ __all__ = ["CHECK_RESULT_PROPERTY", "CheckItem", "JobFileCollector"]
 #: user_property carrying a check's result to the xdist controller (as JSON)
 CHECK_RESULT_PROPERTY = "trainguard_check_result"
 
-#: extra markers per check beyond the one named like it
-_EXTRA_MARKERS = {"parallel": ("ddp",)}
-
-
 class JobFileCollector(pytest.File):
     """A ``trainguard.yaml``: yields one :class:`CheckItem` per configured check."""
 
     def collect(self) -> Iterator[pytest.Item]:
-        from trainguard.config import ProfileCheck, load_config
+        from trainguard.config import load_config
         from trainguard.config.preflight import preflight
-        from trainguard.report import CheckId
+        from trainguard.config.registry import check_for
 
         job_file = load_config(self.path)
         preflight(job_file)  # what a launch needs here (cwd, paths), as `trainguard validate`
         settings = get_session(self.config).settings
         for name, spec in job_file.enabled_checks():
-            if getattr(spec, "fault", None) == "soak":  # one item per seed: a replay is one test
-                from trainguard.faults.soak import soak_seeds
-
-                for seed in soak_seeds(spec.params, settings.soak_seed):  # type: ignore[attr-defined]
-                    item = CheckItem.from_parent(self, name=f"{name}[seed={seed}]", check_name=name,
-                                                 soak_seed=seed)
-                    item.add_marker(pytest.mark.fault("soak"))
-                    yield item
-                continue
-            item = CheckItem.from_parent(self, name=name, check_name=name)
-            if CheckId.parse(name).is_drill:  # a drill: `pytest -m fault` selects it
-                item.add_marker(pytest.mark.fault(getattr(spec, "fault", "")))
+            check = check_for(name)
+            variants = check.items(spec, settings.soak_seed) if check is not None and check.items else [("", spec)]
+            for suffix, variant in variants:  # a soak: one item per seed (a replay is one test)
+                item = CheckItem.from_parent(self, name=f"{name}{suffix}", check_name=name,
+                                             spec=variant if suffix else None)
+                for marker, args in (check.pytest_marks(variant) if check is not None else [(name, ())]):
+                    _known_marker(self.config, marker)
+                    item.add_marker(getattr(pytest.mark, marker)(*args))
                 yield item
-                continue
-            item.add_marker(name)
-            for extra in _EXTRA_MARKERS.get(name, ()):
-                item.add_marker(extra)
-            if isinstance(spec, ProfileCheck) and spec.headroom is not None:  # many probe runs
-                item.add_marker("slow")
-            yield item
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]) -> Any:  # type: ignore[override]
         if isinstance(excinfo.value, ConfigError):
@@ -68,13 +53,20 @@ class JobFileCollector(pytest.File):
         return super().repr_failure(excinfo)
 
 
+def _known_marker(config: pytest.Config, marker: str) -> None:
+    """A check registered outside trainguard marks its items with its name: registered here, so
+    ``--strict-markers`` accepts it and ``pytest -m <name>`` selects it."""
+    if not any(line.split(":")[0].split("(")[0].strip() == marker for line in config.getini("markers")):
+        config.addinivalue_line("markers", f"{marker}: the {marker} check of a job file")
+
+
 class CheckItem(pytest.Item):
     """One check of one job file."""
 
-    def __init__(self, *, check_name: str, soak_seed: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, check_name: str, spec: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.check_name = check_name
-        self.soak_seed = soak_seed  # a soak drill's item: the seed it runs with
+        self.spec = spec  # one of several items of one spec (a soak's seed): its own spec
 
     def runtest(self) -> None:
         from trainguard.plugins.tracking import runner_for
@@ -83,9 +75,7 @@ class CheckItem(pytest.Item):
         from trainguard.session import run_check
 
         runner = runner_for(self.config, load_config(self.path))
-        spec = dict(runner.job_file.enabled_checks())[self.check_name]
-        if self.soak_seed is not None:
-            spec = spec.model_copy(update={"params": {**spec.params, "seed": self.soak_seed, "seeds": None}})  # type: ignore[attr-defined]
+        spec = self.spec if self.spec is not None else dict(runner.job_file.enabled_checks())[self.check_name]
         result = run_check(runner, self.check_name, spec)
         from dataclasses import asdict
 

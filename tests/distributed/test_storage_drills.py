@@ -13,8 +13,10 @@ JSON file per rank. Each clean job must pass and each planted defect must fail, 
   file; it never fsyncs, so it runs through a failing fsync without noticing).
 * ``eio_read``: the run is stopped after step 11, then reads of the step-10 files fail. Clean:
   the resume fails loudly. Planted: ``--ckpt-verify scratch`` starts again from step 1.
-* ``slow``: 300 ms per write for 0.6 s: the checkpoint stall is reported and the rate holds;
-  planted: a checkpoint every step on slow storage.
+* ``slow``: 300 ms per write for 2 s of a job that checkpoints every 20 steps: the checkpoint
+  stall is reported and the rate holds (a checkpoint every 5 steps put one 300 ms write in 0.25 s
+  of steps, so the rate sat at 0.5 of the rate before: 43 % on a loaded machine); planted: a
+  checkpoint every step on slow storage.
 * ``kill_during_save``: rank 0's step-10 write is held in the layer and the rank killed. Clean:
   the atomic writer resumes from step 5. Planted: ``--ckpt-inplace`` (the torn file is the newest)
   and ``--latest-pointer-first`` (the "latest" symlink names a checkpoint never written).
@@ -48,7 +50,7 @@ DRILLS = [
     '{name: fsync-inplace, fault: storage, steps: 40, after_step: 7, params: {kind: fsync}, args: ["--ckpt-inplace"]}',
     '{name: eio-read, fault: storage, steps: 40, after_step: 11, params: {kind: eio_read}}',
     '{name: eio-read-scratch, fault: storage, steps: 40, after_step: 11, params: {kind: eio_read}, args: ["--ckpt-verify", "scratch"]}',
-    '{name: slow, fault: storage, steps: 40, after_step: 6, duration: 0.6, params: {kind: slow, latency_ms: 300}}',
+    '{name: slow, fault: storage, steps: 80, after_step: 6, duration: 2.0, params: {kind: slow, latency_ms: 300}, args: ["--ckpt-every", "20"]}',
     '{name: slow-every-step, fault: storage, steps: 40, after_step: 6, duration: 0.6, params: {kind: slow, latency_ms: 100}, args: ["--ckpt-every", "1"]}',
     '{name: kill-save, fault: kill_during_save, steps: 40, after_step: 7}',
     '{name: kill-save-inplace, fault: kill_during_save, steps: 40, after_step: 7, args: ["--ckpt-inplace"]}',

@@ -8,6 +8,7 @@ evidence a person needs to act on it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -26,7 +27,7 @@ from trainguard.checks.equivalence import (
 from trainguard.checks.smoke import run_smoke
 from trainguard.config import DeterminismCheck, load_config
 from trainguard.config.settings import Settings
-from trainguard.report import CheckResult
+from trainguard.report import CheckResult, SkipReason
 from trainguard.run.runner import JobRunner
 from trainguard.session import available_checks, check, run_check, run_checks
 
@@ -261,21 +262,20 @@ def test_smoke_does_not_ask_for_checkpoints_a_job_is_not_given(jobs: Path) -> No
 def test_a_configured_check_this_version_cannot_run_is_skipped_with_the_reason(
     jobs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = checks_module.check_registry
-    # canary is configured below; whether or not a later version implements it, this one lacks it
-    monkeypatch.setattr(
-        checks_module, "check_registry", lambda: {k: v for k, v in real().items() if k != "canary"}
-    )
+    real = checks_module.check_for
+    # canary is configured below; the registry this run sees lacks it (a job file validated
+    # before its check was unregistered)
+    monkeypatch.setattr(checks_module, "check_for", lambda name: None if name == "canary" else real(name))
     text = (jobs / "toy.trainguard.yaml").read_text() + "  canary: {steps: 10}\n"
     path = jobs / "canary.trainguard.yaml"
     path.write_text(text)
     job_file = load_config(path)
     runner = JobRunner(job_file, Settings())
 
-    assert "canary" not in available_checks()
+    assert "canary" in available_checks()
     assert job_file.checks.canary is not None
     result = run_check(runner, "canary", job_file.checks.canary)
-    assert result.status == "skipped"
+    assert result.status == "skipped" and result.skip_reason == SkipReason.NOT_IN_THIS_VERSION
     assert result.ok  # a skipped check does not fail the report
     assert result.summary.startswith(
         "the canary check is configured but not available in this trainguard version (available: smoke, "
@@ -466,12 +466,13 @@ def test_the_report_status_of_skips_and_interruptions() -> None:
 def test_a_report_written_after_ctrl_c_is_not_passed(jobs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Smoke passes, then Ctrl-C in the next check: the report written on the way out holds smoke
     and says `interrupted`, never `passed` (issue 24: a CI script reading only `status`)."""
-    real = checks_module.check_registry
+    real = checks_module.check_for
 
     def ctrl_c(runner: JobRunner, spec: object) -> CheckResult:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(checks_module, "check_registry", lambda: {**real(), "determinism": ctrl_c})
+    monkeypatch.setattr(checks_module, "check_for", lambda name: dataclasses.replace(real(name), run=ctrl_c)
+                        if name == "determinism" else real(name))
     report_path = jobs / "r.json"
     with pytest.raises(KeyboardInterrupt):
         check(jobs / "toy.trainguard.yaml", report_json=str(report_path))

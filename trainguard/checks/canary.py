@@ -28,12 +28,16 @@ from typing import Any
 
 from trainguard.checks.baseline import canary_baseline
 from trainguard.config import CanaryCheck
+from trainguard.config.problems import DEFAULT_REGEX_HINT, metric_problems
+from trainguard.config.registry import Check, JobFacts, Run
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.report import CheckResult
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
+from trainguard.run.scheduling import AheadRun
 
 __all__ = [
+    "CANARY",
     "LossVerdict",
     "first_non_finite",
     "first_out_of_range",
@@ -379,3 +383,26 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
         duration,
         reproduce,
     )
+
+
+def _canary_requires(spec: CanaryCheck, facts: JobFacts) -> list[tuple[str, str]]:
+    metrics = facts.job_file.job.metrics
+    problems = []
+    if "loss" not in metrics:
+        problems.append(("job.metrics", "checks.canary judges the `loss` metric, but job.metrics has none "
+                         f"(it has: {', '.join(metrics)}). Fix: add {DEFAULT_REGEX_HINT}"))
+    for key in ("val_metric", "grad_norm"):
+        problems += metric_problems(facts, f"checks.canary.{key}", getattr(spec, key))
+    return problems
+
+
+#: the canary (docs/smoke-and-canary.md)
+CANARY: Check[CanaryCheck] = Check(
+    "canary", CanaryCheck, run=run_canary,
+    runs=lambda spec, ctx: ([Run("canary run")], "loss must fall by min_loss_drop, with no spike or NaN"),
+    requires=_canary_requires,
+    lane=True,
+    ahead=lambda runner, spec: AheadRun("canary", canary_request(runner, spec), "canary",
+                                        on_metric=canary_on_metric(spec)),
+    ahead_words="the canary's run",
+)

@@ -26,12 +26,15 @@ from trainguard.checks.diagnosis import (
     shared_shard_note,
 )
 from trainguard.config import DeterminismCheck, ParallelCheck, ResumeCheck
+from trainguard.config.problems import one_process_problems, resume_problems
+from trainguard.config.registry import Check, Run
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.samples import read_samples
 from trainguard.report import CheckResult
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
+from trainguard.run.scheduling import AheadRun
 from trainguard.unit.checkpoints import (
     compare_checkpoint_dirs,
     describe_candidates,
@@ -39,6 +42,9 @@ from trainguard.unit.checkpoints import (
 )
 
 __all__ = [
+    "DETERMINISM",
+    "PARALLEL",
+    "RESUME",
     "TrajectoryDiff",
     "compare_trajectories",
     "kill_after",
@@ -510,3 +516,36 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
     if shared is not None:
         summary += f". Most likely {shared}"
     return CheckResult("parallel", "failed", summary, evidence, duration, reproduce)
+
+
+#: determinism: two runs with one seed must match (docs/equivalence.md)
+DETERMINISM: Check[DeterminismCheck] = Check(
+    "determinism", DeterminismCheck, run=run_determinism,
+    runs=lambda spec, ctx: ([Run("reference", reference=True), Run("repeat, same seed")], "the two must match"),
+    lane=True,
+    ahead=lambda runner, spec: AheadRun("determinism", runner.request_for(spec), "determinism-repeat"),
+    ahead_words="determinism's second run",
+)
+
+#: resume: a killed and resumed run must match the uninterrupted one (docs/equivalence.md)
+RESUME: Check[ResumeCheck] = Check(
+    "resume", ResumeCheck, run=run_resume,
+    runs=lambda spec, ctx: ([Run("reference", reference=True), Run(f"killed after step {spec.after_step}"),
+                             Run("resumed from its checkpoint")],
+                            "the resumed trajectory must match the reference after the kill"),
+    requires=lambda spec, facts: resume_problems(facts, "checks.resume"),
+    lane=True,
+)
+
+#: parallel: N ranks must train like one (docs/equivalence.md)
+PARALLEL: Check[ParallelCheck] = Check(
+    "parallel", ParallelCheck, run=run_parallel,
+    runs=lambda spec, ctx: ([Run("1 rank", 1, reference=True), Run(f"{spec.world_size} ranks", spec.world_size)],
+                            "N ranks must train like one"),
+    requires=lambda spec, facts: one_process_problems(facts, [("checks.parallel.world_size", spec.world_size)]),
+    lane=True,
+    # its N-rank run; the check runs the 1-rank one meanwhile
+    ahead=lambda runner, spec: AheadRun("parallel", runner.request_for(spec, world_size=spec.world_size), "reference"),
+    ahead_words="parallel's N-rank run",
+    marks=lambda spec: [("parallel", ()), ("ddp", ())],
+)

@@ -33,6 +33,8 @@ from trainguard.checks.diagnosis import (
 )
 from trainguard.checks.equivalence import compare_trajectories, kill_after, untested_kill
 from trainguard.config import ReshardCheck
+from trainguard.config.problems import one_process_problems
+from trainguard.config.registry import Check, JobFacts, Run
 from trainguard.launch.samples import SampleBatch, read_samples
 from trainguard.report import CheckResult, CheckStatus
 from trainguard.run.runner import JobRunner
@@ -42,7 +44,7 @@ from trainguard.unit.checkpoints import (
     latest_complete_checkpoint,
 )
 
-__all__ = ["RESHARD_CAUSES", "PairFacts", "SampleAgreement", "global_batches", "rank_reshard_causes", "run_reshard", "sample_agreement"]
+__all__ = ["RESHARD", "RESHARD_CAUSES", "PairFacts", "SampleAgreement", "global_batches", "rank_reshard_causes", "run_reshard", "sample_agreement"]
 
 #: the causes a failed pair is ranked among (key -> text), in the order ties keep
 RESHARD_CAUSES = {
@@ -365,3 +367,43 @@ def run_reshard(runner: JobRunner, spec: ReshardCheck) -> CheckResult:
         evidence["likely_causes"] = first.evidence.get("likely_causes", [])
     reproduce = (bad[0] if bad else pairs[0]).reproduce
     return CheckResult("reshard", status, summary, evidence, time.monotonic() - started, reproduce)
+
+
+def _reshard_runs(spec: ReshardCheck, ctx: object) -> tuple[list[Run], str]:
+    runs = []
+    for n, m in spec.world_size_pairs:
+        runs += [Run(f"{n} rank(s), uninterrupted", n, reference=True),
+                 Run(f"{n} rank(s), killed after step {spec.after_step}", n),
+                 Run(f"{m} rank(s), resumed from that checkpoint", m)]
+    return runs, "each resume at another world size must train like the uninterrupted run"
+
+
+def _reshard_requires(spec: ReshardCheck, facts: JobFacts) -> list[tuple[str, str]]:
+    job = facts.job_file.job
+    problems = []
+    if not job.resume_args:
+        problems.append(("job.resume_args", "checks.reshard resumes the job at another world size. "
+                         'Fix: set job.resume_args to the flags that make the script resume, e.g. "--resume"'))
+    if not facts.checkpoints:
+        problems.append(("job.command", "checks.reshard needs the job to write checkpoints where "
+                         "trainguard can find them. Fix: pass {checkpoint_dir} to the script, e.g. "
+                         "`--ckpt-dir {checkpoint_dir}` in job.command"))
+    if "batch_size" in facts.used and job.batch_size is not None:
+        sizes = sorted({w for pair in spec.world_size_pairs for w in pair})
+        uneven = [w for w in sizes if job.batch_size % w]
+        if uneven:
+            lcm = math.lcm(*sizes)
+            problems.append(("checks.reshard.pairs", f"{{batch_size}} is the global batch "
+                             f"(job.batch_size {job.batch_size}) at every world size, split over the ranks, "
+                             f"but {', '.join(map(str, uneven))} rank(s) cannot split it evenly. Fix: a "
+                             f"job.batch_size that is a multiple of {lcm}, or pairs of sizes that divide it"))
+    return problems + one_process_problems(
+        facts, [("checks.reshard.pairs", max(max(p) for p in spec.world_size_pairs))])
+
+
+#: reshard: a resume at another world size must train like the uninterrupted run
+#: (docs/equivalence.md); the gate requires it only where gate.require names it
+RESHARD: Check[ReshardCheck] = Check(
+    "reshard", ReshardCheck, run=run_reshard, runs=_reshard_runs, requires=_reshard_requires,
+    gate_default=False,
+)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.config import SmokeCheck
+from trainguard.config.registry import Check, Run
 from trainguard.report import CheckResult
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
@@ -24,7 +25,7 @@ from trainguard.unit.checkpoints import (
 )
 from trainguard.unit.checkpoints.files import step_in_name
 
-__all__ = ["checkpoint_step", "run_smoke"]
+__all__ = ["SMOKE", "checkpoint_step", "run_smoke"]
 
 #: extra steps the resume stage asks for beyond the first run's
 RESUME_EXTRA_STEPS = 2
@@ -248,3 +249,11 @@ def _resume_stage(
     if max(printed) < request.steps:
         return f"the resumed run stopped at step {max(printed)}, not at step {request.steps}"
     return None
+
+
+#: the smoke check (docs/smoke-and-canary.md)
+SMOKE: Check[SmokeCheck] = Check(
+    "smoke", SmokeCheck, run=run_smoke,
+    runs=lambda spec, ctx: ([Run("smoke run")], "the job runs end to end and its metrics are read"),
+    lane=True,
+)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from trainguard._internal.model import ConfigModel
 from trainguard.config.checks import (
-    CHECK_NAMES,
     CanaryCheck,
     Checks,
     CheckSpec,
@@ -25,7 +24,7 @@ from trainguard.config.checks import (
     ResumeCheck,
     SmokeCheck,
 )
-from trainguard.config.gate import GATE_CHECKS, GatePolicy, OnMissing, Thresholds
+from trainguard.config.gate import GatePolicy, OnMissing, Thresholds, gate_checks
 from trainguard.config.loading import JOB_FILE_NAMES, is_job_file_name, load_config, parse_config
 from trainguard.config.problems import (
     config_error,
@@ -46,8 +45,6 @@ from trainguard.config.schema import (
 )
 
 __all__ = [
-    "CHECK_NAMES",
-    "GATE_CHECKS",
     "JOB_FILE_NAMES",
     "PLACEHOLDERS",
     "CanaryCheck",
@@ -75,6 +72,7 @@ __all__ = [
     "config_error",
     "drill_problems",
     "format_validation_error",
+    "gate_checks",
     "is_job_file_name",
     "load_config",
     "parse_config",

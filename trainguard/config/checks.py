@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -21,11 +21,11 @@ from trainguard.config.faults import (
     FAULT_CLASSES,
     FAULT_EXPECTATIONS,
     KIND_EXPECTATIONS,
+    Expectation,
 )
 from trainguard.config.values import Argv, Env
 
 __all__ = [
-    "CHECK_NAMES",
     "CanaryCheck",
     "CheckSpec",
     "Checks",
@@ -38,10 +38,6 @@ __all__ = [
     "ResumeCheck",
     "SmokeCheck",
 ]
-
-#: Check names in the order ``trainguard check`` runs them.
-CHECK_NAMES = ("smoke", "canary", "determinism", "resume", "parallel", "reshard", "profile")
-
 
 class CheckSpec(ConfigModel):
     """Fields every check accepts."""
@@ -397,10 +393,12 @@ class DrillSpec(CheckSpec):
         return self
 
     @property
-    def expectation(self) -> str:
+    def expectation(self) -> Expectation:
         """``expect``, or the fault's default (:data:`trainguard.config.faults.DEFAULT_EXPECT`)."""
+        if self.expect is not None:
+            return Expectation(self.expect)
         kinds = KIND_EXPECTATIONS.get((self.fault, str(self.params.get("kind"))))
-        return self.expect or (kinds[0] if kinds else DEFAULT_EXPECT[self.fault])
+        return kinds[0] if kinds else DEFAULT_EXPECT[self.fault]
 
     @property
     def restart_limit(self) -> int:
@@ -422,25 +420,16 @@ class DrillSpec(CheckSpec):
         return 0.5 if self.min_rate is None else self.min_rate
 
 
-def _null_means_defaults(value: Any) -> Any:
-    # ``smoke:`` with nothing after it reads as "enabled, with defaults".
-    return {} if value is None else value
-
-
-def _null_means_list(value: Any) -> Any:
-    return [] if value is None else value
-
-
 class Checks(ConfigModel):
-    """``checks:`` -- each optional."""
+    """``checks:`` -- each optional. Its fields are the registered checks'
+    (:mod:`trainguard.config.registry`): the model is made from the registry on first use
+    (:func:`trainguard.config.registry.checks_model`), so a new check is one module and one
+    registration line."""
 
-    smoke: Annotated[SmokeCheck | None, BeforeValidator(_null_means_defaults)] = None
-    canary: Annotated[CanaryCheck | None, BeforeValidator(_null_means_defaults)] = None
-    determinism: Annotated[DeterminismCheck | None, BeforeValidator(_null_means_defaults)] = None
-    resume: Annotated[ResumeCheck | None, BeforeValidator(_null_means_defaults)] = None
-    parallel: Annotated[ParallelCheck | None, BeforeValidator(_null_means_defaults)] = None
-    reshard: Annotated[ReshardCheck | None, BeforeValidator(_null_means_defaults)] = None
-    profile: Annotated[ProfileCheck | None, BeforeValidator(_null_means_defaults)] = None
-    #: fault drills (docs/drills.md); they run after the checks above, each as ``drill:<name>``
-    drills: Annotated[list[DrillSpec], BeforeValidator(_null_means_list)] = Field(default_factory=list)
+    if TYPE_CHECKING:  # the fields are the registry's; each is a spec, a list of specs or None
+        def __getattr__(self, name: str) -> Any: ...
 
+    def get(self, name: str) -> CheckSpec | None:
+        """The spec of the single check ``name`` when the file configures it, else None."""
+        value = getattr(self, name, None)
+        return value if isinstance(value, CheckSpec) else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any, Protocol
 
 from trainguard.errors import TrainguardError
@@ -20,6 +21,7 @@ __all__ = [
     "FAULT_CLASSES",
     "FAULT_EXPECTATIONS",
     "KIND_EXPECTATIONS",
+    "Expectation",
     "FaultClass",
     "FaultNotInstalled",
     "fault_class",
@@ -42,40 +44,59 @@ FAULT_CLASSES: dict[str, str] = {
     "node_loss": "trainguard.faults.node_loss:NodeLossFault",
 }
 
+class Expectation(StrEnum):
+    """What a drill expects of the job (docs/drills.md); each is judged by its own judge
+    (:mod:`trainguard.drills.judges`). Equal to its text, the value of ``expect:``."""
+
+    #: the job is restarted from its latest checkpoint and trains on exactly as if unhurt
+    RECOVER = "recover"
+    #: the job exits non-zero within a deadline, having lost no more than it may
+    FAIL_CLEAN = "fail_clean"
+    #: the job keeps training through the fault, slower at most by a floor
+    CONTINUE = "continue"
+    #: on a pre-emption notice the job saves and exits 0 within the grace
+    SAVE_AND_EXIT = "save_and_exit"
+    #: a non-finite loss or gradient is skipped or stops the job, as its policy says
+    HANDLE_NONFINITE = "handle_nonfinite"
+
+
 #: what a drill expects of the job, in docs/drills.md
-EXPECTATIONS = ("recover", "fail_clean", "continue", "save_and_exit", "handle_nonfinite")
+EXPECTATIONS = tuple(Expectation)
 
 #: expectations only some faults can be judged by (others: every fault)
-EXPECTATION_FAULTS: dict[str, tuple[str, ...]] = {"save_and_exit": ("preempt",), "handle_nonfinite": ("nan",)}
+EXPECTATION_FAULTS: dict[Expectation, tuple[str, ...]] = {
+    Expectation.SAVE_AND_EXIT: ("preempt",), Expectation.HANDLE_NONFINITE: ("nan",),
+}
 
 #: faults judged by some expectations only (a soak is judged as one long recover)
-FAULT_EXPECTATIONS: dict[str, tuple[str, ...]] = {"soak": ("recover",)}
+FAULT_EXPECTATIONS: dict[str, tuple[Expectation, ...]] = {"soak": (Expectation.RECOVER,)}
 
+_FAIL_OR_RECOVER = (Expectation.FAIL_CLEAN, Expectation.RECOVER)
 #: a fault's own kinds (its ``params.kind``) judged by some expectations only; the first is the
 #: default when the spec names none
-KIND_EXPECTATIONS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("storage", "slow"): ("continue",),
-    ("storage", "corrupt"): ("fail_clean", "recover"),
-    ("storage", "eio_read"): ("fail_clean", "recover"),
-    ("storage", "eio_write"): ("fail_clean", "recover"),
-    ("storage", "fsync"): ("fail_clean", "recover"),
+KIND_EXPECTATIONS: dict[tuple[str, str], tuple[Expectation, ...]] = {
+    ("storage", "slow"): (Expectation.CONTINUE,),
+    ("storage", "corrupt"): _FAIL_OR_RECOVER,
+    ("storage", "eio_read"): _FAIL_OR_RECOVER,
+    ("storage", "eio_write"): _FAIL_OR_RECOVER,
+    ("storage", "fsync"): _FAIL_OR_RECOVER,
 }
 
 #: the expectation a drill of each kind has when its spec names none
-DEFAULT_EXPECT: dict[str, str] = {
-    "kill_rank": "recover",
-    "hang": "recover",
-    "oom": "fail_clean",
-    "disk_full": "fail_clean",
-    "network": "continue",
-    "preempt": "save_and_exit",
-    "nan": "handle_nonfinite",
-    "storage": "fail_clean",
-    "kill_during_save": "recover",
-    "kill_worker": "fail_clean",
-    "slow_rank": "continue",
-    "soak": "recover",
-    "node_loss": "recover",
+DEFAULT_EXPECT: dict[str, Expectation] = {
+    "kill_rank": Expectation.RECOVER,
+    "hang": Expectation.RECOVER,
+    "oom": Expectation.FAIL_CLEAN,
+    "disk_full": Expectation.FAIL_CLEAN,
+    "network": Expectation.CONTINUE,
+    "preempt": Expectation.SAVE_AND_EXIT,
+    "nan": Expectation.HANDLE_NONFINITE,
+    "storage": Expectation.FAIL_CLEAN,
+    "kill_during_save": Expectation.RECOVER,
+    "kill_worker": Expectation.FAIL_CLEAN,
+    "slow_rank": Expectation.CONTINUE,
+    "soak": Expectation.RECOVER,
+    "node_loss": Expectation.RECOVER,
 }
 
 

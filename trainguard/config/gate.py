@@ -6,28 +6,53 @@ the results of the checks and returns the gate's verdict.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
+from trainguard._internal.limits import brief
 from trainguard._internal.model import ConfigModel
 
 __all__ = [
-    "GATE_CHECKS",
-    "GateCheck",
     "GatePolicy",
     "MissingRule",
     "OnMissing",
     "Thresholds",
+    "default_require",
+    "gate_checks",
 ]
-
-#: what ``gate.require`` may name; ``drills`` means every configured drill
-GATE_CHECKS = ("smoke", "canary", "determinism", "resume", "parallel", "reshard", "drills", "profile")
 
 #: what a missing capability means for the checks that need it
 MissingRule = Literal["skip", "block"]
-#: a name ``gate.require`` accepts (the entries of :data:`GATE_CHECKS`)
-GateCheck = Literal["smoke", "canary", "determinism", "resume", "parallel", "reshard", "drills", "profile"]
+
+
+def gate_checks() -> list[str]:
+    """What ``gate.require`` may name: every registered check (``drills``: every configured
+    drill)."""
+    from trainguard.config.registry import check_names
+
+    return check_names(many=True)
+
+
+def default_require() -> list[str]:
+    """The ``require`` of a gate that does not say: the registered checks whose descriptor says
+    ``gate_default`` (``reshard`` is not: every job file without ``checks.reshard`` would fail
+    to meet it)."""
+    from trainguard.config.registry import registered
+
+    return [c.name for c in registered() if c.gate_default]
+
+
+def _a_gate_check(name: Any) -> Any:
+    allowed = gate_checks()
+    if name not in allowed:
+        raise ValueError(f"Input should be {', '.join(repr(n) for n in allowed[:-1])} or {allowed[-1]!r} "
+                         f"(got {brief(name)} ({type(name).__name__}))")
+    return name
+
+
+#: a name ``gate.require`` accepts (one of :func:`gate_checks`)
+GateCheck = Annotated[str, AfterValidator(_a_gate_check)]
 
 
 class Thresholds(ConfigModel):
@@ -53,15 +78,10 @@ class OnMissing(ConfigModel):
     ray: MissingRule = "skip"
 
 
-#: the default ``require`` (``reshard`` is required only where a job file names it: a default
-#: that every job file without ``checks.reshard`` would fail to meet)
-_ALL: tuple[GateCheck, ...] = ("smoke", "canary", "determinism", "resume", "parallel", "drills", "profile")
-
-
 class GatePolicy(ConfigModel):
     """``gate:`` -- which checks must pass before the job may be promoted, and limits."""
 
-    require: list[GateCheck] = Field(default_factory=lambda: list(_ALL))
+    require: list[GateCheck] = Field(default_factory=default_require)
     thresholds: Thresholds = Field(default_factory=lambda: Thresholds.model_validate({}))
     on_missing: OnMissing = Field(default_factory=lambda: OnMissing.model_validate({}))
     #: a promoted report older than this (seconds) is stale for ``trainguard submit``

@@ -10,15 +10,15 @@ job -- and :func:`config_error` reports all of them at once as one
 from __future__ import annotations
 
 import difflib
-import math
 import string
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from trainguard._internal.limits import brief
-from trainguard.config.checks import ProfileCheck
+from trainguard.config.checks import Checks, ProfileCheck
 from trainguard.config.faults import FaultNotInstalled, fault_class
+from trainguard.config.registry import JobFacts, checks_model, registered
 from trainguard.config.schema import (
     PLACEHOLDERS,
     RESUME_PLACEHOLDERS,
@@ -32,14 +32,18 @@ from trainguard.errors import ConfigError
 from trainguard.report import CheckId
 
 __all__ = [
+    "DEFAULT_REGEX_HINT",
     "config_error",
     "cross_checks",
     "drill_problems",
     "format_validation_error",
+    "metric_problems",
+    "one_process_problems",
     "profile_problems",
+    "resume_problems",
 ]
 
-_DEFAULT_REGEX_HINT = "loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'"
+DEFAULT_REGEX_HINT = "loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'"
 
 def _placeholders_in(template: str) -> list[tuple[str, str]]:
     """``(field name, what follows it)`` for each field of a format template (``{run_dir:d}``
@@ -64,7 +68,7 @@ _FIX: dict[str, str] = {
     "job": "add a `job:` mapping with at least `name`, `command` and `metrics`",
     "job.name": "give the job a short name, e.g. `name: mlp`",
     "job.command": 'the command that trains, e.g. "python train.py --steps {steps}"',
-    "job.metrics": f"map metric names to a regex, e.g. {_DEFAULT_REGEX_HINT}, or to {{file: metrics.jsonl}}, "
+    "job.metrics": f"map metric names to a regex, e.g. {DEFAULT_REGEX_HINT}, or to {{file: metrics.jsonl}}, "
                    "{regex: ..., step: count} or {trainer: huggingface} (docs/metrics.md)",
     "job.record_samples": "true (the default: the start-up hook records each DataLoader batch's "
                           "sample indices) or false",
@@ -121,6 +125,8 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[st
             return []
         in_mapping = getattr(field.annotation, "__origin__", None) is dict
         current = _model_of(field.annotation)
+        if current is Checks:  # its fields are the registered checks'
+            current = checks_model()
     if isinstance(current, type) and issubclass(current, BaseModel):
         return list(current.model_fields)
     return []
@@ -301,66 +307,49 @@ def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
                     "your script, e.g. add `--steps {steps}` to job.command",
                 )
             )
-    if checks.resume is not None:
-        if not job.resume_args:
-            problems.append(
-                (
-                    "job.resume_args",
-                    "checks.resume needs to know how to resume the job. Fix: set "
-                    'job.resume_args to the flags that make the script resume, e.g. "--resume"',
-                )
-            )
-        if "{checkpoint_dir}" not in command_text + " " + env_text:
-            problems.append(
-                (
-                    "job.command",
-                    "checks.resume needs the job to write checkpoints where trainguard can find "
-                    "them. Fix: pass {checkpoint_dir} to the script, e.g. `--ckpt-dir "
-                    "{checkpoint_dir}` in job.command or `CKPT_DIR: \"{checkpoint_dir}\"` in job.env",
-                )
-            )
-    if checks.reshard is not None:
-        if not job.resume_args:
-            problems.append(("job.resume_args", "checks.reshard resumes the job at another world size. "
-                             'Fix: set job.resume_args to the flags that make the script resume, e.g. "--resume"'))
-        if "{checkpoint_dir}" not in command_text + " " + env_text:
-            problems.append(("job.command", "checks.reshard needs the job to write checkpoints where "
-                             "trainguard can find them. Fix: pass {checkpoint_dir} to the script, e.g. "
-                             "`--ckpt-dir {checkpoint_dir}` in job.command"))
-        if "batch_size" in used and job.batch_size is not None:
-            sizes = sorted({w for pair in checks.reshard.world_size_pairs for w in pair})
-            uneven = [w for w in sizes if job.batch_size % w]
-            if uneven:
-                lcm = math.lcm(*sizes)
-                problems.append(("checks.reshard.pairs", f"{{batch_size}} is the global batch "
-                                 f"(job.batch_size {job.batch_size}) at every world size, split over the ranks, "
-                                 f"but {', '.join(map(str, uneven))} rank(s) cannot split it evenly. Fix: a "
-                                 f"job.batch_size that is a multiple of {lcm}, or pairs of sizes that divide it"))
-    if checks.canary is not None and "loss" not in job.metrics:
-        problems.append(
-            (
-                "job.metrics",
-                "checks.canary judges the `loss` metric, but job.metrics has none "
-                f"(it has: {', '.join(job.metrics)}). Fix: add {_DEFAULT_REGEX_HINT}",
-            )
-        )
-    if checks.canary is not None:
-        for key in ("val_metric", "grad_norm"):
-            name = getattr(checks.canary, key)
-            if name is not None and name not in job.metrics:
-                problems.append(
-                    (
-                        f"checks.canary.{key}",
-                        f"{name!r} is not one of job.metrics (it has: {', '.join(job.metrics)}). "
-                        f"Fix: add a `{name}` regex to job.metrics or name one of those",
-                    )
-                )
-    if checks.profile is not None:
-        problems += profile_problems(job_file, checks.profile, used)
-    problems += drill_problems(job_file, command_text, env_text)
+    facts = JobFacts(job_file, command_text, env_text, frozenset(used))
     if not job.distributed_env:
-        problems += _one_process_problems(job_file)
+        problems += one_process_problems(facts, [("job.world_size", job.world_size)])
+    for check in registered():
+        configured = getattr(checks, check.name, None)
+        if configured is not None and configured != []:
+            problems += check.requires(configured, facts)
     return problems
+
+
+def resume_problems(facts: JobFacts, what: str) -> list[tuple[str, str]]:
+    """What a check that resumes the job (``what``, e.g. ``checks.resume``) needs: resume args
+    and a checkpoint directory."""
+    problems = []
+    if not facts.job_file.job.resume_args:
+        problems.append(("job.resume_args", f"{what} needs to know how to resume the job. Fix: set "
+                         'job.resume_args to the flags that make the script resume, e.g. "--resume"'))
+    if not facts.checkpoints:
+        problems.append(("job.command", f"{what} needs the job to write checkpoints where trainguard "
+                         "can find them. Fix: pass {checkpoint_dir} to the script, e.g. `--ckpt-dir "
+                         "{checkpoint_dir}` in job.command or `CKPT_DIR: \"{checkpoint_dir}\"` in job.env"))
+    return problems
+
+
+def metric_problems(facts: JobFacts, key: str, name: str | None) -> list[tuple[str, str]]:
+    """``key`` names a metric (``name``) that job.metrics lacks."""
+    metrics = facts.job_file.job.metrics
+    if name is None or name in metrics:
+        return []
+    return [(key, f"{name!r} is not one of job.metrics (it has: {', '.join(metrics)}). "
+             f"Fix: add a `{name}` regex to job.metrics or name one of those")]
+
+
+def one_process_problems(facts: JobFacts, asks: list[tuple[str, int]]) -> list[tuple[str, str]]:
+    """``distributed_env: false`` launches one plain process: each ``(key, ranks)`` that asks
+    for more ranks is a problem."""
+    if facts.job_file.job.distributed_env:
+        return []
+    fix = ("a job launched without the distributed environment (job.distributed_env: false) "
+           "runs as one process")
+    return [(key, f"{fix}, but this asks for {n} ranks. Fix: use 1 (and remove checks.parallel), "
+             "or drop `distributed_env: false` if the script can run under torchrun")
+            for key, n in asks if n > 1]
 
 
 def _counted_resume_problem(source: MetricRegex) -> str:
@@ -373,26 +362,6 @@ def _counted_resume_problem(source: MetricRegex) -> str:
             "`step: <group>` naming the group that holds it), use a source that carries the step "
             "(`{file: metrics.jsonl}` or `{trainer: huggingface}`), or remove job.resume_args "
             "(and the checks that resume)")
-
-
-def _one_process_problems(job_file: JobFile) -> list[tuple[str, str]]:
-    """``distributed_env: false`` launches one plain process: nothing may ask for more ranks."""
-    job, checks = job_file.job, job_file.checks
-    fix = ("a job launched without the distributed environment (job.distributed_env: false) "
-           "runs as one process")
-    asks: list[tuple[str, int]] = [("job.world_size", job.world_size)]
-    if checks.parallel is not None:
-        asks.append(("checks.parallel.world_size", checks.parallel.world_size))
-    if checks.reshard is not None:
-        asks.append(("checks.reshard.pairs", max(max(p) for p in checks.reshard.world_size_pairs)))
-    if checks.profile is not None:
-        asks.append(("checks.profile.world_sizes", max(checks.profile.world_sizes)))
-        if checks.profile.headroom is not None:
-            asks.append(("checks.profile.headroom.world_size", checks.profile.headroom.world_size))
-    asks += [(f"checks.drills[{i}].world_size", d.world_size or 1) for i, d in enumerate(checks.drills)]
-    return [(key, f"{fix}, but this asks for {n} ranks. Fix: use 1 (and remove checks.parallel), "
-             "or drop `distributed_env: false` if the script can run under torchrun")
-            for key, n in asks if n > 1]
 
 
 def _check_key(job_file: JobFile, name: str) -> str:

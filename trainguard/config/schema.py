@@ -27,12 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
+from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from trainguard._internal.limits import MAX_SECONDS, MAX_WORLD_SIZE
 from trainguard._internal.model import ConfigModel
-from trainguard.config.checks import CHECK_NAMES, Checks, CheckSpec, DrillSpec
+from trainguard.config.checks import Checks, CheckSpec, DrillSpec
 from trainguard.config.gate import GatePolicy
+from trainguard.config.registry import ChecksField, check_names, no_checks, on_change
 from trainguard.config.values import Argv, Env, PathText, Text, check_regex, compile_regex
 from trainguard.errors import ConfigError
 from trainguard.raytrain.job import RAY_KEYS, expand_ray_job
@@ -295,10 +296,22 @@ class Target(ConfigModel):
 class JobDocument(ConfigModel):
     """A whole job file as validated; callers get the :class:`JobFile` built from it."""
 
+    #: ``checks:`` is the registered checks' (built on first validation, once every check
+    #: module can be imported)
+    model_config = ConfigDict(defer_build=True)
+
     job: Job
-    checks: Checks = Field(default_factory=Checks)
+    checks: Annotated[Checks, ChecksField] = Field(default_factory=no_checks)
     target: Target | None = None
     gate: GatePolicy | None = None
+
+
+def _rebuild_document() -> None:
+    """A check registered at run time: ``checks:`` is made again from the registry."""
+    JobDocument.model_rebuild(force=True)
+
+
+on_change(_rebuild_document)
 
 
 # --------------------------------------------------------------------------------------------
@@ -339,15 +352,16 @@ class JobFile:
         drills = self._selected_drills(wanted)
         if wanted:
             wanted -= {"drills"} | {n for n in wanted if CheckId.parse(n).is_drill}
+        names = check_names()
         if wanted:
-            unknown = sorted(wanted - set(CHECK_NAMES))
+            unknown = sorted(wanted - set(names))
             if unknown:
                 raise ConfigError(
-                    f"unknown check name(s) {', '.join(unknown)}; known: {', '.join(CHECK_NAMES)}"
+                    f"unknown check name(s) {', '.join(unknown)}; known: {', '.join(names)}"
                     ", drills, drill:<name>",
                     path=str(self.path),
                 )
-            absent = sorted(n for n in wanted if getattr(self.checks, n) is None)
+            absent = sorted(n for n in wanted if self.checks.get(n) is None)
             if absent:
                 raise ConfigError(
                     f"check(s) {', '.join(absent)} requested but not configured; "
@@ -355,8 +369,8 @@ class JobFile:
                     path=str(self.path),
                 )
         out: list[tuple[str, CheckSpec]] = []
-        for name in CHECK_NAMES:
-            spec = getattr(self.checks, name)
+        for name in names:
+            spec = self.checks.get(name)
             if spec is not None and (wanted is None or name in wanted):
                 out.append((name, spec))
         return out + [(str(CheckId.of_drill(d.name)), d) for d in drills]

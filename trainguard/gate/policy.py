@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trainguard.config import GATE_CHECKS, GatePolicy, JobFile, Thresholds
+from trainguard.config import GatePolicy, JobFile, Thresholds, gate_checks
 from trainguard.profiling.sizing import Sizing, apply_measured_recovery
 from trainguard.report import CheckId, CheckResult, Report
 
@@ -126,14 +126,14 @@ def decide(
     capabilities: Capabilities,
     *,
     sizing: Sizing | None = None,
-    configured: Iterable[str] = GATE_CHECKS,
+    configured: Iterable[str] | None = None,
 ) -> Decision:
     """``promote`` when every required check passed (or was skipped for a capability the policy
     lets go) and the sizing meets every threshold; otherwise ``block`` with every reason.
     ``configured`` names the checks the job file configures (a required check it lacks blocks:
     nothing can vouch for it)."""
     decision = Decision("promote")
-    configured = set(configured)
+    configured = set(gate_checks() if configured is None else configured)
     for name in policy.require:
         results = _results_for(name, report.checks)
         if not results:

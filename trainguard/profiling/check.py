@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainguard.config import ProfileCheck
+from trainguard.config.problems import one_process_problems, profile_problems
+from trainguard.config.registry import Check, JobFacts, Run
 from trainguard.profiling.compare import parse_regressions
 from trainguard.profiling.profile import Profile, run_profile
 from trainguard.profiling.render import write_reports
@@ -17,7 +19,7 @@ from trainguard.report import CheckResult
 from trainguard.run.runner import JobRunner
 from trainguard.tracking import tracker_of
 
-__all__ = ["profile_job", "run_profile_check", "summarise"]
+__all__ = ["PROFILE", "profile_job", "run_profile_check", "summarise"]
 
 
 def profile_job(
@@ -108,3 +110,28 @@ def run_profile_check(runner: JobRunner, spec: ProfileCheck) -> CheckResult:
     if status == "failed":
         result.reproduce = f"trainguard profile {runner.job_file.path}"
     return result
+
+
+def _profile_runs(spec: ProfileCheck, ctx: object) -> tuple[list[Run], str]:
+    runs = [Run(f"timed, {n} rank(s)", n) for n in spec.world_sizes]
+    if spec.headroom is not None:
+        runs += [Run(f"memory probe {i + 1}", spec.headroom.world_size, steps=spec.headroom.steps)
+                 for i in range(spec.headroom.max_probes)]
+    return runs, "step times and scaling per world size" + (
+        "; the headroom search makes at most max_probes probes" if spec.headroom else "")
+
+
+def _profile_requires(spec: ProfileCheck, facts: JobFacts) -> list[tuple[str, str]]:
+    asks = [("checks.profile.world_sizes", max(spec.world_sizes))]
+    if spec.headroom is not None:
+        asks.append(("checks.profile.headroom.world_size", spec.headroom.world_size))
+    return profile_problems(facts.job_file, spec, set(facts.used)) + one_process_problems(facts, asks)
+
+
+#: the profile: step times, throughput, memory and scaling per world size, the sizing
+#: (docs/profiling.md); it measures speed, so nothing runs beside it. A headroom search makes its
+#: pytest item ``slow`` (its probes take minutes)
+PROFILE: Check[ProfileCheck] = Check(
+    "profile", ProfileCheck, run=run_profile_check, runs=_profile_runs, requires=_profile_requires,
+    marks=lambda spec: [("profile", ())] + ([("slow", ())] if spec.headroom is not None else []),
+)

@@ -1,5 +1,6 @@
-"""The check registry: check name -> the function that runs it on a job.
+"""Running the checks of a job file: each through :func:`run_check`, in order, with the lane.
 
+Which checks exist and how each runs is the registry's (:mod:`trainguard.config.registry`).
 ``trainguard check`` and the pytest items collected from a job file both go through
 :func:`run_check`, so a check behaves the same from the CLI and from pytest.
 """
@@ -12,57 +13,36 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from trainguard.config import CheckSpec, JobFile
-from trainguard.report import CheckId, CheckResult, Report, SkipReason
+from trainguard.config.registry import check_for, check_names
+from trainguard.report import CheckResult, Report, SkipReason
 from trainguard.run.runner import JobRunner
 from trainguard.run.scheduling import AheadRun
 
 __all__ = [
     "available_checks",
     "check",
-    "check_registry",
     "lane_plan",
     "run_check",
     "run_checks",
     "run_in_order",
 ]
 
-#: checks whose runs are not timed against anything: runs of later checks may start beside them
-#: (the profile and the drills measure speed and detection latency, so they run alone)
-LANE_CHECKS = ("smoke", "canary", "determinism", "resume", "parallel")
-
-
-def check_registry() -> dict[str, Callable[[JobRunner, Any], CheckResult]]:
-    """Check name -> the function that runs it (``"drill"`` runs every ``drill:<name>``). A new
-    check is added here (docs/architecture.md, "Adding things")."""
-    from trainguard.checks.canary import run_canary
-    from trainguard.checks.equivalence import run_determinism, run_parallel, run_resume
-    from trainguard.checks.reshard import run_reshard
-    from trainguard.checks.smoke import run_smoke
-    from trainguard.drills.driver import run_drill
-    from trainguard.profiling.check import run_profile_check
-
-    return {
-        "smoke": run_smoke,
-        "canary": run_canary,
-        "determinism": run_determinism,
-        "resume": run_resume,
-        "parallel": run_parallel,
-        "reshard": run_reshard,
-        "profile": run_profile_check,
-        "drill": run_drill,  # every entry of checks.drills runs as "drill:<name>"
-    }
+def _lane(name: str) -> bool:
+    """Whether the check ``name`` runs nothing timed (runs of later checks may start beside it;
+    the profile and the drills measure speed and detection latency, so they run alone)."""
+    check = check_for(name)
+    return check is not None and check.lane
 
 
 def available_checks() -> list[str]:
-    """Names of the checks this version can run."""
-    return list(check_registry())
+    """Names of the checks this version can run (``drills`` runs every ``drill:<name>``)."""
+    return check_names(many=True)
 
 
 def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
     """Run one check; a check this version cannot run yet is reported as skipped, with why."""
-    check_id = CheckId.parse(name)
-    func = check_registry().get(check_id.check)
-    if func is None:
+    check = check_for(name)
+    if check is None:
         return CheckResult(
             name,
             "skipped",
@@ -75,13 +55,10 @@ def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
     started = time.monotonic()
     runner.current_check = name
     with track_check(runner, name, spec) as record:
-        if check_id.is_drill and getattr(spec, "expectation", "continue") != "continue":
-            # the drill compares with an uninterrupted run: start it while the fault run starts
-            # up (a `continue` drill measures step rates, so nothing may run beside it)
-            world_size = getattr(spec, "world_size", None) or runner.job_file.job.world_size
-            runner.prefetch(runner.request_for(spec, world_size=world_size))
+        if check.prepare is not None:
+            check.prepare(runner, spec)
         try:
-            result = func(runner, spec)
+            result = check.run(runner, spec)
         except BaseException:
             runner.stop_background(f"the {name} check ended with an exception")
             raise
@@ -107,24 +84,18 @@ def _attach_log_notes(runner: JobRunner, result: CheckResult) -> None:
 
 
 def lane_plan(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) -> list[AheadRun]:
-    """The runs of later checks that can start early, beside the checks before them: the
-    canary's run, determinism's second run and parallel's N-rank run (independent runs of a
-    known request, not timed against anything). Only when some check runs before the one that
-    needs it, and only behind checks of :data:`LANE_CHECKS`."""
-    from trainguard.checks.canary import canary_on_metric, canary_request
-    from trainguard.config import CanaryCheck, DeterminismCheck, ParallelCheck
-
+    """The runs of later checks that can start early, beside the checks before them: each
+    check's ``ahead`` run (the canary's run, determinism's second run, parallel's N-rank run:
+    independent runs of a known request, not timed against anything). Only when some check runs
+    before the one that needs it, and only behind lane checks."""
     names = [n for n, _ in checks]
     plan: list[AheadRun] = []
-    for position, (_, spec) in enumerate(checks):
-        if position == 0 or any(n not in LANE_CHECKS for n in names[:position]):
+    for position, (name, spec) in enumerate(checks):
+        if position == 0 or not all(_lane(n) for n in names[:position]):
             continue
-        if isinstance(spec, CanaryCheck):
-            plan.append(AheadRun("canary", canary_request(runner, spec), "canary", on_metric=canary_on_metric(spec)))
-        elif isinstance(spec, DeterminismCheck):
-            plan.append(AheadRun("determinism", runner.request_for(spec), "determinism-repeat"))
-        elif isinstance(spec, ParallelCheck):  # its N-rank run; the check runs the 1-rank one meanwhile
-            plan.append(AheadRun("parallel", runner.request_for(spec, world_size=spec.world_size), "reference"))
+        check = check_for(name)
+        if check is not None and check.ahead is not None:
+            plan.append(check.ahead(runner, spec))
     return plan
 
 
@@ -143,7 +114,7 @@ def run_in_order(
     runner.start_lane(lane_plan(runner, checks))
     try:
         for name, spec in checks:
-            if name not in LANE_CHECKS:
+            if not _lane(name):
                 runner.close_lane()
             if on_start is not None:
                 on_start(name)

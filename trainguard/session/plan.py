@@ -12,20 +12,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.config import CanaryCheck, CheckSpec, DrillSpec, JobFile, ParallelCheck, load_config
-from trainguard.config.checks import (
-    DeterminismCheck,
-    ProfileCheck,
-    ReshardCheck,
-    ResumeCheck,
-    SmokeCheck,
-)
+from trainguard.config import CheckSpec, JobFile, load_config
 from trainguard.config.preflight import preflight
+from trainguard.config.registry import PlanContext, Run, check_for
 from trainguard.config.settings import Settings
 from trainguard.run.request import RunRequest
 
@@ -156,22 +150,6 @@ class Plan:
         return out
 
 
-def _soak_plan(spec: DrillSpec, world_size: int, setting: int | None,
-               run: Callable[..., PlannedRun]) -> tuple[list[PlannedRun], str]:
-    """A soak: the uninterrupted run, then per seed one run with up to max_restarts restarts;
-    the schedule of each seed, as it will be drawn."""
-    from trainguard.faults.soak import SoakFault, soak_seeds
-
-    runs, words = [run("reference", world_size, reference=True)], []
-    for seed in soak_seeds(spec.params, setting):
-        events = SoakFault.schedule_of(spec.params, spec.steps, world_size, seed)
-        limit = spec.max_restarts if spec.max_restarts is not None else len(events) + 2
-        runs += [run(f"seed {seed}, attempt {i}", world_size) for i in range(min(limit, len(events)) + 1)]
-        shown = ", ".join(f"{e.kind} r{e.rank} @{e.step}" for e in events[:8])
-        words.append(f"seed {seed}: {len(events)} faults ({shown}{', ...' if len(events) > 8 else ''})")
-    return runs, "chaos soak, expect recover every time; " + "; ".join(words)
-
-
 def _minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
@@ -185,67 +163,35 @@ def make_plan(config: str | Path | JobFile, settings: Settings, *, only: Iterabl
     history, durations = _last_durations(job_file)
     checks = [CheckPlan(name, *_runs(job_file, name, spec, settings), last_duration_s=durations.get(name))
               for name, spec in enabled]
-    names = [n for n, _ in enabled]
-    lane = ("smoke", "canary", "determinism", "resume", "parallel")
+    kinds = [check_for(n) for n, _ in enabled]
     ahead = []
-    for position, (name, _) in enumerate(enabled):
-        if position and name in ("canary", "determinism", "parallel") and all(n in lane for n in names[:position]):
-            ahead.append({"canary": "the canary's run", "determinism": "determinism's second run",
-                          "parallel": "parallel's N-rank run"}[name])
+    for position, kind in enumerate(kinds):
+        if position and kind is not None and kind.ahead is not None and all(
+            k is not None and k.lane for k in kinds[:position]
+        ):
+            ahead.append(kind.ahead_words)
     if job_file.job.is_ray_train:
         ahead = []  # a ray_train job has no background lane
     return Plan(job_file, checks, ahead, history if durations else None)
 
 
 def _runs(job_file: JobFile, name: str, spec: CheckSpec, settings: Settings) -> tuple[list[PlannedRun], str]:
+    """The check's runs as it declares them (:class:`~trainguard.config.registry.Run`), each
+    made into the request it launches: its sharing key."""
     job = job_file.job
     timeout = spec.timeout if spec.timeout is not None else job.timeout
     seed = spec.seed if spec.seed is not None else settings.seed
-
-    def run(label: str, world_size: int = job.world_size, *, reference: bool = False,
-            steps: int = spec.steps) -> PlannedRun:
+    kind = check_for(name)
+    declared, note = (kind.runs(spec, PlanContext(job_file, settings.soak_seed)) if kind is not None
+                      else ([Run(name)], ""))
+    out = []
+    for run in declared:
+        world_size = run.world_size if run.world_size is not None else job.world_size
+        steps = run.steps if run.steps is not None else spec.steps
         request = RunRequest.make(steps=steps, seed=seed, world_size=world_size, args=spec.args,
                                   env=spec.env, timeout=spec.timeout)
-        return PlannedRun(label, steps, world_size, timeout, request if reference else None)
-
-    if isinstance(spec, CanaryCheck):
-        return [run("canary run")], "loss must fall by min_loss_drop, with no spike or NaN"
-    if isinstance(spec, DeterminismCheck):
-        return [run("reference", reference=True), run("repeat, same seed")], "the two must match"
-    if isinstance(spec, ResumeCheck):
-        return ([run("reference", reference=True), run(f"killed after step {spec.after_step}"),
-                 run("resumed from its checkpoint")],
-                "the resumed trajectory must match the reference after the kill")
-    if isinstance(spec, ParallelCheck):
-        return ([run("1 rank", 1, reference=True), run(f"{spec.world_size} ranks", spec.world_size)],
-                "N ranks must train like one")
-    if isinstance(spec, ReshardCheck):
-        runs = []
-        for n, m in spec.world_size_pairs:
-            runs += [run(f"{n} rank(s), uninterrupted", n, reference=True),
-                     run(f"{n} rank(s), killed after step {spec.after_step}", n),
-                     run(f"{m} rank(s), resumed from that checkpoint", m)]
-        return runs, "each resume at another world size must train like the uninterrupted run"
-    if isinstance(spec, ProfileCheck):
-        runs = [run(f"timed, {n} rank(s)", n) for n in spec.world_sizes]
-        if spec.headroom is not None:
-            runs += [run(f"memory probe {i + 1}", spec.headroom.world_size, steps=spec.headroom.steps)
-                     for i in range(spec.headroom.max_probes)]
-        return runs, "step times and scaling per world size" + (
-            "; the headroom search makes at most max_probes probes" if spec.headroom else "")
-    if isinstance(spec, DrillSpec) and spec.fault == "soak":
-        return _soak_plan(spec, spec.world_size or job.world_size, settings.soak_seed, run)
-    if isinstance(spec, DrillSpec):
-        world_size = spec.world_size or job.world_size
-        fault = (f"fault {spec.fault} on rank {spec.rank} after step {spec.after_step}, "
-                 f"expect {spec.expectation}")
-        runs = [run("reference", world_size, reference=True), run("with the fault", world_size)]
-        if spec.expectation in ("recover", "fail_clean"):
-            runs.append(run("resumed after the fault", world_size))
-        return runs, fault
-    if isinstance(spec, SmokeCheck):
-        return [run("smoke run")], "the job runs end to end and its metrics are read"
-    return [run(name)], ""
+        out.append(PlannedRun(run.label, steps, world_size, timeout, request if run.reference else None))
+    return out, note
 
 
 def _last_durations(job_file: JobFile) -> tuple[str, dict[str, float]]:

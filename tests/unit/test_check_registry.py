@@ -1,0 +1,154 @@
+"""The check registry: a check is one module plus one registration line (docs/architecture.md,
+"Adding a check"). A dummy check written in a temp module, registered and nothing else, is
+validated, planned, run, reported, gated and collected like the built-in ones."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import TOY
+from trainguard.config import GatePolicy, load_config
+from trainguard.config.registry import (
+    CheckNotInstalled,
+    check_for,
+    check_names,
+    register,
+    registered,
+    unregister,
+)
+from trainguard.config.settings import Settings
+from trainguard.errors import ConfigError
+from trainguard.session import check as run_check_file
+from trainguard.session.plan import make_plan
+
+#: the whole of the dummy check: its spec, what it needs from the job, its runs, how it runs
+DUMMY_MODULE = '''
+from pydantic import Field
+
+from trainguard.config import CheckSpec
+from trainguard.config.registry import Check, Run
+from trainguard.report import CheckResult
+
+
+class DummyCheck(CheckSpec):
+    """checks.dummy: the loss of one short run stays under a ceiling."""
+
+    steps: int = Field(4, ge=1)
+    ceiling: float = Field(gt=0)
+
+
+def run_dummy(runner, spec):
+    result = runner.run(runner.request_for(spec), label="dummy")
+    losses = [p.value for p in result.points if p.name == "loss"]
+    worst = max(losses, default=float("inf"))
+    status = "passed" if result.ok and worst <= spec.ceiling else "failed"
+    return CheckResult("dummy", status, f"worst loss {worst:.3f} (ceiling {spec.ceiling})",
+                       {"steps_seen": len(losses), "worst_loss": worst})
+
+
+def requires(spec, facts):
+    if "loss" in facts.job_file.job.metrics:
+        return []
+    return [("job.metrics", "checks.dummy reads the loss metric. Fix: add a loss regex")]
+
+
+DUMMY = Check("dummy", DummyCheck, run=run_dummy, requires=requires, lane=True,
+              runs=lambda spec, ctx: ([Run("dummy run")], f"the loss stays under {spec.ceiling}"))
+'''
+
+
+@pytest.fixture
+def dummy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The dummy module on the path and its one registration line, taken out afterwards."""
+    (tmp_path / "tg_dummy_check.py").write_text(DUMMY_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("TRAINGUARD_TRACKING", "off")
+    line = "tg_dummy_check:DUMMY"
+    register(line, before="drills")
+    try:
+        yield line
+    finally:
+        unregister(line)
+
+
+def _job(where: Path, checks: str, metric: str = "loss") -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / "trainguard.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        job:
+          name: dummy-job
+          command: "python {TOY} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}}"
+          world_size: 1
+          metrics:
+            {metric}: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
+          timeout: 60
+          stall_timeout: 20
+        checks:
+        """) + textwrap.indent(checks, "  "))
+    return path
+
+
+def test_the_built_in_checks_are_registered_in_run_order() -> None:
+    assert check_names() == ["smoke", "canary", "determinism", "resume", "parallel", "reshard", "profile"]
+    assert check_names(many=True)[-1] == "drills"
+    assert check_for("drill:anything") is check_for("drills")
+    assert [c.name for c in registered() if c.lane] == ["smoke", "canary", "determinism", "resume", "parallel"]
+    assert [c.name for c in registered() if not c.gate_default] == ["reshard"]
+
+
+def test_a_dummy_check_is_validated_through_the_registry_alone(dummy: str, tmp_path: Path) -> None:
+    job_file = load_config(_job(tmp_path / "ok", "dummy: {ceiling: 5.0}\n"))
+    assert [n for n, _ in job_file.enabled_checks()] == ["dummy"]
+    assert job_file.checks.dummy.steps == 4 and job_file.checks.dummy.ceiling == 5.0
+    with pytest.raises(ConfigError) as typo:
+        load_config(_job(tmp_path / "typo", "dummy: {ceiling: 5.0, ceilng: 1}\n"))
+    assert "checks.dummy" in str(typo.value) and "did you mean 'ceiling'" in str(typo.value)
+    with pytest.raises(ConfigError) as missing:
+        load_config(_job(tmp_path / "missing", "dummy: {}\n"))
+    assert "checks.dummy.ceiling" in str(missing.value)
+    with pytest.raises(ConfigError) as needs:
+        load_config(_job(tmp_path / "needs", "dummy: {ceiling: 5.0}\n", metric="acc"))
+    assert "checks.dummy reads the loss metric" in str(needs.value)
+    assert "dummy" in GatePolicy.model_validate({}).require
+    GatePolicy.model_validate({"require": ["dummy"]})
+
+
+def test_a_dummy_check_is_planned_run_and_reported(dummy: str, tmp_path: Path) -> None:
+    path = _job(tmp_path / "run", "smoke: {steps: 3}\ndummy: {ceiling: 5.0, steps: 6}\n")
+    plan = make_plan(path, Settings())
+    planned = next(c for c in plan.checks if c.name == "dummy")
+    assert [(r.label, r.steps, r.world_size) for r in planned.runs] == [("dummy run", 6, 1)]
+    assert planned.note == "the loss stays under 5.0"
+    report = run_check_file(str(path), report_json=str(tmp_path / "report.json"))
+    result = next(c for c in report.checks if c.name == "dummy")
+    assert result.status == "passed", result.summary
+    assert result.evidence["steps_seen"] == 6
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert [c["name"] for c in saved["checks"]] == ["smoke", "dummy"]
+
+
+def test_a_dummy_check_fails_when_its_rule_is_broken(dummy: str, tmp_path: Path) -> None:
+    """The dummy's verdict is its own: a ceiling under every loss fails."""
+    path = _job(tmp_path / "low", "dummy: {ceiling: 0.0001, steps: 3}\n")
+    report = run_check_file(str(path), report_json=str(tmp_path / "report.json"))
+    assert report.checks[0].status == "failed" and "ceiling 0.0001" in report.checks[0].summary
+
+
+def test_an_unregistered_check_is_an_unknown_key_again(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as unknown:
+        load_config(_job(tmp_path / "gone", "dummy: {ceiling: 5.0}\n"))
+    assert "unknown key 'dummy'" in str(unknown.value) and "smoke" in str(unknown.value)
+
+
+def test_a_registration_line_that_cannot_be_imported_is_said_in_words() -> None:
+    before = check_names(many=True)
+    with pytest.raises(CheckNotInstalled, match=r"cannot be imported: .*remove its registration line"):
+        register("tg_no_such_check_module:CHECK")
+    with pytest.raises(CheckNotInstalled, match="not a trainguard Check"):
+        register("trainguard.config.registry:REGISTERED")
+    assert check_names(many=True) == before

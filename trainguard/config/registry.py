@@ -1,0 +1,285 @@
+"""The check registry: one typed descriptor per check (:class:`Check`), registered by name.
+
+A check is one module that defines its spec model (a :class:`~trainguard.config.checks.CheckSpec`
+subclass), the function that runs it and a :class:`Check` that ties them together with what it
+needs from the job, the runs it plans, its lane, its gate default and its pytest marks; and one
+registration line in :data:`REGISTERED` (docs/architecture.md, "Adding a check"). The job-file
+schema (``checks:``), ``trainguard validate``, the planner, the lane, the gate, pytest collection
+and the CLI all read this one registry.
+
+The lines name ``"module:attribute"`` and are resolved on first use, as entry points are: the
+check modules sit above this layer (they run jobs), and naming them here imports nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
+
+from pydantic import BeforeValidator, Field, GetCoreSchemaHandler, create_model
+from pydantic_core import CoreSchema
+
+from trainguard.config.checks import Checks, CheckSpec
+from trainguard.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.report import CheckResult
+
+__all__ = [
+    "REGISTERED",
+    "Check",
+    "CheckNotInstalled",
+    "ChecksField",
+    "JobFacts",
+    "PlanContext",
+    "Run",
+    "check_for",
+    "check_named",
+    "check_names",
+    "checks_model",
+    "no_checks",
+    "on_change",
+    "register",
+    "registered",
+    "unregister",
+]
+
+#: the registration lines, in the order ``trainguard check`` runs the checks
+REGISTERED: list[str] = [
+    "trainguard.checks.smoke:SMOKE",
+    "trainguard.checks.canary:CANARY",
+    "trainguard.checks.equivalence:DETERMINISM",
+    "trainguard.checks.equivalence:RESUME",
+    "trainguard.checks.equivalence:PARALLEL",
+    "trainguard.checks.reshard:RESHARD",
+    "trainguard.profiling.check:PROFILE",
+    "trainguard.drills.check:DRILLS",
+]
+
+S = TypeVar("S", bound=CheckSpec)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One launch a check plans, as data. Its sharing key is the request it becomes (steps, seed,
+    world size, args, env, timeout: :meth:`trainguard.run.request.RunRequest.make`); a
+    ``reference`` run (uninterrupted) is launched once for every check that plans an equal one."""
+
+    label: str
+    #: ranks (None: the check's own world size, ``world_size`` of its spec or ``job.world_size``)
+    world_size: int | None = None
+    #: steps (None: the spec's ``steps``)
+    steps: int | None = None
+    reference: bool = False
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What the runs of a check depend on besides its spec."""
+
+    #: the loaded :class:`~trainguard.config.schema.JobFile` (the schema builds its ``checks:``
+    #: from this module, so it is not imported here)
+    job_file: Any
+    #: the ``soak_seed`` setting (a soak's schedule replayed with it)
+    soak_seed: int | None = None
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the checks' requirements read of the job: the job file, and the command, resume
+    args and env values joined, and the placeholders the job uses."""
+
+    #: the loaded :class:`~trainguard.config.schema.JobFile`
+    job_file: Any
+    command_text: str
+    env_text: str
+    used: frozenset[str]
+
+    @property
+    def checkpoints(self) -> bool:
+        """Whether the job is told where to checkpoint ({checkpoint_dir} in command or env)."""
+        return "{checkpoint_dir}" in self.command_text + " " + self.env_text
+
+
+def _nothing(_spec: Any, _facts: JobFacts) -> list[tuple[str, str]]:
+    return []
+
+
+def _named(check: Check[Any], _spec: Any) -> list[tuple[str, tuple[Any, ...]]]:
+    return [(check.name, ())]
+
+
+@dataclass(frozen=True)
+class Check(Generic[S]):
+    """A check, typed: everything trainguard needs to know of it, in one place."""
+
+    #: its key under ``checks:`` and its name in reports, ``--only`` and ``gate.require``
+    name: str
+    #: the model of its spec (``checks.<name>``; with ``many``, of each list entry)
+    spec: type[S]
+    #: ``(runner, spec) -> CheckResult``: runs it
+    run: Callable[[Any, S], CheckResult]
+    #: ``(spec, context) -> (runs, note)``: the launches it makes and one line on what it judges
+    runs: Callable[[S, PlanContext], tuple[list[Run], str]]
+    #: ``(spec, facts) -> [(key, message)]``: what it needs from the job, with the fix
+    requires: Callable[[S, JobFacts], list[tuple[str, str]]] = _nothing
+    #: its runs are not timed against anything: runs of later checks may start beside it
+    lane: bool = False
+    #: ``(runner, spec) -> AheadRun``: its run that may start early, beside the lane checks
+    #: before it; ``ahead_words`` says which run that is (``trainguard validate``)
+    ahead: Callable[[Any, S], Any] | None = None
+    ahead_words: str = ""
+    #: ``(runner, spec) -> None``: called just before :attr:`run` inside the check's tracking
+    #: (a drill starts its uninterrupted run there, while the fault run starts up)
+    prepare: Callable[[Any, S], None] | None = None
+    #: ``gate.require`` names it when the job file does not say
+    gate_default: bool = True
+    #: ``checks.<name>`` is a list; each entry runs as ``<item_prefix>:<entry.name>``
+    many: bool = False
+    item_prefix: str = ""
+    #: ``(spec) -> [(marker, args)]``: the pytest marks of its item (default: its name)
+    marks: Callable[[S], list[tuple[str, tuple[Any, ...]]]] | None = None
+    #: ``(spec, soak_seed) -> [(suffix, spec)]``: its pytest items when one spec makes several
+    items: Callable[[S, int | None], list[tuple[str, S]]] | None = None
+
+    def pytest_marks(self, spec: S) -> list[tuple[str, tuple[Any, ...]]]:
+        return self.marks(spec) if self.marks is not None else _named(self, spec)
+
+
+class CheckNotInstalled(ConfigError):
+    """A registration line names a module or attribute that cannot be imported, or something
+    that is not a :class:`Check` (said in words, as a job-file error is)."""
+
+
+_resolved: tuple[Check[Any], ...] | None = None
+
+
+def registered() -> tuple[Check[Any], ...]:
+    """Every registered check, in run order (the lines are resolved on first use)."""
+    global _resolved
+    if _resolved is None:
+        _resolved = tuple(_resolve(line) for line in REGISTERED)
+        names = [c.name for c in _resolved]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise CheckNotInstalled(f"check name(s) registered twice: {', '.join(duplicates)}")
+    return _resolved
+
+
+def _resolve(line: str) -> Check[Any]:
+    module, _, attribute = line.partition(":")
+    try:
+        value = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise CheckNotInstalled(f"the check registered as {line!r} cannot be imported: {exc}; install the "
+                                "package that provides it or remove its registration line") from None
+    if not isinstance(value, Check):
+        raise CheckNotInstalled(f"{line!r} is a {type(value).__name__}, not a trainguard Check")
+    return value
+
+
+def check_named(name: str) -> Check[Any] | None:
+    """The check registered as ``name`` (a list check by its name, e.g. ``drills``), else None."""
+    return next((c for c in registered() if c.name == name), None)
+
+
+def check_for(name: str) -> Check[Any] | None:
+    """The check a report or ``--only`` name runs: ``resume`` -> resume's, ``drill:<name>`` ->
+    the list check whose items are ``drill:`` (the drills)."""
+    prefix, colon, _ = name.partition(":")
+    if colon:
+        return next((c for c in registered() if c.many and c.item_prefix == prefix), None)
+    return check_named(name)
+
+
+def check_names(*, many: bool = False) -> list[str]:
+    """The names of the single checks in run order (``many=True``: the list checks' names too)."""
+    return [c.name for c in registered() if many or not c.many]
+
+
+def register(line: str, *, before: str | None = None) -> Check[Any]:
+    """Add a registration line at run time (a check outside trainguard, or a test's): the job
+    file's ``checks:`` schema is rebuilt with it. ``before`` names the check it runs before
+    (default: the end, after the drills)."""
+    global _resolved
+    check = _resolve(line)
+    if line not in REGISTERED:
+        index = len(REGISTERED)
+        if before is not None:
+            index = next(i for i, existing in enumerate(REGISTERED) if _resolve(existing).name == before)
+        REGISTERED.insert(index, line)
+    _resolved = None
+    _rebuild()
+    return check
+
+
+def unregister(line: str) -> None:
+    """Take a line :func:`register` added out again."""
+    global _resolved
+    if line in REGISTERED:
+        REGISTERED.remove(line)
+    _resolved = None
+    _rebuild()
+
+
+#: called when the registry changes (the job-file model rebuilds its ``checks:``)
+_on_change: list[Callable[[], None]] = []
+
+
+def on_change(hook: Callable[[], None]) -> None:
+    """Call ``hook`` whenever :func:`register` / :func:`unregister` change the registry."""
+    _on_change.append(hook)
+
+
+def _rebuild() -> None:
+    global _model
+    _model = None
+    for hook in _on_change:
+        hook()
+
+
+# ---------------------------------------------------------------------------------------------
+# ``checks:`` of the job file, made from the registry
+
+
+def _null_means_defaults(value: Any) -> Any:
+    # ``smoke:`` with nothing after it reads as "enabled, with defaults".
+    return {} if value is None else value
+
+
+def _null_means_list(value: Any) -> Any:
+    return [] if value is None else value
+
+
+_model: type[Checks] | None = None
+
+
+def checks_model() -> type[Checks]:
+    """The ``checks:`` model of the registered checks (made once; :func:`reset_checks_model`)."""
+    global _model
+    if _model is None:
+        fields: dict[str, Any] = {}
+        for check in registered():
+            if check.many:
+                fields[check.name] = (Annotated[list[check.spec], BeforeValidator(_null_means_list)],  # type: ignore[name-defined]
+                                      Field(default_factory=list))
+            else:
+                fields[check.name] = (Annotated[check.spec | None, BeforeValidator(_null_means_defaults)], None)
+        _model = create_model("Checks", __base__=Checks, __module__=__name__, **fields)
+    return _model
+
+
+class ChecksField:
+    """The annotation of ``checks:`` in the job-file model: its schema is :func:`checks_model`'s,
+    built when the document's schema is (``defer_build``), after every module is imported."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return handler(checks_model())
+
+
+def no_checks() -> Checks:
+    """An empty ``checks:`` (the default of a job file without one)."""
+    return checks_model().model_validate({})
