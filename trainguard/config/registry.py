@@ -257,7 +257,7 @@ _model: type[Checks] | None = None
 
 
 def checks_model() -> type[Checks]:
-    """The ``checks:`` model of the registered checks (made once; :func:`reset_checks_model`)."""
+    """The ``checks:`` model of the registered checks (made once, again after :func:`register`)."""
     global _model
     if _model is None:
         fields: dict[str, Any] = {}
