@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -136,9 +137,7 @@ TOY_GATE = "gate:\n  require: [smoke, determinism, drills]\n"
 
 def _digits(where: Path) -> Path:
     job = where / "digits"
-    job.mkdir()
-    for name in ("train.py", "trainguard.yaml"):
-        (job / name).write_text((DIGITS / name).read_text())
+    shutil.copytree(DIGITS, job, ignore=shutil.ignore_patterns(".trainguard", "__pycache__", "data"))
     (job / "data").symlink_to(DIGITS / "data")
     return job / "trainguard.yaml"
 
