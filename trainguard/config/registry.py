@@ -205,11 +205,12 @@ def register(line: str, *, before: str | None = None) -> Check[Any]:
     (default: the end, after the drills)."""
     global _resolved
     check = _resolve(line)
+    names = [_resolve(existing).name for existing in REGISTERED]
+    if before is not None and before not in names:
+        raise CheckNotInstalled(f"register({line!r}, before={before!r}): no check is registered as "
+                                f"{before!r}; registered: {', '.join(names)}")
     if line not in REGISTERED:
-        index = len(REGISTERED)
-        if before is not None:
-            index = next(i for i, existing in enumerate(REGISTERED) if _resolve(existing).name == before)
-        REGISTERED.insert(index, line)
+        REGISTERED.insert(len(REGISTERED) if before is None else names.index(before), line)
     _resolved = None
     _rebuild()
     return check
