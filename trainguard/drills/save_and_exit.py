@@ -16,6 +16,7 @@ After the scheduler's notice the job must, within the grace:
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,13 @@ from trainguard.drills.judges import (
     not_injected,
     trajectory_diff,
 )
+from trainguard.launch import RankExit
 from trainguard.report import CheckStatus
 from trainguard.unit.checkpoints import latest_complete_checkpoint
 
-__all__ = ["SAVE_AND_EXIT_CAUSES", "judge_save_and_exit"]
+__all__ = ["SAVE_AND_EXIT_CAUSES", "died_of_the_notice", "judge_save_and_exit"]
+
+_NOTICES = ("SIGTERM", "SIGUSR1")
 
 #: what usually makes a job fail a pre-emption drill, most frequent first
 SAVE_AND_EXIT_CAUSES = {
@@ -79,6 +83,20 @@ def _newest_write(path: Path) -> float | None:
     except OSError:
         return None
     return max(times, default=None)
+
+
+def died_of_the_notice(exits: Sequence[RankExit], sent: Sequence[Mapping[str, Any]], killed: Sequence[int]) -> list[int]:
+    """The ranks the notice itself killed: each was sent SIGTERM or SIGUSR1 by the fault and ended
+    of that signal, not of the SIGKILL at the end of the grace.
+
+    The fault's record decides, not ``killed_by_trainguard``: when one rank dies of the notice,
+    the launcher's teardown signals the others, and a rank already dying of the notice but not
+    yet reaped would count as killed by the teardown (CI saw ``[0]`` for ``[0, 1]``).
+    """
+    notified = {int(rank) for s in sent if s.get("signal") in _NOTICES for rank in s.get("ranks", ())}
+    return sorted(e.rank for e in exits
+                  if e.signal in _NOTICES and e.rank not in killed
+                  and (e.rank in notified or not e.killed_by_trainguard))
 
 
 def judge_save_and_exit(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
@@ -146,7 +164,7 @@ def judge_save_and_exit(c: DrillContext) -> tuple[CheckStatus, str, dict[str, An
     signals = " then ".join(s["signal"] for s in getattr(fault, "sent", [])[:2]) or "the notice"
     what = f"{signals} to every rank after step {noticed_at} (grace {grace:g} s)"
     if problems:
-        died = [e.rank for e in first.exits if e.signal in ("SIGTERM", "SIGUSR1") and not e.killed_by_trainguard]
+        died = died_of_the_notice(first.exits, getattr(fault, "sent", []), killed)
         # torn: the resume failed or diverged -- unless the ranks died of the notice and wrote
         # nothing after it (nanoGPT: no handler), which is no save to tear
         torn = ((not verify.ok or (resumed_from is not None and "diverges" in " ".join(problems)))
