@@ -13,7 +13,7 @@ from trainguard.plugins.markers import FAULT_KINDS
 
 import trainguard.config.faults as registry
 from trainguard.config import DrillSpec, parse_config
-from trainguard.config.faults import DEFAULT_EXPECT, FAULT_CLASSES, FaultNotInstalled, fault_class
+from trainguard.config.faults import FAULT_CLASSES, Expectation, FaultNotInstalled, fault_class
 from trainguard.drills.driver import make_drill
 from trainguard.drills.judges import (
     DrillContext,
@@ -141,10 +141,20 @@ def test_make_drill_splits_fields_from_fault_params() -> None:
 
 
 def test_registry_covers_every_marker_kind_with_a_default_expectation() -> None:
-    assert set(FAULT_CLASSES) == set(FAULT_KINDS) == set(DEFAULT_EXPECT)
+    assert set(FAULT_CLASSES) == set(FAULT_KINDS)
     assert all(":" in target for target in FAULT_CLASSES.values())
     assert fault_class("kill_rank") is KillRankFault
     assert fault_class("hang") is HangFault
+    # each class carries its kind and the expectations it may be judged by, its default first
+    defaults = {kind: fault_class(kind).expectations_for({})[0] for kind in FAULT_CLASSES}
+    assert all(fault_class(kind).kind == kind for kind in FAULT_CLASSES)
+    assert defaults == {
+        "kill_rank": "recover", "hang": "recover", "oom": "fail_clean", "disk_full": "fail_clean",
+        "network": "continue", "preempt": "save_and_exit", "nan": "handle_nonfinite",
+        "storage": "fail_clean", "kill_during_save": "recover", "kill_worker": "fail_clean",
+        "slow_rank": "continue", "soak": "recover", "node_loss": "recover",
+    }
+    assert fault_class("storage").expectations_for({"kind": "slow"}) == (Expectation.CONTINUE,)
 
 
 def test_a_kind_whose_module_is_missing_is_reported_in_words(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -16,12 +16,12 @@ from pydantic import BeforeValidator, Field, model_validator
 from trainguard._internal.limits import MAX_SECONDS, MAX_WORLD_SIZE
 from trainguard._internal.model import ConfigModel
 from trainguard.config.faults import (
-    DEFAULT_EXPECT,
-    EXPECTATION_FAULTS,
     FAULT_CLASSES,
-    FAULT_EXPECTATIONS,
-    KIND_EXPECTATIONS,
     Expectation,
+    FaultClass,
+    FaultNotInstalled,
+    fault_class,
+    faults_judged_by,
 )
 from trainguard.config.values import Argv, Env
 
@@ -286,6 +286,23 @@ def _to_fault_kind(value: Any) -> Any:
     return value
 
 
+def _words(expectations: tuple[Expectation, ...] | list[str]) -> str:
+    *most, last = [str(e) for e in expectations]
+    return f"{', '.join(most)} or {last}" if most else last
+
+
+def _not_judged_by(fault: str, params: dict[str, Any], expect: Expectation, cls: FaultClass) -> str:
+    """Why ``expect`` cannot judge a drill of ``fault``, with the expectations that can."""
+    allowed = cls.expectations_for(params)
+    if str(params.get("kind")) in getattr(cls, "kind_expectations", {}):
+        return (f"a {fault} drill of `params.kind: {params.get('kind')}` is judged by {_words(allowed)}, "
+                f"not {expect}; set `expect: {allowed[0]}` or another kind")
+    if len(allowed) == 1:
+        return f"a {fault} drill is judged by {allowed[0]}, not {expect}; remove `expect` or set `expect: {allowed[0]}`"
+    return (f"`expect: {expect}` judges a {_words(faults_judged_by(expect))} drill; "
+            f"for a {fault} drill use {_words(allowed)}")
+
+
 class DrillSpec(CheckSpec):
     """One entry of ``checks.drills``: a real fault injected into a small run of the job and
     what must follow (docs/drills.md). Options of another expectation than the drill's are
@@ -353,22 +370,9 @@ class DrillSpec(CheckSpec):
                "fail_clean": ("deadline", "max_lost_steps"), "continue": ("min_rate", "deadline"),
                "save_and_exit": ("max_lost_steps",), "handle_nonfinite": ("deadline",)}
         expect = self.expectation
-        allowed = EXPECTATION_FAULTS.get(expect)
-        if allowed is not None and self.fault not in allowed:
-            raise ValueError(
-                f"`expect: {expect}` judges a {' or '.join(allowed)} drill; "
-                f"for a {self.fault} drill use recover, fail_clean or continue"
-            )
-        judged_by = FAULT_EXPECTATIONS.get(self.fault)
-        if judged_by is not None and expect not in judged_by:
-            raise ValueError(f"a {self.fault} drill is judged by {' or '.join(judged_by)}, not "
-                             f"{expect}; remove `expect` or set `expect: {judged_by[0]}`")
-        kinds = KIND_EXPECTATIONS.get((self.fault, str(self.params.get("kind"))))
-        if kinds is not None and expect not in kinds:
-            raise ValueError(
-                f"a {self.fault} drill of `params.kind: {self.params.get('kind')}` is judged by "
-                f"{' or '.join(kinds)}, not {expect}; set `expect: {kinds[0]}` or another kind"
-            )
+        cls = self._fault_class()
+        if cls is not None and expect not in cls.expectations_for(self.params):
+            raise ValueError(_not_judged_by(self.fault, self.params, expect, cls))
         foreign = list(dict.fromkeys(
             key for other, keys in own.items() if other != expect for key in keys
             if key not in own[expect] and getattr(self, key) is not None
@@ -392,13 +396,21 @@ class DrillSpec(CheckSpec):
             )
         return self
 
+    def _fault_class(self) -> FaultClass | None:
+        try:
+            return fault_class(self.fault)
+        except FaultNotInstalled:  # reported when the job file is checked and when the drill runs
+            return None
+
     @property
     def expectation(self) -> Expectation:
-        """``expect``, or the fault's default (:data:`trainguard.config.faults.DEFAULT_EXPECT`)."""
+        """``expect``, or the fault's default: the first of its class's ``expectations``
+        (:meth:`trainguard.faults.base.Fault.expectations_for`); recover for a fault whose
+        module is not installed (such a drill only reports that it cannot run)."""
         if self.expect is not None:
             return Expectation(self.expect)
-        kinds = KIND_EXPECTATIONS.get((self.fault, str(self.params.get("kind"))))
-        return kinds[0] if kinds else DEFAULT_EXPECT[self.fault]
+        cls = self._fault_class()
+        return cls.expectations_for(self.params)[0] if cls is not None else Expectation.RECOVER
 
     @property
     def restart_limit(self) -> int:

@@ -15,16 +15,13 @@ from typing import Any, Protocol
 from trainguard.errors import TrainguardError
 
 __all__ = [
-    "DEFAULT_EXPECT",
     "EXPECTATIONS",
-    "EXPECTATION_FAULTS",
     "FAULT_CLASSES",
-    "FAULT_EXPECTATIONS",
-    "KIND_EXPECTATIONS",
     "Expectation",
     "FaultClass",
     "FaultNotInstalled",
     "fault_class",
+    "faults_judged_by",
 ]
 
 #: fault kind -> "module:Class"
@@ -63,43 +60,6 @@ class Expectation(StrEnum):
 #: what a drill expects of the job, in docs/drills.md
 EXPECTATIONS = tuple(Expectation)
 
-#: expectations only some faults can be judged by (others: every fault)
-EXPECTATION_FAULTS: dict[Expectation, tuple[str, ...]] = {
-    Expectation.SAVE_AND_EXIT: ("preempt",), Expectation.HANDLE_NONFINITE: ("nan",),
-}
-
-#: faults judged by some expectations only (a soak is judged as one long recover)
-FAULT_EXPECTATIONS: dict[str, tuple[Expectation, ...]] = {"soak": (Expectation.RECOVER,)}
-
-_FAIL_OR_RECOVER = (Expectation.FAIL_CLEAN, Expectation.RECOVER)
-#: a fault's own kinds (its ``params.kind``) judged by some expectations only; the first is the
-#: default when the spec names none
-KIND_EXPECTATIONS: dict[tuple[str, str], tuple[Expectation, ...]] = {
-    ("storage", "slow"): (Expectation.CONTINUE,),
-    ("storage", "corrupt"): _FAIL_OR_RECOVER,
-    ("storage", "eio_read"): _FAIL_OR_RECOVER,
-    ("storage", "eio_write"): _FAIL_OR_RECOVER,
-    ("storage", "fsync"): _FAIL_OR_RECOVER,
-}
-
-#: the expectation a drill of each kind has when its spec names none
-DEFAULT_EXPECT: dict[str, Expectation] = {
-    "kill_rank": Expectation.RECOVER,
-    "hang": Expectation.RECOVER,
-    "oom": Expectation.FAIL_CLEAN,
-    "disk_full": Expectation.FAIL_CLEAN,
-    "network": Expectation.CONTINUE,
-    "preempt": Expectation.SAVE_AND_EXIT,
-    "nan": Expectation.HANDLE_NONFINITE,
-    "storage": Expectation.FAIL_CLEAN,
-    "kill_during_save": Expectation.RECOVER,
-    "kill_worker": Expectation.FAIL_CLEAN,
-    "slow_rank": Expectation.CONTINUE,
-    "soak": Expectation.RECOVER,
-    "node_loss": Expectation.RECOVER,
-}
-
-
 class FaultClass(Protocol):
     """A fault class as this layer sees it (:class:`trainguard.faults.base.Fault` and its
     subclasses): the job file validates a drill's ``params`` with it, and the drill driver
@@ -118,6 +78,14 @@ class FaultClass(Protocol):
 
     def validate(self, params: Mapping[str, Any]) -> list[tuple[str, str]]:
         """Problems with ``params`` as ``(key, message with the fix)`` pairs; empty when valid."""
+        ...
+
+    def expectations_for(self, params: Mapping[str, Any]) -> tuple[Expectation, ...]:
+        """The expectations a drill with these ``params`` may be judged by, its default first."""
+        ...
+
+    def plan_problems(self, params: Mapping[str, Any], steps: int, world_size: int) -> list[tuple[str, str]]:
+        """Problems of ``params`` that need the drill's steps and world size."""
         ...
 
     def unavailable_for(self, ray_train: bool) -> str | None:
@@ -150,3 +118,17 @@ def fault_class(kind: str) -> FaultClass:
             f"{class_name}; upgrade trainguard or remove the drill"
         )
     return cls  # type: ignore[no-any-return]
+
+
+def faults_judged_by(expect: Expectation) -> list[str]:
+    """The fault kinds a drill judged by ``expect`` may have (imports every installed fault
+    module: for an error message, not for validating a job file)."""
+    kinds = []
+    for kind in FAULT_CLASSES:
+        try:
+            cls = fault_class(kind)
+        except FaultNotInstalled:
+            continue
+        if expect in cls.expectations_for({}) or any(expect in e for e in getattr(cls, "kind_expectations", {}).values()):
+            kinds.append(kind)
+    return kinds

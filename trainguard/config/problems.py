@@ -412,8 +412,8 @@ def drill_problems(job_file: JobFile, command_text: str, env_text: str) -> list[
         except Exception as exc:  # a fault's own rules tripped over a value: still a clear error
             found = [("", f"could not be checked ({type(exc).__name__}: {str(exc)[:200]}); see the "
                       f"{drill.fault} fault's parameters in the docs")]
-        if not found and drill.fault == "soak":  # its schedule: ranks that exist, a fault per seed
-            found = cls.schedule_problems(drill.params, drill.steps, world_size)  # type: ignore[attr-defined]
+        if not found:  # e.g. a soak's schedule: ranks that exist, a fault per seed
+            found = cls.plan_problems(drill.params, drill.steps, world_size)
         for param, message in found:
             problems.append((f"{key}.params{'.' + param if param else ''}", message))
     return problems

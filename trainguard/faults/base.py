@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainguard.config.faults import Expectation
 from trainguard.errors import TrainguardError
 from trainguard.report import SkipReason
 
@@ -77,6 +78,12 @@ class Fault:
     kind: ClassVar[str] = ""
     #: parameters this fault accepts, with their defaults (documented in docs/faults-memory-and-disk.md, docs/faults-network.md, docs/drills.md)
     defaults: ClassVar[Mapping[str, Any]] = {}
+    #: the expectations a drill of this fault may be judged by (docs/drills.md), the default
+    #: (when the spec names none) first
+    expectations: ClassVar[tuple[Expectation, ...]] = (
+        Expectation.RECOVER, Expectation.FAIL_CLEAN, Expectation.CONTINUE)
+    #: narrower lists for some values of ``params.kind`` (a slow disk is judged by continue only)
+    kind_expectations: ClassVar[Mapping[str, tuple[Expectation, ...]]] = {}
 
     def __init__(
         self,
@@ -99,6 +106,17 @@ class Fault:
         unknown = sorted(set(params) - set(cls.defaults))
         return [(key, f"unknown parameter for fault {cls.kind!r}; expected one of "
                  f"{', '.join(sorted(cls.defaults)) or '(none)'}") for key in unknown]
+
+    @classmethod
+    def expectations_for(cls, params: Mapping[str, Any]) -> tuple[Expectation, ...]:
+        """The expectations a drill with these ``params`` may be judged by, its default first."""
+        return cls.kind_expectations.get(str(params.get("kind")), cls.expectations)
+
+    @classmethod
+    def plan_problems(cls, params: Mapping[str, Any], steps: int, world_size: int) -> list[tuple[str, str]]:
+        """Problems of ``params`` that need the drill's steps and world size (checked after
+        :meth:`validate` found none); empty by default."""
+        return []
 
     @classmethod
     def unavailable_for(cls, ray_train: bool) -> str | None:

@@ -28,6 +28,7 @@ import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainguard.config.faults import Expectation
 from trainguard.faults.base import FaultContext, FaultUnavailable
 from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
 from trainguard.faults.hook import HookFault, pull_trigger, rank_stderr
@@ -54,6 +55,7 @@ class DiskFullFault(HookFault):
     """The checkpoint directory's disk is full from step ``after_step`` on."""
 
     kind: ClassVar[str] = "disk_full"
+    expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.FAIL_CLEAN, Expectation.RECOVER, Expectation.CONTINUE)
     defaults: ClassVar[Mapping[str, Any]] = {
         "mode": "auto",
         "size_mb": 256,  # accepted for job files written for the former tmpfs mode; unused

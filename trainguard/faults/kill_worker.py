@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import psutil
 
+from trainguard.config.faults import Expectation
 from trainguard.faults.base import Fault, FaultContext
 from trainguard.faults.kill import KILL_SIGNALS
 
@@ -34,6 +35,7 @@ class KillWorkerFault(Fault):
     """Send ``signal`` (default SIGKILL) to the ``worker``-th child process of rank ``rank``."""
 
     kind: ClassVar[str] = "kill_worker"
+    expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.FAIL_CLEAN, Expectation.RECOVER, Expectation.CONTINUE)
     defaults: ClassVar[Mapping[str, Any]] = {"signal": "SIGKILL", "worker": 0}
 
     def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:

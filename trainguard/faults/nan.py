@@ -22,6 +22,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainguard.config.faults import Expectation
 from trainguard.faults.base import FaultContext
 from trainguard.faults.hook import HookFault, pull_trigger
 from trainguard.launch.hook import hook_env
@@ -52,6 +53,8 @@ class NanFault(HookFault):
     """A non-finite value in rank ``rank``'s loss or gradients at the step after ``after_step``."""
 
     kind: ClassVar[str] = "nan"
+    expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.HANDLE_NONFINITE, Expectation.RECOVER, Expectation.FAIL_CLEAN,
+                                                          Expectation.CONTINUE)
     defaults: ClassVar[Mapping[str, Any]] = {"policy": "stop", "target": "loss", "value": "nan"}
 
     @classmethod

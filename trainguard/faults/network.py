@@ -44,6 +44,7 @@ from typing import IO, TYPE_CHECKING, Any, ClassVar
 from trainguard._internal import envvars
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_TRACKING_URI
 from trainguard._internal.signals import signals_deferred
+from trainguard.config.faults import Expectation
 from trainguard.errors import UsageError
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.faults.toxiproxy.addresses import format_hostport, split_hostport
@@ -305,6 +306,7 @@ class NetworkFault(Fault):
     """A toxic on the job's connections to a service, through a Toxiproxy-compatible proxy."""
 
     kind: ClassVar[str] = "network"
+    expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.CONTINUE, Expectation.RECOVER, Expectation.FAIL_CLEAN)
     defaults: ClassVar[Mapping[str, Any]] = {
         "toxic": None,  # latency, bandwidth, slow_close, timeout, reset_peer, slicer, limit_data
         "attributes": {},

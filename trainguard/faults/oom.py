@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainguard.config.faults import Expectation
 from trainguard.faults.base import FaultContext, FaultUnavailable
 from trainguard.faults.cgroups import MemoryCgroups
 from trainguard.faults.hook import HookFault, pull_trigger, rank_stderr
@@ -49,6 +50,7 @@ class OomFault(HookFault):
     """Real memory exhaustion of rank ``rank`` after step ``after_step``."""
 
     kind: ClassVar[str] = "oom"
+    expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.FAIL_CLEAN, Expectation.RECOVER, Expectation.CONTINUE)
     defaults: ClassVar[Mapping[str, Any]] = {
         "mode": "auto",
         "headroom_mb": 32,  # the limit is set this far above the rank's usage at injection

@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainguard.config.faults import Expectation
 from trainguard.faults.base import Fault
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,6 +51,8 @@ class PreemptFault(Fault):
     """The notice (SIGTERM, or SIGUSR1 then SIGTERM) to every rank, SIGKILL after ``grace``."""
 
     kind: ClassVar[str] = "preempt"
+    expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.SAVE_AND_EXIT, Expectation.RECOVER, Expectation.FAIL_CLEAN,
+                                                          Expectation.CONTINUE)
     defaults: ClassVar[Mapping[str, Any]] = {"style": "kubernetes", "grace": 30.0, "lead": None}
 
     def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import psutil
 
+from trainguard.config.faults import Expectation
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.faults.cgroups import remove_stale
 from trainguard.report import SkipReason
@@ -187,6 +188,7 @@ class SlowRankFault(Fault):
     """Throttle rank ``rank``'s processes to ``fraction`` of a CPU until :meth:`clear`."""
 
     kind: ClassVar[str] = "slow_rank"
+    expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.CONTINUE, Expectation.RECOVER, Expectation.FAIL_CLEAN)
     defaults: ClassVar[Mapping[str, Any]] = {"fraction": 0.25}
 
     def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:

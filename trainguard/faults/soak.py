@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainguard.config.faults import Expectation
 from trainguard.faults.base import Fault
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,6 +127,8 @@ class SoakFault(Fault):
     injects the scheduled faults through their own classes (this one injects nothing)."""
 
     kind: ClassVar[str] = "soak"
+    #: a soak is judged as one long recover
+    expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.RECOVER,)
     defaults: ClassVar[Mapping[str, Any]] = {
         "kinds": ["kill_rank"], "seed": 0, "seeds": None, "every_steps": None, "faults": None, "min_gap": 3,
         "ranks": None, "fault_params": {},
@@ -187,7 +190,7 @@ class SoakFault(Fault):
                 "use kill_rank and node_loss drills, which Ray Train recovers inside one fit") if ray_train else None
 
     @classmethod
-    def schedule_problems(cls, params: Mapping[str, Any], steps: int, world_size: int) -> list[tuple[str, str]]:
+    def plan_problems(cls, params: Mapping[str, Any], steps: int, world_size: int) -> list[tuple[str, str]]:
         """What is wrong with the schedules of these (valid) ``params``, as ``(param, message)``:
         ranks beyond ``world_size`` (a fault could strike no process), a schedule that does not fit
         ``steps``, or one that holds no fault for a seed of the job file (the soak could only be

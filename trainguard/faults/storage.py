@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainguard.config.faults import Expectation
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
 from trainguard.report import SkipReason
@@ -114,6 +115,11 @@ class StorageFault(Fault):
     """EIO on write, read or fsync, added latency, or a flipped byte under the checkpoint dir."""
 
     kind: ClassVar[str] = "storage"
+    expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.FAIL_CLEAN, Expectation.RECOVER, Expectation.CONTINUE)
+    kind_expectations: ClassVar[Mapping[str, tuple[Expectation, ...]]] = {
+        "slow": (Expectation.CONTINUE,),
+        **dict.fromkeys(("corrupt", "eio_read", "eio_write", "fsync"), (Expectation.FAIL_CLEAN, Expectation.RECOVER)),
+    }
     defaults: ClassVar[Mapping[str, Any]] = {"kind": None, "latency_ms": None, "op": None, "offset": None}
 
     def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
