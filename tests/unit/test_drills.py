@@ -101,8 +101,8 @@ def test_drills_run_after_the_checks_and_are_selected_by_name() -> None:
         # drills that could only be skipped or end in an error are refused (issue 24)
         ("{name: a, fault: node_loss}", "checks.drills[0].fault: node_loss stops a Ray node, and this job is "
          "not `kind: ray_train`; for a command job use kill_rank"),
-        ("{name: a, fault: soak, after_step: 5}", "checks.drills[0]: after_step does not apply to a soak"),
-        ("{name: a, fault: soak, duration: 5}", "duration does not apply to a soak"),
+        ("{name: a, fault: soak, after_step: 5}", "checks.drills[0]: after_step does not apply to a soak drill"),
+        ("{name: a, fault: soak, duration: 5}", "duration does not apply to a soak drill"),
         ("{name: a, fault: soak, params: {ranks: [1, 2, 5]}}", "checks.drills[0].params.ranks: rank(s) 2, 5 do "
          "not exist in a run of 2 rank(s); use ranks from 0 to 1"),
         ("{name: a, fault: soak, steps: 6, params: {every_steps: 1000, min_gap: 1, seeds: [1, 2]}}",

@@ -339,14 +339,17 @@ class DrillSpec(CheckSpec):
     @model_validator(mode="before")
     @classmethod
     def _default_after_step(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("fault") == "soak":
-            given = [key for key in ("after_step", "duration") if key in data]
-            if given:  # a soak's faults strike where its schedule says, and each lasts its attempt
+        kind = data.get("fault") if isinstance(data, dict) else None
+        if isinstance(kind, str) and kind in FAULT_CLASSES:
+            try:
+                keys, why = fault_class(kind).spec_keys_not_applying
+            except FaultNotInstalled:  # reported when the job file is checked
+                keys, why = (), ""
+            given = [key for key in keys if key in data]
+            if given:  # e.g. a soak's faults strike where its schedule says, each lasting its attempt
                 raise ValueError(
-                    f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to a soak: "
-                    "its faults strike at the steps its schedule draws from `params.seed`, and each "
-                    "ends the attempt it strikes; remove it, and set how many faults and how far apart "
-                    "with `params.faults` (or `every_steps`) and `params.min_gap`"
+                    f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to a "
+                    f"{kind} drill: {why}"
                 )
         if isinstance(data, dict) and "after_step" not in data:
             steps = data.get("steps", 20)

@@ -84,6 +84,17 @@ class FaultClass(Protocol):
         """The expectations a drill with these ``params`` may be judged by, its default first."""
         ...
 
+    drill_runner: str | None
+    spec_keys_not_applying: tuple[tuple[str, ...], str]
+
+    def drill_runs(self, spec: Any, world_size: int, seed: int | None) -> tuple[list[Any], str] | None:
+        """The runs a drill of this fault makes (None: the usual ones)."""
+        ...
+
+    def drill_items(self, spec: Any, seed: int | None) -> list[tuple[str, Any]]:
+        """The pytest items of a drill: (id suffix, spec each runs)."""
+        ...
+
     def plan_problems(self, params: Mapping[str, Any], steps: int, world_size: int) -> list[tuple[str, str]]:
         """Problems of ``params`` that need the drill's steps and world size."""
         ...

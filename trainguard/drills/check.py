@@ -1,23 +1,26 @@
 """The drills as a check of the registry: ``checks.drills``, each entry run as ``drill:<name>``
-(docs/drills.md), the chaos soak among them (``fault: soak``, one pytest item per seed)."""
+(docs/drills.md), the chaos soak among them (``fault: soak``: its class plans its runs and its
+pytest items, one per seed, and names its own drill runner)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from trainguard.config import DrillSpec
+from trainguard.config.faults import FaultClass, FaultNotInstalled, fault_class
 from trainguard.config.problems import drill_problems, one_process_problems
 from trainguard.config.registry import Check, JobFacts, PlanContext, Run
 from trainguard.drills.driver import run_drill
-from trainguard.faults.soak import SoakFault, soak_seeds
 
 __all__ = ["DRILLS"]
 
 
 def _runs(spec: DrillSpec, ctx: PlanContext) -> tuple[list[Run], str]:
     world_size = spec.world_size or ctx.job_file.job.world_size
-    if spec.fault == "soak":
-        return _soak_runs(spec, world_size, ctx.soak_seed)
+    cls = _fault_class(spec)
+    own = cls.drill_runs(spec, world_size, ctx.soak_seed) if cls is not None else None
+    if own is not None:
+        return own
     fault = (f"fault {spec.fault} on rank {spec.rank} after step {spec.after_step}, "
              f"expect {spec.expectation}")
     runs = [Run("reference", world_size, reference=True), Run("with the fault", world_size)]
@@ -26,17 +29,11 @@ def _runs(spec: DrillSpec, ctx: PlanContext) -> tuple[list[Run], str]:
     return runs, fault
 
 
-def _soak_runs(spec: DrillSpec, world_size: int, setting: int | None) -> tuple[list[Run], str]:
-    """A soak: the uninterrupted run, then per seed one run with up to max_restarts restarts;
-    the schedule of each seed, as it will be drawn."""
-    runs, words = [Run("reference", world_size, reference=True)], []
-    for seed in soak_seeds(spec.params, setting):
-        events = SoakFault.schedule_of(spec.params, spec.steps, world_size, seed)
-        limit = spec.max_restarts if spec.max_restarts is not None else len(events) + 2
-        runs += [Run(f"seed {seed}, attempt {i}", world_size) for i in range(min(limit, len(events)) + 1)]
-        shown = ", ".join(f"{e.kind} r{e.rank} @{e.step}" for e in events[:8])
-        words.append(f"seed {seed}: {len(events)} faults ({shown}{', ...' if len(events) > 8 else ''})")
-    return runs, "chaos soak, expect recover every time; " + "; ".join(words)
+def _fault_class(spec: DrillSpec) -> FaultClass | None:
+    try:
+        return fault_class(spec.fault)
+    except FaultNotInstalled:  # the drill reports it when it runs
+        return None
 
 
 def _requires(drills: list[DrillSpec], facts: JobFacts) -> list[tuple[str, str]]:
@@ -53,11 +50,9 @@ def _prepare(runner: Any, spec: DrillSpec) -> None:
 
 
 def _items(spec: DrillSpec, soak_seed: int | None) -> list[tuple[str, DrillSpec]]:
-    """A soak is one pytest item per seed (a replay is one test); any other drill is one."""
-    if spec.fault != "soak":
-        return [("", spec)]
-    return [(f"[seed={seed}]", spec.model_copy(update={"params": {**spec.params, "seed": seed, "seeds": None}}))
-            for seed in soak_seeds(spec.params, soak_seed)]
+    """Most drills are one pytest item; a soak is one per seed (its class says)."""
+    cls = _fault_class(spec)
+    return cls.drill_items(spec, soak_seed) if cls is not None else [("", spec)]
 
 
 #: the fault drills: a real fault in a small run of the job, judged against an uninterrupted run

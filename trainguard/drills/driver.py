@@ -23,6 +23,7 @@ attempt, clear after ``duration``, teardown in ``finally``) around :meth:`JobRun
 from __future__ import annotations
 
 import contextlib
+import importlib
 import signal
 import threading
 import time
@@ -230,14 +231,13 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
         return CheckResult(name, status, summary, {**base, **evidence},
                            time.monotonic() - started, reproduce, skip_reason)
 
-    if spec.fault == "soak":
-        from trainguard.drills.soak import run_soak
-
-        return run_soak(runner, spec)
     try:
         cls = fault_class(spec.fault)
     except FaultNotInstalled as exc:
         return result("error", str(exc), {})
+    if cls.drill_runner is not None:  # a composite fault (the soak) runs its own drill
+        module, _, function = cls.drill_runner.partition(":")
+        return getattr(importlib.import_module(module), function)(runner, spec)  # type: ignore[no-any-return]
     fault = cls(spec.params, rank=spec.rank, after_step=spec.after_step, duration=spec.duration)
     metric = _progress_metric(job_file)
     request = _request(runner, spec)

@@ -34,6 +34,8 @@ from trainguard.errors import TrainguardError
 from trainguard.report import SkipReason
 
 if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.config import DrillSpec
+    from trainguard.config.registry import Run
     from trainguard.launch import Launcher, RunResult
 
 __all__ = ["Fault", "FaultContext", "FaultUnavailable"]
@@ -111,6 +113,25 @@ class Fault:
     def expectations_for(cls, params: Mapping[str, Any]) -> tuple[Expectation, ...]:
         """The expectations a drill with these ``params`` may be judged by, its default first."""
         return cls.kind_expectations.get(str(params.get("kind")), cls.expectations)
+
+    #: a composite fault injects nothing itself: its drill is run by this ``"module:function"``
+    #: (called with the job runner and the drill spec, returning the drill's CheckResult) instead
+    #: of the one-fault driver; the soak's schedule of faults is one
+    drill_runner: ClassVar[str | None] = None
+    #: drill-spec keys that do not apply to this fault, and why (a soak strikes where its
+    #: schedule says, so ``after_step`` and ``duration`` would mislead)
+    spec_keys_not_applying: ClassVar[tuple[tuple[str, ...], str]] = ((), "")
+
+    @classmethod
+    def drill_runs(cls, spec: DrillSpec, world_size: int, seed: int | None) -> tuple[list[Run], str] | None:
+        """The runs a drill of this fault makes, as ``trainguard validate`` lists them, and its
+        words; None for the usual ones (a reference, the faulted run, a resumed run)."""
+        return None
+
+    @classmethod
+    def drill_items(cls, spec: DrillSpec, seed: int | None) -> list[tuple[str, DrillSpec]]:
+        """The pytest items of a drill (id suffix, spec each runs): one by default."""
+        return [("", spec)]
 
     @classmethod
     def plan_problems(cls, params: Mapping[str, Any], steps: int, world_size: int) -> list[tuple[str, str]]:

@@ -36,6 +36,8 @@ from trainguard.config.faults import Expectation
 from trainguard.faults.base import Fault
 
 if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.config import DrillSpec
+    from trainguard.config.registry import Run
     from trainguard.launch import Launcher
 
 __all__ = ["SOAK_KINDS", "SoakEvent", "SoakFault", "soak_schedule", "soak_seeds"]
@@ -129,10 +131,37 @@ class SoakFault(Fault):
     kind: ClassVar[str] = "soak"
     #: a soak is judged as one long recover
     expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.RECOVER,)
+    drill_runner: ClassVar[str | None] = "trainguard.drills.soak:run_soak"
+    spec_keys_not_applying: ClassVar[tuple[tuple[str, ...], str]] = (
+        ("after_step", "duration"),
+        "its faults strike at the steps its schedule draws from `params.seed`, and each ends the "
+        "attempt it strikes; remove it, and set how many faults and how far apart with "
+        "`params.faults` (or `every_steps`) and `params.min_gap`")
     defaults: ClassVar[Mapping[str, Any]] = {
         "kinds": ["kill_rank"], "seed": 0, "seeds": None, "every_steps": None, "faults": None, "min_gap": 3,
         "ranks": None, "fault_params": {},
     }
+
+    @classmethod
+    def drill_runs(cls, spec: DrillSpec, world_size: int, seed: int | None) -> tuple[list[Run], str] | None:
+        """The uninterrupted run, then per seed one run with up to max_restarts restarts; the
+        schedule of each seed, as it will be drawn."""
+        from trainguard.config.registry import Run
+
+        runs, words = [Run("reference", world_size, reference=True)], []
+        for one in soak_seeds(spec.params, seed):
+            events = cls.schedule_of(spec.params, spec.steps, world_size, one)
+            limit = spec.max_restarts if spec.max_restarts is not None else len(events) + 2
+            runs += [Run(f"seed {one}, attempt {i}", world_size) for i in range(min(limit, len(events)) + 1)]
+            shown = ", ".join(f"{e.kind} r{e.rank} @{e.step}" for e in events[:8])
+            words.append(f"seed {one}: {len(events)} faults ({shown}{', ...' if len(events) > 8 else ''})")
+        return runs, "chaos soak, expect recover every time; " + "; ".join(words)
+
+    @classmethod
+    def drill_items(cls, spec: DrillSpec, seed: int | None) -> list[tuple[str, DrillSpec]]:
+        """One pytest item per seed (a replay is one test)."""
+        return [(f"[seed={one}]", spec.model_copy(update={"params": {**spec.params, "seed": one, "seeds": None}}))
+                for one in soak_seeds(spec.params, seed)]
 
     @classmethod
     def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
