@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories
 from trainguard.config import DrillSpec
@@ -43,6 +43,7 @@ __all__ = [
     "DrillContext",
     "Injection",
     "Judge",
+    "Judgement",
     "attempt_evidence",
     "common_evidence",
     "diff_problem",
@@ -79,8 +80,17 @@ DRILL_CAUSES = {
 }
 
 
-#: a judge: what the driver saw -> (status, summary, evidence)
-Judge = Callable[["DrillContext"], tuple[CheckStatus, str, dict[str, Any]]]
+class Judgement(NamedTuple):
+    """A judge's verdict on one drill: the check's status, its one line for people, and the
+    evidence (the report's ``evidence`` object, with the driver's common fields added)."""
+
+    status: CheckStatus
+    summary: str
+    evidence: dict[str, Any]
+
+
+#: a judge: what the driver saw -> its verdict
+Judge = Callable[["DrillContext"], Judgement]
 
 
 @dataclass
@@ -268,23 +278,23 @@ def common_evidence(c: DrillContext) -> dict[str, Any]:
     return evidence
 
 
-def not_injected(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]] | None:
+def not_injected(c: DrillContext) -> Judgement | None:
     """An error verdict when the fault never struck the running job (so nothing was tested)."""
     first = c.run.attempts[0]
     if c.fault.injected_at is None:
         how = "finished" if first.ok else f"ended ({first.reason or first.outcome})"
-        return ("error", f"the fault was never injected: the first attempt {how} before rank "
+        return Judgement("error", f"the fault was never injected: the first attempt {how} before rank "
                 f"{c.info.watch_rank} printed step {c.spec.after_step} of `{c.metric}`",
                 common_evidence(c))
     evidence = common_evidence(c)
     if c.info.inject_failed is not None:
-        return ("error", f"the fault could not be injected after step {c.info.injected_step}: "
+        return Judgement("error", f"the fault could not be injected after step {c.info.injected_step}: "
                 f"{c.info.inject_failed}", evidence)
     reached = evidence["watched_rank_step_at_injection"]
     if c.info.target_exited_before or (reached is not None and reached >= c.spec.steps):
         where = (f"rank {c.spec.rank} had already exited" if c.info.target_exited_before
                  else f"rank {c.info.watch_rank} had already printed its last step ({reached})")
-        return ("error", f"the fault came too late to test anything: {where} when trainguard read "
+        return Judgement("error", f"the fault came too late to test anything: {where} when trainguard read "
                 f"step {c.info.injected_step} and injected it (the job's output is read with a "
                 "lag that grows on a loaded machine); give the drill more steps after after_step",
                 evidence)
@@ -330,7 +340,7 @@ def recover_causes(resumes: list[dict[str, Any]], diff: TrajectoryDiff) -> list[
     return causes
 
 
-def judge_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
+def judge_recover(c: DrillContext) -> Judgement:
     skipped = not_injected(c)
     if skipped:
         return skipped
@@ -371,7 +381,7 @@ def judge_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
             f"{f', detected after {detected:.2f} s' if detected is not None else ''})")
     if problems:
         evidence["likely_causes"] = recover_causes(per_restart, diff)
-        return "failed", f"{what}; " + "; ".join(problems), evidence
+        return Judgement("failed", f"{what}; " + "; ".join(problems), evidence)
     recovery = None
     if c.info.injected_mono is not None and c.info.first_step_after_restart_mono is not None:
         recovery = c.info.first_step_after_restart_mono - c.info.injected_mono
@@ -382,7 +392,7 @@ def judge_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
         restarts = "the job completed without needing a restart"
     state = evidence.get("checkpoint", {})
     same = ", final checkpoints equal" if state.get("compared") else ""
-    return ("passed", f"{what}; {restarts}; all {diff.compared_steps} steps match the "
+    return Judgement("passed", f"{what}; {restarts}; all {diff.compared_steps} steps match the "
             f"uninterrupted run{same}", evidence)
 
 
@@ -431,7 +441,7 @@ def _ray_restart(c: DrillContext) -> dict[str, Any]:
     return out
 
 
-def judge_ray_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
+def judge_ray_recover(c: DrillContext) -> Judgement:
     """recover for a ray_train job whose worker died: Ray Train's FailureConfig must restart the
     worker group from the latest reported checkpoint inside the same fit."""
     skipped = not_injected(c)
@@ -490,12 +500,12 @@ def judge_ray_recover(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]
             "job.max_restarts (Ray Train's FailureConfig(max_failures)) is 0 or too small",
             *DRILL_CAUSES["recover"],
         ]
-        return "failed", f"{what}: " + "; ".join(problems), evidence
+        return Judgement("failed", f"{what}: " + "; ".join(problems), evidence)
     timing = ", ".join(f"{label} {ray[key]:.1f} s" for label, key in (
         ("failure seen after", "failure_noticed_after_s"), ("new workers after", "workers_up_after_s"),
         ("first step after", "first_step_after_s")) if ray.get(key) is not None)
     same = ", final checkpoints equal" if evidence.get("checkpoint", {}).get("compared") else ""
-    return ("passed", f"{what}: Ray Train's FailureConfig(max_failures={max_failures}) restarted the "
+    return Judgement("passed", f"{what}: Ray Train's FailureConfig(max_failures={max_failures}) restarted the "
             f"worker group {ray['restarts']} time(s) in the same fit ({timing}), resumed from "
             f"step {resume['resumed_from_step'] if resume else '?'}, {lost} step(s) lost; all "
             f"{diff.compared_steps} steps match the uninterrupted run{same}", evidence)
@@ -550,7 +560,7 @@ def exit_problems(c: DrillContext, evidence: dict[str, Any]) -> list[str]:
     return problems
 
 
-def judge_fail_clean(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
+def judge_fail_clean(c: DrillContext) -> Judgement:
     skipped = not_injected(c)
     if skipped:
         return skipped
@@ -598,9 +608,9 @@ def judge_fail_clean(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]
     if problems:
         evidence["likely_causes"] = _with_faults_causes(c, first, _fail_clean_causes(first, info, evidence))
         torn = (evidence.get("checkpoint") or {}).get("intact") is False
-        return "failed", f"{what}; " + "; ".join(problems) + (
-            f". Most likely {evidence['likely_causes'][0]}" if torn else ""), evidence
-    return ("passed", f"{what} (deadline {spec.deadline_s:g} s), error reported{_said(evidence)}; "
+        return Judgement("failed", f"{what}; " + "; ".join(problems) + (
+            f". Most likely {evidence['likely_causes'][0]}" if torn else ""), evidence)
+    return Judgement("passed", f"{what} (deadline {spec.deadline_s:g} s), error reported{_said(evidence)}; "
             f"resumed from checkpoint step {evidence['resumed_from_step']} with the fault removed and matched the "
             "uninterrupted run", evidence)
 
@@ -628,7 +638,7 @@ def _fail_clean_causes(first: RunResult, info: Any, evidence: dict[str, Any]) ->
     return [hang, swallowed, torn]
 
 
-def judge_continue(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
+def judge_continue(c: DrillContext) -> Judgement:
     skipped = not_injected(c)
     if skipped:
         return skipped
@@ -671,9 +681,9 @@ def judge_continue(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
     what = f"{spec.fault} on rank {spec.rank} after step {c.info.injected_step} for {spec.duration:g} s"
     if problems:
         evidence["likely_causes"] = _with_faults_causes(c, final, list(DRILL_CAUSES["continue"]))
-        return "failed", f"{what}: " + "; ".join(problems), evidence
+        return Judgement("failed", f"{what}: " + "; ".join(problems), evidence)
     shown = f"{ratio:.0%} of the rate before" if ratio is not None else "rate not measured"
-    return ("passed", f"{what}: the job ran through it ({shown}) and matches the uninterrupted "
+    return Judgement("passed", f"{what}: the job ran through it ({shown}) and matches the uninterrupted "
             f"run on all {diff.compared_steps} steps", evidence)
 
 

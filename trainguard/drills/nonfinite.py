@@ -22,12 +22,12 @@ from typing import Any
 from trainguard.config import DrillSpec
 from trainguard.drills.judges import (
     DrillContext,
+    Judgement,
     common_evidence,
     exit_problems,
     not_injected,
 )
 from trainguard.launch import MetricPoint
-from trainguard.report import CheckStatus
 
 __all__ = ["NONFINITE_CAUSES", "judge_handle_nonfinite", "must_stop"]
 
@@ -115,7 +115,7 @@ def _causes(policy: str, first_ok: bool, hung: bool, numerics: dict[str, Any], p
     return [c["late"], c["no_check"], c["swallowed"]]
 
 
-def judge_handle_nonfinite(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
+def judge_handle_nonfinite(c: DrillContext) -> Judgement:
     skipped = not_injected(c)
     if skipped:
         return skipped
@@ -129,7 +129,7 @@ def judge_handle_nonfinite(c: DrillContext) -> tuple[CheckStatus, str, dict[str,
     ranks = sorted({p.rank for p in c.reference.points}) or list(range(c.request.world_size))
     own_nan = [p for p in c.reference.points if not math.isfinite(p.value)]
     if own_nan:
-        return ("error", f"the uninterrupted run printed non-finite values by itself (`{own_nan[0].name}` "
+        return Judgement("error", f"the uninterrupted run printed non-finite values by itself (`{own_nan[0].name}` "
                 f"{own_nan[0].value} at step {own_nan[0].step} on rank {own_nan[0].rank}), so the drill "
                 "cannot tell the injected value from the job's own; fix the job (or its seed) first",
                 evidence)
@@ -139,7 +139,7 @@ def judge_handle_nonfinite(c: DrillContext) -> tuple[CheckStatus, str, dict[str,
                "started by trainguard? see fault_evidence.hook_errors)" if armed == [] else
                f"rank {spec.rank} computed no training loss (and ran no backward) after the trigger "
                "before the attempt ended")
-        return ("error", f"the {value} was never put in after step {c.info.injected_step}: {why}; "
+        return Judgement("error", f"the {value} was never put in after step {c.info.injected_step}: {why}; "
                 "nothing was tested", evidence)
     metric_points = first.points
     put_step = injection.get("step")
@@ -183,7 +183,7 @@ def judge_handle_nonfinite(c: DrillContext) -> tuple[CheckStatus, str, dict[str,
         causes = _causes(policy, first.ok, first.outcome == "hung" or c.info.stopped_at_deadline,
                          numerics, put_visible, problems)
         evidence["likely_causes"] = causes
-        return ("failed", f"{what}: " + "; ".join(problems) + seen + spread
+        return Judgement("failed", f"{what}: " + "; ".join(problems) + seen + spread
                 + f". Most likely {causes[0]}", evidence)
     if policy == "stop":
         exit_after = evidence.get("exit_after_s")
@@ -191,9 +191,9 @@ def judge_handle_nonfinite(c: DrillContext) -> tuple[CheckStatus, str, dict[str,
         how = (f"rank {first.failed_rank} exited with an error "
                + (f"{exit_after:.2f} s after the fault" if exit_after is not None else "")
                + f" (deadline {spec.deadline_s:g} s)" + (f" (\"{said[:200]}\")" if said else ""))
-        return "passed", f"{what}: {how}{seen}{spread}", evidence
+        return Judgement("passed", f"{what}: {how}{seen}{spread}", evidence)
     later = [p for p in metric_points if p.step > put_step]
-    return ("passed", f"{what}: the job went on to step {first.last_step} and all {len(later)} metric "
+    return Judgement("passed", f"{what}: the job went on to step {first.last_step} and all {len(later)} metric "
             f"value(s) after step {put_step} are finite{seen}{spread}", evidence)
 
 

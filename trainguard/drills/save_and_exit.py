@@ -22,6 +22,7 @@ from typing import Any
 
 from trainguard.drills.judges import (
     DrillContext,
+    Judgement,
     attempt_evidence,
     common_evidence,
     diff_problem,
@@ -29,7 +30,6 @@ from trainguard.drills.judges import (
     trajectory_diff,
 )
 from trainguard.launch import RankExit
-from trainguard.report import CheckStatus
 from trainguard.unit.checkpoints import latest_complete_checkpoint
 
 __all__ = ["SAVE_AND_EXIT_CAUSES", "died_of_the_notice", "judge_save_and_exit"]
@@ -99,7 +99,7 @@ def died_of_the_notice(exits: Sequence[RankExit], sent: Sequence[Mapping[str, An
                   and (e.rank in notified or not e.killed_by_trainguard))
 
 
-def judge_save_and_exit(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
+def judge_save_and_exit(c: DrillContext) -> Judgement:
     skipped = not_injected(c)
     if skipped:
         return skipped
@@ -117,7 +117,7 @@ def judge_save_and_exit(c: DrillContext) -> tuple[CheckStatus, str, dict[str, An
     if exits:
         timeline["exit_after_notice_s"] = max(exits.values())
     if first.ok and done >= spec.steps and not killed:
-        return ("error", f"the job did all {spec.steps} steps within the {grace:g} s grace after the notice "
+        return Judgement("error", f"the job did all {spec.steps} steps within the {grace:g} s grace after the notice "
                 "(after step {noticed}), so the drill tested nothing; give it more steps after "
                 "after_step, or a shorter grace".replace("{noticed}", str(c.info.injected_step)), evidence)
     if killed:
@@ -183,8 +183,8 @@ def judge_save_and_exit(c: DrillContext) -> tuple[CheckStatus, str, dict[str, An
         if not causes:
             causes = [agree, SAVE_AND_EXIT_CAUSES["torn"]]
         evidence["likely_causes"] = causes
-        return "failed", f"{what}: " + "; ".join(problems) + f". Most likely {causes[0]}", evidence
+        return Judgement("failed", f"{what}: " + "; ".join(problems) + f". Most likely {causes[0]}", evidence)
     t = timeline
-    return ("passed", f"{what}: checkpoint complete {t.get('checkpoint_complete_after_notice_s', 0):.2f} s "
+    return Judgement("passed", f"{what}: checkpoint complete {t.get('checkpoint_complete_after_notice_s', 0):.2f} s "
             f"and every rank exited {t.get('exit_after_notice_s', 0):.2f} s after the notice; resumed after "
             f"step {resumed_from} and matched the uninterrupted run", evidence)

@@ -30,6 +30,7 @@ from trainguard.config import DrillSpec
 from trainguard.drills.judges import (
     DrillContext,
     Judge,
+    Judgement,
     attempt_evidence,
     common_evidence,
     judge_for,
@@ -40,7 +41,6 @@ from trainguard.faults.base import Fault
 from trainguard.faults.hook import rank_stderr
 from trainguard.launch import RunResult
 from trainguard.launch.reported import reported_line
-from trainguard.report import CheckStatus
 from trainguard.unit.checkpoints.files import is_temp_name
 
 __all__ = ["STORAGE_CAUSES", "judge_kill_during_save", "judge_storage_resume", "storage_judge"]
@@ -71,7 +71,7 @@ def _storage_named(judge: Judge) -> Judge:
     """The expectation's own judge, its summary naming the storage kind (and for ``slow``, the
     checkpoint stall and what the layer added)."""
 
-    def run(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
+    def run(c: DrillContext) -> Judgement:
         status, summary, evidence = judge(c)
         kind = c.fault.params.get("kind")
         summary = summary.replace("storage on rank", f"storage {kind} on rank", 1)
@@ -81,7 +81,7 @@ def _storage_named(judge: Judge) -> Judge:
                         f", median step {slow['step_time_before_s']:.3f} s before), the layer added "
                         f"{slow['layer_added_s']:.2f} s ({slow['layer_share_of_time']:.0%} of the "
                         f"{slow['window_s']:.1f} s under the fault)")
-        return status, summary, evidence
+        return Judgement(status, summary, evidence)
 
     return run
 
@@ -102,7 +102,7 @@ def _resumed_from(result: RunResult, metric: str) -> int | None:
     return min(steps) - 1 if steps else None
 
 
-def judge_storage_resume(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
+def judge_storage_resume(c: DrillContext) -> Judgement:
     skipped = not_injected(c)
     if skipped:
         return skipped
@@ -113,7 +113,7 @@ def judge_storage_resume(c: DrillContext) -> tuple[CheckStatus, str, dict[str, A
     evidence["struck"] = target
     if not target.get("checkpoint") or (kind == "corrupt" and "offset" not in target):
         why = "; ".join(getattr(fault, "problems", [])) or "no checkpoint was struck"
-        return "error", f"storage {kind} after step {c.info.injected_step}: {why}", evidence
+        return Judgement("error", f"storage {kind} after step {c.info.injected_step}: {why}", evidence)
     step = target.get("step")
     named = target.get("file") or (target.get("files") or [target["checkpoint"]])[0]
     how = (f"byte {target.get('offset')} of {named} flipped ({target.get('byte_before')} -> "
@@ -178,8 +178,8 @@ def judge_storage_resume(c: DrillContext) -> tuple[CheckStatus, str, dict[str, A
                             "lines, progress bars, warnings or trainguard's own lines)")
         if problems:
             evidence["likely_causes"] = causes or list(STORAGE_CAUSES.values())
-            return "failed", f"{what}; " + "; ".join(problems), evidence
-        return ("passed", f"{what}; the resume failed loudly in {resume.duration_s:.1f} s: "
+            return Judgement("failed", f"{what}; " + "; ".join(problems), evidence)
+        return Judgement("passed", f"{what}; the resume failed loudly in {resume.duration_s:.1f} s: "
                 f"{(error or '')[:200]}", evidence)
 
     # recover: trainguard restarted the job with the fault in place
@@ -218,22 +218,22 @@ def judge_storage_resume(c: DrillContext) -> tuple[CheckStatus, str, dict[str, A
             problems.append(f"{step - last_resume} steps lost falling back (max_lost_steps {spec.max_lost_steps})")
     if problems:
         evidence["likely_causes"] = causes or list(STORAGE_CAUSES.values())
-        return "failed", f"{what}; " + "; ".join(problems), evidence
-    return ("passed", f"{what}; the job fell back to the checkpoint of step {last_resume}, older than "
+        return Judgement("failed", f"{what}; " + "; ".join(problems), evidence)
+    return Judgement("passed", f"{what}; the job fell back to the checkpoint of step {last_resume}, older than "
             f"the struck one, and matches the uninterrupted run from there", evidence)
 
 
-def judge_kill_during_save(c: DrillContext) -> tuple[CheckStatus, str, dict[str, Any]]:
+def judge_kill_during_save(c: DrillContext) -> Judgement:
     held = getattr(c.fault, "held", None)
     if c.fault.injected_at is not None and held is None:
         evidence = common_evidence(c)
         why = getattr(c.fault, "no_write", None) or "no write under the checkpoint directory was seen"
-        return ("error", f"kill_during_save on rank {c.spec.rank}: {why}, so no save was caught and "
+        return Judgement("error", f"kill_during_save on rank {c.spec.rank}: {why}, so no save was caught and "
                 "nothing was tested: give the drill more steps after after_step (a checkpoint must "
                 "fall among them) or a longer params.wait", evidence)
     status, summary, evidence = judge_for(c.spec.expectation)(c)
     if held is None:
-        return status, summary, evidence
+        return Judgement(status, summary, evidence)
     latest = getattr(c.fault, "latest_complete", {}) or {}
     save = {"held_write": held, "latest_complete_at_kill": latest,
             "kill_to_exit_s": getattr(c.fault, "kill_to_exit_s", None)}
@@ -264,4 +264,4 @@ def judge_kill_during_save(c: DrillContext) -> tuple[CheckStatus, str, dict[str,
         held_name = str(held.get("path") or "").rsplit("/", 1)[-1]
         ranked = [pointer, inplace] if is_temp_name(held_name) else [inplace, pointer]
         evidence["likely_causes"] = [*ranked, *[x for x in evidence["likely_causes"] if "in place" not in x]]
-    return status, summary, evidence
+    return Judgement(status, summary, evidence)
