@@ -198,7 +198,8 @@ def _result(outcome: str, points: list[MetricPoint], *, failed_rank: int | None 
     exits = [RankExit(r, 100 + r, c, "SIGKILL" if c == -9 else None) for r, c in enumerate(codes)]
     return RunResult(outcome, ["python"], run_dir, 2, 0, exits, points, duration, 1.0,  # type: ignore[arg-type]
                      reason="" if outcome == "ok" else f"rank {failed_rank} died",
-                     failed_rank=failed_rank, evidence={"checkpoint_dir": "/nonexistent"})
+                     failed_rank=failed_rank, evidence={"checkpoint_dir": "/nonexistent"},
+                     checkpoint_dir=Path("/nonexistent"))
 
 
 def _context(spec: DrillSpec, attempts: list[RunResult], *, injected_at: float | None = 1.55,

@@ -328,7 +328,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
                                      "run_dir": str(interrupted.run_dir)},
             time.monotonic() - started, reproduce
         )
-    checkpoint_dir = Path(interrupted.evidence["checkpoint_dir"])
+    checkpoint_dir = interrupted.checkpoints
     latest = latest_complete_checkpoint(checkpoint_dir)
     if latest is not None:
         reproduce = _resume_reproduce(runner, request, spec.after_step, latest.relative_to(checkpoint_dir))
@@ -380,7 +380,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     )
     evidence["trajectory"] = diff.as_evidence()
     state = compare_checkpoint_dirs(
-        Path(resumed.evidence["checkpoint_dir"]), Path(reference.evidence["checkpoint_dir"]),
+        resumed.checkpoints, reference.checkpoints,
         rtol=spec.rtol, atol=spec.atol,
     )
     evidence["state"] = state.as_evidence()

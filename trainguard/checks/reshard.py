@@ -266,7 +266,7 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
     if why is not None:
         return _Pair(n, m, "error", f"{name}: {why}", {"stderr_tail": killed.stderr_tail,
                                                        "killed_after_step": killed.last_step}, reproduce)
-    checkpoint_dir = Path(killed.evidence["checkpoint_dir"])
+    checkpoint_dir = killed.checkpoints
     latest = latest_complete_checkpoint(checkpoint_dir)
     inventory = read_inventory(latest if latest is not None else checkpoint_dir)
     resumed = runner.run(new, label=f"reshard-{n}to{m}-resumed", resume=True, checkpoint_dir=checkpoint_dir)
@@ -292,8 +292,8 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
     diff = compare_trajectories(actual, expected, metric=metric, steps=range(first_step, spec.steps + 1),
                                 rtol=spec.rtol, atol=spec.atol)
     evidence["trajectory"] = diff.as_evidence()
-    state = compare_checkpoint_dirs(Path(resumed.evidence["checkpoint_dir"]),
-                                    Path(reference.evidence["checkpoint_dir"]), rtol=spec.rtol, atol=spec.atol)
+    state = compare_checkpoint_dirs(resumed.checkpoints,
+                                    reference.checkpoints, rtol=spec.rtol, atol=spec.atol)
     evidence["state"] = state.as_evidence()
     differing = [c for c in TRAINING_STATE if state.by_component.get(c)]
     others = [c for c in state.by_component if c not in TRAINING_STATE]

@@ -98,7 +98,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
             f"no `{metric}` line for step(s) {missing[:10]}{' ...' if len(missing) > 10 else ''} "
             f"(check job.metrics.{metric} against the job's output in {result.run_dir})"
         )
-    checkpoint_dir = Path(result.evidence["checkpoint_dir"])
+    checkpoint_dir = result.checkpoints
     latest = latest_complete_checkpoint(checkpoint_dir)
     if job.resume_args and latest is not None:  # the checkpoint's own name in the line's directory
         resume_line = runner.command_line(resume_request, resume=True,

@@ -211,7 +211,7 @@ def _recovered_run_problems(c: DrillContext, spec: DrillSpec, diff: TrajectoryDi
     problem = diff_problem(c.metric, diff, "recovered run")
     if problem:
         problems.append(problem)
-    state = compare_checkpoint_dirs(c.checkpoint_dir, Path(c.reference.evidence["checkpoint_dir"]),
+    state = compare_checkpoint_dirs(c.checkpoint_dir, c.reference.checkpoints,
                                     rtol=spec.rtol, atol=spec.atol)
     evidence["checkpoint"] = state.as_evidence()
     if state.compared and not state.ok:

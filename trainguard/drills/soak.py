@@ -308,7 +308,7 @@ def _judge(spec: DrillSpec, run: SupervisedRun, records: list[FaultRecord], refe
         problem = diff_problem(metric, diff, "soaked run")
         if problem:
             problems.append(problem)
-        state = compare_checkpoint_dirs(checkpoint_dir, Path(reference.evidence["checkpoint_dir"]),
+        state = compare_checkpoint_dirs(checkpoint_dir, reference.checkpoints,
                                         rtol=spec.rtol, atol=spec.atol)
         evidence["checkpoint"] = state.as_evidence()
         if state.compared and not state.ok:

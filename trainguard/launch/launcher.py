@@ -183,6 +183,17 @@ class RunResult:
     #: peak GPU memory per rank (its tree's processes on every GPU); only with nvidia-ml-py
     #: installed and a GPU present
     peak_gpu_mb: dict[int, float] = field(default_factory=dict)
+    #: where the run's checkpoints went (set by :class:`trainguard.run.runner.JobRunner`, which
+    #: fills ``{checkpoint_dir}``; also ``evidence["checkpoint_dir"]`` in the report); None for a
+    #: run launched directly
+    checkpoint_dir: Path | None = None
+
+    @property
+    def checkpoints(self) -> Path:
+        """:attr:`checkpoint_dir`, for a run whose runner filled it (raises otherwise)."""
+        if self.checkpoint_dir is None:
+            raise ValueError(f"the run in {self.run_dir} was not launched by a JobRunner: no checkpoint dir")
+        return self.checkpoint_dir
 
     @property
     def ok(self) -> bool:

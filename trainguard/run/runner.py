@@ -392,7 +392,8 @@ class JobRunner:
         finally:
             with self._lock:
                 self._inflight.discard(launcher)
-        result.evidence.setdefault("checkpoint_dir", str(values["checkpoint_dir"]))
+        result.checkpoint_dir = Path(str(values["checkpoint_dir"]))
+        result.evidence.setdefault("checkpoint_dir", str(result.checkpoint_dir))
         notes: dict[str, object] = {k: result.evidence[k] for k in ("logs_truncated", "run_dir_disk")
                                     if k in result.evidence}
         if notes:
