@@ -21,7 +21,9 @@ from trainguard.raytrain.local_ray import running_ray_processes
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+# slow: tests/unit/test_raytrain_job.py checks the defaults reach the head's environment; this one
+# follows them into a Ray Train worker on a real head (about 45 s)
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(300)]
 pytest.importorskip("ray.train", reason="needs ray[train] (pip install trainguard[ray])")
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
