@@ -51,7 +51,7 @@ def _module_name(package: str, folder: Path, path: Path) -> tuple[str, bool]:
 #: the layers, lowest first (docs/architecture.md): a module may import its own layer and lower
 #: ones, never a higher one. A package prefix names every module under it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("trainguard._internal", "trainguard.errors", "trainguard.report",
+    ("foundation", ("trainguard._internal", "trainguard.errors", "trainguard.report", "trainguard.evidence",
                     "trainguard._version")),
     ("launch", ("trainguard.launch",)),
     ("unit", ("trainguard.unit",)),

@@ -15,6 +15,7 @@ from typing import Any
 
 from trainguard.config import SmokeCheck
 from trainguard.config.registry import Check, Run
+from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.report import CheckResult
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
@@ -25,11 +26,60 @@ from trainguard.unit.checkpoints import (
 )
 from trainguard.unit.checkpoints.files import step_in_name
 
-__all__ = ["SMOKE", "checkpoint_step", "run_smoke"]
+__all__ = ["SMOKE", "SmokeCheckpoint", "SmokeEvidence", "SmokeResume", "checkpoint_step", "run_smoke"]
 
 #: extra steps the resume stage asks for beyond the first run's
 RESUME_EXTRA_STEPS = 2
 
+
+
+@dataclasses.dataclass
+class SmokeCheckpoint(Evidence):
+    """The checkpoint the smoke check read: the newest complete one (or, when none of its files
+    loads here, the newest file, for the step its name holds)."""
+
+    file: str
+    #: whether any part of it loaded (``weights_only=True``); unset when nothing was tried
+    loaded: bool | Unset = UNSET
+    #: parts that were not loaded, and why
+    skipped: dict[str, str] | Unset = UNSET
+    step: int | Unset | None = UNSET
+    #: the first 20 keys of its state (or files of a checkpoint directory)
+    keys: list[str] | Unset = UNSET
+
+
+@dataclasses.dataclass
+class SmokeResume(Evidence):
+    """The resume stage: a new run with ``job.resume_args`` from the checkpoint."""
+
+    checkpoint_step: int | None
+    steps: int
+    first_step: int | None
+    last_step: int | None
+    outcome: str
+    run_dir: str
+    stderr_tail: str | Unset = UNSET
+
+
+@dataclasses.dataclass
+class SmokeEvidence(Evidence):
+    """The smoke check's evidence (docs/smoke-and-canary.md)."""
+
+    steps: int
+    outcome: str
+    #: how each rank ended, in words
+    exits: list[str]
+    #: each stage's seconds (``*_s``), or why it was skipped
+    stages: dict[str, Any]
+    metric_steps_seen: int
+    #: the last five checkpoint files
+    checkpoint_files: list[str]
+    run_dir: str
+    stderr_tail: str | Unset = UNSET
+    checkpoint: SmokeCheckpoint | Unset = UNSET
+    #: set when the checkpoint names no step, so the last printed one stands for it
+    checkpoint_step_from: str | Unset = UNSET
+    resume: SmokeResume | Unset = UNSET
 
 
 def _checkpoint_files(directory: Path) -> list[Path]:
@@ -110,17 +160,13 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
     files = _checkpoint_files(checkpoint_dir)
     if uses_checkpoints and result.ok and not files:
         problems.append(f"no checkpoint was written to {checkpoint_dir}")
-    evidence: dict[str, Any] = {
-        "steps": spec.steps,
-        "outcome": result.outcome,
-        "exits": [e.describe for e in result.exits],
-        "stages": stages,
-        "metric_steps_seen": len(seen),
-        "checkpoint_files": [str(p) for p in files[-5:]],
-        "run_dir": str(result.run_dir),
-    }
+    evidence = SmokeEvidence(
+        steps=spec.steps, outcome=result.outcome, exits=[e.describe for e in result.exits],
+        stages=stages, metric_steps_seen=len(seen), checkpoint_files=[str(p) for p in files[-5:]],
+        run_dir=str(result.run_dir),
+    )
     if not result.ok:
-        evidence["stderr_tail"] = result.stderr_tail
+        evidence.stderr_tail = result.stderr_tail
 
     resume_note = ""
     if not problems and files:
@@ -132,34 +178,34 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
         else:
             if ckpt_step is None:
                 ckpt_step = result.last_step  # no step in the file: the last one printed
-                evidence["checkpoint_step_from"] = "the first run's last printed step"
+                evidence.checkpoint_step_from = "the first run's last printed step"
             resume_problem = _resume_stage(
                 runner, resume_request, checkpoint_dir, metric, ckpt_step, stages, evidence
             )
             if resume_problem is not None:
                 problems.append(resume_problem)
-            else:
-                resume_note = f"; resumed from the checkpoint of step {ckpt_step} at step {evidence['resume']['first_step']}"
+            elif isinstance(evidence.resume, SmokeResume):
+                resume_note = f"; resumed from the checkpoint of step {ckpt_step} at step {evidence.resume.first_step}"
     elif not problems and not uses_checkpoints:
         stages["checkpoint_load"] = stages["resume"] = "skipped: the job is not given {checkpoint_dir}"
 
     duration = time.monotonic() - started
     if problems:
-        return CheckResult("smoke", "failed", "; ".join(problems), evidence, duration, reproduce)
+        return CheckResult("smoke", "failed", "; ".join(problems), evidence.to_dict(), duration, reproduce)
     return CheckResult(
         "smoke",
         "passed",
         f"{spec.steps} steps in {result.duration_s:.1f} s, metrics for every step"
         + (f", {len(files)} checkpoint file(s)" if files else "")
         + resume_note,
-        evidence,
+        evidence.to_dict(),
         duration,
         reproduce,
     )
 
 
 def _load_stage(
-    files: list[Path], checkpoint_dir: Path, stages: dict[str, Any], evidence: dict[str, Any]
+    files: list[Path], checkpoint_dir: Path, stages: dict[str, Any], evidence: SmokeEvidence
 ) -> tuple[int | None, str | None]:
     """Read the newest complete checkpoint (a file or a checkpoint directory, every file of it
     that loads safely); (its step, the problem or None)."""
@@ -171,7 +217,7 @@ def _load_stage(
             f"skipped: no file with a torch suffix ({', '.join(CHECKPOINT_SUFFIXES)}), nor a "
             f".safetensors file or checkpoint directory, among {len(files)} file(s)"
         )
-        evidence["checkpoint"] = {"file": str(last), "step": checkpoint_step(last)}
+        evidence.checkpoint = SmokeCheckpoint(str(last), step=checkpoint_step(last))
         return checkpoint_step(last), None
     t0 = time.monotonic()
     contents = read_checkpoint(newest)
@@ -187,18 +233,16 @@ def _load_stage(
         counter = next((k for k in ("global_step", "iter_num", "iteration") if k in state), None)
         if counter is not None:  # Lightning's .ckpt; nanoGPT's ckpt.pt
             state = {**state, "step": state[counter]}
-    evidence["checkpoint"] = {"file": str(newest), "loaded": bool(contents.parts)}
+    read = evidence.checkpoint = SmokeCheckpoint(str(newest), loaded=bool(contents.parts))
     if contents.skipped:
-        evidence["checkpoint"]["skipped"] = contents.skipped
+        read.skipped = dict(contents.skipped)
     if not contents.parts:
         why = "; ".join(f"{name}: {reason}" for name, reason in contents.skipped.items())
         return None, f"the checkpoint does not load: {newest} ({why})"
     step = checkpoint_step(newest, state)
-    evidence["checkpoint"].update({
-        "step": step,
-        "keys": (sorted(str(k) for k in state)[:20] if isinstance(state, dict) and "" in contents.parts
-                 else contents.files[:20]),
-    })
+    read.step = step
+    read.keys = (sorted(str(k) for k in state)[:20] if isinstance(state, dict) and "" in contents.parts
+                 else list(contents.files[:20]))
     return step, None
 
 
@@ -209,30 +253,26 @@ def _resume_stage(
     metric: str,
     ckpt_step: int | None,
     stages: dict[str, Any],
-    evidence: dict[str, Any],
+    evidence: SmokeEvidence,
 ) -> str | None:
     """Resume in new processes with ``resume_args`` for a few more steps; the problem or None."""
     resumed = runner.run(request, label="smoke-resume", resume=True, checkpoint_dir=checkpoint_dir)
     stages["resume_s"] = round(resumed.duration_s, 3)
     printed = resumed.trajectory(metric)
     first = min(printed) if printed else None
-    evidence["resume"] = {
-        "checkpoint_step": ckpt_step,
-        "steps": request.steps,
-        "first_step": first,
-        "last_step": max(printed) if printed else None,
-        "outcome": resumed.outcome,
-        "run_dir": str(resumed.run_dir),
-    }
+    evidence.resume = SmokeResume(
+        checkpoint_step=ckpt_step, steps=request.steps, first_step=first,
+        last_step=max(printed) if printed else None, outcome=resumed.outcome, run_dir=str(resumed.run_dir),
+    )
     if not resumed.ok:
-        evidence["resume"]["stderr_tail"] = resumed.stderr_tail
+        evidence.resume.stderr_tail = resumed.stderr_tail
         return f"the resumed run did not complete: {resumed.reason}"
     if first is None:
         return f"the resumed run printed no `{metric}` line"
     # a step counter in a checkpoint counts the steps done (resume at step+1) or names the step
     # to run next (nanoGPT saves iter_num at the top of its iteration: resume at step); without
     # one in the file the step is the last one printed, and any later start than step 1 resumed
-    guessed = "checkpoint_step_from" in evidence
+    guessed = evidence.checkpoint_step_from is not UNSET
     allowed = range(2, ckpt_step + 2) if guessed and ckpt_step is not None else (
         (ckpt_step, ckpt_step + 1) if ckpt_step is not None else ())
     if ckpt_step is not None and first not in allowed:

@@ -31,15 +31,14 @@ from typing import Any, cast
 
 from trainguard.config import DrillSpec, JobFile
 from trainguard.config.faults import FaultNotInstalled, fault_class
+from trainguard.drills.dispatch import judge_for
 from trainguard.drills.judges import (
     DrillContext,
     Injection,
     attempt_evidence,
-    judge_for,
-    new_workers,
 )
-from trainguard.drills.nonfinite import judge_handle_nonfinite, must_stop
-from trainguard.drills.save_and_exit import judge_save_and_exit
+from trainguard.drills.nonfinite import must_stop
+from trainguard.drills.ray_recover import new_workers
 from trainguard.drills.storage import storage_judge
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.launch import Launcher, MetricPoint
@@ -316,9 +315,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
         )
         driver.finish()
         driver.clear()
-        own_judge = {"save_and_exit": judge_save_and_exit, "handle_nonfinite": judge_handle_nonfinite}
-        judge = (storage_judge(spec, fault) or own_judge.get(spec.expectation)
-                 or judge_for(spec.expectation, ray_recover=ray_recover))
+        judge = storage_judge(spec, fault) or judge_for(spec.expectation, ray_recover=ray_recover)
         status, summary, evidence = judge(
             DrillContext(runner, spec, fault, driver.info, run, reference, request, metric,
                      ctx.checkpoint_dir, stall * runner.settings.timeout_scale,

@@ -3,15 +3,16 @@
 
 * :func:`judge_recover` (``recover``): the job completed after at most ``max_restarts``
   restarts, matches the uninterrupted run and lost at most ``max_lost_steps`` steps;
-  :func:`judge_ray_recover` is its form for a ray_train job whose worker died (Ray Train's
-  FailureConfig restarts the workers inside one fit);
+  :func:`trainguard.drills.ray_recover.judge_ray_recover` is its form for a ray_train job
+  whose worker died (Ray Train's FailureConfig restarts the workers inside one fit);
 * :func:`judge_fail_clean` (``fail_clean``): the job exited by itself within the deadline with
   an error, and a resume from its latest checkpoint matches;
 * :func:`judge_continue` (``continue``): the job ran through the fault at a step rate of at least
   ``min_rate`` of the rate before and matches.
 
-Each takes a :class:`DrillContext` (what the driver saw) and returns ``(status, summary,
-evidence)``; none launches anything except fail_clean's verification run through the runner.
+Each takes a :class:`DrillContext` (what the driver saw) and returns a :class:`Judgement`; none
+launches anything except fail_clean's verification run through the runner.
+:func:`trainguard.drills.dispatch.judge_for` picks the judge of an expectation.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from trainguard.run.runner import JobRunner, SupervisedRun
 from trainguard.unit.checkpoints import compare_checkpoint_dirs
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainguard.raytrain.workers import RayWorkerTracker, WorkerSighting
+    from trainguard.raytrain.workers import RayWorkerTracker
 
 __all__ = [
     "DRILL_CAUSES",
@@ -50,13 +51,11 @@ __all__ = [
     "exit_problems",
     "judge_continue",
     "judge_fail_clean",
-    "judge_for",
-    "judge_ray_recover",
     "judge_recover",
     "new_stderr",
-    "new_workers",
     "not_injected",
     "recover_causes",
+    "recovered_run_problems",
     "trajectory_diff",
 ]
 
@@ -205,7 +204,7 @@ def new_stderr(result: RunResult, info: Injection, rank: int) -> str:
     return ""
 
 
-def _recovered_run_problems(c: DrillContext, spec: DrillSpec, diff: TrajectoryDiff, evidence: dict[str, Any]) -> list[str]:
+def recovered_run_problems(c: DrillContext, spec: DrillSpec, diff: TrajectoryDiff, evidence: dict[str, Any]) -> list[str]:
     """A recovered run must match the uninterrupted one: its trajectory and its final checkpoint."""
     problems = []
     problem = diff_problem(c.metric, diff, "recovered run")
@@ -373,7 +372,7 @@ def judge_recover(c: DrillContext) -> Judgement:
     if spec.max_lost_steps is not None and lost > spec.max_lost_steps:
         problems.append(f"{lost} steps of progress lost (max_lost_steps {spec.max_lost_steps})")
     if run.ok:
-        problems += _recovered_run_problems(c, spec, diff, evidence)
+        problems += recovered_run_problems(c, spec, diff, evidence)
     first = run.attempts[0]
     detected = evidence["detected_after_s"]
     what = (f"{spec.fault} on rank {spec.rank} after step {c.info.injected_step}: "
@@ -394,121 +393,6 @@ def judge_recover(c: DrillContext) -> Judgement:
     same = ", final checkpoints equal" if state.get("compared") else ""
     return Judgement("passed", f"{what}; {restarts}; all {diff.compared_steps} steps match the "
             f"uninterrupted run{same}", evidence)
-
-
-def new_workers(info: Injection, injected: float) -> list[WorkerSighting]:
-    """Ray workers that started after the fault (not those alive when it struck)."""
-    if info.tracker is None:
-        return []
-    old = set(info.ray_workers_at_injection.values())
-    return [s for s in info.tracker.started_after(injected) if s.pid not in old]
-
-
-def _ray_restart(c: DrillContext) -> dict[str, Any]:
-    """What Ray Train did after the fault, read from the driver's stderr (times in seconds after
-    the fault, as trainguard read the lines): the controller's first notice, the restart, the
-    new workers' pids, the first step after it, and the steps lost."""
-    info, injected = c.info, c.fault.injected_at
-    tracker = info.tracker
-    out: dict[str, Any] = {"max_failures": c.runner.job_file.job.max_restarts,
-                           "workers_at_fault": info.ray_workers_at_injection}
-    if tracker is None or injected is None:
-        return out
-    new = new_workers(info, injected)
-    groups = sorted({s.pid for s in new if s.rank == 0})
-    out["restarts"] = len(groups)
-    out["workers_after"] = {s.rank: s.pid for s in new}
-    notice = tracker.controller_after(injected)
-    if notice is not None:
-        out["failure_noticed_after_s"] = round(notice[0] - injected, 3)
-        out["failure_notice"] = notice[1][:300]
-    restart = tracker.restart_notice_after(injected)
-    if restart is not None:
-        out["restart_started_after_s"] = round(restart[0] - injected, 3)
-    if new:
-        first_new = min(s.t for s in new)
-        out["workers_up_after_s"] = round(first_new - injected, 3)
-        points = [p for p in c.run.attempts[0].points if p.name == c.metric]
-        before = [p.step for p in points if p.t < first_new]
-        after = [p.step for p in points if p.t >= first_new]
-        if after:
-            done = max(before, default=0)
-            resumed_from = min(after) - 1
-            out["resume"] = {"last_step_before": done, "resumed_from_step": resumed_from,
-                             "lost": max(0, done - resumed_from)}
-    if info.ray_first_step_after_restart_t is not None:
-        out["first_step_after_s"] = round(info.ray_first_step_after_restart_t - injected, 3)
-    return out
-
-
-def judge_ray_recover(c: DrillContext) -> Judgement:
-    """recover for a ray_train job whose worker died: Ray Train's FailureConfig must restart the
-    worker group from the latest reported checkpoint inside the same fit."""
-    skipped = not_injected(c)
-    if skipped:
-        return skipped
-    evidence = common_evidence(c)
-    spec, run = c.spec, c.run
-    ray = _ray_restart(c)
-    evidence["ray"] = ray
-    if "failure_noticed_after_s" in ray:
-        evidence["detected_after_s"] = ray["failure_noticed_after_s"]
-    resume = ray.get("resume")
-    lost = resume["lost"] if resume else None
-    evidence.update({"lost_steps": lost, "resumes": [resume] if resume else [],
-                     "restarts": ray.get("restarts", 0)})
-    if ray.get("first_step_after_s") is not None:
-        evidence["fault_to_first_step_after_restart_s"] = ray["first_step_after_s"]
-    steps = list(range(1, spec.steps + 1))
-    if spec.fault == "node_loss" and resume:
-        # a lost node takes the output its log monitor had not forwarded yet: the step the new
-        # group resumed after was done (its checkpoint exists), only its line is gone -- the
-        # within-fit form of unprinted_resumed_steps
-        seen = {p.step for p in run.points if p.name == c.metric}
-        unreported = [s for s in [resume["resumed_from_step"]] if s >= 1 and s not in seen]
-        if unreported:
-            ray["unreported_steps"] = unreported
-            steps = [s for s in steps if s not in unreported]
-    diff = trajectory_diff(c, run.points, steps)
-    evidence["trajectory"] = diff.as_evidence()
-    max_failures = ray["max_failures"]
-    problems: list[str] = []
-    if not run.ok:
-        why = ("job.max_restarts is 0, so Ray Train's FailureConfig(max_failures=0) fails the fit "
-               "on the first worker failure: set job.max_restarts >= 1" if max_failures == 0 else
-               f"FailureConfig(max_failures={max_failures}) did not bring it back")
-        problems.append(f"Ray Train did not recover: {c.fault.classify(run.final)}; {why}")
-    elif not ray.get("restarts"):
-        problems.append("the fit completed but no new worker group started after the fault "
-                        "(was the worker really hit? see fault_evidence)")
-    if ray.get("restarts", 0) > spec.restart_limit:
-        problems.append(f"Ray Train restarted the worker group {ray['restarts']} times "
-                        f"(max_restarts {spec.restart_limit})")
-    if resume and resume["resumed_from_step"] == 0 and resume["last_step_before"] > 0:
-        problems.append(
-            "the restarted worker group began again at step 1: all progress lost (does the "
-            "function report checkpoints with ray.train.report(..., checkpoint=...) and load "
-            "ray.train.get_checkpoint() at start?)"
-        )
-    if spec.max_lost_steps is not None and lost is not None and lost > spec.max_lost_steps:
-        problems.append(f"{lost} steps of progress lost (max_lost_steps {spec.max_lost_steps})")
-    if run.ok:
-        problems += _recovered_run_problems(c, spec, diff, evidence)
-    what = f"{spec.fault} on the Ray worker of rank {spec.rank} after step {c.info.injected_step}"
-    if problems:
-        evidence["likely_causes"] = [
-            "job.max_restarts (Ray Train's FailureConfig(max_failures)) is 0 or too small",
-            *DRILL_CAUSES["recover"],
-        ]
-        return Judgement("failed", f"{what}: " + "; ".join(problems), evidence)
-    timing = ", ".join(f"{label} {ray[key]:.1f} s" for label, key in (
-        ("failure seen after", "failure_noticed_after_s"), ("new workers after", "workers_up_after_s"),
-        ("first step after", "first_step_after_s")) if ray.get(key) is not None)
-    same = ", final checkpoints equal" if evidence.get("checkpoint", {}).get("compared") else ""
-    return Judgement("passed", f"{what}: Ray Train's FailureConfig(max_failures={max_failures}) restarted the "
-            f"worker group {ray['restarts']} time(s) in the same fit ({timing}), resumed from "
-            f"step {resume['resumed_from_step'] if resume else '?'}, {lost} step(s) lost; all "
-            f"{diff.compared_steps} steps match the uninterrupted run{same}", evidence)
 
 
 def exit_problems(c: DrillContext, evidence: dict[str, Any]) -> list[str]:
@@ -695,11 +579,3 @@ def _with_faults_causes(c: DrillContext, result: RunResult, causes: list[str]) -
     except Exception:  # a fault's own reading must not cost the verdict
         own = []
     return [*own, *[x for x in causes if x not in own]]
-
-
-def judge_for(expectation: str, *, ray_recover: bool = False) -> Judge:
-    """The judge of ``expectation`` (``ray_recover``: a ray_train job's worker death, which Ray
-    Train restarts inside the fit)."""
-    if expectation == "recover":
-        return judge_ray_recover if ray_recover else judge_recover
-    return {"fail_clean": judge_fail_clean, "continue": judge_continue}[expectation]

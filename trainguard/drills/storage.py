@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.config import DrillSpec
+from trainguard.drills.dispatch import judge_for
 from trainguard.drills.judges import (
     DrillContext,
     Judge,
     Judgement,
     attempt_evidence,
     common_evidence,
-    judge_for,
     not_injected,
     trajectory_diff,
 )
