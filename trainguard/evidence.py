@@ -7,7 +7,9 @@ writes it names every key once, with its type.
 
 A key the report holds only sometimes (a stderr tail only after a failure, a resume stage only
 when there was one) is a field left at :data:`UNSET` until it is set: ``to_dict()`` leaves it
-out. ``None`` is a value (JSON ``null``) like any other.
+out. ``None`` is a value (JSON ``null``) like any other. A field with :data:`MERGED` metadata
+(``field(default_factory=dict, metadata=MERGED)``) holds keys another layer chose (the launcher's findings on a run that hit a limit): they are written
+into the record itself, where that field stands, a later one of the same name winning.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any, Literal
 
-__all__ = ["UNSET", "Evidence", "Unset"]
+__all__ = ["MERGED", "UNSET", "Evidence", "Unset"]
 
 
 class _Unset(Enum):
@@ -29,6 +31,10 @@ class _Unset(Enum):
 #: a field the report does not hold (yet): left out of :meth:`Evidence.to_dict`
 UNSET = _Unset.UNSET
 Unset = Literal[_Unset.UNSET]
+
+
+#: the metadata of a ``dict[str, Any]`` field whose keys are written into the record itself
+MERGED = {"merged": True}
 
 
 def _plain(value: Any) -> Any:
@@ -48,5 +54,11 @@ class Evidence:
 
     def to_dict(self) -> dict[str, Any]:
         """The report's ``evidence`` object for this record."""
-        return {f.name: _plain(value) for f in fields(self)
-                if (value := getattr(self, f.name)) is not UNSET}
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.metadata.get("merged"):
+                out.update(_plain(value))
+            elif value is not UNSET:
+                out[f.name] = _plain(value)
+        return out

@@ -374,15 +374,17 @@ def test_a_checkpoint_directory_without_trainer_state_takes_the_step_a_file_in_i
     """The smoke check reads a Ray Train checkpoint directory's step from the state it holds."""
     import torch
 
-    from trainguard.checks.smoke import _load_stage
+    from trainguard.checks.smoke import SmokeEvidence, _load_stage
 
     directory = tmp_path / "ck" / "checkpoint_2026-11-25_13-01-02.123456"
     directory.mkdir(parents=True)
     torch.save({"model": {"w": torch.ones(2)}, "step": 6}, directory / "state.pt")
     stages: dict = {}
-    evidence: dict = {}
+    evidence = SmokeEvidence(steps=6, outcome="ok", exits=[], stages=stages, metric_steps_seen=6,
+                             checkpoint_files=[], run_dir="r")
     step, problem = _load_stage([directory / "state.pt"], tmp_path / "ck", stages, evidence)
     assert (step, problem) == (6, None), evidence
+    assert evidence.to_dict()["checkpoint"]["step"] == 6
 
 
 def test_smoke_resumes_the_toy_job_and_skips_the_load_of_non_torch_files(tmp_path: Path) -> None:

@@ -43,3 +43,22 @@ def test_the_smoke_evidence_writes_the_keys_the_report_always_had() -> None:
     written = json.loads(json.dumps(evidence.to_dict()))
     assert written["checkpoint"] == {"file": "c/step4.pt", "loaded": True, "step": 4, "keys": ["model", "step"]}
     assert written["resume"]["first_step"] == 5 and "stderr_tail" not in written["resume"]
+
+
+def test_a_merged_field_writes_its_keys_into_the_record_where_it_stands() -> None:
+    from dataclasses import field
+
+    from trainguard.evidence import MERGED
+
+    @dataclass
+    class _Run(Evidence):
+        outcome: str
+        started_ahead: bool | Unset = UNSET
+        launcher: dict[str, object] = field(default_factory=dict, metadata=MERGED)
+        tail: str | Unset = UNSET
+
+    record = _Run("timeout", started_ahead=True, tail="t")
+    assert record.to_dict() == {"outcome": "timeout", "started_ahead": True, "tail": "t"}
+    record.launcher = {"memory_limit": {"rank": 1}, "started_ahead": False}
+    assert record.to_dict() == {"outcome": "timeout", "started_ahead": False, "memory_limit": {"rank": 1}, "tail": "t"}
+    assert list(record.to_dict()) == ["outcome", "started_ahead", "memory_limit", "tail"]

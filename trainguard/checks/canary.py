@@ -30,6 +30,7 @@ from trainguard.checks.baseline import canary_baseline
 from trainguard.config import CanaryCheck
 from trainguard.config.problems import DEFAULT_REGEX_HINT, metric_problems
 from trainguard.config.registry import Check, JobFacts, Run
+from trainguard.evidence import MERGED, UNSET, Evidence, Unset
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.report import CheckResult
 from trainguard.run.request import RunRequest
@@ -209,6 +210,44 @@ def judge_loss(
     return verdict
 
 
+@dataclass
+class CanaryLimits(Evidence):
+    """The limits the canary's run ran under (``run_timeout_s``: the launcher's, scaled)."""
+
+    steps: int
+    max_seconds: float | None
+    max_memory_mb: float | None
+    run_timeout_s: float
+
+
+@dataclass
+class CanaryEvidence(Evidence):
+    """The canary's evidence (docs/smoke-and-canary.md)."""
+
+    steps: int
+    outcome: str
+    duration_s: float
+    launch_to_first_metric_s: float | None
+    last_step: int | None
+    limits: CanaryLimits
+    #: peak RSS (MB) per rank, keyed by the rank's number as text
+    peak_rss_mb: dict[str, float]
+    #: :meth:`LossVerdict.as_evidence` of the loss
+    loss: dict[str, Any]
+    run_dir: str
+    #: the run started beside the check before it: its time is not an idle figure
+    started_ahead: Any = UNSET
+    peak_gpu_mb: dict[str, float] | Unset = UNSET
+    #: what the launcher found on a run that hit a limit (its stacks aside)
+    launcher: dict[str, Any] = field(default_factory=dict, metadata=MERGED)
+    stderr_tail: str | Unset = UNSET
+    likely_causes: list[str] | Unset = UNSET
+    val: dict[str, Any] | Unset = UNSET
+    grad_norm: dict[str, Any] | Unset = UNSET
+    baseline: dict[str, Any] | Unset = UNSET
+    plots: list[str] | Unset = UNSET
+
+
 def _limit_problem(result: RunResult, spec: CanaryCheck, scale: float) -> str | None:
     """The limit the run hit, by how much; None when it hit none."""
     if result.outcome == "stopped":
@@ -277,44 +316,33 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
         spike_factor=spec.spike_factor,
         window=window_size(spec.steps),
     )
-    evidence: dict[str, Any] = {
-        "steps": spec.steps,
-        "outcome": result.outcome,
-        "duration_s": round(result.duration_s, 2),
-        "launch_to_first_metric_s": (
-            None if result.first_metric_s is None else round(result.first_metric_s, 2)
-        ),
-        "last_step": result.last_step,
-        "limits": {
-            "steps": spec.steps,
-            "max_seconds": spec.max_seconds,
-            "max_memory_mb": spec.max_memory_mb,
-            "run_timeout_s": limit_s,
-        },
-        "peak_rss_mb": {str(r): mb for r, mb in sorted(result.peak_rss_mb.items())},
-        "loss": loss.as_evidence(),
-        "run_dir": str(result.run_dir),
-        # the run may have started beside the check before it: its time is not an idle figure
-        **({"started_ahead": result.evidence["started_ahead"]} if "started_ahead" in result.evidence else {}),
-    }
+    evidence = CanaryEvidence(
+        steps=spec.steps, outcome=result.outcome, duration_s=round(result.duration_s, 2),
+        launch_to_first_metric_s=None if result.first_metric_s is None else round(result.first_metric_s, 2),
+        last_step=result.last_step,
+        limits=CanaryLimits(spec.steps, spec.max_seconds, spec.max_memory_mb, limit_s),
+        peak_rss_mb={str(r): mb for r, mb in sorted(result.peak_rss_mb.items())},
+        loss=loss.as_evidence(), run_dir=str(result.run_dir),
+        started_ahead=result.evidence.get("started_ahead", UNSET),
+    )
     if result.peak_gpu_mb:
-        evidence["peak_gpu_mb"] = {str(r): mb for r, mb in sorted(result.peak_gpu_mb.items())}
+        evidence.peak_gpu_mb = {str(r): mb for r, mb in sorted(result.peak_gpu_mb.items())}
     problems: list[str] = []
     limit = _limit_problem(result, spec, runner.settings.timeout_scale)
     if limit is not None:
         problems.append(limit)
-        evidence.update({k: v for k, v in result.evidence.items() if k != "stacks"})
+        evidence.launcher = {k: v for k, v in result.evidence.items() if k != "stacks"}
     elif not result.ok:
         problems.append(f"the job did not complete: {result.reason}")
     if not result.ok:
-        evidence["stderr_tail"] = result.stderr_tail
+        evidence.stderr_tail = result.stderr_tail
         if limit is None:
             # a job that raises on a NaN or exploded loss: what it printed says why
             problems += [p for p in loss.problems if p.startswith(("loss is ", "loss spiked"))]
     else:
         problems += loss.problems
         if loss.drop is not None and loss.drop < spec.min_loss_drop and not loss.spike:
-            evidence["likely_causes"] = list(NOT_LEARNING_CAUSES)
+            evidence.likely_causes = list(NOT_LEARNING_CAUSES)
         if spec.val_metric is not None:
             val_values = result.trajectory(spec.val_metric)
             val = judge_loss(
@@ -325,13 +353,13 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
                 metric=spec.val_metric,
                 option="min_val_drop",
             )
-            evidence["val"] = val.as_evidence()
+            evidence.val = val.as_evidence()
             problems += val.problems
         if spec.grad_norm is not None and spec.grad_norm_range is not None:
             low, high = spec.grad_norm_range
             norms = result.trajectory(spec.grad_norm)
             outside = first_out_of_range(norms, low, high)
-            evidence["grad_norm"] = {
+            evidence.grad_norm = {
                 "metric": spec.grad_norm, "range": [low, high], "steps_seen": len(norms),
                 "min": min(norms.values()) if norms else None,
                 "max": max(norms.values()) if norms else None,
@@ -347,20 +375,20 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
     baseline_note = ""
     if result.ok and loss.first_non_finite is None:
         outcome = canary_baseline(runner, spec, request, result, canary_ok=not problems)
-        evidence["baseline"] = outcome.evidence
+        evidence.baseline = outcome.evidence
         if outcome.plots:
-            evidence["plots"] = [*evidence.get("plots", []), *outcome.plots]
+            evidence.plots = list(outcome.plots)
         problems += outcome.problems
         baseline_note = f"; {outcome.note}" if outcome.note else ""
     elif runner.settings.save_baseline:
-        evidence["baseline"] = {"status": "not_saved", "reason": "the canary failed: a failing run is no baseline"}
+        evidence.baseline = {"status": "not_saved", "reason": "the canary failed: a failing run is no baseline"}
         baseline_note = "; baseline not saved (the canary failed)"
     duration = time.monotonic() - started
     if problems:
         summary = "; ".join(problems)
         if baseline_note.startswith("; baseline not saved"):
             summary += baseline_note
-        return CheckResult("canary", "failed", summary, evidence, duration, reproduce)
+        return CheckResult("canary", "failed", summary, evidence.to_dict(), duration, reproduce)
     assert loss.drop is not None  # no problem: the windows were compared
     peak = max(result.peak_rss_mb.values(), default=None)
     memory = (
@@ -368,10 +396,9 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
         if peak is not None else "RSS not sampled"
     )
     seconds = f"{result.duration_s:.1f} s" + (f" of {limit_s:g}" if spec.max_seconds else "")
-    val_evidence = evidence.get("val")
     val_note = (
-        f"; {spec.val_metric} fell {val_evidence['drop']:.0%}"
-        if val_evidence and val_evidence["drop"] is not None else ""
+        f"; {spec.val_metric} fell {evidence.val['drop']:.0%}"
+        if isinstance(evidence.val, dict) and evidence.val["drop"] is not None else ""
     )
     return CheckResult(
         "canary",
@@ -379,7 +406,7 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
         f"loss fell {loss.drop:.0%} (median {loss.early_median:.4g} over steps {loss.early_steps} "
         f"-> {loss.late_median:.4g} over steps {loss.late_steps}; min {spec.min_loss_drop:.0%}), "
         f"finite, no spike{val_note}; {spec.steps} steps in {seconds}, {memory}{baseline_note}",
-        evidence,
+        evidence.to_dict(),
         duration,
         reproduce,
     )
