@@ -10,7 +10,7 @@ import math
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from trainguard.checks.diagnosis import (
 from trainguard.config import DeterminismCheck, ParallelCheck, ResumeCheck
 from trainguard.config.problems import one_process_problems, resume_problems
 from trainguard.config.registry import Check, Run
+from trainguard.evidence import MERGED, UNSET, Evidence, Unset
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.samples import read_samples
@@ -137,19 +138,83 @@ def compare_trajectories(
     )
 
 
+@dataclass
+class Tolerance(Evidence):
+    rtol: float
+    atol: float
+
+
+@dataclass
+class RunFailure(Evidence):
+    """A check's run did not complete: the launcher's account of it (its findings merged in)."""
+
+    outcome: str
+    reason: str
+    failed_rank: int | None
+    stderr_tail: str
+    run_dir: str
+    launcher: dict[str, Any] = field(default_factory=dict, metadata=MERGED)
+
+
+@dataclass
+class DeterminismEvidence(Evidence):
+    """The determinism check's evidence (docs/determinism-and-resume.md)."""
+
+    seed: int
+    steps: int
+    tolerance: Tolerance
+    #: :meth:`TrajectoryDiff.as_evidence` per metric
+    metrics: list[dict[str, Any]]
+    run_dirs: list[str]
+    #: per run that started beside the check before it (run dir -> what it overlapped)
+    started_ahead: dict[str, Any] | Unset = UNSET
+    #: how the two runs' drawn samples differ
+    samples: str | Unset = UNSET
+    likely_causes: list[str] | Unset = UNSET
+
+
+@dataclass
+class ResumeEvidence(Evidence):
+    """The resume check's evidence (docs/determinism-and-resume.md)."""
+
+    after_step: int
+    killed_after_step: int | None
+    #: reference, killed, resumed
+    run_dirs: dict[str, str]
+    resumed_from_step: int | Unset = UNSET
+    steps_lost: int | Unset = UNSET
+    #: the checkpoint the resumed run was given ({latest_checkpoint})
+    resumed_from_checkpoint: Any = UNSET
+    trajectory: dict[str, Any] | Unset = UNSET
+    #: the final checkpoints compared
+    state: dict[str, Any] | Unset = UNSET
+    #: what the diagnosis read (learning rates, samples, checkpoint contents)
+    diagnosis: dict[str, Any] = field(default_factory=dict, metadata=MERGED)
+    likely_causes: list[str] | Unset = UNSET
+
+
+@dataclass
+class ParallelEvidence(Evidence):
+    """The parallel check's evidence (docs/parallel.md)."""
+
+    world_size: int
+    ranks_reporting: list[int]
+    tolerance: Tolerance
+    trajectory: dict[str, Any]
+    #: world size -> run dir
+    run_dirs: dict[str, str]
+    started_ahead: dict[str, Any] | Unset = UNSET
+    likely_causes: list[str] | Unset = UNSET
+    samples: str | Unset = UNSET
+
+
 def _failed_run(name: str, result: RunResult, started: float, reproduce: str) -> CheckResult:
     return CheckResult(
         name=name,
         status="error",
         summary=f"the job did not complete: {result.reason}",
-        evidence={
-            "outcome": result.outcome,
-            "reason": result.reason,
-            "failed_rank": result.failed_rank,
-            "stderr_tail": result.stderr_tail,
-            "run_dir": str(result.run_dir),
-            **result.evidence,
-        },
+        evidence=RunFailure(result.outcome, result.reason, result.failed_rank, result.stderr_tail,
+                            str(result.run_dir), launcher=dict(result.evidence)).to_dict(),
         duration_s=time.monotonic() - started,
         reproduce=reproduce,
     )
@@ -182,23 +247,21 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
         diffs.append(
             compare_trajectories(actual, expected, metric=metric, rtol=spec.rtol, atol=spec.atol)
         )
-    evidence: dict[str, Any] = {
-        "seed": request.seed,
-        "steps": spec.steps,
-        "tolerance": {"rtol": spec.rtol, "atol": spec.atol},
-        "metrics": [d.as_evidence() for d in diffs],
-        "run_dirs": [str(first.run_dir), str(second.run_dir)],
-    }
-    for run in (first, second):
-        if "started_ahead" in run.evidence:
-            evidence.setdefault("started_ahead", {})[str(run.run_dir)] = run.evidence["started_ahead"]
+    evidence = DeterminismEvidence(
+        seed=request.seed, steps=spec.steps, tolerance=Tolerance(spec.rtol, spec.atol),
+        metrics=[d.as_evidence() for d in diffs], run_dirs=[str(first.run_dir), str(second.run_dir)],
+    )
+    ahead = {str(run.run_dir): run.evidence["started_ahead"] for run in (first, second)
+             if "started_ahead" in run.evidence}
+    if ahead:
+        evidence.started_ahead = ahead
     duration = time.monotonic() - started
     if not diffs:
         return CheckResult(
             "determinism",
             "failed",
             "the job printed no metric line matching job.metrics, so there is nothing to compare",
-            evidence,
+            evidence.to_dict(),
             duration,
             reproduce,
         )
@@ -210,7 +273,7 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
             "passed",
             f"two runs with seed {request.seed} match on all {steps} steps of "
             + ", ".join(d.metric for d in diffs),
-            evidence,
+            evidence.to_dict(),
             duration,
             reproduce,
         )
@@ -235,15 +298,15 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
     drawn = read_samples(first.run_dir).get(0, []), read_samples(second.run_dir).get(0, [])
     note = data_order_note(*drawn)
     if note is not None:
-        evidence["samples"] = note
+        evidence.samples = note
         unseeded, unordered = NONDETERMINISM_CAUSES[0], NONDETERMINISM_CAUSES[2]
         if first_different_batch(*drawn) is None:  # the same samples: not the data order
             causes.remove(unordered)
         else:  # the data order differs: say so first
             summary += f". Most likely the data order: {note}"
             causes = [unordered, unseeded, *(c for c in causes if c not in (unordered, unseeded))]
-    evidence["likely_causes"] = causes
-    return CheckResult("determinism", "failed", summary, evidence, duration, reproduce)
+    evidence.likely_causes = causes
+    return CheckResult("determinism", "failed", summary, evidence.to_dict(), duration, reproduce)
 
 
 PARALLEL_CAUSES = (
@@ -351,18 +414,14 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         return _failed_run("resume", resumed, started, reproduce)
 
     actual, expected = aligned_trajectories(resumed.points, reference.points, metric)
-    evidence: dict[str, Any] = {
-        "after_step": spec.after_step,
-        "killed_after_step": killed_at,
-        "run_dirs": {
-            "reference": str(reference.run_dir),
-            "killed": str(interrupted.run_dir),
-            "resumed": str(resumed.run_dir),
-        },
-    }
+    evidence = ResumeEvidence(
+        after_step=spec.after_step, killed_after_step=killed_at,
+        run_dirs={"reference": str(reference.run_dir), "killed": str(interrupted.run_dir),
+                  "resumed": str(resumed.run_dir)},
+    )
     if not actual:
         return CheckResult(
-            "resume", "failed", f"the resumed run printed no `{metric}` line", evidence,
+            "resume", "failed", f"the resumed run printed no `{metric}` line", evidence.to_dict(),
             time.monotonic() - started, reproduce,
         )
     first_step = min(actual)
@@ -371,19 +430,19 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     began_again = first_step <= min(expected, default=1)
     resumed_from = 0 if began_again else first_step - 1
     lost = max(0, (killed_at or spec.after_step) - (first_step - 1))
-    evidence.update({"resumed_from_step": resumed_from, "steps_lost": lost})
+    evidence.resumed_from_step, evidence.steps_lost = resumed_from, lost
     if "resumed_from" in resumed.evidence:
-        evidence["resumed_from_checkpoint"] = resumed.evidence["resumed_from"]
+        evidence.resumed_from_checkpoint = resumed.evidence["resumed_from"]
     diff = compare_trajectories(
         actual, expected, metric=metric, steps=range(first_step, spec.steps + 1),
         rtol=spec.rtol, atol=spec.atol,
     )
-    evidence["trajectory"] = diff.as_evidence()
+    evidence.trajectory = diff.as_evidence()
     state = compare_checkpoint_dirs(
         resumed.checkpoints, reference.checkpoints,
         rtol=spec.rtol, atol=spec.atol,
     )
-    evidence["state"] = state.as_evidence()
+    evidence.state = state.as_evidence()
     problems: list[str] = []
     if began_again:
         problems.append(
@@ -415,11 +474,11 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
             reference_dir=reference.run_dir, resumed_dir=resumed.run_dir, world_size=request.world_size,
             steps=spec.steps, facts=facts,
         )
-        evidence.update(found)
-        evidence["likely_causes"] = [c.text for c in causes if not c.ruled_out]
+        evidence.diagnosis = dict(found)
+        evidence.likely_causes = [c.text for c in causes if not c.ruled_out]
         why = explain(causes)
         summary = "; ".join(problems) + (f". {why[0].upper()}{why[1:]}" if why else "")
-        return CheckResult("resume", "failed", summary, evidence, time.monotonic() - started, reproduce)
+        return CheckResult("resume", "failed", summary, evidence.to_dict(), time.monotonic() - started, reproduce)
     state_note = (
         f", final checkpoints equal ({Path(state.files[0]).name})" if state.compared and state.files
         else f" (state not compared: {state.reason})"
@@ -429,7 +488,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         "passed",
         f"killed after step {killed_at}, resumed from step {resumed_from} ({lost} steps lost); "
         f"steps {first_step}-{spec.steps} match the uninterrupted run{state_note}",
-        evidence,
+        evidence.to_dict(),
         duration,
         reproduce,
     )
@@ -475,19 +534,16 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
         many.trajectory(metric), one.trajectory(metric), metric=metric, rtol=spec.rtol, atol=spec.atol
     )
     ranks_reporting = sorted({p.rank for p in many.points if p.name == metric})
-    evidence: dict[str, Any] = {
-        "world_size": spec.world_size,
-        "ranks_reporting": ranks_reporting,
-        "tolerance": {"rtol": spec.rtol, "atol": spec.atol},
-        "trajectory": diff.as_evidence(),
-        "run_dirs": {"1": str(one.run_dir), str(spec.world_size): str(many.run_dir)},
-    }
+    evidence = ParallelEvidence(
+        world_size=spec.world_size, ranks_reporting=ranks_reporting, tolerance=Tolerance(spec.rtol, spec.atol),
+        trajectory=diff.as_evidence(), run_dirs={"1": str(one.run_dir), str(spec.world_size): str(many.run_dir)},
+    )
     if "started_ahead" in many.evidence:
-        evidence["started_ahead"] = {str(spec.world_size): many.evidence["started_ahead"]}
+        evidence.started_ahead = {str(spec.world_size): many.evidence["started_ahead"]}
     duration = time.monotonic() - started
     if diff.compared_steps == 0:
         return CheckResult(
-            "parallel", "failed", f"no `{metric}` steps to compare", evidence, duration, reproduce
+            "parallel", "failed", f"no `{metric}` steps to compare", evidence.to_dict(), duration, reproduce
         )
     if diff.ok:
         return CheckResult(
@@ -495,15 +551,15 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
             "passed",
             f"{spec.world_size} ranks match 1 rank on {diff.compared_steps} steps of {metric} "
             f"(max abs diff {diff.max_abs_diff:.3g}, rtol {spec.rtol:g}, atol {spec.atol:g})",
-            evidence,
+            evidence.to_dict(),
             duration,
             reproduce,
         )
-    evidence["likely_causes"] = list(PARALLEL_CAUSES)
+    evidence.likely_causes = list(PARALLEL_CAUSES)
     shared = shared_shard_note(read_samples(many.run_dir))
     if shared is not None:  # decisive: put the shard cause first with what shows it
-        evidence["samples"] = shared
-        evidence["likely_causes"] = [PARALLEL_CAUSES[0] + f": {shared}", *PARALLEL_CAUSES[1:]]
+        evidence.samples = shared
+        evidence.likely_causes = [PARALLEL_CAUSES[0] + f": {shared}", *PARALLEL_CAUSES[1:]]
     if diff.first_divergent_step is None:
         summary = f"the {spec.world_size}-rank run is missing steps {diff.missing_in_actual[:5]}"
     else:
@@ -515,7 +571,7 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
         )
     if shared is not None:
         summary += f". Most likely {shared}"
-    return CheckResult("parallel", "failed", summary, evidence, duration, reproduce)
+    return CheckResult("parallel", "failed", summary, evidence.to_dict(), duration, reproduce)
 
 
 #: determinism: two runs with one seed must match (docs/equivalence.md)
