@@ -35,6 +35,7 @@ from trainguard.checks.equivalence import compare_trajectories, kill_after, unte
 from trainguard.config import ReshardCheck
 from trainguard.config.problems import one_process_problems
 from trainguard.config.registry import Check, JobFacts, Run
+from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.launch.samples import SampleBatch, read_samples
 from trainguard.report import CheckResult, CheckStatus
 from trainguard.run.runner import JobRunner
@@ -236,12 +237,47 @@ def _rng_warning(run_dir: Path, world_size: int) -> bool:
 
 
 @dataclass
+class ReshardPairEvidence(Evidence):
+    """One ``N->M`` pair of the reshard check: killed at N ranks, resumed at M."""
+
+    killed_after_step: int | Unset | None = UNSET
+    #: reference, killed, resumed
+    run_dirs: dict[str, str] | Unset = UNSET
+    #: what the resumed run was given to load
+    resumed_checkpoint: Any = UNSET
+    stderr_tail: str | Unset = UNSET
+    reason: str | Unset = UNSET
+    #: the uninterrupted run's, when it did not complete
+    run_dir: str | Unset = UNSET
+    resumed_from_step: int | Unset = UNSET
+    trajectory: dict[str, Any] | Unset = UNSET
+    state: dict[str, Any] | Unset = UNSET
+    #: state that may differ between world sizes (per-rank RNG, the world size itself)
+    state_differing_across_world_sizes: list[str] | Unset = UNSET
+    samples: str | Unset = UNSET
+    diagnosis: list[dict[str, Any]] | Unset = UNSET
+    likely_causes: list[str] | Unset = UNSET
+
+
+@dataclass
+class ReshardEvidence(Evidence):
+    """The reshard check's evidence (docs/reshard.md)."""
+
+    after_step: int
+    steps: int
+    tolerance: dict[str, float]
+    #: ``"N->M"`` -> its status, summary and :class:`ReshardPairEvidence`
+    pairs: dict[str, dict[str, Any]]
+    likely_causes: list[str] | Unset = UNSET
+
+
+@dataclass
 class _Pair:
     n: int
     m: int
     status: CheckStatus  # passed, failed, error
     summary: str
-    evidence: dict[str, Any]
+    evidence: ReshardPairEvidence
     reproduce: str = ""
 
 
@@ -261,24 +297,24 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
         raise
     if not reference.ok:
         return _Pair(n, m, "error", f"{name}: the uninterrupted {n}-rank run did not complete: {reference.reason}",
-                     {"stderr_tail": reference.stderr_tail, "run_dir": str(reference.run_dir)}, reproduce)
+                     ReshardPairEvidence(stderr_tail=reference.stderr_tail, run_dir=str(reference.run_dir)),
+                     reproduce)
     why = untested_kill(killed, metric, spec.after_step, spec.steps, what=f"the {n}-rank run")
     if why is not None:
-        return _Pair(n, m, "error", f"{name}: {why}", {"stderr_tail": killed.stderr_tail,
-                                                       "killed_after_step": killed.last_step}, reproduce)
+        return _Pair(n, m, "error", f"{name}: {why}",
+                     ReshardPairEvidence(stderr_tail=killed.stderr_tail, killed_after_step=killed.last_step), reproduce)
     checkpoint_dir = killed.checkpoints
     latest = latest_complete_checkpoint(checkpoint_dir)
     inventory = read_inventory(latest if latest is not None else checkpoint_dir)
     resumed = runner.run(new, label=f"reshard-{n}to{m}-resumed", resume=True, checkpoint_dir=checkpoint_dir)
-    evidence: dict[str, Any] = {
-        "killed_after_step": killed.last_step,
-        "run_dirs": {"reference": str(reference.run_dir), "killed": str(killed.run_dir),
-                     "resumed": str(resumed.run_dir)},
-    }
+    evidence = ReshardPairEvidence(
+        killed_after_step=killed.last_step,
+        run_dirs={"reference": str(reference.run_dir), "killed": str(killed.run_dir), "resumed": str(resumed.run_dir)},
+    )
     if inventory is not None:
-        evidence["resumed_checkpoint"] = inventory.summary()
+        evidence.resumed_checkpoint = inventory.summary()
     if not resumed.ok:
-        evidence.update({"stderr_tail": resumed.stderr_tail, "reason": resumed.reason})
+        evidence.stderr_tail, evidence.reason = resumed.stderr_tail, resumed.reason
         return _Pair(n, m, "failed", f"{name}: the job did not resume at {m} rank(s) from the {n}-rank "
                      f"checkpoint: {resumed.reason}", evidence, reproduce)
     # plain means per step: the ranks differ in number, so none of them is "missing" a step
@@ -288,17 +324,17 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
     first_step = min(actual)
     # from scratch: at the uninterrupted run's first step (1, or 0 for a job counting from 0)
     resumed_from = 0 if first_step <= min(expected, default=1) else first_step - 1
-    evidence["resumed_from_step"] = resumed_from
+    evidence.resumed_from_step = resumed_from
     diff = compare_trajectories(actual, expected, metric=metric, steps=range(first_step, spec.steps + 1),
                                 rtol=spec.rtol, atol=spec.atol)
-    evidence["trajectory"] = diff.as_evidence()
+    evidence.trajectory = diff.as_evidence()
     state = compare_checkpoint_dirs(resumed.checkpoints,
                                     reference.checkpoints, rtol=spec.rtol, atol=spec.atol)
-    evidence["state"] = state.as_evidence()
+    evidence.state = state.as_evidence()
     differing = [c for c in TRAINING_STATE if state.by_component.get(c)]
     others = [c for c in state.by_component if c not in TRAINING_STATE]
     if others:
-        evidence["state_differing_across_world_sizes"] = others  # expected: per-rank RNG, world size
+        evidence.state_differing_across_world_sizes = others  # expected: per-rank RNG, world size
     ref_samples = read_samples(reference.run_dir)
     res_samples = read_samples(resumed.run_dir)
     drawn = _training_batches(next(iter(ref_samples.values()), []), None)
@@ -308,7 +344,7 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
         global_batches(res_samples, first_step=first_step, steps=spec.steps, dataset=dataset),
     )
     if agreement is not None:
-        evidence["samples"] = agreement.sentence(n, m)
+        evidence.samples = agreement.sentence(n, m)
     problems: list[str] = []
     if resumed_from == 0:
         problems.append(f"the resumed run started again from step {first_step} (no usable checkpoint, or resume_args "
@@ -324,15 +360,15 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
         problems.append("final checkpoints differ in " + ", ".join(
             f"{c} ({len(state.by_component[c])} keys)" for c in differing))
     if not problems:
-        note = f"; {evidence['samples']}" if agreement is not None else " (no sample records)"
+        note = f"; {evidence.samples}" if agreement is not None else " (no sample records)"
         return _Pair(n, m, "passed", f"{name}: resumed from step {resumed_from}, steps {first_step}-"
                      f"{spec.steps} match the {n}-rank run (max abs diff {diff.max_abs_diff:.3g}){note}",
                      evidence, reproduce)
     facts = PairFacts(resumed_from, diff.first_divergent_step, agreement, inventory, differing,
                        _rng_warning(resumed.run_dir, m))
     causes = rank_reshard_causes(facts)
-    evidence["diagnosis"] = [c.as_evidence() for c in causes]
-    evidence["likely_causes"] = [c.text for c in causes if not c.ruled_out]
+    evidence.diagnosis = [c.as_evidence() for c in causes]
+    evidence.likely_causes = [c.text for c in causes if not c.ruled_out]
     summary = f"{name}: " + "; ".join(problems)
     if agreement is not None:
         summary += f"; {agreement.sentence(n, m)}"
@@ -348,12 +384,10 @@ def run_reshard(runner: JobRunner, spec: ReshardCheck) -> CheckResult:
     started = time.monotonic()
     metric = _progress_metric(runner)
     pairs = [_one_pair(runner, spec, n, m, metric) for n, m in spec.world_size_pairs]
-    evidence: dict[str, Any] = {
-        "after_step": spec.after_step,
-        "steps": spec.steps,
-        "tolerance": {"rtol": spec.rtol, "atol": spec.atol},
-        "pairs": {f"{p.n}->{p.m}": {"status": p.status, "summary": p.summary, **p.evidence} for p in pairs},
-    }
+    evidence = ReshardEvidence(
+        after_step=spec.after_step, steps=spec.steps, tolerance={"rtol": spec.rtol, "atol": spec.atol},
+        pairs={f"{p.n}->{p.m}": {"status": p.status, "summary": p.summary, **p.evidence.to_dict()} for p in pairs},
+    )
     bad = [p for p in pairs if p.status != "passed"]
     status: CheckStatus = "passed" if not bad else ("error" if all(p.status == "error" for p in bad) else "failed")
     if not bad:
@@ -364,9 +398,10 @@ def run_reshard(runner: JobRunner, spec: ReshardCheck) -> CheckResult:
         if ok:
             summary += f" ({', '.join(ok)} passed)"
         first = next(p for p in bad if p.status == bad[0].status)
-        evidence["likely_causes"] = first.evidence.get("likely_causes", [])
+        found = first.evidence.likely_causes
+        evidence.likely_causes = found if found is not UNSET else []
     reproduce = (bad[0] if bad else pairs[0]).reproduce
-    return CheckResult("reshard", status, summary, evidence, time.monotonic() - started, reproduce)
+    return CheckResult("reshard", status, summary, evidence.to_dict(), time.monotonic() - started, reproduce)
 
 
 def _reshard_runs(spec: ReshardCheck, ctx: object) -> tuple[list[Run], str]:

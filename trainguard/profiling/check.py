@@ -7,11 +7,13 @@ The check fails when a world size did not run (or printed too few steps to time)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from trainguard.config import ProfileCheck
 from trainguard.config.problems import one_process_problems, profile_problems
 from trainguard.config.registry import Check, JobFacts, Run
+from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.profiling.compare import parse_regressions
 from trainguard.profiling.profile import Profile, run_profile
 from trainguard.profiling.render import write_reports
@@ -19,7 +21,29 @@ from trainguard.report import CheckResult
 from trainguard.run.runner import JobRunner
 from trainguard.tracking import tracker_of
 
-__all__ = ["PROFILE", "profile_job", "run_profile_check", "summarise"]
+__all__ = ["PROFILE", "ProfileEvidence", "profile_job", "run_profile_check", "summarise"]
+
+
+@dataclass
+class ProfileEvidence(Evidence):
+    """The profile check's evidence (docs/profiling.md); the reports hold the rest."""
+
+    report_html: str
+    report_json: str
+    #: how throughput scales, in words
+    scaling: str | None
+    #: world size -> samples (or tokens) per second, and median step seconds
+    throughput_sps: dict[int, float | None]
+    p50_step_s: dict[int, float]
+    run_dir: str
+    #: the regressions found against the baseline, described
+    compare: list[str] | Unset = UNSET
+    headroom: dict[str, Any] | Unset = UNSET
+    recommendation: Any = UNSET
+    #: the sizing report (the gate judges its thresholds on this)
+    sizing: dict[str, Any] | Unset = UNSET
+    #: why the first failed world size failed
+    reason: str | Unset = UNSET
 
 
 def profile_job(
@@ -86,27 +110,22 @@ def run_profile_check(runner: JobRunner, spec: ProfileCheck) -> CheckResult:
     """The registry entry of ``checks.profile``."""
     profile, paths = profile_job(runner, spec)
     status, summary = summarise(profile)
-    evidence: dict[str, Any] = {
-        "report_html": paths["html"],
-        "report_json": paths["json"],
-        "scaling": profile.phrase,
-        "throughput_sps": {s.world_size: s.throughput_sps for s in profile.ok_sizes},
-        "p50_step_s": {s.world_size: s.step.p50_s for s in profile.ok_sizes if s.step},
-        "run_dir": str(profile.run_dir),
-    }
+    evidence = ProfileEvidence(
+        report_html=paths["html"], report_json=paths["json"], scaling=profile.phrase,
+        throughput_sps={s.world_size: s.throughput_sps for s in profile.ok_sizes},
+        p50_step_s={s.world_size: s.step.p50_s for s in profile.ok_sizes if s.step},
+        run_dir=str(profile.run_dir),
+    )
     if profile.regressions:
-        evidence["compare"] = [r.describe() for r in profile.regressions]
+        evidence.compare = [r.describe() for r in profile.regressions]
     if profile.headroom is not None:
-        evidence["headroom"] = {
-            k: v for k, v in profile.headroom.to_dict().items() if k not in ("probes", "notes")
-        }
+        evidence.headroom = {k: v for k, v in profile.headroom.to_dict().items() if k not in ("probes", "notes")}
     if profile.sizing is not None:
-        evidence["recommendation"] = profile.sizing.recommendation
-        evidence["sizing"] = profile.sizing.to_dict()  # the gate judges its thresholds on this
+        evidence.recommendation = profile.sizing.recommendation
+        evidence.sizing = profile.sizing.to_dict()
     if profile.failed_sizes:
-        bad = profile.failed_sizes[0]
-        evidence["reason"] = bad.reason
-    result = CheckResult("profile", status, summary, evidence)  # type: ignore[arg-type]
+        evidence.reason = profile.failed_sizes[0].reason
+    result = CheckResult("profile", status, summary, evidence.to_dict())  # type: ignore[arg-type]
     if status == "failed":
         result.reproduce = f"trainguard profile {runner.job_file.path}"
     return result
