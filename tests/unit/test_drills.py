@@ -440,3 +440,24 @@ def test_a_rank_dying_of_the_notice_while_the_teardown_signals_it_still_died_of_
     killed = [RankExit(0, 10, -15, "SIGTERM"), RankExit(1, 11, -9, "SIGKILL", killed_by_trainguard=True)]
     assert died_of_the_notice(killed, sent, killed=[1]) == [0]
     assert died_of_the_notice([RankExit(0, 10, 0), RankExit(1, 11, 0)], sent, killed=[]) == []
+
+
+def test_the_first_exit_is_noted_even_when_the_attempt_ended_before_the_watch_polled() -> None:
+    """Golden toy, under load: the killed rank's exit ended the attempt and the watch was stopped
+    before its next poll, so the report lost `first_exit` and the exit time. The watch's last
+    look notes it, at the time the launcher saw it."""
+    import signal as _signal
+    import time as _time
+    from types import SimpleNamespace
+
+    from trainguard.drills.driver import Driver
+
+    spec = load('{name: f, fault: kill_rank, rank: 1, expect: fail_clean}').checks.drills[0]
+    driver = Driver(KillRankFault(spec.params, rank=1, after_step=spec.after_step), spec, "loss", 0)
+    codes = {0: -_signal.SIGTERM, 1: -_signal.SIGKILL}
+    ranks = [SimpleNamespace(rank=r, popen=SimpleNamespace(poll=lambda r=r: codes[r])) for r in (0, 1)]
+    launcher = SimpleNamespace(ranks=ranks, exit_seen_at={1: 2.5, 0: 2.6}, elapsed=lambda: 9.0)
+    driver.info.injected_mono = _time.monotonic()
+    driver._stop.set()  # the attempt was over before the watch's first poll
+    driver._watch(launcher)  # type: ignore[arg-type]
+    assert driver.info.first_exit == (1, -_signal.SIGKILL, 2.5)

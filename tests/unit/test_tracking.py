@@ -652,3 +652,22 @@ def test_metrics_streamed_point_by_point_are_written_in_a_few_batches() -> None:
     assert [m[2] for m in client.metrics] == list(range(150))
     assert 1 <= mid <= 2 + int((time.monotonic() - started) / 0.5), batches  # streamed, batched
     assert len(batches) <= mid + 1
+
+
+def test_rows_another_process_may_have_logged_are_logged_once(tmp_path: Path) -> None:
+    """A Ray worker killed between its write and its record leaves steps in the run that its
+    record does not name: the launcher's backfill (log_metrics_once) must not log them again."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, artifact_location=str(tmp_path / "artifacts"))
+    handle = tracker.start_run("launch")
+    tracker.log_metrics(handle, [("loss", 1.0 / s, s, 1000 + s) for s in (1, 2, 3)])  # the worker's write
+    tracker.log_metrics_once(handle, [("loss", 1.0 / s, s, 2000 + s) for s in (1, 2, 3, 4, 5)]
+                             + [("lr", 0.1, 1, 2001)])
+    assert tracker.close().complete
+    assert handle.run_id is not None
+    client = MlflowClient(uri)
+    steps = sorted(m.step for m in client.get_metric_history(handle.run_id, "loss"))
+    assert steps == [1, 2, 3, 4, 5]
+    assert [m.step for m in client.get_metric_history(handle.run_id, "lr")] == [1]

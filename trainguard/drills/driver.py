@@ -162,13 +162,7 @@ class Driver:
             if spec.duration is not None and self.fault.cleared_at is None and since >= spec.duration:
                 self.clear(launcher.elapsed())
             codes = [(rp.rank, rp.popen.poll()) for rp in launcher.ranks]
-            if info.first_exit is None:
-                done = [(rank, code) for rank, code in codes if code is not None]
-                if done:
-                    # two exits seen in one poll: the launcher's teardown SIGTERMs the others
-                    # after the first death, so a rank ended by SIGTERM came second
-                    rank, code = min(done, key=lambda rc: (rc[1] == -signal.SIGTERM, rc[0]))
-                    info.first_exit = (rank, code, launcher.elapsed())
+            self._note_first_exit(launcher, codes)
             if (fail_clean and info.first_exit is None and not info.stopped_at_deadline
                     and since > spec.deadline_s):
                 info.stopped_at_deadline = True
@@ -183,6 +177,23 @@ class Driver:
                 self.clear(launcher.elapsed())
             if attempt_over and (spec.duration is None or self.fault.cleared_at is not None):
                 return
+        # stopped (the attempt ended): an exit the loop had no poll left to see is still the
+        # first exit (a loaded machine let the launcher return first)
+        self._note_first_exit(launcher, [(rp.rank, rp.popen.poll()) for rp in launcher.ranks])
+
+    def _note_first_exit(self, launcher: Launcher, codes: list[tuple[int, int | None]]) -> None:
+        """Record the first rank to exit after the fault, once: two exits seen in one poll are
+        ordered by when the launcher saw them, and a rank ended by SIGTERM comes second (the
+        launcher's teardown SIGTERMs the others after the first death)."""
+        if self.info.first_exit is not None:
+            return
+        done = [(rank, code) for rank, code in codes if code is not None]
+        if not done:
+            return
+        seen = launcher.exit_seen_at
+        now = launcher.elapsed()
+        rank, code = min(done, key=lambda rc: (rc[1] == -signal.SIGTERM, seen.get(rc[0], now), rc[0]))
+        self.info.first_exit = (rank, code, seen.get(rank, now))
 
     def clear(self, at: float | None = None) -> None:
         """Clear the fault once (the duration elapsed, or a verification run comes next)."""

@@ -261,6 +261,8 @@ class Launcher:
         self._threads: list[threading.Thread] = []
         self._t0 = 0.0
         self._killed: set[int] = set()
+        #: launcher-elapsed seconds at which the monitor first saw each rank's exit
+        self.exit_seen_at: dict[int, float] = {}
         # every descendant seen so far: a launcher such as torchrun puts its workers in their
         # own sessions, out of reach of the rank's process group
         self._descendants: dict[int, psutil.Process] = {}
@@ -421,7 +423,8 @@ class Launcher:
         failed_rank: int | None = None
         detected_after: float | None = None
         evidence: dict[str, Any] = {}
-        exit_seen_at: dict[int, float] = {}
+        exit_seen_at = self.exit_seen_at
+        exit_seen_at.clear()
 
         def handle(points: list[MetricPoint]) -> None:
             nonlocal first_metric, last_progress, finished

@@ -171,6 +171,13 @@ class Tracker(StoreWriter):
         if metrics:
             self._put("metrics", handle, list(metrics), f"metrics of {handle.name!r}")
 
+    def log_metrics_once(self, handle: RunHandle, metrics: Sequence[tuple[str, float, int, int]]) -> None:
+        """Log the ``(key, value, step, timestamp_ms)`` tuples whose (key, step) the run does not
+        hold yet, as the writer finds when it sends them (off the caller's thread): rows another
+        process may already have logged (a Ray worker killed after its write, before its record)."""
+        if metrics:
+            self._put("metrics_once", handle, list(metrics), f"metrics of {handle.name!r}")
+
     def log_artifact(self, handle: RunHandle, path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
         """Upload the file at ``path`` (skipped when it does not exist by then) under ``artifact_path``."""
         self._put("artifact", handle, (str(path), artifact_path), f"artifact {Path(path).name} of {handle.name!r}")
@@ -315,12 +322,17 @@ class TrackingObserver:
         sent = handle.live.sent if handle.live is not None else set()
         handle.live = None
         rows = metric_rows(result.points, result.world_size, started_ms)
+        log = tracker.log_metrics
         if job_file.job.is_ray_train:  # the workers' writer logged what it could: the rest
             rows, writer_tags, note = reconcile(result, rows, handle.run_id)
             tracker.set_tags(handle, writer_tags)
             if note:
                 tracker.warn(note)
-        tracker.log_metrics(handle, [row for row in rows if (row[0], row[2]) not in sent])
+            if writer_tags.get("trainguard.ray_writer") != "none":
+                # a worker killed between its write and its record (a drill, Ray Train's restart)
+                # wrote steps its record does not hold: only the steps the run lacks are logged
+                log = tracker.log_metrics_once
+        log(handle, [row for row in rows if (row[0], row[2]) not in sent])
         handle.history.append((attempt, list(result.points)))
         end_ms = int(time.time() * 1000)
         tracker.log_metrics(handle, [

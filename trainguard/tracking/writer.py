@@ -445,6 +445,16 @@ class StoreWriter:
                 chunk = op.payload[:_MAX_METRICS]
                 client.log_batch(handle.run_id, metrics=[Metric(k, float(v), ts, step) for k, v, step, ts in chunk])
                 del op.payload[:_MAX_METRICS]  # sent: a retry must not send it twice
+        elif op.kind == "metrics_once":
+            from mlflow.entities import Metric
+
+            keys = sorted({row[0] for row in op.payload})
+            held = {(key, m.step) for key in keys for m in client.get_metric_history(handle.run_id, key)}
+            op.payload = [row for row in op.payload if (row[0], row[2]) not in held]
+            while op.payload:
+                chunk = op.payload[:_MAX_METRICS]
+                client.log_batch(handle.run_id, metrics=[Metric(k, float(v), ts, step) for k, v, step, ts in chunk])
+                del op.payload[:_MAX_METRICS]
         elif op.kind == "artifact":
             path, artifact_path = op.payload
             if Path(path).exists():
