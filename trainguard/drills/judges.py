@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories
 from trainguard.config import DrillSpec
 from trainguard.drills.steps import judged_steps
+from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.faults.base import Fault
 from trainguard.launch import MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories, first_step
@@ -42,9 +43,11 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "DRILL_CAUSES",
     "DrillContext",
+    "DrillEvidence",
     "Injection",
     "Judge",
     "Judgement",
+    "StepRate",
     "attempt_evidence",
     "common_evidence",
     "diff_problem",
@@ -230,6 +233,44 @@ def diff_problem(metric: str, diff: TrajectoryDiff, what: str) -> str | None:
     return f"the {what} is missing steps {diff.missing_in_actual[:5]} of the uninterrupted run"
 
 
+@dataclass
+class StepRate(Evidence):
+    """The watched rank's step rate before, during and after the fault (steps per second)."""
+
+    unit: str
+    before: float | None
+    during: float | None
+    #: the job finished its steps inside the fault's window: "during" ends at its last step
+    during_until_last_step: bool | Unset = UNSET
+    last_step_at_s: float | Unset | None = UNSET
+    after_clear: float | Unset | None = UNSET
+    after_restart: float | Unset | None = UNSET
+
+
+@dataclass
+class DrillEvidence(Evidence):
+    """What every drill's report holds, whatever judges it (:func:`common_evidence`); each
+    judge adds its own findings to :meth:`to_dict`'s result."""
+
+    injected_at_s: float | None
+    injected_after_step: int | None
+    watched_rank: int
+    #: the watched rank's progress when the fault struck (output read up to then): the monitor
+    #: reads the job's lines with a lag, which grows on a loaded machine
+    watched_rank_step_at_injection: int | None
+    detected_after_s: float | None
+    attempt_ended_after_s: float | None
+    restarts: int
+    #: :func:`attempt_evidence` of each attempt
+    attempts: list[dict[str, Any]]
+    step_rate: StepRate
+    #: the fault's own record (:meth:`Fault.evidence`)
+    fault_evidence: dict[str, Any]
+    reference_run_dir: str
+    first_exit: dict[str, int | None] | Unset = UNSET
+    fault_errors: list[str] | Unset = UNSET
+
+
 def common_evidence(c: DrillContext) -> dict[str, Any]:
     first = c.run.attempts[0]
     watched = _points(first, c.metric, c.info.watch_rank)
@@ -243,38 +284,32 @@ def common_evidence(c: DrillContext) -> dict[str, Any]:
                             and injected < last_step_t <= during_end)
     if steps_done_in_window and last_step_t is not None:
         during_end = last_step_t
-    rates: dict[str, Any] = {
-        "unit": f"steps/s of rank {c.info.watch_rank}",
-        "before": _round(_rate(before[1:] if len(before) > 2 else before)),  # step 1 pays start-up
-        "during": _round(_rate(watched, injected, during_end)) if injected is not None else None,
-    }
+    rates = StepRate(
+        unit=f"steps/s of rank {c.info.watch_rank}",
+        before=_round(_rate(before[1:] if len(before) > 2 else before)),  # step 1 pays start-up
+        during=_round(_rate(watched, injected, during_end)) if injected is not None else None,
+    )
     if steps_done_in_window:
-        rates["during_until_last_step"] = True
-        rates["last_step_at_s"] = _round(last_step_t)
+        rates.during_until_last_step, rates.last_step_at_s = True, _round(last_step_t)
     if cleared is not None:
-        rates["after_clear"] = _round(_rate([p for p in watched if p.t > cleared]))
+        rates.after_clear = _round(_rate([p for p in watched if p.t > cleared]))
     if c.run.restarts:
-        rates["after_restart"] = _round(_rate(_points(c.run.final, c.metric, c.info.watch_rank)))
-    evidence: dict[str, Any] = {
-        "injected_at_s": _round(injected), "injected_after_step": c.info.injected_step,
-        "watched_rank": c.info.watch_rank,
-        # the watched rank's progress when the fault struck (output read up to then): the
-        # monitor reads the job's lines with a lag, which grows on a loaded machine
-        "watched_rank_step_at_injection": max((p.step for p in before), default=None),
-        "detected_after_s": _detected_after(first, c.info, c.fault, c.stall_limit),
-        "attempt_ended_after_s": _round(first.duration_s - injected) if injected is not None else None,
-        "restarts": c.run.restarts,
-        "attempts": [attempt_evidence(a, c.fault) for a in c.run.attempts],
-        "step_rate": rates,
-        "fault_evidence": c.fault.evidence(),
-        "reference_run_dir": str(c.reference.run_dir),
-    }
+        rates.after_restart = _round(_rate(_points(c.run.final, c.metric, c.info.watch_rank)))
+    evidence = DrillEvidence(
+        injected_at_s=_round(injected), injected_after_step=c.info.injected_step,
+        watched_rank=c.info.watch_rank,
+        watched_rank_step_at_injection=max((p.step for p in before), default=None),
+        detected_after_s=_detected_after(first, c.info, c.fault, c.stall_limit),
+        attempt_ended_after_s=_round(first.duration_s - injected) if injected is not None else None,
+        restarts=c.run.restarts, attempts=[attempt_evidence(a, c.fault) for a in c.run.attempts],
+        step_rate=rates, fault_evidence=c.fault.evidence(), reference_run_dir=str(c.reference.run_dir),
+    )
     if c.info.first_exit is not None:
         rank, code, _ = c.info.first_exit
-        evidence["first_exit"] = {"rank": rank, "returncode": code}
+        evidence.first_exit = {"rank": rank, "returncode": code}
     if c.info.errors:
-        evidence["fault_errors"] = c.info.errors
-    return evidence
+        evidence.fault_errors = list(c.info.errors)
+    return evidence.to_dict()
 
 
 def not_injected(c: DrillContext) -> Judgement | None:
