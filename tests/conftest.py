@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import http.server
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """Each test's process environment is put back after it: library code sets variables for
+    the processes it spawns (``track.init`` exports ``MLFLOW_TRACKING_URI``), and a variable left
+    behind reaches every later test of the worker (it sent test_network_fault's job to MLflow).
+    Session fixtures set theirs before this snapshot, so theirs stay."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture(autouse=True)

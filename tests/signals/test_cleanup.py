@@ -40,18 +40,55 @@ def test_a_signal_while_the_fuse_layer_mounts_leaves_nothing(tmp_path: Path) -> 
     why = fuse_unavailable()
     if why is not None:
         pytest.skip(why)
-    # SIGALRM 50 ms into mount(): the daemon (a Python process) is still starting
+    # Ctrl-C (a real SIGINT, sent by a SIGALRM 50 ms into mount()): the daemon (a Python
+    # process) is still starting; a busy machine may land it inside Popen, where it is held
     done = run_python(f"""
-        import signal, sys
+        import os, signal, sys
         from pathlib import Path
         from trainguard.faults.fusefs import FuseLayer
 
         def interrupt(signum, frame):
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
         signal.signal(signal.SIGALRM, interrupt)
         root = Path({str(tmp_path)!r})
         layer = FuseLayer(root / "backing", root / "point", policy="disk_full", state_dir=root)
         signal.setitimer(signal.ITIMER_REAL, 0.05)
+        try:
+            layer.mount()
+        except KeyboardInterrupt:
+            print("interrupted", layer.proc)
+            sys.exit(0)
+        print("mounted before the signal")
+    """, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("interrupted None"), done.stdout + done.stderr
+    assert mounts_under(tmp_path) == []
+    daemons = [p for p in psutil.process_iter(["cmdline"])
+               if str(tmp_path / "point") in " ".join(p.info["cmdline"] or [])]
+    assert daemons == [], [p.info["cmdline"] for p in daemons]
+
+
+def test_ctrl_c_held_inside_popen_still_unmounts_the_daemon_it_started(tmp_path: Path) -> None:
+    """The CI race made certain: SIGINT arrives while Popen starts the daemon (held there) and
+    is delivered as the block ends; the daemon it started is stopped and nothing stays mounted."""
+    from trainguard.faults.fusefs import fuse_unavailable
+
+    why = fuse_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    done = run_python(f"""
+        import os, signal, subprocess, sys
+        from pathlib import Path
+        from trainguard.faults.fusefs import FuseLayer
+
+        real = subprocess.Popen
+        def popen(*args, **kwargs):
+            proc = real(*args, **kwargs)
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the daemon starts
+            return proc
+        subprocess.Popen = popen
+        root = Path({str(tmp_path)!r})
+        layer = FuseLayer(root / "backing", root / "point", policy="disk_full", state_dir=root)
         try:
             layer.mount()
         except KeyboardInterrupt:

@@ -111,13 +111,14 @@ class FuseLayer:
         argv = [sys.executable, "-m", "trainguard.faults.fusefs", str(self.backing), str(self.point),
                 "--policy", self.policy, "--trigger", str(self.trigger), "--events", str(self.events),
                 "--parent", str(os.getpid())]
-        # a signal inside Popen would leave a daemon no unmount() knows of
-        with open(self.log, "wb") as log, signals_deferred():
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         start_new_session=True)
-            _live.add(str(self.point))
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
         try:
+            # a signal inside Popen would leave a daemon no unmount() knows of: it is held, and
+            # delivered when the block ends, where the handler below unmounts what started
+            with open(self.log, "wb") as log, signals_deferred():
+                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                             start_new_session=True)
+                _live.add(str(self.point))
             while time.monotonic() < deadline:
                 if _mounted(self.point):
                     return
