@@ -34,6 +34,16 @@ def run_python(code: str, cwd: Path, timeout: float = 60) -> subprocess.Complete
                           text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+def _interrupted_and_nothing_left(done: subprocess.CompletedProcess[str], tmp_path: Path) -> None:
+    """mount() raised KeyboardInterrupt with the layer cleaned up: no mount, no daemon."""
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("interrupted None"), done.stdout + done.stderr
+    assert mounts_under(tmp_path) == []
+    daemons = [p for p in psutil.process_iter(["cmdline"])
+               if str(tmp_path / "point") in " ".join(p.info["cmdline"] or [])]
+    assert daemons == [], [p.info["cmdline"] for p in daemons]
+
+
 def test_a_signal_while_the_fuse_layer_mounts_leaves_nothing(tmp_path: Path) -> None:
     from trainguard.faults.fusefs import fuse_unavailable
 
@@ -60,12 +70,7 @@ def test_a_signal_while_the_fuse_layer_mounts_leaves_nothing(tmp_path: Path) -> 
             sys.exit(0)
         print("mounted before the signal")
     """, tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("interrupted None"), done.stdout + done.stderr
-    assert mounts_under(tmp_path) == []
-    daemons = [p for p in psutil.process_iter(["cmdline"])
-               if str(tmp_path / "point") in " ".join(p.info["cmdline"] or [])]
-    assert daemons == [], [p.info["cmdline"] for p in daemons]
+    _interrupted_and_nothing_left(done, tmp_path)
 
 
 def test_ctrl_c_held_inside_popen_still_unmounts_the_daemon_it_started(tmp_path: Path) -> None:
@@ -96,12 +101,7 @@ def test_ctrl_c_held_inside_popen_still_unmounts_the_daemon_it_started(tmp_path:
             sys.exit(0)
         print("mounted before the signal")
     """, tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("interrupted None"), done.stdout + done.stderr
-    assert mounts_under(tmp_path) == []
-    daemons = [p for p in psutil.process_iter(["cmdline"])
-               if str(tmp_path / "point") in " ".join(p.info["cmdline"] or [])]
-    assert daemons == [], [p.info["cmdline"] for p in daemons]
+    _interrupted_and_nothing_left(done, tmp_path)
 
 
 @pytest.mark.skipif(not ROOT, reason="memory cgroups need root")
