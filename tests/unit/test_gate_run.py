@@ -19,12 +19,16 @@ from trainguard.cli import main
 
 pytestmark = pytest.mark.timeout(240)
 
+# the ranks end each step in a barrier (--sync-dir), as a DDP job's all-reduce makes them: without
+# it a loaded machine let rank 0 lag two steps behind rank 1, so the kill after rank 1's step 6
+# came before rank 0's first checkpoint and its restart rightly began at step 1
+
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 
 JOB = """
 job:
   name: toy-gate
-  command: "python toy_train.py --steps {steps} --seed {seed} --ckpt-dir {checkpoint_dir} --sleep 0.02"
+  command: "python toy_train.py --steps {steps} --seed {seed} --ckpt-dir {checkpoint_dir} --sleep 0.02 --sync-dir {run_dir}/sync"
   resume_args: "--resume"
   world_size: 2
   metrics:
