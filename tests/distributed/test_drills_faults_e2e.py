@@ -161,12 +161,13 @@ def test_network_continue_when_the_steps_end_inside_the_fault(tmp_path: Path, se
     if it exits within ``deadline`` of its last step; a shutdown that waits for the service
     does not."""
     flush = "--timeout 0 --flush-timeout 0" if defect else "--timeout 0.3 --flush-timeout 1"
-    drill = ("{name: net, fault: network, steps: 40, after_step: 10, duration: 8, expect: continue, "
+    # a 16 s window: at load 5 the 30 steps after the fault once ended after an 8 s one
+    drill = ("{name: net, fault: network, steps: 40, after_step: 10, duration: 16, expect: continue, "
              "deadline: 3, params: {toxic: timeout, stream: upstream, attributes: {timeout: 0}, upstream: '"
              + service + f"'}}, args: '--background --sleep 0.02 {flush}'}}")
     result = run(tmp_path, HTTP, drill, script=DATA / "faults" / "http_job.py", service=service)
     rates = result.evidence["step_rate"]
-    assert rates["during_until_last_step"] is True, rates  # all 40 steps inside the 8 s window
+    assert rates.get("during_until_last_step") is True, rates  # all 40 steps inside the window
     if defect:
         assert result.status == "failed", result.summary
         assert "after its last step" in result.summary, result.summary
