@@ -222,7 +222,7 @@ def test_recover_passes_when_the_restart_resumes_and_matches() -> None:
     status, summary, evidence = judge_recover(_context(KILL, attempts))
     assert status == "passed", summary
     assert "recovered with 1 restart(s), 1 step(s) lost" in summary
-    assert evidence["lost_steps"] == 1 and evidence["resumes"][0]["resumed_from_step"] == 5
+    assert evidence.lost_steps == 1 and evidence.resumes[0].resumed_from_step == 5
 
 
 def test_recover_catches_a_restart_from_scratch_even_when_the_numbers_match() -> None:
@@ -230,7 +230,7 @@ def test_recover_catches_a_restart_from_scratch_even_when_the_numbers_match() ->
     status, summary, evidence = judge_recover(_context(KILL, attempts))
     assert status == "failed"
     assert "began again at step 1: no usable checkpoint, all progress lost" in summary
-    assert evidence["lost_steps"] == 6 and evidence["likely_causes"]
+    assert evidence.lost_steps == 6 and evidence.likely_causes
 
 
 def test_recover_enforces_max_lost_steps_and_the_trajectory() -> None:
@@ -260,7 +260,7 @@ def test_a_fault_that_struck_after_the_last_step_is_an_error_not_a_pass() -> Non
     status, summary, evidence = judge_recover(_context(KILL, attempts))
     assert status == "error"
     assert "the fault came too late to test anything: rank 1 had already printed its last step (12)" in summary
-    assert evidence["watched_rank_step_at_injection"] == 12
+    assert evidence.watched_rank_step_at_injection == 12
 
 
 class _VerifyRunner:
@@ -288,7 +288,7 @@ def test_fail_clean_passes_on_a_prompt_error_exit_and_an_intact_checkpoint(tmp_p
     status, summary, evidence = judge_fail_clean(c)
     assert status == "passed", summary
     assert runner.calls == [{"label": "drill-f-verify", "resume": True, "checkpoint_dir": Path("/nonexistent")}]
-    assert evidence["exit_after_s"] == 3.0 and evidence["checkpoint"] == {"intact": True, "resumed_from_step": 5}
+    assert evidence.exit_after_s == 3.0 and evidence.checkpoint.to_dict() == {"intact": True, "resumed_from_step": 5}
 
 
 def test_fail_clean_catches_a_hang_a_late_exit_a_silent_exit_and_a_lost_checkpoint(tmp_path: Path) -> None:
@@ -333,7 +333,7 @@ def test_fail_clean_takes_any_line_the_job_wrote_as_its_report_and_shows_it(tmp_
     status, summary, evidence = _fail_clean_on(tmp_path, f"step 7 loss 0.5\n{TQDM}\n{said}\n"
                                                "/x/train.py:9: UserWarning: slow\n  warnings.warn('slow')\n")
     assert status == "passed", summary
-    assert evidence["error_line"] == said and f'error reported ("{said}")' in summary
+    assert evidence.error_line == said and f'error reported ("{said}")' in summary
 
 
 @pytest.mark.parametrize("stderr", [
@@ -348,7 +348,7 @@ def test_fail_clean_fails_an_exit_that_reported_nothing(tmp_path: Path, stderr: 
     status, summary, evidence = _fail_clean_on(tmp_path, stderr)
     assert status == "failed"
     assert "rank 0 exited with code 1 but wrote no error to stderr after the fault" in summary
-    assert "error_line" not in evidence
+    assert "error_line" not in evidence.to_dict()
 
 
 def test_continue_judges_the_rate_during_the_fault_and_the_faults_own_check() -> None:
@@ -371,7 +371,7 @@ def test_continue_judges_the_rate_during_the_fault_and_the_faults_own_check() ->
     assert status == "failed"
     assert "the step rate during the fault fell to 20% of the rate before" in summary
     assert "3 of 30 loss values never reached the tracking store" in summary
-    assert math.isclose(evidence["step_rate"]["during_over_before"], 0.2, abs_tol=0.01)
+    assert math.isclose(evidence.step_rate.during_over_before, 0.2, abs_tol=0.01)
     relaxed = spec.model_copy(update={"min_rate": 0.1})
     c.spec = relaxed
     fault.verify_continue = lambda result: []  # type: ignore[method-assign]
@@ -420,10 +420,10 @@ def test_recover_causes_follow_the_evidence() -> None:
 
     diverged = TrajectoryDiff(metric="loss", compared_steps=9, first_divergent_step=5, first_values=(1.0, 2.0),
                               max_abs_diff=1.0, max_rel_diff=0.5, missing_in_actual=[], missing_in_expected=[])
-    resumed = recover_causes([{"resumed_from_step": 4}], diverged)
+    resumed = recover_causes([4], diverged)
     assert resumed[0].startswith("state missing from the checkpoint") and "--only resume" in resumed[0]
     assert not any(c.startswith("no checkpoint") for c in resumed)
-    scratch = recover_causes([{"resumed_from_step": 0, "began_again": True}], diverged)
+    scratch = recover_causes([0], diverged)
     assert scratch == list(DRILL_CAUSES["recover"])
 
 

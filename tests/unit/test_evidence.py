@@ -62,3 +62,55 @@ def test_a_merged_field_writes_its_keys_into_the_record_where_it_stands() -> Non
     record.launcher = {"memory_limit": {"rank": 1}, "started_ahead": False}
     assert record.to_dict() == {"outcome": "timeout", "started_ahead": False, "memory_limit": {"rank": 1}, "tail": "t"}
     assert list(record.to_dict()) == ["outcome", "started_ahead", "memory_limit", "tail"]
+
+
+def test_a_trailing_field_is_written_after_the_fields_of_every_record_that_extends_it() -> None:
+    from dataclasses import field
+
+    from trainguard.evidence import TRAILING, known
+
+    @dataclass
+    class _Base(Evidence):
+        common: int
+        causes: list[str] | Unset = field(default=UNSET, metadata=TRAILING)
+
+    @dataclass
+    class _Kind(_Base):
+        own: int | Unset = UNSET
+
+    record = _Kind(1, own=2)
+    assert list(record.to_dict()) == ["common", "own"]
+    record.causes = ["x"]
+    assert list(record.to_dict()) == ["common", "own", "causes"]
+    # a field not set is no finding: falsy, and known() reads it as None
+    assert not UNSET and known(_Kind(1).own) is None and known(record.own) == 2
+
+
+def test_a_drills_record_per_expectation_writes_the_common_keys_then_its_own_then_the_causes() -> None:
+    from trainguard.drills.evidence import (
+        AttemptEvidence,
+        CheckpointIntact,
+        FailCleanEvidence,
+        SaveUnderKill,
+        StepRate,
+    )
+
+    attempt = AttemptEvidence(outcome="failed", reason="rank 1 exited 1", exits=[], last_step=8,
+                              duration_s=3.0, run_dir="r", failed_rank=1, classified="exit code 1")
+    record = FailCleanEvidence(
+        injected_at_s=1.0, injected_after_step=8, watched_rank=1, watched_rank_step_at_injection=8,
+        detected_after_s=0.5, attempt_ended_after_s=0.6, restarts=0, attempts=[attempt],
+        step_rate=StepRate(unit="steps/s of rank 1", before=10.0, during=None), fault_evidence={},
+        reference_run_dir="ref")
+    record.exit_after_s = 0.6
+    record.likely_causes = ["a checkpoint overwritten in place"]
+    record.checkpoint = CheckpointIntact(intact=False, why="resume failed")
+    record.save = SaveUnderKill(held_write={"path": "c/step8.pt"}, latest_complete_at_kill={"step": 4},
+                                kill_to_exit_s=0.1, resumed_from_step=4)
+    written = json.loads(json.dumps(record.to_dict()))
+    keys = list(written)
+    assert keys[:3] == ["injected_at_s", "injected_after_step", "watched_rank"]
+    assert keys[-2:] == ["likely_causes", "save"] and keys.index("exit_after_s") < keys.index("checkpoint")
+    assert written["attempts"][0]["failed_rank"] == 1 and "stacks" not in written["attempts"][0]
+    assert written["checkpoint"] == {"intact": False, "why": "resume failed"}
+    assert "killed_rank_resumed_from_step" not in written["save"]

@@ -226,7 +226,7 @@ def test_stop_passes_on_a_prompt_error_and_names_the_step_and_rank(tmp_path: Pat
     assert status == "passed", summary
     assert summary.startswith("nan put into rank 1's loss at step 4 (via torch.nn.functional.mse_loss")
     assert "rank 1 exited with an error 1.18 s after the fault" in summary
-    assert evidence["numerics"]["put_into"] == {"rank": 1, "step": 4, "target": "loss", "value": "nan",
+    assert evidence.numerics["put_into"] == {"rank": 1, "step": 4, "target": "loss", "value": "nan",
                                                 "via": "torch.nn.functional.mse_loss"}
 
 
@@ -238,12 +238,12 @@ def test_stop_fails_a_job_that_trains_on_and_a_silent_exit(tmp_path: Path) -> No
            "later metric value(s) non-finite (steps 5..8 on ranks 0, 1)" in summary
     assert "the nan put into rank 1 reached every rank (first non-finite metric: rank 0 at step 5, " \
            "rank 1 at step 4)" in summary
-    assert evidence["likely_causes"][0].startswith("no check for non-finite values")
+    assert evidence.likely_causes[0].startswith("no check for non-finite values")
     (tmp_path / "rank1.stderr.log").write_text("")
     silent = _result("failed", _points({0: [1.0] * 3, 1: [1.0] * 3}), (-15, 1), tmp_path)
     status, summary, evidence = _judge({"policy": "stop"}, silent, first_exit=(1, 1, 2.0))
     assert status == "failed" and "rank 1 exited with code 1 but wrote no error to stderr" in summary
-    assert evidence["likely_causes"][0].startswith("the job stops without saying why")
+    assert evidence.likely_causes[0].startswith("the job stops without saying why")
 
 
 def test_skip_passes_when_every_later_value_is_finite_and_fails_on_a_spread(tmp_path: Path) -> None:
@@ -251,7 +251,7 @@ def test_skip_passes_when_every_later_value_is_finite_and_fails_on_a_spread(tmp_
     status, summary, evidence = _judge({"policy": "skip"}, _result("ok", skipped, (0, 0), tmp_path))
     assert status == "passed", summary
     assert "the job went on to step 8 and all 8 metric value(s) after step 4 are finite" in summary
-    assert evidence["numerics"]["first_nonfinite"] == {"step": 4, "rank": 1, "metric": "loss", "value": "nan"}
+    assert evidence.numerics["first_nonfinite"] == {"step": 4, "rank": 1, "metric": "loss", "value": "nan"}
     # a NaN gradient of rank 1 (its loss finite at step 4) is in every rank's loss from step 5 on
     spread = _points({0: [1.0] * 4 + [NAN] * 4, 1: [1.0] * 4 + [NAN] * 4})
     grads = {"event": "injected", "step": 4, "via": "backward (parameter gradients)"}
@@ -260,8 +260,8 @@ def test_skip_passes_when_every_later_value_is_finite_and_fails_on_a_spread(tmp_
     assert status == "failed"
     assert "every later metric must be finite, but it trained on after the non-finite value" in summary
     assert "nan put into rank 1's gradients at step 4" in summary and "reached every rank" in summary
-    assert evidence["numerics"]["reached_every_rank"] is True
-    assert evidence["likely_causes"][0].startswith("the check reads only the loss")
+    assert evidence.numerics["reached_every_rank"] is True
+    assert evidence.likely_causes[0].startswith("the check reads only the loss")
 
 
 def test_skip_fails_a_job_that_stops_and_nothing_is_judged_without_the_value_in(tmp_path: Path) -> None:
@@ -269,7 +269,7 @@ def test_skip_fails_a_job_that_stops_and_nothing_is_judged_without_the_value_in(
     stopped = _result("failed", _points({0: [1.0] * 3, 1: [1.0] * 3}), (-15, 1), tmp_path)
     status, summary, evidence = _judge({"policy": "skip"}, stopped, first_exit=(1, 1, 2.0))
     assert status == "failed" and "the job did not go on after the nan" in summary
-    assert evidence["likely_causes"][0].startswith("the job stops on a non-finite value where it should skip")
+    assert evidence.likely_causes[0].startswith("the job stops on a non-finite value where it should skip")
     status, summary, _ = _judge({"policy": "skip"}, _result("ok", _points({0: [1.0] * 8, 1: [1.0] * 8}), (0, 0),
                                                              tmp_path), event={})
     assert status == "passed"  # an event without a step: the first step after the trigger

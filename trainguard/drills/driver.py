@@ -254,7 +254,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
     reference = runner.reference(request)
     if not reference.ok:
         return result("error", f"the uninterrupted reference run failed, so there is nothing to "
-                      f"drill: {reference.reason}", {"reference": attempt_evidence(reference, fault)})
+                      f"drill: {reference.reason}", {"reference": attempt_evidence(reference, fault).to_dict()})
     reporting = sorted({p.rank for p in reference.points if p.name == metric})
     if not reporting:
         return result("error", f"the reference run printed no `{metric}` line; check "
@@ -327,11 +327,12 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
         driver.finish()
         driver.clear()
         judge = storage_judge(spec, fault) or judge_for(spec.expectation, ray_recover=ray_recover)
-        status, summary, evidence = judge(
+        status, summary, found = judge(
             DrillContext(runner, spec, fault, driver.info, run, reference, request, metric,
                      ctx.checkpoint_dir, stall * runner.settings.timeout_scale,
                      job_file.job.metric_line_regexes)
         )
+        evidence = found.to_dict()
         evidence["drill_dir"] = str(drill_dir)
         evidence["run_dir"] = str(run.run_dir)  # the attempts' logs (attempt-N/)
         return result(status, summary, evidence)

@@ -19,15 +19,26 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories
 from trainguard.config import DrillSpec
+from trainguard.drills.evidence import (
+    AttemptEvidence,
+    CheckpointIntact,
+    ContinueEvidence,
+    DrillEvidence,
+    ExitEvidence,
+    FailCleanEvidence,
+    RecoverEvidence,
+    Resume,
+    StepRate,
+)
 from trainguard.drills.steps import judged_steps
-from trainguard.evidence import UNSET, Evidence, Unset
+from trainguard.evidence import UNSET, known
 from trainguard.faults.base import Fault
 from trainguard.launch import MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories, first_step
@@ -43,11 +54,9 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "DRILL_CAUSES",
     "DrillContext",
-    "DrillEvidence",
     "Injection",
     "Judge",
     "Judgement",
-    "StepRate",
     "attempt_evidence",
     "common_evidence",
     "diff_problem",
@@ -84,11 +93,14 @@ DRILL_CAUSES = {
 
 class Judgement(NamedTuple):
     """A judge's verdict on one drill: the check's status, its one line for people, and the
-    evidence (the report's ``evidence`` object, with the driver's common fields added)."""
+    evidence (its expectation's record; the driver adds where the drill's files are)."""
 
     status: CheckStatus
     summary: str
-    evidence: dict[str, Any]
+    evidence: DrillEvidence
+
+
+E = TypeVar("E", bound=DrillEvidence)
 
 
 #: a judge: what the driver saw -> its verdict
@@ -163,27 +175,27 @@ def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def attempt_evidence(result: RunResult, fault: Fault) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "outcome": result.outcome,
-        "reason": result.reason,
-        "exits": [
+def attempt_evidence(result: RunResult, fault: Fault) -> AttemptEvidence:
+    entry = AttemptEvidence(
+        outcome=result.outcome,
+        reason=result.reason,
+        exits=[
             {"rank": e.rank, "returncode": e.returncode, "signal": e.signal,
              "killed_by_trainguard": e.killed_by_trainguard}
             for e in result.exits
         ],
-        "last_step": result.last_step,
-        "duration_s": round(result.duration_s, 2),
-        "run_dir": str(result.run_dir),
-    }
+        last_step=result.last_step,
+        duration_s=round(result.duration_s, 2),
+        run_dir=str(result.run_dir),
+    )
     if not result.ok:
-        entry["failed_rank"] = result.failed_rank
-        entry["classified"] = fault.classify(result)
-        entry["stderr_tail"] = result.stderr_tail[-1500:]
+        entry.failed_rank = result.failed_rank
+        entry.classified = fault.classify(result)
+        entry.stderr_tail = result.stderr_tail[-1500:]
     stacks = result.evidence.get("stacks")
     if stacks:
-        entry["stacks_dumped"] = sorted(int(r) for r, text in stacks.items() if not text.startswith("("))
-        entry["stacks"] = {r: text[-2000:] for r, text in stacks.items()}
+        entry.stacks_dumped = sorted(int(r) for r, text in stacks.items() if not text.startswith("("))
+        entry.stacks = {r: text[-2000:] for r, text in stacks.items()}
     return entry
 
 
@@ -207,7 +219,8 @@ def new_stderr(result: RunResult, info: Injection, rank: int) -> str:
     return ""
 
 
-def recovered_run_problems(c: DrillContext, spec: DrillSpec, diff: TrajectoryDiff, evidence: dict[str, Any]) -> list[str]:
+def recovered_run_problems(c: DrillContext, spec: DrillSpec, diff: TrajectoryDiff,
+                           evidence: RecoverEvidence) -> list[str]:
     """A recovered run must match the uninterrupted one: its trajectory and its final checkpoint."""
     problems = []
     problem = diff_problem(c.metric, diff, "recovered run")
@@ -215,7 +228,7 @@ def recovered_run_problems(c: DrillContext, spec: DrillSpec, diff: TrajectoryDif
         problems.append(problem)
     state = compare_checkpoint_dirs(c.checkpoint_dir, c.reference.checkpoints,
                                     rtol=spec.rtol, atol=spec.atol)
-    evidence["checkpoint"] = state.as_evidence()
+    evidence.checkpoint = state.as_evidence()
     if state.compared and not state.ok:
         problems.append(f"the final checkpoint differs from the uninterrupted run's in {state.summary()}")
     return problems
@@ -233,45 +246,9 @@ def diff_problem(metric: str, diff: TrajectoryDiff, what: str) -> str | None:
     return f"the {what} is missing steps {diff.missing_in_actual[:5]} of the uninterrupted run"
 
 
-@dataclass
-class StepRate(Evidence):
-    """The watched rank's step rate before, during and after the fault (steps per second)."""
-
-    unit: str
-    before: float | None
-    during: float | None
-    #: the job finished its steps inside the fault's window: "during" ends at its last step
-    during_until_last_step: bool | Unset = UNSET
-    last_step_at_s: float | Unset | None = UNSET
-    after_clear: float | Unset | None = UNSET
-    after_restart: float | Unset | None = UNSET
-
-
-@dataclass
-class DrillEvidence(Evidence):
-    """What every drill's report holds, whatever judges it (:func:`common_evidence`); each
-    judge adds its own findings to :meth:`to_dict`'s result."""
-
-    injected_at_s: float | None
-    injected_after_step: int | None
-    watched_rank: int
-    #: the watched rank's progress when the fault struck (output read up to then): the monitor
-    #: reads the job's lines with a lag, which grows on a loaded machine
-    watched_rank_step_at_injection: int | None
-    detected_after_s: float | None
-    attempt_ended_after_s: float | None
-    restarts: int
-    #: :func:`attempt_evidence` of each attempt
-    attempts: list[dict[str, Any]]
-    step_rate: StepRate
-    #: the fault's own record (:meth:`Fault.evidence`)
-    fault_evidence: dict[str, Any]
-    reference_run_dir: str
-    first_exit: dict[str, int | None] | Unset = UNSET
-    fault_errors: list[str] | Unset = UNSET
-
-
-def common_evidence(c: DrillContext) -> dict[str, Any]:
+def common_evidence(c: DrillContext, kind: type[E]) -> E:
+    """What every drill's report holds, as the expectation's record ``kind`` (its own fields
+    left to its judge)."""
     first = c.run.attempts[0]
     watched = _points(first, c.metric, c.info.watch_rank)
     injected, cleared = c.fault.injected_at, c.fault.cleared_at
@@ -295,7 +272,7 @@ def common_evidence(c: DrillContext) -> dict[str, Any]:
         rates.after_clear = _round(_rate([p for p in watched if p.t > cleared]))
     if c.run.restarts:
         rates.after_restart = _round(_rate(_points(c.run.final, c.metric, c.info.watch_rank)))
-    evidence = DrillEvidence(
+    evidence = kind(
         injected_at_s=_round(injected), injected_after_step=c.info.injected_step,
         watched_rank=c.info.watch_rank,
         watched_rank_step_at_injection=max((p.step for p in before), default=None),
@@ -309,7 +286,7 @@ def common_evidence(c: DrillContext) -> dict[str, Any]:
         evidence.first_exit = {"rank": rank, "returncode": code}
     if c.info.errors:
         evidence.fault_errors = list(c.info.errors)
-    return evidence.to_dict()
+    return evidence
 
 
 def not_injected(c: DrillContext) -> Judgement | None:
@@ -319,12 +296,12 @@ def not_injected(c: DrillContext) -> Judgement | None:
         how = "finished" if first.ok else f"ended ({first.reason or first.outcome})"
         return Judgement("error", f"the fault was never injected: the first attempt {how} before rank "
                 f"{c.info.watch_rank} printed step {c.spec.after_step} of `{c.metric}`",
-                common_evidence(c))
-    evidence = common_evidence(c)
+                common_evidence(c, DrillEvidence))
+    evidence = common_evidence(c, DrillEvidence)
     if c.info.inject_failed is not None:
         return Judgement("error", f"the fault could not be injected after step {c.info.injected_step}: "
                 f"{c.info.inject_failed}", evidence)
-    reached = evidence["watched_rank_step_at_injection"]
+    reached = evidence.watched_rank_step_at_injection
     if c.info.target_exited_before or (reached is not None and reached >= c.spec.steps):
         where = (f"rank {c.spec.rank} had already exited" if c.info.target_exited_before
                  else f"rank {c.info.watch_rank} had already printed its last step ({reached})")
@@ -341,7 +318,7 @@ def trajectory_diff(c: DrillContext, points: Iterable[MetricPoint], steps: Itera
                                 rtol=c.spec.rtol, atol=c.spec.atol)
 
 
-def _lost_steps(c: DrillContext) -> tuple[int, list[dict[str, Any]], bool]:
+def _lost_steps(c: DrillContext) -> tuple[int, list[Resume], bool]:
     """Steps of progress lost over all restarts; per restart; whether one restarted from 0."""
     total, per, from_scratch = 0, [], False
     start = first_step(c.reference.points, c.metric)  # 1, or 0 for a job counting from 0
@@ -355,18 +332,18 @@ def _lost_steps(c: DrillContext) -> tuple[int, list[dict[str, Any]], bool]:
         total += lost
         again = min(steps) <= start and done >= start
         from_scratch |= again
-        per.append({"last_step_before": done, "resumed_from_step": max(resumed_from, 0), "lost": lost,
-                    **({"began_again": True} if again else {})})
+        per.append(Resume(last_step_before=done, resumed_from_step=max(resumed_from, 0), lost=lost,
+                          began_again=True if again else UNSET))
     return total, per, from_scratch
 
 
-def recover_causes(resumes: list[dict[str, Any]], diff: TrajectoryDiff) -> list[str]:
+def recover_causes(resumed_from: Sequence[int | None], diff: TrajectoryDiff) -> list[str]:
     """The recover causes in the order the evidence gives: when every restart resumed from a
-    checkpoint and the run then diverged, the state missing from that checkpoint comes first
-    (and "no checkpoint" is ruled out); the resume check names which state."""
+    checkpoint (``resumed_from``: the step each restart resumed after, 0 for one that began
+    again) and the run then diverged, the state missing from that checkpoint comes first (and
+    "no checkpoint" is ruled out); the resume check names which state."""
     causes = list(DRILL_CAUSES["recover"])
-    resumed = bool(resumes) and not any(r.get("began_again") or not r.get("resumed_from_step")
-                                        for r in resumes)
+    resumed = bool(resumed_from) and all(resumed_from)
     if resumed and diff.first_divergent_step is not None:
         state = next(c for c in causes if c.startswith("state missing"))
         causes = [state + " -- `trainguard check --only resume` reads the checkpoint and names "
@@ -378,15 +355,15 @@ def judge_recover(c: DrillContext) -> Judgement:
     skipped = not_injected(c)
     if skipped:
         return skipped
-    evidence = common_evidence(c)
+    evidence = common_evidence(c, RecoverEvidence)
     spec, run = c.spec, c.run
     lost, per_restart, from_scratch = _lost_steps(c)
-    evidence.update({"lost_steps": lost, "resumes": per_restart})
+    evidence.lost_steps, evidence.resumes = lost, per_restart
     compared, unprinted = judged_steps(run.attempts, c.metric, spec.steps)
     diff = trajectory_diff(c, run.points, compared)
-    evidence["trajectory"] = diff.as_evidence()
+    evidence.trajectory = diff.as_evidence()
     if unprinted:
-        evidence["trajectory"]["unprinted_resumed_steps"] = unprinted
+        evidence.trajectory["unprinted_resumed_steps"] = unprinted
     problems: list[str] = []
     if not run.ok:
         final = run.final
@@ -409,28 +386,27 @@ def judge_recover(c: DrillContext) -> Judgement:
     if run.ok:
         problems += recovered_run_problems(c, spec, diff, evidence)
     first = run.attempts[0]
-    detected = evidence["detected_after_s"]
+    detected = evidence.detected_after_s
     what = (f"{spec.fault} on rank {spec.rank} after step {c.info.injected_step}: "
             f"attempt 0 {first.outcome} ({c.fault.classify(first) if not first.ok else 'no failure'}"
             f"{f', detected after {detected:.2f} s' if detected is not None else ''})")
     if problems:
-        evidence["likely_causes"] = recover_causes(per_restart, diff)
+        evidence.likely_causes = recover_causes([r.resumed_from_step for r in per_restart], diff)
         return Judgement("failed", f"{what}; " + "; ".join(problems), evidence)
     recovery = None
     if c.info.injected_mono is not None and c.info.first_step_after_restart_mono is not None:
         recovery = c.info.first_step_after_restart_mono - c.info.injected_mono
-        evidence["fault_to_first_step_after_restart_s"] = round(recovery, 3)
+        evidence.fault_to_first_step_after_restart_s = round(recovery, 3)
     restarts = (f"recovered with {run.restarts} restart(s), {lost} step(s) lost"
                 + (f", first step {recovery:.1f} s after the fault" if recovery is not None else ""))
     if not run.restarts:
         restarts = "the job completed without needing a restart"
-    state = evidence.get("checkpoint", {})
-    same = ", final checkpoints equal" if state.get("compared") else ""
+    same = ", final checkpoints equal" if checkpoints_compared(evidence) else ""
     return Judgement("passed", f"{what}; {restarts}; all {diff.compared_steps} steps match the "
             f"uninterrupted run{same}", evidence)
 
 
-def exit_problems(c: DrillContext, evidence: dict[str, Any]) -> list[str]:
+def exit_problems(c: DrillContext, evidence: ExitEvidence) -> list[str]:
     """What is wrong with how the first attempt ended, for a job that must exit non-zero by
     itself within ``deadline`` of the fault with an error on stderr (or dead of a signal): one
     sentence per problem. Fills ``exit_after_s``, ``failed_rank_stderr_after_fault``,
@@ -442,7 +418,7 @@ def exit_problems(c: DrillContext, evidence: dict[str, Any]) -> list[str]:
     exit_after = None
     if info.first_exit is not None and c.fault.injected_at is not None:
         exit_after = info.first_exit[2] - c.fault.injected_at
-        evidence["exit_after_s"] = round(exit_after, 3)
+        evidence.exit_after_s = round(exit_after, 3)
     if first.ok:
         problems.append("the job completed (exit 0) despite the fault; expected it to fail"
                         + (f" (Ray Train's FailureConfig(max_failures={c.runner.job_file.job.max_restarts})"
@@ -464,13 +440,13 @@ def exit_problems(c: DrillContext, evidence: dict[str, Any]) -> list[str]:
         rank = first.failed_rank
         exit_info = next((e for e in first.exits if e.rank == rank), None)
         text = new_stderr(first, info, rank)
-        evidence["failed_rank_stderr_after_fault"] = text[-1500:]
+        evidence.failed_rank_stderr_after_fault = text[-1500:]
         said = reported_line(text, c.metric_lines)
         if exit_info is not None and exit_info.signal:
-            evidence["error_reported"] = f"rank {rank} died of {exit_info.signal} (no chance to write)"
+            evidence.error_reported = f"rank {rank} died of {exit_info.signal} (no chance to write)"
         elif said is not None:
-            evidence["error_reported"] = "yes"
-            evidence["error_line"] = said[:300]
+            evidence.error_reported = "yes"
+            evidence.error_line = said[:300]
         else:
             problems.append(f"rank {rank} exited with code {exit_info.returncode if exit_info else '?'} "
                             "but wrote no error to stderr after the fault (nothing but "
@@ -483,29 +459,29 @@ def judge_fail_clean(c: DrillContext) -> Judgement:
     skipped = not_injected(c)
     if skipped:
         return skipped
-    evidence = common_evidence(c)
+    evidence = common_evidence(c, FailCleanEvidence)
     spec, info = c.spec, c.info
     first = c.run.attempts[0]
     problems = exit_problems(c, evidence)
-    exit_after = evidence.get("exit_after_s")
+    exit_after = known(evidence.exit_after_s)
     # the latest checkpoint must be intact: resume from it with the fault removed
     verify = c.runner.run(c.request, label=f"drill-{spec.name}-verify", resume=True,
                           checkpoint_dir=c.checkpoint_dir)
-    evidence["verification"] = attempt_evidence(verify, c.fault)
+    evidence.verification = attempt_evidence(verify, c.fault)
     done = max((p.step for p in first.points if p.name == c.metric), default=0)
     if not verify.ok:
         problems.append(f"the resume run from the latest checkpoint (fault removed) failed: "
                         f"{verify.reason} -- the checkpoint is not usable")
-        evidence["checkpoint"] = {"intact": False, "why": verify.reason}
+        evidence.checkpoint = CheckpointIntact(intact=False, why=verify.reason)
     else:
         steps = [p.step for p in verify.points if p.name == c.metric]
         start = first_step(c.reference.points, c.metric)
         resumed_from = min(steps) - 1 if steps else None
         lost = max(0, done - resumed_from) if resumed_from is not None else None
-        evidence.update({"resumed_from_step": None if resumed_from is None else max(resumed_from, 0),
-                         "lost_steps": lost})
+        evidence.resumed_from_step = None if resumed_from is None else max(resumed_from, 0)
+        evidence.lost_steps = lost
         diff = trajectory_diff(c, verify.points, range((resumed_from or 0) + 1, spec.steps + 1))
-        evidence["trajectory"] = diff.as_evidence()
+        evidence.trajectory = diff.as_evidence()
         intact = True
         if resumed_from is None:
             problems.append(f"the resume run printed no `{c.metric}` line")
@@ -520,36 +496,42 @@ def judge_fail_clean(c: DrillContext) -> Judgement:
             intact = False
         if spec.max_lost_steps is not None and lost is not None and lost > spec.max_lost_steps:
             problems.append(f"{lost} steps of progress lost (max_lost_steps {spec.max_lost_steps})")
-        evidence["checkpoint"] = {"intact": intact, "resumed_from_step": resumed_from}
+        evidence.checkpoint = CheckpointIntact(intact=intact, resumed_from_step=resumed_from)
     how = c.fault.classify(first) if not first.ok else "completed"
     what = (f"{spec.fault} on rank {spec.rank} after step {info.injected_step}: {how}"
             + (f" {exit_after:.2f} s after the fault" if exit_after is not None and not first.ok else ""))
     if problems:
-        evidence["likely_causes"] = _with_faults_causes(c, first, _fail_clean_causes(first, info, evidence))
-        torn = (evidence.get("checkpoint") or {}).get("intact") is False
+        causes = _with_faults_causes(c, first, _fail_clean_causes(first, evidence))
+        evidence.likely_causes = causes
+        torn = isinstance(evidence.checkpoint, CheckpointIntact) and not evidence.checkpoint.intact
         return Judgement("failed", f"{what}; " + "; ".join(problems) + (
-            f". Most likely {evidence['likely_causes'][0]}" if torn else ""), evidence)
+            f". Most likely {causes[0]}" if torn else ""), evidence)
     return Judgement("passed", f"{what} (deadline {spec.deadline_s:g} s), error reported{_said(evidence)}; "
-            f"resumed from checkpoint step {evidence['resumed_from_step']} with the fault removed and matched the "
+            f"resumed from checkpoint step {evidence.resumed_from_step} with the fault removed and matched the "
             "uninterrupted run", evidence)
 
 
-def _said(evidence: dict[str, Any]) -> str:
+def checkpoints_compared(evidence: RecoverEvidence) -> bool:
+    """The recovered run's final checkpoint was compared with the uninterrupted run's."""
+    return isinstance(evidence.checkpoint, dict) and bool(evidence.checkpoint.get("compared"))
+
+
+def _said(evidence: ExitEvidence) -> str:
     """`` ('the line')``: the line the failed rank reported, for a summary (nothing when it
     died of a signal)."""
-    said = evidence.get("error_line")
+    said = known(evidence.error_line)
     return f" (\"{said[:200]}\")" if said else ""
 
 
-def _fail_clean_causes(first: RunResult, info: Any, evidence: dict[str, Any]) -> list[str]:
+def _fail_clean_causes(first: RunResult, evidence: FailCleanEvidence) -> list[str]:
     """The fail_clean causes, the one the evidence shows first (with that evidence)."""
     hang, swallowed, torn = DRILL_CAUSES["fail_clean"]
-    checkpoint = evidence.get("checkpoint") or {}
-    if checkpoint.get("intact") is False:
-        why = checkpoint.get("why") or (
-            "the resume from it started again from step 1" if checkpoint.get("resumed_from_step") == 0
+    checkpoint = evidence.checkpoint
+    if isinstance(checkpoint, CheckpointIntact) and not checkpoint.intact:
+        why = checkpoint.why or (
+            "the resume from it started again from step 1" if checkpoint.resumed_from_step == 0
             else "the run resumed from it does not match the uninterrupted run")
-        written = [p for p in (evidence.get("fault_evidence") or {}).get("enospc_paths", []) if isinstance(p, str)]
+        written = [p for p in evidence.fault_evidence.get("enospc_paths", []) if isinstance(p, str)]
         where = f"; the fault hit a write to {', '.join(written[:2])}" if written else ""
         return [f"{torn} ({why}{where})", swallowed, hang]
     if first.ok:
@@ -561,34 +543,35 @@ def judge_continue(c: DrillContext) -> Judgement:
     skipped = not_injected(c)
     if skipped:
         return skipped
-    evidence = common_evidence(c)
+    evidence = common_evidence(c, ContinueEvidence)
     spec, run = c.spec, c.run
     problems: list[str] = []
     final = run.final
     if not final.ok:
         problems.append(f"the job did not run through the fault: {c.fault.classify(final)}")
     diff = trajectory_diff(c, run.points, range(1, spec.steps + 1))
-    evidence["trajectory"] = diff.as_evidence()
+    evidence.trajectory = diff.as_evidence()
     if final.ok:
         problem = diff_problem(c.metric, diff, "run under the fault")
         if problem:
             problems.append(problem)
-    rates = evidence["step_rate"]
-    if rates.get("during_until_last_step") and final.ok and not c.run.restarts:
-        lingered = final.duration_s - rates["last_step_at_s"]
-        evidence["exit_after_last_step_s"] = _round(lingered)
+    rates = evidence.step_rate
+    last_step_at = known(rates.last_step_at_s)
+    if rates.during_until_last_step is True and last_step_at is not None and final.ok and not c.run.restarts:
+        lingered = final.duration_s - last_step_at
+        evidence.exit_after_last_step_s = _round(lingered)
         if lingered > spec.deadline_s:
             problems.append(f"the job did all {spec.steps} steps during the fault but exited only "
                             f"{lingered:.1f} s after its last step (deadline {spec.deadline_s:g} s): "
                             "its shutdown blocks on the fault")
-    before, during = rates.get("before"), rates.get("during")
+    before, during = rates.before, rates.during
     ratio = during / before if before and during is not None else None
     # a fault that slows the job on purpose (slow_rank) sets its own floor when the drill gives none
     floor = spec.min_rate if spec.min_rate is not None else getattr(c.fault, "min_rate_default", spec.rate_floor)
-    rates["min_rate"] = floor
-    rates["during_over_before"] = _round(ratio)
+    rates.min_rate = floor
+    rates.during_over_before = _round(ratio)
     if ratio is None:
-        evidence["rate_note"] = "too few steps before the fault to measure the rate"
+        evidence.rate_note = "too few steps before the fault to measure the rate"
     elif ratio < floor:
         problems.append(f"the step rate during the fault fell to {ratio:.0%} of the rate before "
                         f"({during:.2f} vs {before:.2f} steps/s; min_rate {floor:g})")
@@ -596,10 +579,10 @@ def judge_continue(c: DrillContext) -> Judgement:
         problems += c.fault.verify_continue(final)
     except Exception as exc:
         problems.append(f"the fault's own check raised {type(exc).__name__}: {exc}")
-    evidence["fault_evidence"] = c.fault.evidence()  # with what its own check found
+    evidence.fault_evidence = c.fault.evidence()  # with what its own check found
     what = f"{spec.fault} on rank {spec.rank} after step {c.info.injected_step} for {spec.duration:g} s"
     if problems:
-        evidence["likely_causes"] = _with_faults_causes(c, final, list(DRILL_CAUSES["continue"]))
+        evidence.likely_causes = _with_faults_causes(c, final, list(DRILL_CAUSES["continue"]))
         return Judgement("failed", f"{what}: " + "; ".join(problems), evidence)
     shown = f"{ratio:.0%} of the rate before" if ratio is not None else "rate not measured"
     return Judgement("passed", f"{what}: the job ran through it ({shown}) and matches the uninterrupted "

@@ -20,6 +20,7 @@ import math
 from typing import Any
 
 from trainguard.config import DrillSpec
+from trainguard.drills.evidence import NonfiniteEvidence
 from trainguard.drills.judges import (
     DrillContext,
     Judgement,
@@ -27,6 +28,7 @@ from trainguard.drills.judges import (
     exit_problems,
     not_injected,
 )
+from trainguard.evidence import known
 from trainguard.launch import MetricPoint
 
 __all__ = ["NONFINITE_CAUSES", "judge_handle_nonfinite", "must_stop"]
@@ -119,7 +121,7 @@ def judge_handle_nonfinite(c: DrillContext) -> Judgement:
     skipped = not_injected(c)
     if skipped:
         return skipped
-    evidence = common_evidence(c)
+    evidence = common_evidence(c, NonfiniteEvidence)
     spec, fault, first = c.spec, c.fault, c.run.attempts[0]
     params = fault.params
     policy, target, value = str(params.get("policy", "stop")), str(params.get("target", "loss")), \
@@ -134,7 +136,7 @@ def judge_handle_nonfinite(c: DrillContext) -> Judgement:
                 "cannot tell the injected value from the job's own; fix the job (or its seed) first",
                 evidence)
     if injection is None:
-        armed = (evidence.get("fault_evidence") or {}).get("hook_armed_in_ranks")
+        armed = evidence.fault_evidence.get("hook_armed_in_ranks")
         why = ("the start-up hook did not arm in rank " f"{spec.rank} (is the job a Python process "
                "started by trainguard? see fault_evidence.hook_errors)" if armed == [] else
                f"rank {spec.rank} computed no training loss (and ran no backward) after the trigger "
@@ -153,7 +155,7 @@ def judge_handle_nonfinite(c: DrillContext) -> Judgement:
                             "via": injection.get("via")}
     put_visible = any(p.rank == spec.rank and p.step == put_step and not math.isfinite(p.value)
                       for p in metric_points)
-    evidence["numerics"] = numerics
+    evidence.numerics = numerics
     problems: list[str] = []
     if policy == "stop":
         problems = exit_problems(c, evidence)
@@ -182,12 +184,12 @@ def judge_handle_nonfinite(c: DrillContext) -> Judgement:
     if problems:
         causes = _causes(policy, first.ok, first.outcome == "hung" or c.info.stopped_at_deadline,
                          numerics, put_visible, problems)
-        evidence["likely_causes"] = causes
+        evidence.likely_causes = causes
         return Judgement("failed", f"{what}: " + "; ".join(problems) + seen + spread
                 + f". Most likely {causes[0]}", evidence)
     if policy == "stop":
-        exit_after = evidence.get("exit_after_s")
-        said = evidence.get("error_line")
+        exit_after = known(evidence.exit_after_s)
+        said = known(evidence.error_line)
         how = (f"rank {first.failed_rank} exited with an error "
                + (f"{exit_after:.2f} s after the fault" if exit_after is not None else "")
                + f" (deadline {spec.deadline_s:g} s)" + (f" (\"{said[:200]}\")" if said else ""))

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from trainguard.drills.evidence import RayRecoverEvidence, Resume
 from trainguard.drills.judges import (
     DRILL_CAUSES,
     DrillContext,
     Injection,
     Judgement,
+    checkpoints_compared,
     common_evidence,
     not_injected,
     recovered_run_problems,
@@ -75,18 +77,18 @@ def judge_ray_recover(c: DrillContext) -> Judgement:
     skipped = not_injected(c)
     if skipped:
         return skipped
-    evidence = common_evidence(c)
+    evidence = common_evidence(c, RayRecoverEvidence)
     spec, run = c.spec, c.run
     ray = _ray_restart(c)
-    evidence["ray"] = ray
+    evidence.ray = ray
     if "failure_noticed_after_s" in ray:
-        evidence["detected_after_s"] = ray["failure_noticed_after_s"]
+        evidence.detected_after_s = ray["failure_noticed_after_s"]
     resume = ray.get("resume")
     lost = resume["lost"] if resume else None
-    evidence.update({"lost_steps": lost, "resumes": [resume] if resume else [],
-                     "restarts": ray.get("restarts", 0)})
+    evidence.lost_steps, evidence.resumes = lost, [Resume(**resume)] if resume else []
+    evidence.restarts = ray.get("restarts", 0)
     if ray.get("first_step_after_s") is not None:
-        evidence["fault_to_first_step_after_restart_s"] = ray["first_step_after_s"]
+        evidence.fault_to_first_step_after_restart_s = ray["first_step_after_s"]
     steps = list(range(1, spec.steps + 1))
     if spec.fault == "node_loss" and resume:
         # a lost node takes the output its log monitor had not forwarded yet: the step the new
@@ -98,7 +100,7 @@ def judge_ray_recover(c: DrillContext) -> Judgement:
             ray["unreported_steps"] = unreported
             steps = [s for s in steps if s not in unreported]
     diff = trajectory_diff(c, run.points, steps)
-    evidence["trajectory"] = diff.as_evidence()
+    evidence.trajectory = diff.as_evidence()
     max_failures = ray["max_failures"]
     problems: list[str] = []
     if not run.ok:
@@ -124,7 +126,7 @@ def judge_ray_recover(c: DrillContext) -> Judgement:
         problems += recovered_run_problems(c, spec, diff, evidence)
     what = f"{spec.fault} on the Ray worker of rank {spec.rank} after step {c.info.injected_step}"
     if problems:
-        evidence["likely_causes"] = [
+        evidence.likely_causes = [
             "job.max_restarts (Ray Train's FailureConfig(max_failures)) is 0 or too small",
             *DRILL_CAUSES["recover"],
         ]
@@ -132,7 +134,7 @@ def judge_ray_recover(c: DrillContext) -> Judgement:
     timing = ", ".join(f"{label} {ray[key]:.1f} s" for label, key in (
         ("failure seen after", "failure_noticed_after_s"), ("new workers after", "workers_up_after_s"),
         ("first step after", "first_step_after_s")) if ray.get(key) is not None)
-    same = ", final checkpoints equal" if evidence.get("checkpoint", {}).get("compared") else ""
+    same = ", final checkpoints equal" if checkpoints_compared(evidence) else ""
     return Judgement("passed", f"{what}: Ray Train's FailureConfig(max_failures={max_failures}) restarted the "
             f"worker group {ray['restarts']} time(s) in the same fit ({timing}), resumed from "
             f"step {resume['resumed_from_step'] if resume else '?'}, {lost} step(s) lost; all "

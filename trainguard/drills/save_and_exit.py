@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trainguard.drills.evidence import PreemptionTimeline, SaveAndExitEvidence
 from trainguard.drills.judges import (
     DrillContext,
     Judgement,
@@ -29,6 +30,7 @@ from trainguard.drills.judges import (
     not_injected,
     trajectory_diff,
 )
+from trainguard.evidence import known
 from trainguard.launch import RankExit
 from trainguard.unit.checkpoints import latest_complete_checkpoint
 
@@ -103,7 +105,7 @@ def judge_save_and_exit(c: DrillContext) -> Judgement:
     skipped = not_injected(c)
     if skipped:
         return skipped
-    evidence = common_evidence(c)
+    evidence = common_evidence(c, SaveAndExitEvidence)
     spec, fault, first = c.spec, c.fault, c.run.attempts[0]
     grace = float(fault.params.get("grace", 30.0))
     notice_wall = getattr(fault, "notice_wall", None)
@@ -111,11 +113,10 @@ def judge_save_and_exit(c: DrillContext) -> Judgement:
     killed: list[int] = list(getattr(fault, "killed_at_grace", []))
     problems: list[str] = []
     causes: list[str] = []
-    timeline: dict[str, Any] = {"grace_s": grace}
     done = max((p.step for p in first.points if p.name == c.metric), default=0)
-    timeline["last_step_before_exit"] = done
+    timeline = PreemptionTimeline(grace_s=grace, last_step_before_exit=done)
     if exits:
-        timeline["exit_after_notice_s"] = max(exits.values())
+        timeline.exit_after_notice_s = max(exits.values())
     if first.ok and done >= spec.steps and not killed:
         return Judgement("error", f"the job did all {spec.steps} steps within the {grace:g} s grace after the notice "
                 "(after step {noticed}), so the drill tested nothing; give it more steps after "
@@ -127,17 +128,17 @@ def judge_save_and_exit(c: DrillContext) -> Judgement:
     latest = _newest_checkpoint(c.checkpoint_dir)
     written = _newest_write(latest) if latest is not None else None
     if latest is not None and written is not None and notice_wall is not None:
-        timeline["checkpoint"] = str(latest)
-        timeline["checkpoint_complete_after_notice_s"] = round(written - notice_wall, 3)
+        timeline.checkpoint = str(latest)
+        timeline.checkpoint_complete_after_notice_s = round(written - notice_wall, 3)
     fresh = latest is not None and written is not None and notice_wall is not None and written >= notice_wall
     if not fresh:
         older = f" (the newest complete one, {latest.name}, predates it)" if latest is not None else ""
         problems.append(f"no complete checkpoint was written after the notice{older}")
-    evidence["preemption"] = timeline
+    evidence.preemption = timeline
     # the resume from the latest complete checkpoint, fault removed
     verify = c.runner.run(c.request, label=f"drill-{spec.name}-verify", resume=True,
                           checkpoint_dir=c.checkpoint_dir)
-    evidence["verification"] = attempt_evidence(verify, fault)
+    evidence.verification = attempt_evidence(verify, fault)
     noticed_at = c.info.injected_step or 0
     allowed = spec.max_lost_steps or 0
     resumed_from: int | None = None
@@ -150,14 +151,14 @@ def judge_save_and_exit(c: DrillContext) -> Judgement:
             problems.append(f"the resumed run printed no `{c.metric}` line")
         else:
             lost_since_notice = max(0, noticed_at - resumed_from)
-            evidence.update({"resumed_from_step": resumed_from, "lost_steps": max(0, done - resumed_from),
-                             "lost_steps_before_notice": lost_since_notice})
+            evidence.resumed_from_step, evidence.lost_steps = resumed_from, max(0, done - resumed_from)
+            evidence.lost_steps_before_notice = lost_since_notice
             if lost_since_notice > allowed:
                 problems.append(f"the resume started after step {resumed_from}, {lost_since_notice} step(s) "
                                 f"before the notice (after step {noticed_at}): progress from before the "
                                 f"notice was lost (max_lost_steps {allowed})")
             diff = trajectory_diff(c, verify.points, range(resumed_from + 1, spec.steps + 1))
-            evidence["trajectory"] = diff.as_evidence()
+            evidence.trajectory = diff.as_evidence()
             problem = diff_problem(c.metric, diff, "run resumed after the pre-emption")
             if problem:
                 problems.append(problem)
@@ -170,7 +171,7 @@ def judge_save_and_exit(c: DrillContext) -> Judgement:
         torn = ((not verify.ok or (resumed_from is not None and "diverges" in " ".join(problems)))
                 and not (died and not fresh))
         if died:
-            evidence["died_of_the_notice"] = died
+            evidence.died_of_the_notice = died
         ignored, agree, slow = (SAVE_AND_EXIT_CAUSES[k] for k in ("ignored", "no_agreement", "slow"))
         if killed and len(killed) < len(exits):  # some ranks left, the others were stuck
             causes = [agree, ignored, slow]
@@ -182,9 +183,9 @@ def judge_save_and_exit(c: DrillContext) -> Judgement:
             causes = [SAVE_AND_EXIT_CAUSES["died"], *causes]
         if not causes:
             causes = [agree, SAVE_AND_EXIT_CAUSES["torn"]]
-        evidence["likely_causes"] = causes
+        evidence.likely_causes = causes
         return Judgement("failed", f"{what}: " + "; ".join(problems) + f". Most likely {causes[0]}", evidence)
-    t = timeline
-    return Judgement("passed", f"{what}: checkpoint complete {t.get('checkpoint_complete_after_notice_s', 0):.2f} s "
-            f"and every rank exited {t.get('exit_after_notice_s', 0):.2f} s after the notice; resumed after "
+    complete, exited = known(timeline.checkpoint_complete_after_notice_s), known(timeline.exit_after_notice_s)
+    return Judgement("passed", f"{what}: checkpoint complete {complete or 0:.2f} s "
+            f"and every rank exited {exited or 0:.2f} s after the notice; resumed after "
             f"step {resumed_from} and matched the uninterrupted run", evidence)

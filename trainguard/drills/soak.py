@@ -33,6 +33,7 @@ from typing import Any
 from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config import DrillSpec
 from trainguard.config.faults import fault_class
+from trainguard.drills.evidence import SoakEvidence
 from trainguard.drills.judges import diff_problem, recover_causes
 from trainguard.drills.steps import judged_steps
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
@@ -277,17 +278,16 @@ def _record_evidence(run: SupervisedRun, rec: FaultRecord, metric: str) -> dict[
 
 
 def _judge(spec: DrillSpec, run: SupervisedRun, records: list[FaultRecord], reference: RunResult,
-           metric: str, checkpoint_dir: Path) -> tuple[CheckStatus, list[str], dict[str, Any]]:
-    evidence: dict[str, Any] = {"restarts": run.restarts}
+           metric: str, checkpoint_dir: Path) -> tuple[CheckStatus, list[str], SoakEvidence]:
     start = first_step(reference.points, metric)  # 1, or 0 for a job counting from 0
     missed = [rec.event for rec in records if rec.injected_mono is None]
     failed_inject = [rec for rec in records if rec.error]
     actual, expected = aligned_trajectories(run.points, reference.points, metric)
     steps, unprinted = judged_steps(run.attempts, metric, spec.steps)
     diff = compare_trajectories(actual, expected, metric=metric, steps=steps, rtol=spec.rtol, atol=spec.atol)
-    evidence["trajectory"] = diff.as_evidence()
+    evidence = SoakEvidence(restarts=run.restarts, trajectory=diff.as_evidence())
     if unprinted:  # checkpointed, then the rank died before printing the step: not missing
-        evidence["trajectory"]["unprinted_resumed_steps"] = unprinted
+        evidence.trajectory["unprinted_resumed_steps"] = unprinted
     problems: list[str] = []
     if not run.ok:
         final = run.final
@@ -310,13 +310,13 @@ def _judge(spec: DrillSpec, run: SupervisedRun, records: list[FaultRecord], refe
             problems.append(problem)
         state = compare_checkpoint_dirs(checkpoint_dir, reference.checkpoints,
                                         rtol=spec.rtol, atol=spec.atol)
-        evidence["checkpoint"] = state.as_evidence()
+        evidence.checkpoint = state.as_evidence()
         if state.compared and not state.ok:
             problems.append(f"the final checkpoint differs from the uninterrupted run's in {state.summary()}")
     if problems:
-        resumes = [{"resumed_from_step": max(rec.first_new_step - 1, 0), "began_again": rec.first_new_step <= start}
-                   for rec in records if rec.first_new_step is not None]
-        evidence["likely_causes"] = recover_causes(resumes, diff)
+        resumed_from = [0 if rec.first_new_step <= start else rec.first_new_step - 1
+                        for rec in records if rec.first_new_step is not None]
+        evidence.likely_causes = recover_causes(resumed_from, diff)
         return "failed", problems, evidence
     if failed_inject or missed:
         words = [f"fault {r.event.index} ({r.event.kind}) could not be injected: {r.error}" for r in failed_inject]
@@ -417,13 +417,12 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
         )
         wall = time.monotonic() - soak_started
         driver.finish()
-        status, problems, evidence = _judge(spec, run, records, reference, metric, ctx.checkpoint_dir)
-        evidence.update({
-            "faults": [_record_evidence(run, rec, metric) for rec in records],
-            "measured": _measurements(run, records, reference, metric, reporting[0], wall),
-            "drill_dir": str(drill_dir), "run_dir": str(run.run_dir),  # the attempts' logs
-            "reference_run_dir": str(reference.run_dir),
-        })
+        status, problems, found = _judge(spec, run, records, reference, metric, ctx.checkpoint_dir)
+        found.faults = [_record_evidence(run, rec, metric) for rec in records]
+        measured = found.measured = _measurements(run, records, reference, metric, reporting[0], wall)
+        found.drill_dir, found.run_dir = str(drill_dir), str(run.run_dir)  # the attempts' logs
+        found.reference_run_dir = str(reference.run_dir)
+        evidence = found.to_dict()
         struck = sum(_struck(rec) for rec in records)
         kinds = ", ".join(sorted({e.kind for e in events}))
         what = f"seed {seed}: {struck} of {len(events)} faults ({kinds}) in {spec.steps} steps"
@@ -431,10 +430,9 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
             return result(status, f"{what}; " + "; ".join(problems), evidence)
         if status == "error":
             return result(status, f"{what}; " + "; ".join(problems), evidence)
-        measured = evidence["measured"]
         return result("passed", f"{what}; recovered every time with {run.restarts} restart(s), "
                       f"{(measured.get('lost_steps') or {}).get('total', 0)} step(s) lost, goodput "
-                      f"{measured['goodput']:.2f}; all {evidence['trajectory'].get('compared_steps', spec.steps)} "
+                      f"{measured['goodput']:.2f}; all {found.trajectory.get('compared_steps', spec.steps)} "
                       "steps match the uninterrupted run", evidence)
     finally:  # Ctrl-C included: nothing is left stopped or running
         driver.finish()

@@ -28,6 +28,14 @@ from typing import Any
 
 from trainguard.config import DrillSpec
 from trainguard.drills.dispatch import judge_for
+from trainguard.drills.evidence import (
+    DrillEvidence,
+    FailCleanEvidence,
+    RecoverEvidence,
+    SaveUnderKill,
+    StorageRestart,
+    StorageResumeEvidence,
+)
 from trainguard.drills.judges import (
     DrillContext,
     Judge,
@@ -37,6 +45,7 @@ from trainguard.drills.judges import (
     not_injected,
     trajectory_diff,
 )
+from trainguard.evidence import known
 from trainguard.faults.base import Fault
 from trainguard.faults.hook import rank_stderr
 from trainguard.launch import RunResult
@@ -75,7 +84,7 @@ def _storage_named(judge: Judge) -> Judge:
         status, summary, evidence = judge(c)
         kind = c.fault.params.get("kind")
         summary = summary.replace("storage on rank", f"storage {kind} on rank", 1)
-        slow = (evidence.get("fault_evidence") or {}).get("slow_storage") or {}
+        slow = evidence.fault_evidence.get("slow_storage") or {}
         if slow.get("checkpoint_stall_s") is not None:
             summary += (f"; checkpoint stall {slow['checkpoint_stall_s']:.2f} s (step {slow['slowest_step_during']['step']}"
                         f", median step {slow['step_time_before_s']:.3f} s before), the layer added "
@@ -106,11 +115,11 @@ def judge_storage_resume(c: DrillContext) -> Judgement:
     skipped = not_injected(c)
     if skipped:
         return skipped
-    evidence = common_evidence(c)
+    evidence = common_evidence(c, StorageResumeEvidence)
     spec, fault = c.spec, c.fault
     kind = str(fault.params.get("kind"))
     target: dict[str, Any] = dict(getattr(fault, "target", {}) or {})
-    evidence["struck"] = target
+    evidence.struck = target
     if not target.get("checkpoint") or (kind == "corrupt" and "offset" not in target):
         why = "; ".join(getattr(fault, "problems", [])) or "no checkpoint was struck"
         return Judgement("error", f"storage {kind} after step {c.info.injected_step}: {why}", evidence)
@@ -148,16 +157,16 @@ def judge_storage_resume(c: DrillContext) -> Judgement:
                                   checkpoint_dir=c.checkpoint_dir)
         finally:
             fault.clear()
-        evidence["resume_run"] = attempt_evidence(resume, fault)
-        evidence["fault_evidence"] = fault.evidence()  # with the resume's EIO calls
+        evidence.resume_run = attempt_evidence(resume, fault)
+        evidence.fault_evidence = fault.evidence()  # with the resume's EIO calls
         resumed = _resumed_from(resume, c.metric)
-        evidence["resumed_from_step"] = resumed
+        evidence.resumed_from_step = resumed
         failed_rank = resume.failed_rank if resume.failed_rank is not None else 0
         text = rank_stderr(resume, failed_rank)
         error = reported_line(text, c.metric_lines)
-        evidence["resume_error"] = error
+        evidence.resume_error = error
         if loaded_struck(resume):
-            evidence["struck_resumed_from_step"] = struck_resume(resume)
+            evidence.struck_resumed_from_step = struck_resume(resume)
             problems.append(f"the resume loaded the struck checkpoint ({named}) and trained on after "
                             f"step {struck_resume(resume)}"
                             + ("" if resume.ok else f" before failing ({resume.reason})"))
@@ -177,18 +186,18 @@ def judge_storage_resume(c: DrillContext) -> Judgement:
             problems.append("the resume exited non-zero but wrote no error to stderr (nothing but metric "
                             "lines, progress bars, warnings or trainguard's own lines)")
         if problems:
-            evidence["likely_causes"] = causes or list(STORAGE_CAUSES.values())
+            evidence.likely_causes = causes or list(STORAGE_CAUSES.values())
             return Judgement("failed", f"{what}; " + "; ".join(problems), evidence)
         return Judgement("passed", f"{what}; the resume failed loudly in {resume.duration_s:.1f} s: "
                 f"{(error or '')[:200]}", evidence)
 
     # recover: trainguard restarted the job with the fault in place
     run = c.run
-    resumes: list[dict[str, Any]] = []
+    resumes: list[StorageRestart] = []
     for attempt in run.attempts[1:]:
         resumed = _resumed_from(attempt, c.metric)
-        resumes.append({"resumed_from_step": resumed, "outcome": attempt.outcome,
-                        "classified": None if attempt.ok else fault.classify(attempt)})
+        resumes.append(StorageRestart(resumed_from_step=resumed, outcome=attempt.outcome,
+                                      classified=None if attempt.ok else fault.classify(attempt)))
         if loaded_struck(attempt):
             problems.append(f"restart {len(resumes)} loaded the struck checkpoint ({named}) and trained "
                             f"on after step {resumed}")
@@ -197,7 +206,7 @@ def judge_storage_resume(c: DrillContext) -> Judgement:
             problems.append(f"restart {len(resumes)} began again at step 1: all progress dropped "
                             "instead of falling back to an older checkpoint")
             causes = [STORAGE_CAUSES["scratch"], STORAGE_CAUSES["no_fallback"]]
-    evidence["resumes"] = resumes
+    evidence.resumes = resumes
     final = run.final
     if not run.restarts:
         problems.append("trainguard did not restart the job (max_restarts 0?)")
@@ -206,18 +215,18 @@ def judge_storage_resume(c: DrillContext) -> Judgement:
                         "does not fall back to an older checkpoint (if failing loudly is what it "
                         "should do, use `expect: fail_clean`)")
         causes = [STORAGE_CAUSES["no_fallback"]]
-    last_resume: int | None = resumes[-1]["resumed_from_step"] if resumes else None
-    evidence["resumed_from_step"] = last_resume
+    last_resume = resumes[-1].resumed_from_step if resumes else None
+    evidence.resumed_from_step = last_resume
     if final.ok and last_resume is not None and not problems:
         diff = trajectory_diff(c, final.points, range(last_resume + 1, spec.steps + 1))
-        evidence["trajectory"] = diff.as_evidence()
+        evidence.trajectory = diff.as_evidence()
         if not diff.ok:
             problems.append(f"{c.metric} of the run resumed from step {last_resume} does not match the "
                             f"uninterrupted run (first divergent step {diff.first_divergent_step})")
         if spec.max_lost_steps is not None and step is not None and step - last_resume > spec.max_lost_steps:
             problems.append(f"{step - last_resume} steps lost falling back (max_lost_steps {spec.max_lost_steps})")
     if problems:
-        evidence["likely_causes"] = causes or list(STORAGE_CAUSES.values())
+        evidence.likely_causes = causes or list(STORAGE_CAUSES.values())
         return Judgement("failed", f"{what}; " + "; ".join(problems), evidence)
     return Judgement("passed", f"{what}; the job fell back to the checkpoint of step {last_resume}, older than "
             f"the struck one, and matches the uninterrupted run from there", evidence)
@@ -226,7 +235,7 @@ def judge_storage_resume(c: DrillContext) -> Judgement:
 def judge_kill_during_save(c: DrillContext) -> Judgement:
     held = getattr(c.fault, "held", None)
     if c.fault.injected_at is not None and held is None:
-        evidence = common_evidence(c)
+        evidence = common_evidence(c, DrillEvidence)
         why = getattr(c.fault, "no_write", None) or "no write under the checkpoint directory was seen"
         return Judgement("error", f"kill_during_save on rank {c.spec.rank}: {why}, so no save was caught and "
                 "nothing was tested: give the drill more steps after after_step (a checkpoint must "
@@ -235,33 +244,32 @@ def judge_kill_during_save(c: DrillContext) -> Judgement:
     if held is None:
         return Judgement(status, summary, evidence)
     latest = getattr(c.fault, "latest_complete", {}) or {}
-    save = {"held_write": held, "latest_complete_at_kill": latest,
-            "kill_to_exit_s": getattr(c.fault, "kill_to_exit_s", None)}
-    resumed = evidence.get("resumed_from_step")
-    if resumed is None and evidence.get("resumes"):
-        resumed = evidence["resumes"][0].get("resumed_from_step")
-    save["resumed_from_step"] = resumed
+    resumed = known(evidence.resumed_from_step) if isinstance(evidence, FailCleanEvidence) else None
+    restarts = known(evidence.resumes) if isinstance(evidence, RecoverEvidence) else None
+    if resumed is None and restarts:
+        resumed = restarts[0].resumed_from_step
+    save = SaveUnderKill(held_write=held, latest_complete_at_kill=latest,
+                         kill_to_exit_s=getattr(c.fault, "kill_to_exit_s", None), resumed_from_step=resumed)
     if len(c.run.attempts) > 1:  # where the killed rank itself started again
         mine = [p.step for p in c.run.attempts[1].points if p.name == c.metric and p.rank == c.spec.rank]
-        save["killed_rank_resumed_from_step"] = min(mine) - 1 if mine else None
+        save.killed_rank_resumed_from_step = min(mine) - 1 if mine else None
         complete = latest.get("step")
         if mine and complete is not None and min(mine) - 1 > complete and status == "passed":
             status = "failed"
             summary += (f"; rank {c.spec.rank} resumed after step {min(mine) - 1}, newer than its last "
                         f"complete checkpoint (step {complete}): it loaded the write the kill cut short")
-    recovery = evidence.get("fault_to_first_step_after_restart_s")
+    recovery = known(evidence.fault_to_first_step_after_restart_s) if isinstance(evidence, RecoverEvidence) else None
     if recovery is not None and held.get("held_after_s") is not None:  # the kill came once held
-        save["kill_to_first_step_after_resume_s"] = round(recovery - float(held["held_after_s"]), 3)
-    evidence["save"] = save
+        save.kill_to_first_step_after_resume_s = round(recovery - float(held["held_after_s"]), 3)
+    evidence.save = save
     where = f"killed while writing {held.get('path')}"
     summary = re.sub(r"^kill_during_save on rank (\d+)", rf"kill_during_save on rank \1 ({where})", summary)
     if status == "failed":
-        evidence.setdefault("likely_causes", [])
         inplace = ("the checkpoint is written in place (no temp file + fsync + rename): the kill "
                    f"left {held.get('path')} torn, the newest file, and the resume loads it")
         pointer = ("the 'latest' pointer (a symlink, marker file or index) is updated before the data "
                    "is durable: it names a checkpoint the kill left unwritten")
         held_name = str(held.get("path") or "").rsplit("/", 1)[-1]
         ranked = [pointer, inplace] if is_temp_name(held_name) else [inplace, pointer]
-        evidence["likely_causes"] = [*ranked, *[x for x in evidence["likely_causes"] if "in place" not in x]]
+        evidence.likely_causes = [*ranked, *[x for x in known(evidence.likely_causes) or [] if "in place" not in x]]
     return Judgement(status, summary, evidence)
