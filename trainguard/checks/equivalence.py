@@ -26,7 +26,7 @@ from trainguard.checks.diagnosis import (
     shared_shard_note,
 )
 from trainguard.config import DeterminismCheck, ParallelCheck, ResumeCheck
-from trainguard.config.problems import one_process_problems, resume_problems
+from trainguard.config.problems import metric_problems, one_process_problems, resume_problems
 from trainguard.config.registry import Check, Run
 from trainguard.evidence import MERGED, UNSET, Evidence, Unset
 from trainguard.launch import Launcher, MetricPoint, RunResult
@@ -186,6 +186,8 @@ class ResumeEvidence(Evidence):
     #: the checkpoint the resumed run was given ({latest_checkpoint})
     resumed_from_checkpoint: Any = UNSET
     trajectory: dict[str, Any] | Unset = UNSET
+    #: :meth:`TrajectoryDiff.as_evidence` of every other metric compared (``checks.resume.metrics``)
+    other_metrics: list[dict[str, Any]] | Unset = UNSET
     #: the final checkpoints compared
     state: dict[str, Any] | Unset = UNSET
     #: what the diagnosis read (learning rates, samples, checkpoint contents)
@@ -438,6 +440,9 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         rtol=spec.rtol, atol=spec.atol,
     )
     evidence.trajectory = diff.as_evidence()
+    others = _other_metric_diffs(runner, spec, metric, resumed, reference, first_step)
+    if others:
+        evidence.other_metrics = [d.as_evidence() for d in others]
     state = compare_checkpoint_dirs(
         resumed.checkpoints, reference.checkpoints,
         rtol=spec.rtol, atol=spec.atol,
@@ -462,12 +467,21 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
             )
         else:
             problems.append(f"the resumed run is missing steps {diff.missing_in_actual[:5]}")
+    for other in others:
+        if other.first_divergent_step is not None:
+            a, b = other.first_values or (math.nan, math.nan)
+            problems.append(
+                f"{other.metric} diverges from the uninterrupted run at step {other.first_divergent_step} "
+                f"(resumed {a!r} vs reference {b!r}; max abs diff {other.max_abs_diff:.3g})"
+                + (f" while {metric} matches" if diff.ok else "")
+            )
     if state.compared and not state.ok:
         problems.append(f"final checkpoints differ in {state.summary()}")
     duration = time.monotonic() - started
     if problems:
+        divergent = [d.first_divergent_step for d in (diff, *others) if d.first_divergent_step is not None]
         facts = ResumeFacts(
-            resumed_from, first_divergent_step=diff.first_divergent_step, checkpoint=inventory,
+            resumed_from, first_divergent_step=min(divergent, default=None), checkpoint=inventory,
             final_state=state, lr=_lr_divergence(runner, resumed, reference, first_step, spec),
         )
         causes, found = resume_diagnosis(
@@ -483,15 +497,34 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         f", final checkpoints equal ({Path(state.files[0]).name})" if state.compared and state.files
         else f" (state not compared: {state.reason})"
     )
+    compared = f" in {', '.join([metric, *(d.metric for d in others)])}" if others else ""
     return CheckResult(
         "resume",
         "passed",
         f"killed after step {killed_at}, resumed from step {resumed_from} ({lost} steps lost); "
-        f"steps {first_step}-{spec.steps} match the uninterrupted run{state_note}",
+        f"steps {first_step}-{spec.steps} match the uninterrupted run{compared}{state_note}",
         evidence.to_dict(),
         duration,
         reproduce,
     )
+
+
+def _other_metric_diffs(runner: JobRunner, spec: ResumeCheck, metric: str, resumed: RunResult,
+                        reference: RunResult, first_step: int) -> list[TrajectoryDiff]:
+    """The resumed run against the uninterrupted one in every metric besides ``metric`` that
+    ``spec.metrics`` names (default: all of job.metrics), on the steps after the resume the
+    uninterrupted run printed it (a metric printed every N steps is compared every N)."""
+    names = spec.metrics if spec.metrics is not None else list(runner.job_file.job.metrics)
+    out = []
+    for name in names:
+        if name == metric:
+            continue
+        actual, expected = aligned_trajectories(resumed.points, reference.points, name)
+        steps = [s for s in expected if first_step <= s <= spec.steps]
+        if steps:
+            out.append(compare_trajectories(actual, expected, metric=name, steps=steps,
+                                            rtol=spec.rtol, atol=spec.atol))
+    return out
 
 
 def _lr_divergence(
@@ -589,7 +622,8 @@ RESUME: Check[ResumeCheck] = Check(
     runs=lambda spec, ctx: ([Run("reference", reference=True), Run(f"killed after step {spec.after_step}"),
                              Run("resumed from its checkpoint")],
                             "the resumed trajectory must match the reference after the kill"),
-    requires=lambda spec, facts: resume_problems(facts, "checks.resume"),
+    requires=lambda spec, facts: resume_problems(facts, "checks.resume") + [
+        p for i, name in enumerate(spec.metrics or []) for p in metric_problems(facts, f"checks.resume.metrics[{i}]", name)],
     lane=True,
 )
 

@@ -109,6 +109,9 @@ class ResumeCheck(CheckSpec):
     rtol: float = Field(0.0, ge=0)
     atol: float = Field(0.0, ge=0)
     max_lost_steps: int | None = Field(None, ge=0)
+    #: the metrics whose trajectories must match after the resume (default: every metric of
+    #: job.metrics): state a resume drops may show in one metric only (an EMA in its own)
+    metrics: list[str] | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _after_step_inside_run(self) -> ResumeCheck:
