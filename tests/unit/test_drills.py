@@ -461,3 +461,42 @@ def test_the_first_exit_is_noted_even_when_the_attempt_ended_before_the_watch_po
     driver._stop.set()  # the attempt was over before the watch's first poll
     driver._watch(launcher)  # type: ignore[arg-type]
     assert driver.info.first_exit == (1, -_signal.SIGKILL, 2.5)
+
+
+def test_a_fault_on_what_every_rank_shares_strikes_once_every_rank_printed_after_step(tmp_path: Path) -> None:
+    """CI, under load: a storage drill struck after rank 0's step 7 while rank 1, with no barrier,
+    was still writing its step-5 checkpoint; the EIO hit that save, nothing was left to resume
+    from, and a correct atomic writer was told it overwrites in place. A fault that strikes every
+    rank waits for every reporting rank; one aimed at a rank waits for that rank alone."""
+    from types import SimpleNamespace
+
+    from trainguard.drills.driver import Driver
+    from trainguard.faults.base import Fault
+    from trainguard.launch import MetricPoint
+
+    class _Struck(Fault):
+        kind = "struck-test"
+
+        def inject(self, launcher: object) -> None:
+            self.injected_at = 1.0
+
+    class _Shared(_Struck):
+        strikes_every_rank = True
+
+    spec = load('{name: f, fault: kill_rank, rank: 0, after_step: 7}').checks.drills[0]
+    ranks = [SimpleNamespace(rank=r, popen=SimpleNamespace(poll=lambda: None), stderr_log=tmp_path / f"r{r}")
+             for r in (0, 1)]
+    launcher = SimpleNamespace(spec=SimpleNamespace(restart_count=0, run_dir=tmp_path), ranks=ranks,
+                               elapsed=lambda: 1.0, exit_seen_at={})
+    for cls, rank1_needed in ((_Shared, True), (_Struck, False)):
+        fault = cls({}, rank=0, after_step=7)
+        driver = Driver(fault, spec, "loss", 0, wait_for=(0, 1) if cls.strikes_every_rank else ())
+        try:
+            for rank, step in ((1, 5), (0, 7), (0, 8)):
+                driver.on_metric(MetricPoint("loss", step, 1.0, rank=rank, t=0.0), launcher)  # type: ignore[arg-type]
+            assert (driver.info.injected_mono is None) is rank1_needed
+            driver.on_metric(MetricPoint("loss", 7, 1.0, rank=1, t=0.0), launcher)  # type: ignore[arg-type]
+            # the watched rank's progress when it struck: step 8 (shared), 7 (rank 0's own)
+            assert driver.info.injected_step == (8 if rank1_needed else 7)
+        finally:
+            driver.finish()

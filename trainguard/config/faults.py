@@ -86,6 +86,8 @@ class FaultClass(Protocol):
 
     drill_runner: str | None
     spec_keys_not_applying: tuple[tuple[str, ...], str]
+    #: it strikes once every reporting rank has printed after_step (:attr:`Fault.strikes_every_rank`)
+    strikes_every_rank: bool
 
     def drill_runs(self, spec: Any, world_size: int, seed: int | None) -> tuple[list[Any], str] | None:
         """The runs a drill of this fault makes (None: the usual ones)."""

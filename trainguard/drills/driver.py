@@ -27,6 +27,7 @@ import importlib
 import signal
 import threading
 import time
+from collections.abc import Collection
 from typing import Any, cast
 
 from trainguard.config import DrillSpec, JobFile
@@ -71,8 +72,12 @@ class Driver:
 
     def __init__(self, fault: Fault, spec: DrillSpec, metric: str, watch_rank: int,
                  ray_world_size: int | None = None, *, ray_agent: RayAgent | None = None,
-                 ray_run_name: str = "", ray_via_api: bool = False) -> None:
+                 ray_run_name: str = "", ray_via_api: bool = False, wait_for: Collection[int] = ()) -> None:
         self.fault = fault
+        #: every rank that must have printed after_step before the fault strikes (the watched one
+        #: always): :attr:`Fault.strikes_every_rank`
+        self.wait_for = frozenset({watch_rank, *wait_for})
+        self._reached: dict[int, int] = {}
         self.ray_world_size = ray_world_size  # set for a ray_train job: its ranks are Ray workers
         self.ray_agent = ray_agent
         self.ray_run_name = ray_run_name
@@ -93,12 +98,10 @@ class Driver:
             return
         if self.ray_world_size is not None:
             self._ray_point(point, launcher)
-        if (
-            info.injected_mono is not None
-            or point.name != self.metric
-            or point.rank != info.watch_rank
-            or point.step < self.spec.after_step
-        ):
+        if info.injected_mono is not None or point.name != self.metric or point.rank not in self.wait_for:
+            return
+        self._reached[point.rank] = max(point.step, self._reached.get(point.rank, point.step))
+        if any(self._reached.get(rank, -1) < self.spec.after_step for rank in self.wait_for):
             return
         info.run_dir = launcher.spec.run_dir
         for rp in launcher.ranks:
@@ -106,7 +109,7 @@ class Driver:
                 info.stderr_offsets[rp.rank] = rp.stderr_log.stat().st_size
         at = launcher.elapsed()
         info.injected_mono = time.monotonic()
-        info.injected_step = point.step
+        info.injected_step = self._reached[info.watch_rank]
         target = launcher
         if info.tracker is not None:  # the fault's ranks are the Ray workers (by pid, or through Ray)
             target = cast(Launcher, self._ray_view or self._view(launcher))
@@ -286,7 +289,8 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
     # act on them
     agent = RayAgent(runner.ray_env()) if ray_job and (via_api or spec.fault in RAY_API_FAULTS) else None
     driver = Driver(fault, spec, metric, watch_rank, request.world_size if ray_job else None,
-                    ray_agent=agent, ray_run_name=job_file.job.name, ray_via_api=via_api)
+                    ray_agent=agent, ray_run_name=job_file.job.name, ray_via_api=via_api,
+                    wait_for=reporting if cls.strikes_every_rank else ())
     # Ray Train recovers a dead worker itself (FailureConfig): trainguard must not restart too
     ray_recover = ray_job and spec.expectation == "recover" and spec.fault in RAY_RECOVERED_FAULTS
     stall = spec.stall_timeout or job_file.job.stall_timeout

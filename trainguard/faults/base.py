@@ -78,6 +78,11 @@ class Fault:
     """
 
     kind: ClassVar[str] = ""
+    #: the fault acts on what every rank shares (the checkpoint directory), so it strikes once
+    #: every rank that reports the metric has printed ``after_step``, not the watched rank
+    #: alone: ranks without a barrier drift apart on a loaded machine, and a lagging rank's
+    #: earlier save is not what the drill means to strike
+    strikes_every_rank: ClassVar[bool] = False
     #: parameters this fault accepts, with their defaults (documented in docs/faults-memory-and-disk.md, docs/faults-network.md, docs/drills.md)
     defaults: ClassVar[Mapping[str, Any]] = {}
     #: the expectations a drill of this fault may be judged by (docs/drills.md), the default

@@ -115,6 +115,7 @@ class StorageFault(Fault):
     """EIO on write, read or fsync, added latency, or a flipped byte under the checkpoint dir."""
 
     kind: ClassVar[str] = "storage"
+    strikes_every_rank: ClassVar[bool] = True
     expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.FAIL_CLEAN, Expectation.RECOVER, Expectation.CONTINUE)
     kind_expectations: ClassVar[Mapping[str, tuple[Expectation, ...]]] = {
         "slow": (Expectation.CONTINUE,),
