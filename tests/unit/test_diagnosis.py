@@ -145,3 +145,24 @@ def test_determinism_and_parallel_notes_from_the_samples() -> None:
 
     assert shared_shard_note({0: REFERENCE, 1: list(REFERENCE)}) is not None
     assert shared_shard_note({0: REFERENCE, 1: shuffled}) is None
+
+
+def test_other_samples_after_the_resume_with_rng_in_the_checkpoint_name_the_data_position_first() -> None:
+    """examples/fsdp2 with a bug of its own: the loader state of an epoch's end was restored into
+    the next epoch's sampler, so the resume skipped an epoch. The first resumed step drew other
+    samples and the final RNG states differed (a default DataLoader draws its workers' seeds from
+    the global RNG at each pass); the check named the RNG first, the data position second."""
+    other = [0, 1, 2, 3, 4, 5, 6, 7]  # no step of the reference drew these pairs
+    replay = sample_replay(REFERENCE, _resumed(6, other, 2), resumed_from=6, steps=8)
+    assert replay is not None and replay.matched_step is None
+    rng = StateComparison(True, differing=[("model.w", "differs"), ("rng.rank0", "differs")],
+                          by_component={"model": ["model.w"], "rng": ["rng.rank0"]})
+    causes = diagnose_resume(ResumeFacts(6, first_divergent_step=7, checkpoint=_inventory(), final_state=rng,
+                                         replay=replay))
+    assert causes[0].key == "data_position" and "the checkpoint holds RNG state" in causes[0].evidence[0]
+    later = next(c for c in causes if c.key == "rng")
+    assert later.strength < causes[0].strength and "or the data after the resume differ" in later.evidence[0]
+    # the same final RNG difference with the same samples still names the RNG
+    same = sample_replay(REFERENCE, _resumed(6, EPOCH1, 2), resumed_from=6, steps=8)
+    assert _top(ResumeFacts(6, first_divergent_step=7, checkpoint=_inventory(), final_state=rng,
+                            replay=same)) == "rng"

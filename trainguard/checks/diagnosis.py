@@ -269,9 +269,13 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
             t.rule_out("data_position", replay.sentence())
         elif replay.matched_step is not None:
             t.add("data_position", DECISIVE, replay.sentence())
+        elif ckpt is not None and ckpt.has("rng"):
+            # the checkpoint holds the RNG state a shuffle would be restored from: the data
+            # position itself is what came back wrong
+            t.add("data_position", STRONG, replay.sentence() + "; the checkpoint holds RNG state")
         else:
             t.add("data_position", SUGGESTIVE, replay.sentence())
-            if ckpt is not None and not ckpt.has("rng"):
+            if ckpt is not None:
                 t.add("rng", STRONG, "the data order after the resume differs and the checkpoint holds "
                       "no RNG state to restore the shuffle from")
     if ckpt is not None:
@@ -302,8 +306,15 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
         t.add("rng", SUGGESTIVE, later)
         if "optimizer" not in t.ruled_out:
             t.add("optimizer", -1, "lost optimizer moments show within a step of the resume, not later")
+    data_differs = replay is not None and not replay.same
     for key, why in _specific_differences(facts.final_state):
-        t.add(key, STRONG, why)
+        if key == "rng" and data_differs:
+            # other data after the resume moves the RNG too: a DataLoader without a generator of
+            # its own draws its workers' seeds from it at each pass
+            t.add(key, SUGGESTIVE, f"{why}, or the data after the resume differ (a DataLoader without a "
+                  "generator of its own draws its workers' seeds from the global RNG at each pass)")
+        else:
+            t.add(key, STRONG, why)
     for key, line in facts.warnings:
         t.add(key, STRONG, f"the framework warned: {line}")
     return rank_causes(t, RESUME_CAUSE_TEXT)
