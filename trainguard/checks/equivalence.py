@@ -26,7 +26,7 @@ from trainguard.checks.diagnosis import (
     shared_shard_note,
 )
 from trainguard.config import DeterminismCheck, ParallelCheck, ResumeCheck
-from trainguard.config.problems import metric_problems, one_process_problems, resume_problems
+from trainguard.config.problems import one_process_problems
 from trainguard.config.registry import Check, Run
 from trainguard.evidence import MERGED, UNSET, Evidence, Unset
 from trainguard.launch import Launcher, MetricPoint, RunResult
@@ -45,10 +45,10 @@ from trainguard.unit.checkpoints import (
 __all__ = [
     "DETERMINISM",
     "PARALLEL",
-    "RESUME",
     "TrajectoryDiff",
     "compare_trajectories",
     "kill_after",
+    "progress_metric",
     "run_determinism",
     "run_parallel",
     "run_resume",
@@ -320,7 +320,8 @@ PARALLEL_CAUSES = (
 )
 
 
-def _progress_metric(runner: JobRunner) -> str:
+def progress_metric(runner: JobRunner) -> str:
+    """The metric a check follows the run's progress by: ``loss``, else the first of job.metrics."""
     metrics = runner.job_file.job.metrics
     return "loss" if "loss" in metrics else next(iter(metrics))
 
@@ -376,7 +377,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     """Reference run of ``steps``; a second run SIGKILLed right after ``after_step``; resumed in
     new processes with ``resume_args``; the resumed steps must equal the reference's."""
     started = time.monotonic()
-    metric = _progress_metric(runner)
+    metric = progress_metric(runner)
     request = runner.request_for(spec)
     reproduce = _resume_reproduce(runner, request, spec.after_step)
     reference = runner.reference(request)
@@ -546,7 +547,7 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
     """The job at ``world_size`` N vs 1 rank with the same global batch: the per-step mean of
     the ranks' metric must match the single rank's within ``rtol``/``atol``."""
     started = time.monotonic()
-    metric = _progress_metric(runner)
+    metric = progress_metric(runner)
     single = runner.request_for(spec, world_size=1)
     multi = runner.request_for(spec, world_size=spec.world_size)
     reproduce = f"compare: {runner.command_line(single)}  vs  {runner.command_line(multi)}"
@@ -614,17 +615,6 @@ DETERMINISM: Check[DeterminismCheck] = Check(
     lane=True,
     ahead=lambda runner, spec: AheadRun("determinism", runner.request_for(spec), "determinism-repeat"),
     ahead_words="determinism's second run",
-)
-
-#: resume: a killed and resumed run must match the uninterrupted one (docs/equivalence.md)
-RESUME: Check[ResumeCheck] = Check(
-    "resume", ResumeCheck, run=run_resume,
-    runs=lambda spec, ctx: ([Run("reference", reference=True), Run(f"killed after step {spec.after_step}"),
-                             Run("resumed from its checkpoint")],
-                            "the resumed trajectory must match the reference after the kill"),
-    requires=lambda spec, facts: resume_problems(facts, "checks.resume") + [
-        p for i, name in enumerate(spec.metrics or []) for p in metric_problems(facts, f"checks.resume.metrics[{i}]", name)],
-    lane=True,
 )
 
 #: parallel: N ranks must train like one (docs/equivalence.md)

@@ -8,6 +8,7 @@ check spec too, run as ``drill:<name>`` after the checks.
 from __future__ import annotations
 
 import difflib
+import itertools
 import re
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -102,7 +103,8 @@ class DeterminismCheck(CheckSpec):
 
 
 class ResumeCheck(CheckSpec):
-    """``checks.resume``: killed after ``after_step`` and resumed equals uninterrupted."""
+    """``checks.resume``: killed after ``after_step`` and resumed equals uninterrupted; with
+    ``chain``, killed and resumed again after each step it lists (one run, several cycles)."""
 
     steps: int = Field(40, ge=2)
     after_step: int = Field(ge=1)
@@ -112,15 +114,38 @@ class ResumeCheck(CheckSpec):
     #: the metrics whose trajectories must match after the resume (default: every metric of
     #: job.metrics): state a resume drops may show in one metric only (an EMA in its own)
     metrics: list[str] | None = Field(None, min_length=1)
+    #: the steps after which the run is killed, in order, each kill resumed from the checkpoint
+    #: the one before left (``after_step`` is the first; give either): a bug that shows only on
+    #: the second resume (state restored once and not saved again) needs two
+    chain: list[int] | None = Field(None, min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_cut_is_after_step(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "after_step" not in data and isinstance(data.get("chain"), list) \
+                and data["chain"]:
+            return {**data, "after_step": data["chain"][0]}
+        return data
 
     @model_validator(mode="after")
     def _after_step_inside_run(self) -> ResumeCheck:
-        if self.after_step >= self.steps:
+        cuts = self.cuts
+        if self.chain is not None and self.chain[0] != self.after_step:
+            raise ValueError(f"after_step ({self.after_step}) is not chain's first step ({self.chain[0]}); "
+                             "give chain alone")
+        if any(b <= a for a, b in itertools.pairwise(cuts)):
+            raise ValueError(f"chain {cuts} must list increasing steps")
+        if cuts[-1] >= self.steps:
             raise ValueError(
-                f"after_step ({self.after_step}) must be smaller than steps ({self.steps}) "
-                "so there are steps left to compare after the resume"
+                f"{'chain ends at' if self.chain else 'after_step'} ({cuts[-1]}) must be smaller than "
+                f"steps ({self.steps}) so there are steps left to compare after the resume"
             )
         return self
+
+    @property
+    def cuts(self) -> list[int]:
+        """The steps after which the run is killed: ``chain``, else ``[after_step]``."""
+        return list(self.chain) if self.chain else [self.after_step]
 
 
 class ParallelCheck(CheckSpec):

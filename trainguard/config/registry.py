@@ -51,7 +51,7 @@ REGISTERED: list[str] = [
     "trainguard.checks.smoke:SMOKE",
     "trainguard.checks.canary:CANARY",
     "trainguard.checks.equivalence:DETERMINISM",
-    "trainguard.checks.equivalence:RESUME",
+    "trainguard.checks.resume:RESUME",
     "trainguard.checks.equivalence:PARALLEL",
     "trainguard.checks.reshard:RESHARD",
     "trainguard.profiling.check:PROFILE",

@@ -1,0 +1,208 @@
+"""The resume check (registered here): a single kill and resume
+(:func:`trainguard.checks.equivalence.run_resume`), or chained resumes: one run killed after
+each step of ``checks.resume.chain`` and resumed from the checkpoint the kill before left, each
+cycle compared with the uninterrupted run.
+
+A bug that shows only on the second resume -- state a resume restores and the next save leaves
+out (a counter loaded once and never written again), a checkpoint that resumes only from a fresh
+start -- passes a single kill. The cycle that fails and its cut are named: ``cycle 2 (resumed
+from step 10, killed after step 27)``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainguard.checks.equivalence import (
+    TrajectoryDiff,
+    compare_trajectories,
+    kill_after,
+    progress_metric,
+    run_resume,
+    untested_kill,
+)
+from trainguard.config import ResumeCheck
+from trainguard.config.problems import metric_problems, resume_problems
+from trainguard.config.registry import Check, Run
+from trainguard.evidence import UNSET, Evidence, Unset
+from trainguard.launch import RunResult
+from trainguard.launch.metrics import aligned_trajectories
+from trainguard.report import CheckResult
+from trainguard.run.runner import JobRunner
+from trainguard.unit.checkpoints import compare_checkpoint_dirs
+
+__all__ = ["RESUME", "ChainCycle", "ChainEvidence", "run_resume_chain", "run_resume_check"]
+
+#: why a later cycle fails when the first resumed cleanly
+LATER_CYCLE_CAUSES = (
+    "state a resume restores and the next save leaves out (a counter or buffer loaded from the "
+    "checkpoint once and not written again): the first resume matched, a later one did not",
+    "a checkpoint written differently by a resumed run than by a fresh one (keys, a step counter "
+    "or the data position saved from the values at start rather than the current ones)",
+)
+
+
+@dataclass
+class ChainCycle(Evidence):
+    """One cycle: the run resumed from the cycle before's checkpoint (the first: a fresh start),
+    killed after ``cut`` (the last: run to the end)."""
+
+    cycle: int
+    #: the step it was killed after as asked (None: the last cycle, run to the end)
+    cut: int | None
+    resumed_from_step: int
+    killed_after_step: int | None
+    #: :meth:`TrajectoryDiff.as_evidence` per metric compared, the progress metric first
+    metrics: list[dict[str, Any]]
+    run_dir: str
+
+
+@dataclass
+class ChainEvidence(Evidence):
+    """The chained resume check's evidence (docs/equivalence.md, "Chained resumes")."""
+
+    chain: list[int]
+    cycles: list[ChainCycle]
+    reference_run_dir: str
+    #: the final checkpoints compared
+    state: dict[str, Any] | Unset = UNSET
+    failing_cycle: int | Unset = UNSET
+    likely_causes: list[str] | Unset = UNSET
+
+
+def _diffs(runner: JobRunner, spec: ResumeCheck, metric: str, run: RunResult, reference: RunResult,
+           first: int, last: int) -> list[TrajectoryDiff]:
+    """The run against the reference on steps ``first``..``last``, in the progress metric and
+    every other metric that counts (``spec.metrics``, default all of job.metrics)."""
+    names = [metric, *(m for m in (spec.metrics or runner.job_file.job.metrics) if m != metric)]
+    out = []
+    for name in names:
+        actual, expected = aligned_trajectories(run.points, reference.points, name)
+        steps = [s for s in expected if first <= s <= last]
+        if name == metric or steps:
+            out.append(compare_trajectories(actual, expected, metric=name, steps=steps,
+                                            rtol=spec.rtol, atol=spec.atol))
+    return out
+
+
+def _problem(diff: TrajectoryDiff) -> str | None:
+    if diff.first_divergent_step is not None:
+        a, b = diff.first_values or (math.nan, math.nan)
+        return (f"{diff.metric} diverges from the uninterrupted run at step {diff.first_divergent_step} "
+                f"({a!r} vs {b!r}; max abs diff {diff.max_abs_diff:.3g})")
+    if diff.missing_in_actual:
+        return f"missing steps {diff.missing_in_actual[:5]} of {diff.metric}"
+    return None
+
+
+def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
+    """The reference; a fresh run killed after ``chain[0]``; then each later cut: resumed from
+    the checkpoint directory the kills share and killed again; last, resumed to the end."""
+    started = time.monotonic()
+    metric = progress_metric(runner)
+    request = runner.request_for(spec)
+    cuts = spec.cuts
+    reproduce = (f"{runner.command_line(request)}  # kill -9 after step {cuts[0]}, then "
+                 + ", then ".join(f"{runner.command_line(request, resume=True)}  # kill -9 after step {k}"
+                                  for k in cuts[1:])
+                 + f", then {runner.command_line(request, resume=True)}")
+
+    def done(status: str, summary: str, evidence: dict[str, Any]) -> CheckResult:
+        return CheckResult("resume", status, summary, evidence, time.monotonic() - started, reproduce)  # type: ignore[arg-type]
+
+    reference = runner.reference(request)
+    if not reference.ok:
+        return done("error", f"the uninterrupted run did not complete: {reference.reason}",
+                    {"run_dir": str(reference.run_dir), "stderr_tail": reference.stderr_tail})
+    evidence = ChainEvidence(chain=cuts, cycles=[], reference_run_dir=str(reference.run_dir))
+    checkpoint_dir: Path | None = None
+    problems: list[str] = []
+    start = min(reference.trajectory(metric), default=1)  # 1, or 0 for a job counting from 0
+    for i, cut in enumerate([*cuts, None], start=1):
+        run = runner.run(request, label=f"resume-chain-{i}" + ("-killed" if cut is not None else ""),
+                         resume=i > 1, checkpoint_dir=checkpoint_dir,
+                         on_metric=None if cut is None else kill_after(metric, cut))
+        checkpoint_dir = checkpoint_dir or run.checkpoints
+        steps = sorted(p.step for p in run.points if p.name == metric)
+        resumed_from = 0 if i == 1 or not steps or steps[0] <= start else steps[0] - 1
+        where = (f"cycle {i} ({'a fresh start' if i == 1 else f'resumed from step {resumed_from}'}"
+                 + (f", killed after step {cut})" if cut is not None else ", run to the end)"))
+        cycle = ChainCycle(i, cut, resumed_from, run.last_step if cut is not None else None, [], str(run.run_dir))
+        evidence.cycles.append(cycle)
+        if cut is not None:
+            why = untested_kill(run, metric, cut, spec.steps, what=f"the run of {where}")
+            if why is not None:
+                return done("error", why, evidence.to_dict())
+        elif not run.ok:
+            problems.append(f"{where}: the job did not complete: {run.reason}")
+        if not steps:
+            problems.append(f"{where}: the run printed no `{metric}` line")
+        else:
+            if i > 1 and resumed_from == 0:
+                problems.append(f"{where}: the resumed run started again from step {steps[0]}: no usable checkpoint")
+            diffs = _diffs(runner, spec, metric, run, reference, steps[0], steps[-1] if cut is not None else spec.steps)
+            cycle.metrics = [d.as_evidence() for d in diffs]
+            found = [p for p in (_problem(d) for d in diffs) if p]
+            if found:
+                problems.append(f"{where}: " + "; ".join(found))
+        if problems:
+            evidence.failing_cycle = i
+            break
+    else:
+        state = compare_checkpoint_dirs(checkpoint_dir, reference.checkpoints, rtol=spec.rtol, atol=spec.atol) \
+            if checkpoint_dir is not None else None
+        if state is not None:
+            evidence.state = state.as_evidence()
+            if state.compared and not state.ok:
+                problems.append(f"after the last cycle the final checkpoints differ in {state.summary()}")
+                evidence.failing_cycle = len(cuts) + 1
+    if problems:
+        failing = evidence.failing_cycle if evidence.failing_cycle is not UNSET else len(cuts) + 1
+        if failing > 2:
+            evidence.likely_causes = list(LATER_CYCLE_CAUSES)
+            note = f"; cycles 1-{failing - 1} matched, so the state is lost only by a resumed run's save"
+        elif failing == 2:
+            evidence.likely_causes = [
+                "the first resume already differs: run `checks.resume` with a single kill (after_step) "
+                "for the diagnosis of a failed resume"]
+            note = ""
+        else:
+            evidence.likely_causes = [
+                "the run differs from the uninterrupted one before any resume: the job is not "
+                "deterministic (the determinism check names why)"]
+            note = ""
+        return done("failed", "; ".join(problems) + note, evidence.to_dict())
+    spans = ", ".join(f"{c.resumed_from_step}->{c.killed_after_step if c.killed_after_step is not None else spec.steps}"
+                      for c in evidence.cycles[1:])
+    return done("passed", f"{len(cuts)} kills after steps {', '.join(map(str, cuts))}, each resumed from the "
+                f"checkpoint the kill before left (resumed spans {spans}): every cycle matches the "
+                "uninterrupted run" + (", final checkpoints equal" if isinstance(evidence.state, dict)
+                                       and evidence.state.get("compared") else ""), evidence.to_dict())
+
+
+def run_resume_check(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
+    """The resume check: chained when ``chain`` lists more than one kill, else a single one."""
+    return run_resume_chain(runner, spec) if len(spec.cuts) > 1 else run_resume(runner, spec)
+
+
+def _runs(spec: ResumeCheck) -> list[Run]:
+    if len(spec.cuts) == 1:
+        return [Run("reference", reference=True), Run(f"killed after step {spec.after_step}"),
+                Run("resumed from its checkpoint")]
+    return [Run("reference", reference=True), Run(f"killed after step {spec.cuts[0]}"),
+            *(Run(f"resumed, killed after step {k}") for k in spec.cuts[1:]), Run("resumed to the end")]
+
+
+#: resume: a killed and resumed run must match the uninterrupted one (docs/equivalence.md)
+RESUME: Check[ResumeCheck] = Check(
+    "resume", ResumeCheck, run=run_resume_check,
+    runs=lambda spec, ctx: (_runs(spec), "the resumed trajectory must match the reference after the kill"
+                            if len(spec.cuts) == 1 else "every cycle must match the reference"),
+    requires=lambda spec, facts: resume_problems(facts, "checks.resume") + [
+        p for i, name in enumerate(spec.metrics or []) for p in metric_problems(facts, f"checks.resume.metrics[{i}]", name)],
+    lane=True,
+)
