@@ -110,7 +110,11 @@ def test_eio_on_write_fails_an_atomic_writer_loudly(
         results: dict[str, CheckResult]) -> None:
     clean = results["eio-write"]
     assert clean.status == "passed", clean.summary
-    assert "EIO on rank" in clean.summary and clean.evidence["resumed_from_step"] == 5
+    assert "EIO on rank" in clean.summary
+    # resumed from a complete checkpoint from before the fault: step 5, or 10 when trainguard
+    # read step 7 late on a loaded machine and the step-10 save was done when it struck
+    resumed = clean.evidence["resumed_from_step"]
+    assert resumed >= 5 and resumed % 5 == 0 and resumed <= clean.evidence["injected_after_step"]
     assert clean.evidence["fault_evidence"]["mechanism"].startswith("fuse")
     assert clean.evidence["fault_evidence"]["eio_calls"] >= 1
 
@@ -133,8 +137,11 @@ def test_a_kill_during_an_atomic_save_resumes_from_the_last_complete_checkpoint(
     result = results["kill-save"]
     assert result.status == "passed", result.summary
     save = result.evidence["save"]
-    assert save["held_write"]["path"].startswith("/.rank0-step000010.json")
-    assert save["latest_complete_at_kill"]["step"] == 5 and save["resumed_from_step"] == 5
+    # the first save after step 7 is held (step 10's; step 15's when step 7 was read late) and
+    # the resume starts after the save before it
+    held = int(save["held_write"]["path"].split("step")[1][:6])
+    assert save["held_write"]["path"].startswith(f"/.rank0-step{held:06d}.json") and held % 5 == 0 and held >= 10
+    assert save["latest_complete_at_kill"]["step"] == held - 5 == save["resumed_from_step"]
     assert "killed while writing" in result.summary
 
 
