@@ -48,6 +48,7 @@ __all__ = [
     "TrajectoryDiff",
     "compare_trajectories",
     "kill_after",
+    "other_metric_diffs",
     "progress_metric",
     "run_determinism",
     "run_parallel",
@@ -441,7 +442,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         rtol=spec.rtol, atol=spec.atol,
     )
     evidence.trajectory = diff.as_evidence()
-    others = _other_metric_diffs(runner, spec, metric, resumed, reference, first_step)
+    others = other_metric_diffs(runner, spec, metric, resumed, reference, first_step, spec.steps)
     if others:
         evidence.other_metrics = [d.as_evidence() for d in others]
     state = compare_checkpoint_dirs(
@@ -510,18 +511,18 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     )
 
 
-def _other_metric_diffs(runner: JobRunner, spec: ResumeCheck, metric: str, resumed: RunResult,
-                        reference: RunResult, first_step: int) -> list[TrajectoryDiff]:
+def other_metric_diffs(runner: JobRunner, spec: ResumeCheck, metric: str, resumed: RunResult,
+                       reference: RunResult, first_step: int, last_step: int) -> list[TrajectoryDiff]:
     """The resumed run against the uninterrupted one in every metric besides ``metric`` that
-    ``spec.metrics`` names (default: all of job.metrics), on the steps after the resume the
-    uninterrupted run printed it (a metric printed every N steps is compared every N)."""
+    ``spec.metrics`` names (default: all of job.metrics), on the steps ``first_step``..``last_step``
+    the uninterrupted run printed it (a metric printed every N steps is compared every N)."""
     names = spec.metrics if spec.metrics is not None else list(runner.job_file.job.metrics)
     out = []
     for name in names:
         if name == metric:
             continue
         actual, expected = aligned_trajectories(resumed.points, reference.points, name)
-        steps = [s for s in expected if first_step <= s <= spec.steps]
+        steps = [s for s in expected if first_step <= s <= last_step]
         if steps:
             out.append(compare_trajectories(actual, expected, metric=name, steps=steps,
                                             rtol=spec.rtol, atol=spec.atol))

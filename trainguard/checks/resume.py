@@ -21,6 +21,7 @@ from trainguard.checks.equivalence import (
     TrajectoryDiff,
     compare_trajectories,
     kill_after,
+    other_metric_diffs,
     progress_metric,
     run_resume,
     untested_kill,
@@ -78,15 +79,11 @@ def _diffs(runner: JobRunner, spec: ResumeCheck, metric: str, run: RunResult, re
            first: int, last: int) -> list[TrajectoryDiff]:
     """The run against the reference on steps ``first``..``last``, in the progress metric and
     every other metric that counts (``spec.metrics``, default all of job.metrics)."""
-    names = [metric, *(m for m in (spec.metrics or runner.job_file.job.metrics) if m != metric)]
-    out = []
-    for name in names:
-        actual, expected = aligned_trajectories(run.points, reference.points, name)
-        steps = [s for s in expected if first <= s <= last]
-        if name == metric or steps:
-            out.append(compare_trajectories(actual, expected, metric=name, steps=steps,
-                                            rtol=spec.rtol, atol=spec.atol))
-    return out
+    actual, expected = aligned_trajectories(run.points, reference.points, metric)
+    progress = compare_trajectories(actual, expected, metric=metric,
+                                    steps=[s for s in expected if first <= s <= last],
+                                    rtol=spec.rtol, atol=spec.atol)
+    return [progress, *other_metric_diffs(runner, spec, metric, run, reference, first, last)]
 
 
 def _problem(diff: TrajectoryDiff) -> str | None:
