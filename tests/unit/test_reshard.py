@@ -119,8 +119,7 @@ def test_causes_rank_the_evidence() -> None:
     shifted = sample_agreement({1: (1, 2), 2: (3, 4)}, {2: (1, 2)})
     causes = rank_reshard_causes(PairFacts(1, 2, shifted, None))
     assert causes[0].key == "sampler_offset" and causes[0].strength == DECISIVE
-    shard = CheckpointInventory(path=Path("x"), details={
-        "model": "4 tensors, 161 elements", "optimizer": "state for 2 parameters (step, exp_avg)"})
+    shard = CheckpointInventory(path=Path("x"), counts={"model": (4, 0), "optimizer": (4, 2)})
     same = sample_agreement({1: (1, 2), 2: (3, 4)}, {2: (3, 4)})
     causes = rank_reshard_causes(PairFacts(1, 3, same, shard, ["optimizer"]))
     assert causes[0].key == "optimizer_shard" and causes[0].strength == DECISIVE
@@ -130,8 +129,7 @@ def test_causes_rank_the_evidence() -> None:
 
 
 def test_the_jobs_own_rng_warning_outranks_a_boundary_divergence() -> None:
-    full = CheckpointInventory(path=Path("x"), details={
-        "model": "4 tensors, 161 elements", "optimizer": "state for 4 parameters (step, exp_avg)"})
+    full = CheckpointInventory(path=Path("x"), counts={"model": (4, 0), "optimizer": (8, 4)})
     same = sample_agreement({1: (1, 2), 2: (3, 4)}, {2: (3, 4)})
     causes = rank_reshard_causes(PairFacts(1, 2, same, full, ["model", "optimizer"], rng_warning=True))
     assert [c.key for c in causes[:2]] == ["rng", "optimizer_shard"]

@@ -62,7 +62,14 @@ RESUME_CAUSE_TEXT = {
     "optimizer": "optimizer state not saved or not restored (Adam moments restart from zero)",
     "scheduler": "LR scheduler state not saved or not restored (the schedule restarts)",
     "stale_checkpoint": "the checkpoint written before the optimizer step or with stale values",
+    "ema": "EMA (averaged weights) not saved or not restored (the average restarts from the "
+    "current weights)",
+    "scaler": "loss-scaler (GradScaler) state not saved or not restored (the loss scale and its "
+    "growth count restart)",
 }
+
+#: a metric that reports an average of the weights (``ema_norm``, ``swa_loss``, ``val_loss_ema``)
+EMA_METRIC = re.compile(r"(?:^|[_.\-])(?:ema|swa|averaged)(?:$|[_.\-])", re.I)
 
 #: the framework's own words on stderr that point at a cause (case-insensitive)
 _WARNING_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -250,6 +257,8 @@ class ResumeFacts:
     lr: tuple[int | None, str] | None = None
     replay: SampleReplay | None = None
     warnings: list[tuple[str, str]] = field(default_factory=list)
+    #: metric -> the step it first differs at after the resume (None: it matched), every metric compared
+    metrics: dict[str, int | None] = field(default_factory=dict)
 
 
 def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
@@ -308,7 +317,9 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
             t.add("optimizer", -1, "lost optimizer moments show within a step of the resume, not later")
     data_differs = replay is not None and not replay.same
     for key, why in _specific_differences(facts.final_state):
-        if key == "rng" and data_differs:
+        if key.endswith("?"):  # a difference another one explains
+            t.add(key[:-1], SUGGESTIVE, why)
+        elif key == "rng" and data_differs:
             # other data after the resume moves the RNG too: a DataLoader without a generator of
             # its own draws its workers' seeds from it at each pass
             t.add(key, SUGGESTIVE, f"{why}, or the data after the resume differ (a DataLoader without a "
@@ -317,7 +328,26 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
             t.add(key, STRONG, why)
     for key, line in facts.warnings:
         t.add(key, STRONG, f"the framework warned: {line}")
+    _averaged_weights(t, facts)
     return rank_causes(t, RESUME_CAUSE_TEXT)
+
+
+def _averaged_weights(t: _Tally, facts: ResumeFacts) -> None:
+    """An EMA metric that parts while the others match, or a checkpoint without an EMA."""
+    ema = {m: s for m, s in facts.metrics.items() if EMA_METRIC.search(m) and s is not None}
+    others = [m for m in facts.metrics if not EMA_METRIC.search(m)]
+    if not ema:
+        return
+    name, step = min(ema.items(), key=lambda kv: kv[1] or 0)
+    matching = [m for m in others if facts.metrics[m] is None]
+    if matching and len(matching) == len(others):
+        t.add("ema", DECISIVE, f"{name} differs from step {step} on while {', '.join(matching)} "
+              "match: the weights came back, their average did not")
+    else:
+        t.add("ema", SUGGESTIVE, f"{name} differs from step {step} on")
+    ckpt = facts.checkpoint
+    if ckpt is not None and ckpt.files and not ckpt.has("ema"):
+        t.add("ema", STRONG, f"{Path(str(ckpt.path)).name} holds no EMA (averaged weights)")
 
 
 #: a key whose value counts steps: equal in both runs unless that component restarted
@@ -325,7 +355,8 @@ _COUNTER = re.compile(r"(?:^|\.)(?:step|_step_count|last_epoch|global_step|itera
 
 
 def _specific_differences(state: StateComparison | None) -> list[tuple[str, str]]:
-    """Differences between the final checkpoints that point at one cause.
+    """Differences between the final checkpoints that point at one cause (a key ending in ``?``:
+    at it only weakly, another difference explains it).
 
     After any divergence the weights and the optimizer's moments differ; step counters, the
     scheduler and the RNG states do not (the same steps draw the same numbers and count the
@@ -336,11 +367,21 @@ def _specific_differences(state: StateComparison | None) -> list[tuple[str, str]
     what = dict(state.differing)
     out: list[tuple[str, str]] = []
     counters = [k for k, _ in state.differing if "optim" in k.lower() and _COUNTER.search(k)]
-    if counters:
+    if counters and by_component.get("scaler"):
+        out.append(("optimizer?", f"the final optimizer step counts differ ({counters[0]}: "
+                    f"{what.get(counters[0], '')}), as they do when a loss scaler skips other steps"))
+    elif counters:
         out.append(("optimizer", f"the final optimizer step counts differ ({counters[0]}: {what.get(counters[0], '')})"))
     if by_component.get("scheduler"):
         key = by_component["scheduler"][0]
         out.append(("scheduler", f"the final scheduler state differs ({key}: {what.get(key, '')})"))
+    if by_component.get("ema") and not by_component.get("model"):
+        key = by_component["ema"][0]
+        out.append(("ema", f"the final EMA differs ({key}: {what.get(key, '')}) while the weights match"))
+    if by_component.get("scaler"):
+        key = by_component["scaler"][0]
+        out.append(("scaler", f"the final loss-scaler state differs ({key}: {what.get(key, '')}); "
+                    "the same steps scale alike unless it was not restored"))
     if by_component.get("rng"):
         key = by_component["rng"][0]
         out.append(("rng", f"the final RNG states differ ({key}); the same steps draw the same "
@@ -353,6 +394,8 @@ _COMPONENT_WORDS = {
     "optimizer": "optimizer state",
     "scheduler": "LR scheduler state",
     "data": "data position (sampler or dataloader state)",
+    "ema": "EMA (averaged weights)",
+    "scaler": "loss-scaler state",
 }
 
 

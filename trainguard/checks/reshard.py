@@ -62,10 +62,7 @@ RESHARD_CAUSES = {
 
 #: components of the final checkpoints whose difference fails a pair; the rest (RNG states per
 #: rank, the world size the job records) may differ between world sizes and are only reported
-TRAINING_STATE = ("model", "optimizer", "scheduler")
-
-_TENSORS = re.compile(r"^(\d+) tensors")
-_OPT_PARAMS = re.compile(r"^state for (\d+) parameters")
+TRAINING_STATE = ("model", "optimizer", "scheduler", "ema", "scaler")
 
 
 def _progress_metric(runner: JobRunner) -> str:
@@ -173,9 +170,8 @@ def _shard_coverage(inventory: CheckpointInventory | None) -> tuple[int, int] | 
     """(parameters with optimizer state, model tensors) when the checkpoint says both."""
     if inventory is None:
         return None
-    model = _TENSORS.match(inventory.details.get("model", ""))
-    opt = _OPT_PARAMS.match(inventory.details.get("optimizer", ""))
-    return (int(opt.group(1)), int(model.group(1))) if model and opt else None
+    params, tensors = inventory.parameters_with_state(), inventory.tensors("model")
+    return (params, tensors) if params and tensors else None
 
 
 def rank_reshard_causes(facts: PairFacts) -> list[Cause]:

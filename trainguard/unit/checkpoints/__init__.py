@@ -26,6 +26,7 @@ from trainguard.unit.checkpoints.files import (
 )
 from trainguard.unit.checkpoints.state import (
     COMPONENTS,
+    OPTIONAL,
     CheckpointInventory,
     checkpoint_inventory,
     classify_key,
@@ -34,6 +35,7 @@ from trainguard.unit.checkpoints.state import (
 __all__ = [
     "CHECKPOINT_SUFFIXES",
     "COMPONENTS",
+    "OPTIONAL",
     "CheckpointInventory",
     "StateComparison",
     "checkpoint_inventory",

@@ -25,6 +25,7 @@ from trainguard.unit.checkpoints.files import (
 
 __all__ = [
     "COMPONENTS",
+    "OPTIONAL",
     "CheckpointInventory",
     "Entry",
     "checkpoint_inventory",
@@ -37,13 +38,21 @@ __all__ = [
 
 #: what a checkpoint's keys belong to: the weights, the optimizer's moments and param groups, the
 #: LR schedule, the random generators, the data position (sampler, loader), the step/epoch
-#: counters, everything else (hyperparameters, logs, callbacks)
-COMPONENTS = ("model", "optimizer", "scheduler", "rng", "data", "counters", "other")
+#: counters, an average of the weights (EMA, SWA), the mixed-precision loss scaler, everything
+#: else (hyperparameters, logs, callbacks)
+COMPONENTS = ("model", "optimizer", "scheduler", "rng", "data", "counters", "ema", "scaler", "other")
+#: components only some jobs have: a checkpoint without them is not missing anything
+OPTIONAL = ("ema", "scaler", "other")
 
 _MODEL = frozenset({
     "model", "models", "state_dict", "model_state_dict", "model_state", "module", "net", "network",
-    "weights", "params", "parameters", "ema", "ema_model", "model_ema", "ema_state_dict",
+    "weights", "params", "parameters",
 })
+# an average of the weights: ``ema``, ``ema_model``, ``model_ema``, ``ema_state_dict``, torch's
+# AveragedModel (``averaged_model``, ``n_averaged``), ``swa_model``, ``shadow``
+_EMA = re.compile(r"(?:^|_)ema(?:$|_)|^(?:averaged_model|n_averaged|swa_model|swa_state|shadow(?:_params)?)$")
+# torch.amp.GradScaler's state (``scale``, ``growth_factor``, ``_growth_tracker``, ...) under its key
+_SCALER = re.compile(r"(?:^|_)scaler(?:$|_)|^_?growth_tracker$")
 _OPTIMIZER = frozenset({
     "optimizer", "optimizers", "optimizer_states", "optimizer_state", "optimizer_state_dict",
     "optim", "optim_state", "optim_state_dict", "opt", "opt_state", "exp_avg", "exp_avg_sq",
@@ -218,7 +227,9 @@ def _file_hint(part: str) -> str | None:
     if "rng" in name or "random" in name:
         return "rng"
     if "scaler" in name:
-        return "other"
+        return "scaler"
+    if _EMA.search(name.split(".", 1)[0]):
+        return "ema"
     if re.search(r"sampler|dataloader|data_state", name):
         return "data"
     if name.endswith(".safetensors") or name.startswith(
@@ -236,6 +247,10 @@ def _segment_component(segment: str) -> str | None:
         return "rng"
     if _DATA.search(lower):
         return "data"
+    if _EMA.search(lower):
+        return "ema"
+    if _SCALER.search(lower):
+        return "scaler"
     for component, names in (("optimizer", _OPTIMIZER), ("scheduler", _SCHEDULER),
                              ("model", _MODEL), ("counters", _COUNTERS)):
         if lower in names:
@@ -252,7 +267,7 @@ def classify_path(part: str, segments: tuple[str, ...]) -> tuple[str, int]:
                 return "data", i
         return "counters", 0
     hint = _file_hint(part)
-    if hint in ("optimizer", "scheduler", "rng"):  # a file of its own: all of it (Adam's `step` too)
+    if hint in ("optimizer", "scheduler", "rng", "ema", "scaler"):  # a file of its own: all of it (Adam's `step` too)
         return hint, -1
     for i, segment in enumerate(segments):
         component = _segment_component(segment)
@@ -322,7 +337,8 @@ class CheckpointInventory:
     ``files``: the parts read; ``skipped``: file -> why it was not read; ``components``:
     component -> keys present; ``details``: component -> a line such as "state for 12
     parameters (exp_avg, exp_avg_sq, step)" or "param_groups only, no per-parameter state";
-    ``metadata``: keys whose values are paths or times."""
+    ``metadata``: keys whose values are paths or times; ``counts``: component -> (tensors,
+    parameters with per-parameter state) for the comparisons that weigh one against another."""
 
     path: Path
     files: list[str] = field(default_factory=list)
@@ -330,6 +346,7 @@ class CheckpointInventory:
     components: dict[str, list[str]] = field(default_factory=dict)
     details: dict[str, str] = field(default_factory=dict)
     metadata: list[str] = field(default_factory=list)
+    counts: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def has(self, component: str) -> bool:
         """Whether the checkpoint holds any key of ``component``."""
@@ -339,13 +356,21 @@ class CheckpointInventory:
 
     @property
     def missing(self) -> list[str]:
-        """The components of a full training state it lacks (all but ``other``)."""
-        return [c for c in COMPONENTS[:-1] if not self.has(c)]
+        """The components of a full training state it lacks (all but :data:`OPTIONAL`)."""
+        return [c for c in COMPONENTS if c not in OPTIONAL and not self.has(c)]
+
+    def tensors(self, component: str) -> int:
+        """How many tensors of ``component`` it holds (0 when the count is unknown)."""
+        return self.counts.get(component, (0, 0))[0]
+
+    def parameters_with_state(self) -> int:
+        """How many parameters the optimizer holds per-parameter state for."""
+        return self.counts.get("optimizer", (0, 0))[1]
 
     def summary(self) -> str:
         """``holds model (6 tensors), optimizer (state for 6 parameters ...); lacks rng, data``."""
         held = [f"{c} ({self.details[c]})" if c in self.details else c
-                for c in COMPONENTS[:-1] if self.has(c)]
+                for c in COMPONENTS if c != "other" and self.has(c)]
         text = "holds " + (", ".join(held) or "no training state")
         if self.missing:
             text += "; lacks " + ", ".join(self.missing)
@@ -362,16 +387,50 @@ class CheckpointInventory:
             "details": self.details,
             "missing": self.missing,
             "metadata": self.metadata[:20],
+            "tensors": {c: n for c, (n, _) in self.counts.items() if n},
         }
+
+
+_BUFFER = re.compile(r"^(?:running_mean|running_var|num_batches_tracked|inv_freq|freqs_cis|mask|causal_mask)$")
+
+
+def _storage(value: Any) -> tuple[int, tuple[int, ...]] | None:
+    """Where a tensor's data start and its shape: one tensor saved under two names (a tied
+    weight) shares both; tensors in one flat buffer share only the storage."""
+    try:
+        ptr = int(value.data_ptr())
+        return (ptr, tuple(value.shape)) if ptr else None
+    except (AttributeError, RuntimeError, TypeError):  # a DTensor shard, a meta tensor
+        return None
+
+
+def _counts(by_component: dict[str, list[tuple[Entry, int]]]) -> dict[str, tuple[int, int]]:
+    """component -> (tensors, parameters with optimizer state). The model's and the EMA's tensors
+    count what an optimizer would hold state for: no buffers (BatchNorm statistics, rotary
+    tables), and a weight tied to another (GPT's ``lm_head`` and ``wte``, one storage) once."""
+    counts = {}
+    for component, entries in by_component.items():
+        tensors = [e.value for e, _ in entries if _is_tensor(e.value)
+                   and not (component in ("model", "ema") and _BUFFER.match(e.segments[-1].rsplit(".", 1)[-1] if e.segments else ""))]
+        if component in ("model", "ema"):
+            storages = [_storage(t) for t in tensors]
+            shared = len(storages) - len({s for s in storages if s is not None}) - storages.count(None)
+            n = len(tensors) - shared
+        else:
+            n = len(tensors)
+        params = {p for p, _ in filter(None, (_param_state(e) for e, _ in entries))} if component == "optimizer" else ()
+        counts[component] = (n, len(params))
+    return counts
 
 
 def _details(by_component: dict[str, list[tuple[Entry, int]]]) -> dict[str, str]:
     details: dict[str, str] = {}
-    model = by_component.get("model", [])
-    tensors = [e for e, _ in model if _is_tensor(e.value)]
-    if model:
-        elements = sum(int(e.value.numel()) for e in tensors)
-        details["model"] = f"{len(tensors)} tensors, {elements} elements"
+    for component in ("model", "ema"):
+        entries = by_component.get(component, [])
+        tensors = [e for e, _ in entries if _is_tensor(e.value)]
+        if entries:
+            elements = sum(int(e.value.numel()) for e in tensors)
+            details[component] = f"{len(tensors)} tensors, {elements} elements"
     optimizer = by_component.get("optimizer", [])
     if optimizer:
         states = [s for s in (_param_state(e) for e, _ in optimizer) if s is not None]
@@ -383,10 +442,10 @@ def _details(by_component: dict[str, list[tuple[Entry, int]]]) -> dict[str, str]
             details["optimizer"] = "param_groups only, no per-parameter state"
         else:
             details["optimizer"] = f"{len(optimizer)} keys, no per-parameter state"
-    for component in ("scheduler", "counters"):
+    for component in ("scheduler", "counters", "scaler"):
         scalars = [(e, i) for e, i in by_component.get(component, [])
                    if isinstance(e.value, (int, float)) and not isinstance(e.value, bool)
-                   and (component == "counters" or e.segments[-1:] in (("last_epoch",), ("_step_count",)))]
+                   and (component != "scheduler" or e.segments[-1:] in (("last_epoch",), ("_step_count",)))]
         if scalars:
             details[component] = ", ".join(f"{e.key}={e.value}" for e, _ in scalars[:4])
     rng = by_component.get("rng", [])
@@ -436,4 +495,5 @@ def checkpoint_inventory(path: Path) -> CheckpointInventory:
             by_component.setdefault(component, []).append((entry, index))
     inventory.components = {c: [e.key for e, _ in by_component[c]] for c in COMPONENTS if c in by_component}
     inventory.details = _details(by_component)
+    inventory.counts = _counts(by_component)
     return inventory
