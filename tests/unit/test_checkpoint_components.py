@@ -55,6 +55,7 @@ def _save(path: Path, *, ema: bool, scaler: bool) -> Path:
 def test_the_inventory_holds_them_apart_and_does_not_count_them_missing(tmp_path: Path) -> None:
     full = checkpoint_inventory(_save(tmp_path / "full.pt", ema=True, scaler=True))
     assert full.has("ema") and full.has("scaler") and full.missing == []
+    assert full.torch_rng_states == 1
     assert "scaler.scale=32768.0" in full.details["scaler"] and full.details["ema"].startswith("3 tensors")
     # the parameters an optimizer holds state for: no BatchNorm statistics, the tied weight once
     assert full.tensors("model") == 3 == full.tensors("ema") == full.parameters_with_state()

@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainguard.checks.diagnosis import (
+    NONE,
+    STRONG,
+    SUGGESTIVE,
     ResumeFacts,
     data_order_note,
     diagnose_resume,
@@ -166,3 +169,25 @@ def test_other_samples_after_the_resume_with_rng_in_the_checkpoint_name_the_data
     same = sample_replay(REFERENCE, _resumed(6, EPOCH1, 2), resumed_from=6, steps=8)
     assert _top(ResumeFacts(6, first_divergent_step=7, checkpoint=_inventory(), final_state=rng,
                             replay=same)) == "rng"
+
+
+def test_the_same_samples_and_a_loss_that_differs_at_the_first_resumed_step_point_at_the_rng() -> None:
+    """Megatron-LM PR 6858's case: every rank saved its RNG state under one key, the checkpoint
+    kept rank 0's and every rank came back drawing rank 0's dropout masks."""
+    replay = sample_replay(REFERENCE, _resumed(6, EPOCH1, 2), resumed_from=6, steps=8)
+    assert replay is not None and replay.same
+    one_state = _inventory()
+    one_state.torch_rng_states = 1
+    causes = diagnose_resume(ResumeFacts(6, first_divergent_step=7, checkpoint=one_state, replay=replay, world_size=2))
+    assert causes[0].key == "rng" and causes[0].strength == STRONG
+    assert any("one torch RNG state for 2 ranks" in e for e in causes[0].evidence)
+    # one state per rank: the boundary alone is only suggestive; one rank needs only one state
+    per_rank = _inventory()
+    per_rank.torch_rng_states = 2
+    assert diagnose_resume(ResumeFacts(6, first_divergent_step=7, checkpoint=per_rank, replay=replay,
+                                       world_size=2))[0].strength == SUGGESTIVE
+    assert diagnose_resume(ResumeFacts(6, first_divergent_step=7, checkpoint=one_state, replay=replay,
+                                       world_size=1))[0].strength == SUGGESTIVE
+    # a divergence a step later is not the RNG's boundary sign
+    later = diagnose_resume(ResumeFacts(6, first_divergent_step=8, checkpoint=per_rank, replay=replay, world_size=2))
+    assert next(c for c in later if c.key == "rng").strength == NONE

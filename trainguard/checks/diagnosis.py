@@ -259,6 +259,7 @@ class ResumeFacts:
     warnings: list[tuple[str, str]] = field(default_factory=list)
     #: metric -> the step it first differs at after the resume (None: it matched), every metric compared
     metrics: dict[str, int | None] = field(default_factory=dict)
+    world_size: int = 1
 
 
 def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
@@ -308,6 +309,14 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
     step = facts.first_divergent_step
     # a loss is computed before its step's update: lost optimizer or scheduler state shows one
     # step after the boundary, lost data position or RNG at the boundary itself
+    if step == boundary and facts.resumed_from > 0 and replay is not None and replay.same:
+        why = (f"step {step}, the first resumed one, drew the reference's samples and still differs: what "
+               "it drew at random (dropout) or the weights it loaded differ")
+        t.add("rng", SUGGESTIVE, why)
+        t.add("stale_checkpoint", SUGGESTIVE, why)
+    if ckpt is not None and facts.world_size > 1 and ckpt.torch_rng_states == 1:
+        t.add("rng", SUGGESTIVE, f"{Path(str(ckpt.path)).name} holds one torch RNG state for "
+              f"{facts.world_size} ranks: ranks that draw differently (dropout) come back with rank 0's draws")
     if step is not None and facts.resumed_from > 0 and step > boundary + 1:
         agree = step - boundary
         later = f"the trajectories agree for {agree} resumed step{'s' if agree > 1 else ''} and part at step {step}"

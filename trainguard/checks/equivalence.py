@@ -485,7 +485,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         facts = ResumeFacts(
             resumed_from, first_divergent_step=min(divergent, default=None), checkpoint=inventory,
             final_state=state, lr=_lr_divergence(runner, resumed, reference, first_step, spec),
-            metrics={d.metric: d.first_divergent_step for d in (diff, *others)},
+            metrics={d.metric: d.first_divergent_step for d in (diff, *others)}, world_size=request.world_size,
         )
         causes, found = resume_diagnosis(
             reference_dir=reference.run_dir, resumed_dir=resumed.run_dir, world_size=request.world_size,

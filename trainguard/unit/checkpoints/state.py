@@ -347,6 +347,9 @@ class CheckpointInventory:
     details: dict[str, str] = field(default_factory=dict)
     metadata: list[str] = field(default_factory=list)
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: torch CPU generator states it holds (``torch.get_rng_state()``: 5056 bytes), one per rank
+    #: whose draws it can restore
+    torch_rng_states: int = 0
 
     def has(self, component: str) -> bool:
         """Whether the checkpoint holds any key of ``component``."""
@@ -496,4 +499,9 @@ def checkpoint_inventory(path: Path) -> CheckpointInventory:
     inventory.components = {c: [e.key for e, _ in by_component[c]] for c in COMPONENTS if c in by_component}
     inventory.details = _details(by_component)
     inventory.counts = _counts(by_component)
+    inventory.torch_rng_states = sum(1 for e, _ in by_component.get("rng", []) if _is_cpu_generator_state(e.value))
     return inventory
+
+
+def _is_cpu_generator_state(value: Any) -> bool:
+    return _is_tensor(value) and str(getattr(value, "dtype", "")) == "torch.uint8" and tuple(value.shape) == (5056,)
