@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup-steps", type=int, default=5)
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
-    p.add_argument("--ema-decay", type=float, default=0.9)
+    p.add_argument("--ema-decay", type=float, default=0.99, help="the EMA's decay once warmed up")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--dim", type=int, default=64)
@@ -349,13 +349,13 @@ def train(args: argparse.Namespace, rank: int, world_size: int) -> None:
             out["loader"] = {f"rank{rank}": _blob(loader.state_dict())}
         return out
 
-    step, loader_restored = 0, False
+    step, ema_updates, loader_restored = 0, 0, False
     found = complete_checkpoints(Path(args.ckpt_dir)) if args.resume else []
     if args.resume and not found and rank == 0:
         log.warning("--resume: no complete checkpoint in %s; starting from scratch", args.ckpt_dir)
     if found:
         path = found[-1]
-        progress = {"step": 0, "world_size": 0}
+        progress = {"step": 0, "world_size": 0, "ema_updates": 0}
         dcp.load({"progress": progress}, checkpoint_id=str(path))
         same = progress["world_size"] == world_size
         target = state(dict(progress), with_rank_state=same)
@@ -364,7 +364,7 @@ def train(args: argparse.Namespace, rank: int, world_size: int) -> None:
         scheduler.load_state_dict(target["scheduler"])
         if scaler is not None:
             scaler.load_state_dict(target["scaler"])
-        step = int(target["progress"]["step"])
+        step, ema_updates = int(target["progress"]["step"]), int(target["progress"]["ema_updates"])
         if same:
             torch.set_rng_state(target["rng"][f"rank{rank}"])
             # at an epoch's end the next epoch starts afresh, as it would have
@@ -412,16 +412,20 @@ def train(args: argparse.Namespace, rank: int, world_size: int) -> None:
         optimizer.zero_grad(set_to_none=True)
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
+        # the EMA warms up: early updates weigh the weights more (decay (1 + n) / (10 + n))
+        decay = min(args.ema_decay, (1 + ema_updates) / (10 + ema_updates))
+        ema_updates += 1
         with torch.no_grad():
             for e, p in zip(ema, params, strict=True):
-                e.lerp_(p.detach(), 1 - args.ema_decay)
+                e.lerp_(p.detach(), 1 - decay)
         step += 1
         dist.all_reduce(total)
         norm = torch.stack([e.to_local().float().pow(2).sum() for e in ema]).sum()
         dist.all_reduce(norm)
         stop = notice.agreed()
         if args.ckpt_dir and (step % args.ckpt_every == 0 or step == args.steps or stop):
-            checkpointer.save(state({"step": step, "world_size": world_size}, with_rank_state=True), step)
+            progress = {"step": step, "world_size": world_size, "ema_updates": ema_updates}
+            checkpointer.save(state(progress, with_rank_state=True), step)
         if rank == 0:
             print(f"step {step} loss {total.item() / (args.global_batch * args.seq_len):.6f} lr {lr:.6g} "
                   f"ema_norm {norm.sqrt().item():.6f}", flush=True)

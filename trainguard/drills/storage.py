@@ -269,7 +269,17 @@ def judge_kill_during_save(c: DrillContext) -> Judgement:
                    f"left {held.get('path')} torn, the newest file, and the resume loads it")
         pointer = ("the 'latest' pointer (a symlink, marker file or index) is updated before the data "
                    "is durable: it names a checkpoint the kill left unwritten")
-        held_name = str(held.get("path") or "").rsplit("/", 1)[-1]
-        ranked = [pointer, inplace] if is_temp_name(held_name) else [inplace, pointer]
+        held_dir, _, held_name = str(held.get("path") or "").strip("/").rpartition("/")
+        # a file of a checkpoint directory (DCP's shards) that the resume loaded although it was
+        # not complete when the kill came: its files are new, its commit came too early
+        dir_name = held_dir.rsplit("/", 1)[-1]
+        loaded_it = any(dir_name in f"{a.reason}\n{a.stderr_tail}" for a in c.run.attempts[1:])
+        early_commit = bool(held_dir) and (loaded_it or (resumed is not None and latest.get("step") is not None
+                                                          and resumed > int(latest["step"])))
+        if early_commit:
+            pointer = (f"the checkpoint {held_dir} was marked complete (a marker file, a 'latest' pointer) "
+                       "before every rank's data was durable: an async save's marker written when the "
+                       "save is issued, not when it completes; the kill left it unwritten and the resume loaded it")
+        ranked = [pointer, inplace] if is_temp_name(held_name) or early_commit else [inplace, pointer]
         evidence.likely_causes = [*ranked, *[x for x in known(evidence.likely_causes) or [] if "in place" not in x]]
     return Judgement(status, summary, evidence)
