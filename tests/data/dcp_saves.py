@@ -6,7 +6,7 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.fsdp import fully_shard
 
 out = sys.argv[1]
@@ -46,6 +46,15 @@ fully_shard(m)
 opt, sched = train(m)
 msd, osd = get_state_dict(m, opt)
 dcp.save({"model": msd, "optim": osd, "step": 2}, checkpoint_id=f"{out}/fsdp2")
+# the same FSDP2 state as one process would write it (world size 1): whole tensors, no shards; and
+# a copy with one element of one parameter's exp_avg changed
+full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+msd_full, osd_full = get_state_dict(m, opt, options=full)
+if dist.get_rank() == 0:
+    dcp.save({"model": msd_full, "optim": osd_full, "step": 2}, checkpoint_id=f"{out}/fsdp2_whole", no_dist=True)
+    osd_full["state"]["2.weight"]["exp_avg"][1, 3] += 1e-3
+    dcp.save({"model": msd_full, "optim": osd_full, "step": 2}, checkpoint_id=f"{out}/fsdp2_whole_moved", no_dist=True)
+dist.barrier()
 # async_save (FSDP2 state)
 fut = dcp.async_save({"model": msd, "optim": osd, "step": 3}, checkpoint_id=f"{out}/async")
 fut.result()

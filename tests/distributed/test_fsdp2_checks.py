@@ -88,6 +88,8 @@ def test_the_clean_example_resumes_exactly_in_every_metric(tmp_path: Path) -> No
     evidence = result.evidence
     assert evidence["resumed_from_step"] % 5 == 0 and evidence["resumed_from_step"] >= 5, evidence
     assert [m["metric"] for m in evidence["other_metrics"]] == ["ema_norm"]
+    # the StatefulDataLoader's 2 workers: every sample of the epoch once, across the kill
+    assert evidence["sample_accounting"]["ok"] is True, evidence["sample_accounting"]
     # the sharded DCP checkpoints compared value by value: model, optimizer, EMA, scheduler
     state = evidence["state"]
     assert state["compared"] is True and state["differing_keys"] == [], state
@@ -113,7 +115,7 @@ PLANTED: dict[str, tuple[list[Patch], list[str], str]] = {
     "loader_state_not_restored": (
         [('loader.load_state_dict(_unblob(target["loader"][f"rank{rank}"]))',
           'pass  # planted: the loader state is saved but not restored')],
-        ["loss diverges", "trained on the samples of step 1"],
+        ["loss diverges", "trained on the samples of step 1", "never trained in epoch 0"],
         "data_position",
     ),
 }

@@ -53,6 +53,17 @@ def test_real_dcp_saves_read_whole(real_saves: Path, kind: str) -> None:
     assert inventory.details["optimizer"].startswith("state for 4 parameters")
 
 
+def test_fsdp2_shards_compare_with_the_whole_tensors_one_process_saved(real_saves: Path) -> None:
+    """2 ranks' DTensor shards and one process's whole tensors are the same logical state; a
+    moved moment is named by its parameter and its name."""
+    same = compare_checkpoint_dirs(real_saves / "fsdp2", real_saves / "fsdp2_whole")
+    assert same.compared and same.ok and same.compared_keys >= 14, same.as_evidence()
+    moved = compare_checkpoint_dirs(real_saves / "fsdp2", real_saves / "fsdp2_whole_moved")
+    assert [k for k, _ in moved.differing] == ["optim.state.2.weight.exp_avg"], moved.differing
+    assert moved.summary() == "optimizer (state.2.weight.exp_avg)"
+    assert "1 of 64 elements differ" in moved.differing[0][1] and "(1, 3)" in moved.differing[0][1]
+
+
 def test_real_saves_name_only_listed_globals(real_saves: Path) -> None:
     named: set[tuple[str, str]] = set()
 

@@ -191,3 +191,9 @@ def test_the_same_samples_and_a_loss_that_differs_at_the_first_resumed_step_poin
     # a divergence a step later is not the RNG's boundary sign
     later = diagnose_resume(ResumeFacts(6, first_divergent_step=8, checkpoint=per_rank, replay=replay, world_size=2))
     assert next(c for c in later if c.key == "rng").strength == NONE
+
+
+def test_samples_trained_twice_or_never_name_the_data_position() -> None:
+    accounted = "samples 20-39 never trained in epoch 0 (steps 1-10) after the resume at step 5; samples 0-19 trained twice"
+    causes = diagnose_resume(ResumeFacts(5, first_divergent_step=6, checkpoint=_inventory(), samples_accounted=accounted))
+    assert causes[0].key == "data_position" and causes[0].strength == STRONG and accounted in causes[0].evidence

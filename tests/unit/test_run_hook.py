@@ -286,3 +286,48 @@ def test_the_fault_and_run_agents_both_load_in_one_process(tmp_path: Path) -> No
     done = _hooked(code, {"samples_dir": str(tmp_path / "s")}, env=hook_env(fault))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["['_trainguard_fault_agent',", "'_trainguard_run_agent']"]
+
+
+STATEFUL = textwrap.dedent(
+    """
+    import json
+    import torch
+    from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    data = TensorDataset(torch.arange(40))
+    def loader(cls, **kw):
+        return cls(data, batch_size=4, sampler=RandomSampler(data, generator=torch.Generator().manual_seed(3)),
+                   num_workers=2, **kw)
+    yielded = {"first": [], "resumed": [], "unordered": []}
+    first = loader(StatefulDataLoader)
+    for batch in first:
+        yielded["first"].append(batch[0].tolist())
+        if len(yielded["first"]) == 3:
+            state = first.state_dict()  # the workers have prefetched batches past this one
+            break
+    resumed = loader(StatefulDataLoader)
+    resumed.load_state_dict(state)
+    yielded["resumed"] = [b[0].tolist() for b in resumed]
+    yielded["unordered"] = [b[0].tolist() for b in loader(DataLoader, in_order=False)]
+    print(json.dumps(yielded))
+    """
+)
+
+
+def test_a_stateful_loader_with_workers_resumed_mid_epoch_records_what_it_yields(tmp_path: Path) -> None:
+    """torchdata's StatefulDataLoader with 2 workers, its state taken while the workers had
+    prefetched ahead and restored into a new loader: the records pair each yielded batch with
+    its indices (the resumed loader's first batch is the 4th of the epoch, not a prefetched
+    one). A loader with workers and in_order=False is not recorded: never a wrong pairing."""
+    pytest.importorskip("torchdata", reason="needs torchdata (the fsdp extra)")
+    done = _hooked(STATEFUL, {"samples_dir": str(tmp_path / "trainguard-samples")})
+    assert done.returncode == 0, done.stderr
+    yielded = json.loads(done.stdout)
+    batches = read_samples(tmp_path)[0]
+    by_loader: dict[int, list[list]] = {}
+    for b in batches:
+        by_loader.setdefault(b.loader, []).append(b.indices)
+    assert by_loader[0] == yielded["first"] and by_loader[1] == yielded["resumed"]
+    assert len(yielded["first"]) + len(yielded["resumed"]) == 10  # the epoch, each batch once
+    assert 2 not in by_loader and len(yielded["unordered"]) == 10

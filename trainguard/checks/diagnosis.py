@@ -260,6 +260,8 @@ class ResumeFacts:
     #: metric -> the step it first differs at after the resume (None: it matched), every metric compared
     metrics: dict[str, int | None] = field(default_factory=dict)
     world_size: int = 1
+    #: the samples the interrupted run trained twice or never (:func:`account_samples`), when it did
+    samples_accounted: str | None = None
 
 
 def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
@@ -288,6 +290,8 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
             if ckpt is not None:
                 t.add("rng", STRONG, "the data order after the resume differs and the checkpoint holds "
                       "no RNG state to restore the shuffle from")
+    if facts.samples_accounted:
+        t.add("data_position", STRONG, facts.samples_accounted)
     if ckpt is not None:
         name = Path(str(ckpt.path)).name
         for key, component in (("rng", "rng"), ("optimizer", "optimizer"), ("scheduler", "scheduler"),

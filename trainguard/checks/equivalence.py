@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.checks.accounting import Segment, account_samples
 from trainguard.checks.diagnosis import (
     LR_METRIC,
     ResumeFacts,
@@ -191,6 +192,8 @@ class ResumeEvidence(Evidence):
     other_metrics: list[dict[str, Any]] | Unset = UNSET
     #: the final checkpoints compared
     state: dict[str, Any] | Unset = UNSET
+    #: :meth:`SampleAccounting.as_evidence`: samples trained twice or never, per epoch
+    sample_accounting: dict[str, Any] | Unset = UNSET
     #: what the diagnosis read (learning rates, samples, checkpoint contents)
     diagnosis: dict[str, Any] = field(default_factory=dict, metadata=MERGED)
     likely_causes: list[str] | Unset = UNSET
@@ -450,6 +453,11 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         rtol=spec.rtol, atol=spec.atol,
     )
     evidence.state = state.as_evidence()
+    accounting = account_samples(read_samples(reference.run_dir), [
+        Segment(read_samples(interrupted.run_dir), 1, resumed_from, "before the kill"),
+        Segment(read_samples(resumed.run_dir), resumed_from + 1, spec.steps, f"after the resume at step {resumed_from}"),
+    ], steps=spec.steps)
+    evidence.sample_accounting = accounting.as_evidence()
     problems: list[str] = []
     if began_again:
         problems.append(
@@ -486,6 +494,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
             resumed_from, first_divergent_step=min(divergent, default=None), checkpoint=inventory,
             final_state=state, lr=_lr_divergence(runner, resumed, reference, first_step, spec),
             metrics={d.metric: d.first_divergent_step for d in (diff, *others)}, world_size=request.world_size,
+            samples_accounted=accounting.summary() if accounting.known and not accounting.ok else None,
         )
         causes, found = resume_diagnosis(
             reference_dir=reference.run_dir, resumed_dir=resumed.run_dir, world_size=request.world_size,

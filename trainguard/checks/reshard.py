@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.checks.accounting import SampleAccounting, Segment, account_samples
 from trainguard.checks.diagnosis import (
     DECISIVE,
     NONE,
@@ -56,6 +57,8 @@ RESHARD_CAUSES = {
     "data_order": "a data order that depends on the world size (each rank shuffles its own shard, a "
     "permutation seeded with the rank, or a shard split that changes with the ranks)",
     "batch": "the per-rank batch is not the global batch / world size at the new size",
+    "uneven": "a world size that does not divide the data: the sampler pads the ranks' shares with "
+    "samples they train again (DistributedSampler without drop_last), or leaves some out",
     "rng": "RNG states saved per rank cannot be restored at another world size (dropout, "
     "augmentation: pass args that disable them for this check)",
 }
@@ -164,6 +167,7 @@ class PairFacts:
     inventory: CheckpointInventory | None
     differing: list[str] = field(default_factory=list)
     rng_warning: bool = False
+    accounting: SampleAccounting | None = None
 
 
 def _shard_coverage(inventory: CheckpointInventory | None) -> tuple[int, int] | None:
@@ -199,6 +203,11 @@ def rank_reshard_causes(facts: PairFacts) -> list[Cause]:
         else:
             add("data_order", STRONG, f"resumed step {agreement.first_different_step} drew samples no "
                 "reference step drew together")
+    accounting = facts.accounting
+    if accounting is not None and accounting.known and not accounting.ok:
+        # samples trained twice and none left out: padding of shares that do not divide evenly
+        padded = all(e.twice and not e.never for e in accounting.epochs)
+        add("uneven" if padded else "sampler_offset", STRONG, accounting.summary())
     coverage = _shard_coverage(facts.inventory)
     if coverage is not None and coverage[0] < coverage[1]:
         add("optimizer_shard", DECISIVE, f"the checkpoint the resumed run loaded holds optimizer state "
@@ -251,6 +260,8 @@ class ReshardPairEvidence(Evidence):
     #: state that may differ between world sizes (per-rank RNG, the world size itself)
     state_differing_across_world_sizes: list[str] | Unset = UNSET
     samples: str | Unset = UNSET
+    #: :meth:`SampleAccounting.as_evidence`: samples trained twice or never, per epoch
+    sample_accounting: dict[str, Any] | Unset = UNSET
     diagnosis: list[dict[str, Any]] | Unset = UNSET
     likely_causes: list[str] | Unset = UNSET
 
@@ -341,6 +352,11 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
     )
     if agreement is not None:
         evidence.samples = agreement.sentence(n, m)
+    accounting = account_samples(ref_samples, [
+        Segment(read_samples(killed.run_dir), 1, resumed_from, f"at {n} rank(s)"),
+        Segment(res_samples, resumed_from + 1, spec.steps, f"after the resume at {m} rank(s)"),
+    ], steps=spec.steps)
+    evidence.sample_accounting = accounting.as_evidence()
     problems: list[str] = []
     if resumed_from == 0:
         problems.append(f"the resumed run started again from step {first_step} (no usable checkpoint, or resume_args "
@@ -361,13 +377,15 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
                      f"{spec.steps} match the {n}-rank run (max abs diff {diff.max_abs_diff:.3g}){note}",
                      evidence, reproduce)
     facts = PairFacts(resumed_from, diff.first_divergent_step, agreement, inventory, differing,
-                       _rng_warning(resumed.run_dir, m))
+                       _rng_warning(resumed.run_dir, m), accounting)
     causes = rank_reshard_causes(facts)
     evidence.diagnosis = [c.as_evidence() for c in causes]
     evidence.likely_causes = [c.text for c in causes if not c.ruled_out]
     summary = f"{name}: " + "; ".join(problems)
     if agreement is not None:
         summary += f"; {agreement.sentence(n, m)}"
+    if accounting.known and not accounting.ok:
+        summary += f"; {accounting.summary()}"
     top = next((c for c in causes if c.strength > NONE), None)
     if top is not None:
         summary += f". Most likely {top.text.split(':')[0].split(' (')[0]}: {'; '.join(top.evidence[:2])}"

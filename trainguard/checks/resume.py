@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.checks.accounting import SampleAccounting, Segment, account_samples
 from trainguard.checks.equivalence import (
     TrajectoryDiff,
     compare_trajectories,
@@ -32,6 +33,7 @@ from trainguard.config.registry import Check, Run
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.launch import RunResult
 from trainguard.launch.metrics import aligned_trajectories
+from trainguard.launch.samples import read_samples
 from trainguard.report import CheckResult
 from trainguard.run.runner import JobRunner
 from trainguard.unit.checkpoints import compare_checkpoint_dirs
@@ -71,6 +73,8 @@ class ChainEvidence(Evidence):
     reference_run_dir: str
     #: the final checkpoints compared
     state: dict[str, Any] | Unset = UNSET
+    #: :meth:`SampleAccounting.as_evidence` over the cycles run: samples trained twice or never
+    sample_accounting: dict[str, Any] | Unset = UNSET
     failing_cycle: int | Unset = UNSET
     likely_causes: list[str] | Unset = UNSET
 
@@ -94,6 +98,16 @@ def _problem(diff: TrajectoryDiff) -> str | None:
     if diff.missing_in_actual:
         return f"missing steps {diff.missing_in_actual[:5]} of {diff.metric}"
     return None
+
+
+def _accounting(reference: RunResult, cycles: list[ChainCycle], steps: int) -> SampleAccounting:
+    """The samples of the cycles run, each cycle's up to the step the next resumed from."""
+    segments = []
+    for cycle, after in zip(cycles, [*cycles[1:], None], strict=True):
+        last = after.resumed_from_step if after is not None else steps
+        label = "in cycle 1" if cycle.cycle == 1 else f"in cycle {cycle.cycle} (resumed from step {cycle.resumed_from_step})"
+        segments.append(Segment(read_samples(Path(cycle.run_dir)), cycle.resumed_from_step + 1, last, label))
+    return account_samples(read_samples(reference.run_dir), segments, steps=steps)
 
 
 def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
@@ -157,7 +171,11 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
             if state.compared and not state.ok:
                 problems.append(f"after the last cycle the final checkpoints differ in {state.summary()}")
                 evidence.failing_cycle = len(cuts) + 1
+    accounting = _accounting(reference, evidence.cycles, spec.steps)
+    evidence.sample_accounting = accounting.as_evidence()
     if problems:
+        if accounting.known and not accounting.ok:
+            problems.append(accounting.summary())
         failing = evidence.failing_cycle if evidence.failing_cycle is not UNSET else len(cuts) + 1
         if failing > 2:
             evidence.likely_causes = list(LATER_CYCLE_CAUSES)

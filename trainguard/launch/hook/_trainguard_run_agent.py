@@ -14,7 +14,10 @@ import itself: an import hook patches a module the moment the job's own import o
   ``on_train_batch_end`` writes, once ``trainer.global_step`` advanced, the mean of the step's
   micro-batch losses (from ``outputs``); other keys come from ``trainer.callback_metrics``.
 * ``torch.utils.data.dataloader``: every DataLoader iterator of a process that is not a
-  DataLoader worker records the indices of each batch it yields.
+  DataLoader worker records the indices of each batch it yields (torchdata's
+  ``StatefulDataLoader`` and accelerate's prepared loaders are DataLoaders too). Not recorded:
+  an iterable dataset (no indices) and a loader with workers and ``in_order=False`` (its
+  batches come back out of the order asked, so indices could be paired with the wrong batch).
 
 Everything this agent does is wrapped: an exception inside it is reported once on stderr and
 never reaches the job. Each record is one ``os.write`` of a whole line to a file opened with
@@ -200,6 +203,8 @@ class Agent:
             dataset = loader.dataset
             if isinstance(dataset, iterable):
                 return  # no indices: an iterable dataset yields what it yields
+            if getattr(loader, "in_order", True) is False and getattr(loader, "num_workers", 0) > 0:
+                return  # its workers' batches come back out of the order asked: never a wrong pairing
             record = loaders.get(loader)
             if record is None:
                 record = loaders[loader] = [next(numbers), 0]

@@ -1,0 +1,214 @@
+"""Every sample exactly once: which samples a run interrupted and resumed (once or several times,
+at the same or another world size) trained twice or never, epoch by epoch, against the run that
+was not interrupted.
+
+The sample records (:mod:`trainguard.launch.samples`) say which dataset indices each rank's
+batches held. A step's samples are every rank's batches of that step (gradient accumulation
+draws several per rank: the count per step follows from the uninterrupted run's records). The
+interrupted run's training is the steps each segment's progress survived: the killed run's
+steps up to the checkpoint the next run resumed from, then the resumed run's; the steps a kill
+cut short and the next run trained again count once, as they did for the weights. Epochs are
+the uninterrupted run's passes over its loader, by step.
+
+"samples 640-703 never trained in epoch 1 (steps 21-40) after the resume at step 30; 0-63
+trained twice" is said when the counts differ from the uninterrupted run's; where the records
+cannot say (an iterable dataset, a loader that yields out of order, no records) the accounting
+says so instead of guessing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainguard.launch.samples import SampleBatch
+
+__all__ = ["EpochAccount", "SampleAccounting", "Segment", "account_samples", "index_ranges"]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One run's part of the training: its sample records and the steps whose progress it kept
+    (``first_step``..``last_step``); ``label`` names it ("the resume at step 30")."""
+
+    samples: Mapping[int, Sequence[SampleBatch]]
+    first_step: int
+    last_step: int
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class EpochAccount:
+    """One epoch (a pass of the uninterrupted run) whose samples the interrupted run did not
+    train exactly as often: ``twice`` more often, ``never`` less (each index once per time)."""
+
+    epoch: int
+    first_step: int
+    last_step: int
+    twice: tuple[Any, ...] = ()
+    never: tuple[Any, ...] = ()
+    #: the label of the segment the first difference falls in
+    where: str = ""
+
+    def sentence(self) -> str:
+        parts = []
+        span = f"epoch {self.epoch} (steps {self.first_step}-{self.last_step})"
+        after = f" {self.where}" if self.where else ""
+        if self.never:
+            parts.append(f"{_samples(self.never)} never trained in {span}{after}")
+        if self.twice:
+            lead = "" if parts else f"in {span}{after} "
+            parts.append(f"{lead}{_samples(self.twice)} trained twice")
+        return "; ".join(parts)
+
+    def as_evidence(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "steps": [self.first_step, self.last_step], "where": self.where,
+                "twice": index_ranges(self.twice, limit=50), "never": index_ranges(self.never, limit=50),
+                "twice_count": len(self.twice), "never_count": len(self.never)}
+
+
+@dataclass
+class SampleAccounting:
+    """The epochs whose samples differ (empty: every sample as often as uninterrupted), over
+    ``compared_steps`` steps; ``note``: why the records could not say, when they could not."""
+
+    compared_steps: int = 0
+    epochs: list[EpochAccount] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def known(self) -> bool:
+        return self.compared_steps > 0 and not self.note
+
+    @property
+    def ok(self) -> bool:
+        return self.known and not self.epochs
+
+    def summary(self) -> str:
+        if not self.known:
+            return self.note or "no sample records to account for"
+        if not self.epochs:
+            return f"every sample trained as often as in the uninterrupted run over {self.compared_steps} steps"
+        return "; ".join(e.sentence() for e in self.epochs[:3]) + (
+            f"; and {len(self.epochs) - 3} more epochs" if len(self.epochs) > 3 else "")
+
+    def as_evidence(self) -> dict[str, Any]:
+        return {"compared_steps": self.compared_steps, "ok": self.ok, "summary": self.summary(),
+                "epochs": [e.as_evidence() for e in self.epochs[:10]], **({"note": self.note} if self.note else {})}
+
+
+def _samples(indices: Sequence[Any]) -> str:
+    """``samples 20-39``; scattered (a shuffled order): ``240 samples (1-2, 4, 11, ...)``."""
+    shown = index_ranges(indices, limit=6)
+    if "more ranges" not in shown:
+        return f"samples {shown}"
+    return f"{len(set(indices))} samples ({shown.split(', ... (')[0]}, ...)"
+
+
+def index_ranges(indices: Sequence[Any], limit: int = 8) -> str:
+    """``0-63, 640-703, 901`` for sorted integer indices (others as they are), at most ``limit``
+    runs shown."""
+    ints = sorted({i for i in indices if isinstance(i, int) and not isinstance(i, bool)})
+    spans: list[list[int]] = []
+    for i in ints:
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    runs = [f"{a}-{b}" if b != a else f"{a}" for a, b in spans]
+    runs.extend(repr(i) for i in indices if not (isinstance(i, int) and not isinstance(i, bool)))
+    return ", ".join(runs[:limit]) + (f", ... ({len(runs) - limit} more ranges)" if len(runs) > limit else "")
+
+
+def _dataset(samples: Mapping[int, Sequence[SampleBatch]]) -> str | None:
+    counts: Counter[str] = Counter(b.dataset for batches in samples.values() for b in batches)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def _per_step(samples: Mapping[int, Sequence[SampleBatch]], dataset: str, first_step: int, last_step: int,
+              per_step: int) -> dict[int, tuple[Counter[Any], tuple[int, int] | None]]:
+    """Step -> (the indices every rank drew for it, the first rank's pass (loader, iter))."""
+    ranks = {r: [b for b in batches if b.dataset == dataset] for r, batches in sorted(samples.items())}
+    out: dict[int, tuple[Counter[Any], tuple[int, int] | None]] = {}
+    for i, step in enumerate(range(first_step, last_step + 1)):
+        drawn: Counter[Any] = Counter()
+        first_pass = None
+        for batches in ranks.values():
+            chunk = batches[i * per_step:(i + 1) * per_step]
+            for b in chunk:
+                drawn.update(_hashable(x) for x in b.indices)
+            if first_pass is None and chunk:
+                first_pass = (chunk[0].loader, chunk[0].iter)
+        if not drawn:
+            break
+        out[step] = (drawn, first_pass)
+    return out
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _order(value: Any) -> tuple[bool, Any]:
+    """Integers by value, then anything else by its repr."""
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    return (not is_int, value if is_int else repr(value))
+
+
+def account_samples(reference: Mapping[int, Sequence[SampleBatch]], segments: Sequence[Segment], *,
+                    steps: int) -> SampleAccounting:
+    """Which samples the interrupted run (``segments``, in order) trained more or less often than
+    ``reference`` (the uninterrupted run of ``steps`` steps), per epoch of the reference."""
+    dataset = _dataset(reference)
+    if dataset is None or steps <= 0:
+        return SampleAccounting(note="no sample records of the uninterrupted run (an iterable dataset, a "
+                                "loader with workers and in_order=False, a ray_train job, or "
+                                "job.record_samples off)")
+    first_rank = min(reference)
+    drawn = [b for b in reference[first_rank] if b.dataset == dataset]
+    if len(drawn) % steps:
+        return SampleAccounting(note=f"the uninterrupted run's rank {first_rank} drew {len(drawn)} batches "
+                                f"of {dataset} in {steps} steps: not a whole number per step, so batches "
+                                "cannot be assigned to steps")
+    per_step = len(drawn) // steps
+    ref = _per_step(reference, dataset, 1, steps, per_step)
+    if not ref:
+        return SampleAccounting(note=f"no batch of {dataset} recorded")
+    # the uninterrupted run's epochs: a new pass of the first rank's loader starts one
+    epoch_of: dict[int, int] = {}
+    epoch, last_pass = -1, None
+    for step in sorted(ref):
+        if ref[step][1] != last_pass:
+            epoch, last_pass = epoch + 1, ref[step][1]
+        epoch_of[step] = epoch
+    got: dict[int, Counter[Any]] = {}
+    label_of: dict[int, str] = {}
+    for segment in segments:
+        if segment.last_step < segment.first_step:
+            continue
+        seg_dataset = dataset if any(b.dataset == dataset for bs in segment.samples.values() for b in bs) \
+            else _dataset(segment.samples)
+        if seg_dataset is None:
+            return SampleAccounting(note=f"no sample records of {segment.label or 'a run'}")
+        for step, (counts, _) in _per_step(segment.samples, seg_dataset, segment.first_step, segment.last_step,
+                                            per_step).items():
+            got[step], label_of[step] = counts, segment.label
+    compared = sorted(s for s in ref if s in got)
+    if not compared:
+        return SampleAccounting(note="the interrupted run's records cover none of the uninterrupted run's steps")
+    out = SampleAccounting(compared_steps=len(compared))
+    for e in sorted(set(epoch_of[s] for s in compared)):
+        in_epoch = [s for s in compared if epoch_of[s] == e]
+        want: Counter[Any] = Counter()
+        have: Counter[Any] = Counter()
+        for s in in_epoch:
+            want.update(ref[s][0])
+            have.update(got[s])
+        twice = tuple(sorted((have - want).elements(), key=_order))
+        never = tuple(sorted((want - have).elements(), key=_order))
+        if twice or never:
+            first_diff = next((s for s in in_epoch if got[s] != ref[s][0]), in_epoch[0])
+            out.epochs.append(EpochAccount(e, in_epoch[0], in_epoch[-1], twice, never, label_of.get(first_diff, "")))
+    return out
