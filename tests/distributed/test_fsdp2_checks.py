@@ -226,6 +226,42 @@ def test_the_clean_example_passes_at_one_and_three_ranks(tmp_path: Path, world_s
     assert report.status == "passed", [(c.name, c.summary) for c in report.checks]
 
 
+# torchtitan 1136, pytorch 102821: a world size that does not divide the data. The sampler
+# becomes DistributedSampler's: the epoch padded to a multiple of the ranks with its first samples,
+# rank r taking every r-th, the last batch short. 1000 sequences: at 2 ranks the epoch's last step
+# trains the 40 left over, at 3 ranks those and 2 padded ones trained a second time.
+UNEVEN_SHARES: list[Patch] = [
+    ("""        return self.size // self.global_batch""",
+     """        per_rank = -(-self.size // self.world_size)  # planted: every sample, padded
+        return -(-per_rank // (self.global_batch // self.world_size))"""),
+    ("""        share = self.global_batch // self.world_size
+        for step in range(self.start_step, self.steps_per_epoch):
+            first = step * self.global_batch + self.rank * share
+            yield from order[first:first + share]""",
+     """        order += order[: -len(order) % self.world_size]  # planted: DistributedSampler's padding
+        share = self.global_batch // self.world_size
+        yield from order[self.rank::self.world_size][self.start_step * share:]"""),
+    ("""        return (self.steps_per_epoch - self.start_step) * (self.global_batch // self.world_size)""",
+     """        return -(-self.size // self.world_size) - self.start_step * (self.global_batch // self.world_size)"""),
+]
+
+UNEVEN_RESHARD = """\
+  reshard: {steps: 24, after_step: 7, pairs: [[2, 3]], args: "--dropout 0 --precision fp32"}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.reshard
+def test_a_world_size_that_does_not_divide_the_data_is_named_from_the_samples_trained_twice(tmp_path: Path) -> None:
+    result = check(_example(tmp_path, UNEVEN_SHARES, UNEVEN_RESHARD), only=["reshard"],
+                   report_json=str(tmp_path / "report.json")).checks[0]
+    assert result.status == "failed", result.summary
+    pair = result.evidence["pairs"]["2->3"]
+    assert "trained twice" in pair["sample_accounting"]["summary"], pair["sample_accounting"]
+    assert pair["sample_accounting"]["epochs"][0]["twice_count"] == 2, pair["sample_accounting"]
+    assert pair["diagnosis"][0]["key"] == "uneven", pair["diagnosis"]
+
+
 RESHARD = """\
   reshard: {steps: 12, after_step: 7, pairs: [[2, 1], [2, 3], [3, 2]], args: "--dropout 0 --precision fp32"}
 """

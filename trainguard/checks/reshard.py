@@ -188,6 +188,10 @@ def rank_reshard_causes(facts: PairFacts) -> list[Cause]:
         strength[key] = points if points == RULED_OUT else max(strength.get(key, NONE), points)
         evidence.setdefault(key, []).append(why)
 
+    accounting = facts.accounting
+    # samples trained twice and none left out: padding of shares that do not divide evenly
+    padded = accounting is not None and accounting.known and not accounting.ok \
+        and all(e.twice and not e.never for e in accounting.epochs)
     agreement = facts.samples
     if agreement is not None:
         if agreement.same:
@@ -195,18 +199,16 @@ def rank_reshard_causes(facts: PairFacts) -> list[Cause]:
             for key in ("sampler_offset", "data_order", "batch"):
                 add(key, RULED_OUT, why)
         elif agreement.resumed_size != agreement.reference_size:
-            add("batch", DECISIVE, f"step {agreement.first_different_step}: {agreement.resumed_size} samples "
-                f"across the resumed ranks vs {agreement.reference_size}")
+            # padded shares also make a step larger: the batch split itself is then not the cause
+            add("uneven" if padded else "batch", DECISIVE, f"step {agreement.first_different_step}: "
+                f"{agreement.resumed_size} samples across the resumed ranks vs {agreement.reference_size}")
         elif agreement.matched_step is not None:
             add("sampler_offset", DECISIVE, f"resumed step {agreement.first_different_step} drew the samples "
                 f"of the reference's step {agreement.matched_step}")
         else:
             add("data_order", STRONG, f"resumed step {agreement.first_different_step} drew samples no "
                 "reference step drew together")
-    accounting = facts.accounting
     if accounting is not None and accounting.known and not accounting.ok:
-        # samples trained twice and none left out: padding of shares that do not divide evenly
-        padded = all(e.twice and not e.never for e in accounting.epochs)
         add("uneven" if padded else "sampler_offset", STRONG, accounting.summary())
     coverage = _shard_coverage(facts.inventory)
     if coverage is not None and coverage[0] < coverage[1]:
