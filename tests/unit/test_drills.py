@@ -500,3 +500,18 @@ def test_a_fault_on_what_every_rank_shares_strikes_once_every_rank_printed_after
             assert driver.info.injected_step == (8 if rank1_needed else 7)
         finally:
             driver.finish()
+
+
+def test_a_fault_whose_target_was_gone_because_the_run_finished_came_too_late() -> None:
+    """Ray's state showed no live run: it had finished while the fault looked for rank 1's
+    worker. That is a fault that came too late, not one that cannot be injected."""
+    finished = [_result("ok", _points(range(1, 13)))]
+    context = _context(KILL, finished)
+    context.info.inject_failed = "WorkerNotHere: no live Train run named 'toy' (runs: [('toy', 'FINISHED')])"
+    status, summary, _ = judge_recover(context)
+    assert status == "error" and summary.startswith("the fault came too late to test anything: the run had "
+                                                    "finished while it looked for its target after step 6")
+    # a run still going when the lookup failed: the fault itself could not be injected
+    running = _context(KILL, [_result("failed", _points(range(1, 8)), failed_rank=0)])
+    running.info.inject_failed = "WorkerNotHere: no worker of rank 1"
+    assert judge_recover(running)[1].startswith("the fault could not be injected after step 6")

@@ -299,6 +299,12 @@ def not_injected(c: DrillContext) -> Judgement | None:
                 common_evidence(c, DrillEvidence))
     evidence = common_evidence(c, DrillEvidence)
     if c.info.inject_failed is not None:
+        if first.ok or c.info.target_exited_before:
+            # its target was gone because the run was over: the fault came too late, it did not fail
+            gone = "the run had finished" if first.ok else f"rank {c.spec.rank} had already exited"
+            return Judgement("error", f"the fault came too late to test anything: {gone} while it looked for "
+                    f"its target after step {c.info.injected_step} ({c.info.inject_failed}); give the drill "
+                    "more steps after after_step", evidence)
         return Judgement("error", f"the fault could not be injected after step {c.info.injected_step}: "
                 f"{c.info.inject_failed}", evidence)
     reached = evidence.watched_rank_step_at_injection
