@@ -79,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ckpt-dir", default=None)
     p.add_argument("--ckpt-every", type=int, default=5)
+    p.add_argument("--ckpt-every-micro", type=int, default=0,
+                   help="also checkpoint every N micro-batches, mid-step included (0: off)")
     p.add_argument("--keep-last", type=int, default=2)
     p.add_argument("--async-save", action="store_true", help="save with dcp.async_save")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
@@ -336,7 +338,8 @@ def train(args: argparse.Namespace, rank: int, world_size: int) -> None:
     checkpointer = Checkpointer(args, rank)
     tokens_per_rank = args.global_batch // world_size * args.seq_len
 
-    def state(progress: dict[str, int], with_rank_state: bool) -> dict[str, Any]:
+    def state(progress: dict[str, int], with_rank_state: bool, at: tuple[Any, Any] | None = None) -> dict[str, Any]:
+        """``at``: the (loader state, RNG state) of the step's start, for a save inside a step."""
         model_sd, optim_sd = get_state_dict(model, optimizer)
         out: dict[str, Any] = {
             "model": model_sd, "optim": optim_sd, "ema": dict(zip(names, ema, strict=True)),
@@ -345,8 +348,9 @@ def train(args: argparse.Namespace, rank: int, world_size: int) -> None:
         if scaler is not None:
             out["scaler"] = scaler.state_dict()
         if with_rank_state:
-            out["rng"] = {f"rank{rank}": torch.get_rng_state()}
-            out["loader"] = {f"rank{rank}": _blob(loader.state_dict())}
+            loader_state, rng_state = at if at is not None else (loader.state_dict(), torch.get_rng_state())
+            out["rng"] = {f"rank{rank}": rng_state}
+            out["loader"] = {f"rank{rank}": _blob(loader_state)}
         return out
 
     step, ema_updates, loader_restored = 0, 0, False
@@ -383,9 +387,14 @@ def train(args: argparse.Namespace, rank: int, world_size: int) -> None:
     sampler.set_epoch(epoch, 0 if loader_restored else in_epoch)
     notice = Notice()
     batches = iter(loader)
+    micro_batches = step * args.accum
     model.train()
     while step < args.steps:
         total = torch.zeros(1)
+        # a checkpoint inside the step holds the weights from before it: its data position and
+        # RNG state are the step's start, so a resume trains the whole step again (its
+        # micro-batches and their dropout masks included)
+        step_start = (loader.state_dict(), torch.get_rng_state()) if args.ckpt_every_micro else None
         for i in range(args.accum):
             try:
                 inputs, targets = next(batches)
@@ -401,6 +410,10 @@ def train(args: argparse.Namespace, rank: int, world_size: int) -> None:
             loss = loss_sum / tokens_per_rank
             (scaler.scale(loss) if scaler is not None else loss).backward()
             total += loss_sum.detach()
+            micro_batches += 1
+            if args.ckpt_dir and args.ckpt_every_micro and micro_batches % args.ckpt_every_micro == 0:
+                progress = {"step": step, "world_size": world_size, "ema_updates": ema_updates}
+                checkpointer.save(state(progress, with_rank_state=True, at=step_start), step)
         if scaler is not None:
             scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(params, 1.0)

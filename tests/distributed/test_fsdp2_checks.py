@@ -144,6 +144,34 @@ def test_a_planted_resume_defect_is_named_first(tmp_path: Path, defect: str) -> 
     _assert_caught(_resume(tmp_path, patches), expected, cause)
 
 
+# A job that counts its progress in micro-batches checkpoints inside an optimizer step. The weights
+# are those from before the step; the clean job saves the loader's position and the RNG state of
+# the step's start (the resume trains the whole step again: a first version saved the RNG state
+# inside the step, and the check named the RNG), the planted one the position inside the step:
+# the resumed step starts from the next micro-batch and the step's first ones are never trained.
+MID_ACCUMULATION = """\
+  resume: {steps: 16, after_step: 7, args: "--ckpt-every 1000 --ckpt-every-micro 3"}
+"""
+DROPS_PARTIAL_MICRO_BATCHES: list[Patch] = [
+    ("checkpointer.save(state(progress, with_rank_state=True, at=step_start), step)",
+     "checkpointer.save(state(progress, with_rank_state=True, at=(loader.state_dict(), step_start[1])), step)"
+     "  # planted: the position inside the step"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.resume
+@pytest.mark.parametrize("planted", [False, True], ids=["clean", "drops-partial-micro-batches"])
+def test_a_checkpoint_taken_mid_accumulation(tmp_path: Path, planted: bool) -> None:
+    result = _resume(tmp_path, DROPS_PARTIAL_MICRO_BATCHES if planted else [], MID_ACCUMULATION)
+    # checkpoints at micro-batches 3, 6, 9, ... of 2 a step: inside steps 2, 3, 5, 6, 8, ...
+    if not planted:
+        assert result.status == "passed", result.summary
+        assert result.evidence["sample_accounting"]["ok"] is True, result.evidence["sample_accounting"]
+        return
+    _assert_caught(result, ["loss diverges", "never trained in epoch 0"], "data_position")
+
+
 # torchtitan 961, KempnerInstitute/KempnerForge 57: a bug that shows in training only on the
 # second resume. The EMA's warm-up counts its updates; the resumed run restores the count and then
 # saves only the updates it made itself: the first resume trains exactly (its final checkpoint
