@@ -144,6 +144,28 @@ def test_a_planted_resume_defect_is_named_first(tmp_path: Path, defect: str) -> 
     _assert_caught(_resume(tmp_path, patches), expected, cause)
 
 
+# fp16 autocast with a GradScaler: its state (the scale and the steps since it last changed) must
+# come back. Not restored, the resumed scaler counts its growth interval from 0 again: the final
+# checkpoints' scaler state differs even while no step overflowed (transformers PR 11663).
+FP16 = """\
+  resume: {steps: 16, after_step: 7, args: "--precision fp16"}
+"""
+SCALER_NOT_RESTORED: list[Patch] = [
+    ('scaler.load_state_dict(target["scaler"])', 'pass  # planted: the scaler is saved but not restored'),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.resume
+@pytest.mark.parametrize("planted", [False, True], ids=["clean", "scaler-not-restored"])
+def test_fp16_with_a_grad_scaler_resumes_with_its_state(tmp_path: Path, planted: bool) -> None:
+    result = _resume(tmp_path, SCALER_NOT_RESTORED if planted else [], FP16)
+    if not planted:
+        assert result.status == "passed", result.summary
+        return
+    _assert_caught(result, ["final checkpoints differ in scaler"], "scaler")
+
+
 # A job that counts its progress in micro-batches checkpoints inside an optimizer step. The weights
 # are those from before the step; the clean job saves the loader's position and the RNG state of
 # the step's start (the resume trains the whole step again: a first version saved the RNG state

@@ -64,3 +64,19 @@ def test_a_restart_that_crashes_is_told_in_its_own_words(tmp_path: Path) -> None
     assert result.status == "failed", result.summary
     assert "did not recover" in result.summary and "FileNotFoundError" in result.summary, result.summary
     assert "the last attempt ended: rank 0 died of the injected SIGKILL" not in result.summary
+
+
+def test_smoke_reads_a_job_that_prints_steps_0_through_n_minus_1(tmp_path: Path) -> None:
+    """run_clm_no_trainer.py prints `epoch 0` .. `epoch N-1` for N epochs: smoke once said "no
+    line for step N", and a resume that went on from step 0's checkpoint "started again"."""
+    path = tmp_path / "zero.trainguard.yaml"
+    path.write_text(
+        "job:\n  name: zero-exclusive\n"
+        f'  command: "python {SCRIPT} --steps {{steps}} --out {{checkpoint_dir}} --seed {{seed}} --exclusive"\n'
+        '  resume_args: "--resume"\n  world_size: 1\n'
+        "  metrics: {loss: 'iter (?P<step>\\d+): loss (?P<value>\\S+)'}\n"
+        "  timeout: 60\n  stall_timeout: 10\n"
+        "checks:\n  smoke: {steps: 8}\n")
+    runner = JobRunner(load_config(path))
+    smoke = run_check(runner, "smoke", runner.job_file.checks.smoke)
+    assert smoke.status == "passed", smoke.summary

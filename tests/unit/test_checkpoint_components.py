@@ -105,3 +105,22 @@ def test_final_state_names_the_ema_and_the_scaler() -> None:
         by_component={"model": ["model.w"], "optimizer": ["optim.state.w.step"], "scaler": ["scaler.scale"]})
     causes = diagnose_resume(ResumeFacts(12, first_divergent_step=14, checkpoint=_inventory(), final_state=scaler))
     assert causes[0].key == "scaler" and "65536.0 vs reference 32768.0" in causes[0].evidence[0]
+
+
+def test_accelerates_random_states_pkl_in_a_checkpoint_directory_is_read_as_rng(tmp_path: Path) -> None:
+    """accelerate's save_state writes ``random_states_{rank}.pkl`` (a torch file under another
+    name) beside the model and optimizer: once never read, its checkpoint "lacked rng"."""
+    import random
+
+    step = tmp_path / "ckpts" / "step_6"
+    step.mkdir(parents=True)
+    torch.save({"w": torch.ones(3)}, step / "pytorch_model.bin")
+    torch.save({"step": 6, "random_state": random.getstate(), "torch_manual_seed": torch.get_rng_state()},
+               step / "random_states_0.pkl")
+    inventory = checkpoint_inventory(step)
+    assert inventory.has("rng") and inventory.torch_rng_states == 1, inventory.summary()
+    # a .pkl alone is never a checkpoint
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    torch.save({"w": torch.ones(3)}, loose / "data.pkl")
+    assert not checkpoint_inventory(loose).files

@@ -197,3 +197,12 @@ def test_samples_trained_twice_or_never_name_the_data_position() -> None:
     accounted = "samples 20-39 never trained in epoch 0 (steps 1-10) after the resume at step 5; samples 0-19 trained twice"
     causes = diagnose_resume(ResumeFacts(5, first_divergent_step=6, checkpoint=_inventory(), samples_accounted=accounted))
     assert causes[0].key == "data_position" and causes[0].strength == STRONG and accounted in causes[0].evidence
+
+
+def test_a_job_counting_from_0_that_resumed_from_step_0_did_not_begin_again() -> None:
+    """run_clm_no_trainer.py prints `epoch 0` first: a resume from its mid-epoch checkpoint prints
+    epoch 1 first, resumed_from 0. That is not a restart from scratch."""
+    resumed = diagnose_resume(ResumeFacts(0, first_divergent_step=1, checkpoint=_inventory(), began_again=False))
+    assert next(c for c in resumed if c.key == "no_checkpoint").ruled_out
+    again = diagnose_resume(ResumeFacts(0, first_divergent_step=0, checkpoint=_inventory(), began_again=True))
+    assert again[0].key == "no_checkpoint"

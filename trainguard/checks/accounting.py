@@ -158,9 +158,10 @@ def _order(value: Any) -> tuple[bool, Any]:
 
 
 def account_samples(reference: Mapping[int, Sequence[SampleBatch]], segments: Sequence[Segment], *,
-                    steps: int) -> SampleAccounting:
+                    steps: int, first_step: int = 1) -> SampleAccounting:
     """Which samples the interrupted run (``segments``, in order) trained more or less often than
-    ``reference`` (the uninterrupted run of ``steps`` steps), per epoch of the reference."""
+    ``reference`` (the uninterrupted run of ``steps`` steps from ``first_step``: 1, or 0 for a job
+    counting from 0), per epoch of the reference."""
     dataset = _dataset(reference)
     if dataset is None or steps <= 0:
         return SampleAccounting(note="no sample records of the uninterrupted run (an iterable dataset, a "
@@ -173,7 +174,7 @@ def account_samples(reference: Mapping[int, Sequence[SampleBatch]], segments: Se
                                 f"of {dataset} in {steps} steps: not a whole number per step, so batches "
                                 "cannot be assigned to steps")
     per_step = len(drawn) // steps
-    ref = _per_step(reference, dataset, 1, steps, per_step)
+    ref = _per_step(reference, dataset, first_step, first_step + steps - 1, per_step)
     if not ref:
         return SampleAccounting(note=f"no batch of {dataset} recorded")
     # the uninterrupted run's epochs: a new pass of the first rank's loader starts one

@@ -262,13 +262,17 @@ class ResumeFacts:
     world_size: int = 1
     #: the samples the interrupted run trained twice or never (:func:`account_samples`), when it did
     samples_accounted: str | None = None
+    #: whether the resumed run began again at the first step (None: when it resumed from step 0;
+    #: a job counting from 0 that resumed from its checkpoint of step 0 did not)
+    began_again: bool | None = None
 
 
 def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
     """The causes of a failed resume, most likely first, each with its evidence."""
     t = _Tally()
     boundary = facts.resumed_from + 1
-    if facts.resumed_from == 0:
+    began_again = facts.resumed_from == 0 if facts.began_again is None else facts.began_again
+    if began_again:
         t.add("no_checkpoint", DECISIVE, "the resumed run started again from step 1: the killed run "
               "left no checkpoint it could load")
     else:
@@ -313,7 +317,7 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
     step = facts.first_divergent_step
     # a loss is computed before its step's update: lost optimizer or scheduler state shows one
     # step after the boundary, lost data position or RNG at the boundary itself
-    if step == boundary and facts.resumed_from > 0 and replay is not None and replay.same:
+    if step == boundary and not began_again and replay is not None and replay.same:
         why = (f"step {step}, the first resumed one, drew the reference's samples and still differs: what "
                "it drew at random (dropout) or the weights it loaded differ")
         t.add("rng", SUGGESTIVE, why)
@@ -321,7 +325,7 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
     if ckpt is not None and facts.world_size > 1 and ckpt.torch_rng_states == 1:
         t.add("rng", SUGGESTIVE, f"{Path(str(ckpt.path)).name} holds one torch RNG state for "
               f"{facts.world_size} ranks: ranks that draw differently (dropout) come back with rank 0's draws")
-    if step is not None and facts.resumed_from > 0 and step > boundary + 1:
+    if step is not None and not began_again and step > boundary + 1:
         agree = step - boundary
         later = f"the trajectories agree for {agree} resumed step{'s' if agree > 1 else ''} and part at step {step}"
         t.add("data_position", SUGGESTIVE, later)

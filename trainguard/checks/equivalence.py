@@ -453,10 +453,13 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         rtol=spec.rtol, atol=spec.atol,
     )
     evidence.state = state.as_evidence()
+    # steps from 1, or from 0 (nanoGPT's `iter 0` through `iter N`, `epoch 0` through N - 1)
+    base = 0 if 0 in expected else 1
+    last = max(expected, default=spec.steps) if base == 0 else spec.steps
     accounting = account_samples(read_samples(reference.run_dir), [
-        Segment(read_samples(interrupted.run_dir), 1, resumed_from, "before the kill"),
-        Segment(read_samples(resumed.run_dir), resumed_from + 1, spec.steps, f"after the resume at step {resumed_from}"),
-    ], steps=spec.steps)
+        Segment(read_samples(interrupted.run_dir), base, resumed_from if not began_again else base - 1, "before the kill"),
+        Segment(read_samples(resumed.run_dir), first_step, last, f"after the resume at step {resumed_from}"),
+    ], steps=last - base + 1, first_step=base)
     evidence.sample_accounting = accounting.as_evidence()
     problems: list[str] = []
     if began_again:
@@ -495,6 +498,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
             final_state=state, lr=_lr_divergence(runner, resumed, reference, first_step, spec),
             metrics={d.metric: d.first_divergent_step for d in (diff, *others)}, world_size=request.world_size,
             samples_accounted=accounting.summary() if accounting.known and not accounting.ok else None,
+            began_again=began_again,
         )
         causes, found = resume_diagnosis(
             reference_dir=reference.run_dir, resumed_dir=resumed.run_dir, world_size=request.world_size,

@@ -142,7 +142,9 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
         problems.append(f"the job did not complete: {result.reason}")
     metric = "loss" if "loss" in job.metrics else next(iter(job.metrics))
     seen = set(result.trajectory(metric))
-    missing = [s for s in range(1, spec.steps + 1) if s not in seen]
+    # steps counted from 1, or from 0 (nanoGPT's `iter 0`, an `epoch 0` line)
+    base = 0 if 0 in seen else 1
+    missing = [s for s in range(base, base + spec.steps) if s not in seen]
     if missing:
         problems.append(
             f"no `{metric}` line for step(s) {missing[:10]}{' ...' if len(missing) > 10 else ''} "
@@ -180,7 +182,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
                 ckpt_step = result.last_step  # no step in the file: the last one printed
                 evidence.checkpoint_step_from = "the first run's last printed step"
             resume_problem = _resume_stage(
-                runner, resume_request, checkpoint_dir, metric, ckpt_step, stages, evidence
+                runner, resume_request, checkpoint_dir, metric, ckpt_step, stages, evidence, base
             )
             if resume_problem is not None:
                 problems.append(resume_problem)
@@ -254,8 +256,10 @@ def _resume_stage(
     ckpt_step: int | None,
     stages: dict[str, Any],
     evidence: SmokeEvidence,
+    base: int = 1,
 ) -> str | None:
-    """Resume in new processes with ``resume_args`` for a few more steps; the problem or None."""
+    """Resume in new processes with ``resume_args`` for a few more steps; the problem or None.
+    ``base``: the first step the job prints (1, or 0 for a job counting from 0)."""
     resumed = runner.run(request, label="smoke-resume", resume=True, checkpoint_dir=checkpoint_dir)
     stages["resume_s"] = round(resumed.duration_s, 3)
     printed = resumed.trajectory(metric)
@@ -273,12 +277,12 @@ def _resume_stage(
     # to run next (nanoGPT saves iter_num at the top of its iteration: resume at step); without
     # one in the file the step is the last one printed, and any later start than step 1 resumed
     guessed = evidence.checkpoint_step_from is not UNSET
-    allowed = range(2, ckpt_step + 2) if guessed and ckpt_step is not None else (
+    allowed = range(base + 1, ckpt_step + 2) if guessed and ckpt_step is not None else (
         (ckpt_step, ckpt_step + 1) if ckpt_step is not None else ())
     if ckpt_step is not None and first not in allowed:
-        if first == 1:
+        if first == base:
             return (
-                f"the resumed run started again from step 1 instead of step {ckpt_step + 1} (the "
+                f"the resumed run started again from step {base} instead of step {ckpt_step + 1} (the "
                 f"checkpoint is of step {ckpt_step}): does job.resume_args make the job load the "
                 "latest checkpoint in {checkpoint_dir}?"
             )
@@ -286,8 +290,8 @@ def _resume_stage(
             f"the resumed run started at step {first}, expected step {ckpt_step + 1} (right "
             f"after the checkpoint of step {ckpt_step})"
         )
-    if max(printed) < request.steps:
-        return f"the resumed run stopped at step {max(printed)}, not at step {request.steps}"
+    if max(printed) < base + request.steps - 1:
+        return f"the resumed run stopped at step {max(printed)}, not at step {base + request.steps - 1}"
     return None
 
 

@@ -75,6 +75,9 @@ __all__ = [
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".tar")
 #: suffixes of a checkpoint that is one file
 FILE_SUFFIXES = (*CHECKPOINT_SUFFIXES, ".safetensors")
+#: read too when inside a checkpoint directory (never a checkpoint by itself): accelerate's
+#: ``random_states_{rank}.pkl`` is a torch file under another name
+IN_DIR_SUFFIXES = (".pkl",)
 #: files found among checkpoints that are not training state, with why they are not read
 NOT_STATE = {
     "training_args.bin": "the Trainer's arguments: a pickled TrainingArguments object (configuration, "
@@ -350,7 +353,7 @@ def _file_problem(path: Path, root: Path | None = None) -> str:
             return f"{shown_name(path.name)} is empty"
         if path.suffix == ".safetensors":
             _safetensors_header(path)
-        elif path.suffix in CHECKPOINT_SUFFIXES:
+        elif path.suffix in (*CHECKPOINT_SUFFIXES, *IN_DIR_SUFFIXES):
             with open_regular(path) as handle:
                 zipped = handle.read(2) == b"PK"
                 if zipped and not zipfile.is_zipfile(handle):
@@ -672,7 +675,7 @@ def _read_directory(here: Path, root: Path, contents: CheckpointContents, limits
             else:
                 pending.append(child)
             continue
-        if Path(name).suffix not in (*FILE_SUFFIXES, ".json"):
+        if Path(name).suffix not in (*FILE_SUFFIXES, *IN_DIR_SUFFIXES, ".json"):
             continue
         if name in NOT_STATE:
             contents.skipped[rel] = NOT_STATE[name]
