@@ -518,7 +518,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         "resume",
         "passed",
         f"killed after step {killed_at}, resumed from step {resumed_from} ({lost} steps lost); "
-        f"steps {first_step}-{spec.steps} match the uninterrupted run{compared}{state_note}",
+        f"steps {first_step}-{max(expected)} match the uninterrupted run{compared}{state_note}",
         evidence.to_dict(),
         duration,
         reproduce,

@@ -298,6 +298,9 @@ def _resume_stage(
 #: the smoke check (docs/smoke-and-canary.md)
 SMOKE: Check[SmokeCheck] = Check(
     "smoke", SmokeCheck, run=run_smoke,
-    runs=lambda spec, ctx: ([Run("smoke run")], "the job runs end to end and its metrics are read"),
+    runs=lambda spec, ctx: (
+        [Run("smoke run"), *([Run("resumed from its checkpoint")] if ctx.job_file.job.resume_args else [])],
+        "the job runs end to end and its metrics are read"
+        + (", then resumes from the checkpoint it wrote" if ctx.job_file.job.resume_args else "")),
     lane=True,
 )
