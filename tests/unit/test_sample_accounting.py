@@ -109,3 +109,20 @@ def test_reshard_names_uneven_shares_from_samples_trained_twice() -> None:
     exact = account_samples(reference, [Segment(killed, 1, 3), Segment(rest, 4, 5)], steps=5)
     assert exact.ok
     assert {c.key for c in rank_reshard_causes(PairFacts(3, 6, None, None, accounting=exact)) if c.strength > 0} == set()
+
+
+def test_parallel_names_a_data_order_that_depends_on_the_world_size() -> None:
+    """run_clm_no_trainer.py's 2 ranks drew another shuffle than its 1 rank: parallel once left
+    "each rank reads the same shard" first."""
+    from trainguard.checks.equivalence import PARALLEL_CAUSES, PARALLEL_ORDER_CAUSE, parallel_sample_cause
+
+    one = _run(1, ORDER, per_rank=4, epochs=1)                      # 10 steps of 4
+    same = _run(2, ORDER, per_rank=2, epochs=1)                     # the same 4 a step
+    assert parallel_sample_cause(one, same, steps=10, world_size=2) is None
+    shuffled = _run(2, ORDER[0::2] + ORDER[1::2], per_rank=2, epochs=1)
+    cause, why = parallel_sample_cause(one, shuffled, steps=10, world_size=2) or ("", "")
+    assert cause == PARALLEL_ORDER_CAUSE
+    assert why == ("at step 1 the 2 rank(s) drew samples that no step of the 1-rank reference drew "
+                   "together: the data order depends on the world size")
+    bigger = _run(2, ORDER, per_rank=4, epochs=1)                   # 8 a step: the batch doubled
+    assert (parallel_sample_cause(one, bigger, steps=10, world_size=2) or ("",))[0] == PARALLEL_CAUSES[2]

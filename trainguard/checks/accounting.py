@@ -25,7 +25,8 @@ from typing import Any
 
 from trainguard.launch.samples import SampleBatch
 
-__all__ = ["EpochAccount", "SampleAccounting", "Segment", "account_samples", "index_ranges"]
+__all__ = ["EpochAccount", "SampleAccounting", "SampleAgreement", "Segment", "account_samples", "global_batches",
+           "index_ranges", "sample_agreement", "training_batches"]
 
 
 @dataclass(frozen=True)
@@ -213,3 +214,87 @@ def account_samples(reference: Mapping[int, Sequence[SampleBatch]], segments: Se
             first_diff = next((s for s in in_epoch if got[s] != ref[s][0]), in_epoch[0])
             out.epochs.append(EpochAccount(e, in_epoch[0], in_epoch[-1], twice, never, label_of.get(first_diff, "")))
     return out
+
+
+# -- the samples of two runs, step by step ---------------------------------------------------------
+
+
+def training_batches(batches: Sequence[SampleBatch], dataset: str | None) -> list[SampleBatch]:
+    """The batches of the training data in the order drawn: every loader over ``dataset`` (a
+    job may build a new DataLoader per epoch), default the dataset the most batches came from."""
+    if dataset is None:
+        counts: dict[str, int] = {}
+        for b in batches:
+            counts[b.dataset] = counts.get(b.dataset, 0) + 1
+        dataset = max(counts, key=lambda d: counts[d]) if counts else None
+    return [b for b in batches if b.dataset == dataset]
+
+
+def global_batches(samples: Mapping[int, Sequence[SampleBatch]], *, first_step: int, steps: int,
+                   dataset: str | None = None) -> dict[int, tuple[Any, ...]]:
+    """Step -> the sorted indices all ranks drew together for it, for a run that trained steps
+    ``first_step``..``steps`` (the batches of ``dataset``, default the one most batches came
+    from). Batches per step follow from the count (gradient accumulation draws several)."""
+    per_rank = {rank: training_batches(b, dataset) for rank, b in samples.items()}
+    per_rank = {rank: b for rank, b in per_rank.items() if b}
+    count = steps - first_step + 1
+    if not per_rank or count <= 0:
+        return {}
+    per_step = max(1, round(min(len(b) for b in per_rank.values()) / count))
+    out: dict[int, tuple[Any, ...]] = {}
+    for i in range(count):
+        drawn: list[Any] = []
+        for b in per_rank.values():
+            for batch in b[i * per_step:(i + 1) * per_step]:
+                drawn.extend(batch.indices)
+        if not drawn:
+            break
+        out[first_step + i] = tuple(sorted(drawn, key=repr))
+    return out
+
+
+@dataclass(frozen=True)
+class SampleAgreement:
+    """Whether the resumed ranks together drew the samples the reference ranks drew per step."""
+
+    compared_steps: int
+    first_different_step: int | None = None
+    #: the reference step whose samples the first different resumed step drew (None: none)
+    matched_step: int | None = None
+    resumed_size: int = 0
+    reference_size: int = 0
+
+    @property
+    def same(self) -> bool:
+        return self.first_different_step is None
+
+    def sentence(self, n: int, m: int, *, resumed: bool = True) -> str:
+        """What the ``m`` ranks drew against the ``n`` reference ranks; ``resumed``: the ``m``
+        ranks resumed a run (reshard), else they ran from the start (parallel)."""
+        them = f"the {m} {'resumed ' if resumed else ''}rank(s)"
+        if self.same:
+            return (f"{them} drew the same samples per step as the {n} reference "
+                    f"rank(s) on all {self.compared_steps} steps compared")
+        step = self.first_different_step
+        if self.resumed_size != self.reference_size:
+            return (f"at step {step} {them} drew {self.resumed_size} samples together, "
+                    f"the {n} reference rank(s) {self.reference_size}: the global batch changed")
+        if self.matched_step is not None:
+            why = "the data position was restored as a different offset" if resumed else "their data run ahead or behind"
+            return f"at step {step} {them} drew the samples of the reference's step {self.matched_step}: {why}"
+        return (f"at step {step} {them} drew samples that no step of the {n}-rank "
+                "reference drew together: the data order depends on the world size")
+
+
+def sample_agreement(reference: Mapping[int, tuple[Any, ...]],
+                     resumed: Mapping[int, tuple[Any, ...]]) -> SampleAgreement | None:
+    """Compare the global batches of the resumed run with the reference's step by step."""
+    ref = dict(reference)
+    steps = [s for s in sorted(resumed) if s in ref]
+    if not steps:
+        return None
+    for s in steps:
+        if resumed[s] != ref[s]:
+            matched = next((t for t, b in ref.items() if b == resumed[s]), None)
+            return SampleAgreement(len(steps), s, matched, len(resumed[s]), len(ref[s]))
+    return SampleAgreement(len(steps))

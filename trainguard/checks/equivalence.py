@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.checks.accounting import Segment, account_samples
+from trainguard.checks.accounting import Segment, account_samples, global_batches, sample_agreement
 from trainguard.checks.diagnosis import (
     LR_METRIC,
     ResumeFacts,
@@ -32,7 +32,7 @@ from trainguard.config.registry import Check, Run
 from trainguard.evidence import MERGED, UNSET, Evidence, Unset
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories
-from trainguard.launch.samples import read_samples
+from trainguard.launch.samples import SampleBatch, read_samples
 from trainguard.report import CheckResult
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
@@ -315,6 +315,9 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
     return CheckResult("determinism", "failed", summary, evidence.to_dict(), duration, reproduce)
 
 
+#: N ranks drew other global batches than 1 rank did, of the same size
+PARALLEL_ORDER_CAUSE = ("a data order that depends on the world size (each rank shuffles its own shard, a "
+                        "permutation seeded with the rank, or a shard split that changes with the ranks)")
 PARALLEL_CAUSES = (
     "each rank reads the same shard (no DistributedSampler, or set_epoch not called)",
     "gradients summed instead of averaged across ranks (all_reduce without dividing by world size)",
@@ -620,7 +623,24 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
         )
     if shared is not None:
         summary += f". Most likely {shared}"
+    elif (found := parallel_sample_cause(read_samples(one.run_dir), read_samples(many.run_dir),
+                                         steps=spec.steps, world_size=spec.world_size)) is not None:
+        cause, evidence.samples = found
+        evidence.likely_causes = [f"{cause}: {evidence.samples}", *(c for c in PARALLEL_CAUSES if c != cause)]
+        summary += f". Most likely {cause.split(' (')[0]}: {evidence.samples}"
     return CheckResult("parallel", "failed", summary, evidence.to_dict(), duration, reproduce)
+
+
+def parallel_sample_cause(one: Mapping[int, Sequence[SampleBatch]], many: Mapping[int, Sequence[SampleBatch]], *,
+                          steps: int, world_size: int) -> tuple[str, str] | None:
+    """(cause, what shows it) when the N ranks together drew other samples per step than the
+    one rank did: a batch of another size, or another order; None when they drew the same."""
+    agreement = sample_agreement(global_batches(one, first_step=1, steps=steps),
+                                 global_batches(many, first_step=1, steps=steps))
+    if agreement is None or agreement.same:
+        return None
+    cause = PARALLEL_CAUSES[2] if agreement.resumed_size != agreement.reference_size else PARALLEL_ORDER_CAUSE
+    return cause, agreement.sentence(1, world_size, resumed=False)
 
 
 #: determinism: two runs with one seed must match (docs/equivalence.md)

@@ -17,12 +17,19 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.checks.accounting import SampleAccounting, Segment, account_samples
+from trainguard.checks.accounting import (
+    SampleAccounting,
+    SampleAgreement,
+    Segment,
+    account_samples,
+    global_batches,
+    sample_agreement,
+    training_batches,
+)
 from trainguard.checks.diagnosis import (
     DECISIVE,
     NONE,
@@ -37,7 +44,7 @@ from trainguard.config import ReshardCheck
 from trainguard.config.problems import one_process_problems
 from trainguard.config.registry import Check, JobFacts, Run
 from trainguard.evidence import UNSET, Evidence, Unset
-from trainguard.launch.samples import SampleBatch, read_samples
+from trainguard.launch.samples import read_samples
 from trainguard.report import CheckResult, CheckStatus
 from trainguard.run.runner import JobRunner
 from trainguard.unit.checkpoints import (
@@ -71,87 +78,6 @@ TRAINING_STATE = ("model", "optimizer", "scheduler", "ema", "scaler")
 def _progress_metric(runner: JobRunner) -> str:
     metrics = runner.job_file.job.metrics
     return "loss" if "loss" in metrics else next(iter(metrics))
-
-
-# -- samples --------------------------------------------------------------------------------------
-
-
-def _training_batches(batches: Sequence[SampleBatch], dataset: str | None) -> list[SampleBatch]:
-    """The batches of the training data in the order drawn: every loader over ``dataset`` (a
-    job may build a new DataLoader per epoch), default the dataset the most batches came from."""
-    if dataset is None:
-        counts: dict[str, int] = {}
-        for b in batches:
-            counts[b.dataset] = counts.get(b.dataset, 0) + 1
-        dataset = max(counts, key=lambda d: counts[d]) if counts else None
-    return [b for b in batches if b.dataset == dataset]
-
-
-def global_batches(samples: Mapping[int, Sequence[SampleBatch]], *, first_step: int, steps: int,
-                   dataset: str | None = None) -> dict[int, tuple[Any, ...]]:
-    """Step -> the sorted indices all ranks drew together for it, for a run that trained steps
-    ``first_step``..``steps`` (the batches of ``dataset``, default the one most batches came
-    from). Batches per step follow from the count (gradient accumulation draws several)."""
-    per_rank = {rank: _training_batches(b, dataset) for rank, b in samples.items()}
-    per_rank = {rank: b for rank, b in per_rank.items() if b}
-    count = steps - first_step + 1
-    if not per_rank or count <= 0:
-        return {}
-    per_step = max(1, round(min(len(b) for b in per_rank.values()) / count))
-    out: dict[int, tuple[Any, ...]] = {}
-    for i in range(count):
-        drawn: list[Any] = []
-        for b in per_rank.values():
-            for batch in b[i * per_step:(i + 1) * per_step]:
-                drawn.extend(batch.indices)
-        if not drawn:
-            break
-        out[first_step + i] = tuple(sorted(drawn, key=repr))
-    return out
-
-
-@dataclass(frozen=True)
-class SampleAgreement:
-    """Whether the resumed ranks together drew the samples the reference ranks drew per step."""
-
-    compared_steps: int
-    first_different_step: int | None = None
-    #: the reference step whose samples the first different resumed step drew (None: none)
-    matched_step: int | None = None
-    resumed_size: int = 0
-    reference_size: int = 0
-
-    @property
-    def same(self) -> bool:
-        return self.first_different_step is None
-
-    def sentence(self, n: int, m: int) -> str:
-        if self.same:
-            return (f"the {m} resumed rank(s) drew the same samples per step as the {n} reference "
-                    f"rank(s) on all {self.compared_steps} steps compared")
-        step = self.first_different_step
-        if self.resumed_size != self.reference_size:
-            return (f"at step {step} the {m} resumed rank(s) drew {self.resumed_size} samples together, "
-                    f"the {n} reference rank(s) {self.reference_size}: the global batch changed")
-        if self.matched_step is not None:
-            return (f"at step {step} the {m} resumed rank(s) drew the samples of the reference's step "
-                    f"{self.matched_step}: the data position was restored as a different offset")
-        return (f"at step {step} the {m} resumed rank(s) drew samples that no step of the {n}-rank "
-                "reference drew together: the data order depends on the world size")
-
-
-def sample_agreement(reference: Mapping[int, tuple[Any, ...]],
-                     resumed: Mapping[int, tuple[Any, ...]]) -> SampleAgreement | None:
-    """Compare the global batches of the resumed run with the reference's step by step."""
-    ref = dict(reference)
-    steps = [s for s in sorted(resumed) if s in ref]
-    if not steps:
-        return None
-    for s in steps:
-        if resumed[s] != ref[s]:
-            matched = next((t for t, b in ref.items() if b == resumed[s]), None)
-            return SampleAgreement(len(steps), s, matched, len(resumed[s]), len(ref[s]))
-    return SampleAgreement(len(steps))
 
 
 # -- causes ---------------------------------------------------------------------------------------
@@ -346,7 +272,7 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
         evidence.state_differing_across_world_sizes = others  # expected: per-rank RNG, world size
     ref_samples = read_samples(reference.run_dir)
     res_samples = read_samples(resumed.run_dir)
-    drawn = _training_batches(next(iter(ref_samples.values()), []), None)
+    drawn = training_batches(next(iter(ref_samples.values()), []), None)
     dataset = drawn[0].dataset if drawn else None
     agreement = sample_agreement(
         global_batches(ref_samples, first_step=1, steps=spec.steps, dataset=dataset),
