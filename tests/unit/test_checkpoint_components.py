@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.checks.accounting import sample_agreement
 from trainguard.checks.diagnosis import DECISIVE, ResumeFacts, diagnose_resume
-from trainguard.checks.reshard import PairFacts, rank_reshard_causes, sample_agreement
+from trainguard.checks.reshard import PairFacts, rank_reshard_causes
 from trainguard.unit.checkpoints import (
     CheckpointInventory,
     StateComparison,

@@ -11,13 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
+from trainguard.checks.accounting import global_batches, sample_agreement
 from trainguard.checks.diagnosis import DECISIVE, RULED_OUT
-from trainguard.checks.reshard import (
-    PairFacts,
-    global_batches,
-    rank_reshard_causes,
-    sample_agreement,
-)
+from trainguard.checks.reshard import PairFacts, rank_reshard_causes
 from trainguard.config import ReshardCheck, parse_config
 from trainguard.config.settings import Settings
 from trainguard.errors import ConfigError

@@ -114,7 +114,11 @@ def test_reshard_names_uneven_shares_from_samples_trained_twice() -> None:
 def test_parallel_names_a_data_order_that_depends_on_the_world_size() -> None:
     """run_clm_no_trainer.py's 2 ranks drew another shuffle than its 1 rank: parallel once left
     "each rank reads the same shard" first."""
-    from trainguard.checks.equivalence import PARALLEL_CAUSES, PARALLEL_ORDER_CAUSE, parallel_sample_cause
+    from trainguard.checks.equivalence import (
+        PARALLEL_CAUSES,
+        PARALLEL_ORDER_CAUSE,
+        parallel_sample_cause,
+    )
 
     one = _run(1, ORDER, per_rank=4, epochs=1)                      # 10 steps of 4
     same = _run(2, ORDER, per_rank=2, epochs=1)                     # the same 4 a step

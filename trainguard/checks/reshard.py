@@ -53,7 +53,7 @@ from trainguard.unit.checkpoints import (
     latest_complete_checkpoint,
 )
 
-__all__ = ["RESHARD", "RESHARD_CAUSES", "PairFacts", "SampleAgreement", "global_batches", "rank_reshard_causes", "run_reshard", "sample_agreement"]
+__all__ = ["RESHARD", "RESHARD_CAUSES", "PairFacts", "rank_reshard_causes", "run_reshard"]
 
 #: the causes a failed pair is ranked among (key -> text), in the order ties keep
 RESHARD_CAUSES = {
