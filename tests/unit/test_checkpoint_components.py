@@ -125,3 +125,13 @@ def test_accelerates_random_states_pkl_in_a_checkpoint_directory_is_read_as_rng(
     loose.mkdir()
     torch.save({"w": torch.ones(3)}, loose / "data.pkl")
     assert not checkpoint_inventory(loose).files
+
+
+def test_the_step_of_a_checkpoint_is_not_read_from_its_rng_file() -> None:
+    """accelerate's random_states_0.pkl holds ``step``: its gradient-accumulation counter (0),
+    not the training step; smoke once expected the resume at step 1 after epoch_2."""
+    from trainguard.checks.smoke import _state_with_step
+
+    assert _state_with_step({"random_states_0.pkl": {"step": 0}, "model.safetensors": {}}) is None
+    assert _state_with_step({"random_states_0.pkl": {"step": 0}, "trainer_state.json": {"global_step": 5}}) \
+        == {"step": 5}

@@ -130,3 +130,18 @@ def test_parallel_names_a_data_order_that_depends_on_the_world_size() -> None:
                    "together: the data order depends on the world size")
     bigger = _run(2, ORDER, per_rank=4, epochs=1)                   # 8 a step: the batch doubled
     assert (parallel_sample_cause(one, bigger, steps=10, world_size=2) or ("",))[0] == PARALLEL_CAUSES[2]
+
+
+def test_a_run_resumed_inside_what_the_job_counts_as_a_step_is_not_accounted() -> None:
+    """run_clm_no_trainer.py prints one line per epoch: a resume from its mid-epoch checkpoint
+    draws the rest of the epoch, then the next. Split into whole epochs its batches straddle two
+    passes, and the accounting once claimed samples never trained in every later epoch."""
+    reference = _run(1, ORDER, per_rank=4, epochs=3, steps=None)
+    per_epoch = 10                                                    # batches of 4 per epoch
+    batches = reference[0]
+    reference = {0: batches}
+    resumed = {0: [SampleBatch(1, DATA, 0, i, b.indices) for i, b in enumerate(batches[3:per_epoch])]
+               + [SampleBatch(1, DATA, 1, i, b.indices) for i, b in enumerate(batches[per_epoch:])]}
+    accounting = account_samples(reference, [Segment({0: []}, 1, 0), Segment(resumed, 1, 3, "after the resume")],
+                                 steps=3)
+    assert not accounting.known and "resumed inside a step" in accounting.summary(), accounting.summary()

@@ -128,9 +128,15 @@ def _dataset(samples: Mapping[int, Sequence[SampleBatch]]) -> str | None:
     return counts.most_common(1)[0][0] if counts else None
 
 
+class _Misaligned(Exception):
+    """A step's batches span two passes of a loader: the run's batches are not the steps'."""
+
+
 def _per_step(samples: Mapping[int, Sequence[SampleBatch]], dataset: str, first_step: int, last_step: int,
               per_step: int) -> dict[int, tuple[Counter[Any], tuple[int, int] | None]]:
-    """Step -> (the indices every rank drew for it, the first rank's pass (loader, iter))."""
+    """Step -> (the indices every rank drew for it, the first rank's pass (loader, iter)).
+    _Misaligned when one step's batches came from two passes (a run that resumed inside what
+    the job counts as a step, an epoch say: its batches do not split into steps)."""
     ranks = {r: [b for b in batches if b.dataset == dataset] for r, batches in sorted(samples.items())}
     out: dict[int, tuple[Counter[Any], tuple[int, int] | None]] = {}
     for i, step in enumerate(range(first_step, last_step + 1)):
@@ -138,6 +144,8 @@ def _per_step(samples: Mapping[int, Sequence[SampleBatch]], dataset: str, first_
         first_pass = None
         for batches in ranks.values():
             chunk = batches[i * per_step:(i + 1) * per_step]
+            if len({(b.loader, b.iter) for b in chunk}) > 1 and len(chunk) == per_step:
+                raise _Misaligned(f"step {step}'s batches come from two passes of the loader")
             for b in chunk:
                 drawn.update(_hashable(x) for x in b.indices)
             if first_pass is None and chunk:
@@ -175,7 +183,10 @@ def account_samples(reference: Mapping[int, Sequence[SampleBatch]], segments: Se
                                 f"of {dataset} in {steps} steps: not a whole number per step, so batches "
                                 "cannot be assigned to steps")
     per_step = len(drawn) // steps
-    ref = _per_step(reference, dataset, first_step, first_step + steps - 1, per_step)
+    try:
+        ref = _per_step(reference, dataset, first_step, first_step + steps - 1, per_step)
+    except _Misaligned as exc:
+        return SampleAccounting(note=f"the uninterrupted run's batches do not split into steps ({exc})")
     if not ref:
         return SampleAccounting(note=f"no batch of {dataset} recorded")
     # the uninterrupted run's epochs: a new pass of the first rank's loader starts one
@@ -194,8 +205,12 @@ def account_samples(reference: Mapping[int, Sequence[SampleBatch]], segments: Se
             else _dataset(segment.samples)
         if seg_dataset is None:
             return SampleAccounting(note=f"no sample records of {segment.label or 'a run'}")
-        for step, (counts, _) in _per_step(segment.samples, seg_dataset, segment.first_step, segment.last_step,
-                                            per_step).items():
+        try:
+            drawn_per_step = _per_step(segment.samples, seg_dataset, segment.first_step, segment.last_step, per_step)
+        except _Misaligned as exc:
+            return SampleAccounting(note=f"the batches of {segment.label or 'a run'} do not split into the "
+                                    f"uninterrupted run's steps ({exc}: it resumed inside a step)")
+        for step, (counts, _) in drawn_per_step.items():
             got[step], label_of[step] = counts, segment.label
     compared = sorted(s for s in ref if s in got)
     if not compared:

@@ -105,8 +105,14 @@ def checkpoint_step(path: Path, state: Any = None) -> int | None:
 
 def _state_with_step(parts: dict[str, Any]) -> Any:
     """Of a checkpoint directory's loaded files, the first mapping with an integer step key
-    (``step``, ``global_step``, ``iter_num``, ``iteration``), as ``{"step": ...}``."""
-    for value in parts.values():
+    (``step``, ``global_step``, ``iter_num``, ``iteration``), as ``{"step": ...}``. A file of
+    RNG states is not one: accelerate's ``random_states_0.pkl`` holds its own ``step`` (the
+    gradient-accumulation counter), not the training step."""
+    from trainguard.unit.checkpoints.state import classify_path
+
+    for part, value in parts.items():
+        if classify_path(part, ())[0] == "rng":
+            continue
         if isinstance(value, dict):
             for key in ("step", "global_step", "iter_num", "iteration"):
                 step = value.get(key)
