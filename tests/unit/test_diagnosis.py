@@ -206,3 +206,14 @@ def test_a_job_counting_from_0_that_resumed_from_step_0_did_not_begin_again() ->
     assert next(c for c in resumed if c.key == "no_checkpoint").ruled_out
     again = diagnose_resume(ResumeFacts(0, first_divergent_step=0, checkpoint=_inventory(), began_again=True))
     assert again[0].key == "no_checkpoint"
+
+
+def test_a_component_in_a_file_not_read_safely_is_not_called_missing() -> None:
+    """accelerate's sampler_1.bin pickles the sampler object: skipped unread, it once read as
+    "step_15 holds no data position"."""
+    unread = _inventory("data")
+    unread.skipped = {"sampler_1.bin": "needs full unpickling (a SeedableRandomSampler)"}
+    causes = diagnose_resume(ResumeFacts(5, first_divergent_step=6, checkpoint=unread))
+    assert not any("holds no data position" in e for c in causes for e in c.evidence)
+    assert any("holds no data position" in e for c in diagnose_resume(
+        ResumeFacts(5, first_divergent_step=6, checkpoint=_inventory("data"))) for e in c.evidence)

@@ -298,9 +298,14 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
         t.add("data_position", STRONG, facts.samples_accounted)
     if ckpt is not None:
         name = Path(str(ckpt.path)).name
+        # a component in a file that could not be read safely is there, not missing
+        # (accelerate's sampler_1.bin is a pickled sampler object)
+        from trainguard.unit.checkpoints.state import classify_path
+
+        unread = {classify_path(Path(name).name, ())[0] for name in ckpt.skipped}
         for key, component in (("rng", "rng"), ("optimizer", "optimizer"), ("scheduler", "scheduler"),
                                ("data_position", "data")):
-            if not ckpt.has(component):
+            if not ckpt.has(component) and component not in unread:
                 points = STRONG if key in ("rng", "optimizer") else SUGGESTIVE
                 t.add(key, points, f"{name} holds no {_COMPONENT_WORDS[component]}")
         detail = ckpt.details.get("optimizer", "")
