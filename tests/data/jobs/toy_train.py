@@ -51,7 +51,8 @@ Flags plant one defect each, so a test can show that trainguard catches it:
 
 --sync-dir D makes every step end in a barrier of all ranks (files under D, like a collective):
 a rank waits for its peers' step; --sync-timeout T makes it raise after T s waiting (a collective
-timeout); T 0 waits forever, which is the defect "hangs when a peer dies, without a timeout".
+timeout; the process's first barrier, its rendezvous, waits at least 60 s for its peers to start);
+T 0 waits forever, which is the defect "hangs when a peer dies, without a timeout".
 --on-sync-timeout MODE        how the timed-out rank then exits 1: raise (a RuntimeError's
                               traceback), say (one sentence of its own, in French, none of the
                               words "error", "timeout", ...), silent (writes nothing), progress
@@ -211,6 +212,11 @@ def load_latest(ckpt_dir: Path, rank: int, verify: str = "none", world_size: int
     return int(data["step"]), rng
 
 
+#: how long the first barrier of a process waits for its peers to start, whatever --sync-timeout
+STARTUP_GRACE_S = 60.0
+_MET = False
+
+
 def barrier(sync_dir: Path, rank: int, world_size: int, step: int, timeout: float, flag: bool = False,
             on_timeout: str = "raise") -> bool:
     """Wait until every rank has reached ``step`` (per attempt: TORCHELASTIC_RUN_ID); True when
@@ -222,12 +228,17 @@ def barrier(sync_dir: Path, rank: int, world_size: int, step: int, timeout: floa
     tmp.write_text("1" if flag else "")
     os.replace(tmp, mark)
     started = time.monotonic()
+    # the process's first barrier is its rendezvous: its peers may still be starting (a loaded
+    # machine once took over 2 s to start rank 1), as a real job's init has a timeout of its own
+    global _MET
+    limit = max(timeout, STARTUP_GRACE_S) if timeout and not _MET else timeout
+    _MET = True
     while not all((where / f"step{step}.rank{r}").exists() for r in range(world_size)):
-        if timeout and time.monotonic() - started > timeout:
+        if limit and time.monotonic() - started > limit:
             if on_timeout != "raise":
-                _exit_on_sync_timeout(on_timeout, rank, step, timeout)
+                _exit_on_sync_timeout(on_timeout, rank, step, limit)
             raise RuntimeError(
-                f"toy_train: rank {rank}: collective timed out after {timeout:g} s waiting for "
+                f"toy_train: rank {rank}: collective timed out after {limit:g} s waiting for "
                 f"peers at step {step}"
             )
         time.sleep(0.005)
