@@ -104,12 +104,20 @@ def differences(golden: Any, now: Any, where: str = "$") -> list[str]:
 # the cases
 
 
+#: the toy job run as a DDP job behaves: each step ends in a barrier of both ranks (--sync-dir, the
+#: all-reduce), and a resume loads the newest step that every rank saved (--ckpt-verify fallback,
+#: a checkpoint complete only once every rank's shard is written). Without them the two ranks
+#: ran apart: a loaded machine started rank 0 late, the kill after rank 1's step 8 came before
+#: rank 0's first checkpoint, and the drills rightly found that the resume began at step 1
+TOY_FLAGS = "--sleep 0.02 --sync-dir {run_dir}/sync --ckpt-verify fallback"
+
+
 def _toy_job(where: Path, checks: str, *, gate: str = "") -> Path:
     path = where / "trainguard.yaml"
     path.write_text(
         "job:\n"
         "  name: golden-toy\n"
-        f'  command: "{sys.executable} {TOY} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --sleep 0.02"\n'
+        f'  command: "{sys.executable} {TOY} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} {TOY_FLAGS}"\n'
         '  resume_args: "--resume"\n'
         "  world_size: 2\n"
         '  env: {OMP_NUM_THREADS: "1"}\n'
