@@ -135,3 +135,18 @@ def test_the_step_of_a_checkpoint_is_not_read_from_its_rng_file() -> None:
     assert _state_with_step({"random_states_0.pkl": {"step": 0}, "model.safetensors": {}}) is None
     assert _state_with_step({"random_states_0.pkl": {"step": 0}, "trainer_state.json": {"global_step": 5}}) \
         == {"step": 5}
+
+
+def test_cuda_generator_states_are_counted_apart_from_the_cpu_one(tmp_path: Path) -> None:
+    """torch.cuda.get_rng_state() is 16 bytes (Philox seed and offset); HF and Lightning save
+    get_rng_state_all() as a list under a key naming cuda. Neither is the 5056-byte CPU state."""
+    philox = torch.zeros(16, dtype=torch.uint8)
+    cases = {
+        "cpu_only": ({"rng": {"cpu": torch.get_rng_state()}}, 1, 0),
+        "cuda_tensor": ({"rng": {"cpu": torch.get_rng_state(), "gpu": philox}}, 1, 1),
+        "cuda_list": ({"rng_state": {"python": 1, "cuda": [philox, philox]}}, 0, 2),
+    }
+    for name, (state, cpu, cuda) in cases.items():
+        torch.save({"model": {"w": torch.ones(2)}, "step": 3, **state}, tmp_path / f"{name}.pt")
+        inventory = checkpoint_inventory(tmp_path / f"{name}.pt")
+        assert (inventory.torch_rng_states, inventory.cuda_rng_states) == (cpu, cuda), (name, inventory.summary())

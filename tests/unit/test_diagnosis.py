@@ -217,3 +217,21 @@ def test_a_component_in_a_file_not_read_safely_is_not_called_missing() -> None:
     assert not any("holds no data position" in e for c in causes for e in c.evidence)
     assert any("holds no data position" in e for c in diagnose_resume(
         ResumeFacts(5, first_divergent_step=6, checkpoint=_inventory("data"))) for e in c.evidence)
+
+
+def test_a_gpu_job_whose_checkpoint_holds_no_cuda_rng_state_names_the_rng() -> None:
+    """A job that ran on the GPU (NVML saw its memory) and saved only the CPU generator: its
+    dropout masks after the resume start again from the seed. On a CPU job the same checkpoint
+    is whole, and a checkpoint with a CUDA state is not blamed."""
+    replay = sample_replay(REFERENCE, _resumed(6, EPOCH1, 2), resumed_from=6, steps=8)
+    cpu_only = _inventory()
+    cpu_only.torch_rng_states = 1
+    causes = diagnose_resume(ResumeFacts(6, first_divergent_step=7, checkpoint=cpu_only, replay=replay, on_gpu=True))
+    assert causes[0].key == "rng" and causes[0].strength >= STRONG
+    assert any("none of the CUDA generator" in e for e in causes[0].evidence)
+    on_cpu = diagnose_resume(ResumeFacts(6, first_divergent_step=7, checkpoint=cpu_only, replay=replay))
+    assert not any("CUDA" in e for c in on_cpu for e in c.evidence)
+    with_cuda = _inventory()
+    with_cuda.torch_rng_states, with_cuda.cuda_rng_states = 1, 1
+    causes = diagnose_resume(ResumeFacts(6, first_divergent_step=7, checkpoint=with_cuda, replay=replay, on_gpu=True))
+    assert not any("CUDA" in e for c in causes for e in c.evidence)

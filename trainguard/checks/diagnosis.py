@@ -265,6 +265,8 @@ class ResumeFacts:
     #: whether the resumed run began again at the first step (None: when it resumed from step 0;
     #: a job counting from 0 that resumed from its checkpoint of step 0 did not)
     began_again: bool | None = None
+    #: whether the runs held GPU memory (NVML): their GPU draws have a CUDA generator to restore
+    on_gpu: bool = False
 
 
 def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
@@ -327,6 +329,9 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
                "it drew at random (dropout) or the weights it loaded differ")
         t.add("rng", SUGGESTIVE, why)
         t.add("stale_checkpoint", SUGGESTIVE, why)
+    if ckpt is not None and facts.on_gpu and ckpt.has("rng") and not ckpt.cuda_rng_states:
+        t.add("rng", STRONG, f"{Path(str(ckpt.path)).name} holds RNG state but none of the CUDA "
+              "generator, and the job ran on the GPU: what it draws there (dropout) starts again from the seed")
     if ckpt is not None and facts.world_size > 1 and ckpt.torch_rng_states == 1:
         t.add("rng", SUGGESTIVE, f"{Path(str(ckpt.path)).name} holds one torch RNG state for "
               f"{facts.world_size} ranks: ranks that draw differently (dropout) come back with rank 0's draws")

@@ -501,7 +501,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
             final_state=state, lr=_lr_divergence(runner, resumed, reference, first_step, spec),
             metrics={d.metric: d.first_divergent_step for d in (diff, *others)}, world_size=request.world_size,
             samples_accounted=accounting.summary() if accounting.known and not accounting.ok else None,
-            began_again=began_again,
+            began_again=began_again, on_gpu=any(v > 0 for v in reference.peak_gpu_mb.values()),
         )
         causes, found = resume_diagnosis(
             reference_dir=reference.run_dir, resumed_dir=resumed.run_dir, world_size=request.world_size,

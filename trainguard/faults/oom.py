@@ -12,9 +12,13 @@ and ``rlimit`` elsewhere; :meth:`OomFault.evidence` says which ran and why):
   can't allocate memory``; Python: ``MemoryError``). Not set at exec: the job could not start.
 * ``raise``: the hook raises ``torch.OutOfMemoryError`` in the rank's main thread after step k,
   to test the job's own OOM handling.
-* ``gpu``: the hook caps the rank's CUDA caching allocator with
-  ``torch.cuda.set_per_process_memory_fraction`` just above what it reserved and fills the rest:
-  the next allocation raises ``torch.OutOfMemoryError: CUDA out of memory``.
+* ``gpu``: after step k the hook empties the rank's CUDA cache (its next step must allocate
+  anew) and takes the device's memory: with ``gpu_limit: fraction`` (the default) it caps the
+  caching allocator with ``torch.cuda.set_per_process_memory_fraction`` at ``headroom_mb`` above
+  what the rank holds and fills the rest, which leaves the GPU's other processes alone; with
+  ``gpu_limit: device`` it fills the device itself until ``cudaMalloc`` fails, as a real
+  neighbour or a leak would. The job's next allocation raises ``torch.OutOfMemoryError: CUDA
+  out of memory``.
 
 See docs/faults-memory-and-disk.md.
 """
@@ -43,6 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["OomFault"]
 
 MODES = ("auto", "cgroup", "rlimit", "raise", "gpu")
+GPU_LIMITS = ("fraction", "device")
 _HOOK_MODE = {"cgroup": "ballast", "rlimit": "rlimit", "raise": "raise", "gpu": "gpu"}
 
 
@@ -57,6 +62,7 @@ class OomFault(HookFault):
         "chunk_mb": 8,  # ballast allocation size
         "max_ballast_mb": 2048,  # safety net: the ballast never holds more than this
         "slack_mb": 4,  # rlimit: address space the ballast leaves for the job to trip over
+        "gpu_limit": "fraction",  # gpu: cap the rank's allocator (fraction) or fill the device
     }
 
     def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
@@ -79,6 +85,9 @@ class OomFault(HookFault):
         mode = params.get("mode", "auto")
         if mode not in MODES:
             problems.append(("mode", f"got {mode!r}; expected one of {', '.join(MODES)}"))
+        limit = params.get("gpu_limit", "fraction")
+        if limit not in GPU_LIMITS:
+            problems.append(("gpu_limit", f"got {limit!r}; expected one of {', '.join(GPU_LIMITS)}"))
         for key in ("headroom_mb", "chunk_mb", "max_ballast_mb", "slack_mb"):
             value = params.get(key, cls.defaults[key])
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -125,6 +134,7 @@ class OomFault(HookFault):
             "max_mb": self.params["headroom_mb"] + self.params["max_ballast_mb"],
             "slack_mb": self.params["slack_mb"],
             "headroom_mb": self.params["headroom_mb"],
+            "gpu_limit": self.params["gpu_limit"],
         }
         return hook_env(spec, ctx.env)
 

@@ -220,13 +220,20 @@ class Agent:
                        reason="torch with an initialized CUDA context is not in this process")
             return
         device = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-        total = torch.cuda.get_device_properties(device).total_memory
+        # the job's cached free blocks go back to the device: its next step allocates anew
+        # instead of reusing them, and that allocation is the one that fails
+        torch.cuda.empty_cache()
         reserved = torch.cuda.memory_reserved(device)
-        headroom = int(float(self.spec.get("headroom_mb", 32)) * 2**20)
-        fraction = min(1.0, (reserved + headroom) / total)
-        torch.cuda.set_per_process_memory_fraction(fraction, device)
-        self.event("gpu_limit", fraction=fraction, reserved_mb=round(reserved / 2**20, 1))
-        chunk = 64 * 2**20
+        if self.spec.get("gpu_limit", "fraction") == "fraction":
+            total = torch.cuda.get_device_properties(device).total_memory
+            headroom = int(float(self.spec.get("headroom_mb", 32)) * 2**20)
+            fraction = min(1.0, (reserved + headroom) / total)
+            torch.cuda.set_per_process_memory_fraction(fraction, device)
+            self.event("gpu_limit", fraction=fraction, reserved_mb=round(reserved / 2**20, 1))
+        else:
+            free, _ = torch.cuda.mem_get_info(device)
+            self.event("gpu_fill", free_mb=round(free / 2**20, 1), reserved_mb=round(reserved / 2**20, 1))
+        chunk = 2**30
         held = 0
         error = _torch_oom_class()
         while chunk >= 2**20:

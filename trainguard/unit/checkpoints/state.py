@@ -350,6 +350,9 @@ class CheckpointInventory:
     #: torch CPU generator states it holds (``torch.get_rng_state()``: 5056 bytes), one per rank
     #: whose draws it can restore
     torch_rng_states: int = 0
+    #: CUDA generator states it holds (``torch.cuda.get_rng_state()``: 16 bytes, or any RNG key
+    #: naming cuda): 0 for a GPU job means its GPU draws (dropout) restart from the seed
+    cuda_rng_states: int = 0
 
     def has(self, component: str) -> bool:
         """Whether the checkpoint holds any key of ``component``."""
@@ -499,9 +502,20 @@ def checkpoint_inventory(path: Path) -> CheckpointInventory:
     inventory.components = {c: [e.key for e, _ in by_component[c]] for c in COMPONENTS if c in by_component}
     inventory.details = _details(by_component)
     inventory.counts = _counts(by_component)
-    inventory.torch_rng_states = sum(1 for e, _ in by_component.get("rng", []) if _is_cpu_generator_state(e.value))
+    rng = [e for e, _ in by_component.get("rng", [])]
+    inventory.torch_rng_states = sum(1 for e in rng if _is_cpu_generator_state(e.value))
+    inventory.cuda_rng_states = sum(1 for e in rng if _is_cuda_generator_state(e))
     return inventory
 
 
 def _is_cpu_generator_state(value: Any) -> bool:
     return _is_tensor(value) and str(getattr(value, "dtype", "")) == "torch.uint8" and tuple(value.shape) == (5056,)
+
+
+def _is_cuda_generator_state(entry: Entry) -> bool:
+    """A CUDA (Philox) generator state: 16 bytes, seed and offset; or a value under a key naming
+    cuda (``torch.cuda.get_rng_state_all()`` saved as a list under "cuda")."""
+    value = entry.value
+    if _is_tensor(value) and str(getattr(value, "dtype", "")) == "torch.uint8" and tuple(value.shape) == (16,):
+        return True
+    return any("cuda" in segment.lower() for segment in (entry.part, *entry.segments))

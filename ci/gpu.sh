@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The GPU tests (tests/gpu, marked `gpu`) in one short call on a lent GPU machine, with a summary
+# for the issue's note: versions, the GPU, each test's result and time (docs/gpu.md).
+#
+#   bash ci/gpu.sh [OUTDIR]        # OUTDIR defaults to $OUT, else /tmp/trainguard-gpu
+#
+# Such a machine has its own Python with torch and no network: the packages trainguard needs
+# beyond it travel as wheels in .whl/ (pydantic and its parts; trainguard's own wheel, built
+# here by `python -m pip wheel --no-deps -w .whl .`), installed into a private folder. Without a
+# GPU every test skips, saying why: that is the dry run, with the venv that has everything
+# (`PYTHON=.venv/bin/python TRAINGUARD_WHEELS=none bash ci/gpu.sh`; the wheels are for 3.12).
+# Two phases: the tests that share the device run 4 at a time; those that take the whole
+# device's memory (tests/gpu/test_whole_device.py) run alone after them.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-${OUT:-/tmp/trainguard-gpu}}"
+py="${PYTHON:-python3}"
+wheels="${TRAINGUARD_WHEELS:-.whl}"
+site="${TRAINGUARD_SITE:-/tmp/trainguard-site}"
+budget="${TRAINGUARD_GPU_BUDGET_S:-290}"   # the whole script stays inside 5 minutes
+mkdir -p "$out"
+started=$(date +%s)
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+
+if compgen -G "$wheels/*.whl" >/dev/null; then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$site" "$wheels"/*.whl || { echo "gpu.sh: installing $wheels/*.whl failed" >&2; exit 2; }
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+if ! "$py" -c "import trainguard.plugins.plugin" 2>"$out/import-error.txt"; then
+    echo "gpu.sh: trainguard does not import with $py (see $out/import-error.txt); build its wheel" \
+         "into $wheels with: python -m pip wheel --no-deps -w $wheels ." >&2
+    exit 2
+fi
+rm -f "$out/import-error.txt"
+
+# what the machine is: for the summary, and NVML's view of a CUDA process (its pid must be
+# visible for per-process GPU memory)
+"$py" ci/gpu_summary.py facts >"$out/facts.json" 2>"$out/facts.err" || true
+
+phase() {  # phase NAME SECONDS PYTEST-ARGS...
+    local name=$1 seconds=$2; shift 2
+    timeout -k 10 "$seconds" "$py" -m pytest -p no:cacheprovider -m gpu -rs -v \
+        --basetemp "/tmp/trainguard-gpu-$name" --junitxml "$out/junit-$name.xml" "$@" >>"$out/pytest.log" 2>&1
+    echo "phase $name: exit $?" >>"$out/pytest.log"
+}
+left() { echo $(( budget - ($(date +%s) - started) )); }
+phase shared "$(( $(left) - 130 ))" tests/gpu --ignore tests/gpu/test_whole_device.py -n 4 --dist load
+phase whole-device "$(left)" tests/gpu/test_whole_device.py
+# the runs' logs and reports (no checkpoints), for a failure's evidence
+find /tmp/trainguard-gpu-* -type f \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.md' \
+    -o -name '*.yaml' \) -size -4M 2>/dev/null | tar czf "$out/runs.tgz" -T - 2>/dev/null
+"$py" ci/gpu_summary.py summary "$out" $(( $(date +%s) - started ))
