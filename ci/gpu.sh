@@ -14,11 +14,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-${OUT:-/tmp/trainguard-gpu}}"
-py="${PYTHON:-python3}"
+py="$(command -v "${PYTHON:-python3}")" || { echo "gpu.sh: no ${PYTHON:-python3}" >&2; exit 2; }
+case $py in /*) ;; *) py="$PWD/$py" ;; esac
 wheels="${TRAINGUARD_WHEELS:-.whl}"
 site="${TRAINGUARD_SITE:-/tmp/trainguard-site}"
 budget="${TRAINGUARD_GPU_BUDGET_S:-290}"   # the whole script stays inside 5 minutes
-mkdir -p "$out"
+mkdir -p "$out" && out="$(cd "$out" && pwd)" || exit 2
 started=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 
@@ -27,7 +28,15 @@ if compgen -G "$wheels/*.whl" >/dev/null; then
         --target "$site" "$wheels"/*.whl || { echo "gpu.sh: installing $wheels/*.whl failed" >&2; exit 2; }
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
-if ! "$py" -c "import trainguard.plugins.plugin" 2>"$out/import-error.txt"; then
+# The tests run from a copy of tests/ and pyproject.toml (its pytest settings) beside each other:
+# from the checkout, its trainguard/ folder (which lacks plugins/ and fixtures/, mapped in by the
+# install) would shadow the installed package.
+tree=/tmp/trainguard-gpu-tree
+rm -rf "$tree" && mkdir -p "$tree/tests" && cp pyproject.toml "$tree/" \
+    && cp -r tests/conftest.py tests/helpers.py tests/gpu "$tree/tests/" || exit 2
+if [[ "$wheels" == none ]]; then  # the dry run: this checkout's trainguard, installed editable
+    :
+elif ! (cd "$tree" && "$py" -c "import trainguard.plugins.plugin") 2>"$out/import-error.txt"; then
     echo "gpu.sh: trainguard does not import with $py (see $out/import-error.txt); build its wheel" \
          "into $wheels with: python -m pip wheel --no-deps -w $wheels ." >&2
     exit 2
@@ -45,8 +54,10 @@ phase() {  # phase NAME SECONDS PYTEST-ARGS...
     echo "phase $name: exit $?" >>"$out/pytest.log"
 }
 left() { echo $(( budget - ($(date +%s) - started) )); }
+cd "$tree" || exit 2
 phase shared "$(( $(left) - 130 ))" tests/gpu --ignore tests/gpu/test_whole_device.py -n 4 --dist load
 phase whole-device "$(left)" tests/gpu/test_whole_device.py
+cd - >/dev/null || exit 2
 # the runs' logs and reports (no checkpoints), for a failure's evidence
 find /tmp/trainguard-gpu-* -type f \( -name '*.log' -o -name '*.json' -o -name '*.jsonl' -o -name '*.md' \
     -o -name '*.yaml' \) -size -4M 2>/dev/null | tar czf "$out/runs.tgz" -T - 2>/dev/null
