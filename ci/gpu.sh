@@ -12,14 +12,14 @@
 # Two phases: the tests that share the device run 4 at a time; those that take the whole
 # device's memory (tests/gpu/test_whole_device.py) run alone after them.
 set -uo pipefail
-cd "$(dirname "$0")/.."
 out="${1:-${OUT:-/tmp/trainguard-gpu}}"
+mkdir -p "$out" && out="$(cd "$out" && pwd)" || exit 2
+cd "$(dirname "$0")/.." || exit 2
 py="$(command -v "${PYTHON:-python3}")" || { echo "gpu.sh: no ${PYTHON:-python3}" >&2; exit 2; }
 case $py in /*) ;; *) py="$PWD/$py" ;; esac
 wheels="${TRAINGUARD_WHEELS:-.whl}"
 site="${TRAINGUARD_SITE:-/tmp/trainguard-site}"
 budget="${TRAINGUARD_GPU_BUDGET_S:-290}"   # the whole script stays inside 5 minutes
-mkdir -p "$out" && out="$(cd "$out" && pwd)" || exit 2
 started=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 
