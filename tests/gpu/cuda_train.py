@@ -109,12 +109,12 @@ def main() -> None:
     ckpt_dir = Path(args.ckpt_dir) if args.ckpt_dir else None
     start = 0
     if args.resume and ckpt_dir is not None and (path := newest(ckpt_dir)) is not None:
-        state = torch.load(path, map_location=device, weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
         (model.module if distributed else model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["cpu"])
         if "cuda" in state["rng"]:
-            torch.cuda.set_rng_state(state["rng"]["cuda"].cpu(), device)
+            torch.cuda.set_rng_state(state["rng"]["cuda"], device)
         if scaler is not None and args.defect != "scaler-not-restored":
             scaler.load_state_dict(state["scaler"])
         start = state["step"]

@@ -61,7 +61,7 @@ def test_fp16_with_a_grad_scaler_resumes_with_its_state(tmp_path: Path, planted:
 # within the deadline and resume from step 10's checkpoint to the uninterrupted run's losses
 DRILLS = """\
   drills:
-    - {name: oom-fraction, fault: oom, mode: gpu, rank: 0, world_size: 1, steps: 40, after_step: 10, expect: fail_clean, deadline: 60}
+    - {name: oom-fraction, fault: oom, params: {mode: gpu}, rank: 0, world_size: 1, steps: 40, after_step: 10, expect: fail_clean, deadline: 60}
 """
 
 

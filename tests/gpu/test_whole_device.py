@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
 DEVICE_DRILL = """\
   drills:
-    - {name: oom-device, fault: oom, mode: gpu, gpu_limit: device, rank: 0, world_size: 1, steps: 40, after_step: 10, expect: fail_clean, deadline: 60}
+    - {name: oom-device, fault: oom, params: {mode: gpu, gpu_limit: device}, rank: 0, world_size: 1, steps: 40, after_step: 10, expect: fail_clean, deadline: 60}
 """
 
 
