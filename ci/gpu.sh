@@ -9,6 +9,7 @@
 # here by `python -m pip wheel --no-deps -w .whl .`), installed into a private folder. Without a
 # GPU every test skips, saying why: that is the dry run, with the venv that has everything
 # (`PYTHON=.venv/bin/python TRAINGUARD_WHEELS=none bash ci/gpu.sh`; the wheels are for 3.12).
+# TRAINGUARD_GPU_K='expr' runs only the tests pytest's -k selects (a rerun of the failures).
 # Two phases: the tests that share the device run 4 at a time; those that take the whole
 # device's memory (tests/gpu/test_whole_device.py) run alone after them.
 set -uo pipefail
@@ -49,6 +50,7 @@ rm -f "$out/import-error.txt"
 
 phase() {  # phase NAME SECONDS PYTEST-ARGS...
     local name=$1 seconds=$2; shift 2
+    [[ -n "${TRAINGUARD_GPU_K:-}" ]] && set -- "$@" -k "$TRAINGUARD_GPU_K"  # a rerun of some tests
     timeout -k 10 "$seconds" "$py" -m pytest -p no:cacheprovider -m gpu -rs -v \
         --basetemp "/tmp/trainguard-gpu-$name" --junitxml "$out/junit-$name.xml" "$@" >>"$out/pytest.log" 2>&1
     echo "phase $name: exit $?" >>"$out/pytest.log"

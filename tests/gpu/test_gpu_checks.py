@@ -49,12 +49,16 @@ FP16 = "  resume: {steps: 30, after_step: 22, args: \"--precision fp16%(defect)s
 @pytest.mark.parametrize("planted", [False, True], ids=["clean", "scaler-not-restored"])
 def test_fp16_with_a_grad_scaler_resumes_with_its_state(tmp_path: Path, planted: bool) -> None:
     defect = " --defect scaler-not-restored" if planted else ""
-    resume = results(make_job(tmp_path, FP16 % {"defect": defect}), tmp_path, ["resume"])["resume"]
+    root = make_job(tmp_path, FP16 % {"defect": defect})
+    job = root / "trainguard.yaml"
+    # the job prints the scale beside the loss, as fp16 trainers log it
+    job.write_text(job.read_text().replace("  metrics:\n", "  metrics:\n    loss_scale: 'step (?P<step>\\d+) .*scale (?P<value>\\S+)'\n"))
+    resume = results(root, tmp_path, ["resume"])["resume"]
     if not planted:
         assert resume.status == "passed", resume.summary
         return
     first = first_cause(resume)
-    assert first["key"] == "scaler", resume.evidence["diagnosis"]
+    assert first["key"] == "scaler" and first["evidence_strength"] == "decisive", resume.evidence["diagnosis"]
 
 
 # a CUDA out-of-memory error in rank 0 after step 10 of 40 (0.1 s a step): the job must fail

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainguard.checks.diagnosis import (
+    DECISIVE,
     NONE,
     STRONG,
     SUGGESTIVE,
@@ -235,3 +236,19 @@ def test_a_gpu_job_whose_checkpoint_holds_no_cuda_rng_state_names_the_rng() -> N
     with_cuda.torch_rng_states, with_cuda.cuda_rng_states = 1, 1
     causes = diagnose_resume(ResumeFacts(6, first_divergent_step=7, checkpoint=with_cuda, replay=replay, on_gpu=True))
     assert not any("CUDA" in e for c in causes for e in c.evidence)
+
+
+def test_a_loss_scale_metric_that_parts_at_the_resume_names_the_scaler() -> None:
+    """fp16 with a GradScaler not restored: the loss agrees until the first step one run skips
+    (an overflow), while the printed scale differs from the first resumed step. A scale that
+    parts only after the loss is a consequence, not the cause."""
+    scaler_first = diagnose_resume(ResumeFacts(20, first_divergent_step=23, checkpoint=_inventory(),
+                                                metrics={"loss": 23, "loss_scale": 21}))
+    assert scaler_first[0].key == "scaler" and scaler_first[0].strength == DECISIVE
+    assert "loss_scale differs from step 21" in scaler_first[0].evidence[0]
+    after = diagnose_resume(ResumeFacts(20, first_divergent_step=23, checkpoint=_inventory(),
+                                        metrics={"loss": 23, "scale": 25}))
+    assert next(c for c in after if c.key == "scaler").strength == SUGGESTIVE
+    matching = diagnose_resume(ResumeFacts(20, first_divergent_step=23, checkpoint=_inventory(),
+                                           metrics={"loss": 23, "grad_scale": None}))
+    assert next(c for c in matching if c.key == "scaler").strength == NONE

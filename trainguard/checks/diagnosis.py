@@ -70,6 +70,8 @@ RESUME_CAUSE_TEXT = {
 
 #: a metric that reports an average of the weights (``ema_norm``, ``swa_loss``, ``val_loss_ema``)
 EMA_METRIC = re.compile(r"(?:^|[_.\-])(?:ema|swa|averaged)(?:$|[_.\-])", re.I)
+#: a metric that reports a loss scaler's scale (``loss_scale``, ``grad_scale``, DeepSpeed's ``cur_scale``)
+SCALE_METRIC = re.compile(r"(?:^|[_.\-])(?:loss_?scale|grad_?scale|cur_scale|scale)$", re.I)
 
 #: the framework's own words on stderr that point at a cause (case-insensitive)
 _WARNING_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -356,7 +358,24 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
     for key, line in facts.warnings:
         t.add(key, STRONG, f"the framework warned: {line}")
     _averaged_weights(t, facts)
+    _loss_scale(t, facts, boundary)
     return rank_causes(t, RESUME_CAUSE_TEXT)
+
+
+def _loss_scale(t: _Tally, facts: ResumeFacts, boundary: int) -> None:
+    """A loss-scale metric that parts at the first resumed step, or before the others do: the
+    same steps scale alike, so the scaler came back wrong (or not at all)."""
+    scales = {m: s for m, s in facts.metrics.items() if SCALE_METRIC.search(m) and s is not None}
+    if not scales:
+        return
+    name, step = min(scales.items(), key=lambda kv: kv[1] or 0)
+    others = [s for m, s in facts.metrics.items() if not SCALE_METRIC.search(m) and s is not None]
+    if step <= boundary or (others and step < min(others)):
+        later = f", before the other metrics part (step {min(others)})" if others else ""
+        t.add("scaler", DECISIVE, f"{name} differs from step {step} on{later}: the same steps "
+              "scale alike unless the scaler's state did not come back")
+    else:
+        t.add("scaler", SUGGESTIVE, f"{name} differs from step {step} on")
 
 
 def _averaged_weights(t: _Tally, facts: ResumeFacts) -> None:

@@ -38,6 +38,8 @@ from typing import Any
 ENV_SPEC = "TRAINGUARD_FAULT_HOOK"
 ENV_PID = "TRAINGUARD_FAULT_HOOK_PID"
 POLL_S = 0.015
+#: oom mode gpu: how long the ballast keeps taking the blocks a job frees, waiting for it to run out
+GPU_GRAB_S = 60.0
 #: a real-time signal: no library the job uses is likely to claim it (SIGUSR1/2 often are)
 RAISE_SIGNAL = signal.SIGRTMIN + 7 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 #: what torch.save to a path raises when the hook fails its write; torch's own messages on
@@ -233,16 +235,31 @@ class Agent:
         else:
             free, _ = torch.cuda.mem_get_info(device)
             self.event("gpu_fill", free_mb=round(free / 2**20, 1), reserved_mb=round(reserved / 2**20, 1))
-        chunk = 2**30
-        held = 0
         error = _torch_oom_class()
-        while chunk >= 2**20:
-            try:
-                self._ballast.append(torch.empty(chunk, dtype=torch.uint8, device=device))
-                held += chunk
-            except error:
-                chunk //= 2
+
+        def take(start: int) -> int:
+            """Allocate chunks from ``start`` bytes down to 512 until each size fails: big ones
+            take the device (or the capped fraction), small ones the free blocks left inside
+            the segments the job's allocator already holds."""
+            taken, chunk = 0, start
+            while chunk >= 512:
+                try:
+                    self._ballast.append(torch.empty(chunk, dtype=torch.uint8, device=device))
+                    taken += chunk
+                except error:
+                    chunk //= 2
+            return taken
+
+        held = take(2**30)
         self.event("ballast_held", held_mb=round(held / 2**20, 1), device=device)
+        # A job whose steps need no more than they freed reuses its own blocks and would never
+        # run out: keep taking every block it frees, until its next allocation fails (the rank
+        # dies, and this daemon thread with it) or GPU_GRAB_S pass.
+        deadline = time.monotonic() + float(self.spec.get("grab_s", GPU_GRAB_S))
+        while time.monotonic() < deadline:
+            held += take(2**21)
+            time.sleep(0.0005)
+        self.event("ballast_grab_ended", held_mb=round(held / 2**20, 1))
 
     # -- disk_full ---------------------------------------------------------------------------
 
