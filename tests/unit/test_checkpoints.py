@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from trainguard.unit.checkpoints import (
     COMPONENTS,
@@ -195,6 +196,41 @@ def test_latest_checkpoint_skips_half_written_hugging_face_directories(tmp_path:
     # clean: once the Trainer has written its state, the newer one is complete
     (half / "trainer_state.json").write_text(json.dumps({"global_step": 15}))
     assert latest_complete_checkpoint(out) == half
+
+
+def _accelerate_state(path: Path, files: list[str]) -> Path:
+    """A step folder as accelerate's ``save_state`` writes it, file after file, no marker."""
+    path.mkdir(parents=True)
+    for name in files:
+        _accelerate_file(path / name)
+    return path
+
+
+def _accelerate_file(path: Path) -> None:
+    if path.suffix == ".safetensors":
+        save_file({"w": torch.ones(2)}, str(path))
+    else:
+        torch.save({"w": torch.ones(2)}, path)
+
+
+def test_a_step_folder_cut_short_mid_save_is_not_the_latest(tmp_path: Path) -> None:
+    """accelerate writes model, optimizer, scheduler, sampler and RNG files one after the other
+    and no marker: a kill after the first leaves step_20/ with the model alone, and resuming from
+    it loads half a state. It lacks files step_10/ holds, so step_10/ is the latest complete one."""
+    full = ["model.safetensors", "optimizer.bin", "scheduler.bin", "random_states_0.pkl"]
+    out = tmp_path / "out"
+    _accelerate_state(out / "step_5", full)
+    ten = _accelerate_state(out / "step_10", full)
+    torn = _accelerate_state(out / "step_20", full[:1])
+    assert latest_complete_checkpoint(out) == ten
+    assert "step_20/ (incomplete: no optimizer.bin, random_states_0.pkl, scheduler.bin, which step_10/ holds" in describe_candidates(out)
+    # clean: once its save finishes, the newest is complete; a file named by its own step counts alike
+    for name in full[1:]:
+        _accelerate_file(torn / name)
+    assert latest_complete_checkpoint(out) == torn
+    _accelerate_state(out / "step_30", [*full, "ema_30.pt"])
+    last = _accelerate_state(out / "step_40", [*full, "ema_40.pt"])
+    assert latest_complete_checkpoint(out) == last
 
 
 def test_latest_checkpoint_of_lightning_dcp_and_plain_files(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ globals, :mod:`~trainguard.unit.checkpoints.dcp`), and only through
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -472,6 +473,39 @@ def checkpoint_candidates(directory: Path) -> list[Candidate]:
                 found.append(Candidate(path, "temporary", None, mtime, "a temporary file of a save in progress"))
             else:
                 found.append(Candidate(path, "file", step_in_name(name), mtime, _file_problem(path, directory)))
+    return _mark_cut_short(found)
+
+
+def _file_names(candidate: Candidate) -> set[str]:
+    """The names of a checkpoint directory's files, its own step written as ``{step}``."""
+    step = candidate.step
+
+    def plain(name: str) -> str:
+        return re.sub(r"\d+", lambda m: "{step}" if step is not None and int(m.group()) == step else m.group(), name)
+
+    return {plain(p.name) for p in _files_in(candidate.path) if not is_temp_name(p.name)}
+
+
+def _mark_cut_short(found: list[Candidate]) -> list[Candidate]:
+    """A step directory with no marker of its own (neither a Trainer's ``trainer_state.json``
+    nor DCP's ``.metadata``: accelerate's ``save_state``, a job's own folder of files) is written
+    file by file. The newest one of a folder that lacks a file its predecessor holds was cut
+    short (a kill mid-save) and is not complete: resuming from it loads half a state."""
+    by_parent: dict[Path, list[Candidate]] = {}
+    for c in found:
+        if c.kind == "directory" and c.complete and c.step is not None:
+            by_parent.setdefault(c.path.parent, []).append(c)
+    for group in by_parent.values():
+        if len(group) < 2:
+            continue
+        newest, before = sorted(group, key=lambda c: (c.step, c.mtime))[-2:][::-1]
+        missing = _file_names(before) - _file_names(newest)
+        if missing:
+            names = ", ".join(sorted(missing)[:3]) + (" ..." if len(missing) > 3 else "")
+            cut = dataclasses.replace(newest, incomplete=(
+                f"no {names}, which {before.path.name}/ holds (its save was cut short: this kind "
+                "of checkpoint has no completion marker)"))
+            found = [cut if c is newest else c for c in found]
     return found
 
 
