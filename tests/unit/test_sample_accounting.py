@@ -132,6 +132,23 @@ def test_parallel_names_a_data_order_that_depends_on_the_world_size() -> None:
     assert (parallel_sample_cause(one, bigger, steps=10, world_size=2) or ("",))[0] == PARALLEL_CAUSES[2]
 
 
+def test_parallel_names_the_order_within_a_printed_step_that_spans_many_batches() -> None:
+    """run_clm_no_trainer.py prints a line per epoch: at 1 and 2 ranks every printed step holds
+    the whole epoch, so the samples per step agree while the order batch by batch does not."""
+    from trainguard.checks.equivalence import PARALLEL_ORDER_CAUSE, parallel_sample_cause
+
+    one = _run(1, ORDER, per_rank=4, epochs=2)                      # 2 printed steps of 10 batches
+    same = _run(2, ORDER, per_rank=2, epochs=2)
+    assert parallel_sample_cause(one, same, steps=2, world_size=2) is None
+    shuffled = _run(2, ORDER[0::2] + ORDER[1::2], per_rank=2, epochs=2)
+    cause, why = parallel_sample_cause(one, shuffled, steps=2, world_size=2) or ("", "")
+    assert cause == PARALLEL_ORDER_CAUSE, why
+    assert "same samples per printed step as 1 rank, but not batch by batch (first at batch 1, of 10 a step)" in why
+    # a step of one batch: the per-step comparison above already covers it
+    single_batch = _run(1, ORDER, per_rank=4, epochs=1)
+    assert parallel_sample_cause(single_batch, _run(2, ORDER, per_rank=2, epochs=1), steps=10, world_size=2) is None
+
+
 def test_a_run_resumed_inside_what_the_job_counts_as_a_step_is_not_accounted() -> None:
     """run_clm_no_trainer.py prints one line per epoch: a resume from its mid-epoch checkpoint
     draws the rest of the epoch, then the next. Split into whole epochs its batches straddle two

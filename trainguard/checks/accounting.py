@@ -25,8 +25,8 @@ from typing import Any
 
 from trainguard.launch.samples import SampleBatch
 
-__all__ = ["EpochAccount", "SampleAccounting", "SampleAgreement", "Segment", "account_samples", "global_batches",
-           "index_ranges", "sample_agreement", "training_batches"]
+__all__ = ["EpochAccount", "SampleAccounting", "SampleAgreement", "Segment", "account_samples", "batch_order_difference",
+           "global_batches", "index_ranges", "sample_agreement", "training_batches"]
 
 
 @dataclass(frozen=True)
@@ -313,3 +313,27 @@ def sample_agreement(reference: Mapping[int, tuple[Any, ...]],
             matched = next((t for t, b in ref.items() if b == resumed[s]), None)
             return SampleAgreement(len(steps), s, matched, len(resumed[s]), len(ref[s]))
     return SampleAgreement(len(steps))
+
+
+def batch_order_difference(one: Mapping[int, Sequence[SampleBatch]], many: Mapping[int, Sequence[SampleBatch]],
+                           *, steps: int, dataset: str | None = None) -> tuple[int, int] | None:
+    """(the first batch, batches per printed step) at which ``many`` ranks together drew other
+    samples than ``one`` rank did, batch by batch: the i-th global batch of the ranks is the
+    union of each rank's i-th. Only where a printed step spans several batches of both runs
+    (None otherwise, or when every batch agrees): the samples of a step can agree while their
+    order within it does not."""
+    single = [training_batches(b, dataset) for b in one.values()]
+    ranks = [training_batches(b, dataset) for b in many.values()]
+    single, ranks = [b for b in single if b], [b for b in ranks if b]
+    if len(single) != 1 or not ranks or steps <= 0:
+        return None
+    count = min(len(single[0]), *(len(b) for b in ranks))
+    per_step = round(count / steps)
+    if per_step < 2:
+        return None
+    for i in range(count):
+        alone = sorted(single[0][i].indices, key=repr)
+        together = sorted((x for b in ranks for x in b[i].indices), key=repr)
+        if len(alone) == len(together) and alone != together:
+            return i + 1, per_step
+    return None

@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.checks.accounting import Segment, account_samples, global_batches, sample_agreement
+from trainguard.checks.accounting import (
+    Segment,
+    account_samples,
+    batch_order_difference,
+    global_batches,
+    sample_agreement,
+)
 from trainguard.checks.diagnosis import (
     LR_METRIC,
     ResumeFacts,
@@ -637,6 +643,11 @@ def parallel_sample_cause(one: Mapping[int, Sequence[SampleBatch]], many: Mappin
     one rank did: a batch of another size, or another order; None when they drew the same."""
     agreement = sample_agreement(global_batches(one, first_step=1, steps=steps),
                                  global_batches(many, first_step=1, steps=steps))
+    if agreement is not None and agreement.same and (order := batch_order_difference(one, many, steps=steps)):
+        return PARALLEL_ORDER_CAUSE, (
+            f"the {world_size} ranks drew the same samples per printed step as 1 rank, but not batch by batch "
+            f"(first at batch {order[0]}, of {order[1]} a step): that order counts where the job updates "
+            "its weights more often than it prints a step (a printed step is an epoch)")
     if agreement is None or agreement.same:
         return None
     cause = PARALLEL_CAUSES[2] if agreement.resumed_size != agreement.reference_size else PARALLEL_ORDER_CAUSE
