@@ -331,3 +331,25 @@ def test_a_stateful_loader_with_workers_resumed_mid_epoch_records_what_it_yields
     assert by_loader[0] == yielded["first"] and by_loader[1] == yielded["resumed"]
     assert len(yielded["first"]) + len(yielded["resumed"]) == 10  # the epoch, each batch once
     assert 2 not in by_loader and len(yielded["unordered"]) == 10
+
+
+def test_a_record_is_parsed_once_until_it_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check reads one run's records for its accounting, replay and diagnosis: parsed once; a
+    record that grew (a run still writing) is read again."""
+    from trainguard.launch import samples
+
+    folder = tmp_path / "trainguard-samples"
+    folder.mkdir()
+    line = {"loader": 0, "dataset": "D(8)", "iter": 0, "batch": 0, "indices": [0, 1]}
+    record = folder / "rank0.jsonl"
+    record.write_text(json.dumps(line) + "\n")
+    parsed: list[Path] = []
+    real = samples._parse_batches
+    monkeypatch.setattr(samples, "_parse_batches", lambda path, root: parsed.append(path) or real(path, root))
+    first, second = read_samples(tmp_path), read_samples(tmp_path)
+    assert first == second and [b.indices for b in first[0]] == [[0, 1]] and len(parsed) == 1
+    first[0].clear()  # a caller's list is its own
+    assert len(read_samples(tmp_path)[0]) == 1
+    with record.open("a") as f:
+        f.write(json.dumps(line | {"batch": 1, "indices": [2, 3]}) + "\n")
+    assert [b.indices for b in read_samples(tmp_path)[0]] == [[0, 1], [2, 3]] and len(parsed) == 2

@@ -10,7 +10,10 @@ rank's main process: one line per batch a DataLoader iterator yielded,
 from __future__ import annotations
 
 import json
+import os
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,7 +75,35 @@ def read_samples(run_dir: Path) -> dict[int, list[SampleBatch]]:
     return dict(sorted(out.items()))
 
 
+#: records already read, by (path, inode, size, mtime): a check reads the same run's records for
+#: its accounting, its replay and its diagnosis; a finished run's records no longer change
+_READ: OrderedDict[tuple[str, int, int, int], list[SampleBatch]] = OrderedDict()
+_READ_LOCK = threading.Lock()
+_READ_KEPT = 32
+
+
 def _read_batches(path: Path, folder: Path) -> list[SampleBatch] | None:
+    """:func:`_parse_batches`, read once per version of the file."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    with _READ_LOCK:
+        kept = _READ.get(key)
+        if kept is not None:
+            _READ.move_to_end(key)
+            return list(kept)
+    batches = _parse_batches(path, folder)
+    if batches is not None:
+        with _READ_LOCK:
+            _READ[key] = batches
+            while len(_READ) > _READ_KEPT:
+                _READ.popitem(last=False)
+    return None if batches is None else list(batches)
+
+
+def _parse_batches(path: Path, folder: Path) -> list[SampleBatch] | None:
     """The batches of one rank's record, read as data: a regular file inside ``folder``, within
     the read limits (None when it is not one, or is over a limit); a line that is not a batch,
     or is nested too deep, is skipped."""
