@@ -3,7 +3,12 @@ uninterrupted run's, per epoch (trainguard.checks.accounting)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from trainguard.checks.accounting import Segment, account_samples, index_ranges
+from trainguard.launch import MetricPoint, RunResult
+from trainguard.launch.hook import SAMPLES_DIR
 from trainguard.launch.samples import SampleBatch
 
 DATA = "Sequences(40)"
@@ -162,3 +167,35 @@ def test_a_run_resumed_inside_what_the_job_counts_as_a_step_is_not_accounted() -
     accounting = account_samples(reference, [Segment({0: []}, 1, 0), Segment(resumed, 1, 3, "after the resume")],
                                  steps=3)
     assert not accounting.known and "resumed inside a step" in accounting.summary(), accounting.summary()
+
+
+def _attempt(tmp: Path, name: str, batches: dict[int, list[SampleBatch]], printed: range) -> RunResult:
+    """A run (or a drill's attempt) that recorded ``batches`` and printed the loss of ``printed``."""
+    folder = tmp / name / SAMPLES_DIR
+    folder.mkdir(parents=True)
+    for rank, drawn in batches.items():
+        (folder / f"rank{rank}.jsonl").write_text("".join(
+            json.dumps({"loader": b.loader, "dataset": b.dataset, "iter": b.iter, "batch": b.batch,
+                        "indices": list(b.indices)}) + "\n" for b in drawn))
+    points = [MetricPoint("loss", s, 1.0, 0, float(s)) for s in printed]
+    return RunResult("ok", [], tmp / name, 1, 0, [], points, 1.0, None)
+
+
+def test_a_drills_attempts_are_accounted_sample_by_sample(tmp_path: Path) -> None:
+    """A recover drill killed after step 6 restarts from step 5's checkpoint: the restart must
+    draw the samples of steps 6-10. One whose loader started its epoch again trains the
+    samples of steps 1-5 twice and those of 6-10 never: the attempts' accounting says so."""
+    from trainguard.drills.steps import attempts_accounting
+
+    reference = _attempt(tmp_path, "reference", _run(1, ORDER, per_rank=4, epochs=1), range(1, 11))
+    killed = _attempt(tmp_path, "attempt-0", _run(1, ORDER, per_rank=4, epochs=1, steps=6), range(1, 7))
+    resumed = _attempt(tmp_path, "attempt-1", _run(1, ORDER, per_rank=4, epochs=1, skip=5), range(6, 11))
+    exact = attempts_accounting(reference, [killed, resumed], "loss", 10)
+    assert exact is not None and exact.known and exact.ok, exact.summary()
+    again = _attempt(tmp_path, "attempt-1-again", _run(1, ORDER, per_rank=4, epochs=1, steps=5), range(6, 11))
+    lost = attempts_accounting(reference, [killed, again], "loss", 10)
+    assert lost is not None and not lost.ok
+    assert "never trained" in lost.summary() and "trained twice" in lost.summary(), lost.summary()
+    assert "after restart 1 (resumed from step 5)" in lost.summary(), lost.summary()
+    # no restart: nothing to account
+    assert attempts_accounting(reference, [killed], "loss", 10) is None

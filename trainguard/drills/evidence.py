@@ -133,6 +133,8 @@ class RecoverEvidence(DrillEvidence):
     trajectory: dict[str, Any] | Unset = UNSET
     #: the final checkpoint against the uninterrupted run's (:meth:`CheckpointDiff.as_evidence`)
     checkpoint: dict[str, Any] | Unset = UNSET
+    #: every sample once across the attempts (:meth:`SampleAccounting.as_evidence`)
+    sample_accounting: dict[str, Any] | Unset = UNSET
     fault_to_first_step_after_restart_s: float | Unset = UNSET
 
 
@@ -174,6 +176,8 @@ class FailCleanEvidence(ExitEvidence):
     lost_steps: int | Unset | None = UNSET
     trajectory: dict[str, Any] | Unset = UNSET
     checkpoint: CheckpointIntact | Unset = UNSET
+    #: every sample once across the failed attempt and the resume (:meth:`SampleAccounting.as_evidence`)
+    sample_accounting: dict[str, Any] | Unset = UNSET
 
 
 @dataclass
@@ -249,6 +253,8 @@ class SoakEvidence(Evidence):
     restarts: int
     trajectory: dict[str, Any]
     checkpoint: dict[str, Any] | Unset = UNSET
+    #: every sample once across the attempts (:meth:`SampleAccounting.as_evidence`)
+    sample_accounting: dict[str, Any] | Unset = UNSET
     likely_causes: list[str] | Unset = UNSET
     #: each scheduled fault: when it struck and what it cost
     faults: list[dict[str, Any]] | Unset = UNSET

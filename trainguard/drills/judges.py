@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
+from trainguard.checks.accounting import SampleAccounting
 from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories
 from trainguard.config import DrillSpec
 from trainguard.drills.evidence import (
@@ -37,7 +38,7 @@ from trainguard.drills.evidence import (
     Resume,
     StepRate,
 )
-from trainguard.drills.steps import judged_steps
+from trainguard.drills.steps import attempts_accounting, judged_steps
 from trainguard.evidence import UNSET, known
 from trainguard.faults.base import Fault
 from trainguard.launch import MetricPoint, RunResult
@@ -343,17 +344,21 @@ def _lost_steps(c: DrillContext) -> tuple[int, list[Resume], bool]:
     return total, per, from_scratch
 
 
-def recover_causes(resumed_from: Sequence[int | None], diff: TrajectoryDiff) -> list[str]:
+def recover_causes(resumed_from: Sequence[int | None], diff: TrajectoryDiff,
+                   accounting: SampleAccounting | None = None) -> list[str]:
     """The recover causes in the order the evidence gives: when every restart resumed from a
     checkpoint (``resumed_from``: the step each restart resumed after, 0 for one that began
     again) and the run then diverged, the state missing from that checkpoint comes first (and
-    "no checkpoint" is ruled out); the resume check names which state."""
+    "no checkpoint" is ruled out); the resume check names which state. Samples the attempts
+    trained twice or never (``accounting``) put the data position before it."""
     causes = list(DRILL_CAUSES["recover"])
     resumed = bool(resumed_from) and all(resumed_from)
     if resumed and diff.first_divergent_step is not None:
         state = next(c for c in causes if c.startswith("state missing"))
         causes = [state + " -- `trainguard check --only resume` reads the checkpoint and names "
                   "what is missing"] + [c for c in causes if c is not state and not c.startswith("no checkpoint")]
+    if accounting is not None and accounting.known and not accounting.ok:
+        causes.insert(0, f"the data position not saved or not restored: {accounting.summary()}")
     return causes
 
 
@@ -391,13 +396,19 @@ def judge_recover(c: DrillContext) -> Judgement:
         problems.append(f"{lost} steps of progress lost (max_lost_steps {spec.max_lost_steps})")
     if run.ok:
         problems += recovered_run_problems(c, spec, diff, evidence)
+    accounting = attempts_accounting(c.reference, run.attempts, c.metric, spec.steps)
+    if accounting is not None and accounting.known:
+        evidence.sample_accounting = accounting.as_evidence()
+        if not accounting.ok:
+            problems.append(accounting.summary())
     first = run.attempts[0]
     detected = evidence.detected_after_s
     what = (f"{spec.fault} on rank {spec.rank} after step {c.info.injected_step}: "
             f"attempt 0 {first.outcome} ({c.fault.classify(first) if not first.ok else 'no failure'}"
             f"{f', detected after {detected:.2f} s' if detected is not None else ''})")
     if problems:
-        evidence.likely_causes = recover_causes([r.resumed_from_step for r in per_restart], diff)
+        evidence.likely_causes = recover_causes([r.resumed_from_step for r in per_restart], diff,
+                                                accounting)
         return Judgement("failed", f"{what}; " + "; ".join(problems), evidence)
     recovery = None
     if c.info.injected_mono is not None and c.info.first_step_after_restart_mono is not None:
@@ -503,6 +514,11 @@ def judge_fail_clean(c: DrillContext) -> Judgement:
         if spec.max_lost_steps is not None and lost is not None and lost > spec.max_lost_steps:
             problems.append(f"{lost} steps of progress lost (max_lost_steps {spec.max_lost_steps})")
         evidence.checkpoint = CheckpointIntact(intact=intact, resumed_from_step=resumed_from)
+        accounting = attempts_accounting(c.reference, [first, verify], c.metric, spec.steps)
+        if accounting is not None and accounting.known:
+            evidence.sample_accounting = accounting.as_evidence()
+            if not accounting.ok:
+                problems.append(accounting.summary())
     how = c.fault.classify(first) if not first.ok else "completed"
     what = (f"{spec.fault} on rank {spec.rank} after step {info.injected_step}: {how}"
             + (f" {exit_after:.2f} s after the fault" if exit_after is not None and not first.ok else ""))

@@ -35,7 +35,7 @@ from trainguard.config import DrillSpec
 from trainguard.config.faults import fault_class
 from trainguard.drills.evidence import SoakEvidence
 from trainguard.drills.judges import diff_problem, recover_causes
-from trainguard.drills.steps import judged_steps
+from trainguard.drills.steps import attempts_accounting, judged_steps
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.faults.soak import SoakEvent, SoakFault, soak_seeds
 from trainguard.launch import Launcher, MetricPoint, RunResult
@@ -313,10 +313,15 @@ def _judge(spec: DrillSpec, run: SupervisedRun, records: list[FaultRecord], refe
         evidence.checkpoint = state.as_evidence()
         if state.compared and not state.ok:
             problems.append(f"the final checkpoint differs from the uninterrupted run's in {state.summary()}")
+    accounting = attempts_accounting(reference, run.attempts, metric, spec.steps)
+    if accounting is not None and accounting.known:
+        evidence.sample_accounting = accounting.as_evidence()
+        if not accounting.ok:
+            problems.append(accounting.summary())
     if problems:
         resumed_from = [0 if rec.first_new_step <= start else rec.first_new_step - 1
                         for rec in records if rec.first_new_step is not None]
-        evidence.likely_causes = recover_causes(resumed_from, diff)
+        evidence.likely_causes = recover_causes(resumed_from, diff, accounting)
         return "failed", problems, evidence
     if failed_inject or missed:
         words = [f"fault {r.event.index} ({r.event.kind}) could not be injected: {r.error}" for r in failed_inject]
