@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -515,3 +516,19 @@ def test_a_fault_whose_target_was_gone_because_the_run_finished_came_too_late() 
     running = _context(KILL, [_result("failed", _points(range(1, 8)), failed_rank=0)])
     running.info.inject_failed = "WorkerNotHere: no worker of rank 1"
     assert judge_recover(running)[1].startswith("the fault could not be injected after step 6")
+
+
+def test_fail_clean_on_a_job_that_trained_through_the_fault_blames_no_checkpoint(tmp_path: Path) -> None:
+    """On an H200 an OOM drill's job trained on to its last step: the verdict said so, and then
+    resumed from its final checkpoint, read no line and blamed "a checkpoint overwritten in
+    place". A job that completed has no resume to verify."""
+    (tmp_path / "rank0.stderr.log").write_text("")
+    done = _result("ok", _points(range(1, 13)), run_dir=tmp_path)
+    runner = _VerifyRunner(_result("ok", []))
+    runner.job_file = SimpleNamespace(job=SimpleNamespace(is_ray_train=False, max_restarts=0))  # type: ignore[attr-defined]
+    status, summary, evidence = judge_fail_clean(_context(FAIL, [done], runner=runner))
+    assert status == "failed" and "the job completed (exit 0) despite the fault" in summary, summary
+    assert runner.calls == [] and "overwritten" not in summary and "no `loss` line" not in summary
+    from trainguard.drills.judges import DRILL_CAUSES
+
+    assert evidence.likely_causes[0] == DRILL_CAUSES["fail_clean"][1]

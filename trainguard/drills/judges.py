@@ -481,12 +481,18 @@ def judge_fail_clean(c: DrillContext) -> Judgement:
     first = c.run.attempts[0]
     problems = exit_problems(c, evidence)
     exit_after = known(evidence.exit_after_s)
-    # the latest checkpoint must be intact: resume from it with the fault removed
-    verify = c.runner.run(c.request, label=f"drill-{spec.name}-verify", resume=True,
-                          checkpoint_dir=c.checkpoint_dir)
-    evidence.verification = attempt_evidence(verify, c.fault)
     done = max((p.step for p in first.points if p.name == c.metric), default=0)
-    if not verify.ok:
+    if first.ok and done >= spec.steps:
+        # it trained to its last step despite the fault: no resume to verify (one from its final
+        # checkpoint prints nothing, and that is no torn checkpoint)
+        verify = None
+    else:  # the latest checkpoint must be intact: resume from it with the fault removed
+        verify = c.runner.run(c.request, label=f"drill-{spec.name}-verify", resume=True,
+                              checkpoint_dir=c.checkpoint_dir)
+        evidence.verification = attempt_evidence(verify, c.fault)
+    if verify is None:
+        pass
+    elif not verify.ok:
         problems.append(f"the resume run from the latest checkpoint (fault removed) failed: "
                         f"{verify.reason} -- the checkpoint is not usable")
         evidence.checkpoint = CheckpointIntact(intact=False, why=verify.reason)
