@@ -169,6 +169,9 @@ def test_check_with_an_unknown_only_name_exits_2(jobs: Path) -> None:
     done = run_cli("check", jobs / "toy.trainguard.yaml", "--only", "smoke", "--only", "bogus")
     assert_usage_error(done, "toy.trainguard.yaml", "unknown check name(s) bogus", "known: smoke")
     assert not (jobs / ".trainguard" / "report.json").exists()  # nothing ran
+    # a comma-separated list is split: the unknown one is named alone
+    done = run_cli("check", jobs / "toy.trainguard.yaml", "--only", "smoke,bogus")
+    assert_usage_error(done, "unknown check name(s) bogus;", "known: smoke")
 
 
 def test_bad_arguments_exit_2_with_usage() -> None:

@@ -156,3 +156,10 @@ def world_sizes(value: str) -> list[int]:
             "separated by commas, e.g. 1,2,4"
         )
     return sizes
+
+
+def only_names(values: Sequence[str] | None) -> list[str] | None:
+    """``--only`` as given, repeated or comma-separated (``--only smoke,resume``)."""
+    if not values:
+        return None
+    return [name.strip() for value in values for name in value.split(",") if name.strip()] or None

@@ -18,7 +18,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainguard._version import __version__
-from trainguard.cli.args import SEED_HELP, dashdash_value, nonempty_path, seconds, seed
+from trainguard.cli.args import SEED_HELP, dashdash_value, nonempty_path, only_names, seconds, seed
 from trainguard.errors import ConfigError, TrainguardError
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--only",
         metavar="NAME",
         action="append",
-        help="run only this check (repeatable): smoke, canary, determinism, resume, parallel, "
+        help="run only this check (repeatable, or comma-separated): smoke, canary, determinism, resume, parallel, "
         "reshard, profile, drills (all drills), drill:NAME (one drill)",
     )
     check.add_argument(
@@ -291,7 +291,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     report = check(
         args.config,
-        only=args.only,
+        only=only_names(args.only),
         seed=args.seed,
         report_json=args.report_json,
         echo=echo if args.verbose else None,
@@ -380,7 +380,7 @@ def _drill_parser(sub: Any, command: str, what: str, seed_help: str, **texts: st
     parser = sub.add_parser(command, **texts)
     parser.add_argument("config", metavar="CONFIG", type=nonempty_path,
                         help="job file, or a directory holding trainguard.yaml")
-    parser.add_argument("--only", metavar="NAME", action="append", help=f"run only this {what} (repeatable)")
+    parser.add_argument("--only", metavar="NAME", action="append", help=f"run only this {what} (repeatable, or comma-separated)")
     parser.add_argument("--report-json", metavar="PATH", type=nonempty_path,
                         help=f"where to write the report (default: .trainguard/{what}{'s' if what == 'drill' else ''}"
                         "-report.json next to the job file)")
@@ -413,7 +413,7 @@ def _cmd_drill(args: argparse.Namespace) -> int:
 
     run = soak if args.command == "soak" else drill
     report = run(
-        args.config, only=args.only, report_json=args.report_json, seed=args.seed,
+        args.config, only=only_names(args.only), report_json=args.report_json, seed=args.seed,
         echo=echo if args.verbose else None, on_result=show,
     )
     _print_unwritten(report)

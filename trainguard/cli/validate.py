@@ -11,7 +11,7 @@ import argparse
 import json
 from typing import Any
 
-from trainguard.cli.args import nonempty_path
+from trainguard.cli.args import nonempty_path, only_names
 
 __all__ = ["add_parser", "run"]
 
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from trainguard.session.plan import make_plan
     from trainguard.session.session import session_settings
 
-    plan = make_plan(args.config, session_settings(), only=args.only)
+    plan = make_plan(args.config, session_settings(), only=only_names(args.only))
     if args.json:
         print(json.dumps(plan.as_dict(), indent=2))
     else:
