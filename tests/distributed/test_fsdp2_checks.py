@@ -232,11 +232,13 @@ _NO_FUSE = fuse_unavailable()
 
 # an async save's "latest" marker written when the save is issued, not when it completes: a
 # kill during the save leaves a committed checkpoint that is not all on disk
+# (committed before the save is issued, so the marker is on disk whenever the kill lands: committed
+# after it, the kill of rank 1 could come before rank 0 wrote the marker, and the drill passed)
 MARKER_BEFORE_ASYNC_SAVE_DONE: list[Patch] = [
     ("self.pending = (dcp.async_save(state, checkpoint_id=str(path), process_group=self.group), path)",
-     "self.pending = (dcp.async_save(state, checkpoint_id=str(path), process_group=self.group), path)\n"
-     "            path.mkdir(parents=True, exist_ok=True)\n"
-     "            self._commit(path)  # planted: committed when issued"),
+     "path.mkdir(parents=True, exist_ok=True)\n"
+     "            self._commit(path)  # planted: committed when issued\n"
+     "            self.pending = (dcp.async_save(state, checkpoint_id=str(path), process_group=self.group), path)"),
     ("            future.result()\n            self._commit(path)", "            future.result()"),
 ]
 
