@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard._internal.signals import signals_deferred
+from trainguard.faults.fusejournal import Journal
 
 __all__ = ["POLICIES", "RULE_OPS", "FuseLayer", "fuse_unavailable", "serve"]
 
@@ -316,6 +317,23 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
             record(op, errno.errorcode.get(int(code), "e" + str(code)).lower(), path, **extra)
             raise fuse.FuseOSError(int(code))
 
+    journal = Journal(events)
+
+    def change(op: str) -> Any:
+        """Before a call that changes the file system: the armed rules (None: not armed); EIO
+        once the ``crash`` rule has struck."""
+        now = armed()
+        if now is not None:
+            code = journal.before(now[0], now[1])
+            if code:
+                raise fuse.FuseOSError(code)
+        return now
+
+    def done(now: Any, op: str, path: str, **extra: Any) -> None:
+        """After it: the ``record`` / ``crash`` rules count it (fusejournal)."""
+        if now is not None:
+            journal.after(now[0], now[1], op, path, _tgid(fuse.fuse_get_context()[2]), **extra)
+
     def real(path: str) -> str:
         return os.path.join(backing, path.lstrip("/"))
 
@@ -352,8 +370,10 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
             return os.readlink(real(path))
 
         def mkdir(self, path: str, mode: int) -> int:
+            now = change("mkdir")
             deny("mkdir", path)
             os.mkdir(real(path), mode)
+            done(now, "mkdir", path)
             return 0
 
         def mknod(self, path: str, mode: int, dev: int) -> int:
@@ -362,23 +382,33 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
             return 0
 
         def rmdir(self, path: str) -> int:
+            now = change("rmdir")
             os.rmdir(real(path))
+            done(now, "rmdir", path)
             return 0
 
         def unlink(self, path: str) -> int:
+            now = change("unlink")
             os.unlink(real(path))
+            done(now, "unlink", path)
             return 0
 
         def symlink(self, target: str, source: str) -> int:
+            now = change("symlink")
             os.symlink(source, real(target))
+            done(now, "symlink", target)
             return 0
 
         def link(self, target: str, source: str) -> int:
+            now = change("link")
             os.link(real(source), real(target))
+            done(now, "link", source, to=target)
             return 0
 
         def rename(self, old: str, new: str, flags: int = 0) -> int:
+            now = change("rename")
             os.rename(real(old), real(new))
+            done(now, "rename", old, to=new)
             return 0
 
         def chmod(self, path: str, mode: int, fh: int | None = None) -> int:
@@ -396,24 +426,32 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
         def truncate(self, path: str, length: int, fh: int | None = None) -> int:
             target: int | str = fh if fh is not None and fh > 0 else real(path)
             size = os.fstat(target).st_size if isinstance(target, int) else os.stat(target).st_size
+            now = change("truncate")
             if length > size:
                 deny("truncate_grow", path or "", length=length)
             os.truncate(target, length)
+            done(now, "truncate", path or "", length=length)
             return 0
 
         def open(self, path: str, flags: int) -> int:
             return os.open(real(path), flags)
 
         def create(self, path: str, mode: int, fi: Any = None) -> int:
-            return os.open(real(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            now = change("create")
+            fh = os.open(real(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            done(now, "create", path)
+            return fh
 
         def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
             deny("read", path, bytes=size)
             return os.pread(fh, size, offset)
 
         def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+            now = change("write")
             deny("write", path, bytes=len(data))
-            return os.pwrite(fh, data, offset)
+            written = os.pwrite(fh, data, offset)
+            done(now, "write", path, bytes=written, offset=offset)
+            return written
 
         def fallocate(self, path: str, mode: int, offset: int, size: int, fh: int) -> int:
             deny("fallocate", path, bytes=size)
@@ -442,15 +480,19 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
             return 0
 
         def fsync(self, path: str, datasync: int, fh: int) -> int:
+            now = change("fsync")
             deny("fsync", path, datasync=bool(datasync))
             if datasync:
                 os.fdatasync(fh)
             else:
                 os.fsync(fh)
+            done(now, "fdatasync" if datasync else "fsync", path)
             return 0
 
         def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
+            now = change("fsyncdir")
             deny("fsync", path, directory=True)
+            done(now, "fsyncdir", path)
             return 0
 
     return fuse, Passthrough()

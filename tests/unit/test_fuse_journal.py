@@ -1,0 +1,105 @@
+"""The FUSE daemon's journal (trainguard.faults.fusejournal) through a real mount: every
+operation of a writer recorded as a boundary, and a crash right after one of them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
+from trainguard.faults.fusejournal import boundary_path
+
+# a save as careful writers make it: a temp file, written, fsynced, renamed, the directory fsynced
+WRITER = """
+import os, sys, time
+d = sys.argv[1]
+time.sleep(float(sys.argv[2]))
+tmp = os.path.join(d, "ckpt.pt.tmp")
+with open(tmp, "wb", buffering=0) as f:
+    f.write(b"a" * 100)
+    f.write(b"b" * 100)
+    os.fsync(f.fileno())
+os.replace(tmp, os.path.join(d, "ckpt.pt"))
+fd = os.open(d, os.O_RDONLY)
+os.fsync(fd)
+os.close(fd)
+print("saved", flush=True)
+"""
+
+
+@pytest.fixture
+def layer(tmp_path: Path) -> Any:
+    why = fuse_unavailable()
+    if why is not None:
+        pytest.skip(f"no FUSE layer on this machine: {why}")
+    layer = FuseLayer(tmp_path / "backing", tmp_path / "mnt", policy="rules", state_dir=tmp_path)
+    layer.mount()
+    try:
+        yield layer
+    finally:
+        assert layer.unmount() is None
+
+
+def _writer(layer: FuseLayer, delay: float) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(layer.point), str(delay)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _ops(layer: FuseLayer) -> list[tuple[int, str, str, int]]:
+    return [(e["rank"], e["path"], e["op"], e["ordinal"]) for e in layer.read_events() if e["event"] == "op"]
+
+
+def test_temp_names_are_named_alike_in_every_run() -> None:
+    assert boundary_path("/ckpt/tmpa1b2_c3d.pt") == "/ckpt/tmp*.pt"
+    assert boundary_path("/step_000010/.COMPLETE.tmp") == "/step_000010/.COMPLETE.tmp"
+    assert boundary_path("/x-0f8fad5b-d9cb-469f-a165-70867728950e.bin") == "/x-*.bin"
+
+
+@pytest.mark.timeout(60)
+def test_a_save_is_recorded_boundary_by_boundary_and_crashed_right_after_one(layer: FuseLayer) -> None:
+    child = _writer(layer, 1.0)
+    layer.arm({"record": {"ranks": {str(child.pid): 0}}})
+    out, _ = child.communicate(timeout=30)
+    assert child.returncode == 0 and "saved" in out
+    ops = _ops(layer)
+    assert ops == [
+        (0, "/ckpt.pt.tmp", "create", 1), (0, "/ckpt.pt.tmp", "write", 1), (0, "/ckpt.pt.tmp", "write", 2),
+        (0, "/ckpt.pt.tmp", "fsync", 1), (0, "/ckpt.pt.tmp", "rename", 1), (0, "/", "fsyncdir", 1),
+    ], ops
+    rename = next(e for e in layer.read_events() if e.get("op") == "rename")
+    assert rename["to"] == "/ckpt.pt"
+    # crash right after the first write: the second never reaches the disk, no rename happens
+    layer.disarm()
+    (layer.backing / "ckpt.pt").unlink()
+    layer.events.unlink()
+    child = _writer(layer, 1.0)
+    layer.arm({"crash": {"ranks": {str(child.pid): 0}, "at": {"rank": 0, "path": "/ckpt.pt.tmp", "op": "write",
+                                                              "ordinal": 1},
+                         "kill": [os.getpgid(child.pid)]}})
+    child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL
+    crashed = [e for e in layer.read_events() if e["event"] == "crashed"]
+    assert len(crashed) == 1 and crashed[0]["op"] == "write"
+    assert (layer.backing / "ckpt.pt.tmp").read_bytes() == b"a" * 100
+    assert not (layer.backing / "ckpt.pt").exists()
+    # after the crash nothing changes the disk until the rules change
+    with pytest.raises(OSError, match="Input/output error"):
+        (layer.point / "later.txt").write_text("x")
+    layer.disarm()
+    (layer.point / "later.txt").write_text("x")
+    assert (layer.backing / "later.txt").read_text() == "x"
+
+
+@pytest.mark.timeout(30)
+def test_operations_of_other_processes_are_not_boundaries(layer: FuseLayer) -> None:
+    layer.arm({"record": {"ranks": {"999999999": 0}}})
+    (layer.point / "mine.txt").write_text("not the job's")
+    time.sleep(0.1)
+    assert _ops(layer) == []
