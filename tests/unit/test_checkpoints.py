@@ -33,7 +33,7 @@ from trainguard.unit.checkpoints import (
     latest_complete_checkpoint,
     read_checkpoint,
 )
-from trainguard.unit.checkpoints.files import load_safetensors, read_safetensors_file
+from trainguard.unit.checkpoints.safetensors_file import load_safetensors, read_safetensors_file
 
 _DTYPE_CODES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
                 torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL"}

@@ -55,6 +55,7 @@ REGISTERED: list[str] = [
     "trainguard.checks.equivalence:PARALLEL",
     "trainguard.checks.reshard:RESHARD",
     "trainguard.profiling.check:PROFILE",
+    "trainguard.drills.crash_points:CRASH_POINTS",
     "trainguard.drills.check:DRILLS",
 ]
 

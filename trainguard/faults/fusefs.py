@@ -327,12 +327,13 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
             code = journal.before(now[0], now[1])
             if code:
                 raise fuse.FuseOSError(code)
-        return now
+            return (*now, time.time())
+        return None
 
     def done(now: Any, op: str, path: str, **extra: Any) -> None:
         """After it: the ``record`` / ``crash`` rules count it (fusejournal)."""
         if now is not None:
-            journal.after(now[0], now[1], op, path, _tgid(fuse.fuse_get_context()[2]), **extra)
+            journal.after(now[0], now[1], op, path, _tgid(fuse.fuse_get_context()[2]), t0=now[2], **extra)
 
     def real(path: str) -> str:
         return os.path.join(backing, path.lstrip("/"))
@@ -434,7 +435,12 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
             return 0
 
         def open(self, path: str, flags: int) -> int:
-            return os.open(real(path), flags)
+            if not flags & os.O_TRUNC or not flags & (os.O_WRONLY | os.O_RDWR):
+                return os.open(real(path), flags)
+            now = change("truncate")  # an existing file opened with O_TRUNC: emptied in place
+            fh = os.open(real(path), flags)
+            done(now, "truncate", path, length=0)
+            return fh
 
         def create(self, path: str, mode: int, fi: Any = None) -> int:
             now = change("create")

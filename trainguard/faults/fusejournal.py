@@ -3,18 +3,20 @@ right after one of them (the ``crash_points`` check, docs/crash-points.md).
 
 Armed through the ``rules`` trigger of :mod:`trainguard.faults.fusefs`:
 
-* ``record``: ``{"ranks": {"<pid>": rank, ...}}``: every operation that changes the file system
-  (:data:`BOUNDARY_OPS`) made by a rank's process or a process it started is written as an ``op``
-  event: the rank, the file (relative to the mount, a temporary file's random name written as
-  ``tmp*``), the operation, its ordinal among that rank's operations of that kind on that file,
-  and for a rename its destination. A *boundary* is ``(rank, file, op, ordinal)``: it names the
-  same moment of a save in a later run of the same job, whatever other files were written
-  meanwhile.
-* ``crash``: ``{"ranks": ..., "at": {"rank", "path", "op", "ordinal"}, "kill": [pgid, ...]}``:
-  counts as ``record`` does; right after the operation ``at`` names has been done, every process
-  group in ``kill`` gets SIGKILL (the caller dies inside its call, when the daemon answers), a
-  ``crashed`` event is written, and every later operation that would change the file system
-  fails with EIO: nothing after the boundary reaches the disk.
+* ``record``: ``{"run": id}``: every operation that changes the file system
+  (:data:`BOUNDARY_OPS`) is written as an ``op`` event: the rank (the ``RANK`` in the calling
+  process's environment, 0 without one; with ``"ranks": {"<pid>": rank}``, only those processes
+  and the ones they started), the file (relative to the mount, a temporary file's random name
+  written as ``tmp*``), the operation, its ordinal among that rank's operations of that kind on
+  that file, and for a rename its destination. A *boundary* is ``(rank, file, op, ordinal)``: armed
+  before the job starts, it names the same moment of a save in every run of the same job,
+  whatever other files were written meanwhile. The counts start again when ``run`` changes (not
+  when the rule is rewritten: the ``kill`` list below is added once the ranks are known).
+* ``crash``: ``{"run": id, "at": {"rank", "path", "op", "ordinal"}, "kill": [pgid, ...]}``:
+  counts as ``record`` does; right after the operation ``at`` names has been done, the caller's
+  process group and every one in ``kill`` get SIGKILL (the caller dies inside its call, when the
+  daemon answers), a ``crashed`` event is written, and every later operation that would change
+  the file system fails with EIO: nothing after the boundary reaches the disk.
 
 This module runs in the daemon only and imports nothing of trainguard's.
 """
@@ -47,6 +49,18 @@ def boundary_path(path: str) -> str:
     return _RANDOM.sub(lambda m: "tmp*" if m.group().startswith("tmp") else "*", path)
 
 
+def _env_rank(pid: int) -> int:
+    """The ``RANK`` in process ``pid``'s environment (0 without one: a one-process job)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as env:
+            for item in env.read().split(b"\0"):
+                if item.startswith(b"RANK="):
+                    return int(item[5:])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def _parent(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status") as status:
@@ -71,8 +85,11 @@ class Journal:
         if self.key != key:
             self.key, self.counts, self.written, self.crashed, self.ranks_of = key, {}, 0, False, {}
 
-    def _rank(self, pid: int, ranks: dict[str, Any]) -> int | None:
+    def _rank(self, pid: int, ranks: dict[str, Any] | None) -> int | None:
         if pid in self.ranks_of:
+            return self.ranks_of[pid]
+        if ranks is None:
+            self.ranks_of[pid] = _env_rank(pid)
             return self.ranks_of[pid]
         found, walk = None, pid
         for _ in range(16):
@@ -89,10 +106,15 @@ class Journal:
         with contextlib.suppress(OSError), open(self.events, "a", encoding="utf-8") as out:
             out.write(json.dumps(line) + "\n")
 
+    @staticmethod
+    def _run(key: Any, rules: dict[str, Any]) -> Any:
+        spec = rules.get("crash") or rules.get("record")
+        return spec.get("run", key) if isinstance(spec, dict) else key
+
     def before(self, key: Any, rules: dict[str, Any]) -> int | None:
         """The errno a call that would change the file system gets (after a crash: EIO)."""
         with self.lock:
-            self._reset(key)
+            self._reset(self._run(key, rules))
             return errno.EIO if self.crashed and rules.get("crash") else None
 
     def after(self, key: Any, rules: dict[str, Any], op: str, path: str, pid: int, **extra: Any) -> None:
@@ -100,9 +122,9 @@ class Journal:
         spec = rules.get("crash") or rules.get("record")
         if not isinstance(spec, dict):
             return
-        ranks = spec.get("ranks") or {}
+        ranks = spec.get("ranks")
         with self.lock:
-            self._reset(key)
+            self._reset(self._run(key, rules))
             if self.crashed:
                 return
             rank = self._rank(pid, ranks)
@@ -124,8 +146,11 @@ class Journal:
                 return
             self.crashed = True
             assert isinstance(crash, dict)
-            for group in crash.get("kill") or []:
-                with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+            groups = list(crash.get("kill") or [])
+            with contextlib.suppress(OSError):
+                groups.insert(0, os.getpgid(pid))
+            for group in groups:
+                with contextlib.suppress(ProcessLookupError, PermissionError, OSError, ValueError):
                     os.killpg(int(group), signal.SIGKILL)
             self._emit({"event": "crashed", "op": op, "path": name, "rank": rank, "ordinal": ordinal,
                         "t": time.time()})

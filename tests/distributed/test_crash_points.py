@@ -1,0 +1,98 @@
+"""checks.crash_points on a tiny job whose only point is how it writes its checkpoint
+(tests/data/jobs/save_writer.py, a save every 5 steps): each boundary of the first save after
+step 7 crashed and resumed.
+
+The default run holds the clean writer (temp file, fsync, rename, directory fsync: every
+boundary safe) and the planted one (``ckpt.json`` truncated and written in place: unsafe at its
+first operation, the fix named); the other writers are ``slow``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainguard.drills.crash_points import Boundary, choose_boundaries
+from trainguard.faults.fusefs import fuse_unavailable
+from trainguard.report import CheckResult
+from trainguard.session import check
+
+WRITER = Path(__file__).resolve().parents[1] / "data" / "jobs" / "save_writer.py"
+_NO_FUSE = fuse_unavailable()
+needs_fuse = pytest.mark.skipif(_NO_FUSE is not None, reason=f"no FUSE layer here: {_NO_FUSE}")
+
+JOB = """\
+job:
+  name: writer-{writer}
+  command: "python {script} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --writer {writer} --sleep 0.1"
+  resume_args: "--resume"
+  metrics:
+    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
+  timeout: 60
+  stall_timeout: 20
+checks:
+  crash_points: {{steps: 20, after_step: 7}}
+"""
+
+
+def _crash_points(tmp_path: Path, writer: str) -> CheckResult:
+    path = tmp_path / "trainguard.yaml"
+    path.write_text(JOB.format(writer=writer, script=WRITER))
+    report = check(path, only=["crash_points"], report_json=str(tmp_path / "report.json"))
+    (result,) = report.checks
+    # the report on disk says what the result says
+    saved = json.loads((tmp_path / "report.json").read_text())["checks"][0]
+    assert saved["status"] == result.status
+    return result
+
+
+@needs_fuse
+@pytest.mark.timeout(240)
+def test_a_writer_that_renames_a_synced_temp_file_is_safe_at_every_boundary(tmp_path: Path) -> None:
+    result = _crash_points(tmp_path, "atomic")
+    assert result.status == "passed", result.summary
+    ev = result.evidence
+    assert ev["boundaries_found"] == ev["boundaries_explored"] == 7, ev["by_op"]
+    assert ev["by_op"] == {"create": 1, "write": 3, "fsync": 1, "rename": 1, "fsyncdir": 1}
+    # before the rename the restart resumes from the checkpoint before the save, after it from the
+    # save's own (the save at step 10, or at 15 when the line of step 7 was read late)
+    resumed = [o["resumed_from_step"] for o in ev["outcomes"]]
+    assert resumed[0] in (5, 10) and resumed == [resumed[0]] * 5 + [resumed[0] + 5] * 2, ev["outcomes"]
+
+
+@needs_fuse
+@pytest.mark.timeout(240)
+def test_a_checkpoint_written_in_place_is_unsafe_from_its_first_operation(tmp_path: Path) -> None:
+    result = _crash_points(tmp_path, "inplace")
+    assert result.status == "failed", result.summary
+    first = result.evidence["first_unsafe"]
+    assert (first["op"], first["path"], first["outcome"]) == ("truncate", "/ckpt.json", "crashed on load"), first
+    assert "JSONDecodeError" in first["detail"]
+    assert "rename it over the old one" in result.evidence["fix"]
+
+
+@needs_fuse
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("writer", "status", "first_op"), [("rename", "passed", None),
+                                                              ("unlink-first", "failed", "unlink")])
+def test_other_writers_in_kill_mode(tmp_path: Path, writer: str, status: str, first_op: str | None) -> None:
+    result = _crash_points(tmp_path, writer)
+    assert result.status == status, result.summary
+    if first_op is not None:
+        assert result.evidence["first_unsafe"]["op"] == first_op
+        assert result.evidence["first_unsafe"]["outcome"] == "began again"
+
+
+def test_above_the_limit_every_other_operation_first_then_writes_spread_over_each_file() -> None:
+    found = [Boundary(0, "/a.tmp", "create", 1)]
+    found += [Boundary(0, "/a.tmp", "write", i) for i in range(1, 21)]
+    found += [Boundary(0, "/a.tmp", "fsync", 1), Boundary(0, "/a.tmp", "rename", 1, "/a")]
+    assert choose_boundaries(found, 100) == found
+    chosen = choose_boundaries(found, 8)
+    assert len(chosen) == 8 and chosen == sorted(chosen, key=found.index)
+    assert {b.op for b in chosen} == {"create", "write", "fsync", "rename"}
+    writes = [b.ordinal for b in chosen if b.op == "write"]
+    assert writes[0] == 1 and 20 in writes and len(writes) == 5
+    assert len(choose_boundaries(found, 2)) == 2

@@ -1,0 +1,340 @@
+"""``checks.crash_points``: every crash point of one checkpoint save, explored
+(docs/crash-points.md).
+
+A FUSE layer (:mod:`trainguard.faults.fusefs`) lies over the checkpoint directory. One run of the
+job records every file operation its ranks make from step ``after_step`` on, through the save
+that follows (:mod:`trainguard.faults.fusejournal`): each operation is a *boundary*, named
+``(rank, file, op, ordinal)``. Then, for each boundary (all of them up to ``max_boundaries``; above
+it every operation that is not a write, then writes spread over each file, the counts reported),
+a fresh run of the job is crashed right after that boundary (SIGKILL to every rank from the
+daemon; nothing after it reaches the disk) and restarted with ``resume_args``. Each restart is
+judged against the uninterrupted run:
+
+* ``safe``: it resumed from a checkpoint and matched the uninterrupted run from there;
+* ``crashed on load``: the restart failed (a torn file it could not read);
+* ``torn``: it resumed and diverged from the uninterrupted run (it loaded a torn checkpoint);
+* ``began again``: it started from the first step although an earlier crash point resumed;
+* ``went back``: it resumed from an older checkpoint than a crash at an earlier boundary of the
+  same save did (the save destroyed a checkpoint that was complete);
+* ``not reached``: the run never made that operation (the job's saves differ between runs).
+
+The first unsafe boundary is named with its operation and the fix. Kill mode only: what the
+kernel had accepted stays (a process crash, not a power loss).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from trainguard.checks.equivalence import compare_trajectories, progress_metric
+from trainguard.config.checks import CheckSpec
+from trainguard.config.problems import resume_problems
+from trainguard.config.registry import Check, Run
+from trainguard.evidence import Evidence
+from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
+from trainguard.launch import Launcher, MetricPoint, RunResult
+from trainguard.launch.metrics import aligned_trajectories, first_step
+from trainguard.launch.rundir import new_run_dir
+from trainguard.report import CheckResult, SkipReason
+from trainguard.run.runner import JobRunner
+
+__all__ = ["CRASH_POINTS", "Boundary", "CrashPointsCheck", "choose_boundaries", "run_crash_points"]
+
+_NAME = "crash_points"
+
+
+class CrashPointsCheck(CheckSpec):
+    """``checks.crash_points``: the save after ``after_step``, crashed after each of its file
+    operations in turn, each crash resumed and compared with the uninterrupted run."""
+
+    steps: int = Field(20, ge=2)
+    after_step: int = Field(ge=1)
+    #: a save is a burst of file operations: each starting at most this long after the one
+    #: before ended (keep it below the time between two saves)
+    gap_s: float = Field(0.1, gt=0, le=60)
+    max_boundaries: int = Field(16, ge=1, le=1000)
+    mode: Literal["kill"] = "kill"
+    rtol: float = Field(0.0, ge=0)
+    atol: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _room_after(self) -> CrashPointsCheck:
+        if self.after_step >= self.steps:
+            raise ValueError(f"after_step ({self.after_step}) must be smaller than steps ({self.steps}): the "
+                             "save after it must happen, and steps after it be compared")
+        return self
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """One file operation of the save: ``op`` (create, write, fsync, rename, ...) number
+    ``ordinal`` of that kind by rank ``rank`` on ``path`` (relative to the checkpoint directory)."""
+
+    rank: int
+    path: str
+    op: str
+    ordinal: int
+    to: str | None = None
+
+    def words(self) -> str:
+        what = f"{self.op} #{self.ordinal} of {self.path}" if self.op == "write" else f"{self.op} of {self.path}"
+        if self.op not in ("write",) and self.ordinal > 1:
+            what = f"{self.op} #{self.ordinal} of {self.path}"
+        if self.to:
+            what += f" -> {self.to}"
+        return f"rank {self.rank}: after {what}"
+
+    def as_rule(self) -> dict[str, Any]:
+        return {"rank": self.rank, "path": self.path, "op": self.op, "ordinal": self.ordinal}
+
+
+def choose_boundaries(found: list[Boundary], limit: int) -> list[Boundary]:
+    """All of ``found`` up to ``limit``; above it every operation that is not a write first (in
+    order), then writes spread evenly over the rest (the first and last of each file first)."""
+    if len(found) <= limit:
+        return list(found)
+    chosen = [b for b in found if b.op != "write"][:limit]
+    writes = [b for b in found if b.op == "write"]
+    ends: list[Boundary] = []
+    for path in dict.fromkeys(b.path for b in writes):
+        mine = [b for b in writes if b.path == path]
+        ends += [mine[0]] + ([mine[-1]] if len(mine) > 1 else [])
+    rest = [b for b in writes if b not in ends]
+    room = limit - len(chosen)
+    picked = ends[:room]
+    room -= len(picked)
+    if room > 0 and rest:
+        stride = len(rest) / room
+        picked += [rest[int(i * stride)] for i in range(min(room, len(rest)))]
+    keep = set(chosen) | set(picked)
+    return [b for b in found if b in keep]
+
+
+@dataclass
+class CrashPointsEvidence(Evidence):
+    """The save's boundaries and what a crash after each did."""
+
+    mode: str
+    after_step: int
+    boundaries_found: int = 0
+    boundaries_explored: int = 0
+    #: boundaries found per operation kind
+    by_op: dict[str, int] = field(default_factory=dict)
+    #: one row per explored boundary: its words, outcome, resumed_from_step, detail
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
+    first_unsafe: dict[str, Any] | None = None
+    fix: str | None = None
+    runs: int = 0
+    work_dir: str = ""
+
+
+def _fix(boundary: Boundary, outcome: str, renamed: set[str]) -> str:
+    """The fix for the first unsafe boundary, from what it did."""
+    if boundary.op in ("create", "write", "truncate") and boundary.path not in renamed:
+        return ("write the checkpoint to a temporary file in the same directory and rename it over "
+                "the old one (os.replace) once it is complete: the save overwrote it in place")
+    if boundary.op == "unlink":
+        return "delete the previous checkpoint only after the new one is complete and renamed into place"
+    if outcome == "began again":
+        return "keep the previous checkpoint until the new one is complete"
+    return ("make the checkpoint complete before anything points at it: write, fsync, then rename "
+            "(or write its completion marker last)")
+
+
+def _clear(folder: Path) -> None:
+    for entry in list(folder.iterdir()) if folder.is_dir() else []:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+
+
+class _Watch:
+    """The metric callback of a recording or crash run. The rule is armed before the job starts
+    (so a boundary's ordinal counts from the start, whatever the lag of the job's output); once
+    the ranks are known the crash rule is rewritten with their process groups to kill. It keeps
+    the arrival time of every step line."""
+
+    def __init__(self, layer: FuseLayer, metric: str, rule: str, spec: dict[str, Any]) -> None:
+        self.layer, self.metric, self.rule, self.spec = layer, metric, rule, spec
+        self.arrivals: list[tuple[int, float]] = []
+        self._told = False
+        layer.arm({rule: spec})
+
+    def __call__(self, point: MetricPoint, launcher: Launcher) -> None:
+        if point.name != self.metric:
+            return
+        self.arrivals.append((point.step, time.time()))
+        if not self._told and self.rule == "crash":
+            self._told = True
+            self.layer.arm({self.rule: {**self.spec, "kill": [r.pid for r in launcher.ranks]}})
+
+
+def _save_ops(events: list[dict[str, Any]], arrivals: list[tuple[int, float]], after_step: int,
+              gap_s: float) -> tuple[list[Boundary], bool]:
+    """The boundaries of the first save that began after the line of step ``after_step`` arrived:
+    a burst of operations, each starting at most ``gap_s`` after the one before ended (whole: a
+    line that arrives late, inside a save, leaves that save to the next one; a slow fsync does
+    not split one); and whether anything was written before it."""
+    ops = [e for e in events if e.get("event") == "op"]
+    seen = [t for step, t in arrivals if step >= after_step]
+    if not ops or not seen:
+        return [], False
+    bursts: list[list[dict[str, Any]]] = []
+    for e in ops:
+        if bursts and float(e.get("t0", e["t"])) - float(bursts[-1][-1]["t"]) <= gap_s:
+            bursts[-1].append(e)
+        else:
+            bursts.append([e])
+    index = next((i for i, b in enumerate(bursts) if float(b[0].get("t0", b[0]["t"])) > seen[0]), None)
+    if index is None:
+        return [], True
+    save = [Boundary(int(e["rank"]), str(e["path"]), str(e["op"]), int(e["ordinal"]), e.get("to"))
+            for e in bursts[index]]
+    return save, index > 0
+
+
+def run_crash_points(runner: JobRunner, spec: CrashPointsCheck) -> CheckResult:
+    started = time.monotonic()
+    why = fuse_unavailable()
+    if why is not None:
+        return CheckResult(_NAME, "skipped", f"{why}: crash_points records and crashes the job's saves in a "
+                           "FUSE layer over its checkpoint directory (root, /dev/fuse, libfuse3, mfusepy)",
+                           {}, time.monotonic() - started, skip_reason=SkipReason.NEEDS_ROOT)
+    metric = progress_metric(runner)
+    request = runner.request_for(spec)
+    reference = runner.reference(request)
+    if not reference.ok:
+        return CheckResult(_NAME, "error", f"the uninterrupted run did not complete: {reference.reason}",
+                           {"reference_run_dir": str(reference.run_dir)}, time.monotonic() - started)
+    base = first_step(reference.points, metric)
+    work = new_run_dir(runner.job_file.state_dir, runner.job_file.job.name, "crash-points", keep=runner.settings.keep_runs)
+    layer = FuseLayer(work / "backing", work / "mnt", policy="rules", state_dir=work)
+    evidence = CrashPointsEvidence(mode=spec.mode, after_step=spec.after_step, work_dir=str(work))
+    try:
+        layer.mount()
+    except RuntimeError as exc:
+        return CheckResult(_NAME, "skipped", str(exc), evidence.to_dict(), time.monotonic() - started,
+                           skip_reason=SkipReason.UNAVAILABLE)
+    try:
+        return _explore(runner, spec, request, reference, metric, base, layer, evidence, started)
+    finally:
+        problem = layer.unmount()
+        if problem:
+            evidence.outcomes.append({"boundary": "unmount", "outcome": "error", "detail": problem})
+
+
+def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference: RunResult, metric: str,
+             base: int, layer: FuseLayer, evidence: CrashPointsEvidence, started: float) -> CheckResult:
+    watch = _Watch(layer, metric, "record", {"run": "record"})
+    recorded = runner.run(request, label="crash-points-record", checkpoint_dir=layer.point, on_metric=watch)
+    evidence.runs += 1
+    layer.disarm()
+    found, had_checkpoint = _save_ops(layer.read_events(), watch.arrivals, spec.after_step, spec.gap_s)
+    if not recorded.ok or not found:
+        why = (f"the recording run did not complete: {recorded.reason}" if not recorded.ok else
+               f"no save under the checkpoint directory began after trainguard read step {spec.after_step}: "
+               "does the job save during the run, to {checkpoint_dir}, with steps left after after_step?")
+        return CheckResult(_NAME, "error", why, evidence.to_dict(), time.monotonic() - started)
+    chosen = choose_boundaries(found, spec.max_boundaries)
+    evidence.boundaries_found, evidence.boundaries_explored = len(found), len(chosen)
+    for b in found:
+        evidence.by_op[b.op] = evidence.by_op.get(b.op, 0) + 1
+    renamed = {b.path for b in found if b.op == "rename"}
+    resumed_before: int | None = base - 1 if had_checkpoint else None
+    unsafe: tuple[Boundary, dict[str, Any]] | None = None
+    for number, boundary in enumerate(chosen):
+        row = _crash_and_resume(number, runner, spec, request, reference, metric, base, layer, boundary, resumed_before)
+        evidence.runs += row.pop("runs")
+        evidence.outcomes.append(row)
+        if row["outcome"] == "safe":
+            resumed_before = max(resumed_before if resumed_before is not None else -1, row["resumed_from_step"])
+        elif unsafe is None and row["outcome"] != "not reached":
+            unsafe = (boundary, row)
+    duration = time.monotonic() - started
+    explored = (f"{len(chosen)} of {len(found)} boundaries of the save after step {spec.after_step} "
+                f"({', '.join(f'{n} {op}' for op, n in evidence.by_op.items())})")
+    if unsafe is not None:
+        boundary, row = unsafe
+        evidence.first_unsafe = row
+        evidence.fix = _fix(boundary, row["outcome"], renamed)
+        return CheckResult(_NAME, "failed", f"{explored} explored in {evidence.runs} runs; first unsafe: "
+                           f"{row['boundary']}: {row['outcome']} ({row['detail']}). Fix: {evidence.fix}",
+                           evidence.to_dict(), duration)
+    missed = [r for r in evidence.outcomes if r["outcome"] == "not reached"]
+    if missed and len(missed) == len(evidence.outcomes):
+        return CheckResult(_NAME, "error", f"{explored}: no crash run reached its boundary (the job's saves "
+                           f"differ from run to run: {missed[0]['detail']})", evidence.to_dict(), duration)
+    note = f"; {len(missed)} not reached" if missed else ""
+    return CheckResult(_NAME, "passed", f"{explored} explored in {evidence.runs} runs: a crash after each "
+                       f"resumed and matched the uninterrupted run{note}", evidence.to_dict(), duration)
+
+
+def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, request: Any, reference: RunResult,
+                      metric: str, base: int, layer: FuseLayer, boundary: Boundary,
+                      resumed_before: int | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"boundary": boundary.words(), "op": boundary.op, "path": boundary.path,
+                           "rank": boundary.rank, "ordinal": boundary.ordinal, "runs": 1}
+    _clear(layer.backing)
+    with contextlib.suppress(FileNotFoundError):
+        layer.events.unlink()
+    watch = _Watch(layer, metric, "crash", {"run": f"crash-{number}", "at": boundary.as_rule()})
+    crashed_run = runner.run(request, label="crash-points-crash", checkpoint_dir=layer.point, on_metric=watch)
+    crashed = [e for e in layer.read_events() if e.get("event") == "crashed"]
+    layer.disarm()
+    if not crashed:
+        row.update(outcome="not reached", resumed_from_step=None,
+                   detail=f"the crash run never made that operation ({crashed_run.outcome})")
+        return row
+    resumed = runner.run(request, label="crash-points-resume", resume=True, checkpoint_dir=layer.point)
+    row["runs"] += 1
+    steps = sorted({p.step for p in resumed.points if p.name == metric})
+    resumed_from = steps[0] - 1 if steps else None
+    row["resumed_from_step"] = resumed_from
+    if not resumed.ok:
+        last = next((ln.strip() for ln in reversed(resumed.stderr_tail.splitlines()) if ln.strip()), "")
+        row.update(outcome="crashed on load", detail=f"the restart failed: {resumed.reason}"
+                   + (f" ({last[:200]})" if last else ""))
+        return row
+    if resumed_from is None:
+        row.update(outcome="crashed on load", detail=f"the restart printed no `{metric}` line")
+        return row
+    if resumed_from < base and resumed_before is not None:
+        row.update(outcome="began again", detail=f"the restart began at step {base}: the save left no "
+                   "checkpoint to resume from, though there was one before it")
+        return row
+    actual, expected = aligned_trajectories(resumed.points, reference.points, metric)
+    diff = compare_trajectories(actual, expected, metric=metric, steps=range(resumed_from + 1, spec.steps + 1),
+                                rtol=spec.rtol, atol=spec.atol)
+    if not diff.ok:
+        where = (f"diverges at step {diff.first_divergent_step}" if diff.first_divergent_step is not None
+                 else f"misses steps {diff.missing_in_actual[:5]}")
+        row.update(outcome="torn", detail=f"resumed from step {resumed_from} and {metric} {where}: it loaded "
+                   "a checkpoint the crash left half written")
+        return row
+    if resumed_before is not None and resumed_from < resumed_before:
+        row.update(outcome="went back", detail=f"resumed from step {resumed_from}, older than the step "
+                   f"{resumed_before} a crash at an earlier boundary resumed from: the save destroyed a "
+                   "complete checkpoint")
+        return row
+    row.update(outcome="safe", detail=f"resumed from step {resumed_from} and matched")
+    return row
+
+
+#: crash_points: every crash point of one save (docs/crash-points.md)
+CRASH_POINTS: Check[CrashPointsCheck] = Check(
+    _NAME, CrashPointsCheck, run=run_crash_points,
+    runs=lambda spec, ctx: ([Run("reference", reference=True), Run("record the save"),
+                             Run(f"a crash and a resume per boundary (at most {spec.max_boundaries})")],
+                            "every crash point must resume and match the reference"),
+    requires=lambda spec, facts: resume_problems(facts, f"checks.{_NAME}"),
+    gate_default=False,
+)
