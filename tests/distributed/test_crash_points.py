@@ -3,8 +3,9 @@
 step 7 crashed and resumed.
 
 The default run holds the clean writer (temp file, fsync, rename, directory fsync: every
-boundary safe) and the planted one (``ckpt.json`` truncated and written in place: unsafe at its
-first operation, the fix named); the other writers are ``slow``."""
+boundary safe), the one written in place (unsafe at its first operation, the fix named) and the
+one that renames without any fsync in power-loss mode (it loses even the checkpoint before the
+save); the clean writer in power-loss mode and the other writers in kill mode are ``slow``."""
 
 from __future__ import annotations
 
@@ -32,13 +33,13 @@ job:
   timeout: 60
   stall_timeout: 20
 checks:
-  crash_points: {{steps: 20, after_step: 7}}
+  crash_points: {{steps: 20, after_step: 7, mode: {mode}}}
 """
 
 
-def _crash_points(tmp_path: Path, writer: str) -> CheckResult:
+def _crash_points(tmp_path: Path, writer: str, mode: str = "kill") -> CheckResult:
     path = tmp_path / "trainguard.yaml"
-    path.write_text(JOB.format(writer=writer, script=WRITER))
+    path.write_text(JOB.format(writer=writer, script=WRITER, mode=mode))
     report = check(path, only=["crash_points"], report_json=str(tmp_path / "report.json"))
     (result,) = report.checks
     # the report on disk says what the result says
@@ -96,3 +97,27 @@ def test_above_the_limit_every_other_operation_first_then_writes_spread_over_eac
     writes = [b.ordinal for b in chosen if b.op == "write"]
     assert writes[0] == 1 and 20 in writes and len(writes) == 5
     assert len(choose_boundaries(found, 2)) == 2
+
+
+@needs_fuse
+@pytest.mark.timeout(240)
+def test_a_writer_without_fsync_loses_its_checkpoints_to_a_power_loss(tmp_path: Path) -> None:
+    """Safe from a process crash (the slow test below), not from a power loss: nothing it wrote
+    was ever durable, the checkpoint before the save included."""
+    result = _crash_points(tmp_path, "rename", "power")
+    assert result.status == "failed", result.summary
+    first = result.evidence["first_unsafe"]
+    assert first["outcome"] == "began again" and first["undone"] > 0, first
+    assert "fsync /ckpt.json.tmp before renaming it" in result.evidence["fix"]
+    assert "fsync the directory after renaming into /ckpt.json" in result.evidence["fix"]
+
+
+@needs_fuse
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_careful_writer_survives_a_power_loss_at_every_boundary(tmp_path: Path) -> None:
+    result = _crash_points(tmp_path, "atomic", "power")
+    assert result.status == "passed", result.summary
+    resumed = [o["resumed_from_step"] for o in result.evidence["outcomes"]]
+    # until the directory's fsync a power loss forgets the rename: only the last resumes the save's
+    assert resumed[:-1] == [resumed[0]] * 6 and resumed[-1] == resumed[0] + 5, result.evidence["outcomes"]

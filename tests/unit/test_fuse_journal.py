@@ -103,3 +103,44 @@ def test_operations_of_other_processes_are_not_boundaries(layer: FuseLayer) -> N
     (layer.point / "mine.txt").write_text("not the job's")
     time.sleep(0.1)
     assert _ops(layer) == []
+
+
+def test_a_power_loss_drops_what_was_not_made_durable(tmp_path: Path) -> None:
+    """PowerLoss without a mount: the operations done on the backing directory as the daemon
+    does them, the undo log kept before each, fsyncs making data and entries durable."""
+    from trainguard.faults.fusejournal import PowerLoss
+
+    back = tmp_path / "back"
+    back.mkdir()
+    (back / "ckpt.pt").write_bytes(b"old")  # durable before the save
+    power = PowerLoss(str(back), str(tmp_path / "copies"))
+
+    def op(name: str, path: str, do: Any, to: str | None = None) -> None:
+        power.before(name, path, to)
+        do()
+
+    op("create", "/ckpt.pt.tmp", lambda: (back / "ckpt.pt.tmp").write_bytes(b""))
+    op("write", "/ckpt.pt.tmp", lambda: (back / "ckpt.pt.tmp").write_bytes(b"new"))
+    # no fsync of the file, no fsync of the directory: the rename and the data are both lost
+    op("rename", "/ckpt.pt.tmp", lambda: os.replace(back / "ckpt.pt.tmp", back / "ckpt.pt"), to="/ckpt.pt")
+    assert power.drop() == 3
+    assert sorted(p.name for p in back.iterdir()) == ["ckpt.pt"] and (back / "ckpt.pt").read_bytes() == b"old"
+    # fsynced data, renamed, the directory not fsynced: the old file comes back
+    op("create", "/ckpt.pt.tmp", lambda: (back / "ckpt.pt.tmp").write_bytes(b""))
+    op("write", "/ckpt.pt.tmp", lambda: (back / "ckpt.pt.tmp").write_bytes(b"new"))
+    power.durable("fsync", "/ckpt.pt.tmp", os.stat(back / "ckpt.pt.tmp").st_ino)
+    op("rename", "/ckpt.pt.tmp", lambda: os.replace(back / "ckpt.pt.tmp", back / "ckpt.pt"), to="/ckpt.pt")
+    power.drop()
+    assert (back / "ckpt.pt").read_bytes() == b"old" and not (back / "ckpt.pt.tmp").exists()
+    # and once the directory is fsynced too, the new checkpoint survives
+    op("create", "/ckpt.pt.tmp", lambda: (back / "ckpt.pt.tmp").write_bytes(b""))
+    op("write", "/ckpt.pt.tmp", lambda: (back / "ckpt.pt.tmp").write_bytes(b"new"))
+    power.durable("fsync", "/ckpt.pt.tmp", os.stat(back / "ckpt.pt.tmp").st_ino)
+    op("rename", "/ckpt.pt.tmp", lambda: os.replace(back / "ckpt.pt.tmp", back / "ckpt.pt"), to="/ckpt.pt")
+    power.durable("fsyncdir", "/", None)
+    assert power.drop() == 0 and (back / "ckpt.pt").read_bytes() == b"new"
+    # data written in place and never synced goes back to what the file held
+    op("truncate", "/ckpt.pt", lambda: (back / "ckpt.pt").write_bytes(b""))
+    op("write", "/ckpt.pt", lambda: (back / "ckpt.pt").write_bytes(b"torn"))
+    power.drop()
+    assert (back / "ckpt.pt").read_bytes() == b"new"

@@ -18,8 +18,11 @@ judged against the uninterrupted run:
   same save did (the save destroyed a checkpoint that was complete);
 * ``not reached``: the run never made that operation (the job's saves differ between runs).
 
-The first unsafe boundary is named with its operation and the fix. Kill mode only: what the
-kernel had accepted stays (a process crash, not a power loss).
+The first unsafe boundary is named with its operation and the fix. ``mode: kill`` is a process
+crash: what the kernel had accepted stays. ``mode: power`` is a power loss: at the crash the
+daemon also drops what was not durable (:class:`~trainguard.faults.fusejournal.PowerLoss`: data
+not fsynced, directory entries whose directory was not fsynced), one pessimistic state per
+boundary.
 """
 
 from __future__ import annotations
@@ -60,7 +63,9 @@ class CrashPointsCheck(CheckSpec):
     #: before ended (keep it below the time between two saves)
     gap_s: float = Field(0.1, gt=0, le=60)
     max_boundaries: int = Field(16, ge=1, le=1000)
-    mode: Literal["kill"] = "kill"
+    #: ``kill``: a process crash (what the kernel accepted stays); ``power``: a power loss (data
+    #: not fsynced and directory entries whose directory was not fsynced are dropped)
+    mode: Literal["kill", "power"] = "kill"
     rtol: float = Field(0.0, ge=0)
     atol: float = Field(0.0, ge=0)
 
@@ -135,8 +140,34 @@ class CrashPointsEvidence(Evidence):
     work_dir: str = ""
 
 
-def _fix(boundary: Boundary, outcome: str, renamed: set[str]) -> str:
+def _unsynced(found: list[Boundary]) -> tuple[list[str], list[str]]:
+    """Files renamed with data never fsynced before the rename; renames whose destination's
+    directory was not fsynced after them."""
+    data, entries = [], []
+    for i, b in enumerate(found):
+        if b.op != "rename":
+            continue
+        if not any(o.op in ("fsync", "fdatasync") and o.path == b.path for o in found[:i]):
+            data.append(b.path)
+        folder = (b.to or "/").rsplit("/", 1)[0] or "/"
+        if not any(o.op == "fsyncdir" and (o.path.rstrip("/") or "/") == folder for o in found[i + 1:]):
+            entries.append(b.to or b.path)
+    return data, entries
+
+
+def _fix(boundary: Boundary, outcome: str, renamed: set[str], mode: str, found: list[Boundary]) -> str:
     """The fix for the first unsafe boundary, from what it did."""
+    if mode == "power":
+        data, entries = _unsynced(found)
+        fixes = []
+        if data:
+            fixes.append(f"fsync {', '.join(data[:2])} before renaming it (os.fsync on the open file): a power "
+                         "loss drops data never synced, and the rename publishes an empty or short file")
+        if entries:
+            fixes.append(f"fsync the directory after renaming into {', '.join(entries[:2])} (os.open the "
+                         "directory, os.fsync): until then a power loss forgets the rename")
+        if fixes:
+            return "; ".join(fixes)
     if boundary.op in ("create", "write", "truncate") and boundary.path not in renamed:
         return ("write the checkpoint to a temporary file in the same directory and rename it over "
                 "the old one (os.replace) once it is complete: the save overwrote it in place")
@@ -265,7 +296,7 @@ def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference:
     if unsafe is not None:
         boundary, row = unsafe
         evidence.first_unsafe = row
-        evidence.fix = _fix(boundary, row["outcome"], renamed)
+        evidence.fix = _fix(boundary, row["outcome"], renamed, spec.mode, found)
         return CheckResult(_NAME, "failed", f"{explored} explored in {evidence.runs} runs; first unsafe: "
                            f"{row['boundary']}: {row['outcome']} ({row['detail']}). Fix: {evidence.fix}",
                            evidence.to_dict(), duration)
@@ -286,7 +317,10 @@ def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, re
     _clear(layer.backing)
     with contextlib.suppress(FileNotFoundError):
         layer.events.unlink()
-    watch = _Watch(layer, metric, "crash", {"run": f"crash-{number}", "at": boundary.as_rule()})
+    rule: dict[str, Any] = {"run": f"crash-{number}", "at": boundary.as_rule()}
+    if spec.mode == "power":
+        rule.update(mode="power", snapshots=str(layer.trigger.parent / "power-copies" / str(number)))
+    watch = _Watch(layer, metric, "crash", rule)
     crashed_run = runner.run(request, label="crash-points-crash", checkpoint_dir=layer.point, on_metric=watch)
     crashed = [e for e in layer.read_events() if e.get("event") == "crashed"]
     layer.disarm()
@@ -294,6 +328,9 @@ def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, re
         row.update(outcome="not reached", resumed_from_step=None,
                    detail=f"the crash run never made that operation ({crashed_run.outcome})")
         return row
+    if spec.mode == "power":  # the copies the undo needed
+        shutil.rmtree(layer.trigger.parent / "power-copies" / str(number), ignore_errors=True)
+        row["undone"] = crashed[0].get("undone")
     resumed = runner.run(request, label="crash-points-resume", resume=True, checkpoint_dir=layer.point)
     row["runs"] += 1
     steps = sorted({p.step for p in resumed.points if p.name == metric})
@@ -309,7 +346,8 @@ def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, re
         return row
     if resumed_from < base and resumed_before is not None:
         row.update(outcome="began again", detail=f"the restart began at step {base}: the save left no "
-                   "checkpoint to resume from, though there was one before it")
+                   "checkpoint to resume from, though there was one before it" + (
+                       " (a power loss also drops a checkpoint that was never fsynced)" if spec.mode == "power" else ""))
         return row
     actual, expected = aligned_trajectories(resumed.points, reference.points, metric)
     diff = compare_trajectories(actual, expected, metric=metric, steps=range(resumed_from + 1, spec.steps + 1),

@@ -317,14 +317,14 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
             record(op, errno.errorcode.get(int(code), "e" + str(code)).lower(), path, **extra)
             raise fuse.FuseOSError(int(code))
 
-    journal = Journal(events)
+    journal = Journal(events, backing)
 
-    def change(op: str) -> Any:
+    def change(op: str, path: str = "", to: str | None = None) -> Any:
         """Before a call that changes the file system: the armed rules (None: not armed); EIO
         once the ``crash`` rule has struck."""
         now = armed()
         if now is not None:
-            code = journal.before(now[0], now[1])
+            code = journal.before(now[0], now[1], op, path, to)
             if code:
                 raise fuse.FuseOSError(code)
             return (*now, time.time())
@@ -337,6 +337,12 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
 
     def real(path: str) -> str:
         return os.path.join(backing, path.lstrip("/"))
+
+    def _fd_path(fh: int | None) -> str:
+        """The path under the mount of an open file (an ftruncate names none)."""
+        with contextlib.suppress(OSError, TypeError):
+            return "/" + os.path.relpath(os.readlink(f"/proc/self/fd/{fh}"), backing)
+        return ""
 
     def oserror(exc: OSError) -> Any:
         return fuse.FuseOSError(exc.errno or errno.EIO)
@@ -371,7 +377,7 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
             return os.readlink(real(path))
 
         def mkdir(self, path: str, mode: int) -> int:
-            now = change("mkdir")
+            now = change("mkdir", path)
             deny("mkdir", path)
             os.mkdir(real(path), mode)
             done(now, "mkdir", path)
@@ -383,31 +389,31 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
             return 0
 
         def rmdir(self, path: str) -> int:
-            now = change("rmdir")
+            now = change("rmdir", path)
             os.rmdir(real(path))
             done(now, "rmdir", path)
             return 0
 
         def unlink(self, path: str) -> int:
-            now = change("unlink")
+            now = change("unlink", path)
             os.unlink(real(path))
             done(now, "unlink", path)
             return 0
 
         def symlink(self, target: str, source: str) -> int:
-            now = change("symlink")
+            now = change("symlink", target, target)
             os.symlink(source, real(target))
             done(now, "symlink", target)
             return 0
 
         def link(self, target: str, source: str) -> int:
-            now = change("link")
+            now = change("link", source, target)
             os.link(real(source), real(target))
             done(now, "link", source, to=target)
             return 0
 
         def rename(self, old: str, new: str, flags: int = 0) -> int:
-            now = change("rename")
+            now = change("rename", old, new)
             os.rename(real(old), real(new))
             done(now, "rename", old, to=new)
             return 0
@@ -427,7 +433,7 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
         def truncate(self, path: str, length: int, fh: int | None = None) -> int:
             target: int | str = fh if fh is not None and fh > 0 else real(path)
             size = os.fstat(target).st_size if isinstance(target, int) else os.stat(target).st_size
-            now = change("truncate")
+            now = change("truncate", path or _fd_path(fh))
             if length > size:
                 deny("truncate_grow", path or "", length=length)
             os.truncate(target, length)
@@ -437,13 +443,13 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
         def open(self, path: str, flags: int) -> int:
             if not flags & os.O_TRUNC or not flags & (os.O_WRONLY | os.O_RDWR):
                 return os.open(real(path), flags)
-            now = change("truncate")  # an existing file opened with O_TRUNC: emptied in place
+            now = change("truncate", path)  # an existing file opened with O_TRUNC: emptied in place
             fh = os.open(real(path), flags)
             done(now, "truncate", path, length=0)
             return fh
 
         def create(self, path: str, mode: int, fi: Any = None) -> int:
-            now = change("create")
+            now = change("create", path)
             fh = os.open(real(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
             done(now, "create", path)
             return fh
@@ -453,7 +459,7 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
             return os.pread(fh, size, offset)
 
         def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
-            now = change("write")
+            now = change("write", path)
             deny("write", path, bytes=len(data))
             written = os.pwrite(fh, data, offset)
             done(now, "write", path, bytes=written, offset=offset)
@@ -486,17 +492,17 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
             return 0
 
         def fsync(self, path: str, datasync: int, fh: int) -> int:
-            now = change("fsync")
+            now = change("fsync", path)
             deny("fsync", path, datasync=bool(datasync))
             if datasync:
                 os.fdatasync(fh)
             else:
                 os.fsync(fh)
-            done(now, "fdatasync" if datasync else "fsync", path)
+            done(now, "fdatasync" if datasync else "fsync", path, ino=os.fstat(fh).st_ino)
             return 0
 
         def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
-            now = change("fsyncdir")
+            now = change("fsyncdir", path)
             deny("fsync", path, directory=True)
             done(now, "fsyncdir", path)
             return 0
@@ -525,8 +531,11 @@ def serve(argv: list[str] | None = None) -> int:
                 os._exit(0)
 
     threading.Thread(target=watch_parent, daemon=True).start()
+    # rules: the kernel caches no entry or attribute (a power-loss crash changes the backing
+    # directory behind the mount's back, and the restart must see what the crash left)
+    fresh = {"entry_timeout": 0, "attr_timeout": 0, "negative_timeout": 0} if args.policy == "rules" else {}
     fuse.FUSE(ops, args.point, foreground=True, allow_other=True, nothreads=False,
-              fsname="trainguard-fuse")
+              fsname="trainguard-fuse", **fresh)
     return 0
 
 

@@ -16,7 +16,9 @@ Armed through the ``rules`` trigger of :mod:`trainguard.faults.fusefs`:
   counts as ``record`` does; right after the operation ``at`` names has been done, the caller's
   process group and every one in ``kill`` get SIGKILL (the caller dies inside its call, when the
   daemon answers), a ``crashed`` event is written, and every later operation that would change
-  the file system fails with EIO: nothing after the boundary reaches the disk.
+  the file system fails with EIO: nothing after the boundary reaches the disk. With ``"mode":
+  "power"`` and ``"snapshots": dir``, the crash is a power loss (:class:`PowerLoss`): what was not
+  yet durable is undone first.
 
 This module runs in the daemon only and imports nothing of trainguard's.
 """
@@ -28,12 +30,13 @@ import errno
 import json
 import os
 import re
+import shutil
 import signal
 import threading
 import time
 from typing import Any
 
-__all__ = ["BOUNDARY_OPS", "Journal", "boundary_path"]
+__all__ = ["BOUNDARY_OPS", "Journal", "PowerLoss", "boundary_path"]
 
 #: the operations that change the file system, each a boundary of a save
 BOUNDARY_OPS = ("create", "write", "truncate", "fsync", "fdatasync", "fsyncdir", "rename", "link",
@@ -69,11 +72,108 @@ def _parent(pid: int) -> int:
         return 0
 
 
+class PowerLoss:
+    """What a power loss would drop, kept as an undo log, and dropped at the crash: one
+    pessimistic crash state per boundary (not every subset of what was pending).
+
+    * a file's data written (or truncated) since its last ``fsync``/``fdatasync`` goes back to
+      what it held then (a copy is kept at the first change after each sync);
+    * a directory entry made or removed since its directory's last ``fsync`` (a create, a
+      rename, a link, an unlink, a mkdir, an rmdir) is undone; a rename counts as durable once
+      its destination's directory is synced.
+    """
+
+    def __init__(self, backing: str, snapshots: str) -> None:
+        self.backing, self.snapshots = backing, snapshots
+        self.log: list[tuple[Any, ...]] = []
+        self.pending: set[int] = set()
+        self.copies = 0
+        os.makedirs(snapshots, exist_ok=True)
+
+    def _real(self, path: str) -> str:
+        return os.path.join(self.backing, path.lstrip("/"))
+
+    def _copy(self, path: str) -> str | None:
+        real = self._real(path)
+        if not os.path.isfile(real):
+            return None
+        self.copies += 1
+        keep = os.path.join(self.snapshots, str(self.copies))
+        shutil.copyfile(real, keep)
+        return keep
+
+    @staticmethod
+    def _dir(path: str) -> str:
+        return os.path.dirname(path.rstrip("/")) or "/"
+
+    def _content(self, path: str) -> None:
+        with contextlib.suppress(OSError):
+            ino = os.stat(self._real(path)).st_ino
+            if ino not in self.pending:
+                self.pending.add(ino)
+                self.log.append(("content", path, ino, self._copy(path)))
+
+    def before(self, op: str, path: str, to: str | None) -> None:
+        """Keep what an operation about to be done would need to be undone."""
+        if op in ("write", "truncate"):
+            self._content(path)
+        elif op == "create":
+            if os.path.exists(self._real(path)):
+                self._content(path)
+            else:
+                self.log.append(("created", path, self._dir(path)))
+        elif op == "unlink":
+            self.log.append(("unlinked", path, self._copy(path), self._dir(path)))
+        elif op == "rename" and to is not None:
+            self.log.append(("renamed", path, to, self._copy(to), self._dir(to)))
+        elif op in ("mkdir", "rmdir"):
+            self.log.append((op, path, self._dir(path)))
+        elif op in ("link", "symlink") and to is not None:
+            self.log.append(("linked", to, self._dir(to)))
+
+    def durable(self, op: str, path: str, ino: int | None) -> None:
+        """An fsync made a file's data durable, a directory's fsync its entries."""
+        if op in ("fsync", "fdatasync") and ino is not None:
+            self.pending.discard(ino)
+            self.log = [e for e in self.log if not (e[0] == "content" and e[2] == ino)]
+        elif op == "fsyncdir":
+            here = path.rstrip("/") or "/"
+            self.log = [e for e in self.log if e[0] == "content" or e[-1] != here]
+
+    def drop(self) -> int:
+        """Undo what was not durable, newest first; how many changes were undone."""
+        undone = 0
+        for entry in reversed(self.log):
+            kind, path = entry[0], self._real(entry[1])
+            with contextlib.suppress(OSError):
+                if kind in ("content", "unlinked"):
+                    keep = entry[3] if kind == "content" else entry[2]
+                    if keep is None:
+                        os.truncate(path, 0)
+                    else:
+                        shutil.copyfile(keep, path)
+                elif kind in ("created", "linked"):
+                    os.unlink(path)
+                elif kind == "renamed":
+                    os.rename(self._real(entry[2]), path)
+                    if entry[3] is not None:
+                        shutil.copyfile(entry[3], self._real(entry[2]))
+                elif kind == "mkdir":
+                    shutil.rmtree(path)
+                elif kind == "rmdir":
+                    os.mkdir(path)
+                undone += 1
+        self.log, self.pending = [], set()
+        return undone
+
+
 class Journal:
     """The ``record`` and ``crash`` rules, applied around the passthrough's calls."""
 
-    def __init__(self, events: str) -> None:
+    def __init__(self, events: str, backing: str = "") -> None:
         self.events = events
+        self.backing = backing
+        self.power: PowerLoss | None = None
         self.lock = threading.Lock()
         self.key: Any = None
         self.counts: dict[tuple[int, str, str], int] = {}
@@ -81,9 +181,12 @@ class Journal:
         self.crashed = False
         self.ranks_of: dict[int, int | None] = {}
 
-    def _reset(self, key: Any) -> None:
+    def _reset(self, key: Any, rules: dict[str, Any]) -> None:
         if self.key != key:
             self.key, self.counts, self.written, self.crashed, self.ranks_of = key, {}, 0, False, {}
+            crash = rules.get("crash")
+            self.power = (PowerLoss(self.backing, str(crash["snapshots"])) if isinstance(crash, dict)
+                          and crash.get("mode") == "power" and crash.get("snapshots") and self.backing else None)
 
     def _rank(self, pid: int, ranks: dict[str, Any] | None) -> int | None:
         if pid in self.ranks_of:
@@ -111,11 +214,17 @@ class Journal:
         spec = rules.get("crash") or rules.get("record")
         return spec.get("run", key) if isinstance(spec, dict) else key
 
-    def before(self, key: Any, rules: dict[str, Any]) -> int | None:
-        """The errno a call that would change the file system gets (after a crash: EIO)."""
+    def before(self, key: Any, rules: dict[str, Any], op: str = "", path: str = "",
+               to: str | None = None) -> int | None:
+        """The errno a call that would change the file system gets (after a crash: EIO); in
+        power-loss mode, what undoing it would need is kept first."""
         with self.lock:
-            self._reset(self._run(key, rules))
-            return errno.EIO if self.crashed and rules.get("crash") else None
+            self._reset(self._run(key, rules), rules)
+            if self.crashed and rules.get("crash"):
+                return errno.EIO
+            if self.power is not None and op:
+                self.power.before(op, path, to)
+            return None
 
     def after(self, key: Any, rules: dict[str, Any], op: str, path: str, pid: int, **extra: Any) -> None:
         """Count the operation just done; crash right after it when it is the boundary."""
@@ -124,9 +233,12 @@ class Journal:
             return
         ranks = spec.get("ranks")
         with self.lock:
-            self._reset(self._run(key, rules))
+            self._reset(self._run(key, rules), rules)
             if self.crashed:
                 return
+            if self.power is not None and op in ("fsync", "fdatasync", "fsyncdir"):
+                self.power.durable(op, path, extra.pop("ino", None))
+            extra.pop("ino", None)
             rank = self._rank(pid, ranks)
             if rank is None:
                 return
@@ -152,5 +264,6 @@ class Journal:
             for group in groups:
                 with contextlib.suppress(ProcessLookupError, PermissionError, OSError, ValueError):
                     os.killpg(int(group), signal.SIGKILL)
+            dropped = self.power.drop() if self.power is not None else None
             self._emit({"event": "crashed", "op": op, "path": name, "rank": rank, "ordinal": ordinal,
-                        "t": time.time()})
+                        "t": time.time(), **({"undone": dropped} if dropped is not None else {})})
