@@ -109,7 +109,7 @@ PLANTED: dict[str, tuple[list[Patch], list[str], str]] = {
     ),
     # Megatron-LM PR 6858: every rank saves its RNG state under one key; the sharded save keeps one
     "rng_saved_from_one_rank": (
-        [('out["rng"] = {f"rank{rank}": torch.get_rng_state()}', 'out["rng"] = {"cpu": torch.get_rng_state()}'),
+        [('out["rng"] = {f"rank{rank}": rng_state}', 'out["rng"] = {"cpu": rng_state}'),
          ('torch.set_rng_state(target["rng"][f"rank{rank}"])', 'torch.set_rng_state(target["rng"]["cpu"])')],
         ["loss diverges"],
         "rng",
