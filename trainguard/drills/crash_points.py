@@ -370,9 +370,12 @@ def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, re
 #: crash_points: every crash point of one save (docs/crash-points.md)
 CRASH_POINTS: Check[CrashPointsCheck] = Check(
     _NAME, CrashPointsCheck, run=run_crash_points,
+    # every launch it may make, so the plan's worst case is right: a crash and a resume per boundary
     runs=lambda spec, ctx: ([Run("reference", reference=True), Run("record the save"),
-                             Run(f"a crash and a resume per boundary (at most {spec.max_boundaries})")],
-                            "every crash point must resume and match the reference"),
+                             *(Run(f"{what} {i}") for i in range(1, spec.max_boundaries + 1)
+                               for what in ("crash after boundary", "resume after crash"))],
+                            f"a crash after each boundary of the save (at most {spec.max_boundaries}) must "
+                            "resume and match the reference"),
     requires=lambda spec, facts: resume_problems(facts, f"checks.{_NAME}"),
     gate_default=False,
 )
