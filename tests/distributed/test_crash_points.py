@@ -1,6 +1,7 @@
 """checks.crash_points on a tiny job whose only point is how it writes its checkpoint
-(tests/data/jobs/save_writer.py, a save every 5 steps): each boundary of the first save after
-step 7 crashed and resumed.
+(tests/data/jobs/save_writer.py, a save every 5 steps of 0.1 s): each boundary of the first save
+after step 7 crashed and resumed. ``gap_s: 0.3``: a busy machine may stall a writer between two
+of its writes, never for the half second between two saves.
 
 The default run holds the clean writer (temp file, fsync, rename, directory fsync: every
 boundary safe), the one written in place (unsafe at its first operation, the fix named) and the
@@ -33,7 +34,7 @@ job:
   timeout: 60
   stall_timeout: 20
 checks:
-  crash_points: {{steps: 20, after_step: 7, mode: {mode}}}
+  crash_points: {{steps: 20, after_step: 7, mode: {mode}, gap_s: 0.3}}
 """
 
 

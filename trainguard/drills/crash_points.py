@@ -61,7 +61,7 @@ class CrashPointsCheck(CheckSpec):
     after_step: int = Field(ge=1)
     #: a save is a burst of file operations: each starting at most this long after the one
     #: before ended (keep it below the time between two saves)
-    gap_s: float = Field(0.1, gt=0, le=60)
+    gap_s: float = Field(0.25, gt=0, le=60)
     max_boundaries: int = Field(16, ge=1, le=1000)
     #: ``kill``: a process crash (what the kernel accepted stays); ``power``: a power loss (data
     #: not fsynced and directory entries whose directory was not fsynced are dropped)
