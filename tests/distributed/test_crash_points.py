@@ -122,3 +122,32 @@ def test_the_careful_writer_survives_a_power_loss_at_every_boundary(tmp_path: Pa
     resumed = [o["resumed_from_step"] for o in result.evidence["outcomes"]]
     # until the directory's fsync a power loss forgets the rename: only the last resumes the save's
     assert resumed[:-1] == [resumed[0]] * 6 and resumed[-1] == resumed[0] + 5, result.evidence["outcomes"]
+
+
+def _op(path: str, op: str, ordinal: int, t0: float, t: float | None = None) -> dict:
+    return {"event": "op", "op": op, "path": path, "rank": 0, "ordinal": ordinal, "t0": t0, "t": t if t is not None else t0}
+
+
+def _save(at: float, n: int, *, fsync_s: float = 0.0) -> list[dict]:
+    """One save at time ``at``: create, 3 writes, fsync (lasting ``fsync_s``), rename."""
+    return [_op("/c.tmp", "create", n, at), *(_op("/c.tmp", "write", 3 * n - 2 + i, at + 0.001 * (i + 1)) for i in range(3)),
+            _op("/c.tmp", "fsync", n, at + 0.004, at + 0.004 + fsync_s), _op("/c.tmp", "rename", n, at + 0.005 + fsync_s)]
+
+
+def test_the_save_explored_is_whole_and_saves_a_line_apart_are_apart() -> None:
+    from trainguard.drills.crash_points import _save_ops
+
+    # a save every step (0.1 s apart, closer than gap_s): the step lines read between them part them
+    events = _save(1.0, 1) + _save(1.1, 2) + _save(1.2, 3)
+    lines = [(7, 1.05), (8, 1.15), (9, 1.25)]
+    save, before = _save_ops(events, lines, 7, 0.25)
+    assert [(b.op, b.ordinal) for b in save] == [("create", 2), ("write", 4), ("write", 5), ("write", 6),
+                                                 ("fsync", 2), ("rename", 2)] and before
+    # a line read late, in the middle of a save, does not split it: the save is left to the next
+    save, _ = _save_ops(_save(1.0, 1) + _save(1.5, 2), [(7, 1.0025)], 7, 0.25)
+    assert {b.ordinal for b in save if b.op == "create"} == {2} and len(save) == 6
+    # a slow fsync does not split a save: the gap is from one operation's end to the next's start
+    save, before = _save_ops(_save(2.0, 1, fsync_s=3.0), [(7, 1.0)], 7, 0.25)
+    assert len(save) == 6 and not before
+    # no save after the step: nothing to explore
+    assert _save_ops(_save(1.0, 1), [(7, 1.5)], 7, 0.25) == ([], True)

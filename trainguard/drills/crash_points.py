@@ -209,22 +209,35 @@ class _Watch:
             self.layer.arm({self.rule: {**self.spec, "kill": [r.pid for r in launcher.ranks]}})
 
 
+#: operations this close follow each other at once: one save, whatever line was read between them
+_SAME_SAVE_S = 0.02
+
+
 def _save_ops(events: list[dict[str, Any]], arrivals: list[tuple[int, float]], after_step: int,
               gap_s: float) -> tuple[list[Boundary], bool]:
     """The boundaries of the first save that began after the line of step ``after_step`` arrived:
-    a burst of operations, each starting at most ``gap_s`` after the one before ended (whole: a
-    line that arrives late, inside a save, leaves that save to the next one; a slow fsync does
-    not split one); and whether anything was written before it."""
+    a burst of operations, each starting at most ``gap_s`` after the one before ended and with no
+    step line read between them (unless they follow each other within 20 ms): a save whole, a
+    slow fsync not splitting it, frequent saves apart; and whether anything was written before
+    it."""
     ops = [e for e in events if e.get("event") == "op"]
     seen = [t for step, t in arrivals if step >= after_step]
     if not ops or not seen:
         return [], False
     bursts: list[list[dict[str, Any]]] = []
+    lines = sorted(t for _, t in arrivals)
     for e in ops:
-        if bursts and float(e.get("t0", e["t"])) - float(bursts[-1][-1]["t"]) <= gap_s:
-            bursts[-1].append(e)
-        else:
-            bursts.append([e])
+        start = float(e.get("t0", e["t"]))
+        if bursts:
+            end = float(bursts[-1][-1]["t"])
+            gap = start - end
+            # a step line read between two operations parts saves closer than gap_s, unless the
+            # operations follow each other at once (a line read late, in the middle of a save)
+            parted = gap > _SAME_SAVE_S and any(end < t < start for t in lines)
+            if gap <= gap_s and not parted:
+                bursts[-1].append(e)
+                continue
+        bursts.append([e])
     index = next((i for i, b in enumerate(bursts) if float(b[0].get("t0", b[0]["t"])) > seen[0]), None)
     if index is None:
         return [], True
