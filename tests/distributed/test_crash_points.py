@@ -151,3 +151,6 @@ def test_the_save_explored_is_whole_and_saves_a_line_apart_are_apart() -> None:
     assert len(save) == 6 and not before
     # no save after the step: nothing to explore
     assert _save_ops(_save(1.0, 1), [(7, 1.5)], 7, 0.25) == ([], True)
+    # a directory made at start-up is no checkpoint before the save
+    save, before = _save_ops([_op("/ckpts", "mkdir", 1, 0.5), *_save(2.0, 1)], [(7, 1.0)], 7, 0.25)
+    assert len(save) == 6 and not before

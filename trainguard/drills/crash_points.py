@@ -218,8 +218,8 @@ def _save_ops(events: list[dict[str, Any]], arrivals: list[tuple[int, float]], a
     """The boundaries of the first save that began after the line of step ``after_step`` arrived:
     a burst of operations, each starting at most ``gap_s`` after the one before ended and with no
     step line read between them (unless they follow each other within 20 ms): a save whole, a
-    slow fsync not splitting it, frequent saves apart; and whether anything was written before
-    it."""
+    slow fsync not splitting it, frequent saves apart; and whether data was written before it
+    (a checkpoint a crash in this save must not lose)."""
     ops = [e for e in events if e.get("event") == "op"]
     seen = [t for step, t in arrivals if step >= after_step]
     if not ops or not seen:
@@ -243,7 +243,9 @@ def _save_ops(events: list[dict[str, Any]], arrivals: list[tuple[int, float]], a
         return [], True
     save = [Boundary(int(e["rank"]), str(e["path"]), str(e["op"]), int(e["ordinal"]), e.get("to"))
             for e in bursts[index]]
-    return save, index > 0
+    # a checkpoint before it: data written before (a directory made at start-up is none)
+    wrote = any(e["op"] in ("write", "rename", "link") for b in bursts[:index] for e in b)
+    return save, wrote
 
 
 def run_crash_points(runner: JobRunner, spec: CrashPointsCheck) -> CheckResult:
