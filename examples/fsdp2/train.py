@@ -362,7 +362,10 @@ def train(args: argparse.Namespace, rank: int, world_size: int) -> None:
         progress = {"step": 0, "world_size": 0, "ema_updates": 0}
         dcp.load({"progress": progress}, checkpoint_id=str(path))
         same = progress["world_size"] == world_size
-        target = state(dict(progress), with_rank_state=same)
+        # placeholders for the rank's loader and RNG state: a StatefulDataLoader's state_dict()
+        # before its first iteration starts an iterator at the sampler's epoch of that moment,
+        # which the next iter() reuses (a resume at an epoch's end drew epoch 0's order again)
+        target = state(dict(progress), with_rank_state=same, at=({}, torch.get_rng_state()))
         dcp.load(target, checkpoint_id=str(path))
         set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
         scheduler.load_state_dict(target["scheduler"])

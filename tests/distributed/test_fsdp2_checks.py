@@ -98,6 +98,18 @@ def test_the_clean_example_resumes_exactly_in_every_metric(tmp_path: Path) -> No
     assert state["compared"] is True and state["differing_keys"] == [], state
 
 
+@pytest.mark.slow
+@pytest.mark.resume
+def test_the_clean_example_resumes_exactly_at_an_epochs_end(tmp_path: Path) -> None:
+    """An epoch is 20 steps: killed after step 21, the resume loads step 20's checkpoint, where the
+    loader is not restored and the next epoch starts afresh. The example once built its load
+    target with the loader's state_dict(), which started an iterator at epoch 0 that the resume
+    then used: the chain [13, 22] of its own job file failed at step 21 (and rightly)."""
+    result = _resume(tmp_path, [], "  resume: {steps: 24, after_step: 21}\n")
+    assert result.status == "passed", result.summary
+    assert result.evidence["resumed_from_step"] == 20, result.evidence
+
+
 #: defect -> (patches, what the summary says, the cause named first); the threads users filed
 PLANTED: dict[str, tuple[list[Patch], list[str], str]] = {
     # transformers PR 11663, accelerate 4289, torchtitan 809: state beside the model not saved
