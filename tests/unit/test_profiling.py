@@ -428,3 +428,30 @@ def test_a_checkpoint_written_after_a_late_read_line_goes_to_the_step_printed_af
     rewritten.write_bytes(b"x" * 1500)  # a later save grows it, read at once
     watcher.at_step(6, time.time() + 1.0)
     assert watcher.writes == {5: 1000, 6: 500}
+
+
+def test_a_checkpoint_named_by_its_step_goes_to_that_step_however_late_the_lines_came(tmp_path: Path) -> None:
+    """A loaded run read the lines of steps 2-5 in one burst after digits' train.py had written
+    ckpt_000005.pt: every line was read after the file, and the write went to step 2. A new file
+    named by its step (or in a folder named so) belongs to that step."""
+    import time
+
+    from trainguard.profiling.measure import _CheckpointWatcher
+
+    watcher = _CheckpointWatcher()
+    watcher.start(tmp_path)
+    (tmp_path / "ckpt_000005.pt").write_bytes(b"x" * 1000)
+    (tmp_path / "step_000005").mkdir()
+    (tmp_path / "step_000005" / "__0_0.distcp").write_bytes(b"y" * 300)
+    later = time.time() + 1.0
+    for step in (2, 3, 4):
+        watcher.at_step(step, later)
+        assert watcher.writes == {}, step
+    watcher.at_step(5, later)
+    assert watcher.writes == {5: 1300}
+    # a line read after the named step (its own line lost or late): still that step; a bare
+    # number may be a rank: such a file goes by the lines as before
+    (tmp_path / "ckpt_000010.pt").write_bytes(b"x" * 1000)
+    (tmp_path / "model_rank1.pt").write_bytes(b"z" * 10)
+    watcher.at_step(11, time.time() + 1.0)
+    assert watcher.writes == {5: 1300, 10: 1000, 11: 10}

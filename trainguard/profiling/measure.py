@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import re
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -257,6 +258,21 @@ class _ResourceSampler:
         return round(sum(self._gpu_samples) / len(self._gpu_samples), 1) if self._gpu_samples else None
 
 
+#: a step in a checkpoint's name: after step/iter/checkpoint/ckpt (a bare number may be a rank)
+_NAMED_STEP = re.compile(r"(?:step|iter|iteration|checkpoint|ckpt)[-_=]?(\d+)", re.I)
+
+
+def _named_step(path: str, directory: Path | None) -> int | None:
+    """The step a checkpoint file's name, or its folder's under the checkpoint directory, holds
+    (``ckpt_000005.pt``, ``step_000010/__0_0.distcp``, ``checkpoint-500/``)."""
+    rel = Path(path).relative_to(directory) if directory is not None else Path(path)
+    for part in [*reversed(rel.parts[:-1]), rel.parts[-1]]:  # the folder first
+        match = _NAMED_STEP.search(part)
+        if match:
+            return int(match.group(1))
+    return None
+
+
 class _CheckpointWatcher:
     """Lists the checkpoint directory at each step line; remembers which steps wrote files."""
 
@@ -294,17 +310,25 @@ class _CheckpointWatcher:
         for path, (size, mtime) in list(files.items()):
             old = self._files.get(path)
             if old is None or old[1] != mtime:
-                if printed_at is not None and mtime / 1e9 > printed_at:
+                named = _named_step(path, self.directory) if old is None else None
+                if (named is not None and named > step) or (
+                        named is None and printed_at is not None and mtime / 1e9 > printed_at):
                     if old is None:
                         del files[path]
                     else:
                         files[path] = old
                     continue
+                if named is not None and named != step:
+                    # a new file named by its step (ckpt_000005.pt, step_000010/) belongs to that
+                    # step, however late its line was read: lines 2-5 can arrive in one burst after
+                    # step 5's save
+                    self.writes[named] = self.writes.get(named, 0) + size
+                    continue
                 changed = True
                 grown += size if old is None else max(0, size - old[0])
         self._files = files
         if changed:
-            self.writes[step] = grown
+            self.writes[step] = self.writes.get(step, 0) + grown
 
 
 def measure_size(
