@@ -67,3 +67,20 @@ _LONG_MODULES_FIRST = ("tests/unit/test_tracking.py",)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     first = {path: i for i, path in enumerate(_LONG_MODULES_FIRST)}
     items.sort(key=lambda item: first.get(item.nodeid.split("::")[0], len(first)))  # stable: the rest keep their order
+
+
+@pytest.fixture
+def layer(tmp_path: Any) -> Iterator[Any]:
+    """A FUSE layer with the ``rules`` policy mounted over ``tmp_path/backing`` at
+    ``tmp_path/mnt`` (skipped, saying why, where FUSE is unavailable); unmounted after."""
+    from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
+
+    why = fuse_unavailable()
+    if why is not None:
+        pytest.skip(f"no FUSE layer on this machine: {why}")
+    mounted = FuseLayer(tmp_path / "backing", tmp_path / "mnt", policy="rules", state_dir=tmp_path)
+    mounted.mount()
+    try:
+        yield mounted
+    finally:
+        assert mounted.unmount() is None

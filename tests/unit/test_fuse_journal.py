@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
+from trainguard.faults.fusefs import FuseLayer
 from trainguard.faults.fusejournal import boundary_path
 
 # a save as careful writers make it: a temp file, written, fsynced, renamed, the directory fsynced
@@ -32,19 +32,6 @@ os.fsync(fd)
 os.close(fd)
 print("saved", flush=True)
 """
-
-
-@pytest.fixture
-def layer(tmp_path: Path) -> Any:
-    why = fuse_unavailable()
-    if why is not None:
-        pytest.skip(f"no FUSE layer on this machine: {why}")
-    layer = FuseLayer(tmp_path / "backing", tmp_path / "mnt", policy="rules", state_dir=tmp_path)
-    layer.mount()
-    try:
-        yield layer
-    finally:
-        assert layer.unmount() is None
 
 
 def _writer(layer: FuseLayer, delay: float) -> subprocess.Popen[str]:

@@ -18,7 +18,7 @@ import pytest
 
 from trainguard.config import parse_config
 from trainguard.errors import ConfigError
-from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
+from trainguard.faults.fusefs import FuseLayer
 from trainguard.faults.storage import newest_checkpoint_files
 
 HEAD = r"""
@@ -86,19 +86,6 @@ def test_the_newest_checkpoint_is_found_by_step_then_by_write(tmp_path: Path) ->
     assert step == 10 and found is not None and found.name.endswith("step000010.json")
     assert [p.name for p in files] == ["rank1-step000010.json", "rank0-step000010.json"]  # largest first
     assert newest_checkpoint_files(tmp_path / "none") == (None, None, [])
-
-
-@pytest.fixture
-def layer(tmp_path: Path) -> Any:
-    why = fuse_unavailable()
-    if why is not None:
-        pytest.skip(f"no FUSE layer on this machine: {why}")
-    layer = FuseLayer(tmp_path / "backing", tmp_path / "mnt", policy="rules", state_dir=tmp_path)
-    layer.mount()
-    try:
-        yield layer
-    finally:
-        assert layer.unmount() is None
 
 
 @pytest.mark.timeout(60)
