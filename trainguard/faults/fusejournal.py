@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import threading
 import time
 from typing import Any
@@ -95,7 +96,10 @@ class PowerLoss:
 
     def _copy(self, path: str) -> str | None:
         real = self._real(path)
-        if not os.path.isfile(real):
+        try:
+            if not stat.S_ISREG(os.lstat(real).st_mode):  # a link is never followed
+                return None
+        except OSError:
             return None
         self.copies += 1
         keep = os.path.join(self.snapshots, str(self.copies))
@@ -148,6 +152,8 @@ class PowerLoss:
             with contextlib.suppress(OSError):
                 if kind in ("content", "unlinked"):
                     keep = entry[3] if kind == "content" else entry[2]
+                    if os.path.islink(path):  # written back in place, never through a link
+                        os.unlink(path)
                     if keep is None:
                         os.truncate(path, 0)
                     else:
@@ -157,6 +163,8 @@ class PowerLoss:
                 elif kind == "renamed":
                     os.rename(self._real(entry[2]), path)
                     if entry[3] is not None:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(self._real(entry[2]))
                         shutil.copyfile(entry[3], self._real(entry[2]))
                 elif kind == "mkdir":
                     shutil.rmtree(path)
