@@ -89,9 +89,8 @@ class Boundary:
     to: str | None = None
 
     def words(self) -> str:
-        what = f"{self.op} #{self.ordinal} of {self.path}" if self.op == "write" else f"{self.op} of {self.path}"
-        if self.op not in ("write",) and self.ordinal > 1:
-            what = f"{self.op} #{self.ordinal} of {self.path}"
+        number = f" #{self.ordinal}" if self.op == "write" or self.ordinal > 1 else ""
+        what = f"{self.op}{number} of {self.path}"
         if self.to:
             what += f" -> {self.to}"
         return f"rank {self.rank}: after {what}"
