@@ -252,3 +252,7 @@ def test_a_loss_scale_metric_that_parts_at_the_resume_names_the_scaler() -> None
     matching = diagnose_resume(ResumeFacts(20, first_divergent_step=23, checkpoint=_inventory(),
                                            metrics={"loss": 23, "grad_scale": None}))
     assert next(c for c in matching if c.key == "scaler").strength == NONE
+    # a learning-rate scale is no loss scale
+    other = diagnose_resume(ResumeFacts(20, first_divergent_step=23, checkpoint=_inventory(),
+                                        metrics={"loss": 23, "lr_scale": 21}))
+    assert next(c for c in other if c.key == "scaler").strength == NONE

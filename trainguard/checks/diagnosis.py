@@ -71,7 +71,7 @@ RESUME_CAUSE_TEXT = {
 #: a metric that reports an average of the weights (``ema_norm``, ``swa_loss``, ``val_loss_ema``)
 EMA_METRIC = re.compile(r"(?:^|[_.\-])(?:ema|swa|averaged)(?:$|[_.\-])", re.I)
 #: a metric that reports a loss scaler's scale (``loss_scale``, ``grad_scale``, DeepSpeed's ``cur_scale``)
-SCALE_METRIC = re.compile(r"(?:^|[_.\-])(?:loss_?scale|grad_?scale|cur_scale|scale)$", re.I)
+SCALE_METRIC = re.compile(r"(?:^|[_.\-])(?:loss_?scale|grad_?scale|cur_scale)$|^scale$", re.I)
 
 #: the framework's own words on stderr that point at a cause (case-insensitive)
 _WARNING_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
