@@ -27,20 +27,20 @@ needs_fuse = pytest.mark.skipif(_NO_FUSE is not None, reason=f"no FUSE layer her
 JOB = """\
 job:
   name: writer-{writer}
-  command: "python {script} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --writer {writer} --sleep 0.1"
+  command: "python {script} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --writer {writer} --sleep 0.1{extra}"
   resume_args: "--resume"
   metrics:
     loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
   timeout: 60
   stall_timeout: 20
 checks:
-  crash_points: {{steps: 20, after_step: 7, mode: {mode}, gap_s: 0.3}}
+  crash_points: {{steps: 20, after_step: 7, mode: {mode}, gap_s: 0.3, max_boundaries: {limit}}}
 """
 
 
-def _crash_points(tmp_path: Path, writer: str, mode: str = "kill") -> CheckResult:
+def _crash_points(tmp_path: Path, writer: str, mode: str = "kill", *, limit: int = 16, extra: str = "") -> CheckResult:
     path = tmp_path / "trainguard.yaml"
-    path.write_text(JOB.format(writer=writer, script=WRITER, mode=mode))
+    path.write_text(JOB.format(writer=writer, script=WRITER, mode=mode, limit=limit, extra=extra))
     report = check(path, only=["crash_points"], report_json=str(tmp_path / "report.json"))
     (result,) = report.checks
     # the report on disk says what the result says
@@ -75,6 +75,21 @@ def test_a_checkpoint_written_in_place_is_unsafe_from_its_first_operation(tmp_pa
 
 
 @needs_fuse
+@pytest.mark.timeout(240)
+def test_a_resume_that_is_never_exact_is_not_called_a_torn_checkpoint(tmp_path: Path) -> None:
+    """The careful writer with a resume that never matches the uninterrupted run: every restart
+    diverges, and so does the control (a kill just before the save began): no boundary is called
+    torn, and the check says it cannot judge instead of passing."""
+    result = _crash_points(tmp_path, "atomic", limit=2, extra=" --inexact-resume")
+    assert result.status == "error", result.summary
+    ev = result.evidence
+    assert [o["outcome"] for o in ev["outcomes"]] == ["loaded", "loaded"], ev["outcomes"]
+    assert ev["control"]["outcome"] == "torn" and ev["control"]["resumed_from_step"] == ev["outcomes"][0]["resumed_from_step"]
+    assert ev["first_unsafe"] is None and "resume is not exact" in result.summary
+    assert ev["runs"] == 1 + 2 * 2 + 2  # the recording, two crashes and the control, each resumed
+
+
+@needs_fuse
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("writer", "status", "first_op"), [("rename", "passed", None),
@@ -105,7 +120,7 @@ def test_above_the_limit_every_other_operation_first_then_writes_spread_over_eac
 def test_a_writer_without_fsync_loses_its_checkpoints_to_a_power_loss(tmp_path: Path) -> None:
     """Safe from a process crash (the slow test below), not from a power loss: nothing it wrote
     was ever durable, the checkpoint before the save included."""
-    result = _crash_points(tmp_path, "rename", "power")
+    result = _crash_points(tmp_path, "rename", "power", limit=3)
     assert result.status == "failed", result.summary
     first = result.evidence["first_unsafe"]
     assert first["outcome"] == "began again" and first["undone"] > 0, first

@@ -84,6 +84,22 @@ def test_a_save_is_recorded_boundary_by_boundary_and_crashed_right_after_one(lay
     assert (layer.backing / "later.txt").read_text() == "x"
 
 
+@pytest.mark.timeout(60)
+def test_a_crash_before_a_boundary_strikes_instead_of_it(layer: FuseLayer) -> None:
+    """``"before": true``: the operation is never done (a crash just before a save began)."""
+    (layer.backing / "ckpt.pt").write_bytes(b"old")
+    child = _writer(layer, 1.0)
+    layer.arm({"crash": {"ranks": {str(child.pid): 0}, "before": True, "kill": [os.getpgid(child.pid)],
+                         "at": {"rank": 0, "path": "/ckpt.pt.tmp", "op": "create", "ordinal": 1}}})
+    child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL
+    crashed = [e for e in layer.read_events() if e["event"] == "crashed"]
+    assert len(crashed) == 1 and crashed[0]["op"] == "create" and crashed[0]["before"], crashed
+    assert _ops(layer) == []
+    assert not (layer.backing / "ckpt.pt.tmp").exists()
+    assert (layer.backing / "ckpt.pt").read_bytes() == b"old"
+
+
 @pytest.mark.timeout(30)
 def test_operations_of_other_processes_are_not_boundaries(layer: FuseLayer) -> None:
     layer.arm({"record": {"ranks": {"999999999": 0}}})

@@ -13,6 +13,10 @@ judged against the uninterrupted run:
 * ``safe``: it resumed from a checkpoint and matched the uninterrupted run from there;
 * ``crashed on load``: the restart failed (a torn file it could not read);
 * ``torn``: it resumed and diverged from the uninterrupted run (it loaded a torn checkpoint);
+  the first time a restart diverges with none matched before, a control tells this from a resume
+  that is never exact: a kill just before the save began, resumed. When that diverges too, the
+  restarts that diverged are ``loaded`` (not judged) and the check ends in an error unless
+  another outcome is unsafe;
 * ``began again``: it started from the first step although an earlier crash point resumed;
 * ``went back``: it resumed from an older checkpoint than a crash at an earlier boundary of the
   same save did (the save destroyed a checkpoint that was complete);
@@ -137,6 +141,9 @@ class CrashPointsEvidence(Evidence):
     fix: str | None = None
     runs: int = 0
     work_dir: str = ""
+    #: a kill just before the save began, resumed: run when a crash's restart diverged and none
+    #: matched before it, to tell a torn checkpoint from a resume that is never exact
+    control: dict[str, Any] | None = None
 
 
 def _unsynced(found: list[Boundary]) -> tuple[list[str], list[str]]:
@@ -299,8 +306,18 @@ def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference:
     for number, boundary in enumerate(chosen):
         row = _crash_and_resume(number, runner, spec, request, reference, metric, base, layer, boundary, resumed_before)
         evidence.runs += row.pop("runs")
+        if row["outcome"] == "torn" and not any(r["outcome"] == "safe" for r in evidence.outcomes):
+            if evidence.control is None:
+                evidence.control = _crash_and_resume(len(chosen), runner, spec, request, reference, metric, base,
+                                                     layer, found[0], resumed_before, control=True)
+                evidence.runs += evidence.control.pop("runs")
+            if evidence.control["outcome"] != "safe":
+                row.update(outcome="loaded", detail=f"{row['detail'].split(': it loaded')[0]}; so did the restart "
+                           f"after a kill just before the save began ({evidence.control['detail']}): the job's "
+                           "resume does not match the uninterrupted run, so a torn checkpoint that loads cannot "
+                           "be told from it")
         evidence.outcomes.append(row)
-        if row["outcome"] == "safe":
+        if row["outcome"] in ("safe", "loaded"):
             resumed_before = max(resumed_before if resumed_before is not None else -1, row["resumed_from_step"])
         elif unsafe is None and row["outcome"] != "not reached":
             unsafe = (boundary, row)
@@ -314,6 +331,14 @@ def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference:
         return CheckResult(_NAME, "failed", f"{explored} explored in {evidence.runs} runs; first unsafe: "
                            f"{row['boundary']}: {row['outcome']} ({row['detail']}). Fix: {evidence.fix}",
                            evidence.to_dict(), duration)
+    loaded = [r for r in evidence.outcomes if r["outcome"] == "loaded"]
+    if loaded:
+        return CheckResult(_NAME, "error", f"{explored} explored in {evidence.runs} runs: no crash point failed "
+                           f"to load, began again or went back, but {len(loaded)} restarts diverged and so did "
+                           f"a restart after a kill just before the save ({evidence.control and evidence.control['detail']}):"
+                           " the job's resume is not exact, so a torn checkpoint that loads cannot be found. Make "
+                           "the resume exact first (trainguard check --only resume says what it loses)",
+                           evidence.to_dict(), duration)
     missed = [r for r in evidence.outcomes if r["outcome"] == "not reached"]
     if missed and len(missed) == len(evidence.outcomes):
         return CheckResult(_NAME, "error", f"{explored}: no crash run reached its boundary (the job's saves "
@@ -325,24 +350,29 @@ def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference:
 
 def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, request: Any, reference: RunResult,
                       metric: str, base: int, layer: FuseLayer, boundary: Boundary,
-                      resumed_before: int | None) -> dict[str, Any]:
-    row: dict[str, Any] = {"boundary": boundary.words(), "op": boundary.op, "path": boundary.path,
+                      resumed_before: int | None, *, control: bool = False) -> dict[str, Any]:
+    """A fresh run crashed right after ``boundary`` (``control``: a kill instead of it, just
+    before the save began, in either mode), restarted with the resume arguments, judged."""
+    words = f"rank {boundary.rank}: a kill before the save's first operation" if control else boundary.words()
+    row: dict[str, Any] = {"boundary": words, "op": boundary.op, "path": boundary.path,
                            "rank": boundary.rank, "ordinal": boundary.ordinal, "runs": 1}
     _clear(layer.backing)
     with contextlib.suppress(FileNotFoundError):
         layer.events.unlink()
     rule: dict[str, Any] = {"run": f"crash-{number}", "at": boundary.as_rule()}
-    if spec.mode == "power":
+    if control:
+        rule["before"] = True
+    elif spec.mode == "power":
         rule.update(mode="power", snapshots=str(layer.trigger.parent / "power-copies" / str(number)))
     watch = _Watch(layer, metric, "crash", rule)
-    crashed_run = runner.run(request, label="crash-points-crash", checkpoint_dir=layer.point, on_metric=watch)
+    crashed_run = runner.run(request, label="crash-points-control" if control else "crash-points-crash", checkpoint_dir=layer.point, on_metric=watch)
     crashed = [e for e in layer.read_events() if e.get("event") == "crashed"]
     layer.disarm()
     if not crashed:
         row.update(outcome="not reached", resumed_from_step=None,
                    detail=f"the crash run never made that operation ({crashed_run.outcome})")
         return row
-    if spec.mode == "power":  # the copies the undo needed
+    if spec.mode == "power" and not control:  # the copies the undo needed
         shutil.rmtree(layer.trigger.parent / "power-copies" / str(number), ignore_errors=True)
         row["undone"] = crashed[0].get("undone")
     resumed = runner.run(request, label="crash-points-resume", resume=True, checkpoint_dir=layer.point)
@@ -363,6 +393,11 @@ def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, re
                    "checkpoint to resume from, though there was one before it" + (
                        " (a power loss also drops a checkpoint that was never fsynced)" if spec.mode == "power" else ""))
         return row
+    if not control and resumed_before is not None and resumed_from < resumed_before:
+        row.update(outcome="went back", detail=f"resumed from step {resumed_from}, older than the step "
+                   f"{resumed_before} a crash at an earlier boundary resumed from: the save destroyed a "
+                   "complete checkpoint")
+        return row
     actual, expected = aligned_trajectories(resumed.points, reference.points, metric)
     diff = compare_trajectories(actual, expected, metric=metric, steps=range(resumed_from + 1, spec.steps + 1),
                                 rtol=spec.rtol, atol=spec.atol)
@@ -371,11 +406,6 @@ def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, re
                  else f"misses steps {diff.missing_in_actual[:5]}")
         row.update(outcome="torn", detail=f"resumed from step {resumed_from} and {metric} {where}: it loaded "
                    "a checkpoint the crash left half written")
-        return row
-    if resumed_before is not None and resumed_from < resumed_before:
-        row.update(outcome="went back", detail=f"resumed from step {resumed_from}, older than the step "
-                   f"{resumed_before} a crash at an earlier boundary resumed from: the save destroyed a "
-                   "complete checkpoint")
         return row
     row.update(outcome="safe", detail=f"resumed from step {resumed_from} and matched")
     return row
@@ -387,7 +417,8 @@ CRASH_POINTS: Check[CrashPointsCheck] = Check(
     # every launch it may make, so the plan's worst case is right: a crash and a resume per boundary
     runs=lambda spec, ctx: ([Run("reference", reference=True), Run("record the save"),
                              *(Run(f"{what} {i}") for i in range(1, spec.max_boundaries + 1)
-                               for what in ("crash after boundary", "resume after crash"))],
+                               for what in ("crash after boundary", "resume after crash")),
+                             Run("a kill before the save, if a restart diverges"), Run("resume after the kill")],
                             f"a crash after each boundary of the save (at most {spec.max_boundaries}) must "
                             "resume and match the reference"),
     requires=lambda spec, facts: resume_problems(facts, f"checks.{_NAME}"),

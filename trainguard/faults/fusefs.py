@@ -324,7 +324,7 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
         once the ``crash`` rule has struck."""
         now = armed()
         if now is not None:
-            code = journal.before(now[0], now[1], op, path, to)
+            code = journal.before(now[0], now[1], op, path, to, _tgid(fuse.fuse_get_context()[2]))
             if code:
                 raise fuse.FuseOSError(code)
             return (*now, time.time())

@@ -18,7 +18,8 @@ Armed through the ``rules`` trigger of :mod:`trainguard.faults.fusefs`:
   daemon answers), a ``crashed`` event is written, and every later operation that would change
   the file system fails with EIO: nothing after the boundary reaches the disk. With ``"mode":
   "power"`` and ``"snapshots": dir``, the crash is a power loss (:class:`PowerLoss`): what was not
-  yet durable is undone first.
+  yet durable is undone first. With ``"before": true`` the crash strikes instead of that
+  operation: it is never done (the caller gets EIO as it dies), a crash just before a save began.
 
 This module runs in the daemon only and imports nothing of trainguard's.
 """
@@ -223,16 +224,47 @@ class Journal:
         return spec.get("run", key) if isinstance(spec, dict) else key
 
     def before(self, key: Any, rules: dict[str, Any], op: str = "", path: str = "",
-               to: str | None = None) -> int | None:
-        """The errno a call that would change the file system gets (after a crash: EIO); in
+               to: str | None = None, pid: int = 0) -> int | None:
+        """The errno a call that would change the file system gets (after a crash: EIO; the
+        boundary of a ``"before": true`` crash rule: EIO, the crash struck instead of the call); in
         power-loss mode, what undoing it would need is kept first."""
         with self.lock:
             self._reset(self._run(key, rules), rules)
-            if self.crashed and rules.get("crash"):
+            crash = rules.get("crash")
+            if self.crashed and crash:
                 return errno.EIO
+            if isinstance(crash, dict) and crash.get("before") and op and pid:
+                rank = self._rank(pid, crash.get("ranks"))
+                name = boundary_path(path)
+                ordinal = self.counts.get((rank, name, op), 0) + 1 if rank is not None else 0
+                if rank is not None and self._at(crash, rank, name, op, ordinal):
+                    self._strike(crash, pid, op, name, rank, ordinal, before=True)
+                    return errno.EIO
             if self.power is not None and op:
                 self.power.before(op, path, to)
             return None
+
+    @staticmethod
+    def _at(crash: dict[str, Any], rank: int, name: str, op: str, ordinal: int) -> bool:
+        at = crash.get("at")
+        return isinstance(at, dict) and (at.get("rank"), at.get("path"), at.get("op"), at.get("ordinal")) == (
+            rank, name, op, ordinal)
+
+    def _strike(self, crash: dict[str, Any], pid: int, op: str, name: str, rank: int, ordinal: int, *,
+                before: bool = False) -> None:
+        """SIGKILL to the caller's process group and every one in ``kill``; in power-loss mode
+        what was not durable is dropped; a ``crashed`` event written."""
+        self.crashed = True
+        groups = list(crash.get("kill") or [])
+        with contextlib.suppress(OSError):
+            groups.insert(0, os.getpgid(pid))
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError, OSError, ValueError):
+                os.killpg(int(group), signal.SIGKILL)
+        dropped = self.power.drop() if self.power is not None else None
+        self._emit({"event": "crashed", "op": op, "path": name, "rank": rank, "ordinal": ordinal,
+                    "t": time.time(), **({"before": True} if before else {}),
+                    **({"undone": dropped} if dropped is not None else {})})
 
     def after(self, key: Any, rules: dict[str, Any], op: str, path: str, pid: int, **extra: Any) -> None:
         """Count the operation just done; crash right after it when it is the boundary."""
@@ -260,18 +292,5 @@ class Journal:
                 self._emit({"event": "op", "op": op, "path": name, "rank": rank, "ordinal": ordinal,
                             "pid": pid, "t": time.time(), **extra})
             crash = rules.get("crash")
-            at = crash.get("at") if isinstance(crash, dict) else None
-            if not isinstance(at, dict) or (at.get("rank"), at.get("path"), at.get("op"), at.get("ordinal")) != (
-                    rank, name, op, ordinal):
-                return
-            self.crashed = True
-            assert isinstance(crash, dict)
-            groups = list(crash.get("kill") or [])
-            with contextlib.suppress(OSError):
-                groups.insert(0, os.getpgid(pid))
-            for group in groups:
-                with contextlib.suppress(ProcessLookupError, PermissionError, OSError, ValueError):
-                    os.killpg(int(group), signal.SIGKILL)
-            dropped = self.power.drop() if self.power is not None else None
-            self._emit({"event": "crashed", "op": op, "path": name, "rank": rank, "ordinal": ordinal,
-                        "t": time.time(), **({"undone": dropped} if dropped is not None else {})})
+            if isinstance(crash, dict) and not crash.get("before") and self._at(crash, rank, name, op, ordinal):
+                self._strike(crash, pid, op, name, rank, ordinal)

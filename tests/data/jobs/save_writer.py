@@ -11,6 +11,8 @@ JSON (``pad`` spreads it over 3 writes of 4 KiB) to ``ckpt.json`` with ``--write
 * ``unlink-first``: the old ``ckpt.json`` deleted, then the new one written atomically.
 
 ``--resume`` loads ``ckpt.json`` if there is one (a torn one fails to parse: the job dies).
+``--inexact-resume`` plants a resume that never matches the uninterrupted run (the state it
+loads is nudged by 1e-6), however the checkpoint was written.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def main() -> None:
     p.add_argument("--writer", choices=("atomic", "rename", "inplace", "unlink-first"), default="atomic")
     p.add_argument("--sleep", type=float, default=0.02)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--inexact-resume", action="store_true")
     args = p.parse_args()
     os.makedirs(args.ckpt_dir, exist_ok=True)
     done, w = 0, 1.0 + args.seed
@@ -76,7 +79,7 @@ def main() -> None:
     if args.resume and os.path.exists(path):
         with open(path) as f:
             state = json.load(f)  # a torn checkpoint raises here
-        done, w = int(state["step"]), float(state["w"])
+        done, w = int(state["step"]), float(state["w"]) + (1e-6 if args.inexact_resume else 0.0)
     for step in range(done + 1, args.steps + 1):
         w = w * 0.9 + 0.01 * step
         time.sleep(args.sleep)
