@@ -29,6 +29,7 @@ job:
   name: writer-{writer}
   command: "python {script} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --writer {writer} --sleep 0.1{extra}"
   resume_args: "--resume"
+  world_size: {world}
   metrics:
     loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
   timeout: 60
@@ -38,9 +39,10 @@ checks:
 """
 
 
-def _crash_points(tmp_path: Path, writer: str, mode: str = "kill", *, limit: int = 16, extra: str = "") -> CheckResult:
+def _crash_points(tmp_path: Path, writer: str, mode: str = "kill", *, limit: int = 16, extra: str = "",
+                  world: int = 1) -> CheckResult:
     path = tmp_path / "trainguard.yaml"
-    path.write_text(JOB.format(writer=writer, script=WRITER, mode=mode, limit=limit, extra=extra))
+    path.write_text(JOB.format(writer=writer, script=WRITER, mode=mode, limit=limit, extra=extra, world=world))
     report = check(path, only=["crash_points"], report_json=str(tmp_path / "report.json"))
     (result,) = report.checks
     # the report on disk says what the result says
@@ -169,3 +171,36 @@ def test_the_save_explored_is_whole_and_saves_a_line_apart_are_apart() -> None:
     # a directory made at start-up is no checkpoint before the save
     save, before = _save_ops([_op("/ckpts", "mkdir", 1, 0.5), *_save(2.0, 1)], [(7, 1.0)], 7, 0.25)
     assert len(save) == 6 and not before
+
+
+@needs_fuse
+@pytest.mark.timeout(240)
+def test_two_ranks_that_save_without_a_commit_marker_resume_from_different_steps(tmp_path: Path) -> None:
+    """Each rank renames its own shard into place, rank 0 first, and a restart loads each rank's
+    newest: a crash between the two renames resumes rank 0 from the save and rank 1 from the one
+    before. The first four boundaries are rank 0's (every operation that is not a write)."""
+    result = _crash_points(tmp_path, "sharded-newest", limit=4, world=2)
+    assert result.status == "failed", result.summary
+    ev = result.evidence
+    assert ev["boundaries_found"] == 10 and ev["boundaries_explored"] == 4, ev["by_op"]
+    assert {o["rank"] for o in ev["outcomes"]} == {0}
+    first = ev["first_unsafe"]
+    assert (first["op"], first["path"], first["outcome"]) == ("rename", "/ckpt-0010.rank0.json.tmp", "torn"), first
+    low, high = sorted(first["ranks_resumed_from"].values())
+    assert (first["ranks_resumed_from"]["0"], first["ranks_resumed_from"]["1"]) == (high, low) and high == low + 5
+    assert ev["outcomes"][0]["outcome"] == "safe"  # a crash before rank 0's rename: both from the save before
+    assert "write a marker" in ev["fix"]
+
+
+@needs_fuse
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_two_ranks_whose_save_is_committed_by_a_marker_are_safe_at_every_boundary(tmp_path: Path) -> None:
+    result = _crash_points(tmp_path, "sharded-marker", world=2)
+    assert result.status == "passed", result.summary
+    ev = result.evidence
+    assert ev["boundaries_found"] == ev["boundaries_explored"] == 15, ev["by_op"]
+    assert {o["rank"] for o in ev["outcomes"]} == {0, 1}
+    resumed = [o["resumed_from_step"] for o in ev["outcomes"]]
+    # only the marker's rename publishes the save
+    assert resumed[-2:] == [resumed[0] + 5] * 2 and resumed[:-2] == [resumed[0]] * 13, ev["outcomes"]

@@ -161,8 +161,12 @@ def _unsynced(found: list[Boundary]) -> tuple[list[str], list[str]]:
     return data, entries
 
 
-def _fix(boundary: Boundary, outcome: str, renamed: set[str], mode: str, found: list[Boundary]) -> str:
+def _fix(boundary: Boundary, row: dict[str, Any], renamed: set[str], mode: str, found: list[Boundary]) -> str:
     """The fix for the first unsafe boundary, from what it did."""
+    outcome = row["outcome"]
+    if row.get("ranks_resumed_from"):
+        return ("commit a save of many ranks as one: once every rank's files are in place, write a "
+                "marker (rank 0, after a barrier) and resume only from the newest save that has it")
     if mode == "power":
         data, entries = _unsynced(found)
         fixes = []
@@ -327,7 +331,7 @@ def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference:
     if unsafe is not None:
         boundary, row = unsafe
         evidence.first_unsafe = row
-        evidence.fix = _fix(boundary, row["outcome"], renamed, spec.mode, found)
+        evidence.fix = _fix(boundary, row, renamed, spec.mode, found)
         return CheckResult(_NAME, "failed", f"{explored} explored in {evidence.runs} runs; first unsafe: "
                            f"{row['boundary']}: {row['outcome']} ({row['detail']}). Fix: {evidence.fix}",
                            evidence.to_dict(), duration)
@@ -346,6 +350,25 @@ def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference:
     note = f"; {len(missed)} not reached" if missed else ""
     return CheckResult(_NAME, "passed", f"{explored} explored in {evidence.runs} runs: a crash after each "
                        f"resumed and matched the uninterrupted run{note}", evidence.to_dict(), duration)
+
+
+def _first_steps(points: list[MetricPoint], metric: str) -> dict[int, int]:
+    """The first step each rank printed ``metric`` for."""
+    firsts: dict[int, int] = {}
+    for p in points:
+        if p.name == metric:
+            firsts[p.rank] = min(firsts.get(p.rank, p.step), p.step)
+    return firsts
+
+
+def _ranks_print_alike(points: list[MetricPoint], metric: str) -> bool:
+    """Whether more than one rank printed ``metric``, each for the same steps (then ranks that
+    begin a restart at different steps resumed from different checkpoints)."""
+    steps: dict[int, set[int]] = {}
+    for p in points:
+        if p.name == metric:
+            steps.setdefault(p.rank, set()).add(p.step)
+    return len(steps) > 1 and all(v == next(iter(steps.values())) for v in steps.values())
 
 
 def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, request: Any, reference: RunResult,
@@ -387,6 +410,13 @@ def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, re
         return row
     if resumed_from is None:
         row.update(outcome="crashed on load", detail=f"the restart printed no `{metric}` line")
+        return row
+    firsts = _first_steps(resumed.points, metric)
+    if len(set(firsts.values())) > 1 and _ranks_print_alike(reference.points, metric):
+        row["ranks_resumed_from"] = {str(r): s - 1 for r, s in sorted(firsts.items())}
+        row.update(outcome="torn", detail="the ranks resumed from different steps (" + ", ".join(
+            f"rank {r} from {s - 1}" for r, s in sorted(firsts.items())) + "): the save was complete on "
+            "some ranks only")
         return row
     if resumed_from < base and resumed_before is not None:
         row.update(outcome="began again", detail=f"the restart began at step {base}: the save left no "

@@ -10,6 +10,15 @@ JSON (``pad`` spreads it over 3 writes of 4 KiB) to ``ckpt.json`` with ``--write
 * ``inplace``: ``ckpt.json`` truncated and written in place;
 * ``unlink-first``: the old ``ckpt.json`` deleted, then the new one written atomically.
 
+Launched with ``WORLD_SIZE`` 2 (each rank a process, no collectives), the sharded writers have
+each rank keep its own state and print its own loss, and save ``ckpt-NNNN.rankR.json`` atomically,
+the ranks in turn (rank 1 waits for rank 0's file, so a crash between them is one moment):
+
+* ``sharded-marker``: rank 0 then writes ``ckpt-NNNN.COMPLETE`` atomically once every rank's shard
+  is in place; ``--resume`` loads the newest save that has its marker;
+* ``sharded-newest``: no marker; ``--resume`` has each rank load its own newest shard (a crash
+  between the ranks' renames resumes them from different steps).
+
 ``--resume`` loads ``ckpt.json`` if there is one (a torn one fails to parse: the job dies).
 ``--inexact-resume`` plants a resume that never matches the uninterrupted run (the state it
 loads is nudged by 1e-6), however the checkpoint was written.
@@ -62,28 +71,70 @@ def save(ckpt_dir: str, step: int, w: float, writer: str) -> None:
         sync_dir(ckpt_dir)
 
 
+def _wait_for(path: str) -> None:
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            sys.exit(f"save_writer: {path} never appeared")
+        time.sleep(0.002)
+
+
+def save_shard(ckpt_dir: str, step: int, w: float, writer: str, rank: int, world: int) -> None:
+    name = os.path.join(ckpt_dir, f"ckpt-{step:04d}")
+    if rank > 0:
+        _wait_for(f"{name}.rank{rank - 1}.json")
+    shard = f"{name}.rank{rank}.json"
+    write_all(shard + ".tmp", json.dumps({"step": step, "w": w}).encode(), sync=True)
+    os.replace(shard + ".tmp", shard)
+    sync_dir(ckpt_dir)
+    if writer == "sharded-marker" and rank == 0:
+        for other in range(1, world):
+            _wait_for(f"{name}.rank{other}.json")
+        write_all(name + ".COMPLETE.tmp", b"ok\n", sync=True)
+        os.replace(name + ".COMPLETE.tmp", name + ".COMPLETE")
+        sync_dir(ckpt_dir)
+
+
+def load_shard(ckpt_dir: str, writer: str, rank: int) -> dict | None:
+    names = sorted(os.listdir(ckpt_dir))
+    if writer == "sharded-marker":
+        saves = [n[: -len(".COMPLETE")] for n in names if n.endswith(".COMPLETE")]
+        return json.load(open(os.path.join(ckpt_dir, f"{saves[-1]}.rank{rank}.json"))) if saves else None
+    mine = [n for n in names if n.endswith(f".rank{rank}.json")]
+    return json.load(open(os.path.join(ckpt_dir, mine[-1]))) if mine else None
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ckpt-dir", required=True)
     p.add_argument("--every", type=int, default=5)
-    p.add_argument("--writer", choices=("atomic", "rename", "inplace", "unlink-first"), default="atomic")
+    p.add_argument("--writer", default="atomic",
+                   choices=("atomic", "rename", "inplace", "unlink-first", "sharded-marker", "sharded-newest"))
     p.add_argument("--sleep", type=float, default=0.02)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--inexact-resume", action="store_true")
     args = p.parse_args()
     os.makedirs(args.ckpt_dir, exist_ok=True)
-    done, w = 0, 1.0 + args.seed
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    sharded = args.writer.startswith("sharded")
+    done, w = 0, 1.0 + args.seed + rank
     path = os.path.join(args.ckpt_dir, "ckpt.json")
-    if args.resume and os.path.exists(path):
+    state = None
+    if args.resume and sharded:
+        state = load_shard(args.ckpt_dir, args.writer, rank)
+    elif args.resume and os.path.exists(path):
         with open(path) as f:
             state = json.load(f)  # a torn checkpoint raises here
+    if state is not None:
         done, w = int(state["step"]), float(state["w"]) + (1e-6 if args.inexact_resume else 0.0)
     for step in range(done + 1, args.steps + 1):
         w = w * 0.9 + 0.01 * step
         time.sleep(args.sleep)
-        if step % args.every == 0:
+        if step % args.every == 0 and sharded:
+            save_shard(args.ckpt_dir, step, w, args.writer, rank, world)
+        elif step % args.every == 0:
             save(args.ckpt_dir, step, w, args.writer)
         print(f"step {step} loss {w:.10f}", flush=True)
     sys.exit(0)
