@@ -13,7 +13,10 @@ Each fault: the clean job passes its drill AND a planted defect is caught --
   if it exits within the deadline of its last step.
 
 The jobs are pure Python (tests/data/jobs/toy_train.py, tests/data/faults/http_job.py): a drill
-costs seconds. The fault-level behaviour (cgroup counters, the FUSE layer, every toxic) is tested in
+costs seconds. The toy job's ranks end each step in a barrier (``--sync-dir``), as a DDP job's
+all-reduce makes them: without it a loaded machine let rank 1 lag three steps behind, still
+writing step 5's checkpoint when the disk filled after rank 0's step 7, and the resume rightly
+began again. The fault-level behaviour (cgroup counters, the FUSE layer, every toxic) is tested in
 tests/unit/test_faults_*.py, test_fault_hook.py and test_network_fault.py.
 """
 
@@ -37,7 +40,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 TOY = """
 job:
   name: toy-faults
-  command: "python {script} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --sleep 0.1"
+  command: "python {script} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --sleep 0.1 --sync-dir {{run_dir}}/sync"
   resume_args: "--resume"
   world_size: 2
   metrics:

@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.timeout(240),
 DRILLS = [
     # 110 steps after the trigger (~2.5 s): at 60 (~1.2 s) a loaded machine once read step 10 after
     # the job had finished, and the fault found rank 1 gone
-    "{name: slow, fault: slow_rank, rank: 1, steps: 120, after_step: 10, duration: 1.5, params: {fraction: 0.1}}",
+    # (after step 30: the rate before is measured over 0.6 s of steps, not 0.2)
+    "{name: slow, fault: slow_rank, rank: 1, steps: 140, after_step: 30, duration: 1.5, params: {fraction: 0.1}}",
     # 50 ms of work at 1% of a CPU: a step of ~5 s against a 2 s collective timeout. The fault may
     # land mid-step (a shorter first wait), so it lasts 10 s: a whole slowed step always follows
     '{name: slow-timeout, fault: slow_rank, rank: 1, steps: 40, after_step: 10, duration: 10, params: {fraction: 0.01}, args: "--work-ms 50 --sync-timeout 2"}',

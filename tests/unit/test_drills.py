@@ -352,6 +352,23 @@ def test_fail_clean_fails_an_exit_that_reported_nothing(tmp_path: Path, stderr: 
     assert "error_line" not in evidence.to_dict()
 
 
+def test_the_rate_before_a_fault_is_not_fooled_by_lines_read_in_a_burst() -> None:
+    """Seen under load: the lines of steps 2-10 (20 ms steps) read within 40 us of each other;
+    the first-to-last span made the rate before 230 000 steps/s and a slow_rank drill failed."""
+    from trainguard.launch.metrics import step_rate
+
+    steady = [(s, 0.02 * s) for s in range(1, 31)]
+    assert math.isclose(step_rate(steady) or 0, 50.0, rel_tol=1e-6)
+    # a third of the lines read late, in one burst: the median time per step is still 20 ms
+    burst = [(s, 0.02 * s if s % 3 else 0.02 * (s + 1) - 1e-6) for s in range(1, 31)]
+    assert math.isclose(step_rate(burst) or 0, 50.0, rel_tol=1e-3)
+    # every line read at once: no rate rather than a wrong one
+    assert step_rate([(s, 5.0 + 4e-6 * s) for s in range(2, 11)]) is None
+    assert step_rate([(3, 1.0)]) is None
+    # a line every 5 steps counts its steps
+    assert math.isclose(step_rate([(5 * k, 0.1 * k) for k in range(1, 8)]) or 0, 50.0, rel_tol=1e-6)
+
+
 def test_continue_judges_the_rate_during_the_fault_and_the_faults_own_check() -> None:
     spec = DrillSpec.model_validate({"name": "n", "fault": "hang", "steps": 30, "after_step": 10,
                                      "expect": "continue", "duration": 1.0, "min_rate": 0.5})

@@ -434,8 +434,8 @@ def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, re
     if not diff.ok:
         where = (f"diverges at step {diff.first_divergent_step}" if diff.first_divergent_step is not None
                  else f"misses steps {diff.missing_in_actual[:5]}")
-        row.update(outcome="torn", detail=f"resumed from step {resumed_from} and {metric} {where}: it loaded "
-                   "a checkpoint the crash left half written")
+        row.update(outcome="torn", detail=f"resumed from step {resumed_from} and {metric} {where}" + (
+            "" if control else ": it loaded a checkpoint the crash left half written"))
         return row
     row.update(outcome="safe", detail=f"resumed from step {resumed_from} and matched")
     return row

@@ -42,7 +42,7 @@ from trainguard.drills.steps import attempts_accounting, judged_steps
 from trainguard.evidence import UNSET, known
 from trainguard.faults.base import Fault
 from trainguard.launch import MetricPoint, RunResult
-from trainguard.launch.metrics import aligned_trajectories, first_step
+from trainguard.launch.metrics import aligned_trajectories, first_step, step_rate
 from trainguard.launch.reported import reported_line
 from trainguard.report import CheckStatus
 from trainguard.run.request import RunRequest
@@ -157,14 +157,13 @@ def _points(result: RunResult, metric: str, rank: int | None = None) -> list[Met
 
 
 def _rate(points: list[MetricPoint], start: float | None = None, end: float | None = None) -> float | None:
-    """Steps per second: over ``[start, end]`` when given, else between the first and last point."""
+    """Steps per second: the lines read in ``[start, end]`` over its length when given, else
+    from the median time per step between lines (robust to lines read in a burst)."""
     if start is not None and end is not None:
         span = end - start
         inside = [p for p in points if start < p.t <= end]
         return len(inside) / span if span > 0 else None
-    if len(points) < 2 or points[-1].t <= points[0].t:
-        return None
-    return (points[-1].step - points[0].step) / (points[-1].t - points[0].t)
+    return step_rate((p.step, p.t) for p in points)
 
 
 def _last_step_time(points: list[MetricPoint], steps: int) -> float | None:

@@ -32,6 +32,7 @@ import psutil
 from trainguard.config.faults import Expectation
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.faults.cgroups import remove_stale
+from trainguard.launch.metrics import step_rate
 from trainguard.report import SkipReason
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -260,13 +261,11 @@ class SlowRankFault(Fault):
         """Per-rank step rates before/during/after (the job runs at the slowest rank's pace)."""
         injected, cleared = self.injected_at, self.cleared_at
         for rank in sorted({p.rank for p in result.points}):
-            times = sorted(p.t for p in result.points if p.rank == rank)
+            lines = sorted((p.step, p.t) for p in result.points if p.rank == rank)
 
-            def rate(lo: float | None, hi: float | None, times: list[float] = times) -> float | None:
-                inside = [t for t in times if (lo is None or t > lo) and (hi is None or t <= hi)]
-                if len(inside) < 2 or inside[-1] == inside[0]:
-                    return None
-                return round((len(inside) - 1) / (inside[-1] - inside[0]), 3)
+            def rate(lo: float | None, hi: float | None, lines: list[tuple[int, float]] = lines) -> float | None:
+                found = step_rate((s, t) for s, t in lines if (lo is None or t > lo) and (hi is None or t <= hi))
+                return None if found is None else round(found, 3)
 
             self.rank_rates[rank] = {"before": rate(None, injected), "during": rate(injected, cleared),
                                      "after": rate(cleared, None) if cleared is not None else None}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -13,7 +15,7 @@ from pathlib import Path
 
 from trainguard._internal.readers import LineTail, Unreadable, active_limits
 
-__all__ = ["JsonlTail", "LineMetric", "MetricParser", "MetricPoint", "first_step", "trajectory"]
+__all__ = ["JsonlTail", "LineMetric", "MetricParser", "MetricPoint", "first_step", "step_rate", "trajectory"]
 
 
 @dataclass(frozen=True)
@@ -182,3 +184,20 @@ def aligned_trajectories(
         if a is not None:
             a_out[step] = _mean(a.values())
     return a_out, e_out
+
+
+#: arrival gaps shorter than this are lines read together, not steps that took that long
+_BURST_S = 0.002
+
+
+def step_rate(arrivals: Iterable[tuple[int, float]]) -> float | None:
+    """Steps per second from ``(step, arrival time)`` pairs: one over the median time per step
+    between consecutive lines. Lines are timed when trainguard reads them, and a busy machine
+    reads several at once (nine lines of 20 ms steps within 40 us, seen under load: the first
+    to last span made that 230 000 steps/s). The median ignores such a burst as long as most
+    lines came apart; None when fewer than two steps are known or most came in bursts."""
+    per_step = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in itertools.pairwise(sorted(arrivals)) if s1 > s0]
+    if not per_step:
+        return None
+    middle = statistics.median(per_step)
+    return None if middle < _BURST_S else 1.0 / middle
