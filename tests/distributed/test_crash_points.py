@@ -204,3 +204,19 @@ def test_two_ranks_whose_save_is_committed_by_a_marker_are_safe_at_every_boundar
     resumed = [o["resumed_from_step"] for o in ev["outcomes"]]
     # only the marker's rename publishes the save
     assert resumed[-2:] == [resumed[0] + 5] * 2 and resumed[:-2] == [resumed[0]] * 13, ev["outcomes"]
+
+
+@needs_fuse
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("writer", "status"), [("pid", "passed"), ("timestamped", "error")])
+def test_a_temp_name_that_differs_between_runs(tmp_path: Path, writer: str, status: str) -> None:
+    """A writer's pid in its temp name (digits' ``.ckpt_000010.pt.6800.tmp``) names the same
+    boundary in every run; a name by the time cannot be found again, and a check that reached
+    none of its boundaries says so instead of passing."""
+    result = _crash_points(tmp_path, writer, limit=2)
+    assert result.status == status, result.summary
+    outcomes = [o["outcome"] for o in result.evidence["outcomes"]]
+    if status == "passed":
+        assert outcomes == ["safe"] * 2 and "{pid}" in result.evidence["outcomes"][0]["path"]
+    else:
+        assert outcomes == ["not reached"] * 2 and "never reached their boundary" in result.summary

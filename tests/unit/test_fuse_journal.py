@@ -47,6 +47,9 @@ def test_temp_names_are_named_alike_in_every_run() -> None:
     assert boundary_path("/ckpt/tmpa1b2_c3d.pt") == "/ckpt/tmp*.pt"
     assert boundary_path("/step_000010/.COMPLETE.tmp") == "/step_000010/.COMPLETE.tmp"
     assert boundary_path("/x-0f8fad5b-d9cb-469f-a165-70867728950e.bin") == "/x-*.bin"
+    # the writer's pid (digits' ..ckpt_000010.pt.sha256.6800.tmp), and only a whole number
+    assert boundary_path("/.ckpt_000010.pt.6800.tmp", 6800) == "/.ckpt_000010.pt.{pid}.tmp"
+    assert boundary_path("/ckpt_068001.pt", 6800) == "/ckpt_068001.pt"
 
 
 @pytest.mark.timeout(60)

@@ -344,9 +344,11 @@ def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference:
                            "the resume exact first (trainguard check --only resume says what it loses)",
                            evidence.to_dict(), duration)
     missed = [r for r in evidence.outcomes if r["outcome"] == "not reached"]
-    if missed and len(missed) == len(evidence.outcomes):
-        return CheckResult(_NAME, "error", f"{explored}: no crash run reached its boundary (the job's saves "
-                           f"differ from run to run: {missed[0]['detail']})", evidence.to_dict(), duration)
+    if len(missed) * 4 > len(evidence.outcomes):  # more than a quarter unexplored: no verdict
+        return CheckResult(_NAME, "error", f"{explored}: {len(missed)} crash runs never reached their boundary, "
+                           f"first {missed[0]['boundary']} (the job's saves differ from run to run: a file "
+                           "named by the time or a random part trainguard does not recognise?)",
+                           evidence.to_dict(), duration)
     note = f"; {len(missed)} not reached" if missed else ""
     return CheckResult(_NAME, "passed", f"{explored} explored in {evidence.runs} runs: a crash after each "
                        f"resumed and matched the uninterrupted run{note}", evidence.to_dict(), duration)

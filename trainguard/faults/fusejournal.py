@@ -7,8 +7,8 @@ Armed through the ``rules`` trigger of :mod:`trainguard.faults.fusefs`:
   (:data:`BOUNDARY_OPS`) is written as an ``op`` event: the rank (the ``RANK`` in the calling
   process's environment, 0 without one; with ``"ranks": {"<pid>": rank}``, only those processes
   and the ones they started), the file (relative to the mount, a temporary file's random name
-  written as ``tmp*``), the operation, its ordinal among that rank's operations of that kind on
-  that file, and for a rename its destination. A *boundary* is ``(rank, file, op, ordinal)``: armed
+  written as ``tmp*``, the writer's pid in it as ``{pid}``), the operation, its ordinal among
+  that rank's operations of that kind on that file, and for a rename its destination. A *boundary* is ``(rank, file, op, ordinal)``: armed
   before the job starts, it names the same moment of a save in every run of the same job,
   whatever other files were written meanwhile. The counts start again when ``run`` changes (not
   when the rule is rewritten: the ``kill`` list below is added once the ranks are known).
@@ -48,10 +48,13 @@ _MAX_OPS = 50_000  # op events written per arming (a save of many shards; the co
 _RANDOM = re.compile(r"tmp[a-z0-9_]{8}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
 
 
-def boundary_path(path: str) -> str:
-    """``path`` as a boundary names it: a temporary file's random part as ``*`` (``tmp*``), so
-    that the same file of the same save has one name in every run."""
-    return _RANDOM.sub(lambda m: "tmp*" if m.group().startswith("tmp") else "*", path)
+def boundary_path(path: str, pid: int = 0) -> str:
+    """``path`` as a boundary names it: a temporary file's random part as ``*`` (``tmp*``) and
+    the writing process's pid as ``{pid}`` (``ckpt.pt.6800.tmp``), so that the same file of the
+    same save has one name in every run."""
+    named = _RANDOM.sub(lambda m: "tmp*" if m.group().startswith("tmp") else "*", path)
+    # a pid below 100 (a fresh pid namespace) would stand for too many step numbers
+    return re.sub(rf"(?<![0-9]){pid}(?![0-9])", "{pid}", named) if pid >= 100 else named
 
 
 def _env_rank(pid: int) -> int:
@@ -235,7 +238,7 @@ class Journal:
                 return errno.EIO
             if isinstance(crash, dict) and crash.get("before") and op and pid:
                 rank = self._rank(pid, crash.get("ranks"))
-                name = boundary_path(path)
+                name = boundary_path(path, pid)
                 ordinal = self.counts.get((rank, name, op), 0) + 1 if rank is not None else 0
                 if rank is not None and self._at(crash, rank, name, op, ordinal):
                     self._strike(crash, pid, op, name, rank, ordinal, before=True)
@@ -282,13 +285,13 @@ class Journal:
             rank = self._rank(pid, ranks)
             if rank is None:
                 return
-            name = boundary_path(path)
+            name = boundary_path(path, pid)
             counted = (rank, name, op)
             self.counts[counted] = ordinal = self.counts.get(counted, 0) + 1
             if self.written < _MAX_OPS:
                 self.written += 1
                 if "to" in extra:
-                    extra["to"] = boundary_path(str(extra["to"]))
+                    extra["to"] = boundary_path(str(extra["to"]), pid)
                 self._emit({"event": "op", "op": op, "path": name, "rank": rank, "ordinal": ordinal,
                             "pid": pid, "t": time.time(), **extra})
             crash = rules.get("crash")

@@ -8,7 +8,9 @@ JSON (``pad`` spreads it over 3 writes of 4 KiB) to ``ckpt.json`` with ``--write
 * ``rename``: a temp file, written and renamed, no fsync (safe from a process crash, not from a
   power loss);
 * ``inplace``: ``ckpt.json`` truncated and written in place;
-* ``unlink-first``: the old ``ckpt.json`` deleted, then the new one written atomically.
+* ``unlink-first``: the old ``ckpt.json`` deleted, then the new one written atomically;
+* ``timestamped``: as ``atomic``, its temporary file named by the time (a name no two runs share);
+* ``pid``: as ``atomic``, its temporary file named by the writer's pid.
 
 Launched with ``WORLD_SIZE`` 2 (each rank a process, no collectives), the sharded writers have
 each rank keep its own state and print its own loss, and save ``ckpt-NNNN.rankR.json`` atomically,
@@ -63,8 +65,8 @@ def save(ckpt_dir: str, step: int, w: float, writer: str) -> None:
         return
     if writer == "unlink-first" and os.path.exists(final):
         os.unlink(final)
-    tmp = final + ".tmp"
-    careful = writer in ("atomic", "unlink-first")
+    tmp = final + {"timestamped": f".{time.time_ns()}.tmp", "pid": f".{os.getpid()}.tmp"}.get(writer, ".tmp")
+    careful = writer in ("atomic", "unlink-first", "timestamped", "pid")
     write_all(tmp, data, sync=careful)
     os.replace(tmp, final)
     if careful:
@@ -111,7 +113,8 @@ def main() -> None:
     p.add_argument("--ckpt-dir", required=True)
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--writer", default="atomic",
-                   choices=("atomic", "rename", "inplace", "unlink-first", "sharded-marker", "sharded-newest"))
+                   choices=("atomic", "rename", "inplace", "unlink-first", "timestamped", "pid", "sharded-marker",
+                            "sharded-newest"))
     p.add_argument("--sleep", type=float, default=0.02)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--inexact-resume", action="store_true")
