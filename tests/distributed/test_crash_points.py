@@ -168,6 +168,16 @@ def test_the_save_explored_is_whole_and_saves_a_line_apart_are_apart() -> None:
     assert len(save) == 6 and not before
     # no save after the step: nothing to explore
     assert _save_ops(_save(1.0, 1), [(7, 1.5)], 7, 0.25) == ([], True)
+    # a save into a folder of its own that finishes in the background: the files written while
+    # the next steps run and the marker committed at the next save belong to it; the next
+    # save's own folder and the pruning of an old one do not
+    events = [_op("/step_10", "mkdir", 1, 2.0), _op("/step_10/a.distcp", "create", 1, 2.01),
+              _op("/step_10/a.distcp", "write", 1, 2.6), _op("/step_10/.metadata", "create", 1, 3.2),
+              _op("/step_15", "mkdir", 1, 5.0), _op("/step_10/COMPLETE", "create", 1, 5.01),
+              _op("/step_05/a.distcp", "unlink", 1, 5.02), _op("/step_15/a.distcp", "create", 1, 5.03)]
+    save, _ = _save_ops(events, [(7, 1.0), (11, 2.3), (12, 2.9)], 7, 0.25)
+    assert [b.path for b in save] == ["/step_10", "/step_10/a.distcp", "/step_10/a.distcp", "/step_10/.metadata",
+                                      "/step_10/COMPLETE"]
     # a directory made at start-up is no checkpoint before the save
     save, before = _save_ops([_op("/ckpts", "mkdir", 1, 0.5), *_save(2.0, 1)], [(7, 1.0)], 7, 0.25)
     assert len(save) == 6 and not before

@@ -223,6 +223,11 @@ class _Watch:
 _SAME_SAVE_S = 0.02
 
 
+def _top(path: Any) -> str:
+    """The first component of a path under the mount (``/step_000010/x.distcp``: ``step_000010``)."""
+    return str(path).strip("/").split("/", 1)[0]
+
+
 def _save_ops(events: list[dict[str, Any]], arrivals: list[tuple[int, float]], after_step: int,
               gap_s: float) -> tuple[list[Boundary], bool]:
     """The boundaries of the first save that began after the line of step ``after_step`` arrived:
@@ -251,8 +256,14 @@ def _save_ops(events: list[dict[str, Any]], arrivals: list[tuple[int, float]], a
     index = next((i for i, b in enumerate(bursts) if float(b[0].get("t0", b[0]["t"])) > seen[0]), None)
     if index is None:
         return [], True
+    # a save into a folder of its own goes on in later bursts when it finishes in the background
+    # (an async save whose files are written while the next steps run, its marker committed at
+    # the next save): every later operation that builds that folder belongs to it
+    folders = {_top(e["path"]) for e in bursts[index] if "/" in str(e["path"]).strip("/")}
+    later = [e for b in bursts[index + 1:] for e in b
+             if folders and _top(e["path"]) in folders and e["op"] not in ("unlink", "rmdir")]
     save = [Boundary(int(e["rank"]), str(e["path"]), str(e["op"]), int(e["ordinal"]), e.get("to"))
-            for e in bursts[index]]
+            for e in bursts[index] + later]
     # a checkpoint before it: data written before (a directory made at start-up is none)
     wrote = any(e["op"] in ("write", "rename", "link") for b in bursts[:index] for e in b)
     return save, wrote
