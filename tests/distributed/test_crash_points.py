@@ -178,6 +178,10 @@ def test_the_save_explored_is_whole_and_saves_a_line_apart_are_apart() -> None:
     save, _ = _save_ops(events, [(7, 1.0), (11, 2.3), (12, 2.9)], 7, 0.25)
     assert [b.path for b in save] == ["/step_10", "/step_10/a.distcp", "/step_10/a.distcp", "/step_10/.metadata",
                                       "/step_10/COMPLETE"]
+    # two ranks saving in turn: rank 0's next step line, read before rank 1 saves, parts nothing
+    rank1 = [{**e, "rank": 1} for e in _save(1.3, 1)]
+    save, _ = _save_ops(_save(1.0, 1) + _save(1.2, 2) + rank1, [(7, 1.1), (10, 1.25)], 7, 0.25)
+    assert [(b.rank, b.op) for b in save][5:7] == [(0, "rename"), (1, "create")] and len(save) == 12
     # a directory made at start-up is no checkpoint before the save
     save, before = _save_ops([_op("/ckpts", "mkdir", 1, 0.5), *_save(2.0, 1)], [(7, 1.0)], 7, 0.25)
     assert len(save) == 6 and not before

@@ -81,7 +81,10 @@ def test_profile_of_the_example_writes_sane_reports(tmp_path: Path, patched_exam
         assert c["checkpoint_every_s"] <= 600  # target.max_lost_minutes 10 (default)
         # train.py saves every 5 steps: far more often than the optimum for a 100,000-step run
         assert c["job_checkpoint_every_steps"] in (3, 5), c  # median gap of saves 5, 10, 12
-        assert 0 < c["goodput_at_job_cadence"] < c["goodput"]
+        if c["checkpoint_cost_s"]:
+            assert 0 < c["goodput_at_job_cadence"] < c["goodput"]
+        else:  # a loaded machine read the lines in bursts: the save's cost not measurable
+            assert c["goodput_at_job_cadence"] is None and "nothing measurable" in c["checkpoint_rule"], c
     assert sizing["goodput_curve"]["gpus"] == sizing["recommended"]
     p99 = max(s["step"]["p99_s"] for s in data["sizes"])
     assert len(sizing["timeouts"]) == 6 and all(t["reason"] for t in sizing["timeouts"])

@@ -281,3 +281,15 @@ def test_a_check_report_keeps_the_measured_restart_cost_not_the_default() -> Non
     bare.checks.append(CheckResult("profile", "passed", "ok", evidence={"sizing": _sizing().to_dict()}))
     _measured_recovery_into_sizing(bare)
     assert bare.checks[0].evidence["sizing"]["failure_inputs"]["restart_source"].startswith("default")
+
+
+def test_a_save_whose_cost_was_not_measurable_is_not_set_against_the_jobs_cadence() -> None:
+    """A loaded machine read the profile's lines in bursts and the save measured 0 s: the interval
+    falls back to the lost-work cap, and the job's cadence (free at 0 s) is not said to beat it."""
+    measured = {1: SizeInputs(1, 100.0, 64, 10.0, 0.0, 0.0, 900.0, checkpoint_every_steps=5)}
+    target = Target(samples=7_200_000, max_gpus=1, deadline_hours=48, mtbf_hours=200.0, max_lost_minutes=30)
+    sizing = size_run(target, measured, fit_scaling({1: 100.0}), samples_per_step=lambda n: 64,
+                      device="gpu", memory_budget_mb=lambda n: (1000.0, "test"))
+    one = sizing.candidate(1)
+    assert one.checkpoint_every_s == 1800 and "nothing measurable" in one.checkpoint_rule
+    assert one.job_checkpoint_every_steps == 5 and one.goodput_at_job_cadence is None

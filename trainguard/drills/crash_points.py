@@ -246,9 +246,12 @@ def _save_ops(events: list[dict[str, Any]], arrivals: list[tuple[int, float]], a
         if bursts:
             end = float(bursts[-1][-1]["t"])
             gap = start - end
-            # a step line read between two operations parts saves closer than gap_s, unless the
-            # operations follow each other at once (a line read late, in the middle of a save)
-            parted = gap > _SAME_SAVE_S and any(end < t < start for t in lines)
+            # a step line read between two operations of one rank parts saves closer than gap_s,
+            # unless they follow each other at once (a line read late, in the middle of a save);
+            # between two ranks' operations it does not: rank 0 may print its next step while
+            # rank 1 still saves
+            same_rank = e.get("rank") == bursts[-1][-1].get("rank")
+            parted = gap > _SAME_SAVE_S and same_rank and any(end < t < start for t in lines)
             if gap <= gap_s and not parted:
                 bursts[-1].append(e)
                 continue

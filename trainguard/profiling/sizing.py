@@ -281,7 +281,9 @@ def _forecast(c: Candidate, inputs: FailureInputs, target: Target) -> None:
     c.young_daly_s = choice.young_daly_s
     c.goodput = goodput(choice.interval_s, save, mtbf_s, fixed) if work_s > 0 else 1.0
     c.goodput_at_job_cadence = None
-    if c.job_checkpoint_every_steps and c.checkpoint_cost_s is not None and c.step_time_s > 0:
+    # against the chosen interval only when a save costs something measurable: at a cost of 0
+    # every cadence is free, and the job's own would beat the lost-work cap chosen for it
+    if c.job_checkpoint_every_steps and c.checkpoint_cost_s and c.step_time_s > 0:
         c.goodput_at_job_cadence = goodput(c.job_checkpoint_every_steps * c.step_time_s, save, mtbf_s, fixed)
     c.expected_failures = wall / mtbf_s
     c.hours_with_failures = wall / 3600
