@@ -234,3 +234,17 @@ def test_a_temp_name_that_differs_between_runs(tmp_path: Path, writer: str, stat
         assert outcomes == ["safe"] * 2 and "{pid}" in result.evidence["outcomes"][0]["path"]
     else:
         assert outcomes == ["not reached"] * 2 and "never reached their boundary" in result.summary
+
+
+def test_the_fix_for_a_folder_written_in_place_is_to_build_it_aside() -> None:
+    """The Hugging Face Trainer makes checkpoint-10/ and writes its files into it; a restart that
+    takes the newest folder (get_last_checkpoint) loads the half-written one."""
+    from trainguard.drills.crash_points import _fix
+
+    found = [Boundary(0, "/checkpoint-10", "mkdir", 1), Boundary(0, "/checkpoint-10/config.json", "create", 1)]
+    row = {"outcome": "crashed on load"}
+    assert "build /checkpoint-10 under a temporary name" in _fix(found[0], row, set(), "kill", found)
+    assert "build /checkpoint-10 under a temporary name" in _fix(found[1], row, set(), "kill", found)
+    # a folder built as tmp-checkpoint-10/ and renamed into place: that is not the fix
+    aside = [Boundary(0, "/tmp-checkpoint-10", "mkdir", 1), Boundary(0, "/tmp-checkpoint-10", "rename", 1, "/checkpoint-10")]
+    assert "temporary name" not in _fix(aside[0], row, set(), "kill", aside)

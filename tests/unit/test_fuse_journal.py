@@ -45,6 +45,8 @@ def _ops(layer: FuseLayer) -> list[tuple[int, str, str, int]]:
 
 def test_temp_names_are_named_alike_in_every_run() -> None:
     assert boundary_path("/ckpt/tmpa1b2_c3d.pt") == "/ckpt/tmp*.pt"
+    assert boundary_path("/checkpoint-10/.tmpXEW5C3") == "/checkpoint-10/.tmp*"  # safetensors (Rust)
+    assert boundary_path("/ckpt/tmpfile_backup.pt") == "/ckpt/tmpfile_backup.pt"  # a name, not random
     assert boundary_path("/step_000010/.COMPLETE.tmp") == "/step_000010/.COMPLETE.tmp"
     assert boundary_path("/x-0f8fad5b-d9cb-469f-a165-70867728950e.bin") == "/x-*.bin"
     # the writer's pid (digits' ..ckpt_000010.pt.sha256.6800.tmp), and only a whole number

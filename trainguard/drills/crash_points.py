@@ -178,6 +178,12 @@ def _fix(boundary: Boundary, row: dict[str, Any], renamed: set[str], mode: str, 
                          "directory, os.fsync): until then a power loss forgets the rename")
         if fixes:
             return "; ".join(fixes)
+    folder = _top(boundary.path)
+    if (boundary.op == "mkdir" or "/" in boundary.path.strip("/")) and not any(
+            b.op == "rename" and (b.path.strip("/") == folder or (b.to or "").strip("/") == folder) for b in found):
+        return (f"build /{folder} under a temporary name and rename it into place once every file in it is "
+                "complete (or write a completion marker last and resume only from a folder that has it): "
+                "a restart took the half-written folder for the newest checkpoint")
     if boundary.op in ("create", "write", "truncate") and boundary.path not in renamed:
         return ("write the checkpoint to a temporary file in the same directory and rename it over "
                 "the old one (os.replace) once it is complete: the save overwrote it in place")

@@ -44,8 +44,10 @@ __all__ = ["BOUNDARY_OPS", "Journal", "PowerLoss", "boundary_path"]
 BOUNDARY_OPS = ("create", "write", "truncate", "fsync", "fdatasync", "fsyncdir", "rename", "link",
                 "symlink", "unlink", "mkdir", "rmdir")
 _MAX_OPS = 50_000  # op events written per arming (a save of many shards; the count goes on)
-#: a temporary name's random part: Python's tempfile (tmp + 8 of [a-z0-9_]), a uuid, 32 hex digits
-_RANDOM = re.compile(r"tmp[a-z0-9_]{8}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
+#: a temporary name's random part: Python's tempfile (tmp + 8 of [a-z0-9_]), Rust's tempfile crate
+#: (.tmp + 6 of [A-Za-z0-9]: safetensors' model.safetensors), a uuid, 32 hex digits
+_RANDOM = re.compile(r"tmp[A-Za-z0-9_]{6,8}(?![A-Za-z0-9_])|"
+                     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32}")
 
 
 def boundary_path(path: str, pid: int = 0) -> str:
