@@ -23,7 +23,10 @@ if TYPE_CHECKING:
 JOB_FILE = """\
 job:
   name: digits-profile
-  command: "python train.py --steps {steps} --ckpt-dir {checkpoint_dir} --seed {seed}"
+  # --keep-last 3: the step-5 checkpoint is not pruned at step 12. The profile lists the directory
+  # at each step line, and a loaded run read every line after the last save: a file deleted
+  # before any line is read is never seen
+  command: "python train.py --steps {steps} --ckpt-dir {checkpoint_dir} --seed {seed} --keep-last 3"
   env: {OMP_NUM_THREADS: "1"}
   metrics:
     loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
