@@ -35,14 +35,15 @@ job:
   timeout: 60
   stall_timeout: 20
 checks:
-  crash_points: {{steps: 20, after_step: 7, mode: {mode}, gap_s: 0.3, max_boundaries: {limit}}}
+  crash_points: {{steps: 20, after_step: {after}, mode: {mode}, gap_s: 0.3, max_boundaries: {limit}}}
 """
 
 
 def _crash_points(tmp_path: Path, writer: str, mode: str = "kill", *, limit: int = 16, extra: str = "",
-                  world: int = 1) -> CheckResult:
+                  world: int = 1, after: int = 7) -> CheckResult:
     path = tmp_path / "trainguard.yaml"
-    path.write_text(JOB.format(writer=writer, script=WRITER, mode=mode, limit=limit, extra=extra, world=world))
+    path.write_text(JOB.format(writer=writer, script=WRITER, mode=mode, limit=limit, extra=extra, world=world,
+                               after=after))
     report = check(path, only=["crash_points"], report_json=str(tmp_path / "report.json"))
     (result,) = report.checks
     # the report on disk says what the result says
@@ -248,3 +249,16 @@ def test_the_fix_for_a_folder_written_in_place_is_to_build_it_aside() -> None:
     # a folder built as tmp-checkpoint-10/ and renamed into place: that is not the fix
     aside = [Boundary(0, "/tmp-checkpoint-10", "mkdir", 1), Boundary(0, "/tmp-checkpoint-10", "rename", 1, "/checkpoint-10")]
     assert "temporary name" not in _fix(aside[0], row, set(), "kill", aside)
+
+
+@needs_fuse
+@pytest.mark.timeout(240)
+def test_a_crash_in_the_last_save_resumes_with_nothing_left_to_train(tmp_path: Path) -> None:
+    """The save of step 20, the last: once it is renamed into place, the restart loads it, has no
+    step left and exits 0 without a line. That is safe, not a crash on load (seen on Lightning,
+    whose saves of steps 10, 15 and 20 were explored as one)."""
+    result = _crash_points(tmp_path, "atomic", after=17, limit=3)  # create, fsync, rename
+    assert result.status == "passed", result.summary
+    last = result.evidence["outcomes"][-1]
+    assert (last["op"], last["outcome"], last["resumed_from_step"]) == ("rename", "safe", 20), last
+    assert "no step left to train" in last["detail"]

@@ -430,6 +430,10 @@ def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, re
         row.update(outcome="crashed on load", detail=f"the restart failed: {resumed.reason}"
                    + (f" ({last[:200]})" if last else ""))
         return row
+    if resumed_from is None and resumed.ok:  # a crash in the last save: resumed with no step left
+        row.update(outcome="safe", resumed_from_step=spec.steps, detail=f"the restart exited 0 with no step "
+                   f"left to train: it resumed from step {spec.steps}'s checkpoint")
+        return row
     if resumed_from is None:
         row.update(outcome="crashed on load", detail=f"the restart printed no `{metric}` line")
         return row
