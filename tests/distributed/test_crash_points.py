@@ -183,6 +183,13 @@ def test_the_save_explored_is_whole_and_saves_a_line_apart_are_apart() -> None:
     rank1 = [{**e, "rank": 1} for e in _save(1.3, 1)]
     save, _ = _save_ops(_save(1.0, 1) + _save(1.2, 2) + rank1, [(7, 1.1), (10, 1.25)], 7, 0.25)
     assert [(b.rank, b.op) for b in save][5:7] == [(0, "rename"), (1, "create")] and len(save) == 12
+    # after the line, an async save's marker committing an earlier folder starts no save: the
+    # save explored is the next one, which makes a folder of its own
+    events = [_op("/step_05", "mkdir", 1, 1.0), _op("/step_05/a.distcp", "create", 1, 1.01),
+              _op("/step_05/COMPLETE", "create", 1, 2.0), _op("/step_10", "mkdir", 1, 3.0),
+              _op("/step_10/a.distcp", "create", 1, 3.01)]
+    save, _ = _save_ops(events, [(7, 1.5)], 7, 0.25)
+    assert [b.path for b in save] == ["/step_10", "/step_10/a.distcp"]
     # a directory made at start-up is no checkpoint before the save
     save, before = _save_ops([_op("/ckpts", "mkdir", 1, 0.5), *_save(2.0, 1)], [(7, 1.0)], 7, 0.25)
     assert len(save) == 6 and not before

@@ -262,7 +262,16 @@ def _save_ops(events: list[dict[str, Any]], arrivals: list[tuple[int, float]], a
                 bursts[-1].append(e)
                 continue
         bursts.append([e])
-    index = next((i for i, b in enumerate(bursts) if float(b[0].get("t0", b[0]["t"])) > seen[0]), None)
+    # the first burst after the line that starts a save: one that only finishes a folder an
+    # earlier burst began (an async save's marker) belongs to that earlier save
+    begun: set[str] = set()
+    index = None
+    for i, b in enumerate(bursts):
+        tops = {_top(e["path"]) for e in b}
+        if float(b[0].get("t0", b[0]["t"])) > seen[0] and not tops <= begun:
+            index = i
+            break
+        begun |= {_top(e["path"]) for e in b if "/" in str(e["path"]).strip("/") or e["op"] == "mkdir"}
     if index is None:
         return [], True
     # a save into a folder of its own goes on in later bursts when it finishes in the background
@@ -330,16 +339,20 @@ def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference:
     for number, boundary in enumerate(chosen):
         row = _crash_and_resume(number, runner, spec, request, reference, metric, base, layer, boundary, resumed_before)
         evidence.runs += row.pop("runs")
-        if row["outcome"] == "torn" and not any(r["outcome"] == "safe" for r in evidence.outcomes):
-            if evidence.control is None:
-                evidence.control = _crash_and_resume(len(chosen), runner, spec, request, reference, metric, base,
-                                                     layer, found[0], resumed_before, control=True)
-                evidence.runs += evidence.control.pop("runs")
-            if evidence.control["outcome"] != "safe":
-                row.update(outcome="loaded", detail=f"{row['detail'].split(': it loaded')[0]}; so did the restart "
-                           f"after a kill just before the save began ({evidence.control['detail']}): the job's "
-                           "resume does not match the uninterrupted run, so a torn checkpoint that loads cannot "
-                           "be told from it")
+        first_doubt = row["outcome"] == "torn" and not any(r["outcome"] == "safe" for r in evidence.outcomes)
+        if (first_doubt or row["outcome"] == "began again") and evidence.control is None:
+            evidence.control = _crash_and_resume(len(chosen), runner, spec, request, reference, metric, base,
+                                                 layer, found[0], resumed_before, control=True)
+            evidence.runs += evidence.control.pop("runs")
+        if row["outcome"] == "began again" and evidence.control is not None and (
+                evidence.control.get("resumed_from_step") is not None and evidence.control["resumed_from_step"] < base):
+            row.update(outcome="safe", detail=f"began again at step {base}, as the restart after a kill just "
+                       "before the save did: no checkpoint was complete before the save")
+        if first_doubt and evidence.control is not None and evidence.control["outcome"] != "safe":
+            row.update(outcome="loaded", detail=f"{row['detail'].split(': it loaded')[0]}; so did the restart "
+                       f"after a kill just before the save began ({evidence.control['detail']}): the job's "
+                       "resume does not match the uninterrupted run, so a torn checkpoint that loads cannot "
+                       "be told from it")
         evidence.outcomes.append(row)
         if row["outcome"] in ("safe", "loaded"):
             resumed_before = max(resumed_before if resumed_before is not None else -1, row["resumed_from_step"])
@@ -444,7 +457,7 @@ def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, re
             f"rank {r} from {s - 1}" for r, s in sorted(firsts.items())) + "): the save was complete on "
             "some ranks only")
         return row
-    if resumed_from < base and resumed_before is not None:
+    if not control and resumed_from < base and resumed_before is not None:
         row.update(outcome="began again", detail=f"the restart began at step {base}: the save left no "
                    "checkpoint to resume from, though there was one before it" + (
                        " (a power loss also drops a checkpoint that was never fsynced)" if spec.mode == "power" else ""))
