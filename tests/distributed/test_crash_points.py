@@ -64,6 +64,10 @@ def test_a_writer_that_renames_a_synced_temp_file_is_safe_at_every_boundary(tmp_
     # save's own (the save at step 10, or at 15 when the line of step 7 was read late)
     resumed = [o["resumed_from_step"] for o in ev["outcomes"]]
     assert resumed[0] in (5, 10) and resumed == [resumed[0]] * 5 + [resumed[0] + 5] * 2, ev["outcomes"]
+    # the table for people: a row per boundary, under the verdict
+    table = Path(ev["table"]).read_text().splitlines()
+    assert table[2].startswith("PASSED: 7 of 7 boundaries") and len(table) == 6 + 7
+    assert table[-1].startswith("| rank 0: after fsyncdir #") and "of / | safe |" in table[-1], table[-1]
 
 
 @needs_fuse

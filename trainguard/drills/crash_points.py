@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from trainguard._internal.atomic import atomic_write_text
 from trainguard.checks.equivalence import compare_trajectories, progress_metric
 from trainguard.config.checks import CheckSpec
 from trainguard.config.problems import resume_problems
@@ -144,6 +145,8 @@ class CrashPointsEvidence(Evidence):
     #: a kill just before the save began, resumed: run when a crash's restart diverged and none
     #: matched before it, to tell a torn checkpoint from a resume that is never exact
     control: dict[str, Any] | None = None
+    #: the outcomes as a Markdown table, for people (``table.md`` in the work directory)
+    table: str | None = None
 
 
 def _unsynced(found: list[Boundary]) -> tuple[list[str], list[str]]:
@@ -193,6 +196,20 @@ def _fix(boundary: Boundary, row: dict[str, Any], renamed: set[str], mode: str, 
         return "keep the previous checkpoint until the new one is complete"
     return ("make the checkpoint complete before anything points at it: write, fsync, then rename "
             "(or write its completion marker last)")
+
+
+def _write_table(evidence: CrashPointsEvidence, work: Path, verdict: str) -> None:
+    """``table.md``: one row per boundary (its operation, outcome, the step resumed from, why)."""
+    def cell(text: Any) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    rows = [f"# crash_points ({evidence.mode} mode): the save after step {evidence.after_step}", "", cell(verdict),
+            "", "| boundary | outcome | resumed from | detail |", "|---|---|---|---|"]
+    for r in evidence.outcomes + ([evidence.control] if evidence.control else []):
+        rows.append(f"| {cell(r.get('boundary'))} | {cell(r.get('outcome'))} | "
+                    f"{cell(r.get('resumed_from_step', ''))} | {cell(r.get('detail', ''))} |")
+    with contextlib.suppress(OSError):  # the verdict stands without its table
+        evidence.table = str(atomic_write_text(work / "table.md", "\n".join(rows) + "\n"))
 
 
 def _clear(folder: Path) -> None:
@@ -310,7 +327,11 @@ def run_crash_points(runner: JobRunner, spec: CrashPointsCheck) -> CheckResult:
         return CheckResult(_NAME, "skipped", str(exc), evidence.to_dict(), time.monotonic() - started,
                            skip_reason=SkipReason.UNAVAILABLE)
     try:
-        return _explore(runner, spec, request, reference, metric, base, layer, evidence, started)
+        result = _explore(runner, spec, request, reference, metric, base, layer, evidence, started)
+        if evidence.outcomes:
+            _write_table(evidence, work, f"{result.status.upper()}: {result.summary}")
+            result.evidence["table"] = evidence.table
+        return result
     finally:
         problem = layer.unmount()
         if problem:
