@@ -64,6 +64,8 @@ def test_a_writer_that_renames_a_synced_temp_file_is_safe_at_every_boundary(tmp_
     # save's own (the save at step 10, or at 15 when the line of step 7 was read late)
     resumed = [o["resumed_from_step"] for o in ev["outcomes"]]
     assert resumed[0] in (5, 10) and resumed == [resumed[0]] * 5 + [resumed[0] + 5] * 2, ev["outcomes"]
+    # the save of step 10 (or 15) began after the line of step 9 (or an earlier one read late)
+    assert resumed[0] <= ev["save_after_step"] < resumed[-1], ev["save_after_step"]
     # the table for people: a row per boundary, under the verdict
     table = Path(ev["table"]).read_text().splitlines()
     assert table[2].startswith("PASSED: 7 of 7 boundaries") and len(table) == 6 + 7

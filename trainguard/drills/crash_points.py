@@ -132,6 +132,8 @@ class CrashPointsEvidence(Evidence):
 
     mode: str
     after_step: int
+    #: the newest step whose line had been read when the save began
+    save_after_step: int | None = None
     boundaries_found: int = 0
     boundaries_explored: int = 0
     #: boundaries found per operation kind
@@ -344,7 +346,13 @@ def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference:
     recorded = runner.run(request, label="crash-points-record", checkpoint_dir=layer.point, on_metric=watch)
     evidence.runs += 1
     layer.disarm()
-    found, had_checkpoint = _save_ops(layer.read_events(), watch.arrivals, spec.after_step, spec.gap_s)
+    events = layer.read_events()
+    found, had_checkpoint = _save_ops(events, watch.arrivals, spec.after_step, spec.gap_s)
+    if found:
+        first = found[0].as_rule()
+        began = next((float(e.get("t0", e["t"])) for e in events if e.get("event") == "op" and all(
+            e.get(k) == v for k, v in first.items())), None)
+        evidence.save_after_step = max((step for step, t in watch.arrivals if began is not None and t <= began), default=None)
     if not recorded.ok or not found:
         why = (f"the recording run did not complete: {recorded.reason}" if not recorded.ok else
                f"no save under the checkpoint directory began after trainguard read step {spec.after_step}: "
