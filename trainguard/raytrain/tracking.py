@@ -312,7 +312,11 @@ class WorkerWriter:
         self._thread.join(timeout + 0.5)
         with self._cond:
             if self._thread.is_alive():
-                self._stopped = self._stopped or f"the store did not take the last rows within {timeout:g} s"
+                # still inside a retry at the deadline: a store that never took a row was
+                # unreachable (a loaded machine's retry outlasted the 1 s close), not slow
+                never = self.summary.written_rows == 0 and self.last_error
+                self._stopped = self._stopped or (f"the store was unreachable ({self.last_error})" if never else
+                                                  f"the store did not take the last rows within {timeout:g} s")
             why = self._stopped or (f"the store was unreachable ({self.last_error})" if self.last_error
                                     else "the writer was closed")
             for step, rows in self._pending:
