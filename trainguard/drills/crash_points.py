@@ -452,7 +452,8 @@ def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, re
     elif spec.mode == "power":
         rule.update(mode="power", snapshots=str(layer.trigger.parent / "power-copies" / str(number)))
     watch = _Watch(layer, metric, "crash", rule)
-    crashed_run = runner.run(request, label="crash-points-control" if control else "crash-points-crash", checkpoint_dir=layer.point, on_metric=watch)
+    crashed_run = runner.run(request, label="crash-points-control" if control else "crash-points-crash",
+                             checkpoint_dir=layer.point, on_metric=watch)
     crashed = [e for e in layer.read_events() if e.get("event") == "crashed"]
     layer.disarm()
     if not crashed:
@@ -472,12 +473,9 @@ def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, re
         row.update(outcome="crashed on load", detail=f"the restart failed: {resumed.reason}"
                    + (f" ({last[:200]})" if last else ""))
         return row
-    if resumed_from is None and resumed.ok:  # a crash in the last save: resumed with no step left
+    if resumed_from is None:  # exited 0 without a step: a crash in the last save, nothing left
         row.update(outcome="safe", resumed_from_step=spec.steps, detail=f"the restart exited 0 with no step "
                    f"left to train: it resumed from step {spec.steps}'s checkpoint")
-        return row
-    if resumed_from is None:
-        row.update(outcome="crashed on load", detail=f"the restart printed no `{metric}` line")
         return row
     firsts = _first_steps(resumed.points, metric)
     if len(set(firsts.values())) > 1 and _ranks_print_alike(reference.points, metric):

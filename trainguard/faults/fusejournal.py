@@ -8,9 +8,9 @@ Armed through the ``rules`` trigger of :mod:`trainguard.faults.fusefs`:
   process's environment, 0 without one; with ``"ranks": {"<pid>": rank}``, only those processes
   and the ones they started), the file (relative to the mount, a temporary file's random name
   written as ``tmp*``, the writer's pid in it as ``{pid}``), the operation, its ordinal among
-  that rank's operations of that kind on that file, and for a rename its destination. A *boundary* is ``(rank, file, op, ordinal)``: armed
-  before the job starts, it names the same moment of a save in every run of the same job,
-  whatever other files were written meanwhile. The counts start again when ``run`` changes (not
+  that rank's operations of that kind on that file, and for a rename its destination. A
+  *boundary* is ``(rank, file, op, ordinal)``: armed before the job starts, it names the same
+  moment of a save in every run of the same job, whatever other files were written meanwhile. The counts start again when ``run`` changes (not
   when the rule is rewritten: the ``kill`` list below is added once the ranks are known).
 * ``crash``: ``{"run": id, "at": {"rank", "path", "op", "ordinal"}, "kill": [pgid, ...]}``:
   counts as ``record`` does; right after the operation ``at`` names has been done, the caller's
