@@ -101,9 +101,14 @@ def load_shard(ckpt_dir: str, writer: str, rank: int) -> dict | None:
     names = sorted(os.listdir(ckpt_dir))
     if writer == "sharded-marker":
         saves = [n[: -len(".COMPLETE")] for n in names if n.endswith(".COMPLETE")]
-        return json.load(open(os.path.join(ckpt_dir, f"{saves[-1]}.rank{rank}.json"))) if saves else None
-    mine = [n for n in names if n.endswith(f".rank{rank}.json")]
-    return json.load(open(os.path.join(ckpt_dir, mine[-1]))) if mine else None
+        chosen = f"{saves[-1]}.rank{rank}.json" if saves else None
+    else:
+        mine = [n for n in names if n.endswith(f".rank{rank}.json")]
+        chosen = mine[-1] if mine else None
+    if chosen is None:
+        return None
+    with open(os.path.join(ckpt_dir, chosen)) as f:
+        return json.load(f)
 
 
 def main() -> None:
