@@ -232,7 +232,7 @@ def test_enabled_checks_rejects_unknown_names() -> None:
         jf.enabled_checks(["smoke", "smok", "lint"])
     message = str(info.value)
     assert "unknown check name(s) lint, smok" in message
-    assert "known: smoke, canary, determinism, resume, parallel" in message
+    assert "known: smoke, canary, determinism, resume, compat, parallel" in message
     assert "trainguard.yaml" in message
 
 
@@ -356,7 +356,7 @@ ERRORS = [
         [
             "unknown key 'smoek'",
             "(did you mean 'smoke'?)",
-            "allowed here: smoke, canary, determinism, resume, parallel",
+            "allowed here: smoke, canary, determinism, resume, compat, parallel",
         ],
         id="unknown-check-typo",
     ),

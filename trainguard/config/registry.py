@@ -52,6 +52,7 @@ REGISTERED: list[str] = [
     "trainguard.checks.canary:CANARY",
     "trainguard.checks.equivalence:DETERMINISM",
     "trainguard.checks.resume:RESUME",
+    "trainguard.checks.compat:COMPAT",
     "trainguard.checks.equivalence:PARALLEL",
     "trainguard.checks.reshard:RESHARD",
     "trainguard.profiling.check:PROFILE",

@@ -27,6 +27,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainguard._internal.pids import pid_alive
 from trainguard.faults.base import FaultUnavailable
 from trainguard.report import SkipReason
 
@@ -273,7 +274,7 @@ def remove_stale(base: Path) -> list[Path]:
     with contextlib.suppress(OSError):
         for parent in base.glob(f"{_PREFIX}*-*"):
             pid = parent.name[len(_PREFIX):].split("-", 1)[0]
-            if not pid.isdigit() or _process_exists(int(pid)) or not parent.is_dir():
+            if not pid.isdigit() or pid_alive(int(pid)) or not parent.is_dir():
                 continue
             with contextlib.suppress(OSError):  # EBUSY: a process is still inside; left alone
                 for child in [c for c in parent.iterdir() if c.is_dir()]:
@@ -281,16 +282,6 @@ def remove_stale(base: Path) -> list[Path]:
                 parent.rmdir()
                 removed.append(parent)
     return removed
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _write(path: Path, value: str) -> None:

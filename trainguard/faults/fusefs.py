@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainguard._internal.pids import pid_alive
 from trainguard._internal.signals import signals_deferred
 from trainguard.faults.fusejournal import Journal
 
@@ -291,7 +292,7 @@ def _operations(backing: str, policy: dict[str, int] | None, trigger: str, event
                 break
             time.sleep(0.005)
         record(op, "released", path, pid=pid, after_s=round(time.monotonic() - started, 3),
-               caller_alive=_alive(pid))
+               caller_alive=pid_alive(pid))
         raise fuse.FuseOSError(errno.EIO)
 
     def deny(op: str, path: str, **extra: Any) -> None:
@@ -526,7 +527,7 @@ def serve(argv: list[str] | None = None) -> int:
     def watch_parent() -> None:  # never an orphaned mount: leave when trainguard is gone
         while True:
             time.sleep(0.5)
-            if args.parent and not _alive(args.parent):
+            if args.parent and not pid_alive(args.parent):
                 subprocess.run(["umount", "-l", args.point], capture_output=True, timeout=30, check=False)
                 os._exit(0)
 
@@ -537,16 +538,6 @@ def serve(argv: list[str] | None = None) -> int:
     fuse.FUSE(ops, args.point, foreground=True, allow_other=True, nothreads=False,
               fsname="trainguard-fuse", **fresh)
     return 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 if __name__ == "__main__":

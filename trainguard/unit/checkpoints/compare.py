@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from trainguard.unit.checkpoints.state import (
     flatten_parts,
 )
 
-__all__ = ["StateComparison", "compare_checkpoint_dirs"]
+__all__ = ["LayoutDifference", "StateComparison", "compare_checkpoint_dirs", "compare_layouts"]
 
 
 @dataclass
@@ -167,4 +168,99 @@ def compare_checkpoint_dirs(
         if key not in e_entries and a_entry.part in e_files:
             differs(a_entry, f"only in {labels[0]}, not in {labels[1]}")
     result._described = {c: describe_keys(c, entries) for c, entries in grouped.items()}
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Layout: which keys a checkpoint holds and each tensor's shape, not the values
+# --------------------------------------------------------------------------------------------
+
+_INDEX = re.compile(r"(?<=[.:])\d+(?=\.|$)")
+
+
+@dataclass
+class LayoutDifference:
+    """How two checkpoints' layouts differ: keys one holds and the other does not, tensors whose
+    shape or dtype changed, and the renames that explain a pair of those (same shape, same last
+    name). A tensor key is kept whole (``layers.3.weight``); any other key has its list
+    positions folded (``log_history.*.loss``), so a longer history is no difference."""
+
+    compared: bool
+    reason: str = ""
+    files: tuple[str, str] | None = None
+    only_in_old: list[str] = field(default_factory=list)
+    only_in_new: list[str] = field(default_factory=list)
+    #: (key, old shape/dtype, new shape/dtype)
+    changed: list[tuple[str, str, str]] = field(default_factory=list)
+    #: (old prefix, new prefix): ``model.fc1`` -> ``model.encoder``
+    renamed: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def same(self) -> bool:
+        return not (self.only_in_old or self.only_in_new or self.changed)
+
+    def summary(self, old: str = "base", new: str = "current") -> str:
+        """``renamed model.fc1 -> model.encoder; only in base: ...; only in current: ...``."""
+        words = [f"renamed {a} -> {b}" for a, b in self.renamed[:3]]
+        renamed = {k for a, b in self.renamed for k in self.only_in_old + self.only_in_new
+                   if k.startswith(a + ".") or k.startswith(b + ".")}
+        for label, keys in ((f"only in {old}'s checkpoint", self.only_in_old),
+                            (f"only in {new}'s", self.only_in_new)):
+            rest = [k for k in keys if k not in renamed]
+            if rest:
+                words.append(f"{label}: {', '.join(rest[:4])}" + (f" (+{len(rest) - 4})" if len(rest) > 4 else ""))
+        words += [f"{k} changed from {a} to {b}" for k, a, b in self.changed[:3]]
+        return "; ".join(words)
+
+    def as_evidence(self) -> dict[str, Any]:
+        return {"compared": self.compared, "reason": self.reason,
+                "files": list(self.files) if self.files else None,
+                "only_in_old": self.only_in_old[:50], "only_in_new": self.only_in_new[:50],
+                "changed": [list(c) for c in self.changed[:50]],
+                "renamed": [list(r) for r in self.renamed[:20]], "summary": self.summary()}
+
+
+def _layout(entries: dict[str, Entry]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, entry in entries.items():
+        if entry.metadata:
+            continue
+        shape = getattr(entry.value, "shape", None)
+        if shape is not None and hasattr(entry.value, "dtype"):
+            out[key] = f"{list(shape)} {str(entry.value.dtype).removeprefix('torch.')}"
+        else:
+            out.setdefault(_INDEX.sub("*", key), "")
+    return out
+
+
+def _renames(old: list[str], new: list[str], old_layout: dict[str, str], new_layout: dict[str, str]) -> list[tuple[str, str]]:
+    """Prefix pairs whose keys match one to one by last name and shape."""
+    found: dict[tuple[str, str], int] = {}
+    for key in old:
+        head, _, last = key.rpartition(".")
+        twins = [k for k in new if k.rpartition(".")[2] == last and new_layout[k] == old_layout[key] and old_layout[key]]
+        if head and len(twins) == 1 and (other := twins[0].rpartition(".")[0]) and other != head:
+            found[(head, other)] = found.get((head, other), 0) + 1
+    return sorted(found, key=lambda pair: -found[pair])
+
+
+def compare_layouts(old_dir: Path, new_dir: Path) -> LayoutDifference:
+    """The layout of the newest complete checkpoint under ``old_dir`` against the one under
+    ``new_dir`` (names and shapes, not values): what a ``load_state_dict`` of the old one by
+    the new code would call missing, unexpected or a size mismatch."""
+    old, new = resolve_checkpoint(Path(old_dir)), resolve_checkpoint(Path(new_dir))
+    if old is None or new is None:
+        which = old_dir if old is None else new_dir
+        return LayoutDifference(False, f"no complete checkpoint under {which}")
+    roots = _roots(Path(old_dir), Path(new_dir))
+    (old_entries, old_contents), (new_entries, new_contents) = _entries(old, roots), _entries(new, roots)
+    result = LayoutDifference(True, files=(str(old), str(new)))
+    if not old_contents.files or not new_contents.files:
+        result.compared, result.reason = False, "nothing of one checkpoint could be read safely"
+        return result
+    a, b = _layout(old_entries), _layout(new_entries)
+    result.only_in_old = sorted(k for k in a if k not in b)
+    result.only_in_new = sorted(k for k in b if k not in a)
+    result.changed = [(k, a[k], b[k]) for k in sorted(a) if k in b and a[k] != b[k]]
+    result.renamed = _renames(result.only_in_old, result.only_in_new, a, b)
     return result

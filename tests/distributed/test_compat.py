@@ -1,0 +1,168 @@
+"""checks.compat on the digits example in a temporary git repository: base is the example as
+shipped (its data git-ignored, so the checkout has it only through the link), the current code
+is the example with one planted change. A renamed layer, a buffer added without a default on
+load and a changed data order each fail naming the key or the divergence; a compatible refactor
+(the model class moved to a module of its own, a function renamed) passes.
+
+Each case is three launches of digits on 40 steps (the current code's uninterrupted run, base
+killed after step 5, the current code resumed from base's checkpoint), no DataLoader workers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from trainguard.gate.policy import Capabilities, Decision
+from trainguard.gate.provenance import provenance_for
+from trainguard.gate.run import GateReport, write_gate_report
+from trainguard.report import CheckResult, Report
+from trainguard.session import check
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
+
+JOB = """\
+job:
+  name: digits-compat
+  command: "python train.py --steps {{steps}} --ckpt-dir {{checkpoint_dir}} --seed {{seed}} --num-workers 0 --eval-every 1000"
+  resume_args: "--resume"
+  env: {{OMP_NUM_THREADS: "1"}}
+  metrics:
+    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
+  timeout: 120
+  stall_timeout: 60
+checks:
+  compat: {{base: {base}, steps: 40, after_step: 5}}
+"""
+
+Patches = dict[str, tuple[str, str]]
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          timeout=60).stdout.strip()
+
+
+@pytest.fixture
+def digits_repo(tmp_path: Path) -> Callable[..., Path]:
+    """``make(patches, commit=True)``: the digits example committed as ``base`` (tag), then each
+    planted replacement (applied exactly once) committed on top, or left uncommitted."""
+
+    def make(patches: Patches, *, commit: bool = True, new_files: dict[str, str] | None = None,
+             base: str = "base", at_base: Callable[[Path], None] | None = None) -> Path:
+        repo = tmp_path / "repo"
+        shutil.copytree(EXAMPLE, repo, ignore=shutil.ignore_patterns(".trainguard", "__pycache__", "checkpoints"))
+        (repo / ".gitignore").write_text("data/\n.trainguard/\n__pycache__/\n")
+        (repo / "trainguard.yaml").write_text(JOB.format(base=base))
+        _git(repo, "init", "-q")
+        _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+        _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "base")
+        _git(repo, "tag", "base")
+        if at_base is not None:
+            at_base(repo)
+        for name, (old, new) in patches.items():
+            path = repo / name
+            text = path.read_text()
+            assert text.count(old) == 1, f"planted patch no longer applies to {name}: {old!r}"
+            path.write_text(text.replace(old, new))
+        for name, text in (new_files or {}).items():
+            (repo / name).write_text(text)
+        if commit:
+            _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+            _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "change")
+        return repo
+
+    return make
+
+
+def _compat(repo: Path) -> CheckResult:
+    report = check(repo / "trainguard.yaml", only=["compat"], report_json=str(repo.parent / "report.json"))
+    (result,) = report.checks
+    assert json.loads((repo.parent / "report.json").read_text())["checks"][0]["status"] == result.status
+    # the checkout is gone, and git no longer lists it
+    assert not list((repo / ".trainguard" / "compat").glob("checkout-*"))
+    assert _git(repo, "worktree", "list").count("\n") == 0
+    return result
+
+
+@pytest.mark.timeout(300)
+def test_a_renamed_layer_fails_naming_the_keys(digits_repo: Callable[..., Path]) -> None:
+    model = (EXAMPLE / "digits" / "model.py").read_text()
+    renamed = model.replace("self.head = nn.Linear", "self.classifier = nn.Linear").replace(
+        "return self.head(", "return self.classifier(")
+    assert renamed.count("self.classifier") == 2
+    repo = digits_repo({}, new_files={"digits/model.py": renamed})
+    result = _compat(repo)
+    assert result.status == "failed", result.summary
+    assert "cannot resume base's" in result.summary and "classifier.weight" in result.summary, result.summary
+    layout = result.evidence["layout"]
+    assert layout["renamed"] == [["model.head", "model.classifier"]], layout
+    assert "map the old names on load" in result.summary
+    # base ran in its own checkout, on the data the working tree's ignored folder holds
+    assert "data" in result.evidence["linked"]
+    assert result.evidence["base_commit"] == _git(repo, "rev-parse", "base")
+
+
+@pytest.mark.timeout(300)
+def test_a_buffer_added_without_a_default_on_load_fails_naming_it(digits_repo: Callable[..., Path]) -> None:
+    repo = digits_repo({"digits/model.py": (
+        "        self.head = nn.Linear(width, num_classes)\n",
+        "        self.head = nn.Linear(width, num_classes)\n"
+        "        self.register_buffer(\"input_scale\", torch.ones(in_features))\n")})
+    result = _compat(repo)
+    assert result.status == "failed", result.summary
+    assert "input_scale" in result.summary, result.summary
+    assert result.evidence["layout"]["only_in_new"] == ["model.input_scale"], result.evidence["layout"]
+
+
+@pytest.mark.timeout(300)
+def test_a_changed_data_order_fails_at_the_first_step_after_the_resume(digits_repo: Callable[..., Path]) -> None:
+    repo = digits_repo({"train.py": ("shuffle=True, seed=args.seed, drop_last=True",
+                                     "shuffle=True, seed=args.seed + 1, drop_last=True")})
+    result = _compat(repo)
+    assert result.status == "failed", result.summary
+    ev = result.evidence
+    resumed_from = ev["resumed_from_step"]
+    assert resumed_from >= 5 and f"at step {resumed_from + 1}" in result.summary, result.summary
+    # the checkpoint's layout is the same; the samples drawn are not, from the first batch
+    assert ev["layout"]["compared"] and not ev["layout"]["only_in_old"] and not ev["layout"]["only_in_new"]
+    assert "the data order changed" in ev["samples"] and "in batch 1," in ev["samples"], ev["samples"]
+    assert ev["before_resume"]["first_divergent_step"] == 1
+
+
+@pytest.mark.timeout(300)
+def _promote(repo: Path) -> None:
+    """A promoted gate report of the job at base, written by the gate's own writer."""
+    path = repo / "trainguard.yaml"
+    write_gate_report(GateReport(job="digits-compat", job_file=str(path), decision=Decision("promote"),
+                                 report=Report(job="digits-compat", job_file=str(path)),
+                                 provenance=provenance_for(path).to_dict(),
+                                 capabilities=dataclasses.asdict(Capabilities.probe()), policy={}),
+                      repo / ".trainguard" / "gate")
+
+
+def test_a_compatible_refactor_passes_against_the_last_promoted_commit(digits_repo: Callable[..., Path]) -> None:
+    """The model class moved to a module of its own, a data function renamed, left uncommitted
+    (the current code is the working tree); base is the commit the last promoted gate report
+    was made at (``base: promoted``)."""
+    model = (EXAMPLE / "digits" / "model.py").read_text()
+    repo = digits_repo(
+        {"digits/model.py": (model, '"""The model (moved to digits.mlp)."""\n\nfrom digits.mlp import DigitsMLP\n\n'
+                                    '__all__ = ["DigitsMLP"]\n'),
+         "digits/data.py": ("def sample_seed(", "def augmentation_seed(")},
+        commit=False, new_files={"digits/mlp.py": model}, base="promoted", at_base=_promote)
+    data = (repo / "digits" / "data.py").read_text()
+    (repo / "digits" / "data.py").write_text(data.replace("sample_seed(self.seed", "augmentation_seed(self.seed"))
+    assert "sample_seed" not in (repo / "digits" / "data.py").read_text()
+    result = _compat(repo)
+    assert result.status == "passed", result.summary
+    ev = result.evidence
+    assert ev["base"] == "promoted" and ev["base_commit"] == _git(repo, "rev-parse", "base")
+    assert ev["current_dirty"] is True and ev["resumed_from_step"] >= 5
+    assert ev["layout"]["compared"] and ev["layout"]["summary"] == ""
+    assert all(m["first_divergent_step"] is None and m["compared_steps"] > 0 for m in ev["metrics"])

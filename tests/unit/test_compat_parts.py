@@ -1,0 +1,172 @@
+"""The parts of checks.compat that launch nothing: the checkout of an older commit (removed
+however the block ends, a dead process's leftover removed the next time), the ignored files
+linked into it, the checkpoint layout comparison, the last promoted commit read from gate
+reports as data, and the job-file problems (an unknown ref, no repository)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainguard._internal.worktree import (
+    GitError,
+    checkout,
+    link_ignored,
+    repository_root,
+    resolve_commit,
+)
+from trainguard.checks.compat import CompatCheck, last_promoted_commit
+from trainguard.config import load_config
+from trainguard.errors import ConfigError
+from trainguard.unit.checkpoints.compare import compare_layouts
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "train.py").write_text("print('old')\n")
+    (root / ".gitignore").write_text("data/\n*.log\n")
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "old")
+    _git(root, "tag", "v1")
+    (root / "train.py").write_text("print('new')\n")
+    _git(root, "commit", "-q", "-am", "new")
+    (root / "data").mkdir()
+    (root / "data" / "train.bin").write_bytes(b"\x00" * 16)
+    (root / "run.log").write_text("ignored too\n")
+    return root
+
+
+def test_a_checkout_holds_the_old_commit_and_is_removed_whatever_ends_the_block(repo: Path, tmp_path: Path) -> None:
+    commit = resolve_commit(repo, "v1")
+    assert commit == _git(repo, "rev-parse", "HEAD~1") and resolve_commit(repo, "HEAD~1") == commit
+    parent = tmp_path / "state" / "compat"
+    with pytest.raises(KeyboardInterrupt), checkout(repo, commit, parent) as tree:
+        assert (tree / "train.py").read_text() == "print('old')\n"
+        assert (repo / "train.py").read_text() == "print('new')\n"  # the working tree untouched
+        raise KeyboardInterrupt
+    assert not list(parent.iterdir())
+    assert "checkout-" not in _git(repo, "worktree", "list")
+    assert _git(repo, "status", "--porcelain") == ""
+
+
+def test_a_checkout_a_killed_process_left_is_removed_the_next_time(repo: Path, tmp_path: Path) -> None:
+    parent = tmp_path / "compat"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = parent / f"checkout-{dead.pid}-abcdef012345"
+    _git(repo, "worktree", "add", "--detach", str(stale), "v1")
+    alive = parent / f"checkout-{os.getppid()}-abcdef012345"  # a live process's: left alone
+    alive.mkdir()
+    with checkout(repo, resolve_commit(repo, "v1"), parent) as tree:
+        assert tree.is_dir() and not stale.exists() and alive.exists()
+    assert str(stale) not in _git(repo, "worktree", "list")
+
+
+def test_unknown_refs_and_folders_outside_a_repository_are_said(repo: Path, tmp_path: Path) -> None:
+    for ref in ("v9", "--output=/tmp/x", ""):
+        with pytest.raises(GitError, match=r"names no commit|is not a git ref"):
+            resolve_commit(repo, ref)
+    outside = tmp_path / "plain"
+    outside.mkdir()
+    assert repository_root(outside) is None and repository_root(repo / "data") == repo
+
+
+def test_ignored_files_are_linked_into_the_checkout_and_nothing_outside_it_is_touched(repo: Path, tmp_path: Path) -> None:
+    (repo / "extra.txt").write_text("untracked, not ignored\n")
+    with checkout(repo, resolve_commit(repo, "v1"), tmp_path / "c") as tree:
+        linked = link_ignored(repo, tree, skip=lambda name: name.endswith(".log"),
+                              extra=["extra.txt", "../escape", "missing.txt"])
+        assert sorted(linked) == ["data", "extra.txt"]
+        assert (tree / "data" / "train.bin").read_bytes() == b"\x00" * 16
+        assert not (tree / "run.log").exists() and not (tree.parent / "escape").exists()
+    assert (repo / "data" / "train.bin").exists()  # the link removed, not what it pointed at
+
+
+def _save(path: Path, model: dict[str, torch.Tensor], history: int) -> None:
+    path.mkdir(parents=True)
+    torch.save({"model": model, "optimizer": {"state": {0: {"exp_avg": torch.zeros(3)}}},
+                "log_history": [{"loss": 1.0, "step": i} for i in range(history)], "step": history},
+               path / "ckpt_000005.pt")
+
+
+def test_the_layout_names_renames_added_buffers_and_shape_changes_not_a_longer_history(tmp_path: Path) -> None:
+    old = {"body.0.weight": torch.zeros(4, 3), "head.weight": torch.zeros(2, 4), "head.bias": torch.zeros(2)}
+    _save(tmp_path / "old", old, 5)
+    _save(tmp_path / "same", {k: v + 1 for k, v in old.items()}, 20)
+    same = compare_layouts(tmp_path / "old", tmp_path / "same")
+    assert same.compared and same.same and same.summary() == ""
+    _save(tmp_path / "new", {"body.0.weight": torch.zeros(4, 5), "classifier.weight": torch.zeros(2, 4),
+                             "classifier.bias": torch.zeros(2), "scale": torch.ones(3)}, 20)
+    diff = compare_layouts(tmp_path / "old", tmp_path / "new")
+    assert diff.renamed == [("model.head", "model.classifier")]
+    assert diff.only_in_new == ["model.classifier.bias", "model.classifier.weight", "model.scale"]
+    assert diff.changed == [("model.body.0.weight", "[4, 3] float32", "[4, 5] float32")]
+    assert diff.summary() == ("renamed model.head -> model.classifier; only in current's: model.scale; "
+                              "model.body.0.weight changed from [4, 3] float32 to [4, 5] float32")
+    assert not compare_layouts(tmp_path / "old", tmp_path / "nothing").compared
+
+
+def _report(gate: Path, stamp: str, verdict: str, commit: str | None) -> None:
+    gate.mkdir(parents=True, exist_ok=True)
+    (gate / f"gate-{stamp}.json").write_text(json.dumps(
+        {"decision": {"verdict": verdict}, "provenance": {"git_commit": commit}}))
+
+
+def test_the_last_promoted_commit_is_the_newest_promoted_report_read_as_data(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    assert last_promoted_commit(gate)[0] is None
+    _report(gate, "20261101-120000", "promote", "a" * 40)
+    _report(gate, "20261102-120000", "promote", "b" * 40)
+    _report(gate, "20261103-120000", "block", "c" * 40)  # newer, but blocked
+    _report(gate, "20261104-120000", "promote", "$(rm -rf /)")  # not a commit id
+    (gate / "gate-20261105-120000.json").write_text("{not json")
+    (gate / "gate-20261106-120000.json").write_bytes(b"[" * 100_000)  # nested past the parser
+    (gate / "latest.json").write_text(json.dumps({"decision": {"verdict": "promote"},
+                                                  "provenance": {"git_commit": "d" * 40}}))  # not a gate-*.json
+    commit, where = last_promoted_commit(gate)
+    assert commit == "b" * 40 and where.endswith("gate-20261102-120000.json")
+
+
+def _job(tmp_path: Path, compat: str) -> Path:
+    path = tmp_path / "trainguard.yaml"
+    path.write_text(f"""\
+job:
+  name: j
+  command: "python train.py --steps {{steps}} --ckpt {{checkpoint_dir}}"
+  resume_args: "--resume"
+  metrics: {{loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'}}
+checks:
+  compat: {compat}
+""")
+    return path
+
+
+def test_the_job_file_names_an_unknown_ref_a_missing_repository_and_bad_links(repo: Path, tmp_path: Path) -> None:
+    spec = load_config(_job(repo, "{base: v1}")).checks.compat
+    assert isinstance(spec, CompatCheck) and spec.after_step == 10 and spec.steps == 20
+    with pytest.raises(ConfigError) as unknown:
+        load_config(_job(repo, "{base: v9}"))
+    assert "checks.compat.base" in str(unknown.value) and "'v9' names no commit" in str(unknown.value)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with pytest.raises(ConfigError, match="not in a git repository"):
+        load_config(_job(plain, "{base: main}"))
+    for bad, words in (("{base: v1, link: [../x]}", "must be a path inside the repository"),
+                       ("{base: v1, steps: 5, after_step: 5}", "must be smaller than steps")):
+        with pytest.raises(ConfigError, match=words):
+            load_config(_job(repo, bad))
+    promoted = load_config(_job(repo, "{base: promoted}")).checks.compat
+    assert isinstance(promoted, CompatCheck) and promoted.base == "promoted"

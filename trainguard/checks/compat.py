@@ -1,0 +1,375 @@
+"""The compat check (registered here): a checkpoint written by an older commit of the job's own
+code, resumed by the current code, must train exactly like the current code's uninterrupted run.
+
+A refactor that renames a layer, adds a buffer or changes the loader's order breaks every
+checkpoint in flight, and the job's own resume check (old and new checkpoints from one commit)
+cannot see it. ``checks.compat: {base: REF}``:
+
+1. ``REF`` (a branch, tag or commit of the job's repository; ``promoted``: the commit of the newest
+   promoted gate report under ``.trainguard/gate/``) is checked out in a temporary worktree
+   (:mod:`trainguard._internal.worktree`) with the files git ignores (data made locally, a
+   virtual environment) linked in;
+2. the job runs there and is killed after ``after_step``: its checkpoint is base's;
+3. the current code resumes from that checkpoint to ``steps``;
+4. the resumed steps are compared with the current code's uninterrupted run (the run the resume
+   check shares). The checkpoint's layout (keys, shapes) is compared with the current code's own
+   checkpoint, the base run's steps before the kill with the current run's, and the samples
+   each drew: a failure names the key, the rename or the first batch that differs.
+
+See docs/compat.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from trainguard._internal.readers import Unreadable, active_limits, read_json
+from trainguard._internal.worktree import (
+    GitError,
+    checkout,
+    link_ignored,
+    repository_root,
+    resolve_commit,
+)
+from trainguard.checks.diagnosis import first_different_batch
+from trainguard.checks.equivalence import (
+    TrajectoryDiff,
+    compare_trajectories,
+    kill_after,
+    progress_metric,
+    untested_kill,
+)
+from trainguard.config import CheckSpec
+from trainguard.config.problems import metric_problems, resume_problems
+from trainguard.config.registry import Check, JobFacts, Run
+from trainguard.evidence import UNSET, Evidence, Unset
+from trainguard.launch import RunResult
+from trainguard.launch.metrics import aligned_trajectories
+from trainguard.launch.rundir import new_run_dir
+from trainguard.launch.samples import read_samples
+from trainguard.report import CheckResult
+from trainguard.run.runner import JobRunner
+from trainguard.unit.checkpoints.compare import LayoutDifference, compare_layouts
+from trainguard.unit.checkpoints.files import latest_complete_checkpoint
+
+__all__ = ["COMPAT", "CompatCheck", "last_promoted_commit", "run_compat"]
+
+_NAME = "compat"
+#: ``base: promoted``: the commit of the newest promoted gate report
+PROMOTED = "promoted"
+#: gate reports read at most when looking for the last promoted one (newest first)
+_MAX_REPORTS = 200
+_GATE_REPORT = re.compile(r"^gate-\d{8}-\d{6}\.json$")
+#: the lines of a failed load that name a key (torch's load_state_dict, a KeyError)
+_KEY_LINE = re.compile(r"(Missing key|Unexpected key|size mismatch|KeyError|Error\(s\) in loading)")
+
+
+class CompatCheck(CheckSpec):
+    """``checks.compat``: base's checkpoint, resumed by the current code, trains like the current
+    code's uninterrupted run (docs/compat.md)."""
+
+    #: a git ref of the job's repository (branch, tag, commit, ``HEAD~3``), or ``promoted``: the
+    #: commit of the newest promoted gate report (``trainguard gate``'s provenance)
+    base: str = Field(min_length=1)
+    steps: int = Field(20, ge=2)
+    #: base's run is killed after this step; its checkpoint is what the current code resumes
+    after_step: int = Field(ge=1)
+    rtol: float = Field(0.0, ge=0)
+    atol: float = Field(0.0, ge=0)
+    #: the metrics compared after the resume (default: every metric of job.metrics)
+    metrics: list[str] | None = Field(None, min_length=1)
+    #: more paths (relative to the repository's top) linked into base's checkout from the
+    #: working tree, besides every file git ignores: data that is untracked but not ignored
+    link: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_after_step(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "after_step" not in data:  # default: half way
+            steps = data.get("steps", 20)
+            if isinstance(steps, int) and not isinstance(steps, bool):
+                data = {**data, "after_step": max(1, steps // 2)}
+        return data
+
+    @field_validator("link")
+    @classmethod
+    def _relative(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            if os.path.isabs(path) or ".." in Path(path).parts or not path.strip():
+                raise ValueError(f"link entry {path!r} must be a path inside the repository, relative to its "
+                                 "top, e.g. `link: [data/train.bin]`")
+        return paths
+
+    @model_validator(mode="after")
+    def _room_after(self) -> CompatCheck:
+        if self.after_step >= self.steps:
+            raise ValueError(f"after_step ({self.after_step}) must be smaller than steps ({self.steps}) "
+                             "so there are steps left to compare after the resume")
+        return self
+
+
+@dataclass
+class CompatEvidence(Evidence):
+    """The compat check's evidence (docs/compat.md)."""
+
+    base: str
+    #: the commit ``base`` named, and the current code's (``dirty``: with uncommitted changes)
+    base_commit: str | None = None
+    current_commit: str | None = None
+    current_dirty: bool | None = None
+    after_step: int | None = None
+    killed_after_step: int | None = None
+    resumed_from_step: int | None = None
+    run_dirs: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: the files git ignores linked into base's checkout (data, a virtual environment)
+    linked: list[str] = dataclasses.field(default_factory=list)
+    #: :meth:`LayoutDifference.as_evidence`: base's checkpoint against the current code's
+    layout: dict[str, Any] | Unset = UNSET
+    #: :meth:`TrajectoryDiff.as_evidence` per metric compared after the resume
+    metrics: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: base's steps before the kill against the current code's: where they first differ
+    before_resume: dict[str, Any] | Unset = UNSET
+    #: where base and the current code first drew other samples
+    samples: str | Unset = UNSET
+    tolerance: dict[str, Any] = dataclasses.field(default_factory=dict)
+    likely_causes: list[str] | Unset = UNSET
+
+
+def last_promoted_commit(gate_dir: Path) -> tuple[str | None, str]:
+    """The git commit of the newest promoted report among ``gate_dir``'s ``gate-*.json`` (read as
+    data, each within the read limits), and the report's path; ``(None, why)`` when there is none."""
+    names = sorted((p for p in gate_dir.iterdir() if _GATE_REPORT.match(p.name)), reverse=True) \
+        if gate_dir.is_dir() else []
+    for path in names[:_MAX_REPORTS]:
+        try:
+            data = read_json(path, active_limits())
+        except (Unreadable, OSError):
+            continue
+        decision = data.get("decision") if isinstance(data, dict) else None
+        provenance = data.get("provenance") if isinstance(data, dict) else None
+        if isinstance(decision, dict) and decision.get("verdict") == "promote" and isinstance(provenance, dict):
+            commit = provenance.get("git_commit")
+            if isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40}", commit):
+                return commit, str(path)
+    return None, f"no promoted gate report with a git commit under {gate_dir}"
+
+
+def _diffs(runner: JobRunner, spec: CompatCheck, metric: str, run: RunResult, reference: RunResult,
+           first: int) -> list[TrajectoryDiff]:
+    """The resumed run against the reference from ``first`` on: the progress metric, then every
+    other metric ``spec.metrics`` names (default: all of job.metrics) the reference printed."""
+    names = [metric, *(n for n in (spec.metrics or list(runner.job_file.job.metrics)) if n != metric)]
+    out = []
+    for name in names:
+        actual, expected = aligned_trajectories(run.points, reference.points, name)
+        steps = [s for s in expected if first <= s <= spec.steps]
+        if steps or name == metric:
+            out.append(compare_trajectories(actual, expected, metric=name, steps=steps, rtol=spec.rtol, atol=spec.atol))
+    return out
+
+
+def _load_error(result: RunResult) -> str:
+    """The line of a failed run's stderr that names a key (torch's ``Missing key(s) ...``), else
+    the run's reason."""
+    lines = [line.strip() for line in result.stderr_tail.splitlines() if line.strip()]
+    keyed = [line.rstrip(".:") for line in lines if _KEY_LINE.search(line)]
+    return ("; ".join(dict.fromkeys(keyed[-3:])) if keyed else result.reason)[:600]
+
+
+def _causes(layout: LayoutDifference | None, before: TrajectoryDiff | None, samples: str | None) -> list[str]:
+    causes = []
+    if layout is not None and layout.compared and not layout.same:
+        fix = ("map the old names on load (rename the keys before `load_state_dict`, or a "
+               "`_load_from_state_dict` hook)" if layout.renamed else
+               "give what the current code added a default when the checkpoint lacks it (load with "
+               "`strict=False` and fill it), and drop what it no longer has")
+        causes.append(f"the checkpoint's layout changed: {layout.summary()}; {fix}")
+    if samples:
+        causes.append(samples)
+    if before is not None and before.first_divergent_step is not None:
+        causes.append(f"base and the current code train differently before any resume (from step "
+                      f"{before.first_divergent_step}): the change alters training itself (data order, "
+                      "initialisation, a hyperparameter, the schedule), so a run in flight would continue "
+                      "as a different run")
+    return causes
+
+
+def _samples_note(base: RunResult, reference: RunResult) -> str | None:
+    first, second = read_samples(base.run_dir).get(0, []), read_samples(reference.run_dir).get(0, [])
+    if not first or not second:
+        return None
+    found = first_different_batch(first, second)
+    if found is None:
+        return None
+    i, x, y = found
+    return (f"the data order changed: base drew samples {list(x)[:6]} in batch {i + 1}, the current code "
+            f"{list(y)[:6]}; a resumed run continues in the new order")
+
+
+def _git_facts(runner: JobRunner, spec: CompatCheck) -> tuple[Path, str, str] | str:
+    """(repository top, base's commit, what base named) or why there is none."""
+    root = repository_root(runner.job_file.cwd)
+    if root is None:
+        return f"the job's directory {runner.job_file.cwd} is not in a git repository: checks.compat checks out base from it"
+    ref = spec.base
+    if ref == PROMOTED:
+        commit, where = last_promoted_commit(runner.job_file.state_dir / "gate")
+        if commit is None:
+            return where
+        return root, commit, f"promoted ({where})"
+    try:
+        return root, resolve_commit(root, ref), ref
+    except GitError as exc:
+        return str(exc)
+
+
+def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
+    """Base's checkpoint after ``after_step``, resumed by the current code; compared with the
+    current code's uninterrupted run."""
+    from trainguard._internal.gitstate import git_state
+
+    started = time.monotonic()
+    evidence = CompatEvidence(spec.base, after_step=spec.after_step,
+                              tolerance={"rtol": spec.rtol, "atol": spec.atol, "source": "checks.compat"})
+
+    def done(status: str, summary: str, reproduce: str | None = None) -> CheckResult:
+        return CheckResult(_NAME, status, summary, evidence.to_dict(), time.monotonic() - started, reproduce)  # type: ignore[arg-type]
+
+    facts = _git_facts(runner, spec)
+    if isinstance(facts, str):
+        if spec.base == PROMOTED and "no promoted gate report" in facts:
+            return done("passed", f"nothing to be compatible with: {facts} (the first promotion has no "
+                        "checkpoints in flight)")
+        return done("error", f"checks.compat.base: {facts}")
+    root, commit, named = facts
+    state = git_state(runner.job_file.cwd)
+    evidence.base_commit, evidence.current_commit, evidence.current_dirty = commit, state.commit, state.dirty
+    if commit == state.commit and state.dirty is False:
+        return done("passed", f"the job's code is base's commit {commit[:12]} ({named}) unchanged: nothing to compare")
+    metric = progress_metric(runner)
+    request = runner.request_for(spec)
+    reference = runner.reference(request)
+    evidence.run_dirs["reference"] = str(reference.run_dir)
+    if not reference.ok:
+        return done("error", f"the current code's uninterrupted run did not complete: {reference.reason}")
+    relative = runner.job_file.cwd.resolve().relative_to(root.resolve())
+    # base checkpoints into a folder of trainguard's own, never into the checkout or a linked one
+    checkpoints = new_run_dir(runner.job_file.state_dir, runner.job_file.job.name, "compat-base-checkpoints",
+                              keep=runner.settings.keep_runs) / "checkpoints"
+    with checkout(root, commit, runner.job_file.state_dir / "compat") as tree:
+        evidence.linked = link_ignored(
+            root, tree, extra=spec.link,
+            skip=lambda name: name.endswith((".pyc", "__pycache__")) or ".trainguard" in Path(name).parts)
+        base_cwd = tree / relative
+        base_runner = runner.sibling(dataclasses.replace(
+            runner.job_file, job=runner.job_file.job.model_copy(update={"cwd": str(base_cwd)})))
+        base_request = dataclasses.replace(request, env=tuple(sorted({
+            **dict(request.env),
+            "PYTHONPATH": os.pathsep.join([str(base_cwd), *filter(None, [dict(request.env).get("PYTHONPATH")])])}.items())))
+        # runnable as printed: the checkout is gone by then, so the line makes its own
+        again = f"/tmp/trainguard-base-{commit[:12]}"
+        reproduce = (f"git -C {shlex.quote(str(root))} worktree add --detach {again} {commit[:12]} && "
+                     + base_runner.command_line(base_request).replace(str(tree), again)
+                     + f"  # kill -9 after step {spec.after_step}, then: {runner.command_line(request, resume=True)}")
+        base = base_runner.run(base_request, label="compat-base-killed", checkpoint_dir=checkpoints,
+                               on_metric=kill_after(metric, spec.after_step))
+        evidence.run_dirs["base"] = str(base.run_dir)
+        evidence.killed_after_step = base.last_step
+        why = untested_kill(base, metric, spec.after_step, spec.steps, what=f"base's run ({commit[:12]})")
+        if why is not None:
+            return done("error", why + (f"; its stderr: {base.stderr_tail.strip().splitlines()[-1][:300]}"
+                                        if base.stderr_tail.strip() and not base.ok else ""), reproduce)
+        if latest_complete_checkpoint(base.checkpoints) is None:
+            return done("error", f"base's run ({commit[:12]}) left no complete checkpoint under {base.checkpoints} "
+                        f"by step {base.last_step}: there is nothing to resume; raise after_step", reproduce)
+        layout = compare_layouts(base.checkpoints, reference.checkpoints)
+        evidence.layout = layout.as_evidence()
+        resumed = runner.run(request, label="compat-resumed", resume=True, checkpoint_dir=base.checkpoints)
+    evidence.run_dirs["resumed"] = str(resumed.run_dir)
+    return _judge(runner, spec, evidence, metric, (reference, base, resumed), layout, done, reproduce)
+
+
+def _judge(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence, metric: str,
+           runs: tuple[RunResult, RunResult, RunResult], layout: LayoutDifference, done: Any,
+           reproduce: str) -> CheckResult:
+    reference, base, resumed = runs
+    short = (evidence.base_commit or "")[:12]
+    actual, expected = aligned_trajectories(base.points, reference.points, metric)
+    before = compare_trajectories(actual, expected, metric=metric, steps=[s for s in actual if s in expected],
+                                  rtol=spec.rtol, atol=spec.atol)
+    evidence.before_resume = before.as_evidence()
+    samples = _samples_note(base, reference)
+    if samples:
+        evidence.samples = samples
+    causes = _causes(layout, before, samples)
+    if causes:
+        evidence.likely_causes = causes
+    because = f". Likely: {causes[0]}" if causes else ""
+    if not resumed.ok:
+        return done("failed", f"the current code cannot resume base's ({short}) checkpoint: {_load_error(resumed)}"
+                    + because, reproduce)
+    steps = sorted(aligned_trajectories(resumed.points, reference.points, metric)[0])
+    if not steps:
+        return done("failed", f"the current code's run resumed from base's checkpoint printed no `{metric}` line", reproduce)
+    first = steps[0]
+    if first <= min(expected, default=1):
+        return done("failed", f"the current code started again from step {first} instead of resuming base's "
+                    f"({short}) checkpoint: it did not take it as one" + because, reproduce)
+    evidence.resumed_from_step = first - 1
+    diffs = _diffs(runner, spec, metric, resumed, reference, first)
+    evidence.metrics = [d.as_evidence() for d in diffs]
+    problems = []
+    for diff in diffs:
+        if diff.first_divergent_step is not None:
+            a, b = diff.first_values or (math.nan, math.nan)
+            problems.append(f"{diff.metric} diverges from the current code's uninterrupted run at step "
+                            f"{diff.first_divergent_step} (resumed from base's checkpoint {a!r} vs {b!r}; "
+                            f"max abs diff {diff.max_abs_diff:.3g})")
+        elif diff.missing_in_actual:
+            problems.append(f"the resumed run is missing steps {diff.missing_in_actual[:5]} of {diff.metric}")
+    if problems:
+        return done("failed", "; ".join(problems) + because, reproduce)
+    note = f"; its layout differs ({layout.summary()}) but the current code loads it" if layout.compared and not layout.same else ""
+    return done("passed", f"base {short} ({spec.base}) killed after step {evidence.killed_after_step}; the "
+                f"current code resumed from step {first - 1} and matches its uninterrupted run in "
+                f"{', '.join(d.metric for d in diffs)} to step {spec.steps}{note}", reproduce)
+
+
+def _requires(spec: CompatCheck, facts: JobFacts) -> list[tuple[str, str]]:
+    problems = resume_problems(facts, f"checks.{_NAME}") + [
+        p for i, name in enumerate(spec.metrics or []) for p in metric_problems(facts, f"checks.{_NAME}.metrics[{i}]", name)]
+    root = repository_root(facts.job_file.cwd)
+    if root is None:
+        problems.append((f"checks.{_NAME}.base", f"the job's directory {facts.job_file.cwd} is not in a git "
+                         "repository, so there is no older commit to check out. Fix: commit the job's code to git, "
+                         "or remove checks.compat"))
+    elif spec.base != PROMOTED:
+        try:
+            resolve_commit(root, spec.base)
+        except GitError as exc:
+            problems.append((f"checks.{_NAME}.base", f"{exc}. Fix: name a branch, tag or commit (`git log "
+                             "--oneline` lists them), e.g. `base: main`, or `base: promoted`"))
+    return problems
+
+
+#: compat: an older commit's checkpoint resumed by the current code (docs/compat.md)
+COMPAT: Check[CompatCheck] = Check(
+    _NAME, CompatCheck, run=run_compat,
+    runs=lambda spec, ctx: ([Run("reference", reference=True),
+                             Run(f"base ({spec.base}) killed after step {spec.after_step}"),
+                             Run("the current code resumed from base's checkpoint")],
+                            "the current code, resumed from base's checkpoint, must match its own uninterrupted run"),
+    requires=_requires,
+    # a job file without checks.compat would fail a gate that required it: named in gate.require
+    gate_default=False,
+)
