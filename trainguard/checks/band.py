@@ -28,6 +28,7 @@ __all__ = [
     "BandVerdict",
     "Excursion",
     "build_band",
+    "calibrated_band",
     "compare_to_band",
     "plot_bands",
     "rolling_median",
@@ -70,11 +71,29 @@ class Band:
     center: dict[int, float]
     tolerance: float
     window: int
+    #: step -> an absolute half-width (a calibration's across-seed spread) instead of the
+    #: relative ``tolerance``; ``source`` says where the band came from
+    widths: dict[int, float] | None = None
+    source: str = ""
 
     def bounds(self, step: int) -> tuple[float, float]:
         """(low, high) at ``step``."""
         center = self.center[step]
-        return center - self.tolerance * abs(center), center + self.tolerance * abs(center)
+        half = self.widths.get(step, 0.0) if self.widths is not None else self.tolerance * abs(center)
+        return center - half, center + half
+
+    def words(self) -> str:
+        """The band's half-width for people: ``±20%`` or ``the calibration's ...``."""
+        return self.source if self.widths is not None else f"±{self.tolerance:.0%}"
+
+
+def calibrated_band(metric: str, mean: Mapping[int, float], std: Mapping[int, float], factor: float,
+                    source: str) -> Band:
+    """The band of a calibration: its across-seed mean, smoothed like a baseline, ± ``factor`` x
+    the across-seed standard deviation (smoothed too) at each step."""
+    size = smoothing_window(len(mean))
+    widths = {s: factor * v for s, v in rolling_median(std, size).items()}
+    return Band(metric, dict(mean), rolling_median(mean, size), 0.0, size, widths, source)
 
 
 def build_band(metric: str, baseline: Mapping[int, float], tolerance: float, window: int | None = None) -> Band:
@@ -147,19 +166,20 @@ class BandVerdict:
         where = (f"steps {first.first_step}-{first.last_step}" if first.points > 1
                  else f"step {first.first_step}")
         more = f" and {len(failing) - 1} more stretch(es)" if len(failing) > 1 else ""
+        band, center = ("calibrated band", "calibration's mean") if self.band.widths is not None else ("baseline band", "baseline")
         return (
-            f"{self.band.metric} left the baseline band at {where}{more} "
+            f"{self.band.metric} left the {band} at {where}{more} "
             f"({sum(e.points for e in failing)} of {len(self.compared_steps)} points outside): "
-            f"up to {abs(worst.worst_deviation):.0%} {worst.side} the baseline at step "
+            f"up to {abs(worst.worst_deviation):.0%} {worst.side} the {center} at step "
             f"{worst.worst_step} ({worst.worst_value:.4g} vs {worst.worst_center:.4g}; band "
-            f"±{self.band.tolerance:.0%}, rolling median of {self.band.window} point(s), fails "
+            f"{self.band.words()}, rolling median of {self.band.window} point(s), fails "
             f"from {self.min_points} consecutive)"
         )
 
     def as_evidence(self) -> dict[str, Any]:
         return {
             "metric": self.band.metric,
-            "tolerance": self.band.tolerance,
+            "tolerance": self.band.tolerance if self.band.widths is None else self.band.source,
             "window": self.band.window,
             "min_points": self.min_points,
             "compared_points": len(self.compared_steps),
@@ -230,7 +250,7 @@ def plot_bands(path: Path, verdicts: Sequence[BandVerdict], *, title: str) -> Pa
         steps = sorted(band.center)
         lows, highs = zip(*(band.bounds(s) for s in steps))
         ax.fill_between(steps, lows, highs, color="tab:blue", alpha=0.18, linewidth=0,
-                        label=f"band: baseline ±{band.tolerance:.0%}")
+                        label=f"band: {band.words() if band.widths is not None else f'baseline ±{band.tolerance:.0%}'}")
         smoothing = f"rolling median of {band.window}" if band.window > 1 else "not smoothed"
         # drawn over the run's line: a run identical to its baseline still shows both
         ax.plot(steps, [band.center[s] for s in steps], color="tab:blue", linestyle="--",

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.checks.baseline import canary_baseline
+from trainguard.checks.calibration import canary_calibrated
 from trainguard.config import CanaryCheck
 from trainguard.config.problems import DEFAULT_REGEX_HINT, metric_problems
 from trainguard.config.registry import Check, JobFacts, Run
@@ -374,7 +375,8 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
                 )
     baseline_note = ""
     if result.ok and loss.first_non_finite is None:
-        outcome = canary_baseline(runner, spec, request, result, canary_ok=not problems)
+        outcome = canary_calibrated(runner, spec, request, result) or \
+            canary_baseline(runner, spec, request, result, canary_ok=not problems)
         evidence.baseline = outcome.evidence
         if outcome.plots:
             evidence.plots = list(outcome.plots)
@@ -432,4 +434,5 @@ CANARY: Check[CanaryCheck] = Check(
     ahead=lambda runner, spec: AheadRun("canary", canary_request(runner, spec), "canary",
                                         on_metric=canary_on_metric(spec)),
     ahead_words="the canary's run",
+    calibrates=lambda spec: [None],
 )

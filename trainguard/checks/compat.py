@@ -41,6 +41,7 @@ from trainguard._internal.worktree import (
     repository_root,
     resolve_commit,
 )
+from trainguard.checks.calibration import ToleranceUsed, tolerance_for
 from trainguard.checks.diagnosis import first_different_batch
 from trainguard.checks.equivalence import (
     TrajectoryDiff,
@@ -165,7 +166,7 @@ def last_promoted_commit(gate_dir: Path) -> tuple[str | None, str]:
 
 
 def _diffs(runner: JobRunner, spec: CompatCheck, metric: str, run: RunResult, reference: RunResult,
-           first: int) -> list[TrajectoryDiff]:
+           first: int, tol: ToleranceUsed) -> list[TrajectoryDiff]:
     """The resumed run against the reference from ``first`` on: the progress metric, then every
     other metric ``spec.metrics`` names (default: all of job.metrics) the reference printed."""
     names = [metric, *(n for n in (spec.metrics or list(runner.job_file.job.metrics)) if n != metric)]
@@ -174,7 +175,8 @@ def _diffs(runner: JobRunner, spec: CompatCheck, metric: str, run: RunResult, re
         actual, expected = aligned_trajectories(run.points, reference.points, name)
         steps = [s for s in expected if first <= s <= spec.steps]
         if steps or name == metric:
-            out.append(compare_trajectories(actual, expected, metric=name, steps=steps, rtol=spec.rtol, atol=spec.atol))
+            out.append(compare_trajectories(actual, expected, metric=name, steps=steps, rtol=spec.rtol, atol=spec.atol,
+                                            band=tol.band(name)))
     return out
 
 
@@ -239,8 +241,7 @@ def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
     from trainguard._internal.gitstate import git_state
 
     started = time.monotonic()
-    evidence = CompatEvidence(spec.base, after_step=spec.after_step,
-                              tolerance={"rtol": spec.rtol, "atol": spec.atol, "source": "checks.compat"})
+    evidence = CompatEvidence(spec.base, after_step=spec.after_step)
 
     def done(status: str, summary: str, reproduce: str | None = None) -> CheckResult:
         return CheckResult(_NAME, status, summary, evidence.to_dict(), time.monotonic() - started, reproduce)  # type: ignore[arg-type]
@@ -258,6 +259,8 @@ def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
         return done("passed", f"the job's code is base's commit {commit[:12]} ({named}) unchanged: nothing to compare")
     metric = progress_metric(runner)
     request = runner.request_for(spec)
+    tol = tolerance_for(runner, spec, request, _NAME)
+    evidence.tolerance = tol.as_evidence()
     reference = runner.reference(request)
     evidence.run_dirs["reference"] = str(reference.run_dir)
     if not reference.ok:
@@ -296,17 +299,17 @@ def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
         evidence.layout = layout.as_evidence()
         resumed = runner.run(request, label="compat-resumed", resume=True, checkpoint_dir=base.checkpoints)
     evidence.run_dirs["resumed"] = str(resumed.run_dir)
-    return _judge(runner, spec, evidence, metric, (reference, base, resumed), layout, done, reproduce)
+    return _judge(runner, spec, evidence, metric, (reference, base, resumed), layout, done, reproduce, tol)
 
 
 def _judge(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence, metric: str,
            runs: tuple[RunResult, RunResult, RunResult], layout: LayoutDifference, done: Any,
-           reproduce: str) -> CheckResult:
+           reproduce: str, tol: ToleranceUsed) -> CheckResult:
     reference, base, resumed = runs
     short = (evidence.base_commit or "")[:12]
     actual, expected = aligned_trajectories(base.points, reference.points, metric)
     before = compare_trajectories(actual, expected, metric=metric, steps=[s for s in actual if s in expected],
-                                  rtol=spec.rtol, atol=spec.atol)
+                                  rtol=spec.rtol, atol=spec.atol, band=tol.band(metric))
     evidence.before_resume = before.as_evidence()
     samples = _samples_note(base, reference)
     if samples:
@@ -326,7 +329,7 @@ def _judge(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence, metri
         return done("failed", f"the current code started again from step {first} instead of resuming base's "
                     f"({short}) checkpoint: it did not take it as one" + because, reproduce)
     evidence.resumed_from_step = first - 1
-    diffs = _diffs(runner, spec, metric, resumed, reference, first)
+    diffs = _diffs(runner, spec, metric, resumed, reference, first, tol)
     evidence.metrics = [d.as_evidence() for d in diffs]
     problems = []
     for diff in diffs:
@@ -334,7 +337,7 @@ def _judge(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence, metri
             a, b = diff.first_values or (math.nan, math.nan)
             problems.append(f"{diff.metric} diverges from the current code's uninterrupted run at step "
                             f"{diff.first_divergent_step} (resumed from base's checkpoint {a!r} vs {b!r}; "
-                            f"max abs diff {diff.max_abs_diff:.3g})")
+                            f"max abs diff {diff.max_abs_diff:.3g}{tol.words(diff.metric, diff.first_divergent_step, abs(a - b))})")
         elif diff.missing_in_actual:
             problems.append(f"the resumed run is missing steps {diff.missing_in_actual[:5]} of {diff.metric}")
     if problems:
@@ -372,4 +375,5 @@ COMPAT: Check[CompatCheck] = Check(
     requires=_requires,
     # a job file without checks.compat would fail a gate that required it: named in gate.require
     gate_default=False,
+    calibrates=lambda spec: [None],
 )

@@ -21,6 +21,7 @@ from trainguard.checks.accounting import (
     global_batches,
     sample_agreement,
 )
+from trainguard.checks.calibration import ToleranceUsed, spread_note, tolerance_for
 from trainguard.checks.diagnosis import (
     LR_METRIC,
     ResumeFacts,
@@ -103,12 +104,12 @@ class TrajectoryDiff:
         }
 
 
-def _close(a: float, b: float, rtol: float, atol: float) -> bool:
+def _close(a: float, b: float, rtol: float, atol: float, band: float = 0.0) -> bool:
     if math.isnan(a) and math.isnan(b):
         return True
     if math.isinf(a) or math.isinf(b):
         return a == b
-    return abs(a - b) <= atol + rtol * abs(b)
+    return abs(a - b) <= max(atol + rtol * abs(b), band)
 
 
 def compare_trajectories(
@@ -119,8 +120,10 @@ def compare_trajectories(
     steps: Iterable[int] | None = None,
     rtol: float = 0.0,
     atol: float = 0.0,
+    band: Mapping[int, float] | None = None,
 ) -> TrajectoryDiff:
-    """Compare ``actual`` with ``expected`` on ``steps`` (default: every step of ``expected``)."""
+    """Compare ``actual`` with ``expected`` on ``steps`` (default: every step of ``expected``);
+    ``band``: step -> an absolute difference allowed there besides rtol/atol (a calibration's)."""
     wanted = sorted(expected if steps is None else steps)
     first: int | None = None
     first_values = None
@@ -139,7 +142,7 @@ def compare_trajectories(
             max_abs = max(max_abs, diff)
             if b != 0:
                 max_rel = max(max_rel, diff / abs(b))
-        if first is None and not _close(a, b, rtol, atol):
+        if first is None and not _close(a, b, rtol, atol, band.get(step, 0.0) if band else 0.0):
             first, first_values = step, (a, b)
     return TrajectoryDiff(
         metric, compared, first, max_abs, max_rel, missing_actual, missing_expected, first_values
@@ -194,6 +197,8 @@ class ResumeEvidence(Evidence):
     #: the checkpoint the resumed run was given ({latest_checkpoint})
     resumed_from_checkpoint: Any = UNSET
     trajectory: dict[str, Any] | Unset = UNSET
+    #: :meth:`~trainguard.checks.calibration.Tolerance.as_evidence`: what was allowed, and why
+    tolerance: dict[str, Any] | Unset = UNSET
     #: :meth:`TrajectoryDiff.as_evidence` of every other metric compared (``checks.resume.metrics``)
     other_metrics: list[dict[str, Any]] | Unset = UNSET
     #: the final checkpoints compared
@@ -211,7 +216,8 @@ class ParallelEvidence(Evidence):
 
     world_size: int
     ranks_reporting: list[int]
-    tolerance: Tolerance
+    #: :meth:`~trainguard.checks.calibration.ToleranceUsed.as_evidence`
+    tolerance: dict[str, Any]
     trajectory: dict[str, Any]
     #: world size -> run dir
     run_dirs: dict[str, str]
@@ -318,6 +324,7 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
             summary += f". Most likely the data order: {note}"
             causes = [unordered, unseeded, *(c for c in causes if c not in (unordered, unseeded))]
     evidence.likely_causes = causes
+    summary += spread_note(runner.job_file.state_dir, request)  # never loosened: only the noise measured
     return CheckResult("determinism", "failed", summary, evidence.to_dict(), duration, reproduce)
 
 
@@ -392,6 +399,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     started = time.monotonic()
     metric = progress_metric(runner)
     request = runner.request_for(spec)
+    tol = tolerance_for(runner, spec, request, "resume")
     reproduce = _resume_reproduce(runner, request, spec.after_step)
     reference = runner.reference(request)
     if not reference.ok:
@@ -451,10 +459,10 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         evidence.resumed_from_checkpoint = resumed.evidence["resumed_from"]
     diff = compare_trajectories(
         actual, expected, metric=metric, steps=range(first_step, spec.steps + 1),
-        rtol=spec.rtol, atol=spec.atol,
+        rtol=spec.rtol, atol=spec.atol, band=tol.band(metric),
     )
-    evidence.trajectory = diff.as_evidence()
-    others = other_metric_diffs(runner, spec, metric, resumed, reference, first_step, spec.steps)
+    evidence.trajectory, evidence.tolerance = diff.as_evidence(), tol.as_evidence()
+    others = other_metric_diffs(runner, spec, metric, resumed, reference, first_step, spec.steps, tol)
     if others:
         evidence.other_metrics = [d.as_evidence() for d in others]
     state = compare_checkpoint_dirs(
@@ -485,7 +493,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
             problems.append(
                 f"{metric} diverges from the uninterrupted run at step {diff.first_divergent_step} "
                 f"(resumed {a!r} vs reference {b!r}; max abs diff {diff.max_abs_diff:.3g}, "
-                f"max rel diff {diff.max_rel_diff:.3g})"
+                f"max rel diff {diff.max_rel_diff:.3g}{tol.words(metric, diff.first_divergent_step, abs(a - b))})"
             )
         else:
             problems.append(f"the resumed run is missing steps {diff.missing_in_actual[:5]}")
@@ -497,7 +505,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
                 f"(resumed {a!r} vs reference {b!r}; max abs diff {other.max_abs_diff:.3g})"
                 + (f" while {metric} matches" if diff.ok else "")
             )
-    if state.compared and not state.ok:
+    if state.compared and not state.ok and tol.exact_state:  # a calibrated noisy job: every tensor differs
         problems.append(f"final checkpoints differ in {state.summary()}")
     duration = time.monotonic() - started
     if problems:
@@ -519,9 +527,10 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         summary = "; ".join(problems) + (f". {why[0].upper()}{why[1:]}" if why else "")
         return CheckResult("resume", "failed", summary, evidence.to_dict(), time.monotonic() - started, reproduce)
     state_note = (
-        f", final checkpoints equal ({Path(state.files[0]).name})" if state.compared and state.files
+        f", final checkpoints equal ({Path(state.files[0]).name})" if state.compared and state.files and state.ok
+        else " (final state not judged: the calibrated job is not bitwise deterministic)" if state.compared
         else f" (state not compared: {state.reason})"
-    )
+    ) + tol.within()
     compared = f" in {', '.join([metric, *(d.metric for d in others)])}" if others else ""
     return CheckResult(
         "resume",
@@ -535,7 +544,8 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
 
 
 def other_metric_diffs(runner: JobRunner, spec: ResumeCheck, metric: str, resumed: RunResult,
-                       reference: RunResult, first_step: int, last_step: int) -> list[TrajectoryDiff]:
+                       reference: RunResult, first_step: int, last_step: int,
+                       tol: ToleranceUsed | None = None) -> list[TrajectoryDiff]:
     """The resumed run against the uninterrupted one in every metric besides ``metric`` that
     ``spec.metrics`` names (default: all of job.metrics), on the steps ``first_step``..``last_step``
     the uninterrupted run printed it (a metric printed every N steps is compared every N)."""
@@ -547,8 +557,8 @@ def other_metric_diffs(runner: JobRunner, spec: ResumeCheck, metric: str, resume
         actual, expected = aligned_trajectories(resumed.points, reference.points, name)
         steps = [s for s in expected if first_step <= s <= last_step]
         if steps:
-            out.append(compare_trajectories(actual, expected, metric=name, steps=steps,
-                                            rtol=spec.rtol, atol=spec.atol))
+            out.append(compare_trajectories(actual, expected, metric=name, steps=steps, rtol=spec.rtol,
+                                            atol=spec.atol, band=tol.band(name) if tol else None))
     return out
 
 
@@ -588,12 +598,12 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
         return _failed_run("parallel", one, started, reproduce)
     if not many.ok:
         return _failed_run("parallel", many, started, reproduce)
-    diff = compare_trajectories(
-        many.trajectory(metric), one.trajectory(metric), metric=metric, rtol=spec.rtol, atol=spec.atol
-    )
+    tol = tolerance_for(runner, spec, multi, "parallel")  # the N-rank run's own noise, when calibrated
+    diff = compare_trajectories(many.trajectory(metric), one.trajectory(metric), metric=metric,
+                                rtol=spec.rtol, atol=spec.atol, band=tol.band(metric))
     ranks_reporting = sorted({p.rank for p in many.points if p.name == metric})
     evidence = ParallelEvidence(
-        world_size=spec.world_size, ranks_reporting=ranks_reporting, tolerance=Tolerance(spec.rtol, spec.atol),
+        world_size=spec.world_size, ranks_reporting=ranks_reporting, tolerance=tol.as_evidence(),
         trajectory=diff.as_evidence(), run_dirs={"1": str(one.run_dir), str(spec.world_size): str(many.run_dir)},
     )
     if "started_ahead" in many.evidence:
@@ -674,4 +684,5 @@ PARALLEL: Check[ParallelCheck] = Check(
     ahead=lambda runner, spec: AheadRun("parallel", runner.request_for(spec, world_size=spec.world_size), "reference"),
     ahead_words="parallel's N-rank run",
     marks=lambda spec: [("parallel", ()), ("ddp", ())],
+    calibrates=lambda spec: [spec.world_size],
 )

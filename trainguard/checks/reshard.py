@@ -30,6 +30,7 @@ from trainguard.checks.accounting import (
     sample_agreement,
     training_batches,
 )
+from trainguard.checks.calibration import tolerance_for
 from trainguard.checks.diagnosis import (
     DECISIVE,
     NONE,
@@ -184,6 +185,8 @@ class ReshardPairEvidence(Evidence):
     run_dir: str | Unset = UNSET
     resumed_from_step: int | Unset = UNSET
     trajectory: dict[str, Any] | Unset = UNSET
+    #: :meth:`~trainguard.checks.calibration.ToleranceUsed.as_evidence` (the N-rank run's calibration)
+    tolerance: dict[str, Any] | Unset = UNSET
     state: dict[str, Any] | Unset = UNSET
     #: state that may differ between world sizes (per-rank RNG, the world size itself)
     state_differing_across_world_sizes: list[str] | Unset = UNSET
@@ -260,13 +263,14 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
     # from scratch: at the uninterrupted run's first step (1, or 0 for a job counting from 0)
     resumed_from = 0 if first_step <= min(expected, default=1) else first_step - 1
     evidence.resumed_from_step = resumed_from
+    tol = tolerance_for(runner, spec, runner.request_for(spec, world_size=n), "reshard")
     diff = compare_trajectories(actual, expected, metric=metric, steps=range(first_step, spec.steps + 1),
-                                rtol=spec.rtol, atol=spec.atol)
-    evidence.trajectory = diff.as_evidence()
+                                rtol=spec.rtol, atol=spec.atol, band=tol.band(metric))
+    evidence.trajectory, evidence.tolerance = diff.as_evidence(), tol.as_evidence()
     state = compare_checkpoint_dirs(resumed.checkpoints,
                                     reference.checkpoints, rtol=spec.rtol, atol=spec.atol)
     evidence.state = state.as_evidence()
-    differing = [c for c in TRAINING_STATE if state.by_component.get(c)]
+    differing = [c for c in TRAINING_STATE if state.by_component.get(c)] if tol.exact_state else []
     others = [c for c in state.by_component if c not in TRAINING_STATE]
     if others:
         evidence.state_differing_across_world_sizes = others  # expected: per-rank RNG, world size
@@ -383,4 +387,5 @@ def _reshard_requires(spec: ReshardCheck, facts: JobFacts) -> list[tuple[str, st
 RESHARD: Check[ReshardCheck] = Check(
     "reshard", ReshardCheck, run=run_reshard, runs=_reshard_runs, requires=_reshard_requires,
     gate_default=False,
+    calibrates=lambda spec: sorted({n for n, _ in spec.world_size_pairs}),
 )

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainguard.checks.accounting import SampleAccounting, Segment, account_samples
+from trainguard.checks.calibration import ToleranceUsed, tolerance_for
 from trainguard.checks.equivalence import (
     TrajectoryDiff,
     compare_trajectories,
@@ -71,6 +72,8 @@ class ChainEvidence(Evidence):
     chain: list[int]
     cycles: list[ChainCycle]
     reference_run_dir: str
+    #: :meth:`~trainguard.checks.calibration.ToleranceUsed.as_evidence`: what was allowed, and why
+    tolerance: dict[str, Any] = field(default_factory=dict)
     #: the final checkpoints compared
     state: dict[str, Any] | Unset = UNSET
     #: :meth:`SampleAccounting.as_evidence` over the cycles run: samples trained twice or never
@@ -80,14 +83,14 @@ class ChainEvidence(Evidence):
 
 
 def _diffs(runner: JobRunner, spec: ResumeCheck, metric: str, run: RunResult, reference: RunResult,
-           first: int, last: int) -> list[TrajectoryDiff]:
+           first: int, last: int, tol: ToleranceUsed) -> list[TrajectoryDiff]:
     """The run against the reference on steps ``first``..``last``, in the progress metric and
     every other metric that counts (``spec.metrics``, default all of job.metrics)."""
     actual, expected = aligned_trajectories(run.points, reference.points, metric)
     progress = compare_trajectories(actual, expected, metric=metric,
                                     steps=[s for s in expected if first <= s <= last],
-                                    rtol=spec.rtol, atol=spec.atol)
-    return [progress, *other_metric_diffs(runner, spec, metric, run, reference, first, last)]
+                                    rtol=spec.rtol, atol=spec.atol, band=tol.band(metric))
+    return [progress, *other_metric_diffs(runner, spec, metric, run, reference, first, last, tol)]
 
 
 def _problem(diff: TrajectoryDiff) -> str | None:
@@ -116,6 +119,7 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     started = time.monotonic()
     metric = progress_metric(runner)
     request = runner.request_for(spec)
+    tol = tolerance_for(runner, spec, request, "resume")
     cuts = spec.cuts
     reproduce = (f"{runner.command_line(request)}  # kill -9 after step {cuts[0]}, then "
                  + ", then ".join(f"{runner.command_line(request, resume=True)}  # kill -9 after step {k}"
@@ -129,7 +133,8 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     if not reference.ok:
         return done("error", f"the uninterrupted run did not complete: {reference.reason}",
                     {"run_dir": str(reference.run_dir), "stderr_tail": reference.stderr_tail})
-    evidence = ChainEvidence(chain=cuts, cycles=[], reference_run_dir=str(reference.run_dir))
+    evidence = ChainEvidence(chain=cuts, cycles=[], reference_run_dir=str(reference.run_dir),
+                             tolerance=tol.as_evidence())
     checkpoint_dir: Path | None = None
     problems: list[str] = []
     start = min(reference.trajectory(metric), default=1)  # 1, or 0 for a job counting from 0
@@ -155,7 +160,7 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         else:
             if i > 1 and resumed_from == 0:
                 problems.append(f"{where}: the resumed run started again from step {steps[0]}: no usable checkpoint")
-            diffs = _diffs(runner, spec, metric, run, reference, steps[0], steps[-1] if cut is not None else spec.steps)
+            diffs = _diffs(runner, spec, metric, run, reference, steps[0], steps[-1] if cut is not None else spec.steps, tol)
             cycle.metrics = [d.as_evidence() for d in diffs]
             found = [p for p in (_problem(d) for d in diffs) if p]
             if found:
@@ -168,7 +173,7 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
             if checkpoint_dir is not None else None
         if state is not None:
             evidence.state = state.as_evidence()
-            if state.compared and not state.ok:
+            if state.compared and not state.ok and tol.exact_state:
                 problems.append(f"after the last cycle the final checkpoints differ in {state.summary()}")
                 evidence.failing_cycle = len(cuts) + 1
     accounting = _accounting(reference, evidence.cycles, spec.steps)
@@ -220,4 +225,5 @@ RESUME: Check[ResumeCheck] = Check(
     requires=lambda spec, facts: resume_problems(facts, "checks.resume") + [
         p for i, name in enumerate(spec.metrics or []) for p in metric_problems(facts, f"checks.resume.metrics[{i}]", name)],
     lane=True,
+    calibrates=lambda spec: [None],
 )

@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trainguard.cli import validate as validate_cli
 
     validate_cli.add_parser(sub)
+    from trainguard.cli import calibrate as calibrate_cli
+
+    calibrate_cli.add_parser(sub)
     from trainguard.cli import slurm_drill as slurm_drill_cli
 
     slurm_drill_cli.add_parser(sub)
@@ -210,6 +213,10 @@ def _main(argv: Sequence[str] | None) -> int:
             from trainguard.cli import profile as profile_cli
 
             return profile_cli.run(args)
+        if args.command == "calibrate":
+            from trainguard.cli import calibrate as calibrate_cli
+
+            return calibrate_cli.run(args)
         if args.command == "validate":
             from trainguard.cli import validate as validate_cli
 

@@ -14,7 +14,7 @@ check modules sit above this layer (they run jobs), and naming them here imports
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
 
@@ -145,6 +145,9 @@ class Check(Generic[S]):
     marks: Callable[[S], list[tuple[str, tuple[Any, ...]]]] | None = None
     #: ``(spec, soak_seed) -> [(suffix, spec)]``: its pytest items when one spec makes several
     items: Callable[[S, int | None], list[tuple[str, S]]] | None = None
+    #: ``(spec) -> [world size, ...]``: the reference runs whose calibration widens its tolerance
+    #: (``trainguard calibrate`` runs them; None: the job's world size); None: not calibrated
+    calibrates: Callable[[S], Sequence[int | None]] | None = None
 
     def pytest_marks(self, spec: S) -> list[tuple[str, tuple[Any, ...]]]:
         return self.marks(spec) if self.marks is not None else _named(self, spec)

@@ -1,0 +1,113 @@
+"""The parts of calibration that launch nothing: the per-step statistics, the envelope and band a
+check allows, the files read as data (every bad key named), which calibration a run uses, and the
+determinism note."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainguard.checks.calibration import (
+    BAND_FACTOR,
+    CalibrationError,
+    ToleranceUsed,
+    find_calibration,
+    load_calibration,
+    metric_stats,
+    save_calibration,
+    spread_note,
+)
+from trainguard.checks.equivalence import compare_trajectories
+from trainguard.run.request import RunRequest
+
+REQUEST = RunRequest.make(steps=4, seed=0, world_size=1)
+
+
+def test_the_statistics_of_same_seed_and_seeded_runs() -> None:
+    same = [{1: 1.0, 2: 0.5, 3: 0.25, 4: 0.2}, {1: 1.0, 2: 0.5 + 4e-16, 3: 0.25, 4: 0.2},
+            {1: 1.0, 2: 0.5, 3: 0.25 - 1e-16, 4: 0.2, 5: 9.0}]
+    across = [same[0], {1: 1.2, 2: 0.7, 3: 0.3, 4: 0.1}]
+    stats = metric_stats(same, across)
+    assert stats is not None and stats.steps == [1, 2, 3, 4]  # step 5: not in every run
+    assert stats.same_spread[0] == 0 and stats.same_spread[1] == pytest.approx(4e-16, rel=0.5)
+    # noise seen once may show again at any later step
+    assert stats.envelope() == {1: 0.0, 2: stats.same_spread[1], 3: stats.same_spread[1], 4: stats.same_spread[1]}
+    assert stats.across_std[0] == pytest.approx(0.1414, rel=1e-3) and stats.across_mean[0] == pytest.approx(1.1)
+    assert metric_stats([{1: 1.0}, {2: 1.0}], []) is None
+
+
+def _saved(tmp_path: Path, spread: float, request: RunRequest = REQUEST) -> Path:
+    stats = metric_stats([{s: 1.0 / s for s in range(1, 5)}, {s: 1.0 / s + (spread if s == 2 else 0) for s in range(1, 5)},
+                          {s: 1.0 / s for s in range(1, 5)}], [{s: 1.0 / s for s in range(1, 5)}])
+    assert stats is not None
+    return save_calibration(tmp_path, tmp_path, request, 3, [0], {"loss": stats})
+
+
+def test_a_check_allows_three_times_the_envelope_and_says_where_it_came_from(tmp_path: Path) -> None:
+    path = _saved(tmp_path, 1e-12)
+    found, note = find_calibration(tmp_path, REQUEST)
+    assert found is not None and found.path == path and note == ""
+    tol = ToleranceUsed(0.0, 0.0, "test", found, {"loss": {s: BAND_FACTOR * v for s, v in found.metrics["loss"].envelope().items()}})
+    expected = {s: 1.0 / s for s in range(1, 5)}
+    within = {s: v + 2.9e-12 if s >= 2 else v for s, v in expected.items()}
+    beyond = {s: v + 3.1e-12 if s == 3 else v for s, v in expected.items()}
+    assert compare_trajectories(within, expected, band=tol.band("loss")).ok
+    assert not compare_trajectories(within, expected).ok  # exact without the band
+    diff = compare_trajectories(beyond, expected, band=tol.band("loss"))
+    assert diff.first_divergent_step == 3 and tol.ratio("loss", 3, 3.1e-12) == pytest.approx(3.1, rel=1e-3)
+    # step 1 had no noise: exact there
+    assert not compare_trajectories({1: 1.0 + 1e-15, 2: 0.5}, {1: 1.0, 2: 0.5}, band=tol.band("loss")).ok
+    assert not tol.exact_state and "within 3x" in tol.within()
+    # a calibration of another run is not used
+    assert find_calibration(tmp_path, RunRequest.make(steps=4, seed=1, world_size=1))[0] is None
+    assert find_calibration(tmp_path, RunRequest.make(steps=4, seed=0, world_size=2))[0] is None
+
+
+def test_a_deterministic_job_calibrates_to_an_exact_comparison(tmp_path: Path) -> None:
+    _saved(tmp_path, 0.0)
+    found, _ = find_calibration(tmp_path, REQUEST)
+    assert found is not None and max(found.metrics["loss"].same_spread) == 0
+    assert "agree exactly" in spread_note(tmp_path, REQUEST)
+
+
+def test_calibration_files_are_data_and_each_bad_key_is_named(tmp_path: Path) -> None:
+    good = json.loads(_saved(tmp_path, 1e-12).read_text())
+    cases = {
+        "not json": ("{", "not a readable calibration"),
+        "other kind": (json.dumps({**good, "kind": "x"}), "not a trainguard calibration"),
+        "version": (json.dumps({**good, "format_version": 9}), "format version 9"),
+        "runs": (json.dumps({**good, "runs": 1}), "runs must be a count of at least 3"),
+        "short": (json.dumps({**good, "metrics": {"loss": {**good["metrics"]["loss"], "same_seed": {"mean": [1], "spread": [0]}}}}),
+                  "metrics.loss.same_seed.mean must be a list of 4 numbers"),
+        "steps": (json.dumps({**good, "metrics": {"loss": {**good["metrics"]["loss"], "steps": ["1"]}}}),
+                  "metrics.loss.steps must be a list of step numbers"),
+        "deep": ("[" * 100_000, "not a readable calibration"),
+    }
+    for name, (text, words) in cases.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(text)
+        with pytest.raises(CalibrationError, match=words) as caught:
+            load_calibration(path)
+        assert str(path) in str(caught.value) and "trainguard calibrate" in str(caught.value), name
+    # a broken newer file is skipped for an older good one, and said
+    directory = _saved(tmp_path, 1e-12).parent
+    (directory / "9999_broken.json").write_text("{")
+    found, note = find_calibration(tmp_path, REQUEST)
+    assert found is not None and "9999_broken.json" in note
+
+
+def test_the_cli_refuses_too_few_runs_and_a_job_with_nothing_to_calibrate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trainguard.cli.main import main
+
+    with pytest.raises(SystemExit) as usage:
+        main(["calibrate", str(tmp_path), "--runs", "2"])
+    assert usage.value.code == 2 and "use 3 to 100" in capsys.readouterr().err
+    job = tmp_path / "trainguard.yaml"
+    job.write_text("job:\n  name: j\n  command: \"python t.py --steps {steps}\"\n"
+                   "  metrics: {loss: 'step (?P<step>\\\\d+) loss (?P<value>\\\\S+)'}\n"
+                   "checks:\n  smoke: {}\n")
+    assert main(["calibrate", str(job)]) == 2
+    err = capsys.readouterr().err
+    assert str(job) in err and "nothing to calibrate" in err and "(canary, resume, compat, parallel, reshard)" in err
