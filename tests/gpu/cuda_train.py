@@ -15,6 +15,10 @@ of the bugs the GPU tests must catch:
 * ``no-cuda-rng``: the checkpoint holds the CPU RNG state but not the CUDA one;
 * ``scaler-not-restored``: the scaler's state is saved but not loaded.
 
+``--atomic-context`` adds each hidden column's batch sum to the features, summed with
+``index_add_`` (CUDA atomics, whose order varies): a correct job that is not bitwise
+deterministic, for the calibration test.
+
 ``--mem-per-sample-mb M`` keeps M MB of device memory per sample alive during each step (the
 headroom search's probe job); ``--sleep S`` sleeps S seconds after each step.
 """
@@ -50,6 +54,10 @@ def parse() -> argparse.Namespace:
     p.add_argument("--mem-per-sample-mb", type=float, default=0.0)
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--defect", choices=("none", "no-cuda-rng", "scaler-not-restored"), default="none")
+    p.add_argument("--loss-digits", type=int, default=6, help="decimals of the printed loss")
+    p.add_argument("--atomic-context", action="store_true",
+                   help="add each hidden column's batch sum, taken with index_add_ (CUDA atomics: the "
+                        "order of the additions varies, so runs of one seed differ in the last bits)")
     return p.parse_args()
 
 
@@ -60,6 +68,16 @@ def batch(seed: int, step: int, size: int, device: torch.device) -> tuple[torch.
     w = torch.randn(FEATURES, CLASSES, generator=teacher, device=device)
     y = (x @ w).argmax(dim=1)
     return x, y
+
+
+class AtomicContext(nn.Module):
+    """``h + 0.01 * (column sums of h over the batch)``, the sums taken by ``index_add_``: every
+    element added atomically into its column's slot, in an order that varies from run to run."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        columns = torch.arange(h.shape[1], device=h.device).repeat(h.shape[0])
+        sums = torch.zeros(h.shape[1], device=h.device, dtype=h.dtype).index_add_(0, columns, h.flatten())
+        return h + 0.01 * sums
 
 
 def newest(ckpt_dir: Path) -> Path | None:
@@ -95,8 +113,11 @@ def main() -> None:
     torch.manual_seed(args.seed)
     torch.cuda.manual_seed(args.seed + rank)
 
+    first = nn.Linear(FEATURES, args.hidden)
+    if args.atomic_context:
+        first = nn.Sequential(first, AtomicContext())
     model = nn.Sequential(
-        nn.Linear(FEATURES, args.hidden), nn.ReLU(), nn.Dropout(args.dropout),
+        first, nn.ReLU(), nn.Dropout(args.dropout),
         nn.Linear(args.hidden, args.hidden), nn.ReLU(), nn.Dropout(args.dropout),
         nn.Linear(args.hidden, CLASSES),
     ).to(device)
@@ -153,7 +174,7 @@ def main() -> None:
             save(ckpt_dir, step, state)
         if rank == 0:
             scale = f" scale {scaler.get_scale():.0f}" if scaler is not None else ""
-            print(f"step {step} loss {global_loss.item():.6f}{scale}", flush=True)
+            print(f"step {step} loss {global_loss.item():.{args.loss_digits}f}{scale}", flush=True)
         if args.sleep:
             time.sleep(args.sleep)
     if distributed:

@@ -32,8 +32,11 @@ def test_the_statistics_of_same_seed_and_seeded_runs() -> None:
     stats = metric_stats(same, across)
     assert stats is not None and stats.steps == [1, 2, 3, 4]  # step 5: not in every run
     assert stats.same_spread[0] == 0 and stats.same_spread[1] == pytest.approx(4e-16, rel=0.5)
-    # noise seen once may show again at any later step
-    assert stats.envelope() == {1: 0.0, 2: stats.same_spread[1], 3: stats.same_spread[1], 4: stats.same_spread[1]}
+    # noise seen once may show again at any later step, and one printed unit at any step
+    smallest = min(v for v in stats.same_spread if v > 0)
+    assert stats.envelope() == {1: smallest, 2: stats.same_spread[1], 3: stats.same_spread[1], 4: stats.same_spread[1]}
+    rounded = metric_stats([{1: 1.0, 2: 0.5, 3: 0.4}, {1: 1.0, 2: 0.500001, 3: 0.400003}], [])
+    assert rounded is not None and rounded.envelope() == pytest.approx({1: 1e-6, 2: 1e-6, 3: 3e-6})
     assert stats.across_std[0] == pytest.approx(0.1414, rel=1e-3) and stats.across_mean[0] == pytest.approx(1.1)
     assert metric_stats([{1: 1.0}, {2: 1.0}], []) is None
 
@@ -57,8 +60,9 @@ def test_a_check_allows_three_times_the_envelope_and_says_where_it_came_from(tmp
     assert not compare_trajectories(within, expected).ok  # exact without the band
     diff = compare_trajectories(beyond, expected, band=tol.band("loss"))
     assert diff.first_divergent_step == 3 and tol.ratio("loss", 3, 3.1e-12) == pytest.approx(3.1, rel=1e-3)
-    # step 1 had no noise: exact there
-    assert not compare_trajectories({1: 1.0 + 1e-15, 2: 0.5}, {1: 1.0, 2: 0.5}, band=tol.band("loss")).ok
+    # step 1 showed no noise in the calibration, but the job is noisy: one measured unit allowed
+    assert compare_trajectories({1: 1.0 + 2e-12, 2: 0.5}, {1: 1.0, 2: 0.5}, band=tol.band("loss")).ok
+    assert not compare_trajectories({1: 1.0 + 4e-12, 2: 0.5}, {1: 1.0, 2: 0.5}, band=tol.band("loss")).ok
     assert not tol.exact_state and "within 3x" in tol.within()
     # a calibration of another run is not used
     assert find_calibration(tmp_path, RunRequest.make(steps=4, seed=1, world_size=1))[0] is None

@@ -94,8 +94,11 @@ class MetricStats:
 
     def envelope(self) -> dict[int, float]:
         """Step -> the largest same-seed spread at that step or any before it (noise that showed
-        once can show at any later step)."""
-        out, worst = {}, 0.0
+        once can show at any later step), and never less than the smallest spread seen at all:
+        a loss printed rounded (``{loss:.6f}``) shows noise only where it crosses a rounding
+        boundary, so a noisy job may differ by one printed unit at any step."""
+        seen = [v for v in self.same_spread if math.isfinite(v) and v > 0]
+        out, worst = {}, min(seen, default=0.0)
         for step, spread in zip(self.steps, self.same_spread, strict=True):
             worst = max(worst, spread) if math.isfinite(spread) else worst
             out[step] = worst
