@@ -166,3 +166,52 @@ def test_a_compatible_refactor_passes_against_the_last_promoted_commit(digits_re
     assert ev["current_dirty"] is True and ev["resumed_from_step"] >= 5
     assert ev["layout"]["compared"] and ev["layout"]["summary"] == ""
     assert all(m["first_divergent_step"] is None and m["compared_steps"] > 0 for m in ev["metrics"])
+
+
+INEXACT = Path(__file__).resolve().parents[1] / "data" / "jobs" / "inexact_resume.py"
+INEXACT_JOB = """\
+job:
+  name: inexact
+  command: "python train.py --steps {steps} --seed {seed} --ckpt-dir {checkpoint_dir} --sleep 0.05"
+  resume_args: "--resume"
+  metrics:
+    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
+  timeout: 60
+checks:
+  compat: {base: base, steps: 30, after_step: 8}
+"""
+
+
+@pytest.mark.parametrize("change", ["refactor", "resume-path"])
+def test_a_job_whose_resume_is_not_exact_is_judged_against_bases_own_resume(tmp_path: Path, change: str) -> None:
+    """Its batch generator restarts from the seed on a resume (as nanoGPT's does): no resume of it
+    matches the uninterrupted run. A refactor is still compatible (the current code continues
+    base's checkpoint exactly as base does); a change of the resume path (one step skipped) is not."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    source = INEXACT.read_text()
+    (repo / "train.py").write_text(source)
+    (repo / ".gitignore").write_text(".trainguard/\n")
+    (repo / "trainguard.yaml").write_text(INEXACT_JOB)
+    _git(repo, "init", "-q")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "base")
+    _git(repo, "tag", "base")
+    edits = {"refactor": [("def latest(", "def newest_state("), ("(state := latest(", "(state := newest_state(")],
+             "resume-path": [('start = state["w"], state["step"] + 1', 'start = state["w"], state["step"] + 2')]}[change]
+    for old, new in edits:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    (repo / "train.py").write_text(source)
+    result = _compat(repo)
+    ev = result.evidence
+    assert "before_resume" in ev, result.summary
+    assert ev["before_resume"]["first_divergent_step"] is None and ev["layout"]["summary"] == ""
+    assert ev["control"]["compared_steps"] > 0, ev["control"]
+    if change == "refactor":
+        assert result.status == "passed", result.summary
+        assert "continues its checkpoint exactly as base itself does" in result.summary
+        assert "the job's resume is not exact" in result.summary
+    else:
+        assert result.status == "failed", result.summary
+        assert "base itself, resumed from the same checkpoint, continues differently" in result.summary

@@ -26,7 +26,9 @@ import math
 import os
 import re
 import shlex
+import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +144,9 @@ class CompatEvidence(Evidence):
     before_resume: dict[str, Any] | Unset = UNSET
     #: where base and the current code first drew other samples
     samples: str | Unset = UNSET
+    #: when the resume diverged and nothing above explains it: the current code's resume against
+    #: base's own resume of the same checkpoint (:meth:`TrajectoryDiff.as_evidence`)
+    control: dict[str, Any] | Unset = UNSET
     tolerance: dict[str, Any] = dataclasses.field(default_factory=dict)
     likely_causes: list[str] | Unset = UNSET
 
@@ -292,19 +297,30 @@ def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
         if why is not None:
             return done("error", why + (f"; its stderr: {base.stderr_tail.strip().splitlines()[-1][:300]}"
                                         if base.stderr_tail.strip() and not base.ok else ""), reproduce)
-        if latest_complete_checkpoint(base.checkpoints) is None:
+        if runner.resumes_from_latest and latest_complete_checkpoint(base.checkpoints) is None:
             return done("error", f"base's run ({commit[:12]}) left no complete checkpoint under {base.checkpoints} "
-                        f"by step {base.last_step}: there is nothing to resume; raise after_step", reproduce)
+                        f"by step {base.last_step}: {{latest_checkpoint}} names nothing to resume; raise after_step",
+                        reproduce)
         layout = compare_layouts(base.checkpoints, reference.checkpoints)
         evidence.layout = layout.as_evidence()
+        # base's checkpoint as the kill left it: the resumed run writes newer ones beside it
+        kept = base.checkpoints.parent / "at-kill"
+        shutil.copytree(base.checkpoints, kept, symlinks=True)
         resumed = runner.run(request, label="compat-resumed", resume=True, checkpoint_dir=base.checkpoints)
-    evidence.run_dirs["resumed"] = str(resumed.run_dir)
-    return _judge(runner, spec, evidence, metric, (reference, base, resumed), layout, done, reproduce, tol)
+        evidence.run_dirs["resumed"] = str(resumed.run_dir)
+
+        def base_resumed() -> RunResult:
+            again = base_runner.run(base_request, label="compat-base-resumed", resume=True, checkpoint_dir=kept)
+            evidence.run_dirs["base_resumed"] = str(again.run_dir)
+            return again
+
+        return _judge(runner, spec, evidence, metric, (reference, base, resumed), layout, done, reproduce, tol,
+                      base_resumed)
 
 
 def _judge(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence, metric: str,
            runs: tuple[RunResult, RunResult, RunResult], layout: LayoutDifference, done: Any,
-           reproduce: str, tol: ToleranceUsed) -> CheckResult:
+           reproduce: str, tol: ToleranceUsed, base_resumed: Callable[[], RunResult]) -> CheckResult:
     reference, base, resumed = runs
     short = (evidence.base_commit or "")[:12]
     actual, expected = aligned_trajectories(base.points, reference.points, metric)
@@ -340,12 +356,35 @@ def _judge(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence, metri
                             f"max abs diff {diff.max_abs_diff:.3g}{tol.words(diff.metric, diff.first_divergent_step, abs(a - b))})")
         elif diff.missing_in_actual:
             problems.append(f"the resumed run is missing steps {diff.missing_in_actual[:5]} of {diff.metric}")
+    if problems and not causes:  # nothing explains it: does base itself continue its checkpoint so?
+        control = _control(runner, spec, metric, resumed, base_resumed(), tol)
+        evidence.control = control
+        step = control.get("first_divergent_step")
+        if step is None and control.get("compared_steps"):
+            return done("passed", f"base {short} ({spec.base}) killed after step {evidence.killed_after_step}; the current "
+                        f"code continues its checkpoint exactly as base itself does ({control['compared_steps']} steps "
+                        f"from step {first}); but neither matches the uninterrupted run ({problems[0]}): the job's "
+                        "resume is not exact, which checks.resume diagnoses", reproduce)
+        problems.append(f"base itself, resumed from the same checkpoint, continues differently from the current code "
+                        f"(from step {step})" if step is not None else f"base's own resume could not be compared: "
+                        f"{control.get('reason', 'no steps')}")
     if problems:
         return done("failed", "; ".join(problems) + because, reproduce)
     note = f"; its layout differs ({layout.summary()}) but the current code loads it" if layout.compared and not layout.same else ""
     return done("passed", f"base {short} ({spec.base}) killed after step {evidence.killed_after_step}; the "
                 f"current code resumed from step {first - 1} and matches its uninterrupted run in "
                 f"{', '.join(d.metric for d in diffs)} to step {spec.steps}{note}", reproduce)
+
+
+def _control(runner: JobRunner, spec: CompatCheck, metric: str, resumed: RunResult, again: RunResult,
+             tol: ToleranceUsed) -> dict[str, Any]:
+    """The current code's resume of base's checkpoint against base's own resume of it: where they
+    diverge (None: the same continuation)."""
+    steps = sorted(aligned_trajectories(again.points, resumed.points, metric)[0])
+    if not again.ok or not steps:
+        return {"first_divergent_step": None, "compared_steps": 0,
+                "reason": again.reason or f"base's resume printed no `{metric}` line"}
+    return _diffs(runner, spec, metric, resumed, again, steps[0], tol)[0].as_evidence()
 
 
 def _requires(spec: CompatCheck, facts: JobFacts) -> list[tuple[str, str]]:
@@ -370,7 +409,8 @@ COMPAT: Check[CompatCheck] = Check(
     _NAME, CompatCheck, run=run_compat,
     runs=lambda spec, ctx: ([Run("reference", reference=True),
                              Run(f"base ({spec.base}) killed after step {spec.after_step}"),
-                             Run("the current code resumed from base's checkpoint")],
+                             Run("the current code resumed from base's checkpoint"),
+                             Run("if that diverges unexplained: base resumed from its own checkpoint")],
                             "the current code, resumed from base's checkpoint, must match its own uninterrupted run"),
     requires=_requires,
     # a job file without checks.compat would fail a gate that required it: named in gate.require

@@ -203,7 +203,7 @@ class LayoutDifference:
         """``renamed model.fc1 -> model.encoder; only in base: ...; only in current: ...``."""
         words = [f"renamed {a} -> {b}" for a, b in self.renamed[:3]]
         renamed = {k for a, b in self.renamed for k in self.only_in_old + self.only_in_new
-                   if k.startswith(a + ".") or k.startswith(b + ".")}
+                   if _INDEX.sub("*", k).startswith((a + ".", b + "."))}
         for label, keys in ((f"only in {old}'s checkpoint", self.only_in_old),
                             (f"only in {new}'s", self.only_in_new)):
             rest = [k for k in keys if k not in renamed]
@@ -233,14 +233,30 @@ def _layout(entries: dict[str, Entry]) -> dict[str, str]:
     return out
 
 
+def _shared_head(a: str, b: str) -> int:
+    count = 0
+    for x, y in zip(a.split("."), b.split("."), strict=False):
+        if x != y:
+            break
+        count += 1
+    return count
+
+
 def _renames(old: list[str], new: list[str], old_layout: dict[str, str], new_layout: dict[str, str]) -> list[tuple[str, str]]:
-    """Prefix pairs whose keys match one to one by last name and shape."""
+    """Prefix pairs whose keys match by last name and shape (of several such keys, the one at the
+    same place in the tree: ``h.0.mlp.c_fc`` pairs with ``h.0.mlp.fc_in``), layer numbers folded
+    (``h.*.mlp.c_fc -> h.*.mlp.fc_in``)."""
     found: dict[tuple[str, str], int] = {}
     for key in old:
         head, _, last = key.rpartition(".")
         twins = [k for k in new if k.rpartition(".")[2] == last and new_layout[k] == old_layout[key] and old_layout[key]]
-        if head and len(twins) == 1 and (other := twins[0].rpartition(".")[0]) and other != head:
-            found[(head, other)] = found.get((head, other), 0) + 1
+        if not head or not twins:
+            continue
+        best = max(_shared_head(key, t) for t in twins)
+        nearest = [t for t in twins if _shared_head(key, t) == best]
+        if len(nearest) == 1 and (other := nearest[0].rpartition(".")[0]) and other != head:
+            pair = (_INDEX.sub("*", head), _INDEX.sub("*", other))
+            found[pair] = found.get(pair, 0) + 1
     return sorted(found, key=lambda pair: -found[pair])
 
 
