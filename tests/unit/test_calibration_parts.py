@@ -115,3 +115,32 @@ def test_the_cli_refuses_too_few_runs_and_a_job_with_nothing_to_calibrate(tmp_pa
     assert main(["calibrate", str(job)]) == 2
     err = capsys.readouterr().err
     assert str(job) in err and "nothing to calibrate" in err and "(canary, resume, compat, parallel, reshard)" in err
+
+
+def test_parallel_and_reshard_read_the_calibration_of_their_n_rank_run(tmp_path: Path) -> None:
+    from trainguard.checks.calibration import calibration_requests, tolerance_for
+    from trainguard.config import load_config
+    from trainguard.run.runner import JobRunner
+
+    job = tmp_path / "trainguard.yaml"
+    job.write_text("job:\n  name: j\n  command: \"python t.py --steps {steps} --ckpt {checkpoint_dir}\"\n"
+                   "  resume_args: \"--resume\"\n"
+                   "  metrics: {loss: 'step (?P<step>\\\\d+) loss (?P<value>\\\\S+)'}\n"
+                   "checks:\n  parallel: {steps: 4, world_size: 2, rtol: 0.001}\n"
+                   "  reshard: {steps: 4, after_step: 2, pairs: [[2, 1], [4, 2]]}\n  resume: {steps: 4, after_step: 2}\n")
+    runner = JobRunner(load_config(job))
+    wanted = {(r.world_size, tuple(names)) for r, names in calibration_requests(runner)}
+    assert wanted == {(1, ("resume",)), (2, ("parallel", "reshard")), (4, ("reshard",))}
+    two = RunRequest.make(steps=4, seed=runner.settings.seed, world_size=2)
+    spec = runner.job_file.checks.parallel
+    before = tolerance_for(runner, spec, two, "parallel")
+    assert before.calibration is None and before.source == "checks.parallel.rtol (job file)"
+    _saved(tmp_path / ".trainguard", 1e-9, two)
+    after = tolerance_for(runner, spec, two, "parallel")
+    assert after.calibration is not None and after.band("loss") and max(after.band("loss").values()) == pytest.approx(3e-9, rel=1e-3)
+    assert after.source.startswith("the larger of checks.parallel.rtol (job file) and 3 x the same-seed spread")
+    # rtol stays the floor: a difference it allows passes though the band is smaller
+    assert compare_trajectories({1: 1.0005, 2: 0.5}, {1: 1.0, 2: 0.5}, rtol=after.rtol, band=after.band("loss")).ok
+    # the 1-rank run has no calibration: resume compares exactly
+    assert tolerance_for(runner, runner.job_file.checks.resume,
+                         RunRequest.make(steps=4, seed=runner.settings.seed, world_size=1), "resume").calibration is None
