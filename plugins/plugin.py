@@ -44,6 +44,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Resolve settings (CLI > env > ini > default), register markers, create the session."""
+    from trainguard._internal.logsafe import safe_logger_registry
+
+    safe_logger_registry()  # our threads add loggers while pytest's logging plugin walks them
     for spec in MARKERS.values():
         config.addinivalue_line("markers", spec.line)
     cli = {opt.name: config.getoption(opt.ini) for opt in OPTIONS}

@@ -361,12 +361,17 @@ def test_the_rate_before_a_fault_is_not_fooled_by_lines_read_in_a_burst() -> Non
     assert math.isclose(step_rate(steady) or 0, 50.0, rel_tol=1e-6)
     # a third of the lines read late, in one burst: the median time per step is still 20 ms
     burst = [(s, 0.02 * s if s % 3 else 0.02 * (s + 1) - 1e-6) for s in range(1, 31)]
-    assert math.isclose(step_rate(burst) or 0, 50.0, rel_tol=1e-3)
+    assert math.isclose(step_rate(burst) or 0, 50.0, rel_tol=0.05)  # the last line read late: 48
     # every line read at once: no rate rather than a wrong one
     assert step_rate([(s, 5.0 + 4e-6 * s) for s in range(2, 11)]) is None
     assert step_rate([(3, 1.0)]) is None
     # a line every 5 steps counts its steps
     assert math.isclose(step_rate([(5 * k, 0.1 * k) for k in range(1, 8)]) or 0, 50.0, rel_tol=1e-6)
+    # seen beside two CPU hogs: a starved reader took the lines of 20 ms steps in clumps of 8 read
+    # 2.4 ms apart, a clump every 160 ms; the median alone said 412 steps/s, and a slow_rank drill
+    # judged its rate during the fault as 2% of that
+    clumps = [(s, 0.16 * ((s - 1) // 8 + 1) + 0.0024 * ((s - 1) % 8)) for s in range(1, 31)]
+    assert 40 < (step_rate(clumps) or 0) < 65  # within a clump of the truth, not 412
 
 
 def test_continue_judges_the_rate_during_the_fault_and_the_faults_own_check() -> None:

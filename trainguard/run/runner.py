@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainguard._internal.logsafe import safe_logger_registry
 from trainguard._internal.readers import use_limits
 from trainguard.config import CheckSpec, JobFile, MetricFile, MetricRegex
 from trainguard.config.settings import Settings, read_limits
@@ -94,6 +95,7 @@ def _warm_torch_import() -> None:
         with contextlib.suppress(Exception):
             import torch  # noqa: F401
 
+    safe_logger_registry()  # the import adds loggers while the caller (pytest) may walk them
     threading.Thread(target=work, name="trainguard-import-torch", daemon=True).start()
 
 

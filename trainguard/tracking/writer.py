@@ -25,6 +25,7 @@ from typing import Any
 
 from trainguard._internal.atomic import atomic_write_text, os_error_text, unwritable_reason
 from trainguard._internal.locks import file_lock, store_lock
+from trainguard._internal.logsafe import safe_logger_registry
 from trainguard.raytrain.tracking import PermanentWriteError, is_permanent_error
 from trainguard.tracking.runs import LIVE_INTERVAL_S, RunHandle
 from trainguard.tracking.store import EXPERIMENT
@@ -174,6 +175,7 @@ class StoreWriter:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", HTTP_TIMEOUT_S)
             os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # per ended run
+        safe_logger_registry()  # mlflow's imports in the thread add loggers
         self._thread = threading.Thread(target=self._loop, name="trainguard-tracking", daemon=True)
         self._thread.start()
 
