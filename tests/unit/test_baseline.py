@@ -395,3 +395,24 @@ def test_a_baseline_on_a_read_only_disk_is_saved_aside_and_said(tmp_path: Path, 
     aside = Path(result.evidence["baseline"]["saved_aside"])
     assert f"it was saved to {aside} instead: copy that file into {where} to use it" in result.summary
     assert load_baseline(aside).request["steps"] == 40 and aside.is_relative_to(private_fallback)
+
+
+def test_a_baseline_file_is_read_within_the_read_limits_and_a_fifo_is_not_waited_on(tmp_path: Path) -> None:
+
+
+    from trainguard._internal.readers import ReadLimits, active_limits, use_limits
+
+    big = tmp_path / "0001_big.json"
+    big.write_text('{"kind": "trainguard-canary-baseline", "pad": "' + "x" * 4096 + '"}')
+    fifo = tmp_path / "0002_fifo.json"
+    os.mkfifo(fifo)
+    before = active_limits()
+    use_limits(ReadLimits(max_bytes=1024))
+    try:
+        with pytest.raises(BaselineError, match="not a readable baseline file") as over:
+            load_baseline(big)
+        assert "limit" in str(over.value)
+        with pytest.raises(BaselineError, match="not a readable baseline file"):
+            load_baseline(fifo)  # a FIFO with no writer: refused, not waited on
+    finally:
+        use_limits(before)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from trainguard._internal.atomic import current_umask, fallback_dir, fsync_dir, os_error_text, warn
 from trainguard._internal.gitstate import git_state
 from trainguard._internal.machine import machine_id, machine_info
+from trainguard._internal.readers import Unreadable, active_limits, read_json
 from trainguard._version import __version__
 from trainguard.checks.band import (
     BandVerdict,
@@ -262,11 +263,11 @@ def read_versioned_json(
     otherwise ``error`` naming the file, what is wrong and ``fix``. Shared by the canary's and
     the profile's baselines."""
     target = Path(path)
-    try:
-        data = json.loads(target.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise error(f"{target}: no such {what}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    if not target.exists() and not target.is_symlink():
+        raise error(f"{target}: no such {what}")
+    try:  # as data, within the read limits: a baseline is kilobytes, a huge file is not one
+        data = read_json(target, active_limits())
+    except (OSError, Unreadable) as exc:
         raise error(f"{target}: not a readable {what} ({exc}); delete it or {fix}") from None
     if not isinstance(data, dict) or data.get("kind") != kind:
         raise error(f"{target}: not a {kind_name} (no \"kind\": \"{kind}\")")
