@@ -36,7 +36,7 @@ def test_the_logger_registry_can_be_walked_while_a_thread_adds_loggers() -> None
     finally:
         stop.set()
         thread.join()
-        for name in added + ["trainguard-test-logsafe"]:
+        for name in [*added, "trainguard-test-logsafe"]:
             registry.pop(name, None)
     assert walks > 0 and added
     # loggers are still the logging module's own: the same object for the same name
