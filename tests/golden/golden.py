@@ -49,6 +49,8 @@ VOLATILE = frozenset({
     "max_rss_mb", "peak_memory_mb", "memory_mb", "rss_mb", "rank_stderr_tail", "stacks",
     "step_times", "hang_evidence", "evidence_dir", "samples", "seconds", "wall_s", "timings",
     "lost", "last_step_before", "file", "watched_rank_step_at_injection", "compared_steps", "beside",
+    # the gate's cost: the launches' order follows the lane's timing, their seconds the machine
+    "records", "rank_seconds", "startup_share", "gpu_hours", "steps_gpu_hours", "step_seconds", "note",
 })
 VOLATILE_SUFFIXES = ("_s", "_ms", "_at", "_rate", "_per_s", "_mb", "_path", "_dir", "_pid", "_time",
                      "_sha256")

@@ -331,6 +331,12 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     def echo(rank: int, stream: str, line: str) -> None:
         print(f"[rank{rank} {stream}] {line}", file=sys.stderr)
 
+    from trainguard.errors import TrainguardError
+    from trainguard.session.plan import make_plan
+    from trainguard.session.session import session_settings
+
+    with contextlib.suppress(TrainguardError, OSError):  # the gate itself says what is wrong with the file
+        print(make_plan(args.config, session_settings(seed=args.seed)).cost.line(), flush=True)
     with status as spinner:
 
         def on_start(name: str) -> None:

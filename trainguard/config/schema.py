@@ -275,6 +275,9 @@ class Target(ConfigModel):
     #: what one failure costs from the fault to the first new step (detection, requeue, start-up)
     #: until a recover drill measures it (docs/profiling.md, "Goodput forecast")
     restart_minutes: float = Field(10.0, ge=0, le=10_000)
+    #: minutes one launch of the real job takes to reach its first step on the target hardware
+    #: (loading weights, compiling, warming up): the gate's cost is projected there with it
+    startup_minutes: float | None = Field(None, ge=0, le=10_000)
     #: seconds to load a checkpoint on restart (default: as long as the measured save)
     checkpoint_load_seconds: float | None = Field(None, ge=0, le=1e6)
     #: memory one rank may use, in MB (default: the GPU's memory, or host memory / ranks)

@@ -70,6 +70,8 @@ class GateReport:
     created_at: float = field(default_factory=time.time)
     duration_s: float = 0.0
     paths: dict[str, str] = field(default_factory=dict)
+    #: :meth:`trainguard.session.cost.Cost.as_dict`: the launches the gate made and their cost
+    cost: dict[str, Any] | None = None
 
     @property
     def promoted(self) -> bool:
@@ -93,6 +95,7 @@ class GateReport:
             "mlflow_session_run_id": self.mlflow_session_run_id,
             "created_at": self.created_at,
             "duration_s": round(self.duration_s, 1),
+            "cost": self.cost,
             "reports": self.paths,
         }
 
@@ -122,6 +125,9 @@ def run_gate(
         tracker = session.tracker
 
         def assemble(decision: Decision) -> GateReport:
+            from trainguard.session.cost import measured_cost
+
+            minutes = job_file.target.startup_minutes if job_file.target is not None else None
             return GateReport(
                 job=job_file.job.name,
                 job_file=str(job_file.path),
@@ -132,6 +138,7 @@ def run_gate(
                 policy=policy.model_dump(),
                 sizing=sizing_of(report),
                 tracking_uri=session.tracking_uri,
+                cost=measured_cost(list(session.runner.launches), minutes).as_dict(),
             )
 
         try:
@@ -477,7 +484,8 @@ _MARKDOWN = """\
 {% endfor %}
 </details>
 {% endif %}
-Machine: {{ machine }}. Provenance: {{ provenance }}. {{ duration }} s.
+{% if cost_line %}{{ cost_line }}.
+{% endif %}Machine: {{ machine }}. Provenance: {{ provenance }}. {{ duration }} s.
 """
 
 _HTML = """<!doctype html>
@@ -492,6 +500,7 @@ img{max-width:100%;border:1px solid #eee;margin:.5em 0}.meta{color:#666;font-siz
 </style></head><body>
 <div class="banner {{ verdict }}">{{ verdict | upper }} &mdash; {{ job }}</div>
 <p class="meta">{{ job_file }} &middot; {{ machine }} &middot; {{ created }} &middot; {{ duration }} s &middot; trainguard {{ version }}</p>
+{% if cost_line %}<p class="meta">{{ cost_line }}</p>{% endif %}
 {% if reasons %}<h2>Why it is blocked</h2><ul>{% for r in reasons %}<li>{{ r }}</li>{% endfor %}</ul>{% endif %}
 <h2>Checks</h2><table><tr><th>check</th><th>status</th><th>summary</th><th>s</th></tr>
 {% for c in checks %}<tr><td>{{ c.name }}</td><td class="{{ c.status }}">{{ c.status }}</td><td>{{ c.summary }}</td><td>{{ "%.1f" % c.duration_s }}</td></tr>{% endfor %}
@@ -511,6 +520,18 @@ img{max-width:100%;border:1px solid #eee;margin:.5em 0}.meta{color:#666;font-siz
 {% if tracking_uri %}<p class="meta">MLflow: <code>{{ mlflow_ui }}</code></p>{% endif %}
 </body></html>
 """
+
+
+def _cost_line(cost: Any) -> str:
+    from trainguard.session.cost import Cost
+
+    if not isinstance(cost, dict):
+        return ""
+    try:
+        return Cost(**{k: cost[k] for k in ("launches", "measured", "rank_seconds", "startup_s_per_launch",
+                                            "startup_share", "projection", "note")}).line()
+    except (KeyError, TypeError, ValueError):
+        return ""
 
 
 def _images(data: dict[str, Any]) -> list[tuple[str, str]]:
@@ -582,6 +603,7 @@ def _context(data: dict[str, Any]) -> dict[str, Any]:
         "provenance": f"job file sha256 {prov['job_file_sha256'][:12]}, commit "
                       f"{commit[:12] if commit else 'none'}{' (dirty)' if prov.get('git_dirty') else ''}",
         "duration": data["duration_s"], "version": data["trainguard_version"],
+        "cost_line": _cost_line(data.get("cost")),
         "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(data["created_at"])),
         "submission": json.dumps(data["submission"], indent=2, default=str) if data.get("submission") else None,
         "tracking_uri": data.get("tracking_uri"),

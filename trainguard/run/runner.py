@@ -35,7 +35,12 @@ from trainguard.unit.checkpoints import describe_candidates, latest_complete_che
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.raytrain.local_ray import LocalRay
 
-__all__ = ["JobRunner", "SupervisedRun", "repro_dir"]
+__all__ = [
+    "JobRunner",
+    "LaunchRecord",
+    "SupervisedRun",
+    "repro_dir",
+]
 
 
 @dataclass
@@ -99,6 +104,26 @@ def _warm_torch_import() -> None:
     threading.Thread(target=work, name="trainguard-import-torch", daemon=True).start()
 
 
+@dataclass(frozen=True)
+class LaunchRecord:
+    """One launch (one attempt of a run) as the runner made it: what the gate's cost is counted
+    from (:mod:`trainguard.session.cost`)."""
+
+    label: str
+    #: ranks (a ray_train job: its workers)
+    world_size: int
+    seconds: float
+    #: launch to its first metric line (None: it printed none)
+    first_step_s: float | None
+    #: metric lines' distinct steps it printed
+    steps: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"label": self.label, "world_size": self.world_size, "seconds": round(self.seconds, 3),
+                "first_step_s": None if self.first_step_s is None else round(self.first_step_s, 3),
+                "steps": self.steps}
+
+
 @dataclass
 class JobRunner:
     """Launches runs of one job file."""
@@ -129,6 +154,8 @@ class JobRunner:
     current_check: str | None = None
     #: the reference cache, background prefetch and lane of this runner's runs
     scheduling: RunScheduler = field(init=False, repr=False)
+    #: every launch made through this runner and its siblings, in order (the root runner's)
+    launches: list[LaunchRecord] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         # every file of the job's runs that trainguard reads (checkpoints, logs) within the
@@ -396,6 +423,8 @@ class JobRunner:
                 self._inflight.discard(launcher)
         result.checkpoint_dir = Path(str(values["checkpoint_dir"]))
         result.evidence.setdefault("checkpoint_dir", str(result.checkpoint_dir))
+        self._record(LaunchRecord(label, request.world_size, result.duration_s, result.first_metric_s,
+                                  len({p.step for p in result.points})))
         notes: dict[str, object] = {k: result.evidence[k] for k in ("logs_truncated", "run_dir_disk")
                                     if k in result.evidence}
         if notes:
@@ -404,6 +433,13 @@ class JobRunner:
         if resumed_from:
             result.evidence["resumed_from"] = resumed_from
         return result
+
+    def _record(self, record: LaunchRecord) -> None:
+        root = self
+        while root._parent is not None:
+            root = root._parent
+        with root._lock:
+            root.launches.append(record)
 
     @property
     def resumes_from_latest(self) -> bool:

@@ -104,6 +104,17 @@ class Plan:
             return None
         return sum(d for d in known if d is not None)
 
+    @property
+    def cost(self) -> Any:
+        """:class:`trainguard.session.cost.Cost` of these launches, estimated from the launches
+        of the last gate here (``.trainguard/gate/latest.json``) when there is one."""
+        from trainguard.session.cost import launch_shapes, planned_cost, records_from_report
+
+        last = self.job_file.state_dir / "gate" / "latest.json"
+        target = self.job_file.target
+        return planned_cost(launch_shapes(self), records_from_report(last) if last.is_file() else [],
+                            str(last), target.startup_minutes if target is not None else None)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "job": self.job_file.job.name,
@@ -122,6 +133,7 @@ class Plan:
             "estimate_s": self.estimate_s,
             "estimate_from": self.history,
             "worst_case_s": self.worst_case_s,
+            "cost": {k: v for k, v in self.cost.as_dict().items() if k != "records"},
         }
 
     def lines(self) -> list[str]:
@@ -147,6 +159,7 @@ class Plan:
                  else "unknown until it has run once here (no earlier report for these checks)")
         out.append(f"{self.launches} launch(es); time: {guess}; at most {_minutes(self.worst_case_s)} "
                    "if every run went to its timeout")
+        out.append(self.cost.line())
         return out
 
 

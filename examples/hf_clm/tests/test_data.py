@@ -6,7 +6,13 @@ sentences, the same token ids, the same blocks. These tests pin that down withou
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
+
+if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("tokenizers") is None:
+    pytest.skip("the hf_clm example needs transformers and tokenizers: pip install -e '.[hf]'",
+                allow_module_level=True)
 
 from tinyclm.data import SPECIAL_TOKENS, TokenBlocks, build_tokenizer, make_sentences
 
