@@ -170,3 +170,13 @@ def test_the_job_file_names_an_unknown_ref_a_missing_repository_and_bad_links(re
             load_config(_job(repo, bad))
     promoted = load_config(_job(repo, "{base: promoted}")).checks.compat
     assert isinstance(promoted, CompatCheck) and promoted.base == "promoted"
+
+
+def test_base_promoted_before_any_promotion_passes_with_nothing_launched(repo: Path) -> None:
+    from trainguard.session import check
+
+    report = check(_job(repo, "{base: promoted}"), only=["compat"], report_json=str(repo / "r.json"))
+    (result,) = report.checks
+    assert result.status == "passed", result.summary
+    assert result.summary.startswith("nothing to be compatible with: no promoted gate report")
+    assert "run_dirs" not in result.evidence or not result.evidence["run_dirs"]

@@ -223,21 +223,22 @@ def _samples_note(base: RunResult, reference: RunResult) -> str | None:
             f"{list(y)[:6]}; a resumed run continues in the new order")
 
 
-def _git_facts(runner: JobRunner, spec: CompatCheck) -> tuple[Path, str, str] | str:
-    """(repository top, base's commit, what base named) or why there is none."""
+def _git_facts(runner: JobRunner, spec: CompatCheck) -> tuple[Path, str, str] | tuple[str, bool]:
+    """(repository top, base's commit, what base named), or (why there is none, whether that is
+    only that no gate has promoted the job yet)."""
     root = repository_root(runner.job_file.cwd)
     if root is None:
-        return f"the job's directory {runner.job_file.cwd} is not in a git repository: checks.compat checks out base from it"
+        return f"the job's directory {runner.job_file.cwd} is not in a git repository: checks.compat checks out base from it", False
     ref = spec.base
     if ref == PROMOTED:
         commit, where = last_promoted_commit(runner.job_file.state_dir / "gate")
         if commit is None:
-            return where
+            return where, True
         return root, commit, f"promoted ({where})"
     try:
         return root, resolve_commit(root, ref), ref
     except GitError as exc:
-        return str(exc)
+        return str(exc), False
 
 
 def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
@@ -252,11 +253,12 @@ def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
         return CheckResult(_NAME, status, summary, evidence.to_dict(), time.monotonic() - started, reproduce)  # type: ignore[arg-type]
 
     facts = _git_facts(runner, spec)
-    if isinstance(facts, str):
-        if spec.base == PROMOTED and "no promoted gate report" in facts:
-            return done("passed", f"nothing to be compatible with: {facts} (the first promotion has no "
+    if len(facts) == 2:
+        reason, unpromoted = facts
+        if unpromoted:
+            return done("passed", f"nothing to be compatible with: {reason} (the first promotion has no "
                         "checkpoints in flight)")
-        return done("error", f"checks.compat.base: {facts}")
+        return done("error", f"checks.compat.base: {reason}")
     root, commit, named = facts
     state = git_state(runner.job_file.cwd)
     evidence.base_commit, evidence.current_commit, evidence.current_dirty = commit, state.commit, state.dirty
