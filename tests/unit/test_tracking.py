@@ -303,6 +303,13 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
          "--workers", "1"],
         cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
+    # a worker killed outright (xdist's teardown after Ctrl-C, a CI timeout) never runs the finally
+    # below: a watcher in a session of its own ends the server's group once this process is gone
+    # (one such server and its huey consumers outlived a run here)
+    subprocess.Popen(["sh", "-c", f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 1; done; "
+                      f"kill -TERM -{proc.pid}; sleep 10; kill -KILL -{proc.pid}"],
+                     start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
