@@ -16,7 +16,6 @@ request". A ``ray_train`` job gets no background runs: its fits would queue for 
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from trainguard.run.observer import MetricCallback
-from trainguard.run.request import RunRequest
+from trainguard.run.request import RunRequest, share_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
@@ -51,6 +50,8 @@ class AheadRun:
     beside: str | None = None
     #: queued -> running -> done; "claimed": its check came first and runs it itself
     state: str = "queued"
+    #: it is the uninterrupted run of its request: not launched when one is kept already
+    reference: bool = False
 
 
 class LaunchRun(Protocol):
@@ -137,10 +138,8 @@ class RunScheduler:
 
     @staticmethod
     def reference_key(request: RunRequest) -> RunRequest:
-        """The key under which ``request``'s reference is kept: limits are not what a run
-        computes, so a run that finished within any limits is the uninterrupted run of its
-        steps, seed, world size, args and env."""
-        return dataclasses.replace(request, timeout=None, max_rss_mb=None)
+        """The key under which ``request``'s reference is kept (:func:`share_key`)."""
+        return share_key(request)
 
     def reference(self, request: RunRequest) -> RunResult:
         """An uninterrupted run for ``request``, launched once and shared between checks (one
@@ -159,6 +158,11 @@ class RunScheduler:
         result = self._launch(request, label="reference")
         with self._lock:
             return self._references.setdefault(key, result)
+
+    def kept_reference(self, request: RunRequest) -> RunResult | None:
+        """The reference of ``request`` kept so far (launched by no one now), or None."""
+        with self._lock:
+            return self._references.get(self.reference_key(request))
 
     def offer_reference(self, request: RunRequest, result: RunResult) -> None:
         """Keep ``result`` as the reference of ``request`` when it completed and none is kept
