@@ -121,3 +121,43 @@ def test_a_job_not_given_its_checkpoint_dir_keeps_nothing(tmp_path: Path) -> Non
     runner.keep_checkpoint(request, 6, "loss")
     kept, why = runner.kept_checkpoint(request, 6)
     assert kept is None and "{checkpoint_dir}" in why
+
+
+PREFIX_JOB = """\
+job:
+  name: prefix
+  command: "python {jobs}/toy_train.py --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --sleep 0.05"
+  resume_args: "--resume"
+  env: {{OMP_NUM_THREADS: "1"}}
+  metrics:
+    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
+  timeout: 60
+  stall_timeout: 30
+{independent}
+checks:
+  canary: {{steps: 20, min_loss_drop: 0.2}}
+  determinism: {{steps: {steps}}}
+"""
+
+
+@pytest.mark.determinism
+@pytest.mark.parametrize(("independent", "steps", "launches", "prefix"), [
+    ("  steps_independent: true", 10, 2, True),  # the canary's first 10 steps, its checkpoint of step 10 kept
+    ("", 10, 3, False),  # not declared: a 10-step run may differ from the first 10 of 20 steps
+    ("  steps_independent: true", 12, 3, False),  # no checkpoint of step 12 to end on: launched
+])
+def test_a_shorter_reference_is_a_longer_runs_first_steps_only_when_the_job_says_so(
+    tmp_path: Path, independent: str, steps: int, launches: int, prefix: bool
+) -> None:
+    path = tmp_path / "trainguard.yaml"
+    path.write_text(PREFIX_JOB.format(jobs=JOBS, independent=independent, steps=steps))
+    report, runner = _run(path)
+    assert report.status == "passed", [(c.name, c.summary) for c in report.checks]
+    assert len(runner.launches) == launches, [r.label for r in runner.launches]
+    reference = runner.kept_reference(runner.request_for(load_config(path).checks.determinism))  # type: ignore[arg-type]
+    assert reference is not None and ("prefix_of" in reference.evidence) == prefix
+    if prefix:
+        assert reference.last_step == steps and reference.checkpoints.parts[-3:] == (
+            "kept", f"after-step-{steps}", "checkpoints")
+    plan = make_plan(path, Settings())
+    assert any("or the first" in r.label for c in plan.checks for r in c.runs) == bool(independent and steps < 20)

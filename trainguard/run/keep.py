@@ -33,7 +33,11 @@ from trainguard.run.request import RunRequest
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, MetricPoint, RunResult
 
-__all__ = ["Keepers", "KeptCheckpoint"]
+__all__ = ["MAX_KEEP_BYTES", "Keepers", "KeptCheckpoint"]
+
+#: the largest checkpoint directory copied while a run is stopped: at ~1 GB/s a stop of seconds,
+#: far inside the collectives' timeouts (a stopped rank's watchdog counts the stop when it wakes)
+MAX_KEEP_BYTES = 4 * 2**30
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,11 @@ class Keepers:
             keeper.why_not = (f"its run {label} had printed its last step ({step}) when trainguard read step "
                               f"{keeper.after_step}: nothing left to resume")
             return
+        size = _size(checkpoint_dir)
+        if size > MAX_KEEP_BYTES:  # a long stop outlasts a collective's watchdog (NCCL's heartbeat)
+            keeper.why_not = (f"{checkpoint_dir} holds {size / 2**30:.1f} GiB, more than trainguard copies while "
+                              f"the run is stopped ({MAX_KEEP_BYTES / 2**30:.0f} GiB)")
+            return
         target = run_dir / "kept" / f"after-step-{keeper.after_step}" / "checkpoints"
         try:
             with launcher.frozen():
@@ -199,3 +208,13 @@ class Keepers:
             stop()
             futures.wait(running, timeout=timeout)
 
+
+
+def _size(directory: Path) -> float:
+    """Bytes under ``directory`` (symlinks not followed); 0 when it does not exist."""
+    total = 0
+    for path in directory.rglob("*") if directory.is_dir() else ():
+        with contextlib.suppress(OSError):
+            if not path.is_symlink() and path.is_file():
+                total += path.stat().st_size
+    return total

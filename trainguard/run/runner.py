@@ -10,6 +10,7 @@ the runner's :class:`~trainguard.run.observer.RunObserver` (MLflow tracking, whe
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 import tempfile
@@ -32,6 +33,7 @@ from trainguard.run.observer import MetricCallback, NullObserver, ObserverSource
 from trainguard.run.request import RunRequest
 from trainguard.run.scheduling import AheadRun, PendingRun, RunScheduler
 from trainguard.unit.checkpoints import describe_candidates, latest_complete_checkpoint
+from trainguard.unit.checkpoints.files import step_in_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.raytrain.local_ray import LocalRay
@@ -83,6 +85,17 @@ def _both(first: MetricCallback, second: MetricCallback) -> MetricCallback:
         second(point, launcher)
 
     return both
+
+
+def _newest_step(directory: Path) -> int | None:
+    """The step of the newest checkpoint in ``directory``: the newest complete one's, else the
+    highest step any entry's name holds (per-rank files of a format trainguard does not load)."""
+    latest = latest_complete_checkpoint(directory)
+    if latest is not None:
+        return step_in_name(latest.name)
+    steps = [s for p in directory.iterdir() if not p.name.startswith(".")
+             if (s := step_in_name(p.name)) is not None] if directory.is_dir() else []
+    return max(steps, default=None)
 
 
 def repro_dir(job_name: str) -> Path:
@@ -193,6 +206,7 @@ class JobRunner:
             background=lambda: not self.job_file.job.is_ray_train,
             current_check=lambda: self.current_check,
             adopt=lambda tracked: self.observer.launch_adopted(tracked),
+            prefix=self._prefix_reference,
         )
 
     def take_log_notes(self) -> list[dict[str, object]]:
@@ -555,11 +569,13 @@ class JobRunner:
     def keep_checkpoint(self, request: RunRequest, after_step: int, metric: str) -> None:
         """Keep the checkpoint of the next uninterrupted run of ``request`` after it prints step
         ``after_step`` of ``metric`` (see :mod:`trainguard.run.keep`)."""
-        if self.checkpoints_known:
+        if self.checkpoints_known and not self.job_file.job.is_ray_train:
             self.keepers.register(self.scheduling.reference_key(request), after_step, metric)
 
     def kept_checkpoint(self, request: RunRequest, after_step: int) -> tuple[KeptCheckpoint | None, str]:
         """The checkpoint kept of ``request`` after ``after_step``, or None and why not."""
+        if self.job_file.job.is_ray_train:  # its workers are Ray's processes, not the driver's children
+            return None, "a ray_train job's workers are Ray's processes: trainguard cannot stop them while it copies"
         if not self.checkpoints_known:
             return None, "the job is not given {checkpoint_dir}, so trainguard cannot copy its checkpoints"
         return self.keepers.kept(self.scheduling.reference_key(request), after_step)
@@ -569,6 +585,28 @@ class JobRunner:
         the checks that ask for the same one."""
         return self.keepers.resumed(kept, self.scheduling.reference_key(request), lambda: self.run(
             request, label=label, resume=True, checkpoint_dir=kept.copy_for(label)))
+
+    def _prefix_reference(self, request: RunRequest, kept: dict[RunRequest, RunResult]) -> RunResult | None:
+        """With ``job.steps_independent``: the uninterrupted run of ``request`` served by the first
+        steps of a longer one of the same request that ran already, when the checkpoint it had
+        after those steps was kept and is of exactly that step (what the shorter run would end
+        with); else None (it is launched)."""
+        if not self.job_file.job.steps_independent:
+            return None
+        key = self.scheduling.reference_key(request)
+        for other, result in sorted(kept.items(), key=lambda kv: kv[0].steps):
+            if other.steps <= key.steps or dataclasses.replace(other, steps=key.steps) != key or not result.ok:
+                continue
+            snapshot, _ = self.keepers.kept(other, key.steps)
+            if snapshot is None or _newest_step(snapshot.directory) != key.steps:
+                continue
+            return dataclasses.replace(
+                result, points=[p for p in result.points if p.step <= key.steps], checkpoint_dir=snapshot.directory,
+                evidence={**result.evidence, "prefix_of": {
+                    "run_dir": str(result.run_dir), "steps": other.steps,
+                    "note": f"the first {key.steps} steps of the {other.steps}-step run (job.steps_independent), "
+                            f"its checkpoint of step {key.steps} kept"}})
+        return None
 
     def start_resume_kept(self, kept: KeptCheckpoint, request: RunRequest, *, label: str) -> None:
         """:meth:`resume_kept` started in the background (independent resumed runs start up side

@@ -93,6 +93,7 @@ class RunScheduler:
         background: Callable[[], bool] = lambda: True,
         current_check: Callable[[], str | None] = lambda: None,
         adopt: Callable[[object], None] = lambda tracked: None,
+        prefix: Callable[[RunRequest, dict[RunRequest, RunResult]], RunResult | None] = lambda r, kept: None,
     ) -> None:
         self._launch = launch
         self._lock = lock
@@ -100,6 +101,7 @@ class RunScheduler:
         self._background = background
         self._current_check = current_check
         self._adopt = adopt
+        self._prefix = prefix
         self._references: dict[RunRequest, RunResult] = {}
         self._pending: dict[RunRequest, Future[RunResult]] = {}
         self._lane: list[AheadRun] = []
@@ -149,6 +151,10 @@ class RunScheduler:
             if key in self._references:
                 return self._references[key]
             pending = self._pending.get(key)
+            kept = dict(self._references)
+        if pending is None and (served := self._prefix(request, kept)) is not None:
+            with self._lock:
+                return self._references.setdefault(key, served)
         if pending is not None:
             try:
                 return pending.result()
@@ -179,6 +185,14 @@ class RunScheduler:
         if not self._background():
             return
         key = self.reference_key(request)
+        with self._lock:
+            if key in self._references or key in self._pending:
+                return
+            kept = dict(self._references)
+        if (served := self._prefix(request, kept)) is not None:
+            with self._lock:
+                self._references.setdefault(key, served)
+            return
         with self._lock:
             if key in self._references or key in self._pending:
                 return

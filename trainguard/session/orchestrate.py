@@ -7,6 +7,7 @@ Which checks exist and how each runs is the registry's (:mod:`trainguard.config.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -16,6 +17,7 @@ from trainguard.config import CheckSpec, JobFile
 from trainguard.config.registry import check_for, check_names
 from trainguard.report import CheckResult, Report, SkipReason
 from trainguard.run.declared import declared_runs, progress_metric_of
+from trainguard.run.request import share_key
 from trainguard.run.runner import JobRunner
 from trainguard.run.scheduling import AheadRun
 
@@ -159,12 +161,20 @@ def keep_declared(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) ->
     first uninterrupted run of each request keeps it (:mod:`trainguard.run.keep`) instead of a
     check killing one more run later."""
     metric = progress_metric_of(runner.job_file)
+    references = []
     for name, spec in checks:
         declared, _ = declared_runs(runner.job_file, name, spec, seed=runner.settings.seed,
                                     soak_seed=runner.settings.soak_seed, session=checks)
         for run in declared:
             if run.source is not None and run.run.resumes is not None:
                 runner.keep_checkpoint(run.source, run.run.resumes.after_step, metric)
+            if run.run.reference:
+                references.append(share_key(run.request))
+    if runner.job_file.job.steps_independent:  # a shorter reference may be a longer one's first steps
+        for short in references:
+            for long in references:
+                if long.steps > short.steps and dataclasses.replace(long, steps=short.steps) == short:
+                    runner.keep_checkpoint(long, short.steps, metric)
 
 
 def run_checks(

@@ -10,6 +10,7 @@ case, each run's timeout.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Hashable, Iterable
@@ -22,7 +23,7 @@ from trainguard.config.preflight import preflight
 from trainguard.config.registry import check_for
 from trainguard.config.settings import Settings
 from trainguard.run.declared import declared_runs
-from trainguard.run.request import RunRequest
+from trainguard.run.request import RunRequest, share_key
 
 __all__ = ["CheckPlan", "Plan", "PlannedRun", "make_plan"]
 
@@ -187,6 +188,8 @@ def make_plan(config: str | Path | JobFile, settings: Settings, *, only: Iterabl
     planned = {i: _runs(job_file, enabled[i][0], enabled[i][1], settings, enabled) for i in order}
     checks = [CheckPlan(name, *planned[i], last_duration_s=durations.get(name))
               for i, (name, _) in enumerate(enabled)]
+    if job_file.job.steps_independent:
+        _mark_prefixes(checks)
     if enabled and firsts[order[0]] and len(enabled) > 1:
         checks[order[0]].note += ("; runs first, alone (it times its runs), so its runs are the uninterrupted "
                                   "runs the other checks share")
@@ -207,6 +210,25 @@ def make_plan(config: str | Path | JobFile, settings: Settings, *, only: Iterabl
     # the runs of the check that goes first are launched first: listed in that order
     plan.checks = [checks[i] for i in order]
     return plan
+
+
+def _mark_prefixes(checks: list[CheckPlan]) -> None:
+    """With ``job.steps_independent``, say which reference may be a longer one's first steps (it
+    is counted as a launch: whether it is served depends on the longer run keeping a checkpoint
+    of exactly that step)."""
+    longer = [r.reference for c in checks for r in c.runs if r.reference is not None]
+    for check in checks:
+        for i, run in enumerate(check.runs):
+            ref = run.reference
+            if ref is None:
+                continue
+            base = share_key(ref)
+            hosts = sorted(o.steps for o in longer if o.steps > ref.steps
+                           and share_key(dataclasses.replace(o, steps=ref.steps)) == base)
+            if hosts:
+                check.runs[i] = dataclasses.replace(
+                    run, label=f"{run.label} (or the first {ref.steps} steps of the {hosts[0]}-step run, when "
+                               f"its checkpoint of step {ref.steps} is kept: job.steps_independent)")
 
 
 def _runs(job_file: JobFile, name: str, spec: CheckSpec, settings: Settings,
