@@ -158,6 +158,6 @@ def test_a_shorter_reference_is_a_longer_runs_first_steps_only_when_the_job_says
     assert reference is not None and ("prefix_of" in reference.evidence) == prefix
     if prefix:
         assert reference.last_step == steps and reference.checkpoints.parts[-3:] == (
-            "kept", f"after-step-{steps}", "checkpoints")
+            "kept", f"after-step-{steps + 1}", "checkpoints")
     plan = make_plan(path, Settings())
     assert any("or the first" in r.label for c in plan.checks for r in c.runs) == bool(independent and steps < 20)

@@ -387,7 +387,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         causes = diagnose_resume(ResumeFacts(0))
         return CheckResult(
             "resume", "failed",
-            f"no complete checkpoint under {checkpoint_dir} to resume from (the run {cut.words()} had written: "
+            f"no complete checkpoint under {checkpoint_dir} to resume from ({cut.writer()}: "
             f"{describe_candidates(checkpoint_dir)}): all {killed_at} steps of progress lost; does "
             f"the job checkpoint before step {killed_at}?",
             {"killed_after_step": killed_at, "checkpoint_dir": str(checkpoint_dir), "interruption": cut.as_evidence(),

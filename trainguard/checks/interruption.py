@@ -55,6 +55,13 @@ class Interruption:
             return f"stopped after step {self.step} and its checkpoint kept (standing for a kill there)"
         return f"killed after step {self.step}"
 
+    def writer(self) -> str:
+        """Whose checkpoints these are: ``the killed run wrote`` or ``the uninterrupted run, stopped
+        after step 5, had written``."""
+        if self.kept is not None:
+            return f"the uninterrupted run, stopped after step {self.step}, had written"
+        return "the killed run wrote"
+
     def as_evidence(self) -> dict[str, object]:
         if self.kept is not None:
             return {"how": "kept", **self.kept.as_evidence()}

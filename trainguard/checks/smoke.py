@@ -214,7 +214,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
         "smoke",
         "passed",
         f"{request.steps} steps in {result.duration_s:.1f} s, metrics for every step"
-        + (f" (the uninterrupted run {result.run_dir.name} that later checks share)" if folded else "")
+        + (" (the uninterrupted run the other checks share)" if folded else "")
         + (f", {len(files)} checkpoint file(s)" if files else "")
         + resume_note,
         evidence.to_dict(),

@@ -293,17 +293,20 @@ class Launcher:
     @contextlib.contextmanager
     def frozen(self) -> Iterator[None]:
         """Every process of every rank stopped (SIGSTOP, waited for) while the body runs, then
-        continued: the files are what a SIGKILL at this moment would leave, read without ending
-        the run (a check keeps a checkpoint of an uninterrupted run this way). Stopped time is
-        not the job's: the stall and timeout clocks skip it and :meth:`unpaused` takes it out."""
+        continued: the files are what a SIGKILL now would leave (a check keeps a checkpoint so).
+        Stopped time is not the job's: the stall and timeout clocks skip it, :meth:`unpaused` too."""
+        started = self.elapsed()
+        for rp in self.ranks:  # at once: each rank's group (its workers too), then what left the group
+            signal_group(rp.popen, signal.SIGSTOP)
         self._scan_descendants()
         procs = [*self._live_descendants(), *live_processes([rp.pid for rp in self.ranks if rp.popen.poll() is None])]
-        started = self.elapsed()
         signal_all(procs, signal.SIGSTOP)
         try:
             wait_stopped(procs)
             yield
         finally:
+            for rp in self.ranks:
+                signal_group(rp.popen, signal.SIGCONT)
             signal_all(procs, signal.SIGCONT)
             self.pauses.append((started, self.elapsed()))
 

@@ -19,6 +19,7 @@ copy failed), :meth:`Keepers.kept` says why and the check kills a run of its own
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import threading
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainguard.run.request import RunRequest
+from trainguard.unit.checkpoints import latest_complete_checkpoint
+from trainguard.unit.checkpoints.files import step_in_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, MetricPoint, RunResult
@@ -108,45 +111,52 @@ class Keepers:
 
     def attach(
         self, key: RunRequest, *, label: str, run_dir: Path, checkpoint_dir: Path
-    ) -> tuple[Callable[[MetricPoint, Launcher], None] | None, Callable[[], None]]:
+    ) -> tuple[Callable[[MetricPoint, Launcher], None] | None, Callable[[RunResult | None], None]]:
         """The metric callback that keeps every checkpoint still wanted of ``key`` during one
-        launch (None: nothing wanted), and what to call when the launch ended."""
+        launch (None: nothing wanted), and what to call with the launch's result when it ended
+        (a copy counts only then: see :meth:`_settle`)."""
         with self.lock:
             wanted = [k for (r, _), k in self._keepers.items() if r == key and k.kept is None and not k.carried]
             for keeper in wanted:
                 keeper.carried = True
         if not wanted:
-            return None, lambda: None
+            return None, lambda result: None
         pending = sorted(wanted, key=lambda k: k.after_step)
+        copies: dict[int, tuple[KeptCheckpoint, float]] = {}
 
         def keep(point: MetricPoint, launcher: Launcher) -> None:
             while pending and point.name == pending[0].metric and point.step >= pending[0].after_step:
-                self._keep(pending.pop(0), point.step, launcher, label, run_dir, checkpoint_dir)
+                keeper = pending.pop(0)
+                copies.update(self._keep(keeper, point.step, launcher, label, run_dir, checkpoint_dir))
 
-        def ended() -> None:
+        def ended(result: RunResult | None) -> None:
             with self.lock:
                 for keeper in wanted:
                     keeper.carried = False
-                    if keeper.kept is None and keeper in pending:
+                    if id(keeper) in copies and result is not None:
+                        self._settle(keeper, *copies[id(keeper)], result, label)
+                    elif keeper in pending:
                         keeper.why_not = (f"its run {label} ended before trainguard read step "
                                           f"{keeper.after_step} of `{keeper.metric}`")
 
         return keep, ended
 
     def _keep(self, keeper: _Keeper, step: int, launcher: Launcher, label: str, run_dir: Path,
-              checkpoint_dir: Path) -> None:
+              checkpoint_dir: Path) -> dict[int, tuple[KeptCheckpoint, float]]:
+        """Copy ``checkpoint_dir`` with the run stopped; {id(keeper): (the copy, the launch-clock
+        time the run went on)}, or {} with ``keeper.why_not`` said."""
         if step >= keeper.key.steps:
             keeper.why_not = (f"its run {label} had printed its last step ({step}) when trainguard read step "
                               f"{keeper.after_step}: nothing left to resume")
-            return
-        size = _size(checkpoint_dir)
-        if size > MAX_KEEP_BYTES:  # a long stop outlasts a collective's watchdog (NCCL's heartbeat)
-            keeper.why_not = (f"{checkpoint_dir} holds {size / 2**30:.1f} GiB, more than trainguard copies while "
-                              f"the run is stopped ({MAX_KEEP_BYTES / 2**30:.0f} GiB)")
-            return
+            return {}
         target = run_dir / "kept" / f"after-step-{keeper.after_step}" / "checkpoints"
         try:
-            with launcher.frozen():
+            with launcher.frozen():  # first: a kill lands at once, and so must the stop
+                size = _size(checkpoint_dir)
+                if size > MAX_KEEP_BYTES:  # a long stop outlasts a collective's watchdog (NCCL's heartbeat)
+                    keeper.why_not = (f"{checkpoint_dir} holds {size / 2**30:.1f} GiB, more than trainguard "
+                                      f"copies while the run is stopped ({MAX_KEEP_BYTES / 2**30:.0f} GiB)")
+                    return {}
                 if checkpoint_dir.is_dir():
                     shutil.copytree(checkpoint_dir, target, symlinks=True)
                 else:
@@ -154,10 +164,24 @@ class Keepers:
         except OSError as exc:
             shutil.rmtree(target, ignore_errors=True)
             keeper.why_not = f"copying {checkpoint_dir} failed: {exc}"
-            return
+            return {}
         start, end = launcher.pauses[-1]
-        with self.lock:
-            keeper.kept = KeptCheckpoint(keeper.key, keeper.after_step, step, target, run_dir, label, end - start)
+        return {id(keeper): (KeptCheckpoint(keeper.key, keeper.after_step, step, target, run_dir, label,
+                                            end - start), end)}
+
+    @staticmethod
+    def _settle(keeper: _Keeper, copy: KeptCheckpoint, went_on: float, result: RunResult, label: str) -> None:
+        """The copy stands for a kill only when the run had not printed its last step before it
+        was stopped (every line read before it went on was printed before the stop): a job that
+        prints its lines in a burst at exit shows step ``after_step`` only when it is done, and its
+        checkpoint is then the final one (what the kill-after-step check calls too late)."""
+        reached = max((p.step for p in result.points if p.name == keeper.metric and p.t <= went_on), default=None)
+        if reached is not None and reached >= keeper.key.steps:
+            keeper.why_not = (f"its run {label} had printed its last step ({reached} of {keeper.key.steps}) when "
+                              f"trainguard stopped it after reading step {copy.step}: the copy is the final state, "
+                              "not a mid-run one")
+            return
+        keeper.kept = copy
 
     def kept(self, key: RunRequest, after_step: int) -> tuple[KeptCheckpoint | None, str]:
         """The checkpoint kept of ``key`` after ``after_step``, or None and why not."""
@@ -166,6 +190,27 @@ class Keepers:
         if keeper is None:
             return None, "no check asked to keep it"
         return keeper.kept, "" if keeper.kept is not None else keeper.why_not
+
+    def prefix(self, key: RunRequest, references: dict[RunRequest, RunResult]) -> RunResult | None:
+        """The uninterrupted run of ``key`` (steps N) as the first N steps of a longer completed
+        run of the same request among ``references``, when that run's checkpoint directory kept
+        after step N + 1 ends on a checkpoint of exactly step N (what the N-step run would end with);
+        else None. Only for a job whose first steps do not depend on the total
+        (``job.steps_independent``)."""
+        for other, result in sorted(references.items(), key=lambda kv: kv[0].steps):
+            if other.steps <= key.steps or dataclasses.replace(other, steps=key.steps) != key or not result.ok:
+                continue
+            # kept once step N + 1 was printed: a job that saves step N after printing it has by then
+            snapshot, _ = self.kept(other, key.steps + 1)
+            if snapshot is None or _newest_step(snapshot.directory) != key.steps:
+                continue
+            return dataclasses.replace(
+                result, points=[p for p in result.points if p.step <= key.steps], checkpoint_dir=snapshot.directory,
+                evidence={**result.evidence, "prefix_of": {
+                    "run_dir": str(result.run_dir), "steps": other.steps,
+                    "note": f"the first {key.steps} steps of the {other.steps}-step run (job.steps_independent), "
+                            f"its checkpoint of step {key.steps} kept"}})
+        return None
 
     def resumed(self, kept: KeptCheckpoint, request: RunRequest, launch: Callable[[], RunResult]) -> RunResult:
         """The run resumed from ``kept`` with ``request`` (launched by ``launch`` once, shared by
@@ -218,3 +263,14 @@ def _size(directory: Path) -> float:
             if not path.is_symlink() and path.is_file():
                 total += path.stat().st_size
     return total
+
+
+def _newest_step(directory: Path) -> int | None:
+    """The step of the newest checkpoint in ``directory``: the newest complete one's, else the
+    highest step any entry's name holds (per-rank files of a format trainguard does not load)."""
+    latest = latest_complete_checkpoint(directory)
+    if latest is not None:
+        return step_in_name(latest.name)
+    steps = [s for p in directory.iterdir() if not p.name.startswith(".")
+             if (s := step_in_name(p.name)) is not None] if directory.is_dir() else []
+    return max(steps, default=None)

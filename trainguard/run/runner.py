@@ -10,7 +10,6 @@ the runner's :class:`~trainguard.run.observer.RunObserver` (MLflow tracking, whe
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import shlex
 import tempfile
@@ -33,7 +32,6 @@ from trainguard.run.observer import MetricCallback, NullObserver, ObserverSource
 from trainguard.run.request import RunRequest
 from trainguard.run.scheduling import AheadRun, PendingRun, RunScheduler
 from trainguard.unit.checkpoints import describe_candidates, latest_complete_checkpoint
-from trainguard.unit.checkpoints.files import step_in_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.raytrain.local_ray import LocalRay
@@ -85,17 +83,6 @@ def _both(first: MetricCallback, second: MetricCallback) -> MetricCallback:
         second(point, launcher)
 
     return both
-
-
-def _newest_step(directory: Path) -> int | None:
-    """The step of the newest checkpoint in ``directory``: the newest complete one's, else the
-    highest step any entry's name holds (per-rank files of a format trainguard does not load)."""
-    latest = latest_complete_checkpoint(directory)
-    if latest is not None:
-        return step_in_name(latest.name)
-    steps = [s for p in directory.iterdir() if not p.name.startswith(".")
-             if (s := step_in_name(p.name)) is not None] if directory.is_dir() else []
-    return max(steps, default=None)
 
 
 def repro_dir(job_name: str) -> Path:
@@ -286,7 +273,7 @@ class JobRunner:
         values = self.placeholders(request, run_dir, checkpoint_dir)
         keeper, kept_done = (self.keepers.attach(self.scheduling.reference_key(request), label=label, run_dir=run_dir,
                                                  checkpoint_dir=Path(str(values["checkpoint_dir"])))
-                             if keep and not resume and checkpoint_dir is None else (None, lambda: None))
+                             if keep and not resume and checkpoint_dir is None else (None, lambda result: None))
         if keeper is not None:
             on_metric = keeper if on_metric is None else _both(keeper, on_metric)
         if not self.timing:  # a timed run gets the cores to itself
@@ -301,10 +288,10 @@ class JobRunner:
                 restart_count=restart_count, tracked=tracked,
             )
         except BaseException:
+            kept_done(None)
             self._track_abort(tracked)
             raise
-        finally:
-            kept_done()
+        kept_done(result)
         self._track_attempt(tracked, result, restart_count, final=True)
         self._record_curve(label, request, result, (launched, time.monotonic()))
         return result
@@ -587,26 +574,11 @@ class JobRunner:
             request, label=label, resume=True, checkpoint_dir=kept.copy_for(label)))
 
     def _prefix_reference(self, request: RunRequest, kept: dict[RunRequest, RunResult]) -> RunResult | None:
-        """With ``job.steps_independent``: the uninterrupted run of ``request`` served by the first
-        steps of a longer one of the same request that ran already, when the checkpoint it had
-        after those steps was kept and is of exactly that step (what the shorter run would end
-        with); else None (it is launched)."""
+        """With ``job.steps_independent``: the uninterrupted run of ``request`` served by the
+        first steps of a longer one that ran already (:meth:`Keepers.prefix`); else None."""
         if not self.job_file.job.steps_independent:
             return None
-        key = self.scheduling.reference_key(request)
-        for other, result in sorted(kept.items(), key=lambda kv: kv[0].steps):
-            if other.steps <= key.steps or dataclasses.replace(other, steps=key.steps) != key or not result.ok:
-                continue
-            snapshot, _ = self.keepers.kept(other, key.steps)
-            if snapshot is None or _newest_step(snapshot.directory) != key.steps:
-                continue
-            return dataclasses.replace(
-                result, points=[p for p in result.points if p.step <= key.steps], checkpoint_dir=snapshot.directory,
-                evidence={**result.evidence, "prefix_of": {
-                    "run_dir": str(result.run_dir), "steps": other.steps,
-                    "note": f"the first {key.steps} steps of the {other.steps}-step run (job.steps_independent), "
-                            f"its checkpoint of step {key.steps} kept"}})
-        return None
+        return self.keepers.prefix(self.scheduling.reference_key(request), kept)
 
     def start_resume_kept(self, kept: KeptCheckpoint, request: RunRequest, *, label: str) -> None:
         """:meth:`resume_kept` started in the background (independent resumed runs start up side

@@ -155,6 +155,8 @@ class RunScheduler:
         if pending is None and (served := self._prefix(request, kept)) is not None:
             with self._lock:
                 return self._references.setdefault(key, served)
+        if pending is None and (taken := self._lane_reference(key)) is not None:
+            return taken
         if pending is not None:
             try:
                 return pending.result()
@@ -284,6 +286,20 @@ class RunScheduler:
 
         self._lane_thread = threading.Thread(target=work, name="trainguard-lane", daemon=True)
         self._lane_thread.start()
+
+    def _lane_reference(self, key: RunRequest) -> RunResult | None:
+        """The lane's uninterrupted run of ``key`` (``AheadRun.reference``, another check's),
+        taken as the reference when it started: one launch, not two (smoke folded into the
+        canary's run). A queued one is claimed and None returned: the caller launches it."""
+        with self._lock:
+            item = next((i for i in self._lane if i.reference and self.reference_key(i.request) == key), None)
+        if item is None:
+            return None
+        result = self.take_ahead(item.check, item.request)
+        if result is None or not result.ok:
+            return None
+        with self._lock:
+            return self._references.setdefault(key, result)
 
     def ahead_started(self, check: str, request: RunRequest) -> bool:
         """Whether the lane has started (or finished) a run for ``check`` with ``request``."""

@@ -93,14 +93,19 @@ def lane_plan(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) -> lis
     before the one that needs it, and only behind lane checks."""
     names = [n for n, _ in checks]
     plan: list[AheadRun] = []
+    earlier: set[object] = set()  # the uninterrupted runs the checks before declare: they launch them
     for position, (name, spec) in enumerate(checks):
-        if position == 0 or not all(_lane(n) for n in names[:position]):
-            continue
         check = check_for(name)
-        if check is not None and check.ahead is not None:
+        if position and all(_lane(n) for n in names[:position]) and check is not None and check.ahead is not None:
             ahead = check.ahead(runner, spec)
-            if not (ahead.reference and runner.kept_reference(ahead.request) is not None):
-                plan.append(ahead)  # an uninterrupted run that ran already is not launched again
+            # an uninterrupted run that ran already, or that a check before it launches in the
+            # foreground (smoke folded into the canary's run), is not launched again
+            if not (ahead.reference and (runner.kept_reference(ahead.request) is not None
+                                         or share_key(ahead.request) in earlier)):
+                plan.append(ahead)
+        declared, _ = declared_runs(runner.job_file, name, spec, seed=runner.settings.seed,
+                                    soak_seed=runner.settings.soak_seed, session=checks)
+        earlier.update(share_key(d.request) for d in declared if d.run.reference)
     return plan
 
 
@@ -173,8 +178,8 @@ def keep_declared(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) ->
     if runner.job_file.job.steps_independent:  # a shorter reference may be a longer one's first steps
         for short in references:
             for long in references:
-                if long.steps > short.steps and dataclasses.replace(long, steps=short.steps) == short:
-                    runner.keep_checkpoint(long, short.steps, metric)
+                if long.steps > short.steps + 1 and dataclasses.replace(long, steps=short.steps) == short:
+                    runner.keep_checkpoint(long, short.steps + 1, metric)  # see Keepers.prefix
 
 
 def run_checks(

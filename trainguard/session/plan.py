@@ -204,6 +204,8 @@ def make_plan(config: str | Path | JobFile, settings: Settings, *, only: Iterabl
             kinds[j] is not None and kinds[j].lane for j in later[:position]  # type: ignore[union-attr]
         ) and not (kind.ahead_reference and all(r.share in done for r in planned[i][0] if r.reference is not None)):
             ahead.append(kind.ahead_words)
+        # a check before launches its uninterrupted runs in the foreground (lane_plan)
+        done |= {r.share for r in planned[i][0] if r.reference is not None}
     if job_file.job.is_ray_train:
         ahead = []  # a ray_train job has no background lane
     plan = Plan(job_file, [], ahead, history if durations else None)
