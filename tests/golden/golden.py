@@ -51,6 +51,9 @@ VOLATILE = frozenset({
     "lost", "last_step_before", "file", "watched_rank_step_at_injection", "compared_steps", "beside",
     # the gate's cost: the launches' order follows the lane's timing, their seconds the machine
     "records", "rank_seconds", "startup_share", "gpu_hours", "steps_gpu_hours", "step_seconds", "note",
+    "startup_s_per_launch",
+    # where the read of a step line let a checkpoint be kept (as where a kill landed)
+    "stopped_after_step",
 })
 VOLATILE_SUFFIXES = ("_s", "_ms", "_at", "_rate", "_per_s", "_mb", "_path", "_dir", "_pid", "_time",
                      "_sha256")

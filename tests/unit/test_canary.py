@@ -453,3 +453,26 @@ def test_smoke_accepts_a_checkpoint_that_names_the_step_to_run_next(tmp_path: Pa
         return
     assert result.status == "passed", result.summary
     assert result.summary.endswith("resumed from the checkpoint of step 5 at step 5")
+
+
+def test_a_shared_run_past_the_canarys_limits_fails_as_its_own_run_would(tmp_path: Path) -> None:
+    # the uninterrupted run of the canary's request ran already (the profile's, first in a gate),
+    # launched without the canary's limits: the canary judges them when it ended
+    text = TOY_JOB.replace("--sleep 0.01", "--sleep 0.1").replace("max_seconds: 30", "max_seconds: 1.0")
+    job_file = load_config(toy_job(tmp_path, text))
+    spec = job_file.checks.canary
+    assert spec is not None
+    runner = JobRunner(job_file, Settings())
+    request = runner.request_for(spec)  # no limits: the profile's request
+    shared = runner.reference(request)
+    assert shared.ok and shared.duration_s > 1.0
+    result = run_canary(runner, spec)
+    assert result.status == "failed"
+    assert result.summary.startswith("limit max_seconds (1) exceeded: the run took "), result.summary
+    assert result.evidence["shared_run"].startswith(shared.run_dir.name)
+    assert [r.label for r in runner.launches] == ["reference"]  # judged, not launched again
+    # within its limits the shared run passes, and is still not launched again
+    relaxed = spec.model_copy(update={"max_seconds": 60.0})
+    again = run_canary(runner, relaxed)
+    assert again.status == "passed", again.summary
+    assert len(runner.launches) == 1

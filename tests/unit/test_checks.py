@@ -443,6 +443,8 @@ def test_a_kill_that_came_too_late_is_said_so_not_a_broken_metric_or_resume(jobs
     assert result.summary.startswith("the kill came too late to test a resume: the run had "), result.summary
     assert "(step 10 of 10 printed) when trainguard read step 6 of `loss`" in result.summary
     assert "job.metrics" not in result.summary and result.evidence["killed_after_step"] == 10
+    # the uninterrupted run's copy after step 6 was the final state too: not kept, and said why
+    assert "had printed its last step (10 of 10)" in result.evidence["not_kept"], result.evidence
 
 
 # --------------------------------------------------------------------------------------------

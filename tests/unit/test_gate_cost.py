@@ -66,3 +66,24 @@ def test_a_crafted_reports_records_are_data(tmp_path: Path) -> None:
     (tmp_path / "deep.json").write_text("[" * 100_000)
     assert records_from_report(tmp_path / "deep.json") == []
     assert records_from_report(tmp_path / "missing.json") == []
+
+
+def test_the_digits_gate_plans_16_launches_each_shared_run_named() -> None:
+    # the shipped example (issue 29): the profile's two runs are the references of the canary,
+    # determinism, resume and the drills; smoke folds into them; resume and reshard resume from
+    # checkpoints kept mid-run; the four drills make two launches each
+    from trainguard.config.settings import Settings
+    from trainguard.session.plan import make_plan
+
+    plan = make_plan(Path(__file__).resolve().parents[2] / "examples" / "digits" / "trainguard.yaml", Settings())
+    assert plan.launches == 16
+    assert plan.checks[0].name == "profile" and "runs first, alone" in plan.checks[0].note
+    shared = {shape: set(names) for shape, names in plan.shared()}
+    assert shared["reference run of 60 steps x 1 rank(s)"] == {
+        "profile", "smoke", "canary", "determinism", "resume", "drill:disk-full"}
+    assert shared["reference run of 60 steps x 2 rank(s)"] == {
+        "profile", "drill:kill-rank1", "drill:hang-rank1", "drill:oom-rank1"}
+    assert shared["resumed run of 60 steps x 1 rank(s)"] == {"smoke", "resume"}
+    # only determinism's second run and parallel's N-rank run start early: the canary's is the profile's
+    assert plan.ahead == ["determinism's second run", "parallel's N-rank run"]
+    assert plan.cost.launches == 16

@@ -72,23 +72,24 @@ def test_the_gate_promotes_the_clean_job_and_submit_checks_freshness(
     out = capsys.readouterr().out
     assert "PROMOTE: toy-gate" in out and "report: " in out
     # the cost, said before anything ran: the plan's launches; the target's start-up projected
-    assert out.splitlines()[0].startswith("cost: 7 launch(es) (rank-seconds unknown until a gate has run here)")
-    # 7 launches of 2 ranks, 5 minutes each to the first step: 14 x 5 / 60 GPU-hours
-    assert "on the target (5 min to a launch's first step): unknown, 1.17 of them starting up" in out.splitlines()[0]
+    assert out.splitlines()[0].startswith("cost: 6 launch(es) (rank-seconds unknown until a gate has run here)")
+    # 6 launches of 2 ranks, 5 minutes each to the first step: 12 x 5 / 60 GPU-hours
+    assert "on the target (5 min to a launch's first step): unknown, 1.00 of them starting up" in out.splitlines()[0]
     gate_dir = tmp_path / ".trainguard" / "gate"
     data = json.loads((gate_dir / "latest.json").read_text())
-    # and measured: every launch the runner made (smoke and its resume, the reference and the
-    # repeat, the drill's reference, its fault run and the restart)
+    # and measured: every launch the runner made (determinism's reference, which smoke judged too,
+    # and its repeat, smoke's resume from a copy of the reference's checkpoint, the drill's
+    # reference, its fault run and the restart): what the plan said
     cost = data["cost"]
-    assert cost["measured"] and cost["launches"] == len(cost["records"]) == 7, cost["records"]
+    assert cost["measured"] and cost["launches"] == len(cost["records"]) == 6, cost["records"]
     assert cost["rank_seconds"] > 0 and 0 < cost["startup_share"] < 1 and cost["startup_s_per_launch"] > 0
     ranks = sum(r["world_size"] for r in cost["records"])
     assert cost["projection"]["gpu_hours"] > cost["projection"]["startup_gpu_hours"] == round(ranks * 5 / 60, 3)
-    assert "cost: 7 launch(es)" in (gate_dir / "latest.md").read_text()
+    assert "cost: 6 launch(es)" in (gate_dir / "latest.md").read_text()
     # validate estimates the next gate from these launches
     assert main(["validate", str(job)]) == 0
     planned = capsys.readouterr().out
-    assert "cost: 7 launch(es), about " in planned and "estimated from the launches of" in planned
+    assert "cost: 6 launch(es), about " in planned and "estimated from the launches of" in planned
     assert data["verdict"] == "promote" and data["decision"]["reasons"] == []
     assert [c["name"] for c in data["checks"]] == ["smoke", "determinism", "drill:kill"]
     assert data["provenance"]["job_file_sha256"]

@@ -800,3 +800,44 @@ def test_a_rank_that_exits_0_early_is_named_not_a_generic_hang(
 def test_ranks_that_all_finish_are_not_an_early_exit(tmp_path: Path, marker: str, no_orphans: None) -> None:
     result = launch(spec_for(tmp_path, marker, "--steps", "5", "--sync-dir", str(tmp_path / "sync")))
     assert result.ok and "early_exit" not in result.evidence
+
+
+# --------------------------------------------------------------------------------------------
+# Frozen: every process stopped while a check copies a checkpoint (issue 29)
+# --------------------------------------------------------------------------------------------
+
+
+def test_frozen_stops_every_process_and_its_time_is_not_the_jobs(
+    tmp_path: Path, marker: str, no_orphans: None
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def freeze_at_step_3(point: MetricPoint, launcher: Launcher) -> None:
+        if point.step != 3 or "states" in seen:
+            return
+        with launcher.frozen():
+            procs = [psutil.Process(rp.pid) for rp in launcher.ranks]
+            procs += [c for p in procs for c in p.children(recursive=True)]
+            seen["states"] = {p.pid: p.status() for p in procs}
+            lines = len(launcher.points)
+            time.sleep(2.5)  # longer than the stall limit: stopped time must not count as a stall
+            seen["lines_while_stopped"] = len(launcher.points) - lines
+        seen["after"] = [p.status() for p in procs if p.is_running()]
+
+    spec = spec_for(tmp_path, marker, "--steps", "12", "--sleep", "0.05", "--workers", "1", "--spawn-child",
+                    stall_timeout=1.5)
+    launcher = Launcher(spec)
+    launcher.on_metric.append(freeze_at_step_3)
+    result = launcher.run()
+
+    assert result.outcome == "ok", result.reason
+    # the ranks, their worker and the grandchild (4+ processes) were all stopped, then went on
+    assert len(seen["states"]) >= 4 and set(seen["states"].values()) == {psutil.STATUS_STOPPED}, seen
+    assert seen["lines_while_stopped"] == 0
+    assert psutil.STATUS_STOPPED not in seen["after"]
+    (start, end), = result.pauses
+    assert end - start >= 2.5
+    # a metric time after the pause, less the pause: what the job itself spent
+    last = max(p.t for p in result.points)
+    assert launcher.unpaused(last) == pytest.approx(last - (end - start))
+    assert launcher.unpaused(start) == start

@@ -462,6 +462,17 @@ def test_nvml_unavailable_counts_zero(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "NVML unavailable (Driver Not Loaded)" in inventory.how
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux") or Path("/dev/nvidia0").exists()
+                    or Path("/dev/kfd").exists(), reason="needs a Linux machine without a GPU driver")
+def test_no_gpu_driver_counts_zero_without_importing_torch() -> None:
+    # the gate probes the machine before its timed profile: importing torch to hear "0" took 2.3 s
+    code = ("import sys; sys.modules['pynvml'] = None\n"
+            "from trainguard._internal.machine import gpu_inventory\n"
+            "i = gpu_inventory(); print(i.count, 'torch' in sys.modules, i.how)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.startswith("0 False no GPU driver"), out
+
+
 def test_raise_for_failures_names_every_check_that_did_not_pass_and_passes_a_clean_report() -> None:
     report = Report(job="toy")
     report.add(CheckResult("smoke", "passed", "ok"))

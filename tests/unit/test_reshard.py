@@ -74,14 +74,18 @@ def test_a_batch_every_world_size_splits_is_accepted() -> None:
     assert spec is not None and spec.world_size_pairs == [(4, 2), (2, 1)]
 
 
-def test_validate_plans_three_runs_per_pair(tmp_path: Any) -> None:
+def test_validate_plans_two_runs_per_pair(tmp_path: Any) -> None:
+    # the N-rank uninterrupted run, and the M-rank run resumed from the checkpoint kept from it
+    # after after_step (issue 29: no killed run)
     path = tmp_path / "trainguard.yaml"
     path.write_text(_doc({"steps": 8, "after_step": 4, "pairs": [[2, 1], [1, 3]]}))
     (tmp_path / "t.py").write_text("")
     plan = make_plan(path, Settings())
     (check,) = plan.checks
     assert check.name == "reshard"
-    assert [r.world_size for r in check.runs] == [2, 2, 1, 1, 1, 3]
+    assert [r.world_size for r in check.runs] == [2, 1, 1, 3]
+    assert "kept after step 4 of the 2-rank run" in check.runs[1].label
+    assert plan.launches == 4
 
 
 def _batches(*per_step: list[int], dataset: str = "TensorDataset(64)") -> list[SampleBatch]:

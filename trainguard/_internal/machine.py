@@ -58,6 +58,8 @@ def gpu_inventory() -> GpuInventory:
                     pynvml.nvmlShutdown()
         except pynvml.NVMLError as exc:
             count, how = 0, f"NVML unavailable ({exc})"
+    if count is None and "torch" not in sys.modules and _no_gpu_driver():
+        count, how = 0, "no GPU driver (no /proc/driver/nvidia/gpus, /dev/nvidia0 or /dev/kfd)"
     if count is None:
         try:
             import torch
@@ -67,6 +69,16 @@ def gpu_inventory() -> GpuInventory:
     if limit is not None and count > limit:
         count, how = limit, f"{how}, limited by CUDA_VISIBLE_DEVICES={visible!r}"
     return GpuInventory(count, how)
+
+
+def _no_gpu_driver() -> bool:
+    """On Linux: no NVIDIA driver and no ROCm device, so torch would count no GPU either (and
+    importing it to ask takes seconds of one core)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    nvidia = Path("/proc/driver/nvidia/gpus")
+    return not (nvidia.is_dir() and any(nvidia.iterdir())) and not Path("/dev/nvidia0").exists() \
+        and not Path("/dev/kfd").exists()
 
 
 def machine_id() -> str:

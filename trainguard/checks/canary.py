@@ -238,6 +238,8 @@ class CanaryEvidence(Evidence):
     run_dir: str
     #: the run started beside the check before it: its time is not an idle figure
     started_ahead: Any = UNSET
+    #: the run was another check's uninterrupted run of the same request (limits judged after it)
+    shared_run: str | Unset = UNSET
     peak_gpu_mb: dict[str, float] | Unset = UNSET
     #: what the launcher found on a run that hit a limit (its stacks aside)
     launcher: dict[str, Any] = field(default_factory=dict, metadata=MERGED)
@@ -278,6 +280,22 @@ def _limit_problem(result: RunResult, spec: CanaryCheck, scale: float) -> str | 
     return text
 
 
+def _limits_after(result: RunResult, spec: CanaryCheck, scale: float) -> str | None:
+    """The limit a shared run (launched without the canary's limits) went past, judged when it
+    ended: what the launcher would have stopped the canary's own run for."""
+    if result.last_step is not None and result.last_step > spec.steps:
+        return (f"limit steps ({spec.steps}) exceeded: the job printed step {result.last_step}; does job.command "
+                "pass {steps} to the script?")
+    peak = max(result.peak_rss_mb.items(), key=lambda kv: kv[1], default=None)
+    if spec.max_memory_mb is not None and peak is not None and peak[1] > spec.max_memory_mb:
+        return (f"limit max_memory_mb ({spec.max_memory_mb:g}) exceeded: rank {peak[0]}'s processes used "
+                f"{peak[1]:.0f} MB of memory (RSS), {peak[1] - spec.max_memory_mb:.0f} MB over")
+    took = result.duration_s - sum(end - start for start, end in result.pauses)
+    if spec.max_seconds is not None and took > spec.max_seconds * scale:
+        return f"limit max_seconds ({spec.max_seconds * scale:g}) exceeded: the run took {took:.1f} s"
+    return None
+
+
 def canary_request(runner: JobRunner, spec: CanaryCheck) -> RunRequest:
     """The canary's run: its steps and seed, its time and memory limits."""
     return dataclasses.replace(
@@ -305,8 +323,11 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
     started = time.monotonic()
     request = canary_request(runner, spec)
     reproduce = runner.command_line(request)
-    # started early beside the checks before it (trainguard.session.lane_plan), else now
-    result = runner.take_ahead("canary", request)
+    # the uninterrupted run of its request when one ran already (the profile's, run first), its
+    # limits judged after the fact; else started early beside the checks before it
+    # (trainguard.session.lane_plan), else now
+    shared = runner.kept_reference(request)
+    result = shared or runner.take_ahead("canary", request)
     if result is None:
         result = runner.run(request, label="canary", on_metric=canary_on_metric(spec))
     runner.offer_reference(request, result)  # determinism/resume/parallel of the same run reuse it
@@ -330,6 +351,9 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
         evidence.peak_gpu_mb = {str(r): mb for r, mb in sorted(result.peak_gpu_mb.items())}
     problems: list[str] = []
     limit = _limit_problem(result, spec, runner.settings.timeout_scale)
+    if limit is None and shared is not None:
+        limit = _limits_after(result, spec, runner.settings.timeout_scale)
+        evidence.shared_run = f"{result.run_dir.name}: the uninterrupted run of this request, launched once for every check"
     if limit is not None:
         problems.append(limit)
         evidence.launcher = {k: v for k, v in result.evidence.items() if k != "stacks"}
@@ -428,11 +452,13 @@ def _canary_requires(spec: CanaryCheck, facts: JobFacts) -> list[tuple[str, str]
 #: the canary (docs/smoke-and-canary.md)
 CANARY: Check[CanaryCheck] = Check(
     "canary", CanaryCheck, run=run_canary,
-    runs=lambda spec, ctx: ([Run("canary run")], "loss must fall by min_loss_drop, with no spike or NaN"),
+    runs=lambda spec, ctx: ([Run("the uninterrupted run", reference=True)],
+                            "loss must fall by min_loss_drop, with no spike or NaN"),
     requires=_canary_requires,
     lane=True,
     ahead=lambda runner, spec: AheadRun("canary", canary_request(runner, spec), "canary",
-                                        on_metric=canary_on_metric(spec)),
+                                        on_metric=canary_on_metric(spec), reference=True),
     ahead_words="the canary's run",
+    ahead_reference=True,
     calibrates=lambda spec: [None],
 )

@@ -48,10 +48,9 @@ from trainguard.checks.diagnosis import first_different_batch
 from trainguard.checks.equivalence import (
     TrajectoryDiff,
     compare_trajectories,
-    kill_after,
     progress_metric,
-    untested_kill,
 )
+from trainguard.checks.interruption import kill_after, untested_kill
 from trainguard.config import CheckSpec
 from trainguard.config.problems import metric_problems, resume_problems
 from trainguard.config.registry import Check, JobFacts, Run

@@ -7,9 +7,8 @@ first divergent step, the largest absolute and relative difference, and the like
 from __future__ import annotations
 
 import math
-import signal
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,11 +32,12 @@ from trainguard.checks.diagnosis import (
     resume_diagnosis,
     shared_shard_note,
 )
+from trainguard.checks.interruption import interrupt
 from trainguard.config import DeterminismCheck, ParallelCheck, ResumeCheck
 from trainguard.config.problems import one_process_problems
 from trainguard.config.registry import Check, Run
 from trainguard.evidence import MERGED, UNSET, Evidence, Unset
-from trainguard.launch import Launcher, MetricPoint, RunResult
+from trainguard.launch import RunResult
 from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.samples import SampleBatch, read_samples
 from trainguard.report import CheckResult
@@ -55,13 +55,11 @@ __all__ = [
     "PARALLEL",
     "TrajectoryDiff",
     "compare_trajectories",
-    "kill_after",
     "other_metric_diffs",
     "progress_metric",
     "run_determinism",
     "run_parallel",
     "run_resume",
-    "untested_kill",
 ]
 
 NONDETERMINISM_CAUSES = (
@@ -190,8 +188,10 @@ class ResumeEvidence(Evidence):
 
     after_step: int
     killed_after_step: int | None
-    #: reference, killed, resumed
+    #: reference, killed (or kept_from: the run its checkpoint was kept from), resumed
     run_dirs: dict[str, str]
+    #: how the checkpoint resumed from was made (:meth:`Interruption.as_evidence`)
+    interruption: dict[str, Any] | Unset = UNSET
     resumed_from_step: int | Unset = UNSET
     steps_lost: int | Unset = UNSET
     #: the checkpoint the resumed run was given ({latest_checkpoint})
@@ -346,42 +346,6 @@ def progress_metric(runner: JobRunner) -> str:
     return "loss" if "loss" in metrics else next(iter(metrics))
 
 
-def kill_after(metric: str, after_step: int) -> Callable[[MetricPoint, Launcher], None]:
-    """The metric callback that SIGKILLs the run once it printed ``after_step`` of ``metric``."""
-
-    def kill(point: MetricPoint, launcher: Launcher) -> None:
-        if point.name == metric and point.step >= after_step:
-            launcher.stop(f"SIGKILL after step {point.step}", signal.SIGKILL)
-
-    return kill
-
-
-def untested_kill(killed: RunResult, metric: str, after_step: int, steps: int, what: str = "the run") -> str | None:
-    """Why the run that was to be SIGKILLed right after ``after_step`` (of ``steps``) tests no
-    resume, or None when the kill landed mid-run.
-
-    The kill came too late when the run had already printed its last step (it finished, or was
-    killed in its teardown): its output is read with a lag, and a job that prints its lines in a
-    burst (a logger flushed at exit) shows step ``after_step`` only at the end. That is said as
-    such, not as a broken metric or a failed resume. A run that finished without ever printing
-    ``after_step`` has a metric trainguard cannot read."""
-    reached = max((p.step for p in killed.points if p.name == metric), default=None)
-    late = reached is not None and (reached >= steps or (killed.ok and reached >= after_step))
-    if late:
-        how = "had finished" if killed.ok else "had printed its last step and was exiting"
-        return (f"the kill came too late to test a resume: {what} {how} (step {reached} of {steps} "
-                f"printed) when trainguard read step {after_step} of `{metric}` and sent the SIGKILL (the "
-                "job's output is read with a lag that grows on a loaded machine, and a job that prints "
-                "its lines in a burst shows them only then); give the check more steps after after_step, "
-                "and print each step's line when it is done")
-    if killed.outcome == "stopped":
-        return None
-    if killed.ok:
-        return (f"{what} finished ({reached if reached is not None else 'no'} step(s) of `{metric}`) "
-                f"before trainguard saw step {after_step} of `{metric}`; check job.metrics.{metric}")
-    return f"{what} failed before step {after_step}: {killed.reason}"
-
-
 def _resume_reproduce(runner: JobRunner, request: RunRequest, after_step: int,
                       latest: Path | None = None) -> str:
     """Both commands of a resume, runnable as printed in a fresh directory; ``latest``: the
@@ -401,21 +365,21 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     request = runner.request_for(spec)
     tol = tolerance_for(runner, spec, request, "resume")
     reproduce = _resume_reproduce(runner, request, spec.after_step)
+    runner.keep_checkpoint(request, spec.after_step, metric)  # its uninterrupted run may keep it
     reference = runner.reference(request)
     if not reference.ok:
         return _failed_run("resume", reference, started, reproduce)
 
-    interrupted = runner.run(request, label="resume-killed", on_metric=kill_after(metric, spec.after_step))
-    killed_at = interrupted.last_step
-    why = untested_kill(interrupted, metric, spec.after_step, spec.steps)
-    if why is not None:
+    cut = interrupt(runner, request, spec.after_step, metric, label="resume-killed")
+    killed_at = cut.step
+    if cut.error is not None and cut.killed is not None:
         return CheckResult(
-            "resume", "error", why, {"stderr_tail": interrupted.stderr_tail, "killed_after_step": killed_at,
-                                     "killed_run_outcome": interrupted.outcome,
-                                     "run_dir": str(interrupted.run_dir)},
+            "resume", "error", cut.error, {"stderr_tail": cut.killed.stderr_tail, "killed_after_step": killed_at,
+                                           "killed_run_outcome": cut.killed.outcome,
+                                           "run_dir": str(cut.killed.run_dir), "not_kept": cut.not_kept},
             time.monotonic() - started, reproduce
         )
-    checkpoint_dir = interrupted.checkpoints
+    checkpoint_dir = cut.checkpoint_dir
     latest = latest_complete_checkpoint(checkpoint_dir)
     if latest is not None:
         reproduce = _resume_reproduce(runner, request, spec.after_step, latest.relative_to(checkpoint_dir))
@@ -423,25 +387,26 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         causes = diagnose_resume(ResumeFacts(0))
         return CheckResult(
             "resume", "failed",
-            f"no complete checkpoint under {checkpoint_dir} to resume from (the killed run wrote: "
+            f"no complete checkpoint under {checkpoint_dir} to resume from ({cut.writer()}: "
             f"{describe_candidates(checkpoint_dir)}): all {killed_at} steps of progress lost; does "
             f"the job checkpoint before step {killed_at}?",
-            {"killed_after_step": killed_at, "checkpoint_dir": str(checkpoint_dir),
-             "stderr_tail": interrupted.stderr_tail, "likely_causes": [c.text for c in causes],
-             "diagnosis": [c.as_evidence() for c in causes]},
+            {"killed_after_step": killed_at, "checkpoint_dir": str(checkpoint_dir), "interruption": cut.as_evidence(),
+             "stderr_tail": cut.killed.stderr_tail if cut.killed is not None else "",
+             "likely_causes": [c.text for c in causes], "diagnosis": [c.as_evidence() for c in causes]},
             time.monotonic() - started, reproduce,
         )
     # what the resumed run will load, read before it writes newer checkpoints beside it
     inventory = read_inventory(latest if latest is not None else checkpoint_dir)
-    resumed = runner.run(request, label="resume-resumed", resume=True, checkpoint_dir=checkpoint_dir)
+    resumed = cut.resume(runner, request, label="resume-resumed")
     if not resumed.ok:
         return _failed_run("resume", resumed, started, reproduce)
 
     actual, expected = aligned_trajectories(resumed.points, reference.points, metric)
     evidence = ResumeEvidence(
         after_step=spec.after_step, killed_after_step=killed_at,
-        run_dirs={"reference": str(reference.run_dir), "killed": str(interrupted.run_dir),
+        run_dirs={"reference": str(reference.run_dir), ("killed" if cut.kept is None else "kept_from"): str(cut.run_dir),
                   "resumed": str(resumed.run_dir)},
+        interruption=cut.as_evidence(),
     )
     if not actual:
         return CheckResult(
@@ -474,7 +439,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     base = 0 if 0 in expected else 1
     last = max(expected, default=spec.steps) if base == 0 else spec.steps
     accounting = account_samples(read_samples(reference.run_dir), [
-        Segment(read_samples(interrupted.run_dir), base, resumed_from if not began_again else base - 1, "before the kill"),
+        Segment(read_samples(cut.run_dir), base, resumed_from if not began_again else base - 1, "before the kill"),
         Segment(read_samples(resumed.run_dir), first_step, last, f"after the resume at step {resumed_from}"),
     ], steps=last - base + 1, first_step=base)
     evidence.sample_accounting = accounting.as_evidence()
@@ -535,7 +500,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     return CheckResult(
         "resume",
         "passed",
-        f"killed after step {killed_at}, resumed from step {resumed_from} ({lost} steps lost); "
+        f"{cut.words()}, resumed from step {resumed_from} ({lost} steps lost); "
         f"steps {first_step}-{max(expected)} match the uninterrupted run{compared}{state_note}",
         evidence.to_dict(),
         duration,
@@ -676,13 +641,15 @@ DETERMINISM: Check[DeterminismCheck] = Check(
 #: parallel: N ranks must train like one (docs/equivalence.md)
 PARALLEL: Check[ParallelCheck] = Check(
     "parallel", ParallelCheck, run=run_parallel,
-    runs=lambda spec, ctx: ([Run("1 rank", 1, reference=True), Run(f"{spec.world_size} ranks", spec.world_size)],
+    runs=lambda spec, ctx: ([Run("1 rank", 1, reference=True), Run(f"{spec.world_size} ranks", spec.world_size, reference=True)],
                             "N ranks must train like one"),
     requires=lambda spec, facts: one_process_problems(facts, [("checks.parallel.world_size", spec.world_size)]),
     lane=True,
     # its N-rank run; the check runs the 1-rank one meanwhile
-    ahead=lambda runner, spec: AheadRun("parallel", runner.request_for(spec, world_size=spec.world_size), "reference"),
+    ahead=lambda runner, spec: AheadRun("parallel", runner.request_for(spec, world_size=spec.world_size), "reference",
+                                        reference=True),
     ahead_words="parallel's N-rank run",
+    ahead_reference=True,
     marks=lambda spec: [("parallel", ()), ("ddp", ())],
     calibrates=lambda spec: [spec.world_size],
 )

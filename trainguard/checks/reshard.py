@@ -40,10 +40,11 @@ from trainguard.checks.diagnosis import (
     Cause,
     read_inventory,
 )
-from trainguard.checks.equivalence import compare_trajectories, kill_after, untested_kill
+from trainguard.checks.equivalence import compare_trajectories
+from trainguard.checks.interruption import interrupt
 from trainguard.config import ReshardCheck
 from trainguard.config.problems import one_process_problems
-from trainguard.config.registry import Check, JobFacts, Run
+from trainguard.config.registry import Check, JobFacts, Resumes, Run
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.launch.samples import read_samples
 from trainguard.report import CheckResult, CheckStatus
@@ -175,7 +176,9 @@ class ReshardPairEvidence(Evidence):
     """One ``N->M`` pair of the reshard check: killed at N ranks, resumed at M."""
 
     killed_after_step: int | Unset | None = UNSET
-    #: reference, killed, resumed
+    #: how the N-rank checkpoint was made (:meth:`~trainguard.checks.interruption.Interruption.as_evidence`)
+    interruption: dict[str, Any] | Unset = UNSET
+    #: reference, killed (or kept_from: the run its checkpoint was kept from), resumed
     run_dirs: dict[str, str] | Unset = UNSET
     #: what the resumed run was given to load
     resumed_checkpoint: Any = UNSET
@@ -225,29 +228,29 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
     new = runner.request_for(spec, world_size=m)
     reproduce = (f"{runner.command_line(old)}  # kill -9 after step {spec.after_step}, then at {m} "
                  f"rank(s): {runner.command_line(new, resume=True)}")
-    runner.prefetch(old)  # the uninterrupted run starts up beside the one that is killed
-
+    runner.keep_checkpoint(old, spec.after_step, metric)  # its uninterrupted run may keep it
     try:
-        killed = runner.run(old, label=f"reshard-{n}to{m}-killed", on_metric=kill_after(metric, spec.after_step))
         reference = runner.reference(old)
+        cut = (interrupt(runner, old, spec.after_step, metric, label=f"reshard-{n}to{m}-killed",
+                         what=f"the {n}-rank run") if reference.ok else None)
     except BaseException:
         runner.stop_background("the reshard check was interrupted")
         raise
-    if not reference.ok:
+    if cut is None:
         return _Pair(n, m, "error", f"{name}: the uninterrupted {n}-rank run did not complete: {reference.reason}",
                      ReshardPairEvidence(stderr_tail=reference.stderr_tail, run_dir=str(reference.run_dir)),
                      reproduce)
-    why = untested_kill(killed, metric, spec.after_step, spec.steps, what=f"the {n}-rank run")
-    if why is not None:
-        return _Pair(n, m, "error", f"{name}: {why}",
-                     ReshardPairEvidence(stderr_tail=killed.stderr_tail, killed_after_step=killed.last_step), reproduce)
-    checkpoint_dir = killed.checkpoints
-    latest = latest_complete_checkpoint(checkpoint_dir)
-    inventory = read_inventory(latest if latest is not None else checkpoint_dir)
-    resumed = runner.run(new, label=f"reshard-{n}to{m}-resumed", resume=True, checkpoint_dir=checkpoint_dir)
+    if cut.error is not None:
+        return _Pair(n, m, "error", f"{name}: {cut.error}",
+                     ReshardPairEvidence(stderr_tail=cut.killed.stderr_tail if cut.killed else UNSET,
+                                         killed_after_step=cut.step), reproduce)
+    latest = latest_complete_checkpoint(cut.checkpoint_dir)
+    inventory = read_inventory(latest if latest is not None else cut.checkpoint_dir)
+    resumed = cut.resume(runner, new, label=f"reshard-{n}to{m}-resumed")
     evidence = ReshardPairEvidence(
-        killed_after_step=killed.last_step,
-        run_dirs={"reference": str(reference.run_dir), "killed": str(killed.run_dir), "resumed": str(resumed.run_dir)},
+        killed_after_step=cut.step, interruption=cut.as_evidence(),
+        run_dirs={"reference": str(reference.run_dir), ("killed" if cut.kept is None else "kept_from"): str(cut.run_dir),
+                  "resumed": str(resumed.run_dir)},
     )
     if inventory is not None:
         evidence.resumed_checkpoint = inventory.summary()
@@ -285,7 +288,7 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
     if agreement is not None:
         evidence.samples = agreement.sentence(n, m)
     accounting = account_samples(ref_samples, [
-        Segment(read_samples(killed.run_dir), 1, resumed_from, f"at {n} rank(s)"),
+        Segment(read_samples(cut.run_dir), 1, resumed_from, f"at {n} rank(s)"),
         Segment(res_samples, resumed_from + 1, spec.steps, f"after the resume at {m} rank(s)"),
     ], steps=spec.steps)
     evidence.sample_accounting = accounting.as_evidence()
@@ -305,7 +308,7 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
             f"{c} ({len(state.by_component[c])} keys)" for c in differing))
     if not problems:
         note = f"; {evidence.samples}" if agreement is not None else " (no sample records)"
-        return _Pair(n, m, "passed", f"{name}: resumed from step {resumed_from}, steps {first_step}-"
+        return _Pair(n, m, "passed", f"{name}: {cut.words()}, resumed from step {resumed_from}, steps {first_step}-"
                      f"{spec.steps} match the {n}-rank run (max abs diff {diff.max_abs_diff:.3g}){note}",
                      evidence, reproduce)
     facts = PairFacts(resumed_from, diff.first_divergent_step, agreement, inventory, differing,
@@ -329,6 +332,10 @@ def run_reshard(runner: JobRunner, spec: ReshardCheck) -> CheckResult:
     uninterrupted N-rank run. Passes when every pair does."""
     started = time.monotonic()
     metric = _progress_metric(runner)
+    for n, m in spec.world_size_pairs:  # resumes from checkpoints kept already start up side by side
+        kept, _ = runner.kept_checkpoint(runner.request_for(spec, world_size=n), spec.after_step)
+        if kept is not None:
+            runner.start_resume_kept(kept, runner.request_for(spec, world_size=m), label=f"reshard-{n}to{m}-resumed")
     pairs = [_one_pair(runner, spec, n, m, metric) for n, m in spec.world_size_pairs]
     evidence = ReshardEvidence(
         after_step=spec.after_step, steps=spec.steps, tolerance={"rtol": spec.rtol, "atol": spec.atol},
@@ -354,9 +361,10 @@ def _reshard_runs(spec: ReshardCheck, ctx: object) -> tuple[list[Run], str]:
     runs = []
     for n, m in spec.world_size_pairs:
         runs += [Run(f"{n} rank(s), uninterrupted", n, reference=True),
-                 Run(f"{n} rank(s), killed after step {spec.after_step}", n),
-                 Run(f"{m} rank(s), resumed from that checkpoint", m)]
-    return runs, "each resume at another world size must train like the uninterrupted run"
+                 Run(f"{m} rank(s), resumed from the checkpoint kept after step {spec.after_step} of the {n}-rank run",
+                     m, resumes=Resumes(spec.after_step, n))]
+    return runs, ("each resume at another world size must train like the uninterrupted run (a checkpoint that "
+                  "cannot be kept from it: one more run, killed)")
 
 
 def _reshard_requires(spec: ReshardCheck, facts: JobFacts) -> list[tuple[str, str]]:

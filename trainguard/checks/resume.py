@@ -22,15 +22,14 @@ from trainguard.checks.calibration import ToleranceUsed, tolerance_for
 from trainguard.checks.equivalence import (
     TrajectoryDiff,
     compare_trajectories,
-    kill_after,
     other_metric_diffs,
     progress_metric,
     run_resume,
-    untested_kill,
 )
+from trainguard.checks.interruption import kill_after, untested_kill
 from trainguard.config import ResumeCheck
 from trainguard.config.problems import metric_problems, resume_problems
-from trainguard.config.registry import Check, Run
+from trainguard.config.registry import Check, Resumes, Run
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.launch import RunResult
 from trainguard.launch.metrics import aligned_trajectories
@@ -211,8 +210,8 @@ def run_resume_check(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
 
 def _runs(spec: ResumeCheck) -> list[Run]:
     if len(spec.cuts) == 1:
-        return [Run("reference", reference=True), Run(f"killed after step {spec.after_step}"),
-                Run("resumed from its checkpoint")]
+        return [Run("reference", reference=True),
+                Run(f"resumed from the checkpoint kept after step {spec.after_step}", resumes=Resumes(spec.after_step))]
     return [Run("reference", reference=True), Run(f"killed after step {spec.cuts[0]}"),
             *(Run(f"resumed, killed after step {k}") for k in spec.cuts[1:]), Run("resumed to the end")]
 
@@ -220,7 +219,8 @@ def _runs(spec: ResumeCheck) -> list[Run]:
 #: resume: a killed and resumed run must match the uninterrupted one (docs/equivalence.md)
 RESUME: Check[ResumeCheck] = Check(
     "resume", ResumeCheck, run=run_resume_check,
-    runs=lambda spec, ctx: (_runs(spec), "the resumed trajectory must match the reference after the kill"
+    runs=lambda spec, ctx: (_runs(spec), "the resumed trajectory must match the reference after the cut (a "
+                            "checkpoint that cannot be kept from it: one more run, killed)"
                             if len(spec.cuts) == 1 else "every cycle must match the reference"),
     requires=lambda spec, facts: resume_problems(facts, "checks.resume") + [
         p for i, name in enumerate(spec.metrics or []) for p in metric_problems(facts, f"checks.resume.metrics[{i}]", name)],

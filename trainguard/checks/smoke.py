@@ -9,14 +9,18 @@ checkpoint's step.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from trainguard.config import SmokeCheck
-from trainguard.config.registry import Check, Run
+from trainguard.config.registry import Check, PlanContext, Resumes, Run, check_for
 from trainguard.evidence import UNSET, Evidence, Unset
+from trainguard.launch import RunResult
 from trainguard.report import CheckResult
+from trainguard.run.declared import DeclaredRun, declared_runs
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
 from trainguard.unit.checkpoints import (
@@ -80,6 +84,9 @@ class SmokeEvidence(Evidence):
     #: set when the checkpoint names no step, so the last printed one stands for it
     checkpoint_step_from: str | Unset = UNSET
     resume: SmokeResume | Unset = UNSET
+    #: the checkpoint the resume stage started from when it was kept from a shared run (or why
+    #: none was kept)
+    resume_from: dict[str, Any] | Unset = UNSET
 
 
 def _checkpoint_files(directory: Path) -> list[Path]:
@@ -129,12 +136,15 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
     started = time.monotonic()
     job_file = runner.job_file
     job = job_file.job
-    request = runner.request_for(spec)
-    resume_request = dataclasses.replace(request, steps=spec.steps + RESUME_EXTRA_STEPS)
+    declared, _ = declared_runs(job_file, "smoke", spec, seed=runner.settings.seed, session=runner.session_checks)
+    folded = declared[0].run.reference
+    request = declared[0].request if folded else runner.request_for(spec)
+    resume_request = dataclasses.replace(request, steps=request.steps + RESUME_EXTRA_STEPS)
     reproduce = runner.command_line(request)
     if job.resume_args:
         reproduce += f"  # then: {runner.command_line(resume_request, resume=True)}"
-    result = runner.run(request, label="smoke")
+    # folded: the uninterrupted run another check of the session makes anyway (docs/smoke-and-canary.md)
+    result = runner.reference(request) if folded else runner.run(request, label="smoke")
     problems: list[str] = []
     stages: dict[str, Any] = {
         "launch_to_first_metric_s": result.first_metric_s,
@@ -150,7 +160,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
     seen = set(result.trajectory(metric))
     # steps counted from 1, or from 0 (nanoGPT's `iter 0`, an `epoch 0` line)
     base = 0 if 0 in seen else 1
-    missing = [s for s in range(base, base + spec.steps) if s not in seen]
+    missing = [s for s in range(base, base + request.steps) if s not in seen]
     if missing:
         problems.append(
             f"no `{metric}` line for step(s) {missing[:10]}{' ...' if len(missing) > 10 else ''} "
@@ -169,7 +179,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
     if uses_checkpoints and result.ok and not files:
         problems.append(f"no checkpoint was written to {checkpoint_dir}")
     evidence = SmokeEvidence(
-        steps=spec.steps, outcome=result.outcome, exits=[e.describe for e in result.exits],
+        steps=request.steps, outcome=result.outcome, exits=[e.describe for e in result.exits],
         stages=stages, metric_steps_seen=len(seen), checkpoint_files=[str(p) for p in files[-5:]],
         run_dir=str(result.run_dir),
     )
@@ -187,9 +197,9 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
             if ckpt_step is None:
                 ckpt_step = result.last_step  # no step in the file: the last one printed
                 evidence.checkpoint_step_from = "the first run's last printed step"
-            resume_problem = _resume_stage(
-                runner, resume_request, checkpoint_dir, metric, ckpt_step, stages, evidence, base
-            )
+            launch, resume_request, ckpt_step = _resumed_run(
+                runner, declared, resume_request, checkpoint_dir, ckpt_step, evidence)
+            resume_problem = _resume_stage(launch, resume_request, metric, ckpt_step, stages, evidence, base)
             if resume_problem is not None:
                 problems.append(resume_problem)
             elif isinstance(evidence.resume, SmokeResume):
@@ -203,7 +213,8 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
     return CheckResult(
         "smoke",
         "passed",
-        f"{spec.steps} steps in {result.duration_s:.1f} s, metrics for every step"
+        f"{request.steps} steps in {result.duration_s:.1f} s, metrics for every step"
+        + (" (the uninterrupted run the other checks share)" if folded else "")
         + (f", {len(files)} checkpoint file(s)" if files else "")
         + resume_note,
         evidence.to_dict(),
@@ -254,19 +265,46 @@ def _load_stage(
     return step, None
 
 
+def _resumed_run(
+    runner: JobRunner, declared: list[DeclaredRun], request: RunRequest, checkpoint_dir: Path,
+    ckpt_step: int | None, evidence: SmokeEvidence,
+) -> tuple[Callable[[], RunResult], RunRequest, int | None]:
+    """The resume stage's run: the run the session resumes from a checkpoint kept mid-run (the
+    resume check's, shared) when smoke declared it and the checkpoint was kept; else ``request``
+    resumed from a copy of ``checkpoint_dir`` (the first run's checkpoints stay as they were: a
+    folded run is another check's reference). (launch, its request, the checkpoint's step)."""
+    shared = declared[-1] if declared[-1].run.resumes is not None else None
+    if shared is not None and shared.source is not None and shared.run.resumes is not None:
+        kept, why = runner.kept_checkpoint(shared.source, shared.run.resumes.after_step)
+        if kept is not None:
+            step, _ = _load_stage(_checkpoint_files(kept.directory) or [kept.directory], kept.directory, {},
+                                  SmokeEvidence(0, "", [], {}, 0, [], ""))
+            evidence.resume_from = kept.as_evidence()
+            return (lambda: runner.resume_kept(kept, shared.request, label=f"resumed-after-step-{kept.after_step}"),
+                    shared.request, step if step is not None else kept.step)
+        evidence.resume_from = {"not_kept": why}
+
+    def own() -> RunResult:
+        copy = checkpoint_dir.parent / "smoke-resume" / "checkpoints"
+        shutil.rmtree(copy.parent, ignore_errors=True)
+        shutil.copytree(checkpoint_dir, copy, symlinks=True)
+        return runner.run(request, label="smoke-resume", resume=True, checkpoint_dir=copy)
+
+    return own, request, ckpt_step
+
+
 def _resume_stage(
-    runner: JobRunner,
+    launch: Callable[[], RunResult],
     request: RunRequest,
-    checkpoint_dir: Path,
     metric: str,
     ckpt_step: int | None,
     stages: dict[str, Any],
     evidence: SmokeEvidence,
     base: int = 1,
 ) -> str | None:
-    """Resume in new processes with ``resume_args`` for a few more steps; the problem or None.
-    ``base``: the first step the job prints (1, or 0 for a job counting from 0)."""
-    resumed = runner.run(request, label="smoke-resume", resume=True, checkpoint_dir=checkpoint_dir)
+    """Resume in new processes with ``resume_args``; the problem or None. ``base``: the first
+    step the job prints (1, or 0 for a job counting from 0)."""
+    resumed = launch()
     stages["resume_s"] = round(resumed.duration_s, 3)
     printed = resumed.trajectory(metric)
     first = min(printed) if printed else None
@@ -301,12 +339,47 @@ def _resume_stage(
     return None
 
 
+def _same_run(a: Any, b: Any) -> bool:
+    """Whether two specs launch the same job: seed, args and env."""
+    return (a.seed, tuple(a.args), dict(a.env or {})) == (b.seed, tuple(b.args), dict(b.env or {}))
+
+
+def _smoke_runs(spec: SmokeCheck, ctx: PlanContext) -> tuple[list[Run], str]:
+    """Smoke's own short run and its resume; or, when another check of the session makes an
+    uninterrupted run of the same job at its world size (at least ``steps`` long), that run
+    (the shortest) and, when a check resumes it from a checkpoint kept mid-run, that resumed
+    run: a smoke failure is still reported as smoke, and the runs are launched once."""
+    job = ctx.job_file.job
+    resumes = bool(job.resume_args)
+    host: tuple[int, Any] | None = None
+    kept: int | None = None
+    for name, other in ctx.session:
+        kind = check_for(name)
+        if name == "smoke" or kind is None or not hasattr(other, "steps") or not _same_run(spec, other):
+            continue
+        for run in kind.runs(other, PlanContext(ctx.job_file, ctx.soak_seed))[0]:
+            steps = run.steps if run.steps is not None else other.steps
+            if run.reference and run.world_size in (None, job.world_size) and steps >= spec.steps and (
+                    host is None or steps < host[0]):
+                host, kept = (steps, other), None
+            if (host is not None and run.resumes is not None and steps == host[0]
+                    and run.world_size in (None, job.world_size) and run.resumes.world_size in (None, job.world_size)):
+                kept = run.resumes.after_step
+    if host is None:
+        return ([Run("smoke run"), *([Run("resumed from its checkpoint")] if resumes else [])],
+                "the job runs end to end and its metrics are read"
+                + (", then resumes from the checkpoint it wrote" if resumes else ""))
+    steps = host[0]
+    runs = [Run(f"the uninterrupted run of {steps} steps other checks make (shared)", steps=steps, reference=True)]
+    if resumes:
+        runs.append(Run(f"resumed from the checkpoint kept after step {kept}", steps=steps, resumes=Resumes(kept))
+                    if kept is not None else Run("resumed from a copy of its last checkpoint",
+                                                 steps=steps + RESUME_EXTRA_STEPS))
+    return runs, (f"folded into the uninterrupted run of {steps} steps the session makes anyway: it runs end "
+                  "to end and its metrics are read" + (", then resumes" if resumes else ""))
+
+
 #: the smoke check (docs/smoke-and-canary.md)
 SMOKE: Check[SmokeCheck] = Check(
-    "smoke", SmokeCheck, run=run_smoke,
-    runs=lambda spec, ctx: (
-        [Run("smoke run"), *([Run("resumed from its checkpoint")] if ctx.job_file.job.resume_args else [])],
-        "the job runs end to end and its metrics are read"
-        + (", then resumes from the checkpoint it wrote" if ctx.job_file.job.resume_args else "")),
-    lane=True,
+    "smoke", SmokeCheck, run=run_smoke, runs=_smoke_runs, lane=True,
 )

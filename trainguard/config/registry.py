@@ -34,6 +34,7 @@ __all__ = [
     "ChecksField",
     "JobFacts",
     "PlanContext",
+    "Resumes",
     "Run",
     "check_for",
     "check_named",
@@ -64,10 +65,21 @@ S = TypeVar("S", bound=CheckSpec)
 
 
 @dataclass(frozen=True)
+class Resumes:
+    """Where a resumed run starts: the checkpoint kept after ``after_step`` of the uninterrupted
+    run of the same steps, seed, args and env at ``world_size`` ranks (None: the check's own),
+    copied while that run was stopped there (:mod:`trainguard.run.keep`)."""
+
+    after_step: int
+    world_size: int | None = None
+
+
+@dataclass(frozen=True)
 class Run:
     """One launch a check plans, as data. Its sharing key is the request it becomes (steps, seed,
-    world size, args, env, timeout: :meth:`trainguard.run.request.RunRequest.make`); a
-    ``reference`` run (uninterrupted) is launched once for every check that plans an equal one."""
+    world size, args, env: :meth:`trainguard.run.request.RunRequest.make`); a ``reference`` run
+    (uninterrupted) is launched once for every check that plans an equal one, and a run that
+    ``resumes`` from a kept checkpoint once for every check that plans it from the same one."""
 
     label: str
     #: ranks (None: the check's own world size, ``world_size`` of its spec or ``job.world_size``)
@@ -75,6 +87,7 @@ class Run:
     #: steps (None: the spec's ``steps``)
     steps: int | None = None
     reference: bool = False
+    resumes: Resumes | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +99,8 @@ class PlanContext:
     job_file: Any
     #: the ``soak_seed`` setting (a soak's schedule replayed with it)
     soak_seed: int | None = None
+    #: every check of the session, (name, spec) in run order (smoke folds into their runs)
+    session: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -133,9 +148,14 @@ class Check(Generic[S]):
     #: before it; ``ahead_words`` says which run that is (``trainguard validate``)
     ahead: Callable[[Any, S], Any] | None = None
     ahead_words: str = ""
+    #: its ahead run is the uninterrupted run of its request: not launched when one ran already
+    ahead_reference: bool = False
     #: ``(runner, spec) -> None``: called just before :attr:`run` inside the check's tracking
     #: (a drill starts its uninterrupted run there, while the fault run starts up)
     prepare: Callable[[Any, S], None] | None = None
+    #: it times its runs, so it runs before every other check, alone, and its runs are the
+    #: uninterrupted runs the others share (its result keeps its place in the report)
+    first: bool = False
     #: ``gate.require`` names it when the job file does not say
     gate_default: bool = True
     #: ``checks.<name>`` is a list; each entry runs as ``<item_prefix>:<entry.name>``

@@ -225,6 +225,10 @@ class Job(ConfigModel):
     #: record the sample indices of every DataLoader batch of each rank's main process through
     #: the start-up hook (``command`` jobs; docs/metrics.md)
     record_samples: bool = True
+    #: the job's first N steps do not depend on ``{steps}`` (no learning-rate schedule, data
+    #: order or eval cadence sized from the total): an uninterrupted run of N steps may then be
+    #: the first N steps of a longer run of the same request (docs/equivalence.md)
+    steps_independent: bool = False
     #: ``command``: trainguard launches ``command`` once per rank (torchrun's contract);
     #: ``ray_train``: one Ray Train driver whose workers are the ranks (docs/ray-train.md)
     kind: JobKind = "command"

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -54,9 +54,11 @@ from trainguard.launch.procs import (
     GpuMemory,
     RankProcess,
     group_alive,
+    live_processes,
     process_running,
     signal_all,
     signal_group,
+    wait_stopped,
 )
 from trainguard.launch.ranklog import RankLog, log_evidence
 
@@ -187,6 +189,8 @@ class RunResult:
     #: fills ``{checkpoint_dir}``; also ``evidence["checkpoint_dir"]`` in the report); None for a
     #: run launched directly
     checkpoint_dir: Path | None = None
+    #: (start, end) of each span its processes were stopped (:meth:`Launcher.frozen`)
+    pauses: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def checkpoints(self) -> Path:
@@ -271,6 +275,8 @@ class Launcher:
         self._peak_rss_mb: dict[int, float] = {}
         self._peak_gpu_mb: dict[int, float] = {}
         self._gpu: GpuMemory | None = None
+        #: (start, end) of each :meth:`frozen` span, launch clock
+        self.pauses: list[tuple[float, float]] = []
 
     # -- control from callbacks / injectors ------------------------------------------------
 
@@ -283,6 +289,30 @@ class Launcher:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, sig)
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Every process of every rank stopped (SIGSTOP, waited for) while the body runs, then
+        continued: the files are what a SIGKILL now would leave (a check keeps a checkpoint so).
+        Stopped time is not the job's: the stall and timeout clocks skip it, :meth:`unpaused` too."""
+        started = self.elapsed()
+        for rp in self.ranks:  # at once: each rank's group (its workers too), then what left the group
+            signal_group(rp.popen, signal.SIGSTOP)
+        self._scan_descendants()
+        procs = [*self._live_descendants(), *live_processes([rp.pid for rp in self.ranks if rp.popen.poll() is None])]
+        signal_all(procs, signal.SIGSTOP)
+        try:
+            wait_stopped(procs)
+            yield
+        finally:
+            for rp in self.ranks:
+                signal_group(rp.popen, signal.SIGCONT)
+            signal_all(procs, signal.SIGCONT)
+            self.pauses.append((started, self.elapsed()))
+
+    def unpaused(self, t: float) -> float:
+        """Launch-clock time ``t`` less the :meth:`frozen` time before it."""
+        return t - sum(end - start for start, end in self.pauses if end <= t)
 
     def stop(self, reason: str, sig: int = signal.SIGKILL) -> None:
         """End the attempt now on purpose (e.g. the resume check's kill after a step)."""
@@ -499,13 +529,14 @@ class Launcher:
             if all(code is not None for code in codes):
                 outcome = "ok"
                 break
-            if now > deadline:
+            if self.unpaused(now) > deadline:
                 outcome = "timeout"
                 reason = f"the run exceeded its timeout of {spec.timeout:g} s"
                 evidence["ranks"] = rank_activity(self.ranks)
                 evidence["stacks"] = dump_stacks(self.ranks)
                 break
-            since = now - max(last_progress, 0.0)
+            # frozen time is not the job's: a pause starts the stall clock afresh
+            since = now - max(last_progress, self.pauses[-1][1] if self.pauses else 0.0, 0.0)
             limit = spec.stall_timeout
             if first_metric is None and spec.startup_timeout is not None:
                 limit = spec.startup_timeout
@@ -587,6 +618,7 @@ class Launcher:
             detected_after_s=detected_after,
             peak_rss_mb=dict(self._peak_rss_mb),
             peak_gpu_mb=dict(self._peak_gpu_mb),
+            pauses=list(self.pauses),
         )
 
     def _early_exit(self, codes: Sequence[int | None], exited_at: dict[int, float],

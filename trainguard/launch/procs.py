@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,11 @@ __all__ = [
     "GpuMemory",
     "RankProcess",
     "group_alive",
+    "live_processes",
     "process_running",
     "signal_all",
     "signal_group",
+    "wait_stopped",
 ]
 
 
@@ -111,6 +114,34 @@ def signal_group(popen: subprocess.Popen[bytes], sig: int) -> None:
     if sig == signal.SIGTERM:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(popen.pid, signal.SIGCONT)
+
+
+def live_processes(pids: list[int]) -> list[psutil.Process]:
+    """The processes of ``pids`` that still exist."""
+    out = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            out.append(psutil.Process(pid))
+    return out
+
+
+def wait_stopped(procs: list[psutil.Process], timeout: float = 2.0) -> list[psutil.Process]:
+    """Wait until each of ``procs`` is stopped (a SIGSTOP takes effect when the process is next
+    scheduled, after the system call it is in), gone or a zombie; those still running after
+    ``timeout`` s are returned."""
+    deadline = time.monotonic() + timeout
+    running = list(procs)
+    while running:
+        left = []
+        for proc in running:
+            with contextlib.suppress(psutil.Error):
+                if proc.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_ZOMBIE):
+                    left.append(proc)
+        running = left
+        if not running or time.monotonic() > deadline:
+            break
+        time.sleep(0.002)
+    return running
 
 
 def group_alive(pgid: int) -> bool:

@@ -12,9 +12,10 @@ from typing import Any
 
 from trainguard.config import ProfileCheck
 from trainguard.config.problems import one_process_problems, profile_problems
-from trainguard.config.registry import Check, JobFacts, Run
+from trainguard.config.registry import Check, JobFacts, PlanContext, Run
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.profiling.compare import parse_regressions
+from trainguard.profiling.measure import batch_size_for
 from trainguard.profiling.profile import Profile, run_profile
 from trainguard.profiling.render import write_reports
 from trainguard.report import CheckResult
@@ -65,6 +66,7 @@ def profile_job(
         save=runner.settings.save_baseline if save is None else save, world_sizes=world_sizes,
         headroom=headroom,
     )
+    runner.timed_runs_done()  # the untimed runs of later checks may start while it writes its reports
     data = profile.to_dict()
     data["check_curves"] = [
         {**{k: v for k, v in c.items() if k != "span"},
@@ -131,8 +133,11 @@ def run_profile_check(runner: JobRunner, spec: ProfileCheck) -> CheckResult:
     return result
 
 
-def _profile_runs(spec: ProfileCheck, ctx: object) -> tuple[list[Run], str]:
-    runs = [Run(f"timed, {n} rank(s)", n) for n in spec.world_sizes]
+def _profile_runs(spec: ProfileCheck, ctx: PlanContext) -> tuple[list[Run], str]:
+    job_file = ctx.job_file
+    # at the job's own batch size a timed run is the uninterrupted run of its request, shared
+    runs = [Run(f"timed, {n} rank(s)", n, reference=batch_size_for(job_file, spec, n) in (None, job_file.job.batch_size))
+            for n in spec.world_sizes]
     if spec.headroom is not None:
         runs += [Run(f"memory probe {i + 1}", spec.headroom.world_size, steps=spec.headroom.steps)
                  for i in range(spec.headroom.max_probes)]
@@ -151,6 +156,6 @@ def _profile_requires(spec: ProfileCheck, facts: JobFacts) -> list[tuple[str, st
 #: (docs/profiling.md); it measures speed, so nothing runs beside it. A headroom search makes its
 #: pytest item ``slow`` (its probes take minutes)
 PROFILE: Check[ProfileCheck] = Check(
-    "profile", ProfileCheck, run=run_profile_check, runs=_profile_runs, requires=_profile_requires,
+    "profile", ProfileCheck, run=run_profile_check, runs=_profile_runs, requires=_profile_requires, first=True,
     marks=lambda spec: [("profile", ())] + ([("slow", ())] if spec.headroom is not None else []),
 )

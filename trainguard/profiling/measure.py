@@ -363,7 +363,8 @@ def measure_size(
         if watcher.directory is None:
             watcher.start(_checkpoint_dir(launcher, sized, request))
         if point.rank == 0 and point.name == step_name:
-            arrivals.setdefault(point.step, point.t)
+            # the time its processes were stopped (a check keeping a checkpoint) is not a step's
+            arrivals.setdefault(point.step, launcher.unpaused(point.t))
             # point.t is when the line was read (launch clock); the files carry wall times
             watcher.at_step(point.step, time.time() - (launcher.elapsed() - point.t))
 
@@ -371,6 +372,8 @@ def measure_size(
         result = sized.run(request, label=label or f"profile-n{world_size}", on_metric=on_metric)
     finally:
         sampler.close()
+    if sized is runner and steps is None:
+        runner.offer_reference(request, result)  # the uninterrupted run other checks of this request share
     if job_file.job.is_ray_train and watcher.directory is not None:
         ray_writes = _ray_checkpoint_writes(watcher.directory)
         if ray_writes is not None:
@@ -449,9 +452,9 @@ def _summarise(
         steps=len(arrivals),
         device=device,
         oversubscribed=oversubscription(world_size, device, gpus),
-        duration_s=round(result.duration_s, 3),
+        duration_s=round(result.duration_s - sum(b - a for a, b in result.pauses), 3),
         startup_s=round(first, 3) if first is not None else None,
-        tail_s=round(result.duration_s - last, 3) if last is not None else None,
+        tail_s=round(result.duration_s - sum(b - a for a, b in result.pauses) - last, 3) if last is not None else None,
         warmup_s=_warmup_s(arrivals, spec.warmup_steps),
         step=stats,
         throughput_sps=throughput,

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["RunRequest"]
+__all__ = ["RunRequest", "share_key"]
 
 
 @dataclass(frozen=True)
@@ -37,3 +38,10 @@ class RunRequest:
             steps, seed, world_size, tuple(args), tuple(sorted((env or {}).items())), timeout,
             max_rss_mb,
         )
+
+
+def share_key(request: RunRequest) -> RunRequest:
+    """The key an uninterrupted run is shared by: limits are not what a run computes, so a run
+    that finished within any limits is the uninterrupted run of its steps, seed, world size,
+    args and env."""
+    return dataclasses.replace(request, timeout=None, max_rss_mb=None)

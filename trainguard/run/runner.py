@@ -27,6 +27,7 @@ from trainguard.config.settings import Settings, read_limits
 from trainguard.launch import Launcher, LaunchSpec, LineMetric, MetricPoint, RunResult, trajectory
 from trainguard.launch.hook import METRICS_DIR, SAMPLES_DIR, run_hook_env
 from trainguard.launch.rundir import new_run_dir
+from trainguard.run.keep import Keepers, KeptCheckpoint
 from trainguard.run.observer import MetricCallback, NullObserver, ObserverSource, RunObserver
 from trainguard.run.request import RunRequest
 from trainguard.run.scheduling import AheadRun, PendingRun, RunScheduler
@@ -76,6 +77,14 @@ class SupervisedRun:
         return trajectory(self.points, name)
 
 
+def _both(first: MetricCallback, second: MetricCallback) -> MetricCallback:
+    def both(point: MetricPoint, launcher: Launcher) -> None:
+        first(point, launcher)
+        second(point, launcher)
+
+    return both
+
+
 def repro_dir(job_name: str) -> Path:
     """The run directory a reproduce line uses when it has no run of its own to point at:
     ``trainguard-repro-<job>`` in the system temp directory."""
@@ -98,7 +107,11 @@ def _warm_torch_import() -> None:
         import contextlib
 
         with contextlib.suppress(Exception):
-            import torch  # noqa: F401
+            import torch
+        with contextlib.suppress(Exception):
+            # torch.testing.assert_close imports it on first use (2-3 s of one core): the
+            # checks compare checkpoints with it
+            import torch.distributed.tensor  # noqa: F401
 
     safe_logger_registry()  # the import adds loggers while the caller (pytest) may walk them
     threading.Thread(target=work, name="trainguard-import-torch", daemon=True).start()
@@ -156,6 +169,17 @@ class JobRunner:
     scheduling: RunScheduler = field(init=False, repr=False)
     #: every launch made through this runner and its siblings, in order (the root runner's)
     launches: list[LaunchRecord] = field(default_factory=list, repr=False)
+    #: checkpoints kept from uninterrupted runs after a step (:mod:`trainguard.run.keep`)
+    keepers: Keepers = field(default_factory=Keepers, repr=False)
+    #: the checks of the session running (name, spec), in run order: set by
+    #: :func:`trainguard.session.run_in_order` (a check may fold into another's runs)
+    session_checks: Sequence[tuple[str, CheckSpec]] = ()
+    #: a check that times its runs is running (set by :func:`trainguard.session.run_in_order`):
+    #: nothing else starts in this process meanwhile
+    timing: bool = False
+    #: called by a timed check once its timed runs are done (its reports are still to write):
+    #: :func:`trainguard.session.run_in_order` starts the untimed runs then
+    on_timed_done: Callable[[], None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # every file of the job's runs that trainguard reads (checkpoints, logs) within the
@@ -169,6 +193,7 @@ class JobRunner:
             background=lambda: not self.job_file.job.is_ray_train,
             current_check=lambda: self.current_check,
             adopt=lambda tracked: self.observer.launch_adopted(tracked),
+            prefix=self._prefix_reference,
         )
 
     def take_log_notes(self) -> list[dict[str, object]]:
@@ -204,6 +229,7 @@ class JobRunner:
         Ray head). Idempotent."""
         self.close_lane()
         self.scheduling.stop_and_wait("the runner was closed")
+        self.keepers.join(lambda: self.stop_background("the runner was closed"))
         if self._ray is not None:
             self._ray.stop()
             self._ray = None
@@ -236,13 +262,22 @@ class JobRunner:
         on_metric: Callable[[MetricPoint, Launcher], None] | None = None,
         restart_count: int = 0,
         ahead: AheadRun | None = None,
+        keep: bool = True,
     ) -> RunResult:
-        """Launch one run in a new run directory (``checkpoint_dir`` given: reuse that one)."""
+        """Launch one run in a new run directory (``checkpoint_dir`` given: reuse that one). An
+        uninterrupted run (not resumed, its own checkpoint directory, ``keep``) keeps the
+        checkpoints checks asked for (:meth:`keep_checkpoint`)."""
         run_dir = new_run_dir(
             self.job_file.state_dir, self.job_file.job.name, label, keep=self.settings.keep_runs
         )
         values = self.placeholders(request, run_dir, checkpoint_dir)
-        _warm_torch_import()
+        keeper, kept_done = (self.keepers.attach(self.scheduling.reference_key(request), label=label, run_dir=run_dir,
+                                                 checkpoint_dir=Path(str(values["checkpoint_dir"])))
+                             if keep and not resume and checkpoint_dir is None else (None, lambda result: None))
+        if keeper is not None:
+            on_metric = keeper if on_metric is None else _both(keeper, on_metric)
+        if not self.timing:  # a timed run gets the cores to itself
+            _warm_torch_import()
         tracked = self._track_start(request, label, resume, ahead_of=ahead.check if ahead else None)
         if ahead is not None:
             ahead.tracked = tracked
@@ -253,8 +288,10 @@ class JobRunner:
                 restart_count=restart_count, tracked=tracked,
             )
         except BaseException:
+            kept_done(None)
             self._track_abort(tracked)
             raise
+        kept_done(result)
         self._track_attempt(tracked, result, restart_count, final=True)
         self._record_curve(label, request, result, (launched, time.monotonic()))
         return result
@@ -507,6 +544,55 @@ class JobRunner:
             timeout=spec.timeout,
         )
 
+    def timed_runs_done(self) -> None:
+        """A timed check says its timed runs are over (see :attr:`on_timed_done`)."""
+        self.timing = False
+        callback, self.on_timed_done = self.on_timed_done, None
+        if callback is not None:
+            callback()
+
+    # -- kept checkpoints (see trainguard.run.keep) -------------------------------------------
+
+    def keep_checkpoint(self, request: RunRequest, after_step: int, metric: str) -> None:
+        """Keep the checkpoint of the next uninterrupted run of ``request`` after it prints step
+        ``after_step`` of ``metric`` (see :mod:`trainguard.run.keep`)."""
+        if self.checkpoints_known and not self.job_file.job.is_ray_train:
+            self.keepers.register(self.scheduling.reference_key(request), after_step, metric)
+
+    def kept_checkpoint(self, request: RunRequest, after_step: int) -> tuple[KeptCheckpoint | None, str]:
+        """The checkpoint kept of ``request`` after ``after_step``, or None and why not."""
+        if self.job_file.job.is_ray_train:  # its workers are Ray's processes, not the driver's children
+            return None, "a ray_train job's workers are Ray's processes: trainguard cannot stop them while it copies"
+        if not self.checkpoints_known:
+            return None, "the job is not given {checkpoint_dir}, so trainguard cannot copy its checkpoints"
+        return self.keepers.kept(self.scheduling.reference_key(request), after_step)
+
+    def resume_kept(self, kept: KeptCheckpoint, request: RunRequest, *, label: str) -> RunResult:
+        """``request`` resumed (``resume_args``) from a copy of ``kept``: launched once, shared by
+        the checks that ask for the same one."""
+        return self.keepers.resumed(kept, self.scheduling.reference_key(request), lambda: self.run(
+            request, label=label, resume=True, checkpoint_dir=kept.copy_for(label)))
+
+    def _prefix_reference(self, request: RunRequest, kept: dict[RunRequest, RunResult]) -> RunResult | None:
+        """With ``job.steps_independent``: the uninterrupted run of ``request`` served by the
+        first steps of a longer one that ran already (:meth:`Keepers.prefix`); else None."""
+        if not self.job_file.job.steps_independent:
+            return None
+        return self.keepers.prefix(self.scheduling.reference_key(request), kept)
+
+    def start_resume_kept(self, kept: KeptCheckpoint, request: RunRequest, *, label: str) -> None:
+        """:meth:`resume_kept` started in the background (independent resumed runs start up side
+        by side); :meth:`resume_kept` then waits for it."""
+        self.keepers.start_resumed(kept, self.scheduling.reference_key(request), lambda: self.run(
+            request, label=label, resume=True, checkpoint_dir=kept.copy_for(label)))
+
+    @property
+    def checkpoints_known(self) -> bool:
+        """Whether the job is told where to checkpoint (``{checkpoint_dir}`` in its command,
+        resume args or env): only then can trainguard copy a run's checkpoints."""
+        job = self.job_file.job
+        return any("{checkpoint_dir}" in t for t in [*job.command, *job.resume_args, *job.env.values()])
+
     # -- scheduling (see trainguard.run.scheduling) -------------------------------------------
 
     def _run_scheduled(
@@ -524,6 +610,10 @@ class JobRunner:
         """An uninterrupted run for ``request``, launched once and shared between checks (see
         :meth:`RunScheduler.reference`)."""
         return self.scheduling.reference(request)
+
+    def kept_reference(self, request: RunRequest) -> RunResult | None:
+        """The reference of ``request`` when one ran already (nothing is launched)."""
+        return self.scheduling.kept_reference(request)
 
     def offer_reference(self, request: RunRequest, result: RunResult) -> None:
         """Keep ``result`` as the reference of ``request`` when it completed and none is kept yet."""

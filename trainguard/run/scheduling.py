@@ -16,7 +16,6 @@ request". A ``ray_train`` job gets no background runs: its fits would queue for 
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from trainguard.run.observer import MetricCallback
-from trainguard.run.request import RunRequest
+from trainguard.run.request import RunRequest, share_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
@@ -51,6 +50,8 @@ class AheadRun:
     beside: str | None = None
     #: queued -> running -> done; "claimed": its check came first and runs it itself
     state: str = "queued"
+    #: it is the uninterrupted run of its request: not launched when one is kept already
+    reference: bool = False
 
 
 class LaunchRun(Protocol):
@@ -92,6 +93,7 @@ class RunScheduler:
         background: Callable[[], bool] = lambda: True,
         current_check: Callable[[], str | None] = lambda: None,
         adopt: Callable[[object], None] = lambda tracked: None,
+        prefix: Callable[[RunRequest, dict[RunRequest, RunResult]], RunResult | None] = lambda r, kept: None,
     ) -> None:
         self._launch = launch
         self._lock = lock
@@ -99,6 +101,7 @@ class RunScheduler:
         self._background = background
         self._current_check = current_check
         self._adopt = adopt
+        self._prefix = prefix
         self._references: dict[RunRequest, RunResult] = {}
         self._pending: dict[RunRequest, Future[RunResult]] = {}
         self._lane: list[AheadRun] = []
@@ -137,10 +140,8 @@ class RunScheduler:
 
     @staticmethod
     def reference_key(request: RunRequest) -> RunRequest:
-        """The key under which ``request``'s reference is kept: limits are not what a run
-        computes, so a run that finished within any limits is the uninterrupted run of its
-        steps, seed, world size, args and env."""
-        return dataclasses.replace(request, timeout=None, max_rss_mb=None)
+        """The key under which ``request``'s reference is kept (:func:`share_key`)."""
+        return share_key(request)
 
     def reference(self, request: RunRequest) -> RunResult:
         """An uninterrupted run for ``request``, launched once and shared between checks (one
@@ -150,6 +151,12 @@ class RunScheduler:
             if key in self._references:
                 return self._references[key]
             pending = self._pending.get(key)
+            kept = dict(self._references)
+        if pending is None and (served := self._prefix(request, kept)) is not None:
+            with self._lock:
+                return self._references.setdefault(key, served)
+        if pending is None and (taken := self._lane_reference(key)) is not None:
+            return taken
         if pending is not None:
             try:
                 return pending.result()
@@ -159,6 +166,11 @@ class RunScheduler:
         result = self._launch(request, label="reference")
         with self._lock:
             return self._references.setdefault(key, result)
+
+    def kept_reference(self, request: RunRequest) -> RunResult | None:
+        """The reference of ``request`` kept so far (launched by no one now), or None."""
+        with self._lock:
+            return self._references.get(self.reference_key(request))
 
     def offer_reference(self, request: RunRequest, result: RunResult) -> None:
         """Keep ``result`` as the reference of ``request`` when it completed and none is kept
@@ -175,6 +187,14 @@ class RunScheduler:
         if not self._background():
             return
         key = self.reference_key(request)
+        with self._lock:
+            if key in self._references or key in self._pending:
+                return
+            kept = dict(self._references)
+        if (served := self._prefix(request, kept)) is not None:
+            with self._lock:
+                self._references.setdefault(key, served)
+            return
         with self._lock:
             if key in self._references or key in self._pending:
                 return
@@ -266,6 +286,20 @@ class RunScheduler:
 
         self._lane_thread = threading.Thread(target=work, name="trainguard-lane", daemon=True)
         self._lane_thread.start()
+
+    def _lane_reference(self, key: RunRequest) -> RunResult | None:
+        """The lane's uninterrupted run of ``key`` (``AheadRun.reference``, another check's),
+        taken as the reference when it started: one launch, not two (smoke folded into the
+        canary's run). A queued one is claimed and None returned: the caller launches it."""
+        with self._lock:
+            item = next((i for i in self._lane if i.reference and self.reference_key(i.request) == key), None)
+        if item is None:
+            return None
+        result = self.take_ahead(item.check, item.request)
+        if result is None or not result.ok:
+            return None
+        with self._lock:
+            return self._references.setdefault(key, result)
 
     def ahead_started(self, check: str, request: RunRequest) -> bool:
         """Whether the lane has started (or finished) a run for ``check`` with ``request``."""

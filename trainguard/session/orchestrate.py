@@ -7,6 +7,7 @@ Which checks exist and how each runs is the registry's (:mod:`trainguard.config.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -15,6 +16,8 @@ from typing import Any
 from trainguard.config import CheckSpec, JobFile
 from trainguard.config.registry import check_for, check_names
 from trainguard.report import CheckResult, Report, SkipReason
+from trainguard.run.declared import declared_runs, progress_metric_of
+from trainguard.run.request import share_key
 from trainguard.run.runner import JobRunner
 from trainguard.run.scheduling import AheadRun
 
@@ -90,12 +93,19 @@ def lane_plan(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) -> lis
     before the one that needs it, and only behind lane checks."""
     names = [n for n, _ in checks]
     plan: list[AheadRun] = []
+    earlier: set[object] = set()  # the uninterrupted runs the checks before declare: they launch them
     for position, (name, spec) in enumerate(checks):
-        if position == 0 or not all(_lane(n) for n in names[:position]):
-            continue
         check = check_for(name)
-        if check is not None and check.ahead is not None:
-            plan.append(check.ahead(runner, spec))
+        if position and all(_lane(n) for n in names[:position]) and check is not None and check.ahead is not None:
+            ahead = check.ahead(runner, spec)
+            # an uninterrupted run that ran already, or that a check before it launches in the
+            # foreground (smoke folded into the canary's run), is not launched again
+            if not (ahead.reference and (runner.kept_reference(ahead.request) is not None
+                                         or share_key(ahead.request) in earlier)):
+                plan.append(ahead)
+        declared, _ = declared_runs(runner.job_file, name, spec, seed=runner.settings.seed,
+                                    soak_seed=runner.settings.soak_seed, session=checks)
+        earlier.update(share_key(d.request) for d in declared if d.run.reference)
     return plan
 
 
@@ -109,21 +119,67 @@ def run_in_order(
 ) -> Report:
     """Run ``checks`` one after the other into ``report``, with the runs of :func:`lane_plan`
     started in the runner's background lane; the lane is closed before the first check that
-    measures speed (and at the end, whatever happens)."""
-    runner.current_check = checks[0][0] if checks else None  # what the lane's first run is beside
-    runner.start_lane(lane_plan(runner, checks))
+    measures speed (and at the end, whatever happens). A check that times its runs
+    (``Check.first``: the profile) runs before the others, alone, so that its runs are the
+    uninterrupted runs they share; the report keeps the checks' order. Before anything runs, the
+    runner is told which checkpoints the checks will resume from (:func:`keep_declared`)."""
+    runner.session_checks = tuple(checks)
+    keep_declared(runner, checks)
+    first = [c for c in checks if (kind := check_for(c[0])) is not None and kind.first]
+    rest = [c for c in checks if c not in first]
+    order = {name: i for i, (name, _) in enumerate(checks)}
+
+    def one(name: str, spec: CheckSpec) -> None:
+        if on_start is not None:
+            on_start(name)
+        result = report.add(run_check(runner, name, spec))
+        if on_result is not None:
+            on_result(result)
+
+    lane: list[bool] = []
+
+    def start_lane() -> None:
+        if not lane:
+            lane.append(True)
+            runner.current_check = rest[0][0] if rest else None  # what the lane's first run is beside
+            runner.start_lane(lane_plan(runner, rest))
+
     try:
-        for name, spec in checks:
+        for name, spec in first:  # alone: no background import, the lane once its runs are done
+            runner.timing, runner.on_timed_done = True, start_lane if name == first[-1][0] else None
+            one(name, spec)
+            runner.timing, runner.on_timed_done = False, None
+        start_lane()
+        for name, spec in rest:
             if not _lane(name):
                 runner.close_lane()
-            if on_start is not None:
-                on_start(name)
-            result = report.add(run_check(runner, name, spec))
-            if on_result is not None:
-                on_result(result)
+            one(name, spec)
     finally:
+        runner.timing, runner.on_timed_done = False, None
         runner.close_lane()
+        report.checks.sort(key=lambda c: order.get(c.name, len(order)))
     return report
+
+
+def keep_declared(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) -> None:
+    """Register every checkpoint the checks' declared runs resume from (``Run.resumes``), so the
+    first uninterrupted run of each request keeps it (:mod:`trainguard.run.keep`) instead of a
+    check killing one more run later."""
+    metric = progress_metric_of(runner.job_file)
+    references = []
+    for name, spec in checks:
+        declared, _ = declared_runs(runner.job_file, name, spec, seed=runner.settings.seed,
+                                    soak_seed=runner.settings.soak_seed, session=checks)
+        for run in declared:
+            if run.source is not None and run.run.resumes is not None:
+                runner.keep_checkpoint(run.source, run.run.resumes.after_step, metric)
+            if run.run.reference:
+                references.append(share_key(run.request))
+    if runner.job_file.job.steps_independent:  # a shorter reference may be a longer one's first steps
+        for short in references:
+            for long in references:
+                if long.steps > short.steps + 1 and dataclasses.replace(long, steps=short.steps) == short:
+                    runner.keep_checkpoint(long, short.steps + 1, metric)  # see Keepers.prefix
 
 
 def run_checks(

@@ -10,18 +10,20 @@ case, each run's timeout.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainguard.config import CheckSpec, JobFile, load_config
 from trainguard.config.preflight import preflight
-from trainguard.config.registry import PlanContext, Run, check_for
+from trainguard.config.registry import check_for
 from trainguard.config.settings import Settings
-from trainguard.run.request import RunRequest
+from trainguard.run.declared import declared_runs
+from trainguard.run.request import RunRequest, share_key
 
 __all__ = ["CheckPlan", "Plan", "PlannedRun", "make_plan"]
 
@@ -29,13 +31,16 @@ __all__ = ["CheckPlan", "Plan", "PlannedRun", "make_plan"]
 @dataclass(frozen=True)
 class PlannedRun:
     """One launch a check makes: what it is for, its length and ranks, and whether it is an
-    uninterrupted reference run (launched once for every check that asks for the same one)."""
+    uninterrupted reference run (launched once for every check that asks for the same one) or a
+    run resumed from a kept checkpoint (likewise)."""
 
     label: str
     steps: int
     world_size: int
     timeout_s: float
     reference: RunRequest | None = None
+    #: runs with an equal key are launched once (None: this one always launches)
+    share: Hashable | None = None
 
     def describe(self) -> str:
         return f"{self.label}: {self.steps} steps x {self.world_size} rank(s)"
@@ -64,14 +69,14 @@ class Plan:
 
     def distinct_runs(self) -> list[PlannedRun]:
         """Every run launched, a reference run that several checks ask for once."""
-        seen: set[RunRequest] = set()
+        seen: set[Hashable] = set()
         out = []
         for check in self.checks:
             for run in check.runs:
-                if run.reference is not None:
-                    if run.reference in seen:
+                if run.share is not None:
+                    if run.share in seen:
                         continue
-                    seen.add(run.reference)
+                    seen.add(run.share)
                 out.append(run)
         return out
 
@@ -82,13 +87,14 @@ class Plan:
 
     def shared(self) -> list[tuple[str, list[str]]]:
         """Each reference run asked for by more than one check, with those checks."""
-        users: dict[RunRequest, list[str]] = {}
-        labels: dict[RunRequest, str] = {}
+        users: dict[Hashable, list[str]] = {}
+        labels: dict[Hashable, str] = {}
         for check in self.checks:
             for run in check.runs:
-                if run.reference is not None:
-                    users.setdefault(run.reference, []).append(check.name)
-                    labels[run.reference] = f"{run.steps} steps x {run.world_size} rank(s)"
+                if run.share is not None:
+                    users.setdefault(run.share, []).append(check.name)
+                    what = "reference run" if run.reference is not None else "resumed run"
+                    labels[run.share] = f"{what} of {run.steps} steps x {run.world_size} rank(s)"
         return [(labels[r], names) for r, names in users.items() if len(set(names)) > 1]
 
     @property
@@ -148,10 +154,11 @@ class Plan:
             if check.note:
                 out.append(f"      {check.note}")
             for run in check.runs:
-                share = " (reference run, shared)" if run.reference is not None else ""
+                share = (" (reference run, shared)" if run.reference is not None
+                         else " (shared)" if run.share is not None else "")
                 out.append(f"      - {run.describe()}{share}")
         for shape, names in self.shared():
-            out.append(f"shared: the reference run of {shape} is launched once for {', '.join(names)}")
+            out.append(f"shared: the {shape} is launched once for {', '.join(dict.fromkeys(names))}")
         for ahead in self.ahead:
             out.append(f"started early, beside the checks before it: {ahead}")
         estimate = self.estimate_s
@@ -174,37 +181,67 @@ def make_plan(config: str | Path | JobFile, settings: Settings, *, only: Iterabl
     preflight(job_file)
     enabled = job_file.enabled_checks(only)
     history, durations = _last_durations(job_file)
-    checks = [CheckPlan(name, *_runs(job_file, name, spec, settings), last_duration_s=durations.get(name))
-              for name, spec in enabled]
     kinds = [check_for(n) for n, _ in enabled]
+    firsts = [kind is not None and kind.first for kind in kinds]
+    # a check that times its runs goes first, alone (run_in_order); its runs serve the others
+    order = sorted(range(len(enabled)), key=lambda i: not firsts[i])
+    planned = {i: _runs(job_file, enabled[i][0], enabled[i][1], settings, enabled) for i in order}
+    checks = [CheckPlan(name, *planned[i], last_duration_s=durations.get(name))
+              for i, (name, _) in enumerate(enabled)]
+    if job_file.job.steps_independent:
+        _mark_prefixes(checks)
+    if enabled and firsts[order[0]] and len(enabled) > 1:
+        checks[order[0]].note += ("; runs first, alone (it times its runs), so its runs are the uninterrupted "
+                                  "runs the other checks share")
+    # the first check's uninterrupted runs ran before the lane starts: an ahead run that is one
+    # of them is not launched again
+    done = {r.share for i in order if firsts[i] for r in planned[i][0] if r.reference is not None}
+    later = [i for i in order if not firsts[i]]
     ahead = []
-    for position, kind in enumerate(kinds):
+    for position, i in enumerate(later):
+        kind = kinds[i]
         if position and kind is not None and kind.ahead is not None and all(
-            k is not None and k.lane for k in kinds[:position]
-        ):
+            kinds[j] is not None and kinds[j].lane for j in later[:position]  # type: ignore[union-attr]
+        ) and not (kind.ahead_reference and all(r.share in done for r in planned[i][0] if r.reference is not None)):
             ahead.append(kind.ahead_words)
+        # a check before launches its uninterrupted runs in the foreground (lane_plan)
+        done |= {r.share for r in planned[i][0] if r.reference is not None}
     if job_file.job.is_ray_train:
         ahead = []  # a ray_train job has no background lane
-    return Plan(job_file, checks, ahead, history if durations else None)
+    plan = Plan(job_file, [], ahead, history if durations else None)
+    # the runs of the check that goes first are launched first: listed in that order
+    plan.checks = [checks[i] for i in order]
+    return plan
 
 
-def _runs(job_file: JobFile, name: str, spec: CheckSpec, settings: Settings) -> tuple[list[PlannedRun], str]:
-    """The check's runs as it declares them (:class:`~trainguard.config.registry.Run`), each
-    made into the request it launches: its sharing key."""
-    job = job_file.job
-    timeout = spec.timeout if spec.timeout is not None else job.timeout
-    seed = spec.seed if spec.seed is not None else settings.seed
-    kind = check_for(name)
-    declared, note = (kind.runs(spec, PlanContext(job_file, settings.soak_seed)) if kind is not None
-                      else ([Run(name)], ""))
-    out = []
-    for run in declared:
-        world_size = run.world_size if run.world_size is not None else job.world_size
-        steps = run.steps if run.steps is not None else spec.steps
-        request = RunRequest.make(steps=steps, seed=seed, world_size=world_size, args=spec.args,
-                                  env=spec.env, timeout=spec.timeout)
-        out.append(PlannedRun(run.label, steps, world_size, timeout, request if run.reference else None))
-    return out, note
+def _mark_prefixes(checks: list[CheckPlan]) -> None:
+    """With ``job.steps_independent``, say which reference may be a longer one's first steps (it
+    is counted as a launch: whether it is served depends on the longer run keeping a checkpoint
+    of exactly that step)."""
+    longer = [r.reference for c in checks for r in c.runs if r.reference is not None]
+    for check in checks:
+        for i, run in enumerate(check.runs):
+            ref = run.reference
+            if ref is None:
+                continue
+            base = share_key(ref)
+            hosts = sorted(o.steps for o in longer if o.steps > ref.steps
+                           and share_key(dataclasses.replace(o, steps=ref.steps)) == base)
+            if hosts:
+                check.runs[i] = dataclasses.replace(
+                    run, label=f"{run.label} (or the first {ref.steps} steps of the {hosts[0]}-step run, when "
+                               f"its checkpoint of step {ref.steps} is kept: job.steps_independent)")
+
+
+def _runs(job_file: JobFile, name: str, spec: CheckSpec, settings: Settings,
+          session: list[tuple[str, CheckSpec]]) -> tuple[list[PlannedRun], str]:
+    """The check's runs as it declares them (:func:`~trainguard.run.declared.declared_runs`),
+    each with the request it launches and its sharing key."""
+    timeout = spec.timeout if spec.timeout is not None else job_file.job.timeout
+    declared, note = declared_runs(job_file, name, spec, seed=settings.seed, soak_seed=settings.soak_seed,
+                                   session=session)
+    return [PlannedRun(d.run.label, d.request.steps, d.request.world_size, timeout,
+                       d.request if d.run.reference else None, d.share) for d in declared], note
 
 
 def _last_durations(job_file: JobFile) -> tuple[str, dict[str, float]]:

@@ -32,6 +32,9 @@ Flags plant one defect each, so a test can show that trainguard catches it:
 --print-at-exit               holds its metric lines and prints them all after the last step
                               (a logger flushed at exit): a kill "after step K" lands too late
 --linger S                    sleeps S s after the last step before exiting (a slow teardown)
+--drift-after-first DIR       every launch after the first (a marker file in DIR says one ran) that
+                              does not resume adds 1e-4 to its loss: a defect only a second
+                              uninterrupted run shows (determinism's; a shared reference hides it)
 --swallow-oom                 catches MemoryError / torch.OutOfMemoryError in the training loop
                               and carries on (an OOM that never ends the job)
 
@@ -114,6 +117,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ckpt-size-kb", type=int, default=0, help="pad each checkpoint to about this size")
     p.add_argument("--ckpt-keep-one", action="store_true", help="one checkpoint file, replaced by each save")
     p.add_argument("--swallow-oom", action="store_true")
+    p.add_argument("--drift-after-first", default=None)
     p.add_argument("--print-at-exit", action="store_true")
     p.add_argument("--linger", type=float, default=0.0)
     p.add_argument("--latest-pointer-first", action="store_true")
@@ -330,6 +334,12 @@ def main() -> int:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
     start = 1
     rng = random.Random() if args.nondet else random.Random(args.seed * 1000 + rank)
+    drift = 0.0
+    if args.drift_after_first and not args.resume:
+        try:  # the first launch to create the marker is the first; two starting at once differ too
+            os.close(os.open(Path(args.drift_after_first) / f"launched-rank{rank}", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            drift = 1e-4
     if args.resume and ckpt_dir is not None:
         loaded = load_latest(ckpt_dir, rank, args.ckpt_verify, world_size)
         if loaded is not None:
@@ -384,7 +394,7 @@ def main() -> int:
             busy_until = time.process_time() + args.work_ms / 1000
             while time.process_time() < busy_until:
                 pass
-        loss = 2.0 * math.exp(-0.05 * step) + 0.01 * rng.random()
+        loss = 2.0 * math.exp(-0.05 * step) + 0.01 * rng.random() + drift
         stop = bool(NOTICE)
         if args.sync_dir:
             stop = barrier(Path(args.sync_dir), rank, world_size, step, args.sync_timeout, stop,
