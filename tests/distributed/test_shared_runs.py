@@ -4,6 +4,8 @@ The session launches each uninterrupted run once for every check that asks for i
 checkpoints the resume checks start from out of that run (its processes stopped while the
 directory is copied) and folds smoke into it. These tests run the toy job (pure Python, fast)
 through the same session ``trainguard check`` uses, and count the launches the runner made.
+Steps are slow enough (0.1-0.15 s) that a reader lagging a second behind on a loaded machine
+still stops the run mid-way (a copy taken after the run's last step is refused, and a run killed).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 JOB = """\
 job:
   name: shared
-  command: "python {jobs}/toy_train.py --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --sleep 0.05 {flags}"
+  command: "python {jobs}/toy_train.py --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --sleep 0.15 {flags}"
   resume_args: "--resume"
   world_size: 1
   env: {{OMP_NUM_THREADS: "1"}}
@@ -126,7 +128,7 @@ def test_a_job_not_given_its_checkpoint_dir_keeps_nothing(tmp_path: Path) -> Non
 PREFIX_JOB = """\
 job:
   name: prefix
-  command: "python {jobs}/toy_train.py --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --sleep 0.05"
+  command: "python {jobs}/toy_train.py --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --sleep 0.1 --ckpt-every 10"
   resume_args: "--resume"
   env: {{OMP_NUM_THREADS: "1"}}
   metrics:
@@ -144,7 +146,7 @@ checks:
 @pytest.mark.parametrize(("independent", "steps", "launches", "prefix"), [
     ("  steps_independent: true", 10, 2, True),  # the canary's first 10 steps, its checkpoint of step 10 kept
     ("", 10, 3, False),  # not declared: a 10-step run may differ from the first 10 of 20 steps
-    ("  steps_independent: true", 12, 3, False),  # no checkpoint of step 12 to end on: launched
+    ("  steps_independent: true", 12, 3, False),  # no checkpoint of step 12 to end on (every 10): launched
 ])
 def test_a_shorter_reference_is_a_longer_runs_first_steps_only_when_the_job_says_so(
     tmp_path: Path, independent: str, steps: int, launches: int, prefix: bool
