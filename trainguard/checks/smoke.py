@@ -172,9 +172,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
         resume_line = runner.command_line(resume_request, resume=True,
                                           latest_checkpoint=latest.relative_to(checkpoint_dir))
         reproduce = f"{runner.command_line(request)}  # then: {resume_line}"
-    uses_checkpoints = any(
-        "{checkpoint_dir}" in t for t in [*job.command, *job.resume_args, *job.env.values()]
-    )
+    uses_checkpoints = runner.checkpoints_known
     files = _checkpoint_files(checkpoint_dir)
     if uses_checkpoints and result.ok and not files:
         problems.append(f"no checkpoint was written to {checkpoint_dir}")

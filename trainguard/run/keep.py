@@ -73,11 +73,6 @@ class KeptCheckpoint:
         shutil.copytree(self.directory, base / "checkpoints", symlinks=True)
         return base / "checkpoints"
 
-    def words(self) -> str:
-        """How the checkpoint was taken, for summaries."""
-        return (f"its uninterrupted run ({self.label}) stopped after step {self.step} and its checkpoint "
-                f"directory copied ({self.pause_s * 1000:.0f} ms), standing for a kill there")
-
     def as_evidence(self) -> dict[str, object]:
         return {"kept_from": str(self.run_dir), "label": self.label, "after_step": self.after_step,
                 "stopped_after_step": self.step, "copy": str(self.directory), "pause_s": round(self.pause_s, 4)}
