@@ -63,8 +63,12 @@ def _alive_with(marker: str) -> list[psutil.Process]:
 
 
 def _live_children() -> set[int]:
+    """The test process's live (non-zombie) children. Direct ones only: a service another test
+    of this worker started (a Ray head, an MLflow server) starts processes of its own at any
+    time, and those are no rank of ours (a rank is a direct child; what it spawns is checked by
+    the marker and by the grandchildren tests)."""
     out = set()
-    for child in psutil.Process().children(recursive=True):
+    for child in psutil.Process().children():
         try:
             if child.status() != psutil.STATUS_ZOMBIE:
                 out.add(child.pid)

@@ -1,4 +1,5 @@
-"""Evidence of a hang: each rank's CPU activity and state, and its Python stacks.
+"""Evidence of a hang: each rank's CPU activity and state, and its Python stacks; and what an
+early exit or a one-process job's death in distributed set-up usually means.
 
 Collected by the launcher when no metric line arrived for ``stall_timeout`` seconds, before the
 ranks are torn down. CPU time is not progress: NCCL busy-polls inside a stuck collective.
@@ -20,7 +21,7 @@ import psutil
 
 from trainguard.launch.procs import RankProcess
 
-__all__ = ["EARLY_EXIT_CAUSES", "describe_early_exit", "dump_stacks", "early_exit", "handles_signal", "rank_activity", "sibling_script"]
+__all__ = ["EARLY_EXIT_CAUSES", "describe_early_exit", "distributed_env_hint", "dump_stacks", "early_exit", "handles_signal", "rank_activity", "sibling_script"]
 
 #: what usually makes a rank leave the training loop early while its peers go on
 EARLY_EXIT_CAUSES = ("uneven data across ranks (a shard with fewer batches: use "
@@ -155,3 +156,22 @@ def sibling_script(name: str) -> str | None:
     """The path of console script ``name`` installed next to this interpreter, or None."""
     candidate = Path(sys.executable).parent / name
     return str(candidate) if candidate.exists() else None
+
+
+#: a one-process job that died here was setting up torch.distributed (or a device per rank)
+_DIST_INIT_MARKERS = ("init_process_group", "torch.cuda.set_device", "ProcessGroupNCCL",
+                      "NCCL", "c10d", "rendezvous", "MASTER_ADDR", "DistributedDataParallel",
+                      "Torch not compiled with CUDA enabled", "Found no NVIDIA driver",
+                      "TCPStore")
+
+DISTRIBUTED_ENV_HINT = (
+    "a one-process job died while setting up torch.distributed: trainguard sets RANK, "
+    "WORLD_SIZE and MASTER_ADDR as torchrun does, so scripts that check for them take their "
+    "distributed (often CUDA-only) branch; if the job runs as a plain `python train.py`, set "
+    "`job.distributed_env: false` (docs/launcher.md)"
+)
+
+
+def distributed_env_hint(stderr: str) -> str | None:
+    """The hint for a one-process run that died in distributed set-up, from its stderr."""
+    return DISTRIBUTED_ENV_HINT if any(m in stderr for m in _DIST_INIT_MARKERS) else None

@@ -44,6 +44,7 @@ from trainguard._internal.signals import signals_deferred
 from trainguard.errors import RankFailure
 from trainguard.launch.hang_evidence import (
     describe_early_exit,
+    distributed_env_hint,
     dump_stacks,
     early_exit,
     rank_activity,
@@ -60,6 +61,7 @@ from trainguard.launch.procs import (
     signal_group,
     wait_stopped,
 )
+from trainguard.launch.pump import LinePump
 from trainguard.launch.ranklog import RankLog, log_evidence
 
 __all__ = ["LaunchSpec", "Launcher", "RankExit", "RunResult", "launch"]
@@ -83,25 +85,6 @@ RANK_LOG_MB = 64.0
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                 "ROLE_NAME", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID")
-#: a one-process job that died here was setting up torch.distributed (or a device per rank)
-_DIST_INIT_MARKERS = ("init_process_group", "torch.cuda.set_device", "ProcessGroupNCCL",
-                      "NCCL", "c10d", "rendezvous", "MASTER_ADDR", "DistributedDataParallel",
-                      "Torch not compiled with CUDA enabled", "Found no NVIDIA driver",
-                      "TCPStore")
-
-DISTRIBUTED_ENV_HINT = (
-    "a one-process job died while setting up torch.distributed: trainguard sets RANK, "
-    "WORLD_SIZE and MASTER_ADDR as torchrun does, so scripts that check for them take their "
-    "distributed (often CUDA-only) branch; if the job runs as a plain `python train.py`, set "
-    "`job.distributed_env: false` (docs/launcher.md)"
-)
-
-
-def distributed_env_hint(stderr: str) -> str | None:
-    """The hint for a one-process run that died in distributed set-up, from its stderr."""
-    return DISTRIBUTED_ENV_HINT if any(m in stderr for m in _DIST_INIT_MARKERS) else None
-
-
 @dataclass
 class LaunchSpec:
     """What to launch and how to watch it."""
@@ -263,6 +246,9 @@ class Launcher:
         self._events: queue.Queue[tuple[str, int, str, float]] = queue.Queue(_MAX_QUEUED)
         self._logs: list[RankLog] = []
         self._threads: list[threading.Thread] = []
+        self._pumps: list[LinePump] = []
+        self._tails: list[JsonlTail] = []
+        self._read_stopped: list[MetricPoint] = []  # metric-file points read in frozen()
         self._t0 = 0.0
         self._killed: set[int] = set()
         #: launcher-elapsed seconds at which the monitor first saw each rank's exit
@@ -293,8 +279,10 @@ class Launcher:
     @contextlib.contextmanager
     def frozen(self) -> Iterator[None]:
         """Every process of every rank stopped (SIGSTOP, waited for) while the body runs, then
-        continued: the files are what a SIGKILL now would leave (a check keeps a checkpoint so).
-        Stopped time is not the job's: the stall and timeout clocks skip it, :meth:`unpaused` too."""
+        continued: the files are what a SIGKILL now would leave (a check keeps a checkpoint so),
+        and each line printed before the stop is read, with its time, before they go on (a loaded
+        machine's late reader thread would stamp it later). Stopped time is not the job's: the
+        stall and timeout clocks skip it, :meth:`unpaused` too."""
         started = self.elapsed()
         for rp in self.ranks:  # at once: each rank's group (its workers too), then what left the group
             signal_group(rp.popen, signal.SIGSTOP)
@@ -303,6 +291,8 @@ class Launcher:
         signal_all(procs, signal.SIGSTOP)
         try:
             wait_stopped(procs)
+            all(pump.caught_up(timeout=2.0) for pump in list(self._pumps))  # False: a full queue
+            self._read_stopped.extend(p for tail in self._tails for p in tail.poll(self.elapsed()))
             yield
         finally:
             for rp in self.ranks:
@@ -407,39 +397,31 @@ class Launcher:
             rp = self.ranks[-1]
             for stream_name, pipe, log in (("stdout", popen.stdout, out_log), ("stderr", popen.stderr, err_log)):
                 assert pipe is not None
-                thread = threading.Thread(
-                    target=self._pump,
-                    args=(rp, stream_name, pipe, log),
-                    name=f"trainguard-rank{rank}-{stream_name}",
-                    daemon=True,
-                )
+                pump = self._pump(rp, stream_name, pipe, log)
+                thread = threading.Thread(target=pump.run, name=f"trainguard-rank{rank}-{stream_name}", daemon=True)
                 thread.start()
                 self._threads.append(thread)
 
-    def _pump(self, rp: RankProcess, stream: str, pipe: IO[bytes], log: Path) -> None:
-        """Copy one stream to its log file line by line and hand each line to the monitor.
-
-        The log is capped (``log_limit_mb``) and a failing write (a full disk) only stops the
-        log, never this thread: the pipe is drained to the end, so the rank never blocks on it."""
+    def _pump(self, rp: RankProcess, stream: str, pipe: IO[bytes], log: Path) -> LinePump:
+        """What copies one stream to its (capped: ``log_limit_mb``) log and hands each line to the
+        monitor; a failing write (a full disk) stops the log, never the pump (see ``ranklog``)."""
         limit = self.spec.log_limit_mb
         sink = RankLog(log, int(limit * 2**20) if limit else None)
         self._logs.append(sink)
-        try:
-            for raw in iter(lambda: pipe.readline(_MAX_LINE), b""):
-                sink.write(raw)
-                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                if stream == "stderr":
-                    rp.stderr_tail.append(line[:2000])
-                    del rp.stderr_tail[:-_TAIL_LINES]
-                self._events.put((stream, rp.rank, line, self.elapsed()))
-        finally:
-            sink.close()
-            pipe.close()
+
+        def line(text: str) -> None:
+            if stream == "stderr":
+                rp.stderr_tail.append(text[:2000])
+                del rp.stderr_tail[:-_TAIL_LINES]
+            self._events.put((stream, rp.rank, text, self.elapsed()))
+
+        self._pumps.append(LinePump(pipe, sink, line, _MAX_LINE))
+        return self._pumps[-1]
 
     def _monitor(self, port: int) -> RunResult:
         spec = self.spec
         parser = MetricParser(spec.metric_regexes)
-        tails = [
+        tails = self._tails = [
             JsonlTail(self._metric_path(path, rank), [name], rank=rank)
             for name, path in spec.metric_files.items()
             for rank in range(spec.world_size)
@@ -481,6 +463,8 @@ class Launcher:
             except queue.Empty:
                 pass
             now = self.elapsed()
+            handle(self._read_stopped)
+            self._read_stopped = []
             for tail in tails:
                 handle(tail.poll(now))
             over_limit: tuple[int, float] | None = None
@@ -577,6 +561,7 @@ class Launcher:
             if spec.echo is not None:
                 spec.echo(rank, stream, line)
             handle(parser.parse(line, rank=rank, t=t))
+        handle(self._read_stopped)
         for tail in tails:
             handle(tail.poll(self.elapsed()))
 
