@@ -290,10 +290,11 @@ def test_track_helper_logs_from_rank_zero_only(tmp_path: Path, monkeypatch: pyte
 # the real MLflow server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``mlflow server`` on loopback (one per test session), in its own process group: stopping
-    only the server would leave its huey consumers behind."""
+    """``mlflow server`` on loopback, in its own process group, for this module's tests (the only
+    ones that use it: a session-wide server outlived them by the whole run). Without MLflow's
+    job runner: its dozen huey consumers serve no tracking call and kept ~0.4 of a core busy."""
     root = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
     log = open(root / "server.log", "wb")  # noqa: SIM115 - closed in the finally below
@@ -302,6 +303,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
          "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
          "--workers", "1"],
         cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
     )
     # a worker killed outright (xdist's teardown after Ctrl-C, a CI timeout) never runs the finally
     # below: a watcher in a session of its own ends the server's group once this process is gone
