@@ -39,7 +39,7 @@ from pathlib import Path
 import psutil
 
 from trainguard._internal.locks import file_lock
-from trainguard.launch.procs import process_running
+from trainguard._internal.pids import pid_alive
 
 __all__ = ["SlurmCluster", "missing_requirements", "our_daemons", "shared_cluster"]
 
@@ -204,14 +204,6 @@ def _kill_steps(root: Path) -> None:
         psutil.wait_procs(tree, timeout=5)
 
 
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as gone)."""
-    try:
-        return process_running(psutil.Process(pid))
-    except psutil.Error:
-        return False
-
-
 # -- the supervisor (a process of its own) ---------------------------------------------------------
 
 
@@ -286,7 +278,7 @@ def supervise(root: Path) -> int:
                 if proc.poll() is not None:
                     raise RuntimeError(f"{name} exited {proc.returncode}; see {log}")
             users = [int(p.name) for p in (root / "users").iterdir() if p.name.isdigit()]
-            if any(_alive(pid) for pid in users):
+            if any(pid_alive(pid, zombie=False) for pid in users):
                 idle_since = None
             elif idle_since is None:
                 idle_since = time.monotonic()
@@ -353,7 +345,7 @@ def stop(cluster: SlurmCluster, timeout: float = 40.0) -> float:
     started = time.monotonic()
     with contextlib.suppress(ProcessLookupError):
         os.kill(cluster.supervisor_pid, signal.SIGTERM)
-    while _alive(cluster.supervisor_pid) and time.monotonic() - started < timeout:
+    while pid_alive(cluster.supervisor_pid, zombie=False) and time.monotonic() - started < timeout:
         time.sleep(0.1)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(cluster.supervisor_pid, os.WNOHANG)
@@ -373,7 +365,7 @@ def shared_cluster(base: Path) -> Iterator[tuple[SlurmCluster, bool]]:
     with file_lock(lock):
         ready = root / "ready.json"
         cluster = SlurmCluster.from_json(ready.read_text()) if ready.exists() else None
-        if cluster is not None and not _alive(cluster.supervisor_pid):
+        if cluster is not None and not pid_alive(cluster.supervisor_pid, zombie=False):
             cluster = None
         if cluster is None:
             if root.exists():
@@ -389,8 +381,8 @@ def shared_cluster(base: Path) -> Iterator[tuple[SlurmCluster, bool]]:
         with file_lock(lock):
             with contextlib.suppress(FileNotFoundError):
                 (root / "users" / me).unlink()
-            others = [p for p in (root / "users").glob("*") if p.name.isdigit() and _alive(int(p.name))] \
-                if (root / "users").exists() else []
+            users = (root / "users").glob("*") if (root / "users").exists() else []
+            others = [p for p in users if p.name.isdigit() and pid_alive(int(p.name), zombie=False)]
             if not others:
                 stop(cluster)
 
@@ -420,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{cluster.partition}); in another shell:\n  export SLURM_CONF={cluster.conf}\n"
           "Ctrl-C stops it and removes its directory.", flush=True)
     try:
-        while _alive(cluster.supervisor_pid):
+        while pid_alive(cluster.supervisor_pid, zombie=False):
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass

@@ -47,6 +47,7 @@ from trainguard.config.problems import resume_problems
 from trainguard.config.registry import Check, Run
 from trainguard.evidence import Evidence
 from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
+from trainguard.faults.fusemount import FuseMount
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories, first_step
 from trainguard.launch.rundir import new_run_dir
@@ -321,13 +322,14 @@ def run_crash_points(runner: JobRunner, spec: CrashPointsCheck) -> CheckResult:
                            {"reference_run_dir": str(reference.run_dir)}, time.monotonic() - started)
     base = first_step(reference.points, metric)
     work = new_run_dir(runner.job_file.state_dir, runner.job_file.job.name, "crash-points", keep=runner.settings.keep_runs)
-    layer = FuseLayer(work / "backing", work / "mnt", policy="rules", state_dir=work)
     evidence = CrashPointsEvidence(mode=spec.mode, after_step=spec.after_step, work_dir=str(work))
-    try:
-        layer.mount()
-    except RuntimeError as exc:
-        return CheckResult(_NAME, "skipped", str(exc), evidence.to_dict(), time.monotonic() - started,
+    fuse = FuseMount()
+    why = fuse.mount(work / "backing", work / "mnt", policy="rules", state_dir=work)
+    if why is not None:
+        return CheckResult(_NAME, "skipped", why, evidence.to_dict(), time.monotonic() - started,
                            skip_reason=SkipReason.UNAVAILABLE)
+    layer = fuse.layer
+    assert layer is not None  # mounted
     try:
         result = _explore(runner, spec, request, reference, metric, base, layer, evidence, started)
         if evidence.outcomes:
@@ -335,7 +337,7 @@ def run_crash_points(runner: JobRunner, spec: CrashPointsCheck) -> CheckResult:
             result.evidence["table"] = evidence.table
         return result
     finally:
-        problem = layer.unmount()
+        problem = fuse.unmount()
         if problem:
             evidence.outcomes.append({"boundary": "unmount", "outcome": "error", "detail": problem})
 

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainguard.config.faults import Expectation
 from trainguard.faults.base import FaultContext, FaultUnavailable
-from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
+from trainguard.faults.fusefs import fuse_unavailable
+from trainguard.faults.fusemount import FuseFault
 from trainguard.faults.hook import HookFault, pull_trigger, rank_stderr
 from trainguard.launch.hook import hook_env
 from trainguard.report import SkipReason
@@ -51,7 +52,7 @@ def _fuse_unavailable() -> str | None:
     return fuse_unavailable()
 
 
-class DiskFullFault(HookFault):
+class DiskFullFault(HookFault, FuseFault):
     """The checkpoint directory's disk is full from step ``after_step`` on."""
 
     kind: ClassVar[str] = "disk_full"
@@ -66,8 +67,6 @@ class DiskFullFault(HookFault):
         self.mode_ran: str | None = None
         self.fallback: str | None = None
         self.note: str | None = None
-        self.layer: FuseLayer | None = None
-        self.problems: list[str] = []
         self._ctx = None
 
     @classmethod
@@ -92,19 +91,11 @@ class DiskFullFault(HookFault):
         if mode == "hook":
             self.mode_ran = "hook"
             return
-        why = _fuse_unavailable()
+        why = self.mount_over_checkpoints(ctx, "disk-full-fuse", policy="disk_full",
+                                          unavailable=_fuse_unavailable())
         if why is None:
-            layer = FuseLayer(ctx.checkpoint_dir, ctx.work_dir / "disk-full-fuse",
-                              policy="disk_full", state_dir=ctx.work_dir)
-            self.layer = layer  # before the mount: a signal during it still reaches teardown()
-            try:
-                layer.mount()
-            except RuntimeError as exc:
-                self.layer, why = None, str(exc)
-            else:
-                ctx.checkpoint_dir = layer.point  # the job writes through the layer
-                self.mode_ran = "fuse"
-                return
+            self.mode_ran = "fuse"
+            return
         if mode != "auto":
             raise FaultUnavailable(f"{why}; disk_full's mode: hook needs none of it",
                                        needs=SkipReason.NEEDS_ROOT)
@@ -137,15 +128,6 @@ class DiskFullFault(HookFault):
         if self._ctx is not None:
             with contextlib.suppress(FileNotFoundError):
                 self.trigger.unlink()
-
-    def teardown(self) -> None:
-        try:
-            self.clear()
-        finally:
-            if self.layer is not None:
-                problem = self.layer.unmount()
-                if problem:
-                    self.problems.append(problem)
 
     # -- reporting ---------------------------------------------------------------------------
 

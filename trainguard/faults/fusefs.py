@@ -26,7 +26,8 @@ The ``rules`` policy takes what to do from the trigger file itself (JSON, writte
 * ``paths``: when given, only calls on these paths (relative to the mount, ``/a/b``; a directory
   covers what is under it) are touched.
 
-The daemon is ``python -m trainguard.faults.fusefs``; it needs root, ``/dev/fuse``, the libfuse shared library (Debian: ``libfuse3-3``) and the ``mfusepy`` package.
+The daemon is ``python -m trainguard.faults.fusefs`` (its operations:
+:class:`trainguard.faults.fuseops.Passthrough`); it needs root, ``/dev/fuse``, the libfuse shared library (Debian: ``libfuse3-3``) and the ``mfusepy`` package.
 :func:`fuse_unavailable` says which is missing. The daemon leaves the mount when its parent dies
 (no orphaned mount), and :meth:`FuseLayer.unmount` stops it (lazily when busy).
 See docs/faults-memory-and-disk.md.
@@ -50,7 +51,6 @@ from typing import Any
 
 from trainguard._internal.pids import pid_alive
 from trainguard._internal.signals import signals_deferred
-from trainguard.faults.fusejournal import Journal
 
 __all__ = ["POLICIES", "RULE_OPS", "FuseLayer", "fuse_unavailable", "serve"]
 
@@ -64,8 +64,6 @@ POLICIES: dict[str, dict[str, int]] = {
 #: the operations a ``rules`` trigger may name
 RULE_OPS = ("write", "read", "fsync", "fallocate", "truncate_grow", "mkdir", "mknod", "setxattr")
 MOUNT_TIMEOUT_S = 15.0
-_MAX_EVENTS = 200  # events written per operation kind (the count goes on)
-_MAX_DELAYED = 100_000
 _live: set[str] = set()
 
 
@@ -215,302 +213,6 @@ def _unmount_leftovers() -> None:
 # -- the daemon ---------------------------------------------------------------------------------
 
 
-def _tgid(tid: int) -> int:
-    """The process (thread group) of thread ``tid``, as fuse_get_context names a thread."""
-    with contextlib.suppress(OSError, ValueError), open(f"/proc/{tid}/status") as status:
-        for line in status:
-            if line.startswith("Tgid:"):
-                return int(line.split()[1])
-    return tid
-
-
-def _descends_from(pid: int, ancestor: int) -> bool:
-    for _ in range(16):
-        if pid == ancestor:
-            return True
-        try:
-            with open(f"/proc/{pid}/status") as status:
-                pid = next(int(ln.split()[1]) for ln in status if ln.startswith("PPid:"))
-        except (OSError, ValueError, StopIteration):
-            return False
-        if pid <= 1:
-            return False
-    return False
-
-
-def _operations(backing: str, policy: dict[str, int] | None, trigger: str, events: str) -> Any:
-    """The passthrough operations; ``policy`` None: the ``rules`` policy (the trigger's JSON)."""
-    import mfusepy as fuse  # the daemon only: trainguard imports without it
-
-    counts: dict[str, int] = {}
-    totals: dict[str, float] = {}
-    lock = threading.Lock()
-    cache: dict[str, Any] = {"key": None, "rules": None, "held": None}
-
-    def record(op: str, event: str, path: str, **extra: Any) -> None:
-        with lock:
-            counts[op + event] = n = counts.get(op + event, 0) + 1
-            # every delay is written (the stall is summed from them; a sleeping call is slow anyway)
-            if n <= (_MAX_DELAYED if event == "delayed" else _MAX_EVENTS) or event == "held":
-                line = {"event": event, "op": op, "path": path, "t": time.time(), "n": n, **extra}
-                with contextlib.suppress(OSError), open(events, "a", encoding="utf-8") as out:
-                    out.write(json.dumps(line) + "\n")
-
-    def armed() -> tuple[Any, dict[str, Any]] | None:
-        try:
-            st = os.stat(trigger)
-        except OSError:
-            return None
-        if policy is not None:
-            return None, {"errno": policy}
-        key = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if cache["key"] != key:
-            try:
-                with open(trigger, encoding="utf-8") as handle:
-                    rules = json.load(handle)
-            except (OSError, ValueError):
-                return None
-            cache.update(key=key, rules=rules if isinstance(rules, dict) else {})
-        return key, cache["rules"]
-
-    def hold(op: str, path: str, key: Any, spec: dict[str, Any]) -> None:
-        _, _, tid = fuse.fuse_get_context()
-        pid = _tgid(tid)
-        target = spec.get("pid")
-        if target is not None and not _descends_from(pid, int(target)):
-            return
-        with lock:
-            if cache["held"] == key:  # one call held per arming
-                return
-            cache["held"] = key
-        record(op, "held", path, pid=pid, tid=tid)
-        started = time.monotonic()
-        limit = float(spec.get("max_s", 120.0))
-        while time.monotonic() - started < limit:
-            now = armed()
-            if now is None or now[0] != key:
-                break
-            time.sleep(0.005)
-        record(op, "released", path, pid=pid, after_s=round(time.monotonic() - started, 3),
-               caller_alive=pid_alive(pid))
-        raise fuse.FuseOSError(errno.EIO)
-
-    def deny(op: str, path: str, **extra: Any) -> None:
-        now = armed()
-        if now is None:
-            return
-        key, rules = now
-        paths = rules.get("paths")
-        if paths and not any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths):
-            return
-        spec = rules.get("hold")
-        if isinstance(spec, dict) and spec.get("op", "write") == op:
-            hold(op, path, key, spec)
-        delay = (rules.get("latency_ms") or {}).get(op)
-        if delay:
-            time.sleep(float(delay) / 1000.0)
-            with lock:
-                totals[op] = total = totals.get(op, 0.0) + float(delay) / 1000.0
-            record(op, "delayed", path, added_s=float(delay) / 1000.0, total_s=round(total, 3),
-                   pid=_tgid(fuse.fuse_get_context()[2]), **extra)
-        code = (rules.get("errno") or {}).get(op)
-        if code:
-            record(op, errno.errorcode.get(int(code), "e" + str(code)).lower(), path, **extra)
-            raise fuse.FuseOSError(int(code))
-
-    journal = Journal(events, backing)
-
-    def change(op: str, path: str = "", to: str | None = None) -> Any:
-        """Before a call that changes the file system: the armed rules (None: not armed); EIO
-        once the ``crash`` rule has struck."""
-        now = armed()
-        if now is not None:
-            code = journal.before(now[0], now[1], op, path, to, _tgid(fuse.fuse_get_context()[2]))
-            if code:
-                raise fuse.FuseOSError(code)
-            return (*now, time.time())
-        return None
-
-    def done(now: Any, op: str, path: str, **extra: Any) -> None:
-        """After it: the ``record`` / ``crash`` rules count it (fusejournal)."""
-        if now is not None:
-            journal.after(now[0], now[1], op, path, _tgid(fuse.fuse_get_context()[2]), t0=now[2], **extra)
-
-    def real(path: str) -> str:
-        return os.path.join(backing, path.lstrip("/"))
-
-    def _fd_path(fh: int | None) -> str:
-        """The path under the mount of an open file (an ftruncate names none)."""
-        with contextlib.suppress(OSError, TypeError):
-            return "/" + os.path.relpath(os.readlink(f"/proc/self/fd/{fh}"), backing)
-        return ""
-
-    def oserror(exc: OSError) -> Any:
-        return fuse.FuseOSError(exc.errno or errno.EIO)
-
-    class Passthrough(fuse.Operations):  # type: ignore[misc]
-        use_ns = True
-
-        def __call__(self, op: str, *args: Any) -> Any:
-            try:
-                return getattr(self, op)(*args)
-            except fuse.FuseOSError:
-                raise
-            except OSError as exc:
-                raise oserror(exc) from None
-
-        def access(self, path: str, amode: int) -> int:
-            if not os.access(real(path), amode):
-                raise fuse.FuseOSError(errno.EACCES)
-            return 0
-
-        def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-            st = os.fstat(fh) if fh is not None and fh > 0 else os.lstat(real(path))
-            keys = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks", "st_ino")
-            out: dict[str, Any] = {k: getattr(st, k) for k in keys}
-            out.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns, st_ctime=st.st_ctime_ns)
-            return out
-
-        def readdir(self, path: str, fh: int) -> list[str]:
-            return [".", "..", *os.listdir(real(path))]
-
-        def readlink(self, path: str) -> str:
-            return os.readlink(real(path))
-
-        def mkdir(self, path: str, mode: int) -> int:
-            now = change("mkdir", path)
-            deny("mkdir", path)
-            os.mkdir(real(path), mode)
-            done(now, "mkdir", path)
-            return 0
-
-        def mknod(self, path: str, mode: int, dev: int) -> int:
-            deny("mknod", path)
-            os.mknod(real(path), mode, dev)
-            return 0
-
-        def rmdir(self, path: str) -> int:
-            now = change("rmdir", path)
-            os.rmdir(real(path))
-            done(now, "rmdir", path)
-            return 0
-
-        def unlink(self, path: str) -> int:
-            now = change("unlink", path)
-            os.unlink(real(path))
-            done(now, "unlink", path)
-            return 0
-
-        def symlink(self, target: str, source: str) -> int:
-            now = change("symlink", target, target)
-            os.symlink(source, real(target))
-            done(now, "symlink", target)
-            return 0
-
-        def link(self, target: str, source: str) -> int:
-            now = change("link", source, target)
-            os.link(real(source), real(target))
-            done(now, "link", source, to=target)
-            return 0
-
-        def rename(self, old: str, new: str, flags: int = 0) -> int:
-            now = change("rename", old, new)
-            os.rename(real(old), real(new))
-            done(now, "rename", old, to=new)
-            return 0
-
-        def chmod(self, path: str, mode: int, fh: int | None = None) -> int:
-            os.chmod(real(path), mode)
-            return 0
-
-        def chown(self, path: str, uid: int, gid: int, fh: int | None = None) -> int:
-            os.chown(real(path), uid, gid)
-            return 0
-
-        def utimens(self, path: str, times: tuple[int, int] | None = None, fh: int | None = None) -> int:
-            os.utime(real(path), ns=times) if times else os.utime(real(path))
-            return 0
-
-        def truncate(self, path: str, length: int, fh: int | None = None) -> int:
-            target: int | str = fh if fh is not None and fh > 0 else real(path)
-            size = os.fstat(target).st_size if isinstance(target, int) else os.stat(target).st_size
-            now = change("truncate", path or _fd_path(fh))
-            if length > size:
-                deny("truncate_grow", path or "", length=length)
-            os.truncate(target, length)
-            done(now, "truncate", path or "", length=length)
-            return 0
-
-        def open(self, path: str, flags: int) -> int:
-            if not flags & os.O_TRUNC or not flags & (os.O_WRONLY | os.O_RDWR):
-                return os.open(real(path), flags)
-            now = change("truncate", path)  # an existing file opened with O_TRUNC: emptied in place
-            fh = os.open(real(path), flags)
-            done(now, "truncate", path, length=0)
-            return fh
-
-        def create(self, path: str, mode: int, fi: Any = None) -> int:
-            now = change("create", path)
-            fh = os.open(real(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-            done(now, "create", path)
-            return fh
-
-        def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-            deny("read", path, bytes=size)
-            return os.pread(fh, size, offset)
-
-        def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
-            now = change("write", path)
-            deny("write", path, bytes=len(data))
-            written = os.pwrite(fh, data, offset)
-            done(now, "write", path, bytes=written, offset=offset)
-            return written
-
-        def fallocate(self, path: str, mode: int, offset: int, size: int, fh: int) -> int:
-            deny("fallocate", path, bytes=size)
-            os.posix_fallocate(fh, offset, size)
-            return 0
-
-        def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
-            deny("setxattr", path)
-            os.setxattr(real(path), name, value, options)
-            return 0
-
-        def statfs(self, path: str) -> dict[str, Any]:
-            st = os.statvfs(real(path))
-            out = {k: getattr(st, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree",
-                                                "f_bavail", "f_files", "f_ffree", "f_favail",
-                                                "f_flag", "f_namemax")}
-            if policy is not None and "write" in policy and os.path.exists(trigger):
-                out.update(f_bfree=0, f_bavail=0)  # df agrees with the writes: the disk is full
-            return out
-
-        def flush(self, path: str, fh: int) -> int:
-            return 0
-
-        def release(self, path: str, fh: int) -> int:
-            os.close(fh)
-            return 0
-
-        def fsync(self, path: str, datasync: int, fh: int) -> int:
-            now = change("fsync", path)
-            deny("fsync", path, datasync=bool(datasync))
-            if datasync:
-                os.fdatasync(fh)
-            else:
-                os.fsync(fh)
-            done(now, "fdatasync" if datasync else "fsync", path, ino=os.fstat(fh).st_ino)
-            return 0
-
-        def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
-            now = change("fsyncdir", path)
-            deny("fsync", path, directory=True)
-            done(now, "fsyncdir", path)
-            return 0
-
-    return fuse, Passthrough()
-
-
 def serve(argv: list[str] | None = None) -> int:
     """The daemon: mount, serve until unmounted or the parent is gone."""
     parser = argparse.ArgumentParser(prog="python -m trainguard.faults.fusefs")
@@ -521,8 +223,11 @@ def serve(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", required=True)
     parser.add_argument("--parent", type=int, default=0)
     args = parser.parse_args(argv)
-    fuse, ops = _operations(os.path.realpath(args.backing), POLICIES[args.policy] or None,
-                            args.trigger, args.events)
+    import mfusepy as fuse  # the daemon only: trainguard imports without it
+
+    from trainguard.faults.fuseops import Passthrough
+
+    ops = Passthrough(os.path.realpath(args.backing), POLICIES[args.policy] or None, args.trigger, args.events)
 
     def watch_parent() -> None:  # never an orphaned mount: leave when trainguard is gone
         while True:

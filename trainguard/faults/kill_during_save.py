@@ -26,8 +26,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
-from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
+from trainguard.faults.base import FaultContext, FaultUnavailable
+from trainguard.faults.fusefs import fuse_unavailable
+from trainguard.faults.fusemount import FuseFault
 from trainguard.faults.storage import newest_checkpoint_files
 from trainguard.report import SkipReason
 
@@ -39,7 +40,7 @@ __all__ = ["KillDuringSaveFault"]
 _POLL_S = 0.005
 
 
-class KillDuringSaveFault(Fault):
+class KillDuringSaveFault(FuseFault):
     """SIGKILL rank ``rank`` while its first checkpoint write after ``after_step`` is in flight."""
 
     kind: ClassVar[str] = "kill_during_save"
@@ -48,7 +49,6 @@ class KillDuringSaveFault(Fault):
 
     def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
-        self.layer: FuseLayer | None = None
         self.backing: Path | None = None
         self.held: dict[str, Any] | None = None
         self.killed: list[int] = []
@@ -56,7 +56,6 @@ class KillDuringSaveFault(Fault):
         self.latest_complete: dict[str, Any] = {}
         self.waited_s: float | None = None
         self.no_write: str | None = None  # why no write was caught
-        self.problems: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -70,19 +69,11 @@ class KillDuringSaveFault(Fault):
         return problems
 
     def setup(self, ctx: FaultContext) -> None:
-        why = fuse_unavailable()
+        backing = ctx.checkpoint_dir
+        why = self.mount_over_checkpoints(ctx, "save-fuse", policy="rules", unavailable=fuse_unavailable())
         if why is None:
-            layer = FuseLayer(ctx.checkpoint_dir, ctx.work_dir / "save-fuse", policy="rules",
-                              state_dir=ctx.work_dir)
-            self.layer = layer
-            try:
-                layer.mount()
-            except RuntimeError as exc:
-                self.layer, why = None, str(exc)
-            else:
-                self.backing = ctx.checkpoint_dir
-                ctx.checkpoint_dir = layer.point
-                return
+            self.backing = backing
+            return
         raise FaultUnavailable(f"{why}; kill_during_save holds the rank's checkpoint write in a FUSE "
                                "layer over the checkpoint directory (root, /dev/fuse, libfuse3, mfusepy)",
                                needs=SkipReason.NEEDS_ROOT)
@@ -139,15 +130,6 @@ class KillDuringSaveFault(Fault):
             self._thread.join(timeout=15)
         if self.layer is not None:
             self.layer.disarm()
-
-    def teardown(self) -> None:
-        try:
-            self.clear()
-        finally:
-            if self.layer is not None:
-                problem = self.layer.unmount()
-                if problem:
-                    self.problems.append(problem)
 
     def evidence(self) -> dict[str, Any]:
         out = {**super().evidence(), "mechanism": "fuse: a hold on the rank's first checkpoint write",

@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainguard.config.faults import Expectation
-from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
-from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
+from trainguard.faults.base import FaultContext, FaultUnavailable
+from trainguard.faults.fusefs import fuse_unavailable
+from trainguard.faults.fusemount import FuseFault
 from trainguard.report import SkipReason
 from trainguard.unit.checkpoints import latest_complete_checkpoint
 from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
@@ -111,7 +112,7 @@ def stop_all_ranks(launcher: Launcher, timeout: float = 5.0) -> list[int]:
     return alive
 
 
-class StorageFault(Fault):
+class StorageFault(FuseFault):
     """EIO on write, read or fsync, added latency, or a flipped byte under the checkpoint dir."""
 
     kind: ClassVar[str] = "storage"
@@ -125,10 +126,8 @@ class StorageFault(Fault):
 
     def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
-        self.layer: FuseLayer | None = None
         self.backing: Path | None = None
         self.mechanism: str | None = None
-        self.problems: list[str] = []
         self.rules: dict[str, Any] | None = None
         self.stopped_ranks: list[int] = []
         self.target: dict[str, Any] = {}  # eio_read / corrupt: the checkpoint struck
@@ -175,19 +174,10 @@ class StorageFault(Fault):
         if self.storage_kind == "corrupt":
             self.mechanism = "direct: the byte is flipped in the checkpoint file on disk"
             return
-        why = fuse_unavailable()
+        why = self.mount_over_checkpoints(ctx, "storage-fuse", policy="rules", unavailable=fuse_unavailable())
         if why is None:
-            layer = FuseLayer(ctx.checkpoint_dir, ctx.work_dir / "storage-fuse", policy="rules",
-                              state_dir=ctx.work_dir)
-            self.layer = layer  # before the mount: a signal during it still reaches teardown()
-            try:
-                layer.mount()
-            except RuntimeError as exc:
-                self.layer, why = None, str(exc)
-            else:
-                ctx.checkpoint_dir = layer.point
-                self.mechanism = "fuse: a passthrough FUSE layer over the checkpoint directory"
-                return
+            self.mechanism = "fuse: a passthrough FUSE layer over the checkpoint directory"
+            return
         raise FaultUnavailable(
             f"{why}; storage kind {self.storage_kind} needs a FUSE layer over the checkpoint "
             "directory (root, /dev/fuse, libfuse3 and mfusepy): a Python-level hook would miss "
@@ -264,15 +254,6 @@ class StorageFault(Fault):
             self.layer.disarm()
             if self.armed_wall is not None and self.cleared_wall is None:
                 self.cleared_wall = time.time()
-
-    def teardown(self) -> None:
-        try:
-            self.clear()
-        finally:
-            if self.layer is not None:
-                problem = self.layer.unmount()
-                if problem:
-                    self.problems.append(problem)
 
     # -- reporting ---------------------------------------------------------------------------
 

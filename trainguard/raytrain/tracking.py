@@ -46,6 +46,7 @@ from trainguard._internal import envvars
 from trainguard._internal.atomic import atomic_write_text
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_RUN_ID_FILE, MLFLOW_TRACKING_URI
 from trainguard._internal.locks import store_lock
+from trainguard._internal.pids import pid_alive
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import RunResult
@@ -375,13 +376,7 @@ class WorkerWriter:
     def _driver_gone(self) -> bool:
         if self._driver is None or self._driver[0] != socket.gethostname():
             return False
-        try:
-            os.kill(self._driver[1], 0)
-        except ProcessLookupError:
-            return True
-        except OSError:
-            return False
-        return False
+        return not pid_alive(self._driver[1])
 
     def _connect(self) -> Any:
         if self._client is None:
