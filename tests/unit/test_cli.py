@@ -242,6 +242,34 @@ def test_version() -> None:
         assert done.stdout.strip() == f"trainguard {__version__}"
 
 
+_ENTRY = """
+import atexit, sys, threading, time
+from trainguard.cli import entry
+atexit.register(lambda: print("exit handler ran", flush=True))
+def late():
+    time.sleep(0.5)
+    print("thread finished", flush=True)
+threading.Thread(target=late).start()
+sys.stdout.write("unflushed ")
+sys.argv = ["trainguard", *sys.argv[1:]]
+entry()
+"""
+
+
+@pytest.mark.parametrize(("args", "code"), [(("version",), 0), (("check", "missing.yaml"), 2)])
+def test_the_console_script_exits_with_mains_code_after_the_exit_handlers(
+    tmp_path: Path, args: tuple[str, ...], code: int
+) -> None:
+    """The console script ends with os._exit (no interpreter shutdown): the code is main's, the
+    exit handlers ran, a thread still running was waited for, buffered output was written."""
+    done = subprocess.run([sys.executable, "-c", _ENTRY, *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == code, (done.stdout, done.stderr)
+    assert done.stdout.startswith("unflushed ")
+    assert "thread finished" in done.stdout and done.stdout.rstrip().endswith("exit handler ran")
+    assert ("trainguard " + __version__ in done.stdout) if code == 0 else ("missing.yaml" in done.stderr)
+
+
 def test_no_command_prints_help_and_exits_2() -> None:
     done = run_cli()
     assert done.returncode == 2

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from trainguard.cli.main import (
     build_parser,
+    entry,
     main,
 )
 
 __all__ = [
     "build_parser",
+    "entry",
     "main",
 ]

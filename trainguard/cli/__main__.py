@@ -1,7 +1,5 @@
 """``python -m trainguard.cli``."""
 
-import sys
+from trainguard.cli.main import entry
 
-from trainguard.cli.main import main
-
-sys.exit(main())
+entry()
