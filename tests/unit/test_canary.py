@@ -165,15 +165,15 @@ hog = []
 for step in range(1, 41):
     hog.append(bytearray(int(sys.argv[1]) * 2**20))
     print(f"step {step} loss 1.0", flush=True)
-    time.sleep(0.05)
+    time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 0.05)
 """
 
 
-def hog_spec(tmp_path: Path, mb_per_step: int, limit: float | None) -> LaunchSpec:
+def hog_spec(tmp_path: Path, mb_per_step: int, limit: float | None, step_s: float = 0.05) -> LaunchSpec:
     script = tmp_path / "hog.py"
     script.write_text(HOG)
     return LaunchSpec(
-        argv=[sys.executable, str(script), str(mb_per_step)],
+        argv=[sys.executable, str(script), str(mb_per_step), str(step_s)],
         run_dir=tmp_path / "run",
         world_size=2,
         metric_regexes={"loss": r"step (?P<step>\d+) loss (?P<value>\S+)"},
@@ -183,10 +183,12 @@ def hog_spec(tmp_path: Path, mb_per_step: int, limit: float | None) -> LaunchSpe
 
 
 def test_peak_rss_is_recorded_per_rank(tmp_path: Path) -> None:
-    result = launch(hog_spec(tmp_path, 5, None))
+    # steps of 0.2 s: a loaded CI machine once ran both 2-s ranks to their end before the
+    # launcher's first memory sample (every peak 0.0, read off the exited ranks)
+    result = launch(hog_spec(tmp_path, 5, None, step_s=0.2))
     assert result.ok, result.reason
     assert sorted(result.peak_rss_mb) == [0, 1]
-    # 40 x 5 MB by the end; sampled every 0.5 s over ~2 s, so at least the first half is seen
+    # 40 x 5 MB by the end; sampled every 0.5 s over ~8 s, so at least the first half is seen
     assert all(mb > 60 for mb in result.peak_rss_mb.values()), result.peak_rss_mb
     assert result.peak_gpu_mb == {}  # no nvidia-ml-py / GPU here
 
