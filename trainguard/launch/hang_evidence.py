@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -111,33 +112,35 @@ def dump_stacks(ranks: list[RankProcess], timeout: float = 15.0) -> dict[str, st
     pyspy = shutil.which("py-spy") or sibling_script("py-spy")
     stacks: dict[str, str] = {}
     signalled = False
-    for rp in ranks:
-        if rp.popen.poll() is not None:
-            stacks[str(rp.rank)] = f"(exited with {rp.popen.returncode} before the dump)"
-            continue
-        if pyspy is None:
-            stacks[str(rp.rank)] = "(py-spy not installed: `pip install py-spy` for stack dumps)"
-            # SIGUSR1's default action terminates: send it only to a rank that handles it
-            if handles_signal(rp.pid, signal.SIGUSR1):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(rp.pid, signal.SIGUSR1)
-                    signalled = True
-                stacks[str(rp.rank)] += "; SIGUSR1 sent: see its stderr log"
-            continue
-        try:
-            done = subprocess.run(
-                [pyspy, "dump", "--pid", str(rp.pid), "--nonblocking"],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-            )
-            stacks[str(rp.rank)] = (done.stdout or done.stderr).strip()[-8000:]
-        except subprocess.TimeoutExpired:
-            stacks[str(rp.rank)] = f"(py-spy dump timed out after {timeout:g} s)"
+    dumps: dict[int, Future[str]] = {}
+    with ThreadPoolExecutor(max_workers=max(len(ranks), 1), thread_name_prefix="trainguard-py-spy") as pool:
+        for rp in ranks:
+            if rp.popen.poll() is not None:
+                stacks[str(rp.rank)] = f"(exited with {rp.popen.returncode} before the dump)"
+            elif pyspy is None:
+                stacks[str(rp.rank)] = "(py-spy not installed: `pip install py-spy` for stack dumps)"
+                # SIGUSR1's default action terminates: send it only to a rank that handles it
+                if handles_signal(rp.pid, signal.SIGUSR1):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(rp.pid, signal.SIGUSR1)
+                        signalled = True
+                    stacks[str(rp.rank)] += "; SIGUSR1 sent: see its stderr log"
+            else:  # every rank at once: a hung job's ranks are dumped in the time of one
+                dumps[rp.rank] = pool.submit(_py_spy_dump, pyspy, rp.pid, timeout)
+        for rank, dump in dumps.items():
+            stacks[str(rank)] = dump.result()
     if signalled:
         time.sleep(0.5)  # the teardown that follows must not cut the faulthandler dumps short
-    return stacks
+    return {str(rp.rank): stacks[str(rp.rank)] for rp in ranks}  # in rank order
+
+
+def _py_spy_dump(pyspy: str, pid: int, timeout: float) -> str:
+    try:
+        done = subprocess.run([pyspy, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True,
+                              text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return f"(py-spy dump timed out after {timeout:g} s)"
+    return (done.stdout or done.stderr).strip()[-8000:]
 
 
 def handles_signal(pid: int, sig: int) -> bool:
