@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -220,73 +220,80 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    with _signals_interrupt():
+        try:
+            return _run_command(args, parser)
+        except ConfigError as exc:
+            print(f"trainguard: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except TrainguardError as exc:
+            print(f"trainguard: error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        except FileNotFoundError as exc:
+            print(f"trainguard: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except OSError as exc:  # a file trainguard itself had to write (read-only, full disk, ...)
+            from trainguard._internal.atomic import os_error_text
+
+            where = f"{exc.filename}: " if exc.filename else ""
+            print(f"trainguard: error: {where}{os_error_text(exc)}; free space there or make it "
+                  "writable", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt as exc:
+            terminated = isinstance(exc, _Terminated) or _received[:1] == [signal.SIGTERM]
+            what = "terminated (SIGTERM)" if terminated else "interrupted"
+            print(f"trainguard: {what}; every process it started has been stopped", file=sys.stderr)
+            return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """While the command runs, SIGINT and SIGTERM raise (:func:`_raise_interrupt`), so every
+    ``finally`` it passes through tears down what it started; after it, the handlers it found."""
     _received.clear()
     # a signal the shell set to be ignored (`nohup`, a background job's SIGINT) stays ignored
     previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)
                 if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
-        if args.command == "version":
-            print(f"trainguard {__version__}")
-            return EXIT_OK
-        if args.command == "check":
-            return _cmd_check(args)
-        if args.command == "init":
-            return init_cli.run(args)
-        if args.command == "profile":
-            from trainguard.cli import profile as profile_cli
-
-            return profile_cli.run(args)
-        if args.command == "calibrate":
-            from trainguard.cli import calibrate as calibrate_cli
-
-            return calibrate_cli.run(args)
-        if args.command == "validate":
-            from trainguard.cli import validate as validate_cli
-
-            return validate_cli.run(args)
-        if args.command in ("drill", "soak"):
-            return _cmd_drill(args)
-        if args.command == "gate":
-            return _cmd_gate(args)
-        if args.command == "submit":
-            return _cmd_submit(args)
-        if args.command == "slurm-drill":
-            from trainguard.cli import slurm_drill as slurm_drill_cli
-
-            return slurm_drill_cli.run(args)
-        if args.command == "toxiproxy-server":
-            from trainguard.faults.toxiproxy import standalone as toxiproxy_standalone
-
-            return toxiproxy_standalone.run(args)
-        parser.error(f"unknown command {args.command!r}")
-        return EXIT_USAGE
-    except ConfigError as exc:
-        print(f"trainguard: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except TrainguardError as exc:
-        print(f"trainguard: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except FileNotFoundError as exc:
-        print(f"trainguard: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except OSError as exc:  # a file trainguard itself had to write (read-only, full disk, ...)
-        from trainguard._internal.atomic import os_error_text
-
-        where = f"{exc.filename}: " if exc.filename else ""
-        print(f"trainguard: error: {where}{os_error_text(exc)}; free space there or make it "
-              "writable", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt as exc:
-        terminated = isinstance(exc, _Terminated) or _received[:1] == [signal.SIGTERM]
-        what = "terminated (SIGTERM)" if terminated else "interrupted"
-        print(f"trainguard: {what}; every process it started has been stopped", file=sys.stderr)
-        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+        yield
     finally:
         for sig, handler in previous.items():
             # after a signal the process is on its way out (exit handlers unmount, remove
             # cgroups): a later one is ignored, not let kill it there (Python's finalization
             # puts the default handlers back, but leaves an ignored signal ignored)
             signal.signal(sig, signal.SIG_IGN if _received else handler)
+
+
+def _run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run the subcommand ``args.command`` names: its exit code."""
+    # the modules that add their own subcommand: build_parser imported them already
+    from trainguard.cli import calibrate as calibrate_cli
+    from trainguard.cli import init as init_cli
+    from trainguard.cli import profile as profile_cli
+    from trainguard.cli import slurm_drill as slurm_drill_cli
+    from trainguard.cli import validate as validate_cli
+    from trainguard.faults.toxiproxy import standalone as toxiproxy_standalone
+
+    if args.command == "version":
+        print(f"trainguard {__version__}")
+        return EXIT_OK
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "check": _cmd_check,
+        "init": init_cli.run,
+        "profile": profile_cli.run,
+        "calibrate": calibrate_cli.run,
+        "validate": validate_cli.run,
+        "drill": _cmd_drill,
+        "soak": _cmd_drill,
+        "gate": _cmd_gate,
+        "submit": _cmd_submit,
+        "slurm-drill": slurm_drill_cli.run,
+        "toxiproxy-server": toxiproxy_standalone.run,
+    }
+    if (command := commands.get(args.command)) is None:
+        parser.error(f"unknown command {args.command!r}")
+        return EXIT_USAGE
+    return command(args)
 
 
 def _escape_unencodable_output() -> None:

@@ -181,64 +181,83 @@ def _print_sep(call: ast.Call) -> str | None:
 
 
 def _message_parts(message: ast.AST, rest: list[ast.expr], print_sep: str | None = None,
-                   ) -> list[str | tuple[ast.AST | None, str]] | None:
+                   ) -> list[Part] | None:
     """A printed message as literal text and fields ``(expression, format spec)``: an f-string,
     ``"...".format(...)``, ``"..." % (...)``, logging's ``("...", a, b)`` or ``print`` of several
     values (``print("step", step, "loss", loss)``)."""
     if rest and print_sep is not None:
-        parts: list[str | tuple[ast.AST | None, str]] = []
-        for i, arg in enumerate([message, *rest]):
-            if i:
-                parts.append(print_sep)
-            sub = _message_parts(arg, [])
-            if sub is None:
-                known, value = literal(arg)
-                parts += [str(value)] if known and isinstance(value, str) else [(arg, "")]
-            else:
-                parts += sub
-        return _merge_text(parts)
+        return _print_parts([message, *rest], print_sep)
     if isinstance(message, ast.Constant) and isinstance(message.value, str) and not rest:
         return [message.value]
     if isinstance(message, ast.JoinedStr):
-        parts = []
-        for value in message.values:
-            if isinstance(value, ast.Constant):
-                parts.append(str(value.value))
-            elif isinstance(value, ast.FormattedValue):
-                spec = "".join(str(v.value) for v in value.format_spec.values
-                               if isinstance(v, ast.Constant)) if isinstance(value.format_spec, ast.JoinedStr) else ""
-                parts.append((value.value, spec))
-        return parts
+        return _fstring_parts(message)
     if (isinstance(message, ast.Call) and isinstance(message.func, ast.Attribute) and message.func.attr == "format"
             and isinstance(message.func.value, ast.Constant) and isinstance(message.func.value.value, str)):
-        kw = {k.arg: k.value for k in message.keywords if k.arg}
-        parts, auto = [], 0
-        try:
-            parsed = list(string.Formatter().parse(message.func.value.value))
-        except ValueError:
-            return None
-        for text, name, format_spec, _conv in parsed:
-            if text:
-                parts.append(text)
-            if name is None:
-                continue
-            spec = format_spec or ""
-            base = re.split(r"[.\[]", name)[0]
-            if base == "":
-                expr: ast.AST | None = message.args[auto] if auto < len(message.args) else None
-                auto += 1
-            elif base.isdigit():
-                expr = message.args[int(base)] if int(base) < len(message.args) else None
-            else:
-                expr = kw.get(base)
-            parts.append((expr, spec or ""))
-        return parts
+        return _format_parts(message.func.value.value, message)
     if isinstance(message, ast.BinOp) and isinstance(message.op, ast.Mod):
         values = message.right.elts if isinstance(message.right, ast.Tuple) else [message.right]
         return _percent_parts(message.left, list(values))
     if rest:
         return _percent_parts(message, rest)
     return None
+
+
+def _print_parts(values: list[ast.AST], sep: str) -> list[Part]:
+    """``print(a, b, ...)``: each value's own parts (a literal string its text, any other value a
+    field), ``sep`` between them."""
+    parts: list[Part] = []
+    for i, arg in enumerate(values):
+        if i:
+            parts.append(sep)
+        sub = _message_parts(arg, [])
+        if sub is None:
+            known, value = literal(arg)
+            parts += [str(value)] if known and isinstance(value, str) else [(arg, "")]
+        else:
+            parts += sub
+    return _merge_text(parts)
+
+
+def _fstring_parts(message: ast.JoinedStr) -> list[Part]:
+    """An f-string's text and its fields, each with its literal format spec (``:.4f``)."""
+    parts: list[Part] = []
+    for value in message.values:
+        if isinstance(value, ast.Constant):
+            parts.append(str(value.value))
+        elif isinstance(value, ast.FormattedValue):
+            spec = "".join(str(v.value) for v in value.format_spec.values
+                           if isinstance(v, ast.Constant)) if isinstance(value.format_spec, ast.JoinedStr) else ""
+            parts.append((value.value, spec))
+    return parts
+
+
+def _format_parts(template: str, call: ast.Call) -> list[Part] | None:
+    """``template.format(...)``: its text and fields, each field with the argument it names
+    (``{}`` the next positional one, ``{0}`` by index, ``{name}`` by keyword; None when the call
+    does not pass it). None for a template ``str.format`` cannot parse."""
+    keywords = {k.arg: k.value for k in call.keywords if k.arg}
+    parts: list[Part] = []
+    auto = 0
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError:
+        return None
+    for text, name, format_spec, _conv in parsed:
+        if text:
+            parts.append(text)
+        if name is None:
+            continue
+        base = re.split(r"[.\[]", name)[0]
+        expr: ast.AST | None
+        if base == "":
+            expr = call.args[auto] if auto < len(call.args) else None
+            auto += 1
+        elif base.isdigit():
+            expr = call.args[int(base)] if int(base) < len(call.args) else None
+        else:
+            expr = keywords.get(base)
+        parts.append((expr, format_spec or ""))
+    return parts
 
 
 def _percent_parts(template: ast.AST, values: list[ast.expr]) -> list[str | tuple[ast.AST | None, str]] | None:

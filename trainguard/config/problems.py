@@ -22,10 +22,12 @@ from trainguard.config.registry import JobFacts, checks_model, registered
 from trainguard.config.schema import (
     PLACEHOLDERS,
     RESUME_PLACEHOLDERS,
+    Job,
     JobDocument,
     JobFile,
     MetricFile,
     MetricRegex,
+    MetricSource,
     MetricTrainer,
 )
 from trainguard.errors import ConfigError
@@ -225,71 +227,13 @@ def _cut(text: str, limit: int) -> str:
 
 def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
     """Placeholders and what each configured check needs from the job."""
-    job, checks = job_file.job, job_file.checks
-    problems: list[tuple[str, str]] = []
-    known = set(PLACEHOLDERS)
-    # {latest_checkpoint} exists only when a run resumes: everywhere but resume_args it is refused
-    fresh = known - set(RESUME_PLACEHOLDERS)
-    used: set[str] = set()
-
-    def scan(key: str, template: str, allowed: set[str]) -> None:
-        try:
-            fields = _placeholders_in(template)
-        except ValueError as exc:
-            problems.append((key, f"{brief(template)}: {exc}; write a literal brace as {{{{ or }}}}"))
-            return
-        for name, tail in fields:
-            if tail:  # {run_dir:d}, {seed!z}: str.format would apply it to the value at launch
-                problems.append((key, f"{{{_field(name)}{_field(tail)}}} in {brief(template)}: "
-                                 "placeholders take no format spec or conversion (trainguard fills "
-                                 f"them as text); write {{{_field(name)}}}"))
-            elif name in RESUME_PLACEHOLDERS and name not in allowed:
-                problems.append((key, f"{{{name}}} in {brief(template)}: only a resumed run has a latest "
-                                 "checkpoint (the newest complete one under {checkpoint_dir}), so it "
-                                 "belongs in job.resume_args, e.g. `resume_args: "
-                                 "\"--resume_from_checkpoint {latest_checkpoint}\"`"))
-            elif name not in allowed:
-                hint = difflib.get_close_matches(name, sorted(allowed), n=1)
-                extra = f" (did you mean {{{hint[0]}}}?)" if hint else ""
-                problems.append(
-                    (
-                        key,
-                        f"unknown placeholder {{{_field(name)}}} in {brief(template)}{extra}; known: "
-                        + ", ".join(f"{{{p}}}" for p in sorted(allowed))
-                        + "; write a literal brace as {{ or }}",
-                    )
-                )
-            else:
-                used.add(name)
-
-    for i, token in enumerate(job.command):
-        scan(f"job.command[{i}]", token, fresh)
-    for i, token in enumerate(job.resume_args):
-        scan(f"job.resume_args[{i}]", token, known)
-    for var, val in job.env.items():
-        scan(f"job.env.{var}", val, fresh)
-    scan("job.checkpoint_dir", job.checkpoint_dir, fresh - {"checkpoint_dir"})
-    for metric, source in job.metrics.items():
-        if isinstance(source, MetricFile):
-            scan(f"job.metrics.{metric}.file", source.file, fresh | {"rank"})
-        if isinstance(source, MetricRegex) and source.step_group == "count" and job.resume_args:
-            problems.append((f"job.metrics.{metric}.step", _counted_resume_problem(source)))
-        if isinstance(source, MetricTrainer) and job.is_ray_train:
-            problems.append((
-                f"job.metrics.{metric}",
-                f"`{{trainer: {source.trainer}}}` is recorded by the start-up hook of `kind: command` jobs "
-                "only; a ray_train job's metrics are the keys it passes to ray.train.report, e.g. "
-                "`metrics: [loss]` (docs/ray-train.md)",
-            ))
-    for name, spec in job_file.enabled_checks():
-        for i, token in enumerate(spec.args):
-            scan(f"{_check_key(job_file, name)}.args[{i}]", token, fresh)
-        for var, val in spec.env.items():
-            scan(f"{_check_key(job_file, name)}.env.{var}", val, fresh)
-
+    job = job_file.job
+    placeholders = _Placeholders()
+    _scan_job_file(job_file, placeholders)
+    problems = placeholders.problems
     command_text = " ".join(job.command) + " " + " ".join(job.resume_args)
     env_text = " ".join(job.env.values())
-    if "batch_size" in used and job.batch_size is None:
+    if "batch_size" in placeholders.used and job.batch_size is None:
         problems.append(
             (
                 "job.batch_size",
@@ -297,24 +241,115 @@ def cross_checks(job_file: JobFile) -> list[tuple[str, str]]:
                 "Fix: add `batch_size: 32` (the global batch size) under job",
             )
         )
-    for name, spec in job_file.enabled_checks():
-        if "{steps}" not in command_text and not any("{steps}" in a for a in spec.args):
-            problems.append(
-                (
-                    f"{_check_key(job_file, name)}.steps",
-                    f"the check runs {spec.steps} steps but job.command has no {{steps}} "
-                    "placeholder, so trainguard cannot choose the run length. Fix: pass it to "
-                    "your script, e.g. add `--steps {steps}` to job.command",
-                )
-            )
-    facts = JobFacts(job_file, command_text, env_text, frozenset(used))
+    problems += _steps_problems(job_file, command_text)
+    facts = JobFacts(job_file, command_text, env_text, frozenset(placeholders.used))
     if not job.distributed_env:
         problems += one_process_problems(facts, [("job.world_size", job.world_size)])
     for check in registered():
-        configured = getattr(checks, check.name, None)
+        configured = getattr(job_file.checks, check.name, None)
         if configured is not None and configured != []:
             problems += check.requires(configured, facts)
     return problems
+
+
+class _Placeholders:
+    """The placeholders of a job file's templates, scanned one template at a time: the problems
+    found, in order, and the names used where they are allowed."""
+
+    def __init__(self) -> None:
+        self.problems: list[tuple[str, str]] = []
+        self.used: set[str] = set()
+
+    def scan(self, key: str, template: str, allowed: set[str]) -> None:
+        """Check the placeholders of ``template``, the value at ``key``, against ``allowed``."""
+        try:
+            fields = _placeholders_in(template)
+        except ValueError as exc:
+            self.problems.append((key, f"{brief(template)}: {exc}; write a literal brace as {{{{ or }}}}"))
+            return
+        for name, tail in fields:
+            problem = _placeholder_problem(name, tail, template, allowed)
+            if problem is None:
+                self.used.add(name)
+            else:
+                self.problems.append((key, problem))
+
+
+def _placeholder_problem(name: str, tail: str, template: str, allowed: set[str]) -> str | None:
+    """What is wrong with the field ``{name<tail>}`` of ``template``; None when it is an allowed
+    placeholder."""
+    if tail:  # {run_dir:d}, {seed!z}: str.format would apply it to the value at launch
+        return (f"{{{_field(name)}{_field(tail)}}} in {brief(template)}: "
+                "placeholders take no format spec or conversion (trainguard fills "
+                f"them as text); write {{{_field(name)}}}")
+    if name in RESUME_PLACEHOLDERS and name not in allowed:
+        return (f"{{{name}}} in {brief(template)}: only a resumed run has a latest "
+                "checkpoint (the newest complete one under {checkpoint_dir}), so it "
+                "belongs in job.resume_args, e.g. `resume_args: "
+                "\"--resume_from_checkpoint {latest_checkpoint}\"`")
+    if name not in allowed:
+        hint = difflib.get_close_matches(name, sorted(allowed), n=1)
+        extra = f" (did you mean {{{hint[0]}}}?)" if hint else ""
+        return (f"unknown placeholder {{{_field(name)}}} in {brief(template)}{extra}; known: "
+                + ", ".join(f"{{{p}}}" for p in sorted(allowed))
+                + "; write a literal brace as {{ or }}")
+    return None
+
+
+def _scan_job_file(job_file: JobFile, placeholders: _Placeholders) -> None:
+    """Scan every template of the job file, in the file's order, and note what each metric's
+    source needs from the job where the metric comes."""
+    job = job_file.job
+    known = set(PLACEHOLDERS)
+    # {latest_checkpoint} exists only when a run resumes: everywhere but resume_args it is refused
+    fresh = known - set(RESUME_PLACEHOLDERS)
+    for i, token in enumerate(job.command):
+        placeholders.scan(f"job.command[{i}]", token, fresh)
+    for i, token in enumerate(job.resume_args):
+        placeholders.scan(f"job.resume_args[{i}]", token, known)
+    for var, val in job.env.items():
+        placeholders.scan(f"job.env.{var}", val, fresh)
+    placeholders.scan("job.checkpoint_dir", job.checkpoint_dir, fresh - {"checkpoint_dir"})
+    for metric, source in job.metrics.items():
+        if isinstance(source, MetricFile):
+            placeholders.scan(f"job.metrics.{metric}.file", source.file, fresh | {"rank"})
+        placeholders.problems += _metric_source_problems(job, metric, source)
+    for name, spec in job_file.enabled_checks():
+        for i, token in enumerate(spec.args):
+            placeholders.scan(f"{_check_key(job_file, name)}.args[{i}]", token, fresh)
+        for var, val in spec.env.items():
+            placeholders.scan(f"{_check_key(job_file, name)}.env.{var}", val, fresh)
+
+
+def _metric_source_problems(job: Job, metric: str, source: MetricSource) -> list[tuple[str, str]]:
+    """What the source of the metric ``metric`` needs from the job: a step counted from the
+    lines cannot survive a resume; a trainer's metrics come from command jobs only."""
+    problems = []
+    if isinstance(source, MetricRegex) and source.step_group == "count" and job.resume_args:
+        problems.append((f"job.metrics.{metric}.step", _counted_resume_problem(source)))
+    if isinstance(source, MetricTrainer) and job.is_ray_train:
+        problems.append((
+            f"job.metrics.{metric}",
+            f"`{{trainer: {source.trainer}}}` is recorded by the start-up hook of `kind: command` jobs "
+            "only; a ray_train job's metrics are the keys it passes to ray.train.report, e.g. "
+            "`metrics: [loss]` (docs/ray-train.md)",
+        ))
+    return problems
+
+
+def _steps_problems(job_file: JobFile, command_text: str) -> list[tuple[str, str]]:
+    """Each enabled check whose run length trainguard cannot choose: neither the job's command
+    nor the check's own args pass ``{steps}``."""
+    return [
+        (
+            f"{_check_key(job_file, name)}.steps",
+            f"the check runs {spec.steps} steps but job.command has no {{steps}} "
+            "placeholder, so trainguard cannot choose the run length. Fix: pass it to "
+            "your script, e.g. add `--steps {steps}` to job.command",
+        )
+        for name, spec in job_file.enabled_checks()
+        if "{steps}" not in command_text and not any("{steps}" in a for a in spec.args)
+    ]
 
 
 def resume_problems(facts: JobFacts, what: str) -> list[tuple[str, str]]:

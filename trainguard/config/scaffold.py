@@ -551,61 +551,90 @@ def kind_words(kind: ScriptKind) -> str:
 
 def render_job_file(draft: JobDraft, yaml_name: str = "trainguard.yaml") -> str:
     """The YAML text of ``draft``: the job, its checks, and every guess and TODO as comments."""
+    name = draft.name if re.fullmatch(r"[A-Za-z_][\w.-]*", draft.name) else _double_quoted(draft.name)
+    cwd = draft.cwd if re.fullmatch(r"[\w./-]+", draft.cwd) else _double_quoted(draft.cwd)
+    env = ", ".join(f"{k}: {_double_quoted(v)}" for k, v in draft.env.items())
+    out = [
+        *_header_lines(draft, yaml_name),
+        "job:",
+        f"  name: {name}",
+        *_notes(draft.command_notes, "  "),
+        *_command_lines(draft.command),
+        *_resume_lines(draft),
+        f"  world_size: {draft.world_size}",
+        *_notes(draft.launch_notes, "  "),
+        *([] if draft.distributed_env else ["  distributed_env: false"]),
+        f"  cwd: {cwd}",
+        f"  env: {{{env}}}",
+        *_notes(draft.env_notes, "  "),
+        "  metrics:",
+        *_notes(draft.metric_notes, "    "),
+        _loss_line(draft.metric),
+        "  timeout: 600",
+        "  stall_timeout: 60",
+        "checks:",
+        *_check_lines(draft.resumable),
+    ]
+    return "\n".join(out) + "\n"
+
+
+def _header_lines(draft: JobDraft, yaml_name: str) -> list[str]:
+    """The file's opening comment: what wrote it, what was detected, how to run it, the TODOs."""
     out = [
         f"# trainguard job file for {_one_line(draft.command[1])}, written by `trainguard init`.",
         *_comment(f"Detected: {kind_words(draft.kind)} ({draft.evidence}). Each guess is said "
                   "next to what it sets; check them. Reference: docs/config.md.", ""),
         f"# Run: trainguard check {yaml_name}",
     ]
-    for todo in draft.todos:
-        out += _comment(f"TODO: {todo}", "")
-    name = draft.name if re.fullmatch(r"[A-Za-z_][\w.-]*", draft.name) else _double_quoted(draft.name)
-    out += ["job:", f"  name: {name}"]
-    for note in draft.command_notes:
-        out += _comment(note, "  ")
-    command = " ".join(_token(t) for t in draft.command)
-    if len(command) <= 88 or _one_line(command) != command:  # a folded scalar holds no escapes
-        out.append(f"  command: {_double_quoted(command)}")
-    else:
-        out.append("  command: >-")
-        line = ""
-        for token in _pairs([_token(t) for t in draft.command]):
-            if line and len(line) + 1 + len(token) > 94:
-                out.append(f"    {line}")
-                line = token
-            else:
-                line = f"{line} {token}" if line else token
-        out.append(f"    {line}")
-    if draft.resume_args is not None and draft.resumable:
-        for note in draft.resume_notes:
-            out += _comment(note, "  ")
-        out.append(f"  resume_args: {_double_quoted(draft.resume_args)}")
-    elif draft.resume_args is not None:
-        out.append(f"  # resume_args: {_double_quoted(draft.resume_args)}")
-    out.append(f"  world_size: {draft.world_size}")
-    for note in draft.launch_notes:
-        out += _comment(note, "  ")
-    if not draft.distributed_env:
-        out.append("  distributed_env: false")
-    cwd = draft.cwd if re.fullmatch(r"[\w./-]+", draft.cwd) else _double_quoted(draft.cwd)
-    out.append(f"  cwd: {cwd}")
-    env = ", ".join(f"{k}: {_double_quoted(v)}" for k, v in draft.env.items())
-    out.append(f"  env: {{{env}}}")
-    for note in draft.env_notes:
-        out += _comment(note, "  ")
-    out.append("  metrics:")
-    for note in draft.metric_notes:
-        out += _comment(note, "    ")
-    metric = draft.metric
-    if isinstance(metric, str):
-        out.append(f"    loss: {_single_quoted(metric)}")
-    else:
-        items = ", ".join(f"{k}: {_single_quoted(v) if k == 'regex' else v}" for k, v in metric.items())
-        out.append(f"    loss: {{{items}}}")
-    out += ["  timeout: 600", "  stall_timeout: 60", "checks:"]
-    for name, spec in _CHECKS:
-        if name == "resume" and not draft.resumable:
-            out.append(f"  # {name}: {spec}   # TODO: needs resume_args and {{checkpoint_dir}} (see above)")
+    return out + _notes([f"TODO: {todo}" for todo in draft.todos], "")
+
+
+def _notes(notes: list[str], indent: str) -> list[str]:
+    """Each note as a comment at ``indent``."""
+    return [line for note in notes for line in _comment(note, indent)]
+
+
+def _command_lines(command: list[str]) -> list[str]:
+    """``command:`` on one line, or folded at 94 columns when long (a folded scalar holds no
+    escapes, so a command that needs them stays on one line)."""
+    text = " ".join(_token(t) for t in command)
+    if len(text) <= 88 or _one_line(text) != text:
+        return [f"  command: {_double_quoted(text)}"]
+    out = ["  command: >-"]
+    line = ""
+    for token in _pairs([_token(t) for t in command]):
+        if line and len(line) + 1 + len(token) > 94:
+            out.append(f"    {line}")
+            line = token
         else:
-            out.append(f"  {name}: {spec}")
-    return "\n".join(out) + "\n"
+            line = f"{line} {token}" if line else token
+    out.append(f"    {line}")
+    return out
+
+
+def _resume_lines(draft: JobDraft) -> list[str]:
+    """``resume_args:`` with its notes; commented out when the job cannot resume yet; nothing
+    without resume arguments."""
+    if draft.resume_args is None:
+        return []
+    if not draft.resumable:
+        return [f"  # resume_args: {_double_quoted(draft.resume_args)}"]
+    return [*_notes(draft.resume_notes, "  "), f"  resume_args: {_double_quoted(draft.resume_args)}"]
+
+
+def _loss_line(metric: str | dict[str, str]) -> str:
+    """The ``loss:`` metric: a regex, or a mapping (``{trainer: huggingface}``, ``{regex: ...}``)."""
+    if isinstance(metric, str):
+        return f"    loss: {_single_quoted(metric)}"
+    items = ", ".join(f"{k}: {_single_quoted(v) if k == 'regex' else v}" for k, v in metric.items())
+    return f"    loss: {{{items}}}"
+
+
+def _check_lines(resumable: bool) -> list[str]:
+    """The checks init writes; resume commented out, with its TODO, when the job cannot resume."""
+    return [
+        f"  # {name}: {spec}   # TODO: needs resume_args and {{checkpoint_dir}} (see above)"
+        if name == "resume" and not resumable
+        else f"  {name}: {spec}"
+        for name, spec in _CHECKS
+    ]

@@ -161,6 +161,30 @@ def _strings_in(node: ast.AST) -> Iterator[str]:
             yield sub.value
 
 
+def _missing_names(test: ast.AST) -> list[str] | None:
+    """The attributes a test says are all missing (``a.x is None and not a.y``: ``["x", "y"]``);
+    None for any other test."""
+    parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+    names = []
+    for p in parts:
+        if isinstance(p, ast.Compare) and len(p.ops) == 1 and isinstance(p.ops[0], ast.Is | ast.Eq) \
+                and isinstance(p.comparators[0], ast.Constant) and p.comparators[0].value is None:
+            p = p.left
+        elif isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not):
+            p = p.operand
+        else:
+            return None
+        if not isinstance(p, ast.Attribute):
+            return None
+        names.append(p.attr)
+    return names
+
+
+def _raises(body: list[ast.stmt]) -> bool:
+    """Whether a block ends by raising."""
+    return bool(body) and isinstance(body[-1], ast.Raise)
+
+
 class _Scanner:
     def __init__(self, tree: ast.Module, source: str, path: str) -> None:
         self.tree, self.source, self.path = tree, source, path
@@ -374,51 +398,37 @@ class _Scanner:
         """Options of which one is needed: ``if a is None and b is None: raise`` or an
         ``if a: ... elif b: ... else: raise`` chain."""
         groups: list[tuple[str, ...]] = []
-
-        def missing_test(test: ast.AST) -> list[str] | None:
-            parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
-            names = []
-            for p in parts:
-                if isinstance(p, ast.Compare) and len(p.ops) == 1 and isinstance(p.ops[0], ast.Is | ast.Eq) \
-                        and isinstance(p.comparators[0], ast.Constant) and p.comparators[0].value is None:
-                    p = p.left
-                elif isinstance(p, ast.UnaryOp) and isinstance(p.op, ast.Not):
-                    p = p.operand
-                else:
-                    return None
-                if not isinstance(p, ast.Attribute):
-                    return None
-                names.append(p.attr)
-            return names
-
-        def raises(body: list[ast.stmt]) -> bool:
-            return bool(body) and isinstance(body[-1], ast.Raise)
-
-        def chain_heads() -> Iterator[ast.If]:
-            for node in ast.walk(self.tree):
-                parent = self.parents.get(node)
-                if isinstance(node, ast.If) and not (isinstance(parent, ast.If) and parent.orelse == [node]):
-                    yield node
-
-        found: list[list[str]] = []
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.If) and raises(node.body):
-                names = missing_test(node.test)
-                if names:
-                    found.append(names)
-        for head in chain_heads():
-            chain, branch = [], head
-            while len(branch.orelse) == 1 and isinstance(branch.orelse[0], ast.If):
-                chain += [n.attr for n in ast.walk(branch.test) if isinstance(n, ast.Attribute)]
-                branch = branch.orelse[0]
-            chain += [n.attr for n in ast.walk(branch.test) if isinstance(n, ast.Attribute)]
-            if branch is not head and raises(branch.orelse):
-                found.append(chain)
-        for names in found:
+        for names in [*self.raised_when_missing(), *self.chains_raising_at_end()]:
             group = tuple(dict.fromkeys(names))
             if all(n in dests for n in group) and group not in groups:
                 groups.append(group)
         return groups
+
+    def raised_when_missing(self) -> Iterator[list[str]]:
+        """The names each ``if a is None and not b: ... raise`` tests."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.If) and _raises(node.body):
+                names = _missing_names(node.test)
+                if names:
+                    yield names
+
+    def chains_raising_at_end(self) -> Iterator[list[str]]:
+        """The attributes each ``if a: ... elif b: ... else: raise`` chain tests."""
+        for head in self.chain_heads():
+            names, branch = [], head
+            while len(branch.orelse) == 1 and isinstance(branch.orelse[0], ast.If):
+                names += [n.attr for n in ast.walk(branch.test) if isinstance(n, ast.Attribute)]
+                branch = branch.orelse[0]
+            names += [n.attr for n in ast.walk(branch.test) if isinstance(n, ast.Attribute)]
+            if branch is not head and _raises(branch.orelse):
+                yield names
+
+    def chain_heads(self) -> Iterator[ast.If]:
+        """Each ``if`` that is not the ``elif`` of another."""
+        for node in ast.walk(self.tree):
+            parent = self.parents.get(node)
+            if isinstance(node, ast.If) and not (isinstance(parent, ast.If) and parent.orelse == [node]):
+                yield node
 
     # ---- behaviour ----------------------------------------------------------------------------
 

@@ -351,6 +351,16 @@ def read_gate_report(path: str | os.PathLike[str]) -> dict[str, Any]:
     :class:`ConfigError` naming the file and the key and saying what to do (the CLI's exit 2)."""
     fix = "run `trainguard gate CONFIG` to write one, then pass .trainguard/gate/latest.json"
     where = str(path)
+    data = _report_object(_report_text(path, where, fix), where, fix)
+    again = "the report is not one trainguard wrote, or it was edited; run `trainguard gate CONFIG` again"
+    _check_key_types(data, where, again)
+    _check_values(data, where, again)
+    return data
+
+
+def _report_text(path: str | os.PathLike[str], where: str, fix: str) -> str:
+    """The text of the file at ``path``: a regular file of UTF-8 text, at most
+    :data:`MAX_GATE_REPORT_BYTES`."""
     try:
         # a regular file only (never /dev/zero or a FIFO), read up to a bound: a gate report is
         # kilobytes, a file past the bound is not one
@@ -364,7 +374,7 @@ def read_gate_report(path: str | os.PathLike[str]) -> dict[str, Any]:
         if len(raw) > MAX_GATE_REPORT_BYTES:
             raise ConfigError(f"over {MAX_GATE_REPORT_BYTES // 2**20} MiB, not a gate report; {fix}",
                               path=where)
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"no such gate report; {fix}", path=where) from None
     except IsADirectoryError:
@@ -374,6 +384,10 @@ def read_gate_report(path: str | os.PathLike[str]) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read the gate report ({exc.__class__.__name__}: "
                           f"{_cut(str(exc))}); {fix}", path=where) from None
+
+
+def _report_object(text: str, where: str, fix: str) -> dict[str, Any]:
+    """``text`` as a JSON object of this version of the gate report."""
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError; [[[[... nests
@@ -386,7 +400,12 @@ def read_gate_report(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"not a gate report of version {GATE_REPORT_VERSION} (found "
                           f"{_cut(repr(data.get('gate_report_version')))}); run `trainguard gate "
                           "CONFIG` again", path=where, key="gate_report_version")
-    again = "the report is not one trainguard wrote, or it was edited; run `trainguard gate CONFIG` again"
+    return data
+
+
+def _check_key_types(data: dict[str, Any], where: str, again: str) -> None:
+    """Each key of :data:`_REPORT_KEYS` there with one of its types (one that may be null may
+    be missing)."""
     for key, (types, words) in _REPORT_KEYS.items():
         if key not in data:
             if type(None) in types:
@@ -395,6 +414,12 @@ def read_gate_report(path: str | os.PathLike[str]) -> dict[str, Any]:
         if not isinstance(data[key], types):
             raise ConfigError(f"is a JSON {_json_type(data[key])} ({_cut(repr(data[key]))}), "
                               f"expected {words}: {again}", path=where, key=key)
+
+
+def _check_values(data: dict[str, Any], where: str, again: str) -> None:
+    """The values submit relies on, once their types are right: a verdict it knows, the
+    decision's reasons a list of strings (an empty one when missing), the job file a path, the
+    provenance readable with a finite creation time, the GPUs a number, the sizing readable."""
     if data["verdict"] not in ("promote", "block"):
         raise ConfigError(f"is {_cut(repr(data['verdict']))}, expected promote or block: {again}",
                           path=where, key="verdict")
@@ -421,7 +446,6 @@ def read_gate_report(path: str | os.PathLike[str]) -> dict[str, Any]:
                           key="capabilities.gpus")
     if data.get("sizing"):
         _check_sizing(data["sizing"], where, again)
-    return data
 
 
 def _check_sizing(sizing: dict[str, Any], where: str, again: str) -> None:

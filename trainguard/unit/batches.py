@@ -13,8 +13,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -134,6 +135,36 @@ def assert_batch_independent(
     if method not in ("grad", "perturb"):
         raise UsageError(f"Expected 'grad' or 'perturb' for method, got method={method!r}")
     tolerance = check_tolerance(atol, "atol", "assert_batch_independent")
+    batch_dim, size = _batch_dim_and_size(batch, batch_dim)
+    if isinstance(sample, bool) or not isinstance(sample, int) or not 0 <= sample < size:
+        raise UsageError(
+            f"Expected a sample index in [0, {size}) for sample, got sample={sample!r}"
+        )
+
+    def batched(t: torch.Tensor) -> bool:
+        return t.dim() > batch_dim and t.shape[batch_dim] == size
+
+    _refuse_batch_norms(model, allow_batchnorm_train)
+    find_leaks = _leaks_by_grad if method == "grad" else _leaks_by_perturb
+    with _modes_and_buffers_restored(model):
+        if allow_batchnorm_train:
+            for module in model.modules():
+                if isinstance(module, _BATCHNORM_TYPES):
+                    module.eval()
+        leaks, leak_kind = find_leaks(model, batch, sample, batch_dim, batched, tolerance)
+    if leaks:
+        summary = _leak_summary(leaks, leak_kind, sample, batch_dim, tolerance)
+        fail(
+            f"assert_batch_independent: {summary}.\nA layer mixes the batch: a reduction over "
+            "the batch dimension (x.mean(0), x.sum(0), softmax(dim=0)), a view/reshape/transpose "
+            "that moves batch elements into other dimensions, or normalization with batch "
+            "statistics."
+        )
+
+
+def _batch_dim_and_size(batch: Any, batch_dim: Any) -> tuple[int, int]:
+    """``batch_dim`` made non-negative, and the batch size along it: both read from the first
+    tensor of ``batch``, which must hold at least 2 samples."""
     tensors = [(p, t) for p, t in leaves(batch) if isinstance(t, torch.Tensor)]
     if not tensors:
         raise UsageError(
@@ -156,14 +187,12 @@ def assert_batch_independent(
             f"assert_batch_independent needs a batch of at least 2 samples along dim "
             f"{batch_dim}, got shape {tuple(first.shape)}"
         )
-    if isinstance(sample, bool) or not isinstance(sample, int) or not 0 <= sample < size:
-        raise UsageError(
-            f"Expected a sample index in [0, {size}) for sample, got sample={sample!r}"
-        )
+    return batch_dim, size
 
-    def batched(t: torch.Tensor) -> bool:
-        return t.dim() > batch_dim and t.shape[batch_dim] == size
 
+def _refuse_batch_norms(model: torch.nn.Module, allow_batchnorm_train: bool) -> None:
+    """Fail, saying why, on batch-norm layers that mix the batch by design: those without
+    running statistics always, those in train mode unless ``allow_batchnorm_train``."""
     in_train, always = _batch_mixing_norms(model)
     if always:
         fail(
@@ -182,19 +211,15 @@ def assert_batch_independent(
             "or call model.eval() first."
         )
 
+
+@contextlib.contextmanager
+def _modes_and_buffers_restored(model: torch.nn.Module) -> Iterator[None]:
+    """Put back each module's train/eval mode and the buffers' values (running statistics)
+    as they were on entry."""
     modes = {module: module.training for module in model.modules()}
     buffers = {name: buf.detach().clone() for name, buf in model.named_buffers()}
     try:
-        if allow_batchnorm_train:
-            for module in model.modules():
-                if isinstance(module, _BATCHNORM_TYPES):
-                    module.eval()
-        if method == "grad":
-            leaks, leak_kind = _leaks_by_grad(model, batch, sample, batch_dim, batched, tolerance)
-        else:
-            leaks, leak_kind = _leaks_by_perturb(
-                model, batch, sample, batch_dim, batched, tolerance
-            )
+        yield
     finally:
         for module, training in modes.items():
             module.train(training)
@@ -203,30 +228,27 @@ def assert_batch_independent(
                 if name in buffers and buf.shape == buffers[name].shape:
                     buf.copy_(buffers[name])
 
-    if leaks:
-        details = ", ".join(
-            f"sample {j} via {where} ({fmt_number(magnitude)})" for where, j, magnitude in leaks[:8]
+
+def _leak_summary(
+    leaks: list[tuple[str, int, float]], leak_kind: str, sample: int, batch_dim: int, tolerance: float
+) -> str:
+    """What the leaks found show, in words: the samples reached and the first 8 paths."""
+    details = ", ".join(
+        f"sample {j} via {where} ({fmt_number(magnitude)})" for where, j, magnitude in leaks[:8]
+    )
+    more = f" and {len(leaks) - 8} more" if len(leaks) > 8 else ""
+    samples = sorted({j for _, j, _ in leaks})
+    if leak_kind == "grad":
+        return (
+            f"the output of sample {sample} depends on input samples {samples} "
+            f"(method='grad', batch_dim={batch_dim}): d output[{sample}].sum() / d input "
+            f"is non-zero (max |grad| > atol={tolerance}) for {details}{more}"
         )
-        more = f" and {len(leaks) - 8} more" if len(leaks) > 8 else ""
-        samples = sorted({j for _, j, _ in leaks})
-        if leak_kind == "grad":
-            summary = (
-                f"the output of sample {sample} depends on input samples {samples} "
-                f"(method='grad', batch_dim={batch_dim}): d output[{sample}].sum() / d input "
-                f"is non-zero (max |grad| > atol={tolerance}) for {details}{more}"
-            )
-        else:
-            summary = (
-                f"changing input sample {sample} changed the outputs of samples {samples} "
-                f"(method='perturb', batch_dim={batch_dim}); max |change| > atol={tolerance} for "
-                f"{details}{more}"
-            )
-        fail(
-            f"assert_batch_independent: {summary}.\nA layer mixes the batch: a reduction over "
-            "the batch dimension (x.mean(0), x.sum(0), softmax(dim=0)), a view/reshape/transpose "
-            "that moves batch elements into other dimensions, or normalization with batch "
-            "statistics."
-        )
+    return (
+        f"changing input sample {sample} changed the outputs of samples {samples} "
+        f"(method='perturb', batch_dim={batch_dim}); max |change| > atol={tolerance} for "
+        f"{details}{more}"
+    )
 
 
 def _leaks_by_grad(

@@ -109,17 +109,11 @@ def compare_checkpoint_dirs(
     Directories (Hugging Face ``checkpoint-N``, DCP, several files) compare file by file; files
     that cannot be read safely (``training_args.bin``) are skipped by name and the rest still
     compared. Paths and times go to ``metadata_differing``, never to ``differing``."""
-    from trainguard.unit.equivalence import tree_differences
-
     actual_dir, expected_dir = Path(actual_dir), Path(expected_dir)
     actual = resolve_checkpoint(actual_dir)
     if actual is None:
         return StateComparison(False, f"the {labels[0]} run left no complete checkpoint to compare")
-    expected = None
-    if actual.is_relative_to(actual_dir) and actual != actual_dir:
-        same = expected_dir / actual.relative_to(actual_dir)
-        expected = same if same.exists() else None
-    expected = expected or resolve_checkpoint(expected_dir)
+    expected = _expected_checkpoint(actual, actual_dir, expected_dir)
     if expected is None:
         return StateComparison(False, f"the {labels[1]} run left no complete checkpoint to compare")
     files = (str(actual), str(expected))
@@ -135,40 +129,79 @@ def compare_checkpoint_dirs(
                                + "; ".join(f"{k}: {v}" for k, v in skipped.items()) + ")",
                                files, skipped=skipped, over_limit=over_limit)
     result = StateComparison(True, "", files, skipped=skipped, over_limit=over_limit)
-    grouped: dict[str, list[tuple[Entry, int]]] = {}
+    differences = _Differences(result, labels)
+    differences.add_files_in_one_run(a_files, e_files)
+    differences.add_entries(a_entries, e_entries, a_files, e_files, rtol=rtol, atol=atol)
+    return differences.result_described()
 
-    def differs(entry: Entry, what: str) -> None:
+
+def _expected_checkpoint(actual: Path, actual_dir: Path, expected_dir: Path) -> Path | None:
+    """The checkpoint under ``expected_dir`` named as ``actual`` is under ``actual_dir``
+    (``checkpoint-40``), else the newest complete one there; None without one."""
+    if actual.is_relative_to(actual_dir) and actual != actual_dir:
+        same = expected_dir / actual.relative_to(actual_dir)
+        if same.exists():
+            return same
+    return resolve_checkpoint(expected_dir)
+
+
+class _Differences:
+    """What differs between two checkpoints, recorded into ``result`` as it is found: each
+    differing key under its component (paths and times apart, as metadata), with its entry
+    kept to describe each component's keys in the summary."""
+
+    def __init__(self, result: StateComparison, labels: tuple[str, str]) -> None:
+        self.result = result
+        self.labels = labels
+        self.grouped: dict[str, list[tuple[Entry, int]]] = {}
+
+    def add(self, entry: Entry, what: str) -> None:
+        """Record that ``entry`` differs, and how."""
         if entry.metadata:
-            result.metadata_differing.append(entry.key)
+            self.result.metadata_differing.append(entry.key)
             return
         component, index = classify_path(entry.part, entry.segments)
-        result.differing.append((entry.key, what))
-        result.by_component.setdefault(component, []).append(entry.key)
-        grouped.setdefault(component, []).append((entry, index))
+        self.result.differing.append((entry.key, what))
+        self.result.by_component.setdefault(component, []).append(entry.key)
+        self.grouped.setdefault(component, []).append((entry, index))
 
-    for part in sorted(set(a_files) ^ set(e_files)):
-        if part in over_limit:
-            continue  # not read in one run: over the limit, said apart (never equal, never a difference)
-        only = labels[0] if part in a_files else labels[1]
-        differs(Entry(part, (), None), f"file only in the {only} run's checkpoint")
-    for key, e_entry in e_entries.items():
-        a_entry = a_entries.get(key)
-        if a_entry is None:
-            if e_entry.part in a_files:
-                differs(e_entry, f"missing in {labels[0]}")
-            continue
-        if a_entry.metadata or e_entry.metadata:
-            if tree_differences(a_entry.value, e_entry.value, rtol=0.0, atol=0.0, labels=labels):
-                result.metadata_differing.append(key)
-            continue
-        result.compared_keys += 1
-        for _, what in tree_differences(a_entry.value, e_entry.value, rtol=rtol, atol=atol, labels=labels):
-            differs(a_entry, what)
-    for key, a_entry in a_entries.items():
-        if key not in e_entries and a_entry.part in e_files:
-            differs(a_entry, f"only in {labels[0]}, not in {labels[1]}")
-    result._described = {c: describe_keys(c, entries) for c, entries in grouped.items()}
-    return result
+    def add_files_in_one_run(self, a_files: list[str], e_files: list[str]) -> None:
+        """The files one checkpoint holds and the other does not."""
+        for part in sorted(set(a_files) ^ set(e_files)):
+            if part in self.result.over_limit:
+                continue  # not read in one run: over the limit, said apart (never equal, never a difference)
+            only = self.labels[0] if part in a_files else self.labels[1]
+            self.add(Entry(part, (), None), f"file only in the {only} run's checkpoint")
+
+    def add_entries(self, a_entries: dict[str, Entry], e_entries: dict[str, Entry], a_files: list[str],
+                    e_files: list[str], *, rtol: float, atol: float) -> None:
+        """Every key of the expected checkpoint against the actual one's (metadata exactly, state
+        within ``rtol``/``atol``), then the keys only the actual one holds. A key of a file the
+        other checkpoint lacks (or did not read) is not reported again: the file is."""
+        from trainguard.unit.equivalence import tree_differences
+
+        labels = self.labels
+        for key, e_entry in e_entries.items():
+            a_entry = a_entries.get(key)
+            if a_entry is None:
+                if e_entry.part in a_files:
+                    self.add(e_entry, f"missing in {labels[0]}")
+                continue
+            if a_entry.metadata or e_entry.metadata:
+                if tree_differences(a_entry.value, e_entry.value, rtol=0.0, atol=0.0, labels=labels):
+                    self.result.metadata_differing.append(key)
+                continue
+            self.result.compared_keys += 1
+            for _, what in tree_differences(a_entry.value, e_entry.value, rtol=rtol, atol=atol, labels=labels):
+                self.add(a_entry, what)
+        for key, a_entry in a_entries.items():
+            if key not in e_entries and a_entry.part in e_files:
+                self.add(a_entry, f"only in {labels[0]}, not in {labels[1]}")
+
+    def result_described(self) -> StateComparison:
+        """The result, with each component's differing keys described for its summary."""
+        self.result._described = {c: describe_keys(c, entries) for c, entries in self.grouped.items()}
+        return self.result
 
 
 # --------------------------------------------------------------------------------------------
