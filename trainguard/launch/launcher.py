@@ -291,7 +291,8 @@ class Launcher:
         signal_all(procs, signal.SIGSTOP)
         try:
             wait_stopped(procs)
-            all(pump.caught_up(timeout=2.0) for pump in list(self._pumps))  # False: a full queue
+            for pump in list(self._pumps):  # False after 2 s: a full queue of lines, judged as before
+                pump.caught_up(timeout=2.0)
             self._read_stopped.extend(p for tail in self._tails for p in tail.poll(self.elapsed()))
             yield
         finally:

@@ -47,11 +47,11 @@ class LinePump:
 
     def run(self) -> None:
         """Read until the pipe ends (the thread's target)."""
-        poller = select.poll()
-        poller.register(self._fd, select.POLLIN)
-        poller.register(self._wake_r, select.POLLIN)
         pending = b""
         try:
+            poller = select.poll()
+            poller.register(self._fd, select.POLLIN)
+            poller.register(self._wake_r, select.POLLIN)
             while True:
                 ready = {fd for fd, _ in poller.poll()}
                 if self._wake_r in ready:
