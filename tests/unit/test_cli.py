@@ -244,12 +244,15 @@ def test_version() -> None:
 
 _ENTRY = """
 import atexit, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
 from trainguard.cli import entry
 atexit.register(lambda: print("exit handler ran", flush=True))
 def late():
     time.sleep(0.5)
     print("thread finished", flush=True)
 threading.Thread(target=late).start()
+pool = ThreadPoolExecutor(1)
+pool.submit(int).result()  # never shut down: its idle worker waits for the exit
 sys.stdout.write("unflushed ")
 sys.argv = ["trainguard", *sys.argv[1:]]
 entry()
@@ -261,7 +264,8 @@ def test_the_console_script_exits_with_mains_code_after_the_exit_handlers(
     tmp_path: Path, args: tuple[str, ...], code: int
 ) -> None:
     """The console script ends with os._exit (no interpreter shutdown): the code is main's, the
-    exit handlers ran, a thread still running was waited for, buffered output was written."""
+    exit handlers ran, a thread still running was waited for, an executor never shut down did not
+    hold it up, buffered output was written."""
     done = subprocess.run([sys.executable, "-c", _ENTRY, *args], cwd=tmp_path, capture_output=True,
                           text=True, timeout=60, check=False)
     assert done.returncode == code, (done.stdout, done.stderr)

@@ -181,18 +181,21 @@ def entry() -> NoReturn:
     returns, everything the command started is ended and written (reports atomically, ranks
     reaped, mounts, cgroups and servers stopped); the interpreter's own shutdown would then spend
     seconds freeing the modules a gate imports (torch, MLflow, matplotlib: 3.4 s with no Python
-    frame on the stack after a digits gate, 2 idle cores). So the exit handlers run (every
-    ``atexit`` cleanup, logging's flush), the threads that are not daemons are joined, the
-    streams flushed, and the process ends with main's code. An exception from main takes the
-    interpreter's usual way out."""
+    frame on the stack after a digits gate, 2 idle cores). So the first two steps of that shutdown
+    run as the interpreter runs them -- threading's (executors told to stop, threads that are not
+    daemons joined), then the exit handlers (every ``atexit`` cleanup, logging's flush) --, the
+    streams are flushed, and the process ends with main's code. An exception from main, or a
+    Python without those two steps, takes the interpreter's usual way out."""
     import atexit
     import threading
 
     code = main()
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # what the interpreter would run at exit, in the same order
+    shutdown = getattr(threading, "_shutdown", None)
+    exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if shutdown is None or exit_handlers is None:
+        sys.exit(code)
+    shutdown()
+    exit_handlers()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a reader gone (`| head -1`): nothing to flush to
             stream.flush()
