@@ -27,7 +27,7 @@ REQUIRED_FILES = {
 REQUIRED_ENTRY_POINTS = (
     "trainguard = trainguard.plugins.plugin",
     "trainguard_fixtures = trainguard.fixtures",
-    "trainguard = trainguard.cli:main",
+    "trainguard = trainguard.cli:entry",
 )
 
 
