@@ -33,6 +33,7 @@ __all__ = [
     "CheckNotInstalled",
     "ChecksField",
     "JobFacts",
+    "Later",
     "PlanContext",
     "Resumes",
     "Run",
@@ -120,6 +121,17 @@ class JobFacts:
         return "{checkpoint_dir}" in self.command_text + " " + self.env_text
 
 
+@dataclass(frozen=True)
+class Later:
+    """What a check's ``run`` returns when the rest of its verdict waits on untimed runs only
+    (a fail_clean drill's resume from the checkpoint the fault left): ``finish()`` makes the
+    result. :func:`trainguard.session.run_in_order` calls it once the session's timed checks
+    are done, beside the other checks' ``finish``; a check returns one only while
+    ``runner.untimed_later`` is set."""
+
+    finish: Callable[[], CheckResult]
+
+
 def _nothing(_spec: Any, _facts: JobFacts) -> list[tuple[str, str]]:
     return []
 
@@ -136,8 +148,8 @@ class Check(Generic[S]):
     name: str
     #: the model of its spec (``checks.<name>``; with ``many``, of each list entry)
     spec: type[S]
-    #: ``(runner, spec) -> CheckResult``: runs it
-    run: Callable[[Any, S], CheckResult]
+    #: ``(runner, spec) -> CheckResult``: runs it (or a :class:`Later` for its untimed rest)
+    run: Callable[[Any, S], CheckResult | Later]
     #: ``(spec, context) -> (runs, note)``: the launches it makes and one line on what it judges
     runs: Callable[[S, PlanContext], tuple[list[Run], str]]
     #: ``(spec, facts) -> [(key, message)]``: what it needs from the job, with the fix

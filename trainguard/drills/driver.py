@@ -27,16 +27,23 @@ import importlib
 import signal
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import Any, cast
 
 from trainguard.config import DrillSpec, JobFile
 from trainguard.config.faults import FaultNotInstalled, fault_class
+from trainguard.config.registry import Later
 from trainguard.drills.dispatch import judge_for
 from trainguard.drills.judges import (
     DrillContext,
     Injection,
+    Judgement,
     attempt_evidence,
+    fail_clean_start,
+    fail_clean_verdict,
+    judge_fail_clean,
+    verify_resume,
 )
 from trainguard.drills.nonfinite import must_stop
 from trainguard.drills.ray_recover import new_workers
@@ -228,7 +235,7 @@ def _request(runner: JobRunner, spec: DrillSpec) -> RunRequest:
 
 
 
-def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
+def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
     """Run one drill and judge it; the result is named ``drill:<name>``."""
     started = time.monotonic()
     name = str(CheckId.of_drill(spec.name))
@@ -331,15 +338,20 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
         driver.finish()
         driver.clear()
         judge = storage_judge(spec, fault) or judge_for(spec.expectation, ray_recover=ray_recover)
-        status, summary, found = judge(
-            DrillContext(runner, spec, fault, driver.info, run, reference, request, metric,
-                     ctx.checkpoint_dir, stall * runner.settings.timeout_scale,
-                     job_file.job.metric_line_regexes)
-        )
-        evidence = found.to_dict()
-        evidence["drill_dir"] = str(drill_dir)
-        evidence["run_dir"] = str(run.run_dir)  # the attempts' logs (attempt-N/)
-        return result(status, summary, evidence)
+        c = DrillContext(runner, spec, fault, driver.info, run, reference, request, metric,
+                         ctx.checkpoint_dir, stall * runner.settings.timeout_scale,
+                         job_file.job.metric_line_regexes)
+
+        def judged(judgement: Judgement) -> CheckResult:
+            status, summary, found = judgement
+            evidence = found.to_dict()
+            evidence["drill_dir"] = str(drill_dir)
+            evidence["run_dir"] = str(run.run_dir)  # the attempts' logs (attempt-N/)
+            return result(status, summary, evidence)
+
+        if judge is judge_fail_clean and runner.untimed_later:
+            return _fail_clean_later(c, drill_dir / "checkpoints", judged)
+        return judged(judge(c))
     finally:  # Ctrl-C included: nothing is left stopped, mounted or running
         driver.finish()
         with contextlib.suppress(Exception):
@@ -348,6 +360,30 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
             agent.stop()
 
 
+
+
+def _fail_clean_later(c: DrillContext, checkpoints: Path,
+                      judged: Callable[[Judgement], CheckResult]) -> CheckResult | Later:
+    """A fail_clean drill's verdict, its verification run left for later (:class:`Later`): that
+    run is untimed, so it runs once the session's timed checks are done, beside the others'.
+    What the judgement reads of the fault is read now, before the teardown; the verification
+    then resumes from ``checkpoints``, the directory the job wrote (under the fault's layer,
+    if it had one), with the fault gone."""
+    start = fail_clean_start(c)
+    if isinstance(start, Judgement):
+        return judged(start)
+    if not start.verify:
+        return judged(fail_clean_verdict(c, start, None))
+    c.checkpoint_dir = checkpoints
+    left = time.monotonic()
+
+    def finish() -> CheckResult:
+        began = time.monotonic()
+        out = judged(fail_clean_verdict(c, start, verify_resume(c)))
+        out.duration_s -= began - left  # its own time: not the checks' it waited behind
+        return out
+
+    return Later(finish)
 
 
 def make_drill(job_file: JobFile, fields: dict[str, Any]) -> DrillSpec:

@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "DRILL_CAUSES",
     "DrillContext",
+    "FailCleanStart",
     "Injection",
     "Judge",
     "Judgement",
@@ -62,6 +63,8 @@ __all__ = [
     "common_evidence",
     "diff_problem",
     "exit_problems",
+    "fail_clean_start",
+    "fail_clean_verdict",
     "judge_continue",
     "judge_fail_clean",
     "judge_recover",
@@ -70,6 +73,7 @@ __all__ = [
     "recover_causes",
     "recovered_run_problems",
     "trajectory_diff",
+    "verify_resume",
 ]
 
 DRILL_CAUSES = {
@@ -471,7 +475,25 @@ def exit_problems(c: DrillContext, evidence: ExitEvidence) -> list[str]:
     return problems
 
 
-def judge_fail_clean(c: DrillContext) -> Judgement:
+@dataclass
+class FailCleanStart:
+    """What a fail_clean judgement reads before its verification run, while the fault is still
+    set up (its classification and causes may read state the teardown removes)."""
+
+    evidence: FailCleanEvidence
+    problems: list[str]
+    done: int  # the last step the faulted run printed
+    what: str  # the fault and how the run ended, for the summary
+    own_causes: list[str]  # the fault's own causes (Fault.likely_causes)
+    #: whether the latest checkpoint must be resumed from: no, when the run trained to its last
+    #: step despite the fault (a resume from its final checkpoint prints nothing, and that is
+    #: no torn checkpoint)
+    verify: bool
+
+
+def fail_clean_start(c: DrillContext) -> FailCleanStart | Judgement:
+    """The part of a fail_clean judgement before the verification run (a Judgement: nothing was
+    injected)."""
     skipped = not_injected(c)
     if skipped:
         return skipped
@@ -481,13 +503,33 @@ def judge_fail_clean(c: DrillContext) -> Judgement:
     problems = exit_problems(c, evidence)
     exit_after = known(evidence.exit_after_s)
     done = max((p.step for p in first.points if p.name == c.metric), default=0)
-    if first.ok and done >= spec.steps:
-        # it trained to its last step despite the fault: no resume to verify (one from its final
-        # checkpoint prints nothing, and that is no torn checkpoint)
-        verify = None
-    else:  # the latest checkpoint must be intact: resume from it with the fault removed
-        verify = c.runner.run(c.request, label=f"drill-{spec.name}-verify", resume=True,
-                              checkpoint_dir=c.checkpoint_dir)
+    how = c.fault.classify(first) if not first.ok else "completed"
+    what = (f"{spec.fault} on rank {spec.rank} after step {info.injected_step}: {how}"
+            + (f" {exit_after:.2f} s after the fault" if exit_after is not None and not first.ok else ""))
+    return FailCleanStart(evidence, problems, done, what, _fault_causes(c, first),
+                          verify=not (first.ok and done >= spec.steps))
+
+
+def verify_resume(c: DrillContext) -> RunResult:
+    """The verification run: the job resumed from ``c.checkpoint_dir``'s latest checkpoint,
+    with the fault removed."""
+    return c.runner.run(c.request, label=f"drill-{c.spec.name}-verify", resume=True,
+                        checkpoint_dir=c.checkpoint_dir)
+
+
+def judge_fail_clean(c: DrillContext) -> Judgement:
+    start = fail_clean_start(c)
+    if isinstance(start, Judgement):
+        return start
+    return fail_clean_verdict(c, start, verify_resume(c) if start.verify else None)
+
+
+def fail_clean_verdict(c: DrillContext, start: FailCleanStart, verify: RunResult | None) -> Judgement:
+    """The fail_clean verdict once the verification run (``verify``; None: none was needed)
+    is known."""
+    spec, evidence, problems = c.spec, start.evidence, start.problems
+    first = c.run.attempts[0]
+    if verify is not None:
         evidence.verification = attempt_evidence(verify, c.fault)
     if verify is None:
         pass
@@ -496,46 +538,51 @@ def judge_fail_clean(c: DrillContext) -> Judgement:
                         f"{verify.reason} -- the checkpoint is not usable")
         evidence.checkpoint = CheckpointIntact(intact=False, why=verify.reason)
     else:
-        steps = [p.step for p in verify.points if p.name == c.metric]
-        start = first_step(c.reference.points, c.metric)
-        resumed_from = min(steps) - 1 if steps else None
-        lost = max(0, done - resumed_from) if resumed_from is not None else None
-        evidence.resumed_from_step = None if resumed_from is None else max(resumed_from, 0)
-        evidence.lost_steps = lost
-        diff = trajectory_diff(c, verify.points, range((resumed_from or 0) + 1, spec.steps + 1))
-        evidence.trajectory = diff.as_evidence()
-        intact = True
-        if resumed_from is None:
-            problems.append(f"the resume run printed no `{c.metric}` line")
-            intact = False
-        elif resumed_from < start:
-            problems.append(f"the resume run started again from step {start}: no usable checkpoint from "
-                            f"before the fault (the job had reached step {done})")
-            intact = False
-        problem = diff_problem(c.metric, diff, "run resumed from the checkpoint")
-        if problem:
-            problems.append(problem)
-            intact = False
-        if spec.max_lost_steps is not None and lost is not None and lost > spec.max_lost_steps:
-            problems.append(f"{lost} steps of progress lost (max_lost_steps {spec.max_lost_steps})")
-        evidence.checkpoint = CheckpointIntact(intact=intact, resumed_from_step=resumed_from)
-        accounting = attempts_accounting(c.reference, [first, verify], c.metric, spec.steps)
-        if accounting is not None and accounting.known:
-            evidence.sample_accounting = accounting.as_evidence()
-            if not accounting.ok:
-                problems.append(accounting.summary())
-    how = c.fault.classify(first) if not first.ok else "completed"
-    what = (f"{spec.fault} on rank {spec.rank} after step {info.injected_step}: {how}"
-            + (f" {exit_after:.2f} s after the fault" if exit_after is not None and not first.ok else ""))
+        _verified(c, start, verify)
     if problems:
-        causes = _with_faults_causes(c, first, _fail_clean_causes(first, evidence))
+        own = start.own_causes
+        causes = [*own, *[x for x in _fail_clean_causes(first, evidence) if x not in own]]
         evidence.likely_causes = causes
         torn = isinstance(evidence.checkpoint, CheckpointIntact) and not evidence.checkpoint.intact
-        return Judgement("failed", f"{what}; " + "; ".join(problems) + (
+        return Judgement("failed", f"{start.what}; " + "; ".join(problems) + (
             f". Most likely {causes[0]}" if torn else ""), evidence)
-    return Judgement("passed", f"{what} (deadline {spec.deadline_s:g} s), error reported{_said(evidence)}; "
+    return Judgement("passed", f"{start.what} (deadline {spec.deadline_s:g} s), error reported{_said(evidence)}; "
             f"resumed from checkpoint step {evidence.resumed_from_step} with the fault removed and matched the "
             "uninterrupted run", evidence)
+
+
+def _verified(c: DrillContext, start: FailCleanStart, verify: RunResult) -> None:
+    """Judge a verification run that completed: where it resumed, the steps lost, its
+    trajectory against the reference and its sample accounting (into ``start``)."""
+    spec, evidence, problems, done = c.spec, start.evidence, start.problems, start.done
+    steps = [p.step for p in verify.points if p.name == c.metric]
+    first_reference_step = first_step(c.reference.points, c.metric)
+    resumed_from = min(steps) - 1 if steps else None
+    lost = max(0, done - resumed_from) if resumed_from is not None else None
+    evidence.resumed_from_step = None if resumed_from is None else max(resumed_from, 0)
+    evidence.lost_steps = lost
+    diff = trajectory_diff(c, verify.points, range((resumed_from or 0) + 1, spec.steps + 1))
+    evidence.trajectory = diff.as_evidence()
+    intact = True
+    if resumed_from is None:
+        problems.append(f"the resume run printed no `{c.metric}` line")
+        intact = False
+    elif resumed_from < first_reference_step:
+        problems.append(f"the resume run started again from step {first_reference_step}: no usable "
+                        f"checkpoint from before the fault (the job had reached step {done})")
+        intact = False
+    problem = diff_problem(c.metric, diff, "run resumed from the checkpoint")
+    if problem:
+        problems.append(problem)
+        intact = False
+    if spec.max_lost_steps is not None and lost is not None and lost > spec.max_lost_steps:
+        problems.append(f"{lost} steps of progress lost (max_lost_steps {spec.max_lost_steps})")
+    evidence.checkpoint = CheckpointIntact(intact=intact, resumed_from_step=resumed_from)
+    accounting = attempts_accounting(c.reference, [c.run.attempts[0], verify], c.metric, spec.steps)
+    if accounting is not None and accounting.known:
+        evidence.sample_accounting = accounting.as_evidence()
+        if not accounting.ok:
+            problems.append(accounting.summary())
 
 
 def checkpoints_compared(evidence: RecoverEvidence) -> bool:
@@ -619,8 +666,13 @@ def judge_continue(c: DrillContext) -> Judgement:
 def _with_faults_causes(c: DrillContext, result: RunResult, causes: list[str]) -> list[str]:
     """The fault's own causes for what happened (:meth:`Fault.likely_causes`) first, then the
     expectation's."""
-    try:
-        own = list(c.fault.likely_causes(result))
-    except Exception:  # a fault's own reading must not cost the verdict
-        own = []
+    own = _fault_causes(c, result)
     return [*own, *[x for x in causes if x not in own]]
+
+
+def _fault_causes(c: DrillContext, result: RunResult) -> list[str]:
+    """The fault's own causes for what happened in ``result`` (:meth:`Fault.likely_causes`)."""
+    try:
+        return list(c.fault.likely_causes(result))
+    except Exception:  # a fault's own reading must not cost the verdict
+        return []

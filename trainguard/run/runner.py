@@ -180,6 +180,9 @@ class JobRunner:
     #: called by a timed check once its timed runs are done (its reports are still to write):
     #: :func:`trainguard.session.run_in_order` starts the untimed runs then
     on_timed_done: Callable[[], None] | None = field(default=None, repr=False)
+    #: a check may leave its untimed rest for after the timed checks (a ``Later``; set by
+    #: :func:`trainguard.session.run_in_order`)
+    untimed_later: bool = False
 
     def __post_init__(self) -> None:
         # every file of the job's runs that trainguard reads (checkpoints, logs) within the

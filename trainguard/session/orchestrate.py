@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from concurrent.futures import Future, wait
+from typing import TYPE_CHECKING, Any
 
 from trainguard.config import CheckSpec, JobFile
-from trainguard.config.registry import check_for, check_names
+from trainguard.config.registry import Later, check_for, check_names
 from trainguard.report import CheckResult, Report, SkipReason
 from trainguard.run.declared import declared_runs, progress_metric_of
 from trainguard.run.request import share_key
 from trainguard.run.runner import JobRunner
 from trainguard.run.scheduling import AheadRun
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.tracking import CheckRun
 
 __all__ = [
     "available_checks",
@@ -44,6 +49,14 @@ def available_checks() -> list[str]:
 
 def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
     """Run one check; a check this version cannot run yet is reported as skipped, with why."""
+    outcome = _run_check(runner, name, spec)
+    return outcome.finish() if isinstance(outcome, Later) else outcome
+
+
+def _run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult | Later:
+    """:func:`run_check`, except that a check may leave its untimed rest for later (a
+    :class:`~trainguard.config.registry.Later`, only while ``runner.untimed_later`` is set):
+    its tracking run stays open until that finishes."""
     check = check_for(name)
     if check is None:
         return CheckResult(
@@ -53,23 +66,70 @@ def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
             f"(available: {', '.join(available_checks())})",
             skip_reason=SkipReason.NOT_IN_THIS_VERSION,
         )
-    from trainguard.tracking import track_check
+    from trainguard.tracking import open_check_run
 
     started = time.monotonic()
     runner.current_check = name
-    with track_check(runner, name, spec) as record:
-        if check.prepare is not None:
-            check.prepare(runner, spec)
-        try:
-            result = check.run(runner, spec)
-        except BaseException:
-            runner.stop_background(f"the {name} check ended with an exception")
-            raise
-        runner.join_background()  # nothing a check started outlives it
-        result.duration_s = result.duration_s or time.monotonic() - started
-        _attach_log_notes(runner, result)
-        record(result)
+    tracked = open_check_run(runner, name, spec)
+    try:
+        with tracked.current():
+            if check.prepare is not None:
+                check.prepare(runner, spec)
+            try:
+                outcome = check.run(runner, spec)
+            except BaseException:
+                runner.stop_background(f"the {name} check ended with an exception")
+                raise
+            runner.join_background()  # nothing a check started outlives it
+            if isinstance(outcome, Later):
+                later = outcome
+
+                def finish() -> CheckResult:
+                    try:
+                        with tracked.current(this_thread=True):
+                            return _recorded(runner, tracked, later.finish(), started)
+                    except BaseException:
+                        tracked.failed()
+                        raise
+
+                return Later(finish)
+            return _recorded(runner, tracked, outcome, started)
+    except BaseException:
+        tracked.failed()
+        raise
+
+
+def _recorded(runner: JobRunner, tracked: CheckRun, result: CheckResult, started: float) -> CheckResult:
+    result.duration_s = result.duration_s or time.monotonic() - started
+    _attach_log_notes(runner, result)
+    tracked.record(result)
     return result
+
+
+def _finish_later(runner: JobRunner, later: Sequence[Later]) -> list[CheckResult | BaseException]:
+    """Finish the checks' untimed rests beside each other (one alone in this thread), in their
+    order; a rest that raised is returned as its exception. Interrupted, every run they started
+    is stopped."""
+    if len(later) == 1:
+        return [later[0].finish()]
+    futures: list[Future[CheckResult]] = []
+    for each in later:
+        future: Future[CheckResult] = Future()
+
+        def work(each: Later = each, future: Future[CheckResult] = future) -> None:
+            try:
+                future.set_result(each.finish())
+            except BaseException as exc:  # handed to the session's thread
+                future.set_exception(exc)
+
+        threading.Thread(target=work, name="trainguard-later", daemon=True).start()
+        futures.append(future)
+    try:
+        wait(futures)
+    except BaseException:  # Ctrl-C, SIGTERM: the runs stop, their threads end
+        runner.stop_background("interrupted while the checks' untimed runs finished")
+        raise
+    return [f.exception() or f.result() for f in futures]
 
 
 def _attach_log_notes(runner: JobRunner, result: CheckResult) -> None:
@@ -129,12 +189,21 @@ def run_in_order(
     rest = [c for c in checks if c not in first]
     order = {name: i for i, (name, _) in enumerate(checks)}
 
+    def add(result: CheckResult) -> None:
+        report.add(result)
+        if on_result is not None:
+            on_result(result)
+
+    later: list[Later] = []
+
     def one(name: str, spec: CheckSpec) -> None:
         if on_start is not None:
             on_start(name)
-        result = report.add(run_check(runner, name, spec))
-        if on_result is not None:
-            on_result(result)
+        outcome = _run_check(runner, name, spec)
+        if isinstance(outcome, Later):
+            later.append(outcome)
+        else:
+            add(outcome)
 
     lane: list[bool] = []
 
@@ -150,11 +219,21 @@ def run_in_order(
             one(name, spec)
             runner.timing, runner.on_timed_done = False, None
         start_lane()
+        runner.untimed_later = True  # a check's untimed rest waits until the timed ones are done
         for name, spec in rest:
             if not _lane(name):
                 runner.close_lane()
             one(name, spec)
+        runner.untimed_later = False
+        finished = _finish_later(runner, later)
+        for outcome in finished:
+            if isinstance(outcome, CheckResult):
+                add(outcome)
+        raised = [o for o in finished if not isinstance(o, CheckResult)]
+        if raised:
+            raise raised[0]
     finally:
+        runner.untimed_later = False
         runner.timing, runner.on_timed_done = False, None
         runner.close_lane()
         report.checks.sort(key=lambda c: order.get(c.name, len(order)))

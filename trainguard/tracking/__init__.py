@@ -14,9 +14,11 @@ so a test that changes one patches the defining module (e.g. ``trainguard.tracki
 from __future__ import annotations
 
 from trainguard.tracking.hooks import (
+    CheckRun,
     adopt_launch,
     launch_hooks,
     log_attempt,
+    open_check_run,
     start_launch,
     track_check,
     tracker_of,
@@ -61,6 +63,7 @@ __all__ = [
     "RUN_ID_ENV",
     "RUN_ID_FILE_ENV",
     "TRACKING_URI_ENV",
+    "CheckRun",
     "FlushResult",
     "LiveMetrics",
     "RunHandle",
@@ -74,6 +77,7 @@ __all__ = [
     "launch_hooks",
     "log_attempt",
     "metric_rows",
+    "open_check_run",
     "open_tracker",
     "plot_metrics",
     "start_launch",

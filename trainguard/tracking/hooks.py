@@ -31,9 +31,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainguard.run.runner import JobRunner
 
 __all__ = [
+    "CheckRun",
     "adopt_launch",
     "launch_hooks",
     "log_attempt",
+    "open_check_run",
     "start_launch",
     "track_check",
     "tracker_of",
@@ -51,34 +53,50 @@ def _observer_of(runner: JobRunner) -> TrackingObserver | None:
     return observer if isinstance(observer, TrackingObserver) else None
 
 
-@contextlib.contextmanager
-def track_check(runner: JobRunner, name: str, spec: CheckSpec) -> Iterator[Callable[[CheckResult], None]]:
-    """Open a check run under the tracker's session run for the duration of one check; yields a
-    function that records the check's result. A no-op when the runner has no tracker."""
-    tracker = tracker_of(runner)
-    if tracker is None:
-        yield lambda result: None
-        return
-    handle = tracker.start_run(
-        name,
-        parent=tracker.session,
-        tags={"trainguard.kind": "check", "trainguard.check": name, "trainguard.job": runner.job_file.job.name},
-        params={"check": name, **{k: v for k, v in asdict(spec).items() if v not in (None, (), [], {})}}
-        if _is_dataclass(spec) else {"check": name},
-    )
-    outcome: list[CheckResult] = []
-    previous, tracker.check_run = tracker.check_run, handle
-    try:
-        yield outcome.append
-    except BaseException:
+class CheckRun:
+    """The tracking run of one check (:func:`open_check_run`): :meth:`current` makes it the run
+    that launches nest under, :meth:`record` ends it with the check's result, :meth:`failed`
+    with an error. Every method is a no-op without a tracker."""
+
+    def __init__(self, tracker: Tracker | None, handle: RunHandle | None) -> None:
+        self.tracker = tracker
+        self.handle = handle
+
+    @contextlib.contextmanager
+    def current(self, *, this_thread: bool = False) -> Iterator[None]:
+        """The check's run is the tracker's ``check_run`` inside (``this_thread``: in this thread
+        only, for a check finished beside others; else for every thread, as a check in the
+        foreground and the background runs it starts)."""
+        tracker, handle = self.tracker, self.handle
+        if tracker is None:
+            yield
+        elif this_thread:
+            with tracker.check_run_here(handle):
+                yield
+        else:
+            previous, tracker.check_run = tracker.check_run, handle
+            try:
+                yield
+            finally:
+                tracker.check_run = previous
+
+    def failed(self) -> None:
+        """End it as FAILED: the check raised."""
+        tracker, handle = self.tracker, self.handle
+        if tracker is None or handle is None:
+            return
         tracker.set_tags(handle, {"trainguard.status": "error"})
         tracker.session_failed = True
         tracker.end_run(handle, "FAILED")
-        raise
-    finally:
-        tracker.check_run = previous
-    if outcome:
-        result = outcome[-1]
+
+    def record(self, result: CheckResult | None) -> None:
+        """End it with ``result`` (None: the check returned nothing to record)."""
+        tracker, handle = self.tracker, self.handle
+        if tracker is None or handle is None:
+            return
+        if result is None:
+            tracker.end_run(handle)
+            return
         tracker.set_tags(handle, {"trainguard.status": result.status, "trainguard.summary": result.summary[:5000]})
         tracker.log_metrics(handle, [("duration_s", result.duration_s, 0, int(time.time() * 1000))])
         tracker.log_text(handle, lambda: json.dumps(asdict(result), indent=2, default=str), "result.json")
@@ -88,8 +106,37 @@ def track_check(runner: JobRunner, name: str, spec: CheckSpec) -> Iterator[Calla
         if not result.ok:
             tracker.session_failed = True
         tracker.end_run(handle, "FINISHED" if result.ok else "FAILED")
-    else:
-        tracker.end_run(handle)
+
+
+def open_check_run(runner: JobRunner, name: str, spec: CheckSpec) -> CheckRun:
+    """Open a check run under the tracker's session run (a :class:`CheckRun` that does nothing
+    when the runner has no tracker)."""
+    tracker = tracker_of(runner)
+    if tracker is None:
+        return CheckRun(None, None)
+    handle = tracker.start_run(
+        name,
+        parent=tracker.session,
+        tags={"trainguard.kind": "check", "trainguard.check": name, "trainguard.job": runner.job_file.job.name},
+        params={"check": name, **{k: v for k, v in asdict(spec).items() if v not in (None, (), [], {})}}
+        if _is_dataclass(spec) else {"check": name},
+    )
+    return CheckRun(tracker, handle)
+
+
+@contextlib.contextmanager
+def track_check(runner: JobRunner, name: str, spec: CheckSpec) -> Iterator[Callable[[CheckResult], None]]:
+    """Open a check run under the tracker's session run for the duration of one check; yields a
+    function that records the check's result. A no-op when the runner has no tracker."""
+    run = open_check_run(runner, name, spec)
+    outcome: list[CheckResult] = []
+    with run.current():
+        try:
+            yield outcome.append
+        except BaseException:
+            run.failed()
+            raise
+    run.record(outcome[-1] if outcome else None)
 
 
 def _is_dataclass(value: Any) -> bool:

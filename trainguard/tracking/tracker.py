@@ -22,11 +22,13 @@ them into launch runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -120,10 +122,32 @@ class Tracker(StoreWriter):
         self.warn = warn or (lambda text: warnings.warn(text, TrackingWarning, stacklevel=3))
         self.session: RunHandle | None = None
         self.session_failed = False
-        self.check_run: RunHandle | None = None
+        self._check_run: RunHandle | None = None
+        self._here = threading.local()  # a check run of one thread (check_run_here)
         self.flush_result: FlushResult | None = None
         super().__init__(tracking_uri, artifact_location=artifact_location, experiment=experiment,
                          sample_interval=sample_interval, metric_interval=metric_interval)
+
+    @property
+    def check_run(self) -> RunHandle | None:
+        """The run of the check running now: this thread's own (:meth:`check_run_here`), else
+        the one set for every thread."""
+        own: RunHandle | None = getattr(self._here, "run", self._check_run)
+        return own
+
+    @check_run.setter
+    def check_run(self, handle: RunHandle | None) -> None:
+        self._check_run = handle
+
+    @contextlib.contextmanager
+    def check_run_here(self, handle: RunHandle | None) -> Iterator[None]:
+        """``handle`` is the check run in this thread only, inside (a check finished in a thread
+        of its own, beside others)."""
+        self._here.run = handle
+        try:
+            yield
+        finally:
+            del self._here.run
 
     def run_observer(self) -> TrackingObserver:
         """The :class:`~trainguard.run.observer.RunObserver` that logs a runner's launches here
