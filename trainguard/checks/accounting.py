@@ -189,13 +189,7 @@ def account_samples(reference: Mapping[int, Sequence[SampleBatch]], segments: Se
         return SampleAccounting(note=f"the uninterrupted run's batches do not split into steps ({exc})")
     if not ref:
         return SampleAccounting(note=f"no batch of {dataset} recorded")
-    # the uninterrupted run's epochs: a new pass of the first rank's loader starts one
-    epoch_of: dict[int, int] = {}
-    epoch, last_pass = -1, None
-    for step in sorted(ref):
-        if ref[step][1] != last_pass:
-            epoch, last_pass = epoch + 1, ref[step][1]
-        epoch_of[step] = epoch
+    epoch_of = _epochs(ref)
     got: dict[int, Counter[Any]] = {}
     label_of: dict[int, str] = {}
     for segment in segments:
@@ -217,18 +211,42 @@ def account_samples(reference: Mapping[int, Sequence[SampleBatch]], segments: Se
         return SampleAccounting(note="the interrupted run's records cover none of the uninterrupted run's steps")
     out = SampleAccounting(compared_steps=len(compared))
     for e in sorted(set(epoch_of[s] for s in compared)):
-        in_epoch = [s for s in compared if epoch_of[s] == e]
-        want: Counter[Any] = Counter()
-        have: Counter[Any] = Counter()
-        for s in in_epoch:
-            want.update(ref[s][0])
-            have.update(got[s])
-        twice = tuple(sorted((have - want).elements(), key=_order))
-        never = tuple(sorted((want - have).elements(), key=_order))
-        if twice or never:
-            first_diff = next((s for s in in_epoch if got[s] != ref[s][0]), in_epoch[0])
-            out.epochs.append(EpochAccount(e, in_epoch[0], in_epoch[-1], twice, never, label_of.get(first_diff, "")))
+        account = _epoch_account(e, [s for s in compared if epoch_of[s] == e], ref, got, label_of)
+        if account is not None:
+            out.epochs.append(account)
     return out
+
+
+def _epochs(ref: Mapping[int, tuple[Counter[Any], tuple[int, int] | None]]) -> dict[int, int]:
+    """Step -> the uninterrupted run's epoch it falls in, from 0: a new pass of the first rank's
+    loader starts one."""
+    epoch_of: dict[int, int] = {}
+    epoch, last_pass = -1, None
+    for step in sorted(ref):
+        if ref[step][1] != last_pass:
+            epoch, last_pass = epoch + 1, ref[step][1]
+        epoch_of[step] = epoch
+    return epoch_of
+
+
+def _epoch_account(epoch: int, in_epoch: Sequence[int],
+                   ref: Mapping[int, tuple[Counter[Any], tuple[int, int] | None]],
+                   got: Mapping[int, Counter[Any]], label_of: Mapping[int, str]) -> EpochAccount | None:
+    """The samples of one epoch's steps (``in_epoch``, in order) the interrupted run trained
+    more or less often than the uninterrupted one; None when it trained each as often. Counted
+    over the whole epoch, not step by step: a resume that draws the same samples in another
+    order within the epoch still trained each once."""
+    want: Counter[Any] = Counter()
+    have: Counter[Any] = Counter()
+    for s in in_epoch:
+        want.update(ref[s][0])
+        have.update(got[s])
+    twice = tuple(sorted((have - want).elements(), key=_order))
+    never = tuple(sorted((want - have).elements(), key=_order))
+    if not (twice or never):
+        return None
+    first_diff = next((s for s in in_epoch if got[s] != ref[s][0]), in_epoch[0])
+    return EpochAccount(epoch, in_epoch[0], in_epoch[-1], twice, never, label_of.get(first_diff, ""))
 
 
 # -- the samples of two runs, step by step ---------------------------------------------------------

@@ -338,17 +338,7 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
         spike_factor=spec.spike_factor,
         window=window_size(spec.steps),
     )
-    evidence = CanaryEvidence(
-        steps=spec.steps, outcome=result.outcome, duration_s=round(result.duration_s, 2),
-        launch_to_first_metric_s=None if result.first_metric_s is None else round(result.first_metric_s, 2),
-        last_step=result.last_step,
-        limits=CanaryLimits(spec.steps, spec.max_seconds, spec.max_memory_mb, limit_s),
-        peak_rss_mb={str(r): mb for r, mb in sorted(result.peak_rss_mb.items())},
-        loss=loss.as_evidence(), run_dir=str(result.run_dir),
-        started_ahead=result.evidence.get("started_ahead", UNSET),
-    )
-    if result.peak_gpu_mb:
-        evidence.peak_gpu_mb = {str(r): mb for r, mb in sorted(result.peak_gpu_mb.items())}
+    evidence = _canary_evidence(result, spec, loss, limit_s)
     problems: list[str] = []
     limit = _limit_problem(result, spec, runner.settings.timeout_scale)
     if limit is None and shared is not None:
@@ -368,35 +358,8 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
         problems += loss.problems
         if loss.drop is not None and loss.drop < spec.min_loss_drop and not loss.spike:
             evidence.likely_causes = list(NOT_LEARNING_CAUSES)
-        if spec.val_metric is not None:
-            val_values = result.trajectory(spec.val_metric)
-            val = judge_loss(
-                val_values,
-                min_drop=spec.min_val_drop,
-                spike_factor=None,
-                window=max(1, min(3, len(val_values) // 2)),
-                metric=spec.val_metric,
-                option="min_val_drop",
-            )
-            evidence.val = val.as_evidence()
-            problems += val.problems
-        if spec.grad_norm is not None and spec.grad_norm_range is not None:
-            low, high = spec.grad_norm_range
-            norms = result.trajectory(spec.grad_norm)
-            outside = first_out_of_range(norms, low, high)
-            evidence.grad_norm = {
-                "metric": spec.grad_norm, "range": [low, high], "steps_seen": len(norms),
-                "min": min(norms.values()) if norms else None,
-                "max": max(norms.values()) if norms else None,
-            }
-            if not norms:
-                problems.append(f"the job printed no `{spec.grad_norm}` value (checks.canary.grad_norm)")
-            elif outside is not None:
-                step, value = outside
-                problems.append(
-                    f"{spec.grad_norm} is {value:.4g} at step {step}, outside grad_norm_range "
-                    f"[{low:g}, {high:g}]"
-                )
+        problems += _val_problems(result, spec, evidence)
+        problems += _grad_norm_problems(result, spec, evidence)
     baseline_note = ""
     if result.ok and loss.first_non_finite is None:
         outcome = canary_calibrated(runner, spec, request, result) or \
@@ -415,6 +378,69 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
         if baseline_note.startswith("; baseline not saved"):
             summary += baseline_note
         return CheckResult("canary", "failed", summary, evidence.to_dict(), duration, reproduce)
+    return CheckResult("canary", "passed", _passed_summary(result, spec, loss, evidence, limit_s) + baseline_note,
+                       evidence.to_dict(), duration, reproduce)
+
+
+def _canary_evidence(result: RunResult, spec: CanaryCheck, loss: LossVerdict, limit_s: float) -> CanaryEvidence:
+    """What the run did against its limits, and its loss verdict; the judgements that follow add
+    to it."""
+    evidence = CanaryEvidence(
+        steps=spec.steps, outcome=result.outcome, duration_s=round(result.duration_s, 2),
+        launch_to_first_metric_s=None if result.first_metric_s is None else round(result.first_metric_s, 2),
+        last_step=result.last_step,
+        limits=CanaryLimits(spec.steps, spec.max_seconds, spec.max_memory_mb, limit_s),
+        peak_rss_mb={str(r): mb for r, mb in sorted(result.peak_rss_mb.items())},
+        loss=loss.as_evidence(), run_dir=str(result.run_dir),
+        started_ahead=result.evidence.get("started_ahead", UNSET),
+    )
+    if result.peak_gpu_mb:
+        evidence.peak_gpu_mb = {str(r): mb for r, mb in sorted(result.peak_gpu_mb.items())}
+    return evidence
+
+
+def _val_problems(result: RunResult, spec: CanaryCheck, evidence: CanaryEvidence) -> list[str]:
+    """``val_metric`` judged like the loss (its drop, its non-finite values), without the spike
+    test: a validation metric is printed too seldom for a running median."""
+    if spec.val_metric is None:
+        return []
+    val_values = result.trajectory(spec.val_metric)
+    val = judge_loss(
+        val_values,
+        min_drop=spec.min_val_drop,
+        spike_factor=None,
+        window=max(1, min(3, len(val_values) // 2)),
+        metric=spec.val_metric,
+        option="min_val_drop",
+    )
+    evidence.val = val.as_evidence()
+    return val.problems
+
+
+def _grad_norm_problems(result: RunResult, spec: CanaryCheck, evidence: CanaryEvidence) -> list[str]:
+    """``grad_norm`` inside ``grad_norm_range`` at every step it was printed, when both are set."""
+    if spec.grad_norm is None or spec.grad_norm_range is None:
+        return []
+    low, high = spec.grad_norm_range
+    norms = result.trajectory(spec.grad_norm)
+    outside = first_out_of_range(norms, low, high)
+    evidence.grad_norm = {
+        "metric": spec.grad_norm, "range": [low, high], "steps_seen": len(norms),
+        "min": min(norms.values()) if norms else None,
+        "max": max(norms.values()) if norms else None,
+    }
+    if not norms:
+        return [f"the job printed no `{spec.grad_norm}` value (checks.canary.grad_norm)"]
+    if outside is not None:
+        step, value = outside
+        return [f"{spec.grad_norm} is {value:.4g} at step {step}, outside grad_norm_range [{low:g}, {high:g}]"]
+    return []
+
+
+def _passed_summary(result: RunResult, spec: CanaryCheck, loss: LossVerdict, evidence: CanaryEvidence,
+                    limit_s: float) -> str:
+    """How far the loss (and ``val_metric``) fell, and the time and memory the run took of its
+    limits."""
     assert loss.drop is not None  # no problem: the windows were compared
     peak = max(result.peak_rss_mb.values(), default=None)
     memory = (
@@ -426,16 +452,9 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
         f"; {spec.val_metric} fell {evidence.val['drop']:.0%}"
         if isinstance(evidence.val, dict) and evidence.val["drop"] is not None else ""
     )
-    return CheckResult(
-        "canary",
-        "passed",
-        f"loss fell {loss.drop:.0%} (median {loss.early_median:.4g} over steps {loss.early_steps} "
-        f"-> {loss.late_median:.4g} over steps {loss.late_steps}; min {spec.min_loss_drop:.0%}), "
-        f"finite, no spike{val_note}; {spec.steps} steps in {seconds}, {memory}{baseline_note}",
-        evidence.to_dict(),
-        duration,
-        reproduce,
-    )
+    return (f"loss fell {loss.drop:.0%} (median {loss.early_median:.4g} over steps {loss.early_steps} "
+            f"-> {loss.late_median:.4g} over steps {loss.late_steps}; min {spec.min_loss_drop:.0%}), "
+            f"finite, no spike{val_note}; {spec.steps} steps in {seconds}, {memory}")
 
 
 def _canary_requires(spec: CanaryCheck, facts: JobFacts) -> list[tuple[str, str]]:

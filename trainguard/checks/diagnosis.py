@@ -273,6 +273,7 @@ class ResumeFacts:
 
 def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
     """The causes of a failed resume, most likely first, each with its evidence."""
+    # the order of the steps below is the order each cause's evidence is listed in
     t = _Tally()
     boundary = facts.resumed_from + 1
     began_again = facts.resumed_from == 0 if facts.began_again is None else facts.began_again
@@ -282,6 +283,39 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
     else:
         t.rule_out("no_checkpoint", f"the resumed run went on from step {facts.resumed_from}: it "
                    "loaded a checkpoint")
+    _samples_drawn(t, facts)
+    if facts.checkpoint is not None:
+        _checkpoint_lacks(t, facts.checkpoint)
+    if facts.lr is not None:
+        _learning_rate(t, facts.lr, boundary)
+    replay = facts.replay
+    step = facts.first_divergent_step
+    # a loss is computed before its step's update: lost optimizer or scheduler state shows one
+    # step after the boundary, lost data position or RNG at the boundary itself
+    if step == boundary and not began_again and replay is not None and replay.same:
+        why = (f"step {step}, the first resumed one, drew the reference's samples and still differs: what "
+               "it drew at random (dropout) or the weights it loaded differ")
+        t.add("rng", SUGGESTIVE, why)
+        t.add("stale_checkpoint", SUGGESTIVE, why)
+    if facts.checkpoint is not None:
+        _rng_states_held(t, facts.checkpoint, facts)
+    if step is not None and not began_again and step > boundary + 1:
+        agree = step - boundary
+        later = f"the trajectories agree for {agree} resumed step{'s' if agree > 1 else ''} and part at step {step}"
+        t.add("data_position", SUGGESTIVE, later)
+        t.add("rng", SUGGESTIVE, later)
+        if "optimizer" not in t.ruled_out:
+            t.add("optimizer", -1, "lost optimizer moments show within a step of the resume, not later")
+    _final_state(t, facts)
+    for key, line in facts.warnings:
+        t.add(key, STRONG, f"the framework warned: {line}")
+    _averaged_weights(t, facts)
+    _loss_scale(t, facts, boundary)
+    return rank_causes(t, RESUME_CAUSE_TEXT)
+
+
+def _samples_drawn(t: _Tally, facts: ResumeFacts) -> None:
+    """What the first resumed step trained on, and the samples trained twice or never."""
     replay = facts.replay
     ckpt = facts.checkpoint
     if replay is not None:
@@ -300,51 +334,51 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
                       "no RNG state to restore the shuffle from")
     if facts.samples_accounted:
         t.add("data_position", STRONG, facts.samples_accounted)
-    if ckpt is not None:
-        name = Path(str(ckpt.path)).name
-        # a component in a file that could not be read safely is there, not missing
-        # (accelerate's sampler_1.bin is a pickled sampler object)
-        from trainguard.unit.checkpoints.state import classify_path
 
-        unread = {classify_path(Path(name).name, ())[0] for name in ckpt.skipped}
-        for key, component in (("rng", "rng"), ("optimizer", "optimizer"), ("scheduler", "scheduler"),
-                               ("data_position", "data")):
-            if not ckpt.has(component) and component not in unread:
-                points = STRONG if key in ("rng", "optimizer") else SUGGESTIVE
-                t.add(key, points, f"{name} holds no {_COMPONENT_WORDS[component]}")
-        detail = ckpt.details.get("optimizer", "")
-        if ckpt.has("optimizer") and "no per-parameter state" in detail:
-            t.add("optimizer", STRONG, f"{name}: optimizer {detail}")
-    if facts.lr is not None:
-        lr_step, lr_name = facts.lr
-        if lr_step is None:
-            t.rule_out("scheduler", f"{lr_name} matches the uninterrupted run at every step")
-        elif lr_step <= boundary:
-            t.add("scheduler", DECISIVE, f"{lr_name} differs from step {lr_step} on, the first resumed step")
-        else:
-            t.add("scheduler", SUGGESTIVE, f"{lr_name} differs from step {lr_step} on")
-    step = facts.first_divergent_step
-    # a loss is computed before its step's update: lost optimizer or scheduler state shows one
-    # step after the boundary, lost data position or RNG at the boundary itself
-    if step == boundary and not began_again and replay is not None and replay.same:
-        why = (f"step {step}, the first resumed one, drew the reference's samples and still differs: what "
-               "it drew at random (dropout) or the weights it loaded differ")
-        t.add("rng", SUGGESTIVE, why)
-        t.add("stale_checkpoint", SUGGESTIVE, why)
-    if ckpt is not None and facts.on_gpu and ckpt.has("rng") and not ckpt.cuda_rng_states:
+
+def _checkpoint_lacks(t: _Tally, ckpt: CheckpointInventory) -> None:
+    """The components the checkpoint the resumed run loaded does not hold."""
+    name = Path(str(ckpt.path)).name
+    # a component in a file that could not be read safely is there, not missing
+    # (accelerate's sampler_1.bin is a pickled sampler object)
+    from trainguard.unit.checkpoints.state import classify_path
+
+    unread = {classify_path(Path(name).name, ())[0] for name in ckpt.skipped}
+    for key, component in (("rng", "rng"), ("optimizer", "optimizer"), ("scheduler", "scheduler"),
+                           ("data_position", "data")):
+        if not ckpt.has(component) and component not in unread:
+            points = STRONG if key in ("rng", "optimizer") else SUGGESTIVE
+            t.add(key, points, f"{name} holds no {_COMPONENT_WORDS[component]}")
+    detail = ckpt.details.get("optimizer", "")
+    if ckpt.has("optimizer") and "no per-parameter state" in detail:
+        t.add("optimizer", STRONG, f"{name}: optimizer {detail}")
+
+
+def _learning_rate(t: _Tally, lr: tuple[int | None, str], boundary: int) -> None:
+    """Where a learning-rate metric parts: at the first resumed step, the schedule restarted."""
+    lr_step, lr_name = lr
+    if lr_step is None:
+        t.rule_out("scheduler", f"{lr_name} matches the uninterrupted run at every step")
+    elif lr_step <= boundary:
+        t.add("scheduler", DECISIVE, f"{lr_name} differs from step {lr_step} on, the first resumed step")
+    else:
+        t.add("scheduler", SUGGESTIVE, f"{lr_name} differs from step {lr_step} on")
+
+
+def _rng_states_held(t: _Tally, ckpt: CheckpointInventory, facts: ResumeFacts) -> None:
+    """RNG states the checkpoint holds too few of: none of the CUDA generator for a job on the
+    GPU, one torch state for several ranks."""
+    if facts.on_gpu and ckpt.has("rng") and not ckpt.cuda_rng_states:
         t.add("rng", STRONG, f"{Path(str(ckpt.path)).name} holds RNG state but none of the CUDA "
               "generator, and the job ran on the GPU: what it draws there (dropout) starts again from the seed")
-    if ckpt is not None and facts.world_size > 1 and ckpt.torch_rng_states == 1:
+    if facts.world_size > 1 and ckpt.torch_rng_states == 1:
         t.add("rng", SUGGESTIVE, f"{Path(str(ckpt.path)).name} holds one torch RNG state for "
               f"{facts.world_size} ranks: ranks that draw differently (dropout) come back with rank 0's draws")
-    if step is not None and not began_again and step > boundary + 1:
-        agree = step - boundary
-        later = f"the trajectories agree for {agree} resumed step{'s' if agree > 1 else ''} and part at step {step}"
-        t.add("data_position", SUGGESTIVE, later)
-        t.add("rng", SUGGESTIVE, later)
-        if "optimizer" not in t.ruled_out:
-            t.add("optimizer", -1, "lost optimizer moments show within a step of the resume, not later")
-    data_differs = replay is not None and not replay.same
+
+
+def _final_state(t: _Tally, facts: ResumeFacts) -> None:
+    """The differences between the final checkpoints that point at one cause."""
+    data_differs = facts.replay is not None and not facts.replay.same
     for key, why in _specific_differences(facts.final_state):
         if key.endswith("?"):  # a difference another one explains
             t.add(key[:-1], SUGGESTIVE, why)
@@ -355,11 +389,6 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
                   "generator of its own draws its workers' seeds from the global RNG at each pass)")
         else:
             t.add(key, STRONG, why)
-    for key, line in facts.warnings:
-        t.add(key, STRONG, f"the framework warned: {line}")
-    _averaged_weights(t, facts)
-    _loss_scale(t, facts, boundary)
-    return rank_causes(t, RESUME_CAUSE_TEXT)
 
 
 def _loss_scale(t: _Tally, facts: ResumeFacts, boundary: int) -> None:

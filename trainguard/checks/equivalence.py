@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.checks.accounting import (
+    SampleAccounting,
     Segment,
     account_samples,
     batch_order_difference,
@@ -32,7 +33,7 @@ from trainguard.checks.diagnosis import (
     resume_diagnosis,
     shared_shard_note,
 )
-from trainguard.checks.interruption import interrupt
+from trainguard.checks.interruption import Interruption, interrupt
 from trainguard.config import DeterminismCheck, ParallelCheck, ResumeCheck
 from trainguard.config.problems import one_process_problems
 from trainguard.config.registry import Check, Run
@@ -384,17 +385,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     if latest is not None:
         reproduce = _resume_reproduce(runner, request, spec.after_step, latest.relative_to(checkpoint_dir))
     elif runner.resumes_from_latest:  # {latest_checkpoint} would name nothing: not launched
-        causes = diagnose_resume(ResumeFacts(0))
-        return CheckResult(
-            "resume", "failed",
-            f"no complete checkpoint under {checkpoint_dir} to resume from ({cut.writer()}: "
-            f"{describe_candidates(checkpoint_dir)}): all {killed_at} steps of progress lost; does "
-            f"the job checkpoint before step {killed_at}?",
-            {"killed_after_step": killed_at, "checkpoint_dir": str(checkpoint_dir), "interruption": cut.as_evidence(),
-             "stderr_tail": cut.killed.stderr_tail if cut.killed is not None else "",
-             "likely_causes": [c.text for c in causes], "diagnosis": [c.as_evidence() for c in causes]},
-            time.monotonic() - started, reproduce,
-        )
+        return _no_checkpoint_left(cut, time.monotonic() - started, reproduce)
     # what the resumed run will load, read before it writes newer checkpoints beside it
     inventory = read_inventory(latest if latest is not None else checkpoint_dir)
     resumed = cut.resume(runner, request, label="resume-resumed")
@@ -435,41 +426,11 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         rtol=spec.rtol, atol=spec.atol,
     )
     evidence.state = state.as_evidence()
-    # steps from 1, or from 0 (nanoGPT's `iter 0` through `iter N`, `epoch 0` through N - 1)
-    base = 0 if 0 in expected else 1
-    last = max(expected, default=spec.steps) if base == 0 else spec.steps
-    accounting = account_samples(read_samples(reference.run_dir), [
-        Segment(read_samples(cut.run_dir), base, resumed_from if not began_again else base - 1, "before the kill"),
-        Segment(read_samples(resumed.run_dir), first_step, last, f"after the resume at step {resumed_from}"),
-    ], steps=last - base + 1, first_step=base)
+    accounting = _resume_accounting(reference, cut.run_dir, resumed, expected, spec.steps, first_step,
+                                    resumed_from, began_again)
     evidence.sample_accounting = accounting.as_evidence()
-    problems: list[str] = []
-    if began_again:
-        problems.append(
-            f"the resumed run started again from step {first_step}: no usable checkpoint, all "
-            f"{killed_at} steps of progress lost (does the job checkpoint before it exits, "
-            "and does resume_args make it load the latest one?)"
-        )
-    if spec.max_lost_steps is not None and lost > spec.max_lost_steps:
-        problems.append(f"{lost} steps of progress lost (max_lost_steps {spec.max_lost_steps})")
-    if not diff.ok:
-        if diff.first_divergent_step is not None:
-            a, b = diff.first_values or (math.nan, math.nan)
-            problems.append(
-                f"{metric} diverges from the uninterrupted run at step {diff.first_divergent_step} "
-                f"(resumed {a!r} vs reference {b!r}; max abs diff {diff.max_abs_diff:.3g}, "
-                f"max rel diff {diff.max_rel_diff:.3g}{tol.words(metric, diff.first_divergent_step, abs(a - b))})"
-            )
-        else:
-            problems.append(f"the resumed run is missing steps {diff.missing_in_actual[:5]}")
-    for other in others:
-        if other.first_divergent_step is not None:
-            a, b = other.first_values or (math.nan, math.nan)
-            problems.append(
-                f"{other.metric} diverges from the uninterrupted run at step {other.first_divergent_step} "
-                f"(resumed {a!r} vs reference {b!r}; max abs diff {other.max_abs_diff:.3g})"
-                + (f" while {metric} matches" if diff.ok else "")
-            )
+    problems = _progress_problems(spec, first_step, killed_at, lost, began_again)
+    problems += _trajectory_problems(metric, diff, others, tol)
     if state.compared and not state.ok and tol.exact_state:  # a calibrated noisy job: every tensor differs
         problems.append(f"final checkpoints differ in {state.summary()}")
     duration = time.monotonic() - started
@@ -506,6 +467,77 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         duration,
         reproduce,
     )
+
+
+def _no_checkpoint_left(cut: Interruption, duration: float, reproduce: str) -> CheckResult:
+    """The killed run left no complete checkpoint, so a resume from the latest one has nothing
+    to name: the check fails without launching it."""
+    causes = diagnose_resume(ResumeFacts(0))
+    checkpoint_dir, killed_at = cut.checkpoint_dir, cut.step
+    return CheckResult(
+        "resume", "failed",
+        f"no complete checkpoint under {checkpoint_dir} to resume from ({cut.writer()}: "
+        f"{describe_candidates(checkpoint_dir)}): all {killed_at} steps of progress lost; does "
+        f"the job checkpoint before step {killed_at}?",
+        {"killed_after_step": killed_at, "checkpoint_dir": str(checkpoint_dir), "interruption": cut.as_evidence(),
+         "stderr_tail": cut.killed.stderr_tail if cut.killed is not None else "",
+         "likely_causes": [c.text for c in causes], "diagnosis": [c.as_evidence() for c in causes]},
+        duration, reproduce,
+    )
+
+
+def _resume_accounting(reference: RunResult, killed_dir: Path, resumed: RunResult, expected: Mapping[int, float],
+                       steps: int, first_step: int, resumed_from: int, began_again: bool) -> SampleAccounting:
+    """The samples the killed run (up to the step the resume went on from) and the resumed run
+    trained, against the uninterrupted run's."""
+    # steps from 1, or from 0 (nanoGPT's `iter 0` through `iter N`, `epoch 0` through N - 1)
+    base = 0 if 0 in expected else 1
+    last = max(expected, default=steps) if base == 0 else steps
+    return account_samples(read_samples(reference.run_dir), [
+        Segment(read_samples(killed_dir), base, resumed_from if not began_again else base - 1, "before the kill"),
+        Segment(read_samples(resumed.run_dir), first_step, last, f"after the resume at step {resumed_from}"),
+    ], steps=last - base + 1, first_step=base)
+
+
+def _progress_problems(spec: ResumeCheck, first_step: int, killed_at: int | None, lost: int,
+                       began_again: bool) -> list[str]:
+    """The progress the resume lost: all of it (it began again), or more than ``max_lost_steps``."""
+    problems = []
+    if began_again:
+        problems.append(
+            f"the resumed run started again from step {first_step}: no usable checkpoint, all "
+            f"{killed_at} steps of progress lost (does the job checkpoint before it exits, "
+            "and does resume_args make it load the latest one?)"
+        )
+    if spec.max_lost_steps is not None and lost > spec.max_lost_steps:
+        problems.append(f"{lost} steps of progress lost (max_lost_steps {spec.max_lost_steps})")
+    return problems
+
+
+def _trajectory_problems(metric: str, diff: TrajectoryDiff, others: Sequence[TrajectoryDiff],
+                         tol: ToleranceUsed) -> list[str]:
+    """Where the resumed run parts from the uninterrupted one: in the progress ``metric``
+    (``diff``, with the tolerance it was allowed), then in each other metric."""
+    problems = []
+    if not diff.ok:
+        if diff.first_divergent_step is not None:
+            a, b = diff.first_values or (math.nan, math.nan)
+            problems.append(
+                f"{metric} diverges from the uninterrupted run at step {diff.first_divergent_step} "
+                f"(resumed {a!r} vs reference {b!r}; max abs diff {diff.max_abs_diff:.3g}, "
+                f"max rel diff {diff.max_rel_diff:.3g}{tol.words(metric, diff.first_divergent_step, abs(a - b))})"
+            )
+        else:
+            problems.append(f"the resumed run is missing steps {diff.missing_in_actual[:5]}")
+    for other in others:
+        if other.first_divergent_step is not None:
+            a, b = other.first_values or (math.nan, math.nan)
+            problems.append(
+                f"{other.metric} diverges from the uninterrupted run at step {other.first_divergent_step} "
+                f"(resumed {a!r} vs reference {b!r}; max abs diff {other.max_abs_diff:.3g})"
+                + (f" while {metric} matches" if diff.ok else "")
+            )
+    return problems
 
 
 def other_metric_diffs(runner: JobRunner, spec: ResumeCheck, metric: str, resumed: RunResult,

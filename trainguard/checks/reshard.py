@@ -40,7 +40,7 @@ from trainguard.checks.diagnosis import (
     Cause,
     read_inventory,
 )
-from trainguard.checks.equivalence import compare_trajectories
+from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories
 from trainguard.checks.interruption import interrupt
 from trainguard.config import ReshardCheck
 from trainguard.config.problems import one_process_problems
@@ -277,21 +277,66 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
     others = [c for c in state.by_component if c not in TRAINING_STATE]
     if others:
         evidence.state_differing_across_world_sizes = others  # expected: per-rank RNG, world size
-    ref_samples = read_samples(reference.run_dir)
-    res_samples = read_samples(resumed.run_dir)
+    agreement, accounting = _pair_samples(reference.run_dir, cut.run_dir, resumed.run_dir, spec.steps,
+                                          first_step, resumed_from, n, m)
+    if agreement is not None:
+        evidence.samples = agreement.sentence(n, m)
+    evidence.sample_accounting = accounting.as_evidence()
+    problems = _pair_problems(spec, metric, n, m, first_step, resumed_from, diff)
+    if differing:
+        problems.append("final checkpoints differ in " + ", ".join(
+            f"{c} ({len(state.by_component[c])} keys)" for c in differing))
+    if not problems:
+        note = f"; {evidence.samples}" if agreement is not None else " (no sample records)"
+        return _Pair(n, m, "passed", f"{name}: {cut.words()}, resumed from step {resumed_from}, steps {first_step}-"
+                     f"{spec.steps} match the {n}-rank run (max abs diff {diff.max_abs_diff:.3g}){note}",
+                     evidence, reproduce)
+    facts = PairFacts(resumed_from, diff.first_divergent_step, agreement, inventory, differing,
+                       _rng_warning(resumed.run_dir, m), accounting)
+    return _Pair(n, m, "failed", _diagnosed(facts, problems, n, m, evidence), evidence, reproduce)
+
+
+def _diagnosed(facts: PairFacts, problems: list[str], n: int, m: int, evidence: ReshardPairEvidence) -> str:
+    """A failed pair's summary: its problems, what the samples say and the most likely cause;
+    the causes, ranked, go into ``evidence``."""
+    causes = rank_reshard_causes(facts)
+    evidence.diagnosis = [c.as_evidence() for c in causes]
+    evidence.likely_causes = [c.text for c in causes if not c.ruled_out]
+    summary = f"{n}->{m}: " + "; ".join(problems)
+    if facts.samples is not None:
+        summary += f"; {facts.samples.sentence(n, m)}"
+    accounting = facts.accounting
+    if accounting is not None and accounting.known and not accounting.ok:
+        summary += f"; {accounting.summary()}"
+    top = next((c for c in causes if c.strength > NONE), None)
+    if top is not None:
+        summary += f". Most likely {top.text.split(':')[0].split(' (')[0]}: {'; '.join(top.evidence[:2])}"
+    return summary
+
+
+def _pair_samples(reference_dir: Path, killed_dir: Path, resumed_dir: Path, steps: int, first_step: int,
+                  resumed_from: int, n: int, m: int) -> tuple[SampleAgreement | None, SampleAccounting]:
+    """Whether the ``m`` resumed ranks together drew the samples the ``n`` reference ranks drew
+    per step, and which samples the killed and the resumed run trained twice or never."""
+    ref_samples = read_samples(reference_dir)
+    res_samples = read_samples(resumed_dir)
     drawn = training_batches(next(iter(ref_samples.values()), []), None)
     dataset = drawn[0].dataset if drawn else None
     agreement = sample_agreement(
-        global_batches(ref_samples, first_step=1, steps=spec.steps, dataset=dataset),
-        global_batches(res_samples, first_step=first_step, steps=spec.steps, dataset=dataset),
+        global_batches(ref_samples, first_step=1, steps=steps, dataset=dataset),
+        global_batches(res_samples, first_step=first_step, steps=steps, dataset=dataset),
     )
-    if agreement is not None:
-        evidence.samples = agreement.sentence(n, m)
     accounting = account_samples(ref_samples, [
-        Segment(read_samples(cut.run_dir), 1, resumed_from, f"at {n} rank(s)"),
-        Segment(res_samples, resumed_from + 1, spec.steps, f"after the resume at {m} rank(s)"),
-    ], steps=spec.steps)
-    evidence.sample_accounting = accounting.as_evidence()
+        Segment(read_samples(killed_dir), 1, resumed_from, f"at {n} rank(s)"),
+        Segment(res_samples, resumed_from + 1, steps, f"after the resume at {m} rank(s)"),
+    ], steps=steps)
+    return agreement, accounting
+
+
+def _pair_problems(spec: ReshardCheck, metric: str, n: int, m: int, first_step: int, resumed_from: int,
+                   diff: TrajectoryDiff) -> list[str]:
+    """What the resume at ``m`` ranks lost of the ``n``-rank run: its progress (it began again),
+    or where its trajectory parts from the uninterrupted one's."""
     problems: list[str] = []
     if resumed_from == 0:
         problems.append(f"the resumed run started again from step {first_step} (no usable checkpoint, or resume_args "
@@ -303,28 +348,7 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
                         f"{diff.max_abs_diff:.3g}, rtol {spec.rtol:g} atol {spec.atol:g})")
     elif diff.missing_in_actual:
         problems.append(f"the resumed run is missing steps {diff.missing_in_actual[:5]}")
-    if differing:
-        problems.append("final checkpoints differ in " + ", ".join(
-            f"{c} ({len(state.by_component[c])} keys)" for c in differing))
-    if not problems:
-        note = f"; {evidence.samples}" if agreement is not None else " (no sample records)"
-        return _Pair(n, m, "passed", f"{name}: {cut.words()}, resumed from step {resumed_from}, steps {first_step}-"
-                     f"{spec.steps} match the {n}-rank run (max abs diff {diff.max_abs_diff:.3g}){note}",
-                     evidence, reproduce)
-    facts = PairFacts(resumed_from, diff.first_divergent_step, agreement, inventory, differing,
-                       _rng_warning(resumed.run_dir, m), accounting)
-    causes = rank_reshard_causes(facts)
-    evidence.diagnosis = [c.as_evidence() for c in causes]
-    evidence.likely_causes = [c.text for c in causes if not c.ruled_out]
-    summary = f"{name}: " + "; ".join(problems)
-    if agreement is not None:
-        summary += f"; {agreement.sentence(n, m)}"
-    if accounting.known and not accounting.ok:
-        summary += f"; {accounting.summary()}"
-    top = next((c for c in causes if c.strength > NONE), None)
-    if top is not None:
-        summary += f". Most likely {top.text.split(':')[0].split(' (')[0]}: {'; '.join(top.evidence[:2])}"
-    return _Pair(n, m, "failed", summary, evidence, reproduce)
+    return problems
 
 
 def run_reshard(runner: JobRunner, spec: ReshardCheck) -> CheckResult:

@@ -112,6 +112,25 @@ def _accounting(reference: RunResult, cycles: list[ChainCycle], steps: int) -> S
     return account_samples(read_samples(reference.run_dir), segments, steps=steps)
 
 
+def _diff_problems(where: str, diffs: list[TrajectoryDiff]) -> list[str]:
+    """The metrics a cycle parts from the uninterrupted run in, as one problem named by ``where``."""
+    found = [p for p in (_problem(d) for d in diffs) if p]
+    return [f"{where}: " + "; ".join(found)] if found else []
+
+
+def _failing_cycle_causes(failing: int) -> tuple[list[str], str]:
+    """(the likely causes, a note for the summary) of a chain whose cycle ``failing`` failed:
+    what the cycles before it show depends on how many resumes they made."""
+    if failing > 2:
+        return (list(LATER_CYCLE_CAUSES),
+                f"; cycles 1-{failing - 1} matched, so the state is lost only by a resumed run's save")
+    if failing == 2:
+        return ["the first resume already differs: run `checks.resume` with a single kill (after_step) "
+                "for the diagnosis of a failed resume"], ""
+    return ["the run differs from the uninterrupted one before any resume: the job is not "
+            "deterministic (the determinism check names why)"], ""
+
+
 def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     """The reference; a fresh run killed after ``chain[0]``; then each later cut: resumed from
     the checkpoint directory the kills share and killed again; last, resumed to the end."""
@@ -161,9 +180,7 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
                 problems.append(f"{where}: the resumed run started again from step {steps[0]}: no usable checkpoint")
             diffs = _diffs(runner, spec, metric, run, reference, steps[0], steps[-1] if cut is not None else spec.steps, tol)
             cycle.metrics = [d.as_evidence() for d in diffs]
-            found = [p for p in (_problem(d) for d in diffs) if p]
-            if found:
-                problems.append(f"{where}: " + "; ".join(found))
+            problems += _diff_problems(where, diffs)
         if problems:
             evidence.failing_cycle = i
             break
@@ -181,19 +198,7 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         if accounting.known and not accounting.ok:
             problems.append(accounting.summary())
         failing = evidence.failing_cycle if evidence.failing_cycle is not UNSET else len(cuts) + 1
-        if failing > 2:
-            evidence.likely_causes = list(LATER_CYCLE_CAUSES)
-            note = f"; cycles 1-{failing - 1} matched, so the state is lost only by a resumed run's save"
-        elif failing == 2:
-            evidence.likely_causes = [
-                "the first resume already differs: run `checks.resume` with a single kill (after_step) "
-                "for the diagnosis of a failed resume"]
-            note = ""
-        else:
-            evidence.likely_causes = [
-                "the run differs from the uninterrupted one before any resume: the job is not "
-                "deterministic (the determinism check names why)"]
-            note = ""
+        evidence.likely_causes, note = _failing_cycle_causes(failing)
         return done("failed", "; ".join(problems) + note, evidence.to_dict())
     spans = ", ".join(f"{c.resumed_from_step}->{c.killed_after_step if c.killed_after_step is not None else spec.steps}"
                       for c in evidence.cycles[1:])

@@ -186,22 +186,10 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
 
     resume_note = ""
     if not problems and files:
-        ckpt_step, load_problem = _load_stage(files, checkpoint_dir, stages, evidence)
-        if load_problem is not None:
-            problems.append(load_problem)
-        elif not job.resume_args:
-            stages["resume"] = "skipped: job.resume_args is empty, so the job cannot be resumed"
-        else:
-            if ckpt_step is None:
-                ckpt_step = result.last_step  # no step in the file: the last one printed
-                evidence.checkpoint_step_from = "the first run's last printed step"
-            launch, resume_request, ckpt_step = _resumed_run(
-                runner, declared, resume_request, checkpoint_dir, ckpt_step, evidence)
-            resume_problem = _resume_stage(launch, resume_request, metric, ckpt_step, stages, evidence, base)
-            if resume_problem is not None:
-                problems.append(resume_problem)
-            elif isinstance(evidence.resume, SmokeResume):
-                resume_note = f"; resumed from the checkpoint of step {ckpt_step} at step {evidence.resume.first_step}"
+        problem, resume_note = _checkpoint_stages(runner, declared, resume_request, result, files, metric, base,
+                                                  stages, evidence)
+        if problem is not None:
+            problems.append(problem)
     elif not problems and not uses_checkpoints:
         stages["checkpoint_load"] = stages["resume"] = "skipped: the job is not given {checkpoint_dir}"
 
@@ -219,6 +207,32 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
         duration,
         reproduce,
     )
+
+
+def _checkpoint_stages(
+    runner: JobRunner, declared: list[DeclaredRun], resume_request: RunRequest, result: RunResult,
+    files: list[Path], metric: str, base: int, stages: dict[str, Any], evidence: SmokeEvidence,
+) -> tuple[str | None, str]:
+    """Load the checkpoint the run wrote in ``result.checkpoints``, then (with ``job.resume_args``)
+    resume from it; (the problem or None, the summary's note on the resume)."""
+    checkpoint_dir = result.checkpoints
+    ckpt_step, load_problem = _load_stage(files, checkpoint_dir, stages, evidence)
+    if load_problem is not None:
+        return load_problem, ""
+    if not runner.job_file.job.resume_args:
+        stages["resume"] = "skipped: job.resume_args is empty, so the job cannot be resumed"
+        return None, ""
+    if ckpt_step is None:
+        ckpt_step = result.last_step  # no step in the file: the last one printed
+        evidence.checkpoint_step_from = "the first run's last printed step"
+    launch, resume_request, ckpt_step = _resumed_run(
+        runner, declared, resume_request, checkpoint_dir, ckpt_step, evidence)
+    resume_problem = _resume_stage(launch, resume_request, metric, ckpt_step, stages, evidence, base)
+    if resume_problem is not None:
+        return resume_problem, ""
+    if isinstance(evidence.resume, SmokeResume):
+        return None, f"; resumed from the checkpoint of step {ckpt_step} at step {evidence.resume.first_step}"
+    return None, ""
 
 
 def _load_stage(
