@@ -321,6 +321,25 @@ def test_canary_stops_a_job_that_runs_past_its_steps(tmp_path: Path) -> None:
     )
 
 
+def test_canary_fails_a_job_past_its_steps_that_ended_before_it_could_be_stopped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a loaded machine the launcher reads a fast job's lines late: the job may end before the
+    stop. Its lines still say it went past the limit. (The stop is taken out here, so the job
+    always ends first.)"""
+    import trainguard.checks.canary as canary
+
+    monkeypatch.setattr(canary, "canary_on_metric", lambda spec: lambda point, launcher: None)
+    text = TOY_JOB.replace("--steps {steps}", "--steps 30 --tag {steps}")
+    job_file = load_config(toy_job(tmp_path, text))
+    assert job_file.checks.canary is not None
+    result = run_canary(JobRunner(job_file, Settings()), job_file.checks.canary)
+    assert result.status == "failed"
+    assert result.summary.startswith(
+        "limit steps (20) exceeded: the job printed step 21, past the limit of 20 steps "
+        "(it ended at step 30 before it could be stopped)"
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # The tg_canary fixture
 # --------------------------------------------------------------------------------------------

@@ -255,6 +255,11 @@ def _limit_problem(result: RunResult, spec: CanaryCheck, scale: float) -> str | 
     """The limit the run hit, by how much; None when it hit none."""
     if result.outcome == "stopped":
         return f"limit steps ({spec.steps}) exceeded: {result.reason}; does job.command pass {{steps}} to the script?"
+    past = min((p.step for p in result.points if p.name == "loss" and p.step > spec.steps), default=None)
+    if past is not None:  # it ended before the launcher could stop it (its lines read late)
+        return (f"limit steps ({spec.steps}) exceeded: the job printed step {past}, past the limit of "
+                f"{spec.steps} steps (it ended at step {result.last_step} before it could be stopped); "
+                "does job.command pass {steps} to the script?")
     if "memory_limit" in result.evidence:
         return f"limit max_memory_mb ({spec.max_memory_mb:g}) exceeded: {result.reason}"
     if spec.max_seconds is None or result.outcome != "timeout":
@@ -308,8 +313,12 @@ def canary_request(runner: JobRunner, spec: CanaryCheck) -> RunRequest:
 def canary_on_metric(spec: CanaryCheck) -> Callable[[MetricPoint, Launcher], None]:
     """Stops a job that runs past the canary's steps (it ignored ``--steps``)."""
 
+    stopped: set[int] = set()  # the launchers stopped: a job's later lines, read after the stop
+    # (a loaded machine reads them late), must not rename the step it went past the limit at
+
     def steps_limit(point: MetricPoint, launcher: Launcher) -> None:
-        if point.name == "loss" and point.step > spec.steps:
+        if point.name == "loss" and point.step > spec.steps and id(launcher) not in stopped:
+            stopped.add(id(launcher))
             launcher.stop(f"the job printed step {point.step}, past the limit of {spec.steps} steps")
 
     return steps_limit
