@@ -21,13 +21,8 @@ from typing import Any
 
 from trainguard.config import DrillSpec
 from trainguard.drills.evidence import NonfiniteEvidence
-from trainguard.drills.judges import (
-    DrillContext,
-    Judgement,
-    common_evidence,
-    exit_problems,
-    not_injected,
-)
+from trainguard.drills.judges import DrillContext, Judgement, exit_problems
+from trainguard.drills.opening import judge_injected
 from trainguard.evidence import known
 from trainguard.launch import MetricPoint
 
@@ -117,11 +112,8 @@ def _causes(policy: str, first_ok: bool, hung: bool, numerics: dict[str, Any], p
     return [c["late"], c["no_check"], c["swallowed"]]
 
 
-def judge_handle_nonfinite(c: DrillContext) -> Judgement:
-    skipped = not_injected(c)
-    if skipped:
-        return skipped
-    evidence = common_evidence(c, NonfiniteEvidence)
+@judge_injected(NonfiniteEvidence)
+def judge_handle_nonfinite(c: DrillContext, evidence: NonfiniteEvidence) -> Judgement:
     spec, fault, first = c.spec, c.fault, c.run.attempts[0]
     params = fault.params
     policy, target, value = str(params.get("policy", "stop")), str(params.get("target", "loss")), \

@@ -14,11 +14,10 @@ from trainguard.drills.judges import (
     Injection,
     Judgement,
     checkpoints_compared,
-    common_evidence,
-    not_injected,
     recovered_run_problems,
     trajectory_diff,
 )
+from trainguard.drills.opening import judge_injected
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.raytrain.workers import WorkerSighting
@@ -71,13 +70,10 @@ def _ray_restart(c: DrillContext) -> dict[str, Any]:
     return out
 
 
-def judge_ray_recover(c: DrillContext) -> Judgement:
+@judge_injected(RayRecoverEvidence)
+def judge_ray_recover(c: DrillContext, evidence: RayRecoverEvidence) -> Judgement:
     """recover for a ray_train job whose worker died: Ray Train's FailureConfig must restart the
     worker group from the latest reported checkpoint inside the same fit."""
-    skipped = not_injected(c)
-    if skipped:
-        return skipped
-    evidence = common_evidence(c, RayRecoverEvidence)
     spec, run = c.spec, c.run
     ray = _ray_restart(c)
     evidence.ray = ray

@@ -25,13 +25,12 @@ from trainguard.drills.judges import (
     DrillContext,
     Judgement,
     attempt_evidence,
-    common_evidence,
     diff_problem,
-    not_injected,
     trajectory_diff,
 )
+from trainguard.drills.opening import judge_injected
 from trainguard.evidence import known
-from trainguard.launch import RankExit
+from trainguard.launch import RankExit, RunResult
 from trainguard.unit.checkpoints import latest_complete_checkpoint
 
 __all__ = ["SAVE_AND_EXIT_CAUSES", "died_of_the_notice", "judge_save_and_exit"]
@@ -101,18 +100,78 @@ def died_of_the_notice(exits: Sequence[RankExit], sent: Sequence[Mapping[str, An
                   and (e.rank in notified or not e.killed_by_trainguard))
 
 
-def judge_save_and_exit(c: DrillContext) -> Judgement:
-    skipped = not_injected(c)
-    if skipped:
-        return skipped
-    evidence = common_evidence(c, SaveAndExitEvidence)
+def _stale_checkpoint(directory: Path, notice_wall: float | None, timeline: PreemptionTimeline) -> str | None:
+    """What is wrong when the newest complete checkpoint under ``directory`` was not written
+    after the notice (None when it was); puts it and when it was complete in ``timeline``."""
+    latest = _newest_checkpoint(directory)
+    written = _newest_write(latest) if latest is not None else None
+    if latest is not None and written is not None and notice_wall is not None:
+        timeline.checkpoint = str(latest)
+        timeline.checkpoint_complete_after_notice_s = round(written - notice_wall, 3)
+    fresh = latest is not None and written is not None and notice_wall is not None and written >= notice_wall
+    if fresh:
+        return None
+    older = f" (the newest complete one, {latest.name}, predates it)" if latest is not None else ""
+    return f"no complete checkpoint was written after the notice{older}"
+
+
+def _resume_problems(c: DrillContext, verify: RunResult, evidence: SaveAndExitEvidence,
+                     done: int) -> tuple[int | None, list[str]]:
+    """The step the run resumed from the latest checkpoint (fault removed) started after, and
+    what is wrong with it: it lost progress from before the notice, or it does not match the
+    uninterrupted run. Fills the resume's fields of ``evidence``."""
+    if not verify.ok:
+        return None, [f"the run resumed from the latest checkpoint failed: {verify.reason}"]
+    steps = [p.step for p in verify.points if p.name == c.metric]
+    resumed_from = min(steps) - 1 if steps else None
+    if resumed_from is None:
+        return None, [f"the resumed run printed no `{c.metric}` line"]
+    problems: list[str] = []
+    noticed_at = c.info.injected_step or 0
+    allowed = c.spec.max_lost_steps or 0
+    lost_since_notice = max(0, noticed_at - resumed_from)
+    evidence.resumed_from_step, evidence.lost_steps = resumed_from, max(0, done - resumed_from)
+    evidence.lost_steps_before_notice = lost_since_notice
+    if lost_since_notice > allowed:
+        problems.append(f"the resume started after step {resumed_from}, {lost_since_notice} step(s) "
+                        f"before the notice (after step {noticed_at}): progress from before the "
+                        f"notice was lost (max_lost_steps {allowed})")
+    diff = trajectory_diff(c, verify.points, range(resumed_from + 1, c.spec.steps + 1))
+    evidence.trajectory = diff.as_evidence()
+    problem = diff_problem(c.metric, diff, "run resumed after the pre-emption")
+    if problem:
+        problems.append(problem)
+    return resumed_from, problems
+
+
+def _likely_causes(killed: Sequence[int], exited: int, *, torn: bool, died_unsaved: bool) -> list[str]:
+    """The causes of a failed drill, the one the evidence points at first: ranks stuck while
+    others left (``killed`` of the ``exited`` ranks the fault saw go), no rank leaving, a torn
+    save, ranks that died of the notice and saved nothing."""
+    ignored, agree, slow = (SAVE_AND_EXIT_CAUSES[k] for k in ("ignored", "no_agreement", "slow"))
+    causes: list[str] = []
+    if killed and len(killed) < exited:  # some ranks left, the others were stuck
+        causes = [agree, ignored, slow]
+    elif killed:  # no rank exited by itself
+        causes = [ignored, agree, slow]
+    if torn:
+        causes = [SAVE_AND_EXIT_CAUSES["torn"], *causes]
+    if died_unsaved:
+        causes = [SAVE_AND_EXIT_CAUSES["died"], *causes]
+    return causes or [agree, SAVE_AND_EXIT_CAUSES["torn"]]
+
+
+@judge_injected(SaveAndExitEvidence)
+def judge_save_and_exit(c: DrillContext, evidence: SaveAndExitEvidence) -> Judgement:
+    """Every rank exited within the grace after the notice, leaving a complete checkpoint written
+    after it, and the run resumed from that checkpoint lost no progress from before the notice
+    and matches the uninterrupted run."""
     spec, fault, first = c.spec, c.fault, c.run.attempts[0]
     grace = float(fault.params.get("grace", 30.0))
     notice_wall = getattr(fault, "notice_wall", None)
     exits: dict[int, float] = dict(getattr(fault, "exits", {}))
     killed: list[int] = list(getattr(fault, "killed_at_grace", []))
     problems: list[str] = []
-    causes: list[str] = []
     done = max((p.step for p in first.points if p.name == c.metric), default=0)
     timeline = PreemptionTimeline(grace_s=grace, last_step_before_exit=done)
     if exits:
@@ -124,65 +183,28 @@ def judge_save_and_exit(c: DrillContext) -> Judgement:
     if killed:
         problems.append(f"rank(s) {', '.join(map(str, killed))} did not exit within the {grace:g} s grace "
                         "and were killed (SIGKILL) by the scheduler")
-    # a complete checkpoint written after the notice
-    latest = _newest_checkpoint(c.checkpoint_dir)
-    written = _newest_write(latest) if latest is not None else None
-    if latest is not None and written is not None and notice_wall is not None:
-        timeline.checkpoint = str(latest)
-        timeline.checkpoint_complete_after_notice_s = round(written - notice_wall, 3)
-    fresh = latest is not None and written is not None and notice_wall is not None and written >= notice_wall
-    if not fresh:
-        older = f" (the newest complete one, {latest.name}, predates it)" if latest is not None else ""
-        problems.append(f"no complete checkpoint was written after the notice{older}")
+    stale = _stale_checkpoint(c.checkpoint_dir, notice_wall, timeline)
+    if stale is not None:
+        problems.append(stale)
     evidence.preemption = timeline
     # the resume from the latest complete checkpoint, fault removed
     verify = c.runner.run(c.request, label=f"drill-{spec.name}-verify", resume=True,
                           checkpoint_dir=c.checkpoint_dir)
     evidence.verification = attempt_evidence(verify, fault)
-    noticed_at = c.info.injected_step or 0
-    allowed = spec.max_lost_steps or 0
-    resumed_from: int | None = None
-    if not verify.ok:
-        problems.append(f"the run resumed from the latest checkpoint failed: {verify.reason}")
-    else:
-        steps = [p.step for p in verify.points if p.name == c.metric]
-        resumed_from = min(steps) - 1 if steps else None
-        if resumed_from is None:
-            problems.append(f"the resumed run printed no `{c.metric}` line")
-        else:
-            lost_since_notice = max(0, noticed_at - resumed_from)
-            evidence.resumed_from_step, evidence.lost_steps = resumed_from, max(0, done - resumed_from)
-            evidence.lost_steps_before_notice = lost_since_notice
-            if lost_since_notice > allowed:
-                problems.append(f"the resume started after step {resumed_from}, {lost_since_notice} step(s) "
-                                f"before the notice (after step {noticed_at}): progress from before the "
-                                f"notice was lost (max_lost_steps {allowed})")
-            diff = trajectory_diff(c, verify.points, range(resumed_from + 1, spec.steps + 1))
-            evidence.trajectory = diff.as_evidence()
-            problem = diff_problem(c.metric, diff, "run resumed after the pre-emption")
-            if problem:
-                problems.append(problem)
+    resumed_from, resume_problems = _resume_problems(c, verify, evidence, done)
+    problems += resume_problems
     signals = " then ".join(s["signal"] for s in getattr(fault, "sent", [])[:2]) or "the notice"
-    what = f"{signals} to every rank after step {noticed_at} (grace {grace:g} s)"
+    what = f"{signals} to every rank after step {c.info.injected_step or 0} (grace {grace:g} s)"
     if problems:
         died = died_of_the_notice(first.exits, getattr(fault, "sent", []), killed)
+        died_unsaved = bool(died) and stale is not None
         # torn: the resume failed or diverged -- unless the ranks died of the notice and wrote
         # nothing after it (nanoGPT: no handler), which is no save to tear
         torn = ((not verify.ok or (resumed_from is not None and "diverges" in " ".join(problems)))
-                and not (died and not fresh))
+                and not died_unsaved)
         if died:
             evidence.died_of_the_notice = died
-        ignored, agree, slow = (SAVE_AND_EXIT_CAUSES[k] for k in ("ignored", "no_agreement", "slow"))
-        if killed and len(killed) < len(exits):  # some ranks left, the others were stuck
-            causes = [agree, ignored, slow]
-        elif killed:  # no rank exited by itself
-            causes = [ignored, agree, slow]
-        if torn:
-            causes = [SAVE_AND_EXIT_CAUSES["torn"], *causes]
-        if died and not fresh:
-            causes = [SAVE_AND_EXIT_CAUSES["died"], *causes]
-        if not causes:
-            causes = [agree, SAVE_AND_EXIT_CAUSES["torn"]]
+        causes = _likely_causes(killed, len(exits), torn=torn, died_unsaved=died_unsaved)
         evidence.likely_causes = causes
         return Judgement("failed", f"{what}: " + "; ".join(problems) + f". Most likely {causes[0]}", evidence)
     complete, exited = known(timeline.checkpoint_complete_after_notice_s), known(timeline.exit_after_notice_s)

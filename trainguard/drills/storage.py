@@ -23,6 +23,7 @@ write, the latest complete checkpoint at the kill and the step the resume starte
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,9 @@ from trainguard.drills.judges import (
     Judgement,
     attempt_evidence,
     common_evidence,
-    not_injected,
     trajectory_diff,
 )
+from trainguard.drills.opening import judge_injected
 from trainguard.evidence import known
 from trainguard.faults.base import Fault
 from trainguard.faults.hook import rank_stderr
@@ -111,95 +112,129 @@ def _resumed_from(result: RunResult, metric: str) -> int | None:
     return min(steps) - 1 if steps else None
 
 
-def judge_storage_resume(c: DrillContext) -> Judgement:
-    skipped = not_injected(c)
-    if skipped:
-        return skipped
-    evidence = common_evidence(c, StorageResumeEvidence)
-    spec, fault = c.spec, c.fault
-    kind = str(fault.params.get("kind"))
-    target: dict[str, Any] = dict(getattr(fault, "target", {}) or {})
-    evidence.struck = target
-    if not target.get("checkpoint") or (kind == "corrupt" and "offset" not in target):
-        why = "; ".join(getattr(fault, "problems", [])) or "no checkpoint was struck"
-        return Judgement("error", f"storage {kind} after step {c.info.injected_step}: {why}", evidence)
+@dataclass(frozen=True)
+class _Strike:
+    """What a storage drill struck, as its judge reads it."""
+
+    #: the step of the struck checkpoint (None when the fault could not tell)
+    step: int | None
+    #: the struck file the report names
+    named: str
+    #: the verdict's opening: the fault, what was struck and the checkpoint's step
+    what: str
+    #: the ranks that load the struck files (per-rank files: ``rank3`` in the name); empty when
+    #: every rank loads them (one checkpoint for every rank)
+    owners: frozenset[int]
+
+    def resumed_after(self, result: RunResult, metric: str) -> int | None:
+        """The step a rank that loads the struck file resumed after, when it loaded it (ranks
+        without a barrier may resume from different steps: one that lagged had no newer file)."""
+        found = [resumed for rank, resumed in _resumed_by_rank(result, metric).items()
+                 if (not self.owners or rank in self.owners) and resumed > 0
+                 and (self.step is None or resumed >= self.step)]
+        return max(found) if found else None
+
+    def failed(self, evidence: StorageResumeEvidence, problems: list[str], causes: list[str]) -> Judgement:
+        """The failed verdict: the strike, then each problem; the likely causes ``causes`` (all
+        of them when the evidence names none)."""
+        evidence.likely_causes = causes or list(STORAGE_CAUSES.values())
+        return Judgement("failed", f"{self.what}; " + "; ".join(problems), evidence)
+
+
+def _strike(c: DrillContext, kind: str, target: dict[str, Any]) -> _Strike:
+    """The strike a ``corrupt`` or ``eio_read`` fault reports in ``target``."""
     step = target.get("step")
     named = target.get("file") or (target.get("files") or [target["checkpoint"]])[0]
     how = (f"byte {target.get('offset')} of {named} flipped ({target.get('byte_before')} -> "
            f"{target.get('byte_after')})" if kind == "corrupt"
            else f"reads of {target['checkpoint']} failing with EIO")
     what = f"storage {kind} after step {c.info.injected_step}: run stopped, {how} (checkpoint of step {step})"
-    problems: list[str] = []
-    causes: list[str] = []
-
-    # per-rank files (``rank3`` in the name): only their own rank loads them
     struck_files = [target["file"]] if kind == "corrupt" else list(target.get("files") or [])
     owners = {int(m.group(1)) for f in struck_files for m in [_RANK_IN_NAME.search(Path(f).name)] if m}
     if len(owners) != len(struck_files):
         owners = set()  # one checkpoint for every rank
+    return _Strike(step=step, named=named, what=what, owners=frozenset(owners))
 
-    def struck_resume(result: RunResult) -> int | None:
-        """The step a rank that loads the struck file resumed after, when it loaded it (ranks
-        without a barrier may resume from different steps: one that lagged had no newer file)."""
-        found = [resumed for rank, resumed in _resumed_by_rank(result, c.metric).items()
-                 if (not owners or rank in owners) and resumed > 0 and (step is None or resumed >= step)]
-        return max(found) if found else None
 
-    def loaded_struck(result: RunResult) -> bool:
-        return struck_resume(result) is not None
+@judge_injected(StorageResumeEvidence)
+def judge_storage_resume(c: DrillContext, evidence: StorageResumeEvidence) -> Judgement:
+    """A storage drill that struck the checkpoint the job resumes from: the resume failed loudly
+    (``fail_clean``), or the restarted job fell back to an older good checkpoint (``recover``);
+    never trained on from the struck one."""
+    kind = str(c.fault.params.get("kind"))
+    target: dict[str, Any] = dict(getattr(c.fault, "target", {}) or {})
+    evidence.struck = target
+    if not target.get("checkpoint") or (kind == "corrupt" and "offset" not in target):
+        why = "; ".join(getattr(c.fault, "problems", [])) or "no checkpoint was struck"
+        return Judgement("error", f"storage {kind} after step {c.info.injected_step}: {why}", evidence)
+    strike = _strike(c, kind, target)
+    if c.spec.expectation == "fail_clean":
+        return _judge_resume_fails(c, evidence, kind, strike)
+    return _judge_fallback(c, evidence, strike)
 
-    if spec.expectation == "fail_clean":
-        rearm = getattr(fault, "arm", None)
-        if kind == "eio_read" and callable(rearm):
-            rearm()  # the resume run reads through the failing layer
-        try:
-            resume = c.runner.run(c.request, label=f"drill-{spec.name}-resume", resume=True,
-                                  checkpoint_dir=c.checkpoint_dir)
-        finally:
-            fault.clear()
-        evidence.resume_run = attempt_evidence(resume, fault)
-        evidence.fault_evidence = fault.evidence()  # with the resume's EIO calls
-        resumed = _resumed_from(resume, c.metric)
-        evidence.resumed_from_step = resumed
-        failed_rank = resume.failed_rank if resume.failed_rank is not None else 0
-        text = rank_stderr(resume, failed_rank)
-        error = reported_line(text, c.metric_lines)
-        evidence.resume_error = error
-        if loaded_struck(resume):
-            evidence.struck_resumed_from_step = struck_resume(resume)
-            problems.append(f"the resume loaded the struck checkpoint ({named}) and trained on after "
-                            f"step {struck_resume(resume)}"
-                            + ("" if resume.ok else f" before failing ({resume.reason})"))
-            causes = [STORAGE_CAUSES["silent"], STORAGE_CAUSES["no_fallback"]]
-        elif resume.ok and resumed == 0:
-            problems.append("the resume started again from step 1 and completed: the struck checkpoint "
-                            "was dropped silently with all progress")
-            causes = [STORAGE_CAUSES["scratch"]]
-        elif resume.ok:
-            problems.append(f"the resume fell back to the checkpoint of step {resumed} and completed; "
-                            "expected it to fail loudly (for a job that falls back, use `expect: recover`)")
-        elif resume.outcome != "failed":
-            problems.append(f"the resume run ended as {resume.outcome}: {resume.reason}")
-        elif resume.duration_s > spec.deadline_s:
-            problems.append(f"the resume failed only after {resume.duration_s:.1f} s (deadline {spec.deadline_s:g} s)")
-        elif error is None:
-            problems.append("the resume exited non-zero but wrote no error to stderr (nothing but metric "
-                            "lines, progress bars, warnings or trainguard's own lines)")
-        if problems:
-            evidence.likely_causes = causes or list(STORAGE_CAUSES.values())
-            return Judgement("failed", f"{what}; " + "; ".join(problems), evidence)
-        return Judgement("passed", f"{what}; the resume failed loudly in {resume.duration_s:.1f} s: "
-                f"{(error or '')[:200]}", evidence)
 
-    # recover: trainguard restarted the job with the fault in place
-    run = c.run
+def _judge_resume_fails(c: DrillContext, evidence: StorageResumeEvidence, kind: str, strike: _Strike) -> Judgement:
+    """fail_clean: a resume run with the fault in place exits non-zero with an error on stderr
+    within the deadline, without training on from the struck checkpoint."""
+    spec, fault = c.spec, c.fault
+    problems: list[str] = []
+    causes: list[str] = []
+    rearm = getattr(fault, "arm", None)
+    if kind == "eio_read" and callable(rearm):
+        rearm()  # the resume run reads through the failing layer
+    try:
+        resume = c.runner.run(c.request, label=f"drill-{spec.name}-resume", resume=True,
+                              checkpoint_dir=c.checkpoint_dir)
+    finally:
+        fault.clear()
+    evidence.resume_run = attempt_evidence(resume, fault)
+    evidence.fault_evidence = fault.evidence()  # with the resume's EIO calls
+    resumed = _resumed_from(resume, c.metric)
+    evidence.resumed_from_step = resumed
+    failed_rank = resume.failed_rank if resume.failed_rank is not None else 0
+    text = rank_stderr(resume, failed_rank)
+    error = reported_line(text, c.metric_lines)
+    evidence.resume_error = error
+    struck_at = strike.resumed_after(resume, c.metric)
+    if struck_at is not None:
+        evidence.struck_resumed_from_step = struck_at
+        problems.append(f"the resume loaded the struck checkpoint ({strike.named}) and trained on after "
+                        f"step {struck_at}"
+                        + ("" if resume.ok else f" before failing ({resume.reason})"))
+        causes = [STORAGE_CAUSES["silent"], STORAGE_CAUSES["no_fallback"]]
+    elif resume.ok and resumed == 0:
+        problems.append("the resume started again from step 1 and completed: the struck checkpoint "
+                        "was dropped silently with all progress")
+        causes = [STORAGE_CAUSES["scratch"]]
+    elif resume.ok:
+        problems.append(f"the resume fell back to the checkpoint of step {resumed} and completed; "
+                        "expected it to fail loudly (for a job that falls back, use `expect: recover`)")
+    elif resume.outcome != "failed":
+        problems.append(f"the resume run ended as {resume.outcome}: {resume.reason}")
+    elif resume.duration_s > spec.deadline_s:
+        problems.append(f"the resume failed only after {resume.duration_s:.1f} s (deadline {spec.deadline_s:g} s)")
+    elif error is None:
+        problems.append("the resume exited non-zero but wrote no error to stderr (nothing but metric "
+                        "lines, progress bars, warnings or trainguard's own lines)")
+    if problems:
+        return strike.failed(evidence, problems, causes)
+    return Judgement("passed", f"{strike.what}; the resume failed loudly in {resume.duration_s:.1f} s: "
+            f"{(error or '')[:200]}", evidence)
+
+
+def _judge_fallback(c: DrillContext, evidence: StorageResumeEvidence, strike: _Strike) -> Judgement:
+    """recover: trainguard restarted the job with the fault in place; it must have fallen back
+    to a checkpoint older than the struck one and match the uninterrupted run from there."""
+    spec, fault, run = c.spec, c.fault, c.run
+    problems: list[str] = []
+    causes: list[str] = []
     resumes: list[StorageRestart] = []
     for attempt in run.attempts[1:]:
         resumed = _resumed_from(attempt, c.metric)
         resumes.append(StorageRestart(resumed_from_step=resumed, outcome=attempt.outcome,
                                       classified=None if attempt.ok else fault.classify(attempt)))
-        if loaded_struck(attempt):
-            problems.append(f"restart {len(resumes)} loaded the struck checkpoint ({named}) and trained "
+        if strike.resumed_after(attempt, c.metric) is not None:
+            problems.append(f"restart {len(resumes)} loaded the struck checkpoint ({strike.named}) and trained "
                             f"on after step {resumed}")
             causes = [STORAGE_CAUSES["silent"], STORAGE_CAUSES["no_fallback"]]
         elif resumed == 0:
@@ -223,12 +258,12 @@ def judge_storage_resume(c: DrillContext) -> Judgement:
         if not diff.ok:
             problems.append(f"{c.metric} of the run resumed from step {last_resume} does not match the "
                             f"uninterrupted run (first divergent step {diff.first_divergent_step})")
+        step = strike.step
         if spec.max_lost_steps is not None and step is not None and step - last_resume > spec.max_lost_steps:
             problems.append(f"{step - last_resume} steps lost falling back (max_lost_steps {spec.max_lost_steps})")
     if problems:
-        evidence.likely_causes = causes or list(STORAGE_CAUSES.values())
-        return Judgement("failed", f"{what}; " + "; ".join(problems), evidence)
-    return Judgement("passed", f"{what}; the job fell back to the checkpoint of step {last_resume}, older than "
+        return strike.failed(evidence, problems, causes)
+    return Judgement("passed", f"{strike.what}; the job fell back to the checkpoint of step {last_resume}, older than "
             f"the struck one, and matches the uninterrupted run from there", evidence)
 
 

@@ -302,6 +302,73 @@ def _brief(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
+def _toxic_problems(toxic: Any, down: Any) -> list[tuple[str, str]]:
+    """What the fault does to the connections: a toxic Toxiproxy knows, or ``down: true``,
+    exactly one of them."""
+    problems = []
+    if not isinstance(down, bool):
+        problems.append(("down", f"expected true or false, got {down!r}"))
+    if down and toxic is not None:
+        problems.append(("toxic", "give either `toxic` (a toxic on the connections) or "
+                         "`down: true` (the proxy disabled), not both"))
+    elif not down and toxic is None:
+        problems.append(("toxic", "missing: name the toxic, one of "
+                         f"{', '.join(t for t in TOXIC_ATTRIBUTES if t != 'noop')}, "
+                         "e.g. `toxic: latency, attributes: {latency: 500}`; or set `down: true`"))
+    elif toxic is not None and (not isinstance(toxic, str) or toxic not in TOXIC_ATTRIBUTES):
+        problems.append(("toxic", f"unknown toxic {_brief(toxic)}; expected one of "
+                         f"{', '.join(TOXIC_ATTRIBUTES)}"))
+    return problems
+
+
+def _attribute_problems(toxic: Any, attributes: Any) -> list[tuple[str, str]]:
+    """The toxic's ``attributes``: a mapping of the toxic's own attributes (checked once the
+    toxic is one Toxiproxy knows), each an integer in range."""
+    if not isinstance(attributes, Mapping):
+        return [("attributes", f"expected a mapping of attribute: integer, got {attributes!r}")]
+    if not isinstance(toxic, str) or toxic not in TOXIC_ATTRIBUTES:
+        return []
+    problems = []
+    known = TOXIC_ATTRIBUTES[toxic]
+    for key, value in attributes.items():
+        if key not in known:
+            problems.append((f"attributes.{key}", f"not an attribute of the {toxic} "
+                             f"toxic; expected {', '.join(known) or '(none)'}"))
+        elif not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_ATTRIBUTE:
+            problems.append((f"attributes.{key}", f"expected an integer from 0 to {_MAX_ATTRIBUTE} "
+                             f"(ms, bytes or KB/s: see docs/faults-network.md), got {_brief(value)}"))
+    return problems
+
+
+def _endpoint_problems(service: Any, upstream: Any, env: Any, listen: Any) -> list[tuple[str, str]]:
+    """The proxy's two ends: exactly one target (a service trainguard hosts, or the job's own
+    ``host:port``), the variable that gives the job the proxy's address, and where it listens."""
+    problems = []
+    if (service is None) == (upstream is None):
+        problems.append(("service", "give exactly one target: `service: mlflow` (trainguard "
+                         "hosts it) or `upstream: host:port` (a service your job reaches)"))
+    if service is not None and service not in SERVICES:
+        problems.append(("service", f"unknown service {service!r}; expected one of "
+                         f"{', '.join(SERVICES)}, or use `upstream: host:port`"))
+    if upstream is not None:
+        try:
+            split_hostport(str(upstream))
+        except ValueError:
+            problems.append(("upstream", f"expected host:port, e.g. 127.0.0.1:6379, got "
+                             f"{upstream!r}"))
+    if not isinstance(env, str) or not _ENV_NAME.match(env):
+        problems.append(("env", f"expected an environment variable name, got {env!r}"))
+    if listen is not None:
+        try:
+            if not isinstance(listen, str):
+                raise ValueError(listen)
+            split_hostport(listen)
+        except ValueError:
+            problems.append(("listen", "expected host:port where the proxy listens, e.g. "
+                             f"10.0.0.5:0 (this machine's address, any port), got {_brief(listen)}"))
+    return problems
+
+
 class NetworkFault(Fault):
     """A toxic on the job's connections to a service, through a Toxiproxy-compatible proxy."""
 
@@ -347,62 +414,15 @@ class NetworkFault(Fault):
     def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
         problems = super().validate(params)
         p = {**cls.defaults, **params}
-        toxic, down = p["toxic"], p["down"]
-        if not isinstance(down, bool):
-            problems.append(("down", f"expected true or false, got {down!r}"))
-        if down and toxic is not None:
-            problems.append(("toxic", "give either `toxic` (a toxic on the connections) or "
-                             "`down: true` (the proxy disabled), not both"))
-        elif not down and toxic is None:
-            problems.append(("toxic", "missing: name the toxic, one of "
-                             f"{', '.join(t for t in TOXIC_ATTRIBUTES if t != 'noop')}, "
-                             "e.g. `toxic: latency, attributes: {latency: 500}`; or set `down: true`"))
-        elif toxic is not None and (not isinstance(toxic, str) or toxic not in TOXIC_ATTRIBUTES):
-            problems.append(("toxic", f"unknown toxic {_brief(toxic)}; expected one of "
-                             f"{', '.join(TOXIC_ATTRIBUTES)}"))
-        attributes = p["attributes"]
-        if not isinstance(attributes, Mapping):
-            problems.append(("attributes", f"expected a mapping of attribute: integer, got "
-                             f"{attributes!r}"))
-        elif isinstance(toxic, str) and toxic in TOXIC_ATTRIBUTES:
-            known = TOXIC_ATTRIBUTES[toxic]
-            for key, value in attributes.items():
-                if key not in known:
-                    problems.append((f"attributes.{key}", f"not an attribute of the {toxic} "
-                                     f"toxic; expected {', '.join(known) or '(none)'}"))
-                elif not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX_ATTRIBUTE:
-                    problems.append((f"attributes.{key}", f"expected an integer from 0 to {_MAX_ATTRIBUTE} "
-                                     f"(ms, bytes or KB/s: see docs/faults-network.md), got {_brief(value)}"))
+        problems += _toxic_problems(p["toxic"], p["down"])
+        problems += _attribute_problems(p["toxic"], p["attributes"])
         if str(p["stream"]).lower() not in DIRECTIONS:
             problems.append(("stream", f"expected upstream or downstream, got {p['stream']!r}"))
         toxicity = p["toxicity"]
         if (not isinstance(toxicity, (int, float)) or isinstance(toxicity, bool)
                 or not 0 <= toxicity <= 1):  # no float(): a 400-digit int would overflow
             problems.append(("toxicity", f"expected a number from 0 to 1, got {_brief(toxicity)}"))
-        service, upstream = p["service"], p["upstream"]
-        if (service is None) == (upstream is None):
-            problems.append(("service", "give exactly one target: `service: mlflow` (trainguard "
-                             "hosts it) or `upstream: host:port` (a service your job reaches)"))
-        if service is not None and service not in SERVICES:
-            problems.append(("service", f"unknown service {service!r}; expected one of "
-                             f"{', '.join(SERVICES)}, or use `upstream: host:port`"))
-        if upstream is not None:
-            try:
-                split_hostport(str(upstream))
-            except ValueError:
-                problems.append(("upstream", f"expected host:port, e.g. 127.0.0.1:6379, got "
-                                 f"{upstream!r}"))
-        if not isinstance(p["env"], str) or not _ENV_NAME.match(p["env"]):
-            problems.append(("env", f"expected an environment variable name, got {p['env']!r}"))
-        listen = p["listen"]
-        if listen is not None:
-            try:
-                if not isinstance(listen, str):
-                    raise ValueError(listen)
-                split_hostport(listen)
-            except ValueError:
-                problems.append(("listen", "expected host:port where the proxy listens, e.g. "
-                                 f"10.0.0.5:0 (this machine's address, any port), got {_brief(listen)}"))
+        problems += _endpoint_problems(p["service"], p["upstream"], p["env"], p["listen"])
         return problems
 
     # -- the contract -------------------------------------------------------------------------

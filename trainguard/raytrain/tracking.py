@@ -411,30 +411,11 @@ class WorkerWriter:
         return batch
 
     def _loop(self) -> None:
-        # low CPU priority for this thread (Linux: per thread): importing mlflow (~3 s of CPU in a
-        # fresh worker) and writing must not take cores from training
-        with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-        # import mlflow and open the store now, while training starts, not at the first flush
-        cpu = time.thread_time()
-        with contextlib.suppress(Exception):
-            if not self._stopped:  # e.g. a file store on another machine: never opened
-                self._connect()
-        with self._cond:
-            self.summary.cpu_s += time.thread_time() - cpu
+        self._open_store()
         delay = 0.2
         while True:
             with self._cond:
-                while not self._closing and not self._stopped:
-                    if self._pending_rows >= _BATCH:
-                        break
-                    if self._pending:
-                        age = time.time() - self._pending[0][1][0][2] / 1000
-                        if age >= self.flush_interval:
-                            break
-                        self._cond.wait(self.flush_interval - age)
-                    else:
-                        self._cond.wait()
+                self._wait_for_batch()
                 if self._stopped or not self._pending:
                     if self._closing or self._stopped:
                         return
@@ -450,26 +431,62 @@ class WorkerWriter:
                     self._pending_rows -= sum(len(rows) for _, rows in batch)
                     delay = 0.2
                     continue
-                self.last_error = error
-                permanent = error.startswith("permanent: ")
-                if permanent or self._stopped:
-                    self._stopped = self._stopped or error
-                    for step, rows in self._pending:
-                        self._drop(step, len(rows), self._stopped)
-                    self._pending.clear()
-                    self._pending_rows = 0
+                if not self._retry_after(error, delay):
                     return
-                if not self._warned:
-                    self._warned = True
-                    print(f"{SUMMARY_PREFIX}: WARNING: cannot write to {self.tracking_uri} ({error}); "
-                          "retrying in the background, training goes on", file=self.out or sys.stderr, flush=True)
-                wait = delay
-                if self._closing and self._deadline is not None:
-                    wait = min(wait, max(0.0, self._deadline - time.monotonic()))
-                    if wait <= 0:
-                        return
-                self._cond.wait(wait)
                 delay = min(delay * 2, 2.0)
+
+    def _open_store(self) -> None:
+        """Lower this thread's CPU priority and import mlflow and open the store now, while
+        training starts, not at the first flush."""
+        # low CPU priority for this thread (Linux: per thread): importing mlflow (~3 s of CPU in a
+        # fresh worker) and writing must not take cores from training
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        cpu = time.thread_time()
+        with contextlib.suppress(Exception):
+            if not self._stopped:  # e.g. a file store on another machine: never opened
+                self._connect()
+        with self._cond:
+            self.summary.cpu_s += time.thread_time() - cpu
+
+    def _wait_for_batch(self) -> None:
+        """Wait (lock held) until a request's worth of rows is queued, the oldest queued row is
+        ``flush_interval`` old, or the writer closes or stops."""
+        while not self._closing and not self._stopped:
+            if self._pending_rows >= _BATCH:
+                break
+            if self._pending:
+                age = time.time() - self._pending[0][1][0][2] / 1000
+                if age >= self.flush_interval:
+                    break
+                self._cond.wait(self.flush_interval - age)
+            else:
+                self._cond.wait()
+
+    def _retry_after(self, error: str, delay: float) -> bool:
+        """After a failed write (lock held): wait ``delay`` seconds (no later than the close
+        deadline) and say to retry; or, for an error retrying cannot help or a stopped writer,
+        drop and count every queued row and say to stop."""
+        self.last_error = error
+        permanent = error.startswith("permanent: ")
+        if permanent or self._stopped:
+            self._stopped = self._stopped or error
+            for step, rows in self._pending:
+                self._drop(step, len(rows), self._stopped)
+            self._pending.clear()
+            self._pending_rows = 0
+            return False
+        if not self._warned:
+            self._warned = True
+            print(f"{SUMMARY_PREFIX}: WARNING: cannot write to {self.tracking_uri} ({error}); "
+                  "retrying in the background, training goes on", file=self.out or sys.stderr, flush=True)
+        wait = delay
+        if self._closing and self._deadline is not None:
+            wait = min(wait, max(0.0, self._deadline - time.monotonic()))
+            if wait <= 0:
+                return False
+        self._cond.wait(wait)
+        return True
 
     def _write(self, batch: list[tuple[int, list[tuple[str, float, int]]]]) -> str | None:
         """One ``log_batch``; None on success, else the error (``permanent: ...`` when retrying

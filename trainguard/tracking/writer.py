@@ -19,9 +19,10 @@ import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from trainguard._internal.atomic import atomic_write_text, os_error_text, unwritable_reason
 from trainguard._internal.locks import file_lock, store_lock
@@ -411,72 +412,89 @@ class StoreWriter:
             return
         if handle.joined and op.kind in ("params", "tags", "text"):
             return  # a shared run's creator wrote those
-        if op.kind == "create":
-            tags = dict(op.payload)
-            if handle.parent is not None:
-                if handle.parent.run_id is None:
-                    raise PermanentWriteError(f"parent run {handle.parent.name!r} was not created")
-                tags["mlflow.parentRunId"] = handle.parent.run_id
-            if handle.shared is not None:
-                self._create_shared(handle, tags)
-            else:
-                run = client.create_run(self._experiment(), run_name=handle.name, tags=tags)
-                self._created(handle, run.info.run_id)
-        elif op.kind == "params":
-            from mlflow.entities import Param
+        write = self._writers.get(op.kind)
+        if write is not None:
+            write(self, client, op)
 
-            items = list(op.payload.items())
-            while items:
-                client.log_batch(handle.run_id, params=[Param(k, v) for k, v in items[:_MAX_PARAMS]])
-                del items[:_MAX_PARAMS]
-                op.payload = dict(items)
-        elif op.kind == "tags":
-            from mlflow.entities import RunTag
+    def _write_create(self, client: Any, op: _Op) -> None:
+        handle = op.handle
+        tags = dict(op.payload)
+        if handle.parent is not None:
+            if handle.parent.run_id is None:
+                raise PermanentWriteError(f"parent run {handle.parent.name!r} was not created")
+            tags["mlflow.parentRunId"] = handle.parent.run_id
+        if handle.shared is not None:
+            self._create_shared(handle, tags)
+        else:
+            run = client.create_run(self._experiment(), run_name=handle.name, tags=tags)
+            self._created(handle, run.info.run_id)
 
-            if callable(op.payload):
-                op.payload = dict(op.payload())
-            items = [(k, str(v)) for k, v in op.payload.items()]
-            while items:
-                client.log_batch(handle.run_id, tags=[RunTag(k, v) for k, v in items[:_MAX_TAGS]])
-                del items[:_MAX_TAGS]
-                op.payload = dict(items)
-        elif op.kind == "metrics":
-            from mlflow.entities import Metric
+    def _write_params(self, client: Any, op: _Op) -> None:
+        from mlflow.entities import Param
 
-            while op.payload:
-                chunk = op.payload[:_MAX_METRICS]
-                client.log_batch(handle.run_id, metrics=[Metric(k, float(v), ts, step) for k, v, step, ts in chunk])
-                del op.payload[:_MAX_METRICS]  # sent: a retry must not send it twice
-        elif op.kind == "metrics_once":
-            from mlflow.entities import Metric
+        items = list(op.payload.items())
+        while items:
+            client.log_batch(op.handle.run_id, params=[Param(k, v) for k, v in items[:_MAX_PARAMS]])
+            del items[:_MAX_PARAMS]
+            op.payload = dict(items)
 
-            keys = sorted({row[0] for row in op.payload})
-            held = {(key, m.step) for key in keys for m in client.get_metric_history(handle.run_id, key)}
-            op.payload = [row for row in op.payload if (row[0], row[2]) not in held]
-            while op.payload:
-                chunk = op.payload[:_MAX_METRICS]
-                client.log_batch(handle.run_id, metrics=[Metric(k, float(v), ts, step) for k, v, step, ts in chunk])
-                del op.payload[:_MAX_METRICS]
-        elif op.kind == "artifact":
-            path, artifact_path = op.payload
-            if Path(path).exists():
-                client.log_artifact(handle.run_id, path, artifact_path)
-        elif op.kind == "text":
-            text, artifact_file = op.payload
-            if callable(text):
-                op.payload = (text := text(), artifact_file)
-            client.log_text(handle.run_id, text, artifact_file)
-        elif op.kind == "plot":
-            make, artifact_path = op.payload
-            try:
-                made = make()
-            except OSError as exc:  # the run directory's disk, not the store: drawn never
-                raise PermanentWriteError(f"the plot could not be written: {os_error_text(exc)}") from None
-            op.payload = (lambda: made, artifact_path)  # a retry uploads, it does not redraw
-            if made is not None and Path(made).exists():
-                client.log_artifact(handle.run_id, str(made), artifact_path)
-        elif op.kind == "end":
-            client.set_terminated(handle.run_id, op.payload)
+    def _write_tags(self, client: Any, op: _Op) -> None:
+        from mlflow.entities import RunTag
+
+        if callable(op.payload):
+            op.payload = dict(op.payload())
+        items = [(k, str(v)) for k, v in op.payload.items()]
+        while items:
+            client.log_batch(op.handle.run_id, tags=[RunTag(k, v) for k, v in items[:_MAX_TAGS]])
+            del items[:_MAX_TAGS]
+            op.payload = dict(items)
+
+    def _write_metrics(self, client: Any, op: _Op) -> None:
+        from mlflow.entities import Metric
+
+        while op.payload:
+            chunk = op.payload[:_MAX_METRICS]
+            client.log_batch(op.handle.run_id, metrics=[Metric(k, float(v), ts, step) for k, v, step, ts in chunk])
+            del op.payload[:_MAX_METRICS]  # sent: a retry must not send it twice
+
+    def _write_metrics_once(self, client: Any, op: _Op) -> None:
+        """Metrics the run does not hold yet (the same key at the same step): a write that may
+        repeat one an earlier writer of the run made."""
+        keys = sorted({row[0] for row in op.payload})
+        held = {(key, m.step) for key in keys for m in client.get_metric_history(op.handle.run_id, key)}
+        op.payload = [row for row in op.payload if (row[0], row[2]) not in held]
+        self._write_metrics(client, op)
+
+    def _write_artifact(self, client: Any, op: _Op) -> None:
+        path, artifact_path = op.payload
+        if Path(path).exists():
+            client.log_artifact(op.handle.run_id, path, artifact_path)
+
+    def _write_text(self, client: Any, op: _Op) -> None:
+        text, artifact_file = op.payload
+        if callable(text):
+            op.payload = (text := text(), artifact_file)
+        client.log_text(op.handle.run_id, text, artifact_file)
+
+    def _write_plot(self, client: Any, op: _Op) -> None:
+        make, artifact_path = op.payload
+        try:
+            made = make()
+        except OSError as exc:  # the run directory's disk, not the store: drawn never
+            raise PermanentWriteError(f"the plot could not be written: {os_error_text(exc)}") from None
+        op.payload = (lambda: made, artifact_path)  # a retry uploads, it does not redraw
+        if made is not None and Path(made).exists():
+            client.log_artifact(op.handle.run_id, str(made), artifact_path)
+
+    def _write_end(self, client: Any, op: _Op) -> None:
+        client.set_terminated(op.handle.run_id, op.payload)
+
+    #: how :meth:`_apply` writes each kind of op (a kind not named here writes nothing)
+    _writers: ClassVar[dict[str, Callable[[StoreWriter, Any, _Op], None]]] = {
+        "create": _write_create, "params": _write_params, "tags": _write_tags,
+        "metrics": _write_metrics, "metrics_once": _write_metrics_once, "artifact": _write_artifact,
+        "text": _write_text, "plot": _write_plot, "end": _write_end,
+    }
 
     def _created(self, handle: RunHandle, run_id: str) -> None:
         """Publish a new run's id: to the handle, and to the files ranks read it from."""
