@@ -160,9 +160,9 @@ def test_a_kill_during_a_non_atomic_save_fails(results: dict[str, CheckResult], 
 def test_a_job_that_falls_back_to_an_older_checkpoint_recovers(more: dict[str, CheckResult]) -> None:
     result = more["corrupt-fallback"]
     assert result.status == "passed", result.summary
-    # the rank whose file was struck resumed from it (the other rank, without a barrier, may have
-    # lagged a checkpoint behind when the run was stopped: resumed_from_step is the earliest rank's)
-    assert result.evidence["struck_resumed_from_step"] == result.evidence["struck"]["step"]
+    # no rank trained on from the struck file (the recover judge sets struck_resumed_from_step
+    # only when one did): the resume fell back to an older checkpoint
+    assert "struck_resumed_from_step" not in result.evidence
     assert result.evidence["resumed_from_step"] <= result.evidence["struck"]["step"] - 5
 
 

@@ -18,6 +18,7 @@ launches anything except fail_clean's verification run through the runner.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ __all__ = [
     "fail_clean_verdict",
     "judge_continue",
     "judge_fail_clean",
+    "judge_injected",
     "judge_recover",
     "new_stderr",
     "not_injected",
@@ -322,6 +324,21 @@ def not_injected(c: DrillContext) -> Judgement | None:
     return None
 
 
+def judge_injected(kind: type[E]) -> Callable[[Callable[[DrillContext, E], Judgement]], Judge]:
+    """The opening every judge shares, as a decorator of ``judge(c, evidence)``: the error of
+    :func:`not_injected` when the fault never struck, else ``judge`` with the common evidence
+    as ``kind``, the expectation's record to fill."""
+
+    def wrap(judge: Callable[[DrillContext, E], Judgement]) -> Judge:
+        @functools.wraps(judge)
+        def run(c: DrillContext) -> Judgement:
+            return not_injected(c) or judge(c, common_evidence(c, kind))
+
+        return run
+
+    return wrap
+
+
 def trajectory_diff(c: DrillContext, points: Iterable[MetricPoint], steps: Iterable[int]) -> TrajectoryDiff:
     actual, expected = aligned_trajectories(list(points), c.reference.points, c.metric)
     return compare_trajectories(actual, expected, metric=c.metric, steps=steps,
@@ -365,11 +382,8 @@ def recover_causes(resumed_from: Sequence[int | None], diff: TrajectoryDiff,
     return causes
 
 
-def judge_recover(c: DrillContext) -> Judgement:
-    skipped = not_injected(c)
-    if skipped:
-        return skipped
-    evidence = common_evidence(c, RecoverEvidence)
+@judge_injected(RecoverEvidence)
+def judge_recover(c: DrillContext, evidence: RecoverEvidence) -> Judgement:
     spec, run = c.spec, c.run
     lost, per_restart, from_scratch = _lost_steps(c)
     evidence.lost_steps, evidence.resumes = lost, per_restart
@@ -613,11 +627,8 @@ def _fail_clean_causes(first: RunResult, evidence: FailCleanEvidence) -> list[st
     return [hang, swallowed, torn]
 
 
-def judge_continue(c: DrillContext) -> Judgement:
-    skipped = not_injected(c)
-    if skipped:
-        return skipped
-    evidence = common_evidence(c, ContinueEvidence)
+@judge_injected(ContinueEvidence)
+def judge_continue(c: DrillContext, evidence: ContinueEvidence) -> Judgement:
     spec, run = c.spec, c.run
     problems: list[str] = []
     final = run.final

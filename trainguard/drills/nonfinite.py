@@ -21,8 +21,7 @@ from typing import Any
 
 from trainguard.config import DrillSpec
 from trainguard.drills.evidence import NonfiniteEvidence
-from trainguard.drills.judges import DrillContext, Judgement, exit_problems
-from trainguard.drills.opening import judge_injected
+from trainguard.drills.judges import DrillContext, Judgement, exit_problems, judge_injected
 from trainguard.evidence import known
 from trainguard.launch import MetricPoint
 

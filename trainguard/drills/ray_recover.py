@@ -14,10 +14,10 @@ from trainguard.drills.judges import (
     Injection,
     Judgement,
     checkpoints_compared,
+    judge_injected,
     recovered_run_problems,
     trajectory_diff,
 )
-from trainguard.drills.opening import judge_injected
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.raytrain.workers import WorkerSighting

@@ -26,9 +26,9 @@ from trainguard.drills.judges import (
     Judgement,
     attempt_evidence,
     diff_problem,
+    judge_injected,
     trajectory_diff,
 )
-from trainguard.drills.opening import judge_injected
 from trainguard.evidence import known
 from trainguard.launch import RankExit, RunResult
 from trainguard.unit.checkpoints import latest_complete_checkpoint

@@ -43,9 +43,9 @@ from trainguard.drills.judges import (
     Judgement,
     attempt_evidence,
     common_evidence,
+    judge_injected,
     trajectory_diff,
 )
-from trainguard.drills.opening import judge_injected
 from trainguard.evidence import known
 from trainguard.faults.base import Fault
 from trainguard.faults.hook import rank_stderr
