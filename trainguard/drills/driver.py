@@ -274,18 +274,8 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
 
     drill_dir = new_run_dir(job_file.state_dir, job_file.job.name, f"drill-{spec.name}",
                             keep=runner.settings.keep_runs)
-    values = runner.placeholders(request, drill_dir, drill_dir / "checkpoints")
     ray_job = job_file.job.is_ray_train
-    ctx = FaultContext(
-        work_dir=drill_dir / "fault",
-        checkpoint_dir=drill_dir / "checkpoints",
-        world_size=request.world_size,
-        env={**{k: v.format_map(values) for k, v in job_file.job.env.items()},
-             **{k: v.format_map(values) for k, v in request.env}},
-        ray_train=ray_job,
-    )
-    ctx.work_dir.mkdir(parents=True, exist_ok=True)
-    ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    ctx = _fault_context(runner, request, drill_dir, ray_job)
     via_api = False
     if ray_job:
         try:
@@ -300,11 +290,8 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
                     wait_for=reporting if cls.strikes_every_rank else ())
     # Ray Train recovers a dead worker itself (FailureConfig): trainguard must not restart too
     ray_recover = ray_job and spec.expectation == "recover" and spec.fault in RAY_RECOVERED_FAULTS
-    stall = spec.stall_timeout or job_file.job.stall_timeout
-    if spec.expectation == "fail_clean" or must_stop(spec):
-        stall = max(stall, spec.deadline_s + _DEADLINE_MARGIN_S)
-    if spec.expectation == "save_and_exit":  # the job saves in silence for up to the grace
-        stall = max(stall, float(fault.params.get("grace", 0.0)) + _DEADLINE_MARGIN_S)
+    stall = _stall_limit(spec, job_file, fault)
+    startup, shutdown = _startup_and_shutdown(spec, job_file, stall)
     try:
         if agent is not None:
             try:
@@ -328,12 +315,8 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
             preexec=fault.preexec if fault.needs_preexec and not ray_job else None,
             checkpoint_dir=ctx.checkpoint_dir,
             stall_timeout=stall,
-            # a short drill stall limit must not cut the job's start-up (imports, rendezvous)
-            startup_timeout=max(stall, job_file.job.stall_timeout),
-            # continue: a job that did its steps may take up to the deadline to exit (a bounded
-            # flush of what the fault held back) without being called hung
-            shutdown_timeout=(spec.deadline_s + _DEADLINE_MARGIN_S
-                              if spec.expectation == "continue" else None),
+            startup_timeout=startup,
+            shutdown_timeout=shutdown,
         )
         driver.finish()
         driver.clear()
@@ -360,6 +343,43 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
             agent.stop()
 
 
+def _fault_context(runner: JobRunner, request: RunRequest, drill_dir: Path, ray_job: bool) -> FaultContext:
+    """The drill's fault context: its own work and checkpoint directories (made), its world
+    size and the job's environment with the placeholders filled."""
+    job = runner.job_file.job
+    values = runner.placeholders(request, drill_dir, drill_dir / "checkpoints")
+    ctx = FaultContext(
+        work_dir=drill_dir / "fault",
+        checkpoint_dir=drill_dir / "checkpoints",
+        world_size=request.world_size,
+        env={**{k: v.format_map(values) for k, v in job.env.items()},
+             **{k: v.format_map(values) for k, v in request.env}},
+        ray_train=ray_job,
+    )
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    return ctx
+
+
+def _stall_limit(spec: DrillSpec, job_file: JobFile, fault: Fault) -> float:
+    """The drill run's stall limit: the drill's or the job's, and at least the deadline of a
+    drill that expects the job to stop, and the grace of a save_and_exit one."""
+    stall = spec.stall_timeout or job_file.job.stall_timeout
+    if spec.expectation == "fail_clean" or must_stop(spec):
+        stall = max(stall, spec.deadline_s + _DEADLINE_MARGIN_S)
+    if spec.expectation == "save_and_exit":  # the job saves in silence for up to the grace
+        stall = max(stall, float(fault.params.get("grace", 0.0)) + _DEADLINE_MARGIN_S)
+    return stall
+
+
+def _startup_and_shutdown(spec: DrillSpec, job_file: JobFile, stall: float) -> tuple[float, float | None]:
+    """The drill run's start-up and shutdown limits."""
+    # a short drill stall limit must not cut the job's start-up (imports, rendezvous)
+    startup = max(stall, job_file.job.stall_timeout)
+    # continue: a job that did its steps may take up to the deadline to exit (a bounded flush of
+    # what the fault held back) without being called hung
+    shutdown = spec.deadline_s + _DEADLINE_MARGIN_S if spec.expectation == "continue" else None
+    return startup, shutdown
 
 
 def _fail_clean_later(c: DrillContext, checkpoints: Path,
