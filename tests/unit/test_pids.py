@@ -35,3 +35,10 @@ def test_a_zombie_is_alive_until_reaped_unless_zombies_count_as_gone() -> None:
     finally:
         child.wait()
     assert not pid_alive(child.pid) and not pid_alive(child.pid, zombie=False)  # reaped: gone
+
+
+def test_zero_and_negative_numbers_name_no_process() -> None:
+    """To ``os.kill`` 0 is this process group and -1 every process: neither is a process id."""
+    assert not pid_alive(0) and not pid_alive(-1) and not pid_alive(-os.getpgrp())
+    assert not pid_alive(0, zombie=False) and not pid_alive(-1, zombie=False)
+    assert pid_alive(os.getpid()) and pid_alive(os.getpid(), zombie=False)

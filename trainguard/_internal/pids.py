@@ -14,7 +14,10 @@ __all__ = ["pid_alive"]
 def pid_alive(pid: int, *, zombie: bool = True) -> bool:
     """True while ``pid`` names a process (one of another user's included). A zombie (exited,
     not yet reaped by its parent) counts as alive, unless ``zombie`` is False: then it is gone,
-    as it is to a parent that waits for its own child to exit."""
+    as it is to a parent that waits for its own child to exit. 0 and negative numbers name no
+    process (to ``os.kill`` they name process groups)."""
+    if pid <= 0:
+        return False
     if not zombie:
         try:
             proc = psutil.Process(pid)

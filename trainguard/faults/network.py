@@ -55,6 +55,7 @@ from trainguard.faults.toxiproxy.client import (
     open_toxiproxy,
 )
 from trainguard.faults.toxiproxy.toxics import DIRECTIONS, TOXIC_ATTRIBUTES
+from trainguard.launch.procs import group_alive
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
@@ -235,10 +236,10 @@ class LocalMlflowServer:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGTERM)
             deadline = time.monotonic() + timeout
-            while _group_alive(pgid) and time.monotonic() < deadline:
+            while group_alive(pgid) and time.monotonic() < deadline:
                 popen.poll()  # reap the leader, or the group never looks empty
                 time.sleep(0.05)
-            if _group_alive(pgid):
+            if group_alive(pgid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL cannot be ignored
@@ -280,16 +281,6 @@ def _missing(printed: dict[str, dict[int, set[int]]],
 
 def _shown(steps: list[int]) -> str:
     return ", ".join(map(str, steps[:10])) + (" ..." if len(steps) > 10 else "")
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover
-        return True
-    return True
 
 
 #: the largest toxic attribute (Toxiproxy's attributes are 32-bit integers)

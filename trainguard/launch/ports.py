@@ -14,7 +14,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-import psutil
+from trainguard._internal.pids import pid_alive
 
 __all__ = ["PortReservation", "reserve_port"]
 
@@ -59,7 +59,7 @@ def _take(marker: Path) -> bool:
             owner = int(text)
         except (OSError, ValueError):
             return False
-        if owner and psutil.pid_exists(owner):
+        if owner and pid_alive(owner):
             return False
         # Stale: its owner died without releasing. Two processes may both see that; renaming
         # is atomic, so only one of them removes the stale file, and O_EXCL then decides.

@@ -14,9 +14,8 @@ import shutil
 import time
 from pathlib import Path
 
-import psutil
-
 from trainguard._internal.atomic import atomic_write_text, fallback_dir, os_error_text, warn
+from trainguard._internal.pids import pid_alive
 from trainguard.errors import TrainguardError
 
 __all__ = ["ensure_state_dir", "new_run_dir", "prune_runs"]
@@ -109,7 +108,7 @@ def _owned_by_live_process(run_dir: Path) -> bool:
         pid = int((run_dir / _OWNER).read_text().strip())
     except (OSError, ValueError):
         return False
-    return pid != 0 and psutil.pid_exists(pid)
+    return pid_alive(pid)
 
 
 def prune_runs(runs: Path, job_slug: str, *, keep: int, protect: Path | None = None) -> list[Path]:
