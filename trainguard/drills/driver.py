@@ -254,7 +254,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
     fault = cls(spec.params, rank=spec.rank, after_step=spec.after_step, duration=spec.duration)
     metric = _progress_metric(job_file)
     request = _request(runner, spec)
-    reference = runner.reference(request)
+    reference = runner.scheduling.reference(request)
     if not reference.ok:
         return result("error", f"the uninterrupted reference run failed, so there is nothing to "
                       f"drill: {reference.reason}", {"reference": attempt_evidence(reference, fault).to_dict()})
@@ -268,14 +268,14 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
     drill_dir = new_run_dir(job_file.state_dir, job_file.job.name, f"drill-{spec.name}",
                             keep=runner.settings.keep_runs)
     values = runner.placeholders(request, drill_dir, drill_dir / "checkpoints")
-    ray_job = job_file.job.is_ray_train
+    ray_job = not runner.backend.ranks_are_children  # its ranks are Ray workers behind the driver
     ctx = FaultContext(
         work_dir=drill_dir / "fault",
         checkpoint_dir=drill_dir / "checkpoints",
         world_size=request.world_size,
         env={**{k: v.format_map(values) for k, v in job_file.job.env.items()},
              **{k: v.format_map(values) for k, v in request.env}},
-        ray_train=ray_job,
+        backend=runner.backend,
     )
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -287,7 +287,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult:
             return result("error", str(exc), {})
     # trainguard's Ray client (started below): Ray Train's state names the workers, pinned tasks
     # act on them
-    agent = RayAgent(runner.ray_env()) if ray_job and (via_api or spec.fault in RAY_API_FAULTS) else None
+    agent = RayAgent(runner.backend.launch_env()) if ray_job and (via_api or spec.fault in RAY_API_FAULTS) else None
     driver = Driver(fault, spec, metric, watch_rank, request.world_size if ray_job else None,
                     ray_agent=agent, ray_run_name=job_file.job.name, ray_via_api=via_api,
                     wait_for=reporting if cls.strikes_every_rank else ())
