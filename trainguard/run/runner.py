@@ -33,7 +33,7 @@ from trainguard.launch.rundir import new_run_dir
 from trainguard.run.keep import Keepers, KeptCheckpoint
 from trainguard.run.observer import MetricCallback, NullObserver, ObserverSource, RunObserver
 from trainguard.run.request import RunRequest
-from trainguard.run.scheduling import AheadRun, PendingRun, RunScheduler
+from trainguard.run.scheduling import AheadRun, RunScheduler
 from trainguard.unit.checkpoints import describe_candidates, latest_complete_checkpoint
 
 __all__ = [
@@ -589,55 +589,6 @@ class JobRunner:
         ahead: AheadRun | None = None,
     ) -> RunResult:
         return self.run(request, label=label, on_metric=on_metric, ahead=ahead)
-
-    def run_for(self, request: RunRequest, check: str) -> PendingRun:
-        """Start getting the run ``check`` needs for ``request`` (the lane's, a kept reference or
-        one launched now); ``.result()`` waits for it. See :meth:`RunScheduler.run_for`."""
-        return self.scheduling.run_for(request, check)
-
-    def reference(self, request: RunRequest) -> RunResult:
-        """An uninterrupted run for ``request``, launched once and shared between checks (see
-        :meth:`RunScheduler.reference`)."""
-        return self.scheduling.reference(request)
-
-    def kept_reference(self, request: RunRequest) -> RunResult | None:
-        """The reference of ``request`` when one ran already (nothing is launched)."""
-        return self.scheduling.kept_reference(request)
-
-    def offer_reference(self, request: RunRequest, result: RunResult) -> None:
-        """Keep ``result`` as the reference of ``request`` when it completed and none is kept yet."""
-        self.scheduling.offer_reference(request, result)
-
-    def prefetch(self, request: RunRequest) -> None:
-        """Start the reference run of ``request`` in the background (see
-        :meth:`RunScheduler.prefetch`)."""
-        self.scheduling.prefetch(request)
-
-    def join_background(self) -> None:
-        """Wait for every background reference run (checks call this before they return)."""
-        self.scheduling.join_background()
-
-    def stop_background(self, reason: str) -> None:
-        """Stop every run launched off the main thread (Ctrl-C, a failed check)."""
-        self.scheduling.stop_background(reason)
-
-    def start_lane(self, runs: Sequence[AheadRun]) -> None:
-        """Launch the runs of later checks one after the other in the background (see
-        :meth:`RunScheduler.start_lane`); no lane for a ``ray_train`` job."""
-        self.scheduling.start_lane(runs)
-
-    def ahead_started(self, check: str, request: RunRequest) -> bool:
-        """Whether the lane has started (or finished) a run for ``check`` with ``request``."""
-        return self.scheduling.ahead_started(check, request)
-
-    def take_ahead(self, check: str, request: RunRequest) -> RunResult | None:
-        """The run started ahead for ``check`` with exactly ``request``, or None (see
-        :meth:`RunScheduler.take_ahead`)."""
-        return self.scheduling.take_ahead(check, request)
-
-    def close_lane(self) -> None:
-        """Stop the lane's runs that no check took and wait for its thread (idempotent)."""
-        self.scheduling.close_lane()
 
     def command_line(
         self,

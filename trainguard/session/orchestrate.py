@@ -63,9 +63,9 @@ def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
         try:
             result = check.run(runner, spec)
         except BaseException:
-            runner.stop_background(f"the {name} check ended with an exception")
+            runner.scheduling.stop_background(f"the {name} check ended with an exception")
             raise
-        runner.join_background()  # nothing a check started outlives it
+        runner.scheduling.join_background()  # nothing a check started outlives it
         result.duration_s = result.duration_s or time.monotonic() - started
         _attach_log_notes(runner, result)
         record(result)
@@ -100,7 +100,7 @@ def lane_plan(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) -> lis
             ahead = check.ahead(runner, spec)
             # an uninterrupted run that ran already, or that a check before it launches in the
             # foreground (smoke folded into the canary's run), is not launched again
-            if not (ahead.reference and (runner.kept_reference(ahead.request) is not None
+            if not (ahead.reference and (runner.scheduling.kept_reference(ahead.request) is not None
                                          or share_key(ahead.request) in earlier)):
                 plan.append(ahead)
         declared, _ = declared_runs(runner.job_file, name, spec, seed=runner.settings.seed,
@@ -142,7 +142,7 @@ def run_in_order(
         if not lane:
             lane.append(True)
             runner.current_check = rest[0][0] if rest else None  # what the lane's first run is beside
-            runner.start_lane(lane_plan(runner, rest))
+            runner.scheduling.start_lane(lane_plan(runner, rest))
 
     try:
         for name, spec in first:  # alone: no background import, the lane once its runs are done
@@ -152,11 +152,11 @@ def run_in_order(
         start_lane()
         for name, spec in rest:
             if not _lane(name):
-                runner.close_lane()
+                runner.scheduling.close_lane()
             one(name, spec)
     finally:
         runner.timing, runner.on_timed_done = False, None
-        runner.close_lane()
+        runner.scheduling.close_lane()
         report.checks.sort(key=lambda c: order.get(c.name, len(order)))
     return report
 
