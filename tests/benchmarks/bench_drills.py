@@ -43,7 +43,7 @@ def main() -> None:
         spec = make_drill(job_file, {**example.model_dump(exclude_unset=True), **overrides})
         runner = JobRunner(job_file)
         started = time.monotonic()
-        runner.reference(runner.request_for(spec, world_size=2))
+        runner.scheduling.reference(runner.request_for(spec, world_size=2))
         print(f"reference run: {time.monotonic() - started:.1f} s")
         passed, latencies, lost, durations = 0, [], [], []
         for i in range(args.runs):

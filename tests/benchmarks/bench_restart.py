@@ -49,7 +49,7 @@ def ours(root: Path, runs: int) -> None:
     job_file = parse_config(JOB, path=root / "trainguard.yaml")
     runner = JobRunner(job_file)
     request = RunRequest.make(steps=STEPS, seed=0, world_size=2)
-    reference = runner.reference(request)
+    reference = runner.scheduling.reference(request)
     recovered, latencies = 0, []
     for i in range(runs):
         killed_at: list[float] = []

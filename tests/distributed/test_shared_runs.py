@@ -156,7 +156,7 @@ def test_a_shorter_reference_is_a_longer_runs_first_steps_only_when_the_job_says
     report, runner = _run(path)
     assert report.status == "passed", [(c.name, c.summary) for c in report.checks]
     assert len(runner.launches) == launches, [r.label for r in runner.launches]
-    reference = runner.kept_reference(runner.request_for(load_config(path).checks.determinism))  # type: ignore[arg-type]
+    reference = runner.scheduling.kept_reference(runner.request_for(load_config(path).checks.determinism))  # type: ignore[arg-type]
     assert reference is not None and ("prefix_of" in reference.evidence) == prefix
     if prefix:
         assert reference.last_step == steps and reference.checkpoints.parts[-3:] == (

@@ -112,7 +112,7 @@ def drill(cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) ->
         if first is not None:
             runner = first.sibling(job)
             request = runner.request_for(drill_spec, world_size=job.job.world_size)
-            runner.offer_reference(request, first.reference(request))
+            runner.scheduling.offer_reference(request, first.scheduling.reference(request))
         else:
             runner = runners[cpus] = JobRunner(job)
         t0 = time.monotonic()

@@ -68,7 +68,7 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
             runner = runners[0].sibling(job)  # one Ray head
             # one reference for all: a run that is never interrupted does not depend on the defect
             request = runner.request_for(drill_spec, world_size=job.job.world_size)
-            runner.offer_reference(request, runners[0].reference(request))
+            runner.scheduling.offer_reference(request, runners[0].scheduling.reference(request))
         else:
             runner = JobRunner(job)
         runners.append(runner)
@@ -77,7 +77,7 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
     try:
         yield run
     finally:
-        head = runners[0]._ray if runners else None
+        head = runners[0].backend.head if runners else None
         temp = head.cluster.temp_dir if head is not None and head.cluster is not None else None
         if runners:
             runners[0].close()  # the head they share

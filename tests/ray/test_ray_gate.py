@@ -77,9 +77,9 @@ def test_the_production_run_of_a_ray_train_job_is_the_driver_at_the_sized_worker
 def test_ray_checkpoint_steps_come_from_rays_own_record(tmp_path: Path) -> None:
     """Ray 2.60's checkpoint_manager_snapshot.json (its shape, trimmed): which checkpoint
     directory came with which report."""
-    from trainguard.profiling.measure import _ray_checkpoint_writes
+    from trainguard.raytrain.backend import checkpoint_writes
 
-    assert _ray_checkpoint_writes(tmp_path) is None
+    assert checkpoint_writes(tmp_path) is None
     run = tmp_path / "digits-ray"
     results = []
     for step, name in ((5, "checkpoint_2026-11-22_09-13-31.930407"), (10, "checkpoint_2026-11-22_09-13-40.1")):
@@ -90,7 +90,7 @@ def test_ray_checkpoint_steps_come_from_rays_own_record(tmp_path: Path) -> None:
     (run / "checkpoint_manager_snapshot.json").write_text(json.dumps({
         "ray_version": "2.60.0", "checkpoint_results": results, "checkpoint_report_indices": [4, 9, 11],
         "current_report_index": 12}))
-    assert _ray_checkpoint_writes(tmp_path) == {5: 500, 10: 1000, 12: 0}
+    assert checkpoint_writes(tmp_path) == {5: 500, 10: 1000, 12: 0}
 
 
 @pytest.mark.ray

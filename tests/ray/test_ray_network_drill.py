@@ -87,14 +87,14 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
         spec = runner.job_file.checks.drills[0]
         request = runner.request_for(spec, world_size=runner.job_file.job.world_size)
         # a run that is never interrupted does not depend on the defect (which only logs)
-        runner.offer_reference(request, runners[0].reference(request))
+        runner.scheduling.offer_reference(request, runners[0].scheduling.reference(request))
         return run_drill(runner, spec)
 
     try:
         yield run
     finally:
         env.undo()
-        head = runners[0]._ray if runners else None
+        head = runners[0].backend.head if runners else None
         temp = head.cluster.temp_dir if head is not None and head.cluster is not None else None
         if runners:
             runners[0].close()

@@ -64,8 +64,9 @@ def test_the_embedded_head_runs_ray_train_at_trainguards_pace_and_the_users_valu
     temp = None
     try:
         default = probe(runner, "default")
-        assert runner._ray is not None and runner._ray.cluster is not None
-        temp = runner._ray.cluster.temp_dir
+        head = runner.backend.head
+        assert head is not None and head.cluster is not None
+        temp = head.cluster.temp_dir
         assert default == {"interval": float(RAY_TRAIN_DEFAULTS["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"]),
                            "preemption_watcher": 0.0}
         # the job's env reaches the driver, whose value Ray Train hands to its controller and workers

@@ -178,7 +178,7 @@ def test_a_closed_runner_leaves_no_background_rank(tmp_path: Path) -> None:
         from trainguard.run.runner import JobRunner
 
         runner = JobRunner(load_config({str(job)!r}))
-        runner.prefetch(RunRequest(steps=400, seed=0, world_size=2))
+        runner.scheduling.prefetch(RunRequest(steps=400, seed=0, world_size=2))
         deadline = time.monotonic() + 30
         while not (runner._inflight and all(l.points for l in runner._inflight)):
             assert time.monotonic() < deadline, "no background run"

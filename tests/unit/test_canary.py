@@ -485,7 +485,7 @@ def test_a_shared_run_past_the_canarys_limits_fails_as_its_own_run_would(tmp_pat
     assert spec is not None
     runner = JobRunner(job_file, Settings())
     request = runner.request_for(spec)  # no limits: the profile's request
-    shared = runner.reference(request)
+    shared = runner.scheduling.reference(request)
     assert shared.ok and shared.duration_s > 1.0
     result = run_canary(runner, spec)
     assert result.status == "failed"

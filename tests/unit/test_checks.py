@@ -361,7 +361,7 @@ def test_determinism_overlaps_its_two_runs_and_shares_the_first(jobs: Path) -> N
     assert spec is not None
     result = run_determinism(runner, spec)
     assert result.status == "passed", result.summary
-    reference = runner.reference(runner.request_for(spec))  # kept: no third launch
+    reference = runner.scheduling.reference(runner.request_for(spec))  # kept: no third launch
     labels = [str(c["label"]) for c in runner.curves]
     assert sorted(labels) == ["determinism-repeat", "reference"], labels
     spans = {str(c["label"]): c["span"] for c in runner.curves}
@@ -379,8 +379,8 @@ def test_a_completed_run_offered_as_reference_is_reused_whatever_its_limits(jobs
     limited = dataclasses.replace(request, timeout=30.0, max_rss_mb=4000.0)
     canary_like = runner.run(limited, label="canary")
     assert canary_like.ok, canary_like.reason
-    runner.offer_reference(limited, canary_like)
-    assert runner.reference(request) is canary_like
+    runner.scheduling.offer_reference(limited, canary_like)
+    assert runner.scheduling.reference(request) is canary_like
     assert [c["label"] for c in runner.curves] == ["canary"]  # nothing else launched
 
 
@@ -391,8 +391,8 @@ def test_a_failed_run_is_never_kept_as_a_reference(jobs: Path) -> None:
     request = runner.request_for(spec)
     failed = runner.run(request, label="canary")
     assert not failed.ok
-    runner.offer_reference(request, failed)
-    assert runner.reference(request) is not failed
+    runner.scheduling.offer_reference(request, failed)
+    assert runner.scheduling.reference(request) is not failed
 
 
 def test_stop_background_ends_a_prefetched_run(jobs: Path) -> None:
@@ -401,7 +401,7 @@ def test_stop_background_ends_a_prefetched_run(jobs: Path) -> None:
     runner = runner_for(jobs, "long")
     spec = next(s for _, s in runner.job_file.enabled_checks(None))
     request = runner.request_for(spec)
-    runner.prefetch(request)
+    runner.scheduling.prefetch(request)
     wait_for_a_background_run(runner)
     (pending,) = runner.scheduling._pending.values()
     started = time.monotonic()

@@ -28,6 +28,7 @@ from trainguard.faults.base import Fault
 from trainguard.faults.hang import HangFault
 from trainguard.faults.kill import KillRankFault
 from trainguard.launch import MetricPoint, RankExit, RunResult
+from trainguard.launch.backend import CommandBackend
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import SupervisedRun
 
@@ -547,7 +548,8 @@ def test_fail_clean_on_a_job_that_trained_through_the_fault_blames_no_checkpoint
     (tmp_path / "rank0.stderr.log").write_text("")
     done = _result("ok", _points(range(1, 13)), run_dir=tmp_path)
     runner = _VerifyRunner(_result("ok", []))
-    runner.job_file = SimpleNamespace(job=SimpleNamespace(is_ray_train=False, max_restarts=0))  # type: ignore[attr-defined]
+    runner.job_file = SimpleNamespace(job=SimpleNamespace(max_restarts=0))  # type: ignore[attr-defined]
+    runner.backend = CommandBackend()  # type: ignore[attr-defined]
     status, summary, evidence = judge_fail_clean(_context(FAIL, [done], runner=runner))
     assert status == "failed" and "the job completed (exit 0) despite the fault" in summary, summary
     assert runner.calls == [] and "overwritten" not in summary and "no `loss` line" not in summary

@@ -103,13 +103,13 @@ def test_closing_the_lane_stops_a_run_nobody_took(jobs: Path) -> None:
     spec = runner.job_file.checks.smoke
     assert spec is not None
     request = runner.request_for(spec)
-    runner.start_lane([AheadRun("canary", request, "canary")])
+    runner.scheduling.start_lane([AheadRun("canary", request, "canary")])
     wait_for_a_background_run(runner)
     started = time.monotonic()
     runner.close()
     assert time.monotonic() - started < 20
     assert not runner._inflight
-    assert runner.take_ahead("canary", request) is None  # stopped: a check would run it again
+    assert runner.scheduling.take_ahead("canary", request) is None  # stopped: a check would run it again
     lane_thread = runner.scheduling.lane_thread
     assert lane_thread is not None and not lane_thread.is_alive()
 

@@ -24,6 +24,7 @@ from trainguard.errors import ConfigError
 from trainguard.faults.hook import read_events
 from trainguard.faults.nan import NanFault
 from trainguard.launch import MetricPoint, RankExit, RunResult
+from trainguard.launch.backend import CommandBackend
 from trainguard.launch.hook import hook_env
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import SupervisedRun
@@ -215,8 +216,8 @@ def _judge(params: dict[str, Any], attempt: RunResult, *, first_exit: tuple[int,
 
 
 NAN = float("nan")
-#: what the judge reads of the runner: the job's kind
-RUNNER = SimpleNamespace(job_file=SimpleNamespace(job=SimpleNamespace(is_ray_train=False, max_restarts=0)))
+#: what the judge reads of the runner: how the job's ranks run, its restart budget
+RUNNER = SimpleNamespace(backend=CommandBackend(), job_file=SimpleNamespace(job=SimpleNamespace(max_restarts=0)))
 
 
 def test_stop_passes_on_a_prompt_error_and_names_the_step_and_rank(tmp_path: Path) -> None:

@@ -19,6 +19,8 @@ from trainguard.config import load_config
 from trainguard.faults.base import FaultContext
 from trainguard.faults.network import RAY_WRITER_ENV, NetworkFault
 from trainguard.launch import RunResult
+from trainguard.launch.backend import CommandBackend
+from trainguard.raytrain.backend import RayTrainBackend
 from trainguard.raytrain.tracking import SUMMARY_FILE, WorkerSummary, writer_from_env
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
@@ -58,7 +60,7 @@ def fault_after_setup(ray_train: bool) -> NetworkFault:
 
 def ctx(tmp_path: Path, ray_train: bool) -> FaultContext:
     return FaultContext(work_dir=tmp_path / "fault", checkpoint_dir=tmp_path / "ckpt",
-                        world_size=2, ray_train=ray_train)
+                        world_size=2, backend=RayTrainBackend() if ray_train else CommandBackend())
 
 
 def test_ray_job_gets_the_writer_env_and_a_command_job_only_the_mlflow_uri(tmp_path: Path) -> None:

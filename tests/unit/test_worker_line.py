@@ -1,13 +1,15 @@
 """The one parser of the ``trainguard-worker rank=R pid=P node=IP`` line a Ray Train worker
-prints, and the profiler's reader of the driver's log that uses it (the fault drills' reader,
-:class:`~trainguard.raytrain.workers.RayWorkerTracker`, is tested in test_ray_workers.py)."""
+prints, and the Ray Train backend's reader of the driver's log that the profiler samples by (the
+fault drills' use of :class:`~trainguard.raytrain.workers.RayWorkerTracker` is tested in
+test_ray_workers.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
-from trainguard.profiling.measure import _RayWorkers
 from trainguard.raytrain import WORKER_PREFIX, WorkerLine, format_worker_line, parse_worker_line
+from trainguard.raytrain.backend import RayTrainBackend
 
 
 def test_a_forwarded_worker_line_is_parsed_with_and_without_node() -> None:
@@ -25,16 +27,17 @@ def test_other_lines_are_not_worker_lines() -> None:
 
 
 def test_the_profiler_reads_worker_pids_incrementally(tmp_path: Path) -> None:
-    workers = _RayWorkers()
-    assert workers.poll() == {}  # no log configured yet
-    workers.log = tmp_path / "rank0.stderr.log"
-    assert workers.poll() == {}  # configured, not written yet
-    workers.log.write_text(
+    backend = RayTrainBackend()
+    assert backend.rank_pids(SimpleNamespace(ranks=[]))() == {}  # no driver launched yet  # type: ignore[arg-type]
+    log = tmp_path / "rank0.stderr.log"
+    pids = backend.rank_pids(SimpleNamespace(ranks=[SimpleNamespace(stderr_log=log)]))  # type: ignore[arg-type]
+    assert pids() == {}  # the driver has not written yet
+    log.write_text(
         "(TrainController pid=10) Attempting to start training worker group of size 2\n"
         f"(RayTrainWorker pid=21) {WORKER_PREFIX} rank=0 pid=21 node=127.0.0.1\n"
         f"(RayTrainWorker pid=22) {WORKER_PREFIX} rank=1 pi"  # a partial line
     )
-    assert workers.poll() == {0: 21}
-    with open(workers.log, "a") as f:  # the rest of the line, then a restarted rank 0
+    assert pids() == {0: 21}
+    with open(log, "a") as f:  # the rest of the line, then a restarted rank 0
         f.write(f"d=22 node=127.0.0.1\n(RayTrainWorker pid=31) {WORKER_PREFIX} rank=0 pid=31\n")
-    assert workers.poll() == {0: 31, 1: 22}
+    assert pids() == {0: 31, 1: 22}

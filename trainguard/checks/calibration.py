@@ -232,7 +232,7 @@ def calibrate_request(runner: JobRunner, request: RunRequest, runs: int) -> tupl
     import dataclasses
 
     started = time.monotonic()
-    same = [runner.reference(request)]
+    same = [runner.scheduling.reference(request)]
     same += [runner.run(request, label=f"calibrate-same-{i}") for i in range(2, runs + 1)]
     seeds = [request.seed + i for i in range(1, runs)]
     across = [same[0]] + [runner.run(dataclasses.replace(request, seed=s), label=f"calibrate-seed-{s}") for s in seeds]

@@ -335,11 +335,11 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
     # the uninterrupted run of its request when one ran already (the profile's, run first), its
     # limits judged after the fact; else started early beside the checks before it
     # (trainguard.session.lane_plan), else now
-    shared = runner.kept_reference(request)
-    result = shared or runner.take_ahead("canary", request)
+    shared = runner.scheduling.kept_reference(request)
+    result = shared or runner.scheduling.take_ahead("canary", request)
     if result is None:
         result = runner.run(request, label="canary", on_metric=canary_on_metric(spec))
-    runner.offer_reference(request, result)  # determinism/resume/parallel of the same run reuse it
+    runner.scheduling.offer_reference(request, result)  # determinism/resume/parallel of the same run reuse it
     limit_s = (request.timeout or runner.job_file.job.timeout) * runner.settings.timeout_scale
     loss = judge_loss(
         result.trajectory("loss"),

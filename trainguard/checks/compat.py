@@ -267,7 +267,7 @@ def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
     request = runner.request_for(spec)
     tol = tolerance_for(runner, spec, request, _NAME)
     evidence.tolerance = tol.as_evidence()
-    reference = runner.reference(request)
+    reference = runner.scheduling.reference(request)
     evidence.run_dirs["reference"] = str(reference.run_dir)
     if not reference.ok:
         return done("error", f"the current code's uninterrupted run did not complete: {reference.reason}")

@@ -246,14 +246,14 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
     job = runner.job_file.job
     request = runner.request_for(spec)
     reproduce = f"run twice and diff: {runner.command_line(request)}"
-    runner.prefetch(request)  # the two runs are independent: their start-ups may overlap
+    runner.scheduling.prefetch(request)  # the two runs are independent: their start-ups may overlap
     try:
         # the second run may have started early beside the checks before this one (lane_plan)
-        second = runner.take_ahead("determinism", request) or runner.run(request, label="determinism-repeat")
+        second = runner.scheduling.take_ahead("determinism", request) or runner.run(request, label="determinism-repeat")
     except BaseException:
-        runner.stop_background("the determinism check was interrupted")
+        runner.scheduling.stop_background("the determinism check was interrupted")
         raise
-    first = runner.reference(request)
+    first = runner.scheduling.reference(request)
     if not first.ok:
         return _failed_run("determinism", first, started, reproduce)
     if not second.ok:
@@ -367,7 +367,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     tol = tolerance_for(runner, spec, request, "resume")
     reproduce = _resume_reproduce(runner, request, spec.after_step)
     runner.keep_checkpoint(request, spec.after_step, metric)  # its uninterrupted run may keep it
-    reference = runner.reference(request)
+    reference = runner.scheduling.reference(request)
     if not reference.ok:
         return _failed_run("resume", reference, started, reproduce)
 
@@ -584,12 +584,12 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
     reproduce = f"compare: {runner.command_line(single)}  vs  {runner.command_line(multi)}"
     # the N-rank run: started early beside the checks before this one (lane_plan), else now in
     # the background while the 1-rank run runs in the foreground
-    pending = runner.run_for(multi, "parallel")
+    pending = runner.scheduling.run_for(multi, "parallel")
     try:
-        one = runner.reference(single)
+        one = runner.scheduling.reference(single)
         many = pending.result()
     except BaseException:
-        runner.stop_background("the parallel check was interrupted")
+        runner.scheduling.stop_background("the parallel check was interrupted")
         raise
     if not one.ok:
         return _failed_run("parallel", one, started, reproduce)

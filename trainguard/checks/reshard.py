@@ -230,11 +230,11 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
                  f"rank(s): {runner.command_line(new, resume=True)}")
     runner.keep_checkpoint(old, spec.after_step, metric)  # its uninterrupted run may keep it
     try:
-        reference = runner.reference(old)
+        reference = runner.scheduling.reference(old)
         cut = (interrupt(runner, old, spec.after_step, metric, label=f"reshard-{n}to{m}-killed",
                          what=f"the {n}-rank run") if reference.ok else None)
     except BaseException:
-        runner.stop_background("the reshard check was interrupted")
+        runner.scheduling.stop_background("the reshard check was interrupted")
         raise
     if cut is None:
         return _Pair(n, m, "error", f"{name}: the uninterrupted {n}-rank run did not complete: {reference.reason}",

@@ -147,7 +147,7 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     def done(status: str, summary: str, evidence: dict[str, Any]) -> CheckResult:
         return CheckResult("resume", status, summary, evidence, time.monotonic() - started, reproduce)  # type: ignore[arg-type]
 
-    reference = runner.reference(request)
+    reference = runner.scheduling.reference(request)
     if not reference.ok:
         return done("error", f"the uninterrupted run did not complete: {reference.reason}",
                     {"run_dir": str(reference.run_dir), "stderr_tail": reference.stderr_tail})

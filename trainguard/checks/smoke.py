@@ -144,7 +144,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
     if job.resume_args:
         reproduce += f"  # then: {runner.command_line(resume_request, resume=True)}"
     # folded: the uninterrupted run another check of the session makes anyway (docs/smoke-and-canary.md)
-    result = runner.reference(request) if folded else runner.run(request, label="smoke")
+    result = runner.scheduling.reference(request) if folded else runner.run(request, label="smoke")
     problems: list[str] = []
     stages: dict[str, Any] = {
         "launch_to_first_metric_s": result.first_metric_s,

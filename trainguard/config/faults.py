@@ -10,9 +10,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trainguard.errors import TrainguardError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.launch.backend import JobBackend
 
 __all__ = [
     "EXPECTATIONS",
@@ -101,9 +104,9 @@ class FaultClass(Protocol):
         """Problems of ``params`` that need the drill's steps and world size."""
         ...
 
-    def unavailable_for(self, ray_train: bool) -> str | None:
-        """Why the fault cannot strike a job of that kind (``ray_train``), with what to use
-        instead; None when it can."""
+    def unavailable_for(self, backend: JobBackend) -> str | None:
+        """Why the fault cannot strike a job whose ranks run as ``backend`` says, with what to
+        use instead; None when it can."""
         ...
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from trainguard._internal.limits import brief
+from trainguard.config.backends import backend_for
 from trainguard.config.checks import Checks, ProfileCheck
 from trainguard.config.faults import FaultNotInstalled, fault_class
 from trainguard.config.registry import JobFacts, checks_model, registered
@@ -203,7 +204,7 @@ def format_validation_error(exc: ValidationError) -> list[tuple[str, str]]:
         else:
             msg = _describe(error)
             fix = _FIX.get(key)
-            if fix and not (loc == ("job",) and error["type"] == "value_error"):  # ray_train: own fix
+            if fix and not (loc == ("job",) and error["type"] == "value_error"):  # the kind's backend names its fix
                 msg += f". Fix: {fix}"
         problems.append((key, msg))
     return problems
@@ -327,7 +328,7 @@ def _metric_source_problems(job: Job, metric: str, source: MetricSource) -> list
     problems = []
     if isinstance(source, MetricRegex) and source.step_group == "count" and job.resume_args:
         problems.append((f"job.metrics.{metric}.step", _counted_resume_problem(source)))
-    if isinstance(source, MetricTrainer) and job.is_ray_train:
+    if isinstance(source, MetricTrainer) and not backend_for(job.kind).rank_at_start:
         problems.append((
             f"job.metrics.{metric}",
             f"`{{trainer: {source.trainer}}}` is recorded by the start-up hook of `kind: command` jobs "
@@ -414,6 +415,7 @@ def drill_problems(job_file: JobFile, command_text: str, env_text: str) -> list[
     ``command_text`` and ``env_text`` are the job's command (with its resume args) and env values
     joined by spaces, where the placeholders a drill needs are looked for."""
     job = job_file.job
+    backend = backend_for(job.kind)
     problems: list[tuple[str, str]] = []
     seen: dict[str, int] = {}
     for i, drill in enumerate(job_file.checks.drills):
@@ -439,7 +441,7 @@ def drill_problems(job_file: JobFile, command_text: str, env_text: str) -> list[
             cls = fault_class(drill.fault)
         except FaultNotInstalled:
             continue  # reported when the drill runs; the rest of the file stays usable
-        unavailable = cls.unavailable_for(job.is_ray_train)
+        unavailable = cls.unavailable_for(backend)
         if unavailable is not None:  # the drill could only be skipped
             problems.append((f"{key}.fault", f"{unavailable} (job.kind: {job.kind})"))
         try:

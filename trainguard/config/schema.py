@@ -25,18 +25,26 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    model_validator,
+)
 
 from trainguard._internal.limits import MAX_SECONDS, MAX_WORLD_SIZE
 from trainguard._internal.model import ConfigModel
+from trainguard.config.backends import BACKENDS, backend_for, known_kind
 from trainguard.config.checks import Checks, CheckSpec, DrillSpec
 from trainguard.config.gate import GatePolicy
 from trainguard.config.registry import ChecksField, check_names, no_checks, on_change
 from trainguard.config.values import Argv, Env, PathText, Text, check_regex, compile_regex
 from trainguard.errors import ConfigError
-from trainguard.raytrain.job import RAY_KEYS, expand_ray_job
 from trainguard.report import CheckId
 
 __all__ = [
@@ -63,8 +71,9 @@ PLACEHOLDERS = ("steps", "checkpoint_dir", "seed", "world_size", "run_dir", "bat
 #: directory), so allowed in ``job.resume_args`` only
 RESUME_PLACEHOLDERS = ("latest_checkpoint",)
 
-#: how a job's ranks are started (``job.kind``)
-JobKind = Literal["command", "ray_train"]
+#: how a job's ranks are started (``job.kind``): a kind a backend is registered for
+#: (:mod:`trainguard.config.backends`), ``command`` or ``ray_train`` unless one was added
+JobKind = Annotated[str, AfterValidator(known_kind)]
 
 
 class MetricFile(ConfigModel):
@@ -230,14 +239,9 @@ class Job(ConfigModel):
     #: the first N steps of a longer run of the same request (docs/equivalence.md)
     steps_independent: bool = False
     #: ``command``: trainguard launches ``command`` once per rank (torchrun's contract);
-    #: ``ray_train``: one Ray Train driver whose workers are the ranks (docs/ray-train.md)
+    #: ``ray_train``: one Ray Train driver whose workers are the ranks (docs/ray-train.md); the
+    #: kind's backend (:func:`trainguard.config.backends.backend_for`) says how its ranks run
     kind: JobKind = "command"
-
-    @property
-    def is_ray_train(self) -> bool:
-        """Whether the ranks are Ray Train workers behind one driver process (the question
-        every layer asks of the kind, answered here once)."""
-        return self.kind == "ray_train"
 
     @property
     def metric_line_regexes(self) -> tuple[str, ...]:
@@ -248,15 +252,22 @@ class Job(ConfigModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _ray_train_as_command(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("kind") == "ray_train":
-            return expand_ray_job(data, tuple(p for p in PLACEHOLDERS if p not in RESUME_PLACEHOLDERS))
-        if isinstance(data, dict) and data.get("kind", "command") == "command":
-            stray = [k for k in RAY_KEYS if k in data]
+    def _as_its_backend_launches_it(cls, data: Any) -> Any:
+        """A job of a kind with keys of its own (``ray_train``'s function, config, scaling)
+        rewritten by its backend into the command job trainguard launches; keys that another
+        kind owns are refused with the kind to add. An unknown kind is left to ``kind``'s own
+        check, which names the known ones."""
+        kind = data.get("kind", "command") if isinstance(data, dict) else None
+        if not (isinstance(kind, str) and kind in BACKENDS):
+            return data
+        backend = backend_for(kind)
+        for other in BACKENDS:
+            theirs = backend_for(other)
+            stray = [k for k in theirs.job_keys if k in data and k not in backend.job_keys]
             if stray:
-                raise ValueError(f"{', '.join(stray)} belong to a Ray Train job; add `kind: ray_train` "
+                raise ValueError(f"{', '.join(stray)} belong to a {theirs.title} job; add `kind: {other}` "
                                  "or remove them")
-        return data
+        return backend.expand_job(data, tuple(p for p in PLACEHOLDERS if p not in RESUME_PLACEHOLDERS))
 
 
 class Target(ConfigModel):

@@ -46,7 +46,7 @@ def _prepare(runner: Any, spec: DrillSpec) -> None:
     ``continue`` drill measures step rates, so nothing may run beside it)."""
     if spec.expectation != "continue":
         world_size = spec.world_size or runner.job_file.job.world_size
-        runner.prefetch(runner.request_for(spec, world_size=world_size))
+        runner.scheduling.prefetch(runner.request_for(spec, world_size=world_size))
 
 
 def _items(spec: DrillSpec, soak_seed: int | None) -> list[tuple[str, DrillSpec]]:

@@ -316,7 +316,7 @@ def run_crash_points(runner: JobRunner, spec: CrashPointsCheck) -> CheckResult:
                            {}, time.monotonic() - started, skip_reason=SkipReason.NEEDS_ROOT)
     metric = progress_metric(runner)
     request = runner.request_for(spec)
-    reference = runner.reference(request)
+    reference = runner.scheduling.reference(request)
     if not reference.ok:
         return CheckResult(_NAME, "error", f"the uninterrupted run did not complete: {reference.reason}",
                            {"reference_run_dir": str(reference.run_dir)}, time.monotonic() - started)

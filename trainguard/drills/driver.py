@@ -261,7 +261,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
     fault = cls(spec.params, rank=spec.rank, after_step=spec.after_step, duration=spec.duration)
     metric = _progress_metric(job_file)
     request = _request(runner, spec)
-    reference = runner.reference(request)
+    reference = runner.scheduling.reference(request)
     if not reference.ok:
         return result("error", f"the uninterrupted reference run failed, so there is nothing to "
                       f"drill: {reference.reason}", {"reference": attempt_evidence(reference, fault).to_dict()})
@@ -274,8 +274,8 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
 
     drill_dir = new_run_dir(job_file.state_dir, job_file.job.name, f"drill-{spec.name}",
                             keep=runner.settings.keep_runs)
-    ray_job = job_file.job.is_ray_train
-    ctx = _fault_context(runner, request, drill_dir, ray_job)
+    ray_job = not runner.backend.ranks_are_children  # its ranks are Ray workers behind the driver
+    ctx = _fault_context(runner, request, drill_dir)
     via_api = False
     if ray_job:
         try:
@@ -284,7 +284,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
             return result("error", str(exc), {})
     # trainguard's Ray client (started below): Ray Train's state names the workers, pinned tasks
     # act on them
-    agent = RayAgent(runner.ray_env()) if ray_job and (via_api or spec.fault in RAY_API_FAULTS) else None
+    agent = RayAgent(runner.backend.launch_env()) if ray_job and (via_api or spec.fault in RAY_API_FAULTS) else None
     driver = Driver(fault, spec, metric, watch_rank, request.world_size if ray_job else None,
                     ray_agent=agent, ray_run_name=job_file.job.name, ray_via_api=via_api,
                     wait_for=reporting if cls.strikes_every_rank else ())
@@ -343,7 +343,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
             agent.stop()
 
 
-def _fault_context(runner: JobRunner, request: RunRequest, drill_dir: Path, ray_job: bool) -> FaultContext:
+def _fault_context(runner: JobRunner, request: RunRequest, drill_dir: Path) -> FaultContext:
     """The drill's fault context: its own work and checkpoint directories (made), its world
     size and the job's environment with the placeholders filled."""
     job = runner.job_file.job
@@ -354,7 +354,7 @@ def _fault_context(runner: JobRunner, request: RunRequest, drill_dir: Path, ray_
         world_size=request.world_size,
         env={**{k: v.format_map(values) for k, v in job.env.items()},
              **{k: v.format_map(values) for k, v in request.env}},
-        ray_train=ray_job,
+        backend=runner.backend,
     )
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)

@@ -457,7 +457,7 @@ def exit_problems(c: DrillContext, evidence: ExitEvidence) -> list[str]:
         problems.append("the job completed (exit 0) despite the fault; expected it to fail"
                         + (f" (Ray Train's FailureConfig(max_failures={c.runner.job_file.job.max_restarts})"
                            " restarted the worker group: for this job use `expect: recover`, or "
-                           "job.max_restarts 0)" if c.runner.job_file.job.is_ray_train
+                           "job.max_restarts 0)" if c.runner.backend.restarts_itself
                            and c.runner.job_file.job.max_restarts else ""))
     elif info.stopped_at_deadline:
         problems.append(f"the job hung: no rank exited within {spec.deadline_s:g} s of the fault "

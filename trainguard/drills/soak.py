@@ -370,7 +370,7 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
         return CheckResult(name, status, summary, {**base, **evidence}, time.monotonic() - started, reproduce,
                            skip_reason)
 
-    unavailable = SoakFault.unavailable_for(job_file.job.is_ray_train)
+    unavailable = SoakFault.unavailable_for(runner.backend)
     if unavailable is not None:
         return result("skipped", unavailable, {}, SkipReason.JOB_KIND)
     if not events:
@@ -379,7 +379,7 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
     metrics = job_file.job.metrics
     metric = "loss" if "loss" in metrics else next(iter(metrics))
     request = runner.request_for(spec, world_size=world_size)
-    reference = runner.reference(request)
+    reference = runner.scheduling.reference(request)
     if not reference.ok:
         return result("error", f"the uninterrupted reference run failed, so there is nothing to soak: "
                       f"{reference.reason}", {"reference_run_dir": str(reference.run_dir)})

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainguard.config.faults import Expectation
 from trainguard.errors import TrainguardError
+from trainguard.launch.backend import CommandBackend, JobBackend
 from trainguard.report import SkipReason
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,12 +63,13 @@ class FaultContext:
     world_size: int
     #: the job's environment for the ranks (after placeholders), for faults that wrap services
     env: dict[str, str] = field(default_factory=dict)
-    #: a ``kind: ray_train`` job: the ranks are Ray Train workers, not children of the launched
-    #: process (the driver); :meth:`Fault.inject` gets a
-    #: :class:`~trainguard.raytrain.workers.RayWorkerLauncher` whose ``ranks`` are the workers,
-    #: :meth:`Fault.preexec` is not used, and the start-up hook reaches the workers through the
-    #: driver's ``runtime_env`` (without a ``RANK`` at start-up: target them by pid)
-    ray_train: bool = False
+    #: how the job's ranks run (the runner's backend). A ``kind: ray_train`` job's ranks are Ray
+    #: Train workers, not children of the launched process (the driver):
+    #: :meth:`Fault.inject` gets a :class:`~trainguard.raytrain.workers.RayWorkerLauncher` whose
+    #: ``ranks`` are the workers, :meth:`Fault.preexec` is not used, and the start-up hook
+    #: reaches the workers through the driver's ``runtime_env`` (without a ``RANK`` at start-up:
+    #: target them by pid)
+    backend: JobBackend = field(default_factory=CommandBackend)
 
 
 class Fault:
@@ -145,16 +147,16 @@ class Fault:
         return []
 
     @classmethod
-    def unavailable_for(cls, ray_train: bool) -> str | None:
-        """Why this fault cannot strike a job of that kind (``ray_train``: a ``kind: ray_train``
-        job, else a command job), with what to use instead; None when it can. ``trainguard
-        validate`` refuses such a drill (it could only be skipped); :meth:`require_job_kind`
-        raises the same words at :meth:`setup`."""
+    def unavailable_for(cls, backend: JobBackend) -> str | None:
+        """Why this fault cannot strike a job whose ranks run as ``backend`` says (its kind's,
+        :mod:`trainguard.launch.backend`), with what to use instead; None when it can.
+        ``trainguard validate`` refuses such a drill (it could only be skipped);
+        :meth:`require_job_kind` raises the same words at :meth:`setup`."""
         return None
 
     def require_job_kind(self, ctx: FaultContext) -> None:
         """Raise :class:`FaultUnavailable` when :meth:`unavailable_for` refuses ``ctx``'s job."""
-        why = self.unavailable_for(ctx.ray_train)
+        why = self.unavailable_for(ctx.backend)
         if why is not None:
             raise FaultUnavailable(why, needs=SkipReason.JOB_KIND)
 

@@ -24,6 +24,7 @@ from trainguard.faults.kill import KILL_SIGNALS
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
+    from trainguard.launch.backend import JobBackend
 
 __all__ = ["KillWorkerFault"]
 
@@ -57,9 +58,10 @@ class KillWorkerFault(Fault):
         return problems
 
     @classmethod
-    def unavailable_for(cls, ray_train: bool) -> str | None:
-        return ("kill_worker finds a rank's DataLoader workers among the children of the rank's process; "
-                "a ray_train job's workers are Ray actors (use kill_rank)") if ray_train else None
+    def unavailable_for(cls, backend: JobBackend) -> str | None:
+        return None if backend.ranks_are_children else (
+            "kill_worker finds a rank's DataLoader workers among the children of the rank's process; "
+            "a ray_train job's workers are Ray actors (use kill_rank)")
 
     def setup(self, ctx: FaultContext) -> None:
         self.require_job_kind(ctx)

@@ -29,6 +29,7 @@ from trainguard.launch.hook import hook_env
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
+    from trainguard.launch.backend import JobBackend
 
 __all__ = ["NAN_POLICIES", "NAN_TARGETS", "NAN_VALUES", "NanFault"]
 
@@ -89,10 +90,10 @@ class NanFault(HookFault):
     # -- life cycle --------------------------------------------------------------------------
 
     @classmethod
-    def unavailable_for(cls, ray_train: bool) -> str | None:
-        return ("the nan fault finds its rank by RANK when the start-up hook loads, which a Ray "
-                "Train worker does not have yet; drill numerics on a command job (torchrun-style)"
-                ) if ray_train else None
+    def unavailable_for(cls, backend: JobBackend) -> str | None:
+        return None if backend.rank_at_start else (
+            "the nan fault finds its rank by RANK when the start-up hook loads, which a Ray "
+            "Train worker does not have yet; drill numerics on a command job (torchrun-style)")
 
     def setup(self, ctx: FaultContext) -> None:
         self.require_job_kind(ctx)

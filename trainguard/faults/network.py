@@ -440,7 +440,7 @@ class NetworkFault(Fault):
                                              listen=listen or "127.0.0.1:0")
             self._stack.callback(self._delete_proxy)
             self.proxy_address = self.client.proxy_address(proxy)
-            if self.mlflow is not None and ctx.ray_train:
+            if self.mlflow is not None and ctx.backend.ranks_log_metrics:
                 self._create_drill_run(ctx)
         except ToxiproxyError as exc:
             self.teardown()

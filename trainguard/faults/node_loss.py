@@ -27,6 +27,7 @@ from trainguard.faults.base import Fault, FaultContext
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
+    from trainguard.launch.backend import JobBackend
 
 __all__ = ["NODE_LOSS_SIGNALS", "NodeLossFault"]
 
@@ -56,11 +57,10 @@ class NodeLossFault(Fault):
         return problems
 
     @classmethod
-    def unavailable_for(cls, ray_train: bool) -> str | None:
-        if ray_train:
-            return None
-        return ("node_loss stops a Ray node, and this job is not `kind: ray_train`; for a command "
-                "job use kill_rank (a rank's death) or a Slurm drill (a node marked down)")
+    def unavailable_for(cls, backend: JobBackend) -> str | None:
+        return None if backend.stoppable_nodes else (
+            "node_loss stops a Ray node, and this job is not `kind: ray_train`; for a command "
+            "job use kill_rank (a rank's death) or a Slurm drill (a node marked down)")
 
     def setup(self, ctx: FaultContext) -> None:
         self.require_job_kind(ctx)

@@ -77,7 +77,7 @@ class OomFault(HookFault):
         self._thread: threading.Thread | None = None
         self._target_pid: int | None = None
         self._rlimit_before: tuple[int, int] | None = None
-        self._ray_train = False
+        self._ranks_are_children = True
 
     @classmethod
     def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -98,7 +98,7 @@ class OomFault(HookFault):
 
     def setup(self, ctx: FaultContext) -> None:
         self._prepare(ctx)
-        self._ray_train = ctx.ray_train
+        self._ranks_are_children = ctx.backend.ranks_are_children
         mode = self.params["mode"]
         if mode in ("auto", "cgroup"):
             try:
@@ -126,7 +126,7 @@ class OomFault(HookFault):
             "mode": _HOOK_MODE[self.mode_ran],
             # a Ray worker has no RANK when the hook starts: every worker arms, and the trigger
             # names the target's pid (a restarted worker group is never hit)
-            "rank": None if ctx.ray_train else self.rank,
+            "rank": self.rank if ctx.backend.rank_at_start else None,
             "trigger": str(self.trigger),
             "events": str(self.events_path),
             "step": self.after_step,
@@ -139,7 +139,7 @@ class OomFault(HookFault):
         return hook_env(spec, ctx.env)
 
     def preexec(self, rank: int) -> None:
-        if self.cgroups is not None and not self._ray_train:
+        if self.cgroups is not None and self._ranks_are_children:
             # a failure cannot be reported from here; inject() checks the rank is inside
             with contextlib.suppress(OSError):
                 self.cgroups.join(rank)
@@ -158,7 +158,7 @@ class OomFault(HookFault):
         try:
             if self.mode_ran == "cgroup":
                 assert self.cgroups is not None
-                if self._ray_train:  # a Ray worker: not ours to join at exec, joins now
+                if not self._ranks_are_children:  # a Ray worker: not ours to join at exec, joins now
                     self.cgroups.move(self.rank, pid)
                 if pid not in self.cgroups.pids(self.rank):
                     self.problems.append(
@@ -238,7 +238,7 @@ class OomFault(HookFault):
         return self.cgroups.last_counters.get(self.rank)
 
     def classify(self, result: RunResult) -> str:
-        if self._ray_train:
+        if not self._ranks_are_children:  # a Ray worker: Ray's record says how it ended
             return self._classify_ray(result)
         exit_ = next((e for e in result.exits if e.rank == self.rank), None)
         stderr = rank_stderr(result, self.rank)

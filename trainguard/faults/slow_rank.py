@@ -37,6 +37,7 @@ from trainguard.report import SkipReason
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
+    from trainguard.launch.backend import JobBackend
 
 __all__ = ["CpuCgroup", "SlowRankFault"]
 
@@ -220,9 +221,10 @@ class SlowRankFault(Fault):
         return self.fraction * _MARGIN
 
     @classmethod
-    def unavailable_for(cls, ray_train: bool) -> str | None:
-        return ("slow_rank throttles a rank's processes by pid, children of the launched command; a "
-                "ray_train job's workers are Ray actors") if ray_train else None
+    def unavailable_for(cls, backend: JobBackend) -> str | None:
+        return None if backend.ranks_are_children else (
+            "slow_rank throttles a rank's processes by pid, children of the launched command; a "
+            "ray_train job's workers are Ray actors")
 
     def setup(self, ctx: FaultContext) -> None:
         self.require_job_kind(ctx)

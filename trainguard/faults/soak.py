@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainguard.config import DrillSpec
     from trainguard.config.registry import Run
     from trainguard.launch import Launcher
+    from trainguard.launch.backend import JobBackend
 
 __all__ = ["SOAK_KINDS", "SoakEvent", "SoakFault", "soak_schedule", "soak_seeds"]
 
@@ -214,9 +215,11 @@ class SoakFault(Fault):
         return problems
 
     @classmethod
-    def unavailable_for(cls, ray_train: bool) -> str | None:
+    def unavailable_for(cls, backend: JobBackend) -> str | None:
+        if not backend.restarts_itself:
+            return None
         return ("a soak runs a torchrun-style job (trainguard restarts its ranks); for a ray_train job "
-                "use kill_rank and node_loss drills, which Ray Train recovers inside one fit") if ray_train else None
+                "use kill_rank and node_loss drills, which Ray Train recovers inside one fit")
 
     @classmethod
     def plan_problems(cls, params: Mapping[str, Any], steps: int, world_size: int) -> list[tuple[str, str]]:

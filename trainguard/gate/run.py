@@ -28,6 +28,7 @@ from trainguard._internal.atomic import write_or_fallback
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_TRACKING_URI
 from trainguard._version import __version__
 from trainguard.config import GatePolicy, JobFile, load_config
+from trainguard.config.backends import backend_for
 from trainguard.errors import ConfigError, TrainguardError
 from trainguard.gate.policy import Capabilities, Decision, configured_checks, decide, sizing_of
 from trainguard.profiling.render import failure_rows
@@ -195,37 +196,7 @@ def _production_spec(job_file: JobFile, gate: dict[str, Any], report_path: str |
         time_limit_s=float(hours) * 3600 if hours else None, gate_report=report_path,
         mlflow_run_id=gate.get("mlflow_session_run_id"),
     )
-    return _ray_train_spec(job_file, spec) if job_file.job.is_ray_train else spec
-
-
-def _ray_train_spec(job_file: JobFile, spec: Any) -> Any:
-    """A ``ray_train`` job's production run: one Ray Job whose entrypoint is trainguard's driver
-    (``--num-workers`` = the recommended world size, already in its command), launched as is
-    (``direct``: the driver asks Ray for its workers), each worker's resources from
-    ``job.scaling`` (``use_gpu`` -> 1 GPU unless ``resources_per_worker`` says otherwise).
-    Relative ``PYTHONPATH`` entries of ``job.env`` are made absolute against ``job.cwd`` (the
-    entrypoint runs in Ray's copy of the working dir, where ``../x`` would not resolve)."""
-    command = list(job_file.job.command)
-    per_worker: dict[str, float] = {}
-    if "--resources-per-worker" in command:
-        with contextlib.suppress(IndexError, ValueError):
-            text = command[command.index("--resources-per-worker") + 1].replace("{{", "{").replace("}}", "}")
-            per_worker = {k: float(v) for k, v in json.loads(text).items()}
-    use_gpu = "--use-gpu" in command
-    # the driver's ray.init(runtime_env=...) repeats some of the job's env_vars (PYTHONPATH, the
-    # tracking ids): Ray refuses overlapping keys unless told that the driver's win (same values)
-    env = {**spec.env, "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}
-    if env.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.pathsep.join(
-            str((job_file.cwd / entry).resolve()) if entry and not os.path.isabs(entry) else entry
-            for entry in env["PYTHONPATH"].split(os.pathsep)
-        )
-    return dataclasses.replace(
-        spec, launcher="direct", env=env,
-        num_gpus=per_worker.get("GPU", 1.0) if use_gpu else 0.0,
-        num_cpus=per_worker.get("CPU", 1.0),
-        metadata={**spec.metadata, "trainguard.kind": "ray_train", "trainguard.num_workers": str(spec.world_size)},
-    )
+    return backend_for(job_file.job.kind).production_spec(spec, job_file.job.command, job_file.cwd)
 
 
 def _production_run(runner: Any, spec: Any, wait_s: float = 10.0) -> Any:

@@ -11,9 +11,10 @@ runs, trainguard watches it without touching the job's code:
   those steps took than the others (or a job-printed metric, ``checkpoint_metric``);
 * the input-pipeline stall share from a job-printed data-wait metric (``data_wait_metric``).
 
-A ``ray_train`` job (``world_size`` = ``num_workers``) is one launched driver whose workers are
-Ray's processes, not the driver's children: they are found by the ``trainguard-worker rank=R
-pid=P`` line each prints (read from the driver's stderr log while it runs), and CPU and peak RSS
+The job's backend (:mod:`trainguard.launch.backend`) says where the ranks' processes are. A
+``ray_train`` job (``world_size`` = ``num_workers``) is one launched driver whose workers are
+Ray's processes, not the driver's children: its backend finds them by the ``trainguard-worker
+rank=R pid=P`` line each prints (read from the driver's stderr log while it runs), and CPU and peak RSS
 are those of each worker's process tree, by world rank. Step lines are the driver's report lines
 (world rank 0's ``ray.train.report``), the startup is launch -> first report (Ray start-up and
 the worker group included), and the checkpoint steps are read from Ray's record in the fit's
@@ -29,6 +30,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ import psutil
 
 from trainguard.config import JobFile, ProfileCheck
 from trainguard.launch import Launcher, MetricPoint, RunResult
+from trainguard.launch.backend import JobBackend
 from trainguard.profiling.stats import StepStats, percentile, step_stats
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
@@ -135,40 +138,17 @@ def oversubscription(world_size: int, device: str, gpus: int) -> str | None:
     return None
 
 
-class _RayWorkers:
-    """The pids of a Ray Train fit's workers, by world rank, from the ``trainguard-worker`` lines
-    in the driver's stderr log (read incrementally; a restarted worker replaces its rank's pid)."""
-
-    def __init__(self) -> None:
-        self.log: Path | None = None
-        self.pids: dict[int, int] = {}
-        self._offset = 0
-        self._partial = b""
-
-    def poll(self) -> dict[int, int]:
-        if self.log is None:
-            return self.pids
-        from trainguard.raytrain import parse_worker_line
-
-        with contextlib.suppress(OSError), open(self.log, "rb") as fh:
-            fh.seek(self._offset)
-            data = self._partial + fh.read()
-            self._offset = fh.tell()
-            *lines, self._partial = data.split(b"\n")
-            for line in lines:
-                worker = parse_worker_line(line.decode("utf-8", "replace"))
-                if worker is not None:
-                    self.pids[worker.rank] = worker.pid
-        return self.pids
-
-
 class _ResourceSampler:
-    """Samples CPU time of every rank's process tree and GPU utilisation in a thread (for a Ray
-    Train job: of every worker's tree, see :class:`_RayWorkers`, and their peak RSS)."""
+    """Samples CPU time of every rank's process tree and GPU utilisation in a thread; the ranks'
+    processes are the backend's (:meth:`JobBackend.rank_pids`). When they are not the launched
+    processes (a Ray Train job's workers), their trees' peak RSS too: the launcher's figure is
+    the driver's alone."""
 
-    def __init__(self, ray: bool = False) -> None:
-        self._launcher: Launcher | None = None
-        self._ray = _RayWorkers() if ray else None
+    def __init__(self, backend: JobBackend) -> None:
+        self._backend = backend
+        self._pids: Callable[[], dict[int, int]] | None = None
+        #: the ranks' own peak RSS is sampled here, not by the launcher
+        self._rss = not backend.ranks_are_children
         self.peak_rss_mb: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -184,9 +164,7 @@ class _ResourceSampler:
     def attach(self, launcher: Launcher) -> None:
         if self._thread is not None:
             return
-        self._launcher = launcher
-        if self._ray is not None and launcher.ranks:
-            self._ray.log = launcher.ranks[0].stderr_log
+        self._pids = self._backend.rank_pids(launcher)
         self._open_nvml()
         self._thread = threading.Thread(target=self._loop, name="trainguard-profile-sampler", daemon=True)
         self._thread.start()
@@ -217,13 +195,10 @@ class _ResourceSampler:
             self._stop.wait(_SAMPLE_S)
 
     def _sample(self) -> None:
-        launcher = self._launcher
-        assert launcher is not None
+        assert self._pids is not None
         now = time.monotonic()
         totals: dict[int, float] = {}
-        roots = (dict(self._ray.poll()) if self._ray is not None
-                 else {rp.rank: rp.pid for rp in list(launcher.ranks)})
-        for rank, pid in roots.items():
+        for rank, pid in self._pids().items():
             seen = self._cpu.setdefault(rank, {})
             rss = 0
             with contextlib.suppress(psutil.Error):
@@ -232,7 +207,7 @@ class _ResourceSampler:
                     with contextlib.suppress(psutil.Error):
                         times = proc.cpu_times()
                         seen[(proc.pid, proc.create_time())] = times.user + times.system
-                        rss += proc.memory_info().rss if self._ray is not None else 0
+                        rss += proc.memory_info().rss if self._rss else 0
             totals[rank] = sum(seen.values())
             if rss:
                 self.peak_rss_mb[rank] = round(max(self.peak_rss_mb.get(rank, 0.0), rss / 2**20), 1)
@@ -243,6 +218,11 @@ class _ResourceSampler:
             with contextlib.suppress(Exception):
                 rates = [self._nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self._handles]
                 self._gpu_samples.append(max(float(r) for r in rates))
+
+    def peak_rss(self, result: RunResult) -> dict[int, float]:
+        """Each rank's peak RSS in MB: sampled here, or the launcher's when the ranks are its
+        processes."""
+        return dict(self.peak_rss_mb) if self._rss else dict(result.peak_rss_mb)
 
     def cpu_util_pct(self) -> dict[int, float]:
         """Mean CPU use per rank tree while sampled, in % of one core."""
@@ -354,7 +334,7 @@ def measure_size(
         timeout=spec.timeout,
     )
     step_name = step_metric_of(job_file, spec)
-    sampler = _ResourceSampler(ray=job_file.job.is_ray_train)
+    sampler = _ResourceSampler(sized.backend)
     watcher = _CheckpointWatcher()
     arrivals: dict[int, float] = {}
 
@@ -373,39 +353,12 @@ def measure_size(
     finally:
         sampler.close()
     if sized is runner and steps is None:
-        runner.offer_reference(request, result)  # the uninterrupted run other checks of this request share
-    if job_file.job.is_ray_train and watcher.directory is not None:
-        ray_writes = _ray_checkpoint_writes(watcher.directory)
-        if ray_writes is not None:
-            watcher.writes = ray_writes
+        runner.scheduling.offer_reference(request, result)  # the uninterrupted run other checks of this request share
+    # a backend's own record of its checkpoints (Ray's) places them better than the listing
+    recorded = sized.backend.checkpoint_writes(watcher.directory) if watcher.directory is not None else None
+    if recorded is not None:
+        watcher.writes = recorded
     return _summarise(job_file, spec, world_size, batch, result, arrivals, watcher, sampler, gpus), result
-
-
-def _ray_checkpoint_writes(storage: Path) -> dict[int, int] | None:
-    """step -> bytes of each checkpoint a Ray Train fit wrote, from Ray's own record in the
-    storage path (``<name>/checkpoint_manager_snapshot.json``: each checkpoint's directory and
-    the metrics reported with it). Listing the directory at each report line would misplace
-    them: the lines reach the driver late, and Ray rewrites its snapshot after every checkpoint.
-    None when there is no such record."""
-    import json
-
-    writes: dict[int, int] = {}
-    found = False
-    for snapshot in storage.glob("*/checkpoint_manager_snapshot.json"):
-        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-            data = json.loads(snapshot.read_text())
-            indices = data.get("checkpoint_report_indices") or []
-            for i, entry in enumerate(data.get("checkpoint_results") or []):
-                step = (entry.get("metrics") or {}).get("step")
-                if not isinstance(step, (int, float)):
-                    step = indices[i] + 1 if i < len(indices) else None  # the n-th report
-                if step is None:
-                    continue
-                directory = snapshot.parent / str(entry.get("checkpoint_dir_name", ""))
-                size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) if directory.is_dir() else 0
-                writes[int(step)] = size
-                found = True
-    return writes if found else None
 
 
 def _checkpoint_dir(launcher: Launcher, runner: JobRunner, request: RunRequest) -> Path:
@@ -458,8 +411,7 @@ def _summarise(
         warmup_s=_warmup_s(arrivals, spec.warmup_steps),
         step=stats,
         throughput_sps=throughput,
-        # a Ray Train job: the workers' trees (the launcher's figure is the driver's alone)
-        peak_rss_mb=dict(sampler.peak_rss_mb) if job_file.job.is_ray_train else dict(result.peak_rss_mb),
+        peak_rss_mb=sampler.peak_rss(result),
         peak_gpu_mb=dict(result.peak_gpu_mb),
         cpu_util_pct=sampler.cpu_util_pct(),
         gpu_util_pct=sampler.gpu_util_pct(),

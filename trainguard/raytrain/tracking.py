@@ -46,6 +46,7 @@ from trainguard._internal import envvars
 from trainguard._internal.atomic import atomic_write_text
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_RUN_ID_FILE, MLFLOW_TRACKING_URI
 from trainguard._internal.locks import store_lock
+from trainguard._internal.mlflow_errors import is_permanent_error
 from trainguard._internal.pids import pid_alive
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,10 +56,8 @@ __all__ = [
     "DRIVER_ENV",
     "SUMMARY_FILE",
     "SUMMARY_PREFIX",
-    "PermanentWriteError",
     "WorkerSummary",
     "WorkerWriter",
-    "is_permanent_error",
     "read_summary",
     "reconcile",
     "worker_env",
@@ -88,31 +87,6 @@ CLOSE_TIMEOUT_S = 10.0
 MAX_QUEUED_ROWS = 50_000
 _BATCH = 1000  # MLflow's per-request limit of metrics in log_batch
 _NAME = re.compile(r"^[\w\-. /:]{1,250}$")  # what every MLflow store accepts as a metric key
-#: MLflow error codes of requests that can never succeed (retrying would not help)
-_PERMANENT_CODES = frozenset({
-    "INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST",
-    "INVALID_STATE", "PERMISSION_DENIED", "UNAUTHENTICATED",
-})
-
-
-class PermanentWriteError(Exception):
-    """A tracking write that can never succeed (retrying would not help)."""
-
-
-def is_permanent_error(exc: BaseException) -> bool:
-    """Whether a failed MLflow write failed for good (a bad request, a missing file, a
-    :class:`PermanentWriteError`) rather than for now (the store unreachable or locked): the
-    writers retry only the latter. Shared by the worker writer here and
-    :mod:`trainguard.tracking`'s writer."""
-    if isinstance(exc, (PermanentWriteError, OSError)) and not isinstance(exc, ConnectionError):
-        return isinstance(exc, (PermanentWriteError, FileNotFoundError))
-    try:
-        from mlflow.exceptions import MlflowException
-    except ImportError:  # pragma: no cover
-        return True
-    if isinstance(exc, MlflowException):
-        return getattr(exc, "error_code", "") in _PERMANENT_CODES
-    return False
 
 
 def worker_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -3,9 +3,11 @@
 :class:`JobRunner` turns "run the job for 20 steps with seed 0 on 2 ranks" into a
 :class:`~trainguard.launch.LaunchSpec` and launches it in a fresh run directory
 (:meth:`JobRunner.run`), or runs it under the restart policy (:meth:`JobRunner.supervise`). Checks
-that need the same uninterrupted run share it through its :class:`~trainguard.run.scheduling.RunScheduler`
-(:meth:`JobRunner.reference`, :meth:`JobRunner.run_for`, the lane). Every launch is reported to
-the runner's :class:`~trainguard.run.observer.RunObserver` (MLflow tracking, when on).
+that need the same uninterrupted run share it through ``runner.scheduling``, its
+:class:`~trainguard.run.scheduling.RunScheduler` (``reference``, ``run_for``, the lane). How the
+ranks run is the job kind's backend's (``runner.backend``, :mod:`trainguard.launch.backend`).
+Every launch is reported to the runner's :class:`~trainguard.run.observer.RunObserver` (MLflow
+tracking, when on).
 """
 
 from __future__ import annotations
@@ -18,23 +20,21 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from trainguard._internal.logsafe import safe_logger_registry
 from trainguard._internal.readers import use_limits
 from trainguard.config import CheckSpec, JobFile, MetricFile, MetricRegex
+from trainguard.config.backends import backend_for
 from trainguard.config.settings import Settings, read_limits
 from trainguard.launch import Launcher, LaunchSpec, LineMetric, MetricPoint, RunResult, trajectory
+from trainguard.launch.backend import JobBackend
 from trainguard.launch.hook import METRICS_DIR, SAMPLES_DIR, run_hook_env
 from trainguard.launch.rundir import new_run_dir
 from trainguard.run.keep import Keepers, KeptCheckpoint
 from trainguard.run.observer import MetricCallback, NullObserver, ObserverSource, RunObserver
 from trainguard.run.request import RunRequest
-from trainguard.run.scheduling import AheadRun, PendingRun, RunScheduler
+from trainguard.run.scheduling import AheadRun, RunScheduler
 from trainguard.unit.checkpoints import describe_candidates, latest_complete_checkpoint
-
-if TYPE_CHECKING:  # pragma: no cover
-    from trainguard.raytrain.local_ray import LocalRay
 
 __all__ = [
     "JobRunner",
@@ -150,8 +150,9 @@ class JobRunner:
     #: what the runner reports its launches to; left as the default :class:`NullObserver`, it is
     #: the tracker's observer when a tracker is given
     observer: RunObserver = field(default_factory=NullObserver)
-    #: the embedded Ray head a ray_train job's runs share (started on first use; see close())
-    _ray: LocalRay | None = field(default=None, repr=False)
+    #: how the job's ranks run (its ``kind``'s backend, :mod:`trainguard.launch.backend`); a
+    #: sibling of the same kind shares its parent's (one embedded Ray head for both)
+    backend: JobBackend = field(init=False, repr=False)
     #: the loss curve of every run launched through :meth:`run` (label, world size, step -> loss),
     #: in launch order: the profile's report plots the checks' curves next to its own
     curves: list[dict[str, object]] = field(default_factory=list, repr=False)
@@ -190,10 +191,11 @@ class JobRunner:
         use_limits(read_limits(self.settings))
         if self.tracker is not None and isinstance(self.observer, NullObserver):
             self.observer = self.tracker.run_observer()
+        self.backend = backend_for(self.job_file.job.kind)
         self.scheduling = RunScheduler(
             self._run_scheduled, lock=self._lock, inflight=self._inflight,
-            # a ray_train job's fits would queue for the same Ray CPUs: one after the other
-            background=lambda: not self.job_file.job.is_ray_train,
+            # e.g. a ray_train job's fits would queue for the same Ray CPUs: one after the other
+            background=lambda: self.backend.concurrent_runs,
             current_check=lambda: self.current_check,
             adopt=lambda tracked: self.observer.launch_adopted(tracked),
             prefix=self._prefix_reference,
@@ -211,31 +213,18 @@ class JobRunner:
         settings, echo, tracker and observer that shares this runner's embedded Ray head."""
         other = JobRunner(job_file, self.settings, echo=self.echo, tracker=self.tracker, observer=self.observer)
         other._parent = self
+        if job_file.job.kind == self.job_file.job.kind:
+            other.backend = self.backend
         return other
 
-    def ray_env(self) -> dict[str, str]:
-        """For a ``ray_train`` job: the environment that points its driver at Ray --
-        ``RAY_ADDRESS`` when set (a real cluster), else one embedded local head shared by every
-        run of this runner (starting Ray once instead of per run). Empty for command jobs."""
-        if not self.job_file.job.is_ray_train:
-            return {}
-        if self._parent is not None:
-            return self._parent.ray_env()
-        if self._ray is None:
-            from trainguard.raytrain.local_ray import LocalRay
-
-            self._ray = LocalRay(dashboard=False)
-        return self._ray.start().client_env()
-
     def close(self) -> None:
-        """Stop what this runner started for its runs (background reference runs, the embedded
-        Ray head). Idempotent."""
-        self.close_lane()
+        """Stop what this runner started for its runs (background reference runs, what its
+        backend started: the embedded Ray head). Idempotent."""
+        self.scheduling.close_lane()
         self.scheduling.stop_and_wait("the runner was closed")
-        self.keepers.join(lambda: self.stop_background("the runner was closed"))
-        if self._ray is not None:
-            self._ray.stop()
-            self._ray = None
+        self.keepers.join(lambda: self.scheduling.stop_background("the runner was closed"))
+        if self._parent is None or self.backend is not self._parent.backend:
+            self.backend.close()
 
     def placeholders(self, request: RunRequest, run_dir: Path, checkpoint_dir: Path | None) -> dict[str, object]:
         """The values of the job's placeholders (``{steps}``, ``{seed}``, ``{world_size}``,
@@ -415,7 +404,7 @@ class JobRunner:
         Path(str(values["checkpoint_dir"])).mkdir(parents=True, exist_ok=True)
         values, resume, resumed_from = self._resume_values(values, resume)
         argv = self.job_file.argv(values, extra_args=request.args, resume=resume)
-        env = self.ray_env()
+        env = self.backend.launch_env()
         env.update({k: v.format_map(values) for k, v in job.env.items()})
         env.update({k: v.format_map(values) for k, v in request.env})
         env.update(extra_env or {})
@@ -428,8 +417,7 @@ class JobRunner:
         spec = LaunchSpec(
             argv=argv,
             run_dir=log_dir,
-            # a Ray Train job is one driver process; its workers are Ray's (request.world_size)
-            world_size=1 if job.is_ray_train else request.world_size,
+            world_size=request.world_size,
             cwd=self.job_file.cwd,
             env=env,
             metric_regexes=regexes,
@@ -448,7 +436,7 @@ class JobRunner:
             distributed_env=job.distributed_env,
             log_limit_mb=self.settings.rank_log_mb or None,
         )
-        launcher = Launcher(spec)
+        launcher = Launcher(self.backend.launch_spec(spec))  # e.g. a Ray Train job's one driver
         if live_metrics is not None:
             launcher.on_metric.append(live_metrics)
         if on_metric is not None:
@@ -527,7 +515,7 @@ class JobRunner:
             else:
                 trainers.setdefault(source.trainer, {})[name] = source.key_for(name)
                 files[name] = str(log_dir / METRICS_DIR / "rank{rank}.jsonl")
-        if job.is_ray_train or not (trainers or job.record_samples):
+        if not self.backend.rank_at_start or not (trainers or job.record_samples):
             return regexes, files, {}
         spec = {
             "metrics_dir": str(log_dir / METRICS_DIR),
@@ -559,13 +547,14 @@ class JobRunner:
     def keep_checkpoint(self, request: RunRequest, after_step: int, metric: str) -> None:
         """Keep the checkpoint of the next uninterrupted run of ``request`` after it prints step
         ``after_step`` of ``metric`` (see :mod:`trainguard.run.keep`)."""
-        if self.checkpoints_known and not self.job_file.job.is_ray_train:
+        if self.checkpoints_known and self.backend.ranks_are_children:
             self.keepers.register(self.scheduling.reference_key(request), after_step, metric)
 
     def kept_checkpoint(self, request: RunRequest, after_step: int) -> tuple[KeptCheckpoint | None, str]:
         """The checkpoint kept of ``request`` after ``after_step``, or None and why not."""
-        if self.job_file.job.is_ray_train:  # its workers are Ray's processes, not the driver's children
-            return None, "a ray_train job's workers are Ray's processes: trainguard cannot stop them while it copies"
+        if not self.backend.ranks_are_children:  # e.g. Ray's processes, not the driver's children
+            return None, (f"a {self.backend.title} job's ranks are not trainguard's processes: trainguard "
+                          "cannot stop them while it copies")
         if not self.checkpoints_known:
             return None, "the job is not given {checkpoint_dir}, so trainguard cannot copy its checkpoints"
         return self.keepers.kept(self.scheduling.reference_key(request), after_step)
@@ -604,55 +593,6 @@ class JobRunner:
     ) -> RunResult:
         return self.run(request, label=label, on_metric=on_metric, ahead=ahead)
 
-    def run_for(self, request: RunRequest, check: str) -> PendingRun:
-        """Start getting the run ``check`` needs for ``request`` (the lane's, a kept reference or
-        one launched now); ``.result()`` waits for it. See :meth:`RunScheduler.run_for`."""
-        return self.scheduling.run_for(request, check)
-
-    def reference(self, request: RunRequest) -> RunResult:
-        """An uninterrupted run for ``request``, launched once and shared between checks (see
-        :meth:`RunScheduler.reference`)."""
-        return self.scheduling.reference(request)
-
-    def kept_reference(self, request: RunRequest) -> RunResult | None:
-        """The reference of ``request`` when one ran already (nothing is launched)."""
-        return self.scheduling.kept_reference(request)
-
-    def offer_reference(self, request: RunRequest, result: RunResult) -> None:
-        """Keep ``result`` as the reference of ``request`` when it completed and none is kept yet."""
-        self.scheduling.offer_reference(request, result)
-
-    def prefetch(self, request: RunRequest) -> None:
-        """Start the reference run of ``request`` in the background (see
-        :meth:`RunScheduler.prefetch`)."""
-        self.scheduling.prefetch(request)
-
-    def join_background(self) -> None:
-        """Wait for every background reference run (checks call this before they return)."""
-        self.scheduling.join_background()
-
-    def stop_background(self, reason: str) -> None:
-        """Stop every run launched off the main thread (Ctrl-C, a failed check)."""
-        self.scheduling.stop_background(reason)
-
-    def start_lane(self, runs: Sequence[AheadRun]) -> None:
-        """Launch the runs of later checks one after the other in the background (see
-        :meth:`RunScheduler.start_lane`); no lane for a ``ray_train`` job."""
-        self.scheduling.start_lane(runs)
-
-    def ahead_started(self, check: str, request: RunRequest) -> bool:
-        """Whether the lane has started (or finished) a run for ``check`` with ``request``."""
-        return self.scheduling.ahead_started(check, request)
-
-    def take_ahead(self, check: str, request: RunRequest) -> RunResult | None:
-        """The run started ahead for ``check`` with exactly ``request``, or None (see
-        :meth:`RunScheduler.take_ahead`)."""
-        return self.scheduling.take_ahead(check, request)
-
-    def close_lane(self) -> None:
-        """Stop the lane's runs that no check took and wait for its thread (idempotent)."""
-        self.scheduling.close_lane()
-
     def command_line(
         self,
         request: RunRequest,
@@ -668,7 +608,8 @@ class JobRunner:
         are real paths: ``run_dir``/``checkpoint_dir`` when given (the failing run's own), else
         under :func:`repro_dir`; ``{latest_checkpoint}`` the given one (a relative path: inside
         the line's checkpoint directory, e.g. the name of the checkpoint a killed run left), else
-        the newest complete checkpoint in that directory (else the directory itself)."""
+        the newest complete checkpoint in that directory (else the directory itself). The
+        backend says how the ranks are started (:meth:`JobBackend.reproduce_argv`)."""
         job = self.job_file.job
         values = self.placeholders(request, run_dir or repro_dir(job.name), checkpoint_dir)
         if resume and self.resumes_from_latest:
@@ -683,9 +624,4 @@ class JobRunner:
         if uses_dir:
             prefix += f"mkdir -p {shlex.quote(str(values['checkpoint_dir']))} && "
         prefix += env + " " if env else ""
-        if request.world_size > 1 and not job.is_ray_train:
-            launcher = ["torchrun", f"--nproc-per-node={request.world_size}"]
-            if argv and argv[0] in ("python", "python3"):
-                return prefix + shlex.join([*launcher, *argv[1:]])
-            return prefix + shlex.join([*launcher, "--no-python", *argv])
-        return prefix + shlex.join(argv)
+        return prefix + shlex.join(self.backend.reproduce_argv(argv, request.world_size))

@@ -78,9 +78,9 @@ def _run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult | L
             try:
                 outcome = check.run(runner, spec)
             except BaseException:
-                runner.stop_background(f"the {name} check ended with an exception")
+                runner.scheduling.stop_background(f"the {name} check ended with an exception")
                 raise
-            runner.join_background()  # nothing a check started outlives it
+            runner.scheduling.join_background()  # nothing a check started outlives it
             if isinstance(outcome, Later):
                 later = outcome
 
@@ -127,7 +127,7 @@ def _finish_later(runner: JobRunner, later: Sequence[Later]) -> list[CheckResult
     try:
         wait(futures)
     except BaseException:  # Ctrl-C, SIGTERM: the runs stop, their threads end
-        runner.stop_background("interrupted while the checks' untimed runs finished")
+        runner.scheduling.stop_background("interrupted while the checks' untimed runs finished")
         raise
     return [f.exception() or f.result() for f in futures]
 
@@ -160,7 +160,7 @@ def lane_plan(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) -> lis
             ahead = check.ahead(runner, spec)
             # an uninterrupted run that ran already, or that a check before it launches in the
             # foreground (smoke folded into the canary's run), is not launched again
-            if not (ahead.reference and (runner.kept_reference(ahead.request) is not None
+            if not (ahead.reference and (runner.scheduling.kept_reference(ahead.request) is not None
                                          or share_key(ahead.request) in earlier)):
                 plan.append(ahead)
         declared, _ = declared_runs(runner.job_file, name, spec, seed=runner.settings.seed,
@@ -211,7 +211,7 @@ def run_in_order(
         if not lane:
             lane.append(True)
             runner.current_check = rest[0][0] if rest else None  # what the lane's first run is beside
-            runner.start_lane(lane_plan(runner, rest))
+            runner.scheduling.start_lane(lane_plan(runner, rest))
 
     try:
         for name, spec in first:  # alone: no background import, the lane once its runs are done
@@ -222,7 +222,7 @@ def run_in_order(
         runner.untimed_later = True  # a check's untimed rest waits until the timed ones are done
         for name, spec in rest:
             if not _lane(name):
-                runner.close_lane()
+                runner.scheduling.close_lane()
             one(name, spec)
         runner.untimed_later = False
         finished = _finish_later(runner, later)
@@ -235,7 +235,7 @@ def run_in_order(
     finally:
         runner.untimed_later = False
         runner.timing, runner.on_timed_done = False, None
-        runner.close_lane()
+        runner.scheduling.close_lane()
         report.checks.sort(key=lambda c: order.get(c.name, len(order)))
     return report
 

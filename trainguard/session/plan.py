@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.config import CheckSpec, JobFile, load_config
+from trainguard.config.backends import backend_for
 from trainguard.config.preflight import preflight
 from trainguard.config.registry import check_for
 from trainguard.config.settings import Settings
@@ -206,8 +207,8 @@ def make_plan(config: str | Path | JobFile, settings: Settings, *, only: Iterabl
             ahead.append(kind.ahead_words)
         # a check before launches its uninterrupted runs in the foreground (lane_plan)
         done |= {r.share for r in planned[i][0] if r.reference is not None}
-    if job_file.job.is_ray_train:
-        ahead = []  # a ray_train job has no background lane
+    if not backend_for(job_file.job.kind).concurrent_runs:
+        ahead = []  # e.g. a ray_train job: no background lane
     plan = Plan(job_file, [], ahead, history if durations else None)
     # the runs of the check that goes first are launched first: listed in that order
     plan.checks = [checks[i] for i in order]

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_RUN_ID_FILE, MLFLOW_TRACKING_URI
 from trainguard._version import __version__
-from trainguard.raytrain.tracking import reconcile
+from trainguard.config.backends import backend_for
 from trainguard.run.observer import MetricCallback
 from trainguard.tracking.runs import (
     LIVE_INTERVAL_S,
@@ -275,7 +275,7 @@ class TrackingObserver:
     ) -> RunHandle:
         """Create the launch run of one logical run (before its first attempt) and start
         sampling. ``ahead_of``: a run started early for that check (see
-        :meth:`JobRunner.start_lane`); it is nested under the session until the check takes it
+        :meth:`RunScheduler.start_lane`); it is nested under the session until the check takes it
         (:meth:`launch_adopted`)."""
         tracker = self.tracker
         job = job_file.job
@@ -327,8 +327,8 @@ class TrackingObserver:
         else:
             env[RUN_ID_ENV] = run_id
         tracker.set_tags(handle, {"trainguard.run_id_env": "env" if run_id else "file"})
-        if job_file.job.is_ray_train:
-            return env, None  # the workers' designated writer streams the metrics (trainguard.raytrain.tracking)
+        if backend_for(job_file.job.kind).ranks_log_metrics:
+            return env, None  # e.g. Ray's workers: their designated writer streams the metrics
         handle.live = LiveMetrics(tracker, handle, world_size)
         return env, handle.live.on_metric
 
@@ -347,8 +347,9 @@ class TrackingObserver:
         handle.live = None
         rows = metric_rows(result.points, result.world_size, started_ms)
         log = tracker.log_metrics
-        if job_file.job.is_ray_train:  # the workers' writer logged what it could: the rest
-            rows, writer_tags, note = reconcile(result, rows, handle.run_id)
+        reconciled = backend_for(job_file.job.kind).reconcile_metrics(result, rows, handle.run_id)
+        if reconciled is not None:  # the ranks' own writer logged what it could: the rest
+            rows, writer_tags, note = reconciled
             tracker.set_tags(handle, writer_tags)
             if note:
                 tracker.warn(note)

@@ -3,7 +3,7 @@
 :class:`StoreWriter` owns the queue of operations and the thread that drains it into one MLflow
 store: run creations first (a launch waits for its run), metrics batched for
 ``metric_interval`` seconds, transient failures (store unreachable or locked) retried in order
-with backoff, permanent ones (:func:`trainguard.raytrain.tracking.is_permanent_error`) recorded
+with backoff, permanent ones (:func:`trainguard._internal.mlflow_errors.is_permanent_error`) recorded
 in ``errors``. Between writes it samples system metrics into the runs being sampled.
 
 ``mlflow`` is imported only by this thread (never by ``import trainguard`` or the plugin).
@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from trainguard._internal.atomic import atomic_write_text, os_error_text, unwritable_reason
 from trainguard._internal.locks import file_lock, store_lock
 from trainguard._internal.logsafe import safe_logger_registry
-from trainguard.raytrain.tracking import PermanentWriteError, is_permanent_error
+from trainguard._internal.mlflow_errors import PermanentWriteError, is_permanent_error
 from trainguard.tracking.runs import LIVE_INTERVAL_S, RunHandle
 from trainguard.tracking.store import EXPERIMENT
 from trainguard.tracking.system import system_metrics

@@ -1,0 +1,105 @@
+"""How a job's ranks run is its kind's backend (trainguard/launch/backend.py, docs/backends.md).
+
+A third backend is one module and one registration: tests/backends/wrapped.py, registered here
+and named by the job file's ``kind``, runs the smoke check end to end through its own launcher
+shim. The two built-in backends answer what the callers ask instead of a ``ray_train`` flag."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.backends.wrapped import SHIM, WrappedBackend
+from tests.helpers import TOY
+from trainguard.config import load_config
+from trainguard.config.backends import backend_for, register_backend, unregister_backend
+from trainguard.errors import ConfigError
+from trainguard.faults.kill_worker import KillWorkerFault
+from trainguard.faults.node_loss import NodeLossFault
+from trainguard.faults.soak import SoakFault
+from trainguard.launch import LaunchSpec
+from trainguard.launch.backend import CommandBackend
+from trainguard.raytrain.backend import RayTrainBackend
+from trainguard.run.runner import JobRunner
+from trainguard.session import check
+
+
+def _job(where: Path, kind: str, log: Path) -> Path:
+    path = where / "trainguard.yaml"
+    path.write_text(
+        "job:\n"
+        f"  name: {kind}-toy\n"
+        f"  kind: {kind}\n"
+        f'  command: "python {TOY} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}}"\n'
+        '  resume_args: "--resume"\n'
+        "  world_size: 2\n"
+        f'  env: {{OMP_NUM_THREADS: "1", WRAPPED_LOG: "{log}"}}\n'
+        "  metrics:\n"
+        "    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'\n"
+        "  timeout: 60\n"
+        "  stall_timeout: 20\n"
+        "checks:\n"
+        "  smoke: {steps: 5}\n"
+    )
+    return path
+
+
+@pytest.fixture
+def wrapped() -> Iterator[str]:
+    """The test backend registered as ``kind: wrapped``, taken out afterwards."""
+    register_backend("wrapped", WrappedBackend)
+    try:
+        yield "wrapped"
+    finally:
+        unregister_backend("wrapped")
+
+
+def test_a_registered_backend_runs_the_smoke_check_its_own_way(tmp_path: Path, wrapped: str) -> None:
+    log = tmp_path / "wrapped.jsonl"
+    report = check(str(_job(tmp_path, wrapped, log)), only=["smoke"])
+    (result,) = report.checks
+    assert result.status == "passed", result.summary
+    # every rank of every launch went through the backend's shim, which became the rank
+    started = [json.loads(line) for line in log.read_text().splitlines()]
+    assert started and len(started) % 2 == 0, started
+    assert sorted({s["rank"] for s in started}) == ["0", "1"]
+    assert all(s["argv"][1] == str(TOY) for s in started)
+    assert result.reproduce is not None and str(SHIM) in result.reproduce
+
+
+def test_a_kind_without_a_backend_is_refused_with_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown job kind 'wrapped'; expected one of command, ray_train"):
+        load_config(_job(tmp_path, "wrapped", tmp_path / "log"))
+
+
+def test_a_built_in_kind_cannot_be_replaced() -> None:
+    with pytest.raises(ValueError, match="trainguard's own"):
+        register_backend("command", WrappedBackend)
+    assert isinstance(backend_for("command"), CommandBackend)
+
+
+def test_the_runner_holds_its_kinds_backend_and_a_sibling_shares_it(tmp_path: Path, wrapped: str) -> None:
+    job_file = load_config(_job(tmp_path, wrapped, tmp_path / "log"))
+    runner = JobRunner(job_file)
+    assert isinstance(runner.backend, WrappedBackend)
+    assert runner.sibling(job_file).backend is runner.backend
+
+
+def test_the_built_in_backends_answer_what_the_callers_ask(tmp_path: Path) -> None:
+    command, ray = CommandBackend(), RayTrainBackend()
+    spec = LaunchSpec(argv=["python", "train.py"], run_dir=tmp_path, world_size=4)
+    assert command.launch_spec(spec).world_size == 4 and ray.launch_spec(spec).world_size == 1
+    assert command.reproduce_argv(["python", "t.py"], 2) == ["torchrun", "--nproc-per-node=2", "t.py"]
+    assert ray.reproduce_argv(["python", "t.py"], 2) == ["python", "t.py"]
+    assert command.concurrent_runs and not ray.concurrent_runs
+    assert command.ranks_are_children and not ray.ranks_are_children
+    assert command.launch_env() == {} and ray.head is None  # nothing starts until a launch
+    # each fault asks the backend what it needs
+    assert KillWorkerFault.unavailable_for(command) is None
+    assert "Ray actors" in str(KillWorkerFault.unavailable_for(ray))
+    assert NodeLossFault.unavailable_for(ray) is None
+    assert "not `kind: ray_train`" in str(NodeLossFault.unavailable_for(command))
+    assert SoakFault.unavailable_for(command) is None and SoakFault.unavailable_for(ray) is not None

@@ -1,0 +1,147 @@
+"""The ``ray_train`` backend: one launched driver process whose ranks are Ray Train workers.
+
+trainguard launches :mod:`trainguard.raytrain.driver` as the job's command, once per run; the
+driver runs the user's function with ``TorchTrainer`` on ``world_size`` workers, which are
+processes of a raylet, not children of the driver. So the ranks are found from the
+``trainguard-worker`` lines the driver's stderr carries (:class:`~trainguard.raytrain.workers.
+RayWorkerTracker`), Ray Train restarts a failed worker group itself (``FailureConfig``), runs of
+one job queue for the same Ray CPUs (no background runs), and world rank 0 logs the metrics into
+the launch's MLflow run (:mod:`trainguard.raytrain.tracking`). docs/ray-train.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainguard.raytrain.job import RAY_KEYS, expand_ray_job
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.launch import Launcher, LaunchSpec, RunResult
+    from trainguard.launch.backend import MetricRow, Reconciled
+    from trainguard.raytrain.local_ray import LocalRay
+
+__all__ = ["RayTrainBackend", "checkpoint_writes"]
+
+
+class RayTrainBackend:
+    """``kind: ray_train`` (a :class:`~trainguard.launch.backend.JobBackend`): the driver is the
+    one launched process; its runs share one embedded Ray head (``RAY_ADDRESS`` when set: a
+    real cluster), started on the first launch and stopped by :meth:`close`."""
+
+    title = "Ray Train"
+    job_keys: tuple[str, ...] = RAY_KEYS
+    ranks_are_children = False
+    rank_at_start = False
+    restarts_itself = True
+    concurrent_runs = False
+    ranks_log_metrics = True
+    stoppable_nodes = True
+
+    def __init__(self) -> None:
+        #: the embedded head the runs share (None until the first launch, and after close)
+        self.head: LocalRay | None = None
+
+    def expand_job(self, data: Mapping[str, Any], placeholders: tuple[str, ...]) -> Mapping[str, Any]:
+        return expand_ray_job(data, placeholders)
+
+    def launch_spec(self, spec: LaunchSpec) -> LaunchSpec:
+        # one driver process; its workers (spec.world_size) are Ray's, set by --num-workers
+        return dataclasses.replace(spec, world_size=1)
+
+    def launch_env(self) -> dict[str, str]:
+        """``RAY_ADDRESS`` when set (a real cluster), else the client environment of one
+        embedded local head shared by every run (Ray starts once instead of per run)."""
+        if self.head is None:
+            from trainguard.raytrain.local_ray import LocalRay
+
+            self.head = LocalRay(dashboard=False)
+        return self.head.start().client_env()
+
+    def close(self) -> None:
+        if self.head is not None:
+            self.head.stop()
+            self.head = None
+
+    def reproduce_argv(self, argv: Sequence[str], world_size: int) -> list[str]:
+        return list(argv)  # the driver asks Ray for the workers itself
+
+    def rank_pids(self, launcher: Launcher) -> Callable[[], dict[int, int]]:
+        if not launcher.ranks:
+            return dict
+        from trainguard.raytrain.workers import RayWorkerTracker
+
+        return RayWorkerTracker(launcher.ranks[0].stderr_log).pids
+
+    def checkpoint_writes(self, checkpoint_dir: Path) -> dict[int, int] | None:
+        return checkpoint_writes(checkpoint_dir)
+
+    def reconcile_metrics(
+        self, result: RunResult, rows: Sequence[MetricRow], run_id: str | None
+    ) -> Reconciled | None:
+        from trainguard.raytrain.tracking import reconcile
+
+        return reconcile(result, rows, run_id)
+
+    def production_spec(self, spec: Any, command: Sequence[str], cwd: Path) -> Any:
+        """One Ray Job whose entrypoint is the driver (``--num-workers`` = the recommended world
+        size, already in its command), launched as is (``direct``: the driver asks Ray for its
+        workers), each worker's resources from ``job.scaling`` (``use_gpu`` -> 1 GPU unless
+        ``resources_per_worker`` says otherwise). Relative ``PYTHONPATH`` entries of the job's
+        env are made absolute against ``cwd`` (the entrypoint runs in Ray's copy of the working
+        dir, where ``../x`` would not resolve)."""
+        command = list(command)
+        per_worker: dict[str, float] = {}
+        if "--resources-per-worker" in command:
+            with contextlib.suppress(IndexError, ValueError):
+                text = command[command.index("--resources-per-worker") + 1].replace("{{", "{").replace("}}", "}")
+                per_worker = {k: float(v) for k, v in json.loads(text).items()}
+        use_gpu = "--use-gpu" in command
+        # the driver's ray.init(runtime_env=...) repeats some of the job's env_vars (PYTHONPATH,
+        # the tracking ids): Ray refuses overlapping keys unless told that the driver's win
+        env = {**spec.env, "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}
+        if env.get("PYTHONPATH"):
+            env["PYTHONPATH"] = os.pathsep.join(
+                str((cwd / entry).resolve()) if entry and not os.path.isabs(entry) else entry
+                for entry in env["PYTHONPATH"].split(os.pathsep)
+            )
+        return dataclasses.replace(
+            spec, launcher="direct", env=env,
+            num_gpus=per_worker.get("GPU", 1.0) if use_gpu else 0.0,
+            num_cpus=per_worker.get("CPU", 1.0),
+            metadata={**spec.metadata, "trainguard.kind": "ray_train",
+                      "trainguard.num_workers": str(spec.world_size)},
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(head={self.head!r})"
+
+
+def checkpoint_writes(storage: Path) -> dict[int, int] | None:
+    """step -> bytes of each checkpoint a Ray Train fit wrote, from Ray's own record in the
+    storage path (``<name>/checkpoint_manager_snapshot.json``: each checkpoint's directory and
+    the metrics reported with it). Listing the directory at each report line would misplace
+    them: the lines reach the driver late, and Ray rewrites its snapshot after every checkpoint.
+    None when there is no such record."""
+    writes: dict[int, int] = {}
+    found = False
+    for snapshot in storage.glob("*/checkpoint_manager_snapshot.json"):
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            data = json.loads(snapshot.read_text())
+            indices = data.get("checkpoint_report_indices") or []
+            for i, entry in enumerate(data.get("checkpoint_results") or []):
+                step = (entry.get("metrics") or {}).get("step")
+                if not isinstance(step, (int, float)):
+                    step = indices[i] + 1 if i < len(indices) else None  # the n-th report
+                if step is None:
+                    continue
+                directory = snapshot.parent / str(entry.get("checkpoint_dir_name", ""))
+                size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) if directory.is_dir() else 0
+                writes[int(step)] = size
+                found = True
+    return writes if found else None
