@@ -16,8 +16,10 @@ parses metric lines as they arrive, and watches the ranks:
   the run as soon as one rank's tree holds more.
 
 Nothing outlives :meth:`Launcher.run`: Ctrl-C, an exception or a deadline all end in the same
-teardown of every process group (DataLoader workers included). Signalling the groups lives in
-:mod:`trainguard.launch.procs`, the hang evidence in :mod:`trainguard.launch.hang_evidence`.
+teardown of every process group (DataLoader workers included). Each of these stop conditions
+is a named object in :mod:`trainguard.launch.stops`, asked in turn once per monitor pass;
+signalling the groups lives in :mod:`trainguard.launch.procs`, the hang evidence in
+:mod:`trainguard.launch.hang_evidence`.
 """
 
 from __future__ import annotations
@@ -35,20 +37,14 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any
 
 import psutil
 
 from trainguard._internal import envvars
 from trainguard._internal.signals import signals_deferred
 from trainguard.errors import RankFailure
-from trainguard.launch.hang_evidence import (
-    describe_early_exit,
-    distributed_env_hint,
-    dump_stacks,
-    early_exit,
-    rank_activity,
-)
+from trainguard.launch.hang_evidence import distributed_env_hint, dump_stacks, rank_activity
 from trainguard.launch.metrics import JsonlTail, LineMetric, MetricParser, MetricPoint, trajectory
 from trainguard.launch.ports import reserve_port
 from trainguard.launch.procs import (
@@ -59,14 +55,22 @@ from trainguard.launch.procs import (
     process_running,
     signal_all,
     signal_group,
+    signal_name,
     wait_stopped,
 )
 from trainguard.launch.pump import LinePump
 from trainguard.launch.ranklog import RankLog, log_evidence
+from trainguard.launch.stops import (
+    Outcome,
+    Progress,
+    Snapshot,
+    Stop,
+    StopCondition,
+    first_stop,
+    stop_conditions,
+)
 
 __all__ = ["LaunchSpec", "Launcher", "RankExit", "RunResult", "launch"]
-
-Outcome = Literal["ok", "failed", "hung", "timeout", "stopped", "interrupted"]
 
 _POLL_S = 0.05
 _SCAN_S = 0.5  # how often the process tree of every rank is recorded
@@ -220,15 +224,6 @@ def _python_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _signal_name(returncode: int | None) -> str | None:
-    if returncode is None or returncode >= 0:
-        return None
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
-
-
 class Launcher:
     """Runs one attempt of a multi-rank job. Use :meth:`run` (blocking) or ``with`` + start/wait.
 
@@ -258,6 +253,7 @@ class Launcher:
         self._descendants: dict[int, psutil.Process] = {}
         self._last_scan = -_SCAN_S  # the first scan (and memory sample) right after the start
         self._stop_reason: str | None = None
+        self._progress = Progress(spec.final_step)  # what the stall clock reads
         self._peak_rss_mb: dict[int, float] = {}
         self._peak_gpu_mb: dict[int, float] = {}
         self._gpu: GpuMemory | None = None
@@ -420,133 +416,88 @@ class Launcher:
         return self._pumps[-1]
 
     def _monitor(self, port: int) -> RunResult:
+        """Watch the ranks until a stop condition fires, tear them down, read what they printed
+        last, and return the result."""
         spec = self.spec
         parser = MetricParser(spec.metric_regexes)
-        tails = self._tails = [
+        self._tails = [
             JsonlTail(self._metric_path(path, rank), [name], rank=rank)
             for name, path in spec.metric_files.items()
             for rank in range(spec.world_size)
         ]
-        first_metric: float | None = None
-        finished = False  # a rank printed the final step
-        last_progress = 0.0
-        deadline = spec.timeout
-        outcome: Outcome | None = None
-        reason = ""
-        failed_rank: int | None = None
-        detected_after: float | None = None
-        evidence: dict[str, Any] = {}
-        exit_seen_at = self.exit_seen_at
-        exit_seen_at.clear()
-
-        def handle(points: list[MetricPoint]) -> None:
-            nonlocal first_metric, last_progress, finished
-            for point in points:
-                self.points.append(point)
-                if first_metric is None:
-                    first_metric = point.t
-                if spec.final_step is not None and point.step >= spec.final_step:
-                    finished = True
-                last_progress = max(last_progress, point.t)
-                for callback in list(self.on_metric):
-                    callback(point, self)
-
-        while True:
-            # drain output lines for at most one poll interval: a job printing more often than
-            # that must not keep the monitor from checking exits, deadlines and stalls
-            drain_until = time.monotonic() + _POLL_S
-            try:
-                while (wait := drain_until - time.monotonic()) > 0:
-                    stream, rank, line, t = self._events.get(timeout=wait)
-                    if spec.echo is not None:
-                        spec.echo(rank, stream, line)
-                    handle(parser.parse(line, rank=rank, t=t))
-            except queue.Empty:
-                pass
-            now = self.elapsed()
-            handle(self._read_stopped)
-            self._read_stopped = []
-            for tail in tails:
-                handle(tail.poll(now))
-            over_limit: tuple[int, float] | None = None
-            if now - self._last_scan > _SCAN_S:
-                over_limit = self._sample_memory(self._scan_descendants())
-                self._last_scan = now
-
-            codes = [rp.popen.poll() for rp in self.ranks]
-            for rp, code in zip(self.ranks, codes):
-                if code is not None and rp.rank not in exit_seen_at:
-                    exit_seen_at[rp.rank] = now
-            if self._stop_reason is not None:
-                outcome, reason = "stopped", self._stop_reason
-                break
-            if over_limit is not None:
-                failed_rank, used = over_limit
-                limit_mb = spec.max_rss_mb or 0.0
-                outcome = "failed"
-                reason = (
-                    f"rank {failed_rank}'s processes used {used:.0f} MB of memory (RSS), "
-                    f"{used - limit_mb:.0f} MB over the limit of {limit_mb:g} MB"
-                )
-                evidence["memory_limit"] = {
-                    "rank": failed_rank, "rss_mb": round(used, 1), "limit_mb": limit_mb,
-                }
-                break
-            bad = [
-                (rp, code)
-                for rp, code in zip(self.ranks, codes)
-                if code is not None and code != 0 and rp.rank not in self._killed
-            ]
-            if bad:
-                rp, code = min(bad, key=lambda item: exit_seen_at[item[0].rank])
-                failed_rank = rp.rank
-                name = _signal_name(code)
-                how = f"killed by {name}" if name else f"exited with code {code}"
-                outcome, reason = "failed", f"rank {rp.rank} {how}"
-                left = self._early_exit(codes, exit_seen_at, [rp.rank])
-                if left is not None and left["exited_at_s"] < exit_seen_at[rp.rank]:
-                    evidence["early_exit"] = left
-                    reason += (f" after rank {left['rank']} had exited 0 (after its step "
-                               f"{left['last_step']}): it waited for it in a collective")
-                # the death itself is not observable here (tests/benchmarks measure it from
-                # the kill); what is known is that it was seen within one poll interval
-                break
-            if all(code is not None for code in codes):
-                outcome = "ok"
-                break
-            if self.unpaused(now) > deadline:
-                outcome = "timeout"
-                reason = f"the run exceeded its timeout of {spec.timeout:g} s"
-                evidence["ranks"] = rank_activity(self.ranks)
-                evidence["stacks"] = dump_stacks(self.ranks)
-                break
-            # frozen time is not the job's: a pause starts the stall clock afresh
-            since = now - max(last_progress, self.pauses[-1][1] if self.pauses else 0.0, 0.0)
-            limit = spec.stall_timeout
-            if first_metric is None and spec.startup_timeout is not None:
-                limit = spec.startup_timeout
-            elif finished and spec.shutdown_timeout is not None:
-                limit = max(limit or 0.0, spec.shutdown_timeout)
-            if limit is not None and since > limit:
-                outcome = "hung"
-                if first_metric is None:
-                    reason = f"no new metric line since launch for {since:.1f} s (limit {limit:g} s)"
-                elif finished:
-                    reason = f"no exit {since:.1f} s after the last step (limit {limit:g} s)"
-                else:
-                    reason = f"no new metric line for {since:.1f} s (limit {limit:g} s)"
-                left = self._early_exit(codes, exit_seen_at, [rp.rank for rp, c in zip(self.ranks, codes) if c is None])
-                if left is not None:  # the cause of the silence, named first
-                    evidence["early_exit"] = left
-                    reason = f"{describe_early_exit(left)} ({reason})"
-                detected_after = since - limit
-                evidence["ranks"] = rank_activity(self.ranks)
-                evidence["stacks"] = dump_stacks(self.ranks)
-                break
-
-        # the pipes close once the processes (and their children holding them) are gone; the
-        # lines printed just before the end are parsed meanwhile (a full queue holds the pumps)
+        self.exit_seen_at.clear()
+        conditions = stop_conditions(
+            timeout=spec.timeout, stall_timeout=spec.stall_timeout, startup_timeout=spec.startup_timeout,
+            shutdown_timeout=spec.shutdown_timeout, max_rss_mb=spec.max_rss_mb,
+        )
+        stop: Stop | None = None
+        while stop is None:
+            stop = self._watch_once(parser, conditions)
         self._teardown()
+        self._read_last_lines(parser)
+        return self._result(port, stop)
+
+    def _watch_once(self, parser: MetricParser, conditions: Sequence[StopCondition]) -> Stop | None:
+        """One pass of the monitor: gather what happened, ask each stop condition in turn, act
+        on the first that fires (a timeout or a hang first records each rank's activity and
+        stacks, while the ranks still run)."""
+        stop = first_stop(conditions, self._observe(parser))
+        if stop is not None and stop.dump_ranks:
+            stop.evidence["ranks"] = rank_activity(self.ranks)
+            stop.evidence["stacks"] = dump_stacks(self.ranks)
+        return stop
+
+    def _observe(self, parser: MetricParser) -> Snapshot:
+        """Read the lines and metric-file points that arrived (the ``on_metric`` callbacks run
+        here), sample every rank's memory every ``_SCAN_S``, note each rank's exit."""
+        self._drain_lines(parser)
+        now = self.elapsed()
+        self._handle(self._read_stopped)
+        self._read_stopped = []
+        for tail in self._tails:
+            self._handle(tail.poll(now))
+        memory_mb: dict[int, float] = {}
+        if now - self._last_scan > _SCAN_S:
+            memory_mb = self._sample_memory(self._scan_descendants())
+            self._last_scan = now
+        codes = {rp.rank: rp.popen.poll() for rp in self.ranks}
+        for rank, code in codes.items():
+            if code is not None and rank not in self.exit_seen_at:
+                self.exit_seen_at[rank] = now
+        progress = self._progress
+        return Snapshot(
+            now=now, exit_codes=codes, exit_seen_at=dict(self.exit_seen_at), stop_requested=self._stop_reason,
+            memory_mb=memory_mb, killed=frozenset(self._killed), job_time=self.unpaused(now),
+            resumed_at=self.pauses[-1][1] if self.pauses else 0.0, first_metric=progress.first_metric,
+            last_progress=progress.last_progress, finished=progress.finished, points=self.points,
+        )
+
+    def _drain_lines(self, parser: MetricParser) -> None:
+        # drain output lines for at most one poll interval: a job printing more often than
+        # that must not keep the monitor from checking exits, deadlines and stalls
+        drain_until = time.monotonic() + _POLL_S
+        try:
+            while (wait := drain_until - time.monotonic()) > 0:
+                self._take_line(parser, *self._events.get(timeout=wait))
+        except queue.Empty:
+            pass
+
+    def _take_line(self, parser: MetricParser, stream: str, rank: int, line: str, t: float) -> None:
+        if self.spec.echo is not None:
+            self.spec.echo(rank, stream, line)
+        self._handle(parser.parse(line, rank=rank, t=t))
+
+    def _handle(self, points: list[MetricPoint]) -> None:
+        for point in points:
+            self.points.append(point)
+            self._progress.record(point)
+            for callback in list(self.on_metric):
+                callback(point, self)
+
+    def _read_last_lines(self, parser: MetricParser) -> None:
+        """After the teardown: the pipes close once the processes (and their children holding
+        them) are gone; the lines printed just before the end are parsed meanwhile (a full
+        queue holds the pumps)."""
         join_until = time.monotonic() + 5
         while True:
             now = time.monotonic()
@@ -559,36 +510,31 @@ class Launcher:
                 break
             if now > join_until + 5:
                 break  # a pipe something outside the ranks keeps writing to
-            if spec.echo is not None:
-                spec.echo(rank, stream, line)
-            handle(parser.parse(line, rank=rank, t=t))
-        handle(self._read_stopped)
-        for tail in tails:
-            handle(tail.poll(self.elapsed()))
+            self._take_line(parser, stream, rank, line, t)
+        self._handle(self._read_stopped)
+        for tail in self._tails:
+            self._handle(tail.poll(self.elapsed()))
 
+    def _result(self, port: int, stop: Stop) -> RunResult:
+        spec = self.spec
         exits = []
         for rp in self.ranks:
             code = rp.popen.returncode
-            exits.append(
-                RankExit(
-                    rank=rp.rank,
-                    pid=rp.pid,
-                    returncode=code,
-                    signal=_signal_name(code),
-                    killed_by_trainguard=rp.rank in self._killed,
-                )
-            )
-        reason = log_evidence(self._logs, spec.run_dir, outcome, reason, evidence)
-        tail_rank = failed_rank if failed_rank is not None else 0
+            exits.append(RankExit(rank=rp.rank, pid=rp.pid, returncode=code, signal=signal_name(code),
+                                  killed_by_trainguard=rp.rank in self._killed))
+        evidence = stop.evidence
+        reason = log_evidence(self._logs, spec.run_dir, stop.outcome, stop.reason, evidence)
+        tail_rank = stop.failed_rank if stop.failed_rank is not None else 0
         stderr_tail = "\n".join(self.ranks[tail_rank].stderr_tail) if self.ranks else ""
-        if (outcome == "failed" and spec.world_size == 1 and spec.distributed_env
+        first_metric = self._progress.first_metric
+        if (stop.outcome == "failed" and spec.world_size == 1 and spec.distributed_env
                 and first_metric is None):
             hint = distributed_env_hint(stderr_tail)
             if hint:
                 reason = f"{reason}; {hint}"
                 evidence["hint"] = hint
         return RunResult(
-            outcome=outcome or "failed",
+            outcome=stop.outcome,
             argv=_python_argv(spec.argv),
             run_dir=spec.run_dir,
             world_size=spec.world_size,
@@ -598,21 +544,14 @@ class Launcher:
             duration_s=self.elapsed(),
             first_metric_s=first_metric,
             reason=reason,
-            failed_rank=failed_rank,
+            failed_rank=stop.failed_rank,
             stderr_tail=stderr_tail,
             evidence=evidence,
-            detected_after_s=detected_after,
+            detected_after_s=stop.detected_after_s,
             peak_rss_mb=dict(self._peak_rss_mb),
             peak_gpu_mb=dict(self._peak_gpu_mb),
             pauses=list(self.pauses),
         )
-
-    def _early_exit(self, codes: Sequence[int | None], exited_at: dict[int, float],
-                    alive: list[int]) -> dict[str, Any] | None:
-        last: dict[int, int] = {}
-        for point in self.points:
-            last[point.rank] = max(last.get(point.rank, point.step), point.step)
-        return early_exit({rp.rank: code for rp, code in zip(self.ranks, codes)}, exited_at, last, alive)
 
     def _metric_path(self, template: str, rank: int) -> Path:
         path = Path(template.replace("{rank}", str(rank)))
@@ -630,24 +569,21 @@ class Launcher:
                 trees[rp.rank] = [root, *children]
         return trees
 
-    def _sample_memory(self, trees: dict[int, list[psutil.Process]]) -> tuple[int, float] | None:
-        """Update the per-rank peaks; (rank, MB) of the first rank over ``max_rss_mb``."""
-        over: tuple[int, float] | None = None
+    def _sample_memory(self, trees: dict[int, list[psutil.Process]]) -> dict[int, float]:
+        """Update the per-rank peaks; each rank's tree's resident memory now, in MB."""
+        rss_by_rank: dict[int, float] = {}
         gpu_by_pid = self._gpu.used_mb_by_pid() if self._gpu is not None else {}
         for rank, procs in trees.items():
             rss = 0
             for proc in procs:
                 with contextlib.suppress(psutil.Error):  # exited between the scan and now
                     rss += proc.memory_info().rss
-            rss_mb = rss / 2**20
+            rss_mb = rss_by_rank[rank] = rss / 2**20
             self._peak_rss_mb[rank] = round(max(self._peak_rss_mb.get(rank, 0.0), rss_mb), 1)
             if gpu_by_pid:
                 gpu_mb = sum(gpu_by_pid.get(p.pid, 0.0) for p in procs)
                 self._peak_gpu_mb[rank] = round(max(self._peak_gpu_mb.get(rank, 0.0), gpu_mb), 1)
-            limit = self.spec.max_rss_mb
-            if limit is not None and rss_mb > limit and over is None:
-                over = (rank, rss_mb)
-        return over
+        return rss_by_rank
 
     def _live_descendants(self) -> list[psutil.Process]:
         # psutil.Process remembers its create time: a recycled pid is not mistaken for ours

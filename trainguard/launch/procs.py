@@ -26,6 +26,7 @@ __all__ = [
     "process_running",
     "signal_all",
     "signal_group",
+    "signal_name",
     "wait_stopped",
 ]
 
@@ -114,6 +115,17 @@ def signal_group(popen: subprocess.Popen[bytes], sig: int) -> None:
     if sig == signal.SIGTERM:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(popen.pid, signal.SIGCONT)
+
+
+def signal_name(returncode: int | None) -> str | None:
+    """The name of the signal a process died by ("SIGKILL"), from its ``Popen.returncode``;
+    None while it runs or when it exited."""
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
 
 
 def live_processes(pids: list[int]) -> list[psutil.Process]:

@@ -1,0 +1,262 @@
+"""Why the launcher ends an attempt: each stop condition as a named object.
+
+The launcher's monitor makes one pass every poll interval (50 ms): it gathers what happened
+into a :class:`Snapshot` (lines parsed, each rank's exit, a memory sample every 0.5 s), then asks
+each condition of :func:`stop_conditions` in turn; the first that returns a :class:`Stop` ends
+the attempt, and the launcher acts on it (each rank's activity and stacks collected when the
+stop asks for them, then the teardown). A condition only reads the snapshot: it starts,
+signals and waits for nothing, so each can be tried on a constructed one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from trainguard.launch.hang_evidence import describe_early_exit, early_exit
+from trainguard.launch.metrics import MetricPoint
+from trainguard.launch.procs import signal_name
+
+__all__ = [
+    "AllRanksExited",
+    "Deadline",
+    "MemoryLimit",
+    "Outcome",
+    "Progress",
+    "RankFailed",
+    "Snapshot",
+    "Stall",
+    "Stop",
+    "StopCondition",
+    "StopRequested",
+    "first_stop",
+    "stop_conditions",
+]
+
+#: how an attempt ended (``RunResult.outcome``)
+Outcome = Literal["ok", "failed", "hung", "timeout", "stopped", "interrupted"]
+
+
+@dataclass
+class Progress:
+    """The metric points seen so far, as the stall clock reads them (launch clock)."""
+
+    #: the step whose line means the job is done with training (``LaunchSpec.final_step``)
+    final_step: int | None = None
+    first_metric: float | None = None
+    last_progress: float = 0.0
+    #: a rank printed ``final_step``: what is left is flushing and saving at exit
+    finished: bool = False
+
+    def record(self, point: MetricPoint) -> None:
+        """Take one parsed point into account."""
+        if self.first_metric is None:
+            self.first_metric = point.t
+        if self.final_step is not None and point.step >= self.final_step:
+            self.finished = True
+        self.last_progress = max(self.last_progress, point.t)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one pass of the monitor saw, times on the launch clock."""
+
+    now: float
+    #: each rank's exit code in rank order, None while it runs (a negative code: a signal)
+    exit_codes: Mapping[int, int | None]
+    #: when the monitor first saw each rank that has exited
+    exit_seen_at: Mapping[int, float] = field(default_factory=dict)
+    #: the reason given to :meth:`~trainguard.launch.Launcher.stop`, once it was called
+    stop_requested: str | None = None
+    #: each live rank's process tree's resident memory, in MB, when this pass sampled it
+    #: (every 0.5 s; empty on the passes between)
+    memory_mb: Mapping[int, float] = field(default_factory=dict)
+    #: the ranks trainguard itself signalled: their exit is no failure of theirs
+    killed: frozenset[int] = frozenset()
+    #: ``now`` less the time the ranks spent stopped by ``Launcher.frozen``: the job's own time
+    job_time: float = 0.0
+    #: when the last ``frozen`` span ended (0.0 without one)
+    resumed_at: float = 0.0
+    first_metric: float | None = None
+    last_progress: float = 0.0
+    finished: bool = False
+    #: every metric point so far (only read when a stop looks for a rank that left early)
+    points: Sequence[MetricPoint] = ()
+
+    def early_exit(self, alive: list[int]) -> dict[str, Any] | None:
+        """The first rank that exited 0 while the ranks ``alive`` went on, as evidence (see
+        :func:`~trainguard.launch.hang_evidence.early_exit`); None when none did."""
+        last: dict[int, int] = {}
+        for point in self.points:
+            last[point.rank] = max(last.get(point.rank, point.step), point.step)
+        return early_exit(dict(self.exit_codes), dict(self.exit_seen_at), last, alive)
+
+
+@dataclass
+class Stop:
+    """A condition fired: how the attempt ends and what the run records about it."""
+
+    outcome: Outcome
+    reason: str = ""
+    failed_rank: int | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    #: seconds between the moment the condition became true and its detection (a hang)
+    detected_after_s: float | None = None
+    #: the ranks still run and their state is the evidence (a deadline, a hang): each rank's
+    #: CPU activity and stacks are collected before the teardown
+    dump_ranks: bool = False
+
+
+class StopCondition(Protocol):
+    """One reason to end an attempt, asked once per monitor pass."""
+
+    def check(self, state: Snapshot) -> Stop | None:
+        """The stop, when this condition holds in ``state``; None otherwise."""
+        ...
+
+
+class StopRequested:
+    """Someone called :meth:`~trainguard.launch.Launcher.stop` (a check's kill after a step):
+    the attempt ends as "stopped" with their reason, blaming no rank."""
+
+    def check(self, state: Snapshot) -> Stop | None:
+        if state.stop_requested is None:
+            return None
+        return Stop("stopped", state.stop_requested)
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """One rank's process tree holds more resident memory than ``limit_mb`` (None: no limit):
+    the first such rank in rank order fails the attempt."""
+
+    limit_mb: float | None
+
+    def check(self, state: Snapshot) -> Stop | None:
+        limit = self.limit_mb
+        if limit is None:
+            return None
+        over = next(((rank, used) for rank, used in state.memory_mb.items() if used > limit), None)
+        if over is None:
+            return None
+        rank, used = over
+        reason = (
+            f"rank {rank}'s processes used {used:.0f} MB of memory (RSS), "
+            f"{used - limit:.0f} MB over the limit of {limit:g} MB"
+        )
+        evidence = {"memory_limit": {"rank": rank, "rss_mb": round(used, 1), "limit_mb": limit}}
+        return Stop("failed", reason, failed_rank=rank, evidence=evidence)
+
+
+class RankFailed:
+    """A rank exited non-zero or died by a signal trainguard did not send: the whole group is
+    stopped at once, or the others would wait in a collective until their own timeouts. The
+    rank seen first is blamed; a peer that had already exited 0 is named as what it waited for."""
+
+    def check(self, state: Snapshot) -> Stop | None:
+        bad = [
+            (rank, code)
+            for rank, code in state.exit_codes.items()
+            if code is not None and code != 0 and rank not in state.killed
+        ]
+        if not bad:
+            return None
+        rank, code = min(bad, key=lambda item: state.exit_seen_at[item[0]])
+        name = signal_name(code)
+        how = f"killed by {name}" if name else f"exited with code {code}"
+        stop = Stop("failed", f"rank {rank} {how}", failed_rank=rank)
+        left = state.early_exit([rank])
+        if left is not None and left["exited_at_s"] < state.exit_seen_at[rank]:
+            stop.evidence["early_exit"] = left
+            stop.reason += (f" after rank {left['rank']} had exited 0 (after its step "
+                            f"{left['last_step']}): it waited for it in a collective")
+        # the death itself is not observable here (tests/benchmarks measure it from the kill);
+        # what is known is that it was seen within one poll interval
+        return stop
+
+
+class AllRanksExited:
+    """Every rank has ended and none failed (:class:`RankFailed` is asked first): "ok"."""
+
+    def check(self, state: Snapshot) -> Stop | None:
+        if all(code is not None for code in state.exit_codes.values()):
+            return Stop("ok")
+        return None
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """The job's own time (stopped spans left out) passed ``timeout`` seconds."""
+
+    timeout: float
+
+    def check(self, state: Snapshot) -> Stop | None:
+        if state.job_time > self.timeout:
+            return Stop("timeout", f"the run exceeded its timeout of {self.timeout:g} s", dump_ranks=True)
+        return None
+
+
+@dataclass(frozen=True)
+class Stall:
+    """No new metric line for longer than the stall limit: a hang. CPU time is not progress
+    (NCCL busy-polls inside a stuck collective). The limit is ``startup_timeout`` before the
+    first line when set, at least ``shutdown_timeout`` once a rank printed its final step when
+    set, ``stall_timeout`` otherwise (None: no limit). A rank that exited 0 while the others
+    went on is named first as the likely cause of the silence."""
+
+    stall_timeout: float | None
+    startup_timeout: float | None = None
+    shutdown_timeout: float | None = None
+
+    def limit(self, state: Snapshot) -> float | None:
+        """The stall limit that applies in ``state``."""
+        if state.first_metric is None and self.startup_timeout is not None:
+            return self.startup_timeout
+        if state.finished and self.shutdown_timeout is not None:
+            return max(self.stall_timeout or 0.0, self.shutdown_timeout)
+        return self.stall_timeout
+
+    def check(self, state: Snapshot) -> Stop | None:
+        # frozen time is not the job's: a pause starts the stall clock afresh
+        since = state.now - max(state.last_progress, state.resumed_at, 0.0)
+        limit = self.limit(state)
+        if limit is None or not since > limit:
+            return None
+        if state.first_metric is None:
+            reason = f"no new metric line since launch for {since:.1f} s (limit {limit:g} s)"
+        elif state.finished:
+            reason = f"no exit {since:.1f} s after the last step (limit {limit:g} s)"
+        else:
+            reason = f"no new metric line for {since:.1f} s (limit {limit:g} s)"
+        stop = Stop("hung", reason, detected_after_s=since - limit, dump_ranks=True)
+        left = state.early_exit([rank for rank, code in state.exit_codes.items() if code is None])
+        if left is not None:  # the cause of the silence, named first
+            stop.evidence["early_exit"] = left
+            stop.reason = f"{describe_early_exit(left)} ({reason})"
+        return stop
+
+
+def stop_conditions(*, timeout: float, stall_timeout: float | None, startup_timeout: float | None = None,
+                    shutdown_timeout: float | None = None, max_rss_mb: float | None = None) -> tuple[StopCondition, ...]:
+    """Every condition, in the order the monitor asks them; the order decides between two
+    that hold at once. A requested stop comes first (the ranks it killed have all exited, and
+    that is no "ok"), a failed rank before "all exited" (its peers may have ended meanwhile),
+    the deadline before a stall (an attempt past its timeout is a timeout, however quiet)."""
+    return (
+        StopRequested(),
+        MemoryLimit(max_rss_mb),
+        RankFailed(),
+        AllRanksExited(),
+        Deadline(timeout),
+        Stall(stall_timeout, startup_timeout, shutdown_timeout),
+    )
+
+
+def first_stop(conditions: Iterable[StopCondition], state: Snapshot) -> Stop | None:
+    """The stop of the first condition that fires in ``state``, or None."""
+    for condition in conditions:
+        stop = condition.check(state)
+        if stop is not None:
+            return stop
+    return None
