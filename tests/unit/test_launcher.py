@@ -474,6 +474,23 @@ def test_stop_from_on_metric_after_step_k(tmp_path: Path, marker: str, no_orphan
     assert_gone(grandchildren)
 
 
+def test_the_first_stop_reason_stands(tmp_path: Path, marker: str, no_orphans: None) -> None:
+    """A callback asks to stop for every line past its step (the canary's limit, the resume's
+    kill): lines read after the stop must not rename why the run was stopped."""
+    spec = spec_for(tmp_path, marker, "--steps", "3000", "--sleep", "0.02")
+    launcher = Launcher(spec)
+
+    def stop_after(point: MetricPoint, running: Launcher) -> None:
+        if point.step >= 3:
+            running.stop(f"stopped at step {point.step} of rank {point.rank}")
+            running.stop("a later line")
+
+    launcher.on_metric.append(stop_after)
+    result = launcher.run()
+    assert result.outcome == "stopped"
+    assert result.reason is not None and result.reason.startswith("stopped at step 3 of rank "), result.reason
+
+
 @pytest.mark.parametrize("error", [RuntimeError("callback bug"), KeyboardInterrupt()])
 def test_an_exception_in_a_callback_propagates_after_teardown(
     tmp_path: Path, marker: str, no_orphans: None, error: BaseException

@@ -302,8 +302,11 @@ class Launcher:
         return t - sum(end - start for start, end in self.pauses if end <= t)
 
     def stop(self, reason: str, sig: int = signal.SIGKILL) -> None:
-        """End the attempt now on purpose (e.g. the resume check's kill after a step)."""
-        self._stop_reason = reason
+        """End the attempt now on purpose (e.g. the resume check's kill after a step). The first
+        reason stands: a callback that asks again for each later line (read after the stop, late
+        on a loaded machine) must not rename it."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
         for rp in self.ranks:
             self._killed.add(rp.rank)
             signal_group(rp.popen, sig)
