@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import http.server
 import os
+import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,3 +86,35 @@ def layer(tmp_path: Any) -> Iterator[Any]:
         yield mounted
     finally:
         assert mounted.unmount() is None
+
+
+@pytest.fixture(scope="session")
+def mlflow_store_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty MLflow sqlite store, its schema made once for the test session (per xdist worker).
+
+    MLflow makes a new store by running its ~100 schema migrations, each committed and synced on
+    its own: 5-7 s of a test's wall clock on 2 busy cores, for what every new store holds alike.
+    Tests that track into a new store start from a copy (:func:`new_mlflow_store`) instead; the
+    first test of tests/unit/test_tracking.py still makes its store from nothing."""
+    pytest.importorskip("mlflow")
+    from mlflow import MlflowClient
+
+    folder = tmp_path_factory.mktemp("mlflow-template")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(folder)  # MLflow names ./mlruns the default experiment's artifact location
+        MlflowClient(f"sqlite:///{folder / 'mlflow.db'}").search_experiments()
+    return folder / "mlflow.db"
+
+
+@pytest.fixture
+def new_mlflow_store(mlflow_store_template: Path) -> Callable[[Path], Path]:
+    """``new_mlflow_store(path)`` puts a copy of the empty store at ``path`` (its folder made) and
+    returns ``path``: a store that MLflow, and trainguard, then open as they open one of their own
+    making (``.trainguard/mlflow.db`` beside a job file is trainguard's default)."""
+
+    def copy(path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(mlflow_store_template, path)
+        return path
+
+    return copy

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["DCP_METADATA_MODULE", "TOY", "attrgetter_gadget", "binunicode", "call_gadget", "load_fault_harness", "read_hostile_corpus", "runs_by_kind", "time_limit", "toy_job", "wait_for_a_background_run"]
+__all__ = ["DCP_METADATA_MODULE", "TOY", "attrgetter_gadget", "binunicode", "call_gadget", "drills_sharing_a_reference", "load_fault_harness", "read_hostile_corpus", "runs_by_kind", "time_limit", "toy_job", "wait_for_a_background_run"]
 
 #: the fake training script of trainguard's own tests (no torch: a run costs a fraction of a second)
 TOY = Path(__file__).resolve().parent / "data" / "jobs" / "toy_train.py"
@@ -43,6 +43,35 @@ def toy_job(path: Path, name: str, flags: str, drills: list[str], *, world_size:
         f"checks:\n  drills:\n{entries}"
     )
     return path
+
+def drills_sharing_a_reference(path: Path, names: list[str]) -> dict[str, Any]:
+    """Run the drills ``names`` of the job file at ``path`` in one session (as ``trainguard drill``
+    runs them) and return their results by drill name, the first drill's uninterrupted reference
+    run serving every one of them.
+
+    For planted variants whose ``args`` differ only in what the job does when the fault comes (on
+    a scheduler's notice, on a non-finite loss): a run that is never interrupted takes none of
+    those paths, so it prints the same lines and leaves the same checkpoints whatever the flag,
+    and each drill would otherwise launch a reference run of its own (the reference is keyed by
+    the request, args included)."""
+    from trainguard.config import load_config
+    from trainguard.session import open_session, run_drills, session_settings
+
+    job_file = load_config(path)
+    specs = {spec.name: spec for spec in job_file.checks.drills}
+    chosen = [specs[name] for name in names]
+    with open_session(job_file, session_settings(), command="drill") as session:
+        runner = session.runner
+
+        def request(spec: Any) -> Any:  # the run a drill asks for (trainguard.drills.driver's)
+            return runner.request_for(spec, world_size=spec.world_size or job_file.job.world_size)
+
+        shared = runner.reference(request(chosen[0]))
+        for spec in chosen[1:]:
+            runner.offer_reference(request(spec), shared)
+        results = run_drills(runner, chosen)
+    return {result.name.removeprefix("drill:"): result for result in results}
+
 
 _FAULT_DATA = Path(__file__).resolve().parent / "data" / "faults"
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import drills_sharing_a_reference
 from trainguard.report import CheckResult
 from trainguard.session import drill
 
@@ -34,10 +35,12 @@ def _job_file(tmp: Path) -> Path:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
     """The default drills of the job file, once: a clean job and both planted defects (the clean
-    skip policy runs under -m slow: each drill's own reference run makes it the cost of two)."""
+    skip policy runs under -m slow). Their jobs differ only in what they do with a non-finite
+    value (``--on-nonfinite``, ``--check``), which a run that never meets one never does: one
+    uninterrupted reference run serves the three (each launching its own was 2 of the module's 6
+    torch DDP runs)."""
     path = _job_file(tmp_path_factory.mktemp("nan"))
-    report = drill(str(path), only=["nan-stop", "nan-train-on", "nan-spread"])
-    return {c.name.removeprefix("drill:"): c for c in report.checks}
+    return drills_sharing_a_reference(path, ["nan-stop", "nan-train-on", "nan-spread"])
 
 
 def _put(result: CheckResult) -> dict:

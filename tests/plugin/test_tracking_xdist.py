@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,10 @@ JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _mlflow_client_loaded(tmp_path_factory: pytest.TempPathFactory) -> None:
+def _mlflow_client_loaded(mlflow_store_template: Path) -> None:
     """Import MlflowClient's whole store stack before pytester snapshots ``sys.modules``: it
     drops the modules a test imported, and a second test re-importing half of sqlalchemy fails
-    with "'InternalTraversal' object is not callable"."""
-    from mlflow import MlflowClient
-
-    MlflowClient(f"sqlite:///{tmp_path_factory.mktemp('mlflow-warm') / 'warm.db'}").search_experiments()
+    with "'InternalTraversal' object is not callable". Making the empty store does that."""
 
 
 def artifact_json(uri: str, run_id: str, path: str, dest: Path) -> Any:
@@ -37,13 +35,16 @@ def artifact_json(uri: str, run_id: str, path: str, dest: Path) -> Any:
 
 
 @pytest.fixture
-def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    """The toy job as ``trainguard.yaml`` (checks smoke and determinism), tracking on."""
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+            new_mlflow_store: Callable[[Path], Path]) -> pytest.Pytester:
+    """The toy job as ``trainguard.yaml`` (checks smoke and determinism), tracking on, its store
+    a copy of the empty one."""
     monkeypatch.setenv("TRAINGUARD_TRACKING", "on")
     for var in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "TRAINGUARD_MLFLOW_RUN_ID"):
         monkeypatch.delenv(var, raising=False)
     shutil.copy(JOBS / "toy_train.py", pytester.path / "toy_train.py")
     shutil.copy(JOBS / "toy.trainguard.yaml", pytester.path / "trainguard.yaml")
+    new_mlflow_store(pytester.path / ".trainguard" / "mlflow.db")
     pytester.makeini("[pytest]\naddopts = -p no:hypothesispytest\n")
     return pytester
 

@@ -16,6 +16,7 @@ resume check, one whose workers train on different data must fail the parallel c
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -53,13 +54,14 @@ def ray_pids() -> set[int]:
 
 
 def test_resume_and_a_kill_drill_of_a_ray_train_function(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, new_mlflow_store: Callable[[Path], Path]
 ) -> None:
     pytest.importorskip("mlflow")
     monkeypatch.setenv("TRAINGUARD_TRACKING", "on")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", raising=False)  # trainguard's default pace
     job = copy_examples(tmp_path)
+    new_mlflow_store(job.parent / ".trainguard" / "mlflow.db")
     before = ray_pids()
     report = check(job)
     assert [c.name for c in report.checks] == ["resume", "drill:kill-worker1"]

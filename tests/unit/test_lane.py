@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -115,10 +116,11 @@ def test_closing_the_lane_stops_a_run_nobody_took(jobs: Path) -> None:
 
 
 def test_a_run_taken_by_its_check_is_nested_under_that_check_in_mlflow(
-    jobs: Path, monkeypatch: pytest.MonkeyPatch
+    jobs: Path, monkeypatch: pytest.MonkeyPatch, new_mlflow_store: Callable[[Path], Path]
 ) -> None:
     monkeypatch.setenv("TRAINGUARD_TRACKING", "on")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    new_mlflow_store(jobs / ".trainguard" / "mlflow.db")
     report = check(jobs / "toy.trainguard.yaml", only=["canary", "determinism"])
     assert report.status == "passed"
     runs = runs_by_kind(f"sqlite:///{jobs / '.trainguard' / 'mlflow.db'}")

@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +116,10 @@ def test_tracking_off_writes_nothing(jobs: Path, monkeypatch: pytest.MonkeyPatch
     assert list(Path.cwd().iterdir()) == []
 
 
-def test_mlflow_tracking_uri_is_honoured(jobs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    uri = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+def test_mlflow_tracking_uri_is_honoured(
+    jobs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, new_mlflow_store: Callable[[Path], Path]
+) -> None:
+    uri = f"sqlite:///{new_mlflow_store(tmp_path / 'elsewhere.db')}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     assert check(jobs / "nondet.trainguard.yaml").status == "failed"
     assert not (jobs / ".trainguard" / "mlflow.db").exists()
@@ -233,7 +235,9 @@ def test_metric_rows_log_the_mean_and_each_rank() -> None:
     assert {k for k, *_ in metric_rows(points[:1], 1, 0)} == {"loss"}
 
 
-def test_restarts_of_one_logical_run_share_one_run_with_the_attempt_tag(jobs: Path) -> None:
+def test_restarts_of_one_logical_run_share_one_run_with_the_attempt_tag(
+    jobs: Path, new_mlflow_store: Callable[[Path], Path]
+) -> None:
     from mlflow import MlflowClient
 
     from trainguard.config import load_config
@@ -242,6 +246,7 @@ def test_restarts_of_one_logical_run_share_one_run_with_the_attempt_tag(jobs: Pa
 
     job_file = load_config(jobs / "die.trainguard.yaml")
     uri, artifacts = store.default_store(job_file.state_dir)
+    new_mlflow_store(job_file.state_dir / "mlflow.db")
     tracker = Tracker(uri, artifact_location=artifacts)
     tracker.session = tracker.start_run("session")
     runner = JobRunner(job_file, Settings(), tracker=tracker)
@@ -257,7 +262,9 @@ def test_restarts_of_one_logical_run_share_one_run_with_the_attempt_tag(jobs: Pa
         "logs/attempt-0", "logs/attempt-1"}
 
 
-def test_track_helper_logs_from_rank_zero_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_track_helper_logs_from_rank_zero_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, new_mlflow_store: Callable[[Path], Path]
+) -> None:
     from mlflow import MlflowClient
 
     from trainguard.tracking import track
@@ -265,7 +272,7 @@ def test_track_helper_logs_from_rank_zero_only(tmp_path: Path, monkeypatch: pyte
     for var in ("TRAINGUARD_MLFLOW_RUN_ID", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "RANK"):
         monkeypatch.delenv(var, raising=False)
     track.log(0, loss=1.0)  # no run id: a no-op
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{new_mlflow_store(tmp_path / 'mlflow.db')}"
     run_id = track.init("my-loop", tracking_uri=uri)
     assert run_id and os.environ["TRAINGUARD_MLFLOW_RUN_ID"] == run_id
     # a worker spawned now would inherit these variables
@@ -291,11 +298,13 @@ def test_track_helper_logs_from_rank_zero_only(tmp_path: Path, monkeypatch: pyte
 
 
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory, mlflow_store_template: Path) -> Iterator[str]:
     """``mlflow server`` on loopback, in its own process group, for this module's tests (the only
     ones that use it: a session-wide server outlived them by the whole run). Without MLflow's
-    job runner: its dozen huey consumers serve no tracking call and kept ~0.4 of a core busy."""
+    job runner: its dozen huey consumers serve no tracking call and kept ~0.4 of a core busy. Its
+    store starts as a copy of the empty one (the schema is made once a session)."""
     root = tmp_path_factory.mktemp("mlflow-server")
+    shutil.copyfile(mlflow_store_template, root / "server.db")
     port = free_port()
     log = open(root / "server.log", "wb")  # noqa: SIM115 - closed in the finally below
     proc = subprocess.Popen(
@@ -419,13 +428,15 @@ checks:
 
 
 @pytest.fixture(scope="module")
-def track_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def track_job(tmp_path_factory: pytest.TempPathFactory, mlflow_store_template: Path) -> Iterator[Any]:
     """A job that calls trainguard.tracking.track, with one sqlite store shared by this module's tests."""
     from trainguard.config import load_config
 
     root = tmp_path_factory.mktemp("tracked")
     (root / "track_train.py").write_text(TRACK_TRAIN)
     (root / "trainguard.yaml").write_text(TRACK_JOB)
+    (root / ".trainguard").mkdir()
+    shutil.copyfile(mlflow_store_template, root / ".trainguard" / "mlflow.db")
     with pytest.MonkeyPatch.context() as mp:
         for var in ("TRAINGUARD_MLFLOW_RUN_ID", "TRAINGUARD_MLFLOW_RUN_ID_FILE", "MLFLOW_RUN_ID",
                     "MLFLOW_TRACKING_URI", "TRAINGUARD_MLFLOW_TRACKING_URI"):
@@ -663,12 +674,14 @@ def test_metrics_streamed_point_by_point_are_written_in_a_few_batches() -> None:
     assert len(batches) <= mid + 1
 
 
-def test_rows_another_process_may_have_logged_are_logged_once(tmp_path: Path) -> None:
+def test_rows_another_process_may_have_logged_are_logged_once(
+    tmp_path: Path, new_mlflow_store: Callable[[Path], Path]
+) -> None:
     """A Ray worker killed between its write and its record leaves steps in the run that its
     record does not name: the launcher's backfill (log_metrics_once) must not log them again."""
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{new_mlflow_store(tmp_path / 'mlflow.db')}"
     tracker = Tracker(uri, artifact_location=str(tmp_path / "artifacts"))
     handle = tracker.start_run("launch")
     tracker.log_metrics(handle, [("loss", 1.0 / s, s, 1000 + s) for s in (1, 2, 3)])  # the worker's write

@@ -52,6 +52,10 @@ Flags plant one defect each, so a test can show that trainguard catches it:
                               the SIGKILL tears it), rank0-saves (the other ranks exit at once,
                               rank 0 waits for them in a barrier before it saves)
 
+--resume-sleep S (with --resume) seconds per step of a resumed run instead of --sleep: a drill needs
+the slow pace only until its fault lands (so that trainguard, reading the output a second or two
+behind on a loaded machine, still acts mid-run); a resumed run that no fault will hit can go fast
+
 --sync-dir D makes every step end in a barrier of all ranks (files under D, like a collective):
 a rank waits for its peers' step; --sync-timeout T makes it raise after T s waiting (a collective
 timeout; the process's first barrier, its rendezvous, waits at least 60 s for its peers to start);
@@ -99,6 +103,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ckpt-every", type=int, default=5)
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
+    p.add_argument("--resume-sleep", type=float, default=None, help="seconds per step of a resumed run")
     p.add_argument("--tag", default="", help="free text; tests put a unique marker here")
     p.add_argument("--print-env", action="store_true", help="print the torchrun variables as JSON")
     p.add_argument("--nondet", action="store_true")
@@ -364,10 +369,11 @@ def main() -> int:
         jsonl = open(Path(args.jsonl_dir) / f"metrics-rank{rank}.jsonl", "a")  # noqa: SIM115
 
     held: list[str] = []  # --print-at-exit: the metric lines not printed yet
+    sleep = args.resume_sleep if args.resume and args.resume_sleep is not None else args.sleep
     for step in range(start, args.steps + 1):
-        if args.sleep:
+        if sleep:
             try:
-                time.sleep(args.sleep)
+                time.sleep(sleep)
             except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
                 if not args.swallow_oom or not ("OutOfMemory" in type(exc).__name__ or isinstance(exc, MemoryError)):
                     raise
