@@ -66,9 +66,9 @@ def drills_sharing_a_reference(path: Path, names: list[str]) -> dict[str, Any]:
         def request(spec: Any) -> Any:  # the run a drill asks for (trainguard.drills.driver's)
             return runner.request_for(spec, world_size=spec.world_size or job_file.job.world_size)
 
-        shared = runner.reference(request(chosen[0]))
+        shared = runner.scheduling.reference(request(chosen[0]))
         for spec in chosen[1:]:
-            runner.offer_reference(request(spec), shared)
+            runner.scheduling.offer_reference(request(spec), shared)
         results = run_drills(runner, chosen)
     return {result.name.removeprefix("drill:"): result for result in results}
 
