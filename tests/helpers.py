@@ -44,7 +44,9 @@ def toy_job(path: Path, name: str, flags: str, drills: list[str], *, world_size:
     )
     return path
 
-def drills_sharing_a_reference(path: Path, names: list[str], *, own_reference: tuple[str, ...] = ()) -> dict[str, Any]:
+def drills_sharing_a_reference(
+    path: Path, names: list[str], *, own_reference: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Run the drills ``names`` of the job file at ``path`` in one session (as ``trainguard drill``
     runs them) and return their results by drill name, the first drill's uninterrupted reference
     run serving every one of them but those in ``own_reference``.
