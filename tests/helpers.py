@@ -44,10 +44,12 @@ def toy_job(path: Path, name: str, flags: str, drills: list[str], *, world_size:
     )
     return path
 
-def drills_sharing_a_reference(path: Path, names: list[str]) -> dict[str, Any]:
+def drills_sharing_a_reference(
+    path: Path, names: list[str], *, own_reference: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Run the drills ``names`` of the job file at ``path`` in one session (as ``trainguard drill``
     runs them) and return their results by drill name, the first drill's uninterrupted reference
-    run serving every one of them.
+    run serving every one of them but those in ``own_reference``.
 
     For planted variants whose ``args`` differ only in what the job does when the fault comes (on
     a scheduler's notice, on a non-finite loss): a run that is never interrupted takes none of
@@ -68,7 +70,8 @@ def drills_sharing_a_reference(path: Path, names: list[str]) -> dict[str, Any]:
 
         shared = runner.scheduling.reference(request(chosen[0]))
         for spec in chosen[1:]:
-            runner.scheduling.offer_reference(request(spec), shared)
+            if spec.name not in own_reference:
+                runner.scheduling.offer_reference(request(spec), shared)
         results = run_drills(runner, chosen)
     return {result.name.removeprefix("drill:"): result for result in results}
 
