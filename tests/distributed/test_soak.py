@@ -56,10 +56,13 @@ def test_a_clean_job_recovers_from_every_fault_and_the_soak_measures_each(clean:
     for fault in ev["faults"]:
         assert fault["injected_after_step"] >= fault["step"]
         assert fault["fault_to_first_step_after_restart_s"] > 0
-        # a checkpoint every 3 steps; the rank runs on while trainguard reads its line and injects
-        # (0.05 s steps: a loaded machine lags a few steps); from scratch would lose 9-37 steps
-        assert 0 <= fault["lost_steps"] <= 3 + 5
+        # a checkpoint every 3 steps: the resume starts at the last one before the fault's step
+        # or later (the rank runs on while trainguard reads its line and injects, by how many
+        # steps a loaded machine decides: 12 at load 10, so the steps lost are not bounded
+        # here); from scratch, or from an older checkpoint, fails
+        assert fault["lost_steps"] >= 0
         assert fault["resumed_from_step"] > 0
+        assert fault["resumed_from_step"] >= fault["step"] - 3
     measured = ev["measured"]
     assert measured["faults"] == 3
     assert measured["checkpoint_every_steps"] == 3
