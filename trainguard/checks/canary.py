@@ -313,12 +313,9 @@ def canary_request(runner: JobRunner, spec: CanaryCheck) -> RunRequest:
 def canary_on_metric(spec: CanaryCheck) -> Callable[[MetricPoint, Launcher], None]:
     """Stops a job that runs past the canary's steps (it ignored ``--steps``)."""
 
-    stopped: set[int] = set()  # the launchers stopped: a job's later lines, read after the stop
-    # (a loaded machine reads them late), must not rename the step it went past the limit at
-
     def steps_limit(point: MetricPoint, launcher: Launcher) -> None:
-        if point.name == "loss" and point.step > spec.steps and id(launcher) not in stopped:
-            stopped.add(id(launcher))
+        # asked again for each later line; the launcher keeps the first reason (the first step past)
+        if point.name == "loss" and point.step > spec.steps:
             launcher.stop(f"the job printed step {point.step}, past the limit of {spec.steps} steps")
 
     return steps_limit
