@@ -12,6 +12,7 @@ tracking, when on).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 import tempfile
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainguard._internal.logsafe import safe_logger_registry
+from trainguard._internal.quiet import SETTLE_S, busy, measured, wait_while_measured
 from trainguard._internal.readers import use_limits
 from trainguard.config import CheckSpec, JobFile, MetricFile, MetricRegex
 from trainguard.config.backends import backend_for
@@ -98,20 +100,21 @@ _warmed = threading.Event()
 def _warm_torch_import() -> None:
     """Import torch in a background thread while the first run starts: the checks load its
     checkpoints in this process later, and the import (2-3 s of one core) then overlaps the
-    ranks' own start-up instead of following it."""
+    ranks' own start-up instead of following it. A run whose lines are timed waits for it to end
+    (:mod:`trainguard._internal.quiet`), and it waits for such a run."""
     if _warmed.is_set():
         return
     _warmed.set()
 
     def work() -> None:
-        import contextlib
-
-        with contextlib.suppress(Exception):
-            import torch
-        with contextlib.suppress(Exception):
-            # torch.testing.assert_close imports it on first use (2-3 s of one core): the
-            # checks compare checkpoints with it
-            import torch.distributed.tensor  # noqa: F401
+        wait_while_measured(SETTLE_S)
+        with busy("importing torch"):
+            with contextlib.suppress(Exception):
+                import torch
+            with contextlib.suppress(Exception):
+                # torch.testing.assert_close imports it on first use (2-3 s of one core): the
+                # checks compare checkpoints with it
+                import torch.distributed.tensor  # noqa: F401
 
     safe_logger_registry()  # the import adds loggers while the caller (pytest) may walk them
     threading.Thread(target=work, name="trainguard-import-torch", daemon=True).start()
@@ -277,7 +280,7 @@ class JobRunner:
         try:
             result = self._launch(
                 request, values, run_dir, label=label, resume=resume, on_metric=on_metric,
-                restart_count=restart_count, tracked=tracked,
+                restart_count=restart_count, tracked=tracked, timed=self.timing,
             )
         except BaseException:
             kept_done(None)
@@ -350,7 +353,7 @@ class JobRunner:
                     resume=attempt > 0, on_metric=on_metric, restart_count=attempt,
                     max_restarts=limit, extra_env=extra_env, preexec=preexec,
                     stall_timeout=stall_timeout, startup_timeout=startup_timeout,
-                    shutdown_timeout=shutdown_timeout, tracked=tracked,
+                    shutdown_timeout=shutdown_timeout, tracked=tracked, timed=True,
                 )
             except BaseException:
                 self._track_abort(tracked)
@@ -399,7 +402,11 @@ class JobRunner:
         startup_timeout: float | None = None,
         shutdown_timeout: float | None = None,
         tracked: object = None,
+        timed: bool = False,
     ) -> RunResult:
+        """One launch. ``timed``: the times its lines arrive are measured (a drill's step rates,
+        a timed run's step times), so this process's background work waits while it runs
+        (:func:`trainguard._internal.quiet.measured`)."""
         job = self.job_file.job
         Path(str(values["checkpoint_dir"])).mkdir(parents=True, exist_ok=True)
         values, resume, resumed_from = self._resume_values(values, resume)
@@ -445,10 +452,15 @@ class JobRunner:
             with self._lock:
                 self._inflight.add(launcher)
         try:
-            result = launcher.run()
+            window: contextlib.AbstractContextManager[list[str]] = (
+                measured() if timed else contextlib.nullcontext([]))
+            with window as still_running:
+                result = launcher.run()
         finally:
             with self._lock:
                 self._inflight.discard(launcher)
+        if still_running:  # the settling wait gave up: the lines' times may be coarse
+            result.evidence["background_work_during_run"] = still_running
         result.checkpoint_dir = Path(str(values["checkpoint_dir"]))
         result.evidence.setdefault("checkpoint_dir", str(result.checkpoint_dir))
         self._record(LaunchRecord(label, request.world_size, result.duration_s, result.first_metric_s,

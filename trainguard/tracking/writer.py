@@ -28,6 +28,7 @@ from trainguard._internal.atomic import atomic_write_text, os_error_text, unwrit
 from trainguard._internal.locks import file_lock, store_lock
 from trainguard._internal.logsafe import safe_logger_registry
 from trainguard._internal.mlflow_errors import PermanentWriteError, is_permanent_error
+from trainguard._internal.quiet import begin, busy, end, measuring, wait_while_measured
 from trainguard.tracking.runs import LIVE_INTERVAL_S, RunHandle
 from trainguard.tracking.store import EXPERIMENT
 from trainguard.tracking.system import system_metrics
@@ -165,6 +166,7 @@ class StoreWriter:
         #: queued ops by kind ("create", "metrics", other kinds under "other"), so choosing the
         #: next op does not scan the queue
         self._counts: dict[str, int] = {"create": 0, "metrics": 0, "other": 0}
+        self._create_token: object | None = None
         self._cond = threading.Condition()
         self._closing = False
         self._abandon = False
@@ -264,36 +266,40 @@ class StoreWriter:
             unwritten = [op.what for op in self._ops]
             self._ops.clear()
             self._counts = dict.fromkeys(self._counts, 0)
+            self._creating(False)
         return unwritten, time.monotonic() - started
 
     # -- the writer thread --------------------------------------------------------------------
 
     def _loop(self) -> None:
-        # low CPU priority for this thread (Linux: per thread): importing mlflow and writing
-        # must not take cores from the ranks
+        # importing mlflow and creating the client (a sqlite store's migrations) is the heaviest
+        # work of this thread: done at once, at the process's own priority, so that it overlaps
+        # the first (untimed) run and a run whose lines are timed waits for it (a few seconds)
+        # instead of running beside it. At nice 10 on a loaded machine it took minutes, holding
+        # the GIL whenever the scheduler preempted it: every other thread of this process
+        # waited with it, the launcher's line readers included.
+        with busy("tracking: importing mlflow"), contextlib.suppress(Exception):
+            self._connect()  # failing here, it fails again on the first write, classified there
+        # then low CPU priority for this thread (Linux: per thread): writes must not take cores
+        # from the ranks; while a timed run is in flight it does not write at all
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         delay = 0.2
         next_sample = time.monotonic()
         while True:
-            with self._cond:
-                if self._abandon or (self._closing and not self._ops):
-                    return
-                op = self._next_op()
-                if op is None:
-                    wake = next_sample
-                    if self._ops:  # young metrics only: wake when the oldest is due
-                        wake = min(wake, self._ops[0].queued_at + self.metric_interval)
-                    if wake > time.monotonic():
-                        self._cond.wait(wake - time.monotonic())
-                    op = self._next_op()
+            done, op = self._wait_for_op(next_sample)
+            if done:
+                return
+            if self._held(op):
+                continue
             if time.monotonic() >= next_sample:
                 next_sample = time.monotonic() + self.sample_interval
                 self._sample()
             if op is None:
                 continue
             try:
-                self._apply(op)
+                with busy(f"tracking: {op.what}"):
+                    self._apply(op)
             except Exception as exc:
                 text = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
                 self.last_error = text
@@ -321,6 +327,30 @@ class StoreWriter:
                         break
                 self._progress_at = time.monotonic()
 
+    def _wait_for_op(self, next_sample: float) -> tuple[bool, _Op | None]:
+        """(whether the thread is done, the op to write next): None when there is none yet by
+        the next system sample or the oldest queued metrics' batch time."""
+        with self._cond:
+            if self._abandon or (self._closing and not self._ops):
+                return True, None
+            op = self._next_op()
+            if op is None:
+                wake = next_sample
+                if self._ops:  # young metrics only: wake when the oldest is due
+                    wake = min(wake, self._ops[0].queued_at + self.metric_interval)
+                if wake > time.monotonic():
+                    self._cond.wait(wake - time.monotonic())
+                op = self._next_op()
+            return False, op
+
+    def _held(self, op: _Op | None) -> bool:
+        """Whether ``op`` (and the system sample) waits, having waited a while: a run whose lines
+        are timed is in flight (:mod:`trainguard._internal.quiet`). A run's creation is not held
+        (its launch waits for it), nor is anything once the tracker closes."""
+        if (op is not None and op.kind == "create") or self._closing or not measuring():
+            return False
+        return not wait_while_measured(0.5)
+
     def _stop_on_unwritable(self, why: str) -> None:
         """A local store on a full or read-only disk: stop writing (the queue is dropped and
         counted, nothing waits for a run to be created) instead of retrying until the flush
@@ -331,6 +361,7 @@ class StoreWriter:
                 if op.kind == "create":
                     op.handle.failed = f"the store cannot be written: {why}"
                     op.handle.created.set()
+            self._creating(False)
             self._cond.notify_all()
 
     def _next_op(self) -> _Op | None:
@@ -354,6 +385,18 @@ class StoreWriter:
     def _count(self, op: _Op, delta: int) -> None:
         kind = op.kind if op.kind in ("create", "metrics") else "other"
         self._counts[kind] += delta
+        if kind == "create":
+            self._creating(self._counts["create"] > 0)
+
+    def _creating(self, queued: bool) -> None:
+        """Run creations queued or not (lock held): a run whose lines are timed lets them through
+        (its launch waits for its run), so it waits for them before it starts instead
+        (:mod:`trainguard._internal.quiet`; a creation took 0.8-2.8 s on a loaded machine)."""
+        if queued and self._create_token is None:
+            self._create_token = begin("tracking: creating runs")
+        elif not queued and self._create_token is not None:
+            end(self._create_token)
+            self._create_token = None
 
     def _merge_metrics(self, head: _Op) -> None:
         """Fold the metric ops queued right behind ``head`` (same run) into it (lock held)."""
