@@ -137,3 +137,39 @@ def test_the_forecast_for_faults_that_occurred_is_the_models_wall_clock() -> Non
     predicted = forecast_for(work, [restart] * faults, interval)["wall_s"]
     # the saves are part of the failure-free work here (save_s 0 in wall_clock_s)
     assert wall_clock_s(work, interval, 0.0, predicted / faults, restart) == pytest.approx(predicted)
+
+
+class _Struck:
+    """A fault that only records that it was injected (the driver's bookkeeping is tested)."""
+
+    injected_at: float | None = None
+
+    def inject(self, launcher: object) -> None:
+        self.hits = getattr(self, "hits", 0) + 1
+
+
+def test_the_resume_is_read_from_the_rank_the_fault_was_timed_by() -> None:
+    """Ranks that never wait for each other drift apart: the killed rank 1 was 4 steps behind
+    rank 0 (seen at load ~5) and, restarted, printed its step 11 before rank 0 printed its 16.
+    The resume (and the steps lost) is rank 0's: it resumed after step 15."""
+    from types import SimpleNamespace
+
+    from trainguard.drills.soak import FaultRecord, SoakDriver
+    from trainguard.faults.soak import SoakEvent
+    from trainguard.launch.metrics import MetricPoint
+
+    fault = _Struck()
+    record = FaultRecord(SoakEvent(0, "kill_rank", 1, 15), fault)  # type: ignore[arg-type]
+    driver = SoakDriver([record], "loss", watch_rank=0, min_gap=4)
+
+    def line(attempt: int, rank: int, step: int) -> None:
+        launcher = SimpleNamespace(spec=SimpleNamespace(restart_count=attempt), elapsed=lambda: 0.0)
+        driver.on_metric(MetricPoint("loss", step, 1.0, rank, 0.0), launcher)  # type: ignore[arg-type]
+
+    line(0, 1, 11)
+    line(0, 0, 15)  # the fault's step, on the watched rank: struck
+    assert record.injected_step == 15 and fault.hits == 1
+    line(1, 1, 11)  # the laggard, restarted from its own older checkpoint, prints first
+    assert record.first_new_step is None
+    line(1, 0, 16)
+    assert record.first_new_step == 16  # resumed after step 15

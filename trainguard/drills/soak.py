@@ -91,8 +91,12 @@ class SoakDriver:
         attempt = launcher.spec.restart_count
         now = time.monotonic()
         with self._lock:
-            for rec in self.records[:self.next]:  # the first step of a later attempt
-                if rec.first_new_mono is None and rec.attempt is not None and attempt > rec.attempt:
+            # the first step of a later attempt, on the rank whose step the fault was timed by:
+            # ranks that never wait for each other drift apart (4 steps under load), and the
+            # first line of any rank named a laggard's older checkpoint as where the job resumed
+            for rec in self.records[:self.next]:
+                if (rec.first_new_mono is None and rec.attempt is not None and attempt > rec.attempt
+                        and point.rank == self.watch_rank):
                     rec.first_new_mono, rec.first_new_step = now, point.step
             if self.next >= len(self.records) or point.rank != self.watch_rank:
                 return
