@@ -108,3 +108,25 @@ def test_a_window_waits_for_the_run_creations_queued_before_it(
         assert still == []
         assert all(r.created.is_set() and r.run_id for r in runs)
     assert tracker.close().complete
+
+
+def test_a_store_that_is_down_does_not_hold_a_window(tmp_path: Path) -> None:
+    """Creations queued for a store that refuses connections are retried for as long as the
+    tracker lives: a window must not wait on them (it would wait its whole bound, 30 s here, at
+    every drill attempt, and yield what it waited for)."""
+    import socket
+
+    pytest.importorskip("mlflow")
+    from trainguard.tracking import Tracker
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens once closed
+    tracker = Tracker(f"http://127.0.0.1:{port}", sample_interval=3600, flush_timeout=1)
+    try:
+        runs = [tracker.start_run(f"run-{i}") for i in range(2)]
+        with quiet.measured(settle_s=30) as still:
+            assert still == []
+        assert not any(r.created.is_set() for r in runs)  # still queued, still retried
+    finally:
+        tracker.close(timeout=1)

@@ -167,6 +167,7 @@ class StoreWriter:
         #: next op does not scan the queue
         self._counts: dict[str, int] = {"create": 0, "metrics": 0, "other": 0}
         self._create_token: object | None = None
+        self._failing = False  # the last write failed and is being retried
         self._cond = threading.Condition()
         self._closing = False
         self._abandon = False
@@ -314,12 +315,15 @@ class StoreWriter:
                         op.handle.created.set()
                 else:
                     with self._cond:
+                        self._failing = True  # a window does not wait on a store that fails
+                        self._creating(False)
                         if not self._abandon:
                             self._cond.wait(delay)
                     delay = min(delay * 2, 2.0)
                     continue
             delay = 0.2
             with self._cond:
+                self._failing = False
                 for i, queued in enumerate(self._ops):
                     if queued is op:
                         del self._ops[i]
@@ -391,8 +395,10 @@ class StoreWriter:
     def _creating(self, queued: bool) -> None:
         """Run creations queued or not (lock held): a run whose lines are timed lets them through
         (its launch waits for its run), so it waits for them before it starts instead
-        (:mod:`trainguard._internal.quiet`; a creation took 0.8-2.8 s on a loaded machine)."""
-        if queued and self._create_token is None:
+        (:mod:`trainguard._internal.quiet`; a creation took 0.8-2.8 s on a loaded machine). Not
+        while the store fails: a store that is down would hold every timed run for the window's
+        whole bound."""
+        if queued and self._create_token is None and not self._failing:
             self._create_token = begin("tracking: creating runs")
         elif not queued and self._create_token is not None:
             end(self._create_token)
