@@ -298,8 +298,10 @@ class StoreWriter:
                 self._sample()
             if op is None:
                 continue
+            # a retry against a failing store (a hung server: 5 s a request) is not waited for
+            work = busy(f"tracking: {op.what}") if not self._failing else contextlib.nullcontext()
             try:
-                with busy(f"tracking: {op.what}"):
+                with work:
                     self._apply(op)
             except Exception as exc:
                 text = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
