@@ -168,6 +168,7 @@ class StoreWriter:
         self._counts: dict[str, int] = {"create": 0, "metrics": 0, "other": 0}
         self._create_token: object | None = None
         self._failing = False  # the last write failed and is being retried
+        self._connect_error: Exception | None = None
         self._cond = threading.Condition()
         self._closing = False
         self._abandon = False
@@ -279,8 +280,11 @@ class StoreWriter:
         # instead of running beside it. At nice 10 on a loaded machine it took minutes, holding
         # the GIL whenever the scheduler preempted it: every other thread of this process
         # waited with it, the launcher's line readers included.
-        with busy("tracking: importing mlflow"), contextlib.suppress(Exception):
-            self._connect()  # failing here, it fails again on the first write, classified there
+        with busy("tracking: importing mlflow"):
+            try:
+                self._connect()
+            except Exception as exc:  # raised by the first write, classified there
+                self._connect_error = exc
         # then low CPU priority for this thread (Linux: per thread): writes must not take cores
         # from the ranks; while a timed run is in flight it does not write at all
         with contextlib.suppress(OSError, AttributeError):
@@ -449,6 +453,11 @@ class StoreWriter:
 
     def _apply(self, op: _Op) -> None:
         handle = op.handle
+        if self._connect_error is not None:
+            # the connection made at start failed: that error (a full disk mid-migration, say)
+            # is this write's, as when the first write connected; a retry connects again
+            error, self._connect_error = self._connect_error, None
+            raise error
         client = self._connect()
         if handle.run_id is None and handle.id_file is not None:
             # a rank's handle on the launch run: the launching process writes the id once the
