@@ -457,7 +457,8 @@ class StoreWriter:
             # the connection made at start failed: that error (a full disk mid-migration, say)
             # is this write's, as when the first write connected; a retry connects again
             error, self._connect_error = self._connect_error, None
-            raise error
+            if self._client is None:  # (a client handed in since is used instead)
+                raise error
         client = self._connect()
         if handle.run_id is None and handle.id_file is not None:
             # a rank's handle on the launch run: the launching process writes the id once the
