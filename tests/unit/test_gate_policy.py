@@ -138,3 +138,21 @@ def test_the_policy_rejects_unknown_checks_and_keys() -> None:
         GatePolicy.model_validate({"require": ["smok"]})
     with pytest.raises(ValidationError):
         GatePolicy.model_validate({"thresholds": {"max_costs": 3}})
+
+
+@pytest.mark.parametrize("status", ["failed", "error"])
+@pytest.mark.parametrize("require", [[], ["smoke"]])
+def test_a_failed_check_blocks_whatever_require_names(status: str, require: list[str]) -> None:
+    """``require`` says which checks must be there, never which results count: ``require: []``
+    beside a FAILED resume in the same report blocks (issue 42: it promoted)."""
+    failing = CheckResult("resume", status, "steps 6-10 differ")  # type: ignore[arg-type]
+    decision = decide(report(passed("smoke"), failing), GatePolicy.model_validate({"require": require}), NO_ROOT)
+    assert decision.verdict == "block"
+    assert any(r.startswith(f"resume {status} (not in gate.require") for r in decision.reasons), decision.reasons
+
+
+def test_checks_outside_require_that_passed_or_skipped_do_not_block() -> None:
+    skipped = CheckResult("drill:disk", "skipped", "no tmpfs", skip_reason=SkipReason.NEEDS_ROOT)
+    decision = decide(report(passed("smoke"), passed("resume"), skipped),
+                      GatePolicy.model_validate({"require": ["smoke"]}), NO_ROOT)
+    assert decision.promoted, decision.reasons

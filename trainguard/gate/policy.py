@@ -131,15 +131,21 @@ def decide(
     """``promote`` when every required check passed (or was skipped for a capability the policy
     lets go) and the sizing meets every threshold; otherwise ``block`` with every reason.
     ``configured`` names the checks the job file configures (a required check it lacks blocks:
-    nothing can vouch for it)."""
+    nothing can vouch for it).
+
+    ``require`` says which checks must be there, never which results count: a check of the report
+    that failed or errored blocks whether it is required or not (``gate: {require: []}`` does not
+    promote a FAILED resume)."""
     decision = Decision("promote")
     configured = set(gate_checks() if configured is None else configured)
+    judged: set[int] = set()
     for name in policy.require:
         results = _results_for(name, report.checks)
         if not results:
             why = "is not configured in the job file" if name not in configured else "did not run"
             decision.reasons.append(f"required check {name} {why}; add it under `checks:` or drop it from gate.require")
             continue
+        judged.update(id(r) for r in results)
         for result in results:
             decision.fallbacks += _fallbacks(result)
             if result.status == "passed":
@@ -154,6 +160,10 @@ def decide(
                     decision.reasons.append(f"{result.name} was skipped ({where}): {result.summary}")
             else:
                 decision.reasons.append(f"{result.name} {result.status}: {result.summary}")
+    for result in report.checks:
+        if id(result) not in judged and result.status in ("failed", "error"):
+            decision.reasons.append(f"{result.name} {result.status} (not in gate.require, but a failed or "
+                                    f"errored check blocks whatever require says): {result.summary}")
     if sizing is not None:
         _judge_sizing(sizing, policy.thresholds, decision)
     elif any(v is not None for v in policy.thresholds.model_dump().values()):
