@@ -956,3 +956,16 @@ def test_fuzz_arbitrary_text_raises_only_config_error(text: str) -> None:
 def test_fuzz_reference_document_is_valid() -> None:
     # The fuzz tests mutate FULL; it must itself load, or they would test only error paths.
     assert isinstance(parse_config(yaml.safe_dump(FULL)), JobFile)
+
+
+@pytest.mark.parametrize(("section", "key", "text"), [
+    ("determinism", "rtol", ".inf"), ("resume", "atol", ".inf"), ("parallel", "rtol", "-.inf"),
+    ("determinism", "rtol", ".nan"), ("canary", "max_seconds", ".inf"),
+])
+def test_an_infinite_tolerance_or_limit_is_refused_naming_the_key(section: str, key: str, text: str) -> None:
+    """``rtol: .inf`` switched determinism off ("match on all 10 steps" for runs 0.4 apart) while
+    NaN was refused (issue 42): every number of the job file must be finite."""
+    error = config_error(doc(checks={section: {"steps": 10}}).replace(
+        f"{section}:\n    steps: 10", f"{section}:\n    steps: 10\n    {key}: {text}"))
+    assert f"checks.{section}.{key}" in str(error)
+    assert "finite" in str(error) and "Fix:" in str(error)

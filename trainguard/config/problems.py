@@ -180,6 +180,9 @@ def _describe(error: Any) -> str:
     if kind in bounds:
         sym, key = bounds[kind]
         return f"expected a value {sym} {ctx.get(key)}, got {brief(value)}"
+    if kind == "finite_number":
+        return (f"expected a finite number, got {brief(value)}; an infinite tolerance or limit would "
+                "switch its comparison off. Fix: give a finite value, or remove the key for the default")
     if kind in ("too_short", "string_too_short"):
         return f"must not be empty, got {brief(value)}"
     if kind in ("too_long", "string_too_long"):
