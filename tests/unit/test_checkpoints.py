@@ -516,3 +516,37 @@ def test_a_configuration_string_the_resume_changes_is_reported_apart(tmp_path: P
     torch.save({"model": model, "iter_num": 10, "config": {"init_from": "scratch", "n_layer": 3}},
                tmp_path / "b" / "ckpt.pt")
     assert not compare_checkpoint_dirs(tmp_path / "a", tmp_path / "b").ok
+
+
+def test_a_comparison_skipped_is_named_and_never_equal(tmp_path: Path) -> None:
+    """What a check must not pass on (issue 42): a checkpoint whose one file is over the read
+    limit (the comparison was not made at all), one run's checkpoint missing; and what it may:
+    neither run left anything like a checkpoint (no state to compare)."""
+    from trainguard._internal.readers import ReadLimits, active_limits, use_limits
+
+    for run in ("resumed", "reference"):
+        (tmp_path / run).mkdir()
+        torch.save({"w": torch.zeros(1000)}, tmp_path / run / "ckpt-step10.pt")
+    before = active_limits()
+    use_limits(ReadLimits(max_bytes=1000))
+    try:
+        over = compare_checkpoint_dirs(tmp_path / "resumed", tmp_path / "reference")
+    finally:
+        use_limits(before)
+    assert not over.compared and not over.ok
+    assert "bytes, over the limit of 1000 (setting read_max_mb)" in over.uncompared, over.uncompared
+    assert over.uncompared_problem("checks.resume", []).startswith("the final state was not compared")
+    assert over.uncompared_problem("checks.resume", ["state"]) == ""
+
+    (tmp_path / "empty").mkdir()
+    missing = compare_checkpoint_dirs(tmp_path / "empty", tmp_path / "reference")
+    assert not missing.absent and missing.uncompared.startswith("the resumed run left no complete checkpoint")
+
+    (tmp_path / "none1").mkdir()
+    (tmp_path / "none2").mkdir()
+    (tmp_path / "none1" / "log.txt").write_text("step 1\n")
+    neither = compare_checkpoint_dirs(tmp_path / "none1", tmp_path / "none2")
+    assert neither.absent and neither.uncompared == "" and "neither run left a checkpoint" in neither.note("checks.resume")
+
+    equal = compare_checkpoint_dirs(tmp_path / "resumed", tmp_path / "reference")
+    assert equal.compared and equal.ok and equal.uncompared == ""

@@ -115,6 +115,25 @@ def test_resume_check_resumes_from_the_latest_checkpoint(job: Path) -> None:
     assert result.evidence["state"]["compared"] is True
 
 
+@pytest.mark.parametrize("allow", [False, True])
+def test_a_final_checkpoint_over_the_read_limit_is_never_a_pass(job: Path, allow: bool) -> None:
+    """A checkpoint file over ``read_max_mb`` left the state uncompared and the resume check
+    PASSED (issue 42): now an error that names the limit and the opt-in, unless the job file
+    allows it by name, and then the summary says so."""
+    runner = JobRunner(load_config(runner_for(job, "--weights-bytes 4000").job_file.path),
+                       Settings(read_max_mb=2000 / 2**20))  # trainer_state.json is read, weights.json is not
+    result = run_resume(runner, ResumeCheck(steps=8, after_step=5, allow_uncompared=["state"] if allow else []))
+    assert result.evidence["state"]["over_limit"] == ["weights.json"], result.evidence["state"]
+    if allow:
+        assert result.status == "passed", result.summary
+        assert "state not compared: weights.json not compared: over the read limit" in result.summary
+        assert "allowed by checks.resume.allow_uncompared" in result.summary
+    else:
+        assert result.status == "error", result.summary
+        assert "the final state was not compared (weights.json not compared: over the read limit" in result.summary
+        assert "allow_uncompared: [state]" in result.summary
+
+
 def test_resume_check_fails_when_the_killed_run_left_no_complete_checkpoint(job: Path) -> None:
     runner = runner_for(job, "--no-save")
     result = run_resume(runner, ResumeCheck(steps=8, after_step=5))

@@ -431,7 +431,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     evidence.sample_accounting = accounting.as_evidence()
     problems = _progress_problems(spec, first_step, killed_at, lost, began_again)
     problems += _trajectory_problems(metric, diff, others, tol)
-    if state.compared and not state.ok and tol.exact_state:  # a calibrated noisy job: every tensor differs
+    if state.differing and tol.exact_state:  # a calibrated noisy job: every tensor differs
         problems.append(f"final checkpoints differ in {state.summary()}")
     duration = time.monotonic() - started
     if problems:
@@ -452,10 +452,16 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         why = explain(causes)
         summary = "; ".join(problems) + (f". {why[0].upper()}{why[1:]}" if why else "")
         return CheckResult("resume", "failed", summary, evidence.to_dict(), time.monotonic() - started, reproduce)
+    uncompared = state.uncompared_problem("checks.resume", spec.allow_uncompared)
+    if uncompared:
+        return CheckResult("resume", "error", f"{cut.words()}, resumed from step {resumed_from}; steps "
+                           f"{first_step}-{max(expected)} match the uninterrupted run, but {uncompared}",
+                           evidence.to_dict(), time.monotonic() - started, reproduce)
     state_note = (
         f", final checkpoints equal ({Path(state.files[0]).name})" if state.compared and state.files and state.ok
         else " (final state not judged: the calibrated job is not bitwise deterministic)" if state.compared
-        else f" (state not compared: {state.reason})"
+        and not state.uncompared
+        else state.note("checks.resume")
     ) + tol.within()
     compared = f" in {', '.join([metric, *(d.metric for d in others)])}" if others else ""
     return CheckResult(

@@ -286,6 +286,8 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
     if differing:
         problems.append("final checkpoints differ in " + ", ".join(
             f"{c} ({len(state.by_component[c])} keys)" for c in differing))
+    elif uncompared := state.uncompared_problem("checks.reshard", spec.allow_uncompared):
+        problems.append(uncompared)
     if not problems:
         note = f"; {evidence.samples}" if agreement is not None else " (no sample records)"
         return _Pair(n, m, "passed", f"{name}: {cut.words()}, resumed from step {resumed_from}, steps {first_step}-"

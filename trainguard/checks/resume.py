@@ -189,9 +189,12 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
             if checkpoint_dir is not None else None
         if state is not None:
             evidence.state = state.as_evidence()
-            if state.compared and not state.ok and tol.exact_state:
+            if state.differing and tol.exact_state:
                 problems.append(f"after the last cycle the final checkpoints differ in {state.summary()}")
                 evidence.failing_cycle = len(cuts) + 1
+            elif uncompared := state.uncompared_problem("checks.resume", spec.allow_uncompared):
+                return done("error", f"every cycle matches the uninterrupted run, but {uncompared}",
+                            evidence.to_dict())
     accounting = _accounting(reference, evidence.cycles, spec.steps)
     evidence.sample_accounting = accounting.as_evidence()
     if problems:

@@ -48,6 +48,11 @@ class CheckSpec(ConfigModel):
     env: Env = Field(default_factory=dict)
     timeout: float | None = Field(None, gt=0, le=MAX_SECONDS)
     seed: int | None = Field(None, ge=0, le=2**32 - 1)
+    #: the comparisons this check may pass without, by name: ``[state]`` lets a final checkpoint
+    #: that could not be compared (over a read limit, unreadable, one run's missing) leave the
+    #: verdict to the trajectory, and the report says so. Without it a skipped comparison is
+    #: an error, never a pass (docs/security.md, "What never passes")
+    allow_uncompared: list[Literal["state"]] = Field(default_factory=list)
 
 
 class SmokeCheck(CheckSpec):

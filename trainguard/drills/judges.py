@@ -235,8 +235,10 @@ def recovered_run_problems(c: DrillContext, spec: DrillSpec, diff: TrajectoryDif
     state = compare_checkpoint_dirs(c.checkpoint_dir, c.reference.checkpoints,
                                     rtol=spec.rtol, atol=spec.atol)
     evidence.checkpoint = state.as_evidence()
-    if state.compared and not state.ok:
+    if state.differing:
         problems.append(f"the final checkpoint differs from the uninterrupted run's in {state.summary()}")
+    elif uncompared := state.uncompared_problem(f"the drill {spec.name}", spec.allow_uncompared):
+        problems.append(uncompared)
     return problems
 
 

@@ -315,8 +315,10 @@ def _judge(spec: DrillSpec, run: SupervisedRun, records: list[FaultRecord], refe
         state = compare_checkpoint_dirs(checkpoint_dir, reference.checkpoints,
                                         rtol=spec.rtol, atol=spec.atol)
         evidence.checkpoint = state.as_evidence()
-        if state.compared and not state.ok:
+        if state.differing:
             problems.append(f"the final checkpoint differs from the uninterrupted run's in {state.summary()}")
+        elif uncompared := state.uncompared_problem(f"the soak {spec.name}", spec.allow_uncompared):
+            problems.append(uncompared)
     accounting = attempts_accounting(reference, run.attempts, metric, spec.steps)
     if accounting is not None and accounting.known:
         evidence.sample_accounting = accounting.as_evidence()

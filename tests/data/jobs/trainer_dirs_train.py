@@ -4,7 +4,8 @@ Hugging Face Trainer does: every ``--save-every`` steps a ``checkpoint-N/`` dire
 ``--resume-from PATH`` names (what ``{latest_checkpoint}`` fills) and prints that path.
 
 ``--die-at K`` (repeatable): exit 3 at step K, once per K (a marker file remembers it), so a
-restarted attempt goes past it. ``--no-save``: never checkpoints.
+restarted attempt goes past it. ``--no-save``: never checkpoints. ``--weights-bytes N``: pads
+``weights.json`` to about N bytes (a file over a read limit).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def main() -> int:
     p.add_argument("--sleep", type=float, default=0.05)
     p.add_argument("--die-at", type=int, action="append", default=[])
     p.add_argument("--no-save", action="store_true")
+    p.add_argument("--weights-bytes", type=int, default=0)
     args = p.parse_args()
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -41,7 +43,7 @@ def main() -> int:
         if step % args.save_every == 0 and not args.no_save:
             folder = out / f"checkpoint-{step}"
             folder.mkdir(exist_ok=True)
-            (folder / "weights.json").write_text(json.dumps({"w": 1.0 / step}))
+            (folder / "weights.json").write_text(json.dumps({"w": 1.0 / step, "pad": "x" * args.weights_bytes}))
             (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
         print(f"step {step} loss {1.0 / step:.6f}", flush=True)
         time.sleep(args.sleep)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainguard.unit.checkpoints.files import (
     CheckpointContents,
+    checkpoint_candidates,
+    describe_candidates,
     read_checkpoint,
     resolve_checkpoint,
 )
@@ -42,12 +45,48 @@ class StateComparison:
     over_limit: list[str] = field(default_factory=list)
     #: how many state keys were compared
     compared_keys: int = 0
+    #: neither run left anything that looks like a checkpoint trainguard reads (no candidate,
+    #: complete or not): there was no state to compare, which is not a comparison skipped
+    absent: bool = False
     _described: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
-        """No difference, and nothing left uncompared for a read limit."""
-        return not self.differing and not self.over_limit
+        """Compared, no difference, and nothing left uncompared for a read limit."""
+        return self.compared and not self.differing and not self.over_limit
+
+    @property
+    def uncompared(self) -> str:
+        """Why a comparison that the checkpoints on disk called for was not made (or not made
+        whole): a part over a read limit, one run's checkpoint missing, torn or unreadable while
+        the other left one. Empty when it was made whole, or when neither run left a checkpoint
+        (:attr:`absent`). A check never passes on a skipped comparison (docs/security.md, "What
+        never passes")."""
+        if self.over_limit:
+            return (f"{', '.join(self.over_limit[:3])} not compared: over the read limit "
+                    "(setting read_max_mb / read_max_files, docs/security.md)")
+        if not self.compared and not self.absent:
+            return self.reason
+        return ""
+
+    def uncompared_problem(self, where: str, allowed: Iterable[str]) -> str:
+        """The problem a check reports when :attr:`uncompared` is set and its spec (``where``:
+        ``checks.resume``) does not allow it by name; empty otherwise."""
+        if not self.uncompared or "state" in allowed:
+            return ""
+        return (f"the final state was not compared ({self.uncompared}), so the run cannot be called "
+                f"equal; fix what stopped the comparison, or set `allow_uncompared: [state]` under "
+                f"{where} to judge on the metrics alone (the report then says so)")
+
+    def note(self, where: str) -> str:
+        """What a passing check's summary says of the state: `` (state not compared: why;
+        allowed by checks.resume.allow_uncompared)`` or `` (state not compared: neither run ...)``;
+        empty when it was compared whole."""
+        if self.uncompared:
+            return f" (state not compared: {self.uncompared}; allowed by {where}.allow_uncompared)"
+        if not self.compared:
+            return f" (state not compared: {self.reason})"
+        return ""
 
     def summary(self) -> str:
         """The differing state by component, in :data:`COMPONENTS` order:
@@ -69,6 +108,7 @@ class StateComparison:
             "differences": [f"{k}: {what}" for k, what in self.differing][:20],
             "by_component": {c: keys[:20] for c, keys in self.by_component.items()},
             "summary": self.summary(),
+            "uncompared": self.uncompared,
         }
         if self.metadata_differing:
             evidence["metadata_differing"] = self.metadata_differing[:20]
@@ -112,10 +152,15 @@ def compare_checkpoint_dirs(
     actual_dir, expected_dir = Path(actual_dir), Path(expected_dir)
     actual = resolve_checkpoint(actual_dir)
     if actual is None:
-        return StateComparison(False, f"the {labels[0]} run left no complete checkpoint to compare")
+        if not _anything_like_a_checkpoint(actual_dir) and not _anything_like_a_checkpoint(expected_dir):
+            return StateComparison(False, "neither run left a checkpoint trainguard reads "
+                                   f"({describe_candidates(actual_dir)})", absent=True)
+        return StateComparison(False, f"the {labels[0]} run left no complete checkpoint to compare "
+                               f"({describe_candidates(actual_dir)})")
     expected = _expected_checkpoint(actual, actual_dir, expected_dir)
     if expected is None:
-        return StateComparison(False, f"the {labels[1]} run left no complete checkpoint to compare")
+        return StateComparison(False, f"the {labels[1]} run left no complete checkpoint to compare "
+                               f"({describe_candidates(expected_dir)})")
     files = (str(actual), str(expected))
     roots = _roots(actual_dir, expected_dir)
     a_entries, a_contents = _entries(actual, roots)
@@ -133,6 +178,12 @@ def compare_checkpoint_dirs(
     differences.add_files_in_one_run(a_files, e_files)
     differences.add_entries(a_entries, e_entries, a_files, e_files, rtol=rtol, atol=atol)
     return differences.result_described()
+
+
+def _anything_like_a_checkpoint(directory: Path) -> bool:
+    """Whether ``directory`` is a checkpoint or holds one, complete or not (a temporary, a torn
+    file, one over a limit all count)."""
+    return resolve_checkpoint(directory) is not None or bool(checkpoint_candidates(directory))
 
 
 def _expected_checkpoint(actual: Path, actual_dir: Path, expected_dir: Path) -> Path | None:
