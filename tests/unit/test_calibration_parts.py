@@ -144,3 +144,15 @@ def test_parallel_and_reshard_read_the_calibration_of_their_n_rank_run(tmp_path:
     # the 1-rank run has no calibration: resume compares exactly
     assert tolerance_for(runner, runner.job_file.checks.resume,
                          RunRequest.make(steps=4, seed=runner.settings.seed, world_size=1), "resume").calibration is None
+
+
+def test_a_trajectory_compared_on_no_step_is_not_a_match() -> None:
+    """Two runs with no step of the metric in common compared nothing: not ``ok`` (issue 42: a
+    check passes only on a comparison it made)."""
+    empty = compare_trajectories({}, {}, metric="val", steps=range(6, 11))
+    assert empty.compared_steps == 0 and not empty.ok
+    assert empty.missing_words().startswith("has no step of val in common")
+    apart = compare_trajectories({1: 1.0}, {2: 1.0}, metric="loss", steps=[3])
+    assert not apart.ok
+    same = compare_trajectories({6: 1.0, 7: 0.5}, {6: 1.0, 7: 0.5}, steps=range(6, 8))
+    assert same.ok and same.compared_steps == 2

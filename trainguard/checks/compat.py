@@ -355,8 +355,8 @@ def _judge(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence, metri
             problems.append(f"{diff.metric} diverges from the current code's uninterrupted run at step "
                             f"{diff.first_divergent_step} (resumed from base's checkpoint {a!r} vs {b!r}; "
                             f"max abs diff {diff.max_abs_diff:.3g}{tol.words(diff.metric, diff.first_divergent_step, abs(a - b))})")
-        elif diff.missing_in_actual:
-            problems.append(f"the resumed run is missing steps {diff.missing_in_actual[:5]} of {diff.metric}")
+        elif not diff.ok:
+            problems.append(f"the resumed run's {diff.metric} {diff.missing_words()}")
     if problems and not causes:  # nothing explains it: does base itself continue its checkpoint so?
         control = _control(runner, spec, metric, resumed, base_resumed(), tol)
         evidence.control = control

@@ -89,7 +89,16 @@ class TrajectoryDiff:
 
     @property
     def ok(self) -> bool:
-        return self.first_divergent_step is None and not self.missing_in_actual
+        """Compared on at least one step, equal within the tolerance there, and no step missing
+        from ``actual``: a trajectory of no common step is not a match (issue 42)."""
+        return self.compared_steps > 0 and self.first_divergent_step is None and not self.missing_in_actual
+
+    def missing_words(self) -> str:
+        """Why a diff without a divergent step is not ok: ``is missing steps [6, 7]``, or that no
+        step was there to compare."""
+        if self.missing_in_actual:
+            return f"{self.missing_words()}"
+        return f"has no step of {self.metric} in common with the run it is compared with: nothing was compared"
 
     def as_evidence(self) -> dict[str, Any]:
         return {
@@ -303,7 +312,7 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
     )
     if worst.first_divergent_step is None:
         summary = (
-            f"{worst.metric}: the second run is missing steps {worst.missing_in_actual[:5]} "
+            f"{worst.metric}: the second run {worst.missing_words()} "
             "that the first run printed"
         )
     else:
@@ -534,7 +543,7 @@ def _trajectory_problems(metric: str, diff: TrajectoryDiff, others: Sequence[Tra
                 f"max rel diff {diff.max_rel_diff:.3g}{tol.words(metric, diff.first_divergent_step, abs(a - b))})"
             )
         else:
-            problems.append(f"the resumed run is missing steps {diff.missing_in_actual[:5]}")
+            problems.append(f"the resumed run {diff.missing_words()}")
     for other in others:
         if other.first_divergent_step is not None:
             a, b = other.first_values or (math.nan, math.nan)
@@ -632,7 +641,7 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
         evidence.samples = shared
         evidence.likely_causes = [PARALLEL_CAUSES[0] + f": {shared}", *PARALLEL_CAUSES[1:]]
     if diff.first_divergent_step is None:
-        summary = f"the {spec.world_size}-rank run is missing steps {diff.missing_in_actual[:5]}"
+        summary = f"the {spec.world_size}-rank run {diff.missing_words()}"
     else:
         a, b = diff.first_values or (math.nan, math.nan)
         summary = (

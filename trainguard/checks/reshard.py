@@ -349,7 +349,7 @@ def _pair_problems(spec: ReshardCheck, metric: str, n: int, m: int, first_step: 
                         f"{diff.first_divergent_step} (resumed at {m}: {a!r} vs {b!r}; max abs diff "
                         f"{diff.max_abs_diff:.3g}, rtol {spec.rtol:g} atol {spec.atol:g})")
     elif diff.missing_in_actual:
-        problems.append(f"the resumed run is missing steps {diff.missing_in_actual[:5]}")
+        problems.append(f"the resumed run {diff.missing_words()}")
     return problems
 
 

@@ -97,8 +97,8 @@ def _problem(diff: TrajectoryDiff) -> str | None:
         a, b = diff.first_values or (math.nan, math.nan)
         return (f"{diff.metric} diverges from the uninterrupted run at step {diff.first_divergent_step} "
                 f"({a!r} vs {b!r}; max abs diff {diff.max_abs_diff:.3g})")
-    if diff.missing_in_actual:
-        return f"missing steps {diff.missing_in_actual[:5]} of {diff.metric}"
+    if not diff.ok:
+        return f"{diff.metric} {diff.missing_words()}"
     return None
 
 

@@ -251,7 +251,7 @@ def diff_problem(metric: str, diff: TrajectoryDiff, what: str) -> str | None:
             f"{metric} of the {what} diverges from the uninterrupted run at step "
             f"{diff.first_divergent_step} ({a!r} vs {b!r}; max abs diff {diff.max_abs_diff:.3g})"
         )
-    return f"the {what} is missing steps {diff.missing_in_actual[:5]} of the uninterrupted run"
+    return f"the {what} {diff.missing_words()} of the uninterrupted run"
 
 
 def common_evidence(c: DrillContext, kind: type[E]) -> E:
