@@ -36,7 +36,7 @@ from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.samples import read_samples
 from trainguard.report import CheckResult
 from trainguard.run.runner import JobRunner
-from trainguard.unit.checkpoints import compare_checkpoint_dirs
+from trainguard.unit.checkpoints import StateComparison, compare_checkpoint_dirs
 
 __all__ = ["RESUME", "ChainCycle", "ChainEvidence", "run_resume_chain", "run_resume_check"]
 
@@ -156,6 +156,7 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     checkpoint_dir: Path | None = None
     problems: list[str] = []
     start = min(reference.trajectory(metric), default=1)  # 1, or 0 for a job counting from 0
+    state: StateComparison | None = None  # the final checkpoints', compared after the last cycle
     for i, cut in enumerate([*cuts, None], start=1):
         run = runner.run(request, label=f"resume-chain-{i}" + ("-killed" if cut is not None else ""),
                          resume=i > 1, checkpoint_dir=checkpoint_dir,
@@ -207,8 +208,18 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
                       for c in evidence.cycles[1:])
     return done("passed", f"{len(cuts)} kills after steps {', '.join(map(str, cuts))}, each resumed from the "
                 f"checkpoint the kill before left (resumed spans {spans}): every cycle matches the "
-                "uninterrupted run" + (", final checkpoints equal" if isinstance(evidence.state, dict)
-                                       and evidence.state.get("compared") else ""), evidence.to_dict())
+                f"uninterrupted run{_state_words(state, tol)}", evidence.to_dict())
+
+
+def _state_words(state: StateComparison | None, tol: ToleranceUsed) -> str:
+    """What a passing summary says of the final checkpoints it compared (or did not)."""
+    if state is None:
+        return ""
+    if state.ok:
+        return ", final checkpoints equal"
+    if state.compared and not state.uncompared and not tol.exact_state:
+        return " (final state not judged: the calibrated job is not bitwise deterministic)"
+    return state.note("checks.resume")
 
 
 def run_resume_check(runner: JobRunner, spec: ResumeCheck) -> CheckResult:

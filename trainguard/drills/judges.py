@@ -66,6 +66,7 @@ __all__ = [
     "exit_problems",
     "fail_clean_start",
     "fail_clean_verdict",
+    "final_state_words",
     "judge_continue",
     "judge_fail_clean",
     "judge_injected",
@@ -437,7 +438,7 @@ def judge_recover(c: DrillContext, evidence: RecoverEvidence) -> Judgement:
                 + (f", first step {recovery:.1f} s after the fault" if recovery is not None else ""))
     if not run.restarts:
         restarts = "the job completed without needing a restart"
-    same = ", final checkpoints equal" if checkpoints_compared(evidence) else ""
+    same = final_state_words(evidence)
     return Judgement("passed", f"{what}; {restarts}; all {diff.compared_steps} steps match the "
             f"uninterrupted run{same}", evidence)
 
@@ -601,9 +602,15 @@ def _verified(c: DrillContext, start: FailCleanStart, verify: RunResult) -> None
             problems.append(accounting.summary())
 
 
-def checkpoints_compared(evidence: RecoverEvidence) -> bool:
-    """The recovered run's final checkpoint was compared with the uninterrupted run's."""
-    return isinstance(evidence.checkpoint, dict) and bool(evidence.checkpoint.get("compared"))
+def final_state_words(evidence: RecoverEvidence) -> str:
+    """What a passing summary says of the final checkpoints: ``, final checkpoints equal`` when
+    the recovered run's was compared whole with the uninterrupted run's, `` (state not compared:
+    why; allowed by allow_uncompared)`` when the drill let a skipped comparison go, else nothing
+    (neither run left one)."""
+    state = evidence.checkpoint if isinstance(evidence.checkpoint, dict) else {}
+    if state.get("uncompared"):
+        return f" (state not compared: {state['uncompared']}; allowed by the drill's allow_uncompared)"
+    return ", final checkpoints equal" if state.get("compared") else ""
 
 
 def _said(evidence: ExitEvidence) -> str:

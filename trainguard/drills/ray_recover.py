@@ -13,7 +13,7 @@ from trainguard.drills.judges import (
     DrillContext,
     Injection,
     Judgement,
-    checkpoints_compared,
+    final_state_words,
     judge_injected,
     recovered_run_problems,
     trajectory_diff,
@@ -130,7 +130,7 @@ def judge_ray_recover(c: DrillContext, evidence: RayRecoverEvidence) -> Judgemen
     timing = ", ".join(f"{label} {ray[key]:.1f} s" for label, key in (
         ("failure seen after", "failure_noticed_after_s"), ("new workers after", "workers_up_after_s"),
         ("first step after", "first_step_after_s")) if ray.get(key) is not None)
-    same = ", final checkpoints equal" if checkpoints_compared(evidence) else ""
+    same = final_state_words(evidence)
     return Judgement("passed", f"{what}: Ray Train's FailureConfig(max_failures={max_failures}) restarted the "
             f"worker group {ray['restarts']} time(s) in the same fit ({timing}), resumed from "
             f"step {resume['resumed_from_step'] if resume else '?'}, {lost} step(s) lost; all "

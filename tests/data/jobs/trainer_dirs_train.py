@@ -5,7 +5,9 @@ Hugging Face Trainer does: every ``--save-every`` steps a ``checkpoint-N/`` dire
 
 ``--die-at K`` (repeatable): exit 3 at step K, once per K (a marker file remembers it), so a
 restarted attempt goes past it. ``--no-save``: never checkpoints. ``--weights-bytes N``: pads
-``weights.json`` to about N bytes (a file over a read limit).
+``weights.json`` to about N bytes (a file over a read limit). ``--resume-defect drift``: a resumed
+run prints a loss 1e-6 off (a resume bug the metrics show); ``--resume-defect state``: a resumed run
+saves other weights while its loss matches (a resume bug only the final checkpoint shows).
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ def main() -> int:
     p.add_argument("--die-at", type=int, action="append", default=[])
     p.add_argument("--no-save", action="store_true")
     p.add_argument("--weights-bytes", type=int, default=0)
+    p.add_argument("--resume-defect", choices=["none", "drift", "state"], default="none")
     args = p.parse_args()
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     start = 0
-    if args.resume_from is not None:
+    resumed = args.resume_from is not None
+    if resumed:
         print(f"resuming from {args.resume_from}", flush=True)
         start = json.loads((Path(args.resume_from) / "trainer_state.json").read_text())["global_step"]
     for step in range(start + 1, args.steps + 1):
@@ -43,9 +47,11 @@ def main() -> int:
         if step % args.save_every == 0 and not args.no_save:
             folder = out / f"checkpoint-{step}"
             folder.mkdir(exist_ok=True)
-            (folder / "weights.json").write_text(json.dumps({"w": 1.0 / step, "pad": "x" * args.weights_bytes}))
+            w = 1.0 / step + (1e-3 if resumed and args.resume_defect == "state" else 0.0)
+            (folder / "weights.json").write_text(json.dumps({"w": w, "pad": "x" * args.weights_bytes}))
             (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-        print(f"step {step} loss {1.0 / step:.6f}", flush=True)
+        drift = 1e-6 if resumed and args.resume_defect == "drift" else 0.0
+        print(f"step {step} loss {1.0 / step + drift:.9f}", flush=True)
         time.sleep(args.sleep)
     return 0
 

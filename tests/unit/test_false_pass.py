@@ -1,0 +1,147 @@
+"""The false-pass guard (issue 42): a planted defect, run under every state-file, limit and
+setting variant that once turned a comparison off, never yields ``passed``, and a gate over its
+report never promotes.
+
+The job is ``tests/data/jobs/trainer_dirs_train.py`` (pure Python, Hugging Face-style
+``checkpoint-N/`` directories) with one resume defect planted: ``drift`` (the resumed run's loss is
+1e-6 off: the metrics show it) or ``state`` (the resumed run saves other weights while its loss
+matches: only the final checkpoint shows it). The variants are what the fuzz of issue 42 found:
+
+* ``read_max_mb`` below the size of ``weights.json`` (the final state cannot be compared);
+* ``allow_uncompared: [state]``, the one opt-in: a check may then pass on its metrics alone, and
+  only with its summary saying so;
+* a tight but finite ``rtol`` (``.inf`` is refused by the job file's schema, tested apart);
+* ``gate.require`` empty or naming only smoke (a failed check blocks whatever it names).
+
+The checks run are resume, a chained resume and a kill_rank drill that must recover. Hypothesis
+draws the combinations; the default run tries a few (derandomized: the same ones every time), the
+slow run more.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from trainguard.config import GatePolicy
+from trainguard.gate.policy import Capabilities, decide
+from trainguard.report import Report
+from trainguard.session import check
+
+JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
+CAPABLE = Capabilities(gpus=0, root=True, ray=True)
+
+VARIANTS = st.fixed_dictionaries({
+    "defect": st.sampled_from(["drift", "state"]),
+    "read_max_mb": st.sampled_from([None, "0.002"]),  # weights.json is 4 KB: over 2 KB, not compared
+    "allow_uncompared": st.sampled_from([[], ["state"]]),
+    "rtol": st.sampled_from([0.0, 1e-12]),
+    "require": st.sampled_from([[], ["smoke"], ["resume", "drills"]]),
+})
+
+
+def _job_file(where: Path, variant: dict[str, Any]) -> Path:
+    shutil.copy(JOBS / "trainer_dirs_train.py", where)
+    opts: dict[str, Any] = {"rtol": variant["rtol"]}
+    if variant["allow_uncompared"]:
+        opts["allow_uncompared"] = variant["allow_uncompared"]
+    document = {
+        "job": {
+            "name": "false-pass",
+            "command": "python trainer_dirs_train.py --steps {steps} --output-dir {checkpoint_dir} --sleep 0.02 "
+                       f"--weights-bytes 4000 --resume-defect {variant['defect']}",
+            "resume_args": "--resume-from {latest_checkpoint}",
+            "metrics": {"loss": r"step (?P<step>\d+) loss (?P<value>\S+)"},
+            "timeout": 60,
+            "stall_timeout": 30,
+        },
+        "checks": {
+            "resume": {"steps": 12, "chain": [4, 8], **opts},
+            "drills": [{"name": "kill", "fault": "kill_rank", "rank": 0, "steps": 12, "after_step": 5, **opts}],
+        },
+    }
+    path = where / "trainguard.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def _run(variant: dict[str, Any]) -> Report:
+    saved = {k: os.environ.get(k) for k in ("TRAINGUARD_READ_MAX_MB", "TRAINGUARD_TRACKING")}
+    os.environ["TRAINGUARD_TRACKING"] = "off"
+    if variant["read_max_mb"] is not None:
+        os.environ["TRAINGUARD_READ_MAX_MB"] = variant["read_max_mb"]
+    else:
+        os.environ.pop("TRAINGUARD_READ_MAX_MB", None)
+    try:
+        with tempfile.TemporaryDirectory(prefix="tg-false-pass-") as tmp:
+            return check(str(_job_file(Path(tmp), variant)))
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _assert_never_a_false_pass(variant: dict[str, Any]) -> None:
+    report = _run(variant)
+    assert {c.name for c in report.checks} == {"resume", "drill:kill"}, [c.summary for c in report.checks]
+    for result in report.checks:
+        if result.status != "passed":
+            continue
+        # the one way a planted defect may pass: the job file allowed the state to go uncompared by
+        # name, the defect shows only in the state, and the summary says the state was not compared
+        assert variant["allow_uncompared"] == ["state"] and variant["defect"] == "state", (variant, result.summary)
+        assert "state not compared" in result.summary and "allow_uncompared" in result.summary, result.summary
+        assert variant["read_max_mb"] is not None, result.summary  # compared whole, the state differs
+    policy = GatePolicy.model_validate({"require": variant["require"]})
+    decision = decide(report, policy, CAPABLE, configured=["resume", "drills"])
+    if any(c.status in ("failed", "error") for c in report.checks):
+        assert decision.verdict == "block", (variant, decision.reasons)
+
+
+#: the two routes of issue 42 this guard was written on, always tried: the state over the read limit
+#: (resume PASSED "state not compared"), and a gate that requires nothing (it promoted a FAILED resume)
+ROUTES = [
+    {"defect": "state", "read_max_mb": "0.002", "allow_uncompared": [], "rtol": 0.0, "require": ["resume", "drills"]},
+    {"defect": "drift", "read_max_mb": None, "allow_uncompared": [], "rtol": 1e-12, "require": []},
+]
+
+
+@given(variant=VARIANTS)
+@example(variant=ROUTES[0])
+@example(variant=ROUTES[1])
+@settings(max_examples=4, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+def test_a_planted_resume_defect_never_passes_under_any_variant(variant: dict[str, Any]) -> None:
+    _assert_never_a_false_pass(variant)
+
+
+@pytest.mark.slow
+@given(variant=VARIANTS)
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+def test_a_planted_resume_defect_never_passes_under_any_variant_many(variant: dict[str, Any]) -> None:
+    _assert_never_a_false_pass(variant)
+
+
+@pytest.mark.parametrize("read_max_mb", [None, "0.002"])
+def test_the_clean_job_passes_with_its_state_compared_or_allowed(read_max_mb: str | None) -> None:
+    """The same job without a defect: compared whole it passes saying the checkpoints are equal;
+    over the read limit it passes only where allowed, saying the state was not compared."""
+    variant = {"defect": "none", "read_max_mb": read_max_mb, "rtol": 0.0,
+               "allow_uncompared": ["state"] if read_max_mb else []}
+    report = _run(variant)
+    for result in report.checks:
+        assert result.status == "passed", result.summary
+        if read_max_mb is None:
+            assert "final checkpoints equal" in result.summary, result.summary
+        else:
+            assert "state not compared" in result.summary and "allow_uncompared" in result.summary, result.summary
