@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from dataclasses import replace
@@ -206,3 +207,22 @@ def test_no_program_of_the_repositorys_or_the_users_git_configuration_runs(
     assert ran == [], f"ran: {ran}"
     assert checked_out == "print('old')\n" and linked == ["data"]  # checked out as committed, not smudged
     assert state.dirty is True and state.changes_sha256 and fresh == []
+
+
+def test_a_dirty_fingerprint_follows_a_submodules_commit_and_skips_a_fifo(repo: Path, tmp_path: Path) -> None:
+    """A submodule moved to another commit is another change; an untracked FIFO is named, never
+    opened (an open would block)."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    _git(lib, "init", "-q")
+    for text in ("one", "two"):
+        (lib / "x.py").write_text(text)
+        _git(lib, "add", ".")
+        _git(lib, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", text)
+    root = repo.parent.parent
+    _git(root, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "lib")
+    os.mkfifo(root / "pipe")
+    record = provenance_for(repo)
+    assert record.git_dirty is True and staleness(record, repo, max_age=None) == []
+    _git(root / "lib", "checkout", "-q", "HEAD~1")
+    assert staleness(record, repo, max_age=None)[0].startswith("uncommitted changes differ")

@@ -85,14 +85,15 @@ def changes_fingerprint(root: Path, *, timeout: float = 10.0) -> str | None:
     digest = hashlib.sha256()
     names = {os.fsdecode(n) for n in (changed + b"\0" + untracked).split(b"\0") if n}
     for name in sorted(names):
-        digest.update(os.fsencode(name) + b"\0" + _content_digest(root / name).encode() + b"\0")
+        digest.update(os.fsencode(name) + b"\0" + _content_digest(root / name, timeout).encode() + b"\0")
     digest.update(b"staged\0" + staged)
     return digest.hexdigest()
 
 
-def _content_digest(path: Path) -> str:
+def _content_digest(path: Path, timeout: float) -> str:
     """What a changed path holds, as text for the fingerprint: a regular file's sha256, a link's
-    target, absent, or the kind of a special file (never opened: a FIFO would block)."""
+    target, a submodule's commit, absent, or the kind of a special file (never opened: a FIFO
+    would block)."""
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
@@ -101,6 +102,13 @@ def _content_digest(path: Path) -> str:
         return f"unreadable {exc.errno}"
     if stat.S_ISLNK(mode):
         return "link " + os.readlink(path)
+    if stat.S_ISDIR(mode):  # a submodule: its commit, and whether it has changes of its own
+        try:
+            head = run_git(path, "rev-parse", "HEAD", timeout=timeout).decode().strip()
+            dirty = run_git(path, "status", "--porcelain", timeout=timeout).strip() != b""
+        except GitError:
+            return "submodule unreadable"
+        return f"submodule {head}{'-dirty' if dirty else ''}"
     if not stat.S_ISREG(mode):
         return f"special {stat.S_IFMT(mode):o}"
     try:
