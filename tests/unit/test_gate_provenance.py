@@ -203,15 +203,18 @@ def test_no_program_of_the_repositorys_or_the_users_git_configuration_runs(
     state = git_state(root)
     record = provenance_for(job)
     fresh = staleness(record, job, max_age=None)
+    _git(root, "config", "--unset", "core.fsmonitor")  # the user's fsmonitor is the one git would take
+    git_state(root)
     ran = sorted(p.name for p in markers.iterdir())
     assert ran == [], f"ran: {ran}"
     assert checked_out == "print('old')\n" and linked == ["data"]  # checked out as committed, not smudged
     assert state.dirty is True and state.changes_sha256 and fresh == []
 
 
-def test_a_dirty_fingerprint_follows_a_submodules_commit_and_skips_a_fifo(repo: Path, tmp_path: Path) -> None:
-    """A submodule moved to another commit is another change; an untracked FIFO is named, never
-    opened (an open would block)."""
+def test_a_dirty_fingerprint_follows_a_submodules_commit_and_a_fifo_does_not_block_it(repo: Path, tmp_path: Path) -> None:
+    """A submodule moved to another commit is another change (the fingerprint made from the
+    files' bytes must not lose what ``git diff`` said of it); a tracked file replaced by a FIFO is
+    named by its kind, never opened (an open would block)."""
     lib = tmp_path / "lib"
     lib.mkdir()
     _git(lib, "init", "-q")
@@ -221,8 +224,22 @@ def test_a_dirty_fingerprint_follows_a_submodules_commit_and_skips_a_fifo(repo: 
         _git(lib, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", text)
     root = repo.parent.parent
     _git(root, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "lib")
-    os.mkfifo(root / "pipe")
+    (repo.parent / "train.py").unlink()
+    os.mkfifo(repo.parent / "train.py")
     record = provenance_for(repo)
     assert record.git_dirty is True and staleness(record, repo, max_age=None) == []
     _git(root / "lib", "checkout", "-q", "HEAD~1")
     assert staleness(record, repo, max_age=None)[0].startswith("uncommitted changes differ")
+
+
+def test_the_files_the_user_ignores_stay_ignored(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user's configuration is not read, except their ignore list (``core.excludesFile``):
+    an editor's swap file it names does not make the tree dirty."""
+    (tmp_path / "ignore").write_text("*.swp\n")
+    user = tmp_path / "user.gitconfig"
+    user.write_text(f"[core]\n\texcludesFile = {tmp_path / 'ignore'}\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(user))
+    (repo.parent / ".train.py.swp").write_text("x")
+    assert git_state(repo.parent).dirty is False
+    (repo.parent / "notes.txt").write_text("x")
+    assert git_state(repo.parent).dirty is True

@@ -45,6 +45,8 @@ _SAFE_CONFIG = (
 )
 #: the caller's git variables kept: they say where to look for a repository, nothing else
 _KEPT_GIT_VARS = ("GIT_CEILING_DIRECTORIES", "GIT_DISCOVERY_ACROSS_FILESYSTEM")
+#: the variables that say where the user's configuration files are
+_USER_FILES_VARS = ("HOME", "XDG_CONFIG_HOME", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM")
 #: a filter driver's keys that run a program
 _FILTER_KEYS = ("clean", "smudge", "process")
 #: subcommands that print diffs
@@ -58,7 +60,8 @@ class GitError(Exception):
 def git_command(directory: str | os.PathLike[str], *args: str) -> tuple[list[str], dict[str, str]]:
     """The argv and environment of ``git -C directory ARGS`` with no program of the repository's
     or the user's configuration run (the module's docstring says how)."""
-    overrides = [*_SAFE_CONFIG, *_user_data_config(), *_filter_overrides(str(directory))]
+    user = _user_data_config(tuple(os.environ.get(k) for k in _USER_FILES_VARS))
+    overrides = [*_SAFE_CONFIG, *user, *_filter_overrides(str(directory))]
     env = _base_env()
     env["GIT_CONFIG_COUNT"] = str(len(overrides))
     for i, (key, value) in enumerate(overrides):  # no `-c`: a driver's name may hold a `=`
@@ -115,9 +118,10 @@ def _config_values(args: Sequence[str], *, cwd: str | None = None, user_files: b
 
 
 @functools.cache
-def _user_data_config() -> tuple[tuple[str, str], ...]:
+def _user_data_config(where: tuple[str | None, ...]) -> tuple[tuple[str, str], ...]:
     """The user's ``safe.directory`` entries and ``core.excludesFile`` from their system and
-    global files: the two values of that configuration trainguard keeps (data, no program)."""
+    global files: the two values of that configuration trainguard keeps (data, no program).
+    Read once per ``where``, the variables that say which files those are."""
     scopes = ["--global"] if os.environ.get("GIT_CONFIG_NOSYSTEM", "0") not in ("", "0", "false") \
         else ["--system", "--global"]
     out: list[tuple[str, str]] = []
