@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from trainguard._internal.gitcmd import GitError
-from trainguard._internal.promoted import INDEX_NAME, last_promoted
+from trainguard._internal.promoted import INDEX_NAME, last_promoted, record_promotion
 from trainguard._internal.worktree import (
     checkout,
     link_ignored,
@@ -156,6 +156,20 @@ def test_the_last_promoted_commit_is_the_newest_promoted_report_read_as_data(tmp
         found = last_promoted(gate)
         assert found.promotion is not None and found.promotion.commit == "b" * 64, index[:80]
         assert why in found.how and "is unusable" in found.how, found.how
+
+
+def test_the_index_keeps_the_newest_promotion_and_only_a_gate_report_with_a_commit(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    record_promotion(gate, gate / "gate-20261102-120000.json", "b" * 40, created_at=2000.0)
+    record_promotion(gate, gate / "gate-20261101-120000.json", "a" * 40, created_at=1000.0)  # older: kept out
+    record_promotion(gate, gate / "gate-20261103-120000.json", None, created_at=3000.0)  # outside git
+    record_promotion(gate, tmp_path / "gate-20261104-120000.json", "c" * 40, created_at=4000.0)  # a fallback place
+    found = last_promoted(gate)
+    assert found.promotion is not None and found.promotion.commit == "b" * 40 and "index" in found.how
+    assert not list(gate.glob(".promoted.json.*"))  # no temp file left
+    record_promotion(gate, gate / "gate-20261105-120000.json", "d" * 64, created_at=5000.0)
+    assert json.loads((gate / INDEX_NAME).read_text())["newest"]["git_commit"] == "d" * 64
 
 
 def _promote(job: Path) -> Path:

@@ -21,7 +21,7 @@ from typing import Any
 from trainguard._internal.atomic import atomic_write_text, os_error_text, warn
 from trainguard._internal.readers import OverLimit, ReadLimits, Unreadable, active_limits, read_json
 
-__all__ = ["INDEX_NAME", "Lookup", "Promotion", "is_commit_id", "last_promoted", "record_promotion"]
+__all__ = ["INDEX_NAME", "Lookup", "Promotion", "last_promoted", "record_promotion"]
 
 #: the index's file name in the gate directory (not a ``gate-*.json``: never read as a report)
 INDEX_NAME = "promoted.json"
@@ -35,7 +35,7 @@ _GATE_REPORT = re.compile(r"^gate-\d{8}-\d{6}\.json$")
 _COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
-def is_commit_id(text: object) -> bool:
+def _is_commit_id(text: object) -> bool:
     """Whether ``text`` is a full commit id of a SHA-1 or a SHA-256 repository."""
     return isinstance(text, str) and _COMMIT.fullmatch(text) is not None
 
@@ -61,7 +61,7 @@ def record_promotion(gate_dir: Path, report: Path, commit: str | None, created_a
     """Make ``report`` (a promoted gate report in ``gate_dir``, made at ``commit``) the index's
     newest promotion, unless the index already names a newer one. A failing write is said on
     stderr; :func:`last_promoted` then scans the reports."""
-    if not is_commit_id(commit) or report.parent != gate_dir or not _GATE_REPORT.match(report.name):
+    if not _is_commit_id(commit) or report.parent != gate_dir or not _GATE_REPORT.match(report.name):
         return  # a report outside git, or written to a fallback place: nothing to index
     current = _read_index(gate_dir / INDEX_NAME)
     if isinstance(current, Promotion) and current.created_at > created_at:
@@ -100,7 +100,7 @@ def _read_index(path: Path) -> Promotion | str | None:
     if not isinstance(data, dict) or data.get("index_version") != _INDEX_VERSION or not isinstance(newest, dict):
         return f"the promoted-report index {path} is unusable (not an index of version {_INDEX_VERSION})"
     commit, report, created = newest.get("git_commit"), newest.get("report"), newest.get("created_at")
-    if not is_commit_id(commit):
+    if not _is_commit_id(commit):
         return f"the promoted-report index {path} is unusable (git_commit is not a commit id)"
     if not isinstance(report, str) or not _GATE_REPORT.match(report):
         return f"the promoted-report index {path} is unusable (report is not a gate report's name)"
@@ -138,7 +138,7 @@ def _promotion_in(data: Any, path: Path) -> Promotion | None:
     if not (isinstance(decision, dict) and decision.get("verdict") == "promote" and isinstance(provenance, dict)):
         return None
     commit = provenance.get("git_commit")
-    return Promotion(str(commit), path, _time(provenance.get("created_at"))) if is_commit_id(commit) else None
+    return Promotion(str(commit), path, _time(provenance.get("created_at"))) if _is_commit_id(commit) else None
 
 
 def _time(value: Any) -> float:

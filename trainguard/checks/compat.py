@@ -212,18 +212,20 @@ def _samples_note(base: RunResult, reference: RunResult) -> str | None:
             f"{list(y)[:6]}; a resumed run continues in the new order")
 
 
-def _git_facts(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence) -> tuple[Path, str, str] | CheckResult:
-    """(repository top, base's commit, what base named), or the result saying why there is none:
-    skipped when no gate has promoted the job (nothing was compared), else an error."""
+def _git_facts(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence,
+               done: Callable[..., CheckResult]) -> tuple[Path, str, str] | CheckResult:
+    """(repository top, base's commit, what base named), or the result saying why there is none
+    (before anything is launched): skipped when no gate has promoted the job (nothing was
+    compared), else an error."""
     root = repository_root(runner.job_file.cwd)
     if root is None:
-        return _result(evidence, "error", f"checks.compat.base: the job's directory {runner.job_file.cwd} is not "
+        return done("error", f"checks.compat.base: the job's directory {runner.job_file.cwd} is not "
                        "in a git repository: checks.compat checks out base from it")
     if spec.base == PROMOTED:
         found = last_promoted(runner.job_file.state_dir / "gate")
         evidence.promoted = found.how
         if found.promotion is None:
-            return _result(evidence, "skipped", f"nothing compared: {found.how}. With `base: promoted` there is "
+            return done("skipped", f"nothing compared: {found.how}. With `base: promoted` there is "
                            "nothing to be compatible with until a gate promotes the job; until then leave compat out "
                            "of gate.require, or name a commit (`base: main`)")
         commit, named = found.promotion.commit, "promoted"
@@ -231,19 +233,13 @@ def _git_facts(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence) -
         try:
             commit, named = resolve_commit(root, spec.base), spec.base
         except GitError as exc:
-            return _result(evidence, "error", f"checks.compat.base: {exc}")
+            return done("error", f"checks.compat.base: {exc}")
     relative = runner.job_file.cwd.resolve().relative_to(root.resolve())
-    why = missing_at(root, commit, relative)  # before anything is launched
+    why = missing_at(root, commit, relative)
     if why is not None:
         evidence.base_commit = commit
-        return _result(evidence, "error", f"checks.compat.base ({named}): {why}")
+        return done("error", f"checks.compat.base ({named}): {why}")
     return root, commit, named
-
-
-def _result(evidence: CompatEvidence, status: CheckStatus, summary: str, reproduce: str | None = None,
-            started: float | None = None) -> CheckResult:
-    took = time.monotonic() - started if started is not None else 0.0
-    return CheckResult(_NAME, status, summary, evidence.to_dict(), took, reproduce)
 
 
 def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
@@ -255,11 +251,10 @@ def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
     evidence = CompatEvidence(spec.base, after_step=spec.after_step)
 
     def done(status: CheckStatus, summary: str, reproduce: str | None = None) -> CheckResult:
-        return _result(evidence, status, summary, reproduce, started)
+        return CheckResult(_NAME, status, summary, evidence.to_dict(), time.monotonic() - started, reproduce)
 
-    facts = _git_facts(runner, spec, evidence)
+    facts = _git_facts(runner, spec, evidence, done)
     if isinstance(facts, CheckResult):
-        facts.duration_s = time.monotonic() - started
         return facts
     root, commit, named = facts
     state = git_state(runner.job_file.cwd)
