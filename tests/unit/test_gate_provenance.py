@@ -243,3 +243,21 @@ def test_the_files_the_user_ignores_stay_ignored(repo: Path, tmp_path: Path, mon
     assert git_state(repo.parent).dirty is False
     (repo.parent / "notes.txt").write_text("x")
     assert git_state(repo.parent).dirty is True
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown to another user needs root")
+def test_a_checkout_another_user_owns_stays_readable_through_the_users_safe_directory(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CI container's checkout owned by another user: git refuses it unless the user's
+    configuration lists it in ``safe.directory``, which trainguard keeps."""
+    head = _git(repo.parent.parent, "rev-parse", "HEAD")
+    for path in [repo.parent.parent, *repo.parent.parent.rglob("*")]:
+        os.lchown(path, 4321, 4321)
+    user = tmp_path / "user.gitconfig"
+    user.write_text(f"[safe]\n\tdirectory = {repo.parent.parent}\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(user))
+    assert git_state(repo.parent).commit == head
+    user.write_text("")
+    monkeypatch.setenv("HOME", str(tmp_path))  # another set of user files: read again
+    assert git_state(repo.parent).commit is None
