@@ -54,12 +54,12 @@ def digits_repo(tmp_path: Path) -> Callable[..., Path]:
     planted replacement (applied exactly once) committed on top, or left uncommitted."""
 
     def make(patches: Patches, *, commit: bool = True, new_files: dict[str, str] | None = None,
-             base: str = "base", at_base: Callable[[Path], None] | None = None) -> Path:
+             base: str = "base", at_base: Callable[[Path], None] | None = None, sha256: bool = False) -> Path:
         repo = tmp_path / "repo"
         shutil.copytree(EXAMPLE, repo, ignore=shutil.ignore_patterns(".trainguard", "__pycache__", "checkpoints"))
         (repo / ".gitignore").write_text("data/\n.trainguard/\n__pycache__/\n")
         (repo / "trainguard.yaml").write_text(JOB.format(base=base))
-        _git(repo, "init", "-q")
+        _git(repo, "init", "-q", *(["--object-format=sha256"] if sha256 else []))
         _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
         _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "base")
         _git(repo, "tag", "base")
@@ -90,15 +90,30 @@ def _compat(repo: Path) -> CheckResult:
     return result
 
 
+def _promote(repo: Path) -> None:
+    """A promoted gate report of the job at base, written by the gate's own writer."""
+    path = repo / "trainguard.yaml"
+    write_gate_report(GateReport(job="digits-compat", job_file=str(path), decision=Decision("promote"),
+                                 report=Report(job="digits-compat", job_file=str(path)),
+                                 provenance=provenance_for(path).to_dict(),
+                                 capabilities=dataclasses.asdict(Capabilities.probe()), policy={}),
+                      repo / ".trainguard" / "gate")
+
+
 @pytest.mark.timeout(300)
-def test_a_renamed_layer_fails_naming_the_keys(digits_repo: Callable[..., Path]) -> None:
+def test_a_renamed_layer_fails_naming_the_keys_against_the_promoted_commit_of_a_sha256_repository(
+        digits_repo: Callable[..., Path]) -> None:
+    """base is the commit of the last promoted gate report, in a SHA-256 repository (64-digit
+    commit ids): before issue 42 it was not found, and the rename passed as "nothing to be
+    compatible with"."""
     model = (EXAMPLE / "digits" / "model.py").read_text()
     renamed = model.replace("self.head = nn.Linear", "self.classifier = nn.Linear").replace(
         "return self.head(", "return self.classifier(")
     assert renamed.count("self.classifier") == 2
-    repo = digits_repo({}, new_files={"digits/model.py": renamed})
+    repo = digits_repo({}, new_files={"digits/model.py": renamed}, base="promoted", at_base=_promote, sha256=True)
     result = _compat(repo)
     assert result.status == "failed", result.summary
+    assert len(result.evidence["base_commit"]) == 64 and "promoted-report index" in result.evidence["promoted"]
     assert "cannot resume base's" in result.summary and "classifier.weight" in result.summary, result.summary
     layout = result.evidence["layout"]
     assert layout["renamed"] == [["model.head", "model.classifier"]], layout
@@ -136,16 +151,6 @@ def test_a_changed_data_order_fails_at_the_first_step_after_the_resume(digits_re
 
 
 @pytest.mark.timeout(300)
-def _promote(repo: Path) -> None:
-    """A promoted gate report of the job at base, written by the gate's own writer."""
-    path = repo / "trainguard.yaml"
-    write_gate_report(GateReport(job="digits-compat", job_file=str(path), decision=Decision("promote"),
-                                 report=Report(job="digits-compat", job_file=str(path)),
-                                 provenance=provenance_for(path).to_dict(),
-                                 capabilities=dataclasses.asdict(Capabilities.probe()), policy={}),
-                      repo / ".trainguard" / "gate")
-
-
 def test_a_compatible_refactor_passes_against_the_last_promoted_commit(digits_repo: Callable[..., Path]) -> None:
     """The model class moved to a module of its own, a data function renamed, left uncommitted
     (the current code is the working tree); base is the commit the last promoted gate report

@@ -13,16 +13,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainguard._internal.gitcmd import GitError
+from trainguard._internal.promoted import INDEX_NAME, last_promoted, record_promotion
 from trainguard._internal.worktree import (
-    GitError,
     checkout,
     link_ignored,
     repository_root,
     resolve_commit,
 )
-from trainguard.checks.compat import CompatCheck, last_promoted_commit
+from trainguard.checks.compat import CompatCheck
 from trainguard.config import load_config
 from trainguard.errors import ConfigError
+from trainguard.report import CheckResult
 from trainguard.unit.checkpoints.compare import compare_layouts
 
 
@@ -126,18 +128,60 @@ def _report(gate: Path, stamp: str, verdict: str, commit: str | None) -> None:
 
 
 def test_the_last_promoted_commit_is_the_newest_promoted_report_read_as_data(tmp_path: Path) -> None:
+    """Without an index, every gate report is scanned newest first (and the lookup says so);
+    an index that is not one is said and scanned past, never trusted."""
     gate = tmp_path / "gate"
-    assert last_promoted_commit(gate)[0] is None
+    assert last_promoted(gate).promotion is None
     _report(gate, "20261101-120000", "promote", "a" * 40)
-    _report(gate, "20261102-120000", "promote", "b" * 40)
+    _report(gate, "20261102-120000", "promote", "b" * 64)  # a SHA-256 repository's commit
     _report(gate, "20261103-120000", "block", "c" * 40)  # newer, but blocked
     _report(gate, "20261104-120000", "promote", "$(rm -rf /)")  # not a commit id
+    _report(gate, "20261104-130000", "promote", "d" * 50)  # neither SHA-1 nor SHA-256
     (gate / "gate-20261105-120000.json").write_text("{not json")
     (gate / "gate-20261106-120000.json").write_bytes(b"[" * 100_000)  # nested past the parser
     (gate / "latest.json").write_text(json.dumps({"decision": {"verdict": "promote"},
-                                                  "provenance": {"git_commit": "d" * 40}}))  # not a gate-*.json
-    commit, where = last_promoted_commit(gate)
-    assert commit == "b" * 40 and where.endswith("gate-20261102-120000.json")
+                                                  "provenance": {"git_commit": "e" * 40}}))  # not a gate-*.json
+    found = last_promoted(gate)
+    assert found.promotion is not None and found.promotion.commit == "b" * 64
+    assert found.promotion.report.name == "gate-20261102-120000.json"
+    assert "scanning 6 gate report(s)" in found.how and "no promoted-report index" in found.how
+    for index, why in (('{"index_version": 1, "newest": {"git_commit": "$(id)", "report": "gate-20261101-120000.json", '
+                        '"created_at": 1}}', "git_commit is not a commit id"),
+                       ('{"index_version": 1, "newest": {"git_commit": "' + "f" * 40 + '", "report": "../../etc/passwd", '
+                        '"created_at": 1}}', "report is not a gate report's name"),
+                       ('{"index_version": 1, "newest": {"git_commit": "' + "f" * 40 + '", "report": '
+                        '"gate-20261101-120000.json", "created_at": 1e999}}', "created_at is not a time"),
+                       ("[" * 50_000, "nests too deep"), ("{}" + " " * 70_000, "over 64 KiB")):
+        (gate / INDEX_NAME).write_text(index)
+        found = last_promoted(gate)
+        assert found.promotion is not None and found.promotion.commit == "b" * 64, index[:80]
+        assert why in found.how and "is unusable" in found.how, found.how
+
+
+def test_the_index_keeps_the_newest_promotion_and_only_a_gate_report_with_a_commit(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    record_promotion(gate, gate / "gate-20261102-120000.json", "b" * 40, created_at=2000.0)
+    record_promotion(gate, gate / "gate-20261101-120000.json", "a" * 40, created_at=1000.0)  # older: kept out
+    record_promotion(gate, gate / "gate-20261103-120000.json", None, created_at=3000.0)  # outside git
+    record_promotion(gate, tmp_path / "gate-20261104-120000.json", "c" * 40, created_at=4000.0)  # a fallback place
+    found = last_promoted(gate)
+    assert found.promotion is not None and found.promotion.commit == "b" * 40 and "index" in found.how
+    assert not list(gate.glob(".promoted.json.*"))  # no temp file left
+    record_promotion(gate, gate / "gate-20261105-120000.json", "d" * 64, created_at=5000.0)
+    assert json.loads((gate / INDEX_NAME).read_text())["newest"]["git_commit"] == "d" * 64
+
+
+def _promote(job: Path) -> Path:
+    """A promoted gate report of the job as it is now, written by the gate's own writer."""
+    from trainguard.gate.policy import Decision
+    from trainguard.gate.provenance import provenance_for
+    from trainguard.gate.run import GateReport, write_gate_report
+    from trainguard.report import Report
+
+    gate = GateReport(job="j", job_file=str(job), decision=Decision("promote"), report=Report(job="j"),
+                      provenance=provenance_for(job).to_dict(), capabilities={"gpus": 0, "root": False, "ray": False}, policy={})
+    return Path(write_gate_report(gate, job.parent / ".trainguard" / "gate")["json_stamped"])
 
 
 def _job(tmp_path: Path, compat: str) -> Path:
@@ -172,11 +216,107 @@ def test_the_job_file_names_an_unknown_ref_a_missing_repository_and_bad_links(re
     assert isinstance(promoted, CompatCheck) and promoted.base == "promoted"
 
 
-def test_base_promoted_before_any_promotion_passes_with_nothing_launched(repo: Path) -> None:
+def _check_compat(job: Path) -> CheckResult:
     from trainguard.session import check
 
-    report = check(_job(repo, "{base: promoted}"), only=["compat"], report_json=str(repo / "r.json"))
+    report = check(job, only=["compat"], report_json=str(job.parent / ".trainguard" / "r.json"))
     (result,) = report.checks
-    assert result.status == "passed", result.summary
-    assert result.summary.startswith("nothing to be compatible with: no promoted gate report")
-    assert "run_dirs" not in result.evidence or not result.evidence["run_dirs"]
+    assert json.loads((job.parent / ".trainguard" / "r.json").read_text())["checks"][0]["status"] == result.status
+    return result
+
+
+def test_base_promoted_before_any_promotion_is_skipped_not_passed(repo: Path) -> None:
+    """Nothing was compared: skipped, saying why and what to do (before issue 42: passed)."""
+    result = _check_compat(_job(repo, "{base: promoted}"))
+    assert result.status == "skipped", result.summary
+    assert result.summary.startswith("nothing compared: no promoted gate report with a git commit under"), result.summary
+    assert "leave compat out of gate.require" in result.summary
+    assert not result.evidence.get("run_dirs")
+
+
+def _committed_job(repo: Path) -> Path:
+    job = _job(repo, "{base: promoted}")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "job")
+    return job
+
+
+def test_base_promoted_finds_the_promotion_behind_201_newer_reports(repo: Path) -> None:
+    """The promoted report is found through the index the gate writes, however many reports came
+    after it; without the index, by a scan of all of them that says so. The job is the promoted
+    commit unchanged: nothing to launch."""
+    job = _committed_job(repo)
+    promoted = _promote(job)
+    gate = promoted.parent
+    for i in range(201):
+        _report(gate, f"2099{i // 60 + 1:02d}01-{i % 60:02d}0000", "block", "c" * 40)
+    head = _git(repo, "rev-parse", "HEAD")
+    result = _check_compat(job)
+    assert result.status == "passed" and result.evidence["base_commit"] == head, result.summary
+    assert "unchanged" in result.summary and "promoted-report index" in result.evidence["promoted"]
+    (gate / INDEX_NAME).unlink()
+    result = _check_compat(job)
+    assert result.status == "passed" and result.evidence["base_commit"] == head, result.summary
+    assert "scanning 202 gate report(s)" in result.evidence["promoted"], result.evidence["promoted"]
+    assert "no promoted-report index" in result.evidence["promoted"]
+
+
+def test_base_promoted_in_a_sha256_repository(tmp_path: Path) -> None:
+    """A SHA-256 repository's 64-digit commit is promoted, found, resolved and checked out."""
+    root = tmp_path / "sha256"
+    root.mkdir()
+    (root / "train.py").write_text("print('old')\n")
+    _git(root, "init", "-q", "--object-format=sha256")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "old")
+    job = _committed_job(root)
+    head = _git(root, "rev-parse", "HEAD")
+    assert len(head) == 64
+    _promote(job)
+    result = _check_compat(job)
+    assert result.status == "passed" and result.evidence["base_commit"] == head, result.summary
+    assert resolve_commit(root, "HEAD~1") == _git(root, "rev-parse", "HEAD~1")
+    with checkout(root, resolve_commit(root, "HEAD~1"), tmp_path / "c") as tree:
+        assert (tree / "train.py").read_text() == "print('old')\n" and not (tree / "trainguard.yaml").exists()
+
+
+TOY = "import sys\nfor i in range(1, int(sys.argv[sys.argv.index('--steps') + 1]) + 1):\n    print(f'step {i} loss {1 / i}')\n"
+
+
+def test_a_shallow_clone_without_the_promoted_commit_says_which_commit_to_fetch(repo: Path, tmp_path: Path) -> None:
+    """The promoted commit is not in the clone: an error naming it and how to fetch it, before
+    anything is launched, in the written report (before issue 42: a GitError traceback)."""
+    (repo / "train.py").write_text(TOY)
+    job = _committed_job(repo)
+    promoted = _git(repo, "rev-parse", "HEAD")
+    (repo / "train.py").write_text(TOY + "# newer\n")
+    _git(repo, "commit", "-q", "-am", "newer")
+    clone = tmp_path / "clone"
+    _git(tmp_path, "clone", "-q", "--depth", "1", f"file://{repo}", str(clone))
+    _report(clone / ".trainguard" / "gate", "20261101-120000", "promote", promoted)
+    result = _check_compat(clone / job.name)
+    assert result.status == "error", result.summary
+    assert f"commit {promoted} is not in this shallow clone" in result.summary, result.summary
+    assert f"`git fetch origin {promoted}`" in result.summary and "`git fetch --unshallow`" in result.summary
+    assert not result.evidence.get("run_dirs")
+
+
+def test_a_base_without_the_jobs_directory_is_an_error_naming_it(repo: Path) -> None:
+    """base comes from before the job's folder existed: an error saying so and how to find a base
+    that has it, the report written (before issue 42: the session aborted)."""
+    job_dir = repo / "jobs" / "toy"
+    job_dir.mkdir(parents=True)
+    (job_dir / "train.py").write_text(TOY)
+    job = _job(job_dir, "{base: v1}")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "the job")
+    result = _check_compat(job)
+    assert result.status == "error", result.summary
+    assert "has no folder jobs/toy/, the job's directory" in result.summary, result.summary
+    assert "git log --diff-filter=A --format=%h -- jobs/toy" in result.summary
+
+
+def test_a_nul_byte_in_base_is_a_config_error(repo: Path) -> None:
+    with pytest.raises(ConfigError) as bad:
+        load_config(_job(repo, '{base: "v1\\0x"}'))
+    assert "checks.compat.base" in str(bad.value) and "control character" in str(bad.value)

@@ -15,13 +15,13 @@ import contextlib
 import os
 import re
 import shutil
-import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from trainguard._internal.gitcmd import GitError, run_git
 from trainguard._internal.pids import pid_alive
 
-__all__ = ["GitError", "checkout", "link_ignored", "repository_root", "resolve_commit"]
+__all__ = ["checkout", "link_ignored", "missing_at", "repository_root", "resolve_commit"]
 
 #: entries of ``git ls-files --others --ignored`` linked at most (a tree of millions of ignored
 #: files is linked by its top folders, which ``--directory`` lists once each)
@@ -30,22 +30,8 @@ MAX_LINKS = 10_000
 _CHECKOUT = re.compile(r"^checkout-(\d+)-[0-9a-f]+$")
 
 
-class GitError(Exception):
-    """A git command failed: the message says which and why, in words."""
-
-
 def _git(directory: Path, *args: str, timeout: float = 120.0) -> str:
-    try:
-        proc = subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise GitError("git is not installed (no `git` on PATH)") from None
-    except subprocess.TimeoutExpired:
-        raise GitError(f"`git {' '.join(args[:2])}` took longer than {timeout:g} s") from None
-    if proc.returncode != 0:
-        why = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        raise GitError(f"`git {' '.join(args[:3])}` failed: {why}")
-    return proc.stdout
+    return run_git(directory, *args, timeout=timeout).decode("utf-8", "surrogateescape")
 
 
 def repository_root(directory: Path) -> Path | None:
@@ -65,7 +51,8 @@ def resolve_commit(root: Path, ref: str) -> str:
         return _git(root, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}",
                     timeout=10).strip()
     except GitError:
-        raise GitError(f"{ref!r} names no commit of the repository at {root}") from None
+        shallow = "; this is a shallow clone: `git fetch --unshallow` fetches all of history" if _is_shallow(root) else ""
+        raise GitError(f"{ref!r} names no commit of the repository at {root}{shallow}") from None
 
 
 def _remove(root: Path, path: Path) -> None:
@@ -102,6 +89,39 @@ def checkout(root: Path, commit: str, parent: Path) -> Iterator[Path]:
         _remove(root, path)
         with contextlib.suppress(GitError):
             _git(root, "worktree", "prune", timeout=60)
+
+
+def missing_at(root: Path, commit: str, relative: Path) -> str | None:
+    """Why ``commit`` of ``root``'s repository cannot run a job in ``relative`` (a folder, relative
+    to the repository's top), in words with the fix; None when it can: the commit is missing (a
+    shallow clone: which commit to fetch, and how), or the folder is not in it."""
+    try:
+        _git(root, "cat-file", "-e", f"{commit}^{{commit}}", timeout=30)
+    except GitError:
+        fix = f"`git fetch origin {commit}`"
+        if _is_shallow(root):
+            return (f"commit {commit} is not in this shallow clone ({root}); fetch it first: {fix}, or all of "
+                    "history: `git fetch --unshallow`")
+        return f"commit {commit} is not in the repository at {root}; fetch it first: {fix}"
+    folder = relative.as_posix()
+    spec = f"{commit}^{{tree}}" if folder in ("", ".") else f"{commit}:{folder}"
+    try:
+        kind = _git(root, "cat-file", "-t", spec, timeout=30).strip()
+    except GitError:
+        kind = "nothing"
+    if kind != "tree":
+        return (f"commit {commit[:12]} has no folder {folder}/, the job's directory: the job came after it, so it "
+                "cannot run the job and has no checkpoints in flight. Fix: name a commit that has it (`git log "
+                f"--diff-filter=A --format=%h -- {folder}` names the one that added it), or drop checks.compat "
+                "until then")
+    return None
+
+
+def _is_shallow(root: Path) -> bool:
+    try:
+        return _git(root, "rev-parse", "--is-shallow-repository", timeout=10).strip() == "true"
+    except GitError:
+        return False
 
 
 def link_ignored(root: Path, checkout_dir: Path, *, skip: Callable[[str], bool],

@@ -35,11 +35,12 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from trainguard._internal.readers import Unreadable, active_limits, read_json
+from trainguard._internal.gitcmd import GitError
+from trainguard._internal.promoted import last_promoted
 from trainguard._internal.worktree import (
-    GitError,
     checkout,
     link_ignored,
+    missing_at,
     repository_root,
     resolve_commit,
 )
@@ -59,19 +60,17 @@ from trainguard.launch import RunResult
 from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.rundir import new_run_dir
 from trainguard.launch.samples import read_samples
-from trainguard.report import CheckResult
+from trainguard.report import CheckResult, CheckStatus
+from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
 from trainguard.unit.checkpoints.compare import LayoutDifference, compare_layouts
 from trainguard.unit.checkpoints.files import latest_complete_checkpoint
 
-__all__ = ["COMPAT", "CompatCheck", "last_promoted_commit", "run_compat"]
+__all__ = ["COMPAT", "CompatCheck", "run_compat"]
 
 _NAME = "compat"
 #: ``base: promoted``: the commit of the newest promoted gate report
 PROMOTED = "promoted"
-#: gate reports read at most when looking for the last promoted one (newest first)
-_MAX_REPORTS = 200
-_GATE_REPORT = re.compile(r"^gate-\d{8}-\d{6}\.json$")
 #: the lines of a failed load that name a key (torch's load_state_dict, a KeyError)
 _KEY_LINE = re.compile(r"(Missing key|Unexpected key|size mismatch|KeyError|Error\(s\) in loading)")
 
@@ -102,6 +101,14 @@ class CompatCheck(CheckSpec):
             if isinstance(steps, int) and not isinstance(steps, bool):
                 data = {**data, "after_step": max(1, steps // 2)}
         return data
+
+    @field_validator("base")
+    @classmethod
+    def _printable(cls, base: str) -> str:
+        if any(ord(c) < 32 or ord(c) == 127 for c in base):
+            raise ValueError(f"{base!r} holds a control character (a NUL byte, a newline), which no git ref has; "
+                             "name a branch, tag or commit, e.g. `base: main`, or `base: promoted`")
+        return base
 
     @field_validator("link")
     @classmethod
@@ -147,26 +154,9 @@ class CompatEvidence(Evidence):
     #: base's own resume of the same checkpoint (:meth:`TrajectoryDiff.as_evidence`)
     control: dict[str, Any] | Unset = UNSET
     tolerance: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: ``base: promoted``: where the promoted report was found (the index, a scan) or why none was
+    promoted: str | Unset = UNSET
     likely_causes: list[str] | Unset = UNSET
-
-
-def last_promoted_commit(gate_dir: Path) -> tuple[str | None, str]:
-    """The git commit of the newest promoted report among ``gate_dir``'s ``gate-*.json`` (read as
-    data, each within the read limits), and the report's path; ``(None, why)`` when there is none."""
-    names = sorted((p for p in gate_dir.iterdir() if _GATE_REPORT.match(p.name)), reverse=True) \
-        if gate_dir.is_dir() else []
-    for path in names[:_MAX_REPORTS]:
-        try:
-            data = read_json(path, active_limits())
-        except (Unreadable, OSError):
-            continue
-        decision = data.get("decision") if isinstance(data, dict) else None
-        provenance = data.get("provenance") if isinstance(data, dict) else None
-        if isinstance(decision, dict) and decision.get("verdict") == "promote" and isinstance(provenance, dict):
-            commit = provenance.get("git_commit")
-            if isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40}", commit):
-                return commit, str(path)
-    return None, f"no promoted gate report with a git commit under {gate_dir}"
 
 
 def _diffs(runner: JobRunner, spec: CompatCheck, metric: str, run: RunResult, reference: RunResult,
@@ -222,22 +212,34 @@ def _samples_note(base: RunResult, reference: RunResult) -> str | None:
             f"{list(y)[:6]}; a resumed run continues in the new order")
 
 
-def _git_facts(runner: JobRunner, spec: CompatCheck) -> tuple[Path, str, str] | tuple[str, bool]:
-    """(repository top, base's commit, what base named), or (why there is none, whether that is
-    only that no gate has promoted the job yet)."""
+def _git_facts(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence,
+               done: Callable[..., CheckResult]) -> tuple[Path, str, str] | CheckResult:
+    """(repository top, base's commit, what base named), or the result saying why there is none
+    (before anything is launched): skipped when no gate has promoted the job (nothing was
+    compared), else an error."""
     root = repository_root(runner.job_file.cwd)
     if root is None:
-        return f"the job's directory {runner.job_file.cwd} is not in a git repository: checks.compat checks out base from it", False
-    ref = spec.base
-    if ref == PROMOTED:
-        commit, where = last_promoted_commit(runner.job_file.state_dir / "gate")
-        if commit is None:
-            return where, True
-        return root, commit, f"promoted ({where})"
-    try:
-        return root, resolve_commit(root, ref), ref
-    except GitError as exc:
-        return str(exc), False
+        return done("error", f"checks.compat.base: the job's directory {runner.job_file.cwd} is not "
+                       "in a git repository: checks.compat checks out base from it")
+    if spec.base == PROMOTED:
+        found = last_promoted(runner.job_file.state_dir / "gate")
+        evidence.promoted = found.how
+        if found.promotion is None:
+            return done("skipped", f"nothing compared: {found.how}. With `base: promoted` there is "
+                           "nothing to be compatible with until a gate promotes the job; until then leave compat out "
+                           "of gate.require, or name a commit (`base: main`)")
+        commit, named = found.promotion.commit, "promoted"
+    else:
+        try:
+            commit, named = resolve_commit(root, spec.base), spec.base
+        except GitError as exc:
+            return done("error", f"checks.compat.base: {exc}")
+    relative = runner.job_file.cwd.resolve().relative_to(root.resolve())
+    why = missing_at(root, commit, relative)
+    if why is not None:
+        evidence.base_commit = commit
+        return done("error", f"checks.compat.base ({named}): {why}")
+    return root, commit, named
 
 
 def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
@@ -248,22 +250,17 @@ def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
     started = time.monotonic()
     evidence = CompatEvidence(spec.base, after_step=spec.after_step)
 
-    def done(status: str, summary: str, reproduce: str | None = None) -> CheckResult:
-        return CheckResult(_NAME, status, summary, evidence.to_dict(), time.monotonic() - started, reproduce)  # type: ignore[arg-type]
+    def done(status: CheckStatus, summary: str, reproduce: str | None = None) -> CheckResult:
+        return CheckResult(_NAME, status, summary, evidence.to_dict(), time.monotonic() - started, reproduce)
 
-    facts = _git_facts(runner, spec)
-    if len(facts) == 2:
-        reason, unpromoted = facts
-        if unpromoted:
-            return done("passed", f"nothing to be compatible with: {reason} (the first promotion has no "
-                        "checkpoints in flight)")
-        return done("error", f"checks.compat.base: {reason}")
+    facts = _git_facts(runner, spec, evidence, done)
+    if isinstance(facts, CheckResult):
+        return facts
     root, commit, named = facts
     state = git_state(runner.job_file.cwd)
     evidence.base_commit, evidence.current_commit, evidence.current_dirty = commit, state.commit, state.dirty
     if commit == state.commit and state.dirty is False:
         return done("passed", f"the job's code is base's commit {commit[:12]} ({named}) unchanged: nothing to compare")
-    metric = progress_metric(runner)
     request = runner.request_for(spec)
     tol = tolerance_for(runner, spec, request, _NAME)
     evidence.tolerance = tol.as_evidence()
@@ -271,15 +268,28 @@ def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
     evidence.run_dirs["reference"] = str(reference.run_dir)
     if not reference.ok:
         return done("error", f"the current code's uninterrupted run did not complete: {reference.reason}")
+    try:
+        return _run_at_base(runner, spec, evidence, (root, commit), request, tol, reference, done)
+    except GitError as exc:  # base could not be checked out: said, the session goes on
+        return done("error", f"checks.compat: base's commit {commit[:12]} ({named}) could not be checked out: {exc}")
+
+
+def _run_at_base(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence, at: tuple[Path, str],
+                 request: RunRequest, tol: ToleranceUsed, reference: RunResult,
+                 done: Callable[..., CheckResult]) -> CheckResult:
+    """Base checked out, killed after ``after_step``, and its checkpoint resumed by the current
+    code; judged by :func:`_judge`."""
+    root, commit = at
+    metric = progress_metric(runner)
     relative = runner.job_file.cwd.resolve().relative_to(root.resolve())
     # base checkpoints into a folder of trainguard's own, never into the checkout or a linked one
     checkpoints = new_run_dir(runner.job_file.state_dir, runner.job_file.job.name, "compat-base-checkpoints",
                               keep=runner.settings.keep_runs) / "checkpoints"
     with checkout(root, commit, runner.job_file.state_dir / "compat") as tree:
+        base_cwd = tree / relative
         evidence.linked = link_ignored(
             root, tree, extra=spec.link,
             skip=lambda name: name.endswith((".pyc", "__pycache__")) or ".trainguard" in Path(name).parts)
-        base_cwd = tree / relative
         base_runner = runner.sibling(dataclasses.replace(
             runner.job_file, job=runner.job_file.job.model_copy(update={"cwd": str(base_cwd)})))
         base_request = dataclasses.replace(request, env=tuple(sorted({

@@ -26,6 +26,7 @@ from typing import Any
 
 from trainguard._internal.atomic import write_or_fallback
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_TRACKING_URI
+from trainguard._internal.promoted import record_promotion
 from trainguard._version import __version__
 from trainguard.config import GatePolicy, JobFile, load_config
 from trainguard.config.backends import backend_for
@@ -608,7 +609,8 @@ def _context(data: dict[str, Any]) -> dict[str, Any]:
 
 def write_gate_report(gate: GateReport, out_dir: Path) -> dict[str, str]:
     """Write ``gate-<stamp>.{json,md,html}`` and ``latest.{json,md,html}`` into ``out_dir``,
-    each atomically; sets and returns ``gate.paths``.
+    each atomically; sets and returns ``gate.paths``. A promoted report is also made the newest
+    of the promoted-report index (``promoted.json``, :mod:`trainguard._internal.promoted`).
 
     A file that cannot be written there (read-only, full disk) is said on stderr with the errno
     and goes to the temp-directory fallback, whose path ``gate.paths`` then holds
@@ -633,5 +635,8 @@ def write_gate_report(gate: GateReport, out_dir: Path) -> dict[str, str]:
             gate.paths[key] = str(written.path)
         elif key == "json":
             print(text_json, end="", flush=True)  # nowhere took it: the decision stays on stdout
+    if gate.promoted:  # `base: promoted` finds it however many reports come after it
+        record_promotion(out_dir, Path(gate.paths["json_stamped"]), gate.provenance.get("git_commit"),
+                         gate.created_at)
     return gate.paths
 
