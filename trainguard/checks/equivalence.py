@@ -94,8 +94,7 @@ class TrajectoryDiff:
         return self.compared_steps > 0 and self.first_divergent_step is None and not self.missing_in_actual
 
     def missing_words(self) -> str:
-        """Why a diff without a divergent step is not ok: ``is missing steps [6, 7]``, or that no
-        step was there to compare."""
+        """Why a diff without a divergent step is not ok: ``is missing steps [6, 7]``, or no step."""
         if self.missing_in_actual:
             return f"{self.missing_words()}"
         return f"has no step of {self.metric} in common with the run it is compared with: nothing was compared"
@@ -461,8 +460,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         why = explain(causes)
         summary = "; ".join(problems) + (f". {why[0].upper()}{why[1:]}" if why else "")
         return CheckResult("resume", "failed", summary, evidence.to_dict(), time.monotonic() - started, reproduce)
-    uncompared = state.uncompared_problem("checks.resume", spec.allow_uncompared)
-    if uncompared:
+    if uncompared := state.uncompared_problem("checks.resume", spec.allow_uncompared):
         return CheckResult("resume", "error", f"{cut.words()}, resumed from step {resumed_from}; steps "
                            f"{first_step}-{max(expected)} match the uninterrupted run, but {uncompared}",
                            evidence.to_dict(), time.monotonic() - started, reproduce)
