@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "OWN_FILE_LIMITS",
     "Deadline",
     "LineTail",
     "OverLimit",
@@ -40,6 +41,7 @@ __all__ = [
     "file_kind",
     "list_entries",
     "open_regular",
+    "read_at_most",
     "read_bytes",
     "read_json",
     "read_json_streaming",
@@ -66,6 +68,10 @@ class ReadLimits:
 
 #: the limits when no setting names others
 DEFAULT_LIMITS = ReadLimits()
+#: the limits of a file trainguard wrote itself and reads back (a report, a profile's report and
+#: plots): such a file is kilobytes to a few megabytes, and one over 64 MiB is not one it wrote
+#: (parsed whole, a JSON file costs about five times its size; the settings do not raise this)
+OWN_FILE_LIMITS = ReadLimits(max_bytes=64 * 2**20, seconds=60.0)
 _ACTIVE = [DEFAULT_LIMITS]
 
 
@@ -160,14 +166,35 @@ def open_regular(path: Path, limits: ReadLimits | None = None, *, root: Path | N
     return os.fdopen(fd, "rb")
 
 
+#: what a read past the size a file had when it was opened takes at a time
+_CHUNK = 1024**2
+
+
 def read_bytes(path: Path, limits: ReadLimits | None = None, *, root: Path | None = None) -> bytes:
-    """The whole of a regular file within ``limits.max_bytes`` (see :func:`open_regular`)."""
+    """The whole of a regular file within ``limits.max_bytes`` (see :func:`open_regular`). The
+    memory is the file's: its size when opened is read at once, anything it grew by after that
+    in chunks, up to the limit (never a buffer of the limit's size: 30 GB for a 3 KB file)."""
     limits = limits or active_limits()
     with open_regular(path, limits, root=root) as handle:
-        data = handle.read(limits.max_bytes + 1)
-    if len(data) > limits.max_bytes:  # it grew after the stat
+        size = os.fstat(handle.fileno()).st_size
+        data = handle.read(min(size, limits.max_bytes) + 1)  # one byte more: did it grow?
+        if len(data) > size:  # it grew after the open (or reports no size, as /proc does)
+            data += read_at_most(handle, limits.max_bytes + 1 - len(data))
+    if len(data) > limits.max_bytes:
         raise OverLimit(f"{shown_name(path.name)} grew past the limit of {limits.max_bytes} bytes")
     return data
+
+
+def read_at_most(handle: BinaryIO, most: int) -> bytes:
+    """At most ``most`` bytes of ``handle``, read :data:`_CHUNK` at a time: the memory is what
+    the file holds, never ``most`` allocated up front (``handle.read(most)`` does that)."""
+    rest = bytearray()
+    while len(rest) < most:
+        chunk = handle.read(min(_CHUNK, most - len(rest)))
+        if not chunk:
+            break
+        rest += chunk
+    return bytes(rest)
 
 
 def read_json(path: Path, limits: ReadLimits | None = None, *, root: Path | None = None) -> Any:
