@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
 import time
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ __all__ = [
     "Unreadable",
     "active_limits",
     "contained",
+    "copy_tree",
     "file_kind",
     "list_entries",
     "open_regular",
@@ -127,6 +129,30 @@ def file_kind(mode: int) -> str:
         if test(mode):
             return words
     return "not a regular file"
+
+
+def copy_tree(source: Path, target: Path) -> dict[str, str]:
+    """Copy the directory ``source`` to ``target`` (which must not exist yet) as a resume would
+    find it: directories, regular files, and links as links (never followed). A FIFO, a socket
+    or a device is left out, never opened (an open could block, or read forever): {its path
+    relative to ``source``: why}. An error copying the rest is an ``OSError``."""
+    left_out: dict[str, str] = {}
+
+    def special(directory: str, names: list[str]) -> set[str]:
+        out = set()
+        for name in names:
+            path = os.path.join(directory, name)
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                continue  # gone meanwhile: the copy says so
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                left_out[shown_name(os.path.relpath(path, source))] = f"{file_kind(mode)}, not copied"
+                out.add(name)
+        return out
+
+    shutil.copytree(source, target, symlinks=True, ignore=special)
+    return left_out
 
 
 def regular_size(path: Path, limits: ReadLimits | None = None) -> int:
