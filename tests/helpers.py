@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["DCP_METADATA_MODULE", "TOY", "attrgetter_gadget", "binunicode", "call_gadget", "drills_sharing_a_reference", "load_fault_harness", "read_hostile_corpus", "runs_by_kind", "time_limit", "toy_job", "wait_for_a_background_run"]
+__all__ = ["DCP_METADATA_MODULE", "TOY", "attrgetter_gadget", "binunicode", "call_gadget", "drills_sharing_a_reference", "load_fault_harness", "read_hostile_corpus", "runs_by_kind", "signals_ignored", "time_limit", "toy_job", "wait_for_a_background_run"]
 
 #: the fake training script of trainguard's own tests (no torch: a run costs a fraction of a second)
 TOY = Path(__file__).resolve().parent / "data" / "jobs" / "toy_train.py"
@@ -157,6 +157,18 @@ def time_limit(seconds: int) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def signals_ignored() -> Iterator[None]:
+    """SIGINT and SIGQUIT ignored in this process while the block runs, as a shell starts a
+    background job (`pytest ... &` in a script): whatever it starts inherits them ignored."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGQUIT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def copy_digits_ray_example(tmp_path: Path, checks: str) -> Path:

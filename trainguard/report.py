@@ -8,6 +8,7 @@ read this shape.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
@@ -17,8 +18,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainguard._internal.atomic import atomic_write_text, write_or_fallback
+from trainguard._internal.readers import OWN_FILE_LIMITS, Unreadable, read_json
 from trainguard._version import __version__
-from trainguard.errors import CheckFailed
+from trainguard.errors import CheckFailed, ConfigError
 
 __all__ = [
     "REPORT_SCHEMA_VERSION",
@@ -247,9 +249,73 @@ def _json_default(value: Any) -> Any:
     return repr(value)
 
 
+#: the keys of a report and of each of its checks, with their types (a float may be an int)
+_REPORT_KEYS: dict[str, tuple[type, bool]] = {
+    "job": (str, False), "job_file": (str, True), "created_at": (float, False), "host": (str, False),
+    "trainguard_version": (str, False), "schema_version": (int, False), "tracking_uri": (str, True),
+    "interrupted": (bool, False),
+}
+_CHECK_KEYS: dict[str, tuple[type, bool]] = {
+    "name": (str, False), "status": (str, False), "summary": (str, False), "evidence": (dict, False),
+    "duration_s": (float, False), "reproduce": (str, True), "skip_reason": (str, True),
+}
+
+
 def load_report(path: str | os.PathLike[str]) -> Report:
-    """Read a report written by :meth:`Report.write`."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    data.pop("status", None)
-    checks = [CheckResult(**c) for c in data.pop("checks", [])]
+    """Read a report written by :meth:`Report.write`, as data: a regular file within
+    :data:`~trainguard._internal.readers.OWN_FILE_LIMITS`, each key of the right type (numbers
+    finite); a :class:`~trainguard.errors.ConfigError` naming the file and the key otherwise."""
+    where = str(path)
+    again = "not a report trainguard wrote, or it was edited; run `trainguard check` again to write one"
+    try:
+        data = read_json(Path(path), OWN_FILE_LIMITS)
+    except Unreadable as exc:
+        raise ConfigError(f"cannot read the report: {exc}; {again}", path=where) from None
+    if not isinstance(data, dict) or not isinstance(data.get("checks", []), list):
+        raise ConfigError(f"not a report: no JSON object with a list of `checks`; {again}", path=where)
+    data = {k: v for k, v in data.items() if k != "status"}
+    checks = []
+    for i, entry in enumerate(data.pop("checks", [])):
+        if not isinstance(entry, dict):
+            raise ConfigError(f"a {type(entry).__name__}, not a check object; {again}", path=where, key=f"checks[{i}]")
+        _check_keys(entry, _CHECK_KEYS, where, f"checks[{i}].", again)
+        _require(entry, ("name", "status", "summary"), where, f"checks[{i}]", again)
+        try:
+            checks.append(CheckResult(**entry))
+        except ValueError as exc:
+            raise ConfigError(f"{exc}; {again}", path=where, key=f"checks[{i}]") from None
+    _check_keys(data, _REPORT_KEYS, where, "", again)
+    _require(data, ("job",), where, None, again)
     return Report(checks=checks, **data)
+
+
+def _require(data: dict[str, Any], keys: tuple[str, ...], where: str, key: str | None, again: str) -> None:
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise ConfigError(f"missing {', '.join(missing)}; {again}", path=where, key=key)
+
+
+def _check_keys(data: dict[str, Any], keys: dict[str, tuple[type, bool]], where: str,
+                prefix: str, again: str) -> None:
+    """Every key of ``data`` one of ``keys``, of its type (a float finite), None only where
+    nullable."""
+    for key, value in data.items():
+        if key not in keys:
+            raise ConfigError(f"unknown key; {again}", path=where, key=prefix + key)
+        kind, nullable = keys[key]
+        if value is None and nullable:
+            continue
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            try:
+                value = float(value)
+            except OverflowError:
+                value = math.inf
+        ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+        if not ok or (kind is float and not math.isfinite(value)):
+            raise ConfigError(f"expected a {'finite number' if kind is float else kind.__name__}"
+                              f"{' or null' if nullable else ''}, got {_cut(repr(value))}; {again}",
+                              path=where, key=prefix + key)
+
+
+def _cut(text: str, most: int = 80) -> str:
+    return text if len(text) <= most else text[:most] + "..."

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import pytest
 
+from tests.helpers import signals_ignored
 from trainguard.cli import main
 from trainguard.config import load_config
 from trainguard.drills import run_drill
@@ -227,7 +228,10 @@ def test_drills_from_pytest_items_and_the_fault_marker(pytester: pytest.Pytester
             pass
         """
     )
-    result = pytester.runpytest_subprocess("-m", "fault", "-v", "-p", "no:randomly")
+    # started as a shell's background job starts it (SIGINT and SIGQUIT ignored): the ranks get
+    # them back at their defaults, so the SIGINT drill's signal lands
+    with signals_ignored():
+        result = pytester.runpytest_subprocess("-m", "fault", "-v", "-p", "no:randomly")
     result.stdout.fnmatch_lines(["*test_survives_ctrl_c PASSED*", "*test_catches_exit_only_checkpoints PASSED*",
                                  "*trainguard.yaml::drill:kill PASSED*", "*= trainguard =*",
                                  "FAILED  drill:test_catches_exit_only_checkpoints: *all progress lost*",

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from trainguard._internal.signals import restore_default_signals
 from trainguard.queue.base import SubmissionError, SubmissionSpec
 from trainguard.queue.ray_jobs import ClusterResources, RayJobsBackend
 from trainguard.raytrain.local_ray import LocalRay, RayCluster, RayStartError, running_ray_processes
@@ -248,7 +249,8 @@ def test_ctrl_c_stops_the_head(tmp_path: Path) -> None:
     owner sees the SIGINT) stops every process of the head."""
     pytest.importorskip("ray")
     proc = subprocess.Popen(
-        [sys.executable, "-c", CTRL_C_DRIVER], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", CTRL_C_DRIVER], stdout=subprocess.PIPE, text=True,
+        preexec_fn=restore_default_signals,  # Ctrl-C's own state, whatever pytest has
     )
     try:
         assert proc.stdout is not None

@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from tests.signals.watching import REPO, cgroups_of, mounts_under
+from trainguard._internal.signals import restore_default_signals
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("signals")]
 
@@ -30,8 +31,10 @@ ROOT = os.geteuid() == 0
 
 
 def run_python(code: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    # Ctrl-C's own state: SIGINT at its default (Python's KeyboardInterrupt), whatever pytest has
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          preexec_fn=restore_default_signals)
 
 
 def _interrupted_and_nothing_left(done: subprocess.CompletedProcess[str], tmp_path: Path) -> None:
@@ -204,6 +207,8 @@ def test_signals_deferred_delivers_the_signal_after_the_block() -> None:
 
     seen: list[str] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append("SIGTERM handler"))
+    # Ctrl-C's own state (pytest started as a background job has SIGINT ignored)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt), signals_deferred():
             os.kill(os.getpid(), signal.SIGINT)
@@ -218,6 +223,7 @@ def test_signals_deferred_delivers_the_signal_after_the_block() -> None:
         assert seen == ["end of the block", "second block", "SIGTERM handler"]
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 STARTS = """\

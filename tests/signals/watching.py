@@ -26,6 +26,8 @@ from typing import Any
 import psutil
 import pytest
 
+from trainguard._internal.signals import restore_default_signals
+
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data"
 TOY = DATA / "jobs" / "toy_train.py"
@@ -68,8 +70,10 @@ class Watched:
         self.err = cwd / "watched.stderr"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            # a terminal's foreground job: SIGINT and SIGQUIT at their defaults, whatever pytest has
             self.popen = subprocess.Popen(list(argv), cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
-                                          stdout=out, stderr=err, start_new_session=True)
+                                          stdout=out, stderr=err, start_new_session=True,
+                                          preexec_fn=restore_default_signals)
         self.root = psutil.Process(self.popen.pid)
         self.seen: dict[int, psutil.Process] = {}
         self.ports: set[int] = set()

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from trainguard._internal.signals import restore_default_signals
 from trainguard._version import __version__
 from trainguard.config import load_config
 
@@ -423,6 +424,7 @@ def test_interrupt_exits_130_or_143_and_leaves_no_process_of_the_job(
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
+            preexec_fn=restore_default_signals,  # Ctrl-C's own state, whatever pytest has
         )
     try:
         deadline = time.monotonic() + 30

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import load_fault_harness
+from trainguard._internal.signals import restore_default_signals
 from trainguard.faults import FaultContext, FaultUnavailable, disk_full
 from trainguard.faults.disk_full import DiskFullFault
 from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
@@ -237,7 +238,8 @@ def test_ctrl_c_exit_and_kill_unmount(tmp_path: Path, how: str) -> None:
     """Ctrl-C runs the teardown, a plain exit the atexit net; a SIGKILLed trainguard leaves no
     mount either: the daemon sees its parent gone and leaves."""
     proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED, str(tmp_path), how],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=restore_default_signals)  # Ctrl-C's own state
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "mounted"
         assert harness.our_mounts()

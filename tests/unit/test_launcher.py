@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 import trainguard.launch.hang_evidence as hang_evidence_module
+from tests.helpers import signals_ignored
 from trainguard.errors import RankFailure
 from trainguard.launch import (
     Launcher,
@@ -305,6 +306,42 @@ def test_a_sigkilled_rank_is_reported_by_signal_name(
     assert result.exits[0].killed_by_trainguard
     assert "(sent by trainguard)" in result.exits[0].describe
     assert result.duration_s < 10.0
+
+
+#: a rank that says how it started (SIGINT: Python's KeyboardInterrupt handler, which Python
+#: installs only when SIGINT is at its default; SIGQUIT: the default) and trains 300 steps of 0.02 s
+DISPOSITIONS = """\
+import signal, time
+print("sigint", signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+      "sigquit", signal.getsignal(signal.SIGQUIT) is signal.SIG_DFL, flush=True)
+for step in range(1, 300):
+    print(f"step {step} loss 1.0", flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_ranks_start_with_sigint_and_sigquit_at_their_defaults(
+    tmp_path: Path, marker: str, no_orphans: None
+) -> None:
+    """A shell starts a background job with SIGINT and SIGQUIT ignored, and an ignored signal
+    stays ignored across exec: a rank of such a launcher ignored a kill_rank drill's SIGINT and
+    trained on. The ranks get their defaults back: the SIGINT ends the rank."""
+    spec = LaunchSpec(argv=["python", "-c", DISPOSITIONS, marker], run_dir=tmp_path / "run",
+                      metric_regexes={"loss": LOSS}, timeout=60.0, stall_timeout=20.0, grace_period=2.0)
+    launcher = Launcher(spec)
+
+    def interrupt(point: MetricPoint, running: Launcher) -> None:
+        if point.step == 3:
+            running.kill_rank(0, signal.SIGINT)  # a kill_rank drill with `signal: SIGINT`
+
+    launcher.on_metric.append(interrupt)
+    with signals_ignored():
+        result = launcher.run()
+
+    assert "sigint True sigquit True" in result.log_path(0, "stdout").read_text()
+    assert result.outcome == "failed", result.reason
+    assert "KeyboardInterrupt" in result.stderr_tail
+    assert result.last_step is not None and result.last_step < 299
 
 
 @pytest.mark.timeout(60)

@@ -97,3 +97,50 @@ def test_a_bad_chain_says_what_is_wrong(fields: dict[str, Any], message: str) ->
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         ResumeCheck.model_validate(fields)
     assert ResumeCheck.model_validate({"steps": 22, "chain": [6, 13]}).cuts == [6, 13]
+
+
+#: a job that saves every step and prints its `gnorm` line 0.2 s after its `loss` line
+LATE_SECOND_METRIC = '''
+import argparse, json, os, time
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int); p.add_argument("--ckpt-dir"); p.add_argument("--seed", type=int)
+p.add_argument("--resume", action="store_true")
+a = p.parse_args()
+step, w = 0, 1.0
+saved = sorted(f for f in os.listdir(a.ckpt_dir) if f.startswith("ckpt_")) if a.resume else []
+if saved:
+    state = json.load(open(os.path.join(a.ckpt_dir, saved[-1])))
+    step, w = state["step"], state["w"]
+while step < a.steps:
+    step += 1
+    w = w * 0.9 + 0.01 * step
+    tmp = os.path.join(a.ckpt_dir, "tmp.json")
+    json.dump({"step": step, "w": w}, open(tmp, "w")); os.replace(tmp, os.path.join(a.ckpt_dir, f"ckpt_{step:04d}.json"))
+    print(f"step {step} loss {w:.6f}", flush=True)
+    time.sleep(0.2)
+    print(f"step {step} gnorm {w / 2:.6f}", flush=True)
+'''
+
+
+def test_a_chained_kill_waits_for_the_cut_steps_second_metric(tmp_path: Path) -> None:
+    """The kill landed right after the cut step's loss line, before its `gnorm` line 0.2 s
+    later, and the cycle's comparison called gnorm missing at the cut step (a false failure in
+    2 of 9 runs of a job printing it 50 ms later). The kill waits for every metric line the
+    uninterrupted run printed for that step."""
+    (tmp_path / "job.py").write_text(LATE_SECOND_METRIC)
+    path = tmp_path / "trainguard.yaml"
+    path.write_text(
+        "job:\n"
+        "  name: late-metric\n"
+        f'  command: "{sys.executable} job.py --steps {{steps}} --ckpt-dir {{checkpoint_dir}} --seed {{seed}}"\n'
+        '  resume_args: "--resume"\n'
+        "  metrics:\n"
+        "    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'\n"
+        "    gnorm: 'step (?P<step>\\d+) gnorm (?P<value>\\S+)'\n"
+        "  timeout: 60\n"
+        "checks:\n  resume: {steps: 7, chain: [2, 4]}\n"
+    )
+    (result,) = check(path, only=["resume"]).checks
+    assert result.status == "passed", result.summary
+    killed = [c["killed_after_step"] for c in result.evidence["cycles"][:2]]
+    assert all(k is not None and k < 7 for k in killed), killed

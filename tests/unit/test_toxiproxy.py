@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from trainguard._internal.signals import restore_default_signals
 from trainguard.faults.toxiproxy import (
     API_VERSION,
     EmbeddedToxiproxy,
@@ -679,6 +680,7 @@ def test_cli_server_starts_serves_and_stops(sig: int, echo: TcpServer, tmp_path:
          "--config", str(config)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=restore_default_signals,  # Ctrl-C's own state, whatever pytest has
     )
     try:
         assert proc.stdout is not None

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
 import time
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from typing import Any, BinaryIO
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "OWN_FILE_LIMITS",
     "Deadline",
     "LineTail",
     "OverLimit",
@@ -37,9 +39,11 @@ __all__ = [
     "Unreadable",
     "active_limits",
     "contained",
+    "copy_tree",
     "file_kind",
     "list_entries",
     "open_regular",
+    "read_at_most",
     "read_bytes",
     "read_json",
     "read_json_streaming",
@@ -66,6 +70,10 @@ class ReadLimits:
 
 #: the limits when no setting names others
 DEFAULT_LIMITS = ReadLimits()
+#: the limits of a file trainguard wrote itself and reads back (a report, a profile's report and
+#: plots): such a file is kilobytes to a few megabytes, and one over 64 MiB is not one it wrote
+#: (parsed whole, a JSON file costs about five times its size; the settings do not raise this)
+OWN_FILE_LIMITS = ReadLimits(max_bytes=64 * 2**20, seconds=60.0)
 _ACTIVE = [DEFAULT_LIMITS]
 
 
@@ -123,6 +131,30 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def copy_tree(source: Path, target: Path) -> dict[str, str]:
+    """Copy the directory ``source`` to ``target`` (which must not exist yet) as a resume would
+    find it: directories, regular files, and links as links (never followed). A FIFO, a socket
+    or a device is left out, never opened (an open could block, or read forever): {its path
+    relative to ``source``: why}. An error copying the rest is an ``OSError``."""
+    left_out: dict[str, str] = {}
+
+    def special(directory: str, names: list[str]) -> set[str]:
+        out = set()
+        for name in names:
+            path = os.path.join(directory, name)
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                continue  # gone meanwhile: the copy says so
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                left_out[shown_name(os.path.relpath(path, source))] = f"{file_kind(mode)}, not copied"
+                out.add(name)
+        return out
+
+    shutil.copytree(source, target, symlinks=True, ignore=special)
+    return left_out
+
+
 def regular_size(path: Path, limits: ReadLimits | None = None) -> int:
     """The size of ``path`` after checking, without opening it, that it is a regular file no
     larger than ``limits.max_bytes``; :class:`Unreadable` / :class:`OverLimit` otherwise."""
@@ -160,14 +192,35 @@ def open_regular(path: Path, limits: ReadLimits | None = None, *, root: Path | N
     return os.fdopen(fd, "rb")
 
 
+#: what a read past the size a file had when it was opened takes at a time
+_CHUNK = 1024**2
+
+
 def read_bytes(path: Path, limits: ReadLimits | None = None, *, root: Path | None = None) -> bytes:
-    """The whole of a regular file within ``limits.max_bytes`` (see :func:`open_regular`)."""
+    """The whole of a regular file within ``limits.max_bytes`` (see :func:`open_regular`). The
+    memory is the file's: its size when opened is read at once, anything it grew by after that
+    in chunks, up to the limit (never a buffer of the limit's size: 30 GB for a 3 KB file)."""
     limits = limits or active_limits()
     with open_regular(path, limits, root=root) as handle:
-        data = handle.read(limits.max_bytes + 1)
-    if len(data) > limits.max_bytes:  # it grew after the stat
+        size = os.fstat(handle.fileno()).st_size
+        data = handle.read(min(size, limits.max_bytes) + 1)  # one byte more: did it grow?
+        if len(data) > size:  # it grew after the open (or reports no size, as /proc does)
+            data += read_at_most(handle, limits.max_bytes + 1 - len(data))
+    if len(data) > limits.max_bytes:
         raise OverLimit(f"{shown_name(path.name)} grew past the limit of {limits.max_bytes} bytes")
     return data
+
+
+def read_at_most(handle: BinaryIO, most: int) -> bytes:
+    """At most ``most`` bytes of ``handle``, read :data:`_CHUNK` at a time: the memory is what
+    the file holds, never ``most`` allocated up front (``handle.read(most)`` does that)."""
+    rest = bytearray()
+    while len(rest) < most:
+        chunk = handle.read(min(_CHUNK, most - len(rest)))
+        if not chunk:
+            break
+        rest += chunk
+    return bytes(rest)
 
 
 def read_json(path: Path, limits: ReadLimits | None = None, *, root: Path | None = None) -> Any:

@@ -6,6 +6,9 @@ Popen object is ever returned to tear it down), or between the start of a proces
 that records it. :func:`signals_deferred` holds SIGINT and SIGTERM for the length of such a block
 and delivers them, to the handlers that were in place, as soon as it ends: the interrupt still
 happens, a few milliseconds later, with everything started recorded for the teardown.
+
+:func:`restore_default_signals` is the other half of a process start: a child trainguard starts
+for the job gets SIGINT and SIGQUIT at their default action, whatever trainguard itself has.
 """
 
 from __future__ import annotations
@@ -17,9 +20,16 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-__all__ = ["signals_deferred"]
+__all__ = ["DEFAULTED", "restore_default_signals", "signals_deferred"]
 
 _HELD = (signal.SIGINT, signal.SIGTERM)
+
+#: the signals a process trainguard starts for the job gets at their default action: a shell
+#: starts a background job (`pytest ... &` in a script, without job control) with SIGINT and
+#: SIGQUIT ignored, and an ignored signal stays ignored across fork and exec (subprocess's
+#: ``restore_signals`` resets SIGPIPE, SIGXFZ and SIGXFSZ only) -- a rank that inherited it never
+#: got a `kill_rank` drill's SIGINT
+DEFAULTED = (signal.SIGINT, signal.SIGQUIT)
 
 
 @contextlib.contextmanager
@@ -48,3 +58,11 @@ def signals_deferred() -> Iterator[None]:
             signal.signal(held, handler)
         for signum in dict.fromkeys(received):
             signal.raise_signal(signum)
+
+
+def restore_default_signals() -> None:
+    """Put :data:`DEFAULTED` (SIGINT, SIGQUIT) back to their default action in this process: a
+    child's ``preexec_fn`` (after fork, before exec; the default action survives the exec). It
+    only calls ``sigaction``, so it is safe in a child forked beside other threads."""
+    for sig in DEFAULTED:
+        signal.signal(sig, signal.SIG_DFL)

@@ -11,7 +11,7 @@ SIGKILLs it after step k, as the checks always did, and the report says why.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,12 +81,39 @@ def interrupt(runner: JobRunner, request: RunRequest, after_step: int, metric: s
                         error=untested_kill(killed, metric, after_step, request.steps, what=what), not_kept=why)
 
 
-def kill_after(metric: str, after_step: int) -> Callable[[MetricPoint, Launcher], None]:
-    """The metric callback that SIGKILLs the run once it printed ``after_step`` of ``metric``."""
+#: how long (launch clock, from the cut step's line) a kill waits for the cut step's other
+#: metric lines before it lands anyway, on the next line read
+METRIC_WAIT_S = 2.0
+
+
+def kill_after(metric: str, after_step: int, expected: Iterable[MetricPoint] = (),
+               wait_s: float = METRIC_WAIT_S) -> Callable[[MetricPoint, Launcher], None]:
+    """The metric callback that SIGKILLs the run once it printed ``after_step`` of ``metric``.
+
+    With ``expected`` (the uninterrupted run's points), the kill waits until every metric line
+    that run printed for the cut step (the newest step of ``metric`` read, on every rank) is read
+    too: a job that prints its grad norm 50 ms after its loss line had it cut off, and the
+    comparison of that cycle called it missing. The wait is bounded: a line read more than
+    ``wait_s`` after the cut step's first one kills whatever is missing."""
+    wanted: dict[int, set[tuple[str, int]]] = {}
+    for p in expected:
+        wanted.setdefault(p.step, set()).add((p.name, p.rank))
+    seen: dict[int, set[tuple[str, int]]] = {}
+    first_read: float | None = None  # when the first line of ``metric`` past after_step was read
+    newest = after_step  # the newest step of ``metric`` read: the cut step
 
     def kill(point: MetricPoint, launcher: Launcher) -> None:
-        if point.name == metric and point.step >= after_step:
-            launcher.stop(f"SIGKILL after step {point.step}", signal.SIGKILL)
+        nonlocal first_read, newest
+        if point.step < after_step:
+            return
+        seen.setdefault(point.step, set()).add((point.name, point.rank))
+        if point.name == metric:
+            first_read = point.t if first_read is None else first_read
+            newest = max(newest, point.step)
+        if first_read is None:
+            return
+        if wanted.get(newest, set()) <= seen.get(newest, set()) or point.t - first_read > wait_s:
+            launcher.stop(f"SIGKILL after step {newest}", signal.SIGKILL)
 
     return kill
 

@@ -160,7 +160,8 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     for i, cut in enumerate([*cuts, None], start=1):
         run = runner.run(request, label=f"resume-chain-{i}" + ("-killed" if cut is not None else ""),
                          resume=i > 1, checkpoint_dir=checkpoint_dir,
-                         on_metric=None if cut is None else kill_after(metric, cut))
+                         # the kill waits for every metric line of the cut step the reference has
+                         on_metric=None if cut is None else kill_after(metric, cut, reference.points))
         checkpoint_dir = checkpoint_dir or run.checkpoints
         steps = sorted(p.step for p in run.points if p.name == metric)
         resumed_from = 0 if i == 1 or not steps or steps[0] <= start else steps[0] - 1

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainguard._internal.readers import copy_tree
 from trainguard.config import SmokeCheck
 from trainguard.config.registry import Check, PlanContext, Resumes, Run, check_for
 from trainguard.evidence import UNSET, Evidence, Unset
@@ -28,7 +29,7 @@ from trainguard.unit.checkpoints import (
     latest_complete_checkpoint,
     read_checkpoint,
 )
-from trainguard.unit.checkpoints.files import step_in_name
+from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
 
 __all__ = ["SMOKE", "SmokeCheckpoint", "SmokeEvidence", "SmokeResume", "checkpoint_step", "run_smoke"]
 
@@ -90,9 +91,13 @@ class SmokeEvidence(Evidence):
 
 
 def _checkpoint_files(directory: Path) -> list[Path]:
+    """The files of the checkpoint directory, none of a save in progress: a temporary name
+    (``.x``, ``x.tmp``, ``x.tmp.123``, ``tmp*``) of the file or of a folder it is in is a write
+    not yet renamed into place (a kept copy taken between the write and the rename holds one)."""
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.rglob("*") if p.is_file() and not p.name.startswith("."))
+    return sorted(p for p in directory.rglob("*") if p.is_file()
+                  and not any(is_temp_name(part) for part in p.relative_to(directory).parts))
 
 
 def checkpoint_step(path: Path, state: Any = None) -> int | None:
@@ -299,7 +304,9 @@ def _resumed_run(
     def own() -> RunResult:
         copy = checkpoint_dir.parent / "smoke-resume" / "checkpoints"
         shutil.rmtree(copy.parent, ignore_errors=True)
-        shutil.copytree(checkpoint_dir, copy, symlinks=True)
+        left_out = copy_tree(checkpoint_dir, copy)
+        if left_out:
+            evidence.resume_from = {"copy": str(copy), "left_out": left_out}
         return runner.run(request, label="smoke-resume", resume=True, checkpoint_dir=copy)
 
     return own, request, ckpt_step

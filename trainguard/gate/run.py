@@ -27,6 +27,7 @@ from typing import Any
 from trainguard._internal.atomic import write_or_fallback
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_TRACKING_URI
 from trainguard._internal.promoted import record_promotion
+from trainguard._internal.readers import OWN_FILE_LIMITS, read_at_most, read_bytes, read_json
 from trainguard._version import __version__
 from trainguard.config import GatePolicy, JobFile, load_config
 from trainguard.config.backends import backend_for
@@ -342,7 +343,7 @@ def _report_text(path: str | os.PathLike[str], where: str, fix: str) -> str:
                 raise IsADirectoryError(path)
             if not stat.S_ISREG(mode):
                 raise ConfigError(f"not a regular file, not a gate report; {fix}", path=where)
-            raw = stream.read(MAX_GATE_REPORT_BYTES + 1)
+            raw = read_at_most(stream, MAX_GATE_REPORT_BYTES + 1)
         if len(raw) > MAX_GATE_REPORT_BYTES:
             raise ConfigError(f"over {MAX_GATE_REPORT_BYTES // 2**20} MiB, not a gate report; {fix}",
                               path=where)
@@ -544,19 +545,20 @@ def _images(data: dict[str, Any]) -> list[tuple[str, str]]:
                 # again costs seconds of matplotlib); render only what is missing
                 run_dir = Path(evidence.get("run_dir") or "")
                 saved = {key: run_dir / f"{key}.png" for key in PLOTS}
-                pngs = {key: path.read_bytes() for key, path in saved.items() if evidence.get("run_dir") and path.is_file()}
+                pngs = {key: read_bytes(path, OWN_FILE_LIMITS) for key, path in saved.items()
+                        if evidence.get("run_dir") and path.is_file()}
                 if not pngs:
-                    profile = json.loads(Path(evidence["report_json"]).read_text(encoding="utf-8"))
+                    profile = read_json(Path(evidence["report_json"]), OWN_FILE_LIMITS)
                     pngs = render_plots(profile)
                 pngs.pop("goodput", None)  # drawn below from the gate's sizing (the drills' inputs)
                 for key, png in pngs.items():
                     out.append((f"profile: {PLOTS.get(key, key)}", base64.b64encode(png).decode("ascii")))
-            except (OSError, ValueError, KeyError, ImportError):
+            except (OSError, ValueError, TypeError, KeyError, ImportError):  # Unreadable is a ValueError
                 pass
         for plot in evidence.get("plots") or []:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, ValueError, TypeError):
                 out.append((f"{check['name']}: {Path(plot).stem.replace('_', ' ')}",
-                            base64.b64encode(Path(plot).read_bytes()).decode("ascii")))
+                            base64.b64encode(read_bytes(Path(plot), OWN_FILE_LIMITS)).decode("ascii")))
     if data.get("sizing"):
         with contextlib.suppress(ImportError, ValueError, KeyError):
             from trainguard.profiling.render import PLOTS, plot_goodput

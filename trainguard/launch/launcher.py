@@ -42,7 +42,7 @@ from typing import IO, Any
 import psutil
 
 from trainguard._internal import envvars
-from trainguard._internal.signals import signals_deferred
+from trainguard._internal.signals import restore_default_signals, signals_deferred
 from trainguard.errors import RankFailure
 from trainguard.launch.hang_evidence import distributed_env_hint, dump_stacks, rank_activity
 from trainguard.launch.metrics import JsonlTail, LineMetric, MetricParser, MetricPoint, trajectory
@@ -216,6 +216,14 @@ class RunResult:
         return max(steps) if steps else None
 
 
+def _prepare_rank(preexec: Callable[[int], None] | None, rank: int) -> None:
+    """In the rank's process, after fork, before exec: the default signal actions, then the
+    spec's own ``preexec`` (a fault's)."""
+    restore_default_signals()
+    if preexec is not None:
+        preexec(rank)
+
+
 def _python_argv(argv: Sequence[str]) -> list[str]:
     """``python``/``python3`` at the front means this interpreter (the user's venv)."""
     out = list(argv)
@@ -379,7 +387,8 @@ class Launcher:
                         stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE,
                         start_new_session=True,  # own process group: teardown reaches its children
-                        preexec_fn=None if spec.preexec is None else functools.partial(spec.preexec, rank),
+                        # SIGINT and SIGQUIT at their defaults, whatever this process has
+                        preexec_fn=functools.partial(_prepare_rank, spec.preexec, rank),
                     )
                     self.ranks.append(RankProcess(rank, popen, out_log, err_log))
             except OSError as exc:

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainguard._internal.readers import copy_tree
 from trainguard.run.request import RunRequest
 from trainguard.unit.checkpoints import latest_complete_checkpoint
-from trainguard.unit.checkpoints.files import step_in_name
+from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, MetricPoint, RunResult
@@ -59,6 +60,8 @@ class KeptCheckpoint:
     run_dir: Path
     label: str
     pause_s: float
+    #: what the copy left out: {relative path: why} (a FIFO, a socket, a device: never opened)
+    left_out: dict[str, str] = field(default_factory=dict)
 
     def copy_for(self, label: str) -> Path:
         """A fresh copy of the kept checkpoint directory for one resumed run to load and write
@@ -70,12 +73,13 @@ class KeptCheckpoint:
         while base.exists():
             n += 1
             base = self.directory.parent / f"{label}-{n}"
-        shutil.copytree(self.directory, base / "checkpoints", symlinks=True)
+        copy_tree(self.directory, base / "checkpoints")  # the kept copy holds no FIFO or device
         return base / "checkpoints"
 
     def as_evidence(self) -> dict[str, object]:
         return {"kept_from": str(self.run_dir), "label": self.label, "after_step": self.after_step,
-                "stopped_after_step": self.step, "copy": str(self.directory), "pause_s": round(self.pause_s, 4)}
+                "stopped_after_step": self.step, "copy": str(self.directory), "pause_s": round(self.pause_s, 4),
+                **({"left_out": dict(self.left_out)} if self.left_out else {})}
 
 
 @dataclass
@@ -152,8 +156,9 @@ class Keepers:
                     keeper.why_not = (f"{checkpoint_dir} holds {size / 2**30:.1f} GiB, more than trainguard "
                                       f"copies while the run is stopped ({MAX_KEEP_BYTES / 2**30:.0f} GiB)")
                     return {}
+                left_out: dict[str, str] = {}
                 if checkpoint_dir.is_dir():
-                    shutil.copytree(checkpoint_dir, target, symlinks=True)
+                    left_out = copy_tree(checkpoint_dir, target)
                 else:
                     target.mkdir(parents=True)
         except OSError as exc:
@@ -162,7 +167,7 @@ class Keepers:
             return {}
         start, end = launcher.pauses[-1]
         return {id(keeper): (KeptCheckpoint(keeper.key, keeper.after_step, step, target, run_dir, label,
-                                            end - start), end)}
+                                            end - start, left_out), end)}
 
     @staticmethod
     def _settle(keeper: _Keeper, copy: KeptCheckpoint, went_on: float, result: RunResult, label: str) -> None:
@@ -266,6 +271,6 @@ def _newest_step(directory: Path) -> int | None:
     latest = latest_complete_checkpoint(directory)
     if latest is not None:
         return step_in_name(latest.name)
-    steps = [s for p in directory.iterdir() if not p.name.startswith(".")
+    steps = [s for p in directory.iterdir() if not is_temp_name(p.name)
              if (s := step_in_name(p.name)) is not None] if directory.is_dir() else []
     return max(steps, default=None)

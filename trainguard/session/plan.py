@@ -11,13 +11,13 @@ case, each run's timeout.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard._internal.readers import OWN_FILE_LIMITS, Unreadable, read_json
 from trainguard.config import CheckSpec, JobFile, load_config
 from trainguard.config.backends import backend_for
 from trainguard.config.preflight import preflight
@@ -253,9 +253,9 @@ def _last_durations(job_file: JobFile) -> tuple[str, dict[str, float]]:
     durations: dict[str, float] = {}
     used: list[str] = []
     for path in sorted((p for p in candidates if p.is_file()), key=lambda p: p.stat().st_mtime):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        try:  # a report of trainguard's own, read as data (a huge one or one nested 1000 deep: skipped)
+            data = read_json(path, OWN_FILE_LIMITS)
+        except Unreadable:
             continue
         checks = data.get("checks") if isinstance(data, dict) else None
         if isinstance(data, dict) and checks is None and isinstance(data.get("report"), dict):

@@ -114,18 +114,13 @@ def step_in_name(name: str) -> int | None:
 def find_checkpoints(directory: Path) -> list[Path]:
     """Torch checkpoint files under ``directory``, oldest first (by modification time, then name).
 
-    Temp files of an in-progress atomic write (dot-prefixed or ``.tmp``) are ignored.
+    Temp files of an in-progress write (:func:`is_temp_name`: ``.x``, ``x.tmp``, ``x.pt.tmp123``,
+    ``tmp*``, ...) are ignored.
     """
     if not directory.is_dir():
         return []
-    files = [
-        p
-        for p in directory.rglob("*")
-        if p.is_file()
-        and p.suffix in CHECKPOINT_SUFFIXES
-        and not p.name.startswith(".")
-        and not p.name.endswith(".tmp")
-    ]
+    files = [p for p in directory.rglob("*")
+             if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES and not is_temp_name(p.name)]
     return sorted(files, key=lambda p: (p.stat().st_mtime, p.name))
 
 
