@@ -294,3 +294,26 @@ def test_digits_drills_on_the_real_torch_job(
     root = patched_example(patches, DIGITS_JOB)
     result = run(root / "trainguard.yaml", name)
     assert result.status == status and expected in result.summary, result.summary
+
+
+@pytest.mark.parametrize("on_notice", ["ignore", "die"])
+def test_a_kill_whose_signal_the_rank_ignores_tested_nothing(tmp_path: Path, on_notice: str) -> None:
+    """A rank that ignores the drill's SIGTERM runs on to its last step and exits 0: before issue
+    42 the recover drill PASSED ("the job completed without needing a restart"); the fault had no
+    effect, so the drill is an error saying so. The same job dying of the signal recovers."""
+    path = tmp_path / "ignore.trainguard.yaml"
+    path.write_text(
+        "job:\n  name: ignores-sigterm\n"
+        f'  command: "python {JOBS / "toy_train.py"} --steps {{steps}} --seed {{seed}} --ckpt-dir '
+        f'{{checkpoint_dir}} --sleep 0.05 --on-notice {on_notice}"\n'
+        '  resume_args: "--resume"\n'
+        "  metrics:\n    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'\n"
+        "  timeout: 60\n  stall_timeout: 20\n"
+        "checks:\n  drills:\n"
+        "    - {name: term, fault: kill_rank, rank: 0, steps: 16, after_step: 7, params: {signal: SIGTERM}}\n")
+    result = run(path, "term")
+    if on_notice == "ignore":
+        assert result.status == "error", result.summary
+        assert "the fault had no effect: rank 0 was sent SIGTERM after step 7" in result.summary
+    else:
+        assert result.status == "passed", result.summary

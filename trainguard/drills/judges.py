@@ -324,6 +324,8 @@ def not_injected(c: DrillContext) -> Judgement | None:
                 f"step {c.info.injected_step} and injected it (the job's output is read with a "
                 "lag that grows on a loaded machine); give the drill more steps after after_step",
                 evidence)
+    if no_effect := c.fault.no_effect(first, c.spec.steps, c.metric):
+        return Judgement("error", f"the fault had no effect: {no_effect}", evidence)
     return None
 
 

@@ -194,6 +194,13 @@ class Fault:
         """How a failed attempt ended, in words (e.g. 'killed by the kernel OOM killer')."""
         return result.reason or result.outcome
 
+    def no_effect(self, first: RunResult, steps: int, metric: str) -> str:
+        """Why the fault, injected into ``first`` (the first attempt of a ``steps``-step run),
+        tested nothing: its target went on as if it had not struck. Empty when it struck, or
+        when this fault cannot tell (default). A drill whose fault had no effect is an error,
+        never a pass (docs/security.md, "What never passes")."""
+        return ""
+
     def likely_causes(self, result: RunResult) -> list[str]:
         """Causes of a failed drill that this fault can read from ``result``, most likely first;
         the judges put them before their expectation's general ones. Default: none."""

@@ -75,6 +75,22 @@ class KillRankFault(Fault):
         launcher.kill_rank(self.rank, self.signal)
         self.sent = self.signal.name
 
+    def no_effect(self, first: RunResult, steps: int, metric: str) -> str:
+        """The rank was signalled, yet exited 0 after printing the run's last step: it caught or
+        ignored the signal (a shell's background job starts with SIGINT ignored, and its
+        children inherit that), so no death was tested. A rank that exited 0 early (a SIGTERM
+        handler that saves and stops) did react, and is judged by the expectation."""
+        if self.sent is None or self.ray_worker:  # Ray Train restarts a worker group inside one fit
+            return ""
+        exit_ = next((e for e in first.exits if e.rank == self.rank), None)
+        last = max((p.step for p in first.points if p.rank == self.rank and p.name == metric), default=None)
+        if exit_ is None or exit_.returncode != 0 or exit_.signal or last is None or last < steps:
+            return ""
+        return (f"rank {self.rank} was sent {self.sent} after step {self.after_step} and went on to its last "
+                f"step ({last}) and exit code 0: the signal was caught or ignored, so no death was tested "
+                "(does the job install a handler for it? a shell's background job starts with SIGINT "
+                "ignored); use signal SIGKILL, or a signal the job does not handle")
+
     def evidence(self) -> dict[str, Any]:
         return {**super().evidence(), "signal": self.params["signal"], "pid": self.pid,
                 "sent": self.sent is not None, "ray_worker": self.ray_worker, "via": self.via,
