@@ -26,7 +26,6 @@ import math
 import os
 import re
 import shlex
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from pydantic import Field, field_validator, model_validator
 
 from trainguard._internal.gitcmd import GitError
 from trainguard._internal.promoted import last_promoted
+from trainguard._internal.readers import copy_tree
 from trainguard._internal.worktree import (
     checkout,
     link_ignored,
@@ -316,7 +316,7 @@ def _run_at_base(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence,
         evidence.layout = layout.as_evidence()
         # base's checkpoint as the kill left it: the resumed run writes newer ones beside it
         kept = base.checkpoints.parent / "at-kill"
-        shutil.copytree(base.checkpoints, kept, symlinks=True)
+        copy_tree(base.checkpoints, kept)  # a FIFO, socket or device is left out, never opened
         resumed = runner.run(request, label="compat-resumed", resume=True, checkpoint_dir=base.checkpoints)
         evidence.run_dirs["resumed"] = str(resumed.run_dir)
 
