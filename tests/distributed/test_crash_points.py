@@ -97,7 +97,7 @@ def test_a_resume_that_is_never_exact_is_not_called_a_torn_checkpoint(tmp_path: 
     assert [o["outcome"] for o in ev["outcomes"]] == ["loaded", "loaded"], ev["outcomes"]
     assert ev["control"]["outcome"] == "torn" and ev["control"]["resumed_from_step"] == ev["outcomes"][0]["resumed_from_step"]
     assert ev["first_unsafe"] is None and "resume is not exact" in result.summary
-    assert ev["runs"] == 1 + 2 * 2 + 2  # the recording, two crashes and the control, each resumed
+    assert ev["runs"] == 2 + 2 * 2 + 2  # the recording and its restart, two crashes and the control, each resumed
 
 
 @needs_fuse
