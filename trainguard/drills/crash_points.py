@@ -4,8 +4,9 @@
 A FUSE layer (:mod:`trainguard.faults.fusefs`) lies over the checkpoint directory. One run of the
 job records every file operation its ranks make (:mod:`trainguard.faults.fusejournal`), and a
 restart of it with ``resume_args`` which files it opens: the save explored is the first burst
-after step ``after_step`` that writes a file the restart reads (:mod:`trainguard.drills.crash_saves`;
-never a log). Each of its operations is a *boundary*, named ``(rank, file, op, ordinal)``. Then, for each boundary (all of them up to ``max_boundaries``; above
+after step ``after_step`` that writes a file the restart reads, never a log
+(:mod:`trainguard.drills.crash_saves`). Each of its operations is a *boundary*, named ``(rank,
+file, op, ordinal)``. Then, for each boundary (all of them up to ``max_boundaries``; above
 it every operation that is not a write, then writes spread over each file, the counts reported),
 a fresh run of the job is crashed right after that boundary (SIGKILL to every rank from the
 daemon; nothing after it reaches the disk) and restarted with ``resume_args``. Each restart is

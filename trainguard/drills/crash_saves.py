@@ -136,8 +136,8 @@ def unlike_reference(actual_root: Path, expected_root: Path, names: list[str]) -
         for rel in pairs:
             where = f"{name.rstrip('/')}/{rel}" if rel else name
             a, e = (actual / rel, expected / rel) if rel else (actual, expected)
-            if not a.is_file() or not e.is_file():
-                differences.append(_missing(where, a.is_file()))
+            if not os.path.lexists(a) or not os.path.lexists(e):
+                differences.append(_missing(where, os.path.lexists(a)))
                 continue
             compared += 1
             why = _file_unlike(where, a, e, (actual_root, expected_root))
