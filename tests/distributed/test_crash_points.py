@@ -269,7 +269,8 @@ def test_two_ranks_whose_save_is_committed_by_a_marker_are_safe_at_every_boundar
 
 @needs_fuse
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("writer", "status"), [("pid", "passed"), ("timestamped", "error")])
+@pytest.mark.parametrize(("writer", "status"), [pytest.param("pid", "passed", marks=pytest.mark.slow),
+                                                ("timestamped", "error")])
 def test_a_temp_name_that_differs_between_runs(tmp_path: Path, writer: str, status: str) -> None:
     """A writer's pid in its temp name (digits' ``.ckpt_000010.pt.6800.tmp``) names the same
     boundary in every run; a name by the time cannot be found again, and a check that reached
@@ -325,13 +326,13 @@ def test_a_log_appended_at_every_step_is_not_the_save_explored(tmp_path: Path) -
     the one of ckpt.json (the file the restart opens), never a log line, and it fails at the
     truncate as it does without the log; no process of the job outlives the check."""
     pids = tmp_path / "background.pids"
-    result = _crash_points(tmp_path, "inplace", limit=2, extra=f" --log --background {pids}")
+    result = _crash_points(tmp_path, "inplace", limit=1, extra=f" --log --background {pids}")
     assert result.status == "failed", result.summary
     first = result.evidence["first_unsafe"]
     assert (first["op"], first["path"], first["outcome"]) == ("truncate", "/ckpt.json", "crashed on load"), first
     assert "/ckpt.json" in result.evidence["reads"] and "/train.log" not in result.evidence["reads"]
     started = [int(line) for line in pids.read_text().split()]
-    assert len(started) >= 4  # the recording, its restart, a crash and its restart at least
+    assert len(started) == 5  # the uninterrupted run, the recording, its restart, the crash, its restart
     deadline = time.monotonic() + 10
     while not all(_ended(pid) for pid in started) and time.monotonic() < deadline:
         time.sleep(0.1)
