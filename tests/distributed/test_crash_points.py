@@ -11,8 +11,10 @@ save); the clean writer in power-loss mode and the other writers in kill mode ar
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from trainguard.drills.crash_points import Boundary, choose_boundaries
@@ -35,15 +37,15 @@ job:
   timeout: 60
   stall_timeout: 20
 checks:
-  crash_points: {{steps: 20, after_step: {after}, mode: {mode}, gap_s: 0.3, max_boundaries: {limit}}}
+  crash_points: {{steps: {steps}, after_step: {after}, mode: {mode}, gap_s: 0.3, max_boundaries: {limit}}}
 """
 
 
 def _crash_points(tmp_path: Path, writer: str, mode: str = "kill", *, limit: int = 16, extra: str = "",
-                  world: int = 1, after: int = 7) -> CheckResult:
+                  world: int = 1, after: int = 7, steps: int = 20) -> CheckResult:
     path = tmp_path / "trainguard.yaml"
     path.write_text(JOB.format(writer=writer, script=WRITER, mode=mode, limit=limit, extra=extra, world=world,
-                               after=after))
+                               after=after, steps=steps))
     report = check(path, only=["crash_points"], report_json=str(tmp_path / "report.json"))
     (result,) = report.checks
     # the report on disk says what the result says
@@ -95,7 +97,7 @@ def test_a_resume_that_is_never_exact_is_not_called_a_torn_checkpoint(tmp_path: 
     assert [o["outcome"] for o in ev["outcomes"]] == ["loaded", "loaded"], ev["outcomes"]
     assert ev["control"]["outcome"] == "torn" and ev["control"]["resumed_from_step"] == ev["outcomes"][0]["resumed_from_step"]
     assert ev["first_unsafe"] is None and "resume is not exact" in result.summary
-    assert ev["runs"] == 1 + 2 * 2 + 2  # the recording, two crashes and the control, each resumed
+    assert ev["runs"] == 2 + 2 * 2 + 2  # the recording and its restart, two crashes and the control, each resumed
 
 
 @needs_fuse
@@ -164,17 +166,18 @@ def test_the_save_explored_is_whole_and_saves_a_line_apart_are_apart() -> None:
     # a save every step (0.1 s apart, closer than gap_s): the step lines read between them part them
     events = _save(1.0, 1) + _save(1.1, 2) + _save(1.2, 3)
     lines = [(7, 1.05), (8, 1.15), (9, 1.25)]
-    save, before = _save_ops(events, lines, 7, 0.25)
-    assert [(b.op, b.ordinal) for b in save] == [("create", 2), ("write", 4), ("write", 5), ("write", 6),
-                                                 ("fsync", 2), ("rename", 2)] and before
+    found = _save_ops(events, lines, 7, 0.25)
+    assert [(b.op, b.ordinal) for b in found.boundaries] == [("create", 2), ("write", 4), ("write", 5), ("write", 6),
+                                                             ("fsync", 2), ("rename", 2)] and found.checkpoint_before
     # a line read late, in the middle of a save, does not split it: the save is left to the next
-    save, _ = _save_ops(_save(1.0, 1) + _save(1.5, 2), [(7, 1.0025)], 7, 0.25)
+    save = _save_ops(_save(1.0, 1) + _save(1.5, 2), [(7, 1.0025)], 7, 0.25).boundaries
     assert {b.ordinal for b in save if b.op == "create"} == {2} and len(save) == 6
     # a slow fsync does not split a save: the gap is from one operation's end to the next's start
-    save, before = _save_ops(_save(2.0, 1, fsync_s=3.0), [(7, 1.0)], 7, 0.25)
-    assert len(save) == 6 and not before
+    found = _save_ops(_save(2.0, 1, fsync_s=3.0), [(7, 1.0)], 7, 0.25)
+    assert len(found.boundaries) == 6 and not found.checkpoint_before
     # no save after the step: nothing to explore
-    assert _save_ops(_save(1.0, 1), [(7, 1.5)], 7, 0.25) == ([], True)
+    found = _save_ops(_save(1.0, 1), [(7, 1.5)], 7, 0.25)
+    assert found.boundaries == [] and found.checkpoint_before
     # a save into a folder of its own that finishes in the background: the files written while
     # the next steps run and the marker committed at the next save belong to it; the next
     # save's own folder and the pruning of an old one do not
@@ -182,23 +185,52 @@ def test_the_save_explored_is_whole_and_saves_a_line_apart_are_apart() -> None:
               _op("/step_10/a.distcp", "write", 1, 2.6), _op("/step_10/.metadata", "create", 1, 3.2),
               _op("/step_15", "mkdir", 1, 5.0), _op("/step_10/COMPLETE", "create", 1, 5.01),
               _op("/step_05/a.distcp", "unlink", 1, 5.02), _op("/step_15/a.distcp", "create", 1, 5.03)]
-    save, _ = _save_ops(events, [(7, 1.0), (11, 2.3), (12, 2.9)], 7, 0.25)
+    save = _save_ops(events, [(7, 1.0), (11, 2.3), (12, 2.9)], 7, 0.25).boundaries
     assert [b.path for b in save] == ["/step_10", "/step_10/a.distcp", "/step_10/a.distcp", "/step_10/.metadata",
                                       "/step_10/COMPLETE"]
     # two ranks saving in turn: rank 0's next step line, read before rank 1 saves, parts nothing
     rank1 = [{**e, "rank": 1} for e in _save(1.3, 1)]
-    save, _ = _save_ops(_save(1.0, 1) + _save(1.2, 2) + rank1, [(7, 1.1), (10, 1.25)], 7, 0.25)
+    save = _save_ops(_save(1.0, 1) + _save(1.2, 2) + rank1, [(7, 1.1), (10, 1.25)], 7, 0.25).boundaries
     assert [(b.rank, b.op) for b in save][5:7] == [(0, "rename"), (1, "create")] and len(save) == 12
     # after the line, an async save's marker committing an earlier folder starts no save: the
     # save explored is the next one, which makes a folder of its own
     events = [_op("/step_05", "mkdir", 1, 1.0), _op("/step_05/a.distcp", "create", 1, 1.01),
               _op("/step_05/COMPLETE", "create", 1, 2.0), _op("/step_10", "mkdir", 1, 3.0),
               _op("/step_10/a.distcp", "create", 1, 3.01)]
-    save, _ = _save_ops(events, [(7, 1.5)], 7, 0.25)
+    save = _save_ops(events, [(7, 1.5)], 7, 0.25).boundaries
     assert [b.path for b in save] == ["/step_10", "/step_10/a.distcp"]
     # a directory made at start-up is no checkpoint before the save
-    save, before = _save_ops([_op("/ckpts", "mkdir", 1, 0.5), *_save(2.0, 1)], [(7, 1.0)], 7, 0.25)
-    assert len(save) == 6 and not before
+    found = _save_ops([_op("/ckpts", "mkdir", 1, 0.5), *_save(2.0, 1)], [(7, 1.0)], 7, 0.25)
+    assert len(found.boundaries) == 6 and not found.checkpoint_before
+
+
+
+
+def test_the_save_explored_writes_what_a_restart_reads_never_a_log() -> None:
+    """A line appended to train.log at every step makes a burst of its own after each step line;
+    the save explored is the first burst that writes a file a restart opens (ckpt.json), the log
+    lines before it are no checkpoint, and a log opened to append is never the save, even when
+    the restart reads it too. Saves into numbered folders match the restart's reads of the
+    newest folder (numbers aside)."""
+    from trainguard.drills.crash_points import _save_ops
+
+    log = [_op("/train.log", "write", i, 0.95 + 0.1 * i) for i in range(1, 12)]
+    # step 6 saves, then logs, then prints its line
+    save = [*_save(1.52, 1)[:-1], {**_save(1.52, 1)[-1], "to": "/ckpt.json"}]
+    events = sorted(log + save, key=lambda e: e["t0"])
+    lines = [(i, 0.96 + 0.1 * i) for i in range(1, 12)]
+    assert [b.path for b in _save_ops(events, lines, 3, 0.25).boundaries] == ["/train.log"]  # any burst: the log's
+    found = _save_ops(events, lines, 3, 0.25, {"/ckpt.json"})
+    assert [(b.op, b.path) for b in found.boundaries][4:] == [("fsync", "/c.tmp"), ("rename", "/c.tmp"),
+                                                              ("write", "/train.log")]
+    assert not found.checkpoint_before and found.last
+    # the restart opens the log too, to append: still not the save
+    found = _save_ops(events, lines, 3, 0.25, {"/ckpt.json", "/train.log"}, {"/train.log"})
+    assert found.boundaries[0].path == "/c.tmp"
+    folder = [_op("/iter_0000010", "mkdir", 1, 1.52), _op("/iter_0000010/model.json", "create", 1, 1.521)]
+    found = _save_ops(sorted(log + folder, key=lambda e: e["t0"]), lines, 3, 0.25, {"/iter_#/model.json"})
+    assert [b.path for b in found.boundaries] == ["/iter_0000010", "/iter_0000010/model.json", "/train.log"]
+    assert _save_ops(events, lines, 3, 0.25, {"/other.pt"}).boundaries == []
 
 
 @needs_fuse
@@ -237,7 +269,8 @@ def test_two_ranks_whose_save_is_committed_by_a_marker_are_safe_at_every_boundar
 
 @needs_fuse
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("writer", "status"), [("pid", "passed"), ("timestamped", "error")])
+@pytest.mark.parametrize(("writer", "status"), [pytest.param("pid", "passed", marks=pytest.mark.slow),
+                                                ("timestamped", "error")])
 def test_a_temp_name_that_differs_between_runs(tmp_path: Path, writer: str, status: str) -> None:
     """A writer's pid in its temp name (digits' ``.ckpt_000010.pt.6800.tmp``) names the same
     boundary in every run; a name by the time cannot be found again, and a check that reached
@@ -276,3 +309,67 @@ def test_a_crash_in_the_last_save_resumes_with_nothing_left_to_train(tmp_path: P
     last = result.evidence["outcomes"][-1]
     assert (last["op"], last["outcome"], last["resumed_from_step"]) == ("rename", "safe", 20), last
     assert "no step left to train" in last["detail"]
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@needs_fuse
+@pytest.mark.timeout(240)
+def test_a_log_appended_at_every_step_is_not_the_save_explored(tmp_path: Path) -> None:
+    """The in-place writer that also appends a line to train.log in its checkpoint directory at
+    every step, and leaves a process behind that appends to bg.log there: the save explored is
+    the one of ckpt.json (the file the restart opens), never a log line, and it fails at the
+    truncate as it does without the log; no process of the job outlives the check."""
+    pids = tmp_path / "background.pids"
+    result = _crash_points(tmp_path, "inplace", limit=1, extra=f" --log --background {pids}")
+    assert result.status == "failed", result.summary
+    first = result.evidence["first_unsafe"]
+    assert (first["op"], first["path"], first["outcome"]) == ("truncate", "/ckpt.json", "crashed on load"), first
+    assert "/ckpt.json" in result.evidence["reads"] and "/train.log" not in result.evidence["reads"]
+    started = [int(line) for line in pids.read_text().split()]
+    assert len(started) == 5  # the uninterrupted run, the recording, its restart, the crash, its restart
+    deadline = time.monotonic() + 10
+    while not all(_ended(pid) for pid in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in started if not _ended(pid)] == []
+
+
+@needs_fuse
+@pytest.mark.timeout(300)
+def test_a_restart_that_exits_0_on_a_torn_tracker_is_not_safe(tmp_path: Path) -> None:
+    """Megatron's tracker, latest_checkpointed_iteration.txt, written in place after the save's
+    folder: a crash after its truncation leaves it empty, and the restart prints ``ERROR: Invalid
+    metadata file ... Exiting`` and exits 0 without a step. That is no resume (steps were left),
+    and the next boundary, which resumes from the save, did not go back."""
+    result = _crash_points(tmp_path, "megatron", limit=5, steps=15)
+    assert result.status == "failed", result.summary
+    ev = result.evidence
+    assert [(o["op"], o["path"]) for o in ev["outcomes"]] == [
+        ("mkdir", "/iter_0000010"), ("create", "/iter_0000010/model.json"), ("write", "/iter_0000010/model.json"),
+        ("truncate", "/latest_checkpointed_iteration.txt"), ("write", "/latest_checkpointed_iteration.txt")], ev["outcomes"]
+    truncated, written = ev["outcomes"][3:]
+    assert truncated["outcome"] == "trained nothing" and truncated["resumed_from_step"] is None, truncated
+    assert "ERROR: Invalid metadata file" in truncated["detail"]
+    assert ev["first_unsafe"] == truncated and "rename it over the old one" in ev["fix"]
+    assert (written["outcome"], written["resumed_from_step"]) == ("safe", 10), written
+    assert {o["outcome"] for o in ev["outcomes"][:3]} == {"safe"}
+
+
+@needs_fuse
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_stale_final_weights_with_nothing_left_to_train_do_not_pass(tmp_path: Path) -> None:
+    """The last save writes the step (atomically) before the weights (in place): after the step's
+    rename a restart has nothing left to train and exits 0 without loading the weights, which
+    are still step 15's. What the crash left is not the uninterrupted run's final checkpoint."""
+    result = _crash_points(tmp_path, "tracker-first", after=17, limit=3)  # create, fsync, rename
+    assert result.status == "failed", result.summary
+    first = result.evidence["first_unsafe"]
+    assert (first["op"], first["path"], first["outcome"]) == ("rename", "/step.txt.tmp", "trained nothing"), first
+    assert "/weights.json differs" in first["detail"] and first["resumed_from_step"] is None
+    assert [o["outcome"] for o in result.evidence["outcomes"][:2]] == ["safe", "safe"]

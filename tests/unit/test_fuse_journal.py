@@ -105,6 +105,36 @@ def test_a_crash_before_a_boundary_strikes_instead_of_it(layer: FuseLayer) -> No
     assert (layer.backing / "ckpt.pt").read_bytes() == b"old"
 
 
+# a restart as the crash_points check sees it: the checkpoint read, a log appended to, a file
+# rewritten (no read), the checkpoint read again
+READER = """
+import os, sys
+d = sys.argv[1]
+for _ in range(2):
+    with open(os.path.join(d, "ckpt.pt"), "rb") as f:
+        f.read()
+with open(os.path.join(d, "train.log"), "a") as f:
+    f.write("resumed\\n")
+with open(os.path.join(d, "train.log"), "a") as f:
+    f.write("again\\n")
+with open(os.path.join(d, "notes.txt"), "w") as f:
+    f.write("x")
+with open(os.path.join(d, "notes.txt"), "r+") as f:
+    f.read()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_files_a_restart_opens_to_read_or_to_append_are_written_down_once(layer: FuseLayer) -> None:
+    (layer.backing / "ckpt.pt").write_bytes(b"state")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)\n" + READER, str(layer.point)],
+                             start_new_session=True)
+    layer.arm({"record": {"ranks": {str(child.pid): 0}}})
+    assert child.wait(timeout=30) == 0
+    opened = sorted((e["path"], e["mode"], e["rank"]) for e in layer.read_events() if e["event"] == "opened")
+    assert opened == [("/ckpt.pt", "read", 0), ("/notes.txt", "read", 0), ("/train.log", "append", 0)], opened
+
+
 @pytest.mark.timeout(30)
 def test_operations_of_other_processes_are_not_boundaries(layer: FuseLayer) -> None:
     layer.arm({"record": {"ranks": {"999999999": 0}}})

@@ -567,6 +567,30 @@ def test_grandchildren_of_a_clean_run_are_reaped(
     assert_gone(grandchildren)
 
 
+# a rank that leaves a process out of its tree (a double fork into a session of its own, as a
+# daemon or `setsid cmd &` does) and exits at once, before any scan of its descendants
+_DAEMONIZE = """
+import os, sys
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(60)", sys.argv[1]])
+    os._exit(0)
+os.wait()
+print("step 1 loss 1.0", flush=True)
+"""
+
+
+def test_a_process_that_left_the_rank_s_tree_does_not_outlive_the_run(
+    tmp_path: Path, marker: str, no_orphans: None
+) -> None:
+    spec = LaunchSpec(argv=["python", "-c", _DAEMONIZE, marker], run_dir=tmp_path / "run", world_size=1,
+                      metric_regexes={"loss": LOSS}, timeout=30.0, grace_period=2.0)
+    result = launch(spec)
+    assert result.outcome == "ok", result.reason
+    assert _alive_with(marker) == []
+
+
 # --------------------------------------------------------------------------------------------
 # Metrics: regex lines, JSONL files, trajectories
 # --------------------------------------------------------------------------------------------

@@ -2,16 +2,22 @@
 (docs/crash-points.md).
 
 A FUSE layer (:mod:`trainguard.faults.fusefs`) lies over the checkpoint directory. One run of the
-job records every file operation its ranks make from step ``after_step`` on, through the save
-that follows (:mod:`trainguard.faults.fusejournal`): each operation is a *boundary*, named
-``(rank, file, op, ordinal)``. Then, for each boundary (all of them up to ``max_boundaries``; above
+job records every file operation its ranks make (:mod:`trainguard.faults.fusejournal`), and a
+restart of it with ``resume_args`` which files it opens: the save explored is the first burst
+after step ``after_step`` that writes a file the restart reads, never a log
+(:mod:`trainguard.drills.crash_saves`). Each of its operations is a *boundary*, named ``(rank,
+file, op, ordinal)``. Then, for each boundary (all of them up to ``max_boundaries``; above
 it every operation that is not a write, then writes spread over each file, the counts reported),
 a fresh run of the job is crashed right after that boundary (SIGKILL to every rank from the
 daemon; nothing after it reaches the disk) and restarted with ``resume_args``. Each restart is
 judged against the uninterrupted run:
 
-* ``safe``: it resumed from a checkpoint and matched the uninterrupted run from there;
+* ``safe``: it resumed from a checkpoint and matched the uninterrupted run from there, or it
+  trained no step and what the crash left is the uninterrupted run's final checkpoint;
 * ``crashed on load``: the restart failed (a torn file it could not read);
+* ``trained nothing``: it exited 0 without a step, though steps were left after the save (or
+  what the crash left is not the final checkpoint): Megatron's ``read_metadata`` exits so on a
+  tracker it cannot read;
 * ``torn``: it resumed and diverged from the uninterrupted run (it loaded a torn checkpoint);
   the first time a restart diverges with none matched before, a control tells this from a resume
   that is never exact: a kill just before the save began, resumed. When that diverges too, the
@@ -45,6 +51,7 @@ from trainguard.checks.equivalence import compare_trajectories, progress_metric
 from trainguard.config.checks import CheckSpec
 from trainguard.config.problems import resume_problems
 from trainguard.config.registry import Check, Run
+from trainguard.drills.crash_saves import feeds_restart, save_files, shape, unlike_reference
 from trainguard.evidence import Evidence
 from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
 from trainguard.faults.fusemount import FuseMount
@@ -145,6 +152,12 @@ class CrashPointsEvidence(Evidence):
     fix: str | None = None
     runs: int = 0
     work_dir: str = ""
+    #: the files a restart of the recording run opened to read (the checkpoint the save writes)
+    reads: list[str] = field(default_factory=list)
+    #: files the job opened to append (logs: never the save, never compared)
+    appended: list[str] = field(default_factory=list)
+    #: whether no later save of the files a restart reads followed the one explored
+    last_save: bool = False
     #: a kill just before the save began, resumed: run when a crash's restart diverged and none
     #: matched before it, to tell a torn checkpoint from a resume that is never exact
     control: dict[str, Any] | None = None
@@ -254,17 +267,21 @@ def _top(path: Any) -> str:
     return str(path).strip("/").split("/", 1)[0]
 
 
-def _save_ops(events: list[dict[str, Any]], arrivals: list[tuple[int, float]], after_step: int,
-              gap_s: float) -> tuple[list[Boundary], bool]:
-    """The boundaries of the first save that began after the line of step ``after_step`` arrived:
-    a burst of operations, each starting at most ``gap_s`` after the one before ended and with no
-    step line read between them (unless they follow each other within 20 ms): a save whole, a
-    slow fsync not splitting it, frequent saves apart; and whether data was written before it
-    (a checkpoint a crash in this save must not lose)."""
-    ops = [e for e in events if e.get("event") == "op"]
-    seen = [t for step, t in arrivals if step >= after_step]
-    if not ops or not seen:
-        return [], False
+@dataclass
+class SaveFound:
+    """The save explored: its boundaries; whether a checkpoint was written before it (one a crash
+    in this save must not lose); whether no later save followed it (the run's last); the files
+    it left under their final names (logs aside)."""
+
+    boundaries: list[Boundary]
+    checkpoint_before: bool
+    last: bool
+    files: list[str] = field(default_factory=list)
+
+
+def _bursts(ops: list[dict[str, Any]], arrivals: list[tuple[int, float]], gap_s: float) -> list[list[dict[str, Any]]]:
+    """Operations in bursts: each starting at most ``gap_s`` after the one before ended and with
+    no step line read between them (unless they follow each other within 20 ms)."""
     bursts: list[list[dict[str, Any]]] = []
     lines = sorted(t for _, t in arrivals)
     for e in ops:
@@ -282,29 +299,50 @@ def _save_ops(events: list[dict[str, Any]], arrivals: list[tuple[int, float]], a
                 bursts[-1].append(e)
                 continue
         bursts.append([e])
+    return bursts
+
+
+def _save_ops(events: list[dict[str, Any]], arrivals: list[tuple[int, float]], after_step: int,
+              gap_s: float, reads: set[str] | None = None, appended: set[str] | None = None) -> SaveFound:
+    """The first save that began after the line of step ``after_step`` arrived: a burst of
+    operations (:func:`_bursts`: a save whole, a slow fsync not splitting it, frequent saves
+    apart) that writes a file a restart reads (``reads``, their :func:`shape`; None: any burst),
+    never a log (``appended``)."""
+    ops = [e for e in events if e.get("event") == "op"]
+    seen = [t for step, t in arrivals if step >= after_step]
+    if not ops or not seen:
+        return SaveFound([], False, False)
+    bursts = _bursts(ops, arrivals, gap_s)
+
+    def feeds(e: dict[str, Any]) -> bool:
+        return reads is None or feeds_restart(str(e["op"]), str(e["path"]), e.get("to"), reads, appended or set())
+
     # the first burst after the line that starts a save: one that only finishes a folder an
     # earlier burst began (an async save's marker) belongs to that earlier save
     begun: set[str] = set()
     index = None
     for i, b in enumerate(bursts):
         tops = {_top(e["path"]) for e in b}
-        if float(b[0].get("t0", b[0]["t"])) > seen[0] and not tops <= begun:
+        if float(b[0].get("t0", b[0]["t"])) > seen[0] and not tops <= begun and any(feeds(e) for e in b):
             index = i
             break
         begun |= {_top(e["path"]) for e in b if "/" in str(e["path"]).strip("/") or e["op"] == "mkdir"}
+    # a checkpoint before it: data written to what a restart reads (a directory made at start-up
+    # or a log is none)
+    wrote = any(e["op"] in ("write", "rename", "link") and feeds(e) for b in bursts[:index] for e in b)
     if index is None:
-        return [], True
+        return SaveFound([], wrote, False)
     # a save into a folder of its own goes on in later bursts when it finishes in the background
     # (an async save whose files are written while the next steps run, its marker committed at
     # the next save): every later operation that builds that folder belongs to it
     folders = {_top(e["path"]) for e in bursts[index] if "/" in str(e["path"]).strip("/")}
     later = [e for b in bursts[index + 1:] for e in b
              if folders and _top(e["path"]) in folders and e["op"] not in ("unlink", "rmdir")]
+    taken = {id(e) for e in later}
+    after = [e for b in bursts[index + 1:] for e in b if id(e) not in taken]
     save = [Boundary(int(e["rank"]), str(e["path"]), str(e["op"]), int(e["ordinal"]), e.get("to"))
             for e in bursts[index] + later]
-    # a checkpoint before it: data written before (a directory made at start-up is none)
-    wrote = any(e["op"] in ("write", "rename", "link") for b in bursts[:index] for e in b)
-    return save, wrote
+    return SaveFound(save, wrote, not any(feeds(e) for e in after))
 
 
 def run_crash_points(runner: JobRunner, spec: CrashPointsCheck) -> CheckResult:
@@ -342,24 +380,53 @@ def run_crash_points(runner: JobRunner, spec: CrashPointsCheck) -> CheckResult:
             evidence.outcomes.append({"boundary": "unmount", "outcome": "error", "detail": problem})
 
 
-def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference: RunResult, metric: str,
-             base: int, layer: FuseLayer, evidence: CrashPointsEvidence, started: float) -> CheckResult:
+def _opened(events: list[dict[str, Any]], mode: str) -> set[str]:
+    return {str(e["path"]) for e in events if e.get("event") == "opened" and e.get("mode") == mode}
+
+
+def _record(runner: JobRunner, spec: CrashPointsCheck, request: Any, metric: str, layer: FuseLayer,
+            evidence: CrashPointsEvidence) -> SaveFound | str:
+    """The recording run, then its restart (the files it opens are the checkpoint): the save
+    explored, or why there is none."""
     watch = _Watch(layer, metric, "record", {"run": "record"})
     recorded = runner.run(request, label="crash-points-record", checkpoint_dir=layer.point, on_metric=watch)
     evidence.runs += 1
     layer.disarm()
     events = layer.read_events()
-    found, had_checkpoint = _save_ops(events, watch.arrivals, spec.after_step, spec.gap_s)
-    if found:
-        first = found[0].as_rule()
-        began = next((float(e.get("t0", e["t"])) for e in events if e.get("event") == "op" and all(
-            e.get(k) == v for k, v in first.items())), None)
-        evidence.save_after_step = max((step for step, t in watch.arrivals if began is not None and t <= began), default=None)
-    if not recorded.ok or not found:
-        why = (f"the recording run did not complete: {recorded.reason}" if not recorded.ok else
-               f"no save under the checkpoint directory began after trainguard read step {spec.after_step}: "
-               "does the job save during the run, to {checkpoint_dir}, with steps left after after_step?")
-        return CheckResult(_NAME, "error", why, evidence.to_dict(), time.monotonic() - started)
+    if not recorded.ok:
+        return f"the recording run did not complete: {recorded.reason}"
+    layer.arm({"record": {"run": "restart"}})
+    restarted = runner.run(request, label="crash-points-restart-record", resume=True, checkpoint_dir=layer.point)
+    evidence.runs += 1
+    layer.disarm()
+    opens = [e for e in layer.read_events()[len(events):] if e.get("event") == "opened"]
+    appended = _opened(events, "append") | _opened(opens, "append")
+    reads = _opened(opens, "read") - appended
+    evidence.reads, evidence.appended = sorted(reads)[:50], sorted(appended)[:50]
+    if not reads:
+        return ("a restart of the recording run (resume_args) opened no file under the checkpoint directory to "
+                f"read ({restarted.outcome}), so no save can be told from a log: does the job load its "
+                "checkpoint from {checkpoint_dir} when resumed?")
+    save = _save_ops(events, watch.arrivals, spec.after_step, spec.gap_s, {shape(r) for r in reads}, appended)
+    if not save.boundaries:
+        return (f"no save of the files a restart reads ({', '.join(sorted(reads)[:3])}) began after trainguard "
+                f"read step {spec.after_step}: does the job save during the run, to {{checkpoint_dir}}, with "
+                "steps left after after_step?")
+    first = save.boundaries[0].as_rule()
+    began = next((float(e.get("t0", e["t"])) for e in events if e.get("event") == "op" and all(
+        e.get(k) == v for k, v in first.items())), None)
+    evidence.save_after_step = max((step for step, t in watch.arrivals if began is not None and t <= began), default=None)
+    evidence.last_save = save.last
+    save.files = save_files(((b.op, b.path, b.to) for b in save.boundaries), appended)
+    return save
+
+
+def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference: RunResult, metric: str,
+             base: int, layer: FuseLayer, evidence: CrashPointsEvidence, started: float) -> CheckResult:
+    save = _record(runner, spec, request, metric, layer, evidence)
+    if isinstance(save, str):
+        return CheckResult(_NAME, "error", save, evidence.to_dict(), time.monotonic() - started)
+    found, had_checkpoint = save.boundaries, save.checkpoint_before
     chosen = choose_boundaries(found, spec.max_boundaries)
     evidence.boundaries_found, evidence.boundaries_explored = len(found), len(chosen)
     for b in found:
@@ -368,12 +435,13 @@ def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference:
     resumed_before: int | None = base - 1 if had_checkpoint else None
     unsafe: tuple[Boundary, dict[str, Any]] | None = None
     for number, boundary in enumerate(chosen):
-        row = _crash_and_resume(number, runner, spec, request, reference, metric, base, layer, boundary, resumed_before)
+        row = _crash_and_resume(number, runner, spec, request, reference, metric, base, layer, boundary,
+                                resumed_before, save=save)
         evidence.runs += row.pop("runs")
         first_doubt = row["outcome"] == "torn" and not any(r["outcome"] == "safe" for r in evidence.outcomes)
         if (first_doubt or row["outcome"] == "began again") and evidence.control is None:
             evidence.control = _crash_and_resume(len(chosen), runner, spec, request, reference, metric, base,
-                                                 layer, found[0], resumed_before, control=True)
+                                                 layer, found[0], resumed_before, save=save, control=True)
             evidence.runs += evidence.control.pop("runs")
         if row["outcome"] == "began again" and evidence.control is not None and (
                 evidence.control.get("resumed_from_step") is not None and evidence.control["resumed_from_step"] < base):
@@ -437,9 +505,42 @@ def _ranks_print_alike(points: list[MetricPoint], metric: str) -> bool:
     return len(steps) > 1 and all(v == next(iter(steps.values())) for v in steps.values())
 
 
+def _last_words(result: RunResult) -> str:
+    """The last line a run printed: on rank 0's stdout (its log's last 4 KiB), else on stderr."""
+    lines: list[str] = []
+    with contextlib.suppress(OSError), open(result.run_dir / "rank0.stdout.log", "rb") as log:
+        log.seek(max(0, log.seek(0, 2) - 4096))
+        lines = log.read(4096).decode("utf-8", "replace").splitlines()
+    lines += result.stderr_tail.splitlines() if not any(ln.strip() for ln in lines) else []
+    return next((ln.strip()[:200] for ln in reversed(lines) if ln.strip()), "")
+
+
+def _trained_nothing(row: dict[str, Any], spec: CrashPointsCheck, reference: RunResult, layer: FuseLayer,
+                     resumed: RunResult, save: SaveFound) -> dict[str, Any]:
+    """A restart that exited 0 without a step: safe only when the save was the run's last and
+    what the crash left is the uninterrupted run's final checkpoint."""
+    said = _last_words(resumed)
+    said = f" (its last words: {said})" if said else ""
+    row["resumed_from_step"] = None
+    if not save.last:
+        row.update(outcome="trained nothing", detail=f"the restart exited 0 without training a step{said}, though "
+                   f"the uninterrupted run saved again after this save and trained to step {spec.steps}")
+        return row
+    differences, compared = ([], 0) if reference.checkpoint_dir is None else unlike_reference(
+        layer.backing, reference.checkpoint_dir, save.files)
+    if differences or not compared:
+        why = "; ".join(differences[:3]) or "no file of the save was left to compare"
+        row.update(outcome="trained nothing", detail=f"the restart exited 0 without training a step{said}, but what "
+                   f"the crash left is not the uninterrupted run's final checkpoint: {why}")
+        return row
+    row.update(outcome="safe", resumed_from_step=spec.steps, detail=f"the restart exited 0 with no step left to "
+               f"train: what the crash left is the uninterrupted run's final checkpoint ({compared} files equal)")
+    return row
+
+
 def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, request: Any, reference: RunResult,
                       metric: str, base: int, layer: FuseLayer, boundary: Boundary,
-                      resumed_before: int | None, *, control: bool = False) -> dict[str, Any]:
+                      resumed_before: int | None, *, save: SaveFound, control: bool = False) -> dict[str, Any]:
     """A fresh run crashed right after ``boundary`` (``control``: a kill instead of it, just
     before the save began, in either mode), restarted with the resume arguments, judged."""
     words = f"rank {boundary.rank}: a kill before the save's first operation" if control else boundary.words()
@@ -475,10 +576,8 @@ def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, re
         row.update(outcome="crashed on load", detail=f"the restart failed: {resumed.reason}"
                    + (f" ({last[:200]})" if last else ""))
         return row
-    if resumed_from is None:  # exited 0 without a step: a crash in the last save, nothing left
-        row.update(outcome="safe", resumed_from_step=spec.steps, detail=f"the restart exited 0 with no step "
-                   f"left to train: it resumed from step {spec.steps}'s checkpoint")
-        return row
+    if resumed_from is None:  # exited 0 without a step: finished only if the crash left the final checkpoint
+        return _trained_nothing(row, spec, reference, layer, resumed, save)
     firsts = _first_steps(resumed.points, metric)
     if len(set(firsts.values())) > 1 and _ranks_print_alike(reference.points, metric):
         row["ranks_resumed_from"] = {str(r): s - 1 for r, s in sorted(firsts.items())}
@@ -514,6 +613,7 @@ CRASH_POINTS: Check[CrashPointsCheck] = Check(
     _NAME, CrashPointsCheck, run=run_crash_points,
     # every launch it may make, so the plan's worst case is right: a crash and a resume per boundary
     runs=lambda spec, ctx: ([Run("reference", reference=True), Run("record the save"),
+                             Run("restart the recorded run: the files a resume reads"),
                              *(Run(f"{what} {i}") for i in range(1, spec.max_boundaries + 1)
                                for what in ("crash after boundary", "resume after crash")),
                              Run("a kill before the save, if a restart diverges"), Run("resume after the kill")],

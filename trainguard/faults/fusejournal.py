@@ -21,6 +21,10 @@ Armed through the ``rules`` trigger of :mod:`trainguard.faults.fusefs`:
   yet durable is undone first. With ``"before": true`` the crash strikes instead of that
   operation: it is never done (the caller gets EIO as it dies), a crash just before a save began.
 
+Under either rule every file a rank opens for reading or for appending is written once as an
+``opened`` event (``"mode": "read"`` or ``"append"``, named as a boundary names it): the files a
+restart reads are the checkpoint, the ones opened to append are logs.
+
 This module runs in the daemon only and imports nothing of trainguard's.
 """
 
@@ -44,6 +48,7 @@ __all__ = ["BOUNDARY_OPS", "Journal", "PowerLoss", "boundary_path"]
 BOUNDARY_OPS = ("create", "write", "truncate", "fsync", "fdatasync", "fsyncdir", "rename", "link",
                 "symlink", "unlink", "mkdir", "rmdir")
 _MAX_OPS = 50_000  # op events written per arming (a save of many shards; the count goes on)
+_MAX_OPENS = 5_000  # opened events written per arming (a file is written once per rank and mode)
 #: a temporary name's random part: Python's tempfile (tmp + 8 of [a-z0-9_]), Rust's tempfile crate
 #: (.tmp + 6 of [A-Za-z0-9]: safetensors' model.safetensors), a uuid, 32 hex digits
 _RANDOM = re.compile(r"tmp[A-Za-z0-9_]{6,8}(?![A-Za-z0-9_])|"
@@ -194,10 +199,12 @@ class Journal:
         self.written = 0
         self.crashed = False
         self.ranks_of: dict[int, int | None] = {}
+        self.opens: set[tuple[int, str, str]] = set()
 
     def _reset(self, key: Any, rules: dict[str, Any]) -> None:
         if self.key != key:
             self.key, self.counts, self.written, self.crashed, self.ranks_of = key, {}, 0, False, {}
+            self.opens = set()
             crash = rules.get("crash")
             self.power = (PowerLoss(self.backing, str(crash["snapshots"])) if isinstance(crash, dict)
                           and crash.get("mode") == "power" and crash.get("snapshots") and self.backing else None)
@@ -270,6 +277,24 @@ class Journal:
         self._emit({"event": "crashed", "op": op, "path": name, "rank": rank, "ordinal": ordinal,
                     "t": time.time(), **({"before": True} if before else {}),
                     **({"undone": dropped} if dropped is not None else {})})
+
+    def opened(self, key: Any, rules: dict[str, Any], path: str, pid: int, mode: str) -> None:
+        """A file opened by ``pid`` to ``read`` or to ``append`` (``mode``): an ``opened`` event,
+        the first time that rank opens that file so."""
+        spec = rules.get("crash") or rules.get("record")
+        if not isinstance(spec, dict):
+            return
+        with self.lock:
+            self._reset(self._run(key, rules), rules)
+            rank = self._rank(pid, spec.get("ranks"))
+            if rank is None:
+                return
+            seen = (rank, boundary_path(path, pid), mode)
+            if seen in self.opens or len(self.opens) >= _MAX_OPENS:
+                return
+            self.opens.add(seen)
+            self._emit({"event": "opened", "path": seen[1], "rank": rank, "mode": mode, "pid": pid,
+                        "t": time.time()})
 
     def after(self, key: Any, rules: dict[str, Any], op: str, path: str, pid: int, **extra: Any) -> None:
         """Count the operation just done; crash right after it when it is the boundary."""

@@ -166,6 +166,16 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
         if now is not None:
             self._journal.after(now[0], now[1], op, path, _caller(), t0=now[2], **extra)
 
+    def _opened(self, path: str, flags: int) -> None:
+        """A file opened to read or to append: the journal writes it down (the files a restart
+        reads, the logs)."""
+        emptied = flags & (os.O_TRUNC | os.O_CREAT)  # nothing left in it to read
+        mode = ("append" if flags & os.O_APPEND else
+                "read" if flags & os.O_ACCMODE != os.O_WRONLY and not emptied else None)
+        now = self._armed() if mode else None
+        if now is not None and mode is not None:
+            self._journal.opened(now[0], now[1], path, _caller(), mode)
+
     def _real(self, path: str) -> str:
         return os.path.join(self.backing, path.lstrip("/"))
 
@@ -261,16 +271,21 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
 
     def open(self, path: str, flags: int) -> int:
         if not flags & os.O_TRUNC or not flags & (os.O_WRONLY | os.O_RDWR):
-            return os.open(self._real(path), flags)
+            fh = os.open(self._real(path), flags)
+            self._opened(path, flags)
+            return fh
         now = self._change("truncate", path)  # an existing file opened with O_TRUNC: emptied in place
         fh = os.open(self._real(path), flags)
         self._done(now, "truncate", path, length=0)
+        self._opened(path, flags)
         return fh
 
     def create(self, path: str, mode: int, fi: Any = None) -> int:
         now = self._change("create", path)
         fh = os.open(self._real(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         self._done(now, "create", path)
+        if isinstance(fi, int):  # the open's flags (mfusepy passes them as an int)
+            self._opened(path, fi | os.O_CREAT)
         return fh
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:

@@ -50,6 +50,7 @@ from trainguard.launch.ports import reserve_port
 from trainguard.launch.procs import (
     GpuMemory,
     RankProcess,
+    carrying,
     group_alive,
     live_processes,
     process_running,
@@ -602,9 +603,12 @@ class Launcher:
         return [p for p in self._descendants.values() if process_running(p)]
 
     def _teardown(self) -> None:
-        """SIGTERM every rank's process group and every descendant seen, SIGKILL what is left
-        after the grace period."""
+        """SIGTERM every rank's process group, every descendant seen and every process that
+        carries this run's environment (one that left the tree: a double fork, a new session),
+        SIGKILL what is left after the grace period."""
         self._scan_descendants()
+        for proc in carrying(envvars.RUN_DIR, str(self.spec.run_dir)):
+            self._descendants.setdefault(proc.pid, proc)
         alive = [rp for rp in self.ranks if rp.popen.poll() is None or group_alive(rp.popen.pid)]
         strays = self._live_descendants()
         if not alive and not strays:

@@ -21,6 +21,7 @@ import psutil
 __all__ = [
     "GpuMemory",
     "RankProcess",
+    "carrying",
     "group_alive",
     "live_processes",
     "process_running",
@@ -126,6 +127,30 @@ def signal_name(returncode: int | None) -> str | None:
         return signal.Signals(-returncode).name
     except ValueError:
         return f"signal {-returncode}"
+
+
+_ENVIRON_MAX = 1 << 21  # the kernel caps a process's arguments and environment near this
+
+
+def carrying(name: str, value: str) -> list[psutil.Process]:
+    """The live processes but this one whose environment holds ``name=value``: every process a
+    launched run started (its ranks set it), wherever it went since (a double fork, a session of
+    its own, adopted by init), unless it cleared its environment. Linux (``/proc``); elsewhere none."""
+    entry, me = f"{name}={value}".encode(), os.getpid()
+    found = []
+    with contextlib.suppress(OSError):
+        pids = [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != me]
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as env:
+                    if entry not in env.read(_ENVIRON_MAX).split(b"\0"):
+                        continue
+                proc = psutil.Process(pid)
+            except (OSError, psutil.Error):  # gone, or another user's
+                continue
+            if process_running(proc):
+                found.append(proc)
+    return found
 
 
 def live_processes(pids: list[int]) -> list[psutil.Process]:

@@ -21,6 +21,20 @@ the ranks in turn (rank 1 waits for rank 0's file, so a crash between them is on
 * ``sharded-newest``: no marker; ``--resume`` has each rank load its own newest shard (a crash
   between the ranks' renames resumes them from different steps).
 
+Two writers keep a tracker file beside the state, as Megatron-LM and many hand-written loops do:
+
+* ``megatron``: the state in ``iter_NNNNNNN/model.json`` (a folder per save), then the step in
+  ``latest_checkpointed_iteration.txt``, written in place; ``--resume`` reads the tracker and,
+  when it holds no number, prints ``ERROR: Invalid metadata file ... Exiting`` and exits 0, as
+  Megatron's ``read_metadata`` does (no tracker: a fresh start);
+* ``tracker-first``: the step in ``step.txt`` (atomically), then the state in ``weights.json``,
+  in place; ``--resume`` with no step left exits 0 without loading the state.
+
+``--log`` appends a line to ``train.log`` in the checkpoint directory at every step (as the
+output directories of Hugging Face and Lightning hold logs); ``--background PIDFILE`` starts a
+process that leaves the job's process tree (a double fork) and appends to ``bg.log`` there every
+0.2 s for at most 30 s, its pid written to ``PIDFILE``.
+
 ``--resume`` loads ``ckpt.json`` if there is one (a torn one fails to parse: the job dies).
 ``--inexact-resume`` plants a resume that never matches the uninterrupted run (the state it
 loads is nudged by 1e-6), however the checkpoint was written.
@@ -54,6 +68,61 @@ def sync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def save_with_tracker(ckpt_dir: str, step: int, w: float, writer: str) -> None:
+    if writer == "megatron":
+        folder = os.path.join(ckpt_dir, f"iter_{step:07d}")
+        os.makedirs(folder, exist_ok=True)
+        write_all(os.path.join(folder, "model.json"), json.dumps({"step": step, "w": w}).encode(), sync=False)
+        with open(os.path.join(ckpt_dir, "latest_checkpointed_iteration.txt"), "w") as f:
+            f.write(str(step))
+        return
+    tracker = os.path.join(ckpt_dir, "step.txt")
+    write_all(tracker + ".tmp", str(step).encode(), sync=True)
+    os.replace(tracker + ".tmp", tracker)
+    write_all(os.path.join(ckpt_dir, "weights.json"), json.dumps({"w": w}).encode(), sync=False)
+
+
+def load_with_tracker(ckpt_dir: str, writer: str, steps: int) -> dict | None:
+    tracker = os.path.join(ckpt_dir, "latest_checkpointed_iteration.txt" if writer == "megatron" else "step.txt")
+    if not os.path.exists(tracker):
+        return None
+    with open(tracker) as f:
+        text = f.read().strip()
+    if writer == "megatron":
+        try:
+            step = int(text)
+        except ValueError:
+            print(f"ERROR: Invalid metadata file {tracker}. Exiting", flush=True)
+            sys.exit()
+        with open(os.path.join(ckpt_dir, f"iter_{step:07d}", "model.json")) as f:
+            return json.load(f)
+    step = int(text)
+    if step >= steps:
+        print(f"training already finished at step {step}", flush=True)
+        sys.exit()
+    with open(os.path.join(ckpt_dir, "weights.json")) as f:
+        return {"step": step, **json.load(f)}
+
+
+def background(ckpt_dir: str, pidfile: str) -> None:
+    """A process out of the job's tree: it outlives every rank unless someone ends it."""
+    if os.fork():
+        return
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    with open(pidfile, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    for _ in range(150):
+        try:
+            with open(os.path.join(ckpt_dir, "bg.log"), "a") as f:
+                f.write("still here\n")
+        except OSError:
+            pass
+        time.sleep(0.2)
+    os._exit(0)
 
 
 def save(ckpt_dir: str, step: int, w: float, writer: str) -> None:
@@ -119,19 +188,26 @@ def main() -> None:
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--writer", default="atomic",
                    choices=("atomic", "rename", "inplace", "unlink-first", "timestamped", "pid", "sharded-marker",
-                            "sharded-newest"))
+                            "sharded-newest", "megatron", "tracker-first"))
     p.add_argument("--sleep", type=float, default=0.02)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--inexact-resume", action="store_true")
+    p.add_argument("--log", action="store_true")
+    p.add_argument("--background", default=None)
     args = p.parse_args()
     os.makedirs(args.ckpt_dir, exist_ok=True)
+    if args.background:
+        background(args.ckpt_dir, args.background)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     sharded = args.writer.startswith("sharded")
+    tracked = args.writer in ("megatron", "tracker-first")
     done, w = 0, 1.0 + args.seed + rank
     path = os.path.join(args.ckpt_dir, "ckpt.json")
     state = None
     if args.resume and sharded:
         state = load_shard(args.ckpt_dir, args.writer, rank)
+    elif args.resume and tracked:
+        state = load_with_tracker(args.ckpt_dir, args.writer, args.steps)
     elif args.resume and os.path.exists(path):
         with open(path) as f:
             state = json.load(f)  # a torn checkpoint raises here
@@ -142,8 +218,13 @@ def main() -> None:
         time.sleep(args.sleep)
         if step % args.every == 0 and sharded:
             save_shard(args.ckpt_dir, step, w, args.writer, rank, world)
+        elif step % args.every == 0 and tracked:
+            save_with_tracker(args.ckpt_dir, step, w, args.writer)
         elif step % args.every == 0:
             save(args.ckpt_dir, step, w, args.writer)
+        if args.log:
+            with open(os.path.join(args.ckpt_dir, "train.log"), "a") as f:
+                f.write(f"step {step} loss {w:.10f}\n")
         print(f"step {step} loss {w:.10f}", flush=True)
     sys.exit(0)
 
