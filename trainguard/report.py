@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainguard._internal.atomic import atomic_write_text, write_or_fallback
+from trainguard._internal.readers import active_limits, read_json
 from trainguard._version import __version__
-from trainguard.errors import CheckFailed
+from trainguard.errors import CheckFailed, ConfigError
 
 __all__ = [
     "REPORT_SCHEMA_VERSION",
@@ -247,9 +248,44 @@ def _json_default(value: Any) -> Any:
     return repr(value)
 
 
+#: the keys of a report and of each of its checks, and the types each may hold
+_NONE = type(None)
+_REPORT_KEYS: dict[str, tuple[type, ...]] = {
+    "job": (str,), "job_file": (str, _NONE), "created_at": (int, float), "host": (str,),
+    "trainguard_version": (str,), "schema_version": (int,), "tracking_uri": (str, _NONE),
+    "interrupted": (bool,), "status": (str,), "checks": (list,),
+}
+_CHECK_KEYS: dict[str, tuple[type, ...]] = {
+    "name": (str,), "status": (str,), "summary": (str,), "evidence": (dict,), "duration_s": (int, float),
+    "reproduce": (str, _NONE), "skip_reason": (str, _NONE),
+}
+
+
+def _checked(data: Any, keys: dict[str, tuple[type, ...]], where: str) -> dict[str, Any]:
+    """``data`` when it is an object of ``keys`` each of its type (a number finite, never a huge
+    integer); ValueError naming the key otherwise."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where or 'the top level'} must be an object")
+    for key, value in data.items():
+        types = keys.get(key)
+        if types is None:
+            raise ValueError(f"{where}{str(key)[:80]}: not a key of a trainguard report")
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types) or (
+                isinstance(value, (int, float)) and not isinstance(value, bool)
+                and not -1e300 <= value <= 1e300):  # compared, not converted: NaN, inf and huge ints fail
+            raise ValueError(f"{where}{key} must be {' or '.join(t.__name__ for t in types)}, not {str(value)[:60]}")
+    return data
+
+
 def load_report(path: str | os.PathLike[str]) -> Report:
-    """Read a report written by :meth:`Report.write`."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    data.pop("status", None)
-    checks = [CheckResult(**c) for c in data.pop("checks", [])]
-    return Report(checks=checks, **data)
+    """Read a report written by :meth:`Report.write`, as data (within the read limits,
+    docs/security.md), every key checked; :class:`~trainguard.errors.ConfigError` naming the file
+    and the key otherwise."""
+    fix = "it is not a report trainguard wrote, or it was edited; run the checks again to write one"
+    try:
+        data = _checked(read_json(Path(path), active_limits()), _REPORT_KEYS, "")
+        data.pop("status", None)
+        checks = [CheckResult(**_checked(c, _CHECK_KEYS, f"checks[{i}].")) for i, c in enumerate(data.pop("checks", []))]
+        return Report(checks=checks, **data)
+    except (OSError, ValueError, TypeError) as exc:  # Unreadable is a ValueError
+        raise ConfigError(f"not a readable trainguard report ({exc}); {fix}", path=str(path)) from None

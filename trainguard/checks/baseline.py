@@ -274,7 +274,7 @@ def read_versioned_json(
     except (OSError, Unreadable) as exc:
         raise error(f"{target}: not a readable {what} ({exc}); delete it or {fix}") from None
     if not isinstance(data, dict) or data.get("kind") != kind:
-        raise error(f"{target}: not a {kind_name} (no \"kind\": \"{kind}\")")
+        raise error(f"{target}: not a {kind_name} (no \"kind\": \"{kind}\"); delete it or {fix}")
     if data.get("format_version") != version:
         raise error(
             f"{target} has {version_label} format version {data.get('format_version')!r}; trainguard "
