@@ -366,7 +366,8 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
             evidence.likely_causes = list(NOT_LEARNING_CAUSES)
         problems += _val_problems(result, spec, evidence)
         problems += _grad_norm_problems(result, spec, evidence)
-    baseline_note, refused = "", []
+    baseline_note = ""
+    refused: list[str] = []  # a baseline not compared with: an error, not a failure
     if result.ok and loss.first_non_finite is None:
         outcome = canary_calibrated(runner, spec, request, result) or \
             canary_baseline(runner, spec, request, result, canary_ok=not problems)
