@@ -19,7 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["DCP_METADATA_MODULE", "TOY", "attrgetter_gadget", "binunicode", "call_gadget", "drills_sharing_a_reference", "load_fault_harness", "read_hostile_corpus", "runs_by_kind", "signals_ignored", "time_limit", "toy_job", "wait_for_a_background_run"]
+__all__ = ["DCP_METADATA_MODULE", "TOY", "attrgetter_gadget", "binunicode", "call_gadget", "drills_sharing_a_reference", "each_refused", "load_fault_harness", "read_hostile_corpus", "runs_by_kind", "signals_ignored", "time_limit", "toy_job", "wait_for_a_background_run"]
 
 #: the fake training script of trainguard's own tests (no torch: a run costs a fraction of a second)
 TOY = Path(__file__).resolve().parent / "data" / "jobs" / "toy_train.py"
@@ -234,3 +234,17 @@ def read_hostile_corpus(corpus: Path, max_rss_mb: float, seconds: float) -> list
     bad = [r for r in rows if r["exit"] not in (0, 1) or not r["report"] or r["timed_out"] or r["over_rss"]]
     assert not bad, (bad, result.stderr[-3000:])
     return rows
+
+
+def each_refused(directory: Path, cases: dict[str, tuple[str, str]], load: Any, error: type[Exception],
+                 fix: str) -> None:
+    """Write each case's text as ``<name>.json`` in ``directory`` and assert ``load`` refuses it
+    with ``error``: its message matches the case's regex and names the file and ``fix``."""
+    import pytest
+
+    for name, (text, words) in cases.items():
+        path = directory / f"{name}.json"
+        path.write_text(text)
+        with pytest.raises(error, match=words) as caught:
+            load(path)
+        assert str(path) in str(caught.value) and fix in str(caught.value), name

@@ -4,7 +4,9 @@ a wall-time cap; prints one JSON line per case. Used by tests/unit/test_hostile_
 ``python tests/hostile_driver.py CORPUS MAX_RSS_MB SECONDS``: every directory of CORPUS is a
 case; a child reads it as trainguard's callers do (the inventory, the comparison of the case with
 itself; a ``slurm.log`` as ``trainguard slurm-drill`` follows it, a ``metrics.jsonl`` as the
-launcher does, the sample records) and writes ``report.json`` beside it. The parent imports torch once, so a case costs a
+launcher does, the sample records; a ``.trainguard/`` beside a ``trainguard.yaml`` as the checks,
+the plan and ``submit`` read its calibrations, canary baselines and reports) and writes
+``report.json`` beside it. The parent imports torch once, so a case costs a
 fork, not an interpreter.
 """
 
@@ -15,14 +17,37 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch  # noqa: F401 - imported once, before the forks
 
 from trainguard._internal.readers import Unreadable
+from trainguard.checks.baseline import (
+    BaselineError,
+    baseline_files,
+    baselines_dir,
+    find_baseline,
+    load_baseline,
+)
+from trainguard.checks.calibration import (
+    calibrations_dir,
+    find_calibration,
+    load_calibration,
+    tolerance_for,
+)
+from trainguard.checks.statefiles import JobKey
+from trainguard.config import load_config
+from trainguard.errors import TrainguardError
+from trainguard.gate.run import read_gate_report
 from trainguard.launch.metrics import JsonlTail
 from trainguard.launch.samples import read_samples
 from trainguard.queue.slurm_drill import read_attempts
+from trainguard.report import load_report
+from trainguard.run.request import RunRequest
+from trainguard.run.runner import JobRunner
+from trainguard.session.plan import make_plan
+from trainguard.session.session import session_settings
 from trainguard.unit.checkpoints import checkpoint_inventory, compare_checkpoint_dirs
 
 LOSS = r"step (?P<step>\d+) loss (?P<value>\S+)"
@@ -42,14 +67,59 @@ def read_logs(case: Path) -> dict[str, object]:
     return logs
 
 
+def _outcome(read: Callable[[], object]) -> str:
+    """What a state-file or report reader made of the case: ``used: ...`` or ``refused: ...``
+    (a TrainguardError, the readers' clean refusal); any other exception escapes (a crash)."""
+    try:
+        return f"used: {str(read())[:300]}"
+    except TrainguardError as exc:
+        return f"refused: {exc}"
+
+
+def read_state(case: Path) -> dict[str, object]:
+    """What trainguard makes of the case's ``.trainguard/`` (next to its ``trainguard.yaml``): each
+    calibration and canary baseline file, the ones the job's checks would use and the tolerance
+    and canary band they would give, and the reports a plan, ``submit`` and ``load_report`` read."""
+    job_file = load_config(case / "trainguard.yaml")
+    state, request = job_file.state_dir, RunRequest.make(steps=4, seed=0, world_size=1)
+    found, note = find_calibration(state, request, JobKey.of(job_file))
+    tolerance = tolerance_for(JobRunner(job_file), job_file.checks.resume, request, "resume")
+
+    def baseline() -> object:
+        try:
+            return find_baseline(job_file, "latest", {"steps": 4, "seed": 0, "world_size": 1, "args": []})
+        except BaselineError as exc:
+            raise BaselineError(f"latest: {exc}") from None
+
+    reports = [state / "report.json", state / "drills-report.json", state / "gate" / "latest.json"]
+    return {
+        "calibrations": {p.name: _outcome(lambda p=p: load_calibration(p).metrics)
+                         for p in baseline_files(calibrations_dir(state))},
+        "calibration_used": None if found is None else found.path.name, "calibration_note": note,
+        "tolerance": {"bands": tolerance.bands, "within": tolerance.within(), "source": tolerance.source},
+        "baselines": {p.name: _outcome(lambda p=p: load_baseline(p).trajectories)
+                      for p in baseline_files(baselines_dir(state))},
+        "baseline_used": _outcome(baseline),
+        "plan": _outcome(lambda: make_plan(job_file, session_settings()).as_dict()),
+        "gate_report": _outcome(lambda: read_gate_report(state / "gate" / "latest.json")),
+        "reports": {p.name: _outcome(lambda p=p: load_report(p).status) for p in reports if os.path.lexists(p)},
+    }
+
+
 def run_case(case: Path, out: Path) -> int:
+    report: dict[str, object] = {"logs": read_logs(case)}
     target = case / "step-10"
-    inventory = checkpoint_inventory(target)
-    comparison = compare_checkpoint_dirs(target, target)
-    report = {"inventory": inventory.as_evidence(), "summary": inventory.summary(),
-              "comparison": comparison.as_evidence(), "ok": comparison.ok, "logs": read_logs(case)}
-    out.write_text(json.dumps(report))
-    return 0 if comparison.ok else 1
+    ok = True
+    if target.exists():
+        inventory = checkpoint_inventory(target)
+        comparison = compare_checkpoint_dirs(target, target)
+        report.update({"inventory": inventory.as_evidence(), "summary": inventory.summary(),
+                       "comparison": comparison.as_evidence(), "ok": comparison.ok})
+        ok = comparison.ok
+    if (case / "trainguard.yaml").exists():
+        report["state"] = read_state(case)
+    out.write_text(json.dumps(report, default=str))
+    return 0 if ok else 1
 
 
 def main() -> None:

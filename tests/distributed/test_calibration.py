@@ -5,7 +5,8 @@ passes within 3x of it; a planted resume bug whose divergence is at most 10x the
 fails; the determinism check is not loosened and names the measured spread.
 
 One calibration (5 runs of the seed, 4 more seeds: 9 launches of 30 steps of 0.08 s) serves the
-module; the clean job's resume and determinism and the buggy job's resume run after it."""
+module; the clean job's resume and determinism run after it, then its resume and canary again with
+a defect planted in its script (a calibration is its job file's: issue 42)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from trainguard.checks.calibration import find_calibration, load_calibration
+from trainguard.checks.statefiles import JobKey
+from trainguard.config import load_config
 from trainguard.report import CheckResult
 from trainguard.run.request import RunRequest
 from trainguard.session import check
@@ -26,8 +29,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "data" / "jobs" / "nondet_sum.py"
 JOB = """\
 job:
   name: nondet-sum
-  command: "python {script} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --ckpt-every 4 --sleep 0.08{lr}"
-  resume_args: "--resume{bug}"
+  command: "python {script} --steps {{steps}} --seed {{seed}} --ckpt-dir {{checkpoint_dir}} --ckpt-every 4 --sleep 0.08"
+  resume_args: "--resume"
   metrics:
     loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'
   timeout: 60
@@ -39,19 +42,28 @@ checks:
 """
 
 
+def _planted(old: str, new: str) -> str:
+    """The job's script with one line of it changed: a defect planted in the code, the job file
+    (and so the calibration it uses, keyed to it) unchanged."""
+    text = SCRIPT.read_text()
+    assert text.count(old) == 1, "nondet_sum.py changed; update this test"
+    return text.replace(old, new)
+
+
 @pytest.fixture(scope="module")
 def outcome(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("calibration")
-    clean, buggy = root / "clean.trainguard.yaml", root / "buggy.trainguard.yaml"
-    slow = root / "slow.trainguard.yaml"
-    clean.write_text(JOB.format(script=SCRIPT, bug="", lr=""))
-    buggy.write_text(JOB.format(script=SCRIPT, bug=" --bug lr-behind", lr=""))
-    # planted for the canary: a change that makes the job learn slower (a lower learning rate)
-    slow.write_text(JOB.format(script=SCRIPT, bug="", lr=" --lr 0.015"))
+    clean, script = root / "clean.trainguard.yaml", root / "train.py"
+    clean.write_text(JOB.format(script="train.py"))
+    script.write_text(SCRIPT.read_text())
     calibrated = calibrate(clean, runs=5, only=["canary", "resume"])
     checked = {c.name: c for c in check(clean, only=["canary", "resume", "determinism"]).checks}
-    planted = check(buggy, only=["resume"], report_json=str(root / "buggy.json")).checks[0]
-    slower = check(slow, only=["canary"], report_json=str(root / "slow.json")).checks[0]
+    # planted: the resumed run's schedule one step behind (--bug lr-behind on resume)
+    script.write_text(_planted('default="none")', 'default="lr-behind")'))
+    planted = check(clean, only=["resume"], report_json=str(root / "buggy.json")).checks[0]
+    # planted for the canary: a change that makes the job learn slower (a lower learning rate)
+    script.write_text(_planted("default=0.02)", "default=0.015)"))
+    slower = check(clean, only=["canary"], report_json=str(root / "slow.json")).checks[0]
     return {"root": root, "calibrated": calibrated, "clean": checked, "planted": planted, "slow": slower}
 
 
@@ -59,11 +71,12 @@ def test_calibration_measures_the_same_seed_spread(outcome: dict) -> None:
     (entry,) = outcome["calibrated"]
     assert entry["checks"] == ["canary", "resume"] and entry["launches"] == 9 and entry["steps"] == 30
     assert entry["metrics"]["loss"]["max_same_seed_spread"] > 0  # the runs of one seed differ
-    found, _ = find_calibration(outcome["root"] / ".trainguard", RunRequest.make(steps=30, seed=0, world_size=1))
+    job = JobKey.of(load_config(outcome["root"] / "clean.trainguard.yaml"))
+    found, _ = find_calibration(outcome["root"] / ".trainguard", RunRequest.make(steps=30, seed=0, world_size=1), job)
     assert found is not None and found.path == Path(entry["path"]) and found.runs == 5
     assert found.metrics["loss"].steps == list(range(1, 31))
     # a different run (other steps) has no calibration
-    assert find_calibration(outcome["root"] / ".trainguard", RunRequest.make(steps=20, seed=0, world_size=1))[0] is None
+    assert find_calibration(outcome["root"] / ".trainguard", RunRequest.make(steps=20, seed=0, world_size=1), job)[0] is None
     assert load_calibration(found.path).metrics["loss"].same_spread == found.metrics["loss"].same_spread
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import trainguard.checks.baseline as bl
+from tests.helpers import each_refused
 from trainguard._internal.machine import machine_id
 from trainguard.checks.band import build_band, compare_to_band, rolling_median, smoothing_window
 from trainguard.checks.baseline import (
@@ -27,6 +28,7 @@ from trainguard.checks.baseline import (
     load_baseline,
     save_baseline,
 )
+from trainguard.checks.statefiles import JobKey
 from trainguard.cli import main as cli_main
 from trainguard.config import load_config, parse_config
 from trainguard.errors import ConfigError
@@ -148,8 +150,13 @@ def test_unreadable_or_foreign_files_are_refused_with_the_fix(tmp_path: Path) ->
     data = json.loads(path.read_text())
     newer = tmp_path / "v2.json"
     newer.write_text(json.dumps({**data, "format_version": FORMAT_VERSION + 1}))
-    with pytest.raises(BaselineError, match=r"has baseline format version 2; trainguard .* reads version 1"):
+    with pytest.raises(BaselineError, match=r"has baseline format version 3; trainguard .* reads version 2"):
         load_baseline(newer)
+    older = tmp_path / "v1.json"  # issue 42: saved before baselines were keyed to their job file
+    older.write_text(json.dumps({**data, "format_version": 1}))
+    with pytest.raises(BaselineError, match=r"format version 1; .* Save a new baseline .*--save-baseline.*version 1 "
+                       "files were not keyed to their job file"):
+        load_baseline(older)
     (tmp_path / "torn.json").write_text('{"format_version": 1, "kind"')
     with pytest.raises(BaselineError, match="not a readable baseline file"):
         load_baseline(tmp_path / "torn.json")
@@ -185,6 +192,68 @@ def test_a_baseline_of_another_request_is_refused_naming_the_difference(tmp_path
     assert "trainguard check" in message and "--only canary --save-baseline" in message
     with pytest.raises(BaselineError, match=r"was saved for a different run: steps 60 \(this run: 40\)"):
         find_baseline(job_file, str(path), request)
+
+
+def _tampered(good: dict, **changes: object) -> str:
+    """``good`` (a saved baseline) with top-level keys, or its loss points (``loss=``), changed."""
+    if "loss" in changes:
+        changes = {**changes, "trajectories": {**good["trajectories"], "loss": changes.pop("loss")}}
+    return json.dumps({**good, **changes})
+
+
+def test_baseline_values_are_checked_on_read_and_each_bad_key_is_named(tmp_path: Path) -> None:
+    """issue 42: a baseline whose loss is NaN, Infinity, empty or on other steps put a slower job
+    "inside the baseline band"; huge integers and non-objects raised tracebacks."""
+    job_file = load_config(_job_file(tmp_path))
+    good = json.loads(save_baseline(job_file, _request(), {"loss": _curve()}).read_text())
+    points = good["trajectories"]["loss"]
+    cases = {
+        "nan": (_tampered(good, loss=[[1, math.nan], *points[1:]]), r"trajectories.loss \(its values\)\[0\] is nan"),
+        "infinity": (_tampered(good, loss=[*points[:-1], [40, math.inf]]), r"\(its values\)\[39\] is inf"),
+        "1e308": (_tampered(good, loss=[[1, 1e308], *points[1:]]), r"\[0\] is 1e\+308: each must be a finite"),
+        "huge integer": (_tampered(good, loss=[[1, 10**400], *points[1:]]), "is a 401-digit number"),
+        "empty": (_tampered(good, loss=[]), r"trajectories.loss \(its steps\) must be a non-empty list"),
+        "no loss": (_tampered(good, trajectories={"val": points}), "trajectories holds no `loss`"),
+        "other steps": (_tampered(good, loss=[[s + 1000, v] for s, v in points]),
+                        r"holds step 1001 after step -1: steps rise from 0 to the run's 40 steps"),
+        "huge step": (_tampered(good, loss=[[10**400, 1.0]]), "holds step a 401-digit number"),
+        "not pairs": (_tampered(good, loss=[1, 2]), "trajectories.loss must be a list of .step, value. pairs"),
+        "trajectories a list": (_tampered(good, trajectories=[]), "trajectories must be an object"),
+        "request a list": (_tampered(good, request=[40]), "request must be an object"),
+        "huge steps": (_tampered(good, request={**good["request"], "steps": 10**400}), "request.steps must be a whole number"),
+        "seed Infinity": (_tampered(good, request={**good["request"], "seed": math.inf}), "request.seed must be a whole number"),
+        "commit_info a list": (_tampered(good, commit_info=[]), "commit_info must be an object"),
+        "job a string": (_tampered(good, job="x"), "job must be an object"),
+        "no job key": (json.dumps({k: v for k, v in good.items() if k != "job_key"}), "job_key is missing"),
+    }
+    each_refused(tmp_path, cases, load_baseline, BaselineError, "save a new baseline")
+
+
+def test_a_baseline_is_used_only_by_the_job_it_was_saved_for(tmp_path: Path) -> None:
+    """issue 42: baselines were matched on steps, seed, world size and args only, so a job file
+    took the baseline of another job file beside it."""
+    saved_for = load_config(_job_file(tmp_path))
+    (tmp_path / "other.yaml").write_text(JOB.replace("toy.py", "other.py"))
+    other = load_config(tmp_path / "other.yaml")
+    request = bl.request_fields(_request())
+    path = save_baseline(saved_for, _request(), {"loss": _curve(scale=0.5)})
+    assert find_baseline(other, "latest", request) is None  # another job file's: none of this one
+    with pytest.raises(BaselineError, match=r"saved for a different run: job file 'trainguard.yaml' \(this run: 'other.yaml'\)"):
+        find_baseline(other, str(path), request)
+    found = find_baseline(saved_for, "latest", request)  # the job it was saved for still uses it
+    assert found is not None and found.path == path and found.job == JobKey.of(saved_for)
+    _job_file(tmp_path, JOB.replace("--seed {seed}", "--seed {seed} --fast"))  # its command changed
+    with pytest.raises(BaselineError, match=r"job.command 'python toy.py --steps {steps} --seed {seed}' "
+                       r"\(this run: 'python toy.py --steps {steps} --seed {seed} --fast'\)"):
+        find_baseline(load_config(tmp_path / "trainguard.yaml"), "latest", request)
+
+
+def test_a_band_compares_the_same_steps_only() -> None:
+    run = _curve(10)
+    assert bl.steps_differ("loss", run, dict(run), "baseline b.json") is None
+    few = bl.steps_differ("loss", run, {s: v for s, v in run.items() if s <= 3}, "baseline b.json")
+    assert few == ("baseline b.json holds loss at 3 step(s) (1-3), this run printed it at 10 step(s) (1-10): a band "
+                   "compares the same steps of the same run")
 
 
 def test_the_canary_options_are_validated() -> None:
@@ -316,17 +385,38 @@ def test_save_then_pass_inside_the_band_then_fail_a_slower_learner(
     assert f"; plot: {plot}" in slower.summary and plot.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_mismatched_baseline_fails_the_canary_with_the_fix(tmp_path: Path) -> None:
+def test_a_mismatched_baseline_is_a_canary_error_with_the_fix(tmp_path: Path) -> None:
     job = _toy(tmp_path)
     check(job, only=["canary"], report_json=str(tmp_path / "r.json"), save_baseline=True)
     result = check(job, only=["canary"], seed=7, report_json=str(tmp_path / "r.json")).checks[0]
-    assert result.status == "failed"
+    assert result.status == "error"  # the band was not compared: not a pass, nor the job's failure
     assert result.summary.startswith("baseline refused: no baseline of this machine")
     assert "seed 0 (this run: 7)" in result.summary
     off = job.read_text().replace("min_loss_drop: 0.3}", "min_loss_drop: 0.3, baseline: 'off'}")
     job.write_text(off)
     result = check(job, only=["canary"], seed=7, report_json=str(tmp_path / "r.json")).checks[0]
     assert result.status == "passed" and result.evidence["baseline"] == {"status": "off"}
+
+
+@pytest.mark.parametrize("tamper", ["nan", "other steps", "fewer steps"])
+def test_a_baseline_it_cannot_trust_is_a_canary_error_never_inside_the_band(tmp_path: Path, tamper: str) -> None:
+    """issue 42: a slower learner passed "inside the baseline band" of a baseline whose loss was
+    NaN, or on steps the run never printed; now the canary is an error saying why."""
+    job = _toy(tmp_path)
+    saved = check(job, only=["canary"], report_json=str(tmp_path / "r.json"), save_baseline=True).checks[0]
+    path = Path(saved.evidence["baseline"]["path"])
+    data = json.loads(path.read_text())
+    points = data["trajectories"]["loss"]
+    # "other steps": step 0 alone, a step of the run's range the run never printed
+    data["trajectories"]["loss"] = {"nan": [[s, math.nan] for s, _ in points], "other steps": [[0, 1.0]],
+                                    "fewer steps": points[:3]}[tamper]
+    path.write_text(json.dumps(data))
+    _toy(tmp_path, decay=0.03)  # learns more slowly: outside a band it could be compared with
+    result = check(job, only=["canary"], report_json=str(tmp_path / "r.json")).checks[0]
+    assert result.status == "error", result.summary
+    assert result.summary.startswith("baseline refused: ") and "inside the baseline band" not in result.summary
+    assert result.evidence["baseline"]["status"] == "refused"
+    assert "save a new baseline" in result.summary
 
 
 def test_a_failing_canary_is_not_saved(tmp_path: Path) -> None:

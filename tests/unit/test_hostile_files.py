@@ -3,17 +3,22 @@
 Each case is a directory with a ``checkpoint`` in it, read in a process of its own
 (``tests/hostile_driver.py``: the inventory and the comparison of the case with itself) under a
 peak-RSS cap and a wall-time cap. Pass: exit 0 or 1, a report written, no marker file, under
-both caps. The slow fuzzer feeds random bytes to the same readers with the same oracle.
+both caps. The slow fuzzer feeds random bytes to the same readers with the same oracle. A second
+corpus (issue 42) holds hostile ``.trainguard/`` state files (calibrations, canary baselines) and
+reports beside a job file: each is refused with a reason, never used, never a traceback.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import struct
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -108,14 +113,20 @@ def build_corpus(root: Path, marker: Path) -> None:
         os.close(os.open(c / f"f{i}.pt", os.O_CREAT | os.O_WRONLY, 0o644))
 
 
-def test_hostile_corpus_runs_nothing_and_stays_within_its_caps(tmp_path: Path) -> None:
+def _read(tmp_path: Path, build: Callable[[Path, Path], None]) -> dict[str, Any]:
+    """Build a corpus with ``build``, read it under the caps (the oracle asserted) and return each
+    case's report; no case touched the marker."""
     marker = tmp_path / "marker"
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    build_corpus(corpus, marker)
+    build(corpus, marker)
     rows = read_hostile_corpus(corpus, MAX_RSS_MB, SECONDS)
     assert not marker.exists()
-    reports = {r["case"]: json.loads((corpus / f"{r['case']}.report.json").read_text()) for r in rows}
+    return {r["case"]: json.loads((corpus / f"{r['case']}.report.json").read_text()) for r in rows}
+
+
+def test_hostile_corpus_runs_nothing_and_stays_within_its_caps(tmp_path: Path) -> None:
+    reports = _read(tmp_path, build_corpus)
     outside = reports["dcp_points_outside"]["inventory"]["skipped"][".metadata"]
     assert outside.startswith("unreadable: ") and "outside the checkpoint" in outside
     assert "leads outside" in reports["symlinks_out"]["inventory"]["skipped"]["model.pt"]
@@ -136,3 +147,164 @@ def test_fifos_and_links_out_are_named_and_never_opened(tmp_path: Path) -> None:
     assert skipped["model.pt"] == "unreadable: model.pt is a FIFO, not a regular file; not opened"
     assert "a FIFO" in skipped["trainer_state.json"]
     assert "leads outside" in skipped["optimizer.pt"]
+
+
+# --------------------------------------------------------------------------------------------
+# .trainguard/: calibrations, canary baselines, reports (issue 42)
+# --------------------------------------------------------------------------------------------
+
+STATE_JOB = """\
+job:
+  name: hostile-state
+  command: "python train.py --steps {steps} --ckpt {checkpoint_dir}"
+  resume_args: "--resume"
+  metrics: {loss: 'step (?P<step>\\\\d+) loss (?P<value>\\\\S+)'}
+checks:
+  canary: {steps: 4}
+  resume: {steps: 4, after_step: 2}
+"""
+#: a loss of 4 steps, and the request the driver reads the state files for
+LOSS = {1: 1.0, 2: 0.5, 3: 0.25, 4: 0.2}
+
+
+def _good_state(case: Path) -> tuple[Path, Path]:
+    """A calibration and a canary baseline of the case's job, as trainguard writes them."""
+    from trainguard.checks.baseline import save_baseline
+    from trainguard.checks.calibration import metric_stats, save_calibration
+    from trainguard.checks.statefiles import JobKey
+    from trainguard.config import load_config
+    from trainguard.run.request import RunRequest
+
+    case.mkdir(exist_ok=True)
+    (case / "trainguard.yaml").write_text(STATE_JOB)
+    job_file = load_config(case / "trainguard.yaml")
+    request = RunRequest.make(steps=4, seed=0, world_size=1)
+    stats = metric_stats([LOSS, {**LOSS, 2: 0.5 + 1e-9}, LOSS], [LOSS, {s: v * 1.1 for s, v in LOSS.items()}])
+    assert stats is not None
+    calibration = save_calibration(job_file.state_dir, case, request, 3, [0, 1], {"loss": stats},
+                                   job=JobKey.of(job_file))
+    return calibration, save_baseline(job_file, request, {"loss": LOSS})
+
+
+def _hostile(path: Path, content: object, marker: Path) -> None:
+    """``path`` replaced by ``content``: JSON of a dict, raw bytes or text, or a kind of file."""
+    path.unlink()
+    if content == "fifo":
+        os.mkfifo(path)
+    elif content == "device":
+        path.symlink_to("/dev/zero")
+    elif content == "gadget":
+        path.write_bytes(attrgetter_gadget(f"touch {marker}"))
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    elif isinstance(content, str):
+        path.write_text(content)
+    else:
+        path.write_text(json.dumps(content))
+
+
+def _state_variants(good: dict, what: str) -> dict[str, object]:
+    """Hostile versions of one good state file (``what``: calibration or baseline)."""
+    huge = 10**4000  # the parser takes up to 4300 digits
+    if what == "calibration":
+        loss = good["metrics"]["loss"]
+        same = loss["same_seed"]
+
+        def with_loss(**same_changes: object) -> dict:
+            return {**good, "metrics": {"loss": {**loss, "same_seed": {**same, **same_changes}}}}
+
+        values = {"spread_1e308": with_loss(spread=[1e308] * 4), "spread_nan": with_loss(spread=[math.nan] * 4),
+                  "mean_infinity": with_loss(mean=[math.inf] * 4), "spread_huge_int": with_loss(spread=[huge] * 4),
+                  "metrics_list": {**good, "metrics": [1]}, "request_text": {**good, "request": "x"},
+                  "steps_past_the_run": {**good, "metrics": {"loss": {**loss, "steps": [1, 2, 3, 400]}}}}
+    else:
+        points = good["trajectories"]["loss"]
+
+        def with_loss(new: object) -> dict:
+            return {**good, "trajectories": {"loss": new}}
+
+        values = {"loss_nan": with_loss([[s, math.nan] for s, _ in points]),
+                  "loss_infinity": with_loss([[s, math.inf] for s, _ in points]), "loss_empty": with_loss([]),
+                  "loss_other_steps": with_loss([[s + 1000, v] for s, v in points]),
+                  "loss_huge_int": with_loss([[s, huge] for s, _ in points]),
+                  "commit_info_list": {**good, "commit_info": []}, "job_text": {**good, "job": "x"}}
+    other_job = {**good["job_key"], "file": "other.yaml"}
+    return {**values, "version_1": {**good, "format_version": 1},
+            "no_job_key": {k: v for k, v in good.items() if k != "job_key"},
+            "other_job": {**good, "job_key": other_job}, "deep": "[" * 200_000 + "]" * 200_000,
+            "deep_1000": "[" * 1000 + "]" * 1000, "not_utf8": b"\xff\xfe{", "fifo": "fifo", "device": "device",
+            "gadget": "gadget"}
+
+
+def _report_variants() -> dict[str, object]:
+    """Hostile ``.trainguard/report.json`` and ``gate/latest.json`` contents."""
+    return {"deep": "[" * 200_000 + "]" * 200_000, "deep_1000": '{"checks": ' + "[" * 1000 + "]" * 1000 + "}",
+            "huge_duration": {"job": "j", "checks": [{"name": "smoke", "status": "passed", "summary": "",
+                                                      "duration_s": 10**4000}]},
+            "nan_duration": '{"job": "j", "checks": [{"name": "smoke", "status": "passed", "summary": "", '
+                            '"duration_s": NaN}]}',
+            "checks_text": {"job": "j", "checks": "all passed"}, "check_list": {"job": "j", "checks": [[1]]},
+            "unknown_keys": {"job": "j", "checks": [{"name": "smoke", "status": "passed", "summary": "",
+                                                     "__class__": "x"}], "extra": 1},
+            "status_forged": {"job": "j", "checks": [{"name": "smoke", "status": "promoted", "summary": ""}]},
+            "not_utf8": b"\xff\xfe{", "fifo": "fifo", "device": "device", "gadget": "gadget"}
+
+
+def build_state_corpus(root: Path, marker: Path) -> None:
+    """``clean``: a job file with a good calibration, baseline and report; ``calibrations`` and
+    ``baselines``: every hostile version of one (``NNNN_<variant>.json``, newest last) beside a job
+    file; ``report_<variant>``: a hostile ``report.json`` and ``gate/latest.json``."""
+    calibration, baseline = _good_state(root / "clean")
+    (root / "clean" / ".trainguard" / "report.json").write_text(json.dumps(
+        {"job": "hostile-state", "checks": [{"name": "canary", "status": "passed", "summary": "", "duration_s": 2.0}]}))
+    good = {"calibrations": calibration, "baselines": baseline}
+    for what, path in good.items():
+        case = root / what
+        case.mkdir()
+        (case / "trainguard.yaml").write_text(STATE_JOB)
+        directory = case / ".trainguard" / path.parent.relative_to(root / "clean" / ".trainguard")
+        directory.mkdir(parents=True)
+        variants = _state_variants(json.loads(path.read_text()), what.removesuffix("s"))
+        for number, (name, content) in enumerate(variants.items(), start=1):
+            target = directory / f"{number:04d}_{name}.json"
+            target.write_text("{}")
+            _hostile(target, content, marker)
+    for name, content in _report_variants().items():
+        case = root / f"report_{name}"
+        case.mkdir()
+        (case / "trainguard.yaml").write_text(STATE_JOB)
+        for where in ("report.json", "gate/latest.json"):
+            path = case / ".trainguard" / where
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("{}")
+            _hostile(path, content, marker)
+
+
+def test_hostile_state_files_and_reports_are_refused_with_a_reason(tmp_path: Path) -> None:
+    """issue 42: calibrations, canary baselines and reports in .trainguard/ are data another program
+    or person wrote: a hostile one is refused naming the file and the key, never used (no band of
+    inf, nothing inside a band of NaN), never a traceback, and runs nothing."""
+    states = {case: report["state"] for case, report in _read(tmp_path, build_state_corpus).items()}
+    clean = states.pop("clean")
+    assert clean["calibration_used"] == "0001_nogit.json" and "within 3x" in clean["tolerance"]["within"]
+    assert clean["baseline_used"].startswith("used: ") and "None" not in clean["baseline_used"]
+    assert clean["reports"]["report.json"] == "used: passed" and clean["plan"].startswith("used: ")
+    for case, state in states.items():
+        assert state["calibration_used"] is None and state["tolerance"]["bands"] == {}, case
+        assert "inf" not in state["tolerance"]["within"], case
+        assert state["baseline_used"] == "used: None" or state["baseline_used"].startswith("refused: "), case
+        assert state["plan"].startswith("used: "), (case, state["plan"])  # a bad last report: no estimate
+        assert all(v.startswith("refused: ") and "run `trainguard check` again" in v for v in state["reports"].values()), (
+            case, state["reports"])
+        assert state["gate_report"].startswith("refused: "), case
+        assert bool(state["reports"]) is case.startswith("report_"), case
+    files = [*states["calibrations"]["calibrations"].items(), *states["baselines"]["baselines"].items()]
+    assert len(files) == 32  # 16 hostile versions of each
+    for name, outcome in files:
+        if name.endswith("_other_job.json"):
+            continue  # a good file, of another job file: readable, not used (above)
+        assert outcome.startswith("refused: ") and name in outcome, (name, outcome)
+        assert "calibrate" in outcome or "save a new baseline" in outcome.lower(), (name, outcome)
+    # the newest file is the first read: each job's own readable files are what is said
+    assert "trainguard calibrate" in states["calibrations"]["calibration_note"]
+    assert states["baselines"]["baseline_used"].startswith("refused: latest: no baseline of this machine")

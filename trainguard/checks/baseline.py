@@ -12,8 +12,11 @@ A file is written to a temp file, fsynced and linked into place under a name no 
 so two savers never overwrite each other and a reader never sees half a file.
 
 Later canaries compare their run with the **latest** baseline of this machine saved for the same
+job (the job file, its command and metrics: :class:`~trainguard.checks.statefiles.JobKey`) and
 request (steps, seed, world size, args), or with the file ``checks.canary.baseline`` names, and
-must stay inside its band (:mod:`trainguard.checks.band`). The machine id and facts come from
+must stay inside its band (:mod:`trainguard.checks.band`). Every value is checked when the file is
+read (finite, at most 1e300, on the steps of its run); a baseline that fails, or whose steps are
+not the run's, is refused with the reason and the canary is an error, never inside its band. The machine id and facts come from
 :mod:`trainguard._internal.machine`.
 """
 
@@ -42,6 +45,13 @@ from trainguard.checks.band import (
     compare_to_band,
     plot_bands,
 )
+from trainguard.checks.statefiles import (
+    JobKey,
+    checked_numbers,
+    checked_request,
+    checked_steps,
+    mapping_or_empty,
+)
 from trainguard.errors import TrainguardError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,11 +71,13 @@ __all__ = [
     "load_baseline",
     "read_versioned_json",
     "save_baseline",
+    "steps_differ",
     "write_numbered",
 ]
 
 #: Version of the baseline file format; files of another version are refused, not guessed at.
-FORMAT_VERSION = 1
+#: 2: keyed to the job (``job_key``); version 1 files are refused (save a new baseline)
+FORMAT_VERSION = 2
 
 #: The request fields a baseline must share with the run it is compared with.
 REQUEST_KEYS = ("steps", "seed", "world_size", "args")
@@ -112,38 +124,29 @@ def request_fields(request: RunRequest) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Baseline:
-    """A loaded baseline file."""
+    """A loaded baseline file, every value checked (:func:`load_baseline`)."""
 
     path: Path
-    data: Mapping[str, Any]
+    #: steps, seed, world_size, args (and env, for information)
+    request: dict[str, Any]
+    #: metric name -> {step: value}
+    trajectories: dict[str, dict[int, float]]
+    #: the job it was saved for
+    job: JobKey
+    commit: str | None = None
+    dirty: bool | None = None
+    created_at: str | None = None
+    #: the SHA-256 of the whole job file when it was saved (information: a changed check
+    #: setting does not change the run)
+    file_sha256: str | None = None
 
-    @property
-    def request(self) -> dict[str, Any]:
-        return dict(self.data.get("request", {}))
-
-    @property
-    def trajectories(self) -> dict[str, dict[int, float]]:
-        """Metric name -> {step: value}."""
-        return {
-            name: {int(step): float(value) for step, value in points}
-            for name, points in self.data.get("trajectories", {}).items()
-        }
-
-    @property
-    def commit(self) -> str | None:
-        return self.data.get("commit_info", {}).get("id")
-
-    @property
-    def dirty(self) -> bool | None:
-        return self.data.get("commit_info", {}).get("dirty")
-
-    def mismatch(self, request: Mapping[str, Any]) -> list[str]:
-        """How this baseline's request differs from ``request`` (``steps 60, this run 30``)."""
-        mine = self.request
-        out = []
+    def mismatch(self, request: Mapping[str, Any], job: JobKey | None = None) -> list[str]:
+        """How this baseline's job and request differ from ``job`` and ``request`` (``steps 60,
+        this run 30``)."""
+        out = self.job.differences(job) if job is not None else []
         for key in REQUEST_KEYS:
-            if mine.get(key) != request.get(key):
-                out.append(f"{key} {_show(mine.get(key))} (this run: {_show(request.get(key))})")
+            if self.request.get(key) != request.get(key):
+                out.append(f"{key} {_show(self.request.get(key))} (this run: {_show(request.get(key))})")
         return out
 
 
@@ -185,6 +188,7 @@ def save_baseline(
             "file": str(job_file.path),
             "file_sha256": _file_sha256(job_file.path),
         },
+        "job_key": JobKey.of(job_file).to_dict(),
         "commit_info": {"id": commit, "dirty": dirty, "directory": str(job_file.cwd)},
         "request": request_fields(request),
         "trajectories": {
@@ -270,7 +274,7 @@ def read_versioned_json(
     except (OSError, Unreadable) as exc:
         raise error(f"{target}: not a readable {what} ({exc}); delete it or {fix}") from None
     if not isinstance(data, dict) or data.get("kind") != kind:
-        raise error(f"{target}: not a {kind_name} (no \"kind\": \"{kind}\")")
+        raise error(f"{target}: not a {kind_name} (no \"kind\": \"{kind}\"); delete it or {fix}")
     if data.get("format_version") != version:
         raise error(
             f"{target} has {version_label} format version {data.get('format_version')!r}; trainguard "
@@ -284,26 +288,63 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
     target = Path(path)
     data = read_versioned_json(target, kind=_KIND, version=FORMAT_VERSION, error=BaselineError,
                                what="baseline file", kind_name="trainguard canary baseline",
-                               version_label="baseline", fix="save a new baseline with this version")
-    trajectories = data.get("trajectories")
-    if not isinstance(trajectories, dict) or not isinstance(trajectories.get("loss"), list):
-        raise BaselineError(f"{target}: holds no `loss` trajectory; save a new baseline")
+                               version_label="baseline", fix=_VERSION_FIX)
     try:
-        baseline = Baseline(target, data)
-        baseline.trajectories  # noqa: B018 -- validates every point
-    except (TypeError, ValueError) as exc:
-        raise BaselineError(f"{target}: malformed trajectory ({exc}); save a new baseline") from None
-    return baseline
+        request = checked_request(data.get("request"))
+        trajectories = mapping_or_empty(data.get("trajectories"), "trajectories")
+        if "loss" not in trajectories:
+            raise ValueError("trajectories holds no `loss`")
+        commit = mapping_or_empty(data.get("commit_info"), "commit_info")
+        job = mapping_or_empty(data.get("job"), "job")
+        return Baseline(
+            target, request,
+            {str(name): _trajectory(f"trajectories.{str(name)[:80]}", points, request["steps"])
+             for name, points in trajectories.items()},
+            JobKey.from_dict(data.get("job_key")),
+            _text_or_none(commit.get("id"), "commit_info.id"),
+            _bool_or_none(commit.get("dirty"), "commit_info.dirty"),
+            _text_or_none(data.get("created_at"), "created_at"),
+            _text_or_none(job.get("file_sha256"), "job.file_sha256"),
+        )
+    except ValueError as exc:
+        raise BaselineError(f"{target}: malformed baseline ({exc}); delete it and save a new baseline") from None
+
+
+#: what to do with a baseline of another format version
+_VERSION_FIX = ("save a new baseline with this version (`trainguard check CONFIG --only canary --save-baseline`; "
+                "version 1 files were not keyed to their job file)")
+
+
+def _trajectory(where: str, points: Any, last: int) -> dict[int, float]:
+    """``[[step, value], ...]`` of a run of ``last`` steps, every step and value checked."""
+    if not isinstance(points, list) or not all(isinstance(p, list) and len(p) == 2 for p in points):
+        raise ValueError(f"{where} must be a list of [step, value] pairs")
+    steps = checked_steps([p[0] for p in points], f"{where} (its steps)", last)
+    return dict(zip(steps, checked_numbers([p[1] for p in points], f"{where} (its values)", len(points)), strict=True))
+
+
+def _text_or_none(value: Any, where: str) -> str | None:
+    if value is not None and (not isinstance(value, str) or len(value) > 200):
+        raise ValueError(f"{where} must be a short string or null")
+    return value
+
+
+def _bool_or_none(value: Any, where: str) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{where} must be true, false or null")
+    return value
 
 
 def find_baseline(job_file: JobFile, setting: str, request: Mapping[str, Any]) -> Baseline | None:
-    """The baseline ``checks.canary.baseline`` selects for ``request``.
+    """The baseline ``checks.canary.baseline`` selects for ``job_file``'s ``request``.
 
-    ``latest``: the newest file of this machine whose format and request match; None when the
-    machine has no baseline at all; :class:`BaselineError` when it has some but none fits (the
+    ``latest``: the newest file of this machine whose format, job and request match; None when
+    the machine has no baseline of this job (another job file's are not this one's);
+    :class:`BaselineError` when it has some but none fits, or one that cannot be read (the
     message names the newest one and how it differs). A path (relative to the job file): that
     file, which must exist and fit.
     """
+    job = JobKey.of(job_file)
     if setting != "latest":
         try:
             path = Path(setting).expanduser()
@@ -311,25 +352,25 @@ def find_baseline(job_file: JobFile, setting: str, request: Mapping[str, Any]) -
             raise BaselineError(f"checks.canary.baseline: {setting[:200]!r}: the ~user in it does not exist "
                                 "here; write the baseline file's path") from None
         baseline = load_baseline(path if path.is_absolute() else job_file.base_dir / path)
-        differs = baseline.mismatch(request)
+        differs = baseline.mismatch(request, job)
         if differs:
             raise _refused(job_file, baseline.path, differs)
         return baseline
-    files = baseline_files(baselines_dir(job_file.state_dir))
-    if not files:
-        return None
     first_problem: BaselineError | None = None
-    for path in reversed(files):
+    for path in reversed(baseline_files(baselines_dir(job_file.state_dir))):
         try:
             baseline = load_baseline(path)
         except BaselineError as exc:
             first_problem = first_problem or exc
             continue
-        differs = baseline.mismatch(request)
+        if baseline.job.file != job.file:
+            continue  # another job file's, beside this one in the directory
+        differs = baseline.mismatch(request, job)
         if not differs:
             return baseline
         first_problem = first_problem or _refused(job_file, path, differs)
-    assert first_problem is not None
+    if first_problem is None:
+        return None
     raise BaselineError(
         f"no baseline of this machine ({machine_id()}) fits this canary; the newest: "
         f"{first_problem}"
@@ -339,7 +380,7 @@ def find_baseline(job_file: JobFile, setting: str, request: Mapping[str, Any]) -
 def _refused(job_file: JobFile, path: Path, differs: list[str]) -> BaselineError:
     return BaselineError(
         f"{_rel(path)} was saved for a different run: {'; '.join(differs)}. A band only means "
-        f"something for the same steps, seed, world size and args: save one for this run with "
+        f"something for the same job, steps, seed, world size and args: save one for this run with "
         f"`{how_to_save(job_file)}`, or point checks.canary.baseline at a matching file"
     )
 
@@ -365,6 +406,30 @@ class BaselineOutcome:
     problems: list[str] = field(default_factory=list)
     note: str = ""
     plots: list[str] = field(default_factory=list)
+    #: the saved baseline (or calibration) could not be compared with: ``problems`` say why, and
+    #: the canary is an error, not a pass (nor a failure of the job)
+    refused: bool = False
+
+    @classmethod
+    def refusal(cls, reason: str, **evidence: Any) -> BaselineOutcome:
+        """A baseline that cannot be trusted or compared, and why."""
+        return cls({"status": "refused", "reason": reason, **evidence}, problems=[f"baseline refused: {reason}"],
+                   refused=True)
+
+
+def steps_differ(metric: str, run: Mapping[int, float], saved: Mapping[int, float], what: str) -> str | None:
+    """Why ``run`` and ``saved`` (one metric's {step: value}) cannot be compared as a band: they
+    are not on the same steps (a band compared on a few shared steps, or none, says nothing about
+    the rest); None when they are."""
+    if set(run) == set(saved):
+        return None
+    return (f"{what} holds {metric} at {_span(saved)}, this run printed it at {_span(run)}: a band "
+            "compares the same steps of the same run")
+
+
+def _span(values: Mapping[int, float]) -> str:
+    steps = sorted(values)
+    return f"{len(steps)} step(s) ({steps[0]}-{steps[-1]})" if steps else "no step"
 
 
 def _plot(outcome: BaselineOutcome, path: Path, verdicts: Sequence[BandVerdict], title: str) -> None:
@@ -390,7 +455,7 @@ def canary_baseline(
     """Save the run as this machine's baseline (``settings.save_baseline``; only a run that
     passed the canary's other tests), or compare it with the baseline ``spec.baseline`` selects
     and plot it against the band. A missing baseline is not a failure; one that does not fit
-    the run is (the message says why and how to save a fitting one)."""
+    the run, or cannot be trusted, is refused (the message says why and how to save one)."""
     job_file = runner.job_file
     trajectories = {m: result.trajectory(m) for m in _metrics(spec)}
     trajectories = {m: v for m, v in trajectories.items() if v}
@@ -401,44 +466,13 @@ def canary_baseline(
                 {"status": "not_saved", "reason": "the canary failed: a failing run is no baseline"},
                 note="baseline not saved (the canary failed)",
             )
-        try:
-            saved = save_baseline(job_file, request, trajectories,
-                                  extra={"run": {"run_dir": str(result.run_dir),
-                                                 "duration_s": round(result.duration_s, 2)}})
-        except BaselineError as exc:
-            where = baselines_dir(job_file.state_dir)
-            return BaselineOutcome(
-                {"status": "not_saved", "reason": str(exc)},
-                problems=[f"could not save the baseline in {where}: {exc}; make that directory "
-                          "writable (or free space) and save again"],
-            )
-        except OSError as exc:  # read-only, full disk: the trajectory is kept aside, never lost
-            where = baselines_dir(job_file.state_dir)
-            aside = _save_aside(job_file, request, trajectories)
-            text = f"could not save the baseline in {where}: {os_error_text(exc)}; " + (
-                f"it was saved to {aside} instead: copy that file into {where} to use it"
-                if aside else "make that directory writable (or free space) and save again")
-            warn(text)
-            return BaselineOutcome(
-                {"status": "not_saved", "reason": text, **({"saved_aside": str(aside)} if aside else {})},
-                problems=[text],
-            )
-        outcome = BaselineOutcome(
-            {"status": "saved", "path": str(saved), "machine_id": machine_id(),
-             "metrics": sorted(trajectories), "tolerance": spec.baseline_tolerance},
-            note=f"saved as the baseline {_rel(saved)}",
-        )
-        own = [compare_to_band(v, build_band(m, v, spec.baseline_tolerance))
-               for m, v in trajectories.items()]
-        _plot(outcome, plot_path, own, f"{job_file.job.name}: saved as the baseline {saved.name}")
-        return outcome
+        return _save_run(job_file, spec, request, result, trajectories, plot_path)
     if spec.baseline == "off":
         return BaselineOutcome({"status": "off"})
     try:
         baseline = find_baseline(job_file, spec.baseline, request_fields(request))
     except BaselineError as exc:
-        return BaselineOutcome({"status": "refused", "reason": str(exc)},
-                               problems=[f"baseline refused: {exc}"])
+        return BaselineOutcome.refusal(str(exc))
     if baseline is None:
         hint = how_to_save(job_file)
         return BaselineOutcome(
@@ -446,6 +480,49 @@ def canary_baseline(
              "directory": str(baselines_dir(job_file.state_dir)), "how_to_save": hint},
             note=f"no baseline saved for this machine (save one: {hint})",
         )
+    return _compare(job_file, spec, baseline, trajectories, plot_path)
+
+
+def _save_run(job_file: JobFile, spec: CanaryCheck, request: RunRequest, result: RunResult,
+              trajectories: Mapping[str, Mapping[int, float]], plot_path: Path) -> BaselineOutcome:
+    """The passing run saved as the next baseline, and plotted in its own band."""
+    try:
+        saved = save_baseline(job_file, request, trajectories,
+                              extra={"run": {"run_dir": str(result.run_dir),
+                                             "duration_s": round(result.duration_s, 2)}})
+    except BaselineError as exc:
+        where = baselines_dir(job_file.state_dir)
+        return BaselineOutcome(
+            {"status": "not_saved", "reason": str(exc)},
+            problems=[f"could not save the baseline in {where}: {exc}; make that directory "
+                      "writable (or free space) and save again"],
+        )
+    except OSError as exc:  # read-only, full disk: the trajectory is kept aside, never lost
+        where = baselines_dir(job_file.state_dir)
+        aside = _save_aside(job_file, request, trajectories)
+        text = f"could not save the baseline in {where}: {os_error_text(exc)}; " + (
+            f"it was saved to {aside} instead: copy that file into {where} to use it"
+            if aside else "make that directory writable (or free space) and save again")
+        warn(text)
+        return BaselineOutcome(
+            {"status": "not_saved", "reason": text, **({"saved_aside": str(aside)} if aside else {})},
+            problems=[text],
+        )
+    outcome = BaselineOutcome(
+        {"status": "saved", "path": str(saved), "machine_id": machine_id(),
+         "metrics": sorted(trajectories), "tolerance": spec.baseline_tolerance},
+        note=f"saved as the baseline {_rel(saved)}",
+    )
+    own = [compare_to_band(v, build_band(m, v, spec.baseline_tolerance))
+           for m, v in trajectories.items()]
+    _plot(outcome, plot_path, own, f"{job_file.job.name}: saved as the baseline {saved.name}")
+    return outcome
+
+
+def _compare(job_file: JobFile, spec: CanaryCheck, baseline: Baseline,
+             trajectories: Mapping[str, Mapping[int, float]], plot_path: Path) -> BaselineOutcome:
+    """The run against ``baseline``'s band, metric by metric, on the same steps; a refusal when
+    its steps are not the run's or the run has no loss to compare."""
     saved_trajectories = baseline.trajectories
     verdicts: list[BandVerdict] = []
     not_compared: dict[str, str] = {}
@@ -453,34 +530,38 @@ def canary_baseline(
         if metric not in saved_trajectories:
             not_compared[metric] = "the baseline has no values of it"
             continue
+        differ = steps_differ(metric, values, saved_trajectories[metric], f"baseline {_rel(baseline.path)}")
+        if differ is not None:
+            return BaselineOutcome.refusal(f"{differ}; save a new baseline with `{how_to_save(job_file)}`",
+                                           path=str(baseline.path))
         band = build_band(metric, saved_trajectories[metric], spec.baseline_tolerance)
         verdicts.append(compare_to_band(values, band))
     for metric in _metrics(spec):
         if metric not in trajectories:
             not_compared.setdefault(metric, "this run printed no values of it")
+    if "loss" not in trajectories:
+        return BaselineOutcome.refusal("this run printed no loss to compare with the baseline", path=str(baseline.path))
     evidence: dict[str, Any] = {
         "status": "compared",
         "path": str(baseline.path),
         "commit": baseline.commit,
         "dirty": baseline.dirty,
-        "created_at": baseline.data.get("created_at"),
-        "job_file_changed": baseline.data.get("job", {}).get("file_sha256") != _file_sha256(job_file.path),
+        "created_at": baseline.created_at,
+        "job_file_changed": baseline.file_sha256 != _file_sha256(job_file.path),
         "metrics": {v.band.metric: v.as_evidence() for v in verdicts},
         "not_compared": not_compared,
     }
     outcome = BaselineOutcome(evidence)
     bad = [v for v in verdicts if not v.ok]
     label = baseline.path.name
-    if verdicts:
-        status = "outside" if bad else "inside"
-        commit = baseline.commit[:12] if baseline.commit else "no commit"
-        _plot(outcome, plot_path, verdicts,
-              f"{job_file.job.name} vs baseline {label} ({commit}): {status}")
+    status = "outside" if bad else "inside"
+    commit = baseline.commit[:12] if baseline.commit else "no commit"
+    _plot(outcome, plot_path, verdicts, f"{job_file.job.name} vs baseline {label} ({commit}): {status}")
     if bad:
         plot_note = f"; plot: {outcome.plots[0]}" if outcome.plots else ""
         texts = [v.problem() or "" for v in bad]
         outcome.problems.append(f"{'; '.join(texts)}; baseline {_rel(baseline.path)}{plot_note}")
-    if not bad:
+    else:
         devs = ", ".join(f"{v.band.metric} off by at most {v.max_deviation:.0%}" for v in verdicts)
         outcome.note = (f"inside the baseline band of {label} (±{spec.baseline_tolerance:.0%}: "
                         f"{devs})")

@@ -9,12 +9,15 @@ bugs. Megatron-LM derives its golden bands from repeated runs instead; so does t
   of every metric -- the run-to-run noise of this job on this machine;
 * **across seeds** (the seed, then ``runs - 1`` more): per step, the mean and standard deviation.
 
-Files are versioned JSON beside the canary baselines, one per request (steps, seed, world size,
+Files are versioned JSON beside the canary baselines, one per job and request (the job file and
+its command and metrics: :class:`~trainguard.checks.statefiles.JobKey`; steps, seed, world size,
 args)::
 
     .trainguard/calibration/<machine-id>/<NNNN>_<commit>[_dirty].json
 
-When a check's run has a calibration of the same request, :func:`tolerance_for` lets each step
+Every value is checked when the file is read (finite, at most 1e300, the steps of its run): a
+file that fails is skipped with the reason, never used. When a check's run has a calibration of
+the same job and request, :func:`tolerance_for` lets each step
 differ by up to :data:`BAND_FACTOR` x the same-seed *envelope* (the largest spread measured at
 that step or any before it), or by the check's own ``rtol``/``atol`` when larger; the report says
 which tolerance was used and where it came from. The determinism check is never loosened: a job
@@ -30,7 +33,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainguard._internal.gitstate import git_state
 from trainguard._internal.machine import machine_id, machine_info
@@ -41,13 +44,25 @@ from trainguard.checks.baseline import (
     BaselineOutcome,
     baseline_files,
     request_fields,
+    steps_differ,
     write_numbered,
+)
+from trainguard.checks.statefiles import (
+    JobKey,
+    checked_count,
+    checked_numbers,
+    checked_request,
+    checked_steps,
+    mapping_or_empty,
 )
 from trainguard.errors import TrainguardError
 from trainguard.launch import RunResult
 from trainguard.launch.metrics import trajectory
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
+
+if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.config import JobFile
 
 __all__ = [
     "ACROSS_FACTOR",
@@ -67,13 +82,13 @@ __all__ = [
     "tolerance_for",
 ]
 
-FORMAT_VERSION = 1
+#: 2: keyed to the job (``job_key``); version 1 files are refused (calibrate again)
+FORMAT_VERSION = 2
 _KIND = "trainguard-calibration"
 #: a step may differ by this many times the same-seed envelope measured up to it
 BAND_FACTOR = 3.0
 #: the fewest same-seed runs a calibration is made of
 MIN_RUNS = 3
-_MAX_STEPS = 1_000_000
 
 
 class CalibrationError(TrainguardError):
@@ -136,21 +151,31 @@ class Calibration:
     runs: int
     metrics: dict[str, MetricStats]
     created_at: str = ""
+    #: the job it was made for (None only for a calibration built in memory)
+    job: JobKey | None = None
 
     def mismatch(self, request: Mapping[str, Any]) -> list[str]:
         return [k for k in REQUEST_KEYS if self.request.get(k) != request.get(k)]
 
 
-def _floats(value: Any, where: str, size: int) -> list[float]:
-    if not isinstance(value, list) or len(value) != size or \
-            not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-        raise ValueError(f"{where} must be a list of {size} numbers")
-    return [float(v) for v in value]
+def _metric_stats(name: str, entry: Any, last: int) -> MetricStats:
+    """One metric's stored statistics, every value checked (ValueError naming the key)."""
+    where = f"metrics.{name}"
+    entry = mapping_or_empty(entry, where)
+    steps = checked_steps(entry.get("steps"), f"{where}.steps", last)
+    same = mapping_or_empty(entry.get("same_seed"), f"{where}.same_seed")
+    across = mapping_or_empty(entry.get("across_seeds"), f"{where}.across_seeds")
+    n = len(steps)
+    return MetricStats(steps, checked_numbers(same.get("mean"), f"{where}.same_seed.mean", n),
+                       checked_numbers(same.get("spread"), f"{where}.same_seed.spread", n, non_negative=True),
+                       checked_numbers(across.get("mean"), f"{where}.across_seeds.mean", n),
+                       checked_numbers(across.get("std"), f"{where}.across_seeds.std", n, non_negative=True))
 
 
 def load_calibration(path: Path) -> Calibration:
     """A calibration file read as data (within the read limits, docs/security.md), every value
-    checked; :class:`CalibrationError` naming the file and the key otherwise."""
+    checked (finite, at most 1e300, the steps of its run, the job it was made for);
+    :class:`CalibrationError` naming the file and the key otherwise."""
     fix = "delete it and run `trainguard calibrate` again"
     try:
         data = read_json(Path(path), active_limits())
@@ -159,55 +184,55 @@ def load_calibration(path: Path) -> Calibration:
     if not isinstance(data, dict) or data.get("kind") != _KIND:
         raise CalibrationError(f"{path}: not a trainguard calibration (no \"kind\": \"{_KIND}\"); {fix}")
     if data.get("format_version") != FORMAT_VERSION:
-        raise CalibrationError(f"{path}: calibration format version {data.get('format_version')!r}; trainguard "
-                               f"{__version__} reads version {FORMAT_VERSION}; {fix}")
+        older = " (made before calibrations were keyed to their job file)" if data.get("format_version") == 1 else ""
+        raise CalibrationError(f"{path}: calibration format version {str(data.get('format_version'))[:40]}{older}; "
+                               f"trainguard {__version__} reads version {FORMAT_VERSION}; {fix}")
     try:
-        request, runs, raw = data.get("request"), data.get("runs"), data.get("metrics")
-        if not isinstance(request, dict) or not isinstance(raw, dict):
-            raise ValueError("request and metrics must be objects")
-        if not isinstance(runs, int) or isinstance(runs, bool) or runs < MIN_RUNS:
-            raise ValueError(f"runs must be a count of at least {MIN_RUNS}")
-        metrics = {}
-        for name, entry in raw.items():
-            steps = entry.get("steps") if isinstance(entry, dict) else None
-            if not isinstance(steps, list) or len(steps) > _MAX_STEPS or \
-                    not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
-                raise ValueError(f"metrics.{name}.steps must be a list of step numbers")
-            same, across = entry.get("same_seed") or {}, entry.get("across_seeds") or {}
-            n = len(steps)
-            metrics[str(name)] = MetricStats(
-                steps, _floats(same.get("mean"), f"metrics.{name}.same_seed.mean", n),
-                _floats(same.get("spread"), f"metrics.{name}.same_seed.spread", n),
-                _floats(across.get("mean"), f"metrics.{name}.across_seeds.mean", n),
-                _floats(across.get("std"), f"metrics.{name}.across_seeds.std", n))
-    except (ValueError, AttributeError, TypeError) as exc:
+        request = checked_request(data.get("request"))
+        runs = checked_count(data.get("runs"), "runs", MIN_RUNS, 100_000)
+        job = JobKey.from_dict(data.get("job_key"))
+        raw = mapping_or_empty(data.get("metrics"), "metrics")
+        if not raw:
+            raise ValueError("metrics holds no metric")
+        metrics = {str(name): _metric_stats(str(name)[:80], entry, request["steps"]) for name, entry in raw.items()}
+    except ValueError as exc:
         raise CalibrationError(f"{path}: malformed calibration ({exc}); {fix}") from None
-    return Calibration(Path(path), request, runs, metrics, str(data.get("created_at", "")))
+    created = data.get("created_at")
+    return Calibration(Path(path), request, runs, metrics, created[:40] if isinstance(created, str) else "", job)
 
 
 def calibrations_dir(state_dir: Path) -> Path:
     return state_dir / "calibration" / machine_id()
 
 
-def find_calibration(state_dir: Path, request: RunRequest) -> tuple[Calibration | None, str]:
-    """The newest calibration of this machine made for ``request`` (steps, seed, world size,
-    args), and a note naming the unreadable files skipped on the way ("" when none)."""
+def find_calibration(state_dir: Path, request: RunRequest, job: JobKey) -> tuple[Calibration | None, str]:
+    """The newest calibration of this machine made for ``job`` and ``request`` (steps, seed,
+    world size, args), and a note naming the files skipped on the way: unreadable or refused
+    ones, and when none fits, the newest of the same request made for another job ("" when
+    none)."""
     wanted = request_fields(request)
-    problems = []
+    problems, other_job = [], ""
     for path in reversed(baseline_files(calibrations_dir(state_dir))):
         try:
             found = load_calibration(path)
         except CalibrationError as exc:
             problems.append(str(exc))
             continue
-        if not found.mismatch(wanted):
+        if found.mismatch(wanted):
+            continue
+        differs = found.job.differences(job) if found.job is not None else []
+        if not differs:
             return found, "; ".join(problems[:2])
-    return None, "; ".join(problems[:2])
+        other_job = other_job or (f"{path.name} was made for another job ({'; '.join(differs)}): not used; "
+                                  "run `trainguard calibrate` with this job file")
+    return None, "; ".join([*problems[:2], *([other_job] if other_job else [])])
 
 
 def save_calibration(state_dir: Path, job_dir: Path, request: RunRequest, runs: int, seeds: list[int],
-                     metrics: Mapping[str, MetricStats], extra: Mapping[str, Any] | None = None) -> Path:
-    """Write the calibration as the next numbered file of this machine (atomically)."""
+                     metrics: Mapping[str, MetricStats], *, job: JobKey,
+                     extra: Mapping[str, Any] | None = None) -> Path:
+    """Write the calibration of ``job``'s ``request`` as the next numbered file of this machine
+    (atomically)."""
     import json
 
     git = git_state(job_dir)
@@ -215,7 +240,7 @@ def save_calibration(state_dir: Path, job_dir: Path, request: RunRequest, runs: 
         "format_version": FORMAT_VERSION, "kind": _KIND, "trainguard_version": __version__,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine_info": machine_info(), "commit_info": {"id": git.commit, "dirty": git.dirty},
-        "request": request_fields(request), "runs": runs, "seeds": seeds,
+        "job_key": job.to_dict(), "request": request_fields(request), "runs": runs, "seeds": seeds,
         "band_factor": BAND_FACTOR,
         "metrics": {name: stats.to_dict() for name, stats in metrics.items()}, **(extra or {}),
     }
@@ -247,8 +272,9 @@ def calibrate_request(runner: JobRunner, request: RunRequest, runs: int) -> tupl
             metrics[name] = stats
     if not metrics:
         raise CalibrationError("the calibration runs printed no metric of job.metrics on a common step")
+    _refuse_non_finite(metrics, [*same, *across[1:]])
     path = save_calibration(runner.job_file.state_dir, runner.job_file.cwd, request, runs,
-                            [request.seed, *seeds], metrics,
+                            [request.seed, *seeds], metrics, job=JobKey.of(runner.job_file),
                             extra={"run_dirs": [str(r.run_dir) for r in [*same, *across[1:]]]})
     summary = {name: {"max_same_seed_spread": max(s.same_spread), "steps": len(s.steps),
                       "max_across_seed_std": max(s.across_std)} for name, s in metrics.items()}
@@ -258,6 +284,19 @@ def calibrate_request(runner: JobRunner, request: RunRequest, runs: int) -> tupl
 
 def _curve(result: RunResult, name: str) -> dict[int, float]:
     return trajectory(result.points, name)
+
+
+def _refuse_non_finite(metrics: Mapping[str, MetricStats], results: Sequence[RunResult]) -> None:
+    """:class:`CalibrationError` when a run printed a NaN or infinite value on a calibrated step:
+    its spread is infinite, and a band of it compares nothing."""
+    for name, stats in metrics.items():
+        for result in results:
+            curve = _curve(result, name)
+            bad = next((s for s in stats.steps if not math.isfinite(curve[s])), None)
+            if bad is not None:
+                raise CalibrationError(f"run {result.run_dir} printed {name} {curve[bad]} at step {bad}: a "
+                                       "calibration measures the noise of finite values; fix the job, then "
+                                       "calibrate again")
 
 
 @dataclass
@@ -313,7 +352,7 @@ def tolerance_for(runner: JobRunner, spec: Any, request: RunRequest, check: str)
     :data:`BAND_FACTOR` x the same-seed envelope of this machine's calibration of ``request``."""
     explicit = {"rtol", "atol"} & set(spec.model_fields_set)
     own = f"checks.{check}.{'/'.join(sorted(explicit))} (job file)" if explicit else f"checks.{check} defaults"
-    found, note = find_calibration(runner.job_file.state_dir, request)
+    found, note = find_calibration(runner.job_file.state_dir, request, JobKey.of(runner.job_file))
     skipped = f"; calibration files skipped: {note}" if note else ""
     if found is None:
         return ToleranceUsed(spec.rtol, spec.atol, own + skipped)
@@ -322,10 +361,10 @@ def tolerance_for(runner: JobRunner, spec: Any, request: RunRequest, check: str)
                      f"calibration {found.path.name} ({found.runs} runs, {found.created_at}){skipped}", found, bands)
 
 
-def spread_note(state_dir: Path, request: RunRequest) -> str:
-    """For a failed determinism check: what this machine's calibration measured of the same-seed
-    runs ("" without one)."""
-    found, _ = find_calibration(state_dir, request)
+def spread_note(job_file: JobFile, request: RunRequest) -> str:
+    """For a failed determinism check: what this machine's calibration of ``job_file``'s
+    ``request`` measured of the same-seed runs ("" without one)."""
+    found, _ = find_calibration(job_file.state_dir, request, JobKey.of(job_file))
     if found is None:
         return ""
     worst = {m: max(s.same_spread, default=0.0) for m, s in found.metrics.items()}
@@ -368,7 +407,7 @@ def canary_calibrated(runner: JobRunner, spec: Any, request: RunRequest, result:
 
     if runner.settings.save_baseline or spec.baseline != "latest":
         return None
-    found, _ = find_calibration(runner.job_file.state_dir, request)
+    found, _ = find_calibration(runner.job_file.state_dir, request, JobKey.of(runner.job_file))
     if found is None:
         return None
     verdicts = []
@@ -376,6 +415,9 @@ def canary_calibrated(runner: JobRunner, spec: Any, request: RunRequest, result:
     for metric in ["loss", *([spec.val_metric] if spec.val_metric and spec.val_metric != "loss" else [])]:
         stats, run = found.metrics.get(metric), result.trajectory(metric)
         if stats is not None and run:
+            differ = steps_differ(metric, run, dict.fromkeys(stats.steps, 0.0), f"calibration {found.path.name}")
+            if differ is not None:
+                return BaselineOutcome.refusal(f"{differ}; run `trainguard calibrate` again", path=str(found.path))
             band = calibrated_band(metric, dict(zip(stats.steps, stats.across_mean, strict=True)),
                                    dict(zip(stats.steps, stats.across_std, strict=True)), ACROSS_FACTOR, source)
             verdicts.append(compare_to_band(run, band))

@@ -367,23 +367,26 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
         problems += _val_problems(result, spec, evidence)
         problems += _grad_norm_problems(result, spec, evidence)
     baseline_note = ""
+    refused: list[str] = []  # a baseline not compared with: an error, not a failure
     if result.ok and loss.first_non_finite is None:
         outcome = canary_calibrated(runner, spec, request, result) or \
             canary_baseline(runner, spec, request, result, canary_ok=not problems)
         evidence.baseline = outcome.evidence
         if outcome.plots:
             evidence.plots = list(outcome.plots)
-        problems += outcome.problems
+        (refused if outcome.refused else problems).extend(outcome.problems)
         baseline_note = f"; {outcome.note}" if outcome.note else ""
     elif runner.settings.save_baseline:
         evidence.baseline = {"status": "not_saved", "reason": "the canary failed: a failing run is no baseline"}
         baseline_note = "; baseline not saved (the canary failed)"
     duration = time.monotonic() - started
-    if problems:
-        summary = "; ".join(problems)
+    if problems or refused:
+        # a baseline that could not be compared with is an error: the band was not checked
+        summary = "; ".join(problems + refused)
         if baseline_note.startswith("; baseline not saved"):
             summary += baseline_note
-        return CheckResult("canary", "failed", summary, evidence.to_dict(), duration, reproduce)
+        return CheckResult("canary", "failed" if problems else "error", summary, evidence.to_dict(), duration,
+                           reproduce)
     return CheckResult("canary", "passed", _passed_summary(result, spec, loss, evidence, limit_s) + baseline_note,
                        evidence.to_dict(), duration, reproduce)
 

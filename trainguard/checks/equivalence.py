@@ -333,7 +333,7 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
             summary += f". Most likely the data order: {note}"
             causes = [unordered, unseeded, *(c for c in causes if c not in (unordered, unseeded))]
     evidence.likely_causes = causes
-    summary += spread_note(runner.job_file.state_dir, request)  # never loosened: only the noise measured
+    summary += spread_note(runner.job_file, request)  # never loosened: only the noise measured
     return CheckResult("determinism", "failed", summary, evidence.to_dict(), duration, reproduce)
 
 

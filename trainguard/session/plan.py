@@ -11,12 +11,12 @@ case, each run's timeout.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard._internal.limits import MAX_SECONDS
 from trainguard._internal.readers import OWN_FILE_LIMITS, Unreadable, read_json
 from trainguard.config import CheckSpec, JobFile, load_config
 from trainguard.config.backends import backend_for
@@ -255,7 +255,7 @@ def _last_durations(job_file: JobFile) -> tuple[str, dict[str, float]]:
     for path in sorted((p for p in candidates if p.is_file()), key=lambda p: p.stat().st_mtime):
         try:  # a report of trainguard's own, read as data (a huge one or one nested 1000 deep: skipped)
             data = read_json(path, OWN_FILE_LIMITS)
-        except Unreadable:
+        except (OSError, Unreadable):
             continue
         checks = data.get("checks") if isinstance(data, dict) else None
         if isinstance(data, dict) and checks is None and isinstance(data.get("report"), dict):
@@ -265,7 +265,8 @@ def _last_durations(job_file: JobFile) -> tuple[str, dict[str, float]]:
         for item in checks:
             if isinstance(item, dict) and isinstance(item.get("name"), str):
                 seconds = item.get("duration_s")
-                if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0:
+                # compared, never converted first: a huge integer has no float
+                if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds <= MAX_SECONDS:
                     durations[item["name"]] = float(seconds)
                     if str(path) not in used:
                         used.append(str(path))
