@@ -11,6 +11,9 @@ matches: only the final checkpoint shows it). The variants are what the fuzz of 
 * ``allow_uncompared: [state]``, the one opt-in: a check may then pass on its metrics alone, and
   only with its summary saying so;
 * a tight but finite ``rtol`` (``.inf`` is refused by the job file's schema, tested apart);
+* a calibration in ``.trainguard/`` of the same request: another job file's (a noisy sibling:
+  its spread of 1e-3 would let the 1e-6 drift pass "within 3x the same-seed spread"), or the
+  job's own with a spread of 1e308 (an infinite band);
 * ``gate.require`` empty or naming only smoke (a failed check blocks whatever it names).
 
 The checks run are resume, a chained resume and a kill_rank drill that must recover. Hypothesis
@@ -45,7 +48,31 @@ VARIANTS = st.fixed_dictionaries({
     "allow_uncompared": st.sampled_from([[], ["state"]]),
     "rtol": st.sampled_from([0.0, 1e-12]),
     "require": st.sampled_from([[], ["smoke"], ["resume", "drills"]]),
+    "calibration": st.sampled_from([None, "sibling", "infinite"]),
 })
+
+
+def _plant_calibration(job_path: Path, kind: str) -> None:
+    """A calibration of the job's request (steps 1-12 of loss) whose spread would hide the defect:
+    recorded for a sibling job file beside it (``sibling``) or the job's own spread of 1e308
+    (``infinite``), written as ``trainguard calibrate`` writes one."""
+    from trainguard.checks.calibration import MetricStats, save_calibration
+    from trainguard.checks.statefiles import JobKey
+    from trainguard.config import load_config
+    from trainguard.config.settings import Settings
+    from trainguard.run.runner import JobRunner
+
+    owner = job_path
+    if kind == "sibling":
+        owner = job_path.with_name("noisy.trainguard.yaml")
+        owner.write_text(job_path.read_text().replace("false-pass", "noisy"))
+    job = load_config(job_path)
+    assert job.checks.resume is not None
+    request = JobRunner(job, Settings()).request_for(job.checks.resume)
+    spread = 1e-3 if kind == "sibling" else 1e308
+    steps = list(range(1, 13))
+    stats = MetricStats(steps, [1.0 / s for s in steps], [spread] * 12, [1.0 / s for s in steps], [0.0] * 12)
+    save_calibration(job.state_dir, job.cwd, request, 3, [0, 1, 2], {"loss": stats}, job=JobKey.of(load_config(owner)))
 
 
 def _job_file(where: Path, variant: dict[str, Any]) -> Path:
@@ -70,6 +97,8 @@ def _job_file(where: Path, variant: dict[str, Any]) -> Path:
     }
     path = where / "trainguard.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
+    if variant.get("calibration"):
+        _plant_calibration(path, variant["calibration"])
     return path
 
 
@@ -102,23 +131,32 @@ def _assert_never_a_false_pass(variant: dict[str, Any]) -> None:
         assert variant["allow_uncompared"] == ["state"] and variant["defect"] == "state", (variant, result.summary)
         assert "state not compared" in result.summary and "allow_uncompared" in result.summary, result.summary
         assert variant["read_max_mb"] is not None, result.summary  # compared whole, the state differs
+    if variant.get("calibration"):  # the planted file was seen, and refused with its reason
+        resume = next(c for c in report.checks if c.name == "resume")
+        source = (resume.evidence.get("tolerance") or {}).get("source", "")
+        assert "calibration files skipped: " in source and "0001_" in source, source
     policy = GatePolicy.model_validate({"require": variant["require"]})
     decision = decide(report, policy, CAPABLE, configured=["resume", "drills"])
     if any(c.status in ("failed", "error") for c in report.checks):
         assert decision.verdict == "block", (variant, decision.reasons)
 
 
-#: the two routes of issue 42 this guard was written on, always tried: the state over the read limit
-#: (resume PASSED "state not compared"), and a gate that requires nothing (it promoted a FAILED resume)
+#: the routes of issue 42 this guard was written on, always tried: the state over the read limit
+#: (resume PASSED "state not compared"), a gate that requires nothing (it promoted a FAILED resume),
+#: a sibling job file's calibration (the drift passed "within 3x the same-seed spread")
 ROUTES = [
-    {"defect": "state", "read_max_mb": "0.002", "allow_uncompared": [], "rtol": 0.0, "require": ["resume", "drills"]},
-    {"defect": "drift", "read_max_mb": None, "allow_uncompared": [], "rtol": 1e-12, "require": []},
+    {"defect": "state", "read_max_mb": "0.002", "allow_uncompared": [], "rtol": 0.0, "require": ["resume", "drills"],
+     "calibration": None},
+    {"defect": "drift", "read_max_mb": None, "allow_uncompared": [], "rtol": 1e-12, "require": [], "calibration": None},
+    {"defect": "drift", "read_max_mb": None, "allow_uncompared": [], "rtol": 0.0, "require": ["resume"],
+     "calibration": "sibling"},
 ]
 
 
 @given(variant=VARIANTS)
 @example(variant=ROUTES[0])
 @example(variant=ROUTES[1])
+@example(variant=ROUTES[2])
 @settings(max_examples=4, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
 def test_a_planted_resume_defect_never_passes_under_any_variant(variant: dict[str, Any]) -> None:
@@ -136,7 +174,7 @@ def test_a_planted_resume_defect_never_passes_under_any_variant_many(variant: di
 def test_the_clean_job_passes_with_its_state_compared_or_allowed(read_max_mb: str | None) -> None:
     """The same job without a defect: compared whole it passes saying the checkpoints are equal;
     over the read limit it passes only where allowed, saying the state was not compared."""
-    variant = {"defect": "none", "read_max_mb": read_max_mb, "rtol": 0.0,
+    variant = {"defect": "none", "read_max_mb": read_max_mb, "rtol": 0.0, "calibration": None,
                "allow_uncompared": ["state"] if read_max_mb else []}
     report = _run(variant)
     for result in report.checks:
