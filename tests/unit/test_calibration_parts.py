@@ -247,3 +247,8 @@ def test_a_trajectory_compared_on_no_step_is_not_a_match() -> None:
     assert not apart.ok
     same = compare_trajectories({6: 1.0, 7: 0.5}, {6: 1.0, 7: 0.5}, steps=range(6, 8))
     assert same.ok and same.compared_steps == 2
+
+
+def test_a_trajectory_missing_steps_names_them() -> None:
+    missing = compare_trajectories({6: 1.0}, {6: 1.0, 7: 0.5, 8: 0.25}, steps=range(6, 9))
+    assert not missing.ok and missing.missing_words() == "is missing steps [7, 8]"

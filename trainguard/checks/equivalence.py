@@ -96,7 +96,7 @@ class TrajectoryDiff:
     def missing_words(self) -> str:
         """Why a diff without a divergent step is not ok: ``is missing steps [6, 7]``, or no step."""
         if self.missing_in_actual:
-            return f"{self.missing_words()}"
+            return f"is missing steps {self.missing_in_actual[:5]}"
         return f"has no step of {self.metric} in common with the run it is compared with: nothing was compared"
 
     def as_evidence(self) -> dict[str, Any]:

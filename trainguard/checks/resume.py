@@ -180,7 +180,10 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         else:
             if i > 1 and resumed_from == 0:
                 problems.append(f"{where}: the resumed run started again from step {steps[0]}: no usable checkpoint")
-            diffs = _diffs(runner, spec, metric, run, reference, steps[0], steps[-1] if cut is not None else spec.steps, tol)
+            # a killed run's last printed step may lack the lines that follow its progress line
+            # (the kill landed between them): compared up to the step before it, or the cut step
+            last = spec.steps if cut is None else max(min(cut, steps[-1]), steps[-1] - 1)
+            diffs = _diffs(runner, spec, metric, run, reference, steps[0], last, tol)
             cycle.metrics = [d.as_evidence() for d in diffs]
             problems += _diff_problems(where, diffs)
         if problems:
