@@ -17,8 +17,8 @@ matches: only the final checkpoint shows it). The variants are what the fuzz of 
 * ``gate.require`` empty or naming only smoke (a failed check blocks whatever it names).
 
 The checks run are resume, a chained resume and a kill_rank drill that must recover. Hypothesis
-draws the combinations; the default run tries a few (derandomized: the same ones every time), the
-slow run more.
+draws the combinations. The default run tries the routes of issue 42 (:data:`ROUTES`) and one drawn
+combination (derandomized: the same every time); the slow run 40 drawn ones.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ ROUTES = [
 @example(variant=ROUTES[0])
 @example(variant=ROUTES[1])
 @example(variant=ROUTES[2])
-@settings(max_examples=4, deadline=None, derandomize=True, database=None,
+@settings(max_examples=1, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
 def test_a_planted_resume_defect_never_passes_under_any_variant(variant: dict[str, Any]) -> None:
     _assert_never_a_false_pass(variant)
