@@ -122,6 +122,10 @@ class LaunchSpec:
     #: set the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, ...) for every rank; False:
     #: one process started as a plain script, with none of it (inherited values removed too)
     distributed_env: bool = True
+    #: at teardown, also end every process whose environment carries this run's directory (one
+    #: that left the ranks' tree: a double fork, a session of its own). False where processes of
+    #: a shared service carry it and are not the run's to end (a Ray cluster's pooled workers)
+    end_by_environment: bool = True
     #: run in each rank's child process after fork, before exec, with the rank (e.g. a fault
     #: drill joins the rank to its own memory cgroup here, so all its memory is charged there)
     preexec: Callable[[int], None] | None = None
@@ -607,7 +611,7 @@ class Launcher:
         carries this run's environment (one that left the tree: a double fork, a new session),
         SIGKILL what is left after the grace period."""
         self._scan_descendants()
-        for proc in carrying(envvars.RUN_DIR, str(self.spec.run_dir)):
+        for proc in carrying(envvars.RUN_DIR, str(self.spec.run_dir)) if self.spec.end_by_environment else ():
             self._descendants.setdefault(proc.pid, proc)
         alive = [rp for rp in self.ranks if rp.popen.poll() is None or group_alive(rp.popen.pid)]
         strays = self._live_descendants()

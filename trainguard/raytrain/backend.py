@@ -51,8 +51,9 @@ class RayTrainBackend:
         return expand_ray_job(data, placeholders)
 
     def launch_spec(self, spec: LaunchSpec) -> LaunchSpec:
-        # one driver process; its workers (spec.world_size) are Ray's, set by --num-workers
-        return dataclasses.replace(spec, world_size=1)
+        # one driver process; its workers (spec.world_size) are Ray's, set by --num-workers, and
+        # Ray's pooled workers carry the run's environment: Ray ends them, not the teardown
+        return dataclasses.replace(spec, world_size=1, end_by_environment=False)
 
     def launch_env(self) -> dict[str, str]:
         """``RAY_ADDRESS`` when set (a real cluster), else the client environment of one
