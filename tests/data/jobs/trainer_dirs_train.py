@@ -8,12 +8,14 @@ restarted attempt goes past it. ``--no-save``: never checkpoints. ``--weights-by
 ``weights.json`` to about N bytes (a file over a read limit). ``--resume-defect drift``: a resumed
 run prints a loss 1e-6 off (a resume bug the metrics show); ``--resume-defect state``: a resumed run
 saves other weights while its loss matches (a resume bug only the final checkpoint shows).
+``--nondet``: the loss carries unseeded noise of about 1e-7 (two runs with one seed differ).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -30,6 +32,7 @@ def main() -> int:
     p.add_argument("--no-save", action="store_true")
     p.add_argument("--weights-bytes", type=int, default=0)
     p.add_argument("--resume-defect", choices=["none", "drift", "state"], default="none")
+    p.add_argument("--nondet", action="store_true")
     args = p.parse_args()
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -51,6 +54,7 @@ def main() -> int:
             (folder / "weights.json").write_text(json.dumps({"w": w, "pad": "x" * args.weights_bytes}))
             (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
         drift = 1e-6 if resumed and args.resume_defect == "drift" else 0.0
+        drift += random.SystemRandom().uniform(1e-7, 2e-7) if args.nondet else 0.0
         print(f"step {step} loss {1.0 / step + drift:.9f}", flush=True)
         time.sleep(args.sleep)
     return 0
