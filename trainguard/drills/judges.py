@@ -238,7 +238,7 @@ def recovered_run_problems(c: DrillContext, spec: DrillSpec, diff: TrajectoryDif
     evidence.checkpoint = state.as_evidence()
     if state.differing:
         problems.append(f"the final checkpoint differs from the uninterrupted run's in {state.summary()}")
-    elif uncompared := state.uncompared_problem(f"the drill {spec.name}", spec.allow_uncompared):
+    elif uncompared := state.uncompared_problem(f"the drill `{spec.name}` in checks.drills", spec.allow_uncompared):
         problems.append(uncompared)
     return problems
 

@@ -317,7 +317,7 @@ def _judge(spec: DrillSpec, run: SupervisedRun, records: list[FaultRecord], refe
         evidence.checkpoint = state.as_evidence()
         if state.differing:
             problems.append(f"the final checkpoint differs from the uninterrupted run's in {state.summary()}")
-        elif uncompared := state.uncompared_problem(f"the soak {spec.name}", spec.allow_uncompared):
+        elif uncompared := state.uncompared_problem(f"the drill `{spec.name}` in checks.drills", spec.allow_uncompared):
             problems.append(uncompared)
     accounting = attempts_accounting(reference, run.attempts, metric, spec.steps)
     if accounting is not None and accounting.known:
