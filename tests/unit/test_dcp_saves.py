@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -34,10 +35,17 @@ def real_saves(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """DDP, FSDP2 and async saves made by 2 real ranks over gloo (about 8 s)."""
     out = tmp_path_factory.mktemp("dcp_saves")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(DATA / "dcp_saves.py"), str(out)],
-        capture_output=True, text=True, timeout=120, env=env, check=False)
+    for _ in range(2):  # once more after torch's own abort at exit ("terminate called without an
+        # active exception", a rank's save thread; seen once in a full run): the saves are the data
+        # these tests read, not what they test
+        result = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+             str(DATA / "dcp_saves.py"), str(out)],
+            capture_output=True, text=True, timeout=120, env=env, check=False)
+        if result.returncode == 0 or "terminate called without an active exception" not in result.stderr:
+            break
+        shutil.rmtree(out)
+        out.mkdir()
     assert result.returncode == 0, result.stderr[-3000:]
     return out
 
