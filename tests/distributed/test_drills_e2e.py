@@ -310,7 +310,7 @@ def test_a_kill_whose_signal_the_rank_ignores_tested_nothing(tmp_path: Path, on_
         "  metrics:\n    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'\n"
         "  timeout: 60\n  stall_timeout: 20\n"
         "checks:\n  drills:\n"
-        "    - {name: term, fault: kill_rank, rank: 0, steps: 16, after_step: 7, params: {signal: SIGTERM}}\n")
+        "    - {name: term, fault: kill_rank, rank: 0, steps: 30, after_step: 7, params: {signal: SIGTERM}}\n")
     result = run(path, "term")
     if on_notice == "ignore":
         assert result.status == "error", result.summary

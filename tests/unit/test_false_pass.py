@@ -43,6 +43,9 @@ from trainguard.session import check
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 CAPABLE = Capabilities(gpus=0, root=True, ray=True)
+#: steps of 0.1 s: the last kill (after step 8) has 0.8 s of the run left to land in, as the
+#: drill tests allow a loaded machine's read lag (0.02 s steps left it 0.08 s)
+STEPS = 16
 
 VARIANTS = st.fixed_dictionaries({
     "defect": st.sampled_from(["drift", "state"]),
@@ -55,7 +58,7 @@ VARIANTS = st.fixed_dictionaries({
 
 
 def _plant_calibration(job_path: Path, kind: str) -> None:
-    """A calibration of the job's request (steps 1-12 of loss) whose spread would hide the defect:
+    """A calibration of the job's request (steps 1-16 of loss) whose spread would hide the defect:
     recorded for a sibling job file beside it (``sibling``) or the job's own spread of 1e308
     (``infinite``), written as ``trainguard calibrate`` writes one."""
     from trainguard.checks.calibration import MetricStats, save_calibration
@@ -72,8 +75,8 @@ def _plant_calibration(job_path: Path, kind: str) -> None:
     assert job.checks.resume is not None
     request = JobRunner(job, Settings()).request_for(job.checks.resume)
     spread = 1e-3 if kind == "sibling" else 1e308
-    steps = list(range(1, 13))
-    stats = MetricStats(steps, [1.0 / s for s in steps], [spread] * 12, [1.0 / s for s in steps], [0.0] * 12)
+    steps = list(range(1, STEPS + 1))
+    stats = MetricStats(steps, [1.0 / s for s in steps], [spread] * STEPS, [1.0 / s for s in steps], [0.0] * STEPS)
     save_calibration(job.state_dir, job.cwd, request, 3, [0, 1, 2], {"loss": stats}, job=JobKey.of(load_config(owner)))
 
 
@@ -85,7 +88,7 @@ def _job_file(where: Path, variant: dict[str, Any]) -> Path:
     document = {
         "job": {
             "name": "false-pass",
-            "command": "python trainer_dirs_train.py --steps {steps} --output-dir {checkpoint_dir} --sleep 0.02 "
+            "command": "python trainer_dirs_train.py --steps {steps} --output-dir {checkpoint_dir} --sleep 0.1 "
                        f"--weights-bytes 4000 --resume-defect {variant['defect']}"
                        + (" --nondet" if variant.get("nondet", True) else ""),
             "resume_args": "--resume-from {latest_checkpoint}",
@@ -95,8 +98,8 @@ def _job_file(where: Path, variant: dict[str, Any]) -> Path:
         },
         "checks": {
             "determinism": {"steps": 6, **opts},
-            "resume": {"steps": 12, "chain": [4, 8], **opts},
-            "drills": [{"name": "kill", "fault": "kill_rank", "rank": 0, "steps": 12, "after_step": 5, **opts}],
+            "resume": {"steps": STEPS, "chain": [4, 8], **opts},
+            "drills": [{"name": "kill", "fault": "kill_rank", "rank": 0, "steps": STEPS, "after_step": 5, **opts}],
         },
     }
     path = where / "trainguard.yaml"
