@@ -152,7 +152,8 @@ def compare_checkpoint_dirs(
     actual_dir, expected_dir = Path(actual_dir), Path(expected_dir)
     actual = resolve_checkpoint(actual_dir)
     if actual is None:
-        if not _anything_like_a_checkpoint(actual_dir) and not _anything_like_a_checkpoint(expected_dir):
+        # actual_dir resolved to nothing: only an incomplete candidate could be there
+        if not checkpoint_candidates(actual_dir) and not _anything_like_a_checkpoint(expected_dir):
             return StateComparison(False, "neither run left a checkpoint trainguard reads (the "
                                    f"{labels[0]} run's directory: {describe_candidates(actual_dir)})", absent=True)
         return StateComparison(False, f"the {labels[0]} run left no complete checkpoint to compare "
