@@ -77,9 +77,8 @@ class CheckItem(pytest.Item):
         runner = runner_for(self.config, load_config(self.path))
         spec = self.spec if self.spec is not None else dict(runner.job_file.enabled_checks())[self.check_name]
         result = run_check(runner, self.check_name, spec)
-        from dataclasses import asdict
 
-        self.user_properties.append((CHECK_RESULT_PROPERTY, json.dumps(asdict(result), default=str)))
+        self.user_properties.append((CHECK_RESULT_PROPERTY, json.dumps(result.to_dict(), default=str)))
         if result.status == "skipped":
             pytest.skip(result.summary)
         if not result.ok:
@@ -96,7 +95,7 @@ class CheckItem(pytest.Item):
 
 def _render(result: Any) -> str:
     lines = [f"trainguard {result.name} {result.status}: {result.summary}"]
-    for key, value in result.evidence.items():
+    for key, value in result.to_dict()["evidence"].items():  # what the report says, key by key
         if value in (None, [], {}, ""):
             continue
         text = json.dumps(value, default=str) if not isinstance(value, str) else value

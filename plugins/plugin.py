@@ -84,9 +84,9 @@ class _SessionRecorder:
         if report.when == "call" or (report.when == "setup" and report.skipped):
             raw = props.get(CHECK_RESULT_PROPERTY)
             if raw is not None:
-                from trainguard.report import CheckResult
+                from trainguard.config.records import result_of
 
-                result = CheckResult(**json.loads(str(raw)))
+                result = result_of(json.loads(str(raw)))
                 get_session(self.config).check_results.append((report.nodeid, result))
         if not report.failed or report.when == "teardown":
             return

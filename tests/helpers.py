@@ -248,3 +248,41 @@ def each_refused(directory: Path, cases: dict[str, tuple[str, str]], load: Any, 
         with pytest.raises(error, match=words) as caught:
             load(path)
         assert str(path) in str(caught.value) and fix in str(caught.value), name
+
+
+def drill_report(restarts: int = 1, kind: str = "recover", fault_evidence: dict[str, Any] | None = None,
+                 **found: Any) -> Any:
+    """A drill's report object (``drills.evidence.DrillReport``) whose judge recorded ``found``
+    (a recover drill's fields; ``kind="continue"``: a continue drill's) after ``restarts``."""
+    from trainguard.drills.evidence import ContinueEvidence, DrillReport, RecoverEvidence, StepRate
+
+    record = RecoverEvidence if kind == "recover" else ContinueEvidence
+    judged = record(None, None, 0, None, None, None, restarts, [], StepRate("steps/s", None, None),
+                    fault_evidence or {}, "", **found)
+    return DrillReport("kill", kind, 0, 5, None, 20, found=judged)
+
+
+def soak_report(seed: int, restart_mean: float, lost_mean: float, restarts: int = 5) -> Any:
+    """One soak run's report object (``drills.evidence.SoakReport``) that measured these means."""
+    from trainguard.checks.equivalence_records import TrajectoryEvidence
+    from trainguard.drills.evidence import SoakEvidence, SoakReport
+
+    trajectory = TrajectoryEvidence("loss", 20, None, None, 0.0, 0.0, [])
+    measured = {"restart_s": {"median": 1.0, "mean": restart_mean}, "lost_steps": {"total": 9, "mean": lost_mean}}
+    return SoakReport("soak", "recover", seed, 20, [], found=SoakEvidence(restarts, trajectory, measured=measured))
+
+
+def profile_evidence(sizing: Any) -> Any:
+    """The profile check's record (``profiling.check.ProfileEvidence``) holding ``sizing``."""
+    from trainguard.profiling.check import ProfileEvidence
+
+    return ProfileEvidence("report.html", "report.json", None, {}, {}, "run", sizing=sizing)
+
+
+def report_evidence(result: Any) -> Any:
+    """What the report says a check found: a :class:`~trainguard.report.CheckResult`'s evidence
+    object as its report holds it (the record's keys, then the session's run notes); anything else
+    that has ``evidence`` (a run's launcher findings, a fault's) as it is."""
+    from trainguard.report import CheckResult
+
+    return result.to_dict()["evidence"] if isinstance(result, CheckResult) else result.evidence

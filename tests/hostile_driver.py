@@ -113,8 +113,8 @@ def run_case(case: Path, out: Path) -> int:
     if target.exists():
         inventory = checkpoint_inventory(target)
         comparison = compare_checkpoint_dirs(target, target)
-        report.update({"inventory": inventory.as_evidence(), "summary": inventory.summary(),
-                       "comparison": comparison.as_evidence(), "ok": comparison.ok})
+        report.update({"inventory": inventory.as_evidence().to_dict(), "summary": inventory.summary(),
+                       "comparison": comparison.as_evidence().to_dict(), "ok": comparison.ok})
         ok = comparison.ok
     if (case / "trainguard.yaml").exists():
         report["state"] = read_state(case)

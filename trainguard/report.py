@@ -2,7 +2,9 @@
 
 ``{"trainguard_version", "job", "status": "passed"|"failed"|"skipped"|"interrupted", "checks":
 [{"name", "status", "summary", "evidence", "duration_s"}], ...}`` -- CI and every later check
-read this shape.
+read this shape. In the process a result's ``evidence`` is its check's record
+(:class:`~trainguard.evidence.Evidence`); it becomes the JSON object here, in :meth:`Report.to_dict`,
+and the record again in :func:`load_report`.
 """
 
 from __future__ import annotations
@@ -12,26 +14,45 @@ import math
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal
+
+from typing_extensions import TypeVar
 
 from trainguard._internal.atomic import atomic_write_text, write_or_fallback
 from trainguard._internal.readers import OWN_FILE_LIMITS, Unreadable, read_json
 from trainguard._version import __version__
 from trainguard.errors import CheckFailed, ConfigError
+from trainguard.evidence import (
+    UNSET,
+    Evidence,
+    EvidenceError,
+    JsonObject,
+    NoEvidence,
+    Recorded,
+    Unset,
+    read_first,
+)
 
 __all__ = [
     "REPORT_SCHEMA_VERSION",
     "STATUSES",
+    "CappedLogs",
     "CheckId",
     "CheckResult",
     "CheckStatus",
+    "FullDisk",
+    "RecordTypes",
     "Report",
     "ReportStatus",
+    "RunNotes",
     "SkipReason",
     "load_report",
+    "read_evidence",
+    "result_from_dict",
 ]
 
 REPORT_SCHEMA_VERSION = 1
@@ -111,17 +132,55 @@ class CheckId:
 
 
 @dataclass
-class CheckResult:
-    """Outcome of one check: a verdict, one line for people, and the evidence behind it."""
+class CappedLogs(Evidence):
+    """The logs of one run that the log cap cut (``trainguard_max_log_bytes``)."""
+
+    run_dir: str
+    #: each capped log: its path, bytes printed, bytes dropped
+    logs: list[dict[str, object]]
+
+
+@dataclass
+class FullDisk(Evidence):
+    """A run directory on a full or failing disk (``launch.ranklog.log_evidence``)."""
+
+    path: str
+    error: str
+    note: str
+    logs_not_written: list[dict[str, object]]
+
+
+@dataclass
+class RunNotes(Evidence):
+    """What the session noted of a check's runs after it ran (``session.run_check``), whatever
+    the check's record: they are keys of the report's ``evidence`` object, after the record's."""
+
+    logs_truncated: list[CappedLogs] | Unset = UNSET
+    #: the runs whose directory was on a full disk (a launcher's own entry is one, not a list)
+    run_dir_disk: list[FullDisk] | FullDisk | Unset = UNSET
+
+
+#: the evidence record a result holds (covariant: a ``CheckResult[SmokeEvidence]`` is a
+#: ``CheckResult``, whose evidence is some :class:`~trainguard.evidence.Evidence`)
+E = TypeVar("E", bound=Evidence, default=Evidence, covariant=True)
+
+
+@dataclass
+class CheckResult(Generic[E]):
+    """Outcome of one check: a verdict, one line for people, and the evidence behind it (its
+    check's record: read its attributes; the report's JSON object is ``evidence.to_dict()``)."""
 
     name: str
     status: CheckStatus
     summary: str
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: E = field(default_factory=NoEvidence)  # type: ignore[assignment]  # none: no keys
     duration_s: float = 0.0
     reproduce: str | None = None
     #: why it was skipped (only on a skipped result; the report JSON has the key only then)
     skip_reason: SkipReason | None = None
+    #: what the session noted of the check's runs (capped logs, a full disk), written into the
+    #: report's ``evidence`` object after the record's keys
+    run_notes: RunNotes = field(default_factory=lambda: RunNotes())
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -143,6 +202,16 @@ class CheckResult:
         """Raise :class:`~trainguard.errors.CheckFailed` unless the check passed or was skipped."""
         if not self.ok:
             raise CheckFailed(self.render(), results=(self,))
+
+    def to_dict(self) -> JsonObject:
+        """The report's object for this result, its evidence record as its dict."""
+        out: JsonObject = {"name": self.name, "status": self.status, "summary": self.summary,
+                           "evidence": self.evidence.to_dict() | self.run_notes.to_dict(),
+                           "duration_s": self.duration_s,
+                           "reproduce": self.reproduce}
+        if self.skip_reason is not None:  # the key is a skipped check's alone
+            out["skip_reason"] = str(self.skip_reason)
+        return out
 
     def render(self) -> str:
         """The verdict for people: ``name status: summary`` and how to reproduce it."""
@@ -205,16 +274,13 @@ class Report:
         self.checks.append(result)
         return result
 
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("path")
-        data.pop("write_problem")
+    def to_dict(self) -> JsonObject:
+        """The report as JSON data, each check's evidence record as its dict."""
+        data: JsonObject = {"job": self.job, "checks": [c.to_dict() for c in self.checks]}
+        for name in ("job_file", "created_at", "host", "trainguard_version", "schema_version",
+                     "tracking_uri", "interrupted"):
+            data[name] = getattr(self, name)
         data["status"] = self.status
-        for check in data["checks"]:
-            if check["skip_reason"] is None:  # the key is a skipped check's alone
-                del check["skip_reason"]
-            else:
-                check["skip_reason"] = str(check["skip_reason"])
         return data
 
     def to_json(self) -> str:
@@ -261,10 +327,18 @@ _CHECK_KEYS: dict[str, tuple[type, bool]] = {
 }
 
 
-def load_report(path: str | os.PathLike[str]) -> Report:
+#: ``(check name) -> the record types its results hold``, the first that reads the evidence
+#: object wins (``config.records.record_types``: the registry's); none: :class:`Recorded`
+RecordTypes = Callable[[str], Sequence[type[Evidence]]]
+
+
+def load_report(path: str | os.PathLike[str], records: RecordTypes | None = None) -> Report:
     """Read a report written by :meth:`Report.write`, as data: a regular file within
     :data:`~trainguard._internal.readers.OWN_FILE_LIMITS`, each key of the right type (numbers
-    finite); a :class:`~trainguard.errors.ConfigError` naming the file and the key otherwise."""
+    finite); a :class:`~trainguard.errors.ConfigError` naming the file and the key otherwise.
+    Each check's evidence becomes the first of ``records(name)`` that reads it (a
+    :class:`~trainguard.evidence.Recorded` without ``records``, or for a check it names no type
+    of); ``config.records.load_report`` passes the registry's."""
     where = str(path)
     again = "not a report trainguard wrote, or it was edited; run `trainguard check` again to write one"
     try:
@@ -281,12 +355,38 @@ def load_report(path: str | os.PathLike[str]) -> Report:
         _check_keys(entry, _CHECK_KEYS, where, f"checks[{i}].", again)
         _require(entry, ("name", "status", "summary"), where, f"checks[{i}]", again)
         try:
-            checks.append(CheckResult(**entry))
+            checks.append(result_from_dict(entry, records, f"checks[{i}].evidence"))
+        except EvidenceError as exc:
+            raise ConfigError(f"{exc.problem}; {again}", path=where, key=exc.key) from None
         except ValueError as exc:
             raise ConfigError(f"{exc}; {again}", path=where, key=f"checks[{i}]") from None
     _check_keys(data, _REPORT_KEYS, where, "", again)
     _require(data, ("job",), where, None, again)
     return Report(checks=checks, **data)
+
+
+def result_from_dict(entry: JsonObject, records: RecordTypes | None = None,
+                     where: str = "evidence") -> CheckResult:
+    """The :class:`CheckResult` a report's check object (:meth:`Report.to_dict`) was written
+    from, its evidence read as the first of ``records(name)`` that reads it (see
+    :func:`load_report`); :class:`~trainguard.evidence.EvidenceError` naming the key when none
+    does."""
+    data = dict(entry)
+    evidence = data.pop("evidence", {})
+    if not isinstance(evidence, dict):
+        raise EvidenceError(where, f"expected an object, got {type(evidence).__name__}")
+    evidence = dict(evidence)
+    notes = {k: evidence.pop(k) for k in [f.name for f in fields(RunNotes)] if k in evidence}
+    kinds = list(records(str(data.get("name", "")))) if records is not None else []
+    return CheckResult(**data, evidence=read_evidence(evidence, kinds, where),
+                       run_notes=RunNotes.from_dict(notes, where))
+
+
+def read_evidence(data: object, kinds: Sequence[type[Evidence]], where: str = "evidence") -> Evidence:
+    """``data`` read as the first of ``kinds`` that reads it (``{}``: a :class:`NoEvidence`; a
+    :class:`Recorded` with no kinds); the first kind's :class:`~trainguard.evidence.EvidenceError`
+    when none does."""
+    return read_first([*kinds, NoEvidence] if kinds else [NoEvidence, Recorded], data, where)
 
 
 def _require(data: dict[str, Any], keys: tuple[str, ...], where: str, key: str | None, again: str) -> None:

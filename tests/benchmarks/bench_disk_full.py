@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.helpers import report_evidence
 from trainguard.config import load_config
 from trainguard.drills import run_drill
 from trainguard.run.runner import JobRunner
@@ -64,7 +65,7 @@ def main() -> int:
                     finally:
                         runner.close()
                     times.append(time.monotonic() - started)
-                    modes.add(str(result.evidence.get("fault_evidence", {}).get("mode_ran")))
+                    modes.add(str(report_evidence(result).get("fault_evidence", {}).get("mode_ran")))
                     if result.status == want:
                         right += 1
                     else:

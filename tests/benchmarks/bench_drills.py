@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.helpers import report_evidence
 from trainguard.config import load_config
 from trainguard.drills import make_drill, run_drill
 from trainguard.run.runner import JobRunner
@@ -51,11 +52,11 @@ def main() -> None:
             ok = result.status == "passed"
             passed += ok
             durations.append(result.duration_s)
-            recovery = result.evidence.get("fault_to_first_step_after_restart_s")
+            recovery = report_evidence(result).get("fault_to_first_step_after_restart_s")
             if recovery is not None:
                 latencies.append(recovery)
-            if result.evidence.get("lost_steps") is not None:
-                lost.append(result.evidence["lost_steps"])
+            if report_evidence(result).get("lost_steps") is not None:
+                lost.append(report_evidence(result)["lost_steps"])
             print(f"  drill {i}: {result.status} in {result.duration_s:.1f} s; kill -> first step "
                   f"after restart {recovery} s; {'' if ok else result.summary}", flush=True)
         print(f"kill_rank recover on the 2-rank digits job: {passed}/{args.runs} recovered and "

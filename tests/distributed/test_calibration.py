@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.checks.calibration import find_calibration, load_calibration
 from trainguard.checks.statefiles import JobKey
 from trainguard.config import load_config
@@ -83,7 +84,7 @@ def test_calibration_measures_the_same_seed_spread(outcome: dict) -> None:
 def test_the_correct_but_nondeterministic_job_resumes_within_its_band(outcome: dict) -> None:
     result: CheckResult = outcome["clean"]["resume"]
     assert result.status == "passed", result.summary
-    ev = result.evidence
+    ev = report_evidence(result)
     assert "calibration" in ev["tolerance"]["source"] and ev["tolerance"]["calibration"].endswith(".json")
     # exact comparison would have failed it: the resumed run differs in the last bits
     assert ev["trajectory"]["max_abs_diff"] > 0
@@ -109,7 +110,7 @@ def test_determinism_is_never_loosened_and_names_the_measured_spread(outcome: di
 def test_the_canary_band_comes_from_the_calibration(outcome: dict) -> None:
     result: CheckResult = outcome["clean"]["canary"]
     assert result.status == "passed", result.summary
-    assert result.evidence["baseline"]["status"] == "calibrated" and result.evidence["baseline"]["runs"] == 5
+    assert report_evidence(result)["baseline"]["status"] == "calibrated" and report_evidence(result)["baseline"]["runs"] == 5
     assert "inside the calibrated band (±3 across-seed std of calibration" in result.summary
     slower: CheckResult = outcome["slow"]
     assert slower.status == "failed", slower.summary

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.gate.policy import Capabilities, Decision
 from trainguard.gate.provenance import provenance_for
 from trainguard.gate.run import GateReport, write_gate_report
@@ -113,14 +114,14 @@ def test_a_renamed_layer_fails_naming_the_keys_against_the_promoted_commit_of_a_
     repo = digits_repo({}, new_files={"digits/model.py": renamed}, base="promoted", at_base=_promote, sha256=True)
     result = _compat(repo)
     assert result.status == "failed", result.summary
-    assert len(result.evidence["base_commit"]) == 64 and "promoted-report index" in result.evidence["promoted"]
+    assert len(report_evidence(result)["base_commit"]) == 64 and "promoted-report index" in report_evidence(result)["promoted"]
     assert "cannot resume base's" in result.summary and "classifier.weight" in result.summary, result.summary
-    layout = result.evidence["layout"]
+    layout = report_evidence(result)["layout"]
     assert layout["renamed"] == [["model.head", "model.classifier"]], layout
     assert "map the old names on load" in result.summary
     # base ran in its own checkout, on the data the working tree's ignored folder holds
-    assert "data" in result.evidence["linked"]
-    assert result.evidence["base_commit"] == _git(repo, "rev-parse", "base")
+    assert "data" in report_evidence(result)["linked"]
+    assert report_evidence(result)["base_commit"] == _git(repo, "rev-parse", "base")
 
 
 @pytest.mark.timeout(300)
@@ -132,7 +133,7 @@ def test_a_buffer_added_without_a_default_on_load_fails_naming_it(digits_repo: C
     result = _compat(repo)
     assert result.status == "failed", result.summary
     assert "input_scale" in result.summary, result.summary
-    assert result.evidence["layout"]["only_in_new"] == ["model.input_scale"], result.evidence["layout"]
+    assert report_evidence(result)["layout"]["only_in_new"] == ["model.input_scale"], report_evidence(result)["layout"]
 
 
 @pytest.mark.timeout(300)
@@ -141,7 +142,7 @@ def test_a_changed_data_order_fails_at_the_first_step_after_the_resume(digits_re
                                      "shuffle=True, seed=args.seed + 1, drop_last=True")})
     result = _compat(repo)
     assert result.status == "failed", result.summary
-    ev = result.evidence
+    ev = report_evidence(result)
     resumed_from = ev["resumed_from_step"]
     assert resumed_from >= 5 and f"at step {resumed_from + 1}" in result.summary, result.summary
     # the checkpoint's layout is the same; the samples drawn are not, from the first batch
@@ -166,7 +167,7 @@ def test_a_compatible_refactor_passes_against_the_last_promoted_commit(digits_re
     assert "sample_seed" not in (repo / "digits" / "data.py").read_text()
     result = _compat(repo)
     assert result.status == "passed", result.summary
-    ev = result.evidence
+    ev = report_evidence(result)
     assert ev["base"] == "promoted" and ev["base_commit"] == _git(repo, "rev-parse", "base")
     assert ev["current_dirty"] is True and ev["resumed_from_step"] >= 5
     assert ev["layout"]["compared"] and ev["layout"]["summary"] == ""
@@ -209,7 +210,7 @@ def test_a_job_whose_resume_is_not_exact_is_judged_against_bases_own_resume(tmp_
         source = source.replace(old, new)
     (repo / "train.py").write_text(source)
     result = _compat(repo)
-    ev = result.evidence
+    ev = report_evidence(result)
     assert "before_resume" in ev, result.summary
     assert ev["before_resume"]["first_divergent_step"] is None and ev["layout"]["summary"] == ""
     assert ev["control"]["compared_steps"] > 0, ev["control"]

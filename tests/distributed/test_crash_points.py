@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.drills.crash_points import Boundary, choose_boundaries
 from trainguard.faults.fusefs import fuse_unavailable
 from trainguard.report import CheckResult
@@ -59,7 +60,7 @@ def _crash_points(tmp_path: Path, writer: str, mode: str = "kill", *, limit: int
 def test_a_writer_that_renames_a_synced_temp_file_is_safe_at_every_boundary(tmp_path: Path) -> None:
     result = _crash_points(tmp_path, "atomic")
     assert result.status == "passed", result.summary
-    ev = result.evidence
+    ev = report_evidence(result)
     assert ev["boundaries_found"] == ev["boundaries_explored"] == 7, ev["by_op"]
     assert ev["by_op"] == {"create": 1, "write": 3, "fsync": 1, "rename": 1, "fsyncdir": 1}
     # before the rename the restart resumes from the checkpoint before the save, after it from the
@@ -79,10 +80,10 @@ def test_a_writer_that_renames_a_synced_temp_file_is_safe_at_every_boundary(tmp_
 def test_a_checkpoint_written_in_place_is_unsafe_from_its_first_operation(tmp_path: Path) -> None:
     result = _crash_points(tmp_path, "inplace")
     assert result.status == "failed", result.summary
-    first = result.evidence["first_unsafe"]
+    first = report_evidence(result)["first_unsafe"]
     assert (first["op"], first["path"], first["outcome"]) == ("truncate", "/ckpt.json", "crashed on load"), first
     assert "JSONDecodeError" in first["detail"]
-    assert "rename it over the old one" in result.evidence["fix"]
+    assert "rename it over the old one" in report_evidence(result)["fix"]
 
 
 @needs_fuse
@@ -94,7 +95,7 @@ def test_a_resume_that_is_never_exact_is_not_called_a_torn_checkpoint(tmp_path: 
     torn, and the check says it cannot judge instead of passing."""
     result = _crash_points(tmp_path, "atomic", limit=2, extra=" --inexact-resume")
     assert result.status == "error", result.summary
-    ev = result.evidence
+    ev = report_evidence(result)
     assert [o["outcome"] for o in ev["outcomes"]] == ["loaded", "loaded"], ev["outcomes"]
     assert ev["control"]["outcome"] == "torn" and ev["control"]["resumed_from_step"] == ev["outcomes"][0]["resumed_from_step"]
     assert ev["first_unsafe"] is None and "resume is not exact" in result.summary
@@ -110,8 +111,8 @@ def test_other_writers_in_kill_mode(tmp_path: Path, writer: str, status: str, fi
     result = _crash_points(tmp_path, writer)
     assert result.status == status, result.summary
     if first_op is not None:
-        assert result.evidence["first_unsafe"]["op"] == first_op
-        assert result.evidence["first_unsafe"]["outcome"] == "began again"
+        assert report_evidence(result)["first_unsafe"]["op"] == first_op
+        assert report_evidence(result)["first_unsafe"]["outcome"] == "began again"
 
 
 def test_above_the_limit_every_other_operation_first_then_writes_spread_over_each_file() -> None:
@@ -134,10 +135,10 @@ def test_a_writer_without_fsync_loses_its_checkpoints_to_a_power_loss(tmp_path: 
     was ever durable, the checkpoint before the save included."""
     result = _crash_points(tmp_path, "rename", "power", limit=3)
     assert result.status == "failed", result.summary
-    first = result.evidence["first_unsafe"]
+    first = report_evidence(result)["first_unsafe"]
     assert first["outcome"] == "began again" and first["undone"] > 0, first
-    assert "fsync /ckpt.json.tmp before renaming it" in result.evidence["fix"]
-    assert "fsync the directory after renaming into /ckpt.json" in result.evidence["fix"]
+    assert "fsync /ckpt.json.tmp before renaming it" in report_evidence(result)["fix"]
+    assert "fsync the directory after renaming into /ckpt.json" in report_evidence(result)["fix"]
 
 
 @needs_fuse
@@ -146,9 +147,9 @@ def test_a_writer_without_fsync_loses_its_checkpoints_to_a_power_loss(tmp_path: 
 def test_the_careful_writer_survives_a_power_loss_at_every_boundary(tmp_path: Path) -> None:
     result = _crash_points(tmp_path, "atomic", "power")
     assert result.status == "passed", result.summary
-    resumed = [o["resumed_from_step"] for o in result.evidence["outcomes"]]
+    resumed = [o["resumed_from_step"] for o in report_evidence(result)["outcomes"]]
     # until the directory's fsync a power loss forgets the rename: only the last resumes the save's
-    assert resumed[:-1] == [resumed[0]] * 6 and resumed[-1] == resumed[0] + 5, result.evidence["outcomes"]
+    assert resumed[:-1] == [resumed[0]] * 6 and resumed[-1] == resumed[0] + 5, report_evidence(result)["outcomes"]
 
 
 def _op(path: str, op: str, ordinal: int, t0: float, t: float | None = None) -> dict:
@@ -242,7 +243,7 @@ def test_two_ranks_that_save_without_a_commit_marker_resume_from_different_steps
     before. Four boundaries are explored: the operations that are not writes, in order."""
     result = _crash_points(tmp_path, "sharded-newest", limit=4, world=2)
     assert result.status == "failed", result.summary
-    ev = result.evidence
+    ev = report_evidence(result)
     assert ev["boundaries_found"] == 10 and ev["boundaries_explored"] == 4, ev["by_op"]
     # rank 0's create, fsync and rename come first; rank 1 starts once rank 0's file is in place
     assert [(o["rank"], o["op"]) for o in ev["outcomes"][:3]] == [(0, "create"), (0, "fsync"), (0, "rename")]
@@ -260,7 +261,7 @@ def test_two_ranks_that_save_without_a_commit_marker_resume_from_different_steps
 def test_two_ranks_whose_save_is_committed_by_a_marker_are_safe_at_every_boundary(tmp_path: Path) -> None:
     result = _crash_points(tmp_path, "sharded-marker", world=2)
     assert result.status == "passed", result.summary
-    ev = result.evidence
+    ev = report_evidence(result)
     assert ev["boundaries_found"] == ev["boundaries_explored"] == 15, ev["by_op"]
     assert {o["rank"] for o in ev["outcomes"]} == {0, 1}
     resumed = [o["resumed_from_step"] for o in ev["outcomes"]]
@@ -278,9 +279,9 @@ def test_a_temp_name_that_differs_between_runs(tmp_path: Path, writer: str, stat
     none of its boundaries says so instead of passing."""
     result = _crash_points(tmp_path, writer, limit=2)
     assert result.status == status, result.summary
-    outcomes = [o["outcome"] for o in result.evidence["outcomes"]]
+    outcomes = [o["outcome"] for o in report_evidence(result)["outcomes"]]
     if status == "passed":
-        assert outcomes == ["safe"] * 2 and "{pid}" in result.evidence["outcomes"][0]["path"]
+        assert outcomes == ["safe"] * 2 and "{pid}" in report_evidence(result)["outcomes"][0]["path"]
     else:
         assert outcomes == ["not reached"] * 2 and "never reached their boundary" in result.summary
 
@@ -307,7 +308,7 @@ def test_a_crash_in_the_last_save_resumes_with_nothing_left_to_train(tmp_path: P
     whose saves of steps 10, 15 and 20 were explored as one)."""
     result = _crash_points(tmp_path, "atomic", after=17, limit=3)  # create, fsync, rename
     assert result.status == "passed", result.summary
-    last = result.evidence["outcomes"][-1]
+    last = report_evidence(result)["outcomes"][-1]
     assert (last["op"], last["outcome"], last["resumed_from_step"]) == ("rename", "safe", 20), last
     assert "no step left to train" in last["detail"]
 
@@ -329,9 +330,9 @@ def test_a_log_appended_at_every_step_is_not_the_save_explored(tmp_path: Path) -
     pids = tmp_path / "background.pids"
     result = _crash_points(tmp_path, "inplace", limit=1, extra=f" --log --background {pids}")
     assert result.status == "failed", result.summary
-    first = result.evidence["first_unsafe"]
+    first = report_evidence(result)["first_unsafe"]
     assert (first["op"], first["path"], first["outcome"]) == ("truncate", "/ckpt.json", "crashed on load"), first
-    assert "/ckpt.json" in result.evidence["reads"] and "/train.log" not in result.evidence["reads"]
+    assert "/ckpt.json" in report_evidence(result)["reads"] and "/train.log" not in report_evidence(result)["reads"]
     started = [int(line) for line in pids.read_text().split()]
     assert len(started) == 5  # the uninterrupted run, the recording, its restart, the crash, its restart
     deadline = time.monotonic() + 10
@@ -349,7 +350,7 @@ def test_a_restart_that_exits_0_on_a_torn_tracker_is_not_safe(tmp_path: Path) ->
     and the next boundary, which resumes from the save, did not go back."""
     result = _crash_points(tmp_path, "megatron", limit=5, steps=15)
     assert result.status == "failed", result.summary
-    ev = result.evidence
+    ev = report_evidence(result)
     assert [(o["op"], o["path"]) for o in ev["outcomes"]] == [
         ("mkdir", "/iter_0000010"), ("create", "/iter_0000010/model.json"), ("write", "/iter_0000010/model.json"),
         ("truncate", "/latest_checkpointed_iteration.txt"), ("write", "/latest_checkpointed_iteration.txt")], ev["outcomes"]
@@ -370,7 +371,7 @@ def test_stale_final_weights_with_nothing_left_to_train_do_not_pass(tmp_path: Pa
     are still step 15's. What the crash left is not the uninterrupted run's final checkpoint."""
     result = _crash_points(tmp_path, "tracker-first", after=17, limit=3)  # create, fsync, rename
     assert result.status == "failed", result.summary
-    first = result.evidence["first_unsafe"]
+    first = report_evidence(result)["first_unsafe"]
     assert (first["op"], first["path"], first["outcome"]) == ("rename", "/step.txt.tmp", "trained nothing"), first
     assert "/weights.json differs" in first["detail"] and first["resumed_from_step"] is None
-    assert [o["outcome"] for o in result.evidence["outcomes"][:2]] == ["safe", "safe"]
+    assert [o["outcome"] for o in report_evidence(result)["outcomes"][:2]] == ["safe", "safe"]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard._internal.machine import machine_id
 from trainguard.checks.baseline import load_baseline
 from trainguard.report import CheckResult
@@ -80,7 +81,7 @@ def saved_baseline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[P
 @pytest.mark.canary
 def test_the_saved_baseline_holds_the_clean_trajectories(saved_baseline: tuple[Path, CheckResult]) -> None:
     root, result = saved_baseline
-    path = Path(result.evidence["baseline"]["path"])
+    path = Path(report_evidence(result)["baseline"]["path"])
     assert path.parent == root / ".trainguard" / "baselines" / machine_id()
     assert path.name == "0001_nogit.json"  # the copy is not in a git repository
     baseline = load_baseline(path)
@@ -95,7 +96,7 @@ def test_a_clean_run_with_the_same_seed_stays_inside_the_band(saved_baseline: tu
     root, _ = saved_baseline
     result = _canary(root)
     assert result.status == "passed", result.summary
-    compared = result.evidence["baseline"]
+    compared = report_evidence(result)["baseline"]
     assert compared["status"] == "compared" and compared["path"].endswith("0001_nogit.json")
     for metric in ("loss", "val_loss"):
         # same seed, deterministic kernels, same machine: the same trajectory (a little slack
@@ -103,8 +104,8 @@ def test_a_clean_run_with_the_same_seed_stays_inside_the_band(saved_baseline: tu
         assert compared["metrics"][metric]["max_deviation"] < 0.05, compared["metrics"][metric]
         assert compared["metrics"][metric]["failing"] == []
     assert "inside the baseline band of 0001_nogit.json (±20%" in result.summary
-    (plot,) = result.evidence["plots"]
-    assert Path(plot).read_bytes()[:4] == b"\x89PNG" and Path(plot).parent == Path(result.evidence["run_dir"])
+    (plot,) = report_evidence(result)["plots"]
+    assert Path(plot).read_bytes()[:4] == b"\x89PNG" and Path(plot).parent == Path(report_evidence(result)["run_dir"])
 
 
 @pytest.mark.canary
@@ -112,19 +113,19 @@ def test_accumulating_gradients_learn_but_leave_the_band(
     saved_baseline: tuple[Path, CheckResult], patched_example: PatchedExample
 ) -> None:
     _, saved = saved_baseline
-    baseline = Path(saved.evidence["baseline"]["path"])
+    baseline = Path(report_evidence(saved)["baseline"]["path"])
     patched = patched_example(ACCUMULATING_GRADIENTS, _job(30, baseline))
     result = _canary(patched)
     assert result.status == "failed", result.summary
     # it still learns: the plain canary (loss and val_loss drops) passes it
-    assert result.evidence["loss"]["drop"] >= 0.3 and result.evidence["val"]["drop"] >= 0.05
+    assert report_evidence(result)["loss"]["drop"] >= 0.3 and report_evidence(result)["val"]["drop"] >= 0.05
     assert "left the baseline band" in result.summary and "fell by only" not in result.summary
-    val = result.evidence["baseline"]["metrics"]["val_loss"]
+    val = report_evidence(result)["baseline"]["metrics"]["val_loss"]
     # measured on 2 cores: val_loss 0.871 vs 0.645 at step 20 (+35%), loss up to +27% at steps 20-22
     assert [e["worst_step"] for e in val["failing"]] == [20] and val["max_deviation"] > 0.25
     assert "val_loss left the baseline band at step 20 (1 of 2 points outside): up to " in result.summary
     assert "% above the baseline at step 20 (" in result.summary
-    (plot,) = result.evidence["plots"]
+    (plot,) = report_evidence(result)["plots"]
     assert f"; plot: {plot}" in result.summary and Path(plot).read_bytes()[:4] == b"\x89PNG"
 
 
@@ -138,10 +139,10 @@ def test_over_60_steps_the_loss_itself_leaves_the_band_for_many_steps(
     assert saved.status == "passed", saved.summary
     again = _canary(clean)
     assert again.status == "passed", again.summary
-    patched = patched_example(ACCUMULATING_GRADIENTS, _job(60, Path(saved.evidence["baseline"]["path"])))
+    patched = patched_example(ACCUMULATING_GRADIENTS, _job(60, Path(report_evidence(saved)["baseline"]["path"])))
     result = _canary(patched)
     assert result.status == "failed", result.summary
-    loss = result.evidence["baseline"]["metrics"]["loss"]
+    loss = report_evidence(result)["baseline"]["metrics"]["loss"]
     # measured: +15..48% over steps 15-40 (rolling median of 7), 15+ consecutive steps outside
     assert sum(e["points"] for e in loss["failing"]) >= 10 and loss["max_deviation"] > 0.3, loss
     assert result.summary.startswith("loss left the baseline band at steps "), result.summary

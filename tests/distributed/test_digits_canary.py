@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.report import CheckResult
 from trainguard.session import check
 
@@ -62,11 +63,11 @@ def test_clean_example_passes_the_canary_through_the_fixture(
     root = patched_example({}, JOB_FILE)
     result = tg_canary(root / "trainguard.yaml", val_metric="val_loss", min_val_drop=0.05)
     assert request.node.get_closest_marker("canary") is not None
-    loss = result.evidence["loss"]
+    loss = report_evidence(result)["loss"]
     assert (loss["early_steps"], loss["late_steps"]) == ("1-3", "28-30")
     assert loss["drop"] > 0.4, loss
-    assert 100 < result.evidence["peak_rss_mb"]["0"] < 1000
-    assert result.evidence["duration_s"] < 60
+    assert 100 < report_evidence(result)["peak_rss_mb"]["0"] < 1000
+    assert report_evidence(result)["duration_s"] < 60
 
 
 # what each planted defect does to the clean job, the canary settings it runs under, and the
@@ -130,7 +131,7 @@ def test_canary_catches_planted_defect(
     for text in expected:
         assert text in result.summary, result.summary
     assert result.reproduce and "train.py --steps 30" in result.reproduce
-    if bug == "slower_than_its_limit" and (result.evidence["last_step"] or 0) >= 2:
+    if bug == "slower_than_its_limit" and (report_evidence(result)["last_step"] or 0) >= 2:
         # by how much: its pace says how long it would have needed (on a loaded machine the
         # deadline may come before two steps, and then there is no pace to tell)
         assert " s per step) it needed about " in result.summary, result.summary
@@ -150,12 +151,12 @@ def test_clean_example_passes_smoke_with_every_stage_timed(
     assert result.summary.endswith(
         "metrics for every step, 1 checkpoint file(s); resumed from the checkpoint of step 5 at step 6"
     )
-    stages = result.evidence["stages"]
+    stages = report_evidence(result)["stages"]
     for stage in ("launch_to_first_metric_s", "first_to_last_metric_s", "last_metric_to_exit_s",
                   "checkpoint_load_s", "resume_s"):
         assert isinstance(stages[stage], float) and stages[stage] >= 0, (stage, stages)
-    assert result.evidence["checkpoint"]["step"] == 5 and result.evidence["checkpoint"]["loaded"]
-    resume = result.evidence["resume"]
+    assert report_evidence(result)["checkpoint"]["step"] == 5 and report_evidence(result)["checkpoint"]["loaded"]
+    resume = report_evidence(result)["resume"]
     assert (resume["checkpoint_step"], resume["first_step"], resume["last_step"]) == (5, 6, 7)
     assert "--resume" in (result.reproduce or "")
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.session import check
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ def test_clean_example_passes_determinism_resume_and_parallel(
     report = check(root, report_json=str(tmp_path / "report.json"))
     by_name = {c.name: c for c in report.checks}
     assert report.status == "passed", [(c.name, c.summary) for c in report.checks]
-    resume = by_name["resume"].evidence
+    resume = report_evidence(by_name["resume"])
     # killed after step 7 or later (a loaded machine lets steps through before the kill lands):
     # resumed from the last checkpoint (every 5 steps, written before the step is printed, so
     # the kill may land between the save of step N and its line: resumed from N, killed after N-1)
@@ -61,7 +62,7 @@ def test_clean_example_passes_determinism_resume_and_parallel(
     assert resume["steps_lost"] == max(0, killed - resumed_from), resume
     # printed losses are rounded: the state comparison must have run, key by key
     assert resume["state"]["compared"] is True and resume["state"]["differing_keys"] == []
-    assert by_name["parallel"].evidence["trajectory"]["max_abs_diff"] < 1e-5
+    assert report_evidence(by_name["parallel"])["trajectory"]["max_abs_diff"] < 1e-5
 
 
 RESUME_BUGS = {
@@ -111,14 +112,14 @@ def test_resume_check_catches_planted_bug(
     assert result.status == "failed", result.summary
     # the step the kill landed after is the report's own (a loaded machine lands it a step or two
     # past after_step); the summary must count the progress lost from that step
-    killed = result.evidence["killed_after_step"]
-    assert killed >= result.evidence["after_step"], result.evidence
+    killed = report_evidence(result)["killed_after_step"]
+    assert killed >= report_evidence(result)["after_step"], report_evidence(result)
     for text in expected:
         assert text.format(killed=killed) in result.summary, result.summary
     assert result.reproduce and "--resume" in result.reproduce
     # the cause the evidence shows is named first, with that evidence
-    first = result.evidence["diagnosis"][0]
-    assert first["key"] == cause and first["evidence"], result.evidence["diagnosis"]
+    first = report_evidence(result)["diagnosis"][0]
+    assert first["key"] == cause and first["evidence"], report_evidence(result)["diagnosis"]
 
 
 @pytest.mark.parallel
@@ -136,8 +137,8 @@ def test_parallel_check_catches_ranks_reading_the_same_shard(
     result = report.checks[0]
     assert result.status == "failed", result.summary
     assert "2 ranks diverge from 1 rank at step 1" in result.summary
-    assert "same shard" in result.evidence["likely_causes"][0]
-    assert "trained on the same first batch" in result.evidence["samples"]
+    assert "same shard" in report_evidence(result)["likely_causes"][0]
+    assert "trained on the same first batch" in report_evidence(result)["samples"]
 
 
 @pytest.mark.determinism
@@ -155,4 +156,4 @@ def test_determinism_names_an_unseeded_data_order_with_the_samples(
     result = report.checks[0]
     assert result.status == "failed", result.summary
     assert "Most likely the data order: the two runs drew different samples from batch 1 on" in result.summary
-    assert result.evidence["likely_causes"][0].startswith("data order from an unordered source")
+    assert report_evidence(result)["likely_causes"][0].startswith("data order from an unordered source")

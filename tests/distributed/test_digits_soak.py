@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.config import load_config
 from trainguard.drills import run_drill
 from trainguard.drills.soak import forecast_for
@@ -82,12 +83,12 @@ def test_the_digits_soaks_recover_replay_and_match_the_goodput_model() -> None:
     for seed in SEEDS:
         first = _run(runner, seed)
         assert first.status == "passed", first.summary
-        assert len(first.evidence["schedule"]) >= 5
+        assert len(report_evidence(first)["schedule"]) >= 5
         replay = _run(runner, seed)
         assert replay.status == first.status, replay.summary
-        assert replay.evidence["schedule"] == first.evidence["schedule"]
-        assert _struck(replay.evidence) == _struck(first.evidence)
-        runs[seed] = first.evidence
+        assert report_evidence(replay)["schedule"] == report_evidence(first)["schedule"]
+        assert _struck(report_evidence(replay)) == _struck(report_evidence(first))
+        runs[seed] = report_evidence(first)
         print(f"seed {seed}: {first.summary}; replay: {replay.summary}")
     rows = leave_one_out(runs)
     text = table(rows)

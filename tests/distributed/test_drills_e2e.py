@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import pytest
 
-from tests.helpers import signals_ignored
+from tests.helpers import report_evidence, signals_ignored
 from trainguard.cli import main
 from trainguard.config import load_config
 from trainguard.drills import run_drill
@@ -67,7 +67,7 @@ def run(path: Path, name: str) -> CheckResult:
 
 
 def no_stopped_leftovers(result: CheckResult) -> None:
-    pid = result.evidence["fault_evidence"].get("pid")
+    pid = report_evidence(result)["fault_evidence"].get("pid")
     if pid is None:
         return
     try:
@@ -85,7 +85,7 @@ def test_kill_rank_recover_passes_on_the_clean_job_and_catches_exit_only_checkpo
     )
     clean = run(path, "kill")
     assert clean.status == "passed", clean.summary
-    ev: dict[str, Any] = clean.evidence
+    ev: dict[str, Any] = report_evidence(clean)
     assert ev["restarts"] == 1 and ev["lost_steps"] <= 5
     assert ev["first_exit"] == {"rank": 1, "returncode": -9}
     assert ev["attempts"][0]["outcome"] == "failed" and ev["attempts"][0]["failed_rank"] == 1
@@ -97,8 +97,8 @@ def test_kill_rank_recover_passes_on_the_clean_job_and_catches_exit_only_checkpo
     defect = run(path, "kill-exit-ckpt")
     assert defect.status == "failed", defect.summary
     assert "began again at step 1: no usable checkpoint, all progress lost" in defect.summary
-    assert defect.evidence["lost_steps"] >= 6
-    assert defect.evidence["likely_causes"]
+    assert report_evidence(defect)["lost_steps"] >= 6
+    assert report_evidence(defect)["likely_causes"]
 
 
 def test_hang_recover_detects_the_stall_dumps_stacks_and_restarts(tmp_path: Path) -> None:
@@ -109,16 +109,16 @@ def test_hang_recover_detects_the_stall_dumps_stacks_and_restarts(tmp_path: Path
     )
     result = run(path, "hang")
     assert result.status == "passed", result.summary
-    first = result.evidence["attempts"][0]
+    first = report_evidence(result)["attempts"][0]
     assert first["outcome"] == "hung"
     assert "no new metric line" in first["reason"]
     assert set(first["stacks"]) == {"0", "1"}
     if shutil.which("py-spy") or (Path(psutil.Process().exe()).parent / "py-spy").exists():
         # py-spy --nonblocking reads the SIGSTOPped rank too
         assert 1 in first["stacks_dumped"], first["stacks"]
-    assert 1.5 < result.evidence["detected_after_s"] < 6.0
-    assert result.evidence["restarts"] == 1
-    assert result.evidence["fault_evidence"]["state_after_stop"] == "stopped"
+    assert 1.5 < report_evidence(result)["detected_after_s"] < 6.0
+    assert report_evidence(result)["restarts"] == 1
+    assert report_evidence(result)["fault_evidence"]["state_after_stop"] == "stopped"
     no_stopped_leftovers(result)
 
 
@@ -131,16 +131,16 @@ def test_hang_fail_clean_passes_with_a_collective_timeout_and_catches_a_job_with
     )
     clean = run(path, "timeout")
     assert clean.status == "passed", clean.summary
-    assert clean.evidence["first_exit"] == {"rank": 0, "returncode": 1}
-    assert 1.5 < clean.evidence["exit_after_s"] < 8
-    assert "collective timed out" in clean.evidence["failed_rank_stderr_after_fault"]
-    assert clean.evidence["checkpoint"] == {"intact": True, "resumed_from_step": 5}
-    assert clean.evidence["verification"]["outcome"] == "ok"
+    assert report_evidence(clean)["first_exit"] == {"rank": 0, "returncode": 1}
+    assert 1.5 < report_evidence(clean)["exit_after_s"] < 8
+    assert "collective timed out" in report_evidence(clean)["failed_rank_stderr_after_fault"]
+    assert report_evidence(clean)["checkpoint"] == {"intact": True, "resumed_from_step": 5}
+    assert report_evidence(clean)["verification"]["outcome"] == "ok"
 
     defect = run(path, "no-timeout")
     assert defect.status == "failed", defect.summary
     assert "the job hung: no rank exited within 4 s of the fault" in defect.summary
-    assert defect.evidence["checkpoint"]["intact"]  # the checkpoint itself was fine
+    assert report_evidence(defect)["checkpoint"]["intact"]  # the checkpoint itself was fine
     no_stopped_leftovers(defect)
 
 
@@ -158,12 +158,12 @@ def test_fail_clean_takes_the_jobs_own_words_and_not_a_progress_bar(tmp_path: Pa
     job = load_config(path)
     said = run_drill(runner, next(d for d in job.checks.drills if d.name == "say"))
     assert said.status == "passed", said.summary
-    assert said.evidence["error_line"].startswith("toy_train : rang 0 : aucun pair n'a répondu")
+    assert report_evidence(said)["error_line"].startswith("toy_train : rang 0 : aucun pair n'a répondu")
     assert 'error reported ("toy_train : rang 0 : aucun pair' in said.summary
     bar = run_drill(runner, next(d for d in job.checks.drills if d.name == "bar"))
     assert bar.status == "failed", bar.summary
     assert "rank 0 exited with code 1 but wrote no error to stderr after the fault" in bar.summary
-    assert "4.97it/s" in bar.evidence["failed_rank_stderr_after_fault"]
+    assert "4.97it/s" in report_evidence(bar)["failed_rank_stderr_after_fault"]
 
 
 def test_a_run_whose_only_drill_was_skipped_does_not_say_passed(
@@ -198,7 +198,7 @@ def test_the_drill_command_and_library(tmp_path: Path, capsys: pytest.CaptureFix
     assert "drill(s) nope requested but not in checks.drills" in capsys.readouterr().err
     report = drill(path, report_json=str(tmp_path / "r.json"))
     assert [c.name for c in report.checks] == ["drill:kill"] and report.status == "passed"
-    assert report.checks[0].evidence["fault_evidence"]["signal"] == "SIGTERM"
+    assert report_evidence(report.checks[0])["fault_evidence"]["signal"] == "SIGTERM"
 
 
 def test_drills_from_pytest_items_and_the_fault_marker(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -213,8 +213,8 @@ def test_drills_from_pytest_items_and_the_fault_marker(pytester: pytest.Pytester
         @pytest.mark.fault("kill_rank", rank=1, steps=24, after_step=6, signal="SIGINT")
         def test_survives_ctrl_c(tg_drill):
             result = tg_drill("trainguard.yaml", max_lost_steps=4)
-            assert result.evidence["restarts"] == 1
-            assert result.evidence["fault_evidence"]["signal"] == "SIGINT"
+            assert result.evidence.found.restarts == 1
+            assert result.evidence.found.fault_evidence["signal"] == "SIGINT"
 
         @pytest.mark.fault("kill_rank", rank=1, steps=24, after_step=6)
         def test_catches_exit_only_checkpoints(tg_drill):

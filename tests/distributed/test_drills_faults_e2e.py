@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.config import load_config
 from trainguard.drills import run_drill
 from trainguard.faults.fusefs import fuse_unavailable
@@ -92,9 +93,9 @@ def test_oom_fail_clean(tmp_path: Path, defect: bool) -> None:
     result = toy(tmp_path, "{name: oom, fault: oom, rank: 1, steps: 14, after_step: 7, "
                  "expect: fail_clean, deadline: 20}")
     assert result.status == "passed", result.summary
-    fault = result.evidence["fault_evidence"]
+    fault = report_evidence(result)["fault_evidence"]
     assert fault["mode_ran"] in ("cgroup", "rlimit")
-    assert result.evidence["checkpoint"]["intact"] and result.evidence["checkpoint"]["resumed_from_step"] == 5
+    assert report_evidence(result)["checkpoint"]["intact"] and report_evidence(result)["checkpoint"]["resumed_from_step"] == 5
 
 
 _SIZES_KB = {"4KB": 4, "100KB": 100, "1MB": 1024, "50MB": 51200}
@@ -108,17 +109,17 @@ def _disk_full(tmp_path: Path, writer: str, mode: str, args: str) -> None:
     result = toy(tmp_path, "{name: disk, fault: disk_full, rank: 0, steps: 14, after_step: 7, "
                  f"expect: fail_clean, deadline: 20, args: '{args}'{params}}}")
     ran = mode if mode != "auto" else ("fuse" if fuse_unavailable() is None else "hook")
-    assert result.evidence["fault_evidence"]["mode_ran"] == ran
+    assert report_evidence(result)["fault_evidence"]["mode_ran"] == ran
     if writer == "in-place":
         assert result.status == "failed", result.summary
-        assert result.evidence["checkpoint"]["intact"] is False, result.evidence["checkpoint"]
+        assert report_evidence(result)["checkpoint"]["intact"] is False, report_evidence(result)["checkpoint"]
         # the cause the evidence shows comes first: the torn checkpoint, with the write it hit
-        assert "in place" in result.evidence["likely_causes"][0], result.evidence["likely_causes"]
+        assert "in place" in report_evidence(result)["likely_causes"][0], report_evidence(result)["likely_causes"]
         assert "Most likely a checkpoint overwritten in place" in result.summary
         return
     assert result.status == "passed", result.summary
-    assert "No space left on device" in result.evidence["failed_rank_stderr_after_fault"]
-    assert result.evidence["checkpoint"] == {"intact": True, "resumed_from_step": 5}
+    assert "No space left on device" in report_evidence(result)["failed_rank_stderr_after_fault"]
+    assert report_evidence(result)["checkpoint"] == {"intact": True, "resumed_from_step": 5}
 
 
 @pytest.mark.parametrize("writer", ["atomic", "in-place"])
@@ -151,14 +152,14 @@ def test_network_continue(tmp_path: Path, service: str, defect: bool) -> None:
              "min_rate: 0.1, params: {toxic: timeout, stream: upstream, attributes: {timeout: 0}, upstream: '" + service
              + "'}, args: " + ("'--timeout 0'" if defect else "'--timeout 0.2'") + "}")
     result = run(tmp_path, HTTP, drill, script=DATA / "faults" / "http_job.py", service=service)
-    rates = result.evidence["step_rate"]
+    rates = report_evidence(result)["step_rate"]
     if defect:
         assert result.status == "failed", result.summary
         assert "step rate during the fault fell" in result.summary
         return
     assert result.status == "passed", result.summary
     assert rates["during_over_before"] >= 0.1
-    assert result.evidence["fault_evidence"]["toxic"] == "timeout"
+    assert report_evidence(result)["fault_evidence"]["toxic"] == "timeout"
 
 
 @pytest.mark.parametrize("defect", [False, True], ids=["bounded-flush", "unbounded-flush"])
@@ -173,7 +174,7 @@ def test_network_continue_when_the_steps_end_inside_the_fault(tmp_path: Path, se
              "deadline: 3, params: {toxic: timeout, stream: upstream, attributes: {timeout: 0}, upstream: '"
              + service + f"'}}, args: '--background --sleep 0.02 {flush}'}}")
     result = run(tmp_path, HTTP, drill, script=DATA / "faults" / "http_job.py", service=service)
-    rates = result.evidence["step_rate"]
+    rates = report_evidence(result)["step_rate"]
     assert rates.get("during_until_last_step") is True, rates  # all 40 steps inside the window
     if defect:
         assert result.status == "failed", result.summary
@@ -181,4 +182,4 @@ def test_network_continue_when_the_steps_end_inside_the_fault(tmp_path: Path, se
         return
     assert result.status == "passed", result.summary
     assert rates["during_over_before"] >= 0.5, rates
-    assert result.evidence["exit_after_last_step_s"] < 3
+    assert report_evidence(result)["exit_after_last_step_s"] < 3

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.faults.fusefs import fuse_unavailable
 from trainguard.report import CheckResult
 from trainguard.session import check, drill
@@ -79,8 +80,8 @@ def _resume(tmp: Path, patches: list[Patch], checks: str | None = None) -> Check
 
 def _first_cause(result: CheckResult) -> dict:
     assert result.status == "failed", result.summary
-    diagnosis = result.evidence.get("diagnosis") or []
-    assert diagnosis, result.evidence
+    diagnosis = report_evidence(result).get("diagnosis") or []
+    assert diagnosis, report_evidence(result)
     return diagnosis[0]
 
 
@@ -88,7 +89,7 @@ def _first_cause(result: CheckResult) -> dict:
 def test_the_clean_example_resumes_exactly_in_every_metric(tmp_path: Path) -> None:
     result = _resume(tmp_path, [])
     assert result.status == "passed", result.summary
-    evidence = result.evidence
+    evidence = report_evidence(result)
     assert evidence["resumed_from_step"] % 5 == 0 and evidence["resumed_from_step"] >= 5, evidence
     assert [m["metric"] for m in evidence["other_metrics"]] == ["ema_norm"]
     # the StatefulDataLoader's 2 workers: every sample of the epoch once, across the kill
@@ -107,7 +108,7 @@ def test_the_clean_example_resumes_exactly_at_an_epochs_end(tmp_path: Path) -> N
     then used: the chain [13, 22] of its own job file failed at step 21 (and rightly)."""
     result = _resume(tmp_path, [], "  resume: {steps: 24, after_step: 21}\n")
     assert result.status == "passed", result.summary
-    assert result.evidence["resumed_from_step"] == 20, result.evidence
+    assert report_evidence(result)["resumed_from_step"] == 20, report_evidence(result)
 
 
 #: defect -> (patches, what the summary says, the cause named first); the threads users filed
@@ -140,7 +141,7 @@ def _assert_caught(result: CheckResult, expected: list[str], cause: str) -> None
     first = _first_cause(result)
     for text in expected:
         assert text in result.summary, result.summary
-    assert first["key"] == cause and first["evidence"], result.evidence["diagnosis"]
+    assert first["key"] == cause and first["evidence"], report_evidence(result)["diagnosis"]
 
 
 @pytest.mark.resume
@@ -148,7 +149,7 @@ def test_an_ema_left_out_of_the_checkpoint_is_named_from_its_metric(tmp_path: Pa
     patches, expected, cause = PLANTED["ema_not_saved"]
     result = _resume(tmp_path, patches)
     _assert_caught(result, expected, cause)
-    assert result.evidence["diagnosis"][0]["evidence_strength"] == "decisive"
+    assert report_evidence(result)["diagnosis"][0]["evidence_strength"] == "decisive"
 
 
 @pytest.mark.resume
@@ -203,7 +204,7 @@ def test_a_checkpoint_taken_mid_accumulation(tmp_path: Path, planted: bool) -> N
     # checkpoints at micro-batches 3, 6, 9, ... of 2 a step: inside steps 2, 3, 5, 6, 8, ...
     if not planted:
         assert result.status == "passed", result.summary
-        assert result.evidence["sample_accounting"]["ok"] is True, result.evidence["sample_accounting"]
+        assert report_evidence(result)["sample_accounting"]["ok"] is True, report_evidence(result)["sample_accounting"]
         return
     _assert_caught(result, ["loss diverges", "never trained in epoch 0"], "data_position")
 
@@ -233,9 +234,9 @@ def test_a_counter_restored_once_and_not_saved_again_parts_the_metrics_only_in_t
     # the chain shows what it does to training: the second resume warms the EMA up again
     chained = _resume(tmp_path / "chain", COUNTER_NOT_SAVED_AGAIN, CHAIN)
     assert chained.status == "failed", chained.summary
-    assert chained.evidence["failing_cycle"] == 3, chained.evidence
+    assert report_evidence(chained)["failing_cycle"] == 3, report_evidence(chained)
     assert "ema_norm diverges" in chained.summary and "cycles 1-2 matched" in chained.summary
-    assert chained.evidence["likely_causes"][0].startswith("state a resume restores and the next save leaves out")
+    assert report_evidence(chained)["likely_causes"][0].startswith("state a resume restores and the next save leaves out")
     clean = _resume(tmp_path / "clean", [], CHAIN)
     assert clean.status == "passed", clean.summary
 
@@ -272,7 +273,7 @@ def test_a_kill_during_an_async_save(tmp_path: Path, planted: bool) -> None:
         assert result.status == "passed", result.summary
         return
     assert result.status == "failed", result.summary
-    assert "marked complete" in result.evidence["likely_causes"][0] and "async save" in result.evidence["likely_causes"][0], result.evidence
+    assert "marked complete" in report_evidence(result)["likely_causes"][0] and "async save" in report_evidence(result)["likely_causes"][0], report_evidence(result)
 
 
 EVERY_CHECK_AT = """\
@@ -322,7 +323,7 @@ def test_a_world_size_that_does_not_divide_the_data_is_named_from_the_samples_tr
     result = check(_example(tmp_path, UNEVEN_SHARES, UNEVEN_RESHARD), only=["reshard"],
                    report_json=str(tmp_path / "report.json")).checks[0]
     assert result.status == "failed", result.summary
-    pair = result.evidence["pairs"]["2->3"]
+    pair = report_evidence(result)["pairs"]["2->3"]
     assert "trained twice" in pair["sample_accounting"]["summary"], pair["sample_accounting"]
     assert pair["sample_accounting"]["epochs"][0]["twice_count"] == 2, pair["sample_accounting"]
     assert pair["diagnosis"][0]["key"] == "uneven", pair["diagnosis"]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import only_check
+from tests.helpers import only_check, report_evidence
 from trainguard.session import check
 
 # find_spec, not importorskip: importing the framework here would cost seconds of collection
@@ -74,7 +74,7 @@ def test_clean_trainer_job_is_deterministic_and_resumes_exactly(tmp_path: Path) 
     report = check(root, report_json=str(tmp_path / "report.json"))
     by_name = {c.name: c for c in report.checks}
     assert report.status == "passed", [(c.name, c.summary) for c in report.checks]
-    resume = by_name["resume"].evidence
+    resume = report_evidence(by_name["resume"])
     # {latest_checkpoint} named the newest checkpoint-N the killed run completed
     assert resume["resumed_from_step"] in (5, 10), resume
     assert resume["trajectory"]["max_abs_diff"] == 0.0
@@ -104,7 +104,7 @@ def test_resume_check_names_the_planted_defect_first(tmp_path: Path, defect: str
     root = example_copy(tmp_path, RESUME, args=args, resume_args=resume_args)
     result = only_check(root, "resume")
     assert result.status == "failed", result.summary
-    causes = result.evidence["likely_causes"]
+    causes = report_evidence(result)["likely_causes"]
     assert cause in str(causes[0]).lower(), causes
     if defect == "ignore_data_skip":
         # the Trainer re-read the epoch from its start: the resumed steps trained on the samples
@@ -124,7 +124,7 @@ def test_disk_full_tears_a_checkpoint_written_in_place(tmp_path: Path) -> None:
     assert result.status == "failed", result.summary
     # the save that hit the full disk had already truncated checkpoint-last/config.json
     assert "the checkpoint is not usable" in result.summary, result.summary
-    assert "in place" in str(result.evidence["likely_causes"][0]), result.evidence["likely_causes"]
+    assert "in place" in str(report_evidence(result)["likely_causes"][0]), report_evidence(result)["likely_causes"]
 
 
 @pytest.mark.slow

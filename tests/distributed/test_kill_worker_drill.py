@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import toy_job
+from tests.helpers import report_evidence, toy_job
 from trainguard.config import load_config
 from trainguard.drills import run_drill
 from trainguard.report import CheckResult
@@ -43,17 +43,17 @@ def run(path: Path, name: str) -> CheckResult:
 def test_a_loader_that_notices_its_dead_worker_fails_clean(job: Path) -> None:
     result = run(job, "worker")
     assert result.status == "passed", result.summary
-    fault = result.evidence["fault_evidence"]
+    fault = report_evidence(result)["fault_evidence"]
     assert fault["worker_pid"] and fault["workers_seen"] == 2
-    assert "exited unexpectedly" in result.evidence["failed_rank_stderr_after_fault"]
-    assert result.evidence["exit_after_s"] < 5
+    assert "exited unexpectedly" in report_evidence(result)["failed_rank_stderr_after_fault"]
+    assert report_evidence(result)["exit_after_s"] < 5
 
 
 def test_a_loader_that_waits_for_a_dead_worker_forever_fails_as_a_hang(job: Path) -> None:
     result = run(job, "worker-hangs")
     assert result.status == "failed", result.summary
     assert "the job hung" in result.summary
-    assert result.evidence["likely_causes"][0].startswith("the loader waits for the dead worker's batch")
+    assert report_evidence(result)["likely_causes"][0].startswith("the loader waits for the dead worker's batch")
 
 
 def test_a_rank_without_workers_is_an_error_that_says_so(job: Path) -> None:
@@ -69,4 +69,4 @@ def test_the_digits_dataloader_raises_when_a_worker_is_killed() -> None:
     spec = next(d for d in job_file.checks.drills if d.name == "kill-worker")
     result = run_drill(JobRunner(job_file), spec)
     assert result.status == "passed", result.summary
-    assert "DataLoader worker" in result.evidence["failed_rank_stderr_after_fault"]
+    assert "DataLoader worker" in report_evidence(result)["failed_rank_stderr_after_fault"]

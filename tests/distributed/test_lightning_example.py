@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import only_check
+from tests.helpers import only_check, report_evidence
 from trainguard.launch.samples import read_samples
 from trainguard.session import check
 
@@ -69,7 +69,7 @@ def example_copy(tmp_path: Path, checks: str, args: str = "") -> Path:
 def test_usual_lightning_script_fails_resume_on_data_order_and_rng(tmp_path: Path) -> None:
     result = only_check(example_copy(tmp_path, RESUME), "resume")
     assert result.status == "failed", result.summary
-    evidence = result.evidence
+    evidence = report_evidence(result)
     resumed_from = evidence["resumed_from_step"]
     # state missing at the boundary: the very first resumed step already differs
     assert evidence["trajectory"]["first_divergent_step"] == resumed_from + 1, evidence["trajectory"]
@@ -119,7 +119,7 @@ def test_resume_check_names_the_planted_defect_first(tmp_path: Path, defect: str
     root = example_copy(tmp_path, RESUME, args=f" --resumable-data --plant {defect}")
     result = only_check(root, "resume")
     assert result.status == "failed", result.summary
-    causes = result.evidence["likely_causes"]
+    causes = report_evidence(result)["likely_causes"]
     assert RESUME_DEFECTS[defect] in str(causes[0]).lower(), causes
     if defect == "data_position_not_saved":
         assert "samples of step 1" in result.summary + str(causes[0]), result.summary
@@ -136,7 +136,7 @@ def test_disk_full_tears_a_checkpoint_written_in_place(tmp_path: Path) -> None:
     result = only_check(root, "drill:disk-full")
     assert result.status == "failed", result.summary
     assert "the checkpoint is not usable" in result.summary, result.summary
-    assert "in place" in str(result.evidence["likely_causes"][0]), result.evidence["likely_causes"]
+    assert "in place" in str(report_evidence(result)["likely_causes"][0]), report_evidence(result)["likely_causes"]
 
 
 @pytest.mark.slow

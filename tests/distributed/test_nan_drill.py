@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import drills_sharing_a_reference
+from tests.helpers import drills_sharing_a_reference, report_evidence
 from trainguard.report import CheckResult
 from trainguard.session import drill
 
@@ -44,7 +44,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
 
 
 def _put(result: CheckResult) -> dict:
-    put = result.evidence["numerics"]["put_into"]
+    put = report_evidence(result)["numerics"]["put_into"]
     # the trigger is pulled when rank 1 prints step 3; the job's output is read with a lag (a
     # step or two of 0.1 s here, more on an overloaded machine)
     assert put["rank"] == 1 and 4 <= put["step"] <= 9, put
@@ -57,8 +57,8 @@ def test_a_job_that_stops_on_the_nan_passes(results: dict[str, CheckResult]) -> 
     assert result.status == "passed", result.summary
     put = _put(result)
     assert put["via"] == "torch.nn.functional.mse_loss"
-    assert "FloatingPointError" in result.evidence["failed_rank_stderr_after_fault"]
-    assert result.evidence["exit_after_s"] < 20
+    assert "FloatingPointError" in report_evidence(result)["failed_rank_stderr_after_fault"]
+    assert report_evidence(result)["exit_after_s"] < 20
 
 
 @pytest.mark.slow
@@ -66,7 +66,7 @@ def test_a_job_that_skips_the_step_goes_on_with_finite_losses(tmp_path: Path) ->
     result = drill(str(_job_file(tmp_path)), only=["nan-skip"]).checks[0]
     assert result.status == "passed", result.summary
     put = _put(result)
-    numerics = result.evidence["numerics"]
+    numerics = report_evidence(result)["numerics"]
     # rank 1 printed its NaN loss for the skipped step; nothing after it is non-finite
     assert numerics["first_nonfinite"] == {"step": put["step"], "rank": 1, "metric": "loss", "value": "nan"}
     assert numerics["later_nonfinite_points"] == 0 and not numerics["reached_every_rank"]
@@ -78,8 +78,8 @@ def test_a_job_that_trains_on_after_the_nan_fails(results: dict[str, CheckResult
     put = _put(result)
     assert "the job did not stop: it completed (exit 0)" in result.summary
     assert "it trained on after the non-finite value" in result.summary
-    assert result.evidence["likely_causes"][0].startswith("no check for non-finite values")
-    numerics = result.evidence["numerics"]
+    assert report_evidence(result)["likely_causes"][0].startswith("no check for non-finite values")
+    numerics = report_evidence(result)["numerics"]
     assert numerics["later_nonfinite_steps"] == list(range(put["step"] + 1, 41))  # every later step of 40
 
 
@@ -87,12 +87,12 @@ def test_a_nan_gradient_spread_by_the_all_reduce_is_reported_on_every_rank(resul
     result = results["nan-spread"]
     assert result.status == "failed"
     put = _put(result)
-    numerics = result.evidence["numerics"]
+    numerics = report_evidence(result)["numerics"]
     assert numerics["reached_every_rank"] and numerics["reached_ranks"] == [0, 1]
     # rank 1's own loss was finite at the step that took the NaN gradient: nothing noticed
     assert all(e["first_step"] == put["step"] + 1 for e in numerics["nonfinite_by_rank"].values())
     assert "reached every rank" in result.summary
-    assert result.evidence["likely_causes"][0].startswith("the check reads only the loss")
+    assert report_evidence(result)["likely_causes"][0].startswith("the check reads only the loss")
 
 
 @pytest.mark.slow
@@ -101,7 +101,7 @@ def test_an_inf_in_the_gradients_is_skipped_by_a_job_that_checks_the_gradient_no
     assert result.status == "passed", result.summary
     put = _put(result)
     assert (put["target"], put["value"]) == ("grads", "inf")
-    assert result.evidence["numerics"]["first_nonfinite"] is None
+    assert report_evidence(result)["numerics"]["first_nonfinite"] is None
 
 
 @pytest.mark.slow
@@ -120,5 +120,5 @@ def test_the_unmodified_digits_example_takes_the_nan_and_trains_on() -> None:
                                      "after_step": 4, **fields})
         result = run_drill(JobRunner(job_file), spec)
         assert result.status == "failed", result.summary
-        numerics = result.evidence["numerics"]
+        numerics = report_evidence(result)["numerics"]
         assert numerics["put_into"]["via"].startswith(via) and numerics["reached_every_rank"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import drills_sharing_a_reference, toy_job
+from tests.helpers import drills_sharing_a_reference, report_evidence, toy_job
 from trainguard.report import CheckResult
 from trainguard.session import drill
 
@@ -55,48 +55,48 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
 def test_a_job_that_saves_on_the_notice_passes_with_the_times_measured(results: dict[str, CheckResult]) -> None:
     result = results["clean"]
     assert result.status == "passed", result.summary
-    timeline = result.evidence["preemption"]
+    timeline = report_evidence(result)["preemption"]
     # notice -> checkpoint complete -> every rank gone, all inside the grace
     assert 0 <= timeline["checkpoint_complete_after_notice_s"] <= timeline["exit_after_notice_s"] < 8
-    assert result.evidence["fault_evidence"]["killed_at_grace"] == []
-    assert result.evidence["resumed_from_step"] >= result.evidence["injected_after_step"]
+    assert report_evidence(result)["fault_evidence"]["killed_at_grace"] == []
+    assert report_evidence(result)["resumed_from_step"] >= report_evidence(result)["injected_after_step"]
 
 
 def test_a_job_that_ignores_the_notice_is_killed_and_its_lost_progress_counted(results: dict[str, CheckResult]) -> None:
     result = results["ignored"]
     assert result.status == "failed"
     assert "did not exit within the 1 s grace" in result.summary
-    assert result.evidence["likely_causes"][0].startswith("no handler for the notice")
-    assert result.evidence["fault_evidence"]["killed_at_grace"] == [0, 1]
+    assert report_evidence(result)["likely_causes"][0].startswith("no handler for the notice")
+    assert report_evidence(result)["fault_evidence"]["killed_at_grace"] == [0, 1]
     # the progress lost is counted from what happened: the last step printed before the kill at
     # the grace, back to the checkpoint the resume started after (0 when, on a loaded machine,
     # the kill landed right after a checkpointed step: it once did)
-    last = result.evidence["preemption"]["last_step_before_exit"]
-    resumed_from = result.evidence["resumed_from_step"]
-    assert last >= result.evidence["injected_after_step"]
-    assert result.evidence["lost_steps"] == max(0, last - resumed_from)
+    last = report_evidence(result)["preemption"]["last_step_before_exit"]
+    resumed_from = report_evidence(result)["resumed_from_step"]
+    assert last >= report_evidence(result)["injected_after_step"]
+    assert report_evidence(result)["lost_steps"] == max(0, last - resumed_from)
 
 
 def test_a_save_on_the_notice_written_in_place_is_torn(results: dict[str, CheckResult]) -> None:
     result = results["torn"]
     assert result.status == "failed"
-    assert result.evidence["likely_causes"][0].startswith("the save on the notice is not atomic")
+    assert report_evidence(result)["likely_causes"][0].startswith("the save on the notice is not atomic")
 
 
 def test_a_job_that_dies_of_the_notice_is_named_so_not_torn(results: dict[str, CheckResult]) -> None:
     """Python's default for SIGTERM (nanoGPT has no handler): the ranks die at once, save nothing."""
     result = results["died"]
     assert result.status == "failed"
-    assert result.evidence["likely_causes"][0].startswith("no handler for the notice: the ranks died of the signal")
-    assert result.evidence["died_of_the_notice"] == [0, 1]
-    assert result.evidence["fault_evidence"]["killed_at_grace"] == []
+    assert report_evidence(result)["likely_causes"][0].startswith("no handler for the notice: the ranks died of the signal")
+    assert report_evidence(result)["died_of_the_notice"] == [0, 1]
+    assert report_evidence(result)["fault_evidence"]["killed_at_grace"] == []
 
 
 def test_rank0_saving_alone_while_the_others_leave_fails_on_agreement(results: dict[str, CheckResult]) -> None:
     result = results["rank0-alone"]
     assert result.status == "failed", result.summary
-    assert result.evidence["fault_evidence"]["killed_at_grace"] == [0]
-    assert result.evidence["likely_causes"][0].startswith("the ranks do not agree on the step")
+    assert report_evidence(result)["fault_evidence"]["killed_at_grace"] == [0]
+    assert report_evidence(result)["likely_causes"][0].startswith("the ranks do not agree on the step")
 
 
 @pytest.mark.slow
@@ -104,7 +104,7 @@ def test_slurm_style_sends_usr1_first(tmp_path: Path) -> None:
     path = job_file(tmp_path)
     result = drill(str(path), only=["slurm"]).checks[0]
     assert result.status == "passed", result.summary
-    assert result.evidence["fault_evidence"]["signals_sent"][0]["signal"] == "SIGUSR1"
+    assert report_evidence(result)["fault_evidence"]["signals_sent"][0]["signal"] == "SIGUSR1"
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.session import check
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ checks:
 def _run(path: Path, tmp_path: Path) -> tuple[Any, dict[str, Any]]:
     report = check(path, report_json=str(tmp_path / "report.json"))
     (result,) = report.checks
-    return result, result.evidence["pairs"]
+    return result, report_evidence(result)["pairs"]
 
 
 # the default run resumes 2 -> 1 (the planted defects below cover both directions on the toy
@@ -94,7 +95,7 @@ def test_per_rank_data_offset_saved_as_a_global_one_fails(tmp_path: Path) -> Non
     assert pair["trajectory"]["first_divergent_step"] == resumed + 1
     # 2 ranks read the 1-rank count as their own: each skips ahead to twice the position
     assert f"drew the samples of the reference's step {2 * resumed + 1}" in result.summary
-    assert result.evidence["likely_causes"][0].startswith("a sampler offset counted per rank")
+    assert report_evidence(result)["likely_causes"][0].startswith("a sampler offset counted per rank")
 
 
 def test_zero_optimizer_saving_only_rank0_shard_fails(tmp_path: Path) -> None:
@@ -104,7 +105,7 @@ def test_zero_optimizer_saving_only_rank0_shard_fails(tmp_path: Path) -> None:
     assert "drew the same samples per step" in pair["samples"]  # not the data
     assert pair["trajectory"]["first_divergent_step"] is not None
     assert "optimizer" in pair["state"]["by_component"]
-    assert result.evidence["likely_causes"][0].startswith("optimizer state sharded")
+    assert report_evidence(result)["likely_causes"][0].startswith("optimizer state sharded")
     assert "optimizer state for 1 of its 4 model tensors" in result.summary or \
         "optimizer state for 2 of its 4 model tensors" in result.summary
 
@@ -131,5 +132,5 @@ def test_digits_with_dropout_fails_and_names_the_rng(tmp_path: Path, patched_exa
     root = patched_example({}, DIGITS.replace("PAIRS", "[[2, 1]]").replace(' args: "ARGS"', ""))
     result, _ = _run(root, tmp_path)
     assert result.status == "failed", result.summary
-    assert result.evidence["likely_causes"][0].startswith("RNG states saved per rank")
+    assert report_evidence(result)["likely_causes"][0].startswith("RNG states saved per rank")
     assert "Most likely RNG states saved per rank cannot be restored at another world size:" in result.summary

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.config import load_config
 from trainguard.config.settings import Settings
 from trainguard.report import Report
@@ -70,11 +71,11 @@ def test_the_clean_job_passes_with_every_run_shared_and_the_plan_counts_the_laun
     # checkpoint kept after step 6 of the first: smoke's own two launches and resume's kill are gone
     labels = [r.label for r in runner.launches]
     assert len(labels) == planned.launches == 3, labels
-    resume = by_name["resume"].evidence
+    resume = report_evidence(by_name["resume"])
     assert resume["interruption"]["how"] == "kept", resume
     assert 6 <= resume["killed_after_step"] < 16 and resume["resumed_from_step"] % 5 == 0, resume
     assert "checkpoint kept" in by_name["resume"].summary
-    smoke = by_name["smoke"].evidence
+    smoke = report_evidence(by_name["smoke"])
     # smoke judged the shared run and the shared resumed run (the same run directories)
     assert smoke["steps"] == 16 and smoke["resume_from"]["stopped_after_step"] == resume["killed_after_step"]
     assert smoke["resume"]["run_dir"] == resume["run_dirs"]["resumed"], (smoke, resume)
@@ -107,7 +108,7 @@ def test_a_reference_that_ran_before_the_check_asked_means_a_killed_run_instead(
     finally:
         runner.close()
     assert resume.status == "passed", resume.summary
-    how = resume.evidence["interruption"]
+    how = report_evidence(resume)["interruption"]
     assert how["how"] == "killed" and "no uninterrupted run" in how["not_kept"], how
     assert resume.summary.startswith("killed after step")
     assert [r.label for r in runner.launches].count("resume-killed") == 1
@@ -157,7 +158,7 @@ def test_a_shorter_reference_is_a_longer_runs_first_steps_only_when_the_job_says
     assert report.status == "passed", [(c.name, c.summary) for c in report.checks]
     assert len(runner.launches) == launches, [r.label for r in runner.launches]
     reference = runner.scheduling.kept_reference(runner.request_for(load_config(path).checks.determinism))  # type: ignore[arg-type]
-    assert reference is not None and ("prefix_of" in reference.evidence) == prefix
+    assert reference is not None and ("prefix_of" in report_evidence(reference)) == prefix
     if prefix:
         assert reference.last_step == steps and reference.checkpoints.parts[-3:] == (
             "kept", f"after-step-{steps + 1}", "checkpoints")

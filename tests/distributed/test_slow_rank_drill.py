@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from tests.helpers import toy_job
+from tests.helpers import report_evidence, toy_job
 from trainguard.report import CheckResult
 from trainguard.session import drill
 
@@ -40,10 +40,10 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
 def test_the_job_runs_at_the_slowed_ranks_pace_and_completes(results: dict[str, CheckResult]) -> None:
     result = results["slow"]
     assert result.status == "passed", result.summary
-    fault = result.evidence["fault_evidence"]
+    fault = report_evidence(result)["fault_evidence"]
     assert fault["mechanism"] == "cgroup cpu quota" and fault["pids_throttled"]
     assert fault["throttling"].get("nr_throttled", 0) > 0  # the quota bit
-    rates = result.evidence["step_rate"]
+    rates = report_evidence(result)["step_rate"]
     assert rates["during"] < rates["before"]  # the whole job slowed down, not only rank 1
     per_rank = fault["rank_step_rates"]
     assert set(per_rank) == {0, 1} and per_rank[0]["during"] < per_rank[0]["before"]
@@ -55,4 +55,4 @@ def test_a_collective_timeout_shorter_than_a_slowed_step_fails_with_the_timeout_
     result = results["slow-timeout"]
     assert result.status == "failed", result.summary
     assert "collective timed out" in result.summary and "shorter than a slowed step" in result.summary
-    assert result.evidence["likely_causes"][0].startswith("a collective (or step) timeout shorter")
+    assert report_evidence(result)["likely_causes"][0].startswith("a collective (or step) timeout shorter")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import toy_job
+from tests.helpers import report_evidence, toy_job
 from trainguard.config import load_config
 from trainguard.drills import run_drill
 from trainguard.report import CheckResult
@@ -43,13 +43,13 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> JobRunner:
 
 
 def _struck(result: CheckResult) -> list[tuple[Any, ...]]:
-    return [(f["kind"], f["rank"], f["step"], f["attempt"]) for f in result.evidence["faults"]]
+    return [(f["kind"], f["rank"], f["step"], f["attempt"]) for f in report_evidence(result)["faults"]]
 
 
 def test_a_clean_job_recovers_from_every_fault_and_the_soak_measures_each(clean: JobRunner) -> None:
     result = _soak(clean)
     assert result.status == "passed", result.summary
-    ev = result.evidence
+    ev = report_evidence(result)
     assert ev["seed"] == 8 and len(ev["schedule"]) == 3
     assert ev["restarts"] == 3
     assert {f["kind"] for f in ev["faults"]} == {"kill_rank", "preempt"}
@@ -74,7 +74,7 @@ def test_a_clean_job_recovers_from_every_fault_and_the_soak_measures_each(clean:
 
     replay = _soak(clean)  # the same seed: the same schedule, the same faults struck, same verdict
     assert replay.status == result.status
-    assert replay.evidence["schedule"] == ev["schedule"]
+    assert report_evidence(replay)["schedule"] == ev["schedule"]
     assert _struck(replay) == _struck(result)
 
 
@@ -84,7 +84,7 @@ def test_a_job_that_checkpoints_only_at_exit_fails_the_soak(tmp_path: Path) -> N
     result = _soak(JobRunner(load_config(path)))
     assert result.status == "failed", result.summary
     assert "began again at step 1" in result.summary
-    assert result.evidence["likely_causes"][0].startswith("no checkpoint before the fault")
+    assert report_evidence(result)["likely_causes"][0].startswith("no checkpoint before the fault")
 
 
 def test_one_pytest_item_per_seed_and_the_setting_replays_one(pytester: pytest.Pytester) -> None:

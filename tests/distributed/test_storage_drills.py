@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import drills_sharing_a_reference, toy_job
+from tests.helpers import drills_sharing_a_reference, report_evidence, toy_job
 from trainguard.faults.fusefs import fuse_unavailable
 from trainguard.report import CheckResult
 from trainguard.session import drill
@@ -95,11 +95,11 @@ def more(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
 def test_a_checksummed_job_fails_loudly_on_a_flipped_byte(results: dict[str, CheckResult]) -> None:
     result = results["corrupt-checked"]
     assert result.status == "passed", result.summary
-    struck = result.evidence["struck"]
+    struck = report_evidence(result)["struck"]
     assert struck["step"] >= 10 and struck["step"] % 5 == 0  # 15 or later: step 11 read late
     assert struck["byte_before"] != struck["byte_after"]
-    assert "checksum mismatch" in result.evidence["resume_error"]
-    assert result.evidence["fault_evidence"]["mechanism"].startswith("direct")
+    assert "checksum mismatch" in report_evidence(result)["resume_error"]
+    assert report_evidence(result)["fault_evidence"]["mechanism"].startswith("direct")
 
 
 @needs_fuse
@@ -107,13 +107,13 @@ def test_a_job_that_trains_on_from_a_flipped_checkpoint_fails_with_the_file_name
         results: dict[str, CheckResult]) -> None:
     result = results["corrupt-silent"]
     assert result.status == "failed", result.summary
-    flipped = Path(result.evidence["struck"]["file"]).name
+    flipped = Path(report_evidence(result)["struck"]["file"]).name
     assert "loaded the struck checkpoint" in result.summary and flipped in result.summary
     # the rank whose file was struck resumed from it (the other rank, without a barrier, may have
     # lagged a checkpoint behind when the run was stopped: resumed_from_step is the earliest rank's)
-    assert result.evidence["struck_resumed_from_step"] == result.evidence["struck"]["step"]
-    assert result.evidence["resumed_from_step"] <= result.evidence["struck"]["step"]
-    assert result.evidence["likely_causes"][0].startswith("no integrity check on load")
+    assert report_evidence(result)["struck_resumed_from_step"] == report_evidence(result)["struck"]["step"]
+    assert report_evidence(result)["resumed_from_step"] <= report_evidence(result)["struck"]["step"]
+    assert report_evidence(result)["likely_causes"][0].startswith("no integrity check on load")
 
 
 @needs_fuse
@@ -124,17 +124,17 @@ def test_eio_on_write_fails_an_atomic_writer_loudly(
     assert "EIO on rank" in clean.summary
     # resumed from a complete checkpoint from before the fault: step 5, or 10 when trainguard
     # read step 7 late on a loaded machine and the step-10 save was done when it struck
-    resumed = clean.evidence["resumed_from_step"]
-    assert resumed >= 5 and resumed % 5 == 0 and resumed <= clean.evidence["injected_after_step"]
-    assert clean.evidence["fault_evidence"]["mechanism"].startswith("fuse")
-    assert clean.evidence["fault_evidence"]["eio_calls"] >= 1
+    resumed = report_evidence(clean)["resumed_from_step"]
+    assert resumed >= 5 and resumed % 5 == 0 and resumed <= report_evidence(clean)["injected_after_step"]
+    assert report_evidence(clean)["fault_evidence"]["mechanism"].startswith("fuse")
+    assert report_evidence(clean)["fault_evidence"]["eio_calls"] >= 1
 
 
 @needs_fuse
 def test_slow_storage_reports_the_checkpoint_stall_and_the_rate_holds(results: dict[str, CheckResult]) -> None:
     result = results["slow"]
     assert result.status == "passed", result.summary
-    slow = result.evidence["fault_evidence"]["slow_storage"]
+    slow = report_evidence(result)["fault_evidence"]["slow_storage"]
     assert slow["layer_delayed_calls"] >= 2 and slow["layer_added_s"] >= 0.3  # a save of each rank
     # the stall is measured from the times trainguard read the step lines, which a loaded machine
     # shifts by tens of ms (a 100 ms plant once measured 0.037 s): 300 ms leaves 200 ms of margin
@@ -147,7 +147,7 @@ def test_a_kill_during_an_atomic_save_resumes_from_the_last_complete_checkpoint(
         results: dict[str, CheckResult]) -> None:
     result = results["kill-save"]
     assert result.status == "passed", result.summary
-    save = result.evidence["save"]
+    save = report_evidence(result)["save"]
     # the first save after step 7 is held (step 10's; step 15's when step 7 was read late) and
     # the resume starts after the save before it
     held = int(save["held_write"]["path"].split("step")[1][:6])
@@ -162,7 +162,7 @@ def test_a_kill_during_a_non_atomic_save_fails(results: dict[str, CheckResult], 
     result = results[name]
     assert result.status == "failed", result.summary
     assert "did not recover" in result.summary
-    held = result.evidence["save"]["held_write"]["path"]
+    held = report_evidence(result)["save"]["held_write"]["path"]
     assert held == "/rank0-step000010.json" if name.endswith("inplace") else held.startswith("/.rank0")
 
 
@@ -173,8 +173,8 @@ def test_a_job_that_falls_back_to_an_older_checkpoint_recovers(more: dict[str, C
     assert result.status == "passed", result.summary
     # no rank trained on from the struck file (the recover judge sets struck_resumed_from_step
     # only when one did): the resume fell back to an older checkpoint
-    assert "struck_resumed_from_step" not in result.evidence
-    assert result.evidence["resumed_from_step"] <= result.evidence["struck"]["step"] - 5
+    assert "struck_resumed_from_step" not in report_evidence(result)
+    assert report_evidence(result)["resumed_from_step"] <= report_evidence(result)["struck"]["step"] - 5
 
 
 @needs_fuse
@@ -182,12 +182,12 @@ def test_a_job_that_falls_back_to_an_older_checkpoint_recovers(more: dict[str, C
 def test_fsync_and_read_errors_and_a_torn_in_place_write(more: dict[str, CheckResult]) -> None:
     torn = more["eio-write-inplace"]
     assert torn.status == "failed", torn.summary
-    assert torn.evidence["checkpoint"]["intact"] is False
+    assert report_evidence(torn)["checkpoint"]["intact"] is False
     assert more["fsync"].status == "passed", more["fsync"].summary
     assert more["fsync-inplace"].status == "failed"
     assert "completed (exit 0) despite the fault" in more["fsync-inplace"].summary
     assert more["eio-read"].status == "passed", more["eio-read"].summary
-    assert "Input/output error" in more["eio-read"].evidence["resume_error"]
+    assert "Input/output error" in report_evidence(more["eio-read"])["resume_error"]
     scratch = more["eio-read-scratch"]
     assert scratch.status == "failed" and "started again from step 1" in scratch.summary
     every = more["slow-every-step"]

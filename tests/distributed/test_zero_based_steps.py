@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.config import load_config
 from trainguard.drills import run_drill
 from trainguard.run.runner import JobRunner
@@ -44,14 +45,14 @@ def test_a_restart_from_step_0_is_caught_and_a_real_resume_passes(tmp_path: Path
     if not planted:
         for result in (resume, kill, soak):
             assert result.status == "passed", result.summary
-        assert resume.evidence["resumed_from_step"] >= 6
-        assert soak.evidence["measured"]["checkpoint_every_steps"] is None  # `ckpt.json`: no step
-        assert soak.evidence["measured"]["forecast"]["inputs"]["lost_per_fault"].startswith("the mean measured")
+        assert report_evidence(resume)["resumed_from_step"] >= 6
+        assert report_evidence(soak)["measured"]["checkpoint_every_steps"] is None  # `ckpt.json`: no step
+        assert report_evidence(soak)["measured"]["forecast"]["inputs"]["lost_per_fault"].startswith("the mean measured")
         return
     assert resume.status == "failed" and "started again from step 0" in resume.summary, resume.summary
-    assert resume.evidence["resumed_from_step"] == 0
+    assert report_evidence(resume)["resumed_from_step"] == 0
     assert kill.status == "failed" and "began again at step 0" in kill.summary, kill.summary
-    assert all(r["resumed_from_step"] >= 0 for r in kill.evidence["resumes"])
+    assert all(r["resumed_from_step"] >= 0 for r in report_evidence(kill)["resumes"])
     assert soak.status == "failed" and "began again at step 0" in soak.summary, soak.summary
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard._internal.signals import restore_default_signals
 from trainguard.queue.base import SubmissionError, SubmissionSpec
 from trainguard.queue.ray_jobs import ClusterResources, RayJobsBackend
@@ -147,12 +148,12 @@ def test_tiny_job_succeeds_with_metadata_and_logs(ray_head: LocalRay, tmp_path: 
     elapsed = time.monotonic() - t0
     print(f"\nsubmit -> {final.status}: {elapsed:.1f} s")
     assert final.status == "succeeded", final.message
-    assert final.evidence["metadata"] == {
+    assert report_evidence(final)["metadata"] == {
         "trainguard.job": "tiny",
         "trainguard.gate_report": str(tmp_path / "gate.json"),
         "trainguard.mlflow_run_id": "run-abc",
     }
-    assert final.evidence["driver_exit_code"] == 0
+    assert report_evidence(final)["driver_exit_code"] == 0
     logs = backend.logs(submitted.job_id)
     assert "tg-hello m-123" in logs
     assert sys.executable in logs  # the head runs entrypoints with this environment's python
@@ -170,7 +171,7 @@ def test_failing_job_is_reported_failed(ray_head: LocalRay, tmp_path: Path) -> N
     assert submitted.job_id
     final = backend.wait(submitted.job_id, timeout=180)
     assert final.status == "failed", final.message
-    assert final.evidence["driver_exit_code"] == 3
+    assert report_evidence(final)["driver_exit_code"] == 3
 
 
 @pytest.mark.ray

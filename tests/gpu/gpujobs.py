@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+from tests.helpers import report_evidence
 from trainguard.report import CheckResult, Report
 from trainguard.session import check
 
@@ -42,8 +43,8 @@ def results(root: Path, tmp: Path, only: list[str]) -> dict[str, CheckResult]:
 
 def first_cause(result: CheckResult) -> dict:
     assert result.status == "failed", result.summary
-    diagnosis = result.evidence.get("diagnosis") or []
-    assert diagnosis, result.evidence
+    diagnosis = report_evidence(result).get("diagnosis") or []
+    assert diagnosis, report_evidence(result)
     return diagnosis[0]
 
 
@@ -53,5 +54,5 @@ def assert_cuda_oom_drill_passed(report: Report, name: str) -> None:
     assert name in by_name, list(by_name)
     result = by_name[name]
     assert result.status == "passed", (name, result.summary)
-    text = json.dumps(result.evidence)
+    text = json.dumps(report_evidence(result))
     assert "CUDA out of memory" in text or "CUDA OOM" in text, (name, text[:3000])

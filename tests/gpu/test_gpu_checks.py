@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.gpu.gpujobs import assert_cuda_oom_drill_passed, first_cause, make_job, results
+from tests.helpers import report_evidence
 from trainguard.session import drill
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
@@ -29,7 +30,7 @@ def test_a_cuda_job_is_deterministic_and_resumes_with_its_cuda_rng_state(tmp_pat
     assert by_name["determinism"].status == "passed", by_name["determinism"].summary
     resume = by_name["resume"]
     assert resume.status == "passed", resume.summary
-    assert resume.evidence["resumed_from_step"] == 10, resume.evidence
+    assert report_evidence(resume)["resumed_from_step"] == 10, report_evidence(resume)
     assert "final checkpoints equal" in resume.summary, resume.summary
 
 
@@ -37,7 +38,7 @@ def test_a_checkpoint_without_the_cuda_rng_state_is_caught_and_named(tmp_path: P
     root = make_job(tmp_path, RESUME % {"args": ', args: "--defect no-cuda-rng"'})
     resume = results(root, tmp_path, ["resume"])["resume"]
     first = first_cause(resume)
-    assert first["key"] == "rng", resume.evidence["diagnosis"]
+    assert first["key"] == "rng", report_evidence(resume)["diagnosis"]
     assert any("CUDA generator" in e for e in first["evidence"]), first
 
 
@@ -58,7 +59,7 @@ def test_fp16_with_a_grad_scaler_resumes_with_its_state(tmp_path: Path, planted:
         assert resume.status == "passed", resume.summary
         return
     first = first_cause(resume)
-    assert first["key"] == "scaler" and first["evidence_strength"] == "decisive", resume.evidence["diagnosis"]
+    assert first["key"] == "scaler" and first["evidence_strength"] == "decisive", report_evidence(resume)["diagnosis"]
 
 
 # a CUDA out-of-memory error in rank 0 after step 10 of 40 (0.1 s a step): the job must fail

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import copy_digits_ray_example
+from tests.helpers import copy_digits_ray_example, report_evidence
 from trainguard.raytrain.local_ray import running_ray_processes, stopped_head_processes
 from trainguard.session import check
 
@@ -69,10 +69,10 @@ def test_resume_and_a_kill_drill_of_a_ray_train_function(
         assert result.status == "passed", f"{result.name}: {result.summary}"
     drill = report.checks[1]
     print(f"\n{drill.summary}")
-    ray = drill.evidence["ray"]
+    ray = report_evidence(drill)["ray"]
     assert ray["restarts"] == 1 and ray["max_failures"] == 1  # Ray Train recovered it in the same fit
-    assert len(drill.evidence["attempts"]) == 1 and drill.evidence["trajectory"]["compared_steps"] == 20
-    assert drill.evidence["fault_evidence"]["pid"] not in ray["workers_after"].values()
+    assert len(report_evidence(drill)["attempts"]) == 1 and report_evidence(drill)["trajectory"]["compared_steps"] == 20
+    assert report_evidence(drill)["fault_evidence"]["pid"] not in ray["workers_after"].values()
     assert not stopped_head_processes(before), f"Ray processes left behind: {stopped_head_processes(before)}"
     # tracking: each launch run (the killed one of resume included) has each step once
     from mlflow import MlflowClient
@@ -91,7 +91,7 @@ def test_resume_and_a_kill_drill_of_a_ray_train_function(
             twice = sorted(k for k, n in steps.items() if n == 2)
             assert set(steps) == set(range(1, 21)) and set(steps.values()) <= {1, 2}, steps
             # (a re-done step the killed group's writer had not flushed yet is logged once)
-            assert len(twice) <= drill.evidence["lost_steps"], (twice, drill.evidence["lost_steps"])
+            assert len(twice) <= report_evidence(drill)["lost_steps"], (twice, report_evidence(drill)["lost_steps"])
             continue
         assert steps and set(steps.values()) == {1}, (run.info.run_name, steps)
         if run.info.run_name == "resume-killed" and run.data.tags["trainguard.ray_writer"] == "none":

@@ -29,6 +29,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.config import load_config
 from trainguard.drills import run_drill
 from trainguard.raytrain.cluster import LocalRayCluster, NodeSpec, pid_namespaces_available
@@ -132,7 +133,7 @@ def drill(cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) ->
 
 def show(result: CheckResult) -> None:
     """The verdict and the measured times (shown with pytest -rA)."""
-    ev = result.evidence
+    ev = report_evidence(result)
     print(result.status, result.summary)
     keys = ("detected_after_s", "lost_steps", "restarts", "fault_to_first_step_after_restart_s",
             "exit_after_s", "resumed_from_step", "ray_api")
@@ -145,10 +146,10 @@ def show(result: CheckResult) -> None:
 
 def assert_through_ray(result: CheckResult, rank: int) -> dict[str, object]:
     """The fault reached the worker of ``rank`` through Ray: its evidence says so."""
-    fault = result.evidence["fault_evidence"]
+    fault = report_evidence(result)["fault_evidence"]
     assert fault["via"] == "ray_api", fault
-    assert result.evidence["ray_api"]["pid_path"] is False
-    workers = result.evidence.get("ray", {}).get("workers_at_fault")
+    assert report_evidence(result)["ray_api"]["pid_path"] is False
+    workers = report_evidence(result).get("ray", {}).get("workers_at_fault")
     if workers is not None:  # the judge of Ray Train's recovery read the workers' lines
         assert fault["pid"] == workers[rank], fault
     assert isinstance(fault["pid"], int)
@@ -183,7 +184,7 @@ def test_kill_rank_through_rays_api_recovers(drill: Drill) -> None:
     api = fault["ray_api"]
     assert isinstance(api, dict) and api["sent"] and api["signal"] == "SIGKILL"
     assert api["target"]["world_rank"] == 1 and api["target"]["actor_id"]
-    ray = result.evidence["ray"]
+    ray = report_evidence(result)["ray"]
     assert ray["restarts"] == 1 and fault["pid"] not in ray["workers_after"].values()
 
 
@@ -206,7 +207,7 @@ def test_node_loss_with_room_left_recovers_on_the_other_node(drill: Drill) -> No
     fault = assert_through_ray(result, 1)
     assert fault["ranks_on_node"] == [0, 1]  # both workers packed on the lost node
     assert fault["node_restarted"], fault
-    assert result.evidence["ray"]["restarts"] == 1 and 0 <= result.evidence["lost_steps"] <= 5
+    assert report_evidence(result)["ray"]["restarts"] == 1 and 0 <= report_evidence(result)["lost_steps"] <= 5
     # planted defect: a function that ignores its checkpoint after the restart
     defect = drill(spec, extra="ignore_checkpoint: true")
     show(defect)
@@ -230,7 +231,7 @@ def test_node_loss_with_no_room_left_must_fail_clean(drill: Drill) -> None:
     assert result.status == "passed", result.summary
     fault = assert_through_ray(result, 1)
     assert fault["ranks_on_node"] == [1]  # one worker per node
-    assert result.evidence["checkpoint"]["intact"] and result.evidence["exit_after_s"] <= 30
+    assert report_evidence(result)["checkpoint"]["intact"] and report_evidence(result)["exit_after_s"] <= 30
     defect = drill(spec, cpus=2, max_restarts=1)
     show(defect)
     assert defect.status == "failed" and "the job hung" in defect.summary
@@ -243,10 +244,10 @@ def test_a_hung_worker_on_another_node_is_found_by_the_stall_rule_and_ended_thro
     result = drill(spec)
     show(result)
     assert result.status == "passed", result.summary
-    fault = result.evidence["fault_evidence"]
+    fault = report_evidence(result)["fault_evidence"]
     assert fault["via"] == "ray_api" and fault["state_after_stop"] == "stopped", fault
     assert fault["ray_api"]["continued"]["via"] == "ray_api"  # SIGCONT through Ray at the end
-    assert result.evidence["attempts"][0]["outcome"] == "hung" and result.evidence["restarts"] == 1
+    assert report_evidence(result)["attempts"][0]["outcome"] == "hung" and report_evidence(result)["restarts"] == 1
     # planted defect: the resumed fit ignores its checkpoint
     defect = drill(spec, extra="ignore_checkpoint: true")
     show(defect)
@@ -276,9 +277,9 @@ def test_the_digits_ray_example_across_three_nodes(cluster: LocalRayCluster, tmp
         show(result)
     for result in report.checks:
         assert result.status == "passed", f"{result.name}: {result.summary}"
-        assert result.evidence["fault_evidence"]["via"] == "ray_api"
-        assert result.evidence["ray"]["restarts"] == 1
-    assert report.checks[1].evidence["fault_evidence"]["node_restarted"]
+        assert report_evidence(result)["fault_evidence"]["via"] == "ray_api"
+        assert report_evidence(result)["ray"]["restarts"] == 1
+    assert report_evidence(report.checks[1])["fault_evidence"]["node_restarted"]
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.config import load_config
 from trainguard.drills import run_drill
 from trainguard.raytrain.local_ray import running_ray_processes
@@ -88,7 +89,7 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
 
 def show(result: CheckResult) -> None:
     """The verdict and the measured times (shown with pytest -rA)."""
-    ev = result.evidence
+    ev = report_evidence(result)
     print(result.status, result.summary)
     keys = ("detected_after_s", "lost_steps", "restarts", "fault_to_first_step_after_restart_s",
             "exit_after_s", "resumed_from_step", "ray")
@@ -101,7 +102,7 @@ def test_kill_rank_recovers_through_ray_trains_failure_config(drill: Drill) -> N
                    "max_lost_steps: 4}")
     show(result)
     assert result.status == "passed", result.summary
-    ev = result.evidence
+    ev = report_evidence(result)
     ray = ev["ray"]
     assert ray["restarts"] == 1 and ray["max_failures"] == 1
     assert ev["restarts"] == 1 and len(ev["attempts"]) == 1  # inside one fit: no trainguard restart
@@ -123,8 +124,8 @@ def test_kill_rank_with_max_failures_0_fails_the_drill(drill: Drill) -> None:
     assert result.status == "failed", result.summary
     assert "Ray Train did not recover" in result.summary
     assert "FailureConfig(max_failures=0)" in result.summary
-    assert result.evidence["attempts"][0]["outcome"] == "failed"
-    assert result.evidence["ray"].get("restarts", 0) == 0
+    assert report_evidence(result)["attempts"][0]["outcome"] == "failed"
+    assert report_evidence(result)["ray"].get("restarts", 0) == 0
 
 
 @pytest.mark.slow
@@ -133,7 +134,7 @@ def test_hang_is_detected_by_trainguard_and_the_fit_resumed(drill: Drill) -> Non
     result = drill(spec)
     show(result)
     assert result.status == "passed", result.summary
-    ev = result.evidence
+    ev = report_evidence(result)
     first = ev["attempts"][0]
     assert first["outcome"] == "hung" and ev["restarts"] == 1
     assert ev["fault_evidence"]["state_after_stop"] == "stopped"
@@ -153,10 +154,10 @@ def test_oom_kills_the_worker_in_its_cgroup_and_the_fit_fails_cleanly(drill: Dri
     if result.status == "skipped":
         pytest.skip(result.summary)
     assert result.status == "passed", result.summary
-    fault = result.evidence["fault_evidence"]
+    fault = report_evidence(result)["fault_evidence"]
     assert fault["mode_ran"] == "cgroup" and fault["cgroup_counters"]["oom_kill"] >= 1
     assert "killed by the kernel OOM killer" in result.summary
-    assert result.evidence["checkpoint"]["intact"]
+    assert report_evidence(result)["checkpoint"]["intact"]
     # planted defect: the checkpoint cannot be resumed (the function ignores it)
     defect = drill(spec, max_restarts=0, extra="ignore_checkpoint: true")
     show(defect)
@@ -172,7 +173,7 @@ def test_oom_with_max_failures_recovers_in_the_same_fit(drill: Drill) -> None:
     if result.status == "skipped":
         pytest.skip(result.summary)
     assert result.status == "passed", result.summary
-    assert result.evidence["ray"]["restarts"] == 1
+    assert report_evidence(result)["ray"]["restarts"] == 1
 
 
 @pytest.mark.slow
@@ -184,8 +185,8 @@ def test_disk_full_on_the_storage_path_fails_cleanly_and_resumes(drill: Drill) -
     if result.status == "skipped":
         pytest.skip(result.summary)
     assert result.status == "passed", result.summary
-    assert "ENOSPC" in result.summary or "No space left" in str(result.evidence)
-    assert result.evidence["checkpoint"]["intact"]
+    assert "ENOSPC" in result.summary or "No space left" in str(report_evidence(result))
+    assert report_evidence(result)["checkpoint"]["intact"]
     # planted defect: rank 0 catches its failed checkpoint report and goes on; its workers' report
     # calls no longer pair up and the fit hangs instead of failing
     defect = drill(spec, max_restarts=0, extra="swallow_checkpoint_errors: true")

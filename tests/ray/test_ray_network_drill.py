@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.config import load_config
 from trainguard.drills import run_drill
 from trainguard.raytrain.local_ray import running_ray_processes
@@ -105,7 +106,7 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
 
 def show(result: CheckResult) -> None:
     """The verdict, the step rates and what reached the store (shown with pytest -rA)."""
-    ev = result.evidence
+    ev = report_evidence(result)
     fault = ev.get("fault_evidence", {})
     print(result.status, result.summary)
     print({"step_rate": ev.get("step_rate"), "ray_writer": fault.get("ray_writer"),
@@ -125,7 +126,7 @@ def run_shown(drill: Drill, extra: str) -> CheckResult:
 def test_async_writer_keeps_the_rate_and_every_step_reaches_the_drill_run(drill: Drill) -> None:
     result = run_shown(drill, "")
     assert result.status == "passed", result.summary
-    ev = result.evidence
+    ev = report_evidence(result)
     fault = ev["fault_evidence"]
     assert fault["toxic"] == "latency" and fault["drill_run_id"]
     writer = fault["ray_writer"]["writer"]
@@ -141,7 +142,7 @@ def test_synchronous_fluent_logging_in_the_loop_is_caught(drill: Drill) -> None:
     result = run_shown(drill, "sync_mlflow: true")
     assert result.status == "failed", result.summary
     assert "step rate during the fault fell" in result.summary
-    rates = result.evidence["step_rate"]
+    rates = report_evidence(result)["step_rate"]
     assert rates["during_over_before"] < MIN_RATE
     # the asynchronous writer still delivered everything: the rate is the only problem
     assert "never reached" not in result.summary and "dropped" not in result.summary

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.raytrain.local_ray import running_ray_processes, stopped_head_processes
 from trainguard.session import check
 
@@ -32,7 +33,7 @@ def test_ray_train_digits_resumes_with_another_num_workers_both_ways(tmp_path: P
     report = check(job, report_json=str(tmp_path / "report.json"))
     (result,) = report.checks
     assert result.status == "passed", result.summary
-    for pair in result.evidence["pairs"].values():
+    for pair in report_evidence(result)["pairs"].values():
         assert pair["trajectory"]["first_divergent_step"] is None and pair["trajectory"]["compared_steps"] >= 10
         assert pair["trajectory"]["max_abs_diff"] < 1e-5
     assert not stopped_head_processes(before), f"Ray processes left behind: {stopped_head_processes(before)}"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import report_evidence
 from tests.slurm.cluster import SlurmCluster
 from trainguard.cli import main
 from trainguard.launch.metrics import MetricParser
@@ -110,7 +111,7 @@ def test_slurm_drill_cli_refuses_a_file_that_is_not_a_record(tmp_path: Path,
 def test_a_preempted_job_is_requeued_resumes_and_matches(slurm_env: SlurmCluster, tmp_path: Path) -> None:
     backend, job_id, log = submit(tmp_path, "preempt-clean", steps=30, sleep=0.1)
     result = run_slurm_drill(backend, job_id, log, drill("preempt", "requeue", 30), reference(30))
-    ev = result.evidence
+    ev = report_evidence(result)
     assert result.status == "passed", (result.summary, ev)
     assert ev["restarts"] == 1 and ev["state"] == "COMPLETED" and ev["lost_steps"] <= 5
     assert [a["restart"] for a in ev["attempts"]] == [0, 1]
@@ -124,9 +125,9 @@ def test_a_preempted_job_that_ignores_its_checkpoint_fails_on_lost_progress(
 ) -> None:
     backend, job_id, log = submit(tmp_path, "preempt-scratch", steps=30, sleep=0.1, resume=False)
     result = run_slurm_drill(backend, job_id, log, drill("preempt-scratch", "requeue", 30), reference(30))
-    assert result.status == "failed", (result.summary, result.evidence)
+    assert result.status == "failed", (result.summary, report_evidence(result))
     assert "began again at step 1" in result.summary and "steps of progress lost" in result.summary
-    assert result.evidence["attempts"][1]["first_step"] == 1
+    assert report_evidence(result)["attempts"][1]["first_step"] == 1
     print(f"\n{result.summary} ({result.duration_s:.1f} s)")
 
 
@@ -141,11 +142,11 @@ def test_a_node_marked_down_requeues_the_job(slurm_node_alone: SlurmCluster, tmp
         result = run_slurm_drill(backend, job_id, log, drill("node-down", "node_down", 30), reference(30))
     finally:  # the node is back for the other tests whatever happened
         slurm_env.run("scontrol", "update", f"NodeName={slurm_env.node}", "State=RESUME", check=False)
-    assert result.evidence.get("fault_evidence", {}).get("node") == slurm_env.node, result.summary
+    assert report_evidence(result).get("fault_evidence", {}).get("node") == slurm_env.node, result.summary
     print(f"\n{result.summary} ({result.duration_s:.1f} s)")
     if resume:
-        assert result.status == "passed", (result.summary, result.evidence)
-        assert result.evidence["restarts"] >= 1
+        assert result.status == "passed", (result.summary, report_evidence(result))
+        assert report_evidence(result)["restarts"] >= 1
     else:
         assert result.status == "failed" and "began again at step 1" in result.summary
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import trainguard.checks.baseline as bl
-from tests.helpers import each_refused
+from tests.helpers import each_refused, report_evidence
 from trainguard._internal.machine import machine_id
 from trainguard.checks.band import build_band, compare_to_band, rolling_median, smoothing_window
 from trainguard.checks.baseline import (
@@ -359,29 +359,29 @@ def test_save_then_pass_inside_the_band_then_fail_a_slower_learner(
     report = tmp_path / "report.json"
     none = check(job, only=["canary"], report_json=str(report)).checks[0]
     assert none.status == "passed" and "no baseline saved for this machine (save one: trainguard check " in none.summary
-    assert none.evidence["baseline"]["status"] == "none"
+    assert report_evidence(none)["baseline"]["status"] == "none"
 
     monkeypatch.setenv("TRAINGUARD_SAVE_BASELINE", "1")  # the setting, as pytest items get it
     saved = check(job, only=["canary"], report_json=str(report)).checks[0]
     monkeypatch.delenv("TRAINGUARD_SAVE_BASELINE")
     assert saved.status == "passed" and "saved as the baseline " in saved.summary, saved.summary
-    path = Path(saved.evidence["baseline"]["path"])
+    path = Path(report_evidence(saved)["baseline"]["path"])
     assert path.name == "0001_nogit.json" and load_baseline(path).request["steps"] == 40
-    assert Path(saved.evidence["plots"][0]).is_file()
+    assert Path(report_evidence(saved)["plots"][0]).is_file()
 
     same = check(job, only=["canary"], report_json=str(report)).checks[0]
     assert same.status == "passed", same.summary
     assert "inside the baseline band of 0001_nogit.json (±20%: loss off by at most 0%)" in same.summary
-    assert same.evidence["baseline"]["metrics"]["loss"]["max_deviation"] == 0
-    assert Path(same.evidence["plots"][0]).name == "baseline_band.png"
+    assert report_evidence(same)["baseline"]["metrics"]["loss"]["max_deviation"] == 0
+    assert Path(report_evidence(same)["plots"][0]).name == "baseline_band.png"
 
     _toy(tmp_path, decay=0.03)  # still learns (the plain canary passes), but more slowly
     slower = check(job, only=["canary"], report_json=str(report)).checks[0]
     assert slower.status == "failed"
-    assert slower.evidence["loss"]["drop"] > 0.3  # the min_loss_drop test alone would pass it
+    assert report_evidence(slower)["loss"]["drop"] > 0.3  # the min_loss_drop test alone would pass it
     assert slower.summary.startswith("loss left the baseline band at steps "), slower.summary
     assert "% above the baseline at step " in slower.summary
-    plot = Path(slower.evidence["plots"][0])
+    plot = Path(report_evidence(slower)["plots"][0])
     assert f"; plot: {plot}" in slower.summary and plot.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -395,7 +395,7 @@ def test_a_mismatched_baseline_is_a_canary_error_with_the_fix(tmp_path: Path) ->
     off = job.read_text().replace("min_loss_drop: 0.3}", "min_loss_drop: 0.3, baseline: 'off'}")
     job.write_text(off)
     result = check(job, only=["canary"], seed=7, report_json=str(tmp_path / "r.json")).checks[0]
-    assert result.status == "passed" and result.evidence["baseline"] == {"status": "off"}
+    assert result.status == "passed" and report_evidence(result)["baseline"] == {"status": "off"}
 
 
 @pytest.mark.parametrize("tamper", ["nan", "other steps", "fewer steps"])
@@ -404,7 +404,7 @@ def test_a_baseline_it_cannot_trust_is_a_canary_error_never_inside_the_band(tmp_
     NaN, or on steps the run never printed; now the canary is an error saying why."""
     job = _toy(tmp_path)
     saved = check(job, only=["canary"], report_json=str(tmp_path / "r.json"), save_baseline=True).checks[0]
-    path = Path(saved.evidence["baseline"]["path"])
+    path = Path(report_evidence(saved)["baseline"]["path"])
     data = json.loads(path.read_text())
     points = data["trajectories"]["loss"]
     # "other steps": step 0 alone, a step of the run's range the run never printed
@@ -415,7 +415,7 @@ def test_a_baseline_it_cannot_trust_is_a_canary_error_never_inside_the_band(tmp_
     result = check(job, only=["canary"], report_json=str(tmp_path / "r.json")).checks[0]
     assert result.status == "error", result.summary
     assert result.summary.startswith("baseline refused: ") and "inside the baseline band" not in result.summary
-    assert result.evidence["baseline"]["status"] == "refused"
+    assert report_evidence(result)["baseline"]["status"] == "refused"
     assert "save a new baseline" in result.summary
 
 
@@ -461,7 +461,7 @@ def test_a_baseline_that_cannot_be_written_fails_the_save_with_the_fix(
     result = check(job, only=["canary"], report_json=str(tmp_path / "r.json"), save_baseline=True).checks[0]
     assert result.status == "failed"
     assert result.summary.startswith(f"could not save the baseline in {tmp_path / '.trainguard' / 'baselines'}")
-    assert result.evidence["baseline"]["status"] == "not_saved"
+    assert report_evidence(result)["baseline"]["status"] == "not_saved"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a read-only tmpfs needs root")
@@ -482,7 +482,7 @@ def test_a_baseline_on_a_read_only_disk_is_saved_aside_and_said(tmp_path: Path, 
     assert result.status == "failed"
     assert result.summary.startswith(
         f"could not save the baseline in {where}: Read-only file system (EROFS); it was saved to ")
-    aside = Path(result.evidence["baseline"]["saved_aside"])
+    aside = Path(report_evidence(result)["baseline"]["saved_aside"])
     assert f"it was saved to {aside} instead: copy that file into {where} to use it" in result.summary
     assert load_baseline(aside).request["steps"] == 40 and aside.is_relative_to(private_fallback)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.checks.canary import (
     first_non_finite,
     first_out_of_range,
@@ -59,7 +60,7 @@ def test_a_clean_trajectory_passes_with_its_medians_and_windows() -> None:
     assert verdict.early_median == pytest.approx(statistics_median(curve(60), range(1, 7)))
     assert verdict.drop == pytest.approx(1 - verdict.late_median / verdict.early_median)
     assert verdict.drop > 0.7
-    evidence = verdict.as_evidence()
+    evidence = verdict.as_evidence().to_dict()
     assert evidence["early_steps"] == "1-6" and evidence["spike"] is None
 
 
@@ -227,7 +228,7 @@ def test_a_rank_over_max_rss_stops_the_run_naming_the_rank_and_the_limit(tmp_pat
     result = launch(hog_spec(tmp_path, 20, 150))
     assert result.outcome == "failed"
     assert result.reason.startswith("rank ") and "MB over the limit of 150 MB" in result.reason
-    limit = result.evidence["memory_limit"]
+    limit = report_evidence(result)["memory_limit"]
     assert limit["limit_mb"] == 150 and limit["rss_mb"] > 150
     assert result.last_step is not None and result.last_step < 40  # stopped early
 
@@ -263,7 +264,7 @@ def test_canary_passes_on_the_toy_job_with_its_evidence(tmp_path: Path) -> None:
     assert result.summary.startswith("loss fell ")
     assert "over steps 1-3 -> " in result.summary and "over steps 18-20; min 30%)" in result.summary
     assert "20 steps in " in result.summary and " of 30, peak RSS " in result.summary
-    evidence = result.evidence
+    evidence = report_evidence(result)
     assert evidence["loss"]["early_steps"] == "1-3" and evidence["loss"]["drop"] > 0.3
     assert set(evidence["peak_rss_mb"]) == {"0"}
     assert evidence["limits"] == {"steps": 20, "max_seconds": 30, "max_memory_mb": 500, "run_timeout_s": 30}
@@ -287,7 +288,7 @@ def test_max_seconds_scales_with_the_timeout_scale_and_says_so(tmp_path: Path) -
     result = run_canary(JobRunner(job_file, Settings(timeout_scale=2.0)), job_file.checks.canary)
     assert result.status == "failed"
     assert result.summary.startswith("limit max_seconds (0.75 x timeout scale 2 = 1.5 s) exceeded: ")
-    assert result.evidence["limits"]["run_timeout_s"] == 1.5
+    assert report_evidence(result)["limits"]["run_timeout_s"] == 1.5
 
 
 def test_val_metric_and_grad_norm_range_when_configured(tmp_path: Path) -> None:
@@ -305,8 +306,8 @@ def test_val_metric_and_grad_norm_range_when_configured(tmp_path: Path) -> None:
     assert result.summary.startswith("loss fell by only ")  # the val_metric problem
     assert "over steps 18-20; min_val_drop is 90%; loss is 1." in result.summary
     assert result.summary.endswith(" at step 1, outside grad_norm_range [0, 1.5]")
-    assert result.evidence["val"]["window"] == 3
-    assert result.evidence["grad_norm"]["range"] == [0.0, 1.5]
+    assert report_evidence(result)["val"]["window"] == 3
+    assert report_evidence(result)["grad_norm"]["range"] == [0.0, 1.5]
 
 
 def test_canary_stops_a_job_that_runs_past_its_steps(tmp_path: Path) -> None:
@@ -351,7 +352,7 @@ def test_tg_canary_passes_fails_with_the_summary_and_marks_tests_canary(pytester
         test_it="""
         def test_learns(tg_canary):
             result = tg_canary("toy.yaml")
-            assert result.evidence["loss"]["window"] == 3
+            assert result.evidence.loss.window == 3
 
         def test_demands_too_much(tg_canary):
             tg_canary("toy.yaml", min_loss_drop=0.99)
@@ -417,10 +418,10 @@ def test_smoke_resumes_the_toy_job_and_skips_the_load_of_non_torch_files(tmp_pat
     result = run_smoke(JobRunner(job_file, Settings()), job_file.checks.smoke)
     assert result.status == "passed", result.summary
     assert result.summary.endswith("; resumed from the checkpoint of step 5 at step 6")
-    stages = result.evidence["stages"]
+    stages = report_evidence(result)["stages"]
     assert stages["checkpoint_load"].startswith("skipped: no file with a torch suffix")
     assert stages["resume_s"] > 0
-    assert result.evidence["resume"]["first_step"] == 6 and result.evidence["resume"]["last_step"] == 7
+    assert report_evidence(result)["resume"]["first_step"] == 6 and report_evidence(result)["resume"]["last_step"] == 7
 
 
 def test_smoke_without_resume_args_skips_the_resume_and_says_so(tmp_path: Path) -> None:
@@ -433,7 +434,7 @@ def test_smoke_without_resume_args_skips_the_resume_and_says_so(tmp_path: Path) 
     assert job_file.checks.smoke is not None and not job_file.job.resume_args
     result = run_smoke(JobRunner(job_file, Settings()), job_file.checks.smoke)
     assert result.status == "passed", result.summary
-    assert result.evidence["stages"]["resume"] == (
+    assert report_evidence(result)["stages"]["resume"] == (
         "skipped: job.resume_args is empty, so the job cannot be resumed"
     )
 
@@ -490,7 +491,7 @@ def test_a_shared_run_past_the_canarys_limits_fails_as_its_own_run_would(tmp_pat
     result = run_canary(runner, spec)
     assert result.status == "failed"
     assert result.summary.startswith("limit max_seconds (1) exceeded: the run took "), result.summary
-    assert result.evidence["shared_run"].startswith(shared.run_dir.name)
+    assert report_evidence(result)["shared_run"].startswith(shared.run_dir.name)
     assert [r.label for r in runner.launches] == ["reference"]  # judged, not launched again
     # within its limits the shared run passes, and is still not launched again
     relaxed = spec.model_copy(update={"max_seconds": 60.0})

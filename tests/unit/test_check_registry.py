@@ -13,6 +13,7 @@ import pytest
 
 from tests.helpers import TOY
 from trainguard.config import GatePolicy, load_config
+from trainguard.config.records import load_report
 from trainguard.config.registry import (
     CheckNotInstalled,
     check_for,
@@ -28,11 +29,20 @@ from trainguard.session.plan import make_plan
 
 #: the whole of the dummy check: its spec, what it needs from the job, its runs, how it runs
 DUMMY_MODULE = '''
+from dataclasses import dataclass
+
 from pydantic import Field
 
 from trainguard.config import CheckSpec
 from trainguard.config.registry import Check, Run
+from trainguard.evidence import Evidence
 from trainguard.report import CheckResult
+
+
+@dataclass
+class DummyEvidence(Evidence):
+    steps_seen: int
+    worst_loss: float
 
 
 class DummyCheck(CheckSpec):
@@ -48,7 +58,7 @@ def run_dummy(runner, spec):
     worst = max(losses, default=float("inf"))
     status = "passed" if result.ok and worst <= spec.ceiling else "failed"
     return CheckResult("dummy", status, f"worst loss {worst:.3f} (ceiling {spec.ceiling})",
-                       {"steps_seen": len(losses), "worst_loss": worst})
+                       DummyEvidence(len(losses), worst))
 
 
 def requires(spec, facts):
@@ -58,7 +68,8 @@ def requires(spec, facts):
 
 
 DUMMY = Check("dummy", DummyCheck, run=run_dummy, requires=requires, lane=True,
-              runs=lambda spec, ctx: ([Run("dummy run")], f"the loss stays under {spec.ceiling}"))
+              runs=lambda spec, ctx: ([Run("dummy run")], f"the loss stays under {spec.ceiling}"),
+              evidence=(DummyEvidence,))
 '''
 
 
@@ -128,8 +139,11 @@ def test_a_dummy_check_is_planned_run_and_reported(dummy: str, tmp_path: Path) -
     report = run_check_file(str(path), report_json=str(tmp_path / "report.json"))
     result = next(c for c in report.checks if c.name == "dummy")
     assert result.status == "passed", result.summary
-    assert result.evidence["steps_seen"] == 6
+    assert result.evidence.steps_seen == 6  # type: ignore[attr-defined]
     saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["checks"][1]["evidence"] == {"steps_seen": 6, "worst_loss": result.evidence.worst_loss}  # type: ignore[attr-defined]
+    loaded = load_report(tmp_path / "report.json").checks[1].evidence  # rebuilt as the check's record
+    assert type(loaded).__name__ == "DummyEvidence" and loaded == result.evidence
     assert [c["name"] for c in saved["checks"]] == ["smoke", "dummy"]
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard._internal.readers import copy_tree
 from trainguard.checks.smoke import SmokeEvidence, _checkpoint_files, _load_stage, run_smoke
 from trainguard.config import load_config
@@ -95,5 +96,5 @@ def test_a_fifo_in_the_checkpoint_directory_is_left_out_of_smokes_copy(tmp_path:
     assert job_file.checks.smoke is not None
     result = run_smoke(JobRunner(job_file, Settings()), job_file.checks.smoke)
     assert result.status == "passed", result.summary
-    assert result.evidence["resume_from"]["left_out"] == {"events.pipe": "a FIFO, not copied"}
-    assert result.evidence["resume"]["first_step"] == 6
+    assert report_evidence(result)["resume_from"]["left_out"] == {"events.pipe": "a FIFO, not copied"}
+    assert report_evidence(result)["resume"]["first_step"] == 6

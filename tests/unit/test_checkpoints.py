@@ -369,7 +369,7 @@ def test_comparison_passes_equal_state_in_two_directories_and_skips_unsafe_pickl
     assert state.compared_keys > 20  # weights, both moments, schedule, RNG, trainer state
     assert state.skipped["training_args.bin"].startswith("the Trainer's arguments")
     assert state.files is not None and state.files[0].endswith("resumed/checkpoint-10")
-    evidence = state.as_evidence()
+    evidence = state.as_evidence().to_dict()
     assert evidence["metadata_differing"] == ["trainer_state.json:best_model_checkpoint"]
 
 

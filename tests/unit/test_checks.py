@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import trainguard.session.orchestrate as checks_module
-from tests.helpers import wait_for_a_background_run
+from tests.helpers import report_evidence, wait_for_a_background_run
 from trainguard._version import __version__
 from trainguard.checks.equivalence import (
     NONDETERMINISM_CAUSES,
@@ -68,7 +68,7 @@ def test_exact_comparison_names_the_first_divergent_step() -> None:
     assert diff.first_values == (0.5 + 1e-12, 0.5)  # (actual, expected)
     assert diff.max_abs_diff == pytest.approx(0.1)
     assert diff.max_rel_diff == pytest.approx(0.1 / 0.3)
-    evidence = diff.as_evidence()
+    evidence = diff.as_evidence().to_dict()
     assert evidence["metric"] == "loss"
     assert evidence["first_divergent_step"] == 2
     assert evidence["values_at_first_divergence"] == [0.5 + 1e-12, 0.5]
@@ -94,7 +94,7 @@ def test_missing_steps_fail_and_are_listed() -> None:
     assert diff.first_divergent_step is None
     assert diff.missing_in_actual == [2, 4]
     assert diff.compared_steps == 2
-    assert diff.as_evidence()["missing_steps"] == [2, 4]
+    assert diff.as_evidence().to_dict()["missing_steps"] == [2, 4]
 
 
 def test_explicit_steps_restrict_the_comparison() -> None:
@@ -141,12 +141,12 @@ def test_determinism_passes_on_the_clean_toy_job(jobs: Path) -> None:
 
     assert result.status == "passed", result.summary
     assert result.summary == "two runs with seed 0 match on all 8 steps of loss"
-    (metric,) = result.evidence["metrics"]
+    (metric,) = report_evidence(result)["metrics"]
     assert metric["compared_steps"] == 8 and metric["first_divergent_step"] is None
-    first, second = result.evidence["run_dirs"]
+    first, second = report_evidence(result)["run_dirs"]
     assert first != second and Path(first).is_dir() and Path(second).is_dir()
     assert result.duration_s > 0
-    assert "likely_causes" not in result.evidence
+    assert "likely_causes" not in report_evidence(result)
 
 
 def test_determinism_fails_on_an_unseeded_rng_naming_the_step_and_causes(jobs: Path) -> None:
@@ -158,12 +158,12 @@ def test_determinism_fails_on_an_unseeded_rng_naming_the_step_and_causes(jobs: P
     assert result.status == "failed"
     assert result.summary.startswith("loss differs from step 1 on (")
     assert "with the same seed 7" in result.summary
-    (metric,) = result.evidence["metrics"]
+    (metric,) = report_evidence(result)["metrics"]
     assert metric["first_divergent_step"] == 1
     a, b = metric["values_at_first_divergence"]
     assert a != b
-    assert result.evidence["likely_causes"] == list(NONDETERMINISM_CAUSES)
-    assert any("unseeded RNG" in cause for cause in result.evidence["likely_causes"])
+    assert report_evidence(result)["likely_causes"] == list(NONDETERMINISM_CAUSES)
+    assert any("unseeded RNG" in cause for cause in report_evidence(result)["likely_causes"])
     assert result.reproduce is not None
     assert result.reproduce.startswith("run twice and diff: ")
     assert "toy_train.py --steps 6 --seed 7 " in result.reproduce
@@ -176,8 +176,8 @@ def test_determinism_reports_a_job_that_does_not_complete_as_an_error(jobs: Path
     result = run_determinism(runner, DeterminismCheck.model_validate({"steps": 5}))
     assert result.status == "error"
     assert result.summary == "the job did not complete: rank 1 exited with code 3"
-    assert result.evidence["failed_rank"] == 1
-    assert "planted failure at step 3" in result.evidence["stderr_tail"]
+    assert report_evidence(result)["failed_rank"] == 1
+    assert "planted failure at step 3" in report_evidence(result)["stderr_tail"]
 
 
 def test_determinism_with_jsonl_metrics(jobs: Path) -> None:
@@ -186,7 +186,7 @@ def test_determinism_with_jsonl_metrics(jobs: Path) -> None:
     assert spec is not None
     result = run_determinism(runner, spec)
     assert result.status == "passed", result.summary
-    assert result.evidence["metrics"][0]["compared_steps"] == 6
+    assert report_evidence(result)["metrics"][0]["compared_steps"] == 6
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,7 +206,7 @@ def test_smoke_passes_on_the_clean_job(jobs: Path) -> None:
     assert result.status == "passed", result.summary
     assert "5 steps in" in result.summary
     assert "metrics for every step, 2 checkpoint file(s)" in result.summary
-    evidence = result.evidence
+    evidence = report_evidence(result)
     assert evidence["outcome"] == "ok"
     assert evidence["exits"] == ["exit code 0", "exit code 0"]
     assert evidence["metric_steps_seen"] == 5
@@ -225,9 +225,9 @@ def test_smoke_fails_when_a_rank_dies(jobs: Path) -> None:
     result = smoke(jobs, "die")
     assert result.status == "failed"
     assert "the job did not complete: rank 1 exited with code 3" in result.summary
-    assert result.evidence["outcome"] == "failed"
-    assert result.evidence["exits"][1] == "exit code 3"
-    assert "planted failure at step 3" in result.evidence["stderr_tail"]
+    assert report_evidence(result)["outcome"] == "failed"
+    assert report_evidence(result)["exits"][1] == "exit code 3"
+    assert "planted failure at step 3" in report_evidence(result)["stderr_tail"]
     assert "--die-rank 1" in (result.reproduce or "")
 
 
@@ -236,15 +236,15 @@ def test_smoke_names_a_step_without_a_metric_line(jobs: Path) -> None:
     assert result.status == "failed"
     assert "no `loss` line for step(s) [3]" in result.summary
     assert "did not complete" not in result.summary
-    assert result.evidence["metric_steps_seen"] == 4
+    assert report_evidence(result)["metric_steps_seen"] == 4
 
 
 def test_smoke_fails_when_no_checkpoint_is_written(jobs: Path) -> None:
     result = smoke(jobs, "nockpt")
     assert result.status == "failed"
     assert "no checkpoint was written to" in result.summary
-    assert result.evidence["checkpoint_files"] == []
-    assert result.evidence["outcome"] == "ok"
+    assert report_evidence(result)["checkpoint_files"] == []
+    assert report_evidence(result)["outcome"] == "ok"
 
 
 def test_smoke_does_not_ask_for_checkpoints_a_job_is_not_given(jobs: Path) -> None:
@@ -442,9 +442,9 @@ def test_a_kill_that_came_too_late_is_said_so_not_a_broken_metric_or_resume(jobs
     assert result.status == "error", result.summary
     assert result.summary.startswith("the kill came too late to test a resume: the run had "), result.summary
     assert "(step 10 of 10 printed) when trainguard read step 6 of `loss`" in result.summary
-    assert "job.metrics" not in result.summary and result.evidence["killed_after_step"] == 10
+    assert "job.metrics" not in result.summary and report_evidence(result)["killed_after_step"] == 10
     # the uninterrupted run's copy after step 6 was the final state too: not kept, and said why
-    assert "had printed its last step (10 of 10)" in result.evidence["not_kept"], result.evidence
+    assert "had printed its last step (10 of 10)" in report_evidence(result)["not_kept"], report_evidence(result)
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import report_evidence
 from trainguard._internal.gitcmd import GitError
 from trainguard._internal.promoted import INDEX_NAME, last_promoted, record_promotion
 from trainguard._internal.worktree import (
@@ -231,7 +232,7 @@ def test_base_promoted_before_any_promotion_is_skipped_not_passed(repo: Path) ->
     assert result.status == "skipped", result.summary
     assert result.summary.startswith("nothing compared: no promoted gate report with a git commit under"), result.summary
     assert "leave compat out of gate.require" in result.summary
-    assert not result.evidence.get("run_dirs")
+    assert not report_evidence(result).get("run_dirs")
 
 
 def _committed_job(repo: Path) -> Path:
@@ -252,13 +253,13 @@ def test_base_promoted_finds_the_promotion_behind_201_newer_reports(repo: Path) 
         _report(gate, f"2099{i // 60 + 1:02d}01-{i % 60:02d}0000", "block", "c" * 40)
     head = _git(repo, "rev-parse", "HEAD")
     result = _check_compat(job)
-    assert result.status == "passed" and result.evidence["base_commit"] == head, result.summary
-    assert "unchanged" in result.summary and "promoted-report index" in result.evidence["promoted"]
+    assert result.status == "passed" and report_evidence(result)["base_commit"] == head, result.summary
+    assert "unchanged" in result.summary and "promoted-report index" in report_evidence(result)["promoted"]
     (gate / INDEX_NAME).unlink()
     result = _check_compat(job)
-    assert result.status == "passed" and result.evidence["base_commit"] == head, result.summary
-    assert "scanning 202 gate report(s)" in result.evidence["promoted"], result.evidence["promoted"]
-    assert "no promoted-report index" in result.evidence["promoted"]
+    assert result.status == "passed" and report_evidence(result)["base_commit"] == head, result.summary
+    assert "scanning 202 gate report(s)" in report_evidence(result)["promoted"], report_evidence(result)["promoted"]
+    assert "no promoted-report index" in report_evidence(result)["promoted"]
 
 
 def test_base_promoted_in_a_sha256_repository(tmp_path: Path) -> None:
@@ -274,7 +275,7 @@ def test_base_promoted_in_a_sha256_repository(tmp_path: Path) -> None:
     assert len(head) == 64
     _promote(job)
     result = _check_compat(job)
-    assert result.status == "passed" and result.evidence["base_commit"] == head, result.summary
+    assert result.status == "passed" and report_evidence(result)["base_commit"] == head, result.summary
     assert resolve_commit(root, "HEAD~1") == _git(root, "rev-parse", "HEAD~1")
     with checkout(root, resolve_commit(root, "HEAD~1"), tmp_path / "c") as tree:
         assert (tree / "train.py").read_text() == "print('old')\n" and not (tree / "trainguard.yaml").exists()
@@ -298,7 +299,7 @@ def test_a_shallow_clone_without_the_promoted_commit_says_which_commit_to_fetch(
     assert result.status == "error", result.summary
     assert f"commit {promoted} is not in this shallow clone" in result.summary, result.summary
     assert f"`git fetch origin {promoted}`" in result.summary and "`git fetch --unshallow`" in result.summary
-    assert not result.evidence.get("run_dirs")
+    assert not report_evidence(result).get("run_dirs")
 
 
 def test_a_base_without_the_jobs_directory_is_an_error_naming_it(repo: Path) -> None:

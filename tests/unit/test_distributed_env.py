@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import report_evidence
 from trainguard.config import parse_config
 from trainguard.errors import ConfigError
 from trainguard.launch import Launcher, LaunchSpec
@@ -33,7 +34,7 @@ def test_with_the_torchrun_environment_the_script_dies_and_the_reason_points_at_
     assert result.outcome == "failed"
     assert "ProcessGroupNCCL" in result.stderr_tail
     assert "job.distributed_env: false" in result.reason, result.reason
-    assert result.evidence["hint"].startswith("a one-process job died while setting up torch.distributed")
+    assert report_evidence(result)["hint"].startswith("a one-process job died while setting up torch.distributed")
 
 
 def test_without_it_the_script_runs_and_sees_none_of_it_even_inherited(

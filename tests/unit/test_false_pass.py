@@ -36,6 +36,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import report_evidence
 from trainguard.config import GatePolicy
 from trainguard.gate.policy import Capabilities, decide
 from trainguard.report import Report
@@ -141,7 +142,7 @@ def _assert_never_a_false_pass(variant: dict[str, Any]) -> None:
         assert variant["read_max_mb"] is not None, result.summary  # compared whole, the state differs
     if variant.get("calibration"):  # the planted file was seen, and refused with its reason
         resume = next(c for c in report.checks if c.name == "resume")
-        source = (resume.evidence.get("tolerance") or {}).get("source", "")
+        source = (report_evidence(resume).get("tolerance") or {}).get("source", "")
         assert "calibration files skipped: " in source and "0001_" in source, source
     policy = GatePolicy.model_validate({"require": variant["require"]})
     decision = decide(report, policy, CAPABLE, configured=["resume", "drills"])

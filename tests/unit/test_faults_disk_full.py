@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import load_fault_harness
+from tests.helpers import load_fault_harness, report_evidence
 from trainguard._internal.signals import restore_default_signals
 from trainguard.faults import FaultContext, FaultUnavailable, disk_full
 from trainguard.faults.disk_full import DiskFullFault
@@ -61,7 +61,7 @@ def test_hook_mode_in_place_overwrite_leaves_a_corrupt_checkpoint(tmp_path: Path
     assert drive.result.outcome == "failed"
     assert latest_step(drive.ctx.checkpoint_dir) == "corrupt (0 bytes, no header)"
     assert drive.classification.startswith("ENOSPC: OSError errno 28"), drive.classification
-    assert drive.evidence["mode_ran"] == "hook" and drive.evidence["enospc_writes"] >= 1
+    assert report_evidence(drive)["mode_ran"] == "hook" and report_evidence(drive)["enospc_writes"] >= 1
     assert max(p.step for p in drive.result.points) == 2
     harness.assert_nothing_left(drive.tag)
 
@@ -131,10 +131,10 @@ def test_fuse_mode_in_place_vs_atomic(tmp_path: Path, writer: str) -> None:
 
     drive = harness.drive(fault, tmp_path, "ckpt_job.py", _args(writer, "--size-kb", "512"),
                           during=during, after=_read_latest)
-    assert drive.during["mounted"] and drive.evidence["mode_ran"] == "fuse"
+    assert drive.during["mounted"] and report_evidence(drive)["mode_ran"] == "fuse"
     assert drive.result.outcome == "failed"
     assert drive.classification.startswith("ENOSPC: OSError errno 28"), drive.classification
-    assert drive.evidence["enospc_calls"] >= 1
+    assert report_evidence(drive)["enospc_calls"] >= 1
     if writer == "atomic":
         assert drive.during["latest"] == 2
     else:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import load_fault_harness
+from tests.helpers import load_fault_harness, report_evidence
 from trainguard.faults import FaultContext, FaultUnavailable
 from trainguard.faults.cgroups import MemoryCgroups
 from trainguard.faults.oom import OomFault
@@ -51,12 +51,12 @@ def test_cgroup_mode_gets_the_rank_killed_by_the_kernel_oom_killer(tmp_path: Pat
     rank1 = result.exits[1]
     assert rank1.signal == "SIGKILL" and not rank1.killed_by_trainguard, result.exits
     assert drive.classification.startswith("killed by the kernel OOM killer"), drive.classification
-    counters = drive.evidence["cgroup_counters"]
+    counters = report_evidence(drive)["cgroup_counters"]
     assert counters["oom_kill"] >= 1 and counters["failcnt"] >= 1, counters
-    assert drive.evidence["mode_ran"] == "cgroup" and "problems" not in drive.evidence
-    assert drive.evidence["hook_fired"]
+    assert report_evidence(drive)["mode_ran"] == "cgroup" and "problems" not in report_evidence(drive)
+    assert report_evidence(drive)["hook_fired"]
     # the limit was set just above the usage at injection: the rank never got much past it
-    assert counters["peak_mb"] <= drive.evidence["limit_mb"] + 1
+    assert counters["peak_mb"] <= report_evidence(drive)["limit_mb"] + 1
     assert max(p.step for p in result.points if p.rank == 1) < 12
     assert not Path(drive.during["parent"]).exists()
     harness.assert_nothing_left(drive.tag)
@@ -86,7 +86,7 @@ def test_rlimit_mode_gives_the_allocator_runtime_error(tmp_path: Path) -> None:
     assert "DefaultCPUAllocator: can't allocate memory" in stderr, stderr[-2000:]
     assert drive.result.exits[0].returncode == 1
     assert drive.classification.startswith("allocator error"), drive.classification
-    assert drive.evidence["mode_ran"] == "rlimit" and drive.evidence["limit_mb"] > 0
+    assert report_evidence(drive)["mode_ran"] == "rlimit" and report_evidence(drive)["limit_mb"] > 0
     harness.assert_nothing_left(drive.tag)
 
 

@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from tests.helpers import make_sizing
+from tests.helpers import drill_report, make_sizing, profile_evidence
 from trainguard.config import GatePolicy
+from trainguard.config.records import load_report as load_registered
+from trainguard.evidence import Recorded
 from trainguard.gate.policy import Capabilities, decide, sizing_of
 from trainguard.profiling.sizing import Sizing
 from trainguard.report import CheckResult, Report, SkipReason, load_report
@@ -23,7 +25,7 @@ def report(*results: CheckResult) -> Report:
 
 
 def passed(name: str, **evidence: Any) -> CheckResult:
-    return CheckResult(name, "passed", f"{name} fine", evidence=evidence)
+    return CheckResult(name, "passed", f"{name} fine", evidence=Recorded(evidence))
 
 
 def sizing(efficiency: float = 0.9, cost: float = 100.0, hours: float = 5.0) -> Sizing:
@@ -99,7 +101,8 @@ def test_the_skip_reason_travels_through_the_report_json_on_skipped_checks_only(
 
 
 def test_fallbacks_that_ran_are_listed() -> None:
-    drill = passed("drill:disk", fault_evidence={"fallback": "disk_full ran in hook mode (not root)"})
+    drill = CheckResult("drill:disk", "passed", "fine",
+                        drill_report(fault_evidence={"fallback": "disk_full ran in hook mode (not root)"}))
     decision = decide(report(passed("smoke"), passed("canary"), drill), policy(), NO_ROOT)
     assert decision.promoted
     assert decision.fallbacks == ["drill:disk: disk_full ran in hook mode (not root)"]
@@ -125,10 +128,10 @@ def test_no_recommended_size_blocks_with_the_sizing_reason() -> None:
 
 
 def test_the_sizing_travels_through_the_report_as_json_and_comes_back_equal(tmp_path: Path) -> None:
-    profile = CheckResult("profile", "passed", "sized", {"sizing": sizing(efficiency=0.7).to_dict()})
+    profile = CheckResult("profile", "passed", "sized", profile_evidence(sizing(efficiency=0.7)))
     path = tmp_path / "report.json"
     report(passed("smoke"), profile).write(path)
-    read = load_report(path)
+    read = load_registered(path)
     assert sizing_of(read) == sizing(efficiency=0.7)
     assert sizing_of(report(passed("smoke"))) is None
 

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import make_sizing
+from tests.helpers import drill_report, make_sizing, profile_evidence, soak_report
 from trainguard.config import GatePolicy, Target, load_config
+from trainguard.drills.evidence import SoakRuns
 from trainguard.errors import ConfigError
 from trainguard.gate.policy import Capabilities, decide, sizing_of
 from trainguard.profiling.goodput import (
@@ -80,7 +81,7 @@ def test_the_cap_and_the_floor() -> None:
 
 
 def _drill(name: str, status: str = "passed", **evidence: Any) -> CheckResult:
-    return CheckResult(name, status, name, evidence={"restarts": 1, **evidence})  # type: ignore[arg-type]
+    return CheckResult(name, status, name, evidence=drill_report(**evidence))  # type: ignore[arg-type]
 
 
 def test_the_recover_drills_measure_restart_and_lost_steps() -> None:
@@ -88,7 +89,7 @@ def test_the_recover_drills_measure_restart_and_lost_steps() -> None:
         _drill("drill:kill", fault_to_first_step_after_restart_s=4.0, lost_steps=2),
         _drill("drill:preempt", fault_to_first_step_after_restart_s=6.0, lost_steps=4),
         _drill("drill:broken", status="failed", fault_to_first_step_after_restart_s=90.0, lost_steps=50),
-        CheckResult("drill:nan", "passed", "continued", evidence={"restarts": 0}),
+        CheckResult("drill:nan", "passed", "continued", evidence=drill_report(0, kind="continue")),
         CheckResult("smoke", "passed", "ok"),
     ]
     measured = measured_recovery(checks, DEFAULTS)
@@ -100,14 +101,10 @@ def test_the_recover_drills_measure_restart_and_lost_steps() -> None:
 
 
 def test_a_passed_soak_counts_once_per_seed_with_its_mean_over_faults() -> None:
-    def soak(seed: int, restart: float, lost: float) -> dict[str, Any]:
-        return {"fault": "soak", "seed": seed, "restarts": 5,
-                "measured": {"restart_s": {"median": 1.0, "mean": restart}, "lost_steps": {"total": 9, "mean": lost}}}
-
-    one = CheckResult("drill:chaos", "passed", "ok", evidence=soak(1, 8.0, 2.0))
-    several = CheckResult("drill:chaos2", "passed", "ok", evidence={
-        "fault": "soak", "seeds": [2, 3], "runs": [soak(2, 10.0, 1.0), soak(3, 12.0, 3.0)]})
-    failed = CheckResult("drill:chaos3", "failed", "no", evidence=soak(4, 99.0, 99.0))
+    one = CheckResult("drill:chaos", "passed", "ok", evidence=soak_report(1, 8.0, 2.0))
+    several = CheckResult("drill:chaos2", "passed", "ok", evidence=SoakRuns(
+        "soak", [2, 3], [soak_report(2, 10.0, 1.0), soak_report(3, 12.0, 3.0)]))
+    failed = CheckResult("drill:chaos3", "failed", "no", evidence=soak_report(4, 99.0, 99.0))
     measured = measured_recovery([one, several, failed, _drill("drill:kill", fault_to_first_step_after_restart_s=4.0,
                                                                 lost_steps=0)], DEFAULTS)
     assert measured.restart_s == 9.0  # the median of 4, 8, 10, 12
@@ -189,7 +186,7 @@ def test_the_gate_blocks_below_min_goodput_naming_the_size_and_the_value() -> No
 
 def test_the_gate_uses_the_drills_measured_restart() -> None:
     sizing = _sizing()
-    profile = CheckResult("profile", "passed", "sized", evidence={"sizing": sizing.to_dict()})
+    profile = CheckResult("profile", "passed", "sized", evidence=profile_evidence(sizing))
     drill = _drill("drill:kill", fault_to_first_step_after_restart_s=3.0, lost_steps=1)
     plain = sizing_of(Report(job="toy", checks=[profile]))
     with_drill = sizing_of(Report(job="toy", checks=[profile, drill]))
@@ -271,16 +268,16 @@ def test_a_check_report_keeps_the_measured_restart_cost_not_the_default() -> Non
     from trainguard.session.orchestrate import _measured_recovery_into_sizing
 
     report = Report(job="j", job_file="j.yaml")
-    report.checks.append(CheckResult("profile", "passed", "ok", evidence={"sizing": _sizing().to_dict()}))
+    report.checks.append(CheckResult("profile", "passed", "ok", evidence=profile_evidence(_sizing())))
     report.checks.append(_drill("drill:kill", fault_to_first_step_after_restart_s=4.0, lost_steps=2))
     _measured_recovery_into_sizing(report)
-    inputs = report.checks[0].evidence["sizing"]["failure_inputs"]
+    inputs = report.to_dict()["checks"][0]["evidence"]["sizing"]["failure_inputs"]
     assert inputs["restart_s"] == 4.0 and inputs["restart_source"].startswith("measured")
     assert sizing_of(report).failure_inputs == inputs  # type: ignore[union-attr]
     bare = Report(job="j", job_file="j.yaml")
-    bare.checks.append(CheckResult("profile", "passed", "ok", evidence={"sizing": _sizing().to_dict()}))
+    bare.checks.append(CheckResult("profile", "passed", "ok", evidence=profile_evidence(_sizing())))
     _measured_recovery_into_sizing(bare)
-    assert bare.checks[0].evidence["sizing"]["failure_inputs"]["restart_source"].startswith("default")
+    assert bare.to_dict()["checks"][0]["evidence"]["sizing"]["failure_inputs"]["restart_source"].startswith("default")
 
 
 def test_a_save_whose_cost_was_not_measurable_is_not_set_against_the_jobs_cadence() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import runs_by_kind, wait_for_a_background_run
+from tests.helpers import report_evidence, runs_by_kind, wait_for_a_background_run
 from trainguard.config import load_config
 from trainguard.config.settings import Settings
 from trainguard.run.runner import JobRunner
@@ -83,7 +83,7 @@ def test_later_checks_take_the_runs_started_beside_smoke(jobs: Path) -> None:
     assert [c.name for c in report.checks] == ["smoke", "canary", "determinism", "parallel", "profile"]
     by_name = {c.name: c for c in report.checks}
     canary, determinism = by_name["canary"], by_name["determinism"]
-    assert any(v["beside"] in ("smoke", "canary") for v in determinism.evidence["started_ahead"].values())
+    assert any(v["beside"] in ("smoke", "canary") for v in report_evidence(determinism)["started_ahead"].values())
     labels = [str(c["label"]) for c in runner.curves]
     # no extra launch: smoke judged parallel's 6-step 2-rank run (the shortest of the job at its
     # world size; it launched it) and resumed from a copy of its checkpoint; the canary's run,
@@ -91,7 +91,7 @@ def test_later_checks_take_the_runs_started_beside_smoke(jobs: Path) -> None:
     # the profile's (6 steps on 1 rank, run first)
     assert sorted(labels) == sorted(["profile-n1", "reference", "smoke-resume", "canary", "determinism-repeat"]), labels
     assert "the uninterrupted run the other checks share" in by_name["smoke"].summary
-    assert canary.evidence["started_ahead"]["beside"] == "smoke"
+    assert report_evidence(canary)["started_ahead"]["beside"] == "smoke"
     assert by_name["parallel"].status == "passed"
     times = spans(runner)
     # the profile measures speed: it ran first, alone; every other run started after it ended

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.checks.equivalence import run_resume
 from trainguard.config import ResumeCheck, load_config, parse_config
 from trainguard.config.settings import Settings
@@ -85,13 +86,13 @@ def test_a_resumed_launch_gets_the_newest_complete_checkpoint(job: Path, tmp_pat
     checkpoint(ckpts, 6, complete=False)  # killed while saving: no trainer_state.json
     result = runner.run(request, label="resumed", resume=True, checkpoint_dir=ckpts)
     assert result.ok, result.reason
-    assert result.evidence["resumed_from"] == str(four)
+    assert report_evidence(result)["resumed_from"] == str(four)
     assert sorted(result.trajectory("loss")) == [5, 6]  # it went on after step 4
     # clean: nothing to resume from -> a fresh start without resume_args, and it says so
     empty = tmp_path / "empty"
     fresh = runner.run(request, label="fresh", resume=True, checkpoint_dir=empty)
     assert fresh.ok and sorted(fresh.trajectory("loss")) == [1, 2, 3, 4, 5, 6]
-    assert fresh.evidence["resumed_from"].startswith(f"nothing: no complete checkpoint under {empty}")
+    assert report_evidence(fresh)["resumed_from"].startswith(f"nothing: no complete checkpoint under {empty}")
 
 
 def test_every_restart_resumes_from_the_checkpoint_newest_then(job: Path) -> None:
@@ -99,20 +100,20 @@ def test_every_restart_resumes_from_the_checkpoint_newest_then(job: Path) -> Non
     request = RunRequest.make(steps=8, seed=0, world_size=1)
     run = runner.supervise(request, label="restarts", max_restarts=2, backoff_s=0.0)
     assert run.ok and run.restarts == 2
-    resumed = [Path(a.evidence["resumed_from"]).name for a in run.attempts[1:]]
+    resumed = [Path(report_evidence(a)["resumed_from"]).name for a in run.attempts[1:]]
     assert resumed == ["checkpoint-4", "checkpoint-6"]
-    assert "resumed_from" not in run.attempts[0].evidence
+    assert "resumed_from" not in report_evidence(run.attempts[0])
 
 
 def test_resume_check_resumes_from_the_latest_checkpoint(job: Path) -> None:
     runner = runner_for(job)
     result = run_resume(runner, ResumeCheck(steps=8, after_step=5))
     assert result.status == "passed", result.summary
-    resumed_from = Path(result.evidence["resumed_from_checkpoint"]).name
+    resumed_from = Path(report_evidence(result)["resumed_from_checkpoint"]).name
     assert resumed_from in ("checkpoint-4", "checkpoint-6")
     assert result.reproduce is not None and result.reproduce.endswith(f"/checkpoints/{resumed_from}")
     assert "<run_dir>" not in result.reproduce
-    assert result.evidence["state"]["compared"] is True
+    assert report_evidence(result)["state"]["compared"] is True
 
 
 @pytest.mark.parametrize("allow", [False, True])
@@ -123,7 +124,7 @@ def test_a_final_checkpoint_over_the_read_limit_is_never_a_pass(job: Path, allow
     runner = JobRunner(load_config(runner_for(job, "--weights-bytes 4000").job_file.path),
                        Settings(read_max_mb=2000 / 2**20))  # trainer_state.json is read, weights.json is not
     result = run_resume(runner, ResumeCheck(steps=8, after_step=5, allow_uncompared=["state"] if allow else []))
-    assert result.evidence["state"]["over_limit"] == ["weights.json"], result.evidence["state"]
+    assert report_evidence(result)["state"]["over_limit"] == ["weights.json"], report_evidence(result)["state"]
     if allow:
         assert result.status == "passed", result.summary
         assert "state not compared: weights.json not compared: over the read limit" in result.summary
@@ -142,8 +143,8 @@ def test_resume_check_fails_when_the_killed_run_left_no_complete_checkpoint(job:
     # the checkpoint directory kept from the uninterrupted run after step 5 (issue 29)
     assert re.search(r"to resume from \(the uninterrupted run, stopped after step \d+, had written: no checkpoint\)",
                      result.summary), result.summary
-    assert result.evidence["diagnosis"][0]["key"] == "no_checkpoint"
-    assert not any(Path(result.evidence["checkpoint_dir"]).iterdir())
+    assert report_evidence(result)["diagnosis"][0]["key"] == "no_checkpoint"
+    assert not any(Path(report_evidence(result)["checkpoint_dir"]).iterdir())
 
 
 def test_reproduce_lines_run_as_printed(job: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -182,7 +183,7 @@ def test_smoke_reads_a_checkpoint_directory_and_resumes_from_it(job: Path) -> No
     result = run_smoke(runner_for(job), SmokeCheck(steps=4))
     assert result.status == "passed", result.summary
     assert result.summary.endswith("; resumed from the checkpoint of step 4 at step 5")
-    checkpoint_evidence = result.evidence["checkpoint"]
+    checkpoint_evidence = report_evidence(result)["checkpoint"]
     assert Path(checkpoint_evidence["file"]).name == "checkpoint-4" and checkpoint_evidence["loaded"]
     assert checkpoint_evidence["keys"] == ["trainer_state.json", "weights.json"]
     # the resume in the reproduce line names that checkpoint in the line's own directory

@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 import trainguard.launch.hang_evidence as hang_evidence_module
-from tests.helpers import signals_ignored
+from tests.helpers import report_evidence, signals_ignored
 from trainguard.errors import RankFailure
 from trainguard.launch import (
     Launcher,
@@ -369,10 +369,10 @@ def test_a_hung_rank_is_detected_with_state_and_stack_evidence(
 
     assert result.outcome == "hung", result.reason
     assert result.reason.startswith("no new metric line for ")
-    ranks = {entry["rank"]: entry for entry in result.evidence["ranks"]}
+    ranks = {entry["rank"]: entry for entry in report_evidence(result)["ranks"]}
     assert ranks[1]["state"] == state
     assert ranks[1]["pid"] == result.exits[1].pid
-    stack = result.evidence["stacks"]["1"]
+    stack = report_evidence(result)["stacks"]["1"]
     if hang_evidence_module.shutil.which("py-spy") or hang_evidence_module.sibling_script("py-spy"):
         assert "toy_train.py" in stack, stack  # py-spy read the stopped/sleeping rank's stack
     else:
@@ -409,15 +409,15 @@ def test_without_py_spy_only_a_rank_that_handles_sigusr1_gets_it(
     result = launch(spec)
 
     assert result.outcome == "hung", result.reason
-    assert "py-spy not installed" in result.evidence["stacks"]["1"]
+    assert "py-spy not installed" in report_evidence(result)["stacks"]["1"]
     hung = result.exits[1]
     assert hung.killed_by_trainguard and hung.signal == "SIGTERM", hung
     stderr = result.log_path(1).read_text()
     if faulthandler:
-        assert "SIGUSR1 sent: see its stderr log" in result.evidence["stacks"]["1"]
+        assert "SIGUSR1 sent: see its stderr log" in report_evidence(result)["stacks"]["1"]
         assert "toy_train.py" in stderr and "in main" in stderr  # the whole faulthandler dump
     else:
-        assert "SIGUSR1" not in result.evidence["stacks"]["1"]
+        assert "SIGUSR1" not in report_evidence(result)["stacks"]["1"]
 
 
 @pytest.mark.timeout(60)
@@ -439,7 +439,7 @@ def test_an_attempt_past_its_timeout_is_ended(
 
     assert result.outcome == "timeout"
     assert result.reason == "the run exceeded its timeout of 1.5 s"
-    assert {e["rank"] for e in result.evidence["ranks"]} == {0, 1}
+    assert {e["rank"] for e in report_evidence(result)["ranks"]} == {0, 1}
     assert all(e.killed_by_trainguard for e in result.exits)
     assert result.points, "the ranks made progress before the deadline"
     assert 1.5 <= result.duration_s < 10.0
@@ -867,7 +867,7 @@ def test_a_rank_that_exits_0_early_is_named_not_a_generic_hang(
     if collective_timeout:
         flags += ["--sync-timeout", "1"]
     result = launch(spec_for(tmp_path, marker, *flags, stall_timeout=2.0))
-    early = result.evidence["early_exit"]
+    early = report_evidence(result)["early_exit"]
     assert early["rank"] == 1 and early["last_step"] == 2 and early["waiting_ranks"] == [0], early
     if collective_timeout:
         assert result.outcome == "failed" and result.failed_rank == 0, result.reason
@@ -881,7 +881,7 @@ def test_a_rank_that_exits_0_early_is_named_not_a_generic_hang(
 @pytest.mark.timeout(60)
 def test_ranks_that_all_finish_are_not_an_early_exit(tmp_path: Path, marker: str, no_orphans: None) -> None:
     result = launch(spec_for(tmp_path, marker, "--steps", "5", "--sync-dir", str(tmp_path / "sync")))
-    assert result.ok and "early_exit" not in result.evidence
+    assert result.ok and "early_exit" not in report_evidence(result)
 
 
 # --------------------------------------------------------------------------------------------

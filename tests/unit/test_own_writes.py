@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard._internal.atomic import fallback_dir, unwritable_reason, write_or_fallback
 from trainguard.launch import Launcher, LaunchSpec
 from trainguard.launch.ranklog import RankLog
@@ -282,7 +283,7 @@ def test_a_full_run_dir_disk_keeps_the_output_drained_and_says_so(tmp_path: Path
     assert result.outcome == "ok", result.reason
     assert sorted(result.trajectory()) == list(range(1, 401))
     assert took < 8  # never waited into the stall limit
-    disk_evidence = result.evidence["run_dir_disk"]
+    disk_evidence = report_evidence(result)["run_dir_disk"]
     assert disk_evidence["path"] == str(disk / "run") and disk_evidence["error"] == ENOSPC
     [log] = disk_evidence["logs_not_written"]
     assert log["path"].endswith("rank0.stdout.log") and log["lost_bytes"] > 0
@@ -311,7 +312,7 @@ def test_a_rank_that_prints_tens_of_megabytes_gets_a_capped_log_and_every_metric
     assert sorted(result.trajectory()) == list(range(1, 321))  # parsing saw every line
     log = result.log_path(0, "stdout")
     data = log.read_bytes()
-    [capped] = result.evidence["logs_truncated"]
+    [capped] = report_evidence(result)["logs_truncated"]
     assert capped["path"] == str(log) and capped["bytes"] > 32_000_000
     assert data.startswith(b"y" * 1023 + b"\n") and data.endswith(b"step 320 loss 3.125e-05\nthe end\n")
     assert f"[trainguard: {capped['dropped_bytes']} bytes of this log dropped here".encode() in data

@@ -19,6 +19,7 @@ import pytest
 from trainguard._internal.readers import OWN_FILE_LIMITS, ReadLimits, read_at_most, read_bytes
 from trainguard.cli import main
 from trainguard.errors import ConfigError
+from trainguard.evidence import Recorded
 from trainguard.report import CheckResult, Report, load_report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,7 +160,7 @@ def test_the_gate_report_embeds_no_plot_that_is_not_a_regular_file(tmp_path: Pat
     png.write_bytes(b"\x89PNG\r\n\x1a\nplot")
     job = JOBS / "toy.trainguard.yaml"
     report = Report(job="toy", checks=[CheckResult("canary", "passed", "inside the band",
-                                                   evidence={"plots": [str(fifo), str(big), str(png)]})])
+                                                   evidence=Recorded({"plots": [str(fifo), str(big), str(png)]}))])
     gate = GateReport(job="toy", job_file=str(job), decision=Decision("promote"), report=report,
                       provenance=provenance_for(job).to_dict(),
                       capabilities=dataclasses.asdict(Capabilities(gpus=0, root=False, ray=False)),

@@ -21,6 +21,7 @@ from trainguard._internal.atomic import atomic_write_bytes, atomic_write_text
 from trainguard._internal.machine import gpu_inventory
 from trainguard._version import __version__
 from trainguard.errors import CheckFailed
+from trainguard.evidence import Recorded
 from trainguard.launch.rundir import ensure_state_dir, new_run_dir, prune_runs
 from trainguard.report import REPORT_SCHEMA_VERSION, CheckResult, Report, load_report
 
@@ -55,7 +56,7 @@ def test_report_json_has_the_contract_keys() -> None:
             name="smoke",
             status="passed",
             summary="5 steps in 1.2 s",
-            evidence={"steps": 5},
+            evidence=Recorded({"steps": 5}),
             duration_s=1.25,
             reproduce="trainguard check --only smoke",
         )
@@ -121,7 +122,7 @@ def test_evidence_with_paths_numpy_and_tuples_serializes() -> None:
             name="determinism",
             status="failed",
             summary="diverged at step 3",
-            evidence={
+            evidence=Recorded({
                 "dir": Path("/tmp/run"),
                 "max_diff": np.float32(0.5),
                 "steps": np.int64(3),
@@ -129,7 +130,7 @@ def test_evidence_with_paths_numpy_and_tuples_serializes() -> None:
                 "shape": (2, 3),
                 "ranks": {1},
                 "other": object(),
-            },
+            }),
         )
     )
     evidence = json.loads(report.to_json())["checks"][0]["evidence"]
@@ -144,10 +145,10 @@ def test_evidence_with_paths_numpy_and_tuples_serializes() -> None:
 
 def test_write_then_load_round_trips(tmp_path: Path) -> None:
     report = Report(job="mlp", job_file="/p/trainguard.yaml", created_at=1700000000.123456)
-    report.add(CheckResult("smoke", "passed", "ok", {"steps": 5, "losses": [2.5, 2.25]}, 0.5))
+    report.add(CheckResult("smoke", "passed", "ok", Recorded({"steps": 5, "losses": [2.5, 2.25]}), 0.5))
     report.add(
         CheckResult(
-            "resume", "failed", "diverged", {"step": 26}, 3.0, "trainguard check --only resume"
+            "resume", "failed", "diverged", Recorded({"step": 26}), 3.0, "trainguard check --only resume"
         )
     )
     path = report.write(tmp_path / "sub" / "report.json")

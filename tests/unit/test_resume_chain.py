@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.config import ResumeCheck
 from trainguard.session import check
 
@@ -60,7 +61,7 @@ def _run(tmp_path: Path, *, bug: bool, resume: str) -> tuple[str, str, dict[str,
         f"checks:\n  resume: {resume}\n"
     )
     (result,) = check(path, only=["resume"]).checks
-    return result.status, result.summary, result.evidence
+    return result.status, result.summary, report_evidence(result)
 
 
 def test_state_lost_only_by_a_resumed_runs_save_fails_the_second_cycle_not_a_single_kill(tmp_path: Path) -> None:
@@ -142,5 +143,5 @@ def test_a_chained_kill_waits_for_the_cut_steps_second_metric(tmp_path: Path) ->
     )
     (result,) = check(path, only=["resume"]).checks
     assert result.status == "passed", result.summary
-    killed = [c["killed_after_step"] for c in result.evidence["cycles"][:2]]
+    killed = [c["killed_after_step"] for c in report_evidence(result)["cycles"][:2]]
     assert all(k is not None and k < 7 for k in killed), killed

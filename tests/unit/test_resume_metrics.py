@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.session import check
 
 JOB = '''
@@ -63,7 +64,7 @@ def _job(tmp_path: Path, *, drop_ema: bool, metrics: str = "") -> Path:
 def _resume(tmp_path: Path, **kw: object) -> tuple[str, str, dict[str, object]]:
     report = check(_job(tmp_path, **kw), only=["resume"])  # type: ignore[arg-type]
     (result,) = report.checks
-    return result.status, result.summary, result.evidence
+    return result.status, result.summary, report_evidence(result)
 
 
 def test_an_ema_left_out_of_the_checkpoint_fails_the_resume_in_its_own_metric(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import report_evidence
 from trainguard.config import parse_config
 from trainguard.config.checks import SmokeCheck
 from trainguard.launch import RunResult
@@ -156,7 +157,7 @@ def test_hugging_face_trainer_loss_per_step_on_every_rank(tmp_path: Path) -> Non
     losses = _steps(result)
     assert sorted(losses) == [1, 2, 3, 4] and all(sorted(r) == [0, 1] for r in losses.values())
     assert losses[1][0] != losses[1][1]  # each rank's local loss, not a reduced one
-    history = json.loads((Path(result.evidence["checkpoint_dir"]) / "log_history.json").read_text())
+    history = json.loads((Path(report_evidence(result)["checkpoint_dir"]) / "log_history.json").read_text())
     logged = {h["step"]: h["loss"] for h in history if "loss" in h}
     assert sorted(logged) == [2, 4]
     for step, value in logged.items():  # the Trainer's log: mean over 2 steps and over the ranks
@@ -185,7 +186,7 @@ def test_lightning_trainer_loss_per_step(tmp_path: Path, package: str) -> None:
         distributed_env=False,
     )
     assert result.ok, result.reason + result.stderr_tail
-    raw = json.loads((Path(result.evidence["checkpoint_dir"]) / "raw.json").read_text())
+    raw = json.loads((Path(report_evidence(result)["checkpoint_dir"]) / "raw.json").read_text())
     assert len(raw) == 8  # 4 optimizer steps of 2 micro-batches
     losses = {s: r[0] for s, r in _steps(result).items()}
     assert sorted(losses) == [1, 2, 3, 4]

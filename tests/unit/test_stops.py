@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import report_evidence
 from trainguard.launch import MetricPoint
 from trainguard.launch.hang_evidence import EARLY_EXIT_CAUSES
 from trainguard.launch.stops import (
@@ -134,7 +135,7 @@ def test_a_failed_rank_names_the_peer_that_had_exited_0_before_it() -> None:
     assert stop is not None and stop.failed_rank == 1
     assert stop.reason == ("rank 1 exited with code 1 after rank 0 had exited 0 (after its step 2): "
                            "it waited for it in a collective")
-    assert stop.evidence["early_exit"]["rank"] == 0 and stop.evidence["early_exit"]["exited_at_s"] == 1.25
+    assert report_evidence(stop)["early_exit"]["rank"] == 0 and report_evidence(stop)["early_exit"]["exited_at_s"] == 1.25
     # the peer exited 0 after the failure was seen: it is not what the failed rank waited for
     later = seen({0: 0, 1: 1}, exit_seen_at={0: 4.5, 1: 4.0}, points=points((0, 2, 1.0), (1, 2, 1.0)))
     assert RankFailed().check(later) == Stop("failed", "rank 1 exited with code 1", failed_rank=1)
@@ -220,7 +221,7 @@ def test_a_hang_after_a_rank_exited_0_names_that_rank_first() -> None:
     assert stop.reason == (
         "rank 1 exited 0 after its step 2 (2.5 s into the run) while rank(s) 0 went on: they wait for it in "
         f"a collective. Most likely {EARLY_EXIT_CAUSES[0]} (no new metric line for 3.0 s (limit 2 s))")
-    assert stop.evidence["early_exit"]["waiting_ranks"] == [0]
+    assert report_evidence(stop)["early_exit"]["waiting_ranks"] == [0]
 
 
 # -- what the stall clock reads ---------------------------------------------------------------------

@@ -471,6 +471,7 @@ def launch_run(uri: str, parent_id: str | None, name: str) -> Any:
 def test_a_launched_job_logs_into_its_launch_run_through_track(track_job: Any) -> None:
     from mlflow import MlflowClient
 
+    from trainguard.evidence import Recorded
     from trainguard.report import CheckResult
     from trainguard.run.request import RunRequest
     from trainguard.tracking import plot_metrics, track_check
@@ -482,7 +483,7 @@ def test_a_launched_job_logs_into_its_launch_run_through_track(track_job: Any) -
         result = runner.run(RunRequest.make(steps=6, seed=0, world_size=2), label="tracked")
         assert result.ok, result.reason
         plot = plot_metrics([(0, result.points)], 2, track_job.state_dir / "check-plot.png", title="smoke")
-        record(CheckResult("smoke", "passed", "ok", evidence={"plots": [str(plot)]}))
+        record(CheckResult("smoke", "passed", "ok", evidence=Recorded({"plots": [str(plot)]})))
     assert tracker.close().complete
     client = MlflowClient(tracker.tracking_uri)
     check_run = launch_run(tracker.tracking_uri, tracker.session.run_id, "smoke")

@@ -49,7 +49,7 @@ def _runner_for(name):
             again = runner.run(runner.request_for(spec), label=f"{name}-rest")
             EVENTS.append(f"{name}-rest")
             ok = first.ok and again.ok
-            return CheckResult(name, "passed" if ok else "failed", f"{name}: both runs ended", {})
+            return CheckResult(name, "passed" if ok else "failed", f"{name}: both runs ended")
 
         if runner.untimed_later:
             return Later(lambda: rest(True))

@@ -23,9 +23,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.launch.samples import SampleBatch
 
-__all__ = ["EpochAccount", "SampleAccounting", "SampleAgreement", "Segment", "account_samples", "batch_order_difference",
+__all__ = ["AccountingEvidence", "EpochAccount", "EpochEvidence", "SampleAccounting", "SampleAgreement", "Segment", "account_samples", "batch_order_difference",
            "global_batches", "index_ranges", "sample_agreement", "training_batches"]
 
 
@@ -64,10 +65,36 @@ class EpochAccount:
             parts.append(f"{lead}{_samples(self.twice)} trained twice")
         return "; ".join(parts)
 
-    def as_evidence(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "steps": [self.first_step, self.last_step], "where": self.where,
-                "twice": index_ranges(self.twice, limit=50), "never": index_ranges(self.never, limit=50),
-                "twice_count": len(self.twice), "never_count": len(self.never)}
+    def as_evidence(self) -> EpochEvidence:
+        return EpochEvidence(self.epoch, [self.first_step, self.last_step], self.where,
+                             index_ranges(self.twice, limit=50), index_ranges(self.never, limit=50),
+                             len(self.twice), len(self.never))
+
+
+@dataclass
+class EpochEvidence(Evidence):
+    """One epoch whose samples differ from the uninterrupted run's (:class:`EpochAccount`)."""
+
+    epoch: int
+    #: [first, last] step of the epoch compared
+    steps: list[int]
+    where: str
+    #: the sample indices trained twice / never, as ranges (``0-63, 640-703``)
+    twice: str
+    never: str
+    twice_count: int
+    never_count: int
+
+
+@dataclass
+class AccountingEvidence(Evidence):
+    """:class:`SampleAccounting` in the report (``sample_accounting``): the first ten epochs."""
+
+    compared_steps: int
+    ok: bool
+    summary: str
+    epochs: list[EpochEvidence]
+    note: str | Unset = UNSET
 
 
 @dataclass
@@ -95,9 +122,9 @@ class SampleAccounting:
         return "; ".join(e.sentence() for e in self.epochs[:3]) + (
             f"; and {len(self.epochs) - 3} more epochs" if len(self.epochs) > 3 else "")
 
-    def as_evidence(self) -> dict[str, Any]:
-        return {"compared_steps": self.compared_steps, "ok": self.ok, "summary": self.summary(),
-                "epochs": [e.as_evidence() for e in self.epochs[:10]], **({"note": self.note} if self.note else {})}
+    def as_evidence(self) -> AccountingEvidence:
+        return AccountingEvidence(self.compared_steps, self.ok, self.summary(),
+                                  [e.as_evidence() for e in self.epochs[:10]], self.note or UNSET)
 
 
 def _samples(indices: Sequence[Any]) -> str:

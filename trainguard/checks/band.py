@@ -19,14 +19,16 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from trainguard._internal.atomic import atomic_write_bytes
+from trainguard.evidence import Evidence
 
 __all__ = [
     "Band",
+    "BandEvidence",
     "BandVerdict",
     "Excursion",
+    "ExcursionEvidence",
     "build_band",
     "calibrated_band",
     "compare_to_band",
@@ -116,13 +118,24 @@ class Excursion:
     worst_center: float  # the baseline's smoothed value there
     worst_deviation: float  # (value - center) / |center|
 
-    def as_evidence(self) -> dict[str, Any]:
-        return {
-            "steps": [self.first_step, self.last_step], "points": self.points, "side": self.side,
-            "worst_step": self.worst_step, "worst_value": round(self.worst_value, 6),
-            "baseline_value": round(self.worst_center, 6),
-            "worst_deviation": round(self.worst_deviation, 4),
-        }
+    def as_evidence(self) -> ExcursionEvidence:
+        return ExcursionEvidence([self.first_step, self.last_step], self.points, self.side, self.worst_step,
+                                 round(self.worst_value, 6), round(self.worst_center, 6),
+                                 round(self.worst_deviation, 4))
+
+
+@dataclass
+class ExcursionEvidence(Evidence):
+    """An excursion in the report (:meth:`Excursion.as_evidence`)."""
+
+    #: [first, last] step
+    steps: list[int]
+    points: int
+    side: str
+    worst_step: int
+    worst_value: float
+    baseline_value: float
+    worst_deviation: float
 
 
 @dataclass
@@ -176,18 +189,28 @@ class BandVerdict:
             f"from {self.min_points} consecutive)"
         )
 
-    def as_evidence(self) -> dict[str, Any]:
-        return {
-            "metric": self.band.metric,
-            "tolerance": self.band.tolerance if self.band.widths is None else self.band.source,
-            "window": self.band.window,
-            "min_points": self.min_points,
-            "compared_points": len(self.compared_steps),
-            "max_deviation": round(self.max_deviation, 4),
-            "excursions": [e.as_evidence() for e in self.excursions],
-            "failing": [e.as_evidence() for e in self.failing],
-            "missing_steps": self.missing_steps,
-        }
+    def as_evidence(self) -> BandEvidence:
+        return BandEvidence(
+            self.band.metric, self.band.tolerance if self.band.widths is None else self.band.source,
+            self.band.window, self.min_points, len(self.compared_steps), round(self.max_deviation, 4),
+            [e.as_evidence() for e in self.excursions], [e.as_evidence() for e in self.failing],
+            self.missing_steps)
+
+
+@dataclass
+class BandEvidence(Evidence):
+    """One metric's run against its band, in the report (:meth:`BandVerdict.as_evidence`)."""
+
+    metric: str
+    #: the band's half-width as a fraction of the baseline, or where a measured band came from
+    tolerance: float | str
+    window: int
+    min_points: int
+    compared_points: int
+    max_deviation: float
+    excursions: list[ExcursionEvidence]
+    failing: list[ExcursionEvidence]
+    missing_steps: list[int]
 
 
 def _deviation(value: float, center: float) -> float:

@@ -56,6 +56,7 @@ from trainguard.checks.statefiles import (
     mapping_or_empty,
 )
 from trainguard.errors import TrainguardError
+from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.launch import RunResult
 from trainguard.launch.metrics import trajectory
 from trainguard.run.request import RunRequest
@@ -70,6 +71,7 @@ __all__ = [
     "Calibration",
     "CalibrationError",
     "MetricStats",
+    "ToleranceEvidence",
     "ToleranceUsed",
     "calibrate_request",
     "calibration_requests",
@@ -338,13 +340,27 @@ class ToleranceUsed:
                 f"(at most {widest:.3g})" if widest > 0 else
                 f"; calibration {self.calibration.path.name} measured no run-to-run noise: compared exactly")
 
-    def as_evidence(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"rtol": self.rtol, "atol": self.atol, "source": self.source}
+    def as_evidence(self) -> ToleranceEvidence:
+        out = ToleranceEvidence(self.rtol, self.atol, self.source)
         if self.calibration is not None:
-            out["calibration"] = str(self.calibration.path)
-            out["band_factor"] = BAND_FACTOR
-            out["band_max"] = {m: max(b.values(), default=0.0) for m, b in self.bands.items()}
+            out.calibration = str(self.calibration.path)
+            out.band_factor = BAND_FACTOR
+            out.band_max = {m: max(b.values(), default=0.0) for m, b in self.bands.items()}
         return out
+
+
+@dataclass
+class ToleranceEvidence(Evidence):
+    """The tolerance a comparison used (the report's ``tolerance``, :class:`ToleranceUsed`)."""
+
+    rtol: float
+    atol: float
+    #: where rtol/atol came from, in words
+    source: str
+    #: the calibration file that widened it, the factor, and per metric the widest band
+    calibration: str | Unset = UNSET
+    band_factor: float | Unset = UNSET
+    band_max: dict[str, float] | Unset = UNSET
 
 
 def tolerance_for(runner: JobRunner, spec: Any, request: RunRequest, check: str) -> ToleranceUsed:

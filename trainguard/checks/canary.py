@@ -31,7 +31,7 @@ from trainguard.checks.calibration import canary_calibrated
 from trainguard.config import CanaryCheck
 from trainguard.config.problems import DEFAULT_REGEX_HINT, metric_problems
 from trainguard.config.registry import Check, JobFacts, Run
-from trainguard.evidence import MERGED, UNSET, Evidence, Unset
+from trainguard.evidence import MERGED, UNSET, Evidence, StartedAhead, Unset
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.report import CheckResult
 from trainguard.run.request import RunRequest
@@ -40,7 +40,11 @@ from trainguard.run.scheduling import AheadRun
 
 __all__ = [
     "CANARY",
+    "CanaryEvidence",
+    "GradNormEvidence",
+    "LossEvidence",
     "LossVerdict",
+    "Spike",
     "first_non_finite",
     "first_out_of_range",
     "first_spike",
@@ -126,24 +130,41 @@ class LossVerdict:
     def ok(self) -> bool:
         return not self.problems
 
-    def as_evidence(self) -> dict[str, Any]:
-        return {
-            "metric": self.metric,
-            "steps_seen": self.steps_seen,
-            "window": self.window,
-            "early_steps": self.early_steps,
-            "early_median": self.early_median,
-            "late_steps": self.late_steps,
-            "late_median": self.late_median,
-            "drop": None if self.drop is None else round(self.drop, 4),
-            "min_drop": self.min_drop,
-            "first_non_finite": list(self.first_non_finite) if self.first_non_finite else None,
-            "spike": (
-                {"step": self.spike[0], "value": self.spike[1], "reference_median": self.spike[2],
-                 "reference_steps": self.spike[3]}
-                if self.spike else None
-            ),
-        }
+    def as_evidence(self) -> LossEvidence:
+        return LossEvidence(
+            self.metric, self.steps_seen, self.window, self.early_steps, self.early_median, self.late_steps,
+            self.late_median, None if self.drop is None else round(self.drop, 4), self.min_drop,
+            list(self.first_non_finite) if self.first_non_finite else None,
+            Spike(*self.spike) if self.spike else None)
+
+
+@dataclass
+class Spike(Evidence):
+    """A loss value far above the median of the steps before it."""
+
+    step: int
+    value: float
+    reference_median: float
+    #: the steps the median was taken over, as a span
+    reference_steps: str
+
+
+@dataclass
+class LossEvidence(Evidence):
+    """What the loss statistics said, in the report (:meth:`LossVerdict.as_evidence`)."""
+
+    metric: str
+    steps_seen: int
+    window: int
+    early_steps: str | None
+    early_median: float | None
+    late_steps: str | None
+    late_median: float | None
+    drop: float | None
+    min_drop: float
+    #: [step, value] of the first value that is not finite
+    first_non_finite: list[float] | None
+    spike: Spike | None
 
 
 def judge_loss(
@@ -222,6 +243,18 @@ class CanaryLimits(Evidence):
 
 
 @dataclass
+class GradNormEvidence(Evidence):
+    """``grad_norm`` against ``grad_norm_range``, over the steps it was printed."""
+
+    metric: str
+    #: [low, high]
+    range: list[float]
+    steps_seen: int
+    min: float | None
+    max: float | None
+
+
+@dataclass
 class CanaryEvidence(Evidence):
     """The canary's evidence (docs/smoke-and-canary.md)."""
 
@@ -234,10 +267,10 @@ class CanaryEvidence(Evidence):
     #: peak RSS (MB) per rank, keyed by the rank's number as text
     peak_rss_mb: dict[str, float]
     #: :meth:`LossVerdict.as_evidence` of the loss
-    loss: dict[str, Any]
+    loss: LossEvidence
     run_dir: str
     #: the run started beside the check before it: its time is not an idle figure
-    started_ahead: Any = UNSET
+    started_ahead: StartedAhead | Unset = UNSET
     #: the run was another check's uninterrupted run of the same request (limits judged after it)
     shared_run: str | Unset = UNSET
     peak_gpu_mb: dict[str, float] | Unset = UNSET
@@ -245,8 +278,8 @@ class CanaryEvidence(Evidence):
     launcher: dict[str, Any] = field(default_factory=dict, metadata=MERGED)
     stderr_tail: str | Unset = UNSET
     likely_causes: list[str] | Unset = UNSET
-    val: dict[str, Any] | Unset = UNSET
-    grad_norm: dict[str, Any] | Unset = UNSET
+    val: LossEvidence | Unset = UNSET
+    grad_norm: GradNormEvidence | Unset = UNSET
     baseline: dict[str, Any] | Unset = UNSET
     plots: list[str] | Unset = UNSET
 
@@ -385,10 +418,10 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
         summary = "; ".join(problems + refused)
         if baseline_note.startswith("; baseline not saved"):
             summary += baseline_note
-        return CheckResult("canary", "failed" if problems else "error", summary, evidence.to_dict(), duration,
+        return CheckResult("canary", "failed" if problems else "error", summary, evidence, duration,
                            reproduce)
     return CheckResult("canary", "passed", _passed_summary(result, spec, loss, evidence, limit_s) + baseline_note,
-                       evidence.to_dict(), duration, reproduce)
+                       evidence, duration, reproduce)
 
 
 def _canary_evidence(result: RunResult, spec: CanaryCheck, loss: LossVerdict, limit_s: float) -> CanaryEvidence:
@@ -401,7 +434,8 @@ def _canary_evidence(result: RunResult, spec: CanaryCheck, loss: LossVerdict, li
         limits=CanaryLimits(spec.steps, spec.max_seconds, spec.max_memory_mb, limit_s),
         peak_rss_mb={str(r): mb for r, mb in sorted(result.peak_rss_mb.items())},
         loss=loss.as_evidence(), run_dir=str(result.run_dir),
-        started_ahead=result.evidence.get("started_ahead", UNSET),
+        started_ahead=StartedAhead.from_dict(result.evidence["started_ahead"])
+        if "started_ahead" in result.evidence else UNSET,
     )
     if result.peak_gpu_mb:
         evidence.peak_gpu_mb = {str(r): mb for r, mb in sorted(result.peak_gpu_mb.items())}
@@ -433,11 +467,9 @@ def _grad_norm_problems(result: RunResult, spec: CanaryCheck, evidence: CanaryEv
     low, high = spec.grad_norm_range
     norms = result.trajectory(spec.grad_norm)
     outside = first_out_of_range(norms, low, high)
-    evidence.grad_norm = {
-        "metric": spec.grad_norm, "range": [low, high], "steps_seen": len(norms),
-        "min": min(norms.values()) if norms else None,
-        "max": max(norms.values()) if norms else None,
-    }
+    evidence.grad_norm = GradNormEvidence(spec.grad_norm, [low, high], len(norms),
+                                          min(norms.values()) if norms else None,
+                                          max(norms.values()) if norms else None)
     if not norms:
         return [f"the job printed no `{spec.grad_norm}` value (checks.canary.grad_norm)"]
     if outside is not None:
@@ -489,4 +521,5 @@ CANARY: Check[CanaryCheck] = Check(
     ahead_words="the canary's run",
     ahead_reference=True,
     calibrates=lambda spec: [None],
+    evidence=(CanaryEvidence,),
 )

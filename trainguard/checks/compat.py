@@ -44,13 +44,10 @@ from trainguard._internal.worktree import (
     repository_root,
     resolve_commit,
 )
-from trainguard.checks.calibration import ToleranceUsed, tolerance_for
+from trainguard.checks.calibration import ToleranceEvidence, ToleranceUsed, tolerance_for
 from trainguard.checks.diagnosis import first_different_batch
-from trainguard.checks.equivalence import (
-    TrajectoryDiff,
-    compare_trajectories,
-    progress_metric,
-)
+from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories, progress_metric
+from trainguard.checks.equivalence_records import TrajectoryEvidence
 from trainguard.checks.interruption import kill_after, untested_kill
 from trainguard.config import CheckSpec
 from trainguard.config.problems import metric_problems, resume_problems
@@ -63,10 +60,10 @@ from trainguard.launch.samples import read_samples
 from trainguard.report import CheckResult, CheckStatus
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
-from trainguard.unit.checkpoints.compare import LayoutDifference, compare_layouts
+from trainguard.unit.checkpoints.compare import LayoutDifference, LayoutEvidence, compare_layouts
 from trainguard.unit.checkpoints.files import latest_complete_checkpoint
 
-__all__ = ["COMPAT", "CompatCheck", "run_compat"]
+__all__ = ["COMPAT", "CompatCheck", "CompatEvidence", "Uncompared", "run_compat"]
 
 _NAME = "compat"
 #: ``base: promoted``: the commit of the newest promoted gate report
@@ -128,6 +125,15 @@ class CompatCheck(CheckSpec):
 
 
 @dataclass
+class Uncompared(Evidence):
+    """base's own resume printed nothing to compare with: why."""
+
+    first_divergent_step: None
+    compared_steps: int
+    reason: str
+
+
+@dataclass
 class CompatEvidence(Evidence):
     """The compat check's evidence (docs/compat.md)."""
 
@@ -143,17 +149,18 @@ class CompatEvidence(Evidence):
     #: the files git ignores linked into base's checkout (data, a virtual environment)
     linked: list[str] = dataclasses.field(default_factory=list)
     #: :meth:`LayoutDifference.as_evidence`: base's checkpoint against the current code's
-    layout: dict[str, Any] | Unset = UNSET
+    layout: LayoutEvidence | Unset = UNSET
     #: :meth:`TrajectoryDiff.as_evidence` per metric compared after the resume
-    metrics: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    metrics: list[TrajectoryEvidence] = dataclasses.field(default_factory=list)
     #: base's steps before the kill against the current code's: where they first differ
-    before_resume: dict[str, Any] | Unset = UNSET
+    before_resume: TrajectoryEvidence | Unset = UNSET
     #: where base and the current code first drew other samples
     samples: str | Unset = UNSET
     #: when the resume diverged and nothing above explains it: the current code's resume against
     #: base's own resume of the same checkpoint (:meth:`TrajectoryDiff.as_evidence`)
-    control: dict[str, Any] | Unset = UNSET
-    tolerance: dict[str, Any] = dataclasses.field(default_factory=dict)
+    control: TrajectoryEvidence | Uncompared | Unset = UNSET
+    #: what was allowed, and why (``{}`` until the tolerance is known)
+    tolerance: ToleranceEvidence | dict[str, float] = dataclasses.field(default_factory=dict)
     #: ``base: promoted``: where the promoted report was found (the index, a scan) or why none was
     promoted: str | Unset = UNSET
     likely_causes: list[str] | Unset = UNSET
@@ -251,7 +258,7 @@ def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
     evidence = CompatEvidence(spec.base, after_step=spec.after_step)
 
     def done(status: CheckStatus, summary: str, reproduce: str | None = None) -> CheckResult:
-        return CheckResult(_NAME, status, summary, evidence.to_dict(), time.monotonic() - started, reproduce)
+        return CheckResult(_NAME, status, summary, evidence, time.monotonic() - started, reproduce)
 
     facts = _git_facts(runner, spec, evidence, done)
     if isinstance(facts, CheckResult):
@@ -370,15 +377,15 @@ def _judge(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence, metri
     if problems and not causes:  # nothing explains it: does base itself continue its checkpoint so?
         control = _control(runner, spec, metric, resumed, base_resumed(), tol)
         evidence.control = control
-        step = control.get("first_divergent_step")
-        if step is None and control.get("compared_steps"):
+        step = control.first_divergent_step
+        if step is None and control.compared_steps:
             return done("passed", f"base {short} ({spec.base}) killed after step {evidence.killed_after_step}; the current "
-                        f"code continues its checkpoint exactly as base itself does ({control['compared_steps']} steps "
+                        f"code continues its checkpoint exactly as base itself does ({control.compared_steps} steps "
                         f"from step {first}); but neither matches the uninterrupted run ({problems[0]}): the job's "
                         "resume is not exact, which checks.resume diagnoses", reproduce)
         problems.append(f"base itself, resumed from the same checkpoint, continues differently from the current code "
                         f"(from step {step})" if step is not None else f"base's own resume could not be compared: "
-                        f"{control.get('reason', 'no steps')}")
+                        f"{control.reason if isinstance(control, Uncompared) else 'no steps'}")
     if problems:
         return done("failed", "; ".join(problems) + because, reproduce)
     note = f"; its layout differs ({layout.summary()}) but the current code loads it" if layout.compared and not layout.same else ""
@@ -388,13 +395,12 @@ def _judge(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence, metri
 
 
 def _control(runner: JobRunner, spec: CompatCheck, metric: str, resumed: RunResult, again: RunResult,
-             tol: ToleranceUsed) -> dict[str, Any]:
+             tol: ToleranceUsed) -> TrajectoryEvidence | Uncompared:
     """The current code's resume of base's checkpoint against base's own resume of it: where they
     diverge (None: the same continuation)."""
     steps = sorted(aligned_trajectories(again.points, resumed.points, metric)[0])
     if not again.ok or not steps:
-        return {"first_divergent_step": None, "compared_steps": 0,
-                "reason": again.reason or f"base's resume printed no `{metric}` line"}
+        return Uncompared(None, 0, again.reason or f"base's resume printed no `{metric}` line")
     return _diffs(runner, spec, metric, resumed, again, steps[0], tol)[0].as_evidence()
 
 
@@ -427,4 +433,5 @@ COMPAT: Check[CompatCheck] = Check(
     # a job file without checks.compat would fail a gate that required it: named in gate.require
     gate_default=False,
     calibrates=lambda spec: [None],
+    evidence=(CompatEvidence,),
 )

@@ -23,7 +23,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from trainguard.evidence import UNSET, Evidence, Unset
+from trainguard.unit.checkpoints.state import InventoryEvidence
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch.samples import SampleBatch
@@ -32,6 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "LR_METRIC",
     "Cause",
+    "CauseEvidence",
+    "ResumeDiagnosis",
     "ResumeFacts",
     "SampleReplay",
     "data_order_note",
@@ -97,12 +102,33 @@ class Cause:
     def ruled_out(self) -> bool:
         return self.strength < 0
 
-    def as_evidence(self) -> dict[str, Any]:
-        return {"cause": self.text, "key": self.key, "evidence_strength": _WORDS[max(-1, min(3, self.strength))],
-                "evidence": list(self.evidence)}
+    def as_evidence(self) -> CauseEvidence:
+        return CauseEvidence(self.text, self.key, _WORDS[max(-1, min(3, self.strength))], list(self.evidence))
 
     def phrase(self) -> str:
         return f"{self.text}: {'; '.join(self.evidence)}" if self.evidence else self.text
+
+
+@dataclass
+class CauseEvidence(Evidence):
+    """One ranked cause in the report (:meth:`Cause.as_evidence`)."""
+
+    cause: str
+    key: str
+    #: in words: ruled out, weak, ..., strong
+    evidence_strength: str
+    evidence: list[str]
+
+
+@dataclass
+class ResumeDiagnosis(Evidence):
+    """What a resume diagnosis read (:func:`resume_diagnosis`): the causes ranked, the resumed
+    checkpoint's inventory, the samples replayed, the framework's warnings."""
+
+    diagnosis: list[CauseEvidence]
+    resumed_checkpoint: InventoryEvidence | Unset = UNSET
+    samples: str | Unset = UNSET
+    framework_warnings: list[str] | Unset = UNSET
 
 
 @dataclass
@@ -543,7 +569,7 @@ def resume_diagnosis(
     world_size: int,
     steps: int,
     facts: ResumeFacts,
-) -> tuple[list[Cause], dict[str, Any]]:
+) -> tuple[list[Cause], ResumeDiagnosis]:
     """Complete ``facts`` with what the runs left (sample records, stderr warnings) and rank
     the causes; also the evidence to report (the checkpoint's inventory, the replay)."""
     from trainguard.launch.samples import read_samples
@@ -554,12 +580,12 @@ def resume_diagnosis(
     if not facts.warnings:
         facts.warnings = framework_warnings(stderr_lines(resumed_dir, world_size))
     causes = diagnose_resume(facts)
-    evidence: dict[str, Any] = {"diagnosis": [c.as_evidence() for c in causes]}
+    evidence = ResumeDiagnosis([c.as_evidence() for c in causes])
     if facts.checkpoint is not None:
-        evidence["resumed_checkpoint"] = facts.checkpoint.as_evidence()
-        evidence["resumed_checkpoint"]["summary"] = facts.checkpoint.summary()
+        evidence.resumed_checkpoint = facts.checkpoint.as_evidence()
+        evidence.resumed_checkpoint.summary = facts.checkpoint.summary()
     if facts.replay is not None:
-        evidence["samples"] = facts.replay.sentence()
+        evidence.samples = facts.replay.sentence()
     if facts.warnings:
-        evidence["framework_warnings"] = [line for _, line in facts.warnings]
+        evidence.framework_warnings = [line for _, line in facts.warnings]
     return causes, evidence

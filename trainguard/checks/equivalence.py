@@ -9,9 +9,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from trainguard.checks.accounting import (
     SampleAccounting,
@@ -21,7 +20,11 @@ from trainguard.checks.accounting import (
     global_batches,
     sample_agreement,
 )
-from trainguard.checks.calibration import ToleranceUsed, spread_note, tolerance_for
+from trainguard.checks.calibration import (
+    ToleranceUsed,
+    spread_note,
+    tolerance_for,
+)
 from trainguard.checks.diagnosis import (
     LR_METRIC,
     ResumeFacts,
@@ -33,11 +36,21 @@ from trainguard.checks.diagnosis import (
     resume_diagnosis,
     shared_shard_note,
 )
+from trainguard.checks.equivalence_records import (
+    DeterminismEvidence,
+    KillUntested,
+    NoCheckpointLeft,
+    ParallelEvidence,
+    ResumeEvidence,
+    RunFailure,
+    Tolerance,
+    TrajectoryEvidence,
+)
 from trainguard.checks.interruption import Interruption, interrupt
 from trainguard.config import DeterminismCheck, ParallelCheck, ResumeCheck
 from trainguard.config.problems import one_process_problems
 from trainguard.config.registry import Check, Run
-from trainguard.evidence import MERGED, UNSET, Evidence, Unset
+from trainguard.evidence import StartedAhead
 from trainguard.launch import RunResult
 from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.samples import SampleBatch, read_samples
@@ -99,16 +112,11 @@ class TrajectoryDiff:
             return f"is missing steps {self.missing_in_actual[:5]}"
         return f"has no step of {self.metric} in common with the run it is compared with: nothing was compared"
 
-    def as_evidence(self) -> dict[str, Any]:
-        return {
-            "metric": self.metric,
-            "compared_steps": self.compared_steps,
-            "first_divergent_step": self.first_divergent_step,
-            "values_at_first_divergence": list(self.first_values) if self.first_values else None,
-            "max_abs_diff": self.max_abs_diff,
-            "max_rel_diff": self.max_rel_diff,
-            "missing_steps": self.missing_in_actual[:20],
-        }
+    def as_evidence(self) -> TrajectoryEvidence:
+        return TrajectoryEvidence(
+            self.metric, self.compared_steps, self.first_divergent_step,
+            list(self.first_values) if self.first_values else None, self.max_abs_diff, self.max_rel_diff,
+            self.missing_in_actual[:20])
 
 
 def _close(a: float, b: float, rtol: float, atol: float, band: float = 0.0) -> bool:
@@ -156,92 +164,13 @@ def compare_trajectories(
     )
 
 
-@dataclass
-class Tolerance(Evidence):
-    rtol: float
-    atol: float
-
-
-@dataclass
-class RunFailure(Evidence):
-    """A check's run did not complete: the launcher's account of it (its findings merged in)."""
-
-    outcome: str
-    reason: str
-    failed_rank: int | None
-    stderr_tail: str
-    run_dir: str
-    launcher: dict[str, Any] = field(default_factory=dict, metadata=MERGED)
-
-
-@dataclass
-class DeterminismEvidence(Evidence):
-    """The determinism check's evidence (docs/determinism-and-resume.md)."""
-
-    seed: int
-    steps: int
-    tolerance: Tolerance
-    #: :meth:`TrajectoryDiff.as_evidence` per metric
-    metrics: list[dict[str, Any]]
-    run_dirs: list[str]
-    #: per run that started beside the check before it (run dir -> what it overlapped)
-    started_ahead: dict[str, Any] | Unset = UNSET
-    #: how the two runs' drawn samples differ
-    samples: str | Unset = UNSET
-    likely_causes: list[str] | Unset = UNSET
-
-
-@dataclass
-class ResumeEvidence(Evidence):
-    """The resume check's evidence (docs/determinism-and-resume.md)."""
-
-    after_step: int
-    killed_after_step: int | None
-    #: reference, killed (or kept_from: the run its checkpoint was kept from), resumed
-    run_dirs: dict[str, str]
-    #: how the checkpoint resumed from was made (:meth:`Interruption.as_evidence`)
-    interruption: dict[str, Any] | Unset = UNSET
-    resumed_from_step: int | Unset = UNSET
-    steps_lost: int | Unset = UNSET
-    #: the checkpoint the resumed run was given ({latest_checkpoint})
-    resumed_from_checkpoint: Any = UNSET
-    trajectory: dict[str, Any] | Unset = UNSET
-    #: :meth:`~trainguard.checks.calibration.Tolerance.as_evidence`: what was allowed, and why
-    tolerance: dict[str, Any] | Unset = UNSET
-    #: :meth:`TrajectoryDiff.as_evidence` of every other metric compared (``checks.resume.metrics``)
-    other_metrics: list[dict[str, Any]] | Unset = UNSET
-    #: the final checkpoints compared
-    state: dict[str, Any] | Unset = UNSET
-    #: :meth:`SampleAccounting.as_evidence`: samples trained twice or never, per epoch
-    sample_accounting: dict[str, Any] | Unset = UNSET
-    #: what the diagnosis read (learning rates, samples, checkpoint contents)
-    diagnosis: dict[str, Any] = field(default_factory=dict, metadata=MERGED)
-    likely_causes: list[str] | Unset = UNSET
-
-
-@dataclass
-class ParallelEvidence(Evidence):
-    """The parallel check's evidence (docs/parallel.md)."""
-
-    world_size: int
-    ranks_reporting: list[int]
-    #: :meth:`~trainguard.checks.calibration.ToleranceUsed.as_evidence`
-    tolerance: dict[str, Any]
-    trajectory: dict[str, Any]
-    #: world size -> run dir
-    run_dirs: dict[str, str]
-    started_ahead: dict[str, Any] | Unset = UNSET
-    likely_causes: list[str] | Unset = UNSET
-    samples: str | Unset = UNSET
-
-
 def _failed_run(name: str, result: RunResult, started: float, reproduce: str) -> CheckResult:
     return CheckResult(
         name=name,
         status="error",
         summary=f"the job did not complete: {result.reason}",
         evidence=RunFailure(result.outcome, result.reason, result.failed_rank, result.stderr_tail,
-                            str(result.run_dir), launcher=dict(result.evidence)).to_dict(),
+                            str(result.run_dir), launcher=dict(result.evidence)),
         duration_s=time.monotonic() - started,
         reproduce=reproduce,
     )
@@ -278,7 +207,7 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
         seed=request.seed, steps=spec.steps, tolerance=Tolerance(spec.rtol, spec.atol),
         metrics=[d.as_evidence() for d in diffs], run_dirs=[str(first.run_dir), str(second.run_dir)],
     )
-    ahead = {str(run.run_dir): run.evidence["started_ahead"] for run in (first, second)
+    ahead = {str(run.run_dir): StartedAhead.from_dict(run.evidence["started_ahead"]) for run in (first, second)
              if "started_ahead" in run.evidence}
     if ahead:
         evidence.started_ahead = ahead
@@ -288,7 +217,7 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
             "determinism",
             "failed",
             "the job printed no metric line matching job.metrics, so there is nothing to compare",
-            evidence.to_dict(),
+            evidence,
             duration,
             reproduce,
         )
@@ -300,7 +229,7 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
             "passed",
             f"two runs with seed {request.seed} match on all {steps} steps of "
             + ", ".join(d.metric for d in diffs),
-            evidence.to_dict(),
+            evidence,
             duration,
             reproduce,
         )
@@ -334,7 +263,7 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
             causes = [unordered, unseeded, *(c for c in causes if c not in (unordered, unseeded))]
     evidence.likely_causes = causes
     summary += spread_note(runner.job_file, request)  # never loosened: only the noise measured
-    return CheckResult("determinism", "failed", summary, evidence.to_dict(), duration, reproduce)
+    return CheckResult("determinism", "failed", summary, evidence, duration, reproduce)
 
 
 #: N ranks drew other global batches than 1 rank did, of the same size
@@ -383,9 +312,8 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     killed_at = cut.step
     if cut.error is not None and cut.killed is not None:
         return CheckResult(
-            "resume", "error", cut.error, {"stderr_tail": cut.killed.stderr_tail, "killed_after_step": killed_at,
-                                           "killed_run_outcome": cut.killed.outcome,
-                                           "run_dir": str(cut.killed.run_dir), "not_kept": cut.not_kept},
+            "resume", "error", cut.error, KillUntested(cut.killed.stderr_tail, killed_at, cut.killed.outcome,
+                                                       str(cut.killed.run_dir), cut.not_kept),
             time.monotonic() - started, reproduce
         )
     checkpoint_dir = cut.checkpoint_dir
@@ -409,7 +337,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     )
     if not actual:
         return CheckResult(
-            "resume", "failed", f"the resumed run printed no `{metric}` line", evidence.to_dict(),
+            "resume", "failed", f"the resumed run printed no `{metric}` line", evidence,
             time.monotonic() - started, reproduce,
         )
     first_step = min(actual)
@@ -455,15 +383,15 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
             reference_dir=reference.run_dir, resumed_dir=resumed.run_dir, world_size=request.world_size,
             steps=spec.steps, facts=facts,
         )
-        evidence.diagnosis = dict(found)
+        evidence.diagnosis = found
         evidence.likely_causes = [c.text for c in causes if not c.ruled_out]
         why = explain(causes)
         summary = "; ".join(problems) + (f". {why[0].upper()}{why[1:]}" if why else "")
-        return CheckResult("resume", "failed", summary, evidence.to_dict(), time.monotonic() - started, reproduce)
+        return CheckResult("resume", "failed", summary, evidence, time.monotonic() - started, reproduce)
     if uncompared := state.uncompared_problem("checks.resume", spec.allow_uncompared):
         return CheckResult("resume", "error", f"{cut.words()}, resumed from step {resumed_from}; steps "
                            f"{first_step}-{max(expected)} match the uninterrupted run, but {uncompared}",
-                           evidence.to_dict(), time.monotonic() - started, reproduce)
+                           evidence, time.monotonic() - started, reproduce)
     state_note = (
         f", final checkpoints equal ({Path(state.files[0]).name})" if state.compared and state.files and state.ok
         else " (final state not judged: the calibrated job is not bitwise deterministic)" if state.compared
@@ -476,7 +404,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         "passed",
         f"{cut.words()}, resumed from step {resumed_from} ({lost} steps lost); "
         f"steps {first_step}-{max(expected)} match the uninterrupted run{compared}{state_note}",
-        evidence.to_dict(),
+        evidence,
         duration,
         reproduce,
     )
@@ -492,9 +420,9 @@ def _no_checkpoint_left(cut: Interruption, duration: float, reproduce: str) -> C
         f"no complete checkpoint under {checkpoint_dir} to resume from ({cut.writer()}: "
         f"{describe_candidates(checkpoint_dir)}): all {killed_at} steps of progress lost; does "
         f"the job checkpoint before step {killed_at}?",
-        {"killed_after_step": killed_at, "checkpoint_dir": str(checkpoint_dir), "interruption": cut.as_evidence(),
-         "stderr_tail": cut.killed.stderr_tail if cut.killed is not None else "",
-         "likely_causes": [c.text for c in causes], "diagnosis": [c.as_evidence() for c in causes]},
+        NoCheckpointLeft(killed_at, str(checkpoint_dir), cut.as_evidence(),
+                         cut.killed.stderr_tail if cut.killed is not None else "",
+                         [c.text for c in causes], [c.as_evidence() for c in causes]),
         duration, reproduce,
     )
 
@@ -617,11 +545,11 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
         trajectory=diff.as_evidence(), run_dirs={"1": str(one.run_dir), str(spec.world_size): str(many.run_dir)},
     )
     if "started_ahead" in many.evidence:
-        evidence.started_ahead = {str(spec.world_size): many.evidence["started_ahead"]}
+        evidence.started_ahead = {str(spec.world_size): StartedAhead.from_dict(many.evidence["started_ahead"])}
     duration = time.monotonic() - started
     if diff.compared_steps == 0:
         return CheckResult(
-            "parallel", "failed", f"no `{metric}` steps to compare", evidence.to_dict(), duration, reproduce
+            "parallel", "failed", f"no `{metric}` steps to compare", evidence, duration, reproduce
         )
     if diff.ok:
         return CheckResult(
@@ -629,7 +557,7 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
             "passed",
             f"{spec.world_size} ranks match 1 rank on {diff.compared_steps} steps of {metric} "
             f"(max abs diff {diff.max_abs_diff:.3g}, rtol {spec.rtol:g}, atol {spec.atol:g})",
-            evidence.to_dict(),
+            evidence,
             duration,
             reproduce,
         )
@@ -654,7 +582,7 @@ def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
         cause, evidence.samples = found
         evidence.likely_causes = [f"{cause}: {evidence.samples}", *(c for c in PARALLEL_CAUSES if c != cause)]
         summary += f". Most likely {cause.split(' (')[0]}: {evidence.samples}"
-    return CheckResult("parallel", "failed", summary, evidence.to_dict(), duration, reproduce)
+    return CheckResult("parallel", "failed", summary, evidence, duration, reproduce)
 
 
 def parallel_sample_cause(one: Mapping[int, Sequence[SampleBatch]], many: Mapping[int, Sequence[SampleBatch]], *,
@@ -681,6 +609,7 @@ DETERMINISM: Check[DeterminismCheck] = Check(
     lane=True,
     ahead=lambda runner, spec: AheadRun("determinism", runner.request_for(spec), "determinism-repeat"),
     ahead_words="determinism's second run",
+    evidence=(DeterminismEvidence, RunFailure),
 )
 
 #: parallel: N ranks must train like one (docs/equivalence.md)
@@ -697,4 +626,5 @@ PARALLEL: Check[ParallelCheck] = Check(
     ahead_reference=True,
     marks=lambda spec: [("parallel", ()), ("ddp", ())],
     calibrates=lambda spec: [spec.world_size],
+    evidence=(ParallelEvidence, RunFailure),
 )

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainguard.evidence import MERGED, UNSET, Evidence, Unset
 from trainguard.launch import Launcher, MetricPoint, RunResult
-from trainguard.run.keep import KeptCheckpoint
+from trainguard.run.keep import KeptCheckpoint, KeptEvidence
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
 
-__all__ = ["Interruption", "interrupt", "kill_after", "untested_kill"]
+__all__ = ["Interruption", "InterruptionEvidence", "interrupt", "kill_after", "untested_kill"]
 
 
 @dataclass
@@ -62,11 +63,23 @@ class Interruption:
             return f"the uninterrupted run, stopped after step {self.step}, had written"
         return "the killed run wrote"
 
-    def as_evidence(self) -> dict[str, object]:
+    def as_evidence(self) -> InterruptionEvidence:
         if self.kept is not None:
-            return {"how": "kept", **self.kept.as_evidence()}
-        return {"how": "killed", "run_dir": str(self.run_dir), "killed_after_step": self.step,
-                "not_kept": self.not_kept}
+            return InterruptionEvidence("kept", self.kept.as_evidence())
+        return InterruptionEvidence("killed", run_dir=str(self.run_dir), killed_after_step=self.step,
+                                    not_kept=self.not_kept)
+
+
+@dataclass
+class InterruptionEvidence(Evidence):
+    """How the checkpoint resumed from was made (:meth:`Interruption.as_evidence`): ``kept`` from
+    an uninterrupted run (its keys written in place), or a run ``killed``."""
+
+    how: str
+    kept: KeptEvidence | Unset = field(default=UNSET, metadata=MERGED)
+    run_dir: str | Unset = UNSET
+    killed_after_step: int | Unset | None = UNSET
+    not_kept: str | Unset = UNSET
 
 
 def interrupt(runner: JobRunner, request: RunRequest, after_step: int, metric: str, *, label: str,

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.checks.accounting import (
+    AccountingEvidence,
     SampleAccounting,
     SampleAgreement,
     Segment,
@@ -30,7 +31,7 @@ from trainguard.checks.accounting import (
     sample_agreement,
     training_batches,
 )
-from trainguard.checks.calibration import tolerance_for
+from trainguard.checks.calibration import ToleranceEvidence, tolerance_for
 from trainguard.checks.diagnosis import (
     DECISIVE,
     NONE,
@@ -38,14 +39,16 @@ from trainguard.checks.diagnosis import (
     STRONG,
     SUGGESTIVE,
     Cause,
+    CauseEvidence,
     read_inventory,
 )
 from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories
-from trainguard.checks.interruption import interrupt
+from trainguard.checks.equivalence_records import TrajectoryEvidence
+from trainguard.checks.interruption import InterruptionEvidence, interrupt
 from trainguard.config import ReshardCheck
 from trainguard.config.problems import one_process_problems
 from trainguard.config.registry import Check, JobFacts, Resumes, Run
-from trainguard.evidence import UNSET, Evidence, Unset
+from trainguard.evidence import MERGED, UNSET, Evidence, Unset
 from trainguard.launch.samples import read_samples
 from trainguard.report import CheckResult, CheckStatus
 from trainguard.run.runner import JobRunner
@@ -54,8 +57,9 @@ from trainguard.unit.checkpoints import (
     compare_checkpoint_dirs,
     latest_complete_checkpoint,
 )
+from trainguard.unit.checkpoints.compare import StateEvidence
 
-__all__ = ["RESHARD", "RESHARD_CAUSES", "PairFacts", "rank_reshard_causes", "run_reshard"]
+__all__ = ["RESHARD", "RESHARD_CAUSES", "PairFacts", "ReshardEvidence", "ReshardPair", "ReshardPairEvidence", "rank_reshard_causes", "run_reshard"]
 
 #: the causes a failed pair is ranked among (key -> text), in the order ties keep
 RESHARD_CAUSES = {
@@ -177,7 +181,7 @@ class ReshardPairEvidence(Evidence):
 
     killed_after_step: int | Unset | None = UNSET
     #: how the N-rank checkpoint was made (:meth:`~trainguard.checks.interruption.Interruption.as_evidence`)
-    interruption: dict[str, Any] | Unset = UNSET
+    interruption: InterruptionEvidence | Unset = UNSET
     #: reference, killed (or kept_from: the run its checkpoint was kept from), resumed
     run_dirs: dict[str, str] | Unset = UNSET
     #: what the resumed run was given to load
@@ -187,17 +191,26 @@ class ReshardPairEvidence(Evidence):
     #: the uninterrupted run's, when it did not complete
     run_dir: str | Unset = UNSET
     resumed_from_step: int | Unset = UNSET
-    trajectory: dict[str, Any] | Unset = UNSET
+    trajectory: TrajectoryEvidence | Unset = UNSET
     #: :meth:`~trainguard.checks.calibration.ToleranceUsed.as_evidence` (the N-rank run's calibration)
-    tolerance: dict[str, Any] | Unset = UNSET
-    state: dict[str, Any] | Unset = UNSET
+    tolerance: ToleranceEvidence | Unset = UNSET
+    state: StateEvidence | Unset = UNSET
     #: state that may differ between world sizes (per-rank RNG, the world size itself)
     state_differing_across_world_sizes: list[str] | Unset = UNSET
     samples: str | Unset = UNSET
     #: :meth:`SampleAccounting.as_evidence`: samples trained twice or never, per epoch
-    sample_accounting: dict[str, Any] | Unset = UNSET
-    diagnosis: list[dict[str, Any]] | Unset = UNSET
+    sample_accounting: AccountingEvidence | Unset = UNSET
+    diagnosis: list[CauseEvidence] | Unset = UNSET
     likely_causes: list[str] | Unset = UNSET
+
+
+@dataclass
+class ReshardPair(Evidence):
+    """One pair in the reshard check's report: its verdict, then its evidence's keys."""
+
+    status: str
+    summary: str
+    evidence: ReshardPairEvidence = field(default_factory=ReshardPairEvidence, metadata=MERGED)
 
 
 @dataclass
@@ -208,7 +221,7 @@ class ReshardEvidence(Evidence):
     steps: int
     tolerance: dict[str, float]
     #: ``"N->M"`` -> its status, summary and :class:`ReshardPairEvidence`
-    pairs: dict[str, dict[str, Any]]
+    pairs: dict[str, ReshardPair]
     likely_causes: list[str] | Unset = UNSET
 
 
@@ -365,7 +378,7 @@ def run_reshard(runner: JobRunner, spec: ReshardCheck) -> CheckResult:
     pairs = [_one_pair(runner, spec, n, m, metric) for n, m in spec.world_size_pairs]
     evidence = ReshardEvidence(
         after_step=spec.after_step, steps=spec.steps, tolerance={"rtol": spec.rtol, "atol": spec.atol},
-        pairs={f"{p.n}->{p.m}": {"status": p.status, "summary": p.summary, **p.evidence.to_dict()} for p in pairs},
+        pairs={f"{p.n}->{p.m}": ReshardPair(p.status, p.summary, p.evidence) for p in pairs},
     )
     bad = [p for p in pairs if p.status != "passed"]
     status: CheckStatus = "passed" if not bad else ("error" if all(p.status == "error" for p in bad) else "failed")
@@ -380,7 +393,7 @@ def run_reshard(runner: JobRunner, spec: ReshardCheck) -> CheckResult:
         found = first.evidence.likely_causes
         evidence.likely_causes = found if found is not UNSET else []
     reproduce = (bad[0] if bad else pairs[0]).reproduce
-    return CheckResult("reshard", status, summary, evidence.to_dict(), time.monotonic() - started, reproduce)
+    return CheckResult("reshard", status, summary, evidence, time.monotonic() - started, reproduce)
 
 
 def _reshard_runs(spec: ReshardCheck, ctx: object) -> tuple[list[Run], str]:
@@ -422,4 +435,5 @@ RESHARD: Check[ReshardCheck] = Check(
     "reshard", ReshardCheck, run=run_reshard, runs=_reshard_runs, requires=_reshard_requires,
     gate_default=False,
     calibrates=lambda spec: sorted({n for n, _ in spec.world_size_pairs}),
+    evidence=(ReshardEvidence,),
 )

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from trainguard.checks.accounting import SampleAccounting, Segment, account_samples
-from trainguard.checks.calibration import ToleranceUsed, tolerance_for
+from trainguard.checks.accounting import (
+    AccountingEvidence,
+    SampleAccounting,
+    Segment,
+    account_samples,
+)
+from trainguard.checks.calibration import ToleranceEvidence, ToleranceUsed, tolerance_for
 from trainguard.checks.equivalence import (
     TrajectoryDiff,
     compare_trajectories,
@@ -26,17 +30,25 @@ from trainguard.checks.equivalence import (
     progress_metric,
     run_resume,
 )
+from trainguard.checks.equivalence_records import (
+    KillUntested,
+    NoCheckpointLeft,
+    ResumeEvidence,
+    RunFailure,
+    TrajectoryEvidence,
+)
 from trainguard.checks.interruption import kill_after, untested_kill
 from trainguard.config import ResumeCheck
 from trainguard.config.problems import metric_problems, resume_problems
 from trainguard.config.registry import Check, Resumes, Run
-from trainguard.evidence import UNSET, Evidence, Unset
+from trainguard.evidence import UNSET, Evidence, RunDidNotComplete, Unset
 from trainguard.launch import RunResult
 from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.samples import read_samples
-from trainguard.report import CheckResult
+from trainguard.report import CheckResult, CheckStatus
 from trainguard.run.runner import JobRunner
 from trainguard.unit.checkpoints import StateComparison, compare_checkpoint_dirs
+from trainguard.unit.checkpoints.compare import StateEvidence
 
 __all__ = ["RESUME", "ChainCycle", "ChainEvidence", "run_resume_chain", "run_resume_check"]
 
@@ -60,7 +72,7 @@ class ChainCycle(Evidence):
     resumed_from_step: int
     killed_after_step: int | None
     #: :meth:`TrajectoryDiff.as_evidence` per metric compared, the progress metric first
-    metrics: list[dict[str, Any]]
+    metrics: list[TrajectoryEvidence]
     run_dir: str
 
 
@@ -72,11 +84,11 @@ class ChainEvidence(Evidence):
     cycles: list[ChainCycle]
     reference_run_dir: str
     #: :meth:`~trainguard.checks.calibration.ToleranceUsed.as_evidence`: what was allowed, and why
-    tolerance: dict[str, Any] = field(default_factory=dict)
+    tolerance: ToleranceEvidence
     #: the final checkpoints compared
-    state: dict[str, Any] | Unset = UNSET
+    state: StateEvidence | Unset = UNSET
     #: :meth:`SampleAccounting.as_evidence` over the cycles run: samples trained twice or never
-    sample_accounting: dict[str, Any] | Unset = UNSET
+    sample_accounting: AccountingEvidence | Unset = UNSET
     failing_cycle: int | Unset = UNSET
     likely_causes: list[str] | Unset = UNSET
 
@@ -144,13 +156,13 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
                                   for k in cuts[1:])
                  + f", then {runner.command_line(request, resume=True)}")
 
-    def done(status: str, summary: str, evidence: dict[str, Any]) -> CheckResult:
-        return CheckResult("resume", status, summary, evidence, time.monotonic() - started, reproduce)  # type: ignore[arg-type]
+    def done(status: CheckStatus, summary: str, evidence: Evidence) -> CheckResult:
+        return CheckResult("resume", status, summary, evidence, time.monotonic() - started, reproduce)
 
     reference = runner.scheduling.reference(request)
     if not reference.ok:
         return done("error", f"the uninterrupted run did not complete: {reference.reason}",
-                    {"run_dir": str(reference.run_dir), "stderr_tail": reference.stderr_tail})
+                    RunDidNotComplete(str(reference.run_dir), reference.stderr_tail))
     evidence = ChainEvidence(chain=cuts, cycles=[], reference_run_dir=str(reference.run_dir),
                              tolerance=tol.as_evidence())
     checkpoint_dir: Path | None = None
@@ -172,7 +184,7 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         if cut is not None:
             why = untested_kill(run, metric, cut, spec.steps, what=f"the run of {where}")
             if why is not None:
-                return done("error", why, evidence.to_dict())
+                return done("error", why, evidence)
         elif not run.ok:
             problems.append(f"{where}: the job did not complete: {run.reason}")
         if not steps:
@@ -199,7 +211,7 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
                 evidence.failing_cycle = len(cuts) + 1
             elif uncompared := state.uncompared_problem("checks.resume", spec.allow_uncompared):
                 return done("error", f"every cycle matches the uninterrupted run, but {uncompared}",
-                            evidence.to_dict())
+                            evidence)
     accounting = _accounting(reference, evidence.cycles, spec.steps)
     evidence.sample_accounting = accounting.as_evidence()
     if problems:
@@ -207,12 +219,12 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
             problems.append(accounting.summary())
         failing = evidence.failing_cycle if evidence.failing_cycle is not UNSET else len(cuts) + 1
         evidence.likely_causes, note = _failing_cycle_causes(failing)
-        return done("failed", "; ".join(problems) + note, evidence.to_dict())
+        return done("failed", "; ".join(problems) + note, evidence)
     spans = ", ".join(f"{c.resumed_from_step}->{c.killed_after_step if c.killed_after_step is not None else spec.steps}"
                       for c in evidence.cycles[1:])
     return done("passed", f"{len(cuts)} kills after steps {', '.join(map(str, cuts))}, each resumed from the "
                 f"checkpoint the kill before left (resumed spans {spans}): every cycle matches the "
-                f"uninterrupted run{_state_words(state, tol)}", evidence.to_dict())
+                f"uninterrupted run{_state_words(state, tol)}", evidence)
 
 
 def _state_words(state: StateComparison | None, tol: ToleranceUsed) -> str:
@@ -249,4 +261,5 @@ RESUME: Check[ResumeCheck] = Check(
         p for i, name in enumerate(spec.metrics or []) for p in metric_problems(facts, f"checks.resume.metrics[{i}]", name)],
     lane=True,
     calibrates=lambda spec: [None],
+    evidence=(ResumeEvidence, ChainEvidence, KillUntested, NoCheckpointLeft, RunDidNotComplete, RunFailure),
 )

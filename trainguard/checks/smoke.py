@@ -22,6 +22,7 @@ from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.launch import RunResult
 from trainguard.report import CheckResult
 from trainguard.run.declared import DeclaredRun, declared_runs
+from trainguard.run.keep import KeptEvidence
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
 from trainguard.unit.checkpoints import (
@@ -31,7 +32,7 @@ from trainguard.unit.checkpoints import (
 )
 from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
 
-__all__ = ["SMOKE", "SmokeCheckpoint", "SmokeEvidence", "SmokeResume", "checkpoint_step", "run_smoke"]
+__all__ = ["SMOKE", "NotKept", "ResumeCopy", "SmokeCheckpoint", "SmokeEvidence", "SmokeResume", "Stages", "checkpoint_step", "run_smoke"]
 
 #: extra steps the resume stage asks for beyond the first run's
 RESUME_EXTRA_STEPS = 2
@@ -66,6 +67,25 @@ class SmokeResume(Evidence):
     stderr_tail: str | Unset = UNSET
 
 
+#: stage -> its seconds, or why it was skipped (None: no metric line came)
+Stages = dict[str, float | str | None]
+
+
+@dataclasses.dataclass
+class NotKept(Evidence):
+    """The shared checkpoint the resume stage would start from was not kept: why."""
+
+    not_kept: str
+
+
+@dataclasses.dataclass
+class ResumeCopy(Evidence):
+    """The resume stage's own copy of the checkpoints, and what the copy left out."""
+
+    copy: str
+    left_out: dict[str, str]
+
+
 @dataclasses.dataclass
 class SmokeEvidence(Evidence):
     """The smoke check's evidence (docs/smoke-and-canary.md)."""
@@ -75,7 +95,7 @@ class SmokeEvidence(Evidence):
     #: how each rank ended, in words
     exits: list[str]
     #: each stage's seconds (``*_s``), or why it was skipped
-    stages: dict[str, Any]
+    stages: Stages
     metric_steps_seen: int
     #: the last five checkpoint files
     checkpoint_files: list[str]
@@ -87,7 +107,7 @@ class SmokeEvidence(Evidence):
     resume: SmokeResume | Unset = UNSET
     #: the checkpoint the resume stage started from when it was kept from a shared run (or why
     #: none was kept)
-    resume_from: dict[str, Any] | Unset = UNSET
+    resume_from: KeptEvidence | NotKept | ResumeCopy | Unset = UNSET
 
 
 def _checkpoint_files(directory: Path) -> list[Path]:
@@ -151,7 +171,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
     # folded: the uninterrupted run another check of the session makes anyway (docs/smoke-and-canary.md)
     result = runner.scheduling.reference(request) if folded else runner.run(request, label="smoke")
     problems: list[str] = []
-    stages: dict[str, Any] = {
+    stages: Stages = {
         "launch_to_first_metric_s": result.first_metric_s,
         "total_s": round(result.duration_s, 3),
     }
@@ -200,7 +220,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
 
     duration = time.monotonic() - started
     if problems:
-        return CheckResult("smoke", "failed", "; ".join(problems), evidence.to_dict(), duration, reproduce)
+        return CheckResult("smoke", "failed", "; ".join(problems), evidence, duration, reproduce)
     return CheckResult(
         "smoke",
         "passed",
@@ -208,7 +228,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
         + (" (the uninterrupted run the other checks share)" if folded else "")
         + (f", {len(files)} checkpoint file(s)" if files else "")
         + resume_note,
-        evidence.to_dict(),
+        evidence,
         duration,
         reproduce,
     )
@@ -216,7 +236,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
 
 def _checkpoint_stages(
     runner: JobRunner, declared: list[DeclaredRun], resume_request: RunRequest, result: RunResult,
-    files: list[Path], metric: str, base: int, stages: dict[str, Any], evidence: SmokeEvidence,
+    files: list[Path], metric: str, base: int, stages: Stages, evidence: SmokeEvidence,
 ) -> tuple[str | None, str]:
     """Load the checkpoint the run wrote in ``result.checkpoints``, then (with ``job.resume_args``)
     resume from it; (the problem or None, the summary's note on the resume)."""
@@ -241,7 +261,7 @@ def _checkpoint_stages(
 
 
 def _load_stage(
-    files: list[Path], checkpoint_dir: Path, stages: dict[str, Any], evidence: SmokeEvidence
+    files: list[Path], checkpoint_dir: Path, stages: Stages, evidence: SmokeEvidence
 ) -> tuple[int | None, str | None]:
     """Read the newest complete checkpoint (a file or a checkpoint directory, every file of it
     that loads safely); (its step, the problem or None)."""
@@ -299,14 +319,14 @@ def _resumed_run(
             evidence.resume_from = kept.as_evidence()
             return (lambda: runner.resume_kept(kept, shared.request, label=f"resumed-after-step-{kept.after_step}"),
                     shared.request, step if step is not None else kept.step)
-        evidence.resume_from = {"not_kept": why}
+        evidence.resume_from = NotKept(why)
 
     def own() -> RunResult:
         copy = checkpoint_dir.parent / "smoke-resume" / "checkpoints"
         shutil.rmtree(copy.parent, ignore_errors=True)
         left_out = copy_tree(checkpoint_dir, copy)
         if left_out:
-            evidence.resume_from = {"copy": str(copy), "left_out": left_out}
+            evidence.resume_from = ResumeCopy(str(copy), left_out)
         return runner.run(request, label="smoke-resume", resume=True, checkpoint_dir=copy)
 
     return own, request, ckpt_step
@@ -317,7 +337,7 @@ def _resume_stage(
     request: RunRequest,
     metric: str,
     ckpt_step: int | None,
-    stages: dict[str, Any],
+    stages: Stages,
     evidence: SmokeEvidence,
     base: int = 1,
 ) -> str | None:
@@ -400,5 +420,5 @@ def _smoke_runs(spec: SmokeCheck, ctx: PlanContext) -> tuple[list[Run], str]:
 
 #: the smoke check (docs/smoke-and-canary.md)
 SMOKE: Check[SmokeCheck] = Check(
-    "smoke", SmokeCheck, run=run_smoke, runs=_smoke_runs, lane=True,
+    "smoke", SmokeCheck, run=run_smoke, runs=_smoke_runs, lane=True, evidence=(SmokeEvidence,),
 )

@@ -319,9 +319,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
     def show(result: CheckResult) -> None:
         print(f"{result.status.upper():7} {result.name}: {result.summary} ({result.duration_s:.1f} s)")
         if not result.ok and not args.quiet:
+            shown = result.evidence.to_dict()  # what the report says, key by key
             for key in ("first_divergent_step", "reason", "stderr_tail", "likely_causes", "run_dir", "plots"):
-                if result.evidence.get(key):
-                    value = result.evidence[key]
+                if shown.get(key):
+                    value = shown[key]
                     if isinstance(value, list):
                         value = "\n" + "\n".join(f"- {v}" for v in value)
                     print(textwrap.indent(f"{key}: {value}", "        "))
@@ -444,12 +445,13 @@ def _cmd_drill(args: argparse.Namespace) -> int:
 
     def show(result: CheckResult) -> None:
         print(f"{result.status.upper():7} {result.name}: {result.summary} ({result.duration_s:.1f} s)")
-        for run in result.evidence.get("runs") or [result.evidence]:  # a soak: what it measured
+        shown = result.evidence.to_dict()  # what the report says, key by key
+        for run in shown.get("runs") or [shown]:  # a soak: what it measured
             if isinstance(run.get("measured"), dict):
                 print(textwrap.indent(soak_lines(run), "        "))
         if not result.ok:
             for key in ("likely_causes", "run_dir"):
-                value = result.evidence.get(key)
+                value = shown.get(key)
                 if value:
                     text = "\n" + "\n".join(f"- {v}" for v in value) if isinstance(value, list) else value
                     print(textwrap.indent(f"{key}: {text}", "        "))

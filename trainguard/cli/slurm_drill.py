@@ -122,6 +122,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"{result.status.upper():7} {result.name}: {result.summary} ({result.duration_s:.1f} s)")
     if args.report_json:
         Path(args.report_json).write_text(json.dumps(
-            {"status": result.status, "summary": result.summary, "evidence": result.evidence},
+            {"status": result.status, "summary": result.summary, "evidence": result.evidence.to_dict()},
             indent=2, default=str), encoding="utf-8")
     return 0 if result.status == "passed" else 1

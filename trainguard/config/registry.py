@@ -23,6 +23,7 @@ from pydantic_core import CoreSchema
 
 from trainguard.config.checks import Checks, CheckSpec
 from trainguard.errors import ConfigError
+from trainguard.evidence import Evidence
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.report import CheckResult
@@ -180,6 +181,9 @@ class Check(Generic[S]):
     #: ``(spec) -> [world size, ...]``: the reference runs whose calibration widens its tolerance
     #: (``trainguard calibrate`` runs them; None: the job's world size); None: not calibrated
     calibrates: Callable[[S], Sequence[int | None]] | None = None
+    #: the evidence records its results hold, its verdict's first (an error's, a skip's after): a
+    #: loaded report's evidence object becomes the first that reads it (none: a generic record)
+    evidence: tuple[type[Evidence], ...] = ()
 
     def pytest_marks(self, spec: S) -> list[tuple[str, tuple[Any, ...]]]:
         return self.marks(spec) if self.marks is not None else _named(self, spec)

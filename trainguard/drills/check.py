@@ -11,6 +11,7 @@ from trainguard.config.faults import FaultClass, FaultNotInstalled, fault_class
 from trainguard.config.problems import drill_problems, one_process_problems
 from trainguard.config.registry import Check, JobFacts, PlanContext, Run
 from trainguard.drills.driver import run_drill
+from trainguard.drills.evidence import DRILL_RECORDS
 
 __all__ = ["DRILLS"]
 
@@ -59,5 +60,5 @@ def _items(spec: DrillSpec, soak_seed: int | None) -> list[tuple[str, DrillSpec]
 DRILLS: Check[DrillSpec] = Check(
     "drills", DrillSpec, run=run_drill, runs=_runs, requires=_requires,  # type: ignore[arg-type]
     prepare=_prepare, many=True, item_prefix="drill",
-    marks=lambda spec: [("fault", (spec.fault,))], items=_items,
+    marks=lambda spec: [("fault", (spec.fault,))], items=_items, evidence=DRILL_RECORDS,
 )

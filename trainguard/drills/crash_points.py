@@ -38,6 +38,8 @@ boundary.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -52,7 +54,8 @@ from trainguard.config.checks import CheckSpec
 from trainguard.config.problems import resume_problems
 from trainguard.config.registry import Check, Run
 from trainguard.drills.crash_saves import feeds_restart, save_files, shape, unlike_reference
-from trainguard.evidence import Evidence
+from trainguard.drills.evidence import ReferenceNotUsable
+from trainguard.evidence import Evidence, NoEvidence
 from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
 from trainguard.faults.fusemount import FuseMount
 from trainguard.launch import Launcher, MetricPoint, RunResult
@@ -351,20 +354,20 @@ def run_crash_points(runner: JobRunner, spec: CrashPointsCheck) -> CheckResult:
     if why is not None:
         return CheckResult(_NAME, "skipped", f"{why}: crash_points records and crashes the job's saves in a "
                            "FUSE layer over its checkpoint directory (root, /dev/fuse, libfuse3, mfusepy)",
-                           {}, time.monotonic() - started, skip_reason=SkipReason.NEEDS_ROOT)
+                           NoEvidence(), time.monotonic() - started, skip_reason=SkipReason.NEEDS_ROOT)
     metric = progress_metric(runner)
     request = runner.request_for(spec)
     reference = runner.scheduling.reference(request)
     if not reference.ok:
         return CheckResult(_NAME, "error", f"the uninterrupted run did not complete: {reference.reason}",
-                           {"reference_run_dir": str(reference.run_dir)}, time.monotonic() - started)
+                           ReferenceNotUsable(str(reference.run_dir)), time.monotonic() - started)
     base = first_step(reference.points, metric)
     work = new_run_dir(runner.job_file.state_dir, runner.job_file.job.name, "crash-points", keep=runner.settings.keep_runs)
     evidence = CrashPointsEvidence(mode=spec.mode, after_step=spec.after_step, work_dir=str(work))
     fuse = FuseMount()
     why = fuse.mount(work / "backing", work / "mnt", policy="rules", state_dir=work)
     if why is not None:
-        return CheckResult(_NAME, "skipped", why, evidence.to_dict(), time.monotonic() - started,
+        return CheckResult(_NAME, "skipped", why, evidence, time.monotonic() - started,
                            skip_reason=SkipReason.UNAVAILABLE)
     layer = fuse.layer
     assert layer is not None  # mounted
@@ -372,8 +375,8 @@ def run_crash_points(runner: JobRunner, spec: CrashPointsCheck) -> CheckResult:
         result = _explore(runner, spec, request, reference, metric, base, layer, evidence, started)
         if evidence.outcomes:
             _write_table(evidence, work, f"{result.status.upper()}: {result.summary}")
-            result.evidence["table"] = evidence.table
-        return result
+        # the report's record as it stands now (the unmount's row below is the work dir's alone)
+        return dataclasses.replace(result, evidence=copy.deepcopy(evidence))
     finally:
         problem = fuse.unmount()
         if problem:
@@ -425,7 +428,7 @@ def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference:
              base: int, layer: FuseLayer, evidence: CrashPointsEvidence, started: float) -> CheckResult:
     save = _record(runner, spec, request, metric, layer, evidence)
     if isinstance(save, str):
-        return CheckResult(_NAME, "error", save, evidence.to_dict(), time.monotonic() - started)
+        return CheckResult(_NAME, "error", save, evidence, time.monotonic() - started)
     found, had_checkpoint = save.boundaries, save.checkpoint_before
     chosen = choose_boundaries(found, spec.max_boundaries)
     evidence.boundaries_found, evidence.boundaries_explored = len(found), len(chosen)
@@ -466,7 +469,7 @@ def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference:
         evidence.fix = _fix(boundary, row, renamed, spec.mode, found)
         return CheckResult(_NAME, "failed", f"{explored} explored in {evidence.runs} runs; first unsafe: "
                            f"{row['boundary']}: {row['outcome']} ({row['detail']}). Fix: {evidence.fix}",
-                           evidence.to_dict(), duration)
+                           evidence, duration)
     loaded = [r for r in evidence.outcomes if r["outcome"] == "loaded"]
     if loaded:
         return CheckResult(_NAME, "error", f"{explored} explored in {evidence.runs} runs: no crash point failed "
@@ -474,16 +477,16 @@ def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference:
                            f"a restart after a kill just before the save ({evidence.control and evidence.control['detail']}):"
                            " the job's resume is not exact, so a torn checkpoint that loads cannot be found. Make "
                            "the resume exact first (trainguard check --only resume says what it loses)",
-                           evidence.to_dict(), duration)
+                           evidence, duration)
     missed = [r for r in evidence.outcomes if r["outcome"] == "not reached"]
     if len(missed) * 4 > len(evidence.outcomes):  # more than a quarter unexplored: no verdict
         return CheckResult(_NAME, "error", f"{explored}: {len(missed)} crash runs never reached their boundary, "
                            f"first {missed[0]['boundary']} (the job's saves differ from run to run: a file "
                            "named by the time or a random part trainguard does not recognise?)",
-                           evidence.to_dict(), duration)
+                           evidence, duration)
     note = f"; {len(missed)} not reached" if missed else ""
     return CheckResult(_NAME, "passed", f"{explored} explored in {evidence.runs} runs: a crash after each "
-                       f"resumed and matched the uninterrupted run{note}", evidence.to_dict(), duration)
+                       f"resumed and matched the uninterrupted run{note}", evidence, duration)
 
 
 def _first_steps(points: list[MetricPoint], metric: str) -> dict[int, int]:
@@ -621,4 +624,5 @@ CRASH_POINTS: Check[CrashPointsCheck] = Check(
                             "resume and match the reference"),
     requires=lambda spec, facts: resume_problems(facts, f"checks.{_NAME}"),
     gate_default=False,
+    evidence=(CrashPointsEvidence, ReferenceNotUsable),
 )

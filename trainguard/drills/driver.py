@@ -23,6 +23,7 @@ attempt, clear after ``duration``, teardown in ``finally``) around :meth:`JobRun
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import signal
 import threading
@@ -35,6 +36,14 @@ from trainguard.config import DrillSpec, JobFile
 from trainguard.config.faults import FaultNotInstalled, fault_class
 from trainguard.config.registry import Later
 from trainguard.drills.dispatch import judge_for
+from trainguard.drills.evidence import (
+    DrillFinding,
+    DrillReport,
+    FaultNotSetUp,
+    RayApi,
+    ReferenceFailed,
+    ReferenceNotUsable,
+)
 from trainguard.drills.judges import (
     DrillContext,
     Injection,
@@ -48,6 +57,7 @@ from trainguard.drills.judges import (
 from trainguard.drills.nonfinite import must_stop
 from trainguard.drills.ray_recover import new_workers
 from trainguard.drills.storage import storage_judge
+from trainguard.evidence import UNSET
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.launch import Launcher, MetricPoint
 from trainguard.launch.rundir import new_run_dir
@@ -241,20 +251,17 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
     name = str(CheckId.of_drill(spec.name))
     job_file = runner.job_file
     reproduce = f"trainguard drill {job_file.path} --only {spec.name}"
-    base: dict[str, Any] = {
-        "fault": spec.fault, "expect": spec.expectation, "rank": spec.rank,
-        "after_step": spec.after_step, "duration": spec.duration, "steps": spec.steps,
-    }
+    base = DrillReport(spec.fault, spec.expectation, spec.rank, spec.after_step, spec.duration, spec.steps)
 
-    def result(status: CheckStatus, summary: str, evidence: dict[str, Any],
-               skip_reason: SkipReason | None = None) -> CheckResult:
-        return CheckResult(name, status, summary, {**base, **evidence},
+    def result(status: CheckStatus, summary: str, found: DrillFinding = UNSET,
+               skip_reason: SkipReason | None = None) -> CheckResult[DrillReport]:
+        return CheckResult(name, status, summary, dataclasses.replace(base, found=found),
                            time.monotonic() - started, reproduce, skip_reason)
 
     try:
         cls = fault_class(spec.fault)
     except FaultNotInstalled as exc:
-        return result("error", str(exc), {})
+        return result("error", str(exc))
     if cls.drill_runner is not None:  # a composite fault (the soak) runs its own drill
         module, _, function = cls.drill_runner.partition(":")
         return getattr(importlib.import_module(module), function)(runner, spec)  # type: ignore[no-any-return]
@@ -264,11 +271,11 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
     reference = runner.scheduling.reference(request)
     if not reference.ok:
         return result("error", f"the uninterrupted reference run failed, so there is nothing to "
-                      f"drill: {reference.reason}", {"reference": attempt_evidence(reference, fault).to_dict()})
+                      f"drill: {reference.reason}", ReferenceFailed(attempt_evidence(reference, fault)))
     reporting = sorted({p.rank for p in reference.points if p.name == metric})
     if not reporting:
         return result("error", f"the reference run printed no `{metric}` line; check "
-                      f"job.metrics.{metric}", {"reference_run_dir": str(reference.run_dir)})
+                      f"job.metrics.{metric}", ReferenceNotUsable(str(reference.run_dir)))
     # a job may print its loss on rank 0 only: then the fault strikes when rank 0 reports the step
     watch_rank = spec.rank if spec.rank in reporting else reporting[0]
 
@@ -281,7 +288,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
         try:
             via_api = signal_path() == "api"
         except ValueError as exc:
-            return result("error", str(exc), {})
+            return result("error", str(exc))
     # trainguard's Ray client (started below): Ray Train's state names the workers, pinned tasks
     # act on them
     agent = RayAgent(runner.backend.launch_env()) if ray_job and (via_api or spec.fault in RAY_API_FAULTS) else None
@@ -298,13 +305,13 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
                 agent.start()
             except RayAgentError as exc:
                 return result("error", f"{spec.fault} reaches the Ray workers through Ray's API, and "
-                              f"trainguard's Ray client could not connect: {exc}", {})
-            base["ray_api"] = {"agent_start_s": round(agent.start_s or 0.0, 3), "pid_path": not via_api}
+                              f"trainguard's Ray client could not connect: {exc}")
+            base.ray_api = RayApi(round(agent.start_s or 0.0, 3), not via_api)
         try:
             fault.setup(ctx)
         except FaultUnavailable as exc:
             return result("skipped", f"{spec.fault} cannot be injected on this machine: {exc}",
-                          {"fault_evidence": fault.evidence()}, exc.needs)
+                          FaultNotSetUp(fault.evidence()), exc.needs)
         run = runner.supervise(
             request,
             label=f"drill-{spec.name}",
@@ -327,10 +334,8 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
 
         def judged(judgement: Judgement) -> CheckResult:
             status, summary, found = judgement
-            evidence = found.to_dict()
-            evidence["drill_dir"] = str(drill_dir)
-            evidence["run_dir"] = str(run.run_dir)  # the attempts' logs (attempt-N/)
-            return result(status, summary, evidence)
+            report = dataclasses.replace(base, found=found, drill_dir=str(drill_dir), run_dir=str(run.run_dir))
+            return CheckResult(name, status, summary, report, time.monotonic() - started, reproduce)
 
         if judge is judge_fail_clean and runner.untimed_later:
             return _fail_clean_later(c, drill_dir / "checkpoints", judged)

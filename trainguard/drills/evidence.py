@@ -4,9 +4,11 @@ judge's findings (:class:`RecoverEvidence`, :class:`FailCleanEvidence`, ...). ``
 the report's ``evidence`` object, key for key (docs/drills.md names each key); a key a report
 holds only sometimes is a field left :data:`~trainguard.evidence.UNSET`.
 
-Nested parts another module computes and documents (a trajectory comparison, a checkpoint
-comparison, a fault's own record, a non-finite value's spread, a soak's measurements) stay the
-dicts their ``as_evidence()`` / ``evidence()`` give.
+Nested parts another module computes are its records (a trajectory comparison, a checkpoint
+comparison, the samples' accounting); a fault's own record, a non-finite value's spread and a
+soak's measurements stay the dicts their ``evidence()`` gives. A drill's report object is a
+:class:`DrillReport` (its spec's keys, then its judge's record), a soak's a :class:`SoakReport`
+(several seeds: :class:`SoakRuns`).
 """
 
 from __future__ import annotations
@@ -14,23 +16,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.evidence import TRAILING, UNSET, Evidence, Unset
+from trainguard.checks.accounting import AccountingEvidence
+from trainguard.checks.equivalence_records import TrajectoryEvidence
+from trainguard.evidence import MERGED, TRAILING, UNSET, Evidence, Recorded, Unset
+from trainguard.unit.checkpoints.compare import StateEvidence
 
 __all__ = [
+    "DRILL_RECORDS",
     "AttemptEvidence",
     "CheckpointIntact",
     "ContinueEvidence",
     "DrillEvidence",
+    "DrillFinding",
+    "DrillReport",
     "ExitEvidence",
     "FailCleanEvidence",
+    "FaultNotSetUp",
     "NonfiniteEvidence",
     "PreemptionTimeline",
+    "RayApi",
     "RayRecoverEvidence",
     "RecoverEvidence",
+    "ReferenceFailed",
+    "ReferenceNotUsable",
     "Resume",
     "SaveAndExitEvidence",
     "SaveUnderKill",
     "SoakEvidence",
+    "SoakReport",
+    "SoakRuns",
     "StepRate",
     "StorageRestart",
     "StorageResumeEvidence",
@@ -130,11 +144,11 @@ class RecoverEvidence(DrillEvidence):
     lost_steps: int | Unset | None = UNSET
     resumes: list[Resume] | Unset = UNSET
     #: :meth:`TrajectoryDiff.as_evidence` (+ ``unprinted_resumed_steps``)
-    trajectory: dict[str, Any] | Unset = UNSET
+    trajectory: TrajectoryEvidence | Unset = UNSET
     #: the final checkpoint against the uninterrupted run's (:meth:`CheckpointDiff.as_evidence`)
-    checkpoint: dict[str, Any] | Unset = UNSET
+    checkpoint: StateEvidence | Unset = UNSET
     #: every sample once across the attempts (:meth:`SampleAccounting.as_evidence`)
-    sample_accounting: dict[str, Any] | Unset = UNSET
+    sample_accounting: AccountingEvidence | Unset = UNSET
     fault_to_first_step_after_restart_s: float | Unset = UNSET
 
 
@@ -174,17 +188,17 @@ class FailCleanEvidence(ExitEvidence):
     verification: AttemptEvidence | Unset = UNSET
     resumed_from_step: int | Unset | None = UNSET
     lost_steps: int | Unset | None = UNSET
-    trajectory: dict[str, Any] | Unset = UNSET
+    trajectory: TrajectoryEvidence | Unset = UNSET
     checkpoint: CheckpointIntact | Unset = UNSET
     #: every sample once across the failed attempt and the resume (:meth:`SampleAccounting.as_evidence`)
-    sample_accounting: dict[str, Any] | Unset = UNSET
+    sample_accounting: AccountingEvidence | Unset = UNSET
 
 
 @dataclass
 class ContinueEvidence(DrillEvidence):
     """continue: the run under the fault against the uninterrupted one."""
 
-    trajectory: dict[str, Any] | Unset = UNSET
+    trajectory: TrajectoryEvidence | Unset = UNSET
     exit_after_last_step_s: float | Unset | None = UNSET
     rate_note: str | Unset = UNSET
 
@@ -209,7 +223,7 @@ class SaveAndExitEvidence(DrillEvidence):
     resumed_from_step: int | Unset = UNSET
     lost_steps: int | Unset = UNSET
     lost_steps_before_notice: int | Unset = UNSET
-    trajectory: dict[str, Any] | Unset = UNSET
+    trajectory: TrajectoryEvidence | Unset = UNSET
     #: ranks that died of the notice's signal (no handler) rather than saving
     died_of_the_notice: list[int] | Unset = UNSET
 
@@ -243,7 +257,7 @@ class StorageResumeEvidence(DrillEvidence):
     resume_error: str | Unset | None = UNSET
     struck_resumed_from_step: int | Unset | None = UNSET
     resumes: list[StorageRestart] | Unset = UNSET
-    trajectory: dict[str, Any] | Unset = UNSET
+    trajectory: TrajectoryEvidence | Unset = UNSET
 
 
 @dataclass
@@ -251,10 +265,10 @@ class SoakEvidence(Evidence):
     """A soak's verdict and measurements (beside its seed and schedule)."""
 
     restarts: int
-    trajectory: dict[str, Any]
-    checkpoint: dict[str, Any] | Unset = UNSET
+    trajectory: TrajectoryEvidence
+    checkpoint: StateEvidence | Unset = UNSET
     #: every sample once across the attempts (:meth:`SampleAccounting.as_evidence`)
-    sample_accounting: dict[str, Any] | Unset = UNSET
+    sample_accounting: AccountingEvidence | Unset = UNSET
     likely_causes: list[str] | Unset = UNSET
     #: each scheduled fault: when it struck and what it cost
     faults: list[dict[str, Any]] | Unset = UNSET
@@ -263,3 +277,84 @@ class SoakEvidence(Evidence):
     drill_dir: str | Unset = UNSET
     run_dir: str | Unset = UNSET
     reference_run_dir: str | Unset = UNSET
+
+
+@dataclass
+class ReferenceFailed(Evidence):
+    """The uninterrupted reference run failed: nothing was drilled."""
+
+    reference: AttemptEvidence
+
+
+@dataclass
+class ReferenceNotUsable(Evidence):
+    """The uninterrupted reference run cannot be drilled against (it failed, or printed no
+    progress metric line): where it ran."""
+
+    reference_run_dir: str
+
+
+@dataclass
+class FaultNotSetUp(Evidence):
+    """The fault could not be set up on this machine: what it said."""
+
+    fault_evidence: dict[str, Any]
+
+
+@dataclass
+class RayApi(Evidence):
+    """trainguard's Ray client for a fault that reaches the workers through Ray's API."""
+
+    agent_start_s: float
+    pid_path: bool
+
+
+#: what a drill's judge (or its early error) records, the most specific record first
+DrillFinding = (RayRecoverEvidence | RecoverEvidence | StorageResumeEvidence | SaveAndExitEvidence
+                | NonfiniteEvidence | FailCleanEvidence | ExitEvidence | ContinueEvidence | DrillEvidence | ReferenceFailed
+                | ReferenceNotUsable | FaultNotSetUp | Unset)
+
+
+@dataclass
+class DrillReport(Evidence):
+    """A drill's report object: what its spec asked, then its judge's record (or why nothing was
+    judged), then where its runs are."""
+
+    fault: str
+    expect: str
+    rank: int
+    after_step: int
+    duration: float | None
+    steps: int
+    ray_api: RayApi | Unset = UNSET
+    found: DrillFinding = field(default=UNSET, metadata=MERGED)
+    drill_dir: str | Unset = UNSET
+    #: the attempts' logs (attempt-N/)
+    run_dir: str | Unset = UNSET
+
+
+@dataclass
+class SoakReport(Evidence):
+    """One soak run's report object: its seed and schedule, then its record."""
+
+    fault: str
+    expect: str
+    seed: int
+    steps: int
+    #: the faults the seed scheduled (:meth:`trainguard.faults.soak.SoakEvent.to_dict`)
+    schedule: list[dict[str, Any]]
+    found: SoakEvidence | ReferenceNotUsable | Unset = field(default=UNSET, metadata=MERGED)
+
+
+@dataclass
+class SoakRuns(Evidence):
+    """A soak of several seeds: each run's report object under ``runs``."""
+
+    fault: str
+    seeds: list[int]
+    runs: list[SoakReport]
+
+
+#: the records a drill's result holds (``config.registry.Check.evidence`` of the drills); the
+#: Slurm drill (``queue.slurm_drill``) keeps its keys as a :class:`~trainguard.evidence.Recorded`
+DRILL_RECORDS: tuple[type[Evidence], ...] = (DrillReport, SoakReport, SoakRuns, Recorded)

@@ -396,7 +396,7 @@ def judge_recover(c: DrillContext, evidence: RecoverEvidence) -> Judgement:
     diff = trajectory_diff(c, run.points, compared)
     evidence.trajectory = diff.as_evidence()
     if unprinted:
-        evidence.trajectory["unprinted_resumed_steps"] = unprinted
+        evidence.trajectory.unprinted_resumed_steps = unprinted
     problems: list[str] = []
     if not run.ok:
         final = run.final
@@ -609,10 +609,10 @@ def final_state_words(evidence: RecoverEvidence) -> str:
     the recovered run's was compared whole with the uninterrupted run's, `` (state not compared:
     why; allowed by allow_uncompared)`` when the drill let a skipped comparison go, else nothing
     (neither run left one)."""
-    state = evidence.checkpoint if isinstance(evidence.checkpoint, dict) else {}
-    if state.get("uncompared"):
-        return f" (state not compared: {state['uncompared']}; allowed by the drill's allow_uncompared)"
-    return ", final checkpoints equal" if state.get("compared") else ""
+    state = known(evidence.checkpoint)
+    if state is not None and state.uncompared:
+        return f" (state not compared: {state.uncompared}; allowed by the drill's allow_uncompared)"
+    return ", final checkpoints equal" if state is not None and state.compared else ""
 
 
 def _said(evidence: ExitEvidence) -> str:

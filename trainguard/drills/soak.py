@@ -21,6 +21,7 @@ the faults that occurred (:func:`forecast_for`), so the model can be checked aga
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import statistics
 import threading
@@ -33,9 +34,10 @@ from typing import Any
 from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config import DrillSpec
 from trainguard.config.faults import fault_class
-from trainguard.drills.evidence import SoakEvidence
+from trainguard.drills.evidence import ReferenceNotUsable, SoakEvidence, SoakReport, SoakRuns
 from trainguard.drills.judges import diff_problem, recover_causes
 from trainguard.drills.steps import attempts_accounting, judged_steps
+from trainguard.evidence import UNSET, Unset
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.faults.soak import SoakEvent, SoakFault, soak_seeds
 from trainguard.launch import Launcher, MetricPoint, RunResult
@@ -291,7 +293,7 @@ def _judge(spec: DrillSpec, run: SupervisedRun, records: list[FaultRecord], refe
     diff = compare_trajectories(actual, expected, metric=metric, steps=steps, rtol=spec.rtol, atol=spec.atol)
     evidence = SoakEvidence(restarts=run.restarts, trajectory=diff.as_evidence())
     if unprinted:  # checkpointed, then the rank died before printing the step: not missing
-        evidence.trajectory["unprinted_resumed_steps"] = unprinted
+        evidence.trajectory.unprinted_resumed_steps = unprinted
     problems: list[str] = []
     if not run.ok:
         final = run.final
@@ -354,13 +356,13 @@ def run_soak(runner: JobRunner, spec: DrillSpec) -> CheckResult:
     results = [_run_one(runner, spec, seed) for seed in seeds]
     worst = next((r for status in ("failed", "error", "skipped") for r in results if r.status == status), None)
     status = worst.status if worst is not None else "passed"
-    summary = "; ".join(f"[{r.evidence['seed']}] {r.status}: {r.summary}" for r in results)
+    summary = "; ".join(f"[{r.evidence.seed}] {r.status}: {r.summary}" for r in results)
     return CheckResult(str(CheckId.of_drill(spec.name)), status, summary,
-                       {"fault": "soak", "seeds": seeds, "runs": [r.evidence for r in results]},
+                       SoakRuns("soak", seeds, [r.evidence for r in results]),
                        time.monotonic() - started, f"trainguard soak {runner.job_file.path} --only {spec.name}")
 
 
-def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
+def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult[SoakReport]:
     started = time.monotonic()
     job_file = runner.job_file
     name = str(CheckId.of_drill(spec.name))
@@ -368,31 +370,30 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
     events = SoakFault.schedule_of(spec.params, spec.steps, world_size, seed)
     reproduce = (f"trainguard soak {job_file.path} --only {spec.name} --seed {seed}  "
                  f"(pytest: --trainguard-soak-seed {seed})")
-    base: dict[str, Any] = {"fault": "soak", "expect": "recover", "seed": seed, "steps": spec.steps,
-                            "schedule": [e.to_dict() for e in events]}
+    base = SoakReport("soak", "recover", seed, spec.steps, [e.to_dict() for e in events])
 
-    def result(status: CheckStatus, summary: str, evidence: dict[str, Any],
-               skip_reason: SkipReason | None = None) -> CheckResult:
-        return CheckResult(name, status, summary, {**base, **evidence}, time.monotonic() - started, reproduce,
-                           skip_reason)
+    def result(status: CheckStatus, summary: str, found: SoakEvidence | ReferenceNotUsable | Unset = UNSET,
+               skip_reason: SkipReason | None = None) -> CheckResult[SoakReport]:
+        return CheckResult(name, status, summary, dataclasses.replace(base, found=found),
+                           time.monotonic() - started, reproduce, skip_reason)
 
     unavailable = SoakFault.unavailable_for(runner.backend)
     if unavailable is not None:
-        return result("skipped", unavailable, {}, SkipReason.JOB_KIND)
+        return result("skipped", unavailable, UNSET, SkipReason.JOB_KIND)
     if not events:
         return result("error", f"the schedule of seed {seed} holds no fault in {spec.steps} steps; raise "
-                      "`steps` or lower `every_steps`", {})
+                      "`steps` or lower `every_steps`")
     metrics = job_file.job.metrics
     metric = "loss" if "loss" in metrics else next(iter(metrics))
     request = runner.request_for(spec, world_size=world_size)
     reference = runner.scheduling.reference(request)
     if not reference.ok:
         return result("error", f"the uninterrupted reference run failed, so there is nothing to soak: "
-                      f"{reference.reason}", {"reference_run_dir": str(reference.run_dir)})
+                      f"{reference.reason}", ReferenceNotUsable(str(reference.run_dir)))
     reporting = sorted({p.rank for p in reference.points if p.name == metric})
     if not reporting:
         return result("error", f"the reference run printed no `{metric}` line; check job.metrics.{metric}",
-                      {"reference_run_dir": str(reference.run_dir)})
+                      ReferenceNotUsable(str(reference.run_dir)))
     own = dict(spec.params.get("fault_params") or {})
     records = [FaultRecord(e, fault_class(e.kind)(own.get(e.kind), rank=e.rank, after_step=e.step))
                for e in events]
@@ -414,7 +415,7 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
             try:
                 rec.fault.setup(ctx)
             except FaultUnavailable as exc:
-                return result("skipped", f"{rec.event.kind} cannot be injected on this machine: {exc}", {},
+                return result("skipped", f"{rec.event.kind} cannot be injected on this machine: {exc}", UNSET,
                               exc.needs)
             env.update(rec.fault.launch_env(ctx))
         soak_started = time.monotonic()
@@ -433,7 +434,7 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
         measured = found.measured = _measurements(run, records, reference, metric, reporting[0], wall)
         found.drill_dir, found.run_dir = str(drill_dir), str(run.run_dir)  # the attempts' logs
         found.reference_run_dir = str(reference.run_dir)
-        evidence = found.to_dict()
+        evidence = found
         struck = sum(_struck(rec) for rec in records)
         kinds = ", ".join(sorted({e.kind for e in events}))
         what = f"seed {seed}: {struck} of {len(events)} faults ({kinds}) in {spec.steps} steps"
@@ -443,7 +444,7 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
             return result(status, f"{what}; " + "; ".join(problems), evidence)
         return result("passed", f"{what}; recovered every time with {run.restarts} restart(s), "
                       f"{(measured.get('lost_steps') or {}).get('total', 0)} step(s) lost, goodput "
-                      f"{measured['goodput']:.2f}; all {found.trajectory.get('compared_steps', spec.steps)} "
+                      f"{measured['goodput']:.2f}; all {found.trajectory.compared_steps} "
                       "steps match the uninterrupted run", evidence)
     finally:  # Ctrl-C included: nothing is left stopped or running
         driver.finish()

@@ -10,15 +10,18 @@ function that is tested on its own. The policy's schema lives with the job file'
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from trainguard.config import GatePolicy, JobFile, Thresholds, gate_checks
+from trainguard.drills.evidence import DrillEvidence, DrillReport, FaultNotSetUp
+from trainguard.profiling.check import ProfileEvidence
 from trainguard.profiling.sizing import Sizing, apply_measured_recovery
 from trainguard.report import CheckId, CheckResult, Report
 
@@ -92,11 +95,11 @@ def sizing_of(report: Report) -> Sizing | None:
     """The sizing of the report's profile check (None without one, or when it sized nothing),
     its goodput forecast recomputed with what the recover drills and soaks of the same report
     measured (:func:`~trainguard.profiling.sizing.apply_measured_recovery`)."""
-    profile = next((c for c in report.checks if c.name == "profile"), None)
-    data = profile.evidence.get("sizing") if profile is not None else None
-    if not isinstance(data, dict):
+    profile = next((c.evidence for c in report.checks if c.name == "profile"), None)
+    if not isinstance(profile, ProfileEvidence) or not isinstance(profile.sizing, Sizing):
         return None
-    return apply_measured_recovery(Sizing.from_dict(data), report.checks)
+    # recomputed on a copy: the report keeps what its profile sized
+    return apply_measured_recovery(copy.deepcopy(profile.sizing), report.checks)
 
 
 def configured_checks(job_file: JobFile) -> list[str]:
@@ -114,10 +117,11 @@ def _results_for(name: str, checks: Iterable[CheckResult]) -> list[CheckResult]:
 
 def _fallbacks(result: CheckResult) -> list[str]:
     """The named fallback the check's fault ran instead of the real fault (``fault_evidence``)."""
-    fault = result.evidence.get("fault_evidence")
-    if isinstance(fault, Mapping) and isinstance(fault.get("fallback"), str) and fault["fallback"]:
-        return [f"{result.name}: {fault['fallback']}"]
-    return []
+    found = result.evidence.found if isinstance(result.evidence, DrillReport) else None
+    if not isinstance(found, DrillEvidence | FaultNotSetUp):
+        return []
+    fallback = found.fault_evidence.get("fallback")
+    return [f"{result.name}: {fallback}"] if isinstance(fallback, str) and fallback else []
 
 
 def decide(

@@ -6,6 +6,7 @@ The check fails when a world size did not run (or printed too few steps to time)
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,8 @@ from trainguard.profiling.compare import parse_regressions
 from trainguard.profiling.measure import batch_size_for
 from trainguard.profiling.profile import Profile, run_profile
 from trainguard.profiling.render import write_reports
-from trainguard.report import CheckResult
+from trainguard.profiling.sizing import Sizing
+from trainguard.report import CheckResult, CheckStatus
 from trainguard.run.runner import JobRunner
 from trainguard.tracking import tracker_of
 
@@ -40,9 +42,9 @@ class ProfileEvidence(Evidence):
     #: the regressions found against the baseline, described
     compare: list[str] | Unset = UNSET
     headroom: dict[str, Any] | Unset = UNSET
-    recommendation: Any = UNSET
+    recommendation: str | Unset = UNSET
     #: the sizing report (the gate judges its thresholds on this)
-    sizing: dict[str, Any] | Unset = UNSET
+    sizing: Sizing | Unset = UNSET
     #: why the first failed world size failed
     reason: str | Unset = UNSET
 
@@ -83,7 +85,7 @@ def profile_job(
     return profile, paths
 
 
-def summarise(profile: Profile) -> tuple[str, str]:
+def summarise(profile: Profile) -> tuple[CheckStatus, str]:
     """(status, one line) of a profile."""
     parts = []
     if profile.phrase:
@@ -124,10 +126,10 @@ def run_profile_check(runner: JobRunner, spec: ProfileCheck) -> CheckResult:
         evidence.headroom = {k: v for k, v in profile.headroom.to_dict().items() if k not in ("probes", "notes")}
     if profile.sizing is not None:
         evidence.recommendation = profile.sizing.recommendation
-        evidence.sizing = profile.sizing.to_dict()
+        evidence.sizing = copy.deepcopy(profile.sizing)  # the report's: what the profile sized
     if profile.failed_sizes:
         evidence.reason = profile.failed_sizes[0].reason
-    result = CheckResult("profile", status, summary, evidence.to_dict())  # type: ignore[arg-type]
+    result = CheckResult("profile", status, summary, evidence)
     if status == "failed":
         result.reproduce = f"trainguard profile {runner.job_file.path}"
     return result
@@ -158,4 +160,5 @@ def _profile_requires(spec: ProfileCheck, facts: JobFacts) -> list[tuple[str, st
 PROFILE: Check[ProfileCheck] = Check(
     "profile", ProfileCheck, run=run_profile_check, runs=_profile_runs, requires=_profile_requires, first=True,
     marks=lambda spec: [("profile", ())] + ([("slow", ())] if spec.headroom is not None else []),
+    evidence=(ProfileEvidence,),
 )

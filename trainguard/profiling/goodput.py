@@ -32,6 +32,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from trainguard.drills.evidence import (
+    DrillEvidence,
+    DrillReport,
+    FailCleanEvidence,
+    RecoverEvidence,
+    SaveAndExitEvidence,
+    SoakEvidence,
+    SoakReport,
+    SoakRuns,
+)
 from trainguard.report import CheckResult
 
 __all__ = [
@@ -140,9 +150,27 @@ def interval_curve(save_s: float, mtbf_s: float, fixed_s: float, around_s: float
     return [(t, goodput(t, save_s, mtbf_s, fixed_s)) for t in grid]
 
 
-def _recover_drills(checks: Iterable[CheckResult]) -> list[CheckResult]:
-    return [c for c in checks if c.check_id.is_drill and c.status == "passed"
-            and c.evidence.get("restarts")]
+def _recover_drills(checks: Iterable[CheckResult]) -> list[tuple[str, DrillEvidence]]:
+    """(name, judged record) of each passed drill that restarted the job."""
+    return [(c.name, c.evidence.found) for c in checks if c.check_id.is_drill and c.status == "passed"
+            and isinstance(c.evidence, DrillReport) and isinstance(c.evidence.found, DrillEvidence)
+            and c.evidence.found.restarts]
+
+
+def _soak_runs(checks: Iterable[CheckResult]) -> list[tuple[str, SoakReport]]:
+    """(name, run) of each run of each passed chaos soak (several seeds: one a seed)."""
+    out: list[tuple[str, SoakReport]] = []
+    for c in checks:
+        if c.check_id.is_drill and c.status == "passed":
+            if isinstance(c.evidence, SoakRuns):
+                out += [(c.name, run) for run in c.evidence.runs]
+            elif isinstance(c.evidence, SoakReport):
+                out.append((c.name, c.evidence))
+    return out
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def measured_recovery(checks: Iterable[CheckResult], defaults: FailureInputs) -> FailureInputs:
@@ -152,24 +180,21 @@ def measured_recovery(checks: Iterable[CheckResult], defaults: FailureInputs) ->
     seed, with its mean over its faults. Unchanged when no such drill ran."""
     checks = list(checks)
     drills = _recover_drills(checks)
-    restarts = [(c.name, float(c.evidence["fault_to_first_step_after_restart_s"])) for c in drills
-                if isinstance(c.evidence.get("fault_to_first_step_after_restart_s"), (int, float))]
-    lost = [(c.name, float(c.evidence["lost_steps"])) for c in drills
-            if isinstance(c.evidence.get("lost_steps"), (int, float))
-            and not isinstance(c.evidence.get("lost_steps"), bool)]
-    for c in checks:  # a passed chaos soak: the mean over its faults (each run of several seeds)
-        if not (c.check_id.is_drill and c.status == "passed" and c.evidence.get("fault") == "soak"):
+    restarts = [(name, cost) for name, found in drills if isinstance(found, RecoverEvidence)
+                and (cost := _number(found.fault_to_first_step_after_restart_s)) is not None]
+    lost = [(name, gone) for name, found in drills
+            if isinstance(found, RecoverEvidence | FailCleanEvidence | SaveAndExitEvidence)
+            and (gone := _number(found.lost_steps)) is not None]
+    for name, run in _soak_runs(checks):  # a passed chaos soak: the mean over its faults
+        measured = run.found.measured if isinstance(run.found, SoakEvidence) else None
+        if not isinstance(measured, Mapping):
             continue
-        for run in c.evidence.get("runs") or [c.evidence]:
-            measured = run.get("measured") if isinstance(run, Mapping) else None
-            if not isinstance(measured, Mapping):
-                continue
-            label = f"{c.name} seed {run.get('seed')}"
-            restart, gone = measured.get("restart_s"), measured.get("lost_steps")
-            if isinstance(restart, Mapping) and isinstance(restart.get("mean"), (int, float)):
-                restarts.append((label, float(restart["mean"])))
-            if isinstance(gone, Mapping) and isinstance(gone.get("mean"), (int, float)):
-                lost.append((label, float(gone["mean"])))
+        label = f"{name} seed {run.seed}"
+        restart, gone = measured.get("restart_s"), measured.get("lost_steps")
+        if isinstance(restart, Mapping) and isinstance(restart.get("mean"), (int, float)):
+            restarts.append((label, float(restart["mean"])))
+        if isinstance(gone, Mapping) and isinstance(gone.get("mean"), (int, float)):
+            lost.append((label, float(gone["mean"])))
     out = defaults
     if restarts:
         names = ", ".join(n for n, _ in restarts)

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.config import Target
+from trainguard.evidence import Evidence
 from trainguard.profiling.goodput import (
     FailureInputs,
     goodput,
@@ -91,7 +92,7 @@ class SizeInputs:
 
 
 @dataclass
-class Candidate:
+class Candidate(Evidence):
     """The predicted full run at one world size."""
 
     gpus: int
@@ -128,7 +129,7 @@ class Candidate:
 
 
 @dataclass
-class Sizing:
+class Sizing(Evidence):
     """The whole sizing report."""
 
     target: dict[str, Any]
@@ -150,31 +151,8 @@ class Sizing:
     #: the timeouts the job should use at that size (:func:`recommend_timeouts`)
     timeouts: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form (the profile check's ``evidence["sizing"]``, the gate report's ``sizing``)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Sizing:
-        """The sizing :meth:`to_dict` wrote (read back from a report); ValueError naming what
-        is missing when ``data`` is not one."""
-        candidates = [_from_dict(Candidate, c, f"sizing.candidates[{i}]")
-                      for i, c in enumerate(data.get("candidates") or [])]
-        return _from_dict(cls, {**data, "candidates": candidates}, "sizing")
-
     def candidate(self, gpus: int) -> Candidate | None:
         return next((c for c in self.candidates if c.gpus == gpus), None)
-
-
-def _from_dict(cls: Any, data: Any, where: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{where} is {type(data).__name__}, not an object")
-    known = {f.name: f for f in fields(cls)}
-    required = [n for n, f in known.items() if f.default is MISSING and f.default_factory is MISSING]
-    missing = [n for n in required if n not in data]
-    if missing:
-        raise ValueError(f"{where} lacks {', '.join(missing)}")
-    return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def _nearest(measured: Mapping[int, SizeInputs], n: int) -> SizeInputs:

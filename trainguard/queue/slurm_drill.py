@@ -35,6 +35,7 @@ from trainguard._internal.readers import LineTail, OverLimit, Unreadable, active
 from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config.values import check_regex
 from trainguard.drills.judges import DRILL_CAUSES, diff_problem
+from trainguard.evidence import Recorded
 from trainguard.launch import MetricPoint
 from trainguard.launch.metrics import MetricParser, trajectory
 from trainguard.queue.base import Submission, SubmissionError
@@ -166,7 +167,8 @@ def run_slurm_drill(
                                 "steps": drill.steps, "job_id": job_id, "log": str(log)}
 
     def result(status: CheckStatus, summary: str) -> CheckResult:
-        return CheckResult(f"drill:{drill.name}", status, summary, evidence,
+        # its keys as they were gathered (a record of their own is still to come)
+        return CheckResult(f"drill:{drill.name}", status, summary, Recorded(dict(evidence)),
                            time.monotonic() - started)
 
     deadline = started + drill.timeout_s

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainguard._internal.readers import copy_tree
+from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.run.request import RunRequest
 from trainguard.unit.checkpoints import latest_complete_checkpoint
 from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
@@ -37,7 +38,7 @@ from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, MetricPoint, RunResult
 
-__all__ = ["MAX_KEEP_BYTES", "Keepers", "KeptCheckpoint"]
+__all__ = ["MAX_KEEP_BYTES", "Keepers", "KeptCheckpoint", "KeptEvidence"]
 
 #: the largest checkpoint directory copied while a run is stopped: at ~1 GB/s a stop of seconds,
 #: far inside the collectives' timeouts (a stopped rank's watchdog counts the stop when it wakes)
@@ -76,10 +77,23 @@ class KeptCheckpoint:
         copy_tree(self.directory, base / "checkpoints")  # the kept copy holds no FIFO or device
         return base / "checkpoints"
 
-    def as_evidence(self) -> dict[str, object]:
-        return {"kept_from": str(self.run_dir), "label": self.label, "after_step": self.after_step,
-                "stopped_after_step": self.step, "copy": str(self.directory), "pause_s": round(self.pause_s, 4),
-                **({"left_out": dict(self.left_out)} if self.left_out else {})}
+    def as_evidence(self) -> KeptEvidence:
+        return KeptEvidence(str(self.run_dir), self.label, self.after_step, self.step, str(self.directory),
+                            round(self.pause_s, 4), dict(self.left_out) if self.left_out else UNSET)
+
+
+@dataclass
+class KeptEvidence(Evidence):
+    """A kept checkpoint in the report (:meth:`KeptCheckpoint.as_evidence`)."""
+
+    kept_from: str
+    label: str
+    after_step: int
+    stopped_after_step: int
+    copy: str
+    pause_s: float
+    #: {relative path: why} the copy left out
+    left_out: dict[str, str] | Unset = UNSET
 
 
 @dataclass

@@ -7,6 +7,7 @@ Which checks exist and how each runs is the registry's (:mod:`trainguard.config.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import threading
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainguard.config import CheckSpec, JobFile
 from trainguard.config.registry import Later, check_for, check_names
-from trainguard.report import CheckResult, Report, SkipReason
+from trainguard.report import CappedLogs, CheckResult, FullDisk, Report, SkipReason
 from trainguard.run.declared import declared_runs, progress_metric_of
 from trainguard.run.request import share_key
 from trainguard.run.runner import JobRunner
@@ -136,14 +137,16 @@ def _attach_log_notes(runner: JobRunner, result: CheckResult) -> None:
     """The check's evidence says which of its runs' logs were capped, and which runs had a full
     disk under their run directory (the launcher's ``logs_truncated`` / ``run_dir_disk``)."""
     notes = runner.take_log_notes()
-    for key in ("logs_truncated", "run_dir_disk"):
-        found = [note[key] if key == "run_dir_disk" else {"run_dir": note["run_dir"], "logs": note[key]}
-                 for note in notes if key in note]
-        if found:  # a failed run's evidence may hold its own already (copied by the check)
-            result.evidence[key] = found
-    full = result.evidence.get("run_dir_disk")
-    if isinstance(full, list) and "full or failing disk" not in result.summary:
-        result.summary += f"; {full[0]['note']}"  # a verdict that stands, said with it
+    capped = [CappedLogs.from_dict({"run_dir": note["run_dir"], "logs": note["logs_truncated"]})
+              for note in notes if "logs_truncated" in note]
+    full = [FullDisk.from_dict(note["run_dir_disk"]) for note in notes if "run_dir_disk" in note]
+    # a failed run's evidence may hold its own already (copied by the check): these come after
+    if capped:
+        result.run_notes.logs_truncated = capped
+    if full:
+        result.run_notes.run_dir_disk = full
+        if "full or failing disk" not in result.summary:
+            result.summary += f"; {full[0].note}"  # a verdict that stands, said with it
 
 
 def lane_plan(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) -> list[AheadRun]:
@@ -335,19 +338,15 @@ def _measured_recovery_into_sizing(report: Report) -> None:
     """The profile check's sizing, when the same session ran recover drills or soaks, with its
     goodput forecast recomputed from what they measured (as the gate does), so a saved report
     never keeps the default restart cost beside a measured one."""
+    from trainguard.profiling.check import ProfileEvidence
     from trainguard.profiling.sizing import Sizing, apply_measured_recovery
 
-    profile = next((c for c in report.checks if c.name == "profile"), None)
-    data = profile.evidence.get("sizing") if profile is not None else None
-    if profile is None or not isinstance(data, dict):
+    profile = next((c.evidence for c in report.checks if c.name == "profile"), None)
+    if not isinstance(profile, ProfileEvidence) or not isinstance(profile.sizing, Sizing):
         return
-    try:
-        sizing = Sizing.from_dict(data)
-    except ValueError:
-        return
-    refreshed = apply_measured_recovery(sizing, report.checks)
-    if refreshed.failure_inputs != data.get("failure_inputs"):
-        profile.evidence["sizing"] = refreshed.to_dict()
+    refreshed = apply_measured_recovery(copy.deepcopy(profile.sizing), report.checks)
+    if refreshed.failure_inputs != profile.sizing.failure_inputs:
+        profile.sizing = refreshed
 
 
 def _check_report_path(report_json: str | os.PathLike[str]) -> None:

@@ -99,8 +99,8 @@ class CheckRun:
             return
         tracker.set_tags(handle, {"trainguard.status": result.status, "trainguard.summary": result.summary[:5000]})
         tracker.log_metrics(handle, [("duration_s", result.duration_s, 0, int(time.time() * 1000))])
-        tracker.log_text(handle, lambda: json.dumps(asdict(result), indent=2, default=str), "result.json")
-        plots = result.evidence.get("plots", [])  # the contract: checks put plot paths here
+        tracker.log_text(handle, lambda: json.dumps({**result.to_dict(), "skip_reason": result.skip_reason}, indent=2, default=str), "result.json")
+        plots = result.evidence.to_dict().get("plots", [])  # the contract: checks put plot paths here
         for plot in [plots] if isinstance(plots, (str, os.PathLike)) else plots or []:
             tracker.log_artifact(handle, plot, "plots")
         if not result.ok:

@@ -6,8 +6,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.unit.checkpoints.files import (
     CheckpointContents,
     checkpoint_candidates,
@@ -23,7 +23,7 @@ from trainguard.unit.checkpoints.state import (
     flatten_parts,
 )
 
-__all__ = ["LayoutDifference", "StateComparison", "compare_checkpoint_dirs", "compare_layouts"]
+__all__ = ["LayoutDifference", "LayoutEvidence", "StateComparison", "StateEvidence", "compare_checkpoint_dirs", "compare_layouts"]
 
 
 @dataclass
@@ -98,25 +98,39 @@ class StateComparison:
                          "docs/security.md)")
         return ", ".join(parts)
 
-    def as_evidence(self) -> dict[str, Any]:
-        evidence: dict[str, Any] = {
-            "compared": self.compared,
-            "reason": self.reason,
-            "files": list(self.files) if self.files else None,
-            "compared_keys": self.compared_keys,
-            "differing_keys": [k for k, _ in self.differing][:50],
-            "differences": [f"{k}: {what}" for k, what in self.differing][:20],
-            "by_component": {c: keys[:20] for c, keys in self.by_component.items()},
-            "summary": self.summary(),
-            "uncompared": self.uncompared,
-        }
+    def as_evidence(self) -> StateEvidence:
+        evidence = StateEvidence(
+            self.compared, self.reason, list(self.files) if self.files else None, self.compared_keys,
+            [k for k, _ in self.differing][:50], [f"{k}: {what}" for k, what in self.differing][:20],
+            {c: keys[:20] for c, keys in self.by_component.items()}, self.summary(), self.uncompared)
         if self.metadata_differing:
-            evidence["metadata_differing"] = self.metadata_differing[:20]
+            evidence.metadata_differing = self.metadata_differing[:20]
         if self.skipped:
-            evidence["skipped"] = self.skipped
+            evidence.skipped = self.skipped
         if self.over_limit:
-            evidence["over_limit"] = self.over_limit
+            evidence.over_limit = self.over_limit
         return evidence
+
+
+@dataclass
+class StateEvidence(Evidence):
+    """Two final checkpoints compared, in the report (:meth:`StateComparison.as_evidence`)."""
+
+    compared: bool
+    reason: str
+    files: list[str] | None
+    compared_keys: int
+    #: the first 50 keys that differ, and the first 20 with what differs
+    differing_keys: list[str]
+    differences: list[str]
+    #: component -> its first 20 differing keys
+    by_component: dict[str, list[str]]
+    summary: str
+    #: what a read limit left uncompared, in words ("" when nothing)
+    uncompared: str
+    metadata_differing: list[str] | Unset = UNSET
+    skipped: dict[str, str] | Unset = UNSET
+    over_limit: list[str] | Unset = UNSET
 
 
 def _entries(path: Path, roots: tuple[str, ...]) -> tuple[dict[str, Entry], CheckpointContents]:
@@ -297,12 +311,27 @@ class LayoutDifference:
         words += [f"{k} changed from {a} to {b}" for k, a, b in self.changed[:3]]
         return "; ".join(words)
 
-    def as_evidence(self) -> dict[str, Any]:
-        return {"compared": self.compared, "reason": self.reason,
-                "files": list(self.files) if self.files else None,
-                "only_in_old": self.only_in_old[:50], "only_in_new": self.only_in_new[:50],
-                "changed": [list(c) for c in self.changed[:50]],
-                "renamed": [list(r) for r in self.renamed[:20]], "summary": self.summary()}
+    def as_evidence(self) -> LayoutEvidence:
+        return LayoutEvidence(
+            self.compared, self.reason, list(self.files) if self.files else None, self.only_in_old[:50],
+            self.only_in_new[:50], [list(c) for c in self.changed[:50]], [list(r) for r in self.renamed[:20]],
+            self.summary())
+
+
+@dataclass
+class LayoutEvidence(Evidence):
+    """Two checkpoints' layouts compared, in the report (:meth:`LayoutDifference.as_evidence`)."""
+
+    compared: bool
+    reason: str
+    files: list[str] | None
+    only_in_old: list[str]
+    only_in_new: list[str]
+    #: [key, old, new] for the first 50 keys whose shape or dtype changed
+    changed: list[list[str]]
+    #: [old key, new key] for the first 20 renamed
+    renamed: list[list[str]]
+    summary: str
 
 
 def _layout(entries: dict[str, Entry]) -> dict[str, str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard._internal.readers import OverLimit, Unreadable, shown_name
+from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.unit.checkpoints.files import (
     FILE_SUFFIXES,
     CheckpointContents,
@@ -28,6 +29,7 @@ __all__ = [
     "OPTIONAL",
     "CheckpointInventory",
     "Entry",
+    "InventoryEvidence",
     "checkpoint_inventory",
     "classify_key",
     "classify_path",
@@ -384,17 +386,28 @@ class CheckpointInventory:
             text += "; not read: " + ", ".join(self.skipped)
         return text
 
-    def as_evidence(self) -> dict[str, Any]:
-        return {
-            "path": str(self.path),
-            "files": self.files,
-            "skipped": self.skipped,
-            "components": {c: len(keys) for c, keys in self.components.items()},
-            "details": self.details,
-            "missing": self.missing,
-            "metadata": self.metadata[:20],
-            "tensors": {c: n for c, (n, _) in self.counts.items() if n},
-        }
+    def as_evidence(self) -> InventoryEvidence:
+        return InventoryEvidence(
+            str(self.path), self.files, self.skipped, {c: len(keys) for c, keys in self.components.items()},
+            self.details, self.missing, self.metadata[:20], {c: n for c, (n, _) in self.counts.items() if n})
+
+
+@dataclass
+class InventoryEvidence(Evidence):
+    """What a checkpoint holds, in the report (:meth:`CheckpointInventory.as_evidence`)."""
+
+    path: str
+    files: list[str]
+    skipped: dict[str, str]
+    #: component -> how many keys
+    components: dict[str, int]
+    details: dict[str, str]
+    missing: list[str]
+    metadata: list[str]
+    #: component -> how many tensors
+    tensors: dict[str, int]
+    #: in words (:meth:`CheckpointInventory.summary`), where a diagnosis reports it
+    summary: str | Unset = UNSET
 
 
 _BUFFER = re.compile(r"^(?:running_mean|running_var|num_batches_tracked|inv_freq|freqs_cis|mask|causal_mask)$")
