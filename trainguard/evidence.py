@@ -25,6 +25,7 @@ evidence no registered type reads (a check this version does not have): its keys
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -34,7 +35,8 @@ from typing import Any, Literal, Self, TypeVar, Union, get_args, get_origin, get
 
 __all__ = ["MERGED", "TRAILING", "UNSET", "Evidence", "EvidenceError", "NoEvidence", "Recorded", "RunDidNotComplete", "StartedAhead",
            "Unset",
-           "known", "read_first"]
+           "known", "read_first", "read_record",
+           "record_dict"]
 
 
 class _Unset(Enum):
@@ -53,6 +55,7 @@ Unset = Literal[_Unset.UNSET]
 
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 def known(value: T | Unset) -> T | None:
@@ -74,6 +77,8 @@ TRAILING = {"trailing": True}
 def _plain(value: Any) -> Any:
     if isinstance(value, Evidence):
         return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return record_dict(value)
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, dict):
@@ -89,38 +94,52 @@ class Evidence:
 
     def to_dict(self) -> JsonObject:
         """The report's ``evidence`` object for this record."""
-        out: JsonObject = {}
-        for f in sorted(fields(self), key=lambda f: bool(f.metadata.get("trailing"))):
-            value = getattr(self, f.name)
-            if f.metadata.get("merged"):
-                out.update(_plain(value) if value is not UNSET else {})
-            elif value is not UNSET:
-                out[f.name] = _plain(value)
-        return out
+        return record_dict(self)
 
     @classmethod
     def from_dict(cls, data: object, where: str = "evidence") -> Self:
         """The record ``data`` (a report's ``evidence`` object) was written from, each field read
         by its type; :class:`EvidenceError` naming the key (``where`` and the field) when a key is
         missing, unknown or of another type."""
-        if not isinstance(data, Mapping):
-            raise EvidenceError(where, f"expected an object, got {_kind(data)}")
-        hints = _hints(cls)
-        values: dict[str, Any] = {}
-        merged: str | None = None
-        for f in fields(cls):
-            if f.metadata.get("merged"):
-                merged = f.name
-            elif f.name in data:
-                values[f.name] = _read(hints[f.name], data[f.name], f"{where}.{f.name}")
-            elif f.default is not UNSET and f.init:
-                raise EvidenceError(f"{where}.{f.name}", "missing")
-        rest = {k: v for k, v in data.items() if k not in values}
-        if merged is not None:
-            values[merged] = _read_merged(hints[merged], rest, where)
-        elif rest:
-            raise EvidenceError(f"{where}.{next(iter(rest))}", f"not a key of {cls.__name__}")
-        return cls(**values)
+        return read_record(cls, data, where)
+
+
+def record_dict(record: Any) -> JsonObject:
+    """The JSON object of a record (an :class:`Evidence`, or a plain dataclass nested in one):
+    its fields in order (:data:`TRAILING` ones last), :data:`UNSET` ones left out, a
+    :data:`MERGED` one's keys in place, nested records as their objects."""
+    out: JsonObject = {}
+    for f in sorted(fields(record), key=lambda f: bool(f.metadata.get("trailing"))):
+        value = getattr(record, f.name)
+        if f.metadata.get("merged"):
+            out.update(_plain(value) if value is not UNSET else {})
+        elif value is not UNSET:
+            out[f.name] = _plain(value)
+    return out
+
+
+def read_record(cls: type[R], data: object, where: str = "evidence") -> R:
+    """The record of type ``cls`` (an :class:`Evidence`, or a plain dataclass nested in one) that
+    :func:`record_dict` wrote as ``data``, each field read by its type (see
+    :meth:`Evidence.from_dict`)."""
+    if not isinstance(data, Mapping):
+        raise EvidenceError(where, f"expected an object, got {_kind(data)}")
+    hints = _hints(cls)
+    values: dict[str, Any] = {}
+    merged: str | None = None
+    for f in fields(cls):  # type: ignore[arg-type]  # a dataclass
+        if f.metadata.get("merged"):
+            merged = f.name
+        elif f.name in data:
+            values[f.name] = _read(hints[f.name], data[f.name], f"{where}.{f.name}")
+        elif f.default is not UNSET and f.init:
+            raise EvidenceError(f"{where}.{f.name}", "missing")
+    rest = {k: v for k, v in data.items() if k not in values}
+    if merged is not None:
+        values[merged] = _read_merged(hints[merged], rest, where)
+    elif rest:
+        raise EvidenceError(f"{where}.{next(iter(rest))}", f"not a key of {cls.__name__}")
+    return cls(**values)
 
 
 @dataclass
@@ -191,6 +210,8 @@ def _read(hint: Any, value: object, where: str) -> Any:
         raise EvidenceError(where, f"expected one of {get_args(hint)}, got {value!r}")
     if isinstance(hint, type) and issubclass(hint, Evidence):
         return hint.from_dict(value, where)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return read_record(hint, value, where)
     if origin in (list, tuple):
         return _read_items(origin, get_args(hint), value, where)
     if origin in (dict, Mapping) or hint is dict:

@@ -14,6 +14,7 @@ from tests.helpers import drill_report, make_sizing, profile_evidence, soak_repo
 from trainguard.config import GatePolicy, Target, load_config
 from trainguard.drills.evidence import SoakRuns
 from trainguard.errors import ConfigError
+from trainguard.evidence import record_dict
 from trainguard.gate.policy import Capabilities, decide, sizing_of
 from trainguard.profiling.goodput import (
     FailureInputs,
@@ -123,7 +124,7 @@ def _sizing() -> Any:
 
 def test_the_sizing_forecasts_goodput_at_every_size() -> None:
     sizing = _sizing()
-    assert sizing.failure_inputs["restart_source"] == "default: target.restart_minutes = 10"
+    assert sizing.failure_inputs.restart_source == "default: target.restart_minutes = 10"
     for c in sizing.candidates:
         work, mtbf = c.hours * 3600, c.mtbf_hours * 3600
         fixed = 600.0 + 2.0  # restart + a load as long as the save
@@ -139,7 +140,7 @@ def test_the_sizing_forecasts_goodput_at_every_size() -> None:
     assert sizing.candidate(2).goodput_at_job_cadence is None  # not profiled at 2
     goodputs = [c.goodput for c in sizing.candidates]
     assert goodputs == sorted(goodputs, reverse=True)  # more GPUs: more failures
-    assert sizing.goodput_curve["gpus"] == sizing.recommended
+    assert sizing.goodput_curve is not None and sizing.goodput_curve.gpus == sizing.recommended
     assert sizing.recommendation.count("goodput") == 1
 
 
@@ -149,7 +150,7 @@ def test_measured_restart_raises_the_forecast() -> None:
     fast = FailureInputs(5.0, "measured", None, "included", load_in_restart=True)
     after = apply_failure_inputs(sizing, fast)
     assert all(c.goodput > before[c.gpus] for c in after.candidates)
-    assert after.failure_inputs["restart_s"] == 5.0
+    assert after.failure_inputs.restart_s == 5.0
 
 
 def test_recommended_timeouts_follow_the_measured_tail_and_the_save() -> None:
@@ -191,7 +192,7 @@ def test_the_gate_uses_the_drills_measured_restart() -> None:
     plain = sizing_of(Report(job="toy", checks=[profile]))
     with_drill = sizing_of(Report(job="toy", checks=[profile, drill]))
     assert plain is not None and with_drill is not None
-    assert plain.failure_inputs["restart_s"] == 600.0 and with_drill.failure_inputs["restart_s"] == 3.0
+    assert plain.failure_inputs.restart_s == 600.0 and with_drill.failure_inputs.restart_s == 3.0
     assert with_drill.candidates[0].goodput > plain.candidates[0].goodput
 
 
@@ -273,7 +274,7 @@ def test_a_check_report_keeps_the_measured_restart_cost_not_the_default() -> Non
     _measured_recovery_into_sizing(report)
     inputs = report.to_dict()["checks"][0]["evidence"]["sizing"]["failure_inputs"]
     assert inputs["restart_s"] == 4.0 and inputs["restart_source"].startswith("measured")
-    assert sizing_of(report).failure_inputs == inputs  # type: ignore[union-attr]
+    assert record_dict(sizing_of(report).failure_inputs) == inputs  # type: ignore[union-attr]
     bare = Report(job="j", job_file="j.yaml")
     bare.checks.append(CheckResult("profile", "passed", "ok", evidence=profile_evidence(_sizing())))
     _measured_recovery_into_sizing(bare)
@@ -290,3 +291,17 @@ def test_a_save_whose_cost_was_not_measurable_is_not_set_against_the_jobs_cadenc
     one = sizing.candidate(1)
     assert one.checkpoint_every_s == 1800 and "nothing measurable" in one.checkpoint_rule
     assert one.job_checkpoint_every_steps == 5 and one.goodput_at_job_cadence is None
+
+
+def test_the_sizing_writes_the_json_it_wrote_as_a_dict_and_reads_it_back() -> None:
+    """The sizing is a record (its failure inputs and goodput curve too): its JSON is what the
+    dataclass's fields gave before (``asdict``, key for key, in order), and it reads back equal."""
+    import dataclasses
+    import json
+
+    from trainguard.profiling.sizing import Sizing
+
+    sizing = _sizing()
+    assert sizing.failure_inputs is not None and sizing.goodput_curve is not None
+    assert json.dumps(sizing.to_dict()) == json.dumps(dataclasses.asdict(sizing))
+    assert Sizing.from_dict(json.loads(json.dumps(sizing.to_dict()))) == sizing

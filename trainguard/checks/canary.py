@@ -31,7 +31,7 @@ from trainguard.checks.calibration import canary_calibrated
 from trainguard.config import CanaryCheck
 from trainguard.config.problems import DEFAULT_REGEX_HINT, metric_problems
 from trainguard.config.registry import Check, JobFacts, Run
-from trainguard.evidence import MERGED, UNSET, Evidence, StartedAhead, Unset
+from trainguard.evidence import MERGED, UNSET, Evidence, StartedAhead, Unset, known
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.report import CheckResult
 from trainguard.run.request import RunRequest
@@ -489,10 +489,8 @@ def _passed_summary(result: RunResult, spec: CanaryCheck, loss: LossVerdict, evi
         if peak is not None else "RSS not sampled"
     )
     seconds = f"{result.duration_s:.1f} s" + (f" of {limit_s:g}" if spec.max_seconds else "")
-    val_note = (
-        f"; {spec.val_metric} fell {evidence.val['drop']:.0%}"
-        if isinstance(evidence.val, dict) and evidence.val["drop"] is not None else ""
-    )
+    val = known(evidence.val)
+    val_note = f"; {spec.val_metric} fell {val.drop:.0%}" if val is not None and val.drop is not None else ""
     return (f"loss fell {loss.drop:.0%} (median {loss.early_median:.4g} over steps {loss.early_steps} "
             f"-> {loss.late_median:.4g} over steps {loss.late_steps}; min {spec.min_loss_drop:.0%}), "
             f"finite, no spike{val_note}; {spec.steps} steps in {seconds}, {memory}")

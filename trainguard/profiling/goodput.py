@@ -29,8 +29,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from trainguard.drills.evidence import (
     DrillEvidence,
@@ -76,17 +75,6 @@ class FailureInputs:
         if self.load_in_restart:
             return self.restart_s
         return self.restart_s + (self.load_s if self.load_s is not None else save_s or 0.0)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form (the sizing's ``failure_inputs``)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> FailureInputs:
-        """Read back what :meth:`to_dict` wrote."""
-        return cls(**{k: data[k] for k in ("restart_s", "restart_source", "load_s", "load_source",
-                                           "load_in_restart", "lost_steps", "lost_source")
-                      if k in data})
 
 
 def wall_clock_s(work_s: float, interval_s: float, save_s: float, mtbf_s: float, fixed_s: float) -> float:

@@ -33,6 +33,7 @@ from trainguard.report import CheckResult
 
 __all__ = [
     "Candidate",
+    "GoodputCurve",
     "SizeInputs",
     "Sizing",
     "apply_failure_inputs",
@@ -129,6 +130,18 @@ class Candidate(Evidence):
 
 
 @dataclass
+class GoodputCurve(Evidence):
+    """Goodput against the checkpoint interval at one size (the profile report's plot)."""
+
+    gpus: int
+    #: the interval chosen, and the lost-work cap (target.max_lost_minutes)
+    chosen_s: float
+    cap_s: float
+    #: [interval_s, goodput] on a log grid
+    points: list[list[float]]
+
+
+@dataclass
 class Sizing(Evidence):
     """The whole sizing report."""
 
@@ -143,11 +156,10 @@ class Sizing(Evidence):
     #: memory headroom per rank at the profile's batch from the headroom search (its budget,
     #: peak, headroom, largest and safe batch); None when no search ran
     batch_headroom: dict[str, Any] | None = None
-    #: what one failure costs and where each figure came from (:class:`FailureInputs`)
-    failure_inputs: dict[str, Any] | None = None
-    #: goodput vs checkpoint interval at the recommended (else smallest) size:
-    #: {"gpus": n, "chosen_s": interval, "points": [[interval_s, goodput], ...]}
-    goodput_curve: dict[str, Any] | None = None
+    #: what one failure costs and where each figure came from
+    failure_inputs: FailureInputs | None = None
+    #: goodput vs checkpoint interval at the recommended (else smallest) size
+    goodput_curve: GoodputCurve | None = None
     #: the timeouts the job should use at that size (:func:`recommend_timeouts`)
     timeouts: list[dict[str, Any]] = field(default_factory=list)
 
@@ -288,7 +300,7 @@ def apply_failure_inputs(sizing: Sizing, inputs: FailureInputs, *, unit: str | N
     unit = unit or ("GPU(s)" if sizing.device == "gpu" else "rank(s)")
     for c in sizing.candidates:
         _forecast(c, inputs, target)
-    sizing.failure_inputs = inputs.to_dict()
+    sizing.failure_inputs = inputs
     sizing.recommended, sizing.recommendation = _recommend(target, sizing.candidates, unit)
     shown = sizing.candidate(sizing.recommended) if sizing.recommended else (
         sizing.candidates[0] if sizing.candidates else None)
@@ -298,9 +310,8 @@ def apply_failure_inputs(sizing: Sizing, inputs: FailureInputs, *, unit: str | N
         curve = interval_curve(save, shown.mtbf_hours * 3600, fixed,
                                around_s=(shown.young_daly_s or shown.checkpoint_every_s),
                                floor_s=shown.step_time_s)
-        sizing.goodput_curve = {"gpus": shown.gpus, "chosen_s": shown.checkpoint_every_s,
-                                "cap_s": target.max_lost_minutes * 60,
-                                "points": [[round(t, 4), round(g, 6)] for t, g in curve]}
+        sizing.goodput_curve = GoodputCurve(shown.gpus, shown.checkpoint_every_s, target.max_lost_minutes * 60,
+                                            [[round(t, 4), round(g, 6)] for t, g in curve])
     if shown is not None:
         load = 0.0 if inputs.load_in_restart else (
             inputs.load_s if inputs.load_s is not None else shown.checkpoint_cost_s or 0.0)
@@ -396,6 +407,6 @@ def apply_measured_recovery(sizing: Sizing, checks: Iterable[CheckResult]) -> Si
     :func:`~trainguard.profiling.goodput.measured_recovery`); unchanged when none did."""
     if sizing.failure_inputs is None or not sizing.candidates:
         return sizing
-    inputs = FailureInputs.from_dict(sizing.failure_inputs)
+    inputs = sizing.failure_inputs
     measured = measured_recovery(checks, inputs)
     return apply_failure_inputs(sizing, measured) if measured != inputs else sizing
