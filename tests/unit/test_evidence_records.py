@@ -110,3 +110,14 @@ def test_evidence_that_is_not_its_record_names_the_file_and_the_key(tmp_path: Pa
         load_report(path)
     assert caught.value.path == str(path) and caught.value.key == "checks[0].evidence.metric_steps_seen"
     assert "expected int, got str" in str(caught.value)
+
+
+def test_a_record_has_no_string_keys_to_read() -> None:
+    """Readers read attributes: a record is no mapping (mypy rejects ``result.evidence["x"]``),
+    and only its report form (``to_dict()``, where it leaves the process) has keys."""
+    record = SmokeEvidence(5, "ok", [], {}, 5, [], "runs/1")
+    for kind in {kind for _, kind in _record_types()} | {Evidence, Recorded}:
+        assert not any(hasattr(kind, name) for name in ("__getitem__", "get", "keys", "items")), kind
+    with pytest.raises(TypeError):
+        record["steps"]  # type: ignore[index]
+    assert record.to_dict()["steps"] == 5
