@@ -83,17 +83,22 @@ def test_each_name_has_one_module_path(modules: dict[str, structure.Module]) -> 
 def test_the_one_path_measures_find_what_they_look_for(tmp_path: Path) -> None:
     found = _package(tmp_path / "pkg", {
         "__init__.py": "",
-        "run/__init__.py": "",
         "run/request.py": "class RunRequest: ...\n",
         "run/runner.py": ('from trainguard.run.request import RunRequest\n'
                           '__all__ = ["JobRunner", "RunRequest"]\nclass JobRunner: ...\n'),
         "runner.py": '"""old path"""\nfrom trainguard.run.runner import JobRunner\n__all__ = ["JobRunner"]\n',
         "checks/__init__.py": ("def __getattr__(name):\n    from trainguard.run.runner import JobRunner\n"
                                "    return JobRunner\n"),
+        # a lazy table of names forwarded through an f-string module name
+        "run/__init__.py": ('import importlib\n_EXPORTS = {"RunRequest": "request"}\n'
+                            'def __getattr__(name):\n'
+                            '    return getattr(importlib.import_module(f"trainguard.run.{_EXPORTS[name]}"), name)\n'),
     })
     assert [line.split(": ")[1] for line in structure.reexport_shims(found)] == ["trainguard.runner only re-exports"]
     assert any("trainguard.run.runner re-exports RunRequest" in line for line in structure.reexported_names(found))
-    assert [line.rsplit(": ", 1)[1] for line in structure.forwards(found)] == ["trainguard.checks.__getattr__ forwards"]
+    assert sorted(line.rsplit(": ", 1)[1] for line in structure.forwards(found)) == [
+        "trainguard.checks.__getattr__ forwards", "trainguard.run.__getattr__ forwards"]
+    assert ("trainguard.run.request", None, 4) in found["trainguard.run"].imports
 
 
 def test_the_fault_agent_imports_only_the_standard_library_and_the_jobs_torch(
