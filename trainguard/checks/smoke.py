@@ -161,7 +161,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
         stages["last_metric_to_exit_s"] = round(result.duration_s - last, 3)
     if not result.ok:
         problems.append(f"the job did not complete: {result.reason}")
-    metric = "loss" if "loss" in job.metrics else next(iter(job.metrics))
+    metric = job.progress_metric
     seen = set(result.trajectory(metric))
     # steps counted from 1, or from 0 (nanoGPT's `iter 0`, an `epoch 0` line)
     base = 0 if 0 in seen else 1

@@ -382,8 +382,7 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
     if not events:
         return result("error", f"the schedule of seed {seed} holds no fault in {spec.steps} steps; raise "
                       "`steps` or lower `every_steps`", {})
-    metrics = job_file.job.metrics
-    metric = "loss" if "loss" in metrics else next(iter(metrics))
+    metric = job_file.job.progress_metric
     request = runner.request_for(spec, world_size=world_size)
     reference = runner.scheduling.reference(request)
     if not reference.ok:

@@ -99,7 +99,7 @@ def step_metric_of(job_file: JobFile, spec: ProfileCheck) -> str:
     """The metric whose lines end a step: ``spec.step_metric``, else ``loss``, else the first."""
     if spec.step_metric:
         return spec.step_metric
-    return "loss" if "loss" in job_file.job.metrics else next(iter(job_file.job.metrics))
+    return job_file.job.progress_metric
 
 
 def batch_size_for(job_file: JobFile, spec: ProfileCheck, world_size: int) -> int | None:

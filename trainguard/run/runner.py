@@ -292,9 +292,8 @@ class JobRunner:
         return result
 
     def _record_curve(self, label: str, request: RunRequest, result: RunResult, span: tuple[float, float]) -> None:
-        metrics = self.job_file.job.metrics
-        name = "loss" if "loss" in metrics else next(iter(metrics), None)
-        if name is None or len(self.curves) >= 32:
+        name = self.job_file.job.progress_metric
+        if len(self.curves) >= 32:
             return
         curve = trajectory(result.points, name)
         if curve:
