@@ -18,7 +18,13 @@ from trainguard._internal.registry import NotInstalled, Registry
 from trainguard.cli.main import main
 from trainguard.config import load_config
 from trainguard.config.backends import BACKENDS
-from trainguard.config.faults import EXPECTATIONS, FAULTS, FaultNotInstalled, fault_class
+from trainguard.config.faults import (
+    EXPECTATIONS,
+    FAULTS,
+    Expectation,
+    FaultNotInstalled,
+    fault_class,
+)
 from trainguard.config.queues import QUEUES
 from trainguard.config.registry import CHECKS
 from trainguard.errors import ConfigError, UsageError
@@ -139,6 +145,7 @@ def test_on_change_hooks_hear_a_registration_and_its_removal() -> None:
 def test_every_built_in_line_resolves_to_its_entry() -> None:
     assert [c.name for c in CHECKS.entries()] == list(CHECKS.names())
     assert [e.name for e in EXPECTATIONS.entries()] == list(EXPECTATIONS.names())
+    assert EXPECTATIONS.names() == tuple(Expectation)  # the faults' typed vocabulary of the same names
     assert all(fault_class(kind).kind == kind for kind in FAULTS)
     assert {kind: BACKENDS.get(kind)().title for kind in BACKENDS} == {"command": "command", "ray_train": "Ray Train"}
     assert all(callable(QUEUES.get(name).submit_and_follow) for name in QUEUES)
@@ -183,3 +190,11 @@ def test_the_docs_tables_list_the_registered_names() -> None:
     expect_row = dict(_rows("drills.md", "| key | default |"))["expect"]
     assert [e for e in re.findall(r"`(\w+)`", expect_row) if e not in FAULTS] == list(EXPECTATIONS.names())
 
+
+
+def test_the_fault_markers_row_in_the_docs_is_the_markers_line() -> None:
+    """docs/markers-and-options.md describes ``@pytest.mark.fault`` with the line pytest
+    --markers prints, the registered kinds included."""
+    signature, _, description = MARKERS["fault"].line.partition(": ")
+    row = f"| `@pytest.mark.{signature}` | {description} |"
+    assert row in (ROOT / "docs" / "markers-and-options.md").read_text(encoding="utf-8")
