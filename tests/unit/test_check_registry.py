@@ -151,7 +151,7 @@ def test_a_registration_line_that_cannot_be_imported_is_said_in_words() -> None:
     with pytest.raises(CheckNotInstalled, match=r"cannot be imported: .*remove its registration line"):
         register("tg_no_such_check_module:CHECK")
     with pytest.raises(CheckNotInstalled, match="not a trainguard Check"):
-        register("trainguard.config.registry:REGISTERED")
+        register("trainguard.config.registry:CHECKS")
     with pytest.raises(CheckNotInstalled, match="no check is registered as 'smok'"):
         register("trainguard.checks.smoke:SMOKE", before="smok")
     assert check_names(many=True) == before

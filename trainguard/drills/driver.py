@@ -42,7 +42,6 @@ from trainguard.drills.judges import (
     attempt_evidence,
     fail_clean_start,
     fail_clean_verdict,
-    judge_fail_clean,
     verify_resume,
 )
 from trainguard.drills.nonfinite import must_stop
@@ -332,9 +331,9 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
             evidence["run_dir"] = str(run.run_dir)  # the attempts' logs (attempt-N/)
             return result(status, summary, evidence)
 
-        if judge is judge_fail_clean and runner.untimed_later:
+        if judge.finishes_later and runner.untimed_later:
             return _fail_clean_later(c, drill_dir / "checkpoints", judged)
-        return judged(judge(c))
+        return judged(judge.judge(c))
     finally:  # Ctrl-C included: nothing is left stopped, mounted or running
         driver.finish()
         with contextlib.suppress(Exception):

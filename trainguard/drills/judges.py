@@ -12,7 +12,7 @@
 
 Each takes a :class:`DrillContext` (what the driver saw) and returns a :class:`Judgement`; none
 launches anything except fail_clean's verification run through the runner.
-:func:`trainguard.drills.dispatch.judge_for` picks the judge of an expectation.
+:mod:`trainguard.drills.expectations` registers each; ``dispatch.judge_for`` picks a drill's.
 """
 
 from __future__ import annotations
