@@ -22,6 +22,8 @@ from trainguard.faults.node_loss import NodeLossFault
 from trainguard.faults.soak import SoakFault
 from trainguard.launch import LaunchSpec
 from trainguard.launch.backend import CommandBackend
+from trainguard.launch.launcher import Launcher, RunResult
+from trainguard.launch.reach import ChildRanks, Restarts
 from trainguard.raytrain.backend import RayTrainBackend
 from trainguard.run.runner import JobRunner
 from trainguard.session import check
@@ -94,8 +96,8 @@ def test_the_built_in_backends_answer_what_the_callers_ask(tmp_path: Path) -> No
     assert command.launch_spec(spec).world_size == 4 and ray.launch_spec(spec).world_size == 1
     assert command.reproduce_argv(["python", "t.py"], 2) == ["torchrun", "--nproc-per-node=2", "t.py"]
     assert ray.reproduce_argv(["python", "t.py"], 2) == ["python", "t.py"]
-    assert command.concurrent_runs and not ray.concurrent_runs
-    assert command.ranks_are_children and not ray.ranks_are_children
+    assert command.concurrent_runs() and not ray.concurrent_runs()
+    assert command.ranks_are_children() and not ray.ranks_are_children()
     assert command.launch_env() == {} and ray.head is None  # nothing starts until a launch
     # each fault asks the backend what it needs
     assert KillWorkerFault.unavailable_for(command) is None
@@ -103,3 +105,50 @@ def test_the_built_in_backends_answer_what_the_callers_ask(tmp_path: Path) -> No
     assert NodeLossFault.unavailable_for(ray) is None
     assert "not `kind: ray_train`" in str(NodeLossFault.unavailable_for(command))
     assert SoakFault.unavailable_for(command) is None and SoakFault.unavailable_for(ray) is not None
+
+
+def test_a_command_jobs_fault_reaches_the_launchers_own_children(tmp_path: Path) -> None:
+    """The drill driver asks the backend how its fault reaches the ranks: for a command job the
+    fault gets the launcher itself, its preexec runs in the ranks, and nothing starts behind the
+    launcher (no sightings, nothing to clear when the attempt ends)."""
+    reach = CommandBackend().fault_reach("kill_rank", job_name="toy", world_size=2)
+    assert isinstance(reach, ChildRanks)
+    launcher = Launcher(LaunchSpec(argv=["python", "t.py"], run_dir=tmp_path, world_size=2))
+    assert reach.open() == {} and reach.launch_env() == {}
+    hook = print
+    assert reach.preexec(hook) is hook
+    assert reach.target(launcher) is launcher
+    watch = reach.watch(launcher)
+    assert watch.poll() == [] and watch.pids() == {} and watch.started_after(0.0) == []
+    assert watch.restart_notice_after(0.0) is None and not reach.outlives_attempt()
+    reach.close()
+
+
+def test_who_restarts_a_failed_attempt_is_the_backends_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """trainguard relaunches a command job's group (the drill's budget); Ray Train restarts a
+    dead worker inside the fit itself, so trainguard relaunches nothing after those faults and
+    the recover verdict reads the restart from the watch."""
+    command, ray = CommandBackend(), RayTrainBackend()
+    assert command.drill_restarts("kill_rank", "recover", 3) == Restarts(relaunches=3, in_launch=False)
+    assert ray.drill_restarts("kill_rank", "recover", 3) == Restarts(relaunches=0, in_launch=True)
+    assert ray.drill_restarts("node_loss", "recover", 2) == Restarts(relaunches=0, in_launch=True)
+    assert ray.drill_restarts("hang", "recover", 3) == Restarts(relaunches=3, in_launch=False)  # unseen by Ray
+    assert ray.drill_restarts("kill_rank", "fail_clean", 1) == Restarts(relaunches=1, in_launch=False)
+    assert command.restart_note(2) == "" and ray.restart_note(0) == ""
+    assert "FailureConfig(max_failures=2)" in ray.restart_note(2)
+    # a ray_train job's fault reaches its workers as Ray's signal path says (no Ray started here)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("TRAINGUARD_RAY_SIGNALS", "pid")
+    reach = ray.fault_reach("kill_rank", job_name="toy", world_size=2)
+    assert reach.preexec(print) is None and reach.outlives_attempt() and reach.open() == {}
+    assert reach.launch_env() == {} and ray.head is None
+    monkeypatch.setenv("TRAINGUARD_RAY_SIGNALS", "bogus")
+    with pytest.raises(ValueError, match="TRAINGUARD_RAY_SIGNALS"):
+        ray.fault_reach("kill_rank", job_name="toy", world_size=2)
+
+
+def test_the_ranks_own_metrics_writer_is_read_where_the_backend_keeps_it(tmp_path: Path) -> None:
+    result = RunResult("ok", ["python"], tmp_path, 1, 0, [], [], 1.0, None)
+    assert CommandBackend().writer_record(result)[0] is None
+    summary, where = RayTrainBackend().writer_record(result)
+    assert summary is None and "ray_tracking.json" in where and str(tmp_path) in where

@@ -223,25 +223,12 @@ def _production_run(runner: Any, spec: Any, wait_s: float = 10.0) -> Any:
 
 
 def _submit_spec(spec: Any, queue: str, job_file: JobFile, *, wait_s: float) -> dict[str, Any]:
-    from trainguard.queue.backends import get_backend
-    from trainguard.raytrain.local_ray import LocalRay, external_cluster
+    from trainguard.queue.backends import backend_class
 
     if queue == "slurm":
         return _submit_to_slurm(spec, job_file.state_dir / "slurm", wait_s=wait_s)
-    if external_cluster() is not None:
-        return get_backend("ray").submit(spec).to_dict()
-    # no RAY_ADDRESS: an embedded head, for a dry run of the submission path on this machine;
-    # the job lives only as long as the head, which stops when the gate ends
-    with LocalRay(dashboard=True) as cluster:
-        backend = get_backend("ray", cluster=cluster, pending_timeout=min(wait_s, 60.0))
-        submission = backend.submit(spec)
-        if submission.job_id and not submission.terminal and wait_s > 0:
-            submission = backend.wait(submission.job_id, wait_s)
-        out = submission.to_dict()
-        out["note"] = (f"submitted to an embedded local Ray head (no RAY_ADDRESS) and watched for "
-                       f"{wait_s:g} s; the head stops with the gate. Set RAY_ADDRESS to submit to a "
-                       "real cluster")
-        return out
+    # RAY_ADDRESS, or an embedded head for a dry run of the submission path on this machine
+    return backend_class("ray").submit_watched(spec, wait_s=wait_s)  # type: ignore[no-any-return]
 
 
 def _submit_to_slurm(spec: Any, script_dir: Path, *, wait_s: float) -> dict[str, Any]:
