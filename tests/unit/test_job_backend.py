@@ -23,7 +23,7 @@ from trainguard.faults.soak import SoakFault
 from trainguard.launch import LaunchSpec
 from trainguard.launch.backend import CommandBackend
 from trainguard.launch.launcher import Launcher, RunResult
-from trainguard.launch.reach import ChildRanks, Restarts
+from trainguard.launch.reach import ChildRanks, NoWatch, Restarts, WorkerSighting
 from trainguard.raytrain.backend import RayTrainBackend
 from trainguard.run.runner import JobRunner
 from trainguard.session import check
@@ -152,3 +152,81 @@ def test_the_ranks_own_metrics_writer_is_read_where_the_backend_keeps_it(tmp_pat
     assert CommandBackend().writer_record(result)[0] is None
     summary, where = RayTrainBackend().writer_record(result)
     assert summary is None and "ray_tracking.json" in where and str(tmp_path) in where
+
+
+class _Sightings(NoWatch):
+    """A watch of ranks that run behind the launcher, fed by the test."""
+
+    def __init__(self) -> None:
+        self.seen: list[WorkerSighting] = []
+
+    def pids(self) -> dict[int, int]:
+        return {s.rank: s.pid for s in self.seen}
+
+    def started_after(self, t: float, rank: int | None = None) -> list[WorkerSighting]:
+        return [s for s in self.seen if s.t > t and rank in (None, s.rank)]
+
+
+class _Elsewhere(ChildRanks):
+    """The reach of a backend whose ranks run elsewhere: not a line of drills/ or faults/ knows it."""
+
+    def __init__(self, view: object) -> None:
+        super().__init__()
+        self.sightings, self.view, self.ready_for = _Sightings(), view, []
+
+    def preexec(self, hook: object) -> None:
+        return None
+
+    def watch(self, launcher: object) -> _Sightings:  # type: ignore[override]
+        return self.sightings
+
+    def ready(self, launcher: object, rank: int) -> None:
+        self.ready_for.append(rank)
+
+    def target(self, launcher: object) -> object:  # type: ignore[override]
+        return self.view
+
+
+def test_the_drill_driver_reaches_the_ranks_only_through_the_backends_reach(tmp_path: Path) -> None:
+    """A third backend's ranks, reached its own way: the fault strikes the reach's target, the
+    pids at the fault are the watch's, and a process the watch sees start after the fault is the
+    backend's own restart (the first step after it is noted), with no edit of the driver."""
+    from types import SimpleNamespace
+
+    from trainguard.config import parse_config
+    from trainguard.drills.driver import Driver
+    from trainguard.faults.base import Fault
+    from trainguard.launch import MetricPoint
+
+    struck: list[object] = []
+
+    class _Struck(Fault):
+        kind = "struck-test"
+
+        def inject(self, launcher: object) -> None:
+            struck.append(launcher)
+            self.injected_at = 1.0
+
+    text = ("job:\n  name: toy\n  command: \"python t.py --steps {steps} --ckpt-dir {checkpoint_dir}\"\n"
+            "  resume_args: \"--resume\"\n  metrics: {loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'}\n"
+            "checks:\n  drills:\n    - {name: f, fault: kill_rank, rank: 0, after_step: 2}\n")
+    spec = parse_config(text, path=tmp_path / "t.yaml").checks.drills[0]
+    ranks = [SimpleNamespace(rank=0, popen=SimpleNamespace(poll=lambda: None), stderr_log=tmp_path / "r0")]
+    launcher = SimpleNamespace(spec=SimpleNamespace(restart_count=0, run_dir=tmp_path), ranks=ranks,
+                               elapsed=lambda: 1.0, exit_seen_at={})
+    view = SimpleNamespace(ranks=ranks)
+    reach = _Elsewhere(view)
+    reach.sightings.seen.append(WorkerSighting(0, 100, None, 0.5))
+    driver = Driver(_Struck({}, rank=0, after_step=2), spec, "loss", 0, reach)
+    try:
+        for step in (1, 2):
+            driver.on_metric(MetricPoint("loss", step, 1.0, rank=0, t=float(step)), launcher)  # type: ignore[arg-type]
+        assert struck == [view] and driver.info.ray_workers_at_injection == {0: 100}
+        assert reach.ready_for and driver.info.tracker is reach.sightings
+        driver.on_metric(MetricPoint("loss", 3, 1.0, rank=0, t=3.0), launcher)  # type: ignore[arg-type]
+        assert driver.info.ray_first_step_after_restart_t is None  # no new process yet
+        reach.sightings.seen.append(WorkerSighting(0, 200, None, 3.5))
+        driver.on_metric(MetricPoint("loss", 3, 1.0, rank=0, t=4.0), launcher)  # type: ignore[arg-type]
+        assert driver.info.ray_first_step_after_restart_t == 4.0
+    finally:
+        driver.finish()
