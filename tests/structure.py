@@ -65,6 +65,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("profiling", ("trainguard.profiling",)),
     ("session", ("trainguard.session",)),
     ("queue", ("trainguard.queue",)),
+    ("ray jobs", ("trainguard.raytrain.ray_jobs",)),
     ("gate", ("trainguard.gate",)),
     ("cli", ("trainguard.cli",)),
     ("pytest", ("trainguard.plugins", "trainguard.fixtures")),
@@ -82,6 +83,30 @@ STDLIB_ONLY = frozenset({
     "trainguard.launch.hook._trainguard_run_agent",
     "trainguard.launch.hook.sitecustomize",
 })
+
+
+#: a backend's own package: no module outside it imports it, but for these (importer, imported)
+#: pairs -- the job kind's registration line (docs/architecture.md, "Ray's code in raytrain/ only")
+OWN_PACKAGES: dict[str, frozenset[tuple[str, str]]] = {
+    "trainguard.raytrain": frozenset({("trainguard.config.backends", "trainguard.raytrain.backend")}),
+}
+
+
+def foreign_imports(modules: dict[str, Module], owned: dict[str, frozenset[tuple[str, str]]] | None = None) -> list[str]:
+    """Imports of a package of :data:`OWN_PACKAGES` (or ``owned``) from a module outside it,
+    its allowed pairs excepted; function-level, ``TYPE_CHECKING`` and literal ``import_module``
+    imports count."""
+    owned = OWN_PACKAGES if owned is None else owned
+    found = []
+    for module in modules.values():
+        for package, allowed in owned.items():
+            if module.name == package or module.name.startswith(package + "."):
+                continue
+            for imported, _name, line in module.imports:
+                target = _target(modules, imported) or imported
+                if (target == package or target.startswith(package + ".")) and (module.name, target) not in allowed:
+                    found.append(f"{_rel(module.path)}:{line}: {module.name} imports {target}")
+    return sorted(set(found))
 
 
 def layer_of(module: str) -> int | None:
@@ -416,6 +441,10 @@ def main() -> None:
     upward = upward_imports(modules)
     print(f"imports of a higher layer: {len(upward)}")
     for line in upward:
+        print("  ", line)
+    foreign = foreign_imports(modules)
+    print(f"imports of a backend's own package from outside it: {len(foreign)}")
+    for line in foreign:
         print("  ", line)
     print(f"modules in no layer: {unplaced(modules)}")
     for what, found in (("re-export shims", reexport_shims(modules)),

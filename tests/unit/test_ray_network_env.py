@@ -53,6 +53,7 @@ def fault_after_setup(ray_train: bool) -> NetworkFault:
     ray_train job the run it created on the drill's MLflow server."""
     fault = NetworkFault(MLFLOW, after_step=2)
     fault.proxy_address = PROXY
+    fault.backend = RayTrainBackend() if ray_train else CommandBackend()
     if ray_train:
         fault.drill_run_id = DRILL_RUN
     return fault

@@ -60,6 +60,37 @@ def test_layers_import_only_downward(modules: dict[str, structure.Module]) -> No
     )
 
 
+def test_only_raytrain_imports_raytrain(modules: dict[str, structure.Module]) -> None:
+    """Ray's code is reached through the protocols it implements (``launch.backend``,
+    ``launch.reach``, ``queue.base``), never imported by the drills, the faults, the gate, ...:
+    the registration line of ``config/backends.py`` is the one exception."""
+    assert structure.foreign_imports(modules) == [], (
+        "ask the job backend (trainguard/launch/backend.py, launch/reach.py) for what differs, "
+        "or move the code into trainguard/raytrain/ (docs/backends.md)"
+    )
+
+
+def test_an_import_of_a_backends_own_package_is_found(tmp_path: Path) -> None:
+    found = _package(tmp_path, {
+        "__init__.py": "",
+        "raytrain/__init__.py": "",
+        "raytrain/backend.py": "class RayTrainBackend: ...\n",
+        "raytrain/workers.py": "from trainguard.raytrain.backend import RayTrainBackend\n",
+        "config/__init__.py": "",
+        "config/backends.py": "from trainguard.raytrain.backend import RayTrainBackend\n",
+        "drills/__init__.py": "",
+        "drills/driver.py": "def run():\n    from trainguard.raytrain.workers import x\n",
+        "faults/__init__.py": "",
+        "faults/kill.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import trainguard.raytrain\n",
+        "gate/__init__.py": "",
+        "gate/run.py": "import importlib\nimportlib.import_module('trainguard.raytrain.backend')\n",
+    })
+    problems = structure.foreign_imports(found)
+    assert len(problems) == 3, problems
+    assert {p.split(": ")[1].split()[0] for p in problems} == {
+        "trainguard.drills.driver", "trainguard.faults.kill", "trainguard.gate.run"}
+
+
 def test_no_library_module_is_longer_than_the_limit(modules: dict[str, structure.Module]) -> None:
     library = {
         name: module

@@ -34,7 +34,7 @@ class QueueClass(Protocol):
 
 #: queue name (``gate.queue``, ``trainguard submit --queue``) -> its backend class
 QUEUES: Registry[QueueClass] = Registry("queue backend", {
-    "ray": "trainguard.queue.ray_jobs:RayJobsBackend",
+    "ray": "trainguard.raytrain.ray_jobs:RayJobsBackend",
     "slurm": "trainguard.queue.slurm:SlurmBackend",
 }, accepts=lambda value: callable(getattr(value, "submit_and_follow", None)),
     a="a queue backend class (queue.base.QueueBackend, with submit_and_follow)")

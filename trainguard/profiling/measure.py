@@ -148,7 +148,7 @@ class _ResourceSampler:
         self._backend = backend
         self._pids: Callable[[], dict[int, int]] | None = None
         #: the ranks' own peak RSS is sampled here, not by the launcher
-        self._rss = not backend.ranks_are_children
+        self._rss = not backend.ranks_are_children()
         self.peak_rss_mb: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

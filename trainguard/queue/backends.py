@@ -19,7 +19,7 @@ __all__ = ["get_backend"]
 def get_backend(name: str, **options: Any) -> QueueBackend:
     """The backend called ``name`` (``"ray"`` or ``"slurm"``), built with ``options``.
 
-    ``ray``: :class:`~trainguard.queue.ray_jobs.RayJobsBackend` (``cluster=``, ``pending_timeout=``,
+    ``ray``: :class:`~trainguard.raytrain.ray_jobs.RayJobsBackend` (``cluster=``, ``pending_timeout=``,
     ...); ``slurm``: :class:`~trainguard.queue.slurm.SlurmBackend` (``script_dir=``, ...).
     """
     if name not in QUEUES:

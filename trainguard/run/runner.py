@@ -198,7 +198,7 @@ class JobRunner:
         self.scheduling = RunScheduler(
             self._run_scheduled, lock=self._lock, inflight=self._inflight,
             # e.g. a ray_train job's fits would queue for the same Ray CPUs: one after the other
-            background=lambda: self.backend.concurrent_runs,
+            background=lambda: self.backend.concurrent_runs(),
             current_check=lambda: self.current_check,
             adopt=lambda tracked: self.observer.launch_adopted(tracked),
             prefix=self._prefix_reference,
@@ -526,7 +526,7 @@ class JobRunner:
             else:
                 trainers.setdefault(source.trainer, {})[name] = source.key_for(name)
                 files[name] = str(log_dir / METRICS_DIR / "rank{rank}.jsonl")
-        if not self.backend.rank_at_start or not (trainers or job.record_samples):
+        if not self.backend.rank_at_start() or not (trainers or job.record_samples):
             return regexes, files, {}
         spec = {
             "metrics_dir": str(log_dir / METRICS_DIR),
@@ -558,12 +558,12 @@ class JobRunner:
     def keep_checkpoint(self, request: RunRequest, after_step: int, metric: str) -> None:
         """Keep the checkpoint of the next uninterrupted run of ``request`` after it prints step
         ``after_step`` of ``metric`` (see :mod:`trainguard.run.keep`)."""
-        if self.checkpoints_known and self.backend.ranks_are_children:
+        if self.checkpoints_known and self.backend.ranks_are_children():
             self.keepers.register(self.scheduling.reference_key(request), after_step, metric)
 
     def kept_checkpoint(self, request: RunRequest, after_step: int) -> tuple[KeptCheckpoint | None, str]:
         """The checkpoint kept of ``request`` after ``after_step``, or None and why not."""
-        if not self.backend.ranks_are_children:  # e.g. Ray's processes, not the driver's children
+        if not self.backend.ranks_are_children():  # e.g. Ray's processes, not the driver's children
             return None, (f"a {self.backend.title} job's ranks are not trainguard's processes: trainguard "
                           "cannot stop them while it copies")
         if not self.checkpoints_known:

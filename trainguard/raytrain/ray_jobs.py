@@ -10,6 +10,10 @@ submitting, the cluster's alive nodes are read and an infeasible request is refu
 numbers; and after submitting, a job still PENDING after ``pending_timeout`` is reported --
 ``unschedulable`` (and stopped) when no node can hold it, ``pending`` when it is only waiting for
 resources in use by other jobs. Nothing here waits without a deadline.
+
+It is the queue backend ``ray`` (:func:`trainguard.queue.backends.get_backend` names it by its
+``module:attr`` line, resolved on first use); :meth:`RayJobsBackend.submit_and_follow` is the gate's
+``--submit`` to it. It lives in ``raytrain/``, above ``queue/`` (docs/architecture.md).
 """
 
 from __future__ import annotations
