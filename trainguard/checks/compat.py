@@ -45,11 +45,11 @@ from trainguard._internal.worktree import (
     resolve_commit,
 )
 from trainguard.checks.calibration import ToleranceUsed, tolerance_for
+from trainguard.checks.context import CheckContext
 from trainguard.checks.diagnosis import first_different_batch
 from trainguard.checks.equivalence import (
     TrajectoryDiff,
     compare_trajectories,
-    progress_metric,
 )
 from trainguard.checks.interruption import kill_after, untested_kill
 from trainguard.config import CheckSpec
@@ -61,6 +61,7 @@ from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.rundir import new_run_dir
 from trainguard.launch.samples import read_samples
 from trainguard.report import CheckResult, CheckStatus
+from trainguard.run.declared import progress_metric_of
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
 from trainguard.unit.checkpoints.compare import LayoutDifference, compare_layouts
@@ -242,7 +243,13 @@ def _git_facts(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence,
     return root, commit, named
 
 
-def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
+def run_compat(ctx: CheckContext[CompatCheck]) -> CheckResult:
+    """The compat check on the runner of the context's pool (the base commit's runs are a
+    sibling runner's; this job's are admitted against its declared runs)."""
+    return _run_compat(ctx.pool.runner, ctx.spec)
+
+
+def _run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
     """Base's checkpoint after ``after_step``, resumed by the current code; compared with the
     current code's uninterrupted run."""
     from trainguard._internal.gitstate import git_state
@@ -262,7 +269,7 @@ def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
     if commit == state.commit and state.dirty is False:
         return done("passed", f"the job's code is base's commit {commit[:12]} ({named}) unchanged: nothing to compare")
     request = runner.request_for(spec)
-    tol = tolerance_for(runner, spec, request, _NAME)
+    tol = tolerance_for(runner.job_file, spec, request, _NAME)
     evidence.tolerance = tol.as_evidence()
     reference = runner.scheduling.reference(request)
     evidence.run_dirs["reference"] = str(reference.run_dir)
@@ -280,7 +287,7 @@ def _run_at_base(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence,
     """Base checked out, killed after ``after_step``, and its checkpoint resumed by the current
     code; judged by :func:`_judge`."""
     root, commit = at
-    metric = progress_metric(runner)
+    metric = progress_metric_of(runner.job_file)
     relative = runner.job_file.cwd.resolve().relative_to(root.resolve())
     # base checkpoints into a folder of trainguard's own, never into the checkout or a linked one
     checkpoints = new_run_dir(runner.job_file.state_dir, runner.job_file.job.name, "compat-base-checkpoints",

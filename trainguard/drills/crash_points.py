@@ -47,7 +47,8 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from trainguard._internal.atomic import atomic_write_text
-from trainguard.checks.equivalence import compare_trajectories, progress_metric
+from trainguard.checks.context import CheckContext
+from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config.checks import CheckSpec
 from trainguard.config.problems import resume_problems
 from trainguard.config.registry import Check, Run
@@ -59,6 +60,7 @@ from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories, first_step
 from trainguard.launch.rundir import new_run_dir
 from trainguard.report import CheckResult, SkipReason
+from trainguard.run.declared import progress_metric_of
 from trainguard.run.runner import JobRunner
 
 __all__ = ["CRASH_POINTS", "Boundary", "CrashPointsCheck", "choose_boundaries", "run_crash_points"]
@@ -345,14 +347,20 @@ def _save_ops(events: list[dict[str, Any]], arrivals: list[tuple[int, float]], a
     return SaveFound(save, wrote, not any(feeds(e) for e in after))
 
 
-def run_crash_points(runner: JobRunner, spec: CrashPointsCheck) -> CheckResult:
+def run_crash_points(ctx: CheckContext[CrashPointsCheck]) -> CheckResult:
+    """The crash-points check on the runner of the context's pool (its launches are admitted
+    against its declared runs)."""
+    return _run_crash_points(ctx.pool.runner, ctx.spec)
+
+
+def _run_crash_points(runner: JobRunner, spec: CrashPointsCheck) -> CheckResult:
     started = time.monotonic()
     why = fuse_unavailable()
     if why is not None:
         return CheckResult(_NAME, "skipped", f"{why}: crash_points records and crashes the job's saves in a "
                            "FUSE layer over its checkpoint directory (root, /dev/fuse, libfuse3, mfusepy)",
                            {}, time.monotonic() - started, skip_reason=SkipReason.NEEDS_ROOT)
-    metric = progress_metric(runner)
+    metric = progress_metric_of(runner.job_file)
     request = runner.request_for(spec)
     reference = runner.scheduling.reference(request)
     if not reference.ok:

@@ -332,7 +332,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
             evidence["run_dir"] = str(run.run_dir)  # the attempts' logs (attempt-N/)
             return result(status, summary, evidence)
 
-        if judge is judge_fail_clean and runner.untimed_later:
+        if judge is judge_fail_clean and runner.pool.state.untimed_later:
             return _fail_clean_later(c, drill_dir / "checkpoints", judged)
         return judged(judge(c))
     finally:  # Ctrl-C included: nothing is left stopped, mounted or running

@@ -18,7 +18,7 @@ import shlex
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,8 +32,9 @@ from trainguard.launch import Launcher, LaunchSpec, LineMetric, MetricPoint, Run
 from trainguard.launch.backend import JobBackend
 from trainguard.launch.hook import METRICS_DIR, SAMPLES_DIR, run_hook_env
 from trainguard.launch.rundir import new_run_dir
-from trainguard.run.keep import Keepers, KeptCheckpoint
+from trainguard.run.keep import Keepers
 from trainguard.run.observer import MetricCallback, NullObserver, ObserverSource, RunObserver
+from trainguard.run.pool import RunPool
 from trainguard.run.request import RunRequest
 from trainguard.run.scheduling import AheadRun, RunScheduler
 from trainguard.unit.checkpoints import describe_candidates, latest_complete_checkpoint
@@ -166,27 +167,11 @@ class JobRunner:
     #: launchers of the runs started off the main thread (stopped by stop_background/close_lane)
     _inflight: set[Launcher] = field(default_factory=set, repr=False)
     _parent: JobRunner | None = field(default=None, repr=False)
-    #: the name of the check running in the foreground (set by
-    #: :func:`trainguard.session.run_check`); a lane run records it as what it ran beside
-    current_check: str | None = None
-    #: the reference cache, background prefetch and lane of this runner's runs
-    scheduling: RunScheduler = field(init=False, repr=False)
+    #: launching, sharing and keeping this runner's runs, and the session's state
+    #: (:mod:`trainguard.run.pool`)
+    pool: RunPool = field(init=False, repr=False)
     #: every launch made through this runner and its siblings, in order (the root runner's)
     launches: list[LaunchRecord] = field(default_factory=list, repr=False)
-    #: checkpoints kept from uninterrupted runs after a step (:mod:`trainguard.run.keep`)
-    keepers: Keepers = field(default_factory=Keepers, repr=False)
-    #: the checks of the session running (name, spec), in run order: set by
-    #: :func:`trainguard.session.run_in_order` (a check may fold into another's runs)
-    session_checks: Sequence[tuple[str, CheckSpec]] = ()
-    #: a check that times its runs is running (set by :func:`trainguard.session.run_in_order`):
-    #: nothing else starts in this process meanwhile
-    timing: bool = False
-    #: called by a timed check once its timed runs are done (its reports are still to write):
-    #: :func:`trainguard.session.run_in_order` starts the untimed runs then
-    on_timed_done: Callable[[], None] | None = field(default=None, repr=False)
-    #: a check may leave its untimed rest for after the timed checks (a ``Later``; set by
-    #: :func:`trainguard.session.run_in_order`)
-    untimed_later: bool = False
 
     def __post_init__(self) -> None:
         # every file of the job's runs that trainguard reads (checkpoints, logs) within the
@@ -195,14 +180,17 @@ class JobRunner:
         if self.tracker is not None and isinstance(self.observer, NullObserver):
             self.observer = self.tracker.run_observer()
         self.backend = backend_for(self.job_file.job.kind)
-        self.scheduling = RunScheduler(
-            self._run_scheduled, lock=self._lock, inflight=self._inflight,
-            # e.g. a ray_train job's fits would queue for the same Ray CPUs: one after the other
-            background=lambda: self.backend.concurrent_runs,
-            current_check=lambda: self.current_check,
-            adopt=lambda tracked: self.observer.launch_adopted(tracked),
-            prefix=self._prefix_reference,
-        )
+        self.pool = RunPool(self, lock=self._lock, inflight=self._inflight)
+
+    @property
+    def scheduling(self) -> RunScheduler:
+        """The reference cache, background prefetch and lane of this runner's runs (its pool's)."""
+        return self.pool.scheduling
+
+    @property
+    def keepers(self) -> Keepers:
+        """Checkpoints kept from uninterrupted runs after a step (:mod:`trainguard.run.keep`)."""
+        return self.pool.keepers
 
     def take_log_notes(self) -> list[dict[str, object]]:
         """The log notes recorded since the last call (:func:`trainguard.session.run_check`
@@ -261,17 +249,19 @@ class JobRunner:
     ) -> RunResult:
         """Launch one run in a new run directory (``checkpoint_dir`` given: reuse that one). An
         uninterrupted run (not resumed, its own checkpoint directory, ``keep``) keeps the
-        checkpoints checks asked for (:meth:`keep_checkpoint`)."""
+        checkpoints checks asked for (:meth:`RunPool.keep`)."""
+        self.pool.admit(request, label, ahead)
         run_dir = new_run_dir(
             self.job_file.state_dir, self.job_file.job.name, label, keep=self.settings.keep_runs
         )
         values = self.placeholders(request, run_dir, checkpoint_dir)
-        keeper, kept_done = (self.keepers.attach(self.scheduling.reference_key(request), label=label, run_dir=run_dir,
+        keeper, kept_done = (self.keepers.attach(request, label=label, run_dir=run_dir,
                                                  checkpoint_dir=Path(str(values["checkpoint_dir"])))
                              if keep and not resume and checkpoint_dir is None else (None, lambda result: None))
         if keeper is not None:
             on_metric = keeper if on_metric is None else _both(keeper, on_metric)
-        if not self.timing:  # a timed run gets the cores to itself
+        timing = self.pool.state.timing
+        if not timing:  # a timed run gets the cores to itself
             _warm_torch_import()
         tracked = self._track_start(request, label, resume, ahead_of=ahead.check if ahead else None)
         if ahead is not None:
@@ -280,7 +270,7 @@ class JobRunner:
         try:
             result = self._launch(
                 request, values, run_dir, label=label, resume=resume, on_metric=on_metric,
-                restart_count=restart_count, tracked=tracked, timed=self.timing,
+                restart_count=restart_count, tracked=tracked, timed=timing,
             )
         except BaseException:
             kept_done(None)
@@ -331,6 +321,7 @@ class JobRunner:
         ``shutdown_timeout`` (the stall limit after the last step). ``restart_if`` restarts an
         attempt whose outcome is not in ``restart_on`` too, when it returns True (a soak: a job
         that saved and exited 0 on a pre-emption notice, steps short of the end)."""
+        self.pool.admit(request, label)
         limit = self.job_file.job.max_restarts if max_restarts is None else max_restarts
         run_dir = new_run_dir(
             self.job_file.state_dir, self.job_file.job.name, label, keep=self.settings.keep_runs
@@ -547,63 +538,12 @@ class JobRunner:
             timeout=spec.timeout,
         )
 
-    def timed_runs_done(self) -> None:
-        """A timed check says its timed runs are over (see :attr:`on_timed_done`)."""
-        self.timing = False
-        callback, self.on_timed_done = self.on_timed_done, None
-        if callback is not None:
-            callback()
-
-    # -- kept checkpoints (see trainguard.run.keep) -------------------------------------------
-
-    def keep_checkpoint(self, request: RunRequest, after_step: int, metric: str) -> None:
-        """Keep the checkpoint of the next uninterrupted run of ``request`` after it prints step
-        ``after_step`` of ``metric`` (see :mod:`trainguard.run.keep`)."""
-        if self.checkpoints_known and self.backend.ranks_are_children:
-            self.keepers.register(self.scheduling.reference_key(request), after_step, metric)
-
-    def kept_checkpoint(self, request: RunRequest, after_step: int) -> tuple[KeptCheckpoint | None, str]:
-        """The checkpoint kept of ``request`` after ``after_step``, or None and why not."""
-        if not self.backend.ranks_are_children:  # e.g. Ray's processes, not the driver's children
-            return None, (f"a {self.backend.title} job's ranks are not trainguard's processes: trainguard "
-                          "cannot stop them while it copies")
-        if not self.checkpoints_known:
-            return None, "the job is not given {checkpoint_dir}, so trainguard cannot copy its checkpoints"
-        return self.keepers.kept(self.scheduling.reference_key(request), after_step)
-
-    def resume_kept(self, kept: KeptCheckpoint, request: RunRequest, *, label: str) -> RunResult:
-        """``request`` resumed (``resume_args``) from a copy of ``kept``: launched once, shared by
-        the checks that ask for the same one."""
-        return self.keepers.resumed(kept, self.scheduling.reference_key(request), lambda: self.run(
-            request, label=label, resume=True, checkpoint_dir=kept.copy_for(label)))
-
-    def _prefix_reference(self, request: RunRequest, kept: dict[RunRequest, RunResult]) -> RunResult | None:
-        """With ``job.steps_independent``: the uninterrupted run of ``request`` served by the
-        first steps of a longer one that ran already (:meth:`Keepers.prefix`); else None."""
-        if not self.job_file.job.steps_independent:
-            return None
-        return self.keepers.prefix(self.scheduling.reference_key(request), kept)
-
-    def start_resume_kept(self, kept: KeptCheckpoint, request: RunRequest, *, label: str) -> None:
-        """:meth:`resume_kept` started in the background (independent resumed runs start up side
-        by side); :meth:`resume_kept` then waits for it."""
-        self.keepers.start_resumed(kept, self.scheduling.reference_key(request), lambda: self.run(
-            request, label=label, resume=True, checkpoint_dir=kept.copy_for(label)))
-
     @property
     def checkpoints_known(self) -> bool:
         """Whether the job is told where to checkpoint (``{checkpoint_dir}`` in its command,
         resume args or env): only then can trainguard copy a run's checkpoints."""
         job = self.job_file.job
         return any("{checkpoint_dir}" in t for t in [*job.command, *job.resume_args, *job.env.values()])
-
-    # -- scheduling (see trainguard.run.scheduling) -------------------------------------------
-
-    def _run_scheduled(
-        self, request: RunRequest, *, label: str, on_metric: MetricCallback | None = None,
-        ahead: AheadRun | None = None,
-    ) -> RunResult:
-        return self.run(request, label=label, on_metric=on_metric, ahead=ahead)
 
     def command_line(
         self,
