@@ -24,7 +24,7 @@ from trainguard.config import ResumeCheck, load_config, parse_config
 from trainguard.config.settings import Settings
 from trainguard.errors import ConfigError
 from trainguard.run.request import RunRequest
-from trainguard.run.runner import JobRunner
+from trainguard.run.runner import JobRunner, LaunchOptions
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 
@@ -98,7 +98,7 @@ def test_a_resumed_launch_gets_the_newest_complete_checkpoint(job: Path, tmp_pat
 def test_every_restart_resumes_from_the_checkpoint_newest_then(job: Path) -> None:
     runner = runner_for(job, "--die-at 5 --die-at 7")
     request = RunRequest.make(steps=8, seed=0, world_size=1)
-    run = runner.supervise(request, label="restarts", max_restarts=2, backoff_s=0.0)
+    run = runner.supervise(request, label="restarts", options=LaunchOptions(max_restarts=2, backoff_s=0.0))
     assert run.ok and run.restarts == 2
     resumed = [Path(a.evidence["resumed_from"]).name for a in run.attempts[1:]]
     assert resumed == ["checkpoint-4", "checkpoint-6"]
@@ -207,6 +207,6 @@ def test_the_restart_backoff_starts_over_after_an_attempt_that_made_progress(
     monkeypatch.setattr(runner_module, "time", clock)
     runner = runner_for(job, "--die-at 5 --die-at 7")
     run = runner.supervise(RunRequest.make(steps=8, seed=0, world_size=1), label="backoff",
-                           max_restarts=2, backoff_s=0.25)
+                           options=LaunchOptions(max_restarts=2, backoff_s=0.25))
     assert run.ok and run.restarts == 2
     assert waits == [0.25, 0.25]  # the second attempt got past step 5: no doubling

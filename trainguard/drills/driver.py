@@ -55,7 +55,7 @@ from trainguard.raytrain.agent import STATE_TRACKING_ENV, RayAgent, RayAgentErro
 from trainguard.raytrain.workers import RayWorkerLauncher, RayWorkerTracker, signal_path
 from trainguard.report import CheckId, CheckResult, CheckStatus, SkipReason
 from trainguard.run.request import RunRequest
-from trainguard.run.runner import JobRunner
+from trainguard.run.runner import JobRunner, LaunchOptions
 
 __all__ = ["RAY_API_FAULTS", "RAY_RECOVERED_FAULTS", "RESTART_BACKOFF_S", "Driver", "make_drill", "run_drill"]
 
@@ -308,15 +308,17 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
         run = runner.supervise(
             request,
             label=f"drill-{spec.name}",
-            max_restarts=0 if ray_recover else spec.restart_limit,
-            backoff_s=RESTART_BACKOFF_S,
+            options=LaunchOptions(
+                max_restarts=0 if ray_recover else spec.restart_limit,
+                backoff_s=RESTART_BACKOFF_S,
+                extra_env={**fault.launch_env(ctx), **(STATE_TRACKING_ENV if agent is not None else {})},
+                preexec=fault.preexec if fault.needs_preexec and not ray_job else None,
+                stall_timeout=stall,
+                startup_timeout=startup,
+                shutdown_timeout=shutdown,
+            ),
             on_metric=driver.on_metric,
-            extra_env={**fault.launch_env(ctx), **(STATE_TRACKING_ENV if agent is not None else {})},
-            preexec=fault.preexec if fault.needs_preexec and not ray_job else None,
             checkpoint_dir=ctx.checkpoint_dir,
-            stall_timeout=stall,
-            startup_timeout=startup,
-            shutdown_timeout=shutdown,
         )
         driver.finish()
         driver.clear()

@@ -85,8 +85,7 @@ class PoolHost(Protocol):
         """The job's command as a person would type it (a 'reproduce:' line)."""
 
     def run(self, request: RunRequest, *, label: str, resume: bool = False, checkpoint_dir: Path | None = None,
-            on_metric: MetricCallback | None = None, restart_count: int = 0, ahead: AheadRun | None = None,
-            keep: bool = True) -> RunResult:
+            on_metric: MetricCallback | None = None, ahead: AheadRun | None = None, keep: bool = True) -> RunResult:
         """Launch ``request`` in a new run directory."""
 
 

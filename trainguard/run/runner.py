@@ -13,6 +13,7 @@ tracking, when on).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import shlex
 import tempfile
@@ -40,11 +41,56 @@ from trainguard.run.scheduling import AheadRun, RunScheduler
 from trainguard.unit.checkpoints import describe_candidates, latest_complete_checkpoint
 
 __all__ = [
+    "DEFAULT_OPTIONS",
     "JobRunner",
+    "LaunchOptions",
     "LaunchRecord",
     "SupervisedRun",
     "repro_dir",
 ]
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How a supervised run is launched and restarted besides its request
+    (:meth:`JobRunner.supervise`): the restart policy, and what a drill, a soak or the headroom
+    search sets for every attempt."""
+
+    #: restarts allowed (None: ``job.max_restarts``)
+    max_restarts: int | None = None
+    #: the first wait between attempts (doubling, at most 30 s, while attempts make no progress)
+    backoff_s: float = 1.0
+    #: the outcomes that restart an attempt
+    restart_on: tuple[str, ...] = ("failed", "hung")
+    #: restarts an attempt whose outcome is not in ``restart_on`` too, when it returns True
+    restart_if: Callable[[RunResult], bool] | None = None
+    #: environment for every rank of every attempt (the job's own wins)
+    extra_env: Mapping[str, str] | None = None
+    #: called in every rank's process before it starts (its rank)
+    preexec: Callable[[int], None] | None = None
+    #: the stall limit (None: ``job.stall_timeout``)
+    stall_timeout: float | None = None
+    #: the stall limit before the first metric line
+    startup_timeout: float | None = None
+    #: the stall limit after the last step
+    shutdown_timeout: float | None = None
+
+
+#: a supervised run's default options
+DEFAULT_OPTIONS = LaunchOptions()
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One launch of a run: its label, whether it resumes, its metric callback, its number
+    among the attempts of a supervised run, the observer's token, whether its lines are timed."""
+
+    label: str
+    resume: bool
+    on_metric: Callable[[MetricPoint, Launcher], None] | None
+    restart_count: int = 0
+    tracked: object = None
+    timed: bool = False
 
 
 @dataclass
@@ -243,7 +289,6 @@ class JobRunner:
         resume: bool = False,
         checkpoint_dir: Path | None = None,
         on_metric: Callable[[MetricPoint, Launcher], None] | None = None,
-        restart_count: int = 0,
         ahead: AheadRun | None = None,
         keep: bool = True,
     ) -> RunResult:
@@ -268,16 +313,14 @@ class JobRunner:
             ahead.tracked = tracked
         launched = time.monotonic()
         try:
-            result = self._launch(
-                request, values, run_dir, label=label, resume=resume, on_metric=on_metric,
-                restart_count=restart_count, tracked=tracked, timed=timing,
-            )
+            result = self._launch(request, values, run_dir,
+                                  _Attempt(label, resume, on_metric, tracked=tracked, timed=timing))
         except BaseException:
             kept_done(None)
             self._track_abort(tracked)
             raise
         kept_done(result)
-        self._track_attempt(tracked, result, restart_count, final=True)
+        self._track_attempt(tracked, result, 0, final=True)
         self._record_curve(label, request, result, (launched, time.monotonic()))
         return result
 
@@ -296,33 +339,26 @@ class JobRunner:
         request: RunRequest,
         *,
         label: str,
-        max_restarts: int | None = None,
-        backoff_s: float = 1.0,
+        options: LaunchOptions = DEFAULT_OPTIONS,
         on_metric: Callable[[MetricPoint, Launcher], None] | None = None,
-        restart_on: tuple[str, ...] = ("failed", "hung"),
-        restart_if: Callable[[RunResult], bool] | None = None,
-        extra_env: Mapping[str, str] | None = None,
-        preexec: Callable[[int], None] | None = None,
         checkpoint_dir: Path | None = None,
-        stall_timeout: float | None = None,
-        startup_timeout: float | None = None,
-        shutdown_timeout: float | None = None,
     ) -> SupervisedRun:
         """Run with the restart policy: when an attempt fails (a rank died or hung), restart the
         whole group from the latest checkpoint with ``resume_args``, in new processes on a fresh
-        rendezvous port, up to ``max_restarts`` times (default ``job.max_restarts``), waiting
-        ``backoff_s`` between attempts (doubling, at most 30 s, while attempts make no progress;
+        rendezvous port, up to ``options.max_restarts`` times (default ``job.max_restarts``), waiting
+        ``options.backoff_s`` between attempts (doubling, at most 30 s, while attempts make no progress;
         back to ``backoff_s`` after one that printed a step beyond every earlier attempt's). Every attempt is recorded; all
         attempts of one logical run share its ``{run_dir}`` and checkpoint directory, each with
         its own ``attempt-N/`` log directory. ``on_metric`` callbacks see the attempt number as
-        ``launcher.spec.restart_count``. Fault drills pass ``extra_env`` and ``preexec`` (for
-        every rank of every attempt), their own ``checkpoint_dir``, ``stall_timeout``,
-        ``startup_timeout`` (the stall limit before the first metric line) and
-        ``shutdown_timeout`` (the stall limit after the last step). ``restart_if`` restarts an
-        attempt whose outcome is not in ``restart_on`` too, when it returns True (a soak: a job
-        that saved and exited 0 on a pre-emption notice, steps short of the end)."""
+        ``launcher.spec.restart_count``. Fault drills pass their :class:`LaunchOptions`
+        (``extra_env`` and ``preexec`` for every rank of every attempt, the stall limits) and
+        their own ``checkpoint_dir``. ``options.restart_if`` restarts an attempt whose outcome is
+        not in ``restart_on`` too, when it returns True (a soak: a job that saved and exited 0 on
+        a pre-emption notice, steps short of the end)."""
         self.pool.admit(request, label)
-        limit = self.job_file.job.max_restarts if max_restarts is None else max_restarts
+        limit = self.job_file.job.max_restarts if options.max_restarts is None else options.max_restarts
+        backoff_s = options.backoff_s
+        options = dataclasses.replace(options, max_restarts=limit)
         run_dir = new_run_dir(
             self.job_file.state_dir, self.job_file.job.name, label, keep=self.settings.keep_runs
         )
@@ -340,17 +376,14 @@ class JobRunner:
                 time.sleep(delay)
             try:
                 result = self._launch(
-                    request, values, run_dir / f"attempt-{attempt}", label=f"{label}-{attempt}",
-                    resume=attempt > 0, on_metric=on_metric, restart_count=attempt,
-                    max_restarts=limit, extra_env=extra_env, preexec=preexec,
-                    stall_timeout=stall_timeout, startup_timeout=startup_timeout,
-                    shutdown_timeout=shutdown_timeout, tracked=tracked, timed=True,
+                    request, values, run_dir / f"attempt-{attempt}",
+                    _Attempt(f"{label}-{attempt}", attempt > 0, on_metric, attempt, tracked, timed=True), options,
                 )
             except BaseException:
                 self._track_abort(tracked)
                 raise
             attempts.append(result)
-            again = result.outcome in restart_on or (restart_if is not None and restart_if(result))
+            again = result.outcome in options.restart_on or (options.restart_if is not None and options.restart_if(result))
             last = not again or attempt == limit
             self._track_attempt(tracked, result, attempt, final=last)
             if last:
@@ -381,32 +414,21 @@ class JobRunner:
         request: RunRequest,
         values: dict[str, object],
         log_dir: Path,
-        *,
-        label: str,
-        resume: bool,
-        on_metric: Callable[[MetricPoint, Launcher], None] | None,
-        restart_count: int,
-        max_restarts: int | None = None,
-        extra_env: Mapping[str, str] | None = None,
-        preexec: Callable[[int], None] | None = None,
-        stall_timeout: float | None = None,
-        startup_timeout: float | None = None,
-        shutdown_timeout: float | None = None,
-        tracked: object = None,
-        timed: bool = False,
+        attempt: _Attempt,
+        options: LaunchOptions = DEFAULT_OPTIONS,
     ) -> RunResult:
-        """One launch. ``timed``: the times its lines arrive are measured (a drill's step rates,
-        a timed run's step times), so this process's background work waits while it runs
+        """One launch. ``attempt.timed``: the times its lines arrive are measured (a drill's step
+        rates, a timed run's step times), so this process's background work waits while it runs
         (:func:`trainguard._internal.quiet.measured`)."""
         job = self.job_file.job
         Path(str(values["checkpoint_dir"])).mkdir(parents=True, exist_ok=True)
-        values, resume, resumed_from = self._resume_values(values, resume)
+        values, resume, resumed_from = self._resume_values(values, attempt.resume)
         argv = self.job_file.argv(values, extra_args=request.args, resume=resume)
         env = self.backend.launch_env()
         env.update({k: v.format_map(values) for k, v in job.env.items()})
         env.update({k: v.format_map(values) for k, v in request.env})
-        env.update(extra_env or {})
-        track_env, live_metrics = self._track_hooks(tracked, request.world_size, log_dir)
+        env.update(options.extra_env or {})
+        track_env, live_metrics = self._track_hooks(attempt.tracked, request.world_size, log_dir)
         env = {**track_env, **env}  # the job's own environment wins
         scale = self.settings.timeout_scale
         timeout = (request.timeout or job.timeout) * scale
@@ -421,30 +443,30 @@ class JobRunner:
             metric_regexes=regexes,
             metric_files=files,
             timeout=timeout,
-            stall_timeout=(stall_timeout or job.stall_timeout) * scale,
-            startup_timeout=startup_timeout * scale if startup_timeout else None,
-            shutdown_timeout=shutdown_timeout * scale if shutdown_timeout else None,
+            stall_timeout=(options.stall_timeout or job.stall_timeout) * scale,
+            startup_timeout=options.startup_timeout * scale if options.startup_timeout else None,
+            shutdown_timeout=options.shutdown_timeout * scale if options.shutdown_timeout else None,
             final_step=request.steps,
-            max_restarts=job.max_restarts if max_restarts is None else max_restarts,
-            restart_count=restart_count,
+            max_restarts=job.max_restarts if options.max_restarts is None else options.max_restarts,
+            restart_count=attempt.restart_count,
             echo=self.echo,
-            label=label,
+            label=attempt.label,
             max_rss_mb=request.max_rss_mb,
-            preexec=preexec,
+            preexec=options.preexec,
             distributed_env=job.distributed_env,
             log_limit_mb=self.settings.rank_log_mb or None,
         )
         launcher = Launcher(self.backend.launch_spec(spec))  # e.g. a Ray Train job's one driver
         if live_metrics is not None:
             launcher.on_metric.append(live_metrics)
-        if on_metric is not None:
-            launcher.on_metric.append(on_metric)
+        if attempt.on_metric is not None:
+            launcher.on_metric.append(attempt.on_metric)
         if threading.current_thread() is not threading.main_thread():
             with self._lock:
                 self._inflight.add(launcher)
         try:
             window: contextlib.AbstractContextManager[list[str]] = (
-                measured() if timed else contextlib.nullcontext([]))
+                measured() if attempt.timed else contextlib.nullcontext([]))
             with window as still_running:
                 result = launcher.run()
         finally:
@@ -454,7 +476,7 @@ class JobRunner:
             result.evidence["background_work_during_run"] = still_running
         result.checkpoint_dir = Path(str(values["checkpoint_dir"]))
         result.evidence.setdefault("checkpoint_dir", str(result.checkpoint_dir))
-        self._record(LaunchRecord(label, request.world_size, result.duration_s, result.first_metric_s,
+        self._record(LaunchRecord(attempt.label, request.world_size, result.duration_s, result.first_metric_s,
                                   len({p.step for p in result.points})))
         notes: dict[str, object] = {k: result.evidence[k] for k in ("logs_truncated", "run_dir_disk")
                                     if k in result.evidence}
