@@ -84,6 +84,9 @@ class PoolHost(Protocol):
                      checkpoint_dir: Path | None = None, latest_checkpoint: Path | str | None = None) -> str:
         """The job's command as a person would type it (a 'reproduce:' line)."""
 
+    def sibling(self, job_file: Any) -> Any:
+        """A runner of a variant of this job file sharing this one's settings."""
+
     def run(self, request: RunRequest, *, label: str, resume: bool = False, checkpoint_dir: Path | None = None,
             on_metric: MetricCallback | None = None, ahead: AheadRun | None = None, keep: bool = True) -> RunResult:
         """Launch ``request`` in a new run directory."""
@@ -236,6 +239,12 @@ class RunPool:
     def checkpoints_known(self) -> bool:
         """Whether the job is told where to checkpoint (only then are checkpoints kept)."""
         return bool(self._host.checkpoints_known)
+
+    def sibling(self, job_file: Any) -> RunPool:
+        """The pool of a runner of a variant of this job file (base's checkout, another batch
+        size) with the same settings, echo and tracker (:meth:`JobRunner.sibling`)."""
+        pool: RunPool = self._host.sibling(job_file).pool
+        return pool
 
     @property
     def runner(self) -> Any:
