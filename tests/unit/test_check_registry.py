@@ -4,6 +4,7 @@ validated, planned, run, reported, gated and collected like the built-in ones.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from collections.abc import Iterator
@@ -206,3 +207,22 @@ def test_a_check_that_launches_a_run_it_did_not_declare_is_refused(sneaky: str, 
     assert "the sneaky check" in said and "did not declare" in said and "sneaky run" in said, said
     assert "trainguard validate" in said
     assert runner.launches == []  # refused before anything started
+
+
+def test_a_lane_run_for_a_check_is_admitted_against_that_checks_declared_runs(sneaky: str, tmp_path: Path) -> None:
+    """A run started ahead in the lane is the check's it names: one of a request that check did
+    not declare is refused before it starts, whichever check runs in the foreground."""
+    from trainguard.run.pool import SessionState, UndeclaredRun
+    from trainguard.run.runner import JobRunner
+    from trainguard.run.scheduling import AheadRun
+
+    job_file = load_config(_job(tmp_path / "job", "sneaky: {}\n"))
+    spec = job_file.checks.sneaky
+    runner = JobRunner(job_file)
+    with runner.pool.session(SessionState(checks=(("sneaky", spec),))):
+        (declared,) = runner.pool.declared("sneaky", spec)
+        other = dataclasses.replace(declared.request, steps=declared.request.steps + 1)
+        with pytest.raises(UndeclaredRun, match="the sneaky check launched 'ahead'"):
+            runner.run(other, label="ahead", ahead=AheadRun("sneaky", other, "ahead"))
+    runner.close()
+    assert runner.launches == []
