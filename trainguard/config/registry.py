@@ -114,7 +114,7 @@ class Later:
     (a fail_clean drill's resume from the checkpoint the fault left): ``finish()`` makes the
     result. :func:`trainguard.session.run_in_order` calls it once the session's timed checks
     are done, beside the other checks' ``finish``; a check returns one only while
-    ``runner.untimed_later`` is set."""
+    ``ctx.state.untimed_later`` is set."""
 
     finish: Callable[[], CheckResult]
 
@@ -135,23 +135,24 @@ class Check(Generic[S]):
     name: str
     #: the model of its spec (``checks.<name>``; with ``many``, of each list entry)
     spec: type[S]
-    #: ``(runner, spec) -> CheckResult``: runs it (or a :class:`Later` for its untimed rest)
-    run: Callable[[Any, S], CheckResult | Later]
+    #: ``(ctx) -> CheckResult``: runs it (or a :class:`Later` for its untimed rest); ``ctx`` is
+    #: its :class:`trainguard.checks.context.CheckContext` (spec, request, declared runs)
+    run: Callable[[Any], CheckResult | Later]
     #: ``(spec, context) -> (runs, note)``: the launches it makes and one line on what it judges
     runs: Callable[[S, PlanContext], tuple[list[Run], str]]
     #: ``(spec, facts) -> [(key, message)]``: what it needs from the job, with the fix
     requires: Callable[[S, JobFacts], list[tuple[str, str]]] = _nothing
     #: its runs are not timed against anything: runs of later checks may start beside it
     lane: bool = False
-    #: ``(runner, spec) -> AheadRun``: its run that may start early, beside the lane checks
+    #: ``(ctx) -> AheadRun``: its declared run that may start early, beside the lane checks
     #: before it; ``ahead_words`` says which run that is (``trainguard validate``)
-    ahead: Callable[[Any, S], Any] | None = None
+    ahead: Callable[[Any], Any] | None = None
     ahead_words: str = ""
     #: its ahead run is the uninterrupted run of its request: not launched when one ran already
     ahead_reference: bool = False
-    #: ``(runner, spec) -> None``: called just before :attr:`run` inside the check's tracking
+    #: ``(ctx) -> None``: called just before :attr:`run` inside the check's tracking
     #: (a drill starts its uninterrupted run there, while the fault run starts up)
-    prepare: Callable[[Any, S], None] | None = None
+    prepare: Callable[[Any], None] | None = None
     #: it times its runs, so it runs before every other check, alone, and its runs are the
     #: uninterrupted runs the others share (its result keeps its place in the report)
     first: bool = False

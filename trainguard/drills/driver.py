@@ -53,7 +53,7 @@ from trainguard.launch.reach import ChildRanks, RankReach, WorkerNotHere
 from trainguard.launch.rundir import new_run_dir
 from trainguard.report import CheckId, CheckResult, CheckStatus, SkipReason
 from trainguard.run.request import RunRequest
-from trainguard.run.runner import JobRunner
+from trainguard.run.runner import JobRunner, LaunchOptions
 
 __all__ = ["RESTART_BACKOFF_S", "Driver", "make_drill", "run_drill"]
 
@@ -272,15 +272,17 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
         run = runner.supervise(
             request,
             label=f"drill-{spec.name}",
-            max_restarts=restarts.relaunches,
-            backoff_s=RESTART_BACKOFF_S,
+            options=LaunchOptions(
+                max_restarts=restarts.relaunches,
+                backoff_s=RESTART_BACKOFF_S,
+                extra_env={**fault.launch_env(ctx), **reach.launch_env()},
+                preexec=reach.preexec(fault.preexec) if fault.needs_preexec else None,
+                stall_timeout=stall,
+                startup_timeout=startup,
+                shutdown_timeout=shutdown,
+            ),
             on_metric=driver.on_metric,
-            extra_env={**fault.launch_env(ctx), **reach.launch_env()},
-            preexec=reach.preexec(fault.preexec) if fault.needs_preexec else None,
             checkpoint_dir=ctx.checkpoint_dir,
-            stall_timeout=stall,
-            startup_timeout=startup,
-            shutdown_timeout=shutdown,
         )
         driver.finish()
         driver.clear()
@@ -296,7 +298,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
             evidence["run_dir"] = str(run.run_dir)  # the attempts' logs (attempt-N/)
             return result(status, summary, evidence)
 
-        if judge.finishes_later and runner.untimed_later:
+        if judge.finishes_later and runner.pool.state.untimed_later:
             return _fail_clean_later(c, drill_dir / "checkpoints", judged)
         return judged(judge.judge(c))
     finally:  # Ctrl-C included: nothing is left stopped, mounted or running

@@ -42,7 +42,7 @@ from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories, first_step
 from trainguard.launch.rundir import new_run_dir
 from trainguard.report import CheckId, CheckResult, CheckStatus, SkipReason
-from trainguard.run.runner import JobRunner, SupervisedRun
+from trainguard.run.runner import JobRunner, LaunchOptions, SupervisedRun
 from trainguard.unit.checkpoints import compare_checkpoint_dirs
 from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
 
@@ -418,12 +418,13 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult:
             env.update(rec.fault.launch_env(ctx))
         soak_started = time.monotonic()
         run = runner.supervise(
-            request, label=f"soak-{spec.name}", max_restarts=_limit(spec, records), backoff_s=_BACKOFF_S,
-            on_metric=driver.on_metric, extra_env=env, checkpoint_dir=ctx.checkpoint_dir,
-            # a job that saved and exited 0 on a pre-emption notice is restarted like a failed one
-            restart_if=lambda r: r.ok and (r.last_step or 0) < spec.steps,
-            stall_timeout=max(stall, grace + _DEADLINE_MARGIN_S) if grace else stall,
-            startup_timeout=max(stall, job_file.job.stall_timeout),
+            request, label=f"soak-{spec.name}", options=LaunchOptions(
+                max_restarts=_limit(spec, records), backoff_s=_BACKOFF_S, extra_env=env,
+                # a job that saved and exited 0 on a pre-emption notice is restarted like a failed one
+                restart_if=lambda r: r.ok and (r.last_step or 0) < spec.steps,
+                stall_timeout=max(stall, grace + _DEADLINE_MARGIN_S) if grace else stall,
+                startup_timeout=max(stall, job_file.job.stall_timeout)),
+            on_metric=driver.on_metric, checkpoint_dir=ctx.checkpoint_dir,
         )
         wall = time.monotonic() - soak_started
         driver.finish()
