@@ -12,12 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from trainguard.config.faults import FAULTS
 from trainguard.errors import UsageError
 
-__all__ = ["FAULT_KINDS", "MARKERS", "MarkerSpec", "validate_marker"]
+__all__ = ["MARKERS", "MarkerSpec", "validate_marker"]
 
-#: Faults the drills know (docs/faults.md).
-FAULT_KINDS = ("kill_rank", "hang", "oom", "disk_full", "network", "preempt", "nan", "storage", "kill_during_save", "kill_worker", "slow_rank", "node_loss", "soak")
 _BACKENDS = (None, "gloo", "nccl", "mpi", "ucc")
 
 
@@ -76,11 +75,11 @@ def ddp(world_size: int = 2, backend: str | None = None) -> None:
 
 
 def fault(kind: str, **params: Any) -> None:
-    """a fault-injection drill: kind is a fault kind of docs/drills.md (kill_rank, hang, oom, disk_full, network, preempt, nan, storage, kill_during_save, kill_worker, slow_rank, node_loss, or soak);
+    """a fault-injection drill: kind is a fault kind of docs/drills.md ({kinds});
     params as in the job file's checks.drills entries."""
-    if kind not in FAULT_KINDS:
+    if kind not in FAULTS:
         raise UsageError(
-            f"@pytest.mark.fault: unknown kind {kind!r}; expected one of {', '.join(FAULT_KINDS)}"
+            f"@pytest.mark.fault: unknown kind {kind!r}; expected one of {', '.join(FAULTS)}"
         )
     for key in ("rank", "after_step"):
         if key in params:
@@ -135,9 +134,11 @@ class MarkerSpec:
 
     @property
     def line(self) -> str:
-        """The ``config.addinivalue_line("markers", ...)`` text."""
+        """The ``config.addinivalue_line("markers", ...)`` text (``{kinds}`` in a docstring: the
+        registered fault kinds, :data:`trainguard.config.faults.FAULTS`)."""
         sig = _plain_signature(self.signature_fn)
-        doc = " ".join((self.signature_fn.__doc__ or "").split())
+        *most, last = FAULTS.names()
+        doc = " ".join((self.signature_fn.__doc__ or "").split()).replace("{kinds}", f"{', '.join(most)}, or {last}")
         return f"{self.name}{sig}: {doc}" if sig != "()" else f"{self.name}: {doc}"
 
 

@@ -104,6 +104,14 @@ def runs_by_kind(uri: str) -> dict[str, list[Any]]:
     return out
 
 
+def check_context(runner: Any, name: str, spec: Any) -> Any:
+    """The :class:`~trainguard.checks.context.CheckContext` ``run_check`` gives check ``name``
+    (for a test that calls a check's run function itself)."""
+    from trainguard.checks.context import context_for
+
+    return context_for(runner.pool, name, spec, runner.request_for(spec))
+
+
 def wait_for_a_background_run(runner: Any, timeout: float = 30.0) -> None:
     """Wait until a run the runner launched in a background thread (a prefetched reference, the
     lane's) has its launcher registered, i.e. is really running."""

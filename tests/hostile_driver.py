@@ -45,7 +45,6 @@ from trainguard.launch.samples import read_samples
 from trainguard.queue.slurm_drill import read_attempts
 from trainguard.report import load_report
 from trainguard.run.request import RunRequest
-from trainguard.run.runner import JobRunner
 from trainguard.session.plan import make_plan
 from trainguard.session.session import session_settings
 from trainguard.unit.checkpoints import checkpoint_inventory, compare_checkpoint_dirs
@@ -83,7 +82,7 @@ def read_state(case: Path) -> dict[str, object]:
     job_file = load_config(case / "trainguard.yaml")
     state, request = job_file.state_dir, RunRequest.make(steps=4, seed=0, world_size=1)
     found, note = find_calibration(state, request, JobKey.of(job_file))
-    tolerance = tolerance_for(JobRunner(job_file), job_file.checks.resume, request, "resume")
+    tolerance = tolerance_for(job_file, job_file.checks.resume, request, "resume")
 
     def baseline() -> object:
         try:

@@ -4,8 +4,8 @@ Used by ``tests/unit/test_structure.py`` (which fails on what this finds) and ru
 for the numbers: ``python tests/structure.py``.
 
 Every import counts: module level, inside functions, under ``TYPE_CHECKING``, and
-``importlib.import_module("trainguard...")`` with a literal name (a lazy import is still an
-import). ``plugins/`` and ``fixtures/`` are read as ``trainguard.plugins`` and
+``importlib.import_module("trainguard...")`` with a literal name or an f-string that starts with
+one (a lazy import is still an import). ``plugins/`` and ``fixtures/`` are read as ``trainguard.plugins`` and
 ``trainguard.fixtures``, the packages they are installed as.
 """
 
@@ -65,6 +65,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("profiling", ("trainguard.profiling",)),
     ("session", ("trainguard.session",)),
     ("queue", ("trainguard.queue",)),
+    ("ray jobs", ("trainguard.raytrain.ray_jobs",)),
     ("gate", ("trainguard.gate",)),
     ("cli", ("trainguard.cli",)),
     ("pytest", ("trainguard.plugins", "trainguard.fixtures")),
@@ -82,6 +83,30 @@ STDLIB_ONLY = frozenset({
     "trainguard.launch.hook._trainguard_run_agent",
     "trainguard.launch.hook.sitecustomize",
 })
+
+
+#: a backend's own package: no module outside it imports it, but for these (importer, imported)
+#: pairs -- the job kind's registration line (docs/architecture.md, "Ray's code in raytrain/ only")
+OWN_PACKAGES: dict[str, frozenset[tuple[str, str]]] = {
+    "trainguard.raytrain": frozenset({("trainguard.config.backends", "trainguard.raytrain.backend")}),
+}
+
+
+def foreign_imports(modules: dict[str, Module], owned: dict[str, frozenset[tuple[str, str]]] | None = None) -> list[str]:
+    """Imports of a package of :data:`OWN_PACKAGES` (or ``owned``) from a module outside it,
+    its allowed pairs excepted; function-level, ``TYPE_CHECKING`` and literal ``import_module``
+    imports count."""
+    owned = OWN_PACKAGES if owned is None else owned
+    found = []
+    for module in modules.values():
+        for package, allowed in owned.items():
+            if module.name == package or module.name.startswith(package + "."):
+                continue
+            for imported, _name, line in module.imports:
+                target = _target(modules, imported) or imported
+                if (target == package or target.startswith(package + ".")) and (module.name, target) not in allowed:
+                    found.append(f"{_rel(module.path)}:{line}: {module.name} imports {target}")
+    return sorted(set(found))
 
 
 def layer_of(module: str) -> int | None:
@@ -252,11 +277,9 @@ def _read_imports(module: Module, modules: dict[str, Module]) -> None:
             and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
             == "import_module"
             and node.args
-            and isinstance(node.args[0], ast.Constant)
-            and isinstance(node.args[0].value, str)
-            and node.args[0].value.startswith("trainguard")
         ):
-            module.imports.append((node.args[0].value, None, node.lineno))
+            for name in _imported_by_name(module, node.args[0], modules):
+                module.imports.append((name, None, node.lineno))
     for node in ast.walk(module.tree):
         if (
             isinstance(node, ast.Attribute)
@@ -266,6 +289,23 @@ def _read_imports(module: Module, modules: dict[str, Module]) -> None:
             and not node.attr.startswith("__")
         ):
             module.private_attrs.append((aliases[node.value.id], node.attr, node.lineno))
+
+
+def _imported_by_name(module: Module, name: ast.expr, modules: dict[str, Module]) -> list[str]:
+    """The trainguard modules ``import_module(name)`` may import: a literal names one; an
+    f-string whose text starts with ``trainguard.`` (``f"trainguard.profiling.{part}"``) names
+    each module its prefix makes with a string of the same module (the table it looks ``part``
+    up in), else the package its prefix names."""
+    if isinstance(name, ast.Constant) and isinstance(name.value, str):
+        return [name.value] if name.value.startswith("trainguard") else []
+    if not (isinstance(name, ast.JoinedStr) and name.values and isinstance(name.values[0], ast.Constant)):
+        return []
+    prefix = str(name.values[0].value)
+    if not prefix.startswith("trainguard"):
+        return []
+    strings = {n.value for n in ast.walk(module.tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    named = sorted(prefix + s for s in strings if prefix + s in modules)
+    return named or [prefix.rstrip(".")]
 
 
 def _target(modules: dict[str, Module], imported: str) -> str | None:
@@ -401,6 +441,10 @@ def main() -> None:
     upward = upward_imports(modules)
     print(f"imports of a higher layer: {len(upward)}")
     for line in upward:
+        print("  ", line)
+    foreign = foreign_imports(modules)
+    print(f"imports of a backend's own package from outside it: {len(foreign)}")
+    for line in foreign:
         print("  ", line)
     print(f"modules in no layer: {unplaced(modules)}")
     for what, found in (("re-export shims", reexport_shims(modules)),

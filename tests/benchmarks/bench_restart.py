@@ -28,7 +28,7 @@ from trainguard.config import parse_config
 from trainguard.launch import Launcher, MetricPoint, reserve_port
 from trainguard.launch.metrics import MetricParser, aligned_trajectories, trajectory
 from trainguard.run.request import RunRequest
-from trainguard.run.runner import JobRunner
+from trainguard.run.runner import JobRunner, LaunchOptions
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
 STEPS, KILL_AFTER = 40, 25
@@ -62,7 +62,7 @@ def ours(root: Path, runs: int) -> None:
             elif launcher.spec.restart_count == 1 and not first_after:
                 first_after.append(time.monotonic())
 
-        run = runner.supervise(request, label=f"bench{i}", backoff_s=0.0, on_metric=inject)
+        run = runner.supervise(request, label=f"bench{i}", options=LaunchOptions(backoff_s=0.0), on_metric=inject)
         actual, expected = aligned_trajectories(run.points, reference.points, "loss")
         diff = compare_trajectories(actual, expected, metric="loss")
         ok = run.ok and run.restarts == 1 and diff.ok

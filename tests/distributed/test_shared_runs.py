@@ -121,8 +121,8 @@ def test_a_job_not_given_its_checkpoint_dir_keeps_nothing(tmp_path: Path) -> Non
     job_file = load_config(path)
     runner = JobRunner(job_file, Settings())
     request = runner.request_for(job_file.checks.determinism)  # type: ignore[arg-type]
-    runner.keep_checkpoint(request, 6, "loss")
-    kept, why = runner.kept_checkpoint(request, 6)
+    runner.pool.keep(request, 6, "loss")
+    kept, why = runner.pool.kept(request, 6)
     assert kept is None and "{checkpoint_dir}" in why
 
 

@@ -19,8 +19,8 @@ import pytest
 from tests.helpers import report_evidence
 from trainguard._internal.signals import restore_default_signals
 from trainguard.queue.base import SubmissionError, SubmissionSpec
-from trainguard.queue.ray_jobs import ClusterResources, RayJobsBackend
 from trainguard.raytrain.local_ray import LocalRay, RayCluster, RayStartError, running_ray_processes
+from trainguard.raytrain.ray_jobs import ClusterResources, RayJobsBackend
 
 
 def _workdir(tmp_path: Path, body: str) -> Path:

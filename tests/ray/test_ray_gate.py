@@ -66,8 +66,8 @@ def test_the_production_run_of_a_ray_train_job_is_the_driver_at_the_sized_worker
     assert spec.labels() == {"trainguard.job": "digits-ray", "trainguard.gate_report": "/r/latest.json",
                              "trainguard.mlflow_run_id": "run-1", "trainguard.kind": "ray_train",
                              "trainguard.num_workers": "4"}
-    from trainguard.queue.ray_jobs import RayJobsBackend
     from trainguard.raytrain.local_ray import RayCluster
+    from trainguard.raytrain.ray_jobs import RayJobsBackend
 
     backend = RayJobsBackend(RayCluster("127.0.0.1:1", "http://127.0.0.1:1", owned=False))
     command, cpus, gpus = backend.entrypoint(spec)

@@ -160,7 +160,7 @@ def test_a_calibration_of_an_infinite_band_is_refused_and_the_check_stays_exact(
     data = json.loads(path.read_text())
     data["metrics"]["loss"]["same_seed"]["spread"] = [1e308] * 4
     path.write_text(json.dumps(data))
-    tol = tolerance_for(runner, job_file.checks.resume, REQUEST, "resume")
+    tol = tolerance_for(runner.job_file, job_file.checks.resume, REQUEST, "resume")
     assert tol.calibration is None and tol.band("loss") is None and "inf" not in tol.within()
     assert f"calibration files skipped: {path}: malformed calibration (metrics.loss.same_seed.spread[0] is 1e+308" in tol.source
     assert not compare_trajectories({1: 1.0, 2: 0.9}, {1: 1.0, 2: 0.5}, band=tol.band("loss")).ok
@@ -170,18 +170,17 @@ def test_a_calibration_is_used_only_by_the_job_it_was_made_for(tmp_path: Path) -
     """issue 42: a noisy job file's calibration beside another job file (same steps, seed, world
     size, args) let that file's resume bug pass "within 3x the same-seed spread"."""
     from trainguard.checks.calibration import tolerance_for
-    from trainguard.run.runner import JobRunner
 
     noisy, other = _job_files(tmp_path, "noisy.yaml", "other.yaml")
     _saved(noisy.state_dir, 1e-6, job=JobKey.of(noisy))
     expected = {s: 1.0 / s for s in range(1, 5)}
     resumed = {s: v + 2e-6 if s >= 3 else v for s, v in expected.items()}  # a resume bug of 2e-6
-    tol = tolerance_for(JobRunner(other), other.checks.resume, REQUEST, "resume")
+    tol = tolerance_for(other, other.checks.resume, REQUEST, "resume")
     assert tol.calibration is None and tol.band("loss") is None
     assert "0001_nogit.json was made for another job (job file 'noisy.yaml' (this run: 'other.yaml'))" in tol.source
     assert not compare_trajectories(resumed, expected, band=tol.band("loss")).ok  # caught
     # the job it was made for still uses it: the same difference is inside its measured noise
-    own = tolerance_for(JobRunner(noisy), noisy.checks.resume, REQUEST, "resume")
+    own = tolerance_for(noisy, noisy.checks.resume, REQUEST, "resume")
     assert own.calibration is not None and "within 3x" in own.within()
     assert compare_trajectories(resumed, expected, band=own.band("loss")).ok
     # the same job file with another command is another job
@@ -224,16 +223,16 @@ def test_parallel_and_reshard_read_the_calibration_of_their_n_rank_run(tmp_path:
     assert wanted == {(1, ("resume",)), (2, ("parallel", "reshard")), (4, ("reshard",))}
     two = RunRequest.make(steps=4, seed=runner.settings.seed, world_size=2)
     spec = runner.job_file.checks.parallel
-    before = tolerance_for(runner, spec, two, "parallel")
+    before = tolerance_for(runner.job_file, spec, two, "parallel")
     assert before.calibration is None and before.source == "checks.parallel.rtol (job file)"
     _saved(tmp_path / ".trainguard", 1e-9, two, JobKey.of(runner.job_file))
-    after = tolerance_for(runner, spec, two, "parallel")
+    after = tolerance_for(runner.job_file, spec, two, "parallel")
     assert after.calibration is not None and after.band("loss") and max(after.band("loss").values()) == pytest.approx(3e-9, rel=1e-3)
     assert after.source.startswith("the larger of checks.parallel.rtol (job file) and 3 x the same-seed spread")
     # rtol stays the floor: a difference it allows passes though the band is smaller
     assert compare_trajectories({1: 1.0005, 2: 0.5}, {1: 1.0, 2: 0.5}, rtol=after.rtol, band=after.band("loss")).ok
     # the 1-rank run has no calibration: resume compares exactly
-    assert tolerance_for(runner, runner.job_file.checks.resume,
+    assert tolerance_for(runner.job_file, runner.job_file.checks.resume,
                          RunRequest.make(steps=4, seed=runner.settings.seed, world_size=1), "resume").calibration is None
 
 

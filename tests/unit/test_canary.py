@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import report_evidence
+from tests.helpers import check_context, report_evidence
 from trainguard.checks.canary import (
     first_non_finite,
     first_out_of_range,
@@ -259,7 +259,7 @@ def toy_job(tmp_path: Path, text: str = TOY_JOB, name: str = "toy.trainguard.yam
 def test_canary_passes_on_the_toy_job_with_its_evidence(tmp_path: Path) -> None:
     job_file = load_config(toy_job(tmp_path))
     assert job_file.checks.canary is not None
-    result = run_canary(JobRunner(job_file, Settings()), job_file.checks.canary)
+    result = run_canary(check_context(JobRunner(job_file, Settings()), "canary", job_file.checks.canary))
     assert result.status == "passed", result.summary
     assert result.summary.startswith("loss fell ")
     assert "over steps 1-3 -> " in result.summary and "over steps 18-20; min 30%)" in result.summary
@@ -275,7 +275,7 @@ def test_canary_reports_by_how_much_max_seconds_was_exceeded(tmp_path: Path) -> 
     text = TOY_JOB.replace("--sleep 0.01", "--sleep 0.2").replace("max_seconds: 30", "max_seconds: 1.5")
     job_file = load_config(toy_job(tmp_path, text))
     assert job_file.checks.canary is not None
-    result = run_canary(JobRunner(job_file, Settings()), job_file.checks.canary)
+    result = run_canary(check_context(JobRunner(job_file, Settings()), "canary", job_file.checks.canary))
     assert result.status == "failed"
     assert result.summary.startswith("limit max_seconds (1.5) exceeded: the run was stopped after ")
     assert " of 20; at its pace (0.2" in result.summary and " s over" in result.summary
@@ -285,7 +285,7 @@ def test_max_seconds_scales_with_the_timeout_scale_and_says_so(tmp_path: Path) -
     text = TOY_JOB.replace("--sleep 0.01", "--sleep 0.2").replace("max_seconds: 30", "max_seconds: 0.75")
     job_file = load_config(toy_job(tmp_path, text))
     assert job_file.checks.canary is not None
-    result = run_canary(JobRunner(job_file, Settings(timeout_scale=2.0)), job_file.checks.canary)
+    result = run_canary(check_context(JobRunner(job_file, Settings(timeout_scale=2.0)), "canary", job_file.checks.canary))
     assert result.status == "failed"
     assert result.summary.startswith("limit max_seconds (0.75 x timeout scale 2 = 1.5 s) exceeded: ")
     assert report_evidence(result)["limits"]["run_timeout_s"] == 1.5
@@ -301,7 +301,7 @@ def test_val_metric_and_grad_norm_range_when_configured(tmp_path: Path) -> None:
     )
     job_file = load_config(toy_job(tmp_path, text))
     assert job_file.checks.canary is not None
-    result = run_canary(JobRunner(job_file, Settings()), job_file.checks.canary)
+    result = run_canary(check_context(JobRunner(job_file, Settings()), "canary", job_file.checks.canary))
     assert result.status == "failed"
     assert result.summary.startswith("loss fell by only ")  # the val_metric problem
     assert "over steps 18-20; min_val_drop is 90%; loss is 1." in result.summary
@@ -315,7 +315,7 @@ def test_canary_stops_a_job_that_runs_past_its_steps(tmp_path: Path) -> None:
     text = TOY_JOB.replace("--steps {steps}", "--steps 200 --tag {steps}")
     job_file = load_config(toy_job(tmp_path, text))
     assert job_file.checks.canary is not None
-    result = run_canary(JobRunner(job_file, Settings()), job_file.checks.canary)
+    result = run_canary(check_context(JobRunner(job_file, Settings()), "canary", job_file.checks.canary))
     assert result.status == "failed"
     assert result.summary.startswith(
         "limit steps (20) exceeded: the job printed step 21, past the limit of 20 steps"
@@ -333,7 +333,7 @@ def test_canary_fails_a_job_past_its_steps_that_ended_before_it_could_be_stopped
     text = TOY_JOB.replace("--steps {steps}", "--steps 30 --tag {steps}")
     job_file = load_config(toy_job(tmp_path, text))
     assert job_file.checks.canary is not None
-    result = run_canary(JobRunner(job_file, Settings()), job_file.checks.canary)
+    result = run_canary(check_context(JobRunner(job_file, Settings()), "canary", job_file.checks.canary))
     assert result.status == "failed"
     assert result.summary.startswith(
         "limit steps (20) exceeded: the job printed step 21, past the limit of 20 steps "
@@ -415,7 +415,7 @@ def test_smoke_resumes_the_toy_job_and_skips_the_load_of_non_torch_files(tmp_pat
     shutil.copytree(JOBS, tmp_path / "jobs")
     job_file = load_config(tmp_path / "jobs" / "toy.trainguard.yaml")
     assert job_file.checks.smoke is not None
-    result = run_smoke(JobRunner(job_file, Settings()), job_file.checks.smoke)
+    result = run_smoke(check_context(JobRunner(job_file, Settings()), "smoke", job_file.checks.smoke))
     assert result.status == "passed", result.summary
     assert result.summary.endswith("; resumed from the checkpoint of step 5 at step 6")
     stages = report_evidence(result)["stages"]
@@ -432,7 +432,7 @@ def test_smoke_without_resume_args_skips_the_resume_and_says_so(tmp_path: Path) 
     path.write_text(path.read_text().replace('  resume_args: "--resume"\n', ""))
     job_file = load_config(path)
     assert job_file.checks.smoke is not None and not job_file.job.resume_args
-    result = run_smoke(JobRunner(job_file, Settings()), job_file.checks.smoke)
+    result = run_smoke(check_context(JobRunner(job_file, Settings()), "smoke", job_file.checks.smoke))
     assert result.status == "passed", result.summary
     assert report_evidence(result)["stages"]["resume"] == (
         "skipped: job.resume_args is empty, so the job cannot be resumed"
@@ -469,7 +469,7 @@ def test_smoke_accepts_a_checkpoint_that_names_the_step_to_run_next(tmp_path: Pa
     )
     job_file = load_config(tmp_path / "trainguard.yaml")
     assert job_file.checks.smoke is not None
-    result = run_smoke(JobRunner(job_file, Settings()), job_file.checks.smoke)
+    result = run_smoke(check_context(JobRunner(job_file, Settings()), "smoke", job_file.checks.smoke))
     if forget:
         assert result.status == "failed" and "started again from step 1" in result.summary, result.summary
         return
@@ -488,13 +488,13 @@ def test_a_shared_run_past_the_canarys_limits_fails_as_its_own_run_would(tmp_pat
     request = runner.request_for(spec)  # no limits: the profile's request
     shared = runner.scheduling.reference(request)
     assert shared.ok and shared.duration_s > 1.0
-    result = run_canary(runner, spec)
+    result = run_canary(check_context(runner, "canary", spec))
     assert result.status == "failed"
     assert result.summary.startswith("limit max_seconds (1) exceeded: the run took "), result.summary
     assert report_evidence(result)["shared_run"].startswith(shared.run_dir.name)
     assert [r.label for r in runner.launches] == ["reference"]  # judged, not launched again
     # within its limits the shared run passes, and is still not launched again
     relaxed = spec.model_copy(update={"max_seconds": 60.0})
-    again = run_canary(runner, relaxed)
+    again = run_canary(check_context(runner, "canary", relaxed))
     assert again.status == "passed", again.summary
     assert len(runner.launches) == 1

@@ -4,6 +4,7 @@ validated, planned, run, reported, gated and collected like the built-in ones.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from collections.abc import Iterator
@@ -29,13 +30,14 @@ from trainguard.session.plan import make_plan
 
 #: the whole of the dummy check: its spec, what it needs from the job, its runs, how it runs
 DUMMY_MODULE = '''
+import dataclasses
 from dataclasses import dataclass
 
 from pydantic import Field
 
 from trainguard.config import CheckSpec
 from trainguard.config.registry import Check, Run
-from trainguard.evidence import Evidence
+from trainguard.evidence import Evidence, NoEvidence
 from trainguard.report import CheckResult
 
 
@@ -52,8 +54,9 @@ class DummyCheck(CheckSpec):
     ceiling: float = Field(gt=0)
 
 
-def run_dummy(runner, spec):
-    result = runner.run(runner.request_for(spec), label="dummy")
+def run_dummy(ctx):
+    spec = ctx.spec
+    result = ctx.run("dummy run", label="dummy")
     losses = [p.value for p in result.points if p.name == "loss"]
     worst = max(losses, default=float("inf"))
     status = "passed" if result.ok and worst <= spec.ceiling else "failed"
@@ -70,21 +73,50 @@ def requires(spec, facts):
 DUMMY = Check("dummy", DummyCheck, run=run_dummy, requires=requires, lane=True,
               runs=lambda spec, ctx: ([Run("dummy run")], f"the loss stays under {spec.ceiling}"),
               evidence=(DummyEvidence,))
+
+
+def run_sneaky(ctx):
+    """Declares one run of its steps, launches one of twice as many: not what validate prints."""
+    if ctx.spec.ask == "label":
+        ctx.run("a run it never declared", label="sneaky")
+    ctx.pool.run(dataclasses.replace(ctx.request, steps=2 * ctx.request.steps), label="sneaky")
+    return CheckResult("sneaky", "passed", "launched what it liked", NoEvidence())
+
+
+class SneakyCheck(CheckSpec):
+    steps: int = Field(3, ge=1)
+    ask: str = "request"
+
+
+SNEAKY = Check("sneaky", SneakyCheck, run=run_sneaky, lane=True,
+               runs=lambda spec, ctx: ([Run("sneaky run")], "one run"))
 '''
 
 
-@pytest.fixture
-def dummy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The dummy module on the path and its one registration line, taken out afterwards."""
+def _registered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, check: str) -> Iterator[str]:
+    """The dummy module on the path and the registration line of its ``check``, taken out
+    afterwards."""
     (tmp_path / "tg_dummy_check.py").write_text(DUMMY_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("TRAINGUARD_TRACKING", "off")
-    line = "tg_dummy_check:DUMMY"
+    line = f"tg_dummy_check:{check}"
     register(line, before="drills")
     try:
         yield line
     finally:
         unregister(line)
+
+
+@pytest.fixture
+def dummy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The dummy module on the path and its one registration line, taken out afterwards."""
+    yield from _registered(tmp_path, monkeypatch, "DUMMY")
+
+
+@pytest.fixture
+def sneaky(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The check that launches what it did not declare, registered."""
+    yield from _registered(tmp_path, monkeypatch, "SNEAKY")
 
 
 def _job(where: Path, checks: str, metric: str = "loss") -> Path:
@@ -165,7 +197,45 @@ def test_a_registration_line_that_cannot_be_imported_is_said_in_words() -> None:
     with pytest.raises(CheckNotInstalled, match=r"cannot be imported: .*remove its registration line"):
         register("tg_no_such_check_module:CHECK")
     with pytest.raises(CheckNotInstalled, match="not a trainguard Check"):
-        register("trainguard.config.registry:REGISTERED")
+        register("trainguard.config.registry:CHECKS")
     with pytest.raises(CheckNotInstalled, match="no check is registered as 'smok'"):
         register("trainguard.checks.smoke:SMOKE", before="smok")
     assert check_names(many=True) == before
+
+
+@pytest.mark.parametrize("ask", ["request", "label"])
+def test_a_check_that_launches_a_run_it_did_not_declare_is_refused(sneaky: str, tmp_path: Path, ask: str) -> None:
+    """What ``trainguard validate`` prints is what runs: a launch of a request the check did not
+    declare (or a run asked for by a label it did not declare) raises before anything starts."""
+    from trainguard.run.pool import UndeclaredRun
+    from trainguard.run.runner import JobRunner
+    from trainguard.session import run_check
+
+    job_file = load_config(_job(tmp_path / "job", f"sneaky: {{ask: {ask}}}\n"))
+    runner = JobRunner(job_file)
+    with pytest.raises(UndeclaredRun) as refused:
+        run_check(runner, "sneaky", job_file.checks.sneaky)
+    runner.close()
+    said = str(refused.value)
+    assert "the sneaky check" in said and "did not declare" in said and "sneaky run" in said, said
+    assert "trainguard validate" in said
+    assert runner.launches == []  # refused before anything started
+
+
+def test_a_lane_run_for_a_check_is_admitted_against_that_checks_declared_runs(sneaky: str, tmp_path: Path) -> None:
+    """A run started ahead in the lane is the check's it names: one of a request that check did
+    not declare is refused before it starts, whichever check runs in the foreground."""
+    from trainguard.run.pool import SessionState, UndeclaredRun
+    from trainguard.run.runner import JobRunner
+    from trainguard.run.scheduling import AheadRun
+
+    job_file = load_config(_job(tmp_path / "job", "sneaky: {}\n"))
+    spec = job_file.checks.sneaky
+    runner = JobRunner(job_file)
+    with runner.pool.session(SessionState(checks=(("sneaky", spec),))):
+        (declared,) = runner.pool.declared("sneaky", spec)
+        other = dataclasses.replace(declared.request, steps=declared.request.steps + 1)
+        with pytest.raises(UndeclaredRun, match="the sneaky check launched 'ahead'"):
+            runner.run(other, label="ahead", ahead=AheadRun("sneaky", other, "ahead"))
+    runner.close()
+    assert runner.launches == []

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import report_evidence
+from tests.helpers import check_context, report_evidence
 from trainguard._internal.readers import copy_tree
 from trainguard.checks.smoke import SmokeEvidence, _checkpoint_files, _load_stage, run_smoke
 from trainguard.config import load_config
@@ -94,7 +94,7 @@ def test_a_fifo_in_the_checkpoint_directory_is_left_out_of_smokes_copy(tmp_path:
     path.write_text(path.read_text().replace("python toy_train.py", f"{sys.executable} fifo_first.py"))
     job_file = load_config(path)
     assert job_file.checks.smoke is not None
-    result = run_smoke(JobRunner(job_file, Settings()), job_file.checks.smoke)
+    result = run_smoke(check_context(JobRunner(job_file, Settings()), "smoke", job_file.checks.smoke))
     assert result.status == "passed", result.summary
     assert report_evidence(result)["resume_from"]["left_out"] == {"events.pipe": "a FIFO, not copied"}
     assert report_evidence(result)["resume"]["first_step"] == 6

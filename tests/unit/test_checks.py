@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import trainguard.session.orchestrate as checks_module
-from tests.helpers import report_evidence, wait_for_a_background_run
+from tests.helpers import check_context, report_evidence, wait_for_a_background_run
 from trainguard._version import __version__
 from trainguard.checks.equivalence import (
     NONDETERMINISM_CAUSES,
@@ -137,7 +137,7 @@ def test_determinism_passes_on_the_clean_toy_job(jobs: Path) -> None:
     runner = runner_for(jobs, "toy")
     spec = runner.job_file.checks.determinism
     assert spec is not None
-    result = run_determinism(runner, spec)
+    result = run_determinism(check_context(runner, "determinism", spec))
 
     assert result.status == "passed", result.summary
     assert result.summary == "two runs with seed 0 match on all 8 steps of loss"
@@ -153,7 +153,7 @@ def test_determinism_fails_on_an_unseeded_rng_naming_the_step_and_causes(jobs: P
     runner = runner_for(jobs, "nondet", seed=7)
     spec = runner.job_file.checks.determinism
     assert spec is not None
-    result = run_determinism(runner, spec)
+    result = run_determinism(check_context(runner, "determinism", spec))
 
     assert result.status == "failed"
     assert result.summary.startswith("loss differs from step 1 on (")
@@ -173,7 +173,7 @@ def test_determinism_fails_on_an_unseeded_rng_naming_the_step_and_causes(jobs: P
 def test_determinism_reports_a_job_that_does_not_complete_as_an_error(jobs: Path) -> None:
     job_file = load_config(jobs / "die.trainguard.yaml")
     runner = JobRunner(job_file, Settings())
-    result = run_determinism(runner, DeterminismCheck.model_validate({"steps": 5}))
+    result = run_determinism(check_context(runner, "determinism", DeterminismCheck.model_validate({"steps": 5})))
     assert result.status == "error"
     assert result.summary == "the job did not complete: rank 1 exited with code 3"
     assert report_evidence(result)["failed_rank"] == 1
@@ -184,7 +184,7 @@ def test_determinism_with_jsonl_metrics(jobs: Path) -> None:
     runner = runner_for(jobs, "jsonl")
     spec = runner.job_file.checks.determinism
     assert spec is not None
-    result = run_determinism(runner, spec)
+    result = run_determinism(check_context(runner, "determinism", spec))
     assert result.status == "passed", result.summary
     assert report_evidence(result)["metrics"][0]["compared_steps"] == 6
 
@@ -198,7 +198,7 @@ def smoke(jobs: Path, name: str) -> CheckResult:
     runner = runner_for(jobs, name)
     spec = runner.job_file.checks.smoke
     assert spec is not None
-    return run_smoke(runner, spec)
+    return run_smoke(check_context(runner, "smoke", spec))
 
 
 def test_smoke_passes_on_the_clean_job(jobs: Path) -> None:
@@ -359,7 +359,7 @@ def test_determinism_overlaps_its_two_runs_and_shares_the_first(jobs: Path) -> N
     runner = runner_for(jobs, "toy")
     spec = runner.job_file.checks.determinism
     assert spec is not None
-    result = run_determinism(runner, spec)
+    result = run_determinism(check_context(runner, "determinism", spec))
     assert result.status == "passed", result.summary
     reference = runner.scheduling.reference(runner.request_for(spec))  # kept: no third launch
     labels = [str(c["label"]) for c in runner.curves]
@@ -424,7 +424,7 @@ def test_a_kill_that_came_too_late_is_said_so_not_a_broken_metric_or_resume(jobs
     every step: the SIGKILL lands after it finished (or in its teardown). That tests no resume:
     an error saying the kill came too late, not "check job.metrics.loss" nor "the resumed run
     printed no `loss` line" (issue 24). The clean job's kill lands mid-run and passes."""
-    from trainguard.checks.equivalence import run_resume
+    from trainguard.checks.resume import run_resume
     from trainguard.config import ResumeCheck
 
     path = jobs / "toy.trainguard.yaml"
@@ -433,7 +433,7 @@ def test_a_kill_that_came_too_late_is_said_so_not_a_broken_metric_or_resume(jobs
         "--sleep 0.02", f"--sleep 0.02 --sync-dir {{run_dir}}/sync --sync-timeout 10 {flags}"))
     runner = JobRunner(load_config(path))
     try:
-        result = run_resume(runner, ResumeCheck(steps=10, after_step=6))
+        result = run_resume(check_context(runner, "resume", ResumeCheck(steps=10, after_step=6)))
     finally:
         runner.close()
     if not flags:
@@ -470,7 +470,7 @@ def test_a_report_written_after_ctrl_c_is_not_passed(jobs: Path, monkeypatch: py
     and says `interrupted`, never `passed` (issue 24: a CI script reading only `status`)."""
     real = checks_module.check_for
 
-    def ctrl_c(runner: JobRunner, spec: object) -> CheckResult:
+    def ctrl_c(ctx: object) -> CheckResult:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(checks_module, "check_for", lambda name: dataclasses.replace(real(name), run=ctrl_c)

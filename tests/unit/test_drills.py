@@ -10,11 +10,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from trainguard.plugins.markers import FAULT_KINDS
 
-import trainguard.config.faults as registry
 from trainguard.config import DrillSpec, parse_config
-from trainguard.config.faults import FAULT_CLASSES, Expectation, FaultNotInstalled, fault_class
+from trainguard.config.faults import FAULTS, Expectation, FaultNotInstalled, fault_class
 from trainguard.drills.driver import make_drill
 from trainguard.drills.judges import (
     DrillContext,
@@ -142,14 +140,13 @@ def test_make_drill_splits_fields_from_fault_params() -> None:
 # -- the registry ------------------------------------------------------------------------------
 
 
-def test_registry_covers_every_marker_kind_with_a_default_expectation() -> None:
-    assert set(FAULT_CLASSES) == set(FAULT_KINDS)
-    assert all(":" in target for target in FAULT_CLASSES.values())
+def test_registry_gives_every_kind_a_class_and_a_default_expectation() -> None:
+    assert all(":" in target for target in FAULTS.lines().values())
     assert fault_class("kill_rank") is KillRankFault
     assert fault_class("hang") is HangFault
     # each class carries its kind and the expectations it may be judged by, its default first
-    defaults = {kind: fault_class(kind).expectations_for({})[0] for kind in FAULT_CLASSES}
-    assert all(fault_class(kind).kind == kind for kind in FAULT_CLASSES)
+    defaults = {kind: fault_class(kind).expectations_for({})[0] for kind in FAULTS}
+    assert all(fault_class(kind).kind == kind for kind in FAULTS)
     assert defaults == {
         "kill_rank": "recover", "hang": "recover", "oom": "fail_clean", "disk_full": "fail_clean",
         "network": "continue", "preempt": "save_and_exit", "nan": "handle_nonfinite",
@@ -159,8 +156,11 @@ def test_registry_covers_every_marker_kind_with_a_default_expectation() -> None:
     assert fault_class("storage").expectations_for({"kind": "slow"}) == (Expectation.CONTINUE,)
 
 
-def test_a_kind_whose_module_is_missing_is_reported_in_words(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setitem(registry.FAULT_CLASSES, "oom", "trainguard.faults.not_written_yet:OomFault")
+def test_a_kind_whose_module_is_missing_is_reported_in_words(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    FAULTS.unregister("oom")
+    FAULTS.register("oom", "trainguard.faults.not_written_yet:OomFault", before="disk_full", lazy=True)
+    request.addfinalizer(lambda: (FAULTS.unregister("oom"),
+                                  FAULTS.register("oom", "trainguard.faults.oom:OomFault", before="disk_full")))
     with pytest.raises(FaultNotInstalled, match=r"fault 'oom' is not available in this installation: importing trainguard.faults.not_written_yet failed"):
         fault_class("oom")
     # the job file still loads (the other checks stay usable); the drill itself reports the error

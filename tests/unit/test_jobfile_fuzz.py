@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import time_limit
 from trainguard.cli.main import main
-from trainguard.config.faults import FAULT_CLASSES
+from trainguard.config.faults import FAULTS
 from trainguard.config.settings import resolve
 from trainguard.errors import ConfigError
 from trainguard.session.plan import make_plan
@@ -120,7 +120,7 @@ VALUES = st.recursive(
 DRILLS = st.lists(
     st.fixed_dictionaries(
         {"name": st.one_of(st.sampled_from(["a", "b"]), _text()),
-         "fault": st.one_of(st.sampled_from(sorted(FAULT_CLASSES)), _text())},
+         "fault": st.one_of(st.sampled_from(sorted(FAULTS)), _text())},
         optional={"rank": VALUES, "steps": VALUES, "after_step": VALUES, "params": VALUES,
                   "expect": st.one_of(st.sampled_from(["recover", "fail_clean", "continue"]), VALUES),
                   "world_size": VALUES, "duration": VALUES, "deadline": VALUES},

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import report_evidence
-from trainguard.checks.equivalence import run_resume
+from tests.helpers import check_context, report_evidence
+from trainguard.checks.resume import run_resume
 from trainguard.config import ResumeCheck, load_config, parse_config
 from trainguard.config.settings import Settings
 from trainguard.errors import ConfigError
 from trainguard.run.request import RunRequest
-from trainguard.run.runner import JobRunner
+from trainguard.run.runner import JobRunner, LaunchOptions
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 
@@ -98,7 +98,7 @@ def test_a_resumed_launch_gets_the_newest_complete_checkpoint(job: Path, tmp_pat
 def test_every_restart_resumes_from_the_checkpoint_newest_then(job: Path) -> None:
     runner = runner_for(job, "--die-at 5 --die-at 7")
     request = RunRequest.make(steps=8, seed=0, world_size=1)
-    run = runner.supervise(request, label="restarts", max_restarts=2, backoff_s=0.0)
+    run = runner.supervise(request, label="restarts", options=LaunchOptions(max_restarts=2, backoff_s=0.0))
     assert run.ok and run.restarts == 2
     resumed = [Path(report_evidence(a)["resumed_from"]).name for a in run.attempts[1:]]
     assert resumed == ["checkpoint-4", "checkpoint-6"]
@@ -107,7 +107,7 @@ def test_every_restart_resumes_from_the_checkpoint_newest_then(job: Path) -> Non
 
 def test_resume_check_resumes_from_the_latest_checkpoint(job: Path) -> None:
     runner = runner_for(job)
-    result = run_resume(runner, ResumeCheck(steps=8, after_step=5))
+    result = run_resume(check_context(runner, "resume", ResumeCheck(steps=8, after_step=5)))
     assert result.status == "passed", result.summary
     resumed_from = Path(report_evidence(result)["resumed_from_checkpoint"]).name
     assert resumed_from in ("checkpoint-4", "checkpoint-6")
@@ -123,7 +123,7 @@ def test_a_final_checkpoint_over_the_read_limit_is_never_a_pass(job: Path, allow
     allows it by name, and then the summary says so."""
     runner = JobRunner(load_config(runner_for(job, "--weights-bytes 4000").job_file.path),
                        Settings(read_max_mb=2000 / 2**20))  # trainer_state.json is read, weights.json is not
-    result = run_resume(runner, ResumeCheck(steps=8, after_step=5, allow_uncompared=["state"] if allow else []))
+    result = run_resume(check_context(runner, "resume", ResumeCheck(steps=8, after_step=5, allow_uncompared=["state"] if allow else [])))
     assert report_evidence(result)["state"]["over_limit"] == ["weights.json"], report_evidence(result)["state"]
     if allow:
         assert result.status == "passed", result.summary
@@ -137,7 +137,7 @@ def test_a_final_checkpoint_over_the_read_limit_is_never_a_pass(job: Path, allow
 
 def test_resume_check_fails_when_the_killed_run_left_no_complete_checkpoint(job: Path) -> None:
     runner = runner_for(job, "--no-save")
-    result = run_resume(runner, ResumeCheck(steps=8, after_step=5))
+    result = run_resume(check_context(runner, "resume", ResumeCheck(steps=8, after_step=5)))
     assert result.status == "failed"  # the job lost its progress: a verdict, not a broken check
     assert result.summary.startswith("no complete checkpoint under ")
     # the checkpoint directory kept from the uninterrupted run after step 5 (issue 29)
@@ -180,7 +180,7 @@ def test_smoke_reads_a_checkpoint_directory_and_resumes_from_it(job: Path) -> No
     from trainguard.checks.smoke import run_smoke
     from trainguard.config import SmokeCheck
 
-    result = run_smoke(runner_for(job), SmokeCheck(steps=4))
+    result = run_smoke(check_context(runner_for(job), "smoke", SmokeCheck(steps=4)))
     assert result.status == "passed", result.summary
     assert result.summary.endswith("; resumed from the checkpoint of step 4 at step 5")
     checkpoint_evidence = report_evidence(result)["checkpoint"]
@@ -207,6 +207,6 @@ def test_the_restart_backoff_starts_over_after_an_attempt_that_made_progress(
     monkeypatch.setattr(runner_module, "time", clock)
     runner = runner_for(job, "--die-at 5 --die-at 7")
     run = runner.supervise(RunRequest.make(steps=8, seed=0, world_size=1), label="backoff",
-                           max_restarts=2, backoff_s=0.25)
+                           options=LaunchOptions(max_restarts=2, backoff_s=0.25))
     assert run.ok and run.restarts == 2
     assert waits == [0.25, 0.25]  # the second attempt got past step 5: no doubling

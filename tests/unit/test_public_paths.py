@@ -52,7 +52,8 @@ MOVED = {
     "trainguard.unit.distributed": "trainguard.unit.ddp, trainguard.unit.roundtrip",
     "trainguard.gate.local_ray": "trainguard.raytrain.local_ray",
     "trainguard.gate.queue": "trainguard.queue.base, trainguard.queue.backends",
-    "trainguard.gate.ray_jobs": "trainguard.queue.ray_jobs",
+    "trainguard.gate.ray_jobs": "trainguard.raytrain.ray_jobs",
+    "trainguard.queue.ray_jobs": "trainguard.raytrain.ray_jobs",
 }
 
 

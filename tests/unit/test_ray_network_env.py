@@ -23,7 +23,7 @@ from trainguard.launch.backend import CommandBackend
 from trainguard.raytrain.backend import RayTrainBackend
 from trainguard.raytrain.tracking import SUMMARY_FILE, WorkerSummary, writer_from_env
 from trainguard.run.request import RunRequest
-from trainguard.run.runner import JobRunner
+from trainguard.run.runner import JobRunner, LaunchOptions
 
 MLFLOW = {"service": "mlflow", "toxic": "latency", "attributes": {"latency": 2000}}
 PROXY = "127.0.0.1:47001"
@@ -53,6 +53,7 @@ def fault_after_setup(ray_train: bool) -> NetworkFault:
     ray_train job the run it created on the drill's MLflow server."""
     fault = NetworkFault(MLFLOW, after_step=2)
     fault.proxy_address = PROXY
+    fault.backend = RayTrainBackend() if ray_train else CommandBackend()
     if ray_train:
         fault.drill_run_id = DRILL_RUN
     return fault
@@ -89,7 +90,7 @@ def test_the_drill_env_wins_over_the_session_tracking_env_in_the_launched_driver
     request = RunRequest.make(steps=1, seed=0, world_size=1)
 
     def workers_env(extra: dict[str, str]) -> dict[str, str]:
-        run = runner.supervise(request, label="env", max_restarts=0, extra_env=extra)
+        run = runner.supervise(request, label="env", options=LaunchOptions(max_restarts=0, extra_env=extra))
         assert run.ok, run.final.reason
         line = next(t for t in run.final.log_path(0, "stdout").read_text().splitlines()
                     if t.startswith("workers "))

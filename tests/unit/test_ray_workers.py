@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.launch.reach import WorkerNotHere
 from trainguard.raytrain.workers import (
     SIGNAL_PATH_ENV,
     RayWorkerLauncher,
     RayWorkerTracker,
-    WorkerNotHere,
     ensure_local,
     signal_path,
 )

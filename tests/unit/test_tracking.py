@@ -242,7 +242,7 @@ def test_restarts_of_one_logical_run_share_one_run_with_the_attempt_tag(
 
     from trainguard.config import load_config
     from trainguard.config.settings import Settings
-    from trainguard.run.runner import JobRunner
+    from trainguard.run.runner import JobRunner, LaunchOptions
 
     job_file = load_config(jobs / "die.trainguard.yaml")
     uri, artifacts = store.default_store(job_file.state_dir)
@@ -251,7 +251,7 @@ def test_restarts_of_one_logical_run_share_one_run_with_the_attempt_tag(
     tracker.session = tracker.start_run("session")
     runner = JobRunner(job_file, Settings(), tracker=tracker)
     request = runner.request_for(job_file.checks.smoke)
-    supervised = runner.supervise(request, label="drill", max_restarts=1, backoff_s=0.0)
+    supervised = runner.supervise(request, label="drill", options=LaunchOptions(max_restarts=1, backoff_s=0.0))
     assert tracker.close().complete
     assert supervised.restarts == 1
     (launch,) = runs_by_kind(uri)["launch"]

@@ -39,19 +39,19 @@ class TailCheck(CheckSpec):
 
 
 def _runner_for(name):
-    def run(runner, spec):
-        first = runner.run(runner.request_for(spec), label=f"{name}-first")
+    def run(ctx):
+        first = ctx.run("first", label=f"{name}-first")
         EVENTS.append(f"{name}-first")
 
         def rest(together):
             if together:
                 BOTH.wait()
-            again = runner.run(runner.request_for(spec), label=f"{name}-rest")
+            again = ctx.run("rest", label=f"{name}-rest")
             EVENTS.append(f"{name}-rest")
             ok = first.ok and again.ok
             return CheckResult(name, "passed" if ok else "failed", f"{name}: both runs ended")
 
-        if runner.untimed_later:
+        if ctx.state.untimed_later:
             return Later(lambda: rest(True))
         return rest(False)
 

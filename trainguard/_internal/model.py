@@ -9,9 +9,17 @@ as surely as NaN), and a validated section cannot be changed afterwards.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from collections.abc import Container, Iterable
+from typing import Any, Protocol
 
-__all__ = ["ConfigModel"]
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic_core import PydanticCustomError
+
+__all__ = ["ConfigModel", "one_of"]
+
+
+class _Names(Container[str], Iterable[str], Protocol):
+    pass
 
 
 class ConfigModel(BaseModel):
@@ -19,3 +27,18 @@ class ConfigModel(BaseModel):
     immutable."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+def one_of(names: _Names) -> BeforeValidator:
+    """A key whose value is one of ``names`` as they are when a file is read (a registry's:
+    one registered later is accepted too); anything else is said as pydantic says a value
+    outside a ``Literal`` ("Input should be 'ray' or 'slurm'"). None passes (an optional key)."""
+
+    def check(value: Any) -> Any:
+        if value is None or (isinstance(value, str) and value in names):
+            return value
+        *most, last = [repr(name) for name in names]
+        raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                  {"expected": f"{', '.join(most)} or {last}" if most else last})
+
+    return BeforeValidator(check)

@@ -58,7 +58,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainguard.config import CanaryCheck, JobFile
     from trainguard.launch import RunResult
     from trainguard.run.request import RunRequest
-    from trainguard.run.runner import JobRunner
 
 __all__ = [
     "FORMAT_VERSION",
@@ -445,7 +444,8 @@ def _metrics(spec: CanaryCheck) -> list[str]:
 
 
 def canary_baseline(
-    runner: JobRunner,
+    job_file: JobFile,
+    save_baseline: bool,
     spec: CanaryCheck,
     request: RunRequest,
     result: RunResult,
@@ -456,11 +456,10 @@ def canary_baseline(
     passed the canary's other tests), or compare it with the baseline ``spec.baseline`` selects
     and plot it against the band. A missing baseline is not a failure; one that does not fit
     the run, or cannot be trusted, is refused (the message says why and how to save one)."""
-    job_file = runner.job_file
     trajectories = {m: result.trajectory(m) for m in _metrics(spec)}
     trajectories = {m: v for m, v in trajectories.items() if v}
     plot_path = Path(result.run_dir) / PLOT_NAME
-    if runner.settings.save_baseline:
+    if save_baseline:
         if not canary_ok:
             return BaselineOutcome(
                 {"status": "not_saved", "reason": "the canary failed: a failing run is no baseline"},

@@ -363,12 +363,12 @@ class ToleranceEvidence(Evidence):
     band_max: dict[str, float] | Unset = UNSET
 
 
-def tolerance_for(runner: JobRunner, spec: Any, request: RunRequest, check: str) -> ToleranceUsed:
+def tolerance_for(job_file: JobFile, spec: Any, request: RunRequest, check: str) -> ToleranceUsed:
     """``spec``'s rtol/atol (from the job file, or the defaults), widened per step to
     :data:`BAND_FACTOR` x the same-seed envelope of this machine's calibration of ``request``."""
     explicit = {"rtol", "atol"} & set(spec.model_fields_set)
     own = f"checks.{check}.{'/'.join(sorted(explicit))} (job file)" if explicit else f"checks.{check} defaults"
-    found, note = find_calibration(runner.job_file.state_dir, request, JobKey.of(runner.job_file))
+    found, note = find_calibration(job_file.state_dir, request, JobKey.of(job_file))
     skipped = f"; calibration files skipped: {note}" if note else ""
     if found is None:
         return ToleranceUsed(spec.rtol, spec.atol, own + skipped)
@@ -414,16 +414,17 @@ def calibration_requests(runner: JobRunner, only: Sequence[str] | None = None) -
 ACROSS_FACTOR = 3.0
 
 
-def canary_calibrated(runner: JobRunner, spec: Any, request: RunRequest, result: RunResult) -> BaselineOutcome | None:
+def canary_calibrated(job_file: JobFile, save_baseline: bool, spec: Any, request: RunRequest,
+                      result: RunResult) -> BaselineOutcome | None:
     """The canary's band from this machine's calibration of its run: the across-seed mean ±
     :data:`ACROSS_FACTOR` x the across-seed standard deviation, per step (smoothed like a
     baseline band). None when there is none (or a baseline is being saved, or
     ``checks.canary.baseline`` names a file): the saved baseline decides then."""
     from trainguard.checks.band import calibrated_band, compare_to_band, plot_bands
 
-    if runner.settings.save_baseline or spec.baseline != "latest":
+    if save_baseline or spec.baseline != "latest":
         return None
-    found, _ = find_calibration(runner.job_file.state_dir, request, JobKey.of(runner.job_file))
+    found, _ = find_calibration(job_file.state_dir, request, JobKey.of(job_file))
     if found is None:
         return None
     verdicts = []
@@ -444,7 +445,7 @@ def canary_calibrated(runner: JobRunner, spec: Any, request: RunRequest, result:
     bad = [v for v in verdicts if not v.ok]
     try:
         outcome.plots.append(str(plot_bands(Path(result.run_dir) / "calibration_band.png", verdicts,
-                                            title=f"{runner.job_file.job.name} vs calibration {found.path.name}")))
+                                            title=f"{job_file.job.name} vs calibration {found.path.name}")))
     except Exception as exc:  # a plot is evidence, never the verdict
         outcome.evidence["plot_error"] = f"{type(exc).__name__}: {exc}"
     if bad:

@@ -28,6 +28,7 @@ from typing import Any
 
 from trainguard.checks.baseline import canary_baseline
 from trainguard.checks.calibration import canary_calibrated
+from trainguard.checks.context import CheckContext
 from trainguard.config import CanaryCheck
 from trainguard.config.problems import DEFAULT_REGEX_HINT, metric_problems
 from trainguard.config.registry import Check, JobFacts, Run
@@ -35,7 +36,6 @@ from trainguard.evidence import MERGED, UNSET, Evidence, StartedAhead, Unset, kn
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.report import CheckResult
 from trainguard.run.request import RunRequest
-from trainguard.run.runner import JobRunner
 from trainguard.run.scheduling import AheadRun
 
 __all__ = [
@@ -334,10 +334,10 @@ def _limits_after(result: RunResult, spec: CanaryCheck, scale: float) -> str | N
     return None
 
 
-def canary_request(runner: JobRunner, spec: CanaryCheck) -> RunRequest:
-    """The canary's run: its steps and seed, its time and memory limits."""
+def canary_request(request: RunRequest, spec: CanaryCheck) -> RunRequest:
+    """The canary's run (``request``: its spec's) with its time and memory limits."""
     return dataclasses.replace(
-        runner.request_for(spec),
+        request,
         timeout=spec.max_seconds if spec.max_seconds is not None else spec.timeout,
         max_rss_mb=spec.max_memory_mb,
     )
@@ -354,23 +354,24 @@ def canary_on_metric(spec: CanaryCheck) -> Callable[[MetricPoint, Launcher], Non
     return steps_limit
 
 
-def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
+def run_canary(ctx: CheckContext[CanaryCheck]) -> CheckResult:
     """Run the job for ``steps`` steps within ``max_seconds`` and ``max_memory_mb``; its loss
     must stay finite, never spike above ``spike_factor`` x its running median and fall by
     ``min_loss_drop`` (median of an early window vs a late one); ``val_metric`` must fall by
     ``min_val_drop`` and ``grad_norm`` stay inside ``grad_norm_range`` when configured."""
     started = time.monotonic()
-    request = canary_request(runner, spec)
-    reproduce = runner.command_line(request)
+    spec, settings = ctx.spec, ctx.settings
+    request = canary_request(ctx.declared().request, spec)
+    reproduce = ctx.command_line(request)
     # the uninterrupted run of its request when one ran already (the profile's, run first), its
     # limits judged after the fact; else started early beside the checks before it
     # (trainguard.session.lane_plan), else now
-    shared = runner.scheduling.kept_reference(request)
-    result = shared or runner.scheduling.take_ahead("canary", request)
+    shared = ctx.pool.scheduling.kept_reference(request)
+    result = shared or ctx.pool.scheduling.take_ahead("canary", request)
     if result is None:
-        result = runner.run(request, label="canary", on_metric=canary_on_metric(spec))
-    runner.scheduling.offer_reference(request, result)  # determinism/resume/parallel of the same run reuse it
-    limit_s = (request.timeout or runner.job_file.job.timeout) * runner.settings.timeout_scale
+        result = ctx.pool.run(request, label="canary", on_metric=canary_on_metric(spec))
+    ctx.pool.scheduling.offer_reference(request, result)  # determinism/resume/parallel of the same run reuse it
+    limit_s = (request.timeout or ctx.job_file.job.timeout) * settings.timeout_scale
     loss = judge_loss(
         result.trajectory("loss"),
         min_drop=spec.min_loss_drop,
@@ -379,9 +380,9 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
     )
     evidence = _canary_evidence(result, spec, loss, limit_s)
     problems: list[str] = []
-    limit = _limit_problem(result, spec, runner.settings.timeout_scale)
+    limit = _limit_problem(result, spec, settings.timeout_scale)
     if limit is None and shared is not None:
-        limit = _limits_after(result, spec, runner.settings.timeout_scale)
+        limit = _limits_after(result, spec, settings.timeout_scale)
         evidence.shared_run = f"{result.run_dir.name}: the uninterrupted run of this request, launched once for every check"
     if limit is not None:
         problems.append(limit)
@@ -402,14 +403,14 @@ def run_canary(runner: JobRunner, spec: CanaryCheck) -> CheckResult:
     baseline_note = ""
     refused: list[str] = []  # a baseline not compared with: an error, not a failure
     if result.ok and loss.first_non_finite is None:
-        outcome = canary_calibrated(runner, spec, request, result) or \
-            canary_baseline(runner, spec, request, result, canary_ok=not problems)
+        outcome = canary_calibrated(ctx.job_file, settings.save_baseline, spec, request, result) or \
+            canary_baseline(ctx.job_file, settings.save_baseline, spec, request, result, canary_ok=not problems)
         evidence.baseline = outcome.evidence
         if outcome.plots:
             evidence.plots = list(outcome.plots)
         (refused if outcome.refused else problems).extend(outcome.problems)
         baseline_note = f"; {outcome.note}" if outcome.note else ""
-    elif runner.settings.save_baseline:
+    elif settings.save_baseline:
         evidence.baseline = {"status": "not_saved", "reason": "the canary failed: a failing run is no baseline"}
         baseline_note = "; baseline not saved (the canary failed)"
     duration = time.monotonic() - started
@@ -514,8 +515,8 @@ CANARY: Check[CanaryCheck] = Check(
                             "loss must fall by min_loss_drop, with no spike or NaN"),
     requires=_canary_requires,
     lane=True,
-    ahead=lambda runner, spec: AheadRun("canary", canary_request(runner, spec), "canary",
-                                        on_metric=canary_on_metric(spec), reference=True),
+    ahead=lambda ctx: AheadRun("canary", canary_request(ctx.declared().request, ctx.spec), "canary",
+                               on_metric=canary_on_metric(ctx.spec), reference=True),
     ahead_words="the canary's run",
     ahead_reference=True,
     calibrates=lambda spec: [None],

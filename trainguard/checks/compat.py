@@ -45,8 +45,9 @@ from trainguard._internal.worktree import (
     resolve_commit,
 )
 from trainguard.checks.calibration import ToleranceEvidence, ToleranceUsed, tolerance_for
+from trainguard.checks.context import CheckContext
 from trainguard.checks.diagnosis import first_different_batch
-from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories, progress_metric
+from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories
 from trainguard.checks.equivalence_records import TrajectoryEvidence
 from trainguard.checks.interruption import kill_after, untested_kill
 from trainguard.config import CheckSpec
@@ -58,8 +59,8 @@ from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.rundir import new_run_dir
 from trainguard.launch.samples import read_samples
 from trainguard.report import CheckResult, CheckStatus
+from trainguard.run.declared import progress_metric_of
 from trainguard.run.request import RunRequest
-from trainguard.run.runner import JobRunner
 from trainguard.unit.checkpoints.compare import LayoutDifference, LayoutEvidence, compare_layouts
 from trainguard.unit.checkpoints.files import latest_complete_checkpoint
 
@@ -166,11 +167,11 @@ class CompatEvidence(Evidence):
     likely_causes: list[str] | Unset = UNSET
 
 
-def _diffs(runner: JobRunner, spec: CompatCheck, metric: str, run: RunResult, reference: RunResult,
+def _diffs(ctx: CheckContext[CompatCheck], spec: CompatCheck, metric: str, run: RunResult, reference: RunResult,
            first: int, tol: ToleranceUsed) -> list[TrajectoryDiff]:
     """The resumed run against the reference from ``first`` on: the progress metric, then every
     other metric ``spec.metrics`` names (default: all of job.metrics) the reference printed."""
-    names = [metric, *(n for n in (spec.metrics or list(runner.job_file.job.metrics)) if n != metric)]
+    names = [metric, *(n for n in (spec.metrics or list(ctx.job_file.job.metrics)) if n != metric)]
     out = []
     for name in names:
         actual, expected = aligned_trajectories(run.points, reference.points, name)
@@ -219,17 +220,17 @@ def _samples_note(base: RunResult, reference: RunResult) -> str | None:
             f"{list(y)[:6]}; a resumed run continues in the new order")
 
 
-def _git_facts(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence,
+def _git_facts(ctx: CheckContext[CompatCheck], spec: CompatCheck, evidence: CompatEvidence,
                done: Callable[..., CheckResult]) -> tuple[Path, str, str] | CheckResult:
     """(repository top, base's commit, what base named), or the result saying why there is none
     (before anything is launched): skipped when no gate has promoted the job (nothing was
     compared), else an error."""
-    root = repository_root(runner.job_file.cwd)
+    root = repository_root(ctx.job_file.cwd)
     if root is None:
-        return done("error", f"checks.compat.base: the job's directory {runner.job_file.cwd} is not "
+        return done("error", f"checks.compat.base: the job's directory {ctx.job_file.cwd} is not "
                        "in a git repository: checks.compat checks out base from it")
     if spec.base == PROMOTED:
-        found = last_promoted(runner.job_file.state_dir / "gate")
+        found = last_promoted(ctx.job_file.state_dir / "gate")
         evidence.promoted = found.how
         if found.promotion is None:
             return done("skipped", f"nothing compared: {found.how}. With `base: promoted` there is "
@@ -241,7 +242,7 @@ def _git_facts(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence,
             commit, named = resolve_commit(root, spec.base), spec.base
         except GitError as exc:
             return done("error", f"checks.compat.base: {exc}")
-    relative = runner.job_file.cwd.resolve().relative_to(root.resolve())
+    relative = ctx.job_file.cwd.resolve().relative_to(root.resolve())
     why = missing_at(root, commit, relative)
     if why is not None:
         evidence.base_commit = commit
@@ -249,65 +250,65 @@ def _git_facts(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence,
     return root, commit, named
 
 
-def run_compat(runner: JobRunner, spec: CompatCheck) -> CheckResult:
+def run_compat(ctx: CheckContext[CompatCheck]) -> CheckResult:
     """Base's checkpoint after ``after_step``, resumed by the current code; compared with the
     current code's uninterrupted run."""
     from trainguard._internal.gitstate import git_state
 
-    started = time.monotonic()
+    started, spec = time.monotonic(), ctx.spec
     evidence = CompatEvidence(spec.base, after_step=spec.after_step)
 
     def done(status: CheckStatus, summary: str, reproduce: str | None = None) -> CheckResult:
         return CheckResult(_NAME, status, summary, evidence, time.monotonic() - started, reproduce)
 
-    facts = _git_facts(runner, spec, evidence, done)
+    facts = _git_facts(ctx, spec, evidence, done)
     if isinstance(facts, CheckResult):
         return facts
     root, commit, named = facts
-    state = git_state(runner.job_file.cwd)
+    state = git_state(ctx.job_file.cwd)
     evidence.base_commit, evidence.current_commit, evidence.current_dirty = commit, state.commit, state.dirty
     if commit == state.commit and state.dirty is False:
         return done("passed", f"the job's code is base's commit {commit[:12]} ({named}) unchanged: nothing to compare")
-    request = runner.request_for(spec)
-    tol = tolerance_for(runner, spec, request, _NAME)
+    request = ctx.request
+    tol = tolerance_for(ctx.job_file, spec, request, _NAME)
     evidence.tolerance = tol.as_evidence()
-    reference = runner.scheduling.reference(request)
+    reference = ctx.reference()
     evidence.run_dirs["reference"] = str(reference.run_dir)
     if not reference.ok:
         return done("error", f"the current code's uninterrupted run did not complete: {reference.reason}")
     try:
-        return _run_at_base(runner, spec, evidence, (root, commit), request, tol, reference, done)
+        return _run_at_base(ctx, spec, evidence, (root, commit), request, tol, reference, done)
     except GitError as exc:  # base could not be checked out: said, the session goes on
         return done("error", f"checks.compat: base's commit {commit[:12]} ({named}) could not be checked out: {exc}")
 
 
-def _run_at_base(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence, at: tuple[Path, str],
+def _run_at_base(ctx: CheckContext[CompatCheck], spec: CompatCheck, evidence: CompatEvidence, at: tuple[Path, str],
                  request: RunRequest, tol: ToleranceUsed, reference: RunResult,
                  done: Callable[..., CheckResult]) -> CheckResult:
     """Base checked out, killed after ``after_step``, and its checkpoint resumed by the current
     code; judged by :func:`_judge`."""
     root, commit = at
-    metric = progress_metric(runner)
-    relative = runner.job_file.cwd.resolve().relative_to(root.resolve())
+    metric = progress_metric_of(ctx.job_file)
+    relative = ctx.job_file.cwd.resolve().relative_to(root.resolve())
     # base checkpoints into a folder of trainguard's own, never into the checkout or a linked one
-    checkpoints = new_run_dir(runner.job_file.state_dir, runner.job_file.job.name, "compat-base-checkpoints",
-                              keep=runner.settings.keep_runs) / "checkpoints"
-    with checkout(root, commit, runner.job_file.state_dir / "compat") as tree:
+    checkpoints = new_run_dir(ctx.job_file.state_dir, ctx.job_file.job.name, "compat-base-checkpoints",
+                              keep=ctx.settings.keep_runs) / "checkpoints"
+    with checkout(root, commit, ctx.job_file.state_dir / "compat") as tree:
         base_cwd = tree / relative
         evidence.linked = link_ignored(
             root, tree, extra=spec.link,
             skip=lambda name: name.endswith((".pyc", "__pycache__")) or ".trainguard" in Path(name).parts)
-        base_runner = runner.sibling(dataclasses.replace(
-            runner.job_file, job=runner.job_file.job.model_copy(update={"cwd": str(base_cwd)})))
+        base_pool = ctx.pool.sibling(dataclasses.replace(
+            ctx.job_file, job=ctx.job_file.job.model_copy(update={"cwd": str(base_cwd)})))
         base_request = dataclasses.replace(request, env=tuple(sorted({
             **dict(request.env),
             "PYTHONPATH": os.pathsep.join([str(base_cwd), *filter(None, [dict(request.env).get("PYTHONPATH")])])}.items())))
         # runnable as printed: the checkout is gone by then, so the line makes its own
         again = f"/tmp/trainguard-base-{commit[:12]}"
         reproduce = (f"git -C {shlex.quote(str(root))} worktree add --detach {again} {commit[:12]} && "
-                     + base_runner.command_line(base_request).replace(str(tree), again)
-                     + f"  # kill -9 after step {spec.after_step}, then: {runner.command_line(request, resume=True)}")
-        base = base_runner.run(base_request, label="compat-base-killed", checkpoint_dir=checkpoints,
+                     + base_pool.command_line(base_request).replace(str(tree), again)
+                     + f"  # kill -9 after step {spec.after_step}, then: {ctx.command_line(request, resume=True)}")
+        base = base_pool.run(base_request, label="compat-base-killed", checkpoint_dir=checkpoints,
                                on_metric=kill_after(metric, spec.after_step))
         evidence.run_dirs["base"] = str(base.run_dir)
         evidence.killed_after_step = base.last_step
@@ -315,7 +316,7 @@ def _run_at_base(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence,
         if why is not None:
             return done("error", why + (f"; its stderr: {base.stderr_tail.strip().splitlines()[-1][:300]}"
                                         if base.stderr_tail.strip() and not base.ok else ""), reproduce)
-        if runner.resumes_from_latest and latest_complete_checkpoint(base.checkpoints) is None:
+        if ctx.resumes_from_latest and latest_complete_checkpoint(base.checkpoints) is None:
             return done("error", f"base's run ({commit[:12]}) left no complete checkpoint under {base.checkpoints} "
                         f"by step {base.last_step}: {{latest_checkpoint}} names nothing to resume; raise after_step",
                         reproduce)
@@ -324,19 +325,19 @@ def _run_at_base(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence,
         # base's checkpoint as the kill left it: the resumed run writes newer ones beside it
         kept = base.checkpoints.parent / "at-kill"
         copy_tree(base.checkpoints, kept)  # a FIFO, socket or device is left out, never opened
-        resumed = runner.run(request, label="compat-resumed", resume=True, checkpoint_dir=base.checkpoints)
+        resumed = ctx.pool.run(request, label="compat-resumed", resume=True, checkpoint_dir=base.checkpoints)
         evidence.run_dirs["resumed"] = str(resumed.run_dir)
 
         def base_resumed() -> RunResult:
-            again = base_runner.run(base_request, label="compat-base-resumed", resume=True, checkpoint_dir=kept)
+            again = base_pool.run(base_request, label="compat-base-resumed", resume=True, checkpoint_dir=kept)
             evidence.run_dirs["base_resumed"] = str(again.run_dir)
             return again
 
-        return _judge(runner, spec, evidence, metric, (reference, base, resumed), layout, done, reproduce, tol,
+        return _judge(ctx, spec, evidence, metric, (reference, base, resumed), layout, done, reproduce, tol,
                       base_resumed)
 
 
-def _judge(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence, metric: str,
+def _judge(ctx: CheckContext[CompatCheck], spec: CompatCheck, evidence: CompatEvidence, metric: str,
            runs: tuple[RunResult, RunResult, RunResult], layout: LayoutDifference, done: Any,
            reproduce: str, tol: ToleranceUsed, base_resumed: Callable[[], RunResult]) -> CheckResult:
     reference, base, resumed = runs
@@ -363,7 +364,7 @@ def _judge(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence, metri
         return done("failed", f"the current code started again from step {first} instead of resuming base's "
                     f"({short}) checkpoint: it did not take it as one" + because, reproduce)
     evidence.resumed_from_step = first - 1
-    diffs = _diffs(runner, spec, metric, resumed, reference, first, tol)
+    diffs = _diffs(ctx, spec, metric, resumed, reference, first, tol)
     evidence.metrics = [d.as_evidence() for d in diffs]
     problems = []
     for diff in diffs:
@@ -375,7 +376,7 @@ def _judge(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence, metri
         elif not diff.ok:
             problems.append(f"the resumed run's {diff.metric} {diff.missing_words()}")
     if problems and not causes:  # nothing explains it: does base itself continue its checkpoint so?
-        control = _control(runner, spec, metric, resumed, base_resumed(), tol)
+        control = _control(ctx, spec, metric, resumed, base_resumed(), tol)
         evidence.control = control
         step = control.first_divergent_step
         if step is None and control.compared_steps:
@@ -394,14 +395,14 @@ def _judge(runner: JobRunner, spec: CompatCheck, evidence: CompatEvidence, metri
                 f"{', '.join(d.metric for d in diffs)} to step {spec.steps}{note}", reproduce)
 
 
-def _control(runner: JobRunner, spec: CompatCheck, metric: str, resumed: RunResult, again: RunResult,
+def _control(ctx: CheckContext[CompatCheck], spec: CompatCheck, metric: str, resumed: RunResult, again: RunResult,
              tol: ToleranceUsed) -> TrajectoryEvidence | Uncompared:
     """The current code's resume of base's checkpoint against base's own resume of it: where they
     diverge (None: the same continuation)."""
     steps = sorted(aligned_trajectories(again.points, resumed.points, metric)[0])
     if not again.ok or not steps:
         return Uncompared(None, 0, again.reason or f"base's resume printed no `{metric}` line")
-    return _diffs(runner, spec, metric, resumed, again, steps[0], tol)[0].as_evidence()
+    return _diffs(ctx, spec, metric, resumed, again, steps[0], tol)[0].as_evidence()
 
 
 def _requires(spec: CompatCheck, facts: JobFacts) -> list[tuple[str, str]]:

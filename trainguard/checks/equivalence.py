@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainguard.checks.accounting import (
@@ -20,34 +20,27 @@ from trainguard.checks.accounting import (
     global_batches,
     sample_agreement,
 )
-from trainguard.checks.calibration import (
-    ToleranceUsed,
-    spread_note,
-    tolerance_for,
-)
+from trainguard.checks.calibration import ToleranceUsed, spread_note, tolerance_for
+from trainguard.checks.context import CheckContext
 from trainguard.checks.diagnosis import (
     LR_METRIC,
     ResumeFacts,
     data_order_note,
-    diagnose_resume,
     explain,
     first_different_batch,
-    read_inventory,
     resume_diagnosis,
     shared_shard_note,
 )
 from trainguard.checks.equivalence_records import (
     DeterminismEvidence,
-    KillUntested,
-    NoCheckpointLeft,
     ParallelEvidence,
     ResumeEvidence,
     RunFailure,
     Tolerance,
     TrajectoryEvidence,
 )
-from trainguard.checks.interruption import Interruption, interrupt
-from trainguard.config import DeterminismCheck, ParallelCheck, ResumeCheck
+from trainguard.checks.interruption import Interruption
+from trainguard.config import DeterminismCheck, JobFile, ParallelCheck, ResumeCheck
 from trainguard.config.problems import one_process_problems
 from trainguard.config.registry import Check, Run
 from trainguard.evidence import StartedAhead
@@ -56,24 +49,23 @@ from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.samples import SampleBatch, read_samples
 from trainguard.report import CheckResult
 from trainguard.run.request import RunRequest
-from trainguard.run.runner import JobRunner
 from trainguard.run.scheduling import AheadRun
 from trainguard.unit.checkpoints import (
+    CheckpointInventory,
     compare_checkpoint_dirs,
-    describe_candidates,
-    latest_complete_checkpoint,
 )
 
 __all__ = [
     "DETERMINISM",
     "PARALLEL",
+    "ResumeRuns",
     "TrajectoryDiff",
     "compare_trajectories",
+    "failed_run",
+    "judge_resume",
     "other_metric_diffs",
-    "progress_metric",
     "run_determinism",
     "run_parallel",
-    "run_resume",
 ]
 
 NONDETERMINISM_CAUSES = (
@@ -164,7 +156,16 @@ def compare_trajectories(
     )
 
 
-def _failed_run(name: str, result: RunResult, started: float, reproduce: str) -> CheckResult:
+#: the labels of determinism's and parallel's declared runs
+REPEAT = "repeat, same seed"
+ONE_RANK = "1 rank"
+
+
+def _n_ranks(spec: ParallelCheck) -> str:
+    return f"{spec.world_size} ranks"
+
+
+def failed_run(name: str, result: RunResult, started: float, reproduce: str) -> CheckResult:
     return CheckResult(
         name=name,
         status="error",
@@ -176,25 +177,24 @@ def _failed_run(name: str, result: RunResult, started: float, reproduce: str) ->
     )
 
 
-def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
+def run_determinism(ctx: CheckContext[DeterminismCheck]) -> CheckResult:
     """The job twice with the same seed: every metric's trajectory must match (exact by
     default, ``rtol``/``atol`` when set)."""
     started = time.monotonic()
-    job = runner.job_file.job
-    request = runner.request_for(spec)
-    reproduce = f"run twice and diff: {runner.command_line(request)}"
-    runner.scheduling.prefetch(request)  # the two runs are independent: their start-ups may overlap
+    spec, job, request = ctx.spec, ctx.job_file.job, ctx.request
+    reproduce = f"run twice and diff: {ctx.command_line()}"
+    ctx.prefetch()  # the two runs are independent: their start-ups may overlap
     try:
         # the second run may have started early beside the checks before this one (lane_plan)
-        second = runner.scheduling.take_ahead("determinism", request) or runner.run(request, label="determinism-repeat")
+        second = ctx.take_ahead(REPEAT) or ctx.run(REPEAT, label="determinism-repeat")
     except BaseException:
-        runner.scheduling.stop_background("the determinism check was interrupted")
+        ctx.stop_background("the determinism check was interrupted")
         raise
-    first = runner.scheduling.reference(request)
+    first = ctx.reference()
     if not first.ok:
-        return _failed_run("determinism", first, started, reproduce)
+        return failed_run("determinism", first, started, reproduce)
     if not second.ok:
-        return _failed_run("determinism", second, started, reproduce)
+        return failed_run("determinism", second, started, reproduce)
     diffs = []
     for metric in job.metrics:
         actual, expected = aligned_trajectories(second.points, first.points, metric)
@@ -262,7 +262,7 @@ def run_determinism(runner: JobRunner, spec: DeterminismCheck) -> CheckResult:
             summary += f". Most likely the data order: {note}"
             causes = [unordered, unseeded, *(c for c in causes if c not in (unordered, unseeded))]
     evidence.likely_causes = causes
-    summary += spread_note(runner.job_file, request)  # never loosened: only the noise measured
+    summary += spread_note(ctx.job_file, request)  # never loosened: only the noise measured
     return CheckResult("determinism", "failed", summary, evidence, duration, reproduce)
 
 
@@ -278,56 +278,34 @@ PARALLEL_CAUSES = (
 )
 
 
-def progress_metric(runner: JobRunner) -> str:
-    """The metric a check follows the run's progress by: ``loss``, else the first of job.metrics."""
-    metrics = runner.job_file.job.metrics
-    return "loss" if "loss" in metrics else next(iter(metrics))
+@dataclass
+class ResumeRuns:
+    """What the resume check judges: its spec, tolerance and request, and the runs its context
+    gave it (the reference, where the resume started, the resumed run), gathered as they come."""
+
+    job_file: JobFile
+    spec: ResumeCheck
+    metric: str
+    tol: ToleranceUsed
+    request: RunRequest
+    reference: RunResult
+    started: float
+    reproduce: str
+    #: where the resume starts (a kept checkpoint, or one a killed run left)
+    cut: Interruption = field(init=False)
+    #: the newest complete checkpoint the cut left (None: none)
+    latest: Path | None = None
+    #: what the resumed run loaded, read before it wrote newer checkpoints beside it
+    inventory: CheckpointInventory | None = None
+    resumed: RunResult = field(init=False)
 
 
-def _resume_reproduce(runner: JobRunner, request: RunRequest, after_step: int,
-                      latest: Path | None = None) -> str:
-    """Both commands of a resume, runnable as printed in a fresh directory; ``latest``: the
-    checkpoint the killed run left, relative to its checkpoint directory (the same name in the
-    fresh one is what ``{latest_checkpoint}`` then names)."""
-    return (
-        f"{runner.command_line(request)}  # kill -9 after step {after_step}, then: "
-        f"{runner.command_line(request, resume=True, latest_checkpoint=latest)}"
-    )
-
-
-def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
-    """Reference run of ``steps``; a second run SIGKILLed right after ``after_step``; resumed in
-    new processes with ``resume_args``; the resumed steps must equal the reference's."""
-    started = time.monotonic()
-    metric = progress_metric(runner)
-    request = runner.request_for(spec)
-    tol = tolerance_for(runner, spec, request, "resume")
-    reproduce = _resume_reproduce(runner, request, spec.after_step)
-    runner.keep_checkpoint(request, spec.after_step, metric)  # its uninterrupted run may keep it
-    reference = runner.scheduling.reference(request)
-    if not reference.ok:
-        return _failed_run("resume", reference, started, reproduce)
-
-    cut = interrupt(runner, request, spec.after_step, metric, label="resume-killed")
-    killed_at = cut.step
-    if cut.error is not None and cut.killed is not None:
-        return CheckResult(
-            "resume", "error", cut.error, KillUntested(cut.killed.stderr_tail, killed_at, cut.killed.outcome,
-                                                       str(cut.killed.run_dir), cut.not_kept),
-            time.monotonic() - started, reproduce
-        )
-    checkpoint_dir = cut.checkpoint_dir
-    latest = latest_complete_checkpoint(checkpoint_dir)
-    if latest is not None:
-        reproduce = _resume_reproduce(runner, request, spec.after_step, latest.relative_to(checkpoint_dir))
-    elif runner.resumes_from_latest:  # {latest_checkpoint} would name nothing: not launched
-        return _no_checkpoint_left(cut, time.monotonic() - started, reproduce)
-    # what the resumed run will load, read before it writes newer checkpoints beside it
-    inventory = read_inventory(latest if latest is not None else checkpoint_dir)
-    resumed = cut.resume(runner, request, label="resume-resumed")
-    if not resumed.ok:
-        return _failed_run("resume", resumed, started, reproduce)
-
+def judge_resume(runs: ResumeRuns) -> CheckResult:
+    """The resumed run against the uninterrupted one: trajectories, final checkpoints, samples;
+    a failure with its likely causes."""
+    spec, metric, tol, request, reference, cut, resumed = (
+        runs.spec, runs.metric, runs.tol, runs.request, runs.reference, runs.cut, runs.resumed)
+    inventory, started, reproduce, killed_at = runs.inventory, runs.started, runs.reproduce, runs.cut.step
     actual, expected = aligned_trajectories(resumed.points, reference.points, metric)
     evidence = ResumeEvidence(
         after_step=spec.after_step, killed_after_step=killed_at,
@@ -354,7 +332,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         rtol=spec.rtol, atol=spec.atol, band=tol.band(metric),
     )
     evidence.trajectory, evidence.tolerance = diff.as_evidence(), tol.as_evidence()
-    others = other_metric_diffs(runner, spec, metric, resumed, reference, first_step, spec.steps, tol)
+    others = other_metric_diffs(runs.job_file, spec, metric, resumed, reference, first_step, spec.steps, tol)
     if others:
         evidence.other_metrics = [d.as_evidence() for d in others]
     state = compare_checkpoint_dirs(
@@ -374,7 +352,7 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         divergent = [d.first_divergent_step for d in (diff, *others) if d.first_divergent_step is not None]
         facts = ResumeFacts(
             resumed_from, first_divergent_step=min(divergent, default=None), checkpoint=inventory,
-            final_state=state, lr=_lr_divergence(runner, resumed, reference, first_step, spec),
+            final_state=state, lr=_lr_divergence(runs.job_file, resumed, reference, first_step, spec),
             metrics={d.metric: d.first_divergent_step for d in (diff, *others)}, world_size=request.world_size,
             samples_accounted=accounting.summary() if accounting.known and not accounting.ok else None,
             began_again=began_again, on_gpu=any(v > 0 for v in reference.peak_gpu_mb.values()),
@@ -407,23 +385,6 @@ def run_resume(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
         evidence,
         duration,
         reproduce,
-    )
-
-
-def _no_checkpoint_left(cut: Interruption, duration: float, reproduce: str) -> CheckResult:
-    """The killed run left no complete checkpoint, so a resume from the latest one has nothing
-    to name: the check fails without launching it."""
-    causes = diagnose_resume(ResumeFacts(0))
-    checkpoint_dir, killed_at = cut.checkpoint_dir, cut.step
-    return CheckResult(
-        "resume", "failed",
-        f"no complete checkpoint under {checkpoint_dir} to resume from ({cut.writer()}: "
-        f"{describe_candidates(checkpoint_dir)}): all {killed_at} steps of progress lost; does "
-        f"the job checkpoint before step {killed_at}?",
-        NoCheckpointLeft(killed_at, str(checkpoint_dir), cut.as_evidence(),
-                         cut.killed.stderr_tail if cut.killed is not None else "",
-                         [c.text for c in causes], [c.as_evidence() for c in causes]),
-        duration, reproduce,
     )
 
 
@@ -481,13 +442,13 @@ def _trajectory_problems(metric: str, diff: TrajectoryDiff, others: Sequence[Tra
     return problems
 
 
-def other_metric_diffs(runner: JobRunner, spec: ResumeCheck, metric: str, resumed: RunResult,
+def other_metric_diffs(job_file: JobFile, spec: ResumeCheck, metric: str, resumed: RunResult,
                        reference: RunResult, first_step: int, last_step: int,
                        tol: ToleranceUsed | None = None) -> list[TrajectoryDiff]:
     """The resumed run against the uninterrupted one in every metric besides ``metric`` that
     ``spec.metrics`` names (default: all of job.metrics), on the steps ``first_step``..``last_step``
     the uninterrupted run printed it (a metric printed every N steps is compared every N)."""
-    names = spec.metrics if spec.metrics is not None else list(runner.job_file.job.metrics)
+    names = spec.metrics if spec.metrics is not None else list(job_file.job.metrics)
     out = []
     for name in names:
         if name == metric:
@@ -501,10 +462,10 @@ def other_metric_diffs(runner: JobRunner, spec: ResumeCheck, metric: str, resume
 
 
 def _lr_divergence(
-    runner: JobRunner, resumed: RunResult, reference: RunResult, first_step: int, spec: ResumeCheck
+    job_file: JobFile, resumed: RunResult, reference: RunResult, first_step: int, spec: ResumeCheck
 ) -> tuple[int | None, str] | None:
     """Where a learning-rate metric the job prints first differs after the resume."""
-    name = next((m for m in runner.job_file.job.metrics if LR_METRIC.match(m)), None)
+    name = next((m for m in job_file.job.metrics if LR_METRIC.match(m)), None)
     if name is None:
         return None
     actual, expected = aligned_trajectories(resumed.points, reference.points, name)
@@ -515,28 +476,27 @@ def _lr_divergence(
     return diff.first_divergent_step, name
 
 
-def run_parallel(runner: JobRunner, spec: ParallelCheck) -> CheckResult:
+def run_parallel(ctx: CheckContext[ParallelCheck]) -> CheckResult:
     """The job at ``world_size`` N vs 1 rank with the same global batch: the per-step mean of
     the ranks' metric must match the single rank's within ``rtol``/``atol``."""
     started = time.monotonic()
-    metric = progress_metric(runner)
-    single = runner.request_for(spec, world_size=1)
-    multi = runner.request_for(spec, world_size=spec.world_size)
-    reproduce = f"compare: {runner.command_line(single)}  vs  {runner.command_line(multi)}"
+    spec, metric = ctx.spec, ctx.metric
+    single, multi = ctx.declared(ONE_RANK).request, ctx.declared(_n_ranks(spec)).request
+    reproduce = f"compare: {ctx.command_line(single)}  vs  {ctx.command_line(multi)}"
     # the N-rank run: started early beside the checks before this one (lane_plan), else now in
     # the background while the 1-rank run runs in the foreground
-    pending = runner.scheduling.run_for(multi, "parallel")
+    pending = ctx.run_for(_n_ranks(spec))
     try:
-        one = runner.scheduling.reference(single)
+        one = ctx.reference(ONE_RANK)
         many = pending.result()
     except BaseException:
-        runner.scheduling.stop_background("the parallel check was interrupted")
+        ctx.stop_background("the parallel check was interrupted")
         raise
     if not one.ok:
-        return _failed_run("parallel", one, started, reproduce)
+        return failed_run("parallel", one, started, reproduce)
     if not many.ok:
-        return _failed_run("parallel", many, started, reproduce)
-    tol = tolerance_for(runner, spec, multi, "parallel")  # the N-rank run's own noise, when calibrated
+        return failed_run("parallel", many, started, reproduce)
+    tol = tolerance_for(ctx.job_file, spec, multi, "parallel")  # the N-rank run's own noise, when calibrated
     diff = compare_trajectories(many.trajectory(metric), one.trajectory(metric), metric=metric,
                                 rtol=spec.rtol, atol=spec.atol, band=tol.band(metric))
     ranks_reporting = sorted({p.rank for p in many.points if p.name == metric})
@@ -605,9 +565,9 @@ def parallel_sample_cause(one: Mapping[int, Sequence[SampleBatch]], many: Mappin
 #: determinism: two runs with one seed must match (docs/equivalence.md)
 DETERMINISM: Check[DeterminismCheck] = Check(
     "determinism", DeterminismCheck, run=run_determinism,
-    runs=lambda spec, ctx: ([Run("reference", reference=True), Run("repeat, same seed")], "the two must match"),
+    runs=lambda spec, ctx: ([Run("reference", reference=True), Run(REPEAT)], "the two must match"),
     lane=True,
-    ahead=lambda runner, spec: AheadRun("determinism", runner.request_for(spec), "determinism-repeat"),
+    ahead=lambda ctx: AheadRun("determinism", ctx.declared(REPEAT).request, "determinism-repeat"),
     ahead_words="determinism's second run",
     evidence=(DeterminismEvidence, RunFailure),
 )
@@ -615,13 +575,12 @@ DETERMINISM: Check[DeterminismCheck] = Check(
 #: parallel: N ranks must train like one (docs/equivalence.md)
 PARALLEL: Check[ParallelCheck] = Check(
     "parallel", ParallelCheck, run=run_parallel,
-    runs=lambda spec, ctx: ([Run("1 rank", 1, reference=True), Run(f"{spec.world_size} ranks", spec.world_size, reference=True)],
+    runs=lambda spec, ctx: ([Run(ONE_RANK, 1, reference=True), Run(_n_ranks(spec), spec.world_size, reference=True)],
                             "N ranks must train like one"),
     requires=lambda spec, facts: one_process_problems(facts, [("checks.parallel.world_size", spec.world_size)]),
     lane=True,
     # its N-rank run; the check runs the 1-rank one meanwhile
-    ahead=lambda runner, spec: AheadRun("parallel", runner.request_for(spec, world_size=spec.world_size), "reference",
-                                        reference=True),
+    ahead=lambda ctx: AheadRun("parallel", ctx.declared(_n_ranks(ctx.spec)).request, "reference", reference=True),
     ahead_words="parallel's N-rank run",
     ahead_reference=True,
     marks=lambda spec: [("parallel", ()), ("ddp", ())],

@@ -18,8 +18,8 @@ from pathlib import Path
 from trainguard.evidence import MERGED, UNSET, Evidence, Unset
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.run.keep import KeptCheckpoint, KeptEvidence
+from trainguard.run.pool import RunPool
 from trainguard.run.request import RunRequest
-from trainguard.run.runner import JobRunner
 
 __all__ = ["Interruption", "InterruptionEvidence", "interrupt", "kill_after", "untested_kill"]
 
@@ -41,14 +41,6 @@ class Interruption:
     error: str | None = None
     #: why no checkpoint was kept (a run was killed instead)
     not_kept: str = ""
-
-    def resume(self, runner: JobRunner, request: RunRequest, *, label: str) -> RunResult:
-        """``request`` resumed from this checkpoint in new processes (``resume_args``); from a
-        kept one: the shared resumed run (:meth:`JobRunner.resume_kept`)."""
-        if self.kept is not None:
-            return runner.resume_kept(self.kept, request, label=f"resumed-after-step-{self.kept.after_step}"
-                                      if request.world_size == self.kept.request.world_size else label)
-        return runner.run(request, label=label, resume=True, checkpoint_dir=self.checkpoint_dir)
 
     def words(self) -> str:
         """``killed after step 25`` or ``stopped after step 25 and its checkpoint kept``."""
@@ -82,14 +74,14 @@ class InterruptionEvidence(Evidence):
     not_kept: str | Unset = UNSET
 
 
-def interrupt(runner: JobRunner, request: RunRequest, after_step: int, metric: str, *, label: str,
+def interrupt(pool: RunPool, request: RunRequest, after_step: int, metric: str, *, label: str,
               what: str = "the run") -> Interruption:
     """The checkpoint a kill of ``request`` after ``after_step`` leaves: kept from its
     uninterrupted run when the runner kept one, else from a run launched and killed now."""
-    kept, why = runner.kept_checkpoint(request, after_step)
+    kept, why = pool.kept(request, after_step)
     if kept is not None:
         return Interruption(kept.step, kept.run_dir, kept.directory, kept=kept)
-    killed = runner.run(request, label=label, on_metric=kill_after(metric, after_step), keep=False)
+    killed = pool.run(request, label=label, on_metric=kill_after(metric, after_step), keep=False)
     return Interruption(killed.last_step, killed.run_dir, killed.checkpoints, killed=killed,
                         error=untested_kill(killed, metric, after_step, request.steps, what=what), not_kept=why)
 

@@ -32,6 +32,7 @@ from trainguard.checks.accounting import (
     training_batches,
 )
 from trainguard.checks.calibration import ToleranceEvidence, tolerance_for
+from trainguard.checks.context import CheckContext
 from trainguard.checks.diagnosis import (
     DECISIVE,
     NONE,
@@ -51,7 +52,6 @@ from trainguard.config.registry import Check, JobFacts, Resumes, Run
 from trainguard.evidence import MERGED, UNSET, Evidence, Unset
 from trainguard.launch.samples import read_samples
 from trainguard.report import CheckResult, CheckStatus
-from trainguard.run.runner import JobRunner
 from trainguard.unit.checkpoints import (
     CheckpointInventory,
     compare_checkpoint_dirs,
@@ -79,11 +79,6 @@ RESHARD_CAUSES = {
 #: components of the final checkpoints whose difference fails a pair; the rest (RNG states per
 #: rank, the world size the job records) may differ between world sizes and are only reported
 TRAINING_STATE = ("model", "optimizer", "scheduler", "ema", "scaler")
-
-
-def _progress_metric(runner: JobRunner) -> str:
-    metrics = runner.job_file.job.metrics
-    return "loss" if "loss" in metrics else next(iter(metrics))
 
 
 # -- causes ---------------------------------------------------------------------------------------
@@ -235,19 +230,17 @@ class _Pair:
     reproduce: str = ""
 
 
-def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str) -> _Pair:
-    name = f"{n}->{m}"
-    old = runner.request_for(spec, world_size=n)
-    new = runner.request_for(spec, world_size=m)
-    reproduce = (f"{runner.command_line(old)}  # kill -9 after step {spec.after_step}, then at {m} "
-                 f"rank(s): {runner.command_line(new, resume=True)}")
-    runner.keep_checkpoint(old, spec.after_step, metric)  # its uninterrupted run may keep it
-    try:
-        reference = runner.scheduling.reference(old)
-        cut = (interrupt(runner, old, spec.after_step, metric, label=f"reshard-{n}to{m}-killed",
+def _one_pair(ctx: CheckContext[ReshardCheck], n: int, m: int) -> _Pair:
+    spec, metric, name = ctx.spec, ctx.metric, f"{n}->{m}"
+    old, new = ctx.declared(_uninterrupted(n)).request, ctx.declared(_resumed(spec, n, m)).request
+    reproduce = (f"{ctx.command_line(old)}  # kill -9 after step {spec.after_step}, then at {m} "
+                 f"rank(s): {ctx.command_line(new, resume=True)}")
+    try:  # its uninterrupted run may have kept the checkpoint (the context asked for it)
+        reference = ctx.reference(_uninterrupted(n))
+        cut = (interrupt(ctx.pool, old, spec.after_step, metric, label=f"reshard-{n}to{m}-killed",
                          what=f"the {n}-rank run") if reference.ok else None)
     except BaseException:
-        runner.scheduling.stop_background("the reshard check was interrupted")
+        ctx.stop_background("the reshard check was interrupted")
         raise
     if cut is None:
         return _Pair(n, m, "error", f"{name}: the uninterrupted {n}-rank run did not complete: {reference.reason}",
@@ -259,7 +252,7 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
                                          killed_after_step=cut.step), reproduce)
     latest = latest_complete_checkpoint(cut.checkpoint_dir)
     inventory = read_inventory(latest if latest is not None else cut.checkpoint_dir)
-    resumed = cut.resume(runner, new, label=f"reshard-{n}to{m}-resumed")
+    resumed = ctx.resume(cut, _resumed(spec, n, m), label=f"reshard-{n}to{m}-resumed")
     evidence = ReshardPairEvidence(
         killed_after_step=cut.step, interruption=cut.as_evidence(),
         run_dirs={"reference": str(reference.run_dir), ("killed" if cut.kept is None else "kept_from"): str(cut.run_dir),
@@ -279,7 +272,7 @@ def _one_pair(runner: JobRunner, spec: ReshardCheck, n: int, m: int, metric: str
     # from scratch: at the uninterrupted run's first step (1, or 0 for a job counting from 0)
     resumed_from = 0 if first_step <= min(expected, default=1) else first_step - 1
     evidence.resumed_from_step = resumed_from
-    tol = tolerance_for(runner, spec, runner.request_for(spec, world_size=n), "reshard")
+    tol = tolerance_for(ctx.job_file, spec, old, "reshard")
     diff = compare_trajectories(actual, expected, metric=metric, steps=range(first_step, spec.steps + 1),
                                 rtol=spec.rtol, atol=spec.atol, band=tol.band(metric))
     evidence.trajectory, evidence.tolerance = diff.as_evidence(), tol.as_evidence()
@@ -366,16 +359,17 @@ def _pair_problems(spec: ReshardCheck, metric: str, n: int, m: int, first_step: 
     return problems
 
 
-def run_reshard(runner: JobRunner, spec: ReshardCheck) -> CheckResult:
+def run_reshard(ctx: CheckContext[ReshardCheck]) -> CheckResult:
     """Each ``[N, M]`` of ``spec.pairs``: checkpoint at N ranks, resume at M, compare with the
     uninterrupted N-rank run. Passes when every pair does."""
     started = time.monotonic()
-    metric = _progress_metric(runner)
+    spec = ctx.spec
     for n, m in spec.world_size_pairs:  # resumes from checkpoints kept already start up side by side
-        kept, _ = runner.kept_checkpoint(runner.request_for(spec, world_size=n), spec.after_step)
+        kept, _ = ctx.pool.kept(ctx.declared(_uninterrupted(n)).request, spec.after_step)
         if kept is not None:
-            runner.start_resume_kept(kept, runner.request_for(spec, world_size=m), label=f"reshard-{n}to{m}-resumed")
-    pairs = [_one_pair(runner, spec, n, m, metric) for n, m in spec.world_size_pairs]
+            ctx.pool.start_resume_kept(kept, ctx.declared(_resumed(spec, n, m)).request,
+                                       label=f"reshard-{n}to{m}-resumed")
+    pairs = [_one_pair(ctx, n, m) for n, m in spec.world_size_pairs]
     evidence = ReshardEvidence(
         after_step=spec.after_step, steps=spec.steps, tolerance={"rtol": spec.rtol, "atol": spec.atol},
         pairs={f"{p.n}->{p.m}": ReshardPair(p.status, p.summary, p.evidence) for p in pairs},
@@ -396,12 +390,19 @@ def run_reshard(runner: JobRunner, spec: ReshardCheck) -> CheckResult:
     return CheckResult("reshard", status, summary, evidence, time.monotonic() - started, reproduce)
 
 
+def _uninterrupted(n: int) -> str:
+    return f"{n} rank(s), uninterrupted"
+
+
+def _resumed(spec: ReshardCheck, n: int, m: int) -> str:
+    return f"{m} rank(s), resumed from the checkpoint kept after step {spec.after_step} of the {n}-rank run"
+
+
 def _reshard_runs(spec: ReshardCheck, ctx: object) -> tuple[list[Run], str]:
     runs = []
     for n, m in spec.world_size_pairs:
-        runs += [Run(f"{n} rank(s), uninterrupted", n, reference=True),
-                 Run(f"{m} rank(s), resumed from the checkpoint kept after step {spec.after_step} of the {n}-rank run",
-                     m, resumes=Resumes(spec.after_step, n))]
+        runs += [Run(_uninterrupted(n), n, reference=True),
+                 Run(_resumed(spec, n, m), m, resumes=Resumes(spec.after_step, n))]
     return runs, ("each resume at another world size must train like the uninterrupted run (a checkpoint that "
                   "cannot be kept from it: one more run, killed)")
 

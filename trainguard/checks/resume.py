@@ -1,5 +1,5 @@
 """The resume check (registered here): a single kill and resume
-(:func:`trainguard.checks.equivalence.run_resume`), or chained resumes: one run killed after
+(:func:`run_resume`, judged by :func:`trainguard.checks.equivalence.judge_resume`), or chained resumes: one run killed after
 each step of ``checks.resume.chain`` and resumed from the checkpoint the kill before left, each
 cycle compared with the uninterrupted run.
 
@@ -22,13 +22,16 @@ from trainguard.checks.accounting import (
     Segment,
     account_samples,
 )
-from trainguard.checks.calibration import ToleranceEvidence, ToleranceUsed, tolerance_for
+from trainguard.checks.calibration import ToleranceEvidence, ToleranceUsed
+from trainguard.checks.context import CheckContext
+from trainguard.checks.diagnosis import ResumeFacts, diagnose_resume, read_inventory
 from trainguard.checks.equivalence import (
+    ResumeRuns,
     TrajectoryDiff,
     compare_trajectories,
+    failed_run,
+    judge_resume,
     other_metric_diffs,
-    progress_metric,
-    run_resume,
 )
 from trainguard.checks.equivalence_records import (
     KillUntested,
@@ -37,8 +40,8 @@ from trainguard.checks.equivalence_records import (
     RunFailure,
     TrajectoryEvidence,
 )
-from trainguard.checks.interruption import kill_after, untested_kill
-from trainguard.config import ResumeCheck
+from trainguard.checks.interruption import Interruption, interrupt, kill_after, untested_kill
+from trainguard.config import JobFile, ResumeCheck
 from trainguard.config.problems import metric_problems, resume_problems
 from trainguard.config.registry import Check, Resumes, Run
 from trainguard.evidence import UNSET, Evidence, RunDidNotComplete, Unset
@@ -46,11 +49,15 @@ from trainguard.launch import RunResult
 from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.samples import read_samples
 from trainguard.report import CheckResult, CheckStatus
-from trainguard.run.runner import JobRunner
-from trainguard.unit.checkpoints import StateComparison, compare_checkpoint_dirs
+from trainguard.unit.checkpoints import (
+    StateComparison,
+    compare_checkpoint_dirs,
+    describe_candidates,
+    latest_complete_checkpoint,
+)
 from trainguard.unit.checkpoints.compare import StateEvidence
 
-__all__ = ["RESUME", "ChainCycle", "ChainEvidence", "run_resume_chain", "run_resume_check"]
+__all__ = ["RESUME", "ChainCycle", "ChainEvidence", "run_resume", "run_resume_chain", "run_resume_check"]
 
 #: why a later cycle fails when the first resumed cleanly
 LATER_CYCLE_CAUSES = (
@@ -93,7 +100,7 @@ class ChainEvidence(Evidence):
     likely_causes: list[str] | Unset = UNSET
 
 
-def _diffs(runner: JobRunner, spec: ResumeCheck, metric: str, run: RunResult, reference: RunResult,
+def _diffs(job_file: JobFile, spec: ResumeCheck, metric: str, run: RunResult, reference: RunResult,
            first: int, last: int, tol: ToleranceUsed) -> list[TrajectoryDiff]:
     """The run against the reference on steps ``first``..``last``, in the progress metric and
     every other metric that counts (``spec.metrics``, default all of job.metrics)."""
@@ -101,7 +108,7 @@ def _diffs(runner: JobRunner, spec: ResumeCheck, metric: str, run: RunResult, re
     progress = compare_trajectories(actual, expected, metric=metric,
                                     steps=[s for s in expected if first <= s <= last],
                                     rtol=spec.rtol, atol=spec.atol, band=tol.band(metric))
-    return [progress, *other_metric_diffs(runner, spec, metric, run, reference, first, last, tol)]
+    return [progress, *other_metric_diffs(job_file, spec, metric, run, reference, first, last, tol)]
 
 
 def _problem(diff: TrajectoryDiff) -> str | None:
@@ -143,23 +150,101 @@ def _failing_cycle_causes(failing: int) -> tuple[list[str], str]:
             "deterministic (the determinism check names why)"], ""
 
 
-def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
+def _resume_reproduce(ctx: CheckContext[ResumeCheck], after_step: int, latest: Path | None = None) -> str:
+    """Both commands of a resume, runnable as printed in a fresh directory; ``latest``: the
+    checkpoint the killed run left, relative to its checkpoint directory (the same name in the
+    fresh one is what ``{latest_checkpoint}`` then names)."""
+    return (
+        f"{ctx.command_line()}  # kill -9 after step {after_step}, then: "
+        f"{ctx.command_line(resume=True, latest_checkpoint=latest)}"
+    )
+
+
+def run_resume(ctx: CheckContext[ResumeCheck]) -> CheckResult:
+    """Reference run of ``steps``; a second run SIGKILLed right after ``after_step``; resumed in
+    new processes with ``resume_args``; the resumed steps must equal the reference's."""
+    runs = _resume_runs(ctx, time.monotonic())
+    return runs if isinstance(runs, CheckResult) else judge_resume(runs)
+
+
+def _resume_runs(ctx: CheckContext[ResumeCheck], started: float) -> ResumeRuns | CheckResult:
+    """The runs of a single-kill resume from the context, or the result that ends the check
+    before they are all there (a run that failed, a kill that tested nothing)."""
+    spec, metric, request = ctx.spec, ctx.metric, ctx.request
+    reproduce = _resume_reproduce(ctx, spec.after_step)
+    runs = ResumeRuns(ctx.job_file, spec, metric, ctx.tolerance, request, ctx.reference(), started, reproduce)
+    if not runs.reference.ok:
+        return failed_run("resume", runs.reference, started, reproduce)
+    runs.cut = interrupt(ctx.pool, request, spec.after_step, metric, label="resume-killed")
+    stopped = _stopped_before_resume(runs, ctx.resumes_from_latest)
+    if stopped is not None:
+        return stopped
+    if runs.latest is not None:
+        runs.reproduce = _resume_reproduce(ctx, spec.after_step, runs.latest.relative_to(runs.cut.checkpoint_dir))
+    runs.resumed = ctx.resume(runs.cut, label="resume-resumed")
+    if not runs.resumed.ok:
+        return failed_run("resume", runs.resumed, started, runs.reproduce)
+    return runs
+
+
+def _stopped_before_resume(runs: ResumeRuns, resumes_from_latest: bool) -> CheckResult | None:
+    """The result that ends the check before the resume (a kill that tested nothing, no
+    complete checkpoint for ``{latest_checkpoint}`` to name), else None with what the resume
+    will load read."""
+    cut, started, reproduce = runs.cut, runs.started, runs.reproduce
+    killed_at = cut.step
+    if cut.error is not None and cut.killed is not None:
+        return CheckResult(
+            "resume", "error", cut.error, KillUntested(cut.killed.stderr_tail, killed_at, cut.killed.outcome,
+                                                       str(cut.killed.run_dir), cut.not_kept),
+            time.monotonic() - started, reproduce
+        )
+    checkpoint_dir = cut.checkpoint_dir
+    latest = runs.latest = latest_complete_checkpoint(checkpoint_dir)
+    if latest is None and resumes_from_latest:  # {latest_checkpoint} would name nothing: not launched
+        return _no_checkpoint_left(cut, time.monotonic() - started, reproduce)
+    # what the resumed run will load, read before it writes newer checkpoints beside it
+    runs.inventory = read_inventory(latest if latest is not None else checkpoint_dir)
+    return None
+
+
+def _no_checkpoint_left(cut: Interruption, duration: float, reproduce: str) -> CheckResult:
+    """The killed run left no complete checkpoint, so a resume from the latest one has nothing
+    to name: the check fails without launching it."""
+    causes = diagnose_resume(ResumeFacts(0))
+    checkpoint_dir, killed_at = cut.checkpoint_dir, cut.step
+    return CheckResult(
+        "resume", "failed",
+        f"no complete checkpoint under {checkpoint_dir} to resume from ({cut.writer()}: "
+        f"{describe_candidates(checkpoint_dir)}): all {killed_at} steps of progress lost; does "
+        f"the job checkpoint before step {killed_at}?",
+        NoCheckpointLeft(killed_at, str(checkpoint_dir), cut.as_evidence(),
+                         cut.killed.stderr_tail if cut.killed is not None else "",
+                         [c.text for c in causes], [c.as_evidence() for c in causes]),
+        duration, reproduce,
+    )
+
+
+def run_resume_check(ctx: CheckContext[ResumeCheck]) -> CheckResult:
+    """The resume check: chained when ``chain`` lists more than one kill, else a single one."""
+    return run_resume_chain(ctx) if len(ctx.spec.cuts) > 1 else run_resume(ctx)
+
+
+def run_resume_chain(ctx: CheckContext[ResumeCheck]) -> CheckResult:
     """The reference; a fresh run killed after ``chain[0]``; then each later cut: resumed from
     the checkpoint directory the kills share and killed again; last, resumed to the end."""
     started = time.monotonic()
-    metric = progress_metric(runner)
-    request = runner.request_for(spec)
-    tol = tolerance_for(runner, spec, request, "resume")
+    spec, metric, tol = ctx.spec, ctx.metric, ctx.tolerance
     cuts = spec.cuts
-    reproduce = (f"{runner.command_line(request)}  # kill -9 after step {cuts[0]}, then "
-                 + ", then ".join(f"{runner.command_line(request, resume=True)}  # kill -9 after step {k}"
+    reproduce = (f"{ctx.command_line()}  # kill -9 after step {cuts[0]}, then "
+                 + ", then ".join(f"{ctx.command_line(resume=True)}  # kill -9 after step {k}"
                                   for k in cuts[1:])
-                 + f", then {runner.command_line(request, resume=True)}")
+                 + f", then {ctx.command_line(resume=True)}")
 
     def done(status: CheckStatus, summary: str, evidence: Evidence) -> CheckResult:
         return CheckResult("resume", status, summary, evidence, time.monotonic() - started, reproduce)
 
-    reference = runner.scheduling.reference(request)
+    reference = ctx.reference()
     if not reference.ok:
         return done("error", f"the uninterrupted run did not complete: {reference.reason}",
                     RunDidNotComplete(str(reference.run_dir), reference.stderr_tail))
@@ -170,7 +255,7 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
     start = min(reference.trajectory(metric), default=1)  # 1, or 0 for a job counting from 0
     state: StateComparison | None = None  # the final checkpoints', compared after the last cycle
     for i, cut in enumerate([*cuts, None], start=1):
-        run = runner.run(request, label=f"resume-chain-{i}" + ("-killed" if cut is not None else ""),
+        run = ctx.run(ctx.runs[i].run, label=f"resume-chain-{i}" + ("-killed" if cut is not None else ""),
                          resume=i > 1, checkpoint_dir=checkpoint_dir,
                          # the kill waits for every metric line of the cut step the reference has
                          on_metric=None if cut is None else kill_after(metric, cut, reference.points))
@@ -195,7 +280,7 @@ def run_resume_chain(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
             # a killed run's last printed step may lack the lines that follow its progress line
             # (the kill landed between them): compared up to the step before it, or the cut step
             last = spec.steps if cut is None else max(min(cut, steps[-1]), steps[-1] - 1)
-            diffs = _diffs(runner, spec, metric, run, reference, steps[0], last, tol)
+            diffs = _diffs(ctx.job_file, spec, metric, run, reference, steps[0], last, tol)
             cycle.metrics = [d.as_evidence() for d in diffs]
             problems += _diff_problems(where, diffs)
         if problems:
@@ -236,11 +321,6 @@ def _state_words(state: StateComparison | None, tol: ToleranceUsed) -> str:
     if state.compared and not state.uncompared and not tol.exact_state:
         return " (final state not judged: the calibrated job is not bitwise deterministic)"
     return state.note("checks.resume")
-
-
-def run_resume_check(runner: JobRunner, spec: ResumeCheck) -> CheckResult:
-    """The resume check: chained when ``chain`` lists more than one kill, else a single one."""
-    return run_resume_chain(runner, spec) if len(spec.cuts) > 1 else run_resume(runner, spec)
 
 
 def _runs(spec: ResumeCheck) -> list[Run]:

@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from trainguard._internal.readers import copy_tree
+from trainguard.checks.context import CheckContext
 from trainguard.config import SmokeCheck
 from trainguard.config.registry import Check, PlanContext, Resumes, Run, check_for
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.launch import RunResult
 from trainguard.report import CheckResult
-from trainguard.run.declared import DeclaredRun, declared_runs
+from trainguard.run.declared import DeclaredRun
 from trainguard.run.keep import KeptEvidence
 from trainguard.run.request import RunRequest
-from trainguard.run.runner import JobRunner
 from trainguard.unit.checkpoints import (
     CHECKPOINT_SUFFIXES,
     latest_complete_checkpoint,
@@ -153,23 +153,23 @@ def _state_with_step(parts: dict[str, Any]) -> Any:
     return None
 
 
-def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
+def run_smoke(ctx: CheckContext[SmokeCheck]) -> CheckResult:
     """Passes when the job exits 0 within its limit, printed a metric for every step, (when it
     is given ``{checkpoint_dir}``) wrote a checkpoint there that loads with
     ``weights_only=True``, and (when ``job.resume_args`` is set) resumes from it in new
     processes at the step after the checkpoint's."""
     started = time.monotonic()
-    job_file = runner.job_file
+    job_file = ctx.job_file
     job = job_file.job
-    declared, _ = declared_runs(job_file, "smoke", spec, seed=runner.settings.seed, session=runner.session_checks)
+    declared = list(ctx.runs)
     folded = declared[0].run.reference
-    request = declared[0].request if folded else runner.request_for(spec)
+    request = declared[0].request
     resume_request = dataclasses.replace(request, steps=request.steps + RESUME_EXTRA_STEPS)
-    reproduce = runner.command_line(request)
+    reproduce = ctx.command_line(request)
     if job.resume_args:
-        reproduce += f"  # then: {runner.command_line(resume_request, resume=True)}"
+        reproduce += f"  # then: {ctx.command_line(resume_request, resume=True)}"
     # folded: the uninterrupted run another check of the session makes anyway (docs/smoke-and-canary.md)
-    result = runner.scheduling.reference(request) if folded else runner.run(request, label="smoke")
+    result = ctx.reference(declared[0].run) if folded else ctx.run(declared[0].run, label="smoke")
     problems: list[str] = []
     stages: Stages = {
         "launch_to_first_metric_s": result.first_metric_s,
@@ -181,7 +181,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
         stages["last_metric_to_exit_s"] = round(result.duration_s - last, 3)
     if not result.ok:
         problems.append(f"the job did not complete: {result.reason}")
-    metric = "loss" if "loss" in job.metrics else next(iter(job.metrics))
+    metric = job.progress_metric
     seen = set(result.trajectory(metric))
     # steps counted from 1, or from 0 (nanoGPT's `iter 0`, an `epoch 0` line)
     base = 0 if 0 in seen else 1
@@ -194,10 +194,10 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
     checkpoint_dir = result.checkpoints
     latest = latest_complete_checkpoint(checkpoint_dir)
     if job.resume_args and latest is not None:  # the checkpoint's own name in the line's directory
-        resume_line = runner.command_line(resume_request, resume=True,
+        resume_line = ctx.command_line(resume_request, resume=True,
                                           latest_checkpoint=latest.relative_to(checkpoint_dir))
-        reproduce = f"{runner.command_line(request)}  # then: {resume_line}"
-    uses_checkpoints = runner.checkpoints_known
+        reproduce = f"{ctx.command_line(request)}  # then: {resume_line}"
+    uses_checkpoints = ctx.checkpoints_known
     files = _checkpoint_files(checkpoint_dir)
     if uses_checkpoints and result.ok and not files:
         problems.append(f"no checkpoint was written to {checkpoint_dir}")
@@ -211,7 +211,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
 
     resume_note = ""
     if not problems and files:
-        problem, resume_note = _checkpoint_stages(runner, declared, resume_request, result, files, metric, base,
+        problem, resume_note = _checkpoint_stages(ctx, declared, resume_request, result, files, metric, base,
                                                   stages, evidence)
         if problem is not None:
             problems.append(problem)
@@ -235,7 +235,7 @@ def run_smoke(runner: JobRunner, spec: SmokeCheck) -> CheckResult:
 
 
 def _checkpoint_stages(
-    runner: JobRunner, declared: list[DeclaredRun], resume_request: RunRequest, result: RunResult,
+    ctx: CheckContext[SmokeCheck], declared: list[DeclaredRun], resume_request: RunRequest, result: RunResult,
     files: list[Path], metric: str, base: int, stages: Stages, evidence: SmokeEvidence,
 ) -> tuple[str | None, str]:
     """Load the checkpoint the run wrote in ``result.checkpoints``, then (with ``job.resume_args``)
@@ -244,14 +244,14 @@ def _checkpoint_stages(
     ckpt_step, load_problem = _load_stage(files, checkpoint_dir, stages, evidence)
     if load_problem is not None:
         return load_problem, ""
-    if not runner.job_file.job.resume_args:
+    if not ctx.job_file.job.resume_args:
         stages["resume"] = "skipped: job.resume_args is empty, so the job cannot be resumed"
         return None, ""
     if ckpt_step is None:
         ckpt_step = result.last_step  # no step in the file: the last one printed
         evidence.checkpoint_step_from = "the first run's last printed step"
     launch, resume_request, ckpt_step = _resumed_run(
-        runner, declared, resume_request, checkpoint_dir, ckpt_step, evidence)
+        ctx, declared, resume_request, checkpoint_dir, ckpt_step, evidence)
     resume_problem = _resume_stage(launch, resume_request, metric, ckpt_step, stages, evidence, base)
     if resume_problem is not None:
         return resume_problem, ""
@@ -303,7 +303,7 @@ def _load_stage(
 
 
 def _resumed_run(
-    runner: JobRunner, declared: list[DeclaredRun], request: RunRequest, checkpoint_dir: Path,
+    ctx: CheckContext[SmokeCheck], declared: list[DeclaredRun], request: RunRequest, checkpoint_dir: Path,
     ckpt_step: int | None, evidence: SmokeEvidence,
 ) -> tuple[Callable[[], RunResult], RunRequest, int | None]:
     """The resume stage's run: the run the session resumes from a checkpoint kept mid-run (the
@@ -312,12 +312,12 @@ def _resumed_run(
     folded run is another check's reference). (launch, its request, the checkpoint's step)."""
     shared = declared[-1] if declared[-1].run.resumes is not None else None
     if shared is not None and shared.source is not None and shared.run.resumes is not None:
-        kept, why = runner.kept_checkpoint(shared.source, shared.run.resumes.after_step)
+        kept, why = ctx.pool.kept(shared.source, shared.run.resumes.after_step)
         if kept is not None:
             step, _ = _load_stage(_checkpoint_files(kept.directory) or [kept.directory], kept.directory, {},
                                   SmokeEvidence(0, "", [], {}, 0, [], ""))
             evidence.resume_from = kept.as_evidence()
-            return (lambda: runner.resume_kept(kept, shared.request, label=f"resumed-after-step-{kept.after_step}"),
+            return (lambda: ctx.pool.resume_kept(kept, shared.request, label=f"resumed-after-step-{kept.after_step}"),
                     shared.request, step if step is not None else kept.step)
         evidence.resume_from = NotKept(why)
 
@@ -327,7 +327,10 @@ def _resumed_run(
         left_out = copy_tree(checkpoint_dir, copy)
         if left_out:
             evidence.resume_from = ResumeCopy(str(copy), left_out)
-        return runner.run(request, label="smoke-resume", resume=True, checkpoint_dir=copy)
+        if shared is None:
+            return ctx.run(declared[-1].run, label="smoke-resume", resume=True, checkpoint_dir=copy)
+        # the resumed run smoke shares could not be had (nothing kept): its own stands in
+        return ctx.pool.stand_in(request, label="smoke-resume", resume=True, checkpoint_dir=copy)
 
     return own, request, ckpt_step
 
@@ -405,7 +408,8 @@ def _smoke_runs(spec: SmokeCheck, ctx: PlanContext) -> tuple[list[Run], str]:
                     and run.world_size in (None, job.world_size) and run.resumes.world_size in (None, job.world_size)):
                 kept = run.resumes.after_step
     if host is None:
-        return ([Run("smoke run"), *([Run("resumed from its checkpoint")] if resumes else [])],
+        return ([Run("smoke run"), *([Run("resumed from its checkpoint", steps=spec.steps + RESUME_EXTRA_STEPS)]
+                                     if resumes else [])],
                 "the job runs end to end and its metrics are read"
                 + (", then resumes from the checkpoint it wrote" if resumes else ""))
     steps = host[0]

@@ -55,12 +55,12 @@ def _metric(args: argparse.Namespace) -> tuple[str, str]:
     from trainguard.config import load_config
     from trainguard.config.schema import MetricRegex
 
-    metrics = load_config(args.config).job.metrics
-    if not metrics:
+    job = load_config(args.config).job
+    if not job.metrics:
         raise ConfigError("the job file has no job.metrics: give --metric-regex", path=args.config,
                           key="job.metrics")
-    name = "loss" if "loss" in metrics else next(iter(metrics))
-    value = metrics[name]
+    name = job.progress_metric
+    value = job.metrics[name]
     if isinstance(value, str):
         return name, value
     if isinstance(value, MetricRegex) and value.step_group == "step":

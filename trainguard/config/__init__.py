@@ -5,7 +5,10 @@ loaded :class:`JobFile`), :mod:`~trainguard.config.checks` (``checks:``) and
 :mod:`~trainguard.config.gate` (``gate:``), all on one base, :class:`ConfigModel`;
 :mod:`~trainguard.config.loading` reads a file and :mod:`~trainguard.config.problems` words
 what is wrong with it. Settings (flags, ini keys, environment) are in
-:mod:`~trainguard.config.settings`, the fault-kind table in :mod:`~trainguard.config.faults`.
+:mod:`~trainguard.config.settings`. The registries whose names the schema accepts (each a
+:class:`~trainguard._internal.registry.Registry`): checks in :mod:`~trainguard.config.registry`,
+fault kinds and expectations in :mod:`~trainguard.config.faults`, job kinds in
+:mod:`~trainguard.config.backends`, queues in :mod:`~trainguard.config.queues`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,27 @@
 """Which backend runs a job of each ``kind``: the one lookup of ``job.kind``.
 
-``job.kind`` names an entry of :data:`BACKENDS`; :func:`backend_for` makes that kind's
-:class:`~trainguard.launch.backend.JobBackend`, which every layer then asks how the job's ranks
-run (docs/backends.md). A backend outside trainguard (or a test's) is added with
-:func:`register_backend` before its job file is loaded; the job-file schema accepts every
-registered kind and names the others.
+``job.kind`` names an entry of :data:`BACKENDS` (a :class:`~trainguard._internal.registry.Registry`:
+kind -> ``"module:Class"``, imported on first use, so naming the Ray Train backend here imports no
+Ray code); :func:`backend_for` makes that kind's :class:`~trainguard.launch.backend.JobBackend`,
+which every layer then asks how the job's ranks run (docs/backends.md). A backend outside
+trainguard (or a test's) is added with :func:`register_backend` before its job file is loaded;
+the job-file schema accepts every registered kind and names the others.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from trainguard.launch.backend import CommandBackend, JobBackend
-from trainguard.raytrain.backend import RayTrainBackend
+from trainguard._internal.registry import Registry
+from trainguard.launch.backend import JobBackend
 
 __all__ = ["BACKENDS", "backend_for", "known_kind", "register_backend", "unregister_backend"]
 
 #: kind -> what makes its backend (a class, called with no arguments); ``command`` is the default
-BACKENDS: dict[str, Callable[[], JobBackend]] = {
-    "command": CommandBackend,
-    "ray_train": RayTrainBackend,
-}
+BACKENDS: Registry[Callable[[], JobBackend]] = Registry("job backend", {
+    "command": "trainguard.launch.backend:CommandBackend",
+    "ray_train": "trainguard.raytrain.backend:RayTrainBackend",
+}, accepts=callable, a="a job backend class (launch.backend.JobBackend)")
 _BUILT_IN = frozenset(BACKENDS)
 
 
@@ -28,12 +29,10 @@ def backend_for(kind: str) -> JobBackend:
     """A new backend for jobs of ``kind``. Making one starts nothing; the runner keeps its own
     for the runs it launches (and closes it), a caller that only asks a question may make one
     and drop it. KeyError for a kind no backend is registered for (the schema refuses it)."""
-    try:
-        make = BACKENDS[kind]
-    except KeyError:
+    if kind not in BACKENDS:
         raise KeyError(f"no backend is registered for job kind {kind!r}; registered: "
-                       f"{', '.join(BACKENDS)}") from None
-    return make()
+                       f"{', '.join(BACKENDS)}")
+    return BACKENDS.get(kind)()
 
 
 def known_kind(kind: str) -> str:
@@ -54,10 +53,11 @@ def register_backend(kind: str, make: Callable[[], JobBackend]) -> None:
     if not kind.isidentifier():
         raise ValueError(f"job kind {kind!r}: use a name of letters, digits and _ (it is written as "
                          "`kind: <name>` in job files)")
-    BACKENDS[kind] = make
+    BACKENDS.unregister(kind)
+    BACKENDS.register(kind, make)
 
 
 def unregister_backend(kind: str) -> None:
     """Take a kind :func:`register_backend` added out again (a built-in kind stays)."""
     if kind not in _BUILT_IN:
-        BACKENDS.pop(kind, None)
+        BACKENDS.unregister(kind)

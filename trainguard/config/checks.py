@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from trainguard._internal.limits import MAX_SECONDS, MAX_WORLD_SIZE
-from trainguard._internal.model import ConfigModel
+from trainguard._internal.model import ConfigModel, one_of
 from trainguard.config.faults import (
-    FAULT_CLASSES,
+    EXPECTATIONS,
+    FAULTS,
     Expectation,
     FaultClass,
     FaultNotInstalled,
@@ -310,11 +311,11 @@ class ProfileCheck(CheckSpec):
 _DRILL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 def _to_fault_kind(value: Any) -> Any:
-    if isinstance(value, str) and value not in FAULT_CLASSES:
-        close = difflib.get_close_matches(value, list(FAULT_CLASSES), n=1)
+    if isinstance(value, str) and value not in FAULTS:
+        close = difflib.get_close_matches(value, list(FAULTS), n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise ValueError(
-            f"unknown fault {value!r}{hint}; expected one of {', '.join(FAULT_CLASSES)}"
+            f"unknown fault {value!r}{hint}; expected one of {', '.join(FAULTS)}"
         )
     return value
 
@@ -357,7 +358,7 @@ class DrillSpec(CheckSpec):
     params: dict[str, Any] = Field(default_factory=dict)
     #: default per fault: kill_rank/hang recover, oom/disk_full fail_clean, network continue,
     #: preempt save_and_exit, nan handle_nonfinite
-    expect: Literal["recover", "fail_clean", "continue", "save_and_exit", "handle_nonfinite"] | None = None
+    expect: Annotated[str | None, one_of(EXPECTATIONS)] = None
     # recover
     max_restarts: int | None = Field(None, ge=0)
     max_lost_steps: int | None = Field(None, ge=0)
@@ -373,7 +374,7 @@ class DrillSpec(CheckSpec):
     @classmethod
     def _default_after_step(cls, data: Any) -> Any:
         kind = data.get("fault") if isinstance(data, dict) else None
-        if isinstance(kind, str) and kind in FAULT_CLASSES:
+        if isinstance(kind, str) and kind in FAULTS:
             try:
                 keys, why = fault_class(kind).spec_keys_not_applying
             except FaultNotInstalled:  # reported when the job file is checked

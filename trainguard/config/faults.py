@@ -1,17 +1,20 @@
-"""Fault kinds -> the classes that inject them, resolved lazily.
+"""Fault kinds -> the classes that inject them, and expectations -> their judges, resolved lazily.
 
-The job file is validated without importing a fault module until a drill names that kind, and a
-kind whose module is missing (an older or partial install, a fault still being written) is
-reported in words, not as an ImportError traceback. This module imports nothing heavy.
+Two registries (:class:`~trainguard._internal.registry.Registry`): :data:`FAULTS` and
+:data:`EXPECTATIONS`. The job file is validated without importing a fault module until a drill
+names that kind, and a kind whose module is missing (an older or partial install, a fault still
+being written) is reported in words, not as an ImportError traceback. The job-file schema, the
+``fault`` marker and the docs' tables take their names from here. This module imports nothing
+heavy.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from trainguard._internal.registry import Registry
 from trainguard.errors import TrainguardError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -19,30 +22,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "EXPECTATIONS",
-    "FAULT_CLASSES",
+    "FAULTS",
     "Expectation",
+    "ExpectationJudge",
     "FaultClass",
     "FaultNotInstalled",
     "fault_class",
     "faults_judged_by",
 ]
-
-#: fault kind -> "module:Class"
-FAULT_CLASSES: dict[str, str] = {
-    "kill_rank": "trainguard.faults.kill:KillRankFault",
-    "hang": "trainguard.faults.hang:HangFault",
-    "oom": "trainguard.faults.oom:OomFault",
-    "disk_full": "trainguard.faults.disk_full:DiskFullFault",
-    "network": "trainguard.faults.network:NetworkFault",
-    "preempt": "trainguard.faults.preempt:PreemptFault",
-    "nan": "trainguard.faults.nan:NanFault",
-    "storage": "trainguard.faults.storage:StorageFault",
-    "kill_during_save": "trainguard.faults.kill_during_save:KillDuringSaveFault",
-    "kill_worker": "trainguard.faults.kill_worker:KillWorkerFault",
-    "slow_rank": "trainguard.faults.slow_rank:SlowRankFault",
-    "soak": "trainguard.faults.soak:SoakFault",
-    "node_loss": "trainguard.faults.node_loss:NodeLossFault",
-}
 
 class Expectation(StrEnum):
     """What a drill expects of the job (docs/drills.md); each is judged by its own judge
@@ -60,8 +47,18 @@ class Expectation(StrEnum):
     HANDLE_NONFINITE = "handle_nonfinite"
 
 
-#: what a drill expects of the job, in docs/drills.md
-EXPECTATIONS = tuple(Expectation)
+
+class ExpectationJudge(Protocol):
+    """An expectation's judge as this layer sees it (:class:`trainguard.drills.expectations.JudgeEntry`):
+    what the drill driver calls, and how."""
+
+    #: the expectation it judges (``expect:``)
+    name: str
+    #: ``(DrillContext) -> Judgement``
+    judge: Callable[[Any], Any]
+    #: its verdict waits on an untimed verification run (fail_clean's resume from the checkpoint
+    #: the fault left): a session that runs those after its timed checks finishes it then
+    finishes_later: bool
 
 class FaultClass(Protocol):
     """A fault class as this layer sees it (:class:`trainguard.faults.base.Fault` and its
@@ -114,33 +111,61 @@ class FaultNotInstalled(TrainguardError):
     """A known fault kind whose implementation cannot be imported here."""
 
 
-def fault_class(kind: str) -> FaultClass:
-    """The class injecting ``kind``; ``KeyError`` for an unknown kind (the config layer reports
-    it with the list of kinds), :class:`FaultNotInstalled` when its module cannot be imported."""
-    target = FAULT_CLASSES[kind]
-    module_name, _, class_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise FaultNotInstalled(
+def _fault_not_installed(kind: str, line: str, exc: Exception) -> Exception:
+    module_name, _, class_name = line.partition(":")
+    if isinstance(exc, ImportError):
+        return FaultNotInstalled(
             f"fault {kind!r} is not available in this installation: importing {module_name} "
             f"failed ({type(exc).__name__}: {exc}); upgrade trainguard (or install the missing "
             "package named there), or remove the drill"
-        ) from None
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise FaultNotInstalled(
-            f"fault {kind!r} is not available in this installation: {module_name} has no "
-            f"{class_name}; upgrade trainguard or remove the drill"
         )
-    return cls  # type: ignore[no-any-return]
+    return FaultNotInstalled(
+        f"fault {kind!r} is not available in this installation: {module_name} has no "
+        f"{class_name}; upgrade trainguard or remove the drill"
+    )
+
+
+#: fault kind -> the class that injects it (a :class:`trainguard.faults.base.Fault`), in
+#: docs/drills.md's order of the ``fault`` marker
+FAULTS: Registry[FaultClass] = Registry("fault", {
+    "kill_rank": "trainguard.faults.kill:KillRankFault",
+    "hang": "trainguard.faults.hang:HangFault",
+    "oom": "trainguard.faults.oom:OomFault",
+    "disk_full": "trainguard.faults.disk_full:DiskFullFault",
+    "network": "trainguard.faults.network:NetworkFault",
+    "preempt": "trainguard.faults.preempt:PreemptFault",
+    "nan": "trainguard.faults.nan:NanFault",
+    "storage": "trainguard.faults.storage:StorageFault",
+    "kill_during_save": "trainguard.faults.kill_during_save:KillDuringSaveFault",
+    "kill_worker": "trainguard.faults.kill_worker:KillWorkerFault",
+    "slow_rank": "trainguard.faults.slow_rank:SlowRankFault",
+    "node_loss": "trainguard.faults.node_loss:NodeLossFault",
+    "soak": "trainguard.faults.soak:SoakFault",
+}, accepts=lambda value: isinstance(value, type), a="a fault class", error=FaultNotInstalled,
+    missing=_fault_not_installed)
+
+#: expectation -> its judge (``expect:``; docs/drills.md, "What each expectation proves")
+EXPECTATIONS: Registry[ExpectationJudge] = Registry("expectation", {
+    "recover": "trainguard.drills.expectations:RECOVER",
+    "fail_clean": "trainguard.drills.expectations:FAIL_CLEAN",
+    "continue": "trainguard.drills.expectations:CONTINUE",
+    "save_and_exit": "trainguard.drills.save_and_exit:SAVE_AND_EXIT",
+    "handle_nonfinite": "trainguard.drills.nonfinite:HANDLE_NONFINITE",
+}, accepts=lambda value: callable(getattr(value, "judge", None)), a="an expectation's judge (drills.expectations.JudgeEntry)",
+    name_of=lambda entry: entry.name)
+
+
+def fault_class(kind: str) -> FaultClass:
+    """The class injecting ``kind``; ``KeyError`` for an unknown kind (the config layer reports
+    it with the list of kinds), :class:`FaultNotInstalled` when its module cannot be imported."""
+    return FAULTS.get(kind)
 
 
 def faults_judged_by(expect: Expectation) -> list[str]:
     """The fault kinds a drill judged by ``expect`` may have (imports every installed fault
     module: for an error message, not for validating a job file)."""
     kinds = []
-    for kind in FAULT_CLASSES:
+    for kind in FAULTS:
         try:
             cls = fault_class(kind)
         except FaultNotInstalled:

@@ -11,7 +11,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field
 
 from trainguard._internal.limits import brief
-from trainguard._internal.model import ConfigModel
+from trainguard._internal.model import ConfigModel, one_of
+from trainguard.config.queues import QUEUES
 
 __all__ = [
     "GatePolicy",
@@ -86,5 +87,6 @@ class GatePolicy(ConfigModel):
     on_missing: OnMissing = Field(default_factory=lambda: OnMissing.model_validate({}))
     #: a promoted report older than this (seconds) is stale for ``trainguard submit``
     max_report_age: float = Field(24 * 3600.0, gt=0)
-    #: where ``--submit`` sends a promoted job: ``ray`` (Jobs API) or ``slurm`` (sbatch)
-    queue: Literal["ray", "slurm"] = "ray"
+    #: where ``--submit`` sends a promoted job: ``ray`` (Jobs API) or ``slurm`` (sbatch), or
+    #: another queue registered in :data:`trainguard.config.queues.QUEUES`
+    queue: Annotated[str, one_of(QUEUES)] = "ray"

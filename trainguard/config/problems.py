@@ -331,7 +331,7 @@ def _metric_source_problems(job: Job, metric: str, source: MetricSource) -> list
     problems = []
     if isinstance(source, MetricRegex) and source.step_group == "count" and job.resume_args:
         problems.append((f"job.metrics.{metric}.step", _counted_resume_problem(source)))
-    if isinstance(source, MetricTrainer) and not backend_for(job.kind).rank_at_start:
+    if isinstance(source, MetricTrainer) and not backend_for(job.kind).rank_at_start():
         problems.append((
             f"job.metrics.{metric}",
             f"`{{trainer: {source.trainer}}}` is recorded by the start-up hook of `kind: command` jobs "

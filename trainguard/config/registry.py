@@ -3,7 +3,8 @@
 A check is one module that defines its spec model (a :class:`~trainguard.config.checks.CheckSpec`
 subclass), the function that runs it and a :class:`Check` that ties them together with what it
 needs from the job, the runs it plans, its lane, its gate default and its pytest marks; and one
-registration line in :data:`REGISTERED` (docs/architecture.md, "Adding a check"). The job-file
+registration line in :data:`CHECKS` (docs/architecture.md, "Adding a check"), a
+:class:`~trainguard._internal.registry.Registry` as every extension's is. The job-file
 schema (``checks:``), ``trainguard validate``, the planner, the lane, the gate, pytest collection
 and the CLI all read this one registry.
 
@@ -13,7 +14,6 @@ check modules sit above this layer (they run jobs), and naming them here imports
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
 from pydantic import BeforeValidator, Field, GetCoreSchemaHandler, create_model
 from pydantic_core import CoreSchema
 
+from trainguard._internal.registry import Registry
 from trainguard.config.checks import Checks, CheckSpec
 from trainguard.errors import ConfigError
 from trainguard.evidence import Evidence
@@ -29,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainguard.report import CheckResult
 
 __all__ = [
-    "REGISTERED",
+    "CHECKS",
     "Check",
     "CheckNotInstalled",
     "ChecksField",
@@ -47,20 +48,6 @@ __all__ = [
     "register",
     "registered",
     "unregister",
-]
-
-#: the registration lines, in the order ``trainguard check`` runs the checks
-REGISTERED: list[str] = [
-    "trainguard.checks.smoke:SMOKE",
-    "trainguard.checks.canary:CANARY",
-    "trainguard.checks.equivalence:DETERMINISM",
-    "trainguard.checks.resume:RESUME",
-    "trainguard.checks.compat:COMPAT",
-    "trainguard.checks.equivalence:PARALLEL",
-    "trainguard.checks.reshard:RESHARD",
-    "trainguard.profiling.check:PROFILE",
-    "trainguard.drills.crash_points:CRASH_POINTS",
-    "trainguard.drills.check:DRILLS",
 ]
 
 S = TypeVar("S", bound=CheckSpec)
@@ -128,7 +115,7 @@ class Later:
     (a fail_clean drill's resume from the checkpoint the fault left): ``finish()`` makes the
     result. :func:`trainguard.session.run_in_order` calls it once the session's timed checks
     are done, beside the other checks' ``finish``; a check returns one only while
-    ``runner.untimed_later`` is set."""
+    ``ctx.state.untimed_later`` is set."""
 
     finish: Callable[[], CheckResult]
 
@@ -149,23 +136,24 @@ class Check(Generic[S]):
     name: str
     #: the model of its spec (``checks.<name>``; with ``many``, of each list entry)
     spec: type[S]
-    #: ``(runner, spec) -> CheckResult``: runs it (or a :class:`Later` for its untimed rest)
-    run: Callable[[Any, S], CheckResult | Later]
+    #: ``(ctx) -> CheckResult``: runs it (or a :class:`Later` for its untimed rest); ``ctx`` is
+    #: its :class:`trainguard.checks.context.CheckContext` (spec, request, declared runs)
+    run: Callable[[Any], CheckResult | Later]
     #: ``(spec, context) -> (runs, note)``: the launches it makes and one line on what it judges
     runs: Callable[[S, PlanContext], tuple[list[Run], str]]
     #: ``(spec, facts) -> [(key, message)]``: what it needs from the job, with the fix
     requires: Callable[[S, JobFacts], list[tuple[str, str]]] = _nothing
     #: its runs are not timed against anything: runs of later checks may start beside it
     lane: bool = False
-    #: ``(runner, spec) -> AheadRun``: its run that may start early, beside the lane checks
+    #: ``(ctx) -> AheadRun``: its declared run that may start early, beside the lane checks
     #: before it; ``ahead_words`` says which run that is (``trainguard validate``)
-    ahead: Callable[[Any, S], Any] | None = None
+    ahead: Callable[[Any], Any] | None = None
     ahead_words: str = ""
     #: its ahead run is the uninterrupted run of its request: not launched when one ran already
     ahead_reference: bool = False
-    #: ``(runner, spec) -> None``: called just before :attr:`run` inside the check's tracking
+    #: ``(ctx) -> None``: called just before :attr:`run` inside the check's tracking
     #: (a drill starts its uninterrupted run there, while the fault run starts up)
-    prepare: Callable[[Any, S], None] | None = None
+    prepare: Callable[[Any], None] | None = None
     #: it times its runs, so it runs before every other check, alone, and its runs are the
     #: uninterrupted runs the others share (its result keeps its place in the report)
     first: bool = False
@@ -194,36 +182,30 @@ class CheckNotInstalled(ConfigError):
     that is not a :class:`Check` (said in words, as a job-file error is)."""
 
 
-_resolved: tuple[Check[Any], ...] | None = None
+#: check name -> its registration line, in the order ``trainguard check`` runs the checks
+CHECKS: Registry[Check[Any]] = Registry("check", {
+    "smoke": "trainguard.checks.smoke:SMOKE",
+    "canary": "trainguard.checks.canary:CANARY",
+    "determinism": "trainguard.checks.equivalence:DETERMINISM",
+    "resume": "trainguard.checks.resume:RESUME",
+    "compat": "trainguard.checks.compat:COMPAT",
+    "parallel": "trainguard.checks.equivalence:PARALLEL",
+    "reshard": "trainguard.checks.reshard:RESHARD",
+    "profile": "trainguard.profiling.check:PROFILE",
+    "crash_points": "trainguard.drills.crash_points:CRASH_POINTS",
+    "drills": "trainguard.drills.check:DRILLS",
+}, accepts=lambda value: isinstance(value, Check), a="a trainguard Check", name_of=lambda check: check.name,
+    error=CheckNotInstalled)
 
 
 def registered() -> tuple[Check[Any], ...]:
     """Every registered check, in run order (the lines are resolved on first use)."""
-    global _resolved
-    if _resolved is None:
-        _resolved = tuple(_resolve(line) for line in REGISTERED)
-        names = [c.name for c in _resolved]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise CheckNotInstalled(f"check name(s) registered twice: {', '.join(duplicates)}")
-    return _resolved
-
-
-def _resolve(line: str) -> Check[Any]:
-    module, _, attribute = line.partition(":")
-    try:
-        value = getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise CheckNotInstalled(f"the check registered as {line!r} cannot be imported: {exc}; install the "
-                                "package that provides it or remove its registration line") from None
-    if not isinstance(value, Check):
-        raise CheckNotInstalled(f"{line!r} is a {type(value).__name__}, not a trainguard Check")
-    return value
+    return CHECKS.entries()
 
 
 def check_named(name: str) -> Check[Any] | None:
     """The check registered as ``name`` (a list check by its name, e.g. ``drills``), else None."""
-    return next((c for c in registered() if c.name == name), None)
+    return CHECKS.find(name)
 
 
 def check_for(name: str) -> Check[Any] | None:
@@ -244,42 +226,29 @@ def register(line: str, *, before: str | None = None) -> Check[Any]:
     """Add a registration line at run time (a check outside trainguard, or a test's): the job
     file's ``checks:`` schema is rebuilt with it. ``before`` names the check it runs before
     (default: the end, after the drills)."""
-    global _resolved
-    check = _resolve(line)
-    names = [_resolve(existing).name for existing in REGISTERED]
-    if before is not None and before not in names:
+    check = CHECKS.load(line)
+    if before is not None and before not in CHECKS:
         raise CheckNotInstalled(f"register({line!r}, before={before!r}): no check is registered as "
-                                f"{before!r}; registered: {', '.join(names)}")
-    if line not in REGISTERED:
-        REGISTERED.insert(len(REGISTERED) if before is None else names.index(before), line)
-    _resolved = None
-    _rebuild()
+                                f"{before!r}; registered: {', '.join(CHECKS.names())}")
+    CHECKS.register(check.name, line, before=before)
     return check
 
 
 def unregister(line: str) -> None:
     """Take a line :func:`register` added out again."""
-    global _resolved
-    if line in REGISTERED:
-        REGISTERED.remove(line)
-    _resolved = None
-    _rebuild()
-
-
-#: called when the registry changes (the job-file model rebuilds its ``checks:``)
-_on_change: list[Callable[[], None]] = []
+    for name, registered_line in CHECKS.lines().items():
+        if registered_line == line:
+            CHECKS.unregister(name)
 
 
 def on_change(hook: Callable[[], None]) -> None:
     """Call ``hook`` whenever :func:`register` / :func:`unregister` change the registry."""
-    _on_change.append(hook)
+    CHECKS.on_change(hook)
 
 
-def _rebuild() -> None:
+def _forget_model() -> None:
     global _model
     _model = None
-    for hook in _on_change:
-        hook()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,6 +265,7 @@ def _null_means_list(value: Any) -> Any:
 
 
 _model: type[Checks] | None = None
+CHECKS.on_change(_forget_model)
 
 
 def checks_model() -> type[Checks]:

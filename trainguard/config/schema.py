@@ -244,6 +244,12 @@ class Job(ConfigModel):
     kind: JobKind = "command"
 
     @property
+    def progress_metric(self) -> str:
+        """The metric the checks follow a run's progress by: ``loss``, else the first of
+        ``metrics`` (the one rule; every check, drill and profile asks it here)."""
+        return "loss" if "loss" in self.metrics else next(iter(self.metrics))
+
+    @property
     def metric_line_regexes(self) -> tuple[str, ...]:
         """The regexes of the metrics read from the job's output lines (a regex string or
         ``{regex: ...}``): what a metric line looks like."""

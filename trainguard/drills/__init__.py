@@ -5,12 +5,11 @@ checks of a session: they live in :mod:`trainguard.session` (``trainguard.sessio
 
 from __future__ import annotations
 
-from trainguard.drills.driver import RAY_RECOVERED_FAULTS, RESTART_BACKOFF_S, make_drill, run_drill
+from trainguard.drills.driver import RESTART_BACKOFF_S, make_drill, run_drill
 from trainguard.drills.judges import DRILL_CAUSES
 
 __all__ = [
     "DRILL_CAUSES",
-    "RAY_RECOVERED_FAULTS",
     "RESTART_BACKOFF_S",
     "make_drill",
     "run_drill",

@@ -4,14 +4,14 @@ pytest items, one per seed, and names its own drill runner)."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from trainguard.checks.context import CheckContext
 from trainguard.config import DrillSpec
 from trainguard.config.faults import FaultClass, FaultNotInstalled, fault_class
 from trainguard.config.problems import drill_problems, one_process_problems
-from trainguard.config.registry import Check, JobFacts, PlanContext, Run
+from trainguard.config.registry import Check, JobFacts, Later, PlanContext, Run
 from trainguard.drills.driver import run_drill
 from trainguard.drills.evidence import DRILL_RECORDS
+from trainguard.report import CheckResult
 
 __all__ = ["DRILLS"]
 
@@ -42,12 +42,17 @@ def _requires(drills: list[DrillSpec], facts: JobFacts) -> list[tuple[str, str]]
         facts, [(f"checks.drills[{i}].world_size", d.world_size or 1) for i, d in enumerate(drills)])
 
 
-def _prepare(runner: Any, spec: DrillSpec) -> None:
+def _prepare(ctx: CheckContext[DrillSpec]) -> None:
     """The drill compares with an uninterrupted run: start it while the fault run starts up (a
     ``continue`` drill measures step rates, so nothing may run beside it)."""
-    if spec.expectation != "continue":
-        world_size = spec.world_size or runner.job_file.job.world_size
-        runner.scheduling.prefetch(runner.request_for(spec, world_size=world_size))
+    if ctx.spec.expectation != "continue":
+        ctx.prefetch()
+
+
+def _run(ctx: CheckContext[DrillSpec]) -> CheckResult | Later:
+    """The drill driver, on the runner of the context's pool (its supervised runs are the
+    pool's launches, admitted against the drill's declared runs)."""
+    return run_drill(ctx.pool.runner, ctx.spec)
 
 
 def _items(spec: DrillSpec, soak_seed: int | None) -> list[tuple[str, DrillSpec]]:
@@ -58,7 +63,7 @@ def _items(spec: DrillSpec, soak_seed: int | None) -> list[tuple[str, DrillSpec]
 
 #: the fault drills: a real fault in a small run of the job, judged against an uninterrupted run
 DRILLS: Check[DrillSpec] = Check(
-    "drills", DrillSpec, run=run_drill, runs=_runs, requires=_requires,  # type: ignore[arg-type]
+    "drills", DrillSpec, run=_run, runs=_runs, requires=_requires,  # type: ignore[arg-type]
     prepare=_prepare, many=True, item_prefix="drill",
     marks=lambda spec: [("fault", (spec.fault,))], items=_items, evidence=DRILL_RECORDS,
 )

@@ -49,7 +49,8 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from trainguard._internal.atomic import atomic_write_text
-from trainguard.checks.equivalence import compare_trajectories, progress_metric
+from trainguard.checks.context import CheckContext
+from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config.checks import CheckSpec
 from trainguard.config.problems import resume_problems
 from trainguard.config.registry import Check, Run
@@ -62,7 +63,7 @@ from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories, first_step
 from trainguard.launch.rundir import new_run_dir
 from trainguard.report import CheckResult, SkipReason
-from trainguard.run.runner import JobRunner
+from trainguard.run.pool import RunPool
 
 __all__ = ["CRASH_POINTS", "Boundary", "CrashPointsCheck", "choose_boundaries", "run_crash_points"]
 
@@ -348,21 +349,22 @@ def _save_ops(events: list[dict[str, Any]], arrivals: list[tuple[int, float]], a
     return SaveFound(save, wrote, not any(feeds(e) for e in after))
 
 
-def run_crash_points(runner: JobRunner, spec: CrashPointsCheck) -> CheckResult:
+def run_crash_points(ctx: CheckContext[CrashPointsCheck]) -> CheckResult:
+    """Record the save of the run, crash after each boundary of it, resume and compare with the
+    uninterrupted run (its launches are its declared runs, admitted by the pool)."""
     started = time.monotonic()
     why = fuse_unavailable()
     if why is not None:
         return CheckResult(_NAME, "skipped", f"{why}: crash_points records and crashes the job's saves in a "
                            "FUSE layer over its checkpoint directory (root, /dev/fuse, libfuse3, mfusepy)",
                            NoEvidence(), time.monotonic() - started, skip_reason=SkipReason.NEEDS_ROOT)
-    metric = progress_metric(runner)
-    request = runner.request_for(spec)
-    reference = runner.scheduling.reference(request)
+    spec, metric, request, job_file = ctx.spec, ctx.metric, ctx.request, ctx.job_file
+    reference = ctx.reference()
     if not reference.ok:
         return CheckResult(_NAME, "error", f"the uninterrupted run did not complete: {reference.reason}",
                            ReferenceNotUsable(str(reference.run_dir)), time.monotonic() - started)
     base = first_step(reference.points, metric)
-    work = new_run_dir(runner.job_file.state_dir, runner.job_file.job.name, "crash-points", keep=runner.settings.keep_runs)
+    work = new_run_dir(job_file.state_dir, job_file.job.name, "crash-points", keep=ctx.settings.keep_runs)
     evidence = CrashPointsEvidence(mode=spec.mode, after_step=spec.after_step, work_dir=str(work))
     fuse = FuseMount()
     why = fuse.mount(work / "backing", work / "mnt", policy="rules", state_dir=work)
@@ -372,7 +374,7 @@ def run_crash_points(runner: JobRunner, spec: CrashPointsCheck) -> CheckResult:
     layer = fuse.layer
     assert layer is not None  # mounted
     try:
-        result = _explore(runner, spec, request, reference, metric, base, layer, evidence, started)
+        result = _explore(ctx.pool, spec, request, reference, metric, base, layer, evidence, started)
         if evidence.outcomes:
             _write_table(evidence, work, f"{result.status.upper()}: {result.summary}")
         # the report's record as it stands now (the unmount's row below is the work dir's alone)
@@ -387,19 +389,19 @@ def _opened(events: list[dict[str, Any]], mode: str) -> set[str]:
     return {str(e["path"]) for e in events if e.get("event") == "opened" and e.get("mode") == mode}
 
 
-def _record(runner: JobRunner, spec: CrashPointsCheck, request: Any, metric: str, layer: FuseLayer,
+def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, layer: FuseLayer,
             evidence: CrashPointsEvidence) -> SaveFound | str:
     """The recording run, then its restart (the files it opens are the checkpoint): the save
     explored, or why there is none."""
     watch = _Watch(layer, metric, "record", {"run": "record"})
-    recorded = runner.run(request, label="crash-points-record", checkpoint_dir=layer.point, on_metric=watch)
+    recorded = pool.run(request, label="crash-points-record", checkpoint_dir=layer.point, on_metric=watch)
     evidence.runs += 1
     layer.disarm()
     events = layer.read_events()
     if not recorded.ok:
         return f"the recording run did not complete: {recorded.reason}"
     layer.arm({"record": {"run": "restart"}})
-    restarted = runner.run(request, label="crash-points-restart-record", resume=True, checkpoint_dir=layer.point)
+    restarted = pool.run(request, label="crash-points-restart-record", resume=True, checkpoint_dir=layer.point)
     evidence.runs += 1
     layer.disarm()
     opens = [e for e in layer.read_events()[len(events):] if e.get("event") == "opened"]
@@ -424,9 +426,9 @@ def _record(runner: JobRunner, spec: CrashPointsCheck, request: Any, metric: str
     return save
 
 
-def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference: RunResult, metric: str,
+def _explore(pool: RunPool, spec: CrashPointsCheck, request: Any, reference: RunResult, metric: str,
              base: int, layer: FuseLayer, evidence: CrashPointsEvidence, started: float) -> CheckResult:
-    save = _record(runner, spec, request, metric, layer, evidence)
+    save = _record(pool, spec, request, metric, layer, evidence)
     if isinstance(save, str):
         return CheckResult(_NAME, "error", save, evidence, time.monotonic() - started)
     found, had_checkpoint = save.boundaries, save.checkpoint_before
@@ -438,12 +440,12 @@ def _explore(runner: JobRunner, spec: CrashPointsCheck, request: Any, reference:
     resumed_before: int | None = base - 1 if had_checkpoint else None
     unsafe: tuple[Boundary, dict[str, Any]] | None = None
     for number, boundary in enumerate(chosen):
-        row = _crash_and_resume(number, runner, spec, request, reference, metric, base, layer, boundary,
+        row = _crash_and_resume(number, pool, spec, request, reference, metric, base, layer, boundary,
                                 resumed_before, save=save)
         evidence.runs += row.pop("runs")
         first_doubt = row["outcome"] == "torn" and not any(r["outcome"] == "safe" for r in evidence.outcomes)
         if (first_doubt or row["outcome"] == "began again") and evidence.control is None:
-            evidence.control = _crash_and_resume(len(chosen), runner, spec, request, reference, metric, base,
+            evidence.control = _crash_and_resume(len(chosen), pool, spec, request, reference, metric, base,
                                                  layer, found[0], resumed_before, save=save, control=True)
             evidence.runs += evidence.control.pop("runs")
         if row["outcome"] == "began again" and evidence.control is not None and (
@@ -541,7 +543,7 @@ def _trained_nothing(row: dict[str, Any], spec: CrashPointsCheck, reference: Run
     return row
 
 
-def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, request: Any, reference: RunResult,
+def _crash_and_resume(number: int, pool: RunPool, spec: CrashPointsCheck, request: Any, reference: RunResult,
                       metric: str, base: int, layer: FuseLayer, boundary: Boundary,
                       resumed_before: int | None, *, save: SaveFound, control: bool = False) -> dict[str, Any]:
     """A fresh run crashed right after ``boundary`` (``control``: a kill instead of it, just
@@ -558,7 +560,7 @@ def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, re
     elif spec.mode == "power":
         rule.update(mode="power", snapshots=str(layer.trigger.parent / "power-copies" / str(number)))
     watch = _Watch(layer, metric, "crash", rule)
-    crashed_run = runner.run(request, label="crash-points-control" if control else "crash-points-crash",
+    crashed_run = pool.run(request, label="crash-points-control" if control else "crash-points-crash",
                              checkpoint_dir=layer.point, on_metric=watch)
     crashed = [e for e in layer.read_events() if e.get("event") == "crashed"]
     layer.disarm()
@@ -569,7 +571,7 @@ def _crash_and_resume(number: int, runner: JobRunner, spec: CrashPointsCheck, re
     if spec.mode == "power" and not control:  # the copies the undo needed
         shutil.rmtree(layer.trigger.parent / "power-copies" / str(number), ignore_errors=True)
         row["undone"] = crashed[0].get("undone")
-    resumed = runner.run(request, label="crash-points-resume", resume=True, checkpoint_dir=layer.point)
+    resumed = pool.run(request, label="crash-points-resume", resume=True, checkpoint_dir=layer.point)
     row["runs"] += 1
     steps = sorted({p.step for p in resumed.points if p.name == metric})
     resumed_from = steps[0] - 1 if steps else None

@@ -1,24 +1,25 @@
-"""Which judge decides a drill: one per expectation (docs/drills.md), the storage faults'
-own wrappers aside (:func:`trainguard.drills.storage.storage_judge`)."""
+"""Which judge decides a drill: its expectation's entry in
+:data:`trainguard.config.faults.EXPECTATIONS` (docs/drills.md), the storage faults' own forms
+aside (:func:`trainguard.drills.storage.storage_judge`)."""
 
 from __future__ import annotations
 
-from trainguard.drills.judges import Judge, judge_continue, judge_fail_clean, judge_recover
-from trainguard.drills.nonfinite import judge_handle_nonfinite
+from trainguard.config.faults import EXPECTATIONS
+from trainguard.drills.expectations import JudgeEntry
 from trainguard.drills.ray_recover import judge_ray_recover
-from trainguard.drills.save_and_exit import judge_save_and_exit
 
-__all__ = ["judge_for"]
+__all__ = ["RAY_RECOVER", "judge_for"]
 
-_JUDGES: dict[str, Judge] = {
-    "recover": judge_recover, "fail_clean": judge_fail_clean, "continue": judge_continue,
-    "save_and_exit": judge_save_and_exit, "handle_nonfinite": judge_handle_nonfinite,
-}
+#: recover as Ray Train does it: the workers restarted inside one fit (FailureConfig)
+RAY_RECOVER = JudgeEntry("recover", judge_ray_recover)
 
 
-def judge_for(expectation: str, *, ray_recover: bool = False) -> Judge:
+def judge_for(expectation: str, *, ray_recover: bool = False) -> JudgeEntry:
     """The judge of ``expectation`` (``ray_recover``: a ray_train job's worker death, which Ray
     Train restarts inside the fit)."""
     if expectation == "recover" and ray_recover:
-        return judge_ray_recover
-    return _JUDGES[expectation]
+        return RAY_RECOVER
+    entry = EXPECTATIONS.get(expectation)
+    if not isinstance(entry, JudgeEntry):  # the registry accepts anything with a judge
+        return JudgeEntry(entry.name, entry.judge, entry.finishes_later)
+    return entry

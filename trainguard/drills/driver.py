@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from trainguard.config import DrillSpec, JobFile
 from trainguard.config.faults import FaultNotInstalled, fault_class
@@ -40,7 +40,6 @@ from trainguard.drills.evidence import (
     DrillFinding,
     DrillReport,
     FaultNotSetUp,
-    RayApi,
     ReferenceFailed,
     ReferenceNotUsable,
 )
@@ -51,7 +50,6 @@ from trainguard.drills.judges import (
     attempt_evidence,
     fail_clean_start,
     fail_clean_verdict,
-    judge_fail_clean,
     verify_resume,
 )
 from trainguard.drills.nonfinite import must_stop
@@ -60,14 +58,13 @@ from trainguard.drills.storage import storage_judge
 from trainguard.evidence import UNSET
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
 from trainguard.launch import Launcher, MetricPoint
+from trainguard.launch.reach import ChildRanks, RankReach, WorkerNotHere
 from trainguard.launch.rundir import new_run_dir
-from trainguard.raytrain.agent import STATE_TRACKING_ENV, RayAgent, RayAgentError
-from trainguard.raytrain.workers import RayWorkerLauncher, RayWorkerTracker, signal_path
 from trainguard.report import CheckId, CheckResult, CheckStatus, SkipReason
 from trainguard.run.request import RunRequest
-from trainguard.run.runner import JobRunner
+from trainguard.run.runner import JobRunner, LaunchOptions
 
-__all__ = ["RAY_API_FAULTS", "RAY_RECOVERED_FAULTS", "RESTART_BACKOFF_S", "Driver", "make_drill", "run_drill"]
+__all__ = ["RESTART_BACKOFF_S", "Driver", "make_drill", "run_drill"]
 
 #: seconds between a failed attempt and the restart (the agent's backoff; kept short here)
 RESTART_BACKOFF_S = 0.5
@@ -75,31 +72,22 @@ RESTART_BACKOFF_S = 0.5
 #: whole deadline to exit by itself before trainguard's own hang detection would step in
 _DEADLINE_MARGIN_S = 5.0
 _WATCH_S = 0.02
-#: faults that kill a Ray Train worker process: Ray Train sees the death itself, so for a
-#: ray_train job `expect: recover` means its FailureConfig restarts the worker group inside the
-#: same fit (trainguard does not restart the driver); a hang it does not see (docs/ray-train.md)
-RAY_RECOVERED_FAULTS = ("kill_rank", "oom", "node_loss")
-#: faults that act on a Ray Train job only through Ray's API (a RayAgent), whatever the pid path
-RAY_API_FAULTS = ("node_loss",)
 
 
 class Driver:
     """Injects the fault once, clears it after ``duration``, watches the first attempt's ranks
-    (first exit, fail_clean deadline) on a thread of its own, never blocking the monitor."""
+    (first exit, fail_clean deadline) on a thread of its own, never blocking the monitor. The
+    fault reaches the ranks as the job's backend says (``reach``,
+    :class:`~trainguard.launch.reach.RankReach`; default: they are the launcher's children)."""
 
     def __init__(self, fault: Fault, spec: DrillSpec, metric: str, watch_rank: int,
-                 ray_world_size: int | None = None, *, ray_agent: RayAgent | None = None,
-                 ray_run_name: str = "", ray_via_api: bool = False, wait_for: Collection[int] = ()) -> None:
+                 reach: RankReach | None = None, *, wait_for: Collection[int] = ()) -> None:
         self.fault = fault
         #: every rank that must have printed after_step before the fault strikes (the watched one
         #: always): :attr:`Fault.strikes_every_rank`
         self.wait_for = frozenset({watch_rank, *wait_for})
         self._reached: dict[int, int] = {}
-        self.ray_world_size = ray_world_size  # set for a ray_train job: its ranks are Ray workers
-        self.ray_agent = ray_agent
-        self.ray_run_name = ray_run_name
-        self.ray_via_api = ray_via_api
-        self._ray_view: RayWorkerLauncher | None = None  # the workers as the fault will see them
+        self.reach = reach or ChildRanks()
         self.spec = spec
         self.metric = metric
         self.info = Injection(watch_rank=watch_rank)
@@ -113,8 +101,7 @@ class Driver:
             if info.first_step_after_restart_mono is None and point.name == self.metric:
                 info.first_step_after_restart_mono = time.monotonic()
             return
-        if self.ray_world_size is not None:
-            self._ray_point(point, launcher)
+        self._observe(point, launcher)
         if info.injected_mono is not None or point.name != self.metric or point.rank not in self.wait_for:
             return
         self._reached[point.rank] = max(point.step, self._reached.get(point.rank, point.step))
@@ -127,12 +114,10 @@ class Driver:
         at = launcher.elapsed()
         info.injected_mono = time.monotonic()
         info.injected_step = self._reached[info.watch_rank]
-        target = launcher
-        if info.tracker is not None:  # the fault's ranks are the Ray workers (by pid, or through Ray)
-            target = cast(Launcher, self._ray_view or self._view(launcher))
-            info.ray_workers_at_injection = info.tracker.pids()
+        target = self.reach.target(launcher)  # the launcher, or a view of the ranks behind it
+        info.ray_workers_at_injection = self.reach.watch(launcher).pids()
         try:
-            with contextlib.suppress(OSError):  # a Ray worker elsewhere: the fault says if it cares
+            with contextlib.suppress(OSError):  # a rank elsewhere: the fault says if it cares
                 info.target_exited_before = target.ranks[self.fault.rank].popen.poll() is not None
             self.fault.inject(target)
         except Exception as exc:  # the monitor thread must go on; the verdict reports it
@@ -145,18 +130,14 @@ class Driver:
         )
         self._thread.start()
 
-    def _ray_point(self, point: MetricPoint, launcher: Launcher) -> None:
-        """Attempt 0 of a ray_train job: follow its workers; note the first step after Ray
-        Train restarted them (a worker line read after the fault)."""
+    def _observe(self, point: MetricPoint, launcher: Launcher) -> None:
+        """Attempt 0: follow the processes that run the ranks; note the first step after the
+        backend restarted them inside the launch (a process seen after the fault)."""
         info = self.info
-        if info.tracker is None:
-            info.tracker = RayWorkerTracker(launcher.ranks[0].stderr_log, clock=launcher.elapsed)
-        info.tracker.poll()  # stamp the worker lines when they come, not at the injection
-        if self.ray_agent is not None and self._ray_view is None and point.name == self.metric:
-            # Ray's state read once the group trains, so the fault lands right after its step
-            self._ray_view = view = self._view(launcher)
-            threading.Thread(target=view.prefetch, args=(self.fault.rank,), daemon=True,
-                             name="trainguard-ray-prefetch").start()
+        info.tracker = self.reach.watch(launcher)
+        info.tracker.poll()  # stamp the sightings when they come, not at the injection
+        if point.name == self.metric:
+            self.reach.ready(launcher, self.fault.rank)
         injected = self.fault.injected_at
         if (injected is None or info.ray_first_step_after_restart_t is not None
                 or point.name != self.metric):
@@ -165,19 +146,13 @@ class Driver:
             info.ray_first_step_after_restart_t = point.t
             info.first_step_after_restart_mono = time.monotonic()
 
-    def _view(self, launcher: Launcher) -> RayWorkerLauncher:
-        assert self.info.tracker is not None
-        return RayWorkerLauncher(launcher, self.info.tracker, self.ray_world_size or 1,
-                                 agent=self.ray_agent, run_name=self.ray_run_name,
-                                 via_api=self.ray_via_api)
-
     def _watch(self, launcher: Launcher) -> None:
         info, spec = self.info, self.spec
         assert info.injected_mono is not None
         fail_clean = spec.expectation == "fail_clean" or must_stop(spec)  # exit by the deadline
         while not self._stop.wait(_WATCH_S):
             if info.tracker is not None:
-                info.tracker.poll()  # stamps worker and controller lines as they come
+                info.tracker.poll()  # stamps sightings and restart notices as they come
             since = time.monotonic() - info.injected_mono
             if spec.duration is not None and self.fault.cleared_at is None and since >= spec.duration:
                 self.clear(launcher.elapsed())
@@ -191,9 +166,7 @@ class Driver:
                     "after the fault"
                 )
             attempt_over = all(code is not None for _, code in codes)
-            if attempt_over and info.tracker is not None:
-                # a Ray worker is out of the launcher's teardown: a stopped one must go on (and
-                # die with its job) before the next attempt wants its CPUs
+            if attempt_over and self.reach.outlives_attempt():
                 self.clear(launcher.elapsed())
             if attempt_over and (spec.duration is None or self.fault.cleared_at is not None):
                 return
@@ -281,32 +254,24 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
 
     drill_dir = new_run_dir(job_file.state_dir, job_file.job.name, f"drill-{spec.name}",
                             keep=runner.settings.keep_runs)
-    ray_job = not runner.backend.ranks_are_children  # its ranks are Ray workers behind the driver
     ctx = _fault_context(runner, request, drill_dir)
-    via_api = False
-    if ray_job:
-        try:
-            via_api = signal_path() == "api"
-        except ValueError as exc:
-            return result("error", str(exc))
-    # trainguard's Ray client (started below): Ray Train's state names the workers, pinned tasks
-    # act on them
-    agent = RayAgent(runner.backend.launch_env()) if ray_job and (via_api or spec.fault in RAY_API_FAULTS) else None
-    driver = Driver(fault, spec, metric, watch_rank, request.world_size if ray_job else None,
-                    ray_agent=agent, ray_run_name=job_file.job.name, ray_via_api=via_api,
+    try:
+        reach = runner.backend.fault_reach(spec.fault, job_name=job_file.job.name,
+                                           world_size=request.world_size)
+    except ValueError as exc:
+        return result("error", str(exc))
+    driver = Driver(fault, spec, metric, watch_rank, reach,
                     wait_for=reporting if cls.strikes_every_rank else ())
-    # Ray Train recovers a dead worker itself (FailureConfig): trainguard must not restart too
-    ray_recover = ray_job and spec.expectation == "recover" and spec.fault in RAY_RECOVERED_FAULTS
+    restarts = runner.backend.drill_restarts(spec.fault, spec.expectation, spec.restart_limit)
     stall = _stall_limit(spec, job_file, fault)
     startup, shutdown = _startup_and_shutdown(spec, job_file, stall)
     try:
-        if agent is not None:
-            try:
-                agent.start()
-            except RayAgentError as exc:
-                return result("error", f"{spec.fault} reaches the Ray workers through Ray's API, and "
-                              f"trainguard's Ray client could not connect: {exc}")
-            base.ray_api = RayApi(round(agent.start_s or 0.0, 3), not via_api)
+        try:
+            client = reach.open()
+        except WorkerNotHere as exc:
+            return result("error", str(exc))
+        if client is not None:
+            base.ray_api = client
         try:
             fault.setup(ctx)
         except FaultUnavailable as exc:
@@ -315,19 +280,21 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
         run = runner.supervise(
             request,
             label=f"drill-{spec.name}",
-            max_restarts=0 if ray_recover else spec.restart_limit,
-            backoff_s=RESTART_BACKOFF_S,
+            options=LaunchOptions(
+                max_restarts=restarts.relaunches,
+                backoff_s=RESTART_BACKOFF_S,
+                extra_env={**fault.launch_env(ctx), **reach.launch_env()},
+                preexec=reach.preexec(fault.preexec) if fault.needs_preexec else None,
+                stall_timeout=stall,
+                startup_timeout=startup,
+                shutdown_timeout=shutdown,
+            ),
             on_metric=driver.on_metric,
-            extra_env={**fault.launch_env(ctx), **(STATE_TRACKING_ENV if agent is not None else {})},
-            preexec=fault.preexec if fault.needs_preexec and not ray_job else None,
             checkpoint_dir=ctx.checkpoint_dir,
-            stall_timeout=stall,
-            startup_timeout=startup,
-            shutdown_timeout=shutdown,
         )
         driver.finish()
         driver.clear()
-        judge = storage_judge(spec, fault) or judge_for(spec.expectation, ray_recover=ray_recover)
+        judge = storage_judge(spec, fault) or judge_for(spec.expectation, ray_recover=restarts.in_launch)
         c = DrillContext(runner, spec, fault, driver.info, run, reference, request, metric,
                          ctx.checkpoint_dir, stall * runner.settings.timeout_scale,
                          job_file.job.metric_line_regexes)
@@ -337,15 +304,14 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
             report = dataclasses.replace(base, found=found, drill_dir=str(drill_dir), run_dir=str(run.run_dir))
             return CheckResult(name, status, summary, report, time.monotonic() - started, reproduce)
 
-        if judge is judge_fail_clean and runner.untimed_later:
+        if judge.finishes_later and runner.pool.state.untimed_later:
             return _fail_clean_later(c, drill_dir / "checkpoints", judged)
-        return judged(judge(c))
+        return judged(judge.judge(c))
     finally:  # Ctrl-C included: nothing is left stopped, mounted or running
         driver.finish()
         with contextlib.suppress(Exception):
             fault.teardown()
-        if agent is not None:  # after the teardown: a stopped worker is continued through Ray
-            agent.stop()
+        reach.close()  # after the teardown: a stopped process is continued through it
 
 
 def _fault_context(runner: JobRunner, request: RunRequest, drill_dir: Path) -> FaultContext:

@@ -19,6 +19,7 @@ from typing import Any
 from trainguard.checks.accounting import AccountingEvidence
 from trainguard.checks.equivalence_records import TrajectoryEvidence
 from trainguard.evidence import MERGED, TRAILING, UNSET, Evidence, Recorded, Unset
+from trainguard.launch.reach import ReachClient
 from trainguard.unit.checkpoints.compare import StateEvidence
 
 __all__ = [
@@ -34,7 +35,6 @@ __all__ = [
     "FaultNotSetUp",
     "NonfiniteEvidence",
     "PreemptionTimeline",
-    "RayApi",
     "RayRecoverEvidence",
     "RecoverEvidence",
     "ReferenceFailed",
@@ -301,14 +301,6 @@ class FaultNotSetUp(Evidence):
     fault_evidence: dict[str, Any]
 
 
-@dataclass
-class RayApi(Evidence):
-    """trainguard's Ray client for a fault that reaches the workers through Ray's API."""
-
-    agent_start_s: float
-    pid_path: bool
-
-
 #: what a drill's judge (or its early error) records, the most specific record first
 DrillFinding = (RayRecoverEvidence | RecoverEvidence | StorageResumeEvidence | SaveAndExitEvidence
                 | NonfiniteEvidence | FailCleanEvidence | ExitEvidence | ContinueEvidence | DrillEvidence | ReferenceFailed
@@ -326,7 +318,7 @@ class DrillReport(Evidence):
     after_step: int
     duration: float | None
     steps: int
-    ray_api: RayApi | Unset = UNSET
+    ray_api: ReachClient | Unset = UNSET
     found: DrillFinding = field(default=UNSET, metadata=MERGED)
     drill_dir: str | Unset = UNSET
     #: the attempts' logs (attempt-N/)

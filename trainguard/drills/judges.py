@@ -12,7 +12,7 @@
 
 Each takes a :class:`DrillContext` (what the driver saw) and returns a :class:`Judgement`; none
 launches anything except fail_clean's verification run through the runner.
-:func:`trainguard.drills.dispatch.judge_for` picks the judge of an expectation.
+:mod:`trainguard.drills.expectations` registers each; ``dispatch.judge_for`` picks a drill's.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from trainguard.run.runner import JobRunner, SupervisedRun
 from trainguard.unit.checkpoints import compare_checkpoint_dirs
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainguard.raytrain.workers import RayWorkerTracker
+    from trainguard.launch.reach import RankWatch
 
 __all__ = [
     "DRILL_CAUSES",
@@ -130,8 +130,9 @@ class Injection:
     run_dir: Path | None = None
     errors: list[str] = field(default_factory=list)
     inject_failed: str | None = None  # what Fault.inject raised: nothing was tested
-    #: a ray_train job: the driver's stderr, read for the workers' pids (attempt 0)
-    tracker: RayWorkerTracker | None = None
+    #: the processes that run the ranks as they start (attempt 0), as the backend's reach watches
+    #: them (a ray_train job: the driver's stderr, read for the workers' pids)
+    tracker: RankWatch | None = None
     ray_workers_at_injection: dict[int, int] = field(default_factory=dict)
     #: launcher elapsed time of the first metric point after Ray Train restarted the workers
     ray_first_step_after_restart_t: float | None = None
@@ -460,10 +461,7 @@ def exit_problems(c: DrillContext, evidence: ExitEvidence) -> list[str]:
         evidence.exit_after_s = round(exit_after, 3)
     if first.ok:
         problems.append("the job completed (exit 0) despite the fault; expected it to fail"
-                        + (f" (Ray Train's FailureConfig(max_failures={c.runner.job_file.job.max_restarts})"
-                           " restarted the worker group: for this job use `expect: recover`, or "
-                           "job.max_restarts 0)" if c.runner.backend.restarts_itself
-                           and c.runner.job_file.job.max_restarts else ""))
+                        + c.runner.backend.restart_note(c.runner.job_file.job.max_restarts))
     elif info.stopped_at_deadline:
         problems.append(f"the job hung: no rank exited within {spec.deadline_s:g} s of the fault "
                         "(trainguard stopped it at the deadline)")

@@ -21,11 +21,12 @@ from typing import Any
 
 from trainguard.config import DrillSpec
 from trainguard.drills.evidence import NonfiniteEvidence
+from trainguard.drills.expectations import JudgeEntry
 from trainguard.drills.judges import DrillContext, Judgement, exit_problems, judge_injected
 from trainguard.evidence import known
 from trainguard.launch import MetricPoint
 
-__all__ = ["NONFINITE_CAUSES", "judge_handle_nonfinite", "must_stop"]
+__all__ = ["HANDLE_NONFINITE", "NONFINITE_CAUSES", "judge_handle_nonfinite", "must_stop"]
 
 #: what usually makes a job fail a numerics drill
 NONFINITE_CAUSES = {
@@ -198,3 +199,6 @@ def _trained_on(c: DrillContext, numerics: dict[str, Any]) -> str:
     return (f"; it trained on after the non-finite value: {numerics['later_nonfinite_points']} of "
             f"{len(later)} later metric value(s) non-finite ({_steps(steps)} on "
             f"{_ranks(numerics['later_nonfinite_ranks'])})")
+
+
+HANDLE_NONFINITE = JudgeEntry("handle_nonfinite", judge_handle_nonfinite)

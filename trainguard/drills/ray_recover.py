@@ -20,13 +20,14 @@ from trainguard.drills.judges import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from trainguard.raytrain.workers import WorkerSighting
+    from trainguard.launch.reach import WorkerSighting
 
 __all__ = ["judge_ray_recover", "new_workers"]
 
 
 def new_workers(info: Injection, injected: float) -> list[WorkerSighting]:
-    """Ray workers that started after the fault (not those alive when it struck)."""
+    """Processes running the ranks that started after the fault (not those alive when it
+    struck): the backend restarted them inside the launch (Ray Train's workers)."""
     if info.tracker is None:
         return []
     old = set(info.ray_workers_at_injection.values())

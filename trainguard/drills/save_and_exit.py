@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.drills.evidence import PreemptionTimeline, SaveAndExitEvidence
+from trainguard.drills.expectations import JudgeEntry
 from trainguard.drills.judges import (
     DrillContext,
     Judgement,
@@ -33,7 +34,7 @@ from trainguard.evidence import known
 from trainguard.launch import RankExit, RunResult
 from trainguard.unit.checkpoints import latest_complete_checkpoint
 
-__all__ = ["SAVE_AND_EXIT_CAUSES", "died_of_the_notice", "judge_save_and_exit"]
+__all__ = ["SAVE_AND_EXIT", "SAVE_AND_EXIT_CAUSES", "died_of_the_notice", "judge_save_and_exit"]
 
 _NOTICES = ("SIGTERM", "SIGUSR1")
 
@@ -211,3 +212,6 @@ def judge_save_and_exit(c: DrillContext, evidence: SaveAndExitEvidence) -> Judge
     return Judgement("passed", f"{what}: checkpoint complete {complete or 0:.2f} s "
             f"and every rank exited {exited or 0:.2f} s after the notice; resumed after "
             f"step {resumed_from} and matched the uninterrupted run", evidence)
+
+
+SAVE_AND_EXIT = JudgeEntry("save_and_exit", judge_save_and_exit)

@@ -44,7 +44,7 @@ from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories, first_step
 from trainguard.launch.rundir import new_run_dir
 from trainguard.report import CheckId, CheckResult, CheckStatus, SkipReason
-from trainguard.run.runner import JobRunner, SupervisedRun
+from trainguard.run.runner import JobRunner, LaunchOptions, SupervisedRun
 from trainguard.unit.checkpoints import compare_checkpoint_dirs
 from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
 
@@ -383,8 +383,7 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult[SoakR
     if not events:
         return result("error", f"the schedule of seed {seed} holds no fault in {spec.steps} steps; raise "
                       "`steps` or lower `every_steps`")
-    metrics = job_file.job.metrics
-    metric = "loss" if "loss" in metrics else next(iter(metrics))
+    metric = job_file.job.progress_metric
     request = runner.request_for(spec, world_size=world_size)
     reference = runner.scheduling.reference(request)
     if not reference.ok:
@@ -420,12 +419,13 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult[SoakR
             env.update(rec.fault.launch_env(ctx))
         soak_started = time.monotonic()
         run = runner.supervise(
-            request, label=f"soak-{spec.name}", max_restarts=_limit(spec, records), backoff_s=_BACKOFF_S,
-            on_metric=driver.on_metric, extra_env=env, checkpoint_dir=ctx.checkpoint_dir,
-            # a job that saved and exited 0 on a pre-emption notice is restarted like a failed one
-            restart_if=lambda r: r.ok and (r.last_step or 0) < spec.steps,
-            stall_timeout=max(stall, grace + _DEADLINE_MARGIN_S) if grace else stall,
-            startup_timeout=max(stall, job_file.job.stall_timeout),
+            request, label=f"soak-{spec.name}", options=LaunchOptions(
+                max_restarts=_limit(spec, records), backoff_s=_BACKOFF_S, extra_env=env,
+                # a job that saved and exited 0 on a pre-emption notice is restarted like a failed one
+                restart_if=lambda r: r.ok and (r.last_step or 0) < spec.steps,
+                stall_timeout=max(stall, grace + _DEADLINE_MARGIN_S) if grace else stall,
+                startup_timeout=max(stall, job_file.job.stall_timeout)),
+            on_metric=driver.on_metric, checkpoint_dir=ctx.checkpoint_dir,
         )
         wall = time.monotonic() - soak_started
         driver.finish()

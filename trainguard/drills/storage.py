@@ -37,6 +37,7 @@ from trainguard.drills.evidence import (
     StorageRestart,
     StorageResumeEvidence,
 )
+from trainguard.drills.expectations import JudgeEntry
 from trainguard.drills.judges import (
     DrillContext,
     Judge,
@@ -64,16 +65,18 @@ STORAGE_CAUSES = {
 }
 
 
-def storage_judge(spec: DrillSpec, fault: Fault) -> Judge | None:
+def storage_judge(spec: DrillSpec, fault: Fault) -> JudgeEntry | None:
     """The judge of a storage drill that strikes the resume, or of kill_during_save; None for
-    the others (the expectation's own judge)."""
+    the others (the expectation's own judge). Each finishes at once (none waits as fail_clean's
+    own does)."""
+    own = judge_for(spec.expectation)
     if spec.fault == "kill_during_save":
-        return judge_kill_during_save
+        return own.but_judged_by(judge_kill_during_save)
     if spec.fault == "storage" and fault.params.get("kind") in ("corrupt", "eio_read") \
             and spec.expectation in ("fail_clean", "recover"):
-        return judge_storage_resume
+        return own.but_judged_by(judge_storage_resume)
     if spec.fault == "storage":
-        return _storage_named(judge_for(spec.expectation))
+        return own.but_judged_by(_storage_named(own.judge))
     return None
 
 
@@ -275,7 +278,7 @@ def judge_kill_during_save(c: DrillContext) -> Judgement:
         return Judgement("error", f"kill_during_save on rank {c.spec.rank}: {why}, so no save was caught and "
                 "nothing was tested: give the drill more steps after after_step (a checkpoint must "
                 "fall among them) or a longer params.wait", evidence)
-    status, summary, evidence = judge_for(c.spec.expectation)(c)
+    status, summary, evidence = judge_for(c.spec.expectation).judge(c)
     if held is None:
         return Judgement(status, summary, evidence)
     latest = getattr(c.fault, "latest_complete", {}) or {}

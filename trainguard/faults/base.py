@@ -63,12 +63,12 @@ class FaultContext:
     world_size: int
     #: the job's environment for the ranks (after placeholders), for faults that wrap services
     env: dict[str, str] = field(default_factory=dict)
-    #: how the job's ranks run (the runner's backend). A ``kind: ray_train`` job's ranks are Ray
-    #: Train workers, not children of the launched process (the driver):
-    #: :meth:`Fault.inject` gets a :class:`~trainguard.raytrain.workers.RayWorkerLauncher` whose
-    #: ``ranks`` are the workers, :meth:`Fault.preexec` is not used, and the start-up hook
-    #: reaches the workers through the driver's ``runtime_env`` (without a ``RANK`` at start-up:
-    #: target them by pid)
+    #: how the job's ranks run (the runner's backend). Its :meth:`~trainguard.launch.backend.
+    #: JobBackend.fault_reach` says how a fault reaches them: a ``kind: ray_train`` job's ranks are
+    #: Ray Train workers, not children of the launched process (the driver): :meth:`Fault.inject`
+    #: gets a launcher whose ``ranks`` are the workers (a :class:`~trainguard.launch.reach.
+    #: RemoteRanks`), :meth:`Fault.preexec` is not used, and the start-up hook reaches the workers
+    #: through the driver's ``runtime_env`` (without a ``RANK`` at start-up: target them by pid)
     backend: JobBackend = field(default_factory=CommandBackend)
 
 

@@ -11,7 +11,8 @@ Nothing is left stopped: :meth:`clear` and :meth:`teardown` send SIGCONT, and th
 teardown continues every process group it terminates.
 
 A Ray Train worker on a cluster (``RAY_ADDRESS``, or ``TRAINGUARD_RAY_SIGNALS=api``) is stopped and
-continued through Ray: a task pinned to its node signals it (:mod:`trainguard.raytrain.workers`).
+continued through Ray: a task pinned to its node signals it (the launcher ``inject`` gets is then
+a :class:`~trainguard.launch.reach.RemoteRanks`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import psutil
 
 from trainguard.faults.base import Fault
+from trainguard.launch.reach import RemoteRanks, WorkerNotHere
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
@@ -49,9 +51,7 @@ class HangFault(Fault):
         self._continue_ray: Callable[[], dict[str, Any]] | None = None
 
     def inject(self, launcher: Launcher) -> None:
-        from trainguard.raytrain.workers import RayWorkerLauncher, WorkerNotHere
-
-        if isinstance(launcher, RayWorkerLauncher) and launcher.via_api:
+        if isinstance(launcher, RemoteRanks) and launcher.via_api:
             self.via = "ray_api"
             target = launcher.find(self.rank)
             self.pid = target.pid

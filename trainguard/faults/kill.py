@@ -4,10 +4,11 @@ The real thing: :meth:`Launcher.kill_rank` sends the signal to the rank's own pr
 process group), as the kernel's OOM killer, a node failure or a pre-empting scheduler would. The
 launcher's watchdog sees the death within one poll interval and tears the group down.
 
-A Ray Train worker is reached by its pid on this machine, or -- on a cluster at ``RAY_ADDRESS``,
-or with ``TRAINGUARD_RAY_SIGNALS=api`` -- through Ray: found in Ray Train's state by world rank,
-signalled by a task pinned to its node (:mod:`trainguard.raytrain.workers`); the evidence's
-``via`` says which (``pid`` / ``ray_api``).
+A rank that runs behind the launched process (a Ray Train worker) is reached as the job's
+backend says (:class:`~trainguard.launch.reach.RemoteRanks`): by its pid on this machine, or --
+on a cluster at ``RAY_ADDRESS``, or with ``TRAINGUARD_RAY_SIGNALS=api`` -- through Ray: found in
+Ray Train's state by world rank, signalled by a task pinned to its node; the evidence's ``via``
+says which (``pid`` / ``ray_api``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainguard.faults.base import Fault
+from trainguard.launch.reach import RemoteRanks, WorkerNotHere
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
@@ -58,10 +60,8 @@ class KillRankFault(Fault):
         return signal.Signals[str(self.params["signal"])]
 
     def inject(self, launcher: Launcher) -> None:
-        from trainguard.raytrain.workers import RayWorkerLauncher, WorkerNotHere
-
-        self.ray_worker = isinstance(launcher, RayWorkerLauncher)
-        if isinstance(launcher, RayWorkerLauncher) and launcher.via_api:
+        self.ray_worker = isinstance(launcher, RemoteRanks)
+        if isinstance(launcher, RemoteRanks) and launcher.via_api:
             self.via = "ray_api"
             self.ray_api = launcher.signal_rank(self.rank, self.signal)
             self.pid = self.ray_api["pid"]

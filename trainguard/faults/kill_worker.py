@@ -59,7 +59,7 @@ class KillWorkerFault(Fault):
 
     @classmethod
     def unavailable_for(cls, backend: JobBackend) -> str | None:
-        return None if backend.ranks_are_children else (
+        return None if backend.ranks_are_children() else (
             "kill_worker finds a rank's DataLoader workers among the children of the rank's process; "
             "a ray_train job's workers are Ray actors (use kill_rank)")
 

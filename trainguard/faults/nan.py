@@ -91,7 +91,7 @@ class NanFault(HookFault):
 
     @classmethod
     def unavailable_for(cls, backend: JobBackend) -> str | None:
-        return None if backend.rank_at_start else (
+        return None if backend.rank_at_start() else (
             "the nan fault finds its rank by RANK when the start-up hook loads, which a Ray "
             "Train worker does not have yet; drill numerics on a command job (torchrun-style)")
 

@@ -55,6 +55,7 @@ from trainguard.faults.toxiproxy.client import (
     open_toxiproxy,
 )
 from trainguard.faults.toxiproxy.toxics import DIRECTIONS, TOXIC_ATTRIBUTES
+from trainguard.launch.backend import CommandBackend, JobBackend
 from trainguard.launch.procs import group_alive
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -64,8 +65,8 @@ __all__ = ["RAY_WRITER_ENV", "SERVICES", "LocalMlflowServer", "NetworkFault"]
 
 #: services trainguard can host behind the proxy
 SERVICES = ("mlflow",)
-#: what ``service: mlflow`` adds for a ``ray_train`` job: the Ray workers' designated writer logs
-#: into the drill's run through the proxy (names from :mod:`trainguard.raytrain.tracking`)
+#: what ``service: mlflow`` adds for a job whose ranks log their own metrics (a ``ray_train``
+#: job: the Ray workers' designated writer logs into the drill's run through the proxy)
 RAY_WRITER_ENV = (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID, "TRAINGUARD_TRACKING")
 #: the experiment the drill's run is created in (on the drill's own MLflow server)
 DRILL_EXPERIMENT = "trainguard-drills"
@@ -396,6 +397,8 @@ class NetworkFault(Fault):
         #: what :meth:`verify_continue` found for a ``ray_train`` job (the writer, the run's steps)
         self.ray_writer: dict[str, Any] = {}
         self._launcher: Launcher | None = None
+        #: how the job's ranks run (set at :meth:`setup`): where the writer's record is
+        self.backend: JobBackend = CommandBackend()
         self._stack = contextlib.ExitStack()
         self._active = False
 
@@ -424,6 +427,7 @@ class NetworkFault(Fault):
         if problems:
             raise UsageError("invalid network fault parameters: "
                              + "; ".join(f"{key}: {message}" for key, message in problems))
+        self.backend = ctx.backend
         try:
             listen = self.params["listen"]
             self.client = self._stack.enter_context(
@@ -440,7 +444,7 @@ class NetworkFault(Fault):
                                              listen=listen or "127.0.0.1:0")
             self._stack.callback(self._delete_proxy)
             self.proxy_address = self.client.proxy_address(proxy)
-            if self.mlflow is not None and ctx.backend.ranks_log_metrics:
+            if self.mlflow is not None and ctx.backend.ranks_log_metrics():
                 self._create_drill_run(ctx)
         except ToxiproxyError as exc:
             self.teardown()
@@ -605,14 +609,11 @@ class NetworkFault(Fault):
         """A ``ray_train`` job: what the workers' designated writer recorded (its summary in the
         attempt's run directory, or its line on the driver's stderr) -- it must have run, logged
         into the drill's run and dropped nothing. Fills :attr:`ray_writer`."""
-        from trainguard.raytrain.tracking import SUMMARY_FILE, read_summary
-
-        summary = read_summary(result.run_dir, result.log_path(0, "stderr"))
+        summary, where = self.backend.writer_record(result)
         if summary is None:
             self.ray_writer["writer"] = None
-            return [f"the Ray workers' designated MLflow writer (world rank 0) never ran: no "
-                    f"{SUMMARY_FILE} in {result.run_dir} and no `trainguard-tracking` line on the "
-                    "driver's stderr (mlflow missing in the workers? the workers' environment "
+            return [f"the Ray workers' designated MLflow writer (world rank 0) never ran: {where} "
+                    "(mlflow missing in the workers? the workers' environment "
                     "without TRAINGUARD_MLFLOW_RUN_ID?)"]
         self.ray_writer["writer"] = {k: v for k, v in summary.to_dict().items()
                                      if k not in ("written_steps", "dropped_steps")}

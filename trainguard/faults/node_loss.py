@@ -12,8 +12,8 @@ room, or no failure budget, the fit must fail within the drill's deadline (``fai
 Only a ``kind: ray_train`` job on a cluster with worker nodes can lose one: a worker on the head
 node is refused (losing the head loses the cluster). The node stays down until someone starts it
 again: trainguard does that at :meth:`NodeLossFault.clear` only for a cluster it started itself
-(:class:`trainguard.raytrain.cluster.LocalRayCluster`); on a real cluster the autoscaler or an
-operator brings it back. docs/ray-train.md, "Node loss".
+(:meth:`RemoteRanks.restart_lost_nodes <trainguard.launch.reach.RemoteRanks.restart_lost_nodes>`);
+on a real cluster the autoscaler or an operator brings it back. docs/ray-train.md, "Node loss".
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from trainguard.faults.base import Fault, FaultContext
+from trainguard.launch.reach import RemoteRanks, WorkerNotHere
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
@@ -46,6 +47,7 @@ class NodeLossFault(Fault):
         self.stopped: dict[str, Any] = {}
         self.restarted: list[str] = []
         self.restart_s: float | None = None
+        self._ranks: RemoteRanks | None = None
 
     @classmethod
     def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -58,7 +60,7 @@ class NodeLossFault(Fault):
 
     @classmethod
     def unavailable_for(cls, backend: JobBackend) -> str | None:
-        return None if backend.stoppable_nodes else (
+        return None if backend.stoppable_nodes() else (
             "node_loss stops a Ray node, and this job is not `kind: ray_train`; for a command "
             "job use kill_rank (a rank's death) or a Slurm drill (a node marked down)")
 
@@ -66,21 +68,18 @@ class NodeLossFault(Fault):
         self.require_job_kind(ctx)
 
     def inject(self, launcher: Launcher) -> None:
-        from trainguard.raytrain.workers import RayWorkerLauncher, WorkerNotHere
-
-        if not isinstance(launcher, RayWorkerLauncher):
+        if not isinstance(launcher, RemoteRanks):
             raise WorkerNotHere("node_loss needs the Ray workers of a ray_train job")
+        self._ranks = launcher
         self.stopped = launcher.stop_node_of(self.rank, signal.Signals[str(self.params["signal"])])
 
     def clear(self) -> None:
         """Start the lost node again when it belongs to a cluster trainguard started (nothing on
         a real cluster): the next fit -- a fail_clean drill's resume -- has its room back."""
-        if not self.stopped or self.restarted:
+        if not self.stopped or self.restarted or self._ranks is None:
             return
-        from trainguard.raytrain.cluster import restart_lost_nodes
-
         t0 = time.monotonic()
-        self.restarted = restart_lost_nodes(wait_s=10.0)
+        self.restarted = self._ranks.restart_lost_nodes(10.0)
         self.restart_s = round(time.monotonic() - t0, 3)
 
     def evidence(self) -> dict[str, Any]:

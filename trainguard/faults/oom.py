@@ -98,7 +98,7 @@ class OomFault(HookFault):
 
     def setup(self, ctx: FaultContext) -> None:
         self._prepare(ctx)
-        self._ranks_are_children = ctx.backend.ranks_are_children
+        self._ranks_are_children = ctx.backend.ranks_are_children()
         mode = self.params["mode"]
         if mode in ("auto", "cgroup"):
             try:
@@ -126,7 +126,7 @@ class OomFault(HookFault):
             "mode": _HOOK_MODE[self.mode_ran],
             # a Ray worker has no RANK when the hook starts: every worker arms, and the trigger
             # names the target's pid (a restarted worker group is never hit)
-            "rank": self.rank if ctx.backend.rank_at_start else None,
+            "rank": self.rank if ctx.backend.rank_at_start() else None,
             "trigger": str(self.trigger),
             "events": str(self.events_path),
             "step": self.after_step,

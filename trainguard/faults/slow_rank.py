@@ -222,7 +222,7 @@ class SlowRankFault(Fault):
 
     @classmethod
     def unavailable_for(cls, backend: JobBackend) -> str | None:
-        return None if backend.ranks_are_children else (
+        return None if backend.ranks_are_children() else (
             "slow_rank throttles a rank's processes by pid, children of the launched command; a "
             "ray_train job's workers are Ray actors")
 

@@ -216,7 +216,9 @@ class SoakFault(Fault):
 
     @classmethod
     def unavailable_for(cls, backend: JobBackend) -> str | None:
-        if not backend.restarts_itself:
+        # the soak relaunches the group after each fault: a backend that recovers one of its
+        # faults inside the launch itself would restart under the soak's feet
+        if not any(backend.drill_restarts(kind, "recover", 1).in_launch for kind in SOAK_KINDS):
             return None
         return ("a soak runs a torchrun-style job (trainguard restarts its ranks); for a ray_train job "
                 "use kill_rank and node_loss drills, which Ray Train recovers inside one fit")

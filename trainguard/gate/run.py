@@ -31,6 +31,7 @@ from trainguard._internal.readers import OWN_FILE_LIMITS, read_at_most, read_byt
 from trainguard._version import __version__
 from trainguard.config import GatePolicy, JobFile, load_config
 from trainguard.config.backends import backend_for
+from trainguard.config.queues import QUEUES
 from trainguard.errors import ConfigError, TrainguardError
 from trainguard.gate.policy import Capabilities, Decision, configured_checks, decide, sizing_of
 from trainguard.profiling.render import failure_rows
@@ -223,47 +224,9 @@ def _production_run(runner: Any, spec: Any, wait_s: float = 10.0) -> Any:
 
 
 def _submit_spec(spec: Any, queue: str, job_file: JobFile, *, wait_s: float) -> dict[str, Any]:
-    from trainguard.queue.backends import get_backend
-    from trainguard.raytrain.local_ray import LocalRay, external_cluster
-
-    if queue == "slurm":
-        return _submit_to_slurm(spec, job_file.state_dir / "slurm", wait_s=wait_s)
-    if external_cluster() is not None:
-        return get_backend("ray").submit(spec).to_dict()
-    # no RAY_ADDRESS: an embedded head, for a dry run of the submission path on this machine;
-    # the job lives only as long as the head, which stops when the gate ends
-    with LocalRay(dashboard=True) as cluster:
-        backend = get_backend("ray", cluster=cluster, pending_timeout=min(wait_s, 60.0))
-        submission = backend.submit(spec)
-        if submission.job_id and not submission.terminal and wait_s > 0:
-            submission = backend.wait(submission.job_id, wait_s)
-        out = submission.to_dict()
-        out["note"] = (f"submitted to an embedded local Ray head (no RAY_ADDRESS) and watched for "
-                       f"{wait_s:g} s; the head stops with the gate. Set RAY_ADDRESS to submit to a "
-                       "real cluster")
-        return out
-
-
-def _submit_to_slurm(spec: Any, script_dir: Path, *, wait_s: float) -> dict[str, Any]:
-    """sbatch the spec, then follow the job for up to ``wait_s`` seconds (to its final state when
-    it ends sooner); the record (submission, states seen, final state) is also written next to
-    the script as ``submission-JOBID.json``."""
-    from trainguard.queue.slurm import SlurmBackend
-
-    backend = SlurmBackend(script_dir)
-    submission = backend.submit(spec)
-    if submission.job_id and wait_s > 0:
-        followed = backend.wait(submission.job_id, wait_s)
-        submission.status = followed.status
-        submission.message = f"{submission.message}; {followed.message}"
-        submission.evidence.update(followed.evidence)
-    out = submission.to_dict()
-    if submission.job_id:
-        record = write_or_fallback(script_dir / f"submission-{submission.job_id}.json",
-                                   json.dumps(out, indent=2, default=str), what="the submission record")
-        if record.path is not None:
-            out["links"]["record"] = str(record.path)
-    return out
+    """Submit to the queue ``gate.queue`` names and follow the job up to ``wait_s`` seconds, as
+    that queue's backend does it (:data:`trainguard.config.queues.QUEUES`)."""
+    return QUEUES.get(queue).submit_and_follow(spec, state_dir=job_file.state_dir, wait_s=wait_s)
 
 
 def _submit(job_file: JobFile, gate: GateReport, policy: GatePolicy, runner: Any, *, wait_s: float) -> dict[str, Any]:

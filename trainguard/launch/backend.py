@@ -5,8 +5,9 @@ The job file's ``kind`` names a backend, looked up once
 (:func:`trainguard.config.backends.backend_for`); the runner holds it, and every layer above
 asks it what it needs instead of comparing the kind: how a launch's ranks become processes,
 whether the ranks are the launched processes (preexec, signals, memory, stopping them while a
-checkpoint is copied), who restarts a failed rank, whether runs may overlap, whether the ranks
-log their own metrics, and how the production run is submitted.
+checkpoint is copied), how a drill's fault reaches a rank and who restarts a failed attempt
+(:mod:`trainguard.launch.reach`), whether runs may overlap, whether the ranks log their own
+metrics and what their writer recorded, and how the production run is submitted.
 
 The protocol lives here, in the lowest layer that knows a launch, so that the Ray Train backend
 (:class:`trainguard.raytrain.backend.RayTrainBackend`) and any other backend can implement it
@@ -21,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from trainguard.launch.reach import ChildRanks, RankReach, Restarts
+
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch.launcher import Launcher, LaunchSpec, RunResult
 
@@ -34,34 +37,66 @@ Reconciled = tuple[list[MetricRow], dict[str, str], str | None]
 
 
 class JobBackend(Protocol):
-    """What trainguard asks of the way a job's ranks run. Attributes are fixed per backend;
-    methods take what they need, so one backend object serves every run of a runner."""
+    """What trainguard asks of the way a job's ranks run. ``title`` and ``job_keys`` are fixed
+    per backend; the methods say what differs and take what they need, so one backend object serves every run of a runner."""
 
     #: the kind in words, for messages ("Ray Train": "... belong to a Ray Train job")
     title: str
     #: ``job:`` keys only this kind has; a job of another kind that holds one is told to add
     #: ``kind: <this kind>`` (the job-file schema checks it)
     job_keys: tuple[str, ...]
-    #: each rank is a process the launcher starts: its pid is the launcher's, ``preexec`` runs
-    #: in it, trainguard may signal, throttle and stop it, and the launcher's memory figures
-    #: are the rank's. False: the launched process drives ranks that run elsewhere (Ray's
-    #: workers), found and measured another way (:meth:`rank_pids`)
-    ranks_are_children: bool
-    #: every rank's process has ``RANK`` in its environment when the start-up hook loads, so
-    #: the hook's agents know their rank (trainer metrics, sample records, the ``nan`` fault)
-    rank_at_start: bool
-    #: a failed rank is recovered inside the launch by the backend's own machinery (Ray Train's
-    #: ``FailureConfig``, from ``job.max_restarts``) instead of trainguard relaunching the group
-    restarts_itself: bool
-    #: runs of the job may run side by side (background reference runs, the lane of later
-    #: checks); False when they would queue for the same resources anyway
-    concurrent_runs: bool
-    #: the ranks log their metrics into the launch's tracking run themselves (a designated
-    #: writer); the tracker then streams nothing live and logs what :meth:`reconcile_metrics`
-    #: leaves
-    ranks_log_metrics: bool
-    #: a node the ranks run on can be stopped as a fault (``node_loss``)
-    stoppable_nodes: bool
+    def ranks_are_children(self) -> bool:
+        """Each rank is a process the launcher starts: its pid is the launcher's, trainguard may
+        signal, throttle and stop it (while a checkpoint is copied), and the launcher's memory
+        figures are the rank's. False: the launched process drives ranks that run elsewhere
+        (Ray's workers), found and measured another way (:meth:`rank_pids`)."""
+        ...
+
+    def rank_at_start(self) -> bool:
+        """Every rank's process has ``RANK`` in its environment when the start-up hook loads, so
+        the hook's agents know their rank (trainer metrics, sample records, the ``nan`` fault)."""
+        ...
+
+    def concurrent_runs(self) -> bool:
+        """Runs of the job may run side by side (background reference runs, the lane of later
+        checks); False when they would queue for the same resources anyway."""
+        ...
+
+    def ranks_log_metrics(self) -> bool:
+        """The ranks log their metrics into the launch's tracking run themselves (a designated
+        writer); the tracker then streams nothing live and logs what :meth:`reconcile_metrics`
+        leaves, and :meth:`writer_record` says what the writer did."""
+        ...
+
+    def stoppable_nodes(self) -> bool:
+        """A node the ranks run on can be stopped as a fault (``node_loss``)."""
+        ...
+
+    def fault_reach(self, fault_kind: str, *, job_name: str, world_size: int) -> RankReach:
+        """How the fault of one drill run (a ``fault_kind`` fault on ``world_size`` ranks of the
+        job ``job_name``) reaches the ranks: its launch's environment and ``preexec``, the
+        launcher the fault's ``inject`` gets, the watch of the ranks' processes
+        (:class:`~trainguard.launch.reach.RankReach`). ValueError naming the setting that is
+        wrong."""
+        ...
+
+    def drill_restarts(self, fault_kind: str, expectation: str, limit: int) -> Restarts:
+        """Who restarts a drill run's failed attempt after a ``fault_kind`` fault judged by
+        ``expectation``, ``limit`` being the drill's restart budget
+        (:class:`~trainguard.launch.reach.Restarts`)."""
+        ...
+
+    def restart_note(self, max_restarts: int) -> str:
+        """Words for a job that completed although its drill expected it to fail: how the
+        backend's own restarts (``job.max_restarts``) brought it back, and what to do; empty when
+        the backend restarts nothing itself."""
+        ...
+
+    def writer_record(self, result: RunResult) -> tuple[Any, str]:
+        """What the ranks' own metrics writer (:meth:`ranks_log_metrics`) recorded for the launch
+        ``result`` (an object with ``run_id``, ``dropped_rows``, ``dropped_steps``, ``reason``
+        and ``to_dict()``; None: it never ran), and where it was looked for, in words."""
+        ...
 
     def expand_job(self, data: Mapping[str, Any], placeholders: tuple[str, ...]) -> Mapping[str, Any]:
         """The ``job:`` mapping of this kind as the command job trainguard launches (the Ray
@@ -101,7 +136,7 @@ class JobBackend(Protocol):
     def reconcile_metrics(
         self, result: RunResult, rows: Sequence[MetricRow], run_id: str | None
     ) -> Reconciled | None:
-        """After a launch whose ranks log their own metrics (:attr:`ranks_log_metrics`): of the
+        """After a launch whose ranks log their own metrics (:meth:`ranks_log_metrics`): of the
         launcher's ``rows``, those the ranks' writer did not log into ``run_id``, with tags and
         a warning; None when trainguard logs every row itself."""
         ...
@@ -132,12 +167,33 @@ class CommandBackend:
 
     title = "command"
     job_keys: tuple[str, ...] = ()
-    ranks_are_children = True
-    rank_at_start = True
-    restarts_itself = False
-    concurrent_runs = True
-    ranks_log_metrics = False
-    stoppable_nodes = False
+
+    def ranks_are_children(self) -> bool:
+        return True
+
+    def rank_at_start(self) -> bool:
+        return True
+
+    def concurrent_runs(self) -> bool:
+        return True
+
+    def ranks_log_metrics(self) -> bool:
+        return False
+
+    def stoppable_nodes(self) -> bool:
+        return False
+
+    def fault_reach(self, fault_kind: str, *, job_name: str, world_size: int) -> RankReach:
+        return ChildRanks()
+
+    def drill_restarts(self, fault_kind: str, expectation: str, limit: int) -> Restarts:
+        return Restarts(relaunches=limit)
+
+    def restart_note(self, max_restarts: int) -> str:
+        return ""
+
+    def writer_record(self, result: RunResult) -> tuple[Any, str]:
+        return None, "the ranks of a command job log no metrics themselves"
 
     def expand_job(self, data: Mapping[str, Any], placeholders: tuple[str, ...]) -> Mapping[str, Any]:
         return data

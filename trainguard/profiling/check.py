@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainguard.checks.context import CheckContext
 from trainguard.config import ProfileCheck
 from trainguard.config.problems import one_process_problems, profile_problems
 from trainguard.config.registry import Check, JobFacts, PlanContext, Run
@@ -68,7 +69,7 @@ def profile_job(
         save=runner.settings.save_baseline if save is None else save, world_sizes=world_sizes,
         headroom=headroom,
     )
-    runner.timed_runs_done()  # the untimed runs of later checks may start while it writes its reports
+    runner.pool.state.timed_runs_done()  # the untimed runs of later checks may start while it writes its reports
     data = profile.to_dict()
     data["check_curves"] = [
         {**{k: v for k, v in c.items() if k != "span"},
@@ -110,7 +111,13 @@ def summarise(profile: Profile) -> tuple[CheckStatus, str]:
     return "passed", "; ".join(parts) or "profiled"
 
 
-def run_profile_check(runner: JobRunner, spec: ProfileCheck) -> CheckResult:
+def run_profile_check(ctx: CheckContext[ProfileCheck]) -> CheckResult:
+    """The profile check on the runner of the context's pool; it says when its timed runs are
+    done through the session state (the untimed runs of later checks may start then)."""
+    return _run_profile_check(ctx.pool.runner, ctx.spec)
+
+
+def _run_profile_check(runner: JobRunner, spec: ProfileCheck) -> CheckResult:
     """The registry entry of ``checks.profile``."""
     profile, paths = profile_job(runner, spec)
     status, summary = summarise(profile)

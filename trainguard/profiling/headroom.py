@@ -43,7 +43,7 @@ from trainguard.config import HeadroomSearch, ProfileCheck
 from trainguard.faults.hook import rank_stderr
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.run.request import RunRequest
-from trainguard.run.runner import JobRunner
+from trainguard.run.runner import JobRunner, LaunchOptions
 
 __all__ = [
     "DEFAULT_BUDGET_SHARE",
@@ -416,8 +416,8 @@ def _probe_once(
 
         started = time.monotonic()
         with _PeakSampler(cgroups, search.world_size) as sampler:
-            run = sized.supervise(request, label=f"headroom-b{batch}", max_restarts=0,
-                                  preexec=preexec, on_metric=sampler.on_metric)
+            run = sized.supervise(request, label=f"headroom-b{batch}",
+                                  options=LaunchOptions(max_restarts=0, preexec=preexec), on_metric=sampler.on_metric)
         duration = time.monotonic() - started
         result = run.final
         kills: dict[int, int] = {}

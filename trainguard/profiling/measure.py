@@ -99,7 +99,7 @@ def step_metric_of(job_file: JobFile, spec: ProfileCheck) -> str:
     """The metric whose lines end a step: ``spec.step_metric``, else ``loss``, else the first."""
     if spec.step_metric:
         return spec.step_metric
-    return "loss" if "loss" in job_file.job.metrics else next(iter(job_file.job.metrics))
+    return job_file.job.progress_metric
 
 
 def batch_size_for(job_file: JobFile, spec: ProfileCheck, world_size: int) -> int | None:
@@ -148,7 +148,7 @@ class _ResourceSampler:
         self._backend = backend
         self._pids: Callable[[], dict[int, int]] | None = None
         #: the ranks' own peak RSS is sampled here, not by the launcher
-        self._rss = not backend.ranks_are_children
+        self._rss = not backend.ranks_are_children()
         self.peak_rss_mb: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -334,9 +334,8 @@ def measure_size(
         timeout=spec.timeout,
     )
     step_name = step_metric_of(job_file, spec)
-    sampler = _ResourceSampler(sized.backend)
-    watcher = _CheckpointWatcher()
-    arrivals: dict[int, float] = {}
+    seen = _Observed(_ResourceSampler(sized.backend), _CheckpointWatcher())
+    sampler, watcher = seen.sampler, seen.watcher
 
     def on_metric(point: MetricPoint, launcher: Launcher) -> None:
         sampler.attach(launcher)
@@ -344,7 +343,7 @@ def measure_size(
             watcher.start(_checkpoint_dir(launcher, sized, request))
         if point.rank == 0 and point.name == step_name:
             # the time its processes were stopped (a check keeping a checkpoint) is not a step's
-            arrivals.setdefault(point.step, launcher.unpaused(point.t))
+            seen.arrivals.setdefault(point.step, launcher.unpaused(point.t))
             # point.t is when the line was read (launch clock); the files carry wall times
             watcher.at_step(point.step, time.time() - (launcher.elapsed() - point.t))
 
@@ -358,7 +357,7 @@ def measure_size(
     recorded = sized.backend.checkpoint_writes(watcher.directory) if watcher.directory is not None else None
     if recorded is not None:
         watcher.writes = recorded
-    return _summarise(job_file, spec, world_size, batch, result, arrivals, watcher, sampler, gpus), result
+    return _summarise(job_file, spec, world_size, batch, gpus, result, seen), result
 
 
 def _checkpoint_dir(launcher: Launcher, runner: JobRunner, request: RunRequest) -> Path:
@@ -368,17 +367,26 @@ def _checkpoint_dir(launcher: Launcher, runner: JobRunner, request: RunRequest) 
     return Path(str(values["checkpoint_dir"]))
 
 
+@dataclass
+class _Observed:
+    """What the profile watched during its run: the resources, the checkpoint writes and the
+    step lines' arrival times (step -> seconds into the launch, pauses taken out)."""
+
+    sampler: _ResourceSampler
+    watcher: _CheckpointWatcher
+    arrivals: dict[int, float] = field(default_factory=dict)
+
+
 def _summarise(
     job_file: JobFile,
     spec: ProfileCheck,
     world_size: int,
     batch: int | None,
-    result: RunResult,
-    arrivals: dict[int, float],
-    watcher: _CheckpointWatcher,
-    sampler: _ResourceSampler,
     gpus: int,
+    result: RunResult,
+    seen: _Observed,
 ) -> SizeProfile:
+    arrivals, watcher, sampler = seen.arrivals, seen.watcher, seen.sampler
     samples = samples_per_step_for(job_file, spec, world_size)
     device = "gpu" if any(v > 0 for v in result.peak_gpu_mb.values()) else "cpu"
     stats: StepStats | None = None

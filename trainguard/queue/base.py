@@ -3,7 +3,7 @@
 A backend takes a :class:`SubmissionSpec` (what to run, with which resources, linked to which
 gate report and MLflow run) and returns a :class:`Submission` (job id, status, links, and the
 reason when it was not or cannot be scheduled). Backends: ``ray`` (Ray Jobs API,
-:mod:`trainguard.queue.ray_jobs`) and ``slurm`` (an sbatch script, :mod:`trainguard.queue.slurm`),
+:mod:`trainguard.raytrain.ray_jobs`) and ``slurm`` (an sbatch script, :mod:`trainguard.queue.slurm`),
 picked by name with :func:`trainguard.queue.backends.get_backend`.
 """
 

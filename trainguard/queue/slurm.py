@@ -15,6 +15,7 @@ person can submit it from a login node.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shlex
@@ -103,6 +104,28 @@ class SlurmBackend:
         self.submit_timeout = submit_timeout
 
     # -- the script ------------------------------------------------------------------------
+
+    @classmethod
+    def submit_and_follow(cls, spec: SubmissionSpec, *, state_dir: Path, wait_s: float) -> dict[str, Any]:
+        """The gate's submission: sbatch the spec from ``state_dir/slurm``, then follow the job
+        for up to ``wait_s`` seconds (to its final state when it ends sooner); the record
+        (submission, states seen, final state) is also written next to the script as
+        ``submission-JOBID.json``."""
+        script_dir = state_dir / "slurm"
+        backend = cls(script_dir)
+        submission = backend.submit(spec)
+        if submission.job_id and wait_s > 0:
+            followed = backend.wait(submission.job_id, wait_s)
+            submission.status = followed.status
+            submission.message = f"{submission.message}; {followed.message}"
+            submission.evidence.update(followed.evidence)
+        out = submission.to_dict()
+        if submission.job_id:
+            record = write_or_fallback(script_dir / f"submission-{submission.job_id}.json",
+                                       json.dumps(out, indent=2, default=str), what="the submission record")
+            if record.path is not None:
+                out["links"]["record"] = str(record.path)
+        return out
 
     def time_limit_s(self, spec: SubmissionSpec) -> float:
         """Predicted wall-clock + margin (+ the signal lead, so the checkpoint fits inside)."""

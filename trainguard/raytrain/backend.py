@@ -24,6 +24,7 @@ from trainguard.raytrain.job import RAY_KEYS, expand_ray_job
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, LaunchSpec, RunResult
     from trainguard.launch.backend import MetricRow, Reconciled
+    from trainguard.launch.reach import RankReach, Restarts
     from trainguard.raytrain.local_ray import LocalRay
 
 __all__ = ["RayTrainBackend", "checkpoint_writes"]
@@ -36,16 +37,47 @@ class RayTrainBackend:
 
     title = "Ray Train"
     job_keys: tuple[str, ...] = RAY_KEYS
-    ranks_are_children = False
-    rank_at_start = False
-    restarts_itself = True
-    concurrent_runs = False
-    ranks_log_metrics = True
-    stoppable_nodes = True
 
     def __init__(self) -> None:
         #: the embedded head the runs share (None until the first launch, and after close)
         self.head: LocalRay | None = None
+
+    def ranks_are_children(self) -> bool:
+        return False  # the workers are a raylet's processes
+
+    def rank_at_start(self) -> bool:
+        return False  # Ray Train sets a worker's rank after its process started
+
+    def concurrent_runs(self) -> bool:
+        return False  # runs of one job queue for the same Ray CPUs
+
+    def ranks_log_metrics(self) -> bool:
+        return True  # world rank 0 logs into the launch's MLflow run (raytrain.tracking)
+
+    def stoppable_nodes(self) -> bool:
+        return True
+
+    def fault_reach(self, fault_kind: str, *, job_name: str, world_size: int) -> RankReach:
+        from trainguard.raytrain.reach import RayReach
+
+        return RayReach(fault_kind, self.launch_env, job_name=job_name, world_size=world_size)
+
+    def drill_restarts(self, fault_kind: str, expectation: str, limit: int) -> Restarts:
+        from trainguard.raytrain.reach import ray_restarts
+
+        return ray_restarts(fault_kind, expectation, limit)
+
+    def restart_note(self, max_restarts: int) -> str:
+        if not max_restarts:
+            return ""
+        return (f" (Ray Train's FailureConfig(max_failures={max_restarts}) restarted the worker group: "
+                "for this job use `expect: recover`, or job.max_restarts 0)")
+
+    def writer_record(self, result: RunResult) -> tuple[Any, str]:
+        from trainguard.raytrain.tracking import SUMMARY_FILE, read_summary
+
+        return (read_summary(result.run_dir, result.log_path(0, "stderr")),
+                f"no {SUMMARY_FILE} in {result.run_dir} and no `trainguard-tracking` line on the driver's stderr")
 
     def expand_job(self, data: Mapping[str, Any], placeholders: tuple[str, ...]) -> Mapping[str, Any]:
         return expand_ray_job(data, placeholders)

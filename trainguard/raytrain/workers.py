@@ -40,14 +40,14 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from trainguard._internal import envvars
+from trainguard.launch.reach import WorkerNotHere, WorkerSighting
 from trainguard.raytrain import WORKER_PREFIX, parse_worker_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher
     from trainguard.raytrain.agent import RayAgent
 
-__all__ = ["SIGNAL_PATH_ENV", "RayTarget", "RayWorkerLauncher", "RayWorkerTracker", "WorkerNotHere",
-           "WorkerSighting", "signal_path"]
+__all__ = ["SIGNAL_PATH_ENV", "RayTarget", "RayWorkerLauncher", "RayWorkerTracker", "signal_path"]
 
 #: ``api`` / ``pid`` / ``auto`` (default): how a drill reaches a Ray Train worker
 SIGNAL_PATH_ENV = envvars.RAY_SIGNALS
@@ -94,23 +94,11 @@ _CONTROLLER = "(TrainController"
 _RESTARTING = "Attempting to start training worker group"
 
 
-class WorkerNotHere(OSError):
-    """The Ray worker of a rank cannot be signalled from this machine (the message says why)."""
-
-
-@dataclass(frozen=True)
-class WorkerSighting:
-    """One ``trainguard-worker`` line: a worker process of world rank ``rank`` started."""
-
-    rank: int
-    pid: int
-    node: str | None
-    t: float  # launcher elapsed seconds when trainguard read the line
-
-
 @dataclass
 class RayWorkerTracker:
-    """Reads the driver's stderr log incrementally: worker pids per rank, controller notices."""
+    """Reads the driver's stderr log incrementally: worker pids per rank, controller notices (a
+    :class:`~trainguard.launch.reach.RankWatch`); a ``trainguard-worker`` line is a
+    :class:`~trainguard.launch.reach.WorkerSighting`."""
 
     log: Path
     clock: Callable[[], float] = time.monotonic
@@ -235,7 +223,8 @@ class _WorkerRank:
 
 
 class RayWorkerLauncher:
-    """The launcher as a fault sees it for a Ray Train job: its ranks are the Ray workers.
+    """The launcher as a fault sees it for a Ray Train job: its ranks are the Ray workers (a
+    :class:`~trainguard.launch.reach.RemoteRanks`).
 
     Everything else (``elapsed``, ``spec``, ``stop``, ...) is the real launcher's.
     """
@@ -360,6 +349,13 @@ class RayWorkerLauncher:
         found_s = time.monotonic() - t0
         return {**self.signal_target(target, sig), "lookup_s": round(found_s, 3),
                 "lookup": self.lookups[-1]}
+
+    def restart_lost_nodes(self, wait_s: float) -> list[str]:
+        """Restart the nodes lost meanwhile of a :class:`~trainguard.raytrain.cluster.LocalRayCluster`
+        this process started (nothing on a real cluster: its autoscaler or an operator does)."""
+        from trainguard.raytrain.cluster import restart_lost_nodes
+
+        return restart_lost_nodes(wait_s=wait_s)
 
     def stop_node_of(self, rank: int, sig: int = signal.SIGKILL) -> dict[str, Any]:
         """Stop the node that runs the worker of ``rank``: a task pinned to it kills its raylet.

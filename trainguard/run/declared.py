@@ -21,8 +21,7 @@ __all__ = ["DeclaredRun", "declared_runs", "progress_metric_of"]
 
 def progress_metric_of(job_file: Any) -> str:
     """The metric the checks follow a run's progress by: ``loss``, else the first of job.metrics."""
-    metrics = job_file.job.metrics
-    return "loss" if "loss" in metrics else next(iter(metrics))
+    return job_file.job.progress_metric  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from trainguard._internal.readers import copy_tree
 from trainguard.evidence import UNSET, Evidence, Unset
-from trainguard.run.request import RunRequest
+from trainguard.run.request import RunRequest, share_key
 from trainguard.unit.checkpoints import latest_complete_checkpoint
 from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
 
@@ -116,18 +116,20 @@ class Keepers:
     _keepers: dict[tuple[RunRequest, int], _Keeper] = field(default_factory=dict)
     _resumed: dict[tuple[RunRequest, int, RunRequest], Future[RunResult]] = field(default_factory=dict)
 
-    def register(self, key: RunRequest, after_step: int, metric: str) -> None:
-        """Keep the checkpoint of the next uninterrupted run of ``key`` after ``after_step``
-        (idempotent)."""
+    def register(self, request: RunRequest, after_step: int, metric: str) -> None:
+        """Keep the checkpoint of the next uninterrupted run of ``request`` after ``after_step``
+        (idempotent; requests are keyed by :func:`~trainguard.run.request.share_key`)."""
+        key = share_key(request)
         with self.lock:
             self._keepers.setdefault((key, after_step), _Keeper(key, after_step, metric))
 
     def attach(
-        self, key: RunRequest, *, label: str, run_dir: Path, checkpoint_dir: Path
+        self, request: RunRequest, *, label: str, run_dir: Path, checkpoint_dir: Path
     ) -> tuple[Callable[[MetricPoint, Launcher], None] | None, Callable[[RunResult | None], None]]:
-        """The metric callback that keeps every checkpoint still wanted of ``key`` during one
+        """The metric callback that keeps every checkpoint still wanted of ``request`` during one
         launch (None: nothing wanted), and what to call with the launch's result when it ended
         (a copy counts only then: see :meth:`_settle`)."""
+        key = share_key(request)
         with self.lock:
             wanted = [k for (r, _), k in self._keepers.items() if r == key and k.kept is None and not k.carried]
             for keeper in wanted:
@@ -197,20 +199,21 @@ class Keepers:
             return
         keeper.kept = copy
 
-    def kept(self, key: RunRequest, after_step: int) -> tuple[KeptCheckpoint | None, str]:
-        """The checkpoint kept of ``key`` after ``after_step``, or None and why not."""
+    def kept(self, request: RunRequest, after_step: int) -> tuple[KeptCheckpoint | None, str]:
+        """The checkpoint kept of ``request`` after ``after_step``, or None and why not."""
         with self.lock:
-            keeper = self._keepers.get((key, after_step))
+            keeper = self._keepers.get((share_key(request), after_step))
         if keeper is None:
             return None, "no check asked to keep it"
         return keeper.kept, "" if keeper.kept is not None else keeper.why_not
 
-    def prefix(self, key: RunRequest, references: dict[RunRequest, RunResult]) -> RunResult | None:
-        """The uninterrupted run of ``key`` (steps N) as the first N steps of a longer completed
+    def prefix(self, request: RunRequest, references: dict[RunRequest, RunResult]) -> RunResult | None:
+        """The uninterrupted run of ``request`` (steps N) as the first N steps of a longer completed
         run of the same request among ``references``, when that run's checkpoint directory kept
         after step N + 1 ends on a checkpoint of exactly step N (what the N-step run would end with);
         else None. Only for a job whose first steps do not depend on the total
         (``job.steps_independent``)."""
+        key = share_key(request)
         for other, result in sorted(references.items(), key=lambda kv: kv[0].steps):
             if other.steps <= key.steps or dataclasses.replace(other, steps=key.steps) != key or not result.ok:
                 continue
@@ -230,7 +233,7 @@ class Keepers:
         """The run resumed from ``kept`` with ``request`` (launched by ``launch`` once, shared by
         every check that asks: smoke's resume stage is the resume check's resumed run); one
         started by :meth:`start_resumed` is waited for."""
-        key = (kept.request, kept.after_step, request)
+        key = (kept.request, kept.after_step, share_key(request))
         with self.lock:
             future = self._resumed.get(key)
             mine = future is None
@@ -250,7 +253,7 @@ class Keepers:
         """Launch the run resumed from ``kept`` in the background (not yet launched nor started):
         independent resumed runs start up side by side (the reshard pairs)."""
         with self.lock:
-            if (kept.request, kept.after_step, request) in self._resumed:
+            if (kept.request, kept.after_step, share_key(request)) in self._resumed:
                 return
         def work() -> None:
             with contextlib.suppress(BaseException):  # its error reaches whoever waits for it

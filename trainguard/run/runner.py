@@ -13,12 +13,13 @@ tracking, when on).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import shlex
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,18 +33,64 @@ from trainguard.launch import Launcher, LaunchSpec, LineMetric, MetricPoint, Run
 from trainguard.launch.backend import JobBackend
 from trainguard.launch.hook import METRICS_DIR, SAMPLES_DIR, run_hook_env
 from trainguard.launch.rundir import new_run_dir
-from trainguard.run.keep import Keepers, KeptCheckpoint
+from trainguard.run.keep import Keepers
 from trainguard.run.observer import MetricCallback, NullObserver, ObserverSource, RunObserver
+from trainguard.run.pool import RunPool
 from trainguard.run.request import RunRequest
 from trainguard.run.scheduling import AheadRun, RunScheduler
 from trainguard.unit.checkpoints import describe_candidates, latest_complete_checkpoint
 
 __all__ = [
+    "DEFAULT_OPTIONS",
     "JobRunner",
+    "LaunchOptions",
     "LaunchRecord",
     "SupervisedRun",
     "repro_dir",
 ]
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How a supervised run is launched and restarted besides its request
+    (:meth:`JobRunner.supervise`): the restart policy, and what a drill, a soak or the headroom
+    search sets for every attempt."""
+
+    #: restarts allowed (None: ``job.max_restarts``)
+    max_restarts: int | None = None
+    #: the first wait between attempts (doubling, at most 30 s, while attempts make no progress)
+    backoff_s: float = 1.0
+    #: the outcomes that restart an attempt
+    restart_on: tuple[str, ...] = ("failed", "hung")
+    #: restarts an attempt whose outcome is not in ``restart_on`` too, when it returns True
+    restart_if: Callable[[RunResult], bool] | None = None
+    #: environment for every rank of every attempt (the job's own wins)
+    extra_env: Mapping[str, str] | None = None
+    #: called in every rank's process before it starts (its rank)
+    preexec: Callable[[int], None] | None = None
+    #: the stall limit (None: ``job.stall_timeout``)
+    stall_timeout: float | None = None
+    #: the stall limit before the first metric line
+    startup_timeout: float | None = None
+    #: the stall limit after the last step
+    shutdown_timeout: float | None = None
+
+
+#: a supervised run's default options
+DEFAULT_OPTIONS = LaunchOptions()
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One launch of a run: its label, whether it resumes, its metric callback, its number
+    among the attempts of a supervised run, the observer's token, whether its lines are timed."""
+
+    label: str
+    resume: bool
+    on_metric: Callable[[MetricPoint, Launcher], None] | None
+    restart_count: int = 0
+    tracked: object = None
+    timed: bool = False
 
 
 @dataclass
@@ -166,27 +213,11 @@ class JobRunner:
     #: launchers of the runs started off the main thread (stopped by stop_background/close_lane)
     _inflight: set[Launcher] = field(default_factory=set, repr=False)
     _parent: JobRunner | None = field(default=None, repr=False)
-    #: the name of the check running in the foreground (set by
-    #: :func:`trainguard.session.run_check`); a lane run records it as what it ran beside
-    current_check: str | None = None
-    #: the reference cache, background prefetch and lane of this runner's runs
-    scheduling: RunScheduler = field(init=False, repr=False)
+    #: launching, sharing and keeping this runner's runs, and the session's state
+    #: (:mod:`trainguard.run.pool`)
+    pool: RunPool = field(init=False, repr=False)
     #: every launch made through this runner and its siblings, in order (the root runner's)
     launches: list[LaunchRecord] = field(default_factory=list, repr=False)
-    #: checkpoints kept from uninterrupted runs after a step (:mod:`trainguard.run.keep`)
-    keepers: Keepers = field(default_factory=Keepers, repr=False)
-    #: the checks of the session running (name, spec), in run order: set by
-    #: :func:`trainguard.session.run_in_order` (a check may fold into another's runs)
-    session_checks: Sequence[tuple[str, CheckSpec]] = ()
-    #: a check that times its runs is running (set by :func:`trainguard.session.run_in_order`):
-    #: nothing else starts in this process meanwhile
-    timing: bool = False
-    #: called by a timed check once its timed runs are done (its reports are still to write):
-    #: :func:`trainguard.session.run_in_order` starts the untimed runs then
-    on_timed_done: Callable[[], None] | None = field(default=None, repr=False)
-    #: a check may leave its untimed rest for after the timed checks (a ``Later``; set by
-    #: :func:`trainguard.session.run_in_order`)
-    untimed_later: bool = False
 
     def __post_init__(self) -> None:
         # every file of the job's runs that trainguard reads (checkpoints, logs) within the
@@ -195,14 +226,17 @@ class JobRunner:
         if self.tracker is not None and isinstance(self.observer, NullObserver):
             self.observer = self.tracker.run_observer()
         self.backend = backend_for(self.job_file.job.kind)
-        self.scheduling = RunScheduler(
-            self._run_scheduled, lock=self._lock, inflight=self._inflight,
-            # e.g. a ray_train job's fits would queue for the same Ray CPUs: one after the other
-            background=lambda: self.backend.concurrent_runs,
-            current_check=lambda: self.current_check,
-            adopt=lambda tracked: self.observer.launch_adopted(tracked),
-            prefix=self._prefix_reference,
-        )
+        self.pool = RunPool(self, lock=self._lock, inflight=self._inflight)
+
+    @property
+    def scheduling(self) -> RunScheduler:
+        """The reference cache, background prefetch and lane of this runner's runs (its pool's)."""
+        return self.pool.scheduling
+
+    @property
+    def keepers(self) -> Keepers:
+        """Checkpoints kept from uninterrupted runs after a step (:mod:`trainguard.run.keep`)."""
+        return self.pool.keepers
 
     def take_log_notes(self) -> list[dict[str, object]]:
         """The log notes recorded since the last call (:func:`trainguard.session.run_check`
@@ -255,46 +289,44 @@ class JobRunner:
         resume: bool = False,
         checkpoint_dir: Path | None = None,
         on_metric: Callable[[MetricPoint, Launcher], None] | None = None,
-        restart_count: int = 0,
         ahead: AheadRun | None = None,
         keep: bool = True,
     ) -> RunResult:
         """Launch one run in a new run directory (``checkpoint_dir`` given: reuse that one). An
         uninterrupted run (not resumed, its own checkpoint directory, ``keep``) keeps the
-        checkpoints checks asked for (:meth:`keep_checkpoint`)."""
+        checkpoints checks asked for (:meth:`RunPool.keep`)."""
+        self.pool.admit(request, label, ahead)
         run_dir = new_run_dir(
             self.job_file.state_dir, self.job_file.job.name, label, keep=self.settings.keep_runs
         )
         values = self.placeholders(request, run_dir, checkpoint_dir)
-        keeper, kept_done = (self.keepers.attach(self.scheduling.reference_key(request), label=label, run_dir=run_dir,
+        keeper, kept_done = (self.keepers.attach(request, label=label, run_dir=run_dir,
                                                  checkpoint_dir=Path(str(values["checkpoint_dir"])))
                              if keep and not resume and checkpoint_dir is None else (None, lambda result: None))
         if keeper is not None:
             on_metric = keeper if on_metric is None else _both(keeper, on_metric)
-        if not self.timing:  # a timed run gets the cores to itself
+        timing = self.pool.state.timing
+        if not timing:  # a timed run gets the cores to itself
             _warm_torch_import()
         tracked = self._track_start(request, label, resume, ahead_of=ahead.check if ahead else None)
         if ahead is not None:
             ahead.tracked = tracked
         launched = time.monotonic()
         try:
-            result = self._launch(
-                request, values, run_dir, label=label, resume=resume, on_metric=on_metric,
-                restart_count=restart_count, tracked=tracked, timed=self.timing,
-            )
+            result = self._launch(request, values, run_dir,
+                                  _Attempt(label, resume, on_metric, tracked=tracked, timed=timing))
         except BaseException:
             kept_done(None)
             self._track_abort(tracked)
             raise
         kept_done(result)
-        self._track_attempt(tracked, result, restart_count, final=True)
+        self._track_attempt(tracked, result, 0, final=True)
         self._record_curve(label, request, result, (launched, time.monotonic()))
         return result
 
     def _record_curve(self, label: str, request: RunRequest, result: RunResult, span: tuple[float, float]) -> None:
-        metrics = self.job_file.job.metrics
-        name = "loss" if "loss" in metrics else next(iter(metrics), None)
-        if name is None or len(self.curves) >= 32:
+        name = self.job_file.job.progress_metric
+        if len(self.curves) >= 32:
             return
         curve = trajectory(result.points, name)
         if curve:
@@ -306,32 +338,26 @@ class JobRunner:
         request: RunRequest,
         *,
         label: str,
-        max_restarts: int | None = None,
-        backoff_s: float = 1.0,
+        options: LaunchOptions = DEFAULT_OPTIONS,
         on_metric: Callable[[MetricPoint, Launcher], None] | None = None,
-        restart_on: tuple[str, ...] = ("failed", "hung"),
-        restart_if: Callable[[RunResult], bool] | None = None,
-        extra_env: Mapping[str, str] | None = None,
-        preexec: Callable[[int], None] | None = None,
         checkpoint_dir: Path | None = None,
-        stall_timeout: float | None = None,
-        startup_timeout: float | None = None,
-        shutdown_timeout: float | None = None,
     ) -> SupervisedRun:
         """Run with the restart policy: when an attempt fails (a rank died or hung), restart the
         whole group from the latest checkpoint with ``resume_args``, in new processes on a fresh
-        rendezvous port, up to ``max_restarts`` times (default ``job.max_restarts``), waiting
-        ``backoff_s`` between attempts (doubling, at most 30 s, while attempts make no progress;
+        rendezvous port, up to ``options.max_restarts`` times (default ``job.max_restarts``), waiting
+        ``options.backoff_s`` between attempts (doubling, at most 30 s, while attempts make no progress;
         back to ``backoff_s`` after one that printed a step beyond every earlier attempt's). Every attempt is recorded; all
         attempts of one logical run share its ``{run_dir}`` and checkpoint directory, each with
         its own ``attempt-N/`` log directory. ``on_metric`` callbacks see the attempt number as
-        ``launcher.spec.restart_count``. Fault drills pass ``extra_env`` and ``preexec`` (for
-        every rank of every attempt), their own ``checkpoint_dir``, ``stall_timeout``,
-        ``startup_timeout`` (the stall limit before the first metric line) and
-        ``shutdown_timeout`` (the stall limit after the last step). ``restart_if`` restarts an
-        attempt whose outcome is not in ``restart_on`` too, when it returns True (a soak: a job
-        that saved and exited 0 on a pre-emption notice, steps short of the end)."""
-        limit = self.job_file.job.max_restarts if max_restarts is None else max_restarts
+        ``launcher.spec.restart_count``. Fault drills pass their :class:`LaunchOptions`
+        (``extra_env`` and ``preexec`` for every rank of every attempt, the stall limits) and
+        their own ``checkpoint_dir``. ``options.restart_if`` restarts an attempt whose outcome is
+        not in ``restart_on`` too, when it returns True (a soak: a job that saved and exited 0 on
+        a pre-emption notice, steps short of the end)."""
+        self.pool.admit(request, label)
+        limit = self.job_file.job.max_restarts if options.max_restarts is None else options.max_restarts
+        backoff_s = options.backoff_s
+        options = dataclasses.replace(options, max_restarts=limit)
         run_dir = new_run_dir(
             self.job_file.state_dir, self.job_file.job.name, label, keep=self.settings.keep_runs
         )
@@ -349,17 +375,14 @@ class JobRunner:
                 time.sleep(delay)
             try:
                 result = self._launch(
-                    request, values, run_dir / f"attempt-{attempt}", label=f"{label}-{attempt}",
-                    resume=attempt > 0, on_metric=on_metric, restart_count=attempt,
-                    max_restarts=limit, extra_env=extra_env, preexec=preexec,
-                    stall_timeout=stall_timeout, startup_timeout=startup_timeout,
-                    shutdown_timeout=shutdown_timeout, tracked=tracked, timed=True,
+                    request, values, run_dir / f"attempt-{attempt}",
+                    _Attempt(f"{label}-{attempt}", attempt > 0, on_metric, attempt, tracked, timed=True), options,
                 )
             except BaseException:
                 self._track_abort(tracked)
                 raise
             attempts.append(result)
-            again = result.outcome in restart_on or (restart_if is not None and restart_if(result))
+            again = result.outcome in options.restart_on or (options.restart_if is not None and options.restart_if(result))
             last = not again or attempt == limit
             self._track_attempt(tracked, result, attempt, final=last)
             if last:
@@ -390,32 +413,21 @@ class JobRunner:
         request: RunRequest,
         values: dict[str, object],
         log_dir: Path,
-        *,
-        label: str,
-        resume: bool,
-        on_metric: Callable[[MetricPoint, Launcher], None] | None,
-        restart_count: int,
-        max_restarts: int | None = None,
-        extra_env: Mapping[str, str] | None = None,
-        preexec: Callable[[int], None] | None = None,
-        stall_timeout: float | None = None,
-        startup_timeout: float | None = None,
-        shutdown_timeout: float | None = None,
-        tracked: object = None,
-        timed: bool = False,
+        attempt: _Attempt,
+        options: LaunchOptions = DEFAULT_OPTIONS,
     ) -> RunResult:
-        """One launch. ``timed``: the times its lines arrive are measured (a drill's step rates,
-        a timed run's step times), so this process's background work waits while it runs
+        """One launch. ``attempt.timed``: the times its lines arrive are measured (a drill's step
+        rates, a timed run's step times), so this process's background work waits while it runs
         (:func:`trainguard._internal.quiet.measured`)."""
         job = self.job_file.job
         Path(str(values["checkpoint_dir"])).mkdir(parents=True, exist_ok=True)
-        values, resume, resumed_from = self._resume_values(values, resume)
+        values, resume, resumed_from = self._resume_values(values, attempt.resume)
         argv = self.job_file.argv(values, extra_args=request.args, resume=resume)
         env = self.backend.launch_env()
         env.update({k: v.format_map(values) for k, v in job.env.items()})
         env.update({k: v.format_map(values) for k, v in request.env})
-        env.update(extra_env or {})
-        track_env, live_metrics = self._track_hooks(tracked, request.world_size, log_dir)
+        env.update(options.extra_env or {})
+        track_env, live_metrics = self._track_hooks(attempt.tracked, request.world_size, log_dir)
         env = {**track_env, **env}  # the job's own environment wins
         scale = self.settings.timeout_scale
         timeout = (request.timeout or job.timeout) * scale
@@ -430,30 +442,30 @@ class JobRunner:
             metric_regexes=regexes,
             metric_files=files,
             timeout=timeout,
-            stall_timeout=(stall_timeout or job.stall_timeout) * scale,
-            startup_timeout=startup_timeout * scale if startup_timeout else None,
-            shutdown_timeout=shutdown_timeout * scale if shutdown_timeout else None,
+            stall_timeout=(options.stall_timeout or job.stall_timeout) * scale,
+            startup_timeout=options.startup_timeout * scale if options.startup_timeout else None,
+            shutdown_timeout=options.shutdown_timeout * scale if options.shutdown_timeout else None,
             final_step=request.steps,
-            max_restarts=job.max_restarts if max_restarts is None else max_restarts,
-            restart_count=restart_count,
+            max_restarts=job.max_restarts if options.max_restarts is None else options.max_restarts,
+            restart_count=attempt.restart_count,
             echo=self.echo,
-            label=label,
+            label=attempt.label,
             max_rss_mb=request.max_rss_mb,
-            preexec=preexec,
+            preexec=options.preexec,
             distributed_env=job.distributed_env,
             log_limit_mb=self.settings.rank_log_mb or None,
         )
         launcher = Launcher(self.backend.launch_spec(spec))  # e.g. a Ray Train job's one driver
         if live_metrics is not None:
             launcher.on_metric.append(live_metrics)
-        if on_metric is not None:
-            launcher.on_metric.append(on_metric)
+        if attempt.on_metric is not None:
+            launcher.on_metric.append(attempt.on_metric)
         if threading.current_thread() is not threading.main_thread():
             with self._lock:
                 self._inflight.add(launcher)
         try:
             window: contextlib.AbstractContextManager[list[str]] = (
-                measured() if timed else contextlib.nullcontext([]))
+                measured() if attempt.timed else contextlib.nullcontext([]))
             with window as still_running:
                 result = launcher.run()
         finally:
@@ -463,7 +475,7 @@ class JobRunner:
             result.evidence["background_work_during_run"] = still_running
         result.checkpoint_dir = Path(str(values["checkpoint_dir"]))
         result.evidence.setdefault("checkpoint_dir", str(result.checkpoint_dir))
-        self._record(LaunchRecord(label, request.world_size, result.duration_s, result.first_metric_s,
+        self._record(LaunchRecord(attempt.label, request.world_size, result.duration_s, result.first_metric_s,
                                   len({p.step for p in result.points})))
         notes: dict[str, object] = {k: result.evidence[k] for k in ("logs_truncated", "run_dir_disk")
                                     if k in result.evidence}
@@ -527,7 +539,7 @@ class JobRunner:
             else:
                 trainers.setdefault(source.trainer, {})[name] = source.key_for(name)
                 files[name] = str(log_dir / METRICS_DIR / "rank{rank}.jsonl")
-        if not self.backend.rank_at_start or not (trainers or job.record_samples):
+        if not self.backend.rank_at_start() or not (trainers or job.record_samples):
             return regexes, files, {}
         spec = {
             "metrics_dir": str(log_dir / METRICS_DIR),
@@ -547,63 +559,12 @@ class JobRunner:
             timeout=spec.timeout,
         )
 
-    def timed_runs_done(self) -> None:
-        """A timed check says its timed runs are over (see :attr:`on_timed_done`)."""
-        self.timing = False
-        callback, self.on_timed_done = self.on_timed_done, None
-        if callback is not None:
-            callback()
-
-    # -- kept checkpoints (see trainguard.run.keep) -------------------------------------------
-
-    def keep_checkpoint(self, request: RunRequest, after_step: int, metric: str) -> None:
-        """Keep the checkpoint of the next uninterrupted run of ``request`` after it prints step
-        ``after_step`` of ``metric`` (see :mod:`trainguard.run.keep`)."""
-        if self.checkpoints_known and self.backend.ranks_are_children:
-            self.keepers.register(self.scheduling.reference_key(request), after_step, metric)
-
-    def kept_checkpoint(self, request: RunRequest, after_step: int) -> tuple[KeptCheckpoint | None, str]:
-        """The checkpoint kept of ``request`` after ``after_step``, or None and why not."""
-        if not self.backend.ranks_are_children:  # e.g. Ray's processes, not the driver's children
-            return None, (f"a {self.backend.title} job's ranks are not trainguard's processes: trainguard "
-                          "cannot stop them while it copies")
-        if not self.checkpoints_known:
-            return None, "the job is not given {checkpoint_dir}, so trainguard cannot copy its checkpoints"
-        return self.keepers.kept(self.scheduling.reference_key(request), after_step)
-
-    def resume_kept(self, kept: KeptCheckpoint, request: RunRequest, *, label: str) -> RunResult:
-        """``request`` resumed (``resume_args``) from a copy of ``kept``: launched once, shared by
-        the checks that ask for the same one."""
-        return self.keepers.resumed(kept, self.scheduling.reference_key(request), lambda: self.run(
-            request, label=label, resume=True, checkpoint_dir=kept.copy_for(label)))
-
-    def _prefix_reference(self, request: RunRequest, kept: dict[RunRequest, RunResult]) -> RunResult | None:
-        """With ``job.steps_independent``: the uninterrupted run of ``request`` served by the
-        first steps of a longer one that ran already (:meth:`Keepers.prefix`); else None."""
-        if not self.job_file.job.steps_independent:
-            return None
-        return self.keepers.prefix(self.scheduling.reference_key(request), kept)
-
-    def start_resume_kept(self, kept: KeptCheckpoint, request: RunRequest, *, label: str) -> None:
-        """:meth:`resume_kept` started in the background (independent resumed runs start up side
-        by side); :meth:`resume_kept` then waits for it."""
-        self.keepers.start_resumed(kept, self.scheduling.reference_key(request), lambda: self.run(
-            request, label=label, resume=True, checkpoint_dir=kept.copy_for(label)))
-
     @property
     def checkpoints_known(self) -> bool:
         """Whether the job is told where to checkpoint (``{checkpoint_dir}`` in its command,
         resume args or env): only then can trainguard copy a run's checkpoints."""
         job = self.job_file.job
         return any("{checkpoint_dir}" in t for t in [*job.command, *job.resume_args, *job.env.values()])
-
-    # -- scheduling (see trainguard.run.scheduling) -------------------------------------------
-
-    def _run_scheduled(
-        self, request: RunRequest, *, label: str, on_metric: MetricCallback | None = None,
-        ahead: AheadRun | None = None,
-    ) -> RunResult:
-        return self.run(request, label=label, on_metric=on_metric, ahead=ahead)
 
     def command_line(
         self,

@@ -30,7 +30,7 @@ from trainguard.run.request import RunRequest, share_key
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
 
-__all__ = ["AheadRun", "LaunchRun", "PendingRun", "RunScheduler"]
+__all__ = ["AheadRun", "PendingRun", "RunScheduler", "SchedulerHost"]
 
 
 @dataclass
@@ -54,14 +54,26 @@ class AheadRun:
     reference: bool = False
 
 
-class LaunchRun(Protocol):
-    """How the scheduler launches a run: :meth:`JobRunner.run`."""
+class SchedulerHost(Protocol):
+    """What the scheduler asks of the pool it belongs to (:class:`~trainguard.run.pool.RunPool`)."""
 
-    def __call__(
+    def launch(
         self, request: RunRequest, *, label: str, on_metric: MetricCallback | None = None,
         ahead: AheadRun | None = None,
     ) -> RunResult:
         """Launch ``request`` in a new run directory and return its result."""
+
+    def background(self) -> bool:
+        """Whether runs may start in the background (prefetch, the lane)."""
+
+    def current_check(self) -> str | None:
+        """The check running in the foreground (a lane run records it as what it ran beside)."""
+
+    def adopt(self, tracked: object) -> None:
+        """A lane run's check took it: its tracked launch is re-nested under that check."""
+
+    def prefix(self, request: RunRequest, kept: dict[RunRequest, RunResult]) -> RunResult | None:
+        """The uninterrupted run of ``request`` served by a longer kept one, or None."""
 
 
 class PendingRun:
@@ -76,32 +88,17 @@ class PendingRun:
 
 
 class RunScheduler:
-    """The reference cache, the background prefetch and the lane of one runner.
+    """The reference cache, the background prefetch and the lane of one runner's pool.
 
-    ``launch`` launches a run; ``lock`` and ``inflight`` are the runner's (the launchers of runs
-    started off the main thread are registered there, so they can be stopped);
-    ``background()`` False turns prefetch and the lane off; ``current_check`` names the check
-    running in the foreground; ``adopt`` is called with the token of a lane run its check took.
+    ``host`` launches the runs and answers what the scheduler asks (the pool); ``lock`` and
+    ``inflight`` are the runner's (the launchers of runs started off the main thread are
+    registered there, so they can be stopped).
     """
 
-    def __init__(
-        self,
-        launch: LaunchRun,
-        *,
-        lock: threading.Lock,
-        inflight: set[Launcher],
-        background: Callable[[], bool] = lambda: True,
-        current_check: Callable[[], str | None] = lambda: None,
-        adopt: Callable[[object], None] = lambda tracked: None,
-        prefix: Callable[[RunRequest, dict[RunRequest, RunResult]], RunResult | None] = lambda r, kept: None,
-    ) -> None:
-        self._launch = launch
+    def __init__(self, host: SchedulerHost, *, lock: threading.Lock, inflight: set[Launcher]) -> None:
+        self._host = host
         self._lock = lock
         self._inflight = inflight
-        self._background = background
-        self._current_check = current_check
-        self._adopt = adopt
-        self._prefix = prefix
         self._references: dict[RunRequest, RunResult] = {}
         self._pending: dict[RunRequest, Future[RunResult]] = {}
         self._lane: list[AheadRun] = []
@@ -152,7 +149,7 @@ class RunScheduler:
                 return self._references[key]
             pending = self._pending.get(key)
             kept = dict(self._references)
-        if pending is None and (served := self._prefix(request, kept)) is not None:
+        if pending is None and (served := self._host.prefix(request, kept)) is not None:
             with self._lock:
                 return self._references.setdefault(key, served)
         if pending is None and (taken := self._lane_reference(key)) is not None:
@@ -163,7 +160,7 @@ class RunScheduler:
             except BaseException:
                 self.stop_background("interrupted while waiting for a reference run")
                 raise
-        result = self._launch(request, label="reference")
+        result = self._host.launch(request, label="reference")
         with self._lock:
             return self._references.setdefault(key, result)
 
@@ -184,14 +181,14 @@ class RunScheduler:
         running): the check launches its own run meanwhile, and :meth:`reference` waits for it.
         On a machine with spare cores two start-ups overlap; every check joins what it started
         (through :meth:`reference`) before it returns, so timing-sensitive checks run alone."""
-        if not self._background():
+        if not self._host.background():
             return
         key = self.reference_key(request)
         with self._lock:
             if key in self._references or key in self._pending:
                 return
             kept = dict(self._references)
-        if (served := self._prefix(request, kept)) is not None:
+        if (served := self._host.prefix(request, kept)) is not None:
             with self._lock:
                 self._references.setdefault(key, served)
             return
@@ -203,7 +200,7 @@ class RunScheduler:
 
         def work() -> None:
             try:
-                result = self._launch(request, label="reference")
+                result = self._host.launch(request, label="reference")
             except BaseException as exc:  # handed to whoever waits in reference()
                 future.set_exception(exc)
             else:
@@ -260,7 +257,7 @@ class RunScheduler:
         well; a third would only queue). Each is taken by its check with :meth:`take_ahead`;
         :meth:`close_lane` stops what nobody took. Only for runs that are not timing-sensitive:
         the checks that measure speed (profile, drills) must not start before the lane is closed."""
-        if not runs or not self._background():
+        if not runs or not self._host.background():
             return
         if self._lane_thread is not None:
             raise RuntimeError("the runner's lane was already started")
@@ -274,9 +271,9 @@ class RunScheduler:
                         item.future.set_result(None)
                         continue
                     item.state = "running"
-                item.beside = self._current_check()
+                item.beside = self._host.current_check()
                 try:
-                    result = self._launch(item.request, label=item.label, on_metric=item.on_metric, ahead=item)
+                    result = self._host.launch(item.request, label=item.label, on_metric=item.on_metric, ahead=item)
                 except BaseException as exc:  # handed to the check that takes it
                     item.future.set_exception(exc)
                 else:
@@ -325,7 +322,7 @@ class RunScheduler:
             raise
         if result is None or (result.outcome == "stopped" and self._lane_closed.is_set()):
             return None
-        self._adopt(item.tracked)
+        self._host.adopt(item.tracked)
         result.evidence["started_ahead"] = {
             "beside": item.beside,
             "note": "launched in the background while the check before it ran",

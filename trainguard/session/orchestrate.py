@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, wait
 from typing import TYPE_CHECKING, Any
 
+from trainguard.checks.context import context_for
 from trainguard.config import CheckSpec, JobFile
 from trainguard.config.registry import Later, check_for, check_names
 from trainguard.report import CappedLogs, CheckResult, FullDisk, Report, SkipReason
-from trainguard.run.declared import declared_runs, progress_metric_of
+from trainguard.run.declared import progress_metric_of
+from trainguard.run.pool import SessionState
 from trainguard.run.request import share_key
 from trainguard.run.runner import JobRunner
 from trainguard.run.scheduling import AheadRun
@@ -56,7 +58,8 @@ def run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult:
 
 def _run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult | Later:
     """:func:`run_check`, except that a check may leave its untimed rest for later (a
-    :class:`~trainguard.config.registry.Later`, only while ``runner.untimed_later`` is set):
+    :class:`~trainguard.config.registry.Later`, only while the session state's ``untimed_later``
+    is set):
     its tracking run stays open until that finishes."""
     check = check_for(name)
     if check is None:
@@ -70,14 +73,16 @@ def _run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult | L
     from trainguard.tracking import open_check_run
 
     started = time.monotonic()
-    runner.current_check = name
+    pool = runner.pool
+    pool.state.current_check = name
     tracked = open_check_run(runner, name, spec)
     try:
-        with tracked.current():
+        with tracked.current(), pool.checking(name):
+            ctx = context_for(pool, name, spec, runner.request_for(spec))
             if check.prepare is not None:
-                check.prepare(runner, spec)
+                check.prepare(ctx)
             try:
-                outcome = check.run(runner, spec)
+                outcome = check.run(ctx)
             except BaseException:
                 runner.scheduling.stop_background(f"the {name} check ended with an exception")
                 raise
@@ -87,7 +92,7 @@ def _run_check(runner: JobRunner, name: str, spec: CheckSpec) -> CheckResult | L
 
                 def finish() -> CheckResult:
                     try:
-                        with tracked.current(this_thread=True):
+                        with tracked.current(this_thread=True), pool.checking(name):
                             return _recorded(runner, tracked, later.finish(), started)
                     except BaseException:
                         tracked.failed()
@@ -154,21 +159,23 @@ def lane_plan(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) -> lis
     check's ``ahead`` run (the canary's run, determinism's second run, parallel's N-rank run:
     independent runs of a known request, not timed against anything). Only when some check runs
     before the one that needs it, and only behind lane checks."""
+    pool = runner.pool
+    if pool.state.checks != tuple(checks):  # not inside run_in_order: the runs of this session
+        with pool.session(SessionState(checks=tuple(checks))):
+            return lane_plan(runner, checks)
     names = [n for n, _ in checks]
     plan: list[AheadRun] = []
     earlier: set[object] = set()  # the uninterrupted runs the checks before declare: they launch them
     for position, (name, spec) in enumerate(checks):
         check = check_for(name)
         if position and all(_lane(n) for n in names[:position]) and check is not None and check.ahead is not None:
-            ahead = check.ahead(runner, spec)
+            ahead = check.ahead(context_for(runner.pool, name, spec, runner.request_for(spec)))
             # an uninterrupted run that ran already, or that a check before it launches in the
             # foreground (smoke folded into the canary's run), is not launched again
             if not (ahead.reference and (runner.scheduling.kept_reference(ahead.request) is not None
                                          or share_key(ahead.request) in earlier)):
                 plan.append(ahead)
-        declared, _ = declared_runs(runner.job_file, name, spec, seed=runner.settings.seed,
-                                    soak_seed=runner.settings.soak_seed, session=checks)
-        earlier.update(share_key(d.request) for d in declared if d.run.reference)
+        earlier.update(share_key(d.request) for d in runner.pool.declared(name, spec) if d.run.reference)
     return plan
 
 
@@ -185,8 +192,17 @@ def run_in_order(
     measures speed (and at the end, whatever happens). A check that times its runs
     (``Check.first``: the profile) runs before the others, alone, so that its runs are the
     uninterrupted runs they share; the report keeps the checks' order. Before anything runs, the
-    runner is told which checkpoints the checks will resume from (:func:`keep_declared`)."""
-    runner.session_checks = tuple(checks)
+    runner is told which checkpoints the checks will resume from (:func:`keep_declared`). The
+    session's state (:class:`~trainguard.run.pool.SessionState`) is this function's: it says
+    which check runs, whether one is timed, and whether a check may leave its untimed rest for
+    later; the checks read it from their context."""
+    with runner.pool.session(SessionState(checks=tuple(checks))) as state:
+        return _run_in_order(runner, state, checks, report, on_start, on_result)
+
+
+def _run_in_order(runner: JobRunner, state: SessionState, checks: Sequence[tuple[str, CheckSpec]],
+                  report: Report, on_start: Callable[[str], None] | None,
+                  on_result: Callable[[CheckResult], None] | None) -> Report:
     keep_declared(runner, checks)
     first = [c for c in checks if (kind := check_for(c[0])) is not None and kind.first]
     rest = [c for c in checks if c not in first]
@@ -213,21 +229,21 @@ def run_in_order(
     def start_lane() -> None:
         if not lane:
             lane.append(True)
-            runner.current_check = rest[0][0] if rest else None  # what the lane's first run is beside
+            state.current_check = rest[0][0] if rest else None  # what the lane's first run is beside
             runner.scheduling.start_lane(lane_plan(runner, rest))
 
     try:
         for name, spec in first:  # alone: no background import, the lane once its runs are done
-            runner.timing, runner.on_timed_done = True, start_lane if name == first[-1][0] else None
+            state.timing, state.on_timed_done = True, start_lane if name == first[-1][0] else None
             one(name, spec)
-            runner.timing, runner.on_timed_done = False, None
+            state.timing, state.on_timed_done = False, None
         start_lane()
-        runner.untimed_later = True  # a check's untimed rest waits until the timed ones are done
+        state.untimed_later = True  # a check's untimed rest waits until the timed ones are done
         for name, spec in rest:
             if not _lane(name):
                 runner.scheduling.close_lane()
             one(name, spec)
-        runner.untimed_later = False
+        state.untimed_later = False
         finished = _finish_later(runner, later)
         for outcome in finished:
             if isinstance(outcome, CheckResult):
@@ -236,8 +252,8 @@ def run_in_order(
         if raised:
             raise raised[0]
     finally:
-        runner.untimed_later = False
-        runner.timing, runner.on_timed_done = False, None
+        state.untimed_later = False
+        state.timing, state.on_timed_done = False, None
         runner.scheduling.close_lane()
         report.checks.sort(key=lambda c: order.get(c.name, len(order)))
     return report
@@ -250,18 +266,16 @@ def keep_declared(runner: JobRunner, checks: Sequence[tuple[str, CheckSpec]]) ->
     metric = progress_metric_of(runner.job_file)
     references = []
     for name, spec in checks:
-        declared, _ = declared_runs(runner.job_file, name, spec, seed=runner.settings.seed,
-                                    soak_seed=runner.settings.soak_seed, session=checks)
-        for run in declared:
+        for run in runner.pool.declared(name, spec):
             if run.source is not None and run.run.resumes is not None:
-                runner.keep_checkpoint(run.source, run.run.resumes.after_step, metric)
+                runner.pool.keep(run.source, run.run.resumes.after_step, metric)
             if run.run.reference:
                 references.append(share_key(run.request))
     if runner.job_file.job.steps_independent:  # a shorter reference may be a longer one's first steps
         for short in references:
             for long in references:
                 if long.steps > short.steps + 1 and dataclasses.replace(long, steps=short.steps) == short:
-                    runner.keep_checkpoint(long, short.steps + 1, metric)  # see Keepers.prefix
+                    runner.pool.keep(long, short.steps + 1, metric)  # see Keepers.prefix
 
 
 def run_checks(

@@ -207,7 +207,7 @@ def make_plan(config: str | Path | JobFile, settings: Settings, *, only: Iterabl
             ahead.append(kind.ahead_words)
         # a check before launches its uninterrupted runs in the foreground (lane_plan)
         done |= {r.share for r in planned[i][0] if r.reference is not None}
-    if not backend_for(job_file.job.kind).concurrent_runs:
+    if not backend_for(job_file.job.kind).concurrent_runs():
         ahead = []  # e.g. a ray_train job: no background lane
     plan = Plan(job_file, [], ahead, history if durations else None)
     # the runs of the check that goes first are launched first: listed in that order

@@ -327,7 +327,7 @@ class TrackingObserver:
         else:
             env[RUN_ID_ENV] = run_id
         tracker.set_tags(handle, {"trainguard.run_id_env": "env" if run_id else "file"})
-        if backend_for(job_file.job.kind).ranks_log_metrics:
+        if backend_for(job_file.job.kind).ranks_log_metrics():
             return env, None  # e.g. Ray's workers: their designated writer streams the metrics
         handle.live = LiveMetrics(tracker, handle, world_size)
         return env, handle.live.on_metric

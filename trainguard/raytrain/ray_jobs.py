@@ -10,6 +10,10 @@ submitting, the cluster's alive nodes are read and an infeasible request is refu
 numbers; and after submitting, a job still PENDING after ``pending_timeout`` is reported --
 ``unschedulable`` (and stopped) when no node can hold it, ``pending`` when it is only waiting for
 resources in use by other jobs. Nothing here waits without a deadline.
+
+It is the queue backend ``ray`` (:func:`trainguard.queue.backends.get_backend` names it by its
+``module:attr`` line, resolved on first use); :meth:`RayJobsBackend.submit_and_follow` is the gate's
+``--submit`` to it. It lives in ``raytrain/``, above ``queue/`` (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from trainguard.queue.base import Submission, SubmissionError, SubmissionSpec, torchrun_argv
-from trainguard.raytrain.local_ray import RayCluster, external_cluster
+from trainguard.raytrain.local_ray import LocalRay, RayCluster, external_cluster
 
 __all__ = ["ClusterResources", "RayJobsBackend", "cluster_resources"]
 
@@ -133,6 +138,25 @@ class RayJobsBackend:
         self._client: Any = None
 
     # -- the Jobs client -------------------------------------------------------------------
+
+    @classmethod
+    def submit_and_follow(cls, spec: SubmissionSpec, *, state_dir: Path, wait_s: float) -> dict[str, Any]:
+        """The gate's submission: to the cluster ``RAY_ADDRESS`` names; without one, to an
+        embedded head, for a dry run of the submission path on this machine, watched for
+        ``wait_s`` seconds (the job lives only as long as the head, which stops on return)."""
+        del state_dir  # Ray keeps its jobs' records
+        if external_cluster() is not None:
+            return cls().submit(spec).to_dict()
+        with LocalRay(dashboard=True) as cluster:
+            backend = cls(cluster=cluster, pending_timeout=min(wait_s, 60.0))
+            submission = backend.submit(spec)
+            if submission.job_id and not submission.terminal and wait_s > 0:
+                submission = backend.wait(submission.job_id, wait_s)
+            out = submission.to_dict()
+            out["note"] = (f"submitted to an embedded local Ray head (no RAY_ADDRESS) and watched for "
+                           f"{wait_s:g} s; the head stops with the gate. Set RAY_ADDRESS to submit to a "
+                           "real cluster")
+            return out
 
     @property
     def client(self) -> Any:
