@@ -27,6 +27,18 @@ def _environment_restored() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _read_limits_restored() -> Iterator[None]:
+    """Each test's read limits are put back after it: a runner makes its settings' limits the
+    process's (``use_limits``), and a test's runner with ``read_max_mb`` of 2 KB left them to
+    every later test of the worker (test_false_pass before test_baseline failed 7 tests)."""
+    from trainguard._internal.readers import active_limits, use_limits
+
+    saved = active_limits()
+    yield
+    use_limits(saved)
+
+
+@pytest.fixture(autouse=True)
 def _tracking_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """MLflow tracking is tested by tests/unit/test_tracking.py (which turns it on); elsewhere it
     would only add its import and flush time to every check."""

@@ -14,6 +14,7 @@ from tests.helpers import each_refused
 from trainguard.checks.calibration import (
     BAND_FACTOR,
     CalibrationError,
+    CalibrationRuns,
     ToleranceUsed,
     find_calibration,
     load_calibration,
@@ -68,7 +69,7 @@ def _saved(tmp_path: Path, spread: float, request: RunRequest = REQUEST, job: Jo
     stats = metric_stats([{s: 1.0 / s for s in range(1, 5)}, {s: 1.0 / s + (spread if s == 2 else 0) for s in range(1, 5)},
                           {s: 1.0 / s for s in range(1, 5)}], [{s: 1.0 / s for s in range(1, 5)}])
     assert stats is not None
-    return save_calibration(tmp_path, tmp_path, request, 3, [0], {"loss": stats}, job=job)
+    return save_calibration(tmp_path, tmp_path, request, CalibrationRuns(3, [0]), {"loss": stats}, job=job)
 
 
 def test_a_check_allows_three_times_the_envelope_and_says_where_it_came_from(tmp_path: Path) -> None:

@@ -62,7 +62,7 @@ def _plant_calibration(job_path: Path, kind: str) -> None:
     """A calibration of the job's request (steps 1-16 of loss) whose spread would hide the defect:
     recorded for a sibling job file beside it (``sibling``) or the job's own spread of 1e308
     (``infinite``), written as ``trainguard calibrate`` writes one."""
-    from trainguard.checks.calibration import MetricStats, save_calibration
+    from trainguard.checks.calibration import CalibrationRuns, MetricStats, save_calibration
     from trainguard.checks.statefiles import JobKey
     from trainguard.config import load_config
     from trainguard.config.settings import Settings
@@ -78,7 +78,7 @@ def _plant_calibration(job_path: Path, kind: str) -> None:
     spread = 1e-3 if kind == "sibling" else 1e308
     steps = list(range(1, STEPS + 1))
     stats = MetricStats(steps, [1.0 / s for s in steps], [spread] * STEPS, [1.0 / s for s in steps], [0.0] * STEPS)
-    save_calibration(job.state_dir, job.cwd, request, 3, [0, 1, 2], {"loss": stats}, job=JobKey.of(load_config(owner)))
+    save_calibration(job.state_dir, job.cwd, request, CalibrationRuns(3, [0, 1, 2]), {"loss": stats}, job=JobKey.of(load_config(owner)))
 
 
 def _job_file(where: Path, variant: dict[str, Any]) -> Path:

@@ -170,7 +170,7 @@ LOSS = {1: 1.0, 2: 0.5, 3: 0.25, 4: 0.2}
 def _good_state(case: Path) -> tuple[Path, Path]:
     """A calibration and a canary baseline of the case's job, as trainguard writes them."""
     from trainguard.checks.baseline import save_baseline
-    from trainguard.checks.calibration import metric_stats, save_calibration
+    from trainguard.checks.calibration import CalibrationRuns, metric_stats, save_calibration
     from trainguard.checks.statefiles import JobKey
     from trainguard.config import load_config
     from trainguard.run.request import RunRequest
@@ -181,7 +181,7 @@ def _good_state(case: Path) -> tuple[Path, Path]:
     request = RunRequest.make(steps=4, seed=0, world_size=1)
     stats = metric_stats([LOSS, {**LOSS, 2: 0.5 + 1e-9}, LOSS], [LOSS, {s: v * 1.1 for s, v in LOSS.items()}])
     assert stats is not None
-    calibration = save_calibration(job_file.state_dir, case, request, 3, [0, 1], {"loss": stats},
+    calibration = save_calibration(job_file.state_dir, case, request, CalibrationRuns(3, [0, 1]), {"loss": stats},
                                    job=JobKey.of(job_file))
     return calibration, save_baseline(job_file, request, {"loss": LOSS})
 

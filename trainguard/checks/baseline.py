@@ -65,6 +65,7 @@ __all__ = [
     "Baseline",
     "BaselineError",
     "BaselineOutcome",
+    "VersionedDocument",
     "canary_baseline",
     "find_baseline",
     "load_baseline",
@@ -251,20 +252,30 @@ def how_to_save(job_file: JobFile) -> str:
     return _HOW_TO_SAVE.format(job=_rel(job_file.path))
 
 
-def read_versioned_json(
-    path: str | os.PathLike[str],
-    *,
-    kind: str,
-    version: int,
-    error: type[TrainguardError],
-    what: str,
-    kind_name: str,
-    version_label: str,
-    fix: str,
-) -> dict[str, Any]:
-    """A baseline document: readable JSON with ``"kind": kind`` and ``"format_version": version``;
-    otherwise ``error`` naming the file, what is wrong and ``fix``. Shared by the canary's and
-    the profile's baselines."""
+@dataclass(frozen=True)
+class VersionedDocument:
+    """A kind of versioned JSON document trainguard writes (a canary or profile baseline): its
+    ``kind`` and ``version`` keys, the error it raises, and the words its messages use."""
+
+    kind: str
+    version: int
+    error: type[TrainguardError]
+    #: what it is called in "no such ..." ("baseline file")
+    what: str
+    #: what it is called in "not a ..." ("trainguard canary baseline")
+    kind_name: str
+    #: what its version is called in "has ... format version" ("baseline")
+    version_label: str
+    #: how to get a good one ("save a new one with ...")
+    fix: str
+
+
+def read_versioned_json(path: str | os.PathLike[str], document: VersionedDocument) -> dict[str, Any]:
+    """A ``document``: readable JSON with its ``"kind"`` and ``"format_version"``; otherwise its
+    error naming the file, what is wrong and its fix. Shared by the canary's and the profile's
+    baselines."""
+    kind, version, error, what, fix = document.kind, document.version, document.error, document.what, document.fix
+    kind_name, version_label = document.kind_name, document.version_label
     target = Path(path)
     if not target.exists() and not target.is_symlink():
         raise error(f"{target}: no such {what}")
@@ -285,9 +296,7 @@ def read_versioned_json(
 def load_baseline(path: str | os.PathLike[str]) -> Baseline:
     """Read and validate a baseline file; :class:`BaselineError` says what is wrong with it."""
     target = Path(path)
-    data = read_versioned_json(target, kind=_KIND, version=FORMAT_VERSION, error=BaselineError,
-                               what="baseline file", kind_name="trainguard canary baseline",
-                               version_label="baseline", fix=_VERSION_FIX)
+    data = read_versioned_json(target, _DOCUMENT)
     try:
         request = checked_request(data.get("request"))
         trajectories = mapping_or_empty(data.get("trajectories"), "trajectories")
@@ -309,9 +318,13 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
         raise BaselineError(f"{target}: malformed baseline ({exc}); delete it and save a new baseline") from None
 
 
-#: what to do with a baseline of another format version
-_VERSION_FIX = ("save a new baseline with this version (`trainguard check CONFIG --only canary --save-baseline`; "
-                "version 1 files were not keyed to their job file)")
+#: a canary baseline file, as read_versioned_json checks it
+_DOCUMENT = VersionedDocument(
+    _KIND, FORMAT_VERSION, BaselineError, what="baseline file", kind_name="trainguard canary baseline",
+    version_label="baseline",
+    # what to do with a baseline of another format version
+    fix=("save a new baseline with this version (`trainguard check CONFIG --only canary --save-baseline`; "
+         "version 1 files were not keyed to their job file)"))
 
 
 def _trajectory(where: str, points: Any, last: int) -> dict[int, float]:

@@ -70,6 +70,7 @@ __all__ = [
     "BAND_FACTOR",
     "Calibration",
     "CalibrationError",
+    "CalibrationRuns",
     "MetricStats",
     "ToleranceEvidence",
     "ToleranceUsed",
@@ -230,9 +231,18 @@ def find_calibration(state_dir: Path, request: RunRequest, job: JobKey) -> tuple
     return None, "; ".join([*problems[:2], *([other_job] if other_job else [])])
 
 
-def save_calibration(state_dir: Path, job_dir: Path, request: RunRequest, runs: int, seeds: list[int],
-                     metrics: Mapping[str, MetricStats], *, job: JobKey,
-                     extra: Mapping[str, Any] | None = None) -> Path:
+@dataclass(frozen=True)
+class CalibrationRuns:
+    """What a calibration ran: ``runs`` runs of each request's own seed (the first of
+    ``seeds``) and one of each other seed, and where they ran (empty: not recorded)."""
+
+    runs: int
+    seeds: list[int]
+    run_dirs: list[str] = field(default_factory=list)
+
+
+def save_calibration(state_dir: Path, job_dir: Path, request: RunRequest, ran: CalibrationRuns,
+                     metrics: Mapping[str, MetricStats], *, job: JobKey) -> Path:
     """Write the calibration of ``job``'s ``request`` as the next numbered file of this machine
     (atomically)."""
     import json
@@ -242,9 +252,10 @@ def save_calibration(state_dir: Path, job_dir: Path, request: RunRequest, runs: 
         "format_version": FORMAT_VERSION, "kind": _KIND, "trainguard_version": __version__,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine_info": machine_info(), "commit_info": {"id": git.commit, "dirty": git.dirty},
-        "job_key": job.to_dict(), "request": request_fields(request), "runs": runs, "seeds": seeds,
+        "job_key": job.to_dict(), "request": request_fields(request), "runs": ran.runs, "seeds": ran.seeds,
         "band_factor": BAND_FACTOR,
-        "metrics": {name: stats.to_dict() for name, stats in metrics.items()}, **(extra or {}),
+        "metrics": {name: stats.to_dict() for name, stats in metrics.items()},
+        **({"run_dirs": ran.run_dirs} if ran.run_dirs else {}),
     }
     directory = calibrations_dir(state_dir)
     directory.mkdir(parents=True, exist_ok=True)
@@ -275,9 +286,9 @@ def calibrate_request(runner: JobRunner, request: RunRequest, runs: int) -> tupl
     if not metrics:
         raise CalibrationError("the calibration runs printed no metric of job.metrics on a common step")
     _refuse_non_finite(metrics, [*same, *across[1:]])
-    path = save_calibration(runner.job_file.state_dir, runner.job_file.cwd, request, runs,
-                            [request.seed, *seeds], metrics, job=JobKey.of(runner.job_file),
-                            extra={"run_dirs": [str(r.run_dir) for r in [*same, *across[1:]]]})
+    ran = CalibrationRuns(runs, [request.seed, *seeds], [str(r.run_dir) for r in [*same, *across[1:]]])
+    path = save_calibration(runner.job_file.state_dir, runner.job_file.cwd, request, ran, metrics,
+                            job=JobKey.of(runner.job_file))
     summary = {name: {"max_same_seed_spread": max(s.same_spread), "steps": len(s.steps),
                       "max_across_seed_std": max(s.across_std)} for name, s in metrics.items()}
     return path, {"path": str(path), "runs": runs, "launches": len(same) + len(across) - 1,

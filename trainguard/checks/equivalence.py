@@ -332,7 +332,7 @@ def judge_resume(runs: ResumeRuns) -> CheckResult:
         rtol=spec.rtol, atol=spec.atol, band=tol.band(metric),
     )
     evidence.trajectory, evidence.tolerance = diff.as_evidence(), tol.as_evidence()
-    others = other_metric_diffs(runs.job_file, spec, metric, resumed, reference, first_step, spec.steps, tol)
+    others = other_metric_diffs(runs.job_file, spec, metric, resumed, reference, range(first_step, spec.steps + 1), tol)
     if others:
         evidence.other_metrics = [d.as_evidence() for d in others]
     state = compare_checkpoint_dirs(
@@ -340,8 +340,7 @@ def judge_resume(runs: ResumeRuns) -> CheckResult:
         rtol=spec.rtol, atol=spec.atol,
     )
     evidence.state = state.as_evidence()
-    accounting = _resume_accounting(reference, cut.run_dir, resumed, expected, spec.steps, first_step,
-                                    resumed_from, began_again)
+    accounting = _resume_accounting(reference, cut.run_dir, resumed, expected, spec.steps, first_step)
     evidence.sample_accounting = accounting.as_evidence()
     problems = _progress_problems(spec, first_step, killed_at, lost, began_again)
     problems += _trajectory_problems(metric, diff, others, tol)
@@ -389,9 +388,11 @@ def judge_resume(runs: ResumeRuns) -> CheckResult:
 
 
 def _resume_accounting(reference: RunResult, killed_dir: Path, resumed: RunResult, expected: Mapping[int, float],
-                       steps: int, first_step: int, resumed_from: int, began_again: bool) -> SampleAccounting:
+                       steps: int, first_step: int) -> SampleAccounting:
     """The samples the killed run (up to the step the resume went on from) and the resumed run
-    trained, against the uninterrupted run's."""
+    (from ``first_step``) trained, against the uninterrupted run's."""
+    began_again = first_step <= min(expected, default=1)  # as the check reads it
+    resumed_from = 0 if began_again else first_step - 1
     # steps from 1, or from 0 (nanoGPT's `iter 0` through `iter N`, `epoch 0` through N - 1)
     base = 0 if 0 in expected else 1
     last = max(expected, default=steps) if base == 0 else steps
@@ -443,20 +444,19 @@ def _trajectory_problems(metric: str, diff: TrajectoryDiff, others: Sequence[Tra
 
 
 def other_metric_diffs(job_file: JobFile, spec: ResumeCheck, metric: str, resumed: RunResult,
-                       reference: RunResult, first_step: int, last_step: int,
-                       tol: ToleranceUsed | None = None) -> list[TrajectoryDiff]:
+                       reference: RunResult, steps: range, tol: ToleranceUsed | None = None) -> list[TrajectoryDiff]:
     """The resumed run against the uninterrupted one in every metric besides ``metric`` that
-    ``spec.metrics`` names (default: all of job.metrics), on the steps ``first_step``..``last_step``
-    the uninterrupted run printed it (a metric printed every N steps is compared every N)."""
+    ``spec.metrics`` names (default: all of job.metrics), on the ``steps`` the uninterrupted run
+    printed it (a metric printed every N steps is compared every N)."""
     names = spec.metrics if spec.metrics is not None else list(job_file.job.metrics)
     out = []
     for name in names:
         if name == metric:
             continue
         actual, expected = aligned_trajectories(resumed.points, reference.points, name)
-        steps = [s for s in expected if first_step <= s <= last_step]
-        if steps:
-            out.append(compare_trajectories(actual, expected, metric=name, steps=steps, rtol=spec.rtol,
+        printed = [s for s in expected if s in steps]
+        if printed:
+            out.append(compare_trajectories(actual, expected, metric=name, steps=printed, rtol=spec.rtol,
                                             atol=spec.atol, band=tol.band(name) if tol else None))
     return out
 

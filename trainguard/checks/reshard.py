@@ -283,7 +283,7 @@ def _one_pair(ctx: CheckContext[ReshardCheck], n: int, m: int) -> _Pair:
     others = [c for c in state.by_component if c not in TRAINING_STATE]
     if others:
         evidence.state_differing_across_world_sizes = others  # expected: per-rank RNG, world size
-    agreement, accounting = _pair_samples(reference.run_dir, cut.run_dir, resumed.run_dir, spec.steps,
+    agreement, accounting = _pair_samples((reference.run_dir, cut.run_dir, resumed.run_dir), spec.steps,
                                           first_step, resumed_from, n, m)
     if agreement is not None:
         evidence.samples = agreement.sentence(n, m)
@@ -322,10 +322,12 @@ def _diagnosed(facts: PairFacts, problems: list[str], n: int, m: int, evidence: 
     return summary
 
 
-def _pair_samples(reference_dir: Path, killed_dir: Path, resumed_dir: Path, steps: int, first_step: int,
+def _pair_samples(run_dirs: tuple[Path, Path, Path], steps: int, first_step: int,
                   resumed_from: int, n: int, m: int) -> tuple[SampleAgreement | None, SampleAccounting]:
     """Whether the ``m`` resumed ranks together drew the samples the ``n`` reference ranks drew
-    per step, and which samples the killed and the resumed run trained twice or never."""
+    per step, and which samples the killed and the resumed run trained twice or never
+    (``run_dirs``: the reference's, the killed run's and the resumed run's)."""
+    reference_dir, killed_dir, resumed_dir = run_dirs
     ref_samples = read_samples(reference_dir)
     res_samples = read_samples(resumed_dir)
     drawn = training_batches(next(iter(ref_samples.values()), []), None)

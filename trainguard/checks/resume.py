@@ -101,14 +101,14 @@ class ChainEvidence(Evidence):
 
 
 def _diffs(job_file: JobFile, spec: ResumeCheck, metric: str, run: RunResult, reference: RunResult,
-           first: int, last: int, tol: ToleranceUsed) -> list[TrajectoryDiff]:
-    """The run against the reference on steps ``first``..``last``, in the progress metric and
-    every other metric that counts (``spec.metrics``, default all of job.metrics)."""
+           steps: range, tol: ToleranceUsed) -> list[TrajectoryDiff]:
+    """The run against the reference on ``steps``, in the progress metric and every other
+    metric that counts (``spec.metrics``, default all of job.metrics)."""
     actual, expected = aligned_trajectories(run.points, reference.points, metric)
     progress = compare_trajectories(actual, expected, metric=metric,
-                                    steps=[s for s in expected if first <= s <= last],
+                                    steps=[s for s in expected if s in steps],
                                     rtol=spec.rtol, atol=spec.atol, band=tol.band(metric))
-    return [progress, *other_metric_diffs(job_file, spec, metric, run, reference, first, last, tol)]
+    return [progress, *other_metric_diffs(job_file, spec, metric, run, reference, steps, tol)]
 
 
 def _problem(diff: TrajectoryDiff) -> str | None:
@@ -280,7 +280,7 @@ def run_resume_chain(ctx: CheckContext[ResumeCheck]) -> CheckResult:
             # a killed run's last printed step may lack the lines that follow its progress line
             # (the kill landed between them): compared up to the step before it, or the cut step
             last = spec.steps if cut is None else max(min(cut, steps[-1]), steps[-1] - 1)
-            diffs = _diffs(ctx.job_file, spec, metric, run, reference, steps[0], last, tol)
+            diffs = _diffs(ctx.job_file, spec, metric, run, reference, range(steps[0], last + 1), tol)
             cycle.metrics = [d.as_evidence() for d in diffs]
             problems += _diff_problems(where, diffs)
         if problems:

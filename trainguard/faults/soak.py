@@ -71,7 +71,8 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def soak_schedule(
+# the soak schedule: keyword-only, documented below: its options are its parameters (pyproject.toml, PLR0913)
+def soak_schedule(  # noqa: PLR0913
     seed: int,
     steps: int,
     world_size: int,

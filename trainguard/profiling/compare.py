@@ -263,12 +263,12 @@ def save_profile_baseline(state_dir: Path, job_dir: Path, profile: Mapping[str, 
 
 def load_profile_baseline(path: str | Path) -> dict[str, Any]:
     """A saved profile baseline file (the whole document; its profile under ``profile``)."""
-    from trainguard.checks.baseline import read_versioned_json
+    from trainguard.checks.baseline import VersionedDocument, read_versioned_json
 
-    return read_versioned_json(path, kind=_KIND, version=PROFILE_FORMAT_VERSION, error=ProfileBaselineError,
-                               what="profile baseline", kind_name="trainguard profile baseline",
-                               version_label="profile",
-                               fix="save a new one with `trainguard profile CONFIG --save`")
+    return read_versioned_json(path, VersionedDocument(
+        _KIND, PROFILE_FORMAT_VERSION, ProfileBaselineError, what="profile baseline",
+        kind_name="trainguard profile baseline", version_label="profile",
+        fix="save a new one with `trainguard profile CONFIG --save`"))
 
 
 def latest_profile_baseline(state_dir: Path) -> dict[str, Any] | None:

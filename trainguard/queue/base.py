@@ -232,7 +232,8 @@ def torchrun_argv(
     return [*head, *argv[1:]]
 
 
-def spec_from_job(
+# documented keyword-only API (docs/queue.md): its options are its parameters (pyproject.toml, PLR0913)
+def spec_from_job(  # noqa: PLR0913
     job_file: JobFile,
     values: Mapping[str, object],
     *,

@@ -70,7 +70,8 @@ class SlurmBackend:
 
     name = "slurm"
 
-    def __init__(
+    # documented keyword-only constructor (docs/queue.md): its options are its parameters (pyproject.toml, PLR0913)
+    def __init__(  # noqa: PLR0913
         self,
         script_dir: str | os.PathLike[str],
         *,

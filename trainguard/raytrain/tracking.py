@@ -203,7 +203,8 @@ class WorkerWriter:
         out: where the one warning and the closing summary line go (default stderr).
     """
 
-    def __init__(
+    # keyword-only constructor, documented above: its options are its parameters (pyproject.toml, PLR0913)
+    def __init__(  # noqa: PLR0913
         self,
         tracking_uri: str,
         *,

@@ -290,7 +290,8 @@ def run_checks(
     return run_in_order(runner, job_file.enabled_checks(only), report, on_result=on_result)
 
 
-def check(
+# documented keyword-only user API (trainguard.check): its options are its parameters (pyproject.toml, PLR0913)
+def check(  # noqa: PLR0913
     config: str | Any,
     *,
     only: Iterable[str] | None = None,
