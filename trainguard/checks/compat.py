@@ -277,16 +277,26 @@ def run_compat(ctx: CheckContext[CompatCheck]) -> CheckResult:
     if not reference.ok:
         return done("error", f"the current code's uninterrupted run did not complete: {reference.reason}")
     try:
-        return _run_at_base(ctx, spec, evidence, (root, commit), request, tol, reference, done)
+        return _run_at_base(_Comparison(ctx, spec, evidence, tol, done), (root, commit), request, reference)
     except GitError as exc:  # base could not be checked out: said, the session goes on
         return done("error", f"checks.compat: base's commit {commit[:12]} ({named}) could not be checked out: {exc}")
 
 
-def _run_at_base(ctx: CheckContext[CompatCheck], spec: CompatCheck, evidence: CompatEvidence, at: tuple[Path, str],
-                 request: RunRequest, tol: ToleranceUsed, reference: RunResult,
-                 done: Callable[..., CheckResult]) -> CheckResult:
+@dataclass(frozen=True)
+class _Comparison:
+    """What every step of one compat comparison reads and writes: the check's context and spec, its evidence, tolerance and verdict."""
+
+    ctx: CheckContext[CompatCheck]
+    spec: CompatCheck
+    evidence: CompatEvidence
+    tol: ToleranceUsed
+    done: Callable[..., CheckResult]
+
+
+def _run_at_base(cmp: _Comparison, at: tuple[Path, str], request: RunRequest, reference: RunResult) -> CheckResult:
     """Base checked out, killed after ``after_step``, and its checkpoint resumed by the current
     code; judged by :func:`_judge`."""
+    ctx, spec, evidence, done = cmp.ctx, cmp.spec, cmp.evidence, cmp.done
     root, commit = at
     metric = progress_metric_of(ctx.job_file)
     relative = ctx.job_file.cwd.resolve().relative_to(root.resolve())
@@ -333,13 +343,12 @@ def _run_at_base(ctx: CheckContext[CompatCheck], spec: CompatCheck, evidence: Co
             evidence.run_dirs["base_resumed"] = str(again.run_dir)
             return again
 
-        return _judge(ctx, spec, evidence, metric, (reference, base, resumed), layout, done, reproduce, tol,
-                      base_resumed)
+        return _judge(cmp, metric, (reference, base, resumed), layout, reproduce, base_resumed)
 
 
-def _judge(ctx: CheckContext[CompatCheck], spec: CompatCheck, evidence: CompatEvidence, metric: str,
-           runs: tuple[RunResult, RunResult, RunResult], layout: LayoutDifference, done: Any,
-           reproduce: str, tol: ToleranceUsed, base_resumed: Callable[[], RunResult]) -> CheckResult:
+def _judge(cmp: _Comparison, metric: str, runs: tuple[RunResult, RunResult, RunResult], layout: LayoutDifference,
+           reproduce: str, base_resumed: Callable[[], RunResult]) -> CheckResult:
+    ctx, spec, evidence, tol, done = cmp.ctx, cmp.spec, cmp.evidence, cmp.tol, cmp.done
     reference, base, resumed = runs
     short = (evidence.base_commit or "")[:12]
     actual, expected = aligned_trajectories(base.points, reference.points, metric)

@@ -211,7 +211,7 @@ def run_smoke(ctx: CheckContext[SmokeCheck]) -> CheckResult:
 
     resume_note = ""
     if not problems and files:
-        problem, resume_note = _checkpoint_stages(ctx, declared, resume_request, result, files, metric, base,
+        problem, resume_note = _checkpoint_stages(ctx, declared, resume_request, _FirstRun(result, files, metric, base),
                                                   stages, evidence)
         if problem is not None:
             problems.append(problem)
@@ -234,12 +234,23 @@ def run_smoke(ctx: CheckContext[SmokeCheck]) -> CheckResult:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _FirstRun:
+    """The smoke run as its checkpoint stages read it: its result, the checkpoint files it wrote, its progress metric and first step."""
+
+    result: RunResult
+    files: list[Path]
+    metric: str
+    base: int
+
+
 def _checkpoint_stages(
-    ctx: CheckContext[SmokeCheck], declared: list[DeclaredRun], resume_request: RunRequest, result: RunResult,
-    files: list[Path], metric: str, base: int, stages: Stages, evidence: SmokeEvidence,
+    ctx: CheckContext[SmokeCheck], declared: list[DeclaredRun], resume_request: RunRequest, first: _FirstRun,
+    stages: Stages, evidence: SmokeEvidence,
 ) -> tuple[str | None, str]:
-    """Load the checkpoint the run wrote in ``result.checkpoints``, then (with ``job.resume_args``)
-    resume from it; (the problem or None, the summary's note on the resume)."""
+    """Load the checkpoint the run wrote in ``first.result.checkpoints``, then (with
+    ``job.resume_args``) resume from it; (the problem or None, the summary's note on the resume)."""
+    result, files, metric, base = first.result, first.files, first.metric, first.base
     checkpoint_dir = result.checkpoints
     ckpt_step, load_problem = _load_stage(files, checkpoint_dir, stages, evidence)
     if load_problem is not None:

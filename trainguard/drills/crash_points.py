@@ -64,6 +64,7 @@ from trainguard.launch.metrics import aligned_trajectories, first_step
 from trainguard.launch.rundir import new_run_dir
 from trainguard.report import CheckResult, SkipReason
 from trainguard.run.pool import RunPool
+from trainguard.run.request import RunRequest
 
 __all__ = ["CRASH_POINTS", "Boundary", "CrashPointsCheck", "choose_boundaries", "run_crash_points"]
 
@@ -358,7 +359,7 @@ def run_crash_points(ctx: CheckContext[CrashPointsCheck]) -> CheckResult:
         return CheckResult(_NAME, "skipped", f"{why}: crash_points records and crashes the job's saves in a "
                            "FUSE layer over its checkpoint directory (root, /dev/fuse, libfuse3, mfusepy)",
                            NoEvidence(), time.monotonic() - started, skip_reason=SkipReason.NEEDS_ROOT)
-    spec, metric, request, job_file = ctx.spec, ctx.metric, ctx.request, ctx.job_file
+    spec, metric, job_file = ctx.spec, ctx.metric, ctx.job_file
     reference = ctx.reference()
     if not reference.ok:
         return CheckResult(_NAME, "error", f"the uninterrupted run did not complete: {reference.reason}",
@@ -374,7 +375,7 @@ def run_crash_points(ctx: CheckContext[CrashPointsCheck]) -> CheckResult:
     layer = fuse.layer
     assert layer is not None  # mounted
     try:
-        result = _explore(ctx.pool, spec, request, reference, metric, base, layer, evidence, started)
+        result = _explore(ctx, reference, base, layer, evidence, started)
         if evidence.outcomes:
             _write_table(evidence, work, f"{result.status.upper()}: {result.summary}")
         # the report's record as it stands now (the unmount's row below is the work dir's alone)
@@ -426,11 +427,27 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
     return save
 
 
-def _explore(pool: RunPool, spec: CrashPointsCheck, request: Any, reference: RunResult, metric: str,
-             base: int, layer: FuseLayer, evidence: CrashPointsEvidence, started: float) -> CheckResult:
-    save = _record(pool, spec, request, metric, layer, evidence)
+@dataclass(frozen=True)
+class _CrashRuns:
+    """What each crash run and its restart are launched with and judged against: the save explored and the uninterrupted run."""
+
+    pool: RunPool
+    spec: CrashPointsCheck
+    request: RunRequest
+    reference: RunResult
+    metric: str
+    base: int  # the reference's first step
+    layer: FuseLayer
+    save: SaveFound
+
+
+def _explore(ctx: CheckContext[CrashPointsCheck], reference: RunResult, base: int, layer: FuseLayer,
+             evidence: CrashPointsEvidence, started: float) -> CheckResult:
+    spec = ctx.spec
+    save = _record(ctx.pool, spec, ctx.request, ctx.metric, layer, evidence)
     if isinstance(save, str):
         return CheckResult(_NAME, "error", save, evidence, time.monotonic() - started)
+    runs = _CrashRuns(ctx.pool, spec, ctx.request, reference, ctx.metric, base, layer, save)
     found, had_checkpoint = save.boundaries, save.checkpoint_before
     chosen = choose_boundaries(found, spec.max_boundaries)
     evidence.boundaries_found, evidence.boundaries_explored = len(found), len(chosen)
@@ -440,13 +457,11 @@ def _explore(pool: RunPool, spec: CrashPointsCheck, request: Any, reference: Run
     resumed_before: int | None = base - 1 if had_checkpoint else None
     unsafe: tuple[Boundary, dict[str, Any]] | None = None
     for number, boundary in enumerate(chosen):
-        row = _crash_and_resume(number, pool, spec, request, reference, metric, base, layer, boundary,
-                                resumed_before, save=save)
+        row = _crash_and_resume(number, runs, boundary, resumed_before)
         evidence.runs += row.pop("runs")
         first_doubt = row["outcome"] == "torn" and not any(r["outcome"] == "safe" for r in evidence.outcomes)
         if (first_doubt or row["outcome"] == "began again") and evidence.control is None:
-            evidence.control = _crash_and_resume(len(chosen), pool, spec, request, reference, metric, base,
-                                                 layer, found[0], resumed_before, save=save, control=True)
+            evidence.control = _crash_and_resume(len(chosen), runs, found[0], resumed_before, control=True)
             evidence.runs += evidence.control.pop("runs")
         if row["outcome"] == "began again" and evidence.control is not None and (
                 evidence.control.get("resumed_from_step") is not None and evidence.control["resumed_from_step"] < base):
@@ -520,10 +535,10 @@ def _last_words(result: RunResult) -> str:
     return next((ln.strip()[:200] for ln in reversed(lines) if ln.strip()), "")
 
 
-def _trained_nothing(row: dict[str, Any], spec: CrashPointsCheck, reference: RunResult, layer: FuseLayer,
-                     resumed: RunResult, save: SaveFound) -> dict[str, Any]:
+def _trained_nothing(row: dict[str, Any], runs: _CrashRuns, resumed: RunResult) -> dict[str, Any]:
     """A restart that exited 0 without a step: safe only when the save was the run's last and
     what the crash left is the uninterrupted run's final checkpoint."""
+    spec, reference, layer, save = runs.spec, runs.reference, runs.layer, runs.save
     said = _last_words(resumed)
     said = f" (its last words: {said})" if said else ""
     row["resumed_from_step"] = None
@@ -543,11 +558,12 @@ def _trained_nothing(row: dict[str, Any], spec: CrashPointsCheck, reference: Run
     return row
 
 
-def _crash_and_resume(number: int, pool: RunPool, spec: CrashPointsCheck, request: Any, reference: RunResult,
-                      metric: str, base: int, layer: FuseLayer, boundary: Boundary,
-                      resumed_before: int | None, *, save: SaveFound, control: bool = False) -> dict[str, Any]:
+def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, resumed_before: int | None, *,
+                      control: bool = False) -> dict[str, Any]:
     """A fresh run crashed right after ``boundary`` (``control``: a kill instead of it, just
     before the save began, in either mode), restarted with the resume arguments, judged."""
+    pool, spec, request, reference, metric, base, layer = (runs.pool, runs.spec, runs.request, runs.reference,
+                                                           runs.metric, runs.base, runs.layer)
     words = f"rank {boundary.rank}: a kill before the save's first operation" if control else boundary.words()
     row: dict[str, Any] = {"boundary": words, "op": boundary.op, "path": boundary.path,
                            "rank": boundary.rank, "ordinal": boundary.ordinal, "runs": 1}
@@ -582,7 +598,7 @@ def _crash_and_resume(number: int, pool: RunPool, spec: CrashPointsCheck, reques
                    + (f" ({last[:200]})" if last else ""))
         return row
     if resumed_from is None:  # exited 0 without a step: finished only if the crash left the final checkpoint
-        return _trained_nothing(row, spec, reference, layer, resumed, save)
+        return _trained_nothing(row, runs, resumed)
     firsts = _first_steps(resumed.points, metric)
     if len(set(firsts.values())) > 1 and _ranks_print_alike(reference.points, metric):
         row["ranks_resumed_from"] = {str(r): s - 1 for r, s in sorted(firsts.items())}

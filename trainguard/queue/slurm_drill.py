@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -173,17 +173,31 @@ def run_slurm_drill(
 
     deadline = started + drill.timeout_s
     try:
-        return _drive(backend, job_id, drill, tail, reference, deadline, evidence, result)
+        return _drive(_DrillOfJob(backend, job_id, drill, tail, reference, deadline, evidence, result))
     except Unreadable as exc:  # a FIFO, a device, over the read limit: never waited on
         return result("error", f"the job's log {shown_name(str(log))} was not read: {exc}; point "
                       "the record's links.log at the job's output file (a regular file)")
 
 
-def _drive(backend: SlurmBackend, job_id: str, drill: SlurmDrill, tail: _LogTail,
-           reference: Mapping[int, float], deadline: float, evidence: dict[str, Any],
-           result: Any) -> CheckResult:
+@dataclass(frozen=True)
+class _DrillOfJob:
+    """One drill of one submitted job: the backend and job, the drill, its log, reference, deadline, evidence and verdict."""
+
+    backend: SlurmBackend
+    job_id: str
+    drill: SlurmDrill
+    tail: _LogTail
+    reference: Mapping[int, float]
+    deadline: float  # a time.monotonic(): every read of the log stops there
+    evidence: dict[str, Any]  # gathered as the drill goes
+    result: Callable[[CheckStatus, str], CheckResult]
+
+
+def _drive(run: _DrillOfJob) -> CheckResult:
     """Wait for the step, inject, follow the job to its end and judge it; every read of the log
-    stops at ``deadline``."""
+    stops at ``run.deadline``."""
+    backend, job_id, drill, tail = run.backend, run.job_id, run.drill, run.tail
+    reference, deadline, evidence, result = run.reference, run.deadline, run.evidence, run.result
     state = backend.status(job_id)
     tail.read(deadline)
     while tail.last_step() < drill.after_step:
