@@ -98,3 +98,29 @@ def test_a_fifo_in_the_checkpoint_directory_is_left_out_of_smokes_copy(tmp_path:
     assert result.status == "passed", result.summary
     assert report_evidence(result)["resume_from"]["left_out"] == {"events.pipe": "a FIFO, not copied"}
     assert report_evidence(result)["resume"]["first_step"] == 6
+
+
+def test_a_kept_checkpoint_asked_for_while_another_launch_carries_it_waits_for_that_launch(tmp_path: Path) -> None:
+    # two uninterrupted runs of one request start side by side (the reference, determinism's
+    # second run); the keeper rides on the first to attach. When the other ends first and a check
+    # asks for the checkpoint, the answer waits for the carrying launch: on a loaded machine it
+    # had not ended yet, and smoke launched a resume of its own (4 launches, not 3)
+    import threading
+    import time
+
+    from trainguard.run.keep import Keepers
+    from trainguard.run.request import RunRequest
+
+    keepers = Keepers()
+    request = RunRequest.make(steps=16, seed=0, world_size=1, timeout=30)
+    keepers.register(request, 6, "loss")
+    _keep, ended = keepers.attach(request, label="determinism-repeat", run_dir=tmp_path,
+                                  checkpoint_dir=tmp_path / "ckpt")
+    answers: list[tuple[object, str]] = []
+    asker = threading.Thread(target=lambda: answers.append(keepers.kept(request, 6)))
+    asker.start()
+    time.sleep(0.3)
+    assert answers == []  # still waiting: the carrying launch has not ended
+    ended(None)  # it ended without a copy: now the answer says why
+    asker.join(10)
+    assert answers and answers[0][0] is None and "ended before trainguard read step 6" in answers[0][1]

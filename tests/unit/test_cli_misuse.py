@@ -99,7 +99,7 @@ def test_a_valid_promoted_report_is_submitted(
         ({"provenance": "NAN"}, ["provenance.created_at: is nan, expected a time in seconds"]),
         ({"job_file": ""}, ["job_file: is ''"]),
         ({"capabilities": {"gpus": "all"}}, ["capabilities.gpus: is 'all', expected a number"]),
-        ({"sizing": {"recommended": 2}}, ["sizing: sizing lacks"]),
+        ({"sizing": {"recommended": 2}}, ["sizing: sizing.target: missing"]),
         ({"gate_report_version": 99}, ["gate_report_version: not a gate report of version 1 (found 99)"]),
         ({"job_file": "/nonexistent/trainguard.yaml"},
          ["job_file: the job file this report was made from cannot be loaded", "trainguard gate"]),

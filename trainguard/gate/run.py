@@ -388,7 +388,7 @@ def _check_sizing(sizing: dict[str, Any], where: str, again: str) -> None:
     """The sizing's fields the production run reads: the recommended size and, per candidate,
     its size, steps and hours."""
     try:
-        Sizing.from_dict(sizing)
+        Sizing.from_dict(sizing, "sizing")
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{_cut(str(exc))}: {again}", path=where, key="sizing") from None
     fields: list[tuple[str, Any, tuple[type, ...]]] = [

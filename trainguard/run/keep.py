@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future
@@ -96,6 +97,11 @@ class KeptEvidence(Evidence):
     left_out: dict[str, str] | Unset = UNSET
 
 
+#: how long :meth:`Keepers.kept` waits for the launch that carries a keeper when its request
+#: has no timeout of its own
+_CARRIED_WAIT_S = 3600.0
+
+
 @dataclass
 class _Keeper:
     key: RunRequest
@@ -115,6 +121,10 @@ class Keepers:
     lock: threading.Lock = field(default_factory=threading.Lock)
     _keepers: dict[tuple[RunRequest, int], _Keeper] = field(default_factory=dict)
     _resumed: dict[tuple[RunRequest, int, RunRequest], Future[RunResult]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        #: notified when a launch that carried keepers ended (their copies settled, or why not)
+        self._ended = threading.Condition(self.lock)
 
     def register(self, request: RunRequest, after_step: int, metric: str) -> None:
         """Keep the checkpoint of the next uninterrupted run of ``request`` after ``after_step``
@@ -153,6 +163,7 @@ class Keepers:
                     elif keeper in pending:
                         keeper.why_not = (f"its run {label} ended before trainguard read step "
                                           f"{keeper.after_step} of `{keeper.metric}`")
+                self._ended.notify_all()
 
         return keep, ended
 
@@ -200,12 +211,18 @@ class Keepers:
         keeper.kept = copy
 
     def kept(self, request: RunRequest, after_step: int) -> tuple[KeptCheckpoint | None, str]:
-        """The checkpoint kept of ``request`` after ``after_step``, or None and why not."""
+        """The checkpoint kept of ``request`` after ``after_step``, or None and why not. While a
+        launch carries its keeper (two uninterrupted runs of the request started side by side,
+        and the other one ended first), it waits for that launch to end, within its timeout: a
+        copy counts only then."""
+        deadline = time.monotonic() + (request.timeout or _CARRIED_WAIT_S)
         with self.lock:
             keeper = self._keepers.get((share_key(request), after_step))
-        if keeper is None:
-            return None, "no check asked to keep it"
-        return keeper.kept, "" if keeper.kept is not None else keeper.why_not
+            if keeper is None:
+                return None, "no check asked to keep it"
+            while keeper.kept is None and keeper.carried and (left := deadline - time.monotonic()) > 0:
+                self._ended.wait(left)
+            return keeper.kept, "" if keeper.kept is not None else keeper.why_not
 
     def prefix(self, request: RunRequest, references: dict[RunRequest, RunResult]) -> RunResult | None:
         """The uninterrupted run of ``request`` (steps N) as the first N steps of a longer completed
