@@ -319,10 +319,7 @@ def judge_resume(runs: ResumeRuns) -> CheckResult:
             time.monotonic() - started, reproduce,
         )
     first_step = min(actual)
-    # from scratch: it began at the uninterrupted run's first step (1, or 0 for a job counting
-    # from 0, as nanoGPT's `iter 0`), and resumed after no step (reported as 0)
-    began_again = first_step <= min(expected, default=1)
-    resumed_from = 0 if began_again else first_step - 1
+    began_again, resumed_from = _where_resumed(first_step, expected)
     lost = max(0, (killed_at or spec.after_step) - (first_step - 1))
     evidence.resumed_from_step, evidence.steps_lost = resumed_from, lost
     if "resumed_from" in resumed.evidence:
@@ -387,12 +384,19 @@ def judge_resume(runs: ResumeRuns) -> CheckResult:
     )
 
 
+def _where_resumed(first_step: int, expected: Mapping[int, float]) -> tuple[bool, int]:
+    """(began again, the step resumed after) of a resumed run whose first step is
+    ``first_step``: from scratch when it began at the uninterrupted run's first step (1, or 0
+    for a job counting from 0, as nanoGPT's `iter 0`), resumed after no step (reported as 0)."""
+    began_again = first_step <= min(expected, default=1)
+    return began_again, 0 if began_again else first_step - 1
+
+
 def _resume_accounting(reference: RunResult, killed_dir: Path, resumed: RunResult, expected: Mapping[int, float],
                        steps: int, first_step: int) -> SampleAccounting:
     """The samples the killed run (up to the step the resume went on from) and the resumed run
     (from ``first_step``) trained, against the uninterrupted run's."""
-    began_again = first_step <= min(expected, default=1)  # as the check reads it
-    resumed_from = 0 if began_again else first_step - 1
+    began_again, resumed_from = _where_resumed(first_step, expected)
     # steps from 1, or from 0 (nanoGPT's `iter 0` through `iter N`, `epoch 0` through N - 1)
     base = 0 if 0 in expected else 1
     last = max(expected, default=steps) if base == 0 else steps
