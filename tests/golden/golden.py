@@ -58,6 +58,9 @@ VOLATILE = frozenset({
 VOLATILE_SUFFIXES = ("_s", "_ms", "_at", "_rate", "_per_s", "_mb", "_path", "_dir", "_pid", "_time",
                      "_sha256")
 NUMBER = re.compile(r"(?<![A-Za-z_])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+#: the ``-<attempt>`` a run directory's name gets when another run of the same label was
+#: created in the same second (launch/rundir.py): as volatile as its time stamp
+RUN_DIR_SUFFIX = re.compile(r"(/runs/<n><n>-[^/'\s]*?)-<n>(?:-?<n>)*(?=$|[/'\s])")
 
 
 def _volatile(key: str) -> bool:
@@ -76,7 +79,7 @@ def normalize(value: Any, tmp: str = "") -> Any:
     if isinstance(value, str):
         text = value.replace(tmp, "<tmp>") if tmp else value
         text = text.replace(sys.executable, "<python>").replace(str(ROOT), "<repo>")
-        return NUMBER.sub("<n>", text)
+        return RUN_DIR_SUFFIX.sub(r"\1", NUMBER.sub("<n>", text))
     if isinstance(value, float):
         return round(value, 9)
     return value

@@ -35,3 +35,14 @@ def test_the_comparison_sees_a_changed_verdict_a_new_field_and_a_gone_one() -> N
     assert "$.checks[0].status: 'passed' -> 'failed'" in found
     assert "$.checks[0].evidence.steps: 5 -> 6" in found
     assert "$.checks[0].evidence.extra: new" in found and "$.checks[0].evidence.run_dir: gone" in found
+
+
+def test_a_run_directorys_same_second_suffix_is_volatile_but_its_label_is_not() -> None:
+    """Two runs of one label created in the same second get ``-1`` on the second's name
+    (launch/rundir.py), as timing decides: the golden toy once failed on it in CI. The label
+    itself still counts."""
+    first = normalize({"copy": "/t/.trainguard/runs/20261129-063000-toy-reference/kept/after-step-3/checkpoints"})
+    second = normalize({"copy": "/t/.trainguard/runs/20261129-063001-toy-reference-1/kept/after-step-3/checkpoints"})
+    assert differences(first, second) == [] and normalize(second) == second
+    other = normalize({"copy": "/t/.trainguard/runs/20261129-063000-toy-killed-after-step-4/kept/after-step-3/checkpoints"})
+    assert differences(first, other) != []
