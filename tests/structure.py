@@ -424,6 +424,83 @@ def long_files(modules: dict[str, Module], limit: int) -> list[tuple[str, int]]:
     )
 
 
+#: the code whose job is to turn records into JSON and back (or to speak a JSON API): a
+#: ``dict[str, Any]`` there is the wire format itself, not a record left untyped
+SERIALISATION = (
+    "trainguard.evidence", "trainguard.report", "trainguard.config.records", "trainguard._internal.readers",
+    "trainguard.launch.hook", "trainguard.faults.toxiproxy.client", "trainguard.tracking",
+)
+#: methods that are serialisation wherever they are
+SERIALISERS = frozenset({"to_dict", "from_dict", "to_json", "from_json"})
+_ANY = frozenset({"Any", "object"})
+
+
+def _string_map(node: ast.expr, aliases: frozenset[str]) -> bool:
+    """``dict``/``Mapping``/``MutableMapping`` of ``str`` to ``Any`` or ``object``, or a name
+    that aliases one."""
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        return (node.id if isinstance(node, ast.Name) else node.attr) in aliases
+    if not isinstance(node, ast.Subscript) or not isinstance(node.slice, ast.Tuple):
+        return False
+    base = node.value.id if isinstance(node.value, ast.Name) else getattr(node.value, "attr", "")
+    key, value = [*node.slice.elts, None, None][:2]
+    return (base in ("dict", "Dict", "Mapping", "MutableMapping") and isinstance(key, ast.Name)
+            and key.id == "str" and isinstance(value, (ast.Name, ast.Attribute))
+            and (value.id if isinstance(value, ast.Name) else value.attr) in _ANY)
+
+
+def _annotations(tree: ast.AST) -> Iterator[tuple[ast.expr, int, str | None]]:
+    """Every expression inside every annotation (so ``list[dict[str, Any]] | None`` is seen),
+    with the annotation's line and the function it belongs to."""
+    def visit(node: ast.AST, function: str | None) -> Iterator[tuple[ast.expr, int, str | None]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = child.args
+                for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
+                    if arg is not None and arg.annotation is not None:
+                        yield arg.annotation, arg.lineno, child.name
+                if child.returns is not None:
+                    yield child.returns, child.lineno, child.name
+                yield from visit(child, child.name)
+            elif isinstance(child, ast.AnnAssign):
+                yield child.annotation, child.lineno, function
+            else:
+                yield from visit(child, function)
+    for annotation, line, function in visit(tree, None):
+        for node in ast.walk(annotation):
+            if isinstance(node, ast.expr):
+                yield node, line, function
+
+
+def string_map_aliases(modules: dict[str, Module]) -> frozenset[str]:
+    """Module-level names bound to an untyped string map (``Params = dict[str, Any]``)."""
+    names: set[str] = set()
+    for module in modules.values():
+        for node in module.tree.body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, ast.AnnAssign) else [])
+            if value is not None and _string_map(value, frozenset()):
+                names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return frozenset(names)
+
+
+def untyped_string_maps(modules: dict[str, Module]) -> list[str]:
+    """Every annotation that is an untyped string map (aliases included), outside the
+    serialisation code: ``file:line`` each, once per line."""
+    aliases = string_map_aliases(modules)
+    found: set[str] = set()
+    for name, module in modules.items():
+        if not name.startswith("trainguard.") or name.startswith(("trainguard.plugins", "trainguard.fixtures")):
+            continue
+        if name.startswith(SERIALISATION):
+            continue
+        for node, line, function in _annotations(module.tree):
+            if function not in SERIALISERS and _string_map(node, aliases):
+                found.add(f"{_rel(module.path)}:{line}")
+    return sorted(found, key=lambda s: (s.rsplit(":", 1)[0], int(s.rsplit(":", 1)[1])))
+
+
 def main() -> None:
     modules = load_modules()
     graph = edges(modules)
@@ -453,6 +530,8 @@ def main() -> None:
         print(f"{what}: {len(found)}")
         for line in found:
             print("  ", line)
+    untyped = untyped_string_maps(modules)
+    print(f"untyped string maps (dict/Mapping of str to Any or object) outside the serialisation code: {len(untyped)}")
     for limit in (600, 700):
         over = long_files(library, limit)
         print(f"library files over {limit} lines: {len(over)}")
