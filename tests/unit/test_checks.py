@@ -362,9 +362,9 @@ def test_determinism_overlaps_its_two_runs_and_shares_the_first(jobs: Path) -> N
     result = run_determinism(check_context(runner, "determinism", spec))
     assert result.status == "passed", result.summary
     reference = runner.scheduling.reference(runner.request_for(spec))  # kept: no third launch
-    labels = [str(c["label"]) for c in runner.curves]
+    labels = [c.label for c in runner.curves]
     assert sorted(labels) == ["determinism-repeat", "reference"], labels
-    spans = {str(c["label"]): c["span"] for c in runner.curves}
+    spans = {c.label: c.span for c in runner.curves}
     (ref_start, ref_end), (rep_start, rep_end) = spans["reference"], spans["determinism-repeat"]
     # the reference ran in the background while the repeat ran: their lifetimes overlap
     assert ref_start < rep_end and rep_start < ref_end, spans
@@ -381,7 +381,7 @@ def test_a_completed_run_offered_as_reference_is_reused_whatever_its_limits(jobs
     assert canary_like.ok, canary_like.reason
     runner.scheduling.offer_reference(limited, canary_like)
     assert runner.scheduling.reference(request) is canary_like
-    assert [c["label"] for c in runner.curves] == ["canary"]  # nothing else launched
+    assert [c.label for c in runner.curves] == ["canary"]  # nothing else launched
 
 
 def test_a_failed_run_is_never_kept_as_a_reference(jobs: Path) -> None:

@@ -41,7 +41,7 @@ def jobs(tmp_path: Path) -> Path:
 
 
 def spans(runner: JobRunner) -> dict[str, tuple[float, float]]:
-    return {str(c["label"]): c["span"] for c in runner.curves}  # type: ignore[misc]
+    return {c.label: c.span for c in runner.curves}
 
 
 def test_the_plan_takes_runs_of_later_checks_that_are_not_timed() -> None:
@@ -84,7 +84,7 @@ def test_later_checks_take_the_runs_started_beside_smoke(jobs: Path) -> None:
     by_name = {c.name: c for c in report.checks}
     canary, determinism = by_name["canary"], by_name["determinism"]
     assert any(v["beside"] in ("smoke", "canary") for v in report_evidence(determinism)["started_ahead"].values())
-    labels = [str(c["label"]) for c in runner.curves]
+    labels = [c.label for c in runner.curves]
     # no extra launch: smoke judged parallel's 6-step 2-rank run (the shortest of the job at its
     # world size; it launched it) and resumed from a copy of its checkpoint; the canary's run,
     # started in the lane, is determinism's first, its second the lane's; parallel's 1-rank run is
@@ -95,7 +95,7 @@ def test_later_checks_take_the_runs_started_beside_smoke(jobs: Path) -> None:
     assert by_name["parallel"].status == "passed"
     times = spans(runner)
     # the profile measures speed: it ran first, alone; every other run started after it ended
-    starts = [c["span"][0] for c in runner.curves if c["label"] != "profile-n1"]  # type: ignore[index]
+    starts = [c.span[0] for c in runner.curves if c.label != "profile-n1"]
     assert times["profile-n1"][1] <= min(starts), times
 
 

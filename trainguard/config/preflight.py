@@ -16,7 +16,7 @@ from pathlib import Path
 
 from trainguard._internal.limits import brief
 from trainguard.config.problems import config_error
-from trainguard.config.schema import JobFile, MetricFile, render_placeholders
+from trainguard.config.schema import JobFile, MetricFile, PlaceholderValues, render_placeholders
 
 __all__ = ["preflight", "preflight_problems", "sample_values"]
 
@@ -24,11 +24,11 @@ __all__ = ["preflight", "preflight_problems", "sample_values"]
 _VIRTUAL = (Path("/proc"), Path("/sys"), Path("/dev"))
 
 
-def sample_values(job_file: JobFile, *, run_dir: Path | None = None) -> dict[str, object]:
+def sample_values(job_file: JobFile, *, run_dir: Path | None = None) -> PlaceholderValues:
     """Placeholder values shaped like a real run's (``run_dir`` under the state directory)."""
     job = job_file.job
     run_dir = run_dir or job_file.state_dir / "runs" / "validate"
-    values: dict[str, object] = {
+    values: dict[str, str | int] = {
         "steps": 2,
         "seed": job.seed,
         "world_size": job.world_size,

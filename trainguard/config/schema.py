@@ -59,6 +59,7 @@ __all__ = [
     "MetricRegex",
     "MetricSource",
     "MetricTrainer",
+    "PlaceholderValues",
     "Target",
     "render_placeholders",
 ]
@@ -70,6 +71,9 @@ PLACEHOLDERS = ("steps", "checkpoint_dir", "seed", "world_size", "run_dir", "bat
 #: known only when a run resumes (the newest complete checkpoint under its checkpoint
 #: directory), so allowed in ``job.resume_args`` only
 RESUME_PLACEHOLDERS = ("latest_checkpoint",)
+#: one run's placeholder values by name: numbers stay numbers (a ``ray_train`` job's
+#: ``"{steps}"`` in ``job.config`` becomes 40), paths are text
+PlaceholderValues = Mapping[str, str | int]
 
 #: how a job's ranks are started (``job.kind``): a kind a backend is registered for
 #: (:mod:`trainguard.config.backends`), ``command`` or ``ray_train`` unless one was added
@@ -416,14 +420,14 @@ class JobFile:
             )
         return [d for d in drills if "drills" in wanted or d.name in names]
 
-    def render(self, tokens: Iterable[str], values: Mapping[str, object]) -> list[str]:
+    def render(self, tokens: Iterable[str], values: PlaceholderValues) -> list[str]:
         """Fill placeholders in each token (tokens were split before filling, so a value with
         spaces stays one argument)."""
         return [render_placeholders(t, values) for t in tokens]
 
     def argv(
         self,
-        values: Mapping[str, object],
+        values: PlaceholderValues,
         *,
         extra_args: Iterable[str] = (),
         resume: bool = False,
@@ -436,6 +440,6 @@ class JobFile:
         return self.render(tokens, values)
 
 
-def render_placeholders(template: str, values: Mapping[str, object]) -> str:
+def render_placeholders(template: str, values: PlaceholderValues) -> str:
     """``str.format`` with only the named placeholders (``{{``/``}}`` escape braces)."""
     return template.format_map(dict(values))

@@ -72,9 +72,9 @@ def profile_job(
     runner.pool.state.timed_runs_done()  # the untimed runs of later checks may start while it writes its reports
     data = profile.to_dict()
     data["check_curves"] = [
-        {**{k: v for k, v in c.items() if k != "span"},
-         "values": {str(k): v for k, v in c["values"].items()}}  # type: ignore[attr-defined]
-        for c in runner.curves if not str(c["label"]).startswith(("profile", "headroom"))
+        {"label": c.label, "world_size": c.world_size, "metric": c.metric, "outcome": c.outcome,
+         "values": {str(k): v for k, v in c.values.items()}}
+        for c in runner.curves if not c.label.startswith(("profile", "headroom"))
     ]
     paths = write_reports(data, profile.run_dir, job_file.state_dir / "profile")
     tracker = tracker_of(runner)

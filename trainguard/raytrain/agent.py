@@ -40,17 +40,114 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from trainguard._internal.signals import signals_deferred
 from trainguard.errors import TrainguardError
 
-__all__ = ["STATE_TRACKING_ENV", "RayAgent", "RayAgentError", "StateNotYet", "wait_for_state"]
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+__all__ = [
+    "STATE_TRACKING_ENV",
+    "NodeEntry",
+    "NodeSignal",
+    "NodeStop",
+    "RayAgent",
+    "RayAgentError",
+    "StateNotYet",
+    "TrainWorkers",
+    "WorkerEntry",
+    "wait_for_state",
+]
 
 #: the driver's setting that makes Ray Train record its runs' workers in its state actor
 STATE_TRACKING_ENV = {"RAY_TRAIN_ENABLE_STATE_TRACKING": "1"}
 _READY = "trainguard-ray-agent ready"
 T = TypeVar("T")
+
+
+class AgentRequest(TypedDict, total=False):
+    """One request line on the agent's stdin: ``id``, ``op`` and the op's arguments."""
+
+    id: int
+    op: str
+    run_name: str
+    rank: int | None
+    pid: int | None
+    wait_s: float
+    node_id: str
+    signal: int
+    delay: float
+
+
+class AgentAnswer(TypedDict, total=False):
+    """One answer line on the agent's stdout (``ready`` only in the first, read from its ready
+    line): ``result`` is the op's (a :class:`TrainWorkers`, a list of :class:`NodeEntry`, a
+    :class:`NodeSignal`, a :class:`NodeStop`, True for ``warm``)."""
+
+    id: int | None
+    ok: bool
+    result: Any
+    error: str
+    ready: bool
+
+
+class WorkerEntry(TypedDict, total=False):
+    """A Train worker as Ray Train's state lists it; the ``actor_*`` keys are Ray core's view of
+    its actor, when the dashboard's state API answered."""
+
+    world_rank: int
+    actor_id: str
+    node_id: str
+    node_ip: str
+    pid: int
+    actor_state: str
+    actor_node_id: str
+    actor_pid: int
+
+
+class TrainWorkers(TypedDict):
+    """The answer to ``workers``: the newest running attempt of a live Train run, its workers."""
+
+    run_id: str
+    run_status: str
+    attempt_id: str
+    workers: list[WorkerEntry]
+
+
+class NodeEntry(TypedDict):
+    """A node of the cluster (``ray.nodes()``), the answer to ``nodes`` being a list of them."""
+
+    node_id: str
+    alive: bool
+    resources: dict[str, float]
+    head: bool
+
+
+class NodeSignal(TypedDict, total=False):
+    """What the node's actor saw when it signalled a pid there (``signal``): ``sent``, the
+    process state before and after, ``why`` when nothing was sent."""
+
+    host: str
+    task_pid: int
+    pid: int
+    state_before: str | None
+    sent: bool
+    why: str
+    state_after: str | None
+
+
+class NodeStop(TypedDict, total=False):
+    """What the node's actor did to stop its node (``stop_node``): the raylet it strikes,
+    ``sent``, ``why`` when it will not."""
+
+    host: str
+    task_pid: int
+    raylet_pid: int
+    raylet_cmdline: str
+    sent: bool
+    why: str
 
 
 class RayAgentError(TrainguardError):
@@ -73,7 +170,7 @@ class RayAgent:
         self.request_timeout = request_timeout
         self.start_s: float | None = None
         self._popen: subprocess.Popen[str] | None = None
-        self._answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._answers: queue.Queue[AgentAnswer | None] = queue.Queue()
         self._stderr: list[str] = []
         self._next_id = 0
         self._lock = threading.Lock()
@@ -198,13 +295,13 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _signal_here(pid: int, signum: int) -> dict[str, Any]:
+def _signal_here(pid: int, signum: int) -> NodeSignal:
     """Runs on the worker's node: signal ``pid`` if it is a Ray worker process there."""
     import socket
 
     name = _cmdline(pid)
-    out: dict[str, Any] = {"host": socket.gethostname(), "task_pid": os.getpid(), "pid": pid,
-                           "state_before": _proc_state(pid)}
+    out: NodeSignal = {"host": socket.gethostname(), "task_pid": os.getpid(), "pid": pid,
+                       "state_before": _proc_state(pid)}
     if out["state_before"] is None:
         return {**out, "sent": False, "why": f"no process {pid} on this node (it exited)"}
     if "ray::" not in name and "default_worker" not in name:
@@ -225,14 +322,14 @@ def _signal_here(pid: int, signum: int) -> dict[str, Any]:
     return {**out, "sent": True, "state_after": _proc_state(pid)}
 
 
-def _stop_node_here(signum: int, delay: float) -> dict[str, Any]:
+def _stop_node_here(signum: int, delay: float) -> NodeStop:
     """Runs on the node to stop: kill its raylet (this worker's parent) ``delay`` s from now."""
     import socket
 
     raylet = os.getppid()
     name = _cmdline(raylet)
-    out = {"host": socket.gethostname(), "task_pid": os.getpid(), "raylet_pid": raylet,
-           "raylet_cmdline": name[:200]}
+    out: NodeStop = {"host": socket.gethostname(), "task_pid": os.getpid(), "raylet_pid": raylet,
+                     "raylet_cmdline": name[:200]}
     if "raylet" not in name:
         return {**out, "sent": False, "why": f"this task's parent (pid {raylet}) is not a raylet"}
     threading.Timer(delay, os.kill, (raylet, signum)).start()
@@ -246,29 +343,31 @@ class _NodeHand:
     def ping(self) -> int:
         return os.getpid()
 
-    def signal(self, pid: int, signum: int) -> dict[str, Any]:
+    def signal(self, pid: int, signum: int) -> NodeSignal:
         return _signal_here(pid, signum)
 
-    def stop_node(self, signum: int, delay: float) -> dict[str, Any]:
+    def stop_node(self, signum: int, delay: float) -> NodeStop:
         return _stop_node_here(signum, delay)
 
 
-_HANDS: dict[str, Any] = {}
+_HANDS: dict[str, ActorHandle[_NodeHand]] = {}
 
 
-def _hand(node_id: str) -> Any:
+def _hand(node_id: str) -> ActorHandle[_NodeHand]:
     """The node's hand, started on first use (it lives as long as this agent, its owner)."""
     import ray
+    from ray.actor import ActorHandle
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    hand: Any = _HANDS.get(node_id)
+    hand = _HANDS.get(node_id)
     if hand is None:
-        hand = ray.remote(_NodeHand).options(
+        started = ray.remote(_NodeHand).options(
             num_cpus=0, max_restarts=0, max_task_retries=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         ).remote()
-        ray.get(hand.ping.remote(), timeout=45)
-        _HANDS[node_id] = hand
+        assert isinstance(started, ActorHandle)  # an actor class's remote() starts an actor
+        ray.get(started.ping.remote(), timeout=45)
+        _HANDS[node_id] = hand = started
     return hand
 
 
@@ -311,7 +410,7 @@ def wait_for_state(lookup: Callable[[], T], wait_s: float, *, interval: float = 
         sleep(interval)
 
 
-def _train_workers(run_name: str, rank: int | None = None, pid: int | None = None) -> dict[str, Any]:
+def _train_workers(run_name: str, rank: int | None = None, pid: int | None = None) -> TrainWorkers:
     import ray
     from ray.train.v2._internal.state.state_actor import get_state_actor
 
@@ -344,8 +443,8 @@ def _train_workers(run_name: str, rank: int | None = None, pid: int | None = Non
                               f"not the worker that printed its steps (pid {pid})")
         groups = mine
     _, _, attempt, run = max(groups, key=lambda g: (g[1], g[0]))
-    workers = [{"world_rank": w.world_rank, "actor_id": w.actor_id, "node_id": w.node_id,
-                "node_ip": w.node_ip, "pid": w.pid} for w in attempt.workers]
+    workers: list[WorkerEntry] = [{"world_rank": w.world_rank, "actor_id": w.actor_id, "node_id": w.node_id,
+                                   "node_ip": w.node_ip, "pid": w.pid} for w in attempt.workers]
     for w in workers:  # Ray core's view of the same actor, when the dashboard's state API answers
         if rank is not None and w["world_rank"] != rank:
             continue
@@ -361,14 +460,14 @@ def _train_workers(run_name: str, rank: int | None = None, pid: int | None = Non
             "workers": workers}
 
 
-def _nodes() -> list[dict[str, Any]]:
+def _nodes() -> list[NodeEntry]:
     import ray
 
     return [{"node_id": n["NodeID"], "alive": n["Alive"], "resources": n.get("Resources", {}),
              "head": "node:__internal_head__" in n.get("Resources", {})} for n in ray.nodes()]
 
 
-def _serve(request: dict[str, Any]) -> Any:
+def _serve(request: AgentRequest) -> Any:
     op = request.get("op")
     if op == "workers":
         rank = request.get("rank")
@@ -383,7 +482,10 @@ def _serve(request: dict[str, Any]) -> Any:
     if op == "warm":
         return _hand(str(request["node_id"])) is not None  # started and answering
     if op == "signal":
-        return _on_node(str(request["node_id"]), "signal", int(request["pid"]), int(request["signal"]))
+        pid = request.get("pid")
+        if pid is None:
+            raise ValueError("signal: no pid to signal")
+        return _on_node(str(request["node_id"]), "signal", int(pid), int(request["signal"]))
     if op == "stop_node":
         node_id = str(request["node_id"])
         done = _on_node(node_id, "stop_node", int(request["signal"]), float(request.get("delay", 0.3)))
@@ -405,7 +507,7 @@ def main() -> int:
         for line in sys.stdin:
             if not line.strip():
                 continue
-            request: dict[str, Any] = {}
+            request: AgentRequest = {}
             try:
                 request = json.loads(line)
                 answer = {"id": request.get("id"), "ok": True, "result": _serve(request)}

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    values: dict[str, object] = {
+    values: dict[str, str | int] = {
         "steps": args.steps, "seed": args.seed, "world_size": args.num_workers,
         "checkpoint_dir": args.storage_path, "run_dir": args.run_dir,
         "batch_size": int(args.batch_size) if args.batch_size.isdigit() else args.batch_size,

@@ -45,7 +45,7 @@ class RayScaling(ConfigModel):
     resources_per_worker: dict[str, float] | None = None
 
 
-def _render(value: Any, values: Mapping[str, object]) -> Any:
+def _render(value: Any, values: Mapping[str, str | int]) -> Any:
     if isinstance(value, str):
         parsed = list(string.Formatter().parse(value))
         # exactly "{name}": the typed value (steps stays an int in train_loop_config)
@@ -59,7 +59,7 @@ def _render(value: Any, values: Mapping[str, object]) -> Any:
     return value
 
 
-def render_config(config: Mapping[str, Any], values: Mapping[str, object]) -> dict[str, Any]:
+def render_config(config: Mapping[str, Any], values: Mapping[str, str | int]) -> dict[str, Any]:
     """``job.config`` with placeholders filled: a string that is exactly one placeholder takes the
     value's type (``"{steps}"`` -> 40), others are formatted as text."""
     return {k: _render(v, values) for k, v in config.items()}

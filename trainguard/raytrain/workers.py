@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import psutil
 
@@ -45,9 +45,9 @@ from trainguard.raytrain import WORKER_PREFIX, parse_worker_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher
-    from trainguard.raytrain.agent import RayAgent
+    from trainguard.raytrain.agent import NodeEntry, RayAgent, TrainWorkers, WorkerEntry
 
-__all__ = ["SIGNAL_PATH_ENV", "RayTarget", "RayWorkerLauncher", "RayWorkerTracker", "signal_path"]
+__all__ = ["SIGNAL_PATH_ENV", "RayTarget", "RayWorkerLauncher", "RayWorkerTracker", "TargetEvidence", "signal_path"]
 
 #: ``api`` / ``pid`` / ``auto`` (default): how a drill reaches a Ray Train worker
 SIGNAL_PATH_ENV = envvars.RAY_SIGNALS
@@ -72,6 +72,17 @@ def signal_path(environ: dict[str, str] | None = None) -> str:
     return "api" if address and address not in ("local", "auto") else "pid"
 
 
+class TargetEvidence(TypedDict):
+    """A :class:`RayTarget` as a fault's evidence says it (``target``)."""
+
+    world_rank: int
+    actor_id: str
+    node_id: str
+    pid: int
+    attempt_id: str
+    actor_state: str | None
+
+
 @dataclass(frozen=True)
 class RayTarget:
     """The Ray Train worker of one world rank, as Ray Train's state lists it."""
@@ -85,7 +96,7 @@ class RayTarget:
     #: Ray core's state of the actor (``ray.util.state.get_actor``), when the dashboard answered
     actor_state: str | None = None
 
-    def evidence(self) -> dict[str, Any]:
+    def evidence(self) -> TargetEvidence:
         return {"world_rank": self.rank, "actor_id": self.actor_id, "node_id": self.node_id,
                 "pid": self.pid, "attempt_id": self.attempt_id, "actor_state": self.actor_state}
 
@@ -238,8 +249,8 @@ class RayWorkerLauncher:
         self.run_name = run_name
         #: the pid path is off: every signal goes through Ray (:meth:`signal_rank`)
         self.via_api = via_api and agent is not None
-        self._found: dict[int, tuple[RayTarget, list[dict[str, Any]]]] = {}
-        self._nodes: list[dict[str, Any]] | None = None
+        self._found: dict[int, tuple[RayTarget, list[WorkerEntry]]] = {}
+        self._nodes: list[NodeEntry] | None = None
         #: how each target was found: "state" (asked at the fault) or "prefetched"
         self.lookups: list[str] = []
         self._prefetch_started = False
@@ -300,7 +311,7 @@ class RayWorkerLauncher:
         run, from Ray Train's state (WorkerNotHere when the state has none)."""
         return self._find(rank)[0]
 
-    def _find(self, rank: int) -> tuple[RayTarget, list[dict[str, Any]]]:
+    def _find(self, rank: int) -> tuple[RayTarget, list[WorkerEntry]]:
         if self._prefetch_started:  # a lookup in flight: its answer comes no later than a new one
             self._prefetched.wait(timeout=STATE_WAIT_S + 15)
         found = self._found.get(rank)
@@ -312,13 +323,13 @@ class RayWorkerLauncher:
         self._nodes = None  # the group changed since the prefetch: the nodes may have too
         return self._lookup(rank)
 
-    def _lookup(self, rank: int) -> tuple[RayTarget, list[dict[str, Any]]]:
+    def _lookup(self, rank: int) -> tuple[RayTarget, list[WorkerEntry]]:
         from trainguard.raytrain.agent import RayAgentError
 
         try:
             # the process that printed the rank's steps: the state's group must hold it
             seen = self.tracker.latest(rank)
-            found = self._agent().request("workers", run_name=self.run_name, rank=rank,
+            found: TrainWorkers = self._agent().request("workers", run_name=self.run_name, rank=rank,
                                           pid=None if seen is None else seen.pid, wait_s=STATE_WAIT_S)
         except RayAgentError as exc:
             raise WorkerNotHere(f"Ray's state has no worker of rank {rank}: {exc}") from None
@@ -364,9 +375,9 @@ class RayWorkerLauncher:
 
         t0 = time.monotonic()
         target, workers = self._find(rank)
-        nodes = {n["node_id"]: n for n in self._nodes or self._agent().request("nodes")}
-        node = nodes.get(target.node_id, {})
-        if node.get("head"):
+        listed: list[NodeEntry] = self._nodes or self._agent().request("nodes")
+        node = {n["node_id"]: n for n in listed}.get(target.node_id)
+        if node is not None and node["head"]:
             raise WorkerNotHere(
                 f"the Ray worker of rank {rank} runs on the head node {target.node_id[:12]}: losing "
                 "the head loses the cluster (GCS, driver, controller); node_loss needs worker nodes "
@@ -380,7 +391,7 @@ class RayWorkerLauncher:
             raise WorkerNotHere(f"node {target.node_id[:12]} was not stopped: {done.get('why')}")
         others = [w for w in workers if w["node_id"] == target.node_id]
         return {**done, "via": "ray_api", "target": target.evidence(), "signal": signal.Signals(sig).name,
-                "node_resources": node.get("resources", {}),
+                "node_resources": {} if node is None else node["resources"],
                 "ranks_on_node": sorted(w["world_rank"] for w in others),
                 "took_s": round(time.monotonic() - t0, 3), "lookup": self.lookups[-1]}
 

@@ -28,11 +28,13 @@ from trainguard._internal.quiet import SETTLE_S, busy, measured, wait_while_meas
 from trainguard._internal.readers import use_limits
 from trainguard.config import CheckSpec, JobFile, MetricFile, MetricRegex
 from trainguard.config.backends import backend_for
+from trainguard.config.schema import PlaceholderValues
 from trainguard.config.settings import Settings, read_limits
 from trainguard.launch import Launcher, LaunchSpec, LineMetric, MetricPoint, RunResult, trajectory
 from trainguard.launch.backend import JobBackend
 from trainguard.launch.hook import METRICS_DIR, SAMPLES_DIR, run_hook_env
 from trainguard.launch.rundir import new_run_dir
+from trainguard.report import CappedLogs, FullDisk
 from trainguard.run.keep import Keepers
 from trainguard.run.observer import MetricCallback, NullObserver, ObserverSource, RunObserver
 from trainguard.run.pool import RunPool
@@ -45,6 +47,8 @@ __all__ = [
     "JobRunner",
     "LaunchOptions",
     "LaunchRecord",
+    "LogNote",
+    "RunCurve",
     "SupervisedRun",
     "repro_dir",
 ]
@@ -187,6 +191,31 @@ class LaunchRecord:
                 "steps": self.steps}
 
 
+@dataclass(frozen=True)
+class RunCurve:
+    """The progress metric of one run launched through :meth:`JobRunner.run`: the profile's
+    report plots the checks' curves next to its own."""
+
+    label: str
+    world_size: int
+    metric: str
+    outcome: str
+    #: step -> value (the mean over the ranks that printed it)
+    values: dict[int, float]
+    #: when it was launched and when it ended (``time.monotonic``)
+    span: tuple[float, float]
+
+
+@dataclass(frozen=True)
+class LogNote:
+    """What the launcher said about one run's logs: capped by the log cap, or written to a full
+    or failing disk (its evidence's ``logs_truncated`` / ``run_dir_disk``)."""
+
+    run_dir: str
+    capped: CappedLogs | None
+    full_disk: FullDisk | None
+
+
 @dataclass
 class JobRunner:
     """Launches runs of one job file."""
@@ -205,10 +234,10 @@ class JobRunner:
     backend: JobBackend = field(init=False, repr=False)
     #: the loss curve of every run launched through :meth:`run` (label, world size, step -> loss),
     #: in launch order: the profile's report plots the checks' curves next to its own
-    curves: list[dict[str, object]] = field(default_factory=list, repr=False)
+    curves: list[RunCurve] = field(default_factory=list, repr=False)
     #: what the launcher said about the logs of each run: capped (``logs_truncated``) or on a
     #: full disk (``run_dir_disk``); see :meth:`take_log_notes`
-    log_notes: list[dict[str, object]] = field(default_factory=list, repr=False)
+    log_notes: list[LogNote] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: launchers of the runs started off the main thread (stopped by stop_background/close_lane)
     _inflight: set[Launcher] = field(default_factory=set, repr=False)
@@ -238,7 +267,7 @@ class JobRunner:
         """Checkpoints kept from uninterrupted runs after a step (:mod:`trainguard.run.keep`)."""
         return self.pool.keepers
 
-    def take_log_notes(self) -> list[dict[str, object]]:
+    def take_log_notes(self) -> list[LogNote]:
         """The log notes recorded since the last call (:func:`trainguard.session.run_check`
         moves them into the evidence of the check that ran those runs)."""
         with self._lock:
@@ -263,11 +292,11 @@ class JobRunner:
         if self._parent is None or self.backend is not self._parent.backend:
             self.backend.close()
 
-    def placeholders(self, request: RunRequest, run_dir: Path, checkpoint_dir: Path | None) -> dict[str, object]:
+    def placeholders(self, request: RunRequest, run_dir: Path, checkpoint_dir: Path | None) -> dict[str, str | int]:
         """The values of the job's placeholders (``{steps}``, ``{seed}``, ``{world_size}``,
         ``{run_dir}``, ``{batch_size}``, ``{checkpoint_dir}``) for one run."""
         job = self.job_file.job
-        values: dict[str, object] = {
+        values: dict[str, str | int] = {
             "steps": request.steps,
             "seed": request.seed,
             "world_size": request.world_size,
@@ -330,8 +359,7 @@ class JobRunner:
             return
         curve = trajectory(result.points, name)
         if curve:
-            self.curves.append({"label": label, "world_size": request.world_size, "metric": name,
-                                "outcome": result.outcome, "values": curve, "span": span})
+            self.curves.append(RunCurve(label, request.world_size, name, result.outcome, curve, span))
 
     def supervise(
         self,
@@ -411,7 +439,7 @@ class JobRunner:
     def _launch(
         self,
         request: RunRequest,
-        values: dict[str, object],
+        values: PlaceholderValues,
         log_dir: Path,
         attempt: _Attempt,
         options: LaunchOptions = DEFAULT_OPTIONS,
@@ -477,11 +505,12 @@ class JobRunner:
         result.evidence.setdefault("checkpoint_dir", str(result.checkpoint_dir))
         self._record(LaunchRecord(attempt.label, request.world_size, result.duration_s, result.first_metric_s,
                                   len({p.step for p in result.points})))
-        notes: dict[str, object] = {k: result.evidence[k] for k in ("logs_truncated", "run_dir_disk")
-                                    if k in result.evidence}
-        if notes:
+        capped, disk = result.evidence.get("logs_truncated"), result.evidence.get("run_dir_disk")
+        if capped is not None or disk is not None:
+            note = LogNote(str(result.run_dir), None if capped is None else CappedLogs.from_dict({"run_dir": str(result.run_dir), "logs": capped}),
+                           None if disk is None else FullDisk.from_dict(disk))
             with self._lock:
-                self.log_notes.append({"run_dir": str(result.run_dir), **notes})
+                self.log_notes.append(note)
         if resumed_from:
             result.evidence["resumed_from"] = resumed_from
         return result
@@ -500,8 +529,8 @@ class JobRunner:
         return any("{latest_checkpoint}" in t for t in self.job_file.job.resume_args)
 
     def _resume_values(
-        self, values: dict[str, object], resume: bool
-    ) -> tuple[dict[str, object], bool, str]:
+        self, values: PlaceholderValues, resume: bool
+    ) -> tuple[PlaceholderValues, bool, str]:
         """The placeholder values of one launch with ``{latest_checkpoint}`` filled, looked up
         now (each restart of a supervised run gets the newest one). No complete checkpoint: the
         launch starts afresh without ``resume_args``, as an agent would; the third item says
@@ -517,7 +546,7 @@ class JobRunner:
         return {**values, "latest_checkpoint": str(latest)}, True, str(latest)
 
     def _metric_sources(
-        self, values: Mapping[str, object], log_dir: Path, env: Mapping[str, str]
+        self, values: PlaceholderValues, log_dir: Path, env: Mapping[str, str]
     ) -> tuple[dict[str, str | LineMetric], dict[str, str], dict[str, str]]:
         """The launcher's metric regexes and files for one attempt, and the environment that
         puts the start-up hook's run agent on the ranks (trainer metrics, sample indices) when

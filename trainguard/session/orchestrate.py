@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from trainguard.checks.context import context_for
 from trainguard.config import CheckSpec, JobFile
 from trainguard.config.registry import Later, check_for, check_names
-from trainguard.report import CappedLogs, CheckResult, FullDisk, Report, SkipReason
+from trainguard.report import CheckResult, Report, SkipReason
 from trainguard.run.declared import progress_metric_of
 from trainguard.run.pool import SessionState
 from trainguard.run.request import share_key
@@ -142,9 +142,8 @@ def _attach_log_notes(runner: JobRunner, result: CheckResult) -> None:
     """The check's evidence says which of its runs' logs were capped, and which runs had a full
     disk under their run directory (the launcher's ``logs_truncated`` / ``run_dir_disk``)."""
     notes = runner.take_log_notes()
-    capped = [CappedLogs.from_dict({"run_dir": note["run_dir"], "logs": note["logs_truncated"]})
-              for note in notes if "logs_truncated" in note]
-    full = [FullDisk.from_dict(note["run_dir_disk"]) for note in notes if "run_dir_disk" in note]
+    capped = [note.capped for note in notes if note.capped is not None]
+    full = [note.full_disk for note in notes if note.full_disk is not None]
     # a failed run's evidence may hold its own already (copied by the check): these come after
     if capped:
         result.run_notes.logs_truncated = capped
