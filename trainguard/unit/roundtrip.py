@@ -24,7 +24,7 @@ import tempfile
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 import torch
 
@@ -42,6 +42,51 @@ __all__ = ["RNG", "assert_state_roundtrip", "roundtrip_child"]
 #: The component key that stands for the global RNGs (Python, NumPy, torch, CUDA) in
 #: ``assert_state_roundtrip``: ``build()`` returns ``{..., RNG: None}``.
 RNG = "rng"
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """A component of ``build()``: a model, an optimizer, a scheduler, anything with both."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state_dict: Any, /) -> Any: ...
+
+
+#: ``build()``'s components by name; None only under :data:`RNG` (the global RNGs)
+Components = dict[str, Stateful | None]
+
+
+class RoleSpec(TypedDict):
+    """What both processes do (the JSON spec the parent writes): the refs, seed, steps and the
+    checkpoint's path."""
+
+    build: str
+    step: str
+    save: str | None
+    load: str | None
+    steps: int
+    seed: int
+    checkpoint: str
+
+
+class ChildSpec(RoleSpec):
+    """One process's spec: its role and where it writes its result or its error."""
+
+    role: str
+    result: str
+    error: str
+
+
+class PortableRng(TypedDict):
+    """``rng_state()`` as one process records it: Python's 625 ints as one tensor."""
+
+    python: torch.Tensor
+    python_gauss_next: float | None
+    python_version: int
+    numpy: Any
+    torch: torch.Tensor
+    cuda: list[torch.Tensor]
 
 _MAX_LISTED = 12  # differing keys listed per block of a failure message
 
@@ -90,7 +135,7 @@ def _resolve_ref(ref: str, argname: str) -> Callable[..., Any]:
     return obj  # type: ignore[no-any-return]
 
 
-def _check_components(components: object, build: str) -> dict[str, Any]:
+def _check_components(components: object, build: str) -> Components:
     if not isinstance(components, Mapping) or not components:
         raise UsageError(
             f"build={build!r} must return a non-empty dict of components "
@@ -102,16 +147,16 @@ def _check_components(components: object, build: str) -> dict[str, Any]:
             raise UsageError(f"build={build!r}: component names must be strings, got {name!r}")
         if name == RNG and value is None:
             continue
-        if not (hasattr(value, "state_dict") and hasattr(value, "load_state_dict")):
+        if not isinstance(value, Stateful):
             raise UsageError(
                 f"build={build!r}: component {name!r} is a {type(value).__name__} without "
                 "state_dict()/load_state_dict(); wrap it in an object that has both, or use the "
                 f"key {RNG!r} with the value None for the global RNGs"
             )
-    return dict(components)
+    return {str(name): value for name, value in components.items()}
 
 
-def _portable_rng() -> dict[str, Any]:
+def _portable_rng() -> PortableRng:
     """rng_state() with Python's 625 ints as one tensor, so a difference is one entry."""
     state = rng_state()
     version, internal, gauss_next = state["python"]
@@ -129,18 +174,18 @@ def _detached(value: Any) -> Any:
     return map_tensors(value, lambda t: t.detach().cpu().clone())
 
 
-def _snapshot(components: Mapping[str, Any]) -> dict[str, Any]:
+def _snapshot(components: Components) -> dict[str, Any]:
     """Each component's state now, as copies (a module's state_dict aliases its parameters)."""
     return {
-        name: _portable_rng() if name == RNG and obj is None else _detached(obj.state_dict())
+        name: _portable_rng() if obj is None else _detached(obj.state_dict())
         for name, obj in components.items()
     }
 
 
-def _default_save(components: Mapping[str, Any], path: str) -> None:
+def _default_save(components: Components, path: str) -> None:
     """``{name: state_dict()}`` plus ``rng_state()`` under "rng", written atomically."""
     state = {
-        name: rng_state() if name == RNG and obj is None else obj.state_dict()
+        name: rng_state() if obj is None else obj.state_dict()
         for name, obj in components.items()
     }
     buffer = io.BytesIO()
@@ -148,11 +193,11 @@ def _default_save(components: Mapping[str, Any], path: str) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def _default_load(components: Mapping[str, Any], path: str) -> None:
+def _default_load(components: Components, path: str) -> None:
     """``load_state_dict`` per component, then ``set_rng_state`` (last: loading may draw)."""
     state = torch.load(path, map_location="cpu", weights_only=True)
     for name, obj in components.items():
-        if name == RNG and obj is None:
+        if obj is None:  # the RNG component
             continue
         if name not in state:
             raise UsageError(
@@ -190,7 +235,7 @@ def roundtrip_child(spec_path: str) -> int:
         return 1
 
 
-def _run_role(spec: Mapping[str, Any]) -> None:
+def _run_role(spec: ChildSpec) -> None:
     build = _resolve_ref(spec["build"], "build")
     step = _resolve_ref(spec["step"], "step")
     save = _resolve_ref(spec["save"], "save") if spec["save"] else _default_save
@@ -238,16 +283,16 @@ def _child_pythonpath(extra: Sequence[str]) -> str:
 
 
 def _run_process(
-    role: str, spec: dict[str, Any], workdir: Path, pythonpath: str, timeout: float, what: str
+    role: str, spec: RoleSpec, workdir: Path, pythonpath: str, timeout: float, what: str
 ) -> dict[str, Any]:
-    spec = {
+    child: ChildSpec = {
         **spec,
         "role": role,
         "result": str(workdir / f"{role}.result.pt"),
         "error": str(workdir / f"{role}.error.json"),
     }
     spec_path = workdir / f"{role}.spec.json"
-    atomic_write_text(spec_path, json.dumps(spec))
+    atomic_write_text(spec_path, json.dumps(child))
     result = Launcher(
         LaunchSpec(
             argv=[sys.executable, "-c", _CHILD_CODE, str(spec_path)],
@@ -267,7 +312,7 @@ def _run_process(
             f"{timeout:g} s (timeout=) and was killed.\nits stack:\n{stacks}\n"
             f"its stderr:\n{result.stderr_tail}"
         )
-    error_path = Path(spec["error"])
+    error_path = Path(child["error"])
     if error_path.exists():
         error = json.loads(error_path.read_text())
         if error["kind"] == "usage":
@@ -279,7 +324,7 @@ def _run_process(
     # died without recording an error (a signal, a crash in native code): not an assertion
     result.raise_for_ranks(f"assert_state_roundtrip: the {role} process ({what})")
     try:
-        loaded = load_checkpoint(Path(spec["result"]))
+        loaded = load_checkpoint(Path(child["result"]))
     except ValueError as exc:
         raise UsageError(
             f"assert_state_roundtrip: the state recorded by the {role} process cannot be read "
@@ -405,7 +450,7 @@ def assert_state_roundtrip(
 
     with tempfile.TemporaryDirectory(prefix="trainguard-roundtrip-") as tmp:
         workdir = Path(tmp)
-        spec = {
+        spec: RoleSpec = {
             "build": build_ref,
             "step": step_ref,
             "save": save_ref,

@@ -24,7 +24,7 @@ import random
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from trainguard.errors import UsageError
 
@@ -343,7 +343,17 @@ def make_generator(seed: int) -> torch.Generator:
 # rng_state() holds only tuples, ints, floats, strings and tensors, so a checkpoint containing it
 # loads with torch.load(weights_only=True) (the default since torch 2.6); NumPy's state is a
 # tuple around a uint32 array, which that loader refuses.
-def _numpy_state_to_portable(state: Any) -> dict[str, Any]:
+class _PortableNumpyState(TypedDict):
+    """NumPy's legacy RNG state (``np.random.get_state()``) as ``rng_state()["numpy"]``."""
+
+    bit_generator: str
+    keys: torch.Tensor
+    pos: int
+    has_gauss: int
+    cached_gaussian: float
+
+
+def _numpy_state_to_portable(state: Any) -> _PortableNumpyState:
     import numpy as np
     import torch
 

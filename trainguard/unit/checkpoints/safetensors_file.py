@@ -7,7 +7,7 @@ import json
 import os
 import struct
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from trainguard._internal.readers import (
     ReadLimits,
@@ -18,7 +18,20 @@ from trainguard._internal.readers import (
     shown_name,
 )
 
-__all__ = ["MAX_SAFETENSORS_HEADER", "load_safetensors", "read_safetensors_file", "safetensors_header"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["MAX_SAFETENSORS_HEADER", "TensorInfo", "load_safetensors", "read_safetensors_file",
+           "safetensors_header"]
+
+
+class TensorInfo(TypedDict):
+    """One tensor's entry in a safetensors header (JSON), checked by :func:`safetensors_header`."""
+
+    dtype: str
+    shape: list[int]
+    #: [start, end) in the data after the header
+    data_offsets: list[int]
 
 
 _ST_DTYPES = {
@@ -58,9 +71,10 @@ def _check_tensor_info(path: Path, name: str, info: Any, data_size: int) -> None
                              f"offsets span {offsets[1] - offsets[0]}")
 
 
-def safetensors_header(path: Path, limits: ReadLimits | None = None) -> tuple[int, dict[str, Any]]:
-    """(header length, header) of a safetensors file, every entry checked against the file's
-    real size; Unreadable when it is not one, is malformed or is shorter than its header says."""
+def safetensors_header(path: Path, limits: ReadLimits | None = None) -> tuple[int, dict[str, TensorInfo]]:
+    """(header length, the header's tensor entries by name) of a safetensors file, every entry
+    checked against the file's real size (its ``__metadata__`` is left out); Unreadable when it
+    is not one, is malformed or is shorter than its header says."""
     limits = limits or active_limits()
     with open_regular(path, limits) as handle:
         size = os.fstat(handle.fileno()).st_size
@@ -80,13 +94,15 @@ def safetensors_header(path: Path, limits: ReadLimits | None = None) -> tuple[in
     if not isinstance(header, dict):
         raise Unreadable(f"{shown_name(path)} is not a safetensors file: its header is not a JSON object")
     data_size = size - 8 - length
+    entries: dict[str, TensorInfo] = {}
     for name, info in header.items():
         if name != "__metadata__":
             _check_tensor_info(path, name, info, data_size)
-    return length, header
+            entries[name] = info
+    return length, entries
 
 
-def read_safetensors_file(path: Path, limits: ReadLimits | None = None) -> dict[str, Any]:
+def read_safetensors_file(path: Path, limits: ReadLimits | None = None) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file, read by trainguard itself (an 8-byte little-endian
     header length, a JSON header of name -> dtype, shape, byte offsets, then the raw bytes)."""
     limits = limits or active_limits()
@@ -94,10 +110,8 @@ def read_safetensors_file(path: Path, limits: ReadLimits | None = None) -> dict[
 
     length, header = safetensors_header(path, limits)
     data = read_bytes(path, limits)[8 + length:]
-    tensors: dict[str, Any] = {}
+    tensors: dict[str, torch.Tensor] = {}
     for name, info in header.items():
-        if name == "__metadata__":
-            continue
         dtype = getattr(torch, _ST_DTYPES.get(info["dtype"], ""), None)
         if dtype is None:
             raise Unreadable(f"{shown_name(path)}: tensor {name} has dtype {info['dtype']}, which this torch lacks")
@@ -108,7 +122,7 @@ def read_safetensors_file(path: Path, limits: ReadLimits | None = None) -> dict[
     return tensors
 
 
-def load_safetensors(path: Path, limits: ReadLimits | None = None) -> dict[str, Any]:
+def load_safetensors(path: Path, limits: ReadLimits | None = None) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file, its header checked first: with the ``safetensors``
     package when it is installed (it comes with transformers), else :func:`read_safetensors_file`."""
     limits = limits or active_limits()
