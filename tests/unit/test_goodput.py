@@ -156,16 +156,16 @@ def test_measured_restart_raises_the_forecast() -> None:
 def test_recommended_timeouts_follow_the_measured_tail_and_the_save() -> None:
     items = recommend_timeouts(step_p99_s=2.0, step_max_s=3.0, save_s=20.0, load_s=15.0, startup_s=40.0,
                                expected_failures=1.0, gpus=64)
-    by = {t["setting"].split(":")[0] if t["setting"].startswith("Slurm") else t["setting"]: t for t in items}
-    assert all(t["reason"] for t in items) and len(items) == 6
-    collective = next(t for t in items if t["setting"].startswith("collective"))
-    stall = next(t for t in items if t["setting"].startswith("job.stall_timeout"))
-    assert collective["value"] == 80  # 2 x (3 + 20 + 15) = 76, rounded up to 10 s
-    assert stall["value"] == 110  # 3 x 23 = 69 < collective + 30
-    assert next(t for t in items if "max_failures" in t["setting"])["value"] == 4  # Poisson(1) 99 %
-    assert by["Slurm"]["value"] == 70  # 3 x (3 + 20) = 69 -> 70
-    start = next(t for t in items if "START_TIMEOUT" in t["setting"])
-    assert start["value"] == 170  # 3 x (40 + 15)
+    by = {t.setting.split(":")[0] if t.setting.startswith("Slurm") else t.setting: t for t in items}
+    assert all(t.reason for t in items) and len(items) == 6
+    collective = next(t for t in items if t.setting.startswith("collective"))
+    stall = next(t for t in items if t.setting.startswith("job.stall_timeout"))
+    assert collective.value == 80  # 2 x (3 + 20 + 15) = 76, rounded up to 10 s
+    assert stall.value == 110  # 3 x 23 = 69 < collective + 30
+    assert next(t for t in items if "max_failures" in t.setting).value == 4  # Poisson(1) 99 %
+    assert by["Slurm"].value == 70  # 3 x (3 + 20) = 69 -> 70
+    start = next(t for t in items if "START_TIMEOUT" in t.setting)
+    assert start.value == 170  # 3 x (40 + 15)
     assert recommend_timeouts(step_p99_s=None, step_max_s=None, save_s=None, load_s=0.0, startup_s=None,
                               expected_failures=0.0, gpus=1) == []
     assert [poisson_quantile(m) for m in (0.0, 0.01, 1.0, 10.0)] == [0, 0, 4, 18]  # P(0 | 0.01) = 0.990

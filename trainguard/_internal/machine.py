@@ -12,9 +12,9 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
-__all__ = ["GpuInventory", "gpu_inventory", "machine_id", "machine_info"]
+__all__ = ["GpuInventory", "MachineInfo", "gpu_inventory", "machine_id", "machine_info"]
 
 
 @dataclass(frozen=True)
@@ -99,9 +99,25 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def machine_info() -> dict[str, Any]:
+class MachineInfo(TypedDict):
+    """What :func:`machine_info` knows about this machine (JSON: a baseline's ``machine_info``,
+    a profile report's ``machine``)."""
+
+    id: str
+    node: str
+    system: str
+    release: str
+    machine: str
+    cpu: str | None
+    cpu_count: int | None
+    python: str
+    python_implementation: str
+    torch: str | None
+
+
+def machine_info() -> MachineInfo:
     """What is known about this machine, stored in each baseline (informational)."""
-    info: dict[str, Any] = {
+    info: MachineInfo = {
         "id": machine_id(),
         "node": platform.node(),
         "system": platform.system(),

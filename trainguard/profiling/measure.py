@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import psutil
 
@@ -45,6 +45,7 @@ from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
 
 __all__ = [
+    "CheckpointCost",
     "SizeProfile",
     "batch_size_for",
     "measure_size",
@@ -54,6 +55,19 @@ __all__ = [
 ]
 
 _SAMPLE_S = 0.5
+
+
+class CheckpointCost(TypedDict, total=False):
+    """What one checkpoint write costs (the report's ``sizes[].checkpoint``): from a metric the
+    job prints, or from the step times of the steps that wrote to the checkpoint directory
+    (then also which steps and their bytes)."""
+
+    detected_by: str
+    writes: int
+    steps: list[int]
+    cost_s: float | None
+    bytes_per_write: int
+    every_steps: int | None
 
 
 @dataclass
@@ -79,7 +93,7 @@ class SizeProfile:
     peak_gpu_mb: dict[int, float] = field(default_factory=dict)
     cpu_util_pct: dict[int, float] = field(default_factory=dict)  # % of one core, per rank tree
     gpu_util_pct: float | None = None
-    checkpoint: dict[str, Any] = field(default_factory=dict)
+    checkpoint: CheckpointCost = field(default_factory=CheckpointCost)
     data_wait_share: float | None = None
     loss: dict[int, float] = field(default_factory=dict)  # rank 0's loss curve
 
@@ -439,7 +453,7 @@ def _warmup_s(arrivals: dict[int, float], warmup_steps: int) -> float | None:
 
 def _checkpoint_cost(
     spec: ProfileCheck, result: RunResult, stats: StepStats | None, watcher: _CheckpointWatcher
-) -> dict[str, Any]:
+) -> CheckpointCost:
     """Seconds one checkpoint write costs, from a job-printed metric or from the step times."""
     if spec.checkpoint_metric:
         values = [p.value for p in result.points if p.rank == 0 and p.name == spec.checkpoint_metric]

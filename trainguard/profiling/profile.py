@@ -10,11 +10,12 @@ import contextlib
 import datetime
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import psutil
 
 from trainguard._internal.atomic import fallback_dir, os_error_text, warn
+from trainguard._internal.machine import MachineInfo
 from trainguard._version import __version__
 from trainguard.config import ProfileCheck, Target
 from trainguard.launch.rundir import new_run_dir
@@ -34,13 +35,39 @@ from trainguard.profiling.measure import (
     step_metric_of,
     throughput_unit,
 )
-from trainguard.profiling.sizing import SizeInputs, Sizing, size_run
+from trainguard.profiling.sizing import BatchHeadroom, SizeInputs, Sizing, size_run
 from trainguard.profiling.stats import ScalingFit, fit_scaling, phrase_scaling, scaling_table
 from trainguard.run.runner import JobRunner
 
 __all__ = ["Profile", "run_profile"]
 
 PROFILE_SCHEMA_VERSION = 1
+
+
+class ProfileMachine(MachineInfo):
+    """The report's ``machine``: :func:`~trainguard._internal.machine.machine_info` and the GPUs'
+    names."""
+
+    gpus: list[str]
+
+
+class ProfileCommit(TypedDict):
+    """The report's ``commit``: the job's git commit (None outside git), and whether its tree
+    had changes (None: unknown)."""
+
+    id: str | None
+    dirty: bool | None
+
+
+class Prediction(TypedDict):
+    """The report's ``scaling.predictions`` of one world size: measured, or from the fit."""
+
+    throughput_sps: float | None
+    #: "measured" or "<model> fit"
+    source: str
+    extrapolated: bool
+    #: the fit's throughput there (None: no fit)
+    fit_sps: float | None
 
 
 @dataclass
@@ -53,8 +80,8 @@ class Profile:
     sizes: list[SizeProfile]
     run_dir: Path
     device: str
-    machine: dict[str, Any]
-    commit: dict[str, Any]
+    machine: ProfileMachine
+    commit: ProfileCommit
     table: dict[int, dict[str, float]] = field(default_factory=dict)
     phrase: str = ""
     fit: ScalingFit | None = None
@@ -82,9 +109,9 @@ class Profile:
     def regressed(self) -> list[Regression]:
         return [r for r in self.regressions if r.regressed]
 
-    def predictions(self, upto: int) -> dict[int, dict[str, Any]]:
+    def predictions(self, upto: int) -> dict[int, Prediction]:
         """Throughput per world size 1..upto: measured where measured, else from the fit."""
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, Prediction] = {}
         measured = {s.world_size: s.throughput_sps for s in self.ok_sizes}
         fitted = self.fit is not None and self.fit.model is not None
         for n in range(1, upto + 1):
@@ -215,7 +242,7 @@ def run_profile(
     job_file = runner.job_file
     seed = spec.seed if spec.seed is not None else runner.settings.seed
     gpu_names = _gpus()
-    machine = machine_info() | {"gpus": gpu_names}
+    machine: ProfileMachine = {**machine_info(), "gpus": gpu_names}
     git = git_state(job_file.cwd)
     commit, dirty = git.commit, git.dirty
     run_dir = new_run_dir(job_file.state_dir, job_file.job.name, "profile", keep=runner.settings.keep_runs)
@@ -347,12 +374,12 @@ def _size(profile: Profile, target: Target, runner: JobRunner, spec: ProfileChec
         unit="GPU(s)" if profile.device == "gpu" else "rank(s)",
     )
     if searched is not None:
-        sizing.batch_headroom = {
-            "summary": searched.summary(), "budget_mb": searched.budget_mb,
-            "profile_batch": searched.profile_batch, "headroom_mb": searched.headroom_mb,
-            "peak_mb": searched.peak_at_profile_batch_mb, "peak_source": searched.peak_source,
-            "largest_pass": searched.largest_pass, "safe_batch": searched.safe_batch,
-            "world_size": searched.world_size,
-        }
+        sizing.batch_headroom = BatchHeadroom(
+            summary=searched.summary(), budget_mb=searched.budget_mb,
+            profile_batch=searched.profile_batch, headroom_mb=searched.headroom_mb,
+            peak_mb=searched.peak_at_profile_batch_mb, peak_source=searched.peak_source,
+            largest_pass=searched.largest_pass, safe_batch=searched.safe_batch,
+            world_size=searched.world_size,
+        )
     return sizing
 

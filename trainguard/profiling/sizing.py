@@ -28,10 +28,11 @@ from trainguard.profiling.goodput import (
     wall_clock_s,
 )
 from trainguard.profiling.stats import ScalingFit
-from trainguard.profiling.timeouts import recommend_timeouts
+from trainguard.profiling.timeouts import RecommendedTimeout, recommend_timeouts
 from trainguard.report import CheckResult
 
 __all__ = [
+    "BatchHeadroom",
     "Candidate",
     "GoodputCurve",
     "SizeInputs",
@@ -142,6 +143,24 @@ class GoodputCurve(Evidence):
 
 
 @dataclass
+class BatchHeadroom(Evidence):
+    """Memory headroom per rank at the profile's batch, from the headroom search
+    (:class:`~trainguard.profiling.headroom.Headroom`)."""
+
+    summary: str
+    budget_mb: float
+    profile_batch: int | None
+    #: the budget less the peak at the profile's batch
+    headroom_mb: float | None
+    peak_mb: float | None
+    #: "measured" (a probe at that batch) or "fitted"
+    peak_source: str | None
+    largest_pass: int | None
+    safe_batch: int | None
+    world_size: int
+
+
+@dataclass
 class Sizing(Evidence):
     """The whole sizing report."""
 
@@ -155,13 +174,13 @@ class Sizing(Evidence):
     memory_budget_source: str
     #: memory headroom per rank at the profile's batch from the headroom search (its budget,
     #: peak, headroom, largest and safe batch); None when no search ran
-    batch_headroom: dict[str, Any] | None = None
+    batch_headroom: BatchHeadroom | None = None
     #: what one failure costs and where each figure came from
     failure_inputs: FailureInputs | None = None
     #: goodput vs checkpoint interval at the recommended (else smallest) size
     goodput_curve: GoodputCurve | None = None
     #: the timeouts the job should use at that size (:func:`recommend_timeouts`)
-    timeouts: list[dict[str, Any]] = field(default_factory=list)
+    timeouts: list[RecommendedTimeout] = field(default_factory=list)
 
     def candidate(self, gpus: int) -> Candidate | None:
         return next((c for c in self.candidates if c.gpus == gpus), None)

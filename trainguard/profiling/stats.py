@@ -148,6 +148,14 @@ class ModelFit:
             return None
         return math.sqrt((1.0 - self.sigma) / self.kappa)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (the report's ``scaling.fit.amdahl`` / ``usl``)."""
+        data = asdict(self)
+        data["residuals"] = {str(k): v for k, v in self.residuals.items()}
+        data["unvalidated"] = self.unvalidated
+        data["peak_ranks"] = self.peak()
+        return data
+
 
 @dataclass
 class ScalingFit:
@@ -177,20 +185,11 @@ class ScalingFit:
         return n > max(self.measured_sizes) or n < min(self.measured_sizes)
 
     def to_dict(self) -> dict[str, Any]:
-        def one(fit: ModelFit | None) -> dict[str, Any] | None:
-            if fit is None:
-                return None
-            data = asdict(fit)
-            data["residuals"] = {str(k): v for k, v in fit.residuals.items()}
-            data["unvalidated"] = fit.unvalidated
-            data["peak_ranks"] = fit.peak()
-            return data
-
         return {
             "base_size": self.base_size,
             "base_throughput": self.base_throughput,
-            "amdahl": one(self.amdahl),
-            "usl": one(self.usl),
+            "amdahl": self.amdahl.to_dict() if self.amdahl is not None else None,
+            "usl": self.usl.to_dict() if self.usl is not None else None,
             "chosen": self.chosen,
             "why": self.why,
             "measured_sizes": self.measured_sizes,
