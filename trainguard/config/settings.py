@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -278,10 +278,15 @@ class Settings:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
 
+#: a setting as the command line or the ini file gives it: text, a value the flag's parser already
+#: typed, a list of lines (an ini key), None when not given
+RawSetting = str | int | float | bool | Sequence[str] | None
+
+
 def resolve(
     *,
-    cli: Mapping[str, Any] | None = None,
-    ini: Mapping[str, Any] | None = None,
+    cli: Mapping[str, RawSetting] | None = None,
+    ini: Mapping[str, RawSetting] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Settings:
     """Resolve every option: CLI > environment > ini > default.
@@ -314,7 +319,7 @@ def resolve(
     return Settings(**values, sources=sources)
 
 
-def _parse(opt: Option, raw: Any, source: str, spelled: str) -> Any:
+def _parse(opt: Option, raw: RawSetting, source: str, spelled: str) -> Any:
     if not isinstance(raw, str):
         raw = str(raw)
     try:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
     from trainguard.config import JobFile
+    from trainguard.config.schema import PlaceholderValues
 
 __all__ = [
     "TERMINAL_STATUSES",
@@ -235,7 +236,7 @@ def torchrun_argv(
 # documented keyword-only API (docs/queue.md): its options are its parameters (pyproject.toml, PLR0913)
 def spec_from_job(  # noqa: PLR0913
     job_file: JobFile,
-    values: Mapping[str, object],
+    values: PlaceholderValues,
     *,
     world_size: int | None = None,
     nodes: int = 1,
@@ -253,7 +254,7 @@ def spec_from_job(  # noqa: PLR0913
     resources. ``world_size`` defaults to the job's own."""
     job = job_file.job
     world = world_size or job.world_size
-    filled = {**dict(values), "world_size": world}
+    filled: dict[str, str | int] = {**values, "world_size": world}
     if "latest_checkpoint" not in filled and "checkpoint_dir" in filled:
         # resolved when the spec is built: a resubmission resumes from what is newest now
         latest = latest_complete_checkpoint(Path(str(filled["checkpoint_dir"])))

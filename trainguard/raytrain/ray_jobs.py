@@ -240,8 +240,8 @@ class RayJobsBackend:
             )
 
         # trainguard's state (run dirs, checkpoints, the MLflow store) is not the job's code
-        runtime_env: dict[str, Any] = {"working_dir": str(spec.working_dir),
-                                       "excludes": [".trainguard", "__pycache__"]}
+        runtime_env: dict[str, str | list[str] | dict[str, str]] = {
+            "working_dir": str(spec.working_dir), "excludes": [".trainguard", "__pycache__"]}
         if spec.env:
             runtime_env["env_vars"] = dict(spec.env)
         t0 = time.monotonic()
