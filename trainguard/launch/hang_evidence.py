@@ -16,13 +16,13 @@ import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import psutil
 
 from trainguard.launch.procs import RankProcess
 
-__all__ = ["EARLY_EXIT_CAUSES", "describe_early_exit", "distributed_env_hint", "dump_stacks", "early_exit", "handles_signal", "rank_activity", "sibling_script"]
+__all__ = ["EARLY_EXIT_CAUSES", "EarlyExit", "RankActivity", "describe_early_exit", "distributed_env_hint", "dump_stacks", "early_exit", "handles_signal", "rank_activity", "sibling_script"]
 
 #: what usually makes a rank leave the training loop early while its peers go on
 EARLY_EXIT_CAUSES = ("uneven data across ranks (a shard with fewer batches: use "
@@ -30,8 +30,31 @@ EARLY_EXIT_CAUSES = ("uneven data across ranks (a shard with fewer batches: use 
                      "or DDP's join() context)", "a rank-dependent break, return or sys.exit(0) in the loop")
 
 
+class EarlyExit(TypedDict):
+    """A rank that exited 0 while its peers went on (a run's evidence, ``early_exit``)."""
+
+    rank: int
+    last_step: int | None
+    #: seconds into the run
+    exited_at_s: float
+    waiting_ranks: list[int]
+    others_last_step: dict[int, int | None]
+    likely_causes: list[str]
+
+
+class RankActivity(TypedDict, total=False):
+    """One rank's process over a short window (a hang's evidence, ``ranks``): its state
+    (``gone`` when it exited), CPU use and threads."""
+
+    rank: int
+    pid: int
+    state: str
+    cpu_percent: float
+    threads: int
+
+
 def early_exit(exit_codes: dict[int, int | None], exited_at: dict[int, float],
-               last_steps: dict[int, int], alive: list[int]) -> dict[str, Any] | None:
+               last_steps: dict[int, int], alive: list[int]) -> EarlyExit | None:
     """The first rank that exited 0 while others (``alive``) still ran, as evidence: its rank,
     last step, when it left, and who was left waiting. None when no rank did.
 
@@ -57,7 +80,7 @@ def early_exit(exit_codes: dict[int, int | None], exited_at: dict[int, float],
             "likely_causes": list(EARLY_EXIT_CAUSES)}
 
 
-def describe_early_exit(found: dict[str, Any]) -> str:
+def describe_early_exit(found: EarlyExit) -> str:
     """One sentence for a run's reason."""
     step = found["last_step"]
     after = f"after its step {step}" if step is not None else "before its first step"
@@ -67,7 +90,7 @@ def describe_early_exit(found: dict[str, Any]) -> str:
             f"{EARLY_EXIT_CAUSES[0]}")
 
 
-def rank_activity(ranks: list[RankProcess], sample_s: float = 0.5) -> list[dict[str, Any]]:
+def rank_activity(ranks: list[RankProcess], sample_s: float = 0.5) -> list[RankActivity]:
     """CPU use over a short window and process state per rank: evidence for a hang report.
 
     A rank burning 100% CPU is not necessarily making progress (NCCL busy-polls); a rank in
@@ -84,7 +107,7 @@ def rank_activity(ranks: list[RankProcess], sample_s: float = 0.5) -> list[dict[
     time.sleep(sample_s)
     out = []
     for rp in ranks:
-        entry: dict[str, Any] = {"rank": rp.rank, "pid": rp.pid}
+        entry: RankActivity = {"rank": rp.rank, "pid": rp.pid}
         proc = procs.get(rp.rank)
         if proc is None:
             entry["state"] = "gone"

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from trainguard.launch.hang_evidence import describe_early_exit, early_exit
+from trainguard.launch.hang_evidence import EarlyExit, describe_early_exit, early_exit
 from trainguard.launch.metrics import MetricPoint
 from trainguard.launch.procs import signal_name
 
@@ -84,7 +84,7 @@ class Snapshot:
     #: every metric point so far (only read when a stop looks for a rank that left early)
     points: Sequence[MetricPoint] = ()
 
-    def early_exit(self, alive: list[int]) -> dict[str, Any] | None:
+    def early_exit(self, alive: list[int]) -> EarlyExit | None:
         """The first rank that exited 0 while the ranks ``alive`` went on, as evidence (see
         :func:`~trainguard.launch.hang_evidence.early_exit`); None when none did."""
         last: dict[int, int] = {}

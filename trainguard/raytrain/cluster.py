@@ -40,13 +40,13 @@ from types import TracebackType
 
 import psutil
 
-from trainguard.raytrain.local_ray import LocalRay, RayCluster, running_ray_processes
+from trainguard.raytrain.local_ray import LocalRay, RayCluster, SystemConfig, running_ray_processes
 
 __all__ = ["FAST_NODE_DEATH", "PID_NAMESPACE", "LocalRayCluster", "NodeSpec", "pid_namespaces_available",
            "restart_lost_nodes"]
 
 #: the head's Ray settings that make a lost node dead within ~2 s (Ray: 3 s x 5 misses + timeouts)
-FAST_NODE_DEATH: dict[str, object] = {
+FAST_NODE_DEATH: dict[str, int] = {
     "health_check_initial_delay_ms": 1000,
     "health_check_period_ms": 500,
     "health_check_timeout_ms": 1000,
@@ -114,7 +114,7 @@ class LocalRayCluster:
         workers: Sequence[NodeSpec] = (NodeSpec("a"), NodeSpec("b")),
         *,
         head_cpus: int = 0,
-        system_config: dict[str, object] | None = None,
+        system_config: SystemConfig | None = None,
         object_store_mb: int = 100,
         start_timeout: float = 120.0,
         stop_timeout: float = 30.0,

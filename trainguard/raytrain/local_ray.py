@@ -44,7 +44,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -58,8 +58,17 @@ from trainguard.launch.ports import PortReservation, reserve_port
 from trainguard.raytrain import ray_train_defaults
 
 __all__ = [
-    "LocalRay", "RayCluster", "RayStartError", "ray_version", "running_ray_processes", "stopped_head_processes",
+    "LocalRay",
+    "RayCluster",
+    "RayStartError",
+    "SystemConfig",
+    "ray_version",
+    "running_ray_processes",
+    "stopped_head_processes",
 ]
+
+#: Ray's internal settings of a head (``ray start --system-config``, JSON): name -> value
+SystemConfig = Mapping[str, int | float | bool | str]
 
 #: process names of a Ray node; what a leftover check looks for
 RAY_PROCESS_NAMES = ("raylet", "gcs_server", "dashboard", "ray::", "log_monitor", "monitor.py")
@@ -221,7 +230,7 @@ class LocalRay:
         keep_temp_dir: bool = False,
         extra_env: dict[str, str] | None = None,
         resources: dict[str, float] | None = None,
-        system_config: dict[str, object] | None = None,
+        system_config: SystemConfig | None = None,
         join: RayCluster | None = None,
         command_prefix: list[str] | None = None,
     ) -> None:
