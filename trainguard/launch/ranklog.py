@@ -22,11 +22,11 @@ import errno
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NotRequired, TypedDict
 
 from trainguard._internal.atomic import os_error_text
 
-__all__ = ["RankLog", "disk_full_at", "log_evidence", "truncation_marker"]
+__all__ = ["LogSummary", "RankLog", "disk_full_at", "log_evidence", "truncation_marker"]
 
 #: how many bytes of the kept tail are copied (or searched for a line start) at a time
 _COPY = 1 << 20
@@ -35,6 +35,17 @@ def truncation_marker(dropped: int, head: int, tail: int) -> bytes:
     """The line that stands where a capped log dropped bytes."""
     return (f"\n[trainguard: {dropped} bytes of this log dropped here; it keeps the first {head} "
             f"and the last {tail} bytes (setting rank_log_mb, TRAINGUARD_RANK_LOG_MB)]\n").encode()
+
+
+class LogSummary(TypedDict):
+    """What the report says about one rank's log (``logs_truncated``, ``logs_not_written``):
+    bytes printed, dropped by the cap, lost to a failing disk and why."""
+
+    path: str
+    bytes: int
+    dropped_bytes: NotRequired[int]
+    write_error: NotRequired[str]
+    lost_bytes: NotRequired[int]
 
 
 class RankLog:
@@ -156,10 +167,10 @@ class RankLog:
             offset += cut + 1
         return [(older, offset, older_size - offset), (newest, 0, newest_size)]
 
-    def summary(self) -> dict[str, object]:
+    def summary(self) -> LogSummary:
         """What the report says about this log: bytes printed, kept, dropped by the cap, lost to
         a failing disk."""
-        out: dict[str, object] = {"path": str(self.path), "bytes": self.total}
+        out: LogSummary = {"path": str(self.path), "bytes": self.total}
         if self.dropped:
             out["dropped_bytes"] = self.dropped
         if self.error is not None:
