@@ -228,15 +228,3 @@ def test_without_root_auto_enforcement_falls_back_to_rlimit_and_says_why(monkeyp
     with pytest.raises(FaultUnavailable, match="need root"):
         _choose_enforcement(HeadroomSearch(enforce="cgroup"), "cpu", 100.0)
     assert _choose_enforcement(HeadroomSearch(), "gpu", 100.0).mode == "gpu"
-
-
-def test_the_profile_checks_evidence_holds_the_search_without_its_probes_key_for_key() -> None:
-    """The check's evidence is the report's headroom object less probes and notes, in its
-    order, and reads back from the report as the same record."""
-    from trainguard.profiling.check import HeadroomSummary
-
-    hr = _headroom()
-    summary = HeadroomSummary.of(hr)
-    wanted = {k: v for k, v in hr.to_dict().items() if k not in ("probes", "notes")}
-    assert list(summary.to_dict().items()) == list(wanted.items())
-    assert HeadroomSummary.from_dict(summary.to_dict()) == summary

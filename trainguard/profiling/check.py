@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import Any
 
 from trainguard.checks.context import CheckContext
 from trainguard.config import ProfileCheck
@@ -16,7 +17,6 @@ from trainguard.config.problems import one_process_problems, profile_problems
 from trainguard.config.registry import Check, JobFacts, PlanContext, Run
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.profiling.compare import parse_regressions
-from trainguard.profiling.headroom import Headroom, MemoryFit
 from trainguard.profiling.measure import batch_size_for
 from trainguard.profiling.profile import Profile, run_profile
 from trainguard.profiling.render import write_reports
@@ -25,42 +25,7 @@ from trainguard.report import CheckResult, CheckStatus
 from trainguard.run.runner import JobRunner
 from trainguard.tracking import tracker_of
 
-__all__ = ["PROFILE", "HeadroomSummary", "ProfileEvidence", "profile_job", "run_profile_check", "summarise"]
-
-
-@dataclass
-class HeadroomSummary(Evidence):
-    """The headroom search in the profile check's evidence: its :class:`Headroom` without the
-    probes and notes (the report holds those), with its one-line summary and verdict."""
-
-    device: str
-    enforcement: str
-    fallback: str | None
-    budget_mb: float
-    budget_source: str
-    margin: float
-    world_size: int
-    start: int
-    max_batch: int
-    largest_pass: int | None
-    first_fail: int | None
-    stopped: str
-    reason: str
-    safe_batch: int | None
-    safe_rule: str
-    fit: MemoryFit | None
-    profile_batch: int | None
-    peak_at_profile_batch_mb: float | None
-    peak_source: str | None
-    headroom_mb: float | None
-    duration_s: float
-    summary: str
-    failed: bool
-
-    @classmethod
-    def of(cls, search: Headroom) -> HeadroomSummary:
-        measured = {f.name: getattr(search, f.name) for f in fields(cls) if f.name not in ("summary", "failed")}
-        return cls(**measured, summary=search.summary(), failed=search.failed)
+__all__ = ["PROFILE", "ProfileEvidence", "profile_job", "run_profile_check", "summarise"]
 
 
 @dataclass
@@ -77,7 +42,7 @@ class ProfileEvidence(Evidence):
     run_dir: str
     #: the regressions found against the baseline, described
     compare: list[str] | Unset = UNSET
-    headroom: HeadroomSummary | Unset = UNSET
+    headroom: dict[str, Any] | Unset = UNSET
     recommendation: str | Unset = UNSET
     #: the sizing report (the gate judges its thresholds on this)
     sizing: Sizing | Unset = UNSET
@@ -165,7 +130,7 @@ def _run_profile_check(runner: JobRunner, spec: ProfileCheck) -> CheckResult:
     if profile.regressions:
         evidence.compare = [r.describe() for r in profile.regressions]
     if profile.headroom is not None:
-        evidence.headroom = HeadroomSummary.of(profile.headroom)
+        evidence.headroom = {k: v for k, v in profile.headroom.to_dict().items() if k not in ("probes", "notes")}
     if profile.sizing is not None:
         evidence.recommendation = profile.sizing.recommendation
         evidence.sizing = copy.deepcopy(profile.sizing)  # the report's: what the profile sized
