@@ -305,3 +305,23 @@ def test_the_sizing_writes_the_json_it_wrote_as_a_dict_and_reads_it_back() -> No
     assert sizing.failure_inputs is not None and sizing.goodput_curve is not None
     assert json.dumps(sizing.to_dict()) == json.dumps(dataclasses.asdict(sizing))
     assert Sizing.from_dict(json.loads(json.dumps(sizing.to_dict()))) == sizing
+
+
+def test_the_timeouts_and_the_batch_headroom_are_records_written_key_for_key() -> None:
+    """The recommended timeouts and the batch headroom are records: the report's keys, in the
+    order the dicts had them, and they read back as records."""
+    import json
+
+    from trainguard.profiling.sizing import BatchHeadroom, Sizing
+
+    sizing = _sizing()
+    sizing.batch_headroom = BatchHeadroom(
+        summary="headroom: largest batch 128", budget_mb=500, profile_batch=64, headroom_mb=100.0,
+        peak_mb=400.0, peak_source="measured", largest_pass=128, safe_batch=96, world_size=1)
+    data = json.loads(json.dumps(sizing.to_dict()))
+    assert data["timeouts"] and all(list(t) == ["setting", "value", "reason", "gpus"] for t in data["timeouts"])
+    assert list(data["batch_headroom"]) == ["summary", "budget_mb", "profile_batch", "headroom_mb", "peak_mb",
+                                            "peak_source", "largest_pass", "safe_batch", "world_size"]
+    back = Sizing.from_dict(data)
+    assert back == sizing and back.timeouts[0].setting.startswith("job.stall_timeout")
+    assert back.batch_headroom is not None and back.batch_headroom.safe_batch == 96
