@@ -436,6 +436,7 @@ def _drill_parser(sub: Any, command: str, what: str, seed_help: str, **texts: st
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
+    from trainguard.drills.evidence import SoakEvidence, SoakMeasured, SoakReport, SoakRuns
     from trainguard.drills.soak import soak_lines
     from trainguard.report import CheckResult
     from trainguard.session import drill, soak
@@ -445,10 +446,12 @@ def _cmd_drill(args: argparse.Namespace) -> int:
 
     def show(result: CheckResult) -> None:
         print(f"{result.status.upper():7} {result.name}: {result.summary} ({result.duration_s:.1f} s)")
-        shown = result.evidence.to_dict()  # what the report says, key by key
-        for run in shown.get("runs") or [shown]:  # a soak: what it measured
-            if isinstance(run.get("measured"), dict):
-                print(textwrap.indent(soak_lines(run), "        "))
+        found = result.evidence
+        runs = found.runs if isinstance(found, SoakRuns) else [found] if isinstance(found, SoakReport) else []
+        for run in runs:  # a soak: what it measured
+            if isinstance(run.found, SoakEvidence) and isinstance(run.found.measured, SoakMeasured):
+                print(textwrap.indent(soak_lines(run.seed, run.found.measured), "        "))
+        shown = found.to_dict()  # what the report says, key by key
         if not result.ok:
             for key in ("likely_causes", "run_dir"):
                 value = shown.get(key)

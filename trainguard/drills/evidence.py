@@ -19,6 +19,7 @@ from typing import Any
 from trainguard.checks.accounting import AccountingEvidence
 from trainguard.checks.equivalence_records import TrajectoryEvidence
 from trainguard.evidence import MERGED, TRAILING, UNSET, Evidence, Recorded, Unset
+from trainguard.faults.soak import SoakEvent
 from trainguard.launch.reach import ReachClient
 from trainguard.unit.checkpoints.compare import StateEvidence
 
@@ -33,19 +34,29 @@ __all__ = [
     "ExitEvidence",
     "FailCleanEvidence",
     "FaultNotSetUp",
+    "FirstNonfinite",
+    "ForecastInputs",
     "NonfiniteEvidence",
+    "NonfiniteOnRank",
+    "NumericsEvidence",
     "PreemptionTimeline",
+    "PutInto",
     "RayRecoverEvidence",
     "RecoverEvidence",
     "ReferenceFailed",
     "ReferenceNotUsable",
+    "RestartCosts",
     "Resume",
     "SaveAndExitEvidence",
     "SaveUnderKill",
     "SoakEvidence",
+    "SoakFaultOutcome",
+    "SoakForecast",
+    "SoakMeasured",
     "SoakReport",
     "SoakRuns",
     "StepRate",
+    "StepsLost",
     "StorageRestart",
     "StorageResumeEvidence",
 ]
@@ -229,11 +240,59 @@ class SaveAndExitEvidence(DrillEvidence):
 
 
 @dataclass
+class FirstNonfinite(Evidence):
+    """The first non-finite metric value a run printed (``value``: its text, ``nan``/``inf``)."""
+
+    step: int
+    rank: int
+    metric: str
+    value: str
+
+
+@dataclass
+class NonfiniteOnRank(Evidence):
+    """The non-finite metric values of one rank: the first step, the metric, the steps (the
+    first 50) and how many steps there were."""
+
+    first_step: int
+    metric: str
+    steps: list[int]
+    count: int
+
+
+@dataclass
+class PutInto(Evidence):
+    """Where a numerics drill put its value: the rank, the step that took it, the target
+    (``loss``/``grads``), the value and the call it went in through."""
+
+    rank: int
+    step: int
+    target: str
+    value: str
+    via: str | None
+
+
+@dataclass
+class NumericsEvidence(Evidence):
+    """Non-finite metric values per rank after a numerics fault
+    (:func:`trainguard.drills.nonfinite.numerics_evidence`): the first, the ones after the step
+    that took the value, the ranks it reached."""
+
+    first_nonfinite: FirstNonfinite | None
+    nonfinite_by_rank: dict[int, NonfiniteOnRank]
+    later_nonfinite_points: int
+    later_nonfinite_steps: list[int]
+    later_nonfinite_ranks: list[int]
+    reached_ranks: list[int]
+    reached_every_rank: bool
+    put_into: PutInto | Unset = UNSET
+
+
+@dataclass
 class NonfiniteEvidence(ExitEvidence):
     """handle_nonfinite: where the value was put and where non-finite metrics showed."""
 
-    #: :func:`trainguard.drills.nonfinite.numerics_evidence` with ``put_into``
-    numerics: dict[str, Any] | Unset = UNSET
+    numerics: NumericsEvidence | Unset = UNSET
 
 
 @dataclass
@@ -261,6 +320,85 @@ class StorageResumeEvidence(DrillEvidence):
 
 
 @dataclass
+class SoakFaultOutcome(Evidence):
+    """One scheduled fault of a soak (its :class:`~trainguard.faults.soak.SoakEvent`): the
+    attempt it struck and the step after which, how that attempt ended, where the next one
+    resumed, the steps and seconds it cost, or why it could not be injected."""
+
+    index: int
+    kind: str
+    rank: int
+    step: int
+    attempt: int | None
+    injected_after_step: int | None
+    attempt_ended: str | Unset = UNSET
+    resumed_from_step: int | Unset = UNSET
+    lost_steps: int | Unset | None = UNSET
+    fault_to_first_step_after_restart_s: float | Unset = UNSET
+    error: str | Unset = UNSET
+
+
+@dataclass
+class RestartCosts(Evidence):
+    """Seconds from a fault to the first step after the restart, over a soak's faults."""
+
+    median: float
+    mean: float
+    max: float
+
+
+@dataclass
+class StepsLost(Evidence):
+    """Steps of progress a soak's faults cost: in all, and the mean per fault."""
+
+    total: int
+    mean: float
+
+
+@dataclass
+class ForecastInputs(Evidence):
+    """What the goodput model was given for a soak's faults."""
+
+    restart_s_by_kind: dict[str, float]
+    interval_s: float
+    faults: int
+    #: how the lost work per fault was taken
+    lost_per_fault: str
+
+
+@dataclass
+class SoakForecast(Evidence):
+    """The goodput model's wall-clock and goodput for the faults a soak saw, and how far its
+    wall-clock is from the soak's (:func:`trainguard.drills.soak.forecast_for`)."""
+
+    wall_s: float
+    goodput: float
+    inputs: ForecastInputs
+    wall_error: float | None
+
+
+@dataclass
+class SoakMeasured(Evidence):
+    """What a soak measured for the goodput forecast (:func:`trainguard.drills.soak.soak_lines`
+    says it in words): wall-clock against failure-free, restart costs, steps lost, the
+    checkpoint cadence and save time, and the model's forecast for the same faults."""
+
+    wall_s: float
+    failure_free_wall_s: float
+    #: how the failure-free wall-clock was taken
+    failure_free_basis: str
+    goodput: float | None
+    #: faults that struck
+    faults: int
+    restart_s: RestartCosts | None
+    lost_steps: StepsLost | None
+    step_s: float | None
+    checkpoint_every_steps: int | None
+    checkpoint_save_s: float | None
+    forecast: SoakForecast | Unset = UNSET
+
+
+@dataclass
 class SoakEvidence(Evidence):
     """A soak's verdict and measurements (beside its seed and schedule)."""
 
@@ -271,9 +409,8 @@ class SoakEvidence(Evidence):
     sample_accounting: AccountingEvidence | Unset = UNSET
     likely_causes: list[str] | Unset = UNSET
     #: each scheduled fault: when it struck and what it cost
-    faults: list[dict[str, Any]] | Unset = UNSET
-    #: restart costs, steps lost, goodput and its forecast (:func:`trainguard.drills.soak.soak_lines`)
-    measured: dict[str, Any] | Unset = UNSET
+    faults: list[SoakFaultOutcome] | Unset = UNSET
+    measured: SoakMeasured | Unset = UNSET
     drill_dir: str | Unset = UNSET
     run_dir: str | Unset = UNSET
     reference_run_dir: str | Unset = UNSET
@@ -333,8 +470,8 @@ class SoakReport(Evidence):
     expect: str
     seed: int
     steps: int
-    #: the faults the seed scheduled (:meth:`trainguard.faults.soak.SoakEvent.to_dict`)
-    schedule: list[dict[str, Any]]
+    #: the faults the seed scheduled
+    schedule: list[SoakEvent]
     found: SoakEvidence | ReferenceNotUsable | Unset = field(default=UNSET, metadata=MERGED)
 
 
