@@ -1,5 +1,5 @@
-"""The records of crash_points, the numerics drill and the chaos soak leave the process as the
-objects their dicts used to be, key for key and in the same order, and a written report loads
+"""The records of crash_points, the numerics drill, the chaos soak, the Slurm drill and Ray
+Train's recovery leave the process as the objects their dicts used to be, key for key and in the same order, and a written report loads
 back to the same records (issue 43: evidence typed to the reader)."""
 
 from __future__ import annotations
@@ -11,14 +11,23 @@ from trainguard.checks.equivalence_records import TrajectoryEvidence
 from trainguard.config.records import load_report
 from trainguard.drills.crash_records import BoundaryNotReached, BoundaryOutcome, CrashPointsEvidence
 from trainguard.drills.evidence import (
+    AttemptEvidence,
     DrillReport,
+    ExitOfRank,
     FirstNonfinite,
     ForecastInputs,
     NonfiniteEvidence,
     NonfiniteOnRank,
     NumericsEvidence,
     PutInto,
+    RayRecoverEvidence,
+    RayRestart,
     RestartCosts,
+    Resume,
+    SlurmAttemptSpan,
+    SlurmDrillEvidence,
+    SlurmInjection,
+    SlurmStepNotReached,
     SoakEvidence,
     SoakFaultOutcome,
     SoakForecast,
@@ -109,3 +118,41 @@ def test_a_soaks_schedule_faults_and_measurements_load_back_as_records(tmp_path:
                                        "restart_s", "lost_steps", "step_s", "checkpoint_every_steps",
                                        "checkpoint_save_s", "forecast"]
     assert list(first["measured"]["forecast"]) == ["wall_s", "goodput", "inputs", "wall_error"]
+
+
+def test_a_slurm_drills_record_loads_back_as_itself_whichever_path_it_took(tmp_path: Path) -> None:
+    """Judged (the final state a word), or ended before the step (Slurm's account an object):
+    each loads back as the record it was written from, the keys in the order they were gathered."""
+    judged = SlurmDrillEvidence("node_down", 8, 30, "42", "/l/out", fault_evidence=SlurmInjection(
+        "scontrol update NodeName=n1 State=DOWN", node="n1", node_state_before_resume="IDLE", down_s=1.5),
+        injected_step=8, state="COMPLETED", restarts=1,
+        attempts=[SlurmAttemptSpan(0, "n1", 1, 9), SlurmAttemptSpan(1, "n1", 8, 30)], lost_steps=1,
+        steps_trained_but_not_in_the_log=[], trajectory=TrajectoryEvidence("loss", 30, None, None, 0.0, 0.0, []),
+        fault_to_first_step_after_restart_s=2.25)
+    loaded, written = _through_a_report(tmp_path, "drill:slurm-node", judged)
+    assert loaded == judged
+    assert list(written) == ["fault", "after_step", "steps", "job_id", "log", "fault_evidence", "injected_step",
+                             "state", "restarts", "attempts", "lost_steps", "steps_trained_but_not_in_the_log",
+                             "trajectory", "fault_to_first_step_after_restart_s"]
+    late = SlurmStepNotReached("requeue", 8, 30, "42", "/l/out", {"state": "COMPLETED", "source": "sacct", "restarts": 0})
+    assert _through_a_report(tmp_path / "late", "drill:slurm-late", late)[0] == late
+    not_injected = SlurmDrillEvidence("requeue", 8, 30, "42", "/l/out")
+    assert _through_a_report(tmp_path / "none", "drill:slurm-none", not_injected)[0] == not_injected
+
+
+def test_a_ray_recovers_restart_and_each_attempts_exits_load_back(tmp_path: Path) -> None:
+    """Ray Train's restart (ranks as keys) and how each rank of an attempt ended are records."""
+    ray = RayRestart(2, {0: 100, 1: 101}, restarts=1, workers_after={0: 200, 1: 201}, failure_noticed_after_s=0.5,
+                     failure_notice="worker died", workers_up_after_s=2.0, resume=Resume(9, 8, 1), first_step_after_s=3.0,
+                     unreported_steps=[8])
+    attempt = AttemptEvidence("failed", "rank 1 killed", [ExitOfRank(0, None, "SIGKILL", True),
+                                                          ExitOfRank(1, -9, "SIGKILL", False)], 9, 4.5, "/a")
+    judged = RayRecoverEvidence(1.0, 9, 0, 9, 0.5, 1.5, 1, [attempt], StepRate("steps/s", None, None), {}, "/ref",
+                                ray=ray)
+    report = DrillReport("kill_rank", "recover", 1, 9, None, 20, found=judged)
+    loaded, written = _through_a_report(tmp_path, "drill:ray", report)
+    assert loaded == report
+    assert written["ray"]["workers_at_fault"] == {"0": 100, "1": 101} and written["ray"]["resume"] == {
+        "last_step_before": 9, "resumed_from_step": 8, "lost": 1}
+    assert written["attempts"][0]["exits"][1] == {"rank": 1, "returncode": -9, "signal": "SIGKILL",
+                                                  "killed_by_trainguard": False}

@@ -32,6 +32,7 @@ __all__ = [
     "DrillFinding",
     "DrillReport",
     "ExitEvidence",
+    "ExitOfRank",
     "FailCleanEvidence",
     "FaultNotSetUp",
     "FirstNonfinite",
@@ -42,6 +43,7 @@ __all__ = [
     "PreemptionTimeline",
     "PutInto",
     "RayRecoverEvidence",
+    "RayRestart",
     "RecoverEvidence",
     "ReferenceFailed",
     "ReferenceNotUsable",
@@ -49,6 +51,11 @@ __all__ = [
     "Resume",
     "SaveAndExitEvidence",
     "SaveUnderKill",
+    "SlurmAttemptSpan",
+    "SlurmDrillBase",
+    "SlurmDrillEvidence",
+    "SlurmInjection",
+    "SlurmStepNotReached",
     "SoakEvidence",
     "SoakFaultOutcome",
     "SoakForecast",
@@ -63,13 +70,23 @@ __all__ = [
 
 
 @dataclass
+class ExitOfRank(Evidence):
+    """How one rank of a launch ended: its exit code (None: torn down), the signal that killed it
+    and whether trainguard sent it."""
+
+    rank: int
+    returncode: int | None
+    signal: str | None
+    killed_by_trainguard: bool
+
+
+@dataclass
 class AttemptEvidence(Evidence):
     """One launch of the job (an attempt of the drilled run, a verification or resume run)."""
 
     outcome: str
     reason: str | None
-    #: ``{"rank", "returncode", "signal", "killed_by_trainguard"}`` per rank
-    exits: list[dict[str, Any]]
+    exits: list[ExitOfRank]
     last_step: int | None
     duration_s: float
     run_dir: str
@@ -164,11 +181,30 @@ class RecoverEvidence(DrillEvidence):
 
 
 @dataclass
+class RayRestart(Evidence):
+    """What Ray Train did after a worker's fault, read from the driver's stderr (seconds after
+    the fault): its FailureConfig, the workers (rank -> pid) before and after, the controller's
+    notice, the restart, the first step after it and where it resumed."""
+
+    max_failures: int
+    workers_at_fault: dict[int, int]
+    restarts: int | Unset = UNSET
+    workers_after: dict[int, int] | Unset = UNSET
+    failure_noticed_after_s: float | Unset = UNSET
+    failure_notice: str | Unset = UNSET
+    restart_started_after_s: float | Unset = UNSET
+    workers_up_after_s: float | Unset = UNSET
+    resume: Resume | Unset = UNSET
+    first_step_after_s: float | Unset = UNSET
+    #: node_loss: the step the new group resumed after, done but its line lost with the node
+    unreported_steps: list[int] | Unset = UNSET
+
+
+@dataclass
 class RayRecoverEvidence(RecoverEvidence):
     """recover of a ray_train job: Ray Train's restart of its worker group inside one fit."""
 
-    #: failure seen, new workers, first step after, the restarts and the FailureConfig
-    ray: dict[str, Any] | Unset = UNSET
+    ray: RayRestart | Unset = UNSET
 
 
 @dataclass
@@ -484,6 +520,68 @@ class SoakRuns(Evidence):
     runs: list[SoakReport]
 
 
-#: the records a drill's result holds (``config.registry.Check.evidence`` of the drills); the
-#: Slurm drill (``queue.slurm_drill``) keeps its keys as a :class:`~trainguard.evidence.Recorded`
-DRILL_RECORDS: tuple[type[Evidence], ...] = (DrillReport, SoakReport, SoakRuns, Recorded)
+@dataclass
+class SlurmInjection(Evidence):
+    """How a drill of a Slurm job injected its fault: the command, and for ``node_down`` the
+    node, its state before the RESUME and how long it was down."""
+
+    command: str
+    node: str | Unset = UNSET
+    node_state_before_resume: str | Unset = UNSET
+    down_s: float | Unset = UNSET
+
+
+@dataclass
+class SlurmAttemptSpan(Evidence):
+    """One attempt of a Slurm job (``SLURM_RESTART_COUNT``), its node and the steps it printed."""
+
+    restart: int
+    host: str
+    first_step: int | None
+    last_step: int | None
+
+
+@dataclass
+class SlurmDrillBase(Evidence):
+    """What every report of a drill of a Slurm job holds: the fault, when, the job and its log
+    (:mod:`trainguard.queue.slurm_drill`)."""
+
+    fault: str
+    after_step: int
+    steps: int
+    job_id: str
+    log: str
+
+
+@dataclass
+class SlurmDrillEvidence(SlurmDrillBase):
+    """A drill of a Slurm job, judged as a recover drill: the injection, the job's final state
+    and restarts, its attempts, the steps lost, the trajectory against the uninterrupted run and
+    the time from the fault to the first new step (each once it is known)."""
+
+    fault_evidence: SlurmInjection | Unset = UNSET
+    injected_step: int | Unset = UNSET
+    #: Slurm's final state of the job and its requeues (None: Slurm did not say)
+    state: str | Unset | None = UNSET
+    restarts: int | Unset | None = UNSET
+    attempts: list[SlurmAttemptSpan] | Unset = UNSET
+    lost_steps: int | Unset = UNSET
+    #: trained and checkpointed before a requeue, their lines never in the log
+    steps_trained_but_not_in_the_log: list[int] | Unset = UNSET
+    trajectory: TrajectoryEvidence | Unset = UNSET
+    likely_causes: list[str] | Unset = UNSET
+    fault_to_first_step_after_restart_s: float | Unset | None = UNSET
+
+
+@dataclass
+class SlurmStepNotReached(SlurmDrillBase):
+    """The Slurm job ended or the drill timed out before the job printed the step the fault
+    waits for: Slurm's account of the job then."""
+
+    #: :meth:`~trainguard.queue.slurm.SlurmBackend.status`'s evidence (state, source, restarts, ...)
+    state: dict[str, str | int]
+
+
+#: the records a drill's result holds (``config.registry.Check.evidence`` of the drills)
+DRILL_RECORDS: tuple[type[Evidence], ...] = (DrillReport, SoakReport, SoakRuns, SlurmDrillEvidence,
+                                             SlurmStepNotReached, Recorded)
