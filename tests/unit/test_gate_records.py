@@ -12,7 +12,14 @@ from tests.unit.test_goodput import _sizing
 from trainguard.config import GatePolicy
 from trainguard.gate.policy import Capabilities, Decision
 from trainguard.gate.provenance import provenance_for
-from trainguard.gate.run import GateReport, SubmittableReport, read_gate_report, write_gate_report
+from trainguard.gate.run import (
+    GateReport,
+    NotSubmitted,
+    SubmittableReport,
+    read_gate_report,
+    write_gate_report,
+)
+from trainguard.queue.base import Submission
 from trainguard.report import CheckResult, Report
 from trainguard.run.runner import LaunchRecord
 from trainguard.session.cost import LaunchCost, Projection, measured_cost, records_from_report
@@ -55,3 +62,19 @@ def test_the_cost_is_written_as_its_report_object_and_its_launches_read_back(tmp
     assert records_from_report(path) == [LaunchCost(None, r.world_size, r.seconds, r.first_step_s, r.steps)
                                          for r in cost.records]
     assert cost.reported().line() in path.with_suffix(".md").read_text()
+
+
+def test_the_submission_is_written_as_the_queue_and_the_gate_always_wrote_it(tmp_path: Path) -> None:
+    """A queue's Submission is its fields (its note only when there is one); a submission the gate
+    did not make is its status and why."""
+    queued = Submission("slurm", "pending", "submitted", job_id="42", links={"record": "/r.json"},
+                        evidence={"state": "PENDING"})
+    assert list(queued.to_dict()) == ["backend", "status", "message", "job_id", "links", "script", "evidence",
+                                      "submitted_at"]
+    queued.note = "an embedded head"
+    assert list(queued.to_dict())[-1] == "note"
+    written = json.loads(Path(write_gate_report(_gate(submission=queued), tmp_path)["json"]).read_text())
+    assert written["submission"] == queued.to_dict()
+    blocked = _gate(submission=NotSubmitted("not_submitted", "blocked: nothing was submitted"))
+    written = json.loads(Path(write_gate_report(blocked, tmp_path / "b")["json"]).read_text())
+    assert written["submission"] == {"status": "not_submitted", "message": "blocked: nothing was submitted"}

@@ -394,7 +394,7 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     for fallback in gate.decision.fallbacks:
         console.print(f"  fallback: {fallback}", markup=False)
     if gate.submission:
-        console.print(f"submission: {gate.submission.get('status')}: {gate.submission.get('message', '')}", markup=False)
+        console.print(f"submission: {gate.submission.status}: {gate.submission.message}", markup=False)
     console.print(f"report: {_rel(gate.paths['html'])} (also {_rel(gate.paths['json'])}, "
                   f"{_rel(gate.paths['markdown'])})", markup=False)
     if gate.tracking_uri:
@@ -408,17 +408,17 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     from trainguard.gate.run import submit_report
 
     submission = submit_report(args.report, wait_s=args.wait, queue=args.queue)
-    print(f"submission: {submission.get('status')}: {submission.get('message', '')}")
-    if submission.get("job_id"):
-        print(f"job id: {submission['job_id']}")
-    for name, link in (submission.get("links") or {}).items():
+    print(f"submission: {submission.status}: {submission.message}")
+    if submission.job_id:
+        print(f"job id: {submission.job_id}")
+    for name, link in submission.links.items():
         print(f"{name}: {link}")
-    states = (submission.get("evidence") or {}).get("states")
+    states = submission.evidence.get("states")
     if states:  # the states a followed job went through, seconds since the follow began
         print("states: " + " -> ".join(f"{state} ({at:g} s)" for at, state, _ in states))
-    if submission.get("note"):
-        print(submission["note"])
-    accepted = submission.get("job_id") and submission.get("status") not in ("unschedulable", "not_submitted", "failed")
+    if submission.note:
+        print(submission.note)
+    accepted = submission.job_id and submission.status not in ("unschedulable", "not_submitted", "failed")
     return EXIT_OK if accepted else EXIT_FAILED
 
 

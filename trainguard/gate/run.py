@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from trainguard._internal.atomic import write_or_fallback
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_TRACKING_URI
@@ -37,6 +37,7 @@ from trainguard.gate.policy import Capabilities, Decision, configured_checks, de
 from trainguard.gate.provenance import Provenance
 from trainguard.profiling.render import failure_rows
 from trainguard.profiling.sizing import Sizing
+from trainguard.queue.base import Submission
 from trainguard.report import CheckResult, Report
 from trainguard.session.cost import Cost
 from trainguard.tracking.store import ui_command
@@ -44,6 +45,7 @@ from trainguard.tracking.store import ui_command
 __all__ = [
     "GATE_REPORT_VERSION",
     "GateReport",
+    "NotSubmitted",
     "StaleReport",
     "SubmittableReport",
     "read_gate_report",
@@ -59,6 +61,19 @@ class StaleReport(TrainguardError):
     """A gate report that no longer describes the job (or was not promoted): not submitted."""
 
 
+@dataclass(frozen=True)
+class NotSubmitted:
+    """The gate's ``--submit`` submitted nothing (a blocked job, or the production run could
+    not be made): why."""
+
+    status: Literal["not_submitted"]
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The gate report's ``submission`` object."""
+        return {"status": self.status, "message": self.message}
+
+
 @dataclass
 class GateReport:
     """Everything the gate decided and why (the JSON written to ``.trainguard/gate/``)."""
@@ -71,7 +86,7 @@ class GateReport:
     capabilities: Capabilities
     policy: GatePolicy
     sizing: Sizing | None = None
-    submission: dict[str, Any] | None = None
+    submission: Submission | NotSubmitted | None = None
     tracking_uri: str | None = None
     mlflow_session_run_id: str | None = None
     created_at: float = field(default_factory=time.time)
@@ -97,7 +112,7 @@ class GateReport:
             "capabilities": dataclasses.asdict(self.capabilities),
             "policy": self.policy.model_dump(),
             "sizing": self.sizing.to_dict() if self.sizing is not None else None,
-            "submission": self.submission,
+            "submission": self.submission.to_dict() if self.submission is not None else None,
             "tracking_uri": self.tracking_uri,
             "mlflow_session_run_id": self.mlflow_session_run_id,
             "created_at": self.created_at,
@@ -169,7 +184,7 @@ def run_gate(
         if submit and decision.promoted:
             gate.submission = _submit(job_file, gate, policy, session.runner, wait_s=submit_wait_s)
         elif submit:
-            gate.submission = {"status": "not_submitted", "message": "blocked: nothing was submitted"}
+            gate.submission = NotSubmitted("not_submitted", "blocked: nothing was submitted")
         gate.duration_s = time.monotonic() - started
         write_gate_report(gate, job_file.state_dir / "gate")
         for kind in ("json", "markdown", "html"):
@@ -248,22 +263,24 @@ def _production_run(runner: Any, spec: Any, wait_s: float = 10.0) -> Any:
                                                         "trainguard.mlflow_production_run_id": handle.run_id})
 
 
-def _submit_spec(spec: Any, queue: str, job_file: JobFile, *, wait_s: float) -> dict[str, Any]:
+def _submit_spec(spec: Any, queue: str, job_file: JobFile, *, wait_s: float) -> Submission:
     """Submit to the queue ``gate.queue`` names and follow the job up to ``wait_s`` seconds, as
     that queue's backend does it (:data:`trainguard.config.queues.QUEUES`)."""
-    return QUEUES.get(queue).submit_and_follow(spec, state_dir=job_file.state_dir, wait_s=wait_s)
+    submission: Submission = QUEUES.get(queue).submit_and_follow(spec, state_dir=job_file.state_dir, wait_s=wait_s)
+    return submission
 
 
-def _submit(job_file: JobFile, gate: GateReport, policy: GatePolicy, runner: Any, *, wait_s: float) -> dict[str, Any]:
+def _submit(job_file: JobFile, gate: GateReport, policy: GatePolicy, runner: Any, *,
+            wait_s: float) -> Submission | NotSubmitted:
     path = str(job_file.state_dir / "gate" / "latest.json")
     try:
         spec = _production_run(runner, _production_spec(job_file, SubmittableReport.of(gate), path))
         return _submit_spec(spec, policy.queue, job_file, wait_s=wait_s)
     except TrainguardError as exc:
-        return {"status": "not_submitted", "message": str(exc)}
+        return NotSubmitted("not_submitted", str(exc))
 
 
-def submit_report(path: str | os.PathLike[str], *, wait_s: float = 30.0, queue: str | None = None) -> dict[str, Any]:
+def submit_report(path: str | os.PathLike[str], *, wait_s: float = 30.0, queue: str | None = None) -> Submission:
     """``trainguard submit REPORT``: submit the job a promoted, fresh gate report describes.
     Raises :class:`StaleReport` naming every reason when the report is blocked or stale, and
     :class:`ConfigError` (a usage error) when ``path`` is not a gate report
@@ -580,7 +597,7 @@ def _context(gate: GateReport, checks: list[dict[str, Any]]) -> dict[str, Any]:
         "duration": round(gate.duration_s, 1), "version": __version__,
         "cost_line": gate.cost.reported().line() if gate.cost is not None else "",
         "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(gate.created_at)),
-        "submission": json.dumps(gate.submission, indent=2, default=str) if gate.submission else None,
+        "submission": json.dumps(gate.submission.to_dict(), indent=2, default=str) if gate.submission else None,
         "tracking_uri": gate.tracking_uri,
         "mlflow_ui": ui_command(gate.tracking_uri) if gate.tracking_uri else None,
     }
