@@ -334,9 +334,9 @@ def read_gate_report(path: str | os.PathLike[str]) -> SubmittableReport:
     again = "the report is not one trainguard wrote, or it was edited; run `trainguard gate CONFIG` again"
     _check_key_types(data, where, again)
     _check_values(data, where, again)
+    sizing = _check_sizing(data["sizing"], where, again) if data.get("sizing") else None
     return SubmittableReport(data["verdict"], data["decision"]["reasons"], data["job_file"],
-                             Provenance.from_dict(data["provenance"]),
-                             Sizing.from_dict(data["sizing"]) if data.get("sizing") else None,
+                             Provenance.from_dict(data["provenance"]), sizing,
                              (data.get("capabilities") or {}).get("gpus", 0), data.get("mlflow_session_run_id"))
 
 
@@ -401,7 +401,8 @@ def _check_key_types(data: dict[str, Any], where: str, again: str) -> None:
 def _check_values(data: dict[str, Any], where: str, again: str) -> None:
     """The values submit relies on, once their types are right: a verdict it knows, the
     decision's reasons a list of strings (an empty one when missing), the job file a path, the
-    provenance readable with a finite creation time, the GPUs a number, the sizing readable."""
+    provenance readable with a finite creation time, the GPUs a number (the sizing:
+    :func:`_check_sizing`)."""
     if data["verdict"] not in ("promote", "block"):
         raise ConfigError(f"is {_cut(repr(data['verdict']))}, expected promote or block: {again}",
                           path=where, key="verdict")
@@ -424,31 +425,26 @@ def _check_values(data: dict[str, Any], where: str, again: str) -> None:
     if isinstance(gpus, bool) or not isinstance(gpus, (int, float)):
         raise ConfigError(f"is {_cut(repr(gpus))}, expected a number: {again}", path=where,
                           key="capabilities.gpus")
-    if data.get("sizing"):
-        _check_sizing(data["sizing"], where, again)
 
 
-def _check_sizing(sizing: dict[str, Any], where: str, again: str) -> None:
-    """The sizing's fields the production run reads: the recommended size and, per candidate,
-    its size, steps and hours."""
+def _check_sizing(data: object, where: str, again: str) -> Sizing:
+    """The sizing, read as its record, with the fields the production run reads in range: the
+    recommended size and, per candidate, its size, steps and hours."""
     try:
-        Sizing.from_dict(sizing, "sizing")
+        sizing = Sizing.from_dict(data, "sizing")
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{_cut(str(exc))}: {again}", path=where, key="sizing") from None
-    fields: list[tuple[str, Any, tuple[type, ...]]] = [
-        ("sizing.recommended", sizing.get("recommended"), (int, type(None)))]
-    for i, candidate in enumerate(sizing.get("candidates") or []):
-        fields += [(f"sizing.candidates[{i}].gpus", candidate.get("gpus"), (int,)),
-                   (f"sizing.candidates[{i}].steps", candidate.get("steps"), (int,)),
-                   (f"sizing.candidates[{i}].hours_with_failures", candidate.get("hours_with_failures"),
-                    (int, float))]
-    for key, value, types in fields:
+    fields: list[tuple[str, float | None]] = [("sizing.recommended", sizing.recommended)]
+    for i, candidate in enumerate(sizing.candidates):
+        fields += [(f"sizing.candidates[{i}].gpus", candidate.gpus), (f"sizing.candidates[{i}].steps", candidate.steps),
+                   (f"sizing.candidates[{i}].hours_with_failures", candidate.hours_with_failures)]
+    for key, value in fields:
         # a size whose failures leave no progress predicts an infinite wall-clock (never recommended)
         endless = key.endswith("hours_with_failures") and value == math.inf
-        if isinstance(value, bool) or not isinstance(value, types) or (
-                isinstance(value, (int, float)) and not 0 <= value < 1e12 and not endless):
+        if value is not None and not 0 <= value < 1e12 and not endless:
             raise ConfigError(f"is {_cut(repr(value))}, expected a number >= 0: {again}",
                               path=where, key=key)
+    return sizing
 
 
 def _json_type(value: Any) -> str:
