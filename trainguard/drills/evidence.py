@@ -5,10 +5,13 @@ the report's ``evidence`` object, key for key (docs/drills.md names each key); a
 holds only sometimes is a field left :data:`~trainguard.evidence.UNSET`.
 
 Nested parts another module computes are its records (a trajectory comparison, a checkpoint
-comparison, the samples' accounting); a fault's own record, a non-finite value's spread and a
-soak's measurements stay the dicts their ``evidence()`` gives. A drill's report object is a
-:class:`DrillReport` (its spec's keys, then its judge's record), a soak's a :class:`SoakReport`
-(several seeds: :class:`SoakRuns`).
+comparison, the samples' accounting); a non-finite value's spread (:class:`NumericsEvidence`),
+Ray Train's restart (:class:`RayRestart`) and a soak's faults and measurements
+(:class:`SoakFaultOutcome`, :class:`SoakMeasured`) are records here; a fault's own record stays
+the dict its ``evidence()`` gives. A drill's report object is a :class:`DrillReport` (its spec's
+keys, then its judge's record), a soak's a :class:`SoakReport` (several seeds:
+:class:`SoakRuns`), a drill of a Slurm job's a :class:`SlurmDrillEvidence` (or
+:class:`SlurmStepNotReached`).
 """
 
 from __future__ import annotations
