@@ -273,10 +273,17 @@ def drill_report(restarts: int = 1, kind: str = "recover", fault_evidence: dict[
 def soak_report(seed: int, restart_mean: float, lost_mean: float, restarts: int = 5) -> Any:
     """One soak run's report object (``drills.evidence.SoakReport``) that measured these means."""
     from trainguard.checks.equivalence_records import TrajectoryEvidence
-    from trainguard.drills.evidence import SoakEvidence, SoakReport
+    from trainguard.drills.evidence import (
+        RestartCosts,
+        SoakEvidence,
+        SoakMeasured,
+        SoakReport,
+        StepsLost,
+    )
 
     trajectory = TrajectoryEvidence("loss", 20, None, None, 0.0, 0.0, [])
-    measured = {"restart_s": {"median": 1.0, "mean": restart_mean}, "lost_steps": {"total": 9, "mean": lost_mean}}
+    measured = SoakMeasured(60.0, 50.0, "the uninterrupted run's wall-clock", 0.83, restarts,
+                            RestartCosts(1.0, restart_mean, 1.0), StepsLost(9, lost_mean), 0.1, 5, None)
     return SoakReport("soak", "recover", seed, 20, [], found=SoakEvidence(restarts, trajectory, measured=measured))
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 from tests.helpers import report_evidence
-from trainguard.drills.crash_points import Boundary, choose_boundaries
+from trainguard.drills.crash_points import choose_boundaries
+from trainguard.drills.crash_records import Boundary, BoundaryOutcome, journal
 from trainguard.faults.fusefs import fuse_unavailable
 from trainguard.report import CheckResult
 from trainguard.session import check
@@ -162,9 +164,14 @@ def _save(at: float, n: int, *, fsync_s: float = 0.0) -> list[dict]:
             _op("/c.tmp", "fsync", n, at + 0.004, at + 0.004 + fsync_s), _op("/c.tmp", "rename", n, at + 0.005 + fsync_s)]
 
 
-def test_the_save_explored_is_whole_and_saves_a_line_apart_are_apart() -> None:
-    from trainguard.drills.crash_points import _save_ops
+def _save_ops(events: list[dict[str, Any]], *args: Any) -> Any:
+    """The save explored in the journal lines ``events``."""
+    from trainguard.drills import crash_points
 
+    return crash_points._save_ops(journal(events), *args)
+
+
+def test_the_save_explored_is_whole_and_saves_a_line_apart_are_apart() -> None:
     # a save every step (0.1 s apart, closer than gap_s): the step lines read between them part them
     events = _save(1.0, 1) + _save(1.1, 2) + _save(1.2, 3)
     lines = [(7, 1.05), (8, 1.15), (9, 1.25)]
@@ -214,8 +221,6 @@ def test_the_save_explored_writes_what_a_restart_reads_never_a_log() -> None:
     lines before it are no checkpoint, and a log opened to append is never the save, even when
     the restart reads it too. Saves into numbered folders match the restart's reads of the
     newest folder (numbers aside)."""
-    from trainguard.drills.crash_points import _save_ops
-
     log = [_op("/train.log", "write", i, 0.95 + 0.1 * i) for i in range(1, 12)]
     # step 6 saves, then logs, then prints its line
     save = [*_save(1.52, 1)[:-1], {**_save(1.52, 1)[-1], "to": "/ckpt.json"}]
@@ -292,7 +297,7 @@ def test_the_fix_for_a_folder_written_in_place_is_to_build_it_aside() -> None:
     from trainguard.drills.crash_points import _fix
 
     found = [Boundary(0, "/checkpoint-10", "mkdir", 1), Boundary(0, "/checkpoint-10/config.json", "create", 1)]
-    row = {"outcome": "crashed on load"}
+    row = BoundaryOutcome(found[0].words(), "mkdir", "/checkpoint-10", 0, 1, None, "crashed on load", "")
     assert "build /checkpoint-10 under a temporary name" in _fix(found[0], row, set(), "kill", found)
     assert "build /checkpoint-10 under a temporary name" in _fix(found[1], row, set(), "kill", found)
     # a folder built as tmp-checkpoint-10/ and renamed into place: that is not the fix

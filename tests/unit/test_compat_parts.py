@@ -175,13 +175,15 @@ def test_the_index_keeps_the_newest_promotion_and_only_a_gate_report_with_a_comm
 
 def _promote(job: Path) -> Path:
     """A promoted gate report of the job as it is now, written by the gate's own writer."""
-    from trainguard.gate.policy import Decision
+    from trainguard.config import GatePolicy
+    from trainguard.gate.policy import Capabilities, Decision
     from trainguard.gate.provenance import provenance_for
     from trainguard.gate.run import GateReport, write_gate_report
     from trainguard.report import Report
 
     gate = GateReport(job="j", job_file=str(job), decision=Decision("promote"), report=Report(job="j"),
-                      provenance=provenance_for(job).to_dict(), capabilities={"gpus": 0, "root": False, "ray": False}, policy={})
+                      provenance=provenance_for(job), capabilities=Capabilities(gpus=0, root=False, ray=False),
+                      policy=GatePolicy.model_validate({}))
     return Path(write_gate_report(gate, job.parent / ".trainguard" / "gate")["json_stamped"])
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.run.runner import LaunchRecord
-from trainguard.session.cost import measured_cost, planned_cost, records_from_report
+from trainguard.session.cost import LaunchCost, measured_cost, planned_cost, records_from_report
 
 RECORDS = [
     LaunchRecord("reference", 1, 10.0, 4.0, 60),      # 6 s for 60 steps: 0.1 s a step
@@ -31,15 +31,15 @@ def test_the_measured_cost_counts_rank_seconds_and_start_up() -> None:
 def test_the_projection_on_the_target_is_launches_times_start_up_plus_steps_times_step_time() -> None:
     cost = measured_cost(RECORDS, 6.0)
     p = cost.projection
-    assert p is not None and p["startup_gpu_hours"] == pytest.approx((1 + 1 + 2) * 6 / 60)
+    assert p is not None and p.startup_gpu_hours == pytest.approx((1 + 1 + 2) * 6 / 60)
     steps = (60 * 0.1 + 60 * 0.1 + 2 * 20 * 0.1) / 3600  # step time per world size, measured here
-    assert p["steps_gpu_hours"] == pytest.approx(steps, abs=1e-3) and p["gpu_hours"] == pytest.approx(0.4 + steps, abs=1e-3)
+    assert p.steps_gpu_hours == pytest.approx(steps, abs=1e-3) and p.gpu_hours == pytest.approx(0.4 + steps, abs=1e-3)
     assert "on the target (6 min to a launch's first step): 0.40 GPU-hours, 0.40 of them starting up" in cost.line()
 
 
 def test_the_plan_estimates_from_the_last_gates_launches(tmp_path: Path) -> None:
     report = tmp_path / "latest.json"
-    report.write_text(json.dumps({"cost": measured_cost(RECORDS, None).as_dict()}))
+    report.write_text(json.dumps({"cost": measured_cost(RECORDS, None).to_dict()}))
     history = records_from_report(report)
     assert len(history) == 3
     cost = planned_cost([(1, 60), (1, 60), (2, 20)], history, str(report), 6.0)
@@ -50,7 +50,7 @@ def test_the_plan_estimates_from_the_last_gates_launches(tmp_path: Path) -> None
     unknown = planned_cost([(4, 20)], history, str(report), None)
     assert unknown.rank_seconds is None and "not every world size" in unknown.note
     first = planned_cost([(1, 60)], [], "", 6.0)
-    assert first.rank_seconds is None and first.projection is not None and first.projection["gpu_hours"] is None
+    assert first.rank_seconds is None and first.projection is not None and first.projection.gpu_hours is None
     assert "rank-seconds unknown until a gate has run here" in first.line()
 
 
@@ -62,7 +62,7 @@ def test_a_crafted_reports_records_are_data(tmp_path: Path) -> None:
         {"world_size": True, "seconds": 2.0, "steps": 5},        # a bool: dropped
         {"world_size": 1, "seconds": float("inf"), "steps": 5},  # not finite: dropped
         "not a record", {"world_size": 1}]}}))
-    assert records_from_report(path) == [{"world_size": 1, "seconds": 2.0, "steps": 5, "first_step_s": 1.0}]
+    assert records_from_report(path) == [LaunchCost(None, 1, 2.0, 1.0, 5)]
     (tmp_path / "deep.json").write_text("[" * 100_000)
     assert records_from_report(tmp_path / "deep.json") == []
     assert records_from_report(tmp_path / "missing.json") == []

@@ -223,17 +223,17 @@ def test_the_reports_show_the_forecast_its_inputs_the_plot_and_the_timeouts() ->
 
 
 def test_the_gate_report_shows_the_goodput_and_the_threshold(tmp_path: Path) -> None:
-    import dataclasses
 
     from trainguard.gate.policy import Decision
+    from trainguard.gate.provenance import Provenance
     from trainguard.gate.run import GateReport, write_gate_report
 
     sizing = _sizing()
     gate = GateReport(job="toy", job_file=str(tmp_path / "trainguard.yaml"), decision=Decision("promote"),
                       report=_gate_report(), sizing=sizing,
-                      provenance={"job_file_sha256": "0" * 64, "git_commit": None},
-                      capabilities=dataclasses.asdict(Capabilities(gpus=0, root=False, ray=False)),
-                      policy=GatePolicy.model_validate({"thresholds": {"min_goodput": 0.9}}).model_dump())
+                      provenance=Provenance(str(tmp_path / "trainguard.yaml"), "0" * 64, None, False, "0", 0.0),
+                      capabilities=Capabilities(gpus=0, root=False, ray=False),
+                      policy=GatePolicy.model_validate({"thresholds": {"min_goodput": 0.9}}))
     paths = write_gate_report(gate, tmp_path / "gate")
     md = Path(paths["markdown"]).read_text()
     best = sizing.candidate(sizing.recommended)

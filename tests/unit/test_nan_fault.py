@@ -227,7 +227,7 @@ def test_stop_passes_on_a_prompt_error_and_names_the_step_and_rank(tmp_path: Pat
     assert status == "passed", summary
     assert summary.startswith("nan put into rank 1's loss at step 4 (via torch.nn.functional.mse_loss")
     assert "rank 1 exited with an error 1.18 s after the fault" in summary
-    assert evidence.numerics["put_into"] == {"rank": 1, "step": 4, "target": "loss", "value": "nan",
+    assert evidence.numerics.to_dict()["put_into"] == {"rank": 1, "step": 4, "target": "loss", "value": "nan",
                                                 "via": "torch.nn.functional.mse_loss"}
 
 
@@ -252,7 +252,7 @@ def test_skip_passes_when_every_later_value_is_finite_and_fails_on_a_spread(tmp_
     status, summary, evidence = _judge({"policy": "skip"}, _result("ok", skipped, (0, 0), tmp_path))
     assert status == "passed", summary
     assert "the job went on to step 8 and all 8 metric value(s) after step 4 are finite" in summary
-    assert evidence.numerics["first_nonfinite"] == {"step": 4, "rank": 1, "metric": "loss", "value": "nan"}
+    assert evidence.numerics.to_dict()["first_nonfinite"] == {"step": 4, "rank": 1, "metric": "loss", "value": "nan"}
     # a NaN gradient of rank 1 (its loss finite at step 4) is in every rank's loss from step 5 on
     spread = _points({0: [1.0] * 4 + [NAN] * 4, 1: [1.0] * 4 + [NAN] * 4})
     grads = {"event": "injected", "step": 4, "via": "backward (parameter gradients)"}
@@ -261,7 +261,7 @@ def test_skip_passes_when_every_later_value_is_finite_and_fails_on_a_spread(tmp_
     assert status == "failed"
     assert "every later metric must be finite, but it trained on after the non-finite value" in summary
     assert "nan put into rank 1's gradients at step 4" in summary and "reached every rank" in summary
-    assert evidence.numerics["reached_every_rank"] is True
+    assert evidence.numerics.reached_every_rank is True
     assert evidence.likely_causes[0].startswith("the check reads only the loss")
 
 

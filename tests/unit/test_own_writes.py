@@ -390,7 +390,6 @@ def test_a_capped_log_is_in_the_checks_evidence(tmp_path: Path) -> None:
 
 @needs_root
 def test_the_gate_reports_on_a_read_only_disk_go_to_the_fallback(tmp_path: Path) -> None:
-    import dataclasses
 
     from trainguard.config.gate import GatePolicy
     from trainguard.gate.policy import Capabilities, Decision
@@ -401,9 +400,8 @@ def test_the_gate_reports_on_a_read_only_disk_go_to_the_fallback(tmp_path: Path)
     job = JOBS / "toy.trainguard.yaml"
     report = Report(job="toy", checks=[CheckResult("smoke", "passed", "5 steps")])
     gate = GateReport(job="toy", job_file=str(job), decision=Decision("promote"), report=report,
-                      provenance=provenance_for(job).to_dict(),
-                      capabilities=dataclasses.asdict(Capabilities(gpus=0, root=True, ray=False)),
-                      policy=GatePolicy.model_validate({}).model_dump())
+                      provenance=provenance_for(job), capabilities=Capabilities(gpus=0, root=True, ray=False),
+                      policy=GatePolicy.model_validate({}))
     with tmpfs(tmp_path / "gate", read_only=True) as out:
         paths = write_gate_report(gate, out)
     for key in ("json", "json_stamped", "markdown", "html"):

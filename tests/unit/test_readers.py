@@ -146,7 +146,6 @@ def test_the_gate_report_embeds_no_plot_that_is_not_a_regular_file(tmp_path: Pat
     """A check's plot is read back into the HTML gate report through the bounded reader: a FIFO
     in its place (never opened: the read would wait for a writer) or a file over the limit is
     left out; a real plot is embedded."""
-    import dataclasses
 
     from trainguard.config.gate import GatePolicy
     from trainguard.gate.policy import Capabilities, Decision
@@ -162,8 +161,7 @@ def test_the_gate_report_embeds_no_plot_that_is_not_a_regular_file(tmp_path: Pat
     report = Report(job="toy", checks=[CheckResult("canary", "passed", "inside the band",
                                                    evidence=Recorded({"plots": [str(fifo), str(big), str(png)]}))])
     gate = GateReport(job="toy", job_file=str(job), decision=Decision("promote"), report=report,
-                      provenance=provenance_for(job).to_dict(),
-                      capabilities=dataclasses.asdict(Capabilities(gpus=0, root=False, ray=False)),
-                      policy=GatePolicy.model_validate({}).model_dump())
+                      provenance=provenance_for(job), capabilities=Capabilities(gpus=0, root=False, ray=False),
+                      policy=GatePolicy.model_validate({}))
     html = Path(write_gate_report(gate, tmp_path / "gate")["html"]).read_text()
     assert html.count("data:image/png;base64,") == 1 and "canary: real" in html

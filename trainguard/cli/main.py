@@ -394,7 +394,7 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     for fallback in gate.decision.fallbacks:
         console.print(f"  fallback: {fallback}", markup=False)
     if gate.submission:
-        console.print(f"submission: {gate.submission.get('status')}: {gate.submission.get('message', '')}", markup=False)
+        console.print(f"submission: {gate.submission.status}: {gate.submission.message}", markup=False)
     console.print(f"report: {_rel(gate.paths['html'])} (also {_rel(gate.paths['json'])}, "
                   f"{_rel(gate.paths['markdown'])})", markup=False)
     if gate.tracking_uri:
@@ -408,17 +408,17 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     from trainguard.gate.run import submit_report
 
     submission = submit_report(args.report, wait_s=args.wait, queue=args.queue)
-    print(f"submission: {submission.get('status')}: {submission.get('message', '')}")
-    if submission.get("job_id"):
-        print(f"job id: {submission['job_id']}")
-    for name, link in (submission.get("links") or {}).items():
+    print(f"submission: {submission.status}: {submission.message}")
+    if submission.job_id:
+        print(f"job id: {submission.job_id}")
+    for name, link in submission.links.items():
         print(f"{name}: {link}")
-    states = (submission.get("evidence") or {}).get("states")
+    states = submission.evidence.get("states")
     if states:  # the states a followed job went through, seconds since the follow began
         print("states: " + " -> ".join(f"{state} ({at:g} s)" for at, state, _ in states))
-    if submission.get("note"):
-        print(submission["note"])
-    accepted = submission.get("job_id") and submission.get("status") not in ("unschedulable", "not_submitted", "failed")
+    if submission.note:
+        print(submission.note)
+    accepted = submission.job_id and submission.status not in ("unschedulable", "not_submitted", "failed")
     return EXIT_OK if accepted else EXIT_FAILED
 
 
@@ -436,6 +436,7 @@ def _drill_parser(sub: Any, command: str, what: str, seed_help: str, **texts: st
 
 
 def _cmd_drill(args: argparse.Namespace) -> int:
+    from trainguard.drills.evidence import SoakEvidence, SoakMeasured, SoakReport, SoakRuns
     from trainguard.drills.soak import soak_lines
     from trainguard.report import CheckResult
     from trainguard.session import drill, soak
@@ -445,10 +446,12 @@ def _cmd_drill(args: argparse.Namespace) -> int:
 
     def show(result: CheckResult) -> None:
         print(f"{result.status.upper():7} {result.name}: {result.summary} ({result.duration_s:.1f} s)")
-        shown = result.evidence.to_dict()  # what the report says, key by key
-        for run in shown.get("runs") or [shown]:  # a soak: what it measured
-            if isinstance(run.get("measured"), dict):
-                print(textwrap.indent(soak_lines(run), "        "))
+        found = result.evidence
+        runs = found.runs if isinstance(found, SoakRuns) else [found] if isinstance(found, SoakReport) else []
+        for run in runs:  # a soak: what it measured
+            if isinstance(run.found, SoakEvidence) and isinstance(run.found.measured, SoakMeasured):
+                print(textwrap.indent(soak_lines(run.seed, run.found.measured), "        "))
+        shown = found.to_dict()  # what the report says, key by key
         if not result.ok:
             for key in ("likely_causes", "run_dir"):
                 value = shown.get(key)

@@ -25,10 +25,10 @@ class QueueClass(Protocol):
         """The backend, built with ``options`` (``script_dir=``, ``cluster=``, ...)."""
         ...
 
-    def submit_and_follow(self, spec: Any, *, state_dir: Path, wait_s: float) -> dict[str, Any]:
+    def submit_and_follow(self, spec: Any, *, state_dir: Path, wait_s: float) -> Any:
         """Submit ``spec`` (a :class:`~trainguard.queue.base.SubmissionSpec`) as the gate does,
-        follow it up to ``wait_s`` seconds, and return the submission's record
-        (``state_dir``: the job file's ``.trainguard``)."""
+        follow it up to ``wait_s`` seconds, and return the
+        :class:`~trainguard.queue.base.Submission` (``state_dir``: the job file's ``.trainguard``)."""
         ...
 
 

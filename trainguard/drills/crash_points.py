@@ -54,9 +54,19 @@ from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config.checks import CheckSpec
 from trainguard.config.problems import resume_problems
 from trainguard.config.registry import Check, Run
+from trainguard.drills.crash_records import (
+    Boundary,
+    BoundaryNotReached,
+    BoundaryOutcome,
+    CrashPointsEvidence,
+    CrashRow,
+    CrashRule,
+    JournalEvent,
+    journal,
+)
 from trainguard.drills.crash_saves import feeds_restart, save_files, shape, unlike_reference
 from trainguard.drills.evidence import ReferenceNotUsable
-from trainguard.evidence import Evidence, NoEvidence
+from trainguard.evidence import NoEvidence
 from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
 from trainguard.faults.fusemount import FuseMount
 from trainguard.launch import Launcher, MetricPoint, RunResult
@@ -66,7 +76,7 @@ from trainguard.report import CheckResult, SkipReason
 from trainguard.run.pool import RunPool
 from trainguard.run.request import RunRequest
 
-__all__ = ["CRASH_POINTS", "Boundary", "CrashPointsCheck", "choose_boundaries", "run_crash_points"]
+__all__ = ["CRASH_POINTS", "CrashPointsCheck", "choose_boundaries", "run_crash_points"]
 
 _NAME = "crash_points"
 
@@ -95,28 +105,6 @@ class CrashPointsCheck(CheckSpec):
         return self
 
 
-@dataclass(frozen=True)
-class Boundary:
-    """One file operation of the save: ``op`` (create, write, fsync, rename, ...) number
-    ``ordinal`` of that kind by rank ``rank`` on ``path`` (relative to the checkpoint directory)."""
-
-    rank: int
-    path: str
-    op: str
-    ordinal: int
-    to: str | None = None
-
-    def words(self) -> str:
-        number = f" #{self.ordinal}" if self.op == "write" or self.ordinal > 1 else ""
-        what = f"{self.op}{number} of {self.path}"
-        if self.to:
-            what += f" -> {self.to}"
-        return f"rank {self.rank}: after {what}"
-
-    def as_rule(self) -> dict[str, Any]:
-        return {"rank": self.rank, "path": self.path, "op": self.op, "ordinal": self.ordinal}
-
-
 def choose_boundaries(found: list[Boundary], limit: int) -> list[Boundary]:
     """All of ``found`` up to ``limit``; above it every operation that is not a write first (in
     order), then writes spread evenly over the rest (the first and last of each file first)."""
@@ -139,37 +127,6 @@ def choose_boundaries(found: list[Boundary], limit: int) -> list[Boundary]:
     return [b for b in found if b in keep]
 
 
-@dataclass
-class CrashPointsEvidence(Evidence):
-    """The save's boundaries and what a crash after each did."""
-
-    mode: str
-    after_step: int
-    #: the newest step whose line had been read when the save began
-    save_after_step: int | None = None
-    boundaries_found: int = 0
-    boundaries_explored: int = 0
-    #: boundaries found per operation kind
-    by_op: dict[str, int] = field(default_factory=dict)
-    #: one row per explored boundary: its words, outcome, resumed_from_step, detail
-    outcomes: list[dict[str, Any]] = field(default_factory=list)
-    first_unsafe: dict[str, Any] | None = None
-    fix: str | None = None
-    runs: int = 0
-    work_dir: str = ""
-    #: the files a restart of the recording run opened to read (the checkpoint the save writes)
-    reads: list[str] = field(default_factory=list)
-    #: files the job opened to append (logs: never the save, never compared)
-    appended: list[str] = field(default_factory=list)
-    #: whether no later save of the files a restart reads followed the one explored
-    last_save: bool = False
-    #: a kill just before the save began, resumed: run when a crash's restart diverged and none
-    #: matched before it, to tell a torn checkpoint from a resume that is never exact
-    control: dict[str, Any] | None = None
-    #: the outcomes as a Markdown table, for people (``table.md`` in the work directory)
-    table: str | None = None
-
-
 def _unsynced(found: list[Boundary]) -> tuple[list[str], list[str]]:
     """Files renamed with data never fsynced before the rename; renames whose destination's
     directory was not fsynced after them."""
@@ -185,10 +142,10 @@ def _unsynced(found: list[Boundary]) -> tuple[list[str], list[str]]:
     return data, entries
 
 
-def _fix(boundary: Boundary, row: dict[str, Any], renamed: set[str], mode: str, found: list[Boundary]) -> str:
+def _fix(boundary: Boundary, row: BoundaryOutcome, renamed: set[str], mode: str, found: list[Boundary]) -> str:
     """The fix for the first unsafe boundary, from what it did."""
-    outcome = row["outcome"]
-    if row.get("ranks_resumed_from"):
+    outcome = row.outcome
+    if row.ranks_resumed_from:
         return ("commit a save of many ranks as one: once every rank's files are in place, write a "
                 "marker (rank 0, after a barrier) and resume only from the newest save that has it")
     if mode == "power":
@@ -227,8 +184,7 @@ def _write_table(evidence: CrashPointsEvidence, work: Path, verdict: str) -> Non
     rows = [f"# crash_points ({evidence.mode} mode): the save after step {evidence.after_step}", "", cell(verdict),
             "", "| boundary | outcome | resumed from | detail |", "|---|---|---|---|"]
     for r in evidence.outcomes + ([evidence.control] if evidence.control else []):
-        rows.append(f"| {cell(r.get('boundary'))} | {cell(r.get('outcome'))} | "
-                    f"{cell(r.get('resumed_from_step', ''))} | {cell(r.get('detail', ''))} |")
+        rows.append(f"| {cell(r.boundary)} | {cell(r.outcome)} | {cell(r.resumed_from_step)} | {cell(r.detail)} |")
     with contextlib.suppress(OSError):  # the verdict stands without its table
         evidence.table = str(atomic_write_text(work / "table.md", "\n".join(rows) + "\n"))
 
@@ -248,7 +204,7 @@ class _Watch:
     the ranks are known the crash rule is rewritten with their process groups to kill. It keeps
     the arrival time of every step line."""
 
-    def __init__(self, layer: FuseLayer, metric: str, rule: str, spec: dict[str, Any]) -> None:
+    def __init__(self, layer: FuseLayer, metric: str, rule: str, spec: CrashRule) -> None:
         self.layer, self.metric, self.rule, self.spec = layer, metric, rule, spec
         self.arrivals: list[tuple[int, float]] = []
         self._told = False
@@ -284,21 +240,21 @@ class SaveFound:
     files: list[str] = field(default_factory=list)
 
 
-def _bursts(ops: list[dict[str, Any]], arrivals: list[tuple[int, float]], gap_s: float) -> list[list[dict[str, Any]]]:
+def _bursts(ops: list[JournalEvent], arrivals: list[tuple[int, float]], gap_s: float) -> list[list[JournalEvent]]:
     """Operations in bursts: each starting at most ``gap_s`` after the one before ended and with
     no step line read between them (unless they follow each other within 20 ms)."""
-    bursts: list[list[dict[str, Any]]] = []
+    bursts: list[list[JournalEvent]] = []
     lines = sorted(t for _, t in arrivals)
     for e in ops:
-        start = float(e.get("t0", e["t"]))
+        start = e.start
         if bursts:
-            end = float(bursts[-1][-1]["t"])
+            end = bursts[-1][-1].t
             gap = start - end
             # a step line read between two operations of one rank parts saves closer than gap_s,
             # unless they follow each other at once (a line read late, in the middle of a save);
             # between two ranks' operations it does not: rank 0 may print its next step while
             # rank 1 still saves
-            same_rank = e.get("rank") == bursts[-1][-1].get("rank")
+            same_rank = e.rank == bursts[-1][-1].rank
             parted = gap > _SAME_SAVE_S and same_rank and any(end < t < start for t in lines)
             if gap <= gap_s and not parted:
                 bursts[-1].append(e)
@@ -307,46 +263,45 @@ def _bursts(ops: list[dict[str, Any]], arrivals: list[tuple[int, float]], gap_s:
     return bursts
 
 
-def _save_ops(events: list[dict[str, Any]], arrivals: list[tuple[int, float]], after_step: int,
+def _save_ops(events: list[JournalEvent], arrivals: list[tuple[int, float]], after_step: int,
               gap_s: float, reads: set[str] | None = None, appended: set[str] | None = None) -> SaveFound:
     """The first save that began after the line of step ``after_step`` arrived: a burst of
     operations (:func:`_bursts`: a save whole, a slow fsync not splitting it, frequent saves
     apart) that writes a file a restart reads (``reads``, their :func:`shape`; None: any burst),
     never a log (``appended``)."""
-    ops = [e for e in events if e.get("event") == "op"]
+    ops = [e for e in events if e.event == "op"]
     seen = [t for step, t in arrivals if step >= after_step]
     if not ops or not seen:
         return SaveFound([], False, False)
     bursts = _bursts(ops, arrivals, gap_s)
 
-    def feeds(e: dict[str, Any]) -> bool:
-        return reads is None or feeds_restart(str(e["op"]), str(e["path"]), e.get("to"), reads, appended or set())
+    def feeds(e: JournalEvent) -> bool:
+        return reads is None or feeds_restart(e.op, e.path, e.to, reads, appended or set())
 
     # the first burst after the line that starts a save: one that only finishes a folder an
     # earlier burst began (an async save's marker) belongs to that earlier save
     begun: set[str] = set()
     index = None
     for i, b in enumerate(bursts):
-        tops = {_top(e["path"]) for e in b}
-        if float(b[0].get("t0", b[0]["t"])) > seen[0] and not tops <= begun and any(feeds(e) for e in b):
+        tops = {_top(e.path) for e in b}
+        if b[0].start > seen[0] and not tops <= begun and any(feeds(e) for e in b):
             index = i
             break
-        begun |= {_top(e["path"]) for e in b if "/" in str(e["path"]).strip("/") or e["op"] == "mkdir"}
+        begun |= {_top(e.path) for e in b if "/" in e.path.strip("/") or e.op == "mkdir"}
     # a checkpoint before it: data written to what a restart reads (a directory made at start-up
     # or a log is none)
-    wrote = any(e["op"] in ("write", "rename", "link") and feeds(e) for b in bursts[:index] for e in b)
+    wrote = any(e.op in ("write", "rename", "link") and feeds(e) for b in bursts[:index] for e in b)
     if index is None:
         return SaveFound([], wrote, False)
     # a save into a folder of its own goes on in later bursts when it finishes in the background
     # (an async save whose files are written while the next steps run, its marker committed at
     # the next save): every later operation that builds that folder belongs to it
-    folders = {_top(e["path"]) for e in bursts[index] if "/" in str(e["path"]).strip("/")}
+    folders = {_top(e.path) for e in bursts[index] if "/" in e.path.strip("/")}
     later = [e for b in bursts[index + 1:] for e in b
-             if folders and _top(e["path"]) in folders and e["op"] not in ("unlink", "rmdir")]
+             if folders and _top(e.path) in folders and e.op not in ("unlink", "rmdir")]
     taken = {id(e) for e in later}
     after = [e for b in bursts[index + 1:] for e in b if id(e) not in taken]
-    save = [Boundary(int(e["rank"]), str(e["path"]), str(e["op"]), int(e["ordinal"]), e.get("to"))
-            for e in bursts[index] + later]
+    save = [Boundary(int(e.rank or 0), e.path, e.op, e.ordinal, e.to) for e in bursts[index] + later]
     return SaveFound(save, wrote, not any(feeds(e) for e in after))
 
 
@@ -381,13 +336,11 @@ def run_crash_points(ctx: CheckContext[CrashPointsCheck]) -> CheckResult:
         # the report's record as it stands now (the unmount's row below is the work dir's alone)
         return dataclasses.replace(result, evidence=copy.deepcopy(evidence))
     finally:
-        problem = fuse.unmount()
-        if problem:
-            evidence.outcomes.append({"boundary": "unmount", "outcome": "error", "detail": problem})
+        fuse.unmount()
 
 
-def _opened(events: list[dict[str, Any]], mode: str) -> set[str]:
-    return {str(e["path"]) for e in events if e.get("event") == "opened" and e.get("mode") == mode}
+def _opened(events: list[JournalEvent], mode: str) -> set[str]:
+    return {e.path for e in events if e.event == "opened" and e.mode == mode}
 
 
 def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, layer: FuseLayer,
@@ -398,14 +351,15 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
     recorded = pool.run(request, label="crash-points-record", checkpoint_dir=layer.point, on_metric=watch)
     evidence.runs += 1
     layer.disarm()
-    events = layer.read_events()
+    lines = layer.read_events()
+    events = journal(lines)
     if not recorded.ok:
         return f"the recording run did not complete: {recorded.reason}"
     layer.arm({"record": {"run": "restart"}})
     restarted = pool.run(request, label="crash-points-restart-record", resume=True, checkpoint_dir=layer.point)
     evidence.runs += 1
     layer.disarm()
-    opens = [e for e in layer.read_events()[len(events):] if e.get("event") == "opened"]
+    opens = [e for e in journal(layer.read_events()[len(lines):]) if e.event == "opened"]
     appended = _opened(events, "append") | _opened(opens, "append")
     reads = _opened(opens, "read") - appended
     evidence.reads, evidence.appended = sorted(reads)[:50], sorted(appended)[:50]
@@ -418,9 +372,8 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
         return (f"no save of the files a restart reads ({', '.join(sorted(reads)[:3])}) began after trainguard "
                 f"read step {spec.after_step}: does the job save during the run, to {{checkpoint_dir}}, with "
                 "steps left after after_step?")
-    first = save.boundaries[0].as_rule()
-    began = next((float(e.get("t0", e["t"])) for e in events if e.get("event") == "op" and all(
-        e.get(k) == v for k, v in first.items())), None)
+    first = save.boundaries[0]
+    began = next((e.start for e in events if first.made(e)), None)
     evidence.save_after_step = max((step for step, t in watch.arrivals if began is not None and t <= began), default=None)
     evidence.last_save = save.last
     save.files = save_files(((b.op, b.path, b.to) for b in save.boundaries), appended)
@@ -455,27 +408,21 @@ def _explore(ctx: CheckContext[CrashPointsCheck], reference: RunResult, base: in
         evidence.by_op[b.op] = evidence.by_op.get(b.op, 0) + 1
     renamed = {b.path for b in found if b.op == "rename"}
     resumed_before: int | None = base - 1 if had_checkpoint else None
-    unsafe: tuple[Boundary, dict[str, Any]] | None = None
+    unsafe: tuple[Boundary, BoundaryOutcome] | None = None
     for number, boundary in enumerate(chosen):
-        row = _crash_and_resume(number, runs, boundary, resumed_before)
-        evidence.runs += row.pop("runs")
-        first_doubt = row["outcome"] == "torn" and not any(r["outcome"] == "safe" for r in evidence.outcomes)
-        if (first_doubt or row["outcome"] == "began again") and evidence.control is None:
-            evidence.control = _crash_and_resume(len(chosen), runs, found[0], resumed_before, control=True)
-            evidence.runs += evidence.control.pop("runs")
-        if row["outcome"] == "began again" and evidence.control is not None and (
-                evidence.control.get("resumed_from_step") is not None and evidence.control["resumed_from_step"] < base):
-            row.update(outcome="safe", detail=f"began again at step {base}, as the restart after a kill just "
-                       "before the save did: no checkpoint was complete before the save")
-        if first_doubt and evidence.control is not None and evidence.control["outcome"] != "safe":
-            row.update(outcome="loaded", detail=f"{row['detail'].split(': it loaded')[0]}; so did the restart "
-                       f"after a kill just before the save began ({evidence.control['detail']}): the job's "
-                       "resume does not match the uninterrupted run, so a torn checkpoint that loads cannot "
-                       "be told from it")
+        row, launched = _crash_and_resume(number, runs, boundary, resumed_before)
+        evidence.runs += launched
+        first_doubt = row.outcome == "torn" and not any(r.outcome == "safe" for r in evidence.outcomes)
+        if (first_doubt or row.outcome == "began again") and evidence.control is None:
+            evidence.control, launched = _crash_and_resume(len(chosen), runs, found[0], resumed_before, control=True)
+            evidence.runs += launched
+        control = evidence.control
+        if isinstance(row, BoundaryOutcome):
+            _doubted(row, control, first_doubt, base)
         evidence.outcomes.append(row)
-        if row["outcome"] in ("safe", "loaded"):
-            resumed_before = max(resumed_before if resumed_before is not None else -1, row["resumed_from_step"])
-        elif unsafe is None and row["outcome"] != "not reached":
+        if row.outcome in ("safe", "loaded") and row.resumed_from_step is not None:
+            resumed_before = max(resumed_before if resumed_before is not None else -1, row.resumed_from_step)
+        elif unsafe is None and isinstance(row, BoundaryOutcome) and row.outcome not in ("safe", "loaded"):
             unsafe = (boundary, row)
     duration = time.monotonic() - started
     explored = (f"{len(chosen)} of {len(found)} boundaries of the save after step {spec.after_step} "
@@ -485,20 +432,20 @@ def _explore(ctx: CheckContext[CrashPointsCheck], reference: RunResult, base: in
         evidence.first_unsafe = row
         evidence.fix = _fix(boundary, row, renamed, spec.mode, found)
         return CheckResult(_NAME, "failed", f"{explored} explored in {evidence.runs} runs; first unsafe: "
-                           f"{row['boundary']}: {row['outcome']} ({row['detail']}). Fix: {evidence.fix}",
+                           f"{row.boundary}: {row.outcome} ({row.detail}). Fix: {evidence.fix}",
                            evidence, duration)
-    loaded = [r for r in evidence.outcomes if r["outcome"] == "loaded"]
+    loaded = [r for r in evidence.outcomes if r.outcome == "loaded"]
     if loaded:
         return CheckResult(_NAME, "error", f"{explored} explored in {evidence.runs} runs: no crash point failed "
                            f"to load, began again or went back, but {len(loaded)} restarts diverged and so did "
-                           f"a restart after a kill just before the save ({evidence.control and evidence.control['detail']}):"
+                           f"a restart after a kill just before the save ({evidence.control and evidence.control.detail}):"
                            " the job's resume is not exact, so a torn checkpoint that loads cannot be found. Make "
                            "the resume exact first (trainguard check --only resume says what it loses)",
                            evidence, duration)
-    missed = [r for r in evidence.outcomes if r["outcome"] == "not reached"]
+    missed = [r for r in evidence.outcomes if r.outcome == "not reached"]
     if len(missed) * 4 > len(evidence.outcomes):  # more than a quarter unexplored: no verdict
         return CheckResult(_NAME, "error", f"{explored}: {len(missed)} crash runs never reached their boundary, "
-                           f"first {missed[0]['boundary']} (the job's saves differ from run to run: a file "
+                           f"first {missed[0].boundary} (the job's saves differ from run to run: a file "
                            "named by the time or a random part trainguard does not recognise?)",
                            evidence, duration)
     note = f"; {len(missed)} not reached" if missed else ""
@@ -535,86 +482,108 @@ def _last_words(result: RunResult) -> str:
     return next((ln.strip()[:200] for ln in reversed(lines) if ln.strip()), "")
 
 
-def _trained_nothing(row: dict[str, Any], runs: _CrashRuns, resumed: RunResult) -> dict[str, Any]:
+def _doubted(row: BoundaryOutcome, control: CrashRow | None, first_doubt: bool, base: int) -> None:
+    """``row`` read beside the control (a kill just before the save, resumed): a restart that
+    began again as the control's did is safe (no checkpoint was complete before the save); the
+    first divergence, when the control diverged too, is ``loaded`` (not judged)."""
+    if row.outcome == "began again" and control is not None and (
+            control.resumed_from_step is not None and control.resumed_from_step < base):
+        row.outcome, row.detail = "safe", (f"began again at step {base}, as the restart after a kill just "
+                                           "before the save did: no checkpoint was complete before the save")
+    if first_doubt and control is not None and control.outcome != "safe":
+        row.outcome, row.detail = "loaded", (
+            f"{row.detail.split(': it loaded')[0]}; so did the restart after a kill just before the save "
+            f"began ({control.detail}): the job's resume does not match the uninterrupted run, so a torn "
+            "checkpoint that loads cannot be told from it")
+
+
+def _trained_nothing(row: BoundaryOutcome, runs: _CrashRuns, resumed: RunResult) -> BoundaryOutcome:
     """A restart that exited 0 without a step: safe only when the save was the run's last and
     what the crash left is the uninterrupted run's final checkpoint."""
     spec, reference, layer, save = runs.spec, runs.reference, runs.layer, runs.save
     said = _last_words(resumed)
     said = f" (its last words: {said})" if said else ""
-    row["resumed_from_step"] = None
+    row.resumed_from_step = None
     if not save.last:
-        row.update(outcome="trained nothing", detail=f"the restart exited 0 without training a step{said}, though "
-                   f"the uninterrupted run saved again after this save and trained to step {spec.steps}")
+        row.outcome, row.detail = "trained nothing", (
+            f"the restart exited 0 without training a step{said}, though the uninterrupted run saved again "
+            f"after this save and trained to step {spec.steps}")
         return row
     differences, compared = ([], 0) if reference.checkpoint_dir is None else unlike_reference(
         layer.backing, reference.checkpoint_dir, save.files)
     if differences or not compared:
         why = "; ".join(differences[:3]) or "no file of the save was left to compare"
-        row.update(outcome="trained nothing", detail=f"the restart exited 0 without training a step{said}, but what "
-                   f"the crash left is not the uninterrupted run's final checkpoint: {why}")
+        row.outcome, row.detail = "trained nothing", (
+            f"the restart exited 0 without training a step{said}, but what the crash left is not the "
+            f"uninterrupted run's final checkpoint: {why}")
         return row
-    row.update(outcome="safe", resumed_from_step=spec.steps, detail=f"the restart exited 0 with no step left to "
-               f"train: what the crash left is the uninterrupted run's final checkpoint ({compared} files equal)")
+    row.outcome, row.resumed_from_step = "safe", spec.steps
+    row.detail = (f"the restart exited 0 with no step left to train: what the crash left is the "
+                  f"uninterrupted run's final checkpoint ({compared} files equal)")
     return row
 
 
 def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, resumed_before: int | None, *,
-                      control: bool = False) -> dict[str, Any]:
+                      control: bool = False) -> tuple[CrashRow, int]:
     """A fresh run crashed right after ``boundary`` (``control``: a kill instead of it, just
-    before the save began, in either mode), restarted with the resume arguments, judged."""
-    pool, spec, request, reference, metric, base, layer = (runs.pool, runs.spec, runs.request, runs.reference,
-                                                           runs.metric, runs.base, runs.layer)
+    before the save began, in either mode), restarted with the resume arguments, judged; and
+    how many runs it launched."""
+    pool, spec, request, metric, layer = runs.pool, runs.spec, runs.request, runs.metric, runs.layer
     words = f"rank {boundary.rank}: a kill before the save's first operation" if control else boundary.words()
-    row: dict[str, Any] = {"boundary": words, "op": boundary.op, "path": boundary.path,
-                           "rank": boundary.rank, "ordinal": boundary.ordinal, "runs": 1}
     _clear(layer.backing)
     with contextlib.suppress(FileNotFoundError):
         layer.events.unlink()
-    rule: dict[str, Any] = {"run": f"crash-{number}", "at": boundary.as_rule()}
+    rule: CrashRule = {"run": f"crash-{number}", "at": boundary.as_rule()}
     if control:
         rule["before"] = True
     elif spec.mode == "power":
-        rule.update(mode="power", snapshots=str(layer.trigger.parent / "power-copies" / str(number)))
+        rule["mode"], rule["snapshots"] = "power", str(layer.trigger.parent / "power-copies" / str(number))
     watch = _Watch(layer, metric, "crash", rule)
     crashed_run = pool.run(request, label="crash-points-control" if control else "crash-points-crash",
                              checkpoint_dir=layer.point, on_metric=watch)
-    crashed = [e for e in layer.read_events() if e.get("event") == "crashed"]
+    crashed = [e for e in journal(layer.read_events()) if e.event == "crashed"]
     layer.disarm()
     if not crashed:
-        row.update(outcome="not reached", resumed_from_step=None,
-                   detail=f"the crash run never made that operation ({crashed_run.outcome})")
-        return row
+        return BoundaryNotReached(words, boundary.op, boundary.path, boundary.rank, boundary.ordinal, "not reached",
+                                  None, f"the crash run never made that operation ({crashed_run.outcome})"), 1
+    row = BoundaryOutcome(words, boundary.op, boundary.path, boundary.rank, boundary.ordinal, None, "torn", "")
     if spec.mode == "power" and not control:  # the copies the undo needed
         shutil.rmtree(layer.trigger.parent / "power-copies" / str(number), ignore_errors=True)
-        row["undone"] = crashed[0].get("undone")
+        row.undone = crashed[0].undone
     resumed = pool.run(request, label="crash-points-resume", resume=True, checkpoint_dir=layer.point)
-    row["runs"] += 1
+    return _judge_restart(row, runs, resumed, resumed_before, control), 2
+
+
+def _judge_restart(row: BoundaryOutcome, runs: _CrashRuns, resumed: RunResult, resumed_before: int | None,
+                   control: bool) -> BoundaryOutcome:
+    """What the restart after the crash did, set on ``row`` (module docstring: the outcomes)."""
+    spec, reference, metric, base = runs.spec, runs.reference, runs.metric, runs.base
     steps = sorted({p.step for p in resumed.points if p.name == metric})
-    resumed_from = steps[0] - 1 if steps else None
-    row["resumed_from_step"] = resumed_from
+    resumed_from = row.resumed_from_step = steps[0] - 1 if steps else None
     if not resumed.ok:
         last = next((ln.strip() for ln in reversed(resumed.stderr_tail.splitlines()) if ln.strip()), "")
-        row.update(outcome="crashed on load", detail=f"the restart failed: {resumed.reason}"
-                   + (f" ({last[:200]})" if last else ""))
+        row.outcome, row.detail = "crashed on load", (f"the restart failed: {resumed.reason}"
+                                                      + (f" ({last[:200]})" if last else ""))
         return row
     if resumed_from is None:  # exited 0 without a step: finished only if the crash left the final checkpoint
         return _trained_nothing(row, runs, resumed)
     firsts = _first_steps(resumed.points, metric)
     if len(set(firsts.values())) > 1 and _ranks_print_alike(reference.points, metric):
-        row["ranks_resumed_from"] = {str(r): s - 1 for r, s in sorted(firsts.items())}
-        row.update(outcome="torn", detail="the ranks resumed from different steps (" + ", ".join(
+        row.ranks_resumed_from = {str(r): s - 1 for r, s in sorted(firsts.items())}
+        row.outcome, row.detail = "torn", ("the ranks resumed from different steps (" + ", ".join(
             f"rank {r} from {s - 1}" for r, s in sorted(firsts.items())) + "): the save was complete on "
             "some ranks only")
         return row
     if not control and resumed_from < base and resumed_before is not None:
-        row.update(outcome="began again", detail=f"the restart began at step {base}: the save left no "
-                   "checkpoint to resume from, though there was one before it" + (
-                       " (a power loss also drops a checkpoint that was never fsynced)" if spec.mode == "power" else ""))
+        row.outcome, row.detail = "began again", (
+            f"the restart began at step {base}: the save left no checkpoint to resume from, though there was "
+            "one before it" + (" (a power loss also drops a checkpoint that was never fsynced)"
+                               if spec.mode == "power" else ""))
         return row
     if not control and resumed_before is not None and resumed_from < resumed_before:
-        row.update(outcome="went back", detail=f"resumed from step {resumed_from}, older than the step "
-                   f"{resumed_before} a crash at an earlier boundary resumed from: the save destroyed a "
-                   "complete checkpoint")
+        row.outcome, row.detail = "went back", (
+            f"resumed from step {resumed_from}, older than the step {resumed_before} a crash at an earlier "
+            "boundary resumed from: the save destroyed a complete checkpoint")
         return row
     actual, expected = aligned_trajectories(resumed.points, reference.points, metric)
     diff = compare_trajectories(actual, expected, metric=metric, steps=range(resumed_from + 1, spec.steps + 1),
@@ -622,10 +591,10 @@ def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, resumed
     if not diff.ok:
         where = (f"diverges at step {diff.first_divergent_step}" if diff.first_divergent_step is not None
                  else f"misses steps {diff.missing_in_actual[:5]}")
-        row.update(outcome="torn", detail=f"resumed from step {resumed_from} and {metric} {where}" + (
-            "" if control else ": it loaded a checkpoint the crash left half written"))
+        row.outcome, row.detail = "torn", (f"resumed from step {resumed_from} and {metric} {where}"
+                                           + ("" if control else ": it loaded a checkpoint the crash left half written"))
         return row
-    row.update(outcome="safe", detail=f"resumed from step {resumed_from} and matched")
+    row.outcome, row.detail = "safe", f"resumed from step {resumed_from} and matched"
     return row
 
 

@@ -5,10 +5,13 @@ the report's ``evidence`` object, key for key (docs/drills.md names each key); a
 holds only sometimes is a field left :data:`~trainguard.evidence.UNSET`.
 
 Nested parts another module computes are its records (a trajectory comparison, a checkpoint
-comparison, the samples' accounting); a fault's own record, a non-finite value's spread and a
-soak's measurements stay the dicts their ``evidence()`` gives. A drill's report object is a
-:class:`DrillReport` (its spec's keys, then its judge's record), a soak's a :class:`SoakReport`
-(several seeds: :class:`SoakRuns`).
+comparison, the samples' accounting); a non-finite value's spread (:class:`NumericsEvidence`),
+Ray Train's restart (:class:`RayRestart`) and a soak's faults and measurements
+(:class:`SoakFaultOutcome`, :class:`SoakMeasured`) are records here; a fault's own record stays
+the dict its ``evidence()`` gives. A drill's report object is a :class:`DrillReport` (its spec's
+keys, then its judge's record), a soak's a :class:`SoakReport` (several seeds:
+:class:`SoakRuns`), a drill of a Slurm job's a :class:`SlurmDrillEvidence` (or
+:class:`SlurmStepNotReached`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 from trainguard.checks.accounting import AccountingEvidence
 from trainguard.checks.equivalence_records import TrajectoryEvidence
 from trainguard.evidence import MERGED, TRAILING, UNSET, Evidence, Recorded, Unset
+from trainguard.faults.soak import SoakEvent
 from trainguard.launch.reach import ReachClient
 from trainguard.unit.checkpoints.compare import StateEvidence
 
@@ -31,24 +35,52 @@ __all__ = [
     "DrillFinding",
     "DrillReport",
     "ExitEvidence",
+    "ExitOfRank",
     "FailCleanEvidence",
     "FaultNotSetUp",
+    "FirstNonfinite",
+    "ForecastInputs",
     "NonfiniteEvidence",
+    "NonfiniteOnRank",
+    "NumericsEvidence",
     "PreemptionTimeline",
+    "PutInto",
     "RayRecoverEvidence",
+    "RayRestart",
     "RecoverEvidence",
     "ReferenceFailed",
     "ReferenceNotUsable",
+    "RestartCosts",
     "Resume",
     "SaveAndExitEvidence",
     "SaveUnderKill",
+    "SlurmAttemptSpan",
+    "SlurmDrillBase",
+    "SlurmDrillEvidence",
+    "SlurmInjection",
+    "SlurmStepNotReached",
     "SoakEvidence",
+    "SoakFaultOutcome",
+    "SoakForecast",
+    "SoakMeasured",
     "SoakReport",
     "SoakRuns",
     "StepRate",
+    "StepsLost",
     "StorageRestart",
     "StorageResumeEvidence",
 ]
+
+
+@dataclass
+class ExitOfRank(Evidence):
+    """How one rank of a launch ended: its exit code (None: torn down), the signal that killed it
+    and whether trainguard sent it."""
+
+    rank: int
+    returncode: int | None
+    signal: str | None
+    killed_by_trainguard: bool
 
 
 @dataclass
@@ -57,8 +89,7 @@ class AttemptEvidence(Evidence):
 
     outcome: str
     reason: str | None
-    #: ``{"rank", "returncode", "signal", "killed_by_trainguard"}`` per rank
-    exits: list[dict[str, Any]]
+    exits: list[ExitOfRank]
     last_step: int | None
     duration_s: float
     run_dir: str
@@ -153,11 +184,30 @@ class RecoverEvidence(DrillEvidence):
 
 
 @dataclass
+class RayRestart(Evidence):
+    """What Ray Train did after a worker's fault, read from the driver's stderr (seconds after
+    the fault): its FailureConfig, the workers (rank -> pid) before and after, the controller's
+    notice, the restart, the first step after it and where it resumed."""
+
+    max_failures: int
+    workers_at_fault: dict[int, int]
+    restarts: int | Unset = UNSET
+    workers_after: dict[int, int] | Unset = UNSET
+    failure_noticed_after_s: float | Unset = UNSET
+    failure_notice: str | Unset = UNSET
+    restart_started_after_s: float | Unset = UNSET
+    workers_up_after_s: float | Unset = UNSET
+    resume: Resume | Unset = UNSET
+    first_step_after_s: float | Unset = UNSET
+    #: node_loss: the step the new group resumed after, done but its line lost with the node
+    unreported_steps: list[int] | Unset = UNSET
+
+
+@dataclass
 class RayRecoverEvidence(RecoverEvidence):
     """recover of a ray_train job: Ray Train's restart of its worker group inside one fit."""
 
-    #: failure seen, new workers, first step after, the restarts and the FailureConfig
-    ray: dict[str, Any] | Unset = UNSET
+    ray: RayRestart | Unset = UNSET
 
 
 @dataclass
@@ -229,11 +279,59 @@ class SaveAndExitEvidence(DrillEvidence):
 
 
 @dataclass
+class FirstNonfinite(Evidence):
+    """The first non-finite metric value a run printed (``value``: its text, ``nan``/``inf``)."""
+
+    step: int
+    rank: int
+    metric: str
+    value: str
+
+
+@dataclass
+class NonfiniteOnRank(Evidence):
+    """The non-finite metric values of one rank: the first step, the metric, the steps (the
+    first 50) and how many steps there were."""
+
+    first_step: int
+    metric: str
+    steps: list[int]
+    count: int
+
+
+@dataclass
+class PutInto(Evidence):
+    """Where a numerics drill put its value: the rank, the step that took it, the target
+    (``loss``/``grads``), the value and the call it went in through."""
+
+    rank: int
+    step: int
+    target: str
+    value: str
+    via: str | None
+
+
+@dataclass
+class NumericsEvidence(Evidence):
+    """Non-finite metric values per rank after a numerics fault
+    (:func:`trainguard.drills.nonfinite.numerics_evidence`): the first, the ones after the step
+    that took the value, the ranks it reached."""
+
+    first_nonfinite: FirstNonfinite | None
+    nonfinite_by_rank: dict[int, NonfiniteOnRank]
+    later_nonfinite_points: int
+    later_nonfinite_steps: list[int]
+    later_nonfinite_ranks: list[int]
+    reached_ranks: list[int]
+    reached_every_rank: bool
+    put_into: PutInto | Unset = UNSET
+
+
+@dataclass
 class NonfiniteEvidence(ExitEvidence):
     """handle_nonfinite: where the value was put and where non-finite metrics showed."""
 
-    #: :func:`trainguard.drills.nonfinite.numerics_evidence` with ``put_into``
-    numerics: dict[str, Any] | Unset = UNSET
+    numerics: NumericsEvidence | Unset = UNSET
 
 
 @dataclass
@@ -261,6 +359,85 @@ class StorageResumeEvidence(DrillEvidence):
 
 
 @dataclass
+class SoakFaultOutcome(Evidence):
+    """One scheduled fault of a soak (its :class:`~trainguard.faults.soak.SoakEvent`): the
+    attempt it struck and the step after which, how that attempt ended, where the next one
+    resumed, the steps and seconds it cost, or why it could not be injected."""
+
+    index: int
+    kind: str
+    rank: int
+    step: int
+    attempt: int | None
+    injected_after_step: int | None
+    attempt_ended: str | Unset = UNSET
+    resumed_from_step: int | Unset = UNSET
+    lost_steps: int | Unset | None = UNSET
+    fault_to_first_step_after_restart_s: float | Unset = UNSET
+    error: str | Unset = UNSET
+
+
+@dataclass
+class RestartCosts(Evidence):
+    """Seconds from a fault to the first step after the restart, over a soak's faults."""
+
+    median: float
+    mean: float
+    max: float
+
+
+@dataclass
+class StepsLost(Evidence):
+    """Steps of progress a soak's faults cost: in all, and the mean per fault."""
+
+    total: int
+    mean: float
+
+
+@dataclass
+class ForecastInputs(Evidence):
+    """What the goodput model was given for a soak's faults."""
+
+    restart_s_by_kind: dict[str, float]
+    interval_s: float
+    faults: int
+    #: how the lost work per fault was taken
+    lost_per_fault: str
+
+
+@dataclass
+class SoakForecast(Evidence):
+    """The goodput model's wall-clock and goodput for the faults a soak saw, and how far its
+    wall-clock is from the soak's (:func:`trainguard.drills.soak.forecast_for`)."""
+
+    wall_s: float
+    goodput: float
+    inputs: ForecastInputs
+    wall_error: float | None
+
+
+@dataclass
+class SoakMeasured(Evidence):
+    """What a soak measured for the goodput forecast (:func:`trainguard.drills.soak.soak_lines`
+    says it in words): wall-clock against failure-free, restart costs, steps lost, the
+    checkpoint cadence and save time, and the model's forecast for the same faults."""
+
+    wall_s: float
+    failure_free_wall_s: float
+    #: how the failure-free wall-clock was taken
+    failure_free_basis: str
+    goodput: float | None
+    #: faults that struck
+    faults: int
+    restart_s: RestartCosts | None
+    lost_steps: StepsLost | None
+    step_s: float | None
+    checkpoint_every_steps: int | None
+    checkpoint_save_s: float | None
+    forecast: SoakForecast | Unset = UNSET
+
+
+@dataclass
 class SoakEvidence(Evidence):
     """A soak's verdict and measurements (beside its seed and schedule)."""
 
@@ -271,9 +448,8 @@ class SoakEvidence(Evidence):
     sample_accounting: AccountingEvidence | Unset = UNSET
     likely_causes: list[str] | Unset = UNSET
     #: each scheduled fault: when it struck and what it cost
-    faults: list[dict[str, Any]] | Unset = UNSET
-    #: restart costs, steps lost, goodput and its forecast (:func:`trainguard.drills.soak.soak_lines`)
-    measured: dict[str, Any] | Unset = UNSET
+    faults: list[SoakFaultOutcome] | Unset = UNSET
+    measured: SoakMeasured | Unset = UNSET
     drill_dir: str | Unset = UNSET
     run_dir: str | Unset = UNSET
     reference_run_dir: str | Unset = UNSET
@@ -333,8 +509,8 @@ class SoakReport(Evidence):
     expect: str
     seed: int
     steps: int
-    #: the faults the seed scheduled (:meth:`trainguard.faults.soak.SoakEvent.to_dict`)
-    schedule: list[dict[str, Any]]
+    #: the faults the seed scheduled
+    schedule: list[SoakEvent]
     found: SoakEvidence | ReferenceNotUsable | Unset = field(default=UNSET, metadata=MERGED)
 
 
@@ -347,6 +523,68 @@ class SoakRuns(Evidence):
     runs: list[SoakReport]
 
 
-#: the records a drill's result holds (``config.registry.Check.evidence`` of the drills); the
-#: Slurm drill (``queue.slurm_drill``) keeps its keys as a :class:`~trainguard.evidence.Recorded`
-DRILL_RECORDS: tuple[type[Evidence], ...] = (DrillReport, SoakReport, SoakRuns, Recorded)
+@dataclass
+class SlurmInjection(Evidence):
+    """How a drill of a Slurm job injected its fault: the command, and for ``node_down`` the
+    node, its state before the RESUME and how long it was down."""
+
+    command: str
+    node: str | Unset = UNSET
+    node_state_before_resume: str | Unset = UNSET
+    down_s: float | Unset = UNSET
+
+
+@dataclass
+class SlurmAttemptSpan(Evidence):
+    """One attempt of a Slurm job (``SLURM_RESTART_COUNT``), its node and the steps it printed."""
+
+    restart: int
+    host: str
+    first_step: int | None
+    last_step: int | None
+
+
+@dataclass
+class SlurmDrillBase(Evidence):
+    """What every report of a drill of a Slurm job holds: the fault, when, the job and its log
+    (:mod:`trainguard.queue.slurm_drill`)."""
+
+    fault: str
+    after_step: int
+    steps: int
+    job_id: str
+    log: str
+
+
+@dataclass
+class SlurmDrillEvidence(SlurmDrillBase):
+    """A drill of a Slurm job, judged as a recover drill: the injection, the job's final state
+    and restarts, its attempts, the steps lost, the trajectory against the uninterrupted run and
+    the time from the fault to the first new step (each once it is known)."""
+
+    fault_evidence: SlurmInjection | Unset = UNSET
+    injected_step: int | Unset = UNSET
+    #: Slurm's final state of the job and its requeues (None: Slurm did not say)
+    state: str | Unset | None = UNSET
+    restarts: int | Unset | None = UNSET
+    attempts: list[SlurmAttemptSpan] | Unset = UNSET
+    lost_steps: int | Unset = UNSET
+    #: trained and checkpointed before a requeue, their lines never in the log
+    steps_trained_but_not_in_the_log: list[int] | Unset = UNSET
+    trajectory: TrajectoryEvidence | Unset = UNSET
+    likely_causes: list[str] | Unset = UNSET
+    fault_to_first_step_after_restart_s: float | Unset | None = UNSET
+
+
+@dataclass
+class SlurmStepNotReached(SlurmDrillBase):
+    """The Slurm job ended or the drill timed out before the job printed the step the fault
+    waits for: Slurm's account of the job then."""
+
+    #: :meth:`~trainguard.queue.slurm.SlurmBackend.status`'s evidence (state, source, restarts, ...)
+    state: dict[str, str | int]
+
+
+#: the records a drill's result holds (``config.registry.Check.evidence`` of the drills)
+DRILL_RECORDS: tuple[type[Evidence], ...] = (DrillReport, SoakReport, SoakRuns, SlurmDrillEvidence,
+                                             SlurmStepNotReached, Recorded)

@@ -34,6 +34,7 @@ from trainguard.drills.evidence import (
     ContinueEvidence,
     DrillEvidence,
     ExitEvidence,
+    ExitOfRank,
     FailCleanEvidence,
     RecoverEvidence,
     Resume,
@@ -187,11 +188,7 @@ def attempt_evidence(result: RunResult, fault: Fault) -> AttemptEvidence:
     entry = AttemptEvidence(
         outcome=result.outcome,
         reason=result.reason,
-        exits=[
-            {"rank": e.rank, "returncode": e.returncode, "signal": e.signal,
-             "killed_by_trainguard": e.killed_by_trainguard}
-            for e in result.exits
-        ],
+        exits=[ExitOfRank(e.rank, e.returncode, e.signal, e.killed_by_trainguard) for e in result.exits],
         last_step=result.last_step,
         duration_s=round(result.duration_s, 2),
         run_dir=str(result.run_dir),

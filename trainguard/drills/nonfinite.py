@@ -17,10 +17,15 @@ evidence.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from trainguard.config import DrillSpec
-from trainguard.drills.evidence import NonfiniteEvidence
+from trainguard.drills.evidence import (
+    FirstNonfinite,
+    NonfiniteEvidence,
+    NonfiniteOnRank,
+    NumericsEvidence,
+    PutInto,
+)
 from trainguard.drills.expectations import JudgeEntry
 from trainguard.drills.judges import DrillContext, Judgement, exit_problems, judge_injected
 from trainguard.evidence import known
@@ -65,36 +70,34 @@ def _steps(steps: list[int]) -> str:
 
 
 def numerics_evidence(points: list[MetricPoint], put_step: int | None,
-                      ranks: list[int]) -> dict[str, Any]:
+                      ranks: list[int]) -> NumericsEvidence:
     """Non-finite metric values per rank: the first, the count after ``put_step`` (the step that
     took the value), and the ranks it reached."""
     bad = sorted((p for p in points if not math.isfinite(p.value)), key=lambda p: (p.step, p.t))
-    by_rank: dict[int, dict[str, Any]] = {}
+    by_rank: dict[int, tuple[MetricPoint, list[int]]] = {}
     for p in bad:
-        entry = by_rank.setdefault(p.rank, {"first_step": p.step, "metric": p.name, "steps": []})
-        if p.step not in entry["steps"]:
-            entry["steps"].append(p.step)
+        steps = by_rank.setdefault(p.rank, (p, []))[1]
+        if p.step not in steps:
+            steps.append(p.step)
     later = [p for p in bad if put_step is None or p.step > put_step]
-    out: dict[str, Any] = {
-        "first_nonfinite": ({"step": bad[0].step, "rank": bad[0].rank, "metric": bad[0].name,
-                             "value": str(bad[0].value)} if bad else None),
-        "nonfinite_by_rank": {r: {**e, "count": len(e["steps"]), "steps": e["steps"][:50]}
-                              for r, e in sorted(by_rank.items())},
-        "later_nonfinite_points": len(later),
-        "later_nonfinite_steps": sorted({p.step for p in later})[:50],
-        "later_nonfinite_ranks": sorted({p.rank for p in later}),
-    }
     reached = sorted(by_rank)
-    out["reached_ranks"] = reached
-    out["reached_every_rank"] = len(ranks) > 1 and set(ranks) <= set(reached)
-    return out
+    return NumericsEvidence(
+        first_nonfinite=FirstNonfinite(bad[0].step, bad[0].rank, bad[0].name, str(bad[0].value)) if bad else None,
+        nonfinite_by_rank={r: NonfiniteOnRank(first.step, first.name, steps[:50], len(steps))
+                           for r, (first, steps) in sorted(by_rank.items())},
+        later_nonfinite_points=len(later),
+        later_nonfinite_steps=sorted({p.step for p in later})[:50],
+        later_nonfinite_ranks=sorted({p.rank for p in later}),
+        reached_ranks=reached,
+        reached_every_rank=len(ranks) > 1 and set(ranks) <= set(reached),
+    )
 
 
-def _causes(policy: str, first_ok: bool, hung: bool, numerics: dict[str, Any], put_visible: bool,
+def _causes(policy: str, first_ok: bool, hung: bool, numerics: NumericsEvidence, put_visible: bool,
             problems: list[str]) -> list[str]:
     """The likely causes, the one the evidence shows first."""
     c = NONFINITE_CAUSES
-    if numerics["later_nonfinite_points"]:
+    if numerics.later_nonfinite_points:
         # the value was seen on the rank that took it (a NaN loss) and the job went on: no check;
         # it was not (a NaN gradient, finite loss) and reached every rank: the all-reduce spread it
         if put_visible:
@@ -143,8 +146,8 @@ def judge_handle_nonfinite(c: DrillContext, evidence: NonfiniteEvidence) -> Judg
         put_step = next((p.step for p in own if not math.isfinite(p.value)),
                         (c.info.injected_step or 0) + 1)
     numerics = numerics_evidence(metric_points, put_step, ranks)
-    numerics["put_into"] = {"rank": spec.rank, "step": put_step, "target": target, "value": value,
-                            "via": injection.get("via")}
+    numerics.put_into = PutInto(rank=spec.rank, step=put_step, target=target, value=value,
+                                via=injection.get("via"))
     put_visible = any(p.rank == spec.rank and p.step == put_step and not math.isfinite(p.value)
                       for p in metric_points)
     evidence.numerics = numerics
@@ -159,20 +162,19 @@ def judge_handle_nonfinite(c: DrillContext, evidence: NonfiniteEvidence) -> Judg
             problems.append(f"the job did not go on after the {value}: {fault.classify(final)}")
         elif first.last_step is not None and first.last_step < spec.steps:
             problems.append(f"the job exited 0 after step {first.last_step} of {spec.steps}")
-        if numerics["later_nonfinite_points"]:
+        if numerics.later_nonfinite_points:
             problems.append("every later metric must be finite, but " + _trained_on(c, numerics).lstrip("; "))
     spread = ""
-    if numerics["reached_every_rank"]:
-        firsts = ", ".join(f"rank {r} at step {e['first_step']}"
-                           for r, e in numerics["nonfinite_by_rank"].items())
+    if numerics.reached_every_rank:
+        firsts = ", ".join(f"rank {r} at step {e.first_step}" for r, e in numerics.nonfinite_by_rank.items())
         spread = (f"; the {value} put into rank {spec.rank} reached every rank (first non-finite "
                   f"metric: {firsts})")
     what = (f"{value} put into rank {spec.rank}'s {'gradients' if target == 'grads' else 'loss'} at "
             f"step {put_step} (via {injection.get('via')}; trigger after step {c.info.injected_step}), "
             f"policy {policy}")
-    first_bad = numerics["first_nonfinite"]
-    seen = (f"; first non-finite metric: `{first_bad['metric']}` at step {first_bad['step']} on rank "
-            f"{first_bad['rank']}" if first_bad else "; no metric printed was non-finite")
+    first_bad = numerics.first_nonfinite
+    seen = (f"; first non-finite metric: `{first_bad.metric}` at step {first_bad.step} on rank "
+            f"{first_bad.rank}" if first_bad else "; no metric printed was non-finite")
     if problems:
         causes = _causes(policy, first.ok, first.outcome == "hung" or c.info.stopped_at_deadline,
                          numerics, put_visible, problems)
@@ -191,14 +193,15 @@ def judge_handle_nonfinite(c: DrillContext, evidence: NonfiniteEvidence) -> Judg
             f"value(s) after step {put_step} are finite{seen}{spread}", evidence)
 
 
-def _trained_on(c: DrillContext, numerics: dict[str, Any]) -> str:
-    steps = numerics["later_nonfinite_steps"]
-    if not steps:
+def _trained_on(c: DrillContext, numerics: NumericsEvidence) -> str:
+    steps = numerics.later_nonfinite_steps
+    put = numerics.put_into
+    if not steps or not isinstance(put, PutInto):
         return ""
-    later = [p for p in c.run.attempts[0].points if p.step > numerics["put_into"]["step"]]
-    return (f"; it trained on after the non-finite value: {numerics['later_nonfinite_points']} of "
+    later = [p for p in c.run.attempts[0].points if p.step > put.step]
+    return (f"; it trained on after the non-finite value: {numerics.later_nonfinite_points} of "
             f"{len(later)} later metric value(s) non-finite ({_steps(steps)} on "
-            f"{_ranks(numerics['later_nonfinite_ranks'])})")
+            f"{_ranks(numerics.later_nonfinite_ranks)})")
 
 
 HANDLE_NONFINITE = JudgeEntry("handle_nonfinite", judge_handle_nonfinite)

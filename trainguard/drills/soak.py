@@ -29,12 +29,22 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config import DrillSpec
 from trainguard.config.faults import fault_class
-from trainguard.drills.evidence import ReferenceNotUsable, SoakEvidence, SoakReport, SoakRuns
+from trainguard.drills.evidence import (
+    ForecastInputs,
+    ReferenceNotUsable,
+    RestartCosts,
+    SoakEvidence,
+    SoakFaultOutcome,
+    SoakForecast,
+    SoakMeasured,
+    SoakReport,
+    SoakRuns,
+    StepsLost,
+)
 from trainguard.drills.judges import diff_problem, recover_causes
 from trainguard.drills.steps import attempts_accounting, judged_steps
 from trainguard.evidence import UNSET, Unset
@@ -178,7 +188,7 @@ def restart_by_kind(records: Sequence[FaultRecord]) -> dict[str, float]:
 
 
 def _measurements(run: SupervisedRun, records: list[FaultRecord], reference: RunResult,
-                  metric: str, watch_rank: int, wall_s: float) -> dict[str, Any]:
+                  metric: str, watch_rank: int, wall_s: float) -> SoakMeasured:
     times = _step_times(reference, metric, watch_rank)
     step_s = statistics.median(times.values()) if times else None
     ckpt_steps = _checkpoint_steps(reference)
@@ -186,18 +196,17 @@ def _measurements(run: SupervisedRun, records: list[FaultRecord], reference: Run
     restarts = [r for rec in records if (r := rec.restart_s) is not None]
     lost = [rec_lost for rec in records if (rec_lost := _lost(run, rec, metric)) is not None]
     work, startup = _failure_free_s(reference, run.attempts[0], metric)
-    out: dict[str, Any] = {
-        "wall_s": round(wall_s, 3), "failure_free_wall_s": round(work, 3),
-        "failure_free_basis": startup,
-        "goodput": round(work / wall_s, 4) if wall_s > 0 else None,
-        "faults": sum(_struck(rec) for rec in records),
-        "restart_s": {"median": round(statistics.median(restarts), 3), "mean": round(statistics.mean(restarts), 3),
-                      "max": round(max(restarts), 3)} if restarts else None,
-        "lost_steps": {"total": sum(lost), "mean": round(statistics.mean(lost), 2)} if lost else None,
-        "step_s": round(step_s, 5) if step_s is not None else None,
-        "checkpoint_every_steps": every,
-        "checkpoint_save_s": _round(_save_s(times, ckpt_steps)),
-    }
+    out = SoakMeasured(
+        wall_s=round(wall_s, 3), failure_free_wall_s=round(work, 3), failure_free_basis=startup,
+        goodput=round(work / wall_s, 4) if wall_s > 0 else None,
+        faults=sum(_struck(rec) for rec in records),
+        restart_s=RestartCosts(median=round(statistics.median(restarts), 3), mean=round(statistics.mean(restarts), 3),
+                               max=round(max(restarts), 3)) if restarts else None,
+        lost_steps=StepsLost(total=sum(lost), mean=round(statistics.mean(lost), 2)) if lost else None,
+        step_s=round(step_s, 5) if step_s is not None else None,
+        checkpoint_every_steps=every,
+        checkpoint_save_s=_round(_save_s(times, ckpt_steps)),
+    )
     by_kind = restart_by_kind(records)
     if by_kind and step_s is not None and (every is not None or lost):
         struck = [rec.event.kind for rec in records if _struck(rec) and rec.event.kind in by_kind]
@@ -205,31 +214,31 @@ def _measurements(run: SupervisedRun, records: list[FaultRecord], reference: Run
         # is not in the checkpoint names
         interval = every * step_s if every is not None else 2 * statistics.mean(lost) * step_s
         predicted = forecast_for(work, [by_kind[k] for k in struck], interval)
-        out["forecast"] = {
-            **predicted,
-            "inputs": {"restart_s_by_kind": {k: round(v, 3) for k, v in by_kind.items()},
-                       "interval_s": round(interval, 4), "faults": len(struck),
-                       "lost_per_fault": "half an interval" if every is not None
-                       else "the mean measured (no step in the checkpoint names)"},
-            "wall_error": round(predicted["wall_s"] / wall_s - 1, 4) if wall_s > 0 else None,
-        }
+        out.forecast = SoakForecast(
+            wall_s=predicted["wall_s"], goodput=predicted["goodput"],
+            inputs=ForecastInputs(restart_s_by_kind={k: round(v, 3) for k, v in by_kind.items()},
+                                  interval_s=round(interval, 4), faults=len(struck),
+                                  lost_per_fault="half an interval" if every is not None
+                                  else "the mean measured (no step in the checkpoint names)"),
+            wall_error=round(predicted["wall_s"] / wall_s - 1, 4) if wall_s > 0 else None,
+        )
     return out
 
 
-def soak_lines(evidence: dict[str, Any]) -> str:
-    """What a soak measured, in a few lines (``trainguard soak`` prints them)."""
-    m = evidence["measured"]
-    restart, lost = m.get("restart_s") or {}, m.get("lost_steps") or {}
-    lines = [f"seed {evidence.get('seed')}: {m['faults']} fault(s); restart (fault -> first step) median "
-             f"{restart.get('median', '-')} s, max {restart.get('max', '-')} s; steps lost {lost.get('total', 0)}; "
-             f"checkpoint every {m.get('checkpoint_every_steps') or '? (no step in the names)'} steps, save "
-             f"{'~' + str(m['checkpoint_save_s']) + ' s' if m.get('checkpoint_save_s') is not None else 'not measured'}",
-             f"wall-clock {m['wall_s']:.1f} s vs {m['failure_free_wall_s']:.1f} s failure-free: goodput {m['goodput']}"]
-    forecast = m.get("forecast")
-    if forecast:
-        lines.append(f"the goodput model for these {forecast['inputs']['faults']} fault(s) at this soak's "
-                     f"restart cost per kind: wall-clock {forecast['wall_s']:.1f} s, goodput "
-                     f"{forecast['goodput']} (wall-clock {forecast['wall_error']:+.1%} off)")
+def soak_lines(seed: int, m: SoakMeasured) -> str:
+    """What the soak of ``seed`` measured, in a few lines (``trainguard soak`` prints them)."""
+    restart, lost = m.restart_s, m.lost_steps
+    save = f"~{m.checkpoint_save_s} s" if m.checkpoint_save_s is not None else "not measured"
+    lines = [f"seed {seed}: {m.faults} fault(s); restart (fault -> first step) median "
+             f"{restart.median if restart else '-'} s, max {restart.max if restart else '-'} s; steps lost "
+             f"{lost.total if lost else 0}; checkpoint every {m.checkpoint_every_steps or '? (no step in the names)'} "
+             f"steps, save {save}",
+             f"wall-clock {m.wall_s:.1f} s vs {m.failure_free_wall_s:.1f} s failure-free: goodput {m.goodput}"]
+    forecast = m.forecast
+    if isinstance(forecast, SoakForecast):
+        lines.append(f"the goodput model for these {forecast.inputs.faults} fault(s) at this soak's "
+                     f"restart cost per kind: wall-clock {forecast.wall_s:.1f} s, goodput "
+                     f"{forecast.goodput} (wall-clock {forecast.wall_error:+.1%} off)")
     return "\n".join(lines)
 
 
@@ -267,19 +276,20 @@ def _lost(run: SupervisedRun, rec: FaultRecord, metric: str) -> int | None:
     return max(0, done - (rec.first_new_step - 1))
 
 
-def _record_evidence(run: SupervisedRun, rec: FaultRecord, metric: str) -> dict[str, Any]:
-    entry: dict[str, Any] = {**rec.event.to_dict(), "attempt": rec.attempt,
-                             "injected_after_step": rec.injected_step}
+def _record_evidence(run: SupervisedRun, rec: FaultRecord, metric: str) -> SoakFaultOutcome:
+    event = rec.event
+    entry = SoakFaultOutcome(event.index, event.kind, event.rank, event.step, attempt=rec.attempt,
+                             injected_after_step=rec.injected_step)
     if rec.attempt is not None and rec.attempt < len(run.attempts):
         ended = run.attempts[rec.attempt]
-        entry["attempt_ended"] = ended.outcome if ended.ok else rec.fault.classify(ended)
+        entry.attempt_ended = ended.outcome if ended.ok else rec.fault.classify(ended)
     if rec.first_new_step is not None:
-        entry["resumed_from_step"] = max(rec.first_new_step - 1, 0)
-        entry["lost_steps"] = _lost(run, rec, metric)
+        entry.resumed_from_step = max(rec.first_new_step - 1, 0)
+        entry.lost_steps = _lost(run, rec, metric)
     if rec.restart_s is not None:
-        entry["fault_to_first_step_after_restart_s"] = round(rec.restart_s, 3)
+        entry.fault_to_first_step_after_restart_s = round(rec.restart_s, 3)
     if rec.error:
-        entry["error"] = rec.error
+        entry.error = rec.error
     return entry
 
 
@@ -370,7 +380,7 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult[SoakR
     events = SoakFault.schedule_of(spec.params, spec.steps, world_size, seed)
     reproduce = (f"trainguard soak {job_file.path} --only {spec.name} --seed {seed}  "
                  f"(pytest: --trainguard-soak-seed {seed})")
-    base = SoakReport("soak", "recover", seed, spec.steps, [e.to_dict() for e in events])
+    base = SoakReport("soak", "recover", seed, spec.steps, list(events))
 
     def result(status: CheckStatus, summary: str, found: SoakEvidence | ReferenceNotUsable | Unset = UNSET,
                skip_reason: SkipReason | None = None) -> CheckResult[SoakReport]:
@@ -443,8 +453,8 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult[SoakR
         if status == "error":
             return result(status, f"{what}; " + "; ".join(problems), evidence)
         return result("passed", f"{what}; recovered every time with {run.restarts} restart(s), "
-                      f"{(measured.get('lost_steps') or {}).get('total', 0)} step(s) lost, goodput "
-                      f"{measured['goodput']:.2f}; all {found.trajectory.compared_steps} "
+                      f"{measured.lost_steps.total if measured.lost_steps else 0} step(s) lost, goodput "
+                      f"{measured.goodput:.2f}; all {found.trajectory.compared_steps} "
                       "steps match the uninterrupted run", evidence)
     finally:  # Ctrl-C included: nothing is left stopped or running
         driver.finish()

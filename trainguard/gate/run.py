@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from trainguard._internal.atomic import write_or_fallback
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_TRACKING_URI
@@ -34,15 +34,20 @@ from trainguard.config.backends import backend_for
 from trainguard.config.queues import QUEUES
 from trainguard.errors import ConfigError, TrainguardError
 from trainguard.gate.policy import Capabilities, Decision, configured_checks, decide, sizing_of
+from trainguard.gate.provenance import Provenance
 from trainguard.profiling.render import failure_rows
 from trainguard.profiling.sizing import Sizing
+from trainguard.queue.base import Submission
 from trainguard.report import CheckResult, Report
+from trainguard.session.cost import Cost
 from trainguard.tracking.store import ui_command
 
 __all__ = [
     "GATE_REPORT_VERSION",
     "GateReport",
+    "NotSubmitted",
     "StaleReport",
+    "SubmittableReport",
     "read_gate_report",
     "run_gate",
     "submit_report",
@@ -56,6 +61,19 @@ class StaleReport(TrainguardError):
     """A gate report that no longer describes the job (or was not promoted): not submitted."""
 
 
+@dataclass(frozen=True)
+class NotSubmitted:
+    """The gate's ``--submit`` submitted nothing (a blocked job, or the production run could
+    not be made): why."""
+
+    status: Literal["not_submitted"]
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The gate report's ``submission`` object."""
+        return {"status": self.status, "message": self.message}
+
+
 @dataclass
 class GateReport:
     """Everything the gate decided and why (the JSON written to ``.trainguard/gate/``)."""
@@ -64,18 +82,18 @@ class GateReport:
     job_file: str
     decision: Decision
     report: Report
-    provenance: dict[str, Any]
-    capabilities: dict[str, Any]
-    policy: dict[str, Any]
+    provenance: Provenance
+    capabilities: Capabilities
+    policy: GatePolicy
     sizing: Sizing | None = None
-    submission: dict[str, Any] | None = None
+    submission: Submission | NotSubmitted | None = None
     tracking_uri: str | None = None
     mlflow_session_run_id: str | None = None
     created_at: float = field(default_factory=time.time)
     duration_s: float = 0.0
     paths: dict[str, str] = field(default_factory=dict)
-    #: :meth:`trainguard.session.cost.Cost.as_dict`: the launches the gate made and their cost
-    cost: dict[str, Any] | None = None
+    #: the launches the gate made and their cost
+    cost: Cost | None = None
 
     @property
     def promoted(self) -> bool:
@@ -90,16 +108,16 @@ class GateReport:
             "verdict": self.decision.verdict,
             "decision": self.decision.to_dict(),
             "checks": self.report.to_dict()["checks"],
-            "provenance": self.provenance,
-            "capabilities": self.capabilities,
-            "policy": self.policy,
+            "provenance": self.provenance.to_dict(),
+            "capabilities": dataclasses.asdict(self.capabilities),
+            "policy": self.policy.model_dump(),
             "sizing": self.sizing.to_dict() if self.sizing is not None else None,
-            "submission": self.submission,
+            "submission": self.submission.to_dict() if self.submission is not None else None,
             "tracking_uri": self.tracking_uri,
             "mlflow_session_run_id": self.mlflow_session_run_id,
             "created_at": self.created_at,
             "duration_s": round(self.duration_s, 1),
-            "cost": self.cost,
+            "cost": self.cost.to_dict() if self.cost is not None else None,
             "reports": self.paths,
         }
 
@@ -137,12 +155,12 @@ def run_gate(
                 job_file=str(job_file.path),
                 decision=decision,
                 report=report,
-                provenance=provenance_for(job_file.path).to_dict(),
-                capabilities=dataclasses.asdict(capabilities),
-                policy=policy.model_dump(),
+                provenance=provenance_for(job_file.path),
+                capabilities=capabilities,
+                policy=policy,
                 sizing=sizing_of(report),
                 tracking_uri=session.tracking_uri,
-                cost=measured_cost(list(session.runner.launches), minutes).as_dict(),
+                cost=measured_cost(list(session.runner.launches), minutes),
             )
 
         try:
@@ -166,7 +184,7 @@ def run_gate(
         if submit and decision.promoted:
             gate.submission = _submit(job_file, gate, policy, session.runner, wait_s=submit_wait_s)
         elif submit:
-            gate.submission = {"status": "not_submitted", "message": "blocked: nothing was submitted"}
+            gate.submission = NotSubmitted("not_submitted", "blocked: nothing was submitted")
         gate.duration_s = time.monotonic() - started
         write_gate_report(gate, job_file.state_dir / "gate")
         for kind in ("json", "markdown", "html"):
@@ -177,14 +195,36 @@ def run_gate(
 # -- submission -----------------------------------------------------------------------------
 
 
-def _production_spec(job_file: JobFile, gate: dict[str, Any], report_path: str | None) -> Any:
+@dataclass(frozen=True)
+class SubmittableReport:
+    """What ``trainguard submit`` reads of a gate report (:func:`read_gate_report` checked
+    each): the verdict and its reasons, the job file, the provenance, the sizing, this machine's
+    GPUs and the gate's MLflow session run; and what the gate hands its submission of the report
+    it just decided."""
+
+    verdict: str
+    reasons: list[str]
+    job_file: str
+    provenance: Provenance
+    sizing: Sizing | None
+    gpus: float
+    mlflow_session_run_id: str | None
+
+    @classmethod
+    def of(cls, gate: GateReport) -> SubmittableReport:
+        """The gate's report as submit reads it."""
+        return cls(gate.decision.verdict, list(gate.decision.reasons), gate.job_file, gate.provenance,
+                   gate.sizing, gate.capabilities.gpus, gate.mlflow_session_run_id)
+
+
+def _production_spec(job_file: JobFile, gate: SubmittableReport, report_path: str | None) -> Any:
     """The sized production run: the recommended world size, the target's steps, the predicted
     wall-clock as the time limit."""
     from trainguard.queue.base import spec_from_job
     from trainguard.run.request import RunRequest
     from trainguard.run.runner import JobRunner
 
-    sizing = Sizing.from_dict(gate["sizing"]) if gate.get("sizing") else None
+    sizing = gate.sizing
     world = (sizing.recommended if sizing is not None else None) or job_file.job.world_size
     candidate = sizing.candidate(world) if sizing is not None else None
     steps = (job_file.target.steps if job_file.target is not None and job_file.target.steps else None) \
@@ -193,11 +233,11 @@ def _production_spec(job_file: JobFile, gate: dict[str, Any], report_path: str |
     run_dir = job_file.state_dir / "production"
     values = JobRunner(job_file).placeholders(request, run_dir, None)
     hours = candidate.hours_with_failures if candidate is not None else None
-    on_gpu = (gate.get("capabilities") or {}).get("gpus", 0) > 0
+    on_gpu = gate.gpus > 0
     spec = spec_from_job(
         job_file, values, world_size=int(world), num_gpus=1.0 if on_gpu else 0.0, num_cpus=1.0,
         time_limit_s=float(hours) * 3600 if hours else None, gate_report=report_path,
-        mlflow_run_id=gate.get("mlflow_session_run_id"),
+        mlflow_run_id=gate.mlflow_session_run_id,
     )
     return backend_for(job_file.job.kind).production_spec(spec, job_file.job.command, job_file.cwd)
 
@@ -223,22 +263,24 @@ def _production_run(runner: Any, spec: Any, wait_s: float = 10.0) -> Any:
                                                         "trainguard.mlflow_production_run_id": handle.run_id})
 
 
-def _submit_spec(spec: Any, queue: str, job_file: JobFile, *, wait_s: float) -> dict[str, Any]:
+def _submit_spec(spec: Any, queue: str, job_file: JobFile, *, wait_s: float) -> Submission:
     """Submit to the queue ``gate.queue`` names and follow the job up to ``wait_s`` seconds, as
     that queue's backend does it (:data:`trainguard.config.queues.QUEUES`)."""
-    return QUEUES.get(queue).submit_and_follow(spec, state_dir=job_file.state_dir, wait_s=wait_s)
+    submission: Submission = QUEUES.get(queue).submit_and_follow(spec, state_dir=job_file.state_dir, wait_s=wait_s)
+    return submission
 
 
-def _submit(job_file: JobFile, gate: GateReport, policy: GatePolicy, runner: Any, *, wait_s: float) -> dict[str, Any]:
+def _submit(job_file: JobFile, gate: GateReport, policy: GatePolicy, runner: Any, *,
+            wait_s: float) -> Submission | NotSubmitted:
     path = str(job_file.state_dir / "gate" / "latest.json")
     try:
-        spec = _production_run(runner, _production_spec(job_file, gate.to_dict(), path))
+        spec = _production_run(runner, _production_spec(job_file, SubmittableReport.of(gate), path))
         return _submit_spec(spec, policy.queue, job_file, wait_s=wait_s)
     except TrainguardError as exc:
-        return {"status": "not_submitted", "message": str(exc)}
+        return NotSubmitted("not_submitted", str(exc))
 
 
-def submit_report(path: str | os.PathLike[str], *, wait_s: float = 30.0, queue: str | None = None) -> dict[str, Any]:
+def submit_report(path: str | os.PathLike[str], *, wait_s: float = 30.0, queue: str | None = None) -> Submission:
     """``trainguard submit REPORT``: submit the job a promoted, fresh gate report describes.
     Raises :class:`StaleReport` naming every reason when the report is blocked or stale, and
     :class:`ConfigError` (a usage error) when ``path`` is not a gate report
@@ -246,18 +288,18 @@ def submit_report(path: str | os.PathLike[str], *, wait_s: float = 30.0, queue: 
     from trainguard.gate.provenance import staleness
 
     data = read_gate_report(path)
-    if data["verdict"] != "promote":
-        reasons = "; ".join(data["decision"]["reasons"]) or "no reason recorded"
+    if data.verdict != "promote":
+        reasons = "; ".join(data.reasons) or "no reason recorded"
         raise StaleReport(f"{path}: the gate blocked this job ({reasons}); fix it and run "
                           "`trainguard gate` again -- a blocked report is never submitted")
     try:
-        job_file = load_config(data["job_file"])
+        job_file = load_config(data.job_file)
     except ConfigError as exc:
         raise ConfigError(f"the job file this report was made from cannot be loaded ({exc}); run "
                           "`trainguard gate CONFIG` again on the job file", path=str(path),
                           key="job_file") from None
     policy = job_file.gate or GatePolicy.model_validate({})
-    stale = staleness(data["provenance"], job_file.path, max_age=policy.max_report_age)
+    stale = staleness(data.provenance, job_file.path, max_age=policy.max_report_age)
     if stale:
         raise StaleReport(f"{path} is stale: " + "; ".join(stale) + ". Run `trainguard gate "
                           f"{job_file.path}` again")
@@ -280,18 +322,22 @@ _REPORT_KEYS: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
-def read_gate_report(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The gate report at ``path`` (``.trainguard/gate/latest.json``), read and checked in one
-    place: every key :func:`submit_report` uses is there with its type. Anything else -- no such
-    file, a directory, not JSON, truncated, a JSON list, a missing or mistyped key -- raises
-    :class:`ConfigError` naming the file and the key and saying what to do (the CLI's exit 2)."""
+def read_gate_report(path: str | os.PathLike[str]) -> SubmittableReport:
+    """What :func:`submit_report` uses of the gate report at ``path``
+    (``.trainguard/gate/latest.json``), read and checked in one place: every key is there with
+    its type. Anything else -- no such file, a directory, not JSON, truncated, a JSON list, a
+    missing or mistyped key -- raises :class:`ConfigError` naming the file and the key and
+    saying what to do (the CLI's exit 2)."""
     fix = "run `trainguard gate CONFIG` to write one, then pass .trainguard/gate/latest.json"
     where = str(path)
     data = _report_object(_report_text(path, where, fix), where, fix)
     again = "the report is not one trainguard wrote, or it was edited; run `trainguard gate CONFIG` again"
     _check_key_types(data, where, again)
     _check_values(data, where, again)
-    return data
+    sizing = _check_sizing(data["sizing"], where, again) if data.get("sizing") else None
+    return SubmittableReport(data["verdict"], data["decision"]["reasons"], data["job_file"],
+                             Provenance.from_dict(data["provenance"]), sizing,
+                             (data.get("capabilities") or {}).get("gpus", 0), data.get("mlflow_session_run_id"))
 
 
 def _report_text(path: str | os.PathLike[str], where: str, fix: str) -> str:
@@ -355,7 +401,8 @@ def _check_key_types(data: dict[str, Any], where: str, again: str) -> None:
 def _check_values(data: dict[str, Any], where: str, again: str) -> None:
     """The values submit relies on, once their types are right: a verdict it knows, the
     decision's reasons a list of strings (an empty one when missing), the job file a path, the
-    provenance readable with a finite creation time, the GPUs a number, the sizing readable."""
+    provenance readable with a finite creation time, the GPUs a number (the sizing:
+    :func:`_check_sizing`)."""
     if data["verdict"] not in ("promote", "block"):
         raise ConfigError(f"is {_cut(repr(data['verdict']))}, expected promote or block: {again}",
                           path=where, key="verdict")
@@ -367,8 +414,6 @@ def _check_values(data: dict[str, Any], where: str, again: str) -> None:
     if not data["job_file"].strip() or "\0" in data["job_file"]:
         raise ConfigError(f"is {_cut(repr(data['job_file']))}, expected the path of the job file: "
                           f"{again}", path=where, key="job_file")
-    from trainguard.gate.provenance import Provenance
-
     try:
         created = Provenance.from_dict(data["provenance"]).created_at
     except ValueError as exc:
@@ -380,31 +425,26 @@ def _check_values(data: dict[str, Any], where: str, again: str) -> None:
     if isinstance(gpus, bool) or not isinstance(gpus, (int, float)):
         raise ConfigError(f"is {_cut(repr(gpus))}, expected a number: {again}", path=where,
                           key="capabilities.gpus")
-    if data.get("sizing"):
-        _check_sizing(data["sizing"], where, again)
 
 
-def _check_sizing(sizing: dict[str, Any], where: str, again: str) -> None:
-    """The sizing's fields the production run reads: the recommended size and, per candidate,
-    its size, steps and hours."""
+def _check_sizing(data: object, where: str, again: str) -> Sizing:
+    """The sizing, read as its record, with the fields the production run reads in range: the
+    recommended size and, per candidate, its size, steps and hours."""
     try:
-        Sizing.from_dict(sizing, "sizing")
+        sizing = Sizing.from_dict(data, "sizing")
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{_cut(str(exc))}: {again}", path=where, key="sizing") from None
-    fields: list[tuple[str, Any, tuple[type, ...]]] = [
-        ("sizing.recommended", sizing.get("recommended"), (int, type(None)))]
-    for i, candidate in enumerate(sizing.get("candidates") or []):
-        fields += [(f"sizing.candidates[{i}].gpus", candidate.get("gpus"), (int,)),
-                   (f"sizing.candidates[{i}].steps", candidate.get("steps"), (int,)),
-                   (f"sizing.candidates[{i}].hours_with_failures", candidate.get("hours_with_failures"),
-                    (int, float))]
-    for key, value, types in fields:
+    fields: list[tuple[str, float | None]] = [("sizing.recommended", sizing.recommended)]
+    for i, candidate in enumerate(sizing.candidates):
+        fields += [(f"sizing.candidates[{i}].gpus", candidate.gpus), (f"sizing.candidates[{i}].steps", candidate.steps),
+                   (f"sizing.candidates[{i}].hours_with_failures", candidate.hours_with_failures)]
+    for key, value in fields:
         # a size whose failures leave no progress predicts an infinite wall-clock (never recommended)
         endless = key.endswith("hours_with_failures") and value == math.inf
-        if isinstance(value, bool) or not isinstance(value, types) or (
-                isinstance(value, (int, float)) and not 0 <= value < 1e12 and not endless):
+        if value is not None and not 0 <= value < 1e12 and not endless:
             raise ConfigError(f"is {_cut(repr(value))}, expected a number >= 0: {again}",
                               path=where, key=key)
+    return sizing
 
 
 def _json_type(value: Any) -> str:
@@ -467,7 +507,7 @@ img{max-width:100%;border:1px solid #eee;margin:.5em 0}.meta{color:#666;font-siz
 </table>
 {% if recommendation %}<h2>Sizing</h2><p>{{ recommendation }}</p>{% endif %}
 {% if candidates %}<table><tr><th>GPUs</th><th>efficiency</th><th>hours</th><th>GPU-hours</th><th>cost</th><th>goodput</th><th>GPU-hours wasted</th><th>checkpoint every</th><th></th></tr>
-{% for c in candidates %}<tr><td>{{ c.gpus }}{% if c.extrapolated %} (extrapolated){% endif %}</td><td>{{ "%.2f" % c.efficiency }}</td><td>{{ "%.2f" % c.hours_with_failures }}</td><td>{{ "%.1f" % c.gpu_hours }}</td><td>{{ "%.2f" % c.cost }}</td><td>{{ "%.2f%%" % (c.goodput * 100) if c.get("goodput") is not none else "-" }}</td><td>{{ "%.3g" % c.wasted_gpu_hours if c.get("wasted_gpu_hours") is not none else "-" }}</td><td>{{ c.checkpoint_every_steps or "-" }} steps</td><td>{{ "; ".join(c.why_not) }}</td></tr>{% endfor %}
+{% for c in candidates %}<tr><td>{{ c.gpus }}{% if c.extrapolated %} (extrapolated){% endif %}</td><td>{{ "%.2f" % c.efficiency }}</td><td>{{ "%.2f" % c.hours_with_failures }}</td><td>{{ "%.1f" % c.gpu_hours }}</td><td>{{ "%.2f" % c.cost }}</td><td>{{ "%.2f%%" % (c.goodput * 100) if c.goodput is not none else "-" }}</td><td>{{ "%.3g" % c.wasted_gpu_hours if c.wasted_gpu_hours is not none else "-" }}</td><td>{{ c.checkpoint_every_steps or "-" }} steps</td><td>{{ "; ".join(c.why_not) }}</td></tr>{% endfor %}
 </table>{% endif %}
 {% if goodput %}<p><b>Goodput forecast:</b> {{ goodput }}</p>{% endif %}
 {% if failure_rows %}<table><tr><th>goodput input</th><th>value</th><th>source</th></tr>{% for name, value, source in failure_rows %}<tr><td>{{ name }}</td><td>{{ value }}</td><td>{{ source }}</td></tr>{% endfor %}</table>{% endif %}
@@ -480,18 +520,6 @@ img{max-width:100%;border:1px solid #eee;margin:.5em 0}.meta{color:#666;font-siz
 {% if tracking_uri %}<p class="meta">MLflow: <code>{{ mlflow_ui }}</code></p>{% endif %}
 </body></html>
 """
-
-
-def _cost_line(cost: Any) -> str:
-    from trainguard.session.cost import Cost
-
-    if not isinstance(cost, dict):
-        return ""
-    try:
-        return Cost(**{k: cost[k] for k in ("launches", "measured", "rank_seconds", "startup_s_per_launch",
-                                            "startup_share", "projection", "note")}).line()
-    except (KeyError, TypeError, ValueError):
-        return ""
 
 
 def _images(data: dict[str, Any]) -> list[tuple[str, str]]:
@@ -533,42 +561,41 @@ def _images(data: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def _goodput_line(sizing: dict[str, Any], policy: dict[str, Any]) -> str | None:
+def _goodput_line(sizing: Sizing, policy: GatePolicy) -> str | None:
     """The recommended size's goodput forecast and the gate's minimum, in one sentence."""
-    chosen = next((c for c in sizing.get("candidates") or [] if c.get("gpus") == sizing.get("recommended")), None)
-    if chosen is None or chosen.get("goodput") is None:
+    chosen = next((c for c in sizing.candidates if c.gpus == sizing.recommended), None)
+    if chosen is None or chosen.goodput is None:
         return None
-    limit = ((policy or {}).get("thresholds") or {}).get("min_goodput")
-    return (f"{chosen['goodput']:.2%} at {chosen['gpus']} GPU(s): {chosen['expected_failures']:.3g} failures "
-            f"expected, {chosen.get('wasted_gpu_hours') or 0:.3g} GPU-hours wasted, checkpoint every "
-            f"{(chosen.get('checkpoint_every_s') or 0) / 60:.3g} min"
+    limit = policy.thresholds.min_goodput
+    return (f"{chosen.goodput:.2%} at {chosen.gpus} GPU(s): {chosen.expected_failures:.3g} failures "
+            f"expected, {chosen.wasted_gpu_hours or 0:.3g} GPU-hours wasted, checkpoint every "
+            f"{(chosen.checkpoint_every_s or 0) / 60:.3g} min"
             + (f" (gate.thresholds.min_goodput {limit:.1%})" if limit else ""))
 
 
-def _context(data: dict[str, Any]) -> dict[str, Any]:
-    decision = data["decision"]
-    sizing = data.get("sizing") or {}
-    caps = data["capabilities"]
-    prov = data["provenance"]
-    commit = prov.get("git_commit")
+def _context(gate: GateReport, checks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pages' names: the gate's decision, ``checks`` as the report holds them, the sizing."""
+    decision, sizing, caps, prov = gate.decision, gate.sizing, gate.capabilities, gate.provenance
+    commit = prov.git_commit
     return {
-        "verdict": data["verdict"], "job": data["job"], "job_file": data["job_file"],
-        "reasons": decision["reasons"], "notes": decision["notes"], "fallbacks": decision["fallbacks"],
-        "checks": data["checks"], "sizing": bool(sizing), "recommendation": sizing.get("recommendation"),
-        "candidates": sizing.get("candidates", []),
-        "goodput": _goodput_line(sizing, data.get("policy") or {}) if sizing else None,
-        "failure_rows": failure_rows(sizing) if sizing else [],
-        "timeouts": sizing.get("timeouts") or [],
-        "machine": f"{caps['gpus']} GPU(s), {'root' if caps['root'] else 'not root'}, "
-                   f"{'Ray' if caps['ray'] else 'no Ray'}",
-        "provenance": f"job file sha256 {prov['job_file_sha256'][:12]}, commit "
-                      f"{commit[:12] if commit else 'none'}{' (dirty)' if prov.get('git_dirty') else ''}",
-        "duration": data["duration_s"], "version": data["trainguard_version"],
-        "cost_line": _cost_line(data.get("cost")),
-        "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(data["created_at"])),
-        "submission": json.dumps(data["submission"], indent=2, default=str) if data.get("submission") else None,
-        "tracking_uri": data.get("tracking_uri"),
-        "mlflow_ui": ui_command(data["tracking_uri"]) if data.get("tracking_uri") else None,
+        "verdict": decision.verdict, "job": gate.job, "job_file": gate.job_file,
+        "reasons": decision.reasons, "notes": decision.notes, "fallbacks": decision.fallbacks,
+        "checks": checks, "sizing": sizing is not None,
+        "recommendation": sizing.recommendation if sizing is not None else None,
+        "candidates": sizing.candidates if sizing is not None else [],
+        "goodput": _goodput_line(sizing, gate.policy) if sizing is not None else None,
+        "failure_rows": failure_rows(sizing.to_dict()) if sizing is not None else [],
+        "timeouts": (sizing.timeouts if sizing is not None else None) or [],
+        "machine": f"{caps.gpus} GPU(s), {'root' if caps.root else 'not root'}, "
+                   f"{'Ray' if caps.ray else 'no Ray'}",
+        "provenance": f"job file sha256 {prov.job_file_sha256[:12]}, commit "
+                      f"{commit[:12] if commit else 'none'}{' (dirty)' if prov.git_dirty else ''}",
+        "duration": round(gate.duration_s, 1), "version": __version__,
+        "cost_line": gate.cost.reported().line() if gate.cost is not None else "",
+        "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(gate.created_at)),
+        "submission": json.dumps(gate.submission.to_dict(), indent=2, default=str) if gate.submission else None,
+        "tracking_uri": gate.tracking_uri,
+        "mlflow_ui": ui_command(gate.tracking_uri) if gate.tracking_uri else None,
     }
 
 
@@ -589,7 +616,7 @@ def write_gate_report(gate: GateReport, out_dir: Path) -> dict[str, str]:
         "html": str(out_dir / "latest.html"), "json_stamped": str(out_dir / f"gate-{stamp}.json"),
     }
     data = gate.to_dict()
-    context = _context(data)
+    context = _context(gate, data["checks"])
     text_md = jinja2.Environment(autoescape=False, undefined=jinja2.StrictUndefined).from_string(_MARKDOWN).render(**context)
     html_env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     text_html = html_env.from_string(_HTML).render(**context, images=_images(data))
@@ -601,7 +628,7 @@ def write_gate_report(gate: GateReport, out_dir: Path) -> dict[str, str]:
         elif key == "json":
             print(text_json, end="", flush=True)  # nowhere took it: the decision stays on stdout
     if gate.promoted:  # `base: promoted` finds it however many reports come after it
-        record_promotion(out_dir, Path(gate.paths["json_stamped"]), gate.provenance.get("git_commit"),
+        record_promotion(out_dir, Path(gate.paths["json_stamped"]), gate.provenance.git_commit,
                          gate.created_at)
     return gate.paths
 

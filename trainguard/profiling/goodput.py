@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from trainguard.drills.evidence import (
@@ -38,6 +38,7 @@ from trainguard.drills.evidence import (
     RecoverEvidence,
     SaveAndExitEvidence,
     SoakEvidence,
+    SoakMeasured,
     SoakReport,
     SoakRuns,
 )
@@ -175,14 +176,13 @@ def measured_recovery(checks: Iterable[CheckResult], defaults: FailureInputs) ->
             and (gone := _number(found.lost_steps)) is not None]
     for name, run in _soak_runs(checks):  # a passed chaos soak: the mean over its faults
         measured = run.found.measured if isinstance(run.found, SoakEvidence) else None
-        if not isinstance(measured, Mapping):
+        if not isinstance(measured, SoakMeasured):
             continue
         label = f"{name} seed {run.seed}"
-        restart, gone = measured.get("restart_s"), measured.get("lost_steps")
-        if isinstance(restart, Mapping) and isinstance(restart.get("mean"), (int, float)):
-            restarts.append((label, float(restart["mean"])))
-        if isinstance(gone, Mapping) and isinstance(gone.get("mean"), (int, float)):
-            lost.append((label, float(gone["mean"])))
+        if measured.restart_s is not None:
+            restarts.append((label, float(measured.restart_s.mean)))
+        if measured.lost_steps is not None:
+            lost.append((label, float(measured.lost_steps.mean)))
     out = defaults
     if restarts:
         names = ", ".join(n for n, _ in restarts)

@@ -172,6 +172,9 @@ class Submission:
     script: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     submitted_at: float | None = None
+    #: how the gate's submission went where it went (a dry run on an embedded Ray head); None:
+    #: nothing to add, and not written
+    note: str | None = None
 
     @property
     def accepted(self) -> bool:
@@ -185,7 +188,10 @@ class Submission:
 
     def to_dict(self) -> dict[str, Any]:
         """The submission as plain JSON-ready data."""
-        return asdict(self)
+        out = asdict(self)
+        if self.note is None:
+            del out["note"]
+        return out
 
 
 @runtime_checkable

@@ -107,7 +107,7 @@ class SlurmBackend:
     # -- the script ------------------------------------------------------------------------
 
     @classmethod
-    def submit_and_follow(cls, spec: SubmissionSpec, *, state_dir: Path, wait_s: float) -> dict[str, Any]:
+    def submit_and_follow(cls, spec: SubmissionSpec, *, state_dir: Path, wait_s: float) -> Submission:
         """The gate's submission: sbatch the spec from ``state_dir/slurm``, then follow the job
         for up to ``wait_s`` seconds (to its final state when it ends sooner); the record
         (submission, states seen, final state) is also written next to the script as
@@ -120,13 +120,13 @@ class SlurmBackend:
             submission.status = followed.status
             submission.message = f"{submission.message}; {followed.message}"
             submission.evidence.update(followed.evidence)
-        out = submission.to_dict()
         if submission.job_id:
             record = write_or_fallback(script_dir / f"submission-{submission.job_id}.json",
-                                       json.dumps(out, indent=2, default=str), what="the submission record")
+                                       json.dumps(submission.to_dict(), indent=2, default=str),
+                                       what="the submission record")
             if record.path is not None:
-                out["links"]["record"] = str(record.path)
-        return out
+                submission.links["record"] = str(record.path)
+        return submission
 
     def time_limit_s(self, spec: SubmissionSpec) -> float:
         """Predicted wall-clock + margin (+ the signal lead, so the checkpoint fits inside)."""

@@ -23,19 +23,26 @@ cluster; a site's admin on a shared one).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from trainguard._internal.readers import LineTail, OverLimit, Unreadable, active_limits, shown_name
 from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config.values import check_regex
+from trainguard.drills.evidence import (
+    SlurmAttemptSpan,
+    SlurmDrillEvidence,
+    SlurmInjection,
+    SlurmStepNotReached,
+)
 from trainguard.drills.judges import DRILL_CAUSES, diff_problem
-from trainguard.evidence import Recorded
+from trainguard.evidence import Evidence
 from trainguard.launch import MetricPoint
 from trainguard.launch.metrics import MetricParser, trajectory
 from trainguard.queue.base import Submission, SubmissionError
@@ -163,12 +170,11 @@ def run_slurm_drill(
     against ``reference`` (the uninterrupted run's ``{step: value}``)."""
     started = time.monotonic()
     tail = _LogTail(Path(log), drill.metric, drill.metric_regex)
-    evidence: dict[str, Any] = {"fault": drill.fault, "after_step": drill.after_step,
-                                "steps": drill.steps, "job_id": job_id, "log": str(log)}
+    evidence = SlurmDrillEvidence(drill.fault, drill.after_step, drill.steps, job_id, str(log))
 
-    def result(status: CheckStatus, summary: str) -> CheckResult:
-        # its keys as they were gathered (a record of their own is still to come)
-        return CheckResult(f"drill:{drill.name}", status, summary, Recorded(dict(evidence)),
+    def result(status: CheckStatus, summary: str, found: Evidence | None = None) -> CheckResult:
+        # what was gathered so far, as it is now
+        return CheckResult(f"drill:{drill.name}", status, summary, found or dataclasses.replace(evidence),
                            time.monotonic() - started)
 
     deadline = started + drill.timeout_s
@@ -189,8 +195,8 @@ class _DrillOfJob:
     tail: _LogTail
     reference: Mapping[int, float]
     deadline: float  # a time.monotonic(): every read of the log stops there
-    evidence: dict[str, Any]  # gathered as the drill goes
-    result: Callable[[CheckStatus, str], CheckResult]
+    evidence: SlurmDrillEvidence  # gathered as the drill goes
+    result: Callable[..., CheckResult]
 
 
 def _drive(run: _DrillOfJob) -> CheckResult:
@@ -202,20 +208,21 @@ def _drive(run: _DrillOfJob) -> CheckResult:
     tail.read(deadline)
     while tail.last_step() < drill.after_step:
         if state.terminal or time.monotonic() > deadline:
-            evidence["state"] = state.evidence
+            late = SlurmStepNotReached(evidence.fault, evidence.after_step, evidence.steps, evidence.job_id,
+                                       evidence.log, dict(state.evidence))
             return result("error", f"the job reached step {tail.last_step()} of {drill.after_step} "
                           f"before it {'ended' if state.terminal else 'timed out'} ({state.message}): "
-                          "the fault came too late; give it more steps or an earlier after_step")
+                          "the fault came too late; give it more steps or an earlier after_step", late)
         time.sleep(drill.poll_s)
         tail.read(deadline)
         state = backend.status(job_id)
     injected_step = tail.last_step()
     injected = time.monotonic()
     try:
-        evidence["fault_evidence"] = _inject(backend, job_id, drill, state)
+        evidence.fault_evidence = _inject(backend, job_id, drill, state)
     except SubmissionError as exc:
         return result("error", f"could not inject {drill.fault}: {exc}")
-    evidence["injected_step"] = injected_step
+    evidence.injected_step = injected_step
     final = _follow(backend, job_id, tail, deadline)
     seconds = active_limits().seconds
     if not tail.read(time.monotonic() + seconds):  # the end of the log, which the verdict needs
@@ -224,10 +231,10 @@ def _drive(run: _DrillOfJob) -> CheckResult:
     return _judge(drill, tail.attempts, final, reference, injected, evidence, result)
 
 
-def _inject(backend: SlurmBackend, job_id: str, drill: SlurmDrill, state: Submission) -> dict[str, Any]:
+def _inject(backend: SlurmBackend, job_id: str, drill: SlurmDrill, state: Submission) -> SlurmInjection:
     if drill.fault == "requeue":
         backend.requeue(job_id)
-        return {"command": f"scontrol requeue {job_id}"}
+        return SlurmInjection(f"scontrol requeue {job_id}")
     node = _first_node(backend, str(state.evidence.get("nodes", "")))
     reason = f"trainguard drill {drill.name}"
     backend.scontrol("update", f"NodeName={node}", "State=DOWN", f"Reason={reason}")
@@ -241,9 +248,8 @@ def _inject(backend: SlurmBackend, job_id: str, drill: SlurmDrill, state: Submis
         node_state = key_values(backend.scontrol("show", "node", "--oneliner", node)).get("State", "")
         if "DOWN" in node_state or "DRAIN" in node_state:
             backend.scontrol("update", f"NodeName={node}", "State=RESUME")
-    return {"command": f"scontrol update NodeName={node} State=DOWN Reason='{reason}'; then State=RESUME",
-            "node": node, "node_state_before_resume": node_state,
-            "down_s": round(time.monotonic() - down_at, 2)}
+    return SlurmInjection(f"scontrol update NodeName={node} State=DOWN Reason='{reason}'; then State=RESUME",
+                          node=node, node_state_before_resume=node_state, down_s=round(time.monotonic() - down_at, 2))
 
 
 def _first_node(backend: SlurmBackend, nodelist: str) -> str:
@@ -262,14 +268,12 @@ def _follow(backend: SlurmBackend, job_id: str, tail: _LogTail, deadline: float)
 
 
 def _judge(drill: SlurmDrill, attempts: list[SlurmAttempt], final: Submission,
-           reference: Mapping[int, float], injected: float, evidence: dict[str, Any],
-           result: Any) -> CheckResult:
+           reference: Mapping[int, float], injected: float, evidence: SlurmDrillEvidence,
+           result: Callable[..., CheckResult]) -> CheckResult:
     restarts = final.evidence.get("restarts")
-    evidence.update({"state": final.evidence.get("state"), "restarts": restarts,
-                     "attempts": [{"restart": a.restart, "host": a.host,
-                                   "first_step": min((p.step for p in a.points), default=None),
-                                   "last_step": max((p.step for p in a.points), default=None)}
-                                  for a in attempts]})
+    evidence.state, evidence.restarts = final.evidence.get("state"), restarts
+    evidence.attempts = [SlurmAttemptSpan(a.restart, a.host, min((p.step for p in a.points), default=None),
+                                          max((p.step for p in a.points), default=None)) for a in attempts]
     lost, from_scratch = 0, False
     unlogged: list[int] = []
     for failed, nxt in itertools.pairwise(attempts):
@@ -282,13 +286,13 @@ def _judge(drill: SlurmDrill, attempts: list[SlurmAttempt], final: Submission,
             # trained and checkpointed (the next attempt resumed after them) but their lines
             # never reached the log: srun was killed before it forwarded the step's last output
             unlogged += range(done + 1, resumed_from + 1)
-    evidence["lost_steps"] = lost
-    evidence["steps_trained_but_not_in_the_log"] = unlogged
+    evidence.lost_steps = lost
+    evidence.steps_trained_but_not_in_the_log = unlogged
     points = [p for a in attempts for p in a.points]
     diff = compare_trajectories(trajectory(points, drill.metric), reference, metric=drill.metric,
                                 steps=[s for s in range(1, drill.steps + 1) if s not in unlogged],
                                 rtol=drill.rtol, atol=drill.atol)
-    evidence["trajectory"] = diff.as_evidence()
+    evidence.trajectory = diff.as_evidence()
     problems = []
     if final.status != "succeeded":
         problems.append(f"did not complete: the job ended {final.message}"
@@ -304,13 +308,13 @@ def _judge(drill: SlurmDrill, attempts: list[SlurmAttempt], final: Submission,
     problem = diff_problem(drill.metric, diff, "requeued job")
     if problem and final.status == "succeeded":
         problems.append(problem)
-    what = f"{drill.fault} of Slurm job {evidence['job_id']} after step {evidence['injected_step']}"
+    what = f"{drill.fault} of Slurm job {evidence.job_id} after step {evidence.injected_step}"
     if problems:
-        evidence["likely_causes"] = list(DRILL_CAUSES["recover"])
+        evidence.likely_causes = list(DRILL_CAUSES["recover"])
         return result("failed", f"{what}; " + "; ".join(problems))
     new = [p.t for a in attempts[1:] for p in a.points]
     recovery = min(new) - injected if new else None
-    evidence["fault_to_first_step_after_restart_s"] = round(recovery, 2) if recovery is not None else None
+    evidence.fault_to_first_step_after_restart_s = round(recovery, 2) if recovery is not None else None
     return result("passed", f"{what}; requeued {restarts} time(s), {lost} step(s) lost"
                   + (f", first step {recovery:.1f} s after the fault" if recovery is not None else "")
                   + f"; all {diff.compared_steps} steps match the uninterrupted run")

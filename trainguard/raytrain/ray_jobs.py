@@ -140,23 +140,22 @@ class RayJobsBackend:
     # -- the Jobs client -------------------------------------------------------------------
 
     @classmethod
-    def submit_and_follow(cls, spec: SubmissionSpec, *, state_dir: Path, wait_s: float) -> dict[str, Any]:
+    def submit_and_follow(cls, spec: SubmissionSpec, *, state_dir: Path, wait_s: float) -> Submission:
         """The gate's submission: to the cluster ``RAY_ADDRESS`` names; without one, to an
         embedded head, for a dry run of the submission path on this machine, watched for
         ``wait_s`` seconds (the job lives only as long as the head, which stops on return)."""
         del state_dir  # Ray keeps its jobs' records
         if external_cluster() is not None:
-            return cls().submit(spec).to_dict()
+            return cls().submit(spec)
         with LocalRay(dashboard=True) as cluster:
             backend = cls(cluster=cluster, pending_timeout=min(wait_s, 60.0))
             submission = backend.submit(spec)
             if submission.job_id and not submission.terminal and wait_s > 0:
                 submission = backend.wait(submission.job_id, wait_s)
-            out = submission.to_dict()
-            out["note"] = (f"submitted to an embedded local Ray head (no RAY_ADDRESS) and watched for "
-                           f"{wait_s:g} s; the head stops with the gate. Set RAY_ADDRESS to submit to a "
-                           "real cluster")
-            return out
+            submission.note = (f"submitted to an embedded local Ray head (no RAY_ADDRESS) and watched for "
+                               f"{wait_s:g} s; the head stops with the gate. Set RAY_ADDRESS to submit to a "
+                               "real cluster")
+            return submission
 
     @property
     def client(self) -> Any:

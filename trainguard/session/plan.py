@@ -140,7 +140,7 @@ class Plan:
             "estimate_s": self.estimate_s,
             "estimate_from": self.history,
             "worst_case_s": self.worst_case_s,
-            "cost": {k: v for k, v in self.cost.as_dict().items() if k != "records"},
+            "cost": {k: v for k, v in self.cost.to_dict().items() if k != "records"},
         }
 
     def lines(self) -> list[str]:
