@@ -168,7 +168,7 @@ def judge_save_and_exit(c: DrillContext, evidence: SaveAndExitEvidence) -> Judge
     after it, and the run resumed from that checkpoint lost no progress from before the notice
     and matches the uninterrupted run."""
     spec, fault, first = c.spec, c.fault, c.run.attempts[0]
-    grace = float(fault.params.get("grace", 30.0))
+    grace = float(fault.params.number("grace")) if "grace" in fault.params else 30.0
     notice_wall = getattr(fault, "notice_wall", None)
     exits: dict[int, float] = dict(getattr(fault, "exits", {}))
     killed: list[int] = list(getattr(fault, "killed_at_grace", []))

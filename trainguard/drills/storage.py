@@ -50,6 +50,7 @@ from trainguard.drills.judges import (
 from trainguard.evidence import known
 from trainguard.faults.base import Fault
 from trainguard.faults.hook import rank_stderr
+from trainguard.faults.storage import StorageFault
 from trainguard.launch import RunResult
 from trainguard.launch.reported import reported_line
 from trainguard.unit.checkpoints.files import is_temp_name
@@ -72,7 +73,7 @@ def storage_judge(spec: DrillSpec, fault: Fault) -> JudgeEntry | None:
     own = judge_for(spec.expectation)
     if spec.fault == "kill_during_save":
         return own.but_judged_by(judge_kill_during_save)
-    if spec.fault == "storage" and fault.params.get("kind") in ("corrupt", "eio_read") \
+    if spec.fault == "storage" and fault.params.raw("kind") in ("corrupt", "eio_read") \
             and spec.expectation in ("fail_clean", "recover"):
         return own.but_judged_by(judge_storage_resume)
     if spec.fault == "storage":
@@ -86,14 +87,15 @@ def _storage_named(judge: Judge) -> Judge:
 
     def run(c: DrillContext) -> Judgement:
         status, summary, evidence = judge(c)
-        kind = c.fault.params.get("kind")
+        kind = c.fault.params.raw("kind")
         summary = summary.replace("storage on rank", f"storage {kind} on rank", 1)
-        slow = evidence.fault_evidence.get("slow_storage") or {}
-        if slow.get("checkpoint_stall_s") is not None:
-            summary += (f"; checkpoint stall {slow['checkpoint_stall_s']:.2f} s (step {slow['slowest_step_during']['step']}"
-                        f", median step {slow['step_time_before_s']:.3f} s before), the layer added "
-                        f"{slow['layer_added_s']:.2f} s ({slow['layer_share_of_time']:.0%} of the "
-                        f"{slow['window_s']:.1f} s under the fault)")
+        slow = c.fault.slow if isinstance(c.fault, StorageFault) else None
+        if slow is not None and known(slow.checkpoint_stall_s) is not None and slow.slowest_step_during is not None \
+                and slow.step_time_before_s is not None:
+            summary += (f"; checkpoint stall {slow.checkpoint_stall_s:.2f} s (step {slow.slowest_step_during.step}"
+                        f", median step {slow.step_time_before_s:.3f} s before), the layer added "
+                        f"{slow.layer_added_s:.2f} s ({slow.layer_share_of_time:.0%} of the "
+                        f"{slow.window_s:.1f} s under the fault)")
         return Judgement(status, summary, evidence)
 
     return run
@@ -164,7 +166,7 @@ def judge_storage_resume(c: DrillContext, evidence: StorageResumeEvidence) -> Ju
     """A storage drill that struck the checkpoint the job resumes from: the resume failed loudly
     (``fail_clean``), or the restarted job fell back to an older good checkpoint (``recover``);
     never trained on from the struck one."""
-    kind = str(c.fault.params.get("kind"))
+    kind = str(c.fault.params.raw("kind"))
     target: dict[str, Any] = dict(getattr(c.fault, "target", {}) or {})
     evidence.struck = target
     if not target.get("checkpoint") or (kind == "corrupt" and "offset" not in target):
@@ -191,7 +193,7 @@ def _judge_resume_fails(c: DrillContext, evidence: StorageResumeEvidence, kind: 
     finally:
         fault.clear()
     evidence.resume_run = attempt_evidence(resume, fault)
-    evidence.fault_evidence = fault.evidence()  # with the resume's EIO calls
+    evidence.fault_evidence = fault.evidence().to_dict()  # with the resume's EIO calls
     resumed = _resumed_from(resume, c.metric)
     evidence.resumed_from_step = resumed
     failed_rank = resume.failed_rank if resume.failed_rank is not None else 0
