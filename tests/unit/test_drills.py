@@ -456,12 +456,13 @@ def test_a_rank_dying_of_the_notice_while_the_teardown_signals_it_still_died_of_
     """CI: rank 0 died of the notice, the teardown marked rank 1 (dying too, not yet reaped) as
     killed by trainguard, and the judge said [0]. The fault's record of whom it signalled decides."""
     from trainguard.drills.save_and_exit import died_of_the_notice
+    from trainguard.faults.preempt import SignalSent
 
-    sent = [{"signal": "SIGTERM", "at_s": 0.0, "ranks": [0, 1]}]
+    sent = [SignalSent("SIGTERM", 0.0, [0, 1])]
     exits = [RankExit(0, 10, -15, "SIGTERM"), RankExit(1, 11, -15, "SIGTERM", killed_by_trainguard=True)]
     assert died_of_the_notice(exits, sent, killed=[]) == [0, 1]
     # a rank the notice never reached and the teardown ended is not counted; nor one killed at grace
-    assert died_of_the_notice(exits, [{"signal": "SIGTERM", "ranks": [0]}], killed=[]) == [0]
+    assert died_of_the_notice(exits, [SignalSent("SIGTERM", 0.0, [0])], killed=[]) == [0]
     killed = [RankExit(0, 10, -15, "SIGTERM"), RankExit(1, 11, -9, "SIGKILL", killed_by_trainguard=True)]
     assert died_of_the_notice(killed, sent, killed=[1]) == [0]
     assert died_of_the_notice([RankExit(0, 10, 0), RankExit(1, 11, 0)], sent, killed=[]) == []
