@@ -26,7 +26,7 @@ from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import Expectation
 from trainguard.evidence import UNSET, Unset
 from trainguard.faults.base import FaultContext, FaultEvidence
-from trainguard.faults.hook import HookFault, pull_trigger
+from trainguard.faults.hook import HookEvent, HookFault, pull_trigger
 from trainguard.launch.hook import hook_env
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -138,19 +138,20 @@ class NanFault(HookFault):
 
     # -- what happened -------------------------------------------------------------------------
 
-    def injection(self) -> dict[str, Any] | None:
+    def injection(self) -> HookEvent | None:
         """The hook's ``injected`` event (rank, step, via, target, value), or None."""
         return next((e for e in self.hook_events() if e.get("event") == "injected"), None)
 
     def evidence(self) -> NanEvidence:
         events = self.hook_events()
-        armed = sorted({int(e["rank"]) for e in events if e.get("event") == "armed"
+        armed = sorted({int(str(e.get("rank"))) for e in events if e.get("event") == "armed"
                         and str(e.get("rank", "")).isdigit()})
         errors = [e.get("error") for e in events if e.get("event") == "error"]
         return NanEvidence(*self.struck(), policy=self.policy, target=self.target, value=self.value,
                            hook_armed_in_ranks=armed,
                            torch_patched=any(e.get("event") == "torch_patched" for e in events),
-                           injection=self.injection(), hook_errors=errors or UNSET)
+                           injection=dict(injected) if (injected := self.injection()) is not None else None,
+                           hook_errors=errors or UNSET)
 
     def classify(self, result: RunResult) -> str:
         injected = self.injection()
