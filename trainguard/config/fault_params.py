@@ -45,10 +45,6 @@ class FaultParams:
         """These parameters, with ``defaults`` for the keys they do not give."""
         return FaultParams({**defaults._values, **self._values})
 
-    def with_(self, **values: object) -> FaultParams:
-        """These parameters with ``values`` set (a soak's one seed of its list)."""
-        return FaultParams({**self._values, **values})
-
     def __contains__(self, key: object) -> bool:
         return key in self._values
 
@@ -130,5 +126,5 @@ class FaultParams:
         return list(value)
 
     def to_dict(self) -> dict[str, Any]:
-        """The parameters as the job file holds them (a spec made from them, e.g. a soak's seed)."""
+        """The parameters as the job file holds them (JSON, for a report or a spec made from them)."""
         return dict(self._values)
