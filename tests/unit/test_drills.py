@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from trainguard.config import DrillSpec, parse_config
+from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import FAULTS, Expectation, FaultNotInstalled, fault_class
 from trainguard.drills.driver import make_drill
 from trainguard.drills.judges import (
@@ -145,7 +146,7 @@ def test_registry_gives_every_kind_a_class_and_a_default_expectation() -> None:
     assert fault_class("kill_rank") is KillRankFault
     assert fault_class("hang") is HangFault
     # each class carries its kind and the expectations it may be judged by, its default first
-    defaults = {kind: fault_class(kind).expectations_for({})[0] for kind in FAULTS}
+    defaults = {kind: fault_class(kind).expectations_for(FaultParams({}))[0] for kind in FAULTS}
     assert all(fault_class(kind).kind == kind for kind in FAULTS)
     assert defaults == {
         "kill_rank": "recover", "hang": "recover", "oom": "fail_clean", "disk_full": "fail_clean",
@@ -153,7 +154,7 @@ def test_registry_gives_every_kind_a_class_and_a_default_expectation() -> None:
         "storage": "fail_clean", "kill_during_save": "recover", "kill_worker": "fail_clean",
         "slow_rank": "continue", "soak": "recover", "node_loss": "recover",
     }
-    assert fault_class("storage").expectations_for({"kind": "slow"}) == (Expectation.CONTINUE,)
+    assert fault_class("storage").expectations_for(FaultParams({"kind": "slow"})) == (Expectation.CONTINUE,)
 
 
 def test_a_kind_whose_module_is_missing_is_reported_in_words(request: pytest.FixtureRequest, tmp_path: Path) -> None:
@@ -178,10 +179,10 @@ def test_a_kind_whose_module_is_missing_is_reported_in_words(request: pytest.Fix
 
 
 def test_fault_contract_defaults() -> None:
-    fault = KillRankFault({"signal": "SIGTERM"}, rank=1, after_step=3)
+    fault = KillRankFault(FaultParams({"signal": "SIGTERM"}), rank=1, after_step=3)
     assert fault.signal.name == "SIGTERM" and not fault.needs_preexec
     assert Fault.verify_continue(fault, _result("ok", [])) == []
-    assert KillRankFault.validate({"signal": "SIGKILL"}) == []
+    assert KillRankFault.validate(FaultParams({"signal": "SIGKILL"})) == []
 
 
 # -- verdicts on recorded attempts -------------------------------------------------------------
@@ -206,7 +207,7 @@ def _result(outcome: str, points: list[MetricPoint], *, failed_rank: int | None 
 
 def _context(spec: DrillSpec, attempts: list[RunResult], *, injected_at: float | None = 1.55,
              runner: Any = None, fault: Fault | None = None) -> DrillContext:
-    fault = fault or KillRankFault(spec.params, rank=spec.rank, after_step=spec.after_step)
+    fault = fault or KillRankFault(spec.fault_params, rank=spec.rank, after_step=spec.after_step)
     fault.injected_at = injected_at
     info = Injection(watch_rank=spec.rank, injected_step=spec.after_step if injected_at else None)
     reference = _result("ok", _points(range(1, spec.steps + 1)))
@@ -455,12 +456,13 @@ def test_a_rank_dying_of_the_notice_while_the_teardown_signals_it_still_died_of_
     """CI: rank 0 died of the notice, the teardown marked rank 1 (dying too, not yet reaped) as
     killed by trainguard, and the judge said [0]. The fault's record of whom it signalled decides."""
     from trainguard.drills.save_and_exit import died_of_the_notice
+    from trainguard.faults.preempt import SignalSent
 
-    sent = [{"signal": "SIGTERM", "at_s": 0.0, "ranks": [0, 1]}]
+    sent = [SignalSent("SIGTERM", 0.0, [0, 1])]
     exits = [RankExit(0, 10, -15, "SIGTERM"), RankExit(1, 11, -15, "SIGTERM", killed_by_trainguard=True)]
     assert died_of_the_notice(exits, sent, killed=[]) == [0, 1]
     # a rank the notice never reached and the teardown ended is not counted; nor one killed at grace
-    assert died_of_the_notice(exits, [{"signal": "SIGTERM", "ranks": [0]}], killed=[]) == [0]
+    assert died_of_the_notice(exits, [SignalSent("SIGTERM", 0.0, [0])], killed=[]) == [0]
     killed = [RankExit(0, 10, -15, "SIGTERM"), RankExit(1, 11, -9, "SIGKILL", killed_by_trainguard=True)]
     assert died_of_the_notice(killed, sent, killed=[1]) == [0]
     assert died_of_the_notice([RankExit(0, 10, 0), RankExit(1, 11, 0)], sent, killed=[]) == []
@@ -477,7 +479,7 @@ def test_the_first_exit_is_noted_even_when_the_attempt_ended_before_the_watch_po
     from trainguard.drills.driver import Driver
 
     spec = load('{name: f, fault: kill_rank, rank: 1, expect: fail_clean}').checks.drills[0]
-    driver = Driver(KillRankFault(spec.params, rank=1, after_step=spec.after_step), spec, "loss", 0)
+    driver = Driver(KillRankFault(spec.fault_params, rank=1, after_step=spec.after_step), spec, "loss", 0)
     codes = {0: -_signal.SIGTERM, 1: -_signal.SIGKILL}
     ranks = [SimpleNamespace(rank=r, popen=SimpleNamespace(poll=lambda r=r: codes[r])) for r in (0, 1)]
     launcher = SimpleNamespace(ranks=ranks, exit_seen_at={1: 2.5, 0: 2.6}, elapsed=lambda: 9.0)

@@ -17,10 +17,16 @@ from hypothesis import strategies as st
 
 from trainguard.checks.equivalence_records import DeterminismEvidence, Tolerance
 from trainguard.checks.smoke import SmokeEvidence
+from trainguard.config.fault_params import FaultParams
+from trainguard.config.faults import FAULTS, fault_class
 from trainguard.config.records import load_report, record_types
 from trainguard.config.registry import registered
+from trainguard.drills.evidence import DrillEvidence, DrillReport, StepRate
 from trainguard.errors import ConfigError
 from trainguard.evidence import UNSET, Evidence, Recorded
+from trainguard.faults.base import FaultEvidence
+from trainguard.faults.kill_during_save import KillDuringSaveFault
+from trainguard.faults.preempt import PreemptEvidence, PreemptFault, SignalSent
 from trainguard.report import CheckResult, Report, read_evidence
 
 #: JSON scalars, for fields typed Any (keys of another layer, a fault's own record)
@@ -116,8 +122,56 @@ def test_a_record_has_no_string_keys_to_read() -> None:
     """Readers read attributes: a record is no mapping (mypy rejects ``result.evidence["x"]``),
     and only its report form (``to_dict()``, where it leaves the process) has keys."""
     record = SmokeEvidence(5, "ok", [], {}, 5, [], "runs/1")
-    for kind in {kind for _, kind in _record_types()} | {Evidence, Recorded}:
+    for kind in {kind for _, kind in _record_types()} | {Evidence, Recorded} | set(_fault_records()):
         assert not any(hasattr(kind, name) for name in ("__getitem__", "get", "keys", "items")), kind
     with pytest.raises(TypeError):
         record["steps"]  # type: ignore[index]
     assert record.to_dict()["steps"] == 5
+
+
+def _fault_records() -> list[type[Evidence]]:
+    """Each registered fault's record: the type its ``evidence()`` returns."""
+    found = []
+    for kind in FAULTS:
+        record = get_type_hints(fault_class(kind).evidence)["return"]  # type: ignore[attr-defined]
+        assert isinstance(record, type) and issubclass(record, FaultEvidence), kind
+        found.append(record)
+    return list(dict.fromkeys(found))
+
+
+@pytest.mark.parametrize("kind", _fault_records(), ids=lambda v: v.__name__)
+def test_each_faults_record_round_trips_through_its_json(kind: type[Evidence]) -> None:
+    """A drill report's ``fault_evidence`` (the record's ``to_dict()``) reads back as the
+    fault's record and is written again byte for byte."""
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(_records(kind))
+    def round_trip(record: Evidence) -> None:
+        text = json.dumps(record.to_dict())
+        again = kind.from_dict(json.loads(text))
+        assert json.dumps(again.to_dict()) == text
+
+    round_trip()
+
+
+def test_a_faults_evidence_keeps_the_reports_keys_in_order_and_reads_back_from_a_drill_report(tmp_path: Path) -> None:
+    """What a fault did leaves the process as the keys the report always held (the strike
+    first, absent keys left out), and comes back as the same record from a loaded report."""
+    fault = PreemptFault(FaultParams({"grace": 5}), rank=1, after_step=3)
+    fault.sent = [SignalSent("SIGTERM", 0.0, [0, 1]), SignalSent("SIGKILL", 5.01, [1])]
+    fault.exits, fault.killed_at_grace = {1: 5.2, 0: 0.4}, [1]
+    written = fault.evidence().to_dict()
+    assert list(written) == ["fault", "rank", "after_step", "injected_at_s", "cleared_at_s", "style", "grace_s",
+                             "signals_sent", "rank_exit_after_notice_s", "killed_at_grace"]
+    assert written["signals_sent"][1] == {"signal": "SIGKILL", "at_s": 5.01, "ranks": [1]}
+    found = DrillEvidence(1.0, 3, 1, 3, None, None, 0, [], StepRate("steps/s", 1.0, None), written, "runs/ref")
+    report = DrillReport("preempt", "recover", 1, 3, None, 20, found=found)
+    path = Report(job="toy", checks=[CheckResult("drill:pre", "passed", "ok", report)]).write(tmp_path / "r.json")
+    loaded = load_report(path).checks[0].evidence
+    assert isinstance(loaded, DrillReport) and isinstance(loaded.found, DrillEvidence)
+    assert json.dumps(loaded.to_dict()) == json.dumps(report.to_dict())  # the same JSON, byte for byte
+    again = PreemptEvidence.from_dict(loaded.found.fault_evidence)
+    assert again == fault.evidence() and again.rank_exit_after_notice_s == {0: 0.4, 1: 5.2}
+    kill = KillDuringSaveFault(FaultParams({"wait": 30}))
+    assert list(kill.evidence().to_dict()) == ["fault", "rank", "after_step", "injected_at_s", "cleared_at_s",
+                                               "mechanism", "held_write", "killed", "kill_to_exit_s",
+                                               "waited_for_write_s", "no_write", "latest_complete_at_kill"]

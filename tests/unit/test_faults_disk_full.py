@@ -23,6 +23,7 @@ import pytest
 
 from tests.helpers import load_fault_harness, report_evidence
 from trainguard._internal.signals import restore_default_signals
+from trainguard.config.fault_params import FaultParams
 from trainguard.faults import FaultContext, FaultUnavailable, disk_full
 from trainguard.faults.disk_full import DiskFullFault
 from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
@@ -56,7 +57,7 @@ def _args(writer: str, *extra: str) -> object:
 
 
 def test_hook_mode_in_place_overwrite_leaves_a_corrupt_checkpoint(tmp_path: Path) -> None:
-    fault = DiskFullFault({"mode": "hook"}, rank=0, after_step=2)
+    fault = DiskFullFault(FaultParams({"mode": "hook"}), rank=0, after_step=2)
     drive = harness.drive(fault, tmp_path, "ckpt_job.py", _args("inplace"))
     assert drive.result.outcome == "failed"
     assert latest_step(drive.ctx.checkpoint_dir) == "corrupt (0 bytes, no header)"
@@ -67,7 +68,7 @@ def test_hook_mode_in_place_overwrite_leaves_a_corrupt_checkpoint(tmp_path: Path
 
 
 def test_hook_mode_atomic_writer_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
-    fault = DiskFullFault({"mode": "hook"}, rank=0, after_step=2)
+    fault = DiskFullFault(FaultParams({"mode": "hook"}), rank=0, after_step=2)
     drive = harness.drive(fault, tmp_path, "ckpt_job.py", _args("atomic"))
     assert drive.result.outcome == "failed"  # it still cannot go on: it says so and exits
     assert latest_step(drive.ctx.checkpoint_dir) == 2
@@ -77,7 +78,7 @@ def test_hook_mode_atomic_writer_keeps_the_previous_checkpoint(tmp_path: Path) -
 
 def test_hook_mode_clean_run_without_the_fault_is_untouched(tmp_path: Path) -> None:
     """The hook armed but never triggered changes nothing (the fault is not injected)."""
-    fault = DiskFullFault({"mode": "hook"}, rank=0, after_step=99)
+    fault = DiskFullFault(FaultParams({"mode": "hook"}), rank=0, after_step=99)
     drive = harness.drive(fault, tmp_path, "ckpt_job.py", _args("inplace", "--steps", "3"))
     assert drive.result.ok, drive.result.reason
     assert latest_step(drive.ctx.checkpoint_dir) == 3
@@ -95,7 +96,7 @@ def _torch_load_step(path: Path) -> int | str:
 
 def _torch_drive(tmp_path: Path, writer: str) -> int | str:
     """torch.save to a path writes through C++: the hook makes it raise torch's RuntimeError."""
-    fault = DiskFullFault({"mode": "hook"}, rank=0, after_step=2)
+    fault = DiskFullFault(FaultParams({"mode": "hook"}), rank=0, after_step=2)
     drive = harness.drive(fault, tmp_path, "ckpt_job.py",
                           _args(writer, "--format", "torch", "--sleep", "0.4"))
     stderr = drive.result.log_path(0).read_text()
@@ -124,7 +125,7 @@ def _read_latest(f: DiskFullFault, ctx: FaultContext, result: object) -> dict[st
 @fuse_only
 @pytest.mark.parametrize("writer", ["inplace", "atomic"])
 def test_fuse_mode_in_place_vs_atomic(tmp_path: Path, writer: str) -> None:
-    fault = DiskFullFault({"mode": "fuse"}, rank=0, after_step=2)
+    fault = DiskFullFault(FaultParams({"mode": "fuse"}), rank=0, after_step=2)
 
     def during(f: DiskFullFault, ctx: FaultContext) -> dict[str, object]:
         return {"mounted": f.layer is not None and bool(harness.our_mounts())}
@@ -199,11 +200,11 @@ def test_auto_mode_mounts_the_layer_and_teardown_is_idempotent(tmp_path: Path) -
 
 @fuse_only
 def test_tmpfs_mode_runs_the_fuse_layer_and_says_so(tmp_path: Path) -> None:
-    fault = DiskFullFault({"mode": "tmpfs", "size_mb": 4}, rank=0, after_step=1)
+    fault = DiskFullFault(FaultParams({"mode": "tmpfs", "size_mb": 4}), rank=0, after_step=1)
     ctx = FaultContext(work_dir=tmp_path / "w", checkpoint_dir=tmp_path / "ckpt", world_size=1)
     fault.setup(ctx)
     try:
-        assert fault.mode_ran == "fuse" and "replaced by fuse" in fault.evidence()["note"]
+        assert fault.mode_ran == "fuse" and "replaced by fuse" in fault.evidence().note
     finally:
         fault.teardown()
     assert not harness.our_mounts()
@@ -213,10 +214,11 @@ _INTERRUPTED = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
+    from trainguard.config.fault_params import FaultParams
     from trainguard.faults import FaultContext
     from trainguard.faults.disk_full import DiskFullFault
     work = Path(sys.argv[1])
-    fault = DiskFullFault({"mode": "fuse"})
+    fault = DiskFullFault(FaultParams({"mode": "fuse"}))
     fault.setup(FaultContext(work_dir=work, checkpoint_dir=work / "ckpt", world_size=1))
     if sys.argv[2] == "finally":
         try:
@@ -273,9 +275,9 @@ def test_non_root_falls_back_to_hook_mode(tmp_path: Path, monkeypatch: pytest.Mo
         assert fault.mode_ran == "hook" and "needs root" in (fault.fallback or "")
         assert ctx.checkpoint_dir == tmp_path / "c"
         assert sorted(fault.launch_env(ctx)) == ["PYTHONPATH", "TRAINGUARD_FAULT_HOOK"]
-        assert fault.evidence()["fallback"].startswith("fuse mode unavailable")
+        assert fault.evidence().fallback.startswith("fuse mode unavailable")
         with pytest.raises(FaultUnavailable, match="root"):
-            DiskFullFault({"mode": "fuse"}).setup(ctx)
+            DiskFullFault(FaultParams({"mode": "fuse"})).setup(ctx)
     finally:
         fault.teardown()
         disk_full._fuse_unavailable.cache_clear()
@@ -283,6 +285,6 @@ def test_non_root_falls_back_to_hook_mode(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_validate_names_the_bad_parameters() -> None:
-    problems = dict(DiskFullFault.validate({"mode": "nfs", "size_mb": 0.5, "rank": 1}))
+    problems = dict(DiskFullFault.validate(FaultParams({"mode": "nfs", "size_mb": 0.5, "rank": 1})))
     assert set(problems) == {"mode", "size_mb", "rank"}
-    assert DiskFullFault.validate({"mode": "hook", "size_mb": 8}) == []
+    assert DiskFullFault.validate(FaultParams({"mode": "hook", "size_mb": 8})) == []

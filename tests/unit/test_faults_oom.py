@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import load_fault_harness, report_evidence
+from trainguard.config.fault_params import FaultParams
 from trainguard.faults import FaultContext, FaultUnavailable
 from trainguard.faults.cgroups import MemoryCgroups
 from trainguard.faults.oom import OomFault
@@ -38,7 +39,7 @@ needs_cgroups = pytest.mark.skipif(not _cgroups_usable(), reason="needs root and
 
 @needs_cgroups
 def test_cgroup_mode_gets_the_rank_killed_by_the_kernel_oom_killer(tmp_path: Path) -> None:
-    fault = OomFault({"mode": "cgroup", "headroom_mb": 24}, rank=1, after_step=2)
+    fault = OomFault(FaultParams({"mode": "cgroup", "headroom_mb": 24}), rank=1, after_step=2)
 
     def during(f: OomFault, ctx: FaultContext) -> dict[str, object]:
         assert f.cgroups is not None
@@ -77,7 +78,7 @@ def test_auto_mode_picks_cgroup_as_root(tmp_path: Path) -> None:
 
 
 def test_rlimit_mode_gives_the_allocator_runtime_error(tmp_path: Path) -> None:
-    fault = OomFault({"mode": "rlimit", "headroom_mb": 32}, rank=0, after_step=2)
+    fault = OomFault(FaultParams({"mode": "rlimit", "headroom_mb": 32}), rank=0, after_step=2)
     drive = harness.drive(
         fault, tmp_path, "oom_job.py",
         lambda ctx: ["--torch", "--leak-mb", "8", "--steps", "10", "--sleep", "0.3"],
@@ -91,7 +92,7 @@ def test_rlimit_mode_gives_the_allocator_runtime_error(tmp_path: Path) -> None:
 
 
 def test_raise_mode_unhandled_ends_the_job_with_torch_oom(tmp_path: Path) -> None:
-    fault = OomFault({"mode": "raise"}, rank=0, after_step=2)
+    fault = OomFault(FaultParams({"mode": "raise"}), rank=0, after_step=2)
     drive = harness.drive(fault, tmp_path, "oom_job.py", lambda ctx: ["--torch", "--steps", "8"])
     stderr = drive.result.log_path(0).read_text()
     assert "torch.OutOfMemoryError: trainguard fault drill" in stderr, stderr[-2000:]
@@ -103,7 +104,7 @@ def test_raise_mode_unhandled_ends_the_job_with_torch_oom(tmp_path: Path) -> Non
 
 
 def test_raise_mode_handled_by_the_job(tmp_path: Path) -> None:
-    fault = OomFault({"mode": "raise"}, rank=0, after_step=2)
+    fault = OomFault(FaultParams({"mode": "raise"}), rank=0, after_step=2)
     drive = harness.drive(fault, tmp_path, "oom_job.py",
                           lambda ctx: ["--torch", "--catch", "--steps", "6"])
     assert drive.result.ok, drive.result.reason
@@ -123,28 +124,28 @@ def test_without_root_auto_falls_back_to_rlimit_and_cgroup_mode_says_why(
     fault.setup(ctx)
     try:
         assert fault.mode_ran == "rlimit" and fault.cgroups is None
-        assert "need root" in fault.evidence()["fallback"]
+        assert "need root" in fault.evidence().fallback
         assert json.loads(fault.launch_env(ctx)["TRAINGUARD_FAULT_HOOK"])["mode"] == "rlimit"
     finally:
         fault.teardown()
     with pytest.raises(FaultUnavailable, match="need root"):
-        OomFault({"mode": "cgroup"}).setup(ctx)
+        OomFault(FaultParams({"mode": "cgroup"})).setup(ctx)
 
 
 def test_gpu_mode_is_unavailable_without_a_gpu(tmp_path: Path) -> None:
     if Path("/dev/nvidia0").exists():
         pytest.skip("this machine has a GPU")
-    fault = OomFault({"mode": "gpu"})
+    fault = OomFault(FaultParams({"mode": "gpu"}))
     with pytest.raises(FaultUnavailable, match="needs an NVIDIA GPU"):
         fault.setup(FaultContext(work_dir=tmp_path, checkpoint_dir=tmp_path, world_size=1))
     fault.teardown()
 
 
 def test_validate_names_the_bad_parameters() -> None:
-    problems = dict(OomFault.validate({"mode": "swap", "headroom_mb": -1, "size": 3}))
+    problems = dict(OomFault.validate(FaultParams({"mode": "swap", "headroom_mb": -1, "size": 3})))
     assert set(problems) == {"mode", "headroom_mb", "size"}
     assert "cgroup" in problems["mode"] and "positive" in problems["headroom_mb"]
-    assert OomFault.validate({"mode": "raise", "headroom_mb": 16}) == []
+    assert OomFault.validate(FaultParams({"mode": "raise", "headroom_mb": 16})) == []
 
 
 # -- the cgroup facts the fault relies on ------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from trainguard.config import DrillSpec, parse_config
+from trainguard.config.fault_params import FaultParams
 from trainguard.drills.driver import make_drill
 from trainguard.drills.judges import DrillContext, Injection
 from trainguard.drills.nonfinite import judge_handle_nonfinite, must_stop
@@ -58,9 +59,9 @@ def test_defaults_need_no_resume_args_and_stop_by_the_deadline() -> None:
                       "{name: b, fault: nan, params: {policy: skip, target: grads, value: .inf}}").checks.drills
     assert (stop.expectation, stop.restart_limit, stop.deadline_s, must_stop(stop)) == ("handle_nonfinite", 0, 60.0, True)
     assert not must_stop(skip)
-    fault = NanFault(skip.params)
+    fault = NanFault(skip.fault_params)
     assert (fault.policy, fault.target, fault.value) == ("skip", "grads", "inf")
-    assert NanFault().params == {"policy": "stop", "target": "loss", "value": "nan"}
+    assert NanFault().params == FaultParams({"policy": "stop", "target": "loss", "value": "nan"})
 
 
 @pytest.mark.parametrize(
@@ -181,7 +182,7 @@ class _Injected(NanFault):
     """The hook's event, as the recorded run would have left it."""
 
     def __init__(self, params: dict[str, Any], event: dict[str, Any] | None) -> None:
-        super().__init__(params, rank=1, after_step=3)
+        super().__init__(FaultParams(params), rank=1, after_step=3)
         self.event = event
 
     def injection(self) -> dict[str, Any] | None:
@@ -292,4 +293,4 @@ def test_no_injection_event_is_an_error_not_a_verdict(tmp_path: Path) -> None:
                      RunRequest.make(steps=8, seed=0, world_size=2), "loss", Path("/nonexistent"), 5.0)
     status, summary, _ = judge_handle_nonfinite(c)
     assert status == "error" and "the nan was never put in after step 3" in summary
-    assert json.dumps(NanFault().evidence())  # the evidence is JSON before setup too
+    assert json.dumps(NanFault().evidence().to_dict())  # the evidence is JSON before setup too

@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
+from trainguard.config.fault_params import FaultParams
 from trainguard.errors import UsageError
 from trainguard.faults.base import FaultContext
 from trainguard.faults.network import NetworkFault
@@ -90,7 +91,7 @@ def run_with_fault(fault: NetworkFault, tmp_path: Path, *, steps: int, clear_aft
     fault.setup(ctx)
     try:
         spec = LaunchSpec(
-            argv=[sys.executable, str(job), str(steps), str(pause), str(fault.params["env"]), mode],
+            argv=[sys.executable, str(job), str(steps), str(pause), fault.params.text("env"), mode],
             run_dir=tmp_path / "run", env=fault.launch_env(ctx), metric_regexes=regexes,
             timeout=120, stall_timeout=60,
         )
@@ -123,7 +124,7 @@ def phases(times: dict[int, float], inject: int, clear: int) -> tuple[list[float
 
 
 def test_latency_slows_the_job_and_clearing_restores_it(service: str, tmp_path: Path) -> None:
-    fault = NetworkFault({"toxic": "latency", "attributes": {"latency": 300}, "upstream": service},
+    fault = NetworkFault(FaultParams({"toxic": "latency", "attributes": {"latency": 300}, "upstream": service}),
                          after_step=3)
     result, times = run_with_fault(fault, tmp_path, steps=14, clear_after=8)
     assert result.ok, result.reason
@@ -131,7 +132,7 @@ def test_latency_slows_the_job_and_clearing_restores_it(service: str, tmp_path: 
     print(f"request ms before {before}, during {during}, after {after}")
     assert statistics.median(during) >= 290
     assert statistics.median(before) < 150 and statistics.median(after) < 150
-    evidence = fault.evidence()
+    evidence = fault.evidence().to_dict()
     assert evidence["toxic"] == "latency" and evidence["attributes"] == {"latency": 300}
     assert evidence["toxiproxy"] == "embedded (trainguard)" and evidence["errors"] == []
     assert evidence["injected_at_s"] is not None and evidence["cleared_at_s"] > evidence["injected_at_s"]
@@ -140,19 +141,19 @@ def test_latency_slows_the_job_and_clearing_restores_it(service: str, tmp_path: 
 
 
 def test_proxy_down_fails_requests_until_cleared(service: str, tmp_path: Path) -> None:
-    fault = NetworkFault({"down": True, "upstream": service, "env": "MY_SERVICE"}, after_step=2)
+    fault = NetworkFault(FaultParams({"down": True, "upstream": service, "env": "MY_SERVICE"}), after_step=2)
     result, _ = run_with_fault(fault, tmp_path, steps=10, clear_after=5, pause=0.1)
     assert result.ok, result.reason
     ok = result.trajectory("ok")
     assert all(ok[s] == 1 for s in (1, 2)) and all(ok[s] == 1 for s in (8, 9, 10)), ok
     assert all(ok[s] == 0 for s in (4, 5)), ok
     assert "request failed" in result.log_path(0).read_text()
-    assert fault.evidence()["down"] is True
+    assert fault.evidence().down is True
 
 
 def test_launch_env_and_placeholders(service: str, tmp_path: Path) -> None:
-    fault = NetworkFault({"toxic": "timeout", "attributes": {"timeout": 0}, "upstream": service,
-                          "env": "REDIS_ADDR"})
+    fault = NetworkFault(FaultParams({"toxic": "timeout", "attributes": {"timeout": 0}, "upstream": service,
+                          "env": "REDIS_ADDR"}))
     ctx = FaultContext(work_dir=tmp_path, checkpoint_dir=tmp_path, world_size=1)
     fault.setup(ctx)
     try:
@@ -163,7 +164,7 @@ def test_launch_env_and_placeholders(service: str, tmp_path: Path) -> None:
     finally:
         fault.teardown()
         fault.teardown()  # idempotent
-    assert fault.evidence()["errors"] == []
+    assert fault.evidence().errors == []
 
 
 @pytest.mark.parametrize(("params", "key"), [
@@ -188,22 +189,22 @@ def test_launch_env_and_placeholders(service: str, tmp_path: Path) -> None:
     ({"toxic": "latency", "upstream": "127.0.0.1:1", "listen": "0.0.0.0"}, "listen"),
 ])
 def test_validate_names_the_key_and_the_fix(params: dict[str, Any], key: str) -> None:
-    problems = NetworkFault.validate(params)
+    problems = NetworkFault.validate(FaultParams(params))
     assert key in [k for k, _ in problems], problems
     assert all(message and len(message) < 400 for _, message in problems)  # a huge value is cut
 
 
 def test_setup_refuses_invalid_params(tmp_path: Path) -> None:
-    fault = NetworkFault({"toxic": "latency", "attributes": {"latency": -5}, "upstream": "127.0.0.1:1"})
+    fault = NetworkFault(FaultParams({"toxic": "latency", "attributes": {"latency": -5}, "upstream": "127.0.0.1:1"}))
     with pytest.raises(UsageError, match=r"attributes\.latency: expected an integer from 0 to"):
         fault.setup(FaultContext(tmp_path, tmp_path, 1))
 
 
 def test_valid_params_have_no_problems() -> None:
-    assert NetworkFault.validate({"toxic": "bandwidth", "attributes": {"rate": 10},
-                                  "stream": "upstream", "toxicity": 0.5, "service": "mlflow"}) == []
-    assert NetworkFault.validate({"down": True, "upstream": "[::1]:5000"}) == []
-    assert NetworkFault.validate({"down": True, "upstream": "[::1]:5000", "listen": "10.0.0.5:0"}) == []
+    assert NetworkFault.validate(FaultParams({"toxic": "bandwidth", "attributes": {"rate": 10},
+                                  "stream": "upstream", "toxicity": 0.5, "service": "mlflow"})) == []
+    assert NetworkFault.validate(FaultParams({"down": True, "upstream": "[::1]:5000"})) == []
+    assert NetworkFault.validate(FaultParams({"down": True, "upstream": "[::1]:5000", "listen": "10.0.0.5:0"})) == []
 
 
 def _lan_address() -> str | None:
@@ -223,13 +224,13 @@ def test_listen_param_puts_the_proxy_on_a_lan_address(service: str, tmp_path: Pa
     lan = _lan_address()
     if lan is None:
         pytest.skip("this machine has no non-loopback IPv4 address")
-    fault = NetworkFault({"toxic": "latency", "attributes": {"latency": 1}, "upstream": service,
-                          "listen": f"{lan}:0"})
+    fault = NetworkFault(FaultParams({"toxic": "latency", "attributes": {"latency": 1}, "upstream": service,
+                          "listen": f"{lan}:0"}))
     ctx = FaultContext(work_dir=tmp_path, checkpoint_dir=tmp_path, world_size=1)
     fault.setup(ctx)
     try:
         address = fault.launch_env(ctx)["TRAINGUARD_PROXY_ADDR"]
-        assert address.startswith(f"{lan}:") and address == fault.evidence()["proxy"]
+        assert address.startswith(f"{lan}:") and address == fault.evidence().proxy
         with urllib.request.urlopen(f"http://{address}/", timeout=5) as resp:
             assert resp.read() == b"hello"
     finally:
@@ -253,7 +254,7 @@ def test_mlflow_behind_the_proxy_every_metric_arrives_and_no_process_is_left(
     # MLflow's job runner on: its huey consumers are what a partial stop leaves behind
     monkeypatch.setenv("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "true")
     before = _descendants()
-    fault = NetworkFault({"toxic": "latency", "attributes": {"latency": 1500}, "service": "mlflow"},
+    fault = NetworkFault(FaultParams({"toxic": "latency", "attributes": {"latency": 1500}, "service": "mlflow"}),
                          after_step=2)
     seen: set[int] = set()
     original_inject = fault.inject
@@ -271,7 +272,7 @@ def test_mlflow_behind_the_proxy_every_metric_arrives_and_no_process_is_left(
     # a logged metric takes 0.2-0.7 s on this loaded machine without the toxic
     assert min(during) >= 1.5 and statistics.median(after) < 1.3, step_seconds(result)
     assert verify == [[]]  # every metric reached the store through the slow proxy
-    evidence = fault.evidence()
+    evidence = fault.evidence().to_dict()
     assert evidence["target"] == "the mlflow server" and evidence["mlflow_started_in_s"] > 0
     print(f"mlflow started in {evidence['mlflow_started_in_s']} s; {len(seen)} processes")
     assert len(seen) >= 3  # the job, the server and its workers (+ huey consumers)
@@ -286,8 +287,8 @@ def test_mlflow_metrics_dropped_under_a_timeout_toxic_are_caught(tmp_path: Path)
     loses the metrics of the steps it covered, and verify_continue names them."""
     # upstream: the requests are held (downstream, MLflow would store them and only the answers
     # would be lost -- nothing to catch)
-    fault = NetworkFault({"toxic": "timeout", "attributes": {"timeout": 0}, "stream": "upstream",
-                          "service": "mlflow"}, after_step=2)
+    fault = NetworkFault(FaultParams({"toxic": "timeout", "attributes": {"timeout": 0}, "stream": "upstream",
+                          "service": "mlflow"}), after_step=2)
     verify: list[list[str]] = []
     result, _ = run_with_fault(fault, tmp_path, steps=8, clear_after=5, mode="mlflow:drop",
                                regexes={"loss": REGEXES["loss"]}, verify=verify)

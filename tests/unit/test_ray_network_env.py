@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.config import load_config
+from trainguard.config.fault_params import FaultParams
 from trainguard.faults.base import FaultContext
 from trainguard.faults.network import RAY_WRITER_ENV, NetworkFault
 from trainguard.launch import RunResult
@@ -51,7 +52,7 @@ job:
 def fault_after_setup(ray_train: bool) -> NetworkFault:
     """A network fault as :meth:`NetworkFault.setup` leaves it: the proxy's address, and for a
     ray_train job the run it created on the drill's MLflow server."""
-    fault = NetworkFault(MLFLOW, after_step=2)
+    fault = NetworkFault(FaultParams(MLFLOW), after_step=2)
     fault.proxy_address = PROXY
     fault.backend = RayTrainBackend() if ray_train else CommandBackend()
     if ray_train:
@@ -129,7 +130,7 @@ def test_writer_problems_name_a_writer_that_never_ran(tmp_path: Path) -> None:
     [problem] = fault.writer_problems(result_in(tmp_path / "run"))
     assert "designated MLflow writer (world rank 0) never ran" in problem
     assert SUMMARY_FILE in problem
-    assert fault.evidence()["ray_writer"] == {"writer": None}
+    assert fault.evidence().to_dict()["ray_writer"] == {"writer": None}
 
 
 def test_writer_problems_report_dropped_rows_with_their_count(tmp_path: Path) -> None:
@@ -144,7 +145,7 @@ def test_writer_problems_report_dropped_rows_with_their_count(tmp_path: Path) ->
         "the Ray workers' writer dropped 3 metric row(s) of 3 step(s) (steps 38, 39, 40): the store "
         "did not take the last rows within 10 s"
     ]
-    writer = fault.evidence()["ray_writer"]["writer"]
+    writer = fault.evidence().to_dict()["ray_writer"]["writer"]
     assert writer["written_rows"] == 37 and writer["dropped_rows"] == 3
 
     # nothing dropped: no problem

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.config.fault_params import FaultParams
 from trainguard.launch.reach import WorkerNotHere
 from trainguard.raytrain.workers import (
     SIGNAL_PATH_ENV,
@@ -124,8 +125,8 @@ def test_node_loss_is_for_ray_train_jobs_and_takes_kill_or_term() -> None:
     from trainguard.faults.base import FaultContext, FaultUnavailable
     from trainguard.faults.node_loss import NodeLossFault
 
-    assert NodeLossFault.validate({"signal": "SIGTERM"}) == []
-    assert "expected one of SIGKILL, SIGTERM" in NodeLossFault.validate({"signal": "SIGSTOP"})[0][1]
+    assert NodeLossFault.validate(FaultParams({"signal": "SIGTERM"})) == []
+    assert "expected one of SIGKILL, SIGTERM" in NodeLossFault.validate(FaultParams({"signal": "SIGSTOP"}))[0][1]
     with pytest.raises(FaultUnavailable, match="not `kind: ray_train`"):
         NodeLossFault().setup(FaultContext(Path("/tmp"), Path("/tmp"), world_size=2))
 

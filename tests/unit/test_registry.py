@@ -18,6 +18,7 @@ from trainguard._internal.registry import NotInstalled, Registry
 from trainguard.cli.main import main
 from trainguard.config import load_config
 from trainguard.config.backends import BACKENDS
+from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import (
     EXPECTATIONS,
     FAULTS,
@@ -44,7 +45,7 @@ class BlinkFault(Fault):
 
     @classmethod
     def validate(cls, params):
-        ms = params.get("ms", 10)
+        ms = params.raw("ms", 10)
         if isinstance(ms, bool) or not isinstance(ms, int) or ms < 1:
             return [("ms", f"expected a whole number of milliseconds >= 1, got {ms!r}")]
         return []
@@ -186,7 +187,7 @@ def test_the_docs_tables_list_the_registered_names() -> None:
     kinds = [kind for kind, _ in _rows("backends.md", "| `kind` | backend |")]
     assert kinds == [*BACKENDS.names(), "anything"]  # and a row for yours
     for kind, expect in defaults.items():
-        assert expect.split()[0] == fault_class(kind).expectations_for({})[0], kind
+        assert expect.split()[0] == fault_class(kind).expectations_for(FaultParams({}))[0], kind
     expect_row = dict(_rows("drills.md", "| key | default |"))["expect"]
     assert [e for e in re.findall(r"`(\w+)`", expect_row) if e not in FAULTS] == list(EXPECTATIONS.names())
 

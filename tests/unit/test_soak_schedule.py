@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainguard.config import load_config
+from trainguard.config.fault_params import FaultParams
 from trainguard.config.settings import resolve
 from trainguard.errors import ConfigError
 from trainguard.faults.soak import SOAK_KINDS, SoakFault, soak_schedule, soak_seeds
@@ -89,7 +90,7 @@ def test_the_schedule_is_the_same_in_another_interpreter(tmp_path: Path) -> None
     ({"bogus": 1}, "bogus", "unknown parameter"),
 ])
 def test_bad_parameters_are_named(params: dict[str, object], key: str, words: str) -> None:
-    problems = dict(SoakFault.validate(params))
+    problems = dict(SoakFault.validate(FaultParams(params)))
     assert key in problems, problems
     assert words in problems[key]
 
@@ -117,10 +118,10 @@ def test_a_job_file_with_a_bad_soak_is_an_error_naming_the_key(tmp_path: Path, d
 
 
 def test_the_soak_seed_setting_wins_over_the_job_file_seeds() -> None:
-    assert soak_seeds({"seeds": [3, 4, 3]}, None) == [3, 4]
-    assert soak_seeds({"seed": 9}, None) == [9]
-    assert soak_seeds({}, None) == [0]
-    assert soak_seeds({"seeds": [3, 4]}, 11) == [11]
+    assert soak_seeds(FaultParams({"seeds": [3, 4, 3]}), None) == [3, 4]
+    assert soak_seeds(FaultParams({"seed": 9}), None) == [9]
+    assert soak_seeds(FaultParams({}), None) == [0]
+    assert soak_seeds(FaultParams({"seeds": [3, 4]}), 11) == [11]
     assert resolve(environ={"TRAINGUARD_SOAK_SEED": "12"}).soak_seed == 12
     assert resolve(cli={"soak_seed": "13"}, environ={"TRAINGUARD_SOAK_SEED": "12"}).soak_seed == 13
     assert resolve(ini={"soak_seed": "14"}, environ={}).soak_seed == 14

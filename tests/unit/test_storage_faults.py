@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 from trainguard.config import parse_config
+from trainguard.config.fault_params import FaultParams
 from trainguard.errors import ConfigError
+from trainguard.evidence import known
 from trainguard.faults.fusefs import FuseLayer
 from trainguard.faults.storage import newest_checkpoint_files
 
@@ -150,7 +152,7 @@ def test_without_fuse_the_drill_is_skipped_with_the_reason(tmp_path: Path, monke
     cls = fault_class(kind)
     module = __import__(cls.__module__, fromlist=["fuse_unavailable"])
     monkeypatch.setattr(module, "fuse_unavailable", lambda: "mounting the FUSE layer needs root")
-    fault = cls(params)
+    fault = cls(FaultParams(params))
     ctx = FaultContext(work_dir=tmp_path / "w", checkpoint_dir=tmp_path / "c", world_size=1)
     with pytest.raises(FaultUnavailable, match=r"mounting the FUSE layer needs root; .*FUSE layer"):
         fault.setup(ctx)
@@ -166,13 +168,13 @@ def test_corrupt_needs_no_fuse_and_flips_one_bit_of_the_newest_checkpoint(tmp_pa
     ckpt.mkdir()
     (ckpt / "ckpt_000005.json").write_text("0123456789")
     (ckpt / "ckpt_000010.json").write_text("abcdefghij")
-    fault = StorageFault({"kind": "corrupt"})
+    fault = StorageFault(FaultParams({"kind": "corrupt"}))
     fault.setup(FaultContext(work_dir=tmp_path / "w", checkpoint_dir=ckpt, world_size=1))
     fault.strike_latest()
-    assert fault.target["step"] == 10 and fault.target["offset"] == 5
+    assert fault.target is not None and fault.target.step == 10 and fault.target.offset == 5
     assert (ckpt / "ckpt_000010.json").read_text() == "abcdegghij"  # f (0x66) -> g (0x67)
     assert (ckpt / "ckpt_000005.json").read_text() == "0123456789"
-    assert fault.evidence()["mechanism"].startswith("direct")
+    assert fault.evidence().mechanism.startswith("direct")
 
 
 def test_corrupt_never_writes_through_a_link_out_of_the_checkpoint(tmp_path: Path) -> None:
@@ -186,8 +188,8 @@ def test_corrupt_never_writes_through_a_link_out_of_the_checkpoint(tmp_path: Pat
     (ckpt / "trainer_state.json").write_text('{"global_step": 10}')
     (ckpt / "model.bin").symlink_to(outside)  # the largest file, but a link out
     (ckpt / "optimizer.pt").write_bytes(b"0123456789")
-    fault = StorageFault({"kind": "corrupt"})
+    fault = StorageFault(FaultParams({"kind": "corrupt"}))
     fault.setup(FaultContext(work_dir=tmp_path / "w", checkpoint_dir=tmp_path / "c", world_size=1))
     fault.strike_latest()
     assert outside.read_bytes() == b"keep me as I am" * 100
-    assert not fault.target.get("file", "").endswith("model.bin")
+    assert fault.target is None or not str(known(fault.target.file) or "").endswith("model.bin")

@@ -16,6 +16,7 @@ from pydantic import BeforeValidator, Field, model_validator
 
 from trainguard._internal.limits import MAX_SECONDS, MAX_WORLD_SIZE
 from trainguard._internal.model import ConfigModel, one_of
+from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import (
     EXPECTATIONS,
     FAULTS,
@@ -325,11 +326,11 @@ def _words(expectations: tuple[Expectation, ...] | list[str]) -> str:
     return f"{', '.join(most)} or {last}" if most else last
 
 
-def _not_judged_by(fault: str, params: dict[str, Any], expect: Expectation, cls: FaultClass) -> str:
+def _not_judged_by(fault: str, params: FaultParams, expect: Expectation, cls: FaultClass) -> str:
     """Why ``expect`` cannot judge a drill of ``fault``, with the expectations that can."""
     allowed = cls.expectations_for(params)
-    if str(params.get("kind")) in getattr(cls, "kind_expectations", {}):
-        return (f"a {fault} drill of `params.kind: {params.get('kind')}` is judged by {_words(allowed)}, "
+    if str(params.raw("kind")) in getattr(cls, "kind_expectations", {}):
+        return (f"a {fault} drill of `params.kind: {params.raw('kind')}` is judged by {_words(allowed)}, "
                 f"not {expect}; set `expect: {allowed[0]}` or another kind")
     if len(allowed) == 1:
         return f"a {fault} drill is judged by {allowed[0]}, not {expect}; remove `expect` or set `expect: {allowed[0]}`"
@@ -408,8 +409,8 @@ class DrillSpec(CheckSpec):
                "save_and_exit": ("max_lost_steps",), "handle_nonfinite": ("deadline",)}
         expect = self.expectation
         cls = self._fault_class()
-        if cls is not None and expect not in cls.expectations_for(self.params):
-            raise ValueError(_not_judged_by(self.fault, self.params, expect, cls))
+        if cls is not None and expect not in cls.expectations_for(self.fault_params):
+            raise ValueError(_not_judged_by(self.fault, self.fault_params, expect, cls))
         foreign = list(dict.fromkeys(
             key for other, keys in own.items() if other != expect for key in keys
             if key not in own[expect] and getattr(self, key) is not None
@@ -440,6 +441,11 @@ class DrillSpec(CheckSpec):
             return None
 
     @property
+    def fault_params(self) -> FaultParams:
+        """``params``, as the fault reads them (:class:`~trainguard.config.fault_params.FaultParams`)."""
+        return FaultParams(self.params)
+
+    @property
     def expectation(self) -> Expectation:
         """``expect``, or the fault's default: the first of its class's ``expectations``
         (:meth:`trainguard.faults.base.Fault.expectations_for`); recover for a fault whose
@@ -447,7 +453,7 @@ class DrillSpec(CheckSpec):
         if self.expect is not None:
             return Expectation(self.expect)
         cls = self._fault_class()
-        return cls.expectations_for(self.params)[0] if cls is not None else Expectation.RECOVER
+        return cls.expectations_for(self.fault_params)[0] if cls is not None else Expectation.RECOVER
 
     @property
     def restart_limit(self) -> int:

@@ -10,11 +10,12 @@ heavy.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainguard._internal.registry import Registry
+from trainguard.config.fault_params import FaultParams
 from trainguard.errors import TrainguardError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,7 +68,7 @@ class FaultClass(Protocol):
 
     def __call__(
         self,
-        params: Mapping[str, Any] | None = None,
+        params: FaultParams | None = None,
         *,
         rank: int = 0,
         after_step: int = 1,
@@ -76,11 +77,11 @@ class FaultClass(Protocol):
         """A fault of this kind for one drill."""
         ...
 
-    def validate(self, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    def validate(self, params: FaultParams) -> list[tuple[str, str]]:
         """Problems with ``params`` as ``(key, message with the fix)`` pairs; empty when valid."""
         ...
 
-    def expectations_for(self, params: Mapping[str, Any]) -> tuple[Expectation, ...]:
+    def expectations_for(self, params: FaultParams) -> tuple[Expectation, ...]:
         """The expectations a drill with these ``params`` may be judged by, its default first."""
         ...
 
@@ -97,7 +98,7 @@ class FaultClass(Protocol):
         """The pytest items of a drill: (id suffix, spec each runs)."""
         ...
 
-    def plan_problems(self, params: Mapping[str, Any], steps: int, world_size: int) -> list[tuple[str, str]]:
+    def plan_problems(self, params: FaultParams, steps: int, world_size: int) -> list[tuple[str, str]]:
         """Problems of ``params`` that need the drill's steps and world size."""
         ...
 
@@ -170,6 +171,6 @@ def faults_judged_by(expect: Expectation) -> list[str]:
             cls = fault_class(kind)
         except FaultNotInstalled:
             continue
-        if expect in cls.expectations_for({}) or any(expect in e for e in getattr(cls, "kind_expectations", {}).values()):
+        if expect in cls.expectations_for(FaultParams()) or any(expect in e for e in getattr(cls, "kind_expectations", {}).values()):
             kinds.append(kind)
     return kinds

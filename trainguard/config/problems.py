@@ -448,12 +448,12 @@ def drill_problems(job_file: JobFile, command_text: str, env_text: str) -> list[
         if unavailable is not None:  # the drill could only be skipped
             problems.append((f"{key}.fault", f"{unavailable} (job.kind: {job.kind})"))
         try:
-            found = cls.validate(drill.params)
+            found = cls.validate(drill.fault_params)
         except Exception as exc:  # a fault's own rules tripped over a value: still a clear error
             found = [("", f"could not be checked ({type(exc).__name__}: {str(exc)[:200]}); see the "
                       f"{drill.fault} fault's parameters in the docs")]
         if not found:  # e.g. a soak's schedule: ranks that exist, a fault per seed
-            found = cls.plan_problems(drill.params, drill.steps, world_size)
+            found = cls.plan_problems(drill.fault_params, drill.steps, world_size)
         for param, message in found:
             problems.append((f"{key}.params{'.' + param if param else ''}", message))
     return problems

@@ -238,7 +238,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
     if cls.drill_runner is not None:  # a composite fault (the soak) runs its own drill
         module, _, function = cls.drill_runner.partition(":")
         return getattr(importlib.import_module(module), function)(runner, spec)  # type: ignore[no-any-return]
-    fault = cls(spec.params, rank=spec.rank, after_step=spec.after_step, duration=spec.duration)
+    fault = cls(spec.fault_params, rank=spec.rank, after_step=spec.after_step, duration=spec.duration)
     metric = _progress_metric(job_file)
     request = _request(runner, spec)
     reference = runner.scheduling.reference(request)
@@ -276,7 +276,7 @@ def run_drill(runner: JobRunner, spec: DrillSpec) -> CheckResult | Later:
             fault.setup(ctx)
         except FaultUnavailable as exc:
             return result("skipped", f"{spec.fault} cannot be injected on this machine: {exc}",
-                          FaultNotSetUp(fault.evidence()), exc.needs)
+                          FaultNotSetUp(fault.evidence().to_dict()), exc.needs)
         run = runner.supervise(
             request,
             label=f"drill-{spec.name}",
@@ -339,7 +339,8 @@ def _stall_limit(spec: DrillSpec, job_file: JobFile, fault: Fault) -> float:
     if spec.expectation == "fail_clean" or must_stop(spec):
         stall = max(stall, spec.deadline_s + _DEADLINE_MARGIN_S)
     if spec.expectation == "save_and_exit":  # the job saves in silence for up to the grace
-        stall = max(stall, float(fault.params.get("grace", 0.0)) + _DEADLINE_MARGIN_S)
+        grace = float(fault.params.number("grace")) if "grace" in fault.params else 0.0
+        stall = max(stall, grace + _DEADLINE_MARGIN_S)
     return stall
 
 

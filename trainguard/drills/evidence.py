@@ -21,8 +21,10 @@ from typing import Any
 
 from trainguard.checks.accounting import AccountingEvidence
 from trainguard.checks.equivalence_records import TrajectoryEvidence
-from trainguard.evidence import MERGED, TRAILING, UNSET, Evidence, Recorded, Unset
+from trainguard.evidence import MERGED, TRAILING, UNSET, Evidence, NoEvidence, Recorded, Unset
+from trainguard.faults.kill_during_save import HeldWrite, LatestComplete
 from trainguard.faults.soak import SoakEvent
+from trainguard.faults.storage import StruckCheckpoint
 from trainguard.launch.reach import ReachClient
 from trainguard.unit.checkpoints.compare import StateEvidence
 
@@ -123,8 +125,9 @@ class StepRate(Evidence):
 class SaveUnderKill(Evidence):
     """kill_during_save: the write the kill caught and where the job resumed from."""
 
-    held_write: dict[str, Any]
-    latest_complete_at_kill: dict[str, Any]
+    held_write: HeldWrite
+    #: ``{}`` when the fault could not tell
+    latest_complete_at_kill: LatestComplete | NoEvidence
     kill_to_exit_s: float | None
     resumed_from_step: int | None
     killed_rank_resumed_from_step: int | Unset | None = UNSET
@@ -348,8 +351,8 @@ class StorageResumeEvidence(DrillEvidence):
     """A storage fault that strikes the resume (``corrupt``, ``eio_read``): the struck file and
     what the resume did with it."""
 
-    #: the checkpoint, file and byte the fault struck
-    struck: dict[str, Any] = field(default_factory=dict)
+    #: the checkpoint, file and byte the fault struck (``{}``: none)
+    struck: StruckCheckpoint | NoEvidence = field(default_factory=NoEvidence)
     resume_run: AttemptEvidence | Unset = UNSET
     resumed_from_step: int | Unset | None = UNSET
     resume_error: str | Unset | None = UNSET

@@ -286,7 +286,7 @@ def common_evidence(c: DrillContext, kind: type[E]) -> E:
         detected_after_s=_detected_after(first, c.info, c.fault, c.stall_limit),
         attempt_ended_after_s=_round(first.duration_s - injected) if injected is not None else None,
         restarts=c.run.restarts, attempts=[attempt_evidence(a, c.fault) for a in c.run.attempts],
-        step_rate=rates, fault_evidence=c.fault.evidence(), reference_run_dir=str(c.reference.run_dir),
+        step_rate=rates, fault_evidence=c.fault.evidence().to_dict(), reference_run_dir=str(c.reference.run_dir),
     )
     if c.info.first_exit is not None:
         rank, code, _ = c.info.first_exit
@@ -670,7 +670,7 @@ def judge_continue(c: DrillContext, evidence: ContinueEvidence) -> Judgement:
         problems += c.fault.verify_continue(final)
     except Exception as exc:
         problems.append(f"the fault's own check raised {type(exc).__name__}: {exc}")
-    evidence.fault_evidence = c.fault.evidence()  # with what its own check found
+    evidence.fault_evidence = c.fault.evidence().to_dict()  # with what its own check found
     what = f"{spec.fault} on rank {spec.rank} after step {c.info.injected_step} for {spec.duration:g} s"
     if problems:
         evidence.likely_causes = _with_faults_causes(c, final, list(DRILL_CAUSES["continue"]))

@@ -119,8 +119,8 @@ def _causes(policy: str, first_ok: bool, hung: bool, numerics: NumericsEvidence,
 def judge_handle_nonfinite(c: DrillContext, evidence: NonfiniteEvidence) -> Judgement:
     spec, fault, first = c.spec, c.fault, c.run.attempts[0]
     params = fault.params
-    policy, target, value = str(params.get("policy", "stop")), str(params.get("target", "loss")), \
-        str(getattr(fault, "value", params.get("value", "nan")))
+    policy, target, value = str(params.raw("policy", "stop")), str(params.raw("target", "loss")), \
+        str(getattr(fault, "value", params.raw("value", "nan")))
     injection_of = getattr(fault, "injection", None)
     injection = injection_of() if callable(injection_of) else None
     ranks = sorted({p.rank for p in c.reference.points}) or list(range(c.request.world_size))

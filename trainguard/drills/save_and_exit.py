@@ -16,9 +16,8 @@ After the scheduler's notice the job must, within the grace:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from trainguard.drills.evidence import PreemptionTimeline, SaveAndExitEvidence
 from trainguard.drills.expectations import JudgeEntry
@@ -31,6 +30,7 @@ from trainguard.drills.judges import (
     trajectory_diff,
 )
 from trainguard.evidence import known
+from trainguard.faults.preempt import SignalSent
 from trainguard.launch import RankExit, RunResult
 from trainguard.unit.checkpoints import latest_complete_checkpoint
 
@@ -87,7 +87,7 @@ def _newest_write(path: Path) -> float | None:
     return max(times, default=None)
 
 
-def died_of_the_notice(exits: Sequence[RankExit], sent: Sequence[Mapping[str, Any]], killed: Sequence[int]) -> list[int]:
+def died_of_the_notice(exits: Sequence[RankExit], sent: Sequence[SignalSent], killed: Sequence[int]) -> list[int]:
     """The ranks the notice itself killed: each was sent SIGTERM or SIGUSR1 by the fault and ended
     of that signal, not of the SIGKILL at the end of the grace.
 
@@ -95,7 +95,7 @@ def died_of_the_notice(exits: Sequence[RankExit], sent: Sequence[Mapping[str, An
     the launcher's teardown signals the others, and a rank already dying of the notice but not
     yet reaped would count as killed by the teardown (CI saw ``[0]`` for ``[0, 1]``).
     """
-    notified = {int(rank) for s in sent if s.get("signal") in _NOTICES for rank in s.get("ranks", ())}
+    notified = {rank for s in sent if s.signal in _NOTICES for rank in s.ranks}
     return sorted(e.rank for e in exits
                   if e.signal in _NOTICES and e.rank not in killed
                   and (e.rank in notified or not e.killed_by_trainguard))
@@ -168,7 +168,7 @@ def judge_save_and_exit(c: DrillContext, evidence: SaveAndExitEvidence) -> Judge
     after it, and the run resumed from that checkpoint lost no progress from before the notice
     and matches the uninterrupted run."""
     spec, fault, first = c.spec, c.fault, c.run.attempts[0]
-    grace = float(fault.params.get("grace", 30.0))
+    grace = float(fault.params.number("grace")) if "grace" in fault.params else 30.0
     notice_wall = getattr(fault, "notice_wall", None)
     exits: dict[int, float] = dict(getattr(fault, "exits", {}))
     killed: list[int] = list(getattr(fault, "killed_at_grace", []))
@@ -194,10 +194,11 @@ def judge_save_and_exit(c: DrillContext, evidence: SaveAndExitEvidence) -> Judge
     evidence.verification = attempt_evidence(verify, fault)
     resumed_from, resume_problems = _resume_problems(c, verify, evidence, done)
     problems += resume_problems
-    signals = " then ".join(s["signal"] for s in getattr(fault, "sent", [])[:2]) or "the notice"
+    sent: list[SignalSent] = getattr(fault, "sent", [])
+    signals = " then ".join(s.signal for s in sent[:2]) or "the notice"
     what = f"{signals} to every rank after step {c.info.injected_step or 0} (grace {grace:g} s)"
     if problems:
-        died = died_of_the_notice(first.exits, getattr(fault, "sent", []), killed)
+        died = died_of_the_notice(first.exits, sent, killed)
         died_unsaved = bool(died) and stale is not None
         # torn: the resume failed or diverged -- unless the ranks died of the notice and wrote
         # nothing after it (nanoGPT: no handler), which is no save to tear

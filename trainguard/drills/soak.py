@@ -32,6 +32,7 @@ from pathlib import Path
 
 from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config import DrillSpec
+from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import fault_class
 from trainguard.drills.evidence import (
     ForecastInputs,
@@ -359,7 +360,7 @@ def run_soak(runner: JobRunner, spec: DrillSpec) -> CheckResult:
     """Run one soak drill and judge it; the result is named ``drill:<name>``. With several
     ``seeds`` (and no ``soak_seed`` setting) it runs once per seed and passes when every run
     did; the evidence keeps each run's under ``runs``."""
-    seeds = soak_seeds(spec.params, runner.settings.soak_seed)
+    seeds = soak_seeds(spec.fault_params, runner.settings.soak_seed)
     if len(seeds) == 1:
         return _run_one(runner, spec, seeds[0])
     started = time.monotonic()
@@ -377,7 +378,7 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult[SoakR
     job_file = runner.job_file
     name = str(CheckId.of_drill(spec.name))
     world_size = spec.world_size or job_file.job.world_size
-    events = SoakFault.schedule_of(spec.params, spec.steps, world_size, seed)
+    events = SoakFault.schedule_of(spec.fault_params, spec.steps, world_size, seed)
     reproduce = (f"trainguard soak {job_file.path} --only {spec.name} --seed {seed}  "
                  f"(pytest: --trainguard-soak-seed {seed})")
     base = SoakReport("soak", "recover", seed, spec.steps, list(events))
@@ -404,7 +405,7 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult[SoakR
         return result("error", f"the reference run printed no `{metric}` line; check job.metrics.{metric}",
                       ReferenceNotUsable(str(reference.run_dir)))
     own = dict(spec.params.get("fault_params") or {})
-    records = [FaultRecord(e, fault_class(e.kind)(own.get(e.kind), rank=e.rank, after_step=e.step))
+    records = [FaultRecord(e, fault_class(e.kind)(FaultParams(own.get(e.kind)), rank=e.rank, after_step=e.step))
                for e in events]
     drill_dir = new_run_dir(job_file.state_dir, job_file.job.name, f"soak-{spec.name}",
                             keep=runner.settings.keep_runs)
@@ -417,7 +418,7 @@ def _run_one(runner: JobRunner, spec: DrillSpec, seed: int) -> CheckResult[SoakR
     ctx.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     driver = SoakDriver(records, metric, reporting[0], int(spec.params.get("min_gap", 3)))
     stall = spec.stall_timeout or job_file.job.stall_timeout
-    grace = max((float(r.fault.params.get("grace", 0.0)) for r in records if r.event.kind == "preempt"), default=0.0)
+    grace = max((float(r.fault.params.number("grace")) for r in records if r.event.kind == "preempt"), default=0.0)
     env: dict[str, str] = {}
     try:
         for rec in records:

@@ -22,10 +22,10 @@ write, the latest complete checkpoint at the kill and the step the resume starte
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from trainguard.config import DrillSpec
 from trainguard.drills.dispatch import judge_for
@@ -47,9 +47,11 @@ from trainguard.drills.judges import (
     judge_injected,
     trajectory_diff,
 )
-from trainguard.evidence import known
+from trainguard.evidence import UNSET, NoEvidence, known
 from trainguard.faults.base import Fault
 from trainguard.faults.hook import rank_stderr
+from trainguard.faults.kill_during_save import HeldWrite, LatestComplete
+from trainguard.faults.storage import StorageFault, StruckCheckpoint
 from trainguard.launch import RunResult
 from trainguard.launch.reported import reported_line
 from trainguard.unit.checkpoints.files import is_temp_name
@@ -72,7 +74,7 @@ def storage_judge(spec: DrillSpec, fault: Fault) -> JudgeEntry | None:
     own = judge_for(spec.expectation)
     if spec.fault == "kill_during_save":
         return own.but_judged_by(judge_kill_during_save)
-    if spec.fault == "storage" and fault.params.get("kind") in ("corrupt", "eio_read") \
+    if spec.fault == "storage" and fault.params.raw("kind") in ("corrupt", "eio_read") \
             and spec.expectation in ("fail_clean", "recover"):
         return own.but_judged_by(judge_storage_resume)
     if spec.fault == "storage":
@@ -86,14 +88,15 @@ def _storage_named(judge: Judge) -> Judge:
 
     def run(c: DrillContext) -> Judgement:
         status, summary, evidence = judge(c)
-        kind = c.fault.params.get("kind")
+        kind = c.fault.params.raw("kind")
         summary = summary.replace("storage on rank", f"storage {kind} on rank", 1)
-        slow = evidence.fault_evidence.get("slow_storage") or {}
-        if slow.get("checkpoint_stall_s") is not None:
-            summary += (f"; checkpoint stall {slow['checkpoint_stall_s']:.2f} s (step {slow['slowest_step_during']['step']}"
-                        f", median step {slow['step_time_before_s']:.3f} s before), the layer added "
-                        f"{slow['layer_added_s']:.2f} s ({slow['layer_share_of_time']:.0%} of the "
-                        f"{slow['window_s']:.1f} s under the fault)")
+        slow = c.fault.slow if isinstance(c.fault, StorageFault) else None
+        if slow is not None and known(slow.checkpoint_stall_s) is not None and slow.slowest_step_during is not None \
+                and slow.step_time_before_s is not None:
+            summary += (f"; checkpoint stall {slow.checkpoint_stall_s:.2f} s (step {slow.slowest_step_during.step}"
+                        f", median step {slow.step_time_before_s:.3f} s before), the layer added "
+                        f"{slow.layer_added_s:.2f} s ({slow.layer_share_of_time:.0%} of the "
+                        f"{slow.window_s:.1f} s under the fault)")
         return Judgement(status, summary, evidence)
 
     return run
@@ -144,15 +147,15 @@ class _Strike:
         return Judgement("failed", f"{self.what}; " + "; ".join(problems), evidence)
 
 
-def _strike(c: DrillContext, kind: str, target: dict[str, Any]) -> _Strike:
+def _strike(c: DrillContext, kind: str, target: StruckCheckpoint) -> _Strike:
     """The strike a ``corrupt`` or ``eio_read`` fault reports in ``target``."""
-    step = target.get("step")
-    named = target.get("file") or (target.get("files") or [target["checkpoint"]])[0]
-    how = (f"byte {target.get('offset')} of {named} flipped ({target.get('byte_before')} -> "
-           f"{target.get('byte_after')})" if kind == "corrupt"
-           else f"reads of {target['checkpoint']} failing with EIO")
+    step = target.step
+    named = known(target.file) or (target.files or [target.checkpoint])[0]
+    how = (f"byte {known(target.offset)} of {named} flipped ({known(target.byte_before)} -> "
+           f"{known(target.byte_after)})" if kind == "corrupt"
+           else f"reads of {target.checkpoint} failing with EIO")
     what = f"storage {kind} after step {c.info.injected_step}: run stopped, {how} (checkpoint of step {step})"
-    struck_files = [target["file"]] if kind == "corrupt" else list(target.get("files") or [])
+    struck_files = [str(target.file)] if kind == "corrupt" else list(target.files)
     owners = {int(m.group(1)) for f in struck_files for m in [_RANK_IN_NAME.search(Path(f).name)] if m}
     if len(owners) != len(struck_files):
         owners = set()  # one checkpoint for every rank
@@ -164,10 +167,10 @@ def judge_storage_resume(c: DrillContext, evidence: StorageResumeEvidence) -> Ju
     """A storage drill that struck the checkpoint the job resumes from: the resume failed loudly
     (``fail_clean``), or the restarted job fell back to an older good checkpoint (``recover``);
     never trained on from the struck one."""
-    kind = str(c.fault.params.get("kind"))
-    target: dict[str, Any] = dict(getattr(c.fault, "target", {}) or {})
-    evidence.struck = target
-    if not target.get("checkpoint") or (kind == "corrupt" and "offset" not in target):
+    kind = str(c.fault.params.raw("kind"))
+    target = c.fault.target if isinstance(c.fault, StorageFault) and c.fault.target is not None else None
+    evidence.struck = NoEvidence() if target is None else dataclasses.replace(target)
+    if target is None or not target.checkpoint or (kind == "corrupt" and target.offset is UNSET):
         why = "; ".join(getattr(c.fault, "problems", [])) or "no checkpoint was struck"
         return Judgement("error", f"storage {kind} after step {c.info.injected_step}: {why}", evidence)
     strike = _strike(c, kind, target)
@@ -191,7 +194,7 @@ def _judge_resume_fails(c: DrillContext, evidence: StorageResumeEvidence, kind: 
     finally:
         fault.clear()
     evidence.resume_run = attempt_evidence(resume, fault)
-    evidence.fault_evidence = fault.evidence()  # with the resume's EIO calls
+    evidence.fault_evidence = fault.evidence().to_dict()  # with the resume's EIO calls
     resumed = _resumed_from(resume, c.metric)
     evidence.resumed_from_step = resumed
     failed_rank = resume.failed_rank if resume.failed_rank is not None else 0
@@ -271,7 +274,7 @@ def _judge_fallback(c: DrillContext, evidence: StorageResumeEvidence, strike: _S
 
 
 def judge_kill_during_save(c: DrillContext) -> Judgement:
-    held = getattr(c.fault, "held", None)
+    held: HeldWrite | None = getattr(c.fault, "held", None)
     if c.fault.injected_at is not None and held is None:
         evidence = common_evidence(c, DrillEvidence)
         why = getattr(c.fault, "no_write", None) or "no write under the checkpoint directory was seen"
@@ -281,39 +284,39 @@ def judge_kill_during_save(c: DrillContext) -> Judgement:
     status, summary, evidence = judge_for(c.spec.expectation).judge(c)
     if held is None:
         return Judgement(status, summary, evidence)
-    latest = getattr(c.fault, "latest_complete", {}) or {}
+    latest: LatestComplete | None = getattr(c.fault, "latest_complete", None)
     resumed = known(evidence.resumed_from_step) if isinstance(evidence, FailCleanEvidence) else None
     restarts = known(evidence.resumes) if isinstance(evidence, RecoverEvidence) else None
     if resumed is None and restarts:
         resumed = restarts[0].resumed_from_step
-    save = SaveUnderKill(held_write=held, latest_complete_at_kill=latest,
+    save = SaveUnderKill(held_write=held, latest_complete_at_kill=latest or NoEvidence(),
                          kill_to_exit_s=getattr(c.fault, "kill_to_exit_s", None), resumed_from_step=resumed)
     if len(c.run.attempts) > 1:  # where the killed rank itself started again
         mine = [p.step for p in c.run.attempts[1].points if p.name == c.metric and p.rank == c.spec.rank]
         save.killed_rank_resumed_from_step = min(mine) - 1 if mine else None
-        complete = latest.get("step")
+        complete = None if latest is None else latest.step
         if mine and complete is not None and min(mine) - 1 > complete and status == "passed":
             status = "failed"
             summary += (f"; rank {c.spec.rank} resumed after step {min(mine) - 1}, newer than its last "
                         f"complete checkpoint (step {complete}): it loaded the write the kill cut short")
     recovery = known(evidence.fault_to_first_step_after_restart_s) if isinstance(evidence, RecoverEvidence) else None
-    if recovery is not None and held.get("held_after_s") is not None:  # the kill came once held
-        save.kill_to_first_step_after_resume_s = round(recovery - float(held["held_after_s"]), 3)
+    if recovery is not None and held.held_after_s is not None:  # the kill came once held
+        save.kill_to_first_step_after_resume_s = round(recovery - float(held.held_after_s), 3)
     evidence.save = save
-    where = f"killed while writing {held.get('path')}"
+    where = f"killed while writing {held.path}"
     summary = re.sub(r"^kill_during_save on rank (\d+)", rf"kill_during_save on rank \1 ({where})", summary)
     if status == "failed":
         inplace = ("the checkpoint is written in place (no temp file + fsync + rename): the kill "
-                   f"left {held.get('path')} torn, the newest file, and the resume loads it")
+                   f"left {held.path} torn, the newest file, and the resume loads it")
         pointer = ("the 'latest' pointer (a symlink, marker file or index) is updated before the data "
                    "is durable: it names a checkpoint the kill left unwritten")
-        held_dir, _, held_name = str(held.get("path") or "").strip("/").rpartition("/")
+        held_dir, _, held_name = str(held.path or "").strip("/").rpartition("/")
         # a file of a checkpoint directory (DCP's shards) that the resume loaded although it was
         # not complete when the kill came: its files are new, its commit came too early
         dir_name = held_dir.rsplit("/", 1)[-1]
         loaded_it = any(dir_name in f"{a.reason}\n{a.stderr_tail}" for a in c.run.attempts[1:])
-        early_commit = bool(held_dir) and (loaded_it or (resumed is not None and latest.get("step") is not None
-                                                          and resumed > int(latest["step"])))
+        early_commit = bool(held_dir) and (loaded_it or (resumed is not None and latest is not None
+                                                          and latest.step is not None and resumed > latest.step))
         if early_commit:
             pointer = (f"the checkpoint {held_dir} was marked complete (a marker file, a 'latest' pointer) "
                        "before every rank's data was durable: an async save's marker written when the "

@@ -27,10 +27,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
+from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import Expectation
 from trainguard.errors import TrainguardError
+from trainguard.evidence import Evidence
 from trainguard.launch.backend import CommandBackend, JobBackend
 from trainguard.report import SkipReason
 
@@ -39,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainguard.config.registry import Run
     from trainguard.launch import Launcher, RunResult
 
-__all__ = ["Fault", "FaultContext", "FaultUnavailable"]
+__all__ = ["Fault", "FaultContext", "FaultEvidence", "FaultUnavailable"]
 
 
 class FaultUnavailable(TrainguardError):
@@ -49,6 +51,20 @@ class FaultUnavailable(TrainguardError):
     def __init__(self, message: str, *, needs: SkipReason = SkipReason.UNAVAILABLE) -> None:
         super().__init__(message)
         self.needs = needs
+
+
+@dataclass
+class FaultEvidence(Evidence):
+    """What a fault did, for the drill's report (``fault_evidence``): where and when it struck.
+    Each fault's record extends it with what it alone knows (mode that ran, counters,
+    fallbacks), written after these keys."""
+
+    fault: str
+    rank: int
+    after_step: int
+    #: the launcher's elapsed seconds when it struck, and when it was cleared
+    injected_at_s: float | None
+    cleared_at_s: float | None
 
 
 @dataclass
@@ -86,7 +102,7 @@ class Fault:
     #: earlier save is not what the drill means to strike
     strikes_every_rank: ClassVar[bool] = False
     #: parameters this fault accepts, with their defaults (documented in docs/faults-memory-and-disk.md, docs/faults-network.md, docs/drills.md)
-    defaults: ClassVar[Mapping[str, Any]] = {}
+    defaults: ClassVar[FaultParams] = FaultParams()
     #: the expectations a drill of this fault may be judged by (docs/drills.md), the default
     #: (when the spec names none) first
     expectations: ClassVar[tuple[Expectation, ...]] = (
@@ -96,13 +112,13 @@ class Fault:
 
     def __init__(
         self,
-        params: Mapping[str, Any] | None = None,
+        params: FaultParams | None = None,
         *,
         rank: int = 0,
         after_step: int = 1,
         duration: float | None = None,
     ) -> None:
-        self.params: dict[str, Any] = {**self.defaults, **(params or {})}
+        self.params = (params or FaultParams()).over(self.defaults)
         self.rank = rank
         self.after_step = after_step
         self.duration = duration
@@ -110,16 +126,16 @@ class Fault:
         self.cleared_at: float | None = None
 
     @classmethod
-    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    def validate(cls, params: FaultParams) -> list[tuple[str, str]]:
         """Problems with ``params`` as ``(key, message with the fix)`` pairs; empty when valid."""
         unknown = sorted(set(params) - set(cls.defaults))
         return [(key, f"unknown parameter for fault {cls.kind!r}; expected one of "
                  f"{', '.join(sorted(cls.defaults)) or '(none)'}") for key in unknown]
 
     @classmethod
-    def expectations_for(cls, params: Mapping[str, Any]) -> tuple[Expectation, ...]:
+    def expectations_for(cls, params: FaultParams) -> tuple[Expectation, ...]:
         """The expectations a drill with these ``params`` may be judged by, its default first."""
-        return cls.kind_expectations.get(str(params.get("kind")), cls.expectations)
+        return cls.kind_expectations.get(str(params.raw("kind")), cls.expectations)
 
     #: a composite fault injects nothing itself: its drill is run by this ``"module:function"``
     #: (called with the job runner and the drill spec, returning the drill's CheckResult) instead
@@ -141,7 +157,7 @@ class Fault:
         return [("", spec)]
 
     @classmethod
-    def plan_problems(cls, params: Mapping[str, Any], steps: int, world_size: int) -> list[tuple[str, str]]:
+    def plan_problems(cls, params: FaultParams, steps: int, world_size: int) -> list[tuple[str, str]]:
         """Problems of ``params`` that need the drill's steps and world size (checked after
         :meth:`validate` found none); empty by default."""
         return []
@@ -185,10 +201,14 @@ class Fault:
     def teardown(self) -> None:
         """Release everything :meth:`setup`/:meth:`inject` created (idempotent, never raises)."""
 
-    def evidence(self) -> dict[str, Any]:
+    def evidence(self) -> FaultEvidence:
         """What happened, for the report (mode that ran, counters, fallbacks used)."""
-        return {"fault": self.kind, "rank": self.rank, "after_step": self.after_step,
-                "injected_at_s": self.injected_at, "cleared_at_s": self.cleared_at}
+        return FaultEvidence(*self.struck())
+
+    def struck(self) -> tuple[str, int, int, float | None, float | None]:
+        """The :class:`FaultEvidence` fields, in order: a fault's own record starts with them
+        (``KillEvidence(*self.struck(), signal=...)``)."""
+        return self.kind, self.rank, self.after_step, self.injected_at, self.cleared_at
 
     def classify(self, result: RunResult) -> str:
         """How a failed attempt ended, in words (e.g. 'killed by the kernel OOM killer')."""

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import Expectation
-from trainguard.faults.base import FaultContext, FaultUnavailable
+from trainguard.evidence import UNSET, Unset
+from trainguard.faults.base import FaultContext, FaultEvidence, FaultUnavailable
 from trainguard.faults.fusefs import fuse_unavailable
 from trainguard.faults.fusemount import FuseFault
 from trainguard.faults.hook import HookFault, pull_trigger, rank_stderr
@@ -39,7 +41,7 @@ from trainguard.report import SkipReason
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
 
-__all__ = ["DiskFullFault"]
+__all__ = ["DiskFullEvidence", "DiskFullFault"]
 
 MODES = ("auto", "fuse", "hook", "tmpfs")
 #: what torch.save writes on ENOSPC, by version: it does not always say ENOSPC
@@ -52,17 +54,37 @@ def _fuse_unavailable() -> str | None:
     return fuse_unavailable()
 
 
+@dataclass
+class DiskFullEvidence(FaultEvidence):
+    """What a ``disk_full`` fault ran (the mode asked for, the one that ran, why another) and
+    the writes it failed: the FUSE layer's calls (fuse) or the hook's writes (hook)."""
+
+    mode: str
+    mode_ran: str | None
+    checkpoint_dir: str | Unset = UNSET
+    fallback: str | Unset = UNSET
+    note: str | Unset = UNSET
+    #: fuse: the calls answered ENOSPC
+    enospc_calls: int | Unset = UNSET
+    #: hook: the writes failed with ENOSPC
+    enospc_writes: int | Unset = UNSET
+    #: the first 10 paths (and call or writer) that got ENOSPC
+    enospc_paths: list[str] | Unset = UNSET
+    backing_dir: str | Unset = UNSET
+    problems: list[str] | Unset = UNSET
+
+
 class DiskFullFault(HookFault, FuseFault):
     """The checkpoint directory's disk is full from step ``after_step`` on."""
 
     kind: ClassVar[str] = "disk_full"
     expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.FAIL_CLEAN, Expectation.RECOVER, Expectation.CONTINUE)
-    defaults: ClassVar[Mapping[str, Any]] = {
+    defaults: ClassVar[FaultParams] = FaultParams({
         "mode": "auto",
         "size_mb": 256,  # accepted for job files written for the former tmpfs mode; unused
-    }
+    })
 
-    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, params: FaultParams | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self.mode_ran: str | None = None
         self.fallback: str | None = None
@@ -70,12 +92,12 @@ class DiskFullFault(HookFault, FuseFault):
         self._ctx = None
 
     @classmethod
-    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    def validate(cls, params: FaultParams) -> list[tuple[str, str]]:
         problems = super().validate(params)
-        mode = params.get("mode", "auto")
+        mode = params.raw("mode", "auto")
         if mode not in MODES:
             problems.append(("mode", f"got {mode!r}; expected one of {', '.join(MODES)}"))
-        size = params.get("size_mb", cls.defaults["size_mb"])
+        size = params.raw("size_mb", cls.defaults.raw("size_mb"))
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             problems.append(("size_mb", f"got {size!r}; expected a whole number of MB >= 1"))
         return problems
@@ -84,7 +106,7 @@ class DiskFullFault(HookFault, FuseFault):
 
     def setup(self, ctx: FaultContext) -> None:
         self._prepare(ctx)
-        mode = self.params["mode"]
+        mode = self.params.text("mode")
         if mode == "tmpfs":
             self.note = ("mode tmpfs (a filler racing the job for the space) is replaced by "
                          "fuse, which fails every write deterministically")
@@ -131,27 +153,21 @@ class DiskFullFault(HookFault, FuseFault):
 
     # -- reporting ---------------------------------------------------------------------------
 
-    def evidence(self) -> dict[str, Any]:
-        out = super().evidence()
-        out.update(mode=self.params["mode"], mode_ran=self.mode_ran)
+    def evidence(self) -> DiskFullEvidence:
+        out = DiskFullEvidence(*self.struck(), mode=self.params.text("mode"), mode_ran=self.mode_ran,
+                               fallback=self.fallback or UNSET, note=self.note or UNSET,
+                               problems=list(self.problems) or UNSET)
         if self._ctx is not None:
-            out["checkpoint_dir"] = str(self._ctx.checkpoint_dir)
-        if self.fallback:
-            out["fallback"] = self.fallback
-        if self.note:
-            out["note"] = self.note
+            out.checkpoint_dir = str(self._ctx.checkpoint_dir)
         if self.layer is not None:
             events = [e for e in self.layer.read_events() if e.get("event") == "enospc"]
-            out["enospc_calls"] = len(events)
-            out["enospc_paths"] = sorted({f"{e.get('path')} ({e.get('op')})" for e in events})[:10]
-            if self.layer is not None:
-                out["backing_dir"] = str(self.layer.backing)
+            out.enospc_calls = len(events)
+            out.enospc_paths = sorted({f"{e.get('path')} ({e.get('op')})" for e in events})[:10]
+            out.backing_dir = str(self.layer.backing)
         else:
             enospc = [e for e in self.hook_events() if e.get("event") == "enospc"]
-            out["enospc_writes"] = len(enospc)
-            out["enospc_paths"] = sorted({f"{e.get('path')} ({e.get('via')})" for e in enospc})[:10]
-        if self.problems:
-            out["problems"] = list(self.problems)
+            out.enospc_writes = len(enospc)
+            out.enospc_paths = sorted({f"{e.get('path')} ({e.get('via')})" for e in enospc})[:10]
         return out
 
     def classify(self, result: RunResult) -> str:

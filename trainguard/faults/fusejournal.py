@@ -40,9 +40,10 @@ import signal
 import stat
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BOUNDARY_OPS", "Journal", "PowerLoss", "boundary_path"]
+__all__ = ["BOUNDARY_OPS", "HoldRule", "Journal", "JournalRule", "PowerLoss", "Rules", "boundary_path"]
 
 #: the operations that change the file system, each a boundary of a save
 BOUNDARY_OPS = ("create", "write", "truncate", "fsync", "fdatasync", "fsyncdir", "rename", "link",
@@ -62,6 +63,89 @@ def boundary_path(path: str, pid: int = 0) -> str:
     named = _RANDOM.sub(lambda m: "tmp*" if m.group().startswith("tmp") else "*", path)
     # a pid below 100 (a fresh pid namespace) would stand for too many step numbers
     return re.sub(rf"(?<![0-9]){pid}(?![0-9])", "{pid}", named) if pid >= 100 else named
+
+
+@dataclass(frozen=True)
+class JournalRule:
+    """A ``record`` or ``crash`` rule of the trigger file, as the daemon reads it."""
+
+    #: the arming's id (None: the trigger file's own key names it)
+    run: object = None
+    #: pid (as text) -> rank: only those processes and the ones they started (None: every
+    #: process, its ``RANK``)
+    ranks: dict[str, int] | None = None
+    #: crash: the boundary ``(rank, file, op, ordinal)`` it strikes right after (or instead of)
+    at: tuple[object, object, object, object] | None = None
+    #: crash: it strikes instead of the boundary's operation
+    before: bool = False
+    #: crash: the process groups killed with the caller's
+    kill: list[int] = field(default_factory=list)
+    #: crash: a power loss, the snapshots of what was not yet durable kept here (None: a crash)
+    snapshots: str | None = None
+
+    @classmethod
+    def read(cls, spec: object) -> JournalRule | None:
+        """The rule of a trigger file's ``record`` or ``crash`` value; None when it holds none."""
+        if not isinstance(spec, dict) or not spec:
+            return None
+        at, ranks, kill = spec.get("at"), spec.get("ranks"), spec.get("kill") or []
+        return cls(
+            run=spec.get("run"),
+            ranks={str(k): int(v) for k, v in ranks.items()} if isinstance(ranks, dict) else None,
+            at=(at.get("rank"), at.get("path"), at.get("op"), at.get("ordinal")) if isinstance(at, dict) else None,
+            before=bool(spec.get("before")),
+            kill=[g for g in kill if isinstance(g, int)] if isinstance(kill, list) else [],
+            snapshots=str(spec["snapshots"]) if spec.get("mode") == "power" and spec.get("snapshots") else None,
+        )
+
+
+@dataclass(frozen=True)
+class HoldRule:
+    """``hold``: the first ``op`` call of process ``pid`` (or one it started; any process when
+    None) is held inside the daemon until the trigger changes, or ``max_s`` seconds pass."""
+
+    op: str = "write"
+    pid: int | None = None
+    max_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What an armed layer does (:mod:`trainguard.faults.fusefs`, the ``rules`` policy): read
+    from the trigger file's JSON (:meth:`read`), or a fixed policy's errno per operation."""
+
+    #: operation -> errno it fails with
+    errno: dict[str, int] = field(default_factory=dict)
+    #: operation -> milliseconds added before it is served
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    hold: HoldRule | None = None
+    #: only calls on these paths (and under them) are touched (empty: every path)
+    paths: list[str] = field(default_factory=list)
+    record: JournalRule | None = None
+    crash: JournalRule | None = None
+
+    @property
+    def journal(self) -> JournalRule | None:
+        """The rule the journal counts by: ``crash``, else ``record``."""
+        return self.crash or self.record
+
+    @classmethod
+    def read(cls, data: object) -> Rules:
+        """The rules of a trigger file's JSON (a value of another shape than the module's
+        docstring says is no rule)."""
+        if not isinstance(data, dict):
+            return cls()
+        codes, delays, hold, paths = (data.get(k) for k in ("errno", "latency_ms", "hold", "paths"))
+        return cls(
+            errno={str(k): v for k, v in codes.items() if isinstance(v, int)} if isinstance(codes, dict) else {},
+            latency_ms=({str(k): float(v) for k, v in delays.items() if isinstance(v, int | float)}
+                        if isinstance(delays, dict) else {}),
+            hold=(HoldRule(str(hold.get("op", "write")), hold.get("pid"), float(hold.get("max_s", 120.0)))
+                  if isinstance(hold, dict) else None),
+            paths=[str(p) for p in paths] if isinstance(paths, list) else [],
+            record=JournalRule.read(data.get("record")),
+            crash=JournalRule.read(data.get("crash")),
+        )
 
 
 def _env_rank(pid: int) -> int:
@@ -194,22 +278,22 @@ class Journal:
         self.backing = backing
         self.power: PowerLoss | None = None
         self.lock = threading.Lock()
-        self.key: Any = None
+        self.key: object = None
         self.counts: dict[tuple[int, str, str], int] = {}
         self.written = 0
         self.crashed = False
         self.ranks_of: dict[int, int | None] = {}
         self.opens: set[tuple[int, str, str]] = set()
 
-    def _reset(self, key: Any, rules: dict[str, Any]) -> None:
+    def _reset(self, key: object, rules: Rules) -> None:
         if self.key != key:
             self.key, self.counts, self.written, self.crashed, self.ranks_of = key, {}, 0, False, {}
             self.opens = set()
-            crash = rules.get("crash")
-            self.power = (PowerLoss(self.backing, str(crash["snapshots"])) if isinstance(crash, dict)
-                          and crash.get("mode") == "power" and crash.get("snapshots") and self.backing else None)
+            crash = rules.crash
+            self.power = (PowerLoss(self.backing, crash.snapshots) if crash is not None
+                          and crash.snapshots is not None and self.backing else None)
 
-    def _rank(self, pid: int, ranks: dict[str, Any] | None) -> int | None:
+    def _rank(self, pid: int, ranks: dict[str, int] | None) -> int | None:
         if pid in self.ranks_of:
             return self.ranks_of[pid]
         if ranks is None:
@@ -231,22 +315,22 @@ class Journal:
             out.write(json.dumps(line) + "\n")
 
     @staticmethod
-    def _run(key: Any, rules: dict[str, Any]) -> Any:
-        spec = rules.get("crash") or rules.get("record")
-        return spec.get("run", key) if isinstance(spec, dict) else key
+    def _run(key: object, rules: Rules) -> object:
+        spec = rules.journal
+        return key if spec is None or spec.run is None else spec.run
 
-    def before(self, key: Any, rules: dict[str, Any], op: str = "", path: str = "",
+    def before(self, key: object, rules: Rules, op: str = "", path: str = "",
                to: str | None = None, pid: int = 0) -> int | None:
         """The errno a call that would change the file system gets (after a crash: EIO; the
         boundary of a ``"before": true`` crash rule: EIO, the crash struck instead of the call); in
         power-loss mode, what undoing it would need is kept first."""
         with self.lock:
             self._reset(self._run(key, rules), rules)
-            crash = rules.get("crash")
-            if self.crashed and crash:
+            crash = rules.crash
+            if self.crashed and crash is not None:
                 return errno.EIO
-            if isinstance(crash, dict) and crash.get("before") and op and pid:
-                rank = self._rank(pid, crash.get("ranks"))
+            if crash is not None and crash.before and op and pid:
+                rank = self._rank(pid, crash.ranks)
                 name = boundary_path(path, pid)
                 ordinal = self.counts.get((rank, name, op), 0) + 1 if rank is not None else 0
                 if rank is not None and self._at(crash, rank, name, op, ordinal):
@@ -257,17 +341,15 @@ class Journal:
             return None
 
     @staticmethod
-    def _at(crash: dict[str, Any], rank: int, name: str, op: str, ordinal: int) -> bool:
-        at = crash.get("at")
-        return isinstance(at, dict) and (at.get("rank"), at.get("path"), at.get("op"), at.get("ordinal")) == (
-            rank, name, op, ordinal)
+    def _at(crash: JournalRule, rank: int, name: str, op: str, ordinal: int) -> bool:
+        return crash.at == (rank, name, op, ordinal)
 
-    def _strike(self, crash: dict[str, Any], pid: int, op: str, name: str, rank: int, ordinal: int, *,
+    def _strike(self, crash: JournalRule, pid: int, op: str, name: str, rank: int, ordinal: int, *,
                 before: bool = False) -> None:
         """SIGKILL to the caller's process group and every one in ``kill``; in power-loss mode
         what was not durable is dropped; a ``crashed`` event written."""
         self.crashed = True
-        groups = list(crash.get("kill") or [])
+        groups = list(crash.kill)
         with contextlib.suppress(OSError):
             groups.insert(0, os.getpgid(pid))
         for group in groups:
@@ -278,15 +360,15 @@ class Journal:
                     "t": time.time(), **({"before": True} if before else {}),
                     **({"undone": dropped} if dropped is not None else {})})
 
-    def opened(self, key: Any, rules: dict[str, Any], path: str, pid: int, mode: str) -> None:
+    def opened(self, key: object, rules: Rules, path: str, pid: int, mode: str) -> None:
         """A file opened by ``pid`` to ``read`` or to ``append`` (``mode``): an ``opened`` event,
         the first time that rank opens that file so."""
-        spec = rules.get("crash") or rules.get("record")
-        if not isinstance(spec, dict):
+        spec = rules.journal
+        if spec is None:
             return
         with self.lock:
             self._reset(self._run(key, rules), rules)
-            rank = self._rank(pid, spec.get("ranks"))
+            rank = self._rank(pid, spec.ranks)
             if rank is None:
                 return
             seen = (rank, boundary_path(path, pid), mode)
@@ -296,12 +378,12 @@ class Journal:
             self._emit({"event": "opened", "path": seen[1], "rank": rank, "mode": mode, "pid": pid,
                         "t": time.time()})
 
-    def after(self, key: Any, rules: dict[str, Any], op: str, path: str, pid: int, **extra: Any) -> None:
+    def after(self, key: object, rules: Rules, op: str, path: str, pid: int, **extra: Any) -> None:
         """Count the operation just done; crash right after it when it is the boundary."""
-        spec = rules.get("crash") or rules.get("record")
-        if not isinstance(spec, dict):
+        spec = rules.journal
+        if spec is None:
             return
-        ranks = spec.get("ranks")
+        ranks = spec.ranks
         with self.lock:
             self._reset(self._run(key, rules), rules)
             if self.crashed:
@@ -321,6 +403,6 @@ class Journal:
                     extra["to"] = boundary_path(str(extra["to"]), pid)
                 self._emit({"event": "op", "op": op, "path": name, "rank": rank, "ordinal": ordinal,
                             "pid": pid, "t": time.time(), **extra})
-            crash = rules.get("crash")
-            if isinstance(crash, dict) and not crash.get("before") and self._at(crash, rank, name, op, ordinal):
+            crash = rules.crash
+            if crash is not None and not crash.before and self._at(crash, rank, name, op, ordinal):
                 self._strike(crash, pid, op, name, rank, ordinal)

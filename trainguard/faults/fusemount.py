@@ -10,10 +10,10 @@ daemon, the wait, fusermount3, the reaping and Ctrl-C/SIGTERM while it mounts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from trainguard.config.fault_params import FaultParams
 from trainguard.faults.base import Fault, FaultContext
 from trainguard.faults.fusefs import FuseLayer
 
@@ -64,7 +64,7 @@ class FuseFault(Fault):
     :meth:`mount_over_checkpoints` in ``setup``; ``teardown`` clears the fault, then unmounts.
     ``problems`` holds the unmount's problem, with the fault's own."""
 
-    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, params: FaultParams | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self.problems: list[str] = []
         self.fuse = FuseMount(self.problems)

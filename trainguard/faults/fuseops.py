@@ -19,7 +19,7 @@ from typing import Any
 import mfusepy as fuse
 
 from trainguard._internal.pids import pid_alive
-from trainguard.faults.fusejournal import Journal
+from trainguard.faults.fusejournal import HoldRule, Journal, Rules
 
 __all__ = ["Passthrough"]
 
@@ -72,7 +72,7 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
         self._counts: dict[str, int] = {}
         self._totals: dict[str, float] = {}
         self._rules_key: Any = None  # the trigger file (inode, mtime, size) its rules were read from
-        self._rules: dict[str, Any] = {}
+        self._rules = Rules()
         self._held: Any = None  # the arming whose call is held (one per arming)
 
     # -- the policy ------------------------------------------------------------------------------
@@ -86,14 +86,14 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
                 with contextlib.suppress(OSError), open(self.events, "a", encoding="utf-8") as out:
                     out.write(json.dumps(line) + "\n")
 
-    def _armed(self) -> tuple[Any, dict[str, Any]] | None:
+    def _armed(self) -> tuple[Any, Rules] | None:
         """(the arming's key, its rules) while the trigger exists, else None."""
         try:
             st = os.stat(self.trigger)
         except OSError:
             return None
         if self.policy is not None:
-            return None, {"errno": self.policy}
+            return None, Rules(errno=self.policy)
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         if self._rules_key != key:
             try:
@@ -101,13 +101,13 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
                     rules = json.load(handle)
             except (OSError, ValueError):
                 return None
-            self._rules_key, self._rules = key, rules if isinstance(rules, dict) else {}
+            self._rules_key, self._rules = key, Rules.read(rules)
         return key, self._rules
 
-    def _hold(self, op: str, path: str, key: Any, spec: dict[str, Any]) -> None:
+    def _hold(self, op: str, path: str, key: Any, spec: HoldRule) -> None:
         _, _, tid = fuse.fuse_get_context()
         pid = _tgid(tid)
-        target = spec.get("pid")
+        target = spec.pid
         if target is not None and not _descends_from(pid, int(target)):
             return
         with self._guard:
@@ -116,7 +116,7 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
             self._held = key
         self._record(op, "held", path, pid=pid, tid=tid)
         started = time.monotonic()
-        limit = float(spec.get("max_s", 120.0))
+        limit = spec.max_s
         while time.monotonic() - started < limit:
             now = self._armed()
             if now is None or now[0] != key:
@@ -132,20 +132,20 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
         if now is None:
             return
         key, rules = now
-        paths = rules.get("paths")
+        paths = rules.paths
         if paths and not any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths):
             return
-        spec = rules.get("hold")
-        if isinstance(spec, dict) and spec.get("op", "write") == op:
+        spec = rules.hold
+        if spec is not None and spec.op == op:
             self._hold(op, path, key, spec)
-        delay = (rules.get("latency_ms") or {}).get(op)
+        delay = rules.latency_ms.get(op)
         if delay:
             time.sleep(float(delay) / 1000.0)
             with self._guard:
                 self._totals[op] = total = self._totals.get(op, 0.0) + float(delay) / 1000.0
             self._record(op, "delayed", path, added_s=float(delay) / 1000.0, total_s=round(total, 3),
                          pid=_caller(), **extra)
-        code = (rules.get("errno") or {}).get(op)
+        code = rules.errno.get(op)
         if code:
             self._record(op, errno.errorcode.get(int(code), "e" + str(code)).lower(), path, **extra)
             raise fuse.FuseOSError(int(code))
@@ -192,10 +192,10 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
             raise fuse.FuseOSError(errno.EACCES)
         return 0
 
-    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, int]:
         st = os.fstat(fh) if fh is not None and fh > 0 else os.lstat(self._real(path))
         keys = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks", "st_ino")
-        out: dict[str, Any] = {k: getattr(st, k) for k in keys}
+        out: dict[str, int] = {k: getattr(st, k) for k in keys}
         out.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns, st_ctime=st.st_ctime_ns)
         return out
 
@@ -309,9 +309,9 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
         os.setxattr(self._real(path), name, value, options)
         return 0
 
-    def statfs(self, path: str) -> dict[str, Any]:
+    def statfs(self, path: str) -> dict[str, int]:
         st = os.statvfs(self._real(path))
-        out = {k: getattr(st, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
+        out: dict[str, int] = {k: getattr(st, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
                                             "f_files", "f_ffree", "f_favail", "f_flag", "f_namemax")}
         if self.policy is not None and "write" in self.policy and os.path.exists(self.trigger):
             out.update(f_bfree=0, f_bavail=0)  # df agrees with the writes: the disk is full

@@ -21,27 +21,43 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import psutil
 
-from trainguard.faults.base import Fault
+from trainguard.config.fault_params import FaultParams
+from trainguard.evidence import UNSET, Unset
+from trainguard.faults.base import Fault, FaultEvidence
 from trainguard.launch.reach import RemoteRanks, WorkerNotHere
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
 
-__all__ = ["HangFault"]
+__all__ = ["HangEvidence", "HangFault"]
+
+
+@dataclass
+class HangEvidence(FaultEvidence):
+    """What a ``hang`` fault stopped, and the state the process was in after the stop."""
+
+    signal: str
+    pid: int | None
+    state_after_stop: str | None
+    #: how the signal reached it: "pid" or "ray_api"
+    via: str | None
+    #: what the tasks pinned to the worker's node saw (the ray_api path only)
+    ray_api: dict[str, Any] | Unset = UNSET
 
 
 class HangFault(Fault):
     """SIGSTOP rank ``rank`` after step ``after_step``; SIGCONT on clear/teardown."""
 
     kind: ClassVar[str] = "hang"
-    defaults: ClassVar[Mapping[str, Any]] = {}
+    defaults: ClassVar[FaultParams] = FaultParams()
 
-    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, params: FaultParams | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self._proc: psutil.Process | None = None
         self.state_after: str | None = None
@@ -96,10 +112,9 @@ class HangFault(Fault):
             if proc.is_running():
                 os.kill(proc.pid, signal.SIGCONT)
 
-    def evidence(self) -> dict[str, Any]:
-        return {**super().evidence(), "signal": "SIGSTOP", "pid": self.pid,
-                "state_after_stop": self.state_after, "via": self.via,
-                **({"ray_api": self.ray_api} if self.ray_api else {})}
+    def evidence(self) -> HangEvidence:
+        return HangEvidence(*self.struck(), signal="SIGSTOP", pid=self.pid, state_after_stop=self.state_after,
+                            via=self.via, ray_api=self.ray_api or UNSET)
 
     def classify(self, result: RunResult) -> str:
         if result.outcome == "hung":

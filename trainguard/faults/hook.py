@@ -14,14 +14,40 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from trainguard.faults.base import Fault, FaultContext
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import RunResult
 
-__all__ = ["HookFault", "pull_trigger", "rank_stderr", "read_events"]
+__all__ = ["HookEvent", "HookFault", "pull_trigger", "rank_stderr", "read_events"]
+
+
+class HookEvent(TypedDict, total=False):
+    """One line of the start-up hook's event log, as the hook writes it
+    (``trainguard/launch/hook/_trainguard_fault_agent.py``: ``event()``): when, which process and
+    rank, what happened, and that event's own keys (a fault's agent may add more)."""
+
+    t: float
+    pid: int
+    #: the process's ``RANK`` as its environment gave it (None: none yet, a Ray worker)
+    rank: str | None
+    #: armed, triggered, cleared, raised, error, enospc, injected, torch_patched, ballast_*, gpu_*
+    event: str
+    fault: str
+    mode: str
+    argv: list[str]
+    error: str
+    #: enospc: the file and the call that got it
+    path: str
+    via: str
+    #: nan's injected: where, what and at which step
+    target: str
+    value: str
+    step: int | None
+    optimizer_steps_done: int | None
+    held_mb: float
 
 
 def pull_trigger(path: Path, pid: int | None = None) -> None:
@@ -31,13 +57,13 @@ def pull_trigger(path: Path, pid: int | None = None) -> None:
     os.replace(tmp, path)
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
+def read_events(path: Path) -> list[HookEvent]:
     """The hook's event log (armed, triggered, raised, enospc, ballast_held, error, ...)."""
     try:
         lines = path.read_text().splitlines()
     except OSError:
         return []
-    events = []
+    events: list[HookEvent] = []
     for line in lines:
         try:
             events.append(json.loads(line))
@@ -69,7 +95,7 @@ class HookFault(Fault):
         with contextlib.suppress(FileNotFoundError):
             self.trigger.unlink()
 
-    def hook_events(self) -> list[dict[str, Any]]:
+    def hook_events(self) -> list[HookEvent]:
         return read_events(self.events_path) if self._ctx is not None else []
 
 

@@ -14,29 +14,46 @@ says which (``pid`` / ``ray_api``).
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from trainguard.faults.base import Fault
+from trainguard.config.fault_params import FaultParams
+from trainguard.evidence import UNSET, Unset
+from trainguard.faults.base import Fault, FaultEvidence
 from trainguard.launch.reach import RemoteRanks, WorkerNotHere
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
 
-__all__ = ["KILL_SIGNALS", "KillRankFault"]
+__all__ = ["KILL_SIGNALS", "KillEvidence", "KillRankFault"]
 
 #: signals a kill_rank drill may send: SIGKILL (a hard death: nothing runs in the rank),
 #: SIGTERM (a scheduler's polite stop), SIGINT (Ctrl-C: KeyboardInterrupt in Python)
 KILL_SIGNALS = ("SIGKILL", "SIGTERM", "SIGINT")
 
 
+@dataclass
+class KillEvidence(FaultEvidence):
+    """What a ``kill_rank`` fault sent, to which process, and how it got there."""
+
+    signal: str
+    pid: int | None
+    sent: bool
+    #: the target was a Ray Train worker (a ray_train job)
+    ray_worker: bool
+    #: how the signal reached it: "pid" or "ray_api"
+    via: str | None
+    #: what the task pinned to the worker's node saw (the ray_api path only)
+    ray_api: dict[str, Any] | Unset = UNSET
+
+
 class KillRankFault(Fault):
     """Send ``signal`` (default SIGKILL) to rank ``rank`` after step ``after_step``."""
 
     kind: ClassVar[str] = "kill_rank"
-    defaults: ClassVar[Mapping[str, Any]] = {"signal": "SIGKILL"}
+    defaults: ClassVar[FaultParams] = FaultParams({"signal": "SIGKILL"})
 
-    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, params: FaultParams | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self.pid: int | None = None
         self.sent: str | None = None
@@ -45,9 +62,9 @@ class KillRankFault(Fault):
         self.ray_api: dict[str, Any] = {}  # what the pinned task saw (the ray_api path)
 
     @classmethod
-    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    def validate(cls, params: FaultParams) -> list[tuple[str, str]]:
         problems = super().validate(params)
-        sig = params.get("signal", "SIGKILL")
+        sig = params.raw("signal", "SIGKILL")
         if sig not in KILL_SIGNALS:
             problems.append(
                 ("signal", f"expected one of {', '.join(KILL_SIGNALS)}, got {sig!r}; "
@@ -57,7 +74,7 @@ class KillRankFault(Fault):
 
     @property
     def signal(self) -> signal.Signals:
-        return signal.Signals[str(self.params["signal"])]
+        return signal.Signals[self.params.text("signal")]
 
     def inject(self, launcher: Launcher) -> None:
         self.ray_worker = isinstance(launcher, RemoteRanks)
@@ -91,17 +108,17 @@ class KillRankFault(Fault):
                 "(does the job install a handler for it? a shell's background job starts with SIGINT "
                 "ignored); use signal SIGKILL, or a signal the job does not handle")
 
-    def evidence(self) -> dict[str, Any]:
-        return {**super().evidence(), "signal": self.params["signal"], "pid": self.pid,
-                "sent": self.sent is not None, "ray_worker": self.ray_worker, "via": self.via,
-                **({"ray_api": self.ray_api} if self.ray_api else {})}
+    def evidence(self) -> KillEvidence:
+        return KillEvidence(*self.struck(), signal=self.params.text("signal"), pid=self.pid,
+                            sent=self.sent is not None, ray_worker=self.ray_worker, via=self.via,
+                            ray_api=self.ray_api or UNSET)
 
     def classify(self, result: RunResult) -> str:
         if self.ray_worker:
             how = (f"the Ray worker of rank {self.rank} (pid {self.pid}) died of the injected "
-                   f"{self.params['signal']}")
+                   f"{self.params.text('signal')}")
             return f"{how}; the fit completed" if result.ok else \
                 f"{how}; the fit failed ({result.reason or result.outcome})"
         if result.failed_rank == self.rank:
-            return f"rank {self.rank} died of the injected {self.params['signal']} ({result.reason})"
+            return f"rank {self.rank} died of the injected {self.params.text('signal')} ({result.reason})"
         return super().classify(result)

@@ -22,11 +22,13 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from trainguard.faults.base import FaultContext, FaultUnavailable
+from trainguard.config.fault_params import FaultParams
+from trainguard.evidence import UNSET, Evidence, Unset
+from trainguard.faults.base import FaultContext, FaultEvidence, FaultUnavailable
 from trainguard.faults.fusefs import fuse_unavailable
 from trainguard.faults.fusemount import FuseFault
 from trainguard.faults.storage import newest_checkpoint_files
@@ -35,9 +37,45 @@ from trainguard.report import SkipReason
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
 
-__all__ = ["KillDuringSaveFault"]
+__all__ = ["HeldWrite", "KillDuringSaveEvidence", "KillDuringSaveFault", "LatestComplete"]
 
 _POLL_S = 0.005
+
+
+@dataclass
+class HeldWrite(Evidence):
+    """The checkpoint write the FUSE layer held when the rank was killed: the file, the calling
+    process and thread (as the layer saw them), the rank's pid and when the hold began."""
+
+    path: str | None
+    pid: int | None
+    tid: int | None
+    rank_pid: int
+    held_after_s: float | None
+
+
+@dataclass
+class LatestComplete(Evidence):
+    """The newest complete checkpoint the killed rank had left (its name and step) at the kill."""
+
+    checkpoint: str | None
+    step: int | None
+
+
+@dataclass
+class KillDuringSaveEvidence(FaultEvidence):
+    """The write the ``kill_during_save`` fault caught, the kill, and what was left complete."""
+
+    mechanism: str
+    held_write: HeldWrite | None
+    killed: list[int]
+    kill_to_exit_s: float | None
+    waited_for_write_s: float | None
+    no_write: str | None
+    latest_complete_at_kill: LatestComplete | None
+    #: how long the write was held before the kill released it
+    held_for_s: float | Unset | None = UNSET
+    problems: list[str] | Unset = UNSET
 
 
 class KillDuringSaveFault(FuseFault):
@@ -45,24 +83,24 @@ class KillDuringSaveFault(FuseFault):
 
     kind: ClassVar[str] = "kill_during_save"
     #: wait: seconds after step k for the rank's next checkpoint write
-    defaults: ClassVar[Mapping[str, Any]] = {"wait": 60.0}
+    defaults: ClassVar[FaultParams] = FaultParams({"wait": 60.0})
 
-    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, params: FaultParams | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self.backing: Path | None = None
-        self.held: dict[str, Any] | None = None
+        self.held: HeldWrite | None = None
         self.killed: list[int] = []
         self.kill_to_exit_s: float | None = None
-        self.latest_complete: dict[str, Any] = {}
+        self.latest_complete: LatestComplete | None = None
         self.waited_s: float | None = None
         self.no_write: str | None = None  # why no write was caught
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    def validate(cls, params: FaultParams) -> list[tuple[str, str]]:
         problems = super().validate(params)
-        wait = params.get("wait", 60.0)
+        wait = params.raw("wait", 60.0)
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 < wait <= 3600:
             problems.append(("wait", "expected the seconds to wait after after_step for the rank's "
                              "next checkpoint write, more than 0 and at most 3600, e.g. `wait: 30`"))
@@ -82,7 +120,7 @@ class KillDuringSaveFault(FuseFault):
         assert self.layer is not None
         self.injected_at = launcher.elapsed()
         pid = launcher.ranks[self.rank].pid
-        self.layer.arm({"hold": {"op": "write", "pid": pid, "max_s": float(self.params["wait"]) + 30}})
+        self.layer.arm({"hold": {"op": "write", "pid": pid, "max_s": float(self.params.number("wait")) + 30}})
         self._thread = threading.Thread(target=self._follow, args=(launcher, pid),
                                         name="trainguard-kill-during-save", daemon=True)
         self._thread.start()
@@ -90,7 +128,7 @@ class KillDuringSaveFault(FuseFault):
     def _follow(self, launcher: Launcher, pid: int) -> None:
         assert self.layer is not None
         started = time.monotonic()
-        wait = float(self.params["wait"])
+        wait = float(self.params.number("wait"))
         rp = launcher.ranks[self.rank]
         while not self._stop.wait(_POLL_S):
             held = next((e for e in self.layer.read_events() if e.get("event") == "held"), None)
@@ -107,8 +145,7 @@ class KillDuringSaveFault(FuseFault):
         else:
             return
         self.waited_s = round(time.monotonic() - started, 3)
-        self.held = {"path": held.get("path"), "pid": held.get("pid"), "tid": held.get("tid"),
-                     "rank_pid": pid, "held_after_s": self.waited_s}
+        self.held = HeldWrite(held.get("path"), held.get("pid"), held.get("tid"), pid, self.waited_s)
         caller = int(held.get("pid") or pid)
         killed_at = time.monotonic()
         if caller != pid:
@@ -122,7 +159,7 @@ class KillDuringSaveFault(FuseFault):
         self.kill_to_exit_s = round(time.monotonic() - killed_at, 3)
         if self.backing is not None:
             found, step, _ = newest_checkpoint_files(self.backing, self.rank, own_rank=True)
-            self.latest_complete = {"checkpoint": None if found is None else found.name, "step": step}
+            self.latest_complete = LatestComplete(None if found is None else found.name, step)
 
     def clear(self) -> None:
         self._stop.set()
@@ -131,17 +168,16 @@ class KillDuringSaveFault(FuseFault):
         if self.layer is not None:
             self.layer.disarm()
 
-    def evidence(self) -> dict[str, Any]:
-        out = {**super().evidence(), "mechanism": "fuse: a hold on the rank's first checkpoint write",
-               "held_write": self.held, "killed": self.killed, "kill_to_exit_s": self.kill_to_exit_s,
-               "waited_for_write_s": self.waited_s, "no_write": self.no_write,
-               "latest_complete_at_kill": self.latest_complete or None}
+    def evidence(self) -> KillDuringSaveEvidence:
+        out = KillDuringSaveEvidence(
+            *self.struck(), mechanism="fuse: a hold on the rank's first checkpoint write",
+            held_write=self.held, killed=self.killed, kill_to_exit_s=self.kill_to_exit_s,
+            waited_for_write_s=self.waited_s, no_write=self.no_write,
+            latest_complete_at_kill=self.latest_complete, problems=list(self.problems) or UNSET)
         if self.layer is not None:
             released = [e for e in self.layer.read_events() if e.get("event") == "released"]
             if released:
-                out["held_for_s"] = released[0].get("after_s")
-        if self.problems:
-            out["problems"] = list(self.problems)
+                out.held_for_s = released[0].get("after_s")
         return out
 
     def classify(self, result: RunResult) -> str:
@@ -149,7 +185,7 @@ class KillDuringSaveFault(FuseFault):
 
         killed = any(e.rank == self.rank and e.signal == "SIGKILL" for e in result.exits)
         if self.held is not None and killed and result.failed_rank == self.rank:
-            return (f"rank {self.rank} killed (SIGKILL) while writing {self.held['path']} under the "
+            return (f"rank {self.rank} killed (SIGKILL) while writing {self.held.path} under the "
                     "checkpoint directory")
         if not result.ok and result.failed_rank is not None:
             lines = [ln.strip() for ln in rank_stderr(result, result.failed_rank).splitlines() if ln.strip()]

@@ -13,23 +13,36 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import psutil
 
+from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import Expectation
-from trainguard.faults.base import Fault, FaultContext
+from trainguard.faults.base import Fault, FaultContext, FaultEvidence
 from trainguard.faults.kill import KILL_SIGNALS
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
     from trainguard.launch.backend import JobBackend
 
-__all__ = ["KillWorkerFault"]
+__all__ = ["KillWorkerEvidence", "KillWorkerFault"]
 
 #: how long inject() looks for a worker (one may be between two epochs' loaders)
 _FIND_S = 1.0
+
+
+@dataclass
+class KillWorkerEvidence(FaultEvidence):
+    """The DataLoader worker a ``kill_worker`` fault signalled: which, its process, and how many
+    workers the rank had."""
+
+    signal: str
+    worker: int
+    worker_pid: int | None
+    worker_cmdline: str | None
+    workers_seen: int
 
 
 class KillWorkerFault(Fault):
@@ -37,21 +50,21 @@ class KillWorkerFault(Fault):
 
     kind: ClassVar[str] = "kill_worker"
     expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.FAIL_CLEAN, Expectation.RECOVER, Expectation.CONTINUE)
-    defaults: ClassVar[Mapping[str, Any]] = {"signal": "SIGKILL", "worker": 0}
+    defaults: ClassVar[FaultParams] = FaultParams({"signal": "SIGKILL", "worker": 0})
 
-    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, params: FaultParams | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self.pid: int | None = None
         self.cmdline: str | None = None
         self.workers_seen = 0
 
     @classmethod
-    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    def validate(cls, params: FaultParams) -> list[tuple[str, str]]:
         problems = super().validate(params)
-        sig = params.get("signal", "SIGKILL")
+        sig = params.raw("signal", "SIGKILL")
         if sig not in KILL_SIGNALS:
             problems.append(("signal", f"expected one of {', '.join(KILL_SIGNALS)}, got {str(sig)[:40]!r}"))
-        worker = params.get("worker", 0)
+        worker = params.raw("worker", 0)
         if isinstance(worker, bool) or not isinstance(worker, int) or not 0 <= worker < 1024:
             problems.append(("worker", f"expected the index of the worker among the rank's child processes "
                              f"(0 = the oldest), 0 to 1023, got {str(worker)[:40]!r}"))
@@ -68,7 +81,7 @@ class KillWorkerFault(Fault):
 
     def inject(self, launcher: Launcher) -> None:
         rank_pid = launcher.ranks[self.rank].pid
-        index = int(self.params["worker"])
+        index = self.params.integer("worker")
         deadline = time.monotonic() + _FIND_S
         while True:  # a loader between two epochs: its workers go and new ones come
             try:
@@ -81,7 +94,7 @@ class KillWorkerFault(Fault):
                 target = children[index]
                 try:
                     self.cmdline = " ".join(target.cmdline())[:200]
-                    target.send_signal(signal.Signals[str(self.params["signal"])])
+                    target.send_signal(signal.Signals[self.params.text("signal")])
                     self.pid = target.pid
                     return
                 except psutil.NoSuchProcess:
@@ -92,9 +105,9 @@ class KillWorkerFault(Fault):
                                    "to kill: DataLoader workers need num_workers > 0")
             time.sleep(0.02)
 
-    def evidence(self) -> dict[str, Any]:
-        return {**super().evidence(), "signal": self.params["signal"], "worker": self.params["worker"],
-                "worker_pid": self.pid, "worker_cmdline": self.cmdline, "workers_seen": self.workers_seen}
+    def evidence(self) -> KillWorkerEvidence:
+        return KillWorkerEvidence(*self.struck(), signal=self.params.text("signal"), worker=self.params.integer("worker"),
+                                  worker_pid=self.pid, worker_cmdline=self.cmdline, workers_seen=self.workers_seen)
 
     def likely_causes(self, result: RunResult) -> list[str]:
         if result.ok:
@@ -107,7 +120,7 @@ class KillWorkerFault(Fault):
         return []
 
     def classify(self, result: RunResult) -> str:
-        what = f"DataLoader worker {self.params['worker']} of rank {self.rank} (pid {self.pid}) was killed"
+        what = f"DataLoader worker {self.params.integer('worker')} of rank {self.rank} (pid {self.pid}) was killed"
         if result.outcome == "hung":
             return f"{what}, and the rank then hung ({result.reason}): it waits for the dead worker's batch"
         if result.failed_rank == self.rank:

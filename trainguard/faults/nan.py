@@ -19,19 +19,21 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import Expectation
-from trainguard.faults.base import FaultContext
-from trainguard.faults.hook import HookFault, pull_trigger
+from trainguard.evidence import UNSET, Unset
+from trainguard.faults.base import FaultContext, FaultEvidence
+from trainguard.faults.hook import HookEvent, HookFault, pull_trigger
 from trainguard.launch.hook import hook_env
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
     from trainguard.launch.backend import JobBackend
 
-__all__ = ["NAN_POLICIES", "NAN_TARGETS", "NAN_VALUES", "NanFault"]
+__all__ = ["NAN_POLICIES", "NAN_TARGETS", "NAN_VALUES", "NanEvidence", "NanFault"]
 
 #: what the job is meant to do about a non-finite value
 NAN_POLICIES = ("stop", "skip")
@@ -50,42 +52,58 @@ def _value_name(value: Any) -> str | None:
     return None
 
 
+@dataclass
+class NanEvidence(FaultEvidence):
+    """What a ``nan`` fault put where, and what the start-up hook reported doing it."""
+
+    policy: str
+    target: str
+    value: str
+    #: the ranks whose start-up hook armed ([] when the hook never loaded)
+    hook_armed_in_ranks: list[int]
+    torch_patched: bool
+    #: the hook's ``injected`` event as it wrote it (rank, step, via, target, value, ...)
+    injection: dict[str, Any] | None
+    #: what the hook reported going wrong (arming, patching torch)
+    hook_errors: list[str | None] | Unset = UNSET
+
+
 class NanFault(HookFault):
     """A non-finite value in rank ``rank``'s loss or gradients at the step after ``after_step``."""
 
     kind: ClassVar[str] = "nan"
     expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.HANDLE_NONFINITE, Expectation.RECOVER, Expectation.FAIL_CLEAN,
                                                           Expectation.CONTINUE)
-    defaults: ClassVar[Mapping[str, Any]] = {"policy": "stop", "target": "loss", "value": "nan"}
+    defaults: ClassVar[FaultParams] = FaultParams({"policy": "stop", "target": "loss", "value": "nan"})
 
     @classmethod
-    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    def validate(cls, params: FaultParams) -> list[tuple[str, str]]:
         problems = super().validate(params)
         for key, allowed, example in (
             ("policy", NAN_POLICIES, "`policy: skip` (the job skips the step and goes on) or "
                                      "`policy: stop` (it exits non-zero with an error)"),
             ("target", NAN_TARGETS, "`target: grads`"),
         ):
-            value = params.get(key, cls.defaults[key])
+            value = params.raw(key, cls.defaults.raw(key))
             if value not in allowed:
                 problems.append((key, f"expected one of {', '.join(allowed)}, got {str(value)[:40]!r}; "
                                  f"e.g. {example}"))
-        if _value_name(params.get("value", "nan")) is None:
+        if _value_name(params.raw("value", "nan")) is None:
             problems.append(("value", f"expected one of {', '.join(NAN_VALUES)}, got "
-                             f"{str(params.get('value'))[:40]!r}; e.g. `value: inf`"))
+                             f"{str(params.raw('value'))[:40]!r}; e.g. `value: inf`"))
         return problems
 
     @property
     def policy(self) -> str:
-        return str(self.params["policy"])
+        return self.params.text("policy")
 
     @property
     def target(self) -> str:
-        return str(self.params["target"])
+        return self.params.text("target")
 
     @property
     def value(self) -> str:
-        return _value_name(self.params["value"]) or "nan"
+        return _value_name(self.params.raw("value")) or "nan"
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -120,22 +138,20 @@ class NanFault(HookFault):
 
     # -- what happened -------------------------------------------------------------------------
 
-    def injection(self) -> dict[str, Any] | None:
+    def injection(self) -> HookEvent | None:
         """The hook's ``injected`` event (rank, step, via, target, value), or None."""
         return next((e for e in self.hook_events() if e.get("event") == "injected"), None)
 
-    def evidence(self) -> dict[str, Any]:
+    def evidence(self) -> NanEvidence:
         events = self.hook_events()
-        armed = sorted({int(e["rank"]) for e in events if e.get("event") == "armed"
+        armed = sorted({int(str(e.get("rank"))) for e in events if e.get("event") == "armed"
                         and str(e.get("rank", "")).isdigit()})
-        out = {**super().evidence(), "policy": self.policy, "target": self.target,
-               "value": self.value, "hook_armed_in_ranks": armed,
-               "torch_patched": any(e.get("event") == "torch_patched" for e in events),
-               "injection": self.injection()}
         errors = [e.get("error") for e in events if e.get("event") == "error"]
-        if errors:
-            out["hook_errors"] = errors
-        return out
+        return NanEvidence(*self.struck(), policy=self.policy, target=self.target, value=self.value,
+                           hook_armed_in_ranks=armed,
+                           torch_patched=any(e.get("event") == "torch_patched" for e in events),
+                           injection=dict(injected) if (injected := self.injection()) is not None else None,
+                           hook_errors=errors or UNSET)
 
     def classify(self, result: RunResult) -> str:
         injected = self.injection()

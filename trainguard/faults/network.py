@@ -25,6 +25,7 @@ connections are dropped until the fault is cleared. See docs/faults-network.md.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -44,9 +45,12 @@ from typing import IO, TYPE_CHECKING, Any, ClassVar
 from trainguard._internal import envvars
 from trainguard._internal.envvars import MLFLOW_RUN_ID, MLFLOW_TRACKING_URI
 from trainguard._internal.signals import signals_deferred
+from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import Expectation
 from trainguard.errors import UsageError
+from trainguard.evidence import UNSET
 from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
+from trainguard.faults.network_evidence import NetworkEvidence, RayWriterCheck
 from trainguard.faults.toxiproxy.addresses import format_hostport, split_hostport
 from trainguard.faults.toxiproxy.client import (
     TOXIPROXY_URL_ENV,
@@ -366,7 +370,7 @@ class NetworkFault(Fault):
 
     kind: ClassVar[str] = "network"
     expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.CONTINUE, Expectation.RECOVER, Expectation.FAIL_CLEAN)
-    defaults: ClassVar[Mapping[str, Any]] = {
+    defaults: ClassVar[FaultParams] = FaultParams({
         "toxic": None,  # latency, bandwidth, slow_close, timeout, reset_peer, slicer, limit_data
         "attributes": {},
         "stream": "downstream",
@@ -378,9 +382,9 @@ class NetworkFault(Fault):
         # where the proxy listens; another than loopback (this machine's LAN address) lets ranks
         # on other hosts reach it, and is allowed on the embedded server for this drill only
         "listen": None,
-    }
+    })
 
-    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, params: FaultParams | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self.client: ToxiproxyClient | None = None
         self.mlflow: LocalMlflowServer | None = None
@@ -395,7 +399,7 @@ class NetworkFault(Fault):
         #: ``service: mlflow`` on a ``ray_train`` job: the run the workers' writer logs into
         self.drill_run_id: str | None = None
         #: what :meth:`verify_continue` found for a ``ray_train`` job (the writer, the run's steps)
-        self.ray_writer: dict[str, Any] = {}
+        self.ray_writer = RayWriterCheck()
         self._launcher: Launcher | None = None
         #: how the job's ranks run (set at :meth:`setup`): where the writer's record is
         self.backend: JobBackend = CommandBackend()
@@ -405,41 +409,41 @@ class NetworkFault(Fault):
     # -- validation ---------------------------------------------------------------------------
 
     @classmethod
-    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    def validate(cls, params: FaultParams) -> list[tuple[str, str]]:
         problems = super().validate(params)
-        p = {**cls.defaults, **params}
-        problems += _toxic_problems(p["toxic"], p["down"])
-        problems += _attribute_problems(p["toxic"], p["attributes"])
-        if str(p["stream"]).lower() not in DIRECTIONS:
-            problems.append(("stream", f"expected upstream or downstream, got {p['stream']!r}"))
-        toxicity = p["toxicity"]
+        p = params.over(cls.defaults)
+        problems += _toxic_problems(p.raw("toxic"), p.raw("down"))
+        problems += _attribute_problems(p.raw("toxic"), p.raw("attributes"))
+        if str(p.raw("stream")).lower() not in DIRECTIONS:
+            problems.append(("stream", f"expected upstream or downstream, got {p.raw('stream')!r}"))
+        toxicity = p.raw("toxicity")
         if (not isinstance(toxicity, (int, float)) or isinstance(toxicity, bool)
                 or not 0 <= toxicity <= 1):  # no float(): a 400-digit int would overflow
             problems.append(("toxicity", f"expected a number from 0 to 1, got {_brief(toxicity)}"))
-        problems += _endpoint_problems(p["service"], p["upstream"], p["env"], p["listen"])
+        problems += _endpoint_problems(p.raw("service"), p.raw("upstream"), p.raw("env"), p.raw("listen"))
         return problems
 
     # -- the contract -------------------------------------------------------------------------
 
     def setup(self, ctx: FaultContext) -> None:
         """Start (or reach) the Toxiproxy server, the MLflow service if asked, and the proxy."""
-        problems = self.validate({k: v for k, v in self.params.items() if k in self.defaults})
+        problems = self.validate(FaultParams({k: self.params.raw(k) for k in self.params if k in self.defaults}))
         if problems:
             raise UsageError("invalid network fault parameters: "
                              + "; ".join(f"{key}: {message}" for key, message in problems))
         self.backend = ctx.backend
         try:
-            listen = self.params["listen"]
+            listen = self.params.optional_text("listen")
             self.client = self._stack.enter_context(
                 open_toxiproxy(allow_remote_listen=listen is not None))
             self.server_version = str(self.client.version().get("version"))
-            if self.params["service"] == "mlflow":
+            if self.params.optional_text("service") == "mlflow":
                 self.mlflow = LocalMlflowServer(Path(ctx.work_dir) / "mlflow")
                 self._stack.callback(self.mlflow.stop)
                 self.mlflow.start()
                 self.upstream_address = self.mlflow.address
             else:
-                self.upstream_address = str(self.params["upstream"])
+                self.upstream_address = self.params.text("upstream")
             proxy = self.client.create_proxy(self.proxy_name, self.upstream_address,
                                              listen=listen or "127.0.0.1:0")
             self._stack.callback(self._delete_proxy)
@@ -477,7 +481,7 @@ class NetworkFault(Fault):
     def launch_env(self, ctx: FaultContext) -> dict[str, str]:
         if self.proxy_address is None:
             return {}
-        if self.params["service"] == "mlflow":
+        if self.params.optional_text("service") == "mlflow":
             url = f"http://{self.proxy_address}"
             env = {"MLFLOW_TRACKING_URI": url}
             if self.drill_run_id is not None:
@@ -486,7 +490,7 @@ class NetworkFault(Fault):
                 # over its own tracking environment)
                 env.update(dict(zip(RAY_WRITER_ENV, (url, self.drill_run_id, "on"), strict=True)))
             return env
-        return {str(self.params["env"]): self.proxy_address}
+        return {self.params.text("env"): self.proxy_address}
 
     def inject(self, launcher: Launcher) -> None:
         """Add the toxic (or disable the proxy): one API call on loopback, a few ms."""
@@ -495,14 +499,14 @@ class NetworkFault(Fault):
         self._launcher = launcher
         started = time.monotonic()
         try:
-            if self.params["down"]:
+            if self.params.flag("down"):
                 self.client.set_enabled(self.proxy_name, False)
             else:
-                stream = str(self.params["stream"])
-                self.toxic_name = f"trainguard_{self.params['toxic']}_{stream}"
+                stream, toxic = self.params.text("stream"), self.params.text("toxic")
+                self.toxic_name = f"trainguard_{toxic}_{stream}"
                 self.toxic_answer = self.client.add_toxic(
-                    self.proxy_name, str(self.params["toxic"]), dict(self.params["attributes"]),
-                    stream=stream, toxicity=float(self.params["toxicity"]), name=self.toxic_name,
+                    self.proxy_name, toxic, self._attributes(),
+                    stream=stream, toxicity=float(self.params.number("toxicity")), name=self.toxic_name,
                 )
         except ToxiproxyError as exc:
             self.errors.append(f"inject: {exc}")
@@ -517,7 +521,7 @@ class NetworkFault(Fault):
             return
         self._active = False
         try:
-            if self.params["down"]:
+            if self.params.flag("down"):
                 self.client.set_enabled(self.proxy_name, True)
             elif self.toxic_name is not None:
                 self.client.remove_toxic(self.proxy_name, self.toxic_name)
@@ -544,43 +548,48 @@ class NetworkFault(Fault):
 
     # -- reporting ----------------------------------------------------------------------------
 
+    def _attributes(self) -> dict[str, Any]:
+        """The toxic's attributes, as the drill gave them (a mapping: :meth:`validate` says so)."""
+        attributes = self.params.raw("attributes")
+        return dict(attributes) if isinstance(attributes, Mapping) else {}
+
     def _target(self) -> str:
-        if self.params["service"]:
-            return f"the {self.params['service']} server"
-        return f"upstream {self.params['upstream']}"
+        if self.params.raw("service"):
+            return f"the {self.params.raw('service')} server"
+        return f"upstream {self.params.raw('upstream')}"
 
     def _what(self) -> str:
-        if self.params["down"]:
+        if self.params.flag("down"):
             return "proxy-down"
-        attrs = ", ".join(f"{k}={v}" for k, v in dict(self.params["attributes"]).items())
-        return f"{self.params['toxic']}({attrs}) {self.params['stream']}"
+        attrs = ", ".join(f"{k}={v}" for k, v in self._attributes().items())
+        return f"{self.params.raw('toxic')}({attrs}) {self.params.raw('stream')}"
 
-    def evidence(self) -> dict[str, Any]:
+    def evidence(self) -> NetworkEvidence:
         client = self.client
         server = None
         if client is not None:
             server = ("embedded (trainguard)" if client.started_here
                       else f"real Toxiproxy at {client.url} (from {TOXIPROXY_URL_ENV})")
-        return {
-            **super().evidence(),
-            "toxic": None if self.params["down"] else self.params["toxic"],
-            "down": bool(self.params["down"]),
-            "attributes": dict(self.params["attributes"]),
-            "stream": self.params["stream"],
-            "toxicity": self.params["toxicity"],
-            "target": self._target(),
-            "upstream": self.upstream_address,
-            "proxy": self.proxy_address,
-            "toxiproxy": server,
-            "toxiproxy_version": self.server_version,
-            "toxic_applied": self.toxic_answer,
-            "inject_api_ms": None if self.inject_api_ms is None else round(self.inject_api_ms, 2),
-            "mlflow_started_in_s": (None if self.mlflow is None or self.mlflow.started_in_s is None
-                                    else round(self.mlflow.started_in_s, 2)),
-            **({"drill_run_id": self.drill_run_id} if self.drill_run_id else {}),
-            **({"ray_writer": dict(self.ray_writer)} if self.ray_writer else {}),
-            "errors": list(self.errors),
-        }
+        return NetworkEvidence(
+            *self.struck(),
+            toxic=None if self.params.flag("down") else self.params.optional_text("toxic"),
+            down=self.params.flag("down"),
+            attributes=self._attributes(),
+            stream=self.params.text("stream"),
+            toxicity=self.params.number("toxicity"),
+            target=self._target(),
+            upstream=self.upstream_address,
+            proxy=self.proxy_address,
+            toxiproxy=server,
+            toxiproxy_version=self.server_version,
+            toxic_applied=self.toxic_answer,
+            inject_api_ms=None if self.inject_api_ms is None else round(self.inject_api_ms, 2),
+            mlflow_started_in_s=(None if self.mlflow is None or self.mlflow.started_in_s is None
+                                 else round(self.mlflow.started_in_s, 2)),
+            drill_run_id=self.drill_run_id or UNSET,
+            ray_writer=dataclasses.replace(self.ray_writer) if self.ray_writer != RayWriterCheck() else UNSET,
+            errors=list(self.errors),
+        )
 
     def verify_continue(self, result: RunResult) -> list[str]:
         """For ``service: mlflow``: every step of every metric the job printed (on the lowest
@@ -611,11 +620,11 @@ class NetworkFault(Fault):
         into the drill's run and dropped nothing. Fills :attr:`ray_writer`."""
         summary, where = self.backend.writer_record(result)
         if summary is None:
-            self.ray_writer["writer"] = None
+            self.ray_writer.writer = None
             return [f"the Ray workers' designated MLflow writer (world rank 0) never ran: {where} "
                     "(mlflow missing in the workers? the workers' environment "
                     "without TRAINGUARD_MLFLOW_RUN_ID?)"]
-        self.ray_writer["writer"] = {k: v for k, v in summary.to_dict().items()
+        self.ray_writer.writer = {k: v for k, v in summary.to_dict().items()
                                      if k not in ("written_steps", "dropped_steps")}
         problems = []
         if summary.run_id and summary.run_id != self.drill_run_id:
@@ -639,8 +648,8 @@ class NetworkFault(Fault):
         except (OSError, ValueError, KeyError) as exc:
             return [*problems, f"the drill's MLflow run {self.drill_run_id} at {self.mlflow.url} "
                     f"could not be read to check that every metric arrived: {exc}"]
-        self.ray_writer["stored_steps"] = {k: len(v) for k, v in sorted(stored.items())}
-        self.ray_writer["reported_steps"] = {k: len(v[min(v)]) for k, v in sorted(printed.items())}
+        self.ray_writer.stored_steps = {k: len(v) for k, v in sorted(stored.items())}
+        self.ray_writer.reported_steps = {k: len(v[min(v)]) for k, v in sorted(printed.items())}
         problems += [f"{len(missing)} of {len(steps)} steps of metric {name!r} reported by the Ray "
                      f"workers never reached the drill's MLflow run {self.drill_run_id} "
                      f"(steps {_shown(missing)})"

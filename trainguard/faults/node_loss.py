@@ -20,29 +20,49 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from trainguard.faults.base import Fault, FaultContext
+from trainguard.config.fault_params import FaultParams
+from trainguard.faults.base import Fault, FaultContext, FaultEvidence
 from trainguard.launch.reach import RemoteRanks, WorkerNotHere
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
     from trainguard.launch.backend import JobBackend
 
-__all__ = ["NODE_LOSS_SIGNALS", "NodeLossFault"]
+__all__ = ["NODE_LOSS_SIGNALS", "NodeLossEvidence", "NodeLossFault"]
 
 #: how the raylet is ended: SIGKILL (the node dies), SIGTERM (Ray's own shutdown of the node)
 NODE_LOSS_SIGNALS = ("SIGKILL", "SIGTERM")
+
+
+@dataclass
+class NodeLossEvidence(FaultEvidence):
+    """The Ray node a ``node_loss`` fault stopped (what Ray said of it), and its restart."""
+
+    signal: str
+    via: str | None
+    node_id: str | None
+    #: the worker of the rank, on that node
+    pid: int | None
+    raylet_pid: int | None
+    ranks_on_node: list[int] | None
+    node_resources: dict[str, float] | None
+    stop_took_s: float | None
+    #: how the worker was found (Ray Train's state, or prefetched)
+    lookup: str | None
+    node_restarted: list[str]
+    node_restart_s: float | None
 
 
 class NodeLossFault(Fault):
     """Stop the Ray node of rank ``rank``'s worker after step ``after_step`` (its raylet, through Ray)."""
 
     kind: ClassVar[str] = "node_loss"
-    defaults: ClassVar[Mapping[str, Any]] = {"signal": "SIGKILL"}
+    defaults: ClassVar[FaultParams] = FaultParams({"signal": "SIGKILL"})
 
-    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, params: FaultParams | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self.stopped: dict[str, Any] = {}
         self.restarted: list[str] = []
@@ -50,9 +70,9 @@ class NodeLossFault(Fault):
         self._ranks: RemoteRanks | None = None
 
     @classmethod
-    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    def validate(cls, params: FaultParams) -> list[tuple[str, str]]:
         problems = super().validate(params)
-        sig = params.get("signal", "SIGKILL")
+        sig = params.raw("signal", "SIGKILL")
         if sig not in NODE_LOSS_SIGNALS:
             problems.append(("signal", f"expected one of {', '.join(NODE_LOSS_SIGNALS)}, got {sig!r}; "
                              "e.g. `params: {signal: SIGTERM}`"))
@@ -71,7 +91,7 @@ class NodeLossFault(Fault):
         if not isinstance(launcher, RemoteRanks):
             raise WorkerNotHere("node_loss needs the Ray workers of a ray_train job")
         self._ranks = launcher
-        self.stopped = launcher.stop_node_of(self.rank, signal.Signals[str(self.params["signal"])])
+        self.stopped = launcher.stop_node_of(self.rank, signal.Signals[self.params.text("signal")])
 
     def clear(self) -> None:
         """Start the lost node again when it belongs to a cluster trainguard started (nothing on
@@ -82,18 +102,18 @@ class NodeLossFault(Fault):
         self.restarted = self._ranks.restart_lost_nodes(10.0)
         self.restart_s = round(time.monotonic() - t0, 3)
 
-    def evidence(self) -> dict[str, Any]:
-        target = self.stopped.get("target", {})
-        return {**super().evidence(), "signal": self.params["signal"], "via": self.stopped.get("via"),
-                "node_id": target.get("node_id"), "pid": target.get("pid"),
-                "raylet_pid": self.stopped.get("raylet_pid"),
-                "ranks_on_node": self.stopped.get("ranks_on_node"),
-                "node_resources": self.stopped.get("node_resources"),
-                "stop_took_s": self.stopped.get("took_s"), "lookup": self.stopped.get("lookup"),
-                "node_restarted": self.restarted, "node_restart_s": self.restart_s}
+    def evidence(self) -> NodeLossEvidence:
+        stopped = self.stopped
+        target = stopped.get("target", {})
+        return NodeLossEvidence(
+            *self.struck(), signal=self.params.text("signal"), via=stopped.get("via"),
+            node_id=target.get("node_id"), pid=target.get("pid"), raylet_pid=stopped.get("raylet_pid"),
+            ranks_on_node=stopped.get("ranks_on_node"), node_resources=stopped.get("node_resources"),
+            stop_took_s=stopped.get("took_s"), lookup=stopped.get("lookup"),
+            node_restarted=self.restarted, node_restart_s=self.restart_s)
 
     def classify(self, result: RunResult) -> str:
         node = str(self.stopped.get("target", {}).get("node_id", "?"))[:12]
-        how = f"the Ray node {node} of rank {self.rank}'s worker was lost ({self.params['signal']} to its raylet)"
+        how = f"the Ray node {node} of rank {self.rank}'s worker was lost ({self.params.text('signal')} to its raylet)"
         return f"{how}; the fit completed" if result.ok else \
             f"{how}; the fit failed ({result.reason or result.outcome})"

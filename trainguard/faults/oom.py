@@ -30,13 +30,16 @@ import os
 import resource
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import Expectation
-from trainguard.faults.base import FaultContext, FaultUnavailable
-from trainguard.faults.cgroups import MemoryCgroups
+from trainguard.evidence import UNSET, Unset
+from trainguard.faults.base import FaultContext, FaultEvidence, FaultUnavailable
+from trainguard.faults.cgroups import CgroupCounters, MemoryCgroups
 from trainguard.faults.hook import HookFault, pull_trigger, rank_stderr
 from trainguard.launch.hook import hook_env
 from trainguard.report import SkipReason
@@ -44,11 +47,30 @@ from trainguard.report import SkipReason
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
 
-__all__ = ["OomFault"]
+__all__ = ["OomEvidence", "OomFault"]
 
 MODES = ("auto", "cgroup", "rlimit", "raise", "gpu")
 GPU_LIMITS = ("fraction", "device")
 _HOOK_MODE = {"cgroup": "ballast", "rlimit": "rlimit", "raise": "raise", "gpu": "gpu"}
+
+
+@dataclass
+class OomEvidence(FaultEvidence):
+    """What an ``oom`` fault ran (the mode asked for, the one that ran, why another), the limit
+    it set and what the kernel's counters and the start-up hook said."""
+
+    mode: str
+    mode_ran: str | None
+    hook_armed: bool
+    hook_fired: bool
+    #: the hook's last 10 events, as it wrote them (its argv left out)
+    hook_events: list[dict[str, Any]]
+    fallback: str | Unset = UNSET
+    limit_mb: float | Unset = UNSET
+    cgroup: str | Unset = UNSET
+    cgroup_version: int | Unset = UNSET
+    cgroup_counters: dict[str, int | None] | Unset = UNSET
+    problems: list[str] | Unset = UNSET
 
 
 class OomFault(HookFault):
@@ -56,16 +78,16 @@ class OomFault(HookFault):
 
     kind: ClassVar[str] = "oom"
     expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.FAIL_CLEAN, Expectation.RECOVER, Expectation.CONTINUE)
-    defaults: ClassVar[Mapping[str, Any]] = {
+    defaults: ClassVar[FaultParams] = FaultParams({
         "mode": "auto",
         "headroom_mb": 32,  # the limit is set this far above the rank's usage at injection
         "chunk_mb": 8,  # ballast allocation size
         "max_ballast_mb": 2048,  # safety net: the ballast never holds more than this
         "slack_mb": 4,  # rlimit: address space the ballast leaves for the job to trip over
         "gpu_limit": "fraction",  # gpu: cap the rank's allocator (fraction) or fill the device
-    }
+    })
 
-    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, params: FaultParams | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self.mode_ran: str | None = None
         self.fallback: str | None = None
@@ -80,16 +102,16 @@ class OomFault(HookFault):
         self._ranks_are_children = True
 
     @classmethod
-    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    def validate(cls, params: FaultParams) -> list[tuple[str, str]]:
         problems = super().validate(params)
-        mode = params.get("mode", "auto")
+        mode = params.raw("mode", "auto")
         if mode not in MODES:
             problems.append(("mode", f"got {mode!r}; expected one of {', '.join(MODES)}"))
-        limit = params.get("gpu_limit", "fraction")
+        limit = params.raw("gpu_limit", "fraction")
         if limit not in GPU_LIMITS:
             problems.append(("gpu_limit", f"got {limit!r}; expected one of {', '.join(GPU_LIMITS)}"))
         for key in ("headroom_mb", "chunk_mb", "max_ballast_mb", "slack_mb"):
-            value = params.get(key, cls.defaults[key])
+            value = params.raw(key, cls.defaults.raw(key))
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 problems.append((key, f"got {value!r}; expected a positive number of MB"))
         return problems
@@ -99,7 +121,7 @@ class OomFault(HookFault):
     def setup(self, ctx: FaultContext) -> None:
         self._prepare(ctx)
         self._ranks_are_children = ctx.backend.ranks_are_children()
-        mode = self.params["mode"]
+        mode = self.params.text("mode")
         if mode in ("auto", "cgroup"):
             try:
                 cgroups = MemoryCgroups(ctx.world_size)
@@ -130,11 +152,11 @@ class OomFault(HookFault):
             "trigger": str(self.trigger),
             "events": str(self.events_path),
             "step": self.after_step,
-            "chunk_mb": self.params["chunk_mb"],
-            "max_mb": self.params["headroom_mb"] + self.params["max_ballast_mb"],
-            "slack_mb": self.params["slack_mb"],
-            "headroom_mb": self.params["headroom_mb"],
-            "gpu_limit": self.params["gpu_limit"],
+            "chunk_mb": self.params.number("chunk_mb"),
+            "max_mb": self.params.number("headroom_mb") + self.params.number("max_ballast_mb"),
+            "slack_mb": self.params.number("slack_mb"),
+            "headroom_mb": self.params.number("headroom_mb"),
+            "gpu_limit": self.params.text("gpu_limit"),
         }
         return hook_env(spec, ctx.env)
 
@@ -154,7 +176,7 @@ class OomFault(HookFault):
         self._thread.start()
 
     def _inject(self, pid: int) -> None:
-        headroom = int(self.params["headroom_mb"] * 2**20)
+        headroom = int(self.params.number("headroom_mb") * 2**20)
         try:
             if self.mode_ran == "cgroup":
                 assert self.cgroups is not None
@@ -205,32 +227,29 @@ class OomFault(HookFault):
 
     # -- reporting ---------------------------------------------------------------------------
 
-    def evidence(self) -> dict[str, Any]:
-        out = super().evidence()
+    def evidence(self) -> OomEvidence:
         events = self.hook_events()
         names = [e.get("event") for e in events]
-        out.update(
-            mode=self.params["mode"],
+        out = OomEvidence(
+            *self.struck(),
+            mode=self.params.text("mode"),
             mode_ran=self.mode_ran,
             hook_armed="armed" in names,
             hook_fired="triggered" in names,
             hook_events=[{k: v for k, v in e.items() if k not in ("argv",)} for e in events][-10:],
+            fallback=self.fallback or UNSET, problems=list(self.problems) or UNSET,
         )
-        if self.fallback:
-            out["fallback"] = self.fallback
         if self.limit_bytes is not None:
-            out["limit_mb"] = round(self.limit_bytes / 2**20, 1)
+            out.limit_mb = round(self.limit_bytes / 2**20, 1)
         if self.cgroups is not None:
-            out["cgroup"] = str(self.cgroups.path(self.rank))
-            out["cgroup_version"] = self.cgroups.version
+            out.cgroup = str(self.cgroups.path(self.rank))
+            out.cgroup_version = self.cgroups.version
             counters = self._counters()
             if counters is not None:
-                out["cgroup_counters"] = counters.as_dict()
-        if self.problems:
-            out["problems"] = list(self.problems)
+                out.cgroup_counters = counters.as_dict()
         return out
 
-    def _counters(self) -> Any:
+    def _counters(self) -> CgroupCounters | None:
         if self.cgroups is None:
             return None
         with contextlib.suppress(OSError):

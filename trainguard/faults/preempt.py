@@ -21,16 +21,18 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import Expectation
-from trainguard.faults.base import Fault
+from trainguard.evidence import Evidence
+from trainguard.faults.base import Fault, FaultEvidence
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
 
-__all__ = ["PREEMPT_STYLES", "PreemptFault"]
+__all__ = ["PREEMPT_STYLES", "PreemptEvidence", "PreemptFault", "SignalSent"]
 
 #: the notice each scheduler sends before the SIGKILL
 PREEMPT_STYLES = {"kubernetes": ("SIGTERM",), "slurm": ("SIGUSR1", "SIGTERM")}
@@ -47,39 +49,59 @@ def _seconds(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+@dataclass
+class SignalSent(Evidence):
+    """One signal of a pre-emption's schedule: which, when (seconds after the notice), to whom."""
+
+    signal: str
+    at_s: float
+    ranks: list[int]
+
+
+@dataclass
+class PreemptEvidence(FaultEvidence):
+    """The schedule a ``preempt`` fault ran and how each rank answered it."""
+
+    style: str
+    grace_s: float
+    signals_sent: list[SignalSent]
+    rank_exit_after_notice_s: dict[int, float]
+    killed_at_grace: list[int]
+
+
 class PreemptFault(Fault):
     """The notice (SIGTERM, or SIGUSR1 then SIGTERM) to every rank, SIGKILL after ``grace``."""
 
     kind: ClassVar[str] = "preempt"
     expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.SAVE_AND_EXIT, Expectation.RECOVER, Expectation.FAIL_CLEAN,
                                                           Expectation.CONTINUE)
-    defaults: ClassVar[Mapping[str, Any]] = {"style": "kubernetes", "grace": 30.0, "lead": None}
+    defaults: ClassVar[FaultParams] = FaultParams({"style": "kubernetes", "grace": 30.0, "lead": None})
 
-    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, params: FaultParams | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         #: time.time() when the first signal went out (compared with checkpoint mtimes)
         self.notice_wall: float | None = None
         self.notice_mono: float | None = None
-        self.sent: list[dict[str, Any]] = []  # {"signal", "at_s" (after the notice), "ranks"}
+        self.sent: list[SignalSent] = []
         self.exits: dict[int, float] = {}  # rank -> seconds after the notice it exited
         self.killed_at_grace: list[int] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    def validate(cls, params: FaultParams) -> list[tuple[str, str]]:
         problems = super().validate(params)
-        style = params.get("style", "kubernetes")
+        style = params.raw("style", "kubernetes")
         if style not in PREEMPT_STYLES:
             problems.append(("style", f"expected one of {', '.join(PREEMPT_STYLES)}, got "
                              f"{str(style)[:40]!r}; e.g. `params: {{style: slurm}}`"))
-        grace = _seconds(params.get("grace", 30.0))
+        grace = _seconds(params.raw("grace", 30.0))
         if grace is None or not 0 < grace <= 3600:
             problems.append(("grace", "expected seconds from the notice to the SIGKILL, more than 0 and at "
                              "most 3600 (Kubernetes' default is 30), e.g. `grace: 10`"))
-        if params.get("lead") is None:
+        if params.raw("lead") is None:
             return problems
-        lead = _seconds(params["lead"])
+        lead = _seconds(params.raw("lead"))
         if style != "slurm":
             problems.append(("lead", "applies to `style: slurm` only (seconds from SIGUSR1 to SIGTERM); "
                              "remove it or set the style"))
@@ -90,17 +112,17 @@ class PreemptFault(Fault):
 
     @property
     def grace(self) -> float:
-        return float(self.params["grace"])
+        return float(self.params.number("grace"))
 
     @property
     def lead(self) -> float:
         """slurm: seconds from SIGUSR1 to SIGTERM (default: half the grace)."""
-        lead = self.params.get("lead")
+        lead = self.params.optional_number("lead")
         return self.grace / 2 if lead is None else float(lead)
 
     @property
     def signals(self) -> tuple[str, ...]:
-        return PREEMPT_STYLES[str(self.params["style"])]
+        return PREEMPT_STYLES[self.params.text("style")]
 
     def inject(self, launcher: Launcher) -> None:
         self.notice_wall = time.time()
@@ -115,8 +137,7 @@ class PreemptFault(Fault):
         ranks = [rp.rank for rp in launcher.ranks if rp.popen.poll() is None]
         for rank in ranks:
             launcher.kill_rank(rank, signal.Signals[name])
-        self.sent.append({"signal": name, "at_s": round(time.monotonic() - self.notice_mono, 3),
-                          "ranks": ranks})
+        self.sent.append(SignalSent(name, round(time.monotonic() - self.notice_mono, 3), ranks))
 
     def _follow(self, launcher: Launcher) -> None:
         """The rest of the schedule: later signals, each rank's exit time, SIGKILL at grace."""
@@ -137,7 +158,7 @@ class PreemptFault(Fault):
                 for rank in alive:
                     launcher.kill_rank(rank, signal.SIGKILL)
                 self.killed_at_grace = alive
-                self.sent.append({"signal": "SIGKILL", "at_s": round(since, 3), "ranks": alive})
+                self.sent.append(SignalSent("SIGKILL", round(since, 3), alive))
                 deadline = time.monotonic() + 5
                 while time.monotonic() < deadline and any(rp.popen.poll() is None for rp in launcher.ranks):
                     time.sleep(_POLL_S)
@@ -157,10 +178,10 @@ class PreemptFault(Fault):
         with contextlib.suppress(Exception):
             self.clear()
 
-    def evidence(self) -> dict[str, Any]:
-        return {**super().evidence(), "style": self.params["style"], "grace_s": self.grace,
-                "signals_sent": list(self.sent), "rank_exit_after_notice_s": dict(sorted(self.exits.items())),
-                "killed_at_grace": list(self.killed_at_grace)}
+    def evidence(self) -> PreemptEvidence:
+        return PreemptEvidence(*self.struck(), style=self.params.text("style"), grace_s=self.grace,
+                               signals_sent=list(self.sent), rank_exit_after_notice_s=dict(sorted(self.exits.items())),
+                               killed_at_grace=list(self.killed_at_grace))
 
     def classify(self, result: RunResult) -> str:
         if self.killed_at_grace:

@@ -23,14 +23,15 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import psutil
 
+from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import Expectation
-from trainguard.faults.base import Fault, FaultContext, FaultUnavailable
+from trainguard.faults.base import Fault, FaultContext, FaultEvidence, FaultUnavailable
 from trainguard.faults.cgroups import remove_stale
 from trainguard.launch.metrics import step_rate
 from trainguard.report import SkipReason
@@ -39,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
     from trainguard.launch.backend import JobBackend
 
-__all__ = ["CpuCgroup", "SlowRankFault"]
+__all__ = ["CpuCgroup", "SlowRankEvidence", "SlowRankFault"]
 
 _PERIOD_US = 100_000
 #: the rate during the throttle may fall to this share of fraction x the rate before
@@ -186,14 +187,31 @@ def _fraction(value: Any) -> float | None:
     return None
 
 
+@dataclass
+class SlowRankEvidence(FaultEvidence):
+    """How a ``slow_rank`` fault throttled its rank, what the kernel counted, and each rank's
+    step rate before, during and after."""
+
+    fraction: float
+    mechanism: str
+    cfs_period_us: int
+    pids_throttled: list[int]
+    #: the cgroup's cpu.stat counters at the clear
+    throttling: dict[str, int]
+    #: rank -> its step rate ``before``, ``during`` and ``after`` the throttle
+    rank_step_rates: dict[int, dict[str, float | None]]
+    #: the job's timeout line, when one fired
+    collective_timeout: str | None
+
+
 class SlowRankFault(Fault):
     """Throttle rank ``rank``'s processes to ``fraction`` of a CPU until :meth:`clear`."""
 
     kind: ClassVar[str] = "slow_rank"
     expectations: ClassVar[tuple[Expectation, ...]] = (Expectation.CONTINUE, Expectation.RECOVER, Expectation.FAIL_CLEAN)
-    defaults: ClassVar[Mapping[str, Any]] = {"fraction": 0.25}
+    defaults: ClassVar[FaultParams] = FaultParams({"fraction": 0.25})
 
-    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, params: FaultParams | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self.group: CpuCgroup | None = None
         self.moved: list[int] = []
@@ -202,9 +220,9 @@ class SlowRankFault(Fault):
         self.timeout_line: str | None = None
 
     @classmethod
-    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    def validate(cls, params: FaultParams) -> list[tuple[str, str]]:
         problems = super().validate(params)
-        fraction = _fraction(params.get("fraction", 0.25))
+        fraction = _fraction(params.raw("fraction", 0.25))
         if fraction is None or not 0.01 <= fraction < 1:
             problems.append(("fraction", "expected the share of one CPU the rank keeps, from 0.01 to below 1, "
                              "e.g. `fraction: 0.25`"))
@@ -212,7 +230,7 @@ class SlowRankFault(Fault):
 
     @property
     def fraction(self) -> float:
-        return float(self.params["fraction"])
+        return float(self.params.number("fraction"))
 
     @property
     def min_rate_default(self) -> float:
@@ -253,11 +271,11 @@ class SlowRankFault(Fault):
         if self.group is not None:
             self.group.teardown()
 
-    def evidence(self) -> dict[str, Any]:
-        return {**super().evidence(), "fraction": self.fraction, "mechanism": "cgroup cpu quota",
-                "cfs_period_us": _PERIOD_US, "pids_throttled": self.moved,
-                "throttling": self.throttling, "rank_step_rates": self.rank_rates,
-                "collective_timeout": self.timeout_line}
+    def evidence(self) -> SlowRankEvidence:
+        return SlowRankEvidence(*self.struck(), fraction=self.fraction, mechanism="cgroup cpu quota",
+                                cfs_period_us=_PERIOD_US, pids_throttled=self.moved,
+                                throttling=self.throttling, rank_step_rates=self.rank_rates,
+                                collective_timeout=self.timeout_line)
 
     def verify_continue(self, result: RunResult) -> list[str]:
         """Per-rank step rates before/during/after (the job runs at the slowest rank's pace)."""

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeGuard
 
+from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import Expectation
 from trainguard.faults.base import Fault
 
@@ -63,11 +64,11 @@ class SoakEvent:
         return asdict(self)
 
 
-def _int(value: Any) -> bool:
+def _int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -115,15 +116,15 @@ def soak_schedule(  # noqa: PLR0913
             for i, step in enumerate(triggers)]
 
 
-def soak_seeds(params: Mapping[str, Any], setting: int | None) -> list[int]:
+def soak_seeds(params: FaultParams, setting: int | None) -> list[int]:
     """The seeds a soak drill runs with: the ``soak_seed`` setting when given (a replay), else
     ``params.seeds``, else ``[params.seed]`` (0)."""
     if setting is not None:
         return [int(setting)]
-    seeds = params.get("seeds")
+    seeds = params.raw("seeds")
     if isinstance(seeds, list) and seeds:
         return list(dict.fromkeys(int(x) for x in seeds))
-    return [int(params.get("seed", 0))]
+    return [params.integer("seed") if "seed" in params else 0]
 
 
 class SoakFault(Fault):
@@ -139,10 +140,10 @@ class SoakFault(Fault):
         "its faults strike at the steps its schedule draws from `params.seed`, and each ends the "
         "attempt it strikes; remove it, and set how many faults and how far apart with "
         "`params.faults` (or `every_steps`) and `params.min_gap`")
-    defaults: ClassVar[Mapping[str, Any]] = {
+    defaults: ClassVar[FaultParams] = FaultParams({
         "kinds": ["kill_rank"], "seed": 0, "seeds": None, "every_steps": None, "faults": None, "min_gap": 3,
         "ranks": None, "fault_params": {},
-    }
+    })
 
     @classmethod
     def drill_runs(cls, spec: DrillSpec, world_size: int, seed: int | None) -> tuple[list[Run], str] | None:
@@ -151,8 +152,8 @@ class SoakFault(Fault):
         from trainguard.config.registry import Run
 
         runs, words = [Run("reference", world_size, reference=True)], []
-        for one in soak_seeds(spec.params, seed):
-            events = cls.schedule_of(spec.params, spec.steps, world_size, one)
+        for one in soak_seeds(spec.fault_params, seed):
+            events = cls.schedule_of(spec.fault_params, spec.steps, world_size, one)
             limit = spec.max_restarts if spec.max_restarts is not None else len(events) + 2
             runs += [Run(f"seed {one}, attempt {i}", world_size) for i in range(min(limit, len(events)) + 1)]
             shown = ", ".join(f"{e.kind} r{e.rank} @{e.step}" for e in events[:8])
@@ -163,28 +164,28 @@ class SoakFault(Fault):
     def drill_items(cls, spec: DrillSpec, seed: int | None) -> list[tuple[str, DrillSpec]]:
         """One pytest item per seed (a replay is one test)."""
         return [(f"[seed={one}]", spec.model_copy(update={"params": {**spec.params, "seed": one, "seeds": None}}))
-                for one in soak_seeds(spec.params, seed)]
+                for one in soak_seeds(spec.fault_params, seed)]
 
     @classmethod
-    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    def validate(cls, params: FaultParams) -> list[tuple[str, str]]:
         from trainguard.config.faults import fault_class
 
         problems = super().validate(params)
-        kinds = params.get("kinds", ["kill_rank"])
+        kinds = params.raw("kinds", ["kill_rank"])
         if (not isinstance(kinds, list) or not kinds
                 or not all(isinstance(k, str) and k in SOAK_KINDS for k in kinds)):
             problems.append(("kinds", f"expected a list of fault kinds from {', '.join(SOAK_KINDS)}, "
                              "e.g. `kinds: [kill_rank, preempt]` (faults that end the attempt they strike)"))
             kinds = []
-        seed = params.get("seed", 0)
+        seed = params.raw("seed", 0)
         if not _int(seed) or not 0 <= seed < 2**32:
             problems.append(("seed", "expected an integer between 0 and 2**32-1, e.g. `seed: 7`"))
-        seeds = params.get("seeds")
+        seeds = params.raw("seeds")
         if seeds is not None and (not isinstance(seeds, list) or not seeds
                                   or not all(_int(x) and 0 <= x < 2**32 for x in seeds)):
             problems.append(("seeds", "expected a list of seeds (integers from 0 to 2**32-1), "
                              "e.g. `seeds: [1, 2, 3]`"))
-        every, count = params.get("every_steps"), params.get("faults")
+        every, count = params.raw("every_steps"), params.raw("faults")
         if every is not None and count is not None:
             problems.append(("faults", "give `every_steps` (a rate) or `faults` (a count), not both"))
         if every is not None and (not _number(every) or every <= 0):
@@ -192,14 +193,14 @@ class SoakFault(Fault):
                              "(a number > 0), e.g. `every_steps: 15`"))
         if count is not None and (not _int(count) or not 1 <= count <= MAX_SOAK_FAULTS):
             problems.append(("faults", f"expected a number of faults from 1 to {MAX_SOAK_FAULTS}"))
-        gap = params.get("min_gap", 3)
+        gap = params.raw("min_gap", 3)
         if not _int(gap) or gap < 1:
             problems.append(("min_gap", "expected a number of steps >= 1, e.g. `min_gap: 3`"))
-        ranks = params.get("ranks")
+        ranks = params.raw("ranks")
         if ranks is not None and (not isinstance(ranks, list) or not ranks
                                   or not all(_int(r) and r >= 0 for r in ranks)):
             problems.append(("ranks", "expected a list of ranks, e.g. `ranks: [0, 1]`"))
-        own = params.get("fault_params", {})
+        own = params.raw("fault_params", {})
         if not isinstance(own, dict):
             problems.append(("fault_params", "expected a mapping of kind -> its parameters, "
                              "e.g. `fault_params: {preempt: {grace: 5}}`"))
@@ -212,7 +213,7 @@ class SoakFault(Fault):
                 problems.append((f"fault_params.{kind}", "expected a mapping of that fault's parameters"))
             else:
                 problems += [(f"fault_params.{kind}.{key}", message)
-                             for key, message in fault_class(kind).validate(kind_params)]
+                             for key, message in fault_class(kind).validate(FaultParams(kind_params))]
         return problems
 
     @classmethod
@@ -225,12 +226,12 @@ class SoakFault(Fault):
                 "use kill_rank and node_loss drills, which Ray Train recovers inside one fit")
 
     @classmethod
-    def plan_problems(cls, params: Mapping[str, Any], steps: int, world_size: int) -> list[tuple[str, str]]:
+    def plan_problems(cls, params: FaultParams, steps: int, world_size: int) -> list[tuple[str, str]]:
         """What is wrong with the schedules of these (valid) ``params``, as ``(param, message)``:
         ranks beyond ``world_size`` (a fault could strike no process), a schedule that does not fit
         ``steps``, or one that holds no fault for a seed of the job file (the soak could only be
         an error). A seed given at run time (``--seed``) is checked when it runs."""
-        ranks = params.get("ranks") or []
+        ranks = params.over(cls.defaults).optional_integers("ranks") or []
         beyond = sorted({r for r in ranks if r >= world_size})
         if beyond:
             return [("ranks", f"rank(s) {', '.join(map(str, beyond))} do not exist in a run of {world_size} "
@@ -247,14 +248,15 @@ class SoakFault(Fault):
         return []
 
     @classmethod
-    def schedule_of(cls, params: Mapping[str, Any], steps: int, world_size: int,
+    def schedule_of(cls, params: FaultParams, steps: int, world_size: int,
                     seed: int | None = None) -> list[SoakEvent]:
         """The schedule of a drill with these (valid) ``params``; ``seed`` overrides theirs."""
-        merged = {**cls.defaults, **params}
+        merged = params.over(cls.defaults)
         return soak_schedule(
-            int(merged["seed"] if seed is None else seed), steps, world_size,
-            kinds=list(merged["kinds"]), every_steps=merged["every_steps"],
-            faults=merged["faults"], min_gap=int(merged["min_gap"]), ranks=merged["ranks"],
+            merged.integer("seed") if seed is None else seed, steps, world_size,
+            kinds=merged.texts("kinds"), every_steps=merged.optional_number("every_steps"),
+            faults=merged.optional_integer("faults"), min_gap=merged.integer("min_gap"),
+            ranks=merged.optional_integers("ranks"),
         )
 
     def inject(self, launcher: Launcher) -> None:

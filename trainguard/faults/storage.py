@@ -24,6 +24,7 @@ hook would miss torch.save's own writes). ``corrupt`` needs none of it.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import itertools
 import os
@@ -33,11 +34,14 @@ import stat
 import statistics
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import Expectation
-from trainguard.faults.base import FaultContext, FaultUnavailable
+from trainguard.evidence import UNSET, Evidence, Unset
+from trainguard.faults.base import FaultContext, FaultEvidence, FaultUnavailable
 from trainguard.faults.fusefs import fuse_unavailable
 from trainguard.faults.fusemount import FuseFault
 from trainguard.report import SkipReason
@@ -47,7 +51,8 @@ from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
 
-__all__ = ["RESUME_KINDS", "STORAGE_KINDS", "StorageFault", "newest_checkpoint_files", "stop_all_ranks"]
+__all__ = ["RESUME_KINDS", "STORAGE_KINDS", "SlowStep", "SlowStorage", "StorageEvidence", "StorageFault", "StruckCheckpoint",
+           "newest_checkpoint_files", "stop_all_ranks"]
 
 STORAGE_KINDS = ("eio_write", "eio_read", "fsync", "slow", "corrupt")
 #: kinds that stop the run after step k and strike the resume
@@ -112,6 +117,65 @@ def stop_all_ranks(launcher: Launcher, timeout: float = 5.0) -> list[int]:
     return alive
 
 
+@dataclass
+class StruckCheckpoint(Evidence):
+    """The checkpoint an ``eio_read`` or ``corrupt`` fault struck: the newest complete one, its
+    step and files (the largest first, 20 at most); for ``corrupt``, the byte it flipped."""
+
+    checkpoint: str
+    step: int | None
+    files: list[str]
+    file: str | Unset = UNSET
+    offset: int | Unset = UNSET
+    size: int | Unset = UNSET
+    byte_before: str | Unset = UNSET
+    byte_after: str | Unset = UNSET
+
+
+@dataclass
+class SlowStep(Evidence):
+    step: int
+    seconds: float
+
+
+@dataclass
+class SlowStorage(Evidence):
+    """``slow``: the step times before and during the fault, the checkpoint stall and what the
+    FUSE layer added (the slowest process's seconds, and all processes')."""
+
+    latency_ms: float
+    op: str
+    step_time_before_s: float | None
+    step_time_during_s: float | None
+    slowest_step_during: SlowStep | None
+    layer_delayed_calls: int
+    layer_added_s: float
+    layer_added_s_all_processes: float
+    layer_processes: int
+    layer_share_of_time: float
+    window_s: float
+    checkpoint_stall_s: float | Unset = UNSET
+    stall_share_of_step_time: float | Unset = UNSET
+
+
+@dataclass
+class StorageEvidence(FaultEvidence):
+    """What a ``storage`` fault did: how it reached the files, the rules its layer ran, what it
+    struck and the calls that failed (or were slowed)."""
+
+    kind: str
+    mechanism: str | None
+    #: the FUSE layer's rules (its list of struck paths left out)
+    rules: dict[str, Any] | Unset = UNSET
+    stopped_ranks: list[int] | Unset = UNSET
+    target: StruckCheckpoint | Unset = UNSET
+    eio_calls: int | Unset = UNSET
+    eio_paths: list[str] | Unset = UNSET
+    backing_dir: str | Unset = UNSET
+    slow_storage: SlowStorage | Unset = UNSET
+    problems: list[str] | Unset = UNSET
+
+
 class StorageFault(FuseFault):
     """EIO on write, read or fsync, added latency, or a flipped byte under the checkpoint dir."""
 
@@ -122,40 +186,40 @@ class StorageFault(FuseFault):
         "slow": (Expectation.CONTINUE,),
         **dict.fromkeys(("corrupt", "eio_read", "eio_write", "fsync"), (Expectation.FAIL_CLEAN, Expectation.RECOVER)),
     }
-    defaults: ClassVar[Mapping[str, Any]] = {"kind": None, "latency_ms": None, "op": None, "offset": None}
+    defaults: ClassVar[FaultParams] = FaultParams({"kind": None, "latency_ms": None, "op": None, "offset": None})
 
-    def __init__(self, params: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, params: FaultParams | None = None, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
         self.backing: Path | None = None
         self.mechanism: str | None = None
         self.rules: dict[str, Any] | None = None
         self.stopped_ranks: list[int] = []
-        self.target: dict[str, Any] = {}  # eio_read / corrupt: the checkpoint struck
+        self.target: StruckCheckpoint | None = None  # eio_read / corrupt: the checkpoint struck
         self.armed_wall: float | None = None
         self.cleared_wall: float | None = None
         self.elapsed_offset: float | None = None  # time.time() - launcher.elapsed()
-        self.slow: dict[str, Any] = {}
+        self.slow: SlowStorage | None = None
 
     @classmethod
-    def validate(cls, params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    def validate(cls, params: FaultParams) -> list[tuple[str, str]]:
         problems = super().validate(params)
-        kind = params.get("kind")
+        kind = params.raw("kind")
         if kind not in STORAGE_KINDS:
             problems.append(("kind", f"expected one of {', '.join(STORAGE_KINDS)}, got "
                              f"{str(kind)[:40]!r}; e.g. `params: {{kind: eio_write}}`"))
             return problems
         for key in ("latency_ms", "op"):
-            if kind != "slow" and params.get(key) is not None:
+            if kind != "slow" and params.raw(key) is not None:
                 problems.append((key, "applies to `kind: slow` only; remove it or set `kind: slow`"))
         if kind == "slow":
-            latency = params.get("latency_ms")
+            latency = params.raw("latency_ms")
             if (isinstance(latency, bool) or not isinstance(latency, (int, float))
                     or not 0 < latency <= 60000):  # NaN fails the comparison; ints never overflow it
                 problems.append(("latency_ms", "expected the milliseconds added to each call, more "
                                  "than 0 and at most 60000, e.g. `latency_ms: 200`"))
-            if params.get("op", "write") not in (None, "write", "fsync"):
-                problems.append(("op", f"expected write or fsync, got {str(params['op'])[:40]!r}"))
-        offset = params.get("offset")
+            if params.raw("op", "write") not in (None, "write", "fsync"):
+                problems.append(("op", f"expected write or fsync, got {str(params.raw('op'))[:40]!r}"))
+        offset = params.raw("offset")
         if offset is not None and kind != "corrupt":
             problems.append(("offset", "applies to `kind: corrupt` only; remove it"))
         elif offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0):
@@ -165,7 +229,7 @@ class StorageFault(FuseFault):
 
     @property
     def storage_kind(self) -> str:
-        return str(self.params["kind"])
+        return self.params.text("kind")
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -192,8 +256,8 @@ class StorageFault(FuseFault):
             self.strike_latest()
             return
         if kind == "slow":
-            on = self.params.get("op") or "write"
-            self.rules = {"latency_ms": {on: float(self.params["latency_ms"])}}
+            on = self.params.optional_text("op") or "write"
+            self.rules = {"latency_ms": {on: float(self.params.number("latency_ms"))}}
         else:
             self.rules = dict(_RULES[kind])
         self.arm()
@@ -215,8 +279,7 @@ class StorageFault(FuseFault):
             self.problems.append(f"no complete checkpoint under {self.backing} when the run was "
                                  "stopped: nothing to strike (does the job checkpoint before after_step?)")
             return
-        self.target = {"checkpoint": str(found), "step": step,
-                       "files": [str(p) for p in files[:20]]}
+        target = self.target = StruckCheckpoint(str(found), step, [str(p) for p in files[:20]])
         if self.storage_kind == "eio_read":
             self.rules = {"errno": {"read": errno.EIO},
                           "paths": ["/" + p.relative_to(self.backing).as_posix() for p in files]}
@@ -227,8 +290,8 @@ class StorageFault(FuseFault):
         if size == 0:
             self.problems.append(f"{largest} is empty: no byte to flip")
             return
-        offset = self.params.get("offset")
-        offset = size // 2 if offset is None else min(int(offset), size - 1)
+        given = self.params.raw("offset")
+        offset = size // 2 if given is None else min(self.params.integer("offset"), size - 1)
         try:  # O_NOFOLLOW: a file swapped for a link since it was chosen is not written through
             fd = os.open(largest, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
@@ -246,8 +309,8 @@ class StorageFault(FuseFault):
             handle.write(after)
             handle.flush()
             os.fsync(handle.fileno())
-        self.target.update(file=str(largest), offset=offset, size=size,
-                           byte_before=before.hex(), byte_after=after.hex())
+        target.file, target.offset, target.size = str(largest), offset, size
+        target.byte_before, target.byte_after = before.hex(), after.hex()
 
     def clear(self) -> None:
         if self.layer is not None:
@@ -262,23 +325,20 @@ class StorageFault(FuseFault):
             return []
         return [e for e in self.layer.read_events() if not names or e.get("event") in names]
 
-    def evidence(self) -> dict[str, Any]:
-        out = {**super().evidence(), "kind": self.storage_kind, "mechanism": self.mechanism}
+    def evidence(self) -> StorageEvidence:
+        out = StorageEvidence(*self.struck(), kind=self.storage_kind, mechanism=self.mechanism,
+                              stopped_ranks=self.stopped_ranks or UNSET, problems=list(self.problems) or UNSET)
         if self.rules is not None:
-            out["rules"] = {k: v for k, v in self.rules.items() if k != "paths"}
-        if self.stopped_ranks:
-            out["stopped_ranks"] = self.stopped_ranks
-        if self.target:
-            out["target"] = dict(self.target)
+            out.rules = {k: v for k, v in self.rules.items() if k != "paths"}
+        if self.target is not None:
+            out.target = dataclasses.replace(self.target)  # a copy, as the report holds it now
         eio = self.layer_events("eio")
         if self.layer is not None:
-            out["eio_calls"] = len(eio)
-            out["eio_paths"] = sorted({f"{e.get('path')} ({e.get('op')})" for e in eio})[:10]
-            out["backing_dir"] = str(self.layer.backing)
-        if self.slow:
-            out["slow_storage"] = dict(self.slow)
-        if self.problems:
-            out["problems"] = list(self.problems)
+            out.eio_calls = len(eio)
+            out.eio_paths = sorted({f"{e.get('path')} ({e.get('op')})" for e in eio})[:10]
+            out.backing_dir = str(self.layer.backing)
+        if self.slow is not None:
+            out.slow_storage = self.slow
         return out
 
     def classify(self, result: RunResult) -> str:
@@ -293,7 +353,7 @@ class StorageFault(FuseFault):
         killed = {e.rank for e in result.exits if e.signal == "SIGKILL"}
         if self.stopped_ranks and killed and killed <= set(self.stopped_ranks):
             return (f"stopped by the drill (SIGKILL to rank(s) {', '.join(map(str, self.stopped_ranks))}) "
-                    f"to strike the checkpoint of step {self.target.get('step')}")
+                    f"to strike the checkpoint of step {None if self.target is None else self.target.step}")
         if result.ok:
             return f"handled by the job (it completed despite {self.storage_kind})"
         return result.reason or result.outcome
@@ -322,24 +382,24 @@ class StorageFault(FuseFault):
                 per_pid[e.get("pid")] = per_pid.get(e.get("pid"), 0.0) + float(e.get("added_s", 0.0))
         added = max(per_pid.values(), default=0.0)  # the ranks wait in parallel: the slowest one's
         window = max(end - start, 1e-9)
-        out: dict[str, Any] = {
-            "latency_ms": self.params["latency_ms"], "op": self.params.get("op") or "write",
-            "step_time_before_s": None if typical is None else round(typical, 4),
-            "step_time_during_s": round(statistics.median([g for _, g in during]), 4) if during else None,
-            "slowest_step_during": None,
-            "layer_delayed_calls": len(delayed),
-            "layer_added_s": round(added, 3),
-            "layer_added_s_all_processes": round(sum(per_pid.values()), 3),
-            "layer_processes": len(per_pid),
-            "layer_share_of_time": round(added / window, 3),
-            "window_s": round(window, 3),
-        }
+        out = SlowStorage(
+            latency_ms=self.params.number("latency_ms"), op=self.params.optional_text("op") or "write",
+            step_time_before_s=None if typical is None else round(typical, 4),
+            step_time_during_s=round(statistics.median([g for _, g in during]), 4) if during else None,
+            slowest_step_during=None,
+            layer_delayed_calls=len(delayed),
+            layer_added_s=round(added, 3),
+            layer_added_s_all_processes=round(sum(per_pid.values()), 3),
+            layer_processes=len(per_pid),
+            layer_share_of_time=round(added / window, 3),
+            window_s=round(window, 3),
+        )
         if during:
             step, worst = max(during, key=lambda sg: sg[1])
-            out["slowest_step_during"] = {"step": step, "seconds": round(worst, 4)}
+            out.slowest_step_during = SlowStep(step, round(worst, 4))
             if typical is not None:
-                out["checkpoint_stall_s"] = round(max(0.0, worst - typical), 4)
+                out.checkpoint_stall_s = round(max(0.0, worst - typical), 4)
                 stalls = [max(0.0, g - typical) for _, g in during]
-                out["stall_share_of_step_time"] = round(sum(stalls) / max(sum(g for _, g in during), 1e-9), 3)
+                out.stall_share_of_step_time = round(sum(stalls) / max(sum(g for _, g in during), 1e-9), 3)
         self.slow = out
         return []

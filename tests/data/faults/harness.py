@@ -78,7 +78,7 @@ def drive(
         result = launcher.run()
         fault.clear()
         classification = fault.classify(result)
-        evidence = fault.evidence()
+        evidence = fault.evidence().to_dict()
         if after is not None:
             seen.update(after(fault, ctx, result))
     finally:

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.faults.toxiproxy.toxics import ErrorBody
+
 __all__ = [
     "IDLE_TIMEOUT_S",
     "MAX_BODY",
@@ -256,7 +258,7 @@ def loads_strict(body: bytes) -> Any:
         raise ValueError("JSON nested too deeply") from None
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
+def error_body(status: int, message: str) -> ErrorBody:
     """Toxiproxy's error body."""
     return {"error": message, "status": status}
 

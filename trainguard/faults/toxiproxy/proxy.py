@@ -28,6 +28,7 @@ from trainguard.faults.toxiproxy.toxics import (
     ApiError,
     Chunk,
     Stage,
+    ToxicJson,
     ToxicSpec,
     make_stage,
 )
@@ -265,7 +266,7 @@ class Proxy:
             "toxics": self.toxics_json(),
         }
 
-    def toxics_json(self) -> list[dict[str, Any]]:
+    def toxics_json(self) -> list[ToxicJson]:
         """Every toxic of the proxy, upstream chain first, as the API shows them."""
         return [spec.to_json() for d in DIRECTIONS for spec in self.chains[d]]  # type: ignore[index]
 

@@ -29,14 +29,16 @@ import asyncio
 import random
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypedDict
 
 __all__ = [
     "DIRECTIONS",
     "TOXIC_ATTRIBUTES",
     "ApiError",
     "Chunk",
+    "ErrorBody",
     "Stage",
+    "ToxicJson",
     "ToxicSpec",
     "brief",
     "make_stage",
@@ -59,6 +61,23 @@ TOXIC_ATTRIBUTES: Mapping[str, tuple[str, ...]] = {
 DIRECTIONS = ("upstream", "downstream")
 
 
+class ErrorBody(TypedDict):
+    """Toxiproxy's error body, as the API answers it."""
+
+    error: str
+    status: int
+
+
+class ToxicJson(TypedDict):
+    """A toxic as the API shows it (``GET /proxies/{name}/toxics``)."""
+
+    attributes: dict[str, int]
+    name: str
+    type: str
+    stream: str
+    toxicity: float
+
+
 class ApiError(Exception):
     """An error answered by the API as ``{"error": message, "status": status}``; ``field`` names
     the request's key it is about and ``index`` the item of a ``/populate`` list (from 1), when
@@ -71,7 +90,7 @@ class ApiError(Exception):
         self.field = field
         self.index: int | None = None
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> ErrorBody:
         return {"error": self.message, "status": self.status}
 
 
@@ -166,7 +185,7 @@ class ToxicSpec:
     toxicity: float
     attributes: dict[str, int] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ToxicJson:
         return {
             "attributes": dict(self.attributes),
             "name": self.name,
