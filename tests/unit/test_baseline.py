@@ -28,7 +28,7 @@ from trainguard.checks.baseline import (
     load_baseline,
     save_baseline,
 )
-from trainguard.checks.statefiles import JobKey
+from trainguard.checks.statefiles import JobKey, StoredRequest
 from trainguard.cli import main as cli_main
 from trainguard.config import load_config, parse_config
 from trainguard.errors import ConfigError
@@ -132,7 +132,7 @@ def test_concurrent_savers_never_overwrite_each_other(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert sorted(p.name for p in paths) == [f"{n:04d}_nogit.json" for n in range(1, 9)]
-    assert sorted(load_baseline(p).request["seed"] for p in paths) == list(range(8))
+    assert sorted(load_baseline(p).request.seed for p in paths) == list(range(8))
 
 
 def test_a_saver_that_lost_the_race_for_a_number_takes_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,7 +169,7 @@ def test_unreadable_or_foreign_files_are_refused_with_the_fix(tmp_path: Path) ->
 
 def test_latest_is_the_newest_baseline_saved_for_the_same_request(tmp_path: Path) -> None:
     job_file = load_config(_job_file(tmp_path))
-    request = bl.request_fields(_request())
+    request = StoredRequest.of(_request())
     assert find_baseline(job_file, "latest", request) is None  # none saved: not an error
     first = save_baseline(job_file, _request(), {"loss": _curve()})
     second = save_baseline(job_file, _request(), {"loss": _curve(scale=1.1)})
@@ -183,7 +183,7 @@ def test_latest_is_the_newest_baseline_saved_for_the_same_request(tmp_path: Path
 def test_a_baseline_of_another_request_is_refused_naming_the_difference(tmp_path: Path) -> None:
     job_file = load_config(_job_file(tmp_path))
     path = save_baseline(job_file, _request(steps=60, args=("--lr", "0.1")), {"loss": _curve(60)})
-    request = bl.request_fields(_request())
+    request = StoredRequest.of(_request())
     with pytest.raises(BaselineError) as latest:
         find_baseline(job_file, "latest", request)
     message = str(latest.value)
@@ -235,7 +235,7 @@ def test_a_baseline_is_used_only_by_the_job_it_was_saved_for(tmp_path: Path) -> 
     saved_for = load_config(_job_file(tmp_path))
     (tmp_path / "other.yaml").write_text(JOB.replace("toy.py", "other.py"))
     other = load_config(tmp_path / "other.yaml")
-    request = bl.request_fields(_request())
+    request = StoredRequest.of(_request())
     path = save_baseline(saved_for, _request(), {"loss": _curve(scale=0.5)})
     assert find_baseline(other, "latest", request) is None  # another job file's: none of this one
     with pytest.raises(BaselineError, match=r"saved for a different run: job file 'trainguard.yaml' \(this run: 'other.yaml'\)"):
@@ -366,7 +366,7 @@ def test_save_then_pass_inside_the_band_then_fail_a_slower_learner(
     monkeypatch.delenv("TRAINGUARD_SAVE_BASELINE")
     assert saved.status == "passed" and "saved as the baseline " in saved.summary, saved.summary
     path = Path(report_evidence(saved)["baseline"]["path"])
-    assert path.name == "0001_nogit.json" and load_baseline(path).request["steps"] == 40
+    assert path.name == "0001_nogit.json" and load_baseline(path).request.steps == 40
     assert Path(report_evidence(saved)["plots"][0]).is_file()
 
     same = check(job, only=["canary"], report_json=str(report)).checks[0]
@@ -484,7 +484,7 @@ def test_a_baseline_on_a_read_only_disk_is_saved_aside_and_said(tmp_path: Path, 
         f"could not save the baseline in {where}: Read-only file system (EROFS); it was saved to ")
     aside = Path(report_evidence(result)["baseline"]["saved_aside"])
     assert f"it was saved to {aside} instead: copy that file into {where} to use it" in result.summary
-    assert load_baseline(aside).request["steps"] == 40 and aside.is_relative_to(private_fallback)
+    assert load_baseline(aside).request.steps == 40 and aside.is_relative_to(private_fallback)
 
 
 def test_a_baseline_file_is_read_within_the_read_limits_and_a_fifo_is_not_waited_on(tmp_path: Path) -> None:

@@ -47,8 +47,8 @@ from trainguard.checks.band import (
 )
 from trainguard.checks.statefiles import (
     JobKey,
+    StoredRequest,
     checked_numbers,
-    checked_request,
     checked_steps,
     mapping_or_empty,
 )
@@ -61,7 +61,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "FORMAT_VERSION",
-    "REQUEST_KEYS",
     "Baseline",
     "BaselineError",
     "BaselineOutcome",
@@ -78,9 +77,6 @@ __all__ = [
 #: Version of the baseline file format; files of another version are refused, not guessed at.
 #: 2: keyed to the job (``job_key``); version 1 files are refused (save a new baseline)
 FORMAT_VERSION = 2
-
-#: The request fields a baseline must share with the run it is compared with.
-REQUEST_KEYS = ("steps", "seed", "world_size", "args")
 
 _KIND = "trainguard-canary-baseline"
 _NAME = re.compile(r"^(\d{4,})_.*\.json$")
@@ -106,17 +102,6 @@ def baseline_files(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def request_fields(request: RunRequest) -> dict[str, Any]:
-    """The request as stored in a baseline (``env`` for information, not compared)."""
-    return {
-        "steps": request.steps,
-        "seed": request.seed,
-        "world_size": request.world_size,
-        "args": list(request.args),
-        "env": dict(request.env),
-    }
-
-
 # --------------------------------------------------------------------------------------------
 # Saving and loading
 # --------------------------------------------------------------------------------------------
@@ -128,7 +113,7 @@ class Baseline:
 
     path: Path
     #: steps, seed, world_size, args (and env, for information)
-    request: dict[str, Any]
+    request: StoredRequest
     #: metric name -> {step: value}
     trajectories: dict[str, dict[int, float]]
     #: the job it was saved for
@@ -140,18 +125,16 @@ class Baseline:
     #: setting does not change the run)
     file_sha256: str | None = None
 
-    def mismatch(self, request: Mapping[str, Any], job: JobKey | None = None) -> list[str]:
+    def mismatch(self, request: StoredRequest, job: JobKey | None = None) -> list[str]:
         """How this baseline's job and request differ from ``job`` and ``request`` (``steps 60,
         this run 30``)."""
         out = self.job.differences(job) if job is not None else []
-        for key in REQUEST_KEYS:
-            if self.request.get(key) != request.get(key):
-                out.append(f"{key} {_show(self.request.get(key))} (this run: {_show(request.get(key))})")
+        out += [f"{key} {_show(mine)} (this run: {_show(theirs)})" for key, mine, theirs in self.request.differences(request)]
         return out
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, list):
+    if isinstance(value, tuple):
         return repr(" ".join(map(str, value)))
     return str(value)
 
@@ -190,7 +173,7 @@ def save_baseline(
         },
         "job_key": JobKey.of(job_file).to_dict(),
         "commit_info": {"id": commit, "dirty": dirty, "directory": str(job_file.cwd)},
-        "request": request_fields(request),
+        "request": StoredRequest.of(request).to_dict(),
         "trajectories": {
             name: [[step, float(values[step])] for step in sorted(values)]
             for name, values in trajectories.items()
@@ -298,7 +281,7 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
     target = Path(path)
     data = read_versioned_json(target, _DOCUMENT)
     try:
-        request = checked_request(data.get("request"))
+        request = StoredRequest.from_dict(data.get("request"))
         trajectories = mapping_or_empty(data.get("trajectories"), "trajectories")
         if "loss" not in trajectories:
             raise ValueError("trajectories holds no `loss`")
@@ -306,7 +289,7 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
         job = mapping_or_empty(data.get("job"), "job")
         return Baseline(
             target, request,
-            {str(name): _trajectory(f"trajectories.{str(name)[:80]}", points, request["steps"])
+            {str(name): _trajectory(f"trajectories.{str(name)[:80]}", points, request.steps)
              for name, points in trajectories.items()},
             JobKey.from_dict(data.get("job_key")),
             _text_or_none(commit.get("id"), "commit_info.id"),
@@ -347,7 +330,7 @@ def _bool_or_none(value: Any, where: str) -> bool | None:
     return value
 
 
-def find_baseline(job_file: JobFile, setting: str, request: Mapping[str, Any]) -> Baseline | None:
+def find_baseline(job_file: JobFile, setting: str, request: StoredRequest) -> Baseline | None:
     """The baseline ``checks.canary.baseline`` selects for ``job_file``'s ``request``.
 
     ``latest``: the newest file of this machine whose format, job and request match; None when
@@ -482,7 +465,7 @@ def canary_baseline(
     if spec.baseline == "off":
         return BaselineOutcome({"status": "off"})
     try:
-        baseline = find_baseline(job_file, spec.baseline, request_fields(request))
+        baseline = find_baseline(job_file, spec.baseline, StoredRequest.of(request))
     except BaselineError as exc:
         return BaselineOutcome.refusal(str(exc))
     if baseline is None:

@@ -40,18 +40,16 @@ from trainguard._internal.machine import machine_id, machine_info
 from trainguard._internal.readers import OverLimit, Unreadable, active_limits, read_json
 from trainguard._version import __version__
 from trainguard.checks.baseline import (
-    REQUEST_KEYS,
     BaselineOutcome,
     baseline_files,
-    request_fields,
     steps_differ,
     write_numbered,
 )
 from trainguard.checks.statefiles import (
     JobKey,
+    StoredRequest,
     checked_count,
     checked_numbers,
-    checked_request,
     checked_steps,
     mapping_or_empty,
 )
@@ -150,15 +148,16 @@ class Calibration:
     """A loaded calibration file."""
 
     path: Path
-    request: dict[str, Any]
+    request: StoredRequest
     runs: int
     metrics: dict[str, MetricStats]
     created_at: str = ""
     #: the job it was made for (None only for a calibration built in memory)
     job: JobKey | None = None
 
-    def mismatch(self, request: Mapping[str, Any]) -> list[str]:
-        return [k for k in REQUEST_KEYS if self.request.get(k) != request.get(k)]
+    def mismatch(self, request: StoredRequest) -> list[str]:
+        """The compared request fields (steps, seed, world_size, args) that differ from ``request``'s."""
+        return [key for key, _, _ in self.request.differences(request)]
 
 
 def _metric_stats(name: str, entry: Any, last: int) -> MetricStats:
@@ -191,13 +190,13 @@ def load_calibration(path: Path) -> Calibration:
         raise CalibrationError(f"{path}: calibration format version {str(data.get('format_version'))[:40]}{older}; "
                                f"trainguard {__version__} reads version {FORMAT_VERSION}; {fix}")
     try:
-        request = checked_request(data.get("request"))
+        request = StoredRequest.from_dict(data.get("request"))
         runs = checked_count(data.get("runs"), "runs", MIN_RUNS, 100_000)
         job = JobKey.from_dict(data.get("job_key"))
         raw = mapping_or_empty(data.get("metrics"), "metrics")
         if not raw:
             raise ValueError("metrics holds no metric")
-        metrics = {str(name): _metric_stats(str(name)[:80], entry, request["steps"]) for name, entry in raw.items()}
+        metrics = {str(name): _metric_stats(str(name)[:80], entry, request.steps) for name, entry in raw.items()}
     except ValueError as exc:
         raise CalibrationError(f"{path}: malformed calibration ({exc}); {fix}") from None
     created = data.get("created_at")
@@ -213,7 +212,7 @@ def find_calibration(state_dir: Path, request: RunRequest, job: JobKey) -> tuple
     world size, args), and a note naming the files skipped on the way: unreadable or refused
     ones, and when none fits, the newest of the same request made for another job ("" when
     none)."""
-    wanted = request_fields(request)
+    wanted = StoredRequest.of(request)
     problems, other_job = [], ""
     for path in reversed(baseline_files(calibrations_dir(state_dir))):
         try:
@@ -252,7 +251,7 @@ def save_calibration(state_dir: Path, job_dir: Path, request: RunRequest, ran: C
         "format_version": FORMAT_VERSION, "kind": _KIND, "trainguard_version": __version__,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine_info": machine_info(), "commit_info": {"id": git.commit, "dirty": git.dirty},
-        "job_key": job.to_dict(), "request": request_fields(request), "runs": ran.runs, "seeds": ran.seeds,
+        "job_key": job.to_dict(), "request": StoredRequest.of(request).to_dict(), "runs": ran.runs, "seeds": ran.seeds,
         "band_factor": BAND_FACTOR,
         "metrics": {name: stats.to_dict() for name, stats in metrics.items()},
         **({"run_dirs": ran.run_dirs} if ran.run_dirs else {}),
