@@ -20,7 +20,13 @@ import pytest
 import trainguard.checks.baseline as bl
 from tests.helpers import each_refused, report_evidence
 from trainguard._internal.machine import machine_id
-from trainguard.checks.band import build_band, compare_to_band, rolling_median, smoothing_window
+from trainguard.checks.band import (
+    BandEvidence,
+    build_band,
+    compare_to_band,
+    rolling_median,
+    smoothing_window,
+)
 from trainguard.checks.baseline import (
     FORMAT_VERSION,
     BaselineError,
@@ -506,3 +512,27 @@ def test_a_baseline_file_is_read_within_the_read_limits_and_a_fifo_is_not_waited
             load_baseline(fifo)  # a FIFO with no writer: refused, not waited on
     finally:
         use_limits(before)
+
+
+def _band_verdict() -> BandEvidence:
+    values = {1: 1.0, 2: 0.9, 3: 0.8}
+    return compare_to_band(values, build_band("loss", values, 0.1)).as_evidence()
+
+
+@pytest.mark.parametrize(("evidence", "keys"), [
+    (bl.BaselineEvidence("none", machine_id="m", directory="/d", how_to_save="trainguard check --save-baseline"),
+     ["status", "machine_id", "directory", "how_to_save"]),
+    (bl.BaselineEvidence("saved", path="/d/0001.json", machine_id="m", metrics=["loss"], tolerance=0.1,
+                         plot_error="ValueError: x"),
+     ["status", "path", "machine_id", "metrics", "tolerance", "plot_error"]),
+    (bl.BaselineEvidence("compared", path="/d/0001.json", commit=None, dirty=None, created_at="2026-01-01",
+                         job_file_changed=False, metrics={"loss": _band_verdict()}, not_compared={"val": "why"}),
+     ["status", "path", "commit", "dirty", "created_at", "job_file_changed", "metrics", "not_compared"]),
+    (bl.BaselineEvidence("not_saved", reason="disk full", saved_aside="/tmp/a.json"), ["status", "reason", "saved_aside"]),
+    (bl.BaselineEvidence("refused", reason="other steps", path="/d/0001.json"), ["status", "reason", "path"]),
+])
+def test_the_baseline_step_is_a_record_written_key_for_key_as_before_and_read_back(
+        evidence: bl.BaselineEvidence, keys: list[str]) -> None:
+    data = evidence.to_dict()
+    assert list(data) == keys  # the report's keys, in the order the dicts before the record wrote them
+    assert bl.BaselineEvidence.from_dict(json.loads(json.dumps(data))) == evidence

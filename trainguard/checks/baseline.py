@@ -40,6 +40,7 @@ from trainguard._internal.machine import machine_id, machine_info
 from trainguard._internal.readers import Unreadable, active_limits, read_json
 from trainguard._version import __version__
 from trainguard.checks.band import (
+    BandEvidence,
     BandVerdict,
     build_band,
     compare_to_band,
@@ -53,6 +54,7 @@ from trainguard.checks.statefiles import (
     mapping_or_empty,
 )
 from trainguard.errors import TrainguardError
+from trainguard.evidence import UNSET, Evidence, Unset
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.config import CanaryCheck, JobFile
@@ -61,8 +63,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "FORMAT_VERSION",
+    "NOT_SAVED_FAILED",
     "Baseline",
     "BaselineError",
+    "BaselineEvidence",
     "BaselineOutcome",
     "VersionedDocument",
     "canary_baseline",
@@ -393,11 +397,43 @@ def _rel(path: Path) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+#: why a run is not saved as the baseline when the canary failed
+NOT_SAVED_FAILED = "the canary failed: a failing run is no baseline"
+
+
+@dataclass
+class BaselineEvidence(Evidence):
+    """The canary's baseline step in its report (``baseline``): ``status`` says what was done
+    (``off``, ``none``, ``saved``, ``not_saved``, ``compared``, ``calibrated``, ``refused``), the
+    other fields what with."""
+
+    status: str
+    reason: str | Unset = UNSET
+    #: where a baseline that could not be saved in its directory was saved instead
+    saved_aside: str | Unset = UNSET
+    path: str | Unset = UNSET
+    machine_id: str | Unset = UNSET
+    directory: str | Unset = UNSET
+    how_to_save: str | Unset = UNSET
+    commit: str | Unset | None = UNSET
+    dirty: bool | Unset | None = UNSET
+    created_at: str | Unset | None = UNSET
+    job_file_changed: bool | Unset = UNSET
+    #: the seeds a calibration ran
+    runs: int | Unset = UNSET
+    #: per metric compared, its band's verdict; of a baseline just saved, the metrics it holds
+    metrics: dict[str, BandEvidence] | list[str] | Unset = UNSET
+    tolerance: float | Unset = UNSET
+    #: metric -> why it was not compared
+    not_compared: dict[str, str] | Unset = UNSET
+    plot_error: str | Unset = UNSET
+
+
 @dataclass
 class BaselineOutcome:
     """What the baseline step adds to a canary result."""
 
-    evidence: dict[str, Any]
+    evidence: BaselineEvidence
     problems: list[str] = field(default_factory=list)
     note: str = ""
     plots: list[str] = field(default_factory=list)
@@ -406,9 +442,9 @@ class BaselineOutcome:
     refused: bool = False
 
     @classmethod
-    def refusal(cls, reason: str, **evidence: Any) -> BaselineOutcome:
-        """A baseline that cannot be trusted or compared, and why."""
-        return cls({"status": "refused", "reason": reason, **evidence}, problems=[f"baseline refused: {reason}"],
+    def refusal(cls, reason: str, path: str | Unset = UNSET) -> BaselineOutcome:
+        """A baseline that cannot be trusted or compared (the one at ``path``), and why."""
+        return cls(BaselineEvidence("refused", reason=reason, path=path), problems=[f"baseline refused: {reason}"],
                    refused=True)
 
 
@@ -432,7 +468,7 @@ def _plot(outcome: BaselineOutcome, path: Path, verdicts: Sequence[BandVerdict],
     try:
         outcome.plots.append(str(plot_bands(path, verdicts, title=title)))
     except Exception as exc:
-        outcome.evidence["plot_error"] = f"{type(exc).__name__}: {exc}"
+        outcome.evidence.plot_error = f"{type(exc).__name__}: {exc}"
 
 
 def _metrics(spec: CanaryCheck) -> list[str]:
@@ -458,12 +494,12 @@ def canary_baseline(
     if save_baseline:
         if not canary_ok:
             return BaselineOutcome(
-                {"status": "not_saved", "reason": "the canary failed: a failing run is no baseline"},
+                BaselineEvidence("not_saved", reason=NOT_SAVED_FAILED),
                 note="baseline not saved (the canary failed)",
             )
         return _save_run(job_file, spec, request, result, trajectories, plot_path)
     if spec.baseline == "off":
-        return BaselineOutcome({"status": "off"})
+        return BaselineOutcome(BaselineEvidence("off"))
     try:
         baseline = find_baseline(job_file, spec.baseline, StoredRequest.of(request))
     except BaselineError as exc:
@@ -471,8 +507,8 @@ def canary_baseline(
     if baseline is None:
         hint = how_to_save(job_file)
         return BaselineOutcome(
-            {"status": "none", "machine_id": machine_id(),
-             "directory": str(baselines_dir(job_file.state_dir)), "how_to_save": hint},
+            BaselineEvidence("none", machine_id=machine_id(), directory=str(baselines_dir(job_file.state_dir)),
+                             how_to_save=hint),
             note=f"no baseline saved for this machine (save one: {hint})",
         )
     return _compare(job_file, spec, baseline, trajectories, plot_path)
@@ -488,7 +524,7 @@ def _save_run(job_file: JobFile, spec: CanaryCheck, request: RunRequest, result:
     except BaselineError as exc:
         where = baselines_dir(job_file.state_dir)
         return BaselineOutcome(
-            {"status": "not_saved", "reason": str(exc)},
+            BaselineEvidence("not_saved", reason=str(exc)),
             problems=[f"could not save the baseline in {where}: {exc}; make that directory "
                       "writable (or free space) and save again"],
         )
@@ -500,12 +536,12 @@ def _save_run(job_file: JobFile, spec: CanaryCheck, request: RunRequest, result:
             if aside else "make that directory writable (or free space) and save again")
         warn(text)
         return BaselineOutcome(
-            {"status": "not_saved", "reason": text, **({"saved_aside": str(aside)} if aside else {})},
+            BaselineEvidence("not_saved", reason=text, saved_aside=str(aside) if aside else UNSET),
             problems=[text],
         )
     outcome = BaselineOutcome(
-        {"status": "saved", "path": str(saved), "machine_id": machine_id(),
-         "metrics": sorted(trajectories), "tolerance": spec.baseline_tolerance},
+        BaselineEvidence("saved", path=str(saved), machine_id=machine_id(), metrics=sorted(trajectories),
+                         tolerance=spec.baseline_tolerance),
         note=f"saved as the baseline {_rel(saved)}",
     )
     own = [compare_to_band(v, build_band(m, v, spec.baseline_tolerance))
@@ -536,17 +572,10 @@ def _compare(job_file: JobFile, spec: CanaryCheck, baseline: Baseline,
             not_compared.setdefault(metric, "this run printed no values of it")
     if "loss" not in trajectories:
         return BaselineOutcome.refusal("this run printed no loss to compare with the baseline", path=str(baseline.path))
-    evidence: dict[str, Any] = {
-        "status": "compared",
-        "path": str(baseline.path),
-        "commit": baseline.commit,
-        "dirty": baseline.dirty,
-        "created_at": baseline.created_at,
-        "job_file_changed": baseline.file_sha256 != _file_sha256(job_file.path),
-        "metrics": {v.band.metric: v.as_evidence() for v in verdicts},
-        "not_compared": not_compared,
-    }
-    outcome = BaselineOutcome(evidence)
+    outcome = BaselineOutcome(BaselineEvidence(
+        "compared", path=str(baseline.path), commit=baseline.commit, dirty=baseline.dirty,
+        created_at=baseline.created_at, job_file_changed=baseline.file_sha256 != _file_sha256(job_file.path),
+        metrics={v.band.metric: v.as_evidence() for v in verdicts}, not_compared=not_compared))
     bad = [v for v in verdicts if not v.ok]
     label = baseline.path.name
     status = "outside" if bad else "inside"

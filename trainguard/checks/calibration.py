@@ -40,6 +40,7 @@ from trainguard._internal.machine import machine_id, machine_info
 from trainguard._internal.readers import OverLimit, Unreadable, active_limits, read_json
 from trainguard._version import __version__
 from trainguard.checks.baseline import (
+    BaselineEvidence,
     BaselineOutcome,
     baseline_files,
     steps_differ,
@@ -450,14 +451,14 @@ def canary_calibrated(job_file: JobFile, save_baseline: bool, spec: Any, request
             verdicts.append(compare_to_band(run, band))
     if not verdicts:
         return None
-    outcome = BaselineOutcome({"status": "calibrated", "path": str(found.path), "runs": found.runs,
-                               "metrics": {v.band.metric: v.as_evidence() for v in verdicts}})
+    outcome = BaselineOutcome(BaselineEvidence("calibrated", path=str(found.path), runs=found.runs,
+                                               metrics={v.band.metric: v.as_evidence() for v in verdicts}))
     bad = [v for v in verdicts if not v.ok]
     try:
         outcome.plots.append(str(plot_bands(Path(result.run_dir) / "calibration_band.png", verdicts,
                                             title=f"{job_file.job.name} vs calibration {found.path.name}")))
     except Exception as exc:  # a plot is evidence, never the verdict
-        outcome.evidence["plot_error"] = f"{type(exc).__name__}: {exc}"
+        outcome.evidence.plot_error = f"{type(exc).__name__}: {exc}"
     if bad:
         outcome.problems.append("; ".join(v.problem() or "" for v in bad) + f"; calibration {found.path}")
     else:
