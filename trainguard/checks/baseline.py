@@ -156,10 +156,11 @@ def save_baseline(
     trajectories: Mapping[str, Mapping[int, float]],
     *,
     directory: Path | None = None,
-    extra: Mapping[str, Any] | None = None,
+    run: RunResult | None = None,
 ) -> Path:
     """Store ``trajectories`` (metric -> {step: value}) as the next baseline of this machine and
-    return its path. ``directory`` defaults to :func:`baselines_dir` of the job's state dir."""
+    return its path. ``directory`` defaults to :func:`baselines_dir` of the job's state dir;
+    ``run``: the run they are of (its directory and duration are stored with them)."""
     target_dir = directory or baselines_dir(job_file.state_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
     git = git_state(job_file.cwd)
@@ -182,7 +183,7 @@ def save_baseline(
             name: [[step, float(values[step])] for step in sorted(values)]
             for name, values in trajectories.items()
         },
-        **(extra or {}),
+        **({"run": {"run_dir": str(run.run_dir), "duration_s": round(run.duration_s, 2)}} if run is not None else {}),
     }
     payload = (json.dumps(data, indent=2, allow_nan=True) + "\n").encode()
     suffix = (commit[:12] if commit else "nogit") + ("_dirty" if dirty else "")
@@ -518,9 +519,7 @@ def _save_run(job_file: JobFile, spec: CanaryCheck, request: RunRequest, result:
               trajectories: Mapping[str, Mapping[int, float]], plot_path: Path) -> BaselineOutcome:
     """The passing run saved as the next baseline, and plotted in its own band."""
     try:
-        saved = save_baseline(job_file, request, trajectories,
-                              extra={"run": {"run_dir": str(result.run_dir),
-                                             "duration_s": round(result.duration_s, 2)}})
+        saved = save_baseline(job_file, request, trajectories, run=result)
     except BaselineError as exc:
         where = baselines_dir(job_file.state_dir)
         return BaselineOutcome(

@@ -33,7 +33,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from trainguard._internal.gitstate import git_state
 from trainguard._internal.machine import machine_id, machine_info
@@ -70,7 +70,9 @@ __all__ = [
     "Calibration",
     "CalibrationError",
     "CalibrationRuns",
+    "CalibrationSummary",
     "MetricStats",
+    "MetricSummary",
     "ToleranceEvidence",
     "ToleranceUsed",
     "calibrate_request",
@@ -263,7 +265,26 @@ def save_calibration(state_dir: Path, job_dir: Path, request: RunRequest, ran: C
     return write_numbered(directory, suffix, (json.dumps(data, indent=1, allow_nan=True) + "\n").encode())
 
 
-def calibrate_request(runner: JobRunner, request: RunRequest, runs: int) -> tuple[Path, dict[str, Any]]:
+class MetricSummary(TypedDict):
+    """One metric of :class:`CalibrationSummary` (``trainguard calibrate``'s output)."""
+
+    max_same_seed_spread: float
+    steps: int
+    max_across_seed_std: float
+
+
+class CalibrationSummary(TypedDict):
+    """What :func:`calibrate_request` says of a calibration it stored: a JSON wire shape,
+    ``trainguard calibrate``'s output (docs/cli.md)."""
+
+    path: str
+    runs: int
+    launches: int
+    seconds: float
+    metrics: dict[str, MetricSummary]
+
+
+def calibrate_request(runner: JobRunner, request: RunRequest, runs: int) -> tuple[Path, CalibrationSummary]:
     """Run ``request`` ``runs`` times with its seed and once with each of ``runs - 1`` more seeds,
     store the statistics, return the file and a summary. :class:`CalibrationError` when a run
     does not complete (a calibration of runs that failed measures nothing)."""
@@ -289,10 +310,10 @@ def calibrate_request(runner: JobRunner, request: RunRequest, runs: int) -> tupl
     ran = CalibrationRuns(runs, [request.seed, *seeds], [str(r.run_dir) for r in [*same, *across[1:]]])
     path = save_calibration(runner.job_file.state_dir, runner.job_file.cwd, request, ran, metrics,
                             job=JobKey.of(runner.job_file))
-    summary = {name: {"max_same_seed_spread": max(s.same_spread), "steps": len(s.steps),
-                      "max_across_seed_std": max(s.across_std)} for name, s in metrics.items()}
-    return path, {"path": str(path), "runs": runs, "launches": len(same) + len(across) - 1,
-                  "seconds": round(time.monotonic() - started, 1), "metrics": summary}
+    summary = {name: MetricSummary(max_same_seed_spread=max(s.same_spread), steps=len(s.steps),
+                                   max_across_seed_std=max(s.across_std)) for name, s in metrics.items()}
+    return path, CalibrationSummary(path=str(path), runs=runs, launches=len(same) + len(across) - 1,
+                                    seconds=round(time.monotonic() - started, 1), metrics=summary)
 
 
 def _curve(result: RunResult, name: str) -> dict[int, float]:

@@ -138,7 +138,7 @@ class StoredRequest:
         return {"steps": self.steps, "seed": self.seed, "world_size": self.world_size, "args": list(self.args),
                 "env": dict(self.env)}
 
-    def differences(self, other: StoredRequest) -> list[tuple[str, int | tuple[str, ...], int | tuple[str, ...]]]:
+    def differences(self, other: StoredRequest) -> list[tuple[str, object, object]]:
         """(key, this value, the other's) of each compared field that differs, in :data:`REQUEST_KEYS` order."""
         pairs = [("steps", self.steps, other.steps), ("seed", self.seed, other.seed),
                  ("world_size", self.world_size, other.world_size), ("args", self.args, other.args)]
