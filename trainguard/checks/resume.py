@@ -70,8 +70,9 @@ def _cycle(ctx: CheckContext[ResumeCheck], runs: ResumeRuns, number: int, cut: i
         run = ctx.run(which, label=label, on_metric=on_metric)
     else:
         run = ctx.resume(runs.cut, which, label=label, on_metric=on_metric)
-    runs.resumed = run
-    if cut is not None:
+    if cut is None:
+        runs.resumed = run
+    else:  # where the next cycle resumes from
         runs.cut = Interruption(run.last_step, run.run_dir, run.checkpoints, killed=run)
     return judge_cycle(runs, number, cut, run)
 
