@@ -36,7 +36,7 @@ from trainguard.checks.calibration import (
     load_calibration,
     tolerance_for,
 )
-from trainguard.checks.statefiles import JobKey
+from trainguard.checks.statefiles import JobKey, StoredRequest
 from trainguard.config import load_config
 from trainguard.errors import TrainguardError
 from trainguard.gate.run import read_gate_report
@@ -86,7 +86,7 @@ def read_state(case: Path) -> dict[str, object]:
 
     def baseline() -> object:
         try:
-            return find_baseline(job_file, "latest", {"steps": 4, "seed": 0, "world_size": 1, "args": []})
+            return find_baseline(job_file, "latest", StoredRequest.of(request))
         except BaselineError as exc:
             raise BaselineError(f"latest: {exc}") from None
 

@@ -20,7 +20,13 @@ import pytest
 import trainguard.checks.baseline as bl
 from tests.helpers import each_refused, report_evidence
 from trainguard._internal.machine import machine_id
-from trainguard.checks.band import build_band, compare_to_band, rolling_median, smoothing_window
+from trainguard.checks.band import (
+    BandEvidence,
+    build_band,
+    compare_to_band,
+    rolling_median,
+    smoothing_window,
+)
 from trainguard.checks.baseline import (
     FORMAT_VERSION,
     BaselineError,
@@ -28,7 +34,7 @@ from trainguard.checks.baseline import (
     load_baseline,
     save_baseline,
 )
-from trainguard.checks.statefiles import JobKey
+from trainguard.checks.statefiles import JobKey, StoredRequest
 from trainguard.cli import main as cli_main
 from trainguard.config import load_config, parse_config
 from trainguard.errors import ConfigError
@@ -132,7 +138,7 @@ def test_concurrent_savers_never_overwrite_each_other(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert sorted(p.name for p in paths) == [f"{n:04d}_nogit.json" for n in range(1, 9)]
-    assert sorted(load_baseline(p).request["seed"] for p in paths) == list(range(8))
+    assert sorted(load_baseline(p).request.seed for p in paths) == list(range(8))
 
 
 def test_a_saver_that_lost_the_race_for_a_number_takes_the_next(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,7 +175,7 @@ def test_unreadable_or_foreign_files_are_refused_with_the_fix(tmp_path: Path) ->
 
 def test_latest_is_the_newest_baseline_saved_for_the_same_request(tmp_path: Path) -> None:
     job_file = load_config(_job_file(tmp_path))
-    request = bl.request_fields(_request())
+    request = StoredRequest.of(_request())
     assert find_baseline(job_file, "latest", request) is None  # none saved: not an error
     first = save_baseline(job_file, _request(), {"loss": _curve()})
     second = save_baseline(job_file, _request(), {"loss": _curve(scale=1.1)})
@@ -183,7 +189,7 @@ def test_latest_is_the_newest_baseline_saved_for_the_same_request(tmp_path: Path
 def test_a_baseline_of_another_request_is_refused_naming_the_difference(tmp_path: Path) -> None:
     job_file = load_config(_job_file(tmp_path))
     path = save_baseline(job_file, _request(steps=60, args=("--lr", "0.1")), {"loss": _curve(60)})
-    request = bl.request_fields(_request())
+    request = StoredRequest.of(_request())
     with pytest.raises(BaselineError) as latest:
         find_baseline(job_file, "latest", request)
     message = str(latest.value)
@@ -235,7 +241,7 @@ def test_a_baseline_is_used_only_by_the_job_it_was_saved_for(tmp_path: Path) -> 
     saved_for = load_config(_job_file(tmp_path))
     (tmp_path / "other.yaml").write_text(JOB.replace("toy.py", "other.py"))
     other = load_config(tmp_path / "other.yaml")
-    request = bl.request_fields(_request())
+    request = StoredRequest.of(_request())
     path = save_baseline(saved_for, _request(), {"loss": _curve(scale=0.5)})
     assert find_baseline(other, "latest", request) is None  # another job file's: none of this one
     with pytest.raises(BaselineError, match=r"saved for a different run: job file 'trainguard.yaml' \(this run: 'other.yaml'\)"):
@@ -366,7 +372,7 @@ def test_save_then_pass_inside_the_band_then_fail_a_slower_learner(
     monkeypatch.delenv("TRAINGUARD_SAVE_BASELINE")
     assert saved.status == "passed" and "saved as the baseline " in saved.summary, saved.summary
     path = Path(report_evidence(saved)["baseline"]["path"])
-    assert path.name == "0001_nogit.json" and load_baseline(path).request["steps"] == 40
+    assert path.name == "0001_nogit.json" and load_baseline(path).request.steps == 40
     assert Path(report_evidence(saved)["plots"][0]).is_file()
 
     same = check(job, only=["canary"], report_json=str(report)).checks[0]
@@ -484,7 +490,7 @@ def test_a_baseline_on_a_read_only_disk_is_saved_aside_and_said(tmp_path: Path, 
         f"could not save the baseline in {where}: Read-only file system (EROFS); it was saved to ")
     aside = Path(report_evidence(result)["baseline"]["saved_aside"])
     assert f"it was saved to {aside} instead: copy that file into {where} to use it" in result.summary
-    assert load_baseline(aside).request["steps"] == 40 and aside.is_relative_to(private_fallback)
+    assert load_baseline(aside).request.steps == 40 and aside.is_relative_to(private_fallback)
 
 
 def test_a_baseline_file_is_read_within_the_read_limits_and_a_fifo_is_not_waited_on(tmp_path: Path) -> None:
@@ -506,3 +512,27 @@ def test_a_baseline_file_is_read_within_the_read_limits_and_a_fifo_is_not_waited
             load_baseline(fifo)  # a FIFO with no writer: refused, not waited on
     finally:
         use_limits(before)
+
+
+def _band_verdict() -> BandEvidence:
+    values = {1: 1.0, 2: 0.9, 3: 0.8}
+    return compare_to_band(values, build_band("loss", values, 0.1)).as_evidence()
+
+
+@pytest.mark.parametrize(("evidence", "keys"), [
+    (bl.BaselineEvidence("none", machine_id="m", directory="/d", how_to_save="trainguard check --save-baseline"),
+     ["status", "machine_id", "directory", "how_to_save"]),
+    (bl.BaselineEvidence("saved", path="/d/0001.json", machine_id="m", metrics=["loss"], tolerance=0.1,
+                         plot_error="ValueError: x"),
+     ["status", "path", "machine_id", "metrics", "tolerance", "plot_error"]),
+    (bl.BaselineEvidence("compared", path="/d/0001.json", commit=None, dirty=None, created_at="2026-01-01",
+                         job_file_changed=False, metrics={"loss": _band_verdict()}, not_compared={"val": "why"}),
+     ["status", "path", "commit", "dirty", "created_at", "job_file_changed", "metrics", "not_compared"]),
+    (bl.BaselineEvidence("not_saved", reason="disk full", saved_aside="/tmp/a.json"), ["status", "reason", "saved_aside"]),
+    (bl.BaselineEvidence("refused", reason="other steps", path="/d/0001.json"), ["status", "reason", "path"]),
+])
+def test_the_baseline_step_is_a_record_written_key_for_key_as_before_and_read_back(
+        evidence: bl.BaselineEvidence, keys: list[str]) -> None:
+    data = evidence.to_dict()
+    assert list(data) == keys  # the report's keys, in the order the dicts before the record wrote them
+    assert bl.BaselineEvidence.from_dict(json.loads(json.dumps(data))) == evidence

@@ -424,7 +424,7 @@ def test_a_kill_that_came_too_late_is_said_so_not_a_broken_metric_or_resume(jobs
     every step: the SIGKILL lands after it finished (or in its teardown). That tests no resume:
     an error saying the kill came too late, not "check job.metrics.loss" nor "the resumed run
     printed no `loss` line" (issue 24). The clean job's kill lands mid-run and passes."""
-    from trainguard.checks.resume import run_resume
+    from trainguard.checks.resume import run_resume_check
     from trainguard.config import ResumeCheck
 
     path = jobs / "toy.trainguard.yaml"
@@ -433,7 +433,7 @@ def test_a_kill_that_came_too_late_is_said_so_not_a_broken_metric_or_resume(jobs
         "--sleep 0.02", f"--sleep 0.02 --sync-dir {{run_dir}}/sync --sync-timeout 10 {flags}"))
     runner = JobRunner(load_config(path))
     try:
-        result = run_resume(check_context(runner, "resume", ResumeCheck(steps=10, after_step=6)))
+        result = run_resume_check(check_context(runner, "resume", ResumeCheck(steps=10, after_step=6)))
     finally:
         runner.close()
     if not flags:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import check_context, report_evidence
-from trainguard.checks.resume import run_resume
+from trainguard.checks.resume import run_resume_check
 from trainguard.config import ResumeCheck, load_config, parse_config
 from trainguard.config.settings import Settings
 from trainguard.errors import ConfigError
@@ -107,7 +107,7 @@ def test_every_restart_resumes_from_the_checkpoint_newest_then(job: Path) -> Non
 
 def test_resume_check_resumes_from_the_latest_checkpoint(job: Path) -> None:
     runner = runner_for(job)
-    result = run_resume(check_context(runner, "resume", ResumeCheck(steps=8, after_step=5)))
+    result = run_resume_check(check_context(runner, "resume", ResumeCheck(steps=8, after_step=5)))
     assert result.status == "passed", result.summary
     resumed_from = Path(report_evidence(result)["resumed_from_checkpoint"]).name
     assert resumed_from in ("checkpoint-4", "checkpoint-6")
@@ -123,7 +123,7 @@ def test_a_final_checkpoint_over_the_read_limit_is_never_a_pass(job: Path, allow
     allows it by name, and then the summary says so."""
     runner = JobRunner(load_config(runner_for(job, "--weights-bytes 4000").job_file.path),
                        Settings(read_max_mb=2000 / 2**20))  # trainer_state.json is read, weights.json is not
-    result = run_resume(check_context(runner, "resume", ResumeCheck(steps=8, after_step=5, allow_uncompared=["state"] if allow else [])))
+    result = run_resume_check(check_context(runner, "resume", ResumeCheck(steps=8, after_step=5, allow_uncompared=["state"] if allow else [])))
     assert report_evidence(result)["state"]["over_limit"] == ["weights.json"], report_evidence(result)["state"]
     if allow:
         assert result.status == "passed", result.summary
@@ -137,7 +137,7 @@ def test_a_final_checkpoint_over_the_read_limit_is_never_a_pass(job: Path, allow
 
 def test_resume_check_fails_when_the_killed_run_left_no_complete_checkpoint(job: Path) -> None:
     runner = runner_for(job, "--no-save")
-    result = run_resume(check_context(runner, "resume", ResumeCheck(steps=8, after_step=5)))
+    result = run_resume_check(check_context(runner, "resume", ResumeCheck(steps=8, after_step=5)))
     assert result.status == "failed"  # the job lost its progress: a verdict, not a broken check
     assert result.summary.startswith("no complete checkpoint under ")
     # the checkpoint directory kept from the uninterrupted run after step 5 (issue 29)

@@ -40,6 +40,7 @@ from trainguard._internal.machine import machine_id, machine_info
 from trainguard._internal.readers import Unreadable, active_limits, read_json
 from trainguard._version import __version__
 from trainguard.checks.band import (
+    BandEvidence,
     BandVerdict,
     build_band,
     compare_to_band,
@@ -47,12 +48,13 @@ from trainguard.checks.band import (
 )
 from trainguard.checks.statefiles import (
     JobKey,
+    StoredRequest,
     checked_numbers,
-    checked_request,
     checked_steps,
     mapping_or_empty,
 )
 from trainguard.errors import TrainguardError
+from trainguard.evidence import UNSET, Evidence, Unset
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.config import CanaryCheck, JobFile
@@ -61,9 +63,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "FORMAT_VERSION",
-    "REQUEST_KEYS",
+    "NOT_SAVED_FAILED",
     "Baseline",
     "BaselineError",
+    "BaselineEvidence",
     "BaselineOutcome",
     "VersionedDocument",
     "canary_baseline",
@@ -78,9 +81,6 @@ __all__ = [
 #: Version of the baseline file format; files of another version are refused, not guessed at.
 #: 2: keyed to the job (``job_key``); version 1 files are refused (save a new baseline)
 FORMAT_VERSION = 2
-
-#: The request fields a baseline must share with the run it is compared with.
-REQUEST_KEYS = ("steps", "seed", "world_size", "args")
 
 _KIND = "trainguard-canary-baseline"
 _NAME = re.compile(r"^(\d{4,})_.*\.json$")
@@ -106,17 +106,6 @@ def baseline_files(directory: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def request_fields(request: RunRequest) -> dict[str, Any]:
-    """The request as stored in a baseline (``env`` for information, not compared)."""
-    return {
-        "steps": request.steps,
-        "seed": request.seed,
-        "world_size": request.world_size,
-        "args": list(request.args),
-        "env": dict(request.env),
-    }
-
-
 # --------------------------------------------------------------------------------------------
 # Saving and loading
 # --------------------------------------------------------------------------------------------
@@ -128,7 +117,7 @@ class Baseline:
 
     path: Path
     #: steps, seed, world_size, args (and env, for information)
-    request: dict[str, Any]
+    request: StoredRequest
     #: metric name -> {step: value}
     trajectories: dict[str, dict[int, float]]
     #: the job it was saved for
@@ -140,18 +129,16 @@ class Baseline:
     #: setting does not change the run)
     file_sha256: str | None = None
 
-    def mismatch(self, request: Mapping[str, Any], job: JobKey | None = None) -> list[str]:
+    def mismatch(self, request: StoredRequest, job: JobKey | None = None) -> list[str]:
         """How this baseline's job and request differ from ``job`` and ``request`` (``steps 60,
         this run 30``)."""
         out = self.job.differences(job) if job is not None else []
-        for key in REQUEST_KEYS:
-            if self.request.get(key) != request.get(key):
-                out.append(f"{key} {_show(self.request.get(key))} (this run: {_show(request.get(key))})")
+        out += [f"{key} {_show(mine)} (this run: {_show(theirs)})" for key, mine, theirs in self.request.differences(request)]
         return out
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, list):
+    if isinstance(value, tuple):
         return repr(" ".join(map(str, value)))
     return str(value)
 
@@ -169,10 +156,11 @@ def save_baseline(
     trajectories: Mapping[str, Mapping[int, float]],
     *,
     directory: Path | None = None,
-    extra: Mapping[str, Any] | None = None,
+    run: RunResult | None = None,
 ) -> Path:
     """Store ``trajectories`` (metric -> {step: value}) as the next baseline of this machine and
-    return its path. ``directory`` defaults to :func:`baselines_dir` of the job's state dir."""
+    return its path. ``directory`` defaults to :func:`baselines_dir` of the job's state dir;
+    ``run``: the run they are of (its directory and duration are stored with them)."""
     target_dir = directory or baselines_dir(job_file.state_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
     git = git_state(job_file.cwd)
@@ -190,12 +178,12 @@ def save_baseline(
         },
         "job_key": JobKey.of(job_file).to_dict(),
         "commit_info": {"id": commit, "dirty": dirty, "directory": str(job_file.cwd)},
-        "request": request_fields(request),
+        "request": StoredRequest.of(request).to_dict(),
         "trajectories": {
             name: [[step, float(values[step])] for step in sorted(values)]
             for name, values in trajectories.items()
         },
-        **(extra or {}),
+        **({"run": {"run_dir": str(run.run_dir), "duration_s": round(run.duration_s, 2)}} if run is not None else {}),
     }
     payload = (json.dumps(data, indent=2, allow_nan=True) + "\n").encode()
     suffix = (commit[:12] if commit else "nogit") + ("_dirty" if dirty else "")
@@ -298,7 +286,7 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
     target = Path(path)
     data = read_versioned_json(target, _DOCUMENT)
     try:
-        request = checked_request(data.get("request"))
+        request = StoredRequest.from_dict(data.get("request"))
         trajectories = mapping_or_empty(data.get("trajectories"), "trajectories")
         if "loss" not in trajectories:
             raise ValueError("trajectories holds no `loss`")
@@ -306,7 +294,7 @@ def load_baseline(path: str | os.PathLike[str]) -> Baseline:
         job = mapping_or_empty(data.get("job"), "job")
         return Baseline(
             target, request,
-            {str(name): _trajectory(f"trajectories.{str(name)[:80]}", points, request["steps"])
+            {str(name): _trajectory(f"trajectories.{str(name)[:80]}", points, request.steps)
              for name, points in trajectories.items()},
             JobKey.from_dict(data.get("job_key")),
             _text_or_none(commit.get("id"), "commit_info.id"),
@@ -347,7 +335,7 @@ def _bool_or_none(value: Any, where: str) -> bool | None:
     return value
 
 
-def find_baseline(job_file: JobFile, setting: str, request: Mapping[str, Any]) -> Baseline | None:
+def find_baseline(job_file: JobFile, setting: str, request: StoredRequest) -> Baseline | None:
     """The baseline ``checks.canary.baseline`` selects for ``job_file``'s ``request``.
 
     ``latest``: the newest file of this machine whose format, job and request match; None when
@@ -410,11 +398,43 @@ def _rel(path: Path) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+#: why a run is not saved as the baseline when the canary failed
+NOT_SAVED_FAILED = "the canary failed: a failing run is no baseline"
+
+
+@dataclass
+class BaselineEvidence(Evidence):
+    """The canary's baseline step in its report (``baseline``): ``status`` says what was done
+    (``off``, ``none``, ``saved``, ``not_saved``, ``compared``, ``calibrated``, ``refused``), the
+    other fields what with."""
+
+    status: str
+    reason: str | Unset = UNSET
+    #: where a baseline that could not be saved in its directory was saved instead
+    saved_aside: str | Unset = UNSET
+    path: str | Unset = UNSET
+    machine_id: str | Unset = UNSET
+    directory: str | Unset = UNSET
+    how_to_save: str | Unset = UNSET
+    commit: str | Unset | None = UNSET
+    dirty: bool | Unset | None = UNSET
+    created_at: str | Unset | None = UNSET
+    job_file_changed: bool | Unset = UNSET
+    #: the seeds a calibration ran
+    runs: int | Unset = UNSET
+    #: per metric compared, its band's verdict; of a baseline just saved, the metrics it holds
+    metrics: dict[str, BandEvidence] | list[str] | Unset = UNSET
+    tolerance: float | Unset = UNSET
+    #: metric -> why it was not compared
+    not_compared: dict[str, str] | Unset = UNSET
+    plot_error: str | Unset = UNSET
+
+
 @dataclass
 class BaselineOutcome:
     """What the baseline step adds to a canary result."""
 
-    evidence: dict[str, Any]
+    evidence: BaselineEvidence
     problems: list[str] = field(default_factory=list)
     note: str = ""
     plots: list[str] = field(default_factory=list)
@@ -423,9 +443,9 @@ class BaselineOutcome:
     refused: bool = False
 
     @classmethod
-    def refusal(cls, reason: str, **evidence: Any) -> BaselineOutcome:
-        """A baseline that cannot be trusted or compared, and why."""
-        return cls({"status": "refused", "reason": reason, **evidence}, problems=[f"baseline refused: {reason}"],
+    def refusal(cls, reason: str, path: str | Unset = UNSET) -> BaselineOutcome:
+        """A baseline that cannot be trusted or compared (the one at ``path``), and why."""
+        return cls(BaselineEvidence("refused", reason=reason, path=path), problems=[f"baseline refused: {reason}"],
                    refused=True)
 
 
@@ -449,7 +469,7 @@ def _plot(outcome: BaselineOutcome, path: Path, verdicts: Sequence[BandVerdict],
     try:
         outcome.plots.append(str(plot_bands(path, verdicts, title=title)))
     except Exception as exc:
-        outcome.evidence["plot_error"] = f"{type(exc).__name__}: {exc}"
+        outcome.evidence.plot_error = f"{type(exc).__name__}: {exc}"
 
 
 def _metrics(spec: CanaryCheck) -> list[str]:
@@ -475,21 +495,21 @@ def canary_baseline(
     if save_baseline:
         if not canary_ok:
             return BaselineOutcome(
-                {"status": "not_saved", "reason": "the canary failed: a failing run is no baseline"},
+                BaselineEvidence("not_saved", reason=NOT_SAVED_FAILED),
                 note="baseline not saved (the canary failed)",
             )
         return _save_run(job_file, spec, request, result, trajectories, plot_path)
     if spec.baseline == "off":
-        return BaselineOutcome({"status": "off"})
+        return BaselineOutcome(BaselineEvidence("off"))
     try:
-        baseline = find_baseline(job_file, spec.baseline, request_fields(request))
+        baseline = find_baseline(job_file, spec.baseline, StoredRequest.of(request))
     except BaselineError as exc:
         return BaselineOutcome.refusal(str(exc))
     if baseline is None:
         hint = how_to_save(job_file)
         return BaselineOutcome(
-            {"status": "none", "machine_id": machine_id(),
-             "directory": str(baselines_dir(job_file.state_dir)), "how_to_save": hint},
+            BaselineEvidence("none", machine_id=machine_id(), directory=str(baselines_dir(job_file.state_dir)),
+                             how_to_save=hint),
             note=f"no baseline saved for this machine (save one: {hint})",
         )
     return _compare(job_file, spec, baseline, trajectories, plot_path)
@@ -499,13 +519,11 @@ def _save_run(job_file: JobFile, spec: CanaryCheck, request: RunRequest, result:
               trajectories: Mapping[str, Mapping[int, float]], plot_path: Path) -> BaselineOutcome:
     """The passing run saved as the next baseline, and plotted in its own band."""
     try:
-        saved = save_baseline(job_file, request, trajectories,
-                              extra={"run": {"run_dir": str(result.run_dir),
-                                             "duration_s": round(result.duration_s, 2)}})
+        saved = save_baseline(job_file, request, trajectories, run=result)
     except BaselineError as exc:
         where = baselines_dir(job_file.state_dir)
         return BaselineOutcome(
-            {"status": "not_saved", "reason": str(exc)},
+            BaselineEvidence("not_saved", reason=str(exc)),
             problems=[f"could not save the baseline in {where}: {exc}; make that directory "
                       "writable (or free space) and save again"],
         )
@@ -517,12 +535,12 @@ def _save_run(job_file: JobFile, spec: CanaryCheck, request: RunRequest, result:
             if aside else "make that directory writable (or free space) and save again")
         warn(text)
         return BaselineOutcome(
-            {"status": "not_saved", "reason": text, **({"saved_aside": str(aside)} if aside else {})},
+            BaselineEvidence("not_saved", reason=text, saved_aside=str(aside) if aside else UNSET),
             problems=[text],
         )
     outcome = BaselineOutcome(
-        {"status": "saved", "path": str(saved), "machine_id": machine_id(),
-         "metrics": sorted(trajectories), "tolerance": spec.baseline_tolerance},
+        BaselineEvidence("saved", path=str(saved), machine_id=machine_id(), metrics=sorted(trajectories),
+                         tolerance=spec.baseline_tolerance),
         note=f"saved as the baseline {_rel(saved)}",
     )
     own = [compare_to_band(v, build_band(m, v, spec.baseline_tolerance))
@@ -553,17 +571,10 @@ def _compare(job_file: JobFile, spec: CanaryCheck, baseline: Baseline,
             not_compared.setdefault(metric, "this run printed no values of it")
     if "loss" not in trajectories:
         return BaselineOutcome.refusal("this run printed no loss to compare with the baseline", path=str(baseline.path))
-    evidence: dict[str, Any] = {
-        "status": "compared",
-        "path": str(baseline.path),
-        "commit": baseline.commit,
-        "dirty": baseline.dirty,
-        "created_at": baseline.created_at,
-        "job_file_changed": baseline.file_sha256 != _file_sha256(job_file.path),
-        "metrics": {v.band.metric: v.as_evidence() for v in verdicts},
-        "not_compared": not_compared,
-    }
-    outcome = BaselineOutcome(evidence)
+    outcome = BaselineOutcome(BaselineEvidence(
+        "compared", path=str(baseline.path), commit=baseline.commit, dirty=baseline.dirty,
+        created_at=baseline.created_at, job_file_changed=baseline.file_sha256 != _file_sha256(job_file.path),
+        metrics={v.band.metric: v.as_evidence() for v in verdicts}, not_compared=not_compared))
     bad = [v for v in verdicts if not v.ok]
     label = baseline.path.name
     status = "outside" if bad else "inside"

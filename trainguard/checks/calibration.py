@@ -33,25 +33,24 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from trainguard._internal.gitstate import git_state
 from trainguard._internal.machine import machine_id, machine_info
 from trainguard._internal.readers import OverLimit, Unreadable, active_limits, read_json
 from trainguard._version import __version__
 from trainguard.checks.baseline import (
-    REQUEST_KEYS,
+    BaselineEvidence,
     BaselineOutcome,
     baseline_files,
-    request_fields,
     steps_differ,
     write_numbered,
 )
 from trainguard.checks.statefiles import (
     JobKey,
+    StoredRequest,
     checked_count,
     checked_numbers,
-    checked_request,
     checked_steps,
     mapping_or_empty,
 )
@@ -71,7 +70,9 @@ __all__ = [
     "Calibration",
     "CalibrationError",
     "CalibrationRuns",
+    "CalibrationSummary",
     "MetricStats",
+    "MetricSummary",
     "ToleranceEvidence",
     "ToleranceUsed",
     "calibrate_request",
@@ -150,15 +151,16 @@ class Calibration:
     """A loaded calibration file."""
 
     path: Path
-    request: dict[str, Any]
+    request: StoredRequest
     runs: int
     metrics: dict[str, MetricStats]
     created_at: str = ""
     #: the job it was made for (None only for a calibration built in memory)
     job: JobKey | None = None
 
-    def mismatch(self, request: Mapping[str, Any]) -> list[str]:
-        return [k for k in REQUEST_KEYS if self.request.get(k) != request.get(k)]
+    def mismatch(self, request: StoredRequest) -> list[str]:
+        """The compared request fields (steps, seed, world_size, args) that differ from ``request``'s."""
+        return [key for key, _, _ in self.request.differences(request)]
 
 
 def _metric_stats(name: str, entry: Any, last: int) -> MetricStats:
@@ -191,13 +193,13 @@ def load_calibration(path: Path) -> Calibration:
         raise CalibrationError(f"{path}: calibration format version {str(data.get('format_version'))[:40]}{older}; "
                                f"trainguard {__version__} reads version {FORMAT_VERSION}; {fix}")
     try:
-        request = checked_request(data.get("request"))
+        request = StoredRequest.from_dict(data.get("request"))
         runs = checked_count(data.get("runs"), "runs", MIN_RUNS, 100_000)
         job = JobKey.from_dict(data.get("job_key"))
         raw = mapping_or_empty(data.get("metrics"), "metrics")
         if not raw:
             raise ValueError("metrics holds no metric")
-        metrics = {str(name): _metric_stats(str(name)[:80], entry, request["steps"]) for name, entry in raw.items()}
+        metrics = {str(name): _metric_stats(str(name)[:80], entry, request.steps) for name, entry in raw.items()}
     except ValueError as exc:
         raise CalibrationError(f"{path}: malformed calibration ({exc}); {fix}") from None
     created = data.get("created_at")
@@ -213,7 +215,7 @@ def find_calibration(state_dir: Path, request: RunRequest, job: JobKey) -> tuple
     world size, args), and a note naming the files skipped on the way: unreadable or refused
     ones, and when none fits, the newest of the same request made for another job ("" when
     none)."""
-    wanted = request_fields(request)
+    wanted = StoredRequest.of(request)
     problems, other_job = [], ""
     for path in reversed(baseline_files(calibrations_dir(state_dir))):
         try:
@@ -252,7 +254,7 @@ def save_calibration(state_dir: Path, job_dir: Path, request: RunRequest, ran: C
         "format_version": FORMAT_VERSION, "kind": _KIND, "trainguard_version": __version__,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine_info": machine_info(), "commit_info": {"id": git.commit, "dirty": git.dirty},
-        "job_key": job.to_dict(), "request": request_fields(request), "runs": ran.runs, "seeds": ran.seeds,
+        "job_key": job.to_dict(), "request": StoredRequest.of(request).to_dict(), "runs": ran.runs, "seeds": ran.seeds,
         "band_factor": BAND_FACTOR,
         "metrics": {name: stats.to_dict() for name, stats in metrics.items()},
         **({"run_dirs": ran.run_dirs} if ran.run_dirs else {}),
@@ -263,7 +265,26 @@ def save_calibration(state_dir: Path, job_dir: Path, request: RunRequest, ran: C
     return write_numbered(directory, suffix, (json.dumps(data, indent=1, allow_nan=True) + "\n").encode())
 
 
-def calibrate_request(runner: JobRunner, request: RunRequest, runs: int) -> tuple[Path, dict[str, Any]]:
+class MetricSummary(TypedDict):
+    """One metric of :class:`CalibrationSummary` (``trainguard calibrate``'s output)."""
+
+    max_same_seed_spread: float
+    steps: int
+    max_across_seed_std: float
+
+
+class CalibrationSummary(TypedDict):
+    """What :func:`calibrate_request` says of a calibration it stored: a JSON wire shape,
+    ``trainguard calibrate``'s output (docs/cli.md)."""
+
+    path: str
+    runs: int
+    launches: int
+    seconds: float
+    metrics: dict[str, MetricSummary]
+
+
+def calibrate_request(runner: JobRunner, request: RunRequest, runs: int) -> tuple[Path, CalibrationSummary]:
     """Run ``request`` ``runs`` times with its seed and once with each of ``runs - 1`` more seeds,
     store the statistics, return the file and a summary. :class:`CalibrationError` when a run
     does not complete (a calibration of runs that failed measures nothing)."""
@@ -289,10 +310,10 @@ def calibrate_request(runner: JobRunner, request: RunRequest, runs: int) -> tupl
     ran = CalibrationRuns(runs, [request.seed, *seeds], [str(r.run_dir) for r in [*same, *across[1:]]])
     path = save_calibration(runner.job_file.state_dir, runner.job_file.cwd, request, ran, metrics,
                             job=JobKey.of(runner.job_file))
-    summary = {name: {"max_same_seed_spread": max(s.same_spread), "steps": len(s.steps),
-                      "max_across_seed_std": max(s.across_std)} for name, s in metrics.items()}
-    return path, {"path": str(path), "runs": runs, "launches": len(same) + len(across) - 1,
-                  "seconds": round(time.monotonic() - started, 1), "metrics": summary}
+    summary = {name: MetricSummary(max_same_seed_spread=max(s.same_spread), steps=len(s.steps),
+                                   max_across_seed_std=max(s.across_std)) for name, s in metrics.items()}
+    return path, CalibrationSummary(path=str(path), runs=runs, launches=len(same) + len(across) - 1,
+                                    seconds=round(time.monotonic() - started, 1), metrics=summary)
 
 
 def _curve(result: RunResult, name: str) -> dict[int, float]:
@@ -451,14 +472,14 @@ def canary_calibrated(job_file: JobFile, save_baseline: bool, spec: Any, request
             verdicts.append(compare_to_band(run, band))
     if not verdicts:
         return None
-    outcome = BaselineOutcome({"status": "calibrated", "path": str(found.path), "runs": found.runs,
-                               "metrics": {v.band.metric: v.as_evidence() for v in verdicts}})
+    outcome = BaselineOutcome(BaselineEvidence("calibrated", path=str(found.path), runs=found.runs,
+                                               metrics={v.band.metric: v.as_evidence() for v in verdicts}))
     bad = [v for v in verdicts if not v.ok]
     try:
         outcome.plots.append(str(plot_bands(Path(result.run_dir) / "calibration_band.png", verdicts,
                                             title=f"{job_file.job.name} vs calibration {found.path.name}")))
     except Exception as exc:  # a plot is evidence, never the verdict
-        outcome.evidence["plot_error"] = f"{type(exc).__name__}: {exc}"
+        outcome.evidence.plot_error = f"{type(exc).__name__}: {exc}"
     if bad:
         outcome.problems.append("; ".join(v.problem() or "" for v in bad) + f"; calibration {found.path}")
     else:

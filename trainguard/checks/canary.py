@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.checks.baseline import canary_baseline
+from trainguard.checks.baseline import NOT_SAVED_FAILED, BaselineEvidence, canary_baseline
 from trainguard.checks.calibration import canary_calibrated
 from trainguard.checks.context import CheckContext
 from trainguard.config import CanaryCheck
@@ -280,7 +280,7 @@ class CanaryEvidence(Evidence):
     likely_causes: list[str] | Unset = UNSET
     val: LossEvidence | Unset = UNSET
     grad_norm: GradNormEvidence | Unset = UNSET
-    baseline: dict[str, Any] | Unset = UNSET
+    baseline: BaselineEvidence | Unset = UNSET
     plots: list[str] | Unset = UNSET
 
 
@@ -411,7 +411,7 @@ def run_canary(ctx: CheckContext[CanaryCheck]) -> CheckResult:
         (refused if outcome.refused else problems).extend(outcome.problems)
         baseline_note = f"; {outcome.note}" if outcome.note else ""
     elif settings.save_baseline:
-        evidence.baseline = {"status": "not_saved", "reason": "the canary failed: a failing run is no baseline"}
+        evidence.baseline = BaselineEvidence("not_saved", reason=NOT_SAVED_FAILED)
         baseline_note = "; baseline not saved (the canary failed)"
     duration = time.monotonic() - started
     if problems or refused:

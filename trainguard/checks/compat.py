@@ -50,6 +50,7 @@ from trainguard.checks.diagnosis import first_different_batch
 from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories
 from trainguard.checks.equivalence_records import TrajectoryEvidence
 from trainguard.checks.interruption import kill_after, untested_kill
+from trainguard.checks.resume_judge import where_resumed
 from trainguard.config import CheckSpec
 from trainguard.config.problems import metric_problems, resume_problems
 from trainguard.config.registry import Check, JobFacts, Run
@@ -369,10 +370,11 @@ def _judge(cmp: _Comparison, metric: str, runs: tuple[RunResult, RunResult, RunR
     if not steps:
         return done("failed", f"the current code's run resumed from base's checkpoint printed no `{metric}` line", reproduce)
     first = steps[0]
-    if first <= min(expected, default=1):
+    began_again, resumed_from = where_resumed(first, expected)
+    if began_again:
         return done("failed", f"the current code started again from step {first} instead of resuming base's "
                     f"({short}) checkpoint: it did not take it as one" + because, reproduce)
-    evidence.resumed_from_step = first - 1
+    evidence.resumed_from_step = resumed_from
     diffs = _diffs(ctx, spec, metric, resumed, reference, first, tol)
     evidence.metrics = [d.as_evidence() for d in diffs]
     problems = []

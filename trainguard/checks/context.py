@@ -124,13 +124,18 @@ class CheckContext(Generic[S]):
         """Stop the runs started in the background (the check was interrupted)."""
         self.pool.scheduling.stop_background(reason)
 
-    def resume(self, cut: Interruption, which: Which | None = None, *, label: str) -> RunResult:
+    def resume(self, cut: Interruption, which: Which | None = None, *, label: str,
+               on_metric: MetricCallback | None = None) -> RunResult:
         """The declared run ``which`` (None: the first ``resumes`` run) resumed from ``cut`` in
         new processes (``resume_args``); from a kept checkpoint: the shared resumed run
-        (:meth:`RunPool.resume_kept`), else in the checkpoint directory the killed run left."""
+        (:meth:`RunPool.resume_kept`), else in the checkpoint directory the killed run left,
+        followed by ``on_metric`` (a chain's next kill)."""
         request = self.resuming(which).request
         if cut.kept is None:
-            return self.pool.run(request, label=label, resume=True, checkpoint_dir=cut.checkpoint_dir)
+            return self.pool.run(request, label=label, resume=True, checkpoint_dir=cut.checkpoint_dir,
+                                 on_metric=on_metric)
+        if on_metric is not None:
+            raise ValueError("a resume from a kept checkpoint is shared: it cannot be followed (killed) by one check")
         same = request.world_size == cut.kept.request.world_size
         return self.pool.resume_kept(cut.kept, request, label=f"resumed-after-step-{cut.kept.after_step}"
                                      if same else label)

@@ -1,7 +1,9 @@
-"""Equivalence checks: the same run twice, a killed-and-resumed run, N ranks vs 1.
+"""Equivalence checks: the same run twice, N ranks vs 1 (a killed-and-resumed run:
+:mod:`trainguard.checks.resume`, judged by :mod:`trainguard.checks.resume_judge`).
 
-Each compares metric trajectories step by step (exact by default) and, on a mismatch, names the
-first divergent step, the largest absolute and relative difference, and the likely causes.
+Each compares metric trajectories step by step (exact by default, :func:`compare_trajectories`)
+and, on a mismatch, names the first divergent step, the largest absolute and relative
+difference, and the likely causes.
 """
 
 from __future__ import annotations
@@ -9,38 +11,28 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 from trainguard.checks.accounting import (
-    SampleAccounting,
-    Segment,
-    account_samples,
     batch_order_difference,
     global_batches,
     sample_agreement,
 )
-from trainguard.checks.calibration import ToleranceUsed, spread_note, tolerance_for
+from trainguard.checks.calibration import spread_note, tolerance_for
 from trainguard.checks.context import CheckContext
 from trainguard.checks.diagnosis import (
-    LR_METRIC,
-    ResumeFacts,
     data_order_note,
-    explain,
     first_different_batch,
-    resume_diagnosis,
     shared_shard_note,
 )
 from trainguard.checks.equivalence_records import (
     DeterminismEvidence,
     ParallelEvidence,
-    ResumeEvidence,
     RunFailure,
     Tolerance,
     TrajectoryEvidence,
 )
-from trainguard.checks.interruption import Interruption
-from trainguard.config import DeterminismCheck, JobFile, ParallelCheck, ResumeCheck
+from trainguard.config import DeterminismCheck, ParallelCheck
 from trainguard.config.problems import one_process_problems
 from trainguard.config.registry import Check, Run
 from trainguard.evidence import StartedAhead
@@ -48,22 +40,14 @@ from trainguard.launch import RunResult
 from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.samples import SampleBatch, read_samples
 from trainguard.report import CheckResult
-from trainguard.run.request import RunRequest
 from trainguard.run.scheduling import AheadRun
-from trainguard.unit.checkpoints import (
-    CheckpointInventory,
-    compare_checkpoint_dirs,
-)
 
 __all__ = [
     "DETERMINISM",
     "PARALLEL",
-    "ResumeRuns",
     "TrajectoryDiff",
     "compare_trajectories",
     "failed_run",
-    "judge_resume",
-    "other_metric_diffs",
     "run_determinism",
     "run_parallel",
 ]
@@ -276,208 +260,6 @@ PARALLEL_CAUSES = (
     "dropout or augmentation RNG differs per rank (pass args that disable it for this check)",
     "BatchNorm statistics computed per rank (use SyncBatchNorm or compare without BatchNorm)",
 )
-
-
-@dataclass
-class ResumeRuns:
-    """What the resume check judges: its spec, tolerance and request, and the runs its context
-    gave it (the reference, where the resume started, the resumed run), gathered as they come."""
-
-    job_file: JobFile
-    spec: ResumeCheck
-    metric: str
-    tol: ToleranceUsed
-    request: RunRequest
-    reference: RunResult
-    started: float
-    reproduce: str
-    #: where the resume starts (a kept checkpoint, or one a killed run left)
-    cut: Interruption = field(init=False)
-    #: the newest complete checkpoint the cut left (None: none)
-    latest: Path | None = None
-    #: what the resumed run loaded, read before it wrote newer checkpoints beside it
-    inventory: CheckpointInventory | None = None
-    resumed: RunResult = field(init=False)
-
-
-def judge_resume(runs: ResumeRuns) -> CheckResult:
-    """The resumed run against the uninterrupted one: trajectories, final checkpoints, samples;
-    a failure with its likely causes."""
-    spec, metric, tol, request, reference, cut, resumed = (
-        runs.spec, runs.metric, runs.tol, runs.request, runs.reference, runs.cut, runs.resumed)
-    inventory, started, reproduce, killed_at = runs.inventory, runs.started, runs.reproduce, runs.cut.step
-    actual, expected = aligned_trajectories(resumed.points, reference.points, metric)
-    evidence = ResumeEvidence(
-        after_step=spec.after_step, killed_after_step=killed_at,
-        run_dirs={"reference": str(reference.run_dir), ("killed" if cut.kept is None else "kept_from"): str(cut.run_dir),
-                  "resumed": str(resumed.run_dir)},
-        interruption=cut.as_evidence(),
-    )
-    if not actual:
-        return CheckResult(
-            "resume", "failed", f"the resumed run printed no `{metric}` line", evidence,
-            time.monotonic() - started, reproduce,
-        )
-    first_step = min(actual)
-    began_again, resumed_from = _where_resumed(first_step, expected)
-    lost = max(0, (killed_at or spec.after_step) - (first_step - 1))
-    evidence.resumed_from_step, evidence.steps_lost = resumed_from, lost
-    if "resumed_from" in resumed.evidence:
-        evidence.resumed_from_checkpoint = resumed.evidence["resumed_from"]
-    diff = compare_trajectories(
-        actual, expected, metric=metric, steps=range(first_step, spec.steps + 1),
-        rtol=spec.rtol, atol=spec.atol, band=tol.band(metric),
-    )
-    evidence.trajectory, evidence.tolerance = diff.as_evidence(), tol.as_evidence()
-    others = other_metric_diffs(runs.job_file, spec, metric, resumed, reference, range(first_step, spec.steps + 1), tol)
-    if others:
-        evidence.other_metrics = [d.as_evidence() for d in others]
-    state = compare_checkpoint_dirs(
-        resumed.checkpoints, reference.checkpoints,
-        rtol=spec.rtol, atol=spec.atol,
-    )
-    evidence.state = state.as_evidence()
-    accounting = _resume_accounting(reference, cut.run_dir, resumed, expected, spec.steps, first_step)
-    evidence.sample_accounting = accounting.as_evidence()
-    problems = _progress_problems(spec, first_step, killed_at, lost, began_again)
-    problems += _trajectory_problems(metric, diff, others, tol)
-    if state.differing and tol.exact_state:  # a calibrated noisy job: every tensor differs
-        problems.append(f"final checkpoints differ in {state.summary()}")
-    duration = time.monotonic() - started
-    if problems:
-        divergent = [d.first_divergent_step for d in (diff, *others) if d.first_divergent_step is not None]
-        facts = ResumeFacts(
-            resumed_from, first_divergent_step=min(divergent, default=None), checkpoint=inventory,
-            final_state=state, lr=_lr_divergence(runs.job_file, resumed, reference, first_step, spec),
-            metrics={d.metric: d.first_divergent_step for d in (diff, *others)}, world_size=request.world_size,
-            samples_accounted=accounting.summary() if accounting.known and not accounting.ok else None,
-            began_again=began_again, on_gpu=any(v > 0 for v in reference.peak_gpu_mb.values()),
-        )
-        causes, found = resume_diagnosis(
-            reference_dir=reference.run_dir, resumed_dir=resumed.run_dir, world_size=request.world_size,
-            steps=spec.steps, facts=facts,
-        )
-        evidence.diagnosis = found
-        evidence.likely_causes = [c.text for c in causes if not c.ruled_out]
-        why = explain(causes)
-        summary = "; ".join(problems) + (f". {why[0].upper()}{why[1:]}" if why else "")
-        return CheckResult("resume", "failed", summary, evidence, time.monotonic() - started, reproduce)
-    if uncompared := state.uncompared_problem("checks.resume", spec.allow_uncompared):
-        return CheckResult("resume", "error", f"{cut.words()}, resumed from step {resumed_from}; steps "
-                           f"{first_step}-{max(expected)} match the uninterrupted run, but {uncompared}",
-                           evidence, time.monotonic() - started, reproduce)
-    state_note = (
-        f", final checkpoints equal ({Path(state.files[0]).name})" if state.compared and state.files and state.ok
-        else " (final state not judged: the calibrated job is not bitwise deterministic)" if state.compared
-        and not state.uncompared
-        else state.note("checks.resume")
-    ) + tol.within()
-    compared = f" in {', '.join([metric, *(d.metric for d in others)])}" if others else ""
-    return CheckResult(
-        "resume",
-        "passed",
-        f"{cut.words()}, resumed from step {resumed_from} ({lost} steps lost); "
-        f"steps {first_step}-{max(expected)} match the uninterrupted run{compared}{state_note}",
-        evidence,
-        duration,
-        reproduce,
-    )
-
-
-def _where_resumed(first_step: int, expected: Mapping[int, float]) -> tuple[bool, int]:
-    """(began again, the step resumed after) of a resumed run whose first step is
-    ``first_step``: from scratch when it began at the uninterrupted run's first step (1, or 0
-    for a job counting from 0, as nanoGPT's `iter 0`), resumed after no step (reported as 0)."""
-    began_again = first_step <= min(expected, default=1)
-    return began_again, 0 if began_again else first_step - 1
-
-
-def _resume_accounting(reference: RunResult, killed_dir: Path, resumed: RunResult, expected: Mapping[int, float],
-                       steps: int, first_step: int) -> SampleAccounting:
-    """The samples the killed run (up to the step the resume went on from) and the resumed run
-    (from ``first_step``) trained, against the uninterrupted run's."""
-    began_again, resumed_from = _where_resumed(first_step, expected)
-    # steps from 1, or from 0 (nanoGPT's `iter 0` through `iter N`, `epoch 0` through N - 1)
-    base = 0 if 0 in expected else 1
-    last = max(expected, default=steps) if base == 0 else steps
-    return account_samples(read_samples(reference.run_dir), [
-        Segment(read_samples(killed_dir), base, resumed_from if not began_again else base - 1, "before the kill"),
-        Segment(read_samples(resumed.run_dir), first_step, last, f"after the resume at step {resumed_from}"),
-    ], steps=last - base + 1, first_step=base)
-
-
-def _progress_problems(spec: ResumeCheck, first_step: int, killed_at: int | None, lost: int,
-                       began_again: bool) -> list[str]:
-    """The progress the resume lost: all of it (it began again), or more than ``max_lost_steps``."""
-    problems = []
-    if began_again:
-        problems.append(
-            f"the resumed run started again from step {first_step}: no usable checkpoint, all "
-            f"{killed_at} steps of progress lost (does the job checkpoint before it exits, "
-            "and does resume_args make it load the latest one?)"
-        )
-    if spec.max_lost_steps is not None and lost > spec.max_lost_steps:
-        problems.append(f"{lost} steps of progress lost (max_lost_steps {spec.max_lost_steps})")
-    return problems
-
-
-def _trajectory_problems(metric: str, diff: TrajectoryDiff, others: Sequence[TrajectoryDiff],
-                         tol: ToleranceUsed) -> list[str]:
-    """Where the resumed run parts from the uninterrupted one: in the progress ``metric``
-    (``diff``, with the tolerance it was allowed), then in each other metric."""
-    problems = []
-    if not diff.ok:
-        if diff.first_divergent_step is not None:
-            a, b = diff.first_values or (math.nan, math.nan)
-            problems.append(
-                f"{metric} diverges from the uninterrupted run at step {diff.first_divergent_step} "
-                f"(resumed {a!r} vs reference {b!r}; max abs diff {diff.max_abs_diff:.3g}, "
-                f"max rel diff {diff.max_rel_diff:.3g}{tol.words(metric, diff.first_divergent_step, abs(a - b))})"
-            )
-        else:
-            problems.append(f"the resumed run {diff.missing_words()}")
-    for other in others:
-        if other.first_divergent_step is not None:
-            a, b = other.first_values or (math.nan, math.nan)
-            problems.append(
-                f"{other.metric} diverges from the uninterrupted run at step {other.first_divergent_step} "
-                f"(resumed {a!r} vs reference {b!r}; max abs diff {other.max_abs_diff:.3g})"
-                + (f" while {metric} matches" if diff.ok else "")
-            )
-    return problems
-
-
-def other_metric_diffs(job_file: JobFile, spec: ResumeCheck, metric: str, resumed: RunResult,
-                       reference: RunResult, steps: range, tol: ToleranceUsed | None = None) -> list[TrajectoryDiff]:
-    """The resumed run against the uninterrupted one in every metric besides ``metric`` that
-    ``spec.metrics`` names (default: all of job.metrics), on the ``steps`` the uninterrupted run
-    printed it (a metric printed every N steps is compared every N)."""
-    names = spec.metrics if spec.metrics is not None else list(job_file.job.metrics)
-    out = []
-    for name in names:
-        if name == metric:
-            continue
-        actual, expected = aligned_trajectories(resumed.points, reference.points, name)
-        printed = [s for s in expected if s in steps]
-        if printed:
-            out.append(compare_trajectories(actual, expected, metric=name, steps=printed, rtol=spec.rtol,
-                                            atol=spec.atol, band=tol.band(name) if tol else None))
-    return out
-
-
-def _lr_divergence(
-    job_file: JobFile, resumed: RunResult, reference: RunResult, first_step: int, spec: ResumeCheck
-) -> tuple[int | None, str] | None:
-    """Where a learning-rate metric the job prints first differs after the resume."""
-    name = next((m for m in job_file.job.metrics if LR_METRIC.match(m)), None)
-    if name is None:
-        return None
-    actual, expected = aligned_trajectories(resumed.points, reference.points, name)
-    if not actual:
-        return None
-    diff = compare_trajectories(actual, expected, metric=name, steps=range(first_step, spec.steps + 1),
-                                rtol=max(spec.rtol, 1e-6), atol=spec.atol)
-    return diff.first_divergent_step, name
 
 
 def run_parallel(ctx: CheckContext[ParallelCheck]) -> CheckResult:

@@ -15,6 +15,8 @@ from trainguard.evidence import MERGED, UNSET, Evidence, StartedAhead, Unset
 from trainguard.unit.checkpoints.compare import StateEvidence
 
 __all__ = [
+    "ChainCycle",
+    "ChainEvidence",
     "DeterminismEvidence",
     "KillUntested",
     "NoCheckpointLeft",
@@ -126,6 +128,38 @@ class ResumeEvidence(Evidence):
     sample_accounting: AccountingEvidence | Unset = UNSET
     #: what the diagnosis read (learning rates, samples, checkpoint contents)
     diagnosis: ResumeDiagnosis | Unset = field(default=UNSET, metadata=MERGED)
+    likely_causes: list[str] | Unset = UNSET
+
+
+@dataclass
+class ChainCycle(Evidence):
+    """One cycle of a chained resume: the run resumed from the cycle before's checkpoint (the
+    first: a fresh start), killed after ``cut`` (the last: run to the end)."""
+
+    cycle: int
+    #: the step it was killed after as asked (None: the last cycle, run to the end)
+    cut: int | None
+    resumed_from_step: int
+    killed_after_step: int | None
+    #: :meth:`TrajectoryDiff.as_evidence` per metric compared, the progress metric first
+    metrics: list[TrajectoryEvidence]
+    run_dir: str
+
+
+@dataclass
+class ChainEvidence(Evidence):
+    """The chained resume check's evidence (docs/equivalence.md, "Chained resumes")."""
+
+    chain: list[int]
+    cycles: list[ChainCycle]
+    reference_run_dir: str
+    #: :meth:`~trainguard.checks.calibration.ToleranceUsed.as_evidence`: what was allowed, and why
+    tolerance: ToleranceEvidence
+    #: the final checkpoints compared
+    state: StateEvidence | Unset = UNSET
+    #: :meth:`SampleAccounting.as_evidence` over the cycles run: samples trained twice or never
+    sample_accounting: AccountingEvidence | Unset = UNSET
+    failing_cycle: int | Unset = UNSET
     likely_causes: list[str] | Unset = UNSET
 
 

@@ -46,6 +46,7 @@ from trainguard.checks.diagnosis import (
 from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories
 from trainguard.checks.equivalence_records import TrajectoryEvidence
 from trainguard.checks.interruption import InterruptionEvidence, interrupt
+from trainguard.checks.resume_judge import where_resumed
 from trainguard.config import ReshardCheck
 from trainguard.config.problems import one_process_problems
 from trainguard.config.registry import Check, JobFacts, Resumes, Run
@@ -269,8 +270,7 @@ def _one_pair(ctx: CheckContext[ReshardCheck], n: int, m: int) -> _Pair:
     if not actual:
         return _Pair(n, m, "failed", f"{name}: the resumed run printed no `{metric}` line", evidence, reproduce)
     first_step = min(actual)
-    # from scratch: at the uninterrupted run's first step (1, or 0 for a job counting from 0)
-    resumed_from = 0 if first_step <= min(expected, default=1) else first_step - 1
+    _, resumed_from = where_resumed(first_step, expected)
     evidence.resumed_from_step = resumed_from
     tol = tolerance_for(ctx.job_file, spec, old, "reshard")
     diff = compare_trajectories(actual, expected, metric=metric, steps=range(first_step, spec.steps + 1),

@@ -22,13 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.config import JobFile
+    from trainguard.run.request import RunRequest
 
 __all__ = [
     "LARGEST",
+    "REQUEST_KEYS",
     "JobKey",
+    "StoredRequest",
     "checked_count",
     "checked_numbers",
-    "checked_request",
     "checked_steps",
     "checked_strings",
     "mapping_or_empty",
@@ -99,17 +101,48 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) and abs(number) <= LARGEST else None
 
 
-def checked_request(value: Any, where: str = "request") -> dict[str, Any]:
-    """The stored request of a run (steps, seed, world size, args; env for information)."""
-    if not isinstance(value, dict):
-        raise ValueError(f"{where} must be an object with steps, seed, world_size and args")
-    env = value.get("env", {})
-    if not isinstance(env, dict):
-        raise ValueError(f"{where}.env must be an object")
-    return {"steps": checked_count(value.get("steps"), f"{where}.steps", 1, MAX_STEPS),
-            "seed": checked_count(value.get("seed"), f"{where}.seed", 0, 2**32 - 1),
-            "world_size": checked_count(value.get("world_size"), f"{where}.world_size", 1, 2**20),
-            "args": checked_strings(value.get("args"), f"{where}.args"), "env": env}
+#: the request fields two runs must share to be compared (env is stored for information)
+REQUEST_KEYS = ("steps", "seed", "world_size", "args")
+
+
+@dataclass(frozen=True)
+class StoredRequest:
+    """The request of a run as a state file stores it: steps, seed, world size and args (what
+    a run compared with it must share), env for information."""
+
+    steps: int
+    seed: int
+    world_size: int
+    args: tuple[str, ...]
+    env: dict[str, str]
+
+    @classmethod
+    def of(cls, request: RunRequest) -> StoredRequest:
+        return cls(request.steps, request.seed, request.world_size, tuple(request.args), dict(request.env))
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str = "request") -> StoredRequest:
+        """The stored request, every value checked (ValueError naming the key)."""
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} must be an object with steps, seed, world_size and args")
+        env = value.get("env", {})
+        if not isinstance(env, dict):
+            raise ValueError(f"{where}.env must be an object")
+        return cls(checked_count(value.get("steps"), f"{where}.steps", 1, MAX_STEPS),
+                   checked_count(value.get("seed"), f"{where}.seed", 0, 2**32 - 1),
+                   checked_count(value.get("world_size"), f"{where}.world_size", 1, 2**20),
+                   tuple(checked_strings(value.get("args"), f"{where}.args")),
+                   {str(k): str(v) for k, v in env.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "seed": self.seed, "world_size": self.world_size, "args": list(self.args),
+                "env": dict(self.env)}
+
+    def differences(self, other: StoredRequest) -> list[tuple[str, object, object]]:
+        """(key, this value, the other's) of each compared field that differs, in :data:`REQUEST_KEYS` order."""
+        pairs = [("steps", self.steps, other.steps), ("seed", self.seed, other.seed),
+                 ("world_size", self.world_size, other.world_size), ("args", self.args, other.args)]
+        return [(key, mine, theirs) for key, mine, theirs in pairs if mine != theirs]
 
 
 def _shown(value: Any) -> str:
