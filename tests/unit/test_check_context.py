@@ -14,6 +14,7 @@ import pytest
 from tests.helpers import check_context
 from trainguard.checks.canary import canary_request
 from trainguard.config import load_config
+from trainguard.config.registry import CheckContextProtocol
 from trainguard.launch import RunResult
 from trainguard.run.pool import UndeclaredRun
 from trainguard.run.runner import JobRunner
@@ -87,3 +88,18 @@ def test_the_pool_says_whether_a_resume_names_the_latest_checkpoint(runner: JobR
     plain = JobRunner(load_config(path))
     assert check_context(plain, "canary", plain.job_file.checks.canary).resumes_from_latest is False
     plain.close()
+
+
+def test_the_context_is_what_the_registry_says_a_check_receives(runner: JobRunner) -> None:
+    """``Check.run``/``ahead``/``prepare`` are typed by :class:`CheckContextProtocol` (config/
+    cannot import checks/): the context has every member it names; a stand-in that lacks the
+    runs does not pass for one (mypy refuses such a check's function the same way)."""
+
+    @dataclasses.dataclass(frozen=True)
+    class SpecOnly:
+        name: str
+        spec: object
+
+    ctx = check_context(runner, "canary", runner.job_file.checks.canary)
+    assert isinstance(ctx, CheckContextProtocol)
+    assert not isinstance(SpecOnly("canary", ctx.spec), CheckContextProtocol)
