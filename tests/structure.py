@@ -501,6 +501,28 @@ def untyped_string_maps(modules: dict[str, Module]) -> list[str]:
     return sorted(found, key=lambda s: (s.rsplit(":", 1)[0], int(s.rsplit(":", 1)[1])))
 
 
+#: what a check reaches around its context through: the runner that launches and its scheduler
+#: (a check names its runs to its context, ``trainguard.checks.context``, which alone asks them)
+POOL_INSIDES = frozenset({"runner", "scheduling", "_host"})
+#: the one module that asks the pool's scheduler for a check
+CONTEXT_MODULE = "trainguard.checks.context"
+
+
+def context_bypasses(modules: dict[str, Module], check_modules: frozenset[str]) -> list[str]:
+    """``<x>.pool.runner``, ``<x>.pool.scheduling`` (and the pool's ``_host``) read in a module
+    of ``trainguard.checks`` or in one of ``check_modules`` (the registry's check modules),
+    :data:`CONTEXT_MODULE` aside: ``file:line: <x>.pool.<attribute>`` each."""
+    found = []
+    for name, module in modules.items():
+        if name == CONTEXT_MODULE or not (name.startswith("trainguard.checks.") or name in check_modules):
+            continue
+        for node in ast.walk(module.tree):
+            if (isinstance(node, ast.Attribute) and node.attr in POOL_INSIDES
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "pool"):
+                found.append(f"{_rel(module.path)}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(found)
+
+
 def main() -> None:
     modules = load_modules()
     graph = edges(modules)

@@ -205,6 +205,37 @@ def test_an_import_of_a_higher_layer_is_found(tmp_path: Path) -> None:
     assert len(problems) == 1 and "trainguard.config.schema (config) imports trainguard.gate.policy (gate)" in problems[0]
 
 
+def _check_modules() -> frozenset[str]:
+    """The modules the check registry's lines name (``"module:attr"``), read, not imported."""
+    from trainguard.config.registry import CHECKS
+
+    return frozenset(line.split(":", 1)[0] for line in CHECKS.lines().values())
+
+
+def test_checks_reach_their_runs_through_their_context(modules: dict[str, structure.Module]) -> None:
+    """A check asks its context (``ctx.reference()``, ``ctx.run(run)``, ``ctx.drive(run_drill)``),
+    never the pool's runner or scheduler: what it runs is what it declared (issue 43)."""
+    assert "trainguard.drills.check" in _check_modules() and "trainguard.profiling.check" in _check_modules()
+    assert structure.context_bypasses(modules, _check_modules()) == [], (
+        "give trainguard.checks.context.CheckContext (or run.pool.RunPool) a method that says what "
+        "the check does, and call that"
+    )
+
+
+def test_a_check_reaching_past_its_context_is_found(tmp_path: Path) -> None:
+    found = _package(tmp_path, {
+        "__init__.py": "",
+        "checks/__init__.py": "",
+        "checks/context.py": "def reference(self):\n    return self.pool.scheduling.reference(1)\n",
+        "checks/mine.py": "def run(ctx):\n    ctx.pool.scheduling.take_ahead('mine', 1)\n    return ctx.pool.run(1)\n",
+        "drills/__init__.py": "",
+        "drills/check.py": "def run(ctx):\n    return drive(ctx.pool.runner, ctx.spec)\n",
+        "drills/driver.py": "def run_drill(runner):\n    return runner.pool.runner\n",
+    })
+    assert [line.rsplit("/", 1)[1] for line in structure.context_bypasses(found, frozenset({"trainguard.drills.check"}))] == [
+        "mine.py:2: ctx.pool.scheduling", "check.py:2: ctx.pool.runner"]
+
+
 def test_records_not_string_maps_outside_the_serialisation_code(modules: dict[str, structure.Module]) -> None:
     """Data read by name is a record: a ``dict[str, Any]`` is the wire format, found only where
     records turn into JSON and back (``structure.SERIALISATION``, ``to_dict``/``from_dict``)."""

@@ -365,12 +365,8 @@ def run_canary(ctx: CheckContext[CanaryCheck]) -> CheckResult:
     reproduce = ctx.command_line(request)
     # the uninterrupted run of its request when one ran already (the profile's, run first), its
     # limits judged after the fact; else started early beside the checks before it
-    # (trainguard.session.lane_plan), else now
-    shared = ctx.pool.scheduling.kept_reference(request)
-    result = shared or ctx.pool.scheduling.take_ahead("canary", request)
-    if result is None:
-        result = ctx.pool.run(request, label="canary", on_metric=canary_on_metric(spec))
-    ctx.pool.scheduling.offer_reference(request, result)  # determinism/resume/parallel of the same run reuse it
+    # (trainguard.session.lane_plan), else now; determinism/resume/parallel of the same run reuse it
+    result, shared = ctx.run_as_reference(request, label="canary", on_metric=canary_on_metric(spec))
     limit_s = (request.timeout or ctx.job_file.job.timeout) * settings.timeout_scale
     loss = judge_loss(
         result.trajectory("loss"),
@@ -381,7 +377,7 @@ def run_canary(ctx: CheckContext[CanaryCheck]) -> CheckResult:
     evidence = _canary_evidence(result, spec, loss, limit_s)
     problems: list[str] = []
     limit = _limit_problem(result, spec, settings.timeout_scale)
-    if limit is None and shared is not None:
+    if limit is None and shared:
         limit = _limits_after(result, spec, settings.timeout_scale)
         evidence.shared_run = f"{result.run_dir.name}: the uninterrupted run of this request, launched once for every check"
     if limit is not None:

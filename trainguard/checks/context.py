@@ -13,6 +13,7 @@ validate`` prints is what runs. Launching, sharing and keeping are the pool's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -25,12 +26,14 @@ from trainguard.launch import RunResult
 from trainguard.run.declared import DeclaredRun, progress_metric_of
 from trainguard.run.observer import MetricCallback
 from trainguard.run.pool import RunPool, SessionState, UndeclaredRun
-from trainguard.run.request import RunRequest
+from trainguard.run.request import RunRequest, share_key
+from trainguard.run.runner import JobRunner
 from trainguard.run.scheduling import PendingRun
 
 __all__ = ["CheckContext", "context_for"]
 
 S = TypeVar("S")
+R = TypeVar("R")
 
 #: a declared run, by itself or by its label
 Which = Run | str
@@ -77,7 +80,7 @@ class CheckContext(Generic[S]):
     @property
     def resumes_from_latest(self) -> bool:
         """Whether ``job.resume_args`` names ``{latest_checkpoint}``."""
-        return bool(self.pool.runner.resumes_from_latest)
+        return self.pool.resumes_from_latest
 
     @property
     def note(self) -> str:
@@ -106,6 +109,22 @@ class CheckContext(Generic[S]):
         """Launch the declared run ``which`` now, in a new run directory."""
         return self.pool.run(self.declared(which).request, label=label, on_metric=on_metric, resume=resume,
                              checkpoint_dir=checkpoint_dir, keep=keep)
+
+    def run_as_reference(self, request: RunRequest, *, label: str,
+                         on_metric: MetricCallback | None = None) -> tuple[RunResult, bool]:
+        """``request``, a declared reference run's under limits of its own (``timeout``,
+        ``max_rss_mb``), as the uninterrupted run of its request: the one kept when it ran
+        already (True: its limits are judged after the fact), else the one the lane started
+        ahead for this check, else launched now; completed, it is the reference of its request
+        for the checks after (:meth:`RunPool.run_as_reference`)."""
+        wanted = share_key(request)
+        if not any(run.run.reference and share_key(run.request) == wanted for run in self.runs):
+            raise UndeclaredRun(f"the {self.name} check asked for {label!r} ({request.world_size} rank(s), "
+                                f"{request.steps} steps, seed {request.seed}) as the reference of its request, "
+                                "but declared no reference run of it; it declared: "
+                                + ("; ".join(d.run.label for d in self.runs) or "nothing")
+                                + ". Declare it in the check's `runs` (trainguard validate prints what runs)")
+        return self.pool.run_as_reference(self.name, request, label=label, on_metric=on_metric)
 
     def run_for(self, which: Which) -> PendingRun:
         """The declared run ``which`` as the lane started it ahead, else as a shared reference
@@ -150,6 +169,12 @@ class CheckContext(Generic[S]):
             raise UndeclaredRun(f"the {self.name} check resumes a run, but declared none that resumes "
                                 "(Run.resumes)")
         return found
+
+    def drive(self, driver: Callable[[JobRunner, S], R]) -> R:
+        """``driver(runner, spec)`` on the runner of the pool: a library driver that launches
+        through the runner itself (``run_drill(runner, spec)``, ``profile_job(runner, spec)``,
+        both public); its launches are still admitted against this check's declared runs."""
+        return self.pool.drive(driver, self.spec)
 
     def command_line(self, request: RunRequest | None = None, *, resume: bool = False,
                      latest_checkpoint: Path | str | None = None) -> str:

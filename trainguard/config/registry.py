@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Generic, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BeforeValidator, Field, GetCoreSchemaHandler, create_model
 from pydantic_core import CoreSchema
@@ -27,11 +28,13 @@ from trainguard.errors import ConfigError
 from trainguard.evidence import Evidence
 
 if TYPE_CHECKING:  # pragma: no cover
+    from trainguard.launch import Launcher, MetricPoint, RunResult
     from trainguard.report import CheckResult
 
 __all__ = [
     "CHECKS",
     "Check",
+    "CheckContextProtocol",
     "CheckNotInstalled",
     "ChecksField",
     "JobFacts",
@@ -51,6 +54,7 @@ __all__ = [
 ]
 
 S = TypeVar("S", bound=CheckSpec)
+S_co = TypeVar("S_co", covariant=True)
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,56 @@ class Later:
     finish: Callable[[], CheckResult]
 
 
+@runtime_checkable
+class CheckContextProtocol(Protocol[S_co]):
+    """What a check's ``run``, ``ahead`` and ``prepare`` receive, as far as this layer can name
+    it: :class:`trainguard.checks.context.CheckContext` (above this layer) satisfies it, and
+    :class:`Check`'s constructor has mypy check that each check's functions take a context that
+    does. A check names its runs to it (a declared :class:`Run` or its label); it does not see
+    the runner."""
+
+    @property
+    def name(self) -> str:
+        """The check's name in reports (``resume``, ``drill:<name>``)."""
+
+    @property
+    def spec(self) -> S_co:
+        """The check's spec."""
+
+    @property
+    def metric(self) -> str:
+        """The metric its runs' progress is followed by."""
+
+    @property
+    def job_file(self) -> Any:
+        """The loaded job file (:class:`~trainguard.config.schema.JobFile`, built from here)."""
+
+    @property
+    def note(self) -> str:
+        """The one line its declaration says it judges."""
+
+    def reference(self, which: Run | str | None = None) -> RunResult:
+        """The uninterrupted run of a declared reference run, launched once and shared."""
+
+    def run(self, which: Run | str, *, label: str,
+            on_metric: Callable[[MetricPoint, Launcher], None] | None = None, resume: bool = False,
+            checkpoint_dir: Path | None = None, keep: bool = True) -> RunResult:
+        """Launch the declared run ``which`` now, in a new run directory."""
+
+    def prefetch(self, which: Run | str | None = None) -> None:
+        """Start the declared reference run ``which`` in the background."""
+
+    def take_ahead(self, which: Run | str) -> RunResult | None:
+        """The declared run ``which`` the lane started ahead for this check, else None."""
+
+    def stop_background(self, reason: str) -> None:
+        """Stop the runs started in the background (the check was interrupted)."""
+
+
+#: the context type a check's functions take (one per check: run, ahead and prepare agree)
+C = TypeVar("C", bound=CheckContextProtocol[Any])
+
+
 def _nothing(_spec: Any, _facts: JobFacts) -> list[tuple[str, str]]:
     return []
 
@@ -137,8 +191,9 @@ class Check(Generic[S]):
     #: the model of its spec (``checks.<name>``; with ``many``, of each list entry)
     spec: type[S]
     #: ``(ctx) -> CheckResult``: runs it (or a :class:`Later` for its untimed rest); ``ctx`` is
-    #: its :class:`trainguard.checks.context.CheckContext` (spec, request, declared runs)
-    run: Callable[[Any], CheckResult | Later]
+    #: its :class:`trainguard.checks.context.CheckContext` (spec, request, declared runs), a
+    #: :class:`CheckContextProtocol`
+    run: Callable[[CheckContextProtocol[S]], CheckResult | Later]
     #: ``(spec, context) -> (runs, note)``: the launches it makes and one line on what it judges
     runs: Callable[[S, PlanContext], tuple[list[Run], str]]
     #: ``(spec, facts) -> [(key, message)]``: what it needs from the job, with the fix
@@ -147,13 +202,13 @@ class Check(Generic[S]):
     lane: bool = False
     #: ``(ctx) -> AheadRun``: its declared run that may start early, beside the lane checks
     #: before it; ``ahead_words`` says which run that is (``trainguard validate``)
-    ahead: Callable[[Any], Any] | None = None
+    ahead: Callable[[CheckContextProtocol[S]], Any] | None = None
     ahead_words: str = ""
     #: its ahead run is the uninterrupted run of its request: not launched when one ran already
     ahead_reference: bool = False
     #: ``(ctx) -> None``: called just before :attr:`run` inside the check's tracking
     #: (a drill starts its uninterrupted run there, while the fault run starts up)
-    prepare: Callable[[Any], None] | None = None
+    prepare: Callable[[CheckContextProtocol[S]], None] | None = None
     #: it times its runs, so it runs before every other check, alone, and its runs are the
     #: uninterrupted runs the others share (its result keeps its place in the report)
     first: bool = False
@@ -172,6 +227,22 @@ class Check(Generic[S]):
     #: the evidence records its results hold, its verdict's first (an error's, a skip's after): a
     #: loaded report's evidence object becomes the first that reads it (none: a generic record)
     evidence: tuple[type[Evidence], ...] = ()
+
+    if TYPE_CHECKING:  # the dataclass's own __init__ at run time; for mypy, typed by the context
+        def __init__(  # noqa: PLR0913 -- the documented constructor of a check (docs/architecture.md)
+            self, name: str, spec: type[S], run: Callable[[C], CheckResult | Later],
+            runs: Callable[[S, PlanContext], tuple[list[Run], str]],
+            requires: Callable[[S, JobFacts], list[tuple[str, str]]] = _nothing, lane: bool = False,
+            ahead: Callable[[C], Any] | None = None, ahead_words: str = "", ahead_reference: bool = False,
+            prepare: Callable[[C], None] | None = None, first: bool = False, gate_default: bool = True,
+            many: bool = False, item_prefix: str = "",
+            marks: Callable[[S], list[tuple[str, tuple[Any, ...]]]] | None = None,
+            items: Callable[[S, int | None], list[tuple[str, S]]] | None = None,
+            calibrates: Callable[[S], Sequence[int | None]] | None = None,
+            evidence: tuple[type[Evidence], ...] = (),
+        ) -> None:
+            """A check whose ``run``, ``ahead`` and ``prepare`` take one context type ``C`` that
+            satisfies :class:`CheckContextProtocol` (mypy says which member it lacks)."""
 
     def pytest_marks(self, spec: S) -> list[tuple[str, tuple[Any, ...]]]:
         return self.marks(spec) if self.marks is not None else _named(self, spec)

@@ -50,9 +50,9 @@ def _prepare(ctx: CheckContext[DrillSpec]) -> None:
 
 
 def _run(ctx: CheckContext[DrillSpec]) -> CheckResult | Later:
-    """The drill driver, on the runner of the context's pool (its supervised runs are the
-    pool's launches, admitted against the drill's declared runs)."""
-    return run_drill(ctx.pool.runner, ctx.spec)
+    """The drill driver (the public ``run_drill(runner, spec)``), driven by the context on its
+    pool's runner (its supervised runs are admitted against the drill's declared runs)."""
+    return ctx.drive(run_drill)
 
 
 def _items(spec: DrillSpec, soak_seed: int | None) -> list[tuple[str, DrillSpec]]:

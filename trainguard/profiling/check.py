@@ -114,7 +114,7 @@ def summarise(profile: Profile) -> tuple[CheckStatus, str]:
 def run_profile_check(ctx: CheckContext[ProfileCheck]) -> CheckResult:
     """The profile check on the runner of the context's pool; it says when its timed runs are
     done through the session state (the untimed runs of later checks may start then)."""
-    return _run_profile_check(ctx.pool.runner, ctx.spec)
+    return ctx.drive(_run_profile_check)
 
 
 def _run_profile_check(runner: JobRunner, spec: ProfileCheck) -> CheckResult:

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from trainguard.run.declared import DeclaredRun, declared_runs
 from trainguard.run.keep import Keepers, KeptCheckpoint
@@ -35,6 +35,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainguard.run.observer import MetricCallback
 
 __all__ = ["PoolHost", "RunPool", "SessionState", "UndeclaredRun"]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class UndeclaredRun(RuntimeError):
@@ -80,6 +83,10 @@ class PoolHost(Protocol):
     @property
     def checkpoints_known(self) -> bool:
         """Whether the job is told where to checkpoint."""
+
+    @property
+    def resumes_from_latest(self) -> bool:
+        """Whether ``job.resume_args`` names ``{latest_checkpoint}``."""
 
     def command_line(self, request: RunRequest, *, resume: bool = False, run_dir: Path | None = None,
                      checkpoint_dir: Path | None = None, latest_checkpoint: Path | str | None = None) -> str:
@@ -248,10 +255,32 @@ class RunPool:
         return pool
 
     @property
-    def runner(self) -> Any:
-        """The runner that launches (:class:`~trainguard.run.runner.JobRunner`): for the checks
-        that drive launches of their own (drills' supervised runs, the profile's siblings)."""
-        return self._host
+    def resumes_from_latest(self) -> bool:
+        """Whether ``job.resume_args`` names ``{latest_checkpoint}`` (a resume needs a complete
+        checkpoint to name)."""
+        return bool(self._host.resumes_from_latest)
+
+    def drive(self, driver: Callable[[Any, T], R], spec: T) -> R:
+        """``driver(runner, spec)``: a library driver that launches through the runner itself
+        (:func:`trainguard.drills.driver.run_drill`'s supervised runs,
+        :func:`trainguard.profiling.check.profile_job`'s sizes and siblings), run on the runner
+        this pool launches for; its launches are still admitted against the check's declared
+        runs (:meth:`admit`)."""
+        return driver(self._host, spec)
+
+    def run_as_reference(self, check: str, request: RunRequest, *, label: str,
+                         on_metric: MetricCallback | None = None) -> tuple[RunResult, bool]:
+        """The uninterrupted run of ``request`` (limits of its own aside) for ``check``, shared
+        both ways: the reference of its request kept so far (True: it ran already, for another
+        check, so its limits are judged after the fact), else the run the lane started ahead
+        for ``check``, else launched now; a completed one becomes the reference of its request
+        for the checks after it (the canary's run is the uninterrupted run of its request)."""
+        kept = self.scheduling.kept_reference(request)
+        result = kept or self.scheduling.take_ahead(check, request)
+        if result is None:
+            result = self.run(request, label=label, on_metric=on_metric)
+        self.scheduling.offer_reference(request, result)
+        return result, kept is not None
 
     def run(self, request: RunRequest, *, label: str, on_metric: MetricCallback | None = None, resume: bool = False,
             checkpoint_dir: Path | None = None, keep: bool = True) -> RunResult:
