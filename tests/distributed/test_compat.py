@@ -9,7 +9,6 @@ killed after step 5, the current code resumed from base's checkpoint), no DataLo
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import report_evidence
+from trainguard.config import GatePolicy
 from trainguard.gate.policy import Capabilities, Decision
 from trainguard.gate.provenance import provenance_for
 from trainguard.gate.run import GateReport, write_gate_report
@@ -96,8 +96,8 @@ def _promote(repo: Path) -> None:
     path = repo / "trainguard.yaml"
     write_gate_report(GateReport(job="digits-compat", job_file=str(path), decision=Decision("promote"),
                                  report=Report(job="digits-compat", job_file=str(path)),
-                                 provenance=provenance_for(path).to_dict(),
-                                 capabilities=dataclasses.asdict(Capabilities.probe()), policy={}),
+                                 provenance=provenance_for(path), capabilities=Capabilities.probe(),
+                                 policy=GatePolicy.model_validate({})),
                       repo / ".trainguard" / "gate")
 
 

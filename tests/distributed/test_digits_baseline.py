@@ -18,6 +18,7 @@ import pytest
 from tests.helpers import report_evidence
 from trainguard._internal.machine import machine_id
 from trainguard.checks.baseline import load_baseline
+from trainguard.checks.statefiles import StoredRequest
 from trainguard.report import CheckResult
 from trainguard.session import check
 
@@ -85,7 +86,7 @@ def test_the_saved_baseline_holds_the_clean_trajectories(saved_baseline: tuple[P
     assert path.parent == root / ".trainguard" / "baselines" / machine_id()
     assert path.name == "0001_nogit.json"  # the copy is not in a git repository
     baseline = load_baseline(path)
-    assert baseline.request == {"steps": 30, "seed": 0, "world_size": 1, "args": [], "env": {}}
+    assert baseline.request == StoredRequest(steps=30, seed=0, world_size=1, args=(), env={})
     assert sorted(baseline.trajectories["loss"]) == list(range(1, 31))
     assert sorted(baseline.trajectories["val_loss"]) == [20, 30]
     assert "saved as the baseline " in result.summary

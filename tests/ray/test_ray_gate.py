@@ -19,7 +19,8 @@ import pytest
 
 from tests.helpers import make_sizing
 from trainguard.config import load_config
-from trainguard.gate.run import _production_spec
+from trainguard.gate.provenance import provenance_for
+from trainguard.gate.run import SubmittableReport, _production_spec
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -51,8 +52,8 @@ def test_the_production_run_of_a_ray_train_job_is_the_driver_at_the_sized_worker
     job.write_text(job.read_text().replace("use_gpu: false, resources_per_worker: {CPU: 1}",
                                            "use_gpu: true, resources_per_worker: {CPU: 2, GPU: 0.5}"))
     job_file = load_config(job)
-    gate = {"sizing": make_sizing(4, hours_with_failures=2.0).to_dict(),
-            "capabilities": {"gpus": 0}, "mlflow_session_run_id": "run-1"}
+    gate = SubmittableReport("promote", [], str(job), provenance_for(job), make_sizing(4, hours_with_failures=2.0),
+                             gpus=0, mlflow_session_run_id="run-1")
     spec = _production_spec(job_file, gate, "/r/latest.json")
     argv = spec.rank_argv()
     assert argv[:3] == ["python", "-m", "trainguard.raytrain.driver"]
