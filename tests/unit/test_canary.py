@@ -361,7 +361,10 @@ def test_tg_canary_passes_fails_with_the_summary_and_marks_tests_canary(pytester
             pass
         """
     )
-    result = pytester.runpytest_subprocess("-m", "canary", "-p", "no:cacheprovider")
+    # without hypothesis's plugin: at the session's end it imports hypothesis, which pytest
+    # rewrites, and CPython 3.11.7's ast.parse there crashed the inner session in 2 of 4 loaded
+    # runs of the suite ("SystemError: AST constructor recursion depth mismatch", gh-106905)
+    result = pytester.runpytest_subprocess("-m", "canary", "-p", "no:cacheprovider", "-p", "no:hypothesispytest")
     result.assert_outcomes(passed=1, failed=1, deselected=1)
     result.stdout.fnmatch_lines(
         [

@@ -130,3 +130,29 @@ def test_a_store_that_is_down_does_not_hold_a_window(tmp_path: Path) -> None:
         assert not any(r.created.is_set() for r in runs)  # still queued, still retried
     finally:
         tracker.close(timeout=1)
+
+
+def test_a_closed_runner_leaves_no_torch_import_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The background torch import never outlives the runner that started it: not begun (a
+    timed run held it back), it is given up and a later runner starts it again; under way, the
+    close waits for it. One left running when pytest ended its session overlapped pytest's
+    parsing of a module it rewrites and crashed that session in ``ast.parse``."""
+    from trainguard.run import runner
+
+    monkeypatch.setattr(runner, "_warm", runner._WarmImport())
+    with quiet.measured(settle_s=1):  # a timed run: the import waits for it
+        runner._warm_torch_import()
+        held = runner._warm.thread
+        assert held is not None and held.is_alive() and not runner._warm.started
+        runner._end_warm_import()
+        assert runner._warm.thread is None  # given up
+    held.join(10)
+    assert not held.is_alive() and not runner._warm.started  # it woke, saw it was given up, imported nothing
+    runner._warm_torch_import()  # the next runner starts it again, and its close waits for it
+    again = runner._warm.thread
+    assert again is not None and again is not held
+    deadline = time.monotonic() + 30
+    while not runner._warm.started and time.monotonic() < deadline:  # the import began
+        time.sleep(0.01)
+    runner._end_warm_import()
+    assert not again.is_alive() and runner._warm.started

@@ -145,7 +145,20 @@ def repro_dir(job_name: str) -> Path:
     return Path(tempfile.gettempdir()) / f"trainguard-repro-{safe}"
 
 
-_warmed = threading.Event()
+@dataclass
+class _WarmImport:
+    """The background torch import (:func:`_warm_torch_import`): started once, and given up
+    when a runner closes before it began (the next runner starts it again)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the thread that imports (None: none, or the last one was given up)
+    thread: threading.Thread | None = None
+    started: bool = False  # the import itself is under way or done
+
+
+_warm = _WarmImport()
+#: how long closing a runner waits for a torch import under way to end
+_WARM_JOIN_S = 120.0
 
 
 def _warm_torch_import() -> None:
@@ -153,12 +166,12 @@ def _warm_torch_import() -> None:
     checkpoints in this process later, and the import (2-3 s of one core) then overlaps the
     ranks' own start-up instead of following it. A run whose lines are timed waits for it to end
     (:mod:`trainguard._internal.quiet`), and it waits for such a run."""
-    if _warmed.is_set():
-        return
-    _warmed.set()
-
     def work() -> None:
         wait_while_measured(SETTLE_S)
+        with _warm.lock:
+            if _warm.thread is not threading.current_thread():
+                return  # given up by a runner that closed first
+            _warm.started = True
         with busy("importing torch"):
             with contextlib.suppress(Exception):
                 import torch
@@ -167,8 +180,28 @@ def _warm_torch_import() -> None:
                 # checks compare checkpoints with it
                 import torch.distributed.tensor  # noqa: F401
 
-    safe_logger_registry()  # the import adds loggers while the caller (pytest) may walk them
-    threading.Thread(target=work, name="trainguard-import-torch", daemon=True).start()
+    with _warm.lock:
+        if _warm.thread is not None:
+            return
+        safe_logger_registry()  # the import adds loggers while the caller (pytest) may walk them
+        _warm.thread = threading.Thread(target=work, name="trainguard-import-torch", daemon=True)
+        _warm.thread.start()
+
+
+def _end_warm_import() -> None:
+    """Nothing of the background torch import runs on after a runner closes: one not begun is
+    given up (a later runner starts it again), one under way is waited for (bounded). An import
+    left running when pytest ended its session overlapped pytest's own parsing of a module it
+    rewrites on import, and CPython 3.11.7's ``ast.parse`` there failed with "AST constructor
+    recursion depth mismatch" (CPython gh-106905, seen in threaded programs)."""
+    with _warm.lock:
+        thread = _warm.thread
+        if thread is None or thread is threading.current_thread():
+            return
+        if not _warm.started:
+            _warm.thread = None
+            return
+    thread.join(_WARM_JOIN_S)
 
 
 @dataclass(frozen=True)
@@ -291,6 +324,7 @@ class JobRunner:
         self.keepers.join(lambda: self.scheduling.stop_background("the runner was closed"))
         if self._parent is None or self.backend is not self._parent.backend:
             self.backend.close()
+        _end_warm_import()
 
     def placeholders(self, request: RunRequest, run_dir: Path, checkpoint_dir: Path | None) -> dict[str, str | int]:
         """The values of the job's placeholders (``{steps}``, ``{seed}``, ``{world_size}``,
