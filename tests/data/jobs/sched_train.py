@@ -1,0 +1,218 @@
+"""A plain single-file torch training loop with an LR schedule that changes every step, for
+trainguard's own tests of resume and determinism (issue 44's cause table).
+
+One process or many (torchrun, gloo, CPU): an MLP with dropout learns a fixed synthetic
+regression task with AdamW and a ``LambdaLR`` schedule (linear warmup, then linear decay: the lr
+differs at every step). The data comes through a DataLoader whose DistributedSampler shuffles
+each epoch from ``--seed``; each input gets Gaussian noise from numpy's global RNG (augmentation)
+and Python's ``random`` picks the per-step noise scale, so all three global generators matter.
+
+Every ``--ckpt-every`` steps rank 0 writes ``step_NNNNNN.pt`` (temp file + rename) holding the
+model, the optimizer, the scheduler, every rank's RNG states (torch, Python, numpy) and the data
+position (epoch and batch within it). ``--resume`` restores all of it from the newest checkpoint
+and goes on from the next batch, so a resumed run prints exactly the uninterrupted run's lines.
+
+Each rank prints ``step N loss X`` per optimizer step (its own micro-batch's loss) and, with
+``--print-lr``, ``step N lr R``. The lr is off by default: a check must find a lost schedule
+from what it observes in the job, not from a metric the job happens to print.
+
+--plant NAME plants one defect (default: none):
+
+scheduler_not_saved  the checkpoint leaves out only the scheduler's state; everything else is
+                     saved and restored. The resumed run's first step uses the lr the optimizer
+                     restored; its scheduler then starts the schedule again from the warmup.
+rng_not_restored     the RNG states are saved, but the resume never sets them: the resumed run
+                     draws dropout masks, noise and noise scales from the start-up seed's states.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+PLANTS = ("none", "scheduler_not_saved", "rng_not_restored")
+SAMPLES = 384
+FEATURES = 12
+
+
+class PositionedSampler(DistributedSampler):  # type: ignore[type-arg]
+    """A DistributedSampler that can start its epoch at a batch other than the first."""
+
+    def __init__(self, dataset: TensorDataset, *, local_batch: int, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.local_batch = local_batch
+        self.start_batch = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(list(super().__iter__())[self.start_batch * self.local_batch:])
+
+    def __len__(self) -> int:
+        return super().__len__() - self.start_batch * self.local_batch
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ckpt-dir", required=True)
+    p.add_argument("--ckpt-every", type=int, default=4)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--batch-size", type=int, default=32, help="global batch, split over the ranks")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=6)
+    p.add_argument("--decay-steps", type=int, default=200)
+    p.add_argument("--dropout", type=float, default=0.2)
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
+    p.add_argument("--print-lr", action="store_true")
+    p.add_argument("--plant", choices=PLANTS, default="none")
+    return p.parse_args()
+
+
+def schedule(warmup: int, decay_steps: int):  # type: ignore[no-untyped-def]
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.05, 1.0 - (step - warmup) / decay_steps)
+
+    return factor
+
+
+def rng_states() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def set_rng_states(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+
+
+def newest_checkpoint(ckpt_dir: Path) -> Path | None:
+    found = sorted(ckpt_dir.glob("step_*.pt"))
+    return found[-1] if found else None
+
+
+def main() -> int:
+    args = parse_args()
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
+    torch.manual_seed(args.seed + rank)
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.use_deterministic_algorithms(True)
+
+    data = torch.Generator().manual_seed(1234)
+    x = torch.randn(SAMPLES, FEATURES, generator=data)
+    y = (x @ torch.randn(FEATURES, 1, generator=data)).sin() + 0.1 * torch.randn(SAMPLES, 1, generator=data)
+    local_batch = args.batch_size // world
+    sampler = PositionedSampler(TensorDataset(x, y), local_batch=local_batch, num_replicas=world, rank=rank,
+                                shuffle=True, seed=args.seed, drop_last=True)
+    # a generator of its own: each pass over a DataLoader draws a seed from it, from the global
+    # torch RNG without one (and a resumed run starts one pass more than the uninterrupted run)
+    loader = DataLoader(sampler.dataset, batch_size=local_batch, sampler=sampler, drop_last=True,
+                        generator=torch.Generator().manual_seed(args.seed))
+    batches_per_epoch = len(sampler) // local_batch
+
+    model: nn.Module = nn.Sequential(nn.Linear(FEATURES, 64), nn.GELU(), nn.Dropout(args.dropout),
+                                     nn.Linear(64, 64), nn.GELU(), nn.Dropout(args.dropout), nn.Linear(64, 1))
+    if world > 1:
+        model = DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    scheduler = LambdaLR(optimizer, schedule(args.warmup, args.decay_steps))
+
+    ckpt_dir = Path(args.ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    step, epoch, batch_in_epoch = 0, 0, 0
+    newest = newest_checkpoint(ckpt_dir) if args.resume else None
+    if newest is not None:
+        state = torch.load(newest, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if "scheduler" in state:
+            scheduler.load_state_dict(state["scheduler"])
+        step, epoch, batch_in_epoch = state["step"], state["data"]["epoch"], state["data"]["batch_in_epoch"]
+        if args.plant != "rng_not_restored":
+            set_rng_states(state["rng"][rank])
+        print(f"resumed from {newest.name} at step {step}", flush=True)
+
+    model.train()
+    while step < args.steps:
+        sampler.set_epoch(epoch)
+        sampler.start_batch = batch_in_epoch
+        for inputs, targets in loader:
+            noise_scale = random.uniform(0.0, 0.1)
+            noise = torch.from_numpy(np.random.standard_normal(inputs.shape).astype(np.float32))
+            loss = F.mse_loss(model(inputs + noise_scale * noise), targets)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            batch_in_epoch += 1
+            if batch_in_epoch == batches_per_epoch:
+                epoch, batch_in_epoch = epoch + 1, 0
+            if step % args.ckpt_every == 0 or step == args.steps:
+                save(args, ckpt_dir, model, optimizer, scheduler, step, epoch, batch_in_epoch, world, rank)
+            print(f"step {step} loss {loss.item():.6f}", flush=True)
+            if args.print_lr:
+                print(f"step {step} lr {lr:.8e}", flush=True)
+            if args.sleep:
+                time.sleep(args.sleep)
+            if step >= args.steps:
+                break
+    if world > 1:
+        dist.barrier()  # every rank done before any leaves (gloo aborts a rank whose peer went first)
+        dist.destroy_process_group()
+    return 0
+
+
+def save(args: argparse.Namespace, ckpt_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+         scheduler: LambdaLR, step: int, epoch: int, batch_in_epoch: int, world: int, rank: int) -> None:
+    """Rank 0 writes the checkpoint with every rank's RNG states (gathered)."""
+    rng = rng_states()
+    gathered: list[Any] = [None] * world
+    if world > 1:
+        dist.all_gather_object(gathered, rng)
+    else:
+        gathered = [rng]
+    if rank == 0:
+        write(args, ckpt_dir, model, optimizer, scheduler, step, epoch, batch_in_epoch, gathered)
+    if world > 1:
+        dist.barrier()  # no rank reports this step before its checkpoint is on disk
+
+
+def write(args: argparse.Namespace, ckpt_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+          scheduler: LambdaLR, step: int, epoch: int, batch_in_epoch: int, gathered: list[Any]) -> None:
+    state: dict[str, Any] = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": gathered,
+        "step": step,
+        "data": {"epoch": epoch, "batch_in_epoch": batch_in_epoch},
+    }
+    if args.plant == "scheduler_not_saved":
+        del state["scheduler"]
+    target = ckpt_dir / f"step_{step:06d}.pt"
+    tmp = target.with_name("." + target.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, target)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""tests/data/jobs/sched_train.py under the resume and determinism checks: a plain DDP loop whose
+LambdaLR changes the lr every step. Clean, it resumes exactly; each planted defect (``--plant``)
+must fail the resume with its cause named first, from what the checks observe in the job (the lr
+is not printed: no ``--print-lr``).
+
+``scheduler_not_saved`` is issue 44's case: the checkpoint holds model, optimizer, RNG and data
+position, not the scheduler. The first resumed step matches (the optimizer restored its lr) and
+the second differs; the final checkpoints hold no scheduler to differ in.
+
+Each run starts torch (~3 s on 2 cores); the clean job's determinism and resume share their runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import report_evidence
+from trainguard.report import CheckResult
+from trainguard.session import check
+
+JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
+
+#: the checks of sched.trainguard.yaml (its own job file), at 2 ranks, with the plant's args
+JOB_FILE = (JOBS / "sched.trainguard.yaml").read_text()
+
+
+def job_file(tmp_path: Path, args: str = "", checks: str | None = None) -> Path:
+    """sched.trainguard.yaml with ``cwd`` the jobs folder, ``args`` added to every run."""
+    text = JOB_FILE.replace("  resume_args:", f"  cwd: {JOBS}\n  resume_args:")
+    if args:
+        text = text.replace("--ckpt-dir {checkpoint_dir}", "--ckpt-dir {checkpoint_dir} " + args)
+    if checks is not None:
+        text = text.split("checks:\n")[0] + "checks:\n" + checks
+    path = tmp_path / "trainguard.yaml"
+    path.write_text(text)
+    return path
+
+
+#: plant -> the cause the resume check must name first (issue 44's "Done when")
+PLANTS = {
+    "scheduler_not_saved": "scheduler",
+    "rng_not_restored": "rng",
+}
+
+#: the plants today's diagnosis gets wrong, expected to flip when issue 44's step records land
+NAMED_WRONG_TODAY = {
+    "scheduler_not_saved": "the checkpoint-inventory inference names rng first (the trajectories "
+    "agree for 2 resumed steps, samples the same); the lr the agent records names the scheduler",
+}
+
+
+def resume_of(path: Path, tmp_path: Path) -> CheckResult:
+    report = check(path, only=["resume"], report_json=str(tmp_path / "report.json"))
+    (result,) = report.checks
+    return result
+
+
+@pytest.mark.resume
+@pytest.mark.determinism
+def test_the_clean_job_is_deterministic_and_resumes_exactly(tmp_path: Path) -> None:
+    report = check(job_file(tmp_path), report_json=str(tmp_path / "report.json"))
+    by_name = {c.name: c for c in report.checks}
+    assert report.status == "passed", [(c.name, c.summary) for c in report.checks]
+    resume = report_evidence(by_name["resume"])
+    assert resume["resumed_from_step"] % 4 == 0 and resume["resumed_from_step"] >= 8, resume
+    assert resume["trajectory"]["max_abs_diff"] == 0.0, resume["trajectory"]
+    # the final checkpoints compared key by key: model, optimizer, scheduler, RNG, data position
+    assert resume["state"]["compared"] is True and resume["state"]["differing_keys"] == [], resume["state"]
+
+
+def _plant_param(plant: str) -> object:
+    marks = []
+    if plant in NAMED_WRONG_TODAY:
+        marks.append(pytest.mark.xfail(strict=True, reason=f"issue 44: {NAMED_WRONG_TODAY[plant]}"))
+    return pytest.param(plant, marks=marks, id=plant)
+
+
+@pytest.mark.resume
+@pytest.mark.parametrize("plant", [_plant_param(p) for p in PLANTS])
+def test_a_planted_resume_defect_fails_naming_its_cause_first(tmp_path: Path, plant: str) -> None:
+    result = resume_of(job_file(tmp_path, f"--plant {plant}"), tmp_path)
+    assert result.status == "failed", result.summary
+    evidence = report_evidence(result)
+    boundary = evidence["resumed_from_step"] + 1
+    divergent = evidence["trajectory"]["first_divergent_step"]
+    if plant == "scheduler_not_saved":
+        # the restored optimizer's lr carries the first resumed step's update; the restarted
+        # schedule the second's, which the loss printed at the third is the first to show
+        assert divergent == boundary + 2, evidence["trajectory"]
+    else:
+        assert divergent == boundary, evidence["trajectory"]
+    first = evidence["diagnosis"][0]
+    assert first["key"] == PLANTS[plant] and first["evidence"], evidence["diagnosis"]
