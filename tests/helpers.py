@@ -141,6 +141,22 @@ def make_sizing(recommended: int | None = 4, recommendation: str = "4 GPUs meet 
                   memory_budget_mb=None, memory_budget_source="")
 
 
+def patched_copy(example: Path, root: Path, patches: dict[str, tuple[str, str]], job_file: str) -> Path:
+    """A copy of ``example`` at ``root`` with each planted replacement ``{file: (old, new)}``
+    applied exactly once (a change to the example that moves a patched line fails loudly instead
+    of silently testing nothing) and ``job_file`` as its trainguard.yaml; ``root``."""
+    import shutil
+
+    shutil.copytree(example, root, ignore=shutil.ignore_patterns(".trainguard", "__pycache__"))
+    for name, (old, new) in patches.items():
+        path = root / name
+        text = path.read_text()
+        assert text.count(old) == 1, f"planted patch no longer applies to {name}: {old!r}"
+        path.write_text(text.replace(old, new))
+    (root / "trainguard.yaml").write_text(job_file)
+    return root
+
+
 def only_check(root: Path, name: str) -> Any:
     """Run one check (or ``drill:<name>``) of the job file in ``root``; its CheckResult."""
     from trainguard.session import check

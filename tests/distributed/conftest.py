@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import patched_copy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits"
 
@@ -23,14 +24,6 @@ def patched_example(tmp_path: Path) -> PatchedExample:
     """
 
     def make(patches: dict[str, tuple[str, str]], job_file: str) -> Path:
-        root = tmp_path / "digits"
-        shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns(".trainguard", "__pycache__"))
-        for name, (old, new) in patches.items():
-            path = root / name
-            text = path.read_text()
-            assert text.count(old) == 1, f"planted patch no longer applies to {name}: {old!r}"
-            path.write_text(text.replace(old, new))
-        (root / "trainguard.yaml").write_text(job_file)
-        return root
+        return patched_copy(EXAMPLE, tmp_path / "digits", patches, job_file)
 
     return make

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,36 +50,60 @@ def _git(repo: Path, *args: str) -> str:
                           timeout=60).stdout.strip()
 
 
+def make_digits_repo(tmp_path: Path, patches: Patches, *, commit: bool = True,
+                     new_files: dict[str, str] | None = None, base: str = "base",
+                     at_base: Callable[[Path], None] | None = None, sha256: bool = False) -> Path:
+    """The digits example committed as ``base`` (tag) in ``tmp_path/repo``, then each planted
+    replacement (applied exactly once) committed on top, or left uncommitted."""
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLE, repo, ignore=shutil.ignore_patterns(".trainguard", "__pycache__", "checkpoints"))
+    (repo / ".gitignore").write_text("data/\n.trainguard/\n__pycache__/\n")
+    (repo / "trainguard.yaml").write_text(JOB.format(base=base))
+    _git(repo, "init", "-q", *(["--object-format=sha256"] if sha256 else []))
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "base")
+    _git(repo, "tag", "base")
+    if at_base is not None:
+        at_base(repo)
+    for name, (old, new) in patches.items():
+        path = repo / name
+        text = path.read_text()
+        assert text.count(old) == 1, f"planted patch no longer applies to {name}: {old!r}"
+        path.write_text(text.replace(old, new))
+    for name, text in (new_files or {}).items():
+        (repo / name).write_text(text)
+    if commit:
+        _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+        _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "change")
+    return repo
+
+
 @pytest.fixture
 def digits_repo(tmp_path: Path) -> Callable[..., Path]:
-    """``make(patches, commit=True)``: the digits example committed as ``base`` (tag), then each
-    planted replacement (applied exactly once) committed on top, or left uncommitted."""
+    """``make(patches, commit=True)``: :func:`make_digits_repo` in the test's temporary folder."""
 
-    def make(patches: Patches, *, commit: bool = True, new_files: dict[str, str] | None = None,
-             base: str = "base", at_base: Callable[[Path], None] | None = None, sha256: bool = False) -> Path:
-        repo = tmp_path / "repo"
-        shutil.copytree(EXAMPLE, repo, ignore=shutil.ignore_patterns(".trainguard", "__pycache__", "checkpoints"))
-        (repo / ".gitignore").write_text("data/\n.trainguard/\n__pycache__/\n")
-        (repo / "trainguard.yaml").write_text(JOB.format(base=base))
-        _git(repo, "init", "-q", *(["--object-format=sha256"] if sha256 else []))
-        _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
-        _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "base")
-        _git(repo, "tag", "base")
-        if at_base is not None:
-            at_base(repo)
-        for name, (old, new) in patches.items():
-            path = repo / name
-            text = path.read_text()
-            assert text.count(old) == 1, f"planted patch no longer applies to {name}: {old!r}"
-            path.write_text(text.replace(old, new))
-        for name, text in (new_files or {}).items():
-            (repo / name).write_text(text)
-        if commit:
-            _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
-            _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "change")
-        return repo
+    def make(patches: Patches, **options: Any) -> Path:
+        return make_digits_repo(tmp_path, patches, **options)
 
     return make
+
+
+def renamed_head() -> str:
+    """digits/model.py with its ``head`` layer renamed ``classifier``."""
+    model = (EXAMPLE / "digits" / "model.py").read_text()
+    renamed = model.replace("self.head = nn.Linear", "self.classifier = nn.Linear").replace(
+        "return self.head(", "return self.classifier(")
+    assert renamed.count("self.classifier") == 2
+    return renamed
+
+
+#: planted changes of the current code that cannot resume base's checkpoint, or not exactly
+BUFFER_WITHOUT_DEFAULT: Patches = {"digits/model.py": (
+    "        self.head = nn.Linear(width, num_classes)\n",
+    "        self.head = nn.Linear(width, num_classes)\n"
+    "        self.register_buffer(\"input_scale\", torch.ones(in_features))\n")}
+DATA_ORDER_CHANGED: Patches = {"train.py": ("shuffle=True, seed=args.seed, drop_last=True",
+                                            "shuffle=True, seed=args.seed + 1, drop_last=True")}
 
 
 def _compat(repo: Path) -> CheckResult:
@@ -107,11 +132,7 @@ def test_a_renamed_layer_fails_naming_the_keys_against_the_promoted_commit_of_a_
     """base is the commit of the last promoted gate report, in a SHA-256 repository (64-digit
     commit ids): before issue 42 it was not found, and the rename passed as "nothing to be
     compatible with"."""
-    model = (EXAMPLE / "digits" / "model.py").read_text()
-    renamed = model.replace("self.head = nn.Linear", "self.classifier = nn.Linear").replace(
-        "return self.head(", "return self.classifier(")
-    assert renamed.count("self.classifier") == 2
-    repo = digits_repo({}, new_files={"digits/model.py": renamed}, base="promoted", at_base=_promote, sha256=True)
+    repo = digits_repo({}, new_files={"digits/model.py": renamed_head()}, base="promoted", at_base=_promote, sha256=True)
     result = _compat(repo)
     assert result.status == "failed", result.summary
     assert len(report_evidence(result)["base_commit"]) == 64 and "promoted-report index" in report_evidence(result)["promoted"]
@@ -126,10 +147,7 @@ def test_a_renamed_layer_fails_naming_the_keys_against_the_promoted_commit_of_a_
 
 @pytest.mark.timeout(300)
 def test_a_buffer_added_without_a_default_on_load_fails_naming_it(digits_repo: Callable[..., Path]) -> None:
-    repo = digits_repo({"digits/model.py": (
-        "        self.head = nn.Linear(width, num_classes)\n",
-        "        self.head = nn.Linear(width, num_classes)\n"
-        "        self.register_buffer(\"input_scale\", torch.ones(in_features))\n")})
+    repo = digits_repo(BUFFER_WITHOUT_DEFAULT)
     result = _compat(repo)
     assert result.status == "failed", result.summary
     assert "input_scale" in result.summary, result.summary
@@ -138,8 +156,7 @@ def test_a_buffer_added_without_a_default_on_load_fails_naming_it(digits_repo: C
 
 @pytest.mark.timeout(300)
 def test_a_changed_data_order_fails_at_the_first_step_after_the_resume(digits_repo: Callable[..., Path]) -> None:
-    repo = digits_repo({"train.py": ("shuffle=True, seed=args.seed, drop_last=True",
-                                     "shuffle=True, seed=args.seed + 1, drop_last=True")})
+    repo = digits_repo(DATA_ORDER_CHANGED)
     result = _compat(repo)
     assert result.status == "failed", result.summary
     ev = report_evidence(result)
@@ -188,11 +205,15 @@ checks:
 """
 
 
-@pytest.mark.parametrize("change", ["refactor", "resume-path"])
-def test_a_job_whose_resume_is_not_exact_is_judged_against_bases_own_resume(tmp_path: Path, change: str) -> None:
-    """Its batch generator restarts from the seed on a resume (as nanoGPT's does): no resume of it
-    matches the uninterrupted run. A refactor is still compatible (the current code continues
-    base's checkpoint exactly as base does); a change of the resume path (one step skipped) is not."""
+#: change -> its edits of inexact_resume.py: a refactor, and a resume path that skips a step
+INEXACT_CHANGES = {
+    "refactor": [("def latest(", "def newest_state("), ("(state := latest(", "(state := newest_state(")],
+    "resume-path": [('start = state["w"], state["step"] + 1', 'start = state["w"], state["step"] + 2')],
+}
+
+
+def inexact_repo(tmp_path: Path, change: str) -> Path:
+    """inexact_resume.py committed as ``base`` in ``tmp_path/repo``, with ``change`` on top (uncommitted)."""
     repo = tmp_path / "repo"
     repo.mkdir()
     source = INEXACT.read_text()
@@ -203,12 +224,19 @@ def test_a_job_whose_resume_is_not_exact_is_judged_against_bases_own_resume(tmp_
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "base")
     _git(repo, "tag", "base")
-    edits = {"refactor": [("def latest(", "def newest_state("), ("(state := latest(", "(state := newest_state(")],
-             "resume-path": [('start = state["w"], state["step"] + 1', 'start = state["w"], state["step"] + 2')]}[change]
-    for old, new in edits:
+    for old, new in INEXACT_CHANGES[change]:
         assert source.count(old) == 1, old
         source = source.replace(old, new)
     (repo / "train.py").write_text(source)
+    return repo
+
+
+@pytest.mark.parametrize("change", sorted(INEXACT_CHANGES))
+def test_a_job_whose_resume_is_not_exact_is_judged_against_bases_own_resume(tmp_path: Path, change: str) -> None:
+    """Its batch generator restarts from the seed on a resume (as nanoGPT's does): no resume of it
+    matches the uninterrupted run. A refactor is still compatible (the current code continues
+    base's checkpoint exactly as base does); a change of the resume path (one step skipped) is not."""
+    repo = inexact_repo(tmp_path, change)
     result = _compat(repo)
     ev = report_evidence(result)
     assert "before_resume" in ev, result.summary

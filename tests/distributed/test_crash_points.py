@@ -44,11 +44,18 @@ checks:
 """
 
 
-def _crash_points(tmp_path: Path, writer: str, mode: str = "kill", *, limit: int = 16, extra: str = "",
-                  world: int = 1, after: int = 7, steps: int = 20) -> CheckResult:
+def writer_job(tmp_path: Path, writer: str, mode: str = "kill", *, limit: int = 16, extra: str = "",
+               world: int = 1, after: int = 7, steps: int = 20) -> Path:
+    """The job file of save_writer.py with ``--writer writer`` and its crash_points check."""
     path = tmp_path / "trainguard.yaml"
     path.write_text(JOB.format(writer=writer, script=WRITER, mode=mode, limit=limit, extra=extra, world=world,
                                after=after, steps=steps))
+    return path
+
+
+def _crash_points(tmp_path: Path, writer: str, mode: str = "kill", *, limit: int = 16, extra: str = "",
+                  world: int = 1, after: int = 7, steps: int = 20) -> CheckResult:
+    path = writer_job(tmp_path, writer, mode, limit=limit, extra=extra, world=world, after=after, steps=steps)
     report = check(path, only=["crash_points"], report_json=str(tmp_path / "report.json"))
     (result,) = report.checks
     # the report on disk says what the result says

@@ -122,17 +122,18 @@ def test_resume_check_catches_planted_bug(
     assert first["key"] == cause and first["evidence"], report_evidence(result)["diagnosis"]
 
 
+#: every rank's sampler told it is the only one: each trains on the whole data set
+SAME_SHARD = {"train.py": (
+    "train_set, num_replicas=world_size, rank=rank, shuffle=True",
+    "train_set, num_replicas=1, rank=0, shuffle=True  # planted",
+)}
+
+
 @pytest.mark.parallel
 def test_parallel_check_catches_ranks_reading_the_same_shard(
     tmp_path: Path, patched_example: PatchedExample
 ) -> None:
-    root = patched_example(
-        {"train.py": (
-            "train_set, num_replicas=world_size, rank=rank, shuffle=True",
-            "train_set, num_replicas=1, rank=0, shuffle=True  # planted",
-        )},
-        JOB_FILE,
-    )
+    root = patched_example(SAME_SHARD, JOB_FILE)
     report = check(root, only=["parallel"], report_json=str(tmp_path / "report.json"))
     result = report.checks[0]
     assert result.status == "failed", result.summary

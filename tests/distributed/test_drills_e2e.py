@@ -77,11 +77,18 @@ def no_stopped_leftovers(result: CheckResult) -> None:
         pass
 
 
+#: the planted drill defects: a job that checkpoints only at exit, one whose peers wait forever
+KILL_EXIT_ONLY_CHECKPOINT = ("{name: kill-exit-ckpt, fault: kill_rank, rank: 1, steps: 24, after_step: 6, "
+                             "args: --ckpt-at-exit-only}")
+HANG_WITHOUT_TIMEOUT = ("{name: no-timeout, fault: hang, rank: 1, steps: 24, after_step: 6, expect: fail_clean, "
+                        "deadline: 4, args: --sync-timeout 0}")
+
+
 def test_kill_rank_recover_passes_on_the_clean_job_and_catches_exit_only_checkpoints(tmp_path: Path) -> None:
     path = job_file(
         tmp_path,
         "{name: kill, fault: kill_rank, rank: 1, steps: 24, after_step: 6, max_lost_steps: 5}",
-        "{name: kill-exit-ckpt, fault: kill_rank, rank: 1, steps: 24, after_step: 6, args: --ckpt-at-exit-only}",
+        KILL_EXIT_ONLY_CHECKPOINT,
     )
     clean = run(path, "kill")
     assert clean.status == "passed", clean.summary
@@ -126,8 +133,7 @@ def test_hang_fail_clean_passes_with_a_collective_timeout_and_catches_a_job_with
     path = job_file(
         tmp_path,
         "{name: timeout, fault: hang, rank: 1, steps: 24, after_step: 6, expect: fail_clean, deadline: 8}",
-        "{name: no-timeout, fault: hang, rank: 1, steps: 24, after_step: 6, expect: fail_clean, "
-        "deadline: 4, args: --sync-timeout 0}",
+        HANG_WITHOUT_TIMEOUT,
     )
     clean = run(path, "timeout")
     assert clean.status == "passed", clean.summary

@@ -57,7 +57,7 @@ CHAIN = "  resume: {steps: 24, chain: [7, 14]}\n"
 Patch = tuple[str, str]
 
 
-def _example(tmp: Path, patches: list[Patch], checks: str | None = None, world_size: int = 2) -> Path:
+def example_copy(tmp: Path, patches: list[Patch], checks: str | None = None, world_size: int = 2) -> Path:
     root = tmp / "fsdp2"
     shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns(".trainguard", "__pycache__", "ckpt*"))
     script = root / "train.py"
@@ -74,7 +74,7 @@ def _example(tmp: Path, patches: list[Patch], checks: str | None = None, world_s
 
 
 def _resume(tmp: Path, patches: list[Patch], checks: str | None = None) -> CheckResult:
-    report = check(_example(tmp, patches, checks), only=["resume"], report_json=str(tmp / "report.json"))
+    report = check(example_copy(tmp, patches, checks), only=["resume"], report_json=str(tmp / "report.json"))
     return report.checks[0]
 
 
@@ -267,7 +267,7 @@ KILL_DURING_ASYNC_SAVE = """\
 @pytest.mark.skipif(_NO_FUSE is not None, reason=f"no FUSE layer here: {_NO_FUSE}")
 @pytest.mark.parametrize("planted", [False, True], ids=["clean", "marker-before-save-done"])
 def test_a_kill_during_an_async_save(tmp_path: Path, planted: bool) -> None:
-    root = _example(tmp_path, MARKER_BEFORE_ASYNC_SAVE_DONE if planted else [], KILL_DURING_ASYNC_SAVE)
+    root = example_copy(tmp_path, MARKER_BEFORE_ASYNC_SAVE_DONE if planted else [], KILL_DURING_ASYNC_SAVE)
     result = drill(str(root / "trainguard.yaml")).checks[0]
     if not planted:
         assert result.status == "passed", result.summary
@@ -288,7 +288,7 @@ EVERY_CHECK_AT = """\
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_the_clean_example_passes_at_one_and_three_ranks(tmp_path: Path, world_size: int) -> None:
     checks = EVERY_CHECK_AT.replace("WS", str(max(2, world_size)))
-    root = _example(tmp_path, [], checks, world_size=world_size)
+    root = example_copy(tmp_path, [], checks, world_size=world_size)
     report = check(root, report_json=str(tmp_path / "report.json"))
     assert report.status == "passed", [(c.name, c.summary) for c in report.checks]
 
@@ -320,7 +320,7 @@ UNEVEN_RESHARD = """\
 @pytest.mark.slow
 @pytest.mark.reshard
 def test_a_world_size_that_does_not_divide_the_data_is_named_from_the_samples_trained_twice(tmp_path: Path) -> None:
-    result = check(_example(tmp_path, UNEVEN_SHARES, UNEVEN_RESHARD), only=["reshard"],
+    result = check(example_copy(tmp_path, UNEVEN_SHARES, UNEVEN_RESHARD), only=["reshard"],
                    report_json=str(tmp_path / "report.json")).checks[0]
     assert result.status == "failed", result.summary
     pair = report_evidence(result)["pairs"]["2->3"]
@@ -337,6 +337,6 @@ RESHARD = """\
 @pytest.mark.slow
 @pytest.mark.reshard
 def test_dcp_reshards_the_clean_example_between_one_two_and_three_ranks(tmp_path: Path) -> None:
-    result = check(_example(tmp_path, [], RESHARD), only=["reshard"],
+    result = check(example_copy(tmp_path, [], RESHARD), only=["reshard"],
                    report_json=str(tmp_path / "report.json")).checks[0]
     assert result.status == "passed", result.summary

@@ -125,14 +125,17 @@ def test_resume_check_names_the_planted_defect_first(tmp_path: Path, defect: str
         assert "samples of step 1" in result.summary + str(causes[0]), result.summary
 
 
+#: the disk fills up after step 22: a checkpoint written in place is torn
+DISK_FULL = (
+    "  drills:\n"
+    "    - {name: disk-full, fault: disk_full, rank: 0, world_size: 1, steps: 60,"
+    " after_step: 22, expect: fail_clean, deadline: 30}\n"
+)
+
+
 @pytest.mark.slow
 def test_disk_full_tears_a_checkpoint_written_in_place(tmp_path: Path) -> None:
-    drills = (
-        "  drills:\n"
-        "    - {name: disk-full, fault: disk_full, rank: 0, world_size: 1, steps: 60,"
-        " after_step: 22, expect: fail_clean, deadline: 30}\n"
-    )
-    root = example_copy(tmp_path, drills, args=" --resumable-data --plant checkpoint_in_place")
+    root = example_copy(tmp_path, DISK_FULL, args=" --resumable-data --plant checkpoint_in_place")
     result = only_check(root, "drill:disk-full")
     assert result.status == "failed", result.summary
     assert "the checkpoint is not usable" in result.summary, result.summary

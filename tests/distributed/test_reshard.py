@@ -39,7 +39,7 @@ checks:
 """
 
 
-def _toy(tmp_path: Path, args: str, pairs: str) -> Path:
+def toy_job(tmp_path: Path, args: str, pairs: str) -> Path:
     """A job file for reshard_train.py: 16 steps (8 per epoch), a checkpoint every 2 steps."""
     path = tmp_path / "trainguard.yaml"
     path.write_text(f"""\
@@ -88,7 +88,7 @@ def test_digits_example_resumes_at_another_world_size(
 
 
 def test_per_rank_data_offset_saved_as_a_global_one_fails(tmp_path: Path) -> None:
-    result, pairs = _run(_toy(tmp_path, "--defect offset", "[[1, 2]]"), tmp_path)
+    result, pairs = _run(toy_job(tmp_path, "--defect offset", "[[1, 2]]"), tmp_path)
     assert result.status == "failed", result.summary
     pair = pairs["1->2"]
     resumed = pair["resumed_from_step"]
@@ -99,7 +99,7 @@ def test_per_rank_data_offset_saved_as_a_global_one_fails(tmp_path: Path) -> Non
 
 
 def test_zero_optimizer_saving_only_rank0_shard_fails(tmp_path: Path) -> None:
-    result, pairs = _run(_toy(tmp_path, "--zero --defect zero-shard", "[[2, 1]]"), tmp_path)
+    result, pairs = _run(toy_job(tmp_path, "--zero --defect zero-shard", "[[2, 1]]"), tmp_path)
     assert result.status == "failed", result.summary
     pair = pairs["2->1"]
     assert "drew the same samples per step" in pair["samples"]  # not the data
@@ -112,14 +112,14 @@ def test_zero_optimizer_saving_only_rank0_shard_fails(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_zero_job_with_its_shards_gathered_passes_both_ways(tmp_path: Path) -> None:
-    result, pairs = _run(_toy(tmp_path, "--zero", "[[2, 1], [1, 2]]"), tmp_path)
+    result, pairs = _run(toy_job(tmp_path, "--zero", "[[2, 1], [1, 2]]"), tmp_path)
     assert result.status == "passed", result.summary
     assert all("drew the same samples per step" in p["samples"] for p in pairs.values())
 
 
 @pytest.mark.slow
 def test_per_rank_offset_fails_two_to_one_too(tmp_path: Path) -> None:
-    result, pairs = _run(_toy(tmp_path, "--defect offset", "[[2, 1]]"), tmp_path)
+    result, pairs = _run(toy_job(tmp_path, "--defect offset", "[[2, 1]]"), tmp_path)
     assert result.status == "failed", result.summary
     resumed = pairs["2->1"]["resumed_from_step"]
     assert f"drew the samples of the reference's step {resumed // 2 + 1}" in result.summary

@@ -46,7 +46,8 @@ while step < a.steps:
 '''
 
 
-def _run(tmp_path: Path, *, bug: bool, resume: str) -> tuple[str, str, dict[str, Any]]:
+def chain_job(tmp_path: Path, *, bug: bool, resume: str) -> Path:
+    """The job and its job file in ``tmp_path`` (``--bug`` planted or not), ``resume`` its check."""
     (tmp_path / "job.py").write_text(JOB)
     path = tmp_path / "trainguard.yaml"
     path.write_text(
@@ -60,7 +61,11 @@ def _run(tmp_path: Path, *, bug: bool, resume: str) -> tuple[str, str, dict[str,
         "  timeout: 60\n"
         f"checks:\n  resume: {resume}\n"
     )
-    (result,) = check(path, only=["resume"]).checks
+    return path
+
+
+def _run(tmp_path: Path, *, bug: bool, resume: str) -> tuple[str, str, dict[str, Any]]:
+    (result,) = check(chain_job(tmp_path, bug=bug, resume=resume), only=["resume"]).checks
     return result.status, result.summary, report_evidence(result)
 
 
