@@ -191,6 +191,26 @@ def _toy_rows() -> list[Row]:
     ]
 
 
+def _fault_drill_rows() -> list[Row]:
+    from tests.distributed import test_preempt_drill as preempt
+    from tests.distributed.test_storage_drills import storage_job
+
+    planted = [
+        ("preempt", "ignored", "no handler for the notice", preempt.job_file, False),
+        ("preempt", "torn", "not atomic", preempt.job_file, False),
+        ("preempt", "rank0-alone", "do not agree on the step", preempt.job_file, False),
+        ("preempt", "died", "died of the signal", preempt.job_file, False),
+        ("storage", "corrupt-silent", "no integrity check on load", storage_job, True),
+        ("storage", "eio-write-inplace", "in place", storage_job, True),
+        ("storage", "fsync-inplace", "in place", storage_job, True),
+        ("storage", "eio-read-scratch", "started again from step 1", storage_job, True),
+        ("storage", "kill-save-inplace", "in place", storage_job, True),
+        ("storage", "kill-save-pointer", "pointer", storage_job, True),
+    ]
+    return [Row("drill", f"toy_train.py ({fault})", name, expected, make, f"drill:{name}", fuse=fuse, timeout_s=300)
+            for fault, name, expected, make, fuse in planted]
+
+
 #: nanoGPT's train.py, tiny on CPU: the settings the job file `trainguard init` writes gets added
 NANOGPT_SETTINGS = ("--dataset=tiny --n_layer=2 --n_head=2 --n_embd=32 --block_size=32 --batch_size=4 "
                     "--dtype=float32 --eval_iters=2 --gradient_accumulation_steps=1 --always_save_checkpoint=True")
@@ -234,7 +254,7 @@ def _nanogpt_rows() -> list[Row]:
 
 
 def all_rows() -> list[Row]:
-    return [*_sched_rows(), *_digits_rows(), *_toy_rows(), *_fsdp2_rows(), *_hf_rows(), *_lightning_rows(),
+    return [*_sched_rows(), *_digits_rows(), *_toy_rows(), *_fault_drill_rows(), *_fsdp2_rows(), *_hf_rows(), *_lightning_rows(),
             *_nanogpt_rows()]
 
 

@@ -69,20 +69,20 @@ SLOW = ["corrupt-fallback", "eio-write-inplace", "fsync", "fsync-inplace", "eio-
         "slow-every-step"]
 
 
-def _path(tmp: Path) -> Path:
+def storage_job(tmp: Path) -> Path:
     # a resumed run meets no fault: it goes at full speed (--resume-sleep 0; its 30-35 steps of
     # 0.05 s were ~1.6 s of each drill)
     return toy_job(tmp / "storage.trainguard.yaml", "toy-storage", "--sleep 0.05 --resume-sleep 0", DRILLS)
 
 
 def _run(tmp: Path, only: list[str]) -> dict[str, CheckResult]:
-    report = drill(str(_path(tmp)), only=only)
+    report = drill(str(storage_job(tmp)), only=only)
     return {c.name.removeprefix("drill:"): c for c in report.checks}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
-    return drills_sharing_a_reference(_path(tmp_path_factory.mktemp("storage")), DEFAULT,
+    return drills_sharing_a_reference(storage_job(tmp_path_factory.mktemp("storage")), DEFAULT,
                                       own_reference=OWN_REFERENCE)
 
 
