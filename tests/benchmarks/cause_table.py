@@ -178,9 +178,9 @@ def _toy_rows() -> list[Row]:
             "compat"),
         Row("compat", "inexact_resume.py (git)", "resume path skips a step", "continues differently",
             lambda t: inexact_repo(t, "resume-path") / "trainguard.yaml", "compat", timeout_s=300),
-        Row("drill", "toy_train.py", "checkpoint only at exit (kill_rank)", "no usable checkpoint",
+        Row("drill", "toy_train.py", "checkpoint only at exit (kill_rank)", "no checkpoint",
             lambda t: job_file(t, KILL_EXIT_ONLY_CHECKPOINT), "drill:kill-exit-ckpt", timeout_s=300),
-        Row("drill", "toy_train.py", "no collective timeout (hang)", "hung",
+        Row("drill", "toy_train.py", "no collective timeout (hang)", "no timeout",
             lambda t: job_file(t, HANG_WITHOUT_TIMEOUT), "drill:no-timeout", timeout_s=300),
         Row("crash points", "save_writer.py", "inplace (kill)", "rename it over",
             lambda t: writer_job(t, "inplace"), "crash_points", fuse=True, timeout_s=300),
@@ -188,6 +188,30 @@ def _toy_rows() -> list[Row]:
             lambda t: writer_job(t, "unlink-first"), "crash_points", fuse=True, timeout_s=300),
         Row("crash points", "save_writer.py", "rename without fsync (power)", "fsync",
             lambda t: writer_job(t, "rename", "power", limit=3), "crash_points", fuse=True, timeout_s=300),
+    ]
+
+
+def _calibrated_rows() -> list[Row]:
+    from tests.distributed.test_calibration import JOB, SCRIPT, planted_script
+
+    def nondet(tmp: Path, *, calibrated: bool) -> Path:
+        """nondet_sum.py (correct, not bitwise deterministic) as train.py, calibrated on 5 runs
+        and then given its planted bug (the resumed run's schedule one step behind), or neither."""
+        path, script = tmp / "trainguard.yaml", tmp / "train.py"
+        path.write_text(JOB.format(script="train.py"))
+        script.write_text(SCRIPT.read_text())
+        if calibrated:
+            from trainguard.session.calibrate import calibrate
+
+            calibrate(path, runs=5, only=["resume"])
+            script.write_text(planted_script('default="none")', 'default="lr-behind")'))
+        return path
+
+    return [
+        Row("resume (calibrated)", "nondet_sum.py", "lr schedule one step behind on resume", "scheduler",
+            lambda t: nondet(t, calibrated=True), "resume", timeout_s=400),
+        Row("resume", "nondet_sum.py", "none planted: correct, not bitwise deterministic, uncalibrated",
+            "determinis", lambda t: nondet(t, calibrated=False), "resume", timeout_s=300),
     ]
 
 
@@ -203,7 +227,7 @@ def _fault_drill_rows() -> list[Row]:
         ("storage", "corrupt-silent", "no integrity check on load", storage_job, True),
         ("storage", "eio-write-inplace", "in place", storage_job, True),
         ("storage", "fsync-inplace", "in place", storage_job, True),
-        ("storage", "eio-read-scratch", "started again from step 1", storage_job, True),
+        ("storage", "eio-read-scratch", "starts from step 0", storage_job, True),
         ("storage", "kill-save-inplace", "in place", storage_job, True),
         ("storage", "kill-save-pointer", "pointer", storage_job, True),
     ]
@@ -254,7 +278,7 @@ def _nanogpt_rows() -> list[Row]:
 
 
 def all_rows() -> list[Row]:
-    return [*_sched_rows(), *_digits_rows(), *_toy_rows(), *_fault_drill_rows(), *_fsdp2_rows(), *_hf_rows(), *_lightning_rows(),
+    return [*_sched_rows(), *_digits_rows(), *_toy_rows(), *_calibrated_rows(), *_fault_drill_rows(), *_fsdp2_rows(), *_hf_rows(), *_lightning_rows(),
             *_nanogpt_rows()]
 
 

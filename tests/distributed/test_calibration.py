@@ -43,7 +43,7 @@ checks:
 """
 
 
-def _planted(old: str, new: str) -> str:
+def planted_script(old: str, new: str) -> str:
     """The job's script with one line of it changed: a defect planted in the code, the job file
     (and so the calibration it uses, keyed to it) unchanged."""
     text = SCRIPT.read_text()
@@ -60,10 +60,10 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> dict:
     calibrated = calibrate(clean, runs=5, only=["canary", "resume"])
     checked = {c.name: c for c in check(clean, only=["canary", "resume", "determinism"]).checks}
     # planted: the resumed run's schedule one step behind (--bug lr-behind on resume)
-    script.write_text(_planted('default="none")', 'default="lr-behind")'))
+    script.write_text(planted_script('default="none")', 'default="lr-behind")'))
     planted = check(clean, only=["resume"], report_json=str(root / "buggy.json")).checks[0]
     # planted for the canary: a change that makes the job learn slower (a lower learning rate)
-    script.write_text(_planted("default=0.02)", "default=0.015)"))
+    script.write_text(planted_script("default=0.02)", "default=0.015)"))
     slower = check(clean, only=["canary"], report_json=str(root / "slow.json")).checks[0]
     return {"root": root, "calibrated": calibrated, "clean": checked, "planted": planted, "slow": slower}
 
