@@ -231,8 +231,29 @@ def _fault_drill_rows() -> list[Row]:
         ("storage", "kill-save-inplace", "in place", storage_job, True),
         ("storage", "kill-save-pointer", "pointer", storage_job, True),
     ]
-    return [Row("drill", f"toy_train.py ({fault})", name, expected, make, f"drill:{name}", fuse=fuse, timeout_s=300)
+    rows = [Row("drill", f"toy_train.py ({fault})", name, expected, make, f"drill:{name}", fuse=fuse, timeout_s=300)
             for fault, name, expected, make, fuse in planted]
+    return rows + _more_drill_rows()
+
+
+def _more_drill_rows() -> list[Row]:
+    from tests.distributed.test_kill_worker_drill import workers_job
+    from tests.distributed.test_nan_drill import nan_job
+    from tests.distributed.test_slow_rank_drill import slow_job
+    from tests.distributed.test_soak import exit_only_soak_job
+
+    return [
+        Row("drill", "toy_train.py (kill_worker)", "worker-hangs", "waits for the dead worker", workers_job,
+            "drill:worker-hangs", timeout_s=300),
+        Row("drill", "nan_train.py (nan)", "nan-train-on", "no check for non-finite values", nan_job,
+            "drill:nan-train-on", timeout_s=300),
+        Row("drill", "nan_train.py (nan)", "nan-spread", "reads only the loss", nan_job, "drill:nan-spread",
+            timeout_s=300),
+        Row("drill", "toy_train.py (slow_rank)", "slow-timeout", "timeout", slow_job, "drill:slow-timeout",
+            timeout_s=300),
+        Row("drill", "toy_train.py (soak)", "checkpoint only at exit", "no checkpoint before the fault",
+            exit_only_soak_job, "drill:chaos", timeout_s=300),
+    ]
 
 
 #: nanoGPT's train.py, tiny on CPU: the settings the job file `trainguard init` writes gets added

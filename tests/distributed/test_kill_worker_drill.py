@@ -28,10 +28,15 @@ DRILLS = [
 ]
 
 
+def workers_job(directory: Path) -> Path:
+    """The toy job with 2 data-loading workers per rank and the drills above, in ``directory``."""
+    return toy_job(directory / "workers.trainguard.yaml", "toy-workers",
+                   "--sleep 0.05 --workers 2 --sync-dir {run_dir}/sync --sync-timeout 0", DRILLS)
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return toy_job(tmp_path_factory.mktemp("workers") / "workers.trainguard.yaml", "toy-workers",
-                   "--sleep 0.05 --workers 2 --sync-dir {run_dir}/sync --sync-timeout 0", DRILLS)
+    return workers_job(tmp_path_factory.mktemp("workers"))
 
 
 def run(path: Path, name: str) -> CheckResult:

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(240)
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
 
 
-def _job_file(tmp: Path) -> Path:
+def nan_job(tmp: Path) -> Path:
     path = tmp / "nan.trainguard.yaml"
     text = (JOBS / "nan.trainguard.yaml").read_text()
     path.write_text(text.replace("python nan_train.py", f"python {JOBS / 'nan_train.py'}"))
@@ -39,7 +39,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
     value (``--on-nonfinite``, ``--check``), which a run that never meets one never does: one
     uninterrupted reference run serves the three (each launching its own was 2 of the module's 6
     torch DDP runs)."""
-    path = _job_file(tmp_path_factory.mktemp("nan"))
+    path = nan_job(tmp_path_factory.mktemp("nan"))
     return drills_sharing_a_reference(path, ["nan-stop", "nan-train-on", "nan-spread"])
 
 
@@ -63,7 +63,7 @@ def test_a_job_that_stops_on_the_nan_passes(results: dict[str, CheckResult]) -> 
 
 @pytest.mark.slow
 def test_a_job_that_skips_the_step_goes_on_with_finite_losses(tmp_path: Path) -> None:
-    result = drill(str(_job_file(tmp_path)), only=["nan-skip"]).checks[0]
+    result = drill(str(nan_job(tmp_path)), only=["nan-skip"]).checks[0]
     assert result.status == "passed", result.summary
     put = _put(result)
     numerics = report_evidence(result)["numerics"]
@@ -97,7 +97,7 @@ def test_a_nan_gradient_spread_by_the_all_reduce_is_reported_on_every_rank(resul
 
 @pytest.mark.slow
 def test_an_inf_in_the_gradients_is_skipped_by_a_job_that_checks_the_gradient_norm(tmp_path: Path) -> None:
-    result = drill(str(_job_file(tmp_path)), only=["inf-grads-skip"]).checks[0]
+    result = drill(str(nan_job(tmp_path)), only=["inf-grads-skip"]).checks[0]
     assert result.status == "passed", result.summary
     put = _put(result)
     assert (put["target"], put["value"]) == ("grads", "inf")

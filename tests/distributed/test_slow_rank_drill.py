@@ -9,6 +9,7 @@ has a collective timeout shorter than a slowed step and fails, with the timeout 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -30,10 +31,14 @@ DRILLS = [
 ]
 
 
+def slow_job(directory: Path) -> Path:
+    """The toy job doing CPU work each step, every step a barrier, with the drills above."""
+    return toy_job(directory / "slow.trainguard.yaml", "toy-slow", "--work-ms 20 --sync-dir {run_dir}/sync", DRILLS)
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CheckResult]:
-    path = toy_job(tmp_path_factory.mktemp("slow") / "slow.trainguard.yaml", "toy-slow",
-                   "--work-ms 20 --sync-dir {run_dir}/sync", DRILLS)
+    path = slow_job(tmp_path_factory.mktemp("slow"))
     return {c.name.removeprefix("drill:"): c for c in drill(str(path)).checks}
 
 

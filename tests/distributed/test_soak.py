@@ -78,9 +78,14 @@ def test_a_clean_job_recovers_from_every_fault_and_the_soak_measures_each(clean:
     assert _struck(replay) == _struck(result)
 
 
-def test_a_job_that_checkpoints_only_at_exit_fails_the_soak(tmp_path: Path) -> None:
-    path = toy_job(tmp_path / "toy.trainguard.yaml", "soak-planted", "--sleep 0.05 --ckpt-at-exit-only",
+def exit_only_soak_job(directory: Path) -> Path:
+    """The planted job: it checkpoints only at exit; the soak strikes it with kill_rank alone."""
+    return toy_job(directory / "toy.trainguard.yaml", "soak-planted", "--sleep 0.05 --ckpt-at-exit-only",
                    [SOAK.replace("kill_rank, preempt", "kill_rank").replace(", fault_params: {preempt: {grace: 5}}", "")])
+
+
+def test_a_job_that_checkpoints_only_at_exit_fails_the_soak(tmp_path: Path) -> None:
+    path = exit_only_soak_job(tmp_path)
     result = _soak(JobRunner(load_config(path)))
     assert result.status == "failed", result.summary
     assert "began again at step 1" in result.summary
