@@ -237,12 +237,22 @@ def _fault_drill_rows() -> list[Row]:
 
 
 def _more_drill_rows() -> list[Row]:
+    from tests.distributed.test_drills_faults_e2e import (
+        OOM_SWALLOWED,
+        disk_full_drill,
+        toy_drill_job,
+    )
     from tests.distributed.test_kill_worker_drill import workers_job
     from tests.distributed.test_nan_drill import nan_job
     from tests.distributed.test_slow_rank_drill import slow_job
     from tests.distributed.test_soak import exit_only_soak_job
 
     return [
+        Row("drill", "toy_train.py (oom)", "swallows the OOM", "swallow", lambda t: toy_drill_job(t, OOM_SWALLOWED),
+            "drill:oom", timeout_s=300),
+        Row("drill", "toy_train.py (disk_full)", "in-place writer (hook mode)", "in place",
+            lambda t: toy_drill_job(t, disk_full_drill("in-place", "hook", "--sleep 0.1")), "drill:disk",
+            timeout_s=300),
         Row("drill", "toy_train.py (kill_worker)", "worker-hangs", "waits for the dead worker", workers_job,
             "drill:worker-hangs", timeout_s=300),
         Row("drill", "nan_train.py (nan)", "nan-train-on", "no check for non-finite values", nan_job,

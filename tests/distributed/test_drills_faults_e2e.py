@@ -67,10 +67,19 @@ checks:
 """
 
 
-def run(tmp_path: Path, template: str, drill: str, **fmt: Any) -> CheckResult:
+def drill_job(tmp_path: Path, template: str, drill: str, **fmt: Any) -> Path:
+    """The job file of ``template`` with the one drill ``drill``, in ``tmp_path``."""
     path = tmp_path / "trainguard.yaml"
     path.write_text(template.format(**fmt) + f"    - {drill}\n")
-    job = load_config(path)
+    return path
+
+
+def toy_drill_job(tmp_path: Path, drill: str) -> Path:
+    return drill_job(tmp_path, TOY, drill, script=DATA / "jobs" / "toy_train.py")
+
+
+def run(tmp_path: Path, template: str, drill: str, **fmt: Any) -> CheckResult:
+    job = load_config(drill_job(tmp_path, template, drill, **fmt))
     runner = JobRunner(job)
     try:
         return run_drill(runner, job.checks.drills[0])
@@ -82,11 +91,15 @@ def toy(tmp_path: Path, drill: str) -> CheckResult:
     return run(tmp_path, TOY, drill, script=DATA / "jobs" / "toy_train.py")
 
 
+#: the planted defect: the job catches the OOM error and trains on
+OOM_SWALLOWED = ("{name: oom, fault: oom, rank: 1, steps: 14, after_step: 7, "
+                 "expect: fail_clean, deadline: 6, params: {mode: raise}, args: --swallow-oom}")
+
+
 @pytest.mark.parametrize("defect", [False, True], ids=["clean", "swallows-oom"])
 def test_oom_fail_clean(tmp_path: Path, defect: bool) -> None:
     if defect:  # the job's own code sees the error: the start-up hook raises it at step 7
-        result = toy(tmp_path, "{name: oom, fault: oom, rank: 1, steps: 14, after_step: 7, "
-                     "expect: fail_clean, deadline: 6, params: {mode: raise}, args: --swallow-oom}")
+        result = toy(tmp_path, OOM_SWALLOWED)
         assert result.status == "failed", result.summary
         assert "exit" in result.summary or "hung" in result.summary
         return
@@ -101,13 +114,17 @@ def test_oom_fail_clean(tmp_path: Path, defect: bool) -> None:
 _SIZES_KB = {"4KB": 4, "100KB": 100, "1MB": 1024, "50MB": 51200}
 
 
-def _disk_full(tmp_path: Path, writer: str, mode: str, args: str) -> None:
+def disk_full_drill(writer: str, mode: str, args: str) -> str:
     """The drill after step 7 of 14: an atomic writer fails clean and resumes from step 5, an
-    in-place writer leaves a torn checkpoint the resume trips over."""
+    in-place writer (the defect) leaves a torn checkpoint the resume trips over."""
     args += " --ckpt-inplace" if writer == "in-place" else ""
     params = "" if mode == "auto" else f", params: {{mode: {mode}}}"
-    result = toy(tmp_path, "{name: disk, fault: disk_full, rank: 0, steps: 14, after_step: 7, "
-                 f"expect: fail_clean, deadline: 20, args: '{args}'{params}}}")
+    return ("{name: disk, fault: disk_full, rank: 0, steps: 14, after_step: 7, "
+            f"expect: fail_clean, deadline: 20, args: '{args}'{params}}}")
+
+
+def _disk_full(tmp_path: Path, writer: str, mode: str, args: str) -> None:
+    result = toy(tmp_path, disk_full_drill(writer, mode, args))
     ran = mode if mode != "auto" else ("fuse" if fuse_unavailable() is None else "hook")
     assert report_evidence(result)["fault_evidence"]["mode_ran"] == ran
     if writer == "in-place":
