@@ -256,3 +256,37 @@ def test_a_loss_scale_metric_that_parts_at_the_resume_names_the_scaler() -> None
     other = diagnose_resume(ResumeFacts(20, first_divergent_step=23, checkpoint=_inventory(),
                                         metrics={"loss": 23, "lr_scale": 21}))
     assert next(c for c in other if c.key == "scaler").strength == NONE
+
+
+def test_a_divergence_one_step_after_the_resume_points_at_the_scheduler_not_the_data_position() -> None:
+    """Issue 44's opening case: a checkpoint of model, optimizer, RNG and step, not the LambdaLR.
+    The first resumed step matched and the second differed: a lost data position or RNG shows at
+    the first resumed step itself, a lost scheduler or optimizer state a step later. "lacks
+    scheduler" and "lacks data position" tied, and dict order named the data position."""
+    causes = diagnose_resume(ResumeFacts(20, first_divergent_step=22, checkpoint=_inventory("scheduler", "data")))
+    assert causes[0].key == "scheduler", [(c.key, c.strength) for c in causes]
+    data = next(c for c in causes if c.key == "data_position")
+    assert data.strength < causes[0].strength
+    assert any("first resumed step (21) matched" in e for e in data.evidence)
+    assert explain(causes).startswith("most likely LR scheduler state")
+    # the same checkpoint with the divergence at the first resumed step: the data position stays a candidate
+    boundary = diagnose_resume(ResumeFacts(20, first_divergent_step=21, checkpoint=_inventory("scheduler", "data")))
+    assert next(c for c in boundary if c.key == "data_position").strength == SUGGESTIVE
+    # the first resumed step not compared (a metric printed every other step): no such conclusion
+    unprinted = diagnose_resume(ResumeFacts(20, first_divergent_step=22, checkpoint=_inventory("scheduler", "data"),
+                                            boundary_compared=False))
+    assert next(c for c in unprinted if c.key == "data_position").strength == SUGGESTIVE
+
+
+def test_a_late_small_divergence_with_the_same_samples_does_not_name_the_data_position() -> None:
+    """A correct job that is merely not bitwise deterministic: the checkpoint holds no data
+    position (its batches come from the RNG it restores), the resumed run drew the reference's
+    samples at every step, and the runs part late. The data position was named first."""
+    causes = diagnose_resume(ResumeFacts(5, first_divergent_step=12, checkpoint=_inventory("data"), samples_agree_through=12))
+    assert causes[0].key == "nondeterministic", [(c.key, c.strength) for c in causes]
+    assert next(c for c in causes if c.key == "data_position").ruled_out
+    assert "drew the reference's samples at every step through step 12" in " ".join(
+        next(c for c in causes if c.key == "data_position").evidence)
+    # samples that part before the divergence still point at the data position
+    other = diagnose_resume(ResumeFacts(5, first_divergent_step=12, checkpoint=_inventory("data")))
+    assert other[0].key in ("data_position", "rng")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainguard.checks.accounting import global_batches, sample_agreement
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.unit.checkpoints.state import InventoryEvidence
 
@@ -71,6 +72,8 @@ RESUME_CAUSE_TEXT = {
     "current weights)",
     "scaler": "loss-scaler (GradScaler) state not saved or not restored (the loss scale and its "
     "growth count restart)",
+    "nondeterministic": "the job is not bitwise deterministic (two runs part without any resume; the "
+    "determinism check says why)",
 }
 
 #: a metric that reports an average of the weights (``ema_norm``, ``swa_loss``, ``val_loss_ema``)
@@ -143,6 +146,11 @@ class _Tally:
 
     def rule_out(self, key: str, why: str) -> None:
         self.ruled_out.add(key)
+        self.evidence.setdefault(key, []).append(why)
+
+    def weaken(self, key: str, why: str) -> None:
+        """Evidence against ``key`` that does not rule it out: a point less, never below none."""
+        self.strength[key] = max(NONE, self.strength.get(key, NONE) - 1)
         self.evidence.setdefault(key, []).append(why)
 
 
@@ -295,6 +303,15 @@ class ResumeFacts:
     began_again: bool | None = None
     #: whether the runs held GPU memory (NVML): their GPU draws have a CUDA generator to restore
     on_gpu: bool = False
+    #: whether the first resumed step was compared (False: the metric was not printed there)
+    boundary_compared: bool = True
+    #: the last step through which the resumed ranks drew the reference ranks' samples, step by
+    #: step (None: not compared)
+    samples_agree_through: int | None = None
+    #: the steps the reference printed: from ``counted_from`` (1, or 0 for a job counting from 0)
+    #: to ``last_step`` (None: the check's ``steps``)
+    counted_from: int = 1
+    last_step: int | None = None
 
 
 def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
@@ -325,19 +342,45 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
         t.add("stale_checkpoint", SUGGESTIVE, why)
     if facts.checkpoint is not None:
         _rng_states_held(t, facts.checkpoint, facts)
+    if step == boundary + 1 and not began_again and facts.boundary_compared:
+        _second_resumed_step(t, boundary)
     if step is not None and not began_again and step > boundary + 1:
-        agree = step - boundary
-        later = f"the trajectories agree for {agree} resumed step{'s' if agree > 1 else ''} and part at step {step}"
-        t.add("data_position", SUGGESTIVE, later)
-        t.add("rng", SUGGESTIVE, later)
-        if "optimizer" not in t.ruled_out:
-            t.add("optimizer", -1, "lost optimizer moments show within a step of the resume, not later")
+        _later_divergence(t, facts, step, boundary)
     _final_state(t, facts)
     for key, line in facts.warnings:
         t.add(key, STRONG, f"the framework warned: {line}")
     _averaged_weights(t, facts)
     _loss_scale(t, facts, boundary)
     return rank_causes(t, RESUME_CAUSE_TEXT)
+
+
+def _second_resumed_step(t: _Tally, boundary: int) -> None:
+    """The first resumed step matched and the next differs: a lost data position or RNG would
+    have shown at the first resumed step itself; a loss comes before its step's update, so lost
+    optimizer, scheduler or scaler state shows here. Evidence against the first two, none for
+    one of the others over the rest."""
+    why = (f"the first resumed step ({boundary}) matched and step {boundary + 1} differs: a lost data position "
+           "or RNG shows at the first resumed step itself, lost optimizer, scheduler or scaler state a step later")
+    t.weaken("data_position", why)
+    t.weaken("rng", why)
+
+
+def _later_divergence(t: _Tally, facts: ResumeFacts, step: int, boundary: int) -> None:
+    """The runs agree for some resumed steps and part later: an epoch boundary (the sampler's
+    epoch, a shuffle's RNG), unless the samples agree through it: then a job that is not bitwise
+    deterministic, with nothing of the resume to blame."""
+    agree = step - boundary
+    later = f"the trajectories agree for {agree} resumed step{'s' if agree > 1 else ''} and part at step {step}"
+    through = facts.samples_agree_through
+    if through is not None and through >= step:
+        t.add("nondeterministic", SUGGESTIVE, f"{later}, with the reference's samples at every step: a "
+              "lost data position or RNG shows at the first resumed step or in the samples drawn")
+    else:
+        t.add("data_position", SUGGESTIVE, later)
+        t.add("rng", SUGGESTIVE, later)
+        t.add("nondeterministic", SUGGESTIVE, later)
+    if "optimizer" not in t.ruled_out:
+        t.add("optimizer", -1, "lost optimizer moments show within a step of the resume, not later")
 
 
 def _samples_drawn(t: _Tally, facts: ResumeFacts) -> None:
@@ -360,6 +403,9 @@ def _samples_drawn(t: _Tally, facts: ResumeFacts) -> None:
                       "no RNG state to restore the shuffle from")
     if facts.samples_accounted:
         t.add("data_position", STRONG, facts.samples_accounted)
+    through = facts.samples_agree_through
+    if through is not None and through >= (facts.first_divergent_step or 0) > facts.resumed_from:
+        t.rule_out("data_position", f"the resumed run drew the reference's samples at every step through step {through}")
 
 
 def _checkpoint_lacks(t: _Tally, ckpt: CheckpointInventory) -> None:
@@ -562,6 +608,20 @@ def read_inventory(checkpoint: Path) -> CheckpointInventory | None:
     return inventory if inventory.files else None
 
 
+def _samples_agree_through(reference: Mapping[int, Sequence[SampleBatch]], resumed: Mapping[int, Sequence[SampleBatch]],
+                           facts: ResumeFacts, steps: int) -> int | None:
+    """The last step through which the resumed ranks together drew the reference ranks'
+    samples, step by step; None when the records cannot say."""
+    last = facts.last_step if facts.last_step is not None else steps
+    agreement = sample_agreement(global_batches(reference, first_step=facts.counted_from, steps=last),
+                                 global_batches(resumed, first_step=facts.resumed_from + 1, steps=last))
+    if agreement is None:
+        return None
+    if agreement.first_different_step is not None:
+        return agreement.first_different_step - 1
+    return facts.resumed_from + agreement.compared_steps
+
+
 def resume_diagnosis(
     *,
     reference_dir: Path,
@@ -577,6 +637,8 @@ def resume_diagnosis(
     reference, resumed = read_samples(reference_dir), read_samples(resumed_dir)
     if facts.replay is None and reference.get(0) and resumed.get(0) and facts.resumed_from > 0:
         facts.replay = sample_replay(reference[0], resumed[0], resumed_from=facts.resumed_from, steps=steps)
+    if facts.samples_agree_through is None and facts.resumed_from > 0:
+        facts.samples_agree_through = _samples_agree_through(reference, resumed, facts, steps)
     if not facts.warnings:
         facts.warnings = framework_warnings(stderr_lines(resumed_dir, world_size))
     causes = diagnose_resume(facts)

@@ -230,6 +230,8 @@ def judge_resume(runs: ResumeRuns) -> CheckResult:
             metrics={d.metric: d.first_divergent_step for d in (diff, *others)}, world_size=request.world_size,
             samples_accounted=accounting.summary() if accounting.known and not accounting.ok else None,
             began_again=began_again, on_gpu=any(v > 0 for v in reference.peak_gpu_mb.values()),
+            boundary_compared=first_step in expected, counted_from=0 if 0 in expected else 1,
+            last_step=max(expected) if 0 in expected else spec.steps,
         )
         causes, found = resume_diagnosis(
             reference_dir=reference.run_dir, resumed_dir=resumed.run_dir, world_size=request.world_size,
