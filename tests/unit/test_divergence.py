@@ -210,3 +210,41 @@ def test_the_offset_of_a_resume_in_optimizer_steps(tmp_path: Path, count: int, s
         assert found == want
     # a job counting from 0 (nanoGPT's iter 0 .. iter 29): iter 20 comes after 20 steps
     assert steps_before(read_steps(tmp_path), 20, counted_from=0, last_printed=count - 1) == 20
+
+
+def test_a_failed_determinism_check_names_what_the_records_show_first(tmp_path: Path) -> None:
+    from trainguard.checks.equivalence import NONDETERMINISM_CAUSES, observed_nondeterminism
+    from trainguard.checks.equivalence_records import DeterminismEvidence, Tolerance
+
+    def evidence() -> DeterminismEvidence:
+        return DeterminismEvidence(1, 5, Tolerance(0.0, 0.0), [], ["a", "b"])
+
+    write_rank(tmp_path / "a", 0, trajectory(1, 5))
+    write_rank(tmp_path / "b", 0, [replace(s, param=s.param + 100) for s in trajectory(1, 5)])
+    found = evidence()
+    causes, most_likely = observed_nondeterminism(tmp_path / "a", tmp_path / "b", found)
+    assert causes[0].startswith(NONDETERMINISM_CAUSES[0] + ": the initial weights are not seeded: parameter fc1.weight")
+    assert most_likely.startswith("Most likely an unseeded RNG: the initial weights are not seeded")
+    assert found.to_dict()["first_divergence"]["kind"] == "parameter"
+    # the same records twice: compared, nothing to name
+    same = evidence()
+    assert observed_nondeterminism(tmp_path / "a", tmp_path / "a", same) == ([], "")
+    assert "agree with the reference's at all 5 steps" in same.to_dict()["first_divergence"]["sentence"]
+    # no records: nothing said, nothing added to the report
+    none = evidence()
+    assert observed_nondeterminism(tmp_path / "x", tmp_path / "y", none) == ([], "")
+    assert "first_divergence" not in none.to_dict()
+
+
+def test_a_fresh_optimizer_beside_a_loaded_scheduler_names_the_optimizer_not_the_schedule(tmp_path: Path) -> None:
+    """examples/digits with `optimizer.load_state_dict` planted out: the scheduler came back, the
+    optimizer did not, so its lr (a fresh optimizer's) and its state (none yet) differ at the
+    first resumed step: the optimizer, not the schedule, is what was lost."""
+    resumed = [replace(s, no_optim=True, lr=1e-3) if s.n == 1 else replace(s, optim=0) for s in _resumed()]
+    found, other, saver = _runs(tmp_path, trajectory(1, 30), resumed,
+                                restores=restore("Module.load_state_dict", "LRScheduler.load_state_dict",
+                                                 "torch.set_rng_state"))
+    assert isinstance(found, Divergence) and found.first.kind == "lr" and "optimizer state" in found.kinds
+    causes = observed_resume_causes(found, other, saver)
+    assert [c.key for c in causes] == ["optimizer"], causes
+    assert "the optimizer state of fc1.weight is absent at step 21" in causes[0].observation

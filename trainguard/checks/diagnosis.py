@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainguard.checks.accounting import global_batches, sample_agreement
+from trainguard.checks.divergence import DivergenceEvidence, ObservedCause, observe_resume
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.unit.checkpoints.state import InventoryEvidence
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "LR_METRIC",
+    "RESUME_CAUSE_TEXT",
     "Cause",
     "CauseEvidence",
     "ResumeDiagnosis",
@@ -100,13 +102,16 @@ class Cause:
     text: str
     strength: int
     evidence: tuple[str, ...] = ()
+    #: the step records show it (:mod:`trainguard.checks.divergence`): ranked above every inference
+    observed: bool = False
 
     @property
     def ruled_out(self) -> bool:
         return self.strength < 0
 
     def as_evidence(self) -> CauseEvidence:
-        return CauseEvidence(self.text, self.key, _WORDS[max(-1, min(3, self.strength))], list(self.evidence))
+        return CauseEvidence(self.text, self.key, _WORDS[max(-1, min(3, self.strength))], list(self.evidence),
+                             True if self.observed else UNSET)
 
     def phrase(self) -> str:
         return f"{self.text}: {'; '.join(self.evidence)}" if self.evidence else self.text
@@ -121,6 +126,8 @@ class CauseEvidence(Evidence):
     #: in words: ruled out, weak, ..., strong
     evidence_strength: str
     evidence: list[str]
+    #: true when the runs' step records show it (its first evidence is that observation)
+    observed: bool | Unset = UNSET
 
 
 @dataclass
@@ -132,6 +139,8 @@ class ResumeDiagnosis(Evidence):
     resumed_checkpoint: InventoryEvidence | Unset = UNSET
     samples: str | Unset = UNSET
     framework_warnings: list[str] | Unset = UNSET
+    #: where the two runs' step records first differ (or why they were not compared)
+    first_divergence: DivergenceEvidence | Unset = UNSET
 
 
 @dataclass
@@ -139,6 +148,16 @@ class _Tally:
     strength: dict[str, int] = field(default_factory=dict)
     evidence: dict[str, list[str]] = field(default_factory=dict)
     ruled_out: set[str] = field(default_factory=set)
+    #: the causes the step records show, in the order shown
+    observed: list[str] = field(default_factory=list)
+
+    def observe(self, cause: ObservedCause) -> None:
+        """A cause the step records show: decisive, first, whatever was inferred."""
+        if cause.key not in self.observed:
+            self.observed.append(cause.key)
+        self.strength[cause.key] = DECISIVE
+        self.ruled_out.discard(cause.key)
+        self.evidence.setdefault(cause.key, []).insert(0, cause.observation)
 
     def add(self, key: str, points: int, why: str) -> None:
         self.strength[key] = self.strength.get(key, 0) + points
@@ -155,13 +174,17 @@ class _Tally:
 
 
 def rank_causes(tally: _Tally, texts: Mapping[str, str]) -> list[Cause]:
-    """Causes by strength, most likely first; ruled-out ones last; ties keep ``texts``' order."""
+    """Causes the step records show first (in the order shown), then by strength; ruled-out ones
+    last; ties keep ``texts``' order."""
     order = list(texts)
     causes = []
     for key in order:
-        strength = RULED_OUT if key in tally.ruled_out else min(DECISIVE, tally.strength.get(key, NONE))
-        causes.append(Cause(key, texts[key], strength, tuple(tally.evidence.get(key, ()))))
-    return sorted(causes, key=lambda c: (-c.strength, order.index(c.key)))
+        observed = key in tally.observed
+        strength = RULED_OUT if key in tally.ruled_out and not observed else min(DECISIVE, tally.strength.get(key, NONE))
+        causes.append(Cause(key, texts[key], strength, tuple(tally.evidence.get(key, ())), observed))
+    seen = tally.observed
+    return sorted(causes, key=lambda c: (seen.index(c.key) if c.key in seen else len(seen), -c.strength,
+                                         order.index(c.key)))
 
 
 # -- samples -----------------------------------------------------------------------------------
@@ -308,6 +331,8 @@ class ResumeFacts:
     #: the last step through which the resumed ranks drew the reference ranks' samples, step by
     #: step (None: not compared)
     samples_agree_through: int | None = None
+    #: the causes the runs' step records show (:func:`~trainguard.checks.divergence.observe_resume`), ranked above the rest
+    observed: tuple[ObservedCause, ...] = ()
     #: the steps the reference printed: from ``counted_from`` (1, or 0 for a job counting from 0)
     #: to ``last_step`` (None: the check's ``steps``)
     counted_from: int = 1
@@ -318,6 +343,8 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
     """The causes of a failed resume, most likely first, each with its evidence."""
     # the order of the steps below is the order each cause's evidence is listed in
     t = _Tally()
+    for cause in facts.observed:
+        t.observe(cause)
     boundary = facts.resumed_from + 1
     began_again = facts.resumed_from == 0 if facts.began_again is None else facts.began_again
     if began_again:
@@ -629,11 +656,20 @@ def resume_diagnosis(
     world_size: int,
     steps: int,
     facts: ResumeFacts,
+    saved_dir: Path | None = None,
 ) -> tuple[list[Cause], ResumeDiagnosis]:
-    """Complete ``facts`` with what the runs left (sample records, stderr warnings) and rank
-    the causes; also the evidence to report (the checkpoint's inventory, the replay)."""
+    """Complete ``facts`` with what the runs left (step and sample records, stderr warnings) and
+    rank the causes; also the evidence to report (the first divergence of the step records, the
+    checkpoint's inventory, the replay). ``saved_dir``: the run that wrote the checkpoint the
+    resumed run loaded (its save records say what the checkpoint held)."""
     from trainguard.launch.samples import read_samples
 
+    divergence: DivergenceEvidence | None = None
+    if facts.resumed_from > 0 and not facts.began_again and not facts.observed:
+        divergence, observed = observe_resume(reference_dir, resumed_dir, saved_dir, resumed_from=facts.resumed_from,
+                                              counted_from=facts.counted_from,
+                                              last_printed=facts.last_step if facts.last_step is not None else steps)
+        facts.observed = tuple(observed)
     reference, resumed = read_samples(reference_dir), read_samples(resumed_dir)
     if facts.replay is None and reference.get(0) and resumed.get(0) and facts.resumed_from > 0:
         facts.replay = sample_replay(reference[0], resumed[0], resumed_from=facts.resumed_from, steps=steps)
@@ -650,4 +686,6 @@ def resume_diagnosis(
         evidence.samples = facts.replay.sentence()
     if facts.warnings:
         evidence.framework_warnings = [line for _, line in facts.warnings]
+    if divergence is not None:
+        evidence.first_divergence = divergence
     return causes, evidence

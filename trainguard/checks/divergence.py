@@ -39,6 +39,7 @@ __all__ = [
     "ObservedCause",
     "ObservedRuns",
     "first_divergence",
+    "observe_resume",
     "observe_runs",
     "observed_determinism_causes",
     "observed_resume_causes",
@@ -264,7 +265,7 @@ def _scaler_and_rng(a: StepRecord, b: StepRecord) -> Iterator[_Found]:
                 yield "rng", name, x_state, y_state
 
 
-def _names(x: Mapping[str, object], y: Mapping[str, object]) -> Iterator[str]:
+def _names(x: Mapping[str, Fingerprint | None], y: Mapping[str, Fingerprint | None]) -> Iterator[str]:
     """The names of both, the reference's first in its order."""
     yield from x
     yield from (name for name in y if name not in x)
@@ -420,6 +421,8 @@ def _resume_cause(d: Difference, div: Divergence, calls: frozenset[str], owners:
                   at_first: bool) -> ObservedCause | None:
     restored, what = _Restored(calls, owners), d.phrase(_RESUMED)
     if d.kind in ("lr", "hyperparameter"):
+        if at_first and not restored.loaded("optimizer") and "optimizer state" in div.kinds:
+            return None  # a fresh optimizer: its state's difference says so, the lr is part of it
         return _schedule_cause(what, restored, at_first)
     if d.kind in ("parameter", "optimizer state", "scaler"):
         return _state_cause(d, what, restored, at_first)
@@ -440,8 +443,8 @@ def _resume_cause(d: Difference, div: Divergence, calls: frozenset[str], owners:
 
 def _schedule_cause(what: str, restored: _Restored, at_first: bool) -> ObservedCause:
     """A learning rate (or another hyperparameter) that differs: the scheduler's state, or at
-    the first resumed step the optimizer's, where the rate is kept, when neither was loaded."""
-    if at_first and not restored.loaded("optimizer") and not restored.loaded("scheduler"):
+    the first resumed step the optimizer's, where the rate is kept, when that was not loaded."""
+    if at_first and not restored.loaded("optimizer"):
         return ObservedCause("optimizer", f"{_RESUMED} loaded no optimizer state, where the learning rate is kept: {what}")
     if not restored.loaded("scheduler"):
         held = "; its checkpoint holds none" if restored.lacks("scheduler") else ""
@@ -560,3 +563,20 @@ def observe_runs(reference_dir: Path, other_dir: Path, *, printed: int | None = 
         return ObservedRuns(offset, reference, other)
     samples = (read_samples(reference_dir), read_samples(other_dir))
     return ObservedRuns(first_divergence(reference, other, offset=offset, samples=samples), reference, other)
+
+
+def observe_resume(reference_dir: Path, resumed_dir: Path, saved_dir: Path | None, *, resumed_from: int,
+                   counted_from: int, last_printed: int) -> tuple[DivergenceEvidence | None, list[ObservedCause]]:
+    """(where the step records of a run resumed after printed step ``resumed_from`` first differ
+    from the reference's, the causes that shows); ``saved_dir``: the run whose checkpoint it
+    loaded. (None, []) when neither run left step records (a non-Python rank, the agent off:
+    the checkpoint's inventory is then what is left to go by)."""
+    runs = observe_runs(reference_dir, resumed_dir, printed=resumed_from + 1, counted_from=counted_from,
+                        last_printed=last_printed)
+    if runs is None:
+        return None, []
+    found = runs.divergence
+    if not isinstance(found, Divergence):
+        return found.as_evidence(_RESUMED), []
+    saved = None if saved_dir is None else runs.reference if Path(saved_dir) == Path(reference_dir) else read_steps(saved_dir)
+    return found.as_evidence(_RESUMED), observed_resume_causes(found, runs.other, saved)
