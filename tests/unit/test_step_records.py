@@ -73,6 +73,12 @@ def test_a_file_over_the_cap_is_read_up_to_it_and_says_so(tmp_path: Path) -> Non
     assert rank.malformed == 0  # the line the cap cut is left out, not counted malformed
     assert any("read up to" in note for note in read_steps(tmp_path, max_bytes=cap).notes())
     assert len(read_steps(tmp_path).ranks[0].steps) == 50
+    # two runs compared over what was read say that the rest was not
+    from trainguard.checks.divergence import Agreement, first_divergence
+
+    agreed = first_divergence(read_steps(tmp_path, max_bytes=cap), read_steps(tmp_path))
+    assert isinstance(agreed, Agreement) and agreed.compared_steps == len(rank.steps)
+    assert "its steps after that are not compared" in agreed.sentence()
 
 
 def test_the_agents_own_truncation_is_said(tmp_path: Path) -> None:

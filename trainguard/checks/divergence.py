@@ -144,17 +144,20 @@ class Divergence:
 
 @dataclass(frozen=True)
 class Agreement:
-    """Every quantity of every common step agreed."""
+    """Every quantity of every common step agreed; ``notes``: what was not read whole (a record
+    cut at a cap: its later steps were not compared)."""
 
     compared_steps: int
     first_step: int
     last_step: int
     samples_compared: bool = False
+    notes: tuple[str, ...] = ()
 
     def sentence(self, other: str = "the other run") -> str:
         samples = ", samples included" if self.samples_compared else " (no samples recorded to compare)"
+        notes = f"; {'; '.join(self.notes)}" if self.notes else ""
         return (f"the step records of {other} agree with the reference's at all {self.compared_steps} steps "
-                f"compared ({self.first_step}-{self.last_step}){samples}")
+                f"compared ({self.first_step}-{self.last_step}){samples}{notes}")
 
     def as_evidence(self, other: str = "the other run") -> DivergenceEvidence:
         return DivergenceEvidence(self.sentence(other), self.compared_steps)
@@ -221,7 +224,7 @@ def first_divergence(
                               bool(compared) and len(compared) == len(common))
     if rng_since:  # nothing but the RNG ever differed
         return Divergence(rng_since, steps.index(rng_since[0].step) + 1, offset, rng_since[0].step, False)
-    return Agreement(len(steps), steps[0], steps[-1], bool(drawn))
+    return Agreement(len(steps), steps[0], steps[-1], bool(drawn), (*reference.notes(), *other.notes()))
 
 
 def _differences(a: StepRecord, b: StepRecord, rank: int, step: int, exact: bool, rtol: float) -> list[Difference]:
