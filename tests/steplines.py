@@ -30,6 +30,7 @@ class Step:
     grad: int = 0
     optim: int = 0
     rng: str = "00000000000000aa"
+    numpy: str | None = None
     scale: float | None = None
     opt: int = 0
     #: parameter name -> a seed replacing the step's for that one parameter
@@ -43,7 +44,7 @@ class Step:
             "k": "step", "opt": self.opt, "n": self.n, "t": 1.0 + self.n,
             "groups": [{"lr": self.lr, "betas": [0.9, 0.999], "weight_decay": 0.01, "foreach": None}],
             "backward": 1,
-            "rng": {"cpu": self.rng, "cuda": None, "numpy": None, "python": "00000000000000bb"},
+            "rng": {"cpu": self.rng, "cuda": None, "numpy": self.numpy, "python": "00000000000000bb"},
             "param": {p: fp(self.param_of.get(p, 1000 * self.param + i)) for i, p in enumerate(PARAMS)},
             "grad": {p: fp(self.grad_of.get(p, 2000 * self.grad + i + 7)) for i, p in enumerate(PARAMS)},
             "optim": {} if self.no_optim else {p: fp(self.optim_of.get(p, 3000 * self.optim + i + 3))

@@ -248,3 +248,30 @@ def test_a_fresh_optimizer_beside_a_loaded_scheduler_names_the_optimizer_not_the
     causes = observed_resume_causes(found, other, saver)
     assert [c.key for c in causes] == ["optimizer"], causes
     assert "the optimizer state of fc1.weight is absent at step 21" in causes[0].observation
+
+
+def test_a_generator_neither_run_draws_from_is_no_difference(tmp_path: Path) -> None:
+    """numpy's global generator is seeded from the OS at import: two processes of a job that
+    never seeds nor uses it differ there at every step. A state neither run's steps change is
+    not a difference; one a run draws from is."""
+    write_rank(tmp_path / "a", 0, [replace(s, numpy="000000000000000a") for s in trajectory(1, 5)])
+    write_rank(tmp_path / "b", 0, [replace(s, numpy="000000000000000b") for s in trajectory(1, 5)])
+    a, b = read_steps(tmp_path / "a"), read_steps(tmp_path / "b")
+    assert isinstance(first_divergence(a, b), Agreement)
+    write_rank(tmp_path / "c", 0, [replace(s, numpy=f"{s.n + 100:016x}") for s in trajectory(1, 5)])
+    drawn = first_divergence(a, read_steps(tmp_path / "c"))
+    assert isinstance(drawn, Divergence) and (drawn.first.kind, drawn.first.name) == ("rng", "numpy")
+
+
+def test_batches_a_resumed_run_drew_to_skip_them_are_not_its_steps(tmp_path: Path) -> None:
+    """A loop that restores its data position by drawing the batches it already trained on
+    (`next(it)` k times; the Trainer skips so too): the resumed run's records start with them."""
+    write_samples(tmp_path / "ref", 0, [[s] for s in range(1, 31)])
+    write_samples(tmp_path / "other", 0, [[s] for s in range(1, 31)])  # 20 skipped, then 21..30 trained
+    found, _, _ = _runs(tmp_path, trajectory(1, 30), _resumed())
+    assert isinstance(found, Agreement) and found.samples_compared, found
+    write_samples(tmp_path / "wrong", 0, [[s] for s in range(1, 21)] + [[s] for s in range(1, 11)])
+    write_rank(tmp_path / "wrong", 0, _resumed())
+    ref, wrong = read_steps(tmp_path / "ref"), read_steps(tmp_path / "wrong")
+    found = first_divergence(ref, wrong, offset=20, samples=(read_samples(tmp_path / "ref"), read_samples(tmp_path / "wrong")))
+    assert isinstance(found, Divergence) and found.first.kind == "samples" and found.first.other == "[1]"

@@ -213,7 +213,9 @@ def first_divergence(
         found = []
         for rank, _, ref, oth in pairs:
             if step in ref and step - offset in oth:
-                found += _differences(ref[step], oth[step - offset], rank, step, exact, rtol)
+                idle = _idle_generators(ref, step) & _idle_generators(oth, step - offset)
+                found += [d for d in _differences(ref[step], oth[step - offset], rank, step, exact, rtol)
+                          if not (d.kind == "rng" and d.name in idle)]
         compared = [rank for rank in common if (rank, step) in drawn]
         found += [d for rank in compared if (d := _samples_differ(drawn[(rank, step)], rank, step)) is not None]
         found.sort(key=lambda d: (_ORDER[d.kind], d.rank, d.opt))
@@ -268,6 +270,18 @@ def _scaler_and_rng(a: StepRecord, b: StepRecord) -> Iterator[_Found]:
                 yield "rng", name, x_state, y_state
 
 
+def _idle_generators(steps: Mapping[int, StepRecord], n: int) -> frozenset[str]:
+    """The generators step ``n`` of a run does not draw from: their state the same at the start of
+    the next step (of the step before, at the last). Python's and numpy's global generators are
+    seeded from the OS at start unless the job seeds them, so two processes differ there even
+    where the job never draws from them: such a difference changes nothing and is not one."""
+    here, beside = steps.get(n), steps.get(n + 1) or steps.get(n - 1)
+    if here is None or beside is None or here.rng is None or beside.rng is None:
+        return frozenset()
+    return frozenset(name for (name, a), (_, b) in zip(here.rng.generators(), beside.rng.generators())
+                     if a is not None and a == b)
+
+
 def _names(x: Mapping[str, Fingerprint | None], y: Mapping[str, Fingerprint | None]) -> Iterator[str]:
     """The names of both, the reference's first in its order."""
     yield from x
@@ -318,7 +332,8 @@ def _drawn_by_step(samples: tuple[Samples, Samples], pairs: Sequence[tuple[int, 
                    Mapping[int, StepRecord]]], offset: int) -> dict[tuple[int, int], tuple[tuple[object, ...], ...]]:
     """(rank, reference step) -> (the reference's batches of that step, the other's): a rank's
     batches split into its optimizer-0 steps (gradient accumulation draws several a step), for
-    a rank whose reference batches split evenly and whose other run drew as many per step."""
+    a rank whose reference batches split evenly into its steps and whose other run drew at
+    least as many."""
     out: dict[tuple[int, int], tuple[tuple[object, ...], ...]] = {}
     reference, other = samples
     for rank, opt, ref, oth in pairs:
@@ -330,12 +345,17 @@ def _drawn_by_step(samples: tuple[Samples, Samples], pairs: Sequence[tuple[int, 
         if not mine or not theirs or len(mine) % len(ref):
             continue
         per = len(mine) // len(ref)
-        if not 0 <= len(theirs) - per * len(oth) < per:  # the other drew as many a step (a kill may cut one short)
+        extra = len(theirs) - per * len(oth)
+        if extra < 0:
             continue
+        # batches a resumed run drew before its first step to skip them (the data position
+        # restored by drawing: the Trainer's, a loop's `next(it)`) are whole steps' worth at the
+        # start; a kill may leave part of a step's at the end
+        skipped = extra // per * per
         for n in oth:
             if n + offset in ref:
                 a = mine[(n + offset - 1) * per:(n + offset) * per]
-                b = theirs[(n - 1) * per:n * per]
+                b = theirs[skipped + (n - 1) * per:skipped + n * per]
                 out[(rank, n + offset)] = (tuple(tuple(x.indices) for x in a), tuple(tuple(x.indices) for x in b))
     return out
 
