@@ -250,11 +250,12 @@ def run_determinism(ctx: CheckContext[DeterminismCheck]) -> CheckResult:
         unseeded, unordered = NONDETERMINISM_CAUSES[0], NONDETERMINISM_CAUSES[2]
         if first_different_batch(*drawn) is None:  # the same samples: not the data order
             causes.remove(unordered)
-        elif not observed:  # the data order differs: say so first
+        elif not observed or observed[0].startswith(unordered):  # the data order differs: say so first
             summary += f". Most likely the data order: {note}"
+            most_likely = ""  # the records say the same, step by step
             causes = [unordered, unseeded, *(c for c in causes if c not in (unordered, unseeded))]
     if observed:  # what the step records show, first, with the observation
-        summary += f". {most_likely}"
+        summary += f". {most_likely}" if most_likely else ""
         causes = observed + [c for c in causes if not any(o.startswith(c) for o in observed)]
     evidence.likely_causes = causes
     summary += spread_note(ctx.job_file, request)  # never loosened: only the noise measured
