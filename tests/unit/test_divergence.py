@@ -275,3 +275,14 @@ def test_batches_a_resumed_run_drew_to_skip_them_are_not_its_steps(tmp_path: Pat
     ref, wrong = read_steps(tmp_path / "ref"), read_steps(tmp_path / "wrong")
     found = first_divergence(ref, wrong, offset=20, samples=(read_samples(tmp_path / "ref"), read_samples(tmp_path / "wrong")))
     assert isinstance(found, Divergence) and found.first.kind == "samples" and found.first.other == "[1]"
+
+
+def test_records_without_a_step_on_either_side_say_nothing(tmp_path: Path) -> None:
+    """A job without torch (the toy job) under the agent: a meta line, perhaps a seeding, no
+    step. Nothing is compared and nothing is added to the report."""
+    for run in ("a", "b"):
+        write_rank(tmp_path / run, 0, [], before=[{"k": "seed", "t": 0.0, "call": "random.seed"}])
+    assert observe_runs(tmp_path / "a", tmp_path / "b") is None
+    write_rank(tmp_path / "c", 0, trajectory(1, 3))
+    one_sided = observe_runs(tmp_path / "a", tmp_path / "c")
+    assert one_sided is not None and isinstance(one_sided.divergence, NoComparison)

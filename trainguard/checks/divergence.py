@@ -575,9 +575,10 @@ def observe_runs(reference_dir: Path, other_dir: Path, *, printed: int | None = 
                  last_printed: int | None = None) -> ObservedRuns | None:
     """The first divergence of the run in ``other_dir`` from the one in ``reference_dir``, their
     samples included; ``printed``: the printed step the other run resumed at (None: both ran
-    from the start). None when neither run left step records (nothing to say, as before)."""
+    from the start). None when neither run recorded a step (nothing to say, as before: the agent
+    off, a job that never steps a torch optimizer)."""
     reference, other = read_steps(reference_dir), read_steps(other_dir)
-    if not reference.ranks and not other.ranks:
+    if not reference.has_steps and not other.has_steps:  # a job without torch, the agent off: nothing to say
         return None
     offset: int | NoComparison = 0
     if printed is not None and last_printed is not None:
