@@ -340,11 +340,11 @@ def test_a_nanogpt_like_resume_names_the_rng_from_the_records(tmp_path: Path) ->
     write_rank(tmp_path / "resumed", 0, resumed, before=[{"k": "seed", "t": 0.0, "call": "torch.manual_seed"},
                                                           *restore("torch.load", "Module.load_state_dict",
                                                                    "Optimizer.load_state_dict")])
-    # nanoGPT counts from iter 0: iter 20 is the 21st step
+    # nanoGPT counts from iter 0: iter 20 is the 21st step, named by the iter it printed
     facts = ResumeFacts(19, first_divergent_step=20, checkpoint=_inventory("rng", "scheduler", "data"),
                         counted_from=0, last_step=29)
     causes, _ = resume_diagnosis(reference_dir=tmp_path / "ref", resumed_dir=tmp_path / "resumed", world_size=1,
                                  steps=30, facts=facts, saved_dir=tmp_path / "killed")
     assert causes[0].key == "rng" and causes[0].observed
     assert causes[0].evidence[0].startswith("its checkpoint saves no RNG state and the resume sets none: the torch CPU "
-                                            "generator's state at step 21's start is"), causes[0].evidence
+                                            "generator's state at step 20's start is"), causes[0].evidence

@@ -286,3 +286,19 @@ def test_records_without_a_step_on_either_side_say_nothing(tmp_path: Path) -> No
     write_rank(tmp_path / "c", 0, trajectory(1, 3))
     one_sided = observe_runs(tmp_path / "a", tmp_path / "c")
     assert one_sided is not None and isinstance(one_sided.divergence, NoComparison)
+
+
+def test_a_job_counting_from_0_is_named_by_its_printed_steps(tmp_path: Path) -> None:
+    """nanoGPT prints `iter 0` for its first optimizer step: a resume at `iter 10` is its 11th
+    step, and the steps named are the iters it printed."""
+    write_rank(tmp_path / "ref", 0, trajectory(1, 30))
+    write_rank(tmp_path / "resumed", 0, [replace(s, rng="00000000000000ff", grad=999) if s.n == 1 else s
+                                         for s in trajectory(1, 20, shift=10)])
+    observed = observe_runs(tmp_path / "ref", tmp_path / "resumed", printed=10, counted_from=0, last_printed=29)
+    assert observed is not None and isinstance(observed.divergence, Divergence)
+    assert observed.divergence.step == 10 and "generator's state at step 10's start" in observed.divergence.sentence()
+    write_rank(tmp_path / "twin", 0, [replace(s, param=s.param + 5) for s in trajectory(1, 30)])
+    twins = observe_runs(tmp_path / "ref", tmp_path / "twin", counted_from=0, last_printed=29)
+    assert twins is not None and isinstance(twins.divergence, Divergence) and twins.divergence.step == 0
+    causes = observed_determinism_causes(twins.divergence, twins.reference, twins.other)
+    assert causes[0].key == "seed" and "at step 0 against" in causes[0].observation

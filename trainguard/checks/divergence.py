@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trainguard.checks.accounting import training_batches
@@ -520,7 +520,7 @@ def observed_determinism_causes(divergence: Divergence, first: StepRecords, seco
     seeded; ``kernels``: the same inputs give other results; ``data_order``: other samples;
     ``wall_clock``: another learning rate), first the most telling."""
     found: list[ObservedCause] = []
-    at_start = divergence.step == 1
+    at_start = divergence.step == divergence.offset + 1  # the runs' first step
     for d in _firsts(divergence):
         what = d.phrase("the second run")
         cause: ObservedCause | None = None
@@ -575,18 +575,36 @@ def observe_runs(reference_dir: Path, other_dir: Path, *, printed: int | None = 
                  last_printed: int | None = None) -> ObservedRuns | None:
     """The first divergence of the run in ``other_dir`` from the one in ``reference_dir``, their
     samples included; ``printed``: the printed step the other run resumed at (None: both ran
-    from the start). None when neither run recorded a step (nothing to say, as before: the agent
-    off, a job that never steps a torch optimizer)."""
+    from the start), of the reference's printed steps ``counted_from``..``last_printed``. Where a
+    printed step is one optimizer step, the steps named are the printed ones (nanoGPT's `iter 10`
+    is its 11th step); else the optimizer steps, from 1. None when neither run recorded a step
+    (nothing to say, as before: the agent off, a job that never steps a torch optimizer)."""
     reference, other = read_steps(reference_dir), read_steps(other_dir)
     if not reference.has_steps and not other.has_steps:  # a job without torch, the agent off: nothing to say
         return None
     offset: int | NoComparison = 0
-    if printed is not None and last_printed is not None:
-        offset = steps_before(reference, printed, counted_from=counted_from, last_printed=last_printed)
+    shift = 0
+    if last_printed is not None:
+        per = steps_before(reference, counted_from + 1, counted_from=counted_from, last_printed=last_printed)
+        shift = counted_from - 1 if per == 1 else 0
+        if printed is not None:
+            offset = steps_before(reference, printed, counted_from=counted_from, last_printed=last_printed)
     if isinstance(offset, NoComparison):
         return ObservedRuns(offset, reference, other)
     samples = (read_samples(reference_dir), read_samples(other_dir))
-    return ObservedRuns(first_divergence(reference, other, offset=offset, samples=samples), reference, other)
+    found = first_divergence(reference, other, offset=offset, samples=samples)
+    return ObservedRuns(_renumbered(found, shift) if shift else found, reference, other)
+
+
+def _renumbered(found: Divergence | Agreement | NoComparison, shift: int) -> Divergence | Agreement | NoComparison:
+    """``found`` with its steps moved by ``shift`` (to a job's printed steps)."""
+    if isinstance(found, Agreement):
+        return replace(found, first_step=found.first_step + shift, last_step=found.last_step + shift)
+    if isinstance(found, Divergence):
+        return replace(found, at_step=tuple(replace(d, step=d.step + shift) for d in found.at_step),
+                       offset=found.offset + shift,
+                       rng_since=None if found.rng_since is None else found.rng_since + shift)
+    return found
 
 
 def observe_resume(reference_dir: Path, resumed_dir: Path, saved_dir: Path | None, *, resumed_from: int,

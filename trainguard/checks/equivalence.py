@@ -244,7 +244,8 @@ def run_determinism(ctx: CheckContext[DeterminismCheck]) -> CheckResult:
     causes = list(NONDETERMINISM_CAUSES)
     drawn = read_samples(first.run_dir).get(0, []), read_samples(second.run_dir).get(0, [])
     note = data_order_note(*drawn)
-    observed, most_likely = observed_nondeterminism(first.run_dir, second.run_dir, evidence)
+    observed, most_likely = observed_nondeterminism(first.run_dir, second.run_dir, evidence,
+                                                    sorted(first.trajectory(ctx.metric)))
     if note is not None:
         evidence.samples = note
         unseeded, unordered = NONDETERMINISM_CAUSES[0], NONDETERMINISM_CAUSES[2]
@@ -266,12 +267,14 @@ def run_determinism(ctx: CheckContext[DeterminismCheck]) -> CheckResult:
 _OBSERVED_CAUSE = {"seed": 0, "kernels": 1, "data_order": 2, "wall_clock": 4}
 
 
-def observed_nondeterminism(first: Path, second: Path, evidence: DeterminismEvidence) -> tuple[list[str], str]:
+def observed_nondeterminism(first: Path, second: Path, evidence: DeterminismEvidence,
+                            printed: Sequence[int] = ()) -> tuple[list[str], str]:
     """(the causes two runs' step records show, each a :data:`NONDETERMINISM_CAUSES` entry with
     its observation, most telling first; the summary's "Most likely ..." or ""); where the
-    records first differ (or why they were not compared) is set on ``evidence``. Nothing
-    without step records."""
-    runs = observe_runs(first, second)
+    records first differ (or why they were not compared) is set on ``evidence``; ``printed``:
+    the steps the first run printed (its steps are named so). Nothing without step records."""
+    runs = observe_runs(first, second, counted_from=min(printed, default=1),
+                        last_printed=max(printed) if printed else None)
     if runs is None:
         return [], ""
     evidence.first_divergence = runs.divergence.as_evidence("the second run")
