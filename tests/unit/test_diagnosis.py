@@ -256,3 +256,95 @@ def test_a_loss_scale_metric_that_parts_at_the_resume_names_the_scaler() -> None
     other = diagnose_resume(ResumeFacts(20, first_divergent_step=23, checkpoint=_inventory(),
                                         metrics={"loss": 23, "lr_scale": 21}))
     assert next(c for c in other if c.key == "scaler").strength == NONE
+
+
+def test_a_divergence_one_step_after_the_resume_points_at_the_scheduler_not_the_data_position() -> None:
+    """Issue 44's opening case: a checkpoint of model, optimizer, RNG and step, not the LambdaLR.
+    The first resumed step matched and the second differed: a lost data position or RNG shows at
+    the first resumed step itself, a lost scheduler or optimizer state a step later. "lacks
+    scheduler" and "lacks data position" tied, and dict order named the data position."""
+    causes = diagnose_resume(ResumeFacts(20, first_divergent_step=22, checkpoint=_inventory("scheduler", "data")))
+    assert causes[0].key == "scheduler", [(c.key, c.strength) for c in causes]
+    data = next(c for c in causes if c.key == "data_position")
+    assert data.strength < causes[0].strength
+    assert any("first resumed step (21) matched" in e for e in data.evidence)
+    assert explain(causes).startswith("most likely LR scheduler state")
+    # the same checkpoint with the divergence at the first resumed step: the data position stays a candidate
+    boundary = diagnose_resume(ResumeFacts(20, first_divergent_step=21, checkpoint=_inventory("scheduler", "data")))
+    assert next(c for c in boundary if c.key == "data_position").strength == SUGGESTIVE
+    # the first resumed step not compared (a metric printed every other step): no such conclusion
+    unprinted = diagnose_resume(ResumeFacts(20, first_divergent_step=22, checkpoint=_inventory("scheduler", "data"),
+                                            boundary_compared=False))
+    assert next(c for c in unprinted if c.key == "data_position").strength == SUGGESTIVE
+
+
+def test_a_late_small_divergence_with_the_same_samples_does_not_name_the_data_position() -> None:
+    """A correct job that is merely not bitwise deterministic: the checkpoint holds no data
+    position (its batches come from the RNG it restores), the resumed run drew the reference's
+    samples at every step, and the runs part late. The data position was named first."""
+    causes = diagnose_resume(ResumeFacts(5, first_divergent_step=12, checkpoint=_inventory("data"), samples_agree_through=12))
+    assert causes[0].key == "nondeterministic", [(c.key, c.strength) for c in causes]
+    assert next(c for c in causes if c.key == "data_position").ruled_out
+    assert "drew the reference's samples at every step through step 12" in " ".join(
+        next(c for c in causes if c.key == "data_position").evidence)
+    # samples that part before the divergence still point at the data position
+    other = diagnose_resume(ResumeFacts(5, first_divergent_step=12, checkpoint=_inventory("data")))
+    assert other[0].key in ("data_position", "rng")
+
+
+def test_the_cause_the_step_records_show_comes_first_with_its_observation(tmp_path: Path) -> None:
+    """The issue's job again, now with step records: the inference alone named the scheduler
+    (suggestive) beside the data position; the records show the lr of step 22 and that the
+    resumed run never loaded a scheduler state, so that is named first, decisively, citing both
+    values, and the report says where the runs first differ."""
+    from dataclasses import replace
+
+    from tests.steplines import restore, save, trajectory, write_rank
+    from trainguard.checks.diagnosis import resume_diagnosis
+
+    write_rank(tmp_path / "ref", 0, trajectory(1, 30))
+    write_rank(tmp_path / "killed", 0, trajectory(1, 20), extra=[save("model", "optimizer", "rng", "value")])
+    resumed = [replace(s, lr=0.5) if s.n >= 2 else s for s in trajectory(1, 10, shift=20)]
+    write_rank(tmp_path / "resumed", 0, resumed,
+               before=restore("Module.load_state_dict", "Optimizer.load_state_dict", "torch.set_rng_state"))
+    facts = ResumeFacts(20, first_divergent_step=22, checkpoint=_inventory("scheduler", "data"))
+    causes, found = resume_diagnosis(reference_dir=tmp_path / "ref", resumed_dir=tmp_path / "resumed", world_size=1,
+                                     steps=30, facts=facts, saved_dir=tmp_path / "killed")
+    assert causes[0].key == "scheduler" and causes[0].observed and causes[0].strength == DECISIVE
+    assert causes[0].evidence[0].startswith("the resumed run never loaded the scheduler's state: group 0's lr is 0.5 "
+                                            "at step 22 against"), causes[0].evidence
+    assert causes[0].evidence[0].endswith("its checkpoint holds none")
+    assert explain(causes).startswith("most likely LR scheduler state not saved or not restored: the resumed run never")
+    report = found.to_dict()
+    assert report["diagnosis"][0]["observed"] is True and "observed" not in report["diagnosis"][1]
+    assert report["first_divergence"]["step"] == 22 and report["first_divergence"]["kind"] == "lr"
+    assert report["first_divergence"]["other"] == "0.5"
+    # no step records (the agent off): the inference alone, and no first_divergence in the report
+    causes, found = resume_diagnosis(reference_dir=tmp_path / "none", resumed_dir=tmp_path / "none2", world_size=1,
+                                     steps=30, facts=ResumeFacts(20, first_divergent_step=22,
+                                                                 checkpoint=_inventory("scheduler", "data")))
+    assert not causes[0].observed and "first_divergence" not in found.to_dict()
+
+
+def test_a_nanogpt_like_resume_names_the_rng_from_the_records(tmp_path: Path) -> None:
+    """nanoGPT saves model, optimizer, model_args, iter_num, best_val_loss and config; its resume
+    seeds again and sets no RNG state: the first resumed step starts from a fresh generator."""
+    from dataclasses import replace
+
+    from tests.steplines import restore, save, trajectory, write_rank
+    from trainguard.checks.diagnosis import resume_diagnosis
+
+    write_rank(tmp_path / "ref", 0, trajectory(1, 30))
+    write_rank(tmp_path / "killed", 0, trajectory(1, 20), extra=[save("model", "optimizer", "value")])
+    resumed = [replace(s, rng=f"{s.n:016x}", grad=s.n) for s in trajectory(1, 10, shift=20)]
+    write_rank(tmp_path / "resumed", 0, resumed, before=[{"k": "seed", "t": 0.0, "call": "torch.manual_seed"},
+                                                          *restore("torch.load", "Module.load_state_dict",
+                                                                   "Optimizer.load_state_dict")])
+    # nanoGPT counts from iter 0: iter 20 is the 21st step, named by the iter it printed
+    facts = ResumeFacts(19, first_divergent_step=20, checkpoint=_inventory("rng", "scheduler", "data"),
+                        counted_from=0, last_step=29)
+    causes, _ = resume_diagnosis(reference_dir=tmp_path / "ref", resumed_dir=tmp_path / "resumed", world_size=1,
+                                 steps=30, facts=facts, saved_dir=tmp_path / "killed")
+    assert causes[0].key == "rng" and causes[0].observed
+    assert causes[0].evidence[0].startswith("its checkpoint saves no RNG state and the resume sets none: the torch CPU "
+                                            "generator's state at step 20's start is"), causes[0].evidence

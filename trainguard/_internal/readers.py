@@ -18,6 +18,7 @@ through this module, which
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -45,6 +46,7 @@ __all__ = [
     "open_regular",
     "read_at_most",
     "read_bytes",
+    "read_head_lines",
     "read_json",
     "read_json_streaming",
     "read_text_lines",
@@ -322,19 +324,37 @@ def read_text_lines(path: Path, limits: ReadLimits | None = None, *, max_line: i
     each cut to ``max_line`` characters; at most ``limits.max_bytes`` are read and the reading
     stops at ``limits.seconds``. Regular files only."""
     limits = limits or active_limits()
-    deadline = Deadline(limits, shown_name(path.name))
     with open_regular(path, limits, root=root) as handle:
-        left = limits.max_bytes
-        while left > 0:
-            raw = handle.readline(min(max_line, left))
-            if not raw:
-                return
-            left -= len(raw)
-            if len(raw) == max_line and not raw.endswith(b"\n"):
-                rest = handle.readline(left)  # the rest of a very long line is dropped
-                left -= len(rest)
-            deadline.check()
-            yield raw.decode("utf-8", "replace").rstrip("\r\n")
+        yield from _lines(handle, limits.max_bytes, max_line, Deadline(limits, shown_name(path.name)))
+
+
+def read_head_lines(path: Path, most: int, *, max_line: int = 64 * 1024, root: Path | None = None) -> Iterator[str]:
+    """The complete lines of the first ``most`` bytes of a text file of any size (a record its
+    writer caps, read up to the reader's own cap: the file's size never sets what is read), as
+    :func:`read_text_lines` gives them; a line the cap cuts is left out. Regular files only."""
+    limits = active_limits()
+    size = os.stat(path, follow_symlinks=False).st_size if os.path.lexists(path) else 0
+    opened = dataclasses.replace(limits, max_bytes=max(size, limits.max_bytes))
+    with open_regular(path, opened, root=root) as handle:
+        for line, whole in _lines(handle, most, max_line, Deadline(limits, shown_name(path.name)), cut=True):
+            if whole:
+                yield line
+
+
+def _lines(handle: BinaryIO, left: int, max_line: int, deadline: Deadline, *, cut: bool = False) -> Iterator[Any]:
+    """The lines of ``handle`` within ``left`` bytes, each cut to ``max_line`` characters;
+    ``cut``: each as (line, whether it ended before the ``left`` bytes did)."""
+    while left > 0:
+        raw = handle.readline(min(max_line, left))
+        if not raw:
+            return
+        left -= len(raw)
+        if len(raw) == max_line and not raw.endswith(b"\n"):
+            rest = handle.readline(left)  # the rest of a very long line is dropped
+            left -= len(rest)
+        deadline.check()
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        yield (line, raw.endswith(b"\n") or left > 0) if cut else line
 
 
 class LineTail:

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainguard.checks.accounting import global_batches, sample_agreement
+from trainguard.checks.divergence import DivergenceEvidence, ObservedCause, observe_resume
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.unit.checkpoints.state import InventoryEvidence
 
@@ -34,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "LR_METRIC",
+    "RESUME_CAUSE_TEXT",
     "Cause",
     "CauseEvidence",
     "ResumeDiagnosis",
@@ -71,6 +74,8 @@ RESUME_CAUSE_TEXT = {
     "current weights)",
     "scaler": "loss-scaler (GradScaler) state not saved or not restored (the loss scale and its "
     "growth count restart)",
+    "nondeterministic": "the job is not bitwise deterministic (two runs part without any resume; the "
+    "determinism check says why)",
 }
 
 #: a metric that reports an average of the weights (``ema_norm``, ``swa_loss``, ``val_loss_ema``)
@@ -97,13 +102,16 @@ class Cause:
     text: str
     strength: int
     evidence: tuple[str, ...] = ()
+    #: the step records show it (:mod:`trainguard.checks.divergence`): ranked above every inference
+    observed: bool = False
 
     @property
     def ruled_out(self) -> bool:
         return self.strength < 0
 
     def as_evidence(self) -> CauseEvidence:
-        return CauseEvidence(self.text, self.key, _WORDS[max(-1, min(3, self.strength))], list(self.evidence))
+        return CauseEvidence(self.text, self.key, _WORDS[max(-1, min(3, self.strength))], list(self.evidence),
+                             True if self.observed else UNSET)
 
     def phrase(self) -> str:
         return f"{self.text}: {'; '.join(self.evidence)}" if self.evidence else self.text
@@ -118,6 +126,8 @@ class CauseEvidence(Evidence):
     #: in words: ruled out, weak, ..., strong
     evidence_strength: str
     evidence: list[str]
+    #: true when the runs' step records show it (its first evidence is that observation)
+    observed: bool | Unset = UNSET
 
 
 @dataclass
@@ -129,6 +139,8 @@ class ResumeDiagnosis(Evidence):
     resumed_checkpoint: InventoryEvidence | Unset = UNSET
     samples: str | Unset = UNSET
     framework_warnings: list[str] | Unset = UNSET
+    #: where the two runs' step records first differ (or why they were not compared)
+    first_divergence: DivergenceEvidence | Unset = UNSET
 
 
 @dataclass
@@ -136,6 +148,16 @@ class _Tally:
     strength: dict[str, int] = field(default_factory=dict)
     evidence: dict[str, list[str]] = field(default_factory=dict)
     ruled_out: set[str] = field(default_factory=set)
+    #: the causes the step records show, in the order shown
+    observed: list[str] = field(default_factory=list)
+
+    def observe(self, cause: ObservedCause) -> None:
+        """A cause the step records show: decisive, first, whatever was inferred."""
+        if cause.key not in self.observed:
+            self.observed.append(cause.key)
+        self.strength[cause.key] = DECISIVE
+        self.ruled_out.discard(cause.key)
+        self.evidence.setdefault(cause.key, []).insert(0, cause.observation)
 
     def add(self, key: str, points: int, why: str) -> None:
         self.strength[key] = self.strength.get(key, 0) + points
@@ -145,15 +167,24 @@ class _Tally:
         self.ruled_out.add(key)
         self.evidence.setdefault(key, []).append(why)
 
+    def weaken(self, key: str, why: str) -> None:
+        """Evidence against ``key`` that does not rule it out: a point less, never below none."""
+        self.strength[key] = max(NONE, self.strength.get(key, NONE) - 1)
+        self.evidence.setdefault(key, []).append(why)
+
 
 def rank_causes(tally: _Tally, texts: Mapping[str, str]) -> list[Cause]:
-    """Causes by strength, most likely first; ruled-out ones last; ties keep ``texts``' order."""
+    """Causes the step records show first (in the order shown), then by strength; ruled-out ones
+    last; ties keep ``texts``' order."""
     order = list(texts)
     causes = []
     for key in order:
-        strength = RULED_OUT if key in tally.ruled_out else min(DECISIVE, tally.strength.get(key, NONE))
-        causes.append(Cause(key, texts[key], strength, tuple(tally.evidence.get(key, ()))))
-    return sorted(causes, key=lambda c: (-c.strength, order.index(c.key)))
+        observed = key in tally.observed
+        strength = RULED_OUT if key in tally.ruled_out and not observed else min(DECISIVE, tally.strength.get(key, NONE))
+        causes.append(Cause(key, texts[key], strength, tuple(tally.evidence.get(key, ())), observed))
+    seen = tally.observed
+    return sorted(causes, key=lambda c: (seen.index(c.key) if c.key in seen else len(seen), -c.strength,
+                                         order.index(c.key)))
 
 
 # -- samples -----------------------------------------------------------------------------------
@@ -295,12 +326,25 @@ class ResumeFacts:
     began_again: bool | None = None
     #: whether the runs held GPU memory (NVML): their GPU draws have a CUDA generator to restore
     on_gpu: bool = False
+    #: whether the first resumed step was compared (False: the metric was not printed there)
+    boundary_compared: bool = True
+    #: the last step through which the resumed ranks drew the reference ranks' samples, step by
+    #: step (None: not compared)
+    samples_agree_through: int | None = None
+    #: the causes the runs' step records show (:func:`~trainguard.checks.divergence.observe_resume`), ranked above the rest
+    observed: tuple[ObservedCause, ...] = ()
+    #: the steps the reference printed: from ``counted_from`` (1, or 0 for a job counting from 0)
+    #: to ``last_step`` (None: the check's ``steps``)
+    counted_from: int = 1
+    last_step: int | None = None
 
 
 def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
     """The causes of a failed resume, most likely first, each with its evidence."""
     # the order of the steps below is the order each cause's evidence is listed in
     t = _Tally()
+    for cause in facts.observed:
+        t.observe(cause)
     boundary = facts.resumed_from + 1
     began_again = facts.resumed_from == 0 if facts.began_again is None else facts.began_again
     if began_again:
@@ -325,19 +369,45 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
         t.add("stale_checkpoint", SUGGESTIVE, why)
     if facts.checkpoint is not None:
         _rng_states_held(t, facts.checkpoint, facts)
+    if step == boundary + 1 and not began_again and facts.boundary_compared:
+        _second_resumed_step(t, boundary)
     if step is not None and not began_again and step > boundary + 1:
-        agree = step - boundary
-        later = f"the trajectories agree for {agree} resumed step{'s' if agree > 1 else ''} and part at step {step}"
-        t.add("data_position", SUGGESTIVE, later)
-        t.add("rng", SUGGESTIVE, later)
-        if "optimizer" not in t.ruled_out:
-            t.add("optimizer", -1, "lost optimizer moments show within a step of the resume, not later")
+        _later_divergence(t, facts, step, boundary)
     _final_state(t, facts)
     for key, line in facts.warnings:
         t.add(key, STRONG, f"the framework warned: {line}")
     _averaged_weights(t, facts)
     _loss_scale(t, facts, boundary)
     return rank_causes(t, RESUME_CAUSE_TEXT)
+
+
+def _second_resumed_step(t: _Tally, boundary: int) -> None:
+    """The first resumed step matched and the next differs: a lost data position or RNG would
+    have shown at the first resumed step itself; a loss comes before its step's update, so lost
+    optimizer, scheduler or scaler state shows here. Evidence against the first two, none for
+    one of the others over the rest."""
+    why = (f"the first resumed step ({boundary}) matched and step {boundary + 1} differs: a lost data position "
+           "or RNG shows at the first resumed step itself, lost optimizer, scheduler or scaler state a step later")
+    t.weaken("data_position", why)
+    t.weaken("rng", why)
+
+
+def _later_divergence(t: _Tally, facts: ResumeFacts, step: int, boundary: int) -> None:
+    """The runs agree for some resumed steps and part later: an epoch boundary (the sampler's
+    epoch, a shuffle's RNG), unless the samples agree through it: then a job that is not bitwise
+    deterministic, with nothing of the resume to blame."""
+    agree = step - boundary
+    later = f"the trajectories agree for {agree} resumed step{'s' if agree > 1 else ''} and part at step {step}"
+    through = facts.samples_agree_through
+    if through is not None and through >= step:
+        t.add("nondeterministic", SUGGESTIVE, f"{later}, with the reference's samples at every step: a "
+              "lost data position or RNG shows at the first resumed step or in the samples drawn")
+    else:
+        t.add("data_position", SUGGESTIVE, later)
+        t.add("rng", SUGGESTIVE, later)
+        t.add("nondeterministic", SUGGESTIVE, later)
+    if "optimizer" not in t.ruled_out:
+        t.add("optimizer", -1, "lost optimizer moments show within a step of the resume, not later")
 
 
 def _samples_drawn(t: _Tally, facts: ResumeFacts) -> None:
@@ -360,6 +430,9 @@ def _samples_drawn(t: _Tally, facts: ResumeFacts) -> None:
                       "no RNG state to restore the shuffle from")
     if facts.samples_accounted:
         t.add("data_position", STRONG, facts.samples_accounted)
+    through = facts.samples_agree_through
+    if through is not None and through >= (facts.first_divergent_step or 0) > facts.resumed_from:
+        t.rule_out("data_position", f"the resumed run drew the reference's samples at every step through step {through}")
 
 
 def _checkpoint_lacks(t: _Tally, ckpt: CheckpointInventory) -> None:
@@ -562,6 +635,20 @@ def read_inventory(checkpoint: Path) -> CheckpointInventory | None:
     return inventory if inventory.files else None
 
 
+def _samples_agree_through(reference: Mapping[int, Sequence[SampleBatch]], resumed: Mapping[int, Sequence[SampleBatch]],
+                           facts: ResumeFacts, steps: int) -> int | None:
+    """The last step through which the resumed ranks together drew the reference ranks'
+    samples, step by step; None when the records cannot say."""
+    last = facts.last_step if facts.last_step is not None else steps
+    agreement = sample_agreement(global_batches(reference, first_step=facts.counted_from, steps=last),
+                                 global_batches(resumed, first_step=facts.resumed_from + 1, steps=last))
+    if agreement is None:
+        return None
+    if agreement.first_different_step is not None:
+        return agreement.first_different_step - 1
+    return facts.resumed_from + agreement.compared_steps
+
+
 def resume_diagnosis(
     *,
     reference_dir: Path,
@@ -569,14 +656,25 @@ def resume_diagnosis(
     world_size: int,
     steps: int,
     facts: ResumeFacts,
+    saved_dir: Path | None = None,
 ) -> tuple[list[Cause], ResumeDiagnosis]:
-    """Complete ``facts`` with what the runs left (sample records, stderr warnings) and rank
-    the causes; also the evidence to report (the checkpoint's inventory, the replay)."""
+    """Complete ``facts`` with what the runs left (step and sample records, stderr warnings) and
+    rank the causes; also the evidence to report (the first divergence of the step records, the
+    checkpoint's inventory, the replay). ``saved_dir``: the run that wrote the checkpoint the
+    resumed run loaded (its save records say what the checkpoint held)."""
     from trainguard.launch.samples import read_samples
 
+    divergence: DivergenceEvidence | None = None
+    if facts.resumed_from > 0 and not facts.began_again and not facts.observed:
+        divergence, observed = observe_resume(reference_dir, resumed_dir, saved_dir, resumed_from=facts.resumed_from,
+                                              counted_from=facts.counted_from,
+                                              last_printed=facts.last_step if facts.last_step is not None else steps)
+        facts.observed = tuple(observed)
     reference, resumed = read_samples(reference_dir), read_samples(resumed_dir)
     if facts.replay is None and reference.get(0) and resumed.get(0) and facts.resumed_from > 0:
         facts.replay = sample_replay(reference[0], resumed[0], resumed_from=facts.resumed_from, steps=steps)
+    if facts.samples_agree_through is None and facts.resumed_from > 0:
+        facts.samples_agree_through = _samples_agree_through(reference, resumed, facts, steps)
     if not facts.warnings:
         facts.warnings = framework_warnings(stderr_lines(resumed_dir, world_size))
     causes = diagnose_resume(facts)
@@ -588,4 +686,6 @@ def resume_diagnosis(
         evidence.samples = facts.replay.sentence()
     if facts.warnings:
         evidence.framework_warnings = [line for _, line in facts.warnings]
+    if divergence is not None:
+        evidence.first_divergence = divergence
     return causes, evidence

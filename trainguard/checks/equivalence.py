@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainguard.checks.accounting import (
     batch_order_difference,
@@ -24,6 +25,11 @@ from trainguard.checks.diagnosis import (
     data_order_note,
     first_different_batch,
     shared_shard_note,
+)
+from trainguard.checks.divergence import (
+    Divergence,
+    observe_runs,
+    observed_determinism_causes,
 )
 from trainguard.checks.equivalence_records import (
     DeterminismEvidence,
@@ -48,6 +54,7 @@ __all__ = [
     "TrajectoryDiff",
     "compare_trajectories",
     "failed_run",
+    "observed_nondeterminism",
     "run_determinism",
     "run_parallel",
 ]
@@ -237,17 +244,48 @@ def run_determinism(ctx: CheckContext[DeterminismCheck]) -> CheckResult:
     causes = list(NONDETERMINISM_CAUSES)
     drawn = read_samples(first.run_dir).get(0, []), read_samples(second.run_dir).get(0, [])
     note = data_order_note(*drawn)
+    observed, most_likely = observed_nondeterminism(first.run_dir, second.run_dir, evidence,
+                                                    sorted(first.trajectory(ctx.metric)))
     if note is not None:
         evidence.samples = note
         unseeded, unordered = NONDETERMINISM_CAUSES[0], NONDETERMINISM_CAUSES[2]
         if first_different_batch(*drawn) is None:  # the same samples: not the data order
             causes.remove(unordered)
-        else:  # the data order differs: say so first
+        elif not observed or observed[0].startswith(unordered):  # the data order differs: say so first
             summary += f". Most likely the data order: {note}"
+            most_likely = ""  # the records say the same, step by step
             causes = [unordered, unseeded, *(c for c in causes if c not in (unordered, unseeded))]
+    if observed:  # what the step records show, first, with the observation
+        summary += f". {most_likely}" if most_likely else ""
+        causes = observed + [c for c in causes if not any(o.startswith(c) for o in observed)]
     evidence.likely_causes = causes
     summary += spread_note(ctx.job_file, request)  # never loosened: only the noise measured
     return CheckResult("determinism", "failed", summary, evidence, duration, reproduce)
+
+
+#: the determinism causes the step records show (:func:`observed_determinism_causes`), by key
+_OBSERVED_CAUSE = {"seed": 0, "kernels": 1, "data_order": 2, "wall_clock": 4}
+
+
+def observed_nondeterminism(first: Path, second: Path, evidence: DeterminismEvidence,
+                            printed: Sequence[int] = ()) -> tuple[list[str], str]:
+    """(the causes two runs' step records show, each a :data:`NONDETERMINISM_CAUSES` entry with
+    its observation, most telling first; the summary's "Most likely ..." or ""); where the
+    records first differ (or why they were not compared) is set on ``evidence``; ``printed``:
+    the steps the first run printed (its steps are named so). Nothing without step records."""
+    runs = observe_runs(first, second, counted_from=min(printed, default=1),
+                        last_printed=max(printed) if printed else None)
+    if runs is None:
+        return [], ""
+    evidence.first_divergence = runs.divergence.as_evidence("the second run")
+    if not isinstance(runs.divergence, Divergence):
+        return [], ""
+    observed = observed_determinism_causes(runs.divergence, runs.reference, runs.other)
+    if not observed:
+        return [], ""
+    general = [NONDETERMINISM_CAUSES[_OBSERVED_CAUSE[c.key]] for c in observed]
+    return ([f"{text}: {c.observation}" for text, c in zip(general, observed, strict=True)],
+            f"Most likely {general[0].split(' (')[0]}: {observed[0].observation}")
 
 
 #: N ranks drew other global batches than 1 rank did, of the same size

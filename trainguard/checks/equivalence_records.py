@@ -10,6 +10,7 @@ from typing import Any
 from trainguard.checks.accounting import AccountingEvidence
 from trainguard.checks.calibration import ToleranceEvidence
 from trainguard.checks.diagnosis import CauseEvidence, ResumeDiagnosis
+from trainguard.checks.divergence import DivergenceEvidence
 from trainguard.checks.interruption import InterruptionEvidence
 from trainguard.evidence import MERGED, UNSET, Evidence, StartedAhead, Unset
 from trainguard.unit.checkpoints.compare import StateEvidence
@@ -100,6 +101,8 @@ class DeterminismEvidence(Evidence):
     started_ahead: dict[str, StartedAhead] | Unset = UNSET
     #: how the two runs' drawn samples differ
     samples: str | Unset = UNSET
+    #: where the two runs' step records first differ (or why they were not compared)
+    first_divergence: DivergenceEvidence | Unset = UNSET
     likely_causes: list[str] | Unset = UNSET
 
 
@@ -160,6 +163,8 @@ class ChainEvidence(Evidence):
     #: :meth:`SampleAccounting.as_evidence` over the cycles run: samples trained twice or never
     sample_accounting: AccountingEvidence | Unset = UNSET
     failing_cycle: int | Unset = UNSET
+    #: where the failing cycle's step records first differ from the uninterrupted run's
+    first_divergence: DivergenceEvidence | Unset = UNSET
     likely_causes: list[str] | Unset = UNSET
 
 

@@ -19,7 +19,14 @@ from pathlib import Path
 
 from trainguard.checks.accounting import SampleAccounting, Segment, account_samples
 from trainguard.checks.calibration import ToleranceUsed
-from trainguard.checks.diagnosis import LR_METRIC, ResumeFacts, explain, resume_diagnosis
+from trainguard.checks.diagnosis import (
+    LR_METRIC,
+    RESUME_CAUSE_TEXT,
+    ResumeFacts,
+    explain,
+    resume_diagnosis,
+)
+from trainguard.checks.divergence import ObservedCause, observe_resume
 from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories, failed_run
 from trainguard.checks.equivalence_records import ChainCycle, ChainEvidence, ResumeEvidence
 from trainguard.checks.interruption import Interruption, untested_kill
@@ -230,10 +237,12 @@ def judge_resume(runs: ResumeRuns) -> CheckResult:
             metrics={d.metric: d.first_divergent_step for d in (diff, *others)}, world_size=request.world_size,
             samples_accounted=accounting.summary() if accounting.known and not accounting.ok else None,
             began_again=began_again, on_gpu=any(v > 0 for v in reference.peak_gpu_mb.values()),
+            boundary_compared=first_step in expected, counted_from=0 if 0 in expected else 1,
+            last_step=max(expected) if 0 in expected else spec.steps,
         )
         causes, found = resume_diagnosis(
             reference_dir=reference.run_dir, resumed_dir=resumed.run_dir, world_size=request.world_size,
-            steps=spec.steps, facts=facts,
+            steps=spec.steps, facts=facts, saved_dir=cut.run_dir,
         )
         evidence.diagnosis = found
         evidence.likely_causes = [c.text for c in causes if not c.ruled_out]
@@ -351,12 +360,33 @@ def _judge_chain(runs: ResumeRuns, chain: ChainEvidence) -> CheckResult:
             problems.append(accounting.summary())
         failing = chain.failing_cycle if chain.failing_cycle is not UNSET else len(cuts) + 1
         chain.likely_causes, note = _failing_cycle_causes(failing)
+        observed = _observed_cycle(runs, chain, failing)
+        if observed:
+            chain.likely_causes = [f"{RESUME_CAUSE_TEXT[c.key]}: {c.observation}" for c in observed] + chain.likely_causes
+            note += f". Most likely {RESUME_CAUSE_TEXT[observed[0].key].split(' (')[0]}: {observed[0].observation}"
         return runs.result("failed", "; ".join(problems) + note, chain)
     spans = ", ".join(f"{c.resumed_from_step}->{c.killed_after_step if c.killed_after_step is not None else spec.steps}"
                       for c in chain.cycles[1:])
     return runs.result("passed", f"{len(cuts)} kills after steps {', '.join(map(str, cuts))}, each resumed from "
                        f"the checkpoint the kill before left (resumed spans {spans}): every cycle matches the "
                        f"uninterrupted run{_state_words(state, tol)}", chain)
+
+
+def _observed_cycle(runs: ResumeRuns, chain: ChainEvidence, failing: int) -> list[ObservedCause]:
+    """The causes the step records of a chain's failing cycle (a resumed one) show against the
+    uninterrupted run's, with what the cycle before it saved; where they first differ is set on
+    ``chain``. Nothing for a first cycle (no resume) or without step records."""
+    if not 2 <= failing <= len(chain.cycles):
+        return []
+    cycle, before = chain.cycles[failing - 1], chain.cycles[failing - 2]
+    expected = runs.reference.trajectory(runs.metric)
+    counted_from = 0 if 0 in expected else 1
+    found, observed = observe_resume(runs.reference.run_dir, Path(cycle.run_dir), Path(before.run_dir),
+                                     resumed_from=cycle.resumed_from_step, counted_from=counted_from,
+                                     last_printed=max(expected) if counted_from == 0 else runs.spec.steps)
+    if found is not None:
+        chain.first_divergence = found
+    return observed
 
 
 def _chain_accounting(reference: RunResult, cycles: list[ChainCycle], steps: int) -> SampleAccounting:

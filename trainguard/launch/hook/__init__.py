@@ -29,6 +29,7 @@ __all__ = [
     "HOOK_DIR",
     "METRICS_DIR",
     "SAMPLES_DIR",
+    "STEPS_DIR",
     "hook_env",
     "hook_pythonpath",
     "run_hook_env",
@@ -44,6 +45,8 @@ HOOK_DIR = Path(__file__).resolve().parent
 METRICS_DIR = "trainguard-metrics"
 #: under a run directory: the run agent's sample indices, ``rank{rank}.jsonl``
 SAMPLES_DIR = "trainguard-samples"
+#: under a run directory: the run agent's step records, ``rank{rank}.jsonl`` (docs/step-records.md)
+STEPS_DIR = "trainguard-steps"
 
 
 def hook_pythonpath(base_env: Mapping[str, str] | None = None) -> str:
