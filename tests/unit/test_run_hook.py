@@ -280,7 +280,8 @@ def test_the_hook_stays_off_without_trainer_sources_or_sample_records(tmp_path: 
     probe = "import os, sys; print(os.environ.get('TRAINGUARD_RUN_HOOK'), '_trainguard_run_agent' in sys.modules)"
     script = f"{probe}\nprint('step 1 loss 0.5')\n"
     result = _run_job(tmp_path, script, f"{sys.executable} train.py {{steps}}",
-                      {"loss": r"step (?P<step>\d+) loss (?P<value>\S+)"}, steps=1, record_samples=False)
+                      {"loss": r"step (?P<step>\d+) loss (?P<value>\S+)"}, steps=1, record_samples=False,
+                      record_steps=False)
     assert result.ok, result.reason
     assert (result.run_dir / "rank0.stdout.log").read_text().splitlines()[0] == "None False"
 

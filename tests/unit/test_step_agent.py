@@ -1,0 +1,309 @@
+"""The run agent's step records (docs/step-records.md) in real processes: one line per optimizer
+step with the learning rates, the backward calls and the fingerprints of parameters, gradients
+and optimizer state; checkpoint saves and restores; the property the reader relies on (a resumed
+process's first step shows the state the uninterrupted run had at that step); closures
+(Lightning), a GradScaler's skipped step, the size cap, a job the agent must never break, the
+records off (``record_steps: false``, the profile's timed runs). Lines are parsed here as JSON:
+the reader of the records is not this test's subject."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from trainguard.config import parse_config
+from trainguard.config.checks import ProfileCheck, SmokeCheck
+from trainguard.launch.hook import ENV_RUN_SPEC, ENV_SPEC, HOOK_DIR, STEPS_DIR, run_hook_env
+from trainguard.profiling.measure import measure_size
+from trainguard.run.runner import JobRunner
+
+torch = pytest.importorskip("torch")
+
+LOOP = textwrap.dedent(
+    """
+    import argparse, json, torch
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int)
+    p.add_argument("--save-at", type=int, default=0)
+    p.add_argument("--ckpt", default="")
+    p.add_argument("--resume", action="store_true")
+    a = p.parse_args()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 6, generator=g), torch.randn(64, 1, generator=g))
+    batches = iter(torch.utils.data.DataLoader(data, batch_size=4))  # before the RNG is restored
+    start = 0
+    if a.resume:
+        ck = torch.load(a.ckpt, weights_only=True)
+        model.load_state_dict(ck["model"]); opt.load_state_dict(ck["optimizer"])
+        sched.load_state_dict(ck["scheduler"]); torch.set_rng_state(ck["rng"]); start = ck["step"]
+        for _ in range(2 * start):
+            next(batches)
+    lrs = []
+    for step in range(start + 1, a.steps + 1):
+        for _ in range(2):  # gradient accumulation 2
+            x, y = next(batches)
+            (torch.nn.functional.mse_loss(model(x), y) / 2).backward()
+        lrs.append(sched.get_last_lr()[0])
+        opt.step(); opt.zero_grad(); sched.step()
+        if step == a.save_at:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                        "rng": torch.get_rng_state(), "step": step}, a.ckpt)
+    print(json.dumps(lrs))
+    """
+)
+
+LIGHTNING = textwrap.dedent(
+    """
+    import torch, lightning.pytorch as pl
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+    trainer = pl.Trainer(max_steps=3, accelerator="cpu", devices=1, accumulate_grad_batches=2, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Model(), torch.utils.data.DataLoader(data, batch_size=4))
+    """
+)
+
+SCALER = textwrap.dedent(
+    """
+    import torch
+    torch.manual_seed(0)
+    for fused in (False, True):  # a fused optimizer's step runs even when the scaler skips it
+        m = torch.nn.Linear(4, 1)
+        opt = torch.optim.Adam(m.parameters(), lr=0.1, fused=fused)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        for i in range(3):
+            scaler.scale(m(torch.randn(2, 4)).sum()).backward()
+            if i == 1:
+                m.weight.grad[0, 0] = float("inf")  # planted: the scaler skips this step
+            scaler.step(opt); scaler.update(); opt.zero_grad()
+    """
+)
+
+# the agent fails inside its record (an optimizer whose state it cannot read); the job's own
+# exceptions on the patched paths reach the job unchanged
+BROKEN = textwrap.dedent(
+    """
+    import torch
+    class Odd(torch.optim.SGD):
+        @property
+        def state(self):
+            return self._hidden
+        @state.setter
+        def state(self, value):
+            self._hidden = value
+    m = torch.nn.Linear(2, 1)
+    opt = Odd(m.parameters(), lr=0.1)
+    opt._hidden = None  # the agent's .get on it raises; SGD itself never reads it (no momentum)
+    try:
+        torch.load("/nonexistent/ckpt.pt")
+    except FileNotFoundError:
+        print("job saw FileNotFoundError")
+    for _ in range(3):
+        m(torch.ones(1, 2)).sum().backward()
+        try:
+            opt.step()
+        except Exception as exc:
+            print("step raised", type(exc).__name__)
+            raise
+        opt.zero_grad()
+    print("done", float(m.weight.sum()))
+    """
+)
+
+
+def _hooked(code: str, steps_dir: Path, *args: str, cap: int | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_SPEC, ENV_RUN_SPEC, "PYTHONPATH", "RANK")}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+    spec: dict[str, Any] = {"steps_dir": str(steps_dir)}
+    if cap is not None:
+        spec["steps_cap"] = cap
+    env.update(run_hook_env(spec, env))
+    done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
+                          timeout=120, check=False, cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def _lines(steps_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
+    path = steps_dir / f"rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _steps(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in lines if r["k"] == "step"]
+
+
+def test_a_plain_loop_one_line_per_step_and_a_resume_shows_the_uninterrupted_runs_state(tmp_path: Path) -> None:
+    ckpt = str(tmp_path / "ck.pt")
+    first = _hooked(LOOP, tmp_path / "a", "--steps", "5", "--save-at", "2", "--ckpt", ckpt)
+    _hooked(LOOP, tmp_path / "again", "--steps", "5")
+    _hooked(LOOP, tmp_path / "resumed", "--steps", "5", "--resume", "--ckpt", ckpt)
+    lines = _lines(tmp_path / "a")
+    assert lines[0]["k"] == "meta" and lines[0]["rank"] == 0 and lines[0]["cap"] == 64 * 1024 * 1024
+    steps = _steps(lines)
+    assert [s["n"] for s in steps] == [1, 2, 3, 4, 5] and {s["opt"] for s in steps} == {0}
+    assert [s["groups"][0]["lr"] for s in steps] == pytest.approx(json.loads(first.stdout))
+    assert steps[0]["groups"][0]["betas"] == [0.9, 0.999]
+    assert {s["backward"] for s in steps} == {2}
+    names = ["0.weight", "0.bias", "2.weight", "2.bias"]
+    for s in steps:
+        assert list(s["param"]) == names and all(s["grad"][n] is not None for n in names)
+        assert s["scaler"] is None and len(s["rng"]["cpu"]) == 16
+    assert steps[0]["optim"] == {} and set(steps[1]["optim"]) == set(names)  # Adam's state after its first step
+    for before, after in zip(steps, steps[1:]):
+        assert all(before["param"][n][0] != after["param"][n][0] for n in names)
+        assert before["rng"]["cpu"] != after["rng"]["cpu"]  # dropout drew from it
+    same_seed = _steps(_lines(tmp_path / "again"))
+    assert [s["param"] for s in same_seed] == [s["param"] for s in steps]
+    assert [s["rng"]["cpu"] for s in same_seed] == [s["rng"]["cpu"] for s in steps]
+
+    save = next(r for r in lines if r["k"] == "save")
+    assert save["how"] == "torch.save" and save["path"] == ckpt and save["whole"] is None
+    assert save["keys"] == {"model": "model", "optimizer": "optimizer", "scheduler": "scheduler", "rng": "rng",
+                            "step": "value"}
+    assert lines.index(save) == lines.index(steps[1]) + 1  # written after step 2, before step 3
+
+    resumed = _lines(tmp_path / "resumed")
+    restores = [(r["call"], r["target"]) for r in resumed if r["k"] == "restore"]
+    assert restores == [("torch.load", "torch"), ("Module.load_state_dict", "Sequential"),
+                        ("Optimizer.load_state_dict", "Adam"), ("LRScheduler.load_state_dict", "LambdaLR"),
+                        ("torch.set_rng_state", "torch")]
+    assert next(r for r in resumed if r["k"] == "restore")["path"] == ckpt
+    after = _steps(resumed)
+    assert [s["n"] for s in after] == [1, 2, 3]
+    for got, want in zip(after, steps[2:]):  # the resumed process's step n is the uninterrupted run's 2 + n
+        for key in ("param", "optim", "grad", "groups", "backward"):
+            assert got[key] == want[key], key
+        # numpy's and Python's generators, never seeded, start from OS entropy in each process
+        assert got["rng"]["cpu"] == want["rng"]["cpu"] and got["rng"]["python"] != want["rng"]["python"]
+
+
+def test_a_lightning_step_with_a_closure_records_the_steps_gradients(tmp_path: Path) -> None:
+    pytest.importorskip("lightning")
+    _hooked(LIGHTNING, tmp_path / "steps", cwd=tmp_path)
+    steps = _steps(_lines(tmp_path / "steps"))
+    assert [s["n"] for s in steps] == [1, 2, 3]
+    for s in steps:
+        assert set(s["param"]) == {"net.weight", "net.bias"}
+        assert all(s["grad"][n] is not None and s["grad"][n][1] > 0 for n in s["param"])
+        assert s["backward"] == 2
+    assert steps[0]["param"]["net.weight"] != steps[1]["param"]["net.weight"]
+
+
+def test_a_step_the_scaler_skips_is_a_line_with_its_scale(tmp_path: Path) -> None:
+    _hooked(SCALER, tmp_path / "steps")
+    steps = _steps(_lines(tmp_path / "steps"))
+    assert [(s["opt"], s["n"]) for s in steps] == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]
+    for run in (steps[:3], steps[3:]):  # plain, then fused
+        assert [s["scaler"] for s in run] == [{"scale": 1024.0, "skipped": False}, {"scale": 1024.0, "skipped": True},
+                                              {"scale": 512.0, "skipped": False}]
+        assert run[1]["grad"]["weight"][1] == "inf"
+        assert run[2]["param"] == run[1]["param"]  # the skipped step changed nothing
+        assert run[1]["param"] != run[0]["param"]
+
+
+def test_the_cap_ends_the_step_lines_with_one_truncated_line(tmp_path: Path) -> None:
+    code = LOOP.replace("print(json.dumps(lrs))", "torch.save(model.state_dict(), 'last.pt')")
+    _hooked(code, tmp_path / "steps", "--steps", "8", cap=4000, cwd=tmp_path)
+    lines = _lines(tmp_path / "steps")
+    kinds = [r["k"] for r in lines]
+    assert kinds.count("truncated") == 1 and kinds[-1] == "save"  # a save after the cap is still written
+    cut = kinds.index("truncated")
+    assert "step" not in kinds[cut:] and 0 < kinds.count("step") < 8
+    assert lines[cut]["bytes"] <= 4000
+    assert lines[-1]["whole"] == "model" and lines[-1]["keys"]["0.weight"] == "value"
+
+
+def test_an_agent_that_fails_says_so_once_and_the_job_runs_as_without_it(tmp_path: Path) -> None:
+    done = _hooked(BROKEN, tmp_path / "steps")
+    assert done.stdout.splitlines()[0] == "job saw FileNotFoundError"
+    assert done.stdout.splitlines()[-1].startswith("done") and "step raised" not in done.stdout
+    assert done.stderr.count("trainguard run hook: recording an optimizer step failed") == 1, done.stderr
+
+
+def _fingerprint_module() -> Any:
+    spec = importlib.util.spec_from_file_location("_tg_step_agent_under_test", HOOK_DIR / "_trainguard_step_agent.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64", "int64", "bool"])
+def test_a_fingerprint_sums_the_bits_and_changes_with_any_one_bit(dtype: str) -> None:
+    agent = _fingerprint_module()
+    t = (torch.randn(5, 7, generator=torch.Generator().manual_seed(3)) * 3).to(getattr(torch, dtype))
+    width = {"float32": torch.int32, "bfloat16": torch.int16, "float16": torch.int16, "float64": torch.int64,
+             "int64": torch.int64, "bool": torch.uint8}[dtype]
+    odd = [t.t(), t[0], t[1, 2]]  # non-contiguous, a row, 0-dim
+    prints = agent.fingerprints(torch, [t, *odd])
+    for tensor, (fp, ss) in zip([t, *odd], prints):
+        bits = tensor.contiguous().view(width).reshape(-1).tolist()
+        assert fp == format(sum(bits) % 2**64, "016x")
+        assert ss == pytest.approx(float((tensor.double() ** 2).sum()), rel=1e-5)
+    flipped = t.clone()
+    flipped.view(width).view(-1)[11] ^= 1  # one bit of one element
+    assert agent.fingerprints(torch, [flipped])[0][0] != prints[0][0]
+
+
+def test_names_lose_the_wrappers_prefixes() -> None:
+    agent = _fingerprint_module()
+    assert agent.clean_name("module._orig_mod.layers.0._fsdp_wrapped_module.weight") == "layers.0.weight"
+    assert agent.clean_name("blocks.0._checkpoint_wrapped_module.attn.module.w") == "blocks.0.attn.module.w"
+
+
+def _job(tmp_path: Path, **job: object) -> JobRunner:
+    tmp_path.mkdir()
+    (tmp_path / "train.py").write_text(LOOP.replace("print(json.dumps(lrs))", "")
+                                       .replace("opt.step(); opt.zero_grad(); sched.step()",
+                                                "opt.step(); opt.zero_grad(); sched.step(); print(f'step {step} loss 1.0', flush=True)"))
+    path = tmp_path / "trainguard.yaml"
+    path.write_text(yaml.safe_dump({"job": {
+        "name": "steps", "command": f"{sys.executable} train.py --steps {{steps}}", "timeout": 120,
+        "metrics": {"loss": r"step (?P<step>\d+) loss (?P<value>\S+)"}, "record_samples": False,
+        "env": {"OMP_NUM_THREADS": "1"}, **job}}))
+    return JobRunner(parse_config(path.read_text(), path=path))
+
+
+def test_a_command_job_records_its_steps_unless_told_not_to_and_a_profile_run_never(tmp_path: Path) -> None:
+    runner = _job(tmp_path / "on")
+    try:
+        result = runner.run(runner.request_for(SmokeCheck(steps=2)), label="on")
+        assert result.ok, result.reason
+        assert [s["n"] for s in _steps(_lines(result.run_dir / STEPS_DIR))] == [1, 2]
+        _, profiled = measure_size(runner, ProfileCheck(steps=2, warmup_steps=0), 1, seed=0)
+        assert profiled.ok, profiled.reason
+        assert not (profiled.run_dir / STEPS_DIR).exists()
+    finally:
+        runner.close()
+    runner = _job(tmp_path / "off", record_steps=False)
+    try:
+        result = runner.run(runner.request_for(SmokeCheck(steps=2)), label="off")
+        assert result.ok, result.reason
+        assert not (result.run_dir / STEPS_DIR).exists()
+        assert ENV_RUN_SPEC not in (result.run_dir / "rank0.stdout.log").read_text()
+    finally:
+        runner.close()

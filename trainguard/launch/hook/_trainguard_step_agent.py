@@ -1,0 +1,687 @@
+"""The run agent's step records: what each optimizer step of this process did (issue 44).
+
+Installed by ``_trainguard_run_agent`` when its spec has ``steps_dir``; standard library only,
+and nothing is patched that the job does not import itself (the run agent's import hook hands
+each module over right after the job's import of it). The wire format is docs/step-records.md:
+one JSON line per optimizer step, checkpoint save, state restore and seeding, written to
+``<steps_dir>/rank{RANK}.jsonl`` through the run agent's O_APPEND ``JsonlWriter``.
+
+* ``torch``: torch's global optimizer step pre/post hooks record each step (learning rates and
+  hyperparameters per param group, fingerprints of every parameter, gradient and optimizer state
+  before the update, backward calls since the optimizer's previous step, the loss scaler, the RNG
+  states at the step's start). A step given a closure (Lightning runs forward and backward inside
+  ``optimizer.step(closure)``) is recorded right after the closure's first call: gradients
+  present, parameters not yet updated. A step inside another optimizer's step (accelerate's
+  wrapper) is the same step: one record. ``GradScaler.step`` is wrapped: a step the scaler skips
+  is still a line (``skipped: true``). The RNG states are read at the first module forward after a
+  step (a global forward pre-hook that removes itself). ``torch.autograd.backward`` is counted.
+  ``torch.save``/``torch.load``, ``load_state_dict`` of modules, optimizers, LR schedulers and
+  scalers, ``set_rng_state`` and ``manual_seed`` write save/restore/seed lines.
+* ``torch.distributed.checkpoint`` (+ ``.state_dict``), ``safetensors.torch``, ``numpy.random``,
+  ``random``, ``torchdata.stateful_dataloader``: their save/load/seed/set-state calls.
+
+A fingerprint is ``[fp, ss]``: the sum mod 2**64 of the elements' bit patterns (torch ops on the
+tensor's device, one device-to-host copy per device and step) and the sum of squares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import hashlib
+import math
+import os
+import struct
+import sys
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+#: default size cap of one rank's file (bytes)
+DEFAULT_CAP = 64 * 1024 * 1024
+#: save/restore/seed lines still written after the cap
+_EVENTS_AFTER_CAP = 1000
+#: top-level keys listed per save
+_MAX_KEYS = 256
+_MASK = (1 << 64) - 1
+#: wrapper prefixes dropped from parameter names (DDP and torch.compile at the start; FSDP's and
+#: activation checkpointing's wherever they are)
+_LEADING = ("module.", "_orig_mod.")
+_ANYWHERE = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+#: the integer dtype a floating dtype's bits are read as, by element size
+_INT_OF_SIZE = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
+#: modules whose wrappers stand between the job and a function it calls (torch._dynamo wraps
+#: torch.manual_seed)
+_WRAPPERS = ("torch._dynamo.eval_frame", "torch._compile", "functools", "contextlib")
+
+
+def clean_name(name: str) -> str:
+    """``name`` without the wrapper prefixes (docs/step-records.md#names)."""
+    for part in _ANYWHERE:
+        name = name.replace(part, "")
+    stripped = True
+    while stripped:
+        stripped = False
+        for prefix in _LEADING:
+            if name.startswith(prefix):
+                name, stripped = name[len(prefix):], True
+    return name
+
+
+def _number(value: float) -> float | str:
+    """A float JSON can carry: NaN and the infinities as strings."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def _hex(value: int) -> str:
+    return format(value & _MASK, "016x")
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _local(t: Any) -> tuple[Any, str | None]:
+    """A DTensor's local shard and its placements, else the tensor itself."""
+    if hasattr(t, "to_local") and hasattr(t, "placements"):
+        return t.to_local(), str(t.placements)
+    return t, None
+
+
+def _bits_sum(torch: Any, t: Any) -> Any:
+    """The 0-dim int64 sum of ``t``'s elements' bit patterns (on its device)."""
+    t = t.detach()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    elif t.is_floating_point():
+        t = t.view(getattr(torch, _INT_OF_SIZE[t.element_size()]))
+    return t.sum(dtype=torch.int64)
+
+
+def fingerprints(torch: Any, tensors: list[Any]) -> list[list[Any]]:
+    """``[fp, ss]`` of each tensor (torch ops on each tensor's device, one device-to-host copy
+    per device): see the module docstring."""
+    by_device: dict[Any, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_device.setdefault(t.device, []).append(i)
+    out: list[list[Any]] = [[]] * len(tensors)
+    for indices in by_device.values():
+        group = [tensors[i].detach() for i in indices]
+        sums = torch.stack([_bits_sum(torch, t) for t in group])
+        squares: list[Any] = [None] * len(group)
+        floats: dict[Any, list[int]] = {}  # the norms by accumulating dtype, one foreach call each
+        for j, t in enumerate(group):
+            if t.is_floating_point():
+                wide = torch.float64 if t.dtype == torch.float64 else torch.float32
+                floats.setdefault(wide, []).append(j)
+        for wide, members in floats.items():
+            norms = torch._foreach_norm([group[j] for j in members], 2, dtype=wide)
+            for j, norm in zip(members, norms):
+                squares[j] = norm.double().square()
+        for j, t in enumerate(group):
+            if squares[j] is None:
+                squares[j] = (t.abs().double() if t.is_complex() else t.double()).square().sum()
+        values = torch.cat([sums, torch.stack(squares).view(torch.int64)]).tolist()
+        n = len(group)
+        for j, i in enumerate(indices):
+            ss = struct.unpack("<d", struct.pack("<q", values[n + j]))[0]
+            out[i] = [_hex(values[j]), _number(ss)]
+    return out
+
+
+def _scalar_fingerprint(value: float) -> tuple[int, float]:
+    """A Python number in the optimizer state, fingerprinted as a float64."""
+    return struct.unpack("<q", struct.pack("<d", float(value)))[0], float(value) ** 2
+
+
+def _hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
+    """A param group's numbers, bools and lists of numbers (``params`` left out)."""
+    out: dict[str, Any] = {}
+    for key, value in group.items():
+        if key == "params":
+            continue
+        if isinstance(value, bool):
+            out[key] = value
+        elif isinstance(value, (int, float)):
+            out[key] = _number(float(value)) if isinstance(value, float) else value
+        elif hasattr(value, "numel") and value.numel() == 1:  # a tensor lr
+            out[key] = _number(float(value))
+        elif isinstance(value, (list, tuple)) and value and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            out[key] = [_number(float(v)) if isinstance(v, float) else v for v in value]
+    return out
+
+
+class StepAgent:
+    """The step records of one process (docs/step-records.md)."""
+
+    def __init__(self, run_agent: Any, spec: dict[str, Any], writer_cls: type) -> None:
+        self.run_agent = run_agent
+        self.rank = os.environ.get("RANK", "0")
+        self.writer = writer_cls(os.path.join(spec["steps_dir"], f"rank{self.rank}.jsonl"))
+        self.cap = int(spec.get("steps_cap") or DEFAULT_CAP)
+        self.written = 0
+        self.truncated = False
+        self.events_after_cap = 0
+        self.enabled = True
+        self.started = False
+        # per optimizer, by id: [weak reference, index in this process, steps so far]
+        self.optimizers: dict[int, list[Any]] = {}
+        self.indices: list[int] = []
+        self.backward_marks: dict[int, int] = {}
+        self.names: dict[int, tuple[int, list[tuple[str, Any]]]] = {}
+        self.backwards = 0
+        self.outer_frame: Any = None  # the frame of the step being recorded (nested: not again)
+        self.recorded = False  # the current step's record is written
+        self.scaler: Any = None  # the GradScaler whose step is running
+        self.rng: dict[str, Any] | None = None  # read at the first forward after a step
+        self.rng_handle: Any = None
+        self.restoring: set[str] = set()
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self.enabled = False  # a forked child (a DataLoader worker) is not this rank's trainer
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def guard(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        return self.run_agent.guard(what, fn, *args)
+
+    def _write(self, record: dict[str, Any], *, event: bool) -> None:
+        if not self.enabled:
+            return
+        if not self.started:
+            self.started = True
+            torch = sys.modules.get("torch")
+            world = os.environ.get("WORLD_SIZE", "1")
+            self._write({"k": "meta", "rank": int(self.rank) if self.rank.isdigit() else self.rank,
+                         "world": int(world) if world.isdigit() else world, "pid": os.getpid(),
+                         "torch": getattr(torch, "__version__", None), "cap": self.cap}, event=True)
+        if self.truncated:
+            if not event or self.events_after_cap >= _EVENTS_AFTER_CAP:
+                return
+            self.events_after_cap += 1
+            self.writer.write(record)
+            return
+        line = self.writer.encode(record)
+        if self.written + len(line) > self.cap:
+            self.truncated = True
+            self.writer.write({"k": "truncated", "bytes": self.written})
+            self._write(record, event=event)
+            return
+        self.written += len(line)
+        self.writer.write_line(line)
+
+    def event(self, record: dict[str, Any]) -> None:
+        self._write({**record, "t": time.monotonic()}, event=True)
+
+    # -- the step --------------------------------------------------------------------------
+
+    def pre_hook(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """torch's global optimizer step pre-hook (``args[0]`` is the optimizer)."""
+        caller = sys._getframe(1)
+        try:
+            return self._pre(optimizer, args, kwargs, caller) if self.enabled else None
+        except Exception as exc:
+            self.run_agent.report("recording an optimizer step", exc)
+            return None
+
+    def _pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any], caller: Any) -> Any:
+        if self.outer_frame is not None:
+            frame = caller.f_back
+            while frame is not None:
+                if frame is self.outer_frame:
+                    return None  # inside another optimizer's step: that step's record
+                frame = frame.f_back
+        self.outer_frame, self.recorded = caller, False
+        closure = kwargs.get("closure")
+        if closure is None and len(args) > 1 and callable(args[1]):
+            closure = args[1]
+        if closure is None:
+            self.record(optimizer, False)
+            return None
+        wrapped = self._after_closure(optimizer, closure)
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": wrapped}
+        return (args[0], wrapped, *args[2:]), kwargs
+
+    def _after_closure(self, optimizer: Any, closure: Callable[[], Any]) -> Callable[[], Any]:
+        @functools.wraps(closure)
+        def closure_then_record(*a: Any, **kw: Any) -> Any:
+            out = closure(*a, **kw)
+            if not self.recorded:
+                self.guard("recording an optimizer step", self.record, optimizer, False)
+            return out
+        return closure_then_record
+
+    def post_hook(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """torch's global optimizer step post-hook."""
+        if not self.enabled or self.outer_frame is not sys._getframe(1):
+            return  # a nested step's post hook
+        self.outer_frame = None
+        if not self.recorded:  # a closure the optimizer never called
+            self.guard("recording an optimizer step", self.record, optimizer, False)
+        self.guard("recording an optimizer step", self.step_done)
+
+    def step_done(self) -> None:
+        """After any optimizer's step: the next forward reads the RNG states."""
+        self.rng = None
+        if self.rng_handle is None:
+            module = sys.modules["torch.nn.modules.module"]
+            self.rng_handle = module.register_module_forward_pre_hook(self._first_forward)
+
+    def _first_forward(self, module: Any, inputs: Any) -> None:
+        handle, self.rng_handle = self.rng_handle, None
+        if handle is not None:
+            handle.remove()
+        if self.enabled:
+            self.rng = self.guard("reading the RNG states", self.rng_now)
+
+    def rng_now(self) -> dict[str, Any]:
+        torch = sys.modules["torch"]
+
+        def state_bytes(t: Any) -> bytes:
+            with contextlib.suppress(Exception):
+                return bytes(t.numpy().tobytes())
+            return bytes(t.tolist())
+
+        cuda = None
+        if torch.cuda.is_initialized():
+            cuda = [_sha(state_bytes(s)) for s in torch.cuda.get_rng_state_all()]
+        numpy = None
+        np_random = sys.modules.get("numpy.random")
+        if np_random is not None:
+            state = np_random.get_state()
+            numpy = _sha(state[1].tobytes() + repr(state[2]).encode())
+        python = None
+        if (random := sys.modules.get("random")) is not None:
+            python = _sha(repr(random.getstate()).encode())
+        return {"cpu": _sha(state_bytes(torch.get_rng_state())), "cuda": cuda, "numpy": numpy,
+                "python": python}
+
+    def _named_params(self, optimizer: Any) -> list[tuple[str, Any]]:
+        """(name, parameter) of every parameter of ``optimizer``, in group order; the names
+        found once per optimizer (again when its parameter count changes)."""
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        known = self.names.get(id(optimizer))
+        if known is not None and known[0] == len(params):
+            return known[1]
+        wanted = {id(p) for p in params}
+        names = self._find_names(wanted)
+        named: list[tuple[str, Any]] = []
+        for g, group in enumerate(optimizer.param_groups):
+            for i, p in enumerate(group["params"]):
+                named.append((names.get(id(p), f"group{g}.{i}"), p))
+        self.names[id(optimizer)] = (len(params), named)
+        return named
+
+    @staticmethod
+    def _find_names(wanted: set[int]) -> dict[int, str]:
+        """id(parameter) -> its name in the root module owning it (a gc walk, once per
+        optimizer): the root naming most of them first."""
+        nn = sys.modules["torch.nn"]
+        module_type = nn.Module
+        modules = [o for o in gc.get_objects() if issubclass(type(o), module_type)]
+        inner = {id(c) for m in modules for c in m.children()}
+        scored = []
+        for m in modules:
+            if id(m) not in inner:
+                mine = [(n, p) for n, p in m.named_parameters() if id(p) in wanted]
+                if mine:
+                    scored.append((len(mine), mine))
+        names: dict[int, str] = {}
+        for _, mine in sorted(scored, key=lambda s: -s[0]):
+            for n, p in mine:
+                names.setdefault(id(p), clean_name(n))
+        return names
+
+    def record(self, optimizer: Any, skipped: bool) -> None:
+        """The step line of ``optimizer`` as it is now (parameters before its update)."""
+        self.recorded = True
+        if self.truncated:
+            self._count(optimizer)
+            return
+        torch = sys.modules["torch"]
+        key, n = self._count(optimizer)
+        named = self._named_params(optimizer)
+        tensors: list[Any] = []
+        slots: list[tuple[str, str, str]] = []  # (kind, name, state key)
+        placement: dict[str, str] = {}
+        scalars: dict[str, list[tuple[str, tuple[int, float]]]] = {}
+        for name, p in named:
+            local, where = _local(p)
+            if where is not None:
+                placement[name] = where
+            tensors.append(local)
+            slots.append(("param", name, ""))
+            if p.grad is not None:
+                tensors.append(_local(p.grad)[0])
+                slots.append(("grad", name, ""))
+            for skey, value in sorted(optimizer.state.get(p, {}).items(), key=lambda kv: str(kv[0])):
+                if hasattr(value, "detach"):
+                    tensors.append(_local(value)[0])
+                    slots.append(("optim", name, str(skey)))
+                elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                    scalars.setdefault(name, []).append((str(skey), _scalar_fingerprint(value)))
+        prints = fingerprints(torch, tensors) if tensors else []
+        param: dict[str, Any] = {}
+        grad: dict[str, Any] = dict.fromkeys((name for name, _ in named), None)
+        optim_parts: dict[str, list[tuple[str, int, float]]] = {}
+        for (kind, name, skey), (fp, ss) in zip(slots, prints):
+            if kind == "param":
+                param[name] = [fp, ss]
+            elif kind == "grad":
+                grad[name] = [fp, ss]
+            else:
+                optim_parts.setdefault(name, []).append((skey, int(fp, 16), ss))
+        for name, values in scalars.items():
+            optim_parts.setdefault(name, []).extend((k, v[0], v[1]) for k, v in values)
+        optim = {}
+        for name, parts in optim_parts.items():
+            parts.sort(key=lambda part: part[0])
+            fp = sum(v * (i + 1) for i, (_, v, _) in enumerate(parts)) & _MASK
+            total = math.fsum(float(ss) if not isinstance(ss, str) else float(ss) for _, _, ss in parts)
+            optim[name] = [_hex(fp), _number(total)]
+        if self.rng is None:
+            self.rng = self.rng_now()
+        record: dict[str, Any] = {
+            "k": "step", "opt": key, "n": n, "t": time.monotonic(),
+            "groups": [_hyperparameters(g) for g in optimizer.param_groups],
+            "backward": self.backwards - self.backward_marks.get(id(optimizer), 0),
+            "rng": self.rng, "param": param, "grad": grad, "optim": optim,
+            "scaler": self._scaler_state(optimizer, skipped),
+        }
+        self.backward_marks[id(optimizer)] = self.backwards
+        if placement:
+            record["placement"] = placement
+        self._write(record, event=False)
+
+    def _count(self, optimizer: Any) -> tuple[int, int]:
+        """This optimizer's index in the process and the 1-based number of this step (an
+        optimizer is held weakly: one garbage-collected frees its id for a new one)."""
+        known = self.optimizers.get(id(optimizer))
+        if known is None or known[0]() is not optimizer:
+            known = self.optimizers[id(optimizer)] = [weakref.ref(optimizer), len(self.indices), 0]
+            self.indices.append(id(optimizer))
+            self.names.pop(id(optimizer), None)
+            self.backward_marks.pop(id(optimizer), None)
+        known[2] += 1
+        return known[1], known[2]
+
+    def _scaler_state(self, optimizer: Any, skipped: bool) -> dict[str, Any] | None:
+        scaler = self.scaler
+        if scaler is None or not getattr(scaler, "_enabled", True):
+            return None
+        if not skipped:  # a fused optimizer steps even when the scaler found an inf: ask it
+            state = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer), {})
+            found = state.get("found_inf_per_device") or {}
+            skipped = any(float(v) != 0.0 for v in found.values())
+        return {"scale": _number(float(scaler.get_scale())), "skipped": bool(skipped)}
+
+    def scaler_step(self, original: Callable[..., Any], scaler: Any, optimizer: Any,
+                    *args: Any, **kwargs: Any) -> Any:
+        """``GradScaler.step``: the optimizer's step line carries the scale; a skipped step
+        (no ``optimizer.step`` call) is still a line."""
+        if self.scaler is not None or not self.enabled:
+            return original(scaler, optimizer, *args, **kwargs)
+        self.scaler, self.recorded = scaler, False
+        try:
+            out = original(scaler, optimizer, *args, **kwargs)
+            if not self.recorded and getattr(scaler, "_enabled", True):
+                self.guard("recording a skipped optimizer step", self.record, optimizer, True)
+                self.guard("recording an optimizer step", self.step_done)
+            return out
+        finally:
+            self.scaler = None
+
+    # -- saves and restores -----------------------------------------------------------------
+
+    def saved(self, how: str, obj: Any, path: Any) -> None:
+        keys: dict[str, str] = {}
+        if isinstance(obj, dict):
+            for key, value in list(obj.items())[:_MAX_KEYS]:
+                keys[str(key)] = "value" if how == "safetensors" else owner_of(value)
+        whole = "model" if how == "safetensors" else owner_of(obj)
+        self.event({"k": "save", "how": how, "path": _path(path), "keys": keys,
+                    "whole": None if whole == "value" else whole})
+
+    def restored(self, kind: str, call: str, target: str, path: Any, by: str) -> None:
+        if kind == "seed":
+            self.event({"k": "seed", "call": call, "by": by})
+        else:
+            self.event({"k": "restore", "call": call, "target": target,
+                        "path": None if path is None else _path(path), "by": by})
+
+    def wrap_restore(self, call: str, fn: Callable[..., Any], *, target: str | None = None,
+                     path_arg: int | None = None, path_kwargs: tuple[str, ...] = (),
+                     kind: str = "restore") -> Callable[..., Any]:
+        """``fn`` writing a restore (or seed) line before it runs (``target``: the name the line
+        gives; None: the type of the first argument, the method's object). A call of the same
+        kind inside it (``set_rng_state_all`` calling ``set_rng_state``) writes none; nor does
+        torch's DataLoader worker seeding itself."""
+        agent = self
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if call in agent.restoring or not agent.enabled:
+                return fn(*args, **kwargs)
+            agent.restoring.add(call)
+            try:
+                by = _caller()
+                if not by.startswith("torch.utils.data"):
+                    agent.guard("recording a restore", agent.restored, kind, call,
+                                target if target is not None else type(args[0] if args else None).__name__,
+                                _argument(args, kwargs, path_arg, path_kwargs), by)
+                return fn(*args, **kwargs)
+            finally:
+                agent.restoring.discard(call)
+
+        wrapper.__trainguard_wrapped__ = fn  # type: ignore[attr-defined]
+        return wrapper
+
+    def wrap_save(self, how: str, fn: Callable[..., Any], path_arg: int | None,
+                  path_kwargs: tuple[str, ...] = ()) -> Callable[..., Any]:
+        """``fn(obj, ...)`` writing a save line first (its path from ``path_arg`` or the first of
+        ``path_kwargs`` given; a storage writer's ``path``)."""
+        agent = self
+        inside = f"save:{how}"
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if agent.enabled and inside not in agent.restoring:
+                obj = args[0] if args else next(iter(kwargs.values()), None)
+                path = _argument(args, kwargs, path_arg, path_kwargs)
+                agent.guard("recording a checkpoint save", agent.saved, how, obj, getattr(path, "path", path))
+            agent.restoring.add(inside)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                agent.restoring.discard(inside)
+
+        wrapper.__trainguard_wrapped__ = fn  # type: ignore[attr-defined]
+        return wrapper
+
+    # -- patching ----------------------------------------------------------------------------
+
+    def patches(self) -> dict[str, Callable[[Any], None]]:
+        """Module name -> the patch to run once the job imported it."""
+        return {"torch": self._patch_torch, "torch.distributed.checkpoint": self._patch_dcp,
+                "torch.distributed.checkpoint.state_dict": self._patch_dcp_state_dict,
+                "safetensors.torch": self._patch_safetensors, "numpy.random": self._patch_numpy,
+                "random": self._patch_random, "torchdata.stateful_dataloader": self._patch_torchdata}
+
+    def _replace(self, owners: list[Any], name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        """Set ``name`` on each of ``owners`` to ``make(original)`` (one wrapper per original
+        function: ``torch.save`` and ``torch.serialization.save`` stay one object)."""
+        made: dict[int, Callable[..., Any]] = {}
+        for owner in owners:
+            fn = getattr(owner, name, None)
+            if fn is None or hasattr(fn, "__trainguard_wrapped__"):
+                continue
+            if id(fn) not in made:
+                made[id(fn)] = make(fn)
+            setattr(owner, name, made[id(fn)])
+
+    def _patch_torch(self, torch: Any) -> None:
+        optimizer_module = sys.modules["torch.optim.optimizer"]
+        optimizer_module.register_optimizer_step_pre_hook(self.pre_hook)
+        optimizer_module.register_optimizer_step_post_hook(self.post_hook)
+        agent = self
+        original_backward = torch.autograd.backward
+
+        @functools.wraps(original_backward)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            agent.backwards += 1
+            return original_backward(*args, **kwargs)
+
+        torch.autograd.backward = backward
+        scalers = [torch.amp.GradScaler, *_subclasses(torch.amp.GradScaler)]
+        for cls in scalers:
+            if "step" in cls.__dict__:
+                self._replace([cls], "step", self._scaler_wrapper)
+        self._replace([torch, torch.serialization], "save", lambda f: self.wrap_save("torch.save", f, 1, ("f",)))
+        self._replace([torch, torch.serialization], "load",
+                      lambda f: self.wrap_restore("torch.load", f, target="torch", path_arg=0, path_kwargs=("f",)))
+        methods = [(torch.nn.Module, "Module.load_state_dict"), (torch.optim.Optimizer, "Optimizer.load_state_dict")]
+        scheduler = torch.optim.lr_scheduler.LRScheduler
+        methods += [(c, "LRScheduler.load_state_dict") for c in (scheduler, *_subclasses(scheduler))]
+        methods += [(c, "GradScaler.load_state_dict") for c in scalers]
+        for cls, call in methods:
+            if "load_state_dict" in cls.__dict__:
+                self._replace([cls], "load_state_dict", lambda f, call=call: self.wrap_restore(call, f))
+        self._replace([torch, torch.random], "set_rng_state",
+                      lambda f: self.wrap_restore("torch.set_rng_state", f, target="torch"))
+        self._replace([torch, torch.random], "manual_seed",
+                      lambda f: self.wrap_restore("torch.manual_seed", f, kind="seed"))
+        for name in ("set_rng_state", "set_rng_state_all"):
+            self._replace([torch.cuda, torch.cuda.random], name,
+                          lambda f: self.wrap_restore("torch.cuda.set_rng_state", f, target="torch.cuda"))
+        self.step_done()  # the first forward reads the RNG states of the first step
+
+    def _scaler_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        agent = self
+
+        @functools.wraps(original)
+        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            return agent.scaler_step(original, scaler, optimizer, *args, **kwargs)
+
+        step.__trainguard_wrapped__ = original  # type: ignore[attr-defined]
+        return step
+
+    def _patch_dcp(self, dcp: Any) -> None:
+        owners = [dcp, getattr(dcp, "state_dict_saver", None)]
+        owners = [o for o in owners if o is not None]
+        where = ("checkpoint_id", "storage_writer")
+        self._replace(owners, "save", lambda f: self.wrap_save("dcp", f, None, where))
+        self._replace(owners, "async_save", lambda f: self.wrap_save("dcp_async", f, None, where))
+        loaders = [o for o in (dcp, getattr(dcp, "state_dict_loader", None)) if o is not None]
+        self._replace(loaders, "load", lambda f: self.wrap_restore(
+            "dcp.load", f, target="dcp", path_kwargs=("checkpoint_id", "storage_reader")))
+
+    def _patch_dcp_state_dict(self, module: Any) -> None:
+        self._replace([module], "set_state_dict", lambda f: self.wrap_restore("dcp.set_state_dict", f))
+
+    def _patch_safetensors(self, module: Any) -> None:
+        self._replace([module], "save_file", lambda f: self.wrap_save("safetensors", f, 1, ("filename",)))
+        self._replace([module], "load_file", lambda f: self.wrap_restore(
+            "safetensors.load_file", f, target="safetensors", path_arg=0, path_kwargs=("filename",)))
+
+    def _patch_numpy(self, module: Any) -> None:
+        self._replace([module], "set_state",
+                      lambda f: self.wrap_restore("numpy.random.set_state", f, target="numpy.random"))
+        self._replace([module], "seed", lambda f: self.wrap_restore("numpy.random.seed", f, kind="seed"))
+
+    def _patch_random(self, module: Any) -> None:
+        self._replace([module], "setstate", lambda f: self.wrap_restore("random.setstate", f, target="random"))
+        self._replace([module], "seed", lambda f: self.wrap_restore("random.seed", f, kind="seed"))
+
+    def _patch_torchdata(self, module: Any) -> None:
+        loader = getattr(module, "StatefulDataLoader", None)
+        if loader is not None and "load_state_dict" in loader.__dict__:
+            self._replace([loader], "load_state_dict", lambda f: self.wrap_restore("DataLoader.load_state_dict", f))
+
+
+def _subclasses(cls: type) -> list[type]:
+    out, todo = [], list(cls.__subclasses__())
+    while todo:
+        sub = todo.pop()
+        if sub not in out:
+            out.append(sub)
+            todo.extend(sub.__subclasses__())
+    return out
+
+
+def _caller() -> str:
+    """The module that called the wrapped function (past torch._dynamo's wrapper of
+    ``torch.manual_seed``)."""
+    frame = sys._getframe(2)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "") in _WRAPPERS:
+        frame = frame.f_back
+    return str(frame.f_globals.get("__name__", ""))
+
+
+def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], index: int | None, names: tuple[str, ...]) -> Any:
+    """The argument at ``index`` or the first of the keyword ``names`` given, else None."""
+    if index is not None and len(args) > index:
+        return args[index]
+    return next((kwargs[n] for n in names if kwargs.get(n) is not None), None)
+
+
+def _path(path: Any) -> str:
+    if isinstance(path, (str, bytes, os.PathLike)):
+        return os.fsdecode(path)
+    name = getattr(path, "name", None)
+    return name if isinstance(name, str) else f"<{type(path).__name__}>"
+
+
+_LOADER_KEYS = ("_num_yielded", "_sampler_iter_yielded", "sampler_iter_state", "_iterator_finished",
+                "_index_sampler_state", "dataset_state")
+_RNG_KEYS = ("cpu_rng_state", "rng_state", "torch_rng_state", "cuda_rng_state", "numpy_rng_state",
+             "python_rng_state", "torch", "cuda", "numpy", "python", "random", "cpu")
+
+
+def owner_of(value: Any) -> str:
+    """What a saved value looks like (docs/step-records.md#kinds)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        for cls_path, owner in (("nn.Module", "model"), ("optim.Optimizer", "optimizer"),
+                                ("optim.lr_scheduler.LRScheduler", "scheduler"), ("amp.GradScaler", "scaler")):
+            cls: Any = torch
+            for part in cls_path.split("."):
+                cls = getattr(cls, part, None)
+            if isinstance(cls, type) and isinstance(value, cls):
+                return owner
+        if isinstance(value, torch.Tensor):
+            return "rng" if value.dtype == torch.uint8 and value.dim() == 1 and value.numel() >= 16 else "value"
+    if type(value).__name__ == "StatefulDataLoader":
+        return "loader"
+    if isinstance(value, tuple) and len(value) in (3, 5) and (
+            (len(value) == 3 and isinstance(value[1], tuple) and len(value[1]) > 600)
+            or (len(value) == 5 and value[0] == "MT19937")):
+        return "rng"  # random.getstate() / numpy's get_state()
+    if isinstance(value, dict):
+        keys = {str(k) for k in value}
+        if {"state", "param_groups"} <= keys:
+            return "optimizer"
+        if "last_epoch" in keys or "base_lrs" in keys:
+            return "scheduler"
+        if "scale" in keys and ("growth_factor" in keys or "_growth_tracker" in keys):
+            return "scaler"
+        if keys & set(_LOADER_KEYS) or {"epoch", "start_index"} <= keys:
+            return "loader"
+        if keys and (keys & set(_RNG_KEYS)) == keys:
+            return "rng"
+        if value and torch is not None and all(isinstance(v, torch.Tensor) for v in value.values()):
+            return "model"
+    return "value"
+
+
+__all__ = ["DEFAULT_CAP", "StepAgent", "clean_name", "fingerprints", "owner_of"]
