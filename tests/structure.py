@@ -82,6 +82,7 @@ STDLIB_ONLY = frozenset({
     "trainguard.launch.hook._trainguard_nan_agent",
     "trainguard.launch.hook._trainguard_run_agent",
     "trainguard.launch.hook._trainguard_step_agent",
+    "trainguard.launch.hook._trainguard_step_values",
     "trainguard.launch.hook.sitecustomize",
 })
 

@@ -2,13 +2,14 @@
 step with the learning rates, the backward calls and the fingerprints of parameters, gradients
 and optimizer state; checkpoint saves and restores; the property the reader relies on (a resumed
 process's first step shows the state the uninterrupted run had at that step); closures
-(Lightning), a GradScaler's skipped step, the size cap, a job the agent must never break, the
+(Lightning's: tests/unit/test_run_hook.py), a GradScaler's skipped step, the size cap, a job the agent must never break, the
 records off (``record_steps: false``, the profile's timed runs). Lines are parsed here as JSON:
 the reader of the records is not this test's subject."""
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import subprocess
@@ -65,26 +66,6 @@ LOOP = textwrap.dedent(
     """
 )
 
-LIGHTNING = textwrap.dedent(
-    """
-    import torch, lightning.pytorch as pl
-    class Model(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = torch.nn.Linear(8, 1)
-        def training_step(self, batch, batch_idx):
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.net(x), y)
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-    torch.manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
-    trainer = pl.Trainer(max_steps=3, accelerator="cpu", devices=1, accumulate_grad_batches=2, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(Model(), torch.utils.data.DataLoader(data, batch_size=4))
-    """
-)
-
 SCALER = textwrap.dedent(
     """
     import torch
@@ -98,6 +79,17 @@ SCALER = textwrap.dedent(
             if i == 1:
                 m.weight.grad[0, 0] = float("inf")  # planted: the scaler skips this step
             scaler.step(opt); scaler.update(); opt.zero_grad()
+
+    # FSDP2 on one rank: DTensor parameters, gradients and optimizer state
+    import sys, torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+    fully_shard(m)
+    opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    for _ in range(2):
+        m(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
+    dist.destroy_process_group()
     """
 )
 
@@ -173,7 +165,7 @@ def test_a_plain_loop_one_line_per_step_and_a_resume_shows_the_uninterrupted_run
         assert list(s["param"]) == names and all(s["grad"][n] is not None for n in names)
         assert s["scaler"] is None and len(s["rng"]["cpu"]) == 16
     assert steps[0]["optim"] == {} and set(steps[1]["optim"]) == set(names)  # Adam's state after its first step
-    for before, after in zip(steps, steps[1:]):
+    for before, after in itertools.pairwise(steps):
         assert all(before["param"][n][0] != after["param"][n][0] for n in names)
         assert before["rng"]["cpu"] != after["rng"]["cpu"]  # dropout drew from it
     same_seed = _steps(_lines(tmp_path / "again"))
@@ -201,23 +193,17 @@ def test_a_plain_loop_one_line_per_step_and_a_resume_shows_the_uninterrupted_run
         assert got["rng"]["cpu"] == want["rng"]["cpu"] and got["rng"]["python"] != want["rng"]["python"]
 
 
-def test_a_lightning_step_with_a_closure_records_the_steps_gradients(tmp_path: Path) -> None:
-    pytest.importorskip("lightning")
-    _hooked(LIGHTNING, tmp_path / "steps", cwd=tmp_path)
+def test_a_step_the_scaler_skips_is_a_line_with_its_scale_and_a_dtensor_its_local_shard(tmp_path: Path) -> None:
+    _hooked(SCALER, tmp_path / "steps", str(tmp_path / "store"))
     steps = _steps(_lines(tmp_path / "steps"))
-    assert [s["n"] for s in steps] == [1, 2, 3]
-    for s in steps:
-        assert set(s["param"]) == {"net.weight", "net.bias"}
-        assert all(s["grad"][n] is not None and s["grad"][n][1] > 0 for n in s["param"])
-        assert s["backward"] == 2
-    assert steps[0]["param"]["net.weight"] != steps[1]["param"]["net.weight"]
-
-
-def test_a_step_the_scaler_skips_is_a_line_with_its_scale(tmp_path: Path) -> None:
-    _hooked(SCALER, tmp_path / "steps")
-    steps = _steps(_lines(tmp_path / "steps"))
-    assert [(s["opt"], s["n"]) for s in steps] == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]
-    for run in (steps[:3], steps[3:]):  # plain, then fused
+    assert [(s["opt"], s["n"]) for s in steps] == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3), (2, 1), (2, 2)]
+    sharded = steps[6:]
+    assert all(s["placement"] == dict.fromkeys(["0.weight", "0.bias", "1.weight", "1.bias"], "(Shard(dim=0),)")
+               for s in sharded)
+    assert sharded[0]["param"] != sharded[1]["param"] and set(sharded[1]["optim"]) == set(sharded[1]["param"])
+    assert all(g is not None for g in sharded[0]["grad"].values())
+    assert "placement" not in steps[0]
+    for run in (steps[:3], steps[3:6]):  # plain, then fused
         assert [s["scaler"] for s in run] == [{"scale": 1024.0, "skipped": False}, {"scale": 1024.0, "skipped": True},
                                               {"scale": 512.0, "skipped": False}]
         assert run[1]["grad"]["weight"][1] == "inf"
@@ -245,7 +231,7 @@ def test_an_agent_that_fails_says_so_once_and_the_job_runs_as_without_it(tmp_pat
 
 
 def _fingerprint_module() -> Any:
-    spec = importlib.util.spec_from_file_location("_tg_step_agent_under_test", HOOK_DIR / "_trainguard_step_agent.py")
+    spec = importlib.util.spec_from_file_location("_tg_step_values_under_test", HOOK_DIR / "_trainguard_step_values.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -288,12 +274,10 @@ def _job(tmp_path: Path, **job: object) -> JobRunner:
     return JobRunner(parse_config(path.read_text(), path=path))
 
 
-def test_a_command_job_records_its_steps_unless_told_not_to_and_a_profile_run_never(tmp_path: Path) -> None:
+def test_a_profile_run_records_no_steps_nor_a_job_with_record_steps_off(tmp_path: Path) -> None:
+    # (a command job's runs record them by default: the Trainer tests of test_run_hook.py read them)
     runner = _job(tmp_path / "on")
     try:
-        result = runner.run(runner.request_for(SmokeCheck(steps=2)), label="on")
-        assert result.ok, result.reason
-        assert [s["n"] for s in _steps(_lines(result.run_dir / STEPS_DIR))] == [1, 2]
         _, profiled = measure_size(runner, ProfileCheck(steps=2, warmup_steps=0), 1, seed=0)
         assert profiled.ok, profiled.reason
         assert not (profiled.run_dir / STEPS_DIR).exists()
@@ -304,6 +288,5 @@ def test_a_command_job_records_its_steps_unless_told_not_to_and_a_profile_run_ne
         result = runner.run(runner.request_for(SmokeCheck(steps=2)), label="off")
         assert result.ok, result.reason
         assert not (result.run_dir / STEPS_DIR).exists()
-        assert ENV_RUN_SPEC not in (result.run_dir / "rank0.stdout.log").read_text()
     finally:
         runner.close()

@@ -346,7 +346,7 @@ class JobRunner:
         values["checkpoint_dir"] = str(checkpoint_dir)
         return values
 
-    def run(
+    def run(  # noqa: PLR0913
         self,
         request: RunRequest,
         *,

@@ -116,7 +116,10 @@ class Agent:
         self.samples = JsonlWriter(os.path.join(samples_dir, f"rank{rank}.jsonl")) if samples_dir else None
         self._reported: set[str] = set()
         #: the step records (``_trainguard_step_agent.StepAgent``) when the spec has ``steps_dir``
-        self.steps: Any = _step_agent().StepAgent(self, spec, JsonlWriter) if spec.get("steps_dir") else None
+        self.steps: Any = None
+        if spec.get("steps_dir"):
+            self.steps = sibling("_trainguard_step_agent").StepAgent(
+                self, spec, JsonlWriter, sibling("_trainguard_step_values"))
 
     # -- safety ----------------------------------------------------------------------------
 
@@ -264,9 +267,9 @@ class Agent:
         base._next_index, base.__next__ = _next_index, __next__
 
 
-def _step_agent() -> Any:
-    """The sibling module that records the optimizer steps (loaded by path, once)."""
-    name = "_trainguard_step_agent"
+def sibling(name: str) -> Any:
+    """The module ``name`` of this directory, loaded by path once (the directory need not be on
+    ``sys.path``)."""
     module = sys.modules.get(name)
     if module is None:
         import importlib.util
@@ -547,4 +550,4 @@ class _LightningRecorder(_Recorder):
         self._guard("recording Lightning's logged metrics", self._logged, trainer)
 
 
-__all__ = ["ENV_RUN_SPEC", "Agent", "JsonlWriter", "install", "recorder_class"]
+__all__ = ["ENV_RUN_SPEC", "Agent", "JsonlWriter", "install", "recorder_class", "sibling"]

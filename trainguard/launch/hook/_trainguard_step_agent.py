@@ -21,7 +21,8 @@ one JSON line per optimizer step, checkpoint save, state restore and seeding, wr
   ``random``, ``torchdata.stateful_dataloader``: their save/load/seed/set-state calls.
 
 A fingerprint is ``[fp, ss]``: the sum mod 2**64 of the elements' bit patterns (torch ops on the
-tensor's device, one device-to-host copy per device and step) and the sum of squares.
+tensor's device, one device-to-host copy per device and step) and the sum of squares; it and the
+other values of a record are computed by the sibling ``_trainguard_step_values``.
 """
 
 from __future__ import annotations
@@ -29,10 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import hashlib
-import math
 import os
-import struct
 import sys
 import time
 import weakref
@@ -45,126 +43,17 @@ DEFAULT_CAP = 64 * 1024 * 1024
 _EVENTS_AFTER_CAP = 1000
 #: top-level keys listed per save
 _MAX_KEYS = 256
-_MASK = (1 << 64) - 1
-#: wrapper prefixes dropped from parameter names (DDP and torch.compile at the start; FSDP's and
-#: activation checkpointing's wherever they are)
-_LEADING = ("module.", "_orig_mod.")
-_ANYWHERE = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
-#: the integer dtype a floating dtype's bits are read as, by element size
-_INT_OF_SIZE = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
 #: modules whose wrappers stand between the job and a function it calls (torch._dynamo wraps
 #: torch.manual_seed)
 _WRAPPERS = ("torch._dynamo.eval_frame", "torch._compile", "functools", "contextlib")
 
-
-def clean_name(name: str) -> str:
-    """``name`` without the wrapper prefixes (docs/step-records.md#names)."""
-    for part in _ANYWHERE:
-        name = name.replace(part, "")
-    stripped = True
-    while stripped:
-        stripped = False
-        for prefix in _LEADING:
-            if name.startswith(prefix):
-                name, stripped = name[len(prefix):], True
-    return name
-
-
-def _number(value: float) -> float | str:
-    """A float JSON can carry: NaN and the infinities as strings."""
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
-
-
-def _hex(value: int) -> str:
-    return format(value & _MASK, "016x")
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()[:16]
-
-
-def _local(t: Any) -> tuple[Any, str | None]:
-    """A DTensor's local shard and its placements, else the tensor itself."""
-    if hasattr(t, "to_local") and hasattr(t, "placements"):
-        return t.to_local(), str(t.placements)
-    return t, None
-
-
-def _bits_sum(torch: Any, t: Any) -> Any:
-    """The 0-dim int64 sum of ``t``'s elements' bit patterns (on its device)."""
-    t = t.detach()
-    if t.is_complex():
-        t = torch.view_as_real(t)
-    if t.dtype == torch.bool:
-        t = t.view(torch.uint8)
-    elif t.is_floating_point():
-        t = t.view(getattr(torch, _INT_OF_SIZE[t.element_size()]))
-    return t.sum(dtype=torch.int64)
-
-
-def fingerprints(torch: Any, tensors: list[Any]) -> list[list[Any]]:
-    """``[fp, ss]`` of each tensor (torch ops on each tensor's device, one device-to-host copy
-    per device): see the module docstring."""
-    by_device: dict[Any, list[int]] = {}
-    for i, t in enumerate(tensors):
-        by_device.setdefault(t.device, []).append(i)
-    out: list[list[Any]] = [[]] * len(tensors)
-    for indices in by_device.values():
-        group = [tensors[i].detach() for i in indices]
-        sums = torch.stack([_bits_sum(torch, t) for t in group])
-        squares: list[Any] = [None] * len(group)
-        floats: dict[Any, list[int]] = {}  # the norms by accumulating dtype, one foreach call each
-        for j, t in enumerate(group):
-            if t.is_floating_point():
-                wide = torch.float64 if t.dtype == torch.float64 else torch.float32
-                floats.setdefault(wide, []).append(j)
-        for wide, members in floats.items():
-            norms = torch._foreach_norm([group[j] for j in members], 2, dtype=wide)
-            for j, norm in zip(members, norms):
-                squares[j] = norm.double().square()
-        for j, t in enumerate(group):
-            if squares[j] is None:
-                squares[j] = (t.abs().double() if t.is_complex() else t.double()).square().sum()
-        values = torch.cat([sums, torch.stack(squares).view(torch.int64)]).tolist()
-        n = len(group)
-        for j, i in enumerate(indices):
-            ss = struct.unpack("<d", struct.pack("<q", values[n + j]))[0]
-            out[i] = [_hex(values[j]), _number(ss)]
-    return out
-
-
-def _scalar_fingerprint(value: float) -> tuple[int, float]:
-    """A Python number in the optimizer state, fingerprinted as a float64."""
-    return struct.unpack("<q", struct.pack("<d", float(value)))[0], float(value) ** 2
-
-
-def _hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
-    """A param group's numbers, bools and lists of numbers (``params`` left out)."""
-    out: dict[str, Any] = {}
-    for key, value in group.items():
-        if key == "params":
-            continue
-        if isinstance(value, bool):
-            out[key] = value
-        elif isinstance(value, (int, float)):
-            out[key] = _number(float(value)) if isinstance(value, float) else value
-        elif hasattr(value, "numel") and value.numel() == 1:  # a tensor lr
-            out[key] = _number(float(value))
-        elif isinstance(value, (list, tuple)) and value and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-            out[key] = [_number(float(v)) if isinstance(v, float) else v for v in value]
-    return out
-
-
+#: default size cap of one rank's file (bytes)
 class StepAgent:
     """The step records of one process (docs/step-records.md)."""
 
-    def __init__(self, run_agent: Any, spec: dict[str, Any], writer_cls: type) -> None:
+    def __init__(self, run_agent: Any, spec: dict[str, Any], writer_cls: type, values: Any) -> None:
         self.run_agent = run_agent
+        self.v = values  # the sibling module _trainguard_step_values
         self.rank = os.environ.get("RANK", "0")
         self.writer = writer_cls(os.path.join(spec["steps_dir"], f"rank{self.rank}.jsonl"))
         self.cap = int(spec.get("steps_cap") or DEFAULT_CAP)
@@ -295,16 +184,16 @@ class StepAgent:
 
         cuda = None
         if torch.cuda.is_initialized():
-            cuda = [_sha(state_bytes(s)) for s in torch.cuda.get_rng_state_all()]
+            cuda = [self.v.sha16(state_bytes(s)) for s in torch.cuda.get_rng_state_all()]
         numpy = None
         np_random = sys.modules.get("numpy.random")
         if np_random is not None:
             state = np_random.get_state()
-            numpy = _sha(state[1].tobytes() + repr(state[2]).encode())
+            numpy = self.v.sha16(state[1].tobytes() + repr(state[2]).encode())
         python = None
         if (random := sys.modules.get("random")) is not None:
-            python = _sha(repr(random.getstate()).encode())
-        return {"cpu": _sha(state_bytes(torch.get_rng_state())), "cuda": cuda, "numpy": numpy,
+            python = self.v.sha16(repr(random.getstate()).encode())
+        return {"cpu": self.v.sha16(state_bytes(torch.get_rng_state())), "cuda": cuda, "numpy": numpy,
                 "python": python}
 
     def _named_params(self, optimizer: Any) -> list[tuple[str, Any]]:
@@ -323,8 +212,7 @@ class StepAgent:
         self.names[id(optimizer)] = (len(params), named)
         return named
 
-    @staticmethod
-    def _find_names(wanted: set[int]) -> dict[int, str]:
+    def _find_names(self, wanted: set[int]) -> dict[int, str]:
         """id(parameter) -> its name in the root module owning it (a gc walk, once per
         optimizer): the root naming most of them first."""
         nn = sys.modules["torch.nn"]
@@ -340,7 +228,7 @@ class StepAgent:
         names: dict[int, str] = {}
         for _, mine in sorted(scored, key=lambda s: -s[0]):
             for n, p in mine:
-                names.setdefault(id(p), clean_name(n))
+                names.setdefault(id(p), self.v.clean_name(n))
         return names
 
     def record(self, optimizer: Any, skipped: bool) -> None:
@@ -357,21 +245,21 @@ class StepAgent:
         placement: dict[str, str] = {}
         scalars: dict[str, list[tuple[str, tuple[int, float]]]] = {}
         for name, p in named:
-            local, where = _local(p)
+            local, where = self.v.local_shard(p)
             if where is not None:
                 placement[name] = where
             tensors.append(local)
             slots.append(("param", name, ""))
             if p.grad is not None:
-                tensors.append(_local(p.grad)[0])
+                tensors.append(self.v.local_shard(p.grad)[0])
                 slots.append(("grad", name, ""))
             for skey, value in sorted(optimizer.state.get(p, {}).items(), key=lambda kv: str(kv[0])):
                 if hasattr(value, "detach"):
-                    tensors.append(_local(value)[0])
+                    tensors.append(self.v.local_shard(value)[0])
                     slots.append(("optim", name, str(skey)))
                 elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                    scalars.setdefault(name, []).append((str(skey), _scalar_fingerprint(value)))
-        prints = fingerprints(torch, tensors) if tensors else []
+                    scalars.setdefault(name, []).append((str(skey), self.v.scalar_fingerprint(value)))
+        prints = self.v.fingerprints(torch, tensors) if tensors else []
         param: dict[str, Any] = {}
         grad: dict[str, Any] = dict.fromkeys((name for name, _ in named), None)
         optim_parts: dict[str, list[tuple[str, int, float]]] = {}
@@ -384,17 +272,12 @@ class StepAgent:
                 optim_parts.setdefault(name, []).append((skey, int(fp, 16), ss))
         for name, values in scalars.items():
             optim_parts.setdefault(name, []).extend((k, v[0], v[1]) for k, v in values)
-        optim = {}
-        for name, parts in optim_parts.items():
-            parts.sort(key=lambda part: part[0])
-            fp = sum(v * (i + 1) for i, (_, v, _) in enumerate(parts)) & _MASK
-            total = math.fsum(float(ss) if not isinstance(ss, str) else float(ss) for _, _, ss in parts)
-            optim[name] = [_hex(fp), _number(total)]
+        optim = {name: self.v.combined(parts) for name, parts in optim_parts.items()}
         if self.rng is None:
             self.rng = self.rng_now()
         record: dict[str, Any] = {
             "k": "step", "opt": key, "n": n, "t": time.monotonic(),
-            "groups": [_hyperparameters(g) for g in optimizer.param_groups],
+            "groups": [self.v.hyperparameters(g) for g in optimizer.param_groups],
             "backward": self.backwards - self.backward_marks.get(id(optimizer), 0),
             "rng": self.rng, "param": param, "grad": grad, "optim": optim,
             "scaler": self._scaler_state(optimizer, skipped),
@@ -424,7 +307,7 @@ class StepAgent:
             state = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer), {})
             found = state.get("found_inf_per_device") or {}
             skipped = any(float(v) != 0.0 for v in found.values())
-        return {"scale": _number(float(scaler.get_scale())), "skipped": bool(skipped)}
+        return {"scale": self.v.number(float(scaler.get_scale())), "skipped": bool(skipped)}
 
     def scaler_step(self, original: Callable[..., Any], scaler: Any, optimizer: Any,
                     *args: Any, **kwargs: Any) -> Any:
@@ -448,9 +331,9 @@ class StepAgent:
         keys: dict[str, str] = {}
         if isinstance(obj, dict):
             for key, value in list(obj.items())[:_MAX_KEYS]:
-                keys[str(key)] = "value" if how == "safetensors" else owner_of(value)
-        whole = "model" if how == "safetensors" else owner_of(obj)
-        self.event({"k": "save", "how": how, "path": _path(path), "keys": keys,
+                keys[str(key)] = "value" if how == "safetensors" else self.v.owner_of(value)
+        whole = "model" if how == "safetensors" else self.v.owner_of(obj)
+        self.event({"k": "save", "how": how, "path": self.v.path_text(path), "keys": keys,
                     "whole": None if whole == "value" else whole})
 
     def restored(self, kind: str, call: str, target: str, path: Any, by: str) -> None:
@@ -458,7 +341,7 @@ class StepAgent:
             self.event({"k": "seed", "call": call, "by": by})
         else:
             self.event({"k": "restore", "call": call, "target": target,
-                        "path": None if path is None else _path(path), "by": by})
+                        "path": None if path is None else self.v.path_text(path), "by": by})
 
     def wrap_restore(self, call: str, fn: Callable[..., Any], *, target: str | None = None,
                      path_arg: int | None = None, path_kwargs: tuple[str, ...] = (),
@@ -556,7 +439,7 @@ class StepAgent:
         methods += [(c, "GradScaler.load_state_dict") for c in scalers]
         for cls, call in methods:
             if "load_state_dict" in cls.__dict__:
-                self._replace([cls], "load_state_dict", lambda f, call=call: self.wrap_restore(call, f))
+                self._replace([cls], "load_state_dict", functools.partial(self._restore_method, call))
         self._replace([torch, torch.random], "set_rng_state",
                       lambda f: self.wrap_restore("torch.set_rng_state", f, target="torch"))
         self._replace([torch, torch.random], "manual_seed",
@@ -565,6 +448,9 @@ class StepAgent:
             self._replace([torch.cuda, torch.cuda.random], name,
                           lambda f: self.wrap_restore("torch.cuda.set_rng_state", f, target="torch.cuda"))
         self.step_done()  # the first forward reads the RNG states of the first step
+
+    def _restore_method(self, call: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return self.wrap_restore(call, fn)
 
     def _scaler_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         agent = self
@@ -610,7 +496,8 @@ class StepAgent:
 
 
 def _subclasses(cls: type) -> list[type]:
-    out, todo = [], list(cls.__subclasses__())
+    out: list[type] = []
+    todo: list[type] = list(cls.__subclasses__())
     while todo:
         sub = todo.pop()
         if sub not in out:
@@ -635,53 +522,4 @@ def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], index: int | None, 
     return next((kwargs[n] for n in names if kwargs.get(n) is not None), None)
 
 
-def _path(path: Any) -> str:
-    if isinstance(path, (str, bytes, os.PathLike)):
-        return os.fsdecode(path)
-    name = getattr(path, "name", None)
-    return name if isinstance(name, str) else f"<{type(path).__name__}>"
-
-
-_LOADER_KEYS = ("_num_yielded", "_sampler_iter_yielded", "sampler_iter_state", "_iterator_finished",
-                "_index_sampler_state", "dataset_state")
-_RNG_KEYS = ("cpu_rng_state", "rng_state", "torch_rng_state", "cuda_rng_state", "numpy_rng_state",
-             "python_rng_state", "torch", "cuda", "numpy", "python", "random", "cpu")
-
-
-def owner_of(value: Any) -> str:
-    """What a saved value looks like (docs/step-records.md#kinds)."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        for cls_path, owner in (("nn.Module", "model"), ("optim.Optimizer", "optimizer"),
-                                ("optim.lr_scheduler.LRScheduler", "scheduler"), ("amp.GradScaler", "scaler")):
-            cls: Any = torch
-            for part in cls_path.split("."):
-                cls = getattr(cls, part, None)
-            if isinstance(cls, type) and isinstance(value, cls):
-                return owner
-        if isinstance(value, torch.Tensor):
-            return "rng" if value.dtype == torch.uint8 and value.dim() == 1 and value.numel() >= 16 else "value"
-    if type(value).__name__ == "StatefulDataLoader":
-        return "loader"
-    if isinstance(value, tuple) and len(value) in (3, 5) and (
-            (len(value) == 3 and isinstance(value[1], tuple) and len(value[1]) > 600)
-            or (len(value) == 5 and value[0] == "MT19937")):
-        return "rng"  # random.getstate() / numpy's get_state()
-    if isinstance(value, dict):
-        keys = {str(k) for k in value}
-        if {"state", "param_groups"} <= keys:
-            return "optimizer"
-        if "last_epoch" in keys or "base_lrs" in keys:
-            return "scheduler"
-        if "scale" in keys and ("growth_factor" in keys or "_growth_tracker" in keys):
-            return "scaler"
-        if keys & set(_LOADER_KEYS) or {"epoch", "start_index"} <= keys:
-            return "loader"
-        if keys and (keys & set(_RNG_KEYS)) == keys:
-            return "rng"
-        if value and torch is not None and all(isinstance(v, torch.Tensor) for v in value.values()):
-            return "model"
-    return "value"
-
-
-__all__ = ["DEFAULT_CAP", "StepAgent", "clean_name", "fingerprints", "owner_of"]
+__all__ = ["DEFAULT_CAP", "StepAgent"]
