@@ -89,6 +89,13 @@ SCALER = textwrap.dedent(
     opt = torch.optim.Adam(m.parameters(), lr=0.1)
     for _ in range(2):
         m(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
+
+    # an optimizer stepping inside another (ZeRO's wrapper keeps no state of its own)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    m = torch.nn.Linear(4, 1)
+    opt = ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.Adam, lr=0.1)
+    for _ in range(3):
+        m(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
     dist.destroy_process_group()
     """
 )
@@ -193,11 +200,17 @@ def test_a_plain_loop_one_line_per_step_and_a_resume_shows_the_uninterrupted_run
         assert got["rng"]["cpu"] == want["rng"]["cpu"] and got["rng"]["python"] != want["rng"]["python"]
 
 
-def test_a_step_the_scaler_skips_is_a_line_with_its_scale_and_a_dtensor_its_local_shard(tmp_path: Path) -> None:
+def test_a_skipped_step_a_dtensor_and_a_wrapped_optimizer(tmp_path: Path) -> None:
+    """A step the scaler skips is a line with its scale; a DTensor's local shard is recorded with
+    its placement; an optimizer stepping inside another gives one line, with its state."""
     _hooked(SCALER, tmp_path / "steps", str(tmp_path / "store"))
     steps = _steps(_lines(tmp_path / "steps"))
-    assert [(s["opt"], s["n"]) for s in steps] == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3), (2, 1), (2, 2)]
-    sharded = steps[6:]
+    assert [(s["opt"], s["n"]) for s in steps] == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3), (2, 1), (2, 2),
+                                                   (3, 1), (3, 2), (3, 3)]
+    wrapped = steps[8:]
+    assert wrapped[0]["optim"] == {} and all(set(s["optim"]) == {"weight", "bias"} for s in wrapped[1:])
+    assert wrapped[1]["optim"] != wrapped[2]["optim"]
+    sharded = steps[6:8]
     assert all(s["placement"] == dict.fromkeys(["0.weight", "0.bias", "1.weight", "1.bias"], "(Shard(dim=0),)")
                for s in sharded)
     assert sharded[0]["param"] != sharded[1]["param"] and set(sharded[1]["optim"]) == set(sharded[1]["param"])

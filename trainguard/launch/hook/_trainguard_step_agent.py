@@ -69,7 +69,9 @@ class StepAgent:
         self.names: dict[int, tuple[int, list[tuple[str, Any]]]] = {}
         self.backwards = 0
         self.outer_frame: Any = None  # the frame of the step being recorded (nested: not again)
-        self.recorded = False  # the current step's record is written
+        self.recorded = False  # the current step's record is made
+        self.pending: dict[str, Any] | None = None  # ... and waits for the step's end
+        self.inner: Any = None  # an optimizer stepping inside the current step
         self.scaler: Any = None  # the GradScaler whose step is running
         self.rng: dict[str, Any] | None = None  # read at the first forward after a step
         self.rng_handle: Any = None
@@ -127,10 +129,14 @@ class StepAgent:
         if self.outer_frame is not None:
             frame = caller.f_back
             while frame is not None:
-                if frame is self.outer_frame:
-                    return None  # inside another optimizer's step: that step's record
+                if frame is self.outer_frame:  # inside another optimizer's step: that step's
+                    self.inner = optimizer      # record, with this one's state if it has none
+                    if self.pending is not None and not self.pending["optim"]:
+                        self._inner_state(self.pending)
+                    return None
                 frame = frame.f_back
-        self.outer_frame, self.recorded = caller, False
+        self.flush()  # a step that raised before its post-hook
+        self.outer_frame, self.recorded, self.inner = caller, False, None
         closure = kwargs.get("closure")
         if closure is None and len(args) > 1 and callable(args[1]):
             closure = args[1]
@@ -158,7 +164,15 @@ class StepAgent:
         self.outer_frame = None
         if not self.recorded:  # a closure the optimizer never called
             self.guard("recording an optimizer step", self.record, optimizer, False)
+        self.guard("recording an optimizer step", self.flush)
         self.guard("recording an optimizer step", self.step_done)
+
+    def flush(self) -> None:
+        """Write the step's record (held until the step's end: a nested optimizer's state may
+        still join it)."""
+        record, self.pending, self.inner = self.pending, None, None
+        if record is not None:
+            self._write(record, event=False)
 
     def step_done(self) -> None:
         """After any optimizer's step: the next forward reads the RNG states."""
@@ -231,61 +245,69 @@ class StepAgent:
                 names.setdefault(id(p), self.v.clean_name(n))
         return names
 
-    def record(self, optimizer: Any, skipped: bool) -> None:
-        """The step line of ``optimizer`` as it is now (parameters before its update)."""
-        self.recorded = True
-        if self.truncated:
-            self._count(optimizer)
-            return
-        torch = sys.modules["torch"]
-        key, n = self._count(optimizer)
+    def _fingerprinted(self, optimizer: Any, params: bool) -> dict[str, dict[str, Any]]:
+        """param, grad (``params``), optim and placement of ``optimizer``'s parameters now,
+        with one batch of fingerprints."""
         named = self._named_params(optimizer)
         tensors: list[Any] = []
         slots: list[tuple[str, str, str]] = []  # (kind, name, state key)
-        placement: dict[str, str] = {}
-        scalars: dict[str, list[tuple[str, tuple[int, float]]]] = {}
+        out: dict[str, dict[str, Any]] = {"param": {}, "grad": {}, "optim": {}, "placement": {}}
+        parts: dict[str, list[tuple[str, int, Any]]] = {}
         for name, p in named:
-            local, where = self.v.local_shard(p)
-            if where is not None:
-                placement[name] = where
-            tensors.append(local)
-            slots.append(("param", name, ""))
-            if p.grad is not None:
-                tensors.append(self.v.local_shard(p.grad)[0])
-                slots.append(("grad", name, ""))
+            if params:
+                local, where = self.v.local_shard(p)
+                if where is not None:
+                    out["placement"][name] = where
+                tensors.append(local)
+                slots.append(("param", name, ""))
+                out["grad"][name] = None
+                if p.grad is not None:
+                    tensors.append(self.v.local_shard(p.grad)[0])
+                    slots.append(("grad", name, ""))
             for skey, value in sorted(optimizer.state.get(p, {}).items(), key=lambda kv: str(kv[0])):
                 if hasattr(value, "detach"):
                     tensors.append(self.v.local_shard(value)[0])
                     slots.append(("optim", name, str(skey)))
                 elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                    scalars.setdefault(name, []).append((str(skey), self.v.scalar_fingerprint(value)))
-        prints = self.v.fingerprints(torch, tensors) if tensors else []
-        param: dict[str, Any] = {}
-        grad: dict[str, Any] = dict.fromkeys((name for name, _ in named), None)
-        optim_parts: dict[str, list[tuple[str, int, float]]] = {}
+                    fp, ss = self.v.scalar_fingerprint(value)
+                    parts.setdefault(name, []).append((str(skey), fp, ss))
+        prints = self.v.fingerprints(sys.modules["torch"], tensors) if tensors else []
         for (kind, name, skey), (fp, ss) in zip(slots, prints):
-            if kind == "param":
-                param[name] = [fp, ss]
-            elif kind == "grad":
-                grad[name] = [fp, ss]
+            if kind == "optim":
+                parts.setdefault(name, []).append((skey, int(fp, 16), ss))
             else:
-                optim_parts.setdefault(name, []).append((skey, int(fp, 16), ss))
-        for name, values in scalars.items():
-            optim_parts.setdefault(name, []).extend((k, v[0], v[1]) for k, v in values)
-        optim = {name: self.v.combined(parts) for name, parts in optim_parts.items()}
+                out[kind][name] = [fp, ss]
+        out["optim"] = {name: self.v.combined(p) for name, p in parts.items()}
+        return out
+
+    def _inner_state(self, record: dict[str, Any]) -> None:
+        """The optimizer state of the optimizer stepping inside the recorded one (a wrapper
+        such as ZeroRedundancyOptimizer keeps none itself)."""
+        record["optim"] = self._fingerprinted(self.inner, params=False)["optim"]
+
+    def record(self, optimizer: Any, skipped: bool) -> None:
+        """The step record of ``optimizer`` as it is now (parameters before its update), written
+        by :meth:`flush` at the step's end."""
+        self.recorded = True
+        key, n = self._count(optimizer)
+        if self.truncated:
+            return
+        values = self._fingerprinted(optimizer, params=True)
         if self.rng is None:
             self.rng = self.rng_now()
         record: dict[str, Any] = {
             "k": "step", "opt": key, "n": n, "t": time.monotonic(),
             "groups": [self.v.hyperparameters(g) for g in optimizer.param_groups],
             "backward": self.backwards - self.backward_marks.get(id(optimizer), 0),
-            "rng": self.rng, "param": param, "grad": grad, "optim": optim,
+            "rng": self.rng, "param": values["param"], "grad": values["grad"], "optim": values["optim"],
             "scaler": self._scaler_state(optimizer, skipped),
         }
         self.backward_marks[id(optimizer)] = self.backwards
-        if placement:
-            record["placement"] = placement
-        self._write(record, event=False)
+        if values["placement"]:
+            record["placement"] = values["placement"]
+        self.pending = record
+        if not record["optim"] and self.inner is not None:
+            self._inner_state(record)
 
     def _count(self, optimizer: Any) -> tuple[int, int]:
         """This optimizer's index in the process and the 1-based number of this step (an
@@ -320,6 +342,7 @@ class StepAgent:
             out = original(scaler, optimizer, *args, **kwargs)
             if not self.recorded and getattr(scaler, "_enabled", True):
                 self.guard("recording a skipped optimizer step", self.record, optimizer, True)
+                self.guard("recording an optimizer step", self.flush)
                 self.guard("recording an optimizer step", self.step_done)
             return out
         finally:
