@@ -272,6 +272,7 @@ def test_names_lose_the_wrappers_prefixes() -> None:
     agent = _fingerprint_module()
     assert agent.clean_name("module._orig_mod.layers.0._fsdp_wrapped_module.weight") == "layers.0.weight"
     assert agent.clean_name("blocks.0._checkpoint_wrapped_module.attn.module.w") == "blocks.0.attn.module.w"
+    assert agent.clean_name("module._forward_module.net.weight") == "net.weight"  # Lightning on DDP
 
 
 def _job(tmp_path: Path, **job: object) -> JobRunner:

@@ -76,6 +76,8 @@ class StepAgent:
         self.rng: dict[str, Any] | None = None  # read at the first forward after a step
         self.rng_handle: Any = None
         self.restoring: set[str] = set()
+        #: the modules made since torch was imported (weakly, by id): where parameter names are
+        self.modules: dict[int, Any] = {}
         os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self) -> None:
@@ -227,11 +229,17 @@ class StepAgent:
         return named
 
     def _find_names(self, wanted: set[int]) -> dict[int, str]:
-        """id(parameter) -> its name in the root module owning it (a gc walk, once per
-        optimizer): the root naming most of them first."""
-        nn = sys.modules["torch.nn"]
-        module_type = nn.Module
-        modules = [o for o in gc.get_objects() if issubclass(type(o), module_type)]
+        """id(parameter) -> its name in the root module owning it (once per optimizer), the
+        root naming most of them first: among the modules made since torch was imported, else
+        (a module unpickled or copied without ``__init__``) among all objects (a gc walk)."""
+        modules = [m for m in (ref() for ref in list(self.modules.values())) if m is not None]
+        names = self._names_in(modules, wanted)
+        if len(names) < len(wanted):
+            module_type = sys.modules["torch.nn"].Module
+            names = self._names_in([o for o in gc.get_objects() if issubclass(type(o), module_type)], wanted)
+        return names
+
+    def _names_in(self, modules: list[Any], wanted: set[int]) -> dict[int, str]:
         inner = {id(c) for m in modules for c in m.children()}
         scored = []
         for m in modules:
@@ -449,6 +457,14 @@ class StepAgent:
             return original_backward(*args, **kwargs)
 
         torch.autograd.backward = backward
+        original_init = torch.nn.Module.__init__
+
+        @functools.wraps(original_init)
+        def __init__(module: Any, *args: Any, **kwargs: Any) -> None:
+            original_init(module, *args, **kwargs)
+            agent.guard("tracking the modules", agent.track, module)
+
+        torch.nn.Module.__init__ = __init__
         scalers = [torch.amp.GradScaler, *_subclasses(torch.amp.GradScaler)]
         for cls in scalers:
             if "step" in cls.__dict__:
@@ -471,6 +487,16 @@ class StepAgent:
             self._replace([torch.cuda, torch.cuda.random], name,
                           lambda f: self.wrap_restore("torch.cuda.set_rng_state", f, target="torch.cuda"))
         self.step_done()  # the first forward reads the RNG states of the first step
+
+    def track(self, module: Any) -> None:
+        """Keep (weakly) a module just made: :meth:`_find_names` looks among these first."""
+        key = id(module)
+
+        def gone(ref: Any) -> None:
+            if self.modules.get(key) is ref:
+                del self.modules[key]
+
+        self.modules[key] = weakref.ref(module, gone)
 
     def _restore_method(self, call: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         return self.wrap_restore(call, fn)

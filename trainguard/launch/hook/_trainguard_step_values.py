@@ -15,9 +15,9 @@ import sys
 from typing import Any
 
 MASK = (1 << 64) - 1
-#: wrapper prefixes dropped from parameter names (DDP and torch.compile at the start; FSDP's and
-#: activation checkpointing's wherever they are)
-_LEADING = ("module.", "_orig_mod.")
+#: wrapper prefixes dropped from parameter names (DDP, torch.compile and Lightning's strategy
+#: wrapper at the start; FSDP's and activation checkpointing's wherever they are)
+_LEADING = ("module.", "_orig_mod.", "_forward_module.")
 _ANYWHERE = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 #: the integer dtype a floating dtype's bits are read as, by element size
 _INT_OF_SIZE = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
