@@ -69,6 +69,7 @@ class StepAgent:
         self.names: dict[int, tuple[int, list[tuple[str, Any]]]] = {}
         self.backwards = 0
         self.outer_frame: Any = None  # the frame of the step being recorded (nested: not again)
+        self.outer: Any = None  # ... and its optimizer
         self.recorded = False  # the current step's record is made
         self.pending: dict[str, Any] | None = None  # ... and waits for the step's end
         self.inner: Any = None  # an optimizer stepping inside the current step
@@ -138,7 +139,7 @@ class StepAgent:
                     return None
                 frame = frame.f_back
         self.flush()  # a step that raised before its post-hook
-        self.outer_frame, self.recorded, self.inner = caller, False, None
+        self.outer_frame, self.outer, self.recorded, self.inner = caller, optimizer, False, None
         closure = kwargs.get("closure")
         if closure is None and len(args) > 1 and callable(args[1]):
             closure = args[1]
@@ -161,9 +162,9 @@ class StepAgent:
 
     def post_hook(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """torch's global optimizer step post-hook."""
-        if not self.enabled or self.outer_frame is not sys._getframe(1):
+        if not self.enabled or optimizer is not self.outer:
             return  # a nested step's post hook
-        self.outer_frame = None
+        self.outer_frame = self.outer = None
         if not self.recorded:  # a closure the optimizer never called
             self.guard("recording an optimizer step", self.record, optimizer, False)
         self.guard("recording an optimizer step", self.flush)
