@@ -12,6 +12,7 @@ import importlib.util
 import itertools
 import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -251,21 +252,36 @@ def _fingerprint_module() -> Any:
     return module
 
 
+def _expected_fp(agent: Any, tensor: Any, width: Any) -> str:
+    """The format's fp computed in Python: element bit patterns, or (from WORDS_FROM elements)
+    64-bit little-endian words of the row-major elements plus the elements left over."""
+    bits = tensor.contiguous().view(width).reshape(-1)
+    per = 8 // bits.element_size()
+    if per == 1 or bits.numel() < agent.WORDS_FROM:
+        return format(sum(bits.tolist()) % 2**64, "016x")
+    whole = bits.numel() - bits.numel() % per
+    words = struct.unpack(f"<{whole // per}q", bits[:whole].numpy().tobytes())
+    return format((sum(words) + sum(bits[whole:].tolist())) % 2**64, "016x")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64", "int64", "bool"])
 def test_a_fingerprint_sums_the_bits_and_changes_with_any_one_bit(dtype: str) -> None:
     agent = _fingerprint_module()
-    t = (torch.randn(5, 7, generator=torch.Generator().manual_seed(3)) * 3).to(getattr(torch, dtype))
     width = {"float32": torch.int32, "bfloat16": torch.int16, "float16": torch.int16, "float64": torch.int64,
              "int64": torch.int64, "bool": torch.uint8}[dtype]
-    odd = [t.t(), t[0], t[1, 2]]  # non-contiguous, a row, 0-dim
-    prints = agent.fingerprints(torch, [t, *odd])
-    for tensor, (fp, ss) in zip([t, *odd], prints):
-        bits = tensor.contiguous().view(width).reshape(-1).tolist()
-        assert fp == format(sum(bits) % 2**64, "016x")
+    generator = torch.Generator().manual_seed(3)
+    small = (torch.randn(5, 7, generator=generator) * 3).to(getattr(torch, dtype))
+    large = (torch.randn(67, 65, generator=generator) * 3).to(getattr(torch, dtype))  # 4355: words + a rest
+    cases = [small, small.t(), small[0], small[1, 2], large, large.t(), large[1:]]  # non-contiguous, 0-dim, offset
+    prints = agent.fingerprints(torch, cases)
+    for tensor, (fp, ss) in zip(cases, prints):
+        assert fp == _expected_fp(agent, tensor, width)
         assert ss == pytest.approx(float((tensor.double() ** 2).sum()), rel=1e-5)
-    flipped = t.clone()
-    flipped.view(width).view(-1)[11] ^= 1  # one bit of one element
-    assert agent.fingerprints(torch, [flipped])[0][0] != prints[0][0]
+    for i in (0, 4):
+        for where in (11, -1):  # one bit of one element: in a word, in the rest
+            flipped = cases[i].clone()
+            flipped.view(width).view(-1)[where] ^= 1
+            assert agent.fingerprints(torch, [flipped])[0][0] != prints[i][0]
 
 
 def test_names_lose_the_wrappers_prefixes() -> None:
