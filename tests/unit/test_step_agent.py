@@ -98,6 +98,14 @@ SCALER = textwrap.dedent(
     for _ in range(3):
         m(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
     dist.destroy_process_group()
+
+    # torch.compile: the RNG is read at the first module call without a global module hook
+    # (torch.compile warns about those on every call of a compiled module)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
+    compiled = torch.compile(m, backend="aot_eager")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for _ in range(2):
+        compiled(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
     """
 )
 
@@ -136,7 +144,7 @@ BROKEN = textwrap.dedent(
 def _hooked(code: str, steps_dir: Path, *args: str, cap: int | None = None,
             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in (ENV_SPEC, ENV_RUN_SPEC, "PYTHONPATH", "RANK")}
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+    env.update({"OMP_NUM_THREADS": "1"})
     spec: dict[str, Any] = {"steps_dir": str(steps_dir)}
     if cap is not None:
         spec["steps_cap"] = cap
@@ -204,11 +212,14 @@ def test_a_plain_loop_one_line_per_step_and_a_resume_shows_the_uninterrupted_run
 def test_a_skipped_step_a_dtensor_and_a_wrapped_optimizer(tmp_path: Path) -> None:
     """A step the scaler skips is a line with its scale; a DTensor's local shard is recorded with
     its placement; an optimizer stepping inside another gives one line, with its state."""
-    _hooked(SCALER, tmp_path / "steps", str(tmp_path / "store"))
+    done = _hooked(SCALER, tmp_path / "steps", str(tmp_path / "store"))
     steps = _steps(_lines(tmp_path / "steps"))
     assert [(s["opt"], s["n"]) for s in steps] == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3), (2, 1), (2, 2),
-                                                   (3, 1), (3, 2), (3, 3)]
-    wrapped = steps[8:]
+                                                   (3, 1), (3, 2), (3, 3), (4, 1), (4, 2)]
+    assert "global hooks" not in done.stderr
+    assert steps[11]["rng"]["cpu"] != steps[12]["rng"]["cpu"] and set(steps[12]["param"]) == {
+        "0.weight", "0.bias", "2.weight", "2.bias"}  # named in the model, not its compiled wrapper
+    wrapped = steps[8:11]
     assert wrapped[0]["optim"] == {} and all(set(s["optim"]) == {"weight", "bias"} for s in wrapped[1:])
     assert wrapped[1]["optim"] != wrapped[2]["optim"]
     sharded = steps[6:8]

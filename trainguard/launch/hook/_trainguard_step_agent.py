@@ -14,7 +14,7 @@ one JSON line per optimizer step, checkpoint save, state restore and seeding, wr
   present, parameters not yet updated. A step inside another optimizer's step (accelerate's
   wrapper) is the same step: one record. ``GradScaler.step`` is wrapped: a step the scaler skips
   is still a line (``skipped: true``). The RNG states are read at the first module forward after a
-  step (a global forward pre-hook that removes itself). ``torch.autograd.backward`` is counted.
+  step (``nn.Module.__call__`` swapped for one call). ``torch.autograd.backward`` is counted.
   ``torch.save``/``torch.load``, ``load_state_dict`` of modules, optimizers, LR schedulers and
   scalers, ``set_rng_state`` and ``manual_seed`` write save/restore/seed lines.
 * ``torch.distributed.checkpoint`` (+ ``.state_dict``), ``safetensors.torch``, ``numpy.random``,
@@ -75,7 +75,8 @@ class StepAgent:
         self.inner: Any = None  # an optimizer stepping inside the current step
         self.scaler: Any = None  # the GradScaler whose step is running
         self.rng: dict[str, Any] | None = None  # read at the first forward after a step
-        self.rng_handle: Any = None
+        self.module_call: Any = None  # nn.Module.__call__ as torch made it
+        self.armed = False  # nn.Module.__call__ reads the RNG states at the next forward
         self.restoring: set[str] = set()
         #: the modules made since torch was imported (weakly, by id): where parameter names are
         self.modules: dict[int, Any] = {}
@@ -178,18 +179,22 @@ class StepAgent:
             self._write(record, event=False)
 
     def step_done(self) -> None:
-        """After any optimizer's step: the next forward reads the RNG states."""
+        """After any optimizer's step: the next module call reads the RNG states. (Not a global
+        forward pre-hook: torch.compile warns about those on every compiled module's call.)"""
         self.rng = None
-        if self.rng_handle is None:
-            module = sys.modules["torch.nn.modules.module"]
-            self.rng_handle = module.register_module_forward_pre_hook(self._first_forward)
+        if self.armed or self.module_call is None:
+            return
+        original, module_cls, agent = self.module_call, sys.modules["torch.nn"].Module, self
 
-    def _first_forward(self, module: Any, inputs: Any) -> None:
-        handle, self.rng_handle = self.rng_handle, None
-        if handle is not None:
-            handle.remove()
-        if self.enabled:
-            self.rng = self.guard("reading the RNG states", self.rng_now)
+        def first_call(module: Any, *args: Any, **kwargs: Any) -> Any:
+            module_cls.__call__ = original
+            agent.armed = False
+            if agent.enabled:
+                agent.rng = agent.guard("reading the RNG states", agent.rng_now)
+            return original(module, *args, **kwargs)
+
+        module_cls.__call__ = first_call
+        self.armed = True
 
     def rng_now(self) -> dict[str, Any]:
         torch = sys.modules["torch"]
@@ -466,6 +471,7 @@ class StepAgent:
             agent.guard("tracking the modules", agent.track, module)
 
         torch.nn.Module.__init__ = __init__
+        self.module_call = torch.nn.Module.__call__
         scalers = [torch.amp.GradScaler, *_subclasses(torch.amp.GradScaler)]
         for cls in scalers:
             if "step" in cls.__dict__:
