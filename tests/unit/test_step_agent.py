@@ -109,6 +109,42 @@ SCALER = textwrap.dedent(
     """
 )
 
+# every save and restore the agent knows, once each (DCP's own torch.save/torch.load calls, and
+# async_save's call of save, are DCP's business: not lines)
+CHECKPOINTS = textwrap.dedent(
+    """
+    import random, sys, numpy as np, torch, torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from safetensors.torch import save_file, load_file
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    out = sys.argv[1]
+    dist.init_process_group("gloo", store=dist.FileStore(out + "/store", 1), rank=0, world_size=1)
+    random.seed(1); np.random.seed(2)
+    m = torch.nn.Linear(4, 2); opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1); scaler = torch.amp.GradScaler("cpu")
+    loader = StatefulDataLoader(list(range(8)), batch_size=2)
+    it = iter(loader); next(it)
+    m(torch.randn(1, 4)).sum().backward(); opt.step()
+    msd, osd = get_state_dict(m, opt)
+    dcp.save({"model": msd, "optim": osd, "loader": loader.state_dict()}, checkpoint_id=out + "/dcp")
+    dcp.async_save({"model": msd}, checkpoint_id=out + "/async").result()
+    save_file(m.state_dict(), out + "/model.safetensors")
+    torch.save({"scaler": scaler.state_dict(), "sched": sched.state_dict(), "np": np.random.get_state(),
+                "py": random.getstate(), "cuda": [torch.get_rng_state()]}, out + "/extra.pt")
+    torch.save(opt.state_dict(), out + "/optimizer.pt")
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=out + "/dcp")
+    set_state_dict(m, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    load_file(out + "/model.safetensors")
+    extra = torch.load(out + "/extra.pt", weights_only=False)
+    scaler.load_state_dict(extra["scaler"]); sched.load_state_dict(extra["sched"])
+    np.random.set_state(extra["np"]); random.setstate(extra["py"])
+    loader.load_state_dict(loader.state_dict())
+    dist.destroy_process_group()
+    """
+)
+
 # the agent fails inside its record (an optimizer whose state it cannot read); the job's own
 # exceptions on the patched paths reach the job unchanged
 BROKEN = textwrap.dedent(
@@ -261,6 +297,34 @@ def _fingerprint_module() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_saves_and_restores_name_their_keys_owners_and_calls(tmp_path: Path) -> None:
+    pytest.importorskip("safetensors")
+    pytest.importorskip("torchdata")
+    _hooked(CHECKPOINTS, tmp_path / "steps", str(tmp_path))
+    lines = [{k: v for k, v in r.items() if k != "t"} for r in _lines(tmp_path / "steps") if r["k"] != "step"]
+    saves = [(r["how"], os.path.basename(r["path"]), r["keys"], r["whole"]) for r in lines if r["k"] == "save"]
+    assert saves == [
+        ("dcp", "dcp", {"model": "model", "optim": "optimizer", "loader": "loader"}, None),
+        ("dcp_async", "async", {"model": "model"}, None),
+        ("safetensors", "model.safetensors", {"weight": "value", "bias": "value"}, "model"),
+        ("torch.save", "extra.pt", {"scaler": "scaler", "sched": "scheduler", "np": "rng", "py": "rng", "cuda": "value"},
+         None),
+        ("torch.save", "optimizer.pt", {"state": "value", "param_groups": "value"}, "optimizer"),
+    ]
+    restores = [(r["call"], r["target"], r["by"]) for r in lines if r["k"] == "restore"]
+    assert restores == [
+        ("dcp.load", "dcp", "__main__"), ("dcp.set_state_dict", "Linear", "__main__"),
+        ("Optimizer.load_state_dict", "Adam", "torch.distributed.checkpoint.state_dict"),
+        ("Module.load_state_dict", "Linear", "torch.distributed.checkpoint.state_dict"),
+        ("safetensors.load_file", "safetensors", "__main__"), ("torch.load", "torch", "__main__"),
+        ("GradScaler.load_state_dict", "GradScaler", "__main__"), ("LRScheduler.load_state_dict", "StepLR", "__main__"),
+        ("numpy.random.set_state", "numpy.random", "__main__"), ("random.setstate", "random", "__main__"),
+        ("DataLoader.load_state_dict", "StatefulDataLoader", "__main__"),
+    ]
+    assert [(r["call"], r["by"]) for r in lines if r["k"] == "seed"] == [("random.seed", "__main__"),
+                                                                         ("numpy.random.seed", "__main__")]
 
 
 def _expected_fp(agent: Any, tensor: Any, width: Any) -> str:

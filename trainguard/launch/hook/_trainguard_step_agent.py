@@ -43,6 +43,10 @@ DEFAULT_CAP = 64 * 1024 * 1024
 _EVENTS_AFTER_CAP = 1000
 #: top-level keys listed per save
 _MAX_KEYS = 256
+#: calls not recorded when this package makes them: DataLoader workers seed themselves; DCP
+#: saves and loads its own pieces with torch.save/torch.load, and async_save calls save (in
+#: background threads too)
+_QUIET = {"torch.save": "torch.", "torch.load": "torch.", "dcp": "torch."}
 #: modules whose wrappers stand between the job and a function it calls (torch._dynamo wraps
 #: torch.manual_seed)
 _WRAPPERS = ("torch._dynamo.eval_frame", "torch._compile", "functools", "contextlib")
@@ -396,7 +400,7 @@ class StepAgent:
             agent.restoring.add(call)
             try:
                 by = _caller()
-                if not by.startswith("torch.utils.data"):
+                if not by.startswith(_QUIET.get(call, "torch.utils.data")):
                     agent.guard("recording a restore", agent.restored, kind, call,
                                 target if target is not None else type(args[0] if args else None).__name__,
                                 _argument(args, kwargs, path_arg, path_kwargs), by)
@@ -416,7 +420,7 @@ class StepAgent:
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if agent.enabled and inside not in agent.restoring:
+            if agent.enabled and inside not in agent.restoring and not _caller().startswith(_QUIET.get(how, "-")):
                 obj = args[0] if args else next(iter(kwargs.values()), None)
                 path = _argument(args, kwargs, path_arg, path_kwargs)
                 agent.guard("recording a checkpoint save", agent.saved, how, obj, getattr(path, "path", path))
