@@ -64,7 +64,6 @@ def local_shard(t: Any) -> tuple[Any, str | None]:
 
 def _bits(torch: Any, t: Any) -> Any:
     """``t``'s elements' bit patterns as integers of their width (a view, no copy)."""
-    t = t.detach()
     if t.is_complex():
         t = torch.view_as_real(t)
     if t.dtype == torch.bool:
@@ -118,16 +117,17 @@ def fingerprints(torch: Any, tensors: list[Any]) -> list[list[Any]]:
     for i, t in enumerate(tensors):
         by_device.setdefault(t.device, []).append(i)
     out: list[list[Any]] = [[]] * len(tensors)
-    for indices in by_device.values():
-        group = [tensors[i].detach() for i in indices]
-        # a reduction per tensor (a few microseconds each; concatenating the small ones and
-        # summing by segments was slower on CPU), then one copy to the host for all values
-        sums = torch.stack([bit_sum(torch, t) for t in group])
-        values = torch.cat([sums, _squares(torch, group).view(torch.int64)]).tolist()
-        n = len(group)
-        for j, i in enumerate(indices):
-            ss = struct.unpack("<d", struct.pack("<q", values[n + j]))[0]
-            out[i] = [hex64(values[j]), number(ss)]
+    with torch.no_grad():  # (no autograd bookkeeping for any of these ops)
+        for indices in by_device.values():
+            group = [tensors[i] for i in indices]
+            # a reduction per tensor (a few microseconds each; concatenating the small ones and
+            # summing by segments was slower on CPU), then one copy to the host for all values
+            sums = torch.stack([bit_sum(torch, t) for t in group])
+            values = torch.cat([sums, _squares(torch, group).view(torch.int64)]).tolist()
+            n = len(group)
+            squares = struct.unpack(f"<{n}d", struct.pack(f"<{n}q", *values[n:]))
+            for j, i in enumerate(indices):
+                out[i] = [hex64(values[j]), number(squares[j])]
     return out
 
 
