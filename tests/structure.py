@@ -81,6 +81,8 @@ STDLIB_ONLY = frozenset({
     "trainguard.launch.hook._trainguard_fault_agent",
     "trainguard.launch.hook._trainguard_nan_agent",
     "trainguard.launch.hook._trainguard_run_agent",
+    "trainguard.launch.hook._trainguard_step_agent",
+    "trainguard.launch.hook._trainguard_step_values",
     "trainguard.launch.hook.sitecustomize",
 })
 

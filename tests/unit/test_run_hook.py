@@ -19,7 +19,7 @@ from tests.helpers import report_evidence
 from trainguard.config import parse_config
 from trainguard.config.checks import SmokeCheck
 from trainguard.launch import RunResult
-from trainguard.launch.hook import ENV_RUN_SPEC, ENV_SPEC, hook_env, run_hook_env
+from trainguard.launch.hook import ENV_RUN_SPEC, ENV_SPEC, STEPS_DIR, hook_env, run_hook_env
 from trainguard.launch.samples import read_samples
 from trainguard.run.runner import JobRunner
 
@@ -170,6 +170,18 @@ def test_hugging_face_trainer_loss_per_step_on_every_rank(tmp_path: Path) -> Non
     assert sorted(samples) == [0, 1]
     assert all(len(batches) >= 8 and all(len(b.indices) == 4 for b in batches) for batches in samples.values())
     assert not {i for b in samples[0][:8] for i in b.indices} & {i for b in samples[1][:8] for i in b.indices}
+    # the step records: accelerate's optimizer wraps the torch one (one line per step, not two),
+    # DDP's "module." left out of the names, the ranks' parameters and gradients alike (DDP
+    # broadcast the first and averaged the second)
+    records = [[json.loads(line) for line in (result.run_dir / STEPS_DIR / f"rank{r}.jsonl").read_text().splitlines()]
+               for r in (0, 1)]
+    steps = [[r for r in lines if r["k"] == "step"] for lines in records]
+    assert [[s["n"] for s in mine] for mine in steps] == [[1, 2, 3, 4]] * 2
+    assert [lines[0]["rank"] for lines in records] == [0, 1] and records[0][0]["world"] == 2
+    assert all(s["backward"] == 2 for mine in steps for s in mine)
+    assert [[s["param"], s["grad"]] for s in steps[0]] == [[s["param"], s["grad"]] for s in steps[1]]
+    assert "transformer.wte.weight" in steps[0][0]["param"]
+    assert not any(name.startswith("module.") for name in steps[0][0]["param"])
 
 
 @pytest.mark.parametrize("package", [
@@ -195,6 +207,15 @@ def test_lightning_trainer_loss_per_step(tmp_path: Path, package: str) -> None:
     # a logged key: what self.log recorded at that step (the step's last micro-batch)
     assert {s: r[0] for s, r in _steps(result, "mse").items()} == pytest.approx(
         {s: raw[2 * s - 1] for s in (1, 2, 3, 4)}, abs=1e-6)
+    # the step records: Lightning runs forward and backward inside optimizer.step(closure), and
+    # the record is made after the closure: the step's gradients are in it
+    lines = (result.run_dir / STEPS_DIR / "rank0.jsonl").read_text().splitlines()
+    steps = [r for r in map(json.loads, lines) if r["k"] == "step"]
+    assert [s["n"] for s in steps] == [1, 2, 3, 4] and all(s["backward"] == 2 for s in steps)
+    for s in steps:
+        assert set(s["param"]) == {"net.weight", "net.bias"}
+        assert all(s["grad"][n] is not None and s["grad"][n][1] > 0 for n in s["param"])
+    assert len({s["param"]["net.weight"][0] for s in steps}) == 4
 
 
 LOADERS = textwrap.dedent(
@@ -280,7 +301,8 @@ def test_the_hook_stays_off_without_trainer_sources_or_sample_records(tmp_path: 
     probe = "import os, sys; print(os.environ.get('TRAINGUARD_RUN_HOOK'), '_trainguard_run_agent' in sys.modules)"
     script = f"{probe}\nprint('step 1 loss 0.5')\n"
     result = _run_job(tmp_path, script, f"{sys.executable} train.py {{steps}}",
-                      {"loss": r"step (?P<step>\d+) loss (?P<value>\S+)"}, steps=1, record_samples=False)
+                      {"loss": r"step (?P<step>\d+) loss (?P<value>\S+)"}, steps=1, record_samples=False,
+                      record_steps=False)
     assert result.ok, result.reason
     assert (result.run_dir / "rank0.stdout.log").read_text().splitlines()[0] == "None False"
 

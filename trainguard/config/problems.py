@@ -75,6 +75,8 @@ _FIX: dict[str, str] = {
                    "{regex: ..., step: count} or {trainer: huggingface} (docs/metrics.md)",
     "job.record_samples": "true (the default: the start-up hook records each DataLoader batch's "
                           "sample indices) or false",
+    "job.record_steps": "true (the default: the start-up hook records each optimizer step, checkpoint "
+                        "save and state restore of every rank) or false",
     "job.world_size": "the number of ranks to launch, e.g. `world_size: 2`",
     "job.distributed_env": "true (the default: RANK, WORLD_SIZE, ... as torchrun sets them) or "
                            "false (one process started as a plain script)",

@@ -238,6 +238,10 @@ class Job(ConfigModel):
     #: record the sample indices of every DataLoader batch of each rank's main process through
     #: the start-up hook (``command`` jobs; docs/metrics.md)
     record_samples: bool = True
+    #: record every optimizer step of each rank (lr, fingerprints of parameters, gradients and
+    #: optimizer state, RNG, scaler), its checkpoint saves and state restores, through the
+    #: start-up hook (``command`` jobs; docs/step-records.md)
+    record_steps: bool = True
     #: the job's first N steps do not depend on ``{steps}`` (no learning-rate schedule, data
     #: order or eval cadence sized from the total): an uninterrupted run of N steps may then be
     #: the first N steps of a longer run of the same request (docs/equivalence.md)

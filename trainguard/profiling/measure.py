@@ -362,7 +362,9 @@ def measure_size(
             watcher.at_step(point.step, time.time() - (launcher.elapsed() - point.t))
 
     try:
-        result = sized.run(request, label=label or f"profile-n{world_size}", on_metric=on_metric)
+        # timed: the job as it runs without the run agent's step records (docs/step-records.md)
+        result = sized.run(request, label=label or f"profile-n{world_size}", on_metric=on_metric,
+                           step_records=False)
     finally:
         sampler.close()
     if sized is runner and steps is None:

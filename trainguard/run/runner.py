@@ -32,7 +32,7 @@ from trainguard.config.schema import PlaceholderValues
 from trainguard.config.settings import Settings, read_limits
 from trainguard.launch import Launcher, LaunchSpec, LineMetric, MetricPoint, RunResult, trajectory
 from trainguard.launch.backend import JobBackend
-from trainguard.launch.hook import METRICS_DIR, SAMPLES_DIR, run_hook_env
+from trainguard.launch.hook import METRICS_DIR, SAMPLES_DIR, STEPS_CAP, STEPS_DIR, run_hook_env
 from trainguard.launch.rundir import new_run_dir
 from trainguard.report import CappedLogs, FullDisk
 from trainguard.run.keep import Keepers
@@ -87,7 +87,8 @@ DEFAULT_OPTIONS = LaunchOptions()
 @dataclass(frozen=True)
 class _Attempt:
     """One launch of a run: its label, whether it resumes, its metric callback, its number
-    among the attempts of a supervised run, the observer's token, whether its lines are timed."""
+    among the attempts of a supervised run, the observer's token, whether its lines are timed,
+    whether the run agent records its steps (``job.record_steps`` permitting)."""
 
     label: str
     resume: bool
@@ -95,6 +96,7 @@ class _Attempt:
     restart_count: int = 0
     tracked: object = None
     timed: bool = False
+    step_records: bool = True
 
 
 @dataclass
@@ -344,7 +346,7 @@ class JobRunner:
         values["checkpoint_dir"] = str(checkpoint_dir)
         return values
 
-    def run(
+    def run(  # noqa: PLR0913
         self,
         request: RunRequest,
         *,
@@ -354,10 +356,12 @@ class JobRunner:
         on_metric: Callable[[MetricPoint, Launcher], None] | None = None,
         ahead: AheadRun | None = None,
         keep: bool = True,
+        step_records: bool = True,
     ) -> RunResult:
         """Launch one run in a new run directory (``checkpoint_dir`` given: reuse that one). An
         uninterrupted run (not resumed, its own checkpoint directory, ``keep``) keeps the
-        checkpoints checks asked for (:meth:`RunPool.keep`)."""
+        checkpoints checks asked for (:meth:`RunPool.keep`). ``step_records=False``: the run
+        agent records no steps (a profile's timed run measures the job as it runs without us)."""
         self.pool.admit(request, label, ahead)
         run_dir = new_run_dir(
             self.job_file.state_dir, self.job_file.job.name, label, keep=self.settings.keep_runs
@@ -377,7 +381,8 @@ class JobRunner:
         launched = time.monotonic()
         try:
             result = self._launch(request, values, run_dir,
-                                  _Attempt(label, resume, on_metric, tracked=tracked, timed=timing))
+                                  _Attempt(label, resume, on_metric, tracked=tracked, timed=timing,
+                                           step_records=step_records))
         except BaseException:
             kept_done(None)
             self._track_abort(tracked)
@@ -493,7 +498,7 @@ class JobRunner:
         env = {**track_env, **env}  # the job's own environment wins
         scale = self.settings.timeout_scale
         timeout = (request.timeout or job.timeout) * scale
-        regexes, files, hook_env = self._metric_sources(values, log_dir, env)
+        regexes, files, hook_env = self._metric_sources(values, log_dir, env, step_records=attempt.step_records)
         env.update(hook_env)
         spec = LaunchSpec(
             argv=argv,
@@ -580,12 +585,12 @@ class JobRunner:
         return {**values, "latest_checkpoint": str(latest)}, True, str(latest)
 
     def _metric_sources(
-        self, values: PlaceholderValues, log_dir: Path, env: Mapping[str, str]
+        self, values: PlaceholderValues, log_dir: Path, env: Mapping[str, str], *, step_records: bool = True
     ) -> tuple[dict[str, str | LineMetric], dict[str, str], dict[str, str]]:
         """The launcher's metric regexes and files for one attempt, and the environment that
-        puts the start-up hook's run agent on the ranks (trainer metrics, sample indices) when
-        the job needs it: a ``command`` job with a ``{trainer: ...}`` source or
-        ``record_samples``. The agent writes under the attempt's own directory, so a restarted
+        puts the start-up hook's run agent on the ranks (trainer metrics, sample indices, step
+        records) when the job needs it: a ``command`` job with a ``{trainer: ...}`` source,
+        ``record_samples`` or ``record_steps`` (``step_records=False``: no step records). The agent writes under the attempt's own directory, so a restarted
         attempt's records are its own; ``env`` (a drill's fault hook included) keeps its
         PYTHONPATH entries after the hook's."""
         job = self.job_file.job
@@ -602,11 +607,14 @@ class JobRunner:
             else:
                 trainers.setdefault(source.trainer, {})[name] = source.key_for(name)
                 files[name] = str(log_dir / METRICS_DIR / "rank{rank}.jsonl")
-        if not self.backend.rank_at_start() or not (trainers or job.record_samples):
+        steps = job.record_steps and step_records
+        if not self.backend.rank_at_start() or not (trainers or job.record_samples or steps):
             return regexes, files, {}
         spec = {
             "metrics_dir": str(log_dir / METRICS_DIR),
             "samples_dir": str(log_dir / SAMPLES_DIR) if job.record_samples else None,
+            "steps_dir": str(log_dir / STEPS_DIR) if steps else None,
+            "steps_cap": STEPS_CAP,
             **trainers,
         }
         return regexes, files, run_hook_env(spec, env)

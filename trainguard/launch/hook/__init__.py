@@ -8,7 +8,8 @@ each inert unless its environment variable holds a JSON spec:
   of a drill (docs/faults-memory-and-disk.md);
 * ``_trainguard_run_agent.py`` (``TRAINGUARD_RUN_HOOK``, :func:`run_hook_env`): records the
   training loss of Hugging Face and Lightning Trainers and the sample indices of each DataLoader
-  batch (docs/metrics.md).
+  batch (docs/metrics.md), and with ``_trainguard_step_agent.py`` every optimizer step, checkpoint
+  save and state restore (docs/step-records.md).
 
 Both may be active in one process; they share the one PYTHONPATH entry.
 """
@@ -29,6 +30,7 @@ __all__ = [
     "HOOK_DIR",
     "METRICS_DIR",
     "SAMPLES_DIR",
+    "STEPS_CAP",
     "STEPS_DIR",
     "hook_env",
     "hook_pythonpath",
@@ -47,6 +49,8 @@ METRICS_DIR = "trainguard-metrics"
 SAMPLES_DIR = "trainguard-samples"
 #: under a run directory: the run agent's step records, ``rank{rank}.jsonl`` (docs/step-records.md)
 STEPS_DIR = "trainguard-steps"
+#: the size cap of one rank's step records (bytes): then one ``truncated`` line
+STEPS_CAP = 64 * 1024 * 1024
 
 
 def hook_pythonpath(base_env: Mapping[str, str] | None = None) -> str:
@@ -73,7 +77,8 @@ def run_hook_env(spec: Mapping[str, Any], base_env: Mapping[str, str] | None = N
 
     Spec keys: ``metrics_dir`` (where each rank writes ``rank{RANK}.jsonl``), ``huggingface`` and
     ``lightning`` (metric name -> the trainer's key, ``loss`` being the per-step training loss),
-    ``samples_dir`` (None: sample indices not recorded). A drill's fault spec in ``base_env``
+    ``samples_dir`` (None: sample indices not recorded), ``steps_dir`` (each optimizer step, save
+    and restore; absent or None: not recorded) and ``steps_cap`` (bytes per rank). A drill's fault spec in ``base_env``
     keeps working: both agents load from the same directory.
     """
     return {"PYTHONPATH": hook_pythonpath(base_env), ENV_RUN_SPEC: json.dumps(dict(spec))}

@@ -13,6 +13,8 @@ import itself: an import hook patches a module the moment the job's own import o
 * ``lightning.pytorch`` / ``pytorch_lightning``: ``Trainer.__init__`` appends a callback whose
   ``on_train_batch_end`` writes, once ``trainer.global_step`` advanced, the mean of the step's
   micro-batch losses (from ``outputs``); other keys come from ``trainer.callback_metrics``.
+* with ``steps_dir``: every optimizer step, checkpoint save and state restore of the process
+  (``_trainguard_step_agent``, docs/step-records.md).
 * ``torch.utils.data.dataloader``: every DataLoader iterator of a process that is not a
   DataLoader worker records the indices of each batch it yields (torchdata's
   ``StatefulDataLoader`` and accelerate's prepared loaders are DataLoaders too). Not recorded:
@@ -84,7 +86,15 @@ class JsonlWriter:
         self._lock = threading.Lock()  # a lock held by another thread at fork time stays held
 
     def write(self, record: dict[str, Any]) -> None:
-        line = (json.dumps(record, separators=(",", ":"), default=_jsonable) + "\n").encode()
+        self.write_line(self.encode(record))
+
+    @staticmethod
+    def encode(record: dict[str, Any]) -> bytes:
+        """The line ``write`` writes for ``record``."""
+        return (json.dumps(record, separators=(",", ":"), default=_jsonable) + "\n").encode()
+
+    def write_line(self, line: bytes) -> None:
+        """Append one encoded line (one ``os.write``)."""
         with self._lock:
             if self._fd is None:
                 os.makedirs(os.path.dirname(self.path), exist_ok=True)
@@ -105,6 +115,11 @@ class Agent:
                         if metrics_dir and (self.huggingface or self.lightning) else None)
         self.samples = JsonlWriter(os.path.join(samples_dir, f"rank{rank}.jsonl")) if samples_dir else None
         self._reported: set[str] = set()
+        #: the step records (``_trainguard_step_agent.StepAgent``) when the spec has ``steps_dir``
+        self.steps: Any = None
+        if spec.get("steps_dir"):
+            self.steps = sibling("_trainguard_step_agent").StepAgent(
+                self, spec, JsonlWriter, sibling("_trainguard_step_values"))
 
     # -- safety ----------------------------------------------------------------------------
 
@@ -143,6 +158,8 @@ class Agent:
         if self.metrics is not None and self.lightning:
             patches["lightning.pytorch.trainer.trainer"] = self._patch_lightning
             patches["pytorch_lightning.trainer.trainer"] = self._patch_lightning
+        if self.steps is not None:
+            patches.update(self.steps.patches())
         pending = {}
         for name, patch in patches.items():
             if name in sys.modules:
@@ -248,6 +265,22 @@ class Agent:
 
         base.__init__, base._reset = __init__, _reset
         base._next_index, base.__next__ = _next_index, __next__
+
+
+def sibling(name: str) -> Any:
+    """The module ``name`` of this directory, loaded by path once (the directory need not be on
+    ``sys.path``)."""
+    module = sys.modules.get(name)
+    if module is None:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return module
 
 
 class _Pass:
@@ -517,4 +550,4 @@ class _LightningRecorder(_Recorder):
         self._guard("recording Lightning's logged metrics", self._logged, trainer)
 
 
-__all__ = ["ENV_RUN_SPEC", "Agent", "JsonlWriter", "install", "recorder_class"]
+__all__ = ["ENV_RUN_SPEC", "Agent", "JsonlWriter", "install", "recorder_class", "sibling"]

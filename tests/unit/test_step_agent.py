@@ -1,0 +1,397 @@
+"""The run agent's step records (docs/step-records.md) in real processes: one line per optimizer
+step with the learning rates, the backward calls and the fingerprints of parameters, gradients
+and optimizer state; checkpoint saves and restores; the property the reader relies on (a resumed
+process's first step shows the state the uninterrupted run had at that step); closures
+(Lightning's: tests/unit/test_run_hook.py), a GradScaler's skipped step, the size cap, a job the agent must never break, the
+records off (``record_steps: false``, the profile's timed runs). Lines are parsed here as JSON:
+the reader of the records is not this test's subject."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from trainguard.config import parse_config
+from trainguard.config.checks import ProfileCheck, SmokeCheck
+from trainguard.launch.hook import ENV_RUN_SPEC, ENV_SPEC, HOOK_DIR, STEPS_DIR, run_hook_env
+from trainguard.profiling.measure import measure_size
+from trainguard.run.runner import JobRunner
+
+torch = pytest.importorskip("torch")
+
+LOOP = textwrap.dedent(
+    """
+    import argparse, json, torch
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int)
+    p.add_argument("--save-at", type=int, default=0)
+    p.add_argument("--ckpt", default="")
+    p.add_argument("--resume", action="store_true")
+    a = p.parse_args()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 6, generator=g), torch.randn(64, 1, generator=g))
+    batches = iter(torch.utils.data.DataLoader(data, batch_size=4))  # before the RNG is restored
+    start = 0
+    if a.resume:
+        ck = torch.load(a.ckpt, weights_only=True)
+        model.load_state_dict(ck["model"]); opt.load_state_dict(ck["optimizer"])
+        sched.load_state_dict(ck["scheduler"]); torch.set_rng_state(ck["rng"]); start = ck["step"]
+        for _ in range(2 * start):
+            next(batches)
+    lrs = []
+    for step in range(start + 1, a.steps + 1):
+        for _ in range(2):  # gradient accumulation 2
+            x, y = next(batches)
+            (torch.nn.functional.mse_loss(model(x), y) / 2).backward()
+        lrs.append(sched.get_last_lr()[0])
+        opt.step(); opt.zero_grad(); sched.step()
+        if step == a.save_at:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                        "rng": torch.get_rng_state(), "step": step}, a.ckpt)
+    print(json.dumps(lrs))
+    """
+)
+
+SCALER = textwrap.dedent(
+    """
+    import torch
+    torch.manual_seed(0)
+    for fused in (False, True):  # a fused optimizer's step runs even when the scaler skips it
+        m = torch.nn.Linear(4, 1)
+        opt = torch.optim.Adam(m.parameters(), lr=0.1, fused=fused)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        for i in range(3):
+            scaler.scale(m(torch.randn(2, 4)).sum()).backward()
+            if i == 1:
+                m.weight.grad[0, 0] = float("inf")  # planted: the scaler skips this step
+            scaler.step(opt); scaler.update(); opt.zero_grad()
+
+    # FSDP2 on one rank: DTensor parameters, gradients and optimizer state
+    import sys, torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group("gloo", store=dist.FileStore(sys.argv[1], 1), rank=0, world_size=1)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+    fully_shard(m)
+    opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    for _ in range(2):
+        m(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
+
+    # an optimizer stepping inside another (ZeRO's wrapper keeps no state of its own)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    m = torch.nn.Linear(4, 1)
+    opt = ZeroRedundancyOptimizer(m.parameters(), optimizer_class=torch.optim.Adam, lr=0.1)
+    for _ in range(3):
+        m(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
+    dist.destroy_process_group()
+
+    # torch.compile: the RNG is read at the first module call without a global module hook
+    # (torch.compile warns about those on every call of a compiled module)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
+    compiled = torch.compile(m, backend="aot_eager")
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for _ in range(2):
+        compiled(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
+    """
+)
+
+# every save and restore the agent knows, once each (DCP's own torch.save/torch.load calls, and
+# async_save's call of save, are DCP's business: not lines)
+CHECKPOINTS = textwrap.dedent(
+    """
+    import random, sys, numpy as np, torch, torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from safetensors.torch import save_file, load_file
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    out = sys.argv[1]
+    dist.init_process_group("gloo", store=dist.FileStore(out + "/store", 1), rank=0, world_size=1)
+    random.seed(1); np.random.seed(2)
+    m = torch.nn.Linear(4, 2); opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1); scaler = torch.amp.GradScaler("cpu")
+    loader = StatefulDataLoader(list(range(8)), batch_size=2)
+    it = iter(loader); next(it)
+    m(torch.randn(1, 4)).sum().backward(); opt.step()
+    msd, osd = get_state_dict(m, opt)
+    dcp.save({"model": msd, "optim": osd, "loader": loader.state_dict()}, checkpoint_id=out + "/dcp")
+    dcp.async_save({"model": msd}, checkpoint_id=out + "/async").result()
+    save_file(m.state_dict(), out + "/model.safetensors")
+    torch.save({"scaler": scaler.state_dict(), "sched": sched.state_dict(), "np": np.random.get_state(),
+                "py": random.getstate(), "cuda": [torch.get_rng_state()]}, out + "/extra.pt")
+    torch.save(opt.state_dict(), out + "/optimizer.pt")
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=out + "/dcp")
+    set_state_dict(m, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    load_file(out + "/model.safetensors")
+    extra = torch.load(out + "/extra.pt", weights_only=False)
+    scaler.load_state_dict(extra["scaler"]); sched.load_state_dict(extra["sched"])
+    np.random.set_state(extra["np"]); random.setstate(extra["py"])
+    loader.load_state_dict(loader.state_dict())
+    dist.destroy_process_group()
+    """
+)
+
+# the agent fails inside its record (an optimizer whose state it cannot read); the job's own
+# exceptions on the patched paths reach the job unchanged
+BROKEN = textwrap.dedent(
+    """
+    import torch
+    class Odd(torch.optim.SGD):
+        @property
+        def state(self):
+            return self._hidden
+        @state.setter
+        def state(self, value):
+            self._hidden = value
+    m = torch.nn.Linear(2, 1)
+    opt = Odd(m.parameters(), lr=0.1)
+    opt._hidden = None  # the agent's .get on it raises; SGD itself never reads it (no momentum)
+    try:
+        torch.load("/nonexistent/ckpt.pt")
+    except FileNotFoundError:
+        print("job saw FileNotFoundError")
+    for _ in range(3):
+        m(torch.ones(1, 2)).sum().backward()
+        try:
+            opt.step()
+        except Exception as exc:
+            print("step raised", type(exc).__name__)
+            raise
+        opt.zero_grad()
+    print("done", float(m.weight.sum()))
+    """
+)
+
+
+def _hooked(code: str, steps_dir: Path, *args: str, cap: int | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_SPEC, ENV_RUN_SPEC, "PYTHONPATH", "RANK")}
+    env.update({"OMP_NUM_THREADS": "1"})
+    spec: dict[str, Any] = {"steps_dir": str(steps_dir)}
+    if cap is not None:
+        spec["steps_cap"] = cap
+    env.update(run_hook_env(spec, env))
+    done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
+                          timeout=120, check=False, cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def _lines(steps_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
+    path = steps_dir / f"rank{rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _steps(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in lines if r["k"] == "step"]
+
+
+def test_a_plain_loop_one_line_per_step_and_a_resume_shows_the_uninterrupted_runs_state(tmp_path: Path) -> None:
+    ckpt = str(tmp_path / "ck.pt")
+    first = _hooked(LOOP, tmp_path / "a", "--steps", "5", "--save-at", "2", "--ckpt", ckpt)
+    _hooked(LOOP, tmp_path / "again", "--steps", "5")
+    _hooked(LOOP, tmp_path / "resumed", "--steps", "5", "--resume", "--ckpt", ckpt)
+    lines = _lines(tmp_path / "a")
+    assert lines[0]["k"] == "meta" and lines[0]["rank"] == 0 and lines[0]["cap"] == 64 * 1024 * 1024
+    steps = _steps(lines)
+    assert [s["n"] for s in steps] == [1, 2, 3, 4, 5] and {s["opt"] for s in steps} == {0}
+    assert [s["groups"][0]["lr"] for s in steps] == pytest.approx(json.loads(first.stdout))
+    assert steps[0]["groups"][0]["betas"] == [0.9, 0.999]
+    assert {s["backward"] for s in steps} == {2}
+    names = ["0.weight", "0.bias", "2.weight", "2.bias"]
+    for s in steps:
+        assert list(s["param"]) == names and all(s["grad"][n] is not None for n in names)
+        assert s["scaler"] is None and len(s["rng"]["cpu"]) == 16
+    assert steps[0]["optim"] == {} and set(steps[1]["optim"]) == set(names)  # Adam's state after its first step
+    for before, after in itertools.pairwise(steps):
+        assert all(before["param"][n][0] != after["param"][n][0] for n in names)
+        assert before["rng"]["cpu"] != after["rng"]["cpu"]  # dropout drew from it
+    same_seed = _steps(_lines(tmp_path / "again"))
+    assert [s["param"] for s in same_seed] == [s["param"] for s in steps]
+    assert [s["rng"]["cpu"] for s in same_seed] == [s["rng"]["cpu"] for s in steps]
+
+    save = next(r for r in lines if r["k"] == "save")
+    assert save["how"] == "torch.save" and save["path"] == ckpt and save["whole"] is None
+    assert save["keys"] == {"model": "model", "optimizer": "optimizer", "scheduler": "scheduler", "rng": "rng",
+                            "step": "value"}
+    assert lines.index(save) == lines.index(steps[1]) + 1  # written after step 2, before step 3
+
+    resumed = _lines(tmp_path / "resumed")
+    restores = [(r["call"], r["target"]) for r in resumed if r["k"] == "restore"]
+    assert restores == [("torch.load", "torch"), ("Module.load_state_dict", "Sequential"),
+                        ("Optimizer.load_state_dict", "Adam"), ("LRScheduler.load_state_dict", "LambdaLR"),
+                        ("torch.set_rng_state", "torch")]
+    assert next(r for r in resumed if r["k"] == "restore")["path"] == ckpt
+    after = _steps(resumed)
+    assert [s["n"] for s in after] == [1, 2, 3]
+    for got, want in zip(after, steps[2:]):  # the resumed process's step n is the uninterrupted run's 2 + n
+        for key in ("param", "optim", "grad", "groups", "backward"):
+            assert got[key] == want[key], key
+        # numpy's and Python's generators, never seeded, start from OS entropy in each process
+        assert got["rng"]["cpu"] == want["rng"]["cpu"] and got["rng"]["python"] != want["rng"]["python"]
+
+
+def test_a_skipped_step_a_dtensor_and_a_wrapped_optimizer(tmp_path: Path) -> None:
+    """A step the scaler skips is a line with its scale; a DTensor's local shard is recorded with
+    its placement; an optimizer stepping inside another gives one line, with its state."""
+    done = _hooked(SCALER, tmp_path / "steps", str(tmp_path / "store"))
+    steps = _steps(_lines(tmp_path / "steps"))
+    assert [(s["opt"], s["n"]) for s in steps] == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3), (2, 1), (2, 2),
+                                                   (3, 1), (3, 2), (3, 3), (4, 1), (4, 2)]
+    assert "global hooks" not in done.stderr
+    assert steps[11]["rng"]["cpu"] != steps[12]["rng"]["cpu"] and set(steps[12]["param"]) == {
+        "0.weight", "0.bias", "2.weight", "2.bias"}  # named in the model, not its compiled wrapper
+    wrapped = steps[8:11]
+    assert wrapped[0]["optim"] == {} and all(set(s["optim"]) == {"weight", "bias"} for s in wrapped[1:])
+    assert wrapped[1]["optim"] != wrapped[2]["optim"]
+    sharded = steps[6:8]
+    assert all(s["placement"] == dict.fromkeys(["0.weight", "0.bias", "1.weight", "1.bias"], "(Shard(dim=0),)")
+               for s in sharded)
+    assert sharded[0]["param"] != sharded[1]["param"] and set(sharded[1]["optim"]) == set(sharded[1]["param"])
+    assert all(g is not None for g in sharded[0]["grad"].values())
+    assert "placement" not in steps[0]
+    for run in (steps[:3], steps[3:6]):  # plain, then fused
+        assert [s["scaler"] for s in run] == [{"scale": 1024.0, "skipped": False}, {"scale": 1024.0, "skipped": True},
+                                              {"scale": 512.0, "skipped": False}]
+        assert run[1]["grad"]["weight"][1] == "inf"
+        assert run[2]["param"] == run[1]["param"]  # the skipped step changed nothing
+        assert run[1]["param"] != run[0]["param"]
+
+
+def test_the_cap_ends_the_step_lines_with_one_truncated_line(tmp_path: Path) -> None:
+    code = LOOP.replace("print(json.dumps(lrs))", "torch.save(model.state_dict(), 'last.pt')")
+    _hooked(code, tmp_path / "steps", "--steps", "8", cap=4000, cwd=tmp_path)
+    lines = _lines(tmp_path / "steps")
+    kinds = [r["k"] for r in lines]
+    assert kinds.count("truncated") == 1 and kinds[-1] == "save"  # a save after the cap is still written
+    cut = kinds.index("truncated")
+    assert "step" not in kinds[cut:] and 0 < kinds.count("step") < 8
+    assert lines[cut]["bytes"] <= 4000
+    assert lines[-1]["whole"] == "model" and lines[-1]["keys"]["0.weight"] == "value"
+
+
+def test_an_agent_that_fails_says_so_once_and_the_job_runs_as_without_it(tmp_path: Path) -> None:
+    done = _hooked(BROKEN, tmp_path / "steps")
+    assert done.stdout.splitlines()[0] == "job saw FileNotFoundError"
+    assert done.stdout.splitlines()[-1].startswith("done") and "step raised" not in done.stdout
+    assert done.stderr.count("trainguard run hook: recording an optimizer step failed") == 1, done.stderr
+
+
+def _fingerprint_module() -> Any:
+    spec = importlib.util.spec_from_file_location("_tg_step_values_under_test", HOOK_DIR / "_trainguard_step_values.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_saves_and_restores_name_their_keys_owners_and_calls(tmp_path: Path) -> None:
+    pytest.importorskip("safetensors")
+    pytest.importorskip("torchdata")
+    _hooked(CHECKPOINTS, tmp_path / "steps", str(tmp_path))
+    lines = [{k: v for k, v in r.items() if k != "t"} for r in _lines(tmp_path / "steps") if r["k"] != "step"]
+    saves = [(r["how"], os.path.basename(r["path"]), r["keys"], r["whole"]) for r in lines if r["k"] == "save"]
+    assert saves == [
+        ("dcp", "dcp", {"model": "model", "optim": "optimizer", "loader": "loader"}, None),
+        ("dcp_async", "async", {"model": "model"}, None),
+        ("safetensors", "model.safetensors", {"weight": "value", "bias": "value"}, "model"),
+        ("torch.save", "extra.pt", {"scaler": "scaler", "sched": "scheduler", "np": "rng", "py": "rng", "cuda": "value"},
+         None),
+        ("torch.save", "optimizer.pt", {"state": "value", "param_groups": "value"}, "optimizer"),
+    ]
+    restores = [(r["call"], r["target"], r["by"]) for r in lines if r["k"] == "restore"]
+    assert restores == [
+        ("dcp.load", "dcp", "__main__"), ("dcp.set_state_dict", "Linear", "__main__"),
+        ("Optimizer.load_state_dict", "Adam", "torch.distributed.checkpoint.state_dict"),
+        ("Module.load_state_dict", "Linear", "torch.distributed.checkpoint.state_dict"),
+        ("safetensors.load_file", "safetensors", "__main__"), ("torch.load", "torch", "__main__"),
+        ("GradScaler.load_state_dict", "GradScaler", "__main__"), ("LRScheduler.load_state_dict", "StepLR", "__main__"),
+        ("numpy.random.set_state", "numpy.random", "__main__"), ("random.setstate", "random", "__main__"),
+        ("DataLoader.load_state_dict", "StatefulDataLoader", "__main__"),
+    ]
+    assert [(r["call"], r["by"]) for r in lines if r["k"] == "seed"] == [("random.seed", "__main__"),
+                                                                         ("numpy.random.seed", "__main__")]
+
+
+def _expected_fp(agent: Any, tensor: Any, width: Any) -> str:
+    """The format's fp computed in Python: element bit patterns, or (from WORDS_FROM elements)
+    64-bit little-endian words of the row-major elements plus the elements left over."""
+    bits = tensor.contiguous().view(width).reshape(-1)
+    per = 8 // bits.element_size()
+    if per == 1 or bits.numel() < agent.WORDS_FROM:
+        return format(sum(bits.tolist()) % 2**64, "016x")
+    whole = bits.numel() - bits.numel() % per
+    words = struct.unpack(f"<{whole // per}q", bits[:whole].numpy().tobytes())
+    return format((sum(words) + sum(bits[whole:].tolist())) % 2**64, "016x")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64", "int64", "bool"])
+def test_a_fingerprint_sums_the_bits_and_changes_with_any_one_bit(dtype: str) -> None:
+    agent = _fingerprint_module()
+    width = {"float32": torch.int32, "bfloat16": torch.int16, "float16": torch.int16, "float64": torch.int64,
+             "int64": torch.int64, "bool": torch.uint8}[dtype]
+    generator = torch.Generator().manual_seed(3)
+    small = (torch.randn(5, 7, generator=generator) * 3).to(getattr(torch, dtype))
+    large = (torch.randn(67, 65, generator=generator) * 3).to(getattr(torch, dtype))  # 4355: words + a rest
+    cases = [small, small.t(), small[0], small[1, 2], large, large.t(), large[1:]]  # non-contiguous, 0-dim, offset
+    prints = agent.fingerprints(torch, cases)
+    for tensor, (fp, ss) in zip(cases, prints):
+        assert fp == _expected_fp(agent, tensor, width)
+        assert ss == pytest.approx(float((tensor.double() ** 2).sum()), rel=1e-5)
+    for i in (0, 4):
+        for where in (11, -1):  # one bit of one element: in a word, in the rest
+            flipped = cases[i].clone()
+            flipped.view(width).view(-1)[where] ^= 1
+            assert agent.fingerprints(torch, [flipped])[0][0] != prints[i][0]
+
+
+def test_names_lose_the_wrappers_prefixes() -> None:
+    agent = _fingerprint_module()
+    assert agent.clean_name("module._orig_mod.layers.0._fsdp_wrapped_module.weight") == "layers.0.weight"
+    assert agent.clean_name("blocks.0._checkpoint_wrapped_module.attn.module.w") == "blocks.0.attn.module.w"
+    assert agent.clean_name("module._forward_module.net.weight") == "net.weight"  # Lightning on DDP
+
+
+def _job(tmp_path: Path, **job: object) -> JobRunner:
+    tmp_path.mkdir()
+    (tmp_path / "train.py").write_text(LOOP.replace("print(json.dumps(lrs))", "")
+                                       .replace("opt.step(); opt.zero_grad(); sched.step()",
+                                                "opt.step(); opt.zero_grad(); sched.step(); print(f'step {step} loss 1.0', flush=True)"))
+    path = tmp_path / "trainguard.yaml"
+    path.write_text(yaml.safe_dump({"job": {
+        "name": "steps", "command": f"{sys.executable} train.py --steps {{steps}}", "timeout": 120,
+        "metrics": {"loss": r"step (?P<step>\d+) loss (?P<value>\S+)"}, "record_samples": False,
+        "env": {"OMP_NUM_THREADS": "1"}, **job}}))
+    return JobRunner(parse_config(path.read_text(), path=path))
+
+
+def test_a_profile_run_records_no_steps_nor_a_job_with_record_steps_off(tmp_path: Path) -> None:
+    # (a command job's runs record them by default: the Trainer tests of test_run_hook.py read them)
+    runner = _job(tmp_path / "on")
+    try:
+        _, profiled = measure_size(runner, ProfileCheck(steps=2, warmup_steps=0), 1, seed=0)
+        assert profiled.ok, profiled.reason
+        assert not (profiled.run_dir / STEPS_DIR).exists()
+    finally:
+        runner.close()
+    runner = _job(tmp_path / "off", record_steps=False)
+    try:
+        result = runner.run(runner.request_for(SmokeCheck(steps=2)), label="off")
+        assert result.ok, result.reason
+        assert not (result.run_dir / STEPS_DIR).exists()
+    finally:
+        runner.close()
