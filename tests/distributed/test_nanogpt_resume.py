@@ -44,9 +44,6 @@ def test_nanogpts_resume_fails_at_the_first_resumed_step_naming_the_rng(resume: 
     assert any("no RNG state" in e for e in first["evidence"]), first
 
 
-@pytest.mark.xfail(strict=True, reason="issue 44: the cause cites what the resumed run restored "
-                   "(no set_rng_state / random.setstate / np.random.set_state call), which only the run "
-                   "agent's records show; today it cites the checkpoint's keys alone")
 def test_the_rng_cause_cites_that_the_resume_set_no_rng_state(resume: CheckResult) -> None:
     first = report_evidence(resume)["diagnosis"][0]
     said = " ".join(first["evidence"])

@@ -47,12 +47,6 @@ PLANTS = {
 }
 
 #: the plants today's diagnosis gets wrong, expected to flip when issue 44's step records land
-NAMED_WRONG_TODAY = {
-    "scheduler_not_saved": "the checkpoint-inventory inference names rng first (the trajectories "
-    "agree for 2 resumed steps, samples the same); the lr the agent records names the scheduler",
-}
-
-
 def resume_of(path: Path, tmp_path: Path) -> CheckResult:
     report = check(path, only=["resume"], report_json=str(tmp_path / "report.json"))
     (result,) = report.checks
@@ -72,14 +66,18 @@ def test_the_clean_job_is_deterministic_and_resumes_exactly(tmp_path: Path) -> N
     assert resume["state"]["compared"] is True and resume["state"]["differing_keys"] == [], resume["state"]
 
 
+#: what the observed cause says, per plant: the restore the resumed run never made
+OBSERVED = {
+    "scheduler_not_saved": "never loaded the scheduler's state",
+    "rng_not_restored": "the resume sets no RNG state",
+}
+
 #: the plant in the default run (the issue's case); the other is slow (each plant is 3 runs of 2 ranks)
 DEFAULT_PLANT = "scheduler_not_saved"
 
 
 def _plant_param(plant: str) -> object:
     marks = [] if plant == DEFAULT_PLANT else [pytest.mark.slow]
-    if plant in NAMED_WRONG_TODAY:
-        marks.append(pytest.mark.xfail(strict=True, reason=f"issue 44: {NAMED_WRONG_TODAY[plant]}"))
     return pytest.param(plant, marks=marks, id=plant)
 
 
@@ -99,3 +97,11 @@ def test_a_planted_resume_defect_fails_naming_its_cause_first(tmp_path: Path, pl
         assert divergent == boundary, evidence["trajectory"]
     first = evidence["diagnosis"][0]
     assert first["key"] == PLANTS[plant] and first["evidence"], evidence["diagnosis"]
+    # named from what the ranks recorded (the job prints no lr), citing both runs' values
+    assert first.get("observed") is True, first
+    said = " ".join(first["evidence"])
+    assert OBSERVED[plant] in said, said
+    # the restored optimizer's param groups carry the first resumed step's lr; the fresh
+    # schedule sets the next one
+    at = boundary + 1 if plant == "scheduler_not_saved" else boundary
+    assert evidence["first_divergence"]["step"] == at, evidence["first_divergence"]

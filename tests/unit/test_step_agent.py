@@ -359,6 +359,16 @@ def test_a_fingerprint_sums_the_bits_and_changes_with_any_one_bit(dtype: str) ->
             assert agent.fingerprints(torch, [flipped])[0][0] != prints[i][0]
 
 
+def test_rng_states_gathered_one_per_rank_are_rng() -> None:
+    """The digits example saves ``rng`` as a list of per-rank dicts (torch, numpy, python): its
+    checkpoint holds RNG state, so a resume that sets none is the resume's fault, not the save's."""
+    agent = _fingerprint_module()
+    per_rank = {"torch": torch.get_rng_state(), "numpy": {"keys": torch.zeros(3)}, "python": {"version": 3}}
+    assert agent.owner_of([per_rank, dict(per_rank)]) == "rng"
+    assert agent.owner_of([per_rank, {"weight": torch.zeros(2)}]) == "value"
+    assert agent.owner_of([]) == "value"
+
+
 def test_names_lose_the_wrappers_prefixes() -> None:
     agent = _fingerprint_module()
     assert agent.clean_name("module._orig_mod.layers.0._fsdp_wrapped_module.weight") == "layers.0.weight"

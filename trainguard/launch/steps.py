@@ -25,7 +25,7 @@ from types import MappingProxyType
 from typing import Any
 
 from trainguard._internal.readers import Unreadable, list_entries, read_head_lines, shown_name
-from trainguard.launch.hook import STEPS_DIR
+from trainguard.launch.hook import STEPS_CAP, STEPS_DIR
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -42,8 +42,9 @@ __all__ = [
     "read_steps",
 ]
 
-#: what is read of one rank's record: the agent's own default cap per rank and attempt
-DEFAULT_MAX_BYTES = 64 * 1024**2
+#: what is read of one rank's record: the agent's own cap per rank and attempt, and room for the
+#: save and restore lines it still writes after its ``truncated`` line (at most 1000, small)
+DEFAULT_MAX_BYTES = STEPS_CAP + 4 * 1024**2
 #: the longest line read (a step of a model with thousands of modules); a longer one is malformed
 MAX_LINE = 8 * 1024**2
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -215,4 +216,10 @@ def write(args: argparse.Namespace, ckpt_dir: Path, model: nn.Module, optimizer:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    # gloo may abort a rank in the interpreter's teardown even after destroy_process_group
+    # ("terminate called without an active exception", pytorch#190489; seen once here on a loaded
+    # machine): everything this job writes is written, so the rest of the teardown is skipped
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -186,6 +186,9 @@ def owner_of(value: Any) -> str:
             (len(value) == 3 and isinstance(value[1], tuple) and len(value[1]) > 600)
             or (len(value) == 5 and value[0] == "MT19937")):
         return "rng"  # random.getstate() / numpy's get_state()
+    if isinstance(value, (list, tuple)) and value and len(value) <= 4096 and all(
+            isinstance(v, dict) and owner_of(v) == "rng" for v in value):
+        return "rng"  # one RNG state per rank, gathered (the digits example's "rng")
     if isinstance(value, dict):
         keys = {str(k) for k in value}
         if {"state", "param_groups"} <= keys:
