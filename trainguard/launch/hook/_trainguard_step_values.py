@@ -190,19 +190,25 @@ def owner_of(value: Any) -> str:
             isinstance(v, dict) and owner_of(v) == "rng" for v in value):
         return "rng"  # one RNG state per rank, gathered (the digits example's "rng")
     if isinstance(value, dict):
-        keys = {str(k) for k in value}
-        if {"state", "param_groups"} <= keys:
-            return "optimizer"
-        if "last_epoch" in keys or "base_lrs" in keys:
-            return "scheduler"
-        if "scale" in keys and ("growth_factor" in keys or "_growth_tracker" in keys):
-            return "scaler"
-        if keys & set(_LOADER_KEYS) or {"epoch", "start_index"} <= keys:
-            return "loader"
-        if keys and (keys & set(_RNG_KEYS)) == keys:
-            return "rng"
-        if value and torch is not None and all(isinstance(v, torch.Tensor) for v in value.values()):
-            return "model"
+        return _owner_of_dict(value, torch)
+    return "value"
+
+
+def _owner_of_dict(value: dict[Any, Any], torch: Any) -> str:
+    """What a saved mapping looks like: a state dict of one of the owners, RNG states, weights."""
+    keys = {str(k) for k in value}
+    if {"state", "param_groups"} <= keys:
+        return "optimizer"
+    if "last_epoch" in keys or "base_lrs" in keys:
+        return "scheduler"
+    if "scale" in keys and ("growth_factor" in keys or "_growth_tracker" in keys):
+        return "scaler"
+    if keys & set(_LOADER_KEYS) or {"epoch", "start_index"} <= keys:
+        return "loader"
+    if keys and (keys & set(_RNG_KEYS)) == keys:
+        return "rng"
+    if value and torch is not None and all(isinstance(v, torch.Tensor) for v in value.values()):
+        return "model"
     return "value"
 
 
