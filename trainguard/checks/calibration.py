@@ -46,6 +46,7 @@ from trainguard.checks.baseline import (
     steps_differ,
     write_numbered,
 )
+from trainguard.checks.calibration_steps import StepSpreads, measure_step_spreads
 from trainguard.checks.statefiles import (
     JobKey,
     StoredRequest,
@@ -54,6 +55,7 @@ from trainguard.checks.statefiles import (
     checked_steps,
     mapping_or_empty,
 )
+from trainguard.checks.step_compare import SsTolerance
 from trainguard.errors import TrainguardError
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.launch import RunResult
@@ -157,6 +159,8 @@ class Calibration:
     created_at: str = ""
     #: the job it was made for (None only for a calibration built in memory)
     job: JobKey | None = None
+    #: the same-seed spread of each tensor's sum of squares per optimizer step (None: not recorded)
+    step_spreads: StepSpreads | None = None
 
     def mismatch(self, request: StoredRequest) -> list[str]:
         """The compared request fields (steps, seed, world_size, args) that differ from ``request``'s."""
@@ -200,10 +204,12 @@ def load_calibration(path: Path) -> Calibration:
         if not raw:
             raise ValueError("metrics holds no metric")
         metrics = {str(name): _metric_stats(str(name)[:80], entry, request.steps) for name, entry in raw.items()}
+        spreads = StepSpreads.from_dict(data["step_spreads"]) if data.get("step_spreads") is not None else None
     except ValueError as exc:
         raise CalibrationError(f"{path}: malformed calibration ({exc}); {fix}") from None
     created = data.get("created_at")
-    return Calibration(Path(path), request, runs, metrics, created[:40] if isinstance(created, str) else "", job)
+    return Calibration(Path(path), request, runs, metrics, created[:40] if isinstance(created, str) else "", job,
+                       spreads)
 
 
 def calibrations_dir(state_dir: Path) -> Path:
@@ -241,6 +247,8 @@ class CalibrationRuns:
     runs: int
     seeds: list[int]
     run_dirs: list[str] = field(default_factory=list)
+    #: the same-seed runs' spread of each tensor's sum of squares per step (None: no step records)
+    step_spreads: StepSpreads | None = None
 
 
 def save_calibration(state_dir: Path, job_dir: Path, request: RunRequest, ran: CalibrationRuns,
@@ -258,6 +266,7 @@ def save_calibration(state_dir: Path, job_dir: Path, request: RunRequest, ran: C
         "band_factor": BAND_FACTOR,
         "metrics": {name: stats.to_dict() for name, stats in metrics.items()},
         **({"run_dirs": ran.run_dirs} if ran.run_dirs else {}),
+        **({"step_spreads": ran.step_spreads.to_dict()} if ran.step_spreads is not None else {}),
     }
     directory = calibrations_dir(state_dir)
     directory.mkdir(parents=True, exist_ok=True)
@@ -307,7 +316,8 @@ def calibrate_request(runner: JobRunner, request: RunRequest, runs: int) -> tupl
     if not metrics:
         raise CalibrationError("the calibration runs printed no metric of job.metrics on a common step")
     _refuse_non_finite(metrics, [*same, *across[1:]])
-    ran = CalibrationRuns(runs, [request.seed, *seeds], [str(r.run_dir) for r in [*same, *across[1:]]])
+    ran = CalibrationRuns(runs, [request.seed, *seeds], [str(r.run_dir) for r in [*same, *across[1:]]],
+                          measure_step_spreads([r.run_dir for r in same]))
     path = save_calibration(runner.job_file.state_dir, runner.job_file.cwd, request, ran, metrics,
                             job=JobKey.of(runner.job_file))
     summary = {name: MetricSummary(max_same_seed_spread=max(s.same_spread), steps=len(s.steps),
@@ -371,6 +381,17 @@ class ToleranceUsed:
         return (f"; within {BAND_FACTOR:g}x the same-seed spread of calibration {self.calibration.path.name} "
                 f"(at most {widest:.3g})" if widest > 0 else
                 f"; calibration {self.calibration.path.name} measured no run-to-run noise: compared exactly")
+
+    def ss_tolerance(self) -> SsTolerance:
+        """How two runs' sums of squares are compared step by step (:mod:`trainguard.checks.step_compare`):
+        within the default relative tolerance, or :data:`BAND_FACTOR` x the same-seed spread per
+        tensor and step where this calibration recorded it."""
+        found = self.calibration
+        if found is None or found.step_spreads is None:
+            why = "" if found is None else f"; calibration {found.path.name} recorded no per-tensor spread"
+            return SsTolerance(source=why)
+        return SsTolerance(spreads=found.step_spreads.envelopes(), factor=BAND_FACTOR,
+                           source=f" (calibration {found.path.name})")
 
     def as_evidence(self) -> ToleranceEvidence:
         out = ToleranceEvidence(self.rtol, self.atol, self.source)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trainguard.checks.accounting import training_batches
+from trainguard.checks.step_compare import StepRow, compared_steps, rows_around
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.launch.samples import SampleBatch, read_samples
 from trainguard.launch.steps import Fingerprint, StepRecord, StepRecords, read_steps
@@ -43,6 +44,7 @@ __all__ = [
     "observe_runs",
     "observed_determinism_causes",
     "observed_resume_causes",
+    "placed",
     "steps_before",
 ]
 
@@ -97,6 +99,11 @@ class DivergenceEvidence(Evidence):
     name: str | Unset = UNSET
     reference: str | Unset = UNSET
     other: str | Unset = UNSET
+    #: a failed check's table: the first quantity that differs at each step, from a few steps
+    #: before the first difference on (:func:`~trainguard.checks.step_compare.rows_around`)
+    steps: list[StepRow] | Unset = UNSET
+    #: how runs that are not bitwise reproducible were compared (absent: bit for bit)
+    compared_by: str | Unset = UNSET
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,8 @@ class Divergence:
     rng_since: int | None = None
     #: whether the samples were compared at that step, on every rank compared
     samples_compared: bool = False
+    #: the first quantity that differs at each step around it (the report's table)
+    rows: tuple[StepRow, ...] = ()
 
     @property
     def first(self) -> Difference:
@@ -139,7 +148,7 @@ class Divergence:
     def as_evidence(self, other: str = "the other run") -> DivergenceEvidence:
         d = self.first
         return DivergenceEvidence(self.sentence(other), self.compared_steps, d.step, d.rank, d.kind, d.name,
-                                  d.reference, d.other)
+                                  d.reference, d.other, list(self.rows) if self.rows else UNSET)
 
 
 @dataclass(frozen=True)
@@ -562,6 +571,21 @@ def steps_before(reference: StepRecords, printed: int, *, counted_from: int, las
     return (printed - counted_from) * (counts[0] // span)
 
 
+def placed(reference: StepRecords, *, printed: int | None, counted_from: int = 1,
+           last_printed: int | None = None) -> tuple[int | NoComparison, int]:
+    """(the offset of a run resumed at printed step ``printed`` -- its step n is the reference's
+    n + offset; 0 for None: from the start --, the shift from the reference's optimizer steps to
+    its printed ones: where a printed step is one optimizer step, ``counted_from - 1``, else 0)."""
+    offset: int | NoComparison = 0
+    shift = 0
+    if last_printed is not None:
+        per = steps_before(reference, counted_from + 1, counted_from=counted_from, last_printed=last_printed)
+        shift = counted_from - 1 if per == 1 else 0
+        if printed is not None:
+            offset = steps_before(reference, printed, counted_from=counted_from, last_printed=last_printed)
+    return offset, shift
+
+
 @dataclass(frozen=True)
 class ObservedRuns:
     """Two runs' step records compared (:func:`observe_runs`) and the records read."""
@@ -582,17 +606,16 @@ def observe_runs(reference_dir: Path, other_dir: Path, *, printed: int | None = 
     reference, other = read_steps(reference_dir), read_steps(other_dir)
     if not reference.has_steps and not other.has_steps:  # a job without torch, the agent off: nothing to say
         return None
-    offset: int | NoComparison = 0
-    shift = 0
-    if last_printed is not None:
-        per = steps_before(reference, counted_from + 1, counted_from=counted_from, last_printed=last_printed)
-        shift = counted_from - 1 if per == 1 else 0
-        if printed is not None:
-            offset = steps_before(reference, printed, counted_from=counted_from, last_printed=last_printed)
+    offset, shift = placed(reference, printed=printed, counted_from=counted_from, last_printed=last_printed)
     if isinstance(offset, NoComparison):
         return ObservedRuns(offset, reference, other)
     samples = (read_samples(reference_dir), read_samples(other_dir))
     found = first_divergence(reference, other, offset=offset, samples=samples)
+    if isinstance(found, Divergence):  # the table: the first difference at each step around it
+        d = found.first
+        found = replace(found, rows=tuple(rows_around(compared_steps(reference, other, offset=offset), found.step,
+                                                      shift=shift, at_first=StepRow(d.step, d.kind, d.name, d.reference,
+                                                                                    d.other, d.rank))))
     return ObservedRuns(_renumbered(found, shift) if shift else found, reference, other)
 
 

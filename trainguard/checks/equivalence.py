@@ -28,8 +28,14 @@ from trainguard.checks.diagnosis import (
 )
 from trainguard.checks.divergence import (
     Divergence,
+    ObservedCause,
     observe_runs,
     observed_determinism_causes,
+)
+from trainguard.checks.divergence_noisy import (
+    WORLD_SIZE_CAUSES,
+    observe_noisy,
+    observed_world_size_causes,
 )
 from trainguard.checks.equivalence_records import (
     DeterminismEvidence,
@@ -38,6 +44,7 @@ from trainguard.checks.equivalence_records import (
     Tolerance,
     TrajectoryEvidence,
 )
+from trainguard.checks.step_compare import SsTolerance
 from trainguard.config import DeterminismCheck, ParallelCheck
 from trainguard.config.problems import one_process_problems
 from trainguard.config.registry import Check, Run
@@ -359,14 +366,36 @@ def run_parallel(ctx: CheckContext[ParallelCheck]) -> CheckResult:
             f"({metric} {a!r} vs {b!r}; max abs diff {diff.max_abs_diff:.3g}, "
             f"tolerance rtol {spec.rtol:g} atol {spec.atol:g})"
         )
+    observed = _observed_parallel(one.run_dir, many.run_dir, tol.ss_tolerance(), spec.world_size, evidence)
     if shared is not None:
         summary += f". Most likely {shared}"
+    elif observed:  # what the step records show, first, with the observation
+        texts = [_parallel_text(c) for c in observed]
+        evidence.likely_causes = [*(f"{t}: {c.observation}" for t, c in zip(texts, observed, strict=True)),
+                                  *(c for c in evidence.likely_causes if c not in texts)]
+        summary += f". Most likely {texts[0].split(' (')[0]}: {observed[0].observation}"
     elif (found := parallel_sample_cause(read_samples(one.run_dir), read_samples(many.run_dir),
                                          steps=spec.steps, world_size=spec.world_size)) is not None:
         cause, evidence.samples = found
         evidence.likely_causes = [f"{cause}: {evidence.samples}", *(c for c in PARALLEL_CAUSES if c != cause)]
         summary += f". Most likely {cause.split(' (')[0]}: {evidence.samples}"
     return CheckResult("parallel", "failed", summary, evidence, duration, reproduce)
+
+
+def _observed_parallel(one: Path, many: Path, tolerance: SsTolerance, world_size: int,
+                       evidence: ParallelEvidence) -> list[ObservedCause]:
+    """The causes the step records of the 1-rank and the N-rank run show, most telling first;
+    where they first differ is set on ``evidence``."""
+    runs = observe_noisy(one, many, tolerance=tolerance)
+    if runs is None:
+        return []
+    other = f"the {world_size}-rank run"
+    evidence.first_divergence = runs.evidence(other)
+    return observed_world_size_causes(runs, world_size, other)
+
+
+def _parallel_text(cause: ObservedCause) -> str:
+    return PARALLEL_CAUSES[1] if cause.key == "summed" else WORLD_SIZE_CAUSES[cause.key]
 
 
 def parallel_sample_cause(one: Mapping[int, Sequence[SampleBatch]], many: Mapping[int, Sequence[SampleBatch]], *,

@@ -182,3 +182,6 @@ class ParallelEvidence(Evidence):
     started_ahead: dict[str, StartedAhead] | Unset = UNSET
     likely_causes: list[str] | Unset = UNSET
     samples: str | Unset = UNSET
+    #: where the N-rank run's step records first part from the 1-rank run's (whole runs, sums of
+    #: squares within the calibrated spread or a default tolerance), or why they were not compared
+    first_divergence: DivergenceEvidence | Unset = UNSET

@@ -1,0 +1,227 @@
+"""The first divergence of runs that are not bitwise reproducible (N ranks against 1, a resume at
+another world size, a calibrated noisy job): step records written in the agent's format, the
+sums of squares chosen per case, one planted difference per case and the clean run beside it;
+the per-tensor spread a calibration records, read back and refused when bad."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import each_refused
+from tests.steplines import write_rank
+from trainguard.checks.calibration import (
+    CalibrationError,
+    CalibrationRuns,
+    ToleranceUsed,
+    load_calibration,
+    metric_stats,
+    save_calibration,
+)
+from trainguard.checks.calibration_steps import measure_step_spreads
+from trainguard.checks.divergence import Agreement, Divergence, NoComparison, observed_resume_causes
+from trainguard.checks.divergence_noisy import (
+    noisy_divergence,
+    observe_noisy,
+    observed_world_size_causes,
+)
+from trainguard.checks.statefiles import JobKey
+from trainguard.checks.step_compare import MAX_ROWS, SsTolerance, whole_run
+from trainguard.launch.steps import read_steps
+from trainguard.run.request import RunRequest
+
+NAMES = ("fc1.weight", "fc1.bias", "fc2.weight")
+
+
+def line(n: int, *, salt: int = 0, lr: float | None = None, param: float = 1.0, grad: float = 2.0,
+         sizes: dict[str, float] | None = None, placement: bool = False, optim: float = 3.0) -> dict[str, Any]:
+    """Step ``n``'s line: each tensor's sum of squares its base value x (1 + n/10) (x ``sizes[name]``),
+    bit sums that change with ``salt`` (another run, bitwise different, numerically alike)."""
+    def prints(base: float, k: int) -> dict[str, Any]:
+        return {name: [f"{(n * 7919 + i * 31 + k * 101 + salt * 104729) % 2**64:016x}",
+                       base * (1 + n / 10) * (i + 1) * (sizes or {}).get(name, 1.0)] for i, name in enumerate(NAMES)}
+    out: dict[str, Any] = {
+        "k": "step", "opt": 0, "n": n, "t": float(n), "backward": 1,
+        "groups": [{"lr": lr if lr is not None else 1e-3 * 0.9**n, "weight_decay": 0.01}],
+        "rng": {"cpu": f"{n:016x}", "cuda": None, "numpy": None, "python": "00000000000000bb"},
+        "param": prints(param, 1), "grad": prints(grad, 2), "optim": prints(optim, 3), "scaler": None,
+    }
+    if placement:
+        out["placement"] = dict.fromkeys(NAMES, "(Shard(dim=0),)")
+    return out
+
+
+def run(path: Path, lines_of: dict[int, list[dict[str, Any]]]) -> Path:
+    """A run whose rank r wrote ``lines_of[r]``."""
+    for rank, lines in lines_of.items():
+        write_rank(path, rank, [], extra=lines)
+    return path
+
+
+def steps(first: int, last: int, **kw: Any) -> list[dict[str, Any]]:
+    return [line(n, **kw) for n in range(first, last + 1)]
+
+
+def test_n_ranks_that_train_like_one_agree_and_a_planted_gradient_is_found(tmp_path: Path) -> None:
+    one = read_steps(run(tmp_path / "one", {0: steps(1, 10)}))
+    # DDP: every rank holds the whole parameter (no placement), bitwise other than the 1-rank run
+    clean = read_steps(run(tmp_path / "two", {0: steps(1, 10, salt=1), 1: steps(1, 10, salt=1)}))
+    found = noisy_divergence(one, clean, tolerance=SsTolerance())
+    assert isinstance(found, Agreement) and found.compared_steps == 10, found
+    # a gradient 1 % off from step 4 on (beyond the default relative 1e-3)
+    bad = [line(n, salt=1, sizes={"fc1.bias": 1.01} if n >= 4 else None) for n in range(1, 11)]
+    planted = read_steps(run(tmp_path / "bad", {0: bad, 1: bad}))
+    found = noisy_divergence(one, planted, tolerance=SsTolerance())
+    assert isinstance(found, Divergence), found
+    assert (found.step, found.first.kind) == (4, "parameter") or (found.step, found.first.kind, found.first.name) == (
+        4, "gradient", "fc1.bias"), found
+    evidence = found.as_evidence("the 2-rank run")
+    assert evidence.kind in ("gradient", "parameter") and evidence.step == 4
+    rows = evidence.steps
+    assert rows and [r.step for r in rows] == list(range(1, 11))  # 3 before it, then on to the last step
+    assert [r.kind for r in rows[:3]] == ["", "", ""] and rows[3].name == "fc1.bias"
+    assert rows[3].reference.startswith("sum of squares") and rows[3].reference != rows[3].other
+
+
+def test_dtensor_shards_are_summed_across_ranks_and_replicas_are_not(tmp_path: Path) -> None:
+    one = read_steps(run(tmp_path / "one", {0: steps(1, 5)}))
+    # two shards, each half the sum of squares, named with their placement
+    halves = {name: 0.5 for name in NAMES}
+    sharded = read_steps(run(tmp_path / "fsdp", {r: steps(1, 5, salt=r + 1, sizes=halves, placement=True) for r in (0, 1)}))
+    assert isinstance(noisy_divergence(one, sharded, tolerance=SsTolerance()), Agreement)
+    merged = whole_run(sharded)[1].param["fc1.bias"]
+    assert merged.ss == pytest.approx(whole_run(one)[1].param["fc1.bias"].ss)
+    # the same halves without a placement are replicas: one rank's value, half the reference's
+    replicas = read_steps(run(tmp_path / "ddp", {r: steps(1, 5, salt=r + 1, sizes=halves) for r in (0, 1)}))
+    found = noisy_divergence(one, replicas, tolerance=SsTolerance())
+    assert isinstance(found, Divergence) and (found.step, found.first.kind) == (1, "parameter")
+
+
+def test_a_learning_rate_that_depends_on_the_world_size_is_named_first(tmp_path: Path) -> None:
+    one = read_steps(run(tmp_path / "one", {0: steps(1, 6)}))
+    two = read_steps(run(tmp_path / "two", {r: [line(n, salt=1, lr=2e-3 * 0.9**n) for n in range(1, 7)] for r in (0, 1)}))
+    runs = observe_noisy(tmp_path / "one", tmp_path / "two", tolerance=SsTolerance())
+    assert runs is not None and isinstance(runs.divergence, Divergence)
+    assert (runs.divergence.step, runs.divergence.first.kind) == (1, "lr")
+    causes = observed_world_size_causes(runs, 2, "the 2-rank run")
+    assert causes[0].key == "schedule" and "group 0's lr is 0.0018 at step 1 against 0.0009" in causes[0].observation
+    assert "compared within a relative 0.001 (the default" in runs.evidence().compared_by
+    assert noisy_divergence(one, two, tolerance=SsTolerance()) == runs.divergence
+
+
+def test_gradients_summed_instead_of_averaged_show_as_world_size_squared(tmp_path: Path) -> None:
+    run(tmp_path / "one", {0: steps(1, 4)})
+    summed = steps(1, 4, salt=1, grad=8.0)  # 4x the gradients' sum of squares, the same weights at step 1
+    run(tmp_path / "two", {0: summed, 1: summed})
+    runs = observe_noisy(tmp_path / "one", tmp_path / "two", tolerance=SsTolerance())
+    assert runs is not None and isinstance(runs.divergence, Divergence)
+    causes = observed_world_size_causes(runs, 2)
+    assert [c.key for c in causes] == ["summed"] and "4x the reference's sum of squares, about 2^2" in causes[0].observation
+    # averaged but on other samples (a ratio not near 4): no cause claimed from it
+    run(tmp_path / "other", {0: steps(1, 4, salt=1, grad=2.5)})
+    runs = observe_noisy(tmp_path / "one", tmp_path / "other", tolerance=SsTolerance())
+    assert runs is not None and observed_world_size_causes(runs, 2) == []
+
+
+def test_a_calibrated_spread_allows_the_noise_it_measured_and_no_more(tmp_path: Path) -> None:
+    reference = read_steps(run(tmp_path / "ref", {0: steps(1, 5)}))
+    noisy = read_steps(run(tmp_path / "noisy", {0: steps(1, 5, salt=1, sizes={"fc2.weight": 1.003})}))
+    assert isinstance(noisy_divergence(reference, noisy, tolerance=SsTolerance()), Divergence)
+    # fc2.weight's sums of squares (up to 13.5) 0.3 % apart; same-seed runs spread 0.02 between same-seed runs: 3x that allowed
+    spreads = {(kind, "fc2.weight"): dict.fromkeys(range(1, 6), 0.02) for kind in ("parameter", "gradient", "optimizer state")}
+    assert isinstance(noisy_divergence(reference, noisy, tolerance=SsTolerance(spreads=spreads)), Agreement)
+    tight = {k: dict.fromkeys(range(1, 6), 0.001) for k in spreads}
+    found = noisy_divergence(reference, noisy, tolerance=SsTolerance(spreads=tight, rtol=0.0))
+    assert isinstance(found, Divergence) and found.first.name == "fc2.weight"
+
+
+def test_a_calibrated_resume_names_the_lost_scheduler_not_the_noise(tmp_path: Path) -> None:
+    """A noisy job's resume: bitwise every tensor differs; the lr is the one real difference."""
+    run(tmp_path / "ref", {0: steps(1, 20)})
+    resumed = [line(n, salt=1) for n in range(11, 21)]
+    lost = [dict(x, n=x["n"] - 10, groups=[{"lr": 1e-3 * 0.9 ** (x["n"] - 10), "weight_decay": 0.01}]) if x["n"] > 11
+            else dict(x, n=x["n"] - 10) for x in resumed]
+    write_rank(tmp_path / "res", 0, [], extra=[{"k": "restore", "t": 0.1, "call": "Optimizer.load_state_dict",
+                                                 "target": "AdamW", "path": None}, *lost])
+    runs = observe_noisy(tmp_path / "ref", tmp_path / "res", tolerance=SsTolerance(), printed=11, last_printed=20)
+    assert runs is not None and isinstance(runs.divergence, Divergence), runs
+    assert (runs.divergence.step, runs.divergence.first.kind) == (12, "lr")
+    causes = observed_resume_causes(runs.divergence, runs.other, runs.reference)
+    assert causes[0].key == "scheduler" and "never loaded the scheduler's state" in causes[0].observation
+    # without the lost schedule it agrees: the bitwise noise is not a difference
+    write_rank(tmp_path / "ok", 0, [], extra=[dict(x, n=x["n"] - 10) for x in resumed])
+    clean = observe_noisy(tmp_path / "ref", tmp_path / "ok", tolerance=SsTolerance(), printed=11, last_printed=20)
+    assert clean is not None and isinstance(clean.divergence, Agreement), clean
+
+
+def test_without_records_nothing_is_said_and_one_side_missing_is_no_comparison(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert observe_noisy(tmp_path / "a", tmp_path / "b", tolerance=SsTolerance()) is None
+    run(tmp_path / "c", {0: steps(1, 3)})
+    found = observe_noisy(tmp_path / "c", tmp_path / "b", tolerance=SsTolerance())
+    assert found is not None and isinstance(found.divergence, NoComparison)
+    assert "the other run left no step records" in found.evidence().sentence
+
+
+def test_the_table_is_bounded(tmp_path: Path) -> None:
+    reference = read_steps(run(tmp_path / "ref", {0: steps(1, 200)}))
+    other = read_steps(run(tmp_path / "other", {0: [line(n, salt=1, lr=1.0 if n >= 10 else None) for n in range(1, 201)]}))
+    found = noisy_divergence(reference, other, tolerance=SsTolerance())
+    assert isinstance(found, Divergence) and found.step == 10
+    assert len(found.rows) == MAX_ROWS and found.rows[0].step == 7 and found.rows[3].kind == "lr"
+
+
+# -- the per-tensor spread of a calibration ------------------------------------------------------
+
+REQUEST = RunRequest.make(steps=4, seed=0, world_size=1)
+JOB = JobKey("trainguard.yaml", "0" * 64, ("python", "t.py"), ("loss",))
+
+
+def _calibrated(tmp_path: Path) -> Path:
+    dirs = [run(tmp_path / f"same{i}", {0: steps(1, 4, salt=i, sizes={"fc1.bias": 1 + i / 100})}) for i in range(3)]
+    spreads = measure_step_spreads(dirs)
+    assert spreads is not None
+    stats = metric_stats([{s: 1.0 for s in range(1, 5)}] * 3, [{s: 1.0 for s in range(1, 5)}])
+    assert stats is not None
+    return save_calibration(tmp_path, tmp_path, REQUEST, CalibrationRuns(3, [0], step_spreads=spreads),
+                            {"loss": stats}, job=JOB)
+
+
+def test_a_calibration_records_each_tensors_spread_and_a_check_reads_it_back(tmp_path: Path) -> None:
+    found = load_calibration(_calibrated(tmp_path))
+    spreads = found.step_spreads
+    assert spreads is not None and spreads.steps == [1, 2, 3, 4]
+    # fc1.bias's sum of squares is 2 x 2 x (1 + n/10) x (1 + i/100) in run i: spread 0.08 x (1 + n/10)
+    assert spreads.spreads["gradient"]["fc1.bias"] == pytest.approx([0.08 * (1 + n / 10) for n in range(1, 5)])
+    assert spreads.spreads["parameter"]["fc1.weight"] == [0.0] * 4
+    tolerance = ToleranceUsed(0.0, 0.0, "test", found).ss_tolerance()
+    assert tolerance.spreads[("gradient", "fc1.bias")][4] == pytest.approx(0.112)
+    assert "3x the same-seed spread calibrated per tensor and step (calibration 0001_" in tolerance.words()
+    # a calibration made before (no step_spreads): the default tolerance, said
+    assert "recorded no per-tensor spread" in ToleranceUsed(0.0, 0.0, "t", found.__class__(
+        found.path, found.request, found.runs, found.metrics)).ss_tolerance().words()
+
+
+def test_a_bad_per_tensor_spread_refuses_the_calibration(tmp_path: Path) -> None:
+    good = json.loads(_calibrated(tmp_path).read_text())
+    spread = good["step_spreads"]
+
+    def changed(**fields: Any) -> str:
+        return json.dumps({**good, "step_spreads": {**spread, **fields}})
+
+    grad = spread["spread"]["gradient"]
+    cases = {
+        "nan": (changed(spread={**spread["spread"], "gradient": {**grad, "fc1.bias": [0, math.nan, 0, 0]}}),
+                r"step_spreads.spread.gradient.fc1.bias\[1\] is nan"),
+        "negative": (changed(spread={"gradient": {"fc1.bias": [0, -1, 0, 0]}}), r"fc1.bias\[1\] is -1"),
+        "short": (changed(spread={"gradient": {"fc1.bias": [0]}}), "fc1.bias must be a list of 4 numbers"),
+        "steps": (changed(steps=[2, 1, 3, 4]), "step_spreads.steps must be a rising list"),
+        "steps from 0": (changed(steps=[0, 1, 2, 3]), "step_spreads.steps must be a rising list"),
+        "not an object": (json.dumps({**good, "step_spreads": [1]}), "step_spreads must be an object"),
+    }
+    each_refused(tmp_path, cases, load_calibration, CalibrationError, "trainguard calibrate")
