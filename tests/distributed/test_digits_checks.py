@@ -140,6 +140,11 @@ def test_parallel_check_catches_ranks_reading_the_same_shard(
     assert "2 ranks diverge from 1 rank at step 1" in result.summary
     assert "same shard" in report_evidence(result)["likely_causes"][0]
     assert "trained on the same first batch" in report_evidence(result)["samples"]
+    # the step records, compared as whole runs: at step 1 the weights agree and the gradients of
+    # the 2 ranks (each on the same half of the 1-rank batch) are another sum of squares
+    divergence = report_evidence(result)["first_divergence"]
+    assert (divergence["step"], divergence["kind"]) == (1, "gradient"), divergence
+    assert divergence["steps"][0]["kind"] == "gradient" and "default" in divergence["compared_by"]
 
 
 @pytest.mark.determinism

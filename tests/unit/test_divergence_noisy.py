@@ -31,6 +31,7 @@ from trainguard.checks.divergence_noisy import (
 )
 from trainguard.checks.statefiles import JobKey
 from trainguard.checks.step_compare import MAX_ROWS, SsTolerance, whole_run
+from trainguard.evidence import UNSET
 from trainguard.launch.steps import read_steps
 from trainguard.run.request import RunRequest
 
@@ -225,3 +226,62 @@ def test_a_bad_per_tensor_spread_refuses_the_calibration(tmp_path: Path) -> None
         "not an object": (json.dumps({**good, "step_spreads": [1]}), "step_spreads must be an object"),
     }
     each_refused(tmp_path, cases, load_calibration, CalibrationError, "trainguard calibrate")
+
+
+# -- the gate's HTML view -------------------------------------------------------------------------
+
+
+def test_the_gate_html_shows_the_first_differing_quantity_per_step_of_a_failed_check(tmp_path: Path) -> None:
+    from tests.unit.test_gate_records import _gate
+    from trainguard.checks.equivalence_records import DeterminismEvidence, Tolerance
+    from trainguard.gate.run import write_gate_report
+    from trainguard.report import CheckResult, Report
+
+    reference = read_steps(run(tmp_path / "ref", {0: steps(1, 8)}))
+    bad = [line(n, salt=1, sizes={"fc1.bias": 1.5} if n >= 5 else None) for n in range(1, 9)]
+    found = noisy_divergence(reference, read_steps(run(tmp_path / "bad", {0: bad})), tolerance=SsTolerance())
+    assert isinstance(found, Divergence)
+
+    def checked(status: str) -> CheckResult:
+        evidence = DeterminismEvidence(0, 8, Tolerance(0.0, 0.0), [], [], first_divergence=found.as_evidence())
+        return CheckResult("determinism", status, "loss differs", evidence)  # type: ignore[arg-type]
+
+    html = Path(write_gate_report(_gate(report=Report(job="toy", checks=[checked("failed")])), tmp_path / "g")["html"]).read_text()
+    assert "determinism: where the runs first differ" in html and found.sentence() in html
+    rows = html.split("<th>other run</th></tr>")[1].split("</table>")[0].split("<tr>")[1:]
+    # steps 2-4 (3 before the first difference) agree, then each step's first difference to the last
+    assert len(rows) == 7 and all("nothing differs" in r for r in rows[:3]) and "<td>2</td>" in rows[0]
+    first = found.rows[3]
+    assert f"<td>5</td><td>{first.kind}: {first.name}</td><td>{first.reference}</td><td>{first.other}</td>" in rows[3]
+    assert first.reference != first.other and "nothing differs" not in "".join(rows[3:])
+    passed = write_gate_report(_gate(report=Report(job="toy", checks=[checked("passed")])), tmp_path / "p")["html"]
+    assert "where the runs first differ" not in Path(passed).read_text()
+
+
+def test_an_exact_comparison_gets_its_table_too_in_the_steps_the_job_printed(tmp_path: Path) -> None:
+    """A resume compared bit for bit (observe_runs): the rows are the reference's printed steps."""
+    from tests.steplines import trajectory
+    from trainguard.checks.divergence import observe_runs
+
+    write_rank(tmp_path / "ref", 0, trajectory(1, 30))
+    # nanoGPT-like: printed steps 0..29, resumed after printed step 19; the lr lost from its 3rd step
+    write_rank(tmp_path / "res", 0, trajectory(1, 10, shift=20, lr=lambda s: 1.0 if s >= 23 else 1e-3 * 0.9**s))
+    runs = observe_runs(tmp_path / "ref", tmp_path / "res", printed=20, counted_from=0, last_printed=29)
+    assert runs is not None and isinstance(runs.divergence, Divergence)
+    evidence = runs.divergence.as_evidence()
+    assert (evidence.step, evidence.kind) == (22, "lr") and evidence.steps
+    assert [r.step for r in evidence.steps] == list(range(20, 30))
+    assert [r.kind for r in evidence.steps[:2]] == ["", ""] and evidence.steps[2].kind == "lr"
+    assert evidence.compared_by is UNSET  # bit for bit
+
+
+def test_reshard_names_the_cause_its_step_records_show_first() -> None:
+    from trainguard.checks.divergence import ObservedCause
+    from trainguard.checks.reshard import PairFacts, rank_reshard_causes
+
+    plain = rank_reshard_causes(PairFacts(4, 5, None, None))
+    assert plain[0].key == "optimizer_shard" and not plain[0].observed
+    seen = ObservedCause("schedule", "with the same seed and global batch, group 0's lr is 2 at step 5 against 1")
+    causes = rank_reshard_causes(PairFacts(4, 5, None, None, observed=[seen]))
+    assert causes[0].key == "schedule" and causes[0].observed and causes[0].evidence[0] == seen.observation
+    assert causes[0].as_evidence().evidence_strength == "decisive"

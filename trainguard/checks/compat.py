@@ -46,7 +46,9 @@ from trainguard._internal.worktree import (
 )
 from trainguard.checks.calibration import ToleranceEvidence, ToleranceUsed, tolerance_for
 from trainguard.checks.context import CheckContext
-from trainguard.checks.diagnosis import first_different_batch
+from trainguard.checks.diagnosis import RESUME_CAUSE_TEXT, first_different_batch
+from trainguard.checks.divergence import Divergence, DivergenceEvidence, observed_resume_causes
+from trainguard.checks.divergence_noisy import observe_noisy
 from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories
 from trainguard.checks.equivalence_records import TrajectoryEvidence
 from trainguard.checks.interruption import kill_after, untested_kill
@@ -59,6 +61,7 @@ from trainguard.launch import RunResult
 from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.rundir import new_run_dir
 from trainguard.launch.samples import read_samples
+from trainguard.launch.steps import read_steps
 from trainguard.report import CheckResult, CheckStatus
 from trainguard.run.declared import progress_metric_of
 from trainguard.run.request import RunRequest
@@ -161,6 +164,9 @@ class CompatEvidence(Evidence):
     #: when the resume diverged and nothing above explains it: the current code's resume against
     #: base's own resume of the same checkpoint (:meth:`TrajectoryDiff.as_evidence`)
     control: TrajectoryEvidence | Uncompared | Unset = UNSET
+    #: where the resumed run's step records first part from the uninterrupted run's (sums of
+    #: squares within the calibrated spread or a default tolerance), when the resume failed
+    first_divergence: DivergenceEvidence | Unset = UNSET
     #: what was allowed, and why (``{}`` until the tolerance is known)
     tolerance: ToleranceEvidence | dict[str, float] = dataclasses.field(default_factory=dict)
     #: ``base: promoted``: where the promoted report was found (the index, a scan) or why none was
@@ -399,11 +405,33 @@ def _judge(cmp: _Comparison, metric: str, runs: tuple[RunResult, RunResult, RunR
                         f"(from step {step})" if step is not None else f"base's own resume could not be compared: "
                         f"{control.reason if isinstance(control, Uncompared) else 'no steps'}")
     if problems:
+        observed = _observed(cmp, (reference, base, resumed), first, expected)
+        if observed:  # what the step records show, first, with the observation
+            evidence.likely_causes = [*observed, *causes]
+            because = f". Likely: {observed[0]}"
         return done("failed", "; ".join(problems) + because, reproduce)
     note = f"; its layout differs ({layout.summary()}) but the current code loads it" if layout.compared and not layout.same else ""
     return done("passed", f"base {short} ({spec.base}) killed after step {evidence.killed_after_step}; the "
                 f"current code resumed from step {first - 1} and matches its uninterrupted run in "
                 f"{', '.join(d.metric for d in diffs)} to step {spec.steps}{note}", reproduce)
+
+
+def _observed(cmp: _Comparison, runs: tuple[RunResult, RunResult, RunResult], first: int,
+              expected: dict[int, float]) -> list[str]:
+    """The causes the step records of the current code's resume of base's checkpoint show against
+    its uninterrupted run (each "cause: observation"), with what base's run saved; where they
+    first differ is set on the evidence. Only to explain a failure: never a verdict."""
+    reference, base, resumed = runs
+    counted_from = 0 if 0 in expected else 1
+    found = observe_noisy(reference.run_dir, resumed.run_dir, tolerance=cmp.tol.ss_tolerance(), printed=first,
+                          counted_from=counted_from, last_printed=max(expected) if counted_from == 0 else cmp.spec.steps)
+    if found is None:
+        return []
+    cmp.evidence.first_divergence = found.evidence("the resumed run")
+    if not isinstance(found.divergence, Divergence):
+        return []
+    observed = observed_resume_causes(found.divergence, found.other, read_steps(base.run_dir))
+    return [f"{RESUME_CAUSE_TEXT[c.key]}: {c.observation}" for c in observed]
 
 
 def _control(ctx: CheckContext[CompatCheck], spec: CompatCheck, metric: str, resumed: RunResult, again: RunResult,

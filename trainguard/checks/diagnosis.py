@@ -328,13 +328,13 @@ class ResumeFacts:
     on_gpu: bool = False
     #: whether the first resumed step was compared (False: the metric was not printed there)
     boundary_compared: bool = True
-    #: the last step through which the resumed ranks drew the reference ranks' samples, step by
-    #: step (None: not compared)
+    #: the last step through which the resumed ranks drew the reference's samples (None: not compared)
     samples_agree_through: int | None = None
+    #: False: the runs are not bitwise reproducible (a calibrated noisy job): not compared bit for bit here
+    exact_records: bool = True
     #: the causes the runs' step records show (:func:`~trainguard.checks.divergence.observe_resume`), ranked above the rest
     observed: tuple[ObservedCause, ...] = ()
-    #: the steps the reference printed: from ``counted_from`` (1, or 0 for a job counting from 0)
-    #: to ``last_step`` (None: the check's ``steps``)
+    #: the reference printed steps ``counted_from`` (1, or 0 for a job counting from 0) to ``last_step`` (None: ``steps``)
     counted_from: int = 1
     last_step: int | None = None
 
@@ -665,7 +665,7 @@ def resume_diagnosis(
     from trainguard.launch.samples import read_samples
 
     divergence: DivergenceEvidence | None = None
-    if facts.resumed_from > 0 and not facts.began_again and not facts.observed:
+    if facts.resumed_from > 0 and not facts.began_again and not facts.observed and facts.exact_records:
         divergence, observed = observe_resume(reference_dir, resumed_dir, saved_dir, resumed_from=facts.resumed_from,
                                               counted_from=facts.counted_from,
                                               last_printed=facts.last_step if facts.last_step is not None else steps)

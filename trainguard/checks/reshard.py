@@ -43,6 +43,12 @@ from trainguard.checks.diagnosis import (
     CauseEvidence,
     read_inventory,
 )
+from trainguard.checks.divergence import DivergenceEvidence, ObservedCause
+from trainguard.checks.divergence_noisy import (
+    WORLD_SIZE_CAUSES,
+    observe_noisy,
+    observed_world_size_causes,
+)
 from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories
 from trainguard.checks.equivalence_records import TrajectoryEvidence
 from trainguard.checks.interruption import InterruptionEvidence, interrupt
@@ -96,6 +102,8 @@ class PairFacts:
     differing: list[str] = field(default_factory=list)
     rng_warning: bool = False
     accounting: SampleAccounting | None = None
+    #: the causes the step records show (:func:`observed_world_size_causes`): first, decisive
+    observed: list[ObservedCause] = field(default_factory=list)
 
 
 def _shard_coverage(inventory: CheckpointInventory | None) -> tuple[int, int] | None:
@@ -151,9 +159,15 @@ def rank_reshard_causes(facts: PairFacts) -> list[Cause]:
             f"({facts.first_divergent_step}){samples}: state restored at the boundary differs")
     if facts.rng_warning:
         add("rng", STRONG, "the resumed run's stderr says RNG states were not restored")
-    order = list(RESHARD_CAUSES)
-    causes = [Cause(k, RESHARD_CAUSES[k], strength.get(k, NONE), tuple(evidence.get(k, ()))) for k in order]
-    return sorted(causes, key=lambda c: (-c.strength, order.index(c.key)))
+    texts = {**RESHARD_CAUSES, **{c.key: WORLD_SIZE_CAUSES[c.key] for c in facts.observed}}
+    seen = [c.key for c in facts.observed]
+    for cause in facts.observed:  # what the step records show: decisive, its observation first
+        strength[cause.key] = DECISIVE
+        evidence.setdefault(cause.key, []).insert(0, cause.observation)
+    order = list(texts)
+    causes = [Cause(k, texts[k], strength.get(k, NONE), tuple(evidence.get(k, ())), k in seen) for k in order]
+    return sorted(causes, key=lambda c: (seen.index(c.key) if c.key in seen else len(seen), -c.strength,
+                                         order.index(c.key)))
 
 
 def _rng_warning(run_dir: Path, world_size: int) -> bool:
@@ -196,6 +210,9 @@ class ReshardPairEvidence(Evidence):
     samples: str | Unset = UNSET
     #: :meth:`SampleAccounting.as_evidence`: samples trained twice or never, per epoch
     sample_accounting: AccountingEvidence | Unset = UNSET
+    #: where the resumed run's step records first part from the uninterrupted run's (whole runs,
+    #: sums of squares within the calibrated spread or a default tolerance)
+    first_divergence: DivergenceEvidence | Unset = UNSET
     diagnosis: list[CauseEvidence] | Unset = UNSET
     likely_causes: list[str] | Unset = UNSET
 
@@ -301,6 +318,12 @@ def _one_pair(ctx: CheckContext[ReshardCheck], n: int, m: int) -> _Pair:
                      evidence, reproduce)
     facts = PairFacts(resumed_from, diff.first_divergent_step, agreement, inventory, differing,
                        _rng_warning(resumed.run_dir, m), accounting)
+    if resumed_from > 0:  # the step records, compared as whole runs from the step resumed at
+        runs = observe_noisy(reference.run_dir, resumed.run_dir, tolerance=tol.ss_tolerance(), printed=resumed_from + 1,
+                             last_printed=spec.steps)
+        if runs is not None:
+            evidence.first_divergence = runs.evidence(f"the run resumed at {m} rank(s)")
+            facts.observed = observed_world_size_causes(runs, 1, f"the run resumed at {m} rank(s)")
     return _Pair(n, m, "failed", _diagnosed(facts, problems, n, m, evidence), evidence, reproduce)
 
 

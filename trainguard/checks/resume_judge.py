@@ -26,7 +26,14 @@ from trainguard.checks.diagnosis import (
     explain,
     resume_diagnosis,
 )
-from trainguard.checks.divergence import ObservedCause, observe_resume
+from trainguard.checks.divergence import (
+    Divergence,
+    DivergenceEvidence,
+    ObservedCause,
+    observe_resume,
+    observed_resume_causes,
+)
+from trainguard.checks.divergence_noisy import observe_noisy
 from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories, failed_run
 from trainguard.checks.equivalence_records import ChainCycle, ChainEvidence, ResumeEvidence
 from trainguard.checks.interruption import Interruption, untested_kill
@@ -35,6 +42,7 @@ from trainguard.evidence import UNSET, Evidence, RunDidNotComplete
 from trainguard.launch import RunResult
 from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.samples import read_samples
+from trainguard.launch.steps import read_steps
 from trainguard.report import CheckResult, CheckStatus
 from trainguard.run.request import RunRequest
 from trainguard.unit.checkpoints import (
@@ -240,10 +248,13 @@ def judge_resume(runs: ResumeRuns) -> CheckResult:
             boundary_compared=first_step in expected, counted_from=0 if 0 in expected else 1,
             last_step=max(expected) if 0 in expected else spec.steps,
         )
+        noisy = _observed_noisy(runs, facts) if not tol.exact_state else None
         causes, found = resume_diagnosis(
             reference_dir=reference.run_dir, resumed_dir=resumed.run_dir, world_size=request.world_size,
             steps=spec.steps, facts=facts, saved_dir=cut.run_dir,
         )
+        if noisy is not None:
+            found.first_divergence = noisy
         evidence.diagnosis = found
         evidence.likely_causes = [c.text for c in causes if not c.ruled_out]
         why = explain(causes)
@@ -268,6 +279,23 @@ def judge_resume(runs: ResumeRuns) -> CheckResult:
         duration,
         reproduce,
     )
+
+
+def _observed_noisy(runs: ResumeRuns, facts: ResumeFacts) -> DivergenceEvidence | None:
+    """A calibrated noisy job's resume: its step records against the uninterrupted run's as whole
+    runs, the sums of squares within the calibrated spread (bit for bit every tensor differs);
+    the causes that shows go into ``facts`` (the exact comparison is then not made)."""
+    facts.exact_records = False
+    if facts.resumed_from <= 0 or facts.began_again:
+        return None
+    found = observe_noisy(runs.reference.run_dir, runs.resumed.run_dir, tolerance=runs.tol.ss_tolerance(),
+                          printed=facts.resumed_from + 1, counted_from=facts.counted_from,
+                          last_printed=facts.last_step if facts.last_step is not None else runs.spec.steps)
+    if found is None:
+        return None
+    if isinstance(found.divergence, Divergence):
+        facts.observed = tuple(observed_resume_causes(found.divergence, found.other, read_steps(runs.cut.run_dir)))
+    return found.evidence("the resumed run")
 
 
 def _resume_accounting(reference: RunResult, killed_dir: Path, resumed: RunResult, expected: Mapping[int, float],

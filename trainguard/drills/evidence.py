@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.checks.accounting import AccountingEvidence
+from trainguard.checks.divergence import DivergenceEvidence
 from trainguard.checks.equivalence_records import TrajectoryEvidence
 from trainguard.evidence import MERGED, TRAILING, UNSET, Evidence, NoEvidence, Recorded, Unset
 from trainguard.faults.kill_during_save import HeldWrite, LatestComplete
@@ -184,6 +185,8 @@ class RecoverEvidence(DrillEvidence):
     #: every sample once across the attempts (:meth:`SampleAccounting.as_evidence`)
     sample_accounting: AccountingEvidence | Unset = UNSET
     fault_to_first_step_after_restart_s: float | Unset = UNSET
+    #: where the step records of the restart that parted first differ from the uninterrupted run's
+    first_divergence: DivergenceEvidence | Unset = UNSET
 
 
 @dataclass

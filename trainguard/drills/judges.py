@@ -40,6 +40,7 @@ from trainguard.drills.evidence import (
     Resume,
     StepRate,
 )
+from trainguard.drills.observed import observed_restart
 from trainguard.drills.steps import attempts_accounting, judged_steps
 from trainguard.evidence import UNSET, known
 from trainguard.faults.base import Fault
@@ -427,8 +428,9 @@ def judge_recover(c: DrillContext, evidence: RecoverEvidence) -> Judgement:
             f"attempt 0 {first.outcome} ({c.fault.classify(first) if not first.ok else 'no failure'}"
             f"{f', detected after {detected:.2f} s' if detected is not None else ''})")
     if problems:
-        evidence.likely_causes = recover_causes([r.resumed_from_step for r in per_restart], diff,
-                                                accounting)
+        found, observed = observed_restart(c.reference, run.attempts, c.metric, diff.first_divergent_step, spec.steps)
+        evidence.first_divergence = found if found is not None else UNSET
+        evidence.likely_causes = observed + recover_causes([r.resumed_from_step for r in per_restart], diff, accounting)
         return Judgement("failed", f"{what}; " + "; ".join(problems), evidence)
     recovery = None
     if c.info.injected_mono is not None and c.info.first_step_after_restart_mono is not None:

@@ -33,6 +33,7 @@ from trainguard.config import GatePolicy, JobFile, load_config
 from trainguard.config.backends import backend_for
 from trainguard.config.queues import QUEUES
 from trainguard.errors import ConfigError, TrainguardError
+from trainguard.gate.divergences import divergence_tables
 from trainguard.gate.policy import Capabilities, Decision, configured_checks, decide, sizing_of
 from trainguard.gate.provenance import Provenance
 from trainguard.profiling.render import failure_rows
@@ -505,6 +506,8 @@ img{max-width:100%;border:1px solid #eee;margin:.5em 0}.meta{color:#666;font-siz
 <h2>Checks</h2><table><tr><th>check</th><th>status</th><th>summary</th><th>s</th></tr>
 {% for c in checks %}<tr><td>{{ c.name }}</td><td class="{{ c.status }}">{{ c.status }}</td><td>{{ c.summary }}</td><td>{{ "%.1f" % c.duration_s }}</td></tr>{% endfor %}
 </table>
+{% for t in divergences %}<h3>{{ t.check }}: where the runs first differ</h3><p>{{ t.divergence.sentence }}</p>{% if t.divergence.compared_by %}<p class="meta">{{ t.divergence.compared_by }}</p>{% endif %}
+<table><tr><th>step</th><th>first differing quantity</th><th>reference</th><th>other run</th></tr>{% for r in t.divergence.steps %}<tr><td>{{ r.step }}{% if r.rank %} (rank {{ r.rank }}){% endif %}</td><td>{{ r.kind ~ ": " ~ r.name if r.kind else "nothing differs" }}</td><td>{{ r.reference }}</td><td>{{ r.other }}</td></tr>{% endfor %}</table>{% endfor %}
 {% if recommendation %}<h2>Sizing</h2><p>{{ recommendation }}</p>{% endif %}
 {% if candidates %}<table><tr><th>GPUs</th><th>efficiency</th><th>hours</th><th>GPU-hours</th><th>cost</th><th>goodput</th><th>GPU-hours wasted</th><th>checkpoint every</th><th></th></tr>
 {% for c in candidates %}<tr><td>{{ c.gpus }}{% if c.extrapolated %} (extrapolated){% endif %}</td><td>{{ "%.2f" % c.efficiency }}</td><td>{{ "%.2f" % c.hours_with_failures }}</td><td>{{ "%.1f" % c.gpu_hours }}</td><td>{{ "%.2f" % c.cost }}</td><td>{{ "%.2f%%" % (c.goodput * 100) if c.goodput is not none else "-" }}</td><td>{{ "%.3g" % c.wasted_gpu_hours if c.wasted_gpu_hours is not none else "-" }}</td><td>{{ c.checkpoint_every_steps or "-" }} steps</td><td>{{ "; ".join(c.why_not) }}</td></tr>{% endfor %}
@@ -619,7 +622,8 @@ def write_gate_report(gate: GateReport, out_dir: Path) -> dict[str, str]:
     context = _context(gate, data["checks"])
     text_md = jinja2.Environment(autoescape=False, undefined=jinja2.StrictUndefined).from_string(_MARKDOWN).render(**context)
     html_env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    text_html = html_env.from_string(_HTML).render(**context, images=_images(data))
+    text_html = html_env.from_string(_HTML).render(**context, images=_images(data),
+                                                   divergences=divergence_tables(data["checks"]))
     text_json = json.dumps(data, indent=2, default=str) + "\n"
     for key, text in (("json", text_json), ("json_stamped", text_json), ("markdown", text_md), ("html", text_html)):
         written = write_or_fallback(gate.paths[key], text, what=f"the gate report ({key})")
