@@ -107,8 +107,8 @@ def whole_run(records: StepRecords, opt: int = 0) -> dict[int, StepRecord]:
     for n in sorted(set.intersection(*(set(r) for r in ranks))):
         steps = [r[n] for r in ranks]
         sharded = frozenset(name for s in steps for name in s.placement)
-        out[n] = replace(steps[0], param=_summed(steps, "param", sharded), optim=_summed(steps, "optim", sharded),
-                         grad=_summed(steps, "grad", sharded))
+        out[n] = replace(steps[0], param=_present(_summed(steps, "param", sharded)),
+                         optim=_present(_summed(steps, "optim", sharded)), grad=_summed(steps, "grad", sharded))
     return out
 
 
@@ -120,6 +120,10 @@ def _summed(steps: Sequence[StepRecord], what: str, sharded: frozenset[str]) -> 
         known = [p for p in parts if p is not None]
         out[name] = Fingerprint(sum(p.fp for p in known) % 2**64, math.fsum(p.ss for p in known)) if known else None
     return MappingProxyType(out)
+
+
+def _present(prints: Mapping[str, Fingerprint | None]) -> Mapping[str, Fingerprint]:
+    return MappingProxyType({name: p for name, p in prints.items() if p is not None})
 
 
 def _lanes(records: StepRecords, exact: bool) -> dict[int, dict[int, StepRecord]]:

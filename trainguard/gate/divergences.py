@@ -7,9 +7,8 @@ a reshard pair's included), each as its record: one that does not read as one is
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from trainguard.checks.divergence import DivergenceEvidence
 from trainguard.evidence import EvidenceError
@@ -28,12 +27,12 @@ class DivergenceTable:
     divergence: DivergenceEvidence
 
 
-def divergence_tables(checks: list[dict[str, Any]]) -> list[DivergenceTable]:
-    """The tables of the failed checks in ``checks`` (the report's ``checks``) that hold a first
-    divergence with its per-step rows."""
+def divergence_tables(checks: Iterable[object]) -> list[DivergenceTable]:
+    """The tables of the failed checks in ``checks`` (the report's ``checks``, as JSON objects)
+    that hold a first divergence with its per-step rows."""
     out = []
     for check in checks:
-        if check.get("status") != "failed":
+        if not isinstance(check, dict) or check.get("status") != "failed":
             continue
         for where, data in _found(check.get("evidence"), str(check.get("name", "")), 0):
             try:
