@@ -100,6 +100,12 @@ def test_dtensor_shards_are_summed_across_ranks_and_replicas_are_not(tmp_path: P
     replicas = read_steps(run(tmp_path / "ddp", {r: steps(1, 5, salt=r + 1, sizes=halves) for r in (0, 1)}))
     found = noisy_divergence(one, replicas, tolerance=SsTolerance())
     assert isinstance(found, Divergence) and (found.step, found.first.kind) == (1, "parameter")
+    # ZeroRedundancyOptimizer: each rank holds the optimizer state of its own parameters only
+    zero = {r: [dict(x, optim={k: v for k, v in x["optim"].items() if (k == "fc2.weight") == (r == 1)})
+                for x in steps(1, 5, salt=1)] for r in (0, 1)}
+    whole = whole_run(read_steps(run(tmp_path / "zero", zero)))
+    assert set(whole[1].optim) == set(NAMES)
+    assert isinstance(noisy_divergence(one, read_steps(tmp_path / "zero"), tolerance=SsTolerance()), Agreement)
 
 
 def test_a_learning_rate_that_depends_on_the_world_size_is_named_first(tmp_path: Path) -> None:
@@ -285,3 +291,25 @@ def test_reshard_names_the_cause_its_step_records_show_first() -> None:
     causes = rank_reshard_causes(PairFacts(4, 5, None, None, observed=[seen]))
     assert causes[0].key == "schedule" and causes[0].observed and causes[0].evidence[0] == seen.observation
     assert causes[0].as_evidence().evidence_strength == "decisive"
+
+
+def test_a_recover_drill_names_what_the_restart_that_parted_did_not_restore(tmp_path: Path) -> None:
+    """The attempt resumed after printed step 10 never loads its scheduler; the one before saved none."""
+    from tests.steplines import restore, save, trajectory
+    from trainguard.drills.observed import observed_restart
+    from trainguard.launch import MetricPoint, RunResult
+
+    def result(path: Path, printed: range) -> RunResult:
+        return RunResult("ok", ["python"], path, 1, 0, [], [MetricPoint("loss", s, 1.0, 0, float(s)) for s in printed],
+                         1.0, None)
+
+    write_rank(tmp_path / "ref", 0, trajectory(1, 20))
+    write_rank(tmp_path / "a0", 0, trajectory(1, 12), extra=[save("model", "optimizer", "rng")])
+    write_rank(tmp_path / "a1", 0, trajectory(1, 10, shift=10, lr=lambda s: 5e-3 if s >= 12 else 1e-3 * 0.9**s),
+               before=restore("torch.load", "Module.load_state_dict", "Optimizer.load_state_dict", "torch.set_rng_state"))
+    attempts = [result(tmp_path / "a0", range(1, 13)), result(tmp_path / "a1", range(11, 21))]
+    found, causes = observed_restart(result(tmp_path / "ref", range(1, 21)), attempts, "loss", 12, 20)
+    assert found is not None and (found.step, found.kind) == (12, "lr") and found.steps
+    assert causes[0].startswith("LR scheduler state not saved or not restored") and "its checkpoint holds none" in causes[0]
+    # a divergence before any restart (the first attempt's own steps): nothing to observe
+    assert observed_restart(result(tmp_path / "ref", range(1, 21)), attempts, "loss", 5, 20) == (None, [])

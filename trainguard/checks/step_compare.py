@@ -99,7 +99,8 @@ def whole_run(records: StepRecords, opt: int = 0) -> dict[int, StepRecord]:
     """Optimizer ``opt``'s step ``n`` of the whole run: the lowest rank's record with each tensor's
     fingerprint made whole -- a tensor any rank records a placement for (a DTensor's local shard)
     summed across the ranks (its sum of squares; the bit sums added modulo 2**64), any other the
-    lowest rank's (every rank holds the whole parameter). Only steps every rank recorded."""
+    lowest rank's that records it (every rank holds the whole parameter, or one rank its
+    optimizer state). Only steps every rank recorded."""
     ranks = [r.of(opt) for r in records.ranks.values() if r.steps]
     if not ranks:
         return {}
@@ -113,8 +114,12 @@ def whole_run(records: StepRecords, opt: int = 0) -> dict[int, StepRecord]:
 
 
 def _summed(steps: Sequence[StepRecord], what: str, sharded: frozenset[str]) -> Mapping[str, Fingerprint | None]:
-    first: Mapping[str, Fingerprint | None] = getattr(steps[0], what)
-    out = dict(first)
+    """Name -> the whole tensor's fingerprint: a sharded one summed, any other the lowest rank's
+    that records it (a ZeroRedundancyOptimizer keeps each parameter's state on one rank only)."""
+    out: dict[str, Fingerprint | None] = {}
+    for step in steps:
+        theirs: Mapping[str, Fingerprint | None] = getattr(step, what)
+        out.update((name, p) for name, p in theirs.items() if name not in out or out[name] is None)
     for name in sharded:
         parts = [getattr(s, what).get(name) for s in steps]
         known = [p for p in parts if p is not None]
