@@ -406,9 +406,10 @@ def _judge(cmp: _Comparison, metric: str, runs: tuple[RunResult, RunResult, RunR
                         f"{control.reason if isinstance(control, Uncompared) else 'no steps'}")
     if problems:
         observed = _observed(cmp, (reference, base, resumed), first, expected)
-        if observed:  # what the step records show, first, with the observation
-            evidence.likely_causes = [*observed, *causes]
+        if observed and not causes:  # what the step records show, first, with the observation
             because = f". Likely: {observed[0]}"
+        if observed:  # after a change of layout, data or training itself: that explains what follows
+            evidence.likely_causes = [*causes, *observed]
         return done("failed", "; ".join(problems) + because, reproduce)
     note = f"; its layout differs ({layout.summary()}) but the current code loads it" if layout.compared and not layout.same else ""
     return done("passed", f"base {short} ({spec.base}) killed after step {evidence.killed_after_step}; the "
