@@ -27,6 +27,7 @@ from trainguard.checks.divergence import Agreement, Divergence, NoComparison, ob
 from trainguard.checks.divergence_noisy import (
     noisy_divergence,
     observe_noisy,
+    observe_noisy_resume,
     observed_world_size_causes,
 )
 from trainguard.checks.statefiles import JobKey
@@ -159,6 +160,9 @@ def test_a_calibrated_resume_names_the_lost_scheduler_not_the_noise(tmp_path: Pa
     assert (runs.divergence.step, runs.divergence.first.kind) == (12, "lr")
     causes = observed_resume_causes(runs.divergence, runs.other, runs.reference)
     assert causes[0].key == "scheduler" and "never loaded the scheduler's state" in causes[0].observation
+    found, observed = observe_noisy_resume(tmp_path / "ref", tmp_path / "res", tmp_path / "ref", tolerance=SsTolerance(),
+                                           resumed_from=10, counted_from=1, last_printed=20)
+    assert found is not None and found.kind == "lr" and observed == causes and found.compared_by
     # without the lost schedule it agrees: the bitwise noise is not a difference
     write_rank(tmp_path / "ok", 0, [], extra=[dict(x, n=x["n"] - 10) for x in resumed])
     clean = observe_noisy(tmp_path / "ref", tmp_path / "ok", tolerance=SsTolerance(), printed=11, last_printed=20)

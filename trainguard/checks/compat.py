@@ -47,8 +47,8 @@ from trainguard._internal.worktree import (
 from trainguard.checks.calibration import ToleranceEvidence, ToleranceUsed, tolerance_for
 from trainguard.checks.context import CheckContext
 from trainguard.checks.diagnosis import RESUME_CAUSE_TEXT, first_different_batch
-from trainguard.checks.divergence import Divergence, DivergenceEvidence, observed_resume_causes
-from trainguard.checks.divergence_noisy import observe_noisy
+from trainguard.checks.divergence import DivergenceEvidence
+from trainguard.checks.divergence_noisy import observe_noisy_resume
 from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories
 from trainguard.checks.equivalence_records import TrajectoryEvidence
 from trainguard.checks.interruption import kill_after, untested_kill
@@ -61,7 +61,6 @@ from trainguard.launch import RunResult
 from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.rundir import new_run_dir
 from trainguard.launch.samples import read_samples
-from trainguard.launch.steps import read_steps
 from trainguard.report import CheckResult, CheckStatus
 from trainguard.run.declared import progress_metric_of
 from trainguard.run.request import RunRequest
@@ -424,14 +423,12 @@ def _observed(cmp: _Comparison, runs: tuple[RunResult, RunResult, RunResult], fi
     first differ is set on the evidence. Only to explain a failure: never a verdict."""
     reference, base, resumed = runs
     counted_from = 0 if 0 in expected else 1
-    found = observe_noisy(reference.run_dir, resumed.run_dir, tolerance=cmp.tol.ss_tolerance(), printed=first,
-                          counted_from=counted_from, last_printed=max(expected) if counted_from == 0 else cmp.spec.steps)
-    if found is None:
-        return []
-    cmp.evidence.first_divergence = found.evidence("the resumed run")
-    if not isinstance(found.divergence, Divergence):
-        return []
-    observed = observed_resume_causes(found.divergence, found.other, read_steps(base.run_dir))
+    found, observed = observe_noisy_resume(reference.run_dir, resumed.run_dir, base.run_dir,
+                                           tolerance=cmp.tol.ss_tolerance(), resumed_from=first - 1,
+                                           counted_from=counted_from,
+                                           last_printed=max(expected) if counted_from == 0 else cmp.spec.steps)
+    if found is not None:
+        cmp.evidence.first_divergence = found
     return [f"{RESUME_CAUSE_TEXT[c.key]}: {c.observation}" for c in observed]
 
 

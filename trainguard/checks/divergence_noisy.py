@@ -28,6 +28,7 @@ from trainguard.checks.divergence import (
     DivergenceEvidence,
     NoComparison,
     ObservedCause,
+    observed_resume_causes,
     placed,
 )
 from trainguard.checks.step_compare import (
@@ -44,6 +45,7 @@ __all__ = [
     "NoisyRuns",
     "noisy_divergence",
     "observe_noisy",
+    "observe_noisy_resume",
     "observed_world_size_causes",
 ]
 
@@ -131,6 +133,21 @@ def observe_noisy(reference_dir: Path, other_dir: Path, *, tolerance: SsToleranc
         return NoisyRuns(offset, reference, other, tolerance)
     found = noisy_divergence(reference, other, tolerance=tolerance, offset=offset, shift=shift)
     return NoisyRuns(found, reference, other, tolerance, offset, shift)
+
+
+def observe_noisy_resume(reference_dir: Path, resumed_dir: Path, saved_dir: Path, *, tolerance: SsTolerance,
+                         resumed_from: int, counted_from: int,
+                         last_printed: int) -> tuple[DivergenceEvidence | None, list[ObservedCause]]:
+    """(where a run resumed after printed step ``resumed_from`` first parts from the reference as
+    whole runs, the resume causes that shows with what the run in ``saved_dir`` saved:
+    :func:`~trainguard.checks.divergence.observed_resume_causes`); (None, []) without step records."""
+    runs = observe_noisy(reference_dir, resumed_dir, tolerance=tolerance, printed=resumed_from + 1,
+                         counted_from=counted_from, last_printed=last_printed)
+    if runs is None:
+        return None, []
+    causes = (observed_resume_causes(runs.divergence, runs.other, read_steps(saved_dir))
+              if isinstance(runs.divergence, Divergence) else [])
+    return runs.evidence("the resumed run"), causes
 
 
 def observed_world_size_causes(runs: NoisyRuns, world_size: int, other: str = "the other run") -> list[ObservedCause]:

@@ -27,13 +27,11 @@ from trainguard.checks.diagnosis import (
     resume_diagnosis,
 )
 from trainguard.checks.divergence import (
-    Divergence,
     DivergenceEvidence,
     ObservedCause,
     observe_resume,
-    observed_resume_causes,
 )
-from trainguard.checks.divergence_noisy import observe_noisy
+from trainguard.checks.divergence_noisy import observe_noisy_resume
 from trainguard.checks.equivalence import TrajectoryDiff, compare_trajectories, failed_run
 from trainguard.checks.equivalence_records import ChainCycle, ChainEvidence, ResumeEvidence
 from trainguard.checks.interruption import Interruption, untested_kill
@@ -42,7 +40,6 @@ from trainguard.evidence import UNSET, Evidence, RunDidNotComplete
 from trainguard.launch import RunResult
 from trainguard.launch.metrics import aligned_trajectories
 from trainguard.launch.samples import read_samples
-from trainguard.launch.steps import read_steps
 from trainguard.report import CheckResult, CheckStatus
 from trainguard.run.request import RunRequest
 from trainguard.unit.checkpoints import (
@@ -288,14 +285,12 @@ def _observed_noisy(runs: ResumeRuns, facts: ResumeFacts) -> DivergenceEvidence 
     facts.exact_records = False
     if facts.resumed_from <= 0 or facts.began_again:
         return None
-    found = observe_noisy(runs.reference.run_dir, runs.resumed.run_dir, tolerance=runs.tol.ss_tolerance(),
-                          printed=facts.resumed_from + 1, counted_from=facts.counted_from,
-                          last_printed=facts.last_step if facts.last_step is not None else runs.spec.steps)
-    if found is None:
-        return None
-    if isinstance(found.divergence, Divergence):
-        facts.observed = tuple(observed_resume_causes(found.divergence, found.other, read_steps(runs.cut.run_dir)))
-    return found.evidence("the resumed run")
+    found, observed = observe_noisy_resume(
+        runs.reference.run_dir, runs.resumed.run_dir, runs.cut.run_dir, tolerance=runs.tol.ss_tolerance(),
+        resumed_from=facts.resumed_from, counted_from=facts.counted_from,
+        last_printed=facts.last_step if facts.last_step is not None else runs.spec.steps)
+    facts.observed = tuple(observed)
+    return found
 
 
 def _resume_accounting(reference: RunResult, killed_dir: Path, resumed: RunResult, expected: Mapping[int, float],
@@ -409,9 +404,15 @@ def _observed_cycle(runs: ResumeRuns, chain: ChainEvidence, failing: int) -> lis
     cycle, before = chain.cycles[failing - 1], chain.cycles[failing - 2]
     expected = runs.reference.trajectory(runs.metric)
     counted_from = 0 if 0 in expected else 1
-    found, observed = observe_resume(runs.reference.run_dir, Path(cycle.run_dir), Path(before.run_dir),
-                                     resumed_from=cycle.resumed_from_step, counted_from=counted_from,
-                                     last_printed=max(expected) if counted_from == 0 else runs.spec.steps)
+    last = max(expected) if counted_from == 0 else runs.spec.steps
+    if not runs.tol.exact_state:  # a calibrated noisy job: whole runs, within the calibrated spread
+        found, observed = observe_noisy_resume(runs.reference.run_dir, Path(cycle.run_dir), Path(before.run_dir),
+                                               tolerance=runs.tol.ss_tolerance(), resumed_from=cycle.resumed_from_step,
+                                               counted_from=counted_from, last_printed=last)
+    else:
+        found, observed = observe_resume(runs.reference.run_dir, Path(cycle.run_dir), Path(before.run_dir),
+                                         resumed_from=cycle.resumed_from_step, counted_from=counted_from,
+                                         last_printed=last)
     if found is not None:
         chain.first_divergence = found
     return observed
