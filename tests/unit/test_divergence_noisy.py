@@ -256,7 +256,7 @@ def test_the_gate_html_shows_the_first_differing_quantity_per_step_of_a_failed_c
         evidence = DeterminismEvidence(0, 8, Tolerance(0.0, 0.0), [], [], first_divergence=found.as_evidence())
         return CheckResult("determinism", status, "loss differs", evidence)  # type: ignore[arg-type]
 
-    html = Path(write_gate_report(_gate(report=Report(job="toy", checks=[checked("failed")])), tmp_path / "g")["html"]).read_text()
+    html = Path(write_gate_report(_gate(report=Report(job="toy", checks=[checked("failed")]), sizing=None), tmp_path / "g")["html"]).read_text()
     assert "determinism: where the runs first differ" in html and found.sentence() in html
     rows = html.split("<th>other run</th></tr>")[1].split("</table>")[0].split("<tr>")[1:]
     # steps 2-4 (3 before the first difference) agree, then each step's first difference to the last
@@ -264,7 +264,7 @@ def test_the_gate_html_shows_the_first_differing_quantity_per_step_of_a_failed_c
     first = found.rows[3]
     assert f"<td>5</td><td>{first.kind}: {first.name}</td><td>{first.reference}</td><td>{first.other}</td>" in rows[3]
     assert first.reference != first.other and "nothing differs" not in "".join(rows[3:])
-    passed = write_gate_report(_gate(report=Report(job="toy", checks=[checked("passed")])), tmp_path / "p")["html"]
+    passed = write_gate_report(_gate(report=Report(job="toy", checks=[checked("passed")]), sizing=None), tmp_path / "p")["html"]
     assert "where the runs first differ" not in Path(passed).read_text()
 
 
