@@ -317,3 +317,16 @@ def test_a_recover_drill_names_what_the_restart_that_parted_did_not_restore(tmp_
     assert causes[0].startswith("LR scheduler state not saved or not restored") and "its checkpoint holds none" in causes[0]
     # a divergence before any restart (the first attempt's own steps): nothing to observe
     assert observed_restart(result(tmp_path / "ref", range(1, 21)), attempts, "loss", 5, 20) == (None, [])
+
+
+def test_the_step_dcp_makes_to_create_optimizer_state_is_not_a_training_step(tmp_path: Path) -> None:
+    """``set_state_dict`` runs the optimizer once at lr 0 on zero gradients before it loads the
+    state: the resumed run's first line; the 3-rank run is otherwise the 2-rank one, resumed after 5."""
+    run(tmp_path / "ref", {r: steps(1, 12, salt=r + 1, placement=True, sizes=dict.fromkeys(NAMES, 0.5)) for r in (0, 1)})
+    init = dict(line(1, salt=9, lr=0.0, grad=0.0), backward=0, optim={})
+    resumed = [init, *(dict(line(n, salt=5, placement=True, sizes=dict.fromkeys(NAMES, 1 / 3)), n=n - 4)
+                       for n in range(6, 13))]
+    run(tmp_path / "res", {r: resumed for r in range(3)})
+    runs = observe_noisy(tmp_path / "ref", tmp_path / "res", tolerance=SsTolerance(), printed=6, last_printed=12)
+    assert runs is not None and isinstance(runs.divergence, Agreement), runs.divergence
+    assert (runs.divergence.first_step, runs.divergence.compared_steps) == (6, 7)

@@ -36,6 +36,7 @@ __all__ = [
     "StepRow",
     "compared_steps",
     "rows_around",
+    "training_steps",
     "whole_run",
 ]
 
@@ -101,7 +102,7 @@ def whole_run(records: StepRecords, opt: int = 0) -> dict[int, StepRecord]:
     summed across the ranks (its sum of squares; the bit sums added modulo 2**64), any other the
     lowest rank's that records it (every rank holds the whole parameter, or one rank its
     optimizer state). Only steps every rank recorded."""
-    ranks = [r.of(opt) for r in records.ranks.values() if r.steps]
+    ranks = [training_steps(r.of(opt)) for r in records.ranks.values() if r.steps]
     if not ranks:
         return {}
     out = {}
@@ -127,6 +128,24 @@ def _summed(steps: Sequence[StepRecord], what: str, sharded: frozenset[str]) -> 
     return MappingProxyType(out)
 
 
+def training_steps(steps: Mapping[int, StepRecord]) -> dict[int, StepRecord]:
+    """``steps`` without the optimizer steps that train nothing, renumbered: a step with no backward
+    call, every learning rate 0 and every gradient zero is ``torch.distributed.checkpoint``'s
+    ``_init_optim_state`` making an optimizer's state before loading it (DCP's ``set_state_dict``
+    and ``get_state_dict``), not a step of the job's."""
+    out: dict[int, StepRecord] = {}
+    for n in sorted(steps):
+        step = steps[n]
+        if not _makes_state(step):
+            out[len(out) + 1] = replace(step, n=len(out) + 1) if step.n != len(out) + 1 else step
+    return out
+
+
+def _makes_state(step: StepRecord) -> bool:
+    return (step.backward == 0 and bool(step.groups) and all(g.lr == 0.0 for g in step.groups)
+            and all(g is None or g.ss == 0.0 for g in step.grad.values()))
+
+
 def _present(prints: Mapping[str, Fingerprint | None]) -> Mapping[str, Fingerprint]:
     return MappingProxyType({name: p for name, p in prints.items() if p is not None})
 
@@ -134,7 +153,7 @@ def _present(prints: Mapping[str, Fingerprint | None]) -> Mapping[str, Fingerpri
 def _lanes(records: StepRecords, exact: bool) -> dict[int, dict[int, StepRecord]]:
     """rank -> its optimizer-0 steps (exact), or the whole run as rank 0."""
     if exact:
-        return {rank: r.of(0) for rank, r in records.ranks.items() if r.steps}
+        return {rank: training_steps(r.of(0)) for rank, r in records.ranks.items() if r.steps}
     return {0: whole_run(records)}
 
 
