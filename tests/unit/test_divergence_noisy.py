@@ -330,3 +330,9 @@ def test_the_step_dcp_makes_to_create_optimizer_state_is_not_a_training_step(tmp
     runs = observe_noisy(tmp_path / "ref", tmp_path / "res", tolerance=SsTolerance(), printed=6, last_printed=12)
     assert runs is not None and isinstance(runs.divergence, Agreement), runs.divergence
     assert (runs.divergence.first_step, runs.divergence.compared_steps) == (6, 7)
+    # AdamW's step counter is in every rank's combined optimizer state, whole: 3 ranks sum it 3 times,
+    # 2 ranks twice, so a sharded parameter's optimizer state is not compared across world sizes
+    counted = [dict(x, optim={k: [v[0], v[1] + 25.0 * 3] for k, v in x["optim"].items()}) for x in resumed[1:]]
+    run(tmp_path / "counted", {r: [init, *counted] for r in range(3)})
+    runs = observe_noisy(tmp_path / "ref", tmp_path / "counted", tolerance=SsTolerance(), printed=6, last_printed=12)
+    assert runs is not None and isinstance(runs.divergence, Agreement), runs.divergence

@@ -167,6 +167,9 @@ def compared_steps(reference: StepRecords, other: StepRecords, *, offset: int = 
     by rank, fingerprints bit for bit; else the whole runs, sums of squares within it."""
     ours, theirs = _lanes(reference, tolerance is None), _lanes(other, tolerance is None)
     common = sorted(set(ours) & set(theirs))
+    # a sharded parameter's optimizer state holds, besides its shards, a counter every rank keeps
+    # whole (AdamW's step): summed over another number of ranks it differs by that alone
+    uneven = frozenset() if len(reference.ranks) == len(other.ranks) else _sharded(reference) | _sharded(other)
     steps = sorted({n + offset for r in common for n in theirs[r] if n + offset in ours[r]})
     out = []
     for step in steps:
@@ -176,10 +179,16 @@ def compared_steps(reference: StepRecords, other: StepRecords, *, offset: int = 
             if a is None or b is None:
                 continue
             idle = _unused(ours[rank], step) & _unused(theirs[rank], step - offset)
-            found += [row for row in _step_rows(a, b, step, rank, tolerance) if not (row.kind == "rng" and row.name in idle)]
+            found += [row for row in _step_rows(a, b, step, rank, tolerance) if not (row.kind == "rng" and row.name in idle)
+                      and not (row.kind == "optimizer state" and row.name in uneven)]
         found.sort(key=lambda row: (_ORDER[row.kind], row.rank))
         out.append((step, found))
     return out
+
+
+def _sharded(records: StepRecords) -> frozenset[str]:
+    """The tensors some rank records a placement for (a DTensor's local shard)."""
+    return frozenset(name for rank in records.ranks.values() for step in rank.steps[:1] for name in step.placement)
 
 
 def _step_rows(a: StepRecord, b: StepRecord, step: int, rank: int, tolerance: SsTolerance | None) -> Iterator[StepRow]:
