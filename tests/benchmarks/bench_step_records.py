@@ -3,15 +3,16 @@ on vs off (issue 44's constraint: at most 5 % on a tiny nanoGPT and on digits at
 
     .venv/bin/python tests/benchmarks/bench_step_records.py [nanogpt|digits|both] [--pairs 5]
         [--steps 250] [--warmup 20] [--json out.json]
-    (nanogpt: [--n-embd 32] [--block-size 32] [--batch-size 4] [--mirror PATH])
+    (nanogpt: [--n-embd 64] [--block-size 64] [--batch-size 8] [--mirror PATH])
 
 Each pair launches the job twice through :class:`JobRunner`, once with ``job.record_steps: false``
 (the job as it ran before the step records: the start-up hook still records sample indices,
 ``record_samples`` as the job has it) and once with the default ``record_steps: true``; the order
 alternates between pairs, so the machine's load drifts out of the pair ratios. A pair's ratio is
 its on step time over its off step time; reported: the median of the pair ratios with their
-spread (min, quartiles, max), the pooled per-step medians, and the CPU seconds of the ranks per
-run (``RUSAGE_CHILDREN``: start-up included, so the difference is the agent's whole CPU cost).
+spread (min, quartiles, max), the pooled per-step medians, the same ratio of each run's 10th
+percentile step time (on a shared machine the steps least slowed by other load), and the CPU
+seconds of the ranks per run (``RUSAGE_CHILDREN``: start-up included).
 
 A run's step time is the median of its per-step times after ``--warmup`` steps (start-up and
 the first steps excluded; the median is robust to the odd slow step and the machine's load):
@@ -120,8 +121,11 @@ def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
         pooled: dict[bool, list[float]] = {False: [], True: []}
         cpu: dict[bool, list[float]] = {False: [], True: []}
         ratios: list[float] = []
+        fast: dict[bool, list[float]] = {False: [], True: []}
+        fast_ratios: list[float] = []
         for pair in range(args.pairs):
             medians: dict[bool, float] = {}
+            p10: dict[bool, float] = {}
             for on in (pair % 2 == 1, pair % 2 == 0):  # alternate which goes first
                 runner = JobRunner(files[on], Settings())  # a fresh pool: no run shared
                 before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -133,11 +137,14 @@ def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 steps = step_times(result.points, args.warmup)
                 assert len(steps) >= args.steps - 2, f"{len(steps)} step times in {result.run_dir}"
                 medians[on] = statistics.median(steps)
+                p10[on] = statistics.quantiles(steps, n=10)[0]
+                fast[on].append(p10[on])
                 per_run[on].append(medians[on])
                 means[on].append(statistics.fmean(steps))
                 pooled[on].extend(steps)
                 cpu[on].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
             ratios.append(medians[True] / medians[False])
+            fast_ratios.append(p10[True] / p10[False])
             print(f"{name} pair {pair}: off {medians[False] * 1000:.3f} ms  on {medians[True] * 1000:.3f} ms  "
                   f"ratio {ratios[-1]:.4f}", flush=True)
     lo, q1, med, q3, hi = quartiles(ratios)
@@ -152,6 +159,9 @@ def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "ratio_range": [round(lo, 4), round(hi, 4)],
         "pooled_ratio": round(statistics.median(pooled[True]) / statistics.median(pooled[False]), 4),
         "mean_step_ratio": round(statistics.median(means[True]) / statistics.median(means[False]), 4),
+        "step_ms_p10_off": [round(x * 1000, 3) for x in fast[False]],
+        "step_ms_p10_on": [round(x * 1000, 3) for x in fast[True]],
+        "p10_ratios": [round(r, 4) for r in fast_ratios], "p10_ratio_median": round(statistics.median(fast_ratios), 4),
         "cpu_s_per_run": {"off": round(statistics.median(cpu[False]), 2), "on": round(statistics.median(cpu[True]), 2)},
     }
     if name == "nanogpt":
@@ -162,6 +172,8 @@ def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
     print(f"  ratio on/off: median of pairs {med:.4f} ({(med - 1) * 100:+.2f}%), quartiles {q1:.4f}..{q3:.4f}, "
           f"range {lo:.4f}..{hi:.4f}; pooled per-step medians {out['pooled_ratio']:.4f}; "
           f"mean step times {out['mean_step_ratio']:.4f}")
+    print(f"  10th percentiles of the step times (the steps least slowed by other load): off "
+          f"{out['step_ms_p10_off']} on {out['step_ms_p10_on']}; ratio median of pairs {out['p10_ratio_median']:.4f}")
     print(f"  CPU s per run (ranks, start-up included, medians): off {out['cpu_s_per_run']['off']} "
           f"on {out['cpu_s_per_run']['on']}", flush=True)
     return out
@@ -173,9 +185,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=250, help="timed steps per run (after the warm-up)")
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--n-embd", type=int, default=32)
-    parser.add_argument("--block-size", type=int, default=32)
-    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--n-embd", type=int, default=64)
+    parser.add_argument("--block-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--mirror", default=str(NANOGPT_MIRROR))
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args()
