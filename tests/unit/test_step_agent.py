@@ -327,36 +327,41 @@ def test_saves_and_restores_name_their_keys_owners_and_calls(tmp_path: Path) -> 
                                                                          ("numpy.random.seed", "__main__")]
 
 
-def _expected_fp(agent: Any, tensor: Any, width: Any) -> str:
-    """The format's fp computed in Python: element bit patterns, or (from WORDS_FROM elements)
-    64-bit little-endian words of the row-major elements plus the elements left over."""
-    bits = tensor.contiguous().view(width).reshape(-1)
-    per = 8 // bits.element_size()
-    if per == 1 or bits.numel() < agent.WORDS_FROM:
-        return format(sum(bits.tolist()) % 2**64, "016x")
-    whole = bits.numel() - bits.numel() % per
-    words = struct.unpack(f"<{whole // per}q", bits[:whole].numpy().tobytes())
-    return format((sum(words) + sum(bits[whole:].tolist())) % 2**64, "016x")
+def _expected_fp(tensor: Any, width: Any) -> str:
+    """The format's fp computed in Python: the sum of the row-major bytes as 64-bit
+    little-endian words, the last word padded with zero bytes."""
+    data = tensor.contiguous().view(width).reshape(-1).numpy().tobytes()
+    data += bytes(-len(data) % 8)
+    return format(sum(struct.unpack(f"<{len(data) // 8}q", data)) % 2**64, "016x")
 
 
+@pytest.mark.parametrize("batched", [True, False], ids=["numpy batch", "torch per tensor"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64", "int64", "bool"])
-def test_a_fingerprint_sums_the_bits_and_changes_with_any_one_bit(dtype: str) -> None:
+def test_a_fingerprint_sums_the_bits_and_changes_with_any_one_bit(dtype: str, batched: bool) -> None:
+    """Both ways the agent fingerprints (CPU tensors in one numpy batch; one by one with torch
+    ops, as on a GPU) give the format's values, whatever the tensor's size, layout and dtype."""
+    import numpy
+
     agent = _fingerprint_module()
+    np = numpy if batched else None
     width = {"float32": torch.int32, "bfloat16": torch.int16, "float16": torch.int16, "float64": torch.int64,
              "int64": torch.int64, "bool": torch.uint8}[dtype]
     generator = torch.Generator().manual_seed(3)
     small = (torch.randn(5, 7, generator=generator) * 3).to(getattr(torch, dtype))
-    large = (torch.randn(67, 65, generator=generator) * 3).to(getattr(torch, dtype))  # 4355: words + a rest
-    cases = [small, small.t(), small[0], small[1, 2], large, large.t(), large[1:]]  # non-contiguous, 0-dim, offset
-    prints = agent.fingerprints(torch, cases)
+    large = (torch.randn(67, 65, generator=generator) * 3).to(getattr(torch, dtype))  # 4355: an odd size
+    huge = (torch.randn(2 * agent.DIRECT_FROM + 2, generator=generator) * 3).to(getattr(torch, dtype))  # read in place
+    cases = [small, small.t(), small[0], small[1, 2], large, large.t(), large[1:], small[:0],  # non-contiguous,
+             huge, huge[2:], huge[1:-1].view(2, -1).t()]
+    prints = agent.fingerprints(torch, cases, np)  # 0-dim, at an offset, empty
     for tensor, (fp, ss) in zip(cases, prints):
-        assert fp == _expected_fp(agent, tensor, width)
+        assert fp == _expected_fp(tensor, width)
         assert ss == pytest.approx(float((tensor.double() ** 2).sum()), rel=1e-5)
-    for i in (0, 4):
-        for where in (11, -1):  # one bit of one element: in a word, in the rest
-            flipped = cases[i].clone()
+    assert agent.fingerprints(torch, cases, np) == prints  # (batched: the buffers kept, filled again)
+    for i in (0, 4, 8, 9, 10):
+        for where in (11, -1):  # one bit of one element: in a word, in the last word
+            flipped = cases[i].clone(memory_format=torch.contiguous_format)
             flipped.view(width).view(-1)[where] ^= 1
-            assert agent.fingerprints(torch, [flipped])[0][0] != prints[i][0]
+            assert agent.fingerprints(torch, [flipped], np)[0][0] != prints[i][0]
 
 
 def test_rng_states_gathered_one_per_rank_are_rng() -> None:

@@ -79,8 +79,7 @@ class StepAgent:
         self.inner: Any = None  # an optimizer stepping inside the current step
         self.scaler: Any = None  # the GradScaler whose step is running
         self.rng: dict[str, Any] | None = None  # read at the first forward after a step
-        self.module_call: Any = None  # nn.Module.__call__ as torch made it
-        self.armed = False  # nn.Module.__call__ reads the RNG states at the next forward
+        self.armed = False  # nn.Module.__call__ reads the RNG states at the next call
         self.restoring: set[str] = set()
         #: the modules made since torch was imported (weakly, by id): where parameter names are
         self.modules: dict[int, Any] = {}
@@ -183,22 +182,18 @@ class StepAgent:
             self._write(record, event=False)
 
     def step_done(self) -> None:
-        """After any optimizer's step: the next module call reads the RNG states. (Not a global
-        forward pre-hook: torch.compile warns about those on every compiled module's call.)"""
+        """After any optimizer's step: the next module call reads the RNG states (the wrapper of
+        ``nn.Module.__call__`` installed once, :meth:`_patch_torch`: not a global forward
+        pre-hook, which torch.compile warns about on every compiled module's call, and not a
+        class attribute swapped per step, which makes Python redo its specialised lookups)."""
         self.rng = None
-        if self.armed or self.module_call is None:
-            return
-        original, module_cls, agent = self.module_call, sys.modules["torch.nn"].Module, self
-
-        def first_call(module: Any, *args: Any, **kwargs: Any) -> Any:
-            module_cls.__call__ = original
-            agent.armed = False
-            if agent.enabled:
-                agent.rng = agent.guard("reading the RNG states", agent.rng_now)
-            return original(module, *args, **kwargs)
-
-        module_cls.__call__ = first_call
         self.armed = True
+
+    def first_call(self) -> None:
+        """The first module call since a step: read the RNG states at the step's start."""
+        self.armed = False
+        if self.enabled:
+            self.rng = self.guard("reading the RNG states", self.rng_now)
 
     def rng_now(self) -> dict[str, Any]:
         torch = sys.modules["torch"]
@@ -211,14 +206,11 @@ class StepAgent:
         cuda = None
         if torch.cuda.is_initialized():
             cuda = [self.v.sha16(state_bytes(s)) for s in torch.cuda.get_rng_state_all()]
-        numpy = None
         np_random = sys.modules.get("numpy.random")
-        if np_random is not None:
-            state = np_random.get_state()
-            numpy = self.v.sha16(state[1].tobytes() + repr(state[2]).encode())
+        numpy = None if np_random is None else self.v.numpy_rng_print(np_random)
         python = None
         if (random := sys.modules.get("random")) is not None:
-            python = self.v.sha16(repr(random.getstate()).encode())
+            python = self.v.python_rng_print(random.getstate())
         return {"cpu": self.v.sha16(state_bytes(torch.get_rng_state())), "cuda": cuda, "numpy": numpy,
                 "python": python}
 
@@ -289,7 +281,7 @@ class StepAgent:
                 elif isinstance(value, (int, float)) and not isinstance(value, bool):
                     fp, ss = self.v.scalar_fingerprint(value)
                     parts.setdefault(name, []).append((str(skey), fp, ss))
-        prints = self.v.fingerprints(sys.modules["torch"], tensors) if tensors else []
+        prints = self.v.fingerprints(sys.modules["torch"], tensors, sys.modules.get("numpy")) if tensors else []
         for (kind, name, skey), (fp, ss) in zip(slots, prints):
             if kind == "optim":
                 parts.setdefault(name, []).append((skey, int(fp, 16), ss))
@@ -475,7 +467,15 @@ class StepAgent:
             agent.guard("tracking the modules", agent.track, module)
 
         torch.nn.Module.__init__ = __init__
-        self.module_call = torch.nn.Module.__call__
+        original_call = torch.nn.Module.__call__
+
+        @functools.wraps(original_call)
+        def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if agent.armed:
+                agent.first_call()
+            return original_call(module, *args, **kwargs)
+
+        torch.nn.Module.__call__ = __call__
         scalers = [torch.amp.GradScaler, *_subclasses(torch.amp.GradScaler)]
         for cls in scalers:
             if "step" in cls.__dict__:
