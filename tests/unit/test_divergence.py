@@ -302,3 +302,34 @@ def test_a_job_counting_from_0_is_named_by_its_printed_steps(tmp_path: Path) -> 
     assert twins is not None and isinstance(twins.divergence, Divergence) and twins.divergence.step == 0
     causes = observed_determinism_causes(twins.divergence, twins.reference, twins.other)
     assert causes[0].key == "seed" and "at step 0 against" in causes[0].observation
+
+
+def test_a_frameworks_own_rng_isolation_and_a_cleared_optimizer_do_not_fool_the_causes(tmp_path: Path) -> None:
+    """Lightning's isolate_rng sets the RNG states it read itself (``by`` its seed module): no
+    resume's restore; an optimizer state loaded, then cleared, is absent at the first resumed
+    step: the optimizer's, not a stale checkpoint's."""
+    resumed = [replace(s, rng="00000000000000ff" if s.n == 1 else s.rng, grad=999 if s.n == 1 else s.grad)
+               for s in _resumed()]
+    isolated = restore("torch.set_rng_state", "random.setstate", by="lightning.fabric.utilities.seed")
+    found, other, saver = _runs(tmp_path, trajectory(1, 30), resumed, saved=save("model", "optimizer", "value"),
+                                restores=restore("Module.load_state_dict", "Optimizer.load_state_dict") + isolated)
+    assert isinstance(found, Divergence) and found.first.kind == "rng"
+    assert "torch.set_rng_state" not in other.restore_calls()
+    assert observed_resume_causes(found, other, saver)[0].observation.startswith(
+        "its checkpoint saves no RNG state and the resume sets none")
+    cleared = [replace(s, no_optim=True) if s.n == 1 else replace(s, optim=0) for s in _resumed()]
+    found, other, saver = _runs(tmp_path / "cleared", trajectory(1, 30), cleared)
+    assert isinstance(found, Divergence) and found.first.other == "absent"
+    cause = observed_resume_causes(found, other, saver)[0]
+    assert cause.key == "optimizer" and "though the resumed run loaded an optimizer state" in cause.observation
+
+
+def test_other_samples_beside_an_rng_state_set_name_the_data_position(tmp_path: Path) -> None:
+    """A resume that sets the RNG state and still draws other batches (the Trainer's skip turned
+    off): the batches part it, the RNG state follows from drawing them."""
+    write_samples(tmp_path / "ref", 0, [[s, s + 1] for s in range(1, 31)])
+    write_samples(tmp_path / "other", 0, [[s, s + 1] for s in range(1, 11)])
+    resumed = [replace(s, rng="00000000000000ff", grad=0) for s in _resumed()]
+    found, other, saver = _runs(tmp_path, trajectory(1, 30), resumed)
+    assert isinstance(found, Divergence) and {"rng", "samples"} <= found.kinds
+    assert [c.key for c in observed_resume_causes(found, other, saver)] == ["data_position"]

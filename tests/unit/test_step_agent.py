@@ -371,6 +371,10 @@ def test_rng_states_gathered_one_per_rank_are_rng() -> None:
     assert agent.owner_of([per_rank, dict(per_rank)]) == "rng"
     assert agent.owner_of([per_rank, {"weight": torch.zeros(2)}]) == "value"
     assert agent.owner_of([]) == "value"
+    # Lightning's checkpoint: one state dict per optimizer and per scheduler, its rng_states
+    assert agent.owner_of([{"state": {}, "param_groups": []}]) == "optimizer"
+    assert agent.owner_of([{"last_epoch": 5, "base_lrs": [0.1]}]) == "scheduler"
+    assert agent.owner_of({"torch": torch.get_rng_state(), "python": (3, (1,) * 625, None), "torch.cuda": []}) == "rng"
 
 
 def test_names_lose_the_wrappers_prefixes() -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from trainguard.checks.accounting import training_batches
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.launch.samples import SampleBatch, read_samples
-from trainguard.launch.steps import Fingerprint, StepRecord, StepRecords, read_steps
+from trainguard.launch.steps import RNG_SET_CALLS, Fingerprint, StepRecord, StepRecords, read_steps
 
 __all__ = [
     "KINDS",
@@ -315,9 +315,13 @@ def _shown_pair(x: object, y: object) -> tuple[str, str]:
     return _shown(x), _shown(y)
 
 
+#: how a value one run lacks is shown (an optimizer state never created)
+_ABSENT = "absent"
+
+
 def _shown(value: object) -> str:
     if value is None:
-        return "absent"
+        return _ABSENT
     if isinstance(value, float):
         return repr(value)
     if isinstance(value, tuple):
@@ -394,7 +398,7 @@ _RESTORES = {
     "scheduler": frozenset({"LRScheduler.load_state_dict"}),
     "model": _WHOLE | {"Module.load_state_dict", "safetensors.load_file"},
     "scaler": frozenset({"GradScaler.load_state_dict"}),
-    "rng": frozenset({"torch.set_rng_state", "torch.cuda.set_rng_state", "numpy.random.set_state", "random.setstate"}),
+    "rng": RNG_SET_CALLS,
     "loader": frozenset({"DataLoader.load_state_dict", "sampler.load_state_dict"}),
 }
 _RESUMED = "the resumed run"
@@ -453,6 +457,8 @@ def _resume_cause(d: Difference, div: Divergence, calls: frozenset[str], owners:
         # an RNG that differs is a cause where it is the first difference or the samples differ with it
         if div.first.kind != "rng" and "samples" not in div.kinds:
             return None
+        if "samples" in div.kinds and restored.loaded("rng"):
+            return None  # set, and the samples differ: other batches drawn, not the state set, part it
         return ObservedCause("rng", _rng_observation(what, calls, owners))
     if d.kind == "samples":
         lost = "; it restored no loader state" if not restored.loaded("loader") else ""
@@ -488,6 +494,9 @@ def _state_cause(d: Difference, what: str, restored: _Restored, at_first: bool) 
         return ObservedCause("optimizer", f"{_RESUMED} loaded no optimizer state: {what}")
     if d.kind == "optimizer state" and restored.lacks("optimizer"):
         return ObservedCause("optimizer", f"its checkpoint saves no optimizer state: {what}")
+    if d.kind == "optimizer state" and d.other == _ABSENT:
+        return ObservedCause("optimizer", f"{what}, though {_RESUMED} loaded an optimizer state: the state was "
+                             "cleared, or the optimizer made anew, after the load")
     if not at_first:
         return None
     if d.kind == "parameter":

@@ -55,6 +55,8 @@ _QUIET = {"torch.save": "torch.", "torch.load": "torch.", "dcp": "torch."}
 #: modules whose wrappers stand between the job and a function it calls (torch._dynamo wraps
 #: torch.manual_seed)
 _WRAPPERS = ("torch._dynamo.eval_frame", "torch._compile", "functools", "contextlib")
+#: modules whose constructors load an optimizer's own state back into it (not a restore)
+_RELOADS = frozenset({"accelerate.optimizer"})
 
 
 def _state_init_step(frame: Any) -> bool:
@@ -420,7 +422,7 @@ class StepAgent:
             agent.restoring.add(call)
             try:
                 by = _caller()
-                if not by.startswith(_QUIET.get(call, "torch.utils.data")):
+                if not by.startswith(_QUIET.get(call, "torch.utils.data")) and not _reload(by):
                     agent.guard("recording a restore", agent.restored, kind, call,
                                 target if target is not None else type(args[0] if args else None).__name__,
                                 _argument(args, kwargs, path_arg, path_kwargs), by)
@@ -593,6 +595,13 @@ def _caller() -> str:
     while frame.f_back is not None and frame.f_globals.get("__name__", "") in _WRAPPERS:
         frame = frame.f_back
     return str(frame.f_globals.get("__name__", ""))
+
+
+def _reload(by: str) -> bool:
+    """Whether the wrapped call is a wrapper's constructor loading back the state it just read
+    from the object it wraps (accelerate's ``AcceleratedOptimizer``, moving the state to its
+    device): no restore."""
+    return by in _RELOADS and sys._getframe(2).f_code.co_name == "__init__"
 
 
 def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], index: int | None, names: tuple[str, ...]) -> Any:
