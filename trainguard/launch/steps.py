@@ -29,10 +29,10 @@ from trainguard.launch.hook import STEPS_CAP, STEPS_DIR
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
-    "Fingerprint",
-    "GroupParams",
     "OWN_RNG_SETTERS",
     "RNG_SET_CALLS",
+    "Fingerprint",
+    "GroupParams",
     "RankSteps",
     "RestoreRecord",
     "RngStates",
