@@ -146,7 +146,8 @@ def test_other_samples_name_the_data_position_and_the_lr_comes_first_within_a_st
     assert [d.kind for d in found.at_step] == ["samples", "gradient", "gradient", "gradient"]
     causes = observed_resume_causes(found, other, saver)
     assert causes[0].key == "data_position"
-    assert causes[0].observation.startswith("the resumed run's step 21 drew samples [1, 2] against [21, 22]")
+    assert causes[0].observation.startswith("the resumed run's step 21 drew samples [1, 2] (the samples of step 1 "
+                                            "again) against [21, 22]")
     assert causes[0].observation.endswith("it restored no loader state")
 
 
@@ -333,3 +334,16 @@ def test_other_samples_beside_an_rng_state_set_name_the_data_position(tmp_path: 
     found, other, saver = _runs(tmp_path, trajectory(1, 30), resumed)
     assert isinstance(found, Divergence) and {"rng", "samples"} <= found.kinds
     assert [c.key for c in observed_resume_causes(found, other, saver)] == ["data_position"]
+    # no RNG state set either (Lightning's usual script): the batches of step 1 drawn again at
+    # step 21 are the data position's doing, which no generator's state explains
+    found, other, saver = _runs(tmp_path, trajectory(1, 30), resumed, saved=save("model", "optimizer", "value"),
+                                restores=restore("Module.load_state_dict", "Optimizer.load_state_dict"))
+    assert isinstance(found, Divergence)
+    causes = observed_resume_causes(found, other, saver)
+    assert causes[0].key == "data_position" and "(the samples of step 1 again)" in causes[0].observation
+    # other batches that are no earlier step's, beside an RNG never set: the RNG, first
+    write_samples(tmp_path / "other", 0, [[s + 100, s] for s in range(1, 11)])
+    found, other, saver = _runs(tmp_path, trajectory(1, 30), resumed, saved=save("model", "optimizer", "value"),
+                                restores=restore("Module.load_state_dict", "Optimizer.load_state_dict"))
+    assert isinstance(found, Divergence)
+    assert [c.key for c in observed_resume_causes(found, other, saver)][:2] == ["rng", "data_position"]

@@ -52,6 +52,9 @@ _ORDER = {kind: i for i, kind in enumerate(KINDS)}
 
 #: a rank's samples, as :func:`trainguard.launch.samples.read_samples` gives them
 Samples = Mapping[int, Sequence[SampleBatch]]
+#: a step's batches in the reference and in the other run, and the reference's earlier step
+#: whose batches the other's are (0: none)
+_Drawn = tuple[tuple[tuple[object, ...], ...], tuple[tuple[object, ...], ...], int]
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ class Difference:
     name: str
     reference: str
     other: str
+    #: samples: the reference's earlier step whose batches the other run drew again (0: none)
+    replays: int = 0
 
     def phrase(self, other: str = "the other run") -> str:
         """``group 0's lr is 0.00285 at step 22 against 0.00291`` (the other value first)."""
@@ -76,7 +81,8 @@ class Difference:
             return (f"the {self.name} generator's state at step {self.step}'s start{where} is {self.other} "
                     f"against {self.reference}")
         if self.kind == "samples":
-            return f"{other}'s step {self.step}{where} drew samples {self.other} against {self.reference}"
+            again = f" (the samples of step {self.replays} again)" if self.replays else ""
+            return f"{other}'s step {self.step}{where} drew samples {self.other}{again} against {self.reference}"
         if self.kind == "scaler":
             return f"the loss scaler's {self.name} is {self.other} at step {self.step}{where} against {self.reference}"
         what = {"parameter": "parameter", "optimizer state": "the optimizer state of", "gradient": "the gradient of"}
@@ -333,12 +339,12 @@ def _shown(value: object) -> str:
 
 
 def _drawn_by_step(samples: tuple[Samples, Samples], pairs: Sequence[tuple[int, int, Mapping[int, StepRecord],
-                   Mapping[int, StepRecord]]], offset: int) -> dict[tuple[int, int], tuple[tuple[object, ...], ...]]:
+                   Mapping[int, StepRecord]]], offset: int) -> dict[tuple[int, int], _Drawn]:
     """(rank, reference step) -> (the reference's batches of that step, the other's): a rank's
     batches split into its optimizer-0 steps (gradient accumulation draws several a step), for
     a rank whose reference batches split evenly into its steps and whose other run drew at
-    least as many."""
-    out: dict[tuple[int, int], tuple[tuple[object, ...], ...]] = {}
+    least as many; and the reference's earlier step whose batches the other's are (0: none)."""
+    out: dict[tuple[int, int], _Drawn] = {}
     reference, other = samples
     for rank, opt, ref, oth in pairs:
         if opt != 0 or not ref or not oth:
@@ -356,21 +362,26 @@ def _drawn_by_step(samples: tuple[Samples, Samples], pairs: Sequence[tuple[int, 
         # restored by drawing: the Trainer's, a loop's `next(it)`) are whole steps' worth at the
         # start; a kill may leave part of a step's at the end
         skipped = extra // per * per
+        first_drawn: dict[tuple[tuple[object, ...], ...], int] = {}
+        for m in range(len(mine) // per):
+            first_drawn.setdefault(tuple(tuple(x.indices) for x in mine[m * per:(m + 1) * per]), m + 1)
         for n in oth:
             if n + offset in ref:
                 a = mine[(n + offset - 1) * per:(n + offset) * per]
                 b = theirs[skipped + (n - 1) * per:skipped + n * per]
-                out[(rank, n + offset)] = (tuple(tuple(x.indices) for x in a), tuple(tuple(x.indices) for x in b))
+                drew = tuple(tuple(x.indices) for x in b)
+                again = first_drawn.get(drew, 0)
+                out[(rank, n + offset)] = (tuple(tuple(x.indices) for x in a), drew, again if again < n + offset else 0)
     return out
 
 
-def _samples_differ(pair: tuple[tuple[object, ...], ...], rank: int, step: int) -> Difference | None:
-    a, b = pair
+def _samples_differ(drawn: _Drawn, rank: int, step: int) -> Difference | None:
+    a, b, again = drawn
     if a == b:
         return None
     i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), 0)
     return Difference(step, rank, 0, "samples", f"batch {i + 1} of the step", _indices(a[i] if i < len(a) else ()),
-                      _indices(b[i] if i < len(b) else ()))
+                      _indices(b[i] if i < len(b) else ()), again)
 
 
 def _indices(batch: object) -> str:
@@ -457,8 +468,10 @@ def _resume_cause(d: Difference, div: Divergence, calls: frozenset[str], owners:
         # an RNG that differs is a cause where it is the first difference or the samples differ with it
         if div.first.kind != "rng" and "samples" not in div.kinds:
             return None
-        if "samples" in div.kinds and restored.loaded("rng"):
-            return None  # set, and the samples differ: other batches drawn, not the state set, part it
+        if "samples" in div.kinds and (restored.loaded("rng") or any(x.replays for x in div.at_step)):
+            # set, or an earlier step's batches drawn again: the data position parts the runs,
+            # and the RNG's state follows from what was drawn
+            return None
         return ObservedCause("rng", _rng_observation(what, calls, owners))
     if d.kind == "samples":
         lost = "; it restored no loader state" if not restored.loaded("loader") else ""
