@@ -347,3 +347,13 @@ def test_other_samples_beside_an_rng_state_set_name_the_data_position(tmp_path: 
                                 restores=restore("Module.load_state_dict", "Optimizer.load_state_dict"))
     assert isinstance(found, Divergence)
     assert [c.key for c in observed_resume_causes(found, other, saver)][:2] == ["rng", "data_position"]
+
+
+def test_a_loader_that_reads_one_batch_ahead_still_has_its_samples_compared(tmp_path: Path) -> None:
+    """accelerate's loaders (the HF Trainer's) draw one batch more than the steps take: the batch
+    read ahead at the end is no step's, and no skip at the start."""
+    write_samples(tmp_path / "ref", 0, [[s, s + 1] for s in range(1, 32)])  # 30 steps + 1 ahead
+    write_samples(tmp_path / "other", 0, [[s, s + 1] for s in range(1, 12)])  # 10 steps + 1 ahead
+    found, _, _ = _runs(tmp_path, trajectory(1, 30), [replace(s, grad=0) for s in _resumed()])
+    assert isinstance(found, Divergence) and found.first.kind == "samples" and found.samples_compared
+    assert (found.first.reference, found.first.other, found.first.replays) == ("[21, 22]", "[1, 2]", 1)

@@ -352,16 +352,18 @@ def _drawn_by_step(samples: tuple[Samples, Samples], pairs: Sequence[tuple[int, 
         mine = training_batches(reference.get(rank, ()), None)
         dataset = mine[0].dataset if mine else None
         theirs = training_batches(other.get(rank, ()), dataset) if dataset is not None else []
-        if not mine or not theirs or len(mine) % len(ref):
+        # batches drawn ahead at the end, at most one step's worth (accelerate's loaders read
+        # one batch ahead to know the last one)
+        per, ahead = divmod(len(mine), len(ref)) if mine else (0, 0)
+        if not per or not theirs or ahead > per:
             continue
-        per = len(mine) // len(ref)
         extra = len(theirs) - per * len(oth)
         if extra < 0:
             continue
         # batches a resumed run drew before its first step to skip them (the data position
         # restored by drawing: the Trainer's, a loop's `next(it)`) are whole steps' worth at the
-        # start; a kill may leave part of a step's at the end
-        skipped = extra // per * per
+        # start; a kill may leave part of a step's at the end, a loader's look-ahead too
+        skipped = max(extra - ahead, 0) // per * per
         first_drawn: dict[tuple[tuple[object, ...], ...], int] = {}
         for m in range(len(mine) // per):
             first_drawn.setdefault(tuple(tuple(x.indices) for x in mine[m * per:(m + 1) * per]), m + 1)
