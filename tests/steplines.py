@@ -92,8 +92,8 @@ def save(*owners: str, how: str = "torch.save") -> dict[str, Any]:
     return {"k": "save", "t": 0.5, "how": how, "path": "/ck/last.pt", "keys": {o: o for o in owners}, "whole": None}
 
 
-def restore(*calls: str) -> list[dict[str, Any]]:
-    return [{"k": "restore", "t": 0.6, "call": c, "target": c.split(".")[0], "path": None} for c in calls]
+def restore(*calls: str, by: str = "__main__") -> list[dict[str, Any]]:
+    return [{"k": "restore", "t": 0.6, "call": c, "target": c.split(".")[0], "path": None, "by": by} for c in calls]
 
 
 def changed(steps: list[Step], n: int, **fields: Any) -> list[Step]:

@@ -156,7 +156,11 @@ def test_an_ema_left_out_of_the_checkpoint_is_named_from_its_metric(tmp_path: Pa
 @pytest.mark.parametrize("defect", sorted(set(PLANTED) - {"ema_not_saved"}))
 def test_a_planted_resume_defect_is_named_first(tmp_path: Path, defect: str) -> None:
     patches, expected, cause = PLANTED[defect]
-    _assert_caught(_resume(tmp_path, patches), expected, cause)
+    result = _resume(tmp_path, patches)
+    _assert_caught(result, expected, cause)
+    # observed in the ranks' step records (local shards, same world size: compared exactly)
+    assert report_evidence(result)["diagnosis"][0].get("observed") is True, report_evidence(result)["diagnosis"]
+    assert report_evidence(result)["first_divergence"]["step"] == 6
 
 
 # fp16 autocast with a GradScaler: its state (the scale and the steps since it last changed) must

@@ -105,3 +105,27 @@ def test_a_planted_resume_defect_fails_naming_its_cause_first(tmp_path: Path, pl
     # schedule sets the next one
     at = boundary + 1 if plant == "scheduler_not_saved" else boundary
     assert evidence["first_divergence"]["step"] == at, evidence["first_divergence"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("record_steps", [True, False], ids=["agent-on", "agent-off"])
+def test_a_compiled_model_keeps_its_verdicts_with_the_agent_on(tmp_path: Path, record_steps: bool) -> None:
+    """The clean job under ``torch.compile`` (aot_eager: dynamo's graphs and AOTAutograd, no
+    inductor compile on CPU): determinism and resume pass with the run agent recording every step
+    as without it, and its records name the parameters as the model does (no ``_orig_mod.``)."""
+    path = job_file(tmp_path, "--compile aot_eager")
+    if not record_steps:
+        path.write_text(path.read_text().replace("  timeout: 90\n", "  timeout: 90\n  record_steps: false\n"))
+    report = check(path, only=["determinism", "resume"])
+    assert {c.name: c.status for c in report.checks} == {"determinism": "passed", "resume": "passed"}, [
+        (c.name, c.summary) for c in report.checks]
+    steps_dirs = sorted(tmp_path.glob(".trainguard/runs/*/trainguard-steps"))
+    if not record_steps:
+        assert not steps_dirs
+        return
+    from trainguard.launch.steps import read_steps
+
+    records = read_steps(steps_dirs[0].parent)
+    assert sorted(records.ranks) == [0, 1]
+    names = set(records.ranks[0].steps[0].param)
+    assert names == {"0.weight", "0.bias", "3.weight", "3.bias", "6.weight", "6.bias"}, names

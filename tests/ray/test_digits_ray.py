@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import copy_digits_ray_example, report_evidence
+from trainguard.launch.hook import STEPS_DIR
+from trainguard.launch.steps import read_steps
 from trainguard.raytrain.local_ray import running_ray_processes, stopped_head_processes
 from trainguard.session import check
 
@@ -67,6 +69,15 @@ def test_resume_and_a_kill_drill_of_a_ray_train_function(
     assert [c.name for c in report.checks] == ["resume", "drill:kill-worker1"]
     for result in report.checks:
         assert result.status == "passed", f"{result.name}: {result.summary}"
+    # every run's workers recorded their optimizer steps, each under its world rank
+    run_dirs = report_evidence(report.checks[0])["run_dirs"]
+    resumed_from = report_evidence(report.checks[0])["resumed_from_step"]
+    for role, steps in (("reference", 20), ("resumed", 20 - resumed_from)):
+        assert sorted(p.name for p in (Path(run_dirs[role]) / STEPS_DIR).iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
+        records = read_steps(Path(run_dirs[role]))
+        assert [len(records.ranks[r].steps) for r in (0, 1)] == [steps, steps], role
+    resumed = read_steps(Path(run_dirs["resumed"]))
+    assert all("Optimizer.load_state_dict" in {c.call for c in resumed.ranks[r].restores} for r in (0, 1))
     drill = report.checks[1]
     print(f"\n{drill.summary}")
     ray = report_evidence(drill)["ray"]
@@ -166,3 +177,23 @@ def test_a_train_func_that_ignores_its_checkpoint_fails_resume(tmp_path: Path) -
     report = check(job, only=["resume"])
     (resume,) = report.checks
     assert resume.status == "failed", resume.summary
+
+
+@pytest.mark.slow
+def test_a_resume_that_loads_no_optimizer_state_is_observed_in_the_workers(tmp_path: Path) -> None:
+    """The workers' step records (the driver installs the run agent in each) name what the
+    resumed fit did not load: the optimizer state is absent at its first step."""
+    job = copy_examples(tmp_path, "checks:\n  resume: {steps: 12, after_step: 6}\n")
+    code = tmp_path / "digits_ray" / "ray_digits.py"
+    text = code.read_text()
+    planted = text.replace('        optimizer.load_state_dict(state["optimizer"])\n', "")
+    assert planted != text
+    code.write_text(planted)
+    (resume,) = check(job, only=["resume"]).checks
+    assert resume.status == "failed", resume.summary
+    ev = report_evidence(resume)
+    found = ev["first_divergence"]
+    assert (found["kind"], found["step"], found["other"]) == ("optimizer state", 6, "absent"), found
+    first = ev["diagnosis"][0]
+    assert first["key"] == "optimizer" and first["observed"] is True, first
+    assert "the resumed run loaded no optimizer state" in first["evidence"][0]

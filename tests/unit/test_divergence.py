@@ -146,7 +146,8 @@ def test_other_samples_name_the_data_position_and_the_lr_comes_first_within_a_st
     assert [d.kind for d in found.at_step] == ["samples", "gradient", "gradient", "gradient"]
     causes = observed_resume_causes(found, other, saver)
     assert causes[0].key == "data_position"
-    assert causes[0].observation.startswith("the resumed run's step 21 drew samples [1, 2] against [21, 22]")
+    assert causes[0].observation.startswith("the resumed run's step 21 drew samples [1, 2] (the samples of step 1 "
+                                            "again) against [21, 22]")
     assert causes[0].observation.endswith("it restored no loader state")
 
 
@@ -302,3 +303,57 @@ def test_a_job_counting_from_0_is_named_by_its_printed_steps(tmp_path: Path) -> 
     assert twins is not None and isinstance(twins.divergence, Divergence) and twins.divergence.step == 0
     causes = observed_determinism_causes(twins.divergence, twins.reference, twins.other)
     assert causes[0].key == "seed" and "at step 0 against" in causes[0].observation
+
+
+def test_a_frameworks_own_rng_isolation_and_a_cleared_optimizer_do_not_fool_the_causes(tmp_path: Path) -> None:
+    """Lightning's isolate_rng sets the RNG states it read itself (``by`` its seed module): no
+    resume's restore; an optimizer state loaded, then cleared, is absent at the first resumed
+    step: the optimizer's, not a stale checkpoint's."""
+    resumed = [replace(s, rng="00000000000000ff" if s.n == 1 else s.rng, grad=999 if s.n == 1 else s.grad)
+               for s in _resumed()]
+    isolated = restore("torch.set_rng_state", "random.setstate", by="lightning.fabric.utilities.seed")
+    found, other, saver = _runs(tmp_path, trajectory(1, 30), resumed, saved=save("model", "optimizer", "value"),
+                                restores=restore("Module.load_state_dict", "Optimizer.load_state_dict") + isolated)
+    assert isinstance(found, Divergence) and found.first.kind == "rng"
+    assert "torch.set_rng_state" not in other.restore_calls()
+    assert observed_resume_causes(found, other, saver)[0].observation.startswith(
+        "its checkpoint saves no RNG state and the resume sets none")
+    cleared = [replace(s, no_optim=True) if s.n == 1 else replace(s, optim=0) for s in _resumed()]
+    found, other, saver = _runs(tmp_path / "cleared", trajectory(1, 30), cleared)
+    assert isinstance(found, Divergence) and found.first.other == "absent"
+    cause = observed_resume_causes(found, other, saver)[0]
+    assert cause.key == "optimizer" and "though the resumed run loaded an optimizer state" in cause.observation
+
+
+def test_other_samples_beside_an_rng_state_set_name_the_data_position(tmp_path: Path) -> None:
+    """A resume that sets the RNG state and still draws other batches (the Trainer's skip turned
+    off): the batches part it, the RNG state follows from drawing them."""
+    write_samples(tmp_path / "ref", 0, [[s, s + 1] for s in range(1, 31)])
+    write_samples(tmp_path / "other", 0, [[s, s + 1] for s in range(1, 11)])
+    resumed = [replace(s, rng="00000000000000ff", grad=0) for s in _resumed()]
+    found, other, saver = _runs(tmp_path, trajectory(1, 30), resumed)
+    assert isinstance(found, Divergence) and {"rng", "samples"} <= found.kinds
+    assert [c.key for c in observed_resume_causes(found, other, saver)] == ["data_position"]
+    # no RNG state set either (Lightning's usual script): the batches of step 1 drawn again at
+    # step 21 are the data position's doing, which no generator's state explains
+    found, other, saver = _runs(tmp_path, trajectory(1, 30), resumed, saved=save("model", "optimizer", "value"),
+                                restores=restore("Module.load_state_dict", "Optimizer.load_state_dict"))
+    assert isinstance(found, Divergence)
+    causes = observed_resume_causes(found, other, saver)
+    assert causes[0].key == "data_position" and "(the samples of step 1 again)" in causes[0].observation
+    # other batches that are no earlier step's, beside an RNG never set: the RNG, first
+    write_samples(tmp_path / "other", 0, [[s + 100, s] for s in range(1, 11)])
+    found, other, saver = _runs(tmp_path, trajectory(1, 30), resumed, saved=save("model", "optimizer", "value"),
+                                restores=restore("Module.load_state_dict", "Optimizer.load_state_dict"))
+    assert isinstance(found, Divergence)
+    assert [c.key for c in observed_resume_causes(found, other, saver)][:2] == ["rng", "data_position"]
+
+
+def test_a_loader_that_reads_one_batch_ahead_still_has_its_samples_compared(tmp_path: Path) -> None:
+    """accelerate's loaders (the HF Trainer's) draw one batch more than the steps take: the batch
+    read ahead at the end is no step's, and no skip at the start."""
+    write_samples(tmp_path / "ref", 0, [[s, s + 1] for s in range(1, 32)])  # 30 steps + 1 ahead
+    write_samples(tmp_path / "other", 0, [[s, s + 1] for s in range(1, 12)])  # 10 steps + 1 ahead
+    found, _, _ = _runs(tmp_path, trajectory(1, 30), [replace(s, grad=0) for s in _resumed()])
+    assert isinstance(found, Divergence) and found.first.kind == "samples" and found.samples_compared
+    assert (found.first.reference, found.first.other, found.first.replays) == ("[21, 22]", "[1, 2]", 1)

@@ -126,6 +126,8 @@ CHECKPOINTS = textwrap.dedent(
     loader = StatefulDataLoader(list(range(8)), batch_size=2)
     it = iter(loader); next(it)
     m(torch.randn(1, 4)).sum().backward(); opt.step()
+    m2 = torch.nn.Linear(2, 1); opt2 = torch.optim.AdamW(m2.parameters(), lr=0.5)
+    get_state_dict(m2, opt2)  # steps opt2 once, with lr 0, to make its state: not a training step
     msd, osd = get_state_dict(m, opt)
     dcp.save({"model": msd, "optim": osd, "loader": loader.state_dict()}, checkpoint_id=out + "/dcp")
     dcp.async_save({"model": msd}, checkpoint_id=out + "/async").result()
@@ -303,6 +305,8 @@ def test_saves_and_restores_name_their_keys_owners_and_calls(tmp_path: Path) -> 
     pytest.importorskip("safetensors")
     pytest.importorskip("torchdata")
     _hooked(CHECKPOINTS, tmp_path / "steps", str(tmp_path))
+    steps = _steps(_lines(tmp_path / "steps"))
+    assert [(s["opt"], s["n"], s["groups"][0]["lr"]) for s in steps] == [(0, 1, 0.1)]  # DCP's state step is none
     lines = [{k: v for k, v in r.items() if k != "t"} for r in _lines(tmp_path / "steps") if r["k"] != "step"]
     saves = [(r["how"], os.path.basename(r["path"]), r["keys"], r["whole"]) for r in lines if r["k"] == "save"]
     assert saves == [
@@ -372,6 +376,10 @@ def test_rng_states_gathered_one_per_rank_are_rng() -> None:
     assert agent.owner_of([per_rank, dict(per_rank)]) == "rng"
     assert agent.owner_of([per_rank, {"weight": torch.zeros(2)}]) == "value"
     assert agent.owner_of([]) == "value"
+    # Lightning's checkpoint: one state dict per optimizer and per scheduler, its rng_states
+    assert agent.owner_of([{"state": {}, "param_groups": []}]) == "optimizer"
+    assert agent.owner_of([{"last_epoch": 5, "base_lrs": [0.1]}]) == "scheduler"
+    assert agent.owner_of({"torch": torch.get_rng_state(), "python": (3, (1,) * 625, None), "torch.cuda": []}) == "rng"
 
 
 def test_names_lose_the_wrappers_prefixes() -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "RUN_DIR",
     "RUN_HOOK",
     "VARIABLES",
+    "WORKER_RUN_HOOK",
 ]
 
 #: the MLflow run a launched process logs to (``trainguard.tracking.track``, the Ray workers' writer)
@@ -42,6 +43,9 @@ FAULT_HOOK = "TRAINGUARD_FAULT_HOOK"
 FAULT_HOOK_PID = "TRAINGUARD_FAULT_HOOK_PID"
 #: the run agent's spec (JSON): trainer metrics and sample indices
 RUN_HOOK = "TRAINGUARD_RUN_HOOK"
+#: the run agent's spec (JSON) for a backend whose ranks the launcher does not start (Ray Train):
+#: its driver installs the agent in each rank once the rank is known, not at start-up
+WORKER_RUN_HOOK = "TRAINGUARD_WORKER_RUN_HOOK"
 #: how a drill signals a Ray Train worker: ``api`` (through Ray), ``pid`` or ``auto``
 RAY_SIGNALS = "TRAINGUARD_RAY_SIGNALS"
 #: the temp dir of a Ray head trainguard started (to find and stop what it left)
@@ -64,6 +68,7 @@ VARIABLES: dict[str, str] = {
     FAULT_HOOK: "the fault agent's spec (JSON), read by the start-up hook",
     FAULT_HOOK_PID: "the pid the fault agent armed in (children inherit the hook inert)",
     RUN_HOOK: "the run agent's spec (JSON): trainer metrics, sample indices",
+    WORKER_RUN_HOOK: "the run agent's spec for Ray Train workers: the driver installs it in each",
     RAY_SIGNALS: "how a drill signals a Ray Train worker: api, pid or auto",
     RAY_HEAD: "the temp dir of a Ray head trainguard started",
     RAY_DRIVER: "host:pid of the Ray Train driver, for its workers' writer",

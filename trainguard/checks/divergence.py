@@ -28,7 +28,7 @@ from trainguard.checks.accounting import training_batches
 from trainguard.checks.step_compare import StepRow, compared_steps, rows_around
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.launch.samples import SampleBatch, read_samples
-from trainguard.launch.steps import Fingerprint, StepRecord, StepRecords, read_steps
+from trainguard.launch.steps import RNG_SET_CALLS, Fingerprint, StepRecord, StepRecords, read_steps
 
 __all__ = [
     "KINDS",
@@ -54,6 +54,9 @@ _ORDER = {kind: i for i, kind in enumerate(KINDS)}
 
 #: a rank's samples, as :func:`trainguard.launch.samples.read_samples` gives them
 Samples = Mapping[int, Sequence[SampleBatch]]
+#: a step's batches in the reference and in the other run, and the reference's earlier step
+#: whose batches the other's are (0: none)
+_Drawn = tuple[tuple[tuple[object, ...], ...], tuple[tuple[object, ...], ...], int]
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,8 @@ class Difference:
     name: str
     reference: str
     other: str
+    #: samples: the reference's earlier step whose batches the other run drew again (0: none)
+    replays: int = 0
 
     def phrase(self, other: str = "the other run") -> str:
         """``group 0's lr is 0.00285 at step 22 against 0.00291`` (the other value first)."""
@@ -78,7 +83,8 @@ class Difference:
             return (f"the {self.name} generator's state at step {self.step}'s start{where} is {self.other} "
                     f"against {self.reference}")
         if self.kind == "samples":
-            return f"{other}'s step {self.step}{where} drew samples {self.other} against {self.reference}"
+            again = f" (the samples of step {self.replays} again)" if self.replays else ""
+            return f"{other}'s step {self.step}{where} drew samples {self.other}{again} against {self.reference}"
         if self.kind == "scaler":
             return f"the loss scaler's {self.name} is {self.other} at step {self.step}{where} against {self.reference}"
         what = {"parameter": "parameter", "optimizer state": "the optimizer state of", "gradient": "the gradient of"}
@@ -324,9 +330,13 @@ def _shown_pair(x: object, y: object) -> tuple[str, str]:
     return _shown(x), _shown(y)
 
 
+#: how a value one run lacks is shown (an optimizer state never created)
+_ABSENT = "absent"
+
+
 def _shown(value: object) -> str:
     if value is None:
-        return "absent"
+        return _ABSENT
     if isinstance(value, float):
         return repr(value)
     if isinstance(value, tuple):
@@ -338,12 +348,12 @@ def _shown(value: object) -> str:
 
 
 def _drawn_by_step(samples: tuple[Samples, Samples], pairs: Sequence[tuple[int, int, Mapping[int, StepRecord],
-                   Mapping[int, StepRecord]]], offset: int) -> dict[tuple[int, int], tuple[tuple[object, ...], ...]]:
+                   Mapping[int, StepRecord]]], offset: int) -> dict[tuple[int, int], _Drawn]:
     """(rank, reference step) -> (the reference's batches of that step, the other's): a rank's
     batches split into its optimizer-0 steps (gradient accumulation draws several a step), for
     a rank whose reference batches split evenly into its steps and whose other run drew at
-    least as many."""
-    out: dict[tuple[int, int], tuple[tuple[object, ...], ...]] = {}
+    least as many; and the reference's earlier step whose batches the other's are (0: none)."""
+    out: dict[tuple[int, int], _Drawn] = {}
     reference, other = samples
     for rank, opt, ref, oth in pairs:
         if opt != 0 or not ref or not oth:
@@ -351,31 +361,38 @@ def _drawn_by_step(samples: tuple[Samples, Samples], pairs: Sequence[tuple[int, 
         mine = training_batches(reference.get(rank, ()), None)
         dataset = mine[0].dataset if mine else None
         theirs = training_batches(other.get(rank, ()), dataset) if dataset is not None else []
-        if not mine or not theirs or len(mine) % len(ref):
+        # batches drawn ahead at the end, at most one step's worth (accelerate's loaders read
+        # one batch ahead to know the last one)
+        per, ahead = divmod(len(mine), len(ref)) if mine else (0, 0)
+        if not per or not theirs or ahead > per:
             continue
-        per = len(mine) // len(ref)
         extra = len(theirs) - per * len(oth)
         if extra < 0:
             continue
         # batches a resumed run drew before its first step to skip them (the data position
         # restored by drawing: the Trainer's, a loop's `next(it)`) are whole steps' worth at the
-        # start; a kill may leave part of a step's at the end
-        skipped = extra // per * per
+        # start; a kill may leave part of a step's at the end, a loader's look-ahead too
+        skipped = max(extra - ahead, 0) // per * per
+        first_drawn: dict[tuple[tuple[object, ...], ...], int] = {}
+        for m in range(len(mine) // per):
+            first_drawn.setdefault(tuple(tuple(x.indices) for x in mine[m * per:(m + 1) * per]), m + 1)
         for n in oth:
             if n + offset in ref:
                 a = mine[(n + offset - 1) * per:(n + offset) * per]
                 b = theirs[skipped + (n - 1) * per:skipped + n * per]
-                out[(rank, n + offset)] = (tuple(tuple(x.indices) for x in a), tuple(tuple(x.indices) for x in b))
+                drew = tuple(tuple(x.indices) for x in b)
+                again = first_drawn.get(drew, 0)
+                out[(rank, n + offset)] = (tuple(tuple(x.indices) for x in a), drew, again if again < n + offset else 0)
     return out
 
 
-def _samples_differ(pair: tuple[tuple[object, ...], ...], rank: int, step: int) -> Difference | None:
-    a, b = pair
+def _samples_differ(drawn: _Drawn, rank: int, step: int) -> Difference | None:
+    a, b, again = drawn
     if a == b:
         return None
     i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), 0)
     return Difference(step, rank, 0, "samples", f"batch {i + 1} of the step", _indices(a[i] if i < len(a) else ()),
-                      _indices(b[i] if i < len(b) else ()))
+                      _indices(b[i] if i < len(b) else ()), again)
 
 
 def _indices(batch: object) -> str:
@@ -403,7 +420,7 @@ _RESTORES = {
     "scheduler": frozenset({"LRScheduler.load_state_dict"}),
     "model": _WHOLE | {"Module.load_state_dict", "safetensors.load_file"},
     "scaler": frozenset({"GradScaler.load_state_dict"}),
-    "rng": frozenset({"torch.set_rng_state", "torch.cuda.set_rng_state", "numpy.random.set_state", "random.setstate"}),
+    "rng": RNG_SET_CALLS,
     "loader": frozenset({"DataLoader.load_state_dict", "sampler.load_state_dict"}),
 }
 _RESUMED = "the resumed run"
@@ -462,6 +479,10 @@ def _resume_cause(d: Difference, div: Divergence, calls: frozenset[str], owners:
         # an RNG that differs is a cause where it is the first difference or the samples differ with it
         if div.first.kind != "rng" and "samples" not in div.kinds:
             return None
+        if "samples" in div.kinds and (restored.loaded("rng") or any(x.replays for x in div.at_step)):
+            # set, or an earlier step's batches drawn again: the data position parts the runs,
+            # and the RNG's state follows from what was drawn
+            return None
         return ObservedCause("rng", _rng_observation(what, calls, owners))
     if d.kind == "samples":
         lost = "; it restored no loader state" if not restored.loaded("loader") else ""
@@ -497,6 +518,9 @@ def _state_cause(d: Difference, what: str, restored: _Restored, at_first: bool) 
         return ObservedCause("optimizer", f"{_RESUMED} loaded no optimizer state: {what}")
     if d.kind == "optimizer state" and restored.lacks("optimizer"):
         return ObservedCause("optimizer", f"its checkpoint saves no optimizer state: {what}")
+    if d.kind == "optimizer state" and d.other == _ABSENT:
+        return ObservedCause("optimizer", f"{what}, though {_RESUMED} loaded an optimizer state: the state was "
+                             "cleared, or the optimizer made anew, after the load")
     if not at_first:
         return None
     if d.kind == "parameter":

@@ -29,6 +29,8 @@ from trainguard.launch.hook import STEPS_CAP, STEPS_DIR
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "OWN_RNG_SETTERS",
+    "RNG_SET_CALLS",
     "Fingerprint",
     "GroupParams",
     "RankSteps",
@@ -147,14 +149,31 @@ class SaveRecord:
         return frozenset(self.keys.values()) | ({self.whole} if self.whole else set())
 
 
+#: the calls that set a generator's state
+RNG_SET_CALLS = frozenset({"torch.set_rng_state", "torch.cuda.set_rng_state", "numpy.random.set_state",
+                           "random.setstate"})
+#: modules that set the RNG states back to what they read themselves before a block of their own
+#: (Lightning's ``isolate_rng`` around its sanity check, its spawn launcher): no resume's restore
+OWN_RNG_SETTERS = ("lightning.fabric.utilities.seed", "lightning_fabric.utilities.seed")
+
+
 @dataclass(frozen=True)
 class RestoreRecord:
-    """A restore call (``Optimizer.load_state_dict``, ``torch.set_rng_state``, ...) and its object's type."""
+    """A restore call (``Optimizer.load_state_dict``, ``torch.set_rng_state``, ...), its object's
+    type and ``by``, the module that made the call."""
 
     t: float
     call: str
     target: str
     path: str | None
+    by: str = ""
+
+    @property
+    def of_a_resume(self) -> bool:
+        """Whether the call may be a resume's restore: not a framework's setting back of RNG
+        states it read itself around a block of its own (Lightning's ``isolate_rng``, its
+        spawn launcher)."""
+        return not (self.call in RNG_SET_CALLS and self.by.startswith(OWN_RNG_SETTERS))
 
 
 @dataclass(frozen=True)
@@ -210,8 +229,8 @@ class StepRecords:
         return any(r.steps for r in self.ranks.values())
 
     def restore_calls(self) -> frozenset[str]:
-        """The restore calls any rank made."""
-        return frozenset(r.call for rank in self.ranks.values() for r in rank.restores)
+        """The restore calls any rank made that may be a resume's (:attr:`RestoreRecord.of_a_resume`)."""
+        return frozenset(r.call for rank in self.ranks.values() for r in rank.restores if r.of_a_resume)
 
     def seed_calls(self) -> frozenset[str]:
         return frozenset(s.call for rank in self.ranks.values() for s in rank.seeds)
@@ -284,7 +303,7 @@ def _read_rank(rank: int, path: Path, folder: Path, max_bytes: int) -> RankSteps
                 saves.append(_save(obj))
             elif kind == "restore":
                 restores.append(RestoreRecord(_number(obj, "t", 0.0), _text(obj, "call"), _text(obj, "target", ""),
-                                              _optional_text(obj, "path")))
+                                              _optional_text(obj, "path"), _optional_text(obj, "by") or ""))
             elif kind == "seed":
                 seeds.append(SeedRecord(_number(obj, "t", 0.0), _text(obj, "call")))
             elif kind == "meta":

@@ -53,6 +53,8 @@ def _worker_entry(config: dict[str, Any]) -> Any:
     # node: a fault drill signals the pid only on its own machine (trainguard.raytrain.workers)
     node = ray.util.get_node_ip_address()
     print(format_worker_line(rank, os.getpid(), node), file=sys.stderr, flush=True)
+    if spec.get("run_hook"):
+        _install_run_agent(spec["run_hook"], rank, context.get_world_size())
     original = ray.train.report
     step_key = spec["step_key"]
     counter = {"n": 0}
@@ -81,6 +83,18 @@ def _worker_entry(config: dict[str, Any]) -> Any:
     finally:
         if writer is not None:
             writer.close()
+
+
+def _install_run_agent(raw_spec: str, rank: int, world_size: int) -> None:
+    """The run agent's step records in this worker (docs/step-records.md), under its world rank:
+    Ray starts a worker's process before it has one, so the start-up hook cannot install it."""
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world_size)
+    from trainguard.launch.hook import install_run_agent
+
+    try:
+        install_run_agent(raw_spec)
+    except Exception as exc:  # the job goes on without step records: said on stderr
+        print(f"trainguard run hook not installed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainguard: {experiment} already holds checkpoints of a run; pass --resume to continue "
               "it or use another --storage-path", file=sys.stderr, flush=True)
         return 2
-    config[_SPEC_KEY] = {"train_func": args.train_func, "step_key": args.step_key}
+    # the run agent's spec goes to the workers with their function, not in an environment the
+    # driver's own processes or Ray's other workers would start with
+    run_hook = os.environ.pop(envvars.WORKER_RUN_HOOK, None)
+    config[_SPEC_KEY] = {"train_func": args.train_func, "step_key": args.step_key, "run_hook": run_hook}
     # the user's modules must be importable in the workers: the driver's cwd and PYTHONPATH
     entries = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     pythonpath = os.pathsep.join(dict.fromkeys(os.path.abspath(e) for e in entries if e))

@@ -32,7 +32,14 @@ from trainguard.config.schema import PlaceholderValues
 from trainguard.config.settings import Settings, read_limits
 from trainguard.launch import Launcher, LaunchSpec, LineMetric, MetricPoint, RunResult, trajectory
 from trainguard.launch.backend import JobBackend
-from trainguard.launch.hook import METRICS_DIR, SAMPLES_DIR, STEPS_CAP, STEPS_DIR, run_hook_env
+from trainguard.launch.hook import (
+    METRICS_DIR,
+    SAMPLES_DIR,
+    STEPS_CAP,
+    STEPS_DIR,
+    run_hook_env,
+    worker_run_hook_env,
+)
 from trainguard.launch.rundir import new_run_dir
 from trainguard.report import CappedLogs, FullDisk
 from trainguard.run.keep import Keepers
@@ -608,7 +615,11 @@ class JobRunner:
                 trainers.setdefault(source.trainer, {})[name] = source.key_for(name)
                 files[name] = str(log_dir / METRICS_DIR / "rank{rank}.jsonl")
         steps = job.record_steps and step_records
-        if not self.backend.rank_at_start() or not (trainers or job.record_samples or steps):
+        if not self.backend.rank_at_start():
+            # the ranks are started by the job's driver (Ray Train): it installs the agent in
+            # each rank once the rank is known, for the step records only (docs/step-records.md)
+            return regexes, files, worker_run_hook_env(log_dir / STEPS_DIR) if steps else {}
+        if not (trainers or job.record_samples or steps):
             return regexes, files, {}
         spec = {
             "metrics_dir": str(log_dir / METRICS_DIR),

@@ -78,6 +78,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=0.2)
     p.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
     p.add_argument("--print-lr", action="store_true")
+    p.add_argument("--compile", default=None, metavar="BACKEND",
+                   help="torch.compile the model with this backend (eager, aot_eager, inductor)")
     p.add_argument("--plant", choices=PLANTS, default="none")
     return p.parse_args()
 
@@ -130,6 +132,8 @@ def main() -> int:
 
     model: nn.Module = nn.Sequential(nn.Linear(FEATURES, 64), nn.GELU(), nn.Dropout(args.dropout),
                                      nn.Linear(64, 64), nn.GELU(), nn.Dropout(args.dropout), nn.Linear(64, 1))
+    if args.compile:
+        model = torch.compile(model, backend=args.compile)  # type: ignore[assignment]
     if world > 1:
         model = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)

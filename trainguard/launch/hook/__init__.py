@@ -16,8 +16,10 @@ Both may be active in one process; they share the one PYTHONPATH entry.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,9 @@ __all__ = [
     "STEPS_DIR",
     "hook_env",
     "hook_pythonpath",
+    "install_run_agent",
     "run_hook_env",
+    "worker_run_hook_env",
 ]
 
 #: the fault agent's spec (a drill's fault)
@@ -82,3 +86,29 @@ def run_hook_env(spec: Mapping[str, Any], base_env: Mapping[str, str] | None = N
     keeps working: both agents load from the same directory.
     """
     return {"PYTHONPATH": hook_pythonpath(base_env), ENV_RUN_SPEC: json.dumps(dict(spec))}
+
+
+def worker_run_hook_env(steps_dir: Path) -> dict[str, str]:
+    """The environment of a driver that starts the ranks itself (Ray Train): the run agent's
+    spec for the step records under ``steps_dir`` in ``TRAINGUARD_WORKER_RUN_HOOK``, which the
+    start-up hook does not read; the driver hands it to each rank (:func:`install_run_agent`)."""
+    spec = {"steps_dir": str(steps_dir), "steps_cap": STEPS_CAP}
+    return {envvars.WORKER_RUN_HOOK: json.dumps(spec)}
+
+
+def install_run_agent(raw_spec: str) -> Any:
+    """Install the run agent in this process now, from its spec (the JSON ``run_hook_env``
+    puts in ``TRAINGUARD_RUN_HOOK``): for a rank that the start-up hook did not see start, a Ray
+    Train worker whose rank Ray sets after its process started. The module is loaded by path
+    under the name the start-up hook gives it (once per process; ``install`` is idempotent).
+    What the process imported before is patched at once, the rest on import."""
+    name = "_trainguard_run_agent"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, HOOK_DIR / f"{name}.py")
+        if spec is None or spec.loader is None:  # pragma: no cover -- the file is ours
+            raise ImportError(f"cannot load {HOOK_DIR / name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return module.install(raw_spec)

@@ -37,6 +37,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+#: the functions of torch.distributed.checkpoint.state_dict that step an optimizer to create
+#: its state (not a training step)
+_DCP_STATE_DICT = "torch.distributed.checkpoint.state_dict"
+_STATE_INIT_STEPS = frozenset({"_init_optim_state"})
+
 #: default size cap of one rank's file (bytes)
 DEFAULT_CAP = 64 * 1024 * 1024
 #: save/restore/seed lines still written after the cap
@@ -50,8 +55,23 @@ _QUIET = {"torch.save": "torch.", "torch.load": "torch.", "dcp": "torch."}
 #: modules whose wrappers stand between the job and a function it calls (torch._dynamo wraps
 #: torch.manual_seed)
 _WRAPPERS = ("torch._dynamo.eval_frame", "torch._compile", "functools", "contextlib")
+#: modules whose constructors load an optimizer's own state back into it (not a restore)
+_RELOADS = frozenset({"accelerate.optimizer"})
 
-#: default size cap of one rank's file (bytes)
+
+def _state_init_step(frame: Any) -> bool:
+    """Whether the optimizer step being called is one DCP's ``get_state_dict`` /
+    ``set_state_dict`` makes itself to create an empty optimizer's state (zero gradients, lr
+    set to 0 for the call): a resumed FSDP2 run makes one before it loads its checkpoint."""
+    for _ in range(8):
+        if frame is None:
+            return False
+        if frame.f_code.co_name in _STATE_INIT_STEPS and frame.f_globals.get("__name__") == _DCP_STATE_DICT:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class StepAgent:
     """The step records of one process (docs/step-records.md)."""
 
@@ -133,6 +153,8 @@ class StepAgent:
             return None
 
     def _pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any], caller: Any) -> Any:
+        if _state_init_step(caller):
+            return None  # not a training step: no line, not counted
         if self.outer_frame is not None:
             frame = caller.f_back
             while frame is not None:
@@ -392,7 +414,7 @@ class StepAgent:
             agent.restoring.add(call)
             try:
                 by = _caller()
-                if not by.startswith(_QUIET.get(call, "torch.utils.data")):
+                if not by.startswith(_QUIET.get(call, "torch.utils.data")) and not _reload(by):
                     agent.guard("recording a restore", agent.restored, kind, call,
                                 target if target is not None else type(args[0] if args else None).__name__,
                                 _argument(args, kwargs, path_arg, path_kwargs), by)
@@ -573,6 +595,13 @@ def _caller() -> str:
     while frame.f_back is not None and frame.f_globals.get("__name__", "") in _WRAPPERS:
         frame = frame.f_back
     return str(frame.f_globals.get("__name__", ""))
+
+
+def _reload(by: str) -> bool:
+    """Whether the wrapped call is a wrapper's constructor loading back the state it just read
+    from the object it wraps (accelerate's ``AcceleratedOptimizer``, moving the state to its
+    device): no restore."""
+    return by in _RELOADS and sys._getframe(2).f_code.co_name == "__init__"
 
 
 def _argument(args: tuple[Any, ...], kwargs: dict[str, Any], index: int | None, names: tuple[str, ...]) -> Any:

@@ -295,7 +295,7 @@ def path_text(path: Any) -> str:
 _LOADER_KEYS = ("_num_yielded", "_sampler_iter_yielded", "sampler_iter_state", "_iterator_finished",
                 "_index_sampler_state", "dataset_state")
 _RNG_KEYS = ("cpu_rng_state", "rng_state", "torch_rng_state", "cuda_rng_state", "numpy_rng_state",
-             "python_rng_state", "torch", "cuda", "numpy", "python", "random", "cpu")
+             "python_rng_state", "torch", "cuda", "numpy", "python", "random", "cpu", "torch.cuda")
 
 
 def owner_of(value: Any) -> str:
@@ -317,9 +317,12 @@ def owner_of(value: Any) -> str:
             (len(value) == 3 and isinstance(value[1], tuple) and len(value[1]) > 600)
             or (len(value) == 5 and value[0] == "MT19937")):
         return "rng"  # random.getstate() / numpy's get_state()
-    if isinstance(value, (list, tuple)) and value and len(value) <= 4096 and all(
-            isinstance(v, dict) and owner_of(v) == "rng" for v in value):
-        return "rng"  # one RNG state per rank, gathered (the digits example's "rng")
+    if isinstance(value, (list, tuple)) and value and len(value) <= 4096 and all(isinstance(v, dict) for v in value):
+        # one RNG state per rank, gathered (the digits example's "rng"); Lightning's
+        # "optimizer_states" and "lr_schedulers": one state dict per optimizer, per scheduler
+        owners = {owner_of(v) for v in value}
+        if len(owners) == 1 and owners <= {"rng", "optimizer", "scheduler", "scaler"}:
+            return owners.pop()
     if isinstance(value, dict):
         return _owner_of_dict(value, torch)
     return "value"
