@@ -86,7 +86,7 @@ RESUME_BUGS = {
             "sampler.set_start_index(batch_in_epoch * local_batch)",
             "sampler.set_start_index(0)  # planted",
         )},
-        ["diverges", "Most likely data position", "trained on the samples of step 1"],
+        ["diverges", "Most likely data position", "the samples of step 1"],
         "data_position",
     ),
     "checkpoint_only_at_exit": (

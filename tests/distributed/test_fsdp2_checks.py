@@ -131,7 +131,7 @@ PLANTED: dict[str, tuple[list[Patch], list[str], str]] = {
     "loader_state_not_restored": (
         [('loader.load_state_dict(_unblob(target["loader"][f"rank{rank}"]))',
           'pass  # planted: the loader state is saved but not restored')],
-        ["loss diverges", "trained on the samples of step 1", "never trained in epoch 0"],
+        ["loss diverges", "the samples of step 1", "never trained in epoch 0"],
         "data_position",
     ),
 }

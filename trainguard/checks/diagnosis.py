@@ -418,7 +418,8 @@ def _samples_drawn(t: _Tally, facts: ResumeFacts) -> None:
         if replay.same:
             t.rule_out("data_position", replay.sentence())
         elif replay.matched_step is not None:
-            t.add("data_position", DECISIVE, replay.sentence())
+            if "data_position" not in t.observed:  # the observed cause cites the samples drawn again
+                t.add("data_position", DECISIVE, replay.sentence())
         elif ckpt is not None and ckpt.has("rng"):
             # the checkpoint holds the RNG state a shuffle would be restored from: the data
             # position itself is what came back wrong
