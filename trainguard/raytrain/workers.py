@@ -416,11 +416,28 @@ def ensure_local(pid: int, node: str | None, rank: int) -> None:
             "docs/ray-train.md, \"Drills on a cluster\""
         )
     try:
-        name = " ".join(psutil.Process(pid).cmdline())
+        name = _command_line(psutil.Process(pid))
     except psutil.Error:
         return  # exited meanwhile: the signal is a no-op, the drill reports what followed
+    if name is None:
+        return  # a zombie: it exited meanwhile, as above
     if "ray::" not in name and "default_worker" not in name:
         raise WorkerNotHere(
             f"pid {pid} of rank {rank} is not a Ray worker process here ({name[:80]!r}): the "
             "worker runs on another machine or in another pid namespace (a container)"
         )
+
+
+def _command_line(proc: psutil.Process, wait_s: float = 2.0) -> str | None:
+    """The process's command line; None for a zombie. A process in the middle of ``exec`` reads
+    as an empty command line for a moment, so an empty one is read again for up to ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        name = " ".join(proc.cmdline())
+        if name:
+            return name
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        if time.monotonic() >= deadline:
+            return name
+        time.sleep(0.02)
