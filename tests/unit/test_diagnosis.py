@@ -13,10 +13,10 @@ from trainguard.checks.diagnosis import (
     data_order_note,
     diagnose_resume,
     explain,
-    framework_warnings,
     sample_replay,
     shared_shard_note,
 )
+from trainguard.checks.framework_warnings import framework_warnings
 from trainguard.launch.samples import SampleBatch
 from trainguard.unit.checkpoints import CheckpointInventory, StateComparison
 

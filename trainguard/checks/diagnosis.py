@@ -20,13 +20,15 @@ end, so the report says what was checked.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainguard.checks.accounting import global_batches, sample_agreement
+from trainguard.checks.difference_size import DifferenceSize
 from trainguard.checks.divergence import DivergenceEvidence, ObservedCause, observe_resume
+from trainguard.checks.framework_warnings import framework_warnings, stderr_lines
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.unit.checkpoints.state import InventoryEvidence
 
@@ -46,14 +48,12 @@ __all__ = [
     "diagnose_resume",
     "explain",
     "first_different_batch",
-    "framework_warnings",
     "rank_causes",
     "read_inventory",
     "resume_diagnosis",
     "same_samples_across_ranks",
     "sample_replay",
     "shared_shard_note",
-    "stderr_lines",
 ]
 
 #: strength of the evidence for a cause: decisive, strong, suggestive, none, ruled out
@@ -82,16 +82,6 @@ RESUME_CAUSE_TEXT = {
 EMA_METRIC = re.compile(r"(?:^|[_.\-])(?:ema|swa|averaged)(?:$|[_.\-])", re.I)
 #: a metric that reports a loss scaler's scale (``loss_scale``, ``grad_scale``, DeepSpeed's ``cur_scale``)
 SCALE_METRIC = re.compile(r"(?:^|[_.\-])(?:loss_?scale|grad_?scale|cur_scale)$|^scale$", re.I)
-
-#: the framework's own words on stderr that point at a cause (case-insensitive)
-_WARNING_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("data_position", re.compile(r"not resumable|dataloader.*(?:resum|restart)|(?:resum|restart).*dataloader"
-                                 r"|ended before the epoch ended|sampler.*(?:resum|state)", re.I)),
-    ("scheduler", re.compile(r"lr_scheduler|scheduler.*(?:state|resum|restor)", re.I)),
-    ("optimizer", re.compile(r"optimizer.*(?:state|resum|restor|not found|missing)", re.I)),
-    ("rng", re.compile(r"rng.?state|random state|seed.*(?:resum|restor)", re.I)),
-)
-_WARNING_LINE = re.compile(r"warn|could not|cannot|not found|missing|skipp", re.I)
 
 
 @dataclass(frozen=True)
@@ -150,6 +140,8 @@ class _Tally:
     ruled_out: set[str] = field(default_factory=set)
     #: the causes the step records show, in the order shown
     observed: list[str] = field(default_factory=list)
+    #: the causes evidence spoke against (:meth:`weaken`)
+    weakened: set[str] = field(default_factory=set)
 
     def observe(self, cause: ObservedCause) -> None:
         """A cause the step records show: decisive, first, whatever was inferred."""
@@ -171,11 +163,13 @@ class _Tally:
         """Evidence against ``key`` that does not rule it out: a point less, never below none."""
         self.strength[key] = max(NONE, self.strength.get(key, NONE) - 1)
         self.evidence.setdefault(key, []).append(why)
+        self.weakened.add(key)
 
 
 def rank_causes(tally: _Tally, texts: Mapping[str, str]) -> list[Cause]:
-    """Causes the step records show first (in the order shown), then by strength; ruled-out ones
-    last; ties keep ``texts``' order."""
+    """Causes the step records show first (in the order shown), then by strength, a cause with
+    evidence against it after the others of its strength; ruled-out ones last; ties keep
+    ``texts``' order."""
     order = list(texts)
     causes = []
     for key in order:
@@ -184,7 +178,7 @@ def rank_causes(tally: _Tally, texts: Mapping[str, str]) -> list[Cause]:
         causes.append(Cause(key, texts[key], strength, tuple(tally.evidence.get(key, ())), observed))
     seen = tally.observed
     return sorted(causes, key=lambda c: (seen.index(c.key) if c.key in seen else len(seen), -c.strength,
-                                         order.index(c.key)))
+                                         c.key in tally.weakened, order.index(c.key)))
 
 
 # -- samples -----------------------------------------------------------------------------------
@@ -263,41 +257,6 @@ def same_samples_across_ranks(batches: Mapping[int, Sequence[SampleBatch]]) -> t
     return None
 
 
-# -- stderr ------------------------------------------------------------------------------------
-
-
-def framework_warnings(lines: Iterable[str], *, limit: int = 5) -> list[tuple[str, str]]:
-    """``(cause key, line)`` for warning lines that name a cause, in order, at most ``limit``."""
-    found: list[tuple[str, str]] = []
-    seen: set[str] = set()
-    for raw in lines:
-        line = raw.strip()
-        if not line or line in seen or not _WARNING_LINE.search(line):
-            continue
-        for key, pattern in _WARNING_PATTERNS:
-            if pattern.search(line):
-                found.append((key, line[:300]))
-                seen.add(line)
-                break
-        if len(found) >= limit:
-            break
-    return found
-
-
-def stderr_lines(run_dir: Path, world_size: int, *, max_bytes: int = 2_000_000) -> list[str]:
-    """The stderr lines of every rank of a run (the last ``max_bytes`` of each log)."""
-    lines: list[str] = []
-    for rank in range(world_size):
-        path = run_dir / f"rank{rank}.stderr.log"
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(0, 2)
-                size = handle.tell()
-                handle.seek(max(0, size - max_bytes))
-                lines += handle.read().decode("utf-8", errors="replace").splitlines()
-        except OSError:
-            continue
-    return lines
 
 
 # -- resume ------------------------------------------------------------------------------------
@@ -337,6 +296,8 @@ class ResumeFacts:
     #: the reference printed steps ``counted_from`` (1, or 0 for a job counting from 0) to ``last_step`` (None: ``steps``)
     counted_from: int = 1
     last_step: int | None = None
+    #: the first divergent step's values in both runs, with the calibrated spread there
+    difference: DifferenceSize | None = None
 
 
 def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
@@ -373,6 +334,11 @@ def diagnose_resume(facts: ResumeFacts) -> list[Cause]:
         _second_resumed_step(t, boundary)
     if step is not None and not began_again and step > boundary + 1:
         _later_divergence(t, facts, step, boundary)
+    for w in facts.difference.weights(boundary) if facts.difference is not None and not began_again else ():
+        if w.points > 0:
+            t.add(w.key, w.points, w.why)
+        else:
+            t.weaken(w.key, w.why)
     _final_state(t, facts)
     for key, line in facts.warnings:
         t.add(key, STRONG, f"the framework warned: {line}")

@@ -26,6 +26,7 @@ from trainguard.checks.diagnosis import (
     explain,
     resume_diagnosis,
 )
+from trainguard.checks.difference_size import DifferenceSize
 from trainguard.checks.divergence import (
     DivergenceEvidence,
     ObservedCause,
@@ -243,7 +244,7 @@ def judge_resume(runs: ResumeRuns) -> CheckResult:
             samples_accounted=accounting.summary() if accounting.known and not accounting.ok else None,
             began_again=began_again, on_gpu=any(v > 0 for v in reference.peak_gpu_mb.values()),
             boundary_compared=first_step in expected, counted_from=0 if 0 in expected else 1,
-            last_step=max(expected) if 0 in expected else spec.steps,
+            last_step=max(expected) if 0 in expected else spec.steps, difference=_difference(tol, diff, *others),
         )
         noisy = _observed_noisy(runs, facts) if not tol.exact_state else None
         causes, found = resume_diagnosis(
@@ -276,6 +277,19 @@ def judge_resume(runs: ResumeRuns) -> CheckResult:
         duration,
         reproduce,
     )
+
+
+def _difference(tol: ToleranceUsed, *diffs: TrajectoryDiff) -> DifferenceSize | None:
+    """The first divergent step's values of the metric that parts first, and the calibrated
+    spread there (what :mod:`trainguard.checks.difference_size` weighs)."""
+    parted = [d for d in diffs if d.first_divergent_step is not None and d.first_values is not None]
+    if not parted:
+        return None
+    first = min(parted, key=lambda d: d.first_divergent_step or 0)
+    step, (a, b) = first.first_divergent_step or 0, first.first_values or (math.nan, math.nan)
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return None
+    return DifferenceSize(first.metric, step, a, b, tol.ratio(first.metric, step, abs(a - b)))
 
 
 def _observed_noisy(runs: ResumeRuns, facts: ResumeFacts) -> DivergenceEvidence | None:
