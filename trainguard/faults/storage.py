@@ -60,8 +60,8 @@ RESUME_KINDS = ("eio_read", "corrupt")
 #: the layer's rules per kind; ``fsync`` also records every file operation (the journal's
 #: ``record`` rule): a job that never fsyncs meets no failing call, and only the record of what it
 #: wrote shows why (:func:`fsync_fault_causes`)
-_RULES = {"eio_write": {"errno": {"write": errno.EIO}},
-          "fsync": {"errno": {"fsync": errno.EIO}, "record": {"run": "storage-fsync"}}}
+_RULES: dict[str, dict[str, dict[str, int | str]]] = {"eio_write": {"errno": {"write": errno.EIO}},
+                                                      "fsync": {"errno": {"fsync": errno.EIO}, "record": {"run": "storage-fsync"}}}
 #: the journal's operations that put data in a file
 _WRITE_OPS = ("create", "write", "truncate")
 
