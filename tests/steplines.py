@@ -87,13 +87,13 @@ def write_samples(run_dir: Path, rank: int, batches: Iterable[list[int]]) -> Non
         for i, b in enumerate(batches)))
 
 
-def save(*owners: str, how: str = "torch.save") -> dict[str, Any]:
+def save(*owners: str, how: str = "torch.save", path: str = "/ck/last.pt") -> dict[str, Any]:
     """A save line holding one key per owner (``model`` -> key ``model``)."""
-    return {"k": "save", "t": 0.5, "how": how, "path": "/ck/last.pt", "keys": {o: o for o in owners}, "whole": None}
+    return {"k": "save", "t": 0.5, "how": how, "path": path, "keys": {o: o for o in owners}, "whole": None}
 
 
-def restore(*calls: str, by: str = "__main__") -> list[dict[str, Any]]:
-    return [{"k": "restore", "t": 0.6, "call": c, "target": c.split(".")[0], "path": None, "by": by} for c in calls]
+def restore(*calls: str, by: str = "__main__", path: str | None = None) -> list[dict[str, Any]]:
+    return [{"k": "restore", "t": 0.6, "call": c, "target": c.split(".")[0], "path": path, "by": by} for c in calls]
 
 
 def changed(steps: list[Step], n: int, **fields: Any) -> list[Step]:

@@ -20,8 +20,8 @@ import pytest
 
 from tests.helpers import report_evidence
 from trainguard.drills.crash_points import choose_boundaries
-from trainguard.drills.crash_records import Boundary, BoundaryOutcome, journal
-from trainguard.faults.fusefs import fuse_unavailable
+from trainguard.drills.crash_records import Boundary, BoundaryOutcome
+from trainguard.faults.fusefs import fuse_unavailable, journal
 from trainguard.report import CheckResult
 from trainguard.session import check
 

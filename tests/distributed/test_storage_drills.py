@@ -186,6 +186,9 @@ def test_fsync_and_read_errors_and_a_torn_in_place_write(more: dict[str, CheckRe
     assert more["fsync"].status == "passed", more["fsync"].summary
     assert more["fsync-inplace"].status == "failed"
     assert "completed (exit 0) despite the fault" in more["fsync-inplace"].summary
+    # no fsync failed (the in-place writer makes none): the cause is what the layer saw it write
+    assert report_evidence(more["fsync-inplace"])["likely_causes"][0].startswith(
+        "the checkpoint is written in place and never fsynced")
     assert more["eio-read"].status == "passed", more["eio-read"].summary
     assert "Input/output error" in report_evidence(more["eio-read"])["resume_error"]
     scratch = more["eio-read-scratch"]

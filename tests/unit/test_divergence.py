@@ -357,3 +357,45 @@ def test_a_loader_that_reads_one_batch_ahead_still_has_its_samples_compared(tmp_
     found, _, _ = _runs(tmp_path, trajectory(1, 30), [replace(s, grad=0) for s in _resumed()])
     assert isinstance(found, Divergence) and found.first.kind == "samples" and found.samples_compared
     assert (found.first.reference, found.first.other, found.first.replays) == ("[21, 22]", "[1, 2]", 1)
+
+
+def test_the_rng_cause_says_what_the_checkpoint_the_resume_read_holds_not_what_a_save_once_wrote(
+        tmp_path: Path) -> None:
+    """run_clm.py's ``rng_not_saved`` plant: the Trainer saves rng_state.pth and the plant
+    deletes it; the resume loads the other files of a kept copy of checkpoint-5 and sets no RNG
+    state. The checkpoint it read holds none (the save record alone says it held some). Where
+    the file is there and the resume only never loads it, the checkpoint it loaded holds some."""
+    saved = [save("model", path=str(tmp_path / "ref/checkpoints/checkpoint-5/model.safetensors")),
+             {**save(path=str(tmp_path / "ref/checkpoints/checkpoint-5/optimizer.pt")), "whole": "optimizer"},
+             {**save(path=str(tmp_path / "ref/checkpoints/checkpoint-5/scheduler.pt")), "whole": "scheduler"},
+             {**save(path=str(tmp_path / "ref/checkpoints/checkpoint-5/rng_state.pth")), "whole": "rng"}]
+    kept = tmp_path / "kept" / "checkpoint-5"  # the copy the resume loads, without rng_state.pth
+    kept.mkdir(parents=True)
+    loads = [line for name in ("model.safetensors", "optimizer.pt", "scheduler.pt")
+             for line in restore("torch.load", path=str(kept / name))]
+    (kept / "scheduler.pt").write_bytes(b"")
+    resumed = [replace(s, rng="00000000000000ff" if s.n == 1 else s.rng, grad=999 if s.n == 1 else s.grad)
+               for s in _resumed()]
+    write_rank(tmp_path / "ref", 0, trajectory(1, 30), extra=saved)
+    write_rank(tmp_path / "other", 0, resumed,
+               before=loads + restore("Module.load_state_dict", "Optimizer.load_state_dict",
+                                      "LRScheduler.load_state_dict"))
+    ref, other = read_steps(tmp_path / "ref"), read_steps(tmp_path / "other")
+    found = first_divergence(ref, other, offset=20)
+    assert isinstance(found, Divergence) and found.first.kind == "rng"
+    cause = observed_resume_causes(found, other, ref)[0]
+    assert cause.key == "rng"
+    assert cause.observation.startswith(
+        "its checkpoint holds no RNG state and the resume sets none: the save wrote checkpoint-5/rng_state.pth, "
+        "which is not in the folder the resume loaded from: the torch CPU generator's state"), cause.observation
+    assert "holds some" not in cause.observation
+    (kept / "rng_state.pth").write_bytes(b"")  # there, and never loaded: the resume forgets it
+    cause = observed_resume_causes(found, other, ref)[0]
+    assert cause.observation.startswith("the resume sets no RNG state (no torch.set_rng_state, numpy.random.set_state "
+                                        "or random.setstate call) although the checkpoint it loaded holds some: ")
+    # a file of another checkpoint (checkpoint-10's rng_state.pth) says nothing of this one
+    (kept / "rng_state.pth").unlink()
+    write_rank(tmp_path / "ref", 0, trajectory(1, 30), extra=[
+        *saved[:3], {**save(path=str(tmp_path / "ref/checkpoints/checkpoint-10/rng_state.pth")), "whole": "rng"}])
+    cause = observed_resume_causes(found, other, read_steps(tmp_path / "ref"))[0]
+    assert cause.observation.startswith("its checkpoint saves no RNG state and the resume sets none: ")

@@ -193,3 +193,53 @@ def test_corrupt_never_writes_through_a_link_out_of_the_checkpoint(tmp_path: Pat
     fault.strike_latest()
     assert outside.read_bytes() == b"keep me as I am" * 100
     assert fault.target is None or not str(known(fault.target.file) or "").endswith("model.bin")
+
+
+# what a job saves under ``kind: fsync``: the planted in-place writer of toy_train.py (and a log it
+# appends to), a writer that lets the failing fsync go, one that renames without an fsync first
+SAVES = {
+    "in place": "open(d + '/rank0-step000010.json', 'w').write('{}')\nopen(d + '/train.log', 'a').write('x')",
+    "swallowed": ("f = open(d + '/.ckpt.tmp', 'w'); f.write('{}'); f.flush()\ntry:\n    os.fsync(f.fileno())\n"
+                  "except OSError:\n    pass\nf.close(); os.replace(d + '/.ckpt.tmp', d + '/ckpt.json')"),
+    "renamed": "open(d + '/.ckpt.tmp', 'w').write('{}')\nos.replace(d + '/.ckpt.tmp', d + '/ckpt.json')",
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("save", "named_first"), [
+    ("in place", "the checkpoint is written in place and never fsynced (no temp file + fsync + rename): under the "
+                 "fault rank 0 wrote /rank0-step000010.json straight to its final name and called no fsync"),
+    ("swallowed", "the error is caught and swallowed: 1 fsync call(s) under the checkpoint directory failed with "
+                  "EIO (/.ckpt.tmp first)"),
+    ("renamed", "the checkpoint is renamed into place with no fsync first: under the fault rank 0 wrote /.ckpt.tmp "
+                "and renamed it to /ckpt.json without an fsync"),
+])
+def test_a_job_that_completes_under_failing_fsyncs_is_told_what_it_did_instead(
+        tmp_path: Path, save: str, named_first: str) -> None:
+    """The fsync drill's planted writer never fsyncs: no call fails, the job completes, and the
+    cause comes from what the layer saw it write (not "the error is caught and swallowed",
+    which only a failed fsync the job went on from shows)."""
+    from trainguard.faults.base import FaultContext
+    from trainguard.faults.fusefs import fuse_unavailable
+    from trainguard.faults.storage import StorageFault
+    from trainguard.launch import RunResult
+
+    if fuse_unavailable() is not None:
+        pytest.skip(f"no FUSE layer on this machine: {fuse_unavailable()}")
+    fault = StorageFault(FaultParams({"kind": "fsync"}))
+    ctx = FaultContext(work_dir=tmp_path / "w", checkpoint_dir=tmp_path / "c", world_size=1)
+    fault.setup(ctx)
+    try:
+        fault.arm_on_the_run()
+        subprocess.run([sys.executable, "-c", f"import os\nd = {str(ctx.checkpoint_dir)!r}\n{SAVES[save]}"],
+                       check=True, timeout=30, env={**os.environ, "RANK": "0"})
+        completed = RunResult(outcome="ok", argv=[], run_dir=tmp_path, world_size=1, port=0, exits=[],
+                              points=[], duration_s=1.0, first_metric_s=None)
+        causes = fault.likely_causes(completed)
+        failed = RunResult(**{**completed.__dict__, "outcome": "failed"})
+        assert fault.likely_causes(failed) == []  # a job that failed on the fault: the judge's own causes
+    finally:
+        fault.teardown()
+    assert causes and causes[0].startswith(named_first), causes
+    assert len(causes) == 1 and "train.log" not in causes[0]  # what it appends to is a log
+    assert "record" not in known(fault.evidence().rules)

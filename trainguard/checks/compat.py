@@ -423,7 +423,7 @@ def _observed(cmp: _Comparison, runs: tuple[RunResult, RunResult, RunResult], fi
     first differ is set on the evidence. Only to explain a failure: never a verdict."""
     reference, base, resumed = runs
     counted_from = 0 if 0 in expected else 1
-    found, observed = observe_noisy_resume(reference.run_dir, resumed.run_dir, base.run_dir,
+    found, observed = observe_noisy_resume(cmp.ctx.recorded(reference).run_dir, resumed.run_dir, base.run_dir,
                                            tolerance=cmp.tol.ss_tolerance(), resumed_from=first - 1,
                                            counted_from=counted_from,
                                            last_printed=max(expected) if counted_from == 0 else cmp.spec.steps)

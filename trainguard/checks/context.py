@@ -104,6 +104,13 @@ class CheckContext(Generic[S]):
         """The uninterrupted run of a declared reference run, launched once and shared."""
         return self.pool.scheduling.reference(self.declared(which).request)
 
+    def recorded(self, run: RunResult) -> RunResult:
+        """``run`` with the run agent's step records, for the diagnosis of a failed comparison:
+        a shared reference launched without them (the profile's timed run) is launched again
+        with them (:meth:`~trainguard.run.scheduling.RunScheduler.recorded`); any other run as
+        it is."""
+        return self.pool.scheduling.recorded(run)
+
     def run(self, which: Which, *, label: str, on_metric: MetricCallback | None = None, resume: bool = False,
             checkpoint_dir: Path | None = None, keep: bool = True) -> RunResult:
         """Launch the declared run ``which`` now, in a new run directory."""

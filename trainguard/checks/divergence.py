@@ -28,7 +28,15 @@ from trainguard.checks.accounting import training_batches
 from trainguard.checks.step_compare import StepRow, compared_steps, rows_around
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.launch.samples import SampleBatch, read_samples
-from trainguard.launch.steps import RNG_SET_CALLS, Fingerprint, StepRecord, StepRecords, read_steps
+from trainguard.launch.steps import (
+    RNG_SET_CALLS,
+    CheckpointRead,
+    Fingerprint,
+    StepRecord,
+    StepRecords,
+    checkpoint_read,
+    read_steps,
+)
 
 __all__ = [
     "KINDS",
@@ -433,11 +441,11 @@ def observed_resume_causes(divergence: Divergence, resumed: StepRecords,
     whose checkpoint it loaded), most telling first; empty when it shows none (then the
     checkpoint's inventory is what is left to go by)."""
     calls = resumed.restore_calls()
-    owners = saved.saved_owners() if saved is not None else None
+    held = checkpoint_read(saved, resumed) if saved is not None else None
     at_first = divergence.step == divergence.offset + 1
     found: list[ObservedCause] = []
     for d in _firsts(divergence):
-        cause = _resume_cause(d, divergence, calls, owners, at_first)
+        cause = _resume_cause(d, divergence, calls, held, at_first)
         if cause is not None and all(c.key != cause.key for c in found):
             found.append(cause)
     return found
@@ -453,22 +461,22 @@ def _firsts(divergence: Divergence) -> list[Difference]:
 
 @dataclass(frozen=True)
 class _Restored:
-    """What the resumed run restored (its restore calls) and what its checkpoint held (the
-    owners of the saving run's saved keys; None: no save recorded)."""
+    """What the resumed run restored (its restore calls) and what the checkpoint it read held
+    (None: no save recorded)."""
 
     calls: frozenset[str]
-    owners: frozenset[str] | None
+    held: CheckpointRead | None
 
     def loaded(self, what: str) -> bool:
         return bool(self.calls & _RESTORES[what])
 
     def lacks(self, owner: str) -> bool:
-        return self.owners is not None and owner not in self.owners
+        return self.held is not None and owner not in self.held.owners
 
 
-def _resume_cause(d: Difference, div: Divergence, calls: frozenset[str], owners: frozenset[str] | None,
+def _resume_cause(d: Difference, div: Divergence, calls: frozenset[str], held: CheckpointRead | None,
                   at_first: bool) -> ObservedCause | None:
-    restored, what = _Restored(calls, owners), d.phrase(_RESUMED)
+    restored, what = _Restored(calls, held), d.phrase(_RESUMED)
     if d.kind in ("lr", "hyperparameter"):
         if at_first and not restored.loaded("optimizer") and "optimizer state" in div.kinds:
             return None  # a fresh optimizer: its state's difference says so, the lr is part of it
@@ -483,7 +491,7 @@ def _resume_cause(d: Difference, div: Divergence, calls: frozenset[str], owners:
             # set, or an earlier step's batches drawn again: the data position parts the runs,
             # and the RNG's state follows from what was drawn
             return None
-        return ObservedCause("rng", _rng_observation(what, calls, owners))
+        return ObservedCause("rng", _rng_observation(what, restored))
     if d.kind == "samples":
         lost = "; it restored no loader state" if not restored.loaded("loader") else ""
         return ObservedCause("data_position", f"{what}{lost}")
@@ -531,14 +539,21 @@ def _state_cause(d: Difference, what: str, restored: _Restored, at_first: bool) 
                          f"after step {d.step - 1}: {what}")
 
 
-def _rng_observation(what: str, calls: frozenset[str], owners: frozenset[str] | None) -> str:
-    set_calls = sorted(calls & _RESTORES["rng"])
-    if not set_calls and owners is not None and "rng" not in owners:
+def _rng_observation(what: str, restored: _Restored) -> str:
+    """What the resume did with the RNG states, and what the checkpoint it read holds of them
+    (not what a save once wrote: a file removed since is not read)."""
+    set_calls, held = sorted(restored.calls & _RESTORES["rng"]), restored.held
+    gone = [name for name, owners in held.gone if "rng" in owners] if held is not None else []
+    if not set_calls and gone and restored.lacks("rng"):
+        return (f"its checkpoint holds no RNG state and the resume sets none: the save wrote {gone[0]}, which is not "
+                f"in the folder the resume loaded from: {what}")
+    if not set_calls and restored.lacks("rng"):
         return f"its checkpoint saves no RNG state and the resume sets none: {what}"
     if not set_calls:
-        held = " although its checkpoint holds some" if owners is not None else ""
+        some = ("" if held is None else " although the checkpoint it loaded holds some" if held.matched
+                else " although the saving run's saves held some")
         return (f"the resume sets no RNG state (no torch.set_rng_state, numpy.random.set_state or "
-                f"random.setstate call){held}: {what}")
+                f"random.setstate call){some}: {what}")
     return (f"{_RESUMED} set RNG state ({', '.join(set_calls)}), but {what}: a state saved at another step or "
             "by another rank, or drawn from after it was set")
 

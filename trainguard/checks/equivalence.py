@@ -251,8 +251,9 @@ def run_determinism(ctx: CheckContext[DeterminismCheck]) -> CheckResult:
     causes = list(NONDETERMINISM_CAUSES)
     drawn = read_samples(first.run_dir).get(0, []), read_samples(second.run_dir).get(0, [])
     note = data_order_note(*drawn)
-    observed, most_likely = observed_nondeterminism(first.run_dir, second.run_dir, evidence,
-                                                    sorted(first.trajectory(ctx.metric)))
+    recorded = ctx.recorded(first)  # the profile's timed run, shared, has no step records
+    observed, most_likely = observed_nondeterminism(recorded.run_dir, second.run_dir, evidence,
+                                                    sorted(recorded.trajectory(ctx.metric)))
     if note is not None:
         evidence.samples = note
         unseeded, unordered = NONDETERMINISM_CAUSES[0], NONDETERMINISM_CAUSES[2]
@@ -366,7 +367,8 @@ def run_parallel(ctx: CheckContext[ParallelCheck]) -> CheckResult:
             f"({metric} {a!r} vs {b!r}; max abs diff {diff.max_abs_diff:.3g}, "
             f"tolerance rtol {spec.rtol:g} atol {spec.atol:g})"
         )
-    observed = _observed_parallel(one.run_dir, many.run_dir, tol.ss_tolerance(), spec.world_size, evidence)
+    observed = _observed_parallel(ctx.recorded(one).run_dir, many.run_dir, tol.ss_tolerance(), spec.world_size,
+                                  evidence)
     if shared is not None:
         summary += f". Most likely {shared}"
     elif observed:  # what the step records show, first, with the observation

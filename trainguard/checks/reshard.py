@@ -319,8 +319,8 @@ def _one_pair(ctx: CheckContext[ReshardCheck], n: int, m: int) -> _Pair:
     facts = PairFacts(resumed_from, diff.first_divergent_step, agreement, inventory, differing,
                        _rng_warning(resumed.run_dir, m), accounting)
     if resumed_from > 0:  # the step records, compared as whole runs from the step resumed at
-        runs = observe_noisy(reference.run_dir, resumed.run_dir, tolerance=tol.ss_tolerance(), printed=resumed_from + 1,
-                             last_printed=spec.steps)
+        runs = observe_noisy(ctx.recorded(reference).run_dir, resumed.run_dir, tolerance=tol.ss_tolerance(),
+                             printed=resumed_from + 1, last_printed=spec.steps)
         if runs is not None:
             evidence.first_divergence = runs.evidence(f"the run resumed at {m} rank(s)")
             facts.observed = observed_world_size_causes(runs, 1, f"the run resumed at {m} rank(s)")

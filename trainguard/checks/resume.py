@@ -43,7 +43,7 @@ def run_resume_check(ctx: CheckContext[ResumeCheck]) -> CheckResult:
     judged as it ends (:func:`judge_cycle`); the verdict from them all (:func:`judge_resume`)."""
     started, reproduce = time.monotonic(), _reproduce(ctx)
     runs = ResumeRuns(ctx.job_file, ctx.spec, ctx.metric, ctx.tolerance, ctx.request, ctx.reference(), started,
-                      reproduce)
+                      reproduce, recorded=ctx.recorded)
     if not runs.reference.ok:
         return reference_failed(runs)
     for number, cut in enumerate([*runs.spec.cuts, None], start=1):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,10 +94,20 @@ class ResumeRuns:
     chain: ChainEvidence | None = field(init=False)
     #: where a chain's cycles parted from the uninterrupted run (the first that did ends the chain)
     problems: list[str] = field(default_factory=list)
+    #: a run with the run agent's step records for a failure's diagnosis (:meth:`CheckContext.recorded`)
+    recorded: Callable[[RunResult], RunResult] = field(default=lambda run: run, repr=False)
 
     def __post_init__(self) -> None:
         self.chain = ChainEvidence(chain=self.spec.cuts, cycles=[], reference_run_dir=str(self.reference.run_dir),
                                    tolerance=self.tol.as_evidence()) if len(self.spec.cuts) > 1 else None
+
+    def recorded_dirs(self) -> tuple[Path, Path]:
+        """(the reference's run directory, the saving run's: the cut's) for a failure's
+        diagnosis, which reads their step records: where the reference was kept without them
+        (the profile's timed run, whose kept checkpoint the cut may be), the recorded one's."""
+        recorded = self.recorded(self.reference)
+        saved = self.cut.run_dir
+        return recorded.run_dir, recorded.run_dir if saved == self.reference.run_dir else saved
 
     def result(self, status: CheckStatus, summary: str, evidence: Evidence) -> CheckResult:
         """The check's result, timed from its start."""
@@ -246,10 +256,11 @@ def judge_resume(runs: ResumeRuns) -> CheckResult:
             boundary_compared=first_step in expected, counted_from=0 if 0 in expected else 1,
             last_step=max(expected) if 0 in expected else spec.steps, difference=_difference(tol, diff, *others),
         )
-        noisy = _observed_noisy(runs, facts) if not tol.exact_state else None
+        reference_dir, saved_dir = runs.recorded_dirs()
+        noisy = _observed_noisy(runs, facts, (reference_dir, saved_dir)) if not tol.exact_state else None
         causes, found = resume_diagnosis(
-            reference_dir=reference.run_dir, resumed_dir=resumed.run_dir, world_size=request.world_size,
-            steps=spec.steps, facts=facts, saved_dir=cut.run_dir,
+            reference_dir=reference_dir, resumed_dir=resumed.run_dir, world_size=request.world_size,
+            steps=spec.steps, facts=facts, saved_dir=saved_dir,
         )
         if noisy is not None:
             found.first_divergence = noisy
@@ -292,7 +303,7 @@ def _difference(tol: ToleranceUsed, *diffs: TrajectoryDiff) -> DifferenceSize | 
     return DifferenceSize(first.metric, step, a, b, tol.ratio(first.metric, step, abs(a - b)))
 
 
-def _observed_noisy(runs: ResumeRuns, facts: ResumeFacts) -> DivergenceEvidence | None:
+def _observed_noisy(runs: ResumeRuns, facts: ResumeFacts, dirs: tuple[Path, Path]) -> DivergenceEvidence | None:
     """A calibrated noisy job's resume: its step records against the uninterrupted run's as whole
     runs, the sums of squares within the calibrated spread (bit for bit every tensor differs);
     the causes that shows go into ``facts`` (the exact comparison is then not made)."""
@@ -300,7 +311,7 @@ def _observed_noisy(runs: ResumeRuns, facts: ResumeFacts) -> DivergenceEvidence 
     if facts.resumed_from <= 0 or facts.began_again:
         return None
     found, observed = observe_noisy_resume(
-        runs.reference.run_dir, runs.resumed.run_dir, runs.cut.run_dir, tolerance=runs.tol.ss_tolerance(),
+        dirs[0], runs.resumed.run_dir, dirs[1], tolerance=runs.tol.ss_tolerance(),
         resumed_from=facts.resumed_from, counted_from=facts.counted_from,
         last_printed=facts.last_step if facts.last_step is not None else runs.spec.steps)
     facts.observed = tuple(observed)
@@ -419,12 +430,13 @@ def _observed_cycle(runs: ResumeRuns, chain: ChainEvidence, failing: int) -> lis
     expected = runs.reference.trajectory(runs.metric)
     counted_from = 0 if 0 in expected else 1
     last = max(expected) if counted_from == 0 else runs.spec.steps
+    reference_dir = runs.recorded(runs.reference).run_dir
     if not runs.tol.exact_state:  # a calibrated noisy job: whole runs, within the calibrated spread
-        found, observed = observe_noisy_resume(runs.reference.run_dir, Path(cycle.run_dir), Path(before.run_dir),
+        found, observed = observe_noisy_resume(reference_dir, Path(cycle.run_dir), Path(before.run_dir),
                                                tolerance=runs.tol.ss_tolerance(), resumed_from=cycle.resumed_from_step,
                                                counted_from=counted_from, last_printed=last)
     else:
-        found, observed = observe_resume(runs.reference.run_dir, Path(cycle.run_dir), Path(before.run_dir),
+        found, observed = observe_resume(reference_dir, Path(cycle.run_dir), Path(before.run_dir),
                                          resumed_from=cycle.resumed_from_step, counted_from=counted_from,
                                          last_printed=last)
     if found is not None:

@@ -61,13 +61,11 @@ from trainguard.drills.crash_records import (
     CrashPointsEvidence,
     CrashRow,
     CrashRule,
-    JournalEvent,
-    journal,
 )
 from trainguard.drills.crash_saves import feeds_restart, save_files, shape, unlike_reference
 from trainguard.drills.evidence import ReferenceNotUsable
 from trainguard.evidence import NoEvidence
-from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
+from trainguard.faults.fusefs import FuseLayer, JournalEvent, fuse_unavailable, journal
 from trainguard.faults.fusemount import FuseMount
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories, first_step

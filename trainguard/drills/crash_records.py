@@ -5,14 +5,14 @@ with, and the report's record (:class:`CrashPointsEvidence`) with one row per bo
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from typing import Literal, TypedDict
 
 from trainguard.evidence import UNSET, Evidence, Unset
+from trainguard.faults.fusefs import JournalEvent
 
 __all__ = ["Boundary", "BoundaryNotReached", "BoundaryOutcome", "BoundaryRule", "CrashOutcome", "CrashPointsEvidence",
-           "CrashRow", "CrashRule", "JournalEvent", "journal"]
+           "CrashRow", "CrashRule"]
 
 
 @dataclass(frozen=True)
@@ -62,36 +62,6 @@ class CrashRule(TypedDict, total=False):
     mode: str
     snapshots: str
     kill: list[int]
-
-
-@dataclass(frozen=True)
-class JournalEvent:
-    """One line of the FUSE journal (:mod:`trainguard.faults.fusejournal`) as crash_points reads
-    it: an operation made (``op``: ``t0`` when it began, ``t`` when it ended), a file ``opened``
-    to read or append (``mode``), the ``crashed`` rank (in power mode, how many changes were
-    ``undone``)."""
-
-    event: str
-    op: str = ""
-    path: str = ""
-    rank: int | None = None
-    ordinal: int = 0
-    to: str | None = None
-    t: float = 0.0
-    t0: float | None = None
-    mode: str | None = None
-    undone: int | None = None
-
-    @property
-    def start(self) -> float:
-        return self.t if self.t0 is None else self.t0
-
-
-def journal(lines: list[dict[str, Any]]) -> list[JournalEvent]:
-    """The journal's lines (:meth:`FuseLayer.read_events`, JSON objects) as events; the keys
-    crash_points does not read (``pid``, ``n``, ...) left out."""
-    names = {f.name for f in dataclasses.fields(JournalEvent)}
-    return [JournalEvent(**{k: v for k, v in line.items() if k in names}) for line in lines if "event" in line]
 
 
 #: what the restart after a crash did (the module's docstring says each)

@@ -428,7 +428,9 @@ def judge_recover(c: DrillContext, evidence: RecoverEvidence) -> Judgement:
             f"attempt 0 {first.outcome} ({c.fault.classify(first) if not first.ok else 'no failure'}"
             f"{f', detected after {detected:.2f} s' if detected is not None else ''})")
     if problems:
-        found, observed = observed_restart(c.reference, run.attempts, c.metric, diff.first_divergent_step, spec.steps)
+        # the reference with step records (the profile's timed run, shared, has none)
+        found, observed = observed_restart(c.runner.scheduling.recorded(c.reference), run.attempts, c.metric,
+                                           diff.first_divergent_step, spec.steps)
         evidence.first_divergence = found if found is not None else UNSET
         evidence.likely_causes = observed + recover_causes([r.resumed_from_step for r in per_restart], diff, accounting)
         return Judgement("failed", f"{what}; " + "; ".join(problems), evidence)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -46,13 +47,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainguard._internal.pids import pid_alive
 from trainguard._internal.signals import signals_deferred
 
-__all__ = ["POLICIES", "RULE_OPS", "FuseLayer", "fuse_unavailable", "serve"]
+__all__ = ["POLICIES", "RULE_OPS", "FuseLayer", "JournalEvent", "fuse_unavailable", "journal", "serve"]
 
 #: what each policy fails while armed: the operation -> errno
 #: (``rules``: none fixed; the trigger file's JSON says, see the module's docstring)
@@ -81,6 +83,37 @@ def fuse_unavailable() -> str | None:
             return "the mfusepy package is not installed (pip install mfusepy)"
         return f"libfuse could not be loaded ({last[:200]}); install libfuse3 (Debian: libfuse3-3)"
     return None
+
+
+@dataclass(frozen=True)
+class JournalEvent:
+    """One line of the layer's events as its readers (crash_points, the storage fault) read it:
+    an operation the journal (:mod:`trainguard.faults.fusejournal`) saw made (``op``: ``t0`` when
+    it began, ``t`` when it ended), a file ``opened`` to read or append (``mode``), the ``crashed``
+    rank (in power mode, how many changes were ``undone``), a call the rules failed (``eio``:
+    ``op``, ``path``)."""
+
+    event: str
+    op: str = ""
+    path: str = ""
+    rank: int | None = None
+    ordinal: int = 0
+    to: str | None = None
+    t: float = 0.0
+    t0: float | None = None
+    mode: str | None = None
+    undone: int | None = None
+
+    @property
+    def start(self) -> float:
+        return self.t if self.t0 is None else self.t0
+
+
+def journal(lines: list[dict[str, Any]]) -> list[JournalEvent]:
+    """The journal's lines (:meth:`FuseLayer.read_events`, JSON objects) as events; the keys
+    no reader reads (``pid``, ``n``, ...) left out."""
+    names = {f.name for f in dataclasses.fields(JournalEvent)}
+    return [JournalEvent(**{k: v for k, v in line.items() if k in names}) for line in lines if "event" in line]
 
 
 def _mounted(point: Path) -> bool:

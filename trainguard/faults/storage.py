@@ -42,7 +42,7 @@ from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import Expectation
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.faults.base import FaultContext, FaultEvidence, FaultUnavailable
-from trainguard.faults.fusefs import fuse_unavailable
+from trainguard.faults.fusefs import JournalEvent, fuse_unavailable, journal
 from trainguard.faults.fusemount import FuseFault
 from trainguard.report import SkipReason
 from trainguard.unit.checkpoints import latest_complete_checkpoint
@@ -52,12 +52,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
 
 __all__ = ["RESUME_KINDS", "STORAGE_KINDS", "SlowStep", "SlowStorage", "StorageEvidence", "StorageFault", "StruckCheckpoint",
-           "newest_checkpoint_files", "stop_all_ranks"]
+           "fsync_fault_causes", "newest_checkpoint_files", "stop_all_ranks"]
 
 STORAGE_KINDS = ("eio_write", "eio_read", "fsync", "slow", "corrupt")
 #: kinds that stop the run after step k and strike the resume
 RESUME_KINDS = ("eio_read", "corrupt")
-_RULES = {"eio_write": {"errno": {"write": errno.EIO}}, "fsync": {"errno": {"fsync": errno.EIO}}}
+#: the layer's rules per kind; ``fsync`` also records every file operation (the journal's
+#: ``record`` rule): a job that never fsyncs meets no failing call, and only the record of what it
+#: wrote shows why (:func:`fsync_fault_causes`)
+_RULES: dict[str, dict[str, dict[str, int | str]]] = {"eio_write": {"errno": {"write": errno.EIO}},
+                                                      "fsync": {"errno": {"fsync": errno.EIO}, "record": {"run": "storage-fsync"}}}
+#: the journal's operations that put data in a file
+_WRITE_OPS = ("create", "write", "truncate")
 
 
 def newest_checkpoint_files(directory: Path, rank: int = 0, *, own_rank: bool = False
@@ -95,6 +101,54 @@ def newest_checkpoint_files(directory: Path, rank: int = 0, *, own_rank: bool = 
     same = [c[2] for c in candidates if c[0] == step] if step >= 0 else [newest]
     same.sort(key=lambda p: (-p.stat().st_size, f"rank{rank}" not in p.name, p.name))
     return newest, (step if step >= 0 else None), same
+
+
+def fsync_fault_causes(events: list[JournalEvent]) -> list[str]:
+    """Why a job completed although every fsync under its checkpoint directory failed, from the
+    layer's events while the fault was on (the journal's ``op`` and ``opened`` events, the
+    ``eio`` events of the failed calls), most likely first: fsync calls that failed and were let
+    go; files written straight to their final name and never fsynced (in place); files renamed
+    into place with no fsync first. A file opened to append is a log. Empty when the events show
+    none of these (no journal: a layer without the ``record`` rule)."""
+    failed = [e for e in events if e.event == "eio" and e.op == "fsync"]
+    logs = {(e.rank, e.path) for e in events if e.event == "opened" and e.mode == "append"}
+    written: dict[tuple[int | None, str], None] = {}  # in the order first written
+    synced: set[tuple[int | None, str]] = set()
+    renamed: dict[tuple[int | None, str], str | None] = {}
+    for e in events:
+        key = (e.rank, e.path)
+        if e.event != "op" or key in logs:
+            continue
+        if e.op in _WRITE_OPS:
+            written.setdefault(key)
+        elif e.op in ("fsync", "fdatasync"):
+            synced.add(key)
+        elif e.op == "rename":
+            renamed[key] = e.to
+    tried = {e.path for e in failed}  # fsynced, or as good as: the job asked
+    unsynced = [key for key in written if key not in synced and key[1] not in tried]
+    in_place = [key for key in unsynced if key not in renamed]
+    moved = [key for key in unsynced if key in renamed]
+    causes = []
+    if failed:
+        causes.append(f"the error is caught and swallowed: {len(failed)} fsync call(s) under the checkpoint "
+                      f"directory failed with EIO ({failed[0].path} first) and the job completed "
+                      "(exit 0) as if its checkpoints were durable")
+    if in_place:
+        (rank, path), more = in_place[0], len(in_place) - 1
+        causes.append("the checkpoint is written in place and never fsynced (no temp file + fsync + rename): "
+                      f"under the fault rank {rank} wrote {path} straight to its final name"
+                      + (f" (and {more} more file(s) alike)" if more else "")
+                      + " and called no fsync, so the failing fsync never reached the job; a power loss "
+                      "loses or tears what it wrote")
+    if moved:
+        (rank, path), more = moved[0], len(moved) - 1
+        causes.append(f"the checkpoint is renamed into place with no fsync first: under the fault rank {rank} "
+                      f"wrote {path} and renamed it to {renamed[(rank, path)]}"
+                      + (f" (and {more} more file(s) alike)" if more else "")
+                      + " without an fsync, so the failing fsync never reached the job; a power loss "
+                      "publishes an empty or short file")
+    return causes
 
 
 def _regular(path: Path) -> bool:
@@ -255,11 +309,16 @@ class StorageFault(FuseFault):
             self.stopped_ranks = stop_all_ranks(launcher)
             self.strike_latest()
             return
-        if kind == "slow":
+        self.arm_on_the_run()
+
+    def arm_on_the_run(self) -> None:
+        """Arm the layer with the rules of a kind that strikes the running job (``eio_write``,
+        ``fsync``, ``slow``)."""
+        if self.storage_kind == "slow":
             on = self.params.optional_text("op") or "write"
             self.rules = {"latency_ms": {on: float(self.params.number("latency_ms"))}}
         else:
-            self.rules = dict(_RULES[kind])
+            self.rules = dict(_RULES[self.storage_kind])
         self.arm()
 
     def arm(self) -> None:
@@ -329,7 +388,7 @@ class StorageFault(FuseFault):
         out = StorageEvidence(*self.struck(), kind=self.storage_kind, mechanism=self.mechanism,
                               stopped_ranks=self.stopped_ranks or UNSET, problems=list(self.problems) or UNSET)
         if self.rules is not None:
-            out.rules = {k: v for k, v in self.rules.items() if k != "paths"}
+            out.rules = {k: v for k, v in self.rules.items() if k not in ("paths", "record")}
         if self.target is not None:
             out.target = dataclasses.replace(self.target)  # a copy, as the report holds it now
         eio = self.layer_events("eio")
@@ -340,6 +399,13 @@ class StorageFault(FuseFault):
         if self.slow is not None:
             out.slow_storage = self.slow
         return out
+
+    def likely_causes(self, result: RunResult) -> list[str]:
+        """``fsync``, when the job completed despite it: what the layer saw it do under the
+        fault (:func:`fsync_fault_causes`)."""
+        if self.storage_kind != "fsync" or not result.ok:
+            return []
+        return fsync_fault_causes(journal(self.layer_events()))
 
     def classify(self, result: RunResult) -> str:
         from trainguard.faults.hook import rank_stderr

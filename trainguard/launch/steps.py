@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "OWN_RNG_SETTERS",
     "RNG_SET_CALLS",
+    "CheckpointRead",
     "Fingerprint",
     "GroupParams",
     "RankSteps",
@@ -41,6 +43,7 @@ __all__ = [
     "SeedRecord",
     "StepRecord",
     "StepRecords",
+    "checkpoint_read",
     "read_steps",
 ]
 
@@ -254,6 +257,58 @@ class StepRecords:
             if rank.malformed:
                 out.append(f"{rank.malformed} malformed line(s) of rank {rank.rank} skipped")
         return out
+
+
+@dataclass(frozen=True)
+class CheckpointRead:
+    """What the checkpoint a resumed run read holds (:func:`checkpoint_read`)."""
+
+    #: the owners (model, optimizer, rng, ...) of what it holds
+    owners: frozenset[str]
+    #: files the saving run saved in the folders the resume loaded from and that are not there
+    #: where it loaded them from: (``folder/file``, its owners), in the order saved
+    gone: tuple[tuple[str, frozenset[str]], ...] = ()
+    #: whether a file the resume loaded is one the saving run saved; else ``owners`` are what
+    #: all its saves held (which checkpoint was read is not known)
+    matched: bool = False
+
+
+def _tail(path: str) -> tuple[str, str]:
+    """(the folder's name, the file's name) of ``path``: the same file of a checkpoint copied
+    elsewhere (a resume loads a kept copy of the folder the saving run wrote)."""
+    folder, name = os.path.split(os.path.normpath(path))
+    return os.path.basename(folder), name
+
+
+def checkpoint_read(saved: StepRecords, resumed: StepRecords) -> CheckpointRead | None:
+    """What the checkpoint ``resumed`` loaded holds, from the saving run's save records and the
+    resumed run's restore records (their paths): the saves it loaded, and the other saves of the
+    folders it loaded them from where those files are still there (a file written and removed
+    since, or never copied, is ``gone``: the checkpoint read does not hold it). None when the
+    saving run recorded no save."""
+    saves = sorted(saved.saves(), key=lambda s: s.t)
+    if not saves:
+        return None
+    loaded = {_tail(r.path): r.path for rank in resumed.ranks.values() for r in rank.restores
+              if r.path and not r.path.startswith("<")}
+    folders = {tail[0]: os.path.dirname(os.path.normpath(path)) for tail, path in loaded.items()}
+    owners: set[str] = set()
+    gone: list[tuple[str, frozenset[str]]] = []
+    matched = False
+    for save in saves:
+        folder, name = tail = _tail(save.path)
+        where = folders.get(folder)
+        if tail in loaded:
+            matched = True
+        elif where is None:
+            continue  # another checkpoint's file
+        elif os.path.isabs(where) and not os.path.lexists(os.path.join(where, name)):
+            gone.append((f"{folder}/{name}", save.owners))
+            continue
+        owners |= save.owners
+    if not matched:
+        return CheckpointRead(saved.saved_owners() or frozenset())
+    return CheckpointRead(frozenset(owners), tuple(gone), matched=True)
 
 
 # -- reading ---------------------------------------------------------------------------------

@@ -368,7 +368,9 @@ def measure_size(
     finally:
         sampler.close()
     if sized is runner and steps is None:
-        runner.scheduling.offer_reference(request, result)  # the uninterrupted run other checks of this request share
+        # the uninterrupted run other checks of this request share, marked as run without step
+        # records: a check that fails against it gets a recorded one for its diagnosis
+        runner.scheduling.offer_reference(request, result, records_off=runner.job_file.job.record_steps)
     # a backend's own record of its checkpoints (Ray's) places them better than the listing
     recorded = sized.backend.checkpoint_writes(watcher.directory) if watcher.directory is not None else None
     if recorded is not None:

@@ -100,6 +100,9 @@ class RunScheduler:
         self._lock = lock
         self._inflight = inflight
         self._references: dict[RunRequest, RunResult] = {}
+        #: references launched without the step records the job's other runs have (the
+        #: profile's timed run): key -> the request it was launched for
+        self._records_off: dict[RunRequest, RunRequest] = {}
         self._pending: dict[RunRequest, Future[RunResult]] = {}
         self._lane: list[AheadRun] = []
         self._lane_closed = threading.Event()
@@ -169,12 +172,39 @@ class RunScheduler:
         with self._lock:
             return self._references.get(self.reference_key(request))
 
-    def offer_reference(self, request: RunRequest, result: RunResult) -> None:
+    def offer_reference(self, request: RunRequest, result: RunResult, *, records_off: bool = False) -> None:
         """Keep ``result`` as the reference of ``request`` when it completed and none is kept
-        yet (the canary's run is the uninterrupted run of its request)."""
+        yet (the canary's run is the uninterrupted run of its request). ``records_off``: it was
+        launched without the step records the job's runs have (the profile's timed run): it is
+        shared for comparing, and :meth:`recorded` launches a recorded one where a diagnosis
+        needs its records."""
         if result.ok:
+            key = self.reference_key(request)
             with self._lock:
-                self._references.setdefault(self.reference_key(request), result)
+                if key not in self._references:
+                    self._references[key] = result
+                    if records_off:
+                        self._records_off[key] = request
+
+    def recorded(self, run: RunResult) -> RunResult:
+        """``run``, when the run agent recorded its steps; when it is a reference kept without
+        them (:meth:`offer_reference`'s ``records_off``), the uninterrupted run of its request
+        launched now with them, kept as the reference from then on. A check compares with the
+        shared run as it is and asks for this only to diagnose a failed comparison (the causes
+        come from both runs' step records), so a session that passes launches nothing more."""
+        with self._lock:
+            key = next((k for k, kept in self._references.items() if kept is run and k in self._records_off), None)
+            request = None if key is None else self._records_off[key]
+        if key is None or request is None:
+            return run
+        result = self._host.launch(request, label="reference-recorded")
+        if not result.ok:
+            return run
+        with self._lock:
+            if self._references.get(key) is run:
+                self._references[key] = result
+                self._records_off.pop(key, None)
+        return result
 
     def prefetch(self, request: RunRequest) -> None:
         """Start the reference run of ``request`` in the background (when none is kept or
