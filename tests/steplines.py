@@ -38,9 +38,12 @@ class Step:
     optim_of: Mapping[str, int] = field(default_factory=dict)
     grad_of: Mapping[str, int] = field(default_factory=dict)
     no_optim: bool = False
+    #: parameter name -> its DTensor placement (``"(Shard(dim=0),)"``)
+    placement: Mapping[str, str] = field(default_factory=dict)
 
     def line(self) -> dict[str, Any]:
-        return {
+        extra = {"placement": dict(self.placement)} if self.placement else {}
+        return {**extra,
             "k": "step", "opt": self.opt, "n": self.n, "t": 1.0 + self.n,
             "groups": [{"lr": self.lr, "betas": [0.9, 0.999], "weight_decay": 0.01, "foreach": None}],
             "backward": 1,
