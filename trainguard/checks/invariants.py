@@ -27,7 +27,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from trainguard.checks.invariants_data import data_findings
-from trainguard.checks.invariants_records import Allowed, Coverage, Finding, Invariant, Invariants, matches
+from trainguard.checks.invariants_records import (
+    NOTHING_ALLOWED,
+    Allowed,
+    Coverage,
+    Finding,
+    Invariant,
+    Invariants,
+    matches,
+)
 from trainguard.launch.samples import SampleBatch
 from trainguard.launch.steps import Fingerprint, StepRecord, StepRecords
 
@@ -38,7 +46,7 @@ MAX_FINDINGS = 20
 
 
 def check_invariants(steps: StepRecords, samples: Mapping[int, Sequence[SampleBatch]], *,
-                     allowed: Allowed = Allowed()) -> Invariants:
+                     allowed: Allowed = NOTHING_ALLOWED) -> Invariants:
     """Every invariant today's records can show, on one run's step records (:func:`read_steps`)
     and sample records (:func:`~trainguard.launch.samples.read_samples`)."""
     replicas, replica_cover = replica_findings(steps, allowed=allowed)
@@ -90,7 +98,7 @@ class _Split:
         return f"the {self.kind} differs across replicas ({who}): {shown}"
 
 
-def replica_findings(steps: StepRecords, *, allowed: Allowed = Allowed()) -> tuple[list[Finding], Coverage]:
+def replica_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) -> tuple[list[Finding], Coverage]:
     """The first step at which the ranks' replicas of a tensor differ, per optimizer: each tensor
     that differs there is a finding (parameters and optimizer state before the update first, then
     the gradients at the step); the coverage counts the tensors compared at each step."""

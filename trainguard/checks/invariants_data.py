@@ -26,12 +26,20 @@ Two invariants:
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainguard.checks.invariants_records import Allowed, Coverage, Finding, Invariant, matches
+from trainguard.checks.invariants_records import (
+    NOTHING_ALLOWED,
+    Allowed,
+    Coverage,
+    Finding,
+    Invariant,
+    matches,
+)
 from trainguard.launch.samples import SampleBatch
 
 __all__ = ["MIN_REPLAYED", "DataPass", "data_findings", "passes_of"]
@@ -69,7 +77,7 @@ class DataPass:
             return False
         if not all(isinstance(i, int) for i in head):
             return True
-        return any(b <= a for a, b in zip(head, head[1:], strict=False))  # type: ignore[operator]
+        return any(b <= a for a, b in itertools.pairwise(head))  # type: ignore[operator]
 
 
 def _key(index: Any) -> Hashable:
@@ -93,7 +101,7 @@ def passes_of(batches: Sequence[SampleBatch]) -> list[DataPass]:
 
 
 def data_findings(samples: Mapping[int, Sequence[SampleBatch]], *,
-                  allowed: Allowed = Allowed()) -> tuple[list[Finding], Coverage]:
+                  allowed: Allowed = NOTHING_ALLOWED) -> tuple[list[Finding], Coverage]:
     """Samples drawn by two ranks within an epoch, and shuffled passes that replay the previous
     one's order, with what was compared."""
     passes = {rank: passes_of(batches) for rank, batches in samples.items() if batches}

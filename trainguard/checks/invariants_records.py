@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["Allowed", "Coverage", "Finding", "Invariant", "Invariants", "matches"]
+__all__ = ["NOTHING_ALLOWED", "Allowed", "Coverage", "Finding", "Invariant", "Invariants", "matches"]
 
 
 class Invariant(StrEnum):
@@ -31,6 +31,10 @@ class Allowed:
     shared_samples: tuple[str, ...] = ()
     #: datasets whose loader replays one order every epoch on purpose
     same_order: tuple[str, ...] = ()
+
+
+#: no exception declared
+NOTHING_ALLOWED = Allowed()
 
 
 def matches(name: str, patterns: Iterable[str]) -> bool:

@@ -23,6 +23,9 @@ scheduler_not_saved  the checkpoint leaves out only the scheduler's state; every
                      restored; its scheduler then starts the schedule again from the warmup.
 rng_not_restored     the RNG states are saved, but the resume never sets them: the resumed run
                      draws dropout masks, noise and noise scales from the start-up seed's states.
+replica_drift        after step 5 the last rank alone changes its first layer's weight outside
+                     DDP (``param.data.add_``, as a rank-only fix-up or a load on one rank would):
+                     the replicas part from step 6 on while the loss still falls (issue 45).
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-PLANTS = ("none", "scheduler_not_saved", "rng_not_restored")
+PLANTS = ("none", "scheduler_not_saved", "rng_not_restored", "replica_drift")
+#: the step after which replica_drift changes one rank's weights
+DRIFT_AFTER = 5
 SAMPLES = 384
 FEATURES = 12
 
@@ -168,6 +173,8 @@ def main() -> int:
             optimizer.step()
             scheduler.step()
             step += 1
+            if args.plant == "replica_drift" and step == DRIFT_AFTER and rank == world - 1:
+                next(model.parameters()).data.add_(1e-3)
             batch_in_epoch += 1
             if batch_in_epoch == batches_per_epoch:
                 epoch, batch_in_epoch = epoch + 1, 0
