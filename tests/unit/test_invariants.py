@@ -15,6 +15,7 @@ from torch.utils.data import DistributedSampler, RandomSampler, SequentialSample
 from tests.steplines import PARAMS, Step, trajectory, write_rank, write_samples
 from trainguard.checks.invariants import check_invariants, replica_findings, replicated
 from trainguard.checks.invariants_data import data_findings
+from trainguard.checks.invariants_training import gradient_findings
 from trainguard.checks.invariants_records import Allowed, Invariant
 from trainguard.launch.samples import SampleBatch, read_samples
 from trainguard.launch.steps import read_steps
@@ -100,6 +101,37 @@ def test_one_rank_compares_nothing_and_says_why(tmp_path: Path) -> None:
     assert findings == [] and cover.compared == 0 and "one rank" in cover.reason
 
 
+# -- every parameter an optimizer steps gets a gradient ---------------------------------------------
+
+
+def test_parameters_with_a_gradient_at_some_step_are_no_finding(tmp_path: Path) -> None:
+    # an expert a batch did not route to has none at some steps
+    steps = [replace(s, no_grad=("fc2.weight",)) if s.n % 2 else s for s in trajectory(1, 6)]
+    findings, cover = gradient_findings(read_steps(_ranks(tmp_path, {0: steps, 1: steps})))
+    assert findings == [] and cover.compared == 2 * len(PARAMS) and cover.invariant is Invariant.TRAINS
+
+
+def test_a_parameter_the_optimizer_steps_that_never_gets_a_gradient_is_named(tmp_path: Path) -> None:
+    # a layer frozen by mistake after the optimizer was built: in it, never a gradient
+    steps = [replace(s, no_grad=("fc1.bias",)) for s in trajectory(1, 4)]
+    findings, _ = gradient_findings(read_steps(_ranks(tmp_path / "frozen", {0: steps, 1: steps})))
+    (found,) = findings
+    assert (found.invariant, found.step, found.ranks, found.name) == (Invariant.TRAINS, 1, (0, 1), "fc1.bias")
+    assert "no gradient at any of its 4 recorded steps" in found.observation and "allow.frozen" in found.fix
+    assert gradient_findings(read_steps(tmp_path / "frozen"), allowed=Allowed(frozen=("fc1.*",)))[0] == []
+    # one step is too few to say
+    findings, cover = gradient_findings(read_steps(_ranks(tmp_path / "short", {0: steps[:1]})))
+    assert findings == [] and cover.compared == 0 and "fewer than 2 steps" in cover.reason
+
+
+def test_the_parameters_of_a_module_replaced_after_the_optimizer_was_built_are_named_so(tmp_path: Path) -> None:
+    # the agent names a parameter no module holds by its place in the optimizer
+    path = write_rank(tmp_path, 0, [replace(s, no_grad=("fc2.weight",)) for s in trajectory(1, 3)])
+    path.write_text(path.read_text().replace('"fc2.weight"', '"group0.2"'))
+    (found,) = gradient_findings(read_steps(tmp_path))[0]
+    assert found.name == "group0.2" and "replaced after the optimizer was built" in found.observation
+
+
 # -- data -------------------------------------------------------------------------------------------
 
 N = 50
@@ -183,5 +215,5 @@ def test_check_invariants_reads_both_records_of_a_run(tmp_path: Path) -> None:
         write_samples(tmp_path, rank, [order[rank * 32 + i: rank * 32 + i + 8] for i in range(0, 32, 8)])
     result = check_invariants(read_steps(tmp_path), read_samples(tmp_path))
     assert [(f.invariant, f.step, f.name) for f in result.findings] == [(Invariant.REPLICAS, 6, "fc1.weight")]
-    assert [c.invariant for c in result.coverage] == [Invariant.REPLICAS, Invariant.DATA]
-    assert result.coverage[1].compared == 1 and result.compared == 5 * len(PARAMS) + 3 + 1
+    assert [c.invariant for c in result.coverage] == [Invariant.REPLICAS, Invariant.TRAINS, Invariant.DATA]
+    assert result.coverage[2].compared == 1 and result.compared == 5 * len(PARAMS) + 3 + 2 * len(PARAMS) + 1

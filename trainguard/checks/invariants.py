@@ -12,6 +12,9 @@ single run show it (docs/invariants.md):
   are. A tensor whose ranks differ already at its first recorded step is not a replica (a
   tensor-parallel shard of a plain tensor, a model per rank) and is not compared either; the
   result says which.
+* **every parameter an optimizer steps gets a gradient** at some step
+  (:mod:`trainguard.checks.invariants_training`): one that never does is in the optimizer and never
+  trains (a module replaced after the optimizer was built, a layer frozen by mistake);
 * **the data** (:mod:`trainguard.checks.invariants_data`): within an epoch no sample is drawn by
   two ranks, and a shuffled loader does not replay its previous epoch's order.
 
@@ -36,6 +39,7 @@ from trainguard.checks.invariants_records import (
     Invariants,
     matches,
 )
+from trainguard.checks.invariants_training import gradient_findings
 from trainguard.launch.samples import SampleBatch
 from trainguard.launch.steps import Fingerprint, StepRecord, StepRecords
 
@@ -50,8 +54,10 @@ def check_invariants(steps: StepRecords, samples: Mapping[int, Sequence[SampleBa
     """Every invariant today's records can show, on one run's step records (:func:`read_steps`)
     and sample records (:func:`~trainguard.launch.samples.read_samples`)."""
     replicas, replica_cover = replica_findings(steps, allowed=allowed)
+    gradients, gradient_cover = gradient_findings(steps, allowed=allowed)
     data, data_cover = data_findings(samples, allowed=allowed)
-    return Invariants((*replicas, *data), (replica_cover, data_cover), tuple(steps.notes()))
+    return Invariants((*replicas, *gradients, *data), (replica_cover, gradient_cover, data_cover),
+                      tuple(steps.notes()))
 
 
 # -- replicas agree -------------------------------------------------------------------------------

@@ -44,9 +44,11 @@ class InvariantsAllow(ConfigModel):
     shared_samples: list[str] = Field(default_factory=list)
     #: datasets whose loader replays one order every epoch on purpose
     same_order: list[str] = Field(default_factory=list)
+    #: parameters an optimizer holds that are frozen on purpose (no gradient is no finding)
+    frozen: list[str] = Field(default_factory=list)
 
     def allowed(self) -> Allowed:
-        return Allowed(tuple(self.per_rank), tuple(self.shared_samples), tuple(self.same_order))
+        return Allowed(tuple(self.per_rank), tuple(self.shared_samples), tuple(self.same_order), tuple(self.frozen))
 
 
 class InvariantsCheck(CheckSpec):

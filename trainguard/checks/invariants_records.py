@@ -16,6 +16,7 @@ class Invariant(StrEnum):
     """What a correct training step keeps (docs/invariants.md)."""
 
     REPLICAS = "replicas"
+    TRAINS = "trains"
     DATA = "data"
 
 
@@ -31,6 +32,8 @@ class Allowed:
     shared_samples: tuple[str, ...] = ()
     #: datasets whose loader replays one order every epoch on purpose
     same_order: tuple[str, ...] = ()
+    #: parameters an optimizer holds that are frozen on purpose: no gradient is no finding
+    frozen: tuple[str, ...] = ()
 
 
 #: no exception declared
