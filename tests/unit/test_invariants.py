@@ -15,8 +15,8 @@ from torch.utils.data import DistributedSampler, RandomSampler, SequentialSample
 from tests.steplines import PARAMS, Step, trajectory, write_rank, write_samples
 from trainguard.checks.invariants import check_invariants, replica_findings, replicated
 from trainguard.checks.invariants_data import data_findings
-from trainguard.checks.invariants_training import gradient_findings
 from trainguard.checks.invariants_records import Allowed, Invariant
+from trainguard.checks.invariants_training import gradient_findings
 from trainguard.launch.samples import SampleBatch, read_samples
 from trainguard.launch.steps import read_steps
 
