@@ -32,6 +32,8 @@ class Step:
     rng: str = "00000000000000aa"
     numpy: str | None = None
     scale: float | None = None
+    #: the scaler skipped the step (with ``scale``)
+    skipped: bool = False
     opt: int = 0
     #: parameter name -> a seed replacing the step's for that one parameter
     param_of: Mapping[str, int] = field(default_factory=dict)
@@ -55,7 +57,7 @@ class Step:
                      for i, p in enumerate(PARAMS)},
             "optim": {} if self.no_optim else {p: fp(self.optim_of.get(p, 3000 * self.optim + i + 3))
                                                  for i, p in enumerate(PARAMS)},
-            "scaler": None if self.scale is None else {"scale": self.scale, "skipped": False},
+            "scaler": None if self.scale is None else {"scale": self.scale, "skipped": self.skipped},
         }
 
 

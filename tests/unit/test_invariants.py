@@ -16,7 +16,7 @@ from tests.steplines import PARAMS, Step, trajectory, write_rank, write_samples
 from trainguard.checks.invariants import check_invariants, replica_findings, replicated
 from trainguard.checks.invariants_data import data_findings
 from trainguard.checks.invariants_records import Allowed, Invariant
-from trainguard.checks.invariants_training import gradient_findings
+from trainguard.checks.invariants_training import gradient_findings, scaler_findings
 from trainguard.launch.samples import SampleBatch, read_samples
 from trainguard.launch.steps import read_steps
 
@@ -132,6 +132,29 @@ def test_the_parameters_of_a_module_replaced_after_the_optimizer_was_built_are_n
     assert found.name == "group0.2" and "replaced after the optimizer was built" in found.observation
 
 
+# -- the loss scaler ---------------------------------------------------------------------------------
+
+
+def _scaled(scales: list[float], skipped: set[int]) -> list[Step]:
+    return [replace(s, scale=scales[s.n - 1], skipped=s.n in skipped) for s in trajectory(1, len(scales))]
+
+
+def test_a_scaler_that_backs_off_after_a_skipped_step_is_no_finding(tmp_path: Path) -> None:
+    steps = _scaled([65536.0, 32768.0, 32768.0, 16384.0, 16384.0], {1, 3})
+    findings, cover = scaler_findings(read_steps(_ranks(tmp_path, {0: steps})))
+    assert findings == [] and cover.compared == 2
+    findings, cover = scaler_findings(read_steps(_ranks(tmp_path / "none", {0: trajectory(1, 3)})))
+    assert findings == [] and cover.compared == 0 and "no step skipped" in cover.reason
+
+
+def test_a_scaler_never_updated_is_named_at_the_skipped_step(tmp_path: Path) -> None:
+    # scaler.update() missing: the scale that overflowed stays, and the next steps skip too
+    steps = _scaled([65536.0] * 5, {2, 3, 4, 5})
+    (found,) = scaler_findings(read_steps(_ranks(tmp_path, {0: steps, 1: steps})))[0]
+    assert (found.invariant, found.step, found.ranks, found.name) == (Invariant.SCALER, 2, (0, 1), "optimizer 0's loss scaler")
+    assert "did not back off" in found.observation and "scaler.update()" in found.fix
+
+
 # -- data -------------------------------------------------------------------------------------------
 
 N = 50
@@ -215,5 +238,6 @@ def test_check_invariants_reads_both_records_of_a_run(tmp_path: Path) -> None:
         write_samples(tmp_path, rank, [order[rank * 32 + i: rank * 32 + i + 8] for i in range(0, 32, 8)])
     result = check_invariants(read_steps(tmp_path), read_samples(tmp_path))
     assert [(f.invariant, f.step, f.name) for f in result.findings] == [(Invariant.REPLICAS, 6, "fc1.weight")]
-    assert [c.invariant for c in result.coverage] == [Invariant.REPLICAS, Invariant.TRAINS, Invariant.DATA]
-    assert result.coverage[2].compared == 1 and result.compared == 5 * len(PARAMS) + 3 + 2 * len(PARAMS) + 1
+    assert [c.invariant for c in result.coverage] == [Invariant.REPLICAS, Invariant.TRAINS, Invariant.SCALER,
+                                                      Invariant.DATA]
+    assert result.coverage[3].compared == 1 and result.compared == 5 * len(PARAMS) + 3 + 2 * len(PARAMS) + 1

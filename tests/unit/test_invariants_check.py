@@ -4,11 +4,17 @@ and a run that recorded no step is an error, never a pass."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 from tests.helpers import TOY
+from trainguard.checks.invariants import check_invariants
 from trainguard.config.settings import Settings
+from trainguard.launch.hook import ENV_RUN_SPEC, ENV_SPEC, STEPS_DIR, run_hook_env
+from trainguard.launch.steps import read_steps
 from trainguard.session import check
 from trainguard.session.plan import make_plan
 
@@ -56,3 +62,48 @@ def test_a_run_without_step_records_is_an_error_and_record_steps_off_a_skip(tmp_
     report = check(_job(tmp_path / "off", "invariants: {steps: 3}\n", extra="  record_steps: false\n"))
     (result,) = report.checks
     assert result.status == "skipped" and "job.record_steps is false" in result.summary, result.summary
+
+
+#: three small loops under the real run agent, each with a defect its records show: a loss scale
+#: set back by hand after an overflow, a head replaced after the optimizer was built, a layer frozen
+#: after it was built
+DEFECTS = textwrap.dedent(
+    """
+    import torch
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 1)
+    opt = torch.optim.Adam(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    for i in range(3):
+        scaler.scale(m(torch.randn(2, 4)).sum()).backward()
+        if i == 0:
+            m.weight.grad[0, 0] = float("inf")
+        scaler.step(opt); scaler.update(1024.0); opt.zero_grad()
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model[1] = torch.nn.Linear(4, 1)  # the optimizer keeps the old head's parameters
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
+
+    body = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(body.parameters(), lr=0.1)
+    body[0].weight.requires_grad_(False)
+    for _ in range(3):
+        body(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()
+    """
+)
+
+
+def test_the_real_agents_records_show_a_scale_set_back_a_replaced_head_and_a_frozen_layer(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_SPEC, ENV_RUN_SPEC, "PYTHONPATH", "RANK")}
+    env.update(run_hook_env({"steps_dir": str(tmp_path / STEPS_DIR)}, {**env, "OMP_NUM_THREADS": "1"}))
+    done = subprocess.run([sys.executable, "-c", DEFECTS], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    found = check_invariants(read_steps(tmp_path), {})
+    named = sorted((f.invariant.value, f.optimizer, f.step, f.name) for f in found.findings)
+    assert named == [("scaler", 0, 1, "optimizer 0's loss scaler"),
+                     ("trains", 1, 1, "group0.2"), ("trains", 1, 1, "group0.3"), ("trains", 2, 1, "0.weight")], named
+    replaced = next(f for f in found.findings if f.name == "group0.2")
+    assert "replaced after the optimizer was built" in replaced.observation

@@ -15,6 +15,8 @@ single run show it (docs/invariants.md):
 * **every parameter an optimizer steps gets a gradient** at some step
   (:mod:`trainguard.checks.invariants_training`): one that never does is in the optimizer and never
   trains (a module replaced after the optimizer was built, a layer frozen by mistake);
+* **the loss scaler backs off** after a step it skipped (the same module): a scale that does not
+  fall after an overflow was never updated;
 * **the data** (:mod:`trainguard.checks.invariants_data`): within an epoch no sample is drawn by
   two ranks, and a shuffled loader does not replay its previous epoch's order.
 
@@ -39,7 +41,7 @@ from trainguard.checks.invariants_records import (
     Invariants,
     matches,
 )
-from trainguard.checks.invariants_training import gradient_findings
+from trainguard.checks.invariants_training import gradient_findings, scaler_findings
 from trainguard.launch.samples import SampleBatch
 from trainguard.launch.steps import Fingerprint, StepRecord, StepRecords
 
@@ -55,9 +57,10 @@ def check_invariants(steps: StepRecords, samples: Mapping[int, Sequence[SampleBa
     and sample records (:func:`~trainguard.launch.samples.read_samples`)."""
     replicas, replica_cover = replica_findings(steps, allowed=allowed)
     gradients, gradient_cover = gradient_findings(steps, allowed=allowed)
+    scaler, scaler_cover = scaler_findings(steps)
     data, data_cover = data_findings(samples, allowed=allowed)
-    return Invariants((*replicas, *gradients, *data), (replica_cover, gradient_cover, data_cover),
-                      tuple(steps.notes()))
+    return Invariants((*replicas, *gradients, *scaler, *data),
+                      (replica_cover, gradient_cover, scaler_cover, data_cover), tuple(steps.notes()))
 
 
 # -- replicas agree -------------------------------------------------------------------------------

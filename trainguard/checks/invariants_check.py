@@ -172,7 +172,8 @@ def _verdict(found: Invariants, *, has_steps: bool, run_dir: str) -> tuple[Check
         why = "; ".join(f"{c.invariant.value}: {c.reason}" for c in found.coverage if c.reason)
         return "skipped", f"no invariant applies to this run, so none was checked ({why})"
     held = "; ".join(f"{c.invariant.value}: {c.what}" for c in found.coverage if c.compared)
-    return "passed", f"every invariant held ({held})"
+    unchecked = "; ".join(f"{c.invariant.value}: {c.reason}" for c in found.coverage if not c.compared and c.reason)
+    return "passed", f"every invariant held ({held})" + (f"; not checked: {unchecked}" if unchecked else "")
 
 
 #: invariants: what every correct training step keeps, in one run (docs/invariants.md); not in the

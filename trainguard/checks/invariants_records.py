@@ -17,6 +17,7 @@ class Invariant(StrEnum):
 
     REPLICAS = "replicas"
     TRAINS = "trains"
+    SCALER = "scaler"
     DATA = "data"
 
 
