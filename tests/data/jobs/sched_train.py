@@ -26,6 +26,12 @@ rng_not_restored     the RNG states are saved, but the resume never sets them: t
 replica_drift        after step 5 the last rank alone changes its first layer's weight outside
                      DDP (``param.data.add_``, as a rank-only fix-up or a load on one rank would):
                      the replicas part from step 6 on while the loss still falls (issue 45).
+ddp_bypassed         at step 5 the last rank adds a second loss computed through the module inside
+                     DDP (``model.module``) and calls backward on it: those gradients are not
+                     reduced, so the ranks' gradients differ at that step and their weights after
+                     it (issue 45).
+set_epoch_never      the sampler's ``set_epoch`` is never called: every epoch replays the first
+                     one's order (issue 45; the resume's data position still works).
 """
 
 from __future__ import annotations
@@ -47,8 +53,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-PLANTS = ("none", "scheduler_not_saved", "rng_not_restored", "replica_drift")
-#: the step after which replica_drift changes one rank's weights
+PLANTS = ("none", "scheduler_not_saved", "rng_not_restored", "replica_drift", "ddp_bypassed", "set_epoch_never")
+#: the step after which replica_drift changes one rank's weights (and at which ddp_bypassed bypasses DDP)
 DRIFT_AFTER = 5
 SAMPLES = 384
 FEATURES = 12
@@ -161,7 +167,8 @@ def main() -> int:
 
     model.train()
     while step < args.steps:
-        sampler.set_epoch(epoch)
+        if args.plant != "set_epoch_never":
+            sampler.set_epoch(epoch)
         sampler.start_batch = batch_in_epoch
         for inputs, targets in loader:
             noise_scale = random.uniform(0.0, 0.1)
@@ -169,6 +176,10 @@ def main() -> int:
             loss = F.mse_loss(model(inputs + noise_scale * noise), targets)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if args.plant == "ddp_bypassed" and step + 1 == DRIFT_AFTER and rank == world - 1:
+                # an extra loss through the module inside DDP, on one rank: its gradients add to
+                # the reduced ones there only (a rank-0 auxiliary or logging loss)
+                F.mse_loss(model.module(inputs), targets).backward()  # type: ignore[operator]
             lr = optimizer.param_groups[0]["lr"]
             optimizer.step()
             scheduler.step()
