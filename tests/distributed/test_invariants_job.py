@@ -20,6 +20,7 @@ from tests.helpers import report_evidence
 from trainguard.report import CheckResult
 from trainguard.session import check
 
+
 def invariants_of(tmp_path: Path, args: str = "", steps: int = 8) -> CheckResult:
     checks = f"  invariants: {{steps: {steps}}}\n"
     report = check(job_file(tmp_path, args, checks=checks), report_json=str(tmp_path / "report.json"))
