@@ -68,6 +68,17 @@ def test_a_gradient_one_rank_did_not_reduce_is_named(tmp_path: Path) -> None:
     assert found.observation.startswith("the gradient differs") and "backward" in found.fix
 
 
+def test_optimizer_state_is_compared_where_ranks_hold_it(tmp_path: Path) -> None:
+    # a ZeroRedundancyOptimizer: each rank holds the state of its own part of the parameters
+    steps = trajectory(1, 4)
+    part = [replace(s, no_optim=True) for s in steps]
+    assert replica_findings(read_steps(_ranks(tmp_path / "zero", {0: steps, 1: part, 2: steps})))[0] == []
+    other = [replace(s, optim_of={"fc1.bias": 9_000 + s.n}) if s.n >= 3 else s for s in steps]
+    (found,) = replica_findings(read_steps(_ranks(tmp_path / "drift", {0: steps, 1: part, 2: other})))[0]
+    assert (found.step, found.ranks, found.name) == (3, (0, 2), "fc1.bias")
+    assert found.observation.startswith("the optimizer state differs") and "rank 1" not in found.observation
+
+
 def test_a_declared_per_rank_tensor_is_not_compared(tmp_path: Path) -> None:
     steps = trajectory(1, 6)
     run = _ranks(tmp_path, {0: steps, 1: _drifted(steps, 2, "fc1.bias", 3_000)})

@@ -168,8 +168,8 @@ def _splits(at: Mapping[int, StepRecord], names: Sequence[str]) -> list[_Split]:
     for kind, attr in _KINDS:
         for name in names:
             values = {r: getattr(s, attr).get(name) for r, s in at.items()}
-            if kind == "optimizer state" and all(v is None for v in values.values()):
-                continue
+            if kind == "optimizer state":  # held by some ranks only under ZeRO: compared where held
+                values = {r: v for r, v in values.items() if v is not None}
             if len(set(values.values())) > 1:
                 out.append(_Split(kind, name, values))
     return out
