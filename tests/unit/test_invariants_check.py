@@ -11,9 +11,12 @@ import textwrap
 from pathlib import Path
 
 from tests.helpers import TOY
+from tests.steplines import trajectory, write_rank
 from trainguard.checks.invariants import check_invariants
+from trainguard.checks.invariants_check import invariants_verdict
 from trainguard.config.settings import Settings
 from trainguard.launch.hook import ENV_RUN_SPEC, ENV_SPEC, STEPS_DIR, run_hook_env
+from trainguard.launch.samples import read_samples
 from trainguard.launch.steps import read_steps
 from trainguard.session import check
 from trainguard.session.plan import make_plan
@@ -51,6 +54,21 @@ def test_it_reads_the_run_another_check_makes_the_multi_rank_one_first(tmp_path:
     other = "determinism: {steps: 6}\ninvariants: {seed: 3}\n"
     assert _invariants_runs(_job(tmp_path / "c", other)) == [(20, 1, True)]
     assert _invariants_runs(_job(tmp_path / "d", "invariants: {steps: 5}\n")) == [(5, 1, True)]
+
+
+def test_nothing_compared_is_a_skip_saying_why_never_a_pass(tmp_path: Path) -> None:
+    # one rank, one step, no DataLoader: no invariant applies
+    write_rank(tmp_path, 0, trajectory(1, 1))
+    found = check_invariants(read_steps(tmp_path), read_samples(tmp_path))
+    status, summary = invariants_verdict(found, has_steps=True, run_dir=str(tmp_path))
+    assert (status, found.compared) == ("skipped", 0), summary
+    assert "replicas: one rank recorded steps" in summary and "trains: 1 optimizer(s) of a rank recorded fewer" in summary
+    assert "data: no sample records" in summary
+    write_rank(tmp_path, 0, trajectory(1, 3))  # two steps or more: every parameter's gradient is checked
+    status, summary = invariants_verdict(check_invariants(read_steps(tmp_path), {}), has_steps=True, run_dir="r")
+    assert status == "passed" and "trains: 3 parameter(s) checked" in summary and "not checked: replicas" in summary
+    assert invariants_verdict(check_invariants(read_steps(tmp_path / "none"), {}), has_steps=False,
+                              run_dir="r")[0] == "error"
 
 
 def test_a_run_without_step_records_is_an_error_and_record_steps_off_a_skip(tmp_path: Path) -> None:
