@@ -32,7 +32,7 @@ from trainguard.run.declared import declared_runs
 from trainguard.run.request import RunRequest, share_key
 
 __all__ = ["INVARIANTS", "CoverageEvidence", "FindingEvidence", "InvariantsAllow", "InvariantsCheck",
-           "InvariantsEvidence", "run_invariants"]
+           "InvariantsEvidence", "invariants_verdict", "run_invariants"]
 
 
 class InvariantsAllow(ConfigModel):
@@ -155,11 +155,14 @@ def run_invariants(ctx: CheckContext[InvariantsCheck]) -> CheckResult:
                                   [CoverageEvidence.of(c) for c in found.coverage], list(found.notes))
     if "shared" in declared.run.label:
         evidence.shared_run = f"{result.run_dir.name}: {declared.run.label}"
-    status, summary = _verdict(found, has_steps=steps.has_steps, run_dir=str(result.run_dir))
+    status, summary = invariants_verdict(found, has_steps=steps.has_steps, run_dir=str(result.run_dir))
     return CheckResult("invariants", status, summary, evidence, time.monotonic() - started, reproduce)
 
 
-def _verdict(found: Invariants, *, has_steps: bool, run_dir: str) -> tuple[CheckStatus, str]:
+def invariants_verdict(found: Invariants, *, has_steps: bool, run_dir: str) -> tuple[CheckStatus, str]:
+    """The check's status and summary: an error when the run recorded no step, failed on a finding,
+    skipped when no invariant compared anything (never a pass), else passed, saying what each
+    invariant compared and what was not checked."""
     if not has_steps:
         return "error", (f"the run in {run_dir} left no step records, so no invariant was checked: the job steps no "
                          "torch optimizer, its ranks are not Python, or the run read was a timed one that records "
