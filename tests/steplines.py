@@ -32,24 +32,32 @@ class Step:
     rng: str = "00000000000000aa"
     numpy: str | None = None
     scale: float | None = None
+    #: the scaler skipped the step (with ``scale``)
+    skipped: bool = False
     opt: int = 0
     #: parameter name -> a seed replacing the step's for that one parameter
     param_of: Mapping[str, int] = field(default_factory=dict)
     optim_of: Mapping[str, int] = field(default_factory=dict)
     grad_of: Mapping[str, int] = field(default_factory=dict)
     no_optim: bool = False
+    #: parameters without a gradient at this step (``null``)
+    no_grad: tuple[str, ...] = ()
+    #: parameter name -> its DTensor placement (``"(Shard(dim=0),)"``)
+    placement: Mapping[str, str] = field(default_factory=dict)
 
     def line(self) -> dict[str, Any]:
-        return {
+        extra = {"placement": dict(self.placement)} if self.placement else {}
+        return {**extra,
             "k": "step", "opt": self.opt, "n": self.n, "t": 1.0 + self.n,
             "groups": [{"lr": self.lr, "betas": [0.9, 0.999], "weight_decay": 0.01, "foreach": None}],
             "backward": 1,
             "rng": {"cpu": self.rng, "cuda": None, "numpy": self.numpy, "python": "00000000000000bb"},
             "param": {p: fp(self.param_of.get(p, 1000 * self.param + i)) for i, p in enumerate(PARAMS)},
-            "grad": {p: fp(self.grad_of.get(p, 2000 * self.grad + i + 7)) for i, p in enumerate(PARAMS)},
+            "grad": {p: None if p in self.no_grad else fp(self.grad_of.get(p, 2000 * self.grad + i + 7))
+                     for i, p in enumerate(PARAMS)},
             "optim": {} if self.no_optim else {p: fp(self.optim_of.get(p, 3000 * self.optim + i + 3))
                                                  for i, p in enumerate(PARAMS)},
-            "scaler": None if self.scale is None else {"scale": self.scale, "skipped": False},
+            "scaler": None if self.scale is None else {"scale": self.scale, "skipped": self.skipped},
         }
 
 

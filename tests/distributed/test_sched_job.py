@@ -64,6 +64,11 @@ def test_the_clean_job_is_deterministic_and_resumes_exactly(tmp_path: Path) -> N
     assert resume["trajectory"]["max_abs_diff"] == 0.0, resume["trajectory"]
     # the final checkpoints compared key by key: model, optimizer, scheduler, RNG, data position
     assert resume["state"]["compared"] is True and resume["state"]["differing_keys"] == [], resume["state"]
+    # issue 45: the invariants read determinism's first run (no launch of their own), 2 epochs of it
+    invariants = report_evidence(by_name["invariants"])
+    assert invariants["run_dir"] == report_evidence(by_name["determinism"])["run_dirs"][0], invariants
+    compared = {c["invariant"]: c["compared"] for c in invariants["coverage"]}
+    assert invariants["findings"] == [] and compared == {"replicas": 144, "trains": 12, "scaler": 0, "data": 4}, compared
 
 
 #: what the observed cause says, per plant: the restore the resumed run never made

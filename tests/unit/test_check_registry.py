@@ -137,12 +137,13 @@ def _job(where: Path, checks: str, metric: str = "loss") -> Path:
 
 
 def test_the_built_in_checks_are_registered_in_run_order() -> None:
-    assert check_names() == ["smoke", "canary", "determinism", "resume", "compat", "parallel", "reshard", "profile",
-                             "crash_points"]
+    assert check_names() == ["smoke", "canary", "determinism", "resume", "compat", "parallel", "invariants",
+                             "reshard", "profile", "crash_points"]
     assert check_names(many=True)[-1] == "drills"
     assert check_for("drill:anything") is check_for("drills")
-    assert [c.name for c in registered() if c.lane] == ["smoke", "canary", "determinism", "resume", "parallel"]
-    assert [c.name for c in registered() if not c.gate_default] == ["compat", "reshard", "crash_points"]
+    assert [c.name for c in registered() if c.lane] == ["smoke", "canary", "determinism", "resume", "parallel",
+                                                         "invariants"]
+    assert [c.name for c in registered() if not c.gate_default] == ["compat", "invariants", "reshard", "crash_points"]
 
 
 def test_a_dummy_check_is_validated_through_the_registry_alone(dummy: str, tmp_path: Path) -> None:

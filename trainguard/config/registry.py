@@ -261,6 +261,7 @@ CHECKS: Registry[Check[Any]] = Registry("check", {
     "resume": "trainguard.checks.resume:RESUME",
     "compat": "trainguard.checks.compat:COMPAT",
     "parallel": "trainguard.checks.equivalence:PARALLEL",
+    "invariants": "trainguard.checks.invariants_check:INVARIANTS",
     "reshard": "trainguard.checks.reshard:RESHARD",
     "profile": "trainguard.profiling.check:PROFILE",
     "crash_points": "trainguard.drills.crash_points:CRASH_POINTS",

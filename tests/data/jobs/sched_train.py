@@ -23,6 +23,15 @@ scheduler_not_saved  the checkpoint leaves out only the scheduler's state; every
                      restored; its scheduler then starts the schedule again from the warmup.
 rng_not_restored     the RNG states are saved, but the resume never sets them: the resumed run
                      draws dropout masks, noise and noise scales from the start-up seed's states.
+replica_drift        after step 5 the last rank alone changes its first layer's weight outside
+                     DDP (``param.data.add_``, as a rank-only fix-up or a load on one rank would):
+                     the replicas part from step 6 on while the loss still falls (issue 45).
+ddp_bypassed         at step 5 the last rank adds a second loss computed through the module inside
+                     DDP (``model.module``) and calls backward on it: those gradients are not
+                     reduced, so the ranks' gradients differ at that step and their weights after
+                     it (issue 45).
+set_epoch_never      the sampler's ``set_epoch`` is never called: every epoch replays the first
+                     one's order (issue 45; the resume's data position still works).
 """
 
 from __future__ import annotations
@@ -44,7 +53,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-PLANTS = ("none", "scheduler_not_saved", "rng_not_restored")
+PLANTS = ("none", "scheduler_not_saved", "rng_not_restored", "replica_drift", "ddp_bypassed", "set_epoch_never")
+#: the step after which replica_drift changes one rank's weights (and at which ddp_bypassed bypasses DDP)
+DRIFT_AFTER = 5
 SAMPLES = 384
 FEATURES = 12
 
@@ -156,7 +167,8 @@ def main() -> int:
 
     model.train()
     while step < args.steps:
-        sampler.set_epoch(epoch)
+        if args.plant != "set_epoch_never":
+            sampler.set_epoch(epoch)
         sampler.start_batch = batch_in_epoch
         for inputs, targets in loader:
             noise_scale = random.uniform(0.0, 0.1)
@@ -164,10 +176,16 @@ def main() -> int:
             loss = F.mse_loss(model(inputs + noise_scale * noise), targets)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if args.plant == "ddp_bypassed" and step + 1 == DRIFT_AFTER and rank == world - 1:
+                # an extra loss through the module inside DDP, on one rank: its gradients add to
+                # the reduced ones there only (a rank-0 auxiliary or logging loss)
+                F.mse_loss(model.module(inputs), targets).backward()  # type: ignore[operator]
             lr = optimizer.param_groups[0]["lr"]
             optimizer.step()
             scheduler.step()
             step += 1
+            if args.plant == "replica_drift" and step == DRIFT_AFTER and rank == world - 1:
+                next(model.parameters()).data.add_(1e-3)
             batch_in_epoch += 1
             if batch_in_epoch == batches_per_epoch:
                 epoch, batch_in_epoch = epoch + 1, 0

@@ -1,0 +1,199 @@
+"""The invariants every correct data-parallel training step keeps, checked on one run's records.
+
+Two runs that differ show a defect to the equivalence checks; the costliest ones show in no
+comparison: ranks whose replicas drift apart, a sampler that replays one order every epoch. Each
+of those breaks something a correct run keeps at every step, and the run agent's records of a
+single run show it (docs/invariants.md):
+
+* **replicas agree** (:func:`replica_findings`): in a data-parallel run every rank holds the same
+  parameters (their fingerprints before step N+1 are those after step N), the same optimizer
+  state, and, at the optimizer step, the same gradients (after their reduction). A DTensor whose
+  placement shards it (``Shard``) is not compared across ranks: only wholly replicated tensors
+  are. A tensor whose ranks differ already at its first recorded step is not a replica (a
+  tensor-parallel shard of a plain tensor, a model per rank) and is not compared either; the
+  result says which.
+* **every parameter an optimizer steps gets a gradient** at some step
+  (:mod:`trainguard.checks.invariants_training`): one that never does is in the optimizer and never
+  trains (a module replaced after the optimizer was built, a layer frozen by mistake);
+* **the loss scaler backs off** after a step it skipped (the same module): a scale that does not
+  fall after an overflow was never updated;
+* **the data** (:mod:`trainguard.checks.invariants_data`): within an epoch no sample is drawn by
+  two ranks, and a shuffled loader does not replay its previous epoch's order.
+
+:func:`check_invariants` runs them all and returns :class:`Invariants`: the findings (each names
+the invariant, the step, the ranks, the tensor or loader, what was observed and the fix, with the
+setting that declares an intended exception) and what was compared, so a result that compared
+nothing is never read as a pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from trainguard.checks.invariants_data import data_findings
+from trainguard.checks.invariants_records import (
+    NOTHING_ALLOWED,
+    Allowed,
+    Coverage,
+    Finding,
+    Invariant,
+    Invariants,
+    matches,
+)
+from trainguard.checks.invariants_training import gradient_findings, scaler_findings
+from trainguard.launch.samples import SampleBatch
+from trainguard.launch.steps import Fingerprint, StepRecord, StepRecords
+
+__all__ = ["MAX_FINDINGS", "check_invariants", "replica_findings", "replicated"]
+
+#: findings kept per invariant and step kind (a drift spreads to every tensor within a step or two)
+MAX_FINDINGS = 20
+
+
+def check_invariants(steps: StepRecords, samples: Mapping[int, Sequence[SampleBatch]], *,
+                     allowed: Allowed = NOTHING_ALLOWED) -> Invariants:
+    """Every invariant today's records can show, on one run's step records (:func:`read_steps`)
+    and sample records (:func:`~trainguard.launch.samples.read_samples`)."""
+    replicas, replica_cover = replica_findings(steps, allowed=allowed)
+    gradients, gradient_cover = gradient_findings(steps, allowed=allowed)
+    scaler, scaler_cover = scaler_findings(steps)
+    data, data_cover = data_findings(samples, allowed=allowed)
+    return Invariants((*replicas, *gradients, *scaler, *data),
+                      (replica_cover, gradient_cover, scaler_cover, data_cover), tuple(steps.notes()))
+
+
+# -- replicas agree -------------------------------------------------------------------------------
+
+
+def replicated(placement: str | None) -> bool:
+    """Whether a tensor of this placement is whole on every rank: no placement (a plain tensor),
+    or every mesh dimension ``Replicate()``."""
+    if placement is None:
+        return True
+    dims = [d.strip() for d in placement.strip("()[] ").split("),") if d.strip()]
+    return all(d.startswith("Replicate") for d in dims)
+
+
+#: the quantities compared, in the order a step is read: what the step started from, then its gradients
+_KINDS = (("parameter", "param"), ("optimizer state", "optim"), ("gradient", "grad"))
+
+
+@dataclass(frozen=True)
+class _Split:
+    """A tensor whose ranks disagree at a step: rank -> its fingerprint (None: absent)."""
+
+    kind: str
+    name: str
+    values: Mapping[int, Fingerprint | None]
+
+    def minority(self) -> tuple[tuple[int, ...], bool]:
+        """(the ranks outside the largest group of equal values, True) when one group is the
+        largest; else (every rank, False)."""
+        groups: dict[Fingerprint | None, list[int]] = {}
+        for rank, value in self.values.items():
+            groups.setdefault(value, []).append(rank)
+        sizes = sorted((len(g) for g in groups.values()), reverse=True)
+        if len(sizes) > 1 and sizes[0] > sizes[1]:
+            largest = max(groups.values(), key=len)
+            return tuple(sorted(r for r in self.values if r not in largest)), True
+        return tuple(sorted(self.values)), False
+
+    def observation(self) -> str:
+        shown = ", ".join(f"rank {r}: {'absent' if v is None else v}" for r, v in sorted(self.values.items()))
+        ranks, majority = self.minority()
+        who = (f"rank(s) {', '.join(map(str, ranks))} differ from the others" if majority
+               else "no majority tells which rank drifted")
+        return f"the {self.kind} differs across replicas ({who}): {shown}"
+
+
+def replica_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) -> tuple[list[Finding], Coverage]:
+    """The first step at which the ranks' replicas of a tensor differ, per optimizer: each tensor
+    that differs there is a finding (parameters and optimizer state before the update first, then
+    the gradients at the step); the coverage counts the tensors compared at each step."""
+    ranks = {r: rank for r, rank in steps.ranks.items() if rank.steps}
+    if len(ranks) < 2:
+        reason = ("one rank recorded steps: replicas need two or more" if ranks else "no rank recorded a step")
+        return [], Coverage(Invariant.REPLICAS, 0, "", reason)
+    findings: list[Finding] = []
+    compared = 0
+    not_replicas: set[str] = set()
+    sharded: set[str] = set()
+    optimizers = sorted({o for rank in ranks.values() for o in rank.optimizers})
+    for opt in optimizers:
+        by_rank = {r: rank.of(opt) for r, rank in ranks.items()}
+        common = sorted(set.intersection(*(set(s) for s in by_rank.values())))
+        if not common:
+            continue
+        first = {r: s[common[0]] for r, s in by_rank.items()}
+        names = _replica_names(first, allowed, not_replicas, sharded)
+        for n in common:
+            at = {r: s[n] for r, s in by_rank.items()}
+            splits = _splits(at, names)
+            compared += len(names)
+            if splits:
+                findings += _as_findings(splits, n, opt)
+                break
+    what = f"{compared} tensor-steps compared across {len(ranks)} ranks"
+    left = []
+    if sharded:
+        left.append(f"{len(sharded)} sharded tensor(s) not compared across ranks (a Shard placement: "
+                    f"{_some(sharded)})")
+    if not_replicas:
+        left.append(f"{len(not_replicas)} tensor(s) differ across ranks at their first step, so are not "
+                    f"replicas and were not compared ({_some(not_replicas)})")
+    return findings, Coverage(Invariant.REPLICAS, compared, what, "; ".join(left))
+
+
+def _replica_names(first: Mapping[int, StepRecord], allowed: Allowed, not_replicas: set[str],
+                   sharded: set[str]) -> list[str]:
+    """The parameters every rank records for this optimizer, whole on each rank, equal at the
+    first common step, and not declared per rank."""
+    names = set.intersection(*(set(s.param) for s in first.values()))
+    out = []
+    for name in sorted(names):
+        if matches(name, allowed.per_rank):
+            continue
+        if not all(replicated(s.placement.get(name)) for s in first.values()):
+            sharded.add(name)
+        elif len({s.param[name] for s in first.values()}) > 1:
+            not_replicas.add(name)
+        else:
+            out.append(name)
+    return out
+
+
+def _splits(at: Mapping[int, StepRecord], names: Sequence[str]) -> list[_Split]:
+    out = []
+    for kind, attr in _KINDS:
+        for name in names:
+            values = {r: getattr(s, attr).get(name) for r, s in at.items()}
+            if kind == "optimizer state":  # held by some ranks only under ZeRO: compared where held
+                values = {r: v for r, v in values.items() if v is not None}
+            if len(set(values.values())) > 1:
+                out.append(_Split(kind, name, values))
+    return out
+
+
+def _as_findings(splits: Sequence[_Split], step: int, opt: int) -> list[Finding]:
+    out = []
+    for split in splits[:MAX_FINDINGS]:
+        ranks, _ = split.minority()
+        out.append(Finding(Invariant.REPLICAS, step, ranks, split.name, split.observation(), _replica_fix(split), None,
+                           opt))
+    return out
+
+
+def _replica_fix(split: _Split) -> str:
+    where = ("before this step (what the previous step or code between steps left)" if split.kind != "gradient"
+             else "in this step's backward (a forward outside the DDP wrapper, a gradient changed on one rank after "
+             "its reduction, clipping or scaling on one rank only)")
+    return (f"find what changed {split.name} on one rank only {where}: an in-place change of a parameter outside "
+            "the optimizer (param.data, a load on one rank), a rank-dependent branch; if it differs per rank on "
+            f"purpose, add {split.name!r} to checks.invariants.allow.per_rank")
+
+
+def _some(names: Iterable[str], limit: int = 3) -> str:
+    listed = sorted(names)
+    more = f" and {len(listed) - limit} more" if len(listed) > limit else ""
+    return ", ".join(listed[:limit]) + more
