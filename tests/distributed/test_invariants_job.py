@@ -63,3 +63,15 @@ def test_a_sampler_whose_set_epoch_is_never_called_is_named_at_the_second_epoch(
     (found,) = report_evidence(result)["findings"]
     assert (found["invariant"], found["epoch"], found["ranks"]) == ("data", 1, [0, 1]), found
     assert found["name"] == "loader 0 (TensorDataset(384))" and "set_epoch" in found["fix"], found
+
+
+@pytest.mark.slow
+def test_the_profiles_timed_run_is_launched_again_with_records_for_the_invariants(tmp_path: Path) -> None:
+    """The profile's 2-rank timed run records no steps and is the session's shared reference of
+    that request: the invariants check reads a run launched again with records, never errors on
+    the one without them."""
+    checks = "  profile: {steps: 12, world_sizes: [2], warmup_steps: 2}\n  invariants: {steps: 12}\n"
+    report = check(job_file(tmp_path, "--plant replica_drift", checks=checks), only=["profile", "invariants"])
+    result = {c.name: c for c in report.checks}["invariants"]
+    assert result.status == "failed", result.summary
+    assert "-reference-recorded" in report_evidence(result)["run_dir"], report_evidence(result)["run_dir"]
