@@ -211,6 +211,8 @@ def _context(spec: DrillSpec, attempts: list[RunResult], *, injected_at: float |
     fault.injected_at = injected_at
     info = Injection(watch_rank=spec.rank, injected_step=spec.after_step if injected_at else None)
     reference = _result("ok", _points(range(1, spec.steps + 1)))
+    if runner is None:  # the judgement launches nothing: its reference is the run with records
+        runner = SimpleNamespace(scheduling=SimpleNamespace(recorded=lambda run: run))
     return DrillContext(runner, spec, fault, info, SupervisedRun(attempts, Path("/x"), Path("/nonexistent")),
                     reference, RunRequest.make(steps=spec.steps, seed=0, world_size=2), "loss",
                     Path("/nonexistent"), 5.0)
