@@ -169,8 +169,9 @@ class RankFailed:
         left = state.early_exit([rank])
         if left is not None and left["exited_at_s"] < state.exit_seen_at[rank]:
             stop.evidence["early_exit"] = left
-            stop.reason += (f" after rank {left['rank']} had exited 0 (after its step "
-                            f"{left['last_step']}): it waited for it in a collective")
+            after = (f"after its step {left['last_step']}" if left["last_step"] is not None
+                     else "before any step of it was read")
+            stop.reason += f" after rank {left['rank']} had exited 0 ({after}): it waited for it in a collective"
         # the death itself is not observable here (tests/benchmarks measure it from the kill);
         # what is known is that it was seen within one poll interval
         return stop
