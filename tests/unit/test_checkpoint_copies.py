@@ -124,3 +124,41 @@ def test_a_kept_checkpoint_asked_for_while_another_launch_carries_it_waits_for_t
     ended(None)  # it ended without a copy: now the answer says why
     asker.join(10)
     assert answers and answers[0][0] is None and "ended before trainguard read step 6" in answers[0][1]
+
+
+UNTERMINATED_JOB = '''\
+import os, sys, time
+ckpt = sys.argv[1]
+os.makedirs(ckpt, exist_ok=True)
+for step in (5, 10):
+    with open(os.path.join(ckpt, f"state-{step:06d}.json"), "w") as f:
+        f.write('{"step": %d}' % step)
+# a logger flushed at exit, as print writes it unbuffered: the text, then (late) its line end
+sys.stdout.write("".join(f"step {i} loss {1 / i}\\n" for i in range(1, 10)) + "step 10 loss 0.1")
+sys.stdout.flush()
+time.sleep(1.5)
+sys.stdout.write("\\n")
+'''
+
+
+def test_a_last_step_printed_without_its_line_end_when_the_run_was_stopped_is_not_kept(tmp_path: Path) -> None:
+    """print() of an unbuffered stream writes its text and then its end: a run stopped between
+    the two (to copy its checkpoints after step 6, read from the same burst) had printed its last
+    step already. The copy is its final state, not a mid-run one: not kept, said why (the gate's
+    kill-too-late test kept it, then resumed from step 10 and saw no line, on a loaded machine)."""
+    from trainguard.run.request import RunRequest
+
+    (tmp_path / "job.py").write_text(UNTERMINATED_JOB)
+    (tmp_path / "job.yaml").write_text(
+        "job:\n  name: burst\n  command: \"python job.py {checkpoint_dir}\"\n"
+        "  metrics:\n    loss: 'step (?P<step>\\d+) loss (?P<value>\\S+)'\n  timeout: 30\n")
+    runner = JobRunner(load_config(tmp_path / "job.yaml"))
+    try:
+        request = RunRequest.make(steps=10, seed=0, world_size=1, timeout=30)
+        runner.pool.keep(request, 6, "loss")
+        result = runner.run(request, label="reference")
+        assert result.ok, result.reason
+        kept, why = runner.pool.kept(request, 6)
+    finally:
+        runner.close()
+    assert kept is None and "had printed its last step (10 of 10)" in why, why

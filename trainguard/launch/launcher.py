@@ -255,6 +255,10 @@ class Launcher:
         self._logs: list[RankLog] = []
         self._threads: list[threading.Thread] = []
         self._pumps: list[LinePump] = []
+        self._pump_ranks: list[int] = []
+        #: (rank, text) of each stream's unterminated last line when the ranks were last stopped
+        #: (:meth:`frozen`): printed before the stop, its line end not yet
+        self.partial_at_stop: list[tuple[int, str]] = []
         self._tails: list[JsonlTail] = []
         self._read_stopped: list[MetricPoint] = []  # metric-file points read in frozen()
         self._t0 = 0.0
@@ -302,6 +306,8 @@ class Launcher:
             wait_stopped(procs)
             for pump in list(self._pumps):  # False after 2 s: a full queue of lines, judged as before
                 pump.caught_up(timeout=2.0)
+            self.partial_at_stop = [(rank, text) for rank, pump in zip(self._pump_ranks, self._pumps, strict=True)
+                                    if (text := pump.partial())]
             self._read_stopped.extend(p for tail in self._tails for p in tail.poll(self.elapsed()))
             yield
         finally:
@@ -430,6 +436,7 @@ class Launcher:
             self._events.put((stream, rp.rank, text, self.elapsed()))
 
         self._pumps.append(LinePump(pipe, sink, line, _MAX_LINE))
+        self._pump_ranks.append(rp.rank)
         return self._pumps[-1]
 
     def _monitor(self, port: int) -> RunResult:

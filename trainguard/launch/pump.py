@@ -44,6 +44,14 @@ class LinePump:
         self._asked = 0  # questions asked by caught_up
         self._answered = 0  # every question up to this one answered
         self._done = False
+        #: the bytes read after the last line end: a line printed in two writes (``print``'s text,
+        #: then its end) of a writer stopped between them
+        self._partial = b""
+
+    def partial(self) -> str:
+        """The unterminated rest read so far (meaningful once :meth:`caught_up` answered with the
+        writers stopped): never handed on as a line, as its end may still come."""
+        return self._partial.decode("utf-8", errors="replace")
 
     def run(self) -> None:
         """Read until the pipe ends (the thread's target)."""
@@ -61,6 +69,7 @@ class LinePump:
                     if not chunk:
                         break
                     pending = self._lines(pending + chunk)
+                    self._partial = pending
                 asked = self._asked  # before looking: a question asked later needs a later look
                 if not _readable(self._fd):
                     self._answer_up_to(asked)

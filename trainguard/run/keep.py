@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from trainguard._internal.readers import copy_tree
 from trainguard.evidence import UNSET, Evidence, Unset
+from trainguard.launch.metrics import LineMetric, MetricParser
 from trainguard.run.request import RunRequest, share_key
 from trainguard.unit.checkpoints import latest_complete_checkpoint
 from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
@@ -147,7 +148,7 @@ class Keepers:
         if not wanted:
             return None, lambda result: None
         pending = sorted(wanted, key=lambda k: k.after_step)
-        copies: dict[int, tuple[KeptCheckpoint, float]] = {}
+        copies: dict[int, tuple[KeptCheckpoint, float, int | None]] = {}
 
         def keep(point: MetricPoint, launcher: Launcher) -> None:
             while pending and point.name == pending[0].metric and point.step >= pending[0].after_step:
@@ -168,7 +169,7 @@ class Keepers:
         return keep, ended
 
     def _keep(self, keeper: _Keeper, step: int, launcher: Launcher, label: str, run_dir: Path,
-              checkpoint_dir: Path) -> dict[int, tuple[KeptCheckpoint, float]]:
+              checkpoint_dir: Path) -> dict[int, tuple[KeptCheckpoint, float, int | None]]:
         """Copy ``checkpoint_dir`` with the run stopped; {id(keeper): (the copy, the launch-clock
         time the run went on)}, or {} with ``keeper.why_not`` said."""
         if step >= keeper.key.steps:
@@ -194,15 +195,19 @@ class Keepers:
             return {}
         start, end = launcher.pauses[-1]
         return {id(keeper): (KeptCheckpoint(keeper.key, keeper.after_step, step, target, run_dir, label,
-                                            end - start, left_out), end)}
+                                            end - start, left_out), end, _unterminated_step(launcher, keeper.metric))}
 
     @staticmethod
-    def _settle(keeper: _Keeper, copy: KeptCheckpoint, went_on: float, result: RunResult, label: str) -> None:
+    def _settle(keeper: _Keeper, copy: KeptCheckpoint, went_on: float, unterminated: int | None, result: RunResult,
+                label: str) -> None:
         """The copy stands for a kill only when the run had not printed its last step before it
         was stopped (every line read before it went on was printed before the stop): a job that
         prints its lines in a burst at exit shows step ``after_step`` only when it is done, and its
-        checkpoint is then the final one (what the kill-after-step check calls too late)."""
-        reached = max((p.step for p in result.points if p.name == keeper.metric and p.t <= went_on), default=None)
+        checkpoint is then the final one (what the kill-after-step check calls too late). A line
+        whose end had not come when the run was stopped (``print`` writes its text, then the end)
+        was printed too: ``unterminated`` is its step."""
+        read = [p.step for p in result.points if p.name == keeper.metric and p.t <= went_on]
+        reached = max([*read, *([unterminated] if unterminated is not None else [])], default=None)
         if reached is not None and reached >= keeper.key.steps:
             keeper.why_not = (f"its run {label} had printed its last step ({reached} of {keeper.key.steps}) when "
                               f"trainguard stopped it after reading step {copy.step}: the copy is the final state, "
@@ -307,4 +312,16 @@ def _newest_step(directory: Path) -> int | None:
         return step_in_name(latest.name)
     steps = [s for p in directory.iterdir() if not is_temp_name(p.name)
              if (s := step_in_name(p.name)) is not None] if directory.is_dir() else []
+    return max(steps, default=None)
+
+
+def _unterminated_step(launcher: Launcher, metric: str) -> int | None:
+    """The step of ``metric`` on a line the stopped run had printed but not yet ended
+    (:attr:`~trainguard.launch.Launcher.partial_at_stop`); None without one, or for a metric
+    whose steps are counted (the count is the launch's own parser's)."""
+    regex = launcher.spec.metric_regexes.get(metric)
+    if regex is None or (isinstance(regex, LineMetric) and regex.step == "count"):
+        return None
+    parser = MetricParser({metric: regex})
+    steps = [p.step for rank, text in launcher.partial_at_stop for p in parser.parse(text, rank=rank, t=0.0)]
     return max(steps, default=None)
