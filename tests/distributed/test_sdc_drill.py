@@ -94,3 +94,31 @@ def test_persistent_optimizer_state_gradient_output_and_the_jobs_own_defence(tmp
     none = results["sdc-detect-none"]
     assert none.status == "failed" and "the job has no defence against it" in none.summary, none.summary
     assert "the replica invariant named it" in none.summary  # what trainguard saw, said
+
+
+FSDP2_DRILLS = """
+  drills:
+    - {name: fsdp-parameter, fault: sdc, rank: 1, steps: 10, after_step: 5}
+    - {name: fsdp-gradient-before, fault: sdc, rank: 1, steps: 10, after_step: 5, params: {target: gradient_before_reduction}}
+"""
+
+
+@pytest.mark.slow
+def test_on_fsdp2_a_shard_has_no_replica_so_only_the_reference_names_a_flip(tmp_path: Path) -> None:
+    """examples/fsdp2 shards every parameter (Shard(dim=0)): the replica invariant compares
+    nothing, and the flip is named by the first divergence from the uninterrupted run, saying why."""
+    pytest.importorskip("torchdata")
+    example = JOBS.parents[2] / "examples" / "fsdp2"
+    text = (example / "trainguard.yaml").read_text().replace("cwd: .", f"cwd: {example}")
+    path = tmp_path / "fsdp2.trainguard.yaml"
+    path.write_text(text[:text.index("checks:")] + "checks:" + FSDP2_DRILLS)
+    results = drills_sharing_a_reference(path, ["fsdp-parameter", "fsdp-gradient-before"])
+    for name, target, blind in (("fsdp-parameter", "parameter", "is a shard ((Shard(dim=0),))"),
+                                ("fsdp-gradient-before", "gradient_before_reduction", "reduce-scatter")):
+        result = results[name]
+        assert result.status == "passed", result.summary
+        evidence = report_evidence(result)
+        flipped = evidence["flipped"]
+        assert (flipped["rank"], flipped["step"], flipped["target"], flipped["tensor"]) == (1, 6, target, "pos")
+        assert evidence["replica_findings"] == [] and blind in evidence["replicas_blind"]
+        assert evidence["first_divergence"]["step"] == 6, evidence["first_divergence"]

@@ -9,7 +9,8 @@ One bit of one element of a tensor was flipped on one rank at one step (:mod:`tr
   reduction enters one rank's gradient, which the all-reduce averages into every rank: the
   replicas stay equal and cannot show it, so the step records of the drill's run are compared with
   the uninterrupted reference's (:func:`trainguard.checks.divergence.first_divergence`), which must
-  first differ at the flip's step.
+  first differ at the flip's step. So is a flip in a sharded tensor (FSDP2's ``Shard`` placement):
+  no other rank holds a replica of it.
 * ``detect``: the job's own defence reports it: a rank exits non-zero, or prints
   ``params.detect_pattern``, before any rank printed step ``flip step + within_steps``. A job that
   trains on through it fails, saying it has no defence, with what trainguard saw.
@@ -21,7 +22,7 @@ import re
 from collections.abc import Sequence
 
 from trainguard.checks.divergence import Agreement, Divergence, first_divergence
-from trainguard.checks.invariants import replica_findings
+from trainguard.checks.invariants import replica_findings, replicated
 from trainguard.checks.invariants_check import FindingEvidence
 from trainguard.checks.invariants_records import Finding
 from trainguard.drills.evidence import Detected, SilentCorruptionEvidence
@@ -29,17 +30,22 @@ from trainguard.drills.expectations import JudgeEntry
 from trainguard.drills.judges import DrillContext, Judgement, common_evidence
 from trainguard.faults.sdc import Flip, SdcFault
 from trainguard.launch import RunResult
-from trainguard.launch.steps import read_steps
+from trainguard.launch.steps import StepRecords, read_steps
 
-__all__ = ["CAUGHT", "DETECT", "REPLICAS_BLIND", "judge_caught", "judge_detect"]
+__all__ = ["CAUGHT", "DETECT", "REPLICAS_BLIND", "SHARD_BLIND", "judge_caught", "judge_detect"]
 
 #: target -> the kind the replica invariant names it by (the others it cannot see)
 _REPLICA_KIND = {"parameter": "parameter", "optimizer_state": "optimizer state", "gradient": "gradient"}
 #: why the replicas cannot show a flip the reduction averages into every rank
-REPLICAS_BLIND = ("the flip went into rank {rank}'s {what} before DDP's all-reduce, which averages that rank's "
-                  "gradient into every rank's: every replica takes the same corrupted update and they stay equal, "
-                  "so the replica invariant cannot show it; only a run without the flip (the uninterrupted "
-                  "reference) can")
+REPLICAS_BLIND = ("the flip went into rank {rank}'s {what} before the gradients' reduction (DDP's all-reduce, "
+                  "FSDP's reduce-scatter), which averages that rank's gradient into every rank's: every rank takes "
+                  "the same corrupted update (to its replica, or to its shard), so nothing differs across ranks and "
+                  "the replica invariant cannot show it; only a run without the flip (the uninterrupted reference) "
+                  "can")
+#: why the replicas cannot show a flip in a sharded tensor
+SHARD_BLIND = ("rank {rank}'s {what} is a shard ({placement}): no other rank holds a replica of it, so the replica "
+               "invariant has nothing to compare it with; only a run without the flip (the uninterrupted reference) "
+               "can show it")
 
 
 def _flips(c: DrillContext) -> list[Flip]:
@@ -85,18 +91,29 @@ def judge_caught(c: DrillContext) -> Judgement:
                          "false, or ranks that are not Python): nothing was compared", evidence)
     findings, coverage = replica_findings(steps)
     evidence.replica_findings = [FindingEvidence.of(f) for f in findings]
+    placement = _placement(steps, flip)
+    if flip.target in _REPLICA_KIND and not replicated(placement):
+        blind = SHARD_BLIND.format(rank=flip.rank, what=flip.what(), placement=placement)
+        return _by_reference(c, evidence, flip, said, findings, blind)
     if flip.target in _REPLICA_KIND:
         named = _named(findings, flip)
         if named is not None:
             return Judgement("passed", f"{said}; the replica invariant named it: {named.sentence()}", evidence)
         seen = findings[0].sentence() if findings else f"no finding ({coverage.what or coverage.reason})"
         return Judgement("failed", f"{said}; the replica invariant did not name it at that step: {seen}", evidence)
-    return _by_reference(c, evidence, flip, said, findings)
+    return _by_reference(c, evidence, flip, said, findings, REPLICAS_BLIND.format(rank=flip.rank, what=flip.what()))
+
+
+def _placement(steps: StepRecords, flip: Flip) -> str | None:
+    """The flipped parameter's placement as its rank recorded it (None: a plain tensor)."""
+    rank = steps.ranks.get(flip.rank)
+    first = rank.steps[0] if rank is not None and rank.steps else None
+    return first.placement.get(flip.tensor) if first is not None else None
 
 
 def _by_reference(c: DrillContext, evidence: SilentCorruptionEvidence, flip: Flip, said: str,
-                  findings: Sequence[Finding]) -> Judgement:
-    evidence.replicas_blind = REPLICAS_BLIND.format(rank=flip.rank, what=flip.what())
+                  findings: Sequence[Finding], blind: str) -> Judgement:
+    evidence.replicas_blind = blind
     found = first_divergence(read_steps(c.reference.run_dir), read_steps(c.run.attempts[0].run_dir))
     evidence.first_divergence = found.as_evidence("the drill's run")
     replicas = (f"; the replicas differ too ({findings[0].sentence()})" if findings

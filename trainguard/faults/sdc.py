@@ -82,7 +82,7 @@ class Flip(Evidence):
     def what(self) -> str:
         """``output of module 6``, ``parameter 0.weight``, ``optimizer state of 0.weight (exp_avg)``."""
         if self.target == "output":
-            return f"output of module {self.tensor}"
+            return f"output of module {self.tensor}" if self.tensor else "output of the model's root module"
         if self.target == "gradient_before_reduction":
             return f"gradient of {self.tensor} (before its reduction)"
         if self.target == "optimizer_state":

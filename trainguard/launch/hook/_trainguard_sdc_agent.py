@@ -155,7 +155,9 @@ class SdcHook:
         self.stuck: int | None = None
         self.flips = 0
         self.finished = False
-        self._grad_handle: Any = None
+        #: gradient_before_reduction: the tensor whose gradient hook is in place
+        self._hooked: Any = None
+        self._owned: tuple[str, Any, str] | None = None
         self._resolved: tuple[str, Any] | None = None
 
     # -- patching ----------------------------------------------------------------------------
@@ -234,9 +236,13 @@ class SdcHook:
     def _in_forward(self, module: Any, output: Any) -> Any:
         torch = self.torch
         if self.target == "gradient_before_reduction":
-            if self._grad_handle is None:
-                name, param = self._parameter(None)
-                self._grad_handle = param.register_hook(lambda grad: self._gradient_hook(grad, name))
+            name, owner, attr = self._owner()
+            # the tensor the module computes with now: under FSDP2 the unsharded parameter (a
+            # hook on the sharded one never runs: its gradient is the reduce-scatter's result)
+            tensor = getattr(owner, attr, None) if module is owner else None
+            if tensor is not None and tensor is not self._hooked and getattr(tensor, "requires_grad", False):
+                self._hooked = tensor
+                tensor.register_hook(lambda grad: self._gradient_hook(grad, name))
             return None
         name, target = self._module()
         if module is not target or not isinstance(output, torch.Tensor) or not output.is_floating_point():
@@ -299,6 +305,20 @@ class SdcHook:
                 param = next(self._root().parameters())
             self._resolved = (names.get(id(param), ("group0.0", param))[0], param)
         return self._resolved
+
+    def _owner(self) -> tuple[str, Any, str]:
+        """(the target parameter's name, the module that holds it, its attribute name there)."""
+        if self._owned is None:
+            root = self._root()
+            # by name: under FSDP2 the optimizer holds the sharded parameters, the modules (in
+            # the forward) the unsharded ones
+            name = self.name or strip_prefixes(next(root.named_parameters())[0])
+            qualified = next((q for q, _ in root.named_parameters() if strip_prefixes(q) == name), None)
+            if qualified is None:
+                raise LookupError(f"no module of the model holds the parameter {name!r}")
+            path, _, attr = qualified.rpartition(".")
+            self._owned = (name, root.get_submodule(path) if path else root, attr)
+        return self._owned
 
     def _module(self) -> tuple[str, Any]:
         if self._resolved is not None:
