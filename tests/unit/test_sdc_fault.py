@@ -11,19 +11,27 @@ import struct
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.helpers import load_hook_module
+from tests.steplines import Step, trajectory, write_rank
 from tests.unit.test_nan_fault import HEAD
-from trainguard.config import parse_config
+from trainguard.config import DrillSpec, parse_config
+from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import Expectation
+from trainguard.drills.judges import DrillContext, Injection
+from trainguard.drills.sdc import judge_caught, judge_detect
 from trainguard.errors import ConfigError
 from trainguard.faults.hook import read_events
-from trainguard.faults.sdc import Flip
+from trainguard.faults.sdc import Flip, SdcFault
+from trainguard.launch import MetricPoint, RunResult
 from trainguard.launch.hook import hook_env
+from trainguard.run.request import RunRequest
+from trainguard.run.runner import SupervisedRun
 
 torch = pytest.importorskip("torch")
 
@@ -152,3 +160,82 @@ def test_an_sdc_drill_is_caught_by_default_and_bad_params_name_the_key_and_the_f
     assert "params.detect_pattern: not a regular expression" in _problem(
         "{name: a, fault: sdc, params: {detect_pattern: '('}}")
     assert "handle_nonfinite" in _problem("{name: a, fault: sdc, expect: handle_nonfinite}")
+
+
+# -- the verdicts, on step records written by hand (tests/steplines.py) -----------------------
+
+
+class _Flipped(SdcFault):
+    """The hook's flips, as the recorded run would have left them."""
+
+    def __init__(self, params: dict[str, Any], flips: list[Flip]) -> None:
+        super().__init__(FaultParams(params), rank=1, after_step=3)
+        self.recorded = flips
+        self.injected_at = 1.3
+
+    def flips(self) -> list[Flip]:
+        return self.recorded
+
+
+def _flip(target: str, tensor: str = "fc1.weight", step: int = 4) -> Flip:
+    return Flip(1, step, target, "transient", tensor, None, 0, 22, "torch.float32", 1.0, 1.5, "3f800000", "3fc00000")
+
+
+def _records(run_dir: Path, rank1: list[Step], rank0: list[Step] | None = None) -> Path:
+    write_rank(run_dir, 0, trajectory(1, 8) if rank0 is None else rank0)
+    write_rank(run_dir, 1, rank1)
+    return run_dir
+
+
+def _verdict(tmp_path: Path, target: str, rank1: list[Step], *, rank0: list[Step] | None = None,
+             expect: str = "caught", outcome: str = "ok", printed: int = 8, pattern: str = "") -> tuple[str, str]:
+    params = {"target": target, **({"detect_pattern": pattern} if pattern else {})}
+    spec = DrillSpec.model_validate({"name": "s", "fault": "sdc", "rank": 1, "steps": 8, "after_step": 3,
+                                     "expect": expect, "params": params})
+    drill = _records(tmp_path / "drill", rank1, rank0)
+    reference = _records(tmp_path / "reference", trajectory(1, 8))
+    points = [MetricPoint("loss", s, 1.0, r, 1.0 + 0.1 * s) for r in (0, 1) for s in range(1, printed + 1)]
+    attempt = RunResult(outcome, ["python"], drill, 2, 0, [], points, 5.0, 1.0,  # type: ignore[arg-type]
+                        reason="" if outcome == "ok" else "rank 1 exited with code 1",
+                        failed_rank=None if outcome == "ok" else 1)
+    ref = RunResult("ok", ["python"], reference, 2, 0, [], points, 5.0, 1.0)
+    c = DrillContext(None, spec, _Flipped(params, [_flip(target)]),  # type: ignore[arg-type]
+                     Injection(watch_rank=1, injected_step=3), SupervisedRun([attempt], drill, drill),
+                     ref, RunRequest.make(steps=8, seed=0, world_size=2), "loss", drill, 5.0)
+    status, summary, _ = (judge_caught if expect == "caught" else judge_detect)(c)
+    return status, summary
+
+
+def test_caught_passes_only_when_the_replicas_name_the_flip_at_its_step(tmp_path: Path) -> None:
+    at_4 = [replace(s, param_of={"fc1.weight": 77 + s.n}) if s.n >= 4 else s for s in trajectory(1, 8)]
+    status, summary = _verdict(tmp_path / "a", "parameter", at_4)
+    assert status == "passed" and "the replica invariant named it: replicas: fc1.weight at step 4" in summary
+    late = [replace(s, param_of={"fc1.weight": 77 + s.n}) if s.n >= 5 else s for s in trajectory(1, 8)]
+    status, summary = _verdict(tmp_path / "b", "parameter", late)  # recorded a step late: not named right
+    assert status == "failed" and "did not name it at that step: replicas: fc1.weight at step 5" in summary
+    status, summary = _verdict(tmp_path / "c", "parameter", trajectory(1, 8))
+    assert status == "failed" and "no finding" in summary
+
+
+def test_caught_names_an_averaged_flip_by_the_first_divergence_and_says_why(tmp_path: Path) -> None:
+    averaged = [replace(s, grad_of={"fc2.weight": 5}) if s.n == 4 else s for s in trajectory(1, 8)]
+    status, summary = _verdict(tmp_path / "a", "output", averaged, rank0=averaged)  # every rank alike
+    assert status == "passed" and "the first divergence from the uninterrupted run names it: the step records " \
+        "first differ at step 4" in summary
+    assert "the replicas stayed equal, as they must" in summary and "the replica invariant cannot show it" in summary
+    status, summary = _verdict(tmp_path / "c", "output", trajectory(1, 8))
+    assert status == "failed" and "the flip changed nothing the step records show" in summary
+    early = [replace(s, grad_of={"fc2.weight": 5}) if s.n == 2 else s for s in trajectory(1, 8)]
+    status, summary = _verdict(tmp_path / "d", "gradient_before_reduction", early, rank0=early)
+    assert status == "error" and "not bitwise reproducible" in summary
+
+
+def test_detect_passes_on_a_prompt_defence_and_fails_a_late_one_or_none(tmp_path: Path) -> None:
+    at_4 = [replace(s, param_of={"fc1.weight": 77 + s.n}) if s.n >= 4 else s for s in trajectory(1, 8)]
+    status, summary = _verdict(tmp_path / "a", "parameter", at_4, expect="detect", outcome="failed", printed=3)
+    assert status == "passed" and "the job exited non-zero (rank 1 exited with code 1), with step 3 its last" in summary
+    status, summary = _verdict(tmp_path / "b", "parameter", at_4, expect="detect", outcome="failed", printed=6)
+    assert status == "failed" and "too late: its ranks had printed step 6 (the flip's step + 2)" in summary
+    status, summary = _verdict(tmp_path / "c", "parameter", at_4, expect="detect")
+    assert status == "failed" and "the job has no defence against it: it completed without exiting non-zero" in summary
+    assert "the replica invariant named it" in summary  # what trainguard saw
