@@ -28,7 +28,7 @@ from trainguard.drills.sdc import judge_caught, judge_detect
 from trainguard.errors import ConfigError
 from trainguard.faults.hook import read_events
 from trainguard.faults.sdc import Flip, SdcFault
-from trainguard.launch import MetricPoint, RunResult
+from trainguard.launch import MetricPoint, RankExit, RunResult
 from trainguard.launch.hook import hook_env
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import SupervisedRun
@@ -195,7 +195,8 @@ def _verdict(tmp_path: Path, target: str, rank1: list[Step], *, rank0: list[Step
     drill = _records(tmp_path / "drill", rank1, rank0)
     reference = _records(tmp_path / "reference", trajectory(1, 8))
     points = [MetricPoint("loss", s, 1.0, r, 1.0 + 0.1 * s) for r in (0, 1) for s in range(1, printed + 1)]
-    attempt = RunResult(outcome, ["python"], drill, 2, 0, [], points, 5.0, 1.0,  # type: ignore[arg-type]
+    exits = [RankExit(0, 100, 0), RankExit(1, 101, 0 if outcome == "ok" else 1)]
+    attempt = RunResult(outcome, ["python"], drill, 2, 0, exits, points, 5.0, 1.0,  # type: ignore[arg-type]
                         reason="" if outcome == "ok" else "rank 1 exited with code 1",
                         failed_rank=None if outcome == "ok" else 1)
     ref = RunResult("ok", ["python"], reference, 2, 0, [], points, 5.0, 1.0)

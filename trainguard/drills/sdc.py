@@ -11,7 +11,7 @@ One bit of one element of a tensor was flipped on one rank at one step (:mod:`tr
   the uninterrupted reference's (:func:`trainguard.checks.divergence.first_divergence`), which must
   first differ at the flip's step. So is a flip in a sharded tensor (FSDP2's ``Shard`` placement):
   no other rank holds a replica of it.
-* ``detect``: the job's own defence reports it: a rank exits non-zero, or prints
+* ``detect``: the job's own defence reports it: a rank exits non-zero by itself, or prints
   ``params.detect_pattern``, before any rank printed step ``flip step + within_steps``. A job that
   trains on through it fails, saying it has no defence, with what trainguard saw.
 """
@@ -186,8 +186,8 @@ def judge_detect(c: DrillContext) -> Judgement:
         rank, last, line = hit
         evidence.detected = Detected("pattern", rank, last, line)
         at = last if last is not None else printed
-    elif not run.ok and run.outcome != "timeout":
-        evidence.detected = Detected("exit", run.failed_rank, printed, run.reason or run.outcome)
+    elif (failed := next((e for e in run.exits if e.returncode and not e.killed_by_trainguard), None)) is not None:
+        evidence.detected = Detected("exit", failed.rank, printed, run.reason or run.outcome)
         at = printed
     else:
         caught = judge_caught(c)

@@ -225,7 +225,7 @@ class SdcHook:
             state = optimizer.state.get(param, {})
             for key, value in sorted(state.items()):
                 if isinstance(value, self.torch.Tensor) and value.is_floating_point() and value.numel() > 1:
-                    self._flip(value, f"{name}", self.begun, state_key=key)
+                    self._flip(value, name, self.begun, state_key=key)
                     return
 
     def _forward(self, module: Any, inputs: Any, output: Any) -> Any:
