@@ -79,6 +79,18 @@ def drills_sharing_a_reference(
 _FAULT_DATA = Path(__file__).resolve().parent / "data" / "faults"
 
 
+def load_hook_module(name: str, as_name: str) -> ModuleType:
+    """The start-up hook's module ``name`` (``_trainguard_sdc_agent``), loaded by file path as the
+    hook loads it, under ``as_name`` (not put in sys.modules)."""
+    from trainguard.launch.hook import HOOK_DIR
+
+    spec = importlib.util.spec_from_file_location(as_name, HOOK_DIR / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_fault_harness() -> ModuleType:
     """tests/data/faults/harness.py as module ``tg_fault_harness`` (drives one fault through its
     life on real rank processes; the scans proving nothing was left behind)."""

@@ -8,7 +8,6 @@ the reader of the records is not this test's subject."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
@@ -22,9 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers import load_hook_module
 from trainguard.config import parse_config
 from trainguard.config.checks import ProfileCheck, SmokeCheck
-from trainguard.launch.hook import ENV_RUN_SPEC, ENV_SPEC, HOOK_DIR, STEPS_DIR, run_hook_env
+from trainguard.launch.hook import ENV_RUN_SPEC, ENV_SPEC, STEPS_DIR, run_hook_env
 from trainguard.profiling.measure import measure_size
 from trainguard.run.runner import JobRunner
 
@@ -294,11 +294,7 @@ def test_an_agent_that_fails_says_so_once_and_the_job_runs_as_without_it(tmp_pat
 
 
 def _fingerprint_module() -> Any:
-    spec = importlib.util.spec_from_file_location("_tg_step_values_under_test", HOOK_DIR / "_trainguard_step_values.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_hook_module("_trainguard_step_values", "_tg_step_values_under_test")
 
 
 def test_saves_and_restores_name_their_keys_owners_and_calls(tmp_path: Path) -> None:

@@ -46,6 +46,11 @@ class Expectation(StrEnum):
     SAVE_AND_EXIT = "save_and_exit"
     #: a non-finite loss or gradient is skipped or stops the job, as its policy says
     HANDLE_NONFINITE = "handle_nonfinite"
+    #: trainguard's own records name a silent corruption: the replica invariant, or the first
+    #: divergence from the uninterrupted run (rank, step, tensor)
+    CAUGHT = "caught"
+    #: the job's own defence reports a silent corruption within ``within_steps``
+    DETECT = "detect"
 
 
 
@@ -136,6 +141,7 @@ FAULTS: Registry[FaultClass] = Registry("fault", {
     "network": "trainguard.faults.network:NetworkFault",
     "preempt": "trainguard.faults.preempt:PreemptFault",
     "nan": "trainguard.faults.nan:NanFault",
+    "sdc": "trainguard.faults.sdc:SdcFault",
     "storage": "trainguard.faults.storage:StorageFault",
     "kill_during_save": "trainguard.faults.kill_during_save:KillDuringSaveFault",
     "kill_worker": "trainguard.faults.kill_worker:KillWorkerFault",
@@ -152,6 +158,8 @@ EXPECTATIONS: Registry[ExpectationJudge] = Registry("expectation", {
     "continue": "trainguard.drills.expectations:CONTINUE",
     "save_and_exit": "trainguard.drills.save_and_exit:SAVE_AND_EXIT",
     "handle_nonfinite": "trainguard.drills.nonfinite:HANDLE_NONFINITE",
+    "caught": "trainguard.drills.sdc:CAUGHT",
+    "detect": "trainguard.drills.sdc:DETECT",
 }, accepts=lambda value: callable(getattr(value, "judge", None)), a="an expectation's judge (drills.expectations.JudgeEntry)",
     name_of=lambda entry: entry.name)
 

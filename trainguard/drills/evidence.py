@@ -22,8 +22,10 @@ from typing import Any
 from trainguard.checks.accounting import AccountingEvidence
 from trainguard.checks.divergence import DivergenceEvidence
 from trainguard.checks.equivalence_records import TrajectoryEvidence
+from trainguard.checks.invariants_check import FindingEvidence
 from trainguard.evidence import MERGED, TRAILING, UNSET, Evidence, NoEvidence, Recorded, Unset
 from trainguard.faults.kill_during_save import HeldWrite, LatestComplete
+from trainguard.faults.sdc import Flip
 from trainguard.faults.soak import SoakEvent
 from trainguard.faults.storage import StruckCheckpoint
 from trainguard.launch.reach import ReachClient
@@ -34,6 +36,7 @@ __all__ = [
     "AttemptEvidence",
     "CheckpointIntact",
     "ContinueEvidence",
+    "Detected",
     "DrillEvidence",
     "DrillFinding",
     "DrillReport",
@@ -57,6 +60,7 @@ __all__ = [
     "Resume",
     "SaveAndExitEvidence",
     "SaveUnderKill",
+    "SilentCorruptionEvidence",
     "SlurmAttemptSpan",
     "SlurmDrillBase",
     "SlurmDrillEvidence",
@@ -483,9 +487,42 @@ class FaultNotSetUp(Evidence):
     fault_evidence: dict[str, Any]
 
 
+@dataclass
+class Detected(Evidence):
+    """detect: how the job's own defence reported a silent corruption, and when."""
+
+    #: ``pattern`` (a line matching detect_pattern) or ``exit`` (a rank exited non-zero)
+    how: str
+    #: the rank that printed the line, or the first that failed
+    rank: int | None
+    #: the last optimizer step printed before it reported (the flip's step - 1: in the step itself)
+    last_step_printed: int | None
+    #: the matching line, or the run's end
+    said: str
+
+
+@dataclass
+class SilentCorruptionEvidence(DrillEvidence):
+    """caught and detect (``fault: sdc``): the bit flipped, and what named it: the replica
+    invariant, the first divergence from the uninterrupted run, or the job's own defence."""
+
+    #: the first flip as the start-up hook wrote it (rank, step, target, tensor, index, bit, old, new)
+    flipped: Flip | None = None
+    #: flips in all (a persistent stuck bit: one per step that it changed)
+    flips: int = 0
+    #: the replica invariant's findings on the drill's run (at most 20)
+    replica_findings: list[FindingEvidence] = field(default_factory=list)
+    #: the drill's run against the uninterrupted reference, step records compared
+    first_divergence: DivergenceEvidence | Unset = UNSET
+    #: why the replicas cannot show a flip that the reduction averaged into every rank
+    replicas_blind: str | Unset = UNSET
+    #: detect: what the job's defence did, and when
+    detected: Detected | Unset = UNSET
+
+
 #: what a drill's judge (or its early error) records, the most specific record first
 DrillFinding = (RayRecoverEvidence | RecoverEvidence | StorageResumeEvidence | SaveAndExitEvidence
-                | NonfiniteEvidence | FailCleanEvidence | ExitEvidence | ContinueEvidence | DrillEvidence | ReferenceFailed
+                | SilentCorruptionEvidence | NonfiniteEvidence | FailCleanEvidence | ExitEvidence | ContinueEvidence | DrillEvidence | ReferenceFailed
                 | ReferenceNotUsable | FaultNotSetUp | Unset)
 
 

@@ -48,6 +48,17 @@ class HookEvent(TypedDict, total=False):
     step: int | None
     optimizer_steps_done: int | None
     held_mb: float
+    #: sdc's flipped: the tensor (a parameter's or a module's name), its optimizer state's key,
+    #: the element (row-major in the rank's local tensor), the bit, the values before and after
+    tensor: str
+    state_key: str | None
+    index: int
+    bit: int
+    dtype: str
+    old: float
+    new: float
+    old_bits: str
+    new_bits: str
 
 
 def pull_trigger(path: Path, pid: int | None = None) -> None:

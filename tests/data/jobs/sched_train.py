@@ -32,6 +32,10 @@ ddp_bypassed         at step 5 the last rank adds a second loss computed through
                      it (issue 45).
 set_epoch_never      the sampler's ``set_epoch`` is never called: every epoch replays the first
                      one's order (issue 45; the resume's data position still works).
+
+--check-replicas is a defence against silent data corruption (issue 45's sdc drills): after every
+optimizer step the ranks compare a checksum of their parameters (one all-reduce of two numbers); on
+a mismatch each rank prints ``replicas differ after step N`` to stderr and exits 1.
 """
 
 from __future__ import annotations
@@ -92,6 +96,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--compile", default=None, metavar="BACKEND",
                    help="torch.compile the model with this backend (eager, aot_eager, inductor)")
     p.add_argument("--plant", choices=PLANTS, default="none")
+    p.add_argument("--check-replicas", action="store_true",
+                   help="compare a checksum of the parameters across ranks after every step; exit 1 on a mismatch")
     return p.parse_args()
 
 
@@ -184,6 +190,9 @@ def main() -> int:
             optimizer.step()
             scheduler.step()
             step += 1
+            if args.check_replicas and world > 1 and not replicas_agree(model):
+                print(f"replicas differ after step {step} on rank {rank}", file=sys.stderr, flush=True)
+                return 1
             if args.plant == "replica_drift" and step == DRIFT_AFTER and rank == world - 1:
                 next(model.parameters()).data.add_(1e-3)
             batch_in_epoch += 1
@@ -202,6 +211,15 @@ def main() -> int:
         dist.barrier()  # every rank done before any leaves (gloo aborts a rank whose peer went first)
         dist.destroy_process_group()
     return 0
+
+
+def replicas_agree(model: nn.Module) -> bool:
+    """Whether every rank holds the same parameters: the largest and the smallest checksum agree."""
+    with torch.no_grad():
+        total = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum()
+        both = torch.stack([total, -total])
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return bool(both[0] == -both[1])
 
 
 def save(args: argparse.Namespace, ckpt_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -5,13 +5,14 @@ interpreter need not have trainguard installed) when ``TRAINGUARD_FAULT_HOOK`` h
 Nothing here imports torch eagerly; torch is touched only when the fault fires or when the job
 imports it itself.
 
-Spec keys: ``fault`` (oom | disk_full | nan), ``mode``, ``rank`` (int, or null for every rank),
+Spec keys: ``fault`` (oom | disk_full | nan | sdc), ``mode``, ``rank`` (int, or null for every rank),
 ``trigger`` (a file the drill creates once the target rank printed step ``step``; for oom its
 content is the target's pid, so a restarted attempt never fires), ``events`` (a JSONL file this
 agent appends to), ``step``, and per mode: ``dir`` (disk_full), ``chunk_mb``, ``max_mb``,
-``slack_mb``, ``headroom_mb``; ``target`` and ``value`` (nan: ``_trainguard_nan_agent.py``).
+``slack_mb``, ``headroom_mb``; ``target`` and ``value`` (nan: ``_trainguard_nan_agent.py``);
+``target``, ``mode``, ``bit``, ``index``, ``name``, ``record`` (sdc: ``_trainguard_sdc_agent.py``).
 
-oom and nan arm only in the first Python process of the rank (it records its pid in
+oom, nan and sdc arm only in the first Python process of the rank (it records its pid in
 ``TRAINGUARD_FAULT_HOOK_PID``): DataLoader workers and spawned children inherit the hook inert.
 disk_full arms in every Python process of the rank: a full disk is full for a checkpoint writer
 in a child process too.
@@ -62,7 +63,7 @@ def install(raw_spec: str) -> Agent | None:
     target = spec.get("rank")
     if target is not None and os.environ.get("RANK", "0") != str(target):
         return None
-    if spec.get("fault") in ("oom", "nan"):
+    if spec.get("fault") in ("oom", "nan", "sdc"):
         owner = os.environ.get(ENV_PID)
         if owner and owner != str(os.getpid()):
             return None  # a child of the armed process (DataLoader worker, spawn child): inert
@@ -91,7 +92,8 @@ class Agent:
         self._tracked_fds: dict[int, tuple[int, int]] = {}
         self._lock = threading.Lock()  # the job's threads open files while the poll thread fills
         self._real: dict[str, Any] = {}
-        self.numerics: Any = None  # nan: the NanHook of _trainguard_nan_agent.py
+        #: nan: the NanHook of _trainguard_nan_agent.py; sdc: the SdcHook of _trainguard_sdc_agent.py
+        self.numerics: Any = None
 
     # -- arming ----------------------------------------------------------------------------
 
@@ -99,6 +101,12 @@ class Agent:
         if self.fault == "nan":  # acts in torch's loss functions and backward: no poll thread
             self.numerics = _sibling("_trainguard_nan_agent").NanHook(self)
             self.event("armed", fault=self.fault, target=self.numerics.target, argv=sys.argv[:3])
+            self._when_torch_imported()
+            return
+        if self.fault == "sdc":  # acts in torch's optimizer, module and gradient hooks
+            self.numerics = _sibling("_trainguard_sdc_agent").SdcHook(self)
+            self.event("armed", fault=self.fault, target=self.numerics.target, mode=self.numerics.mode,
+                       step=self.numerics.step, argv=sys.argv[:3])
             self._when_torch_imported()
             return
         if self.fault == "oom" and self.mode == "raise":
@@ -114,10 +122,13 @@ class Agent:
     def event(self, name: str, **data: Any) -> None:
         if not self.events:
             return
-        record = {"t": time.time(), "pid": os.getpid(), "rank": os.environ.get("RANK"),
-                  "event": name, **data}
+        self.append(self.events, {"t": time.time(), "pid": os.getpid(), "rank": os.environ.get("RANK"),
+                                  "event": name, **data})
+
+    def append(self, path: str, record: dict[str, Any]) -> None:
+        """Append ``record`` to the JSONL file ``path`` (one write; nothing raised)."""
         with contextlib.suppress(OSError, ValueError, TypeError):
-            fd = os.open(self.events, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
                 os.write(fd, (json.dumps(record) + "\n").encode())
             finally:
