@@ -57,8 +57,10 @@ def run_cell(kind: str | None, culprit: int, world: int, root: Path, stall: floa
     if kind is not None:
         argv += ["--fault", kind, "--fault-rank", str(culprit), "--fault-step", str(FAULT_STEP)]
     env = {"OMP_NUM_THREADS": "1", **run_hook_env({"stall_dir": str(run_dir / STALL_DIR)})}
-    spec = LaunchSpec(argv=argv, run_dir=run_dir, world_size=world, env=env, timeout=120,
-                      stall_timeout=stall, startup_timeout=60, metric_regexes={"loss": r"step (?P<step>\d+) loss (?P<value>\S+)"})
+    # torch's start-up and exit take seconds on a loaded machine: their own limits, as a job's
+    spec = LaunchSpec(argv=argv, run_dir=run_dir, world_size=world, env=env, timeout=120, stall_timeout=stall,
+                      startup_timeout=60, shutdown_timeout=60, final_step=steps,
+                      metric_regexes={"loss": r"step (?P<step>\d+) loss (?P<value>\S+)"})
     launcher = Launcher(spec)
     started = time.monotonic()
     result = launcher.run()
@@ -71,7 +73,7 @@ def run_cell(kind: str | None, culprit: int, world: int, root: Path, stall: floa
         # the attribution ended since_detection_s after the ask; the ask came detected_after_s
         # past the limit, which ran from the last line of any rank
         last_any = max(p.t for p in result.points)
-        to_report = round(last_any + stall + (result.detected_after_s or 0) + found["since_detection_s"] - last_t, 2)
+        to_report = round(last_any + stall + (result.detected_after_s or 0) + found["since_ask_s"] - last_t, 2)
     del started
     if capture is not None and found:
         save_case(capture / f"{kind}-r{culprit}-w{world}.json", result.evidence, run_dir, kind, culprit)

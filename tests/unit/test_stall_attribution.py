@@ -155,3 +155,12 @@ def test_a_hang_drill_attempt_carries_the_attribution(tmp_path: Path) -> None:
     assert entry.attribution == found["summary"]
     assert entry.classified.endswith(found["summary"])  # the drill's summary line says it too
     assert "rank 0 is stopped (SIGSTOP)" in fault.classify(result)
+
+
+def test_a_rank_that_did_not_answer_idle_in_backward_waits_in_ddp_s_all_reduce() -> None:
+    # the sleep case with rank 1's answer lost: its stack (idle in backward) says it waits
+    case = json.loads((CASES / "sleep-r0-w3.json").read_text().replace("{ROOT}", str(ROOT)))
+    answers = {int(r): RankAnswer.from_dict(a) for r, a in case["answers"].items() if r != "1"}
+    found = attribute(signals_from(case["activity"], answers, case["stacks"], {}))
+    assert found.culprits == (0,), found.summary
+    assert found.ranks[1].in_collective and "_engine_run_backward" in found.ranks[1].doing

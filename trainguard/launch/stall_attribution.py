@@ -73,6 +73,8 @@ _COLLECTIVE_FUNCS = frozenset({
 #: installed packages a job's stack passes through (a py-spy path that starts with one is no job code)
 _PACKAGES = frozenset({"torch", "numpy", "transformers", "accelerate", "datasets", "lightning",
                        "pytorch_lightning", "deepspeed", "ray", "torchdata", "safetensors"})
+#: where DDP's gradient all-reduce is waited for, seen from Python
+_BACKWARD_FUNCS = frozenset({"_engine_run_backward", "run_backward"})
 _THREAD = re.compile(r"^Thread (\S+) \(([^)]*)\)(?::\s*\"(.*)\")?")
 _FRAME = re.compile(r"^\s{4}(\S.*?) \((.*):(\d+)\)\s*$")
 
@@ -314,9 +316,11 @@ def collect_signals(stall_dir: Path, asked_at: float, activity: Sequence[RankAct
                     stacks: Mapping[str, str], last_steps: Mapping[int, int],
                     window_s: float = ANSWER_WINDOW_S) -> list[RankSignals]:
     """Each rank's signals: its answer (waited for until ``asked_at + window_s``, except from a
-    rank that is stopped or gone), its state and CPU (``activity``), its py-spy stack."""
+    rank that is stopped or gone, or whose agent never said it is there: a process that did not
+    import ``torch.distributed``), its state and CPU (``activity``), its py-spy stack."""
     states = {int(a["rank"]): a for a in activity}
-    pending = {r for r, a in states.items() if a.get("state") not in ("stopped", "gone", "zombie")}
+    pending = {r for r, a in states.items() if a.get("state") not in ("stopped", "gone", "zombie")
+               and (stall_dir / f"rank{r}.ready").exists()}  # its agent waits for the ask
     answers: dict[int, RankAnswer] = {}
     while True:
         for rank in sorted(pending):
@@ -401,9 +405,18 @@ def _where(stack: Sequence[Frame]) -> str:
     return f"{text} (`{line}`)" if line else text
 
 
-def _stack_collective(stack: Sequence[Frame]) -> Frame | None:
-    return next((f for f in reversed(stack) if f.function in _COLLECTIVE_FUNCS
-                 and "torch/distributed" in f.file.replace(os.sep, "/")), None)
+def _stack_collective(stack: Sequence[Frame], cpu_percent: float | None = None) -> Frame | None:
+    """The frame of a collective the stack waits in: a ``torch.distributed`` collective, or an
+    idle backward (DDP's gradient all-reduce is waited for inside ``backward``, in C++: a rank
+    there with little CPU at a stall waits for it)."""
+    for frame in reversed(stack):
+        path = frame.file.replace(os.sep, "/")
+        if frame.function in _COLLECTIVE_FUNCS and "torch/distributed" in path:
+            return frame
+        if (frame.function in _BACKWARD_FUNCS and "torch/autograd" in path and cpu_percent is not None
+                and cpu_percent < 50):
+            return frame
+    return None
 
 
 def _waits_in(signals: RankSignals) -> Collective | None:
@@ -420,7 +433,7 @@ def _finding(s: RankSignals) -> RankFinding:
         last = s.calls[-1].short() if s.calls else "none"
         evidence.append(f"Flight Recorder: {len(s.calls)} collective(s), last {last}")
     else:
-        on_stack = _stack_collective(s.stack)
+        on_stack = _stack_collective(s.stack, s.cpu_percent)
         in_coll = True if on_stack is not None else (False if s.stack else None)
         if s.fr_error:
             evidence.append(f"Flight Recorder: {s.fr_error}")
@@ -437,8 +450,8 @@ def _finding(s: RankSignals) -> RankFinding:
     elif in_coll and waits is not None:
         doing = f"waits in {waits.describe()}"
     elif in_coll:
-        frame = _stack_collective(s.stack)
-        doing = f"waits in {frame.function if frame else 'a collective'} (its stack)"
+        frame = _stack_collective(s.stack, s.cpu_percent)
+        doing = f"waits in a collective: in {_where(s.stack)}" if frame else "waits in a collective"
     elif s.loader is not None:
         pid = f", pid {s.loader.pid}" if s.loader.pid else ""
         doing = (f"is not in a collective: in `__next__` of its DataLoader, waiting on worker "

@@ -3,7 +3,7 @@
 Loaded by ``_trainguard_run_agent`` (by file path, standard library only) when its spec has
 ``stall_dir``. Once the job imports ``torch.distributed``, a daemon thread waits for the trigger
 file ``{stall_dir}/trigger`` (the launcher's stall watchdog creates it when it calls the run hung;
-the thread looks every 0.1 s) and then writes ``{stall_dir}/rank{RANK}.json`` once:
+the thread looks every 0.1 s; it says it is there with ``{stall_dir}/rank{RANK}.ready``) and then writes ``{stall_dir}/rank{RANK}.json`` once:
 
 * ``fr``: PyTorch's Flight Recorder of this process (``_dump_fr_trace_json``: each collective of
   each process group with its sequence number, op, sizes and whether it completed; recorded when
@@ -52,6 +52,10 @@ class StallAgent:
         if self._started:
             return
         self._started = True
+        # the launcher waits at a stall only for the ranks that can answer
+        os.makedirs(self.directory, exist_ok=True)
+        with open(os.path.join(self.directory, f"rank{self.rank}.ready"), "w"):
+            pass
         pid = os.getpid()
         thread = threading.Thread(target=self._wait, args=(pid,), name="trainguard-stall", daemon=True)
         thread.start()
