@@ -94,7 +94,7 @@ class StallAgent:
 
 def _frames(frame: Any) -> list[list[Any]]:
     """``[function, file, line]`` of each frame, outermost first (the innermost ``_MAX_FRAMES``)."""
-    out = []
+    out: list[list[Any]] = []
     while frame is not None and len(out) < _MAX_FRAMES:
         code = frame.f_code
         out.append([code.co_name, code.co_filename, frame.f_lineno])
@@ -105,7 +105,7 @@ def _frames(frame: Any) -> list[list[Any]]:
 def _dataloader_wait(frame: Any) -> dict[str, Any] | None:
     """The worker a multi-process DataLoader iterator on the main thread's stack waits for."""
     while frame is not None:
-        it = frame.f_locals.get("self") if frame.f_code.co_name in ("_next_data", "__next__") else None
+        it: Any = frame.f_locals.get("self") if frame.f_code.co_name in ("_next_data", "__next__") else None
         info = getattr(it, "_task_info", None)
         if isinstance(info, dict) and hasattr(it, "_rcvd_idx"):
             task = info.get(it._rcvd_idx)
