@@ -164,3 +164,11 @@ def test_a_rank_that_did_not_answer_idle_in_backward_waits_in_ddp_s_all_reduce()
     found = attribute(signals_from(case["activity"], answers, case["stacks"], {}))
     assert found.culprits == (0,), found.summary
     assert found.ranks[1].in_collective and "_engine_run_backward" in found.ranks[1].doing
+
+
+def test_each_rank_s_last_step_is_cited() -> None:
+    case = json.loads((CASES / "sleep-r0-w3.json").read_text().replace("{ROOT}", str(ROOT)))
+    answers = {int(r): RankAnswer.from_dict(a) for r, a in case["answers"].items()}
+    found = attribute(signals_from(case["activity"], answers, case["stacks"], {0: 2, 1: 2, 2: 2}))
+    assert all("its last step line: step 2" in f.evidence for f in found.ranks)
+    assert found.ranks[0].last_step == 2

@@ -441,6 +441,8 @@ def _finding(s: RankSignals) -> RankFinding:
         evidence.append(f"stack: {_where(s.stack)}")
     state = f"state {s.state}" + (f", {s.cpu_percent:g} % CPU" if s.cpu_percent is not None else "")
     evidence.append(state)
+    if s.last_step is not None:
+        evidence.append(f"its last step line: step {s.last_step}")
     if not s.answered:
         evidence.append(f"did not answer within {ANSWER_WINDOW_S:g} s")
     if s.state == "stopped":
