@@ -60,7 +60,7 @@ __all__ = [
 
 #: how long after the ask the launcher waits for the ranks' answers, at most (a stopped or a
 #: GIL-holding rank never answers; a rank known stopped or gone is not waited for)
-ANSWER_WINDOW_S = 1.0
+ANSWER_WINDOW_S = 0.8
 #: an answer file bigger than this is not read (a Flight Recorder of 2,000 entries is ~2 MB)
 _MAX_ANSWER_BYTES = 16 * 2**20
 #: torch.distributed functions that block in a collective (a rank's stack inside one waits)
