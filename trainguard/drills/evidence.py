@@ -107,6 +107,14 @@ class AttemptEvidence(Evidence):
     #: the ranks whose Python stacks trainguard dumped (a hang), and the stacks' tails
     stacks_dumped: list[int] | Unset = UNSET
     stacks: dict[Any, str] | Unset = UNSET
+    #: a hang's culprit rank(s) and what each rank was doing (docs/drills.md "Which rank hung")
+    culprits: list[int] | Unset = UNSET
+    attribution: str | Unset = UNSET
+
+    def attributed(self, found: Any) -> None:
+        """Take a hung run's attribution (``evidence["attribution"]``), when it has one."""
+        if isinstance(found, dict) and found.get("summary"):
+            self.culprits, self.attribution = list(found["culprits"]), found["summary"]
 
 
 @dataclass

@@ -44,7 +44,7 @@ from trainguard.drills.observed import observed_restart
 from trainguard.drills.steps import attempts_accounting, judged_steps
 from trainguard.evidence import UNSET, known
 from trainguard.faults.base import Fault
-from trainguard.launch import MetricPoint, RunResult
+from trainguard.launch import MetricPoint, RunResult, attribution_words
 from trainguard.launch.metrics import aligned_trajectories, first_step, step_rate
 from trainguard.launch.reported import reported_line
 from trainguard.report import CheckStatus
@@ -202,6 +202,7 @@ def attempt_evidence(result: RunResult, fault: Fault) -> AttemptEvidence:
     if stacks:
         entry.stacks_dumped = sorted(int(r) for r, text in stacks.items() if not text.startswith("("))
         entry.stacks = {r: text[-2000:] for r, text in stacks.items()}
+    entry.attributed(result.evidence.get("attribution"))
     return entry
 
 
@@ -468,7 +469,7 @@ def exit_problems(c: DrillContext, evidence: ExitEvidence) -> list[str]:
                         "(trainguard stopped it at the deadline)")
     elif first.outcome == "hung":
         problems.append(f"the job hung: trainguard's stall detection ended it ({first.reason}); "
-                        "no rank exited by itself")
+                        f"no rank exited by itself{attribution_words(first.evidence.get('attribution'), ' ({})')}")
     elif first.outcome != "failed":
         problems.append(f"the attempt ended as {first.outcome}: {first.reason}")
     elif exit_after is not None and exit_after > spec.deadline_s:

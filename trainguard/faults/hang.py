@@ -31,6 +31,7 @@ from trainguard.config.fault_params import FaultParams
 from trainguard.evidence import UNSET, Unset
 from trainguard.faults.base import Fault, FaultEvidence
 from trainguard.launch.reach import RemoteRanks, WorkerNotHere
+from trainguard.launch.stall_attribution import attribution_words
 
 if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher, RunResult
@@ -118,5 +119,6 @@ class HangFault(Fault):
 
     def classify(self, result: RunResult) -> str:
         if result.outcome == "hung":
-            return f"trainguard's stall detection ended the hung group ({result.reason})"
+            named = attribution_words(result.evidence.get("attribution"), "; {}")
+            return f"trainguard's stall detection ended the hung group ({result.reason}){named}"
         return super().classify(result)

@@ -4,6 +4,7 @@ from trainguard.launch.launcher import Launcher, LaunchSpec, RankExit, RunResult
 from trainguard.launch.metrics import LineMetric, MetricParser, MetricPoint, trajectory
 from trainguard.launch.ports import reserve_port
 from trainguard.launch.procs import RankProcess
+from trainguard.launch.stall_attribution import attribution_words
 
 __all__ = [
     "LaunchSpec",
@@ -14,6 +15,7 @@ __all__ = [
     "RankExit",
     "RankProcess",
     "RunResult",
+    "attribution_words",
     "launch",
     "reserve_port",
     "trajectory",

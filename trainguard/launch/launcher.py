@@ -44,7 +44,13 @@ import psutil
 from trainguard._internal import envvars
 from trainguard._internal.signals import restore_default_signals, signals_deferred
 from trainguard.errors import RankFailure
-from trainguard.launch.hang_evidence import distributed_env_hint, dump_stacks, rank_activity
+from trainguard.launch.hang_evidence import (
+    RankActivity,
+    distributed_env_hint,
+    dump_stacks,
+    rank_activity,
+)
+from trainguard.launch.hook import STALL_DIR
 from trainguard.launch.metrics import JsonlTail, LineMetric, MetricParser, MetricPoint, trajectory
 from trainguard.launch.ports import reserve_port
 from trainguard.launch.procs import (
@@ -61,6 +67,13 @@ from trainguard.launch.procs import (
 )
 from trainguard.launch.pump import LinePump
 from trainguard.launch.ranklog import RankLog, log_evidence
+from trainguard.launch.stall_attribution import (
+    ANSWER_WINDOW_S,
+    StallAttribution,
+    ask_ranks,
+    attribute,
+    collect_signals,
+)
 from trainguard.launch.stops import (
     Outcome,
     Progress,
@@ -467,9 +480,32 @@ class Launcher:
         stacks, while the ranks still run)."""
         stop = first_stop(conditions, self._observe(parser))
         if stop is not None and stop.dump_ranks:
+            # a hang: the ranks' agents are asked first, and answer while the stacks are dumped
+            answers = self.spec.run_dir / STALL_DIR if stop.outcome == "hung" and self._agents_answer() else None
+            asked_at = ask_ranks(answers) if answers is not None else time.monotonic()
             stop.evidence["ranks"] = rank_activity(self.ranks)
             stop.evidence["stacks"] = dump_stacks(self.ranks)
+            if stop.outcome == "hung":
+                found = self._attribute(answers, asked_at, stop.evidence["ranks"], stop.evidence["stacks"])
+                stop.evidence["attribution"] = found.to_dict()
         return stop
+
+    def _agents_answer(self) -> bool:
+        """Whether the ranks run the agent that answers a stall (``stall_dir`` in its spec)."""
+        return STALL_DIR in self.spec.env.get(envvars.RUN_HOOK, "")
+
+    def _attribute(self, answers: Path | None, asked_at: float, activity: list[RankActivity],
+                   stacks: dict[str, str]) -> StallAttribution:
+        """The stall's culprit rank(s) (:mod:`trainguard.launch.stall_attribution`), with the
+        seconds it added after the stack dump and since the ask."""
+        started = time.monotonic()
+        last: dict[int, int] = {}
+        for point in self.points:
+            last[point.rank] = max(last.get(point.rank, point.step), point.step)
+        window = ANSWER_WINDOW_S if answers is not None else 0.0
+        signals = collect_signals(answers or self.spec.run_dir / STALL_DIR, asked_at, activity, stacks, last, window)
+        now = time.monotonic()
+        return attribute(signals, took_s=now - started, since_ask_s=now - asked_at)
 
     def _observe(self, parser: MetricParser) -> Snapshot:
         """Read the lines and metric-file points that arrived (the ``on_metric`` callbacks run

@@ -35,6 +35,7 @@ from trainguard.launch.backend import JobBackend
 from trainguard.launch.hook import (
     METRICS_DIR,
     SAMPLES_DIR,
+    STALL_DIR,
     STEPS_CAP,
     STEPS_DIR,
     run_hook_env,
@@ -626,6 +627,7 @@ class JobRunner:
             "samples_dir": str(log_dir / SAMPLES_DIR) if job.record_samples else None,
             "steps_dir": str(log_dir / STEPS_DIR) if steps else None,
             "steps_cap": STEPS_CAP,
+            "stall_dir": str(log_dir / STALL_DIR),
             **trainers,
         }
         return regexes, files, run_hook_env(spec, env)

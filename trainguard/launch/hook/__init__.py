@@ -32,6 +32,8 @@ __all__ = [
     "HOOK_DIR",
     "METRICS_DIR",
     "SAMPLES_DIR",
+    "STALL_DIR",
+    "STALL_FR_ENTRIES",
     "STEPS_CAP",
     "STEPS_DIR",
     "hook_env",
@@ -53,6 +55,12 @@ METRICS_DIR = "trainguard-metrics"
 SAMPLES_DIR = "trainguard-samples"
 #: under a run directory: the run agent's step records, ``rank{rank}.jsonl`` (docs/step-records.md)
 STEPS_DIR = "trainguard-steps"
+#: under a run directory: each rank's answer when the stall watchdog fires, ``rank{rank}.json``,
+#: and the ``trigger`` file that asks for it (docs/drills.md "Which rank hung")
+STALL_DIR = "trainguard-stall"
+#: ``TORCH_FR_BUFFER_SIZE`` for the hooked ranks (the job's own value wins): the Flight Recorder's
+#: ring of collectives per process, read back when the job stalls
+STALL_FR_ENTRIES = "2000"
 #: the size cap of one rank's step records (bytes): then one ``truncated`` line
 STEPS_CAP = 64 * 1024 * 1024
 
@@ -82,10 +90,15 @@ def run_hook_env(spec: Mapping[str, Any], base_env: Mapping[str, str] | None = N
     Spec keys: ``metrics_dir`` (where each rank writes ``rank{RANK}.jsonl``), ``huggingface`` and
     ``lightning`` (metric name -> the trainer's key, ``loss`` being the per-step training loss),
     ``samples_dir`` (None: sample indices not recorded), ``steps_dir`` (each optimizer step, save
-    and restore; absent or None: not recorded) and ``steps_cap`` (bytes per rank). A drill's fault spec in ``base_env``
+    and restore; absent or None: not recorded), ``steps_cap`` (bytes per rank) and ``stall_dir``
+    (each rank's answer to the stall watchdog; the ranks' ``TORCH_FR_BUFFER_SIZE`` is set unless
+    ``base_env`` has it). A drill's fault spec in ``base_env``
     keeps working: both agents load from the same directory.
     """
-    return {"PYTHONPATH": hook_pythonpath(base_env), ENV_RUN_SPEC: json.dumps(dict(spec))}
+    env = {"PYTHONPATH": hook_pythonpath(base_env), ENV_RUN_SPEC: json.dumps(dict(spec))}
+    if spec.get("stall_dir") and "TORCH_FR_BUFFER_SIZE" not in {**os.environ, **(base_env or {})}:
+        env["TORCH_FR_BUFFER_SIZE"] = STALL_FR_ENTRIES
+    return env
 
 
 def worker_run_hook_env(steps_dir: Path) -> dict[str, str]:

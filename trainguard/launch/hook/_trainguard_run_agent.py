@@ -15,6 +15,8 @@ import itself: an import hook patches a module the moment the job's own import o
   micro-batch losses (from ``outputs``); other keys come from ``trainer.callback_metrics``.
 * with ``steps_dir``: every optimizer step, checkpoint save and state restore of the process
   (``_trainguard_step_agent``, docs/step-records.md).
+* with ``stall_dir``: the rank's answer when trainguard's stall watchdog fires (its Flight
+  Recorder and main stack, ``_trainguard_stall_agent``, docs/drills.md "Which rank hung").
 * ``torch.utils.data.dataloader``: every DataLoader iterator of a process that is not a
   DataLoader worker records the indices of each batch it yields (torchdata's
   ``StatefulDataLoader`` and accelerate's prepared loaders are DataLoaders too). Not recorded:
@@ -120,6 +122,8 @@ class Agent:
         if spec.get("steps_dir"):
             self.steps = sibling("_trainguard_step_agent").StepAgent(
                 self, spec, JsonlWriter, sibling("_trainguard_step_values"))
+        #: the answer to a stall (``_trainguard_stall_agent.StallAgent``) when the spec has ``stall_dir``
+        self.stall: Any = sibling("_trainguard_stall_agent").StallAgent(self, spec) if spec.get("stall_dir") else None
 
     # -- safety ----------------------------------------------------------------------------
 
@@ -160,6 +164,8 @@ class Agent:
             patches["pytorch_lightning.trainer.trainer"] = self._patch_lightning
         if self.steps is not None:
             patches.update(self.steps.patches())
+        if self.stall is not None:
+            patches.update(self.stall.patches())
         pending = {}
         for name, patch in patches.items():
             if name in sys.modules:
