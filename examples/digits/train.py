@@ -8,6 +8,21 @@ After every optimizer step each rank prints ``step N loss L lr R`` (L is that ra
 own micro-batch); rank 0 also prints ``step N val_loss V`` every --eval-every steps. Everything
 else is logged to stderr.
 
+--plant NAME plants one silent defect on purpose (trainguard's invariants yardstick, issue 45; the
+default plants none). Each leaves the loss falling; from step PLANT_STEP (5) where a step is named:
+
+  ddp_bypassed          at step 5 the last rank adds a second loss through the model inside DDP
+                        (its gradients are not reduced: the ranks' gradients differ)
+  clip_one_rank         only rank 0 clips its gradient norm (a clip put under ``if rank == 0``)
+  group_dropped         the optimizer gets the weights' param group only; the biases never train
+  head_after_optimizer  the head is created again after the optimizer was built (the optimizer
+                        steps the old head's parameters, the model uses the new one's)
+  layer_frozen          the first layer is frozen (requires_grad off) after the optimizer was built
+  zero_grad_missing     the gradients are never zeroed: every step adds to the last one's
+  set_epoch_never       the sampler's set_epoch is never called: each epoch replays the first's order
+  eval_left_on          validation (rank 0) leaves the model in eval mode: dropout off from then on
+  validation_train_mode validation runs with the model in train mode (dropout on)
+
 A scheduler's notice -- SIGTERM (Kubernetes, and Slurm at the time limit) or SIGUSR1 (Slurm's
 ``--signal=USR1@lead``) -- makes every rank finish its current step, agree on it (an all-reduce
 of the stop flag, so no rank stops a step earlier than the others), checkpoint it and exit 0
@@ -53,6 +68,10 @@ from digits.data import AugmentedDigits, ResumableDistributedSampler, load_split
 from digits.model import DigitsMLP
 
 log = logging.getLogger("train")
+
+PLANTS = ("ddp_bypassed", "clip_one_rank", "group_dropped", "head_after_optimizer", "layer_frozen",
+          "zero_grad_missing", "set_epoch_never", "eval_left_on", "validation_train_mode")
+PLANT_STEP = 5
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -100,6 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="use deterministic algorithms only",
     )
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--plant", choices=PLANTS, help="plant a silent defect on purpose (see above)")
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error(f"--steps must be at least 1, got {args.steps}")
@@ -154,11 +174,15 @@ def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float) -> Call
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
+def evaluate(
+    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, plant: str | None = None
+) -> tuple[float, float]:
     """(mean loss, accuracy) on the whole validation set."""
-    model.eval()
+    if plant != "validation_train_mode":
+        model.eval()
     logits = model(images)
-    model.train()
+    if plant != "eval_left_on":
+        model.train()
     loss = F.cross_entropy(logits, labels).item()
     accuracy = (logits.argmax(dim=1) == labels).float().mean().item()
     return loss, accuracy
@@ -227,6 +251,8 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
 
     model = DigitsMLP(hidden=args.hidden, depth=args.depth, dropout=args.dropout).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    if args.plant:
+        optimizer = plant_model(args, model, optimizer, device)
     scheduler = LambdaLR(
         optimizer, warmup_cosine(min(args.warmup_steps, args.steps), args.steps, args.min_lr_ratio)
     )
@@ -270,7 +296,8 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
         notice.install()
     while step < args.steps:
         train_set.set_epoch(epoch)
-        sampler.set_epoch(epoch)
+        if args.plant != "set_epoch_never":
+            sampler.set_epoch(epoch)
         sampler.set_start_index(batch_in_epoch * local_batch)
         loader = DataLoader(
             train_set,
@@ -291,9 +318,12 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
             )
             lr = scheduler.get_last_lr()[0]
             loss = F.cross_entropy(ddp_model(images), labels)
-            optimizer.zero_grad(set_to_none=True)
+            if args.plant != "zero_grad_missing":
+                optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if args.grad_clip > 0:
+            if args.plant == "ddp_bypassed" and step + 1 == PLANT_STEP and rank == world_size - 1:
+                F.cross_entropy(model(images), labels).backward()  # outside DDP: not reduced
+            if args.grad_clip > 0 and (args.plant != "clip_one_rank" or rank == 0):
                 torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
             optimizer.step()
             scheduler.step()
@@ -304,7 +334,7 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
 
             val = None
             if rank == 0 and (step % args.eval_every == 0 or step == args.steps):
-                val = evaluate(model, val_images, val_labels)
+                val = evaluate(model, val_images, val_labels, args.plant)
             if args.ckpt_dir and (step % args.ckpt_every == 0 or step == args.steps):
                 checkpoint(
                     args,
@@ -332,6 +362,22 @@ def train(args: argparse.Namespace, rank: int, world_size: int, device: torch.de
             if step >= args.steps:
                 break
     log.info("done: %d steps in %.2fs", step, time.perf_counter() - started)
+
+
+def plant_model(
+    args: argparse.Namespace, model: DigitsMLP, optimizer: torch.optim.Optimizer, device: torch.device
+) -> torch.optim.Optimizer:
+    """The optimizer (and model) of the planted defects that change them: see --plant."""
+    if args.plant == "group_dropped":
+        weights = [p for name, p in model.named_parameters() if not name.endswith("bias")]
+        biases = [p for name, p in model.named_parameters() if name.endswith("bias")]
+        groups = [{"params": weights}, {"params": biases, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups[:1], lr=args.lr, weight_decay=args.weight_decay)
+    if args.plant == "head_after_optimizer":
+        model.head = nn.Linear(model.head.in_features, model.head.out_features).to(device)
+    if args.plant == "layer_frozen":
+        model.body[0].requires_grad_(False)
+    return optimizer
 
 
 def resume_state(args: argparse.Namespace, rank: int, world_size: int) -> dict[str, Any] | None:

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
@@ -346,8 +346,6 @@ def named(row: Row, key: str, text: str, evidence: list[str]) -> bool:
 
 def run_row(row: Row, keep: bool) -> dict[str, Any]:
     """Build the row's job under a temporary folder and run its check there (in this process)."""
-    from trainguard.session import check
-
     missing = [name for name in row.needs if find_spec(name) is None]
     if missing:
         return {"outcome": "skipped", "why": f"needs {', '.join(missing)}"}
@@ -359,29 +357,40 @@ def run_row(row: Row, keep: bool) -> dict[str, Any]:
             return {"outcome": "skipped", "why": f"no FUSE layer: {why}"}
     if row.job.startswith("nanoGPT") and not (NANOGPT_MIRROR / "HEAD").exists():
         return {"outcome": "skipped", "why": f"no nanoGPT mirror at {NANOGPT_MIRROR}"}
-    tmp = Path(tempfile.mkdtemp(prefix="cause-table-"))
+    with checked_in_tmp(row, keep, "cause-table-") as (result, tmp):
+        key, text, evidence = first_cause(result)
+        return {"outcome": "ran", "status": result["status"], "summary": result.get("summary", ""), "key": key,
+                "cause": text, "evidence": evidence, "named": named(row, key, text, evidence), "tmp": str(tmp)}
+
+
+@contextlib.contextmanager
+def checked_in_tmp(row: Any, keep: bool, prefix: str) -> Iterator[tuple[dict[str, Any], Path]]:
+    """Build the row's job under a new temporary folder, run its check (``row.only``) from there
+    through the library and yield the check's saved report with the folder (removed after,
+    unless ``keep``)."""
+    from trainguard.session import check
+
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         path = row.build(tmp)
         os.chdir(tmp)
         report = check(path, only=[row.only], report_json=str(tmp / "report.json"))
         saved = json.loads((tmp / "report.json").read_text())["checks"]
-        result = next(c for c in saved if c["name"] == report.checks[0].name)
-        key, text, evidence = first_cause(result)
-        return {"outcome": "ran", "status": result["status"], "summary": result.get("summary", ""), "key": key,
-                "cause": text, "evidence": evidence, "named": named(row, key, text, evidence), "tmp": str(tmp)}
+        yield next(c for c in saved if c["name"] == report.checks[0].name), tmp
     finally:
         os.chdir(ROOT)
         if not keep:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def run_isolated(row: Row, timeout_s: int | None, keep: bool) -> dict[str, Any]:
-    """``run_row`` in a child process of its own session, killed with everything it started
-    after the row's timeout."""
+def run_isolated(row: Any, timeout_s: int | None, keep: bool,
+                 module: str = "tests.benchmarks.cause_table") -> dict[str, Any]:
+    """``run_row`` in a child process of its own session (``python -m module --row ID``), killed
+    with everything it started after the row's timeout."""
     limit = timeout_s or row.timeout_s
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
-    command = [sys.executable, "-m", "tests.benchmarks.cause_table", "--row", row.id, "--result", str(out),
+    command = [sys.executable, "-m", module, "--row", row.id, "--result", str(out),
                *(["--keep"] if keep else [])]
     env = {**os.environ, "TRAINGUARD_TRACKING": "off"}
     started = time.monotonic()
@@ -431,8 +440,10 @@ def table_row(row: Row, result: dict[str, Any]) -> str:
             f"{_cell('; '.join(result['evidence']), 320)} | {verdict} | {seconds} |")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def table_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of a table of rows (this one, silent_table's): --out, --only, --timeout,
+    --list, --keep, and a child's --row and --result."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--out", type=Path, help="write the markdown table here too")
     p.add_argument("--only", action="append", default=[], help="rows whose id holds this substring")
     p.add_argument("--timeout", type=int, default=None, help="seconds per row (default: the row's own)")
@@ -440,34 +451,51 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep each row's temporary folder")
     p.add_argument("--row", help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    return p
+
+
+def run_child(rows: list[Any], args: argparse.Namespace, run: Callable[[Any, bool], dict[str, Any]]) -> int:
+    """A child (``--row ID``): run that one row, its result as JSON in ``--result``."""
+    (row,) = [r for r in rows if r.id == args.row]
+    try:
+        result = run(row, args.keep)
+    except Exception as exc:  # a row that errors is a row saying so
+        result = {"outcome": "error", "why": f"{type(exc).__name__}: {exc}"}
+    args.result.write_text(json.dumps(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = table_parser(__doc__ or "").parse_args(argv)
     rows = all_rows()
     if args.row:  # a child: one row, its result as JSON
-        (row,) = [r for r in rows if r.id == args.row]
-        try:
-            result = run_row(row, args.keep)
-        except Exception as exc:  # a row that errors is a row saying so
-            result = {"outcome": "error", "why": f"{type(exc).__name__}: {exc}"}
-        args.result.write_text(json.dumps(result))
-        return 0
+        return run_child(rows, args, run_row)
+    run_table(rows, args, HEADER, lambda row, result: table_row(row, result))
+    return 0
+
+
+def run_table(rows: list[Any], args: argparse.Namespace, header: str, line: Callable[[Any, dict[str, Any]], str],
+              module: str = "tests.benchmarks.cause_table", footer: str = "") -> list[tuple[Any, dict[str, Any]]]:
+    """Run the rows ``--only`` keeps, one child each, printing each row's line (and writing the
+    table to ``--out`` as it grows); with ``--list`` only their ids. Each row with its result."""
     rows = [r for r in rows if not args.only or any(s in r.id for s in args.only)]
     if args.list:
         print("\n".join(r.id for r in rows))
-        return 0
-    lines = [HEADER]
-    print(HEADER, flush=True)
+        return []
+    lines, results = [header], []
+    print(header, flush=True)
     started = time.monotonic()
     for row in rows:
-        line = table_row(row, run_isolated(row, args.timeout, args.keep))
-        lines.append(line)
-        print(line, flush=True)
+        results.append((row, run_isolated(row, args.timeout, args.keep, module)))
+        lines.append(line(*results[-1]))
+        print(lines[-1], flush=True)
         if args.out:
             args.out.write_text("\n".join(lines) + "\n")
-    footer = f"\n{len(rows)} rows in {time.monotonic() - started:.0f} s"
-    print(footer)
+    ended = f"\n{len(rows)} rows in {time.monotonic() - started:.0f} s{footer}"
+    print(ended)
     if args.out:
-        args.out.write_text("\n".join(lines) + "\n" + footer + "\n")
-    return 0
+        args.out.write_text("\n".join(lines) + "\n" + ended + "\n")
+    return results
 
 
 if __name__ == "__main__":

@@ -236,6 +236,8 @@ def test_a_loader_made_anew_each_epoch_still_shows_the_replay() -> None:
     samples = {0: _batches([order], loader=0) + _batches([order], loader=1)}
     (found,) = data_findings(samples)[0]
     assert found.name == f"loader 1 (TensorDataset({N}))" and "loader 0" in found.observation
+    # the job's epoch 1 (the second pass over the data), not the new loader's own first pass
+    assert found.epoch == 1, found
 
 
 # -- both, from the files ---------------------------------------------------------------------------

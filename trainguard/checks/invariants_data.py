@@ -42,7 +42,7 @@ from trainguard.checks.invariants_records import (
 )
 from trainguard.launch.samples import SampleBatch
 
-__all__ = ["MIN_REPLAYED", "DataPass", "data_findings", "passes_of"]
+__all__ = ["MIN_REPLAYED", "DataPass", "data_findings", "epochs_of", "passes_of"]
 
 #: the fewest indices two passes must share in order to call the second a replay of the first
 MIN_REPLAYED = 8
@@ -100,6 +100,16 @@ def passes_of(batches: Sequence[SampleBatch]) -> list[DataPass]:
     return list(out.values())
 
 
+def epochs_of(rank_passes: Sequence[DataPass]) -> dict[tuple[int, int], int]:
+    """Each pass's epoch: how many passes over its dataset the rank made before it (a loader made
+    anew each epoch is at its own pass 0 every epoch; the job is at this number)."""
+    over: dict[str, int] = {}
+    out = {}
+    for p in rank_passes:
+        out[(p.loader, p.iter)] = over[p.dataset] = over.get(p.dataset, -1) + 1
+    return out
+
+
 def data_findings(samples: Mapping[int, Sequence[SampleBatch]], *,
                   allowed: Allowed = NOTHING_ALLOWED) -> tuple[list[Finding], Coverage]:
     """Samples drawn by two ranks within an epoch, and shuffled passes that replay the previous
@@ -122,7 +132,9 @@ def _shared_samples(passes: Mapping[int, list[DataPass]],
     if len(passes) < 2:
         return [], 0, ["one rank drew samples: no sample can be drawn by two"]
     epochs: dict[tuple[int, int], dict[int, DataPass]] = {}
+    epoch_of: dict[tuple[int, int], int] = {}
     for rank, rank_passes in passes.items():
+        epoch_of = {**epochs_of(rank_passes), **epoch_of}
         for p in rank_passes:
             epochs.setdefault((p.loader, p.iter), {})[rank] = p
     findings: list[Finding] = []
@@ -141,7 +153,7 @@ def _shared_samples(passes: Mapping[int, list[DataPass]],
             unshuffled.add(any_pass.name)
             continue
         compared += 1
-        found = _drawn_twice(by_rank)
+        found = _drawn_twice(by_rank, epoch_of[key])
         if found is not None and not any(f.name == found.name for f in findings):  # the first epoch per loader
             findings.append(found)
     left = []
@@ -153,7 +165,7 @@ def _shared_samples(passes: Mapping[int, list[DataPass]],
     return findings, compared, left
 
 
-def _drawn_twice(by_rank: Mapping[int, DataPass]) -> Finding | None:
+def _drawn_twice(by_rank: Mapping[int, DataPass], epoch: int) -> Finding | None:
     """The finding for one loader's epoch whose ranks drew the same samples, else None."""
     seen: dict[Hashable, list[tuple[int, int]]] = {}
     for rank, p in sorted(by_rank.items()):
@@ -177,16 +189,19 @@ def _drawn_twice(by_rank: Mapping[int, DataPass]) -> Finding | None:
     fix = ("shard the data across the ranks (a DistributedSampler with the world size and the rank, or the "
            "framework's); if every rank reads the whole dataset on purpose, add "
            f"{a_pass.dataset!r} to checks.invariants.allow.shared_samples")
-    return Finding(Invariant.DATA, None, ranks, a_pass.name, observation, fix, a_pass.iter)
+    return Finding(Invariant.DATA, None, ranks, a_pass.name, observation, fix, epoch)
 
 
 def _replays(passes: Mapping[int, list[DataPass]], allowed: Allowed) -> tuple[list[Finding], int]:
     """Shuffled passes that start with the previous shuffled pass's order over the same dataset,
-    the first per loader (ranks together)."""
-    hits: dict[tuple[int, int], tuple[DataPass, DataPass, list[int]]] = {}
+    the first per loader (ranks together). The epoch named is the pass's over its dataset: a
+    loader made anew each epoch is at its own pass 0 in every epoch, its pass over the data at the
+    job's epoch."""
+    hits: dict[tuple[int, int], tuple[DataPass, DataPass, list[int], int]] = {}
     compared = 0
     for rank, rank_passes in sorted(passes.items()):
         previous: dict[str, DataPass] = {}
+        epochs = epochs_of(rank_passes)
         for p in rank_passes:
             if not p.shuffled or p.repeats or matches(p.dataset, allowed.same_order):
                 continue
@@ -199,9 +214,9 @@ def _replays(passes: Mapping[int, list[DataPass]], allowed: Allowed) -> tuple[li
                 continue
             compared += 1
             if p.indices[:shared] == before.indices[:shared]:
-                hits.setdefault((p.loader, p.iter), (before, p, []))[2].append(rank)
+                hits.setdefault((p.loader, p.iter), (before, p, [], epochs[(p.loader, p.iter)]))[2].append(rank)
     findings: list[Finding] = []
-    for before, again, ranks in hits.values():
+    for before, again, ranks, epoch in hits.values():
         if any(f.name == again.name for f in findings):
             continue
         since = f"epoch {before.iter}" if before.loader == again.loader else before.name + f"'s epoch {before.iter}"
@@ -210,5 +225,5 @@ def _replays(passes: Mapping[int, list[DataPass]], allowed: Allowed) -> tuple[li
         fix = ("call sampler.set_epoch(epoch) before each epoch (a DistributedSampler shuffles by seed + epoch), or "
                "give the loader a generator that advances; if the order is the same every epoch on purpose, add "
                f"{again.dataset!r} to checks.invariants.allow.same_order")
-        findings.append(Finding(Invariant.DATA, None, tuple(ranks), again.name, observation, fix, again.iter))
+        findings.append(Finding(Invariant.DATA, None, tuple(ranks), again.name, observation, fix, epoch))
     return findings, compared

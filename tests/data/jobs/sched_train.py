@@ -32,6 +32,12 @@ ddp_bypassed         at step 5 the last rank adds a second loss computed through
                      it (issue 45).
 set_epoch_never      the sampler's ``set_epoch`` is never called: every epoch replays the first
                      one's order (issue 45; the resume's data position still works).
+clip_before_unscale  with --amp: the gradient norm is clipped before ``scaler.unscale_``, so the
+                     scaled gradients (x 65536) are clipped to the unscaled limit: every step's
+                     update shrinks by the scale (issue 45).
+
+--amp trains with a loss scaler as an fp16 job does (``torch.amp.GradScaler("cpu")``, fp32 weights
+on CPU: no fp16 kernels needed): scale, backward, ``unscale_``, clip the norm to 1, step, update.
 
 --check-replicas is a defence against silent data corruption (issue 45's sdc drills): after every
 optimizer step the ranks compare a checksum of their parameters (one all-reduce of two numbers); on
@@ -57,7 +63,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-PLANTS = ("none", "scheduler_not_saved", "rng_not_restored", "replica_drift", "ddp_bypassed", "set_epoch_never")
+PLANTS = ("none", "scheduler_not_saved", "rng_not_restored", "replica_drift", "ddp_bypassed", "set_epoch_never",
+          "clip_before_unscale")
 #: the step after which replica_drift changes one rank's weights (and at which ddp_bypassed bypasses DDP)
 DRIFT_AFTER = 5
 SAMPLES = 384
@@ -96,6 +103,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--compile", default=None, metavar="BACKEND",
                    help="torch.compile the model with this backend (eager, aot_eager, inductor)")
     p.add_argument("--plant", choices=PLANTS, default="none")
+    p.add_argument("--amp", action="store_true", help="a GradScaler, unscale_ and a norm clip of 1 (see above)")
     p.add_argument("--check-replicas", action="store_true",
                    help="compare a checksum of the parameters across ranks after every step; exit 1 on a mismatch")
     return p.parse_args()
@@ -123,6 +131,20 @@ def set_rng_states(state: dict[str, Any]) -> None:
 def newest_checkpoint(ckpt_dir: Path) -> Path | None:
     found = sorted(ckpt_dir.glob("step_*.pt"))
     return found[-1] if found else None
+
+
+def scaled_step(scaler: torch.amp.GradScaler, loss: torch.Tensor, model: nn.Module,
+                optimizer: torch.optim.Optimizer, clip_first: bool) -> None:
+    """--amp's step: backward on the scaled loss, unscale_, clip the norm to 1, step, update
+    (``clip_first``: the clip before ``unscale_``, on the scaled gradients)."""
+    scaler.scale(loss).backward()
+    if clip_first:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.unscale_(optimizer)
+    if not clip_first:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
 
 
 def main() -> int:
@@ -171,6 +193,7 @@ def main() -> int:
             set_rng_states(state["rng"][rank])
         print(f"resumed from {newest.name} at step {step}", flush=True)
 
+    scaler = torch.amp.GradScaler("cpu") if args.amp else None
     model.train()
     while step < args.steps:
         if args.plant != "set_epoch_never":
@@ -181,13 +204,17 @@ def main() -> int:
             noise = torch.from_numpy(np.random.standard_normal(inputs.shape).astype(np.float32))
             loss = F.mse_loss(model(inputs + noise_scale * noise), targets)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            if scaler is not None:
+                scaled_step(scaler, loss, model, optimizer, args.plant == "clip_before_unscale")
+            else:
+                loss.backward()
             if args.plant == "ddp_bypassed" and step + 1 == DRIFT_AFTER and rank == world - 1:
                 # an extra loss through the module inside DDP, on one rank: its gradients add to
                 # the reduced ones there only (a rank-0 auxiliary or logging loss)
                 F.mse_loss(model.module(inputs), targets).backward()  # type: ignore[operator]
             lr = optimizer.param_groups[0]["lr"]
-            optimizer.step()
+            if scaler is None:
+                optimizer.step()
             scheduler.step()
             step += 1
             if args.check_replicas and world > 1 and not replicas_agree(model):
