@@ -416,12 +416,34 @@ def test_pythons_generator_read_in_place_prints_as_its_getstate() -> None:
     assert prints.python_in_place
 
 
-def test_held_step_lines_are_written_by_flush_before_an_exit_without_exit_handlers(tmp_path: Path) -> None:
-    """Step lines are written a few together; a Ray Train worker, whose process ends without
-    exit handlers, writes them with the run agent's ``flush`` at the end of its function."""
+SPAWNED = textwrap.dedent(
+    """
+    import multiprocessing, torch
+    def train():
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            model(torch.randn(2, 3)).sum().backward(); opt.step(); opt.zero_grad()
+    if __name__ == "__main__":
+        child = multiprocessing.get_context("spawn").Process(target=train)
+        child.start(); child.join()
+        assert child.exitcode == 0
+    """
+)
+
+
+def test_held_step_lines_are_written_before_an_exit_without_exit_handlers(tmp_path: Path) -> None:
+    """Step lines are written a few together: a Ray Train worker, whose process ends without
+    exit handlers, writes them with the run agent's ``flush`` at the end of its function; a
+    multiprocessing child (it ends with ``os._exit``) at its finalizers."""
     end = "import os, _trainguard_run_agent; _trainguard_run_agent.flush(); os._exit(0)"
     _hooked(LOOP.replace("print(json.dumps(lrs))", end), tmp_path / "steps", "--steps", "5")
     assert [s["n"] for s in _steps(_lines(tmp_path / "steps"))] == [1, 2, 3, 4, 5]
+    (tmp_path / "spawned.py").write_text(SPAWNED)
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_SPEC, ENV_RUN_SPEC, "PYTHONPATH", "RANK")}
+    env.update(run_hook_env({"steps_dir": str(tmp_path / "spawned")}, env), OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, "spawned.py"], env=env, cwd=tmp_path, check=True, timeout=120)
+    assert [s["n"] for s in _steps(_lines(tmp_path / "spawned"))] == [1, 2, 3, 4]
 
 
 def test_rng_states_gathered_one_per_rank_are_rng() -> None:

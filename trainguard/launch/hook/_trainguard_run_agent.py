@@ -130,6 +130,9 @@ class JsonlWriter:
                 if not self._at_exit:
                     self._at_exit = True
                     atexit.register(self.flush)
+                    if (mp_util := sys.modules.get("multiprocessing.util")) is not None:
+                        # a multiprocessing child ends with os._exit: its finalizers run, atexit's not
+                        mp_util.Finalize(None, self.flush, exitpriority=0)
             self._held.append(line)
             self._held_bytes += len(line)
             if self._held_bytes >= self.HOLD_BYTES or time.monotonic() - self._held_since >= self.HOLD_SECONDS:
