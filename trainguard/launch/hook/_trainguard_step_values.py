@@ -437,7 +437,7 @@ def _owner_of_dict(value: dict[Any, Any], torch: Any) -> str:
     return "value"
 
 
-def _sum(squares: list[float]) -> float:
+def _sum(squares: list[float] | tuple[float, ...]) -> float:
     """The exact sum of a parameter's state tensors' ``ss`` (NaN where infinities of both signs
     meet, an infinity where it overflows)."""
     try:
