@@ -364,6 +364,84 @@ def test_a_fingerprint_sums_the_bits_and_changes_with_any_one_bit(dtype: str, ba
             assert agent.fingerprints(torch, [flipped], np)[0][0] != prints[i][0]
 
 
+def test_a_step_plan_writes_what_the_fingerprints_one_by_one_give() -> None:
+    """The agent's fast way (a :class:`StepPlan`: one batch of fingerprints, the JSON text filled
+    in one formatting) writes the values the format defines, computed here one tensor at a time;
+    a gradient gone lays it out again, and a NaN is written as the string "nan"."""
+    import numpy as np
+
+    agent = _fingerprint_module()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(70, 130), torch.nn.LayerNorm(130), torch.nn.Linear(130, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    for _ in range(2):
+        model(torch.randn(4, 70)).sum().backward()
+        opt.step()
+    opt.state[model[2].bias]["extra"] = torch.ones(3)  # one parameter with more state than the others
+    named = [(n, p) for n, p in model.named_parameters()]
+    plan = agent.StepPlan(opt, named)
+    tensors = plan.tensors(opt)
+    assert plan.usable and plan.cpu and not plan.uniform and tensors is not None
+    got = {key: json.loads(text) for key, text in plan.texts(*agent.raw_prints(torch, tensors, np, cpu=True)).items()}
+    for name, p in named:
+        for kind, tensor in (("param", p), ("grad", p.grad)):
+            fp, ss = agent.fingerprints(torch, [tensor])[0]  # (torch ops, one tensor)
+            assert got[kind][name][0] == fp and got[kind][name][1] == pytest.approx(ss, rel=1e-6)
+        keys = sorted(opt.state[p])
+        parts = [(k, int(fp, 16), ss) for k, (fp, ss) in zip(keys, agent.fingerprints(torch, [opt.state[p][k] for k in keys]))]
+        assert got["optim"][name][0] == agent.combined(parts)[0]
+        assert got["optim"][name][1] == pytest.approx(agent.combined(parts)[1], rel=1e-6)
+    model[0].weight.grad = None
+    assert plan.tensors(opt) is None  # laid out again by the agent
+    plan = agent.StepPlan(opt, named)
+    model[0].bias.grad[3] = float("nan")
+    texts = plan.texts(*agent.raw_prints(torch, plan.tensors(opt), np, cpu=True))
+    assert texts["grad"]["0.weight"] is None and texts["grad"]["0.bias"][1] == "nan"
+
+
+def test_pythons_generator_read_in_place_prints_as_its_getstate() -> None:
+    import random
+
+    agent = _fingerprint_module()
+    prints = agent.RngPrints()
+    generator = random.Random(5)
+    module = type("random", (), {"_inst": generator, "getstate": generator.getstate})
+    for draw in (lambda: None, generator.random, lambda: generator.gauss(0, 1), lambda: generator.seed(7)):
+        draw()
+        assert prints.python(module) == agent.python_rng_print(generator.getstate())
+    assert prints.python_in_place
+
+
+SPAWNED = textwrap.dedent(
+    """
+    import multiprocessing, torch
+    def train():
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            model(torch.randn(2, 3)).sum().backward(); opt.step(); opt.zero_grad()
+    if __name__ == "__main__":
+        child = multiprocessing.get_context("spawn").Process(target=train)
+        child.start(); child.join()
+        assert child.exitcode == 0
+    """
+)
+
+
+def test_held_step_lines_are_written_before_an_exit_without_exit_handlers(tmp_path: Path) -> None:
+    """Step lines are written a few together: a Ray Train worker, whose process ends without
+    exit handlers, writes them with the run agent's ``flush`` at the end of its function; a
+    multiprocessing child (it ends with ``os._exit``) at its finalizers."""
+    end = "import os, _trainguard_run_agent; _trainguard_run_agent.flush(); os._exit(0)"
+    _hooked(LOOP.replace("print(json.dumps(lrs))", end), tmp_path / "steps", "--steps", "5")
+    assert [s["n"] for s in _steps(_lines(tmp_path / "steps"))] == [1, 2, 3, 4, 5]
+    (tmp_path / "spawned.py").write_text(SPAWNED)
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_SPEC, ENV_RUN_SPEC, "PYTHONPATH", "RANK")}
+    env.update(run_hook_env({"steps_dir": str(tmp_path / "spawned")}, env), OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, "spawned.py"], env=env, cwd=tmp_path, check=True, timeout=120)
+    assert [s["n"] for s in _steps(_lines(tmp_path / "spawned"))] == [1, 2, 3, 4]
+
+
 def test_rng_states_gathered_one_per_rank_are_rng() -> None:
     """The digits example saves ``rng`` as a list of per-rank dicts (torch, numpy, python): its
     checkpoint holds RNG state, so a resume that sets none is the resume's fault, not the save's."""

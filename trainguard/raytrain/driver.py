@@ -83,6 +83,10 @@ def _worker_entry(config: dict[str, Any]) -> Any:
     finally:
         if writer is not None:
             writer.close()
+        if spec.get("run_hook"):  # Ray ends the worker's process without its exit handlers
+            from trainguard.launch.hook import flush_run_agent
+
+            flush_run_agent()
 
 
 def _install_run_agent(raw_spec: str, rank: int, world_size: int) -> None:

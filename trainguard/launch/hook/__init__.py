@@ -36,6 +36,7 @@ __all__ = [
     "STALL_FR_ENTRIES",
     "STEPS_CAP",
     "STEPS_DIR",
+    "flush_run_agent",
     "hook_env",
     "hook_pythonpath",
     "install_run_agent",
@@ -125,3 +126,12 @@ def install_run_agent(raw_spec: str) -> Any:
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return module.install(raw_spec)
+
+
+def flush_run_agent() -> None:
+    """Write what the run agent of this process holds (step lines are written a few together):
+    for a process whose end runs no exit handlers (a Ray Train worker). Nothing when no agent
+    is installed."""
+    module = sys.modules.get("_trainguard_run_agent")
+    if module is not None:
+        module.flush()

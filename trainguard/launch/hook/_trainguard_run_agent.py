@@ -25,7 +25,8 @@ import itself: an import hook patches a module the moment the job's own import o
 
 Everything this agent does is wrapped: an exception inside it is reported once on stderr and
 never reaches the job. Each record is one ``os.write`` of a whole line to a file opened with
-``O_APPEND`` (a reader never sees half a line from two writers interleaved).
+``O_APPEND`` (a reader never sees half a line from two writers interleaved); step lines are held
+and written a few together (``JsonlWriter.hold_line``).
 
 The file's name is unusual on purpose: the hook directory is first on the rank's PYTHONPATH, so
 every module in it is importable by its bare name there.
@@ -33,6 +34,7 @@ every module in it is importable by its bare name there.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib.abc
@@ -42,6 +44,7 @@ import math
 import os
 import sys
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -66,6 +69,14 @@ def install(raw_spec: str) -> Agent:
     return _agent
 
 
+def flush() -> None:
+    """Write the step lines this process's agent holds (``JsonlWriter.hold_line``): for a Ray
+    Train worker at the end of its training function, whose process Ray ends without running
+    its exit handlers."""
+    if _agent is not None and _agent.steps is not None:
+        _agent.steps.writer.flush()
+
+
 def _jsonable(obj: Any) -> Any:
     """What json cannot write itself: numpy/torch scalars and arrays, anything else as text."""
     if hasattr(obj, "tolist"):
@@ -78,14 +89,24 @@ def _jsonable(obj: Any) -> Any:
 class JsonlWriter:
     """Appends one JSON object per line to ``path`` (created with its directory on first use)."""
 
+    #: lines held (:meth:`hold_line`) are written together once this many bytes wait ...
+    HOLD_BYTES = 64 * 1024
+    #: ... or this many seconds after the first of them
+    HOLD_SECONDS = 0.5
+
     def __init__(self, path: str) -> None:
         self.path = path
         self._fd: int | None = None
         self._lock = threading.Lock()
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+        self._held_since = 0.0
+        self._at_exit = False
         os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()  # a lock held by another thread at fork time stays held
+        self._held, self._held_bytes = [], 0  # the parent's lines: the parent writes them
 
     def write(self, record: dict[str, Any]) -> None:
         self.write_line(self.encode(record))
@@ -96,12 +117,45 @@ class JsonlWriter:
         return (json.dumps(record, separators=(",", ":"), default=_jsonable) + "\n").encode()
 
     def write_line(self, line: bytes) -> None:
-        """Append one encoded line (one ``os.write``)."""
+        """Append one encoded line, after the lines held (one ``os.write``)."""
         with self._lock:
-            if self._fd is None:
-                os.makedirs(os.path.dirname(self.path), exist_ok=True)
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.write(self._fd, line)
+            self._write(line)
+
+    def hold_line(self, line: bytes) -> None:
+        """Append one encoded line with the next ones: a step line, many a second, each written
+        by its own ``os.write`` would cost the job a system call per step. Written at the
+        latest after ``HOLD_BYTES`` or ``HOLD_SECONDS``, with the next :meth:`write_line`, at
+        :meth:`flush` and at the process's exit (a process killed loses what it held)."""
+        with self._lock:
+            if not self._held:
+                self._held_since = time.monotonic()
+                if not self._at_exit:
+                    self._at_exit = True
+                    atexit.register(self.flush)
+                    if (mp_util := sys.modules.get("multiprocessing.util")) is not None:
+                        # a multiprocessing child ends with os._exit: its finalizers run, atexit's not
+                        mp_util.Finalize(None, self.flush, exitpriority=0)
+            self._held.append(line)
+            self._held_bytes += len(line)
+            if self._held_bytes >= self.HOLD_BYTES or time.monotonic() - self._held_since >= self.HOLD_SECONDS:
+                self._write(b"")
+
+    def flush(self) -> None:
+        """Write the lines held."""
+        with self._lock:
+            if self._held:
+                self._write(b"")
+
+    def _write(self, line: bytes) -> None:
+        if self._held:
+            line = b"".join([*self._held, line])
+            self._held, self._held_bytes = [], 0
+        if not line:
+            return
+        if self._fd is None:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(self._fd, line)
 
 
 class Agent:

@@ -27,7 +27,6 @@ other values of a record are computed by the sibling ``_trainguard_step_values``
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import os
@@ -90,7 +89,7 @@ class StepAgent:
         self.optimizers: dict[int, list[Any]] = {}
         self.indices: list[int] = []
         self.backward_marks: dict[int, int] = {}
-        self.names: dict[int, tuple[int, list[tuple[str, Any]]]] = {}
+        self.names: dict[int, Any] = {}  # per optimizer: its StepPlan (names, the record's layout)
         self.backwards = 0
         self.outer_frame: Any = None  # the frame of the step being recorded (nested: not again)
         self.outer: Any = None  # ... and its optimizer
@@ -99,6 +98,7 @@ class StepAgent:
         self.inner: Any = None  # an optimizer stepping inside the current step
         self.scaler: Any = None  # the GradScaler whose step is running
         self.rng: dict[str, Any] | None = None  # read at the first forward after a step
+        self.rng_prints = values.RngPrints()
         self.armed = False  # nn.Module.__call__ reads the RNG states at the next call
         self.restoring: set[str] = set()
         #: the modules made since torch was imported (weakly, by id): where parameter names are
@@ -129,14 +129,26 @@ class StepAgent:
             self.events_after_cap += 1
             self.writer.write(record)
             return
-        line = self.writer.encode(record)
+        line = self._encode(record)
         if self.written + len(line) > self.cap:
             self.truncated = True
             self.writer.write({"k": "truncated", "bytes": self.written})
             self._write(record, event=event)
             return
         self.written += len(line)
-        self.writer.write_line(line)
+        if event:
+            self.writer.write_line(line)
+        else:  # a step line: written with the next few (no system call per step)
+            self.writer.hold_line(line)
+
+    def _encode(self, record: dict[str, Any]) -> bytes:
+        """The line of ``record``: its :class:`Raw` values (a :class:`StepPlan`'s JSON text) as
+        they are, after the rest."""
+        raw = [(key, value) for key, value in record.items() if type(value) is self.v.Raw]
+        if not raw:
+            return bytes(self.writer.encode(record))
+        line = self.writer.encode({key: value for key, value in record.items() if type(value) is not self.v.Raw})
+        return bytes(line[:-2] + "".join(f',"{key}":{value}' for key, value in raw).encode() + b"}\n")
 
     def event(self, record: dict[str, Any]) -> None:
         self._write({**record, "t": time.monotonic()}, event=True)
@@ -153,7 +165,7 @@ class StepAgent:
             return None
 
     def _pre(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any], caller: Any) -> Any:
-        if _state_init_step(caller):
+        if _DCP_STATE_DICT in sys.modules and _state_init_step(caller):
             return None  # not a training step: no line, not counted
         if self.outer_frame is not None:
             frame = caller.f_back
@@ -191,10 +203,15 @@ class StepAgent:
         if not self.enabled or optimizer is not self.outer:
             return  # a nested step's post hook
         self.outer_frame = self.outer = None
+        self.guard("recording an optimizer step", self._post, optimizer)
+
+    def _post(self, optimizer: Any) -> None:
         if not self.recorded:  # a closure the optimizer never called
             self.guard("recording an optimizer step", self.record, optimizer, False)
-        self.guard("recording an optimizer step", self.flush)
-        self.guard("recording an optimizer step", self.step_done)
+        try:
+            self.flush()
+        finally:
+            self.step_done()
 
     def flush(self) -> None:
         """Write the step's record (held until the step's end: a nested optimizer's state may
@@ -219,38 +236,50 @@ class StepAgent:
 
     def rng_now(self) -> dict[str, Any]:
         torch = sys.modules["torch"]
-
-        def state_bytes(t: Any) -> bytes:
-            with contextlib.suppress(Exception):
-                return bytes(t.numpy().tobytes())
-            return bytes(t.tolist())
-
+        prints = self.rng_prints
         cuda = None
         if torch.cuda.is_initialized():
-            cuda = [self.v.sha16(state_bytes(s)) for s in torch.cuda.get_rng_state_all()]
+            cuda = [prints.sha(("cuda", i), _state_bytes(s)) for i, s in enumerate(torch.cuda.get_rng_state_all())]
         np_random = sys.modules.get("numpy.random")
-        numpy = None if np_random is None else self.v.numpy_rng_print(np_random)
-        python = None
-        if (random := sys.modules.get("random")) is not None:
-            python = self.v.python_rng_print(random.getstate())
-        return {"cpu": self.v.sha16(state_bytes(torch.get_rng_state())), "cuda": cuda, "numpy": numpy,
-                "python": python}
+        random = sys.modules.get("random")
+        return {"cpu": prints.sha("cpu", _state_bytes(torch.get_rng_state())), "cuda": cuda,
+                "numpy": None if np_random is None else prints.numpy(np_random),
+                "python": None if random is None else prints.python(random)}
 
     def _named_params(self, optimizer: Any) -> list[tuple[str, Any]]:
         """(name, parameter) of every parameter of ``optimizer``, in group order; the names
-        found once per optimizer (again when its parameter count changes)."""
+        found once per optimizer (again when its parameters change)."""
         params = [p for group in optimizer.param_groups for p in group["params"]]
         known = self.names.get(id(optimizer))
-        if known is not None and known[0] == len(params):
-            return known[1]
+        if known is not None and known.fits(params):
+            return known.named
         wanted = {id(p) for p in params}
         names = self._find_names(wanted)
         named: list[tuple[str, Any]] = []
         for g, group in enumerate(optimizer.param_groups):
             for i, p in enumerate(group["params"]):
                 named.append((names.get(id(p), f"group{g}.{i}"), p))
-        self.names[id(optimizer)] = (len(params), named)
+        self.names[id(optimizer)] = self.v.StepPlan(optimizer, named)
         return named
+
+    def _prints(self, optimizer: Any) -> dict[str, Any]:
+        """param, grad, optim (and placement) of ``optimizer``'s parameters now: through the
+        optimizer's :class:`StepPlan` (one batch of fingerprints, the JSON text filled in one
+        formatting), made again when it no longer fits; else (DTensors, numbers in the
+        optimizer's state) :meth:`_fingerprinted`."""
+        named = self._named_params(optimizer)
+        plan = self.names[id(optimizer)]
+        tensors = plan.tensors(optimizer) if plan.usable else None
+        if tensors is None and plan.usable:  # a gradient or a state key more or less: laid out again
+            plan = self.names[id(optimizer)] = self.v.StepPlan(optimizer, named)
+            tensors = plan.tensors(optimizer) if plan.usable else None
+        if tensors is None:
+            return self._fingerprinted(optimizer, params=True)
+        try:
+            return plan.texts(*self.v.raw_prints(sys.modules["torch"], tensors, sys.modules.get("numpy"), cpu=plan.cpu))
+        except Exception:  # a tensor moved to another device since: laid out again at the next step
+            del self.names[id(optimizer)]
+            return self._fingerprinted(optimizer, params=True)
 
     def _find_names(self, wanted: set[int]) -> dict[int, str]:
         """id(parameter) -> its name in the root module owning it (once per optimizer), the
@@ -324,7 +353,7 @@ class StepAgent:
         key, n = self._count(optimizer)
         if self.truncated:
             return
-        values = self._fingerprinted(optimizer, params=True)
+        values = self._prints(optimizer)
         if self.rng is None:
             self.rng = self.rng_now()
         record: dict[str, Any] = {
@@ -335,7 +364,7 @@ class StepAgent:
             "scaler": self._scaler_state(optimizer, skipped),
         }
         self.backward_marks[id(optimizer)] = self.backwards
-        if values["placement"]:
+        if values.get("placement"):
             record["placement"] = values["placement"]
         self.pending = record
         if not record["optim"] and self.inner is not None:
@@ -575,6 +604,14 @@ class StepAgent:
         loader = getattr(module, "StatefulDataLoader", None)
         if loader is not None and "load_state_dict" in loader.__dict__:
             self._replace([loader], "load_state_dict", lambda f: self.wrap_restore("DataLoader.load_state_dict", f))
+
+
+def _state_bytes(t: Any) -> bytes:
+    """A generator's state tensor's bytes."""
+    try:
+        return bytes(t.numpy().tobytes())
+    except Exception:  # (no numpy)
+        return bytes(t.tolist())
 
 
 def _subclasses(cls: type) -> list[type]:
