@@ -435,6 +435,9 @@ def test_held_step_lines_are_written_before_an_exit_without_exit_handlers(tmp_pa
     end = "import os, _trainguard_run_agent; _trainguard_run_agent.flush(); os._exit(0)"
     _hooked(LOOP.replace("print(json.dumps(lrs))", end), tmp_path / "steps", "--steps", "5")
     assert [s["n"] for s in _steps(_lines(tmp_path / "steps"))] == [1, 2, 3, 4, 5]
+    # a job that ends with os._exit itself (to skip gloo's teardown): the agent writes first
+    _hooked(LOOP.replace("print(json.dumps(lrs))", "import os; os._exit(0)"), tmp_path / "exits", "--steps", "5")
+    assert [s["n"] for s in _steps(_lines(tmp_path / "exits"))] == [1, 2, 3, 4, 5]
     (tmp_path / "spawned.py").write_text(SPAWNED)
     env = {k: v for k, v in os.environ.items() if k not in (ENV_SPEC, ENV_RUN_SPEC, "PYTHONPATH", "RANK")}
     env.update(run_hook_env({"steps_dir": str(tmp_path / "spawned")}, env), OMP_NUM_THREADS="1")

@@ -66,7 +66,25 @@ def install(raw_spec: str) -> Agent:
     if _agent is None:
         _agent = Agent(json.loads(raw_spec))
         _agent.install()
+        _flush_before_os_exit()
     return _agent
+
+
+def _flush_before_os_exit() -> None:
+    """``os._exit`` skips the exit handlers that write the held step lines: a job that ends
+    with it (to skip a collective library's teardown) would lose its last steps' records."""
+    real = os._exit
+    if getattr(real, "_trainguard_flushes", False):
+        return
+
+    def _exit(code: int) -> None:
+        try:
+            flush()
+        finally:
+            real(code)
+
+    _exit._trainguard_flushes = True  # type: ignore[attr-defined]
+    os._exit = _exit  # type: ignore[assignment]
 
 
 def flush() -> None:
@@ -92,7 +110,7 @@ class JsonlWriter:
     #: lines held (:meth:`hold_line`) are written together once this many bytes wait ...
     HOLD_BYTES = 64 * 1024
     #: ... or this many seconds after the first of them
-    HOLD_SECONDS = 0.5
+    HOLD_SECONDS = 0.2
 
     def __init__(self, path: str) -> None:
         self.path = path
