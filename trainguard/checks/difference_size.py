@@ -49,11 +49,15 @@ class DifferenceSize:
         """What the size says, given the first resumed step ``boundary``: nothing when it says
         nothing (a large difference, or one where either reading fits)."""
         values = f"{self.resumed!r} vs {self.reference!r}"
-        if self.spread_ratio is None and self.step == boundary and self.relative <= ROUNDING_REL:
+        if self.spread_ratio is None and self.step >= boundary and self.relative <= ROUNDING_REL:
             why = (f"step {self.step}'s {self.metric} differs from the uninterrupted run's in its last digits "
                    f"only ({values}, relative {self.relative:.1g}): sums taken in another order part so; a lost "
                    "data position or RNG changes a loss by as much as one batch differs from another")
-            return [Weight("nondeterministic", 2, why), Weight("data_position", -1, why), Weight("rng", -1, why)]
+            if self.step == boundary:
+                return [Weight("nondeterministic", 2, why), Weight("data_position", -1, why), Weight("rng", -1, why)]
+            # a step later a learning rate a little off parts the same way: calibration tells them apart
+            return [Weight("nondeterministic", 1, why + "; a learning rate a little off after the resume can "
+                           "too, a step later: `trainguard calibrate` measures the job's own noise to tell them apart")]
         if self.spread_ratio is not None and self.step > boundary and self.spread_ratio < DRIFT_RATIO:
             agree = self.step - boundary
             why = (f"the resumed run stays within the calibrated same-seed spread for {agree} resumed "
