@@ -597,7 +597,7 @@ class Launcher:
         if spec.world_size > 1 and PACE_DIR in spec.env.get(envvars.RUN_HOOK, ""):
             pace = pace_evidence(spec.run_dir / PACE_DIR)  # stragglers named (docs/drills.md)
             if pace is not None:
-                evidence["pace"] = pace
+                evidence["pace"] = pace.to_dict()
         return RunResult(
             outcome=stop.outcome,
             argv=_python_argv(spec.argv),
