@@ -48,6 +48,8 @@ class Cell:
     steps_until_named: int | None
     measured_slowdown: float | None
     summary: str
+    #: the share of the run's CFS periods in which the quota throttled the culprit (proof it bit)
+    throttled_share: float | None = None
 
 
 def _step_wall(run_dir: Path) -> float:
@@ -79,6 +81,7 @@ def run_cell(root: Path, world: int, slowdown: float | None, steps: int, share: 
     culprit = world - 1 if slowdown is not None else None
     run_dir = root / f"w{world}-{slowdown or 'clean'}-{uuid.uuid4().hex[:6]}"
     group = None
+    throttled = None
     extra: list[str] = []
     if slowdown is not None and share is not None:
         group = CGROUP_BASE / f"trainguard-pace-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -90,6 +93,8 @@ def run_cell(root: Path, world: int, slowdown: float | None, steps: int, share: 
         launch(run_dir, world, steps, extra)
     finally:
         if group is not None:
+            stat = dict(line.split() for line in (group / "cpu.stat").read_text().splitlines())
+            throttled = round(int(stat["nr_throttled"]) / max(1, int(stat["nr_periods"])), 2)
             home = CGROUP_BASE / "cgroup.procs"
             for pid in (group / "cgroup.procs").read_text().split():
                 with open(home, "w") as handle:  # (a rank still exiting)
@@ -99,7 +104,7 @@ def run_cell(root: Path, world: int, slowdown: float | None, steps: int, share: 
     named = tuple(r.rank for r in report.stragglers)
     row = next((r for r in report.ranks if r.rank == culprit), None)
     return Cell(world, slowdown, culprit, named, round(row.ratio, 3) if row else None,
-                row.named_at_step if row else None, None, report.summary())
+                row.named_at_step if row else None, None, report.summary(), throttled)
 
 
 def _hogs(n: int) -> list[subprocess.Popen[bytes]]:
@@ -140,10 +145,11 @@ def main() -> None:
         for hog in hogs:
             hog.kill()
             hog.wait()
-    lines = ["| world | quota slowdown | measured slowdown | named | ratio | steps until named |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| world | quota slowdown | measured slowdown | periods throttled | named | ratio | steps until named |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for c in cells:
         lines.append(f"| {c.world} | {c.slowdown or 'clean'} | {c.measured_slowdown or ''} | "
+                     f"{'' if c.throttled_share is None else f'{c.throttled_share:.0%}'} | "
                      f"{', '.join(f'rank {r}' for r in c.named) or 'none'} | {c.ratio or ''} | "
                      f"{c.steps_until_named or ''} |")
     table = "\n".join(lines)

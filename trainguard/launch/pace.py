@@ -130,9 +130,10 @@ class PaceReport:
                         for w in self.single_rank_work)
         if not named:
             return (f"stragglers: none over {self.threshold:.0%} in {self.windows} window(s) of "
-                    f"{WINDOW} steps{apart}")
+                    f"{WINDOW}+ steps and {MIN_WINDOW_S:g}+ s{apart}")
         names = ", ".join(f"rank {r.rank} {r.ratio:.2f}x as busy as the others" for r in named)
-        return f"stragglers: {names} (median of {self.windows} window(s) of {WINDOW} steps){apart}"
+        return (f"stragglers: {names} (median of {self.windows} window(s) of {WINDOW}+ steps and "
+                f"{MIN_WINDOW_S:g}+ s){apart}")
 
 
 def read_pace(directory: Path) -> dict[int, list[StepClock]]:
