@@ -622,8 +622,7 @@ class JobRunner:
             # each rank once the rank is known, for the step records only (docs/step-records.md)
             return regexes, files, worker_run_hook_env(log_dir / STEPS_DIR) if steps else {}
         if not (trainers or job.record_samples or steps):
-            # timed runs too: each step's clocks, for the stragglers (two clock reads a step)
-            return regexes, files, run_hook_env({"pace_dir": str(log_dir / PACE_DIR)}, env)
+            return regexes, files, {}
         spec = {
             "metrics_dir": str(log_dir / METRICS_DIR),
             "samples_dir": str(log_dir / SAMPLES_DIR) if job.record_samples else None,
