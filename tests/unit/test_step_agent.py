@@ -25,6 +25,7 @@ from tests.helpers import load_hook_module
 from trainguard.config import parse_config
 from trainguard.config.checks import ProfileCheck, SmokeCheck
 from trainguard.launch.hook import ENV_RUN_SPEC, ENV_SPEC, STEPS_DIR, run_hook_env
+from trainguard.launch.pace import read_pace
 from trainguard.profiling.measure import measure_size
 from trainguard.run.runner import JobRunner
 
@@ -180,12 +181,14 @@ BROKEN = textwrap.dedent(
 
 
 def _hooked(code: str, steps_dir: Path, *args: str, cap: int | None = None,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+            cwd: Path | None = None, pace_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in (ENV_SPEC, ENV_RUN_SPEC, "PYTHONPATH", "RANK")}
     env.update({"OMP_NUM_THREADS": "1"})
     spec: dict[str, Any] = {"steps_dir": str(steps_dir)}
     if cap is not None:
         spec["steps_cap"] = cap
+    if pace_dir is not None:
+        spec["pace_dir"] = str(pace_dir)
     env.update(run_hook_env(spec, env))
     done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
                           timeout=120, check=False, cwd=cwd)
@@ -204,7 +207,9 @@ def _steps(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def test_a_plain_loop_one_line_per_step_and_a_resume_shows_the_uninterrupted_runs_state(tmp_path: Path) -> None:
     ckpt = str(tmp_path / "ck.pt")
-    first = _hooked(LOOP, tmp_path / "a", "--steps", "5", "--save-at", "2", "--ckpt", ckpt)
+    first = _hooked(LOOP, tmp_path / "a", "--steps", "5", "--save-at", "2", "--ckpt", ckpt, pace_dir=tmp_path / "pace")
+    # beside the step records, each step's clocks (stragglers named, trainguard.launch.pace)
+    assert len(read_pace(tmp_path / "pace")[0]) == 5
     _hooked(LOOP, tmp_path / "again", "--steps", "5")
     _hooked(LOOP, tmp_path / "resumed", "--steps", "5", "--resume", "--ckpt", ckpt)
     lines = _lines(tmp_path / "a")

@@ -50,8 +50,9 @@ from trainguard.launch.hang_evidence import (
     dump_stacks,
     rank_activity,
 )
-from trainguard.launch.hook import STALL_DIR
+from trainguard.launch.hook import PACE_DIR, STALL_DIR
 from trainguard.launch.metrics import JsonlTail, LineMetric, MetricParser, MetricPoint, trajectory
+from trainguard.launch.pace import pace_evidence
 from trainguard.launch.ports import reserve_port
 from trainguard.launch.procs import (
     GpuMemory,
@@ -593,6 +594,10 @@ class Launcher:
             if hint:
                 reason = f"{reason}; {hint}"
                 evidence["hint"] = hint
+        if spec.world_size > 1 and PACE_DIR in spec.env.get(envvars.RUN_HOOK, ""):
+            pace = pace_evidence(spec.run_dir / PACE_DIR)  # stragglers named (docs/drills.md)
+            if pace is not None:
+                evidence["pace"] = pace.to_dict()
         return RunResult(
             outcome=stop.outcome,
             argv=_python_argv(spec.argv),

@@ -34,6 +34,7 @@ from trainguard.launch import Launcher, LaunchSpec, LineMetric, MetricPoint, Run
 from trainguard.launch.backend import JobBackend
 from trainguard.launch.hook import (
     METRICS_DIR,
+    PACE_DIR,
     SAMPLES_DIR,
     STALL_DIR,
     STEPS_CAP,
@@ -628,6 +629,7 @@ class JobRunner:
             "steps_dir": str(log_dir / STEPS_DIR) if steps else None,
             "steps_cap": STEPS_CAP,
             "stall_dir": str(log_dir / STALL_DIR),
+            "pace_dir": str(log_dir / PACE_DIR),
             **trainers,
         }
         return regexes, files, run_hook_env(spec, env)

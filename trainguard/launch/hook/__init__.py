@@ -31,6 +31,7 @@ __all__ = [
     "ENV_SPEC",
     "HOOK_DIR",
     "METRICS_DIR",
+    "PACE_DIR",
     "SAMPLES_DIR",
     "STALL_DIR",
     "STALL_FR_ENTRIES",
@@ -59,6 +60,8 @@ STEPS_DIR = "trainguard-steps"
 #: under a run directory: each rank's answer when the stall watchdog fires, ``rank{rank}.json``,
 #: and the ``trigger`` file that asks for it (docs/drills.md "Which rank hung")
 STALL_DIR = "trainguard-stall"
+#: the run folder's directory of each rank's per-step CPU and wall clocks (docs/drills.md "Stragglers")
+PACE_DIR = "trainguard-pace"
 #: ``TORCH_FR_BUFFER_SIZE`` for the hooked ranks (the job's own value wins): the Flight Recorder's
 #: ring of collectives per process, read back when the job stalls
 STALL_FR_ENTRIES = "2000"
@@ -93,7 +96,7 @@ def run_hook_env(spec: Mapping[str, Any], base_env: Mapping[str, str] | None = N
     ``samples_dir`` (None: sample indices not recorded), ``steps_dir`` (each optimizer step, save
     and restore; absent or None: not recorded), ``steps_cap`` (bytes per rank) and ``stall_dir``
     (each rank's answer to the stall watchdog; the ranks' ``TORCH_FR_BUFFER_SIZE`` is set unless
-    ``base_env`` has it). A drill's fault spec in ``base_env``
+    ``base_env`` has it) and ``pace_dir`` (each optimizer step's clocks of the training thread). A drill's fault spec in ``base_env``
     keeps working: both agents load from the same directory.
     """
     env = {"PYTHONPATH": hook_pythonpath(base_env), ENV_RUN_SPEC: json.dumps(dict(spec))}

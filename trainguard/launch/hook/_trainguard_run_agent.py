@@ -17,6 +17,8 @@ import itself: an import hook patches a module the moment the job's own import o
   (``_trainguard_step_agent``, docs/step-records.md).
 * with ``stall_dir``: the rank's answer when trainguard's stall watchdog fires (its Flight
   Recorder and main stack, ``_trainguard_stall_agent``, docs/drills.md "Which rank hung").
+* with ``pace_dir``: each optimizer step's CPU time, run-queue wait and wall clock of the thread
+  that stepped (``_trainguard_pace_agent``, docs/drills.md "Stragglers").
 * ``torch.utils.data.dataloader``: every DataLoader iterator of a process that is not a
   DataLoader worker records the indices of each batch it yields (torchdata's
   ``StatefulDataLoader`` and accelerate's prepared loaders are DataLoaders too). Not recorded:
@@ -196,6 +198,8 @@ class Agent:
                 self, spec, JsonlWriter, sibling("_trainguard_step_values"))
         #: the answer to a stall (``_trainguard_stall_agent.StallAgent``) when the spec has ``stall_dir``
         self.stall: Any = sibling("_trainguard_stall_agent").StallAgent(self, spec) if spec.get("stall_dir") else None
+        #: each optimizer step's clocks (``_trainguard_pace_agent.PaceAgent``) when the spec has ``pace_dir``
+        self.pace: Any = sibling("_trainguard_pace_agent").PaceAgent(self, spec) if spec.get("pace_dir") else None
 
     # -- safety ----------------------------------------------------------------------------
 
@@ -238,6 +242,8 @@ class Agent:
             patches.update(self.steps.patches())
         if self.stall is not None:
             patches.update(self.stall.patches())
+        if self.pace is not None:
+            patches.update(self.pace.patches())
         pending = {}
         for name, patch in patches.items():
             if name in sys.modules:
