@@ -20,6 +20,7 @@ import pytest
 from tests.helpers import load_hook_module
 from tests.steplines import Step, trajectory, write_rank
 from tests.unit.test_nan_fault import HEAD
+from trainguard._internal import envvars
 from trainguard.config import DrillSpec, parse_config
 from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import Expectation
@@ -27,7 +28,7 @@ from trainguard.drills.judges import DrillContext, Injection
 from trainguard.drills.sdc import judge_caught, judge_detect
 from trainguard.errors import ConfigError
 from trainguard.faults.hook import read_events
-from trainguard.faults.sdc import Flip, SdcFault
+from trainguard.faults.sdc import SDC_RECORD, Flip, SdcFault
 from trainguard.launch import MetricPoint, RankExit, RunResult
 from trainguard.launch.hook import hook_env
 from trainguard.run.request import RunRequest
@@ -105,15 +106,15 @@ def _run(tmp_path: Path, **params: Any) -> tuple[list[list[float]], list[Flip]]:
     work.mkdir()
     (work / "train.py").write_text(SCRIPT)
     spec = {"fault": "sdc", "rank": 0, "trigger": str(work / "trigger"), "events": str(work / "events.jsonl"),
-            "step": 3, "record": str(work / "flips.jsonl"), **params}
-    env = {**os.environ, **hook_env(spec), "RANK": "0"}
+            "step": 3, **params}
+    env = {**os.environ, **hook_env(spec), "RANK": "0", envvars.RUN_DIR: str(work)}
     proc = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, text=True, capture_output=True,
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     events = read_events(work / "events.jsonl")
     assert not [e for e in events if e.get("event") == "error"], events
     flips = [Flip.of(e, 0) for e in events if e.get("event") == "flipped"]
-    recorded = [json.loads(line) for line in (work / "flips.jsonl").read_text().splitlines()]
+    recorded = [json.loads(line) for line in (work / SDC_RECORD).read_text().splitlines()]
     assert [r["step"] for r in recorded] == [f.step for f in flips]  # the run folder's copy
     return [[float(v) for v in line.split()] for line in proc.stdout.splitlines()], flips
 

@@ -38,6 +38,8 @@ from typing import Any
 
 ENV_SPEC = "TRAINGUARD_FAULT_HOOK"
 ENV_PID = "TRAINGUARD_FAULT_HOOK_PID"
+#: the run's directory, where a fault's agent writes what it did (sdc: its flips)
+ENV_RUN_DIR = "TRAINGUARD_RUN_DIR"
 POLL_S = 0.015
 #: oom mode gpu: how long the ballast keeps taking the blocks a job frees, waiting for it to run out
 GPU_GRAB_S = 60.0
@@ -104,6 +106,7 @@ class Agent:
             self._when_torch_imported()
             return
         if self.fault == "sdc":  # acts in torch's optimizer, module and gradient hooks
+            self.run_dir = os.environ.get(ENV_RUN_DIR)
             self.numerics = _sibling("_trainguard_sdc_agent").SdcHook(self)
             self.event("armed", fault=self.fault, target=self.numerics.target, mode=self.numerics.mode,
                        step=self.numerics.step, argv=sys.argv[:3])

@@ -143,7 +143,7 @@ class SdcHook:
         self.bit_setting = spec.get("bit", "mantissa")
         self.index = int(spec.get("index") or 0)
         self.name = spec.get("name") or None
-        run_dir = os.environ.get("TRAINGUARD_RUN_DIR")
+        run_dir = getattr(agent, "run_dir", None)  # the fault agent reads it from the environment
         self.record_path = spec.get("record") or (os.path.join(run_dir, RECORD) if run_dir else None)
         self.pid = os.getpid()
         self.torch: Any = None
