@@ -70,13 +70,15 @@ def example_copy(tmp_path: Path, checks: str, args: str = "", resume_args: str =
 @pytest.mark.resume
 @pytest.mark.determinism
 def test_clean_trainer_job_is_deterministic_and_resumes_exactly(tmp_path: Path) -> None:
-    root = example_copy(tmp_path, "  determinism: {steps: 12}\n" + RESUME)
+    # 13 steps after the kill: a Trainer step takes ~60 ms here, and the loss read from the hook's
+    # file lags on a loaded machine (5 steps left, the kill once came after the last one)
+    root = example_copy(tmp_path, "  determinism: {steps: 12}\n  resume: {steps: 20, after_step: 7}\n")
     report = check(root, report_json=str(tmp_path / "report.json"))
     by_name = {c.name: c for c in report.checks}
     assert report.status == "passed", [(c.name, c.summary) for c in report.checks]
     resume = report_evidence(by_name["resume"])
     # {latest_checkpoint} named the newest checkpoint-N the killed run completed
-    assert resume["resumed_from_step"] in (5, 10), resume
+    assert resume["resumed_from_step"] in (5, 10, 15), resume
     assert resume["trajectory"]["max_abs_diff"] == 0.0
     # the final checkpoint directories (model.safetensors, optimizer.pt, scheduler.pt,
     # rng_state.pth, trainer_state.json) were compared, not given up on
