@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainguard._internal.readers import ReadLimits, open_regular, read_at_most
 from trainguard.launch.hook import PACE_DIR
 
 __all__ = [
@@ -145,8 +146,8 @@ def read_pace(directory: Path) -> dict[int, list[StepClock]]:
     for path in sorted(directory.glob("rank*.txt")):
         try:
             rank = int(path.stem[4:])
-            with path.open("rb") as handle:
-                raw = handle.read(_MAX_BYTES)
+            with open_regular(path, ReadLimits(max_bytes=2**62)) as handle:  # never a FIFO
+                raw = read_at_most(handle, _MAX_BYTES)
         except (ValueError, OSError):
             continue
         clocks: list[StepClock] = []

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from trainguard._internal.readers import OverLimit, ReadLimits, open_regular, read_json
 from trainguard.launch.hang_evidence import RankActivity
 
 __all__ = [
@@ -303,10 +304,11 @@ def ask_ranks(stall_dir: Path) -> float:
 
 
 def _read_answer(path: Path) -> RankAnswer | None:
+    """A rank's answer: a regular file within the limit, never a FIFO or a link out of its folder."""
     try:
-        if path.stat().st_size > _MAX_ANSWER_BYTES:
-            return RankAnswer(fr_error=f"its answer {path} is over {_MAX_ANSWER_BYTES >> 20} MB: not read")
-        data = json.loads(path.read_text(errors="replace"))
+        data = read_json(path, ReadLimits(max_bytes=_MAX_ANSWER_BYTES), root=path.parent)
+    except OverLimit:
+        return RankAnswer(fr_error=f"its answer {path} is over {_MAX_ANSWER_BYTES >> 20} MB: not read")
     except (OSError, ValueError):
         return None
     return RankAnswer.from_dict(data) if isinstance(data, dict) else None
@@ -378,14 +380,12 @@ def _signals(rank: int, activity: RankActivity, answer: RankAnswer | None, stack
 
 def _source_line(frame: Frame) -> str:
     """The line ``frame`` is at, from its file (bounded read), or ""."""
-    try:
-        if os.path.getsize(frame.file) > 4 * 2**20:
-            return ""
-        with open(frame.file, errors="replace") as handle:
-            for number, text in enumerate(handle, start=1):
+    try:  # a regular file within 4 MiB (a stack may name anything: a FIFO is not waited on)
+        with open_regular(Path(frame.file), ReadLimits(max_bytes=4 * 2**20)) as handle:
+            for number, raw in enumerate(handle, start=1):
                 if number == frame.line:
-                    return text.strip()[:120]
-    except OSError:
+                    return raw.decode("utf-8", errors="replace").strip()[:120]
+    except (OSError, ValueError):
         pass
     return ""
 
