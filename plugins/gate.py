@@ -40,6 +40,7 @@ def _judge(config: pytest.Config, rel: str, results: list[CheckResult], state: T
     from trainguard.config import load_config
     from trainguard.errors import ConfigError
     from trainguard.gate.policy import Capabilities, configured_checks, decide, sizing_of
+    from trainguard.gate.run import judged_paces
     from trainguard.report import Report
 
     try:
@@ -56,8 +57,10 @@ def _judge(config: pytest.Config, rel: str, results: list[CheckResult], state: T
                                 f"{', '.join(missing)} (run them all, or `trainguard gate {rel}`)")
         return True
     report = Report(job=job_file.job.name, checks=list(results))
+    runner = state.runners.get(str(job_file.path))  # none here under xdist: its workers made the runs
     decision = decide(report, job_file.gate, Capabilities.probe(), sizing=sizing_of(report),
-                      configured=configured)
+                      configured=configured, paces=None if runner is None else judged_paces(runner.launches))
     state.gate_lines.append(f"GATE    {job_file.job.name}: {decision.verdict.upper()}  [{rel}]")
     state.gate_lines += [f"        - {reason}" for reason in decision.reasons]
+    state.gate_lines += [f"        warning: {warning}" for warning in decision.warnings]
     return decision.promoted

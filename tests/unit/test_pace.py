@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.launch.hook import ENV_RUN_SPEC, ENV_SPEC, PACE_DIR, run_hook_env
-from trainguard.launch.pace import StepClock, judge_pace, pace_evidence, read_pace, run_pace
+from trainguard.launch.pace import StepClock, judge_pace, judged_pace, read_pace, run_pace
 
 STEPS = 60
 
@@ -152,9 +152,10 @@ def test_a_runs_evidence_gains_pace_only_when_a_straggler_or_single_rank_work_is
             (directory / f"rank{rank}.txt").write_text("".join(f"{c.cpu:.6f} {c.delay:.6f} {c.wall:.6f}\n" for c in lines))
         return directory
 
-    assert pace_evidence(write(tmp_path / "even", _job(2, {}))) is None
-    found = pace_evidence(write(tmp_path / "slow", _job(2, {1: 2.0})))
-    assert found is not None
+    even = judged_pace(write(tmp_path / "even", _job(2, {})))
+    assert even is not None and even.judged and not even.notable  # judged, nothing for the evidence
+    found = judged_pace(write(tmp_path / "slow", _job(2, {1: 2.0})))
+    assert found is not None and found.notable
     evidence = found.to_dict()
     assert evidence["stragglers"] == [1] and "rank 1" in str(evidence["summary"])
     assert [row["straggler"] for row in evidence["ranks"]] == [False, True]  # type: ignore[index]

@@ -90,3 +90,6 @@ class GatePolicy(ConfigModel):
     #: where ``--submit`` sends a promoted job: ``ray`` (Jobs API) or ``slurm`` (sbatch), or
     #: another queue registered in :data:`trainguard.config.queues.QUEUES`
     queue: Annotated[str, one_of(QUEUES)] = "ray"
+    #: a rank named a straggler (docs/drills.md "Stragglers") is a warning; with this limit, one
+    #: whose ratio (its busy ratio over the busiest other rank's) exceeds it blocks promotion
+    max_straggler_ratio: float | None = Field(None, gt=1)

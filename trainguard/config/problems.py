@@ -84,6 +84,9 @@ _FIX: dict[str, str] = {
     "job.stall_timeout": "seconds without a new metric line before the run counts as hung",
     "job.env": "a mapping such as `env: {OMP_NUM_THREADS: \"1\"}`",
     "checks.resume.after_step": "the step after which the run is killed, e.g. `after_step: 25`",
+    "gate.max_straggler_ratio": "a ratio above 1, e.g. `max_straggler_ratio: 1.25` (block when a "
+                                "rank named a straggler is over 25 % busier than the busiest other "
+                                "rank), or remove the key: a straggler is then a warning",
 }
 
 

@@ -14,13 +14,14 @@ import copy
 import os
 import shutil
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from trainguard.config import GatePolicy, JobFile, Thresholds, gate_checks
 from trainguard.drills.evidence import DrillEvidence, DrillReport, FaultNotSetUp
+from trainguard.launch.pace import MIN_WINDOW_S, MIN_WINDOWS, WINDOW, RunPace
 from trainguard.profiling.check import ProfileEvidence
 from trainguard.profiling.sizing import Sizing, apply_measured_recovery
 from trainguard.report import CheckId, CheckResult, Report
@@ -30,6 +31,7 @@ __all__ = [
     "Decision",
     "configured_checks",
     "decide",
+    "judge_stragglers",
     "sizing_of",
 ]
 
@@ -72,6 +74,8 @@ class Decision:
     verdict: Literal["promote", "block"]
     reasons: list[str] = field(default_factory=list)  # why it is blocked (empty on promote)
     notes: list[str] = field(default_factory=list)  # what passed, skips allowed by policy
+    #: what does not block but should be read: a straggler named without gate.max_straggler_ratio
+    warnings: list[str] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)  # every fallback that ran
     recommended_world_size: int | None = None
 
@@ -86,6 +90,7 @@ class Decision:
             "verdict": self.verdict,
             "reasons": list(self.reasons),
             "notes": list(self.notes),
+            "warnings": list(self.warnings),
             "fallbacks": list(self.fallbacks),
             "recommended_world_size": self.recommended_world_size,
         }
@@ -131,11 +136,14 @@ def decide(
     *,
     sizing: Sizing | None = None,
     configured: Iterable[str] | None = None,
+    paces: Sequence[RunPace] | None = (),
 ) -> Decision:
     """``promote`` when every required check passed (or was skipped for a capability the policy
     lets go) and the sizing meets every threshold; otherwise ``block`` with every reason.
     ``configured`` names the checks the job file configures (a required check it lacks blocks:
-    nothing can vouch for it).
+    nothing can vouch for it). ``paces``: the judged multi-rank runs' pace; a straggler named in
+    one is a warning, or a reason over ``gate.max_straggler_ratio`` (:func:`judge_stragglers`);
+    None: the runs were made in another process (pytest-xdist's workers), not judged here.
 
     ``require`` says which checks must be there, never which results count: a check of the report
     that failed or errored blocks whether it is required or not (``gate: {require: []}`` does not
@@ -168,6 +176,11 @@ def decide(
         if id(result) not in judged and result.status in ("failed", "error"):
             decision.reasons.append(f"{result.name} {result.status} (not in gate.require, but a failed or "
                                     f"errored check blocks whatever require says): {result.summary}")
+    if paces is not None:
+        judge_stragglers(paces, policy.max_straggler_ratio, decision)
+    elif policy.max_straggler_ratio is not None:
+        decision.notes.append("gate.max_straggler_ratio not judged: the runs were made in other processes "
+                              "(pytest-xdist workers); `trainguard gate` judges it")
     if sizing is not None:
         _judge_sizing(sizing, policy.thresholds, decision)
     elif any(v is not None for v in policy.thresholds.model_dump().values()):
@@ -176,6 +189,34 @@ def decide(
     if decision.reasons:
         decision.verdict = "block"
     return decision
+
+
+def judge_stragglers(paces: Sequence[RunPace], limit: float | None, decision: Decision) -> None:
+    """Each rank named a straggler in ``paces`` (docs/drills.md "Stragglers"): a reason when its
+    ratio exceeds ``limit`` (``gate.max_straggler_ratio``), else a warning. With a limit and no
+    run judged, nothing was compared: a reason, never a pass."""
+    judged = [p for p in paces if p.report.judged]
+    for run in judged:
+        for rank in run.report.stragglers:
+            words = (f"rank {rank.rank} of {run.world_size} is a straggler in {run.label}: "
+                     f"{rank.ratio:.2f}x as busy as the busiest other rank (named at step {rank.named_at_step})")
+            if limit is not None and rank.ratio > limit:
+                decision.reasons.append(f"{words}, over gate.max_straggler_ratio {limit:g}")
+            else:
+                decision.warnings.append(words + (f", within gate.max_straggler_ratio {limit:g}" if limit is not None
+                                                  else "; set gate.max_straggler_ratio to block on it"))
+        decision.notes += [f"{run.label}: rank {w.rank} alone busy at {len(w.steps)} steps (single-rank "
+                           "work, not a straggler)" for w in run.report.single_rank_work]
+    if limit is None:
+        return
+    if not judged:
+        decision.reasons.append(
+            f"gate.max_straggler_ratio is set but no multi-rank run was judged (one needs {MIN_WINDOWS} windows "
+            f"of {WINDOW}+ steps and {MIN_WINDOW_S:g}+ s); give a multi-rank check or the profile more steps, or "
+            "drop gate.max_straggler_ratio")
+    elif not any(r.ratio > limit for p in judged for r in p.report.stragglers):
+        decision.notes.append(f"gate.max_straggler_ratio {limit:g}: no straggler over it in "
+                              f"{len(judged)} judged multi-rank run(s)")
 
 
 def _judge_sizing(sizing: Sizing, limits: Thresholds, decision: Decision) -> None:

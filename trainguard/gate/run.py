@@ -19,7 +19,7 @@ import math
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -36,10 +36,12 @@ from trainguard.errors import ConfigError, TrainguardError
 from trainguard.gate.divergences import divergence_tables
 from trainguard.gate.policy import Capabilities, Decision, configured_checks, decide, sizing_of
 from trainguard.gate.provenance import Provenance
+from trainguard.launch.pace import RunPace
 from trainguard.profiling.render import failure_rows
 from trainguard.profiling.sizing import Sizing
 from trainguard.queue.base import Submission
 from trainguard.report import CheckResult, Report
+from trainguard.run.runner import LaunchRecord
 from trainguard.session.cost import Cost
 from trainguard.tracking.store import ui_command
 
@@ -49,6 +51,7 @@ __all__ = [
     "NotSubmitted",
     "StaleReport",
     "SubmittableReport",
+    "judged_paces",
     "read_gate_report",
     "run_gate",
     "submit_report",
@@ -95,6 +98,8 @@ class GateReport:
     paths: dict[str, str] = field(default_factory=dict)
     #: the launches the gate made and their cost
     cost: Cost | None = None
+    #: each judged multi-rank launch's per-rank pace (docs/drills.md "Stragglers")
+    paces: list[RunPace] = field(default_factory=list)
 
     @property
     def promoted(self) -> bool:
@@ -120,6 +125,7 @@ class GateReport:
             "duration_s": round(self.duration_s, 1),
             "cost": self.cost.to_dict() if self.cost is not None else None,
             "reports": self.paths,
+            "pace": [p.to_dict() for p in self.paces],
         }
 
 
@@ -162,6 +168,7 @@ def run_gate(
                 sizing=sizing_of(report),
                 tracking_uri=session.tracking_uri,
                 cost=measured_cost(list(session.runner.launches), minutes),
+                paces=judged_paces(session.runner.launches),
             )
 
         try:
@@ -175,7 +182,7 @@ def run_gate(
             write_gate_report(stopped, job_file.state_dir / "gate")
             raise
         decision = decide(report, policy, capabilities, sizing=sizing_of(report),
-                          configured=configured_checks(job_file))
+                          configured=configured_checks(job_file), paces=judged_paces(session.runner.launches))
         gate = assemble(decision)
         if tracker is not None and tracker.session is not None:
             tracker.set_tags(tracker.session, {"trainguard.gate": decision.verdict,
@@ -191,6 +198,11 @@ def run_gate(
         for kind in ("json", "markdown", "html"):
             session.log_artifact(gate.paths[kind], "gate")
     return gate
+
+
+def judged_paces(launches: Iterable[LaunchRecord]) -> list[RunPace]:
+    """The pace of each launch whose step clocks were judged (multi-rank, long enough)."""
+    return [RunPace(r.label, r.world_size, r.pace) for r in launches if r.pace is not None and r.pace.judged]
 
 
 # -- submission -----------------------------------------------------------------------------
@@ -472,7 +484,16 @@ _MARKDOWN = """\
 |---|---|---|
 {% for c in checks %}| {{ c.name }} | {{ c.status }} | {{ c.summary | replace("|", "/") }} |
 {% endfor %}
-{% if recommendation %}**Sizing:** {{ recommendation }}
+{% if warnings %}**Warnings:**
+{% for w in warnings %}- {{ w }}
+{% endfor %}
+{% endif %}{% for p in paces %}**Ranks of {{ p.run }}** ({{ p.summary }}):
+
+| rank | steps | busy (median) | ratio to the busiest other | straggler |
+|---|---|---|---|---|
+{% for r in p.ranks %}| {{ r.rank }} | {{ r.steps }} | {{ "%.2f" % r.busy }} | {{ "%.2f" % r.ratio }} | {{ "yes, named at step %s" % r.named_at_step if r.straggler else "no" }} |
+{% endfor %}
+{% endfor %}{% if recommendation %}**Sizing:** {{ recommendation }}
 {% endif %}{% if goodput %}
 **Goodput forecast:** {{ goodput }}
 {% endif %}{% if fallbacks %}
@@ -508,6 +529,8 @@ img{max-width:100%;border:1px solid #eee;margin:.5em 0}.meta{color:#666;font-siz
 </table>
 {% for t in divergences %}<h3>{{ t.check }}: where the runs first differ</h3><p>{{ t.divergence.sentence }}</p>{% if t.divergence.compared_by %}<p class="meta">{{ t.divergence.compared_by }}</p>{% endif %}
 <table><tr><th>step</th><th>first differing quantity</th><th>reference</th><th>other run</th></tr>{% for r in t.divergence.steps %}<tr><td>{{ r.step }}{% if r.rank %} (rank {{ r.rank }}){% endif %}</td><td>{{ r.kind ~ ": " ~ r.name if r.kind else "nothing differs" }}</td><td>{{ r.reference }}</td><td>{{ r.other }}</td></tr>{% endfor %}</table>{% endfor %}
+{% if warnings %}<h2>Warnings</h2><ul>{% for w in warnings %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
+{% for p in paces %}<h3>Ranks of {{ p.run }}</h3><p>{{ p.summary }}</p><table><tr><th>rank</th><th>steps</th><th>busy (median)</th><th>ratio to the busiest other</th><th>straggler</th></tr>{% for r in p.ranks %}<tr><td>{{ r.rank }}</td><td>{{ r.steps }}</td><td>{{ "%.2f" % r.busy }}</td><td>{{ "%.2f" % r.ratio }}</td><td>{{ "yes, named at step %s" % r.named_at_step if r.straggler else "no" }}</td></tr>{% endfor %}</table>{% endfor %}
 {% if recommendation %}<h2>Sizing</h2><p>{{ recommendation }}</p>{% endif %}
 {% if candidates %}<table><tr><th>GPUs</th><th>efficiency</th><th>hours</th><th>GPU-hours</th><th>cost</th><th>goodput</th><th>GPU-hours wasted</th><th>checkpoint every</th><th></th></tr>
 {% for c in candidates %}<tr><td>{{ c.gpus }}{% if c.extrapolated %} (extrapolated){% endif %}</td><td>{{ "%.2f" % c.efficiency }}</td><td>{{ "%.2f" % c.hours_with_failures }}</td><td>{{ "%.1f" % c.gpu_hours }}</td><td>{{ "%.2f" % c.cost }}</td><td>{{ "%.2f%%" % (c.goodput * 100) if c.goodput is not none else "-" }}</td><td>{{ "%.3g" % c.wasted_gpu_hours if c.wasted_gpu_hours is not none else "-" }}</td><td>{{ c.checkpoint_every_steps or "-" }} steps</td><td>{{ "; ".join(c.why_not) }}</td></tr>{% endfor %}
@@ -583,6 +606,7 @@ def _context(gate: GateReport, checks: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "verdict": decision.verdict, "job": gate.job, "job_file": gate.job_file,
         "reasons": decision.reasons, "notes": decision.notes, "fallbacks": decision.fallbacks,
+        "warnings": decision.warnings, "paces": [p.to_dict() for p in gate.paces],
         "checks": checks, "sizing": sizing is not None,
         "recommendation": sizing.recommendation if sizing is not None else None,
         "candidates": sizing.candidates if sizing is not None else [],

@@ -52,7 +52,7 @@ from trainguard.launch.hang_evidence import (
 )
 from trainguard.launch.hook import PACE_DIR, STALL_DIR
 from trainguard.launch.metrics import JsonlTail, LineMetric, MetricParser, MetricPoint, trajectory
-from trainguard.launch.pace import pace_evidence
+from trainguard.launch.pace import PaceReport, judged_pace
 from trainguard.launch.ports import reserve_port
 from trainguard.launch.procs import (
     GpuMemory,
@@ -197,6 +197,8 @@ class RunResult:
     checkpoint_dir: Path | None = None
     #: (start, end) of each span its processes were stopped (:meth:`Launcher.frozen`)
     pauses: list[tuple[float, float]] = field(default_factory=list)
+    #: each rank's pace judged from the run agent's step clocks (multi-rank runs with the agent on)
+    pace: PaceReport | None = None
 
     @property
     def checkpoints(self) -> Path:
@@ -594,9 +596,10 @@ class Launcher:
             if hint:
                 reason = f"{reason}; {hint}"
                 evidence["hint"] = hint
+        pace = None
         if spec.world_size > 1 and PACE_DIR in spec.env.get(envvars.RUN_HOOK, ""):
-            pace = pace_evidence(spec.run_dir / PACE_DIR)  # stragglers named (docs/drills.md)
-            if pace is not None:
+            pace = judged_pace(spec.run_dir / PACE_DIR)  # stragglers named (docs/drills.md)
+            if pace is not None and pace.notable:
                 evidence["pace"] = pace.to_dict()
         return RunResult(
             outcome=stop.outcome,
@@ -616,6 +619,7 @@ class Launcher:
             peak_rss_mb=dict(self._peak_rss_mb),
             peak_gpu_mb=dict(self._peak_gpu_mb),
             pauses=list(self.pauses),
+            pace=pace,
         )
 
     def _metric_path(self, template: str, rank: int) -> Path:

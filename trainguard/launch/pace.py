@@ -29,14 +29,16 @@ from trainguard.launch.hook import PACE_DIR
 
 __all__ = [
     "DEFAULT_THRESHOLD",
+    "MIN_WINDOWS",
     "MIN_WINDOW_S",
     "WINDOW",
     "PaceReport",
     "RankPace",
+    "RunPace",
     "SingleRankWork",
     "StepClock",
     "judge_pace",
-    "pace_evidence",
+    "judged_pace",
     "read_pace",
     "run_pace",
 ]
@@ -48,8 +50,8 @@ WINDOW = 20
 #: the fewest seconds per window: a scheduler's favour on a loaded machine lasts a fraction of one
 #: (sched_train's few-millisecond steps beside 4 CPU hogs named rank 1 at 1.56x with 20-step windows)
 MIN_WINDOW_S = 2.0
-#: the fewest windows a straggler is busier in
-_MIN_OVER = 2
+#: the fewest windows a straggler is busier in (a run of fewer cannot name one)
+MIN_WINDOWS = 2
 #: the steps skipped at the start (warm-up: first allocations, process group start)
 _WARMUP = 2
 #: a step this many times the rank's median CPU-wanting time, on one rank only, is single-rank work
@@ -103,6 +105,16 @@ class PaceReport:
     @property
     def stragglers(self) -> tuple[RankPace, ...]:
         return tuple(r for r in self.ranks if r.straggler)
+
+    @property
+    def judged(self) -> bool:
+        """Enough windows to name a straggler (``MIN_WINDOWS``): a run judged with none named is clean."""
+        return self.windows >= MIN_WINDOWS
+
+    @property
+    def notable(self) -> bool:
+        """A straggler named or single-rank work found (what a run's evidence reports)."""
+        return bool(self.stragglers or self.single_rank_work)
 
     @property
     def slowest(self) -> RankPace | None:
@@ -244,12 +256,12 @@ def _named_at(rel: Sequence[float], ends: Sequence[int], threshold: float) -> in
     windows and two thirds of them): the step at the end of the first window after which it
     was one so far; else None."""
     over = [v > 1 + threshold for v in rel]
-    if sum(over) < _MIN_OVER or sum(over) * 3 < len(over) * 2:
+    if sum(over) < MIN_WINDOWS or sum(over) * 3 < len(over) * 2:
         return None
     count = 0
     for k, (value, end) in enumerate(zip(over, ends, strict=True), start=1):
         count += value
-        if count >= _MIN_OVER and count * 3 >= k * 2:
+        if count >= MIN_WINDOWS and count * 3 >= k * 2:
             return _WARMUP + end + 1
     return None  # pragma: no cover -- the whole run met the test, so some prefix did
 
@@ -259,11 +271,25 @@ def run_pace(run_dir: Path, *, threshold: float = DEFAULT_THRESHOLD) -> PaceRepo
     return judge_pace(read_pace(run_dir / PACE_DIR), threshold=threshold)
 
 
-def pace_evidence(pace_dir: Path) -> PaceReport | None:
-    """What a run's ``evidence["pace"]`` says: only when a straggler is named or single-rank work
-    found (a clean, even run's report is unchanged); never raises."""
+def judged_pace(pace_dir: Path) -> PaceReport | None:
+    """The judgement of the step clocks under ``pace_dir`` (a launched run's ``trainguard-pace``);
+    never raises (None: not readable). A run's ``evidence["pace"]`` holds it only when
+    :attr:`PaceReport.notable` (a clean, even run's evidence is unchanged); the runner keeps it
+    for the profile and the gate's per-rank tables."""
     try:
-        report = judge_pace(read_pace(pace_dir))
+        return judge_pace(read_pace(pace_dir))
     except (OSError, ValueError, ArithmeticError):  # pragma: no cover -- the reader is bounded and total
         return None
-    return report if report.stragglers or report.single_rank_work else None
+
+
+@dataclass(frozen=True)
+class RunPace:
+    """One judged multi-rank run's pace, named by the run (the gate report's ``pace`` rows)."""
+
+    label: str
+    world_size: int
+    report: PaceReport
+
+    def to_dict(self) -> dict[str, object]:
+        """The run, its world size and :meth:`PaceReport.to_dict`."""
+        return {"run": self.label, "world_size": self.world_size, **self.report.to_dict()}

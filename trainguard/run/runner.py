@@ -42,6 +42,7 @@ from trainguard.launch.hook import (
     run_hook_env,
     worker_run_hook_env,
 )
+from trainguard.launch.pace import PaceReport
 from trainguard.launch.rundir import new_run_dir
 from trainguard.report import CappedLogs, FullDisk
 from trainguard.run.keep import Keepers
@@ -218,7 +219,7 @@ def _end_warm_import() -> None:
 @dataclass(frozen=True)
 class LaunchRecord:
     """One launch (one attempt of a run) as the runner made it: what the gate's cost is counted
-    from (:mod:`trainguard.session.cost`)."""
+    from (:mod:`trainguard.session.cost`), and its ranks' pace (the gate's per-rank table)."""
 
     label: str
     #: ranks (a ray_train job: its workers)
@@ -228,6 +229,8 @@ class LaunchRecord:
     first_step_s: float | None
     #: metric lines' distinct steps it printed
     steps: int
+    #: each rank's pace (:attr:`RunResult.pace`; None: one rank or no step clocks)
+    pace: PaceReport | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {"label": self.label, "world_size": self.world_size, "seconds": round(self.seconds, 3),
@@ -552,7 +555,7 @@ class JobRunner:
         result.checkpoint_dir = Path(str(values["checkpoint_dir"]))
         result.evidence.setdefault("checkpoint_dir", str(result.checkpoint_dir))
         self._record(LaunchRecord(attempt.label, request.world_size, result.duration_s, result.first_metric_s,
-                                  len({p.step for p in result.points})))
+                                  len({p.step for p in result.points}), result.pace))
         capped, disk = result.evidence.get("logs_truncated"), result.evidence.get("run_dir_disk")
         if capped is not None or disk is not None:
             note = LogNote(str(result.run_dir), None if capped is None else CappedLogs.from_dict({"run_dir": str(result.run_dir), "logs": capped}),
