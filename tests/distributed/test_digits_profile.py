@@ -68,6 +68,11 @@ def test_profile_of_the_example_writes_sane_reports(tmp_path: Path, patched_exam
         assert size["checkpoint"]["steps"] == [5, 10, 12], size["checkpoint"]
         assert size["checkpoint"]["bytes_per_write"] > 10_000
         assert len(size["loss"]) == 12
+        if size["world_size"] == 2:  # the run agent's step clocks in the timed run: a row per rank
+            assert [(r["rank"], r["steps"] > 0) for r in size["pace"]["ranks"]] == [(0, True), (1, True)]
+            assert "not judged" in size["pace"]["summary"] and size["timed_rank"] == 0  # 12 steps
+        else:
+            assert size["pace"] is None
     table = data["scaling"]["table"]
     assert table["1"]["efficiency"] == 1.0 and 0 < table["2"]["efficiency"] <= 1.5
     assert data["scaling"]["fit"]["chosen"] == "amdahl"  # 2 sizes: never the unvalidated USL

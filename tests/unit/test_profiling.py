@@ -3,14 +3,19 @@ regression expressions (a planted regression caught, a clean profile passed), ba
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from trainguard.config import Target, parse_config
+from trainguard._internal import envvars
+from trainguard.config import ProfileCheck, Target, parse_config
 from trainguard.errors import ConfigError
+from trainguard.launch import RunResult
+from trainguard.launch.hook import PACE_DIR
+from trainguard.launch.pace import judge_pace, read_pace
 from trainguard.profiling.compare import (
     RegressionExpressionError,
     compare_profiles,
@@ -18,6 +23,13 @@ from trainguard.profiling.compare import (
     parse_regression,
     parse_regressions,
     save_profile_baseline,
+)
+from trainguard.profiling.measure import (
+    SizeProfile,
+    _CheckpointWatcher,
+    _Observed,
+    _ResourceSampler,
+    _summarise,
 )
 from trainguard.profiling.render import render_html, render_markdown, render_plots
 from trainguard.profiling.sizing import (
@@ -27,6 +39,7 @@ from trainguard.profiling.sizing import (
     size_run,
 )
 from trainguard.profiling.stats import fit_scaling, phrase_scaling, scaling_table, step_stats
+from trainguard.run.runner import JobRunner
 
 # ---------------------------------------------------------------------------- step statistics
 
@@ -455,3 +468,59 @@ def test_a_checkpoint_named_by_its_step_goes_to_that_step_however_late_the_lines
     (tmp_path / "model_rank1.pt").write_bytes(b"z" * 10)
     watcher.at_step(11, time.time() + 1.0)
     assert watcher.writes == {5: 1300, 10: 1000, 11: 10}
+
+
+# ---------------------------------------------------------------------------- each rank's pace
+
+PACE = Path(__file__).resolve().parents[1] / "data" / "pace"  # recorded: tests/unit/test_gate_stragglers.py
+
+
+def test_the_profile_report_has_each_sizes_per_rank_table_and_its_straggler() -> None:
+    data = _report_data()
+    data["sizes"][1].update(pace=judge_pace(read_pace(PACE / "quota1.5-w2")).to_dict(), timed_rank=1)
+    md = render_markdown(data)
+    assert "**Ranks at 2** (stragglers: rank 1 2.27x as busy as the others" in md
+    assert "steps timed from rank 1's lines" in md
+    assert "| 0 | 77 | 0.35 | 0.44 | no |\n| 1 | 77 | 0.94 | 2.27 | yes, named at step 43 |" in md
+    html = render_html(data, {})
+    assert "<h2>Ranks at 2</h2>" in html and "yes, named at step 43" in html
+    assert "Ranks at 1" not in md  # one rank: no table
+
+
+def _timed(tmp_path: Path, pace_case: str) -> SizeProfile:
+    """A 2-rank timed run's summary: rank 1's step lines arrive 0.3 s apart, rank 0's 0.2 s apart
+    (its line of each step comes first), the pace judged from the recorded clocks of ``pace_case``."""
+    job_file = parse_config(_JOB)
+    spec = ProfileCheck(steps=12, warmup_steps=2)
+    runner = JobRunner(job_file)
+    try:
+        seen = _Observed(_ResourceSampler(runner.backend), _CheckpointWatcher())
+        seen.by_rank = {0: {s: 1.0 + 0.2 * s for s in range(1, 13)}, 1: {s: 1.0 + 0.3 * s for s in range(1, 13)}}
+        result = RunResult("ok", [], tmp_path, 2, 0, [], [], 6.0, 1.2, pace=judge_pace(read_pace(PACE / pace_case)))
+        return _summarise(job_file, spec, 2, None, 0, result, seen)
+    finally:
+        runner.close()
+
+
+def test_the_steps_are_timed_from_the_named_stragglers_lines_else_rank_0s(tmp_path: Path) -> None:
+    slow = _timed(tmp_path, "quota1.5-w2")
+    assert slow.timed_rank == 1 and slow.step is not None and math.isclose(slow.step.mean_s, 0.3)
+    assert slow.to_dict()["pace"]["stragglers"] == [1]
+    clean = _timed(tmp_path, "clean-w2")
+    assert clean.timed_rank == 0 and clean.step is not None and math.isclose(clean.step.mean_s, 0.2)
+
+
+def test_a_timed_run_of_several_ranks_records_only_the_step_clocks(tmp_path: Path) -> None:
+    """The run agent in a profile's timed run: each step's clocks at 2+ ranks, nothing at 1 rank
+    or when the job turns the agent off."""
+    def hook(ranks: int, **job: Any) -> dict[str, Any] | None:
+        settings = {"record_samples": "false", **job}
+        runner = JobRunner(parse_config(_JOB + "".join(f"  {k}: {v}\n" for k, v in settings.items())))
+        try:
+            env = runner._metric_sources({}, tmp_path, {}, step_records=False, ranks=ranks)[2]
+        finally:
+            runner.close()
+        return json.loads(env[envvars.RUN_HOOK]) if env else None
+
+    assert hook(2) == {"pace_dir": str(tmp_path / PACE_DIR)}
+    assert hook(1) is None and hook(2, record_steps="false") is None

@@ -37,7 +37,7 @@ from trainguard.gate.divergences import divergence_tables
 from trainguard.gate.policy import Capabilities, Decision, configured_checks, decide, sizing_of
 from trainguard.gate.provenance import Provenance
 from trainguard.launch.pace import RunPace
-from trainguard.profiling.render import failure_rows
+from trainguard.profiling.render import PACE_TABLE_HTML, PACE_TABLE_MD, failure_rows
 from trainguard.profiling.sizing import Sizing
 from trainguard.queue.base import Submission
 from trainguard.report import CheckResult, Report
@@ -489,10 +489,7 @@ _MARKDOWN = """\
 {% endfor %}
 {% endif %}{% for p in paces %}**Ranks of {{ p.run }}** ({{ p.summary }}):
 
-| rank | steps | busy (median) | ratio to the busiest other | straggler |
-|---|---|---|---|---|
-{% for r in p.ranks %}| {{ r.rank }} | {{ r.steps }} | {{ "%.2f" % r.busy }} | {{ "%.2f" % r.ratio }} | {{ "yes, named at step %s" % r.named_at_step if r.straggler else "no" }} |
-{% endfor %}
+""" + PACE_TABLE_MD + """
 {% endfor %}{% if recommendation %}**Sizing:** {{ recommendation }}
 {% endif %}{% if goodput %}
 **Goodput forecast:** {{ goodput }}
@@ -530,7 +527,7 @@ img{max-width:100%;border:1px solid #eee;margin:.5em 0}.meta{color:#666;font-siz
 {% for t in divergences %}<h3>{{ t.check }}: where the runs first differ</h3><p>{{ t.divergence.sentence }}</p>{% if t.divergence.compared_by %}<p class="meta">{{ t.divergence.compared_by }}</p>{% endif %}
 <table><tr><th>step</th><th>first differing quantity</th><th>reference</th><th>other run</th></tr>{% for r in t.divergence.steps %}<tr><td>{{ r.step }}{% if r.rank %} (rank {{ r.rank }}){% endif %}</td><td>{{ r.kind ~ ": " ~ r.name if r.kind else "nothing differs" }}</td><td>{{ r.reference }}</td><td>{{ r.other }}</td></tr>{% endfor %}</table>{% endfor %}
 {% if warnings %}<h2>Warnings</h2><ul>{% for w in warnings %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
-{% for p in paces %}<h3>Ranks of {{ p.run }}</h3><p>{{ p.summary }}</p><table><tr><th>rank</th><th>steps</th><th>busy (median)</th><th>ratio to the busiest other</th><th>straggler</th></tr>{% for r in p.ranks %}<tr><td>{{ r.rank }}</td><td>{{ r.steps }}</td><td>{{ "%.2f" % r.busy }}</td><td>{{ "%.2f" % r.ratio }}</td><td>{{ "yes, named at step %s" % r.named_at_step if r.straggler else "no" }}</td></tr>{% endfor %}</table>{% endfor %}
+{% for p in paces %}<h3>Ranks of {{ p.run }}</h3><p>{{ p.summary }}</p>""" + PACE_TABLE_HTML + """{% endfor %}
 {% if recommendation %}<h2>Sizing</h2><p>{{ recommendation }}</p>{% endif %}
 {% if candidates %}<table><tr><th>GPUs</th><th>efficiency</th><th>hours</th><th>GPU-hours</th><th>cost</th><th>goodput</th><th>GPU-hours wasted</th><th>checkpoint every</th><th></th></tr>
 {% for c in candidates %}<tr><td>{{ c.gpus }}{% if c.extrapolated %} (extrapolated){% endif %}</td><td>{{ "%.2f" % c.efficiency }}</td><td>{{ "%.2f" % c.hours_with_failures }}</td><td>{{ "%.1f" % c.gpu_hours }}</td><td>{{ "%.2f" % c.cost }}</td><td>{{ "%.2f%%" % (c.goodput * 100) if c.goodput is not none else "-" }}</td><td>{{ "%.3g" % c.wasted_gpu_hours if c.wasted_gpu_hours is not none else "-" }}</td><td>{{ c.checkpoint_every_steps or "-" }} steps</td><td>{{ "; ".join(c.why_not) }}</td></tr>{% endfor %}

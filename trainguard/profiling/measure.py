@@ -3,7 +3,10 @@
 Each run goes through :class:`~trainguard.run.runner.JobRunner` like every other check. While it
 runs, trainguard watches it without touching the job's code:
 
-* step times from the arrival times of rank 0's step lines (warm-up steps excluded);
+* step times from the arrival times of the slowest rank's step lines (warm-up steps excluded):
+  rank 0's, unless the run agent's step clocks name another rank a straggler and it prints them
+  (a synchronous job runs at its straggler's pace; :mod:`trainguard.launch.pace`);
+* each rank's pace, from those step clocks (multi-rank runs): the per-rank table, its stragglers;
 * CPU utilisation of every rank's process tree (psutil) and GPU utilisation (NVML, when
   nvidia-ml-py and a GPU are present), sampled every 0.5 s;
 * checkpoint writes: the checkpoint directory is listed at every step line, so a step that
@@ -40,6 +43,7 @@ import psutil
 from trainguard.config import JobFile, ProfileCheck
 from trainguard.launch import Launcher, MetricPoint, RunResult
 from trainguard.launch.backend import JobBackend
+from trainguard.launch.pace import PaceReport
 from trainguard.profiling.stats import StepStats, percentile, step_stats
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
@@ -96,6 +100,10 @@ class SizeProfile:
     checkpoint: CheckpointCost = field(default_factory=CheckpointCost)
     data_wait_share: float | None = None
     loss: dict[int, float] = field(default_factory=dict)  # rank 0's loss curve
+    #: each rank's pace from the run agent's step clocks (multi-rank runs; docs/drills.md "Stragglers")
+    pace: PaceReport | None = None
+    #: the rank whose step lines time the steps: the straggler named, when it prints them, else 0
+    timed_rank: int = 0
 
     @property
     def ok(self) -> bool:
@@ -104,6 +112,7 @@ class SizeProfile:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["step"] = self.step.to_dict() if self.step is not None else None
+        data["pace"] = self.pace.to_dict() if self.pace is not None else None
         for key in ("peak_rss_mb", "peak_gpu_mb", "cpu_util_pct", "loss"):
             data[key] = {str(k): v for k, v in getattr(self, key).items()}
         return data
@@ -355,9 +364,10 @@ def measure_size(
         sampler.attach(launcher)
         if watcher.directory is None:
             watcher.start(_checkpoint_dir(launcher, sized, request))
-        if point.rank == 0 and point.name == step_name:
+        if point.name == step_name:
             # the time its processes were stopped (a check keeping a checkpoint) is not a step's
-            seen.arrivals.setdefault(point.step, launcher.unpaused(point.t))
+            seen.by_rank.setdefault(point.rank, {}).setdefault(point.step, launcher.unpaused(point.t))
+        if point.rank == 0 and point.name == step_name:
             # point.t is when the line was read (launch clock); the files carry wall times
             watcher.at_step(point.step, time.time() - (launcher.elapsed() - point.t))
 
@@ -388,11 +398,18 @@ def _checkpoint_dir(launcher: Launcher, runner: JobRunner, request: RunRequest) 
 @dataclass
 class _Observed:
     """What the profile watched during its run: the resources, the checkpoint writes and the
-    step lines' arrival times (step -> seconds into the launch, pauses taken out)."""
+    step lines' arrival times per rank (rank -> step -> seconds into the launch, pauses taken out)."""
 
     sampler: _ResourceSampler
     watcher: _CheckpointWatcher
-    arrivals: dict[int, float] = field(default_factory=dict)
+    by_rank: dict[int, dict[int, float]] = field(default_factory=dict)
+
+    def timed_rank(self, pace: PaceReport | None) -> int:
+        """Whose step lines time the steps: the slowest rank's. Rank 0's, unless ``pace`` names
+        a straggler that prints them (every rank's step ends with its; rank 0's line may come
+        first)."""
+        named = [r.rank for r in pace.stragglers] if pace is not None else []
+        return next((r for r in named if self.by_rank.get(r)), 0)
 
 
 def _summarise(
@@ -404,7 +421,8 @@ def _summarise(
     result: RunResult,
     seen: _Observed,
 ) -> SizeProfile:
-    arrivals, watcher, sampler = seen.arrivals, seen.watcher, seen.sampler
+    timed_rank = seen.timed_rank(result.pace)
+    arrivals, watcher, sampler = seen.by_rank.get(timed_rank, {}), seen.watcher, seen.sampler
     samples = samples_per_step_for(job_file, spec, world_size)
     device = "gpu" if any(v > 0 for v in result.peak_gpu_mb.values()) else "cpu"
     stats: StepStats | None = None
@@ -413,7 +431,7 @@ def _summarise(
         stats = step_stats(arrivals, spec.warmup_steps)
     if stats is None and result.ok:
         reason = (
-            f"only {len(arrivals)} step line(s) of {step_metric_of(job_file, spec)!r} from rank 0: "
+            f"only {len(arrivals)} step line(s) of {step_metric_of(job_file, spec)!r} from rank {timed_rank}: "
             "too few to time steps after the warm-up"
         )
     throughput = samples / stats.mean_s if stats is not None and stats.mean_s > 0 else None
@@ -444,6 +462,8 @@ def _summarise(
         checkpoint=_checkpoint_cost(spec, result, stats, watcher),
         data_wait_share=_data_wait_share(spec, result, stats),
         loss=loss,
+        pace=result.pace,
+        timed_rank=timed_rank,
     )
 
 

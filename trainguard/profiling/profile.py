@@ -263,15 +263,13 @@ def run_profile(
         )
     profile.notes.append(
         f"step times exclude the first {spec.warmup_steps} step(s) of each run (warm-up) and "
-        f"come from the arrival times of rank 0's {step_metric_of(job_file, spec)!r} lines"
+        f"come from the arrival times of the slowest rank's {step_metric_of(job_file, spec)!r} lines: "
+        "rank 0's unless a straggler is named that prints them (a synchronous job runs at its "
+        "slowest rank's pace; sizes[].timed_rank)"
     )
     if device == "cpu":
         profile.notes.append("measured on CPU: GPU step times, memory and scaling will differ")
-    for s in sizes:
-        if s.oversubscribed:
-            profile.notes.append(f"world size {s.world_size} was oversubscribed: {s.oversubscribed}")
-        if not s.ok:
-            profile.notes.append(f"world size {s.world_size} did not profile: {s.outcome}: {s.reason}")
+    profile.notes += [note for s in sizes for note in _size_notes(s)]
     if headroom and spec.headroom is None:
         raise ValueError("headroom=True needs checks.profile.headroom configured")
     if spec.headroom is not None and headroom is not False:
@@ -302,6 +300,19 @@ def run_profile(
         else:
             profile.saved_path = _save_baseline(profile, job_file.state_dir, job_file.cwd)
     return profile
+
+
+def _size_notes(s: SizeProfile) -> list[str]:
+    """What the report says of one world size's run: oversubscribed, failed, a straggler named or
+    single-rank work found."""
+    notes = []
+    if s.oversubscribed:
+        notes.append(f"world size {s.world_size} was oversubscribed: {s.oversubscribed}")
+    if not s.ok:
+        notes.append(f"world size {s.world_size} did not profile: {s.outcome}: {s.reason}")
+    if s.pace is not None and s.pace.notable:
+        notes.append(f"world size {s.world_size}: {s.pace.summary()}")
+    return notes
 
 
 def _save_baseline(profile: Profile, state_dir: Path, job_dir: Path) -> str | None:
@@ -367,6 +378,10 @@ def _size(profile: Profile, target: Target, runner: JobRunner, spec: ProfileChec
             )
         if s.oversubscribed:
             limits.append(f"this machine: {s.oversubscribed} (the measured scaling is the machine's)")
+        limits += [f"a straggler: rank {r.rank} at {s.world_size} rank(s) is {r.ratio:.2f}x as busy as the busiest "
+                   f"other rank; every rank waits for it, so the throughput measured there (rank {s.timed_rank}'s "
+                   "step lines) and every size predicted from it is its pace"
+                   for r in (s.pace.stragglers if s.pace is not None else ())]
     sizing = size_run(
         target, measured, profile.fit,
         samples_per_step=lambda n: samples_per_step_for(runner.job_file, spec, n),

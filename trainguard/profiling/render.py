@@ -16,7 +16,8 @@ from typing import Any
 
 from trainguard._internal.atomic import write_or_fallback
 
-__all__ = ["PLOTS", "plot_goodput", "render_html", "render_markdown", "write_reports"]
+__all__ = ["PACE_TABLE_HTML", "PACE_TABLE_MD", "PLOTS", "plot_goodput", "render_html", "render_markdown",
+           "write_reports"]
 
 #: plot name -> title, in page order
 PLOTS = {
@@ -397,6 +398,16 @@ def _context(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: one run's per-rank pace table (``p``: a :class:`~trainguard.launch.pace.PaceReport`'s
+#: ``to_dict``), in Markdown and in HTML; the gate's report uses them too
+PACE_TABLE_MD = """| rank | steps | busy (median) | ratio to the busiest other | straggler |
+|---|---|---|---|---|
+{% for r in p.ranks %}| {{ r.rank }} | {{ r.steps }} | {{ "%.2f" % r.busy }} | {{ "%.2f" % r.ratio }} | {{ "yes, named at step %s" % r.named_at_step if r.straggler else "no" }} |
+{% endfor %}"""
+PACE_TABLE_HTML = """<table><tr><th>rank</th><th>steps</th><th>busy (median)</th><th>ratio to the busiest other</th><th>straggler</th></tr>\
+{% for r in p.ranks %}<tr><td>{{ r.rank }}</td><td>{{ r.steps }}</td><td>{{ "%.2f" % r.busy }}</td><td>{{ "%.2f" % r.ratio }}</td>\
+<td>{{ "yes, named at step %s" % r.named_at_step if r.straggler else "no" }}</td></tr>{% endfor %}</table>"""
+
 _MARKDOWN = """\
 ## trainguard profile: {{ d.job }}
 
@@ -406,6 +417,10 @@ Measured on {{ d.measured_on }}. Scaling: **{{ d.scaling.phrase or "not measured
 |{% for key, title in columns %}---|{% endfor %}
 {% for r in rows %}| {% for key, title in columns %}{{ r[key] }} | {% endfor %}
 {% endfor %}
+{% for s in d.sizes if s.get("pace") and s.pace.ranks %}{% set p = s.pace %}
+**Ranks at {{ s.world_size }}** ({{ p.summary }}; steps timed from rank {{ s.get("timed_rank", 0) }}'s lines):
+
+""" + PACE_TABLE_MD + """{% endfor %}
 {% if models %}
 **Scaling fit** (relative throughput C(N) = N / (1 + sigma (N-1) + kappa N (N-1))): {{ d.scaling.fit.why }}.
 {% for m in models %}- {{ m.name }}{% if m.name == d.scaling.fit.chosen %} (chosen){% endif %}: sigma {{ fmt(m.sigma, 4) }}, kappa {{ fmt(m.kappa, 4) }}, rms residual {{ fmt(m.rms_residual, 3) }}{% if m.unvalidated %} (no spare points: unvalidated){% endif %}
@@ -480,6 +495,8 @@ img { max-width: 100%; border: 1px solid #eee; margin: 0.4em 0; }
 {% for r in rows %}<tr>{% for key, title in columns %}<td>{{ r[key] }}</td>{% endfor %}</tr>
 {% endfor %}</table></div>
 <p class="meta">{{ d.settings.steps }} steps per run, the first {{ d.settings.warmup_steps }} excluded as warm-up; {{ d.scaling.kind }} scaling.</p>
+{% for s in d.sizes if s.get("pace") and s.pace.ranks %}{% set p = s.pace %}<h2>Ranks at {{ s.world_size }}</h2>\
+<p class="meta">{{ p.summary }}; steps timed from rank {{ s.get("timed_rank", 0) }}'s lines.</p>""" + PACE_TABLE_HTML + """{% endfor %}
 {% if images.get("step_times") %}<h2>{{ titles.step_times }}</h2><img alt="{{ titles.step_times }}" src="data:image/png;base64,{{ images.step_times }}">{% endif %}
 {% if images.get("scaling") %}<h2>{{ titles.scaling }}</h2><img alt="{{ titles.scaling }}" src="data:image/png;base64,{{ images.scaling }}">{% endif %}
 {% if models %}<h2>Scaling model</h2>

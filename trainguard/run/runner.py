@@ -510,7 +510,8 @@ class JobRunner:
         env = {**track_env, **env}  # the job's own environment wins
         scale = self.settings.timeout_scale
         timeout = (request.timeout or job.timeout) * scale
-        regexes, files, hook_env = self._metric_sources(values, log_dir, env, step_records=attempt.step_records)
+        regexes, files, hook_env = self._metric_sources(values, log_dir, env, step_records=attempt.step_records,
+                                                        ranks=request.world_size)
         env.update(hook_env)
         spec = LaunchSpec(
             argv=argv,
@@ -597,14 +598,17 @@ class JobRunner:
         return {**values, "latest_checkpoint": str(latest)}, True, str(latest)
 
     def _metric_sources(
-        self, values: PlaceholderValues, log_dir: Path, env: Mapping[str, str], *, step_records: bool = True
+        self, values: PlaceholderValues, log_dir: Path, env: Mapping[str, str], *, step_records: bool = True,
+        ranks: int = 1,
     ) -> tuple[dict[str, str | LineMetric], dict[str, str], dict[str, str]]:
         """The launcher's metric regexes and files for one attempt, and the environment that
         puts the start-up hook's run agent on the ranks (trainer metrics, sample indices, step
         records) when the job needs it: a ``command`` job with a ``{trainer: ...}`` source,
         ``record_samples`` or ``record_steps`` (``step_records=False``: no step records). The agent writes under the attempt's own directory, so a restarted
         attempt's records are its own; ``env`` (a drill's fault hook included) keeps its
-        PYTHONPATH entries after the hook's."""
+        PYTHONPATH entries after the hook's. A timed run (``step_records=False``) of several
+        ``ranks`` records only each step's clocks, for the profile's per-rank table (three clock
+        reads a step; none when the job turns the agent off with ``record_steps: false``)."""
         job = self.job_file.job
         regexes: dict[str, str | LineMetric] = {}
         files: dict[str, str] = {}
@@ -625,7 +629,8 @@ class JobRunner:
             # each rank once the rank is known, for the step records only (docs/step-records.md)
             return regexes, files, worker_run_hook_env(log_dir / STEPS_DIR) if steps else {}
         if not (trainers or job.record_samples or steps):
-            return regexes, files, {}
+            timed = not step_records and job.record_steps and ranks > 1
+            return regexes, files, run_hook_env({"pace_dir": str(log_dir / PACE_DIR)}, env) if timed else {}
         spec = {
             "metrics_dir": str(log_dir / METRICS_DIR),
             "samples_dir": str(log_dir / SAMPLES_DIR) if job.record_samples else None,
