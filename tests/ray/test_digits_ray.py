@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import copy_digits_ray_example, report_evidence
-from trainguard.launch.hook import STEPS_DIR
+from trainguard.launch.hook import PACE_DIR, STEPS_DIR
+from trainguard.launch.pace import read_pace
 from trainguard.launch.steps import read_steps
 from trainguard.raytrain.local_ray import running_ray_processes, stopped_head_processes
 from trainguard.session import check
@@ -76,6 +77,8 @@ def test_resume_and_a_kill_drill_of_a_ray_train_function(
         assert sorted(p.name for p in (Path(run_dirs[role]) / STEPS_DIR).iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
         records = read_steps(Path(run_dirs[role]))
         assert [len(records.ranks[r].steps) for r in (0, 1)] == [steps, steps], role
+        # and each step's clocks (docs/drills.md "Stragglers"), written at the end of the fit
+        assert [len(c) for _, c in sorted(read_pace(Path(run_dirs[role]) / PACE_DIR).items())] == [steps, steps], role
     resumed = read_steps(Path(run_dirs["resumed"]))
     assert all("Optimizer.load_state_dict" in {c.call for c in resumed.ranks[r].restores} for r in (0, 1))
     drill = report.checks[1]

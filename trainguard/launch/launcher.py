@@ -596,9 +596,9 @@ class Launcher:
             if hint:
                 reason = f"{reason}; {hint}"
                 evidence["hint"] = hint
-        pace = None
-        if spec.world_size > 1 and PACE_DIR in spec.env.get(envvars.RUN_HOOK, ""):
-            pace = judged_pace(spec.run_dir / PACE_DIR)  # stragglers named (docs/drills.md)
+        pace = None  # stragglers named (docs/drills.md); the ranks may be a driver's (Ray Train's workers)
+        if PACE_DIR in spec.env.get(envvars.RUN_HOOK, "") + spec.env.get(envvars.WORKER_RUN_HOOK, ""):
+            pace = judged_pace(spec.run_dir / PACE_DIR)
             if pace is not None and pace.notable:
                 evidence["pace"] = pace.to_dict()
         return RunResult(

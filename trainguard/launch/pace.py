@@ -273,11 +273,12 @@ def run_pace(run_dir: Path, *, threshold: float = DEFAULT_THRESHOLD) -> PaceRepo
 
 def judged_pace(pace_dir: Path) -> PaceReport | None:
     """The judgement of the step clocks under ``pace_dir`` (a launched run's ``trainguard-pace``);
-    never raises (None: not readable). A run's ``evidence["pace"]`` holds it only when
+    never raises (None: not readable, or fewer than two ranks recorded clocks). A run's ``evidence["pace"]`` holds it only when
     :attr:`PaceReport.notable` (a clean, even run's evidence is unchanged); the runner keeps it
     for the profile and the gate's per-rank tables."""
     try:
-        return judge_pace(read_pace(pace_dir))
+        clocks = read_pace(pace_dir)
+        return judge_pace(clocks) if len(clocks) > 1 else None
     except (OSError, ValueError, ArithmeticError):  # pragma: no cover -- the reader is bounded and total
         return None
 

@@ -626,8 +626,9 @@ class JobRunner:
         steps = job.record_steps and step_records
         if not self.backend.rank_at_start():
             # the ranks are started by the job's driver (Ray Train): it installs the agent in
-            # each rank once the rank is known, for the step records only (docs/step-records.md)
-            return regexes, files, worker_run_hook_env(log_dir / STEPS_DIR) if steps else {}
+            # each rank once the rank is known, for the step records and clocks (docs/step-records.md)
+            return regexes, files, worker_run_hook_env(log_dir / STEPS_DIR if steps else None,
+                                                       log_dir / PACE_DIR if job.record_steps else None)
         if not (trainers or job.record_samples or steps):
             timed = not step_records and job.record_steps and ranks > 1
             return regexes, files, run_hook_env({"pace_dir": str(log_dir / PACE_DIR)}, env) if timed else {}

@@ -105,12 +105,16 @@ def run_hook_env(spec: Mapping[str, Any], base_env: Mapping[str, str] | None = N
     return env
 
 
-def worker_run_hook_env(steps_dir: Path) -> dict[str, str]:
+def worker_run_hook_env(steps_dir: Path | None, pace_dir: Path | None = None) -> dict[str, str]:
     """The environment of a driver that starts the ranks itself (Ray Train): the run agent's
-    spec for the step records under ``steps_dir`` in ``TRAINGUARD_WORKER_RUN_HOOK``, which the
-    start-up hook does not read; the driver hands it to each rank (:func:`install_run_agent`)."""
-    spec = {"steps_dir": str(steps_dir), "steps_cap": STEPS_CAP}
-    return {envvars.WORKER_RUN_HOOK: json.dumps(spec)}
+    spec for the step records under ``steps_dir`` and each step's clocks under ``pace_dir``
+    (either None: not recorded) in ``TRAINGUARD_WORKER_RUN_HOOK``, which the start-up hook does
+    not read; the driver hands it to each rank (:func:`install_run_agent`). Nothing to record:
+    an empty environment."""
+    spec: dict[str, object] = {"steps_dir": str(steps_dir), "steps_cap": STEPS_CAP} if steps_dir is not None else {}
+    if pace_dir is not None:
+        spec["pace_dir"] = str(pace_dir)
+    return {envvars.WORKER_RUN_HOOK: json.dumps(spec)} if spec else {}
 
 
 def install_run_agent(raw_spec: str) -> Any:

@@ -90,11 +90,14 @@ def _flush_before_os_exit() -> None:
 
 
 def flush() -> None:
-    """Write the step lines this process's agent holds (``JsonlWriter.hold_line``): for a Ray
+    """Write the step lines and step clocks this process's agent holds (``JsonlWriter.hold_line``,
+    the pace agent's buffer): for a Ray
     Train worker at the end of its training function, whose process Ray ends without running
     its exit handlers."""
     if _agent is not None and _agent.steps is not None:
         _agent.steps.writer.flush()
+    if _agent is not None and _agent.pace is not None:
+        _agent.pace.flush()
 
 
 def _jsonable(obj: Any) -> Any:
