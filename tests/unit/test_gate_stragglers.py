@@ -20,7 +20,14 @@ from trainguard.errors import ConfigError
 from trainguard.gate.policy import Capabilities, Decision, decide
 from trainguard.gate.provenance import provenance_for
 from trainguard.gate.run import GateReport, judged_paces, write_gate_report
-from trainguard.launch.pace import RunPace, judge_pace, read_pace
+from trainguard.launch.pace import (
+    PaceReport,
+    RankPace,
+    RunPace,
+    SingleRankWork,
+    judge_pace,
+    read_pace,
+)
 from trainguard.report import CheckResult, Report
 from trainguard.run.runner import LaunchRecord
 
@@ -75,6 +82,14 @@ def test_the_setting_with_no_judged_run_blocks_nothing_was_compared() -> None:
     assert decision.verdict == "block"
     assert "no multi-rank run was judged" in decision.reasons[0]
     assert "drop gate.max_straggler_ratio" in decision.reasons[0]
+
+
+def test_periodic_single_rank_work_is_a_note_never_a_straggler() -> None:
+    rows = tuple(RankPace(r, 60, 0.5, 1.0, False, None) for r in (0, 1))
+    saves = RunPace("canary", 2, PaceReport(rows, 0.1, 3, (SingleRankWork(0, (8, 18, 28), 1.5),)))
+    decision = gate_decision(saves, max_straggler_ratio=1.2)
+    assert decision.promoted and decision.warnings == []
+    assert "canary: rank 0 alone busy at 3 steps (single-rank work, not a straggler)" in decision.notes
 
 
 @pytest.mark.parametrize(("value", "said"), [("1.0", "expected a value > 1"), ("fast", "expected a number")])
