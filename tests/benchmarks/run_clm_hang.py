@@ -6,9 +6,9 @@ attribution must name that rank.
         [--steps 30] [--after-step 8] [--stall 10] [--json FILE]
 
 ``run_clm.py`` is transformers' examples/pytorch/language-modeling/run_clm.py (not shipped here:
-take the one of the installed transformers' version). It needs ``datasets`` and ``evaluate``
-(``pip install datasets evaluate``). Nothing is downloaded: the temp dir gets a copy of the
-script as it is, a text file of the hf_clm example's generated corpus (``--train_file``), that
+take the one of the installed transformers' version). It needs ``datasets`` and
+``evaluate`` (the ``public`` extra: ``pip install -e ".[public]"``). Nothing is downloaded: the
+temp dir gets a copy of the script as it is, a text file of the hf_clm example's generated corpus (``--train_file``), that
 corpus's word-level tokenizer saved as a tokenizer folder (``--tokenizer_name``), and a GPT-2
 from scratch (``--model_type gpt2 --config_overrides``: 2 layers, width 32). trainguard runs it
 through ``trainguard drill`` with a job file whose loss comes from the Trainer (``{trainer:
