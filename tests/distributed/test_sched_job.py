@@ -53,6 +53,7 @@ def resume_of(path: Path, tmp_path: Path) -> CheckResult:
     return result
 
 
+@pytest.mark.slow  # the default run's clean resumes are the examples' (digits, HF, FSDP2, Lightning)
 @pytest.mark.resume
 @pytest.mark.determinism
 def test_the_clean_job_is_deterministic_and_resumes_exactly(tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ def test_a_checkpoint_without_the_scheduler_is_caught() -> None:
     assert "save='roundtrip_job:save_without_scheduler'" in message
 
 
+@pytest.mark.slow  # the default run plants the scheduler; the rng plant is the same comparison
 @pytest.mark.timeout(120)
 def test_a_checkpoint_without_the_rng_is_caught() -> None:
     with pytest.raises(TrainguardAssertionError) as failure:

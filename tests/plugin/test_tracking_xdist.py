@@ -83,6 +83,7 @@ def test_the_report_json_is_logged_to_the_session_run_without_xdist_too(project:
     assert [c["name"] for c in report["checks"]] == ["smoke"]
 
 
+@pytest.mark.slow
 def test_a_fixture_first_then_a_collected_item_both_track_into_the_session_run(
     project: pytest.Pytester,
 ) -> None:

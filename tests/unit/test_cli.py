@@ -93,7 +93,8 @@ def test_check_exits_1_on_a_nondeterministic_job_and_says_how_to_reproduce(
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize(("flags", "code", "last"), [("", 0, "passed"), (" --nondet", 1, "failed")],
+@pytest.mark.parametrize(("flags", "code", "last"), [
+    ("", 0, "passed"), pytest.param(" --nondet", 1, "failed", marks=pytest.mark.slow)],
                          ids=["clean", "nondeterministic"])
 def test_a_stdout_closed_after_the_first_line_stops_nothing(jobs: Path, flags: str, code: int, last: str) -> None:
     """`trainguard check job | head -1`: the reader leaves after smoke's verdict line; determinism

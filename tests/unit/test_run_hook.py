@@ -145,6 +145,7 @@ def _steps(result: RunResult, name: str = "loss") -> dict[int, dict[int, float]]
     return out
 
 
+@pytest.mark.slow  # the HF example's clean test reads the Trainer's loss through the hook end to end
 def test_hugging_face_trainer_loss_per_step_on_every_rank(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     result = _run_job(
