@@ -41,6 +41,7 @@ from trainguard.checks.invariants_records import (
     Invariants,
     matches,
 )
+from trainguard.checks.invariants_steps import step_field_findings
 from trainguard.checks.invariants_training import gradient_findings, scaler_findings
 from trainguard.launch.samples import SampleBatch
 from trainguard.launch.steps import Fingerprint, StepRecord, StepRecords
@@ -59,8 +60,10 @@ def check_invariants(steps: StepRecords, samples: Mapping[int, Sequence[SampleBa
     gradients, gradient_cover = gradient_findings(steps, allowed=allowed)
     scaler, scaler_cover = scaler_findings(steps)
     data, data_cover = data_findings(samples, allowed=allowed)
-    return Invariants((*replicas, *gradients, *scaler, *data),
-                      (replica_cover, gradient_cover, scaler_cover, data_cover), tuple(steps.notes()))
+    fields = step_field_findings(steps, allowed=allowed)
+    return Invariants((*replicas, *gradients, *scaler, *data, *(f for found, _ in fields for f in found)),
+                      (replica_cover, gradient_cover, scaler_cover, data_cover, *(c for _, c in fields)),
+                      tuple(steps.notes()))
 
 
 # -- replicas agree -------------------------------------------------------------------------------

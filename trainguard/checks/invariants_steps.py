@@ -1,0 +1,220 @@
+"""The invariants read from the agent's ``params``, ``model`` and ``eval`` lines and the step
+lines' ``carried``, ``eval_in_step`` and ``clip`` (docs/invariants.md, issue 45):
+
+* **every trainable parameter trains** (:func:`group_findings`): a parameter that requires a
+  gradient and got one from the forward is in some optimizer's param group (a group left out of
+  the optimizer's list, a head added after the optimizer was built), and in only one;
+* **gradients start from zero** (:func:`zero_grad_findings`): an optimizer's parameters hold no
+  gradient left from its previous step at every backward before the next (a missing
+  ``zero_grad``), unless the job accumulates across steps on purpose (``allow.accumulates``);
+* **train and eval modes** (:func:`mode_findings`): no dropout or norm module with running
+  statistics runs in eval mode in a forward with gradients (a ``model.eval()`` left on after
+  validation), nor in training mode in one without (validation in train mode);
+* **clipping after unscaling** (:func:`clip_findings`): gradients a GradScaler scaled are not
+  clipped before ``scaler.unscale_``.
+
+Each applies only to ranks whose agent wrote these records (a ``params`` line): an older agent's
+records say nothing of them, and the coverage says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from trainguard.checks.invariants_records import (
+    NOTHING_ALLOWED,
+    Allowed,
+    Coverage,
+    Finding,
+    Invariant,
+    matches,
+)
+from trainguard.launch.steps import RankSteps, StepRecords
+
+__all__ = ["clip_findings", "group_findings", "mode_findings", "step_field_findings", "zero_grad_findings"]
+
+_NO_RECORDS = "no rank's agent wrote the param groups (an agent before this version, or no optimizer step)"
+
+
+@dataclass
+class _Seen:
+    """What one finding gathers over the ranks: the first step and the ranks seen there."""
+
+    step: int
+    names: tuple[str, ...]
+    opt: int = 0
+    ranks: list[int] = field(default_factory=list)
+
+    def add(self, step: int, names: tuple[str, ...], rank: int) -> None:
+        if step < self.step:
+            self.step, self.names, self.ranks = step, names, [rank]
+        elif step == self.step:
+            if rank not in self.ranks:
+                self.ranks.append(rank)
+            self.names += tuple(n for n in names if n not in self.names)
+
+
+def _gather(seen: dict[object, _Seen], key: object, step: int, names: tuple[str, ...], rank: int, opt: int) -> None:
+    if key in seen:
+        seen[key].add(step, names, rank)
+    else:
+        seen[key] = _Seen(step, names, opt, [rank])
+
+
+def _some(names: Iterable[str], limit: int = 3) -> str:
+    listed = list(names)
+    more = f" and {len(listed) - limit} more" if len(listed) > limit else ""
+    return ", ".join(listed[:limit]) + more
+
+
+def _recorded(steps: StepRecords) -> dict[int, RankSteps]:
+    return {r: rank for r, rank in steps.ranks.items() if rank.params}
+
+
+def step_field_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) -> list[tuple[list[Finding], Coverage]]:
+    """Each invariant of this module: its findings and coverage."""
+    return [group_findings(steps, allowed=allowed), zero_grad_findings(steps, allowed=allowed),
+            mode_findings(steps, allowed=allowed), clip_findings(steps)]
+
+
+# -- every trainable parameter trains --------------------------------------------------------------
+
+
+def group_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) -> tuple[list[Finding], Coverage]:
+    """Trainable parameters that had a gradient and that no optimizer holds (the agent's ``model``
+    lines, matched by the parameters themselves, not by their names: two models of a job may name
+    theirs alike), and parameters two live optimizers hold (``params``' ``shared``)."""
+    ranks = _recorded(steps)
+    outside: dict[object, _Seen] = {}
+    twice: dict[object, _Seen] = {}
+    compared = 0
+    for r, rank in ranks.items():
+        for model in rank.models:
+            compared += len(model.trainable)
+            for name in model.grad:
+                if not matches(name, allowed.frozen):
+                    _gather(outside, (model.opt, name), model.n, (name,), r, model.opt)
+        for p in rank.params:
+            for name in p.shared:
+                _gather(twice, (p.opt, name), p.n, (name,), r, p.opt)
+    findings = [_outside_finding(seen) for _, seen in sorted(outside.items(), key=lambda kv: str(kv[0]))]
+    findings += [Finding(
+        Invariant.TRAINS, seen.step, tuple(sorted(seen.ranks)), seen.names[0],
+        f"optimizer {seen.opt} holds it and so does another optimizer of the process: each applies its update to "
+        "it at every step", "put each parameter in the param groups of one optimizer (a list built twice, "
+        "model.parameters() given to two optimizers)", None, seen.opt)
+        for _, seen in sorted(twice.items(), key=lambda kv: str(kv[0]))]
+    what = f"{compared} trainable parameter(s) of the model checked against the optimizers' param groups"
+    return findings, Coverage(Invariant.TRAINS, compared, what if compared else "",
+                              "" if ranks else _NO_RECORDS)
+
+
+def _outside_finding(seen: _Seen) -> Finding:
+    name = seen.names[0]
+    return Finding(
+        Invariant.TRAINS, seen.step, tuple(sorted(seen.ranks)), name,
+        f"it requires a gradient and the forward gave it one (at optimizer {seen.opt}'s step {seen.step}), but no "
+        "optimizer's param group holds it: it is never updated",
+        "give the optimizer every trainable parameter (a param group left out of its list; a module added after "
+        "the optimizer was built: build it after the model is final, or add_param_group); if it is frozen on "
+        f"purpose, set requires_grad to False or add {name!r} to checks.invariants.allow.frozen", None, seen.opt)
+
+
+# -- gradients start from zero ---------------------------------------------------------------------
+
+
+def zero_grad_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) -> tuple[list[Finding], Coverage]:
+    """The first step of each optimizer whose gradients were carried over from its previous step."""
+    ranks = _recorded(steps)
+    seen: dict[object, _Seen] = {}
+    compared = 0
+    for r, rank in ranks.items():
+        for opt in rank.optimizers:
+            records = sorted(rank.of(opt).values(), key=lambda s: s.n)
+            compared += max(0, len(records) - 1)
+            first = next((s for s in records if s.carried), None)
+            if first is not None and first.carried and not allowed.accumulates:
+                _gather(seen, opt, first.n, first.carried, r, opt)
+    findings = [Finding(
+        Invariant.ZERO_GRADS, s.step, tuple(sorted(s.ranks)), _some(s.names),
+        f"{len(s.names)} parameter(s) of optimizer {s.opt} held a non-zero gradient left from step {s.step - 1} at "
+        f"every backward of step {s.step}: each step adds the previous steps' gradients to its own",
+        "call optimizer.zero_grad() once per optimizer step (before the backward, or after the step); if the job "
+        "accumulates gradients across optimizer steps on purpose, set checks.invariants.allow.accumulates: true",
+        None, s.opt) for s in sorted(seen.values(), key=lambda s: s.opt)]
+    what = f"{compared} step(s) checked for gradients carried from the step before" if compared else ""
+    return findings, Coverage(Invariant.ZERO_GRADS, compared, what,
+                              "" if ranks else _NO_RECORDS)
+
+
+# -- train and eval modes --------------------------------------------------------------------------
+
+
+def mode_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) -> tuple[list[Finding], Coverage]:
+    """The first training step with a watched module in eval mode, and the first forward without
+    gradients with one in training mode, per optimizer."""
+    ranks = _recorded(steps)
+    in_eval: dict[object, _Seen] = {}
+    in_train: dict[object, _Seen] = {}
+    compared = 0
+    for r, rank in ranks.items():
+        if not any(m.watched for m in rank.models):
+            continue
+        compared += len(rank.steps)
+        for step in rank.steps:
+            names = tuple(n for n in step.eval_in_step if not matches(n, allowed.eval_modules))
+            if names:
+                _gather(in_eval, step.opt, step.n, names, r, step.opt)
+        for ev in rank.evals:
+            names = tuple(n for n in ev.train_mode if not matches(n, allowed.train_modules))
+            if names:
+                _gather(in_train, ev.opt, ev.after, names, r, ev.opt)
+    findings = [_mode_finding(
+        s, f"in eval mode in training step {s.step} (a forward with gradients): dropout is off, batch norm uses its "
+        "running statistics and does not update them",
+        "call model.train() before training again (after a validation's model.eval()); if a module is kept in "
+        "eval mode on purpose (a frozen batch norm), add {name!r} to checks.invariants.allow.eval_modules")
+        for s in sorted(in_eval.values(), key=lambda s: s.opt)]
+    findings += [_mode_finding(
+        s, f"in training mode in a forward without gradients after step {s.step} (a validation): dropout drops, "
+        "batch norm uses the batch's statistics and updates its running ones with the validation data",
+        "call model.eval() before validating (and model.train() after); if it runs in training mode on purpose "
+        "(Monte Carlo dropout, a teacher), add {name!r} to checks.invariants.allow.train_modules")
+        for s in sorted(in_train.values(), key=lambda s: s.opt)]
+    what = f"the modes of the dropout and norm modules at {compared} step(s)" if compared else ""
+    reason = "" if compared else (
+        "no dropout (p > 0) or norm module with running statistics in the models" if ranks else _NO_RECORDS)
+    return findings, Coverage(Invariant.MODES, compared, what, reason)
+
+
+def _mode_finding(seen: _Seen, observation: str, fix: str) -> Finding:
+    """A modes finding naming ``seen``'s modules (``fix`` names the first: ``{name!r}``)."""
+    return Finding(Invariant.MODES, seen.step, tuple(sorted(seen.ranks)), _some(seen.names), observation,
+                   fix.format(name=seen.names[0]), None, seen.opt)
+
+
+# -- clipping after unscaling ----------------------------------------------------------------------
+
+
+def clip_findings(steps: StepRecords) -> tuple[list[Finding], Coverage]:
+    """The first step of each optimizer whose gradients were clipped while still scaled."""
+    seen: dict[object, _Seen] = {}
+    compared = 0
+    for r, rank in steps.ranks.items():
+        for step in rank.steps:
+            if step.clip is None or (step.scaler is None and not step.clip.scaled):
+                continue
+            compared += 1
+            if step.clip.scaled:
+                _gather(seen, step.opt, step.n, (f"optimizer {step.opt}'s gradient clipping",), r, step.opt)
+    findings = [Finding(
+        Invariant.SCALER, s.step, tuple(sorted(s.ranks)), s.names[0],
+        f"clip_grad_norm_/clip_grad_value_ ran at step {s.step} on gradients the loss scaler had multiplied by its "
+        "scale, before scaler.unscale_(optimizer): the limit applies to the scaled gradients, so every step is "
+        "clipped far below it",
+        "call scaler.unscale_(optimizer) before clipping (then scaler.step(optimizer), scaler.update())",
+        None, s.opt) for s in sorted(seen.values(), key=lambda s: s.opt)]
+    what = f"{compared} clipped step(s) under a loss scaler checked for unscale_ first" if compared else ""
+    return findings, Coverage(Invariant.SCALER, compared, what,
+                              "" if compared else "no gradient clipping under a loss scaler recorded")
