@@ -16,6 +16,7 @@ from trainguard.checks.invariants_steps import (
     clip_findings,
     group_findings,
     mode_findings,
+    unchanged_findings,
     zero_grad_findings,
 )
 from trainguard.launch.steps import read_steps
@@ -140,3 +141,30 @@ def test_check_invariants_passes_a_clean_run_with_every_new_invariant_compared(t
     assert found.findings == ()
     compared = {c.invariant for c in found.coverage if c.compared}
     assert {Invariant.ZERO_GRADS, Invariant.MODES, Invariant.SCALER, Invariant.TRAINS} <= compared
+
+
+# -- every update changes its fp32 parameter --------------------------------------------------------
+
+
+def _stuck(steps: list[Step], first: int) -> list[Step]:
+    """``fc1.weight`` the same from step ``first`` on (its updates undone)."""
+    return [replace(s, param_of={"fc1.weight": 5000}) if s.n >= first else s for s in steps]
+
+
+def test_an_fp32_parameter_its_updates_leave_unchanged_is_named_at_the_first_such_step(tmp_path: Path) -> None:
+    findings, cover = unchanged_findings(read_steps(_run(tmp_path, _stuck(trajectory(1, 6), 3))))
+    assert [(f.invariant, f.step, f.ranks, f.name) for f in findings] == [(Invariant.TRAINS, 3, (0, 1), "fc1.weight")]
+    assert "left every bit of it as it was" in findings[0].observation
+    assert cover.compared > 0
+
+
+def test_parameters_that_change_bf16_ones_and_skipped_or_lr_0_steps_are_no_finding(tmp_path: Path) -> None:
+    clean, cover = unchanged_findings(read_steps(_run(tmp_path / "clean", trajectory(1, 6))))
+    assert clean == [] and cover.compared == 2 * 4 * len(PARAMS)
+    stuck = _stuck(trajectory(1, 6), 3)
+    bf16 = _run(tmp_path / "bf16", stuck, params=params_line(dtype="bfloat16"))
+    assert unchanged_findings(read_steps(bf16))[0] == []
+    skipped = [replace(s, scale=1024.0, skipped=s.n >= 3) for s in stuck]
+    assert unchanged_findings(read_steps(_run(tmp_path / "skipped", skipped)))[0] == []
+    warmup = [replace(s, lr=0.0) if s.n >= 3 else s for s in stuck]
+    assert unchanged_findings(read_steps(_run(tmp_path / "lr0", warmup)))[0] == []

@@ -4,6 +4,9 @@ lines' ``carried``, ``eval_in_step`` and ``clip`` (docs/invariants.md, issue 45)
 * **every trainable parameter trains** (:func:`group_findings`): a parameter that requires a
   gradient and got one from the forward is in some optimizer's param group (a group left out of
   the optimizer's list, a head added after the optimizer was built), and in only one;
+* **every update changes its fp32 parameter** (:func:`unchanged_findings`): a float32 parameter
+  with a non-zero gradient, an lr above 0 and a step not skipped changes at the step (a bf16 one
+  may not: an update below half its ulp rounds away);
 * **gradients start from zero** (:func:`zero_grad_findings`): an optimizer's parameters hold no
   gradient left from its previous step at every backward before the next (a missing
   ``zero_grad``), unless the job accumulates across steps on purpose (``allow.accumulates``);
@@ -19,6 +22,7 @@ records say nothing of them, and the coverage says so.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -30,9 +34,10 @@ from trainguard.checks.invariants_records import (
     Invariant,
     matches,
 )
-from trainguard.launch.steps import RankSteps, StepRecords
+from trainguard.launch.steps import RankSteps, StepRecord, StepRecords
 
-__all__ = ["clip_findings", "group_findings", "mode_findings", "step_field_findings", "zero_grad_findings"]
+__all__ = ["MIN_RELATIVE_UPDATE", "clip_findings", "group_findings", "mode_findings", "step_field_findings",
+           "unchanged_findings", "zero_grad_findings"]
 
 _NO_RECORDS = "no rank's agent wrote the param groups (an agent before this version, or no optimizer step)"
 
@@ -74,7 +79,8 @@ def _recorded(steps: StepRecords) -> dict[int, RankSteps]:
 
 def step_field_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) -> list[tuple[list[Finding], Coverage]]:
     """Each invariant of this module: its findings and coverage."""
-    return [group_findings(steps, allowed=allowed), zero_grad_findings(steps, allowed=allowed),
+    return [group_findings(steps, allowed=allowed), unchanged_findings(steps, allowed=allowed),
+            zero_grad_findings(steps, allowed=allowed),
             mode_findings(steps, allowed=allowed), clip_findings(steps)]
 
 
@@ -108,6 +114,64 @@ def group_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) ->
     what = f"{compared} trainable parameter(s) of the model checked against the optimizers' param groups"
     return findings, Coverage(Invariant.TRAINS, compared, what if compared else "",
                               "" if ranks else _NO_RECORDS)
+
+
+def unchanged_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) -> tuple[list[Finding], Coverage]:
+    """fp32 parameters an optimizer held with a gradient, a learning rate and a step not skipped,
+    whose bits its update left as they were, at two steps running (the first of them named)."""
+    seen: dict[object, _Seen] = {}
+    compared = 0
+    for r, rank in _recorded(steps).items():
+        for opt in rank.optimizers:
+            groups = next((p for p in reversed(rank.params) if p.opt == opt), None)
+            if groups is None:
+                continue
+            group_of = {name: (g, kinds[i] if i < len(kinds) else None)
+                        for g, (names, kinds) in enumerate(zip(groups.groups, groups.dtypes, strict=False))
+                        for i, name in enumerate(names)}
+            fp32 = {name: g for name, (g, kind) in group_of.items()
+                    if kind == "float32" and not matches(name, allowed.frozen)}
+            by_n = rank.of(opt)
+            for n in sorted(by_n):
+                after, later = by_n.get(n + 1), by_n.get(n + 2)
+                if after is None or later is None:
+                    continue
+                for name, g in fp32.items():
+                    kept = [_kept(step, nxt, name, g) for step, nxt in ((by_n[n], after), (after, later))]
+                    compared += kept[0] is not None
+                    if kept[0] and kept[1]:
+                        _gather(seen, (opt, name), n, (name,), r, opt)
+    findings = [Finding(
+        Invariant.TRAINS, s.step, tuple(sorted(s.ranks)), s.names[0],
+        f"a float32 parameter optimizer {s.opt} holds: at steps {s.step} and {s.step + 1} it had a non-zero gradient, a "
+        "learning rate above 0 and a step not skipped, and each left every bit of it as it was",
+        "find what undoes the update (a copy of the old weights put back after optimizer.step(), an optimizer "
+        "stepping a copy, a gradient hook or mask that zeroes the update); if it is frozen on purpose, add "
+        f"{s.names[0]!r} to checks.invariants.allow.frozen", None, s.opt)
+        for _, s in sorted(seen.items(), key=lambda kv: str(kv[0]))]
+    what = f"{compared} float32 parameter-step(s) checked to change at their update" if compared else ""
+    return findings, Coverage(Invariant.TRAINS, compared, what,
+                              "" if compared else "no float32 parameter with a gradient at 3 steps running")
+
+
+#: the least update (learning rate x the gradient's norm) relative to the parameter's norm a step
+#: must have for an unchanged parameter to be a finding: a smaller one may round to nothing
+MIN_RELATIVE_UPDATE = 2.0**-10
+
+
+def _kept(step: StepRecord, after: StepRecord, name: str, g: int) -> bool | None:
+    """Whether ``step``'s update left ``name`` (of param group ``g``) as it was; None when it need not
+    have changed it (no gradient, a zero or non-finite one, an lr of 0, a skipped step, an update
+    too small to show)."""
+    grad, before, now = step.grad.get(name), step.param.get(name), after.param.get(name)
+    lr = step.groups[g].lr if g < len(step.groups) else None
+    if grad is None or before is None or now is None or lr is None or lr <= 0:
+        return None
+    if (step.scaler is not None and step.scaler.skipped) or not 0 < grad.ss < math.inf:
+        return None
+    if lr * math.sqrt(grad.ss) <= MIN_RELATIVE_UPDATE * math.sqrt(before.ss):
+        return None
+    return now == before
 
 
 def _outside_finding(seen: _Seen) -> Finding:

@@ -193,20 +193,23 @@ class StepExtras:
                 entry[2] = carried
 
     def _nonzero(self, params: list[Any], indices: list[int]) -> list[int]:
-        """The indices among ``indices`` whose gradient is not all zero (one norm per device)."""
+        """The indices among ``indices`` whose gradient is not all zero: one ``_foreach_norm``
+        and one copy to the host per device and dtype (a DTensor's: its local shard's)."""
         torch = self.torch
-        local = self.agent.v.local_shard
-        by_device: dict[Any, list[int]] = {}
+        by_kind: dict[Any, tuple[list[int], list[Any]]] = {}
         for i in indices:
             grad = params[i].grad
             if grad.is_sparse:
                 continue
-            by_device.setdefault((grad.device, grad.dtype), []).append(i)
+            if type(grad).__name__ not in ("Tensor", "Parameter"):
+                grad = self.agent.v.local_shard(grad)[0]
+            group = by_kind.setdefault((grad.device, grad.dtype), ([], []))
+            group[0].append(i)
+            group[1].append(grad)
         out: list[int] = []
-        for group in by_device.values():
-            grads = [local(params[i].grad)[0] for i in group]
-            norms = torch.stack([n.float() for n in torch._foreach_norm(grads)]).ne(0).tolist()
-            out += [i for i, nonzero in zip(group, norms) if nonzero]
+        for group_indices, grads in by_kind.values():
+            nonzero = torch.stack(torch._foreach_norm(grads)).ne(0).tolist()
+            out += [i for i, yes in zip(group_indices, nonzero) if yes]
         return out
 
     # -- train and eval modes --------------------------------------------------------------
