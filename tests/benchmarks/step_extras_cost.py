@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -71,7 +72,7 @@ def main() -> None:
             rows.append((f"on_record, {size} parameters", best_us(lambda o=opt, r=record: extras.on_record(o, 0, 3, r))))
 
             def arm(p: Any = plan, o: Any = opt) -> None:
-                extras.watch[id(o)] = [p.params, p.names, None]
+                extras.watch[id(o)] = [p.params, p.names, None, weakref.ref(o)]
                 extras.before_backward()
 
             for t in tensors:

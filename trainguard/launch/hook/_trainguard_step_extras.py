@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import functools
 import sys
+import weakref
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 #: frames looked through for torch's activation checkpointing (its no-grad first forward)
@@ -61,10 +63,10 @@ class StepExtras:
         #: id(optimizer) -> (the StepPlan last seen, its names, its groups' sizes) when described
         self.described: dict[int, tuple[Any, list[str], list[int]]] = {}
         #: id(optimizer) -> [its parameters, their names, indices carried at every backward so far
-        #: (None: no backward yet)]
+        #: (None: no backward yet), the optimizer (weakly)]
         self.watch: dict[int, list[Any]] = {}
-        #: id(optimizer) -> its model line and the parameters outside it with a gradient, written at
-        #: its next step
+        #: id(optimizer) -> its model line and the parameters outside it with a gradient (weakly),
+        #: written at its next step
         self.models: dict[int, tuple[dict[str, Any], list[tuple[str, Any]]]] = {}
         self.eval_in_step: dict[int, Any] = {}  # id -> module called in eval mode with grad on
         self.train_seen: set[int] = set()  # modules named in an eval line since the last step
@@ -94,7 +96,7 @@ class StepExtras:
         if watched is not None and watched[2] is not None:
             record["carried"] = [watched[1][i] for i in sorted(watched[2])]
         if plan is not None:
-            self.watch[id(optimizer)] = [plan.params, plan.names, None]
+            self.watch[id(optimizer)] = [plan.params, plan.names, None, weakref.ref(optimizer)]
         if self.eval_in_step:
             record["eval_in_step"] = sorted({self._name(m) for m in self.eval_in_step.values()})
             self.eval_in_step.clear()
@@ -131,7 +133,7 @@ class StepExtras:
                 name = self.agent.v.clean_name(name)
                 (trainable if p.requires_grad else frozen).append(name)
                 if p.requires_grad and id(p) not in held and p.grad is not None:
-                    outside.append((name, p))
+                    outside.append((name, weakref.ref(p)))
             watched += sum(1 for m in root.modules()
                            if getattr(type(m).forward, "__trainguard_watched__", False) and _matters(m))
         self.models[id(optimizer)] = ({"k": "model", "opt": key, "n": n, "trainable": trainable, "frozen": frozen,
@@ -143,7 +145,7 @@ class StepExtras:
         of the job, a GAN's, has stepped by then)."""
         line, outside = waiting
         held = self._held()
-        self.agent.event({**line, "grad": [name for name, p in outside if id(p) not in held]})
+        self.agent.event({**line, "grad": [name for name, ref in outside if (p := ref()) is not None and id(p) not in held]})
 
     def _held(self, but: int | None = None) -> set[int]:
         """The ids of the parameters of every live optimizer the agent recorded (but ``but``)."""
@@ -183,7 +185,10 @@ class StepExtras:
         """Before a backward: which of each watched optimizer's parameters hold a gradient that is
         not zero (kept: those that did at every backward since the optimizer's step)."""
         for key, entry in list(self.watch.items()):
-            params, _, kept = entry
+            params, _, kept, alive = entry
+            if alive() is None:  # an optimizer the job dropped: its parameters are not held here
+                del self.watch[key]
+                continue
             candidates = range(len(params)) if kept is None else kept
             with_grad = [i for i in candidates if params[i].grad is not None]
             carried = set(self._nonzero(params, with_grad)) if with_grad else set()
@@ -325,7 +330,7 @@ def _scaler_settings(scaler: Any) -> dict[str, Any]:
 def _in_checkpoint() -> bool:
     """Whether torch's activation checkpointing is on the stack (its reentrant variant runs the
     forward once without gradients, in training mode)."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(_STACK_DEPTH):
         if frame is None:
             return False
@@ -337,6 +342,7 @@ def _in_checkpoint() -> bool:
 
 def _subclasses(cls: type) -> Iterator[type]:
     """Every subclass of ``cls`` defined now, at any depth (one reached twice: yielded twice)."""
+    sub: type
     for sub in cls.__subclasses__():
         yield sub
         yield from _subclasses(sub)
