@@ -15,6 +15,7 @@ from trainguard.checks.invariants_records import Allowed, Invariant
 from trainguard.checks.invariants_steps import (
     clip_findings,
     group_findings,
+    growth_findings,
     mode_findings,
     unchanged_findings,
     zero_grad_findings,
@@ -168,3 +169,24 @@ def test_parameters_that_change_bf16_ones_and_skipped_or_lr_0_steps_are_no_findi
     assert unchanged_findings(read_steps(_run(tmp_path / "skipped", skipped)))[0] == []
     warmup = [replace(s, lr=0.0) if s.n >= 3 else s for s in stuck]
     assert unchanged_findings(read_steps(_run(tmp_path / "lr0", warmup)))[0] == []
+
+
+# -- the loss scale grows back ----------------------------------------------------------------------
+
+
+def _scaler_line(interval: int) -> dict[str, object]:
+    return {"k": "scaler", "opt": 0, "n": 1, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": interval}
+
+
+def test_a_scale_that_grows_after_growth_interval_clean_steps_is_no_finding_and_a_fixed_one_is_named(
+        tmp_path: Path) -> None:
+    grows = [replace(s, scale=1024.0 * 2 ** ((s.n - 1) // 3)) for s in trajectory(1, 9)]  # x2 every 3 steps
+    findings, cover = growth_findings(read_steps(_run(tmp_path / "grows", grows, after=[_scaler_line(3)])))
+    assert findings == [] and cover.compared == 4  # 2 growths seen on each rank
+    fixed = [replace(s, scale=1024.0) for s in trajectory(1, 9)]
+    findings, _ = growth_findings(read_steps(_run(tmp_path / "fixed", fixed, after=[_scaler_line(3)])))
+    assert [(f.invariant, f.step, f.ranks, f.name) for f in findings] == [
+        (Invariant.SCALER, 4, (0, 1), "optimizer 0's loss scaler")]
+    skips = [replace(s, scale=1024.0, skipped=s.n % 3 == 0) for s in trajectory(1, 9)]  # never 3 clean in a row
+    findings, cover = growth_findings(read_steps(_run(tmp_path / "skips", skips, after=[_scaler_line(3)])))
+    assert findings == [] and cover.compared == 0 and "growth_interval" in cover.reason

@@ -36,7 +36,8 @@ from trainguard.checks.invariants_records import (
 )
 from trainguard.launch.steps import RankSteps, StepRecord, StepRecords
 
-__all__ = ["MIN_RELATIVE_UPDATE", "clip_findings", "group_findings", "mode_findings", "step_field_findings",
+__all__ = ["MIN_RELATIVE_UPDATE", "clip_findings", "group_findings", "growth_findings", "mode_findings",
+           "step_field_findings",
            "unchanged_findings", "zero_grad_findings"]
 
 _NO_RECORDS = "no rank's agent wrote the param groups (an agent before this version, or no optimizer step)"
@@ -81,7 +82,7 @@ def step_field_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWE
     """Each invariant of this module: its findings and coverage."""
     return [group_findings(steps, allowed=allowed), unchanged_findings(steps, allowed=allowed),
             zero_grad_findings(steps, allowed=allowed),
-            mode_findings(steps, allowed=allowed), clip_findings(steps)]
+            mode_findings(steps, allowed=allowed), clip_findings(steps), growth_findings(steps)]
 
 
 # -- every trainable parameter trains --------------------------------------------------------------
@@ -282,3 +283,39 @@ def clip_findings(steps: StepRecords) -> tuple[list[Finding], Coverage]:
     what = f"{compared} clipped step(s) under a loss scaler checked for unscale_ first" if compared else ""
     return findings, Coverage(Invariant.SCALER, compared, what,
                               "" if compared else "no gradient clipping under a loss scaler recorded")
+
+
+def growth_findings(steps: StepRecords) -> tuple[list[Finding], Coverage]:
+    """The first run of more than ``growth_interval`` steps in a row that a GradScaler did not skip
+    and whose scale stayed the same, per optimizer: its ``update()`` multiplies the scale by
+    ``growth_factor`` after that many clean steps (the ``scaler`` line gives both)."""
+    seen: dict[object, _Seen] = {}
+    compared = 0
+    for r, rank in steps.ranks.items():
+        for settings in rank.scalers:
+            interval, factor = settings.growth_interval, settings.growth_factor
+            if not interval or factor is None or factor <= 1:
+                continue
+            clean = 0  # steps in a row not skipped, at the scale of the first of them
+            scale = 0.0
+            for step in sorted(rank.of(settings.opt).values(), key=lambda s: s.n):
+                if step.scaler is None or step.scaler.skipped:
+                    clean = 0
+                elif clean and step.scaler.scale != scale:
+                    compared += step.scaler.scale > scale and clean >= interval  # grew as it should
+                    clean, scale = 1, step.scaler.scale
+                elif clean == interval:  # one more clean step at the same scale
+                    compared += 1
+                    _gather(seen, settings.opt, step.n, (f"optimizer {settings.opt}'s loss scaler",), r, settings.opt)
+                    break
+                else:
+                    clean, scale = clean + 1, step.scaler.scale
+    findings = [Finding(
+        Invariant.SCALER, s.step, tuple(sorted(s.ranks)), s.names[0],
+        f"its scale stayed the same for more than growth_interval clean steps up to step {s.step}: update() did "
+        "not grow it by growth_factor (a fixed scale passed to update(), or update() not called)",
+        "call scaler.update() with no argument once per optimizer step, after scaler.step(optimizer)", None, s.opt)
+        for s in sorted(seen.values(), key=lambda s: s.opt)]
+    what = f"{compared} loss scaler(s) checked to grow after growth_interval clean steps" if compared else ""
+    return findings, Coverage(Invariant.SCALER, compared, what, "" if compared else
+                              "no loss scaler ran growth_interval clean steps in a row (2000 by default)")
