@@ -44,9 +44,20 @@ class Step:
     no_grad: tuple[str, ...] = ()
     #: parameter name -> its DTensor placement (``"(Shard(dim=0),)"``)
     placement: Mapping[str, str] = field(default_factory=dict)
+    #: the invariants' step fields (written when set): gradients carried into the step, modules in
+    #: eval mode in it, its clip calls ``(calls, scaled)``
+    carried: tuple[str, ...] | None = None
+    eval_in_step: tuple[str, ...] = ()
+    clip: tuple[int, int] | None = None
 
     def line(self) -> dict[str, Any]:
-        extra = {"placement": dict(self.placement)} if self.placement else {}
+        extra: dict[str, Any] = {"placement": dict(self.placement)} if self.placement else {}
+        if self.carried is not None:
+            extra["carried"] = list(self.carried)
+        if self.eval_in_step:
+            extra["eval_in_step"] = list(self.eval_in_step)
+        if self.clip is not None:
+            extra["clip"] = {"calls": self.clip[0], "scaled": self.clip[1]}
         return {**extra,
             "k": "step", "opt": self.opt, "n": self.n, "t": 1.0 + self.n,
             "groups": [{"lr": self.lr, "betas": [0.9, 0.999], "weight_decay": 0.01, "foreach": None}],
@@ -108,3 +119,19 @@ def changed(steps: list[Step], n: int, **fields: Any) -> list[Step]:
     """``steps`` with step ``n`` (and the ones after it, for a field that carries: lr, param)
     changed."""
     return [replace(s, **fields) if s.n == n else s for s in steps]
+
+
+def params_line(groups: Iterable[Iterable[str]] = (PARAMS,), *, opt: int = 0, n: int = 1,
+                dtype: str = "float32", shared: Iterable[str] = ()) -> dict[str, Any]:
+    """The agent's ``params`` line: each param group's names (and dtypes), those another optimizer holds."""
+    listed = [list(g) for g in groups]
+    return {"k": "params", "opt": opt, "n": n, "groups": listed, "dtypes": [[dtype] * len(g) for g in listed],
+            "shared": list(shared)}
+
+
+def model_line(trainable: Iterable[str] = PARAMS, *, grad: Iterable[str] = (), frozen: Iterable[str] = (),
+               watched: int = 1, opt: int = 0, n: int = 1) -> dict[str, Any]:
+    """The agent's ``model`` line: the trainable and frozen parameters, those outside the
+    optimizer with a gradient, the watched (dropout, norm) modules."""
+    return {"k": "model", "opt": opt, "n": n, "trainable": list(trainable), "frozen": list(frozen),
+            "grad": list(grad), "watched": watched}

@@ -1,7 +1,8 @@
 """The silent-bug yardstick (issue 45, tests/benchmarks/silent_table.py) as slow tests: each
 planted defect of examples/digits, sched_train.py and patched nanoGPT is caught by the invariants
 check within 2 optimizer steps of the first step it affects (a missing ``set_epoch``: at the next
-epoch), or, where the run agent does not write the record its invariant needs yet, is said not
+epoch; all 17 are since the agent's ``params``/``model`` lines, ``carried``, ``eval_in_step``, the
+``eval`` line and ``clip``), or, where a row says the record its invariant needs, is said not
 caught with that record named; each clean twin (the rank-dependent dropout seed of digits among
 them) has no finding; the sdc drills on DDP pass. One real launch each (about 10 s; nanoGPT's 30 s)."""
 

@@ -252,5 +252,6 @@ def test_check_invariants_reads_both_records_of_a_run(tmp_path: Path) -> None:
     result = check_invariants(read_steps(tmp_path), read_samples(tmp_path))
     assert [(f.invariant, f.step, f.name) for f in result.findings] == [(Invariant.REPLICAS, 6, "fc1.weight")]
     assert [c.invariant for c in result.coverage] == [Invariant.REPLICAS, Invariant.TRAINS, Invariant.SCALER,
-                                                      Invariant.DATA]
+                                                      Invariant.DATA, Invariant.TRAINS, Invariant.TRAINS, Invariant.ZERO_GRADS,
+                                                      Invariant.MODES, Invariant.SCALER, Invariant.SCALER]
     assert result.coverage[3].compared == 1 and result.compared == 5 * len(PARAMS) + 3 + 2 * len(PARAMS) + 1

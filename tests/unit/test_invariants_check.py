@@ -121,7 +121,9 @@ def test_the_real_agents_records_show_a_scale_set_back_a_replaced_head_and_a_fro
     assert done.returncode == 0, done.stderr
     found = check_invariants(read_steps(tmp_path), {})
     named = sorted((f.invariant.value, f.optimizer, f.step, f.name) for f in found.findings)
-    assert named == [("scaler", 0, 1, "optimizer 0's loss scaler"),
+    assert named == [("scaler", 0, 1, "optimizer 0's loss scaler"), ("trains", 1, 1, "1.bias"), ("trains", 1, 1, "1.weight"),
                      ("trains", 1, 1, "group0.2"), ("trains", 1, 1, "group0.3"), ("trains", 2, 1, "0.weight")], named
+    new_head = next(f for f in found.findings if f.name == "1.weight")  # the new head: trained, in no group
+    assert "no optimizer's param group holds it" in new_head.observation
     replaced = next(f for f in found.findings if f.name == "group0.2")
     assert "replaced after the optimizer was built" in replaced.observation

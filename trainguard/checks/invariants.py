@@ -18,7 +18,12 @@ single run show it (docs/invariants.md):
 * **the loss scaler backs off** after a step it skipped (the same module): a scale that does not
   fall after an overflow was never updated;
 * **the data** (:mod:`trainguard.checks.invariants_data`): within an epoch no sample is drawn by
-  two ranks, and a shuffled loader does not replay its previous epoch's order.
+  two ranks, and a shuffled loader does not replay its previous epoch's order;
+* from the agent's param-group, model, mode and clip records
+  (:mod:`trainguard.checks.invariants_steps`): every trainable parameter the forward uses is in one
+  optimizer's param group, an fp32 parameter's updates change it, gradients start from zero at
+  each step, no dropout or batch norm runs in eval mode while training nor in training mode in a
+  validation, and gradients are clipped after the loss scaler's ``unscale_``.
 
 :func:`check_invariants` runs them all and returns :class:`Invariants`: the findings (each names
 the invariant, the step, the ranks, the tensor or loader, what was observed and the fix, with the
@@ -41,6 +46,7 @@ from trainguard.checks.invariants_records import (
     Invariants,
     matches,
 )
+from trainguard.checks.invariants_steps import step_field_findings
 from trainguard.checks.invariants_training import gradient_findings, scaler_findings
 from trainguard.launch.samples import SampleBatch
 from trainguard.launch.steps import Fingerprint, StepRecord, StepRecords
@@ -59,8 +65,10 @@ def check_invariants(steps: StepRecords, samples: Mapping[int, Sequence[SampleBa
     gradients, gradient_cover = gradient_findings(steps, allowed=allowed)
     scaler, scaler_cover = scaler_findings(steps)
     data, data_cover = data_findings(samples, allowed=allowed)
-    return Invariants((*replicas, *gradients, *scaler, *data),
-                      (replica_cover, gradient_cover, scaler_cover, data_cover), tuple(steps.notes()))
+    fields = step_field_findings(steps, allowed=allowed)
+    return Invariants((*replicas, *gradients, *scaler, *data, *(f for found, _ in fields for f in found)),
+                      (replica_cover, gradient_cover, scaler_cover, data_cover, *(c for _, c in fields)),
+                      tuple(steps.notes()))
 
 
 # -- replicas agree -------------------------------------------------------------------------------

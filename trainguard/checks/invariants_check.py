@@ -46,9 +46,16 @@ class InvariantsAllow(ConfigModel):
     same_order: list[str] = Field(default_factory=list)
     #: parameters an optimizer holds that are frozen on purpose (no gradient is no finding)
     frozen: list[str] = Field(default_factory=list)
+    #: the job accumulates gradients across optimizer steps on purpose (carried gradients)
+    accumulates: bool = False
+    #: modules kept in eval mode while training on purpose (a frozen batch norm)
+    eval_modules: list[str] = Field(default_factory=list)
+    #: modules run in training mode without gradients on purpose (Monte Carlo dropout, a teacher)
+    train_modules: list[str] = Field(default_factory=list)
 
     def allowed(self) -> Allowed:
-        return Allowed(tuple(self.per_rank), tuple(self.shared_samples), tuple(self.same_order), tuple(self.frozen))
+        return Allowed(tuple(self.per_rank), tuple(self.shared_samples), tuple(self.same_order), tuple(self.frozen),
+                       self.accumulates, tuple(self.eval_modules), tuple(self.train_modules))
 
 
 class InvariantsCheck(CheckSpec):

@@ -19,6 +19,8 @@ class Invariant(StrEnum):
     TRAINS = "trains"
     SCALER = "scaler"
     DATA = "data"
+    ZERO_GRADS = "zero_grads"
+    MODES = "modes"
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,12 @@ class Allowed:
     same_order: tuple[str, ...] = ()
     #: parameters an optimizer holds that are frozen on purpose: no gradient is no finding
     frozen: tuple[str, ...] = ()
+    #: the job accumulates gradients across optimizer steps on purpose: carried ones are no finding
+    accumulates: bool = False
+    #: modules (dropout, batch norm; names or globs) kept in eval mode while training on purpose
+    eval_modules: tuple[str, ...] = ()
+    #: modules run in training mode without gradients on purpose (MC dropout, an EMA teacher)
+    train_modules: tuple[str, ...] = ()
 
 
 #: no exception declared

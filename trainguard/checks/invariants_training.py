@@ -16,9 +16,10 @@ skipped step was set back by the job (``scaler.update(new_scale)`` with a fixed 
 ``backoff_factor`` of 1, a scale set by hand): the scale that overflowed stays, and the steps after
 it may be skipped as well, each one not trained.
 
-What these records cannot show (a parameter that requires a gradient and is in no optimizer, a
-group dropped, a parameter in two groups, an update that left a parameter unchanged) needs fields
-the agent does not write yet: the plan is in docs/invariants.md.
+What the step lines alone cannot show (a parameter that requires a gradient and is in no
+optimizer, a group dropped, a parameter in two optimizers, an update that left a parameter
+unchanged) is read from the agent's ``params`` and ``model`` lines by
+:mod:`trainguard.checks.invariants_steps`.
 """
 
 from __future__ import annotations

@@ -27,6 +27,16 @@ from typing import Any
 
 from trainguard._internal.readers import Unreadable, list_entries, read_head_lines, shown_name
 from trainguard.launch.hook import STEPS_CAP, STEPS_DIR
+from trainguard.launch.step_fields import (
+    ClipCalls,
+    EvalRecord,
+    FieldLines,
+    ModelRecord,
+    ParamsRecord,
+    ScalerSettings,
+    clip_calls,
+    names,
+)
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -132,6 +142,13 @@ class StepRecord:
     #: parameter name -> its placements, for the local shards of DTensors
     placement: Mapping[str, str]
     scaler: ScalerState | None
+    #: the optimizer's parameters whose gradient was not zero at every backward since its previous
+    #: step (a missing ``zero_grad``); None: not recorded (an older agent, no backward)
+    carried: tuple[str, ...] | None = None
+    #: dropout and norm modules called in eval mode with gradients on since the previous step
+    eval_in_step: tuple[str, ...] = ()
+    #: the gradient clip calls since the previous step (None: none, or not recorded)
+    clip: ClipCalls | None = None
 
 
 @dataclass(frozen=True)
@@ -204,6 +221,12 @@ class RankSteps:
     malformed: int = 0
     #: processes that wrote to the file (their ``meta`` lines)
     processes: int = 0
+    #: each optimizer's param groups (``params`` lines), the models' parameters (``model``), the
+    #: forwards without gradients in training mode (``eval``), loss scalers' settings (``scaler``)
+    params: tuple[ParamsRecord, ...] = ()
+    models: tuple[ModelRecord, ...] = ()
+    evals: tuple[EvalRecord, ...] = ()
+    scalers: tuple[ScalerSettings, ...] = ()
 
     def of(self, opt: int = 0) -> dict[int, StepRecord]:
         """Optimizer ``opt``'s steps by ``n`` (the first record of a number kept)."""
@@ -346,6 +369,7 @@ def _read_rank(rank: int, path: Path, folder: Path, max_bytes: int) -> RankSteps
     seeds: list[SeedRecord] = []
     malformed = processes = 0
     truncated = False
+    extras = FieldLines()
     for line in read_head_lines(path, max_bytes, max_line=MAX_LINE, root=folder):
         if not line.strip():
             continue
@@ -367,11 +391,14 @@ def _read_rank(rank: int, path: Path, folder: Path, max_bytes: int) -> RankSteps
                 truncated = True
             elif not isinstance(kind, str):
                 raise _Malformed("no kind")
+            else:
+                extras.add(kind, obj)  # the invariants' lines; another kind: a newer agent's, ignored
         except (ValueError, TypeError, KeyError, RecursionError, AttributeError):
             malformed += 1
     size = path.stat().st_size
     return RankSteps(rank, tuple(steps), tuple(saves), tuple(restores), tuple(seeds), truncated,
-                     max_bytes if size > max_bytes else None, malformed, processes)
+                     max_bytes if size > max_bytes else None, malformed, processes,
+                     tuple(extras.params), tuple(extras.models), tuple(extras.evals), tuple(extras.scalers))
 
 
 def _step(obj: Any) -> StepRecord:
@@ -391,6 +418,8 @@ def _step(obj: Any) -> StepRecord:
         opt, n, _number(obj, "t", 0.0), tuple(_group(g) for g in groups), backward, _rng(obj.get("rng")),
         _prints(obj.get("param")), _grads(obj.get("grad")), _prints(obj.get("optim")),
         MappingProxyType(dict(placement)), _scaler(obj.get("scaler")),
+        None if obj.get("carried") is None else names(obj["carried"], "carried"),
+        names(obj.get("eval_in_step"), "eval_in_step"), clip_calls(obj.get("clip")),
     )
 
 

@@ -199,6 +199,7 @@ class Agent:
         if spec.get("steps_dir"):
             self.steps = sibling("_trainguard_step_agent").StepAgent(
                 self, spec, JsonlWriter, sibling("_trainguard_step_values"))
+            self.steps.extras = sibling("_trainguard_step_extras").StepExtras(self.steps)
         #: the answer to a stall (``_trainguard_stall_agent.StallAgent``) when the spec has ``stall_dir``
         self.stall: Any = sibling("_trainguard_stall_agent").StallAgent(self, spec) if spec.get("stall_dir") else None
         #: each optimizer step's clocks (``_trainguard_pace_agent.PaceAgent``) when the spec has ``pace_dir``

@@ -103,6 +103,8 @@ class StepAgent:
         self.restoring: set[str] = set()
         #: the modules made since torch was imported (weakly, by id): where parameter names are
         self.modules: dict[int, Any] = {}
+        #: the invariants' records (``_trainguard_step_extras.StepExtras``), set by the run agent
+        self.extras: Any = None
         os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self) -> None:
@@ -364,6 +366,8 @@ class StepAgent:
             "scaler": self._scaler_state(optimizer, skipped),
         }
         self.backward_marks[id(optimizer)] = self.backwards
+        if self.extras is not None:  # the invariants' fields (carried, eval_in_step, clip)
+            self.guard("recording the invariants' fields", self.extras.on_record, optimizer, key, n, record)
         if values.get("placement"):
             record["placement"] = values["placement"]
         self.pending = record
@@ -548,6 +552,8 @@ class StepAgent:
         for name in ("set_rng_state", "set_rng_state_all"):
             self._replace([torch.cuda, torch.cuda.random], name,
                           lambda f: self.wrap_restore("torch.cuda.set_rng_state", f, target="torch.cuda"))
+        if self.extras is not None:  # carried gradients, modules' modes, clipping
+            self.guard("patching torch for the invariants' records", self.extras.patch_torch, torch)
         self.step_done()  # the first forward reads the RNG states of the first step
 
     def track(self, module: Any) -> None:
