@@ -88,7 +88,7 @@ def _row(name: str, extra: dict[str, Any]) -> dict[str, Any]:
                 "explored": ev.get("boundaries_explored"), "inferred": ev.get("inferred"),
                 "first_unsafe": first.get("boundary"), "first_outcome": first.get("outcome"),
                 "outcomes": [(o.get("outcome"), o.get("resumed_from_step")) for o in ev.get("outcomes", [])],
-                "wall_s": round(wall, 1),
+                "wall_s": round(wall, 1), **({"summary": result.summary[:400]} if result.status == "error" else {}),
                 "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1)}
 
 

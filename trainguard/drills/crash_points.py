@@ -42,6 +42,7 @@ import copy
 import dataclasses
 import shutil
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -54,6 +55,7 @@ from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config.checks import CheckSpec
 from trainguard.config.problems import resume_problems
 from trainguard.config.registry import Check, Run
+from trainguard.drills.crash_infer import Inference, crash_states, explore_inferred
 from trainguard.drills.crash_records import (
     Boundary,
     BoundaryNotReached,
@@ -92,6 +94,10 @@ class CrashPointsCheck(CheckSpec):
     #: ``kill``: a process crash (what the kernel accepted stays); ``power``: a power loss (data
     #: not fsynced and directory entries whose directory was not fsynced are dropped)
     mode: Literal["kill", "power"] = "kill"
+    #: boundaries whose crash leaves the same state as one run, or between two writes of a file
+    #: whose restarts did the same, take that outcome instead of a run of their own (false: every
+    #: boundary explored is run)
+    infer: bool = True
     rtol: float = Field(0.0, ge=0)
     atol: float = Field(0.0, ge=0)
 
@@ -236,6 +242,8 @@ class SaveFound:
     checkpoint_before: bool
     last: bool
     files: list[str] = field(default_factory=list)
+    #: what a crash after each boundary leaves, from the journal (:func:`crash_states`)
+    states: list[Hashable | None] = field(default_factory=list)
 
 
 def _bursts(ops: list[JournalEvent], arrivals: list[tuple[int, float]], gap_s: float) -> list[list[JournalEvent]]:
@@ -375,6 +383,7 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
     evidence.save_after_step = max((step for step, t in watch.arrivals if began is not None and t <= began), default=None)
     evidence.last_save = save.last
     save.files = save_files(((b.op, b.path, b.to) for b in save.boundaries), appended)
+    save.states = crash_states(events, save.boundaries, spec.mode, appended)
     return save
 
 
@@ -407,12 +416,14 @@ def _explore(ctx: CheckContext[CrashPointsCheck], reference: RunResult, base: in
     renamed = {b.path for b in found if b.op == "rename"}
     resumed_before: int | None = base - 1 if had_checkpoint else None
     unsafe: tuple[Boundary, BoundaryOutcome] | None = None
+    decided = _decide(runs, chosen, evidence)
     for number, boundary in enumerate(chosen):
-        row, launched = _crash_and_resume(number, runs, boundary, resumed_before)
-        evidence.runs += launched
+        row = decided.rows[number]
+        if isinstance(row, BoundaryOutcome):
+            _in_context(row, runs, resumed_before)
         first_doubt = row.outcome == "torn" and not any(r.outcome == "safe" for r in evidence.outcomes)
         if (first_doubt or row.outcome == "began again") and evidence.control is None:
-            evidence.control, launched = _crash_and_resume(len(chosen), runs, found[0], resumed_before, control=True)
+            evidence.control, launched = _crash_and_resume(len(chosen), runs, found[0], control=True)
             evidence.runs += launched
         control = evidence.control
         if isinstance(row, BoundaryOutcome):
@@ -424,7 +435,8 @@ def _explore(ctx: CheckContext[CrashPointsCheck], reference: RunResult, base: in
             unsafe = (boundary, row)
     duration = time.monotonic() - started
     explored = (f"{len(chosen)} of {len(found)} boundaries of the save after step {spec.after_step} "
-                f"({', '.join(f'{n} {op}' for op, n in evidence.by_op.items())})")
+                f"({', '.join(f'{n} {op}' for op, n in evidence.by_op.items())})"
+                + (f", {evidence.inferred} of them inferred (no run of their own)" if evidence.inferred else ""))
     if unsafe is not None:
         boundary, row = unsafe
         evidence.first_unsafe = row
@@ -521,7 +533,7 @@ def _trained_nothing(row: BoundaryOutcome, runs: _CrashRuns, resumed: RunResult)
     return row
 
 
-def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, resumed_before: int | None, *,
+def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, *,
                       control: bool = False) -> tuple[CrashRow, int]:
     """A fresh run crashed right after ``boundary`` (``control``: a kill instead of it, just
     before the save began, in either mode), restarted with the resume arguments, judged; and
@@ -549,13 +561,48 @@ def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, resumed
         shutil.rmtree(layer.trigger.parent / "power-copies" / str(number), ignore_errors=True)
         row.undone = crashed[0].undone
     resumed = pool.run(request, label="crash-points-resume", resume=True, checkpoint_dir=layer.point)
-    return _judge_restart(row, runs, resumed, resumed_before, control), 2
+    return _judge_restart(row, runs, resumed, control), 2
 
 
-def _judge_restart(row: BoundaryOutcome, runs: _CrashRuns, resumed: RunResult, resumed_before: int | None,
-                   control: bool) -> BoundaryOutcome:
-    """What the restart after the crash did, set on ``row`` (module docstring: the outcomes)."""
-    spec, reference, metric, base = runs.spec, runs.reference, runs.metric, runs.base
+def _decide(runs: _CrashRuns, chosen: list[Boundary], evidence: CrashPointsEvidence) -> Inference:
+    """A row for each boundary of ``chosen``, judged without the rows before it: run, or with
+    ``infer``, inferred where :mod:`~trainguard.drills.crash_infer` can."""
+    def run(number: int) -> CrashRow:
+        row, launched = _crash_and_resume(number, runs, chosen[number])
+        evidence.runs += launched
+        return row
+
+    if not runs.spec.infer:
+        return Inference(rows={i: run(i) for i in range(len(chosen))})
+    where = {b: i for i, b in enumerate(runs.save.boundaries)}
+    decided = explore_inferred(chosen, [runs.save.states[where[b]] if runs.save.states else None for b in chosen],
+                               run)
+    evidence.inferred = len(decided.inferred)
+    return decided
+
+
+def _in_context(row: BoundaryOutcome, runs: _CrashRuns, resumed_before: int | None) -> None:
+    """``row`` read beside the boundaries before it: a restart that resumed (safe or torn, all
+    ranks alike) from before the save's first step though a checkpoint was there began again;
+    one older than an earlier boundary's went back."""
+    resumed_from = row.resumed_from_step
+    if row.outcome not in ("safe", "torn") or row.ranks_resumed_from or resumed_from is None or resumed_before is None:
+        return
+    if resumed_from < runs.base:
+        row.outcome, row.detail = "began again", (
+            f"the restart began at step {runs.base}: the save left no checkpoint to resume from, though there was "
+            "one before it" + (" (a power loss also drops a checkpoint that was never fsynced)"
+                               if runs.spec.mode == "power" else ""))
+    elif resumed_from < resumed_before:
+        row.outcome, row.detail = "went back", (
+            f"resumed from step {resumed_from}, older than the step {resumed_before} a crash at an earlier "
+            "boundary resumed from: the save destroyed a complete checkpoint")
+
+
+def _judge_restart(row: BoundaryOutcome, runs: _CrashRuns, resumed: RunResult, control: bool) -> BoundaryOutcome:
+    """What the restart after the crash did, set on ``row`` (module docstring: the outcomes),
+    the rows before it aside (:func:`_in_context` reads it beside them)."""
+    spec, reference, metric = runs.spec, runs.reference, runs.metric
     steps = sorted({p.step for p in resumed.points if p.name == metric})
     resumed_from = row.resumed_from_step = steps[0] - 1 if steps else None
     if not resumed.ok:
@@ -571,17 +618,6 @@ def _judge_restart(row: BoundaryOutcome, runs: _CrashRuns, resumed: RunResult, r
         row.outcome, row.detail = "torn", ("the ranks resumed from different steps (" + ", ".join(
             f"rank {r} from {s - 1}" for r, s in sorted(firsts.items())) + "): the save was complete on "
             "some ranks only")
-        return row
-    if not control and resumed_from < base and resumed_before is not None:
-        row.outcome, row.detail = "began again", (
-            f"the restart began at step {base}: the save left no checkpoint to resume from, though there was "
-            "one before it" + (" (a power loss also drops a checkpoint that was never fsynced)"
-                               if spec.mode == "power" else ""))
-        return row
-    if not control and resumed_before is not None and resumed_from < resumed_before:
-        row.outcome, row.detail = "went back", (
-            f"resumed from step {resumed_from}, older than the step {resumed_before} a crash at an earlier "
-            "boundary resumed from: the save destroyed a complete checkpoint")
         return row
     actual, expected = aligned_trajectories(resumed.points, reference.points, metric)
     diff = compare_trajectories(actual, expected, metric=metric, steps=range(resumed_from + 1, spec.steps + 1),
