@@ -56,6 +56,7 @@ from trainguard.config.checks import CheckSpec
 from trainguard.config.problems import resume_problems
 from trainguard.config.registry import Check, Run
 from trainguard.drills.crash_infer import Inference, crash_states, explore_inferred
+from trainguard.drills.crash_plan import crash_plan_words
 from trainguard.drills.crash_records import (
     Boundary,
     BoundaryNotReached,
@@ -642,7 +643,8 @@ CRASH_POINTS: Check[CrashPointsCheck] = Check(
                                for what in ("crash after boundary", "resume after crash")),
                              Run("a kill before the save, if a restart diverges"), Run("resume after the kill")],
                             f"a crash after each boundary of the save (at most {spec.max_boundaries}) must "
-                            "resume and match the reference"),
+                            "resume and match the reference; " + crash_plan_words(
+                                spec.max_boundaries, spec.mode, spec.infer, ctx.job_file.state_dir)),
     requires=lambda spec, facts: resume_problems(facts, f"checks.{_NAME}"),
     gate_default=False,
     evidence=(CrashPointsEvidence, ReferenceNotUsable),
