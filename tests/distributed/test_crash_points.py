@@ -88,6 +88,9 @@ def test_a_writer_that_renames_a_synced_temp_file_is_safe_at_every_boundary(tmp_
     assert inferred["fsync"] == "the same state as the crash rank 0: after write #6 of /ckpt.json.tmp"
     assert inferred["fsyncdir"].startswith("the same state as the crash rank 0: after rename")
     assert "4 of them inferred" in result.summary
+    # each crash run resumed from the copy of the checkpoint before the save, kept by the recording
+    assert ev["start"].startswith("the save: each crash run resumed from a copy") and ev["start"].endswith(
+        "; 3 crash runs started there"), ev["start"]
     # the table for people: a row per boundary, under the verdict
     table = Path(ev["table"]).read_text().splitlines()
     assert table[2].startswith("PASSED: 7 of 7 boundaries") and len(table) == 6 + 7
@@ -118,7 +121,11 @@ def test_a_resume_that_is_never_exact_is_not_called_a_torn_checkpoint(tmp_path: 
     assert [o["outcome"] for o in ev["outcomes"]] == ["loaded", "loaded"], ev["outcomes"]
     assert ev["control"]["outcome"] == "torn" and ev["control"]["resumed_from_step"] == ev["outcomes"][0]["resumed_from_step"]
     assert ev["first_unsafe"] is None and "resume is not exact" in result.summary
-    assert ev["runs"] == 2 + 2 * 2 + 2  # the recording and its restart, two crashes and the control, each resumed
+    # the recording and its restart, two crashes and the control, each resumed; and the first
+    # crash started at the save, from the copy, which diverged: every crash started at step 1
+    assert ev["runs"] == 2 + 1 + 2 * 2 + 2
+    assert ev["start"].startswith("step 1 from the crash run that resumed from the copy and loss differs"), ev["start"]
+    assert "the job's resume is not exact" in ev["start"]
 
 
 @needs_fuse
@@ -176,6 +183,7 @@ def test_a_writer_without_fsync_loses_its_checkpoints_to_a_power_loss(tmp_path: 
     first = report_evidence(result)["first_unsafe"]
     assert first["outcome"] == "began again" and first["undone"] > 0, first
     assert "fsync /ckpt.json.tmp before renaming it" in report_evidence(result)["fix"]
+    assert report_evidence(result)["start"].startswith("step 1: in power-loss mode")
     assert "fsync the directory after renaming into /ckpt.json" in report_evidence(result)["fix"]
 
 

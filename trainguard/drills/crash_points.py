@@ -66,6 +66,12 @@ from trainguard.drills.crash_records import (
     CrashRule,
 )
 from trainguard.drills.crash_saves import feeds_restart, save_files, shape, unlike_reference
+from trainguard.drills.crash_start import (
+    CopyAtStep,
+    SaveStart,
+    save_start,
+    unlike_a_run_from_step_1,
+)
 from trainguard.drills.evidence import ReferenceNotUsable
 from trainguard.evidence import NoEvidence
 from trainguard.faults.fusefs import FuseLayer, JournalEvent, fuse_unavailable, journal
@@ -99,6 +105,9 @@ class CrashPointsCheck(CheckSpec):
     #: whose restarts did the same, take that outcome instead of a run of their own (false: every
     #: boundary explored is run)
     infer: bool = True
+    #: kill mode: each crash run resumes from a copy of the checkpoint before the save, kept by
+    #: the recording run, instead of training from step 1 (false: from step 1)
+    from_save: bool = True
     rtol: float = Field(0.0, ge=0)
     atol: float = Field(0.0, ge=0)
 
@@ -209,8 +218,8 @@ class _Watch:
     the ranks are known the crash rule is rewritten with their process groups to kill. It keeps
     the arrival time of every step line."""
 
-    def __init__(self, layer: FuseLayer, metric: str, rule: str, spec: CrashRule) -> None:
-        self.layer, self.metric, self.rule, self.spec = layer, metric, rule, spec
+    def __init__(self, layer: FuseLayer, metric: str, rule: str, spec: CrashRule, copy: CopyAtStep | None = None) -> None:
+        self.layer, self.metric, self.rule, self.spec, self.copy = layer, metric, rule, spec, copy
         self.arrivals: list[tuple[int, float]] = []
         self._told = False
         layer.arm({rule: spec})
@@ -219,6 +228,8 @@ class _Watch:
         if point.name != self.metric:
             return
         self.arrivals.append((point.step, time.time()))
+        if self.copy is not None:
+            self.copy(point.step)
         if not self._told and self.rule == "crash":
             self._told = True
             self.layer.arm({self.rule: {**self.spec, "kill": [r.pid for r in launcher.ranks]}})
@@ -245,6 +256,8 @@ class SaveFound:
     files: list[str] = field(default_factory=list)
     #: what a crash after each boundary leaves, from the journal (:func:`crash_states`)
     states: list[Hashable | None] = field(default_factory=list)
+    #: where each crash run starts (:mod:`~trainguard.drills.crash_start`)
+    start: SaveStart = field(default_factory=lambda: SaveStart(None, "step 1"))
 
 
 def _bursts(ops: list[JournalEvent], arrivals: list[tuple[int, float]], gap_s: float) -> list[list[JournalEvent]]:
@@ -354,7 +367,9 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
             evidence: CrashPointsEvidence) -> SaveFound | str:
     """The recording run, then its restart (the files it opens are the checkpoint): the save
     explored, or why there is none."""
-    watch = _Watch(layer, metric, "record", {"run": "record"})
+    copy = (CopyAtStep(layer.backing, layer.trigger.parent / "before-save", spec.after_step)
+            if spec.from_save and spec.mode == "kill" else None)
+    watch = _Watch(layer, metric, "record", {"run": "record"}, copy)
     recorded = pool.run(request, label="crash-points-record", checkpoint_dir=layer.point, on_metric=watch)
     evidence.runs += 1
     layer.disarm()
@@ -385,6 +400,8 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
     evidence.last_save = save.last
     save.files = save_files(((b.op, b.path, b.to) for b in save.boundaries), appended)
     save.states = crash_states(events, save.boundaries, spec.mode, appended)
+    save.start = (save_start(copy, events, first, save.checkpoint_before, spec.mode) if spec.from_save
+                  else SaveStart(None, "step 1 (from_save: false)"))
     return save
 
 
@@ -434,6 +451,7 @@ def _explore(ctx: CheckContext[CrashPointsCheck], reference: RunResult, base: in
             resumed_before = max(resumed_before if resumed_before is not None else -1, row.resumed_from_step)
         elif unsafe is None and isinstance(row, BoundaryOutcome) and row.outcome not in ("safe", "loaded"):
             unsafe = (boundary, row)
+    evidence.start = save.start.words()
     duration = time.monotonic() - started
     explored = (f"{len(chosen)} of {len(found)} boundaries of the save after step {spec.after_step} "
                 f"({', '.join(f'{n} {op}' for op, n in evidence.by_op.items())})"
@@ -541,19 +559,33 @@ def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, *,
     how many runs it launched."""
     pool, spec, request, metric, layer = runs.pool, runs.spec, runs.request, runs.metric, runs.layer
     words = f"rank {boundary.rank}: a kill before the save's first operation" if control else boundary.words()
+    start = runs.save.start
+    at = start.shifted(boundary) if start.keep is not None and not control else None
     _clear(layer.backing)
+    if at is not None and start.keep is not None:
+        shutil.copytree(start.keep, layer.backing, symlinks=True, dirs_exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         layer.events.unlink()
-    rule: CrashRule = {"run": f"crash-{number}", "at": boundary.as_rule()}
+    # a run of its own to the daemon (its counts start again): the same crash made again from
+    # step 1 is another run
+    rule: CrashRule = {"run": f"crash-{number}" + ("-at-save" if at is not None else ""), "at": (at or boundary).as_rule()}
     if control:
         rule["before"] = True
     elif spec.mode == "power":
         rule["mode"], rule["snapshots"] = "power", str(layer.trigger.parent / "power-copies" / str(number))
     watch = _Watch(layer, metric, "crash", rule)
     crashed_run = pool.run(request, label="crash-points-control" if control else "crash-points-crash",
-                             checkpoint_dir=layer.point, on_metric=watch)
+                           resume=at is not None, checkpoint_dir=layer.point, on_metric=watch)
     crashed = [e for e in journal(layer.read_events()) if e.event == "crashed"]
     layer.disarm()
+    if at is not None:  # started at the save: used only when it did what a run from step 1 would
+        why = "never reached its boundary" if not crashed else unlike_a_run_from_step_1(
+            crashed_run.points, runs.reference.points, runs.metric, runs.base, spec.rtol, spec.atol)
+        if why is not None:
+            start.give_up(f"{why} ({boundary.words()})")
+            row, launched = _crash_and_resume(number, runs, boundary)
+            return row, launched + 1
+        start.used += 1
     if not crashed:
         return BoundaryNotReached(words, boundary.op, boundary.path, boundary.rank, boundary.ordinal, "not reached",
                                   None, f"the crash run never made that operation ({crashed_run.outcome})"), 1

@@ -128,6 +128,9 @@ class CrashPointsEvidence(Evidence):
     runs: int = 0
     #: boundaries whose outcome was inferred, not run (``inferred_from`` on their rows)
     inferred: int = 0
+    #: where the crash runs started: at the save (from a copy of the checkpoint before it) or at
+    #: step 1, and why
+    start: str = ""
     work_dir: str = ""
     #: the files a restart of the recording run opened to read (the checkpoint the save writes)
     reads: list[str] = field(default_factory=list)
