@@ -9,8 +9,11 @@ after step ``after_step`` that writes a file the restart reads, never a log
 file, op, ordinal)``. Then, for each boundary (all of them up to ``max_boundaries``; above
 it every operation that is not a write, then writes spread over each file, the counts reported),
 a fresh run of the job is crashed right after that boundary (SIGKILL to every rank from the
-daemon; nothing after it reaches the disk) and restarted with ``resume_args``. Each restart is
-judged against the uninterrupted run:
+daemon; nothing after it reaches the disk) and restarted with ``resume_args``. A boundary whose
+crash leaves the same state as one run, or a write between two writes of a file whose restarts
+did the same, takes that outcome instead (:mod:`~trainguard.drills.crash_infer`); in kill mode a
+crash run starts from a copy of the checkpoint before the save, not from step 1
+(:mod:`~trainguard.drills.crash_start`). Each restart is judged against the uninterrupted run:
 
 * ``safe``: it resumed from a checkpoint and matched the uninterrupted run from there, or it
   trained no step and what the crash left is the uninterrupted run's final checkpoint;
@@ -454,18 +457,19 @@ def _explore(ctx: CheckContext[CrashPointsCheck], reference: RunResult, base: in
     evidence.start = save.start.words()
     duration = time.monotonic() - started
     explored = (f"{len(chosen)} of {len(found)} boundaries of the save after step {spec.after_step} "
-                f"({', '.join(f'{n} {op}' for op, n in evidence.by_op.items())})"
-                + (f", {evidence.inferred} of them inferred (no run of their own)" if evidence.inferred else ""))
+                f"({', '.join(f'{n} {op}' for op, n in evidence.by_op.items())})")
+    ran = f"{evidence.runs} runs" + (f", {evidence.inferred} boundaries inferred (no run of their own)"
+                                     if evidence.inferred else "")
     if unsafe is not None:
         boundary, row = unsafe
         evidence.first_unsafe = row
         evidence.fix = _fix(boundary, row, renamed, spec.mode, found)
-        return CheckResult(_NAME, "failed", f"{explored} explored in {evidence.runs} runs; first unsafe: "
+        return CheckResult(_NAME, "failed", f"{explored} explored in {ran}; first unsafe: "
                            f"{row.boundary}: {row.outcome} ({row.detail}). Fix: {evidence.fix}",
                            evidence, duration)
     loaded = [r for r in evidence.outcomes if r.outcome == "loaded"]
     if loaded:
-        return CheckResult(_NAME, "error", f"{explored} explored in {evidence.runs} runs: no crash point failed "
+        return CheckResult(_NAME, "error", f"{explored} explored in {ran}: no crash point failed "
                            f"to load, began again or went back, but {len(loaded)} restarts diverged and so did "
                            f"a restart after a kill just before the save ({evidence.control and evidence.control.detail}):"
                            " the job's resume is not exact, so a torn checkpoint that loads cannot be found. Make "
@@ -478,7 +482,7 @@ def _explore(ctx: CheckContext[CrashPointsCheck], reference: RunResult, base: in
                            "named by the time or a random part trainguard does not recognise?)",
                            evidence, duration)
     note = f"; {len(missed)} not reached" if missed else ""
-    return CheckResult(_NAME, "passed", f"{explored} explored in {evidence.runs} runs: a crash after each "
+    return CheckResult(_NAME, "passed", f"{explored} explored in {ran}: a crash after each "
                        f"resumed and matched the uninterrupted run{note}", evidence, duration)
 
 
