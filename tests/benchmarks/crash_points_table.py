@@ -85,7 +85,7 @@ def _row(name: str, extra: dict[str, Any]) -> dict[str, Any]:
         ev = result.to_dict()["evidence"]
         first = ev.get("first_unsafe") or {}
         return {"row": name, "status": result.status, "runs": ev.get("runs"), "found": ev.get("boundaries_found"),
-                "explored": ev.get("boundaries_explored"), "inferred": ev.get("inferred"),
+                "explored": ev.get("boundaries_explored"), "inferred": ev.get("inferred"), "start": ev.get("start"),
                 "first_unsafe": first.get("boundary"), "first_outcome": first.get("outcome"),
                 "outcomes": [(o.get("outcome"), o.get("resumed_from_step")) for o in ev.get("outcomes", [])],
                 "wall_s": round(wall, 1), **({"summary": result.summary[:400]} if result.status == "error" else {}),
