@@ -20,6 +20,8 @@ __all__ = ["RecordedSave", "crash_plan_words", "recorded_save"]
 FIXED_RUNS = 2
 #: the control (a kill before the save, resumed), made when a restart diverges
 CONTROL_RUNS = 2
+#: a crash run started from the copy before the save that is made again from step 1 (once)
+AGAIN_RUNS = 1
 
 
 @dataclass(frozen=True)
@@ -67,12 +69,13 @@ def _time(seconds: float) -> str:
 
 def crash_plan_words(max_boundaries: int, mode: str, infer: bool, state_dir: Path) -> str:
     """The plan's line on crash_points: boundaries expected, launches, time."""
-    worst = FIXED_RUNS + 2 * max_boundaries + CONTROL_RUNS
+    worst = FIXED_RUNS + 2 * max_boundaries + CONTROL_RUNS + AGAIN_RUNS
     last = recorded_save(state_dir)
     if last is None or last.mode != mode:
         return (f"the save's boundaries are unknown until it is recorded (no crash_points report here): at most "
                 f"{worst} launches ({FIXED_RUNS} to record the save, 2 per boundary explored, at most "
-                f"{max_boundaries}, {CONTROL_RUNS} for a control when a restart diverges)"
+                f"{max_boundaries}, {CONTROL_RUNS} for a control when a restart diverges, {AGAIN_RUNS} for a crash "
+                "from the copy before the save made again from step 1)"
                 f"{', fewer where outcomes are inferred' if infer else ''}")
     explored = min(last.found, max_boundaries)
     if infer and explored == last.explored and last.runs:

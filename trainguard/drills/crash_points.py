@@ -677,7 +677,8 @@ CRASH_POINTS: Check[CrashPointsCheck] = Check(
                              Run("restart the recorded run: the files a resume reads"),
                              *(Run(f"{what} {i}") for i in range(1, spec.max_boundaries + 1)
                                for what in ("crash after boundary", "resume after crash")),
-                             Run("a kill before the save, if a restart diverges"), Run("resume after the kill")],
+                             Run("a kill before the save, if a restart diverges"), Run("resume after the kill"),
+                             Run("a crash from the copy before the save, made again from step 1")],
                             f"a crash after each boundary of the save (at most {spec.max_boundaries}) must "
                             "resume and match the reference; " + crash_plan_words(
                                 spec.max_boundaries, spec.mode, spec.infer, ctx.job_file.state_dir)),
