@@ -40,26 +40,28 @@ job:
   timeout: 60
   stall_timeout: 20
 checks:
-  crash_points: {{steps: {steps}, after_step: {after}, mode: {mode}, gap_s: 0.3, max_boundaries: {limit}}}
+  crash_points: {{steps: {steps}, after_step: {after}, mode: {mode}, gap_s: 0.3, max_boundaries: {limit}, infer: {infer}}}
 """
 
 
 def writer_job(tmp_path: Path, writer: str, mode: str = "kill", *, limit: int = 16, extra: str = "",
-               world: int = 1, after: int = 7, steps: int = 20) -> Path:
+               world: int = 1, after: int = 7, steps: int = 20, infer: bool = True) -> Path:
     """The job file of save_writer.py with ``--writer writer`` and its crash_points check."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "trainguard.yaml"
     path.write_text(JOB.format(writer=writer, script=WRITER, mode=mode, limit=limit, extra=extra, world=world,
-                               after=after, steps=steps))
+                               after=after, steps=steps, infer=str(infer).lower()))
     return path
 
 
 def _crash_points(tmp_path: Path, writer: str, mode: str = "kill", *, limit: int = 16, extra: str = "",
-                  world: int = 1, after: int = 7, steps: int = 20) -> CheckResult:
-    path = writer_job(tmp_path, writer, mode, limit=limit, extra=extra, world=world, after=after, steps=steps)
-    report = check(path, only=["crash_points"], report_json=str(tmp_path / "report.json"))
+                  world: int = 1, after: int = 7, steps: int = 20, infer: bool = True) -> CheckResult:
+    path = writer_job(tmp_path, writer, mode, limit=limit, extra=extra, world=world, after=after, steps=steps,
+                      infer=infer)
+    report = check(path, only=["crash_points"], report_json=str(path.parent / "report.json"))
     (result,) = report.checks
     # the report on disk says what the result says
-    saved = json.loads((tmp_path / "report.json").read_text())["checks"][0]
+    saved = json.loads((path.parent / "report.json").read_text())["checks"][0]
     assert saved["status"] == result.status
     return result
 
@@ -78,6 +80,17 @@ def test_a_writer_that_renames_a_synced_temp_file_is_safe_at_every_boundary(tmp_
     assert resumed[0] in (5, 10) and resumed == [resumed[0]] * 5 + [resumed[0] + 5] * 2, ev["outcomes"]
     # the save of step 10 (or 15) began after the line of step 9 (or an earlier one read late)
     assert resumed[0] <= ev["save_after_step"] < resumed[-1], ev["save_after_step"]
+    # 3 crash runs: the create, the last write (the two writes between them take their outcome:
+    # bisection) and the rename; the fsync leaves what the last write left, the directory's fsync
+    # what the rename left (kill mode): inferred
+    assert (ev["runs"], ev["inferred"]) == (2 + 2 * 3, 4), ev["outcomes"]
+    inferred = {o["op"]: o["inferred_from"] for o in ev["outcomes"] if "inferred_from" in o}
+    assert inferred["fsync"] == "the same state as the crash rank 0: after write #6 of /ckpt.json.tmp"
+    assert inferred["fsyncdir"].startswith("the same state as the crash rank 0: after rename")
+    assert "explored in 8 runs, 4 boundaries inferred (no run of their own)" in result.summary
+    # each crash run resumed from the copy of the checkpoint before the save, kept by the recording
+    assert ev["start"].startswith("the save: each crash run resumed from a copy") and ev["start"].endswith(
+        "; 3 crash runs started there"), ev["start"]
     # the table for people: a row per boundary, under the verdict
     table = Path(ev["table"]).read_text().splitlines()
     assert table[2].startswith("PASSED: 7 of 7 boundaries") and len(table) == 6 + 7
@@ -108,7 +121,11 @@ def test_a_resume_that_is_never_exact_is_not_called_a_torn_checkpoint(tmp_path: 
     assert [o["outcome"] for o in ev["outcomes"]] == ["loaded", "loaded"], ev["outcomes"]
     assert ev["control"]["outcome"] == "torn" and ev["control"]["resumed_from_step"] == ev["outcomes"][0]["resumed_from_step"]
     assert ev["first_unsafe"] is None and "resume is not exact" in result.summary
-    assert ev["runs"] == 2 + 2 * 2 + 2  # the recording and its restart, two crashes and the control, each resumed
+    # the recording and its restart, two crashes and the control, each resumed; and the first
+    # crash started at the save, from the copy, which diverged: every crash started at step 1
+    assert ev["runs"] == 2 + 1 + 2 * 2 + 2
+    assert ev["start"].startswith("step 1 from the crash run that resumed from the copy and loss differs"), ev["start"]
+    assert "the job's resume is not exact" in ev["start"]
 
 
 @needs_fuse
@@ -122,6 +139,25 @@ def test_other_writers_in_kill_mode(tmp_path: Path, writer: str, status: str, fi
     if first_op is not None:
         assert report_evidence(result)["first_unsafe"]["op"] == first_op
         assert report_evidence(result)["first_unsafe"]["outcome"] == "began again"
+
+
+@needs_fuse
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("writer", "mode"), [("unlink-first", "kill"), ("rename", "kill"), ("atomic", "power"),
+                                              ("sharded-newest", "kill")])
+def test_inferred_outcomes_are_the_ones_every_boundary_run_finds(tmp_path: Path, writer: str, mode: str) -> None:
+    """The same check with ``infer: false`` (every boundary run) and as it is: the same verdict,
+    the same first unsafe boundary and the same outcome at every boundary, in fewer runs."""
+    world = 2 if writer.startswith("sharded") else 1
+    every = _crash_points(tmp_path / "every", writer, mode, extra="", world=world, infer=False)
+    inferred = _crash_points(tmp_path / "inferred", writer, mode, world=world)
+    old, new = report_evidence(every), report_evidence(inferred)
+    assert inferred.status == every.status, (inferred.summary, every.summary)
+    assert (new["first_unsafe"] or {}).get("boundary") == (old["first_unsafe"] or {}).get("boundary")
+    assert [(o["boundary"], o["outcome"], o["resumed_from_step"]) for o in new["outcomes"]] == [
+        (o["boundary"], o["outcome"], o["resumed_from_step"]) for o in old["outcomes"]]
+    assert old["inferred"] == 0 and new["inferred"] > 0 and new["runs"] < old["runs"], (new["runs"], old["runs"])
 
 
 def test_above_the_limit_every_other_operation_first_then_writes_spread_over_each_file() -> None:
@@ -147,6 +183,7 @@ def test_a_writer_without_fsync_loses_its_checkpoints_to_a_power_loss(tmp_path: 
     first = report_evidence(result)["first_unsafe"]
     assert first["outcome"] == "began again" and first["undone"] > 0, first
     assert "fsync /ckpt.json.tmp before renaming it" in report_evidence(result)["fix"]
+    assert report_evidence(result)["start"].startswith("step 1: in power-loss mode")
     assert "fsync the directory after renaming into /ckpt.json" in report_evidence(result)["fix"]
 
 

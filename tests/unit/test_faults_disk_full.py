@@ -24,7 +24,8 @@ import pytest
 from tests.helpers import load_fault_harness, report_evidence
 from trainguard._internal.signals import restore_default_signals
 from trainguard.config.fault_params import FaultParams
-from trainguard.faults import FaultContext, FaultUnavailable, disk_full
+from trainguard.faults import disk_full
+from trainguard.faults.base import FaultContext, FaultUnavailable
 from trainguard.faults.disk_full import DiskFullFault
 from trainguard.faults.fusefs import FuseLayer, fuse_unavailable
 
@@ -215,7 +216,7 @@ _INTERRUPTED = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from trainguard.config.fault_params import FaultParams
-    from trainguard.faults import FaultContext
+    from trainguard.faults.base import FaultContext
     from trainguard.faults.disk_full import DiskFullFault
     work = Path(sys.argv[1])
     fault = DiskFullFault(FaultParams({"mode": "fuse"}))

@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers import load_fault_harness, report_evidence
 from trainguard.config.fault_params import FaultParams
-from trainguard.faults import FaultContext, FaultUnavailable
+from trainguard.faults.base import FaultContext, FaultUnavailable
 from trainguard.faults.cgroups import MemoryCgroups
 from trainguard.faults.oom import OomFault
 

@@ -9,8 +9,11 @@ after step ``after_step`` that writes a file the restart reads, never a log
 file, op, ordinal)``. Then, for each boundary (all of them up to ``max_boundaries``; above
 it every operation that is not a write, then writes spread over each file, the counts reported),
 a fresh run of the job is crashed right after that boundary (SIGKILL to every rank from the
-daemon; nothing after it reaches the disk) and restarted with ``resume_args``. Each restart is
-judged against the uninterrupted run:
+daemon; nothing after it reaches the disk) and restarted with ``resume_args``. A boundary whose
+crash leaves the same state as one run, or a write between two writes of a file whose restarts
+did the same, takes that outcome instead (:mod:`~trainguard.drills.crash_infer`); in kill mode a
+crash run starts from a copy of the checkpoint before the save, not from step 1
+(:mod:`~trainguard.drills.crash_start`). Each restart is judged against the uninterrupted run:
 
 * ``safe``: it resumed from a checkpoint and matched the uninterrupted run from there, or it
   trained no step and what the crash left is the uninterrupted run's final checkpoint;
@@ -42,6 +45,7 @@ import copy
 import dataclasses
 import shutil
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -54,6 +58,8 @@ from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config.checks import CheckSpec
 from trainguard.config.problems import resume_problems
 from trainguard.config.registry import Check, Run
+from trainguard.drills.crash_infer import Inference, crash_states, explore_inferred
+from trainguard.drills.crash_plan import crash_plan_words
 from trainguard.drills.crash_records import (
     Boundary,
     BoundaryNotReached,
@@ -63,6 +69,12 @@ from trainguard.drills.crash_records import (
     CrashRule,
 )
 from trainguard.drills.crash_saves import feeds_restart, save_files, shape, unlike_reference
+from trainguard.drills.crash_start import (
+    CopyAtStep,
+    SaveStart,
+    save_start,
+    unlike_a_run_from_step_1,
+)
 from trainguard.drills.evidence import ReferenceNotUsable
 from trainguard.evidence import NoEvidence
 from trainguard.faults.fusefs import FuseLayer, JournalEvent, fuse_unavailable, journal
@@ -92,6 +104,13 @@ class CrashPointsCheck(CheckSpec):
     #: ``kill``: a process crash (what the kernel accepted stays); ``power``: a power loss (data
     #: not fsynced and directory entries whose directory was not fsynced are dropped)
     mode: Literal["kill", "power"] = "kill"
+    #: boundaries whose crash leaves the same state as one run, or between two writes of a file
+    #: whose restarts did the same, take that outcome instead of a run of their own (false: every
+    #: boundary explored is run)
+    infer: bool = True
+    #: kill mode: each crash run resumes from a copy of the checkpoint before the save, kept by
+    #: the recording run, instead of training from step 1 (false: from step 1)
+    from_save: bool = True
     rtol: float = Field(0.0, ge=0)
     atol: float = Field(0.0, ge=0)
 
@@ -202,8 +221,8 @@ class _Watch:
     the ranks are known the crash rule is rewritten with their process groups to kill. It keeps
     the arrival time of every step line."""
 
-    def __init__(self, layer: FuseLayer, metric: str, rule: str, spec: CrashRule) -> None:
-        self.layer, self.metric, self.rule, self.spec = layer, metric, rule, spec
+    def __init__(self, layer: FuseLayer, metric: str, rule: str, spec: CrashRule, copy: CopyAtStep | None = None) -> None:
+        self.layer, self.metric, self.rule, self.spec, self.copy = layer, metric, rule, spec, copy
         self.arrivals: list[tuple[int, float]] = []
         self._told = False
         layer.arm({rule: spec})
@@ -212,6 +231,8 @@ class _Watch:
         if point.name != self.metric:
             return
         self.arrivals.append((point.step, time.time()))
+        if self.copy is not None:
+            self.copy(point.step)
         if not self._told and self.rule == "crash":
             self._told = True
             self.layer.arm({self.rule: {**self.spec, "kill": [r.pid for r in launcher.ranks]}})
@@ -236,6 +257,10 @@ class SaveFound:
     checkpoint_before: bool
     last: bool
     files: list[str] = field(default_factory=list)
+    #: what a crash after each boundary leaves, from the journal (:func:`crash_states`)
+    states: list[Hashable | None] = field(default_factory=list)
+    #: where each crash run starts (:mod:`~trainguard.drills.crash_start`)
+    start: SaveStart = field(default_factory=lambda: SaveStart(None, "step 1"))
 
 
 def _bursts(ops: list[JournalEvent], arrivals: list[tuple[int, float]], gap_s: float) -> list[list[JournalEvent]]:
@@ -345,7 +370,9 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
             evidence: CrashPointsEvidence) -> SaveFound | str:
     """The recording run, then its restart (the files it opens are the checkpoint): the save
     explored, or why there is none."""
-    watch = _Watch(layer, metric, "record", {"run": "record"})
+    copy = (CopyAtStep(layer.backing, layer.trigger.parent / "before-save", spec.after_step)
+            if spec.from_save and spec.mode == "kill" else None)
+    watch = _Watch(layer, metric, "record", {"run": "record"}, copy)
     recorded = pool.run(request, label="crash-points-record", checkpoint_dir=layer.point, on_metric=watch)
     evidence.runs += 1
     layer.disarm()
@@ -375,6 +402,9 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
     evidence.save_after_step = max((step for step, t in watch.arrivals if began is not None and t <= began), default=None)
     evidence.last_save = save.last
     save.files = save_files(((b.op, b.path, b.to) for b in save.boundaries), appended)
+    save.states = crash_states(events, save.boundaries, spec.mode, appended)
+    save.start = (save_start(copy, events, first, save.checkpoint_before, spec.mode) if spec.from_save
+                  else SaveStart(None, "step 1 (from_save: false)"))
     return save
 
 
@@ -407,12 +437,14 @@ def _explore(ctx: CheckContext[CrashPointsCheck], reference: RunResult, base: in
     renamed = {b.path for b in found if b.op == "rename"}
     resumed_before: int | None = base - 1 if had_checkpoint else None
     unsafe: tuple[Boundary, BoundaryOutcome] | None = None
+    decided = _decide(runs, chosen, evidence)
     for number, boundary in enumerate(chosen):
-        row, launched = _crash_and_resume(number, runs, boundary, resumed_before)
-        evidence.runs += launched
+        row = decided.rows[number]
+        if isinstance(row, BoundaryOutcome):
+            _in_context(row, runs, resumed_before)
         first_doubt = row.outcome == "torn" and not any(r.outcome == "safe" for r in evidence.outcomes)
         if (first_doubt or row.outcome == "began again") and evidence.control is None:
-            evidence.control, launched = _crash_and_resume(len(chosen), runs, found[0], resumed_before, control=True)
+            evidence.control, launched = _crash_and_resume(len(chosen), runs, found[0], control=True)
             evidence.runs += launched
         control = evidence.control
         if isinstance(row, BoundaryOutcome):
@@ -422,19 +454,22 @@ def _explore(ctx: CheckContext[CrashPointsCheck], reference: RunResult, base: in
             resumed_before = max(resumed_before if resumed_before is not None else -1, row.resumed_from_step)
         elif unsafe is None and isinstance(row, BoundaryOutcome) and row.outcome not in ("safe", "loaded"):
             unsafe = (boundary, row)
+    evidence.start = save.start.words()
     duration = time.monotonic() - started
     explored = (f"{len(chosen)} of {len(found)} boundaries of the save after step {spec.after_step} "
                 f"({', '.join(f'{n} {op}' for op, n in evidence.by_op.items())})")
+    ran = f"{evidence.runs} runs" + (f", {evidence.inferred} boundaries inferred (no run of their own)"
+                                     if evidence.inferred else "")
     if unsafe is not None:
         boundary, row = unsafe
         evidence.first_unsafe = row
         evidence.fix = _fix(boundary, row, renamed, spec.mode, found)
-        return CheckResult(_NAME, "failed", f"{explored} explored in {evidence.runs} runs; first unsafe: "
+        return CheckResult(_NAME, "failed", f"{explored} explored in {ran}; first unsafe: "
                            f"{row.boundary}: {row.outcome} ({row.detail}). Fix: {evidence.fix}",
                            evidence, duration)
     loaded = [r for r in evidence.outcomes if r.outcome == "loaded"]
     if loaded:
-        return CheckResult(_NAME, "error", f"{explored} explored in {evidence.runs} runs: no crash point failed "
+        return CheckResult(_NAME, "error", f"{explored} explored in {ran}: no crash point failed "
                            f"to load, began again or went back, but {len(loaded)} restarts diverged and so did "
                            f"a restart after a kill just before the save ({evidence.control and evidence.control.detail}):"
                            " the job's resume is not exact, so a torn checkpoint that loads cannot be found. Make "
@@ -447,7 +482,7 @@ def _explore(ctx: CheckContext[CrashPointsCheck], reference: RunResult, base: in
                            "named by the time or a random part trainguard does not recognise?)",
                            evidence, duration)
     note = f"; {len(missed)} not reached" if missed else ""
-    return CheckResult(_NAME, "passed", f"{explored} explored in {evidence.runs} runs: a crash after each "
+    return CheckResult(_NAME, "passed", f"{explored} explored in {ran}: a crash after each "
                        f"resumed and matched the uninterrupted run{note}", evidence, duration)
 
 
@@ -521,26 +556,40 @@ def _trained_nothing(row: BoundaryOutcome, runs: _CrashRuns, resumed: RunResult)
     return row
 
 
-def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, resumed_before: int | None, *,
+def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, *,
                       control: bool = False) -> tuple[CrashRow, int]:
     """A fresh run crashed right after ``boundary`` (``control``: a kill instead of it, just
     before the save began, in either mode), restarted with the resume arguments, judged; and
     how many runs it launched."""
     pool, spec, request, metric, layer = runs.pool, runs.spec, runs.request, runs.metric, runs.layer
     words = f"rank {boundary.rank}: a kill before the save's first operation" if control else boundary.words()
+    start = runs.save.start
+    at = start.shifted(boundary) if start.keep is not None and not control else None
     _clear(layer.backing)
+    if at is not None and start.keep is not None:
+        shutil.copytree(start.keep, layer.backing, symlinks=True, dirs_exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         layer.events.unlink()
-    rule: CrashRule = {"run": f"crash-{number}", "at": boundary.as_rule()}
+    # a run of its own to the daemon (its counts start again): the same crash made again from
+    # step 1 is another run
+    rule: CrashRule = {"run": f"crash-{number}" + ("-at-save" if at is not None else ""), "at": (at or boundary).as_rule()}
     if control:
         rule["before"] = True
     elif spec.mode == "power":
         rule["mode"], rule["snapshots"] = "power", str(layer.trigger.parent / "power-copies" / str(number))
     watch = _Watch(layer, metric, "crash", rule)
     crashed_run = pool.run(request, label="crash-points-control" if control else "crash-points-crash",
-                             checkpoint_dir=layer.point, on_metric=watch)
+                           resume=at is not None, checkpoint_dir=layer.point, on_metric=watch)
     crashed = [e for e in journal(layer.read_events()) if e.event == "crashed"]
     layer.disarm()
+    if at is not None:  # started at the save: used only when it did what a run from step 1 would
+        why = "never reached its boundary" if not crashed else unlike_a_run_from_step_1(
+            crashed_run.points, runs.reference.points, runs.metric, runs.base, spec.rtol, spec.atol)
+        if why is not None:
+            start.give_up(f"{why} ({boundary.words()})")
+            row, launched = _crash_and_resume(number, runs, boundary)
+            return row, launched + 1
+        start.used += 1
     if not crashed:
         return BoundaryNotReached(words, boundary.op, boundary.path, boundary.rank, boundary.ordinal, "not reached",
                                   None, f"the crash run never made that operation ({crashed_run.outcome})"), 1
@@ -549,13 +598,48 @@ def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, resumed
         shutil.rmtree(layer.trigger.parent / "power-copies" / str(number), ignore_errors=True)
         row.undone = crashed[0].undone
     resumed = pool.run(request, label="crash-points-resume", resume=True, checkpoint_dir=layer.point)
-    return _judge_restart(row, runs, resumed, resumed_before, control), 2
+    return _judge_restart(row, runs, resumed, control), 2
 
 
-def _judge_restart(row: BoundaryOutcome, runs: _CrashRuns, resumed: RunResult, resumed_before: int | None,
-                   control: bool) -> BoundaryOutcome:
-    """What the restart after the crash did, set on ``row`` (module docstring: the outcomes)."""
-    spec, reference, metric, base = runs.spec, runs.reference, runs.metric, runs.base
+def _decide(runs: _CrashRuns, chosen: list[Boundary], evidence: CrashPointsEvidence) -> Inference:
+    """A row for each boundary of ``chosen``, judged without the rows before it: run, or with
+    ``infer``, inferred where :mod:`~trainguard.drills.crash_infer` can."""
+    def run(number: int) -> CrashRow:
+        row, launched = _crash_and_resume(number, runs, chosen[number])
+        evidence.runs += launched
+        return row
+
+    if not runs.spec.infer:
+        return Inference(rows={i: run(i) for i in range(len(chosen))})
+    where = {b: i for i, b in enumerate(runs.save.boundaries)}
+    decided = explore_inferred(chosen, [runs.save.states[where[b]] if runs.save.states else None for b in chosen],
+                               run)
+    evidence.inferred = len(decided.inferred)
+    return decided
+
+
+def _in_context(row: BoundaryOutcome, runs: _CrashRuns, resumed_before: int | None) -> None:
+    """``row`` read beside the boundaries before it: a restart that resumed (safe or torn, all
+    ranks alike) from before the save's first step though a checkpoint was there began again;
+    one older than an earlier boundary's went back."""
+    resumed_from = row.resumed_from_step
+    if row.outcome not in ("safe", "torn") or row.ranks_resumed_from or resumed_from is None or resumed_before is None:
+        return
+    if resumed_from < runs.base:
+        row.outcome, row.detail = "began again", (
+            f"the restart began at step {runs.base}: the save left no checkpoint to resume from, though there was "
+            "one before it" + (" (a power loss also drops a checkpoint that was never fsynced)"
+                               if runs.spec.mode == "power" else ""))
+    elif resumed_from < resumed_before:
+        row.outcome, row.detail = "went back", (
+            f"resumed from step {resumed_from}, older than the step {resumed_before} a crash at an earlier "
+            "boundary resumed from: the save destroyed a complete checkpoint")
+
+
+def _judge_restart(row: BoundaryOutcome, runs: _CrashRuns, resumed: RunResult, control: bool) -> BoundaryOutcome:
+    """What the restart after the crash did, set on ``row`` (module docstring: the outcomes),
+    the rows before it aside (:func:`_in_context` reads it beside them)."""
+    spec, reference, metric = runs.spec, runs.reference, runs.metric
     steps = sorted({p.step for p in resumed.points if p.name == metric})
     resumed_from = row.resumed_from_step = steps[0] - 1 if steps else None
     if not resumed.ok:
@@ -571,17 +655,6 @@ def _judge_restart(row: BoundaryOutcome, runs: _CrashRuns, resumed: RunResult, r
         row.outcome, row.detail = "torn", ("the ranks resumed from different steps (" + ", ".join(
             f"rank {r} from {s - 1}" for r, s in sorted(firsts.items())) + "): the save was complete on "
             "some ranks only")
-        return row
-    if not control and resumed_from < base and resumed_before is not None:
-        row.outcome, row.detail = "began again", (
-            f"the restart began at step {base}: the save left no checkpoint to resume from, though there was "
-            "one before it" + (" (a power loss also drops a checkpoint that was never fsynced)"
-                               if spec.mode == "power" else ""))
-        return row
-    if not control and resumed_before is not None and resumed_from < resumed_before:
-        row.outcome, row.detail = "went back", (
-            f"resumed from step {resumed_from}, older than the step {resumed_before} a crash at an earlier "
-            "boundary resumed from: the save destroyed a complete checkpoint")
         return row
     actual, expected = aligned_trajectories(resumed.points, reference.points, metric)
     diff = compare_trajectories(actual, expected, metric=metric, steps=range(resumed_from + 1, spec.steps + 1),
@@ -604,9 +677,11 @@ CRASH_POINTS: Check[CrashPointsCheck] = Check(
                              Run("restart the recorded run: the files a resume reads"),
                              *(Run(f"{what} {i}") for i in range(1, spec.max_boundaries + 1)
                                for what in ("crash after boundary", "resume after crash")),
-                             Run("a kill before the save, if a restart diverges"), Run("resume after the kill")],
+                             Run("a kill before the save, if a restart diverges"), Run("resume after the kill"),
+                             Run("a crash from the copy before the save, made again from step 1")],
                             f"a crash after each boundary of the save (at most {spec.max_boundaries}) must "
-                            "resume and match the reference"),
+                            "resume and match the reference; " + crash_plan_words(
+                                spec.max_boundaries, spec.mode, spec.infer, ctx.job_file.state_dir)),
     requires=lambda spec, facts: resume_problems(facts, f"checks.{_NAME}"),
     gate_default=False,
     evidence=(CrashPointsEvidence, ReferenceNotUsable),

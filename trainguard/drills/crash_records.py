@@ -86,6 +86,9 @@ class BoundaryOutcome(Evidence):
     ranks_resumed_from: dict[str, int] | Unset = field(default=UNSET, kw_only=True)
     outcome: CrashOutcome
     detail: str
+    #: not run: the outcome was taken from the crashes named (the same state left, or between
+    #: two writes of one file whose restarts did the same; docs/crash-points.md)
+    inferred_from: str | Unset = field(default=UNSET, kw_only=True)
 
 
 @dataclass
@@ -123,6 +126,11 @@ class CrashPointsEvidence(Evidence):
     first_unsafe: BoundaryOutcome | None = None
     fix: str | None = None
     runs: int = 0
+    #: boundaries whose outcome was inferred, not run (``inferred_from`` on their rows)
+    inferred: int = 0
+    #: where the crash runs started: at the save (from a copy of the checkpoint before it) or at
+    #: step 1, and why
+    start: str = ""
     work_dir: str = ""
     #: the files a restart of the recording run opened to read (the checkpoint the save writes)
     reads: list[str] = field(default_factory=list)

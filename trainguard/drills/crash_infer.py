@@ -1,0 +1,269 @@
+"""Fewer crash runs for the same answer (``checks.crash_points``, docs/crash-points.md, "Runs
+inferred"): which boundaries of a save leave the same state when crashed, and which are decided
+by bisection.
+
+* **The same state.** The recording's journal is replayed on a model of the checkpoint
+  directory (:class:`CrashState`): every entry's kind and content, a content being the journal
+  event that last wrote it. A crash after boundary ``b`` leaves what every operation up to ``b``
+  made (``mode: kill``), less what a power loss drops (``mode: power``: the daemon's
+  :class:`~trainguard.faults.fusejournal.PowerLoss` undo log, replayed on the model). Boundaries
+  whose crash leaves the same state (an ``fsync`` in kill mode changes nothing; in power mode a
+  rename not yet made durable is undone) need one run: the others take its restart's outcome.
+  Files the job appends to (logs) are left out of the state.
+* **Bisection.** A file's ``create`` (or ``truncate``) and the writes after it, with no other
+  boundary between them, are one segment: its first and last boundaries are run; when their
+  restarts did the same (outcome and the step resumed from), the boundaries between them take
+  that outcome; otherwise the middle is run and each half decided the same way. Where the
+  outcome changes, the boundary it changes at is run, so the first unsafe boundary is found
+  exactly, as long as a partly written file does what the two ends of its writing did.
+
+An inferred row is never the only evidence of a verdict's change point: the first boundary with
+a new outcome is always one that was run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+
+from trainguard.drills.crash_records import Boundary, BoundaryOutcome, CrashRow
+from trainguard.evidence import UNSET
+from trainguard.faults.fusefs import JournalEvent
+
+__all__ = ["CrashState", "Inference", "crash_states", "explore_inferred", "write_segments"]
+
+#: an entry of the model: its kind (``f`` file, ``d`` folder, ``l`` symbolic link), inode, content
+_Entry = tuple[str, int, object]
+_DATA = ("create", "write", "truncate")
+
+
+def _dir(path: str) -> str:
+    """The folder an entry is in, as the power-loss undo log names it."""
+    return posixpath.dirname(path.rstrip("/")) or "/"
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+@dataclass
+class CrashState:
+    """The checkpoint directory as the journal's operations leave it, and (``power``) the undo
+    log of what is not durable yet, kept as the daemon keeps it."""
+
+    power: bool
+    names: dict[str, _Entry] = field(default_factory=dict)
+    pending: set[int] = field(default_factory=set)
+    log: list[tuple[object, ...]] = field(default_factory=list)
+    count: int = 0
+
+    def _new(self) -> int:
+        self.count += 1
+        return self.count
+
+    def _move(self, names: dict[str, _Entry], src: str, dst: str) -> None:
+        moved = {p: v for p, v in names.items() if _under(p, src)}
+        for p in [p for p in names if _under(p, dst)]:
+            del names[p]
+        for p, v in moved.items():
+            del names[p]
+            names[dst + p[len(src):]] = v
+
+    def apply(self, e: JournalEvent) -> None:
+        """One operation of the journal, done (in power mode, logged first and its syncs kept)."""
+        if self.power:
+            self._before(e)
+        op, path, n = e.op, e.path, self.names
+        if op == "create":
+            n[path] = ("f", self._new(), "")
+        elif op in ("write", "truncate"):
+            kind, ino, _ = n.get(path) or ("f", self._new(), "")
+            n[path] = (kind, ino, self._new())  # a content no other operation makes
+        elif op == "mkdir":
+            n[path] = ("d", self._new(), None)
+        elif op in ("unlink", "rmdir"):
+            n.pop(path, None)
+        elif op == "rename" and e.to:
+            self._move(n, path, e.to)
+        elif op == "link" and e.to and path in n:
+            n[e.to] = n[path]
+        elif op == "symlink":
+            n[path] = ("l", self._new(), self.count)
+        if self.power:
+            self._durable(e)
+
+    def _snapshot(self, path: str) -> object:
+        entry = self.names.get(path)
+        return entry[2] if entry is not None and entry[0] == "f" else None
+
+    def _content(self, path: str) -> None:
+        entry = self.names.get(path)
+        if entry is not None and entry[1] not in self.pending:
+            self.pending.add(entry[1])
+            self.log.append(("content", path, entry[1], self._snapshot(path)))
+
+    def _before(self, e: JournalEvent) -> None:
+        op, path = e.op, e.path
+        if op in ("write", "truncate") or (op == "create" and path in self.names):
+            self._content(path)
+        elif op == "create":
+            self.log.append(("created", path, _dir(path)))
+        elif op == "unlink":
+            self.log.append(("unlinked", path, self._snapshot(path), _dir(path)))
+        elif op == "rename" and e.to:
+            self.log.append(("renamed", path, e.to, self._snapshot(e.to), _dir(e.to)))
+        elif op in ("mkdir", "rmdir"):
+            self.log.append((op, path, _dir(path)))
+        elif op in ("link", "symlink"):
+            made = e.to if op == "link" and e.to else path
+            self.log.append(("linked", made, _dir(made)))
+
+    def _durable(self, e: JournalEvent) -> None:
+        if e.op in ("fsync", "fdatasync") and e.path in self.names:
+            ino = self.names[e.path][1]
+            self.pending.discard(ino)
+            self.log = [x for x in self.log if not (x[0] == "content" and x[2] == ino)]
+        elif e.op == "fsyncdir":
+            here = e.path.rstrip("/") or "/"
+            self.log = [x for x in self.log if x[0] == "content" or x[-1] != here]
+
+    def _has_folder(self, names: dict[str, _Entry], path: str) -> bool:
+        parent = _dir(path)
+        return parent == "/" or names.get(parent, ("",))[0] == "d"
+
+    def _undo(self, names: dict[str, _Entry], entry: tuple[object, ...]) -> None:
+        kind, path = str(entry[0]), str(entry[1])
+        here = names.get(path)
+        if kind in ("content", "unlinked"):
+            keep = entry[3] if kind == "content" else entry[2]
+            if keep is None:  # truncated to nothing, if it is there
+                if here is not None and here[0] == "f":
+                    names[path] = ("f", here[1], "")
+            elif (here is None or here[0] != "d") and self._has_folder(names, path):
+                names[path] = ("f", here[1] if here is not None and here[0] == "f" else self._new(), keep)
+        elif kind in ("created", "linked"):
+            if here is not None and here[0] != "d":
+                del names[path]
+        elif kind == "renamed":
+            to = str(entry[2])
+            if to in names and self._has_folder(names, path) and names.get(path, ("",))[0] != "d":
+                self._move(names, to, path)
+                if entry[3] is not None:
+                    names[to] = ("f", self._new(), entry[3])
+        elif kind == "mkdir":
+            for p in [p for p in names if _under(p, path)]:
+                del names[p]
+        elif kind == "rmdir" and here is None and self._has_folder(names, path):
+            names[path] = ("d", self._new(), None)
+
+    def crashed(self, leave_out: set[str]) -> Hashable:
+        """What a crash now leaves (in power mode, after the undo of what was not durable), each
+        entry by its kind and content; ``leave_out`` (logs) aside."""
+        names = dict(self.names)
+        if self.power:
+            for entry in reversed(self.log):
+                self._undo(names, entry)
+        return frozenset((p, v[0], v[2]) for p, v in names.items() if p not in leave_out)
+
+
+def crash_states(events: list[JournalEvent], boundaries: list[Boundary], mode: str,
+                 leave_out: set[str]) -> list[Hashable | None]:
+    """For each boundary, what a crash right after it leaves (:meth:`CrashState.crashed`), from
+    the recording's journal; None for a boundary the journal does not hold."""
+    where = {(b.rank, b.path, b.op, b.ordinal): i for i, b in enumerate(boundaries)}
+    states: list[Hashable | None] = [None] * len(boundaries)
+    model = CrashState(power=mode == "power")
+    for e in events:
+        if e.event != "op":
+            continue
+        model.apply(e)
+        i = where.get((int(e.rank or 0), e.path, e.op, e.ordinal))
+        if i is not None and states[i] is None:
+            states[i] = model.crashed(leave_out)
+    return states
+
+
+def write_segments(chosen: list[Boundary]) -> list[tuple[int, int]]:
+    """``(first, last)`` indices of each run of at least three boundaries in ``chosen`` that
+    writes one file of one rank: a ``create`` or ``truncate`` or a write, then writes only."""
+    segments: list[tuple[int, int]] = []
+    i = 0
+    while i < len(chosen):
+        b = chosen[i]
+        j = i
+        if b.op in _DATA:
+            while j + 1 < len(chosen) and chosen[j + 1].op == "write" and (
+                    chosen[j + 1].rank, chosen[j + 1].path) == (b.rank, b.path):
+                j += 1
+        if j - i >= 2:
+            segments.append((i, j))
+        i = j + 1
+    return segments
+
+
+def _alike(a: CrashRow, b: CrashRow) -> bool:
+    """Whether two restarts did the same: the outcome, the step resumed from, each rank's."""
+    if not isinstance(a, BoundaryOutcome) or not isinstance(b, BoundaryOutcome):
+        return False
+    return (a.outcome, a.resumed_from_step, a.ranks_resumed_from) == (b.outcome, b.resumed_from_step,
+                                                                       b.ranks_resumed_from)
+
+
+@dataclass
+class Inference:
+    """The rows of a save's boundaries, some run, some inferred: ``inferred`` maps a boundary's
+    index to why (the words the evidence keeps)."""
+
+    rows: dict[int, CrashRow] = field(default_factory=dict)
+    inferred: dict[int, str] = field(default_factory=dict)
+
+    def take(self, i: int, boundary: Boundary, source: CrashRow, why: str) -> None:
+        assert isinstance(source, BoundaryOutcome)
+        self.rows[i] = dataclasses.replace(source, boundary=boundary.words(), op=boundary.op, path=boundary.path,
+                                           rank=boundary.rank, ordinal=boundary.ordinal,
+                                           undone=UNSET,
+                                           inferred_from=why)
+        self.inferred[i] = why
+
+
+def explore_inferred(chosen: list[Boundary], states: Iterable[Hashable | None],
+                     run: Callable[[int], CrashRow]) -> Inference:
+    """Every boundary of ``chosen`` decided: run (``run(i)``: the crash after ``chosen[i]`` and
+    its restart, judged without the rows before it) or inferred (the module's docstring)."""
+    states = list(states)
+    done = Inference()
+    seen: dict[Hashable, int] = {}
+
+    def get(i: int) -> CrashRow:
+        if i not in done.rows:
+            rep = seen.get(states[i]) if states[i] is not None else None
+            if rep is not None:
+                done.take(i, chosen[i], done.rows[rep], f"the same state as the crash {chosen[rep].words()}")
+            else:
+                done.rows[i] = row = run(i)
+                if isinstance(row, BoundaryOutcome) and states[i] is not None:
+                    seen.setdefault(states[i], i)
+        return done.rows[i]
+
+    def bisect(lo: int, hi: int) -> None:
+        a, b = get(lo), get(hi)
+        if hi - lo < 2:
+            return
+        if _alike(a, b):
+            for j in range(lo + 1, hi):
+                if j not in done.rows:
+                    done.take(j, chosen[j], a, f"between the crashes {chosen[lo].words()} and "
+                              f"{chosen[hi].words()}, whose restarts did the same")
+            return
+        mid = (lo + hi) // 2
+        bisect(lo, mid)
+        bisect(mid, hi)
+
+    starts = dict(write_segments(chosen))
+    for i in range(len(chosen)):
+        if i in starts:
+            bisect(i, starts[i])
+        get(i)
+    return done
