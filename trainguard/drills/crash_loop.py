@@ -1,0 +1,230 @@
+"""The ``crash_loop`` drill and its expectation ``give_up`` (docs/drills.md, "crash_loop").
+
+The fault (:mod:`trainguard.faults.crash_loop`) strikes every attempt: SIGKILL to rank ``rank``
+when the job prints step ``after_step`` (or the first step past it). The job's own restart policy
+runs as the user configured it -- trainguard's launcher: ``job.max_restarts`` and ``job.restart``
+(:mod:`trainguard.run.restarts`) -- and the drill measures, per attempt: the step it was struck
+at, its first and last step, its progress (steps beyond every earlier attempt's), the wait
+before it (measured from the end of the previous attempt to its start), the checkpoint it could
+resume from, and the rank-seconds it spent. It fails:
+
+* a loop that does not stop by its cap (``max_attempts``): the drill lets one attempt past the
+  cap start, which proves the policy would have gone on, and stops there;
+* a restart with less than ``min_backoff_s`` of wait before it;
+* a restart that began again from step 1 while a complete checkpoint existed.
+
+A loop that never formed (the job got past the step: the final attempt completed) or a fault that
+never struck is an error, never a pass.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainguard.config import DrillSpec
+from trainguard.drills.evidence import DrillEvidence
+from trainguard.drills.expectations import JudgeEntry
+from trainguard.drills.judges import DrillContext, Judgement, common_evidence
+from trainguard.evidence import MERGED, UNSET, Evidence, Unset
+from trainguard.faults.crash_loop import CrashLoopFault
+from trainguard.launch import Launcher, MetricPoint, RunResult
+from trainguard.launch.rundir import new_run_dir
+from trainguard.report import CheckId, CheckResult, CheckStatus, SkipReason
+from trainguard.run.runner import JobRunner, LaunchOptions, SupervisedRun
+from trainguard.unit.checkpoints import latest_complete_checkpoint
+
+__all__ = ["GIVE_UP", "CrashLoopAttempt", "CrashLoopEvidence", "CrashLoopReport", "run_crash_loop"]
+
+#: a measured wait this much short of min_backoff_s still counts (clock reads, not policy)
+_CLOCK_SLACK_S = 0.01
+
+
+@dataclass
+class CrashLoopAttempt(Evidence):
+    """One attempt of the loop as measured."""
+
+    attempt: int
+    outcome: str
+    #: the step the fault struck it at (None: it never got there)
+    struck_at_step: int | None
+    first_step: int | None
+    last_step: int | None
+    #: steps it printed beyond every earlier attempt's furthest
+    progress_steps: int
+    #: the wait before it: from the end of the previous attempt to its start (None: the first)
+    wait_before_s: float | None
+    duration_s: float
+    rank_seconds: float
+    #: the newest complete checkpoint when it started (None: none; the first attempt's is None)
+    checkpoint_at_start: str | None
+
+
+@dataclass
+class CrashLoopEvidence(Evidence):
+    """What the policy did under a fault that strikes every attempt."""
+
+    #: the policy under test, in words
+    policy: str
+    #: the step that kept failing (the one most attempts were struck at)
+    failing_step: int | None
+    attempts_struck: int
+    cap: int
+    min_backoff_s: float
+    #: why the policy stopped before max_restarts ran out (empty: it ran out, or the cap stopped it)
+    gave_up: str
+    rank_seconds: float
+    attempts: list[CrashLoopAttempt]
+    problems: list[str]
+    drill_dir: str | Unset = UNSET
+    run_dir: str | Unset = UNSET
+
+
+@dataclass
+class CrashLoopReport(Evidence):
+    """A crash_loop drill's report object: what its spec asked, then its record."""
+
+    fault: str
+    expect: str
+    rank: int
+    after_step: int
+    steps: int
+    found: CrashLoopEvidence | Unset = field(default=UNSET, metadata=MERGED)
+
+
+class Striker:
+    """Strikes every attempt: SIGKILL to ``rank`` at the first ``metric`` line of a step >=
+    ``after_step``; notes each attempt's first step and what the checkpoint directory held."""
+
+    def __init__(self, rank: int, after_step: int, metric: str, checkpoints: Path) -> None:
+        self.rank, self.after_step, self.metric, self.checkpoints = rank, after_step, metric, checkpoints
+        self.struck: dict[int, int] = {}
+        self.first: dict[int, int] = {}
+        self.newest: dict[int, str | None] = {}  # attempt -> the newest checkpoint once it was struck
+        self._lock = threading.Lock()
+
+    def on_metric(self, point: MetricPoint, launcher: Launcher) -> None:
+        if point.name != self.metric:
+            return
+        attempt = launcher.spec.restart_count
+        with self._lock:
+            self.first.setdefault(attempt, point.step)
+            if attempt in self.struck or point.step < self.after_step:
+                return
+            self.struck[attempt] = point.step
+        launcher.kill_rank(self.rank, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            launcher.ranks[self.rank].popen.wait(timeout=5)
+        newest = latest_complete_checkpoint(self.checkpoints)
+        self.newest[attempt] = None if newest is None else str(newest)
+
+
+def _measure(run: SupervisedRun, striker: Striker, world_size: int) -> list[CrashLoopAttempt]:
+    out, best = [], 0
+    for i, result in enumerate(run.attempts):
+        steps = sorted({p.step for p in result.points if p.name == striker.metric})
+        wait = run.waits[i - 1].measured_s if 0 < i <= len(run.waits) else None
+        start = _checkpoint_at_start(run, result, striker, i)
+        out.append(CrashLoopAttempt(
+            i, result.outcome, striker.struck.get(i), striker.first.get(i), steps[-1] if steps else None,
+            len([s for s in steps if s > best]), None if wait is None else round(wait, 3),
+            round(result.duration_s, 3), round(result.duration_s * world_size, 3), start))
+        best = max([best, *steps])
+    return out
+
+
+def _checkpoint_at_start(run: SupervisedRun, result: RunResult, striker: Striker, i: int) -> str | None:
+    """The newest complete checkpoint when attempt ``i`` started: the one trainguard passed it
+    (``resumed_from``), else the one the directory held once attempt ``i - 1`` was struck."""
+    if i == 0:
+        return None
+    resumed = result.evidence.get("resumed_from")
+    if isinstance(resumed, str) and resumed and not resumed.startswith("nothing"):
+        return resumed
+    return striker.newest.get(i - 1)
+
+
+def judge_loop(attempts: list[CrashLoopAttempt], cap: int, min_backoff_s: float) -> tuple[CheckStatus, list[str]]:
+    """The verdict on the measured attempts and its problems (failed) or why none (error)."""
+    if not any(a.struck_at_step is not None for a in attempts):
+        return "error", [f"the fault never struck: no attempt printed a step >= after_step "
+                         f"({attempts[0].outcome}: check job.metrics and steps)"]
+    if attempts[-1].outcome == "ok":
+        return "error", [f"no crash loop formed: attempt {attempts[-1].attempt} completed (it resumed past the "
+                         "step the fault strikes at; set after_step to a step no checkpoint is saved at)"]
+    problems = []
+    if len(attempts) > cap:
+        problems.append(f"did not stop by its cap of {cap} attempt(s): attempt {cap + 1} started")
+    for a in attempts[1:]:
+        if min_backoff_s > 0 and a.wait_before_s is not None and a.wait_before_s + _CLOCK_SLACK_S < min_backoff_s:
+            problems.append(f"restarted attempt {a.attempt} after {a.wait_before_s:.2f} s, less than "
+                            f"min_backoff_s {min_backoff_s:g}")
+        if a.first_step == 1 and a.checkpoint_at_start is not None:
+            problems.append(f"attempt {a.attempt} began again from step 1 while {a.checkpoint_at_start} existed")
+    return ("failed" if problems else "passed"), problems
+
+
+def run_crash_loop(runner: JobRunner, spec: DrillSpec) -> CheckResult[CrashLoopReport]:
+    """Run one crash_loop drill and judge it (``drill:<name>``)."""
+    started = time.monotonic()
+    job_file, job = runner.job_file, runner.job_file.job
+    base = CrashLoopReport("crash_loop", "give_up", spec.rank, spec.after_step, spec.steps)
+    reproduce = f"trainguard drill {job_file.path} --only {spec.name}"
+
+    def result(status: CheckStatus, summary: str, found: CrashLoopEvidence | Unset = UNSET,
+               skip: SkipReason | None = None) -> CheckResult[CrashLoopReport]:
+        report = CrashLoopReport(base.fault, base.expect, base.rank, base.after_step, base.steps, found)
+        return CheckResult(str(CheckId.of_drill(spec.name)), status, summary, report,
+                           time.monotonic() - started, reproduce, skip)
+
+    unavailable = CrashLoopFault.unavailable_for(runner.backend)
+    if unavailable is not None:
+        return result("skipped", unavailable, UNSET, SkipReason.JOB_KIND)
+    params = spec.fault_params
+    given = params.optional_number("max_attempts") if "max_attempts" in params else None
+    cap = int(given) if given is not None else job.max_restarts + 1
+    wait = params.optional_number("min_backoff_s") if "min_backoff_s" in params else None
+    min_backoff = float(job.restart.backoff_s if wait is None else wait)
+    world_size = spec.world_size or job.world_size
+    request = runner.request_for(spec, world_size=world_size)
+    drill_dir = new_run_dir(job_file.state_dir, job.name, f"drill-{spec.name}", keep=runner.settings.keep_runs)
+    checkpoints = drill_dir / "checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    striker = Striker(spec.rank, spec.after_step, job.progress_metric, checkpoints)
+    stall = spec.stall_timeout or job.stall_timeout
+    run = runner.supervise(request, label=f"drill-{spec.name}", checkpoint_dir=checkpoints, on_metric=striker.on_metric,
+                           options=LaunchOptions(max_restarts=min(job.max_restarts, cap), stall_timeout=stall,
+                                                 startup_timeout=max(stall, job.stall_timeout)))
+    attempts = _measure(run, striker, world_size)
+    status, problems = judge_loop(attempts, cap, min_backoff)
+    struck = [a.struck_at_step for a in attempts if a.struck_at_step is not None]
+    failing = collections.Counter(struck).most_common(1)[0][0] if struck else None
+    r = job.restart
+    policy = (f"trainguard launcher: job.max_restarts {job.max_restarts}, backoff {r.backoff_s:g} s doubling to "
+              f"{r.max_backoff_s:g} s, jitter {r.jitter:g}, max_attempts_without_progress "
+              f"{r.max_attempts_without_progress or 'none'}")
+    spent = round(sum(a.rank_seconds for a in attempts), 3)
+    found = CrashLoopEvidence(policy, failing, len(struck), cap, min_backoff, run.gave_up, spent, attempts, problems,
+                              str(drill_dir), str(run.run_dir))
+    waits = ", ".join(f"{a.wait_before_s:.2f}" for a in attempts if a.wait_before_s is not None) or "none"
+    where = (f"step {failing} failed on {len(struck)} of {len(attempts)} attempt(s)"
+             + (f" (struck at steps {', '.join(map(str, sorted(set(struck))))})" if len(set(struck)) > 1 else ""))
+    if status != "passed":
+        return result(status, f"{where}; " + "; ".join(problems) + f"; {spent:.1f} rank-seconds spent", found)
+    stop = run.gave_up or f"its limit of {job.max_restarts} restart(s) ran out"
+    return result("passed", f"{where}; the policy stopped after {len(attempts)} attempt(s) (cap {cap}): {stop}; "
+                  f"waits {waits} s (min_backoff_s {min_backoff:g}); {spent:.1f} rank-seconds spent", found)
+
+
+def _judged_by_its_drill(c: DrillContext) -> Judgement:
+    return Judgement("error", f"`expect: give_up` is judged by the crash_loop drill; {c.spec.fault} strikes once "
+                     "(use `fault: crash_loop`)", common_evidence(c, DrillEvidence))
+
+
+#: give_up as the registry holds it: only crash_loop is judged by it, and its drill runner judges
+GIVE_UP = JudgeEntry("give_up", _judged_by_its_drill)
