@@ -22,10 +22,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 from trainguard.config import DrillSpec
 from trainguard.drills.evidence import DrillEvidence
@@ -43,6 +46,8 @@ __all__ = ["GIVE_UP", "CrashLoopAttempt", "CrashLoopEvidence", "CrashLoopReport"
 
 #: a measured wait this much short of min_backoff_s still counts (clock reads, not policy)
 _CLOCK_SLACK_S = 0.01
+#: how often the worker striker looks for the next worker generation
+_POLL_S = 0.02
 
 
 @dataclass
@@ -81,6 +86,8 @@ class CrashLoopEvidence(Evidence):
     rank_seconds: float
     attempts: list[CrashLoopAttempt]
     problems: list[str]
+    #: how the last launch ended, in the launcher's words (torchrun's end, for ``target: worker``)
+    ended: str
     drill_dir: str | Unset = UNSET
     run_dir: str | Unset = UNSET
 
@@ -99,32 +106,102 @@ class CrashLoopReport(Evidence):
 
 class Striker:
     """Strikes every attempt: SIGKILL to ``rank`` at the first ``metric`` line of a step >=
-    ``after_step``; notes each attempt's first step and what the checkpoint directory held."""
+    ``after_step``; notes each attempt's first and last step and what the checkpoint directory
+    held once it was struck."""
 
-    def __init__(self, rank: int, after_step: int, metric: str, checkpoints: Path) -> None:
+    def __init__(self, rank: int, after_step: int, metric: str, checkpoints: Path, cap: int) -> None:
         self.rank, self.after_step, self.metric, self.checkpoints = rank, after_step, metric, checkpoints
+        self.cap = cap
         self.struck: dict[int, int] = {}
         self.first: dict[int, int] = {}
+        self.last: dict[int, int] = {}
         self.newest: dict[int, str | None] = {}  # attempt -> the newest checkpoint once it was struck
         self._lock = threading.Lock()
+
+    def attempt_of(self, launcher: Launcher) -> int:
+        """The attempt a line belongs to: trainguard's restart count."""
+        return launcher.spec.restart_count
 
     def on_metric(self, point: MetricPoint, launcher: Launcher) -> None:
         if point.name != self.metric:
             return
-        attempt = launcher.spec.restart_count
         with self._lock:
+            attempt = self.attempt_of(launcher)
             self.first.setdefault(attempt, point.step)
-            if attempt in self.struck or point.step < self.after_step:
+            self.last[attempt] = max(point.step, self.last.get(attempt, point.step))
+            if attempt in self.struck or point.step < self.after_step or attempt >= self.cap + 1:
                 return
             self.struck[attempt] = point.step
-        launcher.kill_rank(self.rank, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            launcher.ranks[self.rank].popen.wait(timeout=5)
+            self.strike(launcher, attempt)
         newest = latest_complete_checkpoint(self.checkpoints)
         self.newest[attempt] = None if newest is None else str(newest)
 
+    def strike(self, launcher: Launcher, attempt: int) -> None:
+        launcher.kill_rank(self.rank, signal.SIGKILL)
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            launcher.ranks[self.rank].popen.wait(timeout=5)
+
+    def finish(self) -> None:
+        """Nothing left running (the worker striker's watchers)."""
+
+
+class WorkerStriker(Striker):
+    """``target: worker``: strikes the rank's child processes (torchrun's workers); an attempt is
+    a worker generation, its wait measured from the kill to the next worker's process start. A
+    generation past the cap stops the launch (proof the policy went on)."""
+
+    def __init__(self, rank: int, after_step: int, metric: str, checkpoints: Path, cap: int) -> None:
+        super().__init__(rank, after_step, metric, checkpoints, cap)
+        self.generation = 0
+        self.waits: dict[int, float] = {}
+        self.spans: dict[int, tuple[float, float]] = {}  # generation -> (start, end), time.monotonic()
+        self.workers: dict[int, int] = {}  # generation -> processes struck
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+
+    def attempt_of(self, launcher: Launcher) -> int:
+        if self.generation > self.cap - 1 and self.generation not in self.first:
+            launcher.stop(f"crash_loop: attempt {self.generation + 1} started past the cap of {self.cap} attempt(s)")
+        return self.generation
+
+    def strike(self, launcher: Launcher, attempt: int) -> None:
+        rank = psutil.Process(launcher.ranks[self.rank].popen.pid)
+        kids = rank.children()
+        for kid in kids:
+            with contextlib.suppress(psutil.Error):
+                kid.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        self.spans[attempt] = (self.spans.get(attempt, (killed - launcher.elapsed(), killed))[0], killed)
+        self.workers[attempt] = len(kids)
+        self.generation = attempt + 1
+        watcher = threading.Thread(target=self._next_worker, args=(rank, {k.pid for k in kids}, killed, attempt + 1),
+                                   name="trainguard-crash-loop-watch", daemon=True)
+        self._threads.append(watcher)
+        watcher.start()
+
+    def _next_worker(self, rank: psutil.Process, old: set[int], killed: float, generation: int) -> None:
+        """The wait before ``generation``: from the kill to its first worker process seen (polled
+        every ``_POLL_S``: the process clock of /proc counts from a boot time in whole seconds)."""
+        while not self._stop.wait(_POLL_S):
+            try:
+                new = [k for k in rank.children() if k.pid not in old]
+            except psutil.Error:
+                return
+            if new:
+                seen = time.monotonic()
+                self.waits[generation] = seen - killed
+                self.spans[generation] = (seen, seen)
+                return
+
+    def finish(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
 
 def _measure(run: SupervisedRun, striker: Striker, world_size: int) -> list[CrashLoopAttempt]:
+    if isinstance(striker, WorkerStriker):
+        return _measure_generations(run, striker)
     out, best = [], 0
     for i, result in enumerate(run.attempts):
         steps = sorted({p.step for p in result.points if p.name == striker.metric})
@@ -135,6 +212,25 @@ def _measure(run: SupervisedRun, striker: Striker, world_size: int) -> list[Cras
             len([s for s in steps if s > best]), None if wait is None else round(wait, 3),
             round(result.duration_s, 3), round(result.duration_s * world_size, 3), start))
         best = max([best, *steps])
+    return out
+
+
+def _measure_generations(run: SupervisedRun, striker: WorkerStriker) -> list[CrashLoopAttempt]:
+    """The worker generations of one launch (torchrun's restarts), as attempts."""
+    out, best, end = [], 0, time.monotonic()
+    seen = sorted(set(striker.first) | set(striker.struck))
+    for g in seen:
+        first, last = striker.first.get(g), striker.last.get(g)
+        span = striker.spans.get(g)
+        duration = (span[1] if g in striker.struck and span else end) - span[0] if span else 0.0
+        ranks = striker.workers.get(g, 1)
+        outcome = "struck" if g in striker.struck else run.final.outcome
+        wait = striker.waits.get(g)
+        out.append(CrashLoopAttempt(
+            g, outcome, striker.struck.get(g), first, last, max(0, (last or 0) - best) if last and last > best else 0,
+            None if wait is None else round(wait, 3), round(duration, 3), round(duration * ranks, 3),
+            striker.newest.get(g - 1) if g else None))
+        best = max(best, last or 0)
     return out
 
 
@@ -189,34 +285,44 @@ def run_crash_loop(runner: JobRunner, spec: DrillSpec) -> CheckResult[CrashLoopR
     given = params.optional_number("max_attempts") if "max_attempts" in params else None
     cap = int(given) if given is not None else job.max_restarts + 1
     wait = params.optional_number("min_backoff_s") if "min_backoff_s" in params else None
-    min_backoff = float(job.restart.backoff_s if wait is None else wait)
+    worker = params.raw("target", "rank") == "worker"
+    # torchrun's own policy promises no backoff: judged only when the drill sets one
+    min_backoff = float(wait if wait is not None else 0.0 if worker else job.restart.backoff_s)
     world_size = spec.world_size or job.world_size
     request = runner.request_for(spec, world_size=world_size)
     drill_dir = new_run_dir(job_file.state_dir, job.name, f"drill-{spec.name}", keep=runner.settings.keep_runs)
     checkpoints = drill_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
-    striker = Striker(spec.rank, spec.after_step, job.progress_metric, checkpoints)
+    kind = WorkerStriker if worker else Striker
+    striker = kind(spec.rank, spec.after_step, job.progress_metric, checkpoints, cap)
     stall = spec.stall_timeout or job.stall_timeout
-    run = runner.supervise(request, label=f"drill-{spec.name}", checkpoint_dir=checkpoints, on_metric=striker.on_metric,
-                           options=LaunchOptions(max_restarts=min(job.max_restarts, cap), stall_timeout=stall,
-                                                 startup_timeout=max(stall, job.stall_timeout)))
+    try:
+        run = runner.supervise(request, label=f"drill-{spec.name}", checkpoint_dir=checkpoints,
+                               on_metric=striker.on_metric,
+                               options=LaunchOptions(max_restarts=min(job.max_restarts, cap), stall_timeout=stall,
+                                                     startup_timeout=max(stall, job.stall_timeout)))
+    finally:
+        striker.finish()
     attempts = _measure(run, striker, world_size)
     status, problems = judge_loop(attempts, cap, min_backoff)
     struck = [a.struck_at_step for a in attempts if a.struck_at_step is not None]
     failing = collections.Counter(struck).most_common(1)[0][0] if struck else None
     r = job.restart
-    policy = (f"trainguard launcher: job.max_restarts {job.max_restarts}, backoff {r.backoff_s:g} s doubling to "
+    policy = (f"the job's own restarts of its workers (`{' '.join(job.command)}`), one trainguard attempt" if worker
+              else f"trainguard launcher: job.max_restarts {job.max_restarts}, backoff {r.backoff_s:g} s doubling to "
               f"{r.max_backoff_s:g} s, jitter {r.jitter:g}, max_attempts_without_progress "
               f"{r.max_attempts_without_progress or 'none'}")
     spent = round(sum(a.rank_seconds for a in attempts), 3)
     found = CrashLoopEvidence(policy, failing, len(struck), cap, min_backoff, run.gave_up, spent, attempts, problems,
+                              f"{run.final.outcome}: {run.final.reason}" if run.final.reason else run.final.outcome,
                               str(drill_dir), str(run.run_dir))
     waits = ", ".join(f"{a.wait_before_s:.2f}" for a in attempts if a.wait_before_s is not None) or "none"
     where = (f"step {failing} failed on {len(struck)} of {len(attempts)} attempt(s)"
              + (f" (struck at steps {', '.join(map(str, sorted(set(struck))))})" if len(set(struck)) > 1 else ""))
     if status != "passed":
         return result(status, f"{where}; " + "; ".join(problems) + f"; {spent:.1f} rank-seconds spent", found)
-    stop = run.gave_up or f"its limit of {job.max_restarts} restart(s) ran out"
+    stop = (f"the launch ended ({found.ended[:200]})" if worker
+            else run.gave_up or f"its limit of {job.max_restarts} restart(s) ran out")
     return result("passed", f"{where}; the policy stopped after {len(attempts)} attempt(s) (cap {cap}): {stop}; "
                   f"waits {waits} s (min_backoff_s {min_backoff:g}); {spent:.1f} rank-seconds spent", found)
 

@@ -15,7 +15,12 @@ Parameters (``params`` of a ``fault: crash_loop`` drill):
 * ``max_attempts``: the cap: the most attempts the policy may start (default ``job.max_restarts``
   + 1); the drill lets one attempt past it start, to prove a policy without a limit does not stop;
 * ``min_backoff_s``: the shortest wait before a restart that the policy promises (default
-  ``job.restart.backoff_s``; 0: not judged).
+  ``job.restart.backoff_s``; 0: not judged);
+* ``target``: ``rank`` (default: the rank's own process; trainguard's launcher restarts the group)
+  or ``worker``: the rank's child processes -- the workers of a job whose command is ``torchrun
+  --max-restarts N ...`` (one trainguard rank, ``distributed_env: false``): torchrun's own policy
+  is under test. An attempt is then a worker generation: its wait is measured from the kill to
+  the next worker's process start, and a generation past the cap is stopped by the drill.
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainguard.launch import Launcher
     from trainguard.launch.backend import JobBackend
 
-__all__ = ["MAX_CAP", "CrashLoopFault"]
+__all__ = ["MAX_CAP", "TARGETS", "CrashLoopFault"]
 
+#: what the fault kills: the rank's process, or its child processes (torchrun's workers)
+TARGETS = ("rank", "worker")
 #: the largest ``max_attempts`` a drill may set (each attempt is a real launch)
 MAX_CAP = 20
 
@@ -48,7 +55,7 @@ class CrashLoopFault(Fault):
     drill_runner: ClassVar[str | None] = "trainguard.drills.crash_loop:run_crash_loop"
     spec_keys_not_applying: ClassVar[tuple[tuple[str, ...], str]] = (
         ("duration",), "the fault strikes every attempt until the policy gives up; remove it")
-    defaults: ClassVar[FaultParams] = FaultParams({"max_attempts": None, "min_backoff_s": None})
+    defaults: ClassVar[FaultParams] = FaultParams({"max_attempts": None, "min_backoff_s": None, "target": "rank"})
 
     @classmethod
     def validate(cls, params: FaultParams) -> list[tuple[str, str]]:
@@ -62,6 +69,9 @@ class CrashLoopFault(Fault):
                                  or not math.isfinite(wait) or not 0 <= wait <= 600):
             problems.append(("min_backoff_s", "expected the shortest wait before a restart in seconds, from 0 "
                              "to 600, e.g. `min_backoff_s: 1`"))
+        if params.raw("target", "rank") not in TARGETS:
+            problems.append(("target", f"expected one of {', '.join(TARGETS)}: `rank` (trainguard restarts the "
+                             "group) or `worker` (torchrun --max-restarts restarts its workers)"))
         return problems
 
     @classmethod

@@ -10,6 +10,8 @@ batch: a crash loop). ``--no-save``: never checkpoints. ``--weights-bytes N``: p
 run prints a loss 1e-6 off (a resume bug the metrics show); ``--resume-defect state``: a resumed run
 saves other weights while its loss matches (a resume bug only the final checkpoint shows);
 ``--resume-defect forget``: a resumed run ignores the checkpoint and starts again from step 1.
+``--resume-latest``: resume from the newest complete ``checkpoint-N/`` under ``--output-dir`` by
+itself (a job restarted by torchrun, which passes no resume arguments).
 ``--nondet``: the loss carries unseeded noise of about 1e-7 (two runs with one seed differ).
 """
 
@@ -32,6 +34,7 @@ def main() -> int:
     p.add_argument("--sleep", type=float, default=0.05)
     p.add_argument("--die-at", type=int, action="append", default=[])
     p.add_argument("--crash-at", type=int, default=None)
+    p.add_argument("--resume-latest", action="store_true")
     p.add_argument("--no-save", action="store_true")
     p.add_argument("--weights-bytes", type=int, default=0)
     p.add_argument("--resume-defect", choices=["none", "drift", "state", "forget"], default="none")
@@ -40,6 +43,10 @@ def main() -> int:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     start = 0
+    if args.resume_latest and args.resume_from is None:
+        done = [d for d in out.glob("checkpoint-*") if (d / "trainer_state.json").exists()]
+        if done:
+            args.resume_from = str(max(done, key=lambda d: int(d.name.split("-")[1])))
     resumed = args.resume_from is not None
     if resumed and args.resume_defect == "forget":
         resumed = False
