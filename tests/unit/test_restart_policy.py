@@ -78,6 +78,7 @@ def test_a_crash_loop_stops_without_progress_and_waits_its_backoff(tmp_path: Pat
     assert all(w.measured_s is not None and w.measured_s >= w.wait_s for w in run.waits)
 
 
+@pytest.mark.slow
 def test_without_the_stop_the_loop_runs_until_max_restarts(tmp_path: Path) -> None:
     runner = crash_loop_job(tmp_path, "{backoff_s: 0.0}", 3)
     run = runner.supervise(RunRequest.make(steps=8, seed=0, world_size=1), label="loop")

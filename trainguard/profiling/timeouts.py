@@ -145,7 +145,7 @@ def recommend_restart_policy(  # noqa: PLR0913
          f"a healthy attempt fails again before passing its checkpoint ({checkpoint_every_s:.3g} s apart) "
          f"with chance {p:.2g} (a restart of {fixed_s:.3g} s, job MTBF {job_mtbf_s / 3600:.3g} h); {k} in a row "
          f"over {failures:.3g} failure(s) happen with chance < {GIVE_UP_RISK:g}, so more is a crash loop"),
-        (f"job.restart.jitter (percent: {JITTER_PERCENT} means `jitter: {JITTER_PERCENT / 100:g}`)", JITTER_PERCENT,
+        (f"job.restart.jitter (percent: {JITTER_PERCENT} means jitter {JITTER_PERCENT / 100:g})", JITTER_PERCENT,
          f"the ranks of {gpus} GPU(s) -- and every job of a failed node -- restart together; {JITTER_PERCENT} % "
          "spreads their returns over a fifth of the wait (storage, the rendezvous, the scheduler)"),
     ]
