@@ -37,6 +37,7 @@ from trainguard.drills.judges import DrillContext, Judgement, common_evidence
 from trainguard.evidence import MERGED, UNSET, Evidence, Unset
 from trainguard.faults.crash_loop import CrashLoopFault
 from trainguard.launch import Launcher, MetricPoint, RunResult
+from trainguard.launch.reach import RankReach, RankWatch, WorkerNotHere
 from trainguard.launch.rundir import new_run_dir
 from trainguard.report import CheckId, CheckResult, CheckStatus, SkipReason
 from trainguard.run.runner import JobRunner, LaunchOptions, SupervisedRun
@@ -68,6 +69,8 @@ class CrashLoopAttempt(Evidence):
     rank_seconds: float
     #: the newest complete checkpoint when it started (None: none; the first attempt's is None)
     checkpoint_at_start: str | None
+    #: the node the struck rank's worker ran on (a backend that places workers: Ray)
+    node: str | Unset | None = UNSET
 
 
 @dataclass
@@ -173,7 +176,6 @@ class WorkerStriker(Striker):
         killed = time.monotonic()
         self.spans[attempt] = (self.spans.get(attempt, (killed - launcher.elapsed(), killed))[0], killed)
         self.workers[attempt] = len(kids)
-        self.generation = attempt + 1
         watcher = threading.Thread(target=self._next_worker, args=(rank, {k.pid for k in kids}, killed, attempt + 1),
                                    name="trainguard-crash-loop-watch", daemon=True)
         self._threads.append(watcher)
@@ -191,6 +193,7 @@ class WorkerStriker(Striker):
                 seen = time.monotonic()
                 self.waits[generation] = seen - killed
                 self.spans[generation] = (seen, seen)
+                self.generation = generation  # lines of the old one still read count for it
                 return
 
     def finish(self) -> None:
@@ -199,8 +202,56 @@ class WorkerStriker(Striker):
             thread.join(timeout=5)
 
 
+class ReachStriker(WorkerStriker):
+    """A job whose backend restarts its ranks inside the launch (Ray Train's FailureConfig): the
+    rank's worker is reached as the backend says (:class:`~trainguard.launch.reach.RankReach`),
+    each worker generation is an attempt, its wait measured from the kill to the next sighting of
+    the rank's worker, and the node each generation's worker ran on is noted."""
+
+    def __init__(self, rank: int, after_step: int, metric: str, checkpoints: Path, cap: int,
+                 reach: RankReach, ranks: int) -> None:
+        super().__init__(rank, after_step, metric, checkpoints, cap)
+        self.reach, self.ranks = reach, ranks
+        self.nodes: dict[int, str | None] = {}
+        self._launch_t0 = 0.0
+
+    def strike(self, launcher: Launcher, attempt: int) -> None:
+        watch = self.reach.watch(launcher)
+        watch.poll()
+        seen = watch.started_after(-1.0, self.rank)
+        self.nodes.setdefault(attempt, seen[-1].node if seen else None)
+        killed = launcher.elapsed()
+        self._launch_t0 = time.monotonic() - killed
+        with contextlib.suppress(Exception):  # a worker gone already: the next generation tells
+            self.reach.target(launcher).kill_rank(self.rank, signal.SIGKILL)
+        start = self.spans.get(attempt, (self._launch_t0, 0.0))[0]
+        self.spans[attempt] = (start, self._launch_t0 + killed)
+        self.workers[attempt] = self.ranks  # the whole worker group restarts
+        watcher = threading.Thread(target=self._next_sighting, args=(watch, killed, attempt + 1),
+                                   name="trainguard-crash-loop-watch", daemon=True)
+        self._threads.append(watcher)
+        watcher.start()
+
+    def on_metric(self, point: MetricPoint, launcher: Launcher) -> None:
+        if point.name == self.metric:
+            self.reach.ready(launcher, self.rank)  # the worker looked up while it trains (once)
+        super().on_metric(point, launcher)
+
+    def _next_sighting(self, watch: RankWatch, killed: float, generation: int) -> None:
+        while not self._stop.wait(_POLL_S):
+            with contextlib.suppress(Exception):
+                watch.poll()
+            new = watch.started_after(killed, self.rank)
+            if new:
+                self.waits[generation] = max(0.0, new[0].t - killed)
+                self.nodes[generation] = new[0].node
+                self.spans[generation] = (self._launch_t0 + new[0].t, self._launch_t0 + new[0].t)
+                self.generation = generation  # lines of the old one still read count for it
+                return
+
+
 def _measure(run: SupervisedRun, striker: Striker, world_size: int) -> list[CrashLoopAttempt]:
-    if isinstance(striker, WorkerStriker):
+    if isinstance(striker, WorkerStriker):  # and ReachStriker
         return _measure_generations(run, striker)
     out, best = [], 0
     for i, result in enumerate(run.attempts):
@@ -229,7 +280,8 @@ def _measure_generations(run: SupervisedRun, striker: WorkerStriker) -> list[Cra
         out.append(CrashLoopAttempt(
             g, outcome, striker.struck.get(g), first, last, max(0, (last or 0) - best) if last and last > best else 0,
             None if wait is None else round(wait, 3), round(duration, 3), round(duration * ranks, 3),
-            striker.newest.get(g - 1) if g else None))
+            striker.newest.get(g - 1) if g else None,
+            striker.nodes.get(g) if isinstance(striker, ReachStriker) else UNSET))
         best = max(best, last or 0)
     return out
 
@@ -286,29 +338,42 @@ def run_crash_loop(runner: JobRunner, spec: DrillSpec) -> CheckResult[CrashLoopR
     cap = int(given) if given is not None else job.max_restarts + 1
     wait = params.optional_number("min_backoff_s") if "min_backoff_s" in params else None
     worker = params.raw("target", "rank") == "worker"
-    # torchrun's own policy promises no backoff: judged only when the drill sets one
-    min_backoff = float(wait if wait is not None else 0.0 if worker else job.restart.backoff_s)
+    # a backend that restarts the ranks inside the launch (Ray Train): its policy is under test
+    in_launch = runner.backend.drill_restarts("kill_rank", "recover", 1).in_launch
+    # torchrun's and Ray Train's own policies promise no backoff: judged only when the drill sets one
+    min_backoff = float(wait if wait is not None else 0.0 if worker or in_launch else job.restart.backoff_s)
     world_size = spec.world_size or job.world_size
     request = runner.request_for(spec, world_size=world_size)
     drill_dir = new_run_dir(job_file.state_dir, job.name, f"drill-{spec.name}", keep=runner.settings.keep_runs)
     checkpoints = drill_dir / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
-    kind = WorkerStriker if worker else Striker
-    striker = kind(spec.rank, spec.after_step, job.progress_metric, checkpoints, cap)
+    reach = runner.backend.fault_reach("kill_rank", job_name=job.name, world_size=world_size) if in_launch else None
+    striker = (ReachStriker(spec.rank, spec.after_step, job.progress_metric, checkpoints, cap, reach, world_size) if reach
+               else (WorkerStriker if worker else Striker)(spec.rank, spec.after_step, job.progress_metric,
+                                                           checkpoints, cap))
     stall = spec.stall_timeout or job.stall_timeout
     try:
+        if reach is not None:
+            try:
+                reach.open()
+            except WorkerNotHere as exc:
+                return result("error", str(exc))
         run = runner.supervise(request, label=f"drill-{spec.name}", checkpoint_dir=checkpoints,
                                on_metric=striker.on_metric,
-                               options=LaunchOptions(max_restarts=min(job.max_restarts, cap), stall_timeout=stall,
-                                                     startup_timeout=max(stall, job.stall_timeout)))
+                               options=LaunchOptions(max_restarts=0 if in_launch else min(job.max_restarts, cap),
+                                                     extra_env=reach.launch_env() if reach else None,
+                                                     stall_timeout=stall, startup_timeout=max(stall, job.stall_timeout)))
     finally:
         striker.finish()
+        if reach is not None:
+            reach.close()
     attempts = _measure(run, striker, world_size)
     status, problems = judge_loop(attempts, cap, min_backoff)
     struck = [a.struck_at_step for a in attempts if a.struck_at_step is not None]
     failing = collections.Counter(struck).most_common(1)[0][0] if struck else None
     r = job.restart
-    policy = (f"the job's own restarts of its workers (`{' '.join(job.command)}`), one trainguard attempt" if worker
+    policy = (f"Ray Train FailureConfig(max_failures={job.max_restarts}), inside one fit" if in_launch
+              else f"the job's own restarts of its workers (`{' '.join(job.command)}`), one trainguard attempt" if worker
               else f"trainguard launcher: job.max_restarts {job.max_restarts}, backoff {r.backoff_s:g} s doubling to "
               f"{r.max_backoff_s:g} s, jitter {r.jitter:g}, max_attempts_without_progress "
               f"{r.max_attempts_without_progress or 'none'}")
@@ -321,7 +386,7 @@ def run_crash_loop(runner: JobRunner, spec: DrillSpec) -> CheckResult[CrashLoopR
              + (f" (struck at steps {', '.join(map(str, sorted(set(struck))))})" if len(set(struck)) > 1 else ""))
     if status != "passed":
         return result(status, f"{where}; " + "; ".join(problems) + f"; {spent:.1f} rank-seconds spent", found)
-    stop = (f"the launch ended ({found.ended[:200]})" if worker
+    stop = (f"the launch ended ({found.ended[:200]})" if worker or in_launch
             else run.gave_up or f"its limit of {job.max_restarts} restart(s) ran out")
     return result("passed", f"{where}; the policy stopped after {len(attempts)} attempt(s) (cap {cap}): {stop}; "
                   f"waits {waits} s (min_backoff_s {min_backoff:g}); {spent:.1f} rank-seconds spent", found)

@@ -36,7 +36,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainguard.config import DrillSpec
     from trainguard.config.registry import Run
     from trainguard.launch import Launcher
-    from trainguard.launch.backend import JobBackend
 
 __all__ = ["MAX_CAP", "TARGETS", "CrashLoopFault"]
 
@@ -82,13 +81,6 @@ class CrashLoopFault(Fault):
         runs = [Run(f"attempt {i}", world_size) for i in range((cap or 1) + 1)]
         return runs, (f"crash loop: SIGKILL to rank {spec.rank} at step {spec.after_step} of every attempt, "
                       f"expect give_up within {cap or 'job.max_restarts + 1'} attempts")
-
-    @classmethod
-    def unavailable_for(cls, backend: JobBackend) -> str | None:
-        if not backend.drill_restarts("kill_rank", "recover", 1).in_launch:
-            return None
-        return ("the crash_loop drill judges trainguard's launcher restarting a command job; a ray_train "
-                "job's restarts are Ray Train's FailureConfig inside one fit (docs/drills.md, crash_loop)")
 
     def inject(self, launcher: Launcher) -> None:  # the drill strikes each attempt itself
         raise NotImplementedError("crash_loop is driven by trainguard.drills.crash_loop")
