@@ -16,7 +16,12 @@ import pytest
 from tests.helpers import report_evidence
 from trainguard.config import load_config
 from trainguard.config.settings import Settings
-from trainguard.drills.crash_loop import CrashLoopAttempt, judge_loop, run_crash_loop
+from trainguard.drills.crash_loop import (
+    CrashLoopAttempt,
+    CrashLoopReport,
+    judge_loop,
+    run_crash_loop,
+)
 from trainguard.drills.driver import make_drill, run_drill
 from trainguard.errors import ConfigError
 from trainguard.run.runner import JobRunner
@@ -39,6 +44,7 @@ def drill(runner: JobRunner, **params: object) -> tuple[str, str, dict]:
                                         **params})
     result = run_drill(runner, spec)
     assert not callable(result)
+    assert CrashLoopReport.from_dict(result.evidence.to_dict()) == result.evidence  # the report reads back
     return result.status, result.summary, report_evidence(result)
 
 
