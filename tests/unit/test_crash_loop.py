@@ -106,10 +106,24 @@ def test_the_judge_fails_each_defect_and_passes_the_clean_loop() -> None:
     assert judge_loop([attempt(0, first=1, struck=None)], 3, 1.0)[0] == "error"
 
 
+def test_the_node_mode_fails_a_rank_put_back_on_the_failing_node_and_passes_one_moved_off() -> None:
+    def on(i: int, node: str, outcome: str = "failed", struck: int | None = 5) -> CrashLoopAttempt:
+        a = attempt(i, first=1 if i == 0 else 4, outcome=outcome, struck=struck)
+        a.node = node
+        return a
+
+    status, problems = judge_loop([on(0, "n1"), on(1, "n1"), on(2, "n2", "ok", None)], 3, 0.0, "n1")
+    assert status == "failed" and problems == ["attempt 1 put the rank back on node n1, where it failed before"]
+    assert judge_loop([on(0, "n1"), on(1, "n2", "ok", None)], 3, 0.0, "n1") == ("passed", [])
+    # without the node mode a completed attempt is no loop at all
+    assert judge_loop([on(0, "n1"), on(1, "n2", "ok", None)], 3, 0.0)[0] == "error"
+
+
 def test_bad_crash_loop_params_name_the_key_and_the_fix(tmp_path: Path) -> None:
     runner = runner_for(tmp_path)
     for params, words in (({"max_attempts": 0}, "max_attempts"), ({"min_backoff_s": -1}, "min_backoff_s"),
-                          ({"duration": 2}, "duration does not apply to a crash_loop drill")):
+                          ({"duration": 2}, "duration does not apply to a crash_loop drill"),
+                          ({"node": "n1"}, "expected `first`")):
         with pytest.raises(ConfigError) as info:
             make_drill(runner.job_file, {"name": "loop", "fault": "crash_loop", "steps": 8, **params})
         assert words in str(info.value) and "trainguard.yaml" in str(info.value)

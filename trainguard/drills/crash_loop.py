@@ -37,7 +37,7 @@ from trainguard.drills.judges import DrillContext, Judgement, common_evidence
 from trainguard.evidence import MERGED, UNSET, Evidence, Unset
 from trainguard.faults.crash_loop import CrashLoopFault
 from trainguard.launch import Launcher, MetricPoint, RunResult
-from trainguard.launch.reach import RankReach, RankWatch, WorkerNotHere
+from trainguard.launch.reach import RankReach, RankWatch, WorkerNotHere, WorkerSighting
 from trainguard.launch.rundir import new_run_dir
 from trainguard.report import CheckId, CheckResult, CheckStatus, SkipReason
 from trainguard.run.runner import JobRunner, LaunchOptions, SupervisedRun
@@ -132,12 +132,16 @@ class Striker:
             attempt = self.attempt_of(launcher)
             self.first.setdefault(attempt, point.step)
             self.last[attempt] = max(point.step, self.last.get(attempt, point.step))
-            if attempt in self.struck or point.step < self.after_step or attempt >= self.cap + 1:
+            if attempt in self.struck or point.step < self.after_step or self.spares(attempt):
                 return
             self.struck[attempt] = point.step
             self.strike(launcher, attempt)
         newest = latest_complete_checkpoint(self.checkpoints)
         self.newest[attempt] = None if newest is None else str(newest)
+
+    def spares(self, attempt: int) -> bool:
+        """The fault leaves ``attempt`` alone (the node mode: its worker is elsewhere)."""
+        return False
 
     def strike(self, launcher: Launcher, attempt: int) -> None:
         launcher.kill_rank(self.rank, signal.SIGKILL)
@@ -213,13 +217,15 @@ class ReachStriker(WorkerStriker):
         super().__init__(rank, after_step, metric, checkpoints, cap)
         self.reach, self.ranks = reach, ranks
         self.nodes: dict[int, str | None] = {}
+        #: the node mode: strike only where attempt 0's worker of the rank ran
+        self.by_node = False
         self._launch_t0 = 0.0
 
     def strike(self, launcher: Launcher, attempt: int) -> None:
         watch = self.reach.watch(launcher)
         watch.poll()
         seen = watch.started_after(-1.0, self.rank)
-        self.nodes.setdefault(attempt, seen[-1].node if seen else None)
+        self.nodes.setdefault(attempt, _node(seen[-1]) if seen else None)
         killed = launcher.elapsed()
         self._launch_t0 = time.monotonic() - killed
         with contextlib.suppress(Exception):  # a worker gone already: the next generation tells
@@ -231,6 +237,14 @@ class ReachStriker(WorkerStriker):
                                    name="trainguard-crash-loop-watch", daemon=True)
         self._threads.append(watcher)
         watcher.start()
+
+    @property
+    def bad_node(self) -> str | None:
+        return self.nodes.get(0) if self.by_node else None
+
+    def spares(self, attempt: int) -> bool:
+        node = self.nodes.get(attempt)
+        return self.by_node and attempt > 0 and node is not None and node != self.bad_node
 
     def on_metric(self, point: MetricPoint, launcher: Launcher) -> None:
         if point.name == self.metric:
@@ -244,10 +258,15 @@ class ReachStriker(WorkerStriker):
             new = watch.started_after(killed, self.rank)
             if new:
                 self.waits[generation] = max(0.0, new[0].t - killed)
-                self.nodes[generation] = new[0].node
+                self.nodes[generation] = _node(new[0])
                 self.spans[generation] = (self._launch_t0 + new[0].t, self._launch_t0 + new[0].t)
                 self.generation = generation  # lines of the old one still read count for it
                 return
+
+
+def _node(sighting: WorkerSighting) -> str | None:
+    """The node a worker ran on: the backend's node id (several nodes of one machine share an IP)."""
+    return f"{sighting.node_id} ({sighting.node})" if sighting.node_id else sighting.node
 
 
 def _measure(run: SupervisedRun, striker: Striker, world_size: int) -> list[CrashLoopAttempt]:
@@ -297,12 +316,16 @@ def _checkpoint_at_start(run: SupervisedRun, result: RunResult, striker: Striker
     return striker.newest.get(i - 1)
 
 
-def judge_loop(attempts: list[CrashLoopAttempt], cap: int, min_backoff_s: float) -> tuple[CheckStatus, list[str]]:
-    """The verdict on the measured attempts and its problems (failed) or why none (error)."""
+def judge_loop(attempts: list[CrashLoopAttempt], cap: int, min_backoff_s: float,
+               bad_node: str | None = None) -> tuple[CheckStatus, list[str]]:
+    """The verdict on the measured attempts and its problems (failed) or why none (error).
+    ``bad_node``: the node mode's failing node (a rank put back there fails; moved off it, the
+    loop ends by the policy's placement and passes)."""
     if not any(a.struck_at_step is not None for a in attempts):
         return "error", [f"the fault never struck: no attempt printed a step >= after_step "
                          f"({attempts[0].outcome}: check job.metrics and steps)"]
-    if attempts[-1].outcome == "ok":
+    moved = bad_node is not None and attempts[-1].node not in (bad_node, None, UNSET)
+    if attempts[-1].outcome == "ok" and not moved:
         return "error", [f"no crash loop formed: attempt {attempts[-1].attempt} completed (it resumed past the "
                          "step the fault strikes at; set after_step to a step no checkpoint is saved at)"]
     problems = []
@@ -314,6 +337,8 @@ def judge_loop(attempts: list[CrashLoopAttempt], cap: int, min_backoff_s: float)
                             f"min_backoff_s {min_backoff_s:g}")
         if a.first_step == 1 and a.checkpoint_at_start is not None:
             problems.append(f"attempt {a.attempt} began again from step 1 while {a.checkpoint_at_start} existed")
+        if bad_node is not None and a.node == bad_node:
+            problems.append(f"attempt {a.attempt} put the rank back on node {bad_node}, where it failed before")
     return ("failed" if problems else "passed"), problems
 
 
@@ -351,6 +376,8 @@ def run_crash_loop(runner: JobRunner, spec: DrillSpec) -> CheckResult[CrashLoopR
     striker = (ReachStriker(spec.rank, spec.after_step, job.progress_metric, checkpoints, cap, reach, world_size) if reach
                else (WorkerStriker if worker else Striker)(spec.rank, spec.after_step, job.progress_metric,
                                                            checkpoints, cap))
+    if isinstance(striker, ReachStriker):
+        striker.by_node = params.raw("node") == "first"
     stall = spec.stall_timeout or job.stall_timeout
     try:
         if reach is not None:
@@ -368,7 +395,8 @@ def run_crash_loop(runner: JobRunner, spec: DrillSpec) -> CheckResult[CrashLoopR
         if reach is not None:
             reach.close()
     attempts = _measure(run, striker, world_size)
-    status, problems = judge_loop(attempts, cap, min_backoff)
+    bad = striker.bad_node if isinstance(striker, ReachStriker) else None
+    status, problems = judge_loop(attempts, cap, min_backoff, bad)
     struck = [a.struck_at_step for a in attempts if a.struck_at_step is not None]
     failing = collections.Counter(struck).most_common(1)[0][0] if struck else None
     r = job.restart
@@ -386,6 +414,9 @@ def run_crash_loop(runner: JobRunner, spec: DrillSpec) -> CheckResult[CrashLoopR
              + (f" (struck at steps {', '.join(map(str, sorted(set(struck))))})" if len(set(struck)) > 1 else ""))
     if status != "passed":
         return result(status, f"{where}; " + "; ".join(problems) + f"; {spent:.1f} rank-seconds spent", found)
+    if bad is not None and attempts[-1].outcome == "ok":
+        return result("passed", f"{where}; the policy moved rank {spec.rank} off node {bad} in attempt "
+                      f"{attempts[-1].attempt} and the job completed; {spent:.1f} rank-seconds spent", found)
     stop = (f"the launch ended ({found.ended[:200]})" if worker or in_launch
             else run.gave_up or f"its limit of {job.max_restarts} restart(s) ran out")
     return result("passed", f"{where}; the policy stopped after {len(attempts)} attempt(s) (cap {cap}): {stop}; "

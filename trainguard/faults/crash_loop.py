@@ -20,7 +20,10 @@ Parameters (``params`` of a ``fault: crash_loop`` drill):
   or ``worker``: the rank's child processes -- the workers of a job whose command is ``torchrun
   --max-restarts N ...`` (one trainguard rank, ``distributed_env: false``): torchrun's own policy
   is under test. An attempt is then a worker generation: its wait is measured from the kill to
-  the next worker's process start, and a generation past the cap is stopped by the drill.
+  the next worker's process start, and a generation past the cap is stopped by the drill;
+* ``node: first`` (a ``ray_train`` job): the fault follows a node, not the step: it strikes only
+  while the rank's worker runs on the node it ran on in attempt 0 (a bad GPU's node); a restart
+  that puts the rank back there fails, one that moves it off passes when the job completes.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class CrashLoopFault(Fault):
     drill_runner: ClassVar[str | None] = "trainguard.drills.crash_loop:run_crash_loop"
     spec_keys_not_applying: ClassVar[tuple[tuple[str, ...], str]] = (
         ("duration",), "the fault strikes every attempt until the policy gives up; remove it")
-    defaults: ClassVar[FaultParams] = FaultParams({"max_attempts": None, "min_backoff_s": None, "target": "rank"})
+    defaults: ClassVar[FaultParams] = FaultParams({"max_attempts": None, "min_backoff_s": None, "target": "rank", "node": None})
 
     @classmethod
     def validate(cls, params: FaultParams) -> list[tuple[str, str]]:
@@ -71,6 +74,8 @@ class CrashLoopFault(Fault):
         if params.raw("target", "rank") not in TARGETS:
             problems.append(("target", f"expected one of {', '.join(TARGETS)}: `rank` (trainguard restarts the "
                              "group) or `worker` (torchrun --max-restarts restarts its workers)"))
+        if params.raw("node") not in (None, "first"):
+            problems.append(("node", "expected `first` (strike only on the node the rank ran on in attempt 0)"))
         return problems
 
     @classmethod
