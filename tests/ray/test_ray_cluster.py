@@ -309,3 +309,25 @@ def test_the_cluster_command_writes_its_environment_and_stops_on_sigterm(tmp_pat
             proc.wait()
     assert proc.returncode == 0, err
     assert "cluster of 2 nodes up" in err and "left: nothing" in err
+
+
+@pytest.mark.slow
+def test_crash_loop_that_follows_a_node_names_a_policy_that_puts_the_rank_back(drill: Drill) -> None:
+    """``fault: crash_loop`` with ``node: first``: rank 0's worker is killed (through Ray's API)
+    whenever it runs on the node it ran on in attempt 0. Ray Train's FailureConfig has no
+    quarantine: the verdict follows where Ray placed the rank in each generation -- put back on
+    the failing node fails, naming it; moved off it, the job completes and passes."""
+    result = drill(f"{{name: loop, fault: crash_loop, steps: {STEPS}, after_step: 6, "
+                   "params: {node: first, max_attempts: 3}}", max_restarts=2)
+    show(result)
+    evidence = report_evidence(result)
+    attempts = evidence["attempts"]
+    print([(a["attempt"], a["struck_at_step"], a.get("node"), a["wait_before_s"]) for a in attempts])
+    bad = attempts[0]["node"]
+    assert bad is not None and attempts[0]["struck_at_step"] is not None
+    back = [a["attempt"] for a in attempts[1:] if a.get("node") == bad]
+    if back:
+        assert result.status == "failed", result.summary
+        assert f"attempt {back[0]} put the rank back on node {bad}, where it failed before" in result.summary
+    else:
+        assert result.status == "passed", result.summary

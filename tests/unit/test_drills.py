@@ -87,7 +87,7 @@ def test_drills_run_after_the_checks_and_are_selected_by_name() -> None:
         ("{name: a, fault: hang, deadline: 5}", "deadline does not apply to `expect: recover`"),
         ("{name: a, fault: kill_rank, expect: continue, duration: 1, max_restarts: 2}", "max_restarts does not apply to `expect: continue`"),
         ("{name: a, fault: network}", "`expect: continue` compares the step rate"),
-        ("{name: a, fault: hang, expect: recovr}", "checks.drills[0].expect: Input should be 'recover', 'fail_clean', 'continue', 'save_and_exit', 'handle_nonfinite', 'caught' or 'detect'"),
+        ("{name: a, fault: hang, expect: recovr}", "checks.drills[0].expect: Input should be 'recover', 'fail_clean', 'continue', 'save_and_exit', 'handle_nonfinite', 'caught', 'detect' or 'give_up'"),
         ("{name: a, fault: kill_rank, expect: save_and_exit}", "`expect: save_and_exit` judges a preempt drill"),
         ("{name: a, fault: preempt, params: {style: aws}}", "checks.drills[0].params.style: expected one of kubernetes, slurm"),
         ("{name: a, fault: preempt, params: {grace: 0}}", "checks.drills[0].params.grace: expected seconds from the notice"),
@@ -152,7 +152,7 @@ def test_registry_gives_every_kind_a_class_and_a_default_expectation() -> None:
         "kill_rank": "recover", "hang": "recover", "oom": "fail_clean", "disk_full": "fail_clean",
         "network": "continue", "preempt": "save_and_exit", "nan": "handle_nonfinite", "sdc": "caught",
         "storage": "fail_clean", "kill_during_save": "recover", "kill_worker": "fail_clean",
-        "slow_rank": "continue", "soak": "recover", "node_loss": "recover",
+        "slow_rank": "continue", "soak": "recover", "node_loss": "recover", "crash_loop": "give_up",
     }
     assert fault_class("storage").expectations_for(FaultParams({"kind": "slow"})) == (Expectation.CONTINUE,)
 

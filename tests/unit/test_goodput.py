@@ -26,7 +26,12 @@ from trainguard.profiling.goodput import (
 )
 from trainguard.profiling.sizing import SizeInputs, apply_failure_inputs, size_run
 from trainguard.profiling.stats import fit_scaling
-from trainguard.profiling.timeouts import poisson_quantile, recommend_timeouts
+from trainguard.profiling.timeouts import (
+    RecommendedTimeout,
+    poisson_quantile,
+    recommend_restart_policy,
+    recommend_timeouts,
+)
 from trainguard.report import CheckResult, Report
 
 DEFAULTS = FailureInputs(restart_s=600.0, restart_source="default", load_s=None, load_source="default")
@@ -171,6 +176,31 @@ def test_recommended_timeouts_follow_the_measured_tail_and_the_save() -> None:
     assert [poisson_quantile(m) for m in (0.0, 0.01, 1.0, 10.0)] == [0, 0, 4, 18]  # P(0 | 0.01) = 0.990
 
 
+def test_the_restart_policy_follows_the_restart_cost_and_the_failure_rate() -> None:
+    """job.restart from the forecast: the first wait a tenth of a restart, the cap four restarts,
+    the stop without progress from the chance that a healthy attempt fails again before it passes
+    its checkpoint; each reason quotes the numbers it came from."""
+    def policy(fixed: float, mtbf_h: float, failures: float) -> dict[str, RecommendedTimeout]:
+        items = recommend_restart_policy(fixed_s=fixed, restart_source="measured: drill kill", checkpoint_every_s=600,
+                                         job_mtbf_s=mtbf_h * 3600, expected_failures=failures, wall_s=36_000,
+                                         goodput=0.93, gpus=64)
+        return {t.setting.split(" ")[0]: t for t in items}
+
+    slow = policy(120.0, 10.0, 4.0)
+    assert slow["job.restart.backoff_s"].value == 12 and slow["job.restart.max_backoff_s"].value == 480
+    assert "120 s: measured: drill kill" in slow["job.restart.backoff_s"].reason
+    assert "goodput 93.00%" in slow["job.restart.backoff_s"].reason
+    # p = 1 - exp(-720 / 36000) = 0.0198; 0.0198^k < 0.001 / 4 -> k = 3
+    assert slow["job.restart.max_attempts_without_progress"].value == 3
+    assert "chance 0.02" in slow["job.restart.max_attempts_without_progress"].reason
+    # failures far more often than the checkpoint interval: more attempts before giving up
+    flaky = policy(120.0, 0.5, 20.0)
+    assert flaky["job.restart.max_attempts_without_progress"].value > 3
+    fast = policy(3.0, 10.0, 4.0)
+    assert fast["job.restart.backoff_s"].value == 1 and fast["job.restart.max_backoff_s"].value == 12
+    assert slow["job.restart.jitter"].value == 20
+
+
 def _gate_report() -> Report:
     return Report(job="toy", checks=[CheckResult("smoke", "passed", "ok")])
 
@@ -239,6 +269,9 @@ def test_the_gate_report_shows_the_goodput_and_the_threshold(tmp_path: Path) -> 
     best = sizing.candidate(sizing.recommended)
     assert f"**Goodput forecast:** {best.goodput:.2%} at {best.gpus} GPU(s)" in md
     assert "(gate.thresholds.min_goodput 90.0%)" in md
+    assert "**Recommended restart policy** at 1 GPU(s)" in md
+    assert "- `job.restart.backoff_s`:" in md and "default: target.restart_minutes" in md
+    assert "- `job.restart.max_attempts_without_progress`:" in md
     html = Path(paths["html"]).read_text()
     assert "profile: Goodput forecast vs world size and vs checkpoint interval" in html
     assert "Recommended timeouts at 1 GPU(s)" in html and "default: target.restart_minutes" in html

@@ -71,7 +71,7 @@ PATHS = [
     ("job",), ("checks",), ("target",), ("gate",),
     *[("job", k) for k in ("name", "command", "resume_args", "world_size", "cwd", "env", "metrics",
                            "checkpoint_dir", "seed", "batch_size", "timeout", "stall_timeout",
-                           "max_restarts", "distributed_env", "record_samples", "record_steps", "kind", "train_func",
+                           "max_restarts", "restart", "distributed_env", "record_samples", "record_steps", "kind", "train_func",
                            "config", "scaling", "typo_key")],
     ("job", "metrics", "loss"), ("job", "metrics", "acc"), ("job", "env", "X"),
     ("job", "config", "lr"), ("job", "config", "when"), ("job", "scaling", "num_workers"),

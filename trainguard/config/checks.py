@@ -358,7 +358,7 @@ class DrillSpec(CheckSpec):
     #: the fault's own parameters (each fault documents its own; validated by its class)
     params: dict[str, Any] = Field(default_factory=dict)
     #: default per fault: kill_rank/hang recover, oom/disk_full fail_clean, network continue,
-    #: preempt save_and_exit, nan handle_nonfinite, sdc caught
+    #: preempt save_and_exit, nan handle_nonfinite, sdc caught, crash_loop give_up
     expect: Annotated[str | None, one_of(EXPECTATIONS)] = None
     # recover
     max_restarts: int | None = Field(None, ge=0)
@@ -407,7 +407,7 @@ class DrillSpec(CheckSpec):
         own = {"recover": ("max_restarts", "max_lost_steps"),
                "fail_clean": ("deadline", "max_lost_steps"), "continue": ("min_rate", "deadline"),
                "save_and_exit": ("max_lost_steps",), "handle_nonfinite": ("deadline",), "caught": (),
-               "detect": ()}
+               "detect": (), "give_up": ()}
         expect = self.expectation
         cls = self._fault_class()
         if cls is not None and expect not in cls.expectations_for(self.fault_params):

@@ -51,6 +51,9 @@ class Expectation(StrEnum):
     CAUGHT = "caught"
     #: the job's own defence reports a silent corruption within ``within_steps``
     DETECT = "detect"
+    #: a fault that strikes every attempt: the restart policy stops within its cap, waits its
+    #: backoff, resumes from the checkpoint, and the report names the step that keeps failing
+    GIVE_UP = "give_up"
 
 
 
@@ -148,6 +151,7 @@ FAULTS: Registry[FaultClass] = Registry("fault", {
     "slow_rank": "trainguard.faults.slow_rank:SlowRankFault",
     "node_loss": "trainguard.faults.node_loss:NodeLossFault",
     "soak": "trainguard.faults.soak:SoakFault",
+    "crash_loop": "trainguard.faults.crash_loop:CrashLoopFault",
 }, accepts=lambda value: isinstance(value, type), a="a fault class", error=FaultNotInstalled,
     missing=_fault_not_installed)
 
@@ -160,6 +164,7 @@ EXPECTATIONS: Registry[ExpectationJudge] = Registry("expectation", {
     "handle_nonfinite": "trainguard.drills.nonfinite:HANDLE_NONFINITE",
     "caught": "trainguard.drills.sdc:CAUGHT",
     "detect": "trainguard.drills.sdc:DETECT",
+    "give_up": "trainguard.drills.crash_loop:GIVE_UP",
 }, accepts=lambda value: callable(getattr(value, "judge", None)), a="an expectation's judge (drills.expectations.JudgeEntry)",
     name_of=lambda entry: entry.name)
 

@@ -43,6 +43,7 @@ from trainguard.config.backends import BACKENDS, backend_for, known_kind
 from trainguard.config.checks import Checks, CheckSpec, DrillSpec
 from trainguard.config.gate import GatePolicy
 from trainguard.config.registry import ChecksField, check_names, no_checks, on_change
+from trainguard.config.restart import RestartPolicy
 from trainguard.config.values import Argv, Env, PathText, Text, check_regex, compile_regex
 from trainguard.errors import ConfigError
 from trainguard.report import CheckId
@@ -232,6 +233,8 @@ class Job(ConfigModel):
     timeout: float = Field(600.0, gt=0, le=MAX_SECONDS)
     stall_timeout: float = Field(60.0, gt=0, le=MAX_SECONDS)
     max_restarts: int = Field(0, ge=0)
+    #: how trainguard's launcher waits between attempts and when it stops without progress
+    restart: RestartPolicy = Field(default_factory=lambda: RestartPolicy.model_validate({}))
     #: False: a one-process job started as a plain script, without the torchrun environment
     #: (RANK, WORLD_SIZE, MASTER_ADDR, ...), for scripts that go distributed when they see it
     distributed_env: bool = True

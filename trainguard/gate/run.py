@@ -493,7 +493,10 @@ _MARKDOWN = """\
 {% endfor %}{% if recommendation %}**Sizing:** {{ recommendation }}
 {% endif %}{% if goodput %}
 **Goodput forecast:** {{ goodput }}
-{% endif %}{% if fallbacks %}
+{% endif %}{% if restart_policy %}
+**Recommended restart policy** at {{ restart_policy[0].gpus }} GPU(s) (`job.restart`, `job.max_restarts`):
+{% for t in restart_policy %}- `{{ t.setting }}`: {{ t.value }} -- {{ t.reason }}
+{% endfor %}{% endif %}{% if fallbacks %}
 **Fallbacks that ran:**
 {% for f in fallbacks %}- {{ f }}
 {% endfor %}{% endif %}{% if notes %}
@@ -610,6 +613,8 @@ def _context(gate: GateReport, checks: list[dict[str, Any]]) -> dict[str, Any]:
         "goodput": _goodput_line(sizing, gate.policy) if sizing is not None else None,
         "failure_rows": failure_rows(sizing.to_dict()) if sizing is not None else [],
         "timeouts": (sizing.timeouts if sizing is not None else None) or [],
+        "restart_policy": [t for t in (sizing.timeouts if sizing is not None else None) or []
+                           if t.setting.startswith("job.restart") or "max_restarts" in t.setting],
         "machine": f"{caps.gpus} GPU(s), {'root' if caps.root else 'not root'}, "
                    f"{'Ray' if caps.ray else 'no Ray'}",
         "provenance": f"job file sha256 {prov.job_file_sha256[:12]}, commit "

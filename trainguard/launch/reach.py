@@ -60,6 +60,8 @@ class WorkerSighting:
     pid: int
     node: str | None
     t: float  # launcher elapsed seconds when trainguard read the announcement
+    #: the backend's id of the node (Ray's node id: the nodes of one machine share ``node``, an IP)
+    node_id: str | None = None
 
 
 class RankWatch(Protocol):

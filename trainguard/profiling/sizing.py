@@ -28,7 +28,11 @@ from trainguard.profiling.goodput import (
     wall_clock_s,
 )
 from trainguard.profiling.stats import ScalingFit
-from trainguard.profiling.timeouts import RecommendedTimeout, recommend_timeouts
+from trainguard.profiling.timeouts import (
+    RecommendedTimeout,
+    recommend_restart_policy,
+    recommend_timeouts,
+)
 from trainguard.report import CheckResult
 
 __all__ = [
@@ -340,6 +344,12 @@ def apply_failure_inputs(sizing: Sizing, inputs: FailureInputs, *, unit: str | N
             load_s=load, startup_s=shown.startup_s, expected_failures=shown.expected_failures,
             gpus=shown.gpus,
         )
+        sizing.timeouts += recommend_restart_policy(
+            fixed_s=inputs.fixed_s(shown.checkpoint_cost_s), restart_source=inputs.restart_source,
+            checkpoint_every_s=shown.checkpoint_every_s or shown.step_time_s, job_mtbf_s=shown.mtbf_hours * 3600,
+            expected_failures=shown.expected_failures, wall_s=shown.hours_with_failures * 3600,
+            goodput=shown.goodput, gpus=shown.gpus,
+        ) if sizing.timeouts else []
     return sizing
 
 

@@ -34,20 +34,22 @@ RAY_TRAIN_DEFAULTS: dict[str, str] = {
     # nothing drains or preempts a local head's node: one actor process per fit fewer
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
 }
-_WORKER_LINE = re.compile(rf"{WORKER_PREFIX} rank=(\d+) pid=(\d+)(?: node=(\S+))?")
+_WORKER_LINE = re.compile(rf"{WORKER_PREFIX} rank=(\d+) pid=(\d+)(?: node=(\S+))?(?: node_id=(\w+))?")
 
 
 class WorkerLine(NamedTuple):
-    """A parsed ``trainguard-worker rank=R pid=P node=IP`` line (``node`` None when absent)."""
+    """A parsed ``trainguard-worker rank=R pid=P node=IP node_id=ID`` line (``node`` and
+    ``node_id`` None when absent: the nodes of one machine share an IP, never an id)."""
 
     rank: int
     pid: int
     node: str | None
+    node_id: str | None = None
 
 
-def format_worker_line(rank: int, pid: int, node: str) -> str:
+def format_worker_line(rank: int, pid: int, node: str, node_id: str | None = None) -> str:
     """The line a worker prints at start; :func:`parse_worker_line` reads it back."""
-    return f"{WORKER_PREFIX} rank={rank} pid={pid} node={node}"
+    return f"{WORKER_PREFIX} rank={rank} pid={pid} node={node}" + (f" node_id={node_id}" if node_id else "")
 
 
 def parse_worker_line(line: str) -> WorkerLine | None:
@@ -55,7 +57,7 @@ def parse_worker_line(line: str) -> WorkerLine | None:
     found = _WORKER_LINE.search(line)
     if found is None:
         return None
-    return WorkerLine(int(found[1]), int(found[2]), found[3])
+    return WorkerLine(int(found[1]), int(found[2]), found[3], found[4])
 
 
 def ray_train_defaults(environ: Mapping[str, str]) -> dict[str, str]:

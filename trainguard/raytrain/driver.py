@@ -52,7 +52,8 @@ def _worker_entry(config: dict[str, Any]) -> Any:
     rank = context.get_world_rank()
     # node: a fault drill signals the pid only on its own machine (trainguard.raytrain.workers)
     node = ray.util.get_node_ip_address()
-    print(format_worker_line(rank, os.getpid(), node), file=sys.stderr, flush=True)
+    node_id = ray.get_runtime_context().get_node_id()  # the nodes of one machine share the IP
+    print(format_worker_line(rank, os.getpid(), node, node_id), file=sys.stderr, flush=True)
     if spec.get("run_hook"):
         _install_run_agent(spec["run_hook"], rank, context.get_world_size())
     original = ray.train.report

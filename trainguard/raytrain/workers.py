@@ -143,7 +143,7 @@ class RayWorkerTracker:
                 if worker is not None:
                     if (worker.rank, worker.pid) not in self._seen:  # Ray may forward a line twice
                         self._seen.add((worker.rank, worker.pid))
-                        new.append(WorkerSighting(worker.rank, worker.pid, worker.node, now))
+                        new.append(WorkerSighting(worker.rank, worker.pid, worker.node, now, worker.node_id))
                 elif line.lstrip().startswith(_CONTROLLER):
                     self.controller_lines.append((now, line.strip()))
             self.sightings.extend(new)

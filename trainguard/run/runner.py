@@ -49,6 +49,7 @@ from trainguard.run.keep import Keepers
 from trainguard.run.observer import MetricCallback, NullObserver, ObserverSource, RunObserver
 from trainguard.run.pool import RunPool
 from trainguard.run.request import RunRequest
+from trainguard.run.restarts import Backoff, Waited, restart_policy
 from trainguard.run.scheduling import AheadRun, RunScheduler
 from trainguard.unit.checkpoints import describe_candidates, latest_complete_checkpoint
 
@@ -72,8 +73,9 @@ class LaunchOptions:
 
     #: restarts allowed (None: ``job.max_restarts``)
     max_restarts: int | None = None
-    #: the first wait between attempts (doubling, at most 30 s, while attempts make no progress)
-    backoff_s: float = 1.0
+    #: the first wait between attempts (None: ``job.restart.backoff_s``; the rest of the policy,
+    #: :mod:`trainguard.run.restarts`, is the job's)
+    backoff_s: float | None = None
     #: the outcomes that restart an attempt
     restart_on: tuple[str, ...] = ("failed", "hung")
     #: restarts an attempt whose outcome is not in ``restart_on`` too, when it returns True
@@ -116,6 +118,10 @@ class SupervisedRun:
     attempts: list[RunResult]
     run_dir: Path
     checkpoint_dir: Path
+    #: the wait before each restart, chosen and measured
+    waits: list[Waited] = field(default_factory=list)
+    #: why the policy stopped before ``max_restarts`` ran out (empty: it did not)
+    gave_up: str = ""
 
     @property
     def final(self) -> RunResult:
@@ -424,8 +430,8 @@ class JobRunner:
         """Run with the restart policy: when an attempt fails (a rank died or hung), restart the
         whole group from the latest checkpoint with ``resume_args``, in new processes on a fresh
         rendezvous port, up to ``options.max_restarts`` times (default ``job.max_restarts``), waiting
-        ``options.backoff_s`` between attempts (doubling, at most 30 s, while attempts make no progress;
-        back to ``backoff_s`` after one that printed a step beyond every earlier attempt's). Every attempt is recorded; all
+        as ``job.restart`` says (:mod:`trainguard.run.restarts`: a backoff doubling while attempts
+        make no progress, jitter, a stop without progress). Every attempt is recorded; all
         attempts of one logical run share its ``{run_dir}`` and checkpoint directory, each with
         its own ``attempt-N/`` log directory. ``on_metric`` callbacks see the attempt number as
         ``launcher.spec.restart_count``. Fault drills pass their :class:`LaunchOptions`
@@ -435,23 +441,19 @@ class JobRunner:
         a pre-emption notice, steps short of the end)."""
         self.pool.admit(request, label)
         limit = self.job_file.job.max_restarts if options.max_restarts is None else options.max_restarts
-        backoff_s = options.backoff_s
+        policy = restart_policy(self.job_file.job.restart, options.backoff_s)
         options = dataclasses.replace(options, max_restarts=limit)
         run_dir = new_run_dir(
             self.job_file.state_dir, self.job_file.job.name, label, keep=self.settings.keep_runs
         )
         values = self.placeholders(request, run_dir, checkpoint_dir)
         attempts: list[RunResult] = []
-        delay, best = backoff_s, 0
+        backoff, waits, ended, wait = Backoff(policy), list[Waited](), 0.0, None
         tracked = self._track_start(request, label, False)  # all attempts share one tracked run
         for attempt in range(limit + 1):
-            if attempt:
-                # the backoff doubles while attempts make no progress (a crash loop) and starts
-                # over after one that did: each fault of a long run costs the same
-                reached = attempts[-1].last_step or 0
-                delay = backoff_s if attempt == 1 or reached > best else min(delay * 2, 30.0)
-                best = max(best, reached)
-                time.sleep(delay)
+            if wait is not None:
+                time.sleep(wait.wait_s)
+                waits.append(dataclasses.replace(wait, measured_s=time.monotonic() - ended))
             try:
                 result = self._launch(
                     request, values, run_dir / f"attempt-{attempt}",
@@ -460,13 +462,16 @@ class JobRunner:
             except BaseException:
                 self._track_abort(tracked)
                 raise
+            ended = time.monotonic()
             attempts.append(result)
             again = result.outcome in options.restart_on or (options.restart_if is not None and options.restart_if(result))
-            last = not again or attempt == limit
+            # the wait before the next attempt (None: no more; the policy may give up without progress)
+            wait = backoff.after(attempt, result.last_step) if again and attempt < limit else None
+            last = wait is None
             self._track_attempt(tracked, result, attempt, final=last)
             if last:
                 break
-        return SupervisedRun(attempts, run_dir, Path(str(values["checkpoint_dir"])))
+        return SupervisedRun(attempts, run_dir, Path(str(values["checkpoint_dir"])), waits, backoff.gave_up)
 
     def _track_start(self, request: RunRequest, label: str, resume: bool, ahead_of: str | None = None) -> object:
         return self.observer.launch_started(

@@ -4,10 +4,14 @@ Hugging Face Trainer does: every ``--save-every`` steps a ``checkpoint-N/`` dire
 ``--resume-from PATH`` names (what ``{latest_checkpoint}`` fills) and prints that path.
 
 ``--die-at K`` (repeatable): exit 3 at step K, once per K (a marker file remembers it), so a
-restarted attempt goes past it. ``--no-save``: never checkpoints. ``--weights-bytes N``: pads
+restarted attempt goes past it. ``--crash-at K``: exit 3 at step K on every attempt (a poison
+batch: a crash loop). ``--no-save``: never checkpoints. ``--weights-bytes N``: pads
 ``weights.json`` to about N bytes (a file over a read limit). ``--resume-defect drift``: a resumed
 run prints a loss 1e-6 off (a resume bug the metrics show); ``--resume-defect state``: a resumed run
-saves other weights while its loss matches (a resume bug only the final checkpoint shows).
+saves other weights while its loss matches (a resume bug only the final checkpoint shows);
+``--resume-defect forget``: a resumed run ignores the checkpoint and starts again from step 1.
+``--resume-latest``: resume from the newest complete ``checkpoint-N/`` under ``--output-dir`` by
+itself (a job restarted by torchrun, which passes no resume arguments).
 ``--nondet``: the loss carries unseeded noise of about 1e-7 (two runs with one seed differ).
 """
 
@@ -29,15 +33,23 @@ def main() -> int:
     p.add_argument("--save-every", type=int, default=2)
     p.add_argument("--sleep", type=float, default=0.05)
     p.add_argument("--die-at", type=int, action="append", default=[])
+    p.add_argument("--crash-at", type=int, default=None)
+    p.add_argument("--resume-latest", action="store_true")
     p.add_argument("--no-save", action="store_true")
     p.add_argument("--weights-bytes", type=int, default=0)
-    p.add_argument("--resume-defect", choices=["none", "drift", "state"], default="none")
+    p.add_argument("--resume-defect", choices=["none", "drift", "state", "forget"], default="none")
     p.add_argument("--nondet", action="store_true")
     args = p.parse_args()
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     start = 0
+    if args.resume_latest and args.resume_from is None:
+        done = [d for d in out.glob("checkpoint-*") if (d / "trainer_state.json").exists()]
+        if done:
+            args.resume_from = str(max(done, key=lambda d: int(d.name.split("-")[1])))
     resumed = args.resume_from is not None
+    if resumed and args.resume_defect == "forget":
+        resumed = False
     if resumed:
         print(f"resuming from {args.resume_from}", flush=True)
         start = json.loads((Path(args.resume_from) / "trainer_state.json").read_text())["global_step"]
@@ -46,6 +58,9 @@ def main() -> int:
         if step in args.die_at and not marker.exists():
             marker.touch()
             print(f"dying at step {step}", file=sys.stderr, flush=True)
+            return 3
+        if step == args.crash_at:
+            print(f"crashing at step {step}", file=sys.stderr, flush=True)
             return 3
         if step % args.save_every == 0 and not args.no_save:
             folder = out / f"checkpoint-{step}"
