@@ -369,6 +369,22 @@ def test_a_fingerprint_sums_the_bits_and_changes_with_any_one_bit(dtype: str, ba
             assert agent.fingerprints(torch, [flipped], np)[0][0] != prints[i][0]
 
 
+def test_tensors_past_the_batchs_bound_are_read_in_place_with_the_same_fingerprints() -> None:
+    """A float32 tensor that would take a layout's batch past ``BATCH_BYTES`` is read in place:
+    the batch holds the others only, and every fingerprint is the format's."""
+    import numpy as np
+
+    agent = _fingerprint_module()
+    agent.BATCH_BYTES = 4096  # (this test's own copy of the module)
+    generator = torch.Generator().manual_seed(4)
+    tensors = [torch.randn(n, generator=generator) for n in (700, 600, 100, 4)]  # 2800 + 2400 bytes: the second is past it
+    layout = agent._Layout(torch, np, tensors)
+    assert layout.direct == [1] and sorted(layout.sources) == [0, 2, 3]
+    for tensor, (fp, ss) in zip(tensors, agent.fingerprints(torch, tensors, np)):
+        assert fp == _expected_fp(tensor, torch.int32)
+        assert ss == pytest.approx(float((tensor.double() ** 2).sum()), rel=1e-6)
+
+
 def test_a_step_plan_writes_what_the_fingerprints_one_by_one_give() -> None:
     """The agent's fast way (a :class:`StepPlan`: one batch of fingerprints, the JSON text filled
     in one formatting) writes the values the format defines, computed here one tensor at a time;

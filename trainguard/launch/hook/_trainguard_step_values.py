@@ -197,8 +197,11 @@ def _per_tensor(torch: Any, group: list[Any]) -> list[tuple[int, float]]:
     return [(fp & MASK, ss) for fp, ss in zip(values[:n], squares)]
 
 
-#: from this many elements on a float32/float64 CPU tensor is read where it is, not copied
-DIRECT_FROM = 8192
+#: from this many elements on a float32/float64 CPU tensor is read where it is, not copied (two
+#: numpy reductions over the tensor cost more than copying it into the batch below this size) ...
+DIRECT_FROM = 1 << 16
+#: ... and any such tensor once the batch of a layout holds this many bytes (a bound on its copy)
+BATCH_BYTES = 16 << 20
 #: the dtypes whose CPU tensors are fingerprinted in one batch, by name
 _BATCHED = {"float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"}
 #: bytes of one row of a batch buffer (each tensor starts a row)
@@ -240,20 +243,24 @@ class _Rows:
 
 class _Layout:
     """Where each CPU tensor of a list goes, for lists of the same shapes and dtypes (an
-    optimizer's tensors, step after step): the large float32/float64 ones are read in place (two
-    numpy reductions each: one read of the tensor apiece), the others copied by one
-    ``_foreach_copy_`` into :class:`_Rows` per dtype."""
+    optimizer's tensors, step after step): the large float32/float64 ones, and those past the
+    batch's bound, are read in place (two numpy reductions each: one read of the tensor
+    apiece), the others copied by one ``_foreach_copy_`` into :class:`_Rows` per dtype."""
 
     def __init__(self, torch: Any, np: Any, group: list[Any]) -> None:
         self.left: list[int] = []  # positions fingerprinted one by one with torch (empty, complex, ...)
         self.direct: list[int] = []  # positions read in place
         members: dict[Any, list[int]] = {}
+        batched = 0  # bytes
         for j, t in enumerate(group):
             n = t.numel()
-            if n >= DIRECT_FROM and t.dtype in (torch.float32, torch.float64) and n * t.dtype.itemsize % 8 == 0:
+            size = n * t.dtype.itemsize
+            if (t.dtype in (torch.float32, torch.float64) and size % 8 == 0
+                    and (n >= DIRECT_FROM or batched + size > BATCH_BYTES)):
                 self.direct.append(j)
             elif n and str(t.dtype)[6:] in _BATCHED:
                 members.setdefault(t.dtype, []).append(j)
+                batched += size
             else:
                 self.left.append(j)
         self.buffers = [(_Rows(torch, np, dtype, [group[j].numel() for j in js]), js) for dtype, js in members.items()]
