@@ -420,6 +420,31 @@ def test_a_step_plan_writes_what_the_fingerprints_one_by_one_give() -> None:
     assert texts["grad"]["0.weight"] is None and texts["grad"]["0.bias"][1] == "nan"
 
 
+def test_sums_of_squares_are_written_with_nine_significant_digits() -> None:
+    """``ss`` is written with 9 significant digits (cheaper than Python's shortest repr; the
+    reader compares sums of squares within a relative 1e-3 at the least), by the plan and by
+    the general way alike; ``fp`` stays exact."""
+    import numpy as np
+
+    agent = _fingerprint_module()
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(9, 33), torch.nn.Linear(33, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(2):
+        model(torch.randn(4, 9)).sum().backward()
+        opt.step()
+    plan = agent.StepPlan(opt, list(model.named_parameters()))
+    tensors = plan.tensors(opt)
+    assert tensors is not None
+    fps, squares = agent.raw_prints(torch, tensors, np, cpu=True)
+    texts = plan.texts(fps, squares)
+    written = [v for kind in ("param", "grad") for v in json.loads(texts[kind]).values()]
+    assert [int(fp, 16) for fp, _ in written] == fps[:len(written)]
+    assert [ss for _, ss in written] == [float(f"{ss:.9g}") for ss in squares[:len(written)]]
+    assert any(repr(ss) != f"{ss:.9g}" for ss in squares)  # (digits were dropped)
+    assert [ss for _, ss in agent.fingerprints(torch, tensors, np)] == [float(f"{ss:.9g}") for ss in squares]
+
+
 def test_pythons_generator_read_in_place_prints_as_its_getstate() -> None:
     import random
 

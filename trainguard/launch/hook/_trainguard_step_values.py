@@ -50,6 +50,18 @@ def number(value: float) -> float | str:
     return value
 
 
+#: significant digits of a sum of squares as written (9 give a float32's value back; the reader
+#: compares sums of squares within a relative 1e-3 at the least, fingerprints exactly by ``fp``);
+#: fewer digits than Python's shortest repr are several times cheaper to write
+SS_DIGITS = 9
+
+
+def square_sum(value: float) -> float | str:
+    """A sum of squares as a record writes it: :data:`SS_DIGITS` significant digits, NaN and
+    the infinities as strings."""
+    return number(float(f"{value:.{SS_DIGITS}g}"))
+
+
 def hex64(value: int) -> str:
     return format(value & MASK, "016x")
 
@@ -337,7 +349,7 @@ def raw_prints(torch: Any, tensors: list[Any], numpy: Any = None, *,
 
 def fingerprints(torch: Any, tensors: list[Any], numpy: Any = None) -> list[list[Any]]:
     """``[fp, ss]`` of each tensor as a record writes them (:func:`raw_prints`)."""
-    return [[format(fp, "016x"), number(ss)] for fp, ss in zip(*raw_prints(torch, tensors, numpy))]
+    return [[format(fp, "016x"), square_sum(ss)] for fp, ss in zip(*raw_prints(torch, tensors, numpy))]
 
 
 def scalar_fingerprint(value: float) -> tuple[int, float]:
@@ -463,7 +475,7 @@ def combined(parts: list[tuple[str, int, Any]]) -> list[Any]:
     for i, (_, value, ss) in enumerate(sorted(parts)):
         fp += value * (i + 1)
         squares.append(ss if type(ss) is float else float(ss))  # ("nan", "inf" too)
-    return [format(fp & MASK, "016x"), number(_sum(squares))]
+    return [format(fp & MASK, "016x"), square_sum(_sum(squares))]
 
 
 class Raw(str):
@@ -472,8 +484,8 @@ class Raw(str):
 
 #: a parameter without optimizer state
 _NO_STATE: dict[Any, Any] = {}
-#: one fingerprint in a :class:`StepPlan`'s text: fp as 16 hex digits, ss as Python writes a float
-_SLOT = '["%016x",%r]'
+#: one fingerprint in a :class:`StepPlan`'s text: fp as 16 hex digits, ss with :data:`SS_DIGITS` digits
+_SLOT = f'["%016x",%.{SS_DIGITS}g]'
 
 
 class StepPlan:
@@ -546,7 +558,7 @@ class StepPlan:
         out_ss = [*squares[:n], *held_ss]
         total = sum(out_ss)
         if total - total != 0:  # a NaN or an infinity: JSON carries them as strings
-            slots: list[Any] = [[hex64(fp), number(ss)] for fp, ss in zip([*fps[:n], *held_fp], out_ss)]
+            slots: list[Any] = [[hex64(fp), square_sum(ss)] for fp, ss in zip([*fps[:n], *held_fp], out_ss)]
             return self._dicts(slots)
         values: list[Any] = [0] * (2 * len(out_ss))
         values[0::2] = [*fps[:n], *held_fp]
@@ -565,4 +577,4 @@ class StepPlan:
 
 __all__ = ["DIRECT_FROM", "MASK", "Raw", "RngPrints", "StepPlan", "bit_sum", "clean_name", "combined", "fingerprints", "hex64",
            "hyperparameters", "local_shard", "number", "numpy_rng_print", "owner_of", "path_text", "python_rng_print", "raw_prints", "scalar_fingerprint",
-           "sha16"]
+           "sha16", "square_sum"]
