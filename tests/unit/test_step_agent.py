@@ -369,6 +369,22 @@ def test_a_fingerprint_sums_the_bits_and_changes_with_any_one_bit(dtype: str, ba
             assert agent.fingerprints(torch, [flipped], np)[0][0] != prints[i][0]
 
 
+def test_tensors_past_the_batchs_bound_are_read_in_place_with_the_same_fingerprints() -> None:
+    """A float32 tensor that would take a layout's batch past ``BATCH_BYTES`` is read in place:
+    the batch holds the others only, and every fingerprint is the format's."""
+    import numpy as np
+
+    agent = _fingerprint_module()
+    agent.BATCH_BYTES = 4096  # (this test's own copy of the module)
+    generator = torch.Generator().manual_seed(4)
+    tensors = [torch.randn(n, generator=generator) for n in (700, 600, 100, 4)]  # 2800 + 2400 bytes: the second is past it
+    layout = agent._Layout(torch, np, tensors)
+    assert layout.direct == [1] and sorted(layout.sources) == [0, 2, 3]
+    for tensor, (fp, ss) in zip(tensors, agent.fingerprints(torch, tensors, np)):
+        assert fp == _expected_fp(tensor, torch.int32)
+        assert ss == pytest.approx(float((tensor.double() ** 2).sum()), rel=1e-6)
+
+
 def test_a_step_plan_writes_what_the_fingerprints_one_by_one_give() -> None:
     """The agent's fast way (a :class:`StepPlan`: one batch of fingerprints, the JSON text filled
     in one formatting) writes the values the format defines, computed here one tensor at a time;
@@ -402,6 +418,31 @@ def test_a_step_plan_writes_what_the_fingerprints_one_by_one_give() -> None:
     model[0].bias.grad[3] = float("nan")
     texts = plan.texts(*agent.raw_prints(torch, plan.tensors(opt), np, cpu=True))
     assert texts["grad"]["0.weight"] is None and texts["grad"]["0.bias"][1] == "nan"
+
+
+def test_sums_of_squares_are_written_with_nine_significant_digits() -> None:
+    """``ss`` is written with 9 significant digits (cheaper than Python's shortest repr; the
+    reader compares sums of squares within a relative 1e-3 at the least), by the plan and by
+    the general way alike; ``fp`` stays exact."""
+    import numpy as np
+
+    agent = _fingerprint_module()
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(9, 33), torch.nn.Linear(33, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(2):
+        model(torch.randn(4, 9)).sum().backward()
+        opt.step()
+    plan = agent.StepPlan(opt, list(model.named_parameters()))
+    tensors = plan.tensors(opt)
+    assert tensors is not None
+    fps, squares = agent.raw_prints(torch, tensors, np, cpu=True)
+    texts = plan.texts(fps, squares)
+    written = [v for kind in ("param", "grad") for v in json.loads(texts[kind]).values()]
+    assert [int(fp, 16) for fp, _ in written] == fps[:len(written)]
+    assert [ss for _, ss in written] == [float(f"{ss:.9g}") for ss in squares[:len(written)]]
+    assert any(repr(ss) != f"{ss:.9g}" for ss in squares)  # (digits were dropped)
+    assert [ss for _, ss in agent.fingerprints(torch, tensors, np)] == [float(f"{ss:.9g}") for ss in squares]
 
 
 def test_pythons_generator_read_in_place_prints_as_its_getstate() -> None:

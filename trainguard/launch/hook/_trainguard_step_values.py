@@ -50,6 +50,18 @@ def number(value: float) -> float | str:
     return value
 
 
+#: significant digits of a sum of squares as written (9 give a float32's value back; the reader
+#: compares sums of squares within a relative 1e-3 at the least, fingerprints exactly by ``fp``);
+#: fewer digits than Python's shortest repr are several times cheaper to write
+SS_DIGITS = 9
+
+
+def square_sum(value: float) -> float | str:
+    """A sum of squares as a record writes it: :data:`SS_DIGITS` significant digits, NaN and
+    the infinities as strings."""
+    return number(float(f"{value:.{SS_DIGITS}g}"))
+
+
 def hex64(value: int) -> str:
     return format(value & MASK, "016x")
 
@@ -197,8 +209,11 @@ def _per_tensor(torch: Any, group: list[Any]) -> list[tuple[int, float]]:
     return [(fp & MASK, ss) for fp, ss in zip(values[:n], squares)]
 
 
-#: from this many elements on a float32/float64 CPU tensor is read where it is, not copied
-DIRECT_FROM = 8192
+#: from this many elements on a float32/float64 CPU tensor is read where it is, not copied (two
+#: numpy reductions over the tensor cost more than copying it into the batch below this size) ...
+DIRECT_FROM = 1 << 16
+#: ... and any such tensor once the batch of a layout holds this many bytes (a bound on its copy)
+BATCH_BYTES = 16 << 20
 #: the dtypes whose CPU tensors are fingerprinted in one batch, by name
 _BATCHED = {"float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool"}
 #: bytes of one row of a batch buffer (each tensor starts a row)
@@ -240,20 +255,24 @@ class _Rows:
 
 class _Layout:
     """Where each CPU tensor of a list goes, for lists of the same shapes and dtypes (an
-    optimizer's tensors, step after step): the large float32/float64 ones are read in place (two
-    numpy reductions each: one read of the tensor apiece), the others copied by one
-    ``_foreach_copy_`` into :class:`_Rows` per dtype."""
+    optimizer's tensors, step after step): the large float32/float64 ones, and those past the
+    batch's bound, are read in place (two numpy reductions each: one read of the tensor
+    apiece), the others copied by one ``_foreach_copy_`` into :class:`_Rows` per dtype."""
 
     def __init__(self, torch: Any, np: Any, group: list[Any]) -> None:
         self.left: list[int] = []  # positions fingerprinted one by one with torch (empty, complex, ...)
         self.direct: list[int] = []  # positions read in place
         members: dict[Any, list[int]] = {}
+        batched = 0  # bytes
         for j, t in enumerate(group):
             n = t.numel()
-            if n >= DIRECT_FROM and t.dtype in (torch.float32, torch.float64) and n * t.dtype.itemsize % 8 == 0:
+            size = n * t.dtype.itemsize
+            if (t.dtype in (torch.float32, torch.float64) and size % 8 == 0
+                    and (n >= DIRECT_FROM or batched + size > BATCH_BYTES)):
                 self.direct.append(j)
             elif n and str(t.dtype)[6:] in _BATCHED:
                 members.setdefault(t.dtype, []).append(j)
+                batched += size
             else:
                 self.left.append(j)
         self.buffers = [(_Rows(torch, np, dtype, [group[j].numel() for j in js]), js) for dtype, js in members.items()]
@@ -330,7 +349,7 @@ def raw_prints(torch: Any, tensors: list[Any], numpy: Any = None, *,
 
 def fingerprints(torch: Any, tensors: list[Any], numpy: Any = None) -> list[list[Any]]:
     """``[fp, ss]`` of each tensor as a record writes them (:func:`raw_prints`)."""
-    return [[format(fp, "016x"), number(ss)] for fp, ss in zip(*raw_prints(torch, tensors, numpy))]
+    return [[format(fp, "016x"), square_sum(ss)] for fp, ss in zip(*raw_prints(torch, tensors, numpy))]
 
 
 def scalar_fingerprint(value: float) -> tuple[int, float]:
@@ -456,7 +475,7 @@ def combined(parts: list[tuple[str, int, Any]]) -> list[Any]:
     for i, (_, value, ss) in enumerate(sorted(parts)):
         fp += value * (i + 1)
         squares.append(ss if type(ss) is float else float(ss))  # ("nan", "inf" too)
-    return [format(fp & MASK, "016x"), number(_sum(squares))]
+    return [format(fp & MASK, "016x"), square_sum(_sum(squares))]
 
 
 class Raw(str):
@@ -465,8 +484,8 @@ class Raw(str):
 
 #: a parameter without optimizer state
 _NO_STATE: dict[Any, Any] = {}
-#: one fingerprint in a :class:`StepPlan`'s text: fp as 16 hex digits, ss as Python writes a float
-_SLOT = '["%016x",%r]'
+#: one fingerprint in a :class:`StepPlan`'s text: fp as 16 hex digits, ss with :data:`SS_DIGITS` digits
+_SLOT = f'["%016x",%.{SS_DIGITS}g]'
 
 
 class StepPlan:
@@ -539,7 +558,7 @@ class StepPlan:
         out_ss = [*squares[:n], *held_ss]
         total = sum(out_ss)
         if total - total != 0:  # a NaN or an infinity: JSON carries them as strings
-            slots: list[Any] = [[hex64(fp), number(ss)] for fp, ss in zip([*fps[:n], *held_fp], out_ss)]
+            slots: list[Any] = [[hex64(fp), square_sum(ss)] for fp, ss in zip([*fps[:n], *held_fp], out_ss)]
             return self._dicts(slots)
         values: list[Any] = [0] * (2 * len(out_ss))
         values[0::2] = [*fps[:n], *held_fp]
@@ -558,4 +577,4 @@ class StepPlan:
 
 __all__ = ["DIRECT_FROM", "MASK", "Raw", "RngPrints", "StepPlan", "bit_sum", "clean_name", "combined", "fingerprints", "hex64",
            "hyperparameters", "local_shard", "number", "numpy_rng_print", "owner_of", "path_text", "python_rng_print", "raw_prints", "scalar_fingerprint",
-           "sha16"]
+           "sha16", "square_sum"]
