@@ -53,26 +53,37 @@ job:
   timeout: 900
   stall_timeout: 120
 checks:
-  drills:
-{drills}
-"""
+{checks}"""
 
 
-def make_project(where: Path, script: Path, ranks: list[int], steps: int, after_step: int, stall: float) -> Path:
-    """The temp project: the script unmodified, the text file, the tokenizer folder, the job file."""
+def clm_files(where: Path, script: Path, name: str = "run_clm.py") -> int:
+    """Into ``where``: the script unmodified (as ``name``), ``train.txt`` (the hf_clm example's
+    generated corpus) and ``tok`` (that corpus's word-level tokenizer); the vocabulary's size."""
     sys.path.insert(0, str(ROOT / "examples" / "hf_clm"))
     from tinyclm.data import build_tokenizer, make_sentences
 
-    shutil.copyfile(script, where / "run_clm.py")
+    shutil.copyfile(script, where / name)
     sentences = make_sentences(2000)
     (where / "train.txt").write_text("\n".join(sentences) + "\n")
     tokenizer = build_tokenizer(sentences)
     tokenizer.save_pretrained(str(where / "tok"))
+    return len(tokenizer)
+
+
+def clm_job(where: Path, script: Path, checks: str) -> Path:
+    """The temp project: run_clm.py unmodified with its data (:func:`clm_files`) and the job file
+    running ``checks`` (the YAML under ``checks:``)."""
+    vocab = clm_files(where, script)
+    job = where / "trainguard.yaml"
+    job.write_text(JOB.format(vocab=vocab, hf_home=where / "hf", checks=checks))
+    return job
+
+
+def make_project(where: Path, script: Path, ranks: list[int], steps: int, after_step: int, stall: float) -> Path:
+    """The temp project with a hang drill on each of ``ranks``."""
     drills = "".join(f"    - {{name: hang-rank{r}, fault: hang, rank: {r}, world_size: 2, steps: {steps}, "
                      f"after_step: {after_step}, stall_timeout: {stall:g}}}\n" for r in ranks)
-    job = where / "trainguard.yaml"
-    job.write_text(JOB.format(vocab=len(tokenizer), hf_home=where / "hf", drills=drills))
-    return job
+    return clm_job(where, script, "  drills:\n" + drills)
 
 
 def cell(result: dict[str, Any], rank: int) -> dict[str, Any]:

@@ -3,9 +3,9 @@
 last rank alone adds to its first layer's weight after step 5, outside DDP) must fail naming step 6,
 the weight and the ranks. One launch of 2 ranks each (3-5 s on 2 cores, 15 s on a busy machine).
 
-The default run keeps the replica drift; the clean job's invariants are checked there by
-tests/distributed/test_sched_job.py's clean test, on determinism's run (no launch of its own), so
-this file's clean case is ``slow``, as are the other plants: a second loss through the module inside
+The default run catches the replica drift through the gate's default invariants check
+(tests/distributed/test_invariants_gate.py, on determinism's run: no launch of its own), so this
+file's cases are ``slow``: the drift and the clean job here, and the other plants: a second loss through the module inside
 DDP on one rank (``ddp_bypassed``: its gradients at step 5) and a sampler whose ``set_epoch`` is
 never called (``set_epoch_never``: the second epoch)."""
 
@@ -28,7 +28,8 @@ def invariants_of(tmp_path: Path, args: str = "", steps: int = 8) -> CheckResult
     return result
 
 
-@pytest.mark.parametrize("plant", [pytest.param("none", marks=pytest.mark.slow), "replica_drift"])
+@pytest.mark.slow  # the default run's replica drift is caught through the gate (test_invariants_gate.py)
+@pytest.mark.parametrize("plant", ["none", "replica_drift"])
 def test_a_replica_one_rank_changed_is_caught_and_the_clean_run_passes(tmp_path: Path, plant: str) -> None:
     result = invariants_of(tmp_path, f"--plant {plant}")
     evidence = report_evidence(result)

@@ -52,6 +52,8 @@ VOLATILE = frozenset({
     # the gate's cost: the launches' order follows the lane's timing, their seconds the machine
     "records", "rank_seconds", "startup_share", "gpu_hours", "steps_gpu_hours", "step_seconds", "note",
     "startup_s_per_launch",
+    # the seconds each check that launched nothing spent reading another check's run
+    "reads",
     # where the read of a step line let a checkpoint be kept (as where a kill landed)
     "stopped_after_step",
 })

@@ -5,6 +5,7 @@ come back from the report's ``cost`` as the records they were."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -55,13 +56,19 @@ def test_the_cost_is_written_as_its_report_object_and_its_launches_read_back(tmp
     path = Path(write_gate_report(_gate(cost=cost), tmp_path)["json"])
     written = json.loads(path.read_text())["cost"]
     assert list(written) == ["launches", "measured", "rank_seconds", "startup_s_per_launch", "startup_share",
-                             "projection", "note", "records"]
+                             "projection", "note", "records", "reads"]
+    assert written["reads"] == {}  # no check read another's run here
     assert written["records"][0] == {"label": "reference", "world_size": 1, "seconds": 10.0, "first_step_s": 4.0,
                                      "steps": 60}
     assert written["rank_seconds"] == 26.0 and written["startup_share"] == round(4.0 / 26.0, 3)
     assert records_from_report(path) == [LaunchCost(None, r.world_size, r.seconds, r.first_step_s, r.steps)
                                          for r in cost.records]
     assert cost.reported().line() in path.with_suffix(".md").read_text()
+    # the gate's default invariants check launches nothing: its seconds reading a run are on the line
+    read = dataclasses.replace(cost, reads={"invariants": 0.42})
+    assert "(15% of the rank-seconds); invariants 0.4 s reading a run another check made (no launch); on the" \
+        in read.line(), read.line()
+    assert read.to_dict()["reads"] == {"invariants": 0.4}
 
 
 def test_the_submission_is_written_as_the_queue_and_the_gate_always_wrote_it(tmp_path: Path) -> None:

@@ -91,7 +91,10 @@ def test_the_gate_promotes_the_clean_job_and_submit_checks_freshness(
     planned = capsys.readouterr().out
     assert "cost: 6 launch(es), about " in planned and "estimated from the launches of" in planned
     assert data["verdict"] == "promote" and data["decision"]["reasons"] == []
-    assert [c["name"] for c in data["checks"]] == ["smoke", "determinism", "drill:kill"]
+    # and the invariants, added by the gate on determinism's run: skipped, as toy_train.py steps no torch optimizer
+    assert [c["name"] for c in data["checks"]] == ["smoke", "determinism", "drill:kill", "invariants"]
+    assert data["checks"][-1]["status"] == "skipped" and "recorded no training step" in data["checks"][-1]["summary"]
+    assert set(cost["reads"]) == {"invariants"}
     assert data["provenance"]["job_file_sha256"]
     assert "PROMOTE" in (gate_dir / "latest.html").read_text()
     assert "# trainguard gate: PROMOTE" in (gate_dir / "latest.md").read_text()

@@ -9,15 +9,17 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch
 from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
 
-from tests.steplines import PARAMS, Step, trajectory, write_rank, write_samples
+from tests.steplines import PARAMS, Step, params_line, trajectory, write_rank, write_samples
 from trainguard.checks.invariants import check_invariants, replica_findings, replicated
 from trainguard.checks.invariants_data import data_findings
 from trainguard.checks.invariants_records import Allowed, Invariant
 from trainguard.checks.invariants_training import gradient_findings, scaler_findings
 from trainguard.launch.samples import SampleBatch, read_samples
+from trainguard.launch.step_fields import params_record
 from trainguard.launch.steps import read_steps
 
 # -- replicas ---------------------------------------------------------------------------------------
@@ -255,3 +257,37 @@ def test_check_invariants_reads_both_records_of_a_run(tmp_path: Path) -> None:
                                                       Invariant.DATA, Invariant.TRAINS, Invariant.TRAINS, Invariant.ZERO_GRADS,
                                                       Invariant.MODES, Invariant.SCALER, Invariant.SCALER]
     assert result.coverage[3].compared == 1 and result.compared == 5 * len(PARAMS) + 3 + 2 * len(PARAMS) + 1
+
+
+def test_hsdp_shards_are_compared_among_the_ranks_holding_the_same_shard(tmp_path: Path) -> None:
+    """HSDP (a 2 x 2 mesh, replicate x shard): ranks 0 and 2 hold shard 0, ranks 1 and 3 shard 1.
+    With the mesh coordinates of the ``params`` line each shard is compared along the Replicate
+    dimension; a drift on one replica is named with its peer; without them nothing is compared."""
+    placement = dict.fromkeys(PARAMS, "(Replicate(), Shard(dim=0))")
+    coordinates = {0: [0, 0], 1: [0, 1], 2: [1, 0], 3: [1, 1]}
+
+    def shard(r: int, steps: list[Step]) -> list[Step]:  # shard 1's values differ from shard 0's
+        return [replace(s, placement=placement, param_of=dict.fromkeys(PARAMS, 7_000 + s.n) if r % 2 else {})
+                for s in steps]
+
+    def run(where: Path, per_rank: dict[int, list[Step]], mesh: bool = True) -> Path:
+        for r, steps in per_rank.items():
+            line = {**params_line(), "mesh": dict.fromkeys(PARAMS, coordinates[r])} if mesh else params_line()
+            write_rank(where, r, steps, before=[line])
+        return where
+
+    clean = {r: shard(r, trajectory(1, 5)) for r in range(4)}
+    findings, cover = replica_findings(read_steps(run(tmp_path / "clean", clean)))
+    assert findings == [] and cover.compared == 5 * len(PARAMS) * 2, cover  # 2 replica groups a tensor
+    assert f"{len(PARAMS)} sharded tensor(s) among the ranks holding the same shard" in cover.what, cover.what
+    drift = {**clean, 2: [replace(s, param_of={"fc1.weight": 9_000 + s.n}) if s.n >= 3 else s for s in clean[2]]}
+    (found,) = replica_findings(read_steps(run(tmp_path / "drift", drift)))[0]
+    assert (found.step, found.name, found.ranks) == (3, "fc1.weight", (0, 2)), found
+    assert "the parameter differs across replicas" in found.observation
+    # an agent that wrote no mesh: the shards are not compared, and said so
+    findings, cover = replica_findings(read_steps(run(tmp_path / "old", drift, mesh=False)))
+    assert findings == [] and cover.compared == 0 and f"{len(PARAMS)} sharded tensor(s)" in cover.reason
+    # a mesh of the wrong shape makes the line malformed (the reader counts it), never a traceback
+    assert params_record({**params_line(), "mesh": {"fc1.weight": [0, 1]}}).mesh == {"fc1.weight": (0, 1)}
+    with pytest.raises(ValueError, match="mesh must map names to lists of mesh coordinates"):
+        params_record({**params_line(), "mesh": {"fc1.weight": "0,1"}})

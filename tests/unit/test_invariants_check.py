@@ -127,3 +127,23 @@ def test_the_real_agents_records_show_a_scale_set_back_a_replaced_head_and_a_fro
     assert "no optimizer's param group holds it" in new_head.observation
     replaced = next(f for f in found.findings if f.name == "group0.2")
     assert "replaced after the optimizer was built" in replaced.observation
+
+
+def test_the_gate_adds_it_where_another_check_makes_the_run_it_reads(tmp_path: Path) -> None:
+    """``trainguard gate`` runs the invariants check by default, with ``missing_records: skip``,
+    only where the job file does not configure it, records steps, and another check makes an
+    uninterrupted run of the same job (no launch of its own); otherwise the checks are the file's."""
+    from trainguard.config import load_config
+    from trainguard.gate.policy import gate_checks_to_run
+
+    def names(checks: str, extra: str = "", where: str = "j") -> list[str]:
+        return [n for n, _ in gate_checks_to_run(load_config(_job(tmp_path / where, checks, extra=extra)))]
+
+    assert names("determinism: {steps: 6}\n") == ["determinism", "invariants"]
+    (_, added) = gate_checks_to_run(load_config(_job(tmp_path / "s", "canary: {steps: 6}\n")))
+    assert added[0] == "invariants" and added[1].missing_records == "skip"  # type: ignore[attr-defined]
+    assert names("smoke: {steps: 3}\n", where="smoke") == ["smoke"]  # nothing to read: no run of its own
+    assert names("determinism: {steps: 6}\n", "  record_steps: false\n", "off") == ["determinism"]
+    configured = gate_checks_to_run(load_config(_job(tmp_path / "c", "determinism: {steps: 6}\ninvariants: {seed: 3}\n")))
+    assert [n for n, _ in configured] == ["determinism", "invariants"]
+    assert configured[1][1].missing_records == "error"  # type: ignore[attr-defined]

@@ -33,6 +33,7 @@ nothing is never read as a pass.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -51,7 +52,7 @@ from trainguard.checks.invariants_training import gradient_findings, scaler_find
 from trainguard.launch.samples import SampleBatch
 from trainguard.launch.steps import Fingerprint, StepRecord, StepRecords
 
-__all__ = ["MAX_FINDINGS", "check_invariants", "replica_findings", "replicated"]
+__all__ = ["MAX_FINDINGS", "check_invariants", "replica_findings", "replicated", "shard_groups"]
 
 #: findings kept per invariant and step kind (a drift spreads to every tensor within a step or two)
 MAX_FINDINGS = 20
@@ -127,6 +128,7 @@ def replica_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) 
     compared = 0
     not_replicas: set[str] = set()
     sharded: set[str] = set()
+    grouped: set[str] = set()
     optimizers = sorted({o for rank in ranks.values() for o in rank.optimizers})
     for opt in optimizers:
         by_rank = {r: rank.of(opt) for r, rank in ranks.items()}
@@ -134,15 +136,19 @@ def replica_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) 
         if not common:
             continue
         first = {r: s[common[0]] for r, s in by_rank.items()}
-        names = _replica_names(first, allowed, not_replicas, sharded)
+        peers = _replica_names(first, allowed, not_replicas, sharded, _meshes(steps, opt))
+        grouped.update(name for name, groups in peers.items() if groups != [tuple(sorted(first))])
         for n in common:
             at = {r: s[n] for r, s in by_rank.items()}
-            splits = _splits(at, names)
-            compared += len(names)
+            splits = _splits(at, peers)
+            compared += sum(len(groups) for groups in peers.values())
             if splits:
                 findings += _as_findings(splits, n, opt)
                 break
     what = f"{compared} tensor-steps compared across {len(ranks)} ranks"
+    if grouped:
+        what += (f", {len(grouped)} sharded tensor(s) among the ranks holding the same shard (replicas along "
+                 f"the Replicate dimensions of their device mesh: {_some(grouped)})")
     left = []
     if sharded:
         left.append(f"{len(sharded)} sharded tensor(s) not compared across ranks (a Shard placement: "
@@ -153,33 +159,72 @@ def replica_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) 
     return findings, Coverage(Invariant.REPLICAS, compared, what, "; ".join(left))
 
 
-def _replica_names(first: Mapping[int, StepRecord], allowed: Allowed, not_replicas: set[str],
-                   sharded: set[str]) -> list[str]:
-    """The parameters every rank records for this optimizer, whole on each rank, equal at the
-    first common step, and not declared per rank."""
-    names = set.intersection(*(set(s.param) for s in first.values()))
-    out = []
-    for name in sorted(names):
-        if matches(name, allowed.per_rank):
-            continue
-        if not all(replicated(s.placement.get(name)) for s in first.values()):
-            sharded.add(name)
-        elif len({s.param[name] for s in first.values()}) > 1:
-            not_replicas.add(name)
-        else:
-            out.append(name)
+def _meshes(steps: StepRecords, opt: int) -> dict[int, Mapping[str, tuple[int, ...]]]:
+    """Each rank's mesh coordinates of optimizer ``opt``'s DTensor parameters (its last ``params``
+    line's ``mesh``)."""
+    out: dict[int, Mapping[str, tuple[int, ...]]] = {}
+    for r, rank in steps.ranks.items():
+        for record in rank.params:
+            if record.opt == opt:
+                out[r] = record.mesh
     return out
 
 
-def _splits(at: Mapping[int, StepRecord], names: Sequence[str]) -> list[_Split]:
+_PLACEMENT = re.compile(r"(Replicate|_StridedShard|Shard|Partial)\(")
+
+
+def shard_groups(placement: str | None, coordinates: Mapping[int, tuple[int, ...] | None]) -> list[tuple[int, ...]]:
+    """The ranks that hold the same shard of a sharded tensor (HSDP): equal coordinates on every
+    mesh dimension that is not ``Replicate()``, two or more ranks a group. [] when a rank's
+    coordinates are unknown or do not match the placements' dimensions."""
+    kinds = _PLACEMENT.findall(placement or "")
+    if not kinds or "Replicate" not in kinds:
+        return []
+    keys: dict[tuple[int, ...], list[int]] = {}
+    for rank, coordinate in coordinates.items():
+        if coordinate is None or len(coordinate) != len(kinds):
+            return []
+        keys.setdefault(tuple(c for c, kind in zip(coordinate, kinds) if kind != "Replicate"), []).append(rank)
+    return [tuple(sorted(g)) for _, g in sorted(keys.items()) if len(g) > 1]
+
+
+def _replica_names(first: Mapping[int, StepRecord], allowed: Allowed, not_replicas: set[str],
+                   sharded: set[str], meshes: Mapping[int, Mapping[str, tuple[int, ...]]]
+                   ) -> dict[str, list[tuple[int, ...]]]:
+    """The parameters every rank records for this optimizer, not declared per rank, each with the
+    groups of ranks holding the same values: every rank for a tensor whole on each; for a sharded
+    one, the ranks equal on its ``Shard`` mesh dimensions (HSDP's replicas). Kept when each group
+    is equal at the first common step."""
+    names = set.intersection(*(set(s.param) for s in first.values()))
+    out: dict[str, list[tuple[int, ...]]] = {}
+    for name in sorted(names):
+        if matches(name, allowed.per_rank):
+            continue
+        if all(replicated(s.placement.get(name)) for s in first.values()):
+            groups = [tuple(sorted(first))]
+        else:
+            placement = next(iter(first.values())).placement.get(name)
+            groups = shard_groups(placement, {r: meshes.get(r, {}).get(name) for r in first})
+            if not groups or any(first[r].placement.get(name) != placement for r in first):
+                sharded.add(name)
+                continue
+        if any(len({first[r].param[name] for r in group}) > 1 for group in groups):
+            not_replicas.add(name)
+        else:
+            out[name] = groups
+    return out
+
+
+def _splits(at: Mapping[int, StepRecord], peers: Mapping[str, Sequence[tuple[int, ...]]]) -> list[_Split]:
     out = []
     for kind, attr in _KINDS:
-        for name in names:
-            values = {r: getattr(s, attr).get(name) for r, s in at.items()}
-            if kind == "optimizer state":  # held by some ranks only under ZeRO: compared where held
-                values = {r: v for r, v in values.items() if v is not None}
-            if len(set(values.values())) > 1:
-                out.append(_Split(kind, name, values))
+        for name, groups in peers.items():
+            for group in groups:
+                values = {r: getattr(at[r], attr).get(name) for r in group}
+                if kind == "optimizer state":  # held by some ranks only under ZeRO: compared where held
+                    values = {r: v for r, v in values.items() if v is not None}
+                if len(set(values.values())) > 1:
+                    out.append(_Split(kind, name, values))
     return out
 
 

@@ -12,7 +12,9 @@ same job (same seed, args and env): it folds into that run, preferring one of tw
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
@@ -31,8 +33,11 @@ from trainguard.report import CheckResult, CheckStatus
 from trainguard.run.declared import declared_runs
 from trainguard.run.request import RunRequest, share_key
 
+if TYPE_CHECKING:
+    from trainguard.config.schema import JobFile
+
 __all__ = ["INVARIANTS", "CoverageEvidence", "FindingEvidence", "InvariantsAllow", "InvariantsCheck",
-           "InvariantsEvidence", "invariants_verdict", "run_invariants"]
+           "InvariantsEvidence", "invariants_verdict", "run_invariants", "shared_reference"]
 
 
 class InvariantsAllow(ConfigModel):
@@ -64,6 +69,10 @@ class InvariantsCheck(CheckSpec):
     #: the steps of its own run, when no other check of the session makes an uninterrupted run
     steps: int = Field(20, ge=2)
     allow: InvariantsAllow = Field(default_factory=InvariantsAllow)
+    #: a run that recorded no step (ranks that are not Python, no torch optimizer): ``error`` (the
+    #: check was asked for and compared nothing) or ``skip`` (what the gate's default sets: the
+    #: job file did not ask for it, docs/invariants.md)
+    missing_records: Literal["error", "skip"] = "error"
 
 
 @dataclass
@@ -115,16 +124,15 @@ class InvariantsEvidence(Evidence):
     shared_run: str | Unset = UNSET
 
 
-def _invariants_runs(spec: InvariantsCheck, ctx: PlanContext) -> tuple[list[Run], str]:
-    """The uninterrupted run of the same job another check of the session makes (of two or more
-    ranks first, then the longest), else a run of its own."""
-    job = ctx.job_file.job
+def shared_reference(spec: InvariantsCheck, job_file: JobFile, session: Sequence[tuple[str, CheckSpec]]) -> Run | None:
+    """The uninterrupted run of the same job (same seed, args and env) another check of
+    ``session`` makes, of two or more ranks first, then the longest; None when none does."""
     best: tuple[tuple[bool, int], Run] | None = None
-    for name, other in ctx.session:
+    for name, other in session:
         kind = check_for(name)
         if name in ("invariants", "smoke") or kind is None or kind.first or not hasattr(other, "steps"):
             continue  # smoke folds into the others' runs; a first check's runs are timed: no records
-        for declared in declared_runs(ctx.job_file, name, other, seed=0)[0]:
+        for declared in declared_runs(job_file, name, other, seed=0)[0]:
             req = declared.request
             mine = RunRequest.make(steps=req.steps, seed=spec.seed if spec.seed is not None else 0,
                                    world_size=req.world_size, args=spec.args, env=spec.env)
@@ -135,11 +143,18 @@ def _invariants_runs(spec: InvariantsCheck, ctx: PlanContext) -> tuple[list[Run]
                 best = (rank, Run(f"the uninterrupted run of {req.steps} steps at {req.world_size} rank(s) "
                                   f"{name} makes (shared)", world_size=req.world_size, steps=req.steps,
                                   reference=True))
+    return None if best is None else best[1]
+
+
+def _invariants_runs(spec: InvariantsCheck, ctx: PlanContext) -> tuple[list[Run], str]:
+    """The uninterrupted run of the same job another check of the session makes
+    (:func:`shared_reference`), else a run of its own."""
+    shared = shared_reference(spec, ctx.job_file, ctx.session)
     note = "the invariants of every correct training step hold in the run's step and sample records"
-    if best is None:
-        return [Run(f"its own uninterrupted run of {spec.steps} steps at {job.world_size} rank(s)",
+    if shared is None:
+        return [Run(f"its own uninterrupted run of {spec.steps} steps at {ctx.job_file.job.world_size} rank(s)",
                     reference=True)], note
-    return [best[1]], note + " (read from a run another check makes: no launch of its own)"
+    return [shared], note + " (read from a run another check makes: no launch of its own)"
 
 
 def run_invariants(ctx: CheckContext[InvariantsCheck]) -> CheckResult:
@@ -165,6 +180,10 @@ def run_invariants(ctx: CheckContext[InvariantsCheck]) -> CheckResult:
     if "shared" in declared.run.label:
         evidence.shared_run = f"{result.run_dir.name}: {declared.run.label}"
     status, summary = invariants_verdict(found, has_steps=steps.has_steps, run_dir=str(result.run_dir))
+    if not steps.has_steps and ctx.spec.missing_records == "skip":
+        status, summary = "skipped", (f"the run in {result.run_dir} recorded no training step (no torch optimizer "
+                                      "stepped, or its ranks are not Python), so no invariant applies; "
+                                      "missing_records is skip (the gate's default check)")
     return CheckResult("invariants", status, summary, evidence, time.monotonic() - started, reproduce)
 
 
@@ -188,8 +207,10 @@ def invariants_verdict(found: Invariants, *, has_steps: bool, run_dir: str) -> t
     return "passed", f"every invariant held ({held})" + (f"; not checked: {unchecked}" if unchecked else "")
 
 
-#: invariants: what every correct training step keeps, in one run (docs/invariants.md); not in the
-#: gate's default until it makes no false finding on the examples and public scripts (issue 45)
+#: invariants: what every correct training step keeps, in one run (docs/invariants.md). Not in the
+#: default ``gate.require`` (a job whose checks make no uninterrupted run has nothing for it to
+#: read): the gate adds it when the job file does not configure it and another check makes that
+#: run (:func:`trainguard.gate.run.gate_checks_to_run`), and a finding blocks as any failed check
 INVARIANTS: Check[InvariantsCheck] = Check(
     "invariants", InvariantsCheck, run=run_invariants, runs=_invariants_runs, lane=True, gate_default=False,
     evidence=(InvariantsEvidence, RunFailure, NoEvidence),

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainguard.config import GatePolicy, JobFile, Thresholds, gate_checks
+from trainguard.config.checks import CheckSpec
 from trainguard.drills.evidence import DrillEvidence, DrillReport, FaultNotSetUp
 from trainguard.launch.pace import MIN_WINDOW_S, MIN_WINDOWS, WINDOW, RunPace
 from trainguard.profiling.check import ProfileEvidence
@@ -31,6 +32,7 @@ __all__ = [
     "Decision",
     "configured_checks",
     "decide",
+    "gate_checks_to_run",
     "judge_stragglers",
     "sizing_of",
 ]
@@ -112,6 +114,24 @@ def configured_checks(job_file: JobFile) -> list[str]:
     drills together (what ``gate.require`` names)."""
     names = [n for n, _ in job_file.enabled_checks() if not CheckId.parse(n).is_drill]
     return names + (["drills"] if job_file.checks.drills else [])
+
+
+def gate_checks_to_run(job_file: JobFile) -> list[tuple[str, CheckSpec]]:
+    """What the gate runs: the checks ``job_file`` configures, and ``invariants`` with its
+    defaults when the job file does not configure it, records steps, and another of its checks
+    makes an uninterrupted run of the same job for it to read (no launch of its own). A finding
+    fails it and blocks (as any failed check does); it is not in the default ``gate.require``,
+    and a run with no step records makes it a skip (``missing_records: skip``): the job file did
+    not ask for it (docs/invariants.md, "In the gate")."""
+    from trainguard.checks.invariants_check import InvariantsCheck, shared_reference
+
+    checks = job_file.enabled_checks()
+    if job_file.checks.get("invariants") is not None or not job_file.job.record_steps:
+        return checks
+    spec = InvariantsCheck.model_validate({"missing_records": "skip"})
+    if shared_reference(spec, job_file, checks) is None:
+        return checks
+    return [*checks, ("invariants", spec)]
 
 
 def _results_for(name: str, checks: Iterable[CheckResult]) -> list[CheckResult]:

@@ -34,7 +34,14 @@ from trainguard.config.backends import backend_for
 from trainguard.config.queues import QUEUES
 from trainguard.errors import ConfigError, TrainguardError
 from trainguard.gate.divergences import divergence_tables
-from trainguard.gate.policy import Capabilities, Decision, configured_checks, decide, sizing_of
+from trainguard.gate.policy import (
+    Capabilities,
+    Decision,
+    configured_checks,
+    decide,
+    gate_checks_to_run,
+    sizing_of,
+)
 from trainguard.gate.provenance import Provenance
 from trainguard.launch.pace import RunPace
 from trainguard.profiling.render import PACE_TABLE_HTML, PACE_TABLE_MD, failure_rows
@@ -167,12 +174,14 @@ def run_gate(
                 policy=policy,
                 sizing=sizing_of(report),
                 tracking_uri=session.tracking_uri,
-                cost=measured_cost(list(session.runner.launches), minutes),
+                cost=dataclasses.replace(measured_cost(list(session.runner.launches), minutes),
+                                         reads=shared_reads(report)),
                 paces=judged_paces(session.runner.launches),
             )
 
         try:
-            run_in_order(session.runner, job_file.enabled_checks(), report, on_start=on_start, on_result=on_result)
+            run_in_order(session.runner, gate_checks_to_run(job_file), report, on_start=on_start,
+                         on_result=on_result)
         except KeyboardInterrupt:  # Ctrl-C, SIGTERM: the finished checks kept, in a blocked report
             report.interrupted = True
             stopped = assemble(Decision("block", [
@@ -198,6 +207,15 @@ def run_gate(
         for kind in ("json", "markdown", "html"):
             session.log_artifact(gate.paths[kind], "gate")
     return gate
+
+
+def shared_reads(report: Report) -> dict[str, float]:
+    """The seconds of the invariants check when it read another check's run and launched
+    nothing (its evidence's ``shared_run``): what it adds to the gate's cost."""
+    from trainguard.checks.invariants_check import InvariantsEvidence
+
+    return {c.name: c.duration_s for c in report.checks
+            if isinstance(c.evidence, InvariantsEvidence) and isinstance(c.evidence.shared_run, str)}
 
 
 def judged_paces(launches: Iterable[LaunchRecord]) -> list[RunPace]:

@@ -10,7 +10,9 @@ as malformed); keys this version does not know are ignored.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 __all__ = ["ClipCalls", "EvalRecord", "FieldLines", "ModelRecord", "ParamsRecord", "ScalerSettings", "clip_calls", "eval_record",
@@ -27,6 +29,8 @@ class ParamsRecord:
     dtypes: tuple[tuple[str, ...], ...]
     #: its parameters another live optimizer of the process holds as well
     shared: tuple[str, ...] = ()
+    #: a DTensor parameter's name -> this rank's coordinate on its device mesh (one per dimension)
+    mesh: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def names(self) -> frozenset[str]:
@@ -133,7 +137,19 @@ def _nested(value: Any, key: str) -> tuple[tuple[str, ...], ...]:
 
 def params_record(obj: Any) -> ParamsRecord:
     return ParamsRecord(_int(obj, "opt"), _int(obj, "n", 1), _nested(obj.get("groups"), "groups"),
-                        _nested(obj.get("dtypes") or [], "dtypes"), names(obj.get("shared"), "shared"))
+                        _nested(obj.get("dtypes") or [], "dtypes"), names(obj.get("shared"), "shared"),
+                        _coordinates(obj.get("mesh")))
+
+
+def _coordinates(value: Any) -> Mapping[str, tuple[int, ...]]:
+    """``mesh``: names -> lists of mesh coordinates ({} when absent)."""
+    if value is None:
+        return MappingProxyType({})
+    if not isinstance(value, dict) or not all(
+            isinstance(v, list) and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in v)
+            for v in value.values()):
+        raise ValueError("mesh must map names to lists of mesh coordinates")
+    return MappingProxyType({str(k): tuple(v) for k, v in value.items()})
 
 
 def model_record(obj: Any) -> ModelRecord:

@@ -73,6 +73,9 @@ class Cost:
     #: where an estimate came from, or why there is none
     note: str = ""
     records: list[LaunchCost] = field(default_factory=list)
+    #: checks that launched nothing and read another check's run (the gate's default
+    #: ``invariants``): name -> seconds spent reading it
+    reads: dict[str, float] = field(default_factory=dict)
 
     def reported(self) -> Cost:
         """This cost as a report holds it: rank-seconds and seconds a launch to 0.1, the share to
@@ -87,7 +90,8 @@ class Cost:
         return {"launches": shown.launches, "measured": shown.measured, "rank_seconds": shown.rank_seconds,
                 "startup_s_per_launch": shown.startup_s_per_launch, "startup_share": shown.startup_share,
                 "projection": asdict(shown.projection) if shown.projection is not None else None,
-                "note": shown.note, "records": [asdict(r) for r in shown.records]}
+                "note": shown.note, "records": [asdict(r) for r in shown.records],
+                "reads": {name: round(seconds, 1) for name, seconds in shown.reads.items()}}
 
     def line(self) -> str:
         """One line for people: ``cost: 24 launches, 1834 rank-s, start-up 5.1 s a launch (41 %)``."""
@@ -100,6 +104,9 @@ class Cost:
         text = ", ".join(words)
         if self.note:
             text += f" ({self.note})"
+        if self.reads:
+            text += "; " + ", ".join(f"{name} {seconds:.1f} s reading a run another check made (no launch)"
+                                     for name, seconds in self.reads.items())
         if self.projection is not None:
             p = self.projection
             total = "unknown" if p.gpu_hours is None else f"{p.gpu_hours:.2f} GPU-hours"

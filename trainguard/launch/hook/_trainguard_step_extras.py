@@ -122,7 +122,11 @@ class StepExtras:
             at += size
         others = self._held(but=id(optimizer))
         shared = [name for name, p in zip(plan.names, plan.params) if id(p) in others]
-        self.agent.event({"k": "params", "opt": key, "n": n, "groups": groups, "dtypes": dtypes, "shared": shared})
+        line = {"k": "params", "opt": key, "n": n, "groups": groups, "dtypes": dtypes, "shared": shared}
+        mesh = _mesh_coordinates(plan.names, plan.params)
+        if mesh:
+            line["mesh"] = mesh
+        self.agent.event(line)
         held = {id(p) for p in plan.params}
         trainable: list[str] = []
         frozen: list[str] = []
@@ -316,6 +320,19 @@ class StepExtras:
 
         wrapper.__trainguard_wrapped__ = fn  # type: ignore[attr-defined]
         return wrapper
+
+
+def _mesh_coordinates(names: list[str], params: list[Any]) -> dict[str, list[int]]:
+    """This rank's coordinate on each DTensor parameter's device mesh, by name (one per mesh
+    dimension, in its placements' order): ranks equal on every ``Shard`` dimension hold the same
+    shard, replicas along the ``Replicate`` ones (HSDP)."""
+    out: dict[str, list[int]] = {}
+    for name, p in zip(names, params):
+        mesh = getattr(p, "device_mesh", None)
+        coordinate = mesh.get_coordinate() if mesh is not None and hasattr(p, "placements") else None
+        if coordinate is not None:
+            out[name] = [int(c) for c in coordinate]
+    return out
 
 
 def _scaler_settings(scaler: Any) -> dict[str, Any]:
