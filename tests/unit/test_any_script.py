@@ -6,6 +6,7 @@ fails determinism; saving only at an epoch's end, the resume check says there is
 
 from __future__ import annotations
 
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -138,3 +139,22 @@ def test_resume_without_a_checkpoint_before_the_end_is_an_error_naming_the_key_a
     assert result.status == "error"
     assert "epochs_nockpt.trainguard.yaml: checks.resume.after_step" in result.summary
     assert "wrote no checkpoint" in result.summary and "Fix: make the script save every few steps" in result.summary
+
+
+def test_init_reads_a_loss_padded_to_a_width_whatever_its_digits() -> None:
+    # word_language_model prints `loss {:5.2f}`: `loss  6.42` as well as `loss 11.23`; the regex
+    # init wrote matched only the two-digit lines, so "every step" was one line an epoch
+    source = textwrap.dedent('''\
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--epochs", type=int, default=40)
+        args = parser.parse_args()
+        for batch in range(100):
+            cur_loss = 1.0
+            print("| {:5d} batches | loss {:5.2f} | ppl {:8.2f}".format(batch, cur_loss, 2.0))
+        ''')
+    text = render_job_file(draft_job(scan_script(source, "main.py"), "main.py", InitChoices()))
+    regex = parse_config(text).job.metric_line_regexes[0]
+    for line, value in (("|     3 batches | loss  6.42 | ppl     2.00", "6.42"), ("|    12 batches | loss 11.23 | ppl 2.00", "11.23")):
+        found = re.search(regex, line)
+        assert found is not None and found["value"] == value, (regex, line)

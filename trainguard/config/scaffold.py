@@ -39,7 +39,7 @@ __all__ = ["SAVE_EVERY", "InitChoices", "JobDraft", "draft_job", "installed_trai
 #: it writes runs 5 steps and wants a checkpoint, the resume check kills the run after step 25
 SAVE_EVERY = 5
 #: the checks init writes, and whether each needs a resumable job
-_CHECKS = (("smoke", "{steps: 5}"), ("determinism", "{steps: 20}"), ("resume", "{steps: 40, after_step: 25}"))
+_CHECKS = (("smoke", "{steps: 5}"), ("canary", "{}"), ("determinism", "{steps: 20}"), ("resume", "{steps: 40, after_step: 25}"))
 
 #: names of the options that set each role, most likely first (matched on the option's dest)
 _STEPS = ("steps", "max_steps", "num_steps", "total_steps", "train_steps", "n_steps",
