@@ -59,10 +59,17 @@ class Row:
     notes: tuple[str, ...] = field(default=())
 
 
+def _own_generator(script: str) -> Callable[[Path], None]:
+    """The data a public example makes itself: its own generator script, run in its folder."""
+    return lambda work: subprocess.run([sys.executable, script], cwd=work, check=True, timeout=300)
+
+
 ROWS = (
     Row("word_language_model", "word_language_model", "main.py",
         lambda d: _sentences(d / "data" / "wikitext-2", {"train": 6000, "valid": 300, "test": 300}),
         "data/wikitext-2/{train,valid,test}.txt: 6000/300/300 generated sentences (its default --data)"),
+    Row("time_sequence_prediction", "time_sequence_prediction", "train.py", _own_generator("generate_sine_wave.py"),
+        "traindata.pt from its own generate_sine_wave.py"),
 )
 
 
