@@ -232,6 +232,17 @@ def test_smoke_fails_when_a_rank_dies(jobs: Path) -> None:
     assert "--die-rank 1" in (result.reproduce or "")
 
 
+def test_smoke_blames_a_crash_before_the_first_step_not_the_metric_regex(jobs: Path) -> None:
+    # a public script that fails at start-up (torch.load of its own data) printed no loss line:
+    # "check job.metrics.loss" would send the user after the regex
+    job = jobs / "die.trainguard.yaml"
+    job.write_text(job.read_text().replace("--die-rank 1 --die-step 3", "--die-rank 0 --die-step 1")
+                   .replace("world_size: 2", "world_size: 1"))
+    result = smoke(jobs, "die")
+    assert result.status == "failed" and "rank 0 exited with code 3" in result.summary
+    assert "no `loss` line" not in result.summary
+
+
 def test_smoke_names_a_step_without_a_metric_line(jobs: Path) -> None:
     result = smoke(jobs, "skip")
     assert result.status == "failed"

@@ -27,6 +27,7 @@ from trainguard.checks.equivalence_records import (
 )
 from trainguard.checks.interruption import Interruption, interrupt, kill_after
 from trainguard.checks.resume_judge import ResumeRuns, judge_cycle, judge_resume, reference_failed
+from trainguard.checks.smoke import no_checkpoint_before_end
 from trainguard.config import ResumeCheck
 from trainguard.config.problems import metric_problems, resume_problems
 from trainguard.config.registry import Check, Resumes, Run
@@ -102,6 +103,13 @@ def _first_cut(ctx: CheckContext[ResumeCheck], runs: ResumeRuns) -> CheckResult 
                                         cut.not_kept), time.monotonic() - runs.started, runs.reproduce)
     checkpoint_dir, killed_at = cut.checkpoint_dir, cut.step
     latest = runs.latest = latest_complete_checkpoint(checkpoint_dir)
+    if latest is None and ctx.job_file.job.stop_after_steps and not _holds_files(checkpoint_dir):
+        # a script with no steps option may save only at an epoch's end: not its failure, untested
+        return CheckResult("resume", "error", no_checkpoint_before_end(
+            ctx.job_file, checkpoint_dir, killed_at or runs.spec.after_step, "checks.resume.after_step"),
+            NoCheckpointLeft(killed_at, str(checkpoint_dir), cut.as_evidence(),
+                             cut.killed.stderr_tail if cut.killed is not None else "", [], []),
+            time.monotonic() - runs.started, runs.reproduce)
     if latest is None and ctx.resumes_from_latest:  # {latest_checkpoint} would name nothing: not launched
         causes = diagnose_resume(ResumeFacts(0))
         return CheckResult(
@@ -119,6 +127,10 @@ def _first_cut(ctx: CheckContext[ResumeCheck], runs: ResumeRuns) -> CheckResult 
     if latest is not None:
         runs.reproduce = _reproduce(ctx, latest.relative_to(checkpoint_dir))
     return None
+
+
+def _holds_files(directory: Path) -> bool:
+    return directory.is_dir() and any(p.is_file() for p in directory.rglob("*"))
 
 
 def _runs(spec: ResumeCheck) -> list[Run]:

@@ -21,6 +21,7 @@ from trainguard.config import SmokeCheck
 from trainguard.config.registry import Check, PlanContext, Resumes, Run, check_for
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.launch import RunResult
+from trainguard.launch.stops import ended_by_trainguard
 from trainguard.report import CheckResult
 from trainguard.run.declared import DeclaredRun
 from trainguard.run.keep import KeptEvidence
@@ -32,7 +33,7 @@ from trainguard.unit.checkpoints import (
 )
 from trainguard.unit.checkpoints.files import is_temp_name, step_in_name
 
-__all__ = ["SMOKE", "NotKept", "ResumeCopy", "SmokeCheckpoint", "SmokeEvidence", "SmokeResume", "Stages", "checkpoint_step", "run_smoke"]
+__all__ = ["SMOKE", "NotKept", "ResumeCopy", "SmokeCheckpoint", "SmokeEvidence", "SmokeResume", "Stages", "checkpoint_step", "no_checkpoint_before_end", "run_smoke"]
 
 #: extra steps the resume stage asks for beyond the first run's
 RESUME_EXTRA_STEPS = 2
@@ -108,6 +109,8 @@ class SmokeEvidence(Evidence):
     #: the checkpoint the resume stage started from when it was kept from a shared run (or why
     #: none was kept)
     resume_from: KeptEvidence | NotKept | ResumeCopy | Unset = UNSET
+    #: the step after which trainguard ended the run itself (``job.stop_after_steps``)
+    ended_by_trainguard: int | Unset = UNSET
 
 
 def _checkpoint_files(directory: Path) -> list[Path]:
@@ -153,6 +156,16 @@ def _state_with_step(parts: dict[str, Any]) -> Any:
     return None
 
 
+def no_checkpoint_before_end(job_file: Any, checkpoint_dir: Path, step: int, key: str = "job.stop_after_steps") -> str:
+    """Why a check that needs a checkpoint found none in a run trainguard ended after ``step``
+    (``job.stop_after_steps``; ``key``: what set the step), with the fix."""
+    return (f"{job_file.path}: {key}: trainguard ended the run after step {step}, and the script "
+            f"wrote no checkpoint to {checkpoint_dir} by then (one that saves only at an epoch's end or at exit "
+            "never gets there). Fix: make the script save every few steps (an option such as --save-every), "
+            "or raise the check's steps past its first save, or remove {checkpoint_dir} from job.command and "
+            "the checks that resume")
+
+
 def run_smoke(ctx: CheckContext[SmokeCheck]) -> CheckResult:
     """Passes when the job exits 0 within its limit, printed a metric for every step, (when it
     is given ``{checkpoint_dir}``) wrote a checkpoint there that loads with
@@ -186,7 +199,9 @@ def run_smoke(ctx: CheckContext[SmokeCheck]) -> CheckResult:
     # steps counted from 1, or from 0 (nanoGPT's `iter 0`, an `epoch 0` line)
     base = 0 if 0 in seen else 1
     missing = [s for s in range(base, base + request.steps) if s not in seen]
-    if missing:
+    # a rank that crashed is the cause of the missing lines: "check job.metrics" would mislead
+    # (a hung or timed-out run keeps it: a regex that matches nothing looks like a hang)
+    if missing and result.outcome != "failed":
         problems.append(
             f"no `{metric}` line for step(s) {missing[:10]}{' ...' if len(missing) > 10 else ''} "
             f"(check job.metrics.{metric} against the job's output in {result.run_dir})"
@@ -199,13 +214,19 @@ def run_smoke(ctx: CheckContext[SmokeCheck]) -> CheckResult:
         reproduce = f"{ctx.command_line(request)}  # then: {resume_line}"
     uses_checkpoints = ctx.checkpoints_known
     files = _checkpoint_files(checkpoint_dir)
-    if uses_checkpoints and result.ok and not files:
-        problems.append(f"no checkpoint was written to {checkpoint_dir}")
+    ended = ended_by_trainguard(result.evidence)
     evidence = SmokeEvidence(
         steps=request.steps, outcome=result.outcome, exits=[e.describe for e in result.exits],
         stages=stages, metric_steps_seen=len(seen), checkpoint_files=[str(p) for p in files[-5:]],
         run_dir=str(result.run_dir),
     )
+    if ended is not None:
+        evidence.ended_by_trainguard = ended
+    if uses_checkpoints and result.ok and not files:
+        if ended is not None and not problems:  # not the job's failure: nothing could be tested
+            return CheckResult("smoke", "error", no_checkpoint_before_end(ctx.job_file, checkpoint_dir, ended),
+                               evidence, time.monotonic() - started, reproduce)
+        problems.append(f"no checkpoint was written to {checkpoint_dir}")
     if not result.ok:
         evidence.stderr_tail = result.stderr_tail
 
@@ -225,6 +246,7 @@ def run_smoke(ctx: CheckContext[SmokeCheck]) -> CheckResult:
         "smoke",
         "passed",
         f"{request.steps} steps in {result.duration_s:.1f} s, metrics for every step"
+        + (f", ended by trainguard after step {ended} (job.stop_after_steps)" if ended is not None else "")
         + (" (the uninterrupted run the other checks share)" if folded else "")
         + (f", {len(files)} checkpoint file(s)" if files else "")
         + resume_note,

@@ -155,15 +155,21 @@ def line_regex(parts: list[Part], found: LossFields) -> tuple[str, str]:
         elif part is loss:
             number = part[1] and part[1][-1:] in "eEfFgG%d"
             wrapped = isinstance(part[0], ast.Call)  # float(loss), loss.item()
-            regex += ("" if number or wrapped else r"(?:tensor\()?") + r"(?P<value>[-+.\w]+)"
+            # `loss {:5.2f}` prints `loss  6.42` as well as `loss 11.23`
+            regex = _padded(regex, part[1]) + ("" if number or wrapped else r"(?:tensor\()?") + r"(?P<value>[-+.\w]+)"
         elif part is step:
-            if re.match(r"[<>^= ]?\d", part[1] or ""):  # padded to a width: spaces before it
-                spaced = regex.endswith(" ")
-                regex = regex.rstrip(" ") + (" +" if spaced else " *")
-            regex += r"(?P<step>\d+)"
+            regex = _padded(regex, part[1]) + r"(?P<step>\d+)"
         else:
             regex += ".*?"
     return regex, before_loss
+
+
+def _padded(regex: str, spec: str | None) -> str:
+    """``regex`` before a field whose format ``spec`` pads it to a width (``5.2f``, ``>8``):
+    the spaces before it become `` +`` (`` *`` where the text had none)."""
+    if not re.match(r"[<>^= ]?\d", spec or ""):
+        return regex
+    return regex.rstrip(" ") + (" +" if regex.endswith(" ") else " *")
 
 
 def _is_text(node: ast.AST) -> bool:

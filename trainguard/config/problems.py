@@ -75,6 +75,9 @@ _FIX: dict[str, str] = {
                    "{regex: ..., step: count} or {trainer: huggingface} (docs/metrics.md)",
     "job.record_samples": "true (the default: the start-up hook records each DataLoader batch's "
                           "sample indices) or false",
+    "job.stop_after_steps": "true (the script has no option for its number of steps: trainguard ends "
+                            "each run after the check's steps) or false (the default: job.command "
+                            "passes {steps})",
     "job.record_steps": "true (the default: the start-up hook records each optimizer step, checkpoint "
                         "save and state restore of every rank) or false",
     "job.world_size": "the number of ranks to launch, e.g. `world_size: 2`",
@@ -348,13 +351,22 @@ def _metric_source_problems(job: Job, metric: str, source: MetricSource) -> list
 
 def _steps_problems(job_file: JobFile, command_text: str) -> list[tuple[str, str]]:
     """Each enabled check whose run length trainguard cannot choose: neither the job's command
-    nor the check's own args pass ``{steps}``."""
+    nor the check's own args pass ``{steps}``, and trainguard is not asked to end the runs
+    itself (``job.stop_after_steps``); or both at once."""
+    if job_file.job.stop_after_steps:
+        passed = "{steps}" in command_text or any("{steps}" in a for _, spec in job_file.enabled_checks()
+                                                   for a in spec.args)
+        return [("job.stop_after_steps", "is true (trainguard ends each run after the check's steps) but "
+                 "the command passes {steps} to the script, which then stops by itself. Fix: remove one: "
+                 "`stop_after_steps: true` or the {steps} placeholder")] if passed else []
     return [
         (
             f"{_check_key(job_file, name)}.steps",
             f"the check runs {spec.steps} steps but job.command has no {{steps}} "
             "placeholder, so trainguard cannot choose the run length. Fix: pass it to "
-            "your script, e.g. add `--steps {steps}` to job.command",
+            "your script, e.g. add `--steps {steps}` to job.command, or, when the script has no "
+            "option for its number of steps (it runs by epochs), add `stop_after_steps: true` under "
+            "job: trainguard then ends each run after the check's steps (docs/any-script.md)",
         )
         for name, spec in job_file.enabled_checks()
         if "{steps}" not in command_text and not any("{steps}" in a for a in spec.args)

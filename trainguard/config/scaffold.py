@@ -39,7 +39,7 @@ __all__ = ["SAVE_EVERY", "InitChoices", "JobDraft", "draft_job", "installed_trai
 #: it writes runs 5 steps and wants a checkpoint, the resume check kills the run after step 25
 SAVE_EVERY = 5
 #: the checks init writes, and whether each needs a resumable job
-_CHECKS = (("smoke", "{steps: 5}"), ("determinism", "{steps: 20}"), ("resume", "{steps: 40, after_step: 25}"))
+_CHECKS = (("smoke", "{steps: 5}"), ("canary", "{}"), ("determinism", "{steps: 20}"), ("resume", "{steps: 40, after_step: 25}"))
 
 #: names of the options that set each role, most likely first (matched on the option's dest)
 _STEPS = ("steps", "max_steps", "num_steps", "total_steps", "train_steps", "n_steps",
@@ -86,6 +86,8 @@ class JobDraft:
     resume_args: str | None = None
     world_size: int = 1
     distributed_env: bool = True
+    #: the script has no option for its number of steps: trainguard ends the runs itself
+    stop_after_steps: bool = False
     env: dict[str, str] = field(default_factory=lambda: {"OMP_NUM_THREADS": "1"})
     metric: str | dict[str, str] = _FALLBACK_REGEX
     #: the flags used for each role (``steps``, ``ckpt``, ``seed``), None where none
@@ -252,7 +254,11 @@ class _Builder:
         scripts init cannot read (today's flags, marked as guesses)."""
         plain = self.draft.kind == "plain" or not self.facts.options
         c = self.choices
-        self.draft.flags["steps"] = self.role("steps", c.steps_flag, _STEPS, "{steps}", "--steps")
+        self.draft.flags["steps"] = self.role("steps", c.steps_flag, _STEPS, "{steps}", "--steps" if plain else None)
+        if self.draft.flags["steps"] is None:  # by epochs, to a time budget: trainguard ends each run
+            self.draft.stop_after_steps = True
+            self.draft.guesses.append(f"steps: none ({self.script} has no option for a number of steps, so "
+                                      "trainguard ends each run after the check's steps: stop_after_steps)")
         self.draft.flags["ckpt"] = self.role("checkpoint directory", c.ckpt_flag, _CKPT,
                                              "{checkpoint_dir}", "--ckpt-dir" if plain else None)
         self.draft.flags["seed"] = self.role("seed", c.seed_flag, _SEED, "{seed}", "--seed" if plain else None)
@@ -560,6 +566,8 @@ def render_job_file(draft: JobDraft, yaml_name: str = "trainguard.yaml") -> str:
         f"  name: {name}",
         *_notes(draft.command_notes, "  "),
         *_command_lines(draft.command),
+        *(["  # the script has no option for a number of steps: trainguard ends each run after the",
+            "  #   check's steps (docs/any-script.md)", "  stop_after_steps: true"] if draft.stop_after_steps else []),
         *_resume_lines(draft),
         f"  world_size: {draft.world_size}",
         *_notes(draft.launch_notes, "  "),

@@ -249,6 +249,10 @@ class Job(ConfigModel):
     #: order or eval cadence sized from the total): an uninterrupted run of N steps may then be
     #: the first N steps of a longer run of the same request (docs/equivalence.md)
     steps_independent: bool = False
+    #: the script has no option for its number of steps (it runs by epochs, to a time budget):
+    #: trainguard ends each run itself after the check's number of steps, all ranks at once
+    #: (SIGTERM, then SIGKILL), and judges steps 1..N only (docs/any-script.md)
+    stop_after_steps: bool = False
     #: ``command``: trainguard launches ``command`` once per rank (torchrun's contract);
     #: ``ray_train``: one Ray Train driver whose workers are the ranks (docs/ray-train.md); the
     #: kind's backend (:func:`trainguard.config.backends.backend_for`) says how its ranks run

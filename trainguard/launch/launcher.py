@@ -124,6 +124,8 @@ class LaunchSpec:
     #: stall_timeout
     shutdown_timeout: float | None = None
     final_step: int | None = None
+    #: end the run after ``final_step`` itself, its lines past it dropped (:class:`~.stops.StepsDone`)
+    end_after_final_step: bool = False
     grace_period: float = 5.0
     restart_count: int = 0
     max_restarts: int = 0
@@ -469,7 +471,7 @@ class Launcher:
         conditions = stop_conditions(
             timeout=spec.timeout, stall_timeout=spec.stall_timeout, startup_timeout=spec.startup_timeout,
             shutdown_timeout=spec.shutdown_timeout, max_rss_mb=spec.max_rss_mb,
-        )
+            end_after_step=spec.final_step if spec.end_after_final_step else None)
         stop: Stop | None = None
         while stop is None:
             stop = self._watch_once(parser, conditions)
@@ -533,7 +535,7 @@ class Launcher:
             memory_mb=memory_mb, killed=frozenset(self._killed), job_time=self.unpaused(now),
             resumed_at=self.pauses[-1][1] if self.pauses else 0.0, first_metric=progress.first_metric,
             last_progress=progress.last_progress, finished=progress.finished, points=self.points,
-        )
+            last_step=dict(progress.last_step))
 
     def _drain_lines(self, parser: MetricParser) -> None:
         # drain output lines for at most one poll interval: a job printing more often than
@@ -551,9 +553,12 @@ class Launcher:
         self._handle(parser.parse(line, rank=rank, t=t))
 
     def _handle(self, points: list[MetricPoint]) -> None:
+        final = self.spec.final_step if self.spec.end_after_final_step else None
         for point in points:
-            self.points.append(point)
             self._progress.record(point)
+            if final is not None and point.step > final:
+                continue  # a run trainguard ends after final_step is steps 1..final_step, exactly
+            self.points.append(point)
             for callback in list(self.on_metric):
                 callback(point, self)
 

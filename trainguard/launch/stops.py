@@ -27,9 +27,11 @@ __all__ = [
     "RankFailed",
     "Snapshot",
     "Stall",
+    "StepsDone",
     "Stop",
     "StopCondition",
     "StopRequested",
+    "ended_by_trainguard",
     "first_stop",
     "stop_conditions",
 ]
@@ -48,6 +50,9 @@ class Progress:
     last_progress: float = 0.0
     #: a rank printed ``final_step``: what is left is flushing and saving at exit
     finished: bool = False
+    #: each rank that printed a metric line, with the highest step it printed (lines past
+    #: ``final_step`` included, which a run trainguard ends itself never keeps)
+    last_step: dict[int, int] = field(default_factory=dict)
 
     def record(self, point: MetricPoint) -> None:
         """Take one parsed point into account."""
@@ -56,6 +61,7 @@ class Progress:
         if self.final_step is not None and point.step >= self.final_step:
             self.finished = True
         self.last_progress = max(self.last_progress, point.t)
+        self.last_step[point.rank] = max(self.last_step.get(point.rank, point.step), point.step)
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,8 @@ class Snapshot:
     finished: bool = False
     #: every metric point so far (only read when a stop looks for a rank that left early)
     points: Sequence[MetricPoint] = ()
+    #: each rank that printed a metric line, with the highest step it printed
+    last_step: Mapping[int, int] = field(default_factory=dict)
 
     def early_exit(self, alive: list[int]) -> EarlyExit | None:
         """The first rank that exited 0 while the ranks ``alive`` went on, as evidence (see
@@ -187,6 +195,26 @@ class AllRanksExited:
 
 
 @dataclass(frozen=True)
+class StepsDone:
+    """The job has no option for its number of steps (``job.stop_after_steps``): trainguard ends
+    the run itself once every rank that prints metric lines printed one past ``final_step``. A
+    line of step ``final_step + 1`` means that rank is done with every line of step
+    ``final_step`` (a line of another metric of the same step comes before it), so two runs
+    ended so hold the same steps 1..``final_step``, however late a line was read; the lines past
+    it are dropped (:class:`~trainguard.launch.Launcher`). The run's outcome is "ok": the end
+    is trainguard's, marked in its evidence (``ended_by_trainguard``), never the job's crash."""
+
+    final_step: int | None
+
+    def check(self, state: Snapshot) -> Stop | None:
+        final = self.final_step
+        if final is None or not state.last_step or min(state.last_step.values()) <= final:
+            return None
+        return Stop("ok", f"ended by trainguard after step {final}", evidence={
+            "ended_by_trainguard": {"after_step": final, "ranks_seen": sorted(state.last_step)}})
+
+
+@dataclass(frozen=True)
 class Deadline:
     """The job's own time (stopped spans left out) passed ``timeout`` seconds."""
 
@@ -239,16 +267,19 @@ class Stall:
 
 
 def stop_conditions(*, timeout: float, stall_timeout: float | None, startup_timeout: float | None = None,
-                    shutdown_timeout: float | None = None, max_rss_mb: float | None = None) -> tuple[StopCondition, ...]:
+                    shutdown_timeout: float | None = None, max_rss_mb: float | None = None,
+                    end_after_step: int | None = None) -> tuple[StopCondition, ...]:
     """Every condition, in the order the monitor asks them; the order decides between two
     that hold at once. A requested stop comes first (the ranks it killed have all exited, and
     that is no "ok"), a failed rank before "all exited" (its peers may have ended meanwhile),
-    the deadline before a stall (an attempt past its timeout is a timeout, however quiet)."""
+    the job's own end before trainguard's (``end_after_step``: :class:`StepsDone`, asked only
+    then), the deadline before a stall (an attempt past its timeout is a timeout, however quiet)."""
     return (
         StopRequested(),
         MemoryLimit(max_rss_mb),
         RankFailed(),
         AllRanksExited(),
+        *((StepsDone(end_after_step),) if end_after_step is not None else ()),
         Deadline(timeout),
         Stall(stall_timeout, startup_timeout, shutdown_timeout),
     )
@@ -261,3 +292,11 @@ def first_stop(conditions: Iterable[StopCondition], state: Snapshot) -> Stop | N
         if stop is not None:
             return stop
     return None
+
+
+def ended_by_trainguard(evidence: object) -> int | None:
+    """The step after which trainguard ended a run itself (:class:`StepsDone`), read from the
+    run's evidence; None when the run ended otherwise."""
+    ended = evidence.get("ended_by_trainguard") if isinstance(evidence, dict) else None
+    step = ended.get("after_step") if isinstance(ended, dict) else None
+    return step if isinstance(step, int) else None

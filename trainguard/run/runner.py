@@ -531,6 +531,7 @@ class JobRunner:
             startup_timeout=options.startup_timeout * scale if options.startup_timeout else None,
             shutdown_timeout=options.shutdown_timeout * scale if options.shutdown_timeout else None,
             final_step=request.steps,
+            end_after_final_step=job.stop_after_steps,
             max_restarts=job.max_restarts if options.max_restarts is None else options.max_restarts,
             restart_count=attempt.restart_count,
             echo=self.echo,

@@ -1,0 +1,145 @@
+"""The public-script yardstick (issue 48): public training scripts run as they are, from a temp
+dir with data made locally, through the job file ``trainguard init -y`` writes; the table of
+docs/any-script.md.
+
+    .venv/bin/python -m tests.benchmarks.any_script_table --examples /path/to/pytorch-examples [--out FILE.md]
+
+Public code stays out of this repository and CI cannot fetch it: ``--examples`` is a checkout of
+https://github.com/pytorch/examples (any recent commit; the commit is printed in the table).
+Each row copies one script's folder (without its data) to a temp dir, makes its data there, runs
+``trainguard init <script> -y``, applies the row's job-file edits (each one named in the table:
+the goal is none beyond what only the user can know, such as a data path), then
+``trainguard check trainguard.yaml``, and reads each check's verdict from the report. Nothing of
+a row outlives it (``trainguard check`` ends every rank it starts; the temp dir is removed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TRAINGUARD = [sys.executable, "-m", "trainguard.cli"]
+
+
+def _sentences(folder: Path, lines: dict[str, int]) -> None:
+    """``<name>.txt`` for each name: sentences of a tiny grammar (a language model learns it in
+    tens of steps, as it would real text's frequent words)."""
+    rng = random.Random(0)
+    words = (["the cat", "a dog", "the bird", "my friend", "the teacher", "a child"],
+             ["sees", "likes", "finds", "follows", "calls", "helps"],
+             ["the ball", "a tree", "the house", "a river", "the garden", "an apple"],
+             ["today", "again", "at night", "in the morning", "with joy", "slowly"])
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, count in lines.items():
+        text = "".join(" " + " ".join(rng.choice(w) for w in words) + " . \n" for _ in range(count))
+        (folder / f"{name}.txt").write_text(text)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One public script: where it is in the checkout, how its data is made, the edits a user
+    still makes to the job file init writes (``(what, old, new)`` on its text)."""
+
+    name: str
+    folder: str
+    script: str
+    make_data: Callable[[Path], None]
+    data_note: str
+    edits: tuple[tuple[str, str, str], ...] = ()
+    timeout_s: float = 900.0
+    notes: tuple[str, ...] = field(default=())
+
+
+def _own_generator(script: str) -> Callable[[Path], None]:
+    """The data a public example makes itself: its own generator script, run in its folder."""
+    return lambda work: subprocess.run([sys.executable, script], cwd=work, check=True, timeout=300)
+
+
+ROWS = (
+    Row("word_language_model", "word_language_model", "main.py",
+        lambda d: _sentences(d / "data" / "wikitext-2", {"train": 6000, "valid": 300, "test": 300}),
+        "data/wikitext-2/{train,valid,test}.txt: 6000/300/300 generated sentences (its default --data)"),
+    Row("time_sequence_prediction", "time_sequence_prediction", "train.py", _own_generator("generate_sine_wave.py"),
+        "traindata.pt from its own generate_sine_wave.py"),
+)
+
+
+@dataclass
+class Result:
+    row: Row
+    guessed: list[str]
+    verdicts: dict[str, str]
+    seconds: float
+    error: str = ""
+
+
+def run_row(row: Row, examples: Path) -> Result:
+    """init, the row's edits, then ``trainguard check`` in a temp copy of the script's folder."""
+    with tempfile.TemporaryDirectory(prefix=f"tg-anyscript-{row.name}-") as tmp:
+        work = Path(tmp) / row.folder.rsplit("/", 1)[-1]
+        shutil.copytree(examples / row.folder, work, ignore=shutil.ignore_patterns("data"))
+        row.make_data(work)
+        started = time.monotonic()
+        init = subprocess.run([*TRAINGUARD, "init", row.script, "-y"], cwd=work, capture_output=True, text=True,
+                              timeout=120)
+        guessed = [line.strip() for line in init.stdout.splitlines() if line.startswith("  ")]
+        if init.returncode != 0:
+            return Result(row, guessed, {}, time.monotonic() - started, f"init exited {init.returncode}: {init.stderr[-500:]}")
+        job = work / "trainguard.yaml"
+        text = job.read_text()
+        for what, old, new in row.edits:
+            if old not in text:
+                return Result(row, guessed, {}, time.monotonic() - started, f"edit {what!r}: {old!r} not in the job file")
+            text = text.replace(old, new)
+        job.write_text(text)
+        report = work / "report.json"
+        subprocess.run([*TRAINGUARD, "check", "trainguard.yaml", "--report-json", str(report)], cwd=work,
+                       capture_output=True, text=True, timeout=row.timeout_s)
+        if not report.exists():
+            return Result(row, guessed, {}, time.monotonic() - started, "no report")
+        checks = json.loads(report.read_text())["checks"]
+        verdicts = {c["name"]: f"{c['status']}: {c['summary'][:160]}" for c in checks}
+        return Result(row, guessed, verdicts, time.monotonic() - started)
+
+
+def table(results: list[Result], commit: str) -> str:
+    lines = [f"pytorch/examples at {commit}; `trainguard init <script> -y`, the edits named, then "
+             "`trainguard check trainguard.yaml`.", "",
+             "| script | data made locally | what init guessed | edits to the job file | verdicts | s |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        edits = "; ".join(what for what, _, _ in r.row.edits) or "none"
+        verdicts = "<br>".join(f"{name} {v}" for name, v in r.verdicts.items()) or r.error
+        guessed = "<br>".join(g.replace("|", "\\|") for g in r.guessed)
+        lines.append(f"| `{r.row.folder}/{r.row.script}` | {r.row.data_note} | {guessed} | {edits} | "
+                     f"{verdicts.replace('|', chr(92) + '|')} | {r.seconds:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--examples", type=Path, required=True, help="a checkout of pytorch/examples")
+    parser.add_argument("--out", type=Path, help="write the table here too")
+    parser.add_argument("--only", nargs="*", default=None, help="rows whose name holds one of these")
+    args = parser.parse_args()
+    git = subprocess.run(["git", "-C", str(args.examples), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    commit = git.stdout.strip() or "an unknown commit"
+    rows = [r for r in ROWS if args.only is None or any(o in r.name for o in args.only)]
+    results = [run_row(row, args.examples) for row in rows]
+    text = table(results, commit)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Scripts with no option for their number of steps (``job.stop_after_steps``, docs/any-script.md):
+trainguard ends each run itself after the check's steps. The stop condition on built snapshots,
+the job-file rules, what init writes, and the checks on a real epoch-based script
+(tests/data/jobs/epoch_train.py): clean it passes smoke, canary and determinism; unseeded it
+fails determinism; saving only at an epoch's end, the resume check says there is no checkpoint."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainguard.config import parse_config
+from trainguard.config.scaffold import InitChoices, draft_job, render_job_file
+from trainguard.config.scriptscan import scan_script
+from trainguard.errors import ConfigError
+from trainguard.launch import MetricPoint
+from trainguard.launch.stops import (
+    Progress,
+    Snapshot,
+    StepsDone,
+    ended_by_trainguard,
+    first_stop,
+    stop_conditions,
+)
+from trainguard.session import check
+
+JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
+
+
+@pytest.fixture
+def jobs(tmp_path: Path) -> Path:
+    """A private copy of the toy jobs (their run directories land next to the job files)."""
+    return Path(shutil.copytree(JOBS, tmp_path / "jobs"))
+
+
+# -- the stop condition -------------------------------------------------------------------------
+
+
+def progress(*steps: tuple[int, int]) -> dict[int, int]:
+    """Each rank's highest step after the ``(rank, step)`` lines, as the launcher's Progress keeps it."""
+    seen = Progress(final_step=5)
+    for rank, step in steps:
+        seen.record(MetricPoint("loss", step, 1.0, rank, 0.5))
+    return seen.last_step
+
+
+def snapshot(last_step: dict[int, int]) -> Snapshot:
+    return Snapshot(now=1.0, exit_codes={0: None, 1: None}, job_time=1.0, last_step=last_step)
+
+
+def test_the_run_ends_once_every_rank_that_prints_is_past_the_final_step() -> None:
+    # rank 1 at step 5 may still print step 5's other lines: not yet; a step 6 line from each: done
+    assert StepsDone(5).check(snapshot(progress((0, 6), (1, 5)))) is None
+    stop = StepsDone(5).check(snapshot(progress((0, 6), (1, 6), (0, 7))))
+    assert stop is not None and stop.outcome == "ok"
+    assert stop.reason == "ended by trainguard after step 5"
+    assert ended_by_trainguard(stop.evidence) == 5
+    # a rank that prints nothing is not waited for; no line at all: nothing to end on
+    assert StepsDone(5).check(snapshot(progress((0, 6)))) is not None
+    assert StepsDone(5).check(snapshot({})) is None
+
+
+def test_the_condition_is_asked_only_for_a_job_trainguard_ends_and_after_the_jobs_own_end() -> None:
+    names = [type(c).__name__ for c in stop_conditions(timeout=9.0, stall_timeout=5.0, end_after_step=5)]
+    assert names.index("StepsDone") == names.index("AllRanksExited") + 1
+    assert "StepsDone" not in [type(c).__name__ for c in stop_conditions(timeout=9.0, stall_timeout=5.0)]
+    # a rank that crashed as the others passed the step is the job's failure, not trainguard's end
+    crashed = Snapshot(now=1.0, exit_codes={0: None, 1: 3}, exit_seen_at={1: 0.9}, job_time=1.0,
+                       last_step={0: 6, 1: 6})
+    stop = first_stop(stop_conditions(timeout=9.0, stall_timeout=5.0, end_after_step=5), crashed)
+    assert stop is not None and stop.outcome == "failed" and ended_by_trainguard(stop.evidence) is None
+
+
+# -- the job file ---------------------------------------------------------------------------------
+
+
+def job_text(command: str, **job: object) -> str:
+    return yaml.safe_dump({"job": {"name": "e", "command": command, "metrics": {"loss": r"step (?P<step>\d+) loss (?P<value>\S+)"},
+                                   **job}, "checks": {"smoke": {"steps": 5}}})
+
+
+def test_a_command_without_steps_names_stop_after_steps_as_the_fix_and_accepts_it() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(job_text("python train.py"), path="jobs/trainguard.yaml")
+    assert "checks.smoke.steps" in str(info.value) and "add `stop_after_steps: true` under job" in str(info.value)
+    assert parse_config(job_text("python train.py", stop_after_steps=True)).job.stop_after_steps
+
+
+def test_stop_after_steps_beside_a_steps_placeholder_is_refused_naming_both() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(job_text("python train.py --steps {steps}", stop_after_steps=True), path="jobs/trainguard.yaml")
+    assert "job.stop_after_steps" in str(info.value)
+    assert "Fix: remove one: `stop_after_steps: true` or the {steps} placeholder" in str(info.value)
+
+
+def test_init_ends_the_runs_of_an_argparse_script_without_a_steps_option() -> None:
+    source = textwrap.dedent('''\
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--epochs", type=int, default=40)
+        parser.add_argument("--seed", type=int, default=1)
+        args = parser.parse_args()
+        for epoch in range(args.epochs):
+            for step in range(100):
+                print(f"step {step} loss {1.0 / (step + 1)}")
+        ''')
+    text = render_job_file(draft_job(scan_script(source, "train.py"), "train.py", InitChoices()))
+    job = parse_config(text).job
+    assert job.stop_after_steps and "{steps}" not in " ".join(job.command)
+    assert "--seed" in job.command
+
+
+# -- real runs of an epoch-based script ----------------------------------------------------------
+
+
+def test_an_epoch_script_trainguard_ends_passes_smoke_canary_and_determinism(jobs: Path) -> None:
+    report = check(jobs / "epochs.trainguard.yaml")
+    assert [(c.name, c.status) for c in report.checks] == [
+        ("smoke", "passed"), ("canary", "passed"), ("determinism", "passed")], [c.summary for c in report.checks]
+    smoke = report.checks[0]
+    assert "ended by trainguard after step 12" in smoke.summary
+    assert smoke.evidence.to_dict()["ended_by_trainguard"] == 12
+    assert "all 12 steps" in report.checks[2].summary
+
+
+def test_an_unseeded_epoch_script_fails_determinism(jobs: Path) -> None:
+    report = check(jobs / "epochs_nondet.trainguard.yaml")
+    assert report.checks[0].status == "failed" and "loss differs from step 1" in report.checks[0].summary
+
+
+def test_resume_without_a_checkpoint_before_the_end_is_an_error_naming_the_key_and_fix(jobs: Path) -> None:
+    report = check(jobs / "epochs_nockpt.trainguard.yaml")
+    result = report.checks[0]
+    assert result.status == "error"
+    assert "epochs_nockpt.trainguard.yaml: checks.resume.after_step" in result.summary
+    assert "wrote no checkpoint" in result.summary and "Fix: make the script save every few steps" in result.summary
+
+
+def test_init_reads_a_loss_padded_to_a_width_whatever_its_digits() -> None:
+    # word_language_model prints `loss {:5.2f}`: `loss  6.42` as well as `loss 11.23`; the regex
+    # init wrote matched only the two-digit lines, so "every step" was one line an epoch
+    source = textwrap.dedent('''\
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--epochs", type=int, default=40)
+        args = parser.parse_args()
+        for batch in range(100):
+            cur_loss = 1.0
+            print("| {:5d} batches | loss {:5.2f} | ppl {:8.2f}".format(batch, cur_loss, 2.0))
+        ''')
+    text = render_job_file(draft_job(scan_script(source, "main.py"), "main.py", InitChoices()))
+    regex = parse_config(text).job.metric_line_regexes[0]
+    for line, value in (("|     3 batches | loss  6.42 | ppl     2.00", "6.42"), ("|    12 batches | loss 11.23 | ppl 2.00", "11.23")):
+        found = re.search(regex, line)
+        assert found is not None and found["value"] == value, (regex, line)
