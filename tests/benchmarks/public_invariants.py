@@ -2,7 +2,7 @@
 findings on public code): each from a temporary directory with data made there, at 2 gloo ranks.
 
     .venv/bin/python -m tests.benchmarks.public_invariants --run-clm PATH/run_clm.py \\
-        --fabric PATH/language_model/train.py \\
+        --fabric PATH/language_model/train.py --no-trainer PATH/run_clm_no_trainer.py \\
         [--steps 12] [--repeats 1] [--hogs 0] [--out FILE.md]
 
 The scripts are not shipped here (take the versions matching the installed packages):
@@ -18,13 +18,20 @@ The scripts are not shipped here (take the versions matching the installed packa
   Its step count is the script's own (it reads no argument: the job file passes ``{steps}`` as
   one it ignores, since trainguard refuses a command without it).
 
-Nothing is downloaded (``HF_HUB_OFFLINE``). No accelerate script runs here yet: accelerate's own
-examples download bert-base-cased and GLUE (``nlp_example.py`` and every ``by_feature`` script) or
-a pretrained timm model (``cv_example.py``); the two that build a GPT-2 from a config fail to import
-against the installed packages (``deepspeed_with_config_support.py`` imports ``DummyOptim``, which
-``accelerate.utils`` exports only with DeepSpeed installed; ``megatron_lm_gpt_pretraining.py``
-imports ``send_example_telemetry``, gone from transformers 5). run_clm.py's Trainer runs on
-accelerate underneath. Each row: the script, what each invariant compared
+- ``--no-trainer``: transformers' examples/pytorch/language-modeling/run_clm_no_trainer.py (a
+  plain loop on ``accelerate.Accelerator``: ``accelerator.prepare``, ``accelerator.backward``,
+  ``model.eval()`` validation after each epoch), a GPT-2 from a local config folder (the same
+  model), the first ``NO_TRAINER_LINES`` lines of the corpus (4 optimizer steps an epoch at 2
+  ranks: 12 steps are 3 epochs) and ``ACCELERATE_USE_CPU=true``, what ``accelerate launch --cpu``
+  sets (without it accelerate takes each torchrun rank for a lone process). It logs no training
+  loss; the job's metric is the validation's ``eval_loss`` after each epoch.
+
+Nothing is downloaded (``HF_HUB_OFFLINE``). accelerate's own examples download bert-base-cased and
+GLUE (``nlp_example.py`` and every ``by_feature`` script) or a pretrained timm model
+(``cv_example.py``); the two that build a GPT-2 from a config fail to import against the installed
+packages (``deepspeed_with_config_support.py`` imports ``DummyOptim``, which ``accelerate.utils``
+exports only with DeepSpeed installed; ``megatron_lm_gpt_pretraining.py`` imports
+``send_example_telemetry``, gone from transformers 5). Each row: the script, what each invariant compared
 (the ones that applied), the findings (every one is false: the scripts are correct), the steps
 recorded and the seconds. ``--repeats N --hogs H`` runs each N times beside H busy loops.
 """
@@ -38,12 +45,13 @@ from pathlib import Path
 from typing import Any
 
 from tests.benchmarks.cause_table import HF, checked_in_tmp, run_child, run_table, table_parser
-from tests.benchmarks.run_clm_hang import clm_job
+from tests.benchmarks.run_clm_hang import clm_files, clm_job
 from tests.benchmarks.silent_table import hogs
 
 MODULE = "tests.benchmarks.public_invariants"
 #: the scripts' paths reach each row's child process through these variables
-SCRIPT_VARS = {"run_clm": "TG_PUBLIC_RUN_CLM", "fabric": "TG_PUBLIC_FABRIC"}
+SCRIPT_VARS = {"run_clm": "TG_PUBLIC_RUN_CLM", "fabric": "TG_PUBLIC_FABRIC",
+               "no_trainer": "TG_PUBLIC_NO_TRAINER"}
 
 FABRIC_JOB = """\
 job:
@@ -60,6 +68,25 @@ job:
   stall_timeout: 120
 checks:
   invariants: {steps: 40}
+"""
+
+
+NO_TRAINER_JOB = """\
+job:
+  name: run-clm-no-trainer
+  command: >-
+    python run_clm_no_trainer.py --config_name cfg --tokenizer_name tok --train_file train.txt
+    --block_size 32 --per_device_train_batch_size 8 --max_train_steps {{steps}} --seed {{seed}}
+  world_size: 2
+  cwd: .
+  env: {{OMP_NUM_THREADS: "1", ACCELERATE_USE_CPU: "true", HF_HUB_OFFLINE: "1", HF_DATASETS_OFFLINE: "1",
+        TOKENIZERS_PARALLELISM: "false", HF_HOME: "{hf_home}"}}
+  metrics:  # what the script prints: the validation's loss after each epoch (no training loss)
+    eval_loss: {{regex: 'eval_loss: (?P<value>\\S+)', step: count}}
+  timeout: 900
+  stall_timeout: 120
+checks:
+  invariants: {{steps: {steps}}}
 """
 
 
@@ -103,6 +130,26 @@ def fabric_project(tmp: Path, steps: int) -> Path:
     return job
 
 
+#: the corpus lines run_clm_no_trainer.py trains on: 95 % of them make 64 blocks of 32 tokens, 4
+#: full batches of 8 a rank (an uneven epoch is padded by accelerate with the rank's own first
+#: indices, which the data invariant reads as sampling with replacement and does not judge)
+NO_TRAINER_LINES = 247
+
+
+def no_trainer_project(tmp: Path, steps: int) -> Path:
+    """transformers' run_clm_no_trainer.py unmodified, with run_clm.py's corpus (its first
+    ``NO_TRAINER_LINES`` lines) and tokenizer, and that GPT-2 saved as a config folder."""
+    from transformers import GPT2Config
+
+    vocab = clm_files(tmp, script("no_trainer"), "run_clm_no_trainer.py")
+    lines = (tmp / "train.txt").read_text().splitlines()[:NO_TRAINER_LINES]
+    (tmp / "train.txt").write_text("\n".join(lines) + "\n")
+    GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=64, vocab_size=vocab).save_pretrained(str(tmp / "cfg"))
+    job = tmp / "trainguard.yaml"
+    job.write_text(NO_TRAINER_JOB.format(hf_home=tmp / "hf", steps=steps))
+    return job
+
+
 @dataclass(frozen=True)
 class Row:
     """One public script's run: how to build its project, its check, the packages it needs."""
@@ -124,7 +171,9 @@ def rows(repeats: int) -> list[Row]:
     """Each script given (its variable set), ``repeats`` times."""
     steps = int(os.environ.get("TG_PUBLIC_STEPS", "12"))
     kinds = [("transformers run_clm.py (Trainer)", "run_clm", run_clm_project, ("datasets", "evaluate", *HF)),
-             ("Lightning examples/fabric/language_model/train.py (Fabric)", "fabric", fabric_project, ("lightning",))]
+             ("Lightning examples/fabric/language_model/train.py (Fabric)", "fabric", fabric_project, ("lightning",)),
+             ("transformers run_clm_no_trainer.py (accelerate)", "no_trainer", no_trainer_project,
+              ("datasets", *HF))]
     return [Row(name, kind, lambda t, b=build: b(t, steps), i + 1, extras=extras)
             for name, kind, build, extras in kinds if os.environ.get(SCRIPT_VARS[kind]) for i in range(repeats)]
 
@@ -176,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     p = table_parser(__doc__ or "")
     for kind, var in SCRIPT_VARS.items():
         p.add_argument(f"--{kind.replace('_', '-')}", type=Path, help=f"the script's path (or ${var})")
-    p.add_argument("--steps", type=int, default=12, help="optimizer steps of run_clm's run")
+    p.add_argument("--steps", type=int, default=12, help="optimizer steps of run_clm's and run_clm_no_trainer's runs")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--hogs", type=int, default=0, help="busy-loop processes beside the runs")
     args = p.parse_args(argv)
