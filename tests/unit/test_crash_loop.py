@@ -117,6 +117,9 @@ def test_the_node_mode_fails_a_rank_put_back_on_the_failing_node_and_passes_one_
     assert judge_loop([on(0, "n1"), on(1, "n2", "ok", None)], 3, 0.0, "n1") == ("passed", [])
     # without the node mode a completed attempt is no loop at all
     assert judge_loop([on(0, "n1"), on(1, "n2", "ok", None)], 3, 0.0)[0] == "error"
+    # struck, yet the launch completed on the failing node (the kill did not take): no loop, never a pass
+    status, problems = judge_loop([on(0, "n1", "ok", 6)], 3, 0.0, "n1")
+    assert status == "error" and "attempt 0 completed although the fault struck it at step 6" in problems[0]
 
 
 def test_bad_crash_loop_params_name_the_key_and_the_fix(tmp_path: Path) -> None:

@@ -294,7 +294,9 @@ def _measure_generations(run: SupervisedRun, striker: WorkerStriker) -> list[Cra
         span = striker.spans.get(g)
         duration = (span[1] if g in striker.struck and span else end) - span[0] if span else 0.0
         ranks = striker.workers.get(g, 1)
-        outcome = "struck" if g in striker.struck else run.final.outcome
+        # a launch that completed ended its last generation, struck or not (a kill that did not take)
+        outcome = "ok" if g == seen[-1] and run.final.outcome == "ok" else "struck" if g in striker.struck \
+            else run.final.outcome
         wait = striker.waits.get(g)
         out.append(CrashLoopAttempt(
             g, outcome, striker.struck.get(g), first, last, max(0, (last or 0) - best) if last and last > best else 0,
@@ -325,9 +327,14 @@ def judge_loop(attempts: list[CrashLoopAttempt], cap: int, min_backoff_s: float,
         return "error", [f"the fault never struck: no attempt printed a step >= after_step "
                          f"({attempts[0].outcome}: check job.metrics and steps)"]
     moved = bad_node is not None and attempts[-1].node not in (bad_node, None, UNSET)
-    if attempts[-1].outcome == "ok" and not moved:
-        return "error", [f"no crash loop formed: attempt {attempts[-1].attempt} completed (it resumed past the "
-                         "step the fault strikes at; set after_step to a step no checkpoint is saved at)"]
+    last = attempts[-1]
+    if last.outcome == "ok" and not moved:
+        why = (f"attempt {last.attempt} completed although the fault struck it at step {last.struck_at_step}: the "
+               "kill did not end the rank (or landed after its last step; give the job more steps)"
+               if last.struck_at_step is not None else
+               f"attempt {last.attempt} completed (it resumed past the step the fault strikes at; set after_step "
+               "to a step no checkpoint is saved at)")
+        return "error", [f"no crash loop formed: {why}"]
     problems = []
     if len(attempts) > cap:
         problems.append(f"did not stop by its cap of {cap} attempt(s): attempt {cap + 1} started")
