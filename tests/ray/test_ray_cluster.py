@@ -51,7 +51,7 @@ job:
   kind: ray_train
   train_func: "toy_ray:train_func"
   config: {{steps: "{{steps}}", seed: "{{seed}}", ckpt_every: 3, sleep: 0.25{extra}}}
-  scaling: {{num_workers: 2, resources_per_worker: {{CPU: {cpus}}}}}
+  scaling: {{num_workers: 2, resources_per_worker: {{CPU: {cpus}{resources}}}}}
   cwd: {cwd}
   env: {{OMP_NUM_THREADS: "1"}}
   metrics: [loss]
@@ -97,25 +97,26 @@ def cluster() -> Iterator[LocalRayCluster]:
 
 @pytest.fixture(scope="module")
 def drill(cluster: LocalRayCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Drill]:
-    """``drill(spec, max_restarts=1, extra="", cpus=1)`` runs one drill of the toy job on the
-    cluster; runners with the same worker shape share the uninterrupted reference run."""
-    runners: dict[int, JobRunner] = {}
+    """``drill(spec, max_restarts=1, extra="", cpus=1, resources="")`` runs one drill of the toy
+    job on the cluster (``resources``: more of ``resources_per_worker``, e.g. ``", tg_node_a: 0.5"``);
+    runners with the same worker shape share the uninterrupted reference run."""
+    runners: dict[tuple[int, str], JobRunner] = {}
 
-    def run(spec: str, *, max_restarts: int = 1, extra: str = "", cpus: int = 1) -> CheckResult:
+    def run(spec: str, *, max_restarts: int = 1, extra: str = "", cpus: int = 1, resources: str = "") -> CheckResult:
         assert not cluster.lost(), f"a node is still lost: {cluster.lost()}"
         folder = tmp_path_factory.mktemp("job")
         path = folder / "trainguard.yaml"
-        path.write_text(JOB.format(cwd=JOBS, max_restarts=max_restarts, drill=spec, cpus=cpus,
+        path.write_text(JOB.format(cwd=JOBS, max_restarts=max_restarts, drill=spec, cpus=cpus, resources=resources,
                                    extra=f", {extra}" if extra else ""))
         job = load_config(path)
         drill_spec = job.checks.drills[0]
-        first = runners.get(cpus)
+        first = runners.get((cpus, resources))
         if first is not None:
             runner = first.sibling(job)
             request = runner.request_for(drill_spec, world_size=job.job.world_size)
             runner.scheduling.offer_reference(request, first.scheduling.reference(request))
         else:
-            runner = runners[cpus] = JobRunner(job)
+            runner = runners[cpus, resources] = JobRunner(job)
         t0 = time.monotonic()
         try:
             return run_drill(runner, drill_spec)
@@ -331,3 +332,22 @@ def test_crash_loop_that_follows_a_node_names_a_policy_that_puts_the_rank_back(d
         assert f"attempt {back[0]} put the rank back on node {bad}, where it failed before" in result.summary
     else:
         assert result.status == "passed", result.summary
+
+
+@pytest.mark.slow
+def test_crash_loop_names_a_policy_that_pins_the_rank_to_the_failing_node(drill: Drill) -> None:
+    """The planted defect of the node mode on a real run: every worker needs ``tg_node_a``, a
+    resource only node ``a`` has (a placement constraint that outlives the failure, as a node
+    selector or a reservation does), so Ray Train puts the restarted rank back on the node where it
+    failed, in every generation; the drill fails, naming the node."""
+    # KILL_STEPS: the kill through Ray's API must land before a generation's last step (at 40 steps
+    # one run's kill came after the job completed)
+    result = drill(f"{{name: loop-pinned, fault: crash_loop, steps: {KILL_STEPS}, after_step: 6, "
+                   "params: {node: first, max_attempts: 3}}", max_restarts=2, resources=", tg_node_a: 0.5")
+    show(result)
+    attempts = report_evidence(result)["attempts"]
+    print([(a["attempt"], a["struck_at_step"], a.get("node"), a["wait_before_s"]) for a in attempts])
+    bad = attempts[0]["node"]
+    assert bad is not None and len(attempts) >= 2 and all(a.get("node") == bad for a in attempts), attempts
+    assert result.status == "failed", result.summary
+    assert f"attempt 1 put the rank back on node {bad}, where it failed before" in result.summary

@@ -117,13 +117,16 @@ def test_the_node_mode_fails_a_rank_put_back_on_the_failing_node_and_passes_one_
     assert judge_loop([on(0, "n1"), on(1, "n2", "ok", None)], 3, 0.0, "n1") == ("passed", [])
     # without the node mode a completed attempt is no loop at all
     assert judge_loop([on(0, "n1"), on(1, "n2", "ok", None)], 3, 0.0)[0] == "error"
+    # struck, yet the launch completed on the failing node (the kill did not take): no loop, never a pass
+    status, problems = judge_loop([on(0, "n1", "ok", 6)], 3, 0.0, "n1")
+    assert status == "error" and "attempt 0 completed although the fault struck it at step 6" in problems[0]
 
 
 def test_bad_crash_loop_params_name_the_key_and_the_fix(tmp_path: Path) -> None:
     runner = runner_for(tmp_path)
     for params, words in (({"max_attempts": 0}, "max_attempts"), ({"min_backoff_s": -1}, "min_backoff_s"),
                           ({"duration": 2}, "duration does not apply to a crash_loop drill"),
-                          ({"node": "n1"}, "expected `first`")):
+                          ({"node": "n1"}, "expected `first`"), ({"how": "segv"}, "expected `kill`")):
         with pytest.raises(ConfigError) as info:
             make_drill(runner.job_file, {"name": "loop", "fault": "crash_loop", "steps": 8, **params})
         assert words in str(info.value) and "trainguard.yaml" in str(info.value)
@@ -183,3 +186,15 @@ def test_torchrun_policy_defects_fail(tmp_path: Path, job: dict, params: dict, w
         assert status != "passed", summary
         return
     assert status == "failed" and words in summary, summary
+
+
+@pytest.mark.slow
+def test_how_raise_makes_the_rank_raise_at_the_step_in_every_attempt(tmp_path: Path) -> None:
+    """``how: raise``: the rank's Python raises a RuntimeError at the step (the start-up hook, armed
+    in every attempt) instead of dying of SIGKILL; the same clean policy passes."""
+    status, summary, evidence = drill(runner_for(tmp_path), max_attempts=3, how="raise")
+    assert status == "passed", summary
+    assert [a["struck_at_step"] for a in evidence["attempts"]] == [5, 5, 5]
+    events = (Path(evidence["drill_dir"]) / "crash_loop.events.jsonl").read_text()
+    assert events.count('"event": "raised"') == 3, events
+    print(f"\n{summary}", [(a["wait_before_s"], a["rank_seconds"]) for a in evidence["attempts"]])

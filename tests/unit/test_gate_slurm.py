@@ -323,3 +323,22 @@ def test_sbatch_absent_returns_the_script(tmp_path: Path, monkeypatch: pytest.Mo
     assert "sbatch is not on PATH" in result.message and "sbatch " + str(tmp_path) in result.message
     assert result.script is not None and result.script.startswith("#!/bin/bash")
     assert SlurmBackend(tmp_path).status("1").status == "unknown"  # no scontrol or sacct either
+
+
+@pytest.mark.parametrize(("failure_requeues", "restart_count", "requeued"),
+                         [(2, 1, True), (2, 2, False), (0, 0, False)], ids=["below", "at-limit", "off"])
+def test_a_failed_step_is_requeued_below_failure_requeues(tmp_path: Path, failure_requeues: int,
+                                                          restart_count: int, requeued: bool) -> None:
+    """The restart policy the crash_loop drill on Slurm tests: a step that failed (exit 3) is
+    requeued while SLURM_RESTART_COUNT < failure_requeues; at the limit, or without the option,
+    the job ends with the step's exit code (Slurm: FAILED)."""
+    spec = SubmissionSpec(entrypoint=[sys.executable, "-c", "import sys; sys.exit(3)"], job_name="fails",
+                          working_dir=tmp_path, world_size=1, resume_args=["--resume"])
+    script = SlurmBackend(tmp_path, failure_requeues=failure_requeues).write_script(spec)
+    env = {**os.environ, "PATH": f"{_fake_bin(tmp_path)}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "778",
+           "SLURM_JOB_NODELIST": "node001", "SLURM_RESTART_COUNT": str(restart_count)}
+    proc = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    calls = (tmp_path / "calls.txt").read_text()
+    assert proc.returncode == 3, proc.stderr
+    assert ("scontrol requeue 778" in calls) is requeued, (calls, proc.stderr)
+    assert (f"(restart {restart_count + 1} of {failure_requeues})" in proc.stderr) is requeued

@@ -36,7 +36,9 @@ from trainguard.drills.expectations import JudgeEntry
 from trainguard.drills.judges import DrillContext, Judgement, common_evidence
 from trainguard.evidence import MERGED, UNSET, Evidence, Unset
 from trainguard.faults.crash_loop import CrashLoopFault
+from trainguard.faults.hook import pull_trigger
 from trainguard.launch import Launcher, MetricPoint, RunResult
+from trainguard.launch.hook import hook_env
 from trainguard.launch.reach import RankReach, RankWatch, WorkerNotHere, WorkerSighting
 from trainguard.launch.rundir import new_run_dir
 from trainguard.report import CheckId, CheckResult, CheckStatus, SkipReason
@@ -119,6 +121,8 @@ class Striker:
         self.first: dict[int, int] = {}
         self.last: dict[int, int] = {}
         self.newest: dict[int, str | None] = {}  # attempt -> the newest checkpoint once it was struck
+        #: how: raise -- the start-up hook's trigger file (None: SIGKILL)
+        self.trigger: Path | None = None
         self._lock = threading.Lock()
 
     def attempt_of(self, launcher: Launcher) -> int:
@@ -144,7 +148,10 @@ class Striker:
         return False
 
     def strike(self, launcher: Launcher, attempt: int) -> None:
-        launcher.kill_rank(self.rank, signal.SIGKILL)
+        if self.trigger is not None:  # how: raise -- the hook in this attempt's rank raises
+            pull_trigger(self.trigger, launcher.ranks[self.rank].popen.pid)
+        else:
+            launcher.kill_rank(self.rank, signal.SIGKILL)
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             launcher.ranks[self.rank].popen.wait(timeout=5)
 
@@ -294,7 +301,9 @@ def _measure_generations(run: SupervisedRun, striker: WorkerStriker) -> list[Cra
         span = striker.spans.get(g)
         duration = (span[1] if g in striker.struck and span else end) - span[0] if span else 0.0
         ranks = striker.workers.get(g, 1)
-        outcome = "struck" if g in striker.struck else run.final.outcome
+        # a launch that completed ended its last generation, struck or not (a kill that did not take)
+        outcome = "ok" if g == seen[-1] and run.final.outcome == "ok" else "struck" if g in striker.struck \
+            else run.final.outcome
         wait = striker.waits.get(g)
         out.append(CrashLoopAttempt(
             g, outcome, striker.struck.get(g), first, last, max(0, (last or 0) - best) if last and last > best else 0,
@@ -325,9 +334,14 @@ def judge_loop(attempts: list[CrashLoopAttempt], cap: int, min_backoff_s: float,
         return "error", [f"the fault never struck: no attempt printed a step >= after_step "
                          f"({attempts[0].outcome}: check job.metrics and steps)"]
     moved = bad_node is not None and attempts[-1].node not in (bad_node, None, UNSET)
-    if attempts[-1].outcome == "ok" and not moved:
-        return "error", [f"no crash loop formed: attempt {attempts[-1].attempt} completed (it resumed past the "
-                         "step the fault strikes at; set after_step to a step no checkpoint is saved at)"]
+    last = attempts[-1]
+    if last.outcome == "ok" and not moved:
+        why = (f"attempt {last.attempt} completed although the fault struck it at step {last.struck_at_step}: the "
+               "kill did not end the rank (or landed after its last step; give the job more steps)"
+               if last.struck_at_step is not None else
+               f"attempt {last.attempt} completed (it resumed past the step the fault strikes at; set after_step "
+               "to a step no checkpoint is saved at)")
+        return "error", [f"no crash loop formed: {why}"]
     problems = []
     if len(attempts) > cap:
         problems.append(f"did not stop by its cap of {cap} attempt(s): attempt {cap + 1} started")
@@ -378,6 +392,14 @@ def run_crash_loop(runner: JobRunner, spec: DrillSpec) -> CheckResult[CrashLoopR
                                                            checkpoints, cap))
     if isinstance(striker, ReachStriker):
         striker.by_node = params.raw("node") == "first"
+    env = reach.launch_env() if reach else None
+    if params.raw("how", "kill") == "raise":
+        if worker or in_launch:
+            return result("error", "`how: raise` strikes through trainguard's start-up hook in the rank's own "
+                          "process: use it with `target: rank` on trainguard's launcher (or `how: kill`)")
+        striker.trigger = drill_dir / "crash_loop.trigger"
+        env = hook_env({"fault": "crash_loop", "mode": "raise", "rank": spec.rank, "trigger": str(striker.trigger),
+                        "events": str(drill_dir / "crash_loop.events.jsonl"), "step": spec.after_step}, job.env)
     stall = spec.stall_timeout or job.stall_timeout
     try:
         if reach is not None:
@@ -388,7 +410,7 @@ def run_crash_loop(runner: JobRunner, spec: DrillSpec) -> CheckResult[CrashLoopR
         run = runner.supervise(request, label=f"drill-{spec.name}", checkpoint_dir=checkpoints,
                                on_metric=striker.on_metric,
                                options=LaunchOptions(max_restarts=0 if in_launch else min(job.max_restarts, cap),
-                                                     extra_env=reach.launch_env() if reach else None,
+                                                     extra_env=env,
                                                      stall_timeout=stall, startup_timeout=max(stall, job.stall_timeout)))
     finally:
         striker.finish()

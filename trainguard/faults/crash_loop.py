@@ -21,6 +21,9 @@ Parameters (``params`` of a ``fault: crash_loop`` drill):
   --max-restarts N ...`` (one trainguard rank, ``distributed_env: false``): torchrun's own policy
   is under test. An attempt is then a worker generation: its wait is measured from the kill to
   the next worker's process start, and a generation past the cap is stopped by the drill;
+* ``how``: ``kill`` (default: SIGKILL) or ``raise``: the rank's Python raises a RuntimeError at
+  the step (trainguard's start-up hook, armed in every attempt; the drill names the attempt's pid
+  in the trigger, so each attempt raises once); ``target: rank`` on trainguard's launcher only;
 * ``node: first`` (a ``ray_train`` job): the fault follows a node, not the step: it strikes only
   while the rank's worker runs on the node it ran on in attempt 0 (a bad GPU's node); a restart
   that puts the rank back there fails, one that moves it off passes when the job completes.
@@ -40,10 +43,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from trainguard.config.registry import Run
     from trainguard.launch import Launcher
 
-__all__ = ["MAX_CAP", "TARGETS", "CrashLoopFault"]
+__all__ = ["HOWS", "MAX_CAP", "TARGETS", "CrashLoopFault"]
 
 #: what the fault kills: the rank's process, or its child processes (torchrun's workers)
 TARGETS = ("rank", "worker")
+#: how the fault strikes: SIGKILL, or a RuntimeError raised in the rank's Python at the step
+HOWS = ("kill", "raise")
 #: the largest ``max_attempts`` a drill may set (each attempt is a real launch)
 MAX_CAP = 20
 
@@ -57,7 +62,8 @@ class CrashLoopFault(Fault):
     drill_runner: ClassVar[str | None] = "trainguard.drills.crash_loop:run_crash_loop"
     spec_keys_not_applying: ClassVar[tuple[tuple[str, ...], str]] = (
         ("duration",), "the fault strikes every attempt until the policy gives up; remove it")
-    defaults: ClassVar[FaultParams] = FaultParams({"max_attempts": None, "min_backoff_s": None, "target": "rank", "node": None})
+    defaults: ClassVar[FaultParams] = FaultParams({"max_attempts": None, "min_backoff_s": None, "target": "rank", "node": None,
+                                                   "how": "kill"})
 
     @classmethod
     def validate(cls, params: FaultParams) -> list[tuple[str, str]]:
@@ -74,6 +80,9 @@ class CrashLoopFault(Fault):
         if params.raw("target", "rank") not in TARGETS:
             problems.append(("target", f"expected one of {', '.join(TARGETS)}: `rank` (trainguard restarts the "
                              "group) or `worker` (torchrun --max-restarts restarts its workers)"))
+        if params.raw("how", "kill") not in HOWS:
+            problems.append(("how", "expected `kill` (SIGKILL to the rank) or `raise` (the rank's Python raises a "
+                             "RuntimeError at the step, through trainguard's start-up hook)"))
         if params.raw("node") not in (None, "first"):
             problems.append(("node", "expected `first` (strike only on the node the rank ran on in attempt 0)"))
         return problems

@@ -5,7 +5,10 @@ the predicted wall-clock plus a margin, and ``--requeue``. Slurm sends ``USR1`` 
 shell ``signal_lead_s`` seconds before the limit (``--signal=B:USR1@N``); the script's trap
 forwards it to the job step (srun passes it to every rank) so the job can write a final
 checkpoint, then requeues the job (up to ``max_requeues`` times; after that the script exits 75,
-so Slurm records FAILED, not COMPLETED, for a job stopped unfinished). A requeued job starts with
+so Slurm records FAILED, not COMPLETED, for a job stopped unfinished). With ``failure_requeues``
+N > 0 the script also requeues a job whose step failed (a rank killed, an error) while
+``SLURM_RESTART_COUNT`` is below N: a restart policy with a retry limit, its backoff Slurm's own
+requeue delay (docs/drills.md, "crash_loop on Slurm requeue"). A requeued job starts with
 ``SLURM_RESTART_COUNT`` > 0 and the script then appends the job's ``resume_args``. The same holds
 for a requeue after a node failure or preemption.
 
@@ -62,6 +65,8 @@ class SlurmBackend:
         default_time_s: ``--time`` when the spec has no prediction.
         signal_lead_s: seconds before the limit at which USR1 asks for a final checkpoint.
         max_requeues: how many times the script requeues itself after a time-limit checkpoint.
+        failure_requeues: how many times in all (``SLURM_RESTART_COUNT``) the script requeues a
+            job whose step failed (0: never; Slurm then records it FAILED).
         partition, account, qos: the usual directives, when given.
         extra_directives: more ``#SBATCH`` lines, e.g. ``["--constraint=a100"]``.
         sbatch: the sbatch executable (looked up on PATH).
@@ -80,6 +85,7 @@ class SlurmBackend:
         default_time_s: float = 24 * 3600.0,
         signal_lead_s: int = 300,
         max_requeues: int = 3,
+        failure_requeues: int = 0,
         partition: str | None = None,
         account: str | None = None,
         qos: str | None = None,
@@ -97,6 +103,9 @@ class SlurmBackend:
         self.default_time_s = default_time_s
         self.signal_lead_s = signal_lead_s
         self.max_requeues = max_requeues
+        if failure_requeues < 0:
+            raise ValueError("failure_requeues must be >= 0")
+        self.failure_requeues = failure_requeues
         self.partition = partition
         self.account = account
         self.qos = qos
@@ -246,11 +255,24 @@ class SlurmBackend:
             f'  echo "trainguard: time limit near and {self.max_requeues} requeue(s) used: job '
             '$SLURM_JOB_ID stops unfinished at its checkpoint (resubmit to go on)" >&2',
             "  RC=75",
+            *self._failure_requeue(),
             "fi",
             'exit "$RC"',
             "",
         ]
         return "\n".join(lines)
+
+    def _failure_requeue(self) -> list[str]:
+        """The script's branch that requeues a failed job (none without ``failure_requeues``)."""
+        if not self.failure_requeues:
+            return []
+        n = self.failure_requeues
+        return [
+            f'elif [ "$RC" -ne 0 ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt {n} ]; then',
+            f'  echo "trainguard: the job step failed (exit $RC): requeueing job $SLURM_JOB_ID '
+            f'(restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of {n})" >&2',
+            '  scontrol requeue "$SLURM_JOB_ID"',
+        ]
 
     def write_script(self, spec: SubmissionSpec) -> Path:
         """Write the script atomically to ``script_dir/<job_name>.sbatch`` (where that fails,
@@ -392,18 +414,34 @@ class SlurmBackend:
     def scontrol(self, *args: str) -> str:
         """Run ``scontrol ARGS`` (bounded by ``submit_timeout``); its stdout, or a
         :class:`SubmissionError` naming the command and Slurm's message."""
-        scontrol = shutil.which("scontrol")
-        if scontrol is None:
-            raise SubmissionError("scontrol is not on PATH here; run this on a Slurm login node")
+        return self.client("scontrol", *args)
+
+    def client(self, tool: str, *args: str) -> str:
+        """Run the Slurm client ``tool`` (scontrol, scancel, squeue) with ``args``, bounded by
+        ``submit_timeout``; its stdout, or a :class:`SubmissionError` naming the command and
+        Slurm's message."""
+        path = shutil.which(tool)
+        if path is None:
+            raise SubmissionError(f"{tool} is not on PATH here; run this on a Slurm login node")
         try:
-            proc = subprocess.run([scontrol, *args], capture_output=True, text=True,
+            proc = subprocess.run([path, *args], capture_output=True, text=True,
                                   timeout=self.submit_timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            raise SubmissionError(f"scontrol {' '.join(args)} did not answer within "
+            raise SubmissionError(f"{tool} {' '.join(args)} did not answer within "
                                   f"{self.submit_timeout:g} s; is the controller up (`scontrol ping`)?") from None
         if proc.returncode:
-            raise SubmissionError(f"scontrol {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
+            raise SubmissionError(f"{tool} {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()}")
         return proc.stdout
+
+    def signal_steps(self, job_id: str, signal: str = "KILL") -> list[str]:
+        """Send ``signal`` to the tasks of the running job's steps (``scancel --signal=SIG
+        JOB.STEP``; the batch shell is spared, so the job script sees its step fail); the steps
+        signalled (none: the job runs no step now)."""
+        listed = self.client("squeue", "--steps", "--jobs", job_id, "--noheader", "--format=%i").split()
+        steps = [s for s in listed if s.partition(".")[2].isdigit()]
+        for step in steps:
+            self.client("scancel", f"--signal={signal}", step)
+        return steps
 
     def _scontrol_job(self, job_id: str) -> dict[str, str] | None:
         try:

@@ -49,7 +49,7 @@ from trainguard.queue.base import Submission, SubmissionError
 from trainguard.queue.slurm import SlurmBackend, key_values
 from trainguard.report import CheckResult, CheckStatus
 
-__all__ = ["SLURM_FAULTS", "SlurmAttempt", "SlurmDrill", "check_metric_regex", "read_attempts", "run_slurm_drill"]
+__all__ = ["SLURM_FAULTS", "JobLog", "SlurmAttempt", "SlurmDrill", "check_metric_regex", "read_attempts", "run_slurm_drill"]
 
 #: the faults a drill can inject into a Slurm job
 SLURM_FAULTS = ("requeue", "node_down")
@@ -107,9 +107,11 @@ class SlurmAttempt:
     restart: int
     host: str
     points: list[MetricPoint] = field(default_factory=list)
+    #: when the script started it, by the node's clock (``date +%s.%N``, seconds since the epoch)
+    started_at: float | None = None
 
 
-class _LogTail:
+class JobLog:
     """Reads the job's log as it grows, one line at a time through the reader layer (a regular
     file only, never more than a line in memory), and splits it into attempts."""
 
@@ -128,7 +130,8 @@ class _LogTail:
             line = raw.decode("utf-8", "replace")
             marker = _ATTEMPT.match(line)
             if marker:
-                self.attempts.append(SlurmAttempt(int(marker["restart"]), marker["host"]))
+                self.attempts.append(SlurmAttempt(int(marker["restart"]), marker["host"],
+                                                  started_at=float(marker["at"])))
                 self.parser = MetricParser({self.metric: self.regex})
             elif self.attempts:
                 self.attempts[-1].points += self.parser.parse(line, rank=0, t=now)
@@ -142,7 +145,7 @@ class _LogTail:
 def read_attempts(log: str | Path, metric_regex: str, metric: str = "loss") -> list[SlurmAttempt]:
     """The attempts in a job's log as it is now (points' ``t``: when it was read), read within
     the read limits (``read_timeout``: :class:`~trainguard._internal.readers.OverLimit`)."""
-    tail = _LogTail(Path(log), metric, check_metric_regex(metric_regex))
+    tail = JobLog(Path(log), metric, check_metric_regex(metric_regex))
     seconds = active_limits().seconds
     if not tail.read(time.monotonic() + seconds):
         raise OverLimit(f"reading {shown_name(Path(log).name)} took more than {seconds:g} s, over "
@@ -169,7 +172,7 @@ def run_slurm_drill(
     """Run ``drill`` against the submitted job ``job_id`` whose log is ``log`` and judge it
     against ``reference`` (the uninterrupted run's ``{step: value}``)."""
     started = time.monotonic()
-    tail = _LogTail(Path(log), drill.metric, drill.metric_regex)
+    tail = JobLog(Path(log), drill.metric, drill.metric_regex)
     evidence = SlurmDrillEvidence(drill.fault, drill.after_step, drill.steps, job_id, str(log))
 
     def result(status: CheckStatus, summary: str, found: Evidence | None = None) -> CheckResult:
@@ -192,7 +195,7 @@ class _DrillOfJob:
     backend: SlurmBackend
     job_id: str
     drill: SlurmDrill
-    tail: _LogTail
+    tail: JobLog
     reference: Mapping[int, float]
     deadline: float  # a time.monotonic(): every read of the log stops there
     evidence: SlurmDrillEvidence  # gathered as the drill goes
@@ -258,7 +261,7 @@ def _first_node(backend: SlurmBackend, nodelist: str) -> str:
     return backend.scontrol("show", "hostnames", nodelist).split()[0]
 
 
-def _follow(backend: SlurmBackend, job_id: str, tail: _LogTail, deadline: float) -> Submission:
+def _follow(backend: SlurmBackend, job_id: str, tail: JobLog, deadline: float) -> Submission:
     state = backend.status(job_id)
     while not state.terminal and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -5,7 +5,7 @@ interpreter need not have trainguard installed) when ``TRAINGUARD_FAULT_HOOK`` h
 Nothing here imports torch eagerly; torch is touched only when the fault fires or when the job
 imports it itself.
 
-Spec keys: ``fault`` (oom | disk_full | nan | sdc), ``mode``, ``rank`` (int, or null for every rank),
+Spec keys: ``fault`` (oom | disk_full | nan | sdc | crash_loop: mode raise only), ``mode``, ``rank`` (int, or null for every rank),
 ``trigger`` (a file the drill creates once the target rank printed step ``step``; for oom its
 content is the target's pid, so a restarted attempt never fires), ``events`` (a JSONL file this
 agent appends to), ``step``, and per mode: ``dir`` (disk_full), ``chunk_mb``, ``max_mb``,
@@ -65,7 +65,7 @@ def install(raw_spec: str) -> Agent | None:
     target = spec.get("rank")
     if target is not None and os.environ.get("RANK", "0") != str(target):
         return None
-    if spec.get("fault") in ("oom", "nan", "sdc"):
+    if spec.get("fault") in ("oom", "nan", "sdc", "crash_loop"):
         owner = os.environ.get(ENV_PID)
         if owner and owner != str(os.getpid()):
             return None  # a child of the armed process (DataLoader worker, spawn child): inert
@@ -112,7 +112,7 @@ class Agent:
                        step=self.numerics.step, argv=sys.argv[:3])
             self._when_torch_imported()
             return
-        if self.fault == "oom" and self.mode == "raise":
+        if self.mode == "raise":  # oom's raise, crash_loop's raise
             # a Python signal handler always runs in the main thread, between bytecodes, and a
             # blocking call (sleep, a wait on a socket) is interrupted for it; an async exception
             # (PyThreadState_SetAsyncExc) would wait for the blocking call to return
@@ -138,15 +138,16 @@ class Agent:
                 os.close(fd)
 
     def triggered(self) -> bool:
-        """Whether the trigger is there for this process (oom: it names this pid)."""
-        if self.fault != "oom":
+        """Whether the trigger is there for this process (oom: it names this pid; crash_loop: it
+        must name it, the drill writes each attempt's pid)."""
+        if self.fault not in ("oom", "crash_loop"):
             return os.path.exists(self.trigger)
         try:
             with self._real.get("open", builtins.open)(self.trigger) as f:
                 content = f.read().strip()
         except OSError:
             return False
-        return content in ("", str(os.getpid()))
+        return content == str(os.getpid()) or (content == "" and self.fault == "oom")
 
     def _poll(self) -> None:
         while True:
@@ -189,6 +190,10 @@ class Agent:
         if not self._raise_pending:
             return
         self._raise_pending = False
+        if self.fault == "crash_loop":
+            self.event("raised", error="RuntimeError")
+            raise RuntimeError(f"trainguard crash_loop drill: error raised at step {self.step} "
+                               f"(how: raise) on rank {os.environ.get('RANK', '0')}")
         error = _torch_oom_class()
         self.event("raised", error=error.__name__)
         raise error(
