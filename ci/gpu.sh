@@ -68,11 +68,11 @@ cd "$tree" || exit 2
 timing=tests/gpu/test_step_records_gpu.py::test_the_agents_overhead_on_a_cuda_step_of_tens_of_milliseconds
 if [[ -n "${TRAINGUARD_GPU_TESTS:-}" ]]; then  # only these files; the timing alone after them
     read -ra files <<<"$TRAINGUARD_GPU_TESTS"
-    phase selected "$(( $(left) - 60 ))" "${files[@]}" --deselect "$timing" -n 4 --dist load
+    phase selected "$(( $(left) - 60 ))" "${files[@]}" --deselect "$timing" -n 4 --dist loadgroup
     [[ " ${files[*]} " == *" tests/gpu/test_step_records_gpu.py "* ]] && phase alone "$(left)" "$timing"
 else
     phase shared "$(( $(left) - 130 ))" tests/gpu --ignore tests/gpu/test_whole_device.py --deselect "$timing" \
-        -n 4 --dist load
+        -n 4 --dist loadgroup
     phase whole-device "$(left)" tests/gpu/test_whole_device.py "$timing"
 fi
 cd - >/dev/null || exit 2

@@ -24,6 +24,7 @@ from tests.helpers import report_evidence
 from trainguard.config import load_config
 from trainguard.config.settings import Settings
 from trainguard.launch.steps import read_steps
+from trainguard.report import CheckResult
 from trainguard.run.request import RunRequest
 from trainguard.run.runner import JobRunner
 
@@ -33,34 +34,29 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(240)]
 RESUME = "  resume: {steps: 16, after_step: 12, args: \"%s\"}\n"
 
 
-def _divergence(result_evidence: dict) -> dict:
-    found = result_evidence.get("first_divergence") or {}
-    assert found.get("step") is not None, result_evidence.get("first_divergence")
+def _located(resume: CheckResult, key: str, name: str) -> None:
+    """The resume failed with ``key`` named first from what the ranks recorded, and the step
+    records first differ at the first resumed step, the quantity ``name`` of kind ``key`` the first to differ."""
+    first = first_cause(resume)
+    evidence = report_evidence(resume)
+    assert first["key"] == key and first.get("observed") is True, evidence["diagnosis"]
+    found = evidence.get("first_divergence") or {}
     print("first_divergence:", json.dumps({k: v for k, v in found.items() if k != "steps"}))
-    return found
+    assert found.get("step") == evidence["resumed_from_step"] + 1, found
+    # the first quantity that differs there (parameters, restored, agree): the generator or the scale
+    assert found.get("kind") == key and found.get("name") == name, found
 
 
 def test_the_missing_cuda_rng_state_is_located_in_the_step_records(tmp_path: Path) -> None:
+    """The first resumed step's dropout draws from the CUDA generator the resume never set back."""
     resume = results(make_job(tmp_path, RESUME % "--defect no-cuda-rng"), tmp_path, ["resume"])["resume"]
-    first = first_cause(resume)
-    evidence = report_evidence(resume)
-    assert first["key"] == "rng" and first.get("observed") is True, evidence["diagnosis"]
-    found = _divergence(evidence)
-    # the first resumed step's dropout draws from the CUDA generator the resume never set back
-    assert found["step"] == evidence["resumed_from_step"] + 1, found
-    assert "cuda" in json.dumps(found).lower(), found
+    _located(resume, "rng", "CUDA")
 
 
 def test_the_scaler_not_restored_is_located_in_the_step_records(tmp_path: Path) -> None:
-    # fp16 autocast, a GradScaler growing every 4 clean steps: it overflows and skips from about step 20
+    """fp16 autocast, a GradScaler growing every 4 clean steps: it overflows and skips from about step 20."""
     root = make_job(tmp_path, "  resume: {steps: 30, after_step: 22, args: \"--precision fp16 --defect scaler-not-restored\"}\n")
-    resume = results(root, tmp_path, ["resume"])["resume"]
-    first = first_cause(resume)
-    evidence = report_evidence(resume)
-    assert first["key"] == "scaler" and first.get("observed") is True, evidence["diagnosis"]
-    found = _divergence(evidence)
-    assert found["step"] == evidence["resumed_from_step"] + 1, found
-    assert "scale" in json.dumps(found).lower(), found
+    _located(results(root, tmp_path, ["resume"])["resume"], "scaler", "scale")
 
 
 #: a CUDA step of tens of milliseconds: 3 linear layers, the middle one 4096 x 4096, on 8192 samples
