@@ -272,19 +272,29 @@ NANOGPT_SETTINGS = ("--dataset=tiny --n_layer=2 --n_head=2 --n_embd=32 --block_s
 NANOGPT_CHECKS = "checks:\n  resume: {steps: 30, after_step: 12}\n"
 
 
-def nanogpt_job(tmp: Path, mirror: Path = NANOGPT_MIRROR) -> Path:
+NANOGPT_FILES = ("train.py", "model.py", "configurator.py")
+
+
+def nanogpt_job(tmp: Path, mirror: Path = NANOGPT_MIRROR, *, settings: str = NANOGPT_SETTINGS,
+                checks: str = NANOGPT_CHECKS) -> Path:
     """karpathy/nanoGPT's train.py, model.py and configurator.py as cloned, random uint16 tokens
     as its data (data/tiny: train.bin, val.bin, meta.pkl with the vocabulary size) and the job
-    file `trainguard init train.py --yes` writes, with the tiny settings and a resume check."""
+    file `trainguard init train.py --yes` writes, with ``settings`` (the tiny ones) added to its
+    command and ``checks`` (a resume check) as its checks. ``mirror``: the clone's git directory,
+    or a folder holding the three files as they are (a GPU machine gets no mirror: docs/gpu.md)."""
     import pickle
 
     import numpy as np
 
     root = tmp / "nanogpt"
     root.mkdir(parents=True)
-    archive = subprocess.run(["git", "--git-dir", str(mirror), "archive", "HEAD", "train.py", "model.py",
-                              "configurator.py"], check=True, capture_output=True, timeout=60).stdout
-    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True, timeout=60)
+    if all((mirror / name).is_file() for name in NANOGPT_FILES):
+        for name in NANOGPT_FILES:
+            shutil.copy(mirror / name, root / name)
+    else:
+        archive = subprocess.run(["git", "--git-dir", str(mirror), "archive", "HEAD", *NANOGPT_FILES],
+                                 check=True, capture_output=True, timeout=60).stdout
+        subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True, timeout=60)
     data = root / "data" / "tiny"
     data.mkdir(parents=True)
     tokens = np.random.default_rng(0)
@@ -298,8 +308,8 @@ def nanogpt_job(tmp: Path, mirror: Path = NANOGPT_MIRROR) -> Path:
     text = path.read_text()
     command = "--eval_interval=5 --log_interval=1"
     assert text.count(command) == 1, f"trainguard init no longer writes {command!r} in {path}"
-    text = text.replace(command, f"{command} {NANOGPT_SETTINGS}")
-    path.write_text(text.split("checks:\n")[0] + NANOGPT_CHECKS)
+    text = text.replace(command, f"{command} {settings}")
+    path.write_text(text.split("checks:\n")[0] + checks)
     return path
 
 

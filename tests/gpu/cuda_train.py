@@ -6,7 +6,8 @@ from the CUDA generator, so a resume is exact only if the checkpoint brings back
 state. ``--precision fp16`` trains under fp16 autocast with a ``GradScaler`` whose scale grows
 every 4 clean steps, so it soon overflows and skips steps: a resume is exact only if the
 scaler's state comes back too. Launched with WORLD_SIZE > 1 (or ``--dist``) it joins an NCCL
-process group and trains under DDP, each rank on its slice of the global batch.
+process group and trains under DDP, each rank on its slice of the global batch (``--backend gloo``:
+two ranks may share one GPU). ``--param-dtype bf16`` keeps the parameters themselves in bf16.
 
 Every ``--ckpt-every`` steps and at the end, rank 0 writes ``step_NNNNNN.pt`` (temp file,
 fsync, rename; the two newest are kept). ``--resume`` loads the newest. ``--defect`` plants one
@@ -50,7 +51,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--ckpt-dir", default=None)
     p.add_argument("--ckpt-every", type=int, default=5)
     p.add_argument("--resume", action="store_true")
-    p.add_argument("--dist", action="store_true", help="join an NCCL process group even at world size 1")
+    p.add_argument("--dist", action="store_true", help="join a process group even at world size 1")
+    p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl",
+                   help="gloo: ranks may share one GPU (NCCL refuses two ranks on one device)")
+    p.add_argument("--param-dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="the parameters' own dtype (a bit flip in a half-precision weight)")
     p.add_argument("--mem-per-sample-mb", type=float, default=0.0)
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--defect", choices=("none", "no-cuda-rng", "scaler-not-restored"), default="none")
@@ -105,11 +110,12 @@ def main() -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local_rank)
+    # ranks beyond the devices share them (gloo allows two ranks on one GPU; NCCL does not)
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
     distributed = world > 1 or args.dist
     if distributed:
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group(args.backend, **({"device_id": device} if args.backend == "nccl" else {}))
     torch.manual_seed(args.seed)
     torch.cuda.manual_seed(args.seed + rank)
 
@@ -120,9 +126,9 @@ def main() -> None:
         first, nn.ReLU(), nn.Dropout(args.dropout),
         nn.Linear(args.hidden, args.hidden), nn.ReLU(), nn.Dropout(args.dropout),
         nn.Linear(args.hidden, CLASSES),
-    ).to(device)
+    ).to(device, dtype={"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.param_dtype])
     if distributed:
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     fp16 = args.precision == "fp16"
     scaler = torch.amp.GradScaler("cuda", init_scale=2.0**16, growth_interval=4) if fp16 else None
@@ -145,6 +151,7 @@ def main() -> None:
     local = args.batch_size // world
     for step in range(start + 1, args.steps + 1):
         x, y = batch(args.seed, step, args.batch_size, device)
+        x = x.to(next(model.parameters()).dtype)
         x, y = x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local]
         ballast = (torch.ones(int(args.mem_per_sample_mb * 2**20 * x.shape[0]), dtype=torch.uint8, device=device)
                    if args.mem_per_sample_mb > 0 else None)
@@ -174,7 +181,7 @@ def main() -> None:
             save(ckpt_dir, step, state)
         if rank == 0:
             scale = f" scale {scaler.get_scale():.0f}" if scaler is not None else ""
-            print(f"step {step} loss {global_loss.item():.{args.loss_digits}f}{scale}", flush=True)
+            print(f"step {step} loss {global_loss.float().item():.{args.loss_digits}f}{scale}", flush=True)
         if args.sleep:
             time.sleep(args.sleep)
     if distributed:
