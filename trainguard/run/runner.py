@@ -465,8 +465,7 @@ class JobRunner:
             ended = time.monotonic()
             attempts.append(result)
             again = result.outcome in options.restart_on or (options.restart_if is not None and options.restart_if(result))
-            # the wait before the next attempt (None: no more; the policy may give up without progress)
-            wait = backoff.after(attempt, result.last_step) if again and attempt < limit else None
+            wait = backoff.after(attempt, result.last_step) if again and attempt < limit else None  # None: no more
             last = wait is None
             self._track_attempt(tracked, result, attempt, final=last)
             if last:
