@@ -64,7 +64,7 @@ def test_pytest_markers_lists_every_marker_with_its_signature(pytester: pytest.P
         result.stdout.fnmatch_lines([f"@pytest.mark.{signature}: *"])
     result.stdout.fnmatch_lines(
         [
-            "@pytest.mark.fault(kind, **params): a fault-injection drill: kind is a fault kind of docs/drills.md (kill_rank, hang, oom, disk_full, network*soak)*"
+            "@pytest.mark.fault(kind, **params): a fault-injection drill: kind is a fault kind of docs/drills.md (kill_rank, hang, oom, disk_full, network*soak*crash_loop)*"
         ]
     )
 

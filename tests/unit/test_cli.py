@@ -318,7 +318,7 @@ def test_init_writes_a_job_file_that_loads_and_runs(project: Path) -> None:
         "{seed}",
     ]
     assert job_file.job.resume_args == ["--resume"]
-    assert [name for name, _ in job_file.enabled_checks()] == ["smoke", "determinism", "resume"]
+    assert [name for name, _ in job_file.enabled_checks()] == ["smoke", "canary", "determinism", "resume"]
     source = test_path.read_text()
     compile(source, str(test_path), "exec")
     assert "@pytest.mark.smoke" in source and "@pytest.mark.determinism" in source
