@@ -72,6 +72,8 @@ class SaveStart:
     shift: Counter[tuple[int, str, str]] = field(default_factory=Counter)
     #: crash runs that started from the copy and were used
     used: int = 0
+    #: boundaries restarted on the state the recording left, with no crash run (crash_restore)
+    from_states: int = 0
 
     def shifted(self, boundary: Boundary) -> Boundary | None:
         """``boundary`` as a run from the copy names it (None: the copy holds it already)."""
@@ -82,7 +84,9 @@ class SaveStart:
         self.keep, self.why = None, f"step 1 from the crash run that {why} on (the ones before it started at the save)"
 
     def words(self) -> str:
-        return self.why if self.keep is None else f"{self.why}; {self.used} crash runs started there"
+        said = self.why if self.keep is None else f"{self.why}; {self.used} crash runs started there"
+        return said + (f"; {self.from_states} boundaries restarted on the state the recording run left right "
+                       "after them (no crash run)" if self.from_states else "")
 
 
 def save_start(copy: CopyAtStep | None, events: list[JournalEvent], first: Boundary, checkpoint_before: bool,
