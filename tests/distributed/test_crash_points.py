@@ -83,13 +83,14 @@ def test_a_writer_that_renames_a_synced_temp_file_is_safe_at_every_boundary(tmp_
     # 3 restarts, each on the state the recording run left right after its boundary (no crash
     # run): the create, the last write (the two writes between them take their outcome:
     # bisection) and the rename; the fsync leaves what the last write left, the directory's fsync
-    # what the rename left (kill mode): inferred
-    assert (ev["runs"], ev["inferred"]) == (2 + 3, 4), ev["outcomes"]
+    # what the rename left (kill mode): inferred. The restart that finds what a resume reads ran
+    # on the state the save left: it is the rename's, so the recording and 3 restarts in all
+    assert (ev["runs"], ev["inferred"]) == (1 + 3, 4), ev["outcomes"]
     inferred = {o["op"]: o["inferred_from"] for o in ev["outcomes"] if "inferred_from" in o}
     last_write = 3 * (resumed[0] // 5 + 1)  # the save at step 10 makes writes 4-6, at 15 writes 7-9
     assert inferred["fsync"] == f"the same state as the crash rank 0: after write #{last_write} of /ckpt.json.tmp"
     assert inferred["fsyncdir"].startswith("the same state as the crash rank 0: after rename")
-    assert "explored in 5 runs, 4 boundaries inferred (no run of their own)" in result.summary
+    assert "explored in 4 runs, 4 boundaries inferred (no run of their own)" in result.summary
     assert ev["start"].endswith("; 0 crash runs started there; 3 boundaries restarted on the state the "
                                 "recording run left right after them (no crash run)"), ev["start"]
     # the table for people: a row per boundary, under the verdict
@@ -158,8 +159,9 @@ def test_inferred_outcomes_are_the_ones_every_boundary_run_finds(tmp_path: Path,
     old, new = report_evidence(every), report_evidence(inferred)
     assert inferred.status == every.status, (inferred.summary, every.summary)
     assert (new["first_unsafe"] or {}).get("boundary") == (old["first_unsafe"] or {}).get("boundary")
-    assert [(o["boundary"], o["outcome"], o["resumed_from_step"]) for o in new["outcomes"]] == [
-        (o["boundary"], o["outcome"], o["resumed_from_step"]) for o in old["outcomes"]]
+    # sorted: two ranks' operations interleave differently from one recording to the next
+    assert sorted((o["boundary"], o["outcome"], o["resumed_from_step"]) for o in new["outcomes"]) == sorted(
+        (o["boundary"], o["outcome"], o["resumed_from_step"]) for o in old["outcomes"])
     # fewer runs: boundaries inferred, and each one run restarted on its recorded state (the
     # in-place writer leaves a new state at every boundary: nothing inferred)
     assert old["inferred"] == 0 and new["runs"] < old["runs"], (new["runs"], old["runs"])

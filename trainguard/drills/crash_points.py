@@ -45,7 +45,7 @@ import copy
 import dataclasses
 import shutil
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -73,6 +73,7 @@ from trainguard.drills.crash_saves import feeds_restart, save_files, shape, unli
 from trainguard.drills.crash_start import (
     CopyAtStep,
     SaveStart,
+    StepWatch,
     save_start,
     unlike_a_run_from_step_1,
 )
@@ -80,7 +81,7 @@ from trainguard.drills.evidence import ReferenceNotUsable
 from trainguard.evidence import NoEvidence
 from trainguard.faults.fusefs import FuseLayer, JournalEvent, fuse_unavailable, journal
 from trainguard.faults.fusemount import FuseMount
-from trainguard.launch import Launcher, MetricPoint, RunResult
+from trainguard.launch import MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories, first_step
 from trainguard.launch.rundir import new_run_dir
 from trainguard.report import CheckResult, SkipReason
@@ -210,29 +211,6 @@ def _write_table(evidence: CrashPointsEvidence, work: Path, verdict: str) -> Non
         evidence.table = str(atomic_write_text(work / "table.md", "\n".join(rows) + "\n"))
 
 
-class _Watch:
-    """The metric callback of a recording or crash run. The rule is armed before the job starts
-    (so a boundary's ordinal counts from the start, whatever the lag of the job's output); once
-    the ranks are known the crash rule is rewritten with their process groups to kill. It keeps
-    the arrival time of every step line."""
-
-    def __init__(self, layer: FuseLayer, metric: str, rule: str, spec: CrashRule, *hooks: Callable[[int], None]) -> None:
-        self.layer, self.metric, self.rule, self.spec, self.hooks = layer, metric, rule, spec, hooks
-        self.arrivals: list[tuple[int, float]] = []
-        self._told = False
-        layer.arm({rule: spec})
-
-    def __call__(self, point: MetricPoint, launcher: Launcher) -> None:
-        if point.name != self.metric:
-            return
-        self.arrivals.append((point.step, time.time()))
-        for hook in self.hooks:  # the recording's: the copy before the save, the state copies
-            hook(point.step)
-        if not self._told and self.rule == "crash":
-            self._told = True
-            self.layer.arm({self.rule: {**self.spec, "kill": [r.pid for r in launcher.ranks]}})
-
-
 #: operations this close follow each other at once: one save, whatever line was read between them
 _SAME_SAVE_S = 0.02
 
@@ -258,6 +236,9 @@ class SaveFound:
     start: SaveStart = field(default_factory=lambda: SaveStart(None, "step 1"))
     #: the state the recording left right after a boundary (:mod:`~trainguard.drills.crash_restore`)
     restored: dict[Boundary, Path] = field(default_factory=dict)
+    #: the restart of the recording run, launched on a boundary's copy: the restart of the
+    #: boundaries whose crash leaves that state
+    reused: dict[Hashable, RunResult] = field(default_factory=dict)
     #: the recording run, its checkpoint directory as it ended: the uninterrupted run when the
     #: session kept none
     recorded: RunResult | None = None
@@ -373,7 +354,7 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
     copy = (CopyAtStep(layer.backing, layer.trigger.parent / "before-save", spec.after_step)
             if spec.from_save and spec.mode == "kill" else None)
     states = RecordStates(layer, layer.trigger.parent / "states", spec.after_step, spec.state_copies_mib * (spec.mode == "kill"))
-    watch = _Watch(layer, metric, "record", {"run": "record"}, *([copy] if copy else []), states)
+    watch = StepWatch(layer, metric, "record", {"run": "record"}, *([copy] if copy else []), states)
     recorded = pool.run(request, label="crash-points-record", checkpoint_dir=layer.point, on_metric=watch)
     evidence.runs += 1
     layer.disarm()
@@ -382,6 +363,13 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
     if not recorded.ok:
         return f"the recording run did not complete: {recorded.reason}"
     final = keep_final(layer.backing, layer.trigger.parent / "final") if as_reference else None
+    # restarted on the state the first save after after_step left, where it was copied: its
+    # restart is that boundary's too (crash_restore)
+    first_save = _save_ops([e for e in events if e.path not in _opened(events, "append")], watch.arrivals,
+                           spec.after_step, spec.gap_s).boundaries
+    candidate = states_of(events, first_save[-1:], states.folder)
+    if candidate:
+        restore(next(iter(candidate.values())), layer.backing)
     layer.arm({"record": {"run": "restart"}})
     restarted = pool.run(request, label="crash-points-restart-record", resume=True, checkpoint_dir=layer.point)
     evidence.runs += 1
@@ -406,6 +394,9 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
     save.files = save_files(((b.op, b.path, b.to) for b in save.boundaries), appended)
     save.states = crash_states(events, save.boundaries, spec.mode, appended)
     save.restored = states_of(events, save.boundaries, states.folder)
+    at = {b: state for b, state in zip(save.boundaries, save.states, strict=True)}
+    # one rank's save only: another rank's copy may hold an operation under way or not
+    save.reused = {at[b]: restarted for b in candidate if at.get(b) is not None and not any(x.rank for x in at)}
     save.recorded = None if final is None else dataclasses.replace(recorded, checkpoint_dir=final)
     save.start = (save_start(copy, events, first, save.checkpoint_before, spec.mode) if spec.from_save
                   else SaveStart(None, "step 1 (from_save: false)"))
@@ -577,9 +568,13 @@ def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, *,
     restore(copied or (start.keep if at is not None else None), layer.backing)
     if copied is not None:  # the state the recording left right after the boundary: a restart on it
         runs.save.start.from_states += 1
+        state = runs.save.states[runs.save.boundaries.index(boundary)] if runs.save.states else None
+        reused = runs.save.reused.pop(state, None) if state is not None else None
+        resumed = reused or pool.run(request, label="crash-points-resume", resume=True, checkpoint_dir=layer.point)
+        if reused is not None:  # launched on this copy earlier: what it left is compared as it was
+            restore(copied, layer.backing)
         return _judge_restart(BoundaryOutcome(words, boundary.op, boundary.path, boundary.rank, boundary.ordinal,
-                                              None, "torn", ""), runs, pool.run(
-            request, label="crash-points-resume", resume=True, checkpoint_dir=layer.point), control), 1
+                                              None, "torn", ""), runs, resumed, control), int(reused is None)
     with contextlib.suppress(FileNotFoundError):
         layer.events.unlink()
     # a run of its own to the daemon (its counts start again): the same crash made again from
@@ -589,7 +584,7 @@ def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, *,
         rule["before"] = True
     elif spec.mode == "power":
         rule["mode"], rule["snapshots"] = "power", str(layer.trigger.parent / "power-copies" / str(number))
-    watch = _Watch(layer, metric, "crash", rule)
+    watch = StepWatch(layer, metric, "crash", rule)
     crashed_run = pool.run(request, label="crash-points-control" if control else "crash-points-crash",
                            resume=at is not None, checkpoint_dir=layer.point, on_metric=watch)
     crashed = [e for e in journal(layer.read_events()) if e.event == "crashed"]
