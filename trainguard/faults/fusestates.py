@@ -9,7 +9,8 @@ that operation leaves (everything the kernel accepted stays). A file that did no
 the copy before (its size, modification time and inode alike, and not the file of the
 operation) is a hard link to that copy's file, so each copy costs the bytes that changed. Once
 the copies hold ``states_max`` bytes no more are made (the op events then carry no ``state``):
-those boundaries are crashed in runs of their own, as before.
+those boundaries are crashed in runs of their own, as before. A copy during which another rank
+renamed or deleted a file is dropped (that operation's boundary is crashed in a run of its own).
 
 This module runs in the daemon only and imports nothing of trainguard's.
 """
@@ -61,6 +62,9 @@ class StateCopies:
                     self._one(os.path.normpath(os.path.join(rel_root, name)), into, previous, touched, now)
                     if self.bytes > self.limit:
                         raise OverflowError
+        except FileNotFoundError:  # another rank renamed or deleted a file meanwhile: no copy this time
+            shutil.rmtree(into, ignore_errors=True)
+            return None
         except (OSError, OverflowError, shutil.Error):
             shutil.rmtree(into, ignore_errors=True)
             self.full = True
