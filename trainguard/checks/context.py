@@ -104,6 +104,12 @@ class CheckContext(Generic[S]):
         """The uninterrupted run of a declared reference run, launched once and shared."""
         return self.pool.scheduling.reference(self.declared(which).request)
 
+    def kept_reference(self, which: Which | None = None) -> RunResult | None:
+        """The uninterrupted run of a declared reference run when one is kept already (launched
+        by an earlier check), else None: a check that makes an uninterrupted run of its own
+        anyway may compare with that one instead of launching this."""
+        return self.pool.scheduling.kept_reference(self.declared(which).request)
+
     def recorded(self, run: RunResult) -> RunResult:
         """``run`` with the run agent's step records, for the diagnosis of a failed comparison:
         a shared reference launched without them (the profile's timed run) is launched again

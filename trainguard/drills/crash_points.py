@@ -68,10 +68,12 @@ from trainguard.drills.crash_records import (
     CrashRow,
     CrashRule,
 )
+from trainguard.drills.crash_restore import RecordStates, keep_final, restore, states_of
 from trainguard.drills.crash_saves import feeds_restart, save_files, shape, unlike_reference
 from trainguard.drills.crash_start import (
     CopyAtStep,
     SaveStart,
+    StepWatch,
     save_start,
     unlike_a_run_from_step_1,
 )
@@ -79,7 +81,7 @@ from trainguard.drills.evidence import ReferenceNotUsable
 from trainguard.evidence import NoEvidence
 from trainguard.faults.fusefs import FuseLayer, JournalEvent, fuse_unavailable, journal
 from trainguard.faults.fusemount import FuseMount
-from trainguard.launch import Launcher, MetricPoint, RunResult
+from trainguard.launch import MetricPoint, RunResult
 from trainguard.launch.metrics import aligned_trajectories, first_step
 from trainguard.launch.rundir import new_run_dir
 from trainguard.report import CheckResult, SkipReason
@@ -111,6 +113,9 @@ class CrashPointsCheck(CheckSpec):
     #: kill mode: each crash run resumes from a copy of the checkpoint before the save, kept by
     #: the recording run, instead of training from step 1 (false: from step 1)
     from_save: bool = True
+    #: kill mode: the recording run copies the directory after each operation of the save, up to
+    #: this many MiB, and each boundary copied needs a restart only, no crash run (0: none)
+    state_copies_mib: int = Field(256, ge=0)
     rtol: float = Field(0.0, ge=0)
     atol: float = Field(0.0, ge=0)
 
@@ -206,38 +211,6 @@ def _write_table(evidence: CrashPointsEvidence, work: Path, verdict: str) -> Non
         evidence.table = str(atomic_write_text(work / "table.md", "\n".join(rows) + "\n"))
 
 
-def _clear(folder: Path) -> None:
-    for entry in list(folder.iterdir()) if folder.is_dir() else []:
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                entry.unlink()
-
-
-class _Watch:
-    """The metric callback of a recording or crash run. The rule is armed before the job starts
-    (so a boundary's ordinal counts from the start, whatever the lag of the job's output); once
-    the ranks are known the crash rule is rewritten with their process groups to kill. It keeps
-    the arrival time of every step line."""
-
-    def __init__(self, layer: FuseLayer, metric: str, rule: str, spec: CrashRule, copy: CopyAtStep | None = None) -> None:
-        self.layer, self.metric, self.rule, self.spec, self.copy = layer, metric, rule, spec, copy
-        self.arrivals: list[tuple[int, float]] = []
-        self._told = False
-        layer.arm({rule: spec})
-
-    def __call__(self, point: MetricPoint, launcher: Launcher) -> None:
-        if point.name != self.metric:
-            return
-        self.arrivals.append((point.step, time.time()))
-        if self.copy is not None:
-            self.copy(point.step)
-        if not self._told and self.rule == "crash":
-            self._told = True
-            self.layer.arm({self.rule: {**self.spec, "kill": [r.pid for r in launcher.ranks]}})
-
-
 #: operations this close follow each other at once: one save, whatever line was read between them
 _SAME_SAVE_S = 0.02
 
@@ -261,6 +234,14 @@ class SaveFound:
     states: list[Hashable | None] = field(default_factory=list)
     #: where each crash run starts (:mod:`~trainguard.drills.crash_start`)
     start: SaveStart = field(default_factory=lambda: SaveStart(None, "step 1"))
+    #: the state the recording left right after a boundary (:mod:`~trainguard.drills.crash_restore`)
+    restored: dict[Boundary, Path] = field(default_factory=dict)
+    #: the restart of the recording run, launched on a boundary's copy: the restart of the
+    #: boundaries whose crash leaves that state
+    reused: dict[Hashable, RunResult] = field(default_factory=dict)
+    #: the recording run, its checkpoint directory as it ended: the uninterrupted run when the
+    #: session kept none
+    recorded: RunResult | None = None
 
 
 def _bursts(ops: list[JournalEvent], arrivals: list[tuple[int, float]], gap_s: float) -> list[list[JournalEvent]]:
@@ -271,7 +252,7 @@ def _bursts(ops: list[JournalEvent], arrivals: list[tuple[int, float]], gap_s: f
     for e in ops:
         start = e.start
         if bursts:
-            end = bursts[-1][-1].t
+            end = bursts[-1][-1].t  # written after the daemon's copy, if any
             gap = start - end
             # a step line read between two operations of one rank parts saves closer than gap_s,
             # unless they follow each other at once (a line read late, in the middle of a save);
@@ -337,12 +318,12 @@ def run_crash_points(ctx: CheckContext[CrashPointsCheck]) -> CheckResult:
         return CheckResult(_NAME, "skipped", f"{why}: crash_points records and crashes the job's saves in a "
                            "FUSE layer over its checkpoint directory (root, /dev/fuse, libfuse3, mfusepy)",
                            NoEvidence(), time.monotonic() - started, skip_reason=SkipReason.NEEDS_ROOT)
-    spec, metric, job_file = ctx.spec, ctx.metric, ctx.job_file
-    reference = ctx.reference()
-    if not reference.ok:
+    spec, job_file = ctx.spec, ctx.job_file
+    # the uninterrupted run: the session's, when one is kept; else the recording run (crash_reference)
+    reference = ctx.kept_reference()
+    if reference is not None and not reference.ok:
         return CheckResult(_NAME, "error", f"the uninterrupted run did not complete: {reference.reason}",
                            ReferenceNotUsable(str(reference.run_dir)), time.monotonic() - started)
-    base = first_step(reference.points, metric)
     work = new_run_dir(job_file.state_dir, job_file.job.name, "crash-points", keep=ctx.settings.keep_runs)
     evidence = CrashPointsEvidence(mode=spec.mode, after_step=spec.after_step, work_dir=str(work))
     fuse = FuseMount()
@@ -353,7 +334,7 @@ def run_crash_points(ctx: CheckContext[CrashPointsCheck]) -> CheckResult:
     layer = fuse.layer
     assert layer is not None  # mounted
     try:
-        result = _explore(ctx, reference, base, layer, evidence, started)
+        result = _explore(ctx, reference, layer, evidence, started)
         if evidence.outcomes:
             _write_table(evidence, work, f"{result.status.upper()}: {result.summary}")
         # the report's record as it stands now (the unmount's row below is the work dir's alone)
@@ -367,12 +348,13 @@ def _opened(events: list[JournalEvent], mode: str) -> set[str]:
 
 
 def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, layer: FuseLayer,
-            evidence: CrashPointsEvidence) -> SaveFound | str:
+            evidence: CrashPointsEvidence, as_reference: bool) -> SaveFound | str:
     """The recording run, then its restart (the files it opens are the checkpoint): the save
     explored, or why there is none."""
     copy = (CopyAtStep(layer.backing, layer.trigger.parent / "before-save", spec.after_step)
             if spec.from_save and spec.mode == "kill" else None)
-    watch = _Watch(layer, metric, "record", {"run": "record"}, copy)
+    states = RecordStates(layer, layer.trigger.parent / "states", spec.after_step, spec.state_copies_mib * (spec.mode == "kill"))
+    watch = StepWatch(layer, metric, "record", {"run": "record"}, *([copy] if copy else []), states)
     recorded = pool.run(request, label="crash-points-record", checkpoint_dir=layer.point, on_metric=watch)
     evidence.runs += 1
     layer.disarm()
@@ -380,6 +362,14 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
     events = journal(lines)
     if not recorded.ok:
         return f"the recording run did not complete: {recorded.reason}"
+    final = keep_final(layer.backing, layer.trigger.parent / "final") if as_reference else None
+    # restarted on the state the first save after after_step left, where it was copied: its
+    # restart is that boundary's too (crash_restore)
+    first_save = _save_ops([e for e in events if e.path not in _opened(events, "append")], watch.arrivals,
+                           spec.after_step, spec.gap_s).boundaries
+    candidate = states_of(events, first_save[-1:], states.folder)
+    if candidate:
+        restore(next(iter(candidate.values())), layer.backing)
     layer.arm({"record": {"run": "restart"}})
     restarted = pool.run(request, label="crash-points-restart-record", resume=True, checkpoint_dir=layer.point)
     evidence.runs += 1
@@ -403,6 +393,11 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
     evidence.last_save = save.last
     save.files = save_files(((b.op, b.path, b.to) for b in save.boundaries), appended)
     save.states = crash_states(events, save.boundaries, spec.mode, appended)
+    save.restored = states_of(events, save.boundaries, states.folder)
+    at = {b: state for b, state in zip(save.boundaries, save.states, strict=True)}
+    # one rank's save only: another rank's copy may hold an operation under way or not
+    save.reused = {at[b]: restarted for b in candidate if at.get(b) is not None and not any(x.rank for x in at)}
+    save.recorded = None if final is None else dataclasses.replace(recorded, checkpoint_dir=final)
     save.start = (save_start(copy, events, first, save.checkpoint_before, spec.mode) if spec.from_save
                   else SaveStart(None, "step 1 (from_save: false)"))
     return save
@@ -422,12 +417,16 @@ class _CrashRuns:
     save: SaveFound
 
 
-def _explore(ctx: CheckContext[CrashPointsCheck], reference: RunResult, base: int, layer: FuseLayer,
+def _explore(ctx: CheckContext[CrashPointsCheck], kept: RunResult | None, layer: FuseLayer,
              evidence: CrashPointsEvidence, started: float) -> CheckResult:
     spec = ctx.spec
-    save = _record(ctx.pool, spec, ctx.request, ctx.metric, layer, evidence)
+    save = _record(ctx.pool, spec, ctx.request, ctx.metric, layer, evidence, kept is None)
     if isinstance(save, str):
         return CheckResult(_NAME, "error", save, evidence, time.monotonic() - started)
+    reference = kept or save.recorded
+    assert reference is not None  # kept, or the recording run as the reference
+    evidence.reference = "the session's" if kept is not None else "the recording run's"
+    base = first_step(reference.points, ctx.metric)
     runs = _CrashRuns(ctx.pool, spec, ctx.request, reference, ctx.metric, base, layer, save)
     found, had_checkpoint = save.boundaries, save.checkpoint_before
     chosen = choose_boundaries(found, spec.max_boundaries)
@@ -565,9 +564,17 @@ def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, *,
     words = f"rank {boundary.rank}: a kill before the save's first operation" if control else boundary.words()
     start = runs.save.start
     at = start.shifted(boundary) if start.keep is not None and not control else None
-    _clear(layer.backing)
-    if at is not None and start.keep is not None:
-        shutil.copytree(start.keep, layer.backing, symlinks=True, dirs_exist_ok=True)
+    copied = None if control else runs.save.restored.get(boundary)
+    restore(copied or (start.keep if at is not None else None), layer.backing)
+    if copied is not None:  # the state the recording left right after the boundary: a restart on it
+        runs.save.start.from_states += 1
+        state = runs.save.states[runs.save.boundaries.index(boundary)] if runs.save.states else None
+        reused = runs.save.reused.pop(state, None) if state is not None else None
+        resumed = reused or pool.run(request, label="crash-points-resume", resume=True, checkpoint_dir=layer.point)
+        if reused is not None:  # launched on this copy earlier: what it left is compared as it was
+            restore(copied, layer.backing)
+        return _judge_restart(BoundaryOutcome(words, boundary.op, boundary.path, boundary.rank, boundary.ordinal,
+                                              None, "torn", ""), runs, resumed, control), int(reused is None)
     with contextlib.suppress(FileNotFoundError):
         layer.events.unlink()
     # a run of its own to the daemon (its counts start again): the same crash made again from
@@ -577,7 +584,7 @@ def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, *,
         rule["before"] = True
     elif spec.mode == "power":
         rule["mode"], rule["snapshots"] = "power", str(layer.trigger.parent / "power-copies" / str(number))
-    watch = _Watch(layer, metric, "crash", rule)
+    watch = StepWatch(layer, metric, "crash", rule)
     crashed_run = pool.run(request, label="crash-points-control" if control else "crash-points-crash",
                            resume=at is not None, checkpoint_dir=layer.point, on_metric=watch)
     crashed = [e for e in journal(layer.read_events()) if e.event == "crashed"]

@@ -115,6 +115,9 @@ class CrashPointsEvidence(Evidence):
 
     mode: str
     after_step: int
+    #: the uninterrupted run compared with: "the session's" (kept by an earlier check) or "the
+    #: recording run's" (none was kept: one launch less)
+    reference: str = ""
     #: the newest step whose line had been read when the save began
     save_after_step: int | None = None
     boundaries_found: int = 0

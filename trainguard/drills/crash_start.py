@@ -23,16 +23,17 @@ from __future__ import annotations
 import shutil
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainguard.checks.equivalence import compare_trajectories
-from trainguard.drills.crash_records import Boundary
-from trainguard.faults.fusefs import JournalEvent
-from trainguard.launch import MetricPoint
+from trainguard.drills.crash_records import Boundary, CrashRule
+from trainguard.faults.fusefs import FuseLayer, JournalEvent
+from trainguard.launch import Launcher, MetricPoint
 from trainguard.launch.metrics import aligned_trajectories
 
-__all__ = ["CopyAtStep", "SaveStart", "save_start", "unlike_a_run_from_step_1"]
+__all__ = ["CopyAtStep", "SaveStart", "StepWatch", "save_start", "unlike_a_run_from_step_1"]
 
 
 @dataclass
@@ -72,6 +73,8 @@ class SaveStart:
     shift: Counter[tuple[int, str, str]] = field(default_factory=Counter)
     #: crash runs that started from the copy and were used
     used: int = 0
+    #: boundaries restarted on the state the recording left, with no crash run (crash_restore)
+    from_states: int = 0
 
     def shifted(self, boundary: Boundary) -> Boundary | None:
         """``boundary`` as a run from the copy names it (None: the copy holds it already)."""
@@ -82,7 +85,9 @@ class SaveStart:
         self.keep, self.why = None, f"step 1 from the crash run that {why} on (the ones before it started at the save)"
 
     def words(self) -> str:
-        return self.why if self.keep is None else f"{self.why}; {self.used} crash runs started there"
+        said = self.why if self.keep is None else f"{self.why}; {self.used} crash runs started there"
+        return said + (f"; {self.from_states} boundaries restarted on the state the recording run left right "
+                       "after them (no crash run)" if self.from_states else "")
 
 
 def save_start(copy: CopyAtStep | None, events: list[JournalEvent], first: Boundary, checkpoint_before: bool,
@@ -124,3 +129,26 @@ def unlike_a_run_from_step_1(points: list[MetricPoint], reference: list[MetricPo
         return (f"resumed from the copy and {metric} differs from the uninterrupted run at step "
                 f"{diff.first_divergent_step} (the job's resume is not exact)")
     return None
+
+
+class StepWatch:
+    """The metric callback of a crash_points run (recording or crash). The rule is armed before the job starts
+    (so a boundary's ordinal counts from the start, whatever the lag of the job's output); once
+    the ranks are known the crash rule is rewritten with their process groups to kill. It keeps
+    the arrival time of every step line."""
+
+    def __init__(self, layer: FuseLayer, metric: str, rule: str, spec: CrashRule, *hooks: Callable[[int], None]) -> None:
+        self.layer, self.metric, self.rule, self.spec, self.hooks = layer, metric, rule, spec, hooks
+        self.arrivals: list[tuple[int, float]] = []
+        self._told = False
+        layer.arm({rule: spec})
+
+    def __call__(self, point: MetricPoint, launcher: Launcher) -> None:
+        if point.name != self.metric:
+            return
+        self.arrivals.append((point.step, time.time()))
+        for hook in self.hooks:  # the recording's: the copy before the save, the state copies
+            hook(point.step)
+        if not self._told and self.rule == "crash":
+            self._told = True
+            self.layer.arm({self.rule: {**self.spec, "kill": [r.pid for r in launcher.ranks]}})

@@ -40,6 +40,7 @@ import atexit
 import contextlib
 import dataclasses
 import errno
+import functools
 import json
 import os
 import signal
@@ -75,6 +76,13 @@ def fuse_unavailable() -> str | None:
         return "no /dev/fuse on this machine"
     if os.geteuid() != 0:
         return "mounting the FUSE layer needs root"
+    return _mfusepy_problem()
+
+
+@functools.cache
+def _mfusepy_problem() -> str | None:
+    """Why the daemon's interpreter cannot load mfusepy and libfuse (asked once per process: a
+    check that mounts at every run paid an interpreter's start-up for it each time)."""
     done = subprocess.run([sys.executable, "-c", "import mfusepy"], capture_output=True, text=True,
                           timeout=60, check=False)
     if done.returncode != 0:
@@ -103,6 +111,10 @@ class JournalEvent:
     t0: float | None = None
     mode: str | None = None
     undone: int | None = None
+    #: the copy of the directory the daemon made right after this operation (``record`` with
+    #: ``states``: :mod:`trainguard.faults.fusestates`), and the seconds it held the caller
+    state: int | None = None
+    copy_s: float = 0.0
 
     @property
     def start(self) -> float:

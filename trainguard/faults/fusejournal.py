@@ -43,6 +43,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.faults.fusestates import StateCopies
+
 __all__ = ["BOUNDARY_OPS", "HoldRule", "Journal", "JournalRule", "PowerLoss", "Rules", "boundary_path"]
 
 #: the operations that change the file system, each a boundary of a save
@@ -82,6 +84,10 @@ class JournalRule:
     kill: list[int] = field(default_factory=list)
     #: crash: a power loss, the snapshots of what was not yet durable kept here (None: a crash)
     snapshots: str | None = None
+    #: record: a copy of the backing directory after each operation goes here (fusestates)
+    states: str | None = None
+    #: record: the bytes those copies may hold
+    states_max: int = 0
 
     @classmethod
     def read(cls, spec: object) -> JournalRule | None:
@@ -96,6 +102,8 @@ class JournalRule:
             before=bool(spec.get("before")),
             kill=[g for g in kill if isinstance(g, int)] if isinstance(kill, list) else [],
             snapshots=str(spec["snapshots"]) if spec.get("mode") == "power" and spec.get("snapshots") else None,
+            states=str(spec["states"]) if spec.get("states") else None,
+            states_max=int(spec.get("states_max") or 0),
         )
 
 
@@ -277,6 +285,7 @@ class Journal:
         self.events = events
         self.backing = backing
         self.power: PowerLoss | None = None
+        self.states: StateCopies | None = None
         self.lock = threading.Lock()
         self.key: object = None
         self.counts: dict[tuple[int, str, str], int] = {}
@@ -288,7 +297,7 @@ class Journal:
     def _reset(self, key: object, rules: Rules) -> None:
         if self.key != key:
             self.key, self.counts, self.written, self.crashed, self.ranks_of = key, {}, 0, False, {}
-            self.opens = set()
+            self.opens, self.states = set(), None
             crash = rules.crash
             self.power = (PowerLoss(self.backing, crash.snapshots) if crash is not None
                           and crash.snapshots is not None and self.backing else None)
@@ -360,6 +369,16 @@ class Journal:
                     "t": time.time(), **({"before": True} if before else {}),
                     **({"undone": dropped} if dropped is not None else {})})
 
+    def _copy(self, rules: Rules, path: str, to: object) -> tuple[int, float] | None:
+        """A ``record`` rule with ``states``: the backing directory copied as this operation left
+        it (:mod:`trainguard.faults.fusestates`)."""
+        spec = rules.record
+        if rules.crash is not None or spec is None or spec.states is None or not self.backing:
+            return None
+        if self.states is None or self.states.folder != spec.states:
+            self.states = StateCopies(self.backing, spec.states, spec.states_max)
+        return self.states.copy((path, str(to)) if to else (path,))
+
     def opened(self, key: object, rules: Rules, path: str, pid: int, mode: str) -> None:
         """A file opened by ``pid`` to ``read`` or to ``append`` (``mode``): an ``opened`` event,
         the first time that rank opens that file so."""
@@ -399,6 +418,9 @@ class Journal:
             self.counts[counted] = ordinal = self.counts.get(counted, 0) + 1
             if self.written < _MAX_OPS:
                 self.written += 1
+                copied = self._copy(rules, path, extra.get("to"))
+                if copied is not None:
+                    extra["state"], extra["copy_s"] = copied
                 if "to" in extra:
                     extra["to"] = boundary_path(str(extra["to"]), pid)
                 self._emit({"event": "op", "op": op, "path": name, "rank": rank, "ordinal": ordinal,

@@ -1,0 +1,50 @@
+"""The daemon's copies of the checkpoint directory after each operation
+(trainguard.faults.fusestates, issue 49): each is the directory as that operation left it, an
+unchanged file is a hard link to the copy before's, and none is made past the cap."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from trainguard.drills.crash_records import Boundary
+from trainguard.drills.crash_restore import restore, states_of
+from trainguard.faults.fusefs import journal
+from trainguard.faults.fusestates import StateCopies
+
+
+def test_each_copy_is_the_directory_as_the_operation_left_it(tmp_path: Path) -> None:
+    backing, folder = tmp_path / "backing", tmp_path / "states"
+    backing.mkdir()
+    (backing / "ckpt.json").write_text("old")
+    copies = StateCopies(str(backing), str(folder), 1 << 20)
+    (backing / "ckpt.json.tmp").write_text("new")
+    assert copies.copy(("/ckpt.json.tmp",))[0] == 0  # type: ignore[index]
+    os.replace(backing / "ckpt.json.tmp", backing / "ckpt.json")
+    assert copies.copy(("/ckpt.json.tmp", "/ckpt.json"))[0] == 1  # type: ignore[index]
+    (backing / "log.txt").write_text("a line")
+    assert copies.copy(("/log.txt",))[0] == 2  # type: ignore[index]
+    assert sorted(p.name for p in (folder / "0").iterdir()) == ["ckpt.json", "ckpt.json.tmp"]
+    assert (folder / "0" / "ckpt.json").read_text() == "old" and (folder / "0" / "ckpt.json.tmp").read_text() == "new"
+    assert [p.name for p in (folder / "1").iterdir()] == ["ckpt.json"] and (folder / "1" / "ckpt.json").read_text() == "new"
+    # the checkpoint did not change since copy 1: the same file, not another copy of it
+    assert (folder / "2" / "ckpt.json").stat().st_ino == (folder / "1" / "ckpt.json").stat().st_ino
+    # put back for a restart, then written by it: the copy stays as it was
+    restore(folder / "1", backing)
+    (backing / "ckpt.json").write_text("written by the restart")
+    assert (folder / "1" / "ckpt.json").read_text() == "new" and not (backing / "log.txt").exists()
+
+
+def test_no_copy_past_the_cap_and_a_boundary_without_one_is_crashed(tmp_path: Path) -> None:
+    backing, folder = tmp_path / "backing", tmp_path / "states"
+    backing.mkdir()
+    copies = StateCopies(str(backing), str(folder), 10_000)
+    (backing / "a.pt").write_bytes(b"x" * 6_000)
+    assert copies.copy(("/a.pt",)) is not None
+    (backing / "a.pt").write_bytes(b"y" * 6_000)  # 12 000 bytes copied in all: over the cap
+    assert copies.copy(("/a.pt",)) is None and copies.copy(("/a.pt",)) is None
+    assert sorted(p.name for p in folder.iterdir()) == ["0"]
+    events = journal([{"event": "op", "op": "write", "path": "/a.pt", "rank": 0, "ordinal": 1, "state": 0},
+                      {"event": "op", "op": "write", "path": "/a.pt", "rank": 0, "ordinal": 2}])
+    first, second = Boundary(0, "/a.pt", "write", 1), Boundary(0, "/a.pt", "write", 2)
+    assert states_of(events, [first, second], folder) == {first: folder / "0"}
