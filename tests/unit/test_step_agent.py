@@ -420,6 +420,34 @@ def test_a_step_plan_writes_what_the_fingerprints_one_by_one_give() -> None:
     assert texts["grad"]["0.weight"] is None and texts["grad"]["0.bias"][1] == "nan"
 
 
+def test_a_step_line_formatted_directly_is_what_the_json_encoder_writes(tmp_path: Path) -> None:
+    """A plain step record's line is formatted directly (no dict rebuilt, no encoder over it
+    all): the same bytes as the encoder's line of the record, its plan's JSON texts last; the
+    rng's text follows a changed rng; a record with more fields takes the encoder's way."""
+    values = _fingerprint_module()
+    run_agent = load_hook_module("_trainguard_run_agent", "_tg_run_agent_under_test")
+    steps = load_hook_module("_trainguard_step_agent", "_tg_step_agent_under_test")
+    agent = steps.StepAgent(None, {"steps_dir": str(tmp_path)}, run_agent.JsonlWriter, values)
+    record: dict[str, Any] = {
+        "k": "step", "opt": 1, "n": 7, "t": 1234.000123456789,
+        "groups": [{"lr": 3e-4, "betas": [0.9, 0.999], "amsgrad": False, "weight_decay": 0}, {"lr": "nan"}],
+        "backward": 2, "rng": {"cpu": "00ff00ff00ff00ff", "cuda": None, "numpy": None, "python": "12"},
+        "param": values.Raw('{"w":["00000000000000ff",1.5],"b":["0000000000000001",2]}'),
+        "grad": values.Raw('{"w":null,"b":["0000000000000001",2]}'), "optim": values.Raw('{"b":["0000000000000002",0.5]}'),
+        "scaler": None}
+
+    def encoder_line(rec: dict[str, Any]) -> bytes:
+        raw = [k for k, v in rec.items() if type(v) is values.Raw]
+        ordered = {**{k: v for k, v in rec.items() if k not in raw}, **{k: json.loads(rec[k]) for k in raw}}
+        return (json.dumps(ordered, separators=(",", ":")) + "\n").encode()
+
+    for rng, scaler in ((record["rng"], None), ({**record["rng"], "cuda": ["ab"]}, {"scale": 65536.0, "skipped": True})):
+        record.update(rng=rng, scaler=scaler)
+        assert agent._encode(record) == encoder_line(record)
+    record["clip"] = {"calls": 1, "scaled": False}
+    assert agent._encode(record) == encoder_line(record)
+
+
 def test_sums_of_squares_are_written_with_nine_significant_digits() -> None:
     """``ss`` is written with 9 significant digits (cheaper than Python's shortest repr; the
     reader compares sums of squares within a relative 1e-3 at the least), by the plan and by

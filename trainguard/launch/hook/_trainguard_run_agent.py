@@ -134,10 +134,13 @@ class JsonlWriter:
     def write(self, record: dict[str, Any]) -> None:
         self.write_line(self.encode(record))
 
-    @staticmethod
-    def encode(record: dict[str, Any]) -> bytes:
+    #: the encoder of a line's JSON (made once: ``json.dumps`` with arguments makes one per call)
+    ENCODER = json.JSONEncoder(separators=(",", ":"), default=_jsonable)
+
+    @classmethod
+    def encode(cls, record: dict[str, Any]) -> bytes:
         """The line ``write`` writes for ``record``."""
-        return (json.dumps(record, separators=(",", ":"), default=_jsonable) + "\n").encode()
+        return (cls.ENCODER.encode(record) + "\n").encode()
 
     def write_line(self, line: bytes) -> None:
         """Append one encoded line, after the lines held (one ``os.write``)."""

@@ -45,6 +45,8 @@ _STATE_INIT_STEPS = frozenset({"_init_optim_state"})
 DEFAULT_CAP = 64 * 1024 * 1024
 #: save/restore/seed lines still written after the cap
 _EVENTS_AFTER_CAP = 1000
+#: the keys of a step record that :meth:`StepAgent._step_line` writes (no invariants' fields)
+_STEP_KEYS = ("k", "opt", "n", "t", "groups", "backward", "rng", "param", "grad", "optim", "scaler")
 #: top-level keys listed per save
 _MAX_KEYS = 256
 #: calls not recorded when this package makes them: DataLoader workers seed themselves; DCP
@@ -99,6 +101,7 @@ class StepAgent:
         self.scaler: Any = None  # the GradScaler whose step is running
         self.rng: dict[str, Any] | None = None  # read at the first forward after a step
         self.rng_prints = values.RngPrints()
+        self.rng_text: tuple[Any, str] = (None, "null")  # the last step's rng and its JSON
         self.armed = False  # nn.Module.__call__ reads the RNG states at the next call
         self.restoring: set[str] = set()
         #: the modules made since torch was imported (weakly, by id): where parameter names are
@@ -146,11 +149,27 @@ class StepAgent:
     def _encode(self, record: dict[str, Any]) -> bytes:
         """The line of ``record``: its :class:`Raw` values (a :class:`StepPlan`'s JSON text) as
         they are, after the rest."""
-        raw = [(key, value) for key, value in record.items() if type(value) is self.v.Raw]
+        raw_type = self.v.Raw
+        if (len(record) == len(_STEP_KEYS) and type(record["param"]) is raw_type and type(record["grad"]) is raw_type
+                and type(record["optim"]) is raw_type and tuple(record) == _STEP_KEYS and record["k"] == "step"):
+            return self._step_line(record)
+        raw = [(key, value) for key, value in record.items() if type(value) is raw_type]
         if not raw:
             return bytes(self.writer.encode(record))
         line = self.writer.encode({key: value for key, value in record.items() if type(value) is not self.v.Raw})
         return bytes(line[:-2] + "".join(f',"{key}":{value}' for key, value in raw).encode() + b"}\n")
+
+    def _step_line(self, record: dict[str, Any]) -> bytes:
+        """:meth:`_encode` of a plain step record: its line formatted directly, the same bytes
+        (the rng's JSON again only when it changed)."""
+        encode = self.writer.ENCODER.encode
+        rng, scaler = record["rng"], record["scaler"]
+        if rng != self.rng_text[0]:
+            self.rng_text = (rng, encode(rng))
+        return (f'{{"k":"step","opt":{record["opt"]:d},"n":{record["n"]:d},"t":{float(record["t"])!r},'
+                f'"groups":{encode(record["groups"])},"backward":{record["backward"]:d},"rng":{self.rng_text[1]},'
+                f'"scaler":{"null" if scaler is None else encode(scaler)},"param":{record["param"]},'
+                f'"grad":{record["grad"]},"optim":{record["optim"]}}}\n').encode()
 
     def event(self, record: dict[str, Any]) -> None:
         self._write({**record, "t": time.monotonic()}, event=True)

@@ -335,7 +335,9 @@ def raw_prints(torch: Any, tensors: list[Any], numpy: Any = None, *,
             by_device.setdefault(t.device, []).append(i)
     fps: list[int] = [0] * len(tensors)
     squares: list[float] = [0.0] * len(tensors)
-    with torch.no_grad():  # (no autograd bookkeeping for any of these ops)
+    grad_was = torch.is_grad_enabled()  # (no autograd bookkeeping for any of these ops; not
+    torch._C._set_grad_enabled(False)  # torch.no_grad(): its Python costs 4x the calls)
+    try:
         for device, indices in by_device.items():
             group = [tensors[i] for i in indices] if device is not None else tensors
             left = list(range(len(group)))
@@ -344,6 +346,8 @@ def raw_prints(torch: Any, tensors: list[Any], numpy: Any = None, *,
             if left:
                 for j, (fp, ss) in zip(left, _per_tensor(torch, [group[j] for j in left])):
                     fps[indices[j]], squares[indices[j]] = fp, ss
+    finally:
+        torch._C._set_grad_enabled(grad_was)
     return fps, squares
 
 
