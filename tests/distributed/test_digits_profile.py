@@ -95,8 +95,13 @@ def test_profile_of_the_example_writes_sane_reports(tmp_path: Path, patched_exam
             assert c["goodput_at_job_cadence"] is None and "nothing measurable" in c["checkpoint_rule"], c
     assert sizing["goodput_curve"]["gpus"] == sizing["recommended"]
     p99 = max(s["step"]["p99_s"] for s in data["sizes"])
-    assert len(sizing["timeouts"]) == 6 and all(t["reason"] for t in sizing["timeouts"])
-    assert all(t["value"] > p99 for t in sizing["timeouts"] if "max_failures" not in t["setting"])
+    assert all(t["reason"] for t in sizing["timeouts"])
+    # the restart policy's settings ride in the same list (issue 47): four of job.restart
+    restart = sorted(t["setting"].split(" ")[0] for t in sizing["timeouts"] if t["setting"].startswith("job.restart."))
+    assert restart == ["job.restart.backoff_s", "job.restart.jitter", "job.restart.max_attempts_without_progress",
+                       "job.restart.max_backoff_s"], restart
+    timeouts = [t for t in sizing["timeouts"] if not t["setting"].startswith("job.restart.")]
+    assert len(timeouts) == 6 and all(t["value"] > p99 for t in timeouts if "max_failures" not in t["setting"])
     assert "**Goodput forecast**" in (latest / "latest.md").read_text()
 
     html = (latest / "latest.html").read_text()
