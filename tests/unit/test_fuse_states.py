@@ -48,3 +48,16 @@ def test_no_copy_past_the_cap_and_a_boundary_without_one_is_crashed(tmp_path: Pa
                       {"event": "op", "op": "write", "path": "/a.pt", "rank": 0, "ordinal": 2}])
     first, second = Boundary(0, "/a.pt", "write", 1), Boundary(0, "/a.pt", "write", 2)
     assert states_of(events, [first, second], folder) == {first: folder / "0"}
+
+
+def test_a_fifo_in_the_directory_stops_the_copies_without_blocking(tmp_path: Path) -> None:
+    """A file that is not a regular file (a FIFO a job made) is never read: copying it would wait
+    for a writer forever. The copies stop there, and boundaries are crashed as without them."""
+    backing, folder = tmp_path / "backing", tmp_path / "states"
+    backing.mkdir()
+    copies = StateCopies(str(backing), str(folder), 1 << 20)
+    (backing / "a.pt").write_bytes(b"x")
+    assert copies.copy(("/a.pt",)) is not None
+    os.mkfifo(backing / "pipe")
+    assert copies.copy(("/a.pt",)) is None and copies.full
+    assert sorted(p.name for p in folder.iterdir()) == ["0"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import time
 
 __all__ = ["StateCopies"]
@@ -78,6 +79,8 @@ class StateCopies:
         if os.path.islink(src):
             os.symlink(os.readlink(src), dst)
             return
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device: reading it could block; crash runs instead
+            raise shutil.Error(f"{rel} is not a regular file")
         key = (st.st_size, st.st_mtime_ns, st.st_ino)
         if rel not in touched and self._before.get(rel) == key:
             with contextlib.suppress(OSError):
