@@ -3,7 +3,9 @@ on vs off (issue 44's constraint: at most 5 % on a tiny nanoGPT and on digits at
 
     .venv/bin/python tests/benchmarks/bench_step_records.py [nanogpt|digits|both] [--pairs 5]
         [--steps 250] [--warmup 20] [--json out.json]
-    (nanogpt: [--n-embd 64] [--block-size 64] [--batch-size 8] [--mirror PATH])
+    (nanogpt: [--n-layer 2] [--n-head 2] [--n-embd 64] [--block-size 64] [--batch-size 8] [--mirror PATH];
+     nanoGPT's README's CPU run ("I only have a macbook"): --n-layer 4 --n-head 4 --n-embd 128
+     --block-size 64 --batch-size 12)
 
 Each pair launches the job twice through :class:`JobRunner`, once with ``job.record_steps: false``
 (the job as it ran before the step records: the start-up hook still records sample indices,
@@ -74,8 +76,8 @@ def nanogpt_files(tmp: Path, args: argparse.Namespace) -> Path:
     """nanoGPT's job file, tiny, its step time as a metric, no eval or checkpoint after iter 0."""
     path = nanogpt_job(tmp, Path(args.mirror))
     text = path.read_text()
-    sizes = {"n_embd": args.n_embd, "block_size": args.block_size, "batch_size": args.batch_size,
-             "eval_interval": 1_000_000}
+    sizes = {"n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd, "block_size": args.block_size,
+             "batch_size": args.batch_size, "eval_interval": 1_000_000}
     for key, value in sizes.items():
         text, n = re.subn(rf"--{key}=\d+", f"--{key}={value}", text)
         assert n >= 1, f"no --{key} in {path}"
@@ -165,7 +167,7 @@ def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "cpu_s_per_run": {"off": round(statistics.median(cpu[False]), 2), "on": round(statistics.median(cpu[True]), 2)},
     }
     if name == "nanogpt":
-        out["model"] = {"n_embd": args.n_embd, "block_size": args.block_size, "batch_size": args.batch_size}
+        out["model"] = {"n_layer": args.n_layer, "n_head": args.n_head, "n_embd": args.n_embd, "block_size": args.block_size, "batch_size": args.batch_size}
     print(f"{name}: {args.pairs} pairs x {args.steps} steps (+{args.warmup} warm-up) on {world_size} rank(s)")
     print(f"  step ms off: {out['step_ms_off']}")
     print(f"  step ms on:  {out['step_ms_on']}")
@@ -185,6 +187,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=250, help="timed steps per run (after the warm-up)")
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--n-layer", type=int, default=2)
+    parser.add_argument("--n-head", type=int, default=2)
     parser.add_argument("--n-embd", type=int, default=64)
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=8)
