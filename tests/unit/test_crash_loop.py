@@ -24,6 +24,7 @@ from trainguard.drills.crash_loop import (
 )
 from trainguard.drills.driver import make_drill, run_drill
 from trainguard.errors import ConfigError
+from trainguard.faults.hook import read_events
 from trainguard.run.runner import JobRunner
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
@@ -198,3 +199,22 @@ def test_how_raise_makes_the_rank_raise_at_the_step_in_every_attempt(tmp_path: P
     events = (Path(evidence["drill_dir"]) / "crash_loop.events.jsonl").read_text()
     assert events.count('"event": "raised"') == 3, events
     print(f"\n{summary}", [(a["wait_before_s"], a["rank_seconds"]) for a in evidence["attempts"]])
+
+
+@pytest.mark.slow
+def test_how_raise_under_torchrun_raises_in_its_worker_in_every_generation(tmp_path: Path) -> None:
+    """``how: raise`` with ``target: worker``: the hook arms in torchrun's worker too (not only in
+    torchrun's own process, the rank's first Python) and the trigger names the generation's worker
+    pids, so each worker generation raises once at step 5 and torchrun's policy is judged as
+    under SIGKILL."""
+    status, summary, evidence = torchrun_drill(torchrun_job(tmp_path), how="raise")
+    print(f"\n{summary}", [(a["wait_before_s"], a["rank_seconds"]) for a in evidence["attempts"]])
+    events = [e for e in read_events(Path(evidence["drill_dir"]) / "crash_loop.events.jsonl") if e["event"] == "raised"]
+    assert events, "no worker raised"
+    if not restarted(evidence):  # torchrun's own restart failed: reported, never a pass
+        assert status != "passed", summary
+        return
+    assert status == "passed", summary
+    assert [a["struck_at_step"] for a in evidence["attempts"]] == [5, 5, 5]
+    assert len(events) == 3 and len({e["pid"] for e in events}) == 3, events  # one worker of each generation
+    assert evidence["backoff_setting"].startswith("torchrun has no backoff setting")
