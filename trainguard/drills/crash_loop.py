@@ -351,8 +351,8 @@ def judge_loop(attempts: list[CrashLoopAttempt], cap: int, min_backoff_s: float,
     """The verdict on the measured attempts and its problems (failed) or why none (error).
     ``bad_node``: the node mode's failing node (a rank put back there fails; moved off it, the
     loop ends by the policy's placement and passes). ``no_backoff``: for a policy with no backoff
-    setting, what its wait is instead, said with each wait under ``min_backoff_s`` (the verdict is
-    the measured wait's, never these words')."""
+    setting, what its wait is instead, said with the first wait under ``min_backoff_s`` (the
+    verdict is the measured waits', never these words')."""
     if not any(a.struck_at_step is not None for a in attempts):
         return "error", [f"the fault never struck: no attempt printed a step >= after_step "
                          f"({attempts[0].outcome}: check job.metrics and steps)"]
@@ -370,8 +370,9 @@ def judge_loop(attempts: list[CrashLoopAttempt], cap: int, min_backoff_s: float,
         problems.append(f"did not stop by its cap of {cap} attempt(s): attempt {cap + 1} started")
     for a in attempts[1:]:
         if min_backoff_s > 0 and a.wait_before_s is not None and a.wait_before_s + _CLOCK_SLACK_S < min_backoff_s:
+            said = any("min_backoff_s" in problem for problem in problems)  # the policy's words once
             problems.append(f"restarted attempt {a.attempt} after {a.wait_before_s:.2f} s, less than "
-                            f"min_backoff_s {min_backoff_s:g}" + (f" ({no_backoff})" if no_backoff else ""))
+                            f"min_backoff_s {min_backoff_s:g}" + (f" ({no_backoff})" if no_backoff and not said else ""))
         if a.first_step == 1 and a.checkpoint_at_start is not None:
             problems.append(f"attempt {a.attempt} began again from step 1 while {a.checkpoint_at_start} existed")
         if bad_node is not None and a.node == bad_node:

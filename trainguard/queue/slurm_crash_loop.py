@@ -38,8 +38,7 @@ __all__ = ["SLURM_NO_BACKOFF", "SlurmCrashLoop", "run_slurm_crash_loop"]
 
 #: what the wait before a requeued attempt is: Slurm's requeue has no backoff a job sets
 SLURM_NO_BACKOFF = ("Slurm's requeue has no backoff setting a job sets: its wait is the requeue delay "
-                    "measured, from the kill to the next attempt's start (the credential lifetime and "
-                    "the scheduler's pass)")
+                    "measured from the kill to the next attempt's start")
 
 
 @dataclass
