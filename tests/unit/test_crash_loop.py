@@ -17,13 +17,17 @@ from tests.helpers import report_evidence
 from trainguard.config import load_config
 from trainguard.config.settings import Settings
 from trainguard.drills.crash_loop import (
+    RAY_TRAIN_NO_BACKOFF,
     CrashLoopAttempt,
     CrashLoopReport,
     judge_loop,
     run_crash_loop,
+    where_struck,
 )
 from trainguard.drills.driver import make_drill, run_drill
 from trainguard.errors import ConfigError
+from trainguard.faults.hook import read_events
+from trainguard.queue.slurm_crash_loop import SLURM_NO_BACKOFF
 from trainguard.run.runner import JobRunner
 
 JOBS = Path(__file__).resolve().parents[1] / "data" / "jobs"
@@ -198,3 +202,48 @@ def test_how_raise_makes_the_rank_raise_at_the_step_in_every_attempt(tmp_path: P
     events = (Path(evidence["drill_dir"]) / "crash_loop.events.jsonl").read_text()
     assert events.count('"event": "raised"') == 3, events
     print(f"\n{summary}", [(a["wait_before_s"], a["rank_seconds"]) for a in evidence["attempts"]])
+
+
+@pytest.mark.slow
+def test_how_raise_under_torchrun_raises_in_its_worker_in_every_generation(tmp_path: Path) -> None:
+    """``how: raise`` with ``target: worker``: the hook arms in torchrun's worker too (not only in
+    torchrun's own process, the rank's first Python) and the trigger names the generation's worker
+    pids, so each worker generation raises once at step 5 and torchrun's policy is judged as
+    under SIGKILL."""
+    status, summary, evidence = torchrun_drill(torchrun_job(tmp_path), how="raise")
+    print(f"\n{summary}", [(a["wait_before_s"], a["rank_seconds"]) for a in evidence["attempts"]])
+    events = [e for e in read_events(Path(evidence["drill_dir"]) / "crash_loop.events.jsonl") if e["event"] == "raised"]
+    assert events, "no worker raised"
+    if not restarted(evidence):  # torchrun's own restart failed: reported, never a pass
+        assert status != "passed", summary
+        return
+    assert status == "passed", summary
+    assert [a["struck_at_step"] for a in evidence["attempts"]] == [5, 5, 5]
+    assert len(events) == 3 and len({e["pid"] for e in events}) == 3, events  # one worker of each generation
+    assert evidence["backoff_setting"].startswith("torchrun has no backoff setting")
+
+
+def test_a_policy_without_a_backoff_setting_is_failed_on_its_measured_waits_and_named() -> None:
+    """Ray Train's FailureConfig and Slurm's requeue have no backoff setting: with min_backoff_s
+    set, a wait measured under it fails and the problem says what the wait is instead; a wait
+    over it passes (the words never decide); without min_backoff_s nothing is judged."""
+    note = RAY_TRAIN_NO_BACKOFF
+    loop = [attempt(0, first=1), attempt(1, wait=24.2), attempt(2, wait=11.1)]
+    status, problems = judge_loop(loop, 3, 120.0, no_backoff=note)
+    assert status == "failed" and problems == [
+        f"restarted attempt 1 after 24.20 s, less than min_backoff_s 120 ({note})",
+        "restarted attempt 2 after 11.10 s, less than min_backoff_s 120"]
+    assert judge_loop(loop, 3, 20.0, no_backoff=note) == (
+        "failed", [f"restarted attempt 2 after 11.10 s, less than min_backoff_s 20 ({note})"])
+    assert judge_loop(loop, 3, 10.0, no_backoff=SLURM_NO_BACKOFF) == ("passed", [])
+    assert judge_loop(loop, 3, 0.0, no_backoff=note) == ("passed", [])
+
+
+def test_where_struck_names_the_step_a_slow_kill_let_the_rank_reach() -> None:
+    late = attempt(0, first=1)
+    late.reached_step = 34
+    on_time = attempt(1)
+    on_time.reached_step = 5
+    assert where_struck([late, on_time]) == (
+        5, 2, "step 5 failed on 2 of 2 attempt(s) (the rank died later: attempt 0 struck at step 5 reached step 34)")
+    assert where_struck([on_time])[2] == "step 5 failed on 1 of 1 attempt(s)"

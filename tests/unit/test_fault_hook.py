@@ -185,3 +185,51 @@ def test_an_oom_trigger_naming_another_process_never_fires(tmp_path: Path) -> No
     done = _run("import time; time.sleep(0.3); print('survived')", hook_env(oom))
     assert done.returncode == 0 and done.stdout.strip() == "survived", done.stderr
     assert [e["event"] for e in read_events(tmp_path / "oom.jsonl")] == ["armed"]
+
+
+def test_crash_loop_arms_in_a_child_process_too(tmp_path: Path) -> None:
+    """torchrun's worker is a child of torchrun's agent, the rank's first Python: crash_loop's
+    hook arms there as well (its trigger names the pids that raise), where oom's stays inert."""
+    code = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {PROBE!r}], check=True)\n"
+    loop = {"fault": "crash_loop", "mode": "raise", "rank": None, "trigger": str(tmp_path / "t"),
+            "events": str(tmp_path / "loop.jsonl"), "step": 5}
+    done = _run(code, hook_env(loop))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["agent"]
+    assert [e["event"] for e in read_events(tmp_path / "loop.jsonl")] == ["armed", "armed"]
+
+
+TRAINING_THREAD = textwrap.dedent(
+    """
+    import json, os, sys, threading, time
+    from trainguard.faults.hook import pull_trigger
+    from trainguard.launch.hook import mark_training_thread
+    seen = {}
+    def train():
+        mark_training_thread()
+        pull_trigger(__import__("pathlib").Path(sys.argv[1]), [1, os.getpid()])  # the drill names this pid
+        try:
+            for _ in range(500):
+                time.sleep(0.01)
+        except RuntimeError as exc:
+            seen["error"] = f"{type(exc).__mro__[1].__name__}: {exc}"
+    t = threading.Thread(target=train, name="TrainingThread")
+    t.start(); t.join()
+    time.sleep(0.1)  # the main thread is not interrupted
+    print(json.dumps(seen))
+    """
+)
+
+
+def test_crash_loop_raise_lands_in_the_marked_training_thread(tmp_path: Path) -> None:
+    """A Ray Train worker runs its train function in a thread of its own: once marked, the raise
+    goes there (the main thread goes on), when the trigger names this process among others."""
+    loop = {"fault": "crash_loop", "mode": "raise", "rank": None, "trigger": str(tmp_path / "t"),
+            "events": str(tmp_path / "loop.jsonl"), "step": 5}
+    done = _run(TRAINING_THREAD, hook_env(loop), str(tmp_path / "t"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "error": "RuntimeError: trainguard crash_loop drill: error raised at step 5 (how: raise) on rank 0"}
+    events = read_events(tmp_path / "loop.jsonl")
+    assert [e["event"] for e in events] == ["armed", "training_thread", "triggered", "raised"], events
+    assert events[1]["thread"] == "TrainingThread"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 
-from trainguard.config import DrillSpec
+from trainguard.config import DrillSpec, Job
 from trainguard.drills.evidence import DrillEvidence
 from trainguard.drills.expectations import JudgeEntry
 from trainguard.drills.judges import DrillContext, Judgement, common_evidence
@@ -45,7 +45,8 @@ from trainguard.report import CheckId, CheckResult, CheckStatus, SkipReason
 from trainguard.run.runner import JobRunner, LaunchOptions, SupervisedRun
 from trainguard.unit.checkpoints import latest_complete_checkpoint
 
-__all__ = ["GIVE_UP", "CrashLoopAttempt", "CrashLoopEvidence", "CrashLoopReport", "run_crash_loop"]
+__all__ = ["GIVE_UP", "RAY_TRAIN_NO_BACKOFF", "TORCHRUN_NO_BACKOFF", "CrashLoopAttempt", "CrashLoopEvidence",
+           "CrashLoopReport", "judge_loop", "run_crash_loop", "where_struck"]
 
 #: a measured wait this much short of min_backoff_s still counts (clock reads, not policy)
 _CLOCK_SLACK_S = 0.01
@@ -73,6 +74,9 @@ class CrashLoopAttempt(Evidence):
     checkpoint_at_start: str | None
     #: the node the struck rank's worker ran on (a backend that places workers: Ray)
     node: str | Unset | None = UNSET
+    #: the last step the attempt printed once struck: where the rank had got when it died (a
+    #: kill through Ray's API lands seconds after the drill struck; None: not struck)
+    reached_step: int | Unset | None = UNSET
 
 
 @dataclass
@@ -95,6 +99,16 @@ class CrashLoopEvidence(Evidence):
     ended: str
     drill_dir: str | Unset = UNSET
     run_dir: str | Unset = UNSET
+    #: the backoff the policy sets, in words; for a policy with no backoff setting (torchrun, Ray
+    #: Train, Slurm's requeue), what its measured wait is instead
+    backoff_setting: str | Unset = UNSET
+
+
+#: what the wait before a restart is, for the policies that have no backoff setting
+TORCHRUN_NO_BACKOFF = ("torchrun has no backoff setting: its wait is its monitor interval and the "
+                       "workers' teardown")
+RAY_TRAIN_NO_BACKOFF = ("Ray Train's FailureConfig has no backoff setting: its wait is the worker "
+                        "group's teardown and restart")
 
 
 @dataclass
@@ -181,7 +195,9 @@ class WorkerStriker(Striker):
     def strike(self, launcher: Launcher, attempt: int) -> None:
         rank = psutil.Process(launcher.ranks[self.rank].popen.pid)
         kids = rank.children()
-        for kid in kids:
+        if self.trigger is not None:  # how: raise -- the hook in every worker of this generation raises
+            pull_trigger(self.trigger, [kid.pid for kid in kids])
+        for kid in kids if self.trigger is None else ():
             with contextlib.suppress(psutil.Error):
                 kid.send_signal(signal.SIGKILL)
         killed = time.monotonic()
@@ -235,8 +251,11 @@ class ReachStriker(WorkerStriker):
         self.nodes.setdefault(attempt, _node(seen[-1]) if seen else None)
         killed = launcher.elapsed()
         self._launch_t0 = time.monotonic() - killed
-        with contextlib.suppress(Exception):  # a worker gone already: the next generation tells
-            self.reach.target(launcher).kill_rank(self.rank, signal.SIGKILL)
+        if self.trigger is not None and seen:  # how: raise -- in the train function of the rank's worker
+            pull_trigger(self.trigger, seen[-1].pid)
+        elif self.trigger is None:
+            with contextlib.suppress(Exception):  # a worker gone already: the next generation tells
+                self.reach.target(launcher).kill_rank(self.rank, signal.SIGKILL)
         start = self.spans.get(attempt, (self._launch_t0, 0.0))[0]
         self.spans[attempt] = (start, self._launch_t0 + killed)
         self.workers[attempt] = self.ranks  # the whole worker group restarts
@@ -287,7 +306,8 @@ def _measure(run: SupervisedRun, striker: Striker, world_size: int) -> list[Cras
         out.append(CrashLoopAttempt(
             i, result.outcome, striker.struck.get(i), striker.first.get(i), steps[-1] if steps else None,
             len([s for s in steps if s > best]), None if wait is None else round(wait, 3),
-            round(result.duration_s, 3), round(result.duration_s * world_size, 3), start))
+            round(result.duration_s, 3), round(result.duration_s * world_size, 3), start,
+            reached_step=steps[-1] if i in striker.struck and steps else None))
         best = max([best, *steps])
     return out
 
@@ -309,7 +329,8 @@ def _measure_generations(run: SupervisedRun, striker: WorkerStriker) -> list[Cra
             g, outcome, striker.struck.get(g), first, last, max(0, (last or 0) - best) if last and last > best else 0,
             None if wait is None else round(wait, 3), round(duration, 3), round(duration * ranks, 3),
             striker.newest.get(g - 1) if g else None,
-            striker.nodes.get(g) if isinstance(striker, ReachStriker) else UNSET))
+            striker.nodes.get(g) if isinstance(striker, ReachStriker) else UNSET,
+            last if g in striker.struck else None))
         best = max(best, last or 0)
     return out
 
@@ -326,10 +347,12 @@ def _checkpoint_at_start(run: SupervisedRun, result: RunResult, striker: Striker
 
 
 def judge_loop(attempts: list[CrashLoopAttempt], cap: int, min_backoff_s: float,
-               bad_node: str | None = None) -> tuple[CheckStatus, list[str]]:
+               bad_node: str | None = None, no_backoff: str = "") -> tuple[CheckStatus, list[str]]:
     """The verdict on the measured attempts and its problems (failed) or why none (error).
     ``bad_node``: the node mode's failing node (a rank put back there fails; moved off it, the
-    loop ends by the policy's placement and passes)."""
+    loop ends by the policy's placement and passes). ``no_backoff``: for a policy with no backoff
+    setting, what its wait is instead, said with the first wait under ``min_backoff_s`` (the
+    verdict is the measured waits', never these words')."""
     if not any(a.struck_at_step is not None for a in attempts):
         return "error", [f"the fault never struck: no attempt printed a step >= after_step "
                          f"({attempts[0].outcome}: check job.metrics and steps)"]
@@ -347,8 +370,9 @@ def judge_loop(attempts: list[CrashLoopAttempt], cap: int, min_backoff_s: float,
         problems.append(f"did not stop by its cap of {cap} attempt(s): attempt {cap + 1} started")
     for a in attempts[1:]:
         if min_backoff_s > 0 and a.wait_before_s is not None and a.wait_before_s + _CLOCK_SLACK_S < min_backoff_s:
+            said = any("min_backoff_s" in problem for problem in problems)  # the policy's words once
             problems.append(f"restarted attempt {a.attempt} after {a.wait_before_s:.2f} s, less than "
-                            f"min_backoff_s {min_backoff_s:g}")
+                            f"min_backoff_s {min_backoff_s:g}" + (f" ({no_backoff})" if no_backoff and not said else ""))
         if a.first_step == 1 and a.checkpoint_at_start is not None:
             problems.append(f"attempt {a.attempt} began again from step 1 while {a.checkpoint_at_start} existed")
         if bad_node is not None and a.node == bad_node:
@@ -394,19 +418,24 @@ def run_crash_loop(runner: JobRunner, spec: DrillSpec) -> CheckResult[CrashLoopR
         striker.by_node = params.raw("node") == "first"
     env = reach.launch_env() if reach else None
     if params.raw("how", "kill") == "raise":
-        if worker or in_launch:
-            return result("error", "`how: raise` strikes through trainguard's start-up hook in the rank's own "
-                          "process: use it with `target: rank` on trainguard's launcher (or `how: kill`)")
         striker.trigger = drill_dir / "crash_loop.trigger"
-        env = hook_env({"fault": "crash_loop", "mode": "raise", "rank": spec.rank, "trigger": str(striker.trigger),
-                        "events": str(drill_dir / "crash_loop.events.jsonl"), "step": spec.after_step}, job.env)
+        # torchrun's workers and Ray's have their RANK only once started (or another one): every
+        # process arms, and the trigger names the pids that raise
+        rank = spec.rank if runner.backend.rank_at_start() and not worker else None
+        env = {**(env or {}), **hook_env({"fault": "crash_loop", "mode": "raise", "rank": rank,
+                                          "trigger": str(striker.trigger), "step": spec.after_step,
+                                          "events": str(drill_dir / "crash_loop.events.jsonl")}, job.env)}
     stall = spec.stall_timeout or job.stall_timeout
     try:
         if reach is not None:
             try:
-                reach.open()
+                client = reach.open()
             except WorkerNotHere as exc:
                 return result("error", str(exc))
+            if striker.trigger is not None and client is not None and not client.pid_path:
+                return result("error", "`how: raise` names the Ray worker's pid to the start-up hook, and the "
+                              "workers are reached through Ray's API here (their pids are not this machine's): "
+                              "use `how: kill`, or run the drill where the workers run")
         run = runner.supervise(request, label=f"drill-{spec.name}", checkpoint_dir=checkpoints,
                                on_metric=striker.on_metric,
                                options=LaunchOptions(max_restarts=0 if in_launch else min(job.max_restarts, cap),
@@ -418,22 +447,14 @@ def run_crash_loop(runner: JobRunner, spec: DrillSpec) -> CheckResult[CrashLoopR
             reach.close()
     attempts = _measure(run, striker, world_size)
     bad = striker.bad_node if isinstance(striker, ReachStriker) else None
-    status, problems = judge_loop(attempts, cap, min_backoff, bad)
-    struck = [a.struck_at_step for a in attempts if a.struck_at_step is not None]
-    failing = collections.Counter(struck).most_common(1)[0][0] if struck else None
-    r = job.restart
-    policy = (f"Ray Train FailureConfig(max_failures={job.max_restarts}), inside one fit" if in_launch
-              else f"the job's own restarts of its workers (`{' '.join(job.command)}`), one trainguard attempt" if worker
-              else f"trainguard launcher: job.max_restarts {job.max_restarts}, backoff {r.backoff_s:g} s doubling to "
-              f"{r.max_backoff_s:g} s, jitter {r.jitter:g}, max_attempts_without_progress "
-              f"{r.max_attempts_without_progress or 'none'}")
+    policy, backoff = _policy(job, worker, in_launch)
+    status, problems = judge_loop(attempts, cap, min_backoff, bad, backoff if worker or in_launch else "")
+    failing, struck, where = where_struck(attempts)
     spent = round(sum(a.rank_seconds for a in attempts), 3)
-    found = CrashLoopEvidence(policy, failing, len(struck), cap, min_backoff, run.gave_up, spent, attempts, problems,
+    found = CrashLoopEvidence(policy, failing, struck, cap, min_backoff, run.gave_up, spent, attempts, problems,
                               f"{run.final.outcome}: {run.final.reason}" if run.final.reason else run.final.outcome,
-                              str(drill_dir), str(run.run_dir))
+                              str(drill_dir), str(run.run_dir), backoff)
     waits = ", ".join(f"{a.wait_before_s:.2f}" for a in attempts if a.wait_before_s is not None) or "none"
-    where = (f"step {failing} failed on {len(struck)} of {len(attempts)} attempt(s)"
-             + (f" (struck at steps {', '.join(map(str, sorted(set(struck))))})" if len(set(struck)) > 1 else ""))
     if status != "passed":
         return result(status, f"{where}; " + "; ".join(problems) + f"; {spent:.1f} rank-seconds spent", found)
     if bad is not None and attempts[-1].outcome == "ok":
@@ -443,6 +464,34 @@ def run_crash_loop(runner: JobRunner, spec: DrillSpec) -> CheckResult[CrashLoopR
             else run.gave_up or f"its limit of {job.max_restarts} restart(s) ran out")
     return result("passed", f"{where}; the policy stopped after {len(attempts)} attempt(s) (cap {cap}): {stop}; "
                   f"waits {waits} s (min_backoff_s {min_backoff:g}); {spent:.1f} rank-seconds spent", found)
+
+
+def where_struck(attempts: list[CrashLoopAttempt]) -> tuple[int | None, int, str]:
+    """The step that kept failing (the one most attempts were struck at), how many attempts were
+    struck, and both in words -- with every step struck when they differ, and the step each
+    attempt had reached when it died where that is later (a slow kill)."""
+    struck = [a.struck_at_step for a in attempts if a.struck_at_step is not None]
+    failing = collections.Counter(struck).most_common(1)[0][0] if struck else None
+    where = (f"step {failing} failed on {len(struck)} of {len(attempts)} attempt(s)"
+             + (f" (struck at steps {', '.join(map(str, sorted(set(struck))))})" if len(set(struck)) > 1 else ""))
+    late = [f"attempt {a.attempt} struck at step {a.struck_at_step} reached step {a.reached_step}" for a in attempts
+            if isinstance(a.reached_step, int) and a.struck_at_step is not None and a.reached_step > a.struck_at_step]
+    return failing, len(struck), where + (f" (the rank died later: {', '.join(late)})" if late else "")
+
+
+def _policy(job: Job, worker: bool, in_launch: bool) -> tuple[str, str]:
+    """The policy under test in words, and its backoff setting (or, for a policy without one,
+    what its wait is instead)."""
+    if in_launch:
+        return f"Ray Train FailureConfig(max_failures={job.max_restarts}), inside one fit", RAY_TRAIN_NO_BACKOFF
+    if worker:
+        return (f"the job's own restarts of its workers (`{' '.join(job.command)}`), one trainguard attempt",
+                TORCHRUN_NO_BACKOFF)
+    r = job.restart
+    return (f"trainguard launcher: job.max_restarts {job.max_restarts}, backoff {r.backoff_s:g} s doubling to "
+            f"{r.max_backoff_s:g} s, jitter {r.jitter:g}, max_attempts_without_progress "
+            f"{r.max_attempts_without_progress or 'none'}",
+            f"backoff_s {r.backoff_s:g} doubling to max_backoff_s {r.max_backoff_s:g}, jitter {r.jitter:g}")
 
 
 def _judged_by_its_drill(c: DrillContext) -> Judgement:

@@ -23,7 +23,8 @@ Parameters (``params`` of a ``fault: crash_loop`` drill):
   the next worker's process start, and a generation past the cap is stopped by the drill;
 * ``how``: ``kill`` (default: SIGKILL) or ``raise``: the rank's Python raises a RuntimeError at
   the step (trainguard's start-up hook, armed in every attempt; the drill names the attempt's pid
-  in the trigger, so each attempt raises once); ``target: rank`` on trainguard's launcher only;
+  in the trigger, so each attempt raises once): the rank's process on trainguard's launcher,
+  torchrun's workers (``target: worker``), the train function's thread of a Ray Train worker;
 * ``node: first`` (a ``ray_train`` job): the fault follows a node, not the step: it strikes only
   while the rank's worker runs on the node it ran on in attempt 0 (a bad GPU's node); a restart
   that puts the rank back there fails, one that moves it off passes when the job completes.

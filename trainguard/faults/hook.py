@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
@@ -61,10 +62,11 @@ class HookEvent(TypedDict, total=False):
     new_bits: str
 
 
-def pull_trigger(path: Path, pid: int | None = None) -> None:
-    """Create the trigger file (atomically); with ``pid`` only that process fires."""
+def pull_trigger(path: Path, pid: int | Collection[int] | None = None) -> None:
+    """Create the trigger file (atomically); with ``pid`` only that process fires (crash_loop:
+    several pids, one a line, each fires)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("" if pid is None else str(pid))
+    tmp.write_text("" if pid is None else str(pid) if isinstance(pid, int) else "\n".join(map(str, pid)))
     os.replace(tmp, path)
 
 

@@ -18,19 +18,27 @@ and its rank-seconds; it judges them as every crash_loop drill is judged
 
 from __future__ import annotations
 
-import collections
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.drills.crash_loop import CrashLoopAttempt, CrashLoopEvidence, judge_loop
+from trainguard.drills.crash_loop import (
+    CrashLoopAttempt,
+    CrashLoopEvidence,
+    judge_loop,
+    where_struck,
+)
 from trainguard.queue.base import Submission, SubmissionError
 from trainguard.queue.slurm import SlurmBackend
 from trainguard.queue.slurm_drill import JobLog, SlurmAttempt, check_metric_regex
 from trainguard.report import CheckResult, CheckStatus
 from trainguard.unit.checkpoints import latest_complete_checkpoint
 
-__all__ = ["SlurmCrashLoop", "run_slurm_crash_loop"]
+__all__ = ["SLURM_NO_BACKOFF", "SlurmCrashLoop", "run_slurm_crash_loop"]
+
+#: what the wait before a requeued attempt is: Slurm's requeue has no backoff a job sets
+SLURM_NO_BACKOFF = ("Slurm's requeue has no backoff setting a job sets: its wait is the requeue delay "
+                    "measured from the kill to the next attempt's start")
 
 
 @dataclass
@@ -158,21 +166,20 @@ def _judge(drill: SlurmCrashLoop, job_id: str, attempts: list[SlurmAttempt], str
         measured.append(CrashLoopAttempt(
             i, outcome, struck, steps[0] if steps else None, steps[-1] if steps else None,
             len([s for s in steps if s > best]), None if wait is None else round(wait, 3), round(duration, 3),
-            round(duration * drill.ranks, 3), strikes.newest.get(i - 1) if i else None))
+            round(duration * drill.ranks, 3), strikes.newest.get(i - 1) if i else None,
+            reached_step=steps[-1] if struck is not None and steps else None))
         best = max([best, *steps])
     policy = f"Slurm requeue of job {job_id} ({attempts[0].host if attempts else 'no node seen'})"
     ended = f"{state.message}; restarts {state.evidence.get('restarts')}" + (f"; {stopped}" if stopped else "")
     spent = round(sum(a.rank_seconds for a in measured), 3)
-    struck_steps = list(strikes.step.values())
-    failing = collections.Counter(struck_steps).most_common(1)[0][0] if struck_steps else None
+    failing, struck_count, where = where_struck(measured)
     status: CheckStatus
     if not measured:
         status, problems = "error", [f"no attempt of job {job_id} in its log ({ended}): is it trainguard's sbatch script?"]
     else:
-        status, problems = judge_loop(measured, drill.max_attempts, drill.min_backoff_s)
-    found = CrashLoopEvidence(policy, failing, len(struck_steps), drill.max_attempts, drill.min_backoff_s, "", spent,
-                              measured, problems, ended)
-    where = f"step {failing} failed on {len(struck_steps)} of {len(measured)} attempt(s)"
+        status, problems = judge_loop(measured, drill.max_attempts, drill.min_backoff_s, no_backoff=SLURM_NO_BACKOFF)
+    found = CrashLoopEvidence(policy, failing, struck_count, drill.max_attempts, drill.min_backoff_s, "", spent,
+                              measured, problems, ended, backoff_setting=SLURM_NO_BACKOFF)
     waits = ", ".join(f"{a.wait_before_s:.1f}" for a in measured if a.wait_before_s is not None) or "none"
     if status == "passed":
         summary = (f"{where}; Slurm stopped requeueing after {len(measured)} attempt(s) (cap {drill.max_attempts}): "

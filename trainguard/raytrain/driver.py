@@ -54,6 +54,9 @@ def _worker_entry(config: dict[str, Any]) -> Any:
     node = ray.util.get_node_ip_address()
     node_id = ray.get_runtime_context().get_node_id()  # the nodes of one machine share the IP
     print(format_worker_line(rank, os.getpid(), node, node_id), file=sys.stderr, flush=True)
+    from trainguard.launch.hook import mark_training_thread
+
+    mark_training_thread()  # a drill's raise (crash_loop how: raise) lands in the train function
     if spec.get("run_hook"):
         _install_run_agent(spec["run_hook"], rank, context.get_world_size())
     original = ray.train.report

@@ -41,6 +41,7 @@ __all__ = [
     "hook_env",
     "hook_pythonpath",
     "install_run_agent",
+    "mark_training_thread",
     "run_hook_env",
     "worker_run_hook_env",
 ]
@@ -142,3 +143,12 @@ def flush_run_agent() -> None:
     module = sys.modules.get("_trainguard_run_agent")
     if module is not None:
         module.flush()
+
+
+def mark_training_thread() -> None:
+    """The calling thread runs the job's steps: a raise of the fault agent armed in this process
+    (crash_loop's ``how: raise``) goes there instead of the main thread -- a Ray Train worker
+    runs its train function in a thread of its own. Nothing when no agent is armed."""
+    module = sys.modules.get("_trainguard_fault_agent")
+    if module is not None:
+        module.mark_training_thread()

@@ -15,7 +15,14 @@ agent appends to), ``step``, and per mode: ``dir`` (disk_full), ``chunk_mb``, ``
 oom, nan and sdc arm only in the first Python process of the rank (it records its pid in
 ``TRAINGUARD_FAULT_HOOK_PID``): DataLoader workers and spawned children inherit the hook inert.
 disk_full arms in every Python process of the rank: a full disk is full for a checkpoint writer
-in a child process too.
+in a child process too. crash_loop arms in every Python process of the rank as well (torchrun's
+workers are children of its agent, a Ray worker is no child of the driver): its trigger names the
+pids that raise, one a line, so only the process the drill chose fires.
+
+A raise goes to the main thread (a signal handler); crash_loop's goes to the training thread
+when the process named one (:func:`mark_training_thread`: a Ray Train worker runs the train
+function in a thread of its own), as an asynchronous exception raised at that thread's next Python
+instruction.
 
 The file's name is unusual on purpose: the hook directory is first on the rank's PYTHONPATH, so
 every module in it is importable by its bare name there.
@@ -65,7 +72,7 @@ def install(raw_spec: str) -> Agent | None:
     target = spec.get("rank")
     if target is not None and os.environ.get("RANK", "0") != str(target):
         return None
-    if spec.get("fault") in ("oom", "nan", "sdc", "crash_loop"):
+    if spec.get("fault") in ("oom", "nan", "sdc"):
         owner = os.environ.get(ENV_PID)
         if owner and owner != str(os.getpid()):
             return None  # a child of the armed process (DataLoader worker, spawn child): inert
@@ -88,6 +95,8 @@ class Agent:
         self.fired = False
         self._ballast: list[Any] = []
         self._main_ident = threading.main_thread().ident
+        #: the thread a raise goes to when it is not the main thread (mark_training_thread)
+        self.training_ident: int | None = None
         self._raise_pending = False
         self._dir = os.path.realpath(spec["dir"]) if spec.get("dir") else None
         self._tracked_files: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -147,6 +156,8 @@ class Agent:
                 content = f.read().strip()
         except OSError:
             return False
+        if self.fault == "crash_loop":
+            return str(os.getpid()) in content.split()
         return content == str(os.getpid()) or (content == "" and self.fault == "oom")
 
     def _poll(self) -> None:
@@ -175,7 +186,10 @@ class Agent:
     # -- oom ---------------------------------------------------------------------------------
 
     def _fire_oom(self) -> None:
-        if self.mode == "raise":
+        in_training_thread = self.fault == "crash_loop" and self.training_ident not in (None, self._main_ident)
+        if self.mode == "raise" and in_training_thread:
+            self._raise_in_training_thread()
+        elif self.mode == "raise":
             self._raise_pending = True
             assert self._main_ident is not None
             signal.pthread_kill(self._main_ident, RAISE_SIGNAL)
@@ -191,15 +205,38 @@ class Agent:
             return
         self._raise_pending = False
         if self.fault == "crash_loop":
-            self.event("raised", error="RuntimeError")
-            raise RuntimeError(f"trainguard crash_loop drill: error raised at step {self.step} "
-                               f"(how: raise) on rank {os.environ.get('RANK', '0')}")
+            self.event("raised", error="RuntimeError", thread="MainThread")
+            raise RuntimeError(self._crash_loop_message())
         error = _torch_oom_class()
         self.event("raised", error=error.__name__)
         raise error(
             f"trainguard fault drill: torch.OutOfMemoryError injected after step {self.step} "
             f"(oom mode raise) on rank {os.environ.get('RANK', '0')}"
         )
+
+    def _crash_loop_message(self) -> str:
+        return (f"trainguard crash_loop drill: error raised at step {self.step} (how: raise) on rank "
+                f"{os.environ.get('RANK', '0')}")
+
+    def _raise_in_training_thread(self) -> None:
+        """Raise in the marked training thread: an asynchronous exception (a signal handler runs
+        only in the main thread), raised at that thread's next Python instruction -- after the
+        blocking call it may be in returns. CPython instantiates the class without arguments,
+        so the message is the class's own."""
+        import ctypes
+
+        message = self._crash_loop_message()
+
+        class TrainguardDrillError(RuntimeError):
+            def __init__(self) -> None:
+                super().__init__(message)
+
+        ident = self.training_ident
+        set_async = ctypes.pythonapi.PyThreadState_SetAsyncExc
+        set_async.argtypes = (ctypes.c_ulong, ctypes.py_object)
+        hit = set_async(ident, TrainguardDrillError)
+        self.event("raised" if hit == 1 else "error", error="RuntimeError", thread=ident,
+                   **({} if hit == 1 else {"why": f"no thread {ident} to raise in"}))
 
     def _host_ballast(self, *, stop_at_slack: bool) -> None:
         """Allocate and touch memory in chunks. cgroup mode: until the kernel kills us (or
@@ -431,6 +468,14 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
+
+
+def mark_training_thread() -> None:
+    """The calling thread runs the job's steps (a Ray Train worker's training thread): the armed
+    agent's raise goes there, not to the main thread."""
+    if _agent is not None:
+        _agent.training_ident = threading.get_ident()
+        _agent.event("training_thread", thread=threading.current_thread().name)
 
 
 def _fails_writes(mode: str) -> bool:
