@@ -158,3 +158,81 @@ def test_init_reads_a_loss_padded_to_a_width_whatever_its_digits() -> None:
     for line, value in (("|     3 batches | loss  6.42 | ppl     2.00", "6.42"), ("|    12 batches | loss 11.23 | ppl 2.00", "11.23")):
         found = re.search(regex, line)
         assert found is not None and found["value"] == value, (regex, line)
+
+
+def job_of(source: str, script: str = "main.py") -> tuple[str, str]:
+    """The job file init writes for ``source`` and its loss metric's regex."""
+    text = render_job_file(draft_job(scan_script(source, script), script, InitChoices()))
+    return text, parse_config(text).job.metric_line_regexes[0]
+
+
+def test_init_keeps_the_loss_regex_off_the_test_loss_line() -> None:
+    # time_sequence_prediction prints 'loss:' in its LBFGS closure and 'test loss:' after each
+    # step: `loss: (?P<value>...)` matched both, so a test loss was counted as a training step
+    source = textwrap.dedent('''\
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--steps", type=int, default=15)
+        args = parser.parse_args()
+        for i in range(args.steps):
+            print('STEP: ', i)
+            def closure():
+                loss = criterion(out, target)
+                print('loss:', loss.item())
+                return loss
+            with torch.no_grad():
+                loss = criterion(pred, test_target)
+                print('test loss:', loss.item())
+        ''')
+    _, regex = job_of(source, "train.py")
+    found = re.search(regex, "loss: 0.5012")
+    assert found is not None and found["value"] == "0.5012", regex
+    assert re.search(regex, "test loss: 0.0123") is None, regex
+
+
+def test_init_follows_a_print_interval_passed_to_the_function_that_prints() -> None:
+    # gat/main.py prints in train_iter(..., print_every) `if epoch % print_every == 0` and passes
+    # args.val_every (default 20): a loss line every 20 epochs unless --val-every 1
+    source = textwrap.dedent('''\
+        import argparse
+        def train_iter(epoch, model, optimizer, print_every=10):
+            loss_train = 1.0 / epoch
+            if epoch % print_every == 0:
+                print(f'Epoch: {epoch:04d} loss_train: {loss_train:.4f}')
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--epochs', type=int, default=300)
+        parser.add_argument('--val-every', type=int, default=20)
+        args = parser.parse_args()
+        for epoch in range(args.epochs):
+            train_iter(epoch + 1, None, None, args.val_every)
+        ''')
+    text, _ = job_of(source)
+    assert "--val-every 1" in " ".join(parse_config(text).job.command), text
+
+
+def test_init_guesses_no_flags_for_a_script_that_reads_no_arguments() -> None:
+    # Lightning's examples/pytorch/basics/transformer.py reads no command line (Trainer(max_epochs
+    # =20) in the code): init passed it guessed --steps/--ckpt-dir/--seed, which it ignored, so a
+    # smoke "run of 5 steps" was 20 epochs; now trainguard ends the runs itself
+    source = textwrap.dedent('''\
+        import lightning as L
+        class LanguageModel(L.LightningModule):
+            def training_step(self, batch, batch_idx):
+                loss = self.model(batch)
+                self.log("train_loss", loss)
+                return loss
+        def main():
+            L.seed_everything(42)
+            trainer = L.Trainer(max_epochs=20)
+            trainer.fit(LanguageModel())
+        if __name__ == "__main__":
+            main()
+        ''')
+    text = render_job_file(draft_job(scan_script(source, "transformer.py"), "transformer.py", InitChoices()))
+    job = parse_config(text).job
+    assert job.stop_after_steps and job.command == ["python", "transformer.py"], job.command
+    assert "reads no command-line arguments" in text
+    # one that reads sys.argv itself keeps the guessed flags, marked as guesses
+    argv = source.replace("def main():", "import sys\ndef main():\n    print(sys.argv)")
+    guessed = parse_config(render_job_file(draft_job(scan_script(argv, "t.py"), "t.py", InitChoices()))).job
+    assert "{steps}" in " ".join(guessed.command) and not guessed.stop_after_steps
