@@ -87,6 +87,36 @@ def _wikitext_demo(work: Path, sequences: int = 5000) -> None:
     (work / "data" / "wikitext-2.txt").write_text("\n".join(lines) + "\n")
 
 
+def _mlm(work: Path, block: int = 32, batch: int = 8) -> None:
+    """For transformers' run_mlm_no_trainer.py: ``train.txt`` of just ``batch`` blocks of
+    ``block`` tokens (one optimizer step an epoch: the script logs only the ``eval_loss`` after
+    each epoch, so each step has its loss line), ``valid.txt``, ``tok`` (a word-level tokenizer
+    with BERT's special tokens, ``model_max_length`` = ``block``) and ``cfg`` (a BERT of 2 layers,
+    width 32) to train from scratch."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import BertConfig, PreTrainedTokenizerFast
+
+    rng = random.Random(0)
+    train: list[str] = []
+    while sum(len(s.split()) + 2 for s in train) < block * batch:  # [CLS] ... [SEP]
+        train.append(_sentence(rng))
+    valid = [_sentence(rng) for _ in range(60)]
+    (work / "train.txt").write_text("\n".join(train) + "\n")
+    (work / "valid.txt").write_text("\n".join(valid) + "\n")
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    words = sorted({w for s in train + valid for w in s.split()})
+    vocab = {t: i for i, t in enumerate([*special, *words])}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                            sep_token="[SEP]", mask_token="[MASK]", model_max_length=block,
+                            ).save_pretrained(str(work / "tok"))
+    BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+               intermediate_size=64, max_position_embeddings=64).save_pretrained(str(work / "cfg"))
+
+
 @dataclass(frozen=True)
 class Row:
     """One public script: where it is in the checkout, how its data is made, the edits a user
@@ -121,6 +151,13 @@ ROWS = (
         "1650 nodes, 120 binary words, 7 classes"),
     Row("lightning_transformer", "lightning", "examples/pytorch/basics", "transformer.py", _wikitext_demo,
         "data/wikitext-2.txt (the demo WikiText2 reads it instead of downloading): 5000 blocks of 35 tokens"),
+    Row("run_mlm_no_trainer", "transformers", "examples/pytorch/language-modeling", "run_mlm_no_trainer.py", _mlm,
+        "train.txt (8 blocks of 32 tokens: one step an epoch), valid.txt (60 sentences), a word-level tokenizer "
+        "with BERT's special tokens (tok/) and a BERT config of 2 layers, width 32 (cfg/)",
+        edits=(("the data and the model: --train_file train.txt --validation_file valid.txt --config_name cfg "
+                "--tokenizer_name tok", "python run_mlm_no_trainer.py",
+                "python run_mlm_no_trainer.py --train_file train.txt --validation_file valid.txt --config_name cfg "
+                "--tokenizer_name tok"),)),
 )
 #: the command-line option giving each source's checkout
 SOURCES = {"examples": "a checkout of pytorch/examples", "lightning": "a checkout of Lightning-AI/pytorch-lightning",

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,9 @@ from trainguard.config import parse_config
 from trainguard.config.scaffold import InitChoices, draft_job, render_job_file
 from trainguard.config.scriptscan import scan_script
 from trainguard.errors import ConfigError
-from trainguard.launch import MetricPoint
+from trainguard.launch import Launcher, LaunchSpec, MetricPoint
 from trainguard.launch.stops import (
+    SILENT_RANK_WAIT_MAX_S,
     Progress,
     Snapshot,
     StepsDone,
@@ -60,9 +63,39 @@ def test_the_run_ends_once_every_rank_that_prints_is_past_the_final_step() -> No
     assert stop is not None and stop.outcome == "ok"
     assert stop.reason == "ended by trainguard after step 5"
     assert ended_by_trainguard(stop.evidence) == 5
-    # a rank that prints nothing is not waited for; no line at all: nothing to end on
-    assert StepsDone(5).check(snapshot(progress((0, 6)))) is not None
+    # no line at all: nothing to end on
     assert StepsDone(5).check(snapshot({})) is None
+
+
+def test_a_running_rank_that_printed_nothing_is_waited_for_as_long_as_the_printers_took_to_start() -> None:
+    # rank 0's first line came 2.0 s after the launch, its step 5 at 2.4 s: rank 1, running and
+    # silent, may only have started late; it is waited for until 2.4 + 2.0 s
+    kept = [MetricPoint("loss", step, 1.0, 0, 1.9 + 0.1 * step) for step in range(1, 6)]
+    state = Snapshot(now=4.0, exit_codes={0: None, 1: None}, job_time=4.0, last_step={0: 6}, points=kept)
+    assert StepsDone(5).check(state) is None
+    stop = StepsDone(5).check(replace(state, now=4.6))
+    assert stop is not None and stop.evidence["ended_by_trainguard"] == {
+        "after_step": 5, "ranks_seen": [0], "silent_ranks": [1], "waited_for_them_s": 2.0}
+    # one that has exited is not waited for; nor is any longer than SILENT_RANK_WAIT_MAX_S
+    assert StepsDone(5).check(replace(state, exit_codes={0: None, 1: 0})) is not None
+    slow = [replace(p, t=p.t + 100.0) for p in kept]
+    assert StepsDone(5).check(replace(state, points=slow, now=102.4 + SILENT_RANK_WAIT_MAX_S - 0.1)) is None
+    assert StepsDone(5).check(replace(state, points=slow, now=102.4 + SILENT_RANK_WAIT_MAX_S + 0.1)) is not None
+
+
+@pytest.mark.slow  # a real 2-rank launch (3 s, mostly sleeping)
+@pytest.mark.timeout(120)
+def test_a_second_rank_that_starts_printing_after_the_first_is_past_the_step_is_waited_for(tmp_path: Path) -> None:
+    # two ranks that share no collective, rank 1's start-up 0.8 s longer than rank 0's 2 s: rank 0
+    # is past step 5 before rank 1 printed anything; the run still holds both ranks' steps 1..5
+    spec = LaunchSpec([sys.executable, str(JOBS / "epoch_train.py"), "--start-delay", "2", "0.8"],
+                      run_dir=tmp_path / "run", world_size=2, timeout=60, final_step=5, end_after_final_step=True,
+                      metric_regexes={"loss": r"\| step (?P<step>\d+) \| loss (?P<value>\S+)"})
+    result = Launcher(spec).run()
+    assert result.outcome == "ok", result.reason
+    assert result.evidence["ended_by_trainguard"]["ranks_seen"] == [0, 1], result.evidence
+    steps = {rank: sorted(p.step for p in result.points if p.rank == rank) for rank in (0, 1)}
+    assert steps == {0: [1, 2, 3, 4, 5], 1: [1, 2, 3, 4, 5]}
 
 
 def test_the_condition_is_asked_only_for_a_job_trainguard_ends_and_after_the_jobs_own_end() -> None:
