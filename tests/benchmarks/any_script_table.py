@@ -5,8 +5,18 @@ docs/any-script.md.
     .venv/bin/python -m tests.benchmarks.any_script_table --examples /path/to/pytorch-examples \\
         [--lightning /path/to/pytorch-lightning] [--transformers /path/to/transformers] [--only NAME...] [--out FILE.md]
 
-Public code stays out of this repository and CI cannot fetch it: ``--examples`` is a checkout of
-https://github.com/pytorch/examples (any recent commit; the commit is printed in the table).
+Public code stays out of this repository and CI cannot fetch it; each row's script comes from a
+checkout given on the command line (a row whose checkout is not given is left out; the commits
+are printed in the table):
+
+- ``--examples``: https://github.com/pytorch/examples (word_language_model, time_sequence_prediction,
+  gat);
+- ``--lightning``: Lightning-AI/pytorch-lightning (examples/pytorch/basics/transformer.py);
+- ``--transformers``: a folder holding examples/pytorch/language-modeling/run_mlm_no_trainer.py of a
+  transformers whose examples import against the installed one (5.x: the examples of 4.57.0.dev0
+  or later; the copy measured is the one of evalstate/transformers at 27c3403, a fork of main at
+  4.57.0.dev0, as docs/invariants.md's run_clm_no_trainer.py).
+
 Each row copies one script's folder (without its data) to a temp dir, makes its data there, runs
 ``trainguard init <script> -y``, applies the row's job-file edits (each one named in the table:
 the goal is none beyond what only the user can know, such as a data path), then
@@ -90,7 +100,8 @@ def _wikitext_demo(work: Path, sequences: int = 5000) -> None:
 def _mlm(work: Path, block: int = 32, batch: int = 8) -> None:
     """For transformers' run_mlm_no_trainer.py: ``train.txt`` of just ``batch`` blocks of
     ``block`` tokens (one optimizer step an epoch: the script logs only the ``eval_loss`` after
-    each epoch, so each step has its loss line), ``valid.txt``, ``tok`` (a word-level tokenizer
+    each epoch, so each step has its loss line), ``valid.txt`` (the same text: the canary reads
+    that eval loss, and a held-out one of 8 training blocks barely falls), ``tok`` (a word-level tokenizer
     with BERT's special tokens, ``model_max_length`` = ``block``) and ``cfg`` (a BERT of 2 layers,
     width 32) to train from scratch."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -100,11 +111,10 @@ def _mlm(work: Path, block: int = 32, batch: int = 8) -> None:
     train: list[str] = []
     while sum(len(s.split()) + 2 for s in train) < block * batch:  # [CLS] ... [SEP]
         train.append(_sentence(rng))
-    valid = [_sentence(rng) for _ in range(60)]
     (work / "train.txt").write_text("\n".join(train) + "\n")
-    (work / "valid.txt").write_text("\n".join(valid) + "\n")
+    (work / "valid.txt").write_text("\n".join(train) + "\n")
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    words = sorted({w for s in train + valid for w in s.split()})
+    words = sorted({w for group in WORDS for phrase in group for w in phrase.split()} | {"."})
     vocab = {t: i for i, t in enumerate([*special, *words])}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -152,12 +162,14 @@ ROWS = (
     Row("lightning_transformer", "lightning", "examples/pytorch/basics", "transformer.py", _wikitext_demo,
         "data/wikitext-2.txt (the demo WikiText2 reads it instead of downloading): 5000 blocks of 35 tokens"),
     Row("run_mlm_no_trainer", "transformers", "examples/pytorch/language-modeling", "run_mlm_no_trainer.py", _mlm,
-        "train.txt (8 blocks of 32 tokens: one step an epoch), valid.txt (60 sentences), a word-level tokenizer "
+        "train.txt (8 blocks of 32 tokens: one step an epoch), valid.txt (the same text), a word-level tokenizer "
         "with BERT's special tokens (tok/) and a BERT config of 2 layers, width 32 (cfg/)",
         edits=(("the data and the model: --train_file train.txt --validation_file valid.txt --config_name cfg "
-                "--tokenizer_name tok", "python run_mlm_no_trainer.py",
+                "--tokenizer_name tok; --learning_rate 5e-3 (a tiny model from scratch: at the default 5e-5, a "
+                "fine-tuning rate, the canary fails: loss fell 0.5 % in 60 steps)",
+                "python run_mlm_no_trainer.py",
                 "python run_mlm_no_trainer.py --train_file train.txt --validation_file valid.txt --config_name cfg "
-                "--tokenizer_name tok"),)),
+                "--tokenizer_name tok --learning_rate 5e-3"),)),
 )
 #: the command-line option giving each source's checkout
 SOURCES = {"examples": "a checkout of pytorch/examples", "lightning": "a checkout of Lightning-AI/pytorch-lightning",

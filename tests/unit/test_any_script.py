@@ -269,3 +269,18 @@ def test_init_guesses_no_flags_for_a_script_that_reads_no_arguments() -> None:
     argv = source.replace("def main():", "import sys\ndef main():\n    print(sys.argv)")
     guessed = parse_config(render_job_file(draft_job(scan_script(argv, "t.py"), "t.py", InitChoices()))).job
     assert "{steps}" in " ".join(guessed.command) and not guessed.stop_after_steps
+
+
+def test_init_says_when_the_loss_line_comes_only_every_k_steps_by_a_number_in_the_code() -> None:
+    # Lightning's examples/fabric/language_model/train.py: `if batch_idx % 200 == 0: print(...)`;
+    # init wrote the regex as if each step had its line, and the checks waited for lines that
+    # come every 200 steps
+    source = textwrap.dedent('''\
+        def train_epoch(fabric, model, optimizer, train_dataloader, epoch):
+            for batch_idx, batch in enumerate(train_dataloader):
+                loss = model(batch)
+                if batch_idx % 200 == 0:
+                    fabric.print(f"epoch: {epoch} - iteration: {batch_idx} - loss {loss.item():.4f}")
+        ''')
+    text, _ = job_of(source, "train.py")
+    assert "prints its loss line (line 5) only every 200 steps, a number in its code" in text, text

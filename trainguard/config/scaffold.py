@@ -441,6 +441,10 @@ class _Builder:
         best = lines[0]
         d.metric_notes.append(f"from {self.script} line {best.line}: {best.text}")
         every = self.find((best.interval,)) if best.interval else None
+        if best.interval and every is None and best.interval.isdigit() and best.interval != "1":
+            d.todos.append(f"{self.script} prints its loss line (line {best.line}) only every "
+                           f"{best.interval} steps, a number in its code: the checks compare each "
+                           "step, so give them a line every step (or a metric file, docs/metrics.md)")
         # a configurator's config file may set it, whatever the script's default
         if every is not None and (self.eq or every.default != 1):
             self.add(every.flag, "1")

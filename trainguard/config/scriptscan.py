@@ -85,7 +85,8 @@ class LossLine:
     #: the format string as written (shortened), for the comment naming where it came from
     text: str
     score: int
-    #: the name of how often it is printed (``log_interval`` of ``if it % log_interval == 0:``)
+    #: the name of how often it is printed (``log_interval`` of ``if it % log_interval == 0:``),
+    #: or the number (``"200"`` of ``if batch_idx % 200 == 0:``)
     interval: str | None = None
     #: the line as printed, each field a number (what another line's regex is tried on)
     sample: str = ""
@@ -604,6 +605,8 @@ class _Scanner:
             if isinstance(node, ast.If):
                 for sub in ast.walk(node.test):
                     if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mod):
+                        if isinstance(sub.right, ast.Constant) and isinstance(sub.right.value, int):
+                            return str(sub.right.value)  # a number in the code: no option sets it
                         name = primary_name(sub.right)
                         return self.passed_as(sub.right, name) if name else None
             if isinstance(node, ast.For | ast.While | ast.FunctionDef | ast.AsyncFunctionDef):

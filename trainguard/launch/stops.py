@@ -224,13 +224,12 @@ class StepsDone:
         if final is None or not state.last_step or min(state.last_step.values()) <= final:
             return None
         silent = sorted(r for r, code in state.exit_codes.items() if code is None and r not in state.last_step)
-        ended: dict[str, Any] = {"after_step": final, "ranks_seen": sorted(state.last_step)}
-        if silent:
-            wait = silent_rank_wait(state.points)
-            if state.now < wait.since + wait.seconds:
-                return None
-            ended.update(silent_ranks=silent, waited_for_them_s=round(wait.seconds, 3))
-        return Stop("ok", f"ended by trainguard after step {final}", evidence={"ended_by_trainguard": ended})
+        wait = silent_rank_wait(state.points) if silent else None
+        if wait is not None and state.now < wait.since + wait.seconds:
+            return None
+        waited = {"silent_ranks": silent, "waited_for_them_s": round(wait.seconds, 3)} if wait is not None else {}
+        return Stop("ok", f"ended by trainguard after step {final}", evidence={"ended_by_trainguard": {
+            "after_step": final, "ranks_seen": sorted(state.last_step), **waited}})
 
 
 @dataclass(frozen=True)
