@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,9 @@ from trainguard.config import parse_config
 from trainguard.config.scaffold import InitChoices, draft_job, render_job_file
 from trainguard.config.scriptscan import scan_script
 from trainguard.errors import ConfigError
-from trainguard.launch import MetricPoint
+from trainguard.launch import Launcher, LaunchSpec, MetricPoint
 from trainguard.launch.stops import (
+    SILENT_RANK_WAIT_MAX_S,
     Progress,
     Snapshot,
     StepsDone,
@@ -60,9 +63,39 @@ def test_the_run_ends_once_every_rank_that_prints_is_past_the_final_step() -> No
     assert stop is not None and stop.outcome == "ok"
     assert stop.reason == "ended by trainguard after step 5"
     assert ended_by_trainguard(stop.evidence) == 5
-    # a rank that prints nothing is not waited for; no line at all: nothing to end on
-    assert StepsDone(5).check(snapshot(progress((0, 6)))) is not None
+    # no line at all: nothing to end on
     assert StepsDone(5).check(snapshot({})) is None
+
+
+def test_a_running_rank_that_printed_nothing_is_waited_for_as_long_as_the_printers_took_to_start() -> None:
+    # rank 0's first line came 2.0 s after the launch, its step 5 at 2.4 s: rank 1, running and
+    # silent, may only have started late; it is waited for until 2.4 + 2.0 s
+    kept = [MetricPoint("loss", step, 1.0, 0, 1.9 + 0.1 * step) for step in range(1, 6)]
+    state = Snapshot(now=4.0, exit_codes={0: None, 1: None}, job_time=4.0, last_step={0: 6}, points=kept)
+    assert StepsDone(5).check(state) is None
+    stop = StepsDone(5).check(replace(state, now=4.6))
+    assert stop is not None and stop.evidence["ended_by_trainguard"] == {
+        "after_step": 5, "ranks_seen": [0], "silent_ranks": [1], "waited_for_them_s": 2.0}
+    # one that has exited is not waited for; nor is any longer than SILENT_RANK_WAIT_MAX_S
+    assert StepsDone(5).check(replace(state, exit_codes={0: None, 1: 0})) is not None
+    slow = [replace(p, t=p.t + 100.0) for p in kept]
+    assert StepsDone(5).check(replace(state, points=slow, now=102.4 + SILENT_RANK_WAIT_MAX_S - 0.1)) is None
+    assert StepsDone(5).check(replace(state, points=slow, now=102.4 + SILENT_RANK_WAIT_MAX_S + 0.1)) is not None
+
+
+@pytest.mark.slow  # a real 2-rank launch (3 s, mostly sleeping)
+@pytest.mark.timeout(120)
+def test_a_second_rank_that_starts_printing_after_the_first_is_past_the_step_is_waited_for(tmp_path: Path) -> None:
+    # two ranks that share no collective, rank 1's start-up 0.8 s longer than rank 0's 2 s: rank 0
+    # is past step 5 before rank 1 printed anything; the run still holds both ranks' steps 1..5
+    spec = LaunchSpec([sys.executable, str(JOBS / "epoch_train.py"), "--start-delay", "2", "0.8"],
+                      run_dir=tmp_path / "run", world_size=2, timeout=60, final_step=5, end_after_final_step=True,
+                      metric_regexes={"loss": r"\| step (?P<step>\d+) \| loss (?P<value>\S+)"})
+    result = Launcher(spec).run()
+    assert result.outcome == "ok", result.reason
+    assert result.evidence["ended_by_trainguard"]["ranks_seen"] == [0, 1], result.evidence
+    steps = {rank: sorted(p.step for p in result.points if p.rank == rank) for rank in (0, 1)}
+    assert steps == {0: [1, 2, 3, 4, 5], 1: [1, 2, 3, 4, 5]}
 
 
 def test_the_condition_is_asked_only_for_a_job_trainguard_ends_and_after_the_jobs_own_end() -> None:
@@ -158,3 +191,96 @@ def test_init_reads_a_loss_padded_to_a_width_whatever_its_digits() -> None:
     for line, value in (("|     3 batches | loss  6.42 | ppl     2.00", "6.42"), ("|    12 batches | loss 11.23 | ppl 2.00", "11.23")):
         found = re.search(regex, line)
         assert found is not None and found["value"] == value, (regex, line)
+
+
+def job_of(source: str, script: str = "main.py") -> tuple[str, str]:
+    """The job file init writes for ``source`` and its loss metric's regex."""
+    text = render_job_file(draft_job(scan_script(source, script), script, InitChoices()))
+    return text, parse_config(text).job.metric_line_regexes[0]
+
+
+def test_init_keeps_the_loss_regex_off_the_test_loss_line() -> None:
+    # time_sequence_prediction prints 'loss:' in its LBFGS closure and 'test loss:' after each
+    # step: `loss: (?P<value>...)` matched both, so a test loss was counted as a training step
+    source = textwrap.dedent('''\
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--steps", type=int, default=15)
+        args = parser.parse_args()
+        for i in range(args.steps):
+            print('STEP: ', i)
+            def closure():
+                loss = criterion(out, target)
+                print('loss:', loss.item())
+                return loss
+            with torch.no_grad():
+                loss = criterion(pred, test_target)
+                print('test loss:', loss.item())
+        ''')
+    _, regex = job_of(source, "train.py")
+    found = re.search(regex, "loss: 0.5012")
+    assert found is not None and found["value"] == "0.5012", regex
+    assert re.search(regex, "test loss: 0.0123") is None, regex
+
+
+def test_init_follows_a_print_interval_passed_to_the_function_that_prints() -> None:
+    # gat/main.py prints in train_iter(..., print_every) `if epoch % print_every == 0` and passes
+    # args.val_every (default 20): a loss line every 20 epochs unless --val-every 1
+    source = textwrap.dedent('''\
+        import argparse
+        def train_iter(epoch, model, optimizer, print_every=10):
+            loss_train = 1.0 / epoch
+            if epoch % print_every == 0:
+                print(f'Epoch: {epoch:04d} loss_train: {loss_train:.4f}')
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--epochs', type=int, default=300)
+        parser.add_argument('--val-every', type=int, default=20)
+        args = parser.parse_args()
+        for epoch in range(args.epochs):
+            train_iter(epoch + 1, None, None, args.val_every)
+        ''')
+    text, _ = job_of(source)
+    assert "--val-every 1" in " ".join(parse_config(text).job.command), text
+
+
+def test_init_guesses_no_flags_for_a_script_that_reads_no_arguments() -> None:
+    # Lightning's examples/pytorch/basics/transformer.py reads no command line (Trainer(max_epochs
+    # =20) in the code): init passed it guessed --steps/--ckpt-dir/--seed, which it ignored, so a
+    # smoke "run of 5 steps" was 20 epochs; now trainguard ends the runs itself
+    source = textwrap.dedent('''\
+        import lightning as L
+        class LanguageModel(L.LightningModule):
+            def training_step(self, batch, batch_idx):
+                loss = self.model(batch)
+                self.log("train_loss", loss)
+                return loss
+        def main():
+            L.seed_everything(42)
+            trainer = L.Trainer(max_epochs=20)
+            trainer.fit(LanguageModel())
+        if __name__ == "__main__":
+            main()
+        ''')
+    text = render_job_file(draft_job(scan_script(source, "transformer.py"), "transformer.py", InitChoices()))
+    job = parse_config(text).job
+    assert job.stop_after_steps and job.command == ["python", "transformer.py"], job.command
+    assert "reads no command-line arguments" in text
+    # one that reads sys.argv itself keeps the guessed flags, marked as guesses
+    argv = source.replace("def main():", "import sys\ndef main():\n    print(sys.argv)")
+    guessed = parse_config(render_job_file(draft_job(scan_script(argv, "t.py"), "t.py", InitChoices()))).job
+    assert "{steps}" in " ".join(guessed.command) and not guessed.stop_after_steps
+
+
+def test_init_says_when_the_loss_line_comes_only_every_k_steps_by_a_number_in_the_code() -> None:
+    # Lightning's examples/fabric/language_model/train.py: `if batch_idx % 200 == 0: print(...)`;
+    # init wrote the regex as if each step had its line, and the checks waited for lines that
+    # come every 200 steps
+    source = textwrap.dedent('''\
+        def train_epoch(fabric, model, optimizer, train_dataloader, epoch):
+            for batch_idx, batch in enumerate(train_dataloader):
+                loss = model(batch)
+                if batch_idx % 200 == 0:
+                    fabric.print(f"epoch: {epoch} - iteration: {batch_idx} - loss {loss.item():.4f}")
+        ''')
+    text, _ = job_of(source, "train.py")
+    assert "prints its loss line (line 5) only every 200 steps, a number in its code" in text, text

@@ -372,7 +372,9 @@ def test_a_loss_line_without_a_step_counts_lines_and_leaves_resume_out() -> None
 
 
 def test_a_script_init_cannot_read_keeps_the_old_flags_marked_todo() -> None:
-    text = draft("import torch\nmodel = torch.nn.Linear(2, 2)\n")
+    # it reads its command line in a way init cannot follow (a script that reads none gets no
+    # flags: tests/unit/test_any_script.py)
+    text = draft("import sys\nimport torch\nsettings = sys.argv[1:]\nmodel = torch.nn.Linear(2, 2)\n")
     job = parse_config(text).job
     assert job.command == ["python", "train.py", "--steps", "{steps}", "--ckpt-dir", "{checkpoint_dir}",
                            "--seed", "{seed}"]

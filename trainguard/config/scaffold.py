@@ -254,6 +254,10 @@ class _Builder:
         scripts init cannot read (today's flags, marked as guesses)."""
         plain = self.draft.kind == "plain" or not self.facts.options
         c = self.choices
+        if plain and not self.facts.reads_arguments and not any(
+                (c.steps_flag, c.ckpt_flag, c.seed_flag, c.resume_args)):
+            self.no_arguments()
+            return
         self.draft.flags["steps"] = self.role("steps", c.steps_flag, _STEPS, "{steps}", "--steps" if plain else None)
         if self.draft.flags["steps"] is None:  # by epochs, to a time budget: trainguard ends each run
             self.draft.stop_after_steps = True
@@ -280,6 +284,22 @@ class _Builder:
             self.resume_from_option()
         if self.draft.kind == "huggingface":
             self.draft.metric = {"trainer": "huggingface"}
+            self.hub_note()
+
+    def no_arguments(self) -> None:
+        """A script that reads no command line (no argparse, no ``sys.argv``): flags would be
+        ignored, so none is guessed; trainguard ends each run (``stop_after_steps``)."""
+        d = self.draft
+        d.stop_after_steps = True
+        d.guesses.append(f"steps: none ({self.script} reads no command-line arguments, so trainguard "
+                         "ends each run after the check's steps: stop_after_steps)")
+        d.guesses.append(f"seed: none ({self.script} reads no arguments; runs use its own seeding)")
+        d.todos.append(f"{self.script} reads no command-line arguments (init found no argparse, "
+                       "sys.argv or argument package in it), so the command passes none: no "
+                       "checkpoint directory and no resume, so the resume check is left out; if a "
+                       "module it imports reads them, add its options")
+        if d.kind == "huggingface":
+            d.metric = {"trainer": "huggingface"}
             self.hub_note()
 
     def fixed(self, role: str, given: str | None, flag: str, placeholder: str, why: str) -> str:
@@ -421,6 +441,10 @@ class _Builder:
         best = lines[0]
         d.metric_notes.append(f"from {self.script} line {best.line}: {best.text}")
         every = self.find((best.interval,)) if best.interval else None
+        if best.interval and every is None and best.interval.isdigit() and best.interval != "1":
+            d.todos.append(f"{self.script} prints its loss line (line {best.line}) only every "
+                           f"{best.interval} steps, a number in its code: the checks compare each "
+                           "step, so give them a line every step (or a metric file, docs/metrics.md)")
         # a configurator's config file may set it, whatever the script's default
         if every is not None and (self.eq or every.default != 1):
             self.add(every.flag, "1")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from trainguard.config.logformat import (
@@ -34,6 +34,13 @@ __all__ = ["LossLine", "ScriptFacts", "ScriptKind", "ScriptOption", "scan_script
 
 #: what kind of training script ``trainguard init`` found
 ScriptKind = Literal["huggingface", "lightning", "configurator", "argparse", "plain"]
+
+#: packages that parse a command line: a script importing one reads its arguments
+_ARGUMENT_PACKAGES = frozenset({"argparse", "optparse", "getopt", "click", "fire", "typer", "hydra", "jsonargparse",
+                                "absl", "docopt", "tyro", "simple_parsing", "ml_collections"})
+#: names that read it: ``sys.argv``, ``parser.parse_args()``, the frameworks' parsers
+_ARGUMENT_NAMES = frozenset({"argv", "parse_args", "parse_known_args", "parse_args_into_dataclasses",
+                             "HfArgumentParser", "LightningCLI", "ArgumentParser"})
 
 #: names of the Trainer classes and argument parsers that make a script a Hugging Face one
 _HF_NAMES = ("Trainer", "Seq2SeqTrainer", "HfArgumentParser", "TrainingArguments",
@@ -78,8 +85,11 @@ class LossLine:
     #: the format string as written (shortened), for the comment naming where it came from
     text: str
     score: int
-    #: the name of how often it is printed (``log_interval`` of ``if it % log_interval == 0:``)
+    #: the name of how often it is printed (``log_interval`` of ``if it % log_interval == 0:``),
+    #: or the number (``"200"`` of ``if batch_idx % 200 == 0:``)
     interval: str | None = None
+    #: the line as printed, each field a number (what another line's regex is tried on)
+    sample: str = ""
 
 
 @dataclass
@@ -115,6 +125,9 @@ class ScriptFacts:
     compared: dict[str, set[str]] = field(default_factory=dict)
     #: the line of the configurator (``exec(open('configurator.py').read())``)
     configurator_line: int | None = None
+    #: it reads its command line: ``sys.argv``, a ``parse_args``, or an argument-parsing
+    #: package (argparse, click, fire, hydra, ...); False for one that takes no arguments
+    reads_arguments: bool = True
 
     def option(self, dest: str) -> ScriptOption | None:
         """The option landing in ``dest``, or None."""
@@ -142,6 +155,26 @@ def scan_script(source: str, path: str = "train.py", kind: ScriptKind | None = N
 # --------------------------------------------------------------------------------------------
 # The scanner
 # --------------------------------------------------------------------------------------------
+
+
+def _only_its_own(lines: list[LossLine]) -> list[LossLine]:
+    """``lines`` with the first one's regex kept off the others: where it also matches another
+    loss line the script prints further into it (``loss: `` in time_sequence_prediction's ``test
+    loss: ``), the word before becomes a negative lookbehind (``(?<!test )loss: ...``)."""
+    if not lines:
+        return lines
+    best = lines[0]
+    regex = best.regex
+    for other in lines[1:]:
+        found = re.search(regex, other.sample)
+        if found is None or found.start() == 0:
+            continue
+        before = re.search(r"\S*\s*$", other.sample[: found.start()])
+        word = before.group(0) if before is not None else ""
+        if word:
+            escaped = re.escape(word).replace("\\ ", " ")
+            regex = f"(?<!{escaped}){regex}"
+    return [replace(best, regex=regex), *lines[1:]]
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -264,9 +297,20 @@ class _Scanner:
         facts.passes_resume = self.passes_resume()
         facts.cuda_ddp_line, facts.cuda_ddp_evidence = self.cuda_ddp(facts)
         facts.save_intervals = self.save_intervals()
-        facts.loss_lines = sorted(self.loss_lines(), key=lambda x: (-x.score, x.line))
+        facts.loss_lines = _only_its_own(sorted(self.loss_lines(), key=lambda x: (-x.score, x.line)))
         facts.compared = self.comparisons()
+        facts.reads_arguments = facts.configurator_line is not None or self.reads_arguments()
         return facts
+
+    def reads_arguments(self) -> bool:
+        """Whether the script reads its command line (it alone: a module it imports may too)."""
+        if any(q.split(".")[0] in _ARGUMENT_PACKAGES for q in self.aliases.values()):
+            return True
+        for node in ast.walk(self.tree):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+            if name in _ARGUMENT_NAMES:
+                return True
+        return False
 
     def trl_trainer(self) -> ast.expr | None:
         for node in ast.walk(self.tree):
@@ -547,21 +591,47 @@ class _Scanner:
         score -= 1 if isinstance(found.loss, ast.Subscript) else 0
         score -= 2 if not regex.strip(" .*?") or regex.startswith("(?P") else 0
         text = ast.get_source_segment(self.source, printed.message) or ""
+        sample = "".join(p if isinstance(p, str) else "0.5" for p in printed.parts)
         return LossLine(regex=regex, has_step=found.step is not None, line=call.lineno,
                         text=text if len(text) <= 90 else text[:87] + "...", score=score,
-                        interval=self.print_interval(call))
+                        interval=self.print_interval(call), sample=sample)
 
     def print_interval(self, node: ast.AST) -> str | None:
-        """``x`` of the innermost enclosing ``if ... % x == 0`` (how often a line is printed)."""
+        """``x`` of the innermost enclosing ``if ... % x == 0`` (how often a line is printed); a
+        parameter of the function it is in is followed to what its callers pass (gat's
+        ``train_iter(..., args.val_every)`` prints ``if epoch % print_every == 0``)."""
         while node in self.parents:
             node = self.parents[node]
             if isinstance(node, ast.If):
                 for sub in ast.walk(node.test):
                     if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mod):
-                        return primary_name(sub.right)
+                        if isinstance(sub.right, ast.Constant) and isinstance(sub.right.value, int):
+                            return str(sub.right.value)  # a number in the code: no option sets it
+                        name = primary_name(sub.right)
+                        return self.passed_as(sub.right, name) if name else None
             if isinstance(node, ast.For | ast.While | ast.FunctionDef | ast.AsyncFunctionDef):
                 return None
         return None
+
+    def passed_as(self, node: ast.AST, name: str) -> str:
+        """``name``, or when it is a parameter of the function around ``node``, the name its
+        first caller passes for it (by position or keyword)."""
+        func = node
+        while func in self.parents and not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+            func = self.parents[func]
+        if not isinstance(node, ast.Name) or not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+            return name
+        params = [a.arg for a in [*func.args.posonlyargs, *func.args.args]]
+        for call in ast.walk(self.tree):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == func.name):
+                continue
+            given = [kw.value for kw in call.keywords if kw.arg == name]
+            if name in params and params.index(name) < len(call.args):
+                given.append(call.args[params.index(name)])
+            passed = primary_name(given[0]) if given else None
+            if passed:
+                return passed
+        return name
 
     def in_loop(self, node: ast.AST) -> bool:
         while node in self.parents:

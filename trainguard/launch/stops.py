@@ -25,6 +25,7 @@ __all__ = [
     "Outcome",
     "Progress",
     "RankFailed",
+    "SilentRankWait",
     "Snapshot",
     "Stall",
     "StepsDone",
@@ -33,6 +34,7 @@ __all__ = [
     "StopRequested",
     "ended_by_trainguard",
     "first_stop",
+    "silent_rank_wait",
     "stop_conditions",
 ]
 
@@ -194,6 +196,11 @@ class AllRanksExited:
         return None
 
 
+#: the longest trainguard waits, once the printing ranks are past the step, for a running rank
+#: that has printed no metric line yet (s)
+SILENT_RANK_WAIT_MAX_S = 30.0
+
+
 @dataclass(frozen=True)
 class StepsDone:
     """The job has no option for its number of steps (``job.stop_after_steps``): trainguard ends
@@ -202,7 +209,13 @@ class StepsDone:
     ``final_step`` (a line of another metric of the same step comes before it), so two runs
     ended so hold the same steps 1..``final_step``, however late a line was read; the lines past
     it are dropped (:class:`~trainguard.launch.Launcher`). The run's outcome is "ok": the end
-    is trainguard's, marked in its evidence (``ended_by_trainguard``), never the job's crash."""
+    is trainguard's, marked in its evidence (``ended_by_trainguard``), never the job's crash.
+
+    A running rank that has printed no metric line yet may print none (only rank 0 logs) or
+    may have started late (ranks that share no collective): it is waited for as long as the
+    slowest printing rank took from the launch to its first line (at most
+    :data:`SILENT_RANK_WAIT_MAX_S`), counted from the last line kept; one that prints meanwhile
+    is then waited for past ``final_step`` like the others."""
 
     final_step: int | None
 
@@ -210,8 +223,33 @@ class StepsDone:
         final = self.final_step
         if final is None or not state.last_step or min(state.last_step.values()) <= final:
             return None
-        return Stop("ok", f"ended by trainguard after step {final}", evidence={
-            "ended_by_trainguard": {"after_step": final, "ranks_seen": sorted(state.last_step)}})
+        silent = sorted(r for r, code in state.exit_codes.items() if code is None and r not in state.last_step)
+        wait = silent_rank_wait(state.points) if silent else None
+        if wait is not None and state.now < wait.since + wait.seconds:
+            return None
+        waited = {"silent_ranks": silent, "waited_for_them_s": round(wait.seconds, 3)} if wait is not None else {}
+        return Stop("ok", f"ended by trainguard after step {final}", evidence={"ended_by_trainguard": {
+            "after_step": final, "ranks_seen": sorted(state.last_step), **waited}})
+
+
+@dataclass(frozen=True)
+class SilentRankWait:
+    """How long :class:`StepsDone` waits for ranks that printed nothing, and from when."""
+
+    #: the launch-clock time of the last line kept (the printing ranks' step ``final_step``)
+    since: float
+    seconds: float
+
+
+def silent_rank_wait(points: Sequence[MetricPoint]) -> SilentRankWait:
+    """The wait for a running rank that printed no line, from the lines kept (``points``): the
+    slowest printing rank's time from the launch to its first line (its start-up: a rank that
+    prints starts to within about that), capped at :data:`SILENT_RANK_WAIT_MAX_S`."""
+    first: dict[int, float] = {}
+    for point in points:
+        first[point.rank] = min(first.get(point.rank, point.t), point.t)
+    since = max((p.t for p in points), default=0.0)
+    return SilentRankWait(since, min(max(first.values(), default=0.0), SILENT_RANK_WAIT_MAX_S))
 
 
 @dataclass(frozen=True)

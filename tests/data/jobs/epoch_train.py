@@ -7,6 +7,8 @@ and saves a checkpoint at the end of each epoch only (``--ckpt-dir``). trainguar
 runs itself (``job.stop_after_steps``). The loss is a decaying curve plus noise from an RNG
 seeded with ``--seed``; ``--nondet`` leaves that RNG unseeded (determinism must fail).
 ``--resume`` starts after the newest checkpoint's step. It reads RANK (0 without it).
+``--start-delay S R`` sleeps S seconds before the first step (its imports, a data load), R more
+on every rank but 0 (the start-up of ranks that share no collective is not in step).
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--nondet", action="store_true")
     parser.add_argument("--sleep", type=float, default=0.01)
+    parser.add_argument("--start-delay", type=float, nargs=2, default=(0.0, 0.0))
     args = parser.parse_args()
     rank = int(os.environ.get("RANK", "0"))
+    time.sleep(args.start_delay[0] + (args.start_delay[1] if rank else 0.0))
     rng = random.Random() if args.nondet else random.Random(args.seed * 1000 + rank)
     step = 0
     ckpt = Path(args.ckpt_dir) if args.ckpt_dir else None
