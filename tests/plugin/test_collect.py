@@ -173,6 +173,21 @@ def test_xdist_workers_report_verdicts_to_the_controller(project: pytest.Pyteste
         assert f"[{nodeid}]" in summary, nodeid
 
 
+def test_a_job_file_with_a_gate_runs_the_invariants_check_trainguard_gate_adds(project: pytest.Pytester) -> None:
+    """With a ``gate:`` section the items are what ``trainguard gate`` runs: the invariants check
+    reading determinism's run is one more item (marked ``invariants``); without one, the file's."""
+    add_job(project, "nondet")
+    job = project.path / "trainguard.yaml"
+    job.write_text(job.read_text() + "gate:\n  require: [smoke, determinism]\n")
+    result = project.runpytest_subprocess("--collect-only", "-q")
+    result.stdout.fnmatch_lines(["nondet.trainguard.yaml::determinism", "trainguard.yaml::smoke",
+                                 "trainguard.yaml::determinism", "trainguard.yaml::invariants",
+                                 "*4 tests collected*"])
+    assert "nondet.trainguard.yaml::invariants" not in result.stdout.str()
+    marked = project.runpytest_subprocess("--collect-only", "-q", "-m", "invariants")
+    marked.stdout.fnmatch_lines(["trainguard.yaml::invariants", "*1/4 tests collected*"])
+
+
 @pytest.mark.parametrize("required", [["smoke", "determinism"], ["smoke", "determinism", "canary"]])
 def test_the_gate_verdict_is_in_the_summary_and_a_block_fails_the_run(
     project: pytest.Pytester, required: list[str]
