@@ -47,6 +47,13 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def _tensor(model: torch.nn.Module, name: str) -> torch.Tensor:
+    """The module's tensor ``name``: a parameter, or (under torch's TP + DDP recipe, after a
+    forward) the DTensor attribute over the optimizer's parameter."""
+    module, _, attr = name.rpartition(".")
+    return getattr(model.get_submodule(module), attr)
+
+
 def _replicated_input(_module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], mesh: DeviceMesh
                       ) -> tuple[DTensor, ...]:
     return tuple(DTensor.from_local(x, mesh, [Replicate()]) for x in inputs)
@@ -132,7 +139,7 @@ def main() -> None:
         opt.zero_grad()
         if args.plant != "none" and step == DRIFT_AFTER and rank == world - 1:
             with torch.no_grad():
-                _local(model.get_parameter(whole if args.plant == "replica_drift" else shard)).add_(1e-3)
+                _local(_tensor(model, whole if args.plant == "replica_drift" else shard)).add_(1e-3)
         print(f"step {step} loss {_local(loss).item():.6f}", flush=True)
     dist.destroy_process_group()
 

@@ -8,7 +8,9 @@ library only; the step agent calls :meth:`StepExtras.on_record` once per step re
 :meth:`StepExtras.patch_torch` once torch is imported. What it writes (docs/step-records.md):
 
 * a ``params`` line per optimizer when its parameters are first recorded or change: each param
-  group's names and dtypes, and those another live optimizer holds too; and, at its next step, a
+  group's names and dtypes, and those another live optimizer holds too (with a DTensor's mesh
+  coordinates, and the ranks of a ``DistributedDataParallel`` wrapper's process group when it is
+  smaller than the world: ``dp_ranks``); and, at its next step, a
   ``model`` line: the trainable and frozen parameters of the root modules holding that
   optimizer's parameters, the trainable ones that had a gradient (the forward used them) and
   that no live optimizer holds, and the count of watched modules;
@@ -126,6 +128,9 @@ class StepExtras:
         mesh = _mesh_coordinates(plan.names, plan.params)
         if mesh:
             line["mesh"] = mesh
+        dp_ranks = self._dp_ranks(plan.params)
+        if dp_ranks:
+            line["dp_ranks"] = dp_ranks
         self.agent.event(line)
         held = {id(p) for p in plan.params}
         trainable: list[str] = []
@@ -142,6 +147,33 @@ class StepExtras:
                            if getattr(type(m).forward, "__trainguard_watched__", False) and _matters(m))
         self.models[id(optimizer)] = ({"k": "model", "opt": key, "n": n, "trainable": trainable, "frozen": frozen,
                                        "watched": watched}, outside)
+
+    def _dp_ranks(self, params: list[Any]) -> list[int] | None:
+        """The ranks of the process group of the ``DistributedDataParallel`` wrappers holding every
+        one of ``params`` (by identity, or over the same elements: torch's TP + DDP recipe), when
+        they share one and it is not the whole world (a data-parallel group beside tensor
+        parallelism: Megatron's layout); else None."""
+        torch = self.torch
+        ddp = getattr(getattr(torch.nn, "parallel", None), "DistributedDataParallel", None)
+        dist = torch.distributed
+        if ddp is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        key = self.agent.v.storage_key
+        covered: set[int] = set()
+        groups: set[tuple[int, ...]] = set()
+        for wrapper in (m for m in (ref() for ref in list(self.agent.modules.values())) if isinstance(m, ddp)):
+            ids, keys = set(), set()
+            for q in [*wrapper.parameters(), *getattr(wrapper, "_module_parameters", ())]:  # (those at its start)
+                ids.add(id(q))
+                keys.add(key(q))
+            mine = {i for i, p in enumerate(params) if id(p) in ids or key(p) in keys - {None}}
+            if mine:
+                covered |= mine
+                groups.add(tuple(dist.get_process_group_ranks(wrapper.process_group)))
+        if len(groups) != 1 or len(covered) < len(params):
+            return None
+        (ranks,) = groups
+        return sorted(ranks) if len(ranks) < dist.get_world_size() else None
 
     def _model_line(self, waiting: tuple[dict[str, Any], list[tuple[str, Any]]]) -> None:
         """The ``model`` line of an optimizer's step, written at its next step: ``grad``, the trainable
