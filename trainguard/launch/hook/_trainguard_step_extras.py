@@ -72,8 +72,10 @@ class StepExtras:
         self.models: dict[int, tuple[dict[str, Any], list[tuple[str, Any]]]] = {}
         self.eval_in_step: dict[int, Any] = {}  # id -> module called in eval mode with grad on
         self.train_seen: set[int] = set()  # modules named in an eval line since the last step
-        self.checkpointed: set[int] = set()  # modules whose no-grad forwards are checkpointing's
-        self.module_names: dict[int, str] = {}
+        #: modules whose no-grad forwards are checkpointing's, and modules' names: held weakly, by
+        #: the modules themselves (a module freed and another made at its address is another)
+        self.checkpointed: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.module_names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self.scaled = self.unscaled = False
         self.clip_calls = self.clip_scaled = 0
         self.last: tuple[int, int] = (0, 0)  # (optimizer, n) of the last step recorded
@@ -166,7 +168,8 @@ class StepExtras:
             for q in [*wrapper.parameters(), *getattr(wrapper, "_module_parameters", ())]:  # (those at its start)
                 ids.add(id(q))
                 keys.add(key(q))
-            mine = {i for i, p in enumerate(params) if id(p) in ids or key(p) in keys - {None}}
+            keys.discard(None)
+            mine = {i for i, p in enumerate(params) if id(p) in ids or key(p) in keys}
             if mine:
                 covered |= mine
                 groups.add(tuple(dist.get_process_group_ranks(wrapper.process_group)))
@@ -204,7 +207,7 @@ class StepExtras:
 
     def _name(self, module: Any) -> str:
         """``module``'s name in its root module (wrapper prefixes removed), found once."""
-        known = self.module_names.get(id(module))
+        known = self.module_names.get(module)
         if known is None:
             known = type(module).__name__
             for root in self._roots():
@@ -212,7 +215,7 @@ class StepExtras:
                 if found is not None:
                     known = self.agent.v.clean_name(found + ".").rstrip(".") or known
                     break
-            self.module_names[id(module)] = known
+            self.module_names[module] = known
         return known
 
     # -- gradients carried into a step -----------------------------------------------------
@@ -263,10 +266,10 @@ class StepExtras:
             self.eval_in_step.setdefault(id(module), module)
             return
         key = id(module)
-        if key in self.train_seen or key in self.checkpointed:
+        if key in self.train_seen or module in self.checkpointed:
             return
         if _in_checkpoint():
-            self.checkpointed.add(key)  # reentrant checkpointing's first forward: not a validation
+            self.checkpointed.add(module)  # reentrant checkpointing's first forward: not a validation
             return
         self.train_seen.add(key)
         opt, n = self.last
