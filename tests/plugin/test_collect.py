@@ -36,14 +36,23 @@ def add_job(pytester: pytest.Pytester, name: str) -> Path:
 
 
 def test_each_check_is_one_item(project: pytest.Pytester) -> None:
+    """One item per configured check; a job file with a ``gate:`` section also gets the
+    invariants item ``trainguard gate`` adds (reading determinism's run), so the summary's gate
+    verdict weighs what the gate weighs."""
     add_job(project, "nondet")
+    gated = project.path / "gated.trainguard.yaml"
+    gated.write_text((project.path / "trainguard.yaml").read_text().replace("name: toy", "name: gated")
+                     + "gate:\n  require: [smoke, determinism]\n")
     result = project.runpytest_subprocess("--collect-only", "-q")
     result.stdout.fnmatch_lines(
         [
+            "gated.trainguard.yaml::smoke",
+            "gated.trainguard.yaml::determinism",
+            "gated.trainguard.yaml::invariants",
             "nondet.trainguard.yaml::determinism",
             "trainguard.yaml::smoke",
             "trainguard.yaml::determinism",
-            "*3 tests collected*",
+            "*6 tests collected*",
         ]
     )
     assert result.ret == 0
@@ -171,21 +180,6 @@ def test_xdist_workers_report_verdicts_to_the_controller(project: pytest.Pyteste
         "die.trainguard.yaml::smoke",
     ):
         assert f"[{nodeid}]" in summary, nodeid
-
-
-def test_a_job_file_with_a_gate_runs_the_invariants_check_trainguard_gate_adds(project: pytest.Pytester) -> None:
-    """With a ``gate:`` section the items are what ``trainguard gate`` runs: the invariants check
-    reading determinism's run is one more item (marked ``invariants``); without one, the file's."""
-    add_job(project, "nondet")
-    job = project.path / "trainguard.yaml"
-    job.write_text(job.read_text() + "gate:\n  require: [smoke, determinism]\n")
-    result = project.runpytest_subprocess("--collect-only", "-q")
-    result.stdout.fnmatch_lines(["nondet.trainguard.yaml::determinism", "trainguard.yaml::smoke",
-                                 "trainguard.yaml::determinism", "trainguard.yaml::invariants",
-                                 "*4 tests collected*"])
-    assert "nondet.trainguard.yaml::invariants" not in result.stdout.str()
-    marked = project.runpytest_subprocess("--collect-only", "-q", "-m", "invariants")
-    marked.stdout.fnmatch_lines(["trainguard.yaml::invariants", "*1/4 tests collected*"])
 
 
 @pytest.mark.parametrize("required", [["smoke", "determinism"], ["smoke", "determinism", "canary"]])
