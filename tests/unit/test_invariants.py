@@ -271,7 +271,7 @@ def _accelerate_lines(tmp_path: Path, *, world: int = 2, epochs: int = 3, reseed
 
 def test_accelerates_tail_padding_is_no_sampling_with_replacement_and_the_epoch_is_judged(tmp_path: Path) -> None:
     """accelerate fills the ranks' short last batches (65 = 4 x 16 + 1 samples at 2 x 8) from the
-    epoch's first batches: rank 0 draws 7 of its own first indices again, rank 1 one of rank 0's.
+    epoch's first batches: each rank draws 7 of its own first indices again, rank 1 also one of rank 0's first batch.
     Read without that tail, every epoch is compared (no sample drawn twice) and so is each pair of
     epochs (no replay); a shard given the same rank on both ranks, and a sampler not reseeded, are
     still named."""
