@@ -1,5 +1,6 @@
 """Collecting job files as pytest items: one item per configured check (and one per fault drill,
-``drill:<name>``, marked ``fault``), zero Python to write.
+``drill:<name>``, marked ``fault``; with a ``gate:`` section, the invariants check ``trainguard
+gate`` adds), zero Python to write.
 
 ``trainguard.yaml`` and ``*.trainguard.yaml`` become a collector; each check becomes an item
 carrying the check's marker (``pytest -m resume`` selects resume checks). A ``profile`` check
@@ -36,12 +37,13 @@ class JobFileCollector(pytest.File):
         job_file = load_config(self.path)
         preflight(job_file)  # what a launch needs here (cwd, paths), as `trainguard validate`
         settings = get_session(self.config).settings
-        for name, spec in job_file.enabled_checks():
+        configured = dict(job_file.enabled_checks())
+        for name, spec in _checks_of(job_file):
             check = check_for(name)
             variants = check.items(spec, settings.soak_seed) if check is not None and check.items else [("", spec)]
             for suffix, variant in variants:  # a soak: one item per seed (a replay is one test)
                 item = CheckItem.from_parent(self, name=f"{name}{suffix}", check_name=name,
-                                             spec=variant if suffix else None)
+                                             spec=variant if suffix or name not in configured else None)
                 for marker, args in (check.pytest_marks(variant) if check is not None else [(name, ())]):
                     _known_marker(self.config, marker)
                     item.add_marker(getattr(pytest.mark, marker)(*args))
@@ -51,6 +53,18 @@ class JobFileCollector(pytest.File):
         if isinstance(excinfo.value, ConfigError):
             return str(excinfo.value)
         return super().repr_failure(excinfo)
+
+
+def _checks_of(job_file: Any) -> list[tuple[str, Any]]:
+    """The checks a job file's items run: those it configures; with a ``gate:`` section, what
+    ``trainguard gate`` runs (:func:`~trainguard.gate.policy.gate_checks_to_run`: the invariants
+    check added where another check makes the run it reads), so the summary's gate verdict
+    weighs the same checks."""
+    if job_file.gate is None:
+        return list(job_file.enabled_checks())
+    from trainguard.gate.policy import gate_checks_to_run
+
+    return list(gate_checks_to_run(job_file))
 
 
 def _known_marker(config: pytest.Config, marker: str) -> None:

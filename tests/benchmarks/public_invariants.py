@@ -131,8 +131,8 @@ def fabric_project(tmp: Path, steps: int) -> Path:
 
 
 #: the corpus lines run_clm_no_trainer.py trains on: 95 % of them make 64 blocks of 32 tokens, 4
-#: full batches of 8 a rank (an uneven epoch is padded by accelerate with the rank's own first
-#: indices, which the data invariant reads as sampling with replacement and does not judge)
+#: full batches of 8 a rank (an uneven epoch is padded by accelerate from the epoch's first
+#: batches, which the data invariant reads without that tail: docs/invariants.md, "The data")
 NO_TRAINER_LINES = 247
 
 

@@ -36,14 +36,23 @@ def add_job(pytester: pytest.Pytester, name: str) -> Path:
 
 
 def test_each_check_is_one_item(project: pytest.Pytester) -> None:
+    """One item per configured check; a job file with a ``gate:`` section also gets the
+    invariants item ``trainguard gate`` adds (reading determinism's run), so the summary's gate
+    verdict weighs what the gate weighs."""
     add_job(project, "nondet")
+    gated = project.path / "gated.trainguard.yaml"
+    gated.write_text((project.path / "trainguard.yaml").read_text().replace("name: toy", "name: gated")
+                     + "gate:\n  require: [smoke, determinism]\n")
     result = project.runpytest_subprocess("--collect-only", "-q")
     result.stdout.fnmatch_lines(
         [
+            "gated.trainguard.yaml::smoke",
+            "gated.trainguard.yaml::determinism",
+            "gated.trainguard.yaml::invariants",
             "nondet.trainguard.yaml::determinism",
             "trainguard.yaml::smoke",
             "trainguard.yaml::determinism",
-            "*3 tests collected*",
+            "*6 tests collected*",
         ]
     )
     assert result.ret == 0

@@ -6,6 +6,7 @@ The step records are written in the agent's format (tests/steplines.py) and read
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import torch
 from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
 
 from tests.steplines import PARAMS, Step, params_line, trajectory, write_rank, write_samples
-from trainguard.checks.invariants import check_invariants, replica_findings, replicated
+from trainguard.checks.invariants import check_invariants, dp_groups, replica_findings, replicated
 from trainguard.checks.invariants_data import data_findings
 from trainguard.checks.invariants_records import Allowed, Invariant
 from trainguard.checks.invariants_training import gradient_findings, scaler_findings
@@ -242,6 +243,48 @@ def test_a_loader_made_anew_each_epoch_still_shows_the_replay() -> None:
     assert found.epoch == 1, found
 
 
+def _accelerate_lines(tmp_path: Path, *, world: int = 2, epochs: int = 3, reseed: bool = True,
+                      rank_of: tuple[int, ...] = (0, 1)) -> dict[int, list[SampleBatch]]:
+    """The sample lines of a loop on ``accelerator.prepare(DataLoader(..., shuffle=True))`` over 65
+    blocks, batches of 8, at 2 ranks: accelerate's own ``BatchSamplerShard`` (``even_batches``:
+    the short last batches filled from the epoch's first ones), a seeded sampler reseeded each
+    epoch (or not), each rank the shard ``rank_of[rank]``; written as the agent writes them and
+    read back."""
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler
+
+    from trainguard.launch.hook import SAMPLES_DIR
+
+    folder = tmp_path / SAMPLES_DIR
+    folder.mkdir(parents=True)
+    for rank in range(world):
+        lines = []
+        for epoch in range(epochs):
+            sampler = RandomSampler(range(65), generator=torch.Generator().manual_seed(42 + (epoch if reseed else 0)))
+            shard = BatchSamplerShard(BatchSampler(sampler, 8, drop_last=False), num_processes=world,
+                                      process_index=rank_of[rank])
+            lines += [json.dumps({"loader": 0, "dataset": "ConcatDataset(65)", "iter": epoch, "batch": b,
+                                  "indices": list(batch)}) + "\n" for b, batch in enumerate(shard)]
+        (folder / f"rank{rank}.jsonl").write_text("".join(lines))
+    return read_samples(tmp_path)
+
+
+def test_accelerates_tail_padding_is_no_sampling_with_replacement_and_the_epoch_is_judged(tmp_path: Path) -> None:
+    """accelerate fills the ranks' short last batches (65 = 4 x 16 + 1 samples at 2 x 8) from the
+    epoch's first batches: each rank draws 7 of its own first indices again, rank 1 also one of rank 0's first batch.
+    Read without that tail, every epoch is compared (no sample drawn twice) and so is each pair of
+    epochs (no replay); a shard given the same rank on both ranks, and a sampler not reseeded, are
+    still named."""
+    findings, cover = data_findings(_accelerate_lines(tmp_path / "clean"))
+    assert findings == [], findings
+    assert cover.compared == 3 + 2 * 2 and "accelerate's even_batches padding" in cover.what, cover
+    assert not cover.reason, cover
+    (found,) = data_findings(_accelerate_lines(tmp_path / "same_rank", rank_of=(0, 0)))[0]
+    assert (found.epoch, found.ranks, found.name) == (0, (0, 1), "loader 0 (ConcatDataset(65))"), found
+    (found,) = data_findings(_accelerate_lines(tmp_path / "not_reseeded", reseed=False))[0]
+    assert (found.epoch, found.ranks) == (1, (0, 1)) and "same order as epoch 0" in found.observation, found
+
+
 # -- both, from the files ---------------------------------------------------------------------------
 
 
@@ -291,3 +334,52 @@ def test_hsdp_shards_are_compared_among_the_ranks_holding_the_same_shard(tmp_pat
     assert params_record({**params_line(), "mesh": {"fc1.weight": [0, 1]}}).mesh == {"fc1.weight": (0, 1)}
     with pytest.raises(ValueError, match="mesh must map names to lists of mesh coordinates"):
         params_record({**params_line(), "mesh": {"fc1.weight": "0,1"}})
+
+
+def test_plain_tensor_shards_are_compared_within_the_data_parallel_groups_ddp_was_given(tmp_path: Path) -> None:
+    """Megatron's layout at 4 ranks (2 tensor-parallel x 2 data-parallel, plain tensors): ranks 0
+    and 1 hold other shards of ``fc1``, ranks 0 and 2 the same; ``fc2.weight`` was initialized
+    alike on every rank (a zero bias shard) and parts by tensor-parallel rank from its first gradient. With each
+    rank's DDP group (the ``params`` line's ``dp_ranks``) every tensor is compared within the
+    groups, no finding on the clean run; a drift on rank 3's shard is named with its replica, rank 1.
+    Without the groups the shards are no replicas (not compared) and ``fc2.weight`` is a false finding."""
+    groups = {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}
+
+    def shard(r: int, steps: list[Step]) -> list[Step]:  # tensor-parallel rank 1's values
+        if r % 2 == 0:
+            return steps
+        return [replace(s, param_of={"fc1.weight": 7_000 + s.n, "fc1.bias": 8_000 + s.n,
+                                     **({"fc2.weight": 9_000 + s.n} if s.n > 1 else {})},
+                        grad_of={"fc1.weight": 7_100 + s.n, "fc1.bias": 8_100 + s.n, "fc2.weight": 9_100 + s.n},
+                        optim_of={"fc1.weight": 7_200 + s.n, "fc1.bias": 8_200 + s.n, "fc2.weight": 9_200 + s.n})
+                for s in steps]
+
+    def run(where: Path, per_rank: dict[int, list[Step]], dp: bool = True) -> Path:
+        for r, steps in per_rank.items():
+            write_rank(where, r, steps, before=[{**params_line(), "dp_ranks": groups[r]} if dp else params_line()])
+        return where
+
+    clean = {r: shard(r, trajectory(1, 5)) for r in range(4)}
+    findings, cover = replica_findings(read_steps(run(tmp_path / "clean", clean)))
+    assert findings == [] and cover.compared == 5 * len(PARAMS) * 2, cover
+    assert "within their data-parallel groups (the process groups of the DDP wrappers: ranks 0, 2; 1, 3" in cover.what
+    drift = {**clean, 3: [replace(s, param_of={**s.param_of, "fc1.weight": 5_000 + s.n}) if s.n >= 3 else s
+                          for s in clean[3]]}
+    (found,) = replica_findings(read_steps(run(tmp_path / "drift", drift)))[0]
+    assert (found.step, found.name, found.ranks) == (3, "fc1.weight", (1, 3)), found
+    # without the groups: the shards are left out, and fc2.weight (alike at step 1) parts
+    findings, cover = replica_findings(read_steps(run(tmp_path / "old", clean, dp=False)))
+    assert {(f.step, f.name) for f in findings} == {(1, "fc2.weight")}  # its state and gradient at step 1
+    assert "2 tensor(s) differ across ranks at their first step" in cover.reason, cover
+
+
+def test_data_parallel_groups_count_only_when_they_partition_the_ranks() -> None:
+    assert dp_groups({0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}, range(4)) == [(0, 2), (1, 3)]
+    assert dp_groups({0: [0, 2], 1: [1, 3], 2: [0, 2]}, range(4)) == []  # rank 3 recorded none
+    assert dp_groups({0: [0, 2], 1: [1, 3], 2: [2, 3], 3: [1, 3]}, range(4)) == []  # rank 2 disagrees
+    assert dp_groups({0: [1, 2], 1: [1, 2], 2: [1, 2]}, range(3)) == []  # rank 0 outside its own group
+    assert dp_groups({0: [0, 1], 1: [0, 1], 2: [2], 3: [3]}, range(4)) == [(0, 1)]  # alone: nothing to compare
+    assert params_record({**params_line(), "dp_ranks": [0, 2]}).dp_ranks == (0, 2)
+    assert params_record(params_line()).dp_ranks == ()
+    with pytest.raises(ValueError, match="dp_ranks must be a list of distinct ranks"):
+        params_record({**params_line(), "dp_ranks": [0, 0]})

@@ -76,6 +76,16 @@ def test_records_of_an_agent_without_param_groups_are_not_judged_and_say_so(tmp_
         assert findings == [] and cover.compared == 0 and "agent before this version" in cover.reason
 
 
+def test_model_lines_naming_no_trainable_parameter_say_why_nothing_was_checked(tmp_path: Path) -> None:
+    """torch's TP + DDP recipe: no module holds the optimizer's parameters themselves, so the
+    ``model`` line names none; the coverage says so (and, without a model line, why)."""
+    write_rank(tmp_path / "none", 0, trajectory(1, 3), before=[params_line(), model_line(trainable=(), watched=0)])
+    findings, cover = group_findings(read_steps(tmp_path / "none"))
+    assert findings == [] and cover.compared == 0 and "no module holds the optimizer's parameters" in cover.reason
+    write_rank(tmp_path / "once", 0, trajectory(1, 1), before=[params_line()])
+    assert "no optimizer stepped twice" in group_findings(read_steps(tmp_path / "once"))[1].reason
+
+
 # -- gradients start from zero ----------------------------------------------------------------------
 
 

@@ -540,6 +540,26 @@ def test_names_lose_the_wrappers_prefixes() -> None:
     assert agent.clean_name("module._forward_module.net.weight") == "net.weight"  # Lightning on DDP
 
 
+def test_parameters_no_module_holds_are_named_by_the_module_tensor_over_their_elements() -> None:
+    """torch's TP + DDP recipe puts in the module, at each forward, other objects over the elements
+    of the parameters the optimizer holds (a new Parameter, then a DTensor as a plain attribute):
+    the name is the module's for the same storage, offset, shape and dtype; a tensor of its own
+    (a head made anew after the optimizer) keeps no name."""
+    import torch
+
+    values = _fingerprint_module()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))
+    held = [model[0].weight, model[0].bias, model[1].weight]
+    with torch.no_grad():
+        model[0].weight = torch.nn.Parameter(held[0].detach())  # a new object over the same elements
+        del model[0].bias
+        model[0].bias = held[1].detach().view(3)  # a plain attribute over them
+        model[1].weight = torch.nn.Parameter(held[2].detach().clone())  # elements of its own
+    names = values.names_by_storage([model, model[0]], held)
+    assert names == {id(held[0]): "0.weight", id(held[1]): "0.bias"}
+    assert values.storage_key(held[1][:2]) != values.storage_key(held[1])  # a view of fewer elements
+
+
 def _job(tmp_path: Path, **job: object) -> JobRunner:
     tmp_path.mkdir()
     (tmp_path / "train.py").write_text(LOOP.replace("print(json.dumps(lrs))", "")

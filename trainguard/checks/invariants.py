@@ -50,9 +50,10 @@ from trainguard.checks.invariants_records import (
 from trainguard.checks.invariants_steps import step_field_findings
 from trainguard.checks.invariants_training import gradient_findings, scaler_findings
 from trainguard.launch.samples import SampleBatch
+from trainguard.launch.step_fields import ParamsRecord
 from trainguard.launch.steps import Fingerprint, StepRecord, StepRecords
 
-__all__ = ["MAX_FINDINGS", "check_invariants", "replica_findings", "replicated", "shard_groups"]
+__all__ = ["MAX_FINDINGS", "check_invariants", "dp_groups", "replica_findings", "replicated", "shard_groups"]
 
 #: findings kept per invariant and step kind (a drift spreads to every tensor within a step or two)
 MAX_FINDINGS = 20
@@ -129,6 +130,8 @@ def replica_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) 
     not_replicas: set[str] = set()
     sharded: set[str] = set()
     grouped: set[str] = set()
+    in_dp: set[str] = set()
+    dp_seen: set[tuple[int, ...]] = set()
     optimizers = sorted({o for rank in ranks.values() for o in rank.optimizers})
     for opt in optimizers:
         by_rank = {r: rank.of(opt) for r, rank in ranks.items()}
@@ -136,8 +139,15 @@ def replica_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) 
         if not common:
             continue
         first = {r: s[common[0]] for r, s in by_rank.items()}
-        peers = _replica_names(first, allowed, not_replicas, sharded, _meshes(steps, opt))
-        grouped.update(name for name, groups in peers.items() if groups != [tuple(sorted(first))])
+        lines = _params_lines(steps, opt)
+        dp = dp_groups({r: line.dp_ranks for r, line in lines.items()}, first)
+        peers = _replica_names(first, allowed, not_replicas, sharded, {r: line.mesh for r, line in lines.items()}, dp)
+        grouped.update(name for name, groups in peers.items()
+                       if groups != [tuple(sorted(first))] and not all(replicated(s.placement.get(name))
+                                                                      for s in first.values()))
+        in_dp.update(name for name, groups in peers.items() if dp and groups == dp
+                     and all(replicated(s.placement.get(name)) for s in first.values()))
+        dp_seen.update(dp)
         for n in common:
             at = {r: s[n] for r, s in by_rank.items()}
             splits = _splits(at, peers)
@@ -149,6 +159,9 @@ def replica_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) 
     if grouped:
         what += (f", {len(grouped)} sharded tensor(s) among the ranks holding the same shard (replicas along "
                  f"the Replicate dimensions of their device mesh: {_some(grouped)})")
+    if in_dp:
+        what += (f", {len(in_dp)} tensor(s) within their data-parallel groups (the process groups of the DDP "
+                 f"wrappers: ranks {'; '.join(', '.join(map(str, g)) for g in sorted(dp_seen))}: {_some(in_dp)})")
     left = []
     if sharded:
         left.append(f"{len(sharded)} sharded tensor(s) not compared across ranks (a Shard placement: "
@@ -159,15 +172,29 @@ def replica_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) 
     return findings, Coverage(Invariant.REPLICAS, compared, what, "; ".join(left))
 
 
-def _meshes(steps: StepRecords, opt: int) -> dict[int, Mapping[str, tuple[int, ...]]]:
-    """Each rank's mesh coordinates of optimizer ``opt``'s DTensor parameters (its last ``params``
-    line's ``mesh``)."""
-    out: dict[int, Mapping[str, tuple[int, ...]]] = {}
+def _params_lines(steps: StepRecords, opt: int) -> dict[int, ParamsRecord]:
+    """Each rank's last ``params`` line of optimizer ``opt``: its DTensor parameters' mesh
+    coordinates (``mesh``) and its DDP wrapper's data-parallel group (``dp_ranks``)."""
+    out: dict[int, ParamsRecord] = {}
     for r, rank in steps.ranks.items():
         for record in rank.params:
             if record.opt == opt:
-                out[r] = record.mesh
+                out[r] = record
     return out
+
+
+def dp_groups(recorded: Mapping[int, Sequence[int]], ranks: Iterable[int]) -> list[tuple[int, ...]]:
+    """The data-parallel groups among ``ranks`` (each rank's ``dp_ranks``: its DDP wrapper's
+    process group), two ranks or more a group; [] unless every rank recorded a group holding
+    itself, and each rank of that group recorded the same one (a partition of the ranks)."""
+    among = sorted(ranks)
+    groups: set[tuple[int, ...]] = set()
+    for r in among:
+        group = tuple(sorted(recorded.get(r, ())))
+        if r not in group or any(tuple(sorted(recorded.get(m, ()))) != group for m in group if m in among):
+            return []
+        groups.add(tuple(m for m in group if m in among))
+    return sorted(g for g in groups if len(g) > 1)
 
 
 _PLACEMENT = re.compile(r"(Replicate|_StridedShard|Shard|Partial)\(")
@@ -189,19 +216,21 @@ def shard_groups(placement: str | None, coordinates: Mapping[int, tuple[int, ...
 
 
 def _replica_names(first: Mapping[int, StepRecord], allowed: Allowed, not_replicas: set[str],
-                   sharded: set[str], meshes: Mapping[int, Mapping[str, tuple[int, ...]]]
-                   ) -> dict[str, list[tuple[int, ...]]]:
+                   sharded: set[str], meshes: Mapping[int, Mapping[str, tuple[int, ...]]],
+                   dp: Sequence[tuple[int, ...]] = ()) -> dict[str, list[tuple[int, ...]]]:
     """The parameters every rank records for this optimizer, not declared per rank, each with the
-    groups of ranks holding the same values: every rank for a tensor whole on each; for a sharded
-    one, the ranks equal on its ``Shard`` mesh dimensions (HSDP's replicas). Kept when each group
-    is equal at the first common step."""
+    groups of ranks holding the same values: every rank for a tensor whole on each (each
+    data-parallel group ``dp`` when the ranks' DDP wrappers were given one: beside tensor
+    parallelism, a plain tensor is one rank's shard, equal only within its group); for a sharded
+    DTensor, the ranks equal on its ``Shard`` mesh dimensions (HSDP's replicas). Kept when each
+    group is equal at the first common step."""
     names = set.intersection(*(set(s.param) for s in first.values()))
     out: dict[str, list[tuple[int, ...]]] = {}
     for name in sorted(names):
         if matches(name, allowed.per_rank):
             continue
         if all(replicated(s.placement.get(name)) for s in first.values()):
-            groups = [tuple(sorted(first))]
+            groups = list(dp) or [tuple(sorted(first))]
         else:
             placement = next(iter(first.values())).placement.get(name)
             groups = shard_groups(placement, {r: meshes.get(r, {}).get(name) for r in first})

@@ -42,7 +42,7 @@ from trainguard.checks.invariants_records import (
 )
 from trainguard.launch.samples import SampleBatch
 
-__all__ = ["MIN_REPLAYED", "DataPass", "data_findings", "epochs_of", "passes_of"]
+__all__ = ["MIN_REPLAYED", "DataPass", "data_findings", "epochs_of", "passes_of", "without_padding"]
 
 #: the fewest indices two passes must share in order to call the second a replay of the first
 MIN_REPLAYED = 8
@@ -118,12 +118,46 @@ def data_findings(samples: Mapping[int, Sequence[SampleBatch]], *,
     if not passes:
         return [], Coverage(Invariant.DATA, 0, "", "no sample records: the job iterated no DataLoader over a "
                                                    "map-style dataset (or job.record_samples is false)")
+    passes, padded = without_padding(passes)
     shared, shared_compared, left = _shared_samples(passes, allowed)
     replays, replay_compared = _replays(passes, allowed)
     compared = shared_compared + replay_compared
     what = (f"{shared_compared} epoch(s) of shuffled loaders compared across {len(passes)} rank(s) for samples "
             f"drawn twice; {replay_compared} pair(s) of consecutive shuffled passes compared for a replayed order")
+    if padded:
+        what += (f" ({len(padded)} pass(es) whose last batch ends with indices of the epoch's first batches, "
+                 f"accelerate's even_batches padding, read without them: {', '.join(sorted(padded)[:3])})")
     return shared + replays, Coverage(Invariant.DATA, compared, what if compared else "", "; ".join(left))
+
+
+def without_padding(passes: Mapping[int, list[DataPass]]) -> tuple[dict[int, list[DataPass]], set[str]]:
+    """Each rank's passes without the padding at the end of its last batch: the indices there that
+    the epoch's first batches (batch 0 of any rank) drew, up to the first that is not one.
+    accelerate (``even_batches``, its default) fills the short last batches of an epoch from the
+    first ``world`` batches, the ranks' first ones; a ``DistributedSampler`` pads each rank's
+    share with the order's first indices, the same way. Read with the padding, the pass repeats an
+    index (read as sampling with replacement: not judged) or two ranks draw one sample. Also the
+    ``loader (epoch)`` names of the passes that lost more than one index (a DistributedSampler
+    pads one a rank)."""
+    epochs: dict[tuple[int, int], dict[int, DataPass]] = {}
+    for rank, rank_passes in passes.items():
+        for p in rank_passes:
+            epochs.setdefault((p.loader, p.iter), {})[rank] = p
+    cut: dict[tuple[int, int, int], DataPass] = {}
+    padded: set[str] = set()
+    for (loader, it), by_rank in epochs.items():
+        firsts = {i for p in by_rank.values() for i, b in zip(p.indices, p.batch_of, strict=True) if b == p.batch_of[0]}
+        for rank, p in by_rank.items():
+            tail = 0
+            while (tail < len(p.indices) and p.batch_of[-1 - tail] == p.batch_of[-1] != p.batch_of[0]
+                   and p.indices[-1 - tail] in firsts):
+                tail += 1
+            if tail:
+                cut[(rank, loader, it)] = DataPass(loader, it, p.dataset, p.indices[:-tail], p.batch_of[:-tail])
+                if tail > 1:
+                    padded.add(f"{p.name} (epoch {it})")
+    out = {rank: [cut.get((rank, p.loader, p.iter), p) for p in rank_passes] for rank, rank_passes in passes.items()}
+    return out, padded
 
 
 def _shared_samples(passes: Mapping[int, list[DataPass]],

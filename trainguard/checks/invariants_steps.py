@@ -41,6 +41,9 @@ __all__ = ["MIN_RELATIVE_UPDATE", "clip_findings", "group_findings", "growth_fin
            "unchanged_findings", "zero_grad_findings"]
 
 _NO_RECORDS = "no rank's agent wrote the param groups (an agent before this version, or no optimizer step)"
+_NO_MODEL = ("no module holds the optimizer's parameters themselves, so no trainable parameter was checked against "
+             "the param groups (a module that puts other tensors in their place at each forward, as torch's TP + "
+             "DDP recipe does)")
 
 
 @dataclass
@@ -113,8 +116,9 @@ def group_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) ->
         "model.parameters() given to two optimizers)", None, seen.opt)
         for _, seen in sorted(twice.items(), key=lambda kv: str(kv[0]))]
     what = f"{compared} trainable parameter(s) of the model checked against the optimizers' param groups"
-    return findings, Coverage(Invariant.TRAINS, compared, what if compared else "",
-                              "" if ranks else _NO_RECORDS)
+    reason = ("" if compared else _NO_RECORDS if not ranks else _NO_MODEL if any(r.models for r in ranks.values())
+              else "no optimizer stepped twice (its model line is written at its second step)")
+    return findings, Coverage(Invariant.TRAINS, compared, what if compared else "", reason)
 
 
 def unchanged_findings(steps: StepRecords, *, allowed: Allowed = NOTHING_ALLOWED) -> tuple[list[Finding], Coverage]:

@@ -31,6 +31,9 @@ class ParamsRecord:
     shared: tuple[str, ...] = ()
     #: a DTensor parameter's name -> this rank's coordinate on its device mesh (one per dimension)
     mesh: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    #: the ranks of the process group of the DDP wrapper holding its parameters, when smaller than
+    #: the world (a data-parallel group beside tensor parallelism); () when absent
+    dp_ranks: tuple[int, ...] = ()
 
     @property
     def names(self) -> frozenset[str]:
@@ -138,7 +141,17 @@ def _nested(value: Any, key: str) -> tuple[tuple[str, ...], ...]:
 def params_record(obj: Any) -> ParamsRecord:
     return ParamsRecord(_int(obj, "opt"), _int(obj, "n", 1), _nested(obj.get("groups"), "groups"),
                         _nested(obj.get("dtypes") or [], "dtypes"), names(obj.get("shared"), "shared"),
-                        _coordinates(obj.get("mesh")))
+                        _coordinates(obj.get("mesh")), _ranks(obj.get("dp_ranks")))
+
+
+def _ranks(value: Any) -> tuple[int, ...]:
+    """``dp_ranks``: a list of distinct ranks (() when absent)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0
+                                              for r in value) or len(set(value)) != len(value):
+        raise ValueError("dp_ranks must be a list of distinct ranks")
+    return tuple(value)
 
 
 def _coordinates(value: Any) -> Mapping[str, tuple[int, ...]]:

@@ -276,6 +276,9 @@ class StepAgent:
             return known.named
         wanted = {id(p) for p in params}
         names = self._find_names(wanted)
+        if len(names) < len(wanted):  # a module holding other objects over the same elements (TP + DDP)
+            names.update(self.v.names_by_storage([m for m in (r() for r in list(self.modules.values())) if m is not None],
+                                                 [p for p in params if id(p) not in names]))
         named: list[tuple[str, Any]] = []
         for g, group in enumerate(optimizer.param_groups):
             for i, p in enumerate(group["params"]):

@@ -8,7 +8,9 @@ library only; the step agent calls :meth:`StepExtras.on_record` once per step re
 :meth:`StepExtras.patch_torch` once torch is imported. What it writes (docs/step-records.md):
 
 * a ``params`` line per optimizer when its parameters are first recorded or change: each param
-  group's names and dtypes, and those another live optimizer holds too; and, at its next step, a
+  group's names and dtypes, and those another live optimizer holds too (with a DTensor's mesh
+  coordinates, and the ranks of a ``DistributedDataParallel`` wrapper's process group when it is
+  smaller than the world: ``dp_ranks``); and, at its next step, a
   ``model`` line: the trainable and frozen parameters of the root modules holding that
   optimizer's parameters, the trainable ones that had a gradient (the forward used them) and
   that no live optimizer holds, and the count of watched modules;
@@ -70,8 +72,10 @@ class StepExtras:
         self.models: dict[int, tuple[dict[str, Any], list[tuple[str, Any]]]] = {}
         self.eval_in_step: dict[int, Any] = {}  # id -> module called in eval mode with grad on
         self.train_seen: set[int] = set()  # modules named in an eval line since the last step
-        self.checkpointed: set[int] = set()  # modules whose no-grad forwards are checkpointing's
-        self.module_names: dict[int, str] = {}
+        #: modules whose no-grad forwards are checkpointing's, and modules' names: held weakly, by
+        #: the modules themselves (a module freed and another made at its address is another)
+        self.checkpointed: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.module_names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self.scaled = self.unscaled = False
         self.clip_calls = self.clip_scaled = 0
         self.last: tuple[int, int] = (0, 0)  # (optimizer, n) of the last step recorded
@@ -126,6 +130,9 @@ class StepExtras:
         mesh = _mesh_coordinates(plan.names, plan.params)
         if mesh:
             line["mesh"] = mesh
+        dp_ranks = self._dp_ranks(plan.params)
+        if dp_ranks:
+            line["dp_ranks"] = dp_ranks
         self.agent.event(line)
         held = {id(p) for p in plan.params}
         trainable: list[str] = []
@@ -142,6 +149,34 @@ class StepExtras:
                            if getattr(type(m).forward, "__trainguard_watched__", False) and _matters(m))
         self.models[id(optimizer)] = ({"k": "model", "opt": key, "n": n, "trainable": trainable, "frozen": frozen,
                                        "watched": watched}, outside)
+
+    def _dp_ranks(self, params: list[Any]) -> list[int] | None:
+        """The ranks of the process group of the ``DistributedDataParallel`` wrappers holding every
+        one of ``params`` (by identity, or over the same elements: torch's TP + DDP recipe), when
+        they share one and it is not the whole world (a data-parallel group beside tensor
+        parallelism: Megatron's layout); else None."""
+        torch = self.torch
+        ddp = getattr(getattr(torch.nn, "parallel", None), "DistributedDataParallel", None)
+        dist = torch.distributed
+        if ddp is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        key = self.agent.v.storage_key
+        covered: set[int] = set()
+        groups: set[tuple[int, ...]] = set()
+        for wrapper in (m for m in (ref() for ref in list(self.agent.modules.values())) if isinstance(m, ddp)):
+            ids, keys = set(), set()
+            for q in [*wrapper.parameters(), *getattr(wrapper, "_module_parameters", ())]:  # (those at its start)
+                ids.add(id(q))
+                keys.add(key(q))
+            keys.discard(None)
+            mine = {i for i, p in enumerate(params) if id(p) in ids or key(p) in keys}
+            if mine:
+                covered |= mine
+                groups.add(tuple(dist.get_process_group_ranks(wrapper.process_group)))
+        if len(groups) != 1 or len(covered) < len(params):
+            return None
+        (ranks,) = groups
+        return sorted(ranks) if len(ranks) < dist.get_world_size() else None
 
     def _model_line(self, waiting: tuple[dict[str, Any], list[tuple[str, Any]]]) -> None:
         """The ``model`` line of an optimizer's step, written at its next step: ``grad``, the trainable
@@ -172,7 +207,7 @@ class StepExtras:
 
     def _name(self, module: Any) -> str:
         """``module``'s name in its root module (wrapper prefixes removed), found once."""
-        known = self.module_names.get(id(module))
+        known = self.module_names.get(module)
         if known is None:
             known = type(module).__name__
             for root in self._roots():
@@ -180,7 +215,7 @@ class StepExtras:
                 if found is not None:
                     known = self.agent.v.clean_name(found + ".").rstrip(".") or known
                     break
-            self.module_names[id(module)] = known
+            self.module_names[module] = known
         return known
 
     # -- gradients carried into a step -----------------------------------------------------
@@ -231,10 +266,10 @@ class StepExtras:
             self.eval_in_step.setdefault(id(module), module)
             return
         key = id(module)
-        if key in self.train_seen or key in self.checkpointed:
+        if key in self.train_seen or module in self.checkpointed:
             return
         if _in_checkpoint():
-            self.checkpointed.add(key)  # reentrant checkpointing's first forward: not a validation
+            self.checkpointed.add(module)  # reentrant checkpointing's first forward: not a validation
             return
         self.train_seen.add(key)
         opt, n = self.last

@@ -156,6 +156,52 @@ def local_shard(t: Any) -> tuple[Any, str | None]:
     return t, None
 
 
+def storage_key(t: Any) -> tuple[Any, ...] | None:
+    """Where ``t``'s (a DTensor's: its local shard's) elements are: its storage, offset, shape and
+    dtype; None when it has no storage to read. Two parameter objects with one key are one
+    tensor: torch's TP + DDP recipe (``_pre_dp_module_transform``) puts a new ``Parameter``
+    over the same local shard in the module at every forward, while the optimizer holds the
+    first."""
+    t = local_shard(t)[0]
+    try:
+        return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), str(t.dtype))
+    except Exception:  # a tensor without storage (meta, fake, a subclass's)
+        return None
+
+
+def names_by_storage(modules: list[Any], missing: list[Any]) -> dict[int, str]:
+    """id(parameter) -> the name of the module's parameter, or tensor attribute, over the same
+    elements (:func:`storage_key`), for ``missing``: the optimizer's parameters no module holds by
+    identity. torch's TP + DDP recipe (``_pre_dp_module_transform``) leaves in the module, from
+    its first forward on, DTensors over the optimizer's parameters as plain attributes. The root
+    modules (held by no other) only."""
+    wanted: dict[tuple[Any, ...], int] = {}
+    for p in missing:
+        key = storage_key(p)
+        if key is not None:
+            wanted.setdefault(key, id(p))
+    inner = {id(c) for m in modules for c in m.children()}
+    out: dict[int, str] = {}
+    for m in modules:
+        if id(m) in inner:
+            continue
+        for name, q in _tensors_of(m):
+            key = storage_key(q)
+            found = wanted.get(key) if key is not None else None
+            if found is not None:
+                out.setdefault(found, clean_name(name))
+    return out
+
+
+def _tensors_of(module: Any) -> list[tuple[str, Any]]:
+    """``module``'s parameters, then its submodules' public tensor attributes, by name."""
+    out: list[tuple[str, Any]] = list(module.named_parameters())
+    for prefix, sub in module.named_modules():
+        out += [(f"{prefix}.{attr}" if prefix else attr, value) for attr, value in vars(sub).items()
+                if not attr.startswith("_") and hasattr(value, "untyped_storage") and hasattr(value, "shape")]
+    return out
+
+
 def _bits(torch: Any, t: Any) -> Any:
     """``t``'s elements' bit patterns as integers of their width (a view, no copy)."""
     if t.is_complex():
@@ -580,5 +626,5 @@ class StepPlan:
 
 
 __all__ = ["DIRECT_FROM", "MASK", "Raw", "RngPrints", "StepPlan", "bit_sum", "clean_name", "combined", "fingerprints", "hex64",
-           "hyperparameters", "local_shard", "number", "numpy_rng_print", "owner_of", "path_text", "python_rng_print", "raw_prints", "scalar_fingerprint",
-           "sha16", "square_sum"]
+           "hyperparameters", "local_shard", "names_by_storage", "number", "numpy_rng_print", "owner_of", "path_text",
+           "python_rng_print", "raw_prints", "scalar_fingerprint", "sha16", "square_sum", "storage_key"]
