@@ -399,8 +399,8 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
     save.states = crash_states(events, save.boundaries, spec.mode, appended)
     save.restored = states_of(events, save.boundaries, states.folder)
     at = {b: state for b, state in zip(save.boundaries, save.states, strict=True)}
-    # one rank's save only: another rank's copy may hold an operation under way or not
-    save.reused = {at[b]: restarted for b in candidate if at.get(b) is not None and not any(x.rank for x in at)}
+    # many ranks' saves too: the copy stands for its state as every copy does (docs: "Many ranks")
+    save.reused = {at[b]: restarted for b in candidate if at.get(b) is not None}
     save.recorded = None if final is None else dataclasses.replace(recorded, checkpoint_dir=final)
     save.start = (save_start(copy, events, first, save.checkpoint_before, spec.mode) if spec.from_save
                   else SaveStart(None, "step 1 (from_save: false)"))
