@@ -11,6 +11,7 @@ save); the clean writer in power-loss mode and the other writers in kill mode ar
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,19 @@ def test_inferred_outcomes_are_the_ones_every_boundary_run_finds(tmp_path: Path,
     assert "restarted on the state the recording run left" in new["start"] or mode == "power", new["start"]
 
 
+def _in_save(words: str) -> str:
+    """A boundary's words without its ordinal (``after write #4 of``: ``after write of``)."""
+    return re.sub(r" #\d+", "", words)
+
+
+def _rows_in_save(ev: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Each row's boundary, outcome, step resumed from (counted from the first row's) and where it
+    was inferred from, as they stand within the save."""
+    base = next((o["resumed_from_step"] for o in ev["outcomes"] if o["resumed_from_step"] is not None), 0)
+    return [(_in_save(o["boundary"]), o["outcome"], None if o["resumed_from_step"] is None else o["resumed_from_step"] - base,
+             _in_save(o.get("inferred_from", ""))) for o in ev["outcomes"]]
+
+
 @needs_fuse
 @pytest.mark.slow
 @pytest.mark.timeout(600)
@@ -184,9 +198,10 @@ def test_boundaries_side_by_side_find_what_one_after_the_other_finds(tmp_path: P
     old, new = report_evidence(alone), report_evidence(beside)
     assert (old["lanes"], new["lanes"]) == (1, 2)
     assert beside.status == alone.status, (beside.summary, alone.summary)
-    assert (new["first_unsafe"] or {}).get("boundary") == (old["first_unsafe"] or {}).get("boundary")
-    assert [(o["boundary"], o["outcome"], o["resumed_from_step"], o.get("inferred_from")) for o in new["outcomes"]] == [
-        (o["boundary"], o["outcome"], o["resumed_from_step"], o.get("inferred_from")) for o in old["outcomes"]]
+    # each check records its own save: the one at step 10, or at 15 when the line of step 7 was
+    # read late, so ordinals and steps are compared as they stand within the save
+    assert _in_save((new["first_unsafe"] or {}).get("boundary", "")) == _in_save((old["first_unsafe"] or {}).get("boundary", ""))
+    assert _rows_in_save(new) == _rows_in_save(old)
     assert new["runs"] == old["runs"], (new["runs"], old["runs"])
     # every lane's layer unmounted: the check's work directory holds lane-1, not mounted
     work = Path(new["work_dir"])
