@@ -572,7 +572,7 @@ def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, *,
     copied = None if control else runs.save.restored.get(boundary)
     restore(copied or (keep if at is not None else None), layer.backing)
     if copied is not None:  # the state the recording left right after the boundary: a restart on it
-        runs.save.start.from_states += 1
+        runs.save.start.count(from_states=1)
         state = runs.save.states[runs.save.boundaries.index(boundary)] if runs.save.states else None
         reused = runs.save.reused.pop(state, None) if state is not None else None
         resumed = reused or pool.run(request, label="crash-points-resume", resume=True, checkpoint_dir=layer.point)
@@ -601,7 +601,7 @@ def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, *,
             start.give_up(f"{why} ({boundary.words()})")
             row, launched = _crash_and_resume(number, runs, boundary)
             return row, launched + 1
-        start.used += 1
+        start.count(used=1)
     if not crashed:
         return BoundaryNotReached(words, boundary.op, boundary.path, boundary.rank, boundary.ordinal, "not reached",
                                   None, f"the crash run never made that operation ({crashed_run.outcome})"), 1
