@@ -4,7 +4,7 @@ CPU seconds of the processes it started, verdict and first unsafe boundary (issu
     .venv/bin/python -m tests.benchmarks.crash_points_table [--only SUBSTRING ...] [--set KEY=VALUE ...]
 
 One JSON line per row on stdout. ``--set`` adds keys to every row's ``crash_points`` (``infer=false``
-explores every chosen boundary with a run of its own). Run it from an old tree (``PYTHONPATH``) and
+explores every chosen boundary with a run of its own; ``lanes=1`` runs them one after the other). Run it from an old tree (``PYTHONPATH``) and
 this one side by side to compare: the launch counts do not depend on the machine's load, the wall
 times do.
 """
@@ -86,6 +86,7 @@ def _row(name: str, extra: dict[str, Any]) -> dict[str, Any]:
         first = ev.get("first_unsafe") or {}
         return {"row": name, "status": result.status, "runs": ev.get("runs"), "found": ev.get("boundaries_found"),
                 "explored": ev.get("boundaries_explored"), "inferred": ev.get("inferred"), "start": ev.get("start"),
+                "lanes": ev.get("lanes"),
                 "first_unsafe": first.get("boundary"), "first_outcome": first.get("outcome"),
                 "outcomes": [(o.get("outcome"), o.get("resumed_from_step")) for o in ev.get("outcomes", [])],
                 "wall_s": round(wall, 1), **({"summary": result.summary[:400]} if result.status == "error" else {}),

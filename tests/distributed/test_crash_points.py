@@ -11,6 +11,7 @@ save); the clean writer in power-loss mode and the other writers in kill mode ar
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -40,24 +41,27 @@ job:
   timeout: 60
   stall_timeout: 20
 checks:
-  crash_points: {{steps: {steps}, after_step: {after}, mode: {mode}, gap_s: 0.3, max_boundaries: {limit}, infer: {infer}, state_copies_mib: {copies}}}
+  crash_points: {{steps: {steps}, after_step: {after}, mode: {mode}, gap_s: 0.3, max_boundaries: {limit}, infer: {infer}, state_copies_mib: {copies}, lanes: {lanes}}}
 """
 
 
 def writer_job(tmp_path: Path, writer: str, mode: str = "kill", *, limit: int = 16, extra: str = "",
-               world: int = 1, after: int = 7, steps: int = 20, infer: bool = True, copies: int = 256) -> Path:
+               world: int = 1, after: int = 7, steps: int = 20, infer: bool = True, copies: int = 256,
+               lanes: int | None = None) -> Path:
     """The job file of save_writer.py with ``--writer writer`` and its crash_points check."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "trainguard.yaml"
     path.write_text(JOB.format(writer=writer, script=WRITER, mode=mode, limit=limit, extra=extra, world=world,
-                               after=after, steps=steps, infer=str(infer).lower(), copies=copies))
+                               after=after, steps=steps, infer=str(infer).lower(), copies=copies,
+                               lanes="null" if lanes is None else lanes))
     return path
 
 
 def _crash_points(tmp_path: Path, writer: str, mode: str = "kill", *, limit: int = 16, extra: str = "",
-                  world: int = 1, after: int = 7, steps: int = 20, infer: bool = True, copies: int = 256) -> CheckResult:
+                  world: int = 1, after: int = 7, steps: int = 20, infer: bool = True, copies: int = 256,
+                  lanes: int | None = None) -> CheckResult:
     path = writer_job(tmp_path, writer, mode, limit=limit, extra=extra, world=world, after=after, steps=steps,
-                      infer=infer, copies=copies)
+                      infer=infer, copies=copies, lanes=lanes)
     report = check(path, only=["crash_points"], report_json=str(path.parent / "report.json"))
     (result,) = report.checks
     # the report on disk says what the result says
@@ -166,6 +170,42 @@ def test_inferred_outcomes_are_the_ones_every_boundary_run_finds(tmp_path: Path,
     # in-place writer leaves a new state at every boundary: nothing inferred)
     assert old["inferred"] == 0 and new["runs"] < old["runs"], (new["runs"], old["runs"])
     assert "restarted on the state the recording run left" in new["start"] or mode == "power", new["start"]
+
+
+def _in_save(words: str) -> str:
+    """A boundary's words without its ordinal (``after write #4 of``: ``after write of``)."""
+    return re.sub(r" #\d+", "", words)
+
+
+def _rows_in_save(ev: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Each row's boundary, outcome, step resumed from (counted from the first row's) and where it
+    was inferred from, as they stand within the save."""
+    base = next((o["resumed_from_step"] for o in ev["outcomes"] if o["resumed_from_step"] is not None), 0)
+    return [(_in_save(o["boundary"]), o["outcome"], None if o["resumed_from_step"] is None else o["resumed_from_step"] - base,
+             _in_save(o.get("inferred_from", ""))) for o in ev["outcomes"]]
+
+
+@needs_fuse
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("writer", "mode"), [("unlink-first", "kill"), ("atomic", "power")])
+def test_boundaries_side_by_side_find_what_one_after_the_other_finds(tmp_path: Path, writer: str, mode: str) -> None:
+    """Crash runs and restarts (no state copies) of the boundaries that do not depend on each
+    other made two at a time, each lane in a FUSE layer of its own, and one after the other
+    (``lanes: 1``): the same verdict, first unsafe boundary, outcome at every boundary and runs."""
+    alone = _crash_points(tmp_path / "alone", writer, mode, copies=0, lanes=1)
+    beside = _crash_points(tmp_path / "beside", writer, mode, copies=0, lanes=2)
+    old, new = report_evidence(alone), report_evidence(beside)
+    assert (old["lanes"], new["lanes"]) == (1, 2)
+    assert beside.status == alone.status, (beside.summary, alone.summary)
+    # each check records its own save: the one at step 10, or at 15 when the line of step 7 was
+    # read late, so ordinals and steps are compared as they stand within the save
+    assert _in_save((new["first_unsafe"] or {}).get("boundary", "")) == _in_save((old["first_unsafe"] or {}).get("boundary", ""))
+    assert _rows_in_save(new) == _rows_in_save(old)
+    assert new["runs"] == old["runs"], (new["runs"], old["runs"])
+    # every lane's layer unmounted: the check's work directory holds lane-1, not mounted
+    work = Path(new["work_dir"])
+    assert (work / "lane-1").is_dir() and str(work / "lane-1" / "mnt") not in Path("/proc/mounts").read_text()
 
 
 def test_above_the_limit_every_other_operation_first_then_writes_spread_over_each_file() -> None:

@@ -214,10 +214,12 @@ def _alike(a: CrashRow, b: CrashRow) -> bool:
 @dataclass
 class Inference:
     """The rows of a save's boundaries, some run, some inferred: ``inferred`` maps a boundary's
-    index to why (the words the evidence keeps)."""
+    index to why (the words the evidence keeps); ``waiting``: boundaries not decided yet, because a
+    run they depend on is not made yet (:func:`explore_inferred` with runs still to make)."""
 
     rows: dict[int, CrashRow] = field(default_factory=dict)
     inferred: dict[int, str] = field(default_factory=dict)
+    waiting: set[int] = field(default_factory=set)
 
     def take(self, i: int, boundary: Boundary, source: CrashRow, why: str) -> None:
         assert isinstance(source, BoundaryOutcome)
@@ -228,42 +230,71 @@ class Inference:
         self.inferred[i] = why
 
 
-def explore_inferred(chosen: list[Boundary], states: Iterable[Hashable | None],
-                     run: Callable[[int], CrashRow]) -> Inference:
-    """Every boundary of ``chosen`` decided: run (``run(i)``: the crash after ``chosen[i]`` and
-    its restart, judged without the rows before it) or inferred (the module's docstring)."""
-    states = list(states)
-    done = Inference()
-    seen: dict[Hashable, int] = {}
+class _Exploration:
+    """The state of :func:`explore_inferred`: the rows so far, the first run of each state."""
 
-    def get(i: int) -> CrashRow:
+    def __init__(self, chosen: list[Boundary], states: list[Hashable | None],
+                 run: Callable[[int], CrashRow | None]) -> None:
+        self.chosen, self.states, self.run = chosen, states, run
+        self.done = Inference()
+        self.seen: dict[Hashable, int] = {}
+        self.maybe: set[Hashable] = set()  # states whose first run may be one not made yet
+
+    def undecided(self, i: int) -> None:
+        self.done.waiting.add(i)
+        if self.states[i] is not None and self.states[i] not in self.seen:
+            self.maybe.add(self.states[i])
+
+    def get(self, i: int) -> CrashRow | None:
+        done, state = self.done, self.states[i]
+        if i in done.waiting:
+            return None
         if i not in done.rows:
-            rep = seen.get(states[i]) if states[i] is not None else None
+            rep = self.seen.get(state) if state is not None else None
             if rep is not None:
-                done.take(i, chosen[i], done.rows[rep], f"the same state as the crash {chosen[rep].words()}")
-            else:
-                done.rows[i] = row = run(i)
-                if isinstance(row, BoundaryOutcome) and states[i] is not None:
-                    seen.setdefault(states[i], i)
+                done.take(i, self.chosen[i], done.rows[rep], f"the same state as the crash {self.chosen[rep].words()}")
+                return done.rows[i]
+            row = None if state is not None and state in self.maybe else self.run(i)
+            if row is None:
+                self.undecided(i)
+                return None
+            done.rows[i] = row
+            if isinstance(row, BoundaryOutcome) and state is not None:
+                self.seen.setdefault(state, i)
         return done.rows[i]
 
-    def bisect(lo: int, hi: int) -> None:
-        a, b = get(lo), get(hi)
+    def bisect(self, lo: int, hi: int) -> None:
+        a, b = self.get(lo), self.get(hi)
         if hi - lo < 2:
             return
-        if _alike(a, b):
-            for j in range(lo + 1, hi):
-                if j not in done.rows:
-                    done.take(j, chosen[j], a, f"between the crashes {chosen[lo].words()} and "
-                              f"{chosen[hi].words()}, whose restarts did the same")
-            return
-        mid = (lo + hi) // 2
-        bisect(lo, mid)
-        bisect(mid, hi)
+        between = [j for j in range(lo + 1, hi) if j not in self.done.rows]
+        if a is None or b is None:  # not known yet: what lies between is decided once it is
+            for j in between:
+                self.undecided(j)
+        elif _alike(a, b):
+            for j in between:
+                self.done.take(j, self.chosen[j], a, f"between the crashes {self.chosen[lo].words()} and "
+                               f"{self.chosen[hi].words()}, whose restarts did the same")
+        else:
+            mid = (lo + hi) // 2
+            self.bisect(lo, mid)
+            self.bisect(mid, hi)
 
+
+def explore_inferred(chosen: list[Boundary], states: Iterable[Hashable | None],
+                     run: Callable[[int], CrashRow | None]) -> Inference:
+    """Every boundary of ``chosen`` decided: run (``run(i)``: the crash after ``chosen[i]`` and
+    its restart, judged without the rows before it) or inferred (the module's docstring).
+
+    ``run(i)`` may return None: that run is not made yet (:mod:`~trainguard.drills.crash_lanes`
+    asks which runs the exploration makes for certain, to make them side by side). What depends
+    on it is left ``waiting``: a boundary between two writes whose restarts are not both known, one
+    whose state a run not made yet may have left first. Every other run asked for is one the
+    exploration makes whatever the runs not made yet find."""
+    exploration = _Exploration(chosen, list(states), run)
     starts = dict(write_segments(chosen))
     for i in range(len(chosen)):
         if i in starts:
-            bisect(i, starts[i])
-        get(i)
-    return done
+            exploration.bisect(i, starts[i])
+        exploration.get(i)
+    return exploration.done

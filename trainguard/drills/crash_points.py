@@ -58,7 +58,8 @@ from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config.checks import CheckSpec
 from trainguard.config.problems import resume_problems
 from trainguard.config.registry import Check, Run
-from trainguard.drills.crash_infer import Inference, crash_states, explore_inferred
+from trainguard.drills.crash_infer import Inference, crash_states
+from trainguard.drills.crash_lanes import MOST_LANES, explore_in_lanes, lane_count
 from trainguard.drills.crash_plan import crash_plan_words
 from trainguard.drills.crash_records import (
     Boundary,
@@ -116,6 +117,9 @@ class CrashPointsCheck(CheckSpec):
     #: kill mode: the recording run copies the directory after each operation of the save, up to
     #: this many MiB, and each boundary copied needs a restart only, no crash run (0: none)
     state_copies_mib: int = Field(256, ge=0)
+    #: boundaries run side by side, each in a FUSE layer of its own (None: as many as the cores
+    #: hold the job's ranks; 1: one after the other)
+    lanes: int | None = Field(None, ge=1, le=MOST_LANES)
     rtol: float = Field(0.0, ge=0)
     atol: float = Field(0.0, ge=0)
 
@@ -395,8 +399,8 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
     save.states = crash_states(events, save.boundaries, spec.mode, appended)
     save.restored = states_of(events, save.boundaries, states.folder)
     at = {b: state for b, state in zip(save.boundaries, save.states, strict=True)}
-    # one rank's save only: another rank's copy may hold an operation under way or not
-    save.reused = {at[b]: restarted for b in candidate if at.get(b) is not None and not any(x.rank for x in at)}
+    # many ranks' saves too: the copy stands for its state as every copy does (docs: "Many ranks")
+    save.reused = {at[b]: restarted for b in candidate if at.get(b) is not None}
     save.recorded = None if final is None else dataclasses.replace(recorded, checkpoint_dir=final)
     save.start = (save_start(copy, events, first, save.checkpoint_before, spec.mode) if spec.from_save
                   else SaveStart(None, "step 1 (from_save: false)"))
@@ -563,11 +567,12 @@ def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, *,
     pool, spec, request, metric, layer = runs.pool, runs.spec, runs.request, runs.metric, runs.layer
     words = f"rank {boundary.rank}: a kill before the save's first operation" if control else boundary.words()
     start = runs.save.start
-    at = start.shifted(boundary) if start.keep is not None and not control else None
+    keep = None if control else start.keep  # once: another lane may give the copy up meanwhile
+    at = start.shifted(boundary) if keep is not None else None
     copied = None if control else runs.save.restored.get(boundary)
-    restore(copied or (start.keep if at is not None else None), layer.backing)
+    restore(copied or (keep if at is not None else None), layer.backing)
     if copied is not None:  # the state the recording left right after the boundary: a restart on it
-        runs.save.start.from_states += 1
+        runs.save.start.count(from_states=1)
         state = runs.save.states[runs.save.boundaries.index(boundary)] if runs.save.states else None
         reused = runs.save.reused.pop(state, None) if state is not None else None
         resumed = reused or pool.run(request, label="crash-points-resume", resume=True, checkpoint_dir=layer.point)
@@ -596,7 +601,7 @@ def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, *,
             start.give_up(f"{why} ({boundary.words()})")
             row, launched = _crash_and_resume(number, runs, boundary)
             return row, launched + 1
-        start.used += 1
+        start.count(used=1)
     if not crashed:
         return BoundaryNotReached(words, boundary.op, boundary.path, boundary.rank, boundary.ordinal, "not reached",
                                   None, f"the crash run never made that operation ({crashed_run.outcome})"), 1
@@ -610,18 +615,17 @@ def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, *,
 
 def _decide(runs: _CrashRuns, chosen: list[Boundary], evidence: CrashPointsEvidence) -> Inference:
     """A row for each boundary of ``chosen``, judged without the rows before it: run, or with
-    ``infer``, inferred where :mod:`~trainguard.drills.crash_infer` can."""
-    def run(number: int) -> CrashRow:
-        row, launched = _crash_and_resume(number, runs, chosen[number])
-        evidence.runs += launched
-        return row
+    ``infer``, inferred where :mod:`~trainguard.drills.crash_infer` can; the runs that do not depend
+    on each other made side by side (:mod:`~trainguard.drills.crash_lanes`)."""
+    def run(number: int, layer: FuseLayer) -> tuple[CrashRow, int]:
+        with runs.pool.checking(_NAME):
+            return _crash_and_resume(number, dataclasses.replace(runs, layer=layer), chosen[number])
 
-    if not runs.spec.infer:
-        return Inference(rows={i: run(i) for i in range(len(chosen))})
     where = {b: i for i, b in enumerate(runs.save.boundaries)}
-    decided = explore_inferred(chosen, [runs.save.states[where[b]] if runs.save.states else None for b in chosen],
-                               run)
-    evidence.inferred = len(decided.inferred)
+    states = [runs.save.states[where[b]] if runs.save.states else None for b in chosen] if runs.spec.infer else None
+    count = lane_count(runs.spec.lanes, runs.request.world_size, runs.pool.background())
+    decided, launched, lanes = explore_in_lanes(chosen, states, run, runs.layer, count, runs.pool.stop_beside)
+    evidence.runs, evidence.lanes, evidence.inferred = evidence.runs + launched, lanes.used, len(decided.inferred)
     return decided
 
 

@@ -131,6 +131,8 @@ class CrashPointsEvidence(Evidence):
     runs: int = 0
     #: boundaries whose outcome was inferred, not run (``inferred_from`` on their rows)
     inferred: int = 0
+    #: how many boundaries were run side by side at most, each in a FUSE layer of its own
+    lanes: int = 1
     #: where the crash runs started: at the save (from a copy of the checkpoint before it) or at
     #: step 1, and why
     start: str = ""

@@ -21,6 +21,7 @@ made.
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -75,6 +76,13 @@ class SaveStart:
     used: int = 0
     #: boundaries restarted on the state the recording left, with no crash run (crash_restore)
     from_states: int = 0
+    #: the counts are kept from every lane at once (crash_lanes)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def count(self, *, used: int = 0, from_states: int = 0) -> None:
+        """Count a crash run from the copy that was used, or a boundary restarted on its state."""
+        with self._lock:
+            self.used, self.from_states = self.used + used, self.from_states + from_states
 
     def shifted(self, boundary: Boundary) -> Boundary | None:
         """``boundary`` as a run from the copy names it (None: the copy holds it already)."""

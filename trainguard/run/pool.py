@@ -288,6 +288,11 @@ class RunPool:
         return self._host.run(request, label=label, on_metric=on_metric, resume=resume,
                               checkpoint_dir=checkpoint_dir, keep=keep)
 
+    def stop_beside(self, reason: str) -> None:
+        """Stop every run under way off the main thread: a check's own runs side by side
+        (crash_points' lanes) when one of them failed or on Ctrl-C, before its error goes on."""
+        self.scheduling.stop_background(reason)
+
     def stand_in(self, request: RunRequest, *, label: str, resume: bool = False,
                  checkpoint_dir: Path | None = None) -> RunResult:
         """Launch ``request`` in place of a declared run that could not be had (smoke's own

@@ -14,7 +14,8 @@ JSON (``pad`` spreads it over 3 writes of 4 KiB) to ``ckpt.json`` with ``--write
 
 Launched with ``WORLD_SIZE`` 2 (each rank a process, no collectives), the sharded writers have
 each rank keep its own state and print its own loss, and save ``ckpt-NNNN.rankR.json`` atomically,
-the ranks in turn (rank 1 waits for rank 0's file, so a crash between them is one moment):
+the ranks in turn (rank 1 waits for rank 0's file, so a crash between them is one moment; the ranks
+first meet through files in the run directory, so a rank that started late does not split the save):
 
 * ``sharded-marker``: rank 0 then writes ``ckpt-NNNN.COMPLETE`` atomically once every rank's shard
   is in place; ``--resume`` loads the newest save that has its marker;
@@ -150,7 +151,24 @@ def _wait_for(path: str) -> None:
         time.sleep(0.002)
 
 
+def _meet(step: int, rank: int, world: int) -> None:
+    """The ranks of one launch meet before each save, through files in its run directory (not the
+    checkpoint directory: no part of the save), so a rank that started late does not begin its
+    part of the save more than ``gap_s`` after the other ended its own on a loaded machine (the
+    save would be explored as two). Not for long: a rank resumed from another step than the
+    others (a torn restart) saves alone."""
+    folder = os.environ.get("TRAINGUARD_RUN_DIR")
+    if not folder or world < 2:
+        return
+    open(os.path.join(folder, f"save-{step}.rank{rank}"), "w").close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not all(
+            os.path.exists(os.path.join(folder, f"save-{step}.rank{r}")) for r in range(world)):
+        time.sleep(0.002)
+
+
 def save_shard(ckpt_dir: str, step: int, w: float, writer: str, rank: int, world: int) -> None:
+    _meet(step, rank, world)
     name = os.path.join(ckpt_dir, f"ckpt-{step:04d}")
     if rank > 0:
         _wait_for(f"{name}.rank{rank - 1}.json")
