@@ -89,6 +89,32 @@ def _hf(tmp: Path, extra: dict[str, Any]) -> Path:
     return example_copy(tmp, _settings(extra, steps=20, after_step=7))
 
 
+# run_clm.py's resume: the newest checkpoint-N folder under --output_dir, whatever it holds
+# (transformers' get_last_checkpoint), as a wrapper of the example's train.py (unchanged)
+RESUME_LAST = """\
+import runpy, sys
+from transformers.trainer_utils import get_last_checkpoint
+args = sys.argv[1:]
+if "--resume-last" in args:
+    args.remove("--resume-last")
+    last = get_last_checkpoint(args[args.index("--output_dir") + 1])
+    args += ["--resume_from_checkpoint", last] if last else []
+sys.argv = ["train.py", *args]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def _hf_last(tmp: Path, extra: dict[str, Any]) -> Path:
+    root = _hf(tmp, extra)
+    (root / "resume_last.py").write_text(RESUME_LAST)
+    job = root / "trainguard.yaml"
+    text = job.read_text()
+    assert text.count("python train.py") == 1 and text.count("--resume_from_checkpoint {latest_checkpoint}") == 1, job
+    job.write_text(text.replace("python train.py", "python resume_last.py").replace(
+        "--resume_from_checkpoint {latest_checkpoint}", "--resume-last"))
+    return root
+
+
 def _lightning(tmp: Path, extra: dict[str, Any]) -> Path:
     from tests.distributed.test_lightning_example import example_copy
 
@@ -122,6 +148,7 @@ ROWS: dict[str, Callable[[Path, dict[str, Any]], Path]] = {
     "digits/kill-1000": _digits(1000),
     "nanogpt/kill": _nanogpt,
     "hf-trainer/kill": _hf,
+    "hf-trainer-last/kill": _hf_last,
     "lightning/kill": _lightning,
     "fsdp2-sync/kill": _fsdp2(8),
     "fsdp2-async/kill": _fsdp2(16, "--async-save"),
