@@ -215,8 +215,9 @@ def _write_table(evidence: CrashPointsEvidence, work: Path, verdict: str) -> Non
         evidence.table = str(atomic_write_text(work / "table.md", "\n".join(rows) + "\n"))
 
 
-#: operations this close follow each other at once: one save, whatever line was read between them
-_SAME_SAVE_S = 0.02
+#: operations this close follow each other at once: one save, whatever line was read between them,
+#: unless one begins a file (:data:`_BEGINS`) of a shape the save began already
+_SAME_SAVE_S, _BEGINS = 0.02, ("create", "truncate", "mkdir")
 
 
 def _top(path: Any) -> str:
@@ -250,24 +251,24 @@ class SaveFound:
 
 def _bursts(ops: list[JournalEvent], arrivals: list[tuple[int, float]], gap_s: float) -> list[list[JournalEvent]]:
     """Operations in bursts: each starting at most ``gap_s`` after the one before ended and with
-    no step line read between them (unless they follow each other within 20 ms)."""
+    no step line read between them (unless they follow each other within 20 ms and the later
+    does not begin again a file of the shape of one the burst began: a tiny job's next save)."""
     bursts: list[list[JournalEvent]] = []
+    begun: set[tuple[int | None, str]] = set()  # (rank, shape) of what the last burst made or truncated
     lines = sorted(t for _, t in arrivals)
     for e in ops:
-        start = e.start
-        if bursts:
-            end = bursts[-1][-1].t  # written after the daemon's copy, if any
-            gap = start - end
-            # a step line read between two operations of one rank parts saves closer than gap_s,
-            # unless they follow each other at once (a line read late, in the middle of a save);
-            # between two ranks' operations it does not: rank 0 may print its next step while
-            # rank 1 still saves
-            same_rank = e.rank == bursts[-1][-1].rank
-            parted = gap > _SAME_SAVE_S and same_rank and any(end < t < start for t in lines)
-            if gap <= gap_s and not parted:
-                bursts[-1].append(e)
-                continue
-        bursts.append([e])
+        start, end = e.start, bursts[-1][-1].t if bursts else 0.0  # (written after the daemon's copy, if any)
+        again = e.op in _BEGINS and (e.rank, shape(e.path)) in begun
+        # a step line read between two operations of one rank parts saves closer than gap_s, unless
+        # they follow each other at once (a line read late, in the middle of a save); between two
+        # ranks' operations it does not: rank 0 may print its next step while rank 1 still saves
+        if not bursts or start - end > gap_s or ((start - end > _SAME_SAVE_S or again) and e.rank == bursts[-1][-1].rank
+                                                 and any(end < t < start for t in lines)):
+            bursts.append([])
+            begun = set()
+        bursts[-1].append(e)
+        if e.op in _BEGINS:
+            begun.add((e.rank, shape(e.path)))
     return bursts
 
 
