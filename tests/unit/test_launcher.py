@@ -906,7 +906,9 @@ def test_frozen_stops_every_process_and_its_time_is_not_the_jobs(
             seen["lines_while_stopped"] = len(launcher.points) - lines
         seen["after"] = [p.status() for p in procs if p.is_running()]
 
-    spec = spec_for(tmp_path, marker, "--steps", "12", "--sleep", "0.05", "--workers", "1", "--spawn-child",
+    # 40 steps: the job still runs when a loaded machine's launcher handles step 3's line late (with 12,
+    # its rank had ended by then once, at load 2 in the full run: psutil.NoSuchProcess)
+    spec = spec_for(tmp_path, marker, "--steps", "40", "--sleep", "0.05", "--workers", "1", "--spawn-child",
                     stall_timeout=1.5)
     launcher = Launcher(spec)
     launcher.on_metric.append(freeze_at_step_3)
