@@ -25,6 +25,7 @@ __all__ = [
     "RAY_SIGNALS",
     "RUN_DIR",
     "RUN_HOOK",
+    "STEP_STATE_EVERY",
     "VARIABLES",
     "WORKER_RUN_HOOK",
 ]
@@ -46,6 +47,9 @@ RUN_HOOK = "TRAINGUARD_RUN_HOOK"
 #: the run agent's spec (JSON) for a backend whose ranks the launcher does not start (Ray Train):
 #: its driver installs the agent in each rank once the rank is known, not at start-up
 WORKER_RUN_HOOK = "TRAINGUARD_WORKER_RUN_HOOK"
+#: the step records read the optimizer state and the RNG states every this many steps, over the
+#: job's ``record_state_every`` (the sdc drill of an optimizer state sets 1 for its runs)
+STEP_STATE_EVERY = "TRAINGUARD_STEP_STATE_EVERY"
 #: how a drill signals a Ray Train worker: ``api`` (through Ray), ``pid`` or ``auto``
 RAY_SIGNALS = "TRAINGUARD_RAY_SIGNALS"
 #: the temp dir of a Ray head trainguard started (to find and stop what it left)
@@ -69,6 +73,7 @@ VARIABLES: dict[str, str] = {
     FAULT_HOOK_PID: "the pid the fault agent armed in (children inherit the hook inert)",
     RUN_HOOK: "the run agent's spec (JSON): trainer metrics, sample indices",
     WORKER_RUN_HOOK: "the run agent's spec for Ray Train workers: the driver installs it in each",
+    STEP_STATE_EVERY: "the step records read the optimizer and RNG states every this many steps (over the job's)",
     RAY_SIGNALS: "how a drill signals a Ray Train worker: api, pid or auto",
     RAY_HEAD: "the temp dir of a Ray head trainguard started",
     RAY_DRIVER: "host:pid of the Ray Train driver, for its workers' writer",

@@ -90,14 +90,30 @@ def measure_step_spreads(run_dirs: Sequence[Path]) -> StepSpreads | None:
         return None
     spreads: dict[str, dict[str, list[float]]] = {}
     for kind, key in KINDS.items():
-        names = list(getattr(runs[0][steps[0]], key))[:MAX_TENSORS]
+        names = list(getattr(runs[0][steps[0]], key) or {})[:MAX_TENSORS]
         tensors = {}
         for name in names:
-            values = [_spread([getattr(r[n], key).get(name) for r in runs]) for n in steps]
-            if all(v is not None for v in values):
-                tensors[name] = [float(v or 0.0) for v in values]
+            values = _spreads_of([[getattr(r[n], key) for r in runs] for n in steps], name)
+            if values is not None:
+                tensors[name] = values
         spreads[kind] = tensors
     return StepSpreads(steps, spreads)
+
+
+def _spreads_of(by_step: Sequence[Sequence[Mapping[str, Fingerprint | None] | None]], name: str) -> list[float] | None:
+    """The spread of ``name`` at each step (the step records' mappings of every run); at a step
+    some run did not read (an optimizer state off the agent's schedule) the largest before it;
+    None when a run that read it lacks it or it is not finite."""
+    out: list[float] = []
+    for prints in by_step:
+        if any(p is None for p in prints):
+            out.append(max(out, default=0.0))
+            continue
+        spread = _spread([p.get(name) for p in prints if p is not None])
+        if spread is None:
+            return None
+        out.append(spread)
+    return out
 
 
 def _spread(prints: Sequence[Fingerprint | None]) -> float | None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trainguard.checks.accounting import training_batches
-from trainguard.checks.step_compare import StepRow, compared_steps, rows_around
+from trainguard.checks.step_compare import StepRow, compared_steps, rows_around, unused_generators
 from trainguard.evidence import UNSET, Evidence, Unset
 from trainguard.launch.samples import SampleBatch, read_samples
 from trainguard.launch.steps import (
@@ -236,7 +236,7 @@ def first_divergence(
         found = []
         for rank, _, ref, oth in pairs:
             if step in ref and step - offset in oth:
-                idle = _idle_generators(ref, step) & _idle_generators(oth, step - offset)
+                idle = unused_generators(ref, step) & unused_generators(oth, step - offset)
                 found += [d for d in _differences(ref[step], oth[step - offset], rank, step, exact, rtol)
                           if not (d.kind == "rng" and d.name in idle)]
         compared = [rank for rank in common if (rank, step) in drawn]
@@ -255,7 +255,8 @@ def first_divergence(
 def _differences(a: StepRecord, b: StepRecord, rank: int, step: int, exact: bool, rtol: float) -> list[Difference]:
     """What differs between the reference's record ``a`` and the other's ``b`` of one step."""
     found = [*_hyperparameters(a, b), *_tensors("parameter", a.param, b.param, exact, rtol),
-             *_tensors("optimizer state", a.optim, b.optim, exact, rtol), *_scaler_and_rng(a, b),
+             *(_tensors("optimizer state", a.optim, b.optim, exact, rtol) if a.optim is not None and b.optim is not None
+               else ()), *_scaler_and_rng(a, b),
              *_tensors("gradient", a.grad, b.grad, exact, rtol)]
     return [Difference(step, rank, a.opt, kind, name, *_shown_pair(x, y)) for kind, name, x, y in found]
 
@@ -291,18 +292,6 @@ def _scaler_and_rng(a: StepRecord, b: StepRecord) -> Iterator[_Found]:
         for (name, x_state), (_, y_state) in zip(a.rng.generators(), b.rng.generators()):
             if x_state is not None and y_state is not None and x_state != y_state:
                 yield "rng", name, x_state, y_state
-
-
-def _idle_generators(steps: Mapping[int, StepRecord], n: int) -> frozenset[str]:
-    """The generators step ``n`` of a run does not draw from: their state the same at the start of
-    the next step (of the step before, at the last). Python's and numpy's global generators are
-    seeded from the OS at start unless the job seeds them, so two processes differ there even
-    where the job never draws from them: such a difference changes nothing and is not one."""
-    here, beside = steps.get(n), steps.get(n + 1) or steps.get(n - 1)
-    if here is None or beside is None or here.rng is None or beside.rng is None:
-        return frozenset()
-    return frozenset(name for (name, a), (_, b) in zip(here.rng.generators(), beside.rng.generators())
-                     if a is not None and a == b)
 
 
 def _names(x: Mapping[str, Fingerprint | None], y: Mapping[str, Fingerprint | None]) -> Iterator[str]:

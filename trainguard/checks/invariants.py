@@ -249,6 +249,8 @@ def _splits(at: Mapping[int, StepRecord], peers: Mapping[str, Sequence[tuple[int
     for kind, attr in _KINDS:
         for name, groups in peers.items():
             for group in groups:
+                if any(getattr(at[r], attr) is None for r in group):
+                    continue  # an optimizer state not read at this step on one of them: not compared
                 values = {r: getattr(at[r], attr).get(name) for r in group}
                 if kind == "optimizer state":  # held by some ranks only under ZeRO: compared where held
                     values = {r: v for r, v in values.items() if v is not None}

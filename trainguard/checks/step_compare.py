@@ -37,6 +37,7 @@ __all__ = [
     "compared_steps",
     "rows_around",
     "training_steps",
+    "unused_generators",
     "whole_run",
 ]
 
@@ -109,8 +110,9 @@ def whole_run(records: StepRecords, opt: int = 0) -> dict[int, StepRecord]:
     for n in sorted(set.intersection(*(set(r) for r in ranks))):
         steps = [r[n] for r in ranks]
         sharded = frozenset(name for s in steps for name in s.placement)
-        out[n] = replace(steps[0], param=_present(_summed(steps, "param", sharded)),
-                         optim=_present(_summed(steps, "optim", sharded)), grad=_summed(steps, "grad", sharded))
+        optim = None if any(s.optim is None for s in steps) else _present(_summed(steps, "optim", sharded))
+        out[n] = replace(steps[0], param=_present(_summed(steps, "param", sharded)), optim=optim,
+                         grad=_summed(steps, "grad", sharded))
     return out
 
 
@@ -178,7 +180,7 @@ def compared_steps(reference: StepRecords, other: StepRecords, *, offset: int = 
             a, b = ours[rank].get(step), theirs[rank].get(step - offset)
             if a is None or b is None:
                 continue
-            idle = _unused(ours[rank], step) & _unused(theirs[rank], step - offset)
+            idle = unused_generators(ours[rank], step) & unused_generators(theirs[rank], step - offset)
             found += [row for row in _step_rows(a, b, step, rank, tolerance) if not (row.kind == "rng" and row.name in idle)
                       and not (row.kind == "optimizer state" and row.name in uneven)]
         found.sort(key=lambda row: (_ORDER[row.kind], row.rank))
@@ -199,8 +201,10 @@ def _step_rows(a: StepRecord, b: StepRecord, step: int, rank: int, tolerance: Ss
                 yield StepRow(step, "lr" if key == "lr" else "hyperparameter", f"group {g}'s {key}",
                               *_pair(value, theirs.get(key)), rank)
     for kind, what in _TENSORS:
-        x: Mapping[str, Fingerprint | None] = getattr(a, what)
-        y: Mapping[str, Fingerprint | None] = getattr(b, what)
+        x: Mapping[str, Fingerprint | None] | None = getattr(a, what)
+        y: Mapping[str, Fingerprint | None] | None = getattr(b, what)
+        if x is None or y is None:  # an optimizer state one run did not read at this step: not compared
+            continue
         for name in [*x, *(n for n in y if n not in x)]:
             p, q = x.get(name), y.get(name)
             same = (p is q) if p is None or q is None else (
@@ -215,13 +219,28 @@ def _step_rows(a: StepRecord, b: StepRecord, step: int, rank: int, tolerance: Ss
                 yield StepRow(step, "rng", name, str(x_state), str(y_state), rank)
 
 
-def _unused(steps: Mapping[int, StepRecord], n: int) -> frozenset[str]:
-    """The generators step ``n`` does not draw from (their state the same at the next step's
-    start, or the step before's at the last)."""
-    here, beside = steps.get(n), steps.get(n + 1) or steps.get(n - 1)
-    if here is None or beside is None or here.rng is None or beside.rng is None:
+def unused_generators(steps: Mapping[int, StepRecord], n: int) -> frozenset[str]:
+    """The generators step ``n`` does not draw from: their state the same at the start of the
+    next step that read the states (the agent reads them on a schedule: docs/step-records.md), or
+    of the one before at the last. Python's and numpy's global generators are seeded from the OS
+    at start unless the job seeds them, so two processes differ there even where the job never
+    draws from them: such a difference changes nothing and is not one."""
+    here = steps.get(n)
+    if here is None or here.rng is None:
+        return frozenset()
+    beside = _next_read(steps, range(n + 1, max(steps) + 1)) or _next_read(steps, range(n - 1, min(steps) - 1, -1))
+    if beside is None or beside.rng is None:
         return frozenset()
     return frozenset(g for (g, s), (_, t) in zip(here.rng.generators(), beside.rng.generators()) if s is not None and s == t)
+
+
+def _next_read(steps: Mapping[int, StepRecord], order: range) -> StepRecord | None:
+    """The first step in ``order`` whose RNG states were read."""
+    for k in order:
+        step = steps.get(k)
+        if step is not None and step.rng is not None:
+            return step
+    return None
 
 
 def _equal(x: object, y: object) -> bool:

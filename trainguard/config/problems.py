@@ -80,6 +80,8 @@ _FIX: dict[str, str] = {
                             "passes {steps})",
     "job.record_steps": "true (the default: the start-up hook records each optimizer step, checkpoint "
                         "save and state restore of every rank) or false",
+    "job.record_state_every": "a whole number from 1: the step records read the optimizer state and the "
+                              "RNG states every this many steps (8, the default; 1: every step)",
     "job.world_size": "the number of ranks to launch, e.g. `world_size: 2`",
     "job.distributed_env": "true (the default: RANK, WORLD_SIZE, ... as torchrun sets them) or "
                            "false (one process started as a plain script)",

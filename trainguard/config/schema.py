@@ -245,6 +245,10 @@ class Job(ConfigModel):
     #: optimizer state, RNG, scaler), its checkpoint saves and state restores, through the
     #: start-up hook (``command`` jobs; docs/step-records.md)
     record_steps: bool = True
+    #: the step records read the optimizer state and the RNG states at a process's first 8
+    #: optimizer steps, at the step after each save, restore or seed, and every this many steps
+    #: (1: every step; docs/step-records.md#the-schedule)
+    record_state_every: int = Field(8, ge=1)
     #: the job's first N steps do not depend on ``{steps}`` (no learning-rate schedule, data
     #: order or eval cadence sized from the total): an uninterrupted run of N steps may then be
     #: the first N steps of a longer run of the same request (docs/equivalence.md)

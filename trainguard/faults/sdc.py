@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from trainguard._internal import envvars
 from trainguard.config.fault_params import FaultParams
 from trainguard.config.faults import Expectation
 from trainguard.evidence import Evidence
@@ -182,7 +183,10 @@ class SdcFault(HookFault):
         spec = {"fault": "sdc", "rank": self.rank, "trigger": str(self.trigger), "events": str(self.events_path),
                 "step": self.flip_step, "target": self.target, "mode": self.mode, "bit": bit,
                 "index": self.params.integer("index"), "name": self.params.text("name") or None}
-        return hook_env(spec, ctx.env)
+        # a flipped optimizer state is seen at the next step only if the step records read the
+        # state at every step (not on their schedule): this drill's runs do
+        every = {envvars.STEP_STATE_EVERY: "1"} if self.target == "optimizer_state" else {}
+        return {**hook_env(spec, ctx.env), **every}
 
     def inject(self, launcher: Launcher) -> None:
         """Nothing to pull: the agent counts the steps itself and flips at ``flip_step``; the

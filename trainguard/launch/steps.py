@@ -132,13 +132,16 @@ class StepRecord:
     groups: tuple[GroupParams, ...]
     #: backward calls since the optimizer's previous step (None: not recorded)
     backward: int | None
+    #: the generators' fingerprints at the step's start (None: not read at this step, which the
+    #: agent's schedule allows: docs/step-records.md#the-schedule, or its read failed)
     rng: RngStates | None
     #: parameter name -> its fingerprint before the update
     param: Mapping[str, Fingerprint]
     #: parameter name -> its gradient's fingerprint (None: no gradient)
     grad: Mapping[str, Fingerprint | None]
-    #: parameter name -> its optimizer state's fingerprint (all its state tensors combined)
-    optim: Mapping[str, Fingerprint]
+    #: parameter name -> its optimizer state's fingerprint (all its state tensors combined); None:
+    #: not read at this step (the agent's schedule), which is not an empty state ({})
+    optim: Mapping[str, Fingerprint] | None
     #: parameter name -> its placements, for the local shards of DTensors
     placement: Mapping[str, str]
     scaler: ScalerState | None
@@ -416,7 +419,7 @@ def _step(obj: Any) -> StepRecord:
         raise _Malformed("placement must map names to strings")
     return StepRecord(
         opt, n, _number(obj, "t", 0.0), tuple(_group(g) for g in groups), backward, _rng(obj.get("rng")),
-        _prints(obj.get("param")), _grads(obj.get("grad")), _prints(obj.get("optim")),
+        _prints(obj.get("param")), _grads(obj.get("grad")), None if obj.get("optim", {}) is None else _prints(obj["optim"]),
         MappingProxyType(dict(placement)), _scaler(obj.get("scaler")),
         None if obj.get("carried") is None else names(obj["carried"], "carried"),
         names(obj.get("eval_in_step"), "eval_in_step"), clip_calls(obj.get("clip")),

@@ -632,8 +632,8 @@ class JobRunner:
         if not self.backend.rank_at_start():
             # the ranks are started by the job's driver (Ray Train): it installs the agent in
             # each rank once the rank is known, for the step records and clocks (docs/step-records.md)
-            return regexes, files, worker_run_hook_env(log_dir / STEPS_DIR if steps else None,
-                                                       log_dir / PACE_DIR if job.record_steps else None)
+            pace = log_dir / PACE_DIR if job.record_steps else None
+            return regexes, files, worker_run_hook_env(log_dir / STEPS_DIR if steps else None, pace, job.record_state_every)
         if not (trainers or job.record_samples or steps):
             timed = not step_records and job.record_steps and ranks > 1
             return regexes, files, run_hook_env({"pace_dir": str(log_dir / PACE_DIR)}, env) if timed else {}
@@ -641,7 +641,7 @@ class JobRunner:
             "metrics_dir": str(log_dir / METRICS_DIR),
             "samples_dir": str(log_dir / SAMPLES_DIR) if job.record_samples else None,
             "steps_dir": str(log_dir / STEPS_DIR) if steps else None,
-            "steps_cap": STEPS_CAP,
+            "steps_cap": STEPS_CAP, "state_every": job.record_state_every,
             "stall_dir": str(log_dir / STALL_DIR),
             "pace_dir": str(log_dir / PACE_DIR),
             **trainers,

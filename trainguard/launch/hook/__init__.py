@@ -106,7 +106,7 @@ def run_hook_env(spec: Mapping[str, Any], base_env: Mapping[str, str] | None = N
     return env
 
 
-def worker_run_hook_env(steps_dir: Path | None, pace_dir: Path | None = None) -> dict[str, str]:
+def worker_run_hook_env(steps_dir: Path | None, pace_dir: Path | None = None, state_every: int | None = None) -> dict[str, str]:
     """The environment of a driver that starts the ranks itself (Ray Train): the run agent's
     spec for the step records under ``steps_dir`` and each step's clocks under ``pace_dir``
     (either None: not recorded) in ``TRAINGUARD_WORKER_RUN_HOOK``, which the start-up hook does
@@ -115,6 +115,8 @@ def worker_run_hook_env(steps_dir: Path | None, pace_dir: Path | None = None) ->
     spec: dict[str, object] = {"steps_dir": str(steps_dir), "steps_cap": STEPS_CAP} if steps_dir is not None else {}
     if pace_dir is not None:
         spec["pace_dir"] = str(pace_dir)
+    if spec and state_every is not None:
+        spec["state_every"] = state_every
     return {envvars.WORKER_RUN_HOOK: json.dumps(spec)} if spec else {}
 
 

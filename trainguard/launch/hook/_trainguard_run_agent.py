@@ -200,8 +200,9 @@ class Agent:
         #: the step records (``_trainguard_step_agent.StepAgent``) when the spec has ``steps_dir``
         self.steps: Any = None
         if spec.get("steps_dir"):
+            every = os.environ.get("TRAINGUARD_STEP_STATE_EVERY")  # a drill's, over the job's
             self.steps = sibling("_trainguard_step_agent").StepAgent(
-                self, spec, JsonlWriter, sibling("_trainguard_step_values"))
+                self, {**spec, "state_every": every} if every else spec, JsonlWriter, sibling("_trainguard_step_values"))
             self.steps.extras = sibling("_trainguard_step_extras").StepExtras(self.steps)
         #: the answer to a stall (``_trainguard_stall_agent.StallAgent``) when the spec has ``stall_dir``
         self.stall: Any = sibling("_trainguard_stall_agent").StallAgent(self, spec) if spec.get("stall_dir") else None

@@ -47,6 +47,11 @@ DEFAULT_CAP = 64 * 1024 * 1024
 _EVENTS_AFTER_CAP = 1000
 #: the keys of a step record that :meth:`StepAgent._step_line` writes (no invariants' fields)
 _STEP_KEYS = ("k", "opt", "n", "t", "groups", "backward", "rng", "param", "grad", "optim", "scaler")
+#: the optimizer state and the RNG states are read at each of a process's first this many
+#: optimizer steps (then on the schedule of ``state_every``: docs/step-records.md#the-schedule)
+STATE_FIRST_STEPS = 8
+#: ... and every this many steps after them, unless the spec's ``state_every`` says otherwise
+DEFAULT_STATE_EVERY = 8
 #: top-level keys listed per save
 _MAX_KEYS = 256
 #: calls not recorded when this package makes them: DataLoader workers seed themselves; DCP
@@ -82,6 +87,12 @@ class StepAgent:
         self.rank = os.environ.get("RANK", "0")
         self.writer = writer_cls(os.path.join(spec["steps_dir"], f"rank{self.rank}.jsonl"))
         self.cap = int(spec.get("steps_cap") or DEFAULT_CAP)
+        #: read the optimizer state and the RNG states every this many steps after the first
+        #: ones, and at the step after any save, restore or seed line (1: every step)
+        self.state_every = max(1, int(spec.get("state_every") or DEFAULT_STATE_EVERY))
+        self.steps_done = 0  # optimizer steps recorded in this process (all optimizers)
+        self.full = True  # the coming step reads the optimizer state and the RNG states
+        self.evented = False  # a save, restore or seed line since the current step began
         self.written = 0
         self.truncated = False
         self.events_after_cap = 0
@@ -151,7 +162,8 @@ class StepAgent:
         they are, after the rest."""
         raw_type = self.v.Raw
         if (len(record) == len(_STEP_KEYS) and type(record["param"]) is raw_type and type(record["grad"]) is raw_type
-                and type(record["optim"]) is raw_type and tuple(record) == _STEP_KEYS and record["k"] == "step"):
+                and (record["optim"] is None or type(record["optim"]) is raw_type) and tuple(record) == _STEP_KEYS
+                and record["k"] == "step"):
             return self._step_line(record)
         raw = [(key, value) for key, value in record.items() if type(value) is raw_type]
         if not raw:
@@ -169,9 +181,10 @@ class StepAgent:
         return (f'{{"k":"step","opt":{record["opt"]:d},"n":{record["n"]:d},"t":{float(record["t"])!r},'
                 f'"groups":{encode(record["groups"])},"backward":{record["backward"]:d},"rng":{self.rng_text[1]},'
                 f'"scaler":{"null" if scaler is None else encode(scaler)},"param":{record["param"]},'
-                f'"grad":{record["grad"]},"optim":{record["optim"]}}}\n').encode()
+                f'"grad":{record["grad"]},"optim":{"null" if record["optim"] is None else record["optim"]}}}\n').encode()
 
     def event(self, record: dict[str, Any]) -> None:
+        self.full = self.evented = True  # the next step reads all: what the save or restore held
         self._write({**record, "t": time.monotonic()}, event=True)
 
     # -- the step --------------------------------------------------------------------------
@@ -193,7 +206,7 @@ class StepAgent:
             while frame is not None:
                 if frame is self.outer_frame:  # inside another optimizer's step: that step's
                     self.inner = optimizer      # record, with this one's state if it has none
-                    if self.pending is not None and not self.pending["optim"]:
+                    if self.pending is not None and self.pending["optim"] == {}:
                         self._inner_state(self.pending)
                     return None
                 frame = frame.f_back
@@ -248,11 +261,17 @@ class StepAgent:
         class attribute swapped per step, which makes Python redo its specialised lookups)."""
         self.rng = None
         self.armed = True
+        self.steps_done += 1
+        self.full = (self.evented or self.steps_done < STATE_FIRST_STEPS
+                     or (self.steps_done + 1) % self.state_every == 0)
+        self.evented = False
 
     def first_call(self) -> None:
-        """The first module call since a step: read the RNG states at the step's start."""
+        """The first module call since a step: read the RNG states at the step's start (on the
+        steps that read them)."""
         self.armed = False
-        if self.enabled:
+        self.evented = False
+        if self.enabled and self.full:
             self.rng = self.guard("reading the RNG states", self.rng_now)
 
     def rng_now(self) -> dict[str, Any]:
@@ -286,24 +305,25 @@ class StepAgent:
         self.names[id(optimizer)] = self.v.StepPlan(optimizer, named)
         return named
 
-    def _prints(self, optimizer: Any) -> dict[str, Any]:
-        """param, grad, optim (and placement) of ``optimizer``'s parameters now: through the
+    def _prints(self, optimizer: Any, state: bool) -> dict[str, Any]:
+        """param, grad, optim (None unless ``state``) and placement of ``optimizer``'s parameters now: through the
         optimizer's :class:`StepPlan` (one batch of fingerprints, the JSON text filled in one
         formatting), made again when it no longer fits; else (DTensors, numbers in the
         optimizer's state) :meth:`_fingerprinted`."""
         named = self._named_params(optimizer)
         plan = self.names[id(optimizer)]
-        tensors = plan.tensors(optimizer) if plan.usable else None
+        tensors = plan.tensors(optimizer, state) if plan.usable else None
         if tensors is None and plan.usable:  # a gradient or a state key more or less: laid out again
             plan = self.names[id(optimizer)] = self.v.StepPlan(optimizer, named)
-            tensors = plan.tensors(optimizer) if plan.usable else None
+            tensors = plan.tensors(optimizer, state) if plan.usable else None
         if tensors is None:
-            return self._fingerprinted(optimizer, params=True)
+            return self._fingerprinted(optimizer, params=True, state=state)
         try:
-            return plan.texts(*self.v.raw_prints(sys.modules["torch"], tensors, sys.modules.get("numpy"), cpu=plan.cpu))
+            prints = self.v.raw_prints(sys.modules["torch"], tensors, sys.modules.get("numpy"), cpu=plan.cpu)
+            return plan.texts(*prints, state=state)
         except Exception:  # a tensor moved to another device since: laid out again at the next step
             del self.names[id(optimizer)]
-            return self._fingerprinted(optimizer, params=True)
+            return self._fingerprinted(optimizer, params=True, state=state)
 
     def _find_names(self, wanted: set[int]) -> dict[int, str]:
         """id(parameter) -> its name in the root module owning it (once per optimizer), the
@@ -330,9 +350,9 @@ class StepAgent:
                 names.setdefault(id(p), self.v.clean_name(n))
         return names
 
-    def _fingerprinted(self, optimizer: Any, params: bool) -> dict[str, dict[str, Any]]:
-        """param, grad (``params``), optim and placement of ``optimizer``'s parameters now,
-        with one batch of fingerprints."""
+    def _fingerprinted(self, optimizer: Any, params: bool, state: bool = True) -> dict[str, Any]:
+        """param, grad (``params``), optim (None unless ``state``) and placement of
+        ``optimizer``'s parameters now, with one batch of fingerprints."""
         named = self._named_params(optimizer)
         tensors: list[Any] = []
         slots: list[tuple[str, str, str]] = []  # (kind, name, state key)
@@ -349,7 +369,7 @@ class StepAgent:
                 if p.grad is not None:
                     tensors.append(self.v.local_shard(p.grad)[0])
                     slots.append(("grad", name, ""))
-            for skey, value in sorted(optimizer.state.get(p, {}).items(), key=lambda kv: str(kv[0])):
+            for skey, value in sorted(optimizer.state.get(p, {}).items() if state else (), key=lambda kv: str(kv[0])):
                 if hasattr(value, "detach"):
                     tensors.append(self.v.local_shard(value)[0])
                     slots.append(("optim", name, str(skey)))
@@ -362,8 +382,7 @@ class StepAgent:
                 parts.setdefault(name, []).append((skey, int(fp, 16), ss))
             else:
                 out[kind][name] = [fp, ss]
-        out["optim"] = {name: self.v.combined(p) for name, p in parts.items()}
-        return out
+        return {**out, "optim": {name: self.v.combined(p) for name, p in parts.items()} if state else None}
 
     def _inner_state(self, record: dict[str, Any]) -> None:
         """The optimizer state of the optimizer stepping inside the recorded one (a wrapper
@@ -377,8 +396,10 @@ class StepAgent:
         key, n = self._count(optimizer)
         if self.truncated:
             return
-        values = self._prints(optimizer)
-        if self.rng is None:
+        # the optimizer's state at its own first steps and every state_every-th (the step's n: the
+        # same steps in two runs of the job), and at any step that reads the RNG states
+        values = self._prints(optimizer, self.full or n <= STATE_FIRST_STEPS or n % self.state_every == 0)
+        if self.rng is None and self.full:
             self.rng = self.rng_now()
         record: dict[str, Any] = {
             "k": "step", "opt": key, "n": n, "t": time.monotonic(),
@@ -393,7 +414,7 @@ class StepAgent:
         if values.get("placement"):
             record["placement"] = values["placement"]
         self.pending = record
-        if not record["optim"] and self.inner is not None:
+        if record["optim"] == {} and self.inner is not None:
             self._inner_state(record)
 
     def _count(self, optimizer: Any) -> tuple[int, int]:
@@ -576,7 +597,7 @@ class StepAgent:
                           lambda f: self.wrap_restore("torch.cuda.set_rng_state", f, target="torch.cuda"))
         if self.extras is not None:  # carried gradients, modules' modes, clipping
             self.guard("patching torch for the invariants' records", self.extras.patch_torch, torch)
-        self.step_done()  # the first forward reads the RNG states of the first step
+        self.rng, self.armed = None, True  # the first forward reads the RNG states of the first step
 
     def track(self, module: Any) -> None:
         """Keep (weakly) a module just made: :meth:`_find_names` looks among these first."""

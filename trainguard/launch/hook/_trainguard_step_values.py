@@ -573,14 +573,17 @@ class StepPlan:
         """Whether ``params`` (the optimizer's now, in group order) are the plan's."""
         return len(params) == len(self.params) and all(map(operator.is_, params, self.params))
 
-    def tensors(self, optimizer: Any) -> list[Any] | None:
-        """The tensors to fingerprint now, in the plan's order; None: the plan no longer fits."""
+    def tensors(self, optimizer: Any, state: bool = True) -> list[Any] | None:
+        """The tensors to fingerprint now, in the plan's order (without the optimizer state's
+        unless ``state``); None: the plan no longer fits."""
         params = self.params
         grads = [p.grad for p in params]
         if [g is not None for g in grads] != self.has_grad:
             return None
-        state = optimizer.state
-        states = [state.get(p, _NO_STATE) for p in params]
+        if not state:
+            return [*params, *[g for g in grads if g is not None]]
+        held_by = optimizer.state
+        states = [held_by.get(p, _NO_STATE) for p in params]
         if sum(map(len, states)) != self.state_count:
             return None
         try:
@@ -589,11 +592,14 @@ class StepPlan:
             return None
         return [*params, *[g for g in grads if g is not None], *held]
 
-    def texts(self, fps: list[int], squares: list[float]) -> dict[str, Any]:
+    def texts(self, fps: list[int], squares: list[float], state: bool = True) -> dict[str, Any]:
         """``param``, ``grad`` and ``optim`` of the record from the fingerprints of
-        :meth:`tensors` (``optim`` an empty dict when no parameter has state yet)."""
+        :meth:`tensors` (``optim`` an empty dict when no parameter has state yet, None when
+        not ``state``: not read at this step)."""
         n = self.sizes[0] + self.sizes[1]
-        if self.uniform:  # (each parameter with state has the same keys: Adam, SGD with momentum)
+        if not state:
+            held_fp, held_ss = [], []
+        elif self.uniform:  # (each parameter with state has the same keys: Adam, SGD with momentum)
             k = self.uniform
             columns = [fps[n + i::k] for i in range(k)]
             held_fp = [sum(map(operator.mul, values, self.weights)) & MASK for values in zip(*columns)]
@@ -609,13 +615,13 @@ class StepPlan:
         total = sum(out_ss)
         if total - total != 0:  # a NaN or an infinity: JSON carries them as strings
             slots: list[Any] = [[hex64(fp), square_sum(ss)] for fp, ss in zip([*fps[:n], *held_fp], out_ss)]
-            return self._dicts(slots)
+            return {**self._dicts(slots), **({} if state else {"optim": None})}
         values: list[Any] = [0] * (2 * len(out_ss))
         values[0::2] = [*fps[:n], *held_fp]
         values[1::2] = out_ss
         a, b = 2 * self.sizes[0], 2 * n
         return {"param": Raw(self.param_text % tuple(values[:a])), "grad": Raw(self.grad_text % tuple(values[a:b])),
-                "optim": Raw(self.optim_text % tuple(values[b:])) if held_fp else {}}
+                "optim": Raw(self.optim_text % tuple(values[b:])) if held_fp else {} if state else None}
 
     def _dicts(self, slots: list[Any]) -> dict[str, Any]:
         grads = iter(slots[self.sizes[0]:])
