@@ -70,26 +70,20 @@ def _read(run_dir: Path) -> dict[str, Any]:
             "all": [s.n for s in steps if s.param and all(g is not None for g in s.grad.values())]}
 
 
-def test_the_state_is_read_on_the_schedule_and_every_step_when_asked(tmp_path: Path) -> None:
-    ckpt = str(tmp_path / "ck.pt")
-    _run(tmp_path / "scheduled", "--save-at", "13", "--ckpt", ckpt)
-    read = _read(tmp_path / "scheduled")
-    assert read["all"] == list(range(1, 27))  # parameters and gradients at every step
-    assert read["optim"] == read["rng"] == [1, 2, 3, 4, 5, 6, 7, 8, 14, 16, 24]  # first 8, after the save, every 8th
-    _run(tmp_path / "every", every="1")
-    assert _read(tmp_path / "every")["optim"] == _read(tmp_path / "every")["rng"] == list(range(1, 27))
-
-
-def test_a_resume_is_compared_on_the_schedule_and_a_lost_optimizer_state_is_named_at_its_first_step(
+def test_the_schedule_and_a_resume_compared_on_it_where_a_lost_optimizer_state_is_named_at_its_first_step(
         tmp_path: Path) -> None:
     ckpt = str(tmp_path / "ck.pt")
     _run(tmp_path / "reference", "--save-at", "13", "--ckpt", ckpt)
+    read = _read(tmp_path / "reference")
+    assert read["all"] == list(range(1, 27))  # parameters and gradients at every step
+    assert read["optim"] == read["rng"] == [1, 2, 3, 4, 5, 6, 7, 8, 14, 16, 24]  # first 8, after the save, every 8th
     _run(tmp_path / "resumed", "--resume", "1", "--ckpt", ckpt)
-    _run(tmp_path / "lost", "--resume", "1", "--no-optimizer", "1", "--ckpt", ckpt)
+    _run(tmp_path / "lost", "--resume", "1", "--no-optimizer", "1", "--ckpt", ckpt, every="1")
+    assert _read(tmp_path / "lost")["optim"] == _read(tmp_path / "lost")["rng"] == list(range(1, 14))  # n of 13 steps
     reference = read_steps(tmp_path / "reference")
     clean = first_divergence(reference, read_steps(tmp_path / "resumed"), offset=13)
     assert isinstance(clean, Agreement) and (clean.first_step, clean.last_step) == (14, 26), clean
-    lost = read_steps(tmp_path / "lost")
+    lost = read_steps(tmp_path / "lost")  # read at every step, compared where the reference read too
     found = first_divergence(reference, lost, offset=13)
     assert isinstance(found, Divergence) and (found.step, found.first.kind) == (14, "optimizer state"), found
     assert observed_resume_causes(found, lost, reference)[0].key == "optimizer"
