@@ -80,6 +80,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 TORCHRUN_VARS = (
     "RANK",
@@ -371,61 +372,69 @@ def main() -> int:
     held: list[str] = []  # --print-at-exit: the metric lines not printed yet
     sleep = args.resume_sleep if args.resume and args.resume_sleep is not None else args.sleep
     for step in range(start, args.steps + 1):
-        try:  # --swallow-oom: an OOM anywhere in the step is caught and the next step runs
-            if sleep:
-                time.sleep(sleep)
-            if rank == args.die_rank and step == args.die_step:
-                print(
-                    f"toy_train: rank {rank}: planted failure at step {step}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return 3
-            if rank == args.exit_early_rank and step == args.exit_early_step:
-                print(f"toy_train: rank {rank} has no more data at step {step}", flush=True)
-                return 0
-            if rank == args.hang_rank and step == args.hang_step:
-                print(f"toy_train: rank {rank}: hanging at step {step}", file=sys.stderr, flush=True)
-                if args.hang_mode == "stop":
-                    os.kill(os.getpid(), signal.SIGSTOP)
-                while True:
-                    time.sleep(3600)
-            if queues:
-                next_item(queues, procs, step, args.worker_timeout)
-            if args.work_ms:
-                busy_until = time.process_time() + args.work_ms / 1000
-                while time.process_time() < busy_until:
-                    pass
-            loss = 2.0 * math.exp(-0.05 * step) + 0.01 * rng.random() + drift
-            stop = bool(NOTICE)
-            if args.sync_dir:
-                stop = barrier(Path(args.sync_dir), rank, world_size, step, args.sync_timeout, stop,
-                               args.on_sync_timeout)
-            if step not in args.skip_step:
-                if jsonl is not None:
-                    jsonl.write(json.dumps({"step": step, "loss": loss}) + "\n")
-                    jsonl.flush()
-                else:
-                    held.append(f"step {step} loss {loss:.6f}")
-                    if not args.print_at_exit:
-                        print(held.pop(), flush=True)
-            due = step == args.steps if args.ckpt_at_exit_only else step % args.ckpt_every == 0
-            if ckpt_dir is not None and not args.no_ckpt and due:
-                save_checkpoint(ckpt_dir, rank, step, rng, inplace=args.ckpt_inplace,
-                                size_kb=args.ckpt_size_kb, keep_one=args.ckpt_keep_one,
-                                checksum=args.ckpt_verify != "none", pointer_first=args.latest_pointer_first)
-            if stop and ckpt_dir is not None:
-                return _save_on_notice(args, ckpt_dir, rank, world_size, step, rng)
-        except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
-            if not args.swallow_oom or not ("OutOfMemory" in type(exc).__name__ or isinstance(exc, MemoryError)):
-                raise
-            print(f"toy_train: rank {rank}: caught {type(exc).__name__}; carrying on", file=sys.stderr, flush=True)
+        if sleep:
+            _swallowing(args, rank, time.sleep, sleep)
+        if rank == args.die_rank and step == args.die_step:
+            print(
+                f"toy_train: rank {rank}: planted failure at step {step}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 3
+        if rank == args.exit_early_rank and step == args.exit_early_step:
+            print(f"toy_train: rank {rank} has no more data at step {step}", flush=True)
+            return 0
+        if rank == args.hang_rank and step == args.hang_step:
+            print(f"toy_train: rank {rank}: hanging at step {step}", file=sys.stderr, flush=True)
+            if args.hang_mode == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            while True:
+                time.sleep(3600)
+        if queues:
+            next_item(queues, procs, step, args.worker_timeout)
+        if args.work_ms:
+            busy_until = time.process_time() + args.work_ms / 1000
+            while time.process_time() < busy_until:
+                pass
+        loss = 2.0 * math.exp(-0.05 * step) + 0.01 * rng.random() + drift
+        stop = bool(NOTICE)
+        if args.sync_dir:
+            stop = _swallowing(args, rank, barrier, Path(args.sync_dir), rank, world_size, step, args.sync_timeout,
+                               stop, args.on_sync_timeout)
+        if step not in args.skip_step:
+            if jsonl is not None:
+                jsonl.write(json.dumps({"step": step, "loss": loss}) + "\n")
+                jsonl.flush()
+            else:
+                held.append(f"step {step} loss {loss:.6f}")
+                if not args.print_at_exit:
+                    print(held.pop(), flush=True)
+        due = step == args.steps if args.ckpt_at_exit_only else step % args.ckpt_every == 0
+        if ckpt_dir is not None and not args.no_ckpt and due:
+            save_checkpoint(ckpt_dir, rank, step, rng, inplace=args.ckpt_inplace,
+                            size_kb=args.ckpt_size_kb, keep_one=args.ckpt_keep_one,
+                            checksum=args.ckpt_verify != "none", pointer_first=args.latest_pointer_first)
+        if stop and ckpt_dir is not None:
+            return _save_on_notice(args, ckpt_dir, rank, world_size, step, rng)
     if held:
         print("\n".join(held), flush=True)
     if args.linger:
         time.sleep(args.linger)
     print(f"toy_train: rank {rank} done", flush=True)
     return 0
+
+
+def _swallowing(args: argparse.Namespace, rank: int, fn: Any, *call: Any) -> Any:
+    """``fn(*call)``; with ``--swallow-oom`` an OOM raised in it (the drill raises it in the main
+    thread wherever it is: the sleep or the barrier's poll) is caught and the call made again,
+    as a job that skips a batch on OOM and still meets its peers would."""
+    while True:
+        try:
+            return fn(*call)
+        except (MemoryError, RuntimeError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            if not args.swallow_oom or not ("OutOfMemory" in type(exc).__name__ or isinstance(exc, MemoryError)):
+                raise
+            print(f"toy_train: rank {rank}: caught {type(exc).__name__}; carrying on", file=sys.stderr, flush=True)
 
 
 def _save_on_notice(args: argparse.Namespace, ckpt_dir: Path, rank: int, world_size: int, step: int,
