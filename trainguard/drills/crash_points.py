@@ -60,7 +60,7 @@ from trainguard.config.problems import resume_problems
 from trainguard.config.registry import Check, Run
 from trainguard.drills.crash_infer import Inference, crash_states
 from trainguard.drills.crash_lanes import MOST_LANES, explore_in_lanes, lane_count
-from trainguard.drills.crash_plan import crash_plan_words
+from trainguard.drills.crash_plan import crash_plan_words, plan_lanes
 from trainguard.drills.crash_records import (
     Boundary,
     BoundaryNotReached,
@@ -692,8 +692,8 @@ CRASH_POINTS: Check[CrashPointsCheck] = Check(
                              Run("a kill before the save, if a restart diverges"), Run("resume after the kill"),
                              Run("a crash from the copy before the save, made again from step 1")],
                             f"a crash after each boundary of the save (at most {spec.max_boundaries}) must "
-                            "resume and match the reference; " + crash_plan_words(
-                                spec.max_boundaries, spec.mode, spec.infer, ctx.job_file.state_dir)),
+                            "resume and match the reference; " + crash_plan_words(spec.max_boundaries, spec.mode, spec.infer,
+                                ctx.job_file.state_dir, plan_lanes(spec.lanes, ctx.job_file))),
     requires=lambda spec, facts: resume_problems(facts, f"checks.{_NAME}"),
     gate_default=False,
     evidence=(CrashPointsEvidence, ReferenceNotUsable),
