@@ -407,7 +407,7 @@ def test_a_temp_name_that_differs_between_runs(tmp_path: Path, writer: str, stat
 def test_the_fix_for_a_folder_written_in_place_is_to_build_it_aside() -> None:
     """The Hugging Face Trainer makes checkpoint-10/ and writes its files into it; a restart that
     takes the newest folder (get_last_checkpoint) loads the half-written one."""
-    from trainguard.drills.crash_points import _fix
+    from trainguard.drills.crash_fix import fix_for as _fix
 
     found = [Boundary(0, "/checkpoint-10", "mkdir", 1), Boundary(0, "/checkpoint-10/config.json", "create", 1)]
     row = BoundaryOutcome(found[0].words(), "mkdir", "/checkpoint-10", 0, 1, None, "crashed on load", "")

@@ -131,6 +131,8 @@ class Rules:
     paths: list[str] = field(default_factory=list)
     record: JournalRule | None = None
     crash: JournalRule | None = None
+    #: where the calls of the job are written down by what they observed (:mod:`.fuseseen`)
+    observe: str | None = None
 
     @property
     def journal(self) -> JournalRule | None:
@@ -153,6 +155,7 @@ class Rules:
             paths=[str(p) for p in paths] if isinstance(paths, list) else [],
             record=JournalRule.read(data.get("record")),
             crash=JournalRule.read(data.get("crash")),
+            observe=str(data["observe"]) if isinstance(data.get("observe"), str) else None,
         )
 
 
