@@ -112,6 +112,7 @@ def test_the_daemon_writes_down_reads_lookups_attributes_and_listings(layer: Fus
     file = observe(layer, "test")
     try:
         names = os.listdir(layer.point)
+        kinds = {e.name: e.is_dir(follow_symlinks=False) for e in os.scandir(layer.point)}  # d_type: no stat
         with open(layer.point / "ckpt.pt", "rb") as f:
             f.read()
         os.stat(layer.point / "ckpt.pt")
@@ -121,12 +122,34 @@ def test_the_daemon_writes_down_reads_lookups_attributes_and_listings(layer: Fus
         layer.disarm()
     lines = [json.loads(line) for line in file.read_text().splitlines()]
     seen = {(d["seen"], d["path"]) for d in lines}
-    assert sorted(names) == ["ckpt.pt", "stale.tmp"]
+    assert sorted(names) == ["ckpt.pt", "stale.tmp"] and kinds == {"ckpt.pt": False, "stale.tmp": False}
     assert {("list", "/"), ("read", "/ckpt.pt"), ("stat", "/ckpt.pt"), ("stat", "/missing.pt")} <= seen, seen
     # deleted without a look at it: its name only, never its attributes
     assert ("name", "/stale.tmp") in seen and ("stat", "/stale.tmp") not in seen and ("read", "/stale.tmp") not in seen
     observed = read_observed(file, set())
     assert observed is not None and not observed.everything
+    # what the run made itself holds its own doing: calls on it after are not written down
+    before = len(lines)
+    layer.arm({"observe": str(file)})
+    try:
+        (layer.point / "stale.tmp").write_bytes(b"")  # the first run's deletion does not count for this one
+        assert os.path.exists(layer.point / "stale.tmp")  # its own doing: this run made it
+        assert not os.path.exists(layer.point / "gone.tmp")
+        with open(layer.point / "own.tmp", "wb") as f:
+            f.write(b"mine")
+            os.fstat(f.fileno())
+        os.stat(layer.point / "own.tmp")
+        os.replace(layer.point / "own.tmp", layer.point / "ckpt.pt")
+        with open(layer.point / "ckpt.pt", "rb") as f:
+            f.read()
+    finally:
+        layer.disarm()
+    later = {(d["seen"], d["path"]) for d in (json.loads(x) for x in file.read_text().splitlines()[before:])}
+    assert ("name", "/own.tmp") in later and ("stat", "/gone.tmp") in later  # looked up before it was made
+    assert ("name", "/stale.tmp") in later and ("stat", "/stale.tmp") not in later, later
+    assert ("stat", "/own.tmp") not in later, later
+    assert ("tree", "/ckpt.pt") in later and ("read", "/ckpt.pt") not in later, later
     # disarmed: nothing more is written
+    written = len(file.read_text().splitlines())
     os.stat(layer.point / "ckpt.pt")
-    assert len(file.read_text().splitlines()) == len(lines)
+    assert len(file.read_text().splitlines()) == written

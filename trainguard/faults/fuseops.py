@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import threading
 import time
 from typing import Any
@@ -187,7 +188,14 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
             if level == "lookup":
                 level = lookup_level(fuse.fuse_get_context()[2])
             for path in paths:
-                self._observer.add(file, level, path)
+                self._observer.add(now[0] if now is not None else None, file, level, path)
+
+    def _made(self, *paths: str) -> None:
+        """The ``observe`` rule: the run made ``paths`` itself (fuseseen)."""
+        now = self._armed()
+        file = now[1].observe if now is not None else None
+        if file is not None and now is not None:
+            self._observer.made(now[0], *paths)
 
     def _real(self, path: str) -> str:
         return os.path.join(self.backing, path.lstrip("/"))
@@ -214,9 +222,17 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
         out.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns, st_ctime=st.st_ctime_ns)
         return out
 
-    def readdir(self, path: str, fh: int) -> list[str]:
+    def readdir(self, path: str, fh: int) -> list[Any]:
         self._seen("list", path)
-        return [".", "..", *os.listdir(self._real(path))]
+        # each entry with its kind (the d_type a program reads: os.scandir's is_dir() needs no stat)
+        entries: list[Any] = [".", ".."]
+        with os.scandir(self._real(path)) as found:
+            for entry in found:
+                try:
+                    entries.append((entry.name, {"st_mode": stat.S_IFMT(entry.stat(follow_symlinks=False).st_mode)}, 0))
+                except OSError:  # gone meanwhile: a name without its kind
+                    entries.append(entry.name)
+        return entries
 
     def readlink(self, path: str) -> str:
         self._seen("read", path)
@@ -227,6 +243,7 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
         now = self._change("mkdir", path)
         self._deny("mkdir", path)
         os.mkdir(self._real(path), mode)
+        self._made(path)
         self._done(now, "mkdir", path)
         return 0
 
@@ -240,6 +257,7 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
         self._seen("name", path)
         now = self._change("rmdir", path)
         os.rmdir(self._real(path))
+        self._made(path)
         self._done(now, "rmdir", path)
         return 0
 
@@ -247,6 +265,7 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
         self._seen("name", path)
         now = self._change("unlink", path)
         os.unlink(self._real(path))
+        self._made(path)
         self._done(now, "unlink", path)
         return 0
 
@@ -254,6 +273,7 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
         self._seen("name", target)
         now = self._change("symlink", target, target)
         os.symlink(source, self._real(target))
+        self._made(target)
         self._done(now, "symlink", target)
         return 0
 
@@ -262,6 +282,7 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
         self._seen("name", target)
         now = self._change("link", source, target)
         os.link(self._real(source), self._real(target))
+        self._made(target)
         self._done(now, "link", source, to=target)
         return 0
 
@@ -269,6 +290,7 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
         self._seen("tree", old, new)  # a folder renamed away moves all it holds; onto one: fails unless empty
         now = self._change("rename", old, new)
         os.rename(self._real(old), self._real(new))
+        self._made(old, new)
         self._done(now, "rename", old, to=new)
         return 0
 
@@ -306,6 +328,7 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
             return fh
         now = self._change("truncate", path)  # an existing file opened with O_TRUNC: emptied in place
         fh = os.open(self._real(path), flags)
+        self._made(path)
         self._done(now, "truncate", path, length=0)
         self._opened(path, flags)
         return fh
@@ -314,6 +337,7 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
         self._seen("name", path)
         now = self._change("create", path)
         fh = os.open(self._real(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        self._made(path)
         self._done(now, "create", path)
         if isinstance(fi, int):  # the open's flags (mfusepy passes them as an int)
             self._opened(path, fi | os.O_CREAT)

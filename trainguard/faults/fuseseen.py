@@ -15,6 +15,10 @@ path under the mount, as the job named it):
 * ``all``: something that depends on the whole directory (``statfs``), or more than
   :data:`MOST_SEEN` lines: nothing can be left out.
 
+A path the restart made itself (created, truncated, made a folder, renamed away or onto, deleted)
+holds from then on what the restart put there, whatever the crash left: later calls on it, or
+under a folder it made or renamed, are not written down (the rename's source was, as ``tree``).
+
 A lookup serves the syscall the calling thread is blocked in (``/proc/<tid>/syscall``, x86-64
 numbers): only those in :data:`_NAME_ONLY` make it ``name``; any other, or one that cannot be read,
 is ``stat``.
@@ -59,13 +63,36 @@ class Observer:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.file: str | None = None
+        self.key: object = None
         self.seen: set[tuple[str, str]] = set()
+        self.own: set[str] = set()  # paths the run made itself: what they hold is its own doing
 
-    def add(self, file: str, level: str, path: str) -> None:
+    def _new(self, key: object) -> None:
+        if key != self.key:  # a new arming (the trigger file's key): a new run
+            self.key, self.seen, self.own = key, set(), set()
+
+    def _owned(self, path: str) -> bool:
+        path = path.rstrip("/") or "/"
+        while True:
+            if path in self.own:
+                return True
+            if path == "/":
+                return False
+            path = path.rsplit("/", 1)[0] or "/"
+
+    def made(self, key: object, *paths: str) -> None:
+        """The run of arming ``key`` made ``paths`` itself (or removed them, or moved them): from
+        now on they hold its own doing."""
         with self.lock:
-            if file != self.file:  # a new arming: a new file
-                self.file, self.seen = file, set()
+            self._new(key)
+            self.own.update(p.rstrip("/") or "/" for p in paths if p)
+
+    def add(self, key: object, file: str, level: str, path: str) -> None:
+        """``path`` observed at ``level`` by the run of arming ``key``: a line in ``file``."""
+        with self.lock:
+            self._new(key)
+            if level != "all" and self._owned(path or "/"):
+                return
             key = (level, path or "/")
             if key in self.seen or ("all", "/") in self.seen:
                 return
