@@ -330,20 +330,26 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
     if not recorded.ok:
         return f"the recording run did not complete: {recorded.reason}"
     final = keep_final(layer.backing, layer.trigger.parent / "final") if as_reference else None
-    # restarted on the state the first save after after_step left, where it was copied: its
-    # restart is that boundary's too (crash_restore)
+    # restarted on the state the first save after after_step left, where copied: its restart is that boundary's
+    # too (crash_restore); on its last boundary explored when its last is not, else (opened nothing) on its last
     first_save = _save_ops([e for e in events if e.path not in _opened(events, "append")], watch.arrivals,
                            spec.after_step, spec.gap_s).boundaries
-    candidate = states_of(events, first_save[-1:], states.folder)
-    if candidate:
-        restore(next(iter(candidate.values())), layer.backing)
-    seen = observe(layer, "record", record="restart")
-    restarted = pool.run(request, label="crash-points-restart-record", resume=True, checkpoint_dir=layer.point)
-    evidence.runs += 1
-    layer.disarm()
-    opens = [e for e in journal(layer.read_events()[len(lines):]) if e.event == "opened"]
-    appended = _opened(events, "append") | _opened(opens, "append")
-    reads = _opened(opens, "read") - appended
+    chosen = choose_boundaries(first_save, spec.max_boundaries)
+    picks = [states_of(events, b, states.folder) for b in ([chosen[-1:]] if first_save[-1:] and first_save[-1]
+                                                             not in chosen else []) + [first_save[-1:]]]
+    for n, candidate in enumerate([c for c in picks if c and picks[-1]] or picks[-1:]):
+        if candidate:
+            restore(next(iter(candidate.values())), layer.backing)
+        mark = len(layer.read_events())
+        seen = observe(layer, "record", record=f"restart-{n}")  # a run of its own: its opens written again
+        restarted = pool.run(request, label="crash-points-restart-record", resume=True, checkpoint_dir=layer.point)
+        evidence.runs += 1
+        layer.disarm()
+        opens = [e for e in journal(layer.read_events()[mark:]) if e.event == "opened"]
+        appended = _opened(events, "append") | _opened(opens, "append")
+        reads = _opened(opens, "read") - appended
+        if reads:
+            break
     evidence.reads, evidence.appended = sorted(reads)[:50], sorted(appended)[:50]
     if not reads:
         return ("a restart of the recording run (resume_args) opened no file under the checkpoint directory to "
