@@ -153,3 +153,17 @@ def test_the_daemon_writes_down_reads_lookups_attributes_and_listings(layer: Fus
     written = len(file.read_text().splitlines())
     os.stat(layer.point / "ckpt.pt")
     assert len(file.read_text().splitlines()) == written
+
+
+def test_an_observe_file_with_a_line_missing_observed_everything(tmp_path: Path) -> None:
+    """Each line holds its number: one lost (a write that failed) or cut leaves nothing out."""
+    file = tmp_path / "seen.jsonl"
+    lines = [{"seen": "list", "path": "/", "n": 1}, {"seen": "read", "path": "/ckpt.pt", "n": 2}]
+    file.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    observed = read_observed(file, set())
+    assert observed is not None and not observed.everything and ("read", "/ckpt.pt") in observed.seen
+    file.write_text(json.dumps(lines[1]) + "\n")
+    assert read_observed(file, set()).everything  # type: ignore[union-attr]
+    file.write_text(json.dumps(lines[0]) + "\n" + json.dumps(lines[1])[:20])
+    assert read_observed(file, set()).everything  # type: ignore[union-attr]
+    assert read_observed(tmp_path / "none.jsonl", set()) is None

@@ -67,14 +67,18 @@ def read_observed(path: Path, pids: set[int], whole: bool = False) -> Observed |
     except OSError:
         return None
     seen: set[tuple[str, str]] = set()
+    numbers: list[object] = []
     for line in data.decode("utf-8", "replace").splitlines():
         try:
             item = json.loads(line)
         except ValueError:
-            continue
+            item = None
         if isinstance(item, dict) and isinstance(item.get("seen"), str) and isinstance(item.get("path"), str):
             seen.add((item["seen"], item["path"]))
-    if len(data) > _MOST_BYTES or whole:
+            numbers.append(item.get("n"))
+        else:  # a line not whole: what it said is not known
+            numbers.append(None)
+    if len(data) > _MOST_BYTES or whole or numbers != list(range(1, len(numbers) + 1)):
         seen.add(("all", "/"))
     return Observed(frozenset(seen), frozenset(p for p in pids if p >= 100))
 

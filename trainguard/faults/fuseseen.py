@@ -12,8 +12,10 @@ path under the mount, as the job named it):
   ``unlink``, ``rename``, ``mkdir``...: the program sees whether it is there and its kind);
 * ``list``: the folder's entries were listed (names and kinds);
 * ``tree``: the path was renamed or linked away: everything under it moves where it is read later;
-* ``all``: something that depends on the whole directory (``statfs``), or more than
-  :data:`MOST_SEEN` lines: nothing can be left out.
+* ``all``: something that depends on the whole directory (``statfs``), more than
+  :data:`MOST_SEEN` lines, or a line that could not be written: nothing can be left out.
+
+Each line holds its number (``n``): a reader that finds one missing takes it as ``all``.
 
 A path the restart made itself (created, truncated, made a folder, renamed away or onto, deleted)
 holds from then on what the restart put there, whatever the crash left: later calls on it, or
@@ -28,7 +30,6 @@ This module runs in the daemon only and imports nothing of trainguard's.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import platform
 import threading
@@ -66,10 +67,11 @@ class Observer:
         self.key: object = None
         self.seen: set[tuple[str, str]] = set()
         self.own: set[str] = set()  # paths the run made itself: what they hold is its own doing
+        self.lost = False  # a line could not be written
 
     def _new(self, key: object) -> None:
         if key != self.key:  # a new arming (the trigger file's key): a new run
-            self.key, self.seen, self.own = key, set(), set()
+            self.key, self.seen, self.own, self.lost = key, set(), set(), False
 
     def _owned(self, path: str) -> bool:
         path = path.rstrip("/") or "/"
@@ -99,5 +101,10 @@ class Observer:
             if len(self.seen) >= MOST_SEEN:
                 key = ("all", "/")
             self.seen.add(key)
-            with contextlib.suppress(OSError), open(file, "a", encoding="utf-8") as out:
-                out.write(json.dumps({"seen": key[0], "path": key[1]}) + "\n")
+            if self.lost:  # a line could not be written: nothing can be left out any more
+                key = ("all", "/")
+            try:
+                with open(file, "a", encoding="utf-8") as out:
+                    out.write(json.dumps({"seen": key[0], "path": key[1], "n": len(self.seen)}) + "\n")
+            except OSError:
+                self.lost = True
