@@ -29,7 +29,7 @@ __all__ = ["StateCopies", "materialize"]
 #: a file of a copy held as a reference: ``["same", m]`` (copy ``m``'s file) or ``["delta", m,
 #: offset, size]`` (copy ``m``'s file, the copy's ``.delta`` bytes written at ``offset``, cut or
 #: grown to ``size``)
-_Ref = list[object]
+_Ref = list[str | int]
 
 
 class StateCopies:
@@ -149,7 +149,7 @@ def materialize(copy: str, into: str) -> None:
             ref = _refs(folder, held).get(rel)
             if not isinstance(ref, list) or len(ref) < 2:
                 break
-            if ref[0] == "delta":
+            if ref[0] == "delta" and len(ref) >= 4:
                 writes.append((held, int(ref[2]), int(ref[3])))
             held = int(ref[1])
         dst = os.path.join(into, rel)
