@@ -370,7 +370,7 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
     if spec.mode == "kill" and spec.infer:  # what a restart observes decides too (crash_seen)
         where = {(b.rank, b.path, b.op, b.ordinal): i for i, b in enumerate(save.boundaries)}
         save.views, save.pids = crash_views(events, len(where), where), op_pids(events)
-        save.reused_seen = read_observed(seen, save.pids, whole=save.last and not _trained(restarted, metric))
+        save.reused_seen = read_observed(seen, save.pids, whole=_beyond(restarted, metric, save.last))
     at = {b: state for b, state in zip(save.boundaries, save.states, strict=True)}
     # many ranks' saves too: the copy stands for its state as every copy does (docs: "Many ranks")
     save.reused = {at[b]: restarted for b in candidate if at.get(b) is not None}
@@ -533,20 +533,20 @@ def _trained_nothing(row: BoundaryOutcome, runs: _CrashRuns, resumed: RunResult)
     return row
 
 
-def _trained(result: RunResult, metric: str) -> bool:
-    return any(p.name == metric for p in result.points)
+def _beyond(result: RunResult, metric: str, last: bool) -> bool:
+    """Whether more than a restart observed decides its row: it did not end on its own (a timeout), or trained nothing after the last save (the files judge)."""
+    return result.outcome not in ("ok", "failed") or (last and not any(p.name == metric for p in result.points))
 
 
 def _restart(runs: _CrashRuns, number: int, boundary: Boundary | None, pids: set[int]) -> RunResult:
     """The restart with the resume arguments on what the crash left; in kill mode, what it
     observed kept for ``boundary`` (None: the control's, kept for none), the state's temporary
-    names holding ``pids`` (crash_seen). A restart that trained nothing after the run's last save
-    is judged on the files too: it observed everything."""
+    names holding ``pids`` (crash_seen); everything where more decides its row (:func:`_beyond`)."""
     file = observe(runs.layer, number) if boundary is not None and runs.save.views else None
     resumed = runs.pool.run(runs.request, label="crash-points-resume", resume=True, checkpoint_dir=runs.layer.point)
     if file is not None and boundary is not None:
         runs.layer.disarm()
-        runs.save.seen[boundary] = read_observed(file, pids, whole=runs.save.last and not _trained(resumed, runs.metric))
+        runs.save.seen[boundary] = read_observed(file, pids, whole=_beyond(resumed, runs.metric, runs.save.last))
     return resumed
 
 
