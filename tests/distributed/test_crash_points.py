@@ -84,18 +84,20 @@ def test_a_writer_that_renames_a_synced_temp_file_is_safe_at_every_boundary(tmp_
     assert resumed[0] in (5, 10) and resumed == [resumed[0]] * 5 + [resumed[0] + 5] * 2, ev["outcomes"]
     # the save of step 10 (or 15) began after the line of step 9 (or an earlier one read late)
     assert resumed[0] <= ev["save_after_step"] < resumed[-1], ev["save_after_step"]
-    # 3 restarts, each on the state the recording run left right after its boundary (no crash
-    # run): the create, the last write (the two writes between them take their outcome:
-    # bisection) and the rename; the fsync leaves what the last write left, the directory's fsync
-    # what the rename left (kill mode): inferred. The restart that finds what a resume reads ran
-    # on the state the save left: it is the rename's, so the recording and 3 restarts in all
-    assert (ev["runs"], ev["inferred"]) == (1 + 3, 4), ev["outcomes"]
+    # 2 restarts, each on the state the recording run left right after its boundary (no crash
+    # run): the create and the rename. The create's restart opened ckpt.json and made the temp
+    # file anew (O_TRUNC): it observed nothing of the temp file but its name, so the writes and
+    # the fsync, which leave another temp file only, take its outcome (crash_seen); the directory's
+    # fsync leaves what the rename left (kill mode). The restart that finds what a resume reads ran
+    # on the state the save left: it is the rename's, so the recording and 2 restarts in all
+    assert (ev["runs"], ev["inferred"], ev["inferred_observed"]) == (1 + 2, 5, 4), ev["outcomes"]
     inferred = {o["op"]: o["inferred_from"] for o in ev["outcomes"] if "inferred_from" in o}
-    last_write = 3 * (resumed[0] // 5 + 1)  # the save at step 10 makes writes 4-6, at 15 writes 7-9
-    assert inferred["fsync"] == f"the same state as the crash rank 0: after write #{last_write} of /ckpt.json.tmp"
+    assert inferred["fsync"].startswith("the restart after the crash rank 0: after create #") and (
+        "observed nothing this state holds otherwise" in inferred["fsync"]), inferred["fsync"]
     assert inferred["fsyncdir"].startswith("the same state as the crash rank 0: after rename")
-    assert "explored in 4 runs, 4 boundaries inferred (no run of their own)" in result.summary
-    assert ev["start"].endswith("; 0 crash runs started there; 3 boundaries restarted on the state the "
+    assert ("explored in 3 runs, 5 boundaries inferred (no run of their own, 4 of them from what a restart "
+            "observed)") in result.summary
+    assert ev["start"].endswith("; 0 crash runs started there; 2 boundaries restarted on the state the "
                                 "recording run left right after them (no crash run)"), ev["start"]
     # the table for people: a row per boundary, under the verdict
     table = Path(ev["table"]).read_text().splitlines()
@@ -127,10 +129,11 @@ def test_a_resume_that_is_never_exact_is_not_called_a_torn_checkpoint(tmp_path: 
     assert [o["outcome"] for o in ev["outcomes"]] == ["loaded", "loaded"], ev["outcomes"]
     assert ev["control"]["outcome"] == "torn" and ev["control"]["resumed_from_step"] == ev["outcomes"][0]["resumed_from_step"]
     assert ev["first_unsafe"] is None and "resume is not exact" in result.summary
-    # the recording and its restart, a restart on the state the recording left after each of the
-    # two boundaries (no crash run), the control and its restart
-    assert ev["runs"] == 2 + 2 + 2
-    assert ev["start"].endswith("2 boundaries restarted on the state the recording run left right after them "
+    # the recording and its restart, a restart on the state it left after the create (no crash
+    # run), the control and its restart; the fsync takes the create's outcome: that restart made the
+    # temp file anew and observed nothing else of it (crash_seen)
+    assert ev["runs"] == 2 + 1 + 2 and ev["inferred_observed"] == 1, ev["outcomes"]
+    assert ev["start"].endswith("1 boundaries restarted on the state the recording run left right after them "
                                 "(no crash run)"), ev["start"]
 
 
@@ -188,13 +191,16 @@ def _rows_in_save(ev: dict[str, Any]) -> list[tuple[Any, ...]]:
 @needs_fuse
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("writer", "mode"), [("unlink-first", "kill"), ("atomic", "power")])
-def test_boundaries_side_by_side_find_what_one_after_the_other_finds(tmp_path: Path, writer: str, mode: str) -> None:
+@pytest.mark.parametrize(("writer", "mode", "infer"), [("unlink-first", "kill", False), ("atomic", "power", True)])
+def test_boundaries_side_by_side_find_what_one_after_the_other_finds(tmp_path: Path, writer: str, mode: str,
+                                                                    infer: bool) -> None:
     """Crash runs and restarts (no state copies) of the boundaries that do not depend on each
     other made two at a time, each lane in a FUSE layer of its own, and one after the other
-    (``lanes: 1``): the same verdict, first unsafe boundary, outcome at every boundary and runs."""
-    alone = _crash_points(tmp_path / "alone", writer, mode, copies=0, lanes=1)
-    beside = _crash_points(tmp_path / "beside", writer, mode, copies=0, lanes=2)
+    (``lanes: 1``): the same verdict, first unsafe boundary, outcome at every boundary and runs.
+    In kill mode with ``infer`` a boundary waits for the runs before it (what their restarts
+    observed may decide it: crash_seen), so every boundary is run there (``infer: false``)."""
+    alone = _crash_points(tmp_path / "alone", writer, mode, copies=0, lanes=1, infer=infer)
+    beside = _crash_points(tmp_path / "beside", writer, mode, copies=0, lanes=2, infer=infer)
     old, new = report_evidence(alone), report_evidence(beside)
     assert (old["lanes"], new["lanes"]) == (1, 2)
     assert beside.status == alone.status, (beside.summary, alone.summary)
@@ -407,7 +413,7 @@ def test_a_temp_name_that_differs_between_runs(tmp_path: Path, writer: str, stat
 def test_the_fix_for_a_folder_written_in_place_is_to_build_it_aside() -> None:
     """The Hugging Face Trainer makes checkpoint-10/ and writes its files into it; a restart that
     takes the newest folder (get_last_checkpoint) loads the half-written one."""
-    from trainguard.drills.crash_points import _fix
+    from trainguard.drills.crash_fix import fix_for as _fix
 
     found = [Boundary(0, "/checkpoint-10", "mkdir", 1), Boundary(0, "/checkpoint-10/config.json", "create", 1)]
     row = BoundaryOutcome(found[0].words(), "mkdir", "/checkpoint-10", 0, 1, None, "crashed on load", "")
@@ -452,9 +458,9 @@ def test_a_log_appended_at_every_step_is_not_the_save_explored(tmp_path: Path) -
     assert (first["op"], first["path"], first["outcome"]) == ("truncate", "/ckpt.json", "crashed on load"), first
     assert "/ckpt.json" in report_evidence(result)["reads"] and "/train.log" not in report_evidence(result)["reads"]
     started = [int(line) for line in pids.read_text().split()]
-    # the recording (the uninterrupted run too: none was kept), its restart, the restart on the
-    # state it left after the truncate
-    assert len(started) == 3
+    # the recording (the uninterrupted run too: none was kept) and its restart, launched on the
+    # state it left after the truncate, the one boundary explored (max_boundaries: 1): its restart
+    assert len(started) == 2
     deadline = time.monotonic() + 10
     while not all(_ended(pid) for pid in started) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -23,8 +23,9 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("signals"),
 def test_a_signal_while_boundaries_run_side_by_side_leaves_nothing(tmp_path: Path, watch: Callable[..., Watched],
                                                                    sig: int) -> None:
     """The careful writer with crash runs (no state copies) in two lanes: the signal lands once the
-    second lane's layer is mounted, while both lanes run."""
-    job = writer_job(tmp_path, "atomic", copies=0, lanes=2)
+    second lane's layer is mounted, while both lanes run (every boundary run: in kill mode what a
+    restart observed may decide the boundaries after it, which then wait for it)."""
+    job = writer_job(tmp_path, "atomic", copies=0, lanes=2, infer=False)
     w = watch(trainguard("check", str(job), "--only", "crash_points"))
     w.wait_for("the second lane's layer mounted", lambda: [m for m in w.mounts() if m.endswith("/lane-1/mnt")])
     finish(w, sig, group=sig == signal.SIGINT)  # Ctrl-C reaches the terminal's whole process group

@@ -75,17 +75,20 @@ class _Lanes(LaneLayers):
         return self.free.pop(0) if self.free else None
 
 
-def _side_by_side_and_alone(seed: int, lanes: int, tmp_path: Path) -> None:
+def _side_by_side_and_alone(seed: int, lanes: int, tmp_path: Path, observed: bool = False) -> None:
     rng = random.Random(seed)
     chosen, states = _save(rng)
     found = _outcomes(rng, chosen)
     order: list[int] = []
+    # observed: whether the restart of j observed nothing that differs in i's state (crash_seen)
+    alike = {(i, j) for i in range(len(chosen)) for j in range(i) if rng.random() < 0.3}
+    agree = (lambda i, j: (i, j) in alike) if observed else None
 
     def alone(i: int) -> CrashRow:
         order.append(i)
         return found[i]
 
-    sequential = explore_inferred(chosen, states, alone)
+    sequential = explore_inferred(chosen, states, alone, agree)
     made: list[int] = []
     lock = threading.Lock()
     delays = [rng.random() * 0.003 for _ in chosen]
@@ -96,8 +99,10 @@ def _side_by_side_and_alone(seed: int, lanes: int, tmp_path: Path) -> None:
             made.append(i)
         return found[i], 2
 
-    decided, launched = explore_side_by_side(inferred(chosen, states), run, _Lanes(lanes, tmp_path), lambda why: None)
+    decided, launched = explore_side_by_side(inferred(chosen, states, agree), run, _Lanes(lanes, tmp_path),
+                                             lambda why: None)
     assert decided.rows == sequential.rows and decided.inferred == sequential.inferred, seed
+    assert decided.observed == sequential.observed, seed
     assert not decided.waiting
     # the same runs, each once (one lane: in the same order too)
     assert sorted(made) == sorted(order) and launched == 2 * len(order), (seed, made, order)
@@ -105,10 +110,13 @@ def _side_by_side_and_alone(seed: int, lanes: int, tmp_path: Path) -> None:
         assert made == order
 
 
+@pytest.mark.parametrize("observed", [False, True])
 @pytest.mark.parametrize("lanes", [1, 2, 4])
-def test_side_by_side_makes_the_runs_and_rows_of_the_exploration_one_after_the_other(lanes: int, tmp_path: Path) -> None:
+def test_side_by_side_makes_the_runs_and_rows_of_the_exploration_one_after_the_other(
+        lanes: int, observed: bool, tmp_path: Path) -> None:
+    """With outcomes inferred from what restarts observed too (a random relation): the same."""
     for seed in range(12):
-        _side_by_side_and_alone(seed, lanes, tmp_path)
+        _side_by_side_and_alone(seed, lanes, tmp_path, observed)
 
 
 def test_independent_boundaries_run_at_the_same_time(tmp_path: Path) -> None:

@@ -43,3 +43,24 @@ def test_validate_prints_the_plan_of_crash_points(tmp_path: Path) -> None:
     _report(tmp_path / ".trainguard")
     lines = make_plan(job, Settings()).lines()
     assert any("has 9 boundaries" in line and "10 launches" in line for line in lines), lines
+
+
+def test_the_time_counts_the_lanes_both_runs_had(tmp_path: Path) -> None:
+    """The recording run and its restart run alone, the other launches side by side: a save whose
+    10 launches took 40 s with 2 lanes took 6 waves (6.7 s each); one lane now takes 10 of them, and
+    a save recorded with 1 lane takes 2 + 8 / 2 waves with 2."""
+    state = tmp_path / ".trainguard"
+    _report(state, lanes=2)
+    assert "about 67 s at the 6.7 s a launch took there (2 lanes)" in crash_plan_words(16, "kill", True, state)
+    assert "about 40 s at the 6.7 s a launch took there (2 lanes), 2 side by side" in crash_plan_words(
+        16, "kill", True, state, lanes=2)
+    _report(state, lanes=1)
+    assert "10 launches, about 24 s at the 4.0 s a launch took there, 2 side by side" in crash_plan_words(
+        16, "kill", True, state, lanes=2)
+
+
+def test_validate_counts_the_lanes_the_machine_gives_the_job(tmp_path: Path) -> None:
+    job = writer_job(tmp_path, "atomic", lanes=2)
+    _report(tmp_path / ".trainguard")
+    lines = make_plan(job, Settings()).lines()
+    assert any("10 launches, about 24 s" in line and "2 side by side" in line for line in lines), lines

@@ -61,3 +61,41 @@ def test_a_fifo_in_the_directory_stops_the_copies_without_blocking(tmp_path: Pat
     os.mkfifo(backing / "pipe")
     assert copies.copy(("/a.pt",)) is None and copies.full
     assert sorted(p.name for p in folder.iterdir()) == ["0"]
+
+
+def test_a_file_written_in_many_writes_costs_its_size_once_and_each_copy_is_put_back_whole(tmp_path: Path) -> None:
+    """Two shards written in turns, 50 writes of 1 KiB each (DCP's, the FSDP2 example's): each
+    copy after a write keeps the bytes written and a reference to the copy before, so the copies
+    hold the shards' size once (before: every copy copied the shard written so far, 263 MB after
+    536 of the FSDP2 save's 673 operations). Each copy put back is the directory as that write
+    left it; a shard the operation did not write holds what the copy before held, even when
+    another rank's write to it is under way (it belongs to the copies after its own)."""
+    backing, folder = tmp_path / "backing", tmp_path / "states"
+    backing.mkdir()
+    (backing / "old.pt").write_bytes(b"o" * 4096)
+    copies = StateCopies(str(backing), str(folder), 1 << 20)
+    for name in ("a.pt", "b.pt"):
+        (backing / name).write_bytes(b"")
+        copies.copy((f"/{name}",))
+    expected: list[dict[str, bytes]] = []
+    for n in range(100):
+        name = "a.pt" if n % 2 == 0 else "b.pt"
+        with open(backing / name, "r+b") as f:
+            offset = (n // 2) * 1024
+            f.seek(offset)
+            f.write(bytes([n]) * 1024)
+        if n == 50:  # b's next write lands before a's copy is made: that copy leaves it out
+            with open(backing / "b.pt", "ab") as f:
+                f.write(b"!" * 1024)
+        copies.copy((f"/{name}",), (offset, 1024))
+        if n == 50:
+            with open(backing / "b.pt", "r+b") as f:
+                f.truncate(25 * 1024)
+        expected.append({p.name: p.read_bytes() for p in backing.iterdir()})
+    # 100 KiB written, 4 KiB copied at the start: not the 5 MB the whole files copied each time take
+    assert copies.bytes < 120 * 1024, copies.bytes
+    for n in (0, 1, 49, 50, 51, 99):
+        restored = tmp_path / f"restored-{n}"
+        restored.mkdir()
+        restore(folder / str(n + 2), restored)
+        assert {p.name: p.read_bytes() for p in restored.iterdir()} == expected[n], n

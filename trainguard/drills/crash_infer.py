@@ -32,8 +32,11 @@ from trainguard.drills.crash_records import Boundary, BoundaryOutcome, CrashRow
 from trainguard.evidence import UNSET
 from trainguard.faults.fusefs import JournalEvent
 
-__all__ = ["CrashState", "Inference", "crash_states", "explore_inferred", "write_segments"]
+__all__ = ["Agree", "CrashState", "Inference", "crash_states", "explore_inferred", "write_segments"]
 
+#: ``agree(i, j)``: whether the restart after the crash at boundary ``j`` (run) observed nothing
+#: that differs in the state a crash at ``i`` leaves (:mod:`~trainguard.drills.crash_seen`)
+Agree = Callable[[int, int], bool]
 #: an entry of the model: its kind (``f`` file, ``d`` folder, ``l`` symbolic link), inode, content
 _Entry = tuple[str, int, object]
 _DATA = ("create", "write", "truncate")
@@ -220,6 +223,8 @@ class Inference:
     rows: dict[int, CrashRow] = field(default_factory=dict)
     inferred: dict[int, str] = field(default_factory=dict)
     waiting: set[int] = field(default_factory=set)
+    #: the inferred boundaries whose outcome came from what a run's restart observed
+    observed: set[int] = field(default_factory=set)
 
     def take(self, i: int, boundary: Boundary, source: CrashRow, why: str) -> None:
         assert isinstance(source, BoundaryOutcome)
@@ -234,8 +239,8 @@ class _Exploration:
     """The state of :func:`explore_inferred`: the rows so far, the first run of each state."""
 
     def __init__(self, chosen: list[Boundary], states: list[Hashable | None],
-                 run: Callable[[int], CrashRow | None]) -> None:
-        self.chosen, self.states, self.run = chosen, states, run
+                 run: Callable[[int], CrashRow | None], agree: Agree | None = None) -> None:
+        self.chosen, self.states, self.run, self.agree = chosen, states, run, agree
         self.done = Inference()
         self.seen: dict[Hashable, int] = {}
         self.maybe: set[Hashable] = set()  # states whose first run may be one not made yet
@@ -254,6 +259,9 @@ class _Exploration:
             if rep is not None:
                 done.take(i, self.chosen[i], done.rows[rep], f"the same state as the crash {self.chosen[rep].words()}")
                 return done.rows[i]
+            seen = self._observed(i)
+            if seen is not None:
+                return seen if isinstance(seen, BoundaryOutcome) else None
             row = None if state is not None and state in self.maybe else self.run(i)
             if row is None:
                 self.undecided(i)
@@ -263,11 +271,34 @@ class _Exploration:
                 self.seen.setdefault(state, i)
         return done.rows[i]
 
+    def _observed(self, i: int) -> CrashRow | bool | None:
+        """``i``'s row taken from the first boundary before it that was run and whose restart
+        observed nothing that differs in ``i``'s state (crash_seen); False: ``i`` waits (a
+        boundary before it waits for a run, whose restart may be that one); None: not inferred so.
+        The boundaries before ``i`` taken are those decided when ``i`` is reached (every one, but
+        between a bisected segment's ends), none waiting: the same rows whatever order the runs
+        are made in (the lanes)."""
+        done = self.done
+        if self.agree is None or self.states[i] is None:
+            return None
+        if any(k in done.waiting for k in range(i)):
+            self.undecided(i)
+            return False
+        for j in range(i):
+            if j in done.rows and j not in done.inferred and isinstance(done.rows[j], BoundaryOutcome) and self.agree(i, j):
+                done.take(i, self.chosen[i], done.rows[j], f"the restart after the crash {self.chosen[j].words()} "
+                          "observed nothing this state holds otherwise (what it read, listed and looked up)")
+                done.observed.add(i)
+                return done.rows[i]
+        return None
+
     def bisect(self, lo: int, hi: int) -> None:
         a, b = self.get(lo), self.get(hi)
         if hi - lo < 2:
             return
         between = [j for j in range(lo + 1, hi) if j not in self.done.rows]
+        if hi in self.done.observed:  # both ends as the first restart observed them: so is each between
+            return
         if a is None or b is None:  # not known yet: what lies between is decided once it is
             for j in between:
                 self.undecided(j)
@@ -282,7 +313,7 @@ class _Exploration:
 
 
 def explore_inferred(chosen: list[Boundary], states: Iterable[Hashable | None],
-                     run: Callable[[int], CrashRow | None]) -> Inference:
+                     run: Callable[[int], CrashRow | None], agree: Agree | None = None) -> Inference:
     """Every boundary of ``chosen`` decided: run (``run(i)``: the crash after ``chosen[i]`` and
     its restart, judged without the rows before it) or inferred (the module's docstring).
 
@@ -291,7 +322,7 @@ def explore_inferred(chosen: list[Boundary], states: Iterable[Hashable | None],
     on it is left ``waiting``: a boundary between two writes whose restarts are not both known, one
     whose state a run not made yet may have left first. Every other run asked for is one the
     exploration makes whatever the runs not made yet find."""
-    exploration = _Exploration(chosen, list(states), run)
+    exploration = _Exploration(chosen, list(states), run, agree)
     starts = dict(write_segments(chosen))
     for i in range(len(chosen)):
         if i in starts:

@@ -32,7 +32,7 @@ from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from trainguard.drills.crash_infer import Inference, explore_inferred
+from trainguard.drills.crash_infer import Agree, Inference, explore_inferred
 from trainguard.drills.crash_records import Boundary, CrashRow
 from trainguard.faults.fusefs import FuseLayer
 from trainguard.faults.fusemount import FuseMount
@@ -122,9 +122,9 @@ def every_boundary(count: int) -> Decide:
     return decide
 
 
-def inferred(chosen: list[Boundary], states: list[Hashable | None]) -> Decide:
+def inferred(chosen: list[Boundary], states: list[Hashable | None], agree: Agree | None = None) -> Decide:
     """The exploration with outcomes inferred (:func:`explore_inferred`), to replay."""
-    return lambda run: explore_inferred(chosen, states, run)
+    return lambda run: explore_inferred(chosen, states, run, agree)
 
 
 def explore_side_by_side(decide: Decide, run: LaneRun, lanes: LaneLayers,
@@ -194,12 +194,14 @@ def _stop_lanes(running: dict[Future[tuple[CrashRow, int]], tuple[int, FuseLayer
 
 
 def explore_in_lanes(chosen: list[Boundary], states: list[Hashable | None] | None, run: LaneRun, first: FuseLayer,
-                     count: int, stop: Callable[[str], None]) -> tuple[Inference, int, LaneLayers]:
+                     count: int, stop: Callable[[str], None],
+                     agree: Agree | None = None) -> tuple[Inference, int, LaneLayers]:
     """The boundaries of ``chosen`` explored (``states``, what a crash after each leaves: their
     outcomes inferred where they can be; None: every boundary run) by :func:`explore_side_by_side`
     on ``count`` lanes, ``first`` the check's own layer, the others mounted under its work
-    directory and unmounted before this returns (or raises)."""
-    decide = every_boundary(len(chosen)) if states is None else inferred(chosen, states)
+    directory and unmounted before this returns (or raises); ``agree``: what a run's restart
+    observed decides too (:mod:`~trainguard.drills.crash_seen`)."""
+    decide = every_boundary(len(chosen)) if states is None else inferred(chosen, states, agree)
     lanes = LaneLayers(first, first.trigger.parent, count)
     try:
         decided, launched = explore_side_by_side(decide, run, lanes, stop)

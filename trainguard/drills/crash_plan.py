@@ -1,6 +1,9 @@
 """The cost of ``checks.crash_points`` before it runs (``trainguard validate``, issue 49): the
 boundaries of the save a crash_points run here recorded last (its report, next to the job file),
-the launches they take, and the time from the seconds per launch that run measured.
+the launches they take, and the time from the seconds per launch that run measured. The recording
+run and its restart are one after the other; the other launches run ``lanes`` at a time (the lanes
+of :mod:`~trainguard.drills.crash_lanes`), so the time is counted in waves, with the lanes that run
+had and the lanes this one will have.
 
 Without a recorded save the boundaries are unknown: the plan says the worst case (every explored
 boundary run, no outcome inferred).
@@ -13,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from trainguard._internal.readers import OWN_FILE_LIMITS, Unreadable, read_json
+from trainguard.config.backends import backend_for
+from trainguard.drills.crash_lanes import lane_count
 
-__all__ = ["RecordedSave", "crash_plan_words", "recorded_save"]
+__all__ = ["RecordedSave", "crash_plan_words", "plan_lanes", "recorded_save"]
 
 #: the launches around the boundaries: the recording run and its restart
 FIXED_RUNS = 2
@@ -35,6 +40,8 @@ class RecordedSave:
     runs: int
     duration_s: float | None
     mode: str
+    #: the lanes that run had (boundaries side by side)
+    lanes: int = 1
 
 
 def _number(value: Any) -> float | None:
@@ -59,7 +66,8 @@ def recorded_save(state_dir: Path) -> RecordedSave | None:
                 continue
             return RecordedSave(str(path), int(ev["boundaries_found"]), int(_number(ev.get("boundaries_explored")) or 0),
                                 int(_number(ev.get("inferred")) or 0), int(_number(ev.get("runs")) or 0),
-                                _number(item.get("duration_s")), str(ev.get("mode", "")))
+                                _number(item.get("duration_s")), str(ev.get("mode", "")),
+                                max(1, int(_number(ev.get("lanes")) or 1)))
     return None
 
 
@@ -67,8 +75,21 @@ def _time(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-def crash_plan_words(max_boundaries: int, mode: str, infer: bool, state_dir: Path) -> str:
-    """The plan's line on crash_points: boundaries expected, launches, time."""
+def plan_lanes(wanted: int | None, job_file: Any) -> int:
+    """The lanes the check will run: :func:`~trainguard.drills.crash_lanes.lane_count` on the
+    job's ranks and backend (the cores of this machine)."""
+    return lane_count(wanted, job_file.job.world_size, backend_for(job_file.job.kind).concurrent_runs())
+
+
+def _waves(launches: int, lanes: int) -> float:
+    """The launches one after the other that ``launches`` take with ``lanes`` side by side: the
+    recording run and its restart alone, the rest ``lanes`` at a time."""
+    return min(launches, FIXED_RUNS) + max(0, launches - FIXED_RUNS) / max(1, lanes)
+
+
+def crash_plan_words(max_boundaries: int, mode: str, infer: bool, state_dir: Path, lanes: int = 1) -> str:
+    """The plan's line on crash_points: boundaries expected, launches, time (``lanes``: the
+    boundaries this check will run side by side)."""
     worst = FIXED_RUNS + 2 * max_boundaries + CONTROL_RUNS + AGAIN_RUNS
     last = recorded_save(state_dir)
     if last is None or last.mode != mode:
@@ -85,6 +106,9 @@ def crash_plan_words(max_boundaries: int, mode: str, infer: bool, state_dir: Pat
     words = (f"the save recorded last ({last.report}) has {last.found} boundaries: {explored} explored "
              f"({how}), {launches} launches")
     if last.duration_s is not None and last.runs:
-        per = last.duration_s / last.runs
-        words += f", about {_time(per * launches)} at the {per:.1f} s a launch took there"
+        # the seconds of one launch there, its lanes' launches counted as the waves they ran in
+        per = last.duration_s / _waves(last.runs, last.lanes)
+        side = f", {lanes} side by side" if lanes > 1 else ""
+        words += (f", about {_time(per * _waves(launches, lanes))} at the {per:.1f} s a launch took there"
+                  f"{f' ({last.lanes} lanes)' if last.lanes > 1 else ''}{side}")
     return words + f" (at most {worst} launches)"

@@ -58,9 +58,10 @@ from trainguard.checks.equivalence import compare_trajectories
 from trainguard.config.checks import CheckSpec
 from trainguard.config.problems import resume_problems
 from trainguard.config.registry import Check, Run
+from trainguard.drills.crash_fix import fix_for, top_folder
 from trainguard.drills.crash_infer import Inference, crash_states
 from trainguard.drills.crash_lanes import MOST_LANES, explore_in_lanes, lane_count
-from trainguard.drills.crash_plan import crash_plan_words
+from trainguard.drills.crash_plan import crash_plan_words, plan_lanes
 from trainguard.drills.crash_records import (
     Boundary,
     BoundaryNotReached,
@@ -71,6 +72,15 @@ from trainguard.drills.crash_records import (
 )
 from trainguard.drills.crash_restore import RecordStates, keep_final, restore, states_of
 from trainguard.drills.crash_saves import feeds_restart, save_files, shape, unlike_reference
+from trainguard.drills.crash_seen import (
+    Observed,
+    View,
+    agree,
+    crash_views,
+    observe,
+    op_pids,
+    read_observed,
+)
 from trainguard.drills.crash_start import (
     CopyAtStep,
     SaveStart,
@@ -153,55 +163,6 @@ def choose_boundaries(found: list[Boundary], limit: int) -> list[Boundary]:
     return [b for b in found if b in keep]
 
 
-def _unsynced(found: list[Boundary]) -> tuple[list[str], list[str]]:
-    """Files renamed with data never fsynced before the rename; renames whose destination's
-    directory was not fsynced after them."""
-    data, entries = [], []
-    for i, b in enumerate(found):
-        if b.op != "rename":
-            continue
-        if not any(o.op in ("fsync", "fdatasync") and o.path == b.path for o in found[:i]):
-            data.append(b.path)
-        folder = (b.to or "/").rsplit("/", 1)[0] or "/"
-        if not any(o.op == "fsyncdir" and (o.path.rstrip("/") or "/") == folder for o in found[i + 1:]):
-            entries.append(b.to or b.path)
-    return data, entries
-
-
-def _fix(boundary: Boundary, row: BoundaryOutcome, renamed: set[str], mode: str, found: list[Boundary]) -> str:
-    """The fix for the first unsafe boundary, from what it did."""
-    outcome = row.outcome
-    if row.ranks_resumed_from:
-        return ("commit a save of many ranks as one: once every rank's files are in place, write a "
-                "marker (rank 0, after a barrier) and resume only from the newest save that has it")
-    if mode == "power":
-        data, entries = _unsynced(found)
-        fixes = []
-        if data:
-            fixes.append(f"fsync {', '.join(data[:2])} before renaming it (os.fsync on the open file): a power "
-                         "loss drops data never synced, and the rename publishes an empty or short file")
-        if entries:
-            fixes.append(f"fsync the directory after renaming into {', '.join(entries[:2])} (os.open the "
-                         "directory, os.fsync): until then a power loss forgets the rename")
-        if fixes:
-            return "; ".join(fixes)
-    folder = _top(boundary.path)
-    if (boundary.op == "mkdir" or "/" in boundary.path.strip("/")) and not any(
-            b.op == "rename" and (b.path.strip("/") == folder or (b.to or "").strip("/") == folder) for b in found):
-        return (f"build /{folder} under a temporary name and rename it into place once every file in it is "
-                "complete (or write a completion marker last and resume only from a folder that has it): "
-                "a restart took the half-written folder for the newest checkpoint")
-    if boundary.op in ("create", "write", "truncate") and boundary.path not in renamed:
-        return ("write the checkpoint to a temporary file in the same directory and rename it over "
-                "the old one (os.replace) once it is complete: the save overwrote it in place")
-    if boundary.op == "unlink":
-        return "delete the previous checkpoint only after the new one is complete and renamed into place"
-    if outcome == "began again":
-        return "keep the previous checkpoint until the new one is complete"
-    return ("make the checkpoint complete before anything points at it: write, fsync, then rename "
-            "(or write its completion marker last)")
-
-
 def _write_table(evidence: CrashPointsEvidence, work: Path, verdict: str) -> None:
     """``table.md``: one row per boundary (its operation, outcome, the step resumed from, why)."""
     def cell(text: Any) -> str:
@@ -218,11 +179,6 @@ def _write_table(evidence: CrashPointsEvidence, work: Path, verdict: str) -> Non
 #: operations this close follow each other at once: one save, whatever line was read between them,
 #: unless one begins a file (:data:`_BEGINS`) of a shape the save began already
 _SAME_SAVE_S, _BEGINS = 0.02, ("create", "truncate", "mkdir")
-
-
-def _top(path: Any) -> str:
-    """The first component of a path under the mount (``/step_000010/x.distcp``: ``step_000010``)."""
-    return str(path).strip("/").split("/", 1)[0]
 
 
 @dataclass
@@ -247,6 +203,12 @@ class SaveFound:
     #: the recording run, its checkpoint directory as it ended: the uninterrupted run when the
     #: session kept none
     recorded: RunResult | None = None
+    #: kill mode: what a crash after each boundary leaves, and what the restart of each run
+    #: boundary observed (crash_seen); the recording's pids and what its restart observed
+    views: list[View | None] = field(default_factory=list)
+    seen: dict[Boundary, Observed | None] = field(default_factory=dict)
+    pids: set[int] = field(default_factory=set)
+    reused_seen: Observed | None = None
 
 
 def _bursts(ops: list[JournalEvent], arrivals: list[tuple[int, float]], gap_s: float) -> list[list[JournalEvent]]:
@@ -292,11 +254,11 @@ def _save_ops(events: list[JournalEvent], arrivals: list[tuple[int, float]], aft
     begun: set[str] = set()
     index = None
     for i, b in enumerate(bursts):
-        tops = {_top(e.path) for e in b}
+        tops = {top_folder(e.path) for e in b}
         if b[0].start > seen[0] and not tops <= begun and any(feeds(e) for e in b):
             index = i
             break
-        begun |= {_top(e.path) for e in b if "/" in e.path.strip("/") or e.op == "mkdir"}
+        begun |= {top_folder(e.path) for e in b if "/" in e.path.strip("/") or e.op == "mkdir"}
     # a checkpoint before it: data written to what a restart reads (a directory made at start-up
     # or a log is none)
     wrote = any(e.op in ("write", "rename", "link") and feeds(e) for b in bursts[:index] for e in b)
@@ -305,9 +267,9 @@ def _save_ops(events: list[JournalEvent], arrivals: list[tuple[int, float]], aft
     # a save into a folder of its own goes on in later bursts when it finishes in the background
     # (an async save whose files are written while the next steps run, its marker committed at
     # the next save): every later operation that builds that folder belongs to it
-    folders = {_top(e.path) for e in bursts[index] if "/" in e.path.strip("/")}
+    folders = {top_folder(e.path) for e in bursts[index] if "/" in e.path.strip("/")}
     later = [e for b in bursts[index + 1:] for e in b
-             if folders and _top(e.path) in folders and e.op not in ("unlink", "rmdir")]
+             if folders and top_folder(e.path) in folders and e.op not in ("unlink", "rmdir")]
     taken = {id(e) for e in later}
     after = [e for b in bursts[index + 1:] for e in b if id(e) not in taken]
     save = [Boundary(int(e.rank or 0), e.path, e.op, e.ordinal, e.to) for e in bursts[index] + later]
@@ -368,20 +330,26 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
     if not recorded.ok:
         return f"the recording run did not complete: {recorded.reason}"
     final = keep_final(layer.backing, layer.trigger.parent / "final") if as_reference else None
-    # restarted on the state the first save after after_step left, where it was copied: its
-    # restart is that boundary's too (crash_restore)
+    # restarted on the state the first save after after_step left, where copied: its restart is that boundary's
+    # too (crash_restore); on its last boundary explored when its last is not, else (opened nothing) on its last
     first_save = _save_ops([e for e in events if e.path not in _opened(events, "append")], watch.arrivals,
                            spec.after_step, spec.gap_s).boundaries
-    candidate = states_of(events, first_save[-1:], states.folder)
-    if candidate:
-        restore(next(iter(candidate.values())), layer.backing)
-    layer.arm({"record": {"run": "restart"}})
-    restarted = pool.run(request, label="crash-points-restart-record", resume=True, checkpoint_dir=layer.point)
-    evidence.runs += 1
-    layer.disarm()
-    opens = [e for e in journal(layer.read_events()[len(lines):]) if e.event == "opened"]
-    appended = _opened(events, "append") | _opened(opens, "append")
-    reads = _opened(opens, "read") - appended
+    chosen = choose_boundaries(first_save, spec.max_boundaries)
+    picks = [states_of(events, b, states.folder) for b in ([chosen[-1:]] if first_save[-1:] and first_save[-1]
+                                                             not in chosen else []) + [first_save[-1:]]]
+    for n, candidate in enumerate([c for c in picks if c and picks[-1]] or picks[-1:]):
+        if candidate:
+            restore(next(iter(candidate.values())), layer.backing)
+        mark = len(layer.read_events())
+        seen = observe(layer, "record", record=f"restart-{n}")  # a run of its own: its opens written again
+        restarted = pool.run(request, label="crash-points-restart-record", resume=True, checkpoint_dir=layer.point)
+        evidence.runs += 1
+        layer.disarm()
+        opens = [e for e in journal(layer.read_events()[mark:]) if e.event == "opened"]
+        appended = _opened(events, "append") | _opened(opens, "append")
+        reads = _opened(opens, "read") - appended
+        if reads:
+            break
     evidence.reads, evidence.appended = sorted(reads)[:50], sorted(appended)[:50]
     if not reads:
         return ("a restart of the recording run (resume_args) opened no file under the checkpoint directory to "
@@ -399,6 +367,10 @@ def _record(pool: RunPool, spec: CrashPointsCheck, request: Any, metric: str, la
     save.files = save_files(((b.op, b.path, b.to) for b in save.boundaries), appended)
     save.states = crash_states(events, save.boundaries, spec.mode, appended)
     save.restored = states_of(events, save.boundaries, states.folder)
+    if spec.mode == "kill" and spec.infer:  # what a restart observes decides too (crash_seen)
+        where = {(b.rank, b.path, b.op, b.ordinal): i for i, b in enumerate(save.boundaries)}
+        save.views, save.pids = crash_views(events, len(where), where), op_pids(events)
+        save.reused_seen = read_observed(seen, save.pids, whole=_beyond(restarted, metric, save.last))
     at = {b: state for b, state in zip(save.boundaries, save.states, strict=True)}
     # many ranks' saves too: the copy stands for its state as every copy does (docs: "Many ranks")
     save.reused = {at[b]: restarted for b in candidate if at.get(b) is not None}
@@ -462,12 +434,13 @@ def _explore(ctx: CheckContext[CrashPointsCheck], kept: RunResult | None, layer:
     duration = time.monotonic() - started
     explored = (f"{len(chosen)} of {len(found)} boundaries of the save after step {spec.after_step} "
                 f"({', '.join(f'{n} {op}' for op, n in evidence.by_op.items())})")
-    ran = f"{evidence.runs} runs" + (f", {evidence.inferred} boundaries inferred (no run of their own)"
+    seen = f", {evidence.inferred_observed} of them from what a restart observed" if evidence.inferred_observed else ""
+    ran = f"{evidence.runs} runs" + (f", {evidence.inferred} boundaries inferred (no run of their own{seen})"
                                      if evidence.inferred else "")
     if unsafe is not None:
         boundary, row = unsafe
         evidence.first_unsafe = row
-        evidence.fix = _fix(boundary, row, renamed, spec.mode, found)
+        evidence.fix = fix_for(boundary, row, renamed, spec.mode, found)
         return CheckResult(_NAME, "failed", f"{explored} explored in {ran}; first unsafe: "
                            f"{row.boundary}: {row.outcome} ({row.detail}). Fix: {evidence.fix}",
                            evidence, duration)
@@ -560,6 +533,23 @@ def _trained_nothing(row: BoundaryOutcome, runs: _CrashRuns, resumed: RunResult)
     return row
 
 
+def _beyond(result: RunResult, metric: str, last: bool) -> bool:
+    """Whether more than a restart observed decides its row: it did not end on its own (a timeout), or trained nothing after the last save (the files judge)."""
+    return result.outcome not in ("ok", "failed") or (last and not any(p.name == metric for p in result.points))
+
+
+def _restart(runs: _CrashRuns, number: int, boundary: Boundary | None, pids: set[int]) -> RunResult:
+    """The restart with the resume arguments on what the crash left; in kill mode, what it
+    observed kept for ``boundary`` (None: the control's, kept for none), the state's temporary
+    names holding ``pids`` (crash_seen); everything where more decides its row (:func:`_beyond`)."""
+    file = observe(runs.layer, number) if boundary is not None and runs.save.views else None
+    resumed = runs.pool.run(runs.request, label="crash-points-resume", resume=True, checkpoint_dir=runs.layer.point)
+    if file is not None and boundary is not None:
+        runs.layer.disarm()
+        runs.save.seen[boundary] = read_observed(file, pids, whole=_beyond(resumed, runs.metric, runs.save.last))
+    return resumed
+
+
 def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, *,
                       control: bool = False) -> tuple[CrashRow, int]:
     """A fresh run crashed right after ``boundary`` (``control``: a kill instead of it, just
@@ -576,9 +566,10 @@ def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, *,
         runs.save.start.count(from_states=1)
         state = runs.save.states[runs.save.boundaries.index(boundary)] if runs.save.states else None
         reused = runs.save.reused.pop(state, None) if state is not None else None
-        resumed = reused or pool.run(request, label="crash-points-resume", resume=True, checkpoint_dir=layer.point)
+        resumed = reused or _restart(runs, number, boundary, runs.save.pids)
         if reused is not None:  # launched on this copy earlier: what it left is compared as it was
             restore(copied, layer.backing)
+            runs.save.seen[boundary] = runs.save.reused_seen
         return _judge_restart(BoundaryOutcome(words, boundary.op, boundary.path, boundary.rank, boundary.ordinal,
                                               None, "torn", ""), runs, resumed, control), int(reused is None)
     with contextlib.suppress(FileNotFoundError):
@@ -593,7 +584,8 @@ def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, *,
     watch = StepWatch(layer, metric, "crash", rule)
     crashed_run = pool.run(request, label="crash-points-control" if control else "crash-points-crash",
                            resume=at is not None, checkpoint_dir=layer.point, on_metric=watch)
-    crashed = [e for e in journal(layer.read_events()) if e.event == "crashed"]
+    made = journal(layer.read_events())
+    crashed = [e for e in made if e.event == "crashed"]
     layer.disarm()
     if at is not None:  # started at the save: used only when it did what a run from step 1 would
         why = "never reached its boundary" if not crashed else unlike_a_run_from_step_1(
@@ -610,7 +602,7 @@ def _crash_and_resume(number: int, runs: _CrashRuns, boundary: Boundary, *,
     if spec.mode == "power" and not control:  # the copies the undo needed
         shutil.rmtree(layer.trigger.parent / "power-copies" / str(number), ignore_errors=True)
         row.undone = crashed[0].undone
-    resumed = pool.run(request, label="crash-points-resume", resume=True, checkpoint_dir=layer.point)
+    resumed = _restart(runs, number, None if control else boundary, op_pids(made) | runs.save.pids)
     return _judge_restart(row, runs, resumed, control), 2
 
 
@@ -624,9 +616,17 @@ def _decide(runs: _CrashRuns, chosen: list[Boundary], evidence: CrashPointsEvide
 
     where = {b: i for i, b in enumerate(runs.save.boundaries)}
     states = [runs.save.states[where[b]] if runs.save.states else None for b in chosen] if runs.spec.infer else None
+    views = [runs.save.views[where[b]] for b in chosen] if runs.save.views else []
+
+    def agrees(i: int, j: int) -> bool:  # j's restart observed nothing that differs in i's state
+        seen, a, b = runs.save.seen.get(chosen[j]), views[i], views[j]
+        return seen is not None and a is not None and b is not None and agree(a, b, seen)
+
     count = lane_count(runs.spec.lanes, runs.request.world_size, runs.pool.background())
-    decided, launched, lanes = explore_in_lanes(chosen, states, run, runs.layer, count, runs.pool.stop_beside)
+    decided, launched, lanes = explore_in_lanes(chosen, states, run, runs.layer, count, runs.pool.stop_beside,
+                                                agrees if views else None)
     evidence.runs, evidence.lanes, evidence.inferred = evidence.runs + launched, lanes.used, len(decided.inferred)
+    evidence.inferred_observed = len(decided.observed)
     return decided
 
 
@@ -692,8 +692,8 @@ CRASH_POINTS: Check[CrashPointsCheck] = Check(
                              Run("a kill before the save, if a restart diverges"), Run("resume after the kill"),
                              Run("a crash from the copy before the save, made again from step 1")],
                             f"a crash after each boundary of the save (at most {spec.max_boundaries}) must "
-                            "resume and match the reference; " + crash_plan_words(
-                                spec.max_boundaries, spec.mode, spec.infer, ctx.job_file.state_dir)),
+                            "resume and match the reference; " + crash_plan_words(spec.max_boundaries, spec.mode, spec.infer,
+                                ctx.job_file.state_dir, plan_lanes(spec.lanes, ctx.job_file))),
     requires=lambda spec, facts: resume_problems(facts, f"checks.{_NAME}"),
     gate_default=False,
     evidence=(CrashPointsEvidence, ReferenceNotUsable),

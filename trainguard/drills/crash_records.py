@@ -131,6 +131,9 @@ class CrashPointsEvidence(Evidence):
     runs: int = 0
     #: boundaries whose outcome was inferred, not run (``inferred_from`` on their rows)
     inferred: int = 0
+    #: of those, the boundaries whose outcome came from what a run boundary's restart observed:
+    #: the files it read, the names it looked up, the folders it listed (``inferred_from`` says which)
+    inferred_observed: int = 0
     #: how many boundaries were run side by side at most, each in a FUSE layer of its own
     lanes: int = 1
     #: where the crash runs started: at the save (from a copy of the checkpoint before it) or at

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from trainguard.drills.crash_records import Boundary
 from trainguard.faults.fusefs import FuseLayer, JournalEvent
+from trainguard.faults.fusestates import materialize
 
 __all__ = ["RecordStates", "keep_final", "restore", "states_of"]
 
@@ -69,8 +70,8 @@ def restore(copy: Path | None, backing: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
         else:
             entry.unlink(missing_ok=True)
-    if copy is not None:
-        shutil.copytree(copy, backing, symlinks=True, dirs_exist_ok=True)
+    if copy is not None:  # a state copy's files held as references resolved (fusestates)
+        materialize(str(copy), str(backing))
 
 
 def keep_final(backing: Path, keep: Path) -> Path:

@@ -115,6 +115,8 @@ class JournalEvent:
     #: ``states``: :mod:`trainguard.faults.fusestates`), and the seconds it held the caller
     state: int | None = None
     copy_s: float = 0.0
+    #: the calling process (a temporary name may hold it)
+    pid: int | None = None
 
     @property
     def start(self) -> float:

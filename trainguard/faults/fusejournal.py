@@ -131,6 +131,8 @@ class Rules:
     paths: list[str] = field(default_factory=list)
     record: JournalRule | None = None
     crash: JournalRule | None = None
+    #: where the calls of the job are written down by what they observed (:mod:`.fuseseen`)
+    observe: str | None = None
 
     @property
     def journal(self) -> JournalRule | None:
@@ -153,6 +155,7 @@ class Rules:
             paths=[str(p) for p in paths] if isinstance(paths, list) else [],
             record=JournalRule.read(data.get("record")),
             crash=JournalRule.read(data.get("crash")),
+            observe=str(data["observe"]) if isinstance(data.get("observe"), str) else None,
         )
 
 
@@ -369,7 +372,8 @@ class Journal:
                     "t": time.time(), **({"before": True} if before else {}),
                     **({"undone": dropped} if dropped is not None else {})})
 
-    def _copy(self, rules: Rules, path: str, to: object) -> tuple[int, float] | None:
+    def _copy(self, rules: Rules, path: str, to: object,
+              write: tuple[int, int] | None = None) -> tuple[int, float] | None:
         """A ``record`` rule with ``states``: the backing directory copied as this operation left
         it (:mod:`trainguard.faults.fusestates`)."""
         spec = rules.record
@@ -377,7 +381,7 @@ class Journal:
             return None
         if self.states is None or self.states.folder != spec.states:
             self.states = StateCopies(self.backing, spec.states, spec.states_max)
-        return self.states.copy((path, str(to)) if to else (path,))
+        return self.states.copy((path, str(to)) if to else (path,), write)
 
     def opened(self, key: object, rules: Rules, path: str, pid: int, mode: str) -> None:
         """A file opened by ``pid`` to ``read`` or to ``append`` (``mode``): an ``opened`` event,
@@ -418,7 +422,8 @@ class Journal:
             self.counts[counted] = ordinal = self.counts.get(counted, 0) + 1
             if self.written < _MAX_OPS:
                 self.written += 1
-                copied = self._copy(rules, path, extra.get("to"))
+                write = (int(extra["offset"]), int(extra["bytes"])) if op == "write" and "offset" in extra else None
+                copied = self._copy(rules, path, extra.get("to"), write)
                 if copied is not None:
                     extra["state"], extra["copy_s"] = copied
                 if "to" in extra:

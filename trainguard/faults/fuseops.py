@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import threading
 import time
 from typing import Any
@@ -20,6 +21,7 @@ import mfusepy as fuse
 
 from trainguard._internal.pids import pid_alive
 from trainguard.faults.fusejournal import HoldRule, Journal, Rules
+from trainguard.faults.fuseseen import Observer, lookup_level
 
 __all__ = ["Passthrough"]
 
@@ -74,6 +76,7 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
         self._rules_key: Any = None  # the trigger file (inode, mtime, size) its rules were read from
         self._rules = Rules()
         self._held: Any = None  # the arming whose call is held (one per arming)
+        self._observer = Observer()  # what a restart observed (the ``observe`` rule)
 
     # -- the policy ------------------------------------------------------------------------------
 
@@ -176,6 +179,24 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
         if now is not None and mode is not None:
             self._journal.opened(now[0], now[1], path, _caller(), mode)
 
+    def _seen(self, level: str, *paths: str) -> None:
+        """The ``observe`` rule: what the call showed the program of ``paths`` (``lookup``: the
+        level of the syscall its thread waits in)."""
+        now = self._armed()
+        file = now[1].observe if now is not None else None
+        if file is not None:
+            if level == "lookup":
+                level = lookup_level(fuse.fuse_get_context()[2])
+            for path in paths:
+                self._observer.add(now[0] if now is not None else None, file, level, path)
+
+    def _made(self, *paths: str) -> None:
+        """The ``observe`` rule: the run made ``paths`` itself (fuseseen)."""
+        now = self._armed()
+        file = now[1].observe if now is not None else None
+        if file is not None and now is not None:
+            self._observer.made(now[0], *paths)
+
     def _real(self, path: str) -> str:
         return os.path.join(self.backing, path.lstrip("/"))
 
@@ -188,78 +209,108 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
     # -- the operations ----------------------------------------------------------------------------
 
     def access(self, path: str, amode: int) -> int:
+        self._seen("stat", path)
         if not os.access(self._real(path), amode):
             raise fuse.FuseOSError(errno.EACCES)
         return 0
 
     def getattr(self, path: str, fh: int | None = None) -> dict[str, int]:
+        self._seen("stat" if fh is not None and fh > 0 else "lookup", path)
         st = os.fstat(fh) if fh is not None and fh > 0 else os.lstat(self._real(path))
         keys = ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks", "st_ino")
         out: dict[str, int] = {k: getattr(st, k) for k in keys}
         out.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns, st_ctime=st.st_ctime_ns)
         return out
 
-    def readdir(self, path: str, fh: int) -> list[str]:
-        return [".", "..", *os.listdir(self._real(path))]
+    def readdir(self, path: str, fh: int) -> list[Any]:
+        self._seen("list", path)
+        # each entry with its kind (the d_type a program reads: os.scandir's is_dir() needs no stat)
+        entries: list[Any] = [".", ".."]
+        with os.scandir(self._real(path)) as found:
+            for entry in found:
+                try:
+                    entries.append((entry.name, {"st_mode": stat.S_IFMT(entry.stat(follow_symlinks=False).st_mode)}, 0))
+                except OSError:  # gone meanwhile: a name without its kind
+                    entries.append(entry.name)
+        return entries
 
     def readlink(self, path: str) -> str:
+        self._seen("read", path)
         return os.readlink(self._real(path))
 
     def mkdir(self, path: str, mode: int) -> int:
+        self._seen("name", path)
         now = self._change("mkdir", path)
         self._deny("mkdir", path)
         os.mkdir(self._real(path), mode)
+        self._made(path)
         self._done(now, "mkdir", path)
         return 0
 
     def mknod(self, path: str, mode: int, dev: int) -> int:
+        self._seen("name", path)
         self._deny("mknod", path)
         os.mknod(self._real(path), mode, dev)
         return 0
 
     def rmdir(self, path: str) -> int:
+        self._seen("name", path)
         now = self._change("rmdir", path)
         os.rmdir(self._real(path))
+        self._made(path)
         self._done(now, "rmdir", path)
         return 0
 
     def unlink(self, path: str) -> int:
+        self._seen("name", path)
         now = self._change("unlink", path)
         os.unlink(self._real(path))
+        self._made(path)
         self._done(now, "unlink", path)
         return 0
 
     def symlink(self, target: str, source: str) -> int:
+        self._seen("name", target)
         now = self._change("symlink", target, target)
         os.symlink(source, self._real(target))
+        self._made(target)
         self._done(now, "symlink", target)
         return 0
 
     def link(self, target: str, source: str) -> int:
+        self._seen("tree", source)
+        self._seen("name", target)
         now = self._change("link", source, target)
         os.link(self._real(source), self._real(target))
+        self._made(target)
         self._done(now, "link", source, to=target)
         return 0
 
     def rename(self, old: str, new: str, flags: int = 0) -> int:
+        self._seen("tree", old, new)  # a folder renamed away moves all it holds; onto one: fails unless empty
         now = self._change("rename", old, new)
         os.rename(self._real(old), self._real(new))
+        self._made(old, new)
         self._done(now, "rename", old, to=new)
         return 0
 
     def chmod(self, path: str, mode: int, fh: int | None = None) -> int:
+        self._seen("name", path)
         os.chmod(self._real(path), mode)
         return 0
 
     def chown(self, path: str, uid: int, gid: int, fh: int | None = None) -> int:
+        self._seen("name", path)
         os.chown(self._real(path), uid, gid)
         return 0
 
     def utimens(self, path: str, times: tuple[int, int] | None = None, fh: int | None = None) -> int:
+        self._seen("name", path)
         os.utime(self._real(path), ns=times) if times else os.utime(self._real(path))
         return 0
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        self._seen("name", path or self._fd_path(fh))
         target: int | str = fh if fh is not None and fh > 0 else self._real(path)
         size = os.fstat(target).st_size if isinstance(target, int) else os.stat(target).st_size
         now = self._change("truncate", path or self._fd_path(fh))
@@ -270,19 +321,23 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
         return 0
 
     def open(self, path: str, flags: int) -> int:
+        self._seen("name" if flags & os.O_ACCMODE == os.O_WRONLY or flags & os.O_TRUNC else "read", path)
         if not flags & os.O_TRUNC or not flags & (os.O_WRONLY | os.O_RDWR):
             fh = os.open(self._real(path), flags)
             self._opened(path, flags)
             return fh
         now = self._change("truncate", path)  # an existing file opened with O_TRUNC: emptied in place
         fh = os.open(self._real(path), flags)
+        self._made(path)
         self._done(now, "truncate", path, length=0)
         self._opened(path, flags)
         return fh
 
     def create(self, path: str, mode: int, fi: Any = None) -> int:
+        self._seen("name", path)
         now = self._change("create", path)
         fh = os.open(self._real(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        self._made(path)
         self._done(now, "create", path)
         if isinstance(fi, int):  # the open's flags (mfusepy passes them as an int)
             self._opened(path, fi | os.O_CREAT)
@@ -305,11 +360,13 @@ class Passthrough(fuse.Operations):  # type: ignore[misc]
         return 0
 
     def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
+        self._seen("name", path)
         self._deny("setxattr", path)
         os.setxattr(self._real(path), name, value, options)
         return 0
 
     def statfs(self, path: str) -> dict[str, int]:
+        self._seen("all", "/")  # the room left depends on everything in it
         st = os.statvfs(self._real(path))
         out: dict[str, int] = {k: getattr(st, k) for k in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail",
                                             "f_files", "f_ffree", "f_favail", "f_flag", "f_namemax")}

@@ -18,14 +18,18 @@ This module runs in the daemon only and imports nothing of trainguard's.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import stat
 import time
 
-__all__ = ["StateCopies"]
+__all__ = ["StateCopies", "materialize"]
 
-_Stat = tuple[int, int, int]  # size, mtime_ns, inode
+#: a file of a copy held as a reference: ``["same", m]`` (copy ``m``'s file) or ``["delta", m,
+#: offset, size]`` (copy ``m``'s file, the copy's ``.delta`` bytes written at ``offset``, cut or
+#: grown to ``size``)
+_Ref = list[str | int]
 
 
 class StateCopies:
@@ -36,19 +40,21 @@ class StateCopies:
         self.made = 0
         self.bytes = 0
         self.full = False
-        self._before: dict[str, _Stat] = {}  # the previous copy's files: what they were when copied
+        #: each file of the copy before: the copy that holds it as a file, or a reference, and its size
+        self._where: dict[str, tuple[int, bool, int]] = {}
 
-    def copy(self, changed: tuple[str, ...]) -> tuple[int, float] | None:
-        """Copy the backing directory (``changed``: the operation's paths, copied whatever their
-        stat says): the copy's number and the seconds it took, or None once the limit is reached."""
+    def copy(self, changed: tuple[str, ...], write: tuple[int, int] | None = None) -> tuple[int, float] | None:
+        """Copy the backing directory (``changed``: the operation's paths; ``write``: the offset and
+        length of the write it was): the copy's number and the seconds it took, or None once the
+        limit is reached."""
         if self.full:
             return None
         began = time.monotonic()
         number = self.made
         into = os.path.join(self.folder, str(number))
-        previous = os.path.join(self.folder, str(number - 1))
         touched = {p.lstrip("/") for p in changed}
-        now: dict[str, _Stat] = {}
+        now: dict[str, tuple[int, bool, int]] = {}
+        refs: dict[str, _Ref] = {}
         try:
             os.makedirs(into)
             for root, dirs, files in os.walk(self.backing):
@@ -60,33 +66,97 @@ class StateCopies:
                     else:
                         os.makedirs(os.path.join(into, rel_root, name), exist_ok=True)
                 for name in files:
-                    self._one(os.path.normpath(os.path.join(rel_root, name)), into, previous, touched, now)
+                    rel = os.path.normpath(os.path.join(rel_root, name))
+                    now[rel] = self._one(rel, into, number, touched, write, refs)
                     if self.bytes > self.limit:
                         raise OverflowError
+            if refs:
+                with open(into + ".refs", "w", encoding="utf-8") as out:
+                    json.dump(refs, out)
         except FileNotFoundError:  # another rank renamed or deleted a file meanwhile: no copy this time
-            shutil.rmtree(into, ignore_errors=True)
+            self._drop(into)
             return None
         except (OSError, OverflowError, shutil.Error):
-            shutil.rmtree(into, ignore_errors=True)
+            self._drop(into)
             self.full = True
             return None
-        self._before, self.made = now, number + 1
+        self._where, self.made = now, number + 1
         return number, time.monotonic() - began
 
-    def _one(self, rel: str, into: str, previous: str, touched: set[str], now: dict[str, _Stat]) -> None:
+    @staticmethod
+    def _drop(into: str) -> None:
+        shutil.rmtree(into, ignore_errors=True)
+        for extra in (into + ".refs", into + ".delta"):
+            with contextlib.suppress(OSError):
+                os.unlink(extra)
+
+    def _one(self, rel: str, into: str, number: int, touched: set[str], write: tuple[int, int] | None,
+             refs: dict[str, _Ref]) -> tuple[int, bool, int]:
+        """Copy ``rel`` into copy ``number``: (the copy that holds it, whether as a file, its size)."""
         src, dst = os.path.join(self.backing, rel), os.path.join(into, rel)
         st = os.lstat(src)
         if os.path.islink(src):
             os.symlink(os.readlink(src), dst)
-            return
+            return number, True, 0
         if not stat.S_ISREG(st.st_mode):  # a FIFO or device: reading it could block; crash runs instead
             raise shutil.Error(f"{rel} is not a regular file")
-        key = (st.st_size, st.st_mtime_ns, st.st_ino)
-        if rel not in touched and self._before.get(rel) == key:
-            with contextlib.suppress(OSError):
-                os.link(os.path.join(previous, rel), dst)
-                now[rel] = key
-                return
+        before = self._where.get(rel)
+        if before is not None and rel not in touched:  # as the copy before holds it
+            held, as_file, size = before
+            if as_file:
+                with contextlib.suppress(OSError):
+                    os.link(os.path.join(self.folder, str(held), rel), dst)
+                    return number, True, size
+            refs[rel] = ["same", held]
+            return held, False, size
+        if before is not None and write is not None and touched == {rel} and st.st_size == max(before[2], sum(write)):
+            offset, length = write  # the bytes written, on the copy before's file
+            with open(src, "rb") as handle:
+                handle.seek(offset)
+                data = handle.read(length)
+            if len(data) == length:
+                with open(into + ".delta", "wb") as out:
+                    out.write(data)
+                refs[rel] = ["delta", before[0], offset, st.st_size]
+                self.bytes += length
+                return number, False, st.st_size
         shutil.copy2(src, dst)
         self.bytes += st.st_size
-        now[rel] = key
+        return number, True, st.st_size
+
+
+def _refs(folder: str, number: int) -> dict[str, _Ref]:
+    try:
+        with open(os.path.join(folder, f"{number}.refs"), encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def materialize(copy: str, into: str) -> None:
+    """Copy ``copy`` (a state copy, ``<folder>/<n>``) into ``into``: its files, and those it holds
+    as references resolved (the file they name, each write since replayed in order)."""
+    shutil.copytree(copy, into, symlinks=True, dirs_exist_ok=True)
+    folder, name = os.path.split(copy.rstrip("/"))
+    if not name.isdigit():  # not a state copy: nothing held as a reference
+        return
+    number = int(name)
+    for rel in _refs(folder, number):
+        writes: list[tuple[int, int, int]] = []  # (copy, offset, size) newest first
+        held = number
+        for _ in range(1_000_000):
+            ref = _refs(folder, held).get(rel)
+            if not isinstance(ref, list) or len(ref) < 2:
+                break
+            if ref[0] == "delta" and len(ref) >= 4:
+                writes.append((held, int(ref[2]), int(ref[3])))
+            held = int(ref[1])
+        dst = os.path.join(into, rel)
+        shutil.copyfile(os.path.join(folder, str(held), rel), dst)
+        with open(dst, "r+b") as out:
+            for made, offset, size in reversed(writes):
+                with open(os.path.join(folder, f"{made}.delta"), "rb") as delta:
+                    out.seek(offset)
+                    out.write(delta.read())
+                out.truncate(size)
