@@ -117,6 +117,41 @@ def test_a_checkpoint_written_in_place_is_unsafe_from_its_first_operation(tmp_pa
 
 
 @needs_fuse
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("writer", ["folder-marker", "folder-newest"])
+def test_a_folder_filled_by_a_save_is_bisected_and_its_first_unsafe_boundary_found(tmp_path: Path, writer: str) -> None:
+    """A save into a folder of its own (as DCP's): its mkdir and the files made and written in it
+    are one segment (crash_infer.folder_segments). With a marker written last the restart deletes
+    the unfinished folder, which it lists, so no restart's observations infer the others: the two
+    ends of the filling are run and the boundaries between take their outcome. Without a marker
+    the restart loads the newest folder: unsafe from the mkdir on, safe once both parts are
+    complete; the change is found by runs on both sides of it."""
+    result = _crash_points(tmp_path, writer)
+    ev = report_evidence(result)
+    outcomes = [(o["op"], o["outcome"], "inferred_from" in o) for o in ev["outcomes"]]
+    between = [o for o in ev["outcomes"] if "whose restarts did the same" in o.get("inferred_from", "")]
+    if writer == "folder-marker":
+        assert result.status == "passed", result.summary
+        # mkdir, two parts (create, 2 writes, fsync each), the marker (create, write, fsync), fsyncdir
+        assert ev["boundaries_found"] == 13, ev["by_op"]
+        assert len(between) >= 5 and ev["runs"] <= 6, (ev["runs"], outcomes)
+        return
+    assert result.status == "failed", result.summary
+    first = ev["first_unsafe"]
+    assert (first["op"], first["path"], first["outcome"]) == ("mkdir", "/step_0010", "crashed on load"), first
+    assert "build /step_0010 under a temporary name" in ev["fix"]
+    # the last part's last write completes the folder: from there the restart resumes from it.
+    # Where the outcome changes, the boundary before was run, and the one after was run or leaves
+    # the state of one that was (the directory's fsync, in kill mode): never taken from a bisection
+    changes = [i for i in range(1, len(outcomes)) if outcomes[i][1] != outcomes[i - 1][1]]
+    assert len(changes) == 1 and not outcomes[changes[0] - 1][2], outcomes
+    change = ev["outcomes"][changes[0]]
+    assert (change["op"], change["resumed_from_step"]) == ("write", 10), ev["outcomes"]
+    assert change.get("inferred_from", "the same state as").startswith("the same state as"), change
+    assert len(between) >= 3 and ev["runs"] < 10, (ev["runs"], outcomes)
+
+
+@needs_fuse
 @pytest.mark.slow  # issue 42 paid for its crash_points cases with it: a no-false-alarm case, 14 s
 @pytest.mark.timeout(240)
 def test_a_resume_that_is_never_exact_is_not_called_a_torn_checkpoint(tmp_path: Path) -> None:
@@ -155,7 +190,8 @@ def test_other_writers_in_kill_mode(tmp_path: Path, writer: str, status: str, fi
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(("writer", "mode"), [("unlink-first", "kill"), ("rename", "kill"), ("atomic", "power"),
                                               ("sharded-newest", "kill"), ("sharded-marker", "kill"),
-                                              ("inplace", "kill")])
+                                              ("inplace", "kill"), ("folder-marker", "kill"),
+                                              ("folder-newest", "kill")])
 def test_inferred_outcomes_are_the_ones_every_boundary_run_finds(tmp_path: Path, writer: str, mode: str) -> None:
     """The same check with ``infer: false`` and no state copies (every boundary crashed in a run of
     its own, then restarted) and as it is: the same verdict, the same first unsafe boundary and the

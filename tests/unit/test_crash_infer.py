@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainguard.drills.crash_infer import crash_states, explore_inferred, write_segments
+from trainguard.drills.crash_infer import (
+    crash_states,
+    explore_inferred,
+    folder_segments,
+    write_segments,
+)
 from trainguard.drills.crash_records import Boundary, BoundaryNotReached, BoundaryOutcome, CrashRow
 from trainguard.faults.fusefs import journal
 
@@ -67,7 +72,7 @@ def _row(b: Boundary, outcome: str, resumed: int | None) -> BoundaryOutcome:
 
 
 def _explore(save: list[Boundary], truth: dict[int, tuple[str, int | None]],
-             states: list[Any] | None = None) -> tuple[list[CrashRow], list[int]]:
+             states: list[Any] | None = None, folders: bool = False) -> tuple[list[CrashRow], list[int]]:
     ran: list[int] = []
 
     def run(i: int) -> CrashRow:
@@ -76,7 +81,7 @@ def _explore(save: list[Boundary], truth: dict[int, tuple[str, int | None]],
             return BoundaryNotReached(save[i].words(), save[i].op, save[i].path, 0, 1, "not reached", None, "")
         return _row(save[i], *truth[i])
 
-    done = explore_inferred(save, states if states is not None else [None] * len(save), run)
+    done = explore_inferred(save, states if states is not None else [None] * len(save), run, folders=folders)
     return [done.rows[i] for i in range(len(save))], ran
 
 
@@ -115,3 +120,57 @@ def test_a_boundary_not_reached_is_never_the_source_of_an_inference() -> None:
     assert [r.outcome for r in rows] == ["safe"] * 5 + ["not reached"]
     # a write next to it is run, not taken from it
     assert 4 in ran and 5 in ran and not isinstance(rows[-1], BoundaryOutcome)
+
+
+def _sharded(n: int) -> list[dict[str, Any]]:
+    """A DCP-like save of two ranks into a folder of its own: the folder, each rank's shard
+    (created, written twice, fsynced), the metadata's temp file, its rename; then a marker."""
+    folder = f"/step_{n:02d}"
+    ops = [_op(folder, "mkdir", n)]
+    ops += [_op(f"{folder}/r{r}.distcp", "create", n, r) for r in (0, 1)]
+    ops += [_op(f"{folder}/r{r}.distcp", "write", 2 * n + w, r) for w in (0, 1) for r in (0, 1)]
+    ops += [_op(f"{folder}/r{r}.distcp", "fsync", n, r) for r in (0, 1)]
+    ops += [_op(f"{folder}/.metadata.tmp", "create", n), _op(f"{folder}/.metadata.tmp", "write", 9 * n),
+            _op(f"{folder}/.metadata.tmp", "rename", n, to=f"{folder}/.metadata"), _op(f"{folder}/COMPLETE", "create", n)]
+    return ops
+
+
+def test_a_folder_filled_by_a_save_is_one_segment_until_an_entry_in_it_is_renamed() -> None:
+    events = _sharded(5) + _sharded(10)
+    save = _boundaries(events[13:])
+    states = crash_states(journal(events), save, "kill", set())
+    # the mkdir through the metadata's last write: entries added, files written, nothing else
+    assert folder_segments(save, states) == [(0, 10)]
+    # an entry removed in it ends the filling: the boundary after is not in the segment
+    events = _sharded(5) + _sharded(10)[:4] + [_op("/step_10/r0.distcp", "unlink", 1)] + _sharded(10)[4:]
+    save = _boundaries(events[13:])
+    assert folder_segments(save, crash_states(journal(events), save, "kill", set())) == [(0, 3)]
+    # a change outside the folder ends it too (a file written beside it)
+    events = _sharded(5) + _sharded(10)[:4] + [_op("/latest.txt", "create", 1)] + _sharded(10)[4:]
+    save = _boundaries(events[13:])
+    assert folder_segments(save, crash_states(journal(events), save, "kill", set())) == [(0, 3)]
+    # no folder made: no segment
+    save = _boundaries(_sharded(10)[1:])
+    assert folder_segments(save, crash_states(journal(_sharded(10)), save, "kill", set())) == []
+
+
+def test_a_folder_filling_is_bisected_and_the_first_boundary_a_restart_loads_is_found_exactly() -> None:
+    events = _sharded(5) + _sharded(10)
+    save = _boundaries(events[13:])
+    states = crash_states(journal(events), save, "kill", set())
+    # a restart that deletes the unfinished folder: every crash resumes from step 5 until the
+    # marker; bisected, the mkdir and the metadata's last write run, the rename and the marker too
+    safe = {i: ("safe", 5 if i < 12 else 10) for i in range(13)}
+    rows, ran = _explore(save, safe, states, folders=True)
+    assert [(r.outcome, r.resumed_from_step) for r in rows] == [safe[i] for i in range(13)]
+    assert ran == [0, 10, 11, 12], ran
+    assert "whose restarts did the same" in str(rows[5].inferred_from)
+    # a restart that loads the newest folder as soon as rank 1's shard exists (a folder written in
+    # place): it fails from that create on; the change is found where it is, by a run
+    broken = {i: ("safe", 5) if i < 2 else ("crashed on load", None) for i in range(13)}
+    rows, ran = _explore(save, broken, states, folders=True)
+    assert [(r.outcome, r.resumed_from_step) for r in rows] == [broken[i] for i in range(13)]
+    assert 1 in ran and 2 in ran and len(ran) < 13, ran
+    # without ``folders`` (power mode) each boundary of the filling is run
+    _, ran = _explore(save, safe, states)
+    assert len(ran) > 4, ran

@@ -187,7 +187,7 @@ def test_a_lane_that_fails_leaves_no_mount_and_no_process(layer: FuseLayer, tmp_
 
     expected = KeyboardInterrupt if how == "Ctrl-C" else RuntimeError
     with pytest.raises(expected):
-        explore_in_lanes(chosen, [0, 1, 2], run, layer, 3, stop)
+        explore_in_lanes(inferred(chosen, [0, 1, 2]), run, layer, 3, stop)
     assert len(procs) == 2 and all(p.poll() is not None for p in procs)
     others = [lane for lane in seen if lane is not layer]
     assert len(others) == 2 and not any(_mounted(lane.point) for lane in others)

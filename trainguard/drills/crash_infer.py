@@ -16,6 +16,12 @@ by bisection.
   that outcome; otherwise the middle is run and each half decided the same way. Where the
   outcome changes, the boundary it changes at is run, so the first unsafe boundary is found
   exactly, as long as a partly written file does what the two ends of its writing did.
+* **A folder's filling** (kill mode). A folder the save makes (its ``mkdir``) and the boundaries
+  after it that only add entries to it or write its files (the state a crash leaves grows under
+  the folder and changes nowhere else: no entry removed, renamed or changed in kind) are one
+  segment, bisected as a file's writes are, as long as a partly filled folder does what the two
+  ends of its filling did (a restart that deletes an unfinished folder, or loads it, whatever it
+  holds so far). A rename or removal in it ends the segment: the boundary after is run.
 
 An inferred row is never the only evidence of a verdict's change point: the first boundary with
 a new outcome is always one that was run.
@@ -32,7 +38,8 @@ from trainguard.drills.crash_records import Boundary, BoundaryOutcome, CrashRow
 from trainguard.evidence import UNSET
 from trainguard.faults.fusefs import JournalEvent
 
-__all__ = ["Agree", "CrashState", "Inference", "crash_states", "explore_inferred", "write_segments"]
+__all__ = ["Agree", "CrashState", "Inference", "crash_states", "explore_inferred", "folder_segments",
+           "write_segments"]
 
 #: ``agree(i, j)``: whether the restart after the crash at boundary ``j`` (run) observed nothing
 #: that differs in the state a crash at ``i`` leaves (:mod:`~trainguard.drills.crash_seen`)
@@ -206,6 +213,40 @@ def write_segments(chosen: list[Boundary]) -> list[tuple[int, int]]:
     return segments
 
 
+def _fills(before: dict[str, tuple[str, object]], after: dict[str, tuple[str, object]], folder: str) -> bool:
+    """Whether ``after`` is ``before`` with entries added under ``folder`` or files under it
+    written: nothing removed, nothing changed in kind, nothing changed elsewhere."""
+    under = folder + "/"
+    if any(after.get(path, ("",))[0] != kind for path, (kind, _) in before.items()):
+        return False
+    return all(path.startswith(under) for path, value in after.items() if before.get(path) != value)
+
+
+def folder_segments(chosen: list[Boundary], states: list[Hashable | None]) -> list[tuple[int, int]]:
+    """``(first, last)`` indices of each run of at least three boundaries in ``chosen`` that
+    fills one folder (kill-mode ``states``, :func:`crash_states`): the folder's ``mkdir``, then
+    boundaries whose crash leaves the state before with entries added under it or its files
+    written (the module's docstring)."""
+    def entries(state: Hashable | None) -> dict[str, tuple[str, object]] | None:
+        return None if state is None else {p: (kind, content) for p, kind, content in state}  # type: ignore[attr-defined]
+
+    segments: list[tuple[int, int]] = []
+    i = 0
+    while i < len(chosen):
+        folder, before = chosen[i].path.rstrip("/"), entries(states[i])
+        j = i
+        if chosen[i].op == "mkdir" and folder and before is not None and before.get(folder, ("",))[0] == "d":
+            while j + 1 < len(chosen):
+                after = entries(states[j + 1])
+                if after is None or not _fills(before, after, folder):
+                    break
+                before, j = after, j + 1
+        if j - i >= 2:
+            segments.append((i, j))
+        i = j + 1
+    return segments
+
+
 def _alike(a: CrashRow, b: CrashRow) -> bool:
     """Whether two restarts did the same: the outcome, the step resumed from, each rank's."""
     if not isinstance(a, BoundaryOutcome) or not isinstance(b, BoundaryOutcome):
@@ -313,7 +354,8 @@ class _Exploration:
 
 
 def explore_inferred(chosen: list[Boundary], states: Iterable[Hashable | None],
-                     run: Callable[[int], CrashRow | None], agree: Agree | None = None) -> Inference:
+                     run: Callable[[int], CrashRow | None], agree: Agree | None = None,
+                     folders: bool = False) -> Inference:
     """Every boundary of ``chosen`` decided: run (``run(i)``: the crash after ``chosen[i]`` and
     its restart, judged without the rows before it) or inferred (the module's docstring).
 
@@ -321,9 +363,12 @@ def explore_inferred(chosen: list[Boundary], states: Iterable[Hashable | None],
     asks which runs the exploration makes for certain, to make them side by side). What depends
     on it is left ``waiting``: a boundary between two writes whose restarts are not both known, one
     whose state a run not made yet may have left first. Every other run asked for is one the
-    exploration makes whatever the runs not made yet find."""
+    exploration makes whatever the runs not made yet find. ``folders``: ``states`` are kill
+    mode's, and a folder's filling is bisected too (:func:`folder_segments`)."""
     exploration = _Exploration(chosen, list(states), run, agree)
     starts = dict(write_segments(chosen))
+    if folders:
+        starts.update(folder_segments(chosen, exploration.states))
     for i in range(len(chosen)):
         if i in starts:
             exploration.bisect(i, starts[i])

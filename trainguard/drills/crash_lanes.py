@@ -122,9 +122,13 @@ def every_boundary(count: int) -> Decide:
     return decide
 
 
-def inferred(chosen: list[Boundary], states: list[Hashable | None], agree: Agree | None = None) -> Decide:
-    """The exploration with outcomes inferred (:func:`explore_inferred`), to replay."""
-    return lambda run: explore_inferred(chosen, states, run, agree)
+def inferred(chosen: list[Boundary], states: list[Hashable | None] | None, agree: Agree | None = None,
+             folders: bool = False) -> Decide:
+    """The exploration with outcomes inferred (:func:`explore_inferred`), to replay; ``states``
+    None: :func:`every_boundary`."""
+    if states is None:
+        return every_boundary(len(chosen))
+    return lambda run: explore_inferred(chosen, states, run, agree, folders)
 
 
 def explore_side_by_side(decide: Decide, run: LaneRun, lanes: LaneLayers,
@@ -193,15 +197,12 @@ def _stop_lanes(running: dict[Future[tuple[CrashRow, int]], tuple[int, FuseLayer
         pending = [f for f in pending if not f.done()]
 
 
-def explore_in_lanes(chosen: list[Boundary], states: list[Hashable | None] | None, run: LaneRun, first: FuseLayer,
-                     count: int, stop: Callable[[str], None],
-                     agree: Agree | None = None) -> tuple[Inference, int, LaneLayers]:
-    """The boundaries of ``chosen`` explored (``states``, what a crash after each leaves: their
-    outcomes inferred where they can be; None: every boundary run) by :func:`explore_side_by_side`
-    on ``count`` lanes, ``first`` the check's own layer, the others mounted under its work
-    directory and unmounted before this returns (or raises); ``agree``: what a run's restart
-    observed decides too (:mod:`~trainguard.drills.crash_seen`)."""
-    decide = every_boundary(len(chosen)) if states is None else inferred(chosen, states, agree)
+def explore_in_lanes(decide: Decide, run: LaneRun, first: FuseLayer, count: int,
+                     stop: Callable[[str], None]) -> tuple[Inference, int, LaneLayers]:
+    """The exploration ``decide`` (:func:`every_boundary`, or :func:`inferred`: outcomes inferred
+    where they can be) made by :func:`explore_side_by_side` on ``count`` lanes, ``first`` the
+    check's own layer, the others mounted under its work directory and unmounted before this
+    returns (or raises)."""
     lanes = LaneLayers(first, first.trigger.parent, count)
     try:
         decided, launched = explore_side_by_side(decide, run, lanes, stop)

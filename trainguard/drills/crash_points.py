@@ -60,7 +60,7 @@ from trainguard.config.problems import resume_problems
 from trainguard.config.registry import Check, Run
 from trainguard.drills.crash_fix import fix_for, top_folder
 from trainguard.drills.crash_infer import Inference, crash_states
-from trainguard.drills.crash_lanes import MOST_LANES, explore_in_lanes, lane_count
+from trainguard.drills.crash_lanes import MOST_LANES, explore_in_lanes, inferred, lane_count
 from trainguard.drills.crash_plan import crash_plan_words, plan_lanes
 from trainguard.drills.crash_records import (
     Boundary,
@@ -623,8 +623,8 @@ def _decide(runs: _CrashRuns, chosen: list[Boundary], evidence: CrashPointsEvide
         return seen is not None and a is not None and b is not None and agree(a, b, seen)
 
     count = lane_count(runs.spec.lanes, runs.request.world_size, runs.pool.background())
-    decided, launched, lanes = explore_in_lanes(chosen, states, run, runs.layer, count, runs.pool.stop_beside,
-                                                agrees if views else None)
+    decide = inferred(chosen, states, agrees if views else None, folders=runs.spec.mode == "kill")
+    decided, launched, lanes = explore_in_lanes(decide, run, runs.layer, count, runs.pool.stop_beside)
     evidence.runs, evidence.lanes, evidence.inferred = evidence.runs + launched, lanes.used, len(decided.inferred)
     evidence.inferred_observed = len(decided.observed)
     return decided

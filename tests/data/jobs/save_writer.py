@@ -31,6 +31,14 @@ Two writers keep a tracker file beside the state, as Megatron-LM and many hand-w
 * ``tracker-first``: the step in ``step.txt`` (atomically), then the state in ``weights.json``,
   in place; ``--resume`` with no step left exits 0 without loading the state.
 
+Two writers save into a folder per save, ``step_NNNN/``, as DCP does: two part files (each
+written and fsynced), then, for one of them, a marker:
+
+* ``folder-marker``: ``COMPLETE`` written last; ``--resume`` deletes every folder without it (a
+  save a crash cut short: ``shutil.rmtree``, which lists it) and loads the newest with it;
+* ``folder-newest``: no marker; ``--resume`` loads the newest folder, whatever it holds (a part
+  missing or torn: the job dies).
+
 ``--log`` appends a line to ``train.log`` in the checkpoint directory at every step (as the
 output directories of Hugging Face and Lightning hold logs); ``--background PIDFILE`` starts a
 process that leaves the job's process tree (a double fork) and appends to ``bg.log`` there every
@@ -46,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -198,6 +207,33 @@ def load_shard(ckpt_dir: str, writer: str, rank: int) -> dict | None:
         return json.load(f)
 
 
+def save_folder(ckpt_dir: str, step: int, w: float, writer: str) -> None:
+    folder = os.path.join(ckpt_dir, f"step_{step:04d}")
+    os.mkdir(folder)
+    for part, value in enumerate((step, w)):
+        write_all(os.path.join(folder, f"part{part}.json"), json.dumps({"value": value, "pad": "x" * 5000}).encode(),
+                  sync=True)
+    if writer == "folder-marker":
+        write_all(os.path.join(folder, "COMPLETE"), b"ok\n", sync=True)
+    sync_dir(ckpt_dir)
+
+
+def load_folder(ckpt_dir: str, writer: str) -> dict | None:
+    folders = sorted(n for n in os.listdir(ckpt_dir) if n.startswith("step_"))
+    if writer == "folder-marker":
+        for name in folders:
+            if not os.path.exists(os.path.join(ckpt_dir, name, "COMPLETE")):
+                shutil.rmtree(os.path.join(ckpt_dir, name))
+        folders = [n for n in folders if os.path.exists(os.path.join(ckpt_dir, n))]
+    if not folders:
+        return None
+    values = []
+    for part in range(2):
+        with open(os.path.join(ckpt_dir, folders[-1], f"part{part}.json")) as f:  # missing or torn: raises
+            values.append(json.load(f)["value"])
+    return {"step": values[0], "w": values[1]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=20)
@@ -206,7 +242,7 @@ def main() -> None:
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--writer", default="atomic",
                    choices=("atomic", "rename", "inplace", "unlink-first", "timestamped", "pid", "sharded-marker",
-                            "sharded-newest", "megatron", "tracker-first"))
+                            "sharded-newest", "megatron", "tracker-first", "folder-marker", "folder-newest"))
     p.add_argument("--sleep", type=float, default=0.02)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--inexact-resume", action="store_true")
@@ -219,6 +255,7 @@ def main() -> None:
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     sharded = args.writer.startswith("sharded")
     tracked = args.writer in ("megatron", "tracker-first")
+    foldered = args.writer.startswith("folder")
     done, w = 0, 1.0 + args.seed + rank
     path = os.path.join(args.ckpt_dir, "ckpt.json")
     state = None
@@ -226,6 +263,8 @@ def main() -> None:
         state = load_shard(args.ckpt_dir, args.writer, rank)
     elif args.resume and tracked:
         state = load_with_tracker(args.ckpt_dir, args.writer, args.steps)
+    elif args.resume and foldered:
+        state = load_folder(args.ckpt_dir, args.writer)
     elif args.resume and os.path.exists(path):
         with open(path) as f:
             state = json.load(f)  # a torn checkpoint raises here
@@ -238,6 +277,8 @@ def main() -> None:
             save_shard(args.ckpt_dir, step, w, args.writer, rank, world)
         elif step % args.every == 0 and tracked:
             save_with_tracker(args.ckpt_dir, step, w, args.writer)
+        elif step % args.every == 0 and foldered:
+            save_folder(args.ckpt_dir, step, w, args.writer)
         elif step % args.every == 0:
             save(args.ckpt_dir, step, w, args.writer)
         if args.log:
