@@ -143,7 +143,7 @@ class StepWatch:
     """The metric callback of a crash_points run (recording or crash). The rule is armed before the job starts
     (so a boundary's ordinal counts from the start, whatever the lag of the job's output); once
     the ranks are known the crash rule is rewritten with their process groups to kill. It keeps
-    the arrival time of every step line."""
+    the arrival time of every step line (when the launcher read it)."""
 
     def __init__(self, layer: FuseLayer, metric: str, rule: str, spec: CrashRule, *hooks: Callable[[int], None]) -> None:
         self.layer, self.metric, self.rule, self.spec, self.hooks = layer, metric, rule, spec, hooks
@@ -154,7 +154,9 @@ class StepWatch:
     def __call__(self, point: MetricPoint, launcher: Launcher) -> None:
         if point.name != self.metric:
             return
-        self.arrivals.append((point.step, time.time()))
+        # when the launcher's pump read the line, not when this callback runs: the monitor may
+        # come to it late on a busy machine, after a save that began after it was printed
+        self.arrivals.append((point.step, time.time() - max(0.0, launcher.elapsed() - point.t)))
         for hook in self.hooks:  # the recording's: the copy before the save, the state copies
             hook(point.step)
         if not self._told and self.rule == "crash":

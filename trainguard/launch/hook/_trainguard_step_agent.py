@@ -112,7 +112,7 @@ class StepAgent:
         self.scaler: Any = None  # the GradScaler whose step is running
         self.rng: dict[str, Any] | None = None  # read at the first forward after a step
         self.rng_prints = values.RngPrints()
-        self.rng_text: tuple[Any, str] = (None, "null")  # the last step's rng and its JSON
+        self.texts: dict[str, tuple[Any, str]] = {"rng": (None, "null"), "groups": (None, "null")}  # last, as JSON
         self.armed = False  # nn.Module.__call__ reads the RNG states at the next call
         self.restoring: set[str] = set()
         #: the modules made since torch was imported (weakly, by id): where parameter names are
@@ -173,13 +173,13 @@ class StepAgent:
 
     def _step_line(self, record: dict[str, Any]) -> bytes:
         """:meth:`_encode` of a plain step record: its line formatted directly, the same bytes
-        (the rng's JSON again only when it changed)."""
-        encode = self.writer.ENCODER.encode
-        rng, scaler = record["rng"], record["scaler"]
-        if rng != self.rng_text[0]:
-            self.rng_text = (rng, encode(rng))
+        (the rng's and the groups' JSON again only when they changed)."""
+        encode, texts, scaler = self.writer.ENCODER.encode, self.texts, record["scaler"]
+        for key in ("rng", "groups"):
+            if record[key] != texts[key][0]:
+                texts[key] = (record[key], encode(record[key]))
         return (f'{{"k":"step","opt":{record["opt"]:d},"n":{record["n"]:d},"t":{float(record["t"])!r},'
-                f'"groups":{encode(record["groups"])},"backward":{record["backward"]:d},"rng":{self.rng_text[1]},'
+                f'"groups":{texts["groups"][1]},"backward":{record["backward"]:d},"rng":{texts["rng"][1]},'
                 f'"scaler":{"null" if scaler is None else encode(scaler)},"param":{record["param"]},'
                 f'"grad":{record["grad"]},"optim":{"null" if record["optim"] is None else record["optim"]}}}\n').encode()
 
