@@ -118,7 +118,7 @@ def test_a_checkpoint_written_in_place_is_unsafe_from_its_first_operation(tmp_pa
 
 @needs_fuse
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("writer", ["folder-marker", "folder-newest"])
+@pytest.mark.parametrize("writer", [pytest.param("folder-marker", marks=pytest.mark.slow), "folder-newest"])
 def test_a_folder_filled_by_a_save_is_bisected_and_its_first_unsafe_boundary_found(tmp_path: Path, writer: str) -> None:
     """A save into a folder of its own (as DCP's): its mkdir and the files made and written in it
     are one segment (crash_infer.folder_segments). With a marker written last the restart deletes

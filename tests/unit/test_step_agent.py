@@ -423,7 +423,7 @@ def test_a_step_plan_writes_what_the_fingerprints_one_by_one_give() -> None:
 def test_a_step_line_formatted_directly_is_what_the_json_encoder_writes(tmp_path: Path) -> None:
     """A plain step record's line is formatted directly (no dict rebuilt, no encoder over it
     all): the same bytes as the encoder's line of the record, its plan's JSON texts last; the
-    rng's text follows a changed rng; a record with more fields takes the encoder's way."""
+    rng's text follows a changed rng; the invariants' fields go after the plain ones."""
     values = _fingerprint_module()
     run_agent = load_hook_module("_trainguard_run_agent", "_tg_run_agent_under_test")
     steps = load_hook_module("_trainguard_step_agent", "_tg_step_agent_under_test")
@@ -444,8 +444,21 @@ def test_a_step_line_formatted_directly_is_what_the_json_encoder_writes(tmp_path
     for rng, scaler in ((record["rng"], None), ({**record["rng"], "cuda": ["ab"]}, {"scale": 65536.0, "skipped": True})):
         record.update(rng=rng, scaler=scaler)
         assert agent._encode(record) == encoder_line(record)
+    # the invariants' fields after the plain ones (a job that clips every step), and a step that
+    # did not read the optimizer state: still formatted directly, still the encoder's bytes
     record["clip"] = {"calls": 1, "scaled": False}
+    record["carried"] = ["w"]
     assert agent._encode(record) == encoder_line(record)
+    record["optim"] = None
+    assert agent._encode(record) == encoder_line(record)
+    calls = []
+    agent._step_line = lambda rec, extra: calls.append(extra) or b""
+    agent._encode(record)
+    assert calls == [("clip", "carried")]
+    # a Raw among the fields after the plain ones: the encoder's way
+    record["placement"] = values.Raw('{"w":"shard(0)"}')
+    agent._encode(record)
+    assert calls == [("clip", "carried")]
 
 
 def test_sums_of_squares_are_written_with_nine_significant_digits() -> None:

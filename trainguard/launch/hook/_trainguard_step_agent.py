@@ -160,28 +160,30 @@ class StepAgent:
     def _encode(self, record: dict[str, Any]) -> bytes:
         """The line of ``record``: its :class:`Raw` values (a :class:`StepPlan`'s JSON text) as
         they are, after the rest."""
-        raw_type = self.v.Raw
-        if (len(record) == len(_STEP_KEYS) and type(record["param"]) is raw_type and type(record["grad"]) is raw_type
-                and (record["optim"] is None or type(record["optim"]) is raw_type) and tuple(record) == _STEP_KEYS
-                and record["k"] == "step"):
-            return self._step_line(record)
+        raw_type, keys = self.v.Raw, tuple(record)
+        if (keys[:11] == _STEP_KEYS and type(record["param"]) is raw_type and type(record["grad"]) is raw_type
+                and (record["optim"] is None or type(record["optim"]) is raw_type) and record["k"] == "step"
+                and not any([type(record[key]) is raw_type for key in keys[11:]])):
+            return self._step_line(record, keys[11:])
         raw = [(key, value) for key, value in record.items() if type(value) is raw_type]
         if not raw:
             return bytes(self.writer.encode(record))
         line = self.writer.encode({key: value for key, value in record.items() if type(value) is not self.v.Raw})
         return bytes(line[:-2] + "".join(f',"{key}":{value}' for key, value in raw).encode() + b"}\n")
 
-    def _step_line(self, record: dict[str, Any]) -> bytes:
-        """:meth:`_encode` of a plain step record: its line formatted directly, the same bytes
-        (the rng's and the groups' JSON again only when they changed)."""
-        encode, texts, scaler = self.writer.ENCODER.encode, self.texts, record["scaler"]
+    def _step_line(self, record: dict[str, Any], extra: tuple[str, ...]) -> bytes:
+        """:meth:`_encode` of a step record (``extra``: the invariants' fields after the plain
+        ones) formatted directly, the same bytes (rng and groups encoded again only when changed)."""
+        encode, texts, scaler, optim = self.writer.ENCODER.encode, self.texts, record["scaler"], record["optim"]
         for key in ("rng", "groups"):
             if record[key] != texts[key][0]:
                 texts[key] = (record[key], encode(record[key]))
+        more = "".join([f',"{key}":{encode(record[key])}' for key in extra])
+        head, tail = ('"optim":null,', "") if optim is None else ("", f',"optim":{optim}')
         return (f'{{"k":"step","opt":{record["opt"]:d},"n":{record["n"]:d},"t":{float(record["t"])!r},'
-                f'"groups":{texts["groups"][1]},"backward":{record["backward"]:d},"rng":{texts["rng"][1]},'
-                f'"scaler":{"null" if scaler is None else encode(scaler)},"param":{record["param"]},'
-                f'"grad":{record["grad"]},"optim":{"null" if record["optim"] is None else record["optim"]}}}\n').encode()
+                f'"groups":{texts["groups"][1]},"backward":{record["backward"]:d},"rng":{texts["rng"][1]},{head}'
+                f'"scaler":{"null" if scaler is None else encode(scaler)}{more},"param":{record["param"]},'
+                f'"grad":{record["grad"]}{tail}}}\n').encode()
 
     def event(self, record: dict[str, Any]) -> None:
         self.full = self.evented = True  # the next step reads all: what the save or restore held
@@ -259,9 +261,7 @@ class StepAgent:
         ``nn.Module.__call__`` installed once, :meth:`_patch_torch`: not a global forward
         pre-hook, which torch.compile warns about on every compiled module's call, and not a
         class attribute swapped per step, which makes Python redo its specialised lookups)."""
-        self.rng = None
-        self.armed = True
-        self.steps_done += 1
+        self.rng, self.armed, self.steps_done = None, True, self.steps_done + 1
         self.full = (self.evented or self.steps_done < STATE_FIRST_STEPS
                      or (self.steps_done + 1) % self.state_every == 0)
         self.evented = False
@@ -269,8 +269,7 @@ class StepAgent:
     def first_call(self) -> None:
         """The first module call since a step: read the RNG states at the step's start (on the
         steps that read them)."""
-        self.armed = False
-        self.evented = False
+        self.armed = self.evented = False
         if self.enabled and self.full:
             self.rng = self.guard("reading the RNG states", self.rng_now)
 
