@@ -350,6 +350,20 @@ def test_the_save_explored_is_whole_and_saves_a_line_apart_are_apart() -> None:
     save = _save_ops(events, [(7, 1.0), (11, 2.3), (12, 2.9)], 7, 0.25).boundaries
     assert [b.path for b in save] == ["/step_10", "/step_10/a.distcp", "/step_10/a.distcp", "/step_10/.metadata",
                                       "/step_10/COMPLETE"]
+    # ... also when its background writes run into the next save with no gap and no line read
+    # between (the async FSDP2 save explored as two or three saves, 1357 or 2034 boundaries): the
+    # next save's folder begins the next save
+    events = [_op("/step_10", "mkdir", 1, 2.0), *(_op("/step_10/a.distcp", "write", i, 2.0 + 0.01 * i) for i in range(1, 50)),
+              _op("/step_10/COMPLETE", "create", 1, 2.5), _op("/step_15", "mkdir", 1, 2.51),
+              *(_op("/step_15/a.distcp", "write", i, 2.51 + 0.01 * i) for i in range(1, 50))]
+    save = _save_ops(events, [(7, 1.0)], 7, 0.25).boundaries
+    assert {b.path for b in save} == {"/step_10", "/step_10/a.distcp", "/step_10/COMPLETE"} and len(save) == 51
+    # ... and when the save before's background writes, begun before the line, run into it: the
+    # folder it makes begins the save (the async save explored the save of step 15 instead)
+    events = [_op("/step_05", "mkdir", 1, 0.1), *(_op("/step_05/a.distcp", "write", i, 0.5 + 0.01 * i) for i in range(1, 150)),
+              _op("/step_05/COMPLETE", "create", 1, 2.0), *events]
+    save = _save_ops(events, [(7, 1.0)], 7, 0.25).boundaries
+    assert {b.path for b in save} == {"/step_10", "/step_10/a.distcp", "/step_10/COMPLETE"} and len(save) == 51
     # two ranks saving in turn: rank 0's next step line, read before rank 1 saves, parts nothing
     rank1 = [{**e, "rank": 1} for e in _save(1.3, 1)]
     save = _save_ops(_save(1.0, 1) + _save(1.2, 2) + rank1, [(7, 1.1), (10, 1.25)], 7, 0.25).boundaries

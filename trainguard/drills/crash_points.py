@@ -71,7 +71,13 @@ from trainguard.drills.crash_records import (
     CrashRule,
 )
 from trainguard.drills.crash_restore import RecordStates, keep_final, restore, states_of
-from trainguard.drills.crash_saves import feeds_restart, save_files, shape, unlike_reference
+from trainguard.drills.crash_saves import (
+    feeds_restart,
+    save_bursts,
+    save_files,
+    shape,
+    unlike_reference,
+)
 from trainguard.drills.crash_seen import (
     Observed,
     View,
@@ -176,10 +182,6 @@ def _write_table(evidence: CrashPointsEvidence, work: Path, verdict: str) -> Non
         evidence.table = str(atomic_write_text(work / "table.md", "\n".join(rows) + "\n"))
 
 
-#: operations this close follow each other at once: one save, whatever line was read between them,
-#: unless one begins a file (:data:`_BEGINS`) of a shape the save began already
-_SAME_SAVE_S, _BEGINS = 0.02, ("create", "truncate", "mkdir")
-
 
 @dataclass
 class SaveFound:
@@ -211,40 +213,17 @@ class SaveFound:
     reused_seen: Observed | None = None
 
 
-def _bursts(ops: list[JournalEvent], arrivals: list[tuple[int, float]], gap_s: float) -> list[list[JournalEvent]]:
-    """Operations in bursts: each starting at most ``gap_s`` after the one before ended and with
-    no step line read between them (unless they follow each other within 20 ms and the later
-    does not begin again a file of the shape of one the burst began: a tiny job's next save)."""
-    bursts: list[list[JournalEvent]] = []
-    begun: set[tuple[int | None, str]] = set()  # (rank, shape) of what the last burst made or truncated
-    lines = sorted(t for _, t in arrivals)
-    for e in ops:
-        start, end = e.start, bursts[-1][-1].t if bursts else 0.0  # (written after the daemon's copy, if any)
-        again = e.op in _BEGINS and (e.rank, shape(e.path)) in begun
-        # a step line read between two operations of one rank parts saves closer than gap_s, unless
-        # they follow each other at once (a line read late, in the middle of a save); between two
-        # ranks' operations it does not: rank 0 may print its next step while rank 1 still saves
-        if not bursts or start - end > gap_s or ((start - end > _SAME_SAVE_S or again) and e.rank == bursts[-1][-1].rank
-                                                 and any(end < t < start for t in lines)):
-            bursts.append([])
-            begun = set()
-        bursts[-1].append(e)
-        if e.op in _BEGINS:
-            begun.add((e.rank, shape(e.path)))
-    return bursts
-
-
 def _save_ops(events: list[JournalEvent], arrivals: list[tuple[int, float]], after_step: int,
               gap_s: float, reads: set[str] | None = None, appended: set[str] | None = None) -> SaveFound:
     """The first save that began after the line of step ``after_step`` arrived: a burst of
-    operations (:func:`_bursts`: a save whole, a slow fsync not splitting it, frequent saves
+    operations (:func:`save_bursts`: a save whole, a slow fsync not splitting it, frequent saves
     apart) that writes a file a restart reads (``reads``, their :func:`shape`; None: any burst),
     never a log (``appended``)."""
     ops = [e for e in events if e.event == "op"]
     seen = [t for step, t in arrivals if step >= after_step]
     if not ops or not seen:
         return SaveFound([], False, False)
-    bursts = _bursts(ops, arrivals, gap_s)
+    bursts = save_bursts(ops, arrivals, gap_s)
 
     def feeds(e: JournalEvent) -> bool:
         return reads is None or feeds_restart(e.op, e.path, e.to, reads, appended or set())

@@ -28,10 +28,11 @@ from trainguard._internal.readers import (
     open_regular,
     shown_name,
 )
+from trainguard.faults.fusefs import JournalEvent
 from trainguard.unit.checkpoints import compare_checkpoint_dirs
 from trainguard.unit.checkpoints.files import FILE_SUFFIXES
 
-__all__ = ["feeds_restart", "save_files", "shape", "unlike_reference"]
+__all__ = ["feeds_restart", "save_bursts", "save_files", "shape", "unlike_reference"]
 
 _NUMBER = re.compile(r"\d+")
 #: what a restart's reads are matched with: the file written (a rename's or link's destination)
@@ -42,6 +43,43 @@ _CHUNK = 1 << 20
 def shape(path: str) -> str:
     """``path`` with every number as ``#``: the same file of every save."""
     return _NUMBER.sub("#", path)
+
+
+#: operations this close follow each other at once: one save, whatever line was read between them,
+#: unless one begins a file (:data:`_BEGINS`) of a shape the save began already
+_SAME_SAVE_S, _BEGINS = 0.02, ("create", "truncate", "mkdir")
+
+
+def save_bursts(ops: list[JournalEvent], arrivals: list[tuple[int, float]], gap_s: float) -> list[list[JournalEvent]]:
+    """Operations in bursts: each starting at most ``gap_s`` after the one before ended and with
+    no step line read between them (unless they follow each other within 20 ms and the later
+    does not begin again a file of the shape of one the burst began: a tiny job's next save). A
+    top folder made of the shape of one the burst made or wrote in, under another name, begins a
+    burst too (``/step_000015`` after ``/step_000010``: an async save's writes in the background,
+    never far apart, running into the next save)."""
+    bursts: list[list[JournalEvent]] = []
+    begun: set[tuple[int | None, str]] = set()  # (rank, shape) of what the last burst made or truncated
+    folders: dict[str, str] = {}  # shape -> name of the top folders the last burst made or wrote in
+    lines = sorted(t for _, t in arrivals)
+    for e in ops:
+        start, end = e.start, bursts[-1][-1].t if bursts else 0.0  # (written after the daemon's copy, if any)
+        again = e.op in _BEGINS and (e.rank, shape(e.path)) in begun
+        top = e.op == "mkdir" and "/" not in e.path.strip("/")
+        # a step line read between two operations of one rank parts saves closer than gap_s, unless
+        # they follow each other at once (a line read late, in the middle of a save); between two
+        # ranks' operations it does not: rank 0 may print its next step while rank 1 still saves
+        if not bursts or start - end > gap_s or ((start - end > _SAME_SAVE_S or again) and e.rank == bursts[-1][-1].rank
+                                                 and any(end < t < start for t in lines)) or (
+                top and folders.get(shape(e.path), "/" + e.path.strip("/")) != "/" + e.path.strip("/")):
+            bursts.append([])
+            begun, folders = set(), {}
+        bursts[-1].append(e)
+        if e.op in _BEGINS:
+            begun.add((e.rank, shape(e.path)))
+        if top or "/" in e.path.strip("/"):
+            name = "/" + e.path.strip("/").split("/", 1)[0]
+            folders.setdefault(shape(name), name)
+    return bursts
 
 
 def feeds_restart(op: str, path: str, to: str | None, reads: set[str], appended: set[str]) -> bool:
