@@ -152,6 +152,25 @@ def test_a_folder_filled_by_a_save_is_bisected_and_its_first_unsafe_boundary_fou
 
 
 @needs_fuse
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_restart_that_reads_nothing_on_the_last_boundary_explored_is_made_again_on_the_saves_end(
+        tmp_path: Path) -> None:
+    """The recording's restart runs on the state the last boundary explored left (its restart
+    stands for that boundary's); the first save, its file not renamed into place yet there,
+    gives a restart nothing to read, so it is made again on the state the save's last operation
+    left, where it reads the checkpoint (crash_points._record's fallback)."""
+    result = _crash_points(tmp_path, "atomic", limit=2, after=2)
+    assert result.status == "passed", result.summary
+    ev = report_evidence(result)
+    assert ev["reads"] == ["/ckpt.json"] and ev["boundaries_explored"] == 2, ev
+    # the recording, its restart on the fsync's state (nothing read), its restart on the
+    # directory's fsync's (the checkpoint read), and the boundaries' own restarts
+    assert ev["runs"] >= 4 and [o["op"] for o in ev["outcomes"]] == ["create", "fsync"], ev["outcomes"]
+    assert all(o["outcome"] == "safe" and o["resumed_from_step"] == 0 for o in ev["outcomes"]), ev["outcomes"]
+
+
+@needs_fuse
 @pytest.mark.slow  # issue 42 paid for its crash_points cases with it: a no-false-alarm case, 14 s
 @pytest.mark.timeout(240)
 def test_a_resume_that_is_never_exact_is_not_called_a_torn_checkpoint(tmp_path: Path) -> None:
