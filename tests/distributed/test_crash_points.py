@@ -383,6 +383,12 @@ def test_the_save_explored_is_whole_and_saves_a_line_apart_are_apart() -> None:
               _op("/step_05/COMPLETE", "create", 1, 2.0), *events]
     save = _save_ops(events, [(7, 1.0)], 7, 0.25).boundaries
     assert {b.path for b in save} == {"/step_10", "/step_10/a.distcp", "/step_10/COMPLETE"} and len(save) == 51
+    # an old folder pruned before the new one is made is in the save (deleting a checkpoint before
+    # the next is complete is what the check is for): a deletion names no folder of a save
+    events = [_op("/step_05/a.distcp", "unlink", 1, 2.0), _op("/step_05", "rmdir", 1, 2.01),
+              _op("/step_10", "mkdir", 1, 2.02), _op("/step_10/a.distcp", "create", 1, 2.03)]
+    save = _save_ops(events, [(7, 1.0)], 7, 0.25).boundaries
+    assert [b.op for b in save] == ["unlink", "rmdir", "mkdir", "create"], save
     # two ranks saving in turn: rank 0's next step line, read before rank 1 saves, parts nothing
     rank1 = [{**e, "rank": 1} for e in _save(1.3, 1)]
     save = _save_ops(_save(1.0, 1) + _save(1.2, 2) + rank1, [(7, 1.1), (10, 1.25)], 7, 0.25).boundaries

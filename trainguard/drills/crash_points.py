@@ -182,7 +182,6 @@ def _write_table(evidence: CrashPointsEvidence, work: Path, verdict: str) -> Non
         evidence.table = str(atomic_write_text(work / "table.md", "\n".join(rows) + "\n"))
 
 
-
 @dataclass
 class SaveFound:
     """The save explored: its boundaries; whether a checkpoint was written before it (one a crash

@@ -54,9 +54,9 @@ def save_bursts(ops: list[JournalEvent], arrivals: list[tuple[int, float]], gap_
     """Operations in bursts: each starting at most ``gap_s`` after the one before ended and with
     no step line read between them (unless they follow each other within 20 ms and the later
     does not begin again a file of the shape of one the burst began: a tiny job's next save). A
-    top folder made of the shape of one the burst made or wrote in, under another name, begins a
-    burst too (``/step_000015`` after ``/step_000010``: an async save's writes in the background,
-    never far apart, running into the next save)."""
+    top folder made of the shape of one the burst made or wrote in (not one it only deleted from),
+    under another name, begins a burst too (``/step_000015`` after ``/step_000010``: an async
+    save's writes in the background, never far apart, running into the next save)."""
     bursts: list[list[JournalEvent]] = []
     begun: set[tuple[int | None, str]] = set()  # (rank, shape) of what the last burst made or truncated
     folders: dict[str, str] = {}  # shape -> name of the top folders the last burst made or wrote in
@@ -76,7 +76,7 @@ def save_bursts(ops: list[JournalEvent], arrivals: list[tuple[int, float]], gap_
         bursts[-1].append(e)
         if e.op in _BEGINS:
             begun.add((e.rank, shape(e.path)))
-        if top or "/" in e.path.strip("/"):
+        if top or ("/" in e.path.strip("/") and e.op not in ("unlink", "rmdir")):  # (pruning is no save's)
             name = "/" + e.path.strip("/").split("/", 1)[0]
             folders.setdefault(shape(name), name)
     return bursts
