@@ -162,7 +162,8 @@ def test_a_restart_that_reads_nothing_on_the_last_boundary_explored_is_made_agai
     stands for that boundary's); the first save, its file not renamed into place yet there,
     gives a restart nothing to read, so it is made again on the state the save's last operation
     left, where it reads the checkpoint (crash_points._record's fallback)."""
-    result = _crash_points(tmp_path, "atomic", limit=2, after=2)
+    # 0.3 s a step: the save of step 5 begins a second after the line of step 2, whatever the load
+    result = _crash_points(tmp_path, "atomic", limit=2, after=2, steps=8, extra=" --sleep 0.3")
     assert result.status == "passed", result.summary
     ev = report_evidence(result)
     assert ev["reads"] == ["/ckpt.json"] and ev["boundaries_explored"] == 2, ev
